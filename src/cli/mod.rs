@@ -1,0 +1,134 @@
+//! Command-line interface. Each subcommand lives in its own file; this one holds the
+//! shared options (config file, broker and CQL overrides) and the dispatch.
+
+mod demo;
+mod ops;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use fairway::config::Config;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "fairway",
+    version,
+    about = "Multi-tenant job processing on Kafka and ScyllaDB, fair in worker time"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Global {
+    /// Configuration file (TOML). Without it the bundled fairway.toml is used.
+    #[arg(long, global = true, env = "FAIRWAY_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Kafka bootstrap servers (overrides kafka.brokers).
+    #[arg(long, global = true, env = "FAIRWAY_BROKERS")]
+    pub brokers: Option<String>,
+    /// CQL contact points, comma separated (overrides scylla.contact_points).
+    #[arg(long, global = true, env = "FAIRWAY_CQL")]
+    pub cql: Option<String>,
+    /// Keyspace (overrides scylla.keyspace).
+    #[arg(long, global = true, env = "FAIRWAY_KEYSPACE")]
+    pub keyspace: Option<String>,
+    /// Topic prefix (overrides kafka.topic_prefix).
+    #[arg(long, global = true, env = "FAIRWAY_TOPIC_PREFIX")]
+    pub topic_prefix: Option<String>,
+}
+
+impl Global {
+    pub fn load(&self) -> anyhow::Result<Arc<Config>> {
+        let mut cfg = match &self.config {
+            Some(p) => Config::load(p)?,
+            None => Config::builtin(),
+        };
+        if let Some(b) = &self.brokers {
+            cfg.kafka.brokers = b.clone();
+        }
+        if let Some(c) = &self.cql {
+            cfg.scylla.contact_points = c
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect();
+        }
+        if let Some(k) = &self.keyspace {
+            cfg.scylla.keyspace = k.clone();
+        }
+        if let Some(t) = &self.topic_prefix {
+            cfg.kafka.topic_prefix = t.clone();
+        }
+        cfg.validate()
+            .context("after applying command-line and environment overrides")?;
+        Ok(Arc::new(cfg))
+    }
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Create the topics and the keyspace/tables (idempotent).
+    Init,
+    /// Submit one job from flags, or many from NDJSON.
+    Submit(ops::SubmitArgs),
+    /// Run a worker for one or more pools until Ctrl-C.
+    Worker(ops::WorkerArgs),
+    /// Show a job's state.
+    Status(ops::StatusArgs),
+    /// Request cooperative cancellation of a job.
+    Cancel(ops::CancelArgs),
+    /// Print decoded records from the results topic.
+    Results(ops::ResultsArgs),
+    /// Run the demo: local services, workers, a mixed multi-tenant workload, a summary.
+    Demo(demo::DemoArgs),
+    /// Protocol-v4 bridge in front of a local Cassandra 2.1 (used by scripts/services).
+    CqlBridge(ops::BridgeArgs),
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FAIRWAY_LOG")
+                .unwrap_or_else(|_| "warn,fairway=info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let g = cli.global;
+    match cli.cmd {
+        Cmd::CqlBridge(a) => ops::bridge(a).await,
+        Cmd::Init => ops::init(&*g.load()?).await,
+        Cmd::Submit(a) => ops::submit(&g.load()?, a).await,
+        Cmd::Worker(a) => ops::worker(g.load()?, a).await,
+        Cmd::Status(a) => ops::status(&*g.load()?, a).await,
+        Cmd::Cancel(a) => ops::cancel(&*g.load()?, a).await,
+        Cmd::Results(a) => ops::results(&*g.load()?, a).await,
+        Cmd::Demo(a) => demo::run(&g, a).await,
+    }
+}

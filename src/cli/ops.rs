@@ -1,0 +1,402 @@
+//! Operational subcommands: init, submit, worker, status, cancel, results, cql-bridge.
+
+use anyhow::{bail, Context};
+use fairway::config::Config;
+use fairway::handlers::Registry;
+use fairway::kafka::{self, Consumer, Message};
+use fairway::model::{Pool, Priority};
+use fairway::store::Store;
+use fairway::submit::{NewJob, Submitter};
+use fairway::worker::{Policy, Worker};
+use fairway::{codec, now_ms};
+use std::io::{BufRead, Read};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub async fn init(cfg: &Config) -> anyhow::Result<ExitCode> {
+    let topics = kafka::ensure_topics(cfg).await.context("creating topics")?;
+    let tables = fairway::store::ensure_schema(cfg)
+        .await
+        .context("creating keyspace and tables")?;
+    if topics.is_empty() && tables.is_empty() {
+        println!(
+            "nothing to do: {} topics and keyspace {} already exist",
+            kafka::all_topics(cfg).len(),
+            cfg.scylla.keyspace
+        );
+    } else {
+        for t in &topics {
+            println!("created topic {t}");
+        }
+        for t in &tables {
+            println!("created {t}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(clap::Args, Debug)]
+pub struct SubmitArgs {
+    /// Tenant id (must be configured).
+    #[arg(long, required_unless_present = "ndjson")]
+    pub tenant: Option<String>,
+    /// Job type (must be configured).
+    #[arg(long = "type", required_unless_present = "ndjson")]
+    pub job_type: Option<String>,
+    /// Payload text (a JSON object for the demo handlers).
+    #[arg(long, conflicts_with_all = ["payload_file", "stdin"])]
+    pub payload: Option<String>,
+    /// Read the payload from a file.
+    #[arg(long)]
+    pub payload_file: Option<PathBuf>,
+    /// Read the payload from standard input.
+    #[arg(long)]
+    pub stdin: bool,
+    #[arg(long, value_enum, default_value = "normal")]
+    pub priority: PriorityArg,
+    /// Override the job type's pool.
+    #[arg(long)]
+    pub pool: Option<Pool>,
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
+    /// Do not run before this time (epoch ms, or +duration like +30s).
+    #[arg(long, value_parser = parse_time)]
+    pub execute_at: Option<i64>,
+    /// Give up (result `expired`) if not started by this time (epoch ms or +duration).
+    #[arg(long, value_parser = parse_time)]
+    pub not_after: Option<i64>,
+    /// Submit many jobs from NDJSON (one JSON object per line; `-` for stdin), fields as
+    /// in the HTTP API: tenant, job_type, payload, priority, idempotency_key, execute_at, not_after.
+    #[arg(long)]
+    pub ndjson: Option<PathBuf>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum PriorityArg {
+    Urgent,
+    Normal,
+    Low,
+}
+
+impl From<PriorityArg> for Priority {
+    fn from(p: PriorityArg) -> Priority {
+        match p {
+            PriorityArg::Urgent => Priority::Urgent,
+            PriorityArg::Normal => Priority::Normal,
+            PriorityArg::Low => Priority::Low,
+        }
+    }
+}
+
+fn parse_time(s: &str) -> Result<i64, String> {
+    if let Some(d) = s.strip_prefix('+') {
+        let d = humantime::parse_duration(d)
+            .map_err(|e| format!("{s:?}: {e}; write e.g. +30s or +5min"))?;
+        return Ok(now_ms() + d.as_millis() as i64);
+    }
+    s.parse::<i64>()
+        .map_err(|_| format!("{s:?} is neither epoch milliseconds nor +duration (e.g. +30s)"))
+}
+
+pub async fn submit(cfg: &Arc<Config>, a: SubmitArgs) -> anyhow::Result<ExitCode> {
+    let needs_store = a.idempotency_key.is_some() || a.ndjson.is_some();
+    let store = if needs_store {
+        Some(Store::open(cfg).await?)
+    } else {
+        None
+    };
+    let submitter = Submitter::new(cfg.clone(), store)?;
+    let mut jobs = Vec::new();
+    if let Some(path) = &a.ndjson {
+        let reader: Box<dyn BufRead> = if path.as_os_str() == "-" {
+            Box::new(std::io::BufReader::new(std::io::stdin()))
+        } else {
+            Box::new(std::io::BufReader::new(
+                std::fs::File::open(path)
+                    .with_context(|| format!("cannot open {}", path.display()))?,
+            ))
+        };
+        for (i, line) in reader.lines().enumerate() {
+            let line = line?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let job: NewJob = serde_json::from_str(&line).with_context(|| {
+                format!("line {}: not a job object (fields: tenant, job_type, payload, priority, idempotency_key, execute_at, not_after)", i + 1)
+            })?;
+            submitter
+                .validate(&job, job.payload_bytes().len())
+                .with_context(|| format!("line {}", i + 1))?;
+            jobs.push(job);
+        }
+    } else {
+        let payload = if let Some(p) = a.payload {
+            p
+        } else if let Some(f) = &a.payload_file {
+            std::fs::read_to_string(f)
+                .with_context(|| format!("cannot read payload file {}", f.display()))?
+        } else if a.stdin {
+            let mut s = String::new();
+            std::io::stdin().read_to_string(&mut s)?;
+            s
+        } else {
+            String::new()
+        };
+        jobs.push(NewJob {
+            tenant: a.tenant.unwrap_or_default(),
+            job_type: a.job_type.unwrap_or_default(),
+            payload: serde_json::Value::String(payload),
+            priority: a.priority.into(),
+            pool: a.pool,
+            idempotency_key: a.idempotency_key,
+            execute_at: a.execute_at,
+            not_after: a.not_after,
+            generation: 0,
+        });
+    }
+    // Submit concurrently; the producer batches and keeps per-partition order.
+    let results = futures::future::join_all(jobs.iter().map(|j| submitter.submit(j))).await;
+    let mut failed = 0;
+    for r in results {
+        match r {
+            Ok(s) if s.duplicate => {
+                println!("{}\tduplicate (idempotency key already used)", s.job_id)
+            }
+            Ok(s) => println!("{}", s.job_id),
+            Err(e) => {
+                failed += 1;
+                eprintln!("error: {e}");
+            }
+        }
+    }
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+#[derive(clap::Args, Debug)]
+pub struct WorkerArgs {
+    /// Pools to serve, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "short,medium,long")]
+    pub pools: Vec<Pool>,
+    /// Dispatch policy.
+    #[arg(long, value_enum, default_value = "fair")]
+    pub policy: Policy,
+    /// Serve Prometheus metrics on 127.0.0.1:PORT (overrides worker.metrics_port).
+    #[arg(long)]
+    pub metrics_port: Option<u16>,
+}
+
+pub async fn worker(cfg: Arc<Config>, a: WorkerArgs) -> anyhow::Result<ExitCode> {
+    fairway::metrics::install_exporter(a.metrics_port.unwrap_or(cfg.worker.metrics_port))?;
+    let registry = Registry::from_config(&cfg, Default::default()).map_err(anyhow::Error::msg)?;
+    let w = Worker::start(cfg, &a.pools, registry, a.policy).await?;
+    eprintln!(
+        "worker {} serving pools {:?}; Ctrl-C to stop",
+        w.worker_id, a.pools
+    );
+    tokio::signal::ctrl_c().await?;
+    eprintln!("stopping: finishing running jobs, committing offsets");
+    w.stop().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(clap::Args, Debug)]
+pub struct StatusArgs {
+    pub job_id: String,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn status(cfg: &Config, a: StatusArgs) -> anyhow::Result<ExitCode> {
+    let store = Store::open(cfg).await?;
+    let Some(row) = store.job(&a.job_id).await? else {
+        if a.json {
+            println!(
+                "{}",
+                serde_json::json!({"job_id": a.job_id, "status": "unknown"})
+            );
+        } else {
+            println!(
+                "{}: no state yet (queued, never submitted, or a short job still running)",
+                a.job_id
+            );
+        }
+        return Ok(ExitCode::from(2));
+    };
+    let hb = store.heartbeat(&a.job_id).await?;
+    let now = now_ms();
+    if a.json {
+        let v = serde_json::json!({
+            "job_id": row.job_id, "tenant": row.tenant, "job_type": row.job_type, "pool": row.pool,
+            "status": row.status, "attempts": row.attempts, "crash_count": row.crash_count,
+            "generation": row.generation, "submitted_at": row.submitted_at, "started_at": row.started_at,
+            "finished_at": row.finished_at, "worker": row.worker, "error": row.error,
+            "failure_class": row.failure_class, "cancel_requested": row.cancel_requested.unwrap_or(false),
+            "output": row.output.as_ref().map(|o| String::from_utf8_lossy(o).into_owned()),
+            "progress": hb.as_ref().and_then(|h| h.progress),
+            "progress_message": hb.as_ref().and_then(|h| h.message.clone()),
+            "heartbeat_age_ms": hb.as_ref().and_then(|h| h.at).map(|t| now - t),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+        println!("job        {}", row.job_id);
+        println!("status     {}", opt(&row.status));
+        println!(
+            "tenant     {}   type {}   pool {}",
+            opt(&row.tenant),
+            opt(&row.job_type),
+            opt(&row.pool)
+        );
+        println!(
+            "attempts   {}   crashes {}   generation {}",
+            row.attempts.unwrap_or(0),
+            row.crash_count.unwrap_or(0),
+            row.generation.unwrap_or(0)
+        );
+        if let Some(w) = &row.worker {
+            println!("worker     {w}");
+        }
+        if let (Some(s), Some(f)) = (row.started_at, row.finished_at) {
+            println!("ran        {} ms", f - s);
+        }
+        if let Some(h) = &hb {
+            println!(
+                "progress   {:.0}% {}   (heartbeat {:.1}s ago)",
+                h.progress.unwrap_or(0.0) * 100.0,
+                h.message.clone().unwrap_or_default(),
+                h.at.map(|t| (now - t) as f64 / 1000.0).unwrap_or(f64::NAN)
+            );
+        }
+        if let Some(e) = &row.error {
+            println!("error      {} ({})", e, opt(&row.failure_class));
+        }
+        if row.cancel_requested == Some(true) {
+            println!("cancel     requested");
+        }
+        if let Some(o) = &row.output {
+            println!(
+                "output     {}",
+                String::from_utf8_lossy(&o[..o.len().min(200)])
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(clap::Args, Debug)]
+pub struct CancelArgs {
+    pub job_id: String,
+}
+
+pub async fn cancel(cfg: &Config, a: CancelArgs) -> anyhow::Result<ExitCode> {
+    let store = Store::open(cfg).await?;
+    if let Some(row) = store.job(&a.job_id).await? {
+        if row.is_terminal() {
+            println!(
+                "{} already finished ({}); nothing to cancel",
+                a.job_id,
+                row.status.unwrap_or_default()
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
+    store.request_cancel(&a.job_id, now_ms()).await?;
+    println!("cancellation requested for {}: a queued job is skipped, a running one is told through its heartbeat", a.job_id);
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ResultsArgs {
+    /// Keep waiting for new results.
+    #[arg(long)]
+    pub follow: bool,
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// One JSON object per line.
+    #[arg(long)]
+    pub json: bool,
+    /// Stop after this many results.
+    #[arg(long)]
+    pub limit: Option<usize>,
+}
+
+pub async fn results(cfg: &Config, a: ResultsArgs) -> anyhow::Result<ExitCode> {
+    let group = format!("fairway.cli.results.{}", uuid::Uuid::new_v4());
+    let consumer = kafka::reader(cfg, &group, false)?;
+    consumer.subscribe(&[&cfg.results_topic()])?;
+    let idle = if a.follow {
+        Duration::from_secs(u64::MAX / 4)
+    } else {
+        Duration::from_secs(8)
+    };
+    let mut n = 0usize;
+    loop {
+        let msg = match tokio::time::timeout(idle, consumer.recv()).await {
+            Err(_) => break,
+            Ok(Err(e)) => bail!("reading {}: {e}", cfg.results_topic()),
+            Ok(Ok(m)) => m,
+        };
+        let Some(bytes) = msg.payload() else { continue };
+        let r = match codec::decode_result(bytes) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!(
+                    "skipping undecodable record at offset {}: {e}",
+                    msg.offset()
+                );
+                continue;
+            }
+        };
+        if a.tenant.as_ref().is_some_and(|t| *t != r.tenant) {
+            continue;
+        }
+        if a.json {
+            let v = serde_json::json!({
+                "job_id": r.job_id, "tenant": r.tenant, "job_type": r.job_type, "pool": r.pool.as_str(),
+                "status": r.status.as_str(), "attempts": r.attempts, "error": r.error,
+                "failure_class": r.failure_class.map(|c| c.as_str()),
+                "output": r.output.as_ref().map(|o| String::from_utf8_lossy(o).into_owned()),
+                "submitted_at": r.submitted_at, "finished_at": r.finished_at, "worker_id": r.worker_id,
+            });
+            println!("{v}");
+        } else {
+            println!(
+                "{}  {:<9} {:<10} {:<8} attempts={} {}",
+                r.job_id,
+                r.status.as_str(),
+                r.tenant,
+                r.job_type,
+                r.attempts,
+                r.error.unwrap_or_default()
+            );
+        }
+        n += 1;
+        if a.limit.is_some_and(|l| n >= l) {
+            break;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BridgeArgs {
+    #[arg(long, default_value = "127.0.0.1:19042")]
+    pub listen: SocketAddr,
+    #[arg(long, default_value = "127.0.0.1:19142")]
+    pub upstream: SocketAddr,
+}
+
+pub async fn bridge(a: BridgeArgs) -> anyhow::Result<ExitCode> {
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    fairway::cqlbridge::run(a.listen, a.upstream, shutdown).await?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,430 @@
+//! fairway's configuration: one TOML file, overridable by environment variables and
+//! command-line flags (see `cli`). Everything is validated up front so that a bad file
+//! fails at start-up with the key that is wrong and how to fix it, never mid-run.
+
+use crate::model::Pool;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid: {message}")]
+    Parse { path: String, message: String },
+    #[error("config key `{key}`: {message}")]
+    Invalid { key: String, message: String },
+}
+
+fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        message: message.into(),
+    }
+}
+
+/// Tenant tier: decides the scheduling weight (free tenants share one weight of 1.0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, serde::Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    #[default]
+    Free,
+    Standard,
+    Pro,
+    Enterprise,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub kafka: KafkaConfig,
+    #[serde(default)]
+    pub scylla: ScyllaConfig,
+    #[serde(default)]
+    pub worker: WorkerConfig,
+    #[serde(default = "default_pools")]
+    pub pools: BTreeMap<Pool, PoolConfig>,
+    #[serde(default)]
+    pub tenants: BTreeMap<String, TenantConfig>,
+    #[serde(default)]
+    pub job_types: BTreeMap<String, JobTypeConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KafkaConfig {
+    /// Bootstrap servers, comma separated.
+    pub brokers: String,
+    /// Prefix of every topic name (`<prefix>jobs.short`, `<prefix>dlq`...).
+    pub topic_prefix: String,
+    /// Partitions per topic created by `fairway init`.
+    pub partitions: i32,
+    pub replication_factor: i32,
+    /// Consumer group prefix; the group of pool P is `<group_prefix><P>`.
+    pub group_prefix: String,
+    #[serde(with = "humantime_serde_compat")]
+    pub session_timeout: Duration,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        KafkaConfig {
+            brokers: "127.0.0.1:19092".into(),
+            topic_prefix: "fairway.".into(),
+            partitions: 6,
+            replication_factor: 1,
+            group_prefix: "fairway.workers.".into(),
+            session_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScyllaConfig {
+    pub contact_points: Vec<String>,
+    pub keyspace: String,
+    pub replication_factor: i32,
+    /// True when talking to the local Cassandra 2.1 through fairway's protocol bridge:
+    /// turns off schema-metadata fetching, which 2.1 cannot serve. Keep false for ScyllaDB.
+    pub local_bridge: bool,
+}
+
+impl Default for ScyllaConfig {
+    fn default() -> Self {
+        ScyllaConfig {
+            contact_points: vec!["127.0.0.1:19042".into()],
+            keyspace: "fairway".into(),
+            replication_factor: 1,
+            local_bridge: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkerConfig {
+    /// Largest accepted job payload; bigger submissions are refused (and dead-lettered if
+    /// they reach a worker by another producer).
+    pub max_payload_bytes: usize,
+    /// Jobs buffered per tenant and pool before the tenant's partitions are paused and
+    /// further submissions get a queue-full rejection.
+    pub tenant_queue_limit: usize,
+    /// Port of the Prometheus exporter (0 = off).
+    pub metrics_port: u16,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            max_payload_bytes: 1 << 20,
+            tenant_queue_limit: 10_000,
+            metrics_port: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolConfig {
+    /// Concurrent jobs one worker runs for this pool.
+    pub slots: usize,
+    /// Cost estimate for a job type never measured yet.
+    #[serde(with = "humantime_serde_compat")]
+    pub default_estimate: Duration,
+    /// Heartbeat interval of running jobs.
+    #[serde(with = "humantime_serde_compat")]
+    pub heartbeat_interval: Duration,
+    /// Default deadline for job types that set none.
+    #[serde(with = "humantime_serde_compat")]
+    pub default_timeout: Duration,
+}
+
+impl PoolConfig {
+    pub fn default_for(pool: Pool) -> PoolConfig {
+        let s = Duration::from_secs;
+        match pool {
+            Pool::Short => PoolConfig {
+                slots: 64,
+                default_estimate: Duration::from_millis(100),
+                heartbeat_interval: s(5),
+                default_timeout: s(30),
+            },
+            Pool::Medium => PoolConfig {
+                slots: 16,
+                default_estimate: s(10),
+                heartbeat_interval: s(10),
+                default_timeout: s(300),
+            },
+            Pool::Long => PoolConfig {
+                slots: 4,
+                default_estimate: s(600),
+                heartbeat_interval: s(30),
+                default_timeout: s(6 * 3600),
+            },
+        }
+    }
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig::default_for(Pool::Short)
+    }
+}
+
+fn default_pools() -> BTreeMap<Pool, PoolConfig> {
+    Pool::ALL
+        .iter()
+        .map(|p| (*p, PoolConfig::default_for(*p)))
+        .collect()
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    #[serde(default)]
+    pub tier: Tier,
+    /// Overrides the tier's weight.
+    pub weight: Option<f64>,
+    /// Most jobs of this tenant running at once per pool on one worker.
+    pub max_concurrency: Option<usize>,
+    /// Most dispatches per second per pool on one worker (governor token bucket).
+    pub rate_per_sec: Option<u32>,
+    /// Enterprise only: slots per pool reserved for this tenant.
+    #[serde(default)]
+    pub reserved_slots: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HandlerKind {
+    Echo,
+    Sleep,
+    Fail,
+    Flaky,
+    Http,
+    /// A handler registered in Rust by an embedding binary under the job type's name.
+    Custom,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobTypeConfig {
+    pub pool: Pool,
+    pub handler: HandlerKind,
+    /// Deadline of one attempt; the pool's default when absent.
+    #[serde(default, with = "humantime_serde_opt")]
+    pub timeout: Option<Duration>,
+    /// HTTP executor target (handler = "http").
+    pub url: Option<String>,
+    /// Retry policy per failure class; defaults in `core::retry`.
+    #[serde(default)]
+    pub retry: Option<crate::core::retry::RetryPolicy>,
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Config::parse(&text, &path.display().to_string())
+    }
+
+    pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: origin.to_string(),
+            message: e.to_string(),
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Built-in configuration used when no file is given: the demo tenants and job types.
+    pub fn builtin() -> Config {
+        Config::parse(include_str!("../fairway.toml"), "built-in fairway.toml")
+            .expect("the bundled fairway.toml is valid")
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.kafka.brokers.trim().is_empty() {
+            return Err(invalid(
+                "kafka.brokers",
+                "is empty; set host:port of a broker, e.g. \"127.0.0.1:19092\"",
+            ));
+        }
+        if self.kafka.partitions < 1 {
+            return Err(invalid("kafka.partitions", "must be at least 1"));
+        }
+        if self.scylla.contact_points.is_empty() {
+            return Err(invalid(
+                "scylla.contact_points",
+                "is empty; list at least one host:port",
+            ));
+        }
+        if !self
+            .scylla
+            .keyspace
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_')
+            || self.scylla.keyspace.is_empty()
+        {
+            return Err(invalid(
+                "scylla.keyspace",
+                "may contain only letters, digits and '_'",
+            ));
+        }
+        for (pool, pc) in &self.pools {
+            if pc.slots == 0 {
+                return Err(invalid(format!("pools.{pool}.slots"), "must be at least 1"));
+            }
+        }
+        for (name, t) in &self.tenants {
+            if name.is_empty() || name.len() > 128 {
+                return Err(invalid(
+                    "tenants",
+                    "tenant names must be 1 to 128 characters",
+                ));
+            }
+            if let Some(w) = t.weight {
+                if !(w > 0.0 && w.is_finite()) {
+                    return Err(invalid(
+                        format!("tenants.{name}.weight"),
+                        "must be a positive number",
+                    ));
+                }
+            }
+            if t.reserved_slots > 0 && t.tier != Tier::Enterprise {
+                return Err(invalid(
+                    format!("tenants.{name}.reserved_slots"),
+                    "only enterprise tenants can reserve slots; set tier = \"enterprise\" or remove it",
+                ));
+            }
+        }
+        for (name, jt) in &self.job_types {
+            if !self.pools.contains_key(&jt.pool) {
+                return Err(invalid(
+                    format!("job_types.{name}.pool"),
+                    format!("pool {} has no [pools.{}] section", jt.pool, jt.pool),
+                ));
+            }
+            if jt.handler == HandlerKind::Http {
+                match &jt.url {
+                    Some(u) if u.starts_with("http://") || u.starts_with("https://") => {}
+                    _ => {
+                        return Err(invalid(
+                            format!("job_types.{name}.url"),
+                            "handler = \"http\" needs url = \"http://host:port/path\"",
+                        ))
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn topic(&self, suffix: &str) -> String {
+        format!("{}{}", self.kafka.topic_prefix, suffix)
+    }
+    pub fn pool_topic(&self, pool: Pool) -> String {
+        self.topic(&format!("jobs.{pool}"))
+    }
+    pub fn retry_topic(&self, class: crate::model::FailureClass) -> String {
+        self.topic(&format!("retry.{class}"))
+    }
+    pub fn dlq_topic(&self) -> String {
+        self.topic("dlq")
+    }
+    pub fn results_topic(&self) -> String {
+        self.topic("results")
+    }
+    pub fn pool(&self, pool: Pool) -> PoolConfig {
+        self.pools
+            .get(&pool)
+            .cloned()
+            .unwrap_or_else(|| PoolConfig::default_for(pool))
+    }
+    pub fn job_timeout(&self, job_type: &JobTypeConfig) -> Duration {
+        job_type
+            .timeout
+            .unwrap_or_else(|| self.pool(job_type.pool).default_timeout)
+    }
+}
+
+mod humantime_serde_compat {
+    use serde::{Deserialize, Deserializer};
+    use std::time::Duration;
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(&s).map_err(|e| {
+            serde::de::Error::custom(format!(
+                "{s:?} is not a duration ({e}); write e.g. \"100ms\", \"5s\", \"10min\""
+            ))
+        })
+    }
+}
+mod humantime_serde_opt {
+    use serde::Deserializer;
+    use std::time::Duration;
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        Ok(Some(super::humantime_serde_compat::deserialize(d)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_config_is_valid() {
+        let c = Config::builtin();
+        assert!(c.tenants.len() >= 3);
+        assert!(c.job_types.contains_key("echo"));
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = Config::parse("[kafka]\nbrokerz = \"x\"\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("brokerz"), "{err}");
+    }
+
+    #[test]
+    fn bad_duration_says_how_to_fix() {
+        let err = Config::parse("[pools.short]\ndefault_estimate = \"fast\"\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("100ms"), "{err}");
+    }
+
+    #[test]
+    fn http_handler_needs_url() {
+        let err = Config::parse("[job_types.x]\npool = \"short\"\nhandler = \"http\"\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("job_types.x.url"), "{err}");
+    }
+
+    #[test]
+    fn bad_tier_is_named() {
+        let err = Config::parse("[tenants.a]\ntier = \"gold\"\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("gold") && err.contains("enterprise"), "{err}");
+    }
+
+    #[test]
+    fn reserved_slots_need_enterprise() {
+        let err = Config::parse("[tenants.a]\ntier = \"pro\"\nreserved_slots = 2\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("tenants.a.reserved_slots"), "{err}");
+    }
+}

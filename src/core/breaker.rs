@@ -1,0 +1,622 @@
+//! Per-job-type circuit breaker for dependency failures.
+//!
+//! When a dependency goes down, every job that needs it fails with `dependency`, is
+//! retried, fails again: a retry storm that keeps hammering the dependency while it
+//! tries to recover and keeps workers busy with doomed attempts. The breaker stops that:
+//! once at least half of a job type's recent attempts failed on a dependency (over a
+//! rolling window, and only after a minimum number of attempts so 1 failure of 1 does
+//! not trip it) it opens and the worker holds that type's jobs back (re-queues them with
+//! `not_before = retry_at`, using no attempt) for a cool-down. Then exactly one probe
+//! job is let through: success closes the breaker, failure opens it for another
+//! cool-down.
+//!
+//! The breaker is a plain state machine: `now` is an argument and nothing runs on its
+//! own, so an open breaker turns half-open when it is next asked (`allow`). The caller
+//! decides what counts: a `dependency` failure is `record(now, false)`, a success is
+//! `record(now, true)`; other failures are the job's own problem and are either
+//! recorded as ok (the dependency answered) or not at all. A probe that ends without a
+//! verdict (cancelled, worker lost) is released with `abandon`, and a probe that never
+//! reports is given up after `probe_timeout` so the breaker cannot stay stuck.
+//!
+//! While half-open, the first outcome recorded is taken as the probe's verdict, even if
+//! it comes from a job admitted before the breaker opened; such a late outcome is as
+//! recent a sign of the dependency's health as the probe's.
+
+use crate::core::retry::DurationMs;
+use crate::core::window::{Counts, RollingWindow};
+use crate::model::Millis;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+
+/// Settings of a [`Breaker`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BreakerConfig {
+    /// Rolling window the failure rate is measured over.
+    pub window: DurationMs,
+    /// Attempts needed in the window before the breaker may open.
+    pub min_requests: u32,
+    /// Failure share at or above which it opens (0.5 = half).
+    pub failure_ratio: f64,
+    /// How long it stays open before letting a probe through.
+    pub cool_down: DurationMs,
+    /// How long a probe may take to report before another one is let through.
+    pub probe_timeout: DurationMs,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        BreakerConfig {
+            window: DurationMs::secs(30),
+            min_requests: 10,
+            failure_ratio: 0.5,
+            cool_down: DurationMs::secs(60),
+            probe_timeout: DurationMs::mins(5),
+        }
+    }
+}
+
+/// Invalid breaker settings; names the field and the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("circuit breaker {field}: {problem}")]
+pub struct BreakerConfigError {
+    pub field: &'static str,
+    pub problem: String,
+}
+
+impl BreakerConfig {
+    pub fn validate(&self) -> Result<(), BreakerConfigError> {
+        let err = |field, problem: String| Err(BreakerConfigError { field, problem });
+        if self.window.0 < 1_000 {
+            return err(
+                "window",
+                format!(
+                    "{} is too short: use at least \"1s\" (e.g. \"30s\")",
+                    self.window
+                ),
+            );
+        }
+        if self.min_requests < 1 {
+            return err("min_requests", "must be at least 1 (e.g. 10)".into());
+        }
+        if !(self.failure_ratio > 0.0 && self.failure_ratio <= 1.0) {
+            return err(
+                "failure_ratio",
+                format!(
+                    "{} is out of range: use a share above 0 and at most 1 (e.g. 0.5)",
+                    self.failure_ratio
+                ),
+            );
+        }
+        if self.cool_down.0 < 0 {
+            return err("cool_down", "must not be negative (e.g. \"60s\")".into());
+        }
+        if self.probe_timeout.0 < 1 {
+            return err("probe_timeout", "must be positive (e.g. \"5m\")".into());
+        }
+        Ok(())
+    }
+}
+
+/// The breaker's state as of its last transition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerState {
+    /// Jobs run normally; outcomes are counted.
+    Closed,
+    /// Jobs are held back until `until`.
+    Open { until: Millis },
+    /// One probe may run; `probe_deadline` is set while one is out.
+    HalfOpen { probe_deadline: Option<Millis> },
+}
+
+impl BreakerState {
+    /// Bounded label for metrics and logs.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            BreakerState::Closed => "closed",
+            BreakerState::Open { .. } => "open",
+            BreakerState::HalfOpen { .. } => "half_open",
+        }
+    }
+}
+
+/// Whether a job of this type may run now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Run it.
+    Allowed,
+    /// Run it as the single probe; report its outcome with `record` (or `abandon`).
+    Probe,
+    /// Do not run it; hold it back until `retry_at` (always later than `now`).
+    Rejected { retry_at: Millis },
+}
+
+/// Circuit breaker of one job type.
+#[derive(Debug, Clone)]
+pub struct Breaker {
+    config: BreakerConfig,
+    window: RollingWindow,
+    state: BreakerState,
+}
+
+impl Breaker {
+    /// A closed breaker. Settings are used as given; out-of-range values are clamped
+    /// where they are used (check them with [`BreakerConfig::validate`] when parsing).
+    pub fn new(config: BreakerConfig) -> Self {
+        Breaker {
+            window: RollingWindow::new(config.window.0, 10),
+            config,
+            state: BreakerState::Closed,
+        }
+    }
+
+    pub fn config(&self) -> &BreakerConfig {
+        &self.config
+    }
+
+    pub fn state(&self) -> BreakerState {
+        self.state
+    }
+
+    /// Outcomes counted in the window at `now` (only while closed).
+    pub fn counts(&self, now: Millis) -> Counts {
+        self.window.counts(now)
+    }
+
+    fn probe(&mut self, now: Millis) -> Admission {
+        let timeout = self.config.probe_timeout.0.max(1);
+        self.state = BreakerState::HalfOpen {
+            probe_deadline: Some(now.saturating_add(timeout)),
+        };
+        Admission::Probe
+    }
+
+    /// Ask whether a job may run at `now`. Turns an open breaker half-open once its
+    /// cool-down is over and hands out the probe.
+    pub fn allow(&mut self, now: Millis) -> Admission {
+        match self.state {
+            BreakerState::Closed => Admission::Allowed,
+            BreakerState::Open { until } if now < until => Admission::Rejected { retry_at: until },
+            BreakerState::Open { .. } => self.probe(now),
+            BreakerState::HalfOpen {
+                probe_deadline: Some(deadline),
+            } if now < deadline => Admission::Rejected { retry_at: deadline },
+            BreakerState::HalfOpen { .. } => self.probe(now),
+        }
+    }
+
+    fn open(&mut self, now: Millis) -> Option<BreakerState> {
+        let until = now
+            .saturating_add(self.config.cool_down.0.max(0))
+            .max(now.saturating_add(1));
+        self.state = BreakerState::Open { until };
+        self.window.clear();
+        Some(self.state)
+    }
+
+    /// Record an outcome at `now` (`ok = false` for a dependency failure). Returns the
+    /// new state when this changed it (for logs and the `dependency_circuit_open` metric).
+    pub fn record(&mut self, now: Millis, ok: bool) -> Option<BreakerState> {
+        match self.state {
+            BreakerState::Closed => {
+                self.window.record(now, ok);
+                if ok {
+                    return None;
+                }
+                let c = self.window.counts(now);
+                let ratio = if self.config.failure_ratio.is_nan() {
+                    0.5
+                } else {
+                    self.config.failure_ratio.clamp(f64::MIN_POSITIVE, 1.0)
+                };
+                if c.total() >= u64::from(self.config.min_requests.max(1))
+                    && c.failure_ratio() >= ratio
+                {
+                    self.open(now)
+                } else {
+                    None
+                }
+            }
+            BreakerState::Open { .. } => None,
+            BreakerState::HalfOpen { .. } => {
+                if ok {
+                    self.state = BreakerState::Closed;
+                    self.window.clear();
+                    Some(self.state)
+                } else {
+                    self.open(now)
+                }
+            }
+        }
+    }
+
+    /// Release the probe without a verdict (its job was cancelled or lost): the next
+    /// `allow` hands out a new probe.
+    pub fn abandon(&mut self, _now: Millis) {
+        if let BreakerState::HalfOpen { .. } = self.state {
+            self.state = BreakerState::HalfOpen {
+                probe_deadline: None,
+            };
+        }
+    }
+
+    /// Closed with nothing in the window at `now`: holds no information worth keeping.
+    pub fn is_idle(&self, now: Millis) -> bool {
+        self.state == BreakerState::Closed && self.window.is_idle(now)
+    }
+}
+
+/// Breakers of all job types, created on first use with a shared configuration.
+#[derive(Debug, Clone, Default)]
+pub struct Breakers {
+    config: BreakerConfig,
+    by_type: HashMap<String, Breaker>,
+}
+
+impl Breakers {
+    pub fn new(config: BreakerConfig) -> Self {
+        Breakers {
+            config,
+            by_type: HashMap::new(),
+        }
+    }
+
+    /// Use `breaker` (e.g. with its own settings) for `job_type`.
+    pub fn insert(&mut self, job_type: &str, breaker: Breaker) {
+        self.by_type.insert(job_type.to_owned(), breaker);
+    }
+
+    fn get_or_create(&mut self, job_type: &str) -> &mut Breaker {
+        let config = &self.config;
+        self.by_type
+            .entry(job_type.to_owned())
+            .or_insert_with(|| Breaker::new(config.clone()))
+    }
+
+    /// See [`Breaker::allow`]; a type never seen is allowed.
+    pub fn allow(&mut self, job_type: &str, now: Millis) -> Admission {
+        match self.by_type.get_mut(job_type) {
+            Some(b) => b.allow(now),
+            None => Admission::Allowed,
+        }
+    }
+
+    /// See [`Breaker::record`].
+    pub fn record(&mut self, job_type: &str, now: Millis, ok: bool) -> Option<BreakerState> {
+        if let Some(b) = self.by_type.get_mut(job_type) {
+            return b.record(now, ok);
+        }
+        if ok {
+            // a success of a type with no breaker changes nothing worth a map entry
+            return None;
+        }
+        self.get_or_create(job_type).record(now, ok)
+    }
+
+    /// See [`Breaker::abandon`].
+    pub fn abandon(&mut self, job_type: &str, now: Millis) {
+        if let Some(b) = self.by_type.get_mut(job_type) {
+            b.abandon(now);
+        }
+    }
+
+    /// State of `job_type`'s breaker; `Closed` for a type never seen.
+    pub fn state(&self, job_type: &str) -> BreakerState {
+        self.by_type
+            .get(job_type)
+            .map_or(BreakerState::Closed, Breaker::state)
+    }
+
+    pub fn get(&self, job_type: &str) -> Option<&Breaker> {
+        self.by_type.get(job_type)
+    }
+
+    /// `(job type, state)` of every breaker that is not closed (for metrics).
+    pub fn not_closed(&self) -> impl Iterator<Item = (&str, BreakerState)> + '_ {
+        self.by_type
+            .iter()
+            .filter(|(_, b)| b.state() != BreakerState::Closed)
+            .map(|(t, b)| (t.as_str(), b.state()))
+    }
+
+    /// Drop closed breakers with nothing in their window (bounds memory).
+    pub fn prune(&mut self, now: Millis) {
+        self.by_type.retain(|_, b| !b.is_idle(now));
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_type.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_type.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn cfg() -> BreakerConfig {
+        BreakerConfig {
+            window: DurationMs::secs(30),
+            min_requests: 10,
+            failure_ratio: 0.5,
+            cool_down: DurationMs::secs(30),
+            probe_timeout: DurationMs::secs(60),
+        }
+    }
+
+    fn tripped(now: Millis) -> Breaker {
+        let mut b = Breaker::new(cfg());
+        for i in 0..5 {
+            assert_eq!(b.record(now + i, true), None);
+        }
+        for i in 0..4 {
+            assert_eq!(b.record(now + 5 + i, false), None);
+        }
+        assert_eq!(
+            b.record(now + 9, false),
+            Some(BreakerState::Open {
+                until: now + 9 + 30_000
+            })
+        );
+        b
+    }
+
+    #[test]
+    fn does_not_open_below_minimum() {
+        let mut b = Breaker::new(cfg());
+        for i in 0..9 {
+            assert_eq!(b.record(i, false), None);
+        }
+        assert_eq!(b.state(), BreakerState::Closed);
+        assert_eq!(b.allow(10), Admission::Allowed);
+        assert!(b.record(10, false).is_some());
+    }
+
+    #[test]
+    fn stays_closed_below_ratio_and_forgets_old_failures() {
+        let mut b = Breaker::new(cfg());
+        for i in 0..6 {
+            b.record(i, true);
+        }
+        for i in 0..5 {
+            assert_eq!(b.record(10 + i, false), None); // 5 of 11
+        }
+        // 40 s later the old samples are gone: 1 of 1 is below the minimum
+        assert_eq!(b.record(40_000, false), None);
+        assert_eq!(b.counts(40_000), Counts { ok: 0, failed: 1 });
+    }
+
+    #[test]
+    fn full_cycle() {
+        let mut b = tripped(0);
+        let until = 30_009;
+        assert_eq!(b.allow(1_000), Admission::Rejected { retry_at: until });
+        assert_eq!(
+            b.record(1_000, false),
+            None,
+            "outcomes while open are ignored"
+        );
+        assert_eq!(b.allow(until), Admission::Probe);
+        let deadline = until + 60_000;
+        assert_eq!(
+            b.state(),
+            BreakerState::HalfOpen {
+                probe_deadline: Some(deadline)
+            }
+        );
+        assert_eq!(
+            b.allow(until + 1),
+            Admission::Rejected { retry_at: deadline }
+        );
+        // probe fails: open again for a full cool-down
+        assert_eq!(
+            b.record(until + 5, false),
+            Some(BreakerState::Open {
+                until: until + 5 + 30_000
+            })
+        );
+        assert_eq!(
+            b.allow(until + 6),
+            Admission::Rejected {
+                retry_at: until + 5 + 30_000
+            }
+        );
+        // next probe succeeds: closed, with a clean window
+        assert_eq!(b.allow(until + 5 + 30_000), Admission::Probe);
+        assert_eq!(b.record(until + 30_010, true), Some(BreakerState::Closed));
+        assert_eq!(b.allow(until + 30_011), Admission::Allowed);
+        assert_eq!(b.counts(until + 30_011), Counts::default());
+        assert_eq!(b.record(until + 30_012, false), None);
+    }
+
+    #[test]
+    fn lost_and_abandoned_probes_are_replaced() {
+        let mut b = tripped(0);
+        assert_eq!(b.allow(40_000), Admission::Probe);
+        // never reports: after probe_timeout a new probe goes out
+        assert_eq!(b.allow(99_999), Admission::Rejected { retry_at: 100_000 });
+        assert_eq!(b.allow(100_000), Admission::Probe);
+        b.abandon(100_001);
+        assert_eq!(
+            b.state(),
+            BreakerState::HalfOpen {
+                probe_deadline: None
+            }
+        );
+        assert_eq!(b.allow(100_002), Admission::Probe);
+        assert_eq!(b.allow(100_003), Admission::Rejected { retry_at: 160_002 });
+        b.abandon(0); // no-op outside half-open after closing
+        b.record(100_004, true);
+        b.abandon(100_005);
+        assert_eq!(b.state(), BreakerState::Closed);
+    }
+
+    #[test]
+    fn zero_cool_down_still_rejects_until_later() {
+        let mut c = cfg();
+        c.cool_down = DurationMs(0);
+        c.min_requests = 1;
+        let mut b = Breaker::new(c);
+        assert!(b.record(5, false).is_some());
+        assert_eq!(b.allow(5), Admission::Rejected { retry_at: 6 });
+        assert_eq!(b.allow(6), Admission::Probe);
+    }
+
+    #[test]
+    fn map_by_job_type() {
+        let mut m = Breakers::new(cfg());
+        assert_eq!(m.allow("a", 0), Admission::Allowed);
+        assert_eq!(m.record("a", 0, true), None);
+        assert!(m.is_empty(), "successes of unknown types allocate nothing");
+        for i in 0..10 {
+            m.record("a", i, false);
+        }
+        m.record("b", 0, false);
+        assert!(matches!(m.state("a"), BreakerState::Open { .. }));
+        assert_eq!(m.state("b"), BreakerState::Closed);
+        assert_eq!(m.state("zzz"), BreakerState::Closed);
+        assert!(matches!(m.allow("a", 1), Admission::Rejected { .. }));
+        assert_eq!(m.allow("b", 1), Admission::Allowed);
+        let open: Vec<_> = m
+            .not_closed()
+            .map(|(t, s)| (t.to_owned(), s.as_str()))
+            .collect();
+        assert_eq!(open, vec![("a".to_owned(), "open")]);
+        m.prune(100_000);
+        assert_eq!(m.len(), 1, "b is idle and dropped, a is open and kept");
+        m.abandon("a", 0);
+        let mut custom = cfg();
+        custom.min_requests = 1;
+        m.insert("c", Breaker::new(custom));
+        assert!(m.record("c", 0, false).is_some());
+        assert_eq!(m.get("c").map(|b| b.config().min_requests), Some(1));
+    }
+
+    #[test]
+    fn config_parse_and_validate() {
+        let c: BreakerConfig = toml::from_str("window = \"10s\"\ncool_down = 5000").unwrap();
+        assert_eq!(c.window, DurationMs(10_000));
+        assert_eq!(c.cool_down, DurationMs(5_000));
+        assert_eq!(c.min_requests, 10);
+        assert!(c.validate().is_ok());
+        assert!(BreakerConfig::default().validate().is_ok());
+        let bad = BreakerConfig {
+            failure_ratio: 1.5,
+            ..Default::default()
+        };
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("failure_ratio"));
+        let bad = BreakerConfig {
+            min_requests: 0,
+            ..Default::default()
+        };
+        assert_eq!(bad.validate().unwrap_err().field, "min_requests");
+        assert!(toml::from_str::<BreakerConfig>("windw = 1").is_err());
+        assert_eq!(
+            BreakerState::HalfOpen {
+                probe_deadline: None
+            }
+            .as_str(),
+            "half_open"
+        );
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Allow,
+        Record(bool),
+        Abandon,
+        Wait(i64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => Just(Op::Allow),
+            4 => any::<bool>().prop_map(Op::Record),
+            1 => Just(Op::Abandon),
+            3 => (0i64..20_000).prop_map(Op::Wait),
+        ]
+    }
+
+    proptest! {
+        /// A caller that runs every admitted job and reports each outcome: at most one
+        /// probe is ever out at a time (a probe counts as out until its verdict, its
+        /// abandonment or its timeout), rejections point to the future, a closed breaker
+        /// admits everything and it opens only with enough samples.
+        #[test]
+        fn single_probe_and_sane_transitions(
+            ops in proptest::collection::vec(op(), 1..400),
+            min_requests in 1u32..15,
+            ratio in 0.1f64..1.0,
+        ) {
+            let config = BreakerConfig { min_requests, failure_ratio: ratio, ..cfg() };
+            let timeout = config.probe_timeout.0;
+            let mut b = Breaker::new(config);
+            let mut now = 1_000_000i64;
+            // grant time of the probe currently out, if any
+            let mut probe_out: Option<Millis> = None;
+            for op in ops {
+                match op {
+                    Op::Wait(dt) => now += dt,
+                    Op::Allow => {
+                        let before = b.state();
+                        match b.allow(now) {
+                            Admission::Allowed => prop_assert_eq!(before, BreakerState::Closed),
+                            Admission::Probe => {
+                                if let Some(t) = probe_out {
+                                    prop_assert!(now >= t + timeout, "second probe while one is out");
+                                }
+                                probe_out = Some(now);
+                                let half_open_with_probe = matches!(b.state(), BreakerState::HalfOpen { probe_deadline: Some(_) });
+                                prop_assert!(half_open_with_probe);
+                            }
+                            Admission::Rejected { retry_at } => {
+                                prop_assert!(retry_at > now);
+                                prop_assert!(before != BreakerState::Closed);
+                            }
+                        }
+                    }
+                    Op::Record(ok) => {
+                        let before = b.state();
+                        let counts_before = b.counts(now);
+                        let t = b.record(now, ok);
+                        if let BreakerState::HalfOpen { .. } = before {
+                            probe_out = None;
+                            prop_assert!(t.is_some());
+                        }
+                        if before == BreakerState::Closed {
+                            if let Some(BreakerState::Open { until }) = t {
+                                prop_assert!(!ok);
+                                prop_assert!(until > now);
+                                let total = counts_before.total() + 1;
+                                prop_assert!(total >= u64::from(min_requests));
+                                let failed = counts_before.failed + 1;
+                                prop_assert!(failed as f64 / total as f64 >= ratio);
+                            }
+                        }
+                        if let Some(s) = t {
+                            prop_assert_eq!(s, b.state());
+                        }
+                    }
+                    Op::Abandon => {
+                        if let BreakerState::HalfOpen { .. } = b.state() {
+                            probe_out = None;
+                        }
+                        b.abandon(now);
+                    }
+                }
+                // a probe can only be out while half-open
+                if !matches!(b.state(), BreakerState::HalfOpen { .. }) {
+                    prop_assert!(probe_out.is_none());
+                }
+            }
+        }
+    }
+}

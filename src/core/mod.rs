@@ -1,0 +1,10 @@
+//! Pure decision cores: no I/O, no clock, no randomness of their own. Each takes `now`
+//! (and a jitter draw where it needs one) as an argument and returns a decision, so the
+//! worker's tasks only move data between these and Kafka/ScyllaDB, and the rules are
+//! unit- and property-tested in isolation.
+
+pub mod breaker;
+pub mod offsets;
+pub mod poison;
+pub mod retry;
+pub mod window;

@@ -1,0 +1,122 @@
+//! Demo handlers used by `fairway demo`, the tests and the benchmarks.
+//! Payloads are small JSON objects; every field is optional.
+
+use super::{Handler, HandlerError, HandlerResult, JobContext};
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use serde::Deserialize;
+use std::time::Duration;
+
+fn params<T: for<'a> Deserialize<'a> + Default>(payload: &[u8]) -> Result<T, HandlerError> {
+    if payload.iter().all(|b| b.is_ascii_whitespace()) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(payload).map_err(|e| {
+        HandlerError::permanent(format!("payload is not the expected JSON object: {e}"))
+    })
+}
+
+/// Returns the payload as output.
+pub struct Echo;
+impl Handler for Echo {
+    fn run(&self, ctx: JobContext) -> BoxFuture<'static, HandlerResult> {
+        async move { Ok(ctx.job.payload.clone()) }.boxed()
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct SleepParams {
+    /// Total run time in milliseconds.
+    ms: u64,
+    /// Save a checkpoint every this many steps (0 = never).
+    checkpoint_every: u32,
+}
+
+/// Sleeps `ms` in 20 steps, reporting progress, honouring cancellation and resuming
+/// from its checkpoint (the last finished step) when re-dispatched.
+pub struct Sleep;
+impl Handler for Sleep {
+    fn run(&self, ctx: JobContext) -> BoxFuture<'static, HandlerResult> {
+        async move {
+            let p: SleepParams = params(&ctx.job.payload)?;
+            const STEPS: u32 = 20;
+            let mut start = 0;
+            if p.checkpoint_every > 0 {
+                if let Ok(Some(cp)) = ctx.load_checkpoint().await {
+                    start = std::str::from_utf8(&cp)
+                        .ok()
+                        .and_then(|s| s.parse().ok())
+                        .unwrap_or(0);
+                }
+            }
+            let step = Duration::from_millis(p.ms) / STEPS;
+            for i in start..STEPS {
+                if ctx.is_cancelled() {
+                    return Err(HandlerError::app(format!("cancelled at step {i}")));
+                }
+                tokio::time::sleep(step).await;
+                ctx.progress(
+                    f64::from(i + 1) / f64::from(STEPS),
+                    format!("step {} of {STEPS}", i + 1),
+                );
+                if p.checkpoint_every > 0 && (i + 1) % p.checkpoint_every == 0 {
+                    ctx.checkpoint((i + 1).to_string().as_bytes())
+                        .await
+                        .map_err(|e| HandlerError::dependency(e.to_string()))?;
+                }
+            }
+            Ok(format!("{{\"slept_ms\":{},\"resumed_from_step\":{start}}}", p.ms).into_bytes())
+        }
+        .boxed()
+    }
+}
+
+/// Always fails with an application error (for retry and DLQ demos).
+pub struct Fail;
+impl Handler for Fail {
+    fn run(&self, _ctx: JobContext) -> BoxFuture<'static, HandlerResult> {
+        async move { Err(HandlerError::app("the fail handler always fails")) }.boxed()
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(default)]
+struct FlakyParams {
+    /// Attempts that fail before one succeeds.
+    fail_attempts: i32,
+    /// Failure class of the failing attempts: "app_error" or "dependency".
+    class: String,
+}
+impl Default for FlakyParams {
+    fn default() -> Self {
+        FlakyParams {
+            fail_attempts: 1,
+            class: "app_error".into(),
+        }
+    }
+}
+
+/// Fails its first `fail_attempts` attempts, then succeeds.
+pub struct Flaky;
+impl Handler for Flaky {
+    fn run(&self, ctx: JobContext) -> BoxFuture<'static, HandlerResult> {
+        async move {
+            let p: FlakyParams = params(&ctx.job.payload)?;
+            if ctx.attempt < p.fail_attempts {
+                let msg = format!(
+                    "flaky: attempt {} of {} planned failures",
+                    ctx.attempt + 1,
+                    p.fail_attempts
+                );
+                return Err(if p.class == "dependency" {
+                    HandlerError::dependency(msg)
+                } else {
+                    HandlerError::app(msg)
+                });
+            }
+            Ok(b"ok".to_vec())
+        }
+        .boxed()
+    }
+}

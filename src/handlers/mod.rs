@@ -1,0 +1,185 @@
+//! Job handlers: the `Handler` trait for embedding fairway in a Rust binary, the job
+//! context a handler sees (progress, checkpoints, cancellation), the built-in HTTP
+//! executor (jobs in any language) and the demo handlers.
+
+mod demo;
+mod http;
+
+pub use demo::{Echo, Fail, Flaky, Sleep};
+pub use http::HttpExecutor;
+
+use crate::model::{FailureClass, JobSubmitted};
+use crate::store::{Store, StoreError};
+use futures::future::BoxFuture;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Why a handler failed; the class decides the retry topic and policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HandlerError {
+    pub class: FailureClass,
+    pub message: String,
+    /// A dependency asked us to wait (HTTP Retry-After): the next attempt is not earlier.
+    pub retry_after: Option<Duration>,
+}
+
+impl HandlerError {
+    pub fn app(message: impl Into<String>) -> Self {
+        HandlerError {
+            class: FailureClass::AppError,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+    pub fn permanent(message: impl Into<String>) -> Self {
+        HandlerError {
+            class: FailureClass::Permanent,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+    pub fn dependency(message: impl Into<String>) -> Self {
+        HandlerError {
+            class: FailureClass::Dependency,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+}
+
+impl std::fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.class, self.message)
+    }
+}
+
+pub type HandlerResult = Result<Vec<u8>, HandlerError>;
+
+/// A job implementation. Handlers should be idempotent keyed by `ctx.job.job_id`:
+/// delivery is at-least-once.
+pub trait Handler: Send + Sync + 'static {
+    fn run(&self, ctx: JobContext) -> BoxFuture<'static, HandlerResult>;
+}
+
+/// Live state shared between a running job and its worker's heartbeat loop.
+#[derive(Debug, Default)]
+pub struct JobLive {
+    progress: Mutex<(f64, String)>,
+    cancelled: AtomicBool,
+}
+
+impl JobLive {
+    pub fn progress(&self) -> (f64, String) {
+        self.progress.lock().map(|p| p.clone()).unwrap_or_default()
+    }
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::SeqCst)
+    }
+    pub fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::SeqCst)
+    }
+}
+
+/// What a handler sees of its job and of the platform.
+#[derive(Clone)]
+pub struct JobContext {
+    pub job: Arc<JobSubmitted>,
+    /// Attempts used before this one (0 on the first attempt).
+    pub attempt: i32,
+    pub deadline: tokio::time::Instant,
+    live: Arc<JobLive>,
+    store: Option<Store>,
+}
+
+impl JobContext {
+    pub fn new(
+        job: Arc<JobSubmitted>,
+        deadline: tokio::time::Instant,
+        live: Arc<JobLive>,
+        store: Option<Store>,
+    ) -> Self {
+        let attempt = job.attempt;
+        JobContext {
+            job,
+            attempt,
+            deadline,
+            live,
+            store,
+        }
+    }
+    pub fn first_attempt(&self) -> bool {
+        self.attempt == 0
+    }
+    /// Reports progress (0..1) and a short message; sent with the next heartbeat.
+    pub fn progress(&self, fraction: f64, message: impl Into<String>) {
+        if let Ok(mut p) = self.live.progress.lock() {
+            *p = (fraction.clamp(0.0, 1.0), message.into());
+        }
+    }
+    /// True once `fairway cancel` reached this job (seen through the heartbeat round trip).
+    /// Long handlers should check it between units of work and return early.
+    pub fn is_cancelled(&self) -> bool {
+        self.live.is_cancelled()
+    }
+    /// Saves resumable state; a re-dispatched attempt gets it from `load_checkpoint`.
+    pub async fn checkpoint(&self, state: &[u8]) -> Result<(), StoreError> {
+        match &self.store {
+            Some(s) => {
+                s.put_checkpoint(&self.job.job_id, state, crate::now_ms())
+                    .await
+            }
+            None => Ok(()),
+        }
+    }
+    pub async fn load_checkpoint(&self) -> Result<Option<Vec<u8>>, StoreError> {
+        match &self.store {
+            Some(s) => s.checkpoint(&self.job.job_id).await,
+            None => Ok(None),
+        }
+    }
+}
+
+/// Handlers by job type name.
+#[derive(Clone, Default)]
+pub struct Registry {
+    handlers: HashMap<String, Arc<dyn Handler>>,
+}
+
+impl Registry {
+    /// Builds handlers for every configured job type; `custom` supplies the ones an
+    /// embedding binary registers under `handler = "custom"`.
+    pub fn from_config(
+        cfg: &crate::config::Config,
+        mut custom: HashMap<String, Arc<dyn Handler>>,
+    ) -> Result<Self, String> {
+        use crate::config::HandlerKind as K;
+        let mut handlers: HashMap<String, Arc<dyn Handler>> = HashMap::new();
+        let client = reqwest::Client::builder()
+            .build()
+            .map_err(|e| format!("cannot build HTTP client: {e}"))?;
+        for (name, jt) in &cfg.job_types {
+            let h: Arc<dyn Handler> = match jt.handler {
+                K::Echo => Arc::new(Echo),
+                K::Sleep => Arc::new(Sleep),
+                K::Fail => Arc::new(Fail),
+                K::Flaky => Arc::new(Flaky),
+                K::Http => Arc::new(HttpExecutor::new(client.clone(), jt.url.clone().unwrap_or_default())),
+                K::Custom => custom.remove(name).ok_or_else(|| {
+                    format!("job_types.{name}.handler is \"custom\" but no Rust handler was registered under {name:?}")
+                })?,
+            };
+            handlers.insert(name.clone(), h);
+        }
+        Ok(Registry { handlers })
+    }
+
+    pub fn get(&self, job_type: &str) -> Option<Arc<dyn Handler>> {
+        self.handlers.get(job_type).cloned()
+    }
+
+    pub fn insert(&mut self, job_type: impl Into<String>, h: Arc<dyn Handler>) {
+        self.handlers.insert(job_type.into(), h);
+    }
+}

@@ -1,0 +1,225 @@
+//! The Kafka edge: the only module that imports rdkafka. It builds clients from
+//! fairway's config, creates topics, produces with delivery acknowledgements and
+//! exposes a consumer whose rebalances are reported to the worker loop.
+
+use crate::config::Config;
+use crate::model::{FailureClass, Pool};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::ClientConfig;
+use rdkafka::ClientContext;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+pub use rdkafka::consumer::{CommitMode, Consumer};
+pub use rdkafka::message::{BorrowedMessage, Headers, Message, OwnedMessage};
+pub use rdkafka::{Offset, TopicPartitionList};
+
+#[derive(Debug, thiserror::Error)]
+pub enum KafkaError {
+    #[error("cannot create Kafka client for {brokers}: {source}")]
+    Client {
+        brokers: String,
+        source: rdkafka::error::KafkaError,
+    },
+    #[error("creating topic {topic} failed: {reason}")]
+    CreateTopic { topic: String, reason: String },
+    #[error("producing to {topic} failed: {source}")]
+    Produce {
+        topic: String,
+        source: rdkafka::error::KafkaError,
+    },
+    #[error("Kafka consumer error: {0}")]
+    Consume(#[from] rdkafka::error::KafkaError),
+}
+
+/// Base client settings shared by producers, consumers and the admin client.
+fn base(cfg: &Config) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &cfg.kafka.brokers)
+        // Small local brokers answer slowly to metadata at first; be patient but bounded.
+        .set("socket.timeout.ms", "10000")
+        .set("log_level", "4");
+    c
+}
+
+/// Every topic fairway uses, in creation order.
+pub fn all_topics(cfg: &Config) -> Vec<String> {
+    let mut t: Vec<String> = Pool::ALL.iter().map(|p| cfg.pool_topic(*p)).collect();
+    for class in [
+        FailureClass::AppError,
+        FailureClass::Timeout,
+        FailureClass::Dependency,
+        FailureClass::WorkerCrash,
+    ] {
+        t.push(cfg.retry_topic(class));
+    }
+    t.push(cfg.dlq_topic());
+    t.push(cfg.results_topic());
+    t
+}
+
+/// Creates the missing topics; returns the names it created (empty: nothing to do).
+pub async fn ensure_topics(cfg: &Config) -> Result<Vec<String>, KafkaError> {
+    let admin: AdminClient<DefaultClientContext> =
+        base(cfg).create().map_err(|source| KafkaError::Client {
+            brokers: cfg.kafka.brokers.clone(),
+            source,
+        })?;
+    let names = all_topics(cfg);
+    let new: Vec<NewTopic> = names
+        .iter()
+        .map(|n| {
+            NewTopic::new(
+                n,
+                cfg.kafka.partitions,
+                TopicReplication::Fixed(cfg.kafka.replication_factor),
+            )
+        })
+        .collect();
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let results = admin
+        .create_topics(&new, &opts)
+        .await
+        .map_err(|source| KafkaError::Client {
+            brokers: cfg.kafka.brokers.clone(),
+            source,
+        })?;
+    let mut created = Vec::new();
+    for r in results {
+        match r {
+            Ok(name) => created.push(name),
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((topic, code)) => {
+                return Err(KafkaError::CreateTopic {
+                    topic,
+                    reason: code.to_string(),
+                })
+            }
+        }
+    }
+    Ok(created)
+}
+
+/// Idempotent producer: retries inside librdkafka never duplicate or reorder records.
+pub fn producer(cfg: &Config) -> Result<FutureProducer, KafkaError> {
+    base(cfg)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "2")
+        .set("compression.type", "lz4")
+        .set("message.timeout.ms", "30000")
+        .create()
+        .map_err(|source| KafkaError::Client {
+            brokers: cfg.kafka.brokers.clone(),
+            source,
+        })
+}
+
+/// Produces one record and waits for the broker's acknowledgement.
+pub async fn send(
+    producer: &FutureProducer,
+    topic: &str,
+    key: &str,
+    payload: &[u8],
+) -> Result<(i32, i64), KafkaError> {
+    let record = FutureRecord::to(topic).key(key).payload(payload);
+    match producer.send(record, rdkafka::util::Timeout::Never).await {
+        Ok(d) => Ok((d.partition, d.offset)),
+        Err((source, _)) => Err(KafkaError::Produce {
+            topic: topic.to_string(),
+            source,
+        }),
+    }
+}
+
+/// Partition assignment changes, reported from librdkafka's thread to the worker loop.
+#[derive(Debug, Clone)]
+pub enum RebalanceEvent {
+    Assigned(Vec<(String, i32)>),
+    Revoked(Vec<(String, i32)>),
+}
+
+/// Consumer context that forwards rebalances. Offsets already stored are committed by
+/// librdkafka itself on revoke (auto commit), so nothing finished is redelivered.
+pub struct WorkerContext {
+    events: mpsc::UnboundedSender<RebalanceEvent>,
+}
+
+impl ClientContext for WorkerContext {}
+
+fn tpl_vec(tpl: &TopicPartitionList) -> Vec<(String, i32)> {
+    tpl.elements()
+        .iter()
+        .map(|e| (e.topic().to_string(), e.partition()))
+        .collect()
+}
+
+impl ConsumerContext for WorkerContext {
+    fn pre_rebalance(&self, _c: &rdkafka::consumer::BaseConsumer<Self>, r: &Rebalance<'_>) {
+        if let Rebalance::Revoke(tpl) = r {
+            let _ = self.events.send(RebalanceEvent::Revoked(tpl_vec(tpl)));
+        }
+    }
+    fn post_rebalance(&self, _c: &rdkafka::consumer::BaseConsumer<Self>, r: &Rebalance<'_>) {
+        if let Rebalance::Assign(tpl) = r {
+            let _ = self.events.send(RebalanceEvent::Assigned(tpl_vec(tpl)));
+        }
+    }
+}
+
+pub type WorkerConsumer = StreamConsumer<WorkerContext>;
+
+/// A consumer-group member for `group` with at-least-once settings: offsets are stored
+/// by fairway only once everything before them finished, and auto-committed from there.
+pub fn consumer(
+    cfg: &Config,
+    group: &str,
+    topics: &[String],
+) -> Result<(WorkerConsumer, mpsc::UnboundedReceiver<RebalanceEvent>), KafkaError> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let c: WorkerConsumer = base(cfg)
+        .set("group.id", group)
+        .set("enable.auto.commit", "true")
+        .set("auto.commit.interval.ms", "500")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set(
+            "session.timeout.ms",
+            cfg.kafka.session_timeout.as_millis().to_string(),
+        )
+        .set(
+            "heartbeat.interval.ms",
+            (cfg.kafka.session_timeout.as_millis() / 4)
+                .max(250)
+                .to_string(),
+        )
+        // Execution is decoupled from polling, so long jobs never trip this.
+        .set("max.poll.interval.ms", "300000")
+        .set("queued.max.messages.kbytes", "16384")
+        .create_with_context(WorkerContext { events: tx })
+        .map_err(|source| KafkaError::Client {
+            brokers: cfg.kafka.brokers.clone(),
+            source,
+        })?;
+    let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
+    c.subscribe(&refs)?;
+    Ok((c, rx))
+}
+
+/// A plain reader (no group commits) for tools that scan topics: results, replay, tests.
+pub fn reader(cfg: &Config, group: &str, commit: bool) -> Result<StreamConsumer, KafkaError> {
+    base(cfg)
+        .set("group.id", group)
+        .set("enable.auto.commit", if commit { "true" } else { "false" })
+        .set("auto.offset.reset", "earliest")
+        .set("session.timeout.ms", "6000")
+        .create()
+        .map_err(|source| KafkaError::Client {
+            brokers: cfg.kafka.brokers.clone(),
+            source,
+        })
+}

@@ -1,0 +1,35 @@
+//! fairway: multi-tenant job processing on Kafka and ScyllaDB, fair in worker time.
+//!
+//! Module map (pure cores apart from the I/O edges):
+//! - `model`     – the domain vocabulary (jobs, results, dead letters, classes).
+//! - `codec`     – Avro single-object encoding of the wire records (`schemas/`).
+//! - `config`    – the TOML configuration and its validation.
+//! - `core`      – pure decisions, no I/O: offset tracking, fair scheduling, retry
+//!                 policy, circuit breakers, poison detection. `now` is an argument.
+//! - `kafka`     – the Kafka edge (only module importing rdkafka).
+//! - `store`     – the ScyllaDB edge (only module importing scylla).
+//! - `handlers`  – the `Handler` trait, job context, HTTP executor, demo handlers.
+//! - `worker`    – consumer loops moving data between Kafka, the cores and the store.
+//! - `submit`    – producing jobs (CLI, HTTP API, demo).
+//! - `cqlbridge` – protocol-v4 bridge to the local Cassandra 2.1 test database.
+//! - `metrics`   – metric names and the Prometheus exporter.
+
+pub mod codec;
+pub mod config;
+pub mod core;
+pub mod cqlbridge;
+pub mod handlers;
+pub mod kafka;
+pub mod metrics;
+pub mod model;
+pub mod store;
+pub mod submit;
+pub mod worker;
+
+/// Milliseconds since the Unix epoch: the one clock the I/O edges read.
+pub fn now_ms() -> model::Millis {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

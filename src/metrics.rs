@@ -1,0 +1,55 @@
+//! Metric names, in one place, with their descriptions registered at start-up.
+//! Labels stay bounded: pool, status, failure class, configured job type, reason.
+
+pub const JOBS_RECEIVED: &str = "fairway_jobs_received_total";
+pub const JOBS_FINISHED: &str = "fairway_jobs_finished_total";
+pub const JOBS_SKIPPED: &str = "fairway_jobs_skipped_total";
+pub const JOBS_NOT_RUN: &str = "fairway_jobs_not_run_total";
+pub const JOBS_RUNNING: &str = "fairway_jobs_running";
+pub const QUEUED: &str = "fairway_jobs_queued";
+pub const JOB_RUN_SECONDS: &str = "fairway_job_run_seconds";
+pub const JOB_END_TO_END_SECONDS: &str = "fairway_job_end_to_end_seconds";
+pub const JOB_FAILURES: &str = "fairway_job_failures_total";
+pub const RETRIES: &str = "fairway_retries_total";
+pub const DEAD_LETTERS: &str = "fairway_dead_letters_total";
+
+/// Registers descriptions (shown as HELP lines by the Prometheus exporter).
+pub fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(JOBS_RECEIVED, "Jobs consumed from pool topics, by pool");
+    describe_counter!(
+        JOBS_FINISHED,
+        "Terminal outcomes recorded, by pool and status"
+    );
+    describe_counter!(
+        JOBS_SKIPPED,
+        "Redelivered jobs acknowledged without running, by reason"
+    );
+    describe_counter!(JOBS_NOT_RUN, "Messages completed without running a handler");
+    describe_gauge!(JOBS_RUNNING, "Jobs running now, by pool");
+    describe_gauge!(
+        QUEUED,
+        "Jobs buffered in the worker waiting for a slot, by pool"
+    );
+    describe_histogram!(JOB_RUN_SECONDS, Unit::Seconds, "Handler run time, by pool");
+    describe_histogram!(
+        JOB_END_TO_END_SECONDS,
+        Unit::Seconds,
+        "Submission to terminal outcome, by pool"
+    );
+    describe_counter!(JOB_FAILURES, "Failed attempts, by pool and failure class");
+    describe_counter!(RETRIES, "Jobs sent to a retry topic, by class and job type");
+    describe_counter!(DEAD_LETTERS, "Jobs dead-lettered, by class and job type");
+}
+
+/// Serves /metrics on 127.0.0.1:port (0 = off).
+pub fn install_exporter(port: u16) -> anyhow::Result<()> {
+    describe();
+    if port == 0 {
+        return Ok(());
+    }
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .with_http_listener(([127, 0, 0, 1], port))
+        .install()?;
+    Ok(())
+}

@@ -1,0 +1,302 @@
+//! Domain vocabulary shared by every layer: jobs, results, dead letters and the
+//! small enums that classify them. Plain data, no I/O; the Avro codec (`crate::codec`)
+//! maps these types to and from the wire.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// Milliseconds since the Unix epoch. All wire and store timestamps use this unit.
+pub type Millis = i64;
+
+/// Duration pool a job runs in; one Kafka topic and one consumer group per pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pool {
+    Short,
+    Medium,
+    Long,
+}
+
+impl Pool {
+    pub const ALL: [Pool; 3] = [Pool::Short, Pool::Medium, Pool::Long];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pool::Short => "short",
+            Pool::Medium => "medium",
+            Pool::Long => "long",
+        }
+    }
+}
+
+/// Priority inside one tenant's queue (fairness across tenants is the scheduler's job).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Priority {
+    Urgent,
+    #[default]
+    Normal,
+    Low,
+}
+
+impl Priority {
+    pub const ALL: [Priority; 3] = [Priority::Urgent, Priority::Normal, Priority::Low];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Urgent => "urgent",
+            Priority::Normal => "normal",
+            Priority::Low => "low",
+        }
+    }
+}
+
+/// Why an attempt failed; decides the retry topic and policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureClass {
+    /// The handler returned an error.
+    AppError,
+    /// The job type's deadline passed.
+    Timeout,
+    /// A dependency of the handler failed (connect error, 502/503/504).
+    Dependency,
+    /// The worker died or lost the job (heartbeat lapsed); never uses up an attempt.
+    WorkerCrash,
+    /// The job type is quarantined for failing most of the time.
+    Poison,
+    /// Invalid input: retrying cannot help (4xx, undecodable, unknown tenant/type).
+    Permanent,
+}
+
+impl FailureClass {
+    pub const ALL: [FailureClass; 6] = [
+        FailureClass::AppError,
+        FailureClass::Timeout,
+        FailureClass::Dependency,
+        FailureClass::WorkerCrash,
+        FailureClass::Poison,
+        FailureClass::Permanent,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureClass::AppError => "app_error",
+            FailureClass::Timeout => "timeout",
+            FailureClass::Dependency => "dependency",
+            FailureClass::WorkerCrash => "worker_crash",
+            FailureClass::Poison => "poison",
+            FailureClass::Permanent => "permanent",
+        }
+    }
+}
+
+/// Terminal outcome published on the results topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobStatus {
+    Succeeded,
+    Failed,
+    Cancelled,
+    Expired,
+}
+
+impl JobStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobStatus::Succeeded => "succeeded",
+            JobStatus::Failed => "failed",
+            JobStatus::Cancelled => "cancelled",
+            JobStatus::Expired => "expired",
+        }
+    }
+}
+
+macro_rules! impl_str_enum {
+    ($t:ty, $what:literal) => {
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+        impl FromStr for $t {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                Self::ALL_VALUES
+                    .iter()
+                    .copied()
+                    .find(|v| v.as_str() == s)
+                    .ok_or_else(|| {
+                        let names: Vec<&str> =
+                            Self::ALL_VALUES.iter().map(|v| v.as_str()).collect();
+                        format!(
+                            "unknown {} {:?}: expected one of {}",
+                            $what,
+                            s,
+                            names.join(", ")
+                        )
+                    })
+            }
+        }
+    };
+}
+
+impl Pool {
+    const ALL_VALUES: &'static [Pool] = &Pool::ALL;
+}
+impl Priority {
+    const ALL_VALUES: &'static [Priority] = &Priority::ALL;
+}
+impl FailureClass {
+    const ALL_VALUES: &'static [FailureClass] = &FailureClass::ALL;
+}
+impl JobStatus {
+    const ALL_VALUES: &'static [JobStatus] = &[
+        JobStatus::Succeeded,
+        JobStatus::Failed,
+        JobStatus::Cancelled,
+        JobStatus::Expired,
+    ];
+}
+impl_str_enum!(Pool, "pool");
+impl_str_enum!(Priority, "priority");
+impl_str_enum!(FailureClass, "failure class");
+impl_str_enum!(JobStatus, "job status");
+
+/// A job as submitted to a pool topic, and as carried on retry topics (then with
+/// `not_before` and the failure bookkeeping filled in).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobSubmitted {
+    /// UUID v7 in canonical text form.
+    pub job_id: String,
+    pub tenant: String,
+    pub job_type: String,
+    /// None: the job type's configured pool.
+    pub pool: Option<Pool>,
+    pub priority: Priority,
+    #[serde(with = "serde_bytes_compat")]
+    pub payload: Vec<u8>,
+    pub idempotency_key: Option<String>,
+    /// Do not start before this time (scheduled jobs).
+    pub execute_at: Option<Millis>,
+    /// Give up (result `expired`) if not started by this time.
+    pub not_after: Option<Millis>,
+    /// Attempts already used up (0 on first submission).
+    pub attempt: i32,
+    /// Worker crashes seen so far (do not use up attempts, bounded separately).
+    pub crash_count: i32,
+    /// Rerun generation this submission belongs to.
+    pub generation: i64,
+    pub submitted_at: Millis,
+    /// On retry topics: earliest time of the next attempt.
+    pub not_before: Option<Millis>,
+    pub last_error: Option<String>,
+    pub last_failure_class: Option<FailureClass>,
+    pub first_failure_at: Option<Millis>,
+    /// How many times this job was replayed from a DLQ/retry topic.
+    pub replay_count: i32,
+    /// Topic the last replay read it from.
+    pub replayed_from: Option<String>,
+}
+
+/// One terminal record per job on the results topic.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobResult {
+    pub job_id: String,
+    pub tenant: String,
+    pub job_type: String,
+    pub pool: Pool,
+    pub status: JobStatus,
+    #[serde(with = "serde_bytes_compat_opt")]
+    pub output: Option<Vec<u8>>,
+    pub error: Option<String>,
+    pub failure_class: Option<FailureClass>,
+    pub attempts: i32,
+    pub generation: i64,
+    pub submitted_at: Millis,
+    pub started_at: Option<Millis>,
+    pub finished_at: Millis,
+    pub worker_id: String,
+}
+
+/// A message fairway gave up on, with enough context to understand and replay it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeadLetter {
+    /// The job, when the message could be decoded.
+    pub job: Option<JobSubmitted>,
+    /// The raw message bytes, when it could not.
+    #[serde(with = "serde_bytes_compat_opt")]
+    pub raw: Option<Vec<u8>>,
+    pub failure_class: FailureClass,
+    /// Human-readable reason: what is wrong and how to fix it.
+    pub reason: String,
+    pub last_error: Option<String>,
+    pub attempts: i32,
+    pub first_failure_at: Millis,
+    pub last_failure_at: Millis,
+    pub origin_topic: String,
+    pub origin_partition: i32,
+    pub origin_offset: i64,
+    pub replay_count: i32,
+}
+
+// Avro `bytes` must be serialized as serde bytes, not as a sequence of u8.
+mod serde_bytes_compat {
+    use serde::{Deserializer, Serializer};
+    pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(v)
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        super::bytes_visitor::deserialize(d)
+    }
+}
+mod serde_bytes_compat_opt {
+    use serde::{Deserialize, Deserializer, Serializer};
+    pub fn serialize<S: Serializer>(v: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(b) => s.serialize_some(&Bytes(b)),
+            None => s.serialize_none(),
+        }
+    }
+    struct Bytes<'a>(&'a [u8]);
+    impl serde::Serialize for Bytes<'_> {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            s.serialize_bytes(self.0)
+        }
+    }
+    #[derive(Deserialize)]
+    struct Owned(#[serde(with = "super::serde_bytes_compat")] Vec<u8>);
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
+        Ok(Option::<Owned>::deserialize(d)?.map(|o| o.0))
+    }
+}
+mod bytes_visitor {
+    use serde::de::{Deserializer, Error, SeqAccess, Visitor};
+    use std::fmt;
+    struct V;
+    impl<'de> Visitor<'de> for V {
+        type Value = Vec<u8>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("bytes")
+        }
+        fn visit_bytes<E: Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+            Ok(v.to_vec())
+        }
+        fn visit_byte_buf<E: Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
+            Ok(v)
+        }
+        fn visit_str<E: Error>(self, v: &str) -> Result<Vec<u8>, E> {
+            Ok(v.as_bytes().to_vec())
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u8>, A::Error> {
+            let mut out = Vec::new();
+            while let Some(b) = seq.next_element::<u8>()? {
+                out.push(b);
+            }
+            Ok(out)
+        }
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        d.deserialize_bytes(V)
+    }
+}

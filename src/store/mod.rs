@@ -1,0 +1,437 @@
+//! The ScyllaDB edge: the only module that imports the `scylla` driver. It owns the
+//! keyspace's schema and every statement fairway runs. The CQL stays inside what both
+//! ScyllaDB and Apache Cassandra 2.1 accept (no date/time types, JSON, GROUP BY, MVs),
+//! so the same code runs against production ScyllaDB and the local test database.
+
+mod schema;
+
+use crate::config::Config;
+use crate::model::Millis;
+use scylla::client::session::Session;
+use scylla::client::session_builder::SessionBuilder;
+use scylla::statement::prepared::PreparedStatement;
+use scylla::statement::Consistency;
+use std::sync::Arc;
+
+pub use schema::TABLES;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot connect to the CQL database at {contact_points}: {message} (is it running? `scripts/services up` starts the local one)")]
+    Connect {
+        contact_points: String,
+        message: String,
+    },
+    #[error("CQL statement failed ({what}): {message}")]
+    Query { what: &'static str, message: String },
+    #[error("checkpoint for job {job_id} is {size} bytes, above the {limit}-byte limit; save less state (e.g. a cursor, not the data)")]
+    CheckpointTooLarge {
+        job_id: String,
+        size: usize,
+        limit: usize,
+    },
+}
+
+fn q(what: &'static str) -> impl Fn(scylla::errors::ExecutionError) -> StoreError {
+    move |e| StoreError::Query {
+        what,
+        message: e.to_string(),
+    }
+}
+fn rows_err(what: &'static str) -> impl Fn(String) -> StoreError {
+    move |message| StoreError::Query { what, message }
+}
+
+/// What the store knows about one job.
+#[derive(Debug, Clone, Default, PartialEq, scylla::DeserializeRow)]
+pub struct JobRow {
+    pub job_id: String,
+    pub tenant: Option<String>,
+    pub job_type: Option<String>,
+    pub pool: Option<String>,
+    pub status: Option<String>,
+    pub attempts: Option<i32>,
+    pub crash_count: Option<i32>,
+    pub generation: Option<i64>,
+    pub submitted_at: Option<i64>,
+    pub started_at: Option<i64>,
+    pub finished_at: Option<i64>,
+    pub worker: Option<String>,
+    pub error: Option<String>,
+    pub failure_class: Option<String>,
+    pub output: Option<Vec<u8>>,
+    pub cancel_requested: Option<bool>,
+}
+
+impl JobRow {
+    /// Terminal statuses: a redelivered job in one of these is never run again.
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self.status.as_deref(),
+            Some("succeeded" | "failed" | "cancelled" | "expired")
+        )
+    }
+}
+
+/// A terminal (or retrying) state to record for a job.
+#[derive(Debug, Clone)]
+pub struct StateUpdate<'a> {
+    pub job_id: &'a str,
+    pub tenant: &'a str,
+    pub job_type: &'a str,
+    pub pool: &'a str,
+    pub status: &'a str,
+    pub attempts: i32,
+    pub crash_count: i32,
+    pub generation: i64,
+    pub submitted_at: Millis,
+    pub started_at: Option<Millis>,
+    pub finished_at: Option<Millis>,
+    pub worker: &'a str,
+    pub error: Option<&'a str>,
+    pub failure_class: Option<&'a str>,
+    pub output: Option<&'a [u8]>,
+}
+
+/// Heartbeat of a running job, as read back by status, the reaper and new partition owners.
+#[derive(Debug, Clone, PartialEq, scylla::DeserializeRow)]
+pub struct HeartbeatRow {
+    pub job_id: String,
+    pub worker: Option<String>,
+    pub at: Option<i64>,
+    pub progress: Option<f64>,
+    pub message: Option<String>,
+}
+
+struct Prepared {
+    get_job: PreparedStatement,
+    put_state: PreparedStatement,
+    put_running: PreparedStatement,
+    request_cancel: PreparedStatement,
+    put_heartbeat: PreparedStatement,
+    get_heartbeat: PreparedStatement,
+    put_checkpoint: PreparedStatement,
+    get_checkpoint: PreparedStatement,
+    claim_idempotency: PreparedStatement,
+}
+
+/// A connected store bound to fairway's keyspace.
+#[derive(Clone)]
+pub struct Store {
+    session: Arc<Session>,
+    keyspace: String,
+    prepared: Arc<Prepared>,
+}
+
+pub const CHECKPOINT_LIMIT: usize = 1 << 20;
+
+/// Opens a session (no keyspace yet): used by `init` and by `Store::open`.
+pub async fn connect(cfg: &Config) -> Result<Session, StoreError> {
+    let mut b = SessionBuilder::new();
+    for cp in &cfg.scylla.contact_points {
+        b = b.known_node(cp);
+    }
+    if cfg.scylla.local_bridge {
+        // Cassandra 2.1 behind the local bridge has no system_schema keyspace.
+        b = b
+            .fetch_schema_metadata(false)
+            .fetch_full_schema_metadata(false);
+    }
+    b.build().await.map_err(|e| StoreError::Connect {
+        contact_points: cfg.scylla.contact_points.join(","),
+        message: e.to_string(),
+    })
+}
+
+/// Creates the keyspace and tables that are missing; returns what it created.
+pub async fn ensure_schema(cfg: &Config) -> Result<Vec<String>, StoreError> {
+    let session = connect(cfg).await?;
+    schema::ensure(
+        &session,
+        &cfg.scylla.keyspace,
+        cfg.scylla.replication_factor,
+    )
+    .await
+}
+
+impl Store {
+    pub async fn open(cfg: &Config) -> Result<Store, StoreError> {
+        let session = connect(cfg).await?;
+        let ks = cfg.scylla.keyspace.clone();
+        let prep = |cql: String, what: &'static str| {
+            let session = &session;
+            async move {
+                let mut p = session.prepare(cql).await.map_err(|e| StoreError::Query {
+                    what,
+                    message: e.to_string(),
+                })?;
+                p.set_consistency(Consistency::LocalQuorum);
+                Ok::<_, StoreError>(p)
+            }
+        };
+        let prepared = Prepared {
+            get_job: prep(
+                format!(
+                    "SELECT job_id, tenant, job_type, pool, status, attempts, crash_count, generation, submitted_at, \
+                     started_at, finished_at, worker, error, failure_class, output, cancel_requested \
+                     FROM {ks}.jobs WHERE job_id = ?"
+                ),
+                "prepare get_job",
+            )
+            .await?,
+            put_state: prep(
+                format!(
+                    "UPDATE {ks}.jobs SET tenant = ?, job_type = ?, pool = ?, status = ?, attempts = ?, crash_count = ?, \
+                     generation = ?, submitted_at = ?, started_at = ?, finished_at = ?, worker = ?, error = ?, \
+                     failure_class = ?, output = ?, updated_at = ? WHERE job_id = ?"
+                ),
+                "prepare put_state",
+            )
+            .await?,
+            put_running: prep(
+                format!(
+                    "UPDATE {ks}.jobs SET tenant = ?, job_type = ?, pool = ?, status = 'running', attempts = ?, \
+                     crash_count = ?, generation = ?, submitted_at = ?, started_at = ?, worker = ?, updated_at = ? \
+                     WHERE job_id = ?"
+                ),
+                "prepare put_running",
+            )
+            .await?,
+            request_cancel: prep(
+                format!("UPDATE {ks}.jobs SET cancel_requested = true, updated_at = ? WHERE job_id = ?"),
+                "prepare request_cancel",
+            )
+            .await?,
+            put_heartbeat: prep(
+                format!(
+                    "INSERT INTO {ks}.heartbeats (job_id, worker, at, progress, message) VALUES (?, ?, ?, ?, ?) USING TTL ?"
+                ),
+                "prepare put_heartbeat",
+            )
+            .await?,
+            get_heartbeat: prep(
+                format!("SELECT job_id, worker, at, progress, message FROM {ks}.heartbeats WHERE job_id = ?"),
+                "prepare get_heartbeat",
+            )
+            .await?,
+            put_checkpoint: prep(
+                format!("INSERT INTO {ks}.checkpoints (job_id, data, at) VALUES (?, ?, ?) USING TTL ?"),
+                "prepare put_checkpoint",
+            )
+            .await?,
+            get_checkpoint: prep(format!("SELECT data FROM {ks}.checkpoints WHERE job_id = ?"), "prepare get_checkpoint")
+                .await?,
+            claim_idempotency: prep(
+                format!(
+                    "INSERT INTO {ks}.idempotency (tenant, key, job_id, at) VALUES (?, ?, ?, ?) IF NOT EXISTS USING TTL ?"
+                ),
+                "prepare claim_idempotency",
+            )
+            .await?,
+        };
+        Ok(Store {
+            session: Arc::new(session),
+            keyspace: ks,
+            prepared: Arc::new(prepared),
+        })
+    }
+
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+    pub fn keyspace(&self) -> &str {
+        &self.keyspace
+    }
+
+    pub async fn job(&self, job_id: &str) -> Result<Option<JobRow>, StoreError> {
+        let res = self
+            .session
+            .execute_unpaged(&self.prepared.get_job, (job_id,))
+            .await
+            .map_err(q("get job"))?;
+        let rows = res
+            .into_rows_result()
+            .map_err(|e| e.to_string())
+            .map_err(rows_err("get job"))?;
+        rows.maybe_first_row::<JobRow>()
+            .map_err(|e| e.to_string())
+            .map_err(rows_err("get job"))
+    }
+
+    pub async fn put_state(&self, u: &StateUpdate<'_>, now: Millis) -> Result<(), StoreError> {
+        self.session
+            .execute_unpaged(
+                &self.prepared.put_state,
+                (
+                    u.tenant,
+                    u.job_type,
+                    u.pool,
+                    u.status,
+                    u.attempts,
+                    u.crash_count,
+                    u.generation,
+                    u.submitted_at,
+                    u.started_at,
+                    u.finished_at,
+                    u.worker,
+                    u.error,
+                    u.failure_class,
+                    u.output,
+                    now,
+                    u.job_id,
+                ),
+            )
+            .await
+            .map_err(q("put job state"))?;
+        Ok(())
+    }
+
+    /// Records that a job started. Written only for jobs that outlive a short grace
+    /// period, so most short jobs cost a single terminal write.
+    pub async fn put_running(&self, u: &StateUpdate<'_>, now: Millis) -> Result<(), StoreError> {
+        self.session
+            .execute_unpaged(
+                &self.prepared.put_running,
+                (
+                    u.tenant,
+                    u.job_type,
+                    u.pool,
+                    u.attempts,
+                    u.crash_count,
+                    u.generation,
+                    u.submitted_at,
+                    u.started_at,
+                    u.worker,
+                    now,
+                    u.job_id,
+                ),
+            )
+            .await
+            .map_err(q("put running"))?;
+        Ok(())
+    }
+
+    pub async fn request_cancel(&self, job_id: &str, now: Millis) -> Result<(), StoreError> {
+        self.session
+            .execute_unpaged(&self.prepared.request_cancel, (now, job_id))
+            .await
+            .map_err(q("cancel"))?;
+        Ok(())
+    }
+
+    pub async fn put_heartbeat(
+        &self,
+        job_id: &str,
+        worker: &str,
+        at: Millis,
+        progress: f64,
+        message: &str,
+        ttl_secs: i32,
+    ) -> Result<(), StoreError> {
+        self.session
+            .execute_unpaged(
+                &self.prepared.put_heartbeat,
+                (job_id, worker, at, progress, message, ttl_secs),
+            )
+            .await
+            .map_err(q("put heartbeat"))?;
+        Ok(())
+    }
+
+    pub async fn heartbeat(&self, job_id: &str) -> Result<Option<HeartbeatRow>, StoreError> {
+        let res = self
+            .session
+            .execute_unpaged(&self.prepared.get_heartbeat, (job_id,))
+            .await
+            .map_err(q("get heartbeat"))?;
+        let rows = res
+            .into_rows_result()
+            .map_err(|e| e.to_string())
+            .map_err(rows_err("get heartbeat"))?;
+        rows.maybe_first_row::<HeartbeatRow>()
+            .map_err(|e| e.to_string())
+            .map_err(rows_err("get heartbeat"))
+    }
+
+    pub async fn put_checkpoint(
+        &self,
+        job_id: &str,
+        data: &[u8],
+        now: Millis,
+    ) -> Result<(), StoreError> {
+        if data.len() > CHECKPOINT_LIMIT {
+            return Err(StoreError::CheckpointTooLarge {
+                job_id: job_id.into(),
+                size: data.len(),
+                limit: CHECKPOINT_LIMIT,
+            });
+        }
+        // Checkpoints outlive any sane job; a week keeps the table from growing forever.
+        let ttl: i32 = 7 * 24 * 3600;
+        self.session
+            .execute_unpaged(&self.prepared.put_checkpoint, (job_id, data, now, ttl))
+            .await
+            .map_err(q("put checkpoint"))?;
+        Ok(())
+    }
+
+    pub async fn checkpoint(&self, job_id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let res = self
+            .session
+            .execute_unpaged(&self.prepared.get_checkpoint, (job_id,))
+            .await
+            .map_err(q("get checkpoint"))?;
+        let rows = res
+            .into_rows_result()
+            .map_err(|e| e.to_string())
+            .map_err(rows_err("get checkpoint"))?;
+        let row = rows
+            .maybe_first_row::<(Option<Vec<u8>>,)>()
+            .map_err(|e| e.to_string())
+            .map_err(rows_err("get checkpoint"))?;
+        Ok(row.and_then(|r| r.0))
+    }
+
+    /// Claims an idempotency key for a tenant (LWT). Returns None when this call claimed
+    /// it, or Some(job id) of the job that already holds it.
+    pub async fn claim_idempotency(
+        &self,
+        tenant: &str,
+        key: &str,
+        job_id: &str,
+        now: Millis,
+        ttl_secs: i32,
+    ) -> Result<Option<String>, StoreError> {
+        let mut stmt = self.prepared.claim_idempotency.clone();
+        stmt.set_consistency(Consistency::Quorum);
+        let res = self
+            .session
+            .execute_unpaged(&stmt, (tenant, key, job_id, now, ttl_secs))
+            .await
+            .map_err(q("claim idempotency key"))?;
+        let rows = res
+            .into_rows_result()
+            .map_err(|e| e.to_string())
+            .map_err(rows_err("claim idempotency key"))?;
+        let row = rows
+            .maybe_first_row::<scylla::value::Row>()
+            .map_err(|e| e.to_string())
+            .map_err(rows_err("claim idempotency key"))?;
+        let Some(row) = row else { return Ok(None) };
+        let applied = matches!(
+            row.columns.first(),
+            Some(Some(scylla::value::CqlValue::Boolean(true)))
+        );
+        if applied {
+            return Ok(None);
+        }
+        // Not applied: the existing row follows [applied]; find its job_id column.
+        let existing = row.columns.iter().skip(1).find_map(|c| match c {
+            Some(scylla::value::CqlValue::Text(s)) if uuid::Uuid::parse_str(s).is_ok() => {
+                Some(s.clone())
+            }
+            _ => None,
+        });
+        Ok(Some(existing.unwrap_or_default()))
+    }
+}

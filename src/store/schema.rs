@@ -1,0 +1,127 @@
+//! fairway's keyspace. Timestamps are bigint epoch milliseconds (Cassandra 2.1 has no
+//! date/time types and ScyllaDB accepts both). Idempotent: only what is missing is created.
+
+use super::StoreError;
+use scylla::client::session::Session;
+
+/// (table name, CQL body after `CREATE TABLE IF NOT EXISTS <ks>.<name>`).
+pub const TABLES: &[(&str, &str)] = &[
+    // One row per job: the effectively-once check reads it before running.
+    (
+        "jobs",
+        "(job_id text PRIMARY KEY, tenant text, job_type text, pool text, status text, attempts int, \
+         crash_count int, generation bigint, submitted_at bigint, started_at bigint, finished_at bigint, \
+         worker text, error text, failure_class text, output blob, cancel_requested boolean, updated_at bigint)",
+    ),
+    // Liveness of running jobs; rows expire (TTL ~3 intervals) when a worker dies.
+    ("heartbeats", "(job_id text PRIMARY KEY, worker text, at bigint, progress double, message text)"),
+    ("checkpoints", "(job_id text PRIMARY KEY, data blob, at bigint)"),
+    // LWT IF NOT EXISTS with TTL: the dedupe window of idempotent submission.
+    ("idempotency", "(tenant text, key text, job_id text, at bigint, PRIMARY KEY ((tenant, key)))"),
+    // Jobs to run later, bucketed by minute so the promoter reads one partition per tick.
+    ("scheduled", "(bucket bigint, execute_at bigint, job_id text, job blob, PRIMARY KEY (bucket, execute_at, job_id))"),
+    // Per-tenant slot-time by worker and time bucket: fleet-wide fair-share accounting.
+    (
+        "usage",
+        "(pool text, bucket bigint, tenant text, worker text, slot_ms bigint, PRIMARY KEY ((pool, bucket), tenant, worker))",
+    ),
+    // Single-leader loops (reaper, promoter) hold a lease taken with LWT.
+    ("leases", "(name text PRIMARY KEY, holder text, expires_at bigint)"),
+    // Rerun-all by generation: the target generation per tenant and job type.
+    ("generations", "(tenant text, job_type text, generation bigint, PRIMARY KEY (tenant, job_type))"),
+    // Resumable DLQ/retry replays: the last replayed offset per replay run and partition.
+    ("replays", "(replay_id text, topic text, partition int, next_offset bigint, PRIMARY KEY (replay_id, topic, partition))"),
+];
+
+pub async fn ensure(session: &Session, keyspace: &str, rf: i32) -> Result<Vec<String>, StoreError> {
+    let existing = existing_tables(session, keyspace).await?;
+    let mut created = Vec::new();
+    if existing.is_none() {
+        let cql = format!(
+            "CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {{'class': 'SimpleStrategy', 'replication_factor': {rf}}}"
+        );
+        session
+            .query_unpaged(cql, ())
+            .await
+            .map_err(|e| StoreError::Query {
+                what: "create keyspace",
+                message: e.to_string(),
+            })?;
+        created.push(format!("keyspace {keyspace}"));
+    }
+    let existing = existing.unwrap_or_default();
+    for (name, body) in TABLES {
+        if existing.iter().any(|t| t == name) {
+            continue;
+        }
+        let cql = format!("CREATE TABLE IF NOT EXISTS {keyspace}.{name} {body}");
+        session
+            .query_unpaged(cql, ())
+            .await
+            .map_err(|e| StoreError::Query {
+                what: "create table",
+                message: e.to_string(),
+            })?;
+        created.push(format!("table {keyspace}.{name}"));
+    }
+    Ok(created)
+}
+
+/// Tables of the keyspace, or None when the keyspace does not exist. Tries ScyllaDB /
+/// Cassandra 3+ (system_schema) first, then Cassandra 2.x (system.schema_columnfamilies).
+async fn existing_tables(
+    session: &Session,
+    keyspace: &str,
+) -> Result<Option<Vec<String>>, StoreError> {
+    let probes = [
+        (
+            "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = ?",
+            "SELECT table_name FROM system_schema.tables WHERE keyspace_name = ?",
+        ),
+        (
+            "SELECT keyspace_name FROM system.schema_keyspaces WHERE keyspace_name = ?",
+            "SELECT columnfamily_name FROM system.schema_columnfamilies WHERE keyspace_name = ?",
+        ),
+    ];
+    let mut last_err = None;
+    for (ks_q, tables_q) in probes {
+        let ks = match session.query_unpaged(ks_q, (keyspace,)).await {
+            Ok(r) => r,
+            Err(e) => {
+                last_err = Some(e.to_string());
+                continue;
+            }
+        };
+        let ks_rows = ks.into_rows_result().map_err(|e| StoreError::Query {
+            what: "read schema",
+            message: e.to_string(),
+        })?;
+        if ks_rows.rows_num() == 0 {
+            return Ok(None);
+        }
+        let t = session
+            .query_unpaged(tables_q, (keyspace,))
+            .await
+            .map_err(|e| StoreError::Query {
+                what: "read schema",
+                message: e.to_string(),
+            })?;
+        let rows = t.into_rows_result().map_err(|e| StoreError::Query {
+            what: "read schema",
+            message: e.to_string(),
+        })?;
+        let names = rows
+            .rows::<(String,)>()
+            .map_err(|e| StoreError::Query {
+                what: "read schema",
+                message: e.to_string(),
+            })?
+            .filter_map(|r| r.ok().map(|r| r.0))
+            .collect();
+        return Ok(Some(names));
+    }
+    Err(StoreError::Query {
+        what: "read schema",
+        message: last_err.unwrap_or_default(),
+    })
+}

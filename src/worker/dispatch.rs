@@ -1,0 +1,175 @@
+//! The seam between the consumer loop and the scheduling policy. The worker loop only
+//! enqueues jobs and asks for the next one; which one comes next is a pure decision
+//! made by either the fair scheduler (`core::scheduler`) or plain FIFO (the baseline the
+//! fairness benchmark compares against).
+
+use crate::model::{Millis, Priority};
+use std::collections::VecDeque;
+
+/// A job waiting for a slot, with what the policy needs to know about it.
+#[derive(Debug)]
+pub struct Queued<J> {
+    pub tenant: String,
+    pub job_type: String,
+    pub priority: Priority,
+    pub job: J,
+}
+
+/// Identifies a running job to the policy when it completes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ticket {
+    pub tenant: String,
+    pub job_type: String,
+    pub dispatched_at: Millis,
+    /// Opaque handle of the policy (e.g. the scheduler's running-job id).
+    pub handle: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Rejected {
+    #[error("tenant {tenant} has {depth} jobs queued in this worker, the limit is {limit}; slow down submissions or raise worker.tenant_queue_limit")]
+    QueueFull {
+        tenant: String,
+        depth: usize,
+        limit: usize,
+    },
+}
+
+pub trait Dispatcher<J>: Send {
+    fn enqueue(&mut self, q: Queued<J>, now: Millis) -> Result<(), (Rejected, Queued<J>)>;
+    /// The next job to start if a slot is free and a job is eligible.
+    fn next(&mut self, now: Millis) -> Option<(J, Ticket)>;
+    fn complete(&mut self, ticket: &Ticket, now: Millis);
+    /// Removes queued (not running) jobs matching `f`, e.g. those of revoked partitions.
+    fn drain_where(&mut self, f: &mut dyn FnMut(&J) -> bool) -> Vec<J>;
+    /// When to ask `next` again although nothing happened (rate limits).
+    fn next_wakeup(&self, now: Millis) -> Option<Millis>;
+    fn queued(&self, tenant: &str) -> usize;
+    fn queued_total(&self) -> usize;
+    fn running(&self) -> usize;
+    fn stats_json(&self, now: Millis) -> serde_json::Value;
+}
+
+/// Plain first-in first-out across all tenants: what a Kafka consumer does by default.
+pub struct Fifo<J> {
+    slots: usize,
+    running: usize,
+    queue: VecDeque<Queued<J>>,
+    tenant_limit: usize,
+}
+
+impl<J> Fifo<J> {
+    pub fn new(slots: usize, tenant_limit: usize) -> Self {
+        Fifo {
+            slots,
+            running: 0,
+            queue: VecDeque::new(),
+            tenant_limit,
+        }
+    }
+}
+
+impl<J: Send> Dispatcher<J> for Fifo<J> {
+    fn enqueue(&mut self, q: Queued<J>, _now: Millis) -> Result<(), (Rejected, Queued<J>)> {
+        let depth = self.queued(&q.tenant);
+        if depth >= self.tenant_limit {
+            let tenant = q.tenant.clone();
+            return Err((
+                Rejected::QueueFull {
+                    tenant,
+                    depth,
+                    limit: self.tenant_limit,
+                },
+                q,
+            ));
+        }
+        self.queue.push_back(q);
+        Ok(())
+    }
+    fn next(&mut self, now: Millis) -> Option<(J, Ticket)> {
+        if self.running >= self.slots {
+            return None;
+        }
+        let q = self.queue.pop_front()?;
+        self.running += 1;
+        Some((
+            q.job,
+            Ticket {
+                tenant: q.tenant,
+                job_type: q.job_type,
+                dispatched_at: now,
+                handle: 0,
+            },
+        ))
+    }
+    fn complete(&mut self, _ticket: &Ticket, _now: Millis) {
+        self.running = self.running.saturating_sub(1);
+    }
+    fn drain_where(&mut self, f: &mut dyn FnMut(&J) -> bool) -> Vec<J> {
+        let mut out = Vec::new();
+        let mut keep = VecDeque::with_capacity(self.queue.len());
+        for q in self.queue.drain(..) {
+            if f(&q.job) {
+                out.push(q.job)
+            } else {
+                keep.push_back(q)
+            }
+        }
+        self.queue = keep;
+        out
+    }
+    fn next_wakeup(&self, _now: Millis) -> Option<Millis> {
+        None
+    }
+    fn queued(&self, tenant: &str) -> usize {
+        self.queue.iter().filter(|q| q.tenant == tenant).count()
+    }
+    fn queued_total(&self) -> usize {
+        self.queue.len()
+    }
+    fn running(&self) -> usize {
+        self.running
+    }
+    fn stats_json(&self, _now: Millis) -> serde_json::Value {
+        serde_json::json!({"policy": "fifo", "queued": self.queue.len(), "running": self.running})
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(t: &str, n: u32) -> Queued<u32> {
+        Queued {
+            tenant: t.into(),
+            job_type: "x".into(),
+            priority: Priority::Normal,
+            job: n,
+        }
+    }
+
+    #[test]
+    fn fifo_is_first_in_first_out_and_respects_slots() {
+        let mut f = Fifo::new(2, 10);
+        for (i, t) in ["a", "a", "b"].iter().enumerate() {
+            f.enqueue(q(t, i as u32), 0).unwrap();
+        }
+        let (j0, t0) = f.next(0).unwrap();
+        let (j1, _) = f.next(0).unwrap();
+        assert_eq!((j0, j1), (0, 1));
+        assert!(f.next(0).is_none(), "both slots busy");
+        f.complete(&t0, 1);
+        assert_eq!(f.next(1).unwrap().0, 2);
+    }
+
+    #[test]
+    fn fifo_rejects_over_tenant_limit() {
+        let mut f = Fifo::new(1, 1);
+        f.enqueue(q("a", 0), 0).unwrap();
+        assert!(matches!(
+            f.enqueue(q("a", 1), 0),
+            Err((Rejected::QueueFull { .. }, _))
+        ));
+        f.enqueue(q("b", 2), 0).unwrap();
+    }
+}

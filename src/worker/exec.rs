@@ -1,0 +1,440 @@
+//! Running one job: the effectively-once check, the handler under its deadline, and the
+//! durable outcome (state in the store, then the result, retry or dead letter on Kafka).
+//! The job's offset is released to the commit tracker only after its outcome is durable,
+//! so a crash anywhere in here redelivers the job instead of losing it.
+
+use super::Shared;
+use crate::core::retry::{AttemptState, Decision};
+use crate::handlers::{HandlerError, JobContext, JobLive};
+use crate::model::{DeadLetter, FailureClass, JobResult, JobStatus, JobSubmitted, Pool};
+use crate::store::{JobRow, StateUpdate};
+use crate::{codec, kafka, metrics as m, now_ms};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Where a message came from (for dead letters and commits).
+#[derive(Debug, Clone)]
+pub struct Origin {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+/// How an execution ended, for the scheduler's accounting and the metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// The handler ran (whatever its outcome).
+    Ran,
+    /// Not run: already finished, cancelled, expired, stale duplicate, or deferred.
+    Skipped,
+}
+
+/// A job that is not started within this time of its dispatch gets a "running" row
+/// only if it outlives this grace: most short jobs then cost one terminal write.
+const RUNNING_WRITE_GRACE: Duration = Duration::from_millis(250);
+
+pub async fn execute(sh: Arc<Shared>, job: Arc<JobSubmitted>, origin: Origin) -> Ended {
+    let row = match with_retries(|| sh.store.job(&job.job_id)).await {
+        Ok(r) => r,
+        Err(e) => {
+            // The store is down: failing the job would be wrong, skipping it would lose
+            // it. Hand it back as a worker-side failure so it is retried later.
+            tracing::warn!(job_id = %job.job_id, error = %e, "store unavailable for the effectively-once check");
+            let err = HandlerError {
+                class: FailureClass::WorkerCrash,
+                message: e.to_string(),
+                retry_after: None,
+            };
+            fail(&sh, &job, &origin, err, None).await;
+            return Ended::Skipped;
+        }
+    };
+    let now = now_ms();
+    if let Some(row) = &row {
+        if row.is_terminal() {
+            // Redelivered after it finished: make sure its result exists, never rerun it.
+            republish_result(&sh, &job, row).await;
+            metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "finished")
+                .increment(1);
+            return Ended::Skipped;
+        }
+        if row.attempts.unwrap_or(0) > job.attempt {
+            // A stale copy: a later attempt of this job already exists on a retry topic.
+            metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "stale_attempt").increment(1);
+            return Ended::Skipped;
+        }
+        if row.cancel_requested == Some(true) {
+            finish(
+                &sh,
+                &job,
+                JobStatus::Cancelled,
+                None,
+                Some("cancelled before it started".into()),
+                None,
+                None,
+            )
+            .await;
+            return Ended::Skipped;
+        }
+    }
+    if let Some(not_after) = job.not_after {
+        if now > not_after {
+            let msg = format!("not started before not_after ({not_after}); picked at {now}");
+            finish(&sh, &job, JobStatus::Expired, None, Some(msg), None, None).await;
+            return Ended::Skipped;
+        }
+    }
+    let Some(handler) = sh.registry.get(&job.job_type) else {
+        let err = HandlerError::permanent(format!(
+            "no handler for job type {:?} on this worker; add it to [job_types] or register a Rust handler",
+            job.job_type
+        ));
+        fail(&sh, &job, &origin, err, None).await;
+        return Ended::Skipped;
+    };
+
+    let started_at = now_ms();
+    let timeout = sh.job_timeout(&job.job_type);
+    let deadline = tokio::time::Instant::now() + timeout;
+    let live = Arc::new(JobLive::default());
+    let ctx = JobContext::new(job.clone(), deadline, live.clone(), Some(sh.store.clone()));
+    sh.running
+        .lock()
+        .expect("running map")
+        .insert(job.job_id.clone(), live.clone());
+    metrics::gauge!(m::JOBS_RUNNING, "pool" => sh.pool.as_str()).increment(1.0);
+
+    let mut run = std::pin::pin!(tokio::time::timeout_at(deadline, handler.run(ctx)));
+    let result = tokio::select! {
+        r = &mut run => r,
+        _ = tokio::time::sleep(RUNNING_WRITE_GRACE) => {
+            let u = update(&sh, &job, "running", Some(started_at), None);
+            if let Err(e) = sh.store.put_running(&u, now_ms()).await {
+                tracing::warn!(job_id = %job.job_id, error = %e, "could not record running state");
+            }
+            run.await
+        }
+    };
+    sh.running.lock().expect("running map").remove(&job.job_id);
+    metrics::gauge!(m::JOBS_RUNNING, "pool" => sh.pool.as_str()).decrement(1.0);
+    let run_ms = (now_ms() - started_at).max(0) as f64;
+    metrics::histogram!(m::JOB_RUN_SECONDS, "pool" => sh.pool.as_str()).record(run_ms / 1000.0);
+
+    match result {
+        Ok(Ok(output)) => {
+            finish(
+                &sh,
+                &job,
+                JobStatus::Succeeded,
+                Some(output),
+                None,
+                None,
+                Some(started_at),
+            )
+            .await;
+        }
+        Ok(Err(err)) if live.is_cancelled() => {
+            let msg = format!("cancelled while running ({})", err.message);
+            finish(
+                &sh,
+                &job,
+                JobStatus::Cancelled,
+                None,
+                Some(msg),
+                None,
+                Some(started_at),
+            )
+            .await;
+        }
+        Ok(Err(err)) => fail(&sh, &job, &origin, err, Some(started_at)).await,
+        Err(_) => {
+            let err = HandlerError {
+                class: FailureClass::Timeout,
+                message: format!("deadline of {timeout:?} passed"),
+                retry_after: None,
+            };
+            fail(&sh, &job, &origin, err, Some(started_at)).await;
+        }
+    }
+    Ended::Ran
+}
+
+fn update<'a>(
+    sh: &'a Shared,
+    job: &'a JobSubmitted,
+    status: &'a str,
+    started_at: Option<i64>,
+    finished_at: Option<i64>,
+) -> StateUpdate<'a> {
+    StateUpdate {
+        job_id: &job.job_id,
+        tenant: &job.tenant,
+        job_type: &job.job_type,
+        pool: sh.pool.as_str(),
+        status,
+        attempts: job.attempt,
+        crash_count: job.crash_count,
+        generation: job.generation,
+        submitted_at: job.submitted_at,
+        started_at,
+        finished_at,
+        worker: &sh.worker_id,
+        error: None,
+        failure_class: None,
+        output: None,
+    }
+}
+
+/// Records a terminal outcome: state first (so a redelivery is recognised as finished),
+/// then the result record (republished from the state if we crash in between).
+pub(crate) async fn finish(
+    sh: &Shared,
+    job: &JobSubmitted,
+    status: JobStatus,
+    output: Option<Vec<u8>>,
+    error: Option<String>,
+    class: Option<FailureClass>,
+    started_at: Option<i64>,
+) {
+    let finished_at = now_ms();
+    let mut u = update(sh, job, status.as_str(), started_at, Some(finished_at));
+    u.error = error.as_deref();
+    u.failure_class = class.map(|c| c.as_str());
+    u.output = output.as_deref();
+    // Attempts recorded: the ones used before plus this one, unless it never ran.
+    let attempts = if started_at.is_some() {
+        job.attempt + 1
+    } else {
+        job.attempt
+    };
+    u.attempts = attempts;
+    let stored = with_retries(|| sh.store.put_state(&u, finished_at)).await;
+    if let Err(e) = stored {
+        tracing::error!(job_id = %job.job_id, error = %e, "could not record the outcome; the job will be redelivered");
+    }
+    let result = JobResult {
+        job_id: job.job_id.clone(),
+        tenant: job.tenant.clone(),
+        job_type: job.job_type.clone(),
+        pool: sh.pool,
+        status,
+        output,
+        error,
+        failure_class: class,
+        attempts,
+        generation: job.generation,
+        submitted_at: job.submitted_at,
+        started_at,
+        finished_at,
+        worker_id: sh.worker_id.clone(),
+    };
+    publish_result(sh, &result).await;
+    metrics::counter!(m::JOBS_FINISHED, "pool" => sh.pool.as_str(), "status" => status.as_str())
+        .increment(1);
+    let e2e = (finished_at - job.submitted_at).max(0) as f64 / 1000.0;
+    metrics::histogram!(m::JOB_END_TO_END_SECONDS, "pool" => sh.pool.as_str()).record(e2e);
+}
+
+async fn publish_result(sh: &Shared, result: &JobResult) {
+    let bytes = match codec::encode_result(result) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::error!(job_id = %result.job_id, error = %e, "cannot encode result");
+            return;
+        }
+    };
+    let topic = sh.cfg.results_topic();
+    if let Err(e) = with_retries(|| kafka::send(&sh.producer, &topic, &result.tenant, &bytes)).await
+    {
+        tracing::error!(job_id = %result.job_id, error = %e, "cannot publish result");
+    }
+}
+
+async fn republish_result(sh: &Shared, job: &JobSubmitted, row: &JobRow) {
+    let status = match row.status.as_deref() {
+        Some("succeeded") => JobStatus::Succeeded,
+        Some("cancelled") => JobStatus::Cancelled,
+        Some("expired") => JobStatus::Expired,
+        _ => JobStatus::Failed,
+    };
+    let result = JobResult {
+        job_id: job.job_id.clone(),
+        tenant: job.tenant.clone(),
+        job_type: job.job_type.clone(),
+        pool: sh.pool,
+        status,
+        output: row.output.clone(),
+        error: row.error.clone(),
+        failure_class: row.failure_class.as_deref().and_then(|c| c.parse().ok()),
+        attempts: row.attempts.unwrap_or(job.attempt),
+        generation: row.generation.unwrap_or(job.generation),
+        submitted_at: job.submitted_at,
+        started_at: row.started_at,
+        finished_at: row.finished_at.unwrap_or_else(now_ms),
+        worker_id: row.worker.clone().unwrap_or_default(),
+    };
+    publish_result(sh, &result).await;
+}
+
+/// A failed attempt: ask the retry policy, then either put the job on its class's retry
+/// topic or dead-letter it (DLQ record + failed result).
+pub(crate) async fn fail(
+    sh: &Shared,
+    job: &JobSubmitted,
+    origin: &Origin,
+    err: HandlerError,
+    started_at: Option<i64>,
+) {
+    let now = now_ms();
+    metrics::counter!(m::JOB_FAILURES, "pool" => sh.pool.as_str(), "class" => err.class.as_str())
+        .increment(1);
+    let state = AttemptState {
+        attempt: job.attempt,
+        crash_count: job.crash_count,
+        last_error: Some(err.message.clone()),
+    };
+    let policy = sh.retry_policy(&job.job_type);
+    let decision = sh.decide(err.class, &job.job_type, &job.tenant, &state, &policy, now);
+    match decision {
+        Decision::Retry {
+            class_topic,
+            not_before,
+            attempt,
+            crash_count,
+        } => {
+            let not_before = match err.retry_after {
+                Some(d) => not_before.max(now + d.as_millis() as i64),
+                None => not_before,
+            };
+            let mut next = job.clone();
+            next.attempt = attempt;
+            next.crash_count = crash_count;
+            next.not_before = Some(not_before);
+            next.last_error = Some(err.message.clone());
+            next.last_failure_class = Some(err.class);
+            next.first_failure_at = job.first_failure_at.or(Some(now));
+            let topic = sh.cfg.retry_topic(class_topic);
+            let produced = match codec::encode_job(&next) {
+                Ok(bytes) => {
+                    with_retries(|| kafka::send(&sh.producer, &topic, &job.tenant, &bytes))
+                        .await
+                        .map(|_| ())
+                }
+                Err(e) => {
+                    tracing::error!(job_id = %job.job_id, error = %e, "cannot encode retry");
+                    Ok(())
+                }
+            };
+            if let Err(e) = produced {
+                tracing::error!(job_id = %job.job_id, error = %e, "cannot produce retry; the job will be redelivered");
+                return;
+            }
+            metrics::counter!(m::RETRIES, "class" => class_topic.as_str(), "job_type" => sh.bounded_job_type(&job.job_type)).increment(1);
+            let mut u = update(sh, job, "retrying", started_at, None);
+            u.attempts = attempt;
+            u.crash_count = crash_count;
+            u.error = Some(&err.message);
+            u.failure_class = Some(err.class.as_str());
+            if let Err(e) = with_retries(|| sh.store.put_state(&u, now)).await {
+                tracing::warn!(job_id = %job.job_id, error = %e, "could not record retrying state");
+            }
+        }
+        Decision::DeadLetter { reason } => {
+            let attempts = if started_at.is_some() {
+                job.attempt + 1
+            } else {
+                job.attempt
+            };
+            dead_letter(
+                sh,
+                Some(job),
+                None,
+                err.class,
+                reason,
+                Some(err.message.clone()),
+                attempts,
+                origin,
+            )
+            .await;
+            finish(
+                sh,
+                job,
+                JobStatus::Failed,
+                None,
+                Some(err.message),
+                Some(err.class),
+                started_at,
+            )
+            .await;
+        }
+    }
+}
+
+/// Produces a dead letter; `raw` carries the bytes of a message that could not be decoded.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn dead_letter(
+    sh: &Shared,
+    job: Option<&JobSubmitted>,
+    raw: Option<Vec<u8>>,
+    class: FailureClass,
+    reason: String,
+    last_error: Option<String>,
+    attempts: i32,
+    origin: &Origin,
+) {
+    let now = now_ms();
+    let dl = DeadLetter {
+        job: job.cloned(),
+        raw,
+        failure_class: class,
+        reason,
+        last_error,
+        attempts,
+        first_failure_at: job.and_then(|j| j.first_failure_at).unwrap_or(now),
+        last_failure_at: now,
+        origin_topic: origin.topic.clone(),
+        origin_partition: origin.partition,
+        origin_offset: origin.offset,
+        replay_count: job.map(|j| j.replay_count).unwrap_or(0),
+    };
+    let key = job.map(|j| j.tenant.as_str()).unwrap_or("");
+    let topic = sh.cfg.dlq_topic();
+    match codec::encode_dead_letter(&dl) {
+        Ok(bytes) => {
+            if let Err(e) = with_retries(|| kafka::send(&sh.producer, &topic, key, &bytes)).await {
+                tracing::error!(error = %e, "cannot produce dead letter");
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "cannot encode dead letter"),
+    }
+    let jt = job
+        .map(|j| sh.bounded_job_type(&j.job_type))
+        .unwrap_or_else(|| "unknown".to_string());
+    metrics::counter!(m::DEAD_LETTERS, "class" => class.as_str(), "job_type" => jt).increment(1);
+}
+
+/// Retries a transient I/O operation a few times with backoff before giving up.
+pub(crate) async fn with_retries<T, E: std::fmt::Display, F, Fut>(mut f: F) -> Result<T, E>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let mut delay = Duration::from_millis(100);
+    let mut tries = 0;
+    loop {
+        match f().await {
+            Ok(v) => return Ok(v),
+            Err(e) if tries < 4 => {
+                tracing::debug!(error = %e, "transient failure, retrying");
+                tries += 1;
+                tokio::time::sleep(delay).await;
+                delay *= 3;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+pub fn pool_of(job: &JobSubmitted, default: Pool) -> Pool {
+    job.pool.unwrap_or(default)
+}

@@ -1,0 +1,173 @@
+//! The worker: one consumer-group member per pool it serves, each running the loop in
+//! `pool`, sharing a store session, a producer and the handler registry. Pure decisions
+//! (scheduling, retry, breakers, offsets) live in `crate::core`; this module moves data
+//! between them and Kafka / ScyllaDB.
+
+pub mod dispatch;
+pub mod exec;
+pub mod pool;
+pub mod relay;
+
+use crate::config::Config;
+use crate::core::retry::{self, AttemptState, Decision, RetryPolicy};
+use crate::handlers::{JobLive, Registry};
+use crate::kafka;
+use crate::model::{FailureClass, Millis, Pool};
+use crate::store::Store;
+use rdkafka::producer::FutureProducer;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Which dispatch policy the worker uses (FIFO exists as the fairness benchmark's baseline).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Policy {
+    #[default]
+    Fair,
+    Fifo,
+}
+
+/// Everything a pool loop and its executions share.
+pub struct Shared {
+    pub cfg: Arc<Config>,
+    pub pool: Pool,
+    pub store: Store,
+    pub producer: FutureProducer,
+    pub registry: Registry,
+    pub worker_id: String,
+    /// Live handles of running jobs (progress, cancellation) for the heartbeat loop.
+    pub running: Mutex<HashMap<String, Arc<JobLive>>>,
+    /// Latest scheduler introspection, for `fairway stats` and `top`.
+    pub stats: Mutex<serde_json::Value>,
+}
+
+impl Shared {
+    pub fn job_timeout(&self, job_type: &str) -> Duration {
+        match self.cfg.job_types.get(job_type) {
+            Some(jt) => self.cfg.job_timeout(jt),
+            None => self.cfg.pool(self.pool).default_timeout,
+        }
+    }
+
+    pub fn retry_policy(&self, job_type: &str) -> RetryPolicy {
+        self.cfg
+            .job_types
+            .get(job_type)
+            .and_then(|jt| jt.retry.clone())
+            .unwrap_or_default()
+    }
+
+    /// Job types are configured, so using them as a metric label keeps cardinality bounded.
+    pub fn bounded_job_type(&self, job_type: &str) -> String {
+        if self.cfg.job_types.contains_key(job_type) {
+            job_type.to_string()
+        } else {
+            "unknown".to_string()
+        }
+    }
+
+    pub fn decide(
+        &self,
+        class: FailureClass,
+        _job_type: &str,
+        _tenant: &str,
+        state: &AttemptState,
+        policy: &RetryPolicy,
+        now: Millis,
+    ) -> Decision {
+        retry::decide(class, state, policy, now, rand::random::<f64>())
+    }
+}
+
+/// A running worker process: its pools' loops and their shutdown switch.
+pub struct Worker {
+    pub worker_id: String,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    pub shared: Vec<Arc<Shared>>,
+}
+
+pub fn new_worker_id() -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into());
+    format!(
+        "{host}-{}-{:04x}",
+        std::process::id(),
+        rand::random::<u16>()
+    )
+}
+
+impl Worker {
+    /// Starts one consumer loop per pool.
+    pub async fn start(
+        cfg: Arc<Config>,
+        pools: &[Pool],
+        registry: Registry,
+        policy: Policy,
+    ) -> anyhow::Result<Worker> {
+        let store = Store::open(&cfg).await?;
+        let producer = kafka::producer(&cfg)?;
+        let worker_id = new_worker_id();
+        let (tx, rx) = watch::channel(false);
+        let mut tasks = Vec::new();
+        let mut shared = Vec::new();
+        for &pool in pools {
+            let sh = Arc::new(Shared {
+                cfg: cfg.clone(),
+                pool,
+                store: store.clone(),
+                producer: producer.clone(),
+                registry: registry.clone(),
+                worker_id: worker_id.clone(),
+                running: Mutex::new(HashMap::new()),
+                stats: Mutex::new(serde_json::Value::Null),
+            });
+            let dispatcher = make_dispatcher(&cfg, pool, policy);
+            let rx = rx.clone();
+            let sh2 = sh.clone();
+            tasks.push(tokio::spawn(async move {
+                if let Err(e) = pool::run(sh2, dispatcher, rx).await {
+                    tracing::error!(pool = pool.as_str(), error = %e, "pool loop failed");
+                }
+            }));
+            shared.push(sh);
+        }
+        // Every worker also relays due retries back to their pools (one group, shared).
+        let (cfg2, producer2, rx2) = (cfg.clone(), producer.clone(), rx.clone());
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = relay::run(cfg2, producer2, rx2).await {
+                tracing::error!(error = %e, "retry relay failed");
+            }
+        }));
+        tracing::info!(%worker_id, ?pools, ?policy, "worker started");
+        Ok(Worker {
+            worker_id,
+            shutdown: tx,
+            tasks,
+            shared,
+        })
+    }
+
+    /// Graceful stop: no new work, running jobs finish (within each pool's grace), commit.
+    pub async fn stop(self) {
+        let _ = self.shutdown.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+fn make_dispatcher(
+    cfg: &Config,
+    pool: Pool,
+    policy: Policy,
+) -> Box<dyn dispatch::Dispatcher<pool::Pending>> {
+    let slots = cfg.pool(pool).slots;
+    // The hard per-tenant limit is twice the pause threshold: messages already fetched
+    // when a partition is paused still fit.
+    let limit = cfg.worker.tenant_queue_limit.saturating_mul(2);
+    match policy {
+        Policy::Fifo => Box::new(dispatch::Fifo::new(slots, limit)),
+        Policy::Fair => Box::new(dispatch::Fifo::new(slots, limit)),
+    }
+}

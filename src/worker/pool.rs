@@ -1,0 +1,366 @@
+//! One pool's consumer loop: Kafka messages in, scheduling decisions, executions out.
+//! The loop owns all mutable state (offset trackers, the dispatcher, paused partitions)
+//! and talks to running jobs only through channels, so it never blocks on a job and a
+//! multi-hour job never delays polling.
+
+use super::dispatch::{Dispatcher, Queued, Ticket};
+use super::exec::{self, Ended, Origin};
+use super::Shared;
+use crate::core::offsets::PartitionOffsets;
+use crate::kafka::{self, Consumer, Message, RebalanceEvent, TopicPartitionList};
+use crate::model::{FailureClass, JobStatus, JobSubmitted};
+use crate::{codec, metrics as m, now_ms};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+
+/// A decoded job waiting in the dispatcher.
+pub struct Pending {
+    pub job: Arc<JobSubmitted>,
+    pub origin: Origin,
+    pub epoch: u64,
+}
+
+struct Done {
+    origin: Origin,
+    epoch: u64,
+    ticket: Option<Ticket>,
+    ended: Ended,
+}
+
+struct PartitionState {
+    epoch: u64,
+    offsets: PartitionOffsets,
+}
+
+/// Most jobs buffered in one worker for one pool before every partition is paused.
+const GLOBAL_BUFFER: usize = 50_000;
+
+pub async fn run(
+    sh: Arc<Shared>,
+    mut dispatcher: Box<dyn Dispatcher<Pending>>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), kafka::KafkaError> {
+    let topic = sh.cfg.pool_topic(sh.pool);
+    let group = format!("{}{}", sh.cfg.kafka.group_prefix, sh.pool);
+    let (consumer, mut rebalances) =
+        kafka::consumer(&sh.cfg, &group, std::slice::from_ref(&topic))?;
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
+    let mut tasks = JoinSet::new();
+    let mut parts: HashMap<i32, PartitionState> = HashMap::new();
+    let mut next_epoch = 0u64;
+    let mut paused: HashSet<i32> = HashSet::new();
+    let mut overflow: VecDeque<Queued<Pending>> = VecDeque::new();
+    let limit = sh.cfg.worker.tenant_queue_limit.max(1);
+    let pool = sh.pool.as_str();
+    let mut stats_tick = tokio::time::interval(Duration::from_millis(500));
+
+    loop {
+        let wake = dispatcher
+            .next_wakeup(now_ms())
+            .map(|t| (t - now_ms()).max(1) as u64)
+            .unwrap_or(3_600_000);
+        let buffering = dispatcher.queued_total() + overflow.len();
+        tokio::select! {
+            biased;
+            _ = shutdown.changed() => break,
+            Some(ev) = rebalances.recv() => match ev {
+                RebalanceEvent::Assigned(tps) => {
+                    for (_, p) in tps {
+                        next_epoch += 1;
+                        parts.insert(p, PartitionState { epoch: next_epoch, offsets: PartitionOffsets::default() });
+                        paused.remove(&p);
+                    }
+                }
+                RebalanceEvent::Revoked(tps) => {
+                    let gone: HashSet<i32> = tps.iter().map(|(_, p)| *p).collect();
+                    for p in &gone {
+                        parts.remove(p);
+                        paused.remove(p);
+                    }
+                    // Queued jobs of revoked partitions belong to the new owner now.
+                    let dropped = dispatcher.drain_where(&mut |j: &Pending| gone.contains(&j.origin.partition));
+                    overflow.retain(|q| !gone.contains(&q.job.origin.partition));
+                    tracing::info!(pool, partitions = ?gone, dropped = dropped.len(), "partitions revoked");
+                }
+            },
+            Some(done) = done_rx.recv() => {
+                on_done(&sh, &consumer, &topic, &mut parts, &mut *dispatcher, done);
+                while let Ok(done) = done_rx.try_recv() {
+                    on_done(&sh, &consumer, &topic, &mut parts, &mut *dispatcher, done);
+                }
+            }
+            msg = consumer.recv() => match msg {
+                Err(e) => {
+                    tracing::warn!(pool, error = %e, "consumer error");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Ok(msg) => {
+                    let origin = Origin { topic: msg.topic().to_string(), partition: msg.partition(), offset: msg.offset() };
+                    let bytes = msg.payload().unwrap_or_default().to_vec();
+                    drop(msg);
+                    let st = parts.entry(origin.partition).or_insert_with(|| {
+                        next_epoch += 1;
+                        PartitionState { epoch: next_epoch, offsets: PartitionOffsets::default() }
+                    });
+                    if st.offsets.started(origin.offset).is_err() {
+                        // The partition rewound (a seek or a missed rebalance event): what
+                        // was in flight before no longer decides this partition's commits.
+                        next_epoch += 1;
+                        *st = PartitionState { epoch: next_epoch, offsets: PartitionOffsets::default() };
+                        let _ = st.offsets.started(origin.offset);
+                    }
+                    let epoch = st.epoch;
+                    match admit(&sh, &bytes) {
+                        Ok(job) => {
+                            metrics::counter!(m::JOBS_RECEIVED, "pool" => pool).increment(1);
+                            let q = Queued {
+                                tenant: job.tenant.clone(),
+                                job_type: job.job_type.clone(),
+                                priority: job.priority,
+                                job: Pending { job: Arc::new(job), origin, epoch },
+                            };
+                            if let Err((rej, q)) = dispatcher.enqueue(q, now_ms()) {
+                                tracing::debug!(pool, %rej, "tenant buffer full, pausing its partition");
+                                overflow.push_back(q);
+                            }
+                        }
+                        Err((job, class, reason)) => {
+                            let sh2 = sh.clone();
+                            let tx = done_tx.clone();
+                            tasks.spawn(async move {
+                                reject(&sh2, job, bytes, class, reason, &origin).await;
+                                let _ = tx.send(Done { origin, epoch, ticket: None, ended: Ended::Skipped });
+                            });
+                        }
+                    }
+                }
+            },
+            _ = tokio::time::sleep(Duration::from_millis(wake)) => {}
+            _ = stats_tick.tick() => {
+                metrics::gauge!(m::QUEUED, "pool" => pool).set(buffering as f64);
+                if let Ok(mut s) = sh.stats.lock() {
+                    *s = dispatcher.stats_json(now_ms());
+                }
+            }
+        }
+
+        // Retry what overflowed once its tenant drained.
+        let mut still = VecDeque::new();
+        while let Some(q) = overflow.pop_front() {
+            if let Err((_, q)) = dispatcher.enqueue(q, now_ms()) {
+                still.push_back(q);
+            }
+        }
+        overflow = still;
+
+        // Start every job the policy allows now.
+        while let Some((p, ticket)) = dispatcher.next(now_ms()) {
+            let sh2 = sh.clone();
+            let tx = done_tx.clone();
+            tasks.spawn(async move {
+                let ended = exec::execute(sh2, p.job, p.origin.clone()).await;
+                let _ = tx.send(Done {
+                    origin: p.origin,
+                    epoch: p.epoch,
+                    ticket: Some(ticket),
+                    ended,
+                });
+            });
+        }
+        while tasks.try_join_next().is_some() {}
+
+        // Backpressure: pause partitions whose tenants' buffers are full, or all of
+        // them when the worker's buffer is; resume once they drained to half.
+        let mut want_paused: HashSet<i32> =
+            overflow.iter().map(|q| q.job.origin.partition).collect();
+        if dispatcher.queued_total() + overflow.len() >= GLOBAL_BUFFER {
+            want_paused.extend(parts.keys().copied());
+        } else {
+            for p in paused.iter() {
+                // Keep a partition paused while any of its tenants is above half its limit.
+                let hot = overflow.iter().any(|q| q.job.origin.partition == *p)
+                    || dispatcher.queued_total() + overflow.len() >= GLOBAL_BUFFER / 2;
+                if hot {
+                    want_paused.insert(*p);
+                }
+            }
+        }
+        let _ = limit;
+        set_paused(&consumer, &topic, &mut paused, want_paused);
+    }
+
+    // Graceful shutdown: take no more work, let running jobs finish within the pool's
+    // grace period, then commit what finished. Queued jobs are simply not committed:
+    // the partitions' next owners get them.
+    let queued = dispatcher.drain_where(&mut |_| true);
+    let grace = sh
+        .cfg
+        .pool(sh.pool)
+        .default_timeout
+        .min(Duration::from_secs(30));
+    tracing::info!(
+        pool,
+        queued = queued.len(),
+        running = dispatcher.running(),
+        ?grace,
+        "draining"
+    );
+    let deadline = tokio::time::Instant::now() + grace;
+    while dispatcher.running() > 0 {
+        tokio::select! {
+            Some(done) = done_rx.recv() => on_done(&sh, &consumer, &topic, &mut parts, &mut *dispatcher, done),
+            _ = tokio::time::sleep_until(deadline) => {
+                tracing::warn!(pool, running = dispatcher.running(), "grace period over; handing running jobs back");
+                break;
+            }
+        }
+    }
+    tasks.abort_all();
+    if let Err(e) = consumer.commit_consumer_state(kafka::CommitMode::Sync) {
+        tracing::debug!(pool, error = %e, "final commit");
+    }
+    consumer.unsubscribe();
+    Ok(())
+}
+
+fn on_done(
+    sh: &Shared,
+    consumer: &kafka::WorkerConsumer,
+    topic: &str,
+    parts: &mut HashMap<i32, PartitionState>,
+    dispatcher: &mut dyn Dispatcher<Pending>,
+    done: Done,
+) {
+    if let Some(t) = &done.ticket {
+        dispatcher.complete(t, now_ms());
+    }
+    if done.ended == Ended::Skipped {
+        metrics::counter!(m::JOBS_NOT_RUN, "pool" => sh.pool.as_str()).increment(1);
+    }
+    let Some(st) = parts.get_mut(&done.origin.partition) else {
+        return;
+    };
+    if st.epoch != done.epoch {
+        return; // finished after its partition moved away: the new owner decides.
+    }
+    if let Some(commit) = st.offsets.finished(done.origin.offset) {
+        let mut tpl = TopicPartitionList::new();
+        if tpl
+            .add_partition_offset(topic, done.origin.partition, kafka::Offset::Offset(commit))
+            .is_ok()
+        {
+            if let Err(e) = consumer.store_offsets(&tpl) {
+                tracing::debug!(error = %e, "store offset (partition likely revoked)");
+            }
+        }
+    }
+}
+
+fn set_paused(
+    consumer: &kafka::WorkerConsumer,
+    topic: &str,
+    paused: &mut HashSet<i32>,
+    want: HashSet<i32>,
+) {
+    let to_pause: Vec<i32> = want.difference(paused).copied().collect();
+    let to_resume: Vec<i32> = paused.difference(&want).copied().collect();
+    if !to_pause.is_empty() {
+        let mut tpl = TopicPartitionList::new();
+        for p in &to_pause {
+            tpl.add_partition(topic, *p);
+        }
+        if consumer.pause(&tpl).is_ok() {
+            paused.extend(to_pause);
+        }
+    }
+    if !to_resume.is_empty() {
+        let mut tpl = TopicPartitionList::new();
+        for p in &to_resume {
+            tpl.add_partition(topic, *p);
+        }
+        if consumer.resume(&tpl).is_ok() {
+            for p in to_resume {
+                paused.remove(&p);
+            }
+        }
+    }
+}
+
+type Rejection = (Option<JobSubmitted>, FailureClass, String);
+
+/// Decodes and validates a message; what cannot run goes to the DLQ with the reason.
+fn admit(sh: &Shared, bytes: &[u8]) -> Result<JobSubmitted, Rejection> {
+    let job = codec::decode_job(bytes).map_err(|e| {
+        (
+            None,
+            FailureClass::Permanent,
+            format!("undecodable message: {e}"),
+        )
+    })?;
+    let bad = |why: String| Err((Some(job.clone()), FailureClass::Permanent, why));
+    if uuid::Uuid::parse_str(&job.job_id).is_err() {
+        return bad(format!(
+            "job_id {:?} is not a UUID; producers must send a UUID (v7 recommended)",
+            job.job_id
+        ));
+    }
+    if !sh.cfg.tenants.contains_key(&job.tenant) {
+        return bad(format!(
+            "unknown tenant {:?}; add [tenants.{}] to the config or fix the producer",
+            job.tenant, job.tenant
+        ));
+    }
+    if !sh.cfg.job_types.contains_key(&job.job_type) {
+        return bad(format!(
+            "unknown job type {:?}; add [job_types.{}] to the config or fix the producer",
+            job.job_type, job.job_type
+        ));
+    }
+    if job.payload.len() > sh.cfg.worker.max_payload_bytes {
+        return bad(format!(
+            "payload is {} bytes, above worker.max_payload_bytes = {}; store large inputs elsewhere and pass a reference",
+            job.payload.len(),
+            sh.cfg.worker.max_payload_bytes
+        ));
+    }
+    Ok(job)
+}
+
+async fn reject(
+    sh: &Shared,
+    job: Option<JobSubmitted>,
+    raw: Vec<u8>,
+    class: FailureClass,
+    reason: String,
+    origin: &Origin,
+) {
+    tracing::warn!(pool = sh.pool.as_str(), topic = %origin.topic, partition = origin.partition, offset = origin.offset, %reason, "dead-lettering message");
+    let raw = if job.is_none() { Some(raw) } else { None };
+    exec::dead_letter(
+        sh,
+        job.as_ref(),
+        raw,
+        class,
+        reason.clone(),
+        None,
+        job.as_ref().map(|j| j.attempt).unwrap_or(0),
+        origin,
+    )
+    .await;
+    if let Some(job) = &job {
+        // A decodable job still gets its one terminal result, so submitters are not left waiting.
+        exec::finish(
+            sh,
+            job,
+            JobStatus::Failed,
+            None,
+            Some(reason),
+            Some(class),
+            None,
+        )
+        .await;
+    }
+}

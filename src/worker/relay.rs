@@ -1,0 +1,169 @@
+//! The retry relay: consumes the per-class retry topics and hands each job back to its
+//! pool topic once its `not_before` is due, so the retried job goes through the fair
+//! scheduler like any other. A partition whose head is not due yet is paused (no busy
+//! polling, other partitions keep flowing) and resumed when it is.
+
+use super::exec::with_retries;
+use crate::config::Config;
+use crate::core::offsets::PartitionOffsets;
+use crate::kafka::{self, Consumer, Message, RebalanceEvent, TopicPartitionList};
+use crate::model::{FailureClass, JobSubmitted, Pool};
+use crate::{codec, now_ms};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+
+struct Held {
+    job: JobSubmitted,
+    offset: i64,
+}
+
+#[derive(Default)]
+struct PartitionState {
+    held: VecDeque<Held>,
+    offsets: PartitionOffsets,
+    paused: bool,
+    epoch: u64,
+}
+
+type Key = (String, i32);
+
+pub fn retry_topics(cfg: &Config) -> Vec<String> {
+    [
+        FailureClass::AppError,
+        FailureClass::Timeout,
+        FailureClass::Dependency,
+        FailureClass::WorkerCrash,
+    ]
+    .iter()
+    .map(|c| cfg.retry_topic(*c))
+    .collect()
+}
+
+pub async fn run(
+    cfg: Arc<Config>,
+    producer: rdkafka::producer::FutureProducer,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), kafka::KafkaError> {
+    let topics = retry_topics(&cfg);
+    let group = format!("{}retry", cfg.kafka.group_prefix);
+    let (consumer, mut rebalances) = kafka::consumer(&cfg, &group, &topics)?;
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(Key, i64, u64)>();
+    let mut parts: HashMap<Key, PartitionState> = HashMap::new();
+    let mut epoch = 0u64;
+    loop {
+        let now = now_ms();
+        let next_due = parts
+            .values()
+            .filter_map(|p| p.held.front().map(|h| h.job.not_before.unwrap_or(0)))
+            .min()
+            .map(|t| (t - now).clamp(1, 60_000) as u64)
+            .unwrap_or(60_000);
+        tokio::select! {
+            biased;
+            _ = shutdown.changed() => break,
+            Some(ev) = rebalances.recv() => match ev {
+                RebalanceEvent::Assigned(tps) => for k in tps {
+                    epoch += 1;
+                    parts.insert(k, PartitionState { epoch, ..Default::default() });
+                },
+                RebalanceEvent::Revoked(tps) => for k in tps { parts.remove(&k); },
+            },
+            Some((key, offset, ep)) = done_rx.recv() => {
+                if let Some(st) = parts.get_mut(&key) {
+                    if st.epoch == ep {
+                        if let Some(c) = st.offsets.finished(offset) {
+                            let mut tpl = TopicPartitionList::new();
+                            if tpl.add_partition_offset(&key.0, key.1, kafka::Offset::Offset(c)).is_ok() {
+                                let _ = consumer.store_offsets(&tpl);
+                            }
+                        }
+                    }
+                }
+            }
+            msg = consumer.recv() => match msg {
+                Err(e) => { tracing::warn!(error = %e, "retry relay consumer error"); tokio::time::sleep(Duration::from_millis(200)).await; }
+                Ok(m) => {
+                    let key: Key = (m.topic().to_string(), m.partition());
+                    let offset = m.offset();
+                    let decoded = codec::decode_job(m.payload().unwrap_or_default());
+                    drop(m);
+                    epoch += 1;
+                    let e2 = epoch;
+                    let st = parts.entry(key.clone()).or_insert_with(|| PartitionState { epoch: e2, ..Default::default() });
+                    if st.offsets.started(offset).is_err() {
+                        *st = PartitionState { epoch: e2, ..Default::default() };
+                        let _ = st.offsets.started(offset);
+                    }
+                    match decoded {
+                        Ok(job) => st.held.push_back(Held { job, offset }),
+                        Err(e) => {
+                            // Only fairway writes retry topics; a bad record is logged and skipped.
+                            tracing::error!(topic = %key.0, partition = key.1, offset, error = %e, "undecodable retry record skipped");
+                            let _ = done_tx.send((key, offset, st.epoch));
+                        }
+                    }
+                }
+            },
+            _ = tokio::time::sleep(Duration::from_millis(next_due)) => {}
+        }
+
+        // Release every due head; pause partitions whose head must wait.
+        let now = now_ms();
+        for (key, st) in parts.iter_mut() {
+            while st
+                .held
+                .front()
+                .is_some_and(|h| h.job.not_before.unwrap_or(0) <= now)
+            {
+                let Some(h) = st.held.pop_front() else { break };
+                let (cfg, producer, tx, key, ep) = (
+                    cfg.clone(),
+                    producer.clone(),
+                    done_tx.clone(),
+                    key.clone(),
+                    st.epoch,
+                );
+                tokio::spawn(async move {
+                    let pool = h
+                        .job
+                        .pool
+                        .or_else(|| cfg.job_types.get(&h.job.job_type).map(|j| j.pool))
+                        .unwrap_or(Pool::Short);
+                    let topic = cfg.pool_topic(pool);
+                    match codec::encode_job(&h.job) {
+                        Ok(bytes) => {
+                            if let Err(e) = with_retries(|| {
+                                kafka::send(&producer, &topic, &h.job.tenant, &bytes)
+                            })
+                            .await
+                            {
+                                // Not acknowledged: keep the offset uncommitted so it is redelivered.
+                                tracing::error!(error = %e, job_id = %h.job.job_id, "cannot hand retry back to its pool");
+                                return;
+                            }
+                        }
+                        Err(e) => tracing::error!(error = %e, "cannot encode retry"),
+                    }
+                    let _ = tx.send((key, h.offset, ep));
+                });
+            }
+            let want_pause = !st.held.is_empty();
+            if want_pause != st.paused {
+                let mut tpl = TopicPartitionList::new();
+                tpl.add_partition(&key.0, key.1);
+                let r = if want_pause {
+                    consumer.pause(&tpl)
+                } else {
+                    consumer.resume(&tpl)
+                };
+                if r.is_ok() {
+                    st.paused = want_pause;
+                }
+            }
+        }
+    }
+    let _ = consumer.commit_consumer_state(kafka::CommitMode::Sync);
+    Ok(())
+}

@@ -1,0 +1,129 @@
+//! Shared helpers for integration tests: they run against the real local broker and CQL
+//! database started by `scripts/services up` (addresses from FAIRWAY_BROKERS /
+//! FAIRWAY_CQL), each test with its own topics and consumer groups.
+#![allow(dead_code)]
+
+use fairway::codec;
+use fairway::config::Config;
+use fairway::kafka::{self, Consumer, Message};
+use fairway::model::{DeadLetter, JobResult};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub fn brokers() -> String {
+    std::env::var("FAIRWAY_BROKERS").unwrap_or_else(|_| "127.0.0.1:19092".into())
+}
+pub fn cql() -> String {
+    std::env::var("FAIRWAY_CQL").unwrap_or_else(|_| "127.0.0.1:19042".into())
+}
+
+/// The bundled config plus `extra` TOML, pointed at the local services with a unique
+/// topic prefix and the shared integration keyspace.
+pub fn config(extra: &str) -> Config {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let text = format!(
+        "[kafka]\nbrokers = \"{}\"\ntopic_prefix = \"it{}.\"\ngroup_prefix = \"it{}.workers.\"\npartitions = 3\nsession_timeout = \"6s\"\n\
+         [scylla]\ncontact_points = [\"{}\"]\nkeyspace = \"fairway_it\"\n{}",
+        brokers(),
+        &id[..12],
+        &id[..12],
+        cql(),
+        extra
+    );
+    let mut base = Config::builtin();
+    let over: Config = Config::parse(&text, "test config").expect("test config");
+    base.kafka = over.kafka;
+    base.scylla = over.scylla;
+    for (k, v) in over.job_types {
+        base.job_types.insert(k, v);
+    }
+    for (k, v) in over.tenants {
+        base.tenants.insert(k, v);
+    }
+    if !extra.contains("[pools") {
+        base.pools
+            .iter_mut()
+            .for_each(|(_, p)| p.slots = p.slots.min(16));
+    } else {
+        base.pools = over.pools;
+    }
+    base.worker = over.worker;
+    base
+}
+
+pub async fn init(cfg: &Config) {
+    kafka::ensure_topics(cfg).await.expect("create topics");
+    fairway::store::ensure_schema(cfg)
+        .await
+        .expect("create schema");
+}
+
+/// Reads `topic` from the beginning until `done` says so or `timeout` passes.
+pub async fn read_until<T>(
+    cfg: &Config,
+    topic: &str,
+    timeout: Duration,
+    decode: impl Fn(&[u8], i32, i64) -> Option<T>,
+    mut done: impl FnMut(&[T]) -> bool,
+) -> Vec<T> {
+    let c = kafka::reader(cfg, &format!("reader-{}", uuid::Uuid::new_v4()), false).expect("reader");
+    c.subscribe(&[topic]).expect("subscribe");
+    let deadline = Instant::now() + timeout;
+    let mut out = Vec::new();
+    while Instant::now() < deadline && !done(&out) {
+        if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(500), c.recv()).await {
+            if let Some(v) = m
+                .payload()
+                .and_then(|p| decode(p, m.partition(), m.offset()))
+            {
+                out.push(v);
+            }
+        }
+    }
+    out
+}
+
+/// Results for the given job ids (all of them, or what arrived before the timeout).
+pub async fn results_for(
+    cfg: &Config,
+    ids: &[String],
+    timeout: Duration,
+) -> HashMap<String, Vec<JobResult>> {
+    let want: std::collections::HashSet<&String> = ids.iter().collect();
+    let rs = read_until(
+        cfg,
+        &cfg.results_topic(),
+        timeout,
+        |b, _, _| codec::decode_result(b).ok(),
+        |v: &[JobResult]| {
+            let got: std::collections::HashSet<&String> = v
+                .iter()
+                .map(|r| &r.job_id)
+                .filter(|i| want.contains(i))
+                .collect();
+            got.len() == want.len()
+        },
+    )
+    .await;
+    let mut by: HashMap<String, Vec<JobResult>> = HashMap::new();
+    for r in rs {
+        by.entry(r.job_id.clone()).or_default().push(r);
+    }
+    by
+}
+
+pub async fn dead_letters(cfg: &Config, n: usize, timeout: Duration) -> Vec<DeadLetter> {
+    read_until(
+        cfg,
+        &cfg.dlq_topic(),
+        timeout,
+        |b, _, _| codec::decode_dead_letter(b).ok(),
+        |v: &[DeadLetter]| v.len() >= n,
+    )
+    .await
+}
+
+pub fn arc(cfg: Config) -> Arc<Config> {
+    Arc::new(cfg)
+}

@@ -1,0 +1,297 @@
+//! End-to-end job path on the real broker and CQL database: submissions to pool topics,
+//! workers, results, DLQ for bad input, and no loss when a worker is killed.
+
+mod common;
+
+use axum::{extract::State, http::HeaderMap, routing::post, Router};
+use fairway::codec;
+use fairway::handlers::Registry;
+use fairway::kafka;
+use fairway::model::{FailureClass, JobStatus, JobSubmitted, Pool, Priority};
+use fairway::submit::{NewJob, Submitter};
+use fairway::worker::{Policy, Worker};
+use rdkafka::producer::FutureRecord;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+fn new_job(tenant: &str, job_type: &str, payload: serde_json::Value) -> NewJob {
+    NewJob {
+        tenant: tenant.into(),
+        job_type: job_type.into(),
+        payload,
+        ..Default::default()
+    }
+}
+
+async fn submit_all(sub: &Submitter, jobs: &[NewJob]) -> Vec<String> {
+    let rs = futures::future::join_all(jobs.iter().map(|j| sub.submit(j))).await;
+    rs.into_iter().map(|r| r.expect("submit").job_id).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_jobs_across_tenants_and_pools_all_get_results() {
+    let cfg = common::arc(common::config(""));
+    common::init(&cfg).await;
+    let registry = Registry::from_config(&cfg, Default::default()).unwrap();
+    let worker = Worker::start(
+        cfg.clone(),
+        &[Pool::Short, Pool::Medium],
+        registry,
+        Policy::Fair,
+    )
+    .await
+    .unwrap();
+    let sub = Submitter::new(cfg.clone(), None).unwrap();
+    let tenants = ["acme", "globex", "initech", "hooli", "piedpiper"];
+    let mut jobs: Vec<NewJob> = (0..300)
+        .map(|i| new_job(tenants[i % 5], "echo", serde_json::json!({ "i": i })))
+        .collect();
+    jobs.extend(
+        (0..10).map(|i| new_job(tenants[i % 5], "report", serde_json::json!({ "ms": 50 }))),
+    );
+    let ids = submit_all(&sub, &jobs).await;
+
+    let results = common::results_for(&cfg, &ids, Duration::from_secs(90)).await;
+    worker.stop().await;
+    let missing: Vec<&String> = ids.iter().filter(|i| !results.contains_key(*i)).collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {} jobs have no result, e.g. {:?}",
+        missing.len(),
+        ids.len(),
+        missing.first()
+    );
+    for (id, rs) in &results {
+        assert!(
+            rs.iter().all(|r| r.status == JobStatus::Succeeded),
+            "job {id} did not succeed: {rs:?}"
+        );
+    }
+    let medium = results
+        .values()
+        .flatten()
+        .filter(|r| r.pool == Pool::Medium)
+        .count();
+    assert!(medium >= 10, "medium-pool jobs ran in the medium pool");
+    // Echo output is the payload.
+    let echo = results
+        .values()
+        .flatten()
+        .find(|r| r.job_type == "echo")
+        .unwrap();
+    assert!(String::from_utf8_lossy(echo.output.as_deref().unwrap()).contains("\"i\""));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn malformed_and_unknown_tenant_go_to_dlq_while_the_partition_keeps_flowing() {
+    let cfg = common::arc(common::config(""));
+    common::init(&cfg).await;
+    let producer = kafka::producer(&cfg).unwrap();
+    let topic = cfg.pool_topic(Pool::Short);
+    let send = |bytes: Vec<u8>| {
+        let producer = producer.clone();
+        let topic = topic.clone();
+        async move {
+            let rec = FutureRecord::to(&topic)
+                .key("x")
+                .partition(0)
+                .payload(&bytes);
+            producer
+                .send(rec, rdkafka::util::Timeout::Never)
+                .await
+                .map_err(|e| e.0)
+                .unwrap()
+        }
+    };
+    let garbage = send(b"definitely not avro".to_vec()).await;
+    let mut stranger = job_record("nobody-knows-me", "echo");
+    stranger.payload = b"{}".to_vec();
+    let unknown = send(codec::encode_job(&stranger).unwrap()).await;
+    let mut good = Vec::new();
+    for _ in 0..5 {
+        let j = job_record("acme", "echo");
+        send(codec::encode_job(&j).unwrap()).await;
+        good.push(j.job_id);
+    }
+
+    let registry = Registry::from_config(&cfg, Default::default()).unwrap();
+    let worker = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair)
+        .await
+        .unwrap();
+    let results = common::results_for(&cfg, &good, Duration::from_secs(60)).await;
+    let dlq = common::dead_letters(&cfg, 2, Duration::from_secs(30)).await;
+    worker.stop().await;
+
+    assert_eq!(
+        results.len(),
+        5,
+        "valid jobs behind bad ones in the same partition completed"
+    );
+    assert_eq!(dlq.len(), 2, "{dlq:?}");
+    let bad = dlq
+        .iter()
+        .find(|d| d.job.is_none())
+        .expect("undecodable message dead-lettered with raw bytes");
+    assert_eq!(bad.raw.as_deref(), Some(&b"definitely not avro"[..]));
+    assert_eq!(
+        (bad.origin_partition, bad.origin_offset),
+        (garbage.partition, garbage.offset)
+    );
+    assert!(bad.reason.contains("undecodable"), "{}", bad.reason);
+    assert_eq!(bad.failure_class, FailureClass::Permanent);
+    let who = dlq.iter().find(|d| d.job.is_some()).unwrap();
+    assert!(
+        who.reason.contains("unknown tenant") && who.reason.contains("nobody-knows-me"),
+        "{}",
+        who.reason
+    );
+    assert_eq!(who.origin_offset, unknown.offset);
+    assert_eq!(who.origin_topic, topic);
+}
+
+fn job_record(tenant: &str, job_type: &str) -> JobSubmitted {
+    JobSubmitted {
+        job_id: uuid::Uuid::now_v7().to_string(),
+        tenant: tenant.into(),
+        job_type: job_type.into(),
+        pool: Some(Pool::Short),
+        priority: Priority::Normal,
+        payload: vec![],
+        idempotency_key: None,
+        execute_at: None,
+        not_after: None,
+        attempt: 0,
+        crash_count: 0,
+        generation: 0,
+        submitted_at: fairway::now_ms(),
+        not_before: None,
+        last_error: None,
+        last_failure_class: None,
+        first_failure_at: None,
+        replay_count: 0,
+        replayed_from: None,
+    }
+}
+
+/// Records every execution the HTTP executor makes: job id -> start times (ms).
+#[derive(Clone, Default)]
+struct Executions(Arc<Mutex<HashMap<String, Vec<i64>>>>);
+
+async fn record(State(ex): State<Executions>, headers: HeaderMap) -> &'static str {
+    let id = headers
+        .get("x-fairway-job-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    ex.0.lock()
+        .unwrap()
+        .entry(id)
+        .or_default()
+        .push(fairway::now_ms());
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    "done"
+}
+
+fn spawn_worker(config_path: &std::path::Path) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_fairway"))
+        .args([
+            "--config",
+            config_path.to_str().unwrap(),
+            "worker",
+            "--pools",
+            "short",
+        ])
+        .env("FAIRWAY_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn worker")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill_9_of_a_worker_loses_nothing_and_never_reruns_a_finished_job() {
+    let ex = Executions::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = Router::new()
+        .route("/run", post(record))
+        .with_state(ex.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let extra = format!(
+        "[job_types.rec]\npool = \"short\"\nhandler = \"http\"\nurl = \"http://{addr}/run\"\ntimeout = \"10s\"\n"
+    );
+    let cfg = common::config(&extra);
+    common::init(&cfg).await;
+    // The worker processes read the same settings from a file.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fairway.toml");
+    std::fs::write(&path, toml_of(&cfg, &extra)).unwrap();
+    let cfg = common::arc(cfg);
+
+    let sub = Submitter::new(cfg.clone(), None).unwrap();
+    let tenants = ["acme", "globex", "initech"];
+    let jobs: Vec<NewJob> = (0..240)
+        .map(|i| new_job(tenants[i % 3], "rec", serde_json::json!({ "i": i })))
+        .collect();
+    let ids = submit_all(&sub, &jobs).await;
+
+    let mut first = spawn_worker(&path);
+    // Let it finish some jobs and have others in flight, then kill it without warning.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while ex.0.lock().unwrap().len() < 40 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    first.kill().expect("SIGKILL the worker");
+    first.wait().unwrap();
+    let ran_before_kill = ex.0.lock().unwrap().len();
+    assert!(
+        ran_before_kill >= 40 && ran_before_kill < ids.len(),
+        "killed mid-run ({ran_before_kill} started)"
+    );
+
+    let mut second = spawn_worker(&path);
+    let results = common::results_for(&cfg, &ids, Duration::from_secs(120)).await;
+    second.kill().ok();
+    second.wait().ok();
+
+    let missing: Vec<&String> = ids.iter().filter(|i| !results.contains_key(*i)).collect();
+    assert!(
+        missing.is_empty(),
+        "{} jobs lost after kill -9, e.g. {:?}",
+        missing.len(),
+        missing.first()
+    );
+    let execs = ex.0.lock().unwrap().clone();
+    for id in &ids {
+        let first_finish = results[id].iter().map(|r| r.finished_at).min().unwrap();
+        for started in execs.get(id).into_iter().flatten() {
+            assert!(
+                *started <= first_finish,
+                "job {id} ran again at {started} after it was recorded finished at {first_finish}"
+            );
+        }
+        assert!(
+            results[id].iter().all(|r| r.status == JobStatus::Succeeded),
+            "{:?}",
+            results[id]
+        );
+    }
+}
+
+/// Serialises the parts of the test config a worker process needs.
+fn toml_of(cfg: &fairway::config::Config, extra: &str) -> String {
+    format!(
+        "[kafka]\nbrokers = \"{}\"\ntopic_prefix = \"{}\"\ngroup_prefix = \"{}\"\npartitions = {}\nsession_timeout = \"6s\"\n\
+         [scylla]\ncontact_points = [\"{}\"]\nkeyspace = \"{}\"\n\
+         [pools.short]\nslots = 16\n\
+         [tenants.acme]\ntier = \"enterprise\"\n[tenants.globex]\ntier = \"pro\"\n[tenants.initech]\ntier = \"standard\"\n{}",
+        cfg.kafka.brokers,
+        cfg.kafka.topic_prefix,
+        cfg.kafka.group_prefix,
+        cfg.kafka.partitions,
+        cfg.scylla.contact_points[0],
+        cfg.scylla.keyspace,
+        extra
+    )
+}
