@@ -11,10 +11,7 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
+    Read { path: String, source: std::io::Error },
     #[error("config file {path} is not valid: {message}")]
     Parse { path: String, message: String },
     #[error("config key `{key}`: {message}")]
@@ -22,10 +19,7 @@ pub enum ConfigError {
 }
 
 fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        key: key.into(),
-        message: message.into(),
-    }
+    ConfigError::Invalid { key: key.into(), message: message.into() }
 }
 
 /// Tenant tier: decides the scheduling weight (free tenants share one weight of 1.0).
@@ -122,11 +116,7 @@ pub struct WorkerConfig {
 
 impl Default for WorkerConfig {
     fn default() -> Self {
-        WorkerConfig {
-            max_payload_bytes: 1 << 20,
-            tenant_queue_limit: 10_000,
-            metrics_port: 0,
-        }
+        WorkerConfig { max_payload_bytes: 1 << 20, tenant_queue_limit: 10_000, metrics_port: 0 }
     }
 }
 
@@ -156,12 +146,9 @@ impl PoolConfig {
                 heartbeat_interval: s(5),
                 default_timeout: s(30),
             },
-            Pool::Medium => PoolConfig {
-                slots: 16,
-                default_estimate: s(10),
-                heartbeat_interval: s(10),
-                default_timeout: s(300),
-            },
+            Pool::Medium => {
+                PoolConfig { slots: 16, default_estimate: s(10), heartbeat_interval: s(10), default_timeout: s(300) }
+            }
             Pool::Long => PoolConfig {
                 slots: 4,
                 default_estimate: s(600),
@@ -179,10 +166,7 @@ impl Default for PoolConfig {
 }
 
 fn default_pools() -> BTreeMap<Pool, PoolConfig> {
-    Pool::ALL
-        .iter()
-        .map(|p| (*p, PoolConfig::default_for(*p)))
-        .collect()
+    Pool::ALL.iter().map(|p| (*p, PoolConfig::default_for(*p))).collect()
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -230,18 +214,14 @@ pub struct JobTypeConfig {
 
 impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
         Config::parse(&text, &path.display().to_string())
     }
 
     pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
-        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
-            path: origin.to_string(),
-            message: e.to_string(),
-        })?;
+        let cfg: Config = toml::from_str(text)
+            .map_err(|e| ConfigError::Parse { path: origin.to_string(), message: e.to_string() })?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -254,31 +234,18 @@ impl Config {
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.kafka.brokers.trim().is_empty() {
-            return Err(invalid(
-                "kafka.brokers",
-                "is empty; set host:port of a broker, e.g. \"127.0.0.1:19092\"",
-            ));
+            return Err(invalid("kafka.brokers", "is empty; set host:port of a broker, e.g. \"127.0.0.1:19092\""));
         }
         if self.kafka.partitions < 1 {
             return Err(invalid("kafka.partitions", "must be at least 1"));
         }
         if self.scylla.contact_points.is_empty() {
-            return Err(invalid(
-                "scylla.contact_points",
-                "is empty; list at least one host:port",
-            ));
+            return Err(invalid("scylla.contact_points", "is empty; list at least one host:port"));
         }
-        if !self
-            .scylla
-            .keyspace
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_')
+        if !self.scylla.keyspace.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
             || self.scylla.keyspace.is_empty()
         {
-            return Err(invalid(
-                "scylla.keyspace",
-                "may contain only letters, digits and '_'",
-            ));
+            return Err(invalid("scylla.keyspace", "may contain only letters, digits and '_'"));
         }
         for (pool, pc) in &self.pools {
             if pc.slots == 0 {
@@ -287,17 +254,11 @@ impl Config {
         }
         for (name, t) in &self.tenants {
             if name.is_empty() || name.len() > 128 {
-                return Err(invalid(
-                    "tenants",
-                    "tenant names must be 1 to 128 characters",
-                ));
+                return Err(invalid("tenants", "tenant names must be 1 to 128 characters"));
             }
             if let Some(w) = t.weight {
                 if !(w > 0.0 && w.is_finite()) {
-                    return Err(invalid(
-                        format!("tenants.{name}.weight"),
-                        "must be a positive number",
-                    ));
+                    return Err(invalid(format!("tenants.{name}.weight"), "must be a positive number"));
                 }
             }
             if t.reserved_slots > 0 && t.tier != Tier::Enterprise {
@@ -345,15 +306,10 @@ impl Config {
         self.topic("results")
     }
     pub fn pool(&self, pool: Pool) -> PoolConfig {
-        self.pools
-            .get(&pool)
-            .cloned()
-            .unwrap_or_else(|| PoolConfig::default_for(pool))
+        self.pools.get(&pool).cloned().unwrap_or_else(|| PoolConfig::default_for(pool))
     }
     pub fn job_timeout(&self, job_type: &JobTypeConfig) -> Duration {
-        job_type
-            .timeout
-            .unwrap_or_else(|| self.pool(job_type.pool).default_timeout)
+        job_type.timeout.unwrap_or_else(|| self.pool(job_type.pool).default_timeout)
     }
 }
 
@@ -363,9 +319,7 @@ mod humantime_serde_compat {
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let s = String::deserialize(d)?;
         humantime::parse_duration(&s).map_err(|e| {
-            serde::de::Error::custom(format!(
-                "{s:?} is not a duration ({e}); write e.g. \"100ms\", \"5s\", \"10min\""
-            ))
+            serde::de::Error::custom(format!("{s:?} is not a duration ({e}); write e.g. \"100ms\", \"5s\", \"10min\""))
         })
     }
 }
@@ -390,41 +344,31 @@ mod tests {
 
     #[test]
     fn unknown_key_is_named() {
-        let err = Config::parse("[kafka]\nbrokerz = \"x\"\n", "t")
-            .unwrap_err()
-            .to_string();
+        let err = Config::parse("[kafka]\nbrokerz = \"x\"\n", "t").unwrap_err().to_string();
         assert!(err.contains("brokerz"), "{err}");
     }
 
     #[test]
     fn bad_duration_says_how_to_fix() {
-        let err = Config::parse("[pools.short]\ndefault_estimate = \"fast\"\n", "t")
-            .unwrap_err()
-            .to_string();
+        let err = Config::parse("[pools.short]\ndefault_estimate = \"fast\"\n", "t").unwrap_err().to_string();
         assert!(err.contains("100ms"), "{err}");
     }
 
     #[test]
     fn http_handler_needs_url() {
-        let err = Config::parse("[job_types.x]\npool = \"short\"\nhandler = \"http\"\n", "t")
-            .unwrap_err()
-            .to_string();
+        let err = Config::parse("[job_types.x]\npool = \"short\"\nhandler = \"http\"\n", "t").unwrap_err().to_string();
         assert!(err.contains("job_types.x.url"), "{err}");
     }
 
     #[test]
     fn bad_tier_is_named() {
-        let err = Config::parse("[tenants.a]\ntier = \"gold\"\n", "t")
-            .unwrap_err()
-            .to_string();
+        let err = Config::parse("[tenants.a]\ntier = \"gold\"\n", "t").unwrap_err().to_string();
         assert!(err.contains("gold") && err.contains("enterprise"), "{err}");
     }
 
     #[test]
     fn reserved_slots_need_enterprise() {
-        let err = Config::parse("[tenants.a]\ntier = \"pro\"\nreserved_slots = 2\n", "t")
-            .unwrap_err()
-            .to_string();
+        let err = Config::parse("[tenants.a]\ntier = \"pro\"\nreserved_slots = 2\n", "t").unwrap_err().to_string();
         assert!(err.contains("tenants.a.reserved_slots"), "{err}");
     }
 }

@@ -28,8 +28,5 @@ pub mod worker;
 
 /// Milliseconds since the Unix epoch: the one clock the I/O edges read.
 pub fn now_ms() -> model::Millis {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }

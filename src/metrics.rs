@@ -17,26 +17,13 @@ pub const DEAD_LETTERS: &str = "fairway_dead_letters_total";
 pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(JOBS_RECEIVED, "Jobs consumed from pool topics, by pool");
-    describe_counter!(
-        JOBS_FINISHED,
-        "Terminal outcomes recorded, by pool and status"
-    );
-    describe_counter!(
-        JOBS_SKIPPED,
-        "Redelivered jobs acknowledged without running, by reason"
-    );
+    describe_counter!(JOBS_FINISHED, "Terminal outcomes recorded, by pool and status");
+    describe_counter!(JOBS_SKIPPED, "Redelivered jobs acknowledged without running, by reason");
     describe_counter!(JOBS_NOT_RUN, "Messages completed without running a handler");
     describe_gauge!(JOBS_RUNNING, "Jobs running now, by pool");
-    describe_gauge!(
-        QUEUED,
-        "Jobs buffered in the worker waiting for a slot, by pool"
-    );
+    describe_gauge!(QUEUED, "Jobs buffered in the worker waiting for a slot, by pool");
     describe_histogram!(JOB_RUN_SECONDS, Unit::Seconds, "Handler run time, by pool");
-    describe_histogram!(
-        JOB_END_TO_END_SECONDS,
-        Unit::Seconds,
-        "Submission to terminal outcome, by pool"
-    );
+    describe_histogram!(JOB_END_TO_END_SECONDS, Unit::Seconds, "Submission to terminal outcome, by pool");
     describe_counter!(JOB_FAILURES, "Failed attempts, by pool and failure class");
     describe_counter!(RETRIES, "Jobs sent to a retry topic, by class and job type");
     describe_counter!(DEAD_LETTERS, "Jobs dead-lettered, by class and job type");
@@ -48,8 +35,6 @@ pub fn install_exporter(port: u16) -> anyhow::Result<()> {
     if port == 0 {
         return Ok(());
     }
-    metrics_exporter_prometheus::PrometheusBuilder::new()
-        .with_http_listener(([127, 0, 0, 1], port))
-        .install()?;
+    metrics_exporter_prometheus::PrometheusBuilder::new().with_http_listener(([127, 0, 0, 1], port)).install()?;
     Ok(())
 }

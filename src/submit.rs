@@ -17,13 +17,8 @@ pub enum SubmitError {
     UnknownJobType(String, String),
     #[error("payload is {size} bytes, above worker.max_payload_bytes = {limit}; store large inputs elsewhere and submit a reference")]
     PayloadTooLarge { size: usize, limit: usize },
-    #[error(
-        "not_after ({not_after}) is before execute_at ({execute_at}): the job could never run"
-    )]
-    NeverRunnable {
-        execute_at: Millis,
-        not_after: Millis,
-    },
+    #[error("not_after ({not_after}) is before execute_at ({execute_at}): the job could never run")]
+    NeverRunnable { execute_at: Millis, not_after: Millis },
     #[error(transparent)]
     Kafka(#[from] kafka::KafkaError),
     #[error(transparent)]
@@ -85,11 +80,7 @@ pub const IDEMPOTENCY_TTL_SECS: i32 = 24 * 3600;
 impl Submitter {
     pub fn new(cfg: std::sync::Arc<Config>, store: Option<Store>) -> Result<Self, SubmitError> {
         let producer = kafka::producer(&cfg)?;
-        Ok(Submitter {
-            cfg,
-            producer,
-            store,
-        })
+        Ok(Submitter { cfg, producer, store })
     }
 
     /// Checks a job against the config; returns the pool it goes to.
@@ -102,15 +93,10 @@ impl Submitter {
         let pool = self.validate(job, payload.len())?;
         let job_id = uuid::Uuid::now_v7().to_string();
         if let (Some(key), Some(store)) = (&job.idempotency_key, &self.store) {
-            if let Some(existing) = store
-                .claim_idempotency(&job.tenant, key, &job_id, now_ms(), IDEMPOTENCY_TTL_SECS)
-                .await?
+            if let Some(existing) =
+                store.claim_idempotency(&job.tenant, key, &job_id, now_ms(), IDEMPOTENCY_TTL_SECS).await?
             {
-                return Ok(Submitted {
-                    job_id: existing,
-                    duplicate: true,
-                    pool,
-                });
+                return Ok(Submitted { job_id: existing, duplicate: true, pool });
             }
         }
         let rec = JobSubmitted {
@@ -135,27 +121,14 @@ impl Submitter {
             replayed_from: None,
         };
         self.produce(&rec).await?;
-        Ok(Submitted {
-            job_id,
-            duplicate: false,
-            pool,
-        })
+        Ok(Submitted { job_id, duplicate: false, pool })
     }
 
     /// Produces an already built record to its pool topic.
     pub async fn produce(&self, rec: &JobSubmitted) -> Result<(), SubmitError> {
-        let pool = rec
-            .pool
-            .or_else(|| self.cfg.job_types.get(&rec.job_type).map(|j| j.pool))
-            .unwrap_or(Pool::Short);
+        let pool = rec.pool.or_else(|| self.cfg.job_types.get(&rec.job_type).map(|j| j.pool)).unwrap_or(Pool::Short);
         let bytes = codec::encode_job(rec)?;
-        kafka::send(
-            &self.producer,
-            &self.cfg.pool_topic(pool),
-            &rec.tenant,
-            &bytes,
-        )
-        .await?;
+        kafka::send(&self.producer, &self.cfg.pool_topic(pool), &rec.tenant, &bytes).await?;
         Ok(())
     }
 
@@ -167,30 +140,18 @@ impl Submitter {
 pub fn validate(cfg: &Config, job: &NewJob, payload_len: usize) -> Result<Pool, SubmitError> {
     if !cfg.tenants.contains_key(&job.tenant) {
         let known: Vec<&str> = cfg.tenants.keys().map(String::as_str).collect();
-        return Err(SubmitError::UnknownTenant(
-            job.tenant.clone(),
-            known.join(", "),
-        ));
+        return Err(SubmitError::UnknownTenant(job.tenant.clone(), known.join(", ")));
     }
     let Some(jt) = cfg.job_types.get(&job.job_type) else {
         let known: Vec<&str> = cfg.job_types.keys().map(String::as_str).collect();
-        return Err(SubmitError::UnknownJobType(
-            job.job_type.clone(),
-            known.join(", "),
-        ));
+        return Err(SubmitError::UnknownJobType(job.job_type.clone(), known.join(", ")));
     };
     if payload_len > cfg.worker.max_payload_bytes {
-        return Err(SubmitError::PayloadTooLarge {
-            size: payload_len,
-            limit: cfg.worker.max_payload_bytes,
-        });
+        return Err(SubmitError::PayloadTooLarge { size: payload_len, limit: cfg.worker.max_payload_bytes });
     }
     if let (Some(e), Some(n)) = (job.execute_at, job.not_after) {
         if n < e {
-            return Err(SubmitError::NeverRunnable {
-                execute_at: e,
-                not_after: n,
-            });
+            return Err(SubmitError::NeverRunnable { execute_at: e, not_after: n });
         }
     }
     Ok(job.pool.unwrap_or(jt.pool))
@@ -201,34 +162,18 @@ mod tests {
     use super::*;
 
     fn job(t: &str, jt: &str) -> NewJob {
-        NewJob {
-            tenant: t.into(),
-            job_type: jt.into(),
-            ..Default::default()
-        }
+        NewJob { tenant: t.into(), job_type: jt.into(), ..Default::default() }
     }
 
     #[test]
     fn validation_names_the_problem() {
         let cfg = Config::builtin();
-        assert_eq!(
-            validate(&cfg, &job("acme", "echo"), 10).unwrap(),
-            Pool::Short
-        );
-        let e = validate(&cfg, &job("nobody", "echo"), 10)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("nobody") && e.contains("[tenants.nobody]"),
-            "{e}"
-        );
-        let e = validate(&cfg, &job("acme", "nope"), 10)
-            .unwrap_err()
-            .to_string();
+        assert_eq!(validate(&cfg, &job("acme", "echo"), 10).unwrap(), Pool::Short);
+        let e = validate(&cfg, &job("nobody", "echo"), 10).unwrap_err().to_string();
+        assert!(e.contains("nobody") && e.contains("[tenants.nobody]"), "{e}");
+        let e = validate(&cfg, &job("acme", "nope"), 10).unwrap_err().to_string();
         assert!(e.contains("[job_types.nope]"), "{e}");
-        let e = validate(&cfg, &job("acme", "echo"), 10 << 20)
-            .unwrap_err()
-            .to_string();
+        let e = validate(&cfg, &job("acme", "echo"), 10 << 20).unwrap_err().to_string();
         assert!(e.contains("max_payload_bytes"), "{e}");
     }
 

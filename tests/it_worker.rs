@@ -16,12 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 fn new_job(tenant: &str, job_type: &str, payload: serde_json::Value) -> NewJob {
-    NewJob {
-        tenant: tenant.into(),
-        job_type: job_type.into(),
-        payload,
-        ..Default::default()
-    }
+    NewJob { tenant: tenant.into(), job_type: job_type.into(), payload, ..Default::default() }
 }
 
 async fn submit_all(sub: &Submitter, jobs: &[NewJob]) -> Vec<String> {
@@ -34,52 +29,25 @@ async fn many_jobs_across_tenants_and_pools_all_get_results() {
     let cfg = common::arc(common::config(""));
     common::init(&cfg).await;
     let registry = Registry::from_config(&cfg, Default::default()).unwrap();
-    let worker = Worker::start(
-        cfg.clone(),
-        &[Pool::Short, Pool::Medium],
-        registry,
-        Policy::Fair,
-    )
-    .await
-    .unwrap();
+    let worker = Worker::start(cfg.clone(), &[Pool::Short, Pool::Medium], registry, Policy::Fair).await.unwrap();
     let sub = Submitter::new(cfg.clone(), None).unwrap();
     let tenants = ["acme", "globex", "initech", "hooli", "piedpiper"];
-    let mut jobs: Vec<NewJob> = (0..300)
-        .map(|i| new_job(tenants[i % 5], "echo", serde_json::json!({ "i": i })))
-        .collect();
-    jobs.extend(
-        (0..10).map(|i| new_job(tenants[i % 5], "report", serde_json::json!({ "ms": 50 }))),
-    );
+    let mut jobs: Vec<NewJob> =
+        (0..300).map(|i| new_job(tenants[i % 5], "echo", serde_json::json!({ "i": i }))).collect();
+    jobs.extend((0..10).map(|i| new_job(tenants[i % 5], "report", serde_json::json!({ "ms": 50 }))));
     let ids = submit_all(&sub, &jobs).await;
 
     let results = common::results_for(&cfg, &ids, Duration::from_secs(90)).await;
     worker.stop().await;
     let missing: Vec<&String> = ids.iter().filter(|i| !results.contains_key(*i)).collect();
-    assert!(
-        missing.is_empty(),
-        "{} of {} jobs have no result, e.g. {:?}",
-        missing.len(),
-        ids.len(),
-        missing.first()
-    );
+    assert!(missing.is_empty(), "{} of {} jobs have no result, e.g. {:?}", missing.len(), ids.len(), missing.first());
     for (id, rs) in &results {
-        assert!(
-            rs.iter().all(|r| r.status == JobStatus::Succeeded),
-            "job {id} did not succeed: {rs:?}"
-        );
+        assert!(rs.iter().all(|r| r.status == JobStatus::Succeeded), "job {id} did not succeed: {rs:?}");
     }
-    let medium = results
-        .values()
-        .flatten()
-        .filter(|r| r.pool == Pool::Medium)
-        .count();
+    let medium = results.values().flatten().filter(|r| r.pool == Pool::Medium).count();
     assert!(medium >= 10, "medium-pool jobs ran in the medium pool");
     // Echo output is the payload.
-    let echo = results
-        .values()
-        .flatten()
-        .find(|r| r.job_type == "echo")
-        .unwrap();
+    let echo = results.values().flatten().find(|r| r.job_type == "echo").unwrap();
     assert!(String::from_utf8_lossy(echo.output.as_deref().unwrap()).contains("\"i\""));
 }
 
@@ -93,15 +61,8 @@ async fn malformed_and_unknown_tenant_go_to_dlq_while_the_partition_keeps_flowin
         let producer = producer.clone();
         let topic = topic.clone();
         async move {
-            let rec = FutureRecord::to(&topic)
-                .key("x")
-                .partition(0)
-                .payload(&bytes);
-            producer
-                .send(rec, rdkafka::util::Timeout::Never)
-                .await
-                .map_err(|e| e.0)
-                .unwrap()
+            let rec = FutureRecord::to(&topic).key("x").partition(0).payload(&bytes);
+            producer.send(rec, rdkafka::util::Timeout::Never).await.map_err(|e| e.0).unwrap()
         }
     };
     let garbage = send(b"definitely not avro".to_vec()).await;
@@ -116,36 +77,20 @@ async fn malformed_and_unknown_tenant_go_to_dlq_while_the_partition_keeps_flowin
     }
 
     let registry = Registry::from_config(&cfg, Default::default()).unwrap();
-    let worker = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair)
-        .await
-        .unwrap();
+    let worker = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair).await.unwrap();
     let results = common::results_for(&cfg, &good, Duration::from_secs(60)).await;
     let dlq = common::dead_letters(&cfg, 2, Duration::from_secs(30)).await;
     worker.stop().await;
 
-    assert_eq!(
-        results.len(),
-        5,
-        "valid jobs behind bad ones in the same partition completed"
-    );
+    assert_eq!(results.len(), 5, "valid jobs behind bad ones in the same partition completed");
     assert_eq!(dlq.len(), 2, "{dlq:?}");
-    let bad = dlq
-        .iter()
-        .find(|d| d.job.is_none())
-        .expect("undecodable message dead-lettered with raw bytes");
+    let bad = dlq.iter().find(|d| d.job.is_none()).expect("undecodable message dead-lettered with raw bytes");
     assert_eq!(bad.raw.as_deref(), Some(&b"definitely not avro"[..]));
-    assert_eq!(
-        (bad.origin_partition, bad.origin_offset),
-        (garbage.partition, garbage.offset)
-    );
+    assert_eq!((bad.origin_partition, bad.origin_offset), (garbage.partition, garbage.offset));
     assert!(bad.reason.contains("undecodable"), "{}", bad.reason);
     assert_eq!(bad.failure_class, FailureClass::Permanent);
     let who = dlq.iter().find(|d| d.job.is_some()).unwrap();
-    assert!(
-        who.reason.contains("unknown tenant") && who.reason.contains("nobody-knows-me"),
-        "{}",
-        who.reason
-    );
+    assert!(who.reason.contains("unknown tenant") && who.reason.contains("nobody-knows-me"), "{}", who.reason);
     assert_eq!(who.origin_offset, unknown.offset);
     assert_eq!(who.origin_topic, topic);
 }
@@ -179,29 +124,15 @@ fn job_record(tenant: &str, job_type: &str) -> JobSubmitted {
 struct Executions(Arc<Mutex<HashMap<String, Vec<i64>>>>);
 
 async fn record(State(ex): State<Executions>, headers: HeaderMap) -> &'static str {
-    let id = headers
-        .get("x-fairway-job-id")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string();
-    ex.0.lock()
-        .unwrap()
-        .entry(id)
-        .or_default()
-        .push(fairway::now_ms());
+    let id = headers.get("x-fairway-job-id").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    ex.0.lock().unwrap().entry(id).or_default().push(fairway::now_ms());
     tokio::time::sleep(Duration::from_millis(150)).await;
     "done"
 }
 
 fn spawn_worker(config_path: &std::path::Path) -> std::process::Child {
     std::process::Command::new(env!("CARGO_BIN_EXE_fairway"))
-        .args([
-            "--config",
-            config_path.to_str().unwrap(),
-            "worker",
-            "--pools",
-            "short",
-        ])
+        .args(["--config", config_path.to_str().unwrap(), "worker", "--pools", "short"])
         .env("FAIRWAY_LOG", "warn")
         .stdout(std::process::Stdio::null())
         .spawn()
@@ -213,9 +144,7 @@ async fn kill_9_of_a_worker_loses_nothing_and_never_reruns_a_finished_job() {
     let ex = Executions::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = Router::new()
-        .route("/run", post(record))
-        .with_state(ex.clone());
+    let app = Router::new().route("/run", post(record)).with_state(ex.clone());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
 
     let extra = format!(
@@ -231,9 +160,7 @@ async fn kill_9_of_a_worker_loses_nothing_and_never_reruns_a_finished_job() {
 
     let sub = Submitter::new(cfg.clone(), None).unwrap();
     let tenants = ["acme", "globex", "initech"];
-    let jobs: Vec<NewJob> = (0..240)
-        .map(|i| new_job(tenants[i % 3], "rec", serde_json::json!({ "i": i })))
-        .collect();
+    let jobs: Vec<NewJob> = (0..240).map(|i| new_job(tenants[i % 3], "rec", serde_json::json!({ "i": i }))).collect();
     let ids = submit_all(&sub, &jobs).await;
 
     let mut first = spawn_worker(&path);
@@ -245,10 +172,7 @@ async fn kill_9_of_a_worker_loses_nothing_and_never_reruns_a_finished_job() {
     first.kill().expect("SIGKILL the worker");
     first.wait().unwrap();
     let ran_before_kill = ex.0.lock().unwrap().len();
-    assert!(
-        ran_before_kill >= 40 && ran_before_kill < ids.len(),
-        "killed mid-run ({ran_before_kill} started)"
-    );
+    assert!(ran_before_kill >= 40 && ran_before_kill < ids.len(), "killed mid-run ({ran_before_kill} started)");
 
     let mut second = spawn_worker(&path);
     let results = common::results_for(&cfg, &ids, Duration::from_secs(120)).await;
@@ -256,12 +180,7 @@ async fn kill_9_of_a_worker_loses_nothing_and_never_reruns_a_finished_job() {
     second.wait().ok();
 
     let missing: Vec<&String> = ids.iter().filter(|i| !results.contains_key(*i)).collect();
-    assert!(
-        missing.is_empty(),
-        "{} jobs lost after kill -9, e.g. {:?}",
-        missing.len(),
-        missing.first()
-    );
+    assert!(missing.is_empty(), "{} jobs lost after kill -9, e.g. {:?}", missing.len(), missing.first());
     let execs = ex.0.lock().unwrap().clone();
     for id in &ids {
         let first_finish = results[id].iter().map(|r| r.finished_at).min().unwrap();
@@ -271,11 +190,7 @@ async fn kill_9_of_a_worker_loses_nothing_and_never_reruns_a_finished_job() {
                 "job {id} ran again at {started} after it was recorded finished at {first_finish}"
             );
         }
-        assert!(
-            results[id].iter().all(|r| r.status == JobStatus::Succeeded),
-            "{:?}",
-            results[id]
-        );
+        assert!(results[id].iter().all(|r| r.status == JobStatus::Succeeded), "{:?}", results[id]);
     }
 }
 

@@ -58,19 +58,11 @@ pub async fn run(g: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
         cfg.scylla.contact_points.join(","),
         cfg.kafka.topic_prefix
     );
-    kafka::ensure_topics(&cfg)
-        .await
-        .context("creating demo topics (is the broker up? scripts/services up)")?;
-    fairway::store::ensure_schema(&cfg)
-        .await
-        .context("creating keyspace")?;
+    kafka::ensure_topics(&cfg).await.context("creating demo topics (is the broker up? scripts/services up)")?;
+    fairway::store::ensure_schema(&cfg).await.context("creating keyspace")?;
 
     // Results reader first, so the group is formed while workers start.
-    let reader = kafka::reader(
-        &cfg,
-        &format!("{}demo-results", cfg.kafka.topic_prefix),
-        false,
-    )?;
+    let reader = kafka::reader(&cfg, &format!("{}demo-results", cfg.kafka.topic_prefix), false)?;
     reader.subscribe(&[&cfg.results_topic()])?;
 
     let registry = Registry::from_config(&cfg, Default::default()).map_err(anyhow::Error::msg)?;
@@ -96,8 +88,7 @@ pub async fn run(g: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
     for chunk in plan.chunks(500) {
         let rs = futures::future::join_all(chunk.iter().map(|j| submitter.submit(j))).await;
         for (j, r) in chunk.iter().zip(rs) {
-            let s =
-                r.with_context(|| format!("submitting a {} job for {}", j.job_type, j.tenant))?;
+            let s = r.with_context(|| format!("submitting a {} job for {}", j.job_type, j.tenant))?;
             submitted.insert(s.job_id, j.tenant.clone());
             per_tenant.entry(j.tenant.clone()).or_default().submitted += 1;
         }
@@ -164,10 +155,7 @@ pub async fn run(g: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
             pct(&s.latencies, 0.99)
         );
     }
-    let mut all: Vec<i64> = per_tenant
-        .values()
-        .flat_map(|s| s.latencies.iter().copied())
-        .collect();
+    let mut all: Vec<i64> = per_tenant.values().flat_map(|s| s.latencies.iter().copied()).collect();
     all.sort_unstable();
     println!(
         "\n{} of {} jobs reached a terminal result in {:.1}s: {:.0} jobs/s, end-to-end p50 {} ms, p99 {} ms",
@@ -179,17 +167,10 @@ pub async fn run(g: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
         pct(&all, 0.99)
     );
     if seen.len() < submitted.len() {
-        eprintln!(
-            "error: {} jobs had no result within {:?}",
-            submitted.len() - seen.len(),
-            a.timeout
-        );
+        eprintln!("error: {} jobs had no result within {:?}", submitted.len() - seen.len(), a.timeout);
         return Ok(ExitCode::FAILURE);
     }
-    println!(
-        "dead letters are on {}; replay them with `fairway replay --from dlq`",
-        cfg.dlq_topic()
-    );
+    println!("dead letters are on {}; replay them with `fairway replay --from dlq`", cfg.dlq_topic());
     Ok(ExitCode::SUCCESS)
 }
 
@@ -238,11 +219,7 @@ fn workload(n: usize) -> Vec<NewJob> {
                 tenant,
                 job_type: job_type.into(),
                 payload,
-                priority: if i % 10 == 0 {
-                    Priority::Urgent
-                } else {
-                    Priority::Normal
-                },
+                priority: if i % 10 == 0 { Priority::Urgent } else { Priority::Normal },
                 ..Default::default()
             }
         })
@@ -254,11 +231,7 @@ fn demo_config(base: &Config) -> anyhow::Result<Arc<Config>> {
     let overrides: toml::Table = toml::from_str(DEMO_OVERRIDES)?;
     // Apply the demo's fast retry policies to the bundled job types.
     for (name, jt) in cfg.job_types.iter_mut() {
-        if let Some(r) = overrides
-            .get("job_types")
-            .and_then(|j| j.get(name))
-            .and_then(|j| j.get("retry"))
-        {
+        if let Some(r) = overrides.get("job_types").and_then(|j| j.get(name)).and_then(|j| j.get("retry")) {
             jt.retry = Some(r.clone().try_into().context("demo retry policy")?);
         }
     }
@@ -271,40 +244,23 @@ fn demo_config(base: &Config) -> anyhow::Result<Arc<Config>> {
 
 /// Starts the local services with scripts/services when the broker is not reachable.
 fn ensure_services(cfg: &Config) -> anyhow::Result<()> {
-    let broker = cfg
-        .kafka
-        .brokers
-        .split(',')
-        .next()
-        .unwrap_or_default()
-        .to_string();
-    let cql = cfg
-        .scylla
-        .contact_points
-        .first()
-        .cloned()
-        .unwrap_or_default();
+    let broker = cfg.kafka.brokers.split(',').next().unwrap_or_default().to_string();
+    let cql = cfg.scylla.contact_points.first().cloned().unwrap_or_default();
     let up = |addr: &str| {
-        addr.parse::<std::net::SocketAddr>().ok().is_some_and(|a| {
-            std::net::TcpStream::connect_timeout(&a, Duration::from_millis(500)).is_ok()
-        })
+        addr.parse::<std::net::SocketAddr>()
+            .ok()
+            .is_some_and(|a| std::net::TcpStream::connect_timeout(&a, Duration::from_millis(500)).is_ok())
     };
     if up(&broker) && up(&cql) {
         return Ok(());
     }
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/services");
-    println!(
-        "starting local services with {} (first run installs them: a few minutes)",
-        script.display()
-    );
+    println!("starting local services with {} (first run installs them: a few minutes)", script.display());
     let mut cmd = std::process::Command::new(&script);
     if let Ok(exe) = std::env::current_exe() {
         cmd.env("FAIRWAY_BIN", exe); // the bridge runs from this very binary
     }
-    let status = cmd
-        .arg("up")
-        .status()
-        .with_context(|| format!("cannot run {}", script.display()))?;
+    let status = cmd.arg("up").status().with_context(|| format!("cannot run {}", script.display()))?;
     if !status.success() {
         bail!("{} up failed; see .services/logs/", script.display());
     }

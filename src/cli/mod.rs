@@ -12,11 +12,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 #[derive(Parser, Debug)]
-#[command(
-    name = "fairway",
-    version,
-    about = "Multi-tenant job processing on Kafka and ScyllaDB, fair in worker time"
-)]
+#[command(name = "fairway", version, about = "Multi-tenant job processing on Kafka and ScyllaDB, fair in worker time")]
 pub struct Cli {
     #[command(flatten)]
     pub global: Global,
@@ -53,11 +49,7 @@ impl Global {
             cfg.kafka.brokers = b.clone();
         }
         if let Some(c) = &self.cql {
-            cfg.scylla.contact_points = c
-                .split(',')
-                .map(|s| s.trim().to_string())
-                .filter(|s| !s.is_empty())
-                .collect();
+            cfg.scylla.contact_points = c.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
         }
         if let Some(k) = &self.keyspace {
             cfg.scylla.keyspace = k.clone();
@@ -65,8 +57,7 @@ impl Global {
         if let Some(t) = &self.topic_prefix {
             cfg.kafka.topic_prefix = t.clone();
         }
-        cfg.validate()
-            .context("after applying command-line and environment overrides")?;
+        cfg.validate().context("after applying command-line and environment overrides")?;
         Ok(Arc::new(cfg))
     }
 }
@@ -95,15 +86,11 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("FAIRWAY_LOG")
-                .unwrap_or_else(|_| "warn,fairway=info".into()),
+            tracing_subscriber::EnvFilter::try_from_env("FAIRWAY_LOG").unwrap_or_else(|_| "warn,fairway=info".into()),
         )
         .with_writer(std::io::stderr)
         .init();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

@@ -18,9 +18,7 @@ use std::time::Duration;
 
 pub async fn init(cfg: &Config) -> anyhow::Result<ExitCode> {
     let topics = kafka::ensure_topics(cfg).await.context("creating topics")?;
-    let tables = fairway::store::ensure_schema(cfg)
-        .await
-        .context("creating keyspace and tables")?;
+    let tables = fairway::store::ensure_schema(cfg).await.context("creating keyspace and tables")?;
     if topics.is_empty() && tables.is_empty() {
         println!(
             "nothing to do: {} topics and keyspace {} already exist",
@@ -93,21 +91,15 @@ impl From<PriorityArg> for Priority {
 
 fn parse_time(s: &str) -> Result<i64, String> {
     if let Some(d) = s.strip_prefix('+') {
-        let d = humantime::parse_duration(d)
-            .map_err(|e| format!("{s:?}: {e}; write e.g. +30s or +5min"))?;
+        let d = humantime::parse_duration(d).map_err(|e| format!("{s:?}: {e}; write e.g. +30s or +5min"))?;
         return Ok(now_ms() + d.as_millis() as i64);
     }
-    s.parse::<i64>()
-        .map_err(|_| format!("{s:?} is neither epoch milliseconds nor +duration (e.g. +30s)"))
+    s.parse::<i64>().map_err(|_| format!("{s:?} is neither epoch milliseconds nor +duration (e.g. +30s)"))
 }
 
 pub async fn submit(cfg: &Arc<Config>, a: SubmitArgs) -> anyhow::Result<ExitCode> {
     let needs_store = a.idempotency_key.is_some() || a.ndjson.is_some();
-    let store = if needs_store {
-        Some(Store::open(cfg).await?)
-    } else {
-        None
-    };
+    let store = if needs_store { Some(Store::open(cfg).await?) } else { None };
     let submitter = Submitter::new(cfg.clone(), store)?;
     let mut jobs = Vec::new();
     if let Some(path) = &a.ndjson {
@@ -115,8 +107,7 @@ pub async fn submit(cfg: &Arc<Config>, a: SubmitArgs) -> anyhow::Result<ExitCode
             Box::new(std::io::BufReader::new(std::io::stdin()))
         } else {
             Box::new(std::io::BufReader::new(
-                std::fs::File::open(path)
-                    .with_context(|| format!("cannot open {}", path.display()))?,
+                std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?,
             ))
         };
         for (i, line) in reader.lines().enumerate() {
@@ -127,17 +118,14 @@ pub async fn submit(cfg: &Arc<Config>, a: SubmitArgs) -> anyhow::Result<ExitCode
             let job: NewJob = serde_json::from_str(&line).with_context(|| {
                 format!("line {}: not a job object (fields: tenant, job_type, payload, priority, idempotency_key, execute_at, not_after)", i + 1)
             })?;
-            submitter
-                .validate(&job, job.payload_bytes().len())
-                .with_context(|| format!("line {}", i + 1))?;
+            submitter.validate(&job, job.payload_bytes().len()).with_context(|| format!("line {}", i + 1))?;
             jobs.push(job);
         }
     } else {
         let payload = if let Some(p) = a.payload {
             p
         } else if let Some(f) = &a.payload_file {
-            std::fs::read_to_string(f)
-                .with_context(|| format!("cannot read payload file {}", f.display()))?
+            std::fs::read_to_string(f).with_context(|| format!("cannot read payload file {}", f.display()))?
         } else if a.stdin {
             let mut s = String::new();
             std::io::stdin().read_to_string(&mut s)?;
@@ -172,11 +160,7 @@ pub async fn submit(cfg: &Arc<Config>, a: SubmitArgs) -> anyhow::Result<ExitCode
             }
         }
     }
-    Ok(if failed == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
 #[derive(clap::Args, Debug)]
@@ -196,10 +180,7 @@ pub async fn worker(cfg: Arc<Config>, a: WorkerArgs) -> anyhow::Result<ExitCode>
     fairway::metrics::install_exporter(a.metrics_port.unwrap_or(cfg.worker.metrics_port))?;
     let registry = Registry::from_config(&cfg, Default::default()).map_err(anyhow::Error::msg)?;
     let w = Worker::start(cfg, &a.pools, registry, a.policy).await?;
-    eprintln!(
-        "worker {} serving pools {:?}; Ctrl-C to stop",
-        w.worker_id, a.pools
-    );
+    eprintln!("worker {} serving pools {:?}; Ctrl-C to stop", w.worker_id, a.pools);
     tokio::signal::ctrl_c().await?;
     eprintln!("stopping: finishing running jobs, committing offsets");
     w.stop().await;
@@ -217,15 +198,9 @@ pub async fn status(cfg: &Config, a: StatusArgs) -> anyhow::Result<ExitCode> {
     let store = Store::open(cfg).await?;
     let Some(row) = store.job(&a.job_id).await? else {
         if a.json {
-            println!(
-                "{}",
-                serde_json::json!({"job_id": a.job_id, "status": "unknown"})
-            );
+            println!("{}", serde_json::json!({"job_id": a.job_id, "status": "unknown"}));
         } else {
-            println!(
-                "{}: no state yet (queued, never submitted, or a short job still running)",
-                a.job_id
-            );
+            println!("{}: no state yet (queued, never submitted, or a short job still running)", a.job_id);
         }
         return Ok(ExitCode::from(2));
     };
@@ -248,12 +223,7 @@ pub async fn status(cfg: &Config, a: StatusArgs) -> anyhow::Result<ExitCode> {
         let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
         println!("job        {}", row.job_id);
         println!("status     {}", opt(&row.status));
-        println!(
-            "tenant     {}   type {}   pool {}",
-            opt(&row.tenant),
-            opt(&row.job_type),
-            opt(&row.pool)
-        );
+        println!("tenant     {}   type {}   pool {}", opt(&row.tenant), opt(&row.job_type), opt(&row.pool));
         println!(
             "attempts   {}   crashes {}   generation {}",
             row.attempts.unwrap_or(0),
@@ -281,10 +251,7 @@ pub async fn status(cfg: &Config, a: StatusArgs) -> anyhow::Result<ExitCode> {
             println!("cancel     requested");
         }
         if let Some(o) = &row.output {
-            println!(
-                "output     {}",
-                String::from_utf8_lossy(&o[..o.len().min(200)])
-            );
+            println!("output     {}", String::from_utf8_lossy(&o[..o.len().min(200)]));
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -299,16 +266,15 @@ pub async fn cancel(cfg: &Config, a: CancelArgs) -> anyhow::Result<ExitCode> {
     let store = Store::open(cfg).await?;
     if let Some(row) = store.job(&a.job_id).await? {
         if row.is_terminal() {
-            println!(
-                "{} already finished ({}); nothing to cancel",
-                a.job_id,
-                row.status.unwrap_or_default()
-            );
+            println!("{} already finished ({}); nothing to cancel", a.job_id, row.status.unwrap_or_default());
             return Ok(ExitCode::SUCCESS);
         }
     }
     store.request_cancel(&a.job_id, now_ms()).await?;
-    println!("cancellation requested for {}: a queued job is skipped, a running one is told through its heartbeat", a.job_id);
+    println!(
+        "cancellation requested for {}: a queued job is skipped, a running one is told through its heartbeat",
+        a.job_id
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -331,11 +297,7 @@ pub async fn results(cfg: &Config, a: ResultsArgs) -> anyhow::Result<ExitCode> {
     let group = format!("fairway.cli.results.{}", uuid::Uuid::new_v4());
     let consumer = kafka::reader(cfg, &group, false)?;
     consumer.subscribe(&[&cfg.results_topic()])?;
-    let idle = if a.follow {
-        Duration::from_secs(u64::MAX / 4)
-    } else {
-        Duration::from_secs(8)
-    };
+    let idle = if a.follow { Duration::from_secs(u64::MAX / 4) } else { Duration::from_secs(8) };
     let mut n = 0usize;
     loop {
         let msg = match tokio::time::timeout(idle, consumer.recv()).await {
@@ -347,10 +309,7 @@ pub async fn results(cfg: &Config, a: ResultsArgs) -> anyhow::Result<ExitCode> {
         let r = match codec::decode_result(bytes) {
             Ok(r) => r,
             Err(e) => {
-                eprintln!(
-                    "skipping undecodable record at offset {}: {e}",
-                    msg.offset()
-                );
+                eprintln!("skipping undecodable record at offset {}: {e}", msg.offset());
                 continue;
             }
         };

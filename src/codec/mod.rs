@@ -49,11 +49,7 @@ pub enum RecordKind {
 }
 
 impl RecordKind {
-    pub const ALL: [RecordKind; 3] = [
-        RecordKind::JobSubmitted,
-        RecordKind::JobResult,
-        RecordKind::DeadLetter,
-    ];
+    pub const ALL: [RecordKind; 3] = [RecordKind::JobSubmitted, RecordKind::JobResult, RecordKind::DeadLetter];
 
     /// Full Avro name of the record, e.g. `io.fairway.JobSubmitted`.
     pub fn full_name(self) -> &'static str {
@@ -117,55 +113,33 @@ pub enum CodecError {
          Avro single-object encoder using schemas/*.avsc), not JSON, raw Avro or a Confluent \
          schema-registry frame"
     )]
-    BadMagic {
-        found0: u8,
-        found1: u8,
-        expected: RecordKind,
-    },
+    BadMagic { found0: u8, found1: u8, expected: RecordKind },
 
     #[error(
         "unknown schema fingerprint {found}: expected {expected} (fingerprint {expected_fp}); the \
          producer used a different or outdated version of schemas/{file}; make both sides build from \
          the same schemas"
     )]
-    UnknownFingerprint {
-        found: Fingerprint,
-        expected: RecordKind,
-        expected_fp: Fingerprint,
-        file: &'static str,
-    },
+    UnknownFingerprint { found: Fingerprint, expected: RecordKind, expected_fp: Fingerprint, file: &'static str },
 
     #[error(
         "wrong record type: message holds {found} but {expected} was expected; it was probably \
          produced to the wrong topic, read it with codec::{decode_fn} instead"
     )]
-    WrongRecord {
-        found: RecordKind,
-        expected: RecordKind,
-        decode_fn: &'static str,
-    },
+    WrongRecord { found: RecordKind, expected: RecordKind, decode_fn: &'static str },
 
     #[error(
         "corrupt {record} body: field `{field}` at message byte {offset}: {problem}; the message was \
          truncated or damaged in transit, or written by a producer whose schema does not match \
          its fingerprint"
     )]
-    Body {
-        record: RecordKind,
-        field: &'static str,
-        offset: usize,
-        problem: String,
-    },
+    Body { record: RecordKind, field: &'static str, offset: usize, problem: String },
 
     #[error(
         "{extra} trailing bytes after a complete {record} body ({body} bytes); the message holds \
          more than one record or was written with a different schema under the same fingerprint"
     )]
-    TrailingBytes {
-        record: RecordKind,
-        body: usize,
-        extra: usize,
-    },
+    TrailingBytes { record: RecordKind, body: usize, extra: usize },
 }
 
 // ---------------------------------------------------------------------------------------
@@ -180,41 +154,20 @@ struct WireSchema {
 
 impl WireSchema {
     fn load(file: &'static str, json: &'static str) -> WireSchema {
-        let schema = Schema::parse_str(json)
-            .unwrap_or_else(|e| panic!("schemas/{file} is not a valid Avro schema: {e}"));
+        let schema =
+            Schema::parse_str(json).unwrap_or_else(|e| panic!("schemas/{file} is not a valid Avro schema: {e}"));
         let fp = schema.fingerprint::<Rabin>();
-        let fingerprint = Fingerprint(
-            fp.bytes
-                .as_slice()
-                .try_into()
-                .expect("CRC-64-AVRO fingerprint is 8 bytes"),
-        );
-        WireSchema {
-            schema,
-            fingerprint,
-            file,
-        }
+        let fingerprint = Fingerprint(fp.bytes.as_slice().try_into().expect("CRC-64-AVRO fingerprint is 8 bytes"));
+        WireSchema { schema, fingerprint, file }
     }
 }
 
-static JOB_SUBMITTED: LazyLock<WireSchema> = LazyLock::new(|| {
-    WireSchema::load(
-        "job_submitted.avsc",
-        include_str!("../../schemas/job_submitted.avsc"),
-    )
-});
-static JOB_RESULT: LazyLock<WireSchema> = LazyLock::new(|| {
-    WireSchema::load(
-        "job_result.avsc",
-        include_str!("../../schemas/job_result.avsc"),
-    )
-});
-static DEAD_LETTER: LazyLock<WireSchema> = LazyLock::new(|| {
-    WireSchema::load(
-        "dead_letter.avsc",
-        include_str!("../../schemas/dead_letter.avsc"),
-    )
-});
+static JOB_SUBMITTED: LazyLock<WireSchema> =
+    LazyLock::new(|| WireSchema::load("job_submitted.avsc", include_str!("../../schemas/job_submitted.avsc")));
+static JOB_RESULT: LazyLock<WireSchema> =
+    LazyLock::new(|| WireSchema::load("job_result.avsc", include_str!("../../schemas/job_result.avsc")));
+static DEAD_LETTER: LazyLock<WireSchema> =
+    LazyLock::new(|| WireSchema::load("dead_letter.avsc", include_str!("../../schemas/dead_letter.avsc")));
 
 /// The parsed Avro schema of a record kind (from `schemas/*.avsc`).
 pub fn schema(kind: RecordKind) -> &'static Schema {
@@ -233,9 +186,7 @@ pub fn sniff(bytes: &[u8]) -> Option<RecordKind> {
         return None;
     }
     let fp = &bytes[2..HEADER_LEN];
-    RecordKind::ALL
-        .into_iter()
-        .find(|k| k.wire().fingerprint.0 == fp)
+    RecordKind::ALL.into_iter().find(|k| k.wire().fingerprint.0 == fp)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -291,9 +242,7 @@ pub fn encode_result_into(res: &JobResult, out: &mut Vec<u8>) -> Result<(), Code
     write_long(out, status_index(res.status));
     write_opt(out, res.output.as_deref(), write_bytes);
     write_opt(out, res.error.as_deref(), write_str);
-    write_opt(out, res.failure_class, |o, c| {
-        write_long(o, failure_index(c))
-    });
+    write_opt(out, res.failure_class, |o, c| write_long(o, failure_index(c)));
     write_long(out, res.attempts.into());
     write_long(out, res.generation);
     write_long(out, res.submitted_at);
@@ -408,9 +357,7 @@ fn write_job(j: &JobSubmitted, out: &mut Vec<u8>) {
     write_long(out, j.submitted_at);
     write_opt(out, j.not_before, write_long);
     write_opt(out, j.last_error.as_deref(), write_str);
-    write_opt(out, j.last_failure_class, |o, c| {
-        write_long(o, failure_index(c))
-    });
+    write_opt(out, j.last_failure_class, |o, c| write_long(o, failure_index(c)));
     write_opt(out, j.first_failure_at, write_long);
     write_long(out, j.replay_count.into());
     write_opt(out, j.replayed_from.as_deref(), write_str);
@@ -489,12 +436,7 @@ fn status_index(s: JobStatus) -> i64 {
         JobStatus::Expired => 3,
     }
 }
-const STATUSES: [JobStatus; 4] = [
-    JobStatus::Succeeded,
-    JobStatus::Failed,
-    JobStatus::Cancelled,
-    JobStatus::Expired,
-];
+const STATUSES: [JobStatus; 4] = [JobStatus::Succeeded, JobStatus::Failed, JobStatus::Cancelled, JobStatus::Expired];
 
 // ---------------------------------------------------------------------------------------
 // Avro binary primitives
@@ -542,30 +484,16 @@ fn write_opt<T>(out: &mut Vec<u8>, v: Option<T>, write: impl FnOnce(&mut Vec<u8>
 /// Check the header and return a reader positioned on the body.
 fn body_reader(bytes: &[u8], expected: RecordKind) -> Result<BodyReader<'_>, CodecError> {
     if bytes.len() >= 2 && bytes[..2] != MAGIC {
-        return Err(CodecError::BadMagic {
-            found0: bytes[0],
-            found1: bytes[1],
-            expected,
-        });
+        return Err(CodecError::BadMagic { found0: bytes[0], found1: bytes[1], expected });
     }
     if bytes.len() < HEADER_LEN {
-        return Err(CodecError::TooShort {
-            len: bytes.len(),
-            expected,
-        });
+        return Err(CodecError::TooShort { len: bytes.len(), expected });
     }
     let found: [u8; 8] = bytes[2..HEADER_LEN].try_into().expect("8 bytes");
     let wire = expected.wire();
     if found != wire.fingerprint.0 {
-        if let Some(other) = RecordKind::ALL
-            .into_iter()
-            .find(|k| k.wire().fingerprint.0 == found)
-        {
-            return Err(CodecError::WrongRecord {
-                found: other,
-                expected,
-                decode_fn: other.decode_fn(),
-            });
+        if let Some(other) = RecordKind::ALL.into_iter().find(|k| k.wire().fingerprint.0 == found) {
+            return Err(CodecError::WrongRecord { found: other, expected, decode_fn: other.decode_fn() });
         }
         return Err(CodecError::UnknownFingerprint {
             found: Fingerprint(found),
@@ -574,11 +502,7 @@ fn body_reader(bytes: &[u8], expected: RecordKind) -> Result<BodyReader<'_>, Cod
             file: wire.file,
         });
     }
-    Ok(BodyReader {
-        buf: &bytes[HEADER_LEN..],
-        pos: 0,
-        record: expected,
-    })
+    Ok(BodyReader { buf: &bytes[HEADER_LEN..], pos: 0, record: expected })
 }
 
 struct BodyReader<'a> {
@@ -589,12 +513,7 @@ struct BodyReader<'a> {
 
 impl<'a> BodyReader<'a> {
     fn err(&self, field: &'static str, at: usize, problem: impl Into<String>) -> CodecError {
-        CodecError::Body {
-            record: self.record,
-            field,
-            offset: HEADER_LEN + at,
-            problem: problem.into(),
-        }
+        CodecError::Body { record: self.record, field, offset: HEADER_LEN + at, problem: problem.into() }
     }
 
     fn long(&mut self, field: &'static str) -> Result<i64, CodecError> {
@@ -619,8 +538,7 @@ impl<'a> BodyReader<'a> {
     fn int(&mut self, field: &'static str) -> Result<i32, CodecError> {
         let start = self.pos;
         let v = self.long(field)?;
-        i32::try_from(v)
-            .map_err(|_| self.err(field, start, format!("{v} is out of Avro int range")))
+        i32::try_from(v).map_err(|_| self.err(field, start, format!("{v} is out of Avro int range")))
     }
 
     fn len_prefixed(&mut self, field: &'static str) -> Result<&'a [u8], CodecError> {
@@ -675,16 +593,9 @@ impl<'a> BodyReader<'a> {
     fn symbol<T: Copy>(&mut self, field: &'static str, symbols: &[T]) -> Result<T, CodecError> {
         let start = self.pos;
         let i = self.long(field)?;
-        usize::try_from(i)
-            .ok()
-            .and_then(|i| symbols.get(i).copied())
-            .ok_or_else(|| {
-                self.err(
-                    field,
-                    start,
-                    format!("enum symbol index {i} is out of range 0..{}", symbols.len()),
-                )
-            })
+        usize::try_from(i).ok().and_then(|i| symbols.get(i).copied()).ok_or_else(|| {
+            self.err(field, start, format!("enum symbol index {i} is out of range 0..{}", symbols.len()))
+        })
     }
 
     fn pool(&mut self, field: &'static str) -> Result<Pool, CodecError> {
@@ -704,11 +615,7 @@ impl<'a> BodyReader<'a> {
         if self.pos == self.buf.len() {
             Ok(())
         } else {
-            Err(CodecError::TrailingBytes {
-                record: self.record,
-                body: self.pos,
-                extra: self.buf.len() - self.pos,
-            })
+            Err(CodecError::TrailingBytes { record: self.record, body: self.pos, extra: self.buf.len() - self.pos })
         }
     }
 }
@@ -856,11 +763,7 @@ mod tests {
         assert_eq!(&ours[2..HEADER_LEN], fp.as_slice());
         let avro_value = to_value(value).expect("apache-avro to_value");
         let theirs = to_avro_datum(schema, avro_value).expect("apache-avro to_avro_datum");
-        assert_eq!(
-            &ours[HEADER_LEN..],
-            theirs.as_slice(),
-            "{kind} body differs from apache-avro"
-        );
+        assert_eq!(&ours[HEADER_LEN..], theirs.as_slice(), "{kind} body differs from apache-avro");
         let mut body = &ours[HEADER_LEN..];
         let decoded = from_avro_datum(schema, &mut body, None).expect("apache-avro decode");
         assert!(body.is_empty(), "apache-avro left {} bytes", body.len());
@@ -942,10 +845,7 @@ mod tests {
     fn enum_symbols(schema: &Schema, full_name: &str) -> Option<Vec<String>> {
         match schema {
             Schema::Enum(e) if e.name.fullname(None) == full_name => Some(e.symbols.clone()),
-            Schema::Record(r) => r
-                .fields
-                .iter()
-                .find_map(|f| enum_symbols(&f.schema, full_name)),
+            Schema::Record(r) => r.fields.iter().find_map(|f| enum_symbols(&f.schema, full_name)),
             Schema::Union(u) => u.variants().iter().find_map(|v| enum_symbols(v, full_name)),
             _ => None,
         }
@@ -963,15 +863,9 @@ mod tests {
         let dl = schema(RecordKind::DeadLetter);
         assert_eq!(enum_symbols(js, "io.fairway.Pool"), Some(pools.clone()));
         assert_eq!(enum_symbols(js, "io.fairway.Priority"), Some(prios.clone()));
-        assert_eq!(
-            enum_symbols(js, "io.fairway.FailureClass"),
-            Some(fails.clone())
-        );
+        assert_eq!(enum_symbols(js, "io.fairway.FailureClass"), Some(fails.clone()));
         assert_eq!(enum_symbols(jr, "io.fairway.Pool"), Some(pools));
-        assert_eq!(
-            enum_symbols(jr, "io.fairway.FailureClass"),
-            Some(fails.clone())
-        );
+        assert_eq!(enum_symbols(jr, "io.fairway.FailureClass"), Some(fails.clone()));
         assert_eq!(enum_symbols(jr, "io.fairway.JobStatus"), Some(stats));
         assert_eq!(enum_symbols(dl, "io.fairway.Priority"), Some(prios));
         assert_eq!(enum_symbols(dl, "io.fairway.FailureClass"), Some(fails));
@@ -989,10 +883,7 @@ mod tests {
         }
         // The model's serde names are the Avro symbols (apache-avro's serde path relies on it).
         for p in POOLS {
-            assert_eq!(
-                to_value(p).unwrap(),
-                apache_avro::types::Value::String(p.as_str().into())
-            );
+            assert_eq!(to_value(p).unwrap(), apache_avro::types::Value::String(p.as_str().into()));
         }
     }
 
@@ -1000,10 +891,7 @@ mod tests {
     fn dead_letter_embeds_the_same_job_schema() {
         let js = schema(RecordKind::JobSubmitted).canonical_form();
         let dl = schema(RecordKind::DeadLetter).canonical_form();
-        assert!(
-            dl.contains(&js),
-            "dead_letter.avsc's nested JobSubmitted drifted from job_submitted.avsc"
-        );
+        assert!(dl.contains(&js), "dead_letter.avsc's nested JobSubmitted drifted from job_submitted.avsc");
     }
 
     /// Changing a fingerprint breaks every consumer still running the old schema: if this
@@ -1011,28 +899,16 @@ mod tests {
     /// a compatibility plan, then update the pins.
     #[test]
     fn fingerprints_are_pinned() {
-        assert_eq!(
-            fingerprint(RecordKind::JobSubmitted).to_string(),
-            "44199d21e49bfe3e"
-        );
-        assert_eq!(
-            fingerprint(RecordKind::JobResult).to_string(),
-            "595d9eec35d310e9"
-        );
-        assert_eq!(
-            fingerprint(RecordKind::DeadLetter).to_string(),
-            "90433191f998dfc5"
-        );
+        assert_eq!(fingerprint(RecordKind::JobSubmitted).to_string(), "44199d21e49bfe3e");
+        assert_eq!(fingerprint(RecordKind::JobResult).to_string(), "595d9eec35d310e9");
+        assert_eq!(fingerprint(RecordKind::DeadLetter).to_string(), "90433191f998dfc5");
     }
 
     #[test]
     fn header_equals_apache_avro_single_object_writer() {
         let j = job_full();
-        let mut w = apache_avro::GenericSingleObjectWriter::new_with_capacity(
-            schema(RecordKind::JobSubmitted),
-            1024,
-        )
-        .unwrap();
+        let mut w =
+            apache_avro::GenericSingleObjectWriter::new_with_capacity(schema(RecordKind::JobSubmitted), 1024).unwrap();
         let mut theirs = Vec::new();
         w.write_value(to_value(&j).unwrap(), &mut theirs).unwrap();
         assert_eq!(encode_job(&j).unwrap(), theirs);
@@ -1046,14 +922,8 @@ mod tests {
             let mut b = encode_job(&job_min()).unwrap();
             b.truncate(len);
             let e = decode_job(&b).unwrap_err();
-            assert!(
-                matches!(e, CodecError::TooShort { len: l, .. } if l == len),
-                "{e}"
-            );
-            assert!(
-                e.to_string().starts_with("not Avro single-object encoding"),
-                "{e}"
-            );
+            assert!(matches!(e, CodecError::TooShort { len: l, .. } if l == len), "{e}");
+            assert!(e.to_string().starts_with("not Avro single-object encoding"), "{e}");
         }
     }
 
@@ -1062,22 +932,12 @@ mod tests {
         let mut b = encode_job(&job_full()).unwrap();
         b[0] = b'{';
         let e = decode_job(&b).unwrap_err();
-        assert!(matches!(
-            e,
-            CodecError::BadMagic {
-                found0: b'{',
-                found1: 0x01,
-                ..
-            }
-        ));
+        assert!(matches!(e, CodecError::BadMagic { found0: b'{', found1: 0x01, .. }));
         let msg = e.to_string();
         assert!(msg.contains("expected magic C3 01"), "{msg}");
         assert!(msg.contains("found 7B 01"), "{msg}");
         // Even a 2-byte message gets the more useful "bad magic" answer.
-        assert!(matches!(
-            decode_job(b"{}"),
-            Err(CodecError::BadMagic { .. })
-        ));
+        assert!(matches!(decode_job(b"{}"), Err(CodecError::BadMagic { .. })));
     }
 
     #[test]
@@ -1109,10 +969,7 @@ mod tests {
         assert!(e.to_string().contains("codec::decode_result"), "{e}");
         assert!(matches!(
             decode_dead_letter(&encode_job(&job_min()).unwrap()),
-            Err(CodecError::WrongRecord {
-                found: RecordKind::JobSubmitted,
-                ..
-            })
+            Err(CodecError::WrongRecord { found: RecordKind::JobSubmitted, .. })
         ));
     }
 
@@ -1137,10 +994,7 @@ mod tests {
         }
         let e = decode_job(&encode_job(&job_full()).unwrap()[..20]).unwrap_err();
         let msg = e.to_string();
-        assert!(
-            msg.starts_with("corrupt io.fairway.JobSubmitted body: field `job_id`"),
-            "{msg}"
-        );
+        assert!(msg.starts_with("corrupt io.fairway.JobSubmitted body: field `job_id`"), "{msg}");
         assert!(msg.contains("at message byte 10"), "{msg}");
         assert!(msg.contains("length 36 exceeds the 9 bytes left"), "{msg}");
     }
@@ -1151,14 +1005,7 @@ mod tests {
         let body = b.len() - HEADER_LEN;
         b.extend_from_slice(&[0, 0]);
         let e = decode_job(&b).unwrap_err();
-        assert_eq!(
-            e,
-            CodecError::TrailingBytes {
-                record: RecordKind::JobSubmitted,
-                body,
-                extra: 2
-            }
-        );
+        assert_eq!(e, CodecError::TrailingBytes { record: RecordKind::JobSubmitted, body, extra: 2 });
         assert!(e.to_string().starts_with("2 trailing bytes"), "{e}");
     }
 
@@ -1188,13 +1035,8 @@ mod tests {
         let (f, p) = body_problem(decode_job(&msg(js, &[1])).unwrap_err());
         assert_eq!((f, p.as_str()), ("job_id", "negative length -1"));
         // huge length claim: rejected without allocating
-        let (f, p) = body_problem(
-            decode_job(&msg(
-                js,
-                &[0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f],
-            ))
-            .unwrap_err(),
-        );
+        let (f, p) =
+            body_problem(decode_job(&msg(js, &[0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f])).unwrap_err());
         assert_eq!(f, "job_id");
         assert!(p.contains("exceeds the 0 bytes left"), "{p}");
         // varint overflow
@@ -1207,10 +1049,7 @@ mod tests {
         // pool = null, priority symbol 3
         let (f, p) = body_problem(decode_job(&msg(js, &[0, 0, 0, 0, 6])).unwrap_err());
         assert_eq!(f, "priority");
-        assert!(
-            p.contains("enum symbol index 3 is out of range 0..3"),
-            "{p}"
-        );
+        assert!(p.contains("enum symbol index 3 is out of range 0..3"), "{p}");
         // attempt = 2^31 (out of int range): fields up to attempt with minimal values
         let mut body = vec![0, 0, 0, 0, 2, 0, 0, 0, 0];
         write_long(&mut body, 1 << 31);
@@ -1219,8 +1058,7 @@ mod tests {
         assert!(p.contains("out of Avro int range"), "{p}");
         // apache-avro rejects the same bodies
         for bad in [&[2u8, 0xff][..], &[1], &[0, 0, 0, 4], &[0, 0, 0, 0, 6]] {
-            let r = from_avro_datum(schema(js), &mut &bad[..], None)
-                .and_then(|v| from_value::<JobSubmitted>(&v));
+            let r = from_avro_datum(schema(js), &mut &bad[..], None).and_then(|v| from_value::<JobSubmitted>(&v));
             assert!(r.is_err(), "apache-avro accepted {bad:?}");
         }
     }
@@ -1393,13 +1231,7 @@ mod tests {
             proptest::option::of(any::<i64>()),
             proptest::option::of(any::<i64>()),
         );
-        let mid = (
-            any::<i32>(),
-            any::<i32>(),
-            any::<i64>(),
-            any::<i64>(),
-            proptest::option::of(any::<i64>()),
-        );
+        let mid = (any::<i32>(), any::<i32>(), any::<i64>(), any::<i64>(), proptest::option::of(any::<i64>()));
         let tail = (
             proptest::option::of(text()),
             proptest::option::of(prop::sample::select(FAILURE_CLASSES.to_vec())),
@@ -1459,15 +1291,7 @@ mod tests {
         (a, b).prop_map(
             |(
                 (job_id, tenant, job_type, pool, status, output, error),
-                (
-                    failure_class,
-                    attempts,
-                    generation,
-                    submitted_at,
-                    started_at,
-                    finished_at,
-                    worker_id,
-                ),
+                (failure_class, attempts, generation, submitted_at, started_at, finished_at, worker_id),
             )| JobResult {
                 job_id,
                 tenant,
@@ -1496,25 +1320,11 @@ mod tests {
             proptest::option::of(text()),
             any::<i32>(),
         );
-        let b = (
-            any::<i64>(),
-            any::<i64>(),
-            text(),
-            any::<i32>(),
-            any::<i64>(),
-            any::<i32>(),
-        );
+        let b = (any::<i64>(), any::<i64>(), text(), any::<i32>(), any::<i64>(), any::<i32>());
         (a, b).prop_map(
             |(
                 (job, raw, failure_class, reason, last_error, attempts),
-                (
-                    first_failure_at,
-                    last_failure_at,
-                    origin_topic,
-                    origin_partition,
-                    origin_offset,
-                    replay_count,
-                ),
+                (first_failure_at, last_failure_at, origin_topic, origin_partition, origin_offset, replay_count),
             )| DeadLetter {
                 job,
                 raw,

@@ -68,13 +68,7 @@ impl BreakerConfig {
     pub fn validate(&self) -> Result<(), BreakerConfigError> {
         let err = |field, problem: String| Err(BreakerConfigError { field, problem });
         if self.window.0 < 1_000 {
-            return err(
-                "window",
-                format!(
-                    "{} is too short: use at least \"1s\" (e.g. \"30s\")",
-                    self.window
-                ),
-            );
+            return err("window", format!("{} is too short: use at least \"1s\" (e.g. \"30s\")", self.window));
         }
         if self.min_requests < 1 {
             return err("min_requests", "must be at least 1 (e.g. 10)".into());
@@ -82,10 +76,7 @@ impl BreakerConfig {
         if !(self.failure_ratio > 0.0 && self.failure_ratio <= 1.0) {
             return err(
                 "failure_ratio",
-                format!(
-                    "{} is out of range: use a share above 0 and at most 1 (e.g. 0.5)",
-                    self.failure_ratio
-                ),
+                format!("{} is out of range: use a share above 0 and at most 1 (e.g. 0.5)", self.failure_ratio),
             );
         }
         if self.cool_down.0 < 0 {
@@ -143,11 +134,7 @@ impl Breaker {
     /// A closed breaker. Settings are used as given; out-of-range values are clamped
     /// where they are used (check them with [`BreakerConfig::validate`] when parsing).
     pub fn new(config: BreakerConfig) -> Self {
-        Breaker {
-            window: RollingWindow::new(config.window.0, 10),
-            config,
-            state: BreakerState::Closed,
-        }
+        Breaker { window: RollingWindow::new(config.window.0, 10), config, state: BreakerState::Closed }
     }
 
     pub fn config(&self) -> &BreakerConfig {
@@ -165,9 +152,7 @@ impl Breaker {
 
     fn probe(&mut self, now: Millis) -> Admission {
         let timeout = self.config.probe_timeout.0.max(1);
-        self.state = BreakerState::HalfOpen {
-            probe_deadline: Some(now.saturating_add(timeout)),
-        };
+        self.state = BreakerState::HalfOpen { probe_deadline: Some(now.saturating_add(timeout)) };
         Admission::Probe
     }
 
@@ -178,17 +163,15 @@ impl Breaker {
             BreakerState::Closed => Admission::Allowed,
             BreakerState::Open { until } if now < until => Admission::Rejected { retry_at: until },
             BreakerState::Open { .. } => self.probe(now),
-            BreakerState::HalfOpen {
-                probe_deadline: Some(deadline),
-            } if now < deadline => Admission::Rejected { retry_at: deadline },
+            BreakerState::HalfOpen { probe_deadline: Some(deadline) } if now < deadline => {
+                Admission::Rejected { retry_at: deadline }
+            }
             BreakerState::HalfOpen { .. } => self.probe(now),
         }
     }
 
     fn open(&mut self, now: Millis) -> Option<BreakerState> {
-        let until = now
-            .saturating_add(self.config.cool_down.0.max(0))
-            .max(now.saturating_add(1));
+        let until = now.saturating_add(self.config.cool_down.0.max(0)).max(now.saturating_add(1));
         self.state = BreakerState::Open { until };
         self.window.clear();
         Some(self.state)
@@ -209,9 +192,7 @@ impl Breaker {
                 } else {
                     self.config.failure_ratio.clamp(f64::MIN_POSITIVE, 1.0)
                 };
-                if c.total() >= u64::from(self.config.min_requests.max(1))
-                    && c.failure_ratio() >= ratio
-                {
+                if c.total() >= u64::from(self.config.min_requests.max(1)) && c.failure_ratio() >= ratio {
                     self.open(now)
                 } else {
                     None
@@ -234,9 +215,7 @@ impl Breaker {
     /// `allow` hands out a new probe.
     pub fn abandon(&mut self, _now: Millis) {
         if let BreakerState::HalfOpen { .. } = self.state {
-            self.state = BreakerState::HalfOpen {
-                probe_deadline: None,
-            };
+            self.state = BreakerState::HalfOpen { probe_deadline: None };
         }
     }
 
@@ -255,10 +234,7 @@ pub struct Breakers {
 
 impl Breakers {
     pub fn new(config: BreakerConfig) -> Self {
-        Breakers {
-            config,
-            by_type: HashMap::new(),
-        }
+        Breakers { config, by_type: HashMap::new() }
     }
 
     /// Use `breaker` (e.g. with its own settings) for `job_type`.
@@ -268,9 +244,7 @@ impl Breakers {
 
     fn get_or_create(&mut self, job_type: &str) -> &mut Breaker {
         let config = &self.config;
-        self.by_type
-            .entry(job_type.to_owned())
-            .or_insert_with(|| Breaker::new(config.clone()))
+        self.by_type.entry(job_type.to_owned()).or_insert_with(|| Breaker::new(config.clone()))
     }
 
     /// See [`Breaker::allow`]; a type never seen is allowed.
@@ -302,9 +276,7 @@ impl Breakers {
 
     /// State of `job_type`'s breaker; `Closed` for a type never seen.
     pub fn state(&self, job_type: &str) -> BreakerState {
-        self.by_type
-            .get(job_type)
-            .map_or(BreakerState::Closed, Breaker::state)
+        self.by_type.get(job_type).map_or(BreakerState::Closed, Breaker::state)
     }
 
     pub fn get(&self, job_type: &str) -> Option<&Breaker> {
@@ -313,10 +285,7 @@ impl Breakers {
 
     /// `(job type, state)` of every breaker that is not closed (for metrics).
     pub fn not_closed(&self) -> impl Iterator<Item = (&str, BreakerState)> + '_ {
-        self.by_type
-            .iter()
-            .filter(|(_, b)| b.state() != BreakerState::Closed)
-            .map(|(t, b)| (t.as_str(), b.state()))
+        self.by_type.iter().filter(|(_, b)| b.state() != BreakerState::Closed).map(|(t, b)| (t.as_str(), b.state()))
     }
 
     /// Drop closed breakers with nothing in their window (bounds memory).
@@ -356,12 +325,7 @@ mod tests {
         for i in 0..4 {
             assert_eq!(b.record(now + 5 + i, false), None);
         }
-        assert_eq!(
-            b.record(now + 9, false),
-            Some(BreakerState::Open {
-                until: now + 9 + 30_000
-            })
-        );
+        assert_eq!(b.record(now + 9, false), Some(BreakerState::Open { until: now + 9 + 30_000 }));
         b
     }
 
@@ -395,36 +359,14 @@ mod tests {
         let mut b = tripped(0);
         let until = 30_009;
         assert_eq!(b.allow(1_000), Admission::Rejected { retry_at: until });
-        assert_eq!(
-            b.record(1_000, false),
-            None,
-            "outcomes while open are ignored"
-        );
+        assert_eq!(b.record(1_000, false), None, "outcomes while open are ignored");
         assert_eq!(b.allow(until), Admission::Probe);
         let deadline = until + 60_000;
-        assert_eq!(
-            b.state(),
-            BreakerState::HalfOpen {
-                probe_deadline: Some(deadline)
-            }
-        );
-        assert_eq!(
-            b.allow(until + 1),
-            Admission::Rejected { retry_at: deadline }
-        );
+        assert_eq!(b.state(), BreakerState::HalfOpen { probe_deadline: Some(deadline) });
+        assert_eq!(b.allow(until + 1), Admission::Rejected { retry_at: deadline });
         // probe fails: open again for a full cool-down
-        assert_eq!(
-            b.record(until + 5, false),
-            Some(BreakerState::Open {
-                until: until + 5 + 30_000
-            })
-        );
-        assert_eq!(
-            b.allow(until + 6),
-            Admission::Rejected {
-                retry_at: until + 5 + 30_000
-            }
-        );
+        assert_eq!(b.record(until + 5, false), Some(BreakerState::Open { until: until + 5 + 30_000 }));
+        assert_eq!(b.allow(until + 6), Admission::Rejected { retry_at: until + 5 + 30_000 });
         // next probe succeeds: closed, with a clean window
         assert_eq!(b.allow(until + 5 + 30_000), Admission::Probe);
         assert_eq!(b.record(until + 30_010, true), Some(BreakerState::Closed));
@@ -441,12 +383,7 @@ mod tests {
         assert_eq!(b.allow(99_999), Admission::Rejected { retry_at: 100_000 });
         assert_eq!(b.allow(100_000), Admission::Probe);
         b.abandon(100_001);
-        assert_eq!(
-            b.state(),
-            BreakerState::HalfOpen {
-                probe_deadline: None
-            }
-        );
+        assert_eq!(b.state(), BreakerState::HalfOpen { probe_deadline: None });
         assert_eq!(b.allow(100_002), Admission::Probe);
         assert_eq!(b.allow(100_003), Admission::Rejected { retry_at: 160_002 });
         b.abandon(0); // no-op outside half-open after closing
@@ -481,10 +418,7 @@ mod tests {
         assert_eq!(m.state("zzz"), BreakerState::Closed);
         assert!(matches!(m.allow("a", 1), Admission::Rejected { .. }));
         assert_eq!(m.allow("b", 1), Admission::Allowed);
-        let open: Vec<_> = m
-            .not_closed()
-            .map(|(t, s)| (t.to_owned(), s.as_str()))
-            .collect();
+        let open: Vec<_> = m.not_closed().map(|(t, s)| (t.to_owned(), s.as_str())).collect();
         assert_eq!(open, vec![("a".to_owned(), "open")]);
         m.prune(100_000);
         assert_eq!(m.len(), 1, "b is idle and dropped, a is open and kept");
@@ -504,28 +438,12 @@ mod tests {
         assert_eq!(c.min_requests, 10);
         assert!(c.validate().is_ok());
         assert!(BreakerConfig::default().validate().is_ok());
-        let bad = BreakerConfig {
-            failure_ratio: 1.5,
-            ..Default::default()
-        };
-        assert!(bad
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .contains("failure_ratio"));
-        let bad = BreakerConfig {
-            min_requests: 0,
-            ..Default::default()
-        };
+        let bad = BreakerConfig { failure_ratio: 1.5, ..Default::default() };
+        assert!(bad.validate().unwrap_err().to_string().contains("failure_ratio"));
+        let bad = BreakerConfig { min_requests: 0, ..Default::default() };
         assert_eq!(bad.validate().unwrap_err().field, "min_requests");
         assert!(toml::from_str::<BreakerConfig>("windw = 1").is_err());
-        assert_eq!(
-            BreakerState::HalfOpen {
-                probe_deadline: None
-            }
-            .as_str(),
-            "half_open"
-        );
+        assert_eq!(BreakerState::HalfOpen { probe_deadline: None }.as_str(), "half_open");
     }
 
     #[derive(Debug, Clone)]

@@ -79,19 +79,11 @@ impl PartitionOffsets {
         }
         if let Some(next) = self.next {
             if offset < next {
-                return Err(OffsetError::NotIncreasing {
-                    offset,
-                    last: next - 1,
-                });
+                return Err(OffsetError::NotIncreasing { offset, last: next - 1 });
             }
         }
-        let next = offset
-            .checked_add(1)
-            .ok_or(OffsetError::TooLarge { offset })?;
-        self.window.push_back(Slot {
-            offset,
-            done: false,
-        });
+        let next = offset.checked_add(1).ok_or(OffsetError::TooLarge { offset })?;
+        self.window.push_back(Slot { offset, done: false });
         self.unfinished += 1;
         self.next = Some(next);
         Ok(())
@@ -101,10 +93,7 @@ impl PartitionOffsets {
     /// new committable offset when this completion moved it forward, None otherwise
     /// (an earlier offset is still running, or `offset` is unknown or finished already).
     pub fn finished(&mut self, offset: i64) -> Option<i64> {
-        let idx = self
-            .window
-            .binary_search_by_key(&offset, |s| s.offset)
-            .ok()?;
+        let idx = self.window.binary_search_by_key(&offset, |s| s.offset).ok()?;
         let slot = &mut self.window[idx];
         if slot.done {
             return None;
@@ -245,9 +234,7 @@ impl FinishedHint {
     /// Whether `offset` was recorded as finished.
     pub fn contains(&self, offset: i64) -> bool {
         let i = self.ranges.partition_point(|&(_, end)| end < offset);
-        self.ranges
-            .get(i)
-            .is_some_and(|&(start, _)| start <= offset)
+        self.ranges.get(i).is_some_and(|&(start, _)| start <= offset)
     }
 }
 
@@ -273,10 +260,7 @@ impl Tracker {
 
     /// See [`PartitionOffsets::finished`]; None for a partition not tracked.
     pub fn finished(&mut self, topic: &str, partition: i32, offset: i64) -> Option<i64> {
-        self.topics
-            .get_mut(topic)?
-            .get_mut(&partition)?
-            .finished(offset)
+        self.topics.get_mut(topic)?.get_mut(&partition)?.finished(offset)
     }
 
     /// See [`PartitionOffsets::committable`].
@@ -302,20 +286,14 @@ impl Tracker {
 
     /// Jobs in flight over all partitions.
     pub fn in_flight(&self) -> usize {
-        self.topics
-            .values()
-            .flat_map(|p| p.values())
-            .map(PartitionOffsets::in_flight)
-            .sum()
+        self.topics.values().flat_map(|p| p.values()).map(PartitionOffsets::in_flight).sum()
     }
 
     /// `(topic, partition, committable)` for every tracked partition that has one.
     pub fn committable_all(&self) -> impl Iterator<Item = (&str, i32, i64)> + '_ {
-        self.topics.iter().flat_map(|(t, parts)| {
-            parts
-                .iter()
-                .filter_map(move |(&p, o)| o.committable().map(|c| (t.as_str(), p, c)))
-        })
+        self.topics
+            .iter()
+            .flat_map(|(t, parts)| parts.iter().filter_map(move |(&p, o)| o.committable().map(|c| (t.as_str(), p, c))))
     }
 }
 
@@ -363,22 +341,14 @@ mod tests {
         assert_eq!(p.finished(2), None);
         assert_eq!(p.finished(2), None);
         assert_eq!(p.in_flight(), 1);
-        assert_eq!(
-            p.started(2),
-            Err(OffsetError::NotIncreasing { offset: 2, last: 2 })
-        );
+        assert_eq!(p.started(2), Err(OffsetError::NotIncreasing { offset: 2, last: 2 }));
         assert_eq!(p.started(-1), Err(OffsetError::Negative { offset: -1 }));
-        assert_eq!(
-            p.started(i64::MAX),
-            Err(OffsetError::TooLarge { offset: i64::MAX })
-        );
+        assert_eq!(p.started(i64::MAX), Err(OffsetError::TooLarge { offset: i64::MAX }));
         assert_eq!(p.in_flight(), 1);
         assert_eq!(p.finished(1), Some(3));
         assert_eq!(p.finished(1), None);
         assert!(p.started(2).is_err());
-        assert!(OffsetError::Negative { offset: -1 }
-            .to_string()
-            .contains("negative"));
+        assert!(OffsetError::Negative { offset: -1 }.to_string().contains("negative"));
     }
 
     #[test]
@@ -417,15 +387,7 @@ mod tests {
         assert_eq!(p.finished_metadata(10), "fw1@100:");
         assert_eq!(p.finished_metadata(3), "");
         assert_eq!(FinishedHint::parse("").unwrap(), FinishedHint::default());
-        for bad in [
-            "x",
-            "fw1@",
-            "fw1@-1:",
-            "fw1@5:0",
-            "fw1@5:a",
-            "fw1@5:1-",
-            "fw1@5:1--1",
-        ] {
+        for bad in ["x", "fw1@", "fw1@-1:", "fw1@5:0", "fw1@5:a", "fw1@5:1-", "fw1@5:1--1"] {
             assert!(FinishedHint::parse(bad).is_err(), "{bad}");
         }
         assert!(FinishedHint::parse(&format!("fw1@{}:1", i64::MAX)).is_err());
@@ -442,15 +404,9 @@ mod tests {
         assert_eq!(t.finished("zzz", 1, 5), None);
         assert_eq!(t.committable("a", 0), Some(5));
         assert_eq!(t.committable("a", 1), Some(6));
-        let mut all: Vec<_> = t
-            .committable_all()
-            .map(|(t, p, c)| (t.to_owned(), p, c))
-            .collect();
+        let mut all: Vec<_> = t.committable_all().map(|(t, p, c)| (t.to_owned(), p, c)).collect();
         all.sort();
-        assert_eq!(
-            all,
-            vec![("a".into(), 0, 5), ("a".into(), 1, 6), ("b".into(), 0, 1)]
-        );
+        assert_eq!(all, vec![("a".into(), 0, 5), ("a".into(), 1, 6), ("b".into(), 0, 1)]);
         assert!(t.revoke("b", 0).is_some());
         assert!(t.revoke("b", 0).is_none());
         assert!(t.partition("b", 0).is_none());

@@ -44,13 +44,7 @@ pub struct PoisonConfig {
 
 impl Default for PoisonConfig {
     fn default() -> Self {
-        PoisonConfig {
-            window: DurationMs::mins(60),
-            buckets: 60,
-            min_samples: 20,
-            enter_ratio: 0.5,
-            exit_ratio: 0.4,
-        }
+        PoisonConfig { window: DurationMs::mins(60), buckets: 60, min_samples: 20, enter_ratio: 0.5, exit_ratio: 0.4 }
     }
 }
 
@@ -66,19 +60,10 @@ impl PoisonConfig {
     pub fn validate(&self) -> Result<(), PoisonConfigError> {
         let err = |field, problem: String| Err(PoisonConfigError { field, problem });
         if self.window.0 < 60_000 {
-            return err(
-                "window",
-                format!(
-                    "{} is too short: use at least \"1m\" (e.g. \"1h\")",
-                    self.window
-                ),
-            );
+            return err("window", format!("{} is too short: use at least \"1m\" (e.g. \"1h\")", self.window));
         }
         if !(1..=3_600).contains(&self.buckets) {
-            return err(
-                "buckets",
-                format!("{} is out of range: use 1 to 3600 (e.g. 60)", self.buckets),
-            );
+            return err("buckets", format!("{} is out of range: use 1 to 3600 (e.g. 60)", self.buckets));
         }
         if self.min_samples < 1 {
             return err("min_samples", "must be at least 1 (e.g. 20)".into());
@@ -86,10 +71,7 @@ impl PoisonConfig {
         if !(self.enter_ratio >= 0.0 && self.enter_ratio < 1.0) {
             return err(
                 "enter_ratio",
-                format!(
-                    "{} is out of range: use a share from 0 to below 1 (e.g. 0.5)",
-                    self.enter_ratio
-                ),
+                format!("{} is out of range: use a share from 0 to below 1 (e.g. 0.5)", self.enter_ratio),
             );
         }
         if !(self.exit_ratio >= 0.0 && self.exit_ratio <= self.enter_ratio) {
@@ -108,10 +90,7 @@ impl PoisonConfig {
 /// Whether a failure of `class` is evidence that the job type itself is broken.
 pub fn counts_toward_poison(class: FailureClass) -> bool {
     match class {
-        FailureClass::AppError
-        | FailureClass::Timeout
-        | FailureClass::WorkerCrash
-        | FailureClass::Poison => true,
+        FailureClass::AppError | FailureClass::Timeout | FailureClass::WorkerCrash | FailureClass::Poison => true,
         FailureClass::Dependency | FailureClass::Permanent => false,
     }
 }
@@ -205,10 +184,7 @@ pub struct PoisonDetectors {
 
 impl PoisonDetectors {
     pub fn new(config: PoisonConfig) -> Self {
-        PoisonDetectors {
-            config,
-            by_type: HashMap::new(),
-        }
+        PoisonDetectors { config, by_type: HashMap::new() }
     }
 
     /// See [`PoisonDetector::record`].
@@ -225,12 +201,7 @@ impl PoisonDetectors {
     /// Record the outcome of an attempt: `None` for success, `Some(class)` for a
     /// failure (the class before any reclassification as poison). Failures that do not
     /// count (see [`counts_toward_poison`]) are ignored.
-    pub fn record_outcome(
-        &mut self,
-        job_type: &str,
-        now: Millis,
-        failure: Option<FailureClass>,
-    ) -> Option<bool> {
+    pub fn record_outcome(&mut self, job_type: &str, now: Millis, failure: Option<FailureClass>) -> Option<bool> {
         match failure {
             None => self.record(job_type, now, true),
             Some(c) if counts_toward_poison(c) => self.record(job_type, now, false),
@@ -240,23 +211,14 @@ impl PoisonDetectors {
 
     /// See [`PoisonDetector::is_quarantined`]; false for a type never seen.
     pub fn is_quarantined(&mut self, job_type: &str, now: Millis) -> bool {
-        self.by_type
-            .get_mut(job_type)
-            .is_some_and(|d| d.is_quarantined(now))
+        self.by_type.get_mut(job_type).is_some_and(|d| d.is_quarantined(now))
     }
 
     /// The class to hand to the retry policy: `app_error` and `timeout` failures of a
     /// quarantined type become `poison`; everything else is unchanged.
-    pub fn effective_class(
-        &mut self,
-        job_type: &str,
-        class: FailureClass,
-        now: Millis,
-    ) -> FailureClass {
+    pub fn effective_class(&mut self, job_type: &str, class: FailureClass, now: Millis) -> FailureClass {
         match class {
-            FailureClass::AppError | FailureClass::Timeout
-                if self.is_quarantined(job_type, now) =>
-            {
+            FailureClass::AppError | FailureClass::Timeout if self.is_quarantined(job_type, now) => {
                 FailureClass::Poison
             }
             c => c,
@@ -269,9 +231,7 @@ impl PoisonDetectors {
 
     /// Job types quarantined as of their last evaluation, with the start time.
     pub fn quarantined(&self) -> impl Iterator<Item = (&str, Millis)> + '_ {
-        self.by_type
-            .iter()
-            .filter_map(|(t, d)| d.quarantined_since().map(|s| (t.as_str(), s)))
+        self.by_type.iter().filter_map(|(t, d)| d.quarantined_since().map(|s| (t.as_str(), s)))
     }
 
     /// Re-evaluate every type at `now` and drop idle ones (call now and then, e.g. once
@@ -367,45 +327,21 @@ mod tests {
     fn map_classifies_and_sweeps() {
         let mut m = PoisonDetectors::new(PoisonConfig::default());
         assert!(!m.is_quarantined("x", 0));
-        assert_eq!(
-            m.effective_class("x", FailureClass::AppError, 0),
-            FailureClass::AppError
-        );
+        assert_eq!(m.effective_class("x", FailureClass::AppError, 0), FailureClass::AppError);
         let mut went_in = None;
         for i in 0..25 {
             went_in = went_in.or(m.record_outcome("x", i, Some(FailureClass::AppError)));
-            assert_eq!(
-                m.record_outcome("x", i, Some(FailureClass::Dependency)),
-                None
-            );
+            assert_eq!(m.record_outcome("x", i, Some(FailureClass::Dependency)), None);
             m.record_outcome("x", i, Some(FailureClass::Permanent));
         }
         assert_eq!(went_in, Some(true));
-        assert_eq!(
-            m.get("x").map(|d| d.counts(30)),
-            Some(Counts { ok: 0, failed: 25 })
-        );
+        assert_eq!(m.get("x").map(|d| d.counts(30)), Some(Counts { ok: 0, failed: 25 }));
         m.record_outcome("y", 0, None);
-        assert_eq!(
-            m.effective_class("x", FailureClass::AppError, 30),
-            FailureClass::Poison
-        );
-        assert_eq!(
-            m.effective_class("x", FailureClass::Timeout, 30),
-            FailureClass::Poison
-        );
-        assert_eq!(
-            m.effective_class("x", FailureClass::Dependency, 30),
-            FailureClass::Dependency
-        );
-        assert_eq!(
-            m.effective_class("x", FailureClass::WorkerCrash, 30),
-            FailureClass::WorkerCrash
-        );
-        assert_eq!(
-            m.effective_class("y", FailureClass::AppError, 30),
-            FailureClass::AppError
-        );
+        assert_eq!(m.effective_class("x", FailureClass::AppError, 30), FailureClass::Poison);
+        assert_eq!(m.effective_class("x", FailureClass::Timeout, 30), FailureClass::Poison);
+        assert_eq!(m.effective_class("x", FailureClass::Dependency, 30), FailureClass::Dependency);
+        assert_eq!(m.effective_class("x", FailureClass::WorkerCrash, 30), FailureClass::WorkerCrash);
+        assert_eq!(m.effective_class("y", FailureClass::AppError, 30), FailureClass::AppError);
         let q: Vec<_> = m.quarantined().map(|(t, s)| (t.to_owned(), s)).collect();
         assert_eq!(q, vec![("x".to_owned(), 19)]);
         assert_eq!(m.len(), 2);
@@ -420,15 +356,9 @@ mod tests {
         assert_eq!(c.min_samples, 50);
         assert_eq!(c.buckets, 60);
         assert!(c.validate().is_ok());
-        let bad = PoisonConfig {
-            exit_ratio: 0.6,
-            ..Default::default()
-        };
+        let bad = PoisonConfig { exit_ratio: 0.6, ..Default::default() };
         assert_eq!(bad.validate().unwrap_err().field, "exit_ratio");
-        let bad = PoisonConfig {
-            buckets: 0,
-            ..Default::default()
-        };
+        let bad = PoisonConfig { buckets: 0, ..Default::default() };
         assert!(bad.validate().unwrap_err().to_string().contains("buckets"));
         assert!(toml::from_str::<PoisonConfig>("treshold = 1").is_err());
         assert!(counts_toward_poison(FailureClass::WorkerCrash));

@@ -70,9 +70,7 @@ impl FromStr for DurationMs {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         let t = s.trim();
-        let split = t
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(t.len());
+        let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
         let (num, unit) = t.split_at(split);
         let unit_ms: f64 = match unit.trim().to_ascii_lowercase().as_str() {
             "" | "ms" => 1.0,
@@ -100,12 +98,7 @@ impl FromStr for DurationMs {
 impl fmt::Display for DurationMs {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ms = self.0;
-        for (unit, size) in [
-            ("d", 86_400_000),
-            ("h", 3_600_000),
-            ("m", 60_000),
-            ("s", 1_000),
-        ] {
+        for (unit, size) in [("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1_000)] {
             if ms != 0 && ms % size == 0 {
                 return write!(f, "{}{}", ms / size, unit);
             }
@@ -132,9 +125,7 @@ impl<'de> Deserialize<'de> for DurationMs {
                 if (0..=MAX_DURATION_MS).contains(&v) {
                     Ok(DurationMs(v))
                 } else {
-                    Err(E::custom(format!(
-                        "duration {v} ms is out of range (0 to 10 years)"
-                    )))
+                    Err(E::custom(format!("duration {v} ms is out of range (0 to 10 years)")))
                 }
             }
             fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<DurationMs, E> {
@@ -144,9 +135,7 @@ impl<'de> Deserialize<'de> for DurationMs {
                 if v.is_finite() && v >= 0.0 && v <= MAX_DURATION_MS as f64 {
                     Ok(DurationMs(v.round() as i64))
                 } else {
-                    Err(E::custom(format!(
-                        "duration {v} ms is out of range (0 to 10 years)"
-                    )))
+                    Err(E::custom(format!("duration {v} ms is out of range (0 to 10 years)")))
                 }
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<DurationMs, E> {
@@ -191,10 +180,7 @@ impl Jitter {
             Jitter::None => (nominal.max(0), nominal.max(0)),
             Jitter::Proportional(f) => {
                 let f = clamp_fraction(f);
-                (
-                    ((d * (1.0 - f)).floor() as i64).max(0),
-                    (d * (1.0 + f)).ceil() as i64,
-                )
+                (((d * (1.0 - f)).floor() as i64).max(0), (d * (1.0 + f)).ceil() as i64)
             }
             Jitter::Full => (0, nominal.max(0)),
         }
@@ -250,15 +236,9 @@ impl FromStr for Jitter {
 
 fn jitter_fraction(f: f64) -> Result<Jitter, String> {
     if f.is_finite() && (0.0..=1.0).contains(&f) {
-        Ok(if f == 0.0 {
-            Jitter::None
-        } else {
-            Jitter::Proportional(f)
-        })
+        Ok(if f == 0.0 { Jitter::None } else { Jitter::Proportional(f) })
     } else {
-        Err(format!(
-            "jitter fraction {f} is out of range: use 0.0 to 1.0 (e.g. 0.25 for +-25%)"
-        ))
+        Err(format!("jitter fraction {f} is out of range: use 0.0 to 1.0 (e.g. 0.25 for +-25%)"))
     }
 }
 
@@ -329,14 +309,7 @@ impl ClassPolicy {
         max_delay: DurationMs,
         jitter: Jitter,
     ) -> Self {
-        ClassPolicy {
-            max_attempts,
-            delays: Vec::new(),
-            base,
-            factor,
-            max_delay,
-            jitter,
-        }
+        ClassPolicy { max_attempts, delays: Vec::new(), base, factor, max_delay, jitter }
     }
 
     /// Delay before jitter for the retry after `used` attempts (0-based index).
@@ -346,11 +319,7 @@ impl ClassPolicy {
             return self.delays.get(n).unwrap_or(last).0.max(0);
         }
         let cap = self.max_delay.0.max(0);
-        let factor = if self.factor.is_finite() {
-            self.factor.max(1.0)
-        } else {
-            1.0
-        };
+        let factor = if self.factor.is_finite() { self.factor.max(1.0) } else { 1.0 };
         let v = self.base.0.max(0) as f64 * factor.powi(n.min(4_096) as i32);
         if !v.is_finite() || v >= cap as f64 {
             cap
@@ -370,26 +339,17 @@ impl ClassPolicy {
     }
 
     fn validate(&self, class: &str) -> Result<(), PolicyError> {
-        let err = |field: &str, problem: String| PolicyError::Invalid {
-            field: format!("{class}.{field}"),
-            problem,
-        };
+        let err = |field: &str, problem: String| PolicyError::Invalid { field: format!("{class}.{field}"), problem };
         if !(1..=10_000).contains(&self.max_attempts) {
             return Err(err(
                 "max_attempts",
-                format!(
-                    "{} is out of range: use 1 (no retry) to 10000",
-                    self.max_attempts
-                ),
+                format!("{} is out of range: use 1 (no retry) to 10000", self.max_attempts),
             ));
         }
         if !(self.factor.is_finite() && (1.0..=100.0).contains(&self.factor)) {
             return Err(err(
                 "factor",
-                format!(
-                    "{} is out of range: use 1.0 to 100.0 (2.0 doubles each delay)",
-                    self.factor
-                ),
+                format!("{} is out of range: use 1.0 to 100.0 (2.0 doubles each delay)", self.factor),
             ));
         }
         for (name, d) in [("base", self.base), ("max_delay", self.max_delay)]
@@ -397,10 +357,7 @@ impl ClassPolicy {
             .chain(self.delays.iter().map(|d| ("delays", *d)))
         {
             if !(0..=MAX_DURATION_MS).contains(&d.0) {
-                return Err(err(
-                    name,
-                    format!("{} ms is out of range (0 to 10 years)", d.0),
-                ));
+                return Err(err(name, format!("{} ms is out of range (0 to 10 years)", d.0)));
             }
         }
         validate_jitter(self.jitter).map_err(|p| err("jitter", p))
@@ -427,15 +384,10 @@ pub struct CrashPolicy {
 
 impl CrashPolicy {
     fn validate(&self) -> Result<(), PolicyError> {
-        let err = |field: &str, problem: String| PolicyError::Invalid {
-            field: format!("worker_crash.{field}"),
-            problem,
-        };
+        let err =
+            |field: &str, problem: String| PolicyError::Invalid { field: format!("worker_crash.{field}"), problem };
         if !(1..=10_000).contains(&self.max_crashes) {
-            return Err(err(
-                "max_crashes",
-                format!("{} is out of range: use 1 to 10000", self.max_crashes),
-            ));
+            return Err(err("max_crashes", format!("{} is out of range: use 1 to 10000", self.max_crashes)));
         }
         if !(0..=MAX_DURATION_MS).contains(&self.delay.0) {
             return Err(err("delay", format!("{} ms is out of range", self.delay.0)));
@@ -481,28 +433,10 @@ impl Default for RetryPolicy {
                 ],
                 Jitter::Proportional(0.25),
             ),
-            timeout: ClassPolicy::schedule(
-                2,
-                vec![DurationMs::secs(5)],
-                Jitter::Proportional(0.25),
-            ),
-            dependency: ClassPolicy::exponential(
-                8,
-                DurationMs::secs(2),
-                2.0,
-                DurationMs::mins(5),
-                Jitter::Full,
-            ),
-            worker_crash: CrashPolicy {
-                max_crashes: 3,
-                delay: DurationMs::secs(1),
-                jitter: Jitter::Proportional(0.5),
-            },
-            poison: ClassPolicy::schedule(
-                2,
-                vec![DurationMs::secs(30)],
-                Jitter::Proportional(0.25),
-            ),
+            timeout: ClassPolicy::schedule(2, vec![DurationMs::secs(5)], Jitter::Proportional(0.25)),
+            dependency: ClassPolicy::exponential(8, DurationMs::secs(2), 2.0, DurationMs::mins(5), Jitter::Full),
+            worker_crash: CrashPolicy { max_crashes: 3, delay: DurationMs::secs(1), jitter: Jitter::Proportional(0.5) },
+            poison: ClassPolicy::schedule(2, vec![DurationMs::secs(30)], Jitter::Proportional(0.25)),
         }
     }
 }
@@ -565,9 +499,7 @@ fn merge_class(base: &ClassPolicy, p: &ClassPolicyPatch) -> ClassPolicy {
     }
     match &p.delays {
         Some(d) => out.delays = d.clone(),
-        None if p.base.is_some() || p.factor.is_some() || p.max_delay.is_some() => {
-            out.delays.clear()
-        }
+        None if p.base.is_some() || p.factor.is_some() || p.max_delay.is_some() => out.delays.clear(),
         None => {}
     }
     out
@@ -661,11 +593,7 @@ pub struct AttemptState {
 
 impl From<&JobSubmitted> for AttemptState {
     fn from(job: &JobSubmitted) -> Self {
-        AttemptState {
-            attempt: job.attempt,
-            crash_count: job.crash_count,
-            last_error: job.last_error.clone(),
-        }
+        AttemptState { attempt: job.attempt, crash_count: job.crash_count, last_error: job.last_error.clone() }
     }
 }
 
@@ -674,12 +602,7 @@ impl From<&JobSubmitted> for AttemptState {
 pub enum Decision {
     /// Publish the job to the retry topic of `class_topic` (see [`retry_topic_class`])
     /// with `not_before`, `attempt` and `crash_count` set to these values.
-    Retry {
-        class_topic: FailureClass,
-        not_before: Millis,
-        attempt: i32,
-        crash_count: i32,
-    },
+    Retry { class_topic: FailureClass, not_before: Millis, attempt: i32, crash_count: i32 },
     /// Publish to the DLQ with `reason`: what happened and what to do. Record the class
     /// given by [`dead_letter_class`] and the attempts given by [`attempts_used`].
     DeadLetter { reason: String },
@@ -756,13 +679,7 @@ fn exhausted_reason(class: FailureClass, used: i32, max: i32, job: &AttemptState
 /// `job` is the state before this failure, `now` the current time and `jitter` a draw
 /// uniform in [0, 1) (values outside are clamped; NaN counts as 0.5). The result depends
 /// on nothing else.
-pub fn decide(
-    class: FailureClass,
-    job: &AttemptState,
-    policy: &RetryPolicy,
-    now: Millis,
-    jitter: f64,
-) -> Decision {
+pub fn decide(class: FailureClass, job: &AttemptState, policy: &RetryPolicy, now: Millis, jitter: f64) -> Decision {
     let used = job.attempt.max(0);
     let crashes = job.crash_count.max(0);
     match class {
@@ -795,10 +712,7 @@ pub fn decide(
                 }
             }
         }
-        FailureClass::AppError
-        | FailureClass::Timeout
-        | FailureClass::Dependency
-        | FailureClass::Poison => {
+        FailureClass::AppError | FailureClass::Timeout | FailureClass::Dependency | FailureClass::Poison => {
             let p = match class {
                 FailureClass::AppError => &policy.app_error,
                 FailureClass::Timeout => &policy.timeout,
@@ -807,9 +721,7 @@ pub fn decide(
             };
             let after = used.saturating_add(1);
             if after >= p.max_attempts {
-                Decision::DeadLetter {
-                    reason: exhausted_reason(class, after, p.max_attempts.max(1), job),
-                }
+                Decision::DeadLetter { reason: exhausted_reason(class, after, p.max_attempts.max(1), job) }
             } else {
                 Decision::Retry {
                     class_topic: retry_topic_class(class).unwrap_or(FailureClass::AppError),
@@ -866,11 +778,7 @@ pub struct RetryBudgetConfig {
 
 impl Default for RetryBudgetConfig {
     fn default() -> Self {
-        RetryBudgetConfig {
-            ratio: 2.0,
-            window: DurationMs::mins(5),
-            allowance: 20.0,
-        }
+        RetryBudgetConfig { ratio: 2.0, window: DurationMs::mins(5), allowance: 20.0 }
     }
 }
 
@@ -922,10 +830,7 @@ pub struct RetryBudget {
 
 impl RetryBudget {
     pub fn new(config: RetryBudgetConfig) -> Self {
-        RetryBudget {
-            config,
-            tenants: HashMap::new(),
-        }
+        RetryBudget { config, tenants: HashMap::new() }
     }
 
     pub fn config(&self) -> &RetryBudgetConfig {
@@ -951,11 +856,7 @@ impl RetryBudget {
             add(e);
             return;
         }
-        let mut e = Decayed {
-            at: now,
-            dispatches: 0.0,
-            retries: 0.0,
-        };
+        let mut e = Decayed { at: now, dispatches: 0.0, retries: 0.0 };
         add(&mut e);
         self.tenants.insert(tenant.to_owned(), e);
     }
@@ -978,16 +879,8 @@ impl RetryBudget {
     }
 
     fn cap(&self, dispatches: f64) -> f64 {
-        let ratio = if self.config.ratio.is_finite() {
-            self.config.ratio.max(0.0)
-        } else {
-            2.0
-        };
-        let allowance = if self.config.allowance.is_finite() {
-            self.config.allowance.max(0.0)
-        } else {
-            0.0
-        };
+        let ratio = if self.config.ratio.is_finite() { self.config.ratio.max(0.0) } else { 2.0 };
+        let allowance = if self.config.allowance.is_finite() { self.config.allowance.max(0.0) } else { 0.0 };
         ratio * dispatches + allowance
     }
 
@@ -1044,11 +937,7 @@ mod tests {
     use FailureClass::*;
 
     fn st(attempt: i32, crash_count: i32) -> AttemptState {
-        AttemptState {
-            attempt,
-            crash_count,
-            last_error: Some("boom".into()),
-        }
+        AttemptState { attempt, crash_count, last_error: Some("boom".into()) }
     }
 
     #[test]
@@ -1058,12 +947,7 @@ mod tests {
         for (used, want) in expected.iter().enumerate() {
             // jitter 0.5 = exactly the nominal delay
             match decide(AppError, &st(used as i32, 0), &p, 1_000, 0.5) {
-                Decision::Retry {
-                    class_topic,
-                    not_before,
-                    attempt,
-                    crash_count,
-                } => {
+                Decision::Retry { class_topic, not_before, attempt, crash_count } => {
                     assert_eq!(class_topic, AppError);
                     assert_eq!(not_before, 1_000 + want);
                     assert_eq!(attempt, used as i32 + 1);
@@ -1076,10 +960,7 @@ mod tests {
             Decision::DeadLetter { reason } => {
                 assert_eq!(dead_letter_class(AppError), AppError);
                 assert_eq!(attempts_used(AppError, &st(4, 0)), 5);
-                assert!(
-                    reason.starts_with("app_error: 5 of 5 attempts used; last error: boom; fix"),
-                    "{reason}"
-                );
+                assert!(reason.starts_with("app_error: 5 of 5 attempts used; last error: boom; fix"), "{reason}");
                 assert!(reason.contains("replay from the DLQ"));
             }
             d => panic!("{d:?}"),
@@ -1104,18 +985,11 @@ mod tests {
         let p = RetryPolicy::default();
         assert!(matches!(
             decide(Timeout, &st(0, 0), &p, 0, 0.5),
-            Decision::Retry {
-                class_topic: Timeout,
-                attempt: 1,
-                ..
-            }
+            Decision::Retry { class_topic: Timeout, attempt: 1, .. }
         ));
         match decide(Timeout, &st(1, 0), &p, 0, 0.5) {
             Decision::DeadLetter { reason } => {
-                assert!(
-                    reason.contains("deadline") && reason.contains("longer pool"),
-                    "{reason}"
-                )
+                assert!(reason.contains("deadline") && reason.contains("longer pool"), "{reason}")
             }
             d => panic!("{d:?}"),
         }
@@ -1139,12 +1013,7 @@ mod tests {
     fn crash_keeps_attempt_until_limit_then_poison() {
         let p = RetryPolicy::default();
         match decide(WorkerCrash, &st(2, 0), &p, 10_000, 0.5) {
-            Decision::Retry {
-                class_topic,
-                not_before,
-                attempt,
-                crash_count,
-            } => {
+            Decision::Retry { class_topic, not_before, attempt, crash_count } => {
                 assert_eq!(class_topic, WorkerCrash);
                 assert_eq!(not_before, 11_000);
                 assert_eq!(attempt, 2);
@@ -1157,10 +1026,7 @@ mod tests {
             Decision::DeadLetter { reason } => {
                 assert_eq!(dead_letter_class(WorkerCrash), Poison);
                 assert_eq!(attempts_used(WorkerCrash, &st(2, 2)), 2);
-                assert!(
-                    reason.starts_with("poison:") && reason.contains("3 times (limit 3)"),
-                    "{reason}"
-                );
+                assert!(reason.starts_with("poison:") && reason.contains("3 times (limit 3)"), "{reason}");
             }
             d => panic!("{d:?}"),
         }
@@ -1171,17 +1037,9 @@ mod tests {
         let p = RetryPolicy::default();
         assert!(matches!(
             decide(Poison, &st(0, 0), &p, 0, 0.5),
-            Decision::Retry {
-                class_topic: AppError,
-                not_before: 30_000,
-                attempt: 1,
-                ..
-            }
+            Decision::Retry { class_topic: AppError, not_before: 30_000, attempt: 1, .. }
         ));
-        assert!(matches!(
-            decide(Poison, &st(1, 0), &p, 0, 0.5),
-            Decision::DeadLetter { .. }
-        ));
+        assert!(matches!(decide(Poison, &st(1, 0), &p, 0, 0.5), Decision::DeadLetter { .. }));
     }
 
     #[test]
@@ -1200,20 +1058,10 @@ mod tests {
         }
         // extreme values neither panic nor overflow
         let d = decide(WorkerCrash, &st(i32::MAX, 0), &p, i64::MAX, 0.9);
-        assert!(matches!(
-            d,
-            Decision::Retry {
-                not_before: i64::MAX,
-                attempt: i32::MAX,
-                ..
-            }
-        ));
+        assert!(matches!(d, Decision::Retry { not_before: i64::MAX, attempt: i32::MAX, .. }));
         assert!(!decide(AppError, &st(i32::MAX, i32::MAX), &p, i64::MIN, 0.3).is_retry());
         assert!(!decide(WorkerCrash, &st(0, i32::MAX), &p, 0, 0.3).is_retry());
-        let no_err = AttemptState {
-            last_error: Some("  ".into()),
-            ..st(9, 0)
-        };
+        let no_err = AttemptState { last_error: Some("  ".into()), ..st(9, 0) };
         if let Decision::DeadLetter { reason, .. } = decide(AppError, &no_err, &p, 0, 0.5) {
             assert!(!reason.contains("last error"));
         }
@@ -1242,14 +1090,7 @@ mod tests {
             replay_count: 0,
             replayed_from: None,
         };
-        assert_eq!(
-            AttemptState::from(&job),
-            AttemptState {
-                attempt: 3,
-                crash_count: 1,
-                last_error: Some("e".into())
-            }
-        );
+        assert_eq!(AttemptState::from(&job), AttemptState { attempt: 3, crash_count: 1, last_error: Some("e".into()) });
     }
 
     #[test]
@@ -1304,10 +1145,7 @@ mod tests {
         .unwrap();
         let d = RetryPolicy::default();
         assert_eq!(p.app_error.max_attempts, 3);
-        assert_eq!(
-            p.app_error.delays,
-            vec![DurationMs(2_000), DurationMs(10_000)]
-        );
+        assert_eq!(p.app_error.delays, vec![DurationMs(2_000), DurationMs(10_000)]);
         assert_eq!(p.app_error.jitter, Jitter::Proportional(0.1));
         assert_eq!(p.dependency.max_delay, DurationMs(60_000));
         assert_eq!(p.dependency.base, d.dependency.base);
@@ -1333,10 +1171,7 @@ mod tests {
         for (src, field) in [
             ("[app_error]\nmax_attempts = 0", "app_error.max_attempts"),
             ("[dependency]\nfactor = 0.5", "dependency.factor"),
-            (
-                "[worker_crash]\nmax_crashes = -1",
-                "worker_crash.max_crashes",
-            ),
+            ("[worker_crash]\nmax_crashes = -1", "worker_crash.max_crashes"),
         ] {
             let e = toml::from_str::<RetryPolicy>(src).unwrap_err().to_string();
             assert!(e.contains(field), "{e}");
@@ -1351,20 +1186,12 @@ mod tests {
         }
         let mut p = RetryPolicy::default();
         p.poison.jitter = Jitter::Proportional(f64::NAN);
-        assert!(p
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .contains("poison.jitter"));
+        assert!(p.validate().unwrap_err().to_string().contains("poison.jitter"));
     }
 
     #[test]
     fn budget_caps_retries_at_twice_dispatches() {
-        let mut b = RetryBudget::new(RetryBudgetConfig {
-            ratio: 2.0,
-            window: DurationMs::mins(5),
-            allowance: 0.0,
-        });
+        let mut b = RetryBudget::new(RetryBudgetConfig { ratio: 2.0, window: DurationMs::mins(5), allowance: 0.0 });
         let now = 1_000_000;
         for _ in 0..10 {
             b.record_dispatch("t", now);
@@ -1391,10 +1218,7 @@ mod tests {
     #[test]
     fn budget_turns_retry_into_dead_letter_but_not_crash() {
         let p = RetryPolicy::default();
-        let mut b = RetryBudget::new(RetryBudgetConfig {
-            allowance: 0.0,
-            ..Default::default()
-        });
+        let mut b = RetryBudget::new(RetryBudgetConfig { allowance: 0.0, ..Default::default() });
         match decide_with_budget(AppError, &st(0, 0), &p, &mut b, "t", 0, 0.5) {
             Decision::DeadLetter { reason } => {
                 assert!(reason.contains("retry budget"), "{reason}");
@@ -1413,11 +1237,7 @@ mod tests {
     // ---- property tests
 
     fn arb_jitter() -> impl Strategy<Value = Jitter> {
-        prop_oneof![
-            Just(Jitter::None),
-            Just(Jitter::Full),
-            (0.0f64..=1.0).prop_map(Jitter::Proportional)
-        ]
+        prop_oneof![Just(Jitter::None), Just(Jitter::Full), (0.0f64..=1.0).prop_map(Jitter::Proportional)]
     }
 
     fn arb_class_policy() -> impl Strategy<Value = ClassPolicy> {
@@ -1429,15 +1249,13 @@ mod tests {
             (0i64..10_000_000).prop_map(DurationMs),
             arb_jitter(),
         )
-            .prop_map(|(max_attempts, delays, base, factor, max_delay, jitter)| {
-                ClassPolicy {
-                    max_attempts,
-                    delays,
-                    base,
-                    factor,
-                    max_delay,
-                    jitter,
-                }
+            .prop_map(|(max_attempts, delays, base, factor, max_delay, jitter)| ClassPolicy {
+                max_attempts,
+                delays,
+                base,
+                factor,
+                max_delay,
+                jitter,
             })
     }
 
@@ -1454,11 +1272,7 @@ mod tests {
                 timeout: t,
                 dependency: d,
                 poison: p,
-                worker_crash: CrashPolicy {
-                    max_crashes,
-                    delay,
-                    jitter,
-                },
+                worker_crash: CrashPolicy { max_crashes, delay, jitter },
             })
     }
 

@@ -44,10 +44,7 @@ struct Bucket {
     counts: Counts,
 }
 
-const EMPTY: Bucket = Bucket {
-    epoch: i64::MIN,
-    counts: Counts { ok: 0, failed: 0 },
-};
+const EMPTY: Bucket = Bucket { epoch: i64::MIN, counts: Counts { ok: 0, failed: 0 } };
 
 /// Ring of time buckets covering roughly the last `span` milliseconds.
 #[derive(Debug, Clone)]
@@ -63,10 +60,7 @@ impl RollingWindow {
     pub fn new(span_ms: Millis, buckets: usize) -> Self {
         let n = buckets.clamp(1, 10_000);
         let bucket_ms = (span_ms.max(1) / n as i64).max(1);
-        RollingWindow {
-            bucket_ms,
-            buckets: vec![EMPTY; n],
-        }
+        RollingWindow { bucket_ms, buckets: vec![EMPTY; n] }
     }
 
     /// Width of one bucket in milliseconds.
@@ -90,10 +84,7 @@ impl RollingWindow {
         let slot = self.slot(epoch);
         let b = &mut self.buckets[slot];
         if b.epoch < epoch {
-            *b = Bucket {
-                epoch,
-                counts: Counts::default(),
-            };
+            *b = Bucket { epoch, counts: Counts::default() };
         } else if b.epoch > epoch {
             return;
         }

@@ -37,12 +37,7 @@ pub struct Conversation {
 
 impl Conversation {
     pub fn new(bridge_ip: IpAddr, statements: PatchedStatements) -> Self {
-        Self {
-            client_version: 0,
-            bridge_ip,
-            pending: HashMap::new(),
-            statements,
-        }
+        Self { client_version: 0, bridge_ip, pending: HashMap::new(), statements }
     }
 
     /// Client -> server.
@@ -57,20 +52,14 @@ impl Conversation {
         match frame::opcode_of(&f) {
             op @ (opcode::QUERY | opcode::PREPARE) => match system_local::rewrite_query(&f)? {
                 Some((rewritten, index)) => {
-                    let fixup = if op == opcode::QUERY {
-                        Fixup::Rows { index }
-                    } else {
-                        Fixup::Prepared { index }
-                    };
+                    let fixup = if op == opcode::QUERY { Fixup::Rows { index } } else { Fixup::Prepared { index } };
                     self.pending.insert(stream, fixup);
                     Ok(Request::Forward(rewritten))
                 }
                 None => Ok(Request::Forward(f)),
             },
             opcode::EXECUTE => {
-                let index = lock(&self.statements)
-                    .get(system_local::execute_id(&f)?)
-                    .copied();
+                let index = lock(&self.statements).get(system_local::execute_id(&f)?).copied();
                 if let Some(index) = index {
                     self.pending.insert(stream, Fixup::Rows { index });
                 }
@@ -92,9 +81,7 @@ impl Conversation {
         }
         match fixup {
             None => Ok(f),
-            Some(Fixup::Rows { index }) => {
-                system_local::insert_rpc_address(f, index, self.bridge_ip)
-            }
+            Some(Fixup::Rows { index }) => system_local::insert_rpc_address(f, index, self.bridge_ip),
             Some(Fixup::Prepared { index }) => {
                 let (f, id) = system_local::patch_prepared(f, index)?;
                 if let Some(id) = id {
@@ -163,18 +150,9 @@ mod tests {
     fn system_local_query_round_trip() {
         let mut c = Conversation::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 9)), Default::default());
         let up = forwarded(
-            c.on_request(frame(
-                4,
-                11,
-                0x07,
-                &query("SELECT rpc_address, host_id FROM system.local"),
-            ))
-            .unwrap(),
+            c.on_request(frame(4, 11, 0x07, &query("SELECT rpc_address, host_id FROM system.local"))).unwrap(),
         );
-        assert_eq!(
-            up,
-            frame(3, 11, 0x07, &query("SELECT host_id FROM system.local"))
-        );
+        assert_eq!(up, frame(3, 11, 0x07, &query("SELECT host_id FROM system.local")));
         // An event and an unrelated response in between are not patched.
         let ev = c.on_response(frame(0x83, -1, 0x0C, b"")).unwrap();
         assert_eq!(ev, frame(0x84, -1, 0x0C, b""));
@@ -187,10 +165,7 @@ mod tests {
         assert_eq!(&body[8..12], &2i32.to_be_bytes(), "columns_count now 2");
         assert!(down.ends_with(&[0, 0, 0, 16, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7]));
         let inet = [0, 0, 0, 4, 127, 0, 0, 9];
-        assert!(
-            down.windows(inet.len()).any(|w| w == inet),
-            "rpc_address value first"
-        );
+        assert!(down.windows(inet.len()).any(|w| w == inet), "rpc_address value first");
         // Fixup consumed: the same stream id later is not patched again.
         let again = c.on_response(frame(0x83, 11, 0x08, &rows_body())).unwrap();
         assert_eq!(again, frame(0x84, 11, 0x08, &rows_body()));
@@ -220,18 +195,11 @@ mod tests {
         let shared = PatchedStatements::default();
         let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
         let mut a = Conversation::new(ip, shared.clone());
-        let prepare = frame(
-            4,
-            3,
-            0x09,
-            &query("SELECT rpc_address, host_id FROM system.local")[..],
-        );
+        let prepare = frame(4, 3, 0x09, &query("SELECT rpc_address, host_id FROM system.local")[..]);
         let up = forwarded(a.on_request(prepare).unwrap());
         let q = "SELECT host_id FROM system.local";
         assert_eq!(&up[13..13 + q.len()], q.as_bytes());
-        let prepared = a
-            .on_response(frame(0x83, 3, 0x08, &prepared_body()))
-            .unwrap();
+        let prepared = a.on_response(frame(0x83, 3, 0x08, &prepared_body())).unwrap();
         // v4 pk_count added, and result metadata now has 2 columns incl. rpc_address inet.
         assert!(prepared.windows(11).any(|w| w == b"rpc_address"));
         assert_eq!(frame::body_len(&prepared), prepared.len() - 9);
@@ -243,8 +211,7 @@ mod tests {
         let rows = b.on_response(frame(0x83, 8, 0x08, &rows_body())).unwrap();
         assert!(rows.windows(8).any(|w| w == [0, 0, 0, 4, 127, 0, 0, 1]));
         // Other EXECUTEs are left alone.
-        b.on_request(frame(4, 9, 0x0A, b"\x00\x02XY\x00\x01\x00"))
-            .unwrap();
+        b.on_request(frame(4, 9, 0x0A, b"\x00\x02XY\x00\x01\x00")).unwrap();
         let plain = b.on_response(frame(0x83, 9, 0x08, &rows_body())).unwrap();
         assert_eq!(plain, frame(0x84, 9, 0x08, &rows_body()));
     }
@@ -252,13 +219,7 @@ mod tests {
     #[test]
     fn error_answer_to_patched_query_passes_through() {
         let mut c = Conversation::new(IpAddr::V4(Ipv4Addr::LOCALHOST), Default::default());
-        c.on_request(frame(
-            4,
-            1,
-            0x07,
-            &query("SELECT rpc_address, host_id FROM system.local"),
-        ))
-        .unwrap();
+        c.on_request(frame(4, 1, 0x07, &query("SELECT rpc_address, host_id FROM system.local"))).unwrap();
         let err = frame::error_frame(3, 1, 0x2200, "nope");
         let out = c.on_response(err.clone()).unwrap();
         assert_eq!(&out[1..], &err[1..]);
@@ -268,12 +229,7 @@ mod tests {
     #[test]
     fn v3_client_is_passed_through_untouched() {
         let mut c = Conversation::new(IpAddr::V4(Ipv4Addr::LOCALHOST), Default::default());
-        let q = frame(
-            3,
-            1,
-            0x07,
-            &query("SELECT rpc_address, host_id FROM system.local"),
-        );
+        let q = frame(3, 1, 0x07, &query("SELECT rpc_address, host_id FROM system.local"));
         assert_eq!(forwarded(c.on_request(q.clone()).unwrap()), q);
         let r = frame(0x83, 1, 0x08, &rows_body());
         assert_eq!(c.on_response(r.clone()).unwrap(), r);

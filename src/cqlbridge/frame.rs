@@ -66,10 +66,7 @@ pub enum FrameError {
     #[error("frame body of {len} bytes exceeds the {MAX_BODY_LEN}-byte limit (corrupt stream?)")]
     TooLong { len: usize },
     #[error("malformed {what} frame: {detail}")]
-    Malformed {
-        what: &'static str,
-        detail: &'static str,
-    },
+    Malformed { what: &'static str, detail: &'static str },
     #[error("compressed {what} frame cannot be rewritten; turn driver compression off")]
     Compressed { what: &'static str },
 }
@@ -132,12 +129,8 @@ pub fn is_compressed(frame: &[u8]) -> bool {
 }
 
 pub(super) fn body_len(frame: &[u8]) -> usize {
-    u32::from_be_bytes([
-        frame[OFF_LENGTH],
-        frame[OFF_LENGTH + 1],
-        frame[OFF_LENGTH + 2],
-        frame[OFF_LENGTH + 3],
-    ]) as usize
+    u32::from_be_bytes([frame[OFF_LENGTH], frame[OFF_LENGTH + 1], frame[OFF_LENGTH + 2], frame[OFF_LENGTH + 3]])
+        as usize
 }
 
 pub(super) fn set_body_len(frame: &mut [u8], len: usize) {
@@ -244,24 +237,11 @@ pub fn error_frame(version: u8, stream: i16, code: i32, message: &str) -> BytesM
     out
 }
 
-pub(super) fn read_u16(
-    frame: &[u8],
-    pos: usize,
-    what: &'static str,
-    detail: &'static str,
-) -> Result<u16, FrameError> {
-    frame
-        .get(pos..pos + 2)
-        .map(|b| u16::from_be_bytes([b[0], b[1]]))
-        .ok_or(FrameError::Malformed { what, detail })
+pub(super) fn read_u16(frame: &[u8], pos: usize, what: &'static str, detail: &'static str) -> Result<u16, FrameError> {
+    frame.get(pos..pos + 2).map(|b| u16::from_be_bytes([b[0], b[1]])).ok_or(FrameError::Malformed { what, detail })
 }
 
-pub(super) fn read_i32(
-    frame: &[u8],
-    pos: usize,
-    what: &'static str,
-    detail: &'static str,
-) -> Result<i32, FrameError> {
+pub(super) fn read_i32(frame: &[u8], pos: usize, what: &'static str, detail: &'static str) -> Result<i32, FrameError> {
     frame
         .get(pos..pos + 4)
         .map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
@@ -277,15 +257,10 @@ fn decode_string_map(body: &[u8]) -> Result<Vec<(String, String)>, FrameError> {
         let len = read_u16(body, *pos, WHAT, "truncated option")? as usize;
         let bytes = body
             .get(*pos + 2..*pos + 2 + len)
-            .ok_or(FrameError::Malformed {
-                what: WHAT,
-                detail: "truncated option",
-            })?;
+            .ok_or(FrameError::Malformed { what: WHAT, detail: "truncated option" })?;
         *pos += 2 + len;
-        String::from_utf8(bytes.to_vec()).map_err(|_| FrameError::Malformed {
-            what: WHAT,
-            detail: "option is not UTF-8",
-        })
+        String::from_utf8(bytes.to_vec())
+            .map_err(|_| FrameError::Malformed { what: WHAT, detail: "option is not UTF-8" })
     };
     let mut map = Vec::with_capacity(n);
     for _ in 0..n {
@@ -322,10 +297,7 @@ mod tests {
     }
 
     fn startup_body(opts: &[(&str, &str)]) -> Vec<u8> {
-        let owned: Vec<(String, String)> = opts
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let owned: Vec<(String, String)> = opts.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         let mut b = BytesMut::new();
         encode_string_map(&mut b, &owned);
         b.to_vec()
@@ -362,8 +334,9 @@ mod tests {
         put_str(&mut b, "ks");
         put_str(&mut b, "tbl");
         put_str(&mut b, "id");
-        b.put_u16(0x0009); // int
-                           // result metadata: flags=No_metadata(0x0004), columns_count=0
+        b.put_u16(0x0009); // type int
+
+        // Result metadata: flags=No_metadata(0x0004), columns_count=0.
         b.put_i32(4);
         b.put_i32(0);
         (b.to_vec(), insert_at)
@@ -398,10 +371,7 @@ mod tests {
     #[test]
     fn split_rejects_absurd_lengths() {
         let mut buf = BytesMut::from(&[0x04, 0, 0, 1, 7, 0xFF, 0xFF, 0xFF, 0xFF][..]);
-        assert!(matches!(
-            split_frame(&mut buf),
-            Err(FrameError::TooLong { .. })
-        ));
+        assert!(matches!(split_frame(&mut buf), Err(FrameError::TooLong { .. })));
     }
 
     #[test]
@@ -414,10 +384,7 @@ mod tests {
 
     #[test]
     fn startup_cql_version_is_rewritten_and_length_fixed() {
-        let body = startup_body(&[
-            ("CQL_VERSION", "4.0.0"),
-            ("DRIVER_NAME", "scylla-rust-driver"),
-        ]);
+        let body = startup_body(&[("CQL_VERSION", "4.0.0"), ("DRIVER_NAME", "scylla-rust-driver")]);
         let out = forwarded(rewrite_request(frame(0x04, 0, 0, opcode::STARTUP, &body)).unwrap());
         assert_eq!(out[0], 0x03);
         assert_eq!(body_len(&out), out.len() - HEADER_LEN);
@@ -453,8 +420,7 @@ mod tests {
 
     #[test]
     fn custom_payload_requests_are_refused() {
-        let err =
-            rejected(rewrite_request(frame(0x04, flags::CUSTOM_PAYLOAD, 9, 0x07, b"x")).unwrap());
+        let err = rejected(rewrite_request(frame(0x04, flags::CUSTOM_PAYLOAD, 9, 0x07, b"x")).unwrap());
         assert_eq!(stream(&err), 9);
         assert_eq!(err[OFF_OPCODE], opcode::ERROR);
     }
@@ -462,10 +428,7 @@ mod tests {
     #[test]
     fn truncated_startup_is_an_error() {
         let f = frame(0x04, 0, 0, opcode::STARTUP, b"\x00\x01\x00\x05CQL");
-        assert!(matches!(
-            rewrite_request(f),
-            Err(FrameError::Malformed { .. })
-        ));
+        assert!(matches!(rewrite_request(f), Err(FrameError::Malformed { .. })));
     }
 
     #[test]
@@ -538,33 +501,18 @@ mod tests {
     fn truncated_prepared_result_is_an_error() {
         let (body, insert_at) = prepared_body_v3(false);
         let f = frame(0x83, 0, 1, opcode::RESULT, &body[..insert_at - 2]);
-        assert!(matches!(
-            rewrite_response(f, CLIENT_VERSION),
-            Err(FrameError::Malformed { .. })
-        ));
+        assert!(matches!(rewrite_response(f, CLIENT_VERSION), Err(FrameError::Malformed { .. })));
     }
 
     #[test]
     fn compressed_result_is_an_error() {
-        let f = frame(
-            0x83,
-            flags::COMPRESSION,
-            1,
-            opcode::RESULT,
-            b"\x00\x00\x00\x04",
-        );
-        assert!(matches!(
-            rewrite_response(f, CLIENT_VERSION),
-            Err(FrameError::Compressed { .. })
-        ));
+        let f = frame(0x83, flags::COMPRESSION, 1, opcode::RESULT, b"\x00\x00\x00\x04");
+        assert!(matches!(rewrite_response(f, CLIENT_VERSION), Err(FrameError::Compressed { .. })));
     }
 
     #[test]
     fn error_frame_layout() {
         let e = error_frame(4, -7, ERR_SERVER, "boom");
-        assert_eq!(
-            &e[..],
-            b"\x84\x00\xff\xf9\x00\x00\x00\x00\x0a\x00\x00\x00\x00\x00\x04boom"
-        );
+        assert_eq!(&e[..], b"\x84\x00\xff\xf9\x00\x00\x00\x00\x0a\x00\x00\x00\x00\x00\x04boom");
     }
 }

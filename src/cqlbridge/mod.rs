@@ -101,11 +101,7 @@ pub async fn serve(
     Ok(())
 }
 
-async fn handle(
-    client: TcpStream,
-    upstream: SocketAddr,
-    statements: PatchedStatements,
-) -> Result<(), BridgeError> {
+async fn handle(client: TcpStream, upstream: SocketAddr, statements: PatchedStatements) -> Result<(), BridgeError> {
     client.set_nodelay(true)?;
     let server = match TcpStream::connect(upstream).await {
         Ok(s) => s,
@@ -118,10 +114,7 @@ async fn handle(
     };
     server.set_nodelay(true)?;
     // The address the client reached us at is what the driver must see as the node's.
-    let conversation = Arc::new(Mutex::new(Conversation::new(
-        client.local_addr()?.ip(),
-        statements,
-    )));
+    let conversation = Arc::new(Mutex::new(Conversation::new(client.local_addr()?.ip(), statements)));
     let (client_rd, client_wr) = client.into_split();
     let (server_rd, server_wr) = server.into_split();
     // ERROR frames the bridge itself answers with (refused v4-only features).
@@ -277,11 +270,7 @@ mod tests {
 
     async fn start_bridge(
         upstream: SocketAddr,
-    ) -> (
-        SocketAddr,
-        oneshot::Sender<()>,
-        tokio::task::JoinHandle<io::Result<()>>,
-    ) {
+    ) -> (SocketAddr, oneshot::Sender<()>, tokio::task::JoinHandle<io::Result<()>>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = oneshot::channel::<()>();
@@ -329,14 +318,18 @@ mod tests {
         bridge.await.unwrap().unwrap();
     }
 
+    #[test]
+    fn run_future_is_send() {
+        // The binary may `tokio::spawn` the bridge.
+        fn is_send<T: Send>(_: &T) {}
+        let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        is_send(&run(addr, addr, async {}));
+    }
+
     #[tokio::test]
     async fn unreachable_upstream_answers_with_error_frame() {
         // Grab a free port, then close it so nothing listens there.
-        let dead = TcpListener::bind("127.0.0.1:0")
-            .await
-            .unwrap()
-            .local_addr()
-            .unwrap();
+        let dead = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
         let (addr, stop, bridge) = start_bridge(dead).await;
         let mut client = TcpStream::connect(addr).await.unwrap();
         client.write_all(&frame(0x04, 1, 0x05, b"")).await.unwrap();

@@ -38,42 +38,25 @@ pub fn strip_rpc_address(query: &str) -> Option<(String, usize)> {
     }
     let select_end = "select".len();
     let from = find_word(&lower, "from", select_end)?;
-    let table = lower[from + 4..]
-        .trim_start()
-        .split(|c: char| c.is_whitespace() || c == ';')
-        .next()?;
+    let table = lower[from + 4..].trim_start().split(|c: char| c.is_whitespace() || c == ';').next()?;
     if table != TABLE {
         return None;
     }
-    let mut columns: Vec<&str> = trimmed[select_end..from]
-        .split(',')
-        .map(str::trim)
-        .collect();
-    let index = columns
-        .iter()
-        .position(|c| c.eq_ignore_ascii_case(COLUMN))?;
+    let mut columns: Vec<&str> = trimmed[select_end..from].split(',').map(str::trim).collect();
+    let index = columns.iter().position(|c| c.eq_ignore_ascii_case(COLUMN))?;
     if columns.len() == 1 {
         return None; // nothing left to select; let the server report the error
     }
     columns.remove(index);
-    Some((
-        format!("SELECT {} {}", columns.join(", "), &trimmed[from..]),
-        index,
-    ))
+    Some((format!("SELECT {} {}", columns.join(", "), &trimmed[from..]), index))
 }
 
 /// First occurrence of `word` at or after `start`, delimited by whitespace.
 fn find_word(haystack: &str, word: &str, start: usize) -> Option<usize> {
     let bytes = haystack.as_bytes();
-    haystack[start..]
-        .match_indices(word)
-        .map(|(i, _)| start + i)
-        .find(|&i| {
-            bytes[i - 1].is_ascii_whitespace()
-                && bytes
-                    .get(i + word.len())
-                    .is_some_and(|b| b.is_ascii_whitespace())
-        })
+    haystack[start..].match_indices(word).map(|(i, _)| start + i).find(|&i| {
+        bytes[i - 1].is_ascii_whitespace() && bytes.get(i + word.len()).is_some_and(|b| b.is_ascii_whitespace())
+    })
 }
 
 /// Rewrites a QUERY or PREPARE request frame (already v3) whose query string selects
@@ -83,14 +66,8 @@ pub fn rewrite_query(frame: &[u8]) -> Result<Option<(BytesMut, usize)>, FrameErr
     const WHAT: &str = "QUERY/PREPARE";
     let len = read_i32(frame, HEADER_LEN, WHAT, "missing query string")?;
     let start = HEADER_LEN + 4;
-    let Some(text) = usize::try_from(len)
-        .ok()
-        .and_then(|len| frame.get(start..start + len))
-    else {
-        return Err(FrameError::Malformed {
-            what: WHAT,
-            detail: "truncated query string",
-        });
+    let Some(text) = usize::try_from(len).ok().and_then(|len| frame.get(start..start + len)) else {
+        return Err(FrameError::Malformed { what: WHAT, detail: "truncated query string" });
     };
     let Ok(query) = std::str::from_utf8(text) else {
         return Ok(None);
@@ -111,14 +88,9 @@ pub fn rewrite_query(frame: &[u8]) -> Result<Option<(BytesMut, usize)>, FrameErr
 
 /// The prepared statement id an EXECUTE request frame refers to.
 pub fn execute_id(frame: &[u8]) -> Result<&[u8], FrameError> {
-    let malformed = FrameError::Malformed {
-        what: "EXECUTE",
-        detail: "truncated statement id",
-    };
+    let malformed = FrameError::Malformed { what: "EXECUTE", detail: "truncated statement id" };
     let len = read_u16(frame, HEADER_LEN, "EXECUTE", "missing statement id")? as usize;
-    frame
-        .get(HEADER_LEN + 2..HEADER_LEN + 2 + len)
-        .ok_or(malformed)
+    frame.get(HEADER_LEN + 2..HEADER_LEN + 2 + len).ok_or(malformed)
 }
 
 /// Where things are in a `<metadata>` block.
@@ -153,13 +125,7 @@ fn layout(buf: &[u8], pos: usize, index: usize, with_pk: bool) -> Result<Layout,
     }
     let global = flags & GLOBAL_TABLES_SPEC != 0;
     if flags & NO_METADATA != 0 {
-        return Ok(Layout {
-            count_at,
-            columns,
-            spec_insert_at: None,
-            global,
-            end: pos,
-        });
+        return Ok(Layout { count_at, columns, spec_insert_at: None, global, end: pos });
     }
     if global {
         pos = skip_string(buf, pos).ok_or(malformed("truncated table spec"))?;
@@ -180,13 +146,7 @@ fn layout(buf: &[u8], pos: usize, index: usize, with_pk: bool) -> Result<Layout,
     if index >= columns {
         spec_insert_at = pos;
     }
-    Ok(Layout {
-        count_at,
-        columns,
-        spec_insert_at: Some(spec_insert_at),
-        global,
-        end: pos,
-    })
+    Ok(Layout { count_at, columns, spec_insert_at: Some(spec_insert_at), global, end: pos })
 }
 
 /// Copies `buf[from..to]` to `out`, inserting the `rpc_address inet` column spec
@@ -217,11 +177,7 @@ fn finish(mut out: BytesMut) -> BytesMut {
 
 /// Inserts an `rpc_address inet` column holding `addr` at `index` into a RESULT Rows
 /// frame (spec only if the result carries metadata). Other results pass unchanged.
-pub fn insert_rpc_address(
-    frame: BytesMut,
-    index: usize,
-    addr: IpAddr,
-) -> Result<BytesMut, FrameError> {
+pub fn insert_rpc_address(frame: BytesMut, index: usize, addr: IpAddr) -> Result<BytesMut, FrameError> {
     const WHAT: &str = "RESULT Rows";
     let malformed = |detail| FrameError::Malformed { what: WHAT, detail };
     if frame::is_compressed(&frame) {
@@ -265,10 +221,7 @@ pub fn insert_rpc_address(
 /// For a RESULT Prepared frame (already in v4 layout, i.e. with `pk_count`) of a query
 /// whose `rpc_address` was stripped: inserts the column into the result metadata and
 /// returns the statement id, so EXECUTEs of it can be patched. Other results: `None`.
-pub fn patch_prepared(
-    frame: BytesMut,
-    index: usize,
-) -> Result<(BytesMut, Option<Vec<u8>>), FrameError> {
+pub fn patch_prepared(frame: BytesMut, index: usize) -> Result<(BytesMut, Option<Vec<u8>>), FrameError> {
     const WHAT: &str = "RESULT Prepared";
     if frame::is_compressed(&frame) {
         return Err(FrameError::Compressed { what: WHAT });
@@ -281,10 +234,7 @@ pub fn patch_prepared(
     let id_start = pos + 6;
     let id = frame
         .get(id_start..id_start + id_len)
-        .ok_or(FrameError::Malformed {
-            what: WHAT,
-            detail: "truncated id",
-        })?
+        .ok_or(FrameError::Malformed { what: WHAT, detail: "truncated id" })?
         .to_vec();
     let bind = layout(&frame, id_start + id_len, usize::MAX, true)?;
     let result = layout(&frame, bind.end, index, false)?;
@@ -325,7 +275,7 @@ fn skip_type(buf: &[u8], pos: usize, depth: u8) -> Option<usize> {
     let id = read_u16(buf, pos, "", "").ok()?;
     let pos = pos + 2;
     match id {
-        0x0000 => skip_string(buf, pos), // custom: class name
+        0x0000 => skip_string(buf, pos),                   // custom: class name
         0x0020 | 0x0022 => skip_type(buf, pos, depth + 1), // list, set
         0x0021 => skip_type(buf, skip_type(buf, pos, depth + 1)?, depth + 1), // map
         0x0030 => {
@@ -362,10 +312,7 @@ mod tests {
     #[test]
     fn strips_rpc_address_from_driver_query() {
         let (q, i) = strip_rpc_address(DRIVER_QUERY).unwrap();
-        assert_eq!(
-            q,
-            "SELECT host_id, data_center, rack, tokens, cluster_name FROM system.local WHERE key='local'"
-        );
+        assert_eq!(q, "SELECT host_id, data_center, rack, tokens, cluster_name FROM system.local WHERE key='local'");
         assert_eq!(i, 1);
     }
 
@@ -400,25 +347,18 @@ mod tests {
     #[test]
     fn query_frame_is_rewritten_keeping_parameters() {
         let tail = b"\x00\x01\x04\x00\x00\x13\x88"; // consistency ONE, flags page_size, 5000
-        let out = rewrite_query(&query_frame(DRIVER_QUERY, tail))
-            .unwrap()
-            .unwrap();
+        let out = rewrite_query(&query_frame(DRIVER_QUERY, tail)).unwrap().unwrap();
         let (expected, _) = strip_rpc_address(DRIVER_QUERY).unwrap();
         assert_eq!(out.0, query_frame(&expected, tail));
         assert_eq!(out.1, 1);
-        assert_eq!(
-            rewrite_query(&query_frame("SELECT 1 FROM x", tail)).unwrap(),
-            None
-        );
+        assert_eq!(rewrite_query(&query_frame("SELECT 1 FROM x", tail)).unwrap(), None);
     }
 
     /// Rows result for columns (host_id uuid, tokens set<text>) and `rows` rows.
     fn rows_frame(global: bool, rows: usize, paging: bool) -> BytesMut {
         let mut b = BytesMut::new();
         b.put_i32(frame::RESULT_KIND_ROWS);
-        b.put_i32(
-            if global { GLOBAL_TABLES_SPEC } else { 0 } | if paging { HAS_MORE_PAGES } else { 0 },
-        );
+        b.put_i32(if global { GLOBAL_TABLES_SPEC } else { 0 } | if paging { HAS_MORE_PAGES } else { 0 });
         b.put_i32(2);
         if paging {
             b.put_i32(3);
@@ -463,17 +403,12 @@ mod tests {
                     let out = insert_rpc_address(f.clone(), index, addr).unwrap();
                     assert_eq!(frame::body_len(&out), out.len() - HEADER_LEN);
                     // Expected: build the same result with three columns by hand.
-                    let mut cols: Vec<(&str, Vec<u8>)> = vec![
-                        ("host_id", vec![0x00, 0x0C]),
-                        ("tokens", vec![0x00, 0x22, 0x00, 0x0D]),
-                    ];
+                    let mut cols: Vec<(&str, Vec<u8>)> =
+                        vec![("host_id", vec![0x00, 0x0C]), ("tokens", vec![0x00, 0x22, 0x00, 0x0D])];
                     cols.insert(index, (COLUMN, vec![0x00, 0x10]));
                     let mut b = BytesMut::new();
                     b.put_i32(frame::RESULT_KIND_ROWS);
-                    b.put_i32(
-                        if global { GLOBAL_TABLES_SPEC } else { 0 }
-                            | if paging { HAS_MORE_PAGES } else { 0 },
-                    );
+                    b.put_i32(if global { GLOBAL_TABLES_SPEC } else { 0 } | if paging { HAS_MORE_PAGES } else { 0 });
                     b.put_i32(3);
                     if paging {
                         b.put_i32(3);
@@ -493,20 +428,14 @@ mod tests {
                     }
                     b.put_i32(2);
                     for r in 0..2u8 {
-                        let mut cells: Vec<Vec<u8>> = vec![
-                            [&16i32.to_be_bytes()[..], &[r; 16]].concat(),
-                            (-1i32).to_be_bytes().to_vec(),
-                        ];
+                        let mut cells: Vec<Vec<u8>> =
+                            vec![[&16i32.to_be_bytes()[..], &[r; 16]].concat(), (-1i32).to_be_bytes().to_vec()];
                         cells.insert(index, vec![0, 0, 0, 4, 127, 0, 0, 1]);
                         for c in cells {
                             b.extend_from_slice(&c);
                         }
                     }
-                    assert_eq!(
-                        &out[HEADER_LEN..],
-                        &b[..],
-                        "global={global} paging={paging} index={index}"
-                    );
+                    assert_eq!(&out[HEADER_LEN..], &b[..], "global={global} paging={paging} index={index}");
                 }
             }
         }

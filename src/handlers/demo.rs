@@ -11,9 +11,8 @@ fn params<T: for<'a> Deserialize<'a> + Default>(payload: &[u8]) -> Result<T, Han
     if payload.iter().all(|b| b.is_ascii_whitespace()) {
         return Ok(T::default());
     }
-    serde_json::from_slice(payload).map_err(|e| {
-        HandlerError::permanent(format!("payload is not the expected JSON object: {e}"))
-    })
+    serde_json::from_slice(payload)
+        .map_err(|e| HandlerError::permanent(format!("payload is not the expected JSON object: {e}")))
 }
 
 /// Returns the payload as output.
@@ -44,10 +43,7 @@ impl Handler for Sleep {
             let mut start = 0;
             if p.checkpoint_every > 0 {
                 if let Ok(Some(cp)) = ctx.load_checkpoint().await {
-                    start = std::str::from_utf8(&cp)
-                        .ok()
-                        .and_then(|s| s.parse().ok())
-                        .unwrap_or(0);
+                    start = std::str::from_utf8(&cp).ok().and_then(|s| s.parse().ok()).unwrap_or(0);
                 }
             }
             let step = Duration::from_millis(p.ms) / STEPS;
@@ -56,10 +52,7 @@ impl Handler for Sleep {
                     return Err(HandlerError::app(format!("cancelled at step {i}")));
                 }
                 tokio::time::sleep(step).await;
-                ctx.progress(
-                    f64::from(i + 1) / f64::from(STEPS),
-                    format!("step {} of {STEPS}", i + 1),
-                );
+                ctx.progress(f64::from(i + 1) / f64::from(STEPS), format!("step {} of {STEPS}", i + 1));
                 if p.checkpoint_every > 0 && (i + 1) % p.checkpoint_every == 0 {
                     ctx.checkpoint((i + 1).to_string().as_bytes())
                         .await
@@ -90,10 +83,7 @@ struct FlakyParams {
 }
 impl Default for FlakyParams {
     fn default() -> Self {
-        FlakyParams {
-            fail_attempts: 1,
-            class: "app_error".into(),
-        }
+        FlakyParams { fail_attempts: 1, class: "app_error".into() }
     }
 }
 
@@ -104,11 +94,7 @@ impl Handler for Flaky {
         async move {
             let p: FlakyParams = params(&ctx.job.payload)?;
             if ctx.attempt < p.fail_attempts {
-                let msg = format!(
-                    "flaky: attempt {} of {} planned failures",
-                    ctx.attempt + 1,
-                    p.fail_attempts
-                );
+                let msg = format!("flaky: attempt {} of {} planned failures", ctx.attempt + 1, p.fail_attempts);
                 return Err(if p.class == "dependency" {
                     HandlerError::dependency(msg)
                 } else {

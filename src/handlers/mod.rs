@@ -27,25 +27,13 @@ pub struct HandlerError {
 
 impl HandlerError {
     pub fn app(message: impl Into<String>) -> Self {
-        HandlerError {
-            class: FailureClass::AppError,
-            message: message.into(),
-            retry_after: None,
-        }
+        HandlerError { class: FailureClass::AppError, message: message.into(), retry_after: None }
     }
     pub fn permanent(message: impl Into<String>) -> Self {
-        HandlerError {
-            class: FailureClass::Permanent,
-            message: message.into(),
-            retry_after: None,
-        }
+        HandlerError { class: FailureClass::Permanent, message: message.into(), retry_after: None }
     }
     pub fn dependency(message: impl Into<String>) -> Self {
-        HandlerError {
-            class: FailureClass::Dependency,
-            message: message.into(),
-            retry_after: None,
-        }
+        HandlerError { class: FailureClass::Dependency, message: message.into(), retry_after: None }
     }
 }
 
@@ -101,13 +89,7 @@ impl JobContext {
         store: Option<Store>,
     ) -> Self {
         let attempt = job.attempt;
-        JobContext {
-            job,
-            attempt,
-            deadline,
-            live,
-            store,
-        }
+        JobContext { job, attempt, deadline, live, store }
     }
     pub fn first_attempt(&self) -> bool {
         self.attempt == 0
@@ -126,10 +108,7 @@ impl JobContext {
     /// Saves resumable state; a re-dispatched attempt gets it from `load_checkpoint`.
     pub async fn checkpoint(&self, state: &[u8]) -> Result<(), StoreError> {
         match &self.store {
-            Some(s) => {
-                s.put_checkpoint(&self.job.job_id, state, crate::now_ms())
-                    .await
-            }
+            Some(s) => s.put_checkpoint(&self.job.job_id, state, crate::now_ms()).await,
             None => Ok(()),
         }
     }
@@ -156,9 +135,7 @@ impl Registry {
     ) -> Result<Self, String> {
         use crate::config::HandlerKind as K;
         let mut handlers: HashMap<String, Arc<dyn Handler>> = HashMap::new();
-        let client = reqwest::Client::builder()
-            .build()
-            .map_err(|e| format!("cannot build HTTP client: {e}"))?;
+        let client = reqwest::Client::builder().build().map_err(|e| format!("cannot build HTTP client: {e}"))?;
         for (name, jt) in &cfg.job_types {
             let h: Arc<dyn Handler> = match jt.handler {
                 K::Echo => Arc::new(Echo),

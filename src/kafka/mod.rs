@@ -21,17 +21,11 @@ pub use rdkafka::{Offset, TopicPartitionList};
 #[derive(Debug, thiserror::Error)]
 pub enum KafkaError {
     #[error("cannot create Kafka client for {brokers}: {source}")]
-    Client {
-        brokers: String,
-        source: rdkafka::error::KafkaError,
-    },
+    Client { brokers: String, source: rdkafka::error::KafkaError },
     #[error("creating topic {topic} failed: {reason}")]
     CreateTopic { topic: String, reason: String },
     #[error("producing to {topic} failed: {source}")]
-    Produce {
-        topic: String,
-        source: rdkafka::error::KafkaError,
-    },
+    Produce { topic: String, source: rdkafka::error::KafkaError },
     #[error("Kafka consumer error: {0}")]
     Consume(#[from] rdkafka::error::KafkaError),
 }
@@ -49,12 +43,7 @@ fn base(cfg: &Config) -> ClientConfig {
 /// Every topic fairway uses, in creation order.
 pub fn all_topics(cfg: &Config) -> Vec<String> {
     let mut t: Vec<String> = Pool::ALL.iter().map(|p| cfg.pool_topic(*p)).collect();
-    for class in [
-        FailureClass::AppError,
-        FailureClass::Timeout,
-        FailureClass::Dependency,
-        FailureClass::WorkerCrash,
-    ] {
+    for class in [FailureClass::AppError, FailureClass::Timeout, FailureClass::Dependency, FailureClass::WorkerCrash] {
         t.push(cfg.retry_topic(class));
     }
     t.push(cfg.dlq_topic());
@@ -65,40 +54,23 @@ pub fn all_topics(cfg: &Config) -> Vec<String> {
 /// Creates the missing topics; returns the names it created (empty: nothing to do).
 pub async fn ensure_topics(cfg: &Config) -> Result<Vec<String>, KafkaError> {
     let admin: AdminClient<DefaultClientContext> =
-        base(cfg).create().map_err(|source| KafkaError::Client {
-            brokers: cfg.kafka.brokers.clone(),
-            source,
-        })?;
+        base(cfg).create().map_err(|source| KafkaError::Client { brokers: cfg.kafka.brokers.clone(), source })?;
     let names = all_topics(cfg);
     let new: Vec<NewTopic> = names
         .iter()
-        .map(|n| {
-            NewTopic::new(
-                n,
-                cfg.kafka.partitions,
-                TopicReplication::Fixed(cfg.kafka.replication_factor),
-            )
-        })
+        .map(|n| NewTopic::new(n, cfg.kafka.partitions, TopicReplication::Fixed(cfg.kafka.replication_factor)))
         .collect();
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
     let results = admin
         .create_topics(&new, &opts)
         .await
-        .map_err(|source| KafkaError::Client {
-            brokers: cfg.kafka.brokers.clone(),
-            source,
-        })?;
+        .map_err(|source| KafkaError::Client { brokers: cfg.kafka.brokers.clone(), source })?;
     let mut created = Vec::new();
     for r in results {
         match r {
             Ok(name) => created.push(name),
             Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((topic, code)) => {
-                return Err(KafkaError::CreateTopic {
-                    topic,
-                    reason: code.to_string(),
-                })
-            }
+            Err((topic, code)) => return Err(KafkaError::CreateTopic { topic, reason: code.to_string() }),
         }
     }
     Ok(created)
@@ -113,26 +85,15 @@ pub fn producer(cfg: &Config) -> Result<FutureProducer, KafkaError> {
         .set("compression.type", "lz4")
         .set("message.timeout.ms", "30000")
         .create()
-        .map_err(|source| KafkaError::Client {
-            brokers: cfg.kafka.brokers.clone(),
-            source,
-        })
+        .map_err(|source| KafkaError::Client { brokers: cfg.kafka.brokers.clone(), source })
 }
 
 /// Produces one record and waits for the broker's acknowledgement.
-pub async fn send(
-    producer: &FutureProducer,
-    topic: &str,
-    key: &str,
-    payload: &[u8],
-) -> Result<(i32, i64), KafkaError> {
+pub async fn send(producer: &FutureProducer, topic: &str, key: &str, payload: &[u8]) -> Result<(i32, i64), KafkaError> {
     let record = FutureRecord::to(topic).key(key).payload(payload);
     match producer.send(record, rdkafka::util::Timeout::Never).await {
         Ok(d) => Ok((d.partition, d.offset)),
-        Err((source, _)) => Err(KafkaError::Produce {
-            topic: topic.to_string(),
-            source,
-        }),
+        Err((source, _)) => Err(KafkaError::Produce { topic: topic.to_string(), source }),
     }
 }
 
@@ -152,10 +113,7 @@ pub struct WorkerContext {
 impl ClientContext for WorkerContext {}
 
 fn tpl_vec(tpl: &TopicPartitionList) -> Vec<(String, i32)> {
-    tpl.elements()
-        .iter()
-        .map(|e| (e.topic().to_string(), e.partition()))
-        .collect()
+    tpl.elements().iter().map(|e| (e.topic().to_string(), e.partition())).collect()
 }
 
 impl ConsumerContext for WorkerContext {
@@ -187,24 +145,13 @@ pub fn consumer(
         .set("auto.commit.interval.ms", "500")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
-        .set(
-            "session.timeout.ms",
-            cfg.kafka.session_timeout.as_millis().to_string(),
-        )
-        .set(
-            "heartbeat.interval.ms",
-            (cfg.kafka.session_timeout.as_millis() / 4)
-                .max(250)
-                .to_string(),
-        )
+        .set("session.timeout.ms", cfg.kafka.session_timeout.as_millis().to_string())
+        .set("heartbeat.interval.ms", (cfg.kafka.session_timeout.as_millis() / 4).max(250).to_string())
         // Execution is decoupled from polling, so long jobs never trip this.
         .set("max.poll.interval.ms", "300000")
         .set("queued.max.messages.kbytes", "16384")
         .create_with_context(WorkerContext { events: tx })
-        .map_err(|source| KafkaError::Client {
-            brokers: cfg.kafka.brokers.clone(),
-            source,
-        })?;
+        .map_err(|source| KafkaError::Client { brokers: cfg.kafka.brokers.clone(), source })?;
     let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
     c.subscribe(&refs)?;
     Ok((c, rx))
@@ -218,8 +165,5 @@ pub fn reader(cfg: &Config, group: &str, commit: bool) -> Result<StreamConsumer,
         .set("auto.offset.reset", "earliest")
         .set("session.timeout.ms", "6000")
         .create()
-        .map_err(|source| KafkaError::Client {
-            brokers: cfg.kafka.brokers.clone(),
-            source,
-        })
+        .map_err(|source| KafkaError::Client { brokers: cfg.kafka.brokers.clone(), source })
 }

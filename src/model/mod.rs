@@ -30,9 +30,7 @@ impl Pool {
 }
 
 /// Priority inside one tenant's queue (fairness across tenants is the scheduler's job).
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum Priority {
     Urgent,
@@ -122,20 +120,10 @@ macro_rules! impl_str_enum {
         impl FromStr for $t {
             type Err = String;
             fn from_str(s: &str) -> Result<Self, String> {
-                Self::ALL_VALUES
-                    .iter()
-                    .copied()
-                    .find(|v| v.as_str() == s)
-                    .ok_or_else(|| {
-                        let names: Vec<&str> =
-                            Self::ALL_VALUES.iter().map(|v| v.as_str()).collect();
-                        format!(
-                            "unknown {} {:?}: expected one of {}",
-                            $what,
-                            s,
-                            names.join(", ")
-                        )
-                    })
+                Self::ALL_VALUES.iter().copied().find(|v| v.as_str() == s).ok_or_else(|| {
+                    let names: Vec<&str> = Self::ALL_VALUES.iter().map(|v| v.as_str()).collect();
+                    format!("unknown {} {:?}: expected one of {}", $what, s, names.join(", "))
+                })
             }
         }
     };
@@ -151,12 +139,8 @@ impl FailureClass {
     const ALL_VALUES: &'static [FailureClass] = &FailureClass::ALL;
 }
 impl JobStatus {
-    const ALL_VALUES: &'static [JobStatus] = &[
-        JobStatus::Succeeded,
-        JobStatus::Failed,
-        JobStatus::Cancelled,
-        JobStatus::Expired,
-    ];
+    const ALL_VALUES: &'static [JobStatus] =
+        &[JobStatus::Succeeded, JobStatus::Failed, JobStatus::Cancelled, JobStatus::Expired];
 }
 impl_str_enum!(Pool, "pool");
 impl_str_enum!(Priority, "priority");

@@ -18,25 +18,15 @@ pub use schema::TABLES;
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("cannot connect to the CQL database at {contact_points}: {message} (is it running? `scripts/services up` starts the local one)")]
-    Connect {
-        contact_points: String,
-        message: String,
-    },
+    Connect { contact_points: String, message: String },
     #[error("CQL statement failed ({what}): {message}")]
     Query { what: &'static str, message: String },
     #[error("checkpoint for job {job_id} is {size} bytes, above the {limit}-byte limit; save less state (e.g. a cursor, not the data)")]
-    CheckpointTooLarge {
-        job_id: String,
-        size: usize,
-        limit: usize,
-    },
+    CheckpointTooLarge { job_id: String, size: usize, limit: usize },
 }
 
 fn q(what: &'static str) -> impl Fn(scylla::errors::ExecutionError) -> StoreError {
-    move |e| StoreError::Query {
-        what,
-        message: e.to_string(),
-    }
+    move |e| StoreError::Query { what, message: e.to_string() }
 }
 fn rows_err(what: &'static str) -> impl Fn(String) -> StoreError {
     move |message| StoreError::Query { what, message }
@@ -66,10 +56,7 @@ pub struct JobRow {
 impl JobRow {
     /// Terminal statuses: a redelivered job in one of these is never run again.
     pub fn is_terminal(&self) -> bool {
-        matches!(
-            self.status.as_deref(),
-            Some("succeeded" | "failed" | "cancelled" | "expired")
-        )
+        matches!(self.status.as_deref(), Some("succeeded" | "failed" | "cancelled" | "expired"))
     }
 }
 
@@ -133,9 +120,7 @@ pub async fn connect(cfg: &Config) -> Result<Session, StoreError> {
     }
     if cfg.scylla.local_bridge {
         // Cassandra 2.1 behind the local bridge has no system_schema keyspace.
-        b = b
-            .fetch_schema_metadata(false)
-            .fetch_full_schema_metadata(false);
+        b = b.fetch_schema_metadata(false).fetch_full_schema_metadata(false);
     }
     b.build().await.map_err(|e| StoreError::Connect {
         contact_points: cfg.scylla.contact_points.join(","),
@@ -146,12 +131,7 @@ pub async fn connect(cfg: &Config) -> Result<Session, StoreError> {
 /// Creates the keyspace and tables that are missing; returns what it created.
 pub async fn ensure_schema(cfg: &Config) -> Result<Vec<String>, StoreError> {
     let session = connect(cfg).await?;
-    schema::ensure(
-        &session,
-        &cfg.scylla.keyspace,
-        cfg.scylla.replication_factor,
-    )
-    .await
+    schema::ensure(&session, &cfg.scylla.keyspace, cfg.scylla.replication_factor).await
 }
 
 impl Store {
@@ -161,10 +141,8 @@ impl Store {
         let prep = |cql: String, what: &'static str| {
             let session = &session;
             async move {
-                let mut p = session.prepare(cql).await.map_err(|e| StoreError::Query {
-                    what,
-                    message: e.to_string(),
-                })?;
+                let mut p =
+                    session.prepare(cql).await.map_err(|e| StoreError::Query { what, message: e.to_string() })?;
                 p.set_consistency(Consistency::LocalQuorum);
                 Ok::<_, StoreError>(p)
             }
@@ -229,11 +207,7 @@ impl Store {
             )
             .await?,
         };
-        Ok(Store {
-            session: Arc::new(session),
-            keyspace: ks,
-            prepared: Arc::new(prepared),
-        })
+        Ok(Store { session: Arc::new(session), keyspace: ks, prepared: Arc::new(prepared) })
     }
 
     pub fn session(&self) -> &Session {
@@ -244,18 +218,9 @@ impl Store {
     }
 
     pub async fn job(&self, job_id: &str) -> Result<Option<JobRow>, StoreError> {
-        let res = self
-            .session
-            .execute_unpaged(&self.prepared.get_job, (job_id,))
-            .await
-            .map_err(q("get job"))?;
-        let rows = res
-            .into_rows_result()
-            .map_err(|e| e.to_string())
-            .map_err(rows_err("get job"))?;
-        rows.maybe_first_row::<JobRow>()
-            .map_err(|e| e.to_string())
-            .map_err(rows_err("get job"))
+        let res = self.session.execute_unpaged(&self.prepared.get_job, (job_id,)).await.map_err(q("get job"))?;
+        let rows = res.into_rows_result().map_err(|e| e.to_string()).map_err(rows_err("get job"))?;
+        rows.maybe_first_row::<JobRow>().map_err(|e| e.to_string()).map_err(rows_err("get job"))
     }
 
     pub async fn put_state(&self, u: &StateUpdate<'_>, now: Millis) -> Result<(), StoreError> {
@@ -312,10 +277,7 @@ impl Store {
     }
 
     pub async fn request_cancel(&self, job_id: &str, now: Millis) -> Result<(), StoreError> {
-        self.session
-            .execute_unpaged(&self.prepared.request_cancel, (now, job_id))
-            .await
-            .map_err(q("cancel"))?;
+        self.session.execute_unpaged(&self.prepared.request_cancel, (now, job_id)).await.map_err(q("cancel"))?;
         Ok(())
     }
 
@@ -329,36 +291,20 @@ impl Store {
         ttl_secs: i32,
     ) -> Result<(), StoreError> {
         self.session
-            .execute_unpaged(
-                &self.prepared.put_heartbeat,
-                (job_id, worker, at, progress, message, ttl_secs),
-            )
+            .execute_unpaged(&self.prepared.put_heartbeat, (job_id, worker, at, progress, message, ttl_secs))
             .await
             .map_err(q("put heartbeat"))?;
         Ok(())
     }
 
     pub async fn heartbeat(&self, job_id: &str) -> Result<Option<HeartbeatRow>, StoreError> {
-        let res = self
-            .session
-            .execute_unpaged(&self.prepared.get_heartbeat, (job_id,))
-            .await
-            .map_err(q("get heartbeat"))?;
-        let rows = res
-            .into_rows_result()
-            .map_err(|e| e.to_string())
-            .map_err(rows_err("get heartbeat"))?;
-        rows.maybe_first_row::<HeartbeatRow>()
-            .map_err(|e| e.to_string())
-            .map_err(rows_err("get heartbeat"))
+        let res =
+            self.session.execute_unpaged(&self.prepared.get_heartbeat, (job_id,)).await.map_err(q("get heartbeat"))?;
+        let rows = res.into_rows_result().map_err(|e| e.to_string()).map_err(rows_err("get heartbeat"))?;
+        rows.maybe_first_row::<HeartbeatRow>().map_err(|e| e.to_string()).map_err(rows_err("get heartbeat"))
     }
 
-    pub async fn put_checkpoint(
-        &self,
-        job_id: &str,
-        data: &[u8],
-        now: Millis,
-    ) -> Result<(), StoreError> {
+    pub async fn put_checkpoint(&self, job_id: &str, data: &[u8], now: Millis) -> Result<(), StoreError> {
         if data.len() > CHECKPOINT_LIMIT {
             return Err(StoreError::CheckpointTooLarge {
                 job_id: job_id.into(),
@@ -381,10 +327,7 @@ impl Store {
             .execute_unpaged(&self.prepared.get_checkpoint, (job_id,))
             .await
             .map_err(q("get checkpoint"))?;
-        let rows = res
-            .into_rows_result()
-            .map_err(|e| e.to_string())
-            .map_err(rows_err("get checkpoint"))?;
+        let rows = res.into_rows_result().map_err(|e| e.to_string()).map_err(rows_err("get checkpoint"))?;
         let row = rows
             .maybe_first_row::<(Option<Vec<u8>>,)>()
             .map_err(|e| e.to_string())
@@ -409,27 +352,19 @@ impl Store {
             .execute_unpaged(&stmt, (tenant, key, job_id, now, ttl_secs))
             .await
             .map_err(q("claim idempotency key"))?;
-        let rows = res
-            .into_rows_result()
-            .map_err(|e| e.to_string())
-            .map_err(rows_err("claim idempotency key"))?;
+        let rows = res.into_rows_result().map_err(|e| e.to_string()).map_err(rows_err("claim idempotency key"))?;
         let row = rows
             .maybe_first_row::<scylla::value::Row>()
             .map_err(|e| e.to_string())
             .map_err(rows_err("claim idempotency key"))?;
         let Some(row) = row else { return Ok(None) };
-        let applied = matches!(
-            row.columns.first(),
-            Some(Some(scylla::value::CqlValue::Boolean(true)))
-        );
+        let applied = matches!(row.columns.first(), Some(Some(scylla::value::CqlValue::Boolean(true))));
         if applied {
             return Ok(None);
         }
         // Not applied: the existing row follows [applied]; find its job_id column.
         let existing = row.columns.iter().skip(1).find_map(|c| match c {
-            Some(scylla::value::CqlValue::Text(s)) if uuid::Uuid::parse_str(s).is_ok() => {
-                Some(s.clone())
-            }
+            Some(scylla::value::CqlValue::Text(s)) if uuid::Uuid::parse_str(s).is_ok() => Some(s.clone()),
             _ => None,
         });
         Ok(Some(existing.unwrap_or_default()))

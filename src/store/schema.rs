@@ -43,10 +43,7 @@ pub async fn ensure(session: &Session, keyspace: &str, rf: i32) -> Result<Vec<St
         session
             .query_unpaged(cql, ())
             .await
-            .map_err(|e| StoreError::Query {
-                what: "create keyspace",
-                message: e.to_string(),
-            })?;
+            .map_err(|e| StoreError::Query { what: "create keyspace", message: e.to_string() })?;
         created.push(format!("keyspace {keyspace}"));
     }
     let existing = existing.unwrap_or_default();
@@ -55,13 +52,15 @@ pub async fn ensure(session: &Session, keyspace: &str, rf: i32) -> Result<Vec<St
             continue;
         }
         let cql = format!("CREATE TABLE IF NOT EXISTS {keyspace}.{name} {body}");
-        session
-            .query_unpaged(cql, ())
-            .await
-            .map_err(|e| StoreError::Query {
-                what: "create table",
-                message: e.to_string(),
-            })?;
+        if let Err(e) = session.query_unpaged(cql, ()).await {
+            // Two processes creating the same table at once can race on Cassandra
+            // ("Column family ID mismatch"); fine if the table exists now.
+            let now = existing_tables(session, keyspace).await?.unwrap_or_default();
+            if !now.iter().any(|t| t == name) {
+                return Err(StoreError::Query { what: "create table", message: e.to_string() });
+            }
+            continue;
+        }
         created.push(format!("table {keyspace}.{name}"));
     }
     Ok(created)
@@ -69,10 +68,7 @@ pub async fn ensure(session: &Session, keyspace: &str, rf: i32) -> Result<Vec<St
 
 /// Tables of the keyspace, or None when the keyspace does not exist. Tries ScyllaDB /
 /// Cassandra 3+ (system_schema) first, then Cassandra 2.x (system.schema_columnfamilies).
-async fn existing_tables(
-    session: &Session,
-    keyspace: &str,
-) -> Result<Option<Vec<String>>, StoreError> {
+async fn existing_tables(session: &Session, keyspace: &str) -> Result<Option<Vec<String>>, StoreError> {
     let probes = [
         (
             "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = ?",
@@ -92,36 +88,23 @@ async fn existing_tables(
                 continue;
             }
         };
-        let ks_rows = ks.into_rows_result().map_err(|e| StoreError::Query {
-            what: "read schema",
-            message: e.to_string(),
-        })?;
+        let ks_rows =
+            ks.into_rows_result().map_err(|e| StoreError::Query { what: "read schema", message: e.to_string() })?;
         if ks_rows.rows_num() == 0 {
             return Ok(None);
         }
         let t = session
             .query_unpaged(tables_q, (keyspace,))
             .await
-            .map_err(|e| StoreError::Query {
-                what: "read schema",
-                message: e.to_string(),
-            })?;
-        let rows = t.into_rows_result().map_err(|e| StoreError::Query {
-            what: "read schema",
-            message: e.to_string(),
-        })?;
+            .map_err(|e| StoreError::Query { what: "read schema", message: e.to_string() })?;
+        let rows =
+            t.into_rows_result().map_err(|e| StoreError::Query { what: "read schema", message: e.to_string() })?;
         let names = rows
             .rows::<(String,)>()
-            .map_err(|e| StoreError::Query {
-                what: "read schema",
-                message: e.to_string(),
-            })?
+            .map_err(|e| StoreError::Query { what: "read schema", message: e.to_string() })?
             .filter_map(|r| r.ok().map(|r| r.0))
             .collect();
         return Ok(Some(names));
     }
-    Err(StoreError::Query {
-        what: "read schema",
-        message: last_err.unwrap_or_default(),
-    })
+    Err(StoreError::Query { what: "read schema", message: last_err.unwrap_or_default() })
 }

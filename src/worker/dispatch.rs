@@ -28,11 +28,7 @@ pub struct Ticket {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Rejected {
     #[error("tenant {tenant} has {depth} jobs queued in this worker, the limit is {limit}; slow down submissions or raise worker.tenant_queue_limit")]
-    QueueFull {
-        tenant: String,
-        depth: usize,
-        limit: usize,
-    },
+    QueueFull { tenant: String, depth: usize, limit: usize },
 }
 
 pub trait Dispatcher<J>: Send {
@@ -60,12 +56,7 @@ pub struct Fifo<J> {
 
 impl<J> Fifo<J> {
     pub fn new(slots: usize, tenant_limit: usize) -> Self {
-        Fifo {
-            slots,
-            running: 0,
-            queue: VecDeque::new(),
-            tenant_limit,
-        }
+        Fifo { slots, running: 0, queue: VecDeque::new(), tenant_limit }
     }
 }
 
@@ -74,14 +65,7 @@ impl<J: Send> Dispatcher<J> for Fifo<J> {
         let depth = self.queued(&q.tenant);
         if depth >= self.tenant_limit {
             let tenant = q.tenant.clone();
-            return Err((
-                Rejected::QueueFull {
-                    tenant,
-                    depth,
-                    limit: self.tenant_limit,
-                },
-                q,
-            ));
+            return Err((Rejected::QueueFull { tenant, depth, limit: self.tenant_limit }, q));
         }
         self.queue.push_back(q);
         Ok(())
@@ -92,15 +76,7 @@ impl<J: Send> Dispatcher<J> for Fifo<J> {
         }
         let q = self.queue.pop_front()?;
         self.running += 1;
-        Some((
-            q.job,
-            Ticket {
-                tenant: q.tenant,
-                job_type: q.job_type,
-                dispatched_at: now,
-                handle: 0,
-            },
-        ))
+        Some((q.job, Ticket { tenant: q.tenant, job_type: q.job_type, dispatched_at: now, handle: 0 }))
     }
     fn complete(&mut self, _ticket: &Ticket, _now: Millis) {
         self.running = self.running.saturating_sub(1);
@@ -140,12 +116,7 @@ mod tests {
     use super::*;
 
     fn q(t: &str, n: u32) -> Queued<u32> {
-        Queued {
-            tenant: t.into(),
-            job_type: "x".into(),
-            priority: Priority::Normal,
-            job: n,
-        }
+        Queued { tenant: t.into(), job_type: "x".into(), priority: Priority::Normal, job: n }
     }
 
     #[test]
@@ -166,10 +137,7 @@ mod tests {
     fn fifo_rejects_over_tenant_limit() {
         let mut f = Fifo::new(1, 1);
         f.enqueue(q("a", 0), 0).unwrap();
-        assert!(matches!(
-            f.enqueue(q("a", 1), 0),
-            Err((Rejected::QueueFull { .. }, _))
-        ));
+        assert!(matches!(f.enqueue(q("a", 1), 0), Err((Rejected::QueueFull { .. }, _))));
         f.enqueue(q("b", 2), 0).unwrap();
     }
 }

@@ -40,11 +40,7 @@ pub async fn execute(sh: Arc<Shared>, job: Arc<JobSubmitted>, origin: Origin) ->
             // The store is down: failing the job would be wrong, skipping it would lose
             // it. Hand it back as a worker-side failure so it is retried later.
             tracing::warn!(job_id = %job.job_id, error = %e, "store unavailable for the effectively-once check");
-            let err = HandlerError {
-                class: FailureClass::WorkerCrash,
-                message: e.to_string(),
-                retry_after: None,
-            };
+            let err = HandlerError { class: FailureClass::WorkerCrash, message: e.to_string(), retry_after: None };
             fail(&sh, &job, &origin, err, None).await;
             return Ended::Skipped;
         }
@@ -54,8 +50,7 @@ pub async fn execute(sh: Arc<Shared>, job: Arc<JobSubmitted>, origin: Origin) ->
         if row.is_terminal() {
             // Redelivered after it finished: make sure its result exists, never rerun it.
             republish_result(&sh, &job, row).await;
-            metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "finished")
-                .increment(1);
+            metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "finished").increment(1);
             return Ended::Skipped;
         }
         if row.attempts.unwrap_or(0) > job.attempt {
@@ -64,16 +59,7 @@ pub async fn execute(sh: Arc<Shared>, job: Arc<JobSubmitted>, origin: Origin) ->
             return Ended::Skipped;
         }
         if row.cancel_requested == Some(true) {
-            finish(
-                &sh,
-                &job,
-                JobStatus::Cancelled,
-                None,
-                Some("cancelled before it started".into()),
-                None,
-                None,
-            )
-            .await;
+            finish(&sh, &job, JobStatus::Cancelled, None, Some("cancelled before it started".into()), None, None).await;
             return Ended::Skipped;
         }
     }
@@ -98,10 +84,7 @@ pub async fn execute(sh: Arc<Shared>, job: Arc<JobSubmitted>, origin: Origin) ->
     let deadline = tokio::time::Instant::now() + timeout;
     let live = Arc::new(JobLive::default());
     let ctx = JobContext::new(job.clone(), deadline, live.clone(), Some(sh.store.clone()));
-    sh.running
-        .lock()
-        .expect("running map")
-        .insert(job.job_id.clone(), live.clone());
+    sh.running.lock().expect("running map").insert(job.job_id.clone(), live.clone());
     metrics::gauge!(m::JOBS_RUNNING, "pool" => sh.pool.as_str()).increment(1.0);
 
     let mut run = std::pin::pin!(tokio::time::timeout_at(deadline, handler.run(ctx)));
@@ -122,29 +105,11 @@ pub async fn execute(sh: Arc<Shared>, job: Arc<JobSubmitted>, origin: Origin) ->
 
     match result {
         Ok(Ok(output)) => {
-            finish(
-                &sh,
-                &job,
-                JobStatus::Succeeded,
-                Some(output),
-                None,
-                None,
-                Some(started_at),
-            )
-            .await;
+            finish(&sh, &job, JobStatus::Succeeded, Some(output), None, None, Some(started_at)).await;
         }
         Ok(Err(err)) if live.is_cancelled() => {
             let msg = format!("cancelled while running ({})", err.message);
-            finish(
-                &sh,
-                &job,
-                JobStatus::Cancelled,
-                None,
-                Some(msg),
-                None,
-                Some(started_at),
-            )
-            .await;
+            finish(&sh, &job, JobStatus::Cancelled, None, Some(msg), None, Some(started_at)).await;
         }
         Ok(Err(err)) => fail(&sh, &job, &origin, err, Some(started_at)).await,
         Err(_) => {
@@ -202,11 +167,7 @@ pub(crate) async fn finish(
     u.failure_class = class.map(|c| c.as_str());
     u.output = output.as_deref();
     // Attempts recorded: the ones used before plus this one, unless it never ran.
-    let attempts = if started_at.is_some() {
-        job.attempt + 1
-    } else {
-        job.attempt
-    };
+    let attempts = if started_at.is_some() { job.attempt + 1 } else { job.attempt };
     u.attempts = attempts;
     let stored = with_retries(|| sh.store.put_state(&u, finished_at)).await;
     if let Err(e) = stored {
@@ -229,8 +190,7 @@ pub(crate) async fn finish(
         worker_id: sh.worker_id.clone(),
     };
     publish_result(sh, &result).await;
-    metrics::counter!(m::JOBS_FINISHED, "pool" => sh.pool.as_str(), "status" => status.as_str())
-        .increment(1);
+    metrics::counter!(m::JOBS_FINISHED, "pool" => sh.pool.as_str(), "status" => status.as_str()).increment(1);
     let e2e = (finished_at - job.submitted_at).max(0) as f64 / 1000.0;
     metrics::histogram!(m::JOB_END_TO_END_SECONDS, "pool" => sh.pool.as_str()).record(e2e);
 }
@@ -244,8 +204,7 @@ async fn publish_result(sh: &Shared, result: &JobResult) {
         }
     };
     let topic = sh.cfg.results_topic();
-    if let Err(e) = with_retries(|| kafka::send(&sh.producer, &topic, &result.tenant, &bytes)).await
-    {
+    if let Err(e) = with_retries(|| kafka::send(&sh.producer, &topic, &result.tenant, &bytes)).await {
         tracing::error!(job_id = %result.job_id, error = %e, "cannot publish result");
     }
 }
@@ -278,30 +237,15 @@ async fn republish_result(sh: &Shared, job: &JobSubmitted, row: &JobRow) {
 
 /// A failed attempt: ask the retry policy, then either put the job on its class's retry
 /// topic or dead-letter it (DLQ record + failed result).
-pub(crate) async fn fail(
-    sh: &Shared,
-    job: &JobSubmitted,
-    origin: &Origin,
-    err: HandlerError,
-    started_at: Option<i64>,
-) {
+pub(crate) async fn fail(sh: &Shared, job: &JobSubmitted, origin: &Origin, err: HandlerError, started_at: Option<i64>) {
     let now = now_ms();
-    metrics::counter!(m::JOB_FAILURES, "pool" => sh.pool.as_str(), "class" => err.class.as_str())
-        .increment(1);
-    let state = AttemptState {
-        attempt: job.attempt,
-        crash_count: job.crash_count,
-        last_error: Some(err.message.clone()),
-    };
+    metrics::counter!(m::JOB_FAILURES, "pool" => sh.pool.as_str(), "class" => err.class.as_str()).increment(1);
+    let state =
+        AttemptState { attempt: job.attempt, crash_count: job.crash_count, last_error: Some(err.message.clone()) };
     let policy = sh.retry_policy(&job.job_type);
     let decision = sh.decide(err.class, &job.job_type, &job.tenant, &state, &policy, now);
     match decision {
-        Decision::Retry {
-            class_topic,
-            not_before,
-            attempt,
-            crash_count,
-        } => {
+        Decision::Retry { class_topic, not_before, attempt, crash_count } => {
             let not_before = match err.retry_after {
                 Some(d) => not_before.max(now + d.as_millis() as i64),
                 None => not_before,
@@ -315,11 +259,7 @@ pub(crate) async fn fail(
             next.first_failure_at = job.first_failure_at.or(Some(now));
             let topic = sh.cfg.retry_topic(class_topic);
             let produced = match codec::encode_job(&next) {
-                Ok(bytes) => {
-                    with_retries(|| kafka::send(&sh.producer, &topic, &job.tenant, &bytes))
-                        .await
-                        .map(|_| ())
-                }
+                Ok(bytes) => with_retries(|| kafka::send(&sh.producer, &topic, &job.tenant, &bytes)).await.map(|_| ()),
                 Err(e) => {
                     tracing::error!(job_id = %job.job_id, error = %e, "cannot encode retry");
                     Ok(())
@@ -340,32 +280,9 @@ pub(crate) async fn fail(
             }
         }
         Decision::DeadLetter { reason } => {
-            let attempts = if started_at.is_some() {
-                job.attempt + 1
-            } else {
-                job.attempt
-            };
-            dead_letter(
-                sh,
-                Some(job),
-                None,
-                err.class,
-                reason,
-                Some(err.message.clone()),
-                attempts,
-                origin,
-            )
-            .await;
-            finish(
-                sh,
-                job,
-                JobStatus::Failed,
-                None,
-                Some(err.message),
-                Some(err.class),
-                started_at,
-            )
-            .await;
+            let attempts = if started_at.is_some() { job.attempt + 1 } else { job.attempt };
+            dead_letter(sh, Some(job), None, err.class, reason, Some(err.message.clone()), attempts, origin).await;
+            finish(sh, job, JobStatus::Failed, None, Some(err.message), Some(err.class), started_at).await;
         }
     }
 }
@@ -407,9 +324,7 @@ pub(crate) async fn dead_letter(
         }
         Err(e) => tracing::error!(error = %e, "cannot encode dead letter"),
     }
-    let jt = job
-        .map(|j| sh.bounded_job_type(&j.job_type))
-        .unwrap_or_else(|| "unknown".to_string());
+    let jt = job.map(|j| sh.bounded_job_type(&j.job_type)).unwrap_or_else(|| "unknown".to_string());
     metrics::counter!(m::DEAD_LETTERS, "class" => class.as_str(), "job_type" => jt).increment(1);
 }
 

@@ -51,11 +51,7 @@ impl Shared {
     }
 
     pub fn retry_policy(&self, job_type: &str) -> RetryPolicy {
-        self.cfg
-            .job_types
-            .get(job_type)
-            .and_then(|jt| jt.retry.clone())
-            .unwrap_or_default()
+        self.cfg.job_types.get(job_type).and_then(|jt| jt.retry.clone()).unwrap_or_default()
     }
 
     /// Job types are configured, so using them as a metric label keeps cardinality bounded.
@@ -90,21 +86,12 @@ pub struct Worker {
 
 pub fn new_worker_id() -> String {
     let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into());
-    format!(
-        "{host}-{}-{:04x}",
-        std::process::id(),
-        rand::random::<u16>()
-    )
+    format!("{host}-{}-{:04x}", std::process::id(), rand::random::<u16>())
 }
 
 impl Worker {
     /// Starts one consumer loop per pool.
-    pub async fn start(
-        cfg: Arc<Config>,
-        pools: &[Pool],
-        registry: Registry,
-        policy: Policy,
-    ) -> anyhow::Result<Worker> {
+    pub async fn start(cfg: Arc<Config>, pools: &[Pool], registry: Registry, policy: Policy) -> anyhow::Result<Worker> {
         let store = Store::open(&cfg).await?;
         let producer = kafka::producer(&cfg)?;
         let worker_id = new_worker_id();
@@ -140,12 +127,7 @@ impl Worker {
             }
         }));
         tracing::info!(%worker_id, ?pools, ?policy, "worker started");
-        Ok(Worker {
-            worker_id,
-            shutdown: tx,
-            tasks,
-            shared,
-        })
+        Ok(Worker { worker_id, shutdown: tx, tasks, shared })
     }
 
     /// Graceful stop: no new work, running jobs finish (within each pool's grace), commit.
@@ -157,11 +139,7 @@ impl Worker {
     }
 }
 
-fn make_dispatcher(
-    cfg: &Config,
-    pool: Pool,
-    policy: Policy,
-) -> Box<dyn dispatch::Dispatcher<pool::Pending>> {
+fn make_dispatcher(cfg: &Config, pool: Pool, policy: Policy) -> Box<dyn dispatch::Dispatcher<pool::Pending>> {
     let slots = cfg.pool(pool).slots;
     // The hard per-tenant limit is twice the pause threshold: messages already fetched
     // when a partition is paused still fit.

@@ -45,8 +45,7 @@ pub async fn run(
 ) -> Result<(), kafka::KafkaError> {
     let topic = sh.cfg.pool_topic(sh.pool);
     let group = format!("{}{}", sh.cfg.kafka.group_prefix, sh.pool);
-    let (consumer, mut rebalances) =
-        kafka::consumer(&sh.cfg, &group, std::slice::from_ref(&topic))?;
+    let (consumer, mut rebalances) = kafka::consumer(&sh.cfg, &group, std::slice::from_ref(&topic))?;
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
     let mut tasks = JoinSet::new();
     let mut parts: HashMap<i32, PartitionState> = HashMap::new();
@@ -58,10 +57,7 @@ pub async fn run(
     let mut stats_tick = tokio::time::interval(Duration::from_millis(500));
 
     loop {
-        let wake = dispatcher
-            .next_wakeup(now_ms())
-            .map(|t| (t - now_ms()).max(1) as u64)
-            .unwrap_or(3_600_000);
+        let wake = dispatcher.next_wakeup(now_ms()).map(|t| (t - now_ms()).max(1) as u64).unwrap_or(3_600_000);
         let buffering = dispatcher.queued_total() + overflow.len();
         tokio::select! {
             biased;
@@ -162,20 +158,14 @@ pub async fn run(
             let tx = done_tx.clone();
             tasks.spawn(async move {
                 let ended = exec::execute(sh2, p.job, p.origin.clone()).await;
-                let _ = tx.send(Done {
-                    origin: p.origin,
-                    epoch: p.epoch,
-                    ticket: Some(ticket),
-                    ended,
-                });
+                let _ = tx.send(Done { origin: p.origin, epoch: p.epoch, ticket: Some(ticket), ended });
             });
         }
         while tasks.try_join_next().is_some() {}
 
         // Backpressure: pause partitions whose tenants' buffers are full, or all of
         // them when the worker's buffer is; resume once they drained to half.
-        let mut want_paused: HashSet<i32> =
-            overflow.iter().map(|q| q.job.origin.partition).collect();
+        let mut want_paused: HashSet<i32> = overflow.iter().map(|q| q.job.origin.partition).collect();
         if dispatcher.queued_total() + overflow.len() >= GLOBAL_BUFFER {
             want_paused.extend(parts.keys().copied());
         } else {
@@ -196,18 +186,8 @@ pub async fn run(
     // grace period, then commit what finished. Queued jobs are simply not committed:
     // the partitions' next owners get them.
     let queued = dispatcher.drain_where(&mut |_| true);
-    let grace = sh
-        .cfg
-        .pool(sh.pool)
-        .default_timeout
-        .min(Duration::from_secs(30));
-    tracing::info!(
-        pool,
-        queued = queued.len(),
-        running = dispatcher.running(),
-        ?grace,
-        "draining"
-    );
+    let grace = sh.cfg.pool(sh.pool).default_timeout.min(Duration::from_secs(30));
+    tracing::info!(pool, queued = queued.len(), running = dispatcher.running(), ?grace, "draining");
     let deadline = tokio::time::Instant::now() + grace;
     while dispatcher.running() > 0 {
         tokio::select! {
@@ -248,10 +228,7 @@ fn on_done(
     }
     if let Some(commit) = st.offsets.finished(done.origin.offset) {
         let mut tpl = TopicPartitionList::new();
-        if tpl
-            .add_partition_offset(topic, done.origin.partition, kafka::Offset::Offset(commit))
-            .is_ok()
-        {
+        if tpl.add_partition_offset(topic, done.origin.partition, kafka::Offset::Offset(commit)).is_ok() {
             if let Err(e) = consumer.store_offsets(&tpl) {
                 tracing::debug!(error = %e, "store offset (partition likely revoked)");
             }
@@ -259,12 +236,7 @@ fn on_done(
     }
 }
 
-fn set_paused(
-    consumer: &kafka::WorkerConsumer,
-    topic: &str,
-    paused: &mut HashSet<i32>,
-    want: HashSet<i32>,
-) {
+fn set_paused(consumer: &kafka::WorkerConsumer, topic: &str, paused: &mut HashSet<i32>, want: HashSet<i32>) {
     let to_pause: Vec<i32> = want.difference(paused).copied().collect();
     let to_resume: Vec<i32> = paused.difference(&want).copied().collect();
     if !to_pause.is_empty() {
@@ -293,19 +265,11 @@ type Rejection = (Option<JobSubmitted>, FailureClass, String);
 
 /// Decodes and validates a message; what cannot run goes to the DLQ with the reason.
 fn admit(sh: &Shared, bytes: &[u8]) -> Result<JobSubmitted, Rejection> {
-    let job = codec::decode_job(bytes).map_err(|e| {
-        (
-            None,
-            FailureClass::Permanent,
-            format!("undecodable message: {e}"),
-        )
-    })?;
+    let job =
+        codec::decode_job(bytes).map_err(|e| (None, FailureClass::Permanent, format!("undecodable message: {e}")))?;
     let bad = |why: String| Err((Some(job.clone()), FailureClass::Permanent, why));
     if uuid::Uuid::parse_str(&job.job_id).is_err() {
-        return bad(format!(
-            "job_id {:?} is not a UUID; producers must send a UUID (v7 recommended)",
-            job.job_id
-        ));
+        return bad(format!("job_id {:?} is not a UUID; producers must send a UUID (v7 recommended)", job.job_id));
     }
     if !sh.cfg.tenants.contains_key(&job.tenant) {
         return bad(format!(
@@ -352,15 +316,6 @@ async fn reject(
     .await;
     if let Some(job) = &job {
         // A decodable job still gets its one terminal result, so submitters are not left waiting.
-        exec::finish(
-            sh,
-            job,
-            JobStatus::Failed,
-            None,
-            Some(reason),
-            Some(class),
-            None,
-        )
-        .await;
+        exec::finish(sh, job, JobStatus::Failed, None, Some(reason), Some(class), None).await;
     }
 }

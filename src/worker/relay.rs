@@ -30,15 +30,10 @@ struct PartitionState {
 type Key = (String, i32);
 
 pub fn retry_topics(cfg: &Config) -> Vec<String> {
-    [
-        FailureClass::AppError,
-        FailureClass::Timeout,
-        FailureClass::Dependency,
-        FailureClass::WorkerCrash,
-    ]
-    .iter()
-    .map(|c| cfg.retry_topic(*c))
-    .collect()
+    [FailureClass::AppError, FailureClass::Timeout, FailureClass::Dependency, FailureClass::WorkerCrash]
+        .iter()
+        .map(|c| cfg.retry_topic(*c))
+        .collect()
 }
 
 pub async fn run(
@@ -112,19 +107,10 @@ pub async fn run(
         // Release every due head; pause partitions whose head must wait.
         let now = now_ms();
         for (key, st) in parts.iter_mut() {
-            while st
-                .held
-                .front()
-                .is_some_and(|h| h.job.not_before.unwrap_or(0) <= now)
-            {
+            while st.held.front().is_some_and(|h| h.job.not_before.unwrap_or(0) <= now) {
                 let Some(h) = st.held.pop_front() else { break };
-                let (cfg, producer, tx, key, ep) = (
-                    cfg.clone(),
-                    producer.clone(),
-                    done_tx.clone(),
-                    key.clone(),
-                    st.epoch,
-                );
+                let (cfg, producer, tx, key, ep) =
+                    (cfg.clone(), producer.clone(), done_tx.clone(), key.clone(), st.epoch);
                 tokio::spawn(async move {
                     let pool = h
                         .job
@@ -134,10 +120,7 @@ pub async fn run(
                     let topic = cfg.pool_topic(pool);
                     match codec::encode_job(&h.job) {
                         Ok(bytes) => {
-                            if let Err(e) = with_retries(|| {
-                                kafka::send(&producer, &topic, &h.job.tenant, &bytes)
-                            })
-                            .await
+                            if let Err(e) = with_retries(|| kafka::send(&producer, &topic, &h.job.tenant, &bytes)).await
                             {
                                 // Not acknowledged: keep the offset uncommitted so it is redelivered.
                                 tracing::error!(error = %e, job_id = %h.job.job_id, "cannot hand retry back to its pool");
@@ -153,11 +136,7 @@ pub async fn run(
             if want_pause != st.paused {
                 let mut tpl = TopicPartitionList::new();
                 tpl.add_partition(&key.0, key.1);
-                let r = if want_pause {
-                    consumer.pause(&tpl)
-                } else {
-                    consumer.resume(&tpl)
-                };
+                let r = if want_pause { consumer.pause(&tpl) } else { consumer.resume(&tpl) };
                 if r.is_ok() {
                     st.paused = want_pause;
                 }

@@ -42,9 +42,7 @@ pub fn config(extra: &str) -> Config {
         base.tenants.insert(k, v);
     }
     if !extra.contains("[pools") {
-        base.pools
-            .iter_mut()
-            .for_each(|(_, p)| p.slots = p.slots.min(16));
+        base.pools.iter_mut().for_each(|(_, p)| p.slots = p.slots.min(16));
     } else {
         base.pools = over.pools;
     }
@@ -52,11 +50,16 @@ pub fn config(extra: &str) -> Config {
     base
 }
 
+static SCHEMA: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+
 pub async fn init(cfg: &Config) {
     kafka::ensure_topics(cfg).await.expect("create topics");
-    fairway::store::ensure_schema(cfg)
-        .await
-        .expect("create schema");
+    // Tests share one keyspace; create it once per test binary (concurrent DDL races).
+    SCHEMA
+        .get_or_init(|| async {
+            fairway::store::ensure_schema(cfg).await.expect("create schema");
+        })
+        .await;
 }
 
 /// Reads `topic` from the beginning until `done` says so or `timeout` passes.
@@ -73,10 +76,7 @@ pub async fn read_until<T>(
     let mut out = Vec::new();
     while Instant::now() < deadline && !done(&out) {
         if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(500), c.recv()).await {
-            if let Some(v) = m
-                .payload()
-                .and_then(|p| decode(p, m.partition(), m.offset()))
-            {
+            if let Some(v) = m.payload().and_then(|p| decode(p, m.partition(), m.offset())) {
                 out.push(v);
             }
         }
@@ -85,11 +85,7 @@ pub async fn read_until<T>(
 }
 
 /// Results for the given job ids (all of them, or what arrived before the timeout).
-pub async fn results_for(
-    cfg: &Config,
-    ids: &[String],
-    timeout: Duration,
-) -> HashMap<String, Vec<JobResult>> {
+pub async fn results_for(cfg: &Config, ids: &[String], timeout: Duration) -> HashMap<String, Vec<JobResult>> {
     let want: std::collections::HashSet<&String> = ids.iter().collect();
     let rs = read_until(
         cfg,
@@ -97,11 +93,8 @@ pub async fn results_for(
         timeout,
         |b, _, _| codec::decode_result(b).ok(),
         |v: &[JobResult]| {
-            let got: std::collections::HashSet<&String> = v
-                .iter()
-                .map(|r| &r.job_id)
-                .filter(|i| want.contains(i))
-                .collect();
+            let got: std::collections::HashSet<&String> =
+                v.iter().map(|r| &r.job_id).filter(|i| want.contains(i)).collect();
             got.len() == want.len()
         },
     )

@@ -1,0 +1,135 @@
+//! Smoke test of the Kafka path against the local broker (tansu in development).
+//!
+//! Needs the local services: `scripts/services up`. Address from `FAIRWAY_KAFKA`, else
+//! `FAIRWAY_BROKERS` (default 127.0.0.1:19092). Topic and group names are unique per run.
+//! Note: tansu takes about 5 s to form each new consumer group.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Message, Offset, TopicPartitionList};
+
+const PARTITIONS: i32 = 3;
+const KEYS: usize = 6;
+
+fn brokers() -> String {
+    std::env::var("FAIRWAY_KAFKA")
+        .or_else(|_| std::env::var("FAIRWAY_BROKERS"))
+        .unwrap_or_else(|_| "127.0.0.1:19092".to_owned())
+}
+
+fn config() -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", brokers()).set("socket.timeout.ms", "10000").set("message.timeout.ms", "10000");
+    c
+}
+
+fn consumer(group: &str, topic: &str) -> StreamConsumer {
+    let c: StreamConsumer = config()
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("session.timeout.ms", "10000")
+        .create()
+        .expect("create consumer");
+    c.subscribe(&[topic]).expect("subscribe");
+    c
+}
+
+async fn produce(producer: &FutureProducer, topic: &str, round: &str, n: usize) -> BTreeSet<String> {
+    let mut sent = BTreeSet::new();
+    for i in 0..n {
+        let key = format!("tenant-{}", i % KEYS);
+        let payload = format!("{round}-{i}");
+        producer
+            .send(FutureRecord::to(topic).key(&key).payload(&payload), Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|(e, _)| {
+                panic!("produce to {topic} at {}: {e}; is `scripts/services up` running?", brokers())
+            });
+        sent.insert(payload);
+    }
+    sent
+}
+
+/// Receives exactly `n` messages (or panics after `limit`); returns (key, partition, offset, payload).
+async fn receive(c: &StreamConsumer, n: usize, limit: Duration) -> Vec<(String, i32, i64, String)> {
+    let mut got = Vec::with_capacity(n);
+    let deadline = tokio::time::Instant::now() + limit;
+    while got.len() < n {
+        let m = tokio::time::timeout_at(deadline, c.recv())
+            .await
+            .unwrap_or_else(|_| panic!("received {} of {n} messages before timing out", got.len()))
+            .expect("consume");
+        let key = String::from_utf8(m.key().expect("key").to_vec()).unwrap();
+        let payload = String::from_utf8(m.payload().expect("payload").to_vec()).unwrap();
+        got.push((key, m.partition(), m.offset(), payload));
+    }
+    got
+}
+
+#[tokio::test]
+async fn produce_consume_commit_resume() {
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let topic = format!("it-topic-{id}");
+        let group = format!("it-group-{id}");
+
+        let admin: AdminClient<DefaultClientContext> = config().create().expect("admin client");
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        let results = admin
+            .create_topics(&[NewTopic::new(&topic, PARTITIONS, TopicReplication::Fixed(1))], &opts)
+            .await
+            .unwrap_or_else(|e| panic!("create topic at {}: {e}; is `scripts/services up` running?", brokers()));
+        for r in results {
+            match r {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((t, e)) => panic!("create topic {t}: {e}"),
+            }
+        }
+
+        let producer: FutureProducer =
+            config().set("enable.idempotence", "true").set("acks", "all").create().expect("producer");
+        let first = produce(&producer, &topic, "first", 30).await;
+
+        // Consumer 1 reads everything, then commits manually and leaves the group.
+        let c1 = consumer(&group, &topic);
+        let got = receive(&c1, first.len(), Duration::from_secs(45)).await;
+        assert_eq!(got.iter().map(|m| m.3.clone()).collect::<BTreeSet<_>>(), first);
+        let mut partition_of_key = BTreeMap::new();
+        let mut next_offsets = BTreeMap::new();
+        for (key, partition, offset, _) in &got {
+            assert!((0..PARTITIONS).contains(partition));
+            let p = *partition_of_key.entry(key.clone()).or_insert(*partition);
+            assert_eq!(p, *partition, "key {key} must always map to one partition");
+            let next = next_offsets.entry(*partition).or_insert(0);
+            *next = (*next).max(offset + 1);
+        }
+        let mut tpl = TopicPartitionList::new();
+        for (p, next) in &next_offsets {
+            tpl.add_partition_offset(&topic, *p, Offset::Offset(*next)).unwrap();
+        }
+        c1.commit(&tpl, CommitMode::Sync).expect("manual commit");
+        drop(c1);
+
+        // Consumer 2 in the same group must resume after the committed offsets:
+        // it sees the new messages only.
+        let second = produce(&producer, &topic, "second", 9).await;
+        let c2 = consumer(&group, &topic);
+        let got = receive(&c2, second.len(), Duration::from_secs(45)).await;
+        assert_eq!(got.iter().map(|m| m.3.clone()).collect::<BTreeSet<_>>(), second);
+        // Nothing else (no redelivery of the committed first round) shortly after.
+        if let Ok(m) = tokio::time::timeout(Duration::from_secs(2), c2.recv()).await {
+            let m = m.expect("consume");
+            panic!("unexpected extra message {:?}", m.payload().map(String::from_utf8_lossy));
+        }
+    })
+    .await
+    .expect("kafka smoke test timed out");
+}
