@@ -112,11 +112,19 @@ pub struct WorkerConfig {
     pub tenant_queue_limit: usize,
     /// Port of the Prometheus exporter (0 = off).
     pub metrics_port: u16,
+    /// How long a running job may ignore a cancellation before the worker aborts it.
+    #[serde(with = "humantime_serde_compat")]
+    pub cancel_grace: Duration,
 }
 
 impl Default for WorkerConfig {
     fn default() -> Self {
-        WorkerConfig { max_payload_bytes: 1 << 20, tenant_queue_limit: 10_000, metrics_port: 0 }
+        WorkerConfig {
+            max_payload_bytes: 1 << 20,
+            tenant_queue_limit: 10_000,
+            metrics_port: 0,
+            cancel_grace: Duration::from_secs(300),
+        }
     }
 }
 
@@ -220,8 +228,12 @@ impl Config {
     }
 
     pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
-        let cfg: Config = toml::from_str(text)
+        let mut cfg: Config = toml::from_str(text)
             .map_err(|e| ConfigError::Parse { path: origin.to_string(), message: e.to_string() })?;
+        // Pools not mentioned keep their defaults.
+        for p in Pool::ALL {
+            cfg.pools.entry(p).or_insert_with(|| PoolConfig::default_for(p));
+        }
         cfg.validate()?;
         Ok(cfg)
     }

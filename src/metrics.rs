@@ -12,6 +12,12 @@ pub const JOB_END_TO_END_SECONDS: &str = "fairway_job_end_to_end_seconds";
 pub const JOB_FAILURES: &str = "fairway_job_failures_total";
 pub const RETRIES: &str = "fairway_retries_total";
 pub const DEAD_LETTERS: &str = "fairway_dead_letters_total";
+pub const JOBS_DEFERRED: &str = "fairway_jobs_deferred_total";
+pub const JOBS_TAKEN_OVER: &str = "fairway_jobs_taken_over_total";
+pub const HEARTBEAT_AGE_SECONDS: &str = "fairway_heartbeat_age_seconds";
+pub const HEARTBEATS: &str = "fairway_heartbeats_total";
+pub const REAPED: &str = "fairway_jobs_reaped_total";
+pub const CANCELLATIONS: &str = "fairway_cancellations_total";
 
 /// Registers descriptions (shown as HELP lines by the Prometheus exporter).
 pub fn describe() {
@@ -27,6 +33,12 @@ pub fn describe() {
     describe_counter!(JOB_FAILURES, "Failed attempts, by pool and failure class");
     describe_counter!(RETRIES, "Jobs sent to a retry topic, by class and job type");
     describe_counter!(DEAD_LETTERS, "Jobs dead-lettered, by class and job type");
+    describe_counter!(JOBS_DEFERRED, "Redelivered jobs deferred because another worker still heartbeats them");
+    describe_counter!(JOBS_TAKEN_OVER, "Jobs taken over from a worker whose heartbeat lapsed");
+    describe_gauge!(HEARTBEAT_AGE_SECONDS, Unit::Seconds, "Age of the oldest heartbeat of this worker's running jobs");
+    describe_counter!(HEARTBEATS, "Heartbeats written, by pool");
+    describe_counter!(REAPED, "Running jobs re-dispatched by the reaper after their heartbeat lapsed");
+    describe_counter!(CANCELLATIONS, "Cancellation requests seen by running jobs, by pool");
 }
 
 /// Serves /metrics on 127.0.0.1:port (0 = off).

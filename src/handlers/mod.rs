@@ -56,6 +56,7 @@ pub trait Handler: Send + Sync + 'static {
 pub struct JobLive {
     progress: Mutex<(f64, String)>,
     cancelled: AtomicBool,
+    abort: tokio::sync::Notify,
 }
 
 impl JobLive {
@@ -67,6 +68,13 @@ impl JobLive {
     }
     pub fn is_cancelled(&self) -> bool {
         self.cancelled.load(Ordering::SeqCst)
+    }
+    /// Hard stop after the cancellation grace period: the worker drops the handler.
+    pub fn abort(&self) {
+        self.abort.notify_one()
+    }
+    pub async fn aborted(&self) {
+        self.abort.notified().await
     }
 }
 

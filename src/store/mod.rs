@@ -9,6 +9,7 @@ use crate::config::Config;
 use crate::model::Millis;
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
+use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::Consistency;
 use std::sync::Arc;
@@ -100,6 +101,12 @@ struct Prepared {
     put_checkpoint: PreparedStatement,
     get_checkpoint: PreparedStatement,
     claim_idempotency: PreparedStatement,
+    put_running_job: PreparedStatement,
+    delete_running_job: PreparedStatement,
+    list_running_jobs: PreparedStatement,
+    cancel_flags: PreparedStatement,
+    lease_acquire: PreparedStatement,
+    lease_renew: PreparedStatement,
 }
 
 /// A connected store bound to fairway's keyspace.
@@ -111,6 +118,13 @@ pub struct Store {
 }
 
 pub const CHECKPOINT_LIMIT: usize = 1 << 20;
+
+/// The `[applied]` column of an LWT result.
+fn applied(res: scylla::response::query_result::QueryResult) -> Result<bool, StoreError> {
+    let rows = res.into_rows_result().map_err(|e| e.to_string()).map_err(rows_err("lwt"))?;
+    let row = rows.maybe_first_row::<scylla::value::Row>().map_err(|e| e.to_string()).map_err(rows_err("lwt"))?;
+    Ok(matches!(row.and_then(|r| r.columns.into_iter().next()), Some(Some(scylla::value::CqlValue::Boolean(true)))))
+}
 
 /// Opens a session (no keyspace yet): used by `init` and by `Store::open`.
 pub async fn connect(cfg: &Config) -> Result<Session, StoreError> {
@@ -206,6 +220,36 @@ impl Store {
                 "prepare claim_idempotency",
             )
             .await?,
+            put_running_job: prep(
+                format!("INSERT INTO {ks}.running_jobs (pool, job_id, worker, started_at, job) VALUES (?, ?, ?, ?, ?)"),
+                "prepare put_running_job",
+            )
+            .await?,
+            delete_running_job: prep(
+                format!("DELETE FROM {ks}.running_jobs WHERE pool = ? AND job_id = ?"),
+                "prepare delete_running_job",
+            )
+            .await?,
+            list_running_jobs: prep(
+                format!("SELECT job_id, worker, started_at, job FROM {ks}.running_jobs WHERE pool = ?"),
+                "prepare list_running_jobs",
+            )
+            .await?,
+            cancel_flags: prep(
+                format!("SELECT job_id, cancel_requested FROM {ks}.jobs WHERE job_id IN ?"),
+                "prepare cancel_flags",
+            )
+            .await?,
+            lease_acquire: prep(
+                format!("INSERT INTO {ks}.leases (name, holder, expires_at) VALUES (?, ?, ?) IF NOT EXISTS USING TTL ?"),
+                "prepare lease_acquire",
+            )
+            .await?,
+            lease_renew: prep(
+                format!("UPDATE {ks}.leases USING TTL ? SET expires_at = ? WHERE name = ? IF holder = ?"),
+                "prepare lease_renew",
+            )
+            .await?,
         };
         Ok(Store { session: Arc::new(session), keyspace: ks, prepared: Arc::new(prepared) })
     }
@@ -274,6 +318,119 @@ impl Store {
             .await
             .map_err(q("put running"))?;
         Ok(())
+    }
+
+    /// Marks a job running: its state row, a first heartbeat and its entry in the
+    /// reaper's index, in one unlogged batch (one round trip).
+    pub async fn put_running_with_heartbeat(
+        &self,
+        u: &StateUpdate<'_>,
+        encoded_job: &[u8],
+        now: Millis,
+        heartbeat_ttl_secs: i32,
+    ) -> Result<(), StoreError> {
+        let p = &self.prepared;
+        let mut batch = Batch::new(BatchType::Unlogged);
+        batch.append_statement(p.put_running.clone());
+        batch.append_statement(p.put_heartbeat.clone());
+        batch.append_statement(p.put_running_job.clone());
+        let values = (
+            (
+                u.tenant,
+                u.job_type,
+                u.pool,
+                u.attempts,
+                u.crash_count,
+                u.generation,
+                u.submitted_at,
+                u.started_at,
+                u.worker,
+                now,
+                u.job_id,
+            ),
+            (u.job_id, u.worker, now, 0.0f64, "started", heartbeat_ttl_secs),
+            (u.pool, u.job_id, u.worker, u.started_at.unwrap_or(now), encoded_job),
+        );
+        self.session.batch(&batch, values).await.map_err(q("put running"))?;
+        Ok(())
+    }
+
+    pub async fn delete_running_job(&self, pool: &str, job_id: &str) -> Result<(), StoreError> {
+        self.session
+            .execute_unpaged(&self.prepared.delete_running_job, (pool, job_id))
+            .await
+            .map_err(q("delete running job"))?;
+        Ok(())
+    }
+
+    /// Jobs marked running in a pool: (job id, worker, started_at, encoded job).
+    pub async fn running_jobs(&self, pool: &str) -> Result<Vec<(String, String, i64, Vec<u8>)>, StoreError> {
+        let res =
+            self.session.execute_unpaged(&self.prepared.list_running_jobs, (pool,)).await.map_err(q("list running"))?;
+        let rows = res.into_rows_result().map_err(|e| e.to_string()).map_err(rows_err("list running"))?;
+        let it = rows
+            .rows::<(String, Option<String>, Option<i64>, Option<Vec<u8>>)>()
+            .map_err(|e| e.to_string())
+            .map_err(rows_err("list running"))?;
+        Ok(it
+            .filter_map(|r| r.ok())
+            .map(|(id, w, s, j)| (id, w.unwrap_or_default(), s.unwrap_or(0), j.unwrap_or_default()))
+            .collect())
+    }
+
+    /// Heartbeats of many running jobs in one unlogged batch.
+    pub async fn put_heartbeats(
+        &self,
+        beats: &[(String, f64, String)],
+        worker: &str,
+        at: Millis,
+        ttl_secs: i32,
+    ) -> Result<(), StoreError> {
+        if beats.is_empty() {
+            return Ok(());
+        }
+        let mut batch = Batch::new(BatchType::Unlogged);
+        let mut values = Vec::with_capacity(beats.len());
+        for (id, progress, msg) in beats {
+            batch.append_statement(self.prepared.put_heartbeat.clone());
+            values.push((id.as_str(), worker, at, *progress, msg.as_str(), ttl_secs));
+        }
+        self.session.batch(&batch, values).await.map_err(q("put heartbeats"))?;
+        Ok(())
+    }
+
+    /// Which of these jobs have a cancellation request (read with the heartbeat round trip).
+    pub async fn cancel_requested(&self, job_ids: &[String]) -> Result<Vec<String>, StoreError> {
+        if job_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let res = self
+            .session
+            .execute_unpaged(&self.prepared.cancel_flags, (job_ids.to_vec(),))
+            .await
+            .map_err(q("read cancel flags"))?;
+        let rows = res.into_rows_result().map_err(|e| e.to_string()).map_err(rows_err("read cancel flags"))?;
+        let it = rows.rows::<(String, Option<bool>)>().map_err(|e| e.to_string()).map_err(rows_err("cancel flags"))?;
+        Ok(it.filter_map(|r| r.ok()).filter(|(_, c)| *c == Some(true)).map(|(id, _)| id).collect())
+    }
+
+    /// Takes or renews the named lease for `ttl_secs` (LWT). True while we hold it.
+    pub async fn lease(&self, name: &str, holder: &str, ttl_secs: i32, now: Millis) -> Result<bool, StoreError> {
+        let expires = now + i64::from(ttl_secs) * 1000;
+        let res = self
+            .session
+            .execute_unpaged(&self.prepared.lease_acquire, (name, holder, expires, ttl_secs))
+            .await
+            .map_err(q("acquire lease"))?;
+        if applied(res)? {
+            return Ok(true);
+        }
+        let res = self
+            .session
+            .execute_unpaged(&self.prepared.lease_renew, (ttl_secs, expires, name, holder))
+            .await
+            .map_err(q("renew lease"))?;
+        applied(res)
     }
 
     pub async fn request_cancel(&self, job_id: &str, now: Millis) -> Result<(), StoreError> {

@@ -16,6 +16,12 @@ pub const TABLES: &[(&str, &str)] = &[
     // Liveness of running jobs; rows expire (TTL ~3 intervals) when a worker dies.
     ("heartbeats", "(job_id text PRIMARY KEY, worker text, at bigint, progress double, message text)"),
     ("checkpoints", "(job_id text PRIMARY KEY, data blob, at bigint)"),
+    // Jobs running for more than a moment, by pool: what the reaper watches for lapsed
+    // heartbeats (the encoded job lets it re-dispatch without Kafka).
+    (
+        "running_jobs",
+        "(pool text, job_id text, worker text, started_at bigint, job blob, PRIMARY KEY (pool, job_id))",
+    ),
     // LWT IF NOT EXISTS with TTL: the dedupe window of idempotent submission.
     ("idempotency", "(tenant text, key text, job_id text, at bigint, PRIMARY KEY ((tenant, key)))"),
     // Jobs to run later, bucketed by minute so the promoter reads one partition per tick.

@@ -34,42 +34,10 @@ pub enum Ended {
 const RUNNING_WRITE_GRACE: Duration = Duration::from_millis(250);
 
 pub async fn execute(sh: Arc<Shared>, job: Arc<JobSubmitted>, origin: Origin) -> Ended {
-    let row = match with_retries(|| sh.store.job(&job.job_id)).await {
-        Ok(r) => r,
-        Err(e) => {
-            // The store is down: failing the job would be wrong, skipping it would lose
-            // it. Hand it back as a worker-side failure so it is retried later.
-            tracing::warn!(job_id = %job.job_id, error = %e, "store unavailable for the effectively-once check");
-            let err = HandlerError { class: FailureClass::WorkerCrash, message: e.to_string(), retry_after: None };
-            fail(&sh, &job, &origin, err, None).await;
-            return Ended::Skipped;
-        }
+    let job = match precheck(&sh, job, &origin).await {
+        Check::Run(job) => job,
+        Check::Done => return Ended::Skipped,
     };
-    let now = now_ms();
-    if let Some(row) = &row {
-        if row.is_terminal() {
-            // Redelivered after it finished: make sure its result exists, never rerun it.
-            republish_result(&sh, &job, row).await;
-            metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "finished").increment(1);
-            return Ended::Skipped;
-        }
-        if row.attempts.unwrap_or(0) > job.attempt {
-            // A stale copy: a later attempt of this job already exists on a retry topic.
-            metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "stale_attempt").increment(1);
-            return Ended::Skipped;
-        }
-        if row.cancel_requested == Some(true) {
-            finish(&sh, &job, JobStatus::Cancelled, None, Some("cancelled before it started".into()), None, None).await;
-            return Ended::Skipped;
-        }
-    }
-    if let Some(not_after) = job.not_after {
-        if now > not_after {
-            let msg = format!("not started before not_after ({not_after}); picked at {now}");
-            finish(&sh, &job, JobStatus::Expired, None, Some(msg), None, None).await;
-            return Ended::Skipped;
-        }
-    }
     let Some(handler) = sh.registry.get(&job.job_type) else {
         let err = HandlerError::permanent(format!(
             "no handler for job type {:?} on this worker; add it to [job_types] or register a Rust handler",
@@ -88,14 +56,23 @@ pub async fn execute(sh: Arc<Shared>, job: Arc<JobSubmitted>, origin: Origin) ->
     metrics::gauge!(m::JOBS_RUNNING, "pool" => sh.pool.as_str()).increment(1.0);
 
     let mut run = std::pin::pin!(tokio::time::timeout_at(deadline, handler.run(ctx)));
+    let mut running_written = false;
     let result = tokio::select! {
-        r = &mut run => r,
+        r = &mut run => Some(r),
+        _ = live.aborted() => None,
         _ = tokio::time::sleep(RUNNING_WRITE_GRACE) => {
+            // Outlived the grace: record it as running, with a first heartbeat and an
+            // entry the reaper watches, so a dead or hung worker is noticed.
             let u = update(&sh, &job, "running", Some(started_at), None);
-            if let Err(e) = sh.store.put_running(&u, now_ms()).await {
-                tracing::warn!(job_id = %job.job_id, error = %e, "could not record running state");
+            let encoded = codec::encode_job(&job).unwrap_or_default();
+            match sh.store.put_running_with_heartbeat(&u, &encoded, now_ms(), sh.heartbeat_ttl_secs()).await {
+                Ok(()) => running_written = true,
+                Err(e) => tracing::warn!(job_id = %job.job_id, error = %e, "could not record running state"),
             }
-            run.await
+            tokio::select! {
+                r = &mut run => Some(r),
+                _ = live.aborted() => None,
+            }
         }
     };
     sh.running.lock().expect("running map").remove(&job.job_id);
@@ -104,15 +81,19 @@ pub async fn execute(sh: Arc<Shared>, job: Arc<JobSubmitted>, origin: Origin) ->
     metrics::histogram!(m::JOB_RUN_SECONDS, "pool" => sh.pool.as_str()).record(run_ms / 1000.0);
 
     match result {
-        Ok(Ok(output)) => {
+        None => {
+            let msg = "cancelled: the handler did not stop within worker.cancel_grace and was aborted".to_string();
+            finish(&sh, &job, JobStatus::Cancelled, None, Some(msg), None, Some(started_at)).await;
+        }
+        Some(Ok(Ok(output))) => {
             finish(&sh, &job, JobStatus::Succeeded, Some(output), None, None, Some(started_at)).await;
         }
-        Ok(Err(err)) if live.is_cancelled() => {
+        Some(Ok(Err(err))) if live.is_cancelled() => {
             let msg = format!("cancelled while running ({})", err.message);
             finish(&sh, &job, JobStatus::Cancelled, None, Some(msg), None, Some(started_at)).await;
         }
-        Ok(Err(err)) => fail(&sh, &job, &origin, err, Some(started_at)).await,
-        Err(_) => {
+        Some(Ok(Err(err))) => fail(&sh, &job, &origin, err, Some(started_at)).await,
+        Some(Err(_)) => {
             let err = HandlerError {
                 class: FailureClass::Timeout,
                 message: format!("deadline of {timeout:?} passed"),
@@ -121,7 +102,101 @@ pub async fn execute(sh: Arc<Shared>, job: Arc<JobSubmitted>, origin: Origin) ->
             fail(&sh, &job, &origin, err, Some(started_at)).await;
         }
     }
+    if running_written {
+        if let Err(e) = sh.store.delete_running_job(sh.pool.as_str(), &job.job_id).await {
+            tracing::debug!(job_id = %job.job_id, error = %e, "could not clear running index");
+        }
+    }
     Ended::Ran
+}
+
+enum Check {
+    Run(Arc<JobSubmitted>),
+    Done,
+}
+
+/// The effectively-once check, before any handler runs: finished, stale, cancelled,
+/// expired, scheduled for later, or running elsewhere (rebalance safety).
+async fn precheck(sh: &Shared, job: Arc<JobSubmitted>, origin: &Origin) -> Check {
+    let mut job = job;
+    let interval = sh.cfg.pool(sh.pool).heartbeat_interval;
+    loop {
+        let row = match with_retries(|| sh.store.job(&job.job_id)).await {
+            Ok(r) => r,
+            Err(e) => {
+                // The store is down: failing the job would be wrong, skipping it would
+                // lose it. Hand it back as a worker-side failure so it is retried later.
+                tracing::warn!(job_id = %job.job_id, error = %e, "store unavailable for the effectively-once check");
+                let err = HandlerError { class: FailureClass::WorkerCrash, message: e.to_string(), retry_after: None };
+                fail(sh, &job, origin, err, None).await;
+                return Check::Done;
+            }
+        };
+        let now = now_ms();
+        let Some(row) = row else { break };
+        if row.is_terminal() {
+            // Redelivered after it finished: make sure its result exists, never rerun it.
+            republish_result(sh, &job, &row).await;
+            metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "finished").increment(1);
+            return Check::Done;
+        }
+        if row.attempts.unwrap_or(0) > job.attempt {
+            // A stale copy: a later attempt of this job already exists on a retry topic.
+            metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "stale_attempt").increment(1);
+            return Check::Done;
+        }
+        if row.cancel_requested == Some(true) {
+            finish(sh, &job, JobStatus::Cancelled, None, Some("cancelled before it started".into()), None, None).await;
+            return Check::Done;
+        }
+        if row.status.as_deref() != Some("running") {
+            break;
+        }
+        // Marked running: by a worker that still heartbeats (the partition moved while
+        // the job runs) we wait; by one whose heartbeat lapsed, we take over.
+        let hb = sh.store.heartbeat(&job.job_id).await.ok().flatten();
+        let fresh = hb.and_then(|h| h.at).is_some_and(|at| now - at < 3 * interval.as_millis() as i64);
+        if fresh {
+            metrics::counter!(m::JOBS_DEFERRED, "pool" => sh.pool.as_str()).increment(1);
+            tokio::time::sleep(interval).await;
+            continue;
+        }
+        // Worker crash: never uses up an attempt, but counts towards the crash limit.
+        let crashes = job.crash_count.max(row.crash_count.unwrap_or(0) + 1);
+        let state = AttemptState { attempt: job.attempt, crash_count: crashes - 1, last_error: row.error.clone() };
+        let policy = sh.retry_policy(&job.job_type);
+        if let Decision::DeadLetter { reason } =
+            sh.decide(FailureClass::WorkerCrash, &job.job_type, &job.tenant, &state, &policy, now)
+        {
+            dead_letter(
+                sh,
+                Some(&job),
+                None,
+                FailureClass::Poison,
+                reason.clone(),
+                row.error.clone(),
+                job.attempt,
+                origin,
+            )
+            .await;
+            finish(sh, &job, JobStatus::Failed, None, Some(reason), Some(FailureClass::Poison), None).await;
+            return Check::Done;
+        }
+        metrics::counter!(m::JOBS_TAKEN_OVER, "pool" => sh.pool.as_str()).increment(1);
+        let mut j = (*job).clone();
+        j.crash_count = crashes;
+        job = Arc::new(j);
+        break;
+    }
+    if let Some(not_after) = job.not_after {
+        let now = now_ms();
+        if now > not_after {
+            let msg = format!("not started before not_after ({not_after}); picked at {now}");
+            finish(sh, &job, JobStatus::Expired, None, Some(msg), None, None).await;
+            return Check::Done;
+        }
+    }
+    Check::Run(job)
 }
 
 fn update<'a>(

@@ -5,6 +5,7 @@
 
 pub mod dispatch;
 pub mod exec;
+pub mod liveness;
 pub mod pool;
 pub mod relay;
 
@@ -48,6 +49,11 @@ impl Shared {
             Some(jt) => self.cfg.job_timeout(jt),
             None => self.cfg.pool(self.pool).default_timeout,
         }
+    }
+
+    /// Heartbeats expire after about three intervals, so a dead worker's rows vanish.
+    pub fn heartbeat_ttl_secs(&self) -> i32 {
+        (self.cfg.pool(self.pool).heartbeat_interval.as_secs_f64() * 3.0).ceil().max(1.0) as i32
     }
 
     pub fn retry_policy(&self, job_type: &str) -> RetryPolicy {
@@ -109,6 +115,8 @@ impl Worker {
                 running: Mutex::new(HashMap::new()),
                 stats: Mutex::new(serde_json::Value::Null),
             });
+            let (sh3, rx3) = (sh.clone(), rx.clone());
+            tasks.push(tokio::spawn(liveness::heartbeat_loop(sh3, rx3)));
             let dispatcher = make_dispatcher(&cfg, pool, policy);
             let rx = rx.clone();
             let sh2 = sh.clone();
@@ -118,6 +126,10 @@ impl Worker {
                 }
             }));
             shared.push(sh);
+        }
+        // Any worker may lead the reaper (one at a time, by lease).
+        if let Some(sh) = shared.first() {
+            tasks.push(tokio::spawn(liveness::reaper_loop(sh.clone(), rx.clone())));
         }
         // Every worker also relays due retries back to their pools (one group, shared).
         let (cfg2, producer2, rx2) = (cfg.clone(), producer.clone(), rx.clone());

@@ -41,10 +41,9 @@ pub fn config(extra: &str) -> Config {
     for (k, v) in over.tenants {
         base.tenants.insert(k, v);
     }
+    base.pools = over.pools;
     if !extra.contains("[pools") {
         base.pools.iter_mut().for_each(|(_, p)| p.slots = p.slots.min(16));
-    } else {
-        base.pools = over.pools;
     }
     base.worker = over.worker;
     base

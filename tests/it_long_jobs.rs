@@ -1,0 +1,204 @@
+//! Long jobs on the real broker and CQL database: checkpoints survive kill -9, a
+//! partition moved during a long job never yields two concurrent executions,
+//! cooperative cancellation (queued and running), and expired jobs never run.
+
+mod common;
+
+use axum::{extract::State, http::HeaderMap, routing::post, Router};
+use fairway::handlers::Registry;
+use fairway::model::{JobStatus, Pool};
+use fairway::store::Store;
+use fairway::submit::{NewJob, Submitter};
+use fairway::worker::{Policy, Worker};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const POOLS: &str = "[pools.long]\nslots = 8\nheartbeat_interval = \"1s\"\ndefault_estimate = \"10s\"\n\
+                     [pools.short]\nslots = 8\nheartbeat_interval = \"1s\"\n";
+
+fn job(tenant: &str, job_type: &str, payload: serde_json::Value) -> NewJob {
+    NewJob { tenant: tenant.into(), job_type: job_type.into(), payload, ..Default::default() }
+}
+
+async fn wait_for<T>(timeout: Duration, mut f: impl AsyncFnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    None
+}
+
+fn write_config(cfg: &fairway::config::Config, extra: &str, dir: &std::path::Path) -> std::path::PathBuf {
+    let text = format!(
+        "[kafka]\nbrokers = \"{}\"\ntopic_prefix = \"{}\"\ngroup_prefix = \"{}\"\npartitions = {}\nsession_timeout = \"6s\"\n\
+         [scylla]\ncontact_points = [\"{}\"]\nkeyspace = \"{}\"\n\
+         [tenants.acme]\ntier = \"enterprise\"\n[tenants.globex]\ntier = \"pro\"\n{}",
+        cfg.kafka.brokers,
+        cfg.kafka.topic_prefix,
+        cfg.kafka.group_prefix,
+        cfg.kafka.partitions,
+        cfg.scylla.contact_points[0],
+        cfg.scylla.keyspace,
+        extra
+    );
+    let path = dir.join("fairway.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill_9_during_a_checkpointed_long_job_resumes_from_the_checkpoint_without_using_an_attempt() {
+    let extra = format!("{POOLS}[job_types.crunch]\npool = \"long\"\nhandler = \"sleep\"\ntimeout = \"2min\"\n");
+    let cfg = common::config(&extra);
+    common::init(&cfg).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(&cfg, &extra, dir.path());
+    let cfg = Arc::new(cfg);
+    let store = Store::open(&cfg).await.unwrap();
+    let sub = Submitter::new(cfg.clone(), None).unwrap();
+    // 20 steps of 400 ms, a checkpoint every 2 steps.
+    let id = sub
+        .submit(&job("acme", "crunch", serde_json::json!({"ms": 8000, "checkpoint_every": 2})))
+        .await
+        .unwrap()
+        .job_id;
+
+    let spawn = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_fairway"))
+            .args(["--config", path.to_str().unwrap(), "worker", "--pools", "long"])
+            .env("FAIRWAY_LOG", "warn")
+            .spawn()
+            .unwrap()
+    };
+    let mut first = spawn();
+    let step = wait_for(Duration::from_secs(60), async || {
+        let cp = store.checkpoint(&id).await.ok().flatten()?;
+        let step: u32 = String::from_utf8(cp).ok()?.parse().ok()?;
+        (step >= 6).then_some(step)
+    })
+    .await
+    .expect("the job checkpointed");
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let row = store.job(&id).await.unwrap().unwrap();
+    assert_eq!(row.status.as_deref(), Some("running"));
+
+    let mut second = spawn();
+    let results = common::results_for(&cfg, std::slice::from_ref(&id), Duration::from_secs(90)).await;
+    second.kill().ok();
+    second.wait().ok();
+    let r = &results.get(&id).expect("a result after the crash")[0];
+    assert_eq!(r.status, JobStatus::Succeeded, "{r:?}");
+    let out = String::from_utf8(r.output.clone().unwrap()).unwrap();
+    let resumed: u32 =
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()["resumed_from_step"].as_u64().unwrap() as u32;
+    assert!(resumed >= step, "resumed from step {resumed}, checkpoint was at {step}: {out}");
+    assert_eq!(r.attempts, 1, "the crash did not use up an attempt");
+    let row = store.job(&id).await.unwrap().unwrap();
+    assert_eq!(row.crash_count, Some(1), "the crash was counted as a crash");
+}
+
+/// Counts concurrent and total executions per job id; each execution takes `hold`.
+#[derive(Clone, Default)]
+struct Tracker {
+    active: Arc<Mutex<HashMap<String, (u32, u32, u32)>>>, // id -> (active, max active, total)
+}
+
+async fn long_call(State(t): State<Tracker>, headers: HeaderMap) -> &'static str {
+    let id = headers.get("x-fairway-job-id").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    {
+        let mut m = t.active.lock().unwrap();
+        let e = m.entry(id.clone()).or_default();
+        e.0 += 1;
+        e.1 = e.1.max(e.0);
+        e.2 += 1;
+    }
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    t.active.lock().unwrap().get_mut(&id).unwrap().0 -= 1;
+    "ok"
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partition_moved_during_long_jobs_never_runs_one_twice_at_once() {
+    let tracker = Tracker::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = Router::new().route("/long", post(long_call)).with_state(tracker.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let extra = format!(
+        "{POOLS}[job_types.slow]\npool = \"long\"\nhandler = \"http\"\nurl = \"http://{addr}/long\"\ntimeout = \"1min\"\n\
+         [tenants.t0]\n[tenants.t1]\n[tenants.t2]\n[tenants.t3]\n[tenants.t4]\n[tenants.t5]\n"
+    );
+    let cfg = Arc::new(common::config(&extra));
+    common::init(&cfg).await;
+    let registry = Registry::from_config(&cfg, Default::default()).unwrap();
+    let a = Worker::start(cfg.clone(), &[Pool::Long], registry.clone(), Policy::Fair).await.unwrap();
+    let sub = Submitter::new(cfg.clone(), None).unwrap();
+    let mut ids = Vec::new();
+    for i in 0..6 {
+        ids.push(sub.submit(&job(&format!("t{i}"), "slow", serde_json::Value::Null)).await.unwrap().job_id);
+    }
+    // All six running on A, then B joins the group and takes some partitions over.
+    wait_for(Duration::from_secs(30), async || (tracker.active.lock().unwrap().len() == 6).then_some(()))
+        .await
+        .expect("all started on A");
+    tokio::time::sleep(Duration::from_millis(500)).await; // past the running-state write
+    let b = Worker::start(cfg.clone(), &[Pool::Long], registry, Policy::Fair).await.unwrap();
+    let results = common::results_for(&cfg, &ids, Duration::from_secs(90)).await;
+    a.stop().await;
+    b.stop().await;
+    assert_eq!(results.len(), 6, "every job finished");
+    let m = tracker.active.lock().unwrap().clone();
+    for id in &ids {
+        let (_, max_active, total) = m[id];
+        assert_eq!(max_active, 1, "job {id} ran twice at once");
+        assert_eq!(total, 1, "job {id} ran {total} times");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cancel_a_queued_and_a_running_job_and_expired_jobs_never_run() {
+    let extra = format!("{POOLS}[job_types.nap]\npool = \"long\"\nhandler = \"sleep\"\ntimeout = \"2min\"\n");
+    let mut cfg = common::config(&extra);
+    cfg.worker.cancel_grace = Duration::from_secs(3);
+    let cfg = Arc::new(cfg);
+    common::init(&cfg).await;
+    let store = Store::open(&cfg).await.unwrap();
+    let sub = Submitter::new(cfg.clone(), None).unwrap();
+
+    let queued = sub.submit(&job("acme", "nap", serde_json::json!({"ms": 200}))).await.unwrap().job_id;
+    store.request_cancel(&queued, fairway::now_ms()).await.unwrap();
+    let mut late = job("acme", "echo", serde_json::json!("too late"));
+    late.not_after = Some(fairway::now_ms() - 1);
+    let expired = sub.submit(&late).await.unwrap().job_id;
+    let running = sub.submit(&job("globex", "nap", serde_json::json!({"ms": 60000}))).await.unwrap().job_id;
+
+    let registry = Registry::from_config(&cfg, Default::default()).unwrap();
+    let w = Worker::start(cfg.clone(), &[Pool::Long, Pool::Short], registry, Policy::Fair).await.unwrap();
+    wait_for(Duration::from_secs(30), async || {
+        let r = store.job(&running).await.ok().flatten()?;
+        (r.status.as_deref() == Some("running")).then_some(())
+    })
+    .await
+    .expect("the long job started");
+    let t0 = Instant::now();
+    store.request_cancel(&running, fairway::now_ms()).await.unwrap();
+    let ids = vec![queued.clone(), expired.clone(), running.clone()];
+    let results = common::results_for(&cfg, &ids, Duration::from_secs(30)).await;
+    w.stop().await;
+
+    let q = &results[&queued][0];
+    assert_eq!(q.status, JobStatus::Cancelled);
+    assert_eq!(q.started_at, None, "a cancelled queued job never starts");
+    let e = &results[&expired][0];
+    assert_eq!(e.status, JobStatus::Expired);
+    assert_eq!((e.started_at, e.attempts), (None, 0), "an expired job never runs");
+    let r = &results[&running][0];
+    assert_eq!(r.status, JobStatus::Cancelled, "{r:?}");
+    assert!(r.started_at.is_some());
+    assert!(t0.elapsed() < Duration::from_secs(20), "cancellation reached the running job through its heartbeat");
+}
