@@ -115,6 +115,10 @@ pub struct WorkerConfig {
     /// How long a running job may ignore a cancellation before the worker aborts it.
     #[serde(with = "humantime_serde_compat")]
     pub cancel_grace: Duration,
+    /// Quarantine of job types that fail most of the time.
+    pub poison: crate::core::poison::PoisonConfig,
+    /// Per-tenant retry budget (retries above ~2x the dispatch rate are dead-lettered).
+    pub retry_budget: crate::core::retry::RetryBudgetConfig,
 }
 
 impl Default for WorkerConfig {
@@ -124,6 +128,8 @@ impl Default for WorkerConfig {
             tenant_queue_limit: 10_000,
             metrics_port: 0,
             cancel_grace: Duration::from_secs(300),
+            poison: Default::default(),
+            retry_budget: Default::default(),
         }
     }
 }
@@ -218,6 +224,9 @@ pub struct JobTypeConfig {
     /// Retry policy per failure class; defaults in `core::retry`.
     #[serde(default)]
     pub retry: Option<crate::core::retry::RetryPolicy>,
+    /// Circuit breaker of this job type's dependency; defaults in `core::breaker`.
+    #[serde(default)]
+    pub breaker: Option<crate::core::breaker::BreakerConfig>,
 }
 
 impl Config {

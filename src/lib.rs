@@ -14,6 +14,7 @@
 //! - `cqlbridge` – protocol-v4 bridge to the local Cassandra 2.1 test database.
 //! - `metrics`   – metric names and the Prometheus exporter.
 
+pub mod api;
 pub mod codec;
 pub mod config;
 pub mod core;
@@ -22,6 +23,7 @@ pub mod handlers;
 pub mod kafka;
 pub mod metrics;
 pub mod model;
+pub mod replay;
 pub mod store;
 pub mod submit;
 pub mod worker;

@@ -18,6 +18,8 @@ pub const HEARTBEAT_AGE_SECONDS: &str = "fairway_heartbeat_age_seconds";
 pub const HEARTBEATS: &str = "fairway_heartbeats_total";
 pub const REAPED: &str = "fairway_jobs_reaped_total";
 pub const CANCELLATIONS: &str = "fairway_cancellations_total";
+pub const BREAKER_OPEN: &str = "fairway_breaker_open";
+pub const BREAKER_REJECTIONS: &str = "fairway_breaker_rejections_total";
 
 /// Registers descriptions (shown as HELP lines by the Prometheus exporter).
 pub fn describe() {
@@ -39,6 +41,8 @@ pub fn describe() {
     describe_counter!(HEARTBEATS, "Heartbeats written, by pool");
     describe_counter!(REAPED, "Running jobs re-dispatched by the reaper after their heartbeat lapsed");
     describe_counter!(CANCELLATIONS, "Cancellation requests seen by running jobs, by pool");
+    describe_gauge!(BREAKER_OPEN, "1 while the job type's circuit breaker is open or half-open, by job type");
+    describe_counter!(BREAKER_REJECTIONS, "Jobs held back because their job type's breaker is open");
 }
 
 /// Serves /metrics on 127.0.0.1:port (0 = off).

@@ -6,5 +6,6 @@
 pub mod breaker;
 pub mod offsets;
 pub mod poison;
+pub mod replay;
 pub mod retry;
 pub mod window;

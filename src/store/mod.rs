@@ -527,3 +527,94 @@ impl Store {
         Ok(Some(existing.unwrap_or_default()))
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// `fairway replay` (src/replay.rs): per-partition resume points in `replays`, and the
+// reset of a replayed job's state row. Kept in its own block and struct so it stays
+// apart from the worker's prepared statements.
+// ---------------------------------------------------------------------------------------
+
+/// Statements of `fairway replay`, prepared once per replay run ([`Store::replay_statements`]).
+#[derive(Clone)]
+pub struct ReplayStatements {
+    session: Arc<Session>,
+    get_offsets: PreparedStatement,
+    put_offset: PreparedStatement,
+    reset_job: PreparedStatement,
+}
+
+impl Store {
+    /// Prepares the statements `fairway replay` uses.
+    pub async fn replay_statements(&self) -> Result<ReplayStatements, StoreError> {
+        let ks = &self.keyspace;
+        let prep = |cql: String, what: &'static str| {
+            let session = &self.session;
+            async move {
+                let mut p = session.prepare(cql).await.map_err(|e| StoreError::Query { what, message: e.to_string() })?;
+                p.set_consistency(Consistency::LocalQuorum);
+                Ok::<_, StoreError>(p)
+            }
+        };
+        Ok(ReplayStatements {
+            session: self.session.clone(),
+            get_offsets: prep(
+                format!("SELECT partition, next_offset FROM {ks}.replays WHERE replay_id = ? AND topic = ?"),
+                "prepare replay offsets",
+            )
+            .await?,
+            put_offset: prep(
+                format!("INSERT INTO {ks}.replays (replay_id, topic, partition, next_offset) VALUES (?, ?, ?, ?)"),
+                "prepare put replay offset",
+            )
+            .await?,
+            // Status `replayed` is not terminal and attempts 0 is not ahead of the replayed
+            // copy's attempt 0, so the worker's effectively-once check runs the job again
+            // instead of acknowledging it as already finished (or as a stale attempt).
+            reset_job: prep(
+                format!(
+                    "UPDATE {ks}.jobs SET status = 'replayed', attempts = 0, crash_count = 0, started_at = null, \
+                     finished_at = null, worker = null, error = null, failure_class = null, output = null, \
+                     cancel_requested = false, updated_at = ? WHERE job_id = ?"
+                ),
+                "prepare reset replayed job",
+            )
+            .await?,
+        })
+    }
+}
+
+impl ReplayStatements {
+    /// The resume point of each partition of `topic` for a replay: partition -> the
+    /// next offset to read (everything below it was already decided).
+    pub async fn offsets(&self, replay_id: &str, topic: &str) -> Result<std::collections::HashMap<i32, i64>, StoreError> {
+        let res = self
+            .session
+            .execute_unpaged(&self.get_offsets, (replay_id, topic))
+            .await
+            .map_err(q("get replay offsets"))?;
+        let rows = res.into_rows_result().map_err(|e| e.to_string()).map_err(rows_err("get replay offsets"))?;
+        let it = rows.rows::<(i32, Option<i64>)>().map_err(|e| e.to_string()).map_err(rows_err("get replay offsets"))?;
+        let mut out = std::collections::HashMap::new();
+        for r in it {
+            let (p, o) = r.map_err(|e| e.to_string()).map_err(rows_err("get replay offsets"))?;
+            if let Some(o) = o {
+                out.insert(p, o);
+            }
+        }
+        Ok(out)
+    }
+
+    pub async fn put_offset(&self, replay_id: &str, topic: &str, partition: i32, next_offset: i64) -> Result<(), StoreError> {
+        self.session
+            .execute_unpaged(&self.put_offset, (replay_id, topic, partition, next_offset))
+            .await
+            .map_err(q("put replay offset"))?;
+        Ok(())
+    }
+
+    /// Resets a job's state row before its replayed copy is produced (see `reset_job`).
+    pub async fn reset_job(&self, job_id: &str, now: Millis) -> Result<(), StoreError> {
+        self.session.execute_unpaged(&self.reset_job, (now, job_id)).await.map_err(q("reset replayed job"))?;
+        Ok(())
+    }
+}

@@ -4,6 +4,7 @@
 //! so a crash anywhere in here redelivers the job instead of losing it.
 
 use super::Shared;
+use crate::core::breaker::Admission;
 use crate::core::retry::{AttemptState, Decision};
 use crate::handlers::{HandlerError, JobContext, JobLive};
 use crate::model::{DeadLetter, FailureClass, JobResult, JobStatus, JobSubmitted, Pool};
@@ -47,6 +48,14 @@ pub async fn execute(sh: Arc<Shared>, job: Arc<JobSubmitted>, origin: Origin) ->
         return Ended::Skipped;
     };
 
+    if let Admission::Rejected { retry_at } = sh.admit(&job.job_type, &job.tenant, job.attempt == 0 && job.crash_count == 0, now_ms()) {
+        // The job type's dependency is failing: hold the job back (no attempt used)
+        // on the dependency retry topic until the breaker lets a probe through.
+        metrics::counter!(m::BREAKER_REJECTIONS, "job_type" => sh.bounded_job_type(&job.job_type)).increment(1);
+        hold_back(&sh, &job, retry_at).await;
+        return Ended::Skipped;
+    }
+
     let started_at = now_ms();
     let timeout = sh.job_timeout(&job.job_type);
     let deadline = tokio::time::Instant::now() + timeout;
@@ -80,6 +89,16 @@ pub async fn execute(sh: Arc<Shared>, job: Arc<JobSubmitted>, origin: Origin) ->
     let run_ms = (now_ms() - started_at).max(0) as f64;
     metrics::histogram!(m::JOB_RUN_SECONDS, "pool" => sh.pool.as_str()).record(run_ms / 1000.0);
 
+    // Outcome for the breaker and poison detector; a cancelled job gives no verdict.
+    let verdict = match &result {
+        Some(Ok(Ok(_))) => Some(None),
+        Some(Ok(Err(e))) if !live.is_cancelled() => Some(Some(e.class)),
+        Some(Err(_)) => Some(Some(FailureClass::Timeout)),
+        _ => None,
+    };
+    if let Some(failure) = verdict {
+        sh.record_outcome(&job.job_type, failure, now_ms());
+    }
     match result {
         None => {
             let msg = "cancelled: the handler did not stop within worker.cancel_grace and was aborted".to_string();
@@ -108,6 +127,21 @@ pub async fn execute(sh: Arc<Shared>, job: Arc<JobSubmitted>, origin: Origin) ->
         }
     }
     Ended::Ran
+}
+
+/// Puts a job back on the dependency retry topic, attempt unchanged, due at `at`.
+async fn hold_back(sh: &Shared, job: &JobSubmitted, at: i64) {
+    let mut next = job.clone();
+    next.not_before = Some(at);
+    let topic = sh.cfg.retry_topic(FailureClass::Dependency);
+    match codec::encode_job(&next) {
+        Ok(bytes) => {
+            if let Err(e) = with_retries(|| kafka::send(&sh.producer, &topic, &job.tenant, &bytes)).await {
+                tracing::error!(job_id = %job.job_id, error = %e, "cannot hold job back; it will be redelivered");
+            }
+        }
+        Err(e) => tracing::error!(job_id = %job.job_id, error = %e, "cannot encode held-back job"),
+    }
 }
 
 enum Check {
@@ -165,7 +199,7 @@ async fn precheck(sh: &Shared, job: Arc<JobSubmitted>, origin: &Origin) -> Check
         let crashes = job.crash_count.max(row.crash_count.unwrap_or(0) + 1);
         let state = AttemptState { attempt: job.attempt, crash_count: crashes - 1, last_error: row.error.clone() };
         let policy = sh.retry_policy(&job.job_type);
-        if let Decision::DeadLetter { reason } =
+        if let (_, Decision::DeadLetter { reason }) =
             sh.decide(FailureClass::WorkerCrash, &job.job_type, &job.tenant, &state, &policy, now)
         {
             dead_letter(
@@ -318,7 +352,7 @@ pub(crate) async fn fail(sh: &Shared, job: &JobSubmitted, origin: &Origin, err: 
     let state =
         AttemptState { attempt: job.attempt, crash_count: job.crash_count, last_error: Some(err.message.clone()) };
     let policy = sh.retry_policy(&job.job_type);
-    let decision = sh.decide(err.class, &job.job_type, &job.tenant, &state, &policy, now);
+    let (class, decision) = sh.decide(err.class, &job.job_type, &job.tenant, &state, &policy, now);
     match decision {
         Decision::Retry { class_topic, not_before, attempt, crash_count } => {
             let not_before = match err.retry_after {
@@ -356,8 +390,9 @@ pub(crate) async fn fail(sh: &Shared, job: &JobSubmitted, origin: &Origin, err: 
         }
         Decision::DeadLetter { reason } => {
             let attempts = if started_at.is_some() { job.attempt + 1 } else { job.attempt };
-            dead_letter(sh, Some(job), None, err.class, reason, Some(err.message.clone()), attempts, origin).await;
-            finish(sh, job, JobStatus::Failed, None, Some(err.message), Some(err.class), started_at).await;
+            let class = crate::core::retry::dead_letter_class(class);
+            dead_letter(sh, Some(job), None, class, reason, Some(err.message.clone()), attempts, origin).await;
+            finish(sh, job, JobStatus::Failed, None, Some(err.message), Some(class), started_at).await;
         }
     }
 }

@@ -10,7 +10,9 @@ pub mod pool;
 pub mod relay;
 
 use crate::config::Config;
-use crate::core::retry::{self, AttemptState, Decision, RetryPolicy};
+use crate::core::breaker::{Admission, Breaker, BreakerConfig, BreakerState, Breakers};
+use crate::core::poison::PoisonDetectors;
+use crate::core::retry::{self, AttemptState, Decision, RetryBudget, RetryPolicy};
 use crate::handlers::{JobLive, Registry};
 use crate::kafka;
 use crate::model::{FailureClass, Millis, Pool};
@@ -41,6 +43,31 @@ pub struct Shared {
     pub running: Mutex<HashMap<String, Arc<JobLive>>>,
     /// Latest scheduler introspection, for `fairway stats` and `top`.
     pub stats: Mutex<serde_json::Value>,
+    /// Circuit breakers, poison detectors and retry budgets (pure cores behind a lock).
+    pub health: Mutex<Health>,
+}
+
+/// The failure-handling cores of one pool.
+pub struct Health {
+    pub breakers: Breakers,
+    pub poison: PoisonDetectors,
+    pub budget: RetryBudget,
+}
+
+impl Health {
+    pub fn new(cfg: &Config) -> Self {
+        let mut breakers = Breakers::new(BreakerConfig::default());
+        for (name, jt) in &cfg.job_types {
+            if let Some(b) = &jt.breaker {
+                breakers.insert(name, Breaker::new(b.clone()));
+            }
+        }
+        Health {
+            breakers,
+            poison: PoisonDetectors::new(cfg.worker.poison.clone()),
+            budget: RetryBudget::new(cfg.worker.retry_budget.clone()),
+        }
+    }
 }
 
 impl Shared {
@@ -69,16 +96,60 @@ impl Shared {
         }
     }
 
+    /// The retry decision for a failed attempt, with the class it was decided as: a
+    /// quarantined job type's failures are poison; retries above the tenant's budget
+    /// are dead-lettered early.
     pub fn decide(
         &self,
         class: FailureClass,
-        _job_type: &str,
-        _tenant: &str,
+        job_type: &str,
+        tenant: &str,
         state: &AttemptState,
         policy: &RetryPolicy,
         now: Millis,
-    ) -> Decision {
-        retry::decide(class, state, policy, now, rand::random::<f64>())
+    ) -> (FailureClass, Decision) {
+        let mut h = self.health.lock().expect("health lock");
+        let class = h.poison.effective_class(job_type, class, now);
+        let jitter = rand::random::<f64>();
+        (class, retry::decide_with_budget(class, state, policy, &mut h.budget, tenant, now, jitter))
+    }
+
+    /// May a job of this type run now? (Its dependency's circuit breaker.)
+    pub fn admit(&self, job_type: &str, tenant: &str, first_attempt: bool, now: Millis) -> Admission {
+        let mut h = self.health.lock().expect("health lock");
+        let mut a = h.breakers.allow(job_type, now);
+        if let Admission::Rejected { retry_at } = &mut a {
+            // While a probe is out, the breaker points at the probe's deadline; look
+            // again after one cool-down instead, the probe usually answers sooner.
+            let cool_down = h.breakers.get(job_type).map(|b| b.config().cool_down.0).unwrap_or(60_000);
+            *retry_at = (*retry_at).min(now + cool_down.max(100));
+        }
+        // The retry budget compares retries with fresh dispatches (first attempts only).
+        if first_attempt && !matches!(a, Admission::Rejected { .. }) {
+            h.budget.record_dispatch(tenant, now);
+        }
+        a
+    }
+
+    /// Feeds an attempt's outcome to the breaker and the poison detector.
+    pub fn record_outcome(&self, job_type: &str, failure: Option<FailureClass>, now: Millis) {
+        let mut h = self.health.lock().expect("health lock");
+        // Only dependency failures open a breaker; successes close it.
+        match failure {
+            None => {
+                h.breakers.record(job_type, now, true);
+            }
+            Some(FailureClass::Dependency) => {
+                h.breakers.record(job_type, now, false);
+            }
+            Some(_) => h.breakers.abandon(job_type, now),
+        }
+        if let Some(q) = h.poison.record_outcome(job_type, now, failure) {
+            tracing::warn!(job_type, quarantined = q, "poison quarantine changed");
+        }
+        let state = h.breakers.state(job_type);
+        metrics::gauge!(crate::metrics::BREAKER_OPEN, "job_type" => self.bounded_job_type(job_type))
+            .set(if state == BreakerState::Closed { 0.0 } else { 1.0 });
     }
 }
 
@@ -114,6 +185,7 @@ impl Worker {
                 worker_id: worker_id.clone(),
                 running: Mutex::new(HashMap::new()),
                 stats: Mutex::new(serde_json::Value::Null),
+                health: Mutex::new(Health::new(&cfg)),
             });
             let (sh3, rx3) = (sh.clone(), rx.clone());
             tasks.push(tokio::spawn(liveness::heartbeat_loop(sh3, rx3)));

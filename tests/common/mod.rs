@@ -52,6 +52,10 @@ pub fn config(extra: &str) -> Config {
 static SCHEMA: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
 
 pub async fn init(cfg: &Config) {
+    // FAIRWAY_TEST_LOG=fairway=debug shows the worker's logs while debugging a test.
+    if let Ok(filter) = std::env::var("FAIRWAY_TEST_LOG") {
+        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
+    }
     kafka::ensure_topics(cfg).await.expect("create topics");
     // Tests share one keyspace; create it once per test binary (concurrent DDL races).
     SCHEMA

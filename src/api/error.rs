@@ -1,0 +1,242 @@
+//! API errors: one JSON shape for every failure, `{"error": "<what is wrong and how to
+//! fix it>", "code": "<STABLE_CODE>"}`, and the mapping from library errors to HTTP
+//! statuses. Pure: no I/O, unit-tested below.
+
+use crate::submit::SubmitError;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use std::time::Duration;
+
+/// Stable machine-readable error codes (the `code` field of error bodies).
+pub mod codes {
+    pub const INVALID_JSON: &str = "INVALID_JSON";
+    pub const INVALID_JOB: &str = "INVALID_JOB";
+    pub const UNKNOWN_TENANT: &str = "UNKNOWN_TENANT";
+    pub const UNKNOWN_JOB_TYPE: &str = "UNKNOWN_JOB_TYPE";
+    pub const PAYLOAD_TOO_LARGE: &str = "PAYLOAD_TOO_LARGE";
+    pub const BODY_TOO_LARGE: &str = "BODY_TOO_LARGE";
+    pub const NEVER_RUNNABLE: &str = "NEVER_RUNNABLE";
+    pub const EMPTY_BATCH: &str = "EMPTY_BATCH";
+    pub const BATCH_TOO_LARGE: &str = "BATCH_TOO_LARGE";
+    pub const BATCH_EXCEEDS_BURST: &str = "BATCH_EXCEEDS_BURST";
+    pub const TENANT_RATE_LIMIT_EXCEEDED: &str = "TENANT_RATE_LIMIT_EXCEEDED";
+    pub const JOB_NOT_FOUND: &str = "JOB_NOT_FOUND";
+    pub const INVALID_JOB_ID: &str = "INVALID_JOB_ID";
+    pub const JOB_ALREADY_FINISHED: &str = "JOB_ALREADY_FINISHED";
+    pub const NO_SUCH_ROUTE: &str = "NO_SUCH_ROUTE";
+    pub const METHOD_NOT_ALLOWED: &str = "METHOD_NOT_ALLOWED";
+    pub const METRICS_DISABLED: &str = "METRICS_DISABLED";
+    pub const KAFKA_UNAVAILABLE: &str = "KAFKA_UNAVAILABLE";
+    pub const STORE_UNAVAILABLE: &str = "STORE_UNAVAILABLE";
+    pub const PARTIAL_SUBMIT: &str = "PARTIAL_SUBMIT";
+    pub const INTERNAL: &str = "INTERNAL";
+}
+
+/// The fields a job object accepts, quoted in error messages.
+pub const JOB_FIELDS: &str =
+    "tenant, job_type, payload, priority (urgent|normal|low), pool (short|medium|long), idempotency_key, execute_at, not_after (epoch ms)";
+
+/// An error answer: status, stable code, human message, and for 429 the wait.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+    /// Seconds for the `Retry-After` header (429 and 503 only).
+    pub retry_after_secs: Option<u64>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError { status, code, message: message.into(), retry_after_secs: None }
+    }
+
+    /// 429 for a tenant over its submission rate; `wait` comes from the rate limiter.
+    pub fn rate_limited(tenant: &str, rate_per_sec: u32, wait: Duration) -> Self {
+        let secs = retry_after_secs(wait);
+        ApiError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            code: codes::TENANT_RATE_LIMIT_EXCEEDED,
+            message: format!(
+                "tenant {tenant:?} is over its submission rate of {rate_per_sec} jobs/s; retry after {secs}s \
+                 (honour Retry-After), spread submissions out, or raise tenants.{tenant}.rate_per_sec"
+            ),
+            retry_after_secs: Some(secs),
+        }
+    }
+
+    pub fn not_found(job_id: &str) -> Self {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            codes::JOB_NOT_FOUND,
+            format!(
+                "no state for job {job_id:?}: it was never submitted, or it is still queued (state appears once a \
+                 worker picks it up); check the id returned by POST /v1/jobs"
+            ),
+        )
+    }
+
+    /// A request body that is not JSON at all (syntax) or not a job (shape).
+    pub fn from_json(e: &serde_json::Error, what: &str) -> Self {
+        use serde_json::error::Category;
+        match e.classify() {
+            Category::Syntax | Category::Eof | Category::Io => ApiError::new(
+                StatusCode::BAD_REQUEST,
+                codes::INVALID_JSON,
+                format!("request body is not valid JSON ({e}); send {what} with Content-Type: application/json"),
+            ),
+            Category::Data => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                codes::INVALID_JOB,
+                format!(
+                    "request body is not {what}: {e}; a job has the fields {JOB_FIELDS} (tenant and job_type required)"
+                ),
+            ),
+        }
+    }
+
+    /// Prefixes the message (e.g. with the index of a job in a batch).
+    pub fn context(mut self, prefix: impl std::fmt::Display) -> Self {
+        self.message = format!("{prefix}: {}", self.message);
+        self
+    }
+
+    pub fn body(&self) -> serde_json::Value {
+        let mut v = serde_json::json!({ "error": self.message, "code": self.code });
+        if let Some(s) = self.retry_after_secs {
+            v["retry_after_secs"] = s.into();
+        }
+        v
+    }
+}
+
+/// Seconds for a `Retry-After` header: the wait rounded up, never below 1.
+pub fn retry_after_secs(wait: Duration) -> u64 {
+    let ms = wait.as_millis() as u64;
+    ms.div_ceil(1000).max(1)
+}
+
+impl From<SubmitError> for ApiError {
+    fn from(e: SubmitError) -> Self {
+        let message = e.to_string();
+        let (status, code) = match &e {
+            SubmitError::UnknownTenant(..) => (StatusCode::BAD_REQUEST, codes::UNKNOWN_TENANT),
+            SubmitError::UnknownJobType(..) => (StatusCode::BAD_REQUEST, codes::UNKNOWN_JOB_TYPE),
+            SubmitError::PayloadTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, codes::PAYLOAD_TOO_LARGE),
+            SubmitError::NeverRunnable { .. } => (StatusCode::UNPROCESSABLE_ENTITY, codes::NEVER_RUNNABLE),
+            SubmitError::Kafka(_) => (StatusCode::SERVICE_UNAVAILABLE, codes::KAFKA_UNAVAILABLE),
+            SubmitError::Store(_) => (StatusCode::SERVICE_UNAVAILABLE, codes::STORE_UNAVAILABLE),
+            SubmitError::Codec(_) => (StatusCode::INTERNAL_SERVER_ERROR, codes::INTERNAL),
+        };
+        let retry_after_secs = (status == StatusCode::SERVICE_UNAVAILABLE).then_some(5);
+        ApiError { status, code, message, retry_after_secs }
+    }
+}
+
+impl From<crate::store::StoreError> for ApiError {
+    fn from(e: crate::store::StoreError) -> Self {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            code: codes::STORE_UNAVAILABLE,
+            message: e.to_string(),
+            retry_after_secs: Some(5),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.status.is_server_error() {
+            tracing::warn!(status = %self.status, code = self.code, "API error: {}", self.message);
+        }
+        let mut resp = (self.status, axum::Json(self.body())).into_response();
+        if let Some(s) = self.retry_after_secs {
+            if let Ok(v) = HeaderValue::from_str(&s.to_string()) {
+                resp.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+        }
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::submit::{validate, NewJob};
+
+    fn job(t: &str, jt: &str) -> NewJob {
+        NewJob { tenant: t.into(), job_type: jt.into(), ..Default::default() }
+    }
+
+    #[test]
+    fn validation_errors_map_to_client_statuses_with_codes() {
+        let cfg = Config::builtin();
+        let e: ApiError = validate(&cfg, &job("nobody", "echo"), 1).unwrap_err().into();
+        assert_eq!((e.status, e.code), (StatusCode::BAD_REQUEST, codes::UNKNOWN_TENANT));
+        assert!(e.message.contains("nobody") && e.message.contains("[tenants.nobody]"), "{}", e.message);
+        let e: ApiError = validate(&cfg, &job("acme", "nope"), 1).unwrap_err().into();
+        assert_eq!((e.status, e.code), (StatusCode::BAD_REQUEST, codes::UNKNOWN_JOB_TYPE));
+        let e: ApiError = validate(&cfg, &job("acme", "echo"), 10 << 20).unwrap_err().into();
+        assert_eq!((e.status, e.code), (StatusCode::PAYLOAD_TOO_LARGE, codes::PAYLOAD_TOO_LARGE));
+        let mut j = job("acme", "echo");
+        j.execute_at = Some(2000);
+        j.not_after = Some(1000);
+        let e: ApiError = validate(&cfg, &j, 1).unwrap_err().into();
+        assert_eq!((e.status, e.code), (StatusCode::UNPROCESSABLE_ENTITY, codes::NEVER_RUNNABLE));
+        assert_eq!(e.retry_after_secs, None);
+    }
+
+    #[test]
+    fn infrastructure_errors_are_503_with_retry_after() {
+        let e: ApiError = SubmitError::Store(crate::store::StoreError::Query {
+            what: "claim idempotency key",
+            message: "timeout".into(),
+        })
+        .into();
+        assert_eq!((e.status, e.code), (StatusCode::SERVICE_UNAVAILABLE, codes::STORE_UNAVAILABLE));
+        assert_eq!(e.retry_after_secs, Some(5));
+        let e: ApiError = crate::store::StoreError::Query { what: "get job", message: "x".into() }.into();
+        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    #[test]
+    fn json_errors_separate_syntax_from_shape() {
+        let syntax = serde_json::from_str::<NewJob>("{not json").unwrap_err();
+        let e = ApiError::from_json(&syntax, "a job object");
+        assert_eq!((e.status, e.code), (StatusCode::BAD_REQUEST, codes::INVALID_JSON));
+        let shape = serde_json::from_str::<NewJob>(r#"{"tenant":"acme"}"#).unwrap_err();
+        let e = ApiError::from_json(&shape, "a job object");
+        assert_eq!((e.status, e.code), (StatusCode::UNPROCESSABLE_ENTITY, codes::INVALID_JOB));
+        assert!(e.message.contains("job_type"), "{}", e.message);
+        let unknown = serde_json::from_str::<NewJob>(r#"{"tenant":"a","job_type":"b","colour":1}"#).unwrap_err();
+        let e = ApiError::from_json(&unknown, "a job object");
+        assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(e.message.contains("colour"), "{}", e.message);
+    }
+
+    #[test]
+    fn retry_after_rounds_up_and_is_at_least_one_second() {
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1000)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
+        assert_eq!(retry_after_secs(Duration::from_secs(7)), 7);
+        let e = ApiError::rate_limited("acme", 2, Duration::from_millis(400));
+        assert_eq!(
+            (e.status, e.code, e.retry_after_secs),
+            (StatusCode::TOO_MANY_REQUESTS, codes::TENANT_RATE_LIMIT_EXCEEDED, Some(1))
+        );
+        assert!(e.message.contains("tenants.acme.rate_per_sec"), "{}", e.message);
+    }
+
+    #[test]
+    fn response_carries_code_and_retry_after_header() {
+        let resp = ApiError::rate_limited("acme", 2, Duration::from_millis(2500)).into_response();
+        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(resp.headers().get(header::RETRY_AFTER).unwrap(), "3");
+        let resp = ApiError::not_found("x").into_response();
+        assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+        assert!(resp.headers().get(header::RETRY_AFTER).is_none());
+    }
+}

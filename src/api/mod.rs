@@ -1,0 +1,406 @@
+//! The HTTP API (axum): submit jobs (one or a batch) with per-tenant rate limits,
+//! read a job's state, request cancellation, health and Prometheus metrics.
+//!
+//! | method + path            | answer |
+//! |--------------------------|--------|
+//! | `POST /v1/jobs`          | 201 `{job_id, pool, duplicate}` (+ `Location`); 400/413/422 invalid; 429 + `Retry-After` over the tenant's rate |
+//! | `POST /v1/jobs:batch`    | 201 `[{job_id, pool, duplicate}, ...]`; every job is validated before any is produced |
+//! | `GET /v1/jobs/{id}`      | 200 job state + heartbeat (progress, heartbeat_age_ms); 404 no state |
+//! | `DELETE /v1/jobs/{id}`   | 202 cooperative cancel requested; 409 already finished |
+//! | `GET /healthz`           | 200 `ok` |
+//! | `GET /metrics`           | Prometheus text (404 when the state has no exporter handle) |
+//!
+//! Every error is JSON `{"error": "<what is wrong and how to fix it>", "code": "<CODE>"}`
+//! (see [`codes`]).
+
+mod error;
+mod limits;
+
+pub use error::{codes, retry_after_secs, ApiError, JOB_FIELDS};
+pub use limits::{tenant_rate, tier_rate, Refusal, TenantLimiters};
+
+use crate::config::Config;
+use crate::now_ms;
+use crate::store::{HeartbeatRow, JobRow, Store};
+use crate::submit::{NewJob, SubmitError, Submitted, Submitter};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Request, State};
+use axum::http::{header, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use metrics_exporter_prometheus::{BuildError, PrometheusBuilder, PrometheusHandle};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+// Metric names of the API (to move to `crate::metrics`). Labels stay bounded: route
+// template, method, status code, pool, tier.
+pub const API_REQUESTS: &str = "fairway_api_requests_total";
+pub const API_REQUEST_SECONDS: &str = "fairway_api_request_seconds";
+pub const API_JOBS_SUBMITTED: &str = "fairway_api_jobs_submitted_total";
+pub const API_RATE_LIMITED: &str = "fairway_api_rate_limited_total";
+
+/// Registers the API metric descriptions (HELP lines).
+pub fn describe() {
+    use metrics::{describe_counter, describe_histogram, Unit};
+    describe_counter!(API_REQUESTS, "HTTP API requests, by route, method and status");
+    describe_histogram!(API_REQUEST_SECONDS, Unit::Seconds, "HTTP API request latency, by route");
+    describe_counter!(
+        API_JOBS_SUBMITTED,
+        "Jobs accepted by the HTTP API, by pool and duplicate (idempotency key reused)"
+    );
+    describe_counter!(API_RATE_LIMITED, "Submissions refused with 429, by tenant tier");
+}
+
+/// Installs a global Prometheus recorder (no HTTP listener of its own: the API serves
+/// `/metrics`) and registers every metric description. Call once per process.
+pub fn install_prometheus() -> Result<PrometheusHandle, BuildError> {
+    let handle = PrometheusBuilder::new().install_recorder()?;
+    crate::metrics::describe();
+    describe();
+    Ok(handle)
+}
+
+/// Most jobs in one `POST /v1/jobs:batch`.
+pub const MAX_BATCH_JOBS: usize = 1000;
+
+/// Shared state of the API handlers (cheap to clone).
+#[derive(Clone)]
+pub struct ApiState {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    cfg: Arc<Config>,
+    submitter: Submitter,
+    store: Store,
+    limiters: TenantLimiters,
+    metrics: Option<PrometheusHandle>,
+}
+
+impl ApiState {
+    /// State from parts; the rate limiters are built from `cfg.tenants`.
+    pub fn new(cfg: Arc<Config>, submitter: Submitter, store: Store, metrics: Option<PrometheusHandle>) -> Self {
+        let limiters = TenantLimiters::from_config(&cfg);
+        ApiState { inner: Arc::new(Inner { cfg, submitter, store, limiters, metrics }) }
+    }
+
+    /// Opens the store and a producer for `cfg`.
+    pub async fn connect(cfg: Arc<Config>, metrics: Option<PrometheusHandle>) -> Result<Self, SubmitError> {
+        let store = Store::open(&cfg).await?;
+        let submitter = Submitter::new(cfg.clone(), Some(store.clone()))?;
+        Ok(ApiState::new(cfg, submitter, store, metrics))
+    }
+
+    pub fn config(&self) -> &Arc<Config> {
+        &self.inner.cfg
+    }
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+    pub fn limiters(&self) -> &TenantLimiters {
+        &self.inner.limiters
+    }
+
+    /// Largest accepted body of one job: a payload of `max_payload_bytes` may grow up to
+    /// 6x when JSON-escaped; oversize payloads inside this get the precise 413 from validation.
+    fn single_body_limit(&self) -> usize {
+        self.inner.cfg.worker.max_payload_bytes.saturating_mul(6).saturating_add(64 << 10)
+    }
+    fn batch_body_limit(&self) -> usize {
+        self.single_body_limit().max(32 << 20)
+    }
+
+    /// Takes `n` submissions from the tenant's rate budget.
+    fn admit(&self, tenant: &str, n: u32) -> Result<(), ApiError> {
+        match self.inner.limiters.check(tenant, n) {
+            Ok(()) => Ok(()),
+            Err(Refusal::Wait { rate, wait }) => {
+                let tier = self.inner.cfg.tenants.get(tenant).map(|t| t.tier).unwrap_or_default();
+                metrics::counter!(API_RATE_LIMITED, "tier" => tier_label(tier)).increment(1);
+                Err(ApiError::rate_limited(tenant, rate, wait))
+            }
+            Err(Refusal::AboveBurst { burst }) => Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                codes::BATCH_EXCEEDS_BURST,
+                format!(
+                    "{n} jobs for tenant {tenant:?} in one request exceed its burst of {burst} (its rate per second); \
+                     split the batch into requests of at most {burst} jobs for this tenant"
+                ),
+            )),
+            Err(Refusal::UnknownTenant) => Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                codes::UNKNOWN_TENANT,
+                format!("unknown tenant {tenant:?}: add [tenants.{tenant}] to the config"),
+            )),
+        }
+    }
+}
+
+fn tier_label(t: crate::config::Tier) -> &'static str {
+    use crate::config::Tier;
+    match t {
+        Tier::Free => "free",
+        Tier::Standard => "standard",
+        Tier::Pro => "pro",
+        Tier::Enterprise => "enterprise",
+    }
+}
+
+/// Serves the API on `listener` until `shutdown` completes, then finishes the requests
+/// in flight and returns.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: ApiState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
+}
+
+/// The API's routes (for embedding in another axum server).
+pub fn router(state: ApiState) -> Router {
+    let single = state.single_body_limit();
+    let batch = state.batch_body_limit();
+    Router::new()
+        .route("/v1/jobs", post(submit_one).layer(DefaultBodyLimit::max(single)))
+        .route("/v1/jobs:batch", post(submit_batch).layer(DefaultBodyLimit::max(batch)))
+        .route("/v1/jobs/{id}", get(job_status).delete(cancel_job))
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics_text))
+        .route_layer(axum::middleware::from_fn(track))
+        .fallback(no_route)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+}
+
+/// Counts requests by route template (bounded), method and status.
+async fn track(req: Request, next: Next) -> Response {
+    let route = req.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned()).unwrap_or_else(|| "other".into());
+    let method = method_label(req.method());
+    let start = Instant::now();
+    let resp = next.run(req).await;
+    let status = resp.status().as_u16().to_string();
+    metrics::histogram!(API_REQUEST_SECONDS, "route" => route.clone()).record(start.elapsed().as_secs_f64());
+    metrics::counter!(API_REQUESTS, "route" => route, "method" => method, "status" => status).increment(1);
+    resp
+}
+
+fn method_label(m: &Method) -> &'static str {
+    match *m {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        _ => "other",
+    }
+}
+
+const ENDPOINTS: &str =
+    "POST /v1/jobs, POST /v1/jobs:batch, GET /v1/jobs/{id}, DELETE /v1/jobs/{id}, GET /healthz, GET /metrics";
+
+async fn no_route(method: Method, uri: axum::http::Uri) -> ApiError {
+    metrics::counter!(API_REQUESTS, "route" => "unmatched", "method" => method_label(&method), "status" => "404")
+        .increment(1);
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        codes::NO_SUCH_ROUTE,
+        format!("no endpoint {method} {}; the API has {ENDPOINTS}", uri.path()),
+    )
+}
+
+async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        codes::METHOD_NOT_ALLOWED,
+        format!("{method} is not allowed on {}; the API has {ENDPOINTS}", uri.path()),
+    )
+}
+
+fn body_error(r: BytesRejection) -> ApiError {
+    if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            codes::BODY_TOO_LARGE,
+            "request body is above the API's size limit (about 6x worker.max_payload_bytes for one job); \
+             store large inputs elsewhere and submit a reference",
+        )
+    } else {
+        ApiError::new(r.status(), codes::INVALID_JSON, format!("cannot read the request body: {}", r.body_text()))
+    }
+}
+
+fn submitted_json(s: &Submitted) -> serde_json::Value {
+    serde_json::json!({ "job_id": s.job_id, "pool": s.pool.as_str(), "duplicate": s.duplicate })
+}
+
+fn count_submitted(s: &Submitted) {
+    metrics::counter!(API_JOBS_SUBMITTED, "pool" => s.pool.as_str(), "duplicate" => if s.duplicate { "true" } else { "false" })
+        .increment(1);
+}
+
+async fn submit_one(State(st): State<ApiState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let body = body.map_err(body_error)?;
+    let job: NewJob = serde_json::from_slice(&body).map_err(|e| ApiError::from_json(&e, "a job object"))?;
+    st.inner.submitter.validate(&job, job.payload_bytes().len())?;
+    st.admit(&job.tenant, 1)?;
+    let s = st.inner.submitter.submit(&job).await?;
+    count_submitted(&s);
+    let location = format!("/v1/jobs/{}", s.job_id);
+    Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(submitted_json(&s))).into_response())
+}
+
+async fn submit_batch(State(st): State<ApiState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let body = body.map_err(body_error)?;
+    let items: Vec<serde_json::Value> =
+        serde_json::from_slice(&body).map_err(|e| ApiError::from_json(&e, "a JSON array of job objects"))?;
+    if items.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            codes::EMPTY_BATCH,
+            "the batch is an empty array; send at least one job object",
+        ));
+    }
+    if items.len() > MAX_BATCH_JOBS {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            codes::BATCH_TOO_LARGE,
+            format!("the batch has {} jobs, above the limit of {MAX_BATCH_JOBS}; split it", items.len()),
+        ));
+    }
+    // All-or-nothing: every job must be valid before any is produced.
+    let mut jobs = Vec::with_capacity(items.len());
+    let mut per_tenant: BTreeMap<String, u32> = BTreeMap::new();
+    for (i, item) in items.into_iter().enumerate() {
+        let job = NewJob::deserialize(item)
+            .map_err(|e| ApiError::from_json(&e, "a job object").context(format!("job [{i}]")))?;
+        st.inner
+            .submitter
+            .validate(&job, job.payload_bytes().len())
+            .map_err(|e| ApiError::from(e).context(format!("job [{i}]")))?;
+        *per_tenant.entry(job.tenant.clone()).or_default() += 1;
+        jobs.push(job);
+    }
+    for (tenant, n) in &per_tenant {
+        st.admit(tenant, *n)?;
+    }
+    let results = futures::future::join_all(jobs.iter().map(|j| st.inner.submitter.submit(j))).await;
+    if results.iter().all(Result::is_ok) {
+        let out: Vec<serde_json::Value> =
+            results.into_iter().flatten().inspect(count_submitted).map(|s| submitted_json(&s)).collect();
+        return Ok((StatusCode::CREATED, Json(serde_json::Value::Array(out))).into_response());
+    }
+    // Some were produced, some not: report each so the client resubmits only the failed
+    // ones (or all of them, if it set idempotency keys).
+    let mut first: Option<ApiError> = None;
+    let mut failed = 0usize;
+    let out: Vec<serde_json::Value> = results
+        .into_iter()
+        .map(|r| match r {
+            Ok(s) => {
+                count_submitted(&s);
+                submitted_json(&s)
+            }
+            Err(e) => {
+                failed += 1;
+                let e = ApiError::from(e);
+                let v = e.body();
+                first.get_or_insert(e);
+                v
+            }
+        })
+        .collect();
+    let first = first.unwrap_or_else(|| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, codes::INTERNAL, ""));
+    let total = out.len();
+    let body = serde_json::json!({
+        "error": format!(
+            "{failed} of {total} jobs could not be submitted (first error: {}); the others were accepted: resubmit \
+             only the entries of `results` that carry an error, or all of them if they have idempotency keys",
+            first.message
+        ),
+        "code": codes::PARTIAL_SUBMIT,
+        "results": out,
+    });
+    tracing::warn!(failed, total, "batch partly submitted: {}", first.message);
+    let mut resp = (first.status, Json(body)).into_response();
+    if let Some(s) = first.retry_after_secs {
+        resp.headers_mut().insert(header::RETRY_AFTER, s.into());
+    }
+    Ok(resp)
+}
+
+fn check_job_id(id: &str) -> Result<(), ApiError> {
+    if id.is_empty() || id.len() > 200 || id.chars().any(char::is_control) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            codes::INVALID_JOB_ID,
+            "a job id is 1 to 200 printable characters (the job_id returned by POST /v1/jobs)",
+        ));
+    }
+    Ok(())
+}
+
+/// A job's state as JSON: the same fields as `fairway status --json`.
+pub fn status_json(row: &JobRow, hb: Option<&HeartbeatRow>, now: crate::model::Millis) -> serde_json::Value {
+    serde_json::json!({
+        "job_id": row.job_id, "tenant": row.tenant, "job_type": row.job_type, "pool": row.pool,
+        "status": row.status, "attempts": row.attempts, "crash_count": row.crash_count,
+        "generation": row.generation, "submitted_at": row.submitted_at, "started_at": row.started_at,
+        "finished_at": row.finished_at, "worker": row.worker, "error": row.error,
+        "failure_class": row.failure_class, "cancel_requested": row.cancel_requested.unwrap_or(false),
+        "output": row.output.as_ref().map(|o| String::from_utf8_lossy(o).into_owned()),
+        "progress": hb.and_then(|h| h.progress),
+        "progress_message": hb.and_then(|h| h.message.clone()),
+        "heartbeat_age_ms": hb.and_then(|h| h.at).map(|t| (now - t).max(0)),
+    })
+}
+
+async fn job_status(State(st): State<ApiState>, Path(id): Path<String>) -> Result<Json<serde_json::Value>, ApiError> {
+    check_job_id(&id)?;
+    let store = st.store();
+    let (row, hb) = tokio::try_join!(store.job(&id), store.heartbeat(&id))?;
+    let Some(row) = row else { return Err(ApiError::not_found(&id)) };
+    Ok(Json(status_json(&row, hb.as_ref(), now_ms())))
+}
+
+async fn cancel_job(State(st): State<ApiState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    check_job_id(&id)?;
+    let row = st.store().job(&id).await?;
+    if let Some(r) = row.as_ref().filter(|r| r.is_terminal()) {
+        let status = r.status.clone().unwrap_or_default();
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            codes::JOB_ALREADY_FINISHED,
+            format!("job {id} already finished ({status}); there is nothing to cancel"),
+        ));
+    }
+    // A job without state yet is still queued: the flag makes the worker skip it.
+    st.store().request_cancel(&id, now_ms()).await?;
+    let body = serde_json::json!({
+        "job_id": id,
+        "cancel_requested": true,
+        "status": row.and_then(|r| r.status),
+        "message": "cancellation requested: a queued job is skipped, a running one is told through its heartbeat",
+    });
+    Ok((StatusCode::ACCEPTED, Json(body)).into_response())
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+async fn metrics_text(State(st): State<ApiState>) -> Result<Response, ApiError> {
+    let Some(h) = &st.inner.metrics else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            codes::METRICS_DISABLED,
+            "this server has no Prometheus recorder; start it with one (fairway serve installs it unless --no-metrics)",
+        ));
+    };
+    h.run_upkeep();
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], h.render()).into_response())
+}
