@@ -38,6 +38,17 @@
 //! On Kafka proper the idle wait is the only cost of this (one wait per run, as the
 //! partitions are read concurrently); the resume points are exact either way.
 //!
+//! # Resuming
+//!
+//! The resume point of a partition moves past every record *decided*, whatever the
+//! decision: replayed, filtered out, undecodable, or refused by the loop guard. So
+//! re-running the same command never reconsiders a record, and a refused job is replayed
+//! only deliberately, with `--force --job-id <id>` (a different filter, hence a new
+//! replay id, which reads the topic from the beginning for just those jobs). An explicit
+//! `--id` reused with a different filter continues from where that id stopped. A dry run
+//! starts from the saved resume points (it shows what a real run would do now) and saves
+//! none.
+//!
 //! # Delivery
 //!
 //! A job is produced at most once per replay id, except in one window: when the process
@@ -244,15 +255,18 @@ pub struct ReplayReport {
     pub next_offsets: BTreeMap<i32, i64>,
     pub stopped: Stopped,
     pub elapsed: Duration,
+    /// Time until the last record was decided and its batch saved: `elapsed` without
+    /// the final wait for more records (the idle timeout).
+    pub active: Duration,
     /// Things worth a look: undecodable records, offsets that went backwards.
     pub warnings: Vec<String>,
 }
 
 impl ReplayReport {
-    /// Jobs per second (replayed, or would be in a dry run).
+    /// Jobs per second (replayed, or would be in a dry run) over the [`active`](Self::active) time.
     pub fn rate(&self) -> f64 {
         let n = if self.dry_run { self.would_replay } else { self.replayed };
-        let s = self.elapsed.as_secs_f64();
+        let s = self.active.as_secs_f64();
         if s > 0.0 {
             n as f64 / s
         } else {
@@ -318,10 +332,8 @@ pub async fn run(
         let done = hw == 0;
         if !done {
             let off = from.map_or(Offset::Beginning, Offset::Offset);
-            tpl.add_partition_offset(&topic, p, off).map_err(|e| ReplayError::Topic {
-                topic: topic.clone(),
-                message: e.to_string(),
-            })?;
+            tpl.add_partition_offset(&topic, p, off)
+                .map_err(|e| ReplayError::Topic { topic: topic.clone(), message: e.to_string() })?;
             expect_data |= hw > from.unwrap_or(0);
         }
         let part = Part {
@@ -362,9 +374,11 @@ pub async fn run(
     let mut sample = Vec::new();
     let mut warnings = Vec::new();
     let mut undecodable_noted = 0;
+    let mut read_errors = 0u32;
     let mut seen: HashSet<String> = HashSet::new();
     let mut last_progress: Option<Instant> = None;
     let mut got_any = false;
+    let mut active = Duration::ZERO;
     let stop_requested = || opts.stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed));
 
     let stopped = 'scan: loop {
@@ -387,12 +401,21 @@ pub async fn run(
                 Ok(Ok(m)) => break m,
                 Ok(Err(e)) => {
                     tracing::warn!(topic = %topic, error = %e, "replay read error");
+                    read_errors += 1;
+                    if read_errors <= 3 {
+                        warnings.push(format!("reading {topic}: {e}"));
+                    }
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
                 Err(_) => {}
             }
             if run.last_flush.elapsed() >= FLUSH_EVERY {
                 run.flush().await?;
+            }
+            if last_progress.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) {
+                last_progress = Some(Instant::now());
+                let done = if opts.dry_run { scheduled } else { run.replayed };
+                progress(&run.progress(scanned, matched, done, skipped.total(), t0, opts.dry_run));
             }
             if stop_requested() {
                 break 'scan Stopped::Interrupted;
@@ -431,8 +454,12 @@ pub async fn run(
             continue;
         }
         let candidate = match opts.source {
-            ReplaySource::Dlq => codec::decode_dead_letter(msg.payload().unwrap_or_default()).map(Candidate::from_dead_letter),
-            ReplaySource::Retry(c) => codec::decode_job(msg.payload().unwrap_or_default()).map(|j| Candidate::from_retry(j, c)),
+            ReplaySource::Dlq => {
+                codec::decode_dead_letter(msg.payload().unwrap_or_default()).map(Candidate::from_dead_letter)
+            }
+            ReplaySource::Retry(c) => {
+                codec::decode_job(msg.payload().unwrap_or_default()).map(|j| Candidate::from_retry(j, c))
+            }
         };
         drop(msg);
         scanned += 1;
@@ -458,8 +485,8 @@ pub async fn run(
                 if let Ok(c) = &candidate {
                     if c.job.is_none() && undecodable_noted < 3 {
                         warnings.push(format!(
-                            "partition {p} offset {offset}: dead letter without a decodable job (raw bytes: {}); \
-                             fix the producer and resubmit it",
+                            "partition {p} offset {offset}: dead letter without a decodable job, only raw bytes \
+                             (reason: {}); it cannot be replayed: fix the producer and resubmit",
                             c.reason.as_deref().unwrap_or("")
                         ));
                     }
@@ -495,13 +522,18 @@ pub async fn run(
         if run.inflight.len() >= batch || run.last_flush.elapsed() >= FLUSH_EVERY {
             run.flush().await?;
         }
+        active = t0.elapsed();
         if last_progress.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) {
             last_progress = Some(Instant::now());
             let done = if opts.dry_run { scheduled } else { run.replayed };
             progress(&run.progress(scanned, matched, done, skipped.total(), t0, opts.dry_run));
         }
     };
+    let pending = !run.inflight.is_empty();
     run.flush().await?;
+    if pending {
+        active = t0.elapsed();
+    }
     let done = if opts.dry_run { scheduled } else { run.replayed };
     progress(&run.progress(scanned, matched, done, skipped.total(), t0, opts.dry_run));
 
@@ -521,6 +553,7 @@ pub async fn run(
         next_offsets: run.parts.iter().filter_map(|(p, s)| s.processed.map(|o| (*p, o))).collect(),
         stopped,
         elapsed: t0.elapsed(),
+        active,
         warnings,
     })
 }
@@ -585,7 +618,15 @@ impl Run {
         }
     }
 
-    fn progress(&self, scanned: u64, matched: u64, replayed: u64, skipped: u64, t0: Instant, dry_run: bool) -> Progress {
+    fn progress(
+        &self,
+        scanned: u64,
+        matched: u64,
+        replayed: u64,
+        skipped: u64,
+        t0: Instant,
+        dry_run: bool,
+    ) -> Progress {
         Progress {
             scanned,
             matched,
@@ -615,7 +656,10 @@ fn sample_row(c: &Candidate, d: &Decision) -> SampleRow {
 
 /// Partition ids of `topic` with their high watermark at this moment (blocking calls,
 /// run off the async threads).
-async fn partitions(consumer: Arc<rdkafka::consumer::StreamConsumer>, topic: String) -> Result<Vec<(i32, i64)>, ReplayError> {
+async fn partitions(
+    consumer: Arc<rdkafka::consumer::StreamConsumer>,
+    topic: String,
+) -> Result<Vec<(i32, i64)>, ReplayError> {
     let t = topic.clone();
     let r = tokio::task::spawn_blocking(move || -> Result<Vec<(i32, i64)>, String> {
         let timeout = Duration::from_secs(10);

@@ -38,12 +38,18 @@ pub struct DemoArgs {
 /// The demo's configuration: the bundled tenants and job types, with retries fast
 /// enough that failing jobs reach the DLQ while you watch.
 const DEMO_OVERRIDES: &str = r#"
+[worker.poison]
+min_samples = 100
 [job_types.fail.retry.app_error]
 delays = ["200ms", "500ms"]
 max_attempts = 3
+[job_types.fail.retry.poison]
+delays = ["500ms"]
 [job_types.flaky.retry.app_error]
 delays = ["300ms"]
 max_attempts = 3
+[job_types.flaky.retry.poison]
+delays = ["500ms"]
 "#;
 
 pub async fn run(g: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
@@ -77,6 +83,11 @@ pub async fn run(g: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
             )
             .await?,
         );
+    }
+    // Wait for the consumer groups to form (a few seconds on the local broker), so the
+    // latencies below measure fairway, not group formation.
+    for w in &workers {
+        w.wait_assigned(Duration::from_secs(30)).await;
     }
     let store = fairway::store::Store::open(&cfg).await?;
     let submitter = Submitter::new(cfg.clone(), Some(store))?;
@@ -210,9 +221,11 @@ fn workload(n: usize) -> Vec<NewJob> {
             let tenant = tenants[i % tenants.len()].to_string();
             let (job_type, payload) = match i % 50 {
                 0 => ("fail", serde_json::Value::Null),
-                1 | 2 => ("flaky", serde_json::json!({"fail_attempts": 1})),
+                // One flaky job in three fails its first attempt (a type failing most of
+                // the time would be quarantined as poison, like `fail` is).
+                1 | 2 | 5 => ("flaky", serde_json::json!({"fail_attempts": i32::from(i % 50 == 1)})),
                 3 => ("report", serde_json::json!({"ms": 400})),
-                4..=13 => ("sleep", serde_json::json!({"ms": 20 + (i % 7) * 15})),
+                4 | 6..=13 => ("sleep", serde_json::json!({"ms": 20 + (i % 7) * 15})),
                 _ => ("echo", serde_json::json!({"n": i})),
             };
             NewJob {
@@ -229,6 +242,9 @@ fn workload(n: usize) -> Vec<NewJob> {
 fn demo_config(base: &Config) -> anyhow::Result<Arc<Config>> {
     let mut cfg = base.clone();
     let overrides: toml::Table = toml::from_str(DEMO_OVERRIDES)?;
+    if let Some(p) = overrides.get("worker").and_then(|w| w.get("poison")) {
+        cfg.worker.poison = p.clone().try_into().context("demo poison settings")?;
+    }
     // Apply the demo's fast retry policies to the bundled job types.
     for (name, jt) in cfg.job_types.iter_mut() {
         if let Some(r) = overrides.get("job_types").and_then(|j| j.get(name)).and_then(|j| j.get("retry")) {

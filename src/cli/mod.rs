@@ -1,8 +1,10 @@
 //! Command-line interface. Each subcommand lives in its own file; this one holds the
 //! shared options (config file, broker and CQL overrides) and the dispatch.
 
+mod bench;
 mod demo;
 mod ops;
+mod replay;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -78,6 +80,10 @@ pub enum Cmd {
     Results(ops::ResultsArgs),
     /// Run the demo: local services, workers, a mixed multi-tenant workload, a summary.
     Demo(demo::DemoArgs),
+    /// Send dead letters (or retry records) back to their pool: filters, dry run, rate limit, resumable.
+    Replay(replay::ReplayArgs),
+    /// Benchmarks on the local services (end-to-end throughput and latency).
+    Bench(bench::BenchArgs),
     /// Protocol-v4 bridge in front of a local Cassandra 2.1 (used by scripts/services).
     CqlBridge(ops::BridgeArgs),
 }
@@ -117,5 +123,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Cancel(a) => ops::cancel(&*g.load()?, a).await,
         Cmd::Results(a) => ops::results(&*g.load()?, a).await,
         Cmd::Demo(a) => demo::run(&g, a).await,
+        Cmd::Bench(a) => bench::run(&g, a).await,
+        Cmd::Replay(a) => replay::run(g.load()?, a).await,
     }
 }

@@ -3,6 +3,7 @@
 //! ScyllaDB and Apache Cassandra 2.1 accept (no date/time types, JSON, GROUP BY, MVs),
 //! so the same code runs against production ScyllaDB and the local test database.
 
+mod coalesce;
 mod schema;
 
 use crate::config::Config;
@@ -16,7 +17,7 @@ use std::sync::Arc;
 
 pub use schema::TABLES;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     #[error("cannot connect to the CQL database at {contact_points}: {message} (is it running? `scripts/services up` starts the local one)")]
     Connect { contact_points: String, message: String },
@@ -115,9 +116,18 @@ pub struct Store {
     session: Arc<Session>,
     keyspace: String,
     prepared: Arc<Prepared>,
+    coalescer: coalesce::Coalescer,
 }
 
 pub const CHECKPOINT_LIMIT: usize = 1 << 20;
+
+fn get_jobs_cql(ks: &str) -> String {
+    format!(
+        "SELECT job_id, tenant, job_type, pool, status, attempts, crash_count, generation, submitted_at, \
+         started_at, finished_at, worker, error, failure_class, output, cancel_requested \
+         FROM {ks}.jobs WHERE job_id IN ?"
+    )
+}
 
 /// The `[applied]` column of an LWT result.
 fn applied(res: scylla::response::query_result::QueryResult) -> Result<bool, StoreError> {
@@ -251,7 +261,10 @@ impl Store {
             )
             .await?,
         };
-        Ok(Store { session: Arc::new(session), keyspace: ks, prepared: Arc::new(prepared) })
+        let get_jobs = prep(get_jobs_cql(&ks), "prepare get_jobs").await?;
+        let session = Arc::new(session);
+        let coalescer = coalesce::Coalescer::start(session.clone(), prepared.put_state.clone(), get_jobs);
+        Ok(Store { session, keyspace: ks, prepared: Arc::new(prepared), coalescer })
     }
 
     pub fn session(&self) -> &Session {
@@ -261,38 +274,39 @@ impl Store {
         &self.keyspace
     }
 
+    /// A job's state (coalesced with concurrent lookups into one `IN` query).
     pub async fn job(&self, job_id: &str) -> Result<Option<JobRow>, StoreError> {
+        self.coalescer.job(job_id).await
+    }
+
+    /// A job's state by a single-key query (for tools; workers use `job`).
+    pub async fn job_direct(&self, job_id: &str) -> Result<Option<JobRow>, StoreError> {
         let res = self.session.execute_unpaged(&self.prepared.get_job, (job_id,)).await.map_err(q("get job"))?;
         let rows = res.into_rows_result().map_err(|e| e.to_string()).map_err(rows_err("get job"))?;
         rows.maybe_first_row::<JobRow>().map_err(|e| e.to_string()).map_err(rows_err("get job"))
     }
 
+    /// Writes a job's state (coalesced with concurrent writes into one unlogged batch).
     pub async fn put_state(&self, u: &StateUpdate<'_>, now: Millis) -> Result<(), StoreError> {
-        self.session
-            .execute_unpaged(
-                &self.prepared.put_state,
-                (
-                    u.tenant,
-                    u.job_type,
-                    u.pool,
-                    u.status,
-                    u.attempts,
-                    u.crash_count,
-                    u.generation,
-                    u.submitted_at,
-                    u.started_at,
-                    u.finished_at,
-                    u.worker,
-                    u.error,
-                    u.failure_class,
-                    u.output,
-                    now,
-                    u.job_id,
-                ),
-            )
-            .await
-            .map_err(q("put job state"))?;
-        Ok(())
+        let v: coalesce::StateValues = (
+            u.tenant.to_string(),
+            u.job_type.to_string(),
+            u.pool.to_string(),
+            u.status.to_string(),
+            u.attempts,
+            u.crash_count,
+            u.generation,
+            u.submitted_at,
+            u.started_at,
+            u.finished_at,
+            u.worker.to_string(),
+            u.error.map(str::to_string),
+            u.failure_class.map(str::to_string),
+            u.output.map(<[u8]>::to_vec),
+            now,
+            u.job_id.to_string(),
+        );
+        self.coalescer.put_state(v).await
     }
 
     /// Records that a job started. Written only for jobs that outlive a short grace
@@ -550,7 +564,8 @@ impl Store {
         let prep = |cql: String, what: &'static str| {
             let session = &self.session;
             async move {
-                let mut p = session.prepare(cql).await.map_err(|e| StoreError::Query { what, message: e.to_string() })?;
+                let mut p =
+                    session.prepare(cql).await.map_err(|e| StoreError::Query { what, message: e.to_string() })?;
                 p.set_consistency(Consistency::LocalQuorum);
                 Ok::<_, StoreError>(p)
             }
@@ -586,14 +601,19 @@ impl Store {
 impl ReplayStatements {
     /// The resume point of each partition of `topic` for a replay: partition -> the
     /// next offset to read (everything below it was already decided).
-    pub async fn offsets(&self, replay_id: &str, topic: &str) -> Result<std::collections::HashMap<i32, i64>, StoreError> {
+    pub async fn offsets(
+        &self,
+        replay_id: &str,
+        topic: &str,
+    ) -> Result<std::collections::HashMap<i32, i64>, StoreError> {
         let res = self
             .session
             .execute_unpaged(&self.get_offsets, (replay_id, topic))
             .await
             .map_err(q("get replay offsets"))?;
         let rows = res.into_rows_result().map_err(|e| e.to_string()).map_err(rows_err("get replay offsets"))?;
-        let it = rows.rows::<(i32, Option<i64>)>().map_err(|e| e.to_string()).map_err(rows_err("get replay offsets"))?;
+        let it =
+            rows.rows::<(i32, Option<i64>)>().map_err(|e| e.to_string()).map_err(rows_err("get replay offsets"))?;
         let mut out = std::collections::HashMap::new();
         for r in it {
             let (p, o) = r.map_err(|e| e.to_string()).map_err(rows_err("get replay offsets"))?;
@@ -604,7 +624,13 @@ impl ReplayStatements {
         Ok(out)
     }
 
-    pub async fn put_offset(&self, replay_id: &str, topic: &str, partition: i32, next_offset: i64) -> Result<(), StoreError> {
+    pub async fn put_offset(
+        &self,
+        replay_id: &str,
+        topic: &str,
+        partition: i32,
+        next_offset: i64,
+    ) -> Result<(), StoreError> {
         self.session
             .execute_unpaged(&self.put_offset, (replay_id, topic, partition, next_offset))
             .await

@@ -45,6 +45,8 @@ pub struct Shared {
     pub stats: Mutex<serde_json::Value>,
     /// Circuit breakers, poison detectors and retry budgets (pure cores behind a lock).
     pub health: Mutex<Health>,
+    /// Partitions of the pool topic this member owns now.
+    pub assigned: std::sync::atomic::AtomicUsize,
 }
 
 /// The failure-handling cores of one pool.
@@ -186,6 +188,7 @@ impl Worker {
                 running: Mutex::new(HashMap::new()),
                 stats: Mutex::new(serde_json::Value::Null),
                 health: Mutex::new(Health::new(&cfg)),
+                assigned: Default::default(),
             });
             let (sh3, rx3) = (sh.clone(), rx.clone());
             tasks.push(tokio::spawn(liveness::heartbeat_loop(sh3, rx3)));
@@ -212,6 +215,18 @@ impl Worker {
         }));
         tracing::info!(%worker_id, ?pools, ?policy, "worker started");
         Ok(Worker { worker_id, shutdown: tx, tasks, shared })
+    }
+
+    /// Waits until every pool's consumer owns at least one partition (group formed).
+    pub async fn wait_assigned(&self, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while tokio::time::Instant::now() < deadline {
+            if self.shared.iter().all(|s| s.assigned.load(std::sync::atomic::Ordering::SeqCst) > 0) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
     }
 
     /// Graceful stop: no new work, running jobs finish (within each pool's grace), commit.

@@ -69,6 +69,8 @@ pub async fn run(
                         parts.insert(p, PartitionState { epoch: next_epoch, offsets: PartitionOffsets::default() });
                         paused.remove(&p);
                     }
+                    sh.assigned.store(parts.len(), std::sync::atomic::Ordering::SeqCst);
+                    tracing::info!(pool, partitions = ?parts.keys().collect::<Vec<_>>(), "partitions assigned");
                 }
                 RebalanceEvent::Revoked(tps) => {
                     let gone: HashSet<i32> = tps.iter().map(|(_, p)| *p).collect();
@@ -76,6 +78,7 @@ pub async fn run(
                         parts.remove(p);
                         paused.remove(p);
                     }
+                    sh.assigned.store(parts.len(), std::sync::atomic::Ordering::SeqCst);
                     // Queued jobs of revoked partitions belong to the new owner now.
                     let dropped = dispatcher.drain_where(&mut |j: &Pending| gone.contains(&j.origin.partition));
                     overflow.retain(|q| !gone.contains(&q.job.origin.partition));

@@ -1,0 +1,147 @@
+//! Coalescing of the hot-path statements. Every job costs one state read (the
+//! effectively-once check) and one terminal write; issued one by one they cap a worker
+//! at the database's single-statement rate. Here concurrent callers' reads are merged
+//! into one `IN (...)` query and their writes into one unlogged batch, with a bounded
+//! number of requests in flight, so a round trip carries up to `MAX_BATCH` jobs.
+
+use super::{JobRow, StoreError};
+use crate::model::Millis;
+use scylla::client::session::Session;
+use scylla::statement::batch::{Batch, BatchType};
+use scylla::statement::prepared::PreparedStatement;
+use std::collections::HashMap;
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+/// Most statements (or keys) merged into one request.
+pub const MAX_BATCH: usize = 64;
+/// Merged requests in flight at once per coalescer.
+const IN_FLIGHT: usize = 8;
+
+/// Owned values of the `put_state` statement, in its bind order.
+pub type StateValues = (
+    String,
+    String,
+    String,
+    String,
+    i32,
+    i32,
+    i64,
+    i64,
+    Option<i64>,
+    Option<i64>,
+    String,
+    Option<String>,
+    Option<String>,
+    Option<Vec<u8>>,
+    Millis,
+    String,
+);
+
+type WriteReq = (StateValues, oneshot::Sender<Result<(), StoreError>>);
+type ReadReq = (String, oneshot::Sender<Result<Option<JobRow>, StoreError>>);
+
+#[derive(Clone)]
+pub struct Coalescer {
+    writes: mpsc::Sender<WriteReq>,
+    reads: mpsc::Sender<ReadReq>,
+}
+
+impl Coalescer {
+    pub fn start(session: Arc<Session>, put_state: PreparedStatement, get_jobs: PreparedStatement) -> Self {
+        let (wtx, wrx) = mpsc::channel(4096);
+        let (rtx, rrx) = mpsc::channel(4096);
+        tokio::spawn(write_loop(session.clone(), put_state, wrx));
+        tokio::spawn(read_loop(session, get_jobs, rrx));
+        Coalescer { writes: wtx, reads: rtx }
+    }
+
+    pub async fn put_state(&self, v: StateValues) -> Result<(), StoreError> {
+        let (tx, rx) = oneshot::channel();
+        self.writes.send((v, tx)).await.map_err(|_| closed())?;
+        rx.await.map_err(|_| closed())?
+    }
+
+    pub async fn job(&self, job_id: &str) -> Result<Option<JobRow>, StoreError> {
+        let (tx, rx) = oneshot::channel();
+        self.reads.send((job_id.to_string(), tx)).await.map_err(|_| closed())?;
+        rx.await.map_err(|_| closed())?
+    }
+}
+
+fn closed() -> StoreError {
+    StoreError::Query { what: "coalesced statement", message: "the store's coalescer stopped".into() }
+}
+
+/// Takes one request, then whatever else is already waiting, up to `MAX_BATCH`.
+async fn gather<T>(rx: &mut mpsc::Receiver<T>) -> Option<Vec<T>> {
+    let first = rx.recv().await?;
+    let mut batch = vec![first];
+    while batch.len() < MAX_BATCH {
+        match rx.try_recv() {
+            Ok(r) => batch.push(r),
+            Err(_) => break,
+        }
+    }
+    Some(batch)
+}
+
+async fn write_loop(session: Arc<Session>, stmt: PreparedStatement, mut rx: mpsc::Receiver<WriteReq>) {
+    let permits = Arc::new(Semaphore::new(IN_FLIGHT));
+    while let Some(reqs) = gather(&mut rx).await {
+        let Ok(permit) = permits.clone().acquire_owned().await else { return };
+        let (session, stmt) = (session.clone(), stmt.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            let (values, replies): (Vec<StateValues>, Vec<_>) = reqs.into_iter().unzip();
+            let result = if values.len() == 1 {
+                session.execute_unpaged(&stmt, &values[0]).await.map(|_| ())
+            } else {
+                let mut batch = Batch::new(BatchType::Unlogged);
+                for _ in 0..values.len() {
+                    batch.append_statement(stmt.clone());
+                }
+                session.batch(&batch, &values).await.map(|_| ())
+            };
+            let result = result.map_err(|e| StoreError::Query { what: "put job state", message: e.to_string() });
+            for reply in replies {
+                let _ = reply.send(result.clone());
+            }
+        });
+    }
+}
+
+async fn read_loop(session: Arc<Session>, stmt: PreparedStatement, mut rx: mpsc::Receiver<ReadReq>) {
+    let permits = Arc::new(Semaphore::new(IN_FLIGHT));
+    while let Some(reqs) = gather(&mut rx).await {
+        let Ok(permit) = permits.clone().acquire_owned().await else { return };
+        let (session, stmt) = (session.clone(), stmt.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            let mut ids: Vec<String> = reqs.iter().map(|(id, _)| id.clone()).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            let rows = fetch(&session, &stmt, ids).await;
+            for (id, reply) in reqs {
+                let _ = reply.send(rows.as_ref().map(|m| m.get(&id).cloned()).map_err(Clone::clone));
+            }
+        });
+    }
+}
+
+async fn fetch(
+    session: &Session,
+    stmt: &PreparedStatement,
+    ids: Vec<String>,
+) -> Result<HashMap<String, JobRow>, StoreError> {
+    let err = |message: String| StoreError::Query { what: "get jobs", message };
+    let res = session.execute_unpaged(stmt, (ids,)).await.map_err(|e| err(e.to_string()))?;
+    let rows = res.into_rows_result().map_err(|e| err(e.to_string()))?;
+    let it = rows.rows::<JobRow>().map_err(|e| err(e.to_string()))?;
+    let mut out = HashMap::new();
+    for r in it {
+        let r = r.map_err(|e| err(e.to_string()))?;
+        out.insert(r.job_id.clone(), r);
+    }
+    Ok(out)
+}
