@@ -5,6 +5,7 @@ mod bench;
 mod demo;
 mod ops;
 mod replay;
+mod serve;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -82,6 +83,8 @@ pub enum Cmd {
     Demo(demo::DemoArgs),
     /// Send dead letters (or retry records) back to their pool: filters, dry run, rate limit, resumable.
     Replay(replay::ReplayArgs),
+    /// Serve the HTTP API (submit, status, cancel, /metrics) until Ctrl-C.
+    Serve(serve::ServeArgs),
     /// Benchmarks on the local services (end-to-end throughput and latency).
     Bench(bench::BenchArgs),
     /// Protocol-v4 bridge in front of a local Cassandra 2.1 (used by scripts/services).
@@ -125,5 +128,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Demo(a) => demo::run(&g, a).await,
         Cmd::Bench(a) => bench::run(&g, a).await,
         Cmd::Replay(a) => replay::run(g.load()?, a).await,
+        Cmd::Serve(a) => serve::run(g.load()?, a).await,
     }
 }

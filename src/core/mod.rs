@@ -8,4 +8,5 @@ pub mod offsets;
 pub mod poison;
 pub mod replay;
 pub mod retry;
+pub mod scheduler;
 pub mod window;

@@ -98,7 +98,7 @@
 //!
 //! # Weights by tier
 //!
-//! * **free**: all free tenants together are ONE flow of weight `weights.free_pool`
+//! * **free**: all free tenants together are ONE flow of weight `weights.free_tier`
 //!   (1.0). Inside it the same fair queueing runs with equal weights, so the free tier
 //!   gets `w_free / W` of the shared slots however many free accounts flood it, shared
 //!   equally in slot-time among the free tenants that have work.
@@ -526,7 +526,7 @@ impl<J> Scheduler<J> {
             vtime: 0.0,
             ready: BTreeSet::new(),
             group: FreeGroup {
-                weight: cfg.weights.free_pool,
+                weight: cfg.weights.free_tier,
                 tag: 0.0,
                 vtime: 0.0,
                 ready: BTreeSet::new(),

@@ -3,7 +3,11 @@
 //! made by either the fair scheduler (`core::scheduler`) or plain FIFO (the baseline the
 //! fairness benchmark compares against).
 
-use crate::model::{Millis, Priority};
+use crate::config::Config;
+use crate::core::scheduler::{
+    DispatchId, RateLimit, Rejected as SchedRejected, Scheduler, SchedulerConfig, TenantPolicy, Tier,
+};
+use crate::model::{Millis, Pool, Priority};
 use std::collections::VecDeque;
 
 /// A job waiting for a slot, with what the policy needs to know about it.
@@ -35,7 +39,9 @@ pub trait Dispatcher<J>: Send {
     fn enqueue(&mut self, q: Queued<J>, now: Millis) -> Result<(), (Rejected, Queued<J>)>;
     /// The next job to start if a slot is free and a job is eligible.
     fn next(&mut self, now: Millis) -> Option<(J, Ticket)>;
-    fn complete(&mut self, ticket: &Ticket, now: Millis);
+    /// A dispatched job ended; `ran` says whether a handler really ran (its run time
+    /// then teaches the cost estimate) or it was skipped/handed back.
+    fn complete(&mut self, ticket: &Ticket, now: Millis, ran: bool);
     /// Removes queued (not running) jobs matching `f`, e.g. those of revoked partitions.
     fn drain_where(&mut self, f: &mut dyn FnMut(&J) -> bool) -> Vec<J>;
     /// When to ask `next` again although nothing happened (rate limits).
@@ -78,7 +84,7 @@ impl<J: Send> Dispatcher<J> for Fifo<J> {
         self.running += 1;
         Some((q.job, Ticket { tenant: q.tenant, job_type: q.job_type, dispatched_at: now, handle: 0 }))
     }
-    fn complete(&mut self, _ticket: &Ticket, _now: Millis) {
+    fn complete(&mut self, _ticket: &Ticket, _now: Millis, _ran: bool) {
         self.running = self.running.saturating_sub(1);
     }
     fn drain_where(&mut self, f: &mut dyn FnMut(&J) -> bool) -> Vec<J> {
@@ -111,6 +117,95 @@ impl<J: Send> Dispatcher<J> for Fifo<J> {
     }
 }
 
+/// Deficit-based weighted fair queueing in slot-time (`core::scheduler`).
+pub struct Fair<J> {
+    inner: Scheduler<J>,
+}
+
+impl<J> Fair<J> {
+    /// One pool's scheduler with every configured tenant's tier, caps and limits.
+    pub fn new(cfg: &Config, pool: Pool) -> Result<Self, String> {
+        let pc = cfg.pool(pool);
+        let mut sc = SchedulerConfig::for_pool(pool, pc.slots);
+        sc.default_cost_ms = pc.default_estimate.as_millis().max(1) as f64;
+        sc.max_queued_per_tenant = cfg.worker.tenant_queue_limit.saturating_mul(2);
+        let mut inner = Scheduler::new(pool, sc).map_err(|e| format!("pools.{pool}: {e}"))?;
+        for (name, t) in &cfg.tenants {
+            let tier = match t.tier {
+                crate::config::Tier::Free => Tier::Free,
+                crate::config::Tier::Standard => Tier::Standard,
+                crate::config::Tier::Pro => Tier::Pro,
+                crate::config::Tier::Enterprise => Tier::Enterprise,
+            };
+            let policy = TenantPolicy {
+                tier,
+                weight: if tier == Tier::Free { None } else { t.weight },
+                max_running: t.max_concurrency,
+                rate_limit: t.rate_per_sec.map(|r| RateLimit { per_second: f64::from(r), burst: r.max(1) }),
+                max_queued: None,
+                reserved_slots: (t.reserved_slots > 0).then_some(t.reserved_slots),
+                min_share: None,
+            };
+            inner.set_tenant(name, policy).map_err(|e| format!("tenants.{name}: {e}"))?;
+        }
+        Ok(Fair { inner })
+    }
+}
+
+impl<J: Send> Dispatcher<J> for Fair<J> {
+    fn enqueue(&mut self, q: Queued<J>, now: Millis) -> Result<(), (Rejected, Queued<J>)> {
+        let Queued { tenant, job_type, priority, job } = q;
+        match self.inner.enqueue(&tenant, &job_type, priority, job, now) {
+            Ok(()) => Ok(()),
+            Err((SchedRejected::QueueFull { tenant: t, depth, limit }, job)) => {
+                Err((Rejected::QueueFull { tenant: t, depth, limit }, Queued { tenant, job_type, priority, job }))
+            }
+        }
+    }
+    fn next(&mut self, now: Millis) -> Option<(J, Ticket)> {
+        let d = self.inner.next(now)?;
+        let ticket = Ticket {
+            tenant: d.tenant.to_string(),
+            job_type: d.job_type.to_string(),
+            dispatched_at: d.dispatched_at,
+            handle: d.id.as_u64(),
+        };
+        Some((d.payload, ticket))
+    }
+    fn complete(&mut self, ticket: &Ticket, now: Millis, ran: bool) {
+        let id = DispatchId::from_u64(ticket.handle);
+        if ran {
+            self.inner.complete(id, now);
+        } else {
+            self.inner.release(id, now);
+        }
+    }
+    fn drain_where(&mut self, f: &mut dyn FnMut(&J) -> bool) -> Vec<J> {
+        self.inner.drain_where(f)
+    }
+    fn next_wakeup(&self, now: Millis) -> Option<Millis> {
+        self.inner.next_wakeup(now)
+    }
+    fn queued(&self, tenant: &str) -> usize {
+        self.inner.queued(tenant)
+    }
+    fn queued_total(&self) -> usize {
+        self.inner.queued_total()
+    }
+    fn running(&self) -> usize {
+        self.inner.running()
+    }
+    fn stats_json(&self, now: Millis) -> serde_json::Value {
+        serde_json::to_value(self.inner.snapshot(now)).unwrap_or_default()
+    }
+}
+
+impl<J> Fair<J> {
+    pub fn scheduler_mut(&mut self) -> &mut Scheduler<J> {
+        &mut self.inner
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,7 +224,7 @@ mod tests {
         let (j1, _) = f.next(0).unwrap();
         assert_eq!((j0, j1), (0, 1));
         assert!(f.next(0).is_none(), "both slots busy");
-        f.complete(&t0, 1);
+        f.complete(&t0, 1, true);
         assert_eq!(f.next(1).unwrap().0, 2);
     }
 

@@ -48,7 +48,9 @@ pub async fn execute(sh: Arc<Shared>, job: Arc<JobSubmitted>, origin: Origin) ->
         return Ended::Skipped;
     };
 
-    if let Admission::Rejected { retry_at } = sh.admit(&job.job_type, &job.tenant, job.attempt == 0 && job.crash_count == 0, now_ms()) {
+    if let Admission::Rejected { retry_at } =
+        sh.admit(&job.job_type, &job.tenant, job.attempt == 0 && job.crash_count == 0, now_ms())
+    {
         // The job type's dependency is failing: hold the job back (no attempt used)
         // on the dependency retry topic until the breaker lets a probe through.
         metrics::counter!(m::BREAKER_REJECTIONS, "job_type" => sh.bounded_job_type(&job.job_type)).increment(1);

@@ -245,6 +245,13 @@ fn make_dispatcher(cfg: &Config, pool: Pool, policy: Policy) -> Box<dyn dispatch
     let limit = cfg.worker.tenant_queue_limit.saturating_mul(2);
     match policy {
         Policy::Fifo => Box::new(dispatch::Fifo::new(slots, limit)),
-        Policy::Fair => Box::new(dispatch::Fifo::new(slots, limit)),
+        Policy::Fair => match dispatch::Fair::<pool::Pending>::new(cfg, pool) {
+            Ok(f) => Box::new(f),
+            Err(e) => {
+                // Config validation should have caught it; never run unscheduled silently.
+                tracing::error!(pool = pool.as_str(), error = %e, "scheduler config rejected; using FIFO");
+                Box::new(dispatch::Fifo::new(slots, limit))
+            }
+        },
     }
 }

@@ -218,7 +218,7 @@ fn on_done(
     done: Done,
 ) {
     if let Some(t) = &done.ticket {
-        dispatcher.complete(t, now_ms());
+        dispatcher.complete(t, now_ms(), done.ended == Ended::Ran);
     }
     if done.ended == Ended::Skipped {
         metrics::counter!(m::JOBS_NOT_RUN, "pool" => sh.pool.as_str()).increment(1);

@@ -10,7 +10,7 @@ use std::str::FromStr;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Tier {
-    /// All free tenants together form ONE flow of weight `weights.free_pool` (1.0),
+    /// All free tenants together form ONE flow of weight `weights.free_tier` (1.0),
     /// shared equally (in slot-time) between the free tenants that have work.
     #[default]
     Free,
@@ -56,7 +56,7 @@ impl FromStr for Tier {
 #[serde(default, deny_unknown_fields)]
 pub struct TierWeights {
     /// Weight of the whole free tier (one flow shared by every free tenant).
-    pub free_pool: f64,
+    pub free_tier: f64,
     pub standard: f64,
     pub pro: f64,
     pub enterprise: f64,
@@ -64,14 +64,14 @@ pub struct TierWeights {
 
 impl Default for TierWeights {
     fn default() -> Self {
-        TierWeights { free_pool: 1.0, standard: 10.0, pro: 100.0, enterprise: 1000.0 }
+        TierWeights { free_tier: 1.0, standard: 10.0, pro: 100.0, enterprise: 1000.0 }
     }
 }
 
 impl TierWeights {
     pub fn of(&self, tier: Tier) -> f64 {
         match tier {
-            Tier::Free => self.free_pool,
+            Tier::Free => self.free_tier,
             Tier::Standard => self.standard,
             Tier::Pro => self.pro,
             Tier::Enterprise => self.enterprise,
@@ -228,7 +228,7 @@ impl SchedulerConfig {
             ("min_cost_ms", self.min_cost_ms),
             ("fleet_half_life_ms", self.fleet_half_life_ms),
             ("stats_half_life_ms", self.stats_half_life_ms),
-            ("weights.free_pool", self.weights.free_pool),
+            ("weights.free_tier", self.weights.free_tier),
             ("weights.standard", self.weights.standard),
             ("weights.pro", self.weights.pro),
             ("weights.enterprise", self.weights.enterprise),

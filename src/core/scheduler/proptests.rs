@@ -109,7 +109,7 @@ fn plan(c: &FairCase, target: f64) -> Plan {
     // Weights and entitlements: paid tenants are flows, the free tier is one flow.
     let m = policies.iter().filter(|p| p.tier == Tier::Free).count() as f64;
     let w_of = |p: &TenantPolicy| p.weight.unwrap_or(cfg.weights.of(p.tier));
-    let w_g = cfg.weights.free_pool;
+    let w_g = cfg.weights.free_tier;
     let w_total: f64 =
         policies.iter().filter(|p| p.tier != Tier::Free).map(w_of).sum::<f64>() + if m > 0.0 { w_g } else { 0.0 };
     let n = policies.iter().filter(|p| p.tier != Tier::Free).count() as f64 + if m > 0.0 { 1.0 } else { 0.0 };

@@ -1,0 +1,322 @@
+//! The HTTP API against the real broker and CQL database: submissions land on the pool
+//! topic and run, validation answers name the problem, per-tenant rate limits answer 429
+//! with Retry-After, idempotency keys, status and cooperative cancel.
+
+mod common;
+
+use fairway::api::{self, ApiState};
+use fairway::config::Config;
+use fairway::handlers::Registry;
+use fairway::model::{JobStatus, Pool};
+use fairway::worker::{Policy, Worker};
+use fairway::{codec, model::JobSubmitted};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A running API server on 127.0.0.1:<free port>.
+struct Api {
+    base: String,
+    http: reqwest::Client,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Api {
+    async fn start(cfg: &Arc<Config>, metrics: Option<metrics_exporter_prometheus::PrometheusHandle>) -> Api {
+        common::init(cfg).await;
+        let state = ApiState::connect(cfg.clone(), metrics).await.expect("API state");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(api::serve(listener, state, async move {
+            let _ = rx.await;
+        }));
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(40)).build().unwrap();
+        Api { base: format!("http://{addr}"), http, stop, task }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    async fn post(&self, path: &str, body: &Value) -> (StatusCode, Value) {
+        let (s, _, v) = self.post_full(path, body).await;
+        (s, v)
+    }
+
+    async fn post_full(&self, path: &str, body: &Value) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        let r = self.http.post(self.url(path)).json(body).send().await.expect("POST");
+        let (s, h) = (r.status(), r.headers().clone());
+        (s, h, r.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn post_raw(&self, path: &str, body: Vec<u8>) -> (StatusCode, Value) {
+        let r = self
+            .http
+            .post(self.url(path))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("POST");
+        let s = r.status();
+        (s, r.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn get(&self, path: &str) -> (StatusCode, Value) {
+        let r = self.http.get(self.url(path)).send().await.expect("GET");
+        let s = r.status();
+        (s, r.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn delete(&self, path: &str) -> (StatusCode, Value) {
+        let r = self.http.delete(self.url(path)).send().await.expect("DELETE");
+        let s = r.status();
+        (s, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Graceful shutdown must finish promptly.
+    async fn shutdown(self) {
+        let _ = self.stop.send(());
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("server stops within 10s of the shutdown signal")
+            .unwrap()
+            .expect("server returns Ok");
+    }
+}
+
+fn job(tenant: &str, job_type: &str, payload: Value) -> Value {
+    json!({ "tenant": tenant, "job_type": job_type, "payload": payload })
+}
+
+fn id_of(v: &Value) -> String {
+    v["job_id"].as_str().unwrap_or_else(|| panic!("no job_id in {v}")).to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn submitted_jobs_run_and_status_idempotency_and_cancel_work() {
+    let cfg = common::arc(common::config(""));
+    let api = Api::start(&cfg, None).await;
+
+    // Submit: 201, Location, the pool of the job type.
+    let (s, h, a) = api.post_full("/v1/jobs", &job("acme", "echo", json!({"hello": "api"}))).await;
+    assert_eq!(s, StatusCode::CREATED, "{a}");
+    let a_id = id_of(&a);
+    assert_eq!(a["pool"], "short");
+    assert_eq!(a["duplicate"], false);
+    assert_eq!(h.get("location").unwrap().to_str().unwrap(), format!("/v1/jobs/{a_id}"));
+
+    // Cancel a job that is still queued (no worker yet): 202; its state shows the request.
+    let (s, b) = api.post("/v1/jobs", &job("globex", "echo", json!({"cancel": "me"}))).await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let b_id = id_of(&b);
+    let (s, c) = api.delete(&format!("/v1/jobs/{b_id}")).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{c}");
+    assert_eq!(c["cancel_requested"], true);
+    let (s, st) = api.get(&format!("/v1/jobs/{b_id}")).await;
+    assert_eq!(s, StatusCode::OK, "{st}");
+    assert_eq!(st["cancel_requested"], true);
+
+    // Idempotency key: the second submission returns the first job id, marked duplicate.
+    let key = format!("order-{}", uuid::Uuid::new_v4());
+    let mut with_key = job("initech", "echo", json!({"order": 1}));
+    with_key["idempotency_key"] = json!(key);
+    let (s, first) = api.post("/v1/jobs", &with_key).await;
+    assert_eq!(s, StatusCode::CREATED, "{first}");
+    assert_eq!(first["duplicate"], false);
+    let (s, again) = api.post("/v1/jobs", &with_key).await;
+    assert_eq!(s, StatusCode::CREATED, "{again}");
+    assert_eq!(again["job_id"], first["job_id"], "same key, same job");
+    assert_eq!(again["duplicate"], true);
+    let keyed_id = id_of(&first);
+
+    // Unknown job id: 404 with a code.
+    let (s, nf) = api.get(&format!("/v1/jobs/{}", uuid::Uuid::now_v7())).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{nf}");
+    assert_eq!(nf["code"], "JOB_NOT_FOUND");
+
+    // A worker runs them: the echo job succeeds, the cancelled one is skipped as cancelled.
+    let registry = Registry::from_config(&cfg, Default::default()).unwrap();
+    let worker = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair).await.unwrap();
+    let ids = vec![a_id.clone(), b_id.clone(), keyed_id.clone()];
+    let results = common::results_for(&cfg, &ids, Duration::from_secs(60)).await;
+    worker.stop().await;
+    for id in &ids {
+        assert!(results.contains_key(id), "no result for {id}: {results:?}");
+    }
+    let ra = &results[&a_id][0];
+    assert_eq!(ra.status, JobStatus::Succeeded, "{ra:?}");
+    assert!(String::from_utf8_lossy(ra.output.as_deref().unwrap_or_default()).contains("hello"));
+    assert!(results[&b_id].iter().all(|r| r.status == JobStatus::Cancelled), "{:?}", results[&b_id]);
+    assert_eq!(results[&keyed_id].len(), 1, "the duplicate submission produced nothing");
+
+    // Status of the finished job, like `fairway status --json`.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let st = loop {
+        let (s, st) = api.get(&format!("/v1/jobs/{a_id}")).await;
+        if s == StatusCode::OK && st["status"] == "succeeded" || Instant::now() > deadline {
+            break st;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(st["status"], "succeeded", "{st}");
+    assert_eq!(st["tenant"], "acme");
+    assert_eq!(st["job_type"], "echo");
+    assert!(st["output"].as_str().unwrap_or_default().contains("hello"), "{st}");
+    assert!(st.get("heartbeat_age_ms").is_some() && st.get("progress").is_some(), "{st}");
+
+    // Cancelling a finished job: 409.
+    let (s, c) = api.delete(&format!("/v1/jobs/{a_id}")).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{c}");
+    assert_eq!(c["code"], "JOB_ALREADY_FINISHED");
+
+    api.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn validation_rate_limits_and_batches() {
+    let cfg = common::arc(common::config(
+        "[worker]\nmax_payload_bytes = 2048\n[tenants.slowpoke]\ntier = \"free\"\nrate_per_sec = 2\n",
+    ));
+    let api = Api::start(&cfg, None).await;
+
+    // Unknown tenant / job type: 400 naming it and the fix.
+    let (s, e) = api.post("/v1/jobs", &job("nobody-here", "echo", json!({}))).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{e}");
+    assert_eq!(e["code"], "UNKNOWN_TENANT");
+    let msg = e["error"].as_str().unwrap();
+    assert!(msg.contains("nobody-here") && msg.contains("[tenants.nobody-here]"), "{msg}");
+    let (s, e) = api.post("/v1/jobs", &job("acme", "no-such-type", json!({}))).await;
+    assert_eq!((s, e["code"].as_str()), (StatusCode::BAD_REQUEST, Some("UNKNOWN_JOB_TYPE")), "{e}");
+
+    // Oversized payload: 413 naming the limit; a body far above any payload: 413 too.
+    let (s, e) = api.post("/v1/jobs", &job("acme", "echo", json!("x".repeat(5000)))).await;
+    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE, "{e}");
+    assert_eq!(e["code"], "PAYLOAD_TOO_LARGE");
+    assert!(e["error"].as_str().unwrap().contains("max_payload_bytes"), "{e}");
+    let huge = serde_json::to_vec(&job("acme", "echo", json!("y".repeat(200_000)))).unwrap();
+    let (s, e) = api.post_raw("/v1/jobs", huge).await;
+    assert_eq!((s, e["code"].as_str()), (StatusCode::PAYLOAD_TOO_LARGE, Some("BODY_TOO_LARGE")), "{e}");
+
+    // Not JSON: 400; JSON but not a job: 422 listing the fields; a job that could never run: 422.
+    let (s, e) = api.post_raw("/v1/jobs", b"{nope".to_vec()).await;
+    assert_eq!((s, e["code"].as_str()), (StatusCode::BAD_REQUEST, Some("INVALID_JSON")), "{e}");
+    let (s, e) = api.post_raw("/v1/jobs", br#"{"tenant":"acme"}"#.to_vec()).await;
+    assert_eq!((s, e["code"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("INVALID_JOB")), "{e}");
+    assert!(e["error"].as_str().unwrap().contains("job_type"), "{e}");
+    let mut never = job("acme", "echo", json!({}));
+    never["execute_at"] = json!(2_000_000_000_000i64);
+    never["not_after"] = json!(1_000_000_000_000i64);
+    let (s, e) = api.post("/v1/jobs", &never).await;
+    assert_eq!((s, e["code"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("NEVER_RUNNABLE")), "{e}");
+
+    // Rate limit: slowpoke may submit 2/s (burst 2); a burst of 6 gets 429 + Retry-After.
+    let jobs: Vec<Value> = (0..6).map(|i| job("slowpoke", "echo", json!({ "i": i }))).collect();
+    let burst = futures::future::join_all(jobs.iter().map(|j| api.post_full("/v1/jobs", j))).await;
+    let ok = burst.iter().filter(|r| r.0 == StatusCode::CREATED).count();
+    let limited: Vec<_> = burst.iter().filter(|r| r.0 == StatusCode::TOO_MANY_REQUESTS).collect();
+    assert!((1..=3).contains(&ok), "2 (maybe 3) of 6 accepted, got {ok}: {burst:?}");
+    assert_eq!(ok + limited.len(), 6, "{burst:?}");
+    let (_, h, body) = limited[0];
+    let retry_after: u64 = h.get("retry-after").expect("Retry-After header").to_str().unwrap().parse().unwrap();
+    assert!(retry_after >= 1, "{retry_after}");
+    assert_eq!(body["code"], "TENANT_RATE_LIMIT_EXCEEDED");
+    assert!(body["error"].as_str().unwrap().contains("slowpoke"), "{body}");
+    // Other tenants are not affected; slowpoke is accepted again after the wait.
+    let (s, e) = api.post("/v1/jobs", &job("piedpiper", "echo", json!({}))).await;
+    assert_eq!(s, StatusCode::CREATED, "{e}");
+    tokio::time::sleep(Duration::from_secs(retry_after)).await;
+    let (s, e) = api.post("/v1/jobs", &job("slowpoke", "echo", json!({"after": "wait"}))).await;
+    assert_eq!(s, StatusCode::CREATED, "after Retry-After: {e}");
+    let late_id = id_of(&e);
+
+    // Batches: all-or-nothing validation, then 201 with one entry per job.
+    let bad = json!([job("acme", "echo", json!({"b": 0})), job("ghost", "echo", json!({}))]);
+    let (s, e) = api.post("/v1/jobs:batch", &bad).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{e}");
+    assert!(e["error"].as_str().unwrap().starts_with("job [1]"), "{e}");
+    let good = json!([
+        job("acme", "echo", json!({"b": 1})),
+        job("globex", "report", json!({"ms": 1})),
+        job("acme", "echo", json!("plain text")),
+    ]);
+    let (s, out) = api.post("/v1/jobs:batch", &good).await;
+    assert_eq!(s, StatusCode::CREATED, "{out}");
+    let out = out.as_array().unwrap().clone();
+    assert_eq!(out.len(), 3);
+    assert_eq!(out[1]["pool"], "medium");
+    let too_many: Vec<Value> = (0..3).map(|i| job("slowpoke", "echo", json!({ "i": i }))).collect();
+    let (s, e) = api.post("/v1/jobs:batch", &Value::Array(too_many)).await;
+    assert_eq!((s, e["code"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("BATCH_EXCEEDS_BURST")), "{e}");
+    let (s, e) = api.post("/v1/jobs:batch", &json!([])).await;
+    assert_eq!((s, e["code"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("EMPTY_BATCH")), "{e}");
+
+    // The accepted jobs are on their pool topics, Avro-encoded, with their payloads.
+    let want: Vec<String> = vec![id_of(&out[0]), id_of(&out[2]), late_id.clone()];
+    let short = common::read_until(
+        &cfg,
+        &cfg.pool_topic(Pool::Short),
+        Duration::from_secs(30),
+        |b, _, _| codec::decode_job(b).ok(),
+        |v: &[JobSubmitted]| want.iter().all(|w| v.iter().any(|j| &j.job_id == w)),
+    )
+    .await;
+    for w in &want {
+        assert!(short.iter().any(|j| &j.job_id == w), "job {w} not on {}", cfg.pool_topic(Pool::Short));
+    }
+    let plain = short.iter().find(|j| j.job_id == want[1]).unwrap();
+    assert_eq!((plain.tenant.as_str(), plain.payload.as_slice()), ("acme", &b"plain text"[..]));
+    let late = short.iter().find(|j| j.job_id == late_id).unwrap();
+    assert_eq!((late.tenant.as_str(), late.pool), ("slowpoke", Some(Pool::Short)));
+    assert!(!short.iter().any(|j| j.payload == br#"{"b":0}"#), "nothing of the invalid batch was produced");
+    let medium = common::read_until(
+        &cfg,
+        &cfg.pool_topic(Pool::Medium),
+        Duration::from_secs(30),
+        |b, _, _| codec::decode_job(b).ok(),
+        |v: &[JobSubmitted]| v.iter().any(|j| j.job_id == id_of(&out[1])),
+    )
+    .await;
+    assert!(medium.iter().any(|j| j.job_id == id_of(&out[1]) && j.job_type == "report"), "{medium:?}");
+
+    // Unknown routes and methods answer JSON; /metrics without a recorder is 404.
+    let (s, e) = api.get("/v2/nothing").await;
+    assert_eq!((s, e["code"].as_str()), (StatusCode::NOT_FOUND, Some("NO_SUCH_ROUTE")), "{e}");
+    let (s, e) = api.get("/v1/jobs").await;
+    assert_eq!((s, e["code"].as_str()), (StatusCode::METHOD_NOT_ALLOWED, Some("METHOD_NOT_ALLOWED")), "{e}");
+    let (s, e) = api.get("/metrics").await;
+    assert_eq!((s, e["code"].as_str()), (StatusCode::NOT_FOUND, Some("METRICS_DISABLED")), "{e}");
+
+    api.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_and_prometheus_metrics() {
+    let cfg = common::arc(common::config(""));
+    let handle = api::install_prometheus().expect("the only recorder of this test binary");
+    let api = Api::start(&cfg, Some(handle)).await;
+    let r = api.http.get(api.url("/healthz")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.text().await.unwrap(), "ok");
+    let (s, e) = api.post("/v1/jobs", &job("nobody", "echo", json!({}))).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{e}");
+    let (s, _) = api.post("/v1/jobs", &job("acme", "echo", json!({}))).await;
+    assert_eq!(s, StatusCode::CREATED);
+
+    let r = api.http.get(api.url("/metrics")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/plain"));
+    let text = r.text().await.unwrap();
+    for want in [
+        r#"fairway_api_requests_total{route="/healthz",method="GET",status="200"} 1"#,
+        r#"route="/v1/jobs",method="POST",status="400""#,
+        r#"fairway_api_jobs_submitted_total{pool="short",duplicate="false"}"#,
+        "# HELP fairway_api_requests_total",
+    ] {
+        assert!(text.contains(want), "/metrics lacks {want}:\n{text}");
+    }
+    api.shutdown().await;
+}
