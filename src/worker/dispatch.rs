@@ -8,7 +8,7 @@ use crate::core::scheduler::{
     DispatchId, RateLimit, Rejected as SchedRejected, Scheduler, SchedulerConfig, TenantPolicy, Tier,
 };
 use crate::model::{Millis, Pool, Priority};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 /// A job waiting for a slot, with what the policy needs to know about it.
 #[derive(Debug)]
@@ -50,6 +50,12 @@ pub trait Dispatcher<J>: Send {
     fn queued_total(&self) -> usize;
     fn running(&self) -> usize;
     fn stats_json(&self, now: Millis) -> serde_json::Value;
+    /// Slot-seconds per tenant used here since the last call (fleet accounting).
+    fn take_usage(&mut self, _now: Millis) -> HashMap<String, f64> {
+        HashMap::new()
+    }
+    /// Decayed slot-seconds each tenant used elsewhere in the fleet.
+    fn fold_fleet_usage(&mut self, _usage: &HashMap<String, f64>, _now: Millis) {}
 }
 
 /// Plain first-in first-out across all tenants: what a Kafka consumer does by default.
@@ -197,6 +203,12 @@ impl<J: Send> Dispatcher<J> for Fair<J> {
     }
     fn stats_json(&self, now: Millis) -> serde_json::Value {
         serde_json::to_value(self.inner.snapshot(now)).unwrap_or_default()
+    }
+    fn take_usage(&mut self, now: Millis) -> HashMap<String, f64> {
+        self.inner.local_usage_since_last_report(now)
+    }
+    fn fold_fleet_usage(&mut self, usage: &HashMap<String, f64>, now: Millis) {
+        self.inner.fold_fleet_usage(usage, now)
     }
 }
 

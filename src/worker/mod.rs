@@ -47,6 +47,12 @@ pub struct Shared {
     pub health: Mutex<Health>,
     /// Partitions of the pool topic this member owns now.
     pub assigned: std::sync::atomic::AtomicUsize,
+    /// Fleet accounting: slot-seconds per tenant used here, accumulated by the pool
+    /// loop and drained by the usage reporter.
+    pub local_usage: Mutex<HashMap<String, f64>>,
+    /// Decayed slot-seconds per tenant used by the rest of the fleet (other workers and
+    /// pools), published by the usage reporter and folded in by the pool loop.
+    pub fleet_usage: watch::Sender<HashMap<String, f64>>,
 }
 
 /// The failure-handling cores of one pool.
@@ -189,6 +195,8 @@ impl Worker {
                 stats: Mutex::new(serde_json::Value::Null),
                 health: Mutex::new(Health::new(&cfg)),
                 assigned: Default::default(),
+                local_usage: Mutex::new(HashMap::new()),
+                fleet_usage: watch::channel(HashMap::new()).0,
             });
             let (sh3, rx3) = (sh.clone(), rx.clone());
             tasks.push(tokio::spawn(liveness::heartbeat_loop(sh3, rx3)));

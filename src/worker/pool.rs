@@ -55,6 +55,7 @@ pub async fn run(
     let limit = sh.cfg.worker.tenant_queue_limit.max(1);
     let pool = sh.pool.as_str();
     let mut stats_tick = tokio::time::interval(Duration::from_millis(500));
+    let mut fleet = sh.fleet_usage.subscribe();
 
     loop {
         let wake = dispatcher.next_wakeup(now_ms()).map(|t| (t - now_ms()).max(1) as u64).unwrap_or(3_600_000);
@@ -143,6 +144,17 @@ pub async fn run(
                 if let Ok(mut s) = sh.stats.lock() {
                     *s = dispatcher.stats_json(now_ms());
                 }
+                // Hand this pool's slot-time to the fleet accounting.
+                let used = dispatcher.take_usage(now_ms());
+                if let Ok(mut u) = sh.local_usage.lock() {
+                    for (t, v) in used {
+                        *u.entry(t).or_default() += v;
+                    }
+                }
+            }
+            Ok(()) = fleet.changed() => {
+                let usage = fleet.borrow_and_update().clone();
+                dispatcher.fold_fleet_usage(&usage, now_ms());
             }
         }
 
