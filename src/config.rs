@@ -115,6 +115,10 @@ pub struct WorkerConfig {
     /// How long a running job may ignore a cancellation before the worker aborts it.
     #[serde(with = "humantime_serde_compat")]
     pub cancel_grace: Duration,
+    /// Retries and scheduled jobs due within this long wait in the relay (their partition
+    /// paused); later ones are parked in the store for the promoter.
+    #[serde(with = "humantime_serde_compat")]
+    pub relay_hold_max: Duration,
     /// Quarantine of job types that fail most of the time.
     pub poison: crate::core::poison::PoisonConfig,
     /// Per-tenant retry budget (retries above ~2x the dispatch rate are dead-lettered).
@@ -128,6 +132,7 @@ impl Default for WorkerConfig {
             tenant_queue_limit: 10_000,
             metrics_port: 0,
             cancel_grace: Duration::from_secs(300),
+            relay_hold_max: Duration::from_secs(30),
             poison: Default::default(),
             retry_budget: Default::default(),
         }
@@ -319,6 +324,10 @@ impl Config {
     }
     pub fn retry_topic(&self, class: crate::model::FailureClass) -> String {
         self.topic(&format!("retry.{class}"))
+    }
+    /// Jobs whose `execute_at` is still ahead, waiting in the relay.
+    pub fn delayed_topic(&self) -> String {
+        self.topic("delayed")
     }
     pub fn dlq_topic(&self) -> String {
         self.topic("dlq")

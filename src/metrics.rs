@@ -20,6 +20,11 @@ pub const REAPED: &str = "fairway_jobs_reaped_total";
 pub const CANCELLATIONS: &str = "fairway_cancellations_total";
 pub const BREAKER_OPEN: &str = "fairway_breaker_open";
 pub const BREAKER_REJECTIONS: &str = "fairway_breaker_rejections_total";
+pub const TIER_BACKLOG: &str = "fairway_tier_backlog";
+pub const TIER_RUNNING: &str = "fairway_tier_running";
+pub const TIER_SLOT_SECONDS_USED: &str = "fairway_tier_slot_seconds_used";
+pub const TIER_FLEET_USAGE: &str = "fairway_tier_fleet_usage_slot_seconds";
+pub const USAGE_PASS_FAILURES: &str = "fairway_usage_pass_failures_total";
 
 /// Registers descriptions (shown as HELP lines by the Prometheus exporter).
 pub fn describe() {
@@ -43,6 +48,11 @@ pub fn describe() {
     describe_counter!(CANCELLATIONS, "Cancellation requests seen by running jobs, by pool");
     describe_gauge!(BREAKER_OPEN, "1 while the job type's circuit breaker is open or half-open, by job type");
     describe_counter!(BREAKER_REJECTIONS, "Jobs held back because their job type's breaker is open");
+    describe_gauge!(TIER_BACKLOG, "Jobs queued in this worker's scheduler, by pool and tenant tier");
+    describe_gauge!(TIER_RUNNING, "Jobs running in this worker's scheduler, by pool and tenant tier");
+    describe_gauge!(TIER_SLOT_SECONDS_USED, "Slot-seconds used here since the worker started, by pool and tenant tier");
+    describe_gauge!(TIER_FLEET_USAGE, "Decayed slot-seconds used elsewhere in the fleet, by pool and tenant tier");
+    describe_counter!(USAGE_PASS_FAILURES, "Fleet usage passes that could not write or read the store, by pool and step");
 }
 
 /// Serves /metrics on 127.0.0.1:port (0 = off).

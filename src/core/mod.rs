@@ -4,6 +4,7 @@
 //! unit- and property-tested in isolation.
 
 pub mod breaker;
+pub mod fleet;
 pub mod offsets;
 pub mod poison;
 pub mod replay;

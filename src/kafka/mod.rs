@@ -46,6 +46,7 @@ pub fn all_topics(cfg: &Config) -> Vec<String> {
     for class in [FailureClass::AppError, FailureClass::Timeout, FailureClass::Dependency, FailureClass::WorkerCrash] {
         t.push(cfg.retry_topic(class));
     }
+    t.push(cfg.delayed_topic());
     t.push(cfg.dlq_topic());
     t.push(cfg.results_topic());
     t

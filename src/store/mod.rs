@@ -117,9 +117,17 @@ pub struct Store {
     keyspace: String,
     prepared: Arc<Prepared>,
     coalescer: coalesce::Coalescer,
+    /// The deployment this store serves (its topic prefix): keeps the reaper, the
+    /// promoter and their leases of deployments sharing a keyspace apart.
+    scope: String,
 }
 
 pub const CHECKPOINT_LIMIT: usize = 1 << 20;
+
+/// Scheduled jobs are bucketed by minute: the promoter reads one partition per minute.
+pub fn schedule_bucket(at: Millis) -> i64 {
+    at.div_euclid(60_000)
+}
 
 fn get_jobs_cql(ks: &str) -> String {
     format!(
@@ -231,17 +239,19 @@ impl Store {
             )
             .await?,
             put_running_job: prep(
-                format!("INSERT INTO {ks}.running_jobs (pool, job_id, worker, started_at, job) VALUES (?, ?, ?, ?, ?)"),
+                format!(
+                    "INSERT INTO {ks}.running_index (scope, pool, job_id, worker, started_at, job) VALUES (?, ?, ?, ?, ?, ?)"
+                ),
                 "prepare put_running_job",
             )
             .await?,
             delete_running_job: prep(
-                format!("DELETE FROM {ks}.running_jobs WHERE pool = ? AND job_id = ?"),
+                format!("DELETE FROM {ks}.running_index WHERE scope = ? AND pool = ? AND job_id = ?"),
                 "prepare delete_running_job",
             )
             .await?,
             list_running_jobs: prep(
-                format!("SELECT job_id, worker, started_at, job FROM {ks}.running_jobs WHERE pool = ?"),
+                format!("SELECT job_id, worker, started_at, job FROM {ks}.running_index WHERE scope = ? AND pool = ?"),
                 "prepare list_running_jobs",
             )
             .await?,
@@ -264,7 +274,8 @@ impl Store {
         let get_jobs = prep(get_jobs_cql(&ks), "prepare get_jobs").await?;
         let session = Arc::new(session);
         let coalescer = coalesce::Coalescer::start(session.clone(), prepared.put_state.clone(), get_jobs);
-        Ok(Store { session, keyspace: ks, prepared: Arc::new(prepared), coalescer })
+        let scope = cfg.kafka.topic_prefix.clone();
+        Ok(Store { session, keyspace: ks, prepared: Arc::new(prepared), coalescer, scope })
     }
 
     pub fn session(&self) -> &Session {
@@ -363,7 +374,7 @@ impl Store {
                 u.job_id,
             ),
             (u.job_id, u.worker, now, 0.0f64, "started", heartbeat_ttl_secs),
-            (u.pool, u.job_id, u.worker, u.started_at.unwrap_or(now), encoded_job),
+            (self.scope.as_str(), u.pool, u.job_id, u.worker, u.started_at.unwrap_or(now), encoded_job),
         );
         self.session.batch(&batch, values).await.map_err(q("put running"))?;
         Ok(())
@@ -371,7 +382,7 @@ impl Store {
 
     pub async fn delete_running_job(&self, pool: &str, job_id: &str) -> Result<(), StoreError> {
         self.session
-            .execute_unpaged(&self.prepared.delete_running_job, (pool, job_id))
+            .execute_unpaged(&self.prepared.delete_running_job, (self.scope.as_str(), pool, job_id))
             .await
             .map_err(q("delete running job"))?;
         Ok(())
@@ -380,7 +391,7 @@ impl Store {
     /// Jobs marked running in a pool: (job id, worker, started_at, encoded job).
     pub async fn running_jobs(&self, pool: &str) -> Result<Vec<(String, String, i64, Vec<u8>)>, StoreError> {
         let res =
-            self.session.execute_unpaged(&self.prepared.list_running_jobs, (pool,)).await.map_err(q("list running"))?;
+            self.session.execute_unpaged(&self.prepared.list_running_jobs, (self.scope.as_str(), pool)).await.map_err(q("list running"))?;
         let rows = res.into_rows_result().map_err(|e| e.to_string()).map_err(rows_err("list running"))?;
         let it = rows
             .rows::<(String, Option<String>, Option<i64>, Option<Vec<u8>>)>()
@@ -429,8 +440,11 @@ impl Store {
     }
 
     /// Takes or renews the named lease for `ttl_secs` (LWT). True while we hold it.
+    /// Leases are per deployment (topic prefix): `name` is scoped by it.
     pub async fn lease(&self, name: &str, holder: &str, ttl_secs: i32, now: Millis) -> Result<bool, StoreError> {
         let expires = now + i64::from(ttl_secs) * 1000;
+        let scoped = format!("{}{name}", self.scope);
+        let name = scoped.as_str();
         let res = self
             .session
             .execute_unpaged(&self.prepared.lease_acquire, (name, holder, expires, ttl_secs))
@@ -445,6 +459,45 @@ impl Store {
             .await
             .map_err(q("renew lease"))?;
         applied(res)
+    }
+
+    /// Parks a job until `execute_at` in the scheduled table (minute buckets).
+    pub async fn put_scheduled(&self, execute_at: Millis, job_id: &str, job: &[u8]) -> Result<(), StoreError> {
+        let ks = &self.keyspace;
+        let cql =
+            format!("INSERT INTO {ks}.scheduled_jobs (scope, bucket, execute_at, job_id, job) VALUES (?, ?, ?, ?, ?)");
+        self.session
+            .query_unpaged(cql, (self.scope.as_str(), schedule_bucket(execute_at), execute_at, job_id, job))
+            .await
+            .map_err(q("put scheduled"))?;
+        Ok(())
+    }
+
+    /// Scheduled jobs of one bucket due by `upto`: (execute_at, job id, encoded job).
+    pub async fn scheduled_due(&self, bucket: i64, upto: Millis) -> Result<Vec<(i64, String, Vec<u8>)>, StoreError> {
+        let ks = &self.keyspace;
+        let cql = format!(
+            "SELECT execute_at, job_id, job FROM {ks}.scheduled_jobs WHERE scope = ? AND bucket = ? AND execute_at <= ?"
+        );
+        let res =
+            self.session.query_unpaged(cql, (self.scope.as_str(), bucket, upto)).await.map_err(q("read scheduled"))?;
+        let rows = res.into_rows_result().map_err(|e| e.to_string()).map_err(rows_err("read scheduled"))?;
+        let it = rows
+            .rows::<(i64, String, Option<Vec<u8>>)>()
+            .map_err(|e| e.to_string())
+            .map_err(rows_err("read scheduled"))?;
+        Ok(it.filter_map(|r| r.ok()).map(|(t, id, j)| (t, id, j.unwrap_or_default())).collect())
+    }
+
+    pub async fn delete_scheduled(&self, execute_at: Millis, job_id: &str) -> Result<(), StoreError> {
+        let ks = &self.keyspace;
+        let cql =
+            format!("DELETE FROM {ks}.scheduled_jobs WHERE scope = ? AND bucket = ? AND execute_at = ? AND job_id = ?");
+        self.session
+            .query_unpaged(cql, (self.scope.as_str(), schedule_bucket(execute_at), execute_at, job_id))
+            .await
+            .map_err(q("delete scheduled"))?;
+        Ok(())
     }
 
     pub async fn request_cancel(&self, job_id: &str, now: Millis) -> Result<(), StoreError> {
@@ -642,5 +695,175 @@ impl ReplayStatements {
     pub async fn reset_job(&self, job_id: &str, now: Millis) -> Result<(), StoreError> {
         self.session.execute_unpaged(&self.reset_job, (now, job_id)).await.map_err(q("reset replayed job"))?;
         Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Fleet accounting and introspection (src/worker/usage.rs, `fairway stats` / `top`):
+// per-tenant slot-time cells in `usage` and per-worker scheduler snapshots in
+// `worker_stats`. Both are keyed by a *pool key*, the pool's topic name
+// (`Config::pool_topic`), so deployments sharing a keyspace (different topic prefixes)
+// never mix their accounting. Approximate data: read and written at LOCAL_ONE.
+// ---------------------------------------------------------------------------------------
+
+/// Statements of the fleet usage reporter and the stats CLI ([`Store::fleet_statements`]).
+#[derive(Clone)]
+pub struct FleetStatements {
+    session: Arc<Session>,
+    put_usage: PreparedStatement,
+    get_usage: PreparedStatement,
+    put_worker_stats: PreparedStatement,
+    get_worker_stats: PreparedStatement,
+}
+
+/// Most statements in one unlogged batch of usage cells (all of one partition).
+const USAGE_BATCH: usize = 100;
+
+impl Store {
+    /// Prepares the statements of fleet accounting and introspection.
+    pub async fn fleet_statements(&self) -> Result<FleetStatements, StoreError> {
+        let ks = &self.keyspace;
+        let prep = |cql: String, what: &'static str, page_size: Option<i32>| {
+            let session = &self.session;
+            async move {
+                let mut p =
+                    session.prepare(cql).await.map_err(|e| StoreError::Query { what, message: e.to_string() })?;
+                p.set_consistency(Consistency::LocalOne);
+                if let Some(n) = page_size {
+                    p.set_page_size(n);
+                }
+                Ok::<_, StoreError>(p)
+            }
+        };
+        Ok(FleetStatements {
+            session: self.session.clone(),
+            put_usage: prep(
+                format!(
+                    "INSERT INTO {ks}.usage (pool, bucket, tenant, worker, slot_ms) VALUES (?, ?, ?, ?, ?) USING TTL ?"
+                ),
+                "prepare put usage",
+                None,
+            )
+            .await?,
+            get_usage: prep(
+                format!("SELECT tenant, worker, slot_ms FROM {ks}.usage WHERE pool = ? AND bucket = ?"),
+                "prepare get usage",
+                Some(1000),
+            )
+            .await?,
+            put_worker_stats: prep(
+                format!("INSERT INTO {ks}.worker_stats (pool, worker, at, stats) VALUES (?, ?, ?, ?) USING TTL ?"),
+                "prepare put worker stats",
+                None,
+            )
+            .await?,
+            get_worker_stats: prep(
+                format!("SELECT worker, at, stats FROM {ks}.worker_stats WHERE pool = ?"),
+                "prepare get worker stats",
+                Some(100),
+            )
+            .await?,
+        })
+    }
+}
+
+impl FleetStatements {
+    /// Writes this worker's cumulative slot-ms cells `(bucket, tenant, slot_ms)` of one
+    /// pool, in unlogged batches of one partition each.
+    pub async fn put_usage(
+        &self,
+        pool_key: &str,
+        worker: &str,
+        cells: &[(Millis, String, i64)],
+        ttl_secs: i32,
+    ) -> Result<(), StoreError> {
+        let mut by_bucket: std::collections::BTreeMap<Millis, Vec<(&str, i64)>> = Default::default();
+        for (b, t, v) in cells {
+            by_bucket.entry(*b).or_default().push((t.as_str(), *v));
+        }
+        for (bucket, cells) in by_bucket {
+            for chunk in cells.chunks(USAGE_BATCH) {
+                let mut batch = Batch::new(BatchType::Unlogged);
+                batch.set_consistency(Consistency::LocalOne);
+                let mut values = Vec::with_capacity(chunk.len());
+                for (tenant, slot_ms) in chunk {
+                    batch.append_statement(self.put_usage.clone());
+                    values.push((pool_key, bucket, *tenant, worker, *slot_ms, ttl_secs));
+                }
+                self.session.batch(&batch, values).await.map_err(q("put usage"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every worker's cells of one (pool, bucket) partition (paged).
+    pub async fn usage_bucket(
+        &self,
+        pool_key: &str,
+        bucket: Millis,
+    ) -> Result<Vec<crate::core::fleet::UsageCell>, StoreError> {
+        use futures::TryStreamExt;
+        let pager = self
+            .session
+            .execute_iter(self.get_usage.clone(), (pool_key, bucket))
+            .await
+            .map_err(|e| StoreError::Query { what: "read usage", message: e.to_string() })?;
+        let mut rows = pager
+            .rows_stream::<(String, String, Option<i64>)>()
+            .map_err(|e| StoreError::Query { what: "read usage", message: e.to_string() })?;
+        let mut out = Vec::new();
+        while let Some((tenant, worker, slot_ms)) =
+            rows.try_next().await.map_err(|e| StoreError::Query { what: "read usage", message: e.to_string() })?
+        {
+            out.push(crate::core::fleet::UsageCell {
+                pool: pool_key.to_string(),
+                bucket,
+                tenant,
+                worker,
+                slot_ms: slot_ms.unwrap_or(0),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Publishes a worker's scheduler snapshot of one pool (expires after `ttl_secs`).
+    pub async fn put_worker_stats(
+        &self,
+        pool_key: &str,
+        worker: &str,
+        at: Millis,
+        stats: &str,
+        ttl_secs: i32,
+    ) -> Result<(), StoreError> {
+        self.session
+            .execute_unpaged(&self.put_worker_stats, (pool_key, worker, at, stats, ttl_secs))
+            .await
+            .map_err(q("put worker stats"))?;
+        Ok(())
+    }
+
+    /// The live workers' snapshots of one pool.
+    pub async fn worker_stats(&self, pool_key: &str) -> Result<Vec<crate::core::fleet::SnapshotRow>, StoreError> {
+        use futures::TryStreamExt;
+        let pager = self
+            .session
+            .execute_iter(self.get_worker_stats.clone(), (pool_key,))
+            .await
+            .map_err(|e| StoreError::Query { what: "read worker stats", message: e.to_string() })?;
+        let mut rows = pager
+            .rows_stream::<(String, Option<i64>, Option<String>)>()
+            .map_err(|e| StoreError::Query { what: "read worker stats", message: e.to_string() })?;
+        let mut out = Vec::new();
+        while let Some((worker, at, stats)) =
+            rows.try_next().await.map_err(|e| StoreError::Query { what: "read worker stats", message: e.to_string() })?
+        {
+            out.push(crate::core::fleet::SnapshotRow {
+                pool: pool_key.to_string(),
+                worker,
+                at: at.unwrap_or(0),
+                stats: stats.unwrap_or_default(),
+            });
+        }
+        Ok(out)
     }
 }

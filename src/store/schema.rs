@@ -16,16 +16,22 @@ pub const TABLES: &[(&str, &str)] = &[
     // Liveness of running jobs; rows expire (TTL ~3 intervals) when a worker dies.
     ("heartbeats", "(job_id text PRIMARY KEY, worker text, at bigint, progress double, message text)"),
     ("checkpoints", "(job_id text PRIMARY KEY, data blob, at bigint)"),
-    // Jobs running for more than a moment, by pool: what the reaper watches for lapsed
-    // heartbeats (the encoded job lets it re-dispatch without Kafka).
+    // Jobs running for more than a moment, by deployment (topic prefix) and pool: what
+    // the reaper watches for lapsed heartbeats (the encoded job lets it re-dispatch).
     (
-        "running_jobs",
-        "(pool text, job_id text, worker text, started_at bigint, job blob, PRIMARY KEY (pool, job_id))",
+        "running_index",
+        "(scope text, pool text, job_id text, worker text, started_at bigint, job blob, \
+         PRIMARY KEY ((scope, pool), job_id))",
     ),
     // LWT IF NOT EXISTS with TTL: the dedupe window of idempotent submission.
     ("idempotency", "(tenant text, key text, job_id text, at bigint, PRIMARY KEY ((tenant, key)))"),
-    // Jobs to run later, bucketed by minute so the promoter reads one partition per tick.
-    ("scheduled", "(bucket bigint, execute_at bigint, job_id text, job blob, PRIMARY KEY (bucket, execute_at, job_id))"),
+    // Jobs parked until later (scheduled or long backoff), by deployment and minute, so
+    // the promoter reads one partition per minute.
+    (
+        "scheduled_jobs",
+        "(scope text, bucket bigint, execute_at bigint, job_id text, job blob, \
+         PRIMARY KEY ((scope, bucket), execute_at, job_id))",
+    ),
     // Per-tenant slot-time by worker and time bucket: fleet-wide fair-share accounting.
     (
         "usage",
@@ -37,6 +43,8 @@ pub const TABLES: &[(&str, &str)] = &[
     ("generations", "(tenant text, job_type text, generation bigint, PRIMARY KEY (tenant, job_type))"),
     // Resumable DLQ/retry replays: the last replayed offset per replay run and partition.
     ("replays", "(replay_id text, topic text, partition int, next_offset bigint, PRIMARY KEY (replay_id, topic, partition))"),
+    // Each live worker's scheduler snapshot per pool (JSON, short TTL): `fairway stats` / `top`.
+    ("worker_stats", "(pool text, worker text, at bigint, stats text, PRIMARY KEY (pool, worker))"),
 ];
 
 pub async fn ensure(session: &Session, keyspace: &str, rf: i32) -> Result<Vec<String>, StoreError> {

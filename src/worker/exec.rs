@@ -28,6 +28,19 @@ pub enum Ended {
     Ran,
     /// Not run: already finished, cancelled, expired, stale duplicate, or deferred.
     Skipped,
+    /// Its outcome could not be made durable (Kafka and the store both refused): its
+    /// offset must stay uncommitted so the job is redelivered, never lost.
+    NotDurable,
+}
+
+impl Ended {
+    fn or_lost(self, durable: bool) -> Ended {
+        if durable {
+            self
+        } else {
+            Ended::NotDurable
+        }
+    }
 }
 
 /// A job that is not started within this time of its dispatch gets a "running" row
@@ -37,15 +50,15 @@ const RUNNING_WRITE_GRACE: Duration = Duration::from_millis(250);
 pub async fn execute(sh: Arc<Shared>, job: Arc<JobSubmitted>, origin: Origin) -> Ended {
     let job = match precheck(&sh, job, &origin).await {
         Check::Run(job) => job,
-        Check::Done => return Ended::Skipped,
+        Check::Done(durable) => return Ended::Skipped.or_lost(durable),
     };
     let Some(handler) = sh.registry.get(&job.job_type) else {
         let err = HandlerError::permanent(format!(
             "no handler for job type {:?} on this worker; add it to [job_types] or register a Rust handler",
             job.job_type
         ));
-        fail(&sh, &job, &origin, err, None).await;
-        return Ended::Skipped;
+        let durable = fail(&sh, &job, &origin, err, None).await;
+        return Ended::Skipped.or_lost(durable);
     };
 
     if let Admission::Rejected { retry_at } =
@@ -54,8 +67,8 @@ pub async fn execute(sh: Arc<Shared>, job: Arc<JobSubmitted>, origin: Origin) ->
         // The job type's dependency is failing: hold the job back (no attempt used)
         // on the dependency retry topic until the breaker lets a probe through.
         metrics::counter!(m::BREAKER_REJECTIONS, "job_type" => sh.bounded_job_type(&job.job_type)).increment(1);
-        hold_back(&sh, &job, retry_at).await;
-        return Ended::Skipped;
+        let durable = hold_back(&sh, &job, retry_at).await;
+        return Ended::Skipped.or_lost(durable);
     }
 
     let started_at = now_ms();
@@ -101,17 +114,17 @@ pub async fn execute(sh: Arc<Shared>, job: Arc<JobSubmitted>, origin: Origin) ->
     if let Some(failure) = verdict {
         sh.record_outcome(&job.job_type, failure, now_ms());
     }
-    match result {
+    let durable = match result {
         None => {
             let msg = "cancelled: the handler did not stop within worker.cancel_grace and was aborted".to_string();
-            finish(&sh, &job, JobStatus::Cancelled, None, Some(msg), None, Some(started_at)).await;
+            finish(&sh, &job, JobStatus::Cancelled, None, Some(msg), None, Some(started_at)).await
         }
         Some(Ok(Ok(output))) => {
-            finish(&sh, &job, JobStatus::Succeeded, Some(output), None, None, Some(started_at)).await;
+            finish(&sh, &job, JobStatus::Succeeded, Some(output), None, None, Some(started_at)).await
         }
         Some(Ok(Err(err))) if live.is_cancelled() => {
             let msg = format!("cancelled while running ({})", err.message);
-            finish(&sh, &job, JobStatus::Cancelled, None, Some(msg), None, Some(started_at)).await;
+            finish(&sh, &job, JobStatus::Cancelled, None, Some(msg), None, Some(started_at)).await
         }
         Some(Ok(Err(err))) => fail(&sh, &job, &origin, err, Some(started_at)).await,
         Some(Err(_)) => {
@@ -120,35 +133,53 @@ pub async fn execute(sh: Arc<Shared>, job: Arc<JobSubmitted>, origin: Origin) ->
                 message: format!("deadline of {timeout:?} passed"),
                 retry_after: None,
             };
-            fail(&sh, &job, &origin, err, Some(started_at)).await;
+            fail(&sh, &job, &origin, err, Some(started_at)).await
         }
-    }
+    };
     if running_written {
         if let Err(e) = sh.store.delete_running_job(sh.pool.as_str(), &job.job_id).await {
             tracing::debug!(job_id = %job.job_id, error = %e, "could not clear running index");
         }
     }
-    Ended::Ran
+    Ended::Ran.or_lost(durable)
+}
+
+/// Sends a job whose `execute_at` is ahead to the delayed topic (due at `execute_at`).
+pub(crate) async fn delay(sh: &Shared, job: JobSubmitted) -> bool {
+    let mut next = job;
+    next.not_before = next.execute_at;
+    produce_job(sh, &sh.cfg.delayed_topic(), &next, "delay").await
+}
+
+/// Produces a job record and waits for the ack; false if it could not be made durable.
+async fn produce_job(sh: &Shared, topic: &str, job: &JobSubmitted, what: &str) -> bool {
+    match codec::encode_job(job) {
+        Ok(bytes) => match with_retries(|| kafka::send(&sh.producer, topic, &job.tenant, &bytes)).await {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::error!(job_id = %job.job_id, error = %e, "cannot {what} job; it will be redelivered");
+                false
+            }
+        },
+        // Our own records always encode; treat the impossible as handled.
+        Err(e) => {
+            tracing::error!(job_id = %job.job_id, error = %e, "cannot encode job to {what}");
+            true
+        }
+    }
 }
 
 /// Puts a job back on the dependency retry topic, attempt unchanged, due at `at`.
-async fn hold_back(sh: &Shared, job: &JobSubmitted, at: i64) {
+async fn hold_back(sh: &Shared, job: &JobSubmitted, at: i64) -> bool {
     let mut next = job.clone();
     next.not_before = Some(at);
-    let topic = sh.cfg.retry_topic(FailureClass::Dependency);
-    match codec::encode_job(&next) {
-        Ok(bytes) => {
-            if let Err(e) = with_retries(|| kafka::send(&sh.producer, &topic, &job.tenant, &bytes)).await {
-                tracing::error!(job_id = %job.job_id, error = %e, "cannot hold job back; it will be redelivered");
-            }
-        }
-        Err(e) => tracing::error!(job_id = %job.job_id, error = %e, "cannot encode held-back job"),
-    }
+    produce_job(sh, &sh.cfg.retry_topic(FailureClass::Dependency), &next, "hold back").await
 }
 
 enum Check {
     Run(Arc<JobSubmitted>),
-    Done,
+    /// Handled without running; false if that outcome could not be made durable.
+    Done(bool),
 }
 
 /// The effectively-once check, before any handler runs: finished, stale, cancelled,
@@ -164,26 +195,25 @@ async fn precheck(sh: &Shared, job: Arc<JobSubmitted>, origin: &Origin) -> Check
                 // lose it. Hand it back as a worker-side failure so it is retried later.
                 tracing::warn!(job_id = %job.job_id, error = %e, "store unavailable for the effectively-once check");
                 let err = HandlerError { class: FailureClass::WorkerCrash, message: e.to_string(), retry_after: None };
-                fail(sh, &job, origin, err, None).await;
-                return Check::Done;
+                return Check::Done(fail(sh, &job, origin, err, None).await);
             }
         };
         let now = now_ms();
         let Some(row) = row else { break };
         if row.is_terminal() {
             // Redelivered after it finished: make sure its result exists, never rerun it.
-            republish_result(sh, &job, &row).await;
+            let published = republish_result(sh, &job, &row).await;
             metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "finished").increment(1);
-            return Check::Done;
+            return Check::Done(published);
         }
         if row.attempts.unwrap_or(0) > job.attempt {
             // A stale copy: a later attempt of this job already exists on a retry topic.
             metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "stale_attempt").increment(1);
-            return Check::Done;
+            return Check::Done(true);
         }
         if row.cancel_requested == Some(true) {
-            finish(sh, &job, JobStatus::Cancelled, None, Some("cancelled before it started".into()), None, None).await;
-            return Check::Done;
+            let msg = "cancelled before it started".to_string();
+            return Check::Done(finish(sh, &job, JobStatus::Cancelled, None, Some(msg), None, None).await);
         }
         if row.status.as_deref() != Some("running") {
             break;
@@ -204,7 +234,7 @@ async fn precheck(sh: &Shared, job: Arc<JobSubmitted>, origin: &Origin) -> Check
         if let (_, Decision::DeadLetter { reason }) =
             sh.decide(FailureClass::WorkerCrash, &job.job_type, &job.tenant, &state, &policy, now)
         {
-            dead_letter(
+            let dl = dead_letter(
                 sh,
                 Some(&job),
                 None,
@@ -215,8 +245,8 @@ async fn precheck(sh: &Shared, job: Arc<JobSubmitted>, origin: &Origin) -> Check
                 origin,
             )
             .await;
-            finish(sh, &job, JobStatus::Failed, None, Some(reason), Some(FailureClass::Poison), None).await;
-            return Check::Done;
+            let fin = finish(sh, &job, JobStatus::Failed, None, Some(reason), Some(FailureClass::Poison), None).await;
+            return Check::Done(dl && fin);
         }
         metrics::counter!(m::JOBS_TAKEN_OVER, "pool" => sh.pool.as_str()).increment(1);
         let mut j = (*job).clone();
@@ -228,8 +258,7 @@ async fn precheck(sh: &Shared, job: Arc<JobSubmitted>, origin: &Origin) -> Check
         let now = now_ms();
         if now > not_after {
             let msg = format!("not started before not_after ({not_after}); picked at {now}");
-            finish(sh, &job, JobStatus::Expired, None, Some(msg), None, None).await;
-            return Check::Done;
+            return Check::Done(finish(sh, &job, JobStatus::Expired, None, Some(msg), None, None).await);
         }
     }
     Check::Run(job)
@@ -271,7 +300,7 @@ pub(crate) async fn finish(
     error: Option<String>,
     class: Option<FailureClass>,
     started_at: Option<i64>,
-) {
+) -> bool {
     let finished_at = now_ms();
     let mut u = update(sh, job, status.as_str(), started_at, Some(finished_at));
     u.error = error.as_deref();
@@ -300,27 +329,34 @@ pub(crate) async fn finish(
         finished_at,
         worker_id: sh.worker_id.clone(),
     };
-    publish_result(sh, &result).await;
+    // Durable once the result is out: a redelivery finds the stored state and
+    // republishes it; without the result the offset must stay uncommitted.
+    let published = publish_result(sh, &result).await;
     metrics::counter!(m::JOBS_FINISHED, "pool" => sh.pool.as_str(), "status" => status.as_str()).increment(1);
     let e2e = (finished_at - job.submitted_at).max(0) as f64 / 1000.0;
     metrics::histogram!(m::JOB_END_TO_END_SECONDS, "pool" => sh.pool.as_str()).record(e2e);
+    published
 }
 
-async fn publish_result(sh: &Shared, result: &JobResult) {
+async fn publish_result(sh: &Shared, result: &JobResult) -> bool {
     let bytes = match codec::encode_result(result) {
         Ok(b) => b,
         Err(e) => {
             tracing::error!(job_id = %result.job_id, error = %e, "cannot encode result");
-            return;
+            return true;
         }
     };
     let topic = sh.cfg.results_topic();
-    if let Err(e) = with_retries(|| kafka::send(&sh.producer, &topic, &result.tenant, &bytes)).await {
-        tracing::error!(job_id = %result.job_id, error = %e, "cannot publish result");
+    match with_retries(|| kafka::send(&sh.producer, &topic, &result.tenant, &bytes)).await {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::error!(job_id = %result.job_id, error = %e, "cannot publish result");
+            false
+        }
     }
 }
 
-async fn republish_result(sh: &Shared, job: &JobSubmitted, row: &JobRow) {
+async fn republish_result(sh: &Shared, job: &JobSubmitted, row: &JobRow) -> bool {
     let status = match row.status.as_deref() {
         Some("succeeded") => JobStatus::Succeeded,
         Some("cancelled") => JobStatus::Cancelled,
@@ -343,12 +379,19 @@ async fn republish_result(sh: &Shared, job: &JobSubmitted, row: &JobRow) {
         finished_at: row.finished_at.unwrap_or_else(now_ms),
         worker_id: row.worker.clone().unwrap_or_default(),
     };
-    publish_result(sh, &result).await;
+    publish_result(sh, &result).await
 }
 
 /// A failed attempt: ask the retry policy, then either put the job on its class's retry
 /// topic or dead-letter it (DLQ record + failed result).
-pub(crate) async fn fail(sh: &Shared, job: &JobSubmitted, origin: &Origin, err: HandlerError, started_at: Option<i64>) {
+/// Returns whether the outcome is durable (see `Ended::NotDurable`).
+pub(crate) async fn fail(
+    sh: &Shared,
+    job: &JobSubmitted,
+    origin: &Origin,
+    err: HandlerError,
+    started_at: Option<i64>,
+) -> bool {
     let now = now_ms();
     metrics::counter!(m::JOB_FAILURES, "pool" => sh.pool.as_str(), "class" => err.class.as_str()).increment(1);
     let state =
@@ -368,17 +411,8 @@ pub(crate) async fn fail(sh: &Shared, job: &JobSubmitted, origin: &Origin, err: 
             next.last_error = Some(err.message.clone());
             next.last_failure_class = Some(err.class);
             next.first_failure_at = job.first_failure_at.or(Some(now));
-            let topic = sh.cfg.retry_topic(class_topic);
-            let produced = match codec::encode_job(&next) {
-                Ok(bytes) => with_retries(|| kafka::send(&sh.producer, &topic, &job.tenant, &bytes)).await.map(|_| ()),
-                Err(e) => {
-                    tracing::error!(job_id = %job.job_id, error = %e, "cannot encode retry");
-                    Ok(())
-                }
-            };
-            if let Err(e) = produced {
-                tracing::error!(job_id = %job.job_id, error = %e, "cannot produce retry; the job will be redelivered");
-                return;
+            if !produce_job(sh, &sh.cfg.retry_topic(class_topic), &next, "retry").await {
+                return false;
             }
             metrics::counter!(m::RETRIES, "class" => class_topic.as_str(), "job_type" => sh.bounded_job_type(&job.job_type)).increment(1);
             let mut u = update(sh, job, "retrying", started_at, None);
@@ -389,12 +423,14 @@ pub(crate) async fn fail(sh: &Shared, job: &JobSubmitted, origin: &Origin, err: 
             if let Err(e) = with_retries(|| sh.store.put_state(&u, now)).await {
                 tracing::warn!(job_id = %job.job_id, error = %e, "could not record retrying state");
             }
+            true
         }
         Decision::DeadLetter { reason } => {
             let attempts = if started_at.is_some() { job.attempt + 1 } else { job.attempt };
             let class = crate::core::retry::dead_letter_class(class);
-            dead_letter(sh, Some(job), None, class, reason, Some(err.message.clone()), attempts, origin).await;
-            finish(sh, job, JobStatus::Failed, None, Some(err.message), Some(class), started_at).await;
+            let dl = dead_letter(sh, Some(job), None, class, reason, Some(err.message.clone()), attempts, origin).await;
+            let fin = finish(sh, job, JobStatus::Failed, None, Some(err.message), Some(class), started_at).await;
+            dl && fin
         }
     }
 }
@@ -410,7 +446,7 @@ pub(crate) async fn dead_letter(
     last_error: Option<String>,
     attempts: i32,
     origin: &Origin,
-) {
+) -> bool {
     let now = now_ms();
     let dl = DeadLetter {
         job: job.cloned(),
@@ -428,16 +464,22 @@ pub(crate) async fn dead_letter(
     };
     let key = job.map(|j| j.tenant.as_str()).unwrap_or("");
     let topic = sh.cfg.dlq_topic();
-    match codec::encode_dead_letter(&dl) {
-        Ok(bytes) => {
-            if let Err(e) = with_retries(|| kafka::send(&sh.producer, &topic, key, &bytes)).await {
-                tracing::error!(error = %e, "cannot produce dead letter");
+    let produced = match codec::encode_dead_letter(&dl) {
+        Ok(bytes) => match with_retries(|| kafka::send(&sh.producer, &topic, key, &bytes)).await {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot produce dead letter; the message will be redelivered");
+                false
             }
+        },
+        Err(e) => {
+            tracing::error!(error = %e, "cannot encode dead letter");
+            true
         }
-        Err(e) => tracing::error!(error = %e, "cannot encode dead letter"),
-    }
+    };
     let jt = job.map(|j| sh.bounded_job_type(&j.job_type)).unwrap_or_else(|| "unknown".to_string());
     metrics::counter!(m::DEAD_LETTERS, "class" => class.as_str(), "job_type" => jt).increment(1);
+    produced
 }
 
 /// Retries a transient I/O operation a few times with backoff before giving up.

@@ -8,6 +8,7 @@ pub mod exec;
 pub mod liveness;
 pub mod pool;
 pub mod relay;
+pub mod usage;
 
 use crate::config::Config;
 use crate::core::breaker::{Admission, Breaker, BreakerConfig, BreakerState, Breakers};
@@ -200,6 +201,7 @@ impl Worker {
             });
             let (sh3, rx3) = (sh.clone(), rx.clone());
             tasks.push(tokio::spawn(liveness::heartbeat_loop(sh3, rx3)));
+            tasks.push(tokio::spawn(usage::usage_loop(sh.clone(), rx.clone())));
             let dispatcher = make_dispatcher(&cfg, pool, policy);
             let rx = rx.clone();
             let sh2 = sh.clone();
@@ -215,12 +217,20 @@ impl Worker {
             tasks.push(tokio::spawn(liveness::reaper_loop(sh.clone(), rx.clone())));
         }
         // Every worker also relays due retries back to their pools (one group, shared).
-        let (cfg2, producer2, rx2) = (cfg.clone(), producer.clone(), rx.clone());
+        let (cfg2, producer2, store2, rx2) = (cfg.clone(), producer.clone(), store.clone(), rx.clone());
         tasks.push(tokio::spawn(async move {
-            if let Err(e) = relay::run(cfg2, producer2, rx2).await {
+            if let Err(e) = relay::run(cfg2, producer2, store2, rx2).await {
                 tracing::error!(error = %e, "retry relay failed");
             }
         }));
+        // Any worker may lead the promoter of parked (scheduled) jobs, one at a time.
+        tasks.push(tokio::spawn(relay::promoter_loop(
+            cfg.clone(),
+            producer.clone(),
+            store.clone(),
+            worker_id.clone(),
+            rx.clone(),
+        )));
         tracing::info!(%worker_id, ?pools, ?policy, "worker started");
         Ok(Worker { worker_id, shutdown: tx, tasks, shared })
     }

@@ -114,6 +114,14 @@ pub async fn run(
                     }
                     let epoch = st.epoch;
                     match admit(&sh, &bytes) {
+                        Ok(job) if job.execute_at.is_some_and(|at| at > now_ms() + 100) => {
+                            // Scheduled for later: the relay holds it (or parks it in the store).
+                            let (sh2, tx) = (sh.clone(), done_tx.clone());
+                            tasks.spawn(async move {
+                                let ended = if exec::delay(&sh2, job).await { Ended::Skipped } else { Ended::NotDurable };
+                                let _ = tx.send(Done { origin, epoch, ticket: None, ended });
+                            });
+                        }
                         Ok(job) => {
                             metrics::counter!(m::JOBS_RECEIVED, "pool" => pool).increment(1);
                             let q = Queued {
@@ -131,8 +139,9 @@ pub async fn run(
                             let sh2 = sh.clone();
                             let tx = done_tx.clone();
                             tasks.spawn(async move {
-                                reject(&sh2, job, bytes, class, reason, &origin).await;
-                                let _ = tx.send(Done { origin, epoch, ticket: None, ended: Ended::Skipped });
+                                let durable = reject(&sh2, job, bytes, class, reason, &origin).await;
+                                let ended = if durable { Ended::Skipped } else { Ended::NotDurable };
+                                let _ = tx.send(Done { origin, epoch, ticket: None, ended });
                             });
                         }
                     }
@@ -235,6 +244,13 @@ fn on_done(
     if done.ended == Ended::Skipped {
         metrics::counter!(m::JOBS_NOT_RUN, "pool" => sh.pool.as_str()).increment(1);
     }
+    if done.ended == Ended::NotDurable {
+        // Keep the offset unfinished: commits stop below it and the job is redelivered
+        // after a restart or rebalance rather than lost.
+        tracing::error!(pool = sh.pool.as_str(), partition = done.origin.partition, offset = done.origin.offset,
+            "outcome not durable; holding the partition's commit below this offset");
+        return;
+    }
     let Some(st) = parts.get_mut(&done.origin.partition) else {
         return;
     };
@@ -315,10 +331,10 @@ async fn reject(
     class: FailureClass,
     reason: String,
     origin: &Origin,
-) {
+) -> bool {
     tracing::warn!(pool = sh.pool.as_str(), topic = %origin.topic, partition = origin.partition, offset = origin.offset, %reason, "dead-lettering message");
     let raw = if job.is_none() { Some(raw) } else { None };
-    exec::dead_letter(
+    let dl = exec::dead_letter(
         sh,
         job.as_ref(),
         raw,
@@ -331,6 +347,7 @@ async fn reject(
     .await;
     if let Some(job) = &job {
         // A decodable job still gets its one terminal result, so submitters are not left waiting.
-        exec::finish(sh, job, JobStatus::Failed, None, Some(reason), Some(class), None).await;
+        return exec::finish(sh, job, JobStatus::Failed, None, Some(reason), Some(class), None).await && dl;
     }
+    dl
 }

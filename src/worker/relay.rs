@@ -29,24 +29,35 @@ struct PartitionState {
 
 type Key = (String, i32);
 
-pub fn retry_topics(cfg: &Config) -> Vec<String> {
-    [FailureClass::AppError, FailureClass::Timeout, FailureClass::Dependency, FailureClass::WorkerCrash]
-        .iter()
-        .map(|c| cfg.retry_topic(*c))
-        .collect()
+/// The topics the relay serves: the per-class retry topics and the delayed topic.
+pub fn relay_topics(cfg: &Config) -> Vec<String> {
+    let mut t: Vec<String> =
+        [FailureClass::AppError, FailureClass::Timeout, FailureClass::Dependency, FailureClass::WorkerCrash]
+            .iter()
+            .map(|c| cfg.retry_topic(*c))
+            .collect();
+    t.push(cfg.delayed_topic());
+    t
 }
+
+
 
 pub async fn run(
     cfg: Arc<Config>,
     producer: rdkafka::producer::FutureProducer,
+    store: crate::store::Store,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), kafka::KafkaError> {
-    let topics = retry_topics(&cfg);
+    let topics = relay_topics(&cfg);
     let group = format!("{}retry", cfg.kafka.group_prefix);
     let (consumer, mut rebalances) = kafka::consumer(&cfg, &group, &topics)?;
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(Key, i64, u64)>();
     let mut parts: HashMap<Key, PartitionState> = HashMap::new();
     let mut epoch = 0u64;
+    // Jobs due within this long are held here (their partition paused); later ones are
+    // parked in the store for the promoter, so a 30-minute backoff never blocks the
+    // 1-second retries behind it in the same partition.
+    let hold_at_most = cfg.worker.relay_hold_max.as_millis() as i64;
     loop {
         let now = now_ms();
         let next_due = parts
@@ -92,6 +103,27 @@ pub async fn run(
                         let _ = st.offsets.started(offset);
                     }
                     match decoded {
+                        Ok(job) if job.not_before.unwrap_or(0) - now_ms() > hold_at_most => {
+                            // Far in the future: park it in the store, release the partition.
+                            let (store, tx, ep) = (store.clone(), done_tx.clone(), st.epoch);
+                            tokio::spawn(async move {
+                                let at = job.not_before.unwrap_or(0);
+                                let parked = match codec::encode_job(&job) {
+                                    Ok(bytes) => with_retries(|| store.put_scheduled(at, &job.job_id, &bytes)).await,
+                                    Err(e) => {
+                                        tracing::error!(error = %e, "cannot encode job to park");
+                                        Ok(())
+                                    }
+                                };
+                                match parked {
+                                    Ok(()) => {
+                                        let _ = tx.send((key, offset, ep));
+                                    }
+                                    // Not parked: leave the offset uncommitted; it is redelivered.
+                                    Err(e) => tracing::error!(error = %e, job_id = %job.job_id, "cannot park job"),
+                                }
+                            });
+                        }
                         Ok(job) => st.held.push_back(Held { job, offset }),
                         Err(e) => {
                             // Only fairway writes retry topics; a bad record is logged and skipped.
@@ -145,4 +177,61 @@ pub async fn run(
     }
     let _ = consumer.commit_consumer_state(kafka::CommitMode::Sync);
     Ok(())
+}
+
+/// The promoter: one leader at a time (LWT lease) moves parked jobs whose time has come
+/// from the scheduled table back to their pool topics.
+pub async fn promoter_loop(
+    cfg: Arc<Config>,
+    producer: rdkafka::producer::FutureProducer,
+    store: crate::store::Store,
+    worker_id: String,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    const LEASE_SECS: i32 = 10;
+    // Minute buckets not yet fully promoted; a new leader looks back a day.
+    let mut cursor: Option<i64> = None;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            _ = tick.tick() => {}
+        }
+        match store.lease("promoter", &worker_id, LEASE_SECS, now_ms()).await {
+            Ok(true) => {}
+            _ => {
+                cursor = None;
+                continue;
+            }
+        }
+        let now = now_ms();
+        let current = crate::store::schedule_bucket(now);
+        let from = cursor.unwrap_or(current - 24 * 60);
+        let mut all_done = true;
+        for bucket in from..=current {
+            let due = match store.scheduled_due(bucket, now).await {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::warn!(error = %e, bucket, "promoter read failed");
+                    break;
+                }
+            };
+            for (at, job_id, blob) in due {
+                let Ok(job) = codec::decode_job(&blob) else {
+                    let _ = store.delete_scheduled(at, &job_id).await;
+                    continue;
+                };
+                let pool = job.pool.or_else(|| cfg.job_types.get(&job.job_type).map(|j| j.pool)).unwrap_or(Pool::Short);
+                if kafka::send(&producer, &cfg.pool_topic(pool), &job.tenant, &blob).await.is_ok() {
+                    let _ = store.delete_scheduled(at, &job_id).await;
+                } else {
+                    all_done = false;
+                }
+            }
+            // Only buckets entirely in the past can be left behind for good.
+            if all_done && bucket < current {
+                cursor = Some(bucket + 1);
+            }
+        }
+    }
 }

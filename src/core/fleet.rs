@@ -1,0 +1,690 @@
+//! Fleet-wide fairness and introspection, the pure parts (no I/O, `now` is an argument).
+//!
+//! **Usage exchange** (driven by `worker::usage`): every worker keeps, per pool it
+//! serves, the slot-milliseconds each tenant used in the current time bucket
+//! ([`OwnUsage`]) and writes them to the `usage` table as one cell per (pool, bucket,
+//! tenant, worker) holding the cumulative value for that bucket (no counters, so a
+//! retried write is harmless). It reads back the recent buckets of every pool
+//! ([`UsageView`]: buckets that can no longer change are cached, so a pass reads only
+//! the newest bucket or two per pool) and computes, per tenant, the slot-seconds used
+//! **elsewhere** (every cell except this worker's own cells of this pool), each bucket
+//! decayed by its age with the scheduler's fleet half-life ([`usage_elsewhere`]). That is
+//! exactly what `Scheduler::fold_fleet_usage` expects.
+//!
+//! **Introspection** (`fairway stats` / `top`): every worker publishes its schedulers'
+//! snapshots (`SchedulerStats` as JSON) to `worker_stats`; [`aggregate`] merges the
+//! live ones into per-(pool, tenant) figures for the whole fleet.
+
+use crate::model::Millis;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+
+/// The bucket (its start, epoch ms) that `at` falls into.
+pub fn bucket_start(at: Millis, bucket_ms: i64) -> Millis {
+    at - at.rem_euclid(bucket_ms)
+}
+
+/// Starts of the buckets overlapping the window `(now - window_ms, now]`, oldest first.
+pub fn window_buckets(now: Millis, window_ms: i64, bucket_ms: i64) -> Vec<Millis> {
+    let last = bucket_start(now, bucket_ms);
+    let first = bucket_start(now - window_ms + 1, bucket_ms);
+    (0..).map(|i| first + i * bucket_ms).take_while(|b| *b <= last).collect()
+}
+
+/// How much a bucket's slot-time still counts at `now`: halved every `half_life_ms` of
+/// age, the age measured from the bucket's end (or `now` while it is still open). Usage
+/// inside a bucket is thus treated as if it happened at the bucket's end, so within a
+/// bucket old use is over-weighted by at most `2^(bucket_ms / half_life_ms)`.
+pub fn decay_weight(bucket: Millis, bucket_ms: i64, now: Millis, half_life_ms: f64) -> f64 {
+    let at = (bucket + bucket_ms).min(now);
+    let age = (now - at).max(0) as f64;
+    0.5f64.powf(age / half_life_ms.max(1.0))
+}
+
+/// One worker's cumulative slot-time of one tenant in one (pool, bucket).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageCell {
+    pub pool: String,
+    pub bucket: Millis,
+    pub tenant: String,
+    pub worker: String,
+    pub slot_ms: i64,
+}
+
+/// Decayed slot-seconds per tenant used everywhere except `own_worker`'s cells of
+/// `own_pool` (which are this scheduler's own, already counted locally). Cells of
+/// buckets that ended before `now - window_ms` are ignored.
+pub fn usage_elsewhere<'a>(
+    cells: impl IntoIterator<Item = &'a UsageCell>,
+    own_pool: &str,
+    own_worker: &str,
+    now: Millis,
+    bucket_ms: i64,
+    window_ms: i64,
+    half_life_ms: f64,
+) -> HashMap<String, f64> {
+    let mut out: HashMap<String, f64> = HashMap::new();
+    for c in cells {
+        if c.slot_ms <= 0 || c.bucket + bucket_ms <= now - window_ms {
+            continue;
+        }
+        if c.pool == own_pool && c.worker == own_worker {
+            continue;
+        }
+        let w = decay_weight(c.bucket, bucket_ms, now, half_life_ms);
+        *out.entry(c.tenant.clone()).or_default() += c.slot_ms as f64 / 1000.0 * w;
+    }
+    out
+}
+
+/// This worker's slot-time per tenant in one pool, per bucket, with what was written.
+#[derive(Debug, Default)]
+pub struct OwnUsage {
+    /// bucket -> tenant -> (cumulative slot-ms, slot-ms last written).
+    buckets: BTreeMap<Millis, HashMap<String, (f64, Option<i64>)>>,
+}
+
+impl OwnUsage {
+    /// Adds slot-**seconds** per tenant (as drained from the pool loop) to the bucket of `now`.
+    pub fn add(&mut self, usage: &HashMap<String, f64>, now: Millis, bucket_ms: i64) {
+        let b = self.buckets.entry(bucket_start(now, bucket_ms)).or_default();
+        for (tenant, &secs) in usage {
+            if secs.is_finite() && secs > 0.0 {
+                b.entry(tenant.clone()).or_insert((0.0, None)).0 += secs * 1000.0;
+            }
+        }
+    }
+
+    /// Cells whose cumulative value changed since it was last written: (bucket, tenant, slot-ms).
+    pub fn pending(&self) -> Vec<(Millis, String, i64)> {
+        let mut out = Vec::new();
+        for (&b, cells) in &self.buckets {
+            for (t, &(ms, written)) in cells {
+                let v = ms.round() as i64;
+                if v > 0 && written != Some(v) {
+                    out.push((b, t.clone(), v));
+                }
+            }
+        }
+        out
+    }
+
+    /// Records that these cells were stored.
+    pub fn written(&mut self, cells: &[(Millis, String, i64)]) {
+        for (b, t, v) in cells {
+            if let Some(c) = self.buckets.get_mut(b).and_then(|m| m.get_mut(t)) {
+                c.1 = Some(*v);
+            }
+        }
+    }
+
+    /// Forgets buckets that ended more than `keep_ms` before `now` (written or not: a
+    /// cell that could not be stored for that long no longer matters for fairness).
+    pub fn evict(&mut self, now: Millis, bucket_ms: i64, keep_ms: i64) {
+        self.buckets.retain(|b, _| b + bucket_ms > now - keep_ms);
+    }
+
+    /// Cumulative slot-ms of `tenant` in `bucket` (tests, introspection).
+    pub fn slot_ms(&self, bucket: Millis, tenant: &str) -> f64 {
+        self.buckets.get(&bucket).and_then(|m| m.get(tenant)).map_or(0.0, |c| c.0)
+    }
+}
+
+/// The recent usage cells of every pool as last read, with the bookkeeping that keeps
+/// reads few: a bucket read once it has *settled* (ended more than `settle_ms` ago, so
+/// every worker has flushed its final value for it) is never read again.
+#[derive(Debug)]
+pub struct UsageView {
+    pub bucket_ms: i64,
+    pub window_ms: i64,
+    pub settle_ms: i64,
+    /// (pool, bucket) -> (cells, settled when read).
+    parts: HashMap<(String, Millis), (Vec<UsageCell>, bool)>,
+}
+
+impl UsageView {
+    pub fn new(bucket_ms: i64, window_ms: i64, settle_ms: i64) -> Self {
+        UsageView { bucket_ms, window_ms, settle_ms, parts: HashMap::new() }
+    }
+
+    /// The (pool, bucket) partitions to read now: buckets of the window not read since
+    /// they settled.
+    pub fn wanted(&self, pools: &[&str], now: Millis) -> Vec<(String, Millis)> {
+        let mut out = Vec::new();
+        for b in window_buckets(now, self.window_ms, self.bucket_ms) {
+            for p in pools {
+                match self.parts.get(&(p.to_string(), b)) {
+                    Some((_, true)) => {}
+                    _ => out.push((p.to_string(), b)),
+                }
+            }
+        }
+        out
+    }
+
+    /// Stores a partition read at `now` (replacing the previous read).
+    pub fn put(&mut self, pool: &str, bucket: Millis, cells: Vec<UsageCell>, now: Millis) {
+        let settled = bucket + self.bucket_ms + self.settle_ms <= now;
+        self.parts.insert((pool.to_string(), bucket), (cells, settled));
+    }
+
+    /// Drops partitions that left the window.
+    pub fn evict(&mut self, now: Millis) {
+        let (b, w) = (self.bucket_ms, self.window_ms);
+        self.parts.retain(|(_, bucket), _| bucket + b > now - w);
+    }
+
+    /// Partitions held (tests, introspection).
+    pub fn len(&self) -> usize {
+        self.parts.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.parts.is_empty()
+    }
+
+    /// See [`usage_elsewhere`].
+    pub fn elsewhere(&self, own_pool: &str, own_worker: &str, now: Millis, half_life_ms: f64) -> HashMap<String, f64> {
+        let cells = self.parts.values().flat_map(|(c, _)| c.iter());
+        usage_elsewhere(cells, own_pool, own_worker, now, self.bucket_ms, self.window_ms, half_life_ms)
+    }
+}
+
+// ----- fleet introspection -----------------------------------------------------------
+
+/// One row of `worker_stats`: a worker's scheduler snapshot of one pool.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SnapshotRow {
+    pub pool: String,
+    pub worker: String,
+    pub at: Millis,
+    /// `SchedulerStats` as JSON (or the FIFO dispatcher's smaller object).
+    pub stats: String,
+}
+
+/// The parts of a `SchedulerStats` JSON the fleet view reads (lenient: missing fields
+/// default, so older or FIFO workers still parse).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+struct Snap {
+    at: Millis,
+    policy: Option<String>,
+    pool: Option<PoolSnap>,
+    tenants: Vec<TenantSnap>,
+    running: Option<usize>,
+    queued: Option<usize>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+struct PoolSnap {
+    slots: usize,
+    reserved_slots: usize,
+    running: usize,
+    queued: usize,
+    free_shared: usize,
+    idle_reserved: usize,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+struct TenantSnap {
+    tenant: String,
+    tier: String,
+    weight: f64,
+    backlog: BacklogSum,
+    oldest_wait_ms: Option<Millis>,
+    running: usize,
+    slot_seconds_used: f64,
+    entitlement_share: f64,
+    actual_share: f64,
+    dispatched: u64,
+    wait_reason: Option<WaitSnap>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+struct WaitSnap {
+    reason: String,
+    until: Option<Millis>,
+}
+
+/// Jobs queued per submitted priority, summed over workers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BacklogSum {
+    pub urgent: usize,
+    pub normal: usize,
+    pub low: usize,
+    pub total: usize,
+}
+
+/// One pool across the fleet.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct PoolSummary {
+    pub pool: String,
+    pub workers: usize,
+    /// Of `workers`, how many run the FIFO baseline (no per-tenant figures).
+    pub fifo_workers: usize,
+    pub slots: usize,
+    pub reserved_slots: usize,
+    pub running: usize,
+    pub queued: usize,
+    pub free_shared: usize,
+    pub idle_reserved: usize,
+}
+
+/// One tenant in one pool across the fleet.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct TenantSummary {
+    pub pool: String,
+    pub tenant: String,
+    pub tier: String,
+    /// Scheduling weight (as reported by the worker holding most of its backlog).
+    pub weight: f64,
+    pub backlog: BacklogSum,
+    pub running: usize,
+    /// Age (ms) of its oldest queued job anywhere.
+    pub oldest_wait_ms: Option<Millis>,
+    /// Slot-seconds used in this pool, summed over live workers (each since its start).
+    pub slot_seconds_used: f64,
+    /// Entitled share of the pool's slots fleet-wide: sum over workers of
+    /// (entitled share x slots) / total slots.
+    pub entitled_share: f64,
+    /// Share of the pool's slot-time it actually got recently (same slot weighting).
+    pub actual_share: f64,
+    pub dispatched: u64,
+    /// Why its next job waits, as seen by the worker holding most of its backlog:
+    /// deficit, concurrency_cap, rate_limited, reserved_slots; None when nothing waits
+    /// or a slot is about to take it.
+    pub wait_reason: Option<String>,
+    /// For `rate_limited`: the earliest time a worker allows its next dispatch.
+    pub rate_limited_until: Option<Millis>,
+    /// How many workers report each wait reason.
+    pub waits: BTreeMap<String, usize>,
+    /// Live workers reporting this tenant with backlog or running jobs.
+    pub active_workers: usize,
+}
+
+impl TenantSummary {
+    /// Backlogged, running, or has used slot-time here.
+    pub fn is_active(&self) -> bool {
+        self.backlog.total > 0 || self.running > 0 || self.slot_seconds_used > 0.0
+    }
+}
+
+/// The whole fleet's scheduling state (what `fairway stats --json` prints).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct FleetStats {
+    pub at: Millis,
+    /// Live worker snapshots merged (one per worker and pool).
+    pub snapshots: usize,
+    pub pools: Vec<PoolSummary>,
+    /// Sorted by pool, then tenant.
+    pub tenants: Vec<TenantSummary>,
+    /// Rows left out: stale or unreadable, with why.
+    pub skipped: Vec<String>,
+}
+
+/// Merges the live workers' snapshots. Rows whose snapshot is older than `max_age_ms`
+/// (by their own clock's `at`) are skipped as stale.
+pub fn aggregate(rows: &[SnapshotRow], now: Millis, max_age_ms: i64) -> FleetStats {
+    let mut out = FleetStats { at: now, ..Default::default() };
+    let mut pools: BTreeMap<String, PoolSummary> = BTreeMap::new();
+    // (pool, tenant) -> (summary, backlog of the worker chosen for reason/weight,
+    // slot-weighted entitlement, slot-weighted actual).
+    struct Acc {
+        s: TenantSummary,
+        lead_backlog: Option<usize>,
+        ent: f64,
+        act: f64,
+    }
+    let mut tenants: BTreeMap<(String, String), Acc> = BTreeMap::new();
+    for r in rows {
+        let snap: Snap = match serde_json::from_str(&r.stats) {
+            Ok(s) => s,
+            Err(e) => {
+                out.skipped.push(format!("{}/{}: unreadable snapshot: {e}", r.pool, r.worker));
+                continue;
+            }
+        };
+        // When the worker wrote it (its clock); the snapshot's own time as a fallback.
+        let at = if r.at > 0 { r.at } else { snap.at };
+        if now - at > max_age_ms {
+            out.skipped.push(format!("{}/{}: stale ({} ms old)", r.pool, r.worker, now - at));
+            continue;
+        }
+        out.snapshots += 1;
+        let p =
+            pools.entry(r.pool.clone()).or_insert_with(|| PoolSummary { pool: r.pool.clone(), ..Default::default() });
+        p.workers += 1;
+        let Some(ps) = &snap.pool else {
+            // The FIFO baseline reports totals only.
+            if snap.policy.as_deref() == Some("fifo") {
+                p.fifo_workers += 1;
+            }
+            p.running += snap.running.unwrap_or(0);
+            p.queued += snap.queued.unwrap_or(0);
+            continue;
+        };
+        p.slots += ps.slots;
+        p.reserved_slots += ps.reserved_slots;
+        p.running += ps.running;
+        p.queued += ps.queued;
+        p.free_shared += ps.free_shared;
+        p.idle_reserved += ps.idle_reserved;
+        for t in &snap.tenants {
+            let a = tenants.entry((r.pool.clone(), t.tenant.clone())).or_insert_with(|| Acc {
+                s: TenantSummary {
+                    pool: r.pool.clone(),
+                    tenant: t.tenant.clone(),
+                    tier: t.tier.clone(),
+                    weight: t.weight,
+                    ..Default::default()
+                },
+                lead_backlog: None,
+                ent: 0.0,
+                act: 0.0,
+            });
+            let s = &mut a.s;
+            s.backlog.urgent += t.backlog.urgent;
+            s.backlog.normal += t.backlog.normal;
+            s.backlog.low += t.backlog.low;
+            s.backlog.total += t.backlog.total;
+            s.running += t.running;
+            s.slot_seconds_used += t.slot_seconds_used;
+            s.dispatched += t.dispatched;
+            s.oldest_wait_ms = match (s.oldest_wait_ms, t.oldest_wait_ms) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+            if t.backlog.total > 0 || t.running > 0 {
+                s.active_workers += 1;
+            }
+            a.ent += t.entitlement_share * ps.slots as f64;
+            a.act += t.actual_share * ps.slots as f64;
+            if let Some(w) = &t.wait_reason {
+                *s.waits.entry(w.reason.clone()).or_default() += 1;
+                if w.reason == "rate_limited" {
+                    if let Some(u) = w.until {
+                        s.rate_limited_until = Some(s.rate_limited_until.map_or(u, |x: Millis| x.min(u)));
+                    }
+                }
+            }
+            // The worker holding most of the tenant's backlog names its wait reason.
+            if t.backlog.total > 0 && a.lead_backlog.is_none_or(|b| t.backlog.total > b) {
+                a.lead_backlog = Some(t.backlog.total);
+                s.wait_reason = t.wait_reason.as_ref().map(|w| w.reason.clone());
+                s.weight = t.weight;
+            }
+        }
+    }
+    for ((pool, _), a) in tenants {
+        let mut s = a.s;
+        let slots = pools.get(&pool).map_or(0, |p| p.slots);
+        if slots > 0 {
+            s.entitled_share = a.ent / slots as f64;
+            s.actual_share = a.act / slots as f64;
+        }
+        out.tenants.push(s);
+    }
+    out.pools = pools.into_values().collect();
+    out
+}
+
+/// Backlog, running jobs and slot-seconds used of one tier in one scheduler snapshot.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TierTotals {
+    pub backlog: usize,
+    pub running: usize,
+    pub slot_seconds_used: f64,
+}
+
+/// Per-tier totals of a scheduler snapshot (`SchedulerStats` JSON), every tier present
+/// (zeros included, so gauges of a tier that went idle drop to 0). None for snapshots
+/// without per-tenant figures (the FIFO baseline, or no snapshot yet).
+pub fn tier_totals(stats: &serde_json::Value) -> Option<BTreeMap<&'static str, TierTotals>> {
+    let snap: Snap = serde_json::from_value(stats.clone()).ok()?;
+    snap.pool.as_ref()?;
+    let mut out: BTreeMap<&'static str, TierTotals> = TIERS.iter().map(|t| (*t, TierTotals::default())).collect();
+    for t in &snap.tenants {
+        let Some(tier) = TIERS.iter().find(|x| **x == t.tier) else { continue };
+        let e = out.entry(tier).or_default();
+        e.backlog += t.backlog.total;
+        e.running += t.running;
+        e.slot_seconds_used += t.slot_seconds_used;
+    }
+    Some(out)
+}
+
+/// The tier names of `SchedulerStats` (bounded metric label values).
+pub const TIERS: [&str; 4] = ["free", "standard", "pro", "enterprise"];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const B: i64 = 60_000;
+    const W: i64 = 15 * 60_000;
+    const H: f64 = 300_000.0;
+
+    fn cell(pool: &str, bucket: Millis, tenant: &str, worker: &str, slot_ms: i64) -> UsageCell {
+        UsageCell { pool: pool.into(), bucket, tenant: tenant.into(), worker: worker.into(), slot_ms }
+    }
+
+    #[test]
+    fn buckets_cover_the_window() {
+        assert_eq!(bucket_start(125_000, B), 120_000);
+        assert_eq!(bucket_start(-1, B), -60_000);
+        let now = 10 * B + 5_000;
+        let bs = window_buckets(now, 3 * B, B);
+        assert_eq!(bs, vec![7 * B, 8 * B, 9 * B, 10 * B]);
+        assert_eq!(window_buckets(10 * B, 3 * B, B), vec![7 * B, 8 * B, 9 * B, 10 * B]);
+        assert_eq!(window_buckets(now, W, B).len(), 16);
+    }
+
+    #[test]
+    fn decay_halves_per_half_life_from_the_bucket_end() {
+        let now = 100 * B;
+        // The open bucket counts fully.
+        assert_eq!(decay_weight(now, B, now + 30_000, H), 1.0);
+        assert_eq!(decay_weight(now - B, B, now, H), 1.0);
+        let w = decay_weight(now - B - 300_000, B, now, H);
+        assert!((w - 0.5).abs() < 1e-12, "{w}");
+        let w = decay_weight(now - B - 600_000, B, now, H);
+        assert!((w - 0.25).abs() < 1e-12, "{w}");
+        // Clock skew: a bucket from the future counts fully, never more.
+        assert_eq!(decay_weight(now + 5 * B, B, now, H), 1.0);
+    }
+
+    #[test]
+    fn elsewhere_excludes_only_own_cells_of_own_pool() {
+        let now = 100 * B + 10_000;
+        let b = bucket_start(now, B);
+        let cells = vec![
+            cell("short", b, "acme", "me", 5_000),    // own: excluded
+            cell("short", b, "acme", "other", 2_000), // another worker, same pool
+            cell("medium", b, "acme", "me", 3_000),   // own worker, another pool
+            cell("long", b, "globex", "x", 1_000),
+        ];
+        let m = usage_elsewhere(&cells, "short", "me", now, B, W, H);
+        assert!((m["acme"] - 5.0).abs() < 1e-9, "{m:?}");
+        assert!((m["globex"] - 1.0).abs() < 1e-9);
+        let m = usage_elsewhere(&cells, "medium", "me", now, B, W, H);
+        assert!((m["acme"] - 7.0).abs() < 1e-9, "{m:?}");
+    }
+
+    #[test]
+    fn elsewhere_decays_old_buckets_and_drops_those_outside_the_window() {
+        let now = 100 * B;
+        let cells = vec![
+            cell("short", now - B - 300_000, "a", "w", 10_000), // ended 5 min ago: half
+            cell("short", now - W - B, "a", "w", 1_000_000),    // ended before the window
+            cell("short", now - W, "a", "w", 8_000),            // ended 14 min ago: inside
+        ];
+        let m = usage_elsewhere(&cells, "short", "me", now, B, W, H);
+        let expect = 10.0 * 0.5 + 8.0 * 0.5f64.powf(14.0 * 60_000.0 / H);
+        assert!((m["a"] - expect).abs() < 1e-9, "{} vs {expect}", m["a"]);
+    }
+
+    #[test]
+    fn steady_use_elsewhere_converges_near_the_scheduler_level() {
+        // One slot busy elsewhere for an hour, 1-minute buckets: the decayed level is
+        // within the window truncation (1/8) and the bucket granularity (~15 %) of the
+        // continuous model's x * H / ln 2.
+        let now = 200 * B;
+        let cells: Vec<UsageCell> = (0..60).map(|i| cell("medium", now - (i + 1) * B, "a", "w", B)).collect();
+        let m = usage_elsewhere(&cells, "short", "me", now, B, W, H);
+        let ideal = H / 1000.0 / std::f64::consts::LN_2;
+        let ratio = m["a"] / ideal;
+        assert!(ratio > 0.8 && ratio < 1.1, "ratio {ratio}");
+    }
+
+    #[test]
+    fn folding_a_growing_level_yields_the_fresh_use() {
+        // What the scheduler derives from two successive publications: the growth beyond
+        // decay equals the slot-time added in between (within the open-bucket error).
+        let t0 = 100 * B + 1_000;
+        let b = bucket_start(t0, B);
+        let mut cells = vec![cell("short", b - B, "a", "w", 30_000), cell("short", b, "a", "w", 2_000)];
+        let l0 = usage_elsewhere(&cells, "x", "me", t0, B, W, H)["a"];
+        let t1 = t0 + 5_000;
+        cells[1].slot_ms += 4_000;
+        let l1 = usage_elsewhere(&cells, "x", "me", t1, B, W, H)["a"];
+        let fresh = l1 - l0 * 0.5f64.powf(5_000.0 / H);
+        assert!((fresh - 4.0).abs() < 0.05, "fresh {fresh}");
+    }
+
+    #[test]
+    fn own_usage_accumulates_per_bucket_and_rewrites_only_changes() {
+        let mut o = OwnUsage::default();
+        let u = |t: &str, s: f64| HashMap::from([(t.to_string(), s)]);
+        o.add(&u("a", 1.5), 10_000, B);
+        o.add(&u("a", 0.5), 20_000, B);
+        o.add(&u("b", 0.0), 20_000, B);
+        assert_eq!(o.pending(), vec![(0, "a".to_string(), 2_000)]);
+        let p = o.pending();
+        o.written(&p);
+        assert!(o.pending().is_empty());
+        o.add(&u("a", 1.0), 61_000, B);
+        assert_eq!(o.pending(), vec![(B, "a".to_string(), 1_000)]);
+        assert_eq!(o.slot_ms(0, "a"), 2_000.0);
+        o.evict(10 * B, B, 5 * B);
+        assert!(o.pending().is_empty());
+    }
+
+    #[test]
+    fn view_rereads_only_unsettled_buckets() {
+        let mut v = UsageView::new(B, 3 * B, 20_000);
+        let now = 10 * B + 10_000;
+        let want = v.wanted(&["short", "long"], now);
+        assert_eq!(want.len(), 8, "4 buckets x 2 pools on the first pass");
+        for (p, b) in &want {
+            v.put(p, *b, vec![cell(p, *b, "a", "w", 1_000)], now);
+        }
+        // 10 s later: the bucket that ended 10 s ago is not settled yet, the open one neither.
+        let want = v.wanted(&["short", "long"], now + 10_000);
+        let b = |p: &str, b: i64| (p.to_string(), b);
+        assert_eq!(want, vec![b("short", 9 * B), b("long", 9 * B), b("short", 10 * B), b("long", 10 * B)]);
+        // A minute later: buckets that left the window are dropped; of the rest, those
+        // read after they settled (8B) are not read again.
+        let later = 11 * B + 25_000;
+        v.evict(later);
+        assert_eq!(v.len(), 6, "8B, 9B, 10B of two pools");
+        let want = v.wanted(&["short", "long"], later);
+        assert_eq!(want.len(), 6, "{want:?}");
+        assert!(want.iter().all(|(_, x)| *x >= 9 * B), "{want:?}");
+        let m = v.elsewhere("short", "me", now, H);
+        assert!(m["a"] > 0.0);
+    }
+
+    #[test]
+    fn tier_totals_sum_by_tier_with_every_tier_present() {
+        let t = |name: &str, tier: &str, q: usize, r: usize| serde_json::json!({"tenant": name, "tier": tier, "backlog": {"total": q}, "running": r, "slot_seconds_used": 1.5});
+        let js: serde_json::Value = serde_json::from_str(&snap(
+            "short",
+            8,
+            serde_json::json!([t("a", "free", 3, 1), t("b", "free", 1, 0), t("c", "pro", 0, 2)]),
+        ))
+        .unwrap();
+        let m = tier_totals(&js).unwrap();
+        assert_eq!(m.len(), 4);
+        assert_eq!((m["free"].backlog, m["free"].running), (4, 1));
+        assert!((m["free"].slot_seconds_used - 3.0).abs() < 1e-9);
+        assert_eq!(m["pro"].running, 2);
+        assert_eq!(m["enterprise"], TierTotals::default());
+        assert!(tier_totals(&serde_json::json!({"policy": "fifo", "queued": 1})).is_none());
+        assert!(tier_totals(&serde_json::Value::Null).is_none());
+    }
+
+    fn snap(pool: &str, slots: usize, tenants: serde_json::Value) -> String {
+        serde_json::json!({
+            "at": 1_000,
+            "pool": {"pool": pool, "slots": slots, "reserved_slots": 0, "shared_slots": slots, "running": 2,
+                     "running_reserved": 0, "idle_reserved": 0, "free_shared": slots - 2, "queued": 5,
+                     "tenants": 1, "active_tenants": 1, "virtual_time": 0.0, "next_wakeup": null},
+            "tenants": tenants,
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn aggregate_sums_workers_and_weights_shares_by_slots() {
+        let t = |backlog: usize, running: usize, ent: f64, act: f64, reason: Option<&str>| {
+            serde_json::json!({
+                "tenant": "acme", "tier": "pro", "weight": 100.0,
+                "backlog": {"urgent": 0, "normal": backlog, "low": 0, "total": backlog},
+                "oldest_wait_ms": if backlog > 0 { Some(500) } else { None },
+                "running": running, "running_reserved": 0, "reserved_slots": 0, "max_running": null,
+                "rate_limit_per_second": null, "min_share": 0.01, "slot_seconds_used": 10.0, "deficit_ms": 0.0,
+                "entitlement_share": ent, "actual_share": act, "dispatched": 7,
+                "wait_reason": reason.map(|r| serde_json::json!({"reason": r})),
+            })
+        };
+        let rows = vec![
+            SnapshotRow {
+                pool: "short".into(),
+                worker: "w1".into(),
+                at: 1_000,
+                stats: snap("short", 10, serde_json::json!([t(5, 2, 0.5, 0.2, Some("deficit"))])),
+            },
+            SnapshotRow {
+                pool: "short".into(),
+                worker: "w2".into(),
+                at: 1_000,
+                stats: snap("short", 30, serde_json::json!([t(1, 0, 1.0, 0.0, Some("concurrency_cap"))])),
+            },
+            SnapshotRow {
+                pool: "short".into(),
+                worker: "old".into(),
+                at: -100_000,
+                stats: r#"{"at": -100000}"#.into(),
+            },
+            SnapshotRow { pool: "medium".into(), worker: "w1".into(), at: 1_000, stats: "not json".into() },
+            SnapshotRow {
+                pool: "long".into(),
+                worker: "f".into(),
+                at: 1_000,
+                stats: r#"{"at": 1000, "policy": "fifo", "queued": 3, "running": 1}"#.into(),
+            },
+        ];
+        let f = aggregate(&rows, 2_000, 30_000);
+        assert_eq!(f.snapshots, 3);
+        assert_eq!(f.skipped.len(), 2, "{:?}", f.skipped);
+        let short = f.pools.iter().find(|p| p.pool == "short").unwrap();
+        assert_eq!((short.workers, short.slots, short.running, short.queued), (2, 40, 4, 10));
+        let long = f.pools.iter().find(|p| p.pool == "long").unwrap();
+        assert_eq!((long.fifo_workers, long.queued), (1, 3));
+        assert_eq!(f.tenants.len(), 1);
+        let a = &f.tenants[0];
+        assert_eq!((a.backlog.total, a.running, a.active_workers), (6, 2, 2));
+        assert!((a.slot_seconds_used - 20.0).abs() < 1e-9);
+        assert!((a.entitled_share - (0.5 * 10.0 + 1.0 * 30.0) / 40.0).abs() < 1e-9);
+        assert!((a.actual_share - 0.05).abs() < 1e-9);
+        assert_eq!(a.wait_reason.as_deref(), Some("deficit"), "the worker with most backlog decides");
+        assert_eq!(a.waits.len(), 2);
+        assert_eq!(a.oldest_wait_ms, Some(500));
+        let js = serde_json::to_value(&f).unwrap();
+        assert_eq!(js["tenants"][0]["backlog"]["total"], 6);
+        assert_eq!(js["tenants"][0]["running"], 2);
+    }
+}
