@@ -202,3 +202,64 @@ async fn cancel_a_queued_and_a_running_job_and_expired_jobs_never_run() {
     assert!(r.started_at.is_some());
     assert!(t0.elapsed() < Duration::from_secs(20), "cancellation reached the running job through its heartbeat");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_reaper_redispatches_a_running_job_whose_heartbeat_lapsed() {
+    let cfg = Arc::new(common::config(POOLS));
+    common::init(&cfg).await;
+    let store = Store::open(&cfg).await.unwrap();
+    // A job a hung worker marked running a minute ago; its heartbeat (TTL 1 s) is gone
+    // and its message is nowhere on Kafka any more (the hung worker holds it).
+    let now = fairway::now_ms();
+    let job = fairway::model::JobSubmitted {
+        job_id: uuid::Uuid::now_v7().to_string(),
+        tenant: "acme".into(),
+        job_type: "echo".into(),
+        pool: Some(Pool::Short),
+        priority: fairway::model::Priority::Normal,
+        payload: b"reaped".to_vec(),
+        idempotency_key: None,
+        execute_at: None,
+        not_after: None,
+        attempt: 0,
+        crash_count: 0,
+        generation: 0,
+        submitted_at: now - 70_000,
+        not_before: None,
+        last_error: None,
+        last_failure_class: None,
+        first_failure_at: None,
+        replay_count: 0,
+        replayed_from: None,
+    };
+    let u = fairway::store::StateUpdate {
+        job_id: &job.job_id,
+        tenant: &job.tenant,
+        job_type: &job.job_type,
+        pool: "short",
+        status: "running",
+        attempts: 0,
+        crash_count: 0,
+        generation: 0,
+        submitted_at: job.submitted_at,
+        started_at: Some(now - 60_000),
+        finished_at: None,
+        worker: "hung-worker",
+        error: None,
+        failure_class: None,
+        output: None,
+    };
+    let encoded = fairway::codec::encode_job(&job).unwrap();
+    store.put_running_with_heartbeat(&u, &encoded, now - 60_000, 1).await.unwrap();
+
+    let registry = Registry::from_config(&cfg, Default::default()).unwrap();
+    let w = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair).await.unwrap();
+    let results = common::results_for(&cfg, std::slice::from_ref(&job.job_id), Duration::from_secs(60)).await;
+    w.stop().await;
+    let r = &results.get(&job.job_id).expect("the reaper re-dispatched the job")[0];
+    assert_eq!(r.status, JobStatus::Succeeded);
+    assert_eq!(r.output.as_deref(), Some(&b"reaped"[..]));
+    assert_eq!(r.attempts, 1, "the crash did not use up an attempt");
+    let row = store.job(&job.job_id).await.unwrap().unwrap();
+    assert_eq!(row.crash_count, Some(1));
+}

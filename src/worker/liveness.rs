@@ -21,6 +21,8 @@ pub async fn heartbeat_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>
     let grace = sh.cfg.worker.cancel_grace;
     let mut cancel_seen: HashMap<String, Instant> = HashMap::new();
     let mut tick = tokio::time::interval(interval);
+    // Age of this worker's newest successful heartbeat write: grows when writes fail.
+    let mut last_ok = Instant::now();
     loop {
         tokio::select! {
             _ = shutdown.changed() => return,
@@ -30,6 +32,8 @@ pub async fn heartbeat_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>
             sh.running.lock().map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default();
         cancel_seen.retain(|id, _| running.iter().any(|(r, _)| r == id));
         if running.is_empty() {
+            last_ok = Instant::now();
+            metrics::gauge!(m::HEARTBEAT_AGE_SECONDS, "pool" => sh.pool.as_str()).set(0.0);
             continue;
         }
         let now = now_ms();
@@ -42,7 +46,10 @@ pub async fn heartbeat_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>
                 })
                 .collect();
             match sh.store.put_heartbeats(&beats, &sh.worker_id, now, ttl).await {
-                Ok(()) => metrics::counter!(m::HEARTBEATS, "pool" => sh.pool.as_str()).increment(beats.len() as u64),
+                Ok(()) => {
+                    last_ok = Instant::now();
+                    metrics::counter!(m::HEARTBEATS, "pool" => sh.pool.as_str()).increment(beats.len() as u64)
+                }
                 Err(e) => tracing::warn!(pool = sh.pool.as_str(), error = %e, "heartbeat write failed"),
             }
             let ids: Vec<String> = chunk.iter().map(|(id, _)| id.clone()).collect();
@@ -65,7 +72,7 @@ pub async fn heartbeat_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>
                 Err(e) => tracing::debug!(error = %e, "cancel flags read failed"),
             }
         }
-        metrics::gauge!(m::HEARTBEAT_AGE_SECONDS, "pool" => sh.pool.as_str()).set(0.0);
+        metrics::gauge!(m::HEARTBEAT_AGE_SECONDS, "pool" => sh.pool.as_str()).set(last_ok.elapsed().as_secs_f64());
     }
 }
 
