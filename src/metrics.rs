@@ -19,6 +19,7 @@ pub const HEARTBEATS: &str = "fairway_heartbeats_total";
 pub const REAPED: &str = "fairway_jobs_reaped_total";
 pub const CANCELLATIONS: &str = "fairway_cancellations_total";
 pub const BREAKER_OPEN: &str = "fairway_breaker_open";
+pub const PARTITION_PAUSES: &str = "fairway_partition_pauses_total";
 pub const BREAKER_REJECTIONS: &str = "fairway_breaker_rejections_total";
 pub const TIER_BACKLOG: &str = "fairway_tier_backlog";
 pub const TIER_RUNNING: &str = "fairway_tier_running";
@@ -46,6 +47,7 @@ pub fn describe() {
     describe_counter!(HEARTBEATS, "Heartbeats written, by pool");
     describe_counter!(REAPED, "Running jobs re-dispatched by the reaper after their heartbeat lapsed");
     describe_counter!(CANCELLATIONS, "Cancellation requests seen by running jobs, by pool");
+    describe_counter!(PARTITION_PAUSES, "Partitions paused because a tenant's buffer in this worker was full");
     describe_gauge!(BREAKER_OPEN, "1 while the job type's circuit breaker is open or half-open, by job type");
     describe_counter!(BREAKER_REJECTIONS, "Jobs held back because their job type's breaker is open");
     describe_gauge!(TIER_BACKLOG, "Jobs queued in this worker's scheduler, by pool and tenant tier");

@@ -51,6 +51,8 @@ pub async fn run(
     let mut parts: HashMap<i32, PartitionState> = HashMap::new();
     let mut next_epoch = 0u64;
     let mut paused: HashSet<i32> = HashSet::new();
+    // Partitions paused for a tenant whose buffer is full: partition -> that tenant.
+    let mut hot: HashMap<i32, String> = HashMap::new();
     let mut overflow: VecDeque<Queued<Pending>> = VecDeque::new();
     let limit = sh.cfg.worker.tenant_queue_limit.max(1);
     let pool = sh.pool.as_str();
@@ -130,9 +132,15 @@ pub async fn run(
                                 priority: job.priority,
                                 job: Pending { job: Arc::new(job), origin, epoch },
                             };
+                            let (tenant, partition) = (q.tenant.clone(), q.job.origin.partition);
                             if let Err((rej, q)) = dispatcher.enqueue(q, now_ms()) {
-                                tracing::debug!(pool, %rej, "tenant buffer full, pausing its partition");
+                                tracing::warn!(pool, %rej, "tenant buffer over its hard limit; partition paused");
                                 overflow.push_back(q);
+                            }
+                            if dispatcher.queued(&tenant) >= limit {
+                                if hot.insert(partition, tenant).is_none() {
+                                    metrics::counter!(m::PARTITION_PAUSES, "pool" => pool).increment(1);
+                                }
                             }
                         }
                         Err((job, class, reason)) => {
@@ -187,22 +195,18 @@ pub async fn run(
         }
         while tasks.try_join_next().is_some() {}
 
-        // Backpressure: pause partitions whose tenants' buffers are full, or all of
-        // them when the worker's buffer is; resume once they drained to half.
-        let mut want_paused: HashSet<i32> = overflow.iter().map(|q| q.job.origin.partition).collect();
+        // Backpressure: a partition carrying a tenant whose buffer reached its limit is
+        // paused (a flooding tenant fills only its own buffer) until that tenant drained
+        // to half; every partition pauses while the worker's whole buffer is full.
+        hot.retain(|p, tenant| {
+            parts.contains_key(p)
+                && (dispatcher.queued(tenant) > limit / 2 || overflow.iter().any(|q| q.job.origin.partition == *p))
+        });
+        let mut want_paused: HashSet<i32> = hot.keys().copied().collect();
+        want_paused.extend(overflow.iter().map(|q| q.job.origin.partition));
         if dispatcher.queued_total() + overflow.len() >= GLOBAL_BUFFER {
             want_paused.extend(parts.keys().copied());
-        } else {
-            for p in paused.iter() {
-                // Keep a partition paused while any of its tenants is above half its limit.
-                let hot = overflow.iter().any(|q| q.job.origin.partition == *p)
-                    || dispatcher.queued_total() + overflow.len() >= GLOBAL_BUFFER / 2;
-                if hot {
-                    want_paused.insert(*p);
-                }
-            }
         }
-        let _ = limit;
         set_paused(&consumer, &topic, &mut paused, want_paused);
     }
 
