@@ -204,7 +204,8 @@ pub async fn status(cfg: &Config, a: StatusArgs) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::from(2));
     };
-    let hb = store.heartbeat(&a.job_id).await?;
+    // Heartbeats only mean something while the job runs (they expire shortly after).
+    let hb = if row.is_terminal() { None } else { store.heartbeat(&a.job_id).await? };
     let now = now_ms();
     if a.json {
         let v = serde_json::json!({
