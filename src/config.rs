@@ -23,15 +23,7 @@ fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
 }
 
 /// Tenant tier: decides the scheduling weight (free tenants share one weight of 1.0).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, serde::Serialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum Tier {
-    #[default]
-    Free,
-    Standard,
-    Pro,
-    Enterprise,
-}
+pub use crate::core::scheduler::Tier;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -137,12 +137,7 @@ impl<J> Fair<J> {
         sc.max_queued_per_tenant = cfg.worker.tenant_queue_limit.saturating_mul(2);
         let mut inner = Scheduler::new(pool, sc).map_err(|e| format!("pools.{pool}: {e}"))?;
         for (name, t) in &cfg.tenants {
-            let tier = match t.tier {
-                crate::config::Tier::Free => Tier::Free,
-                crate::config::Tier::Standard => Tier::Standard,
-                crate::config::Tier::Pro => Tier::Pro,
-                crate::config::Tier::Enterprise => Tier::Enterprise,
-            };
+            let tier = t.tier;
             let policy = TenantPolicy {
                 tier,
                 weight: if tier == Tier::Free { None } else { t.weight },
