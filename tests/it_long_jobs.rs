@@ -32,31 +32,13 @@ async fn wait_for<T>(timeout: Duration, mut f: impl AsyncFnMut() -> Option<T>) -
     None
 }
 
-fn write_config(cfg: &fairway::config::Config, extra: &str, dir: &std::path::Path) -> std::path::PathBuf {
-    let text = format!(
-        "[kafka]\nbrokers = \"{}\"\ntopic_prefix = \"{}\"\ngroup_prefix = \"{}\"\npartitions = {}\nsession_timeout = \"6s\"\n\
-         [scylla]\ncontact_points = [\"{}\"]\nkeyspace = \"{}\"\n\
-         [tenants.acme]\ntier = \"enterprise\"\n[tenants.globex]\ntier = \"pro\"\n{}",
-        cfg.kafka.brokers,
-        cfg.kafka.topic_prefix,
-        cfg.kafka.group_prefix,
-        cfg.kafka.partitions,
-        cfg.scylla.contact_points[0],
-        cfg.scylla.keyspace,
-        extra
-    );
-    let path = dir.join("fairway.toml");
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill_9_during_a_checkpointed_long_job_resumes_from_the_checkpoint_without_using_an_attempt() {
     let extra = format!("{POOLS}[job_types.crunch]\npool = \"long\"\nhandler = \"sleep\"\ntimeout = \"2min\"\n");
     let cfg = common::config(&extra);
     common::init(&cfg).await;
     let dir = tempfile::tempdir().unwrap();
-    let path = write_config(&cfg, &extra, dir.path());
+    let path = common::config_file(&cfg, &extra, dir.path());
     let cfg = Arc::new(cfg);
     let store = Store::open(&cfg).await.unwrap();
     let sub = Submitter::new(cfg.clone(), None).unwrap();
@@ -211,27 +193,9 @@ async fn the_reaper_redispatches_a_running_job_whose_heartbeat_lapsed() {
     // A job a hung worker marked running a minute ago; its heartbeat (TTL 1 s) is gone
     // and its message is nowhere on Kafka any more (the hung worker holds it).
     let now = fairway::now_ms();
-    let job = fairway::model::JobSubmitted {
-        job_id: uuid::Uuid::now_v7().to_string(),
-        tenant: "acme".into(),
-        job_type: "echo".into(),
-        pool: Some(Pool::Short),
-        priority: fairway::model::Priority::Normal,
-        payload: b"reaped".to_vec(),
-        idempotency_key: None,
-        execute_at: None,
-        not_after: None,
-        attempt: 0,
-        crash_count: 0,
-        generation: 0,
-        submitted_at: now - 70_000,
-        not_before: None,
-        last_error: None,
-        last_failure_class: None,
-        first_failure_at: None,
-        replay_count: 0,
-        replayed_from: None,
-    };
+    let mut job = common::job_record("acme", "echo");
+    job.payload = b"reaped".to_vec();
+    job.submitted_at = now - 70_000;
     let u = fairway::store::StateUpdate {
         job_id: &job.job_id,
         tenant: &job.tenant,

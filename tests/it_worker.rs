@@ -7,7 +7,7 @@ use axum::{extract::State, http::HeaderMap, routing::post, Router};
 use fairway::codec;
 use fairway::handlers::Registry;
 use fairway::kafka;
-use fairway::model::{FailureClass, JobStatus, JobSubmitted, Pool, Priority};
+use fairway::model::{FailureClass, JobStatus, Pool};
 use fairway::submit::{NewJob, Submitter};
 use fairway::worker::{Policy, Worker};
 use rdkafka::producer::FutureRecord;
@@ -66,12 +66,12 @@ async fn malformed_and_unknown_tenant_go_to_dlq_while_the_partition_keeps_flowin
         }
     };
     let garbage = send(b"definitely not avro".to_vec()).await;
-    let mut stranger = job_record("nobody-knows-me", "echo");
+    let mut stranger = common::job_record("nobody-knows-me", "echo");
     stranger.payload = b"{}".to_vec();
     let unknown = send(codec::encode_job(&stranger).unwrap()).await;
     let mut good = Vec::new();
     for _ in 0..5 {
-        let j = job_record("acme", "echo");
+        let j = common::job_record("acme", "echo");
         send(codec::encode_job(&j).unwrap()).await;
         good.push(j.job_id);
     }
@@ -93,30 +93,6 @@ async fn malformed_and_unknown_tenant_go_to_dlq_while_the_partition_keeps_flowin
     assert!(who.reason.contains("unknown tenant") && who.reason.contains("nobody-knows-me"), "{}", who.reason);
     assert_eq!(who.origin_offset, unknown.offset);
     assert_eq!(who.origin_topic, topic);
-}
-
-fn job_record(tenant: &str, job_type: &str) -> JobSubmitted {
-    JobSubmitted {
-        job_id: uuid::Uuid::now_v7().to_string(),
-        tenant: tenant.into(),
-        job_type: job_type.into(),
-        pool: Some(Pool::Short),
-        priority: Priority::Normal,
-        payload: vec![],
-        idempotency_key: None,
-        execute_at: None,
-        not_after: None,
-        attempt: 0,
-        crash_count: 0,
-        generation: 0,
-        submitted_at: fairway::now_ms(),
-        not_before: None,
-        last_error: None,
-        last_failure_class: None,
-        first_failure_at: None,
-        replay_count: 0,
-        replayed_from: None,
-    }
 }
 
 /// Records every execution the HTTP executor makes: job id -> start times (ms).
@@ -154,8 +130,7 @@ async fn kill_9_of_a_worker_loses_nothing_and_never_reruns_a_finished_job() {
     common::init(&cfg).await;
     // The worker processes read the same settings from a file.
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("fairway.toml");
-    std::fs::write(&path, toml_of(&cfg, &extra)).unwrap();
+    let path = common::config_file(&cfg, &format!("[pools.short]\nslots = 16\n{extra}"), dir.path());
     let cfg = common::arc(cfg);
 
     let sub = Submitter::new(cfg.clone(), None).unwrap();
@@ -192,21 +167,4 @@ async fn kill_9_of_a_worker_loses_nothing_and_never_reruns_a_finished_job() {
         }
         assert!(results[id].iter().all(|r| r.status == JobStatus::Succeeded), "{:?}", results[id]);
     }
-}
-
-/// Serialises the parts of the test config a worker process needs.
-fn toml_of(cfg: &fairway::config::Config, extra: &str) -> String {
-    format!(
-        "[kafka]\nbrokers = \"{}\"\ntopic_prefix = \"{}\"\ngroup_prefix = \"{}\"\npartitions = {}\nsession_timeout = \"6s\"\n\
-         [scylla]\ncontact_points = [\"{}\"]\nkeyspace = \"{}\"\n\
-         [pools.short]\nslots = 16\n\
-         [tenants.acme]\ntier = \"enterprise\"\n[tenants.globex]\ntier = \"pro\"\n[tenants.initech]\ntier = \"standard\"\n{}",
-        cfg.kafka.brokers,
-        cfg.kafka.topic_prefix,
-        cfg.kafka.group_prefix,
-        cfg.kafka.partitions,
-        cfg.scylla.contact_points[0],
-        cfg.scylla.keyspace,
-        extra
-    )
 }

@@ -123,3 +123,47 @@ pub async fn dead_letters(cfg: &Config, n: usize, timeout: Duration) -> Vec<Dead
 pub fn arc(cfg: Config) -> Arc<Config> {
     Arc::new(cfg)
 }
+
+/// A job record as a producer would write it (for tests that produce raw records).
+pub fn job_record(tenant: &str, job_type: &str) -> fairway::model::JobSubmitted {
+    fairway::model::JobSubmitted {
+        job_id: uuid::Uuid::now_v7().to_string(),
+        tenant: tenant.into(),
+        job_type: job_type.into(),
+        pool: Some(fairway::model::Pool::Short),
+        priority: fairway::model::Priority::Normal,
+        payload: vec![],
+        idempotency_key: None,
+        execute_at: None,
+        not_after: None,
+        attempt: 0,
+        crash_count: 0,
+        generation: 0,
+        submitted_at: fairway::now_ms(),
+        not_before: None,
+        last_error: None,
+        last_failure_class: None,
+        first_failure_at: None,
+        replay_count: 0,
+        replayed_from: None,
+    }
+}
+
+/// Writes a config file for worker processes: `cfg`'s Kafka/CQL settings plus `extra`.
+pub fn config_file(cfg: &Config, extra: &str, dir: &std::path::Path) -> std::path::PathBuf {
+    let text = format!(
+        "[kafka]\nbrokers = \"{}\"\ntopic_prefix = \"{}\"\ngroup_prefix = \"{}\"\npartitions = {}\nsession_timeout = \"6s\"\n\
+         [scylla]\ncontact_points = [\"{}\"]\nkeyspace = \"{}\"\n\
+         [tenants.acme]\ntier = \"enterprise\"\n[tenants.globex]\ntier = \"pro\"\n[tenants.initech]\ntier = \"standard\"\n{}",
+        cfg.kafka.brokers,
+        cfg.kafka.topic_prefix,
+        cfg.kafka.group_prefix,
+        cfg.kafka.partitions,
+        cfg.scylla.contact_points[0],
+        cfg.scylla.keyspace,
+        extra
+    );
+    let path = dir.join("fairway.toml");
+    std::fs::write(&path, text).expect("write config file");
+    path
+}
