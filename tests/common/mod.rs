@@ -103,7 +103,7 @@ pub async fn results_for(cfg: &Config, ids: &[String], timeout: Duration) -> Has
     )
     .await;
     let mut by: HashMap<String, Vec<JobResult>> = HashMap::new();
-    for r in rs {
+    for r in rs.into_iter().filter(|r| want.contains(&r.job_id)) {
         by.entry(r.job_id.clone()).or_default().push(r);
     }
     by
