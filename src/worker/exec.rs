@@ -200,13 +200,21 @@ async fn precheck(sh: &Shared, job: Arc<JobSubmitted>, origin: &Origin) -> Check
         };
         let now = now_ms();
         let Some(row) = row else { break };
-        if row.is_terminal() {
+        // Generations ("rerun all"): the row records the generation last run. A copy of
+        // an older generation is superseded; a newer one runs even if the job finished.
+        let row_gen = row.generation.unwrap_or(0);
+        if job.generation < row_gen {
+            metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "superseded").increment(1);
+            return Check::Done(true);
+        }
+        let rerun = job.generation > row_gen;
+        if row.is_terminal() && !rerun {
             // Redelivered after it finished: make sure its result exists, never rerun it.
             let published = republish_result(sh, &job, &row).await;
             metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "finished").increment(1);
             return Check::Done(published);
         }
-        if row.attempts.unwrap_or(0) > job.attempt {
+        if !rerun && row.attempts.unwrap_or(0) > job.attempt {
             // A stale copy: a later attempt of this job already exists on a retry topic.
             metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "stale_attempt").increment(1);
             return Check::Done(true);
