@@ -68,8 +68,12 @@ pub async fn run(
             Some(ev) = rebalances.recv() => match ev {
                 RebalanceEvent::Assigned(tps) => {
                     for (_, p) in tps {
-                        next_epoch += 1;
-                        parts.insert(p, PartitionState { epoch: next_epoch, offsets: PartitionOffsets::default() });
+                        // Keep a state a message already created: replacing it would let
+                        // commits pass offsets still queued under the old state.
+                        parts.entry(p).or_insert_with(|| {
+                            next_epoch += 1;
+                            PartitionState { epoch: next_epoch, offsets: PartitionOffsets::default() }
+                        });
                         paused.remove(&p);
                     }
                     sh.assigned.store(parts.len(), std::sync::atomic::Ordering::SeqCst);

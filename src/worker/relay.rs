@@ -71,8 +71,11 @@ pub async fn run(
             _ = shutdown.changed() => break,
             Some(ev) = rebalances.recv() => match ev {
                 RebalanceEvent::Assigned(tps) => for k in tps {
-                    epoch += 1;
-                    parts.insert(k, PartitionState { epoch, ..Default::default() });
+                    // Keep a state a message already created (see pool.rs).
+                    parts.entry(k).or_insert_with(|| {
+                        epoch += 1;
+                        PartitionState { epoch, ..Default::default() }
+                    });
                 },
                 RebalanceEvent::Revoked(tps) => for k in tps { parts.remove(&k); },
             },
