@@ -181,7 +181,12 @@ pub async fn run(g: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
         eprintln!("error: {} jobs had no result within {:?}", submitted.len() - seen.len(), a.timeout);
         return Ok(ExitCode::FAILURE);
     }
-    println!("dead letters are on {}; replay them with `fairway replay --from dlq`", cfg.dlq_topic());
+    println!(
+        "dead letters are on {}; inspect them with `fairway replay --from dlq --topic-prefix {} --keyspace fairway_demo --dry-run`",
+        cfg.dlq_topic(),
+        cfg.kafka.topic_prefix
+    );
+    println!("the local services keep running for the tour in README.md; `scripts/services down` stops them");
     Ok(ExitCode::SUCCESS)
 }
 
