@@ -6,6 +6,7 @@ mod demo;
 mod ops;
 mod replay;
 mod serve;
+mod stats;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -85,6 +86,10 @@ pub enum Cmd {
     Replay(replay::ReplayArgs),
     /// Serve the HTTP API (submit, status, cancel, /metrics) until Ctrl-C.
     Serve(serve::ServeArgs),
+    /// Fleet-wide scheduling state per pool and tenant: backlog, running, share vs entitlement, why jobs wait.
+    Stats(stats::StatsArgs),
+    /// `stats` as a live view, redrawn every --interval until Ctrl-C.
+    Top(stats::TopArgs),
     /// Benchmarks on the local services (end-to-end throughput and latency).
     Bench(bench::BenchArgs),
     /// Protocol-v4 bridge in front of a local Cassandra 2.1 (used by scripts/services).
@@ -129,5 +134,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Bench(a) => bench::run(&g, a).await,
         Cmd::Replay(a) => replay::run(g.load()?, a).await,
         Cmd::Serve(a) => serve::run(g.load()?, a).await,
+        Cmd::Stats(a) => stats::stats(g.load()?, a).await,
+        Cmd::Top(a) => stats::top(g.load()?, a).await,
     }
 }

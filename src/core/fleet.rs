@@ -431,6 +431,21 @@ pub fn aggregate(rows: &[SnapshotRow], now: Millis, max_age_ms: i64) -> FleetSta
     out
 }
 
+/// Drops the tenants of a scheduler snapshot (`SchedulerStats` JSON) that are idle now:
+/// nothing queued, nothing running and (almost) no recent share. Every configured
+/// tenant appears in a snapshot; published as is, thousands of idle tenants would make
+/// every worker's row large. Returns how many tenants were dropped.
+pub fn compact_snapshot(stats: &mut serde_json::Value) -> usize {
+    let Some(tenants) = stats.get_mut("tenants").and_then(|t| t.as_array_mut()) else { return 0 };
+    let before = tenants.len();
+    tenants.retain(|t| {
+        let num = |k: &str| t.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
+        let queued = t.get("backlog").and_then(|b| b.get("total")).and_then(|v| v.as_f64()).unwrap_or(0.0);
+        queued > 0.0 || num("running") > 0.0 || num("actual_share") >= 1e-4
+    });
+    before - tenants.len()
+}
+
 /// Backlog, running jobs and slot-seconds used of one tier in one scheduler snapshot.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct TierTotals {
@@ -555,6 +570,20 @@ mod tests {
     }
 
     #[test]
+    fn closed_buckets_decay_exactly_as_the_scheduler_expects() {
+        // With no new use, successive publications only decay: the scheduler sees no
+        // fresh use (level(t1) == level(t0) * 2^(-dt/H)), so nothing is charged twice.
+        let t0 = 100 * B + 1_000;
+        let cells = vec![cell("short", 97 * B, "a", "w", 40_000), cell("long", 99 * B, "a", "v", 9_000)];
+        let l0 = usage_elsewhere(&cells, "x", "me", t0, B, W, H)["a"];
+        for dt in [5_000, 30_000, 59_000] {
+            let l1 = usage_elsewhere(&cells, "x", "me", t0 + dt, B, W, H)["a"];
+            let fresh = l1 - l0 * 0.5f64.powf(dt as f64 / H);
+            assert!(fresh.abs() < 1e-9, "dt {dt}: fresh {fresh}");
+        }
+    }
+
+    #[test]
     fn own_usage_accumulates_per_bucket_and_rewrites_only_changes() {
         let mut o = OwnUsage::default();
         let u = |t: &str, s: f64| HashMap::from([(t.to_string(), s)]);
@@ -614,6 +643,27 @@ mod tests {
         assert_eq!(m["enterprise"], TierTotals::default());
         assert!(tier_totals(&serde_json::json!({"policy": "fifo", "queued": 1})).is_none());
         assert!(tier_totals(&serde_json::Value::Null).is_none());
+    }
+
+    #[test]
+    fn compact_snapshot_keeps_only_active_tenants() {
+        let t = |name: &str, q: usize, r: usize, share: f64| serde_json::json!({"tenant": name, "backlog": {"total": q}, "running": r, "actual_share": share});
+        let mut js: serde_json::Value = serde_json::from_str(&snap(
+            "short",
+            8,
+            serde_json::json!([
+                t("queued", 2, 0, 0.0),
+                t("running", 0, 1, 0.0),
+                t("recent", 0, 0, 0.2),
+                t("idle", 0, 0, 0.0)
+            ]),
+        ))
+        .unwrap();
+        assert_eq!(compact_snapshot(&mut js), 1);
+        let names: Vec<&str> =
+            js["tenants"].as_array().unwrap().iter().map(|t| t["tenant"].as_str().unwrap()).collect();
+        assert_eq!(names, ["queued", "running", "recent"]);
+        assert_eq!(compact_snapshot(&mut serde_json::json!({"policy": "fifo"})), 0);
     }
 
     fn snap(pool: &str, slots: usize, tenants: serde_json::Value) -> String {

@@ -4,6 +4,7 @@
 //! so the same code runs against production ScyllaDB and the local test database.
 
 mod coalesce;
+mod rerun;
 mod schema;
 
 use crate::config::Config;
@@ -15,6 +16,7 @@ use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::Consistency;
 use std::sync::Arc;
 
+pub use rerun::{JobFacts, RerunStatements, FACTS_CHUNK};
 pub use schema::TABLES;
 
 #[derive(Debug, Clone, thiserror::Error)]

@@ -106,7 +106,7 @@ impl Reporter {
             match self.sh.store.fleet_statements().await {
                 Ok(s) => self.stmts = Some(s),
                 Err(e) => {
-                    tracing::warn!(pool = self.pool(), error = %e, "fleet usage: cannot prepare statements");
+                    tracing::warn!(pool = self.pool(), error = %e, "fleet usage: cannot prepare statements (run `fairway init` to create missing tables); local fairness only");
                     metrics::counter!(m::USAGE_PASS_FAILURES, "pool" => self.pool(), "step" => "prepare").increment(1);
                 }
             }
@@ -138,11 +138,13 @@ impl Reporter {
 
     /// Step 2: the scheduler snapshot for `fairway stats` / `top`.
     async fn write_stats(&mut self) {
-        let stats = self.sh.stats.lock().map(|s| s.clone()).unwrap_or_default();
+        let mut stats = self.sh.stats.lock().map(|s| s.clone()).unwrap_or_default();
         if stats.is_null() {
             return;
         }
         let Some(stmts) = self.stmts.clone() else { return };
+        // Idle tenants are left out: the row stays small however many tenants exist.
+        fleet::compact_snapshot(&mut stats);
         let text = stats.to_string();
         if let Err(e) = stmts.put_worker_stats(&self.key, &self.sh.worker_id, now_ms(), &text, STATS_TTL_SECS).await {
             tracing::debug!(pool = self.pool(), error = %e, "fleet usage: stats write failed");
