@@ -8,6 +8,7 @@ pub mod fleet;
 pub mod offsets;
 pub mod poison;
 pub mod replay;
+pub mod rerun;
 pub mod retry;
 pub mod scheduler;
 pub mod window;
