@@ -11,6 +11,8 @@
 //! - `handlers`  – the `Handler` trait, job context, HTTP executor, demo handlers.
 //! - `worker`    – consumer loops moving data between Kafka, the cores and the store.
 //! - `submit`    – producing jobs (CLI, HTTP API, demo).
+//! - `replay`    – `fairway replay`: dead letters / retry records back to their pool.
+//! - `rerun`     – `fairway rerun`: "rerun all" of a tenant's jobs by generation numbers.
 //! - `cqlbridge` – protocol-v4 bridge to the local Cassandra 2.1 test database.
 //! - `metrics`   – metric names and the Prometheus exporter.
 
@@ -24,6 +26,7 @@ pub mod kafka;
 pub mod metrics;
 pub mod model;
 pub mod replay;
+pub mod rerun;
 pub mod store;
 pub mod submit;
 pub mod worker;

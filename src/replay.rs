@@ -67,12 +67,12 @@
 use crate::config::Config;
 use crate::core::replay::{self as rp, Candidate, Decision, Guard, ReplayFilter, ReplaySource};
 use crate::kafka::{self, Consumer, Message, Offset, TopicPartitionList};
-use crate::model::FailureClass;
+use crate::model::{FailureClass, Millis};
 use crate::store::{ReplayStatements, Store, StoreError};
 use crate::submit::Submitter;
 use crate::{codec, now_ms};
 use governor::{Quota, RateLimiter};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -87,7 +87,7 @@ const FIRST_RECORD_WAIT: Duration = Duration::from_secs(10);
 /// Longest time between two saves of the resume points.
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// Progress callbacks at most this often (plus one at the end).
-const PROGRESS_EVERY: Duration = Duration::from_millis(100);
+pub(crate) const PROGRESS_EVERY: Duration = Duration::from_millis(100);
 
 /// What to replay and how.
 #[derive(Debug, Clone)]
@@ -283,28 +283,6 @@ pub fn source_topic(cfg: &Config, source: ReplaySource) -> String {
     }
 }
 
-struct Part {
-    /// Never decide records below this (the resume point).
-    min: i64,
-    /// High watermark at the start.
-    hw: i64,
-    /// One past the last record decided here.
-    processed: Option<i64>,
-    /// Last resume point saved.
-    saved: Option<i64>,
-    /// First record whose replay failed.
-    failed_at: Option<i64>,
-    done: bool,
-    warned_backwards: bool,
-}
-
-struct InFlight {
-    partition: i32,
-    offset: i64,
-    job_id: String,
-    task: tokio::task::JoinHandle<Result<(), String>>,
-}
-
 /// Runs one replay (see the module documentation); `progress` is called as it goes.
 pub async fn run(
     cfg: &Config,
@@ -321,51 +299,16 @@ pub async fn run(
     let store = Store::open(cfg).await?;
     let stmts = store.replay_statements().await?;
     let resume = stmts.offsets(&replay_id, &topic).await?;
-    let consumer = Arc::new(kafka::reader(cfg, &format!("fairway.replay.{}", uuid::Uuid::new_v4()), false)?);
-    let layout = partitions(consumer.clone(), topic.clone()).await?;
-
-    let mut parts: BTreeMap<i32, Part> = BTreeMap::new();
-    let mut tpl = TopicPartitionList::new();
-    let mut expect_data = false;
-    for (p, hw) in layout {
-        let from = resume.get(&p).copied();
-        let done = hw == 0;
-        if !done {
-            let off = from.map_or(Offset::Beginning, Offset::Offset);
-            tpl.add_partition_offset(&topic, p, off)
-                .map_err(|e| ReplayError::Topic { topic: topic.clone(), message: e.to_string() })?;
-            expect_data |= hw > from.unwrap_or(0);
-        }
-        let part = Part {
-            min: from.unwrap_or(0),
-            hw,
-            processed: from,
-            saved: from,
-            failed_at: None,
-            done,
-            warned_backwards: false,
-        };
-        parts.insert(p, part);
-    }
-    if tpl.count() > 0 {
-        consumer.assign(&tpl).map_err(|e| ReplayError::Topic { topic: topic.clone(), message: e.to_string() })?;
-    }
+    let mut scan =
+        Scan::open(cfg, "fairway.replay", vec![(topic.clone(), resume.clone())], opts.idle_timeout, started_at).await?;
 
     let submitter = if opts.dry_run { None } else { Some(Arc::new(Submitter::new(Arc::new(cfg.clone()), None)?)) };
     let burst = NonZeroU32::new((rate.get() / 50).max(1)).unwrap_or(NonZeroU32::MIN);
     let limiter = RateLimiter::direct(Quota::per_second(rate).allow_burst(burst));
     let batch = (rate.get() as usize).clamp(1, 500);
 
-    let mut run = Run {
-        dry_run: opts.dry_run,
-        replay_id: replay_id.clone(),
-        topic: topic.clone(),
-        stmts,
-        parts,
-        inflight: Vec::new(),
-        replayed: 0,
-        last_flush: Instant::now(),
-    };
+    let mut run =
+        Checkpoints::new(replay_id.clone(), stmts, opts.dry_run, resume.iter().map(|(p, o)| ((topic.clone(), *p), *o)));
     let mut scanned = 0u64;
     let mut matched = 0u64;
     let mut scheduled = 0u64;
@@ -374,94 +317,53 @@ pub async fn run(
     let mut sample = Vec::new();
     let mut warnings = Vec::new();
     let mut undecodable_noted = 0;
-    let mut read_errors = 0u32;
     let mut seen: HashSet<String> = HashSet::new();
     let mut last_progress: Option<Instant> = None;
-    let mut got_any = false;
     let mut active = Duration::ZERO;
     let stop_requested = || opts.stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed));
+    let report_progress = |scan: &Scan, run: &Checkpoints, scanned, matched, scheduled, skipped: &Skipped| Progress {
+        scanned,
+        matched,
+        replayed: if opts.dry_run { scheduled } else { run.acked },
+        skipped: skipped.total(),
+        partitions: scan.partitions(),
+        partitions_done: scan.partitions_done(),
+        elapsed: t0.elapsed(),
+        dry_run: opts.dry_run,
+    };
 
-    let stopped = 'scan: loop {
+    let stopped = loop {
         if opts.limit.is_some_and(|l| scheduled >= l) {
             break Stopped::Limit;
         }
-        if run.parts.values().all(|p| p.done) {
+        if scan.finished() {
             break Stopped::End;
         }
         if stop_requested() {
             break Stopped::Interrupted;
         }
-        // Wait for the next record in short slices, so the stop flag and the periodic
-        // save are served while the topic is quiet.
-        let wait = if got_any || !expect_data { opts.idle_timeout } else { opts.idle_timeout.max(FIRST_RECORD_WAIT) };
-        let deadline = Instant::now() + wait;
-        let msg = loop {
-            let slice = deadline.saturating_duration_since(Instant::now()).min(Duration::from_millis(200));
-            match tokio::time::timeout(slice, consumer.recv()).await {
-                Ok(Ok(m)) => break m,
-                Ok(Err(e)) => {
-                    tracing::warn!(topic = %topic, error = %e, "replay read error");
-                    read_errors += 1;
-                    if read_errors <= 3 {
-                        warnings.push(format!("reading {topic}: {e}"));
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+        let rec = match scan.next().await {
+            ScanStep::Record(rec) => rec,
+            ScanStep::Idle => break Stopped::Idle,
+            ScanStep::Tick => {
+                // The topic is quiet (or a record was passed over): serve the periodic
+                // save and the progress callback, then look at the stop flag again.
+                if run.flush_due() {
+                    run.flush().await?;
                 }
-                Err(_) => {}
-            }
-            if run.last_flush.elapsed() >= FLUSH_EVERY {
-                run.flush().await?;
-            }
-            if last_progress.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) {
-                last_progress = Some(Instant::now());
-                let done = if opts.dry_run { scheduled } else { run.replayed };
-                progress(&run.progress(scanned, matched, done, skipped.total(), t0, opts.dry_run));
-            }
-            if stop_requested() {
-                break 'scan Stopped::Interrupted;
-            }
-            if Instant::now() >= deadline {
-                break 'scan Stopped::Idle;
+                if last_progress.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) {
+                    last_progress = Some(Instant::now());
+                    progress(&report_progress(&scan, &run, scanned, matched, scheduled, &skipped));
+                }
+                continue;
             }
         };
-        got_any = true;
-        let (p, offset) = (msg.partition(), msg.offset());
-        let ts = msg.timestamp().to_millis();
-        let Some(part) = run.parts.get_mut(&p) else { continue };
-        if part.done {
-            continue;
-        }
-        if offset < part.min {
-            // Only after an offset reset (the topic was recreated, or the resume point is
-            // past its end): never decide a record twice.
-            if !part.warned_backwards {
-                part.warned_backwards = true;
-                warnings.push(format!(
-                    "partition {p}: the broker delivered offset {offset}, below the resume point {}; was the topic \
-                     recreated? records below the resume point are not replayed (use a new --id to start over)",
-                    part.min
-                ));
-            }
-            continue;
-        }
-        if offset >= part.hw && ts.is_some_and(|t| t > started_at) {
-            // Written after the start: the end of this partition for this run.
-            part.done = true;
-            let mut pause = TopicPartitionList::new();
-            if pause.add_partition_offset(&topic, p, Offset::Offset(offset)).is_ok() {
-                let _ = consumer.pause(&pause);
-            }
-            continue;
-        }
+        let (p, offset) = (rec.partition, rec.offset);
         let candidate = match opts.source {
-            ReplaySource::Dlq => {
-                codec::decode_dead_letter(msg.payload().unwrap_or_default()).map(Candidate::from_dead_letter)
-            }
-            ReplaySource::Retry(c) => {
-                codec::decode_job(msg.payload().unwrap_or_default()).map(|j| Candidate::from_retry(j, c))
-            }
+            ReplaySource::Dlq => codec::decode_dead_letter(&rec.payload).map(Candidate::from_dead_letter),
+            ReplaySource::Retry(c) => codec::decode_job(&rec.payload).map(|j| Candidate::from_retry(j, c)),
         };
-        drop(msg);
+        drop(rec);
         scanned += 1;
         let decision = match &candidate {
             Ok(c) => rp::decide(c, &opts.filter, &seen, guard, &topic, now_ms()),
@@ -512,45 +414,42 @@ pub async fn run(
                         retrying(|| stmts.reset_job(&job.job_id, now_ms())).await.map_err(|e| e.to_string())?;
                         sub.produce(&job).await.map_err(|e| e.to_string())
                     });
-                    run.inflight.push(InFlight { partition: p, offset, job_id, task });
+                    run.push(InFlight { topic: topic.clone(), partition: p, offset, job_id, task });
                 }
             }
         }
-        if let Some(part) = run.parts.get_mut(&p) {
-            part.processed = Some(offset + 1);
-        }
-        if run.inflight.len() >= batch || run.last_flush.elapsed() >= FLUSH_EVERY {
+        run.decided(&topic, p, offset);
+        if run.in_flight() >= batch || run.flush_due() {
             run.flush().await?;
         }
         active = t0.elapsed();
         if last_progress.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) {
             last_progress = Some(Instant::now());
-            let done = if opts.dry_run { scheduled } else { run.replayed };
-            progress(&run.progress(scanned, matched, done, skipped.total(), t0, opts.dry_run));
+            progress(&report_progress(&scan, &run, scanned, matched, scheduled, &skipped));
         }
     };
-    let pending = !run.inflight.is_empty();
+    let pending = run.in_flight() > 0;
     run.flush().await?;
     if pending {
         active = t0.elapsed();
     }
-    let done = if opts.dry_run { scheduled } else { run.replayed };
-    progress(&run.progress(scanned, matched, done, skipped.total(), t0, opts.dry_run));
+    progress(&report_progress(&scan, &run, scanned, matched, scheduled, &skipped));
+    warnings.extend(scan.take_warnings());
 
     Ok(ReplayReport {
         replay_id,
         source: opts.source,
-        topic,
+        topic: topic.clone(),
         dry_run: opts.dry_run,
         scanned,
         matched,
-        replayed: run.replayed,
+        replayed: run.acked,
         would_replay: if opts.dry_run { scheduled } else { 0 },
         skipped,
         refused,
         sample,
         resumed_from: resume.into_iter().collect(),
-        next_offsets: run.parts.iter().filter_map(|(p, s)| s.processed.map(|o| (*p, o))).collect(),
+        next_offsets: run.next_offsets(&topic),
         stopped,
         elapsed: t0.elapsed(),
         active,
@@ -558,36 +457,291 @@ pub async fn run(
     })
 }
 
-struct Run {
+impl From<FlushError> for ReplayError {
+    fn from(e: FlushError) -> Self {
+        match e {
+            FlushError::Produce { job_id, partition, offset, message, .. } => {
+                ReplayError::Produce { job_id, partition, offset, message }
+            }
+            FlushError::Checkpoint { partition, source, .. } => ReplayError::Checkpoint { partition, source },
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The scan ("Where the scan ends" above) and the resume points ("Resuming"), shared with
+// `fairway rerun` (src/rerun.rs), which reads the pool topics with the same rules.
+// ---------------------------------------------------------------------------------------
+
+/// One partition of a scan.
+struct ScanPart {
+    /// Never hand out records below this (the resume point).
+    min: i64,
+    /// High watermark at the start.
+    hw: i64,
+    done: bool,
+    warned_backwards: bool,
+}
+
+/// One record handed out by [`Scan::next`].
+pub(crate) struct ScanRecord {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    /// Broker timestamp (ms), if any.
+    pub timestamp: Option<Millis>,
+    pub payload: Vec<u8>,
+}
+
+pub(crate) enum ScanStep {
+    /// The next record to decide.
+    Record(ScanRecord),
+    /// Nothing to decide yet (a quiet slice of at most 200 ms, or a record passed over):
+    /// a chance for periodic work; call `next` again.
+    Tick,
+    /// No record for the idle timeout: the end of what is on the topics.
+    Idle,
+}
+
+/// Reads topics (all partitions at once, one consumer, no group commits) from resume
+/// points or the beginning to the end defined in the module documentation.
+pub(crate) struct Scan {
+    consumer: Arc<rdkafka::consumer::StreamConsumer>,
+    started_at: Millis,
+    idle_timeout: Duration,
+    parts: BTreeMap<(String, i32), ScanPart>,
+    expect_data: bool,
+    got_any: bool,
+    /// When the current wait for a record turns into [`ScanStep::Idle`].
+    deadline: Option<Instant>,
+    read_errors: u32,
+    warnings: Vec<String>,
+}
+
+impl Scan {
+    /// Assigns every partition of each topic, from its resume point (partition -> next
+    /// offset) or the beginning. `started_at`: records written after it are past the end.
+    pub(crate) async fn open(
+        cfg: &Config,
+        group_prefix: &str,
+        topics: Vec<(String, HashMap<i32, i64>)>,
+        idle_timeout: Duration,
+        started_at: Millis,
+    ) -> Result<Scan, ReplayError> {
+        let consumer = Arc::new(kafka::reader(cfg, &format!("{group_prefix}.{}", uuid::Uuid::new_v4()), false)?);
+        let mut parts = BTreeMap::new();
+        let mut tpl = TopicPartitionList::new();
+        let mut expect_data = false;
+        for (topic, resume) in &topics {
+            for (p, hw) in partitions(consumer.clone(), topic.clone()).await? {
+                let from = resume.get(&p).copied();
+                let done = hw == 0;
+                if !done {
+                    let off = from.map_or(Offset::Beginning, Offset::Offset);
+                    tpl.add_partition_offset(topic, p, off)
+                        .map_err(|e| ReplayError::Topic { topic: topic.clone(), message: e.to_string() })?;
+                    expect_data |= hw > from.unwrap_or(0);
+                }
+                parts
+                    .insert((topic.clone(), p), ScanPart { min: from.unwrap_or(0), hw, done, warned_backwards: false });
+            }
+        }
+        if tpl.count() > 0 {
+            consumer.assign(&tpl).map_err(|e| ReplayError::Topic {
+                topic: topics.iter().map(|(t, _)| t.as_str()).collect::<Vec<_>>().join(", "),
+                message: e.to_string(),
+            })?;
+        }
+        Ok(Scan {
+            consumer,
+            started_at,
+            idle_timeout,
+            parts,
+            expect_data,
+            got_any: false,
+            deadline: None,
+            read_errors: 0,
+            warnings: Vec::new(),
+        })
+    }
+
+    /// Every partition reached its end (or was empty).
+    pub(crate) fn finished(&self) -> bool {
+        self.parts.values().all(|p| p.done)
+    }
+    pub(crate) fn partitions(&self) -> usize {
+        self.parts.len()
+    }
+    pub(crate) fn partitions_done(&self) -> usize {
+        self.parts.values().filter(|p| p.done).count()
+    }
+    /// Read errors and offsets that went backwards, noted so far.
+    pub(crate) fn take_warnings(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.warnings)
+    }
+
+    /// Waits (at most 200 ms) for the next record to decide.
+    pub(crate) async fn next(&mut self) -> ScanStep {
+        let wait = if self.got_any || !self.expect_data {
+            self.idle_timeout
+        } else {
+            self.idle_timeout.max(FIRST_RECORD_WAIT)
+        };
+        let deadline = *self.deadline.get_or_insert_with(|| Instant::now() + wait);
+        let now = Instant::now();
+        if now >= deadline {
+            return ScanStep::Idle;
+        }
+        let slice = deadline.saturating_duration_since(now).min(Duration::from_millis(200));
+        let msg = match tokio::time::timeout(slice, self.consumer.recv()).await {
+            Ok(Ok(m)) => m,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "scan read error");
+                self.read_errors += 1;
+                if self.read_errors <= 3 {
+                    let topics: BTreeMap<&str, ()> = self.parts.keys().map(|(t, _)| (t.as_str(), ())).collect();
+                    let names: Vec<&str> = topics.into_keys().collect();
+                    self.warnings.push(format!("reading {}: {e}", names.join(", ")));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                return ScanStep::Tick;
+            }
+            Err(_) => return ScanStep::Tick,
+        };
+        self.got_any = true;
+        self.deadline = None;
+        let (topic, p, offset) = (msg.topic().to_string(), msg.partition(), msg.offset());
+        let ts = msg.timestamp().to_millis();
+        let Some(part) = self.parts.get_mut(&(topic.clone(), p)) else { return ScanStep::Tick };
+        if part.done {
+            return ScanStep::Tick;
+        }
+        if offset < part.min {
+            // Only after an offset reset (the topic was recreated, or the resume point is
+            // past its end): never decide a record twice.
+            if !part.warned_backwards {
+                part.warned_backwards = true;
+                self.warnings.push(format!(
+                    "{topic} partition {p}: the broker delivered offset {offset}, below the resume point {}; was the \
+                     topic recreated? records below the resume point are not replayed (use a new --id to start over)",
+                    part.min
+                ));
+            }
+            return ScanStep::Tick;
+        }
+        if offset >= part.hw && ts.is_some_and(|t| t > self.started_at) {
+            // Written after the start: the end of this partition for this run.
+            part.done = true;
+            let mut pause = TopicPartitionList::new();
+            if pause.add_partition_offset(&topic, p, Offset::Offset(offset)).is_ok() {
+                let _ = self.consumer.pause(&pause);
+            }
+            return ScanStep::Tick;
+        }
+        let payload = msg.payload().unwrap_or_default().to_vec();
+        ScanStep::Record(ScanRecord { topic, partition: p, offset, timestamp: ts, payload })
+    }
+}
+
+/// Resume bookkeeping of one partition.
+#[derive(Default)]
+struct Resume {
+    /// One past the last record decided here.
+    processed: Option<i64>,
+    /// Last resume point saved.
+    saved: Option<i64>,
+    /// First record whose produce failed.
+    failed_at: Option<i64>,
+}
+
+/// A produce in flight, for the record at (topic, partition, offset).
+pub(crate) struct InFlight {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub job_id: String,
+    pub task: tokio::task::JoinHandle<Result<(), String>>,
+}
+
+/// Why [`Checkpoints::flush`] failed (callers turn it into their own error and advice).
+#[derive(Debug)]
+pub(crate) enum FlushError {
+    Produce { job_id: String, topic: String, partition: i32, offset: i64, message: String },
+    Checkpoint { topic: String, partition: i32, source: StoreError },
+}
+
+/// Produces in flight and the resume points (`replays` table) of one run, keyed by
+/// (topic, partition): a record's resume point moves past it once it is decided and
+/// every produce before it was acknowledged.
+pub(crate) struct Checkpoints {
     dry_run: bool,
-    replay_id: String,
-    topic: String,
-    stmts: ReplayStatements,
-    parts: BTreeMap<i32, Part>,
+    id: String,
+    pub(crate) stmts: ReplayStatements,
+    parts: BTreeMap<(String, i32), Resume>,
     inflight: Vec<InFlight>,
-    replayed: u64,
+    /// Produces acknowledged so far.
+    pub(crate) acked: u64,
     last_flush: Instant,
 }
 
-impl Run {
+impl Checkpoints {
+    /// `resume`: the saved resume points this run starts from.
+    pub(crate) fn new(
+        id: String,
+        stmts: ReplayStatements,
+        dry_run: bool,
+        resume: impl IntoIterator<Item = ((String, i32), i64)>,
+    ) -> Checkpoints {
+        let parts = resume
+            .into_iter()
+            .map(|(k, o)| (k, Resume { processed: Some(o), saved: Some(o), failed_at: None }))
+            .collect();
+        Checkpoints { dry_run, id, stmts, parts, inflight: Vec::new(), acked: 0, last_flush: Instant::now() }
+    }
+
+    /// The record at `offset` is decided (whatever the decision).
+    pub(crate) fn decided(&mut self, topic: &str, partition: i32, offset: i64) {
+        let part = self.parts.entry((topic.to_string(), partition)).or_default();
+        part.processed = Some(offset + 1);
+    }
+
+    pub(crate) fn push(&mut self, f: InFlight) {
+        self.inflight.push(f);
+    }
+    pub(crate) fn in_flight(&self) -> usize {
+        self.inflight.len()
+    }
+    pub(crate) fn flush_due(&self) -> bool {
+        self.last_flush.elapsed() >= FLUSH_EVERY
+    }
+
+    /// Resume points after this run (saved unless dry run): partition -> next offset.
+    pub(crate) fn next_offsets(&self, topic: &str) -> BTreeMap<i32, i64> {
+        self.parts
+            .iter()
+            .filter(|((t, _), _)| t == topic)
+            .filter_map(|((_, p), s)| s.processed.map(|o| (*p, o)))
+            .collect()
+    }
+
     /// Awaits every produce in flight, then saves each partition's resume point: one past
     /// the last record decided, or the first failed record. Errors after saving.
-    async fn flush(&mut self) -> Result<(), ReplayError> {
+    pub(crate) async fn flush(&mut self) -> Result<(), FlushError> {
         self.last_flush = Instant::now();
-        let mut first_err: Option<ReplayError> = None;
+        let mut first_err: Option<FlushError> = None;
         for f in std::mem::take(&mut self.inflight) {
             let outcome = match f.task.await {
                 Ok(r) => r,
-                Err(e) => Err(format!("replay task failed: {e}")),
+                Err(e) => Err(format!("task failed: {e}")),
             };
             match outcome {
-                Ok(()) => self.replayed += 1,
+                Ok(()) => self.acked += 1,
                 Err(message) => {
-                    if let Some(part) = self.parts.get_mut(&f.partition) {
-                        part.failed_at = Some(part.failed_at.map_or(f.offset, |o| o.min(f.offset)));
-                    }
-                    first_err.get_or_insert(ReplayError::Produce {
+                    let part = self.parts.entry((f.topic.clone(), f.partition)).or_default();
+                    part.failed_at = Some(part.failed_at.map_or(f.offset, |o| o.min(f.offset)));
+                    first_err.get_or_insert(FlushError::Produce {
                         job_id: f.job_id,
+                        topic: f.topic,
                         partition: f.partition,
                         offset: f.offset,
                         message,
@@ -596,7 +750,7 @@ impl Run {
             }
         }
         if !self.dry_run {
-            for (p, part) in self.parts.iter_mut() {
+            for ((topic, p), part) in self.parts.iter_mut() {
                 let Some(mut next) = part.processed else { continue };
                 if let Some(f) = part.failed_at {
                     next = next.min(f);
@@ -606,36 +760,15 @@ impl Run {
                     continue;
                 }
                 let stmts = &self.stmts;
-                retrying(|| stmts.put_offset(&self.replay_id, &self.topic, *p, next))
+                retrying(|| stmts.put_offset(&self.id, topic, *p, next))
                     .await
-                    .map_err(|source| ReplayError::Checkpoint { partition: *p, source })?;
+                    .map_err(|source| FlushError::Checkpoint { topic: topic.clone(), partition: *p, source })?;
                 part.saved = Some(next);
             }
         }
         match first_err {
             Some(e) => Err(e),
             None => Ok(()),
-        }
-    }
-
-    fn progress(
-        &self,
-        scanned: u64,
-        matched: u64,
-        replayed: u64,
-        skipped: u64,
-        t0: Instant,
-        dry_run: bool,
-    ) -> Progress {
-        Progress {
-            scanned,
-            matched,
-            replayed,
-            skipped,
-            partitions: self.parts.len(),
-            partitions_done: self.parts.values().filter(|p| p.done).count(),
-            elapsed: t0.elapsed(),
-            dry_run,
         }
     }
 }
@@ -688,7 +821,7 @@ async fn partitions(
 }
 
 /// A few tries with backoff for a transient store failure.
-async fn retrying<T, F, Fut>(mut f: F) -> Result<T, StoreError>
+pub(crate) async fn retrying<T, F, Fut>(mut f: F) -> Result<T, StoreError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, StoreError>>,

@@ -5,6 +5,7 @@ mod bench;
 mod demo;
 mod ops;
 mod replay;
+mod rerun;
 mod serve;
 mod stats;
 
@@ -84,6 +85,7 @@ pub enum Cmd {
     Demo(demo::DemoArgs),
     /// Send dead letters (or retry records) back to their pool: filters, dry run, rate limit, resumable.
     Replay(replay::ReplayArgs),
+    Rerun(rerun::RerunArgs),
     /// Serve the HTTP API (submit, status, cancel, /metrics) until Ctrl-C.
     Serve(serve::ServeArgs),
     /// Fleet-wide scheduling state per pool and tenant: backlog, running, share vs entitlement, why jobs wait.
@@ -133,6 +135,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Demo(a) => demo::run(&g, a).await,
         Cmd::Bench(a) => bench::run(&g, a).await,
         Cmd::Replay(a) => replay::run(g.load()?, a).await,
+        Cmd::Rerun(a) => rerun::run(g.load()?, a).await,
         Cmd::Serve(a) => serve::run(g.load()?, a).await,
         Cmd::Stats(a) => stats::stats(g.load()?, a).await,
         Cmd::Top(a) => stats::top(g.load()?, a).await,

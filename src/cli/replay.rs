@@ -63,12 +63,12 @@ pub struct ReplayArgs {
     pub idle_timeout: Duration,
 }
 
-fn check_time(s: &str) -> Result<String, String> {
+pub(super) fn check_time(s: &str) -> Result<String, String> {
     resolve_time(s, 0).map(|_| s.to_string())
 }
 
 /// Epoch ms, `now`, or `-<duration>` before `now`.
-fn resolve_time(s: &str, now: i64) -> Result<i64, String> {
+pub(super) fn resolve_time(s: &str, now: i64) -> Result<i64, String> {
     let t = s.trim();
     if t == "now" {
         return Ok(now);
@@ -81,7 +81,7 @@ fn resolve_time(s: &str, now: i64) -> Result<i64, String> {
     t.parse::<i64>().map_err(|_| format!("{s:?} is neither epoch milliseconds nor a relative time like -1h or -30min"))
 }
 
-fn parse_rate(s: &str) -> Result<u32, String> {
+pub(super) fn parse_rate(s: &str) -> Result<u32, String> {
     let n = s.trim().strip_suffix("/s").unwrap_or(s.trim());
     match n.parse::<u32>() {
         Ok(0) | Err(_) => Err(format!("{s:?}: write a number of jobs per second of at least 1, e.g. 100 or 100/s")),
