@@ -1,1 +1,263 @@
-fn main() {}
+//! Micro-benchmarks of the pure cores on the hot path of every job:
+//!
+//! - `scheduler`: one job's whole life in the fair scheduler (complete the oldest running
+//!   job, enqueue a new one, dispatch) with 1000 backlogged tenants, with and without
+//!   per-tenant limits (caps, rate limits, enterprise reservations).
+//! - `offsets`: the per-partition commit tracker, started/finished with out-of-order
+//!   completion (a sliding window of in-flight jobs, and a whole window finished shuffled).
+//! - `codec`: Avro single-object encode/decode of a `JobSubmitted`.
+//! - `retry`: the retry decision (retry, dead letter, and with the tenant's budget).
+//!
+//! `cargo bench --bench cores` (add `-- --quick` for a short run, or a filter such as
+//! `-- scheduler`).
+
+use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use fairway::codec;
+use fairway::core::offsets::PartitionOffsets;
+use fairway::core::retry::{self, AttemptState, RetryBudget, RetryBudgetConfig, RetryPolicy};
+use fairway::core::scheduler::{DispatchId, RateLimit, Scheduler, SchedulerConfig, TenantPolicy, Tier};
+use fairway::model::{FailureClass, JobSubmitted, Pool, Priority};
+use std::collections::VecDeque;
+
+/// Epoch ms of the benchmarks' simulated clock.
+const T0: i64 = 1_750_000_000_000;
+
+/// xorshift64*: a deterministic, dependency-free source of shuffles and run times.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+// ----- scheduler -------------------------------------------------------------------------
+
+/// A short-pool scheduler with `n` tenants (free, free, standard, pro, ...), each with
+/// `backlog` jobs queued and every slot busy. With `limits`, every 250th tenant is an
+/// enterprise with a reserved slot, every 7th is capped at one running job and every 11th
+/// rate limited, like `dispatch_cost_with_1000_tenants` in the scheduler's tests.
+/// Closed loop: a finished job's tenant queues a new one, so every tenant stays
+/// backlogged with the same depth however long the benchmark runs. The payload is the
+/// tenant's index.
+struct SchedBench {
+    s: Scheduler<u64>,
+    names: Vec<String>,
+    running: VecDeque<(DispatchId, u64)>,
+    now: i64,
+    seq: u64,
+    rng: Rng,
+}
+
+const JOB_TYPES: [&str; 5] = ["resize", "email", "report", "index", "thumb"];
+
+impl SchedBench {
+    fn new(n: usize, backlog: usize, limits: bool) -> Self {
+        let slots = 64;
+        let mut s: Scheduler<u64> =
+            Scheduler::new(Pool::Short, SchedulerConfig::for_pool(Pool::Short, slots)).expect("scheduler config");
+        let names: Vec<String> = (0..n).map(|i| format!("tenant-{i:04}")).collect();
+        for (i, name) in names.iter().enumerate() {
+            let mut p = TenantPolicy::tier([Tier::Free, Tier::Free, Tier::Standard, Tier::Pro][i % 4]);
+            if limits {
+                if i % 250 == 0 {
+                    p = TenantPolicy { tier: Tier::Enterprise, reserved_slots: Some(1), ..Default::default() };
+                }
+                if i % 7 == 0 {
+                    p.max_running = Some(1);
+                }
+                if i % 11 == 0 {
+                    p.rate_limit = Some(RateLimit { per_second: 50.0, burst: 2 });
+                }
+            }
+            s.set_tenant(name, p).expect("tenant policy");
+        }
+        let mut b = SchedBench { s, names, running: VecDeque::new(), now: T0, seq: 0, rng: Rng(0x9e37_79b9_7f4a_7c15) };
+        for _ in 0..backlog {
+            for i in 0..n {
+                b.enqueue(i);
+            }
+        }
+        b.dispatch_all();
+        b
+    }
+
+    fn enqueue(&mut self, tenant: usize) {
+        self.seq += 1;
+        let jt = JOB_TYPES[self.seq as usize % JOB_TYPES.len()];
+        let prio = Priority::ALL[self.seq as usize % 3];
+        self.s.enqueue(&self.names[tenant], jt, prio, tenant as u64, self.now).expect("queue has room");
+    }
+
+    fn dispatch_all(&mut self) {
+        while let Some(d) = self.s.next(self.now) {
+            self.running.push_back((d.id, d.payload));
+        }
+    }
+
+    /// One job's life: the oldest running job completes (run time 1..300 ms, so the
+    /// charge is reconciled), its tenant queues a new job, free slots are filled.
+    fn step(&mut self) {
+        self.now += 1;
+        let tenant = match self.running.pop_front() {
+            Some((id, tenant)) => {
+                let ran = 1 + self.rng.below(300) as i64;
+                black_box(self.s.complete(id, self.now + ran));
+                tenant as usize
+            }
+            None => self.rng.below(self.names.len() as u64) as usize,
+        };
+        self.enqueue(tenant);
+        self.dispatch_all();
+    }
+}
+
+fn scheduler(c: &mut Criterion) {
+    let mut g = c.benchmark_group("scheduler");
+    g.throughput(Throughput::Elements(1));
+    for (label, limits) in [("1000_tenants", false), ("1000_tenants_limits", true)] {
+        let mut b = SchedBench::new(1000, 20, limits);
+        // Reach a steady state (estimates learned, tags spread) before measuring.
+        for _ in 0..50_000 {
+            b.step();
+        }
+        assert!(b.running.len() >= 60, "slots stay busy in steady state ({} running)", b.running.len());
+        g.bench_function(format!("enqueue_next_complete/{label}"), |bench| bench.iter(|| b.step()));
+    }
+    g.finish();
+}
+
+// ----- offsets ---------------------------------------------------------------------------
+
+fn offsets(c: &mut Criterion) {
+    let mut g = c.benchmark_group("offsets");
+
+    // Steady state: 256 jobs in flight; each step starts the next offset and finishes a
+    // random in-flight one (completion order unrelated to offset order).
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("started_finished/window_256_random_order", |bench| {
+        let mut t = PartitionOffsets::new();
+        let mut inflight: Vec<i64> = Vec::new();
+        let mut next = 0i64;
+        let mut rng = Rng(42);
+        while inflight.len() < 256 {
+            t.started(next).expect("increasing");
+            inflight.push(next);
+            next += 1;
+        }
+        bench.iter(|| {
+            t.started(next).expect("increasing");
+            inflight.push(next);
+            next += 1;
+            let i = rng.below(inflight.len() as u64) as usize;
+            let off = inflight.swap_remove(i);
+            black_box(t.finished(off));
+        })
+    });
+
+    // A whole window: 10 000 offsets started, then finished in a shuffled order.
+    let n = 10_000usize;
+    let mut order: Vec<i64> = (0..n as i64).collect();
+    let mut rng = Rng(7);
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    g.throughput(Throughput::Elements(n as u64));
+    g.bench_function("started_finished/10000_shuffled", |bench| {
+        bench.iter_batched(
+            PartitionOffsets::new,
+            |mut t| {
+                for o in 0..n as i64 {
+                    t.started(o).expect("increasing");
+                }
+                for &o in &order {
+                    black_box(t.finished(o));
+                }
+                t
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    g.finish();
+}
+
+// ----- codec -----------------------------------------------------------------------------
+
+fn sample_job() -> JobSubmitted {
+    JobSubmitted {
+        job_id: "0190a5c4-7b1e-7cc2-9a4f-3d2e1f0a9b8c".into(),
+        tenant: "acme-industries".into(),
+        job_type: "thumbnail".into(),
+        pool: Some(Pool::Short),
+        priority: Priority::Normal,
+        payload: br#"{"bucket":"uploads-eu-west-1","key":"2025/06/14/IMG_20250614_101512.jpg","sizes":[64,256,1024],"format":"webp","quality":82}"#.to_vec(),
+        idempotency_key: Some("upload-7f3a9c2e".into()),
+        execute_at: None,
+        not_after: Some(T0 + 3_600_000),
+        attempt: 0,
+        crash_count: 0,
+        generation: 0,
+        submitted_at: T0,
+        not_before: None,
+        last_error: None,
+        last_failure_class: None,
+        first_failure_at: None,
+        replay_count: 0,
+        replayed_from: None,
+    }
+}
+
+fn codec_bench(c: &mut Criterion) {
+    let mut g = c.benchmark_group("codec");
+    g.throughput(Throughput::Elements(1));
+    let job = sample_job();
+    let bytes = codec::encode_job(&job).expect("encodes");
+    assert_eq!(codec::decode_job(&bytes).expect("decodes"), job);
+    g.bench_function("encode_job", |b| b.iter(|| codec::encode_job(black_box(&job)).expect("encodes")));
+    let mut buf = Vec::with_capacity(bytes.len());
+    g.bench_function("encode_job_into_reused_buffer", |b| {
+        b.iter(|| {
+            buf.clear();
+            codec::encode_job_into(black_box(&job), &mut buf).expect("encodes");
+        })
+    });
+    g.bench_function("decode_job", |b| b.iter(|| codec::decode_job(black_box(&bytes)).expect("decodes")));
+    g.finish();
+}
+
+// ----- retry -----------------------------------------------------------------------------
+
+fn retry_bench(c: &mut Criterion) {
+    let mut g = c.benchmark_group("retry");
+    g.throughput(Throughput::Elements(1));
+    let policy = RetryPolicy::default();
+    let first = AttemptState { attempt: 0, crash_count: 0, last_error: Some("HTTP 503 from thumbnailer".into()) };
+    let last = AttemptState { attempt: 4, crash_count: 0, last_error: Some("HTTP 503 from thumbnailer".into()) };
+    g.bench_function("decide/app_error_retry", |b| {
+        b.iter(|| retry::decide(FailureClass::AppError, black_box(&first), &policy, T0, black_box(0.37)))
+    });
+    g.bench_function("decide/dependency_retry", |b| {
+        b.iter(|| retry::decide(FailureClass::Dependency, black_box(&first), &policy, T0, black_box(0.37)))
+    });
+    g.bench_function("decide/app_error_dead_letter", |b| {
+        b.iter(|| retry::decide(FailureClass::AppError, black_box(&last), &policy, T0, black_box(0.37)))
+    });
+    let mut budget = RetryBudget::new(RetryBudgetConfig::default());
+    let mut now = T0;
+    g.bench_function("decide_with_budget/app_error", |b| {
+        b.iter(|| {
+            now += 10;
+            budget.record_dispatch("acme", now);
+            retry::decide_with_budget(FailureClass::AppError, &first, &policy, &mut budget, "acme", now, 0.37)
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, scheduler, offsets, codec_bench, retry_bench);
+criterion_main!(benches);

@@ -1,14 +1,21 @@
 //! `fairway bench throughput`: end-to-end no-op jobs on the local services; prints
 //! jobs/s and latency percentiles (submit -> terminal result), last line JSON.
+//!
+//! `fairway bench fairness`: the noisy-neighbour benchmark on the local services (see
+//! [`fairness`]): quiet tenants' waits under a flood with fair scheduling and with FIFO
+//! versus alone, and slot-time shares of continuously backlogged tenants versus their
+//! entitlement; last line JSON.
 
 use super::Global;
 use anyhow::Context;
+use fairway::config::Config;
 use fairway::handlers::Registry;
 use fairway::kafka::{self, Consumer, Message};
 use fairway::model::Pool;
 use fairway::submit::{NewJob, Submitter};
 use fairway::worker::{Policy, Worker};
 use fairway::{codec, now_ms};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,6 +30,9 @@ pub struct BenchArgs {
 pub enum BenchKind {
     /// No-op jobs end to end: jobs/s and latency percentiles.
     Throughput(ThroughputArgs),
+    /// Noisy neighbour: quiet tenants' waits under a flood (fair vs FIFO vs alone) and
+    /// slot-time shares of backlogged tenants versus entitlement.
+    Fairness(FairnessArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -44,6 +54,7 @@ pub struct ThroughputArgs {
 pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
     match a.what {
         BenchKind::Throughput(t) => throughput(g, t).await,
+        BenchKind::Fairness(f) => fairness(g, f).await,
     }
 }
 
@@ -122,4 +133,982 @@ async fn throughput(g: &Global, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
         })
     );
     Ok(if done == a.jobs { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+// ---------------------------------------------------------------------------------------
+// fairway bench fairness
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct FairnessArgs {
+    /// How long the quiet tenants submit in each run; the measured window ends here.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// Sleep jobs the flooding tenant submits at once when a flooded run starts. Keep it
+    /// large enough to stay backlogged for the whole run (the bench warns otherwise).
+    #[arg(long, default_value_t = 5000)]
+    pub flood: usize,
+    /// Run time of one flood job, ms.
+    #[arg(long, default_value_t = 50)]
+    pub flood_ms: u64,
+    /// Tier of the flooding tenant.
+    #[arg(long, value_enum, default_value = "pro")]
+    pub flood_tier: BenchTier,
+    /// Tiers of the quiet tenants, one tenant per entry.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "standard,standard,pro")]
+    pub quiet_tiers: Vec<BenchTier>,
+    /// Jobs per second each quiet tenant submits (evenly spaced, phases staggered).
+    #[arg(long, default_value_t = 5.0)]
+    pub quiet_rate: f64,
+    /// Run time of one quiet job, ms.
+    #[arg(long, default_value_t = 20)]
+    pub quiet_ms: u64,
+    /// Tiers of the continuously backlogged tenants of the share run, one tenant per
+    /// entry (no enterprise: reserved slots sit outside the shared slots).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "free,standard,pro")]
+    pub share_tiers: Vec<BenchTier>,
+    /// Job run times (ms) of the share run's tenants, one per entry of --share-tiers
+    /// (the list is cycled).
+    #[arg(long, value_delimiter = ',', default_value = "50")]
+    pub share_ms: Vec<u64>,
+    /// Length of the share run (its tenants are kept backlogged throughout).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub share_duration: Duration,
+    /// Slots of the short pool of the one worker.
+    #[arg(long, default_value_t = 8)]
+    pub slots: usize,
+    #[arg(long, default_value_t = 12)]
+    pub partitions: i32,
+    /// Left out of every measurement at the start of a run (first fetches, cost
+    /// estimates warming up).
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    pub warmup: Duration,
+    /// Most time to wait after submissions end for the quiet tenants' last results
+    /// (FIFO needs the whole flood ahead of them to drain).
+    #[arg(long, default_value = "90s", value_parser = humantime::parse_duration)]
+    pub drain_timeout: Duration,
+    /// Runs to do, in this order.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "alone,fair,fifo,share")]
+    pub runs: Vec<RunKind>,
+    /// Exit 1 when a goal is missed (quiet p99 ratio fair <= 2, share error <= 0.05).
+    #[arg(long)]
+    pub check: bool,
+    /// Run times of flood jobs vary uniformly by this fraction around --flood-ms (and
+    /// --share-ms), e.g. 0.5 = 25..75 ms for 50 ms; 0 = all equal.
+    #[arg(long, default_value_t = 0.0)]
+    pub spread: f64,
+    /// Write every run's results as CSV (job_id, tenant, submitted_at, started_at,
+    /// finished_at; epoch ms) into this directory, for analysis.
+    #[arg(long)]
+    pub dump: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub enum RunKind {
+    /// Quiet tenants only: their waits alone (the baseline).
+    Alone,
+    /// Quiet tenants plus the flood, fair scheduler.
+    Fair,
+    /// Quiet tenants plus the flood, plain FIFO.
+    Fifo,
+    /// Several tenants of different tiers all continuously backlogged, fair scheduler.
+    Share,
+}
+
+impl RunKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            RunKind::Alone => "alone",
+            RunKind::Fair => "fair",
+            RunKind::Fifo => "fifo",
+            RunKind::Share => "share",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchTier {
+    Free,
+    Standard,
+    Pro,
+}
+
+impl BenchTier {
+    fn as_str(self) -> &'static str {
+        match self {
+            BenchTier::Free => "free",
+            BenchTier::Standard => "standard",
+            BenchTier::Pro => "pro",
+        }
+    }
+    fn config(self) -> fairway::config::Tier {
+        match self {
+            BenchTier::Free => fairway::config::Tier::Free,
+            BenchTier::Standard => fairway::config::Tier::Standard,
+            BenchTier::Pro => fairway::config::Tier::Pro,
+        }
+    }
+    /// The scheduler's weight of the tier (for free: of the whole free flow).
+    fn weight(self) -> f64 {
+        use fairway::core::scheduler::{Tier, TierWeights};
+        let w = TierWeights::default();
+        match self {
+            BenchTier::Free => w.of(Tier::Free),
+            BenchTier::Standard => w.of(Tier::Standard),
+            BenchTier::Pro => w.of(Tier::Pro),
+        }
+    }
+}
+
+/// A bench tenant: name, tier, and the run time of its sleep jobs.
+#[derive(Debug, Clone)]
+struct BenchTenant {
+    name: String,
+    tier: BenchTier,
+    job_ms: u64,
+}
+
+/// One run: a fresh set of topics, one worker, floods submitted at once at `t0` and
+/// quiet tenants submitting steadily until `t0 + duration`.
+struct Plan {
+    run: RunKind,
+    policy: Policy,
+    /// Tenants flooding, with their number of jobs.
+    floods: Vec<(BenchTenant, usize)>,
+    quiet: Vec<BenchTenant>,
+    duration: Duration,
+}
+
+struct Outcome {
+    t0: i64,
+    /// t0 + duration (epoch ms): the measured window is [t0 + warmup, end].
+    end: i64,
+    results: Vec<fairway::model::JobResult>,
+    /// Quiet jobs without a result when the run stopped: (tenant, submitted at).
+    quiet_missing: Vec<(String, i64)>,
+    quiet_submitted: usize,
+    submit_errors: usize,
+    /// Sorted ms from a result's `finished_at` to its arrival at the bench (one Kafka hop).
+    hops: Vec<i64>,
+    /// Shares of slot-time in the window by the scheduler's own accounting (from its
+    /// stats, refreshed every 500 ms; empty when unavailable, e.g. FIFO).
+    sched_shares: BTreeMap<String, f64>,
+}
+
+/// Cumulative slot-seconds per tenant from the worker's scheduler stats (Fair only).
+fn scheduler_used(w: &Worker) -> Option<BTreeMap<String, f64>> {
+    let v = w.shared.first()?.stats.lock().ok()?.clone();
+    let tenants = v.get("tenants")?.as_array()?;
+    Some(
+        tenants
+            .iter()
+            .filter_map(|t| Some((t.get("tenant")?.as_str()?.to_string(), t.get("slot_seconds_used")?.as_f64()?)))
+            .collect(),
+    )
+}
+
+/// The noisy-neighbour benchmark (issue 4 item 6).
+///
+/// Runs, each on a fresh set of topics with one in-process worker whose short pool has
+/// `--slots` slots (partitions assigned before anything is submitted, a few echo jobs per
+/// tenant run first so connections and fetches are warm):
+///
+/// - **alone**: the quiet tenants submit `--quiet-rate` sleep jobs/s of `--quiet-ms`
+///   each for `--duration`: their waits without contention.
+/// - **fair** / **fifo**: the same, while the flooding tenant submits `--flood` sleep jobs
+///   of `--flood-ms` at once, far beyond capacity; fair scheduler, then plain FIFO.
+/// - **share**: the `--share-tiers` tenants all flood (sized to stay backlogged for
+///   `--share-duration`); their slot-time shares are compared with `w_i / sum(w)`.
+///
+/// Wait = `started_at - submitted_at` of the job's result (submit call to handler start:
+/// produce, fetch, queueing in the worker, the effectively-once store read). Slot-time
+/// of a tenant = sum over its results of the overlap of `[started_at, finished_at]` with
+/// the window (handler time; the per-job store round trips around it are not counted).
+/// Everything submitted or running in the first `--warmup` of a run is left out.
+///
+/// Also printed, to read the waits against: the services' floor (a produce -> consume hop
+/// and a job-state read, probed alone before the runs), each run's result hop, the
+/// share of the slots filled by handler time, and in the share run the scheduler's own
+/// slot-time accounting next to the handler-time shares.
+async fn fairness(g: &Global, a: FairnessArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(a.quiet_rate > 0.0, "--quiet-rate must be positive");
+    anyhow::ensure!(a.warmup < a.duration && a.warmup < a.share_duration, "--warmup must be shorter than the runs");
+    anyhow::ensure!(!a.share_ms.is_empty(), "--share-ms needs at least one value");
+    anyhow::ensure!((0.0..1.0).contains(&a.spread), "--spread must be in [0, 1)");
+    let base = g.load()?;
+    let flooder = BenchTenant { name: "noisy".into(), tier: a.flood_tier, job_ms: a.flood_ms };
+    let quiet: Vec<BenchTenant> = a
+        .quiet_tiers
+        .iter()
+        .enumerate()
+        .map(|(i, t)| BenchTenant { name: format!("quiet{}-{}", i + 1, t.as_str()), tier: *t, job_ms: a.quiet_ms })
+        .collect();
+    let backlogged: Vec<BenchTenant> = a
+        .share_tiers
+        .iter()
+        .enumerate()
+        .map(|(i, t)| BenchTenant {
+            name: format!("busy{}-{}", i + 1, t.as_str()),
+            tier: *t,
+            job_ms: a.share_ms[i % a.share_ms.len()].max(1),
+        })
+        .collect();
+    let share_entitled = entitlements(&backlogged);
+    let flood_cap = base.worker.tenant_queue_limit;
+    if a.flood > flood_cap {
+        eprintln!(
+            "warning: --flood {} is above worker.tenant_queue_limit ({flood_cap}): the flooder's partition \
+             will be paused, and quiet tenants hashed to it wait behind the pause",
+            a.flood
+        );
+    }
+    println!(
+        "fairway bench fairness: 1 worker, short pool {} slots, {} partitions, brokers {}, cql {}",
+        a.slots,
+        a.partitions,
+        base.kafka.brokers,
+        base.scylla.contact_points.join(",")
+    );
+    println!(
+        "  flood: {} ({}) {} x sleep {} ms at once;  quiet: {} at {}/s x sleep {} ms each;  {:?} per run, first {:?} not measured",
+        flooder.name,
+        flooder.tier.as_str(),
+        a.flood,
+        a.flood_ms,
+        quiet.iter().map(|q| format!("{} ({})", q.name, q.tier.as_str())).collect::<Vec<_>>().join(", "),
+        a.quiet_rate,
+        a.quiet_ms,
+        a.duration,
+        a.warmup
+    );
+
+    // What one job's wait is made of at least, measured alone on these services.
+    let floor = probe_floor(&base, &a).await.context("probing the services")?;
+    println!(
+        "  floor: Kafka hop (produce -> consume) p50 {} p99 {} ms;  store read (effectively-once check) p50 {} p99 {} ms",
+        pct(&floor.hop, 0.5),
+        pct(&floor.hop, 0.99),
+        pct(&floor.read, 0.5),
+        pct(&floor.read, 0.99)
+    );
+
+    let mut outcomes: BTreeMap<RunKind, Outcome> = BTreeMap::new();
+    for &run in &a.runs {
+        if outcomes.contains_key(&run) {
+            continue;
+        }
+        let plan = match run {
+            RunKind::Alone => {
+                Plan { run, policy: Policy::Fair, floods: vec![], quiet: quiet.clone(), duration: a.duration }
+            }
+            RunKind::Fair | RunKind::Fifo => Plan {
+                run,
+                policy: if run == RunKind::Fair { Policy::Fair } else { Policy::Fifo },
+                floods: vec![(flooder.clone(), a.flood)],
+                quiet: quiet.clone(),
+                duration: a.duration,
+            },
+            RunKind::Share => {
+                // Enough jobs to stay backlogged for the whole run with a 50 % margin
+                // (the run times are nominal; real ones are a little longer).
+                let floods = backlogged
+                    .iter()
+                    .zip(&share_entitled)
+                    .map(|(t, e)| {
+                        let slot_ms = e * a.slots as f64 * a.share_duration.as_millis() as f64;
+                        (t.clone(), (1.5 * slot_ms / t.job_ms as f64).ceil() as usize + 100)
+                    })
+                    .collect();
+                Plan { run, policy: Policy::Fair, floods, quiet: vec![], duration: a.share_duration }
+            }
+        };
+        let started = Instant::now();
+        let out = run_plan(&base, &a, &plan).await.with_context(|| format!("the {} run", run.as_str()))?;
+        let warm_ms = a.warmup.as_millis() as i64;
+        let busy: f64 = slot_used(&out, out.t0 + warm_ms, out.end).values().sum();
+        let capacity = a.slots as f64 * (out.end - out.t0 - warm_ms) as f64;
+        println!(
+            "[{}] done in {:.1}s: {} results; handler time filled {:.0} % of the slots in the window; \
+             result hop (finished -> bench) p50 {} p99 {} ms{}{}",
+            run.as_str(),
+            started.elapsed().as_secs_f64(),
+            out.results.len(),
+            100.0 * busy / capacity,
+            pct(&out.hops, 0.5),
+            pct(&out.hops, 0.99),
+            if out.submit_errors > 0 { format!(", {} submissions failed", out.submit_errors) } else { String::new() },
+            if out.quiet_missing.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    ", {} of {} quiet jobs had no result (counted with their wait so far, a lower bound)",
+                    out.quiet_missing.len(),
+                    out.quiet_submitted
+                )
+            }
+        );
+        if let Some(dir) = &a.dump {
+            std::fs::create_dir_all(dir)?;
+            let path = dir.join(format!("{}.csv", run.as_str()));
+            let mut text = String::from("job_id,tenant,submitted_at,started_at,finished_at\n");
+            for r in &out.results {
+                let started = r.started_at.map(|s| s.to_string()).unwrap_or_default();
+                text.push_str(&format!("{},{},{},{},{}\n", r.job_id, r.tenant, r.submitted_at, started, r.finished_at));
+            }
+            std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        }
+        for (t, n) in &plan.floods {
+            let started_by_end =
+                out.results.iter().filter(|r| r.tenant == t.name && r.started_at.is_some_and(|s| s <= out.end)).count();
+            if started_by_end >= *n {
+                eprintln!(
+                    "warning: [{}] {} ran out of queued jobs before the window ended (all {n} started): \
+                     it was not backlogged throughout; raise --flood",
+                    run.as_str(),
+                    t.name
+                );
+            }
+        }
+        outcomes.insert(run, out);
+    }
+    let warm = a.warmup.as_millis() as i64;
+
+    // ----- quiet tenants' waits ------------------------------------------------------------
+    let mut json = serde_json::Map::new();
+    json.insert("bench".into(), "fairness".into());
+    let wait_runs: Vec<RunKind> =
+        [RunKind::Alone, RunKind::Fair, RunKind::Fifo].into_iter().filter(|r| outcomes.contains_key(r)).collect();
+    let mut pooled: BTreeMap<RunKind, Vec<i64>> = BTreeMap::new();
+    let mut worst_ratio: BTreeMap<RunKind, f64> = BTreeMap::new();
+    if !wait_runs.is_empty() && !quiet.is_empty() {
+        println!("\nquiet tenants: wait ms (handler start - submit), jobs submitted in the measured window");
+        print!("{:<20}", "tenant");
+        for r in &wait_runs {
+            print!(" | {:>5} {:>6} {:>6}", format!("{}:n", r.as_str()), "p50", "p99");
+        }
+        println!(" | p99 ratio fair  fifo");
+        let mut rows: Vec<(String, Vec<&BenchTenant>)> = quiet.iter().map(|q| (q.name.clone(), vec![q])).collect();
+        rows.push(("all quiet".into(), quiet.iter().collect()));
+        for (label, members) in rows {
+            let names: HashSet<&str> = members.iter().map(|m| m.name.as_str()).collect();
+            print!("{label:<20}");
+            let mut p99s = BTreeMap::new();
+            for r in &wait_runs {
+                let out = &outcomes[r];
+                let w = quiet_waits(out, &names, out.t0 + warm);
+                print!(" | {:>5} {:>6} {:>6}", w.len(), pct(&w, 0.5), pct(&w, 0.99));
+                p99s.insert(*r, pct(&w, 0.99));
+                if label == "all quiet" {
+                    pooled.insert(*r, w);
+                }
+            }
+            let ratio = |r: RunKind| match (p99s.get(&RunKind::Alone), p99s.get(&r)) {
+                (Some(&alone), Some(&x)) => Some(x as f64 / alone.max(1) as f64),
+                _ => None,
+            };
+            let show = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.2}"));
+            println!(" | {:>14} {:>5}", show(ratio(RunKind::Fair)), show(ratio(RunKind::Fifo)));
+            if label != "all quiet" {
+                for r in [RunKind::Fair, RunKind::Fifo] {
+                    if let Some(x) = ratio(r) {
+                        let e = worst_ratio.entry(r).or_insert(0.0);
+                        *e = e.max(x);
+                    }
+                }
+            }
+        }
+    }
+    let p99_of = |r: RunKind| pooled.get(&r).map(|w| pct(w, 0.99));
+    let p50_of = |r: RunKind| pooled.get(&r).map(|w| pct(w, 0.5));
+    let ratio_of = |r: RunKind| match (p99_of(RunKind::Alone), p99_of(r)) {
+        (Some(alone), Some(x)) => Some(round3(x as f64 / alone.max(1) as f64)),
+        _ => None,
+    };
+    json.insert("quiet_p99_ratio_fair".into(), ratio_of(RunKind::Fair).into());
+    json.insert("quiet_p99_ratio_fifo".into(), ratio_of(RunKind::Fifo).into());
+    let added = |r: RunKind| match (p99_of(RunKind::Alone), p99_of(r)) {
+        (Some(alone), Some(x)) => Some(x - alone),
+        _ => None,
+    };
+    json.insert("quiet_p99_added_ms_fair".into(), added(RunKind::Fair).into());
+    json.insert("quiet_p99_added_ms_fifo".into(), added(RunKind::Fifo).into());
+    if let Some(alone) = p99_of(RunKind::Alone) {
+        println!(
+            "p99 added by the flood: fair {} ms, fifo {} ms (alone p99 {alone} ms)",
+            added(RunKind::Fair).map_or("-".into(), |x| x.to_string()),
+            added(RunKind::Fifo).map_or("-".into(), |x| x.to_string()),
+        );
+        let hop = pct(&floor.hop, 0.5);
+        if 2 * hop > alone {
+            println!(
+                "note: the broker's produce->consume hop alone is {hop} ms (p50): it, not fairway, makes up most \
+                 of the quiet tenants' wait alone, so the ratios understate what the flood adds; compare the \
+                 added ms above"
+            );
+        }
+    }
+    for r in [RunKind::Alone, RunKind::Fair, RunKind::Fifo] {
+        json.insert(format!("quiet_p50_ms_{}", r.as_str()), p50_of(r).into());
+        json.insert(format!("quiet_p99_ms_{}", r.as_str()), p99_of(r).into());
+    }
+    json.insert("worst_tenant_p99_ratio_fair".into(), worst_ratio.get(&RunKind::Fair).map(|x| round3(*x)).into());
+    json.insert("worst_tenant_p99_ratio_fifo".into(), worst_ratio.get(&RunKind::Fifo).map(|x| round3(*x)).into());
+
+    // ----- slot-time shares in the flooded runs ---------------------------------------------
+    let flooded: Vec<RunKind> =
+        [RunKind::Fair, RunKind::Fifo].into_iter().filter(|r| outcomes.contains_key(r)).collect();
+    if !flooded.is_empty() {
+        let mut all = vec![flooder.clone()];
+        all.extend(quiet.iter().cloned());
+        // Offered load of a quiet tenant as a fraction of the handler time used in the
+        // window (what shares are fractions of): rate x mean run time (measured in the
+        // fair run) / handler ms used per ms. The flooder's demand is unbounded.
+        let fair_out = outcomes.get(&RunKind::Fair).or_else(|| outcomes.values().next()).expect("a run");
+        let used_per_ms = slot_used(fair_out, fair_out.t0 + warm, fair_out.end).values().sum::<f64>()
+            / (fair_out.end - fair_out.t0 - warm).max(1) as f64;
+        let demand: Vec<f64> = all
+            .iter()
+            .map(|t| {
+                if t.name == flooder.name {
+                    f64::INFINITY
+                } else {
+                    let runs: Vec<f64> = fair_out
+                        .results
+                        .iter()
+                        .filter(|r| r.tenant == t.name)
+                        .filter_map(|r| r.started_at.map(|s| (r.finished_at - s) as f64))
+                        .collect();
+                    let mean =
+                        if runs.is_empty() { t.job_ms as f64 } else { runs.iter().sum::<f64>() / runs.len() as f64 };
+                    a.quiet_rate * mean / (1000.0 * used_per_ms.max(1e-9))
+                }
+            })
+            .collect();
+        let maxmin = max_min_shares(&all, &demand);
+        println!(
+            "\nslot-time share in the flooded window (handler time); max-min fair = weighted share capped at demand"
+        );
+        print!("{:<20} {:>9} {:>7} {:>9}", "tenant", "tier", "demand", "max-min");
+        for r in &flooded {
+            print!(" {:>9}", format!("{} share", r.as_str()));
+        }
+        println!();
+        let shares: BTreeMap<RunKind, BTreeMap<String, f64>> = flooded
+            .iter()
+            .map(|r| {
+                let out = &outcomes[r];
+                (*r, slot_shares(out, out.t0 + warm, out.end))
+            })
+            .collect();
+        let mut err_fair: f64 = 0.0;
+        for (i, t) in all.iter().enumerate() {
+            let d = if demand[i].is_finite() { format!("{:.3}", demand[i]) } else { "flood".into() };
+            print!("{:<20} {:>9} {:>7} {:>9.3}", t.name, t.tier.as_str(), d, maxmin[i]);
+            for r in &flooded {
+                let s = shares[r].get(&t.name).copied().unwrap_or(0.0);
+                print!(" {:>9.3}", s);
+                if *r == RunKind::Fair {
+                    err_fair = err_fair.max((s - maxmin[i]).abs());
+                }
+            }
+            println!();
+        }
+        if shares.contains_key(&RunKind::Fair) {
+            json.insert("flood_share_error_fair".into(), round3(err_fair).into());
+        }
+    }
+
+    // ----- slot-time shares of backlogged tenants --------------------------------------------
+    let mut max_share_error: Option<f64> = None;
+    if let Some(out) = outcomes.get(&RunKind::Share) {
+        let from = out.t0 + warm;
+        let shares = slot_shares(out, from, out.end);
+        println!(
+            "\nbacklogged tenants (share run, {:.1}s window): slot-time share vs entitlement w_i / sum(w)",
+            (out.end - from) as f64 / 1000.0
+        );
+        println!(
+            "{:<20} {:>9} {:>7} {:>7} {:>9} {:>9} {:>9} {:>8} {:>11}",
+            "tenant", "tier", "weight", "job ms", "entitled", "share", "error", "jobs", "sched share"
+        );
+        let mut err: f64 = 0.0;
+        let mut sched_err: f64 = 0.0;
+        let mut per = serde_json::Map::new();
+        for (t, e) in backlogged.iter().zip(&share_entitled) {
+            let s = shares.get(&t.name).copied().unwrap_or(0.0);
+            let jobs = out
+                .results
+                .iter()
+                .filter(|r| r.tenant == t.name && r.started_at.is_some_and(|st| st >= from && st < out.end))
+                .count();
+            let sched = out.sched_shares.get(&t.name).copied();
+            println!(
+                "{:<20} {:>9} {:>7} {:>7} {:>9.4} {:>9.4} {:>+9.4} {:>8} {:>11}",
+                t.name,
+                t.tier.as_str(),
+                t.tier.weight(),
+                t.job_ms,
+                e,
+                s,
+                s - e,
+                jobs,
+                sched.map_or("-".into(), |x| format!("{x:.4}"))
+            );
+            err = err.max((s - e).abs());
+            sched_err = sched_err.max(sched.map_or(0.0, |x| (x - e).abs()));
+            per.insert(
+                t.name.clone(),
+                serde_json::json!({"entitled": round4(*e), "share": round4(s), "jobs": jobs, "scheduler_share": sched.map(round4)}),
+            );
+        }
+        max_share_error = Some(round4(err));
+        if !out.sched_shares.is_empty() {
+            json.insert("max_share_error_scheduler_accounting".into(), round4(sched_err).into());
+        }
+        println!(
+            "  share = handler time (started_at..finished_at from the results); sched share = the scheduler's \
+             own slot-time (dispatch..slot freed, incl. the store round trips around the handler)"
+        );
+        json.insert("shares".into(), per.into());
+    }
+    json.insert("max_share_error".into(), max_share_error.into());
+    json.insert("kafka_hop_p50_ms".into(), pct(&floor.hop, 0.5).into());
+    json.insert("store_read_p50_ms".into(), pct(&floor.read, 0.5).into());
+    json.insert("slots".into(), a.slots.into());
+    json.insert("flood".into(), a.flood.into());
+    json.insert("duration_s".into(), a.duration.as_secs_f64().into());
+
+    let fair_ok = ratio_of(RunKind::Fair).map(|r| r <= 2.0);
+    let share_ok = max_share_error.map(|e| e <= 0.05);
+    let goals_met = fair_ok.unwrap_or(true) && share_ok.unwrap_or(true) && (fair_ok.is_some() || share_ok.is_some());
+    json.insert("goals_met".into(), goals_met.into());
+    let incomplete = outcomes.values().any(|o| o.submit_errors > 0);
+    println!(
+        "\ngoals: quiet p99 ratio fair {} (<= 2), max share error {} (<= 0.05)",
+        ratio_of(RunKind::Fair).map_or("-".into(), |r| format!("{r:.2}")),
+        max_share_error.map_or("-".into(), |e| format!("{e:.4}"))
+    );
+    println!("{}", serde_json::Value::Object(json));
+    Ok(if incomplete || (a.check && !goals_met) { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}
+
+/// The bench's configuration for one run: fresh topics, the bench tenants only, sleep
+/// and echo job types on the short pool with `slots` slots.
+fn fairness_config(base: &Config, a: &FairnessArgs, plan: &Plan) -> anyhow::Result<Arc<Config>> {
+    let mut cfg = base.clone();
+    cfg.kafka.topic_prefix = format!("fairbench{}-{}.", now_ms(), plan.run.as_str());
+    cfg.kafka.group_prefix = format!("{}workers.", cfg.kafka.topic_prefix);
+    cfg.kafka.partitions = a.partitions;
+    cfg.scylla.keyspace = "fairway_bench".into();
+    cfg.pools.entry(Pool::Short).or_insert_with(|| fairway::config::PoolConfig::default_for(Pool::Short)).slots =
+        a.slots;
+    cfg.tenants.clear();
+    for t in plan.floods.iter().map(|(t, _)| t).chain(&plan.quiet) {
+        cfg.tenants
+            .insert(t.name.clone(), fairway::config::TenantConfig { tier: t.tier.config(), ..Default::default() });
+    }
+    for (name, handler) in [("sleep", "sleep"), ("echo", "echo")] {
+        let jt: fairway::config::JobTypeConfig =
+            toml::from_str(&format!("pool = \"short\"\nhandler = \"{handler}\"\ntimeout = \"10s\""))?;
+        cfg.job_types.insert(name.into(), jt);
+    }
+    cfg.validate()?;
+    Ok(Arc::new(cfg))
+}
+
+async fn run_plan(base: &Config, a: &FairnessArgs, plan: &Plan) -> anyhow::Result<Outcome> {
+    use futures::StreamExt;
+    use tokio::sync::{mpsc, watch};
+
+    let cfg = fairness_config(base, a, plan)?;
+    kafka::ensure_topics(&cfg).await.context("creating bench topics (scripts/services up?)")?;
+    fairway::store::ensure_schema(&cfg).await?;
+
+    // Results reader: a task forwarding decoded results until told to stop.
+    let reader = kafka::reader(&cfg, &format!("{}bench-results", cfg.kafka.topic_prefix), false)?;
+    reader.subscribe(&[&cfg.results_topic()])?;
+    let (res_tx, mut res_rx) = mpsc::unbounded_channel();
+    let (stop_tx, mut stop_rx) = watch::channel(false);
+    let collector = tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = stop_rx.changed() => break,
+                m = reader.recv() => {
+                    if let Ok(m) = m {
+                        if let Some(r) = m.payload().and_then(|b| codec::decode_result(b).ok()) {
+                            if res_tx.send((r, now_ms())).is_err() {
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    });
+
+    let registry = Registry::from_config(&cfg, Default::default()).map_err(anyhow::Error::msg)?;
+    let worker = Worker::start(cfg.clone(), &[Pool::Short], registry, plan.policy).await?;
+    if !worker.wait_assigned(Duration::from_secs(60)).await {
+        worker.stop().await;
+        anyhow::bail!("the worker got no partitions within 60 s");
+    }
+    let sub = Arc::new(Submitter::new(cfg.clone(), None)?);
+
+    let mut results: HashMap<String, fairway::model::JobResult> = HashMap::new();
+    // Warm-up: a few echo jobs per tenant through the whole path (producer, fetch, store,
+    // results), so the measured runs start with warm connections and prepared statements.
+    let tenants: Vec<&BenchTenant> = plan.floods.iter().map(|(t, _)| t).chain(&plan.quiet).collect();
+    let warm_jobs: Vec<NewJob> = tenants
+        .iter()
+        .flat_map(|t| (0..5).map(|_| NewJob { tenant: t.name.clone(), job_type: "echo".into(), ..Default::default() }))
+        .collect();
+    let mut warm_ids = HashSet::new();
+    for r in futures::future::join_all(warm_jobs.iter().map(|j| sub.submit(j))).await {
+        warm_ids.insert(r?.job_id);
+    }
+    let warm_deadline = Instant::now() + Duration::from_secs(60);
+    while warm_ids.iter().any(|id| !results.contains_key(id)) {
+        anyhow::ensure!(Instant::now() < warm_deadline, "warm-up jobs got no results within 60 s");
+        if let Ok(Some((r, _))) = tokio::time::timeout(Duration::from_millis(200), res_rx.recv()).await {
+            results.insert(r.job_id.clone(), r);
+        }
+    }
+    results.clear();
+
+    // The run: floods at once, quiet tenants steadily until t0 + duration.
+    let t0 = now_ms();
+    let start = Instant::now();
+    let end_at = start + plan.duration;
+    let flood_task = {
+        let sub = sub.clone();
+        // Interleave the tenants so that every flood reaches the worker at about the same time.
+        let mut jobs = Vec::new();
+        let most = plan.floods.iter().map(|(_, n)| *n).max().unwrap_or(0);
+        for i in 0..most {
+            for (t, n) in &plan.floods {
+                if i < *n {
+                    let ms = if a.spread > 0.0 {
+                        let u = rand::random::<f64>() * 2.0 - 1.0;
+                        (t.job_ms as f64 * (1.0 + a.spread * u)).round().max(1.0) as u64
+                    } else {
+                        t.job_ms
+                    };
+                    jobs.push(NewJob {
+                        tenant: t.name.clone(),
+                        job_type: "sleep".into(),
+                        payload: serde_json::json!({ "ms": ms }),
+                        ..Default::default()
+                    });
+                }
+            }
+        }
+        tokio::spawn(async move {
+            let mut errors = 0usize;
+            for chunk in jobs.chunks(1000) {
+                for r in futures::future::join_all(chunk.iter().map(|j| sub.submit(j))).await {
+                    if let Err(e) = r {
+                        errors += 1;
+                        tracing::warn!(error = %e, "flood submission failed");
+                    }
+                }
+            }
+            errors
+        })
+    };
+    let period = Duration::from_secs_f64(1.0 / a.quiet_rate);
+    let n_quiet = plan.quiet.len().max(1);
+    let quiet_tasks: Vec<_> = plan
+        .quiet
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let sub = sub.clone();
+            let t = t.clone();
+            let phase = period.mul_f64(i as f64 / n_quiet as f64);
+            tokio::spawn(async move {
+                tokio::time::sleep(phase).await;
+                let mut tick = tokio::time::interval(period);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let mut inflight = futures::stream::FuturesUnordered::new();
+                let mut out: Vec<(Option<String>, String, i64)> = Vec::new();
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => {
+                            if Instant::now() >= end_at {
+                                break;
+                            }
+                            let sub = sub.clone();
+                            let job = NewJob {
+                                tenant: t.name.clone(),
+                                job_type: "sleep".into(),
+                                payload: serde_json::json!({ "ms": t.job_ms }),
+                                ..Default::default()
+                            };
+                            inflight.push(async move {
+                                let at = now_ms();
+                                let r = sub.submit(&job).await;
+                                (r.ok().map(|s| s.job_id), job.tenant, at)
+                            });
+                        }
+                        Some(r) = inflight.next() => out.push(r),
+                    }
+                }
+                while let Some(r) = inflight.next().await {
+                    out.push(r);
+                }
+                out
+            })
+        })
+        .collect();
+
+    // Collect until every quiet job has its result and the jobs running at the window's
+    // end have finished, or the drain timeout passes.
+    let longest =
+        plan.floods.iter().map(|(t, _)| t.job_ms).chain(plan.quiet.iter().map(|t| t.job_ms)).max().unwrap_or(0);
+    let settle = end_at + Duration::from_millis(longest * 3 + 1500);
+    let deadline = end_at + a.drain_timeout;
+    let mut quiet_ids: Option<HashMap<String, (String, i64)>> =
+        if plan.quiet.is_empty() { Some(HashMap::new()) } else { None };
+    let mut quiet_join = Some(futures::future::join_all(quiet_tasks));
+    let mut submit_errors = 0usize;
+    let mut last_note = Instant::now();
+    // Result produced (finished_at) -> received here: one Kafka hop, for comparison with
+    // the waits (which contain one such hop: submit -> worker fetch).
+    let mut hops: Vec<i64> = Vec::new();
+    // The scheduler's own slot-time accounting (dispatch to slot freed, i.e. including
+    // the store round trips around the handler) at both ends of the window.
+    let window_from = start + a.warmup;
+    let (mut sched_from, mut sched_to) = (None, None);
+    loop {
+        while let Ok((r, at)) = res_rx.try_recv() {
+            hops.push(at - r.finished_at);
+            results.insert(r.job_id.clone(), r);
+        }
+        if sched_from.is_none() && Instant::now() >= window_from {
+            sched_from = scheduler_used(&worker);
+        }
+        if sched_to.is_none() && Instant::now() >= end_at {
+            sched_to = scheduler_used(&worker);
+        }
+        if quiet_ids.is_none() && Instant::now() >= end_at {
+            let mut ids = HashMap::new();
+            for (jid, tenant, at) in
+                quiet_join.take().expect("joined once").await.into_iter().flat_map(|r| r.unwrap_or_default())
+            {
+                match jid {
+                    Some(id) => {
+                        ids.insert(id, (tenant, at));
+                    }
+                    None => submit_errors += 1,
+                }
+            }
+            quiet_ids = Some(ids);
+        }
+        let now = Instant::now();
+        if let Some(ids) = &quiet_ids {
+            let all_in = ids.keys().all(|id| results.contains_key(id));
+            if (all_in && now >= settle) || now >= deadline {
+                break;
+            }
+            if now >= end_at && last_note.elapsed() > Duration::from_secs(5) {
+                last_note = now;
+                let missing = ids.keys().filter(|id| !results.contains_key(*id)).count();
+                eprintln!(
+                    "  [{}] waiting for {missing} quiet results ({} results so far)",
+                    plan.run.as_str(),
+                    results.len()
+                );
+            }
+        }
+        if let Ok(Some((r, at))) = tokio::time::timeout(Duration::from_millis(100), res_rx.recv()).await {
+            hops.push(at - r.finished_at);
+            results.insert(r.job_id.clone(), r);
+        }
+    }
+    let stopped_at = now_ms();
+    submit_errors += flood_task.await.unwrap_or(0);
+    let _ = stop_tx.send(true);
+    let _ = collector.await;
+    worker.stop().await;
+
+    let ids = quiet_ids.unwrap_or_default();
+    let quiet_missing: Vec<(String, i64)> =
+        ids.iter().filter(|(id, _)| !results.contains_key(*id)).map(|(_, (t, at))| (t.clone(), *at)).collect();
+    let _ = stopped_at;
+    hops.sort_unstable();
+    let sched_shares = match (sched_from, sched_to) {
+        (Some(a), Some(b)) => {
+            let mut d: BTreeMap<String, f64> =
+                b.iter().map(|(t, v)| (t.clone(), v - a.get(t).copied().unwrap_or(0.0))).collect();
+            let total: f64 = d.values().sum();
+            if total > 0.0 {
+                d.values_mut().for_each(|v| *v /= total);
+            }
+            d
+        }
+        _ => BTreeMap::new(),
+    };
+    Ok(Outcome {
+        hops,
+        sched_shares,
+        t0,
+        end: t0 + plan.duration.as_millis() as i64,
+        results: results.into_values().filter(|r| r.job_type == "sleep").collect(),
+        quiet_missing,
+        quiet_submitted: ids.len(),
+        submit_errors,
+    })
+}
+
+/// Waits (ms) of the given quiet tenants' jobs submitted in `[from, end]`; jobs without
+/// a result count with their wait up to the end of the run (a lower bound).
+fn quiet_waits(out: &Outcome, tenants: &HashSet<&str>, from: i64) -> Vec<i64> {
+    let in_window = |at: i64| at >= from && at <= out.end;
+    let mut w: Vec<i64> = out
+        .results
+        .iter()
+        .filter(|r| tenants.contains(r.tenant.as_str()) && in_window(r.submitted_at))
+        .map(|r| (r.started_at.unwrap_or(r.finished_at) - r.submitted_at).max(0))
+        .collect();
+    let stop = out.results.iter().map(|r| r.finished_at).max().unwrap_or(out.end);
+    w.extend(
+        out.quiet_missing
+            .iter()
+            .filter(|(t, at)| tenants.contains(t.as_str()) && in_window(*at))
+            .map(|(_, at)| stop - at),
+    );
+    w.sort_unstable();
+    w
+}
+
+/// Handler slot-time (ms) in `[from, to]` per tenant.
+fn slot_used(out: &Outcome, from: i64, to: i64) -> BTreeMap<String, f64> {
+    let mut used: BTreeMap<String, f64> = BTreeMap::new();
+    for r in &out.results {
+        let Some(s) = r.started_at else { continue };
+        let overlap = (r.finished_at.min(to) - s.max(from)).max(0) as f64;
+        *used.entry(r.tenant.clone()).or_default() += overlap;
+    }
+    used
+}
+
+/// Share of handler slot-time in `[from, to]` per tenant (fractions of the total used).
+fn slot_shares(out: &Outcome, from: i64, to: i64) -> BTreeMap<String, f64> {
+    let mut used = slot_used(out, from, to);
+    let total: f64 = used.values().sum();
+    if total > 0.0 {
+        for v in used.values_mut() {
+            *v /= total;
+        }
+    }
+    used
+}
+
+/// Fair-queueing entitlement of continuously backlogged tenants: `w_i / sum(w)`, where
+/// the free tenants together count once with the free-tier weight and split it equally.
+fn entitlements(tenants: &[BenchTenant]) -> Vec<f64> {
+    let free = tenants.iter().filter(|t| t.tier == BenchTier::Free).count();
+    let w: Vec<f64> = tenants
+        .iter()
+        .map(|t| if t.tier == BenchTier::Free { t.tier.weight() / free as f64 } else { t.tier.weight() })
+        .collect();
+    let total: f64 = w.iter().sum();
+    w.iter().map(|x| x / total).collect()
+}
+
+/// Max-min weighted fair shares: a tenant demanding less than its weighted share gets its
+/// demand, the rest is split by weight among the others (water filling).
+fn max_min_shares(tenants: &[BenchTenant], demand: &[f64]) -> Vec<f64> {
+    let base = entitlements(tenants); // weights, normalised; free tenants already split
+    let mut share = vec![0.0; tenants.len()];
+    let mut open: Vec<usize> = (0..tenants.len()).collect();
+    let mut left = 1.0;
+    loop {
+        let w: f64 = open.iter().map(|&i| base[i]).sum();
+        if open.is_empty() || w <= 0.0 {
+            break;
+        }
+        let capped: Vec<usize> = open.iter().copied().filter(|&i| demand[i] <= left * base[i] / w).collect();
+        if capped.is_empty() {
+            for &i in &open {
+                share[i] = left * base[i] / w;
+            }
+            break;
+        }
+        for &i in &capped {
+            share[i] = demand[i];
+            left -= demand[i];
+        }
+        open.retain(|i| !capped.contains(i));
+    }
+    share
+}
+
+fn pct(sorted: &[i64], q: f64) -> i64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    // Nearest rank.
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+fn round4(x: f64) -> f64 {
+    (x * 10000.0).round() / 10000.0
+}
+
+/// Latency floor of the services, ms, sorted.
+struct Floor {
+    hop: Vec<i64>,
+    read: Vec<i64>,
+}
+
+/// Sequential probes: a record produced and consumed back (one Kafka hop, as between a
+/// submit and the worker's fetch), and a job-state read (the check before every run).
+async fn probe_floor(base: &Config, a: &FairnessArgs) -> anyhow::Result<Floor> {
+    let plan = Plan { run: RunKind::Alone, policy: Policy::Fair, floods: vec![], quiet: vec![], duration: a.duration };
+    let mut cfg = (*fairness_config(base, a, &plan)?).clone();
+    cfg.kafka.topic_prefix = format!("fairbench{}-probe.", now_ms());
+    let cfg = Arc::new(cfg);
+    kafka::ensure_topics(&cfg).await.context("creating probe topics (scripts/services up?)")?;
+    fairway::store::ensure_schema(&cfg).await?;
+    let topic = cfg.results_topic();
+    let reader = kafka::reader(&cfg, &format!("{}probe", cfg.kafka.topic_prefix), false)?;
+    reader.subscribe(&[&topic])?;
+    let producer = kafka::producer(&cfg)?;
+    let mut hop = Vec::new();
+    for i in 0..45 {
+        let sent = now_ms();
+        kafka::send(&producer, &topic, "probe", &sent.to_be_bytes()).await?;
+        let got = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                match reader.recv().await {
+                    Ok(m) if m.payload() == Some(&sent.to_be_bytes()[..]) => return Ok(now_ms()),
+                    Ok(_) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        })
+        .await
+        .context("probe record not consumed within 30 s")??;
+        if i >= 5 {
+            hop.push(got - sent); // the first ones include the reader's group join
+        }
+    }
+    let store = fairway::store::Store::open(&cfg).await?;
+    let mut read = Vec::new();
+    for i in 0..45 {
+        let id = uuid::Uuid::now_v7().to_string();
+        let t = Instant::now();
+        store.job(&id).await?;
+        if i >= 5 {
+            read.push(t.elapsed().as_millis() as i64);
+        }
+    }
+    hop.sort_unstable();
+    read.sort_unstable();
+    Ok(Floor { hop, read })
 }
