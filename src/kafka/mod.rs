@@ -30,6 +30,10 @@ pub enum KafkaError {
     Consume(#[from] rdkafka::error::KafkaError),
 }
 
+/// A fetch returns as soon as there is data or after this long; librdkafka's default
+/// (500 ms) puts half a second on every idle hop (jobs, retries, results).
+const FETCH_WAIT_MS: &str = "25";
+
 /// Base client settings shared by producers, consumers and the admin client.
 fn base(cfg: &Config) -> ClientConfig {
     let mut c = ClientConfig::new();
@@ -142,6 +146,7 @@ pub fn consumer(
     let (tx, rx) = mpsc::unbounded_channel();
     let c: WorkerConsumer = base(cfg)
         .set("group.id", group)
+        .set("fetch.wait.max.ms", FETCH_WAIT_MS)
         .set("enable.auto.commit", "true")
         .set("auto.commit.interval.ms", "500")
         .set("enable.auto.offset.store", "false")
@@ -162,6 +167,7 @@ pub fn consumer(
 pub fn reader(cfg: &Config, group: &str, commit: bool) -> Result<StreamConsumer, KafkaError> {
     base(cfg)
         .set("group.id", group)
+        .set("fetch.wait.max.ms", FETCH_WAIT_MS)
         .set("enable.auto.commit", if commit { "true" } else { "false" })
         .set("auto.offset.reset", "earliest")
         .set("session.timeout.ms", "6000")

@@ -47,7 +47,30 @@ impl Ended {
 /// only if it outlives this grace: most short jobs then cost one terminal write.
 const RUNNING_WRITE_GRACE: Duration = Duration::from_millis(250);
 
-pub async fn execute(sh: Arc<Shared>, job: Arc<JobSubmitted>, origin: Origin) -> Ended {
+/// Gives a job's scheduler slot back. The slot is released as soon as the handler
+/// returns (the tenant is charged for handler time, not for our own bookkeeping);
+/// dropped unreleased, it releases without a run (the job was skipped).
+pub struct SlotRelease(Option<Box<dyn FnOnce(bool) + Send>>);
+
+impl SlotRelease {
+    pub fn new(f: impl FnOnce(bool) + Send + 'static) -> Self {
+        SlotRelease(Some(Box::new(f)))
+    }
+    /// `ran`: a handler really ran, so its time teaches the cost estimate.
+    pub fn release(&mut self, ran: bool) {
+        if let Some(f) = self.0.take() {
+            f(ran)
+        }
+    }
+}
+
+impl Drop for SlotRelease {
+    fn drop(&mut self) {
+        self.release(false)
+    }
+}
+
+pub async fn execute(sh: Arc<Shared>, job: Arc<JobSubmitted>, origin: Origin, mut slot: SlotRelease) -> Ended {
     let job = match precheck(&sh, job, &origin).await {
         Check::Run(job) => job,
         Check::Done(durable) => return Ended::Skipped.or_lost(durable),
@@ -99,6 +122,7 @@ pub async fn execute(sh: Arc<Shared>, job: Arc<JobSubmitted>, origin: Origin) ->
             }
         }
     };
+    slot.release(result.is_some());
     sh.running.lock().expect("running map").remove(&job.job_id);
     metrics::gauge!(m::JOBS_RUNNING, "pool" => sh.pool.as_str()).decrement(1.0);
     let run_ms = (now_ms() - started_at).max(0) as f64;

@@ -26,8 +26,16 @@ pub struct Pending {
 struct Done {
     origin: Origin,
     epoch: u64,
-    ticket: Option<Ticket>,
+    /// The job held a scheduler slot (released earlier by a `Freed` message).
+    had_slot: bool,
     ended: Ended,
+}
+
+/// What executions tell the loop, in order: a slot freed (handler returned), then done
+/// (outcome durable or given up).
+enum Event {
+    Freed(Ticket, bool),
+    Done(Done),
 }
 
 struct PartitionState {
@@ -46,7 +54,10 @@ pub async fn run(
     let topic = sh.cfg.pool_topic(sh.pool);
     let group = format!("{}{}", sh.cfg.kafka.group_prefix, sh.pool);
     let (consumer, mut rebalances) = kafka::consumer(&sh.cfg, &group, std::slice::from_ref(&topic))?;
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Event>();
+    // Jobs whose handler returned but whose outcome is still being written.
+    let mut finishing = 0usize;
+    let slots = sh.cfg.pool(sh.pool).slots;
     let mut tasks = JoinSet::new();
     let mut parts: HashMap<i32, PartitionState> = HashMap::new();
     let mut next_epoch = 0u64;
@@ -92,10 +103,10 @@ pub async fn run(
                     tracing::info!(pool, partitions = ?gone, dropped = dropped.len(), "partitions revoked");
                 }
             },
-            Some(done) = done_rx.recv() => {
-                on_done(&sh, &consumer, &topic, &mut parts, &mut *dispatcher, done);
-                while let Ok(done) = done_rx.try_recv() {
-                    on_done(&sh, &consumer, &topic, &mut parts, &mut *dispatcher, done);
+            Some(ev) = done_rx.recv() => {
+                on_event(&sh, &consumer, &topic, &mut parts, &mut *dispatcher, &mut finishing, ev);
+                while let Ok(ev) = done_rx.try_recv() {
+                    on_event(&sh, &consumer, &topic, &mut parts, &mut *dispatcher, &mut finishing, ev);
                 }
             }
             msg = consumer.recv() => match msg {
@@ -125,7 +136,7 @@ pub async fn run(
                             let (sh2, tx) = (sh.clone(), done_tx.clone());
                             tasks.spawn(async move {
                                 let ended = if exec::delay(&sh2, job).await { Ended::Skipped } else { Ended::NotDurable };
-                                let _ = tx.send(Done { origin, epoch, ticket: None, ended });
+                                let _ = tx.send(Event::Done(Done { origin, epoch, had_slot: false, ended }));
                             });
                         }
                         Ok(job) => {
@@ -153,7 +164,7 @@ pub async fn run(
                             tasks.spawn(async move {
                                 let durable = reject(&sh2, job, bytes, class, reason, &origin).await;
                                 let ended = if durable { Ended::Skipped } else { Ended::NotDurable };
-                                let _ = tx.send(Done { origin, epoch, ticket: None, ended });
+                                let _ = tx.send(Event::Done(Done { origin, epoch, had_slot: false, ended }));
                             });
                         }
                     }
@@ -189,12 +200,19 @@ pub async fn run(
         overflow = still;
 
         // Start every job the policy allows now.
-        while let Some((p, ticket)) = dispatcher.next(now_ms()) {
+        // Jobs still writing their outcome count against the slots too, so a slow store
+        // holds new work back instead of piling up unfinished outcomes.
+        while dispatcher.running() + finishing < slots {
+            let Some((p, ticket)) = dispatcher.next(now_ms()) else { break };
             let sh2 = sh.clone();
             let tx = done_tx.clone();
+            let freed = done_tx.clone();
             tasks.spawn(async move {
-                let ended = exec::execute(sh2, p.job, p.origin.clone()).await;
-                let _ = tx.send(Done { origin: p.origin, epoch: p.epoch, ticket: Some(ticket), ended });
+                let slot = exec::SlotRelease::new(move |ran| {
+                    let _ = freed.send(Event::Freed(ticket, ran));
+                });
+                let ended = exec::execute(sh2, p.job, p.origin.clone(), slot).await;
+                let _ = tx.send(Event::Done(Done { origin: p.origin, epoch: p.epoch, had_slot: true, ended }));
             });
         }
         while tasks.try_join_next().is_some() {}
@@ -221,9 +239,11 @@ pub async fn run(
     let grace = sh.cfg.pool(sh.pool).default_timeout.min(Duration::from_secs(30));
     tracing::info!(pool, queued = queued.len(), running = dispatcher.running(), ?grace, "draining");
     let deadline = tokio::time::Instant::now() + grace;
-    while dispatcher.running() > 0 {
+    while dispatcher.running() + finishing > 0 {
         tokio::select! {
-            Some(done) = done_rx.recv() => on_done(&sh, &consumer, &topic, &mut parts, &mut *dispatcher, done),
+            Some(ev) = done_rx.recv() => {
+                on_event(&sh, &consumer, &topic, &mut parts, &mut *dispatcher, &mut finishing, ev)
+            }
             _ = tokio::time::sleep_until(deadline) => {
                 tracing::warn!(pool, running = dispatcher.running(), "grace period over; handing running jobs back");
                 break;
@@ -238,16 +258,25 @@ pub async fn run(
     Ok(())
 }
 
-fn on_done(
+fn on_event(
     sh: &Shared,
     consumer: &kafka::WorkerConsumer,
     topic: &str,
     parts: &mut HashMap<i32, PartitionState>,
     dispatcher: &mut dyn Dispatcher<Pending>,
-    done: Done,
+    finishing: &mut usize,
+    ev: Event,
 ) {
-    if let Some(t) = &done.ticket {
-        dispatcher.complete(t, now_ms(), done.ended == Ended::Ran);
+    let done = match ev {
+        Event::Freed(ticket, ran) => {
+            dispatcher.complete(&ticket, now_ms(), ran);
+            *finishing += 1;
+            return;
+        }
+        Event::Done(done) => done,
+    };
+    if done.had_slot {
+        *finishing = finishing.saturating_sub(1);
     }
     if done.ended == Ended::Skipped {
         metrics::counter!(m::JOBS_NOT_RUN, "pool" => sh.pool.as_str()).increment(1);
