@@ -54,7 +54,10 @@ pub fn describe() {
     describe_gauge!(TIER_RUNNING, "Jobs running in this worker's scheduler, by pool and tenant tier");
     describe_gauge!(TIER_SLOT_SECONDS_USED, "Slot-seconds used here since the worker started, by pool and tenant tier");
     describe_gauge!(TIER_FLEET_USAGE, "Decayed slot-seconds used elsewhere in the fleet, by pool and tenant tier");
-    describe_counter!(USAGE_PASS_FAILURES, "Fleet usage passes that could not write or read the store, by pool and step");
+    describe_counter!(
+        USAGE_PASS_FAILURES,
+        "Fleet usage passes that could not write or read the store, by pool and step"
+    );
 }
 
 /// Serves /metrics on 127.0.0.1:port (0 = off).

@@ -392,8 +392,11 @@ impl Store {
 
     /// Jobs marked running in a pool: (job id, worker, started_at, encoded job).
     pub async fn running_jobs(&self, pool: &str) -> Result<Vec<(String, String, i64, Vec<u8>)>, StoreError> {
-        let res =
-            self.session.execute_unpaged(&self.prepared.list_running_jobs, (self.scope.as_str(), pool)).await.map_err(q("list running"))?;
+        let res = self
+            .session
+            .execute_unpaged(&self.prepared.list_running_jobs, (self.scope.as_str(), pool))
+            .await
+            .map_err(q("list running"))?;
         let rows = res.into_rows_result().map_err(|e| e.to_string()).map_err(rows_err("list running"))?;
         let it = rows
             .rows::<(String, Option<String>, Option<i64>, Option<Vec<u8>>)>()
@@ -856,8 +859,10 @@ impl FleetStatements {
             .rows_stream::<(String, Option<i64>, Option<String>)>()
             .map_err(|e| StoreError::Query { what: "read worker stats", message: e.to_string() })?;
         let mut out = Vec::new();
-        while let Some((worker, at, stats)) =
-            rows.try_next().await.map_err(|e| StoreError::Query { what: "read worker stats", message: e.to_string() })?
+        while let Some((worker, at, stats)) = rows
+            .try_next()
+            .await
+            .map_err(|e| StoreError::Query { what: "read worker stats", message: e.to_string() })?
         {
             out.push(crate::core::fleet::SnapshotRow {
                 pool: pool_key.to_string(),

@@ -284,8 +284,12 @@ fn on_event(
     if done.ended == Ended::NotDurable {
         // Keep the offset unfinished: commits stop below it and the job is redelivered
         // after a restart or rebalance rather than lost.
-        tracing::error!(pool = sh.pool.as_str(), partition = done.origin.partition, offset = done.origin.offset,
-            "outcome not durable; holding the partition's commit below this offset");
+        tracing::error!(
+            pool = sh.pool.as_str(),
+            partition = done.origin.partition,
+            offset = done.origin.offset,
+            "outcome not durable; holding the partition's commit below this offset"
+        );
         return;
     }
     let Some(st) = parts.get_mut(&done.origin.partition) else {

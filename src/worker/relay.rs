@@ -40,8 +40,6 @@ pub fn relay_topics(cfg: &Config) -> Vec<String> {
     t
 }
 
-
-
 pub async fn run(
     cfg: Arc<Config>,
     producer: rdkafka::producer::FutureProducer,
