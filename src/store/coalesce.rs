@@ -86,13 +86,28 @@ async fn gather<T>(rx: &mut mpsc::Receiver<T>) -> Option<Vec<T>> {
     Some(batch)
 }
 
-async fn write_loop(session: Arc<Session>, stmt: PreparedStatement, mut rx: mpsc::Receiver<WriteReq>) {
+/// Serves merged requests: gathers what is waiting, runs `handle` on it with at most
+/// `IN_FLIGHT` merged requests outstanding.
+async fn serve<T, F, Fut>(mut rx: mpsc::Receiver<T>, handle: F)
+where
+    F: Fn(Vec<T>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let permits = Arc::new(Semaphore::new(IN_FLIGHT));
     while let Some(reqs) = gather(&mut rx).await {
         let Ok(permit) = permits.clone().acquire_owned().await else { return };
-        let (session, stmt) = (session.clone(), stmt.clone());
+        let work = handle(reqs);
         tokio::spawn(async move {
             let _permit = permit;
+            work.await
+        });
+    }
+}
+
+async fn write_loop(session: Arc<Session>, stmt: PreparedStatement, rx: mpsc::Receiver<WriteReq>) {
+    serve(rx, |reqs: Vec<WriteReq>| {
+        let (session, stmt) = (session.clone(), stmt.clone());
+        async move {
             let (values, replies): (Vec<StateValues>, Vec<_>) = reqs.into_iter().unzip();
             let result = if values.len() == 1 {
                 session.execute_unpaged(&stmt, &values[0]).await.map(|_| ())
@@ -107,17 +122,15 @@ async fn write_loop(session: Arc<Session>, stmt: PreparedStatement, mut rx: mpsc
             for reply in replies {
                 let _ = reply.send(result.clone());
             }
-        });
-    }
+        }
+    })
+    .await
 }
 
-async fn read_loop(session: Arc<Session>, stmt: PreparedStatement, mut rx: mpsc::Receiver<ReadReq>) {
-    let permits = Arc::new(Semaphore::new(IN_FLIGHT));
-    while let Some(reqs) = gather(&mut rx).await {
-        let Ok(permit) = permits.clone().acquire_owned().await else { return };
+async fn read_loop(session: Arc<Session>, stmt: PreparedStatement, rx: mpsc::Receiver<ReadReq>) {
+    serve(rx, |reqs: Vec<ReadReq>| {
         let (session, stmt) = (session.clone(), stmt.clone());
-        tokio::spawn(async move {
-            let _permit = permit;
+        async move {
             let mut ids: Vec<String> = reqs.iter().map(|(id, _)| id.clone()).collect();
             ids.sort_unstable();
             ids.dedup();
@@ -125,8 +138,9 @@ async fn read_loop(session: Arc<Session>, stmt: PreparedStatement, mut rx: mpsc:
             for (id, reply) in reqs {
                 let _ = reply.send(rows.as_ref().map(|m| m.get(&id).cloned()).map_err(Clone::clone));
             }
-        });
-    }
+        }
+    })
+    .await
 }
 
 async fn fetch(

@@ -29,11 +29,9 @@ pub enum StoreError {
     CheckpointTooLarge { job_id: String, size: usize, limit: usize },
 }
 
-fn q(what: &'static str) -> impl Fn(scylla::errors::ExecutionError) -> StoreError {
+/// Maps any driver error (execution, rows, deserialisation) to a query error naming `what`.
+fn q<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> StoreError {
     move |e| StoreError::Query { what, message: e.to_string() }
-}
-fn rows_err(what: &'static str) -> impl Fn(String) -> StoreError {
-    move |message| StoreError::Query { what, message }
 }
 
 /// What the store knows about one job.
@@ -141,8 +139,8 @@ fn get_jobs_cql(ks: &str) -> String {
 
 /// The `[applied]` column of an LWT result.
 fn applied(res: scylla::response::query_result::QueryResult) -> Result<bool, StoreError> {
-    let rows = res.into_rows_result().map_err(|e| e.to_string()).map_err(rows_err("lwt"))?;
-    let row = rows.maybe_first_row::<scylla::value::Row>().map_err(|e| e.to_string()).map_err(rows_err("lwt"))?;
+    let rows = res.into_rows_result().map_err(q("lwt"))?;
+    let row = rows.maybe_first_row::<scylla::value::Row>().map_err(q("lwt"))?;
     Ok(matches!(row.and_then(|r| r.columns.into_iter().next()), Some(Some(scylla::value::CqlValue::Boolean(true)))))
 }
 
@@ -295,8 +293,8 @@ impl Store {
     /// A job's state by a single-key query (for tools; workers use `job`).
     pub async fn job_direct(&self, job_id: &str) -> Result<Option<JobRow>, StoreError> {
         let res = self.session.execute_unpaged(&self.prepared.get_job, (job_id,)).await.map_err(q("get job"))?;
-        let rows = res.into_rows_result().map_err(|e| e.to_string()).map_err(rows_err("get job"))?;
-        rows.maybe_first_row::<JobRow>().map_err(|e| e.to_string()).map_err(rows_err("get job"))
+        let rows = res.into_rows_result().map_err(q("get job"))?;
+        rows.maybe_first_row::<JobRow>().map_err(q("get job"))
     }
 
     /// Writes a job's state (coalesced with concurrent writes into one unlogged batch).
@@ -320,31 +318,6 @@ impl Store {
             u.job_id.to_string(),
         );
         self.coalescer.put_state(v).await
-    }
-
-    /// Records that a job started. Written only for jobs that outlive a short grace
-    /// period, so most short jobs cost a single terminal write.
-    pub async fn put_running(&self, u: &StateUpdate<'_>, now: Millis) -> Result<(), StoreError> {
-        self.session
-            .execute_unpaged(
-                &self.prepared.put_running,
-                (
-                    u.tenant,
-                    u.job_type,
-                    u.pool,
-                    u.attempts,
-                    u.crash_count,
-                    u.generation,
-                    u.submitted_at,
-                    u.started_at,
-                    u.worker,
-                    now,
-                    u.job_id,
-                ),
-            )
-            .await
-            .map_err(q("put running"))?;
-        Ok(())
     }
 
     /// Marks a job running: its state row, a first heartbeat and its entry in the
@@ -397,11 +370,8 @@ impl Store {
             .execute_unpaged(&self.prepared.list_running_jobs, (self.scope.as_str(), pool))
             .await
             .map_err(q("list running"))?;
-        let rows = res.into_rows_result().map_err(|e| e.to_string()).map_err(rows_err("list running"))?;
-        let it = rows
-            .rows::<(String, Option<String>, Option<i64>, Option<Vec<u8>>)>()
-            .map_err(|e| e.to_string())
-            .map_err(rows_err("list running"))?;
+        let rows = res.into_rows_result().map_err(q("list running"))?;
+        let it = rows.rows::<(String, Option<String>, Option<i64>, Option<Vec<u8>>)>().map_err(q("list running"))?;
         Ok(it
             .filter_map(|r| r.ok())
             .map(|(id, w, s, j)| (id, w.unwrap_or_default(), s.unwrap_or(0), j.unwrap_or_default()))
@@ -439,8 +409,8 @@ impl Store {
             .execute_unpaged(&self.prepared.cancel_flags, (job_ids.to_vec(),))
             .await
             .map_err(q("read cancel flags"))?;
-        let rows = res.into_rows_result().map_err(|e| e.to_string()).map_err(rows_err("read cancel flags"))?;
-        let it = rows.rows::<(String, Option<bool>)>().map_err(|e| e.to_string()).map_err(rows_err("cancel flags"))?;
+        let rows = res.into_rows_result().map_err(q("read cancel flags"))?;
+        let it = rows.rows::<(String, Option<bool>)>().map_err(q("cancel flags"))?;
         Ok(it.filter_map(|r| r.ok()).filter(|(_, c)| *c == Some(true)).map(|(id, _)| id).collect())
     }
 
@@ -486,11 +456,8 @@ impl Store {
         );
         let res =
             self.session.query_unpaged(cql, (self.scope.as_str(), bucket, upto)).await.map_err(q("read scheduled"))?;
-        let rows = res.into_rows_result().map_err(|e| e.to_string()).map_err(rows_err("read scheduled"))?;
-        let it = rows
-            .rows::<(i64, String, Option<Vec<u8>>)>()
-            .map_err(|e| e.to_string())
-            .map_err(rows_err("read scheduled"))?;
+        let rows = res.into_rows_result().map_err(q("read scheduled"))?;
+        let it = rows.rows::<(i64, String, Option<Vec<u8>>)>().map_err(q("read scheduled"))?;
         Ok(it.filter_map(|r| r.ok()).map(|(t, id, j)| (t, id, j.unwrap_or_default())).collect())
     }
 
@@ -529,8 +496,8 @@ impl Store {
     pub async fn heartbeat(&self, job_id: &str) -> Result<Option<HeartbeatRow>, StoreError> {
         let res =
             self.session.execute_unpaged(&self.prepared.get_heartbeat, (job_id,)).await.map_err(q("get heartbeat"))?;
-        let rows = res.into_rows_result().map_err(|e| e.to_string()).map_err(rows_err("get heartbeat"))?;
-        rows.maybe_first_row::<HeartbeatRow>().map_err(|e| e.to_string()).map_err(rows_err("get heartbeat"))
+        let rows = res.into_rows_result().map_err(q("get heartbeat"))?;
+        rows.maybe_first_row::<HeartbeatRow>().map_err(q("get heartbeat"))
     }
 
     pub async fn put_checkpoint(&self, job_id: &str, data: &[u8], now: Millis) -> Result<(), StoreError> {
@@ -556,11 +523,8 @@ impl Store {
             .execute_unpaged(&self.prepared.get_checkpoint, (job_id,))
             .await
             .map_err(q("get checkpoint"))?;
-        let rows = res.into_rows_result().map_err(|e| e.to_string()).map_err(rows_err("get checkpoint"))?;
-        let row = rows
-            .maybe_first_row::<(Option<Vec<u8>>,)>()
-            .map_err(|e| e.to_string())
-            .map_err(rows_err("get checkpoint"))?;
+        let rows = res.into_rows_result().map_err(q("get checkpoint"))?;
+        let row = rows.maybe_first_row::<(Option<Vec<u8>>,)>().map_err(q("get checkpoint"))?;
         Ok(row.and_then(|r| r.0))
     }
 
@@ -581,11 +545,8 @@ impl Store {
             .execute_unpaged(&stmt, (tenant, key, job_id, now, ttl_secs))
             .await
             .map_err(q("claim idempotency key"))?;
-        let rows = res.into_rows_result().map_err(|e| e.to_string()).map_err(rows_err("claim idempotency key"))?;
-        let row = rows
-            .maybe_first_row::<scylla::value::Row>()
-            .map_err(|e| e.to_string())
-            .map_err(rows_err("claim idempotency key"))?;
+        let rows = res.into_rows_result().map_err(q("claim idempotency key"))?;
+        let row = rows.maybe_first_row::<scylla::value::Row>().map_err(q("claim idempotency key"))?;
         let Some(row) = row else { return Ok(None) };
         let applied = matches!(row.columns.first(), Some(Some(scylla::value::CqlValue::Boolean(true))));
         if applied {
@@ -669,12 +630,11 @@ impl ReplayStatements {
             .execute_unpaged(&self.get_offsets, (replay_id, topic))
             .await
             .map_err(q("get replay offsets"))?;
-        let rows = res.into_rows_result().map_err(|e| e.to_string()).map_err(rows_err("get replay offsets"))?;
-        let it =
-            rows.rows::<(i32, Option<i64>)>().map_err(|e| e.to_string()).map_err(rows_err("get replay offsets"))?;
+        let rows = res.into_rows_result().map_err(q("get replay offsets"))?;
+        let it = rows.rows::<(i32, Option<i64>)>().map_err(q("get replay offsets"))?;
         let mut out = std::collections::HashMap::new();
         for r in it {
-            let (p, o) = r.map_err(|e| e.to_string()).map_err(rows_err("get replay offsets"))?;
+            let (p, o) = r.map_err(q("get replay offsets"))?;
             if let Some(o) = o {
                 out.insert(p, o);
             }

@@ -5,7 +5,7 @@
 //! Its resume points live in `replays` ([`super::ReplayStatements`]). Every statement is
 //! valid CQL for Cassandra 2.1 (LWT `IF NOT EXISTS` / `IF col = ?` included).
 
-use super::{applied, q, rows_err, Store, StoreError};
+use super::{applied, q, Store, StoreError};
 use crate::core::rerun::{Raise, RowFacts};
 use crate::model::Millis;
 use scylla::client::session::Session;
@@ -103,9 +103,8 @@ impl RerunStatements {
             .execute_unpaged(&self.get_generation, (tenant, job_type))
             .await
             .map_err(q("get generation"))?;
-        let rows = res.into_rows_result().map_err(|e| e.to_string()).map_err(rows_err("get generation"))?;
-        let row =
-            rows.maybe_first_row::<(Option<i64>,)>().map_err(|e| e.to_string()).map_err(rows_err("get generation"))?;
+        let rows = res.into_rows_result().map_err(q("get generation"))?;
+        let row = rows.maybe_first_row::<(Option<i64>,)>().map_err(q("get generation"))?;
         Ok(row.and_then(|r| r.0))
     }
 
@@ -134,14 +133,12 @@ impl RerunStatements {
         for chunk in job_ids.chunks(FACTS_CHUNK) {
             let res =
                 self.session.execute_unpaged(&self.job_facts, (chunk.to_vec(),)).await.map_err(q("read job rows"))?;
-            let rows = res.into_rows_result().map_err(|e| e.to_string()).map_err(rows_err("read job rows"))?;
+            let rows = res.into_rows_result().map_err(q("read job rows"))?;
             let it = rows
                 .rows::<(String, Option<String>, Option<i64>, Option<bool>, Option<i64>)>()
-                .map_err(|e| e.to_string())
-                .map_err(rows_err("read job rows"))?;
+                .map_err(q("read job rows"))?;
             for r in it {
-                let (job_id, status, generation, cancel_requested, updated_at) =
-                    r.map_err(|e| e.to_string()).map_err(rows_err("read job rows"))?;
+                let (job_id, status, generation, cancel_requested, updated_at) = r.map_err(q("read job rows"))?;
                 out.insert(job_id, JobFacts { facts: RowFacts { status, generation, cancel_requested }, updated_at });
             }
         }
