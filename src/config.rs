@@ -145,6 +145,15 @@ pub struct PoolConfig {
     /// Default deadline for job types that set none.
     #[serde(with = "humantime_serde_compat")]
     pub default_timeout: Duration,
+    /// Lanes beyond `slots` for latency: when every slot is busy, a tenant with nothing
+    /// running here (and not ahead of its fair share) starts one cheap job at once
+    /// instead of waiting for run-to-completion jobs of others to end. Unset: slots / 16
+    /// rounded up for the short and medium pools, 0 for long. 0 = `slots` is a strict cap.
+    pub fast_lanes: Option<usize>,
+    /// Largest estimated run time of a job that may take a fast lane. Unset: the pool's
+    /// `default_estimate`.
+    #[serde(default, with = "humantime_serde_opt")]
+    pub fast_lane_max_estimate: Option<Duration>,
 }
 
 impl PoolConfig {
@@ -156,17 +165,36 @@ impl PoolConfig {
                 default_estimate: Duration::from_millis(100),
                 heartbeat_interval: s(5),
                 default_timeout: s(30),
+                fast_lanes: None,
+                fast_lane_max_estimate: None,
             },
-            Pool::Medium => {
-                PoolConfig { slots: 16, default_estimate: s(10), heartbeat_interval: s(10), default_timeout: s(300) }
-            }
+            Pool::Medium => PoolConfig {
+                slots: 16,
+                default_estimate: s(10),
+                heartbeat_interval: s(10),
+                default_timeout: s(300),
+                fast_lanes: None,
+                fast_lane_max_estimate: None,
+            },
             Pool::Long => PoolConfig {
                 slots: 4,
                 default_estimate: s(600),
                 heartbeat_interval: s(30),
                 default_timeout: s(6 * 3600),
+                fast_lanes: None,
+                fast_lane_max_estimate: None,
             },
         }
+    }
+}
+
+impl PoolConfig {
+    /// Fast lanes in force for `pool` (see `fast_lanes`).
+    pub fn fast_lanes_for(&self, pool: Pool) -> usize {
+        self.fast_lanes.unwrap_or(if pool == Pool::Long { 0 } else { self.slots.div_ceil(16) })
+    }
+    pub fn fast_lane_max_estimate(&self) -> Duration {
+        self.fast_lane_max_estimate.unwrap_or(self.default_estimate)
     }
 }
 

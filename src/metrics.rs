@@ -9,6 +9,7 @@ pub const JOBS_RUNNING: &str = "fairway_jobs_running";
 pub const QUEUED: &str = "fairway_jobs_queued";
 pub const JOB_RUN_SECONDS: &str = "fairway_job_run_seconds";
 pub const JOB_END_TO_END_SECONDS: &str = "fairway_job_end_to_end_seconds";
+pub const JOB_WAIT_SECONDS: &str = "fairway_job_wait_seconds";
 pub const JOB_FAILURES: &str = "fairway_job_failures_total";
 pub const RETRIES: &str = "fairway_retries_total";
 pub const DEAD_LETTERS: &str = "fairway_dead_letters_total";
@@ -38,6 +39,11 @@ pub fn describe() {
     describe_gauge!(QUEUED, "Jobs buffered in the worker waiting for a slot, by pool");
     describe_histogram!(JOB_RUN_SECONDS, Unit::Seconds, "Handler run time, by pool");
     describe_histogram!(JOB_END_TO_END_SECONDS, Unit::Seconds, "Submission to terminal outcome, by pool");
+    describe_histogram!(
+        JOB_WAIT_SECONDS,
+        Unit::Seconds,
+        "Submission to handler start by stage (fetch: submitted -> consumed, queue: consumed -> slot, check: slot -> handler), by pool"
+    );
     describe_counter!(JOB_FAILURES, "Failed attempts, by pool and failure class");
     describe_counter!(RETRIES, "Jobs sent to a retry topic, by class and job type");
     describe_counter!(DEAD_LETTERS, "Jobs dead-lettered, by class and job type");

@@ -176,6 +176,11 @@ pub struct FairnessArgs {
     /// Slots of the short pool of the one worker.
     #[arg(long, default_value_t = 8)]
     pub slots: usize,
+    /// Fast lanes of the short pool (beyond --slots, for tenants with nothing running);
+    /// default: the configuration's rule (slots / 16 rounded up). 0 shows pure fair
+    /// queueing with run-to-completion slots.
+    #[arg(long)]
+    pub fast_lanes: Option<usize>,
     #[arg(long, default_value_t = 12)]
     pub partitions: i32,
     /// Left out of every measurement at the start of a run (first fetches, cost
@@ -361,8 +366,13 @@ async fn fairness(g: &Global, a: FairnessArgs) -> anyhow::Result<ExitCode> {
             a.flood
         );
     }
+    let lanes = a.fast_lanes.unwrap_or_else(|| {
+        let mut p = base.pool(Pool::Short);
+        p.slots = a.slots;
+        p.fast_lanes_for(Pool::Short)
+    });
     println!(
-        "fairway bench fairness: 1 worker, short pool {} slots, {} partitions, brokers {}, cql {}",
+        "fairway bench fairness: 1 worker, short pool {} slots + {lanes} fast lane(s) (fair runs), {} partitions, brokers {}, cql {}",
         a.slots,
         a.partitions,
         base.kafka.brokers,
@@ -674,6 +684,7 @@ async fn fairness(g: &Global, a: FairnessArgs) -> anyhow::Result<ExitCode> {
     json.insert("kafka_hop_p50_ms".into(), pct(&floor.hop, 0.5).into());
     json.insert("store_read_p50_ms".into(), pct(&floor.read, 0.5).into());
     json.insert("slots".into(), a.slots.into());
+    json.insert("fast_lanes".into(), lanes.into());
     json.insert("flood".into(), a.flood.into());
     json.insert("duration_s".into(), a.duration.as_secs_f64().into());
 
@@ -699,8 +710,11 @@ fn fairness_config(base: &Config, a: &FairnessArgs, plan: &Plan) -> anyhow::Resu
     cfg.kafka.group_prefix = format!("{}workers.", cfg.kafka.topic_prefix);
     cfg.kafka.partitions = a.partitions;
     cfg.scylla.keyspace = "fairway_bench".into();
-    cfg.pools.entry(Pool::Short).or_insert_with(|| fairway::config::PoolConfig::default_for(Pool::Short)).slots =
-        a.slots;
+    let short = cfg.pools.entry(Pool::Short).or_insert_with(|| fairway::config::PoolConfig::default_for(Pool::Short));
+    short.slots = a.slots;
+    if a.fast_lanes.is_some() {
+        short.fast_lanes = a.fast_lanes;
+    }
     cfg.tenants.clear();
     for t in plan.floods.iter().map(|(t, _)| t).chain(&plan.quiet) {
         cfg.tenants

@@ -141,6 +141,25 @@
 //! (queued, under its cap, not rate-limited), or an enterprise tenant has an eligible job
 //! and a free reserved slot. Only reserved slots can idle while work waits.
 //!
+//! # Fast lanes (latency for light tenants)
+//!
+//! Jobs run to completion, so even a perfectly fair pick leaves a light tenant waiting
+//! for the next slot to free: behind a flood of 50 ms jobs on 8 slots that is up to a
+//! whole run time, and the flood's starts tend to line up. `fast_lanes` (default 0 here;
+//! the worker sets slots/16 rounded up) adds that many lanes beyond `slots`, used only
+//! while every shared slot is busy and only by a tenant that
+//! * is *light*: its queued work arrived while it had nothing queued or running here
+//!   (a backlogged tenant never qualifies, whatever its weight),
+//! * has nothing running (so one lane job per tenant),
+//! * is not ahead of its fair share by more than `fast_lane_max_cost_ms`, and
+//! * whose next job is estimated at most `fast_lane_max_cost_ms`.
+//!
+//! Among those, the longest-waiting job goes first. A lane job is charged to its tenant's
+//! tag like any other (without moving virtual time), so lanes change *when* a light
+//! tenant's job starts, not how much slot-time anyone gets; concurrency may exceed
+//! `slots` by at most `fast_lanes`. The property tests check every lane dispatch against
+//! these rules; `fairway bench fairness --fast-lanes 0` shows the latency without them.
+//!
 //! # Priorities and aging (inside one tenant)
 //!
 //! Fairness picks the tenant; the tenant's job is the one with the best *effective*
@@ -226,7 +245,7 @@ impl fmt::Display for DispatchId {
 }
 
 /// Which rule gave the job its slot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Via {
     /// Weighted fair queueing over the shared slots.
@@ -235,6 +254,8 @@ pub enum Via {
     MinShare,
     /// One of the tenant's reserved slots.
     Reserved,
+    /// A fast lane: every shared slot was busy and the tenant had nothing running.
+    FastLane,
 }
 
 /// A job that got a slot. Report its end with `complete(id, ..)` or `release(id, ..)`.
@@ -338,6 +359,11 @@ struct Tenant<J> {
     /// Key under which it sits in its ready set (top level or free flow), if it does.
     ready_key: Option<f64>,
     floor_key: Option<f64>,
+    /// Key (oldest queued job's arrival) in the fast-lane candidates, if it sits there.
+    lane_key: Option<Millis>,
+    /// Its queued work arrived while it had nothing queued or running, and none of it
+    /// has started yet: a light tenant, not a backlogged one (only those take fast lanes).
+    arrived_idle: bool,
     used_ms: f64,
     unreported_ms: f64,
     usage: Decayed,
@@ -361,6 +387,10 @@ impl<J> Tenant<J> {
             }
         }
         best.map(|(rank, _, lvl)| (lvl, rank as usize))
+    }
+
+    fn oldest_enqueued(&self) -> Option<Millis> {
+        self.queues.iter().filter_map(|q| q.front()).map(|w| w.enqueued_at).min()
     }
 }
 
@@ -480,6 +510,11 @@ pub struct Scheduler<J> {
     reserved_held: usize,
     shared_running: usize,
     running_reserved: usize,
+    /// Jobs running in fast lanes (beyond `slots`).
+    running_fast: usize,
+    /// Eligible tenants with nothing running, by their oldest queued job: who may take a
+    /// fast lane (only maintained when `fast_lanes > 0`).
+    lane_ready: BTreeSet<(Millis, u32)>,
     total_queued: usize,
     vtime: f64,
     ready: BTreeSet<Key>,
@@ -522,6 +557,8 @@ impl<J> Scheduler<J> {
             reserved_held: 0,
             shared_running: 0,
             running_reserved: 0,
+            running_fast: 0,
+            lane_ready: BTreeSet::new(),
             total_queued: 0,
             vtime: 0.0,
             ready: BTreeSet::new(),
@@ -628,10 +665,14 @@ impl<J> Scheduler<J> {
             return Err((reason, payload));
         }
         let (jt, job_type) = self.job_types.intern(job_type);
+        let idle = x.queued == 0 && x.running == 0;
         if x.queued == 0 {
             self.activate(t, now);
         }
         let x = &mut self.tenants[t as usize];
+        if idle {
+            x.arrived_idle = true;
+        }
         x.queues[level(priority)].push_back(Waiting { payload, jt, job_type, enqueued_at: now });
         x.queued += 1;
         self.total_queued += 1;
@@ -652,7 +693,7 @@ impl<J> Scheduler<J> {
             }
         }
         if self.shared_free() == 0 {
-            return None;
+            return self.next_fast_lane(now);
         }
         loop {
             if let Some(k) = self.floor_ready.first().copied() {
@@ -694,7 +735,7 @@ impl<J> Scheduler<J> {
     /// only an enqueue or a completion can make progress. May lie in the past: call
     /// `next` at once.
     pub fn next_wakeup(&self, _now: Millis) -> Option<Millis> {
-        if self.shared_free() > 0 {
+        if self.shared_free() > 0 || self.running_fast < self.cfg.fast_lanes {
             // Entries are exact except after a policy change (then early, which is harmless).
             return self.timers.peek().map(|r| r.0 .0);
         }
@@ -793,7 +834,7 @@ impl<J> Scheduler<J> {
         self.cfg.slots
     }
     pub fn running(&self) -> usize {
-        self.shared_running + self.running_reserved
+        self.shared_running + self.running_reserved + self.running_fast
     }
     pub fn queued_total(&self) -> usize {
         self.total_queued
@@ -916,6 +957,8 @@ impl<J> Scheduler<J> {
             running_reserved: self.running_reserved,
             idle_reserved,
             free_shared: self.shared_free(),
+            fast_lanes: self.cfg.fast_lanes,
+            running_fast_lane: self.running_fast,
             queued: self.total_queued,
             tenants: self.tenants.len(),
             active_tenants: self.tenants.iter().filter(|x| x.queued > 0 || x.running > 0).count(),
@@ -984,6 +1027,8 @@ impl<J> Scheduler<J> {
             blocked_until: None,
             ready_key: None,
             floor_key: None,
+            lane_key: None,
+            arrived_idle: false,
             used_ms: 0.0,
             unreported_ms: 0.0,
             usage: Decayed::new(self.now),
@@ -1056,6 +1101,9 @@ impl<J> Scheduler<J> {
         }
         if let Some(k) = x.floor_key.take() {
             self.floor_ready.remove(&Key::new(k, t));
+        }
+        if let Some(k) = x.lane_key.take() {
+            self.lane_ready.remove(&(k, t));
         }
         if x.free {
             self.sync_group();
@@ -1133,6 +1181,17 @@ impl<J> Scheduler<J> {
             }
             x.floor_key = want_floor;
         }
+        let lane = self.cfg.fast_lanes > 0 && eligible && x.running == 0 && x.arrived_idle;
+        let want_lane = if lane { x.oldest_enqueued() } else { None };
+        if x.lane_key != want_lane {
+            if let Some(k) = x.lane_key {
+                self.lane_ready.remove(&(k, t));
+            }
+            if let Some(k) = want_lane {
+                self.lane_ready.insert((k, t));
+            }
+            x.lane_key = want_lane;
+        }
         if x.free {
             self.sync_group();
         }
@@ -1189,6 +1248,42 @@ impl<J> Scheduler<J> {
                 false
             }
         }
+    }
+
+    /// A fast lane for the light tenant (its job arrived when it had nothing queued or
+    /// running) whose job has waited longest, if the job is cheap enough and the tenant
+    /// is not ahead of its fair share by more than one such job. A backlogged tenant never
+    /// qualifies, so lanes cut the latency of light tenants without becoming extra
+    /// capacity for heavy ones. Called only when every shared slot is busy.
+    fn next_fast_lane(&mut self, now: Millis) -> Option<Dispatch<J>> {
+        // Candidates looked at per call: bounds the cost when many idle tenants only
+        // have expensive jobs.
+        const SCAN: usize = 16;
+        if self.running_fast >= self.cfg.fast_lanes {
+            return None;
+        }
+        let cap = self.cfg.fast_lane_max_cost_ms;
+        let candidates: Vec<u32> = self.lane_ready.iter().take(SCAN).map(|&(_, t)| t).collect();
+        for t in candidates {
+            let x = &self.tenants[t as usize];
+            let ahead = if x.free {
+                x.tag - self.group.vtime > cap || (self.group.tag - self.vtime) * self.group.weight > cap
+            } else {
+                (x.tag - self.vtime) * x.weight > cap
+            };
+            if ahead {
+                continue;
+            }
+            let Some((lvl, _)) = x.best_level(now, self.cfg.aging_step_ms) else { continue };
+            let Some(head) = x.queues[lvl].front() else { continue };
+            if self.job_types.estimate(head.jt).unwrap_or(self.cfg.default_cost_ms) > cap {
+                continue;
+            }
+            if self.admit(t, now) {
+                return Some(self.dispatch(t, Via::FastLane, now));
+            }
+        }
+        None
     }
 
     fn shared_capacity(&self) -> f64 {
@@ -1253,6 +1348,7 @@ impl<J> Scheduler<J> {
         x.usage.advance(now, x.running as f64, tau);
         x.running += 1;
         x.dispatched += 1;
+        x.arrived_idle = false;
         let est = self.job_types.estimate(w.jt).unwrap_or(self.cfg.default_cost_ms);
         if via == Via::Reserved {
             let before = x.reserved.max(x.running_reserved);
@@ -1260,7 +1356,11 @@ impl<J> Scheduler<J> {
             self.reserved_held = self.reserved_held - before + x.reserved.max(x.running_reserved);
             self.running_reserved += 1;
         } else {
-            self.shared_running += 1;
+            if via == Via::FastLane {
+                self.running_fast += 1;
+            } else {
+                self.shared_running += 1;
+            }
             if x.min_share > 0.0 {
                 x.floor_tag = x.floor_tag.max(now as f64 - burst);
             }
@@ -1312,7 +1412,11 @@ impl<J> Scheduler<J> {
             self.reserved_held = self.reserved_held - before + x.reserved.max(x.running_reserved);
             self.running_reserved -= 1;
         } else {
-            self.shared_running -= 1;
+            if rec.via == Via::FastLane {
+                self.running_fast -= 1;
+            } else {
+                self.shared_running -= 1;
+            }
             self.charge(t, cost - rec.est, false);
         }
         if learn {

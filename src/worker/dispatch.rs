@@ -135,6 +135,8 @@ impl<J> Fair<J> {
         let mut sc = SchedulerConfig::for_pool(pool, pc.slots);
         sc.default_cost_ms = pc.default_estimate.as_millis().max(1) as f64;
         sc.max_queued_per_tenant = cfg.worker.tenant_queue_limit.saturating_mul(2);
+        sc.fast_lanes = pc.fast_lanes_for(pool);
+        sc.fast_lane_max_cost_ms = pc.fast_lane_max_estimate().as_millis() as f64;
         let mut inner = Scheduler::new(pool, sc).map_err(|e| format!("pools.{pool}: {e}"))?;
         for (name, t) in &cfg.tenants {
             let tier = t.tier;

@@ -70,7 +70,34 @@ impl Drop for SlotRelease {
     }
 }
 
-pub async fn execute(sh: Arc<Shared>, job: Arc<JobSubmitted>, origin: Origin, mut slot: SlotRelease) -> Ended {
+/// When a job reached the worker and got its slot (epoch ms).
+#[derive(Debug, Clone, Copy)]
+pub struct Waited {
+    pub received_at: i64,
+    pub dispatched_at: i64,
+}
+
+impl Waited {
+    /// Records where a job's wait went: the broker hop, the fair queue, the check.
+    fn record(&self, sh: &Shared, job: &JobSubmitted, started_at: i64) {
+        let pool = sh.pool.as_str();
+        let fetch = (self.received_at - job.submitted_at).max(0);
+        let queue = (self.dispatched_at - self.received_at).max(0);
+        let check = (started_at - self.dispatched_at).max(0);
+        for (stage, ms) in [("fetch", fetch), ("queue", queue), ("check", check)] {
+            metrics::histogram!(m::JOB_WAIT_SECONDS, "pool" => pool, "stage" => stage).record(ms as f64 / 1000.0);
+        }
+        tracing::debug!(target: "fairway::timeline", job_id = %job.job_id, tenant = %job.tenant, fetch, queue, check, "started");
+    }
+}
+
+pub async fn execute(
+    sh: Arc<Shared>,
+    job: Arc<JobSubmitted>,
+    origin: Origin,
+    mut slot: SlotRelease,
+    waited: Waited,
+) -> Ended {
     let job = match precheck(&sh, job, &origin).await {
         Check::Run(job) => job,
         Check::Done(durable) => return Ended::Skipped.or_lost(durable),
@@ -95,6 +122,7 @@ pub async fn execute(sh: Arc<Shared>, job: Arc<JobSubmitted>, origin: Origin, mu
     }
 
     let started_at = now_ms();
+    waited.record(&sh, &job, started_at);
     let timeout = sh.job_timeout(&job.job_type);
     let deadline = tokio::time::Instant::now() + timeout;
     let live = Arc::new(JobLive::default());

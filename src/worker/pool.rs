@@ -21,6 +21,8 @@ pub struct Pending {
     pub job: Arc<JobSubmitted>,
     pub origin: Origin,
     pub epoch: u64,
+    /// When the consumer handed it over (epoch ms), for the wait breakdown.
+    pub received_at: i64,
 }
 
 struct Done {
@@ -145,7 +147,7 @@ pub async fn run(
                                 tenant: job.tenant.clone(),
                                 job_type: job.job_type.clone(),
                                 priority: job.priority,
-                                job: Pending { job: Arc::new(job), origin, epoch },
+                                job: Pending { job: Arc::new(job), origin, epoch, received_at: now_ms() },
                             };
                             let (tenant, partition) = (q.tenant.clone(), q.job.origin.partition);
                             if let Err((rej, q)) = dispatcher.enqueue(q, now_ms()) {
@@ -199,11 +201,13 @@ pub async fn run(
         }
         overflow = still;
 
-        // Start every job the policy allows now.
-        // Jobs still writing their outcome count against the slots too, so a slow store
-        // holds new work back instead of piling up unfinished outcomes.
-        while dispatcher.running() + finishing < slots {
+        // Start every job the policy allows now (the policy enforces the slots). A job
+        // frees its slot when its handler returns; outcomes still being written are
+        // bounded separately, so a slow store holds new work back instead of piling up
+        // unfinished outcomes.
+        while finishing < slots {
             let Some((p, ticket)) = dispatcher.next(now_ms()) else { break };
+            let ticket_at = ticket.dispatched_at;
             let sh2 = sh.clone();
             let tx = done_tx.clone();
             let freed = done_tx.clone();
@@ -211,7 +215,8 @@ pub async fn run(
                 let slot = exec::SlotRelease::new(move |ran| {
                     let _ = freed.send(Event::Freed(ticket, ran));
                 });
-                let ended = exec::execute(sh2, p.job, p.origin.clone(), slot).await;
+                let waited = exec::Waited { received_at: p.received_at, dispatched_at: ticket_at };
+                let ended = exec::execute(sh2, p.job, p.origin.clone(), slot, waited).await;
                 let _ = tx.send(Event::Done(Done { origin: p.origin, epoch: p.epoch, had_slot: true, ended }));
             });
         }

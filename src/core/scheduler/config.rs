@@ -172,6 +172,14 @@ pub struct SchedulerConfig {
     pub default_tenant: TenantPolicy,
     /// Job types tracked for cost estimates; further types use `default_cost_ms`.
     pub max_job_types: usize,
+    /// Extra lanes beyond `slots`, used only when every shared slot is busy, and only by
+    /// a light tenant (its job arrived while it had nothing queued or running here) not
+    /// ahead of its fair share, for one job estimated at most `fast_lane_max_cost_ms`:
+    /// a quiet tenant's short job starts at once instead of waiting for a flood's
+    /// run-to-completion jobs to end. 0 = a strict cap of `slots`.
+    pub fast_lanes: usize,
+    /// Largest estimated cost (slot-ms) of a job that may take a fast lane.
+    pub fast_lane_max_cost_ms: f64,
 }
 
 impl Default for SchedulerConfig {
@@ -209,6 +217,8 @@ impl SchedulerConfig {
             stats_half_life_ms: 60_000.0,
             default_tenant: TenantPolicy::default(),
             max_job_types: 10_000,
+            fast_lanes: 0,
+            fast_lane_max_cost_ms: default_cost_ms,
         }
     }
 
@@ -242,6 +252,7 @@ impl SchedulerConfig {
             ("floor_burst_ms", self.floor_burst_ms),
             ("fleet_usage_scale", self.fleet_usage_scale),
             ("max_fleet_lead_ms", self.max_fleet_lead_ms),
+            ("fast_lane_max_cost_ms", self.fast_lane_max_cost_ms),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return bad(field, format!("must be zero or a positive number, got {v}"));

@@ -329,15 +329,21 @@ proptest! {
     /// caps and rate limits are never exceeded, no slot idles while an eligible job waits
     /// (reserved slots excepted, for others), `next_wakeup` is never late, the job picked
     /// inside a tenant always has the best effective priority, and full queues reject.
+    /// Fast lanes: taken only when every shared slot is busy, by a tenant with nothing
+    /// running, for a job estimated within the lane cap, never more than configured.
     #[test]
     fn flow_control_and_work_conservation_hold(
         slots in 1usize..9,
         specs in prop::collection::vec(flow_ctl(), 1..7),
         aging in 50i64..5_000,
+        lanes in 0usize..3,
+        lane_cap in 1.0f64..400.0,
         seed in any::<u64>(),
     ) {
         let mut cfg = SchedulerConfig::for_pool(Pool::Short, slots);
         cfg.aging_step_ms = aging;
+        cfg.fast_lanes = lanes;
+        cfg.fast_lane_max_cost_ms = lane_cap;
         let mut s: Scheduler<SimJob> = Scheduler::new(Pool::Short, cfg).unwrap();
         let n = specs.len();
         let mut reserved = vec![0usize; n];
@@ -368,20 +374,25 @@ proptest! {
         let mut running = vec![0usize; n];
         let mut running_res = vec![0usize; n];
         let mut shared_running = 0usize;
-        // (finish, seq, id, tenant, in a reserved slot)
-        type Done = Reverse<(Millis, u64, DispatchId, usize, bool)>;
+        let mut fast_running = 0usize;
+        // (finish, seq, id, tenant, how it ran)
+        type Done = Reverse<(Millis, u64, DispatchId, usize, Via)>;
         let mut done: BinaryHeap<Done> = BinaryHeap::new();
         let mut seq = 0u64;
         let mut now = T0;
         let mut dispatched = 0u64;
         loop {
             // Completions, then arrivals, at `now`.
-            while let Some(&Reverse((t, _, id, i, res))) = done.peek() {
+            while let Some(&Reverse((t, _, id, i, via))) = done.peek() {
                 if t > now { break; }
                 done.pop();
                 s.complete(id, t).unwrap();
                 running[i] -= 1;
-                if res { running_res[i] -= 1 } else { shared_running -= 1 }
+                match via {
+                    Via::Reserved => running_res[i] -= 1,
+                    Via::FastLane => fast_running -= 1,
+                    _ => shared_running -= 1,
+                }
             }
             for i in 0..n {
                 while next_arrival[i] <= now {
@@ -411,6 +422,14 @@ proptest! {
                 prop_assert_eq!(rank_key(&d.payload, now, aging), best, "picked a worse job than the best waiting");
                 let pos = queues[i].iter().position(|j| j.seq == d.payload.seq).unwrap();
                 queues[i].remove(pos);
+                if d.via == Via::FastLane {
+                    let held: usize = (0..n).map(|t| reserved[t].max(running_res[t])).sum();
+                    prop_assert_eq!(held + shared_running, slots, "fast lane taken with a shared slot free");
+                    prop_assert_eq!(running[i], 0, "fast lane for a tenant with a job running");
+                    prop_assert!(d.estimated_ms <= lane_cap, "fast lane for a job estimated above the cap");
+                    fast_running += 1;
+                    prop_assert!(fast_running <= lanes, "more fast lanes than configured");
+                }
                 // Caps and rate limits.
                 running[i] += 1;
                 prop_assert!(running[i] <= f.cap.unwrap_or(usize::MAX), "cap exceeded");
@@ -418,16 +437,16 @@ proptest! {
                     prop_assert!(g.earliest() <= ns(now), "rate limit exceeded at {}", now - T0);
                     g.take(ns(now));
                 }
-                let res = d.via == Via::Reserved;
-                if res {
+                if d.via == Via::Reserved {
                     prop_assert!(running_res[i] < reserved[i]);
                     running_res[i] += 1;
-                } else {
+                } else if d.via != Via::FastLane {
                     shared_running += 1;
                 }
                 let held: usize = (0..n).map(|t| reserved[t].max(running_res[t])).sum();
                 prop_assert!(held + shared_running <= slots, "more jobs than slots");
-                done.push(Reverse((now + d.payload.dur, d.payload.seq, d.id, i, res)));
+                prop_assert_eq!(s.running(), running.iter().sum::<usize>());
+                done.push(Reverse((now + d.payload.dur, d.payload.seq, d.id, i, d.via)));
             }
             // Work conservation and wake-up: nothing eligible may find a slot now.
             let held: usize = (0..n).map(|t| reserved[t].max(running_res[t])).sum();

@@ -77,6 +77,9 @@ pub struct PoolStats {
     pub idle_reserved: usize,
     /// Shared slots free right now.
     pub free_shared: usize,
+    /// Fast lanes (beyond `slots`, for tenants with nothing running) and how many are busy.
+    pub fast_lanes: usize,
+    pub running_fast_lane: usize,
     pub queued: usize,
     pub tenants: usize,
     pub active_tenants: usize,

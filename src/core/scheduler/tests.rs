@@ -680,3 +680,102 @@ fn dispatch_cost_with_1000_tenants() {
         assert!(per < 10_000.0, "dispatch cost {per} ns");
     }
 }
+
+fn lanes(slots: usize, lanes: usize, cap_ms: f64) -> Scheduler<u32> {
+    let mut c = cfg(slots);
+    c.fast_lanes = lanes;
+    c.fast_lane_max_cost_ms = cap_ms;
+    Scheduler::new(Pool::Medium, c).unwrap()
+}
+
+#[test]
+fn fast_lane_starts_a_quiet_tenants_job_while_a_flood_holds_every_slot() {
+    let mut s = lanes(2, 1, 100.0);
+    s.set_tenant("flood", policy(Tier::Standard)).unwrap();
+    s.set_tenant("quiet", policy(Tier::Standard)).unwrap();
+    for i in 0..10 {
+        s.enqueue("flood", "x", Priority::Normal, i, T0).unwrap();
+    }
+    let a = s.next(T0).unwrap();
+    let b = s.next(T0).unwrap();
+    assert!(a.via != Via::FastLane && b.via != Via::FastLane, "shared slots first");
+    assert!(s.next(T0).is_none(), "the flood's tenant has jobs running: no fast lane for it");
+    s.enqueue("quiet", "x", Priority::Normal, 100, T0 + 5).unwrap();
+    s.enqueue("quiet", "x", Priority::Normal, 101, T0 + 5).unwrap();
+    let q = s.next(T0 + 5).expect("a fast lane for the quiet tenant");
+    assert_eq!((&*q.tenant, q.payload, q.via), ("quiet", 100, Via::FastLane));
+    assert_eq!(s.running(), 3);
+    assert_eq!(s.pool_stats(T0 + 5).running_fast_lane, 1);
+    assert!(s.next(T0 + 5).is_none(), "one job per tenant in a lane, and the only lane is busy");
+    // Its second job arrived while the first was queued: the tenant is backlogged now and
+    // waits for a shared slot like everyone else.
+    s.complete(q.id, T0 + 25).unwrap();
+    assert!(s.next(T0 + 25).is_none(), "a backlogged tenant takes no fast lane");
+    s.complete(a.id, T0 + 50).unwrap();
+    s.complete(b.id, T0 + 50).unwrap();
+    let picks = [s.next(T0 + 50).unwrap(), s.next(T0 + 50).unwrap()];
+    let q2 = picks.iter().find(|d| &*d.tenant == "quiet").expect("quiet is served by fair order");
+    assert_ne!(q2.via, Via::FastLane);
+    s.complete(q2.id, T0 + 70).unwrap();
+    s.next(T0 + 70).unwrap(); // the flood refills the slot
+    // Idle again: its next job takes the lane at once.
+    s.enqueue("quiet", "x", Priority::Normal, 102, T0 + 80).unwrap();
+    let q3 = s.next(T0 + 80).expect("the lane is free and the tenant idle");
+    assert_eq!((q3.payload, q3.via), (102, Via::FastLane));
+    assert_eq!(s.shared_free(), 0);
+}
+
+#[test]
+fn fast_lanes_give_a_backlogged_tenant_nothing_beyond_its_share() {
+    let mut c = cfg(4);
+    c.fast_lanes = 1;
+    c.fast_lane_max_cost_ms = 1_000.0;
+    let flows = [flow("free", Tier::Free, 50), flow("pro", Tier::Pro, 50)];
+    let o = run_backlogged(c, &flows, 100_000, 1);
+    let total: f64 = o.shared_ms.iter().sum();
+    assert!(total <= 4.0 * 100_000.0 * 1.001, "the lane was used as capacity: {total} slot-ms in 4 x 100 s");
+}
+
+#[test]
+fn fast_lane_is_not_taken_while_a_shared_slot_is_free_nor_for_costly_jobs() {
+    let mut s = lanes(1, 1, 100.0);
+    s.enqueue("a", "x", Priority::Normal, 0, T0).unwrap();
+    assert_eq!(s.next(T0).unwrap().via, Via::Fair, "free shared slot first");
+    // "slow" has never run: it is estimated at the default (100 ms); teach it 500 ms.
+    s.enqueue("b", "slow", Priority::Normal, 1, T0).unwrap();
+    let mut s2 = lanes(1, 1, 100.0);
+    s2.enqueue("c", "slow", Priority::Normal, 2, T0).unwrap();
+    let d = s2.next(T0).unwrap();
+    s2.complete(d.id, T0 + 500).unwrap();
+    s2.enqueue("c", "slow", Priority::Normal, 3, T0 + 500).unwrap();
+    let busy = s2.next(T0 + 500).unwrap();
+    s2.enqueue("d", "slow", Priority::Normal, 4, T0 + 501).unwrap();
+    assert!(s2.next(T0 + 501).is_none(), "a 500 ms job is above the 100 ms lane cap");
+    assert_eq!(busy.via, Via::Fair);
+    // And with the cheap default estimate, b gets the lane.
+    assert_eq!(s.next(T0).unwrap().via, Via::FastLane);
+}
+
+#[test]
+fn fast_lane_refuses_a_tenant_ahead_of_its_fair_share() {
+    let mut s = lanes(1, 1, 100.0);
+    s.set_tenant("hog", policy(Tier::Standard)).unwrap();
+    // The hog runs a long job alone: it is charged far ahead of virtual time.
+    s.enqueue("hog", "x", Priority::Normal, 0, T0).unwrap();
+    let d = s.next(T0).unwrap();
+    s.complete(d.id, T0 + 10_000).unwrap();
+    s.enqueue("other", "x", Priority::Normal, 1, T0 + 10_000).unwrap();
+    let busy = s.next(T0 + 10_000).unwrap();
+    assert_eq!(&*busy.tenant, "other");
+    s.enqueue("hog", "x", Priority::Normal, 2, T0 + 10_001).unwrap();
+    assert!(s.next(T0 + 10_001).is_none(), "hog used 10 s more than its share: it waits for a slot");
+}
+
+#[test]
+fn without_fast_lanes_the_slot_cap_is_strict() {
+    let mut s = lanes(1, 0, 100.0);
+    s.enqueue("a", "x", Priority::Normal, 0, T0).unwrap();
+    s.next(T0).unwrap();
+    s.enqueue("b", "x", Priority::Normal, 1, T0).unwrap();
+    assert!(s.next(T0).is_none());
+}
