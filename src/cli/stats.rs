@@ -120,7 +120,8 @@ fn render(f: &FleetStats, all: bool) -> String {
         }
         return s;
     }
-    let mut pools = vec![row(&["POOL", "WORKERS", "SLOTS", "RUNNING", "QUEUED", "FREE", "IDLE-RESERVED"])];
+    let mut pools =
+        vec![row(&["POOL", "WORKERS", "SLOTS", "RUNNING", "QUEUED", "FREE", "IDLE-RESERVED", "FAST-LANES BUSY"])];
     for p in &f.pools {
         let workers =
             if p.fifo_workers > 0 { format!("{} ({} fifo)", p.workers, p.fifo_workers) } else { p.workers.to_string() };
@@ -132,6 +133,7 @@ fn render(f: &FleetStats, all: bool) -> String {
             p.queued.to_string(),
             p.free_shared.to_string(),
             p.idle_reserved.to_string(),
+            format!("{}/{}", p.running_fast_lane, p.fast_lanes),
         ]);
     }
     table(&mut s, &pools, 1, false);

@@ -223,6 +223,8 @@ struct PoolSnap {
     queued: usize,
     free_shared: usize,
     idle_reserved: usize,
+    fast_lanes: usize,
+    running_fast_lane: usize,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -271,6 +273,9 @@ pub struct PoolSummary {
     pub queued: usize,
     pub free_shared: usize,
     pub idle_reserved: usize,
+    /// Fast lanes beyond `slots` (light tenants' jobs) and how many are busy.
+    pub fast_lanes: usize,
+    pub running_fast_lane: usize,
 }
 
 /// One tenant in one pool across the fleet.
@@ -372,6 +377,8 @@ pub fn aggregate(rows: &[SnapshotRow], now: Millis, max_age_ms: i64) -> FleetSta
         p.queued += ps.queued;
         p.free_shared += ps.free_shared;
         p.idle_reserved += ps.idle_reserved;
+        p.fast_lanes += ps.fast_lanes;
+        p.running_fast_lane += ps.running_fast_lane;
         for t in &snap.tenants {
             let a = tenants.entry((r.pool.clone(), t.tenant.clone())).or_insert_with(|| Acc {
                 s: TenantSummary {

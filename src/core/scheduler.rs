@@ -23,7 +23,8 @@
 //! A tenant's share is measured in slot-milliseconds (one worker slot busy for one ms),
 //! not in jobs: a hundred 4-hour jobs cost a million times a hundred 10-ms ones. Each
 //! dispatch is charged an *estimate* of its slot-time (an exponentially weighted moving
-//! average of measured run times of its job type, `default_cost_ms` for types never seen)
+//! average of the tenant's measured run times of its job type; for a type the tenant
+//! never ran, the average over all tenants; `default_cost_ms` for types never seen)
 //! and the charge is *reconciled* to the measured run time when the job finishes, so
 //! tenants whose jobs overrun pay for it and tenants whose jobs are shorter get it back.
 //!
@@ -370,7 +371,14 @@ struct Tenant<J> {
     fleet_level: f64,
     fleet_at: Millis,
     dispatched: u64,
+    /// This tenant's own cost estimates per job type (EWMA), for at most
+    /// `TENANT_ESTIMATES` types: the same job type can cost very different amounts for
+    /// different tenants.
+    own_est: HashMap<u32, f64>,
 }
+
+/// Job types per tenant with their own cost estimate; further types use the type's.
+const TENANT_ESTIMATES: usize = 64;
 
 impl<J> Tenant<J> {
     /// Index of the queue whose head goes next, and that head's effective level.
@@ -866,6 +874,22 @@ impl<J> Scheduler<J> {
     pub fn estimate_ms(&self, job_type: &str) -> f64 {
         self.job_types.index.get(job_type).and_then(|&i| self.job_types.estimate(i)).unwrap_or(self.cfg.default_cost_ms)
     }
+    /// Current slot-ms estimate of a job type for one tenant (its own runs first).
+    pub fn estimate_ms_for(&self, tenant: &str, job_type: &str) -> f64 {
+        match (self.index.get(tenant), self.job_types.index.get(job_type)) {
+            (Some(&t), Some(&jt)) => self.cost_of(t, jt),
+            _ => self.estimate_ms(job_type),
+        }
+    }
+
+    /// What a job of type `jt` is charged for tenant `t`: the tenant's own estimate of
+    /// the type, else every tenant's, else the pool default.
+    fn cost_of(&self, t: u32, jt: u32) -> f64 {
+        match self.tenants[t as usize].own_est.get(&jt) {
+            Some(&e) => e,
+            None => self.job_types.estimate(jt).unwrap_or(self.cfg.default_cost_ms),
+        }
+    }
 
     /// Per-tenant figures (sorted by tenant), see [`TenantStats`].
     pub fn stats(&self, now: Millis) -> Vec<TenantStats> {
@@ -1035,6 +1059,7 @@ impl<J> Scheduler<J> {
             fleet_level: 0.0,
             fleet_at: self.now,
             dispatched: 0,
+            own_est: HashMap::new(),
         });
         self.index.insert(name, t);
         let default = self.cfg.default_tenant.clone();
@@ -1276,7 +1301,7 @@ impl<J> Scheduler<J> {
             }
             let Some((lvl, _)) = x.best_level(now, self.cfg.aging_step_ms) else { continue };
             let Some(head) = x.queues[lvl].front() else { continue };
-            if self.job_types.estimate(head.jt).unwrap_or(self.cfg.default_cost_ms) > cap {
+            if self.cost_of(t, head.jt) > cap {
                 continue;
             }
             if self.admit(t, now) {
@@ -1349,7 +1374,10 @@ impl<J> Scheduler<J> {
         x.running += 1;
         x.dispatched += 1;
         x.arrived_idle = false;
-        let est = self.job_types.estimate(w.jt).unwrap_or(self.cfg.default_cost_ms);
+        let est = match x.own_est.get(&w.jt) {
+            Some(&e) => e,
+            None => self.job_types.estimate(w.jt).unwrap_or(self.cfg.default_cost_ms),
+        };
         if via == Via::Reserved {
             let before = x.reserved.max(x.running_reserved);
             x.running_reserved += 1;
@@ -1421,6 +1449,11 @@ impl<J> Scheduler<J> {
         }
         if learn {
             self.job_types.observe(rec.jt, cost, self.cfg.ewma_alpha);
+            let x = &mut self.tenants[t as usize];
+            if rec.jt != UNTRACKED && (x.own_est.len() < TENANT_ESTIMATES || x.own_est.contains_key(&rec.jt)) {
+                let alpha = self.cfg.ewma_alpha;
+                x.own_est.entry(rec.jt).and_modify(|e| *e += alpha * (cost - *e)).or_insert(cost);
+            }
         }
         self.refresh(t);
         Some(Finished {

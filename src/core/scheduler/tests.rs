@@ -779,3 +779,22 @@ fn without_fast_lanes_the_slot_cap_is_strict() {
     s.enqueue("b", "x", Priority::Normal, 1, T0).unwrap();
     assert!(s.next(T0).is_none());
 }
+
+#[test]
+fn each_tenant_is_charged_its_own_run_times_of_a_shared_job_type() {
+    let mut s = sched(1);
+    let mut t = T0;
+    for (tenant, ms) in [("slow", 1_000), ("fast", 10), ("slow", 1_000), ("fast", 10)] {
+        s.enqueue(tenant, "render", Priority::Normal, 0, t).unwrap();
+        let d = s.next(t).unwrap();
+        t += ms;
+        s.complete(d.id, t).unwrap();
+    }
+    assert_eq!(s.estimate_ms_for("fast", "render"), 10.0);
+    assert_eq!(s.estimate_ms_for("slow", "render"), 1_000.0);
+    let all = s.estimate_ms("render");
+    assert!(all > 10.0 && all < 1_000.0, "the type's estimate mixes both: {all}");
+    assert_eq!(s.estimate_ms_for("new", "render"), all, "a tenant that never ran it gets the type's");
+    s.enqueue("fast", "render", Priority::Normal, 0, t).unwrap();
+    assert_eq!(s.next(t).unwrap().estimated_ms, 10.0, "charged its own estimate up front");
+}
