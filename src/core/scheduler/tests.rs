@@ -718,7 +718,7 @@ fn fast_lane_starts_a_quiet_tenants_job_while_a_flood_holds_every_slot() {
     assert_ne!(q2.via, Via::FastLane);
     s.complete(q2.id, T0 + 70).unwrap();
     s.next(T0 + 70).unwrap(); // the flood refills the slot
-    // Idle again: its next job takes the lane at once.
+                              // Idle again: its next job takes the lane at once.
     s.enqueue("quiet", "x", Priority::Normal, 102, T0 + 80).unwrap();
     let q3 = s.next(T0 + 80).expect("the lane is free and the tenant idle");
     assert_eq!((q3.payload, q3.via), (102, Via::FastLane));
