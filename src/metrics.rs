@@ -21,6 +21,7 @@ pub const REAPED: &str = "fairway_jobs_reaped_total";
 pub const CANCELLATIONS: &str = "fairway_cancellations_total";
 pub const BREAKER_OPEN: &str = "fairway_breaker_open";
 pub const PARTITION_PAUSES: &str = "fairway_partition_pauses_total";
+pub const FAST_LANE_DISPATCHES: &str = "fairway_fast_lane_dispatches_total";
 pub const BREAKER_REJECTIONS: &str = "fairway_breaker_rejections_total";
 pub const TIER_BACKLOG: &str = "fairway_tier_backlog";
 pub const TIER_RUNNING: &str = "fairway_tier_running";
@@ -53,6 +54,10 @@ pub fn describe() {
     describe_counter!(HEARTBEATS, "Heartbeats written, by pool");
     describe_counter!(REAPED, "Running jobs re-dispatched by the reaper after their heartbeat lapsed");
     describe_counter!(CANCELLATIONS, "Cancellation requests seen by running jobs, by pool");
+    describe_counter!(
+        FAST_LANE_DISPATCHES,
+        "Jobs started in a fast lane beyond the slots (light tenants while every slot was busy), by pool"
+    );
     describe_counter!(PARTITION_PAUSES, "Partitions paused because a tenant's buffer in this worker was full");
     describe_gauge!(BREAKER_OPEN, "1 while the job type's circuit breaker is open or half-open, by job type");
     describe_counter!(BREAKER_REJECTIONS, "Jobs held back because their job type's breaker is open");

@@ -5,7 +5,7 @@
 
 use crate::config::Config;
 use crate::core::scheduler::{
-    DispatchId, RateLimit, Rejected as SchedRejected, Scheduler, SchedulerConfig, TenantPolicy, Tier,
+    DispatchId, RateLimit, Rejected as SchedRejected, Scheduler, SchedulerConfig, TenantPolicy, Tier, Via,
 };
 use crate::model::{Millis, Pool, Priority};
 use std::collections::{HashMap, VecDeque};
@@ -27,6 +27,8 @@ pub struct Ticket {
     pub dispatched_at: Millis,
     /// Opaque handle of the policy (e.g. the scheduler's running-job id).
     pub handle: u64,
+    /// It got a fast lane beyond the slots (a light tenant's job).
+    pub fast_lane: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -88,7 +90,10 @@ impl<J: Send> Dispatcher<J> for Fifo<J> {
         }
         let q = self.queue.pop_front()?;
         self.running += 1;
-        Some((q.job, Ticket { tenant: q.tenant, job_type: q.job_type, dispatched_at: now, handle: 0 }))
+        Some((
+            q.job,
+            Ticket { tenant: q.tenant, job_type: q.job_type, dispatched_at: now, handle: 0, fast_lane: false },
+        ))
     }
     fn complete(&mut self, _ticket: &Ticket, _now: Millis, _ran: bool) {
         self.running = self.running.saturating_sub(1);
@@ -172,6 +177,7 @@ impl<J: Send> Dispatcher<J> for Fair<J> {
             job_type: d.job_type.to_string(),
             dispatched_at: d.dispatched_at,
             handle: d.id.as_u64(),
+            fast_lane: d.via == Via::FastLane,
         };
         Some((d.payload, ticket))
     }

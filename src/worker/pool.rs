@@ -208,6 +208,9 @@ pub async fn run(
         while finishing < slots {
             let Some((p, ticket)) = dispatcher.next(now_ms()) else { break };
             let ticket_at = ticket.dispatched_at;
+            if ticket.fast_lane {
+                metrics::counter!(m::FAST_LANE_DISPATCHES, "pool" => pool).increment(1);
+            }
             let sh2 = sh.clone();
             let tx = done_tx.clone();
             let freed = done_tx.clone();
