@@ -34,7 +34,7 @@ pub struct Config {
     pub scylla: ScyllaConfig,
     #[serde(default)]
     pub worker: WorkerConfig,
-    #[serde(default = "default_pools")]
+    #[serde(default = "default_pools", deserialize_with = "pools_over_defaults")]
     pub pools: BTreeMap<Pool, PoolConfig>,
     #[serde(default)]
     pub tenants: BTreeMap<String, TenantConfig>,
@@ -131,19 +131,16 @@ impl Default for WorkerConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+/// One pool's settings (read from `[pools.<p>]` over the pool's defaults).
+#[derive(Debug, Clone)]
 pub struct PoolConfig {
     /// Concurrent jobs one worker runs for this pool.
     pub slots: usize,
     /// Cost estimate for a job type never measured yet.
-    #[serde(with = "humantime_serde_compat")]
     pub default_estimate: Duration,
     /// Heartbeat interval of running jobs.
-    #[serde(with = "humantime_serde_compat")]
     pub heartbeat_interval: Duration,
     /// Default deadline for job types that set none.
-    #[serde(with = "humantime_serde_compat")]
     pub default_timeout: Duration,
     /// Lanes beyond `slots` for latency: when every slot is busy, a tenant with nothing
     /// running here (and not ahead of its fair share) starts one cheap job at once
@@ -152,7 +149,6 @@ pub struct PoolConfig {
     pub fast_lanes: Option<usize>,
     /// Largest estimated run time of a job that may take a fast lane. Unset: the pool's
     /// `default_estimate`.
-    #[serde(default, with = "humantime_serde_opt")]
     pub fast_lane_max_estimate: Option<Duration>,
 }
 
@@ -206,6 +202,37 @@ impl Default for PoolConfig {
 
 fn default_pools() -> BTreeMap<Pool, PoolConfig> {
     Pool::ALL.iter().map(|p| (*p, PoolConfig::default_for(*p))).collect()
+}
+
+/// A `[pools.<p>]` section overrides only the keys it names; the others keep *that*
+/// pool's defaults (`[pools.long] slots = 2` must not give long jobs the short pool's
+/// 30 s timeout).
+fn pools_over_defaults<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<Pool, PoolConfig>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Section {
+        slots: Option<usize>,
+        #[serde(default, with = "humantime_serde_opt")]
+        default_estimate: Option<Duration>,
+        #[serde(default, with = "humantime_serde_opt")]
+        heartbeat_interval: Option<Duration>,
+        #[serde(default, with = "humantime_serde_opt")]
+        default_timeout: Option<Duration>,
+        fast_lanes: Option<usize>,
+        #[serde(default, with = "humantime_serde_opt")]
+        fast_lane_max_estimate: Option<Duration>,
+    }
+    let mut pools = default_pools();
+    for (pool, s) in BTreeMap::<Pool, Section>::deserialize(d)? {
+        let c = pools.entry(pool).or_insert_with(|| PoolConfig::default_for(pool));
+        c.slots = s.slots.unwrap_or(c.slots);
+        c.default_estimate = s.default_estimate.unwrap_or(c.default_estimate);
+        c.heartbeat_interval = s.heartbeat_interval.unwrap_or(c.heartbeat_interval);
+        c.default_timeout = s.default_timeout.unwrap_or(c.default_timeout);
+        c.fast_lanes = s.fast_lanes.or(c.fast_lanes);
+        c.fast_lane_max_estimate = s.fast_lane_max_estimate.or(c.fast_lane_max_estimate);
+    }
+    Ok(pools)
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -262,12 +289,8 @@ impl Config {
     }
 
     pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
-        let mut cfg: Config = toml::from_str(text)
+        let cfg: Config = toml::from_str(text)
             .map_err(|e| ConfigError::Parse { path: origin.to_string(), message: e.to_string() })?;
-        // Pools not mentioned keep their defaults.
-        for p in Pool::ALL {
-            cfg.pools.entry(p).or_insert_with(|| PoolConfig::default_for(p));
-        }
         cfg.validate()?;
         Ok(cfg)
     }
@@ -390,6 +413,21 @@ mod tests {
         let c = Config::builtin();
         assert!(c.tenants.len() >= 3);
         assert!(c.job_types.contains_key("echo"));
+    }
+
+    #[test]
+    fn a_pool_section_overrides_only_what_it_names() {
+        let c = Config::parse("[pools.long]\nslots = 2\n[pools.short]\nfast_lanes = 0\n", "t").unwrap();
+        let long = c.pool(Pool::Long);
+        assert_eq!(long.slots, 2);
+        assert_eq!(long.default_timeout, Duration::from_secs(6 * 3600), "long keeps its own defaults");
+        assert_eq!(long.default_estimate, Duration::from_secs(600));
+        assert_eq!(long.fast_lanes_for(Pool::Long), 0);
+        let short = c.pool(Pool::Short);
+        assert_eq!((short.slots, short.fast_lanes_for(Pool::Short)), (64, 0));
+        assert_eq!(c.pool(Pool::Medium).fast_lanes_for(Pool::Medium), 1, "16 slots / 16");
+        let err = Config::parse("[pools.medium]\nslotz = 3\n", "t").unwrap_err().to_string();
+        assert!(err.contains("slotz"), "{err}");
     }
 
     #[test]
