@@ -397,6 +397,14 @@ impl<J> Tenant<J> {
         best.map(|(rank, _, lvl)| (lvl, rank as usize))
     }
 
+    /// This tenant's charge for a job of type `jt`: its own estimate, else the type's.
+    fn cost(&self, jt: u32, types: &JobTypes, default_ms: f64) -> f64 {
+        match self.own_est.get(&jt) {
+            Some(&e) => e,
+            None => types.estimate(jt).unwrap_or(default_ms),
+        }
+    }
+
     fn oldest_enqueued(&self) -> Option<Millis> {
         self.queues.iter().filter_map(|q| q.front()).map(|w| w.enqueued_at).min()
     }
@@ -885,10 +893,7 @@ impl<J> Scheduler<J> {
     /// What a job of type `jt` is charged for tenant `t`: the tenant's own estimate of
     /// the type, else every tenant's, else the pool default.
     fn cost_of(&self, t: u32, jt: u32) -> f64 {
-        match self.tenants[t as usize].own_est.get(&jt) {
-            Some(&e) => e,
-            None => self.job_types.estimate(jt).unwrap_or(self.cfg.default_cost_ms),
-        }
+        self.tenants[t as usize].cost(jt, &self.job_types, self.cfg.default_cost_ms)
     }
 
     /// Per-tenant figures (sorted by tenant), see [`TenantStats`].
@@ -1374,10 +1379,7 @@ impl<J> Scheduler<J> {
         x.running += 1;
         x.dispatched += 1;
         x.arrived_idle = false;
-        let est = match x.own_est.get(&w.jt) {
-            Some(&e) => e,
-            None => self.job_types.estimate(w.jt).unwrap_or(self.cfg.default_cost_ms),
-        };
+        let est = x.cost(w.jt, &self.job_types, self.cfg.default_cost_ms);
         if via == Via::Reserved {
             let before = x.reserved.max(x.running_reserved);
             x.running_reserved += 1;
