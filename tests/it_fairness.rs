@@ -69,19 +69,21 @@ async fn quiet_behind_flood(fast_lanes: usize) -> (JobResult, Vec<JobResult>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_light_tenant_starts_at_once_in_a_fast_lane_while_a_flood_holds_every_slot() {
     let (quiet, flood) = quiet_behind_flood(1).await;
-    let first_end = flood.iter().map(|r| r.finished_at).min().unwrap();
+    // No slot can free before the first flood job has slept its FLOOD_MS.
+    let first_free = flood.iter().filter_map(|r| r.started_at).min().unwrap() + FLOOD_MS as i64;
     let started = quiet.started_at.expect("the quiet job ran");
     assert!(
-        started < first_end,
-        "the quiet job started {} ms after the first flood job ended; it should not wait for a slot",
-        started - first_end
+        started < first_free,
+        "the quiet job started {} ms after the first slot could free; it should not wait for one",
+        started - first_free
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn without_fast_lanes_a_light_tenant_waits_for_a_slot_to_free() {
     let (quiet, flood) = quiet_behind_flood(0).await;
-    let first_end = flood.iter().map(|r| r.finished_at).min().unwrap();
+    // No slot can free before the first flood job has slept its FLOOD_MS.
+    let first_free = flood.iter().filter_map(|r| r.started_at).min().unwrap() + FLOOD_MS as i64;
     let started = quiet.started_at.expect("the quiet job ran");
-    assert!(started >= first_end, "with `fast_lanes = 0` the slots are a strict cap");
+    assert!(started >= first_free, "with `fast_lanes = 0` the slots are a strict cap");
 }
