@@ -190,25 +190,16 @@ fn offsets(c: &mut Criterion) {
 
 fn sample_job() -> JobSubmitted {
     JobSubmitted {
-        job_id: "0190a5c4-7b1e-7cc2-9a4f-3d2e1f0a9b8c".into(),
-        tenant: "acme-industries".into(),
-        job_type: "thumbnail".into(),
         pool: Some(Pool::Short),
-        priority: Priority::Normal,
-        payload: br#"{"bucket":"uploads-eu-west-1","key":"2025/06/14/IMG_20250614_101512.jpg","sizes":[64,256,1024],"format":"webp","quality":82}"#.to_vec(),
         idempotency_key: Some("upload-7f3a9c2e".into()),
-        execute_at: None,
         not_after: Some(T0 + 3_600_000),
-        attempt: 0,
-        crash_count: 0,
-        generation: 0,
-        submitted_at: T0,
-        not_before: None,
-        last_error: None,
-        last_failure_class: None,
-        first_failure_at: None,
-        replay_count: 0,
-        replayed_from: None,
+        ..JobSubmitted::original(
+            "0190a5c4-7b1e-7cc2-9a4f-3d2e1f0a9b8c".into(),
+            "acme-industries".into(),
+            "thumbnail".into(),
+            br#"{"bucket":"uploads-eu-west-1","key":"2025/06/14/IMG_20250614_101512.jpg","sizes":[64,256,1024],"format":"webp","quality":82}"#.to_vec(),
+            T0,
+        )
     }
 }
 

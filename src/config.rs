@@ -115,6 +115,10 @@ pub struct WorkerConfig {
     pub poison: crate::core::poison::PoisonConfig,
     /// Per-tenant retry budget (retries above ~2x the dispatch rate are dead-lettered).
     pub retry_budget: crate::core::retry::RetryBudgetConfig,
+    /// Skip the per-job state read for jobs no worker can have started (fresh offsets
+    /// above the partition's dispatch frontier, original submissions, no cancel on the
+    /// feed). The frontier is always maintained; this only decides whether to use it.
+    pub skip_fresh_reads: bool,
 }
 
 impl Default for WorkerConfig {
@@ -127,6 +131,7 @@ impl Default for WorkerConfig {
             relay_hold_max: Duration::from_secs(30),
             poison: Default::default(),
             retry_budget: Default::default(),
+            skip_fresh_reads: true,
         }
     }
 }

@@ -22,6 +22,7 @@ pub const CANCELLATIONS: &str = "fairway_cancellations_total";
 pub const BREAKER_OPEN: &str = "fairway_breaker_open";
 pub const PARTITION_PAUSES: &str = "fairway_partition_pauses_total";
 pub const FAST_LANE_DISPATCHES: &str = "fairway_fast_lane_dispatches_total";
+pub const STATE_READS_SKIPPED: &str = "fairway_state_reads_skipped_total";
 pub const BREAKER_REJECTIONS: &str = "fairway_breaker_rejections_total";
 pub const TIER_BACKLOG: &str = "fairway_tier_backlog";
 pub const TIER_RUNNING: &str = "fairway_tier_running";
@@ -57,6 +58,10 @@ pub fn describe() {
     describe_counter!(
         FAST_LANE_DISPATCHES,
         "Jobs started in a fast lane beyond the slots (light tenants while every slot was busy), by pool"
+    );
+    describe_counter!(
+        STATE_READS_SKIPPED,
+        "Jobs started without the effectively-once state read (never started by anyone: above the dispatch frontier), by pool"
     );
     describe_counter!(PARTITION_PAUSES, "Partitions paused because a tenant's buffer in this worker was full");
     describe_gauge!(BREAKER_OPEN, "1 while the job type's circuit breaker is open or half-open, by job type");

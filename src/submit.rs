@@ -100,25 +100,13 @@ impl Submitter {
             }
         }
         let rec = JobSubmitted {
-            job_id: job_id.clone(),
-            tenant: job.tenant.clone(),
-            job_type: job.job_type.clone(),
             pool: Some(pool),
             priority: job.priority,
-            payload,
             idempotency_key: job.idempotency_key.clone(),
             execute_at: job.execute_at,
             not_after: job.not_after,
-            attempt: 0,
-            crash_count: 0,
             generation: job.generation,
-            submitted_at: now_ms(),
-            not_before: None,
-            last_error: None,
-            last_failure_class: None,
-            first_failure_at: None,
-            replay_count: 0,
-            replayed_from: None,
+            ..JobSubmitted::original(job_id.clone(), job.tenant.clone(), job.job_type.clone(), payload, now_ms())
         };
         self.produce(&rec).await?;
         Ok(Submitted { job_id, duplicate: false, pool })

@@ -654,27 +654,7 @@ mod tests {
     }
 
     fn job_min() -> JobSubmitted {
-        JobSubmitted {
-            job_id: String::new(),
-            tenant: String::new(),
-            job_type: String::new(),
-            pool: None,
-            priority: Priority::Normal,
-            payload: Vec::new(),
-            idempotency_key: None,
-            execute_at: None,
-            not_after: None,
-            attempt: 0,
-            crash_count: 0,
-            generation: 0,
-            submitted_at: 0,
-            not_before: None,
-            last_error: None,
-            last_failure_class: None,
-            first_failure_at: None,
-            replay_count: 0,
-            replayed_from: None,
-        }
+        JobSubmitted::original(String::new(), String::new(), String::new(), Vec::new(), 0)
     }
 
     fn result_full() -> JobResult {

@@ -5,6 +5,7 @@
 
 pub mod breaker;
 pub mod fleet;
+pub mod frontier;
 pub mod offsets;
 pub mod poison;
 pub mod replay;

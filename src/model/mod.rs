@@ -183,6 +183,34 @@ pub struct JobSubmitted {
     pub replayed_from: Option<String>,
 }
 
+impl JobSubmitted {
+    /// A first submission: normal priority, the job type's pool, attempt 0, generation 0,
+    /// no schedule and no failure or replay bookkeeping (set what differs on the result).
+    pub fn original(job_id: String, tenant: String, job_type: String, payload: Vec<u8>, submitted_at: Millis) -> Self {
+        JobSubmitted {
+            job_id,
+            tenant,
+            job_type,
+            pool: None,
+            priority: Priority::Normal,
+            payload,
+            idempotency_key: None,
+            execute_at: None,
+            not_after: None,
+            attempt: 0,
+            crash_count: 0,
+            generation: 0,
+            submitted_at,
+            not_before: None,
+            last_error: None,
+            last_failure_class: None,
+            first_failure_at: None,
+            replay_count: 0,
+            replayed_from: None,
+        }
+    }
+}
+
 /// One terminal record per job on the results topic.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobResult {

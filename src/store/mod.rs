@@ -108,6 +108,18 @@ struct Prepared {
     cancel_flags: PreparedStatement,
     lease_acquire: PreparedStatement,
     lease_renew: PreparedStatement,
+    get_frontier: PreparedStatement,
+    raise_frontier: PreparedStatement,
+    put_cancellation: PreparedStatement,
+    get_cancellations: PreparedStatement,
+}
+
+/// Cancellation feed entries live this long (seconds); workers read the last few minutes.
+pub const CANCELLATION_TTL_SECS: i32 = 600;
+
+/// Cancellation feed buckets are minutes.
+pub fn cancellation_bucket(at: Millis) -> i64 {
+    at.div_euclid(60_000)
 }
 
 /// A connected store bound to fairway's keyspace.
@@ -253,6 +265,26 @@ impl Store {
             list_running_jobs: prep(
                 format!("SELECT job_id, worker, started_at, job FROM {ks}.running_index WHERE scope = ? AND pool = ?"),
                 "prepare list_running_jobs",
+            )
+            .await?,
+            get_frontier: prep(
+                format!("SELECT next FROM {ks}.dispatch_frontier WHERE topic = ? AND partition = ?"),
+                "prepare get_frontier",
+            )
+            .await?,
+            raise_frontier: prep(
+                format!("UPDATE {ks}.dispatch_frontier USING TIMESTAMP ? SET next = ? WHERE topic = ? AND partition = ?"),
+                "prepare raise_frontier",
+            )
+            .await?,
+            put_cancellation: prep(
+                format!("INSERT INTO {ks}.cancellations (bucket, job_id, at) VALUES (?, ?, ?) USING TTL ?"),
+                "prepare put_cancellation",
+            )
+            .await?,
+            get_cancellations: prep(
+                format!("SELECT job_id FROM {ks}.cancellations WHERE bucket IN ?"),
+                "prepare get_cancellations",
             )
             .await?,
             cancel_flags: prep(
@@ -472,8 +504,47 @@ impl Store {
         Ok(())
     }
 
+    /// Flags the job cancelled, then announces it on the cancellation feed (workers that
+    /// skip the state read for fresh jobs learn of it there).
     pub async fn request_cancel(&self, job_id: &str, now: Millis) -> Result<(), StoreError> {
         self.session.execute_unpaged(&self.prepared.request_cancel, (now, job_id)).await.map_err(q("cancel"))?;
+        let feed = (cancellation_bucket(now), job_id, now, CANCELLATION_TTL_SECS);
+        self.session.execute_unpaged(&self.prepared.put_cancellation, feed).await.map_err(q("cancel feed"))?;
+        Ok(())
+    }
+
+    /// Job ids on the cancellation feed in the given minute buckets.
+    pub async fn recent_cancellations(&self, buckets: &[i64]) -> Result<Vec<String>, StoreError> {
+        let res = self
+            .session
+            .execute_unpaged(&self.prepared.get_cancellations, (buckets.to_vec(),))
+            .await
+            .map_err(q("read cancellation feed"))?;
+        let rows = res.into_rows_result().map_err(q("read cancellation feed"))?;
+        let it = rows.rows::<(String,)>().map_err(q("cancellation feed"))?;
+        Ok(it.filter_map(|r| r.ok()).map(|(id,)| id).collect())
+    }
+
+    /// The highest offset of a topic partition any worker may have started, if recorded.
+    pub async fn dispatch_frontier(&self, topic: &str, partition: i32) -> Result<Option<i64>, StoreError> {
+        let res = self
+            .session
+            .execute_unpaged(&self.prepared.get_frontier, (topic, partition))
+            .await
+            .map_err(q("read dispatch frontier"))?;
+        let rows = res.into_rows_result().map_err(q("read dispatch frontier"))?;
+        let row = rows.maybe_first_row::<(Option<i64>,)>().map_err(q("dispatch frontier"))?;
+        Ok(row.and_then(|(n,)| n))
+    }
+
+    /// Raises the frontier to `offset`. Never lowers it: the write's timestamp is the
+    /// offset itself, so of concurrent or reordered writes the highest one wins.
+    pub async fn raise_dispatch_frontier(&self, topic: &str, partition: i32, offset: i64) -> Result<(), StoreError> {
+        let ts = offset.max(0) + 1;
+        self.session
+            .execute_unpaged(&self.prepared.raise_frontier, (ts, offset, topic, partition))
+            .await
+            .map_err(q("raise dispatch frontier"))?;
         Ok(())
     }
 

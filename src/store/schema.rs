@@ -43,6 +43,13 @@ pub const TABLES: &[(&str, &str)] = &[
     ("generations", "(tenant text, job_type text, generation bigint, PRIMARY KEY (tenant, job_type))"),
     // Resumable DLQ/retry replays: the last replayed offset per replay run and partition.
     ("replays", "(replay_id text, topic text, partition int, next_offset bigint, PRIMARY KEY (replay_id, topic, partition))"),
+    // Per topic partition, the highest offset any worker may have started (written with
+    // the offset as its timestamp, so the highest write wins): offsets above it were
+    // never started and skip the effectively-once read.
+    ("dispatch_frontier", "(topic text, partition int, next bigint, PRIMARY KEY ((topic, partition)))"),
+    // Recent cancellation requests by minute (short TTL): the feed workers poll so they
+    // can skip the read for fresh jobs yet still honour a cancel of a queued job.
+    ("cancellations", "(bucket bigint, job_id text, at bigint, PRIMARY KEY ((bucket), job_id))"),
     // Each live worker's scheduler snapshot per pool (JSON, short TTL): `fairway stats` / `top`.
     ("worker_stats", "(pool text, worker text, at bigint, stats text, PRIMARY KEY (pool, worker))"),
 ];

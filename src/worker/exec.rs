@@ -239,7 +239,20 @@ enum Check {
 async fn precheck(sh: &Shared, job: Arc<JobSubmitted>, origin: &Origin) -> Check {
     let mut job = job;
     let interval = sh.cfg.pool(sh.pool).heartbeat_interval;
-    loop {
+    // Record the partition's dispatch frontier past this offset before it can start, and
+    // learn whether anyone can have started it before (then its state needs no read).
+    let fresh = match with_retries(|| sh.frontiers.before_start(&sh.store, &job, origin)).await {
+        Ok(start) => matches!(start, super::fresh::Start::Fresh),
+        Err(e) => {
+            tracing::warn!(job_id = %job.job_id, error = %e, "store unavailable for the dispatch frontier");
+            let err = HandlerError { class: FailureClass::WorkerCrash, message: e.to_string(), retry_after: None };
+            return Check::Done(fail(sh, &job, origin, err, None).await);
+        }
+    };
+    if fresh {
+        metrics::counter!(m::STATE_READS_SKIPPED, "pool" => sh.pool.as_str()).increment(1);
+    }
+    while !fresh {
         let row = match with_retries(|| sh.store.job(&job.job_id)).await {
             Ok(r) => r,
             Err(e) => {

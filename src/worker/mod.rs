@@ -5,6 +5,7 @@
 
 pub mod dispatch;
 pub mod exec;
+pub mod fresh;
 pub mod liveness;
 pub mod pool;
 pub mod relay;
@@ -54,6 +55,8 @@ pub struct Shared {
     /// Decayed slot-seconds per tenant used by the rest of the fleet (other workers and
     /// pools), published by the usage reporter and folded in by the pool loop.
     pub fleet_usage: watch::Sender<HashMap<String, f64>>,
+    /// Dispatch frontiers of the pool topic's partitions: which jobs skip the state read.
+    pub frontiers: fresh::Frontiers,
 }
 
 /// The failure-handling cores of one pool.
@@ -184,6 +187,8 @@ impl Worker {
         let (tx, rx) = watch::channel(false);
         let mut tasks = Vec::new();
         let mut shared = Vec::new();
+        let feed = Arc::new(fresh::CancelFeed::default());
+        tasks.push(tokio::spawn(feed.clone().run(store.clone(), rx.clone())));
         for &pool in pools {
             let sh = Arc::new(Shared {
                 cfg: cfg.clone(),
@@ -198,6 +203,7 @@ impl Worker {
                 assigned: Default::default(),
                 local_usage: Mutex::new(HashMap::new()),
                 fleet_usage: watch::channel(HashMap::new()).0,
+                frontiers: fresh::Frontiers::new(cfg.pool_topic(pool), cfg.worker.skip_fresh_reads, feed.clone()),
             });
             let (sh3, rx3) = (sh.clone(), rx.clone());
             tasks.push(tokio::spawn(liveness::heartbeat_loop(sh3, rx3)));

@@ -98,6 +98,7 @@ pub async fn run(
                         parts.remove(p);
                         paused.remove(p);
                     }
+                    sh.frontiers.forget(&gone.iter().copied().collect::<Vec<_>>());
                     sh.assigned.store(parts.len(), std::sync::atomic::Ordering::SeqCst);
                     // Queued jobs of revoked partitions belong to the new owner now.
                     let dropped = dispatcher.drain_where(&mut |j: &Pending| gone.contains(&j.origin.partition));
@@ -130,6 +131,8 @@ pub async fn run(
                         next_epoch += 1;
                         *st = PartitionState { epoch: next_epoch, offsets: PartitionOffsets::default() };
                         let _ = st.offsets.started(origin.offset);
+                        // Offsets it started before may come again: re-read the frontier.
+                        sh.frontiers.forget(&[origin.partition]);
                     }
                     let epoch = st.epoch;
                     match admit(&sh, &bytes) {

@@ -127,25 +127,14 @@ pub fn arc(cfg: Config) -> Arc<Config> {
 /// A job record as a producer would write it (for tests that produce raw records).
 pub fn job_record(tenant: &str, job_type: &str) -> fairway::model::JobSubmitted {
     fairway::model::JobSubmitted {
-        job_id: uuid::Uuid::now_v7().to_string(),
-        tenant: tenant.into(),
-        job_type: job_type.into(),
         pool: Some(fairway::model::Pool::Short),
-        priority: fairway::model::Priority::Normal,
-        payload: vec![],
-        idempotency_key: None,
-        execute_at: None,
-        not_after: None,
-        attempt: 0,
-        crash_count: 0,
-        generation: 0,
-        submitted_at: fairway::now_ms(),
-        not_before: None,
-        last_error: None,
-        last_failure_class: None,
-        first_failure_at: None,
-        replay_count: 0,
-        replayed_from: None,
+        ..fairway::model::JobSubmitted::original(
+            uuid::Uuid::now_v7().to_string(),
+            tenant.into(),
+            job_type.into(),
+            vec![],
+            fairway::now_ms(),
+        )
     }
 }
 

@@ -1,0 +1,123 @@
+//! Skipping the effectively-once read for jobs that provably need none (see
+//! `core::frontier`): the dispatch frontier of each partition of the pool topic, raised
+//! before any job starts beyond it, and the polled feed of recent cancel requests.
+
+use super::exec::Origin;
+use crate::core::frontier::{self, PartitionFrontier};
+use crate::model::{JobSubmitted, Millis};
+use crate::now_ms;
+use crate::store::{cancellation_bucket, Store, StoreError};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Offsets one frontier write covers: one store write per this many jobs.
+const CHUNK: i64 = 2_000;
+/// How often the cancellation feed is polled.
+const FEED_POLL: Duration = Duration::from_millis(250);
+/// Minute buckets of the feed read per poll (the current one and the ones before).
+const FEED_MINUTES: i64 = 3;
+/// Only jobs younger than this may skip the read: the feed surely covers their lifetime.
+const MAX_AGE_MS: Millis = 60_000;
+/// The feed counts as current only if polled this recently.
+const FEED_FRESH_MS: Millis = 2_000;
+
+/// What an execution learns before it starts.
+pub enum Start {
+    /// The job was never started by anyone: run it without reading its state.
+    Fresh,
+    /// Read its state first (a copy, a redelivery, a cancel on the feed, or no proof).
+    Read,
+}
+
+/// Per pool: the frontiers of the pool topic's partitions this worker owns.
+pub struct Frontiers {
+    topic: String,
+    skip_reads: bool,
+    parts: Mutex<HashMap<i32, Arc<tokio::sync::Mutex<Option<PartitionFrontier>>>>>,
+    feed: Arc<CancelFeed>,
+}
+
+impl Frontiers {
+    pub fn new(topic: String, skip_reads: bool, feed: Arc<CancelFeed>) -> Self {
+        Frontiers { topic, skip_reads, parts: Mutex::new(HashMap::new()), feed }
+    }
+
+    /// Forgets partitions that were revoked or rewound: the next owner epoch re-reads
+    /// the recorded frontier (which then includes what this worker reserved).
+    pub fn forget(&self, partitions: &[i32]) {
+        let mut parts = self.parts.lock().expect("frontiers");
+        for p in partitions {
+            parts.remove(p);
+        }
+    }
+
+    /// Called before a job of the pool topic starts. Records the frontier past its offset
+    /// (every started offset must be covered, whatever this job's own check is) and says
+    /// whether the state read may be skipped. An error means the store is unavailable:
+    /// the job must not start.
+    pub async fn before_start(&self, store: &Store, job: &JobSubmitted, origin: &Origin) -> Result<Start, StoreError> {
+        if origin.topic != self.topic {
+            return Ok(Start::Read);
+        }
+        let cell = {
+            let mut parts = self.parts.lock().expect("frontiers");
+            parts.entry(origin.partition).or_default().clone()
+        };
+        let mut guard = cell.lock().await;
+        if guard.is_none() {
+            let recorded = store.dispatch_frontier(&self.topic, origin.partition).await?;
+            *guard = Some(PartitionFrontier::new(recorded));
+        }
+        let f = guard.as_mut().expect("set above");
+        if let Some(upto) = f.to_reserve(origin.offset, CHUNK) {
+            store.raise_dispatch_frontier(&self.topic, origin.partition, upto).await?;
+            f.reserved(upto);
+        }
+        let now = now_ms();
+        let fresh = self.skip_reads
+            && f.never_started(origin.offset)
+            && frontier::straight_from_submitter(job, now, MAX_AGE_MS)
+            && self.feed.current(now)
+            && !self.feed.contains(&job.job_id);
+        Ok(if fresh { Start::Fresh } else { Start::Read })
+    }
+}
+
+/// Recent cancel requests, polled from the store.
+#[derive(Default)]
+pub struct CancelFeed {
+    state: Mutex<(HashSet<String>, Millis)>,
+}
+
+impl CancelFeed {
+    fn current(&self, now: Millis) -> bool {
+        now - self.state.lock().expect("feed").1 <= FEED_FRESH_MS
+    }
+    fn contains(&self, job_id: &str) -> bool {
+        self.state.lock().expect("feed").0.contains(job_id)
+    }
+
+    /// Polls the feed until shutdown.
+    pub async fn run(self: Arc<Self>, store: Store, mut shutdown: watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(FEED_POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => break,
+                _ = tick.tick() => {}
+            }
+            let started = now_ms();
+            let now_bucket = cancellation_bucket(started);
+            let buckets: Vec<i64> = (0..FEED_MINUTES).map(|i| now_bucket - i).collect();
+            match store.recent_cancellations(&buckets).await {
+                Ok(ids) => {
+                    // Stamped with the poll's start: a cancel written after it is unknown.
+                    *self.state.lock().expect("feed") = (ids.into_iter().collect(), started);
+                }
+                Err(e) => tracing::debug!(error = %e, "cancellation feed poll failed"),
+            }
+        }
+    }
+}
