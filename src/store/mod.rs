@@ -185,8 +185,16 @@ impl Store {
         let prep = |cql: String, what: &'static str| {
             let session = &session;
             async move {
-                let mut p =
-                    session.prepare(cql).await.map_err(|e| StoreError::Query { what, message: e.to_string() })?;
+                let mut p = session.prepare(cql).await.map_err(|e| {
+                    // A keyspace from an older fairway lacks newer tables: say how to fix it.
+                    let message = e.to_string();
+                    let hint = if message.contains("unconfigured") || message.contains("does not exist") {
+                        "; run `fairway init` to create what is missing (it never touches what exists)"
+                    } else {
+                        ""
+                    };
+                    StoreError::Query { what, message: format!("{message}{hint}") }
+                })?;
                 p.set_consistency(Consistency::LocalQuorum);
                 Ok::<_, StoreError>(p)
             }
@@ -654,8 +662,16 @@ impl Store {
         let prep = |cql: String, what: &'static str| {
             let session = &self.session;
             async move {
-                let mut p =
-                    session.prepare(cql).await.map_err(|e| StoreError::Query { what, message: e.to_string() })?;
+                let mut p = session.prepare(cql).await.map_err(|e| {
+                    // A keyspace from an older fairway lacks newer tables: say how to fix it.
+                    let message = e.to_string();
+                    let hint = if message.contains("unconfigured") || message.contains("does not exist") {
+                        "; run `fairway init` to create what is missing (it never touches what exists)"
+                    } else {
+                        ""
+                    };
+                    StoreError::Query { what, message: format!("{message}{hint}") }
+                })?;
                 p.set_consistency(Consistency::LocalQuorum);
                 Ok::<_, StoreError>(p)
             }
@@ -762,8 +778,16 @@ impl Store {
         let prep = |cql: String, what: &'static str, page_size: Option<i32>| {
             let session = &self.session;
             async move {
-                let mut p =
-                    session.prepare(cql).await.map_err(|e| StoreError::Query { what, message: e.to_string() })?;
+                let mut p = session.prepare(cql).await.map_err(|e| {
+                    // A keyspace from an older fairway lacks newer tables: say how to fix it.
+                    let message = e.to_string();
+                    let hint = if message.contains("unconfigured") || message.contains("does not exist") {
+                        "; run `fairway init` to create what is missing (it never touches what exists)"
+                    } else {
+                        ""
+                    };
+                    StoreError::Query { what, message: format!("{message}{hint}") }
+                })?;
                 p.set_consistency(Consistency::LocalOne);
                 if let Some(n) = page_size {
                     p.set_page_size(n);
