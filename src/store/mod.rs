@@ -34,6 +34,18 @@ fn q<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> StoreError {
     move |e| StoreError::Query { what, message: e.to_string() }
 }
 
+/// A statement could not be prepared. A keyspace from an older fairway lacks newer
+/// tables (or there is no keyspace yet): say how to fix it.
+fn prepare_failed(what: &'static str, e: impl std::fmt::Display) -> StoreError {
+    let message = e.to_string();
+    let hint = if message.contains("unconfigured") || message.contains("does not exist") {
+        "; run `fairway init` to create what is missing (it never touches what exists)"
+    } else {
+        ""
+    };
+    StoreError::Query { what, message: format!("{message}{hint}") }
+}
+
 /// What the store knows about one job.
 #[derive(Debug, Clone, Default, PartialEq, scylla::DeserializeRow)]
 pub struct JobRow {
@@ -185,16 +197,7 @@ impl Store {
         let prep = |cql: String, what: &'static str| {
             let session = &session;
             async move {
-                let mut p = session.prepare(cql).await.map_err(|e| {
-                    // A keyspace from an older fairway lacks newer tables: say how to fix it.
-                    let message = e.to_string();
-                    let hint = if message.contains("unconfigured") || message.contains("does not exist") {
-                        "; run `fairway init` to create what is missing (it never touches what exists)"
-                    } else {
-                        ""
-                    };
-                    StoreError::Query { what, message: format!("{message}{hint}") }
-                })?;
+                let mut p = session.prepare(cql).await.map_err(|e| prepare_failed(what, e))?;
                 p.set_consistency(Consistency::LocalQuorum);
                 Ok::<_, StoreError>(p)
             }
@@ -662,16 +665,7 @@ impl Store {
         let prep = |cql: String, what: &'static str| {
             let session = &self.session;
             async move {
-                let mut p = session.prepare(cql).await.map_err(|e| {
-                    // A keyspace from an older fairway lacks newer tables: say how to fix it.
-                    let message = e.to_string();
-                    let hint = if message.contains("unconfigured") || message.contains("does not exist") {
-                        "; run `fairway init` to create what is missing (it never touches what exists)"
-                    } else {
-                        ""
-                    };
-                    StoreError::Query { what, message: format!("{message}{hint}") }
-                })?;
+                let mut p = session.prepare(cql).await.map_err(|e| prepare_failed(what, e))?;
                 p.set_consistency(Consistency::LocalQuorum);
                 Ok::<_, StoreError>(p)
             }
@@ -778,16 +772,7 @@ impl Store {
         let prep = |cql: String, what: &'static str, page_size: Option<i32>| {
             let session = &self.session;
             async move {
-                let mut p = session.prepare(cql).await.map_err(|e| {
-                    // A keyspace from an older fairway lacks newer tables: say how to fix it.
-                    let message = e.to_string();
-                    let hint = if message.contains("unconfigured") || message.contains("does not exist") {
-                        "; run `fairway init` to create what is missing (it never touches what exists)"
-                    } else {
-                        ""
-                    };
-                    StoreError::Query { what, message: format!("{message}{hint}") }
-                })?;
+                let mut p = session.prepare(cql).await.map_err(|e| prepare_failed(what, e))?;
                 p.set_consistency(Consistency::LocalOne);
                 if let Some(n) = page_size {
                     p.set_page_size(n);
