@@ -1292,28 +1292,27 @@ impl<J> Scheduler<J> {
         if self.running_fast >= self.cfg.fast_lanes {
             return None;
         }
-        let cap = self.cfg.fast_lane_max_cost_ms;
-        let candidates: Vec<u32> = self.lane_ready.iter().take(SCAN).map(|&(_, t)| t).collect();
-        for t in candidates {
-            let x = &self.tenants[t as usize];
-            let ahead = if x.free {
-                x.tag - self.group.vtime > cap || (self.group.tag - self.vtime) * self.group.weight > cap
-            } else {
-                (x.tag - self.vtime) * x.weight > cap
-            };
-            if ahead {
-                continue;
-            }
-            let Some((lvl, _)) = x.best_level(now, self.cfg.aging_step_ms) else { continue };
-            let Some(head) = x.queues[lvl].front() else { continue };
-            if self.cost_of(t, head.jt) > cap {
-                continue;
-            }
+        loop {
+            // A refused rate-limit token takes the tenant out of the candidates: this ends.
+            let t = self.lane_ready.iter().take(SCAN).map(|&(_, t)| t).find(|&t| self.fits_lane(t, now))?;
             if self.admit(t, now) {
                 return Some(self.dispatch(t, Via::FastLane, now));
             }
         }
-        None
+    }
+
+    /// The tenant is not ahead of its fair share by more than the lane cap and its next
+    /// job is estimated within it.
+    fn fits_lane(&self, t: u32, now: Millis) -> bool {
+        let cap = self.cfg.fast_lane_max_cost_ms;
+        let x = &self.tenants[t as usize];
+        let ahead = if x.free {
+            x.tag - self.group.vtime > cap || (self.group.tag - self.vtime) * self.group.weight > cap
+        } else {
+            (x.tag - self.vtime) * x.weight > cap
+        };
+        let next = x.best_level(now, self.cfg.aging_step_ms).and_then(|(lvl, _)| x.queues[lvl].front());
+        !ahead && next.is_some_and(|w| self.cost_of(t, w.jt) <= cap)
     }
 
     fn shared_capacity(&self) -> f64 {

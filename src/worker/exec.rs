@@ -242,7 +242,7 @@ async fn precheck(sh: &Shared, job: Arc<JobSubmitted>, origin: &Origin) -> Check
     // Record the partition's dispatch frontier past this offset before it can start, and
     // learn whether anyone can have started it before (then its state needs no read).
     let fresh = match with_retries(|| sh.frontiers.before_start(&sh.store, &job, origin)).await {
-        Ok(start) => matches!(start, super::fresh::Start::Fresh),
+        Ok(fresh) => fresh,
         Err(e) => {
             tracing::warn!(job_id = %job.job_id, error = %e, "store unavailable for the dispatch frontier");
             let err = HandlerError { class: FailureClass::WorkerCrash, message: e.to_string(), retry_after: None };

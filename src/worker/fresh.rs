@@ -23,14 +23,6 @@ const MAX_AGE_MS: Millis = 60_000;
 /// The feed counts as current only if polled this recently.
 const FEED_FRESH_MS: Millis = 2_000;
 
-/// What an execution learns before it starts.
-pub enum Start {
-    /// The job was never started by anyone: run it without reading its state.
-    Fresh,
-    /// Read its state first (a copy, a redelivery, a cancel on the feed, or no proof).
-    Read,
-}
-
 /// Per pool: the frontiers of the pool topic's partitions this worker owns.
 pub struct Frontiers {
     topic: String,
@@ -55,11 +47,12 @@ impl Frontiers {
 
     /// Called before a job of the pool topic starts. Records the frontier past its offset
     /// (every started offset must be covered, whatever this job's own check is) and says
-    /// whether the state read may be skipped. An error means the store is unavailable:
-    /// the job must not start.
-    pub async fn before_start(&self, store: &Store, job: &JobSubmitted, origin: &Origin) -> Result<Start, StoreError> {
+    /// whether the state read may be skipped: true only if nobody can have started the
+    /// job (else read it: a copy, a redelivery, a cancel on the feed, or no proof). An
+    /// error means the store is unavailable: the job must not start.
+    pub async fn before_start(&self, store: &Store, job: &JobSubmitted, origin: &Origin) -> Result<bool, StoreError> {
         if origin.topic != self.topic {
-            return Ok(Start::Read);
+            return Ok(false);
         }
         let cell = {
             let mut parts = self.parts.lock().expect("frontiers");
@@ -76,12 +69,10 @@ impl Frontiers {
             f.reserved(upto);
         }
         let now = now_ms();
-        let fresh = self.skip_reads
+        Ok(self.skip_reads
             && f.never_started(origin.offset)
             && frontier::straight_from_submitter(job, now, MAX_AGE_MS)
-            && self.feed.current(now)
-            && !self.feed.contains(&job.job_id);
-        Ok(if fresh { Start::Fresh } else { Start::Read })
+            && self.feed.rules_out_cancel(&job.job_id, now))
     }
 }
 
@@ -92,11 +83,10 @@ pub struct CancelFeed {
 }
 
 impl CancelFeed {
-    fn current(&self, now: Millis) -> bool {
-        now - self.state.lock().expect("feed").1 <= FEED_FRESH_MS
-    }
-    fn contains(&self, job_id: &str) -> bool {
-        self.state.lock().expect("feed").0.contains(job_id)
+    /// The feed is current and has no cancel request for the job.
+    fn rules_out_cancel(&self, job_id: &str, now: Millis) -> bool {
+        let (ids, polled_at) = &*self.state.lock().expect("feed");
+        now - polled_at <= FEED_FRESH_MS && !ids.contains(job_id)
     }
 
     /// Polls the feed until shutdown.
