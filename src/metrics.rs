@@ -29,6 +29,11 @@ pub const TIER_RUNNING: &str = "fairway_tier_running";
 pub const TIER_SLOT_SECONDS_USED: &str = "fairway_tier_slot_seconds_used";
 pub const TIER_FLEET_USAGE: &str = "fairway_tier_fleet_usage_slot_seconds";
 pub const USAGE_PASS_FAILURES: &str = "fairway_usage_pass_failures_total";
+pub const JOBS_SPILLED: &str = "fairway_jobs_spilled_total";
+pub const JOBS_UNSPILLED: &str = "fairway_jobs_unspilled_total";
+pub const SPILL_FAILURES: &str = "fairway_spill_failures_total";
+pub const SPILLED_BACKLOG: &str = "fairway_spilled_backlog";
+pub const OLDEST_WAIT_SECONDS: &str = "fairway_oldest_wait_seconds";
 
 /// Registers descriptions (shown as HELP lines by the Prometheus exporter).
 pub fn describe() {
@@ -70,6 +75,18 @@ pub fn describe() {
     describe_gauge!(TIER_RUNNING, "Jobs running in this worker's scheduler, by pool and tenant tier");
     describe_gauge!(TIER_SLOT_SECONDS_USED, "Slot-seconds used here since the worker started, by pool and tenant tier");
     describe_gauge!(TIER_FLEET_USAGE, "Decayed slot-seconds used elsewhere in the fleet, by pool and tenant tier");
+    describe_counter!(
+        JOBS_SPILLED,
+        "Jobs spilled to the store's backlog because their tenant's buffer was full, by pool"
+    );
+    describe_counter!(JOBS_UNSPILLED, "Spilled jobs read back into the worker's buffer, by pool");
+    describe_counter!(SPILL_FAILURES, "Spills the store refused (the jobs stayed in memory), by pool");
+    describe_gauge!(SPILLED_BACKLOG, "Jobs waiting in spilled backlogs this worker owns, by pool");
+    describe_gauge!(
+        OLDEST_WAIT_SECONDS,
+        Unit::Seconds,
+        "Age of the oldest job waiting in this worker's buffer, by pool"
+    );
     describe_counter!(
         USAGE_PASS_FAILURES,
         "Fleet usage passes that could not write or read the store, by pool and step"

@@ -106,15 +106,6 @@ async fn record(State(ex): State<Executions>, headers: HeaderMap) -> &'static st
     "done"
 }
 
-fn spawn_worker(config_path: &std::path::Path) -> std::process::Child {
-    std::process::Command::new(env!("CARGO_BIN_EXE_fairway"))
-        .args(["--config", config_path.to_str().unwrap(), "worker", "--pools", "short"])
-        .env("FAIRWAY_LOG", "warn")
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("spawn worker")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill_9_of_a_worker_loses_nothing_and_never_reruns_a_finished_job() {
     let ex = Executions::default();
@@ -138,7 +129,7 @@ async fn kill_9_of_a_worker_loses_nothing_and_never_reruns_a_finished_job() {
     let jobs: Vec<NewJob> = (0..240).map(|i| new_job(tenants[i % 3], "rec", serde_json::json!({ "i": i }))).collect();
     let ids = submit_all(&sub, &jobs).await;
 
-    let mut first = spawn_worker(&path);
+    let mut first = common::spawn_worker(&path, "short");
     // Let it finish some jobs and have others in flight, then kill it without warning.
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while ex.0.lock().unwrap().len() < 40 && std::time::Instant::now() < deadline {
@@ -149,7 +140,7 @@ async fn kill_9_of_a_worker_loses_nothing_and_never_reruns_a_finished_job() {
     let ran_before_kill = ex.0.lock().unwrap().len();
     assert!(ran_before_kill >= 40 && ran_before_kill < ids.len(), "killed mid-run ({ran_before_kill} started)");
 
-    let mut second = spawn_worker(&path);
+    let mut second = common::spawn_worker(&path, "short");
     let results = common::results_for(&cfg, &ids, Duration::from_secs(120)).await;
     second.kill().ok();
     second.wait().ok();

@@ -225,6 +225,7 @@ struct PoolSnap {
     idle_reserved: usize,
     fast_lanes: usize,
     running_fast_lane: usize,
+    spilled: usize,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -257,7 +258,10 @@ pub struct BacklogSum {
     pub urgent: usize,
     pub normal: usize,
     pub low: usize,
+    /// In memory plus spilled.
     pub total: usize,
+    /// Of `total`, jobs spilled to the store's backlog (beyond the worker's buffer).
+    pub spilled: usize,
 }
 
 /// One pool across the fleet.
@@ -276,6 +280,8 @@ pub struct PoolSummary {
     /// Fast lanes beyond `slots` (light tenants' jobs) and how many are busy.
     pub fast_lanes: usize,
     pub running_fast_lane: usize,
+    /// Of `queued`, jobs spilled to the store's backlog.
+    pub spilled: usize,
 }
 
 /// One tenant in one pool across the fleet.
@@ -379,6 +385,7 @@ pub fn aggregate(rows: &[SnapshotRow], now: Millis, max_age_ms: i64) -> FleetSta
         p.idle_reserved += ps.idle_reserved;
         p.fast_lanes += ps.fast_lanes;
         p.running_fast_lane += ps.running_fast_lane;
+        p.spilled += ps.spilled;
         for t in &snap.tenants {
             let a = tenants.entry((r.pool.clone(), t.tenant.clone())).or_insert_with(|| Acc {
                 s: TenantSummary {
@@ -397,6 +404,7 @@ pub fn aggregate(rows: &[SnapshotRow], now: Millis, max_age_ms: i64) -> FleetSta
             s.backlog.normal += t.backlog.normal;
             s.backlog.low += t.backlog.low;
             s.backlog.total += t.backlog.total;
+            s.backlog.spilled += t.backlog.spilled;
             s.running += t.running;
             s.slot_seconds_used += t.slot_seconds_used;
             s.dispatched += t.dispatched;
@@ -451,6 +459,33 @@ pub fn compact_snapshot(stats: &mut serde_json::Value) -> usize {
         queued > 0.0 || num("running") > 0.0 || num("actual_share") >= 1e-4
     });
     before - tenants.len()
+}
+
+/// Adds spilled backlogs (jobs beyond the worker's buffer, in the store) to a scheduler
+/// snapshot: per tenant `backlog.spilled` (also counted in `backlog.total`), per pool
+/// `pool.spilled` (also counted in `pool.queued`).
+pub fn add_spilled(stats: &mut serde_json::Value, per_tenant: &std::collections::HashMap<&str, u64>, total: u64) {
+    if let Some(pool) = stats.get_mut("pool").and_then(|p| p.as_object_mut()) {
+        pool.insert("spilled".into(), total.into());
+        let queued = pool.get("queued").and_then(|v| v.as_u64()).unwrap_or(0);
+        pool.insert("queued".into(), (queued + total).into());
+    }
+    let Some(tenants) = stats.get_mut("tenants").and_then(|t| t.as_array_mut()) else { return };
+    for t in tenants {
+        let Some(n) = t.get("tenant").and_then(|v| v.as_str()).and_then(|name| per_tenant.get(name)).copied() else {
+            continue;
+        };
+        if let Some(b) = t.get_mut("backlog").and_then(|b| b.as_object_mut()) {
+            let total = b.get("total").and_then(|v| v.as_u64()).unwrap_or(0);
+            b.insert("total".into(), (total + n).into());
+            b.insert("spilled".into(), n.into());
+        }
+    }
+}
+
+/// Age (ms) of the oldest queued job of a scheduler snapshot, if any is queued.
+pub fn oldest_wait_ms(stats: &serde_json::Value) -> Option<Millis> {
+    stats.get("tenants")?.as_array()?.iter().filter_map(|t| t.get("oldest_wait_ms")?.as_i64()).max()
 }
 
 /// Backlog, running jobs and slot-seconds used of one tier in one scheduler snapshot.
@@ -631,6 +666,30 @@ mod tests {
         assert!(want.iter().all(|(_, x)| *x >= 9 * B), "{want:?}");
         let m = v.elsewhere("short", "me", now, H);
         assert!(m["a"] > 0.0);
+    }
+
+    #[test]
+    fn spilled_backlogs_count_in_the_snapshot_and_the_merge() {
+        let mut js = serde_json::json!({
+            "at": 1, "pool": {"slots": 4, "queued": 10},
+            "tenants": [
+                {"tenant": "flood", "tier": "free", "backlog": {"normal": 8, "total": 8}, "oldest_wait_ms": 900},
+                {"tenant": "quiet", "tier": "free", "backlog": {"normal": 2, "total": 2}, "oldest_wait_ms": 5},
+            ]
+        });
+        let per: std::collections::HashMap<&str, u64> = [("flood", 1000)].into_iter().collect();
+        add_spilled(&mut js, &per, 1000);
+        assert_eq!(js["pool"]["queued"], 1010);
+        assert_eq!(js["tenants"][0]["backlog"]["total"], 1008);
+        assert_eq!(js["tenants"][0]["backlog"]["spilled"], 1000);
+        assert_eq!(js["tenants"][1]["backlog"]["total"], 2);
+        assert_eq!(oldest_wait_ms(&js), Some(900));
+        assert_eq!(tier_totals(&js).unwrap()["free"].backlog, 1010);
+        let row = SnapshotRow { pool: "p".into(), worker: "w".into(), at: 1, stats: js.to_string() };
+        let m = aggregate(&[row], 1, 60_000);
+        assert_eq!(m.pools[0].spilled, 1000);
+        let flood = m.tenants.iter().find(|t| t.tenant == "flood").unwrap();
+        assert_eq!((flood.backlog.total, flood.backlog.spilled), (1008, 1000));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! ScyllaDB and Apache Cassandra 2.1 accept (no date/time types, JSON, GROUP BY, MVs),
 //! so the same code runs against production ScyllaDB and the local test database.
 
+mod backlog;
 mod coalesce;
 mod rerun;
 mod schema;
@@ -16,6 +17,7 @@ use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::Consistency;
 use std::sync::Arc;
 
+pub use backlog::{BacklogKey, BacklogStatements};
 pub use rerun::{JobFacts, RerunStatements, FACTS_CHUNK};
 pub use schema::TABLES;
 

@@ -50,6 +50,18 @@ pub const TABLES: &[(&str, &str)] = &[
     // Recent cancellation requests by minute (short TTL): the feed workers poll so they
     // can skip the read for fresh jobs yet still honour a cancel of a queued job.
     ("cancellations", "(bucket bigint, job_id text, at bigint, PRIMARY KEY ((bucket), job_id))"),
+    // Spilled backlogs (`core::backlog`): jobs a tenant submitted beyond its buffer in a
+    // worker, per pool topic partition, tenant and bucket of offsets, read back in order.
+    (
+        "backlog",
+        "(topic text, partition int, tenant text, bucket bigint, offset bigint, job blob, \
+         PRIMARY KEY ((topic, partition, tenant, bucket), offset))",
+    ),
+    // Which (tenant, bucket) backlogs exist per topic partition: what a new owner reads.
+    (
+        "backlog_index",
+        "(topic text, partition int, tenant text, bucket bigint, PRIMARY KEY ((topic, partition), tenant, bucket))",
+    ),
     // Each live worker's scheduler snapshot per pool (JSON, short TTL): `fairway stats` / `top`.
     ("worker_stats", "(pool text, worker text, at bigint, stats text, PRIMARY KEY (pool, worker))"),
 ];

@@ -3,6 +3,7 @@
 //! (scheduling, retry, breakers, offsets) live in `crate::core`; this module moves data
 //! between them and Kafka / ScyllaDB.
 
+pub mod backlog;
 pub mod dispatch;
 pub mod exec;
 pub mod fresh;

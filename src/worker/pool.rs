@@ -3,9 +3,11 @@
 //! and talks to running jobs only through channels, so it never blocks on a job and a
 //! multi-hour job never delays polling.
 
+use super::backlog::{BacklogEvent, SpillReq, Spiller};
 use super::dispatch::{Dispatcher, Queued, Ticket};
 use super::exec::{self, Ended, Origin};
 use super::Shared;
+use crate::core::backlog::TenantBacklog;
 use crate::core::offsets::PartitionOffsets;
 use crate::kafka::{self, Consumer, Message, RebalanceEvent, TopicPartitionList};
 use crate::model::{FailureClass, JobStatus, JobSubmitted};
@@ -23,6 +25,15 @@ pub struct Pending {
     pub epoch: u64,
     /// When the consumer handed it over (epoch ms), for the wait breakdown.
     pub received_at: i64,
+    /// Read back from a spilled backlog (its offset was committed when it spilled).
+    pub spill: Option<SpillRef>,
+}
+
+/// Where a job read back from a spilled backlog came from: its end is tracked per bucket.
+#[derive(Debug, Clone)]
+pub struct SpillRef {
+    pub tenant: String,
+    pub bucket: i64,
 }
 
 struct Done {
@@ -31,50 +42,95 @@ struct Done {
     /// The job held a scheduler slot (released earlier by a `Freed` message).
     had_slot: bool,
     ended: Ended,
+    spill: Option<SpillRef>,
 }
 
-/// What executions tell the loop, in order: a slot freed (handler returned), then done
-/// (outcome durable or given up).
+/// What executions and the spill path tell the loop: a slot freed (handler returned),
+/// then done (outcome durable or given up); spills written, rows read back.
 enum Event {
     Freed(Ticket, bool),
     Done(Done),
+    Backlog(BacklogEvent),
 }
 
 struct PartitionState {
     epoch: u64,
     offsets: PartitionOffsets,
+    /// Spilled backlogs of the tenants on this partition (`core::backlog`).
+    backlogs: HashMap<String, TenantBacklog>,
+    /// While the partition's backlog index loads, its messages wait here (and it is
+    /// paused), so no tenant's new job overtakes its spilled ones.
+    held: Option<Vec<(Origin, Vec<u8>)>>,
+    /// Highest offset consumed: buckets of spilled rows below it are sealed.
+    last_seen: i64,
+    /// Spills handed to the writer and not yet reported.
+    spilling: usize,
 }
 
-/// Most jobs buffered in one worker for one pool before every partition is paused.
+/// Most jobs buffered in one worker for one pool: past it, every tenant with more than a
+/// few jobs queued spills; at twice it every partition pauses.
 const GLOBAL_BUFFER: usize = 50_000;
+/// A tenant with at most this many jobs queued keeps its jobs in memory even when the
+/// whole buffer is full (light tenants never pay for the spill path).
+const LIGHT_TENANT: usize = 64;
+/// Spills in flight per partition before it pauses (the writer is behind the store).
+const MAX_SPILLING: usize = 20_000;
+/// Most rows one read-back takes.
+const READ_CHUNK: usize = 1_000;
+
+/// The pool loop's state besides the consumer: partitions, queues, what is in flight.
+struct Loop {
+    sh: Arc<Shared>,
+    topic: String,
+    dispatcher: Box<dyn Dispatcher<Pending>>,
+    /// Jobs the dispatcher refused (tenant over its hard limit); their partitions pause.
+    overflow: VecDeque<Queued<Pending>>,
+    parts: HashMap<i32, PartitionState>,
+    next_epoch: u64,
+    tasks: JoinSet<()>,
+    done_tx: mpsc::UnboundedSender<Event>,
+    spiller: Spiller,
+    /// Jobs whose handler returned but whose outcome is still being written.
+    finishing: usize,
+    /// A tenant's buffer in this worker (`worker.tenant_queue_limit`): past it, it spills.
+    limit: usize,
+}
 
 pub async fn run(
     sh: Arc<Shared>,
-    mut dispatcher: Box<dyn Dispatcher<Pending>>,
+    dispatcher: Box<dyn Dispatcher<Pending>>,
     mut shutdown: watch::Receiver<bool>,
-) -> Result<(), kafka::KafkaError> {
+) -> anyhow::Result<()> {
     let topic = sh.cfg.pool_topic(sh.pool);
     let group = format!("{}{}", sh.cfg.kafka.group_prefix, sh.pool);
     let (consumer, mut rebalances) = kafka::consumer(&sh.cfg, &group, std::slice::from_ref(&topic))?;
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Event>();
-    // Jobs whose handler returned but whose outcome is still being written.
-    let mut finishing = 0usize;
+    let stmts = sh.store.backlog_statements().await?;
+    let report = done_tx.clone();
+    let spiller = Spiller::start(stmts, &topic, move |ev| {
+        let _ = report.send(Event::Backlog(ev));
+    });
+    let mut lp = Loop {
+        sh: sh.clone(),
+        topic: topic.clone(),
+        dispatcher,
+        overflow: VecDeque::new(),
+        parts: HashMap::new(),
+        next_epoch: 0,
+        tasks: JoinSet::new(),
+        done_tx,
+        spiller,
+        finishing: 0,
+        limit: sh.cfg.worker.tenant_queue_limit.max(1),
+    };
     let slots = sh.cfg.pool(sh.pool).slots;
-    let mut tasks = JoinSet::new();
-    let mut parts: HashMap<i32, PartitionState> = HashMap::new();
-    let mut next_epoch = 0u64;
     let mut paused: HashSet<i32> = HashSet::new();
-    // Partitions paused for a tenant whose buffer is full: partition -> that tenant.
-    let mut hot: HashMap<i32, String> = HashMap::new();
-    let mut overflow: VecDeque<Queued<Pending>> = VecDeque::new();
-    let limit = sh.cfg.worker.tenant_queue_limit.max(1);
     let pool = sh.pool.as_str();
     let mut stats_tick = tokio::time::interval(Duration::from_millis(500));
     let mut fleet = sh.fleet_usage.subscribe();
 
     loop {
-        let wake = dispatcher.next_wakeup(now_ms()).map(|t| (t - now_ms()).max(1) as u64).unwrap_or(3_600_000);
-        let buffering = dispatcher.queued_total() + overflow.len();
+        let wake = lp.dispatcher.next_wakeup(now_ms()).map(|t| (t - now_ms()).max(1) as u64).unwrap_or(3_600_000);
         tokio::select! {
             biased;
             _ = shutdown.changed() => break,
@@ -83,33 +139,31 @@ pub async fn run(
                     for (_, p) in tps {
                         // Keep a state a message already created: replacing it would let
                         // commits pass offsets still queued under the old state.
-                        parts.entry(p).or_insert_with(|| {
-                            next_epoch += 1;
-                            PartitionState { epoch: next_epoch, offsets: PartitionOffsets::default() }
-                        });
+                        lp.partition(p);
                         paused.remove(&p);
                     }
-                    sh.assigned.store(parts.len(), std::sync::atomic::Ordering::SeqCst);
-                    tracing::info!(pool, partitions = ?parts.keys().collect::<Vec<_>>(), "partitions assigned");
+                    sh.assigned.store(lp.parts.len(), std::sync::atomic::Ordering::SeqCst);
+                    tracing::info!(pool, partitions = ?lp.parts.keys().collect::<Vec<_>>(), "partitions assigned");
                 }
                 RebalanceEvent::Revoked(tps) => {
                     let gone: HashSet<i32> = tps.iter().map(|(_, p)| *p).collect();
                     for p in &gone {
-                        parts.remove(p);
+                        lp.parts.remove(p);
                         paused.remove(p);
                     }
                     sh.frontiers.forget(&gone.iter().copied().collect::<Vec<_>>());
-                    sh.assigned.store(parts.len(), std::sync::atomic::Ordering::SeqCst);
-                    // Queued jobs of revoked partitions belong to the new owner now.
-                    let dropped = dispatcher.drain_where(&mut |j: &Pending| gone.contains(&j.origin.partition));
-                    overflow.retain(|q| !gone.contains(&q.job.origin.partition));
+                    sh.assigned.store(lp.parts.len(), std::sync::atomic::Ordering::SeqCst);
+                    // Queued jobs of revoked partitions belong to the new owner now (it
+                    // also reads their spilled backlogs back).
+                    let dropped = lp.dispatcher.drain_where(&mut |j: &Pending| gone.contains(&j.origin.partition));
+                    lp.overflow.retain(|q| !gone.contains(&q.job.origin.partition));
                     tracing::info!(pool, partitions = ?gone, dropped = dropped.len(), "partitions revoked");
                 }
             },
             Some(ev) = done_rx.recv() => {
-                on_event(&sh, &consumer, &topic, &mut parts, &mut *dispatcher, &mut finishing, ev);
+                lp.on_event(&consumer, ev);
                 while let Ok(ev) = done_rx.try_recv() {
-                    on_event(&sh, &consumer, &topic, &mut parts, &mut *dispatcher, &mut finishing, ev);
+                    lp.on_event(&consumer, ev);
                 }
             }
             msg = consumer.recv() => match msg {
@@ -121,147 +175,49 @@ pub async fn run(
                     let origin = Origin { topic: msg.topic().to_string(), partition: msg.partition(), offset: msg.offset() };
                     let bytes = msg.payload().unwrap_or_default().to_vec();
                     drop(msg);
-                    let st = parts.entry(origin.partition).or_insert_with(|| {
-                        next_epoch += 1;
-                        PartitionState { epoch: next_epoch, offsets: PartitionOffsets::default() }
-                    });
-                    if st.offsets.started(origin.offset).is_err() {
-                        // The partition rewound (a seek or a missed rebalance event): what
-                        // was in flight before no longer decides this partition's commits.
-                        next_epoch += 1;
-                        *st = PartitionState { epoch: next_epoch, offsets: PartitionOffsets::default() };
-                        let _ = st.offsets.started(origin.offset);
-                        // Offsets it started before may come again: re-read the frontier.
-                        sh.frontiers.forget(&[origin.partition]);
-                    }
-                    let epoch = st.epoch;
-                    match admit(&sh, &bytes) {
-                        Ok(job) if job.execute_at.is_some_and(|at| at > now_ms() + 100) => {
-                            // Scheduled for later: the relay holds it (or parks it in the store).
-                            let (sh2, tx) = (sh.clone(), done_tx.clone());
-                            tasks.spawn(async move {
-                                let ended = if exec::delay(&sh2, job).await { Ended::Skipped } else { Ended::NotDurable };
-                                let _ = tx.send(Event::Done(Done { origin, epoch, had_slot: false, ended }));
-                            });
-                        }
-                        Ok(job) => {
-                            metrics::counter!(m::JOBS_RECEIVED, "pool" => pool).increment(1);
-                            let q = Queued {
-                                tenant: job.tenant.clone(),
-                                job_type: job.job_type.clone(),
-                                priority: job.priority,
-                                job: Pending { job: Arc::new(job), origin, epoch, received_at: now_ms() },
-                            };
-                            let (tenant, partition) = (q.tenant.clone(), q.job.origin.partition);
-                            if let Err((rej, q)) = dispatcher.enqueue(q, now_ms()) {
-                                tracing::warn!(pool, %rej, "tenant buffer over its hard limit; partition paused");
-                                overflow.push_back(q);
-                            }
-                            if dispatcher.queued(&tenant) >= limit {
-                                if hot.insert(partition, tenant).is_none() {
-                                    metrics::counter!(m::PARTITION_PAUSES, "pool" => pool).increment(1);
-                                }
-                            }
-                        }
-                        Err((job, class, reason)) => {
-                            let sh2 = sh.clone();
-                            let tx = done_tx.clone();
-                            tasks.spawn(async move {
-                                let durable = reject(&sh2, job, bytes, class, reason, &origin).await;
-                                let ended = if durable { Ended::Skipped } else { Ended::NotDurable };
-                                let _ = tx.send(Event::Done(Done { origin, epoch, had_slot: false, ended }));
-                            });
-                        }
-                    }
+                    lp.on_message(origin, bytes);
                 }
             },
             _ = tokio::time::sleep(Duration::from_millis(wake)) => {}
-            _ = stats_tick.tick() => {
-                metrics::gauge!(m::QUEUED, "pool" => pool).set(buffering as f64);
-                if let Ok(mut s) = sh.stats.lock() {
-                    *s = dispatcher.stats_json(now_ms());
-                }
-                // Hand this pool's slot-time to the fleet accounting.
-                let used = dispatcher.take_usage(now_ms());
-                if let Ok(mut u) = sh.local_usage.lock() {
-                    for (t, v) in used {
-                        *u.entry(t).or_default() += v;
-                    }
-                }
-            }
+            _ = stats_tick.tick() => lp.publish_stats(),
             Ok(()) = fleet.changed() => {
                 let usage = fleet.borrow_and_update().clone();
-                dispatcher.fold_fleet_usage(&usage, now_ms());
+                lp.dispatcher.fold_fleet_usage(&usage, now_ms());
             }
         }
 
         // Retry what overflowed once its tenant drained.
         let mut still = VecDeque::new();
-        while let Some(q) = overflow.pop_front() {
-            if let Err((_, q)) = dispatcher.enqueue(q, now_ms()) {
+        while let Some(q) = lp.overflow.pop_front() {
+            if let Err((_, q)) = lp.dispatcher.enqueue(q, now_ms()) {
                 still.push_back(q);
             }
         }
-        overflow = still;
+        lp.overflow = still;
 
-        // Start every job the policy allows now (the policy enforces the slots). A job
-        // frees its slot when its handler returns; outcomes still being written are
-        // bounded separately, so a slow store holds new work back instead of piling up
-        // unfinished outcomes.
-        while finishing < slots {
-            let Some((p, ticket)) = dispatcher.next(now_ms()) else { break };
-            let ticket_at = ticket.dispatched_at;
-            if ticket.fast_lane {
-                metrics::counter!(m::FAST_LANE_DISPATCHES, "pool" => pool).increment(1);
-            }
-            let sh2 = sh.clone();
-            let tx = done_tx.clone();
-            let freed = done_tx.clone();
-            tasks.spawn(async move {
-                let slot = exec::SlotRelease::new(move |ran| {
-                    let _ = freed.send(Event::Freed(ticket, ran));
-                });
-                let waited = exec::Waited { received_at: p.received_at, dispatched_at: ticket_at };
-                let ended = exec::execute(sh2, p.job, p.origin.clone(), slot, waited).await;
-                let _ = tx.send(Event::Done(Done { origin: p.origin, epoch: p.epoch, had_slot: true, ended }));
-            });
-        }
-        while tasks.try_join_next().is_some() {}
-
-        // Backpressure: a partition carrying a tenant whose buffer reached its limit is
-        // paused (a flooding tenant fills only its own buffer) until that tenant drained
-        // to half; every partition pauses while the worker's whole buffer is full.
-        hot.retain(|p, tenant| {
-            parts.contains_key(p)
-                && (dispatcher.queued(tenant) > limit / 2 || overflow.iter().any(|q| q.job.origin.partition == *p))
-        });
-        let mut want_paused: HashSet<i32> = hot.keys().copied().collect();
-        want_paused.extend(overflow.iter().map(|q| q.job.origin.partition));
-        if dispatcher.queued_total() + overflow.len() >= GLOBAL_BUFFER {
-            want_paused.extend(parts.keys().copied());
-        }
+        lp.start_jobs(slots);
+        lp.tend_backlogs();
+        let want_paused = lp.partitions_to_pause();
         set_paused(&consumer, &topic, &mut paused, want_paused);
     }
 
     // Graceful shutdown: take no more work, let running jobs finish within the pool's
     // grace period, then commit what finished. Queued jobs are simply not committed:
-    // the partitions' next owners get them.
-    let queued = dispatcher.drain_where(&mut |_| true);
+    // the partitions' next owners get them (spilled ones from the store).
+    let queued = lp.dispatcher.drain_where(&mut |_| true);
     let grace = sh.cfg.pool(sh.pool).default_timeout.min(Duration::from_secs(30));
-    tracing::info!(pool, queued = queued.len(), running = dispatcher.running(), ?grace, "draining");
+    tracing::info!(pool, queued = queued.len(), running = lp.dispatcher.running(), ?grace, "draining");
     let deadline = tokio::time::Instant::now() + grace;
-    while dispatcher.running() + finishing > 0 {
+    while lp.dispatcher.running() + lp.finishing > 0 {
         tokio::select! {
-            Some(ev) = done_rx.recv() => {
-                on_event(&sh, &consumer, &topic, &mut parts, &mut *dispatcher, &mut finishing, ev)
-            }
+            Some(ev) = done_rx.recv() => lp.on_event(&consumer, ev),
             _ = tokio::time::sleep_until(deadline) => {
-                tracing::warn!(pool, running = dispatcher.running(), "grace period over; handing running jobs back");
+                tracing::warn!(pool, running = lp.dispatcher.running(), "grace period over; handing running jobs back");
                 break;
             }
         }
     }
-    tasks.abort_all();
+    lp.tasks.abort_all();
     if let Err(e) = consumer.commit_consumer_state(kafka::CommitMode::Sync) {
         tracing::debug!(pool, error = %e, "final commit");
     }
@@ -269,49 +225,374 @@ pub async fn run(
     Ok(())
 }
 
-fn on_event(
-    sh: &Shared,
-    consumer: &kafka::WorkerConsumer,
-    topic: &str,
-    parts: &mut HashMap<i32, PartitionState>,
-    dispatcher: &mut dyn Dispatcher<Pending>,
-    finishing: &mut usize,
-    ev: Event,
-) {
-    let done = match ev {
-        Event::Freed(ticket, ran) => {
-            dispatcher.complete(&ticket, now_ms(), ran);
-            *finishing += 1;
+impl Loop {
+    fn pool(&self) -> &'static str {
+        self.sh.pool.as_str()
+    }
+
+    /// The state of a partition, created (with a load of its backlog index) if new.
+    fn partition(&mut self, p: i32) -> &mut PartitionState {
+        let (next_epoch, spiller) = (&mut self.next_epoch, &self.spiller);
+        self.parts.entry(p).or_insert_with(|| new_partition(next_epoch, spiller, p))
+    }
+
+    /// A message from the pool topic: track its offset, then admit it (or hold it while
+    /// its partition's backlog index loads).
+    fn on_message(&mut self, origin: Origin, bytes: Vec<u8>) {
+        let p = origin.partition;
+        let st = self.partition(p);
+        if st.offsets.started(origin.offset).is_err() {
+            // The partition rewound (a seek or a missed rebalance event): what was in
+            // flight before no longer decides this partition's commits.
+            let st = new_partition(&mut self.next_epoch, &self.spiller, p);
+            self.parts.insert(p, st);
+            let _ = self.partition(p).offsets.started(origin.offset);
+            // Offsets it started before may come again: re-read the frontier.
+            self.sh.frontiers.forget(&[p]);
+        }
+        let st = self.partition(p);
+        st.last_seen = st.last_seen.max(origin.offset);
+        match st.held.as_mut() {
+            Some(held) => held.push((origin, bytes)),
+            None => self.intake(origin, bytes),
+        }
+    }
+
+    /// Admission of a consumed message: dead-letter what cannot run, delay what is due
+    /// later, spill what exceeds its tenant's buffer, queue the rest.
+    fn intake(&mut self, origin: Origin, bytes: Vec<u8>) {
+        let Some(epoch) = self.parts.get(&origin.partition).map(|st| st.epoch) else { return };
+        let job = match admit(&self.sh, &bytes) {
+            Ok(job) => job,
+            Err((job, class, reason)) => return self.reject_later(job, bytes, class, reason, origin, epoch, None),
+        };
+        if job.execute_at.is_some_and(|at| at > now_ms() + 100) {
+            // Scheduled for later: the relay holds it (or parks it in the store).
+            let (sh, tx) = (self.sh.clone(), self.done_tx.clone());
+            self.tasks.spawn(async move {
+                let ended = if exec::delay(&sh, job).await { Ended::Skipped } else { Ended::NotDurable };
+                let _ = tx.send(Event::Done(Done { origin, epoch, had_slot: false, ended, spill: None }));
+            });
             return;
         }
-        Event::Done(done) => done,
-    };
-    if done.had_slot {
-        *finishing = finishing.saturating_sub(1);
+        metrics::counter!(m::JOBS_RECEIVED, "pool" => self.pool()).increment(1);
+        let tenant = job.tenant.clone();
+        let pending = Pending { job: Arc::new(job), origin, epoch, received_at: now_ms(), spill: None };
+        if self.must_spill(pending.origin.partition, &tenant) && self.mark_spill(&pending) {
+            metrics::counter!(m::JOBS_SPILLED, "pool" => self.pool()).increment(1);
+            let (partition, offset) = (pending.origin.partition, pending.origin.offset);
+            self.spiller.spill(SpillReq { epoch, partition, tenant, offset, bytes, job: pending });
+        } else {
+            self.enqueue(pending);
+        }
     }
-    if done.ended == Ended::Skipped {
-        metrics::counter!(m::JOBS_NOT_RUN, "pool" => sh.pool.as_str()).increment(1);
+
+    /// A tenant's job leaves memory for its spilled backlog when rows of it already wait
+    /// there (order inside the tenant), when its buffer is full, or when the whole buffer
+    /// is full and the tenant is not a light one.
+    fn must_spill(&self, partition: i32, tenant: &str) -> bool {
+        let active = self.parts.get(&partition).and_then(|st| st.backlogs.get(tenant)).is_some_and(|b| b.is_active());
+        let queued = self.dispatcher.queued(tenant);
+        active || queued >= self.limit || (self.buffered() >= GLOBAL_BUFFER && queued >= LIGHT_TENANT)
     }
-    if done.ended == Ended::NotDurable {
-        // Keep the offset unfinished: commits stop below it and the job is redelivered
-        // after a restart or rebalance rather than lost.
-        tracing::error!(
-            pool = sh.pool.as_str(),
-            partition = done.origin.partition,
-            offset = done.origin.offset,
-            "outcome not durable; holding the partition's commit below this offset"
-        );
-        return;
+
+    /// Records a spill in the tenant's backlog; false if it must stay in memory.
+    fn mark_spill(&mut self, pending: &Pending) -> bool {
+        let Some(st) = self.parts.get_mut(&pending.origin.partition) else { return false };
+        let b = st.backlogs.entry(pending.job.tenant.clone()).or_insert_with(TenantBacklog::new);
+        if !b.spill(pending.origin.offset) {
+            return false;
+        }
+        st.spilling += 1;
+        true
     }
-    let Some(st) = parts.get_mut(&done.origin.partition) else {
-        return;
-    };
-    if st.epoch != done.epoch {
-        return; // finished after its partition moved away: the new owner decides.
+
+    fn buffered(&self) -> usize {
+        self.dispatcher.queued_total() + self.overflow.len()
     }
-    if let Some(commit) = st.offsets.finished(done.origin.offset) {
+
+    fn enqueue(&mut self, pending: Pending) {
+        let q = Queued {
+            tenant: pending.job.tenant.clone(),
+            job_type: pending.job.job_type.clone(),
+            priority: pending.job.priority,
+            job: pending,
+        };
+        if let Err((rej, q)) = self.dispatcher.enqueue(q, now_ms()) {
+            tracing::warn!(pool = self.pool(), %rej, "tenant buffer over its hard limit; partition paused");
+            self.overflow.push_back(q);
+        }
+    }
+
+    /// Dead-letters a message that cannot run, in a task; its end comes back as `Done`.
+    #[allow(clippy::too_many_arguments)]
+    fn reject_later(
+        &mut self,
+        job: Option<JobSubmitted>,
+        bytes: Vec<u8>,
+        class: FailureClass,
+        reason: String,
+        origin: Origin,
+        epoch: u64,
+        spill: Option<SpillRef>,
+    ) {
+        let (sh, tx) = (self.sh.clone(), self.done_tx.clone());
+        self.tasks.spawn(async move {
+            let durable = reject(&sh, job, bytes, class, reason, &origin).await;
+            let ended = if durable { Ended::Skipped } else { Ended::NotDurable };
+            let _ = tx.send(Event::Done(Done { origin, epoch, had_slot: false, ended, spill }));
+        });
+    }
+
+    /// Starts every job the policy allows now (the policy enforces the slots). A job
+    /// frees its slot when its handler returns; outcomes still being written are bounded
+    /// separately, so a slow store holds new work back instead of piling up outcomes.
+    fn start_jobs(&mut self, slots: usize) {
+        while self.finishing < slots {
+            let Some((p, ticket)) = self.dispatcher.next(now_ms()) else { break };
+            let ticket_at = ticket.dispatched_at;
+            if ticket.fast_lane {
+                metrics::counter!(m::FAST_LANE_DISPATCHES, "pool" => self.pool()).increment(1);
+            }
+            let sh = self.sh.clone();
+            let tx = self.done_tx.clone();
+            let freed = self.done_tx.clone();
+            self.tasks.spawn(async move {
+                let slot = exec::SlotRelease::new(move |ran| {
+                    let _ = freed.send(Event::Freed(ticket, ran));
+                });
+                let waited = exec::Waited { received_at: p.received_at, dispatched_at: ticket_at };
+                let ended = exec::execute(sh, p.job, p.origin.clone(), slot, waited).await;
+                let done = Done { origin: p.origin, epoch: p.epoch, had_slot: true, ended, spill: p.spill };
+                let _ = tx.send(Event::Done(done));
+            });
+        }
+        while self.tasks.try_join_next().is_some() {}
+    }
+
+    /// Reads spilled rows back for tenants whose buffer drained below half, and drops
+    /// buckets whose jobs are all done.
+    fn tend_backlogs(&mut self) {
+        let room_total = GLOBAL_BUFFER.saturating_sub(self.buffered());
+        let mut reads = Vec::new();
+        let mut drops = Vec::new();
+        for (&p, st) in self.parts.iter_mut() {
+            if st.held.is_some() {
+                continue;
+            }
+            for (tenant, b) in st.backlogs.iter_mut() {
+                let queued = self.dispatcher.queued(tenant);
+                let room = self.limit.saturating_sub(queued).min(READ_CHUNK).min(room_total);
+                if room >= (self.limit / 2).min(READ_CHUNK).max(1) {
+                    if let Some(plan) = b.plan_read(room) {
+                        reads.push((st.epoch, p, tenant.clone(), plan));
+                    }
+                }
+                for bucket in b.deletable(st.last_seen) {
+                    drops.push((st.epoch, p, tenant.clone(), bucket));
+                }
+            }
+            st.backlogs.retain(|_, b| !b.is_empty());
+        }
+        for (epoch, p, tenant, plan) in reads {
+            self.spiller.read(epoch, p, tenant, plan);
+        }
+        for (epoch, p, tenant, bucket) in drops {
+            self.spiller.drop_bucket(epoch, p, tenant, bucket);
+        }
+    }
+
+    /// Backpressure, now only where spilling cannot help: partitions with jobs the
+    /// dispatcher refused, partitions whose backlog index is loading or whose spill
+    /// writes fell behind, and every partition when the whole buffer is twice full.
+    fn partitions_to_pause(&self) -> HashSet<i32> {
+        let mut want: HashSet<i32> = self.overflow.iter().map(|q| q.job.origin.partition).collect();
+        for (&p, st) in &self.parts {
+            if st.held.is_some() || st.spilling >= MAX_SPILLING {
+                want.insert(p);
+            }
+        }
+        if self.buffered() >= 2 * GLOBAL_BUFFER {
+            want.extend(self.parts.keys().copied());
+        }
+        want
+    }
+
+    /// Scheduler snapshot (with spilled backlogs) for `fairway stats`, and fleet usage.
+    fn publish_stats(&mut self) {
+        let now = now_ms();
+        let mut spilled: HashMap<&str, u64> = HashMap::new();
+        for st in self.parts.values() {
+            for (t, b) in &st.backlogs {
+                *spilled.entry(t.as_str()).or_default() += b.spilled();
+            }
+        }
+        let spilled_total: u64 = spilled.values().sum();
+        metrics::gauge!(m::QUEUED, "pool" => self.pool()).set(self.buffered() as f64);
+        metrics::gauge!(m::SPILLED_BACKLOG, "pool" => self.pool()).set(spilled_total as f64);
+        let mut stats = self.dispatcher.stats_json(now);
+        crate::core::fleet::add_spilled(&mut stats, &spilled, spilled_total);
+        if let Some(oldest) = crate::core::fleet::oldest_wait_ms(&stats) {
+            metrics::gauge!(m::OLDEST_WAIT_SECONDS, "pool" => self.pool()).set(oldest as f64 / 1000.0);
+        }
+        if let Ok(mut s) = self.sh.stats.lock() {
+            *s = stats;
+        }
+        // Hand this pool's slot-time to the fleet accounting.
+        let used = self.dispatcher.take_usage(now);
+        if let Ok(mut u) = self.sh.local_usage.lock() {
+            for (t, v) in used {
+                *u.entry(t).or_default() += v;
+            }
+        }
+    }
+
+    fn on_event(&mut self, consumer: &kafka::WorkerConsumer, ev: Event) {
+        let done = match ev {
+            Event::Freed(ticket, ran) => {
+                self.dispatcher.complete(&ticket, now_ms(), ran);
+                self.finishing += 1;
+                return;
+            }
+            Event::Backlog(ev) => return self.on_backlog(consumer, ev),
+            Event::Done(done) => done,
+        };
+        if done.had_slot {
+            self.finishing = self.finishing.saturating_sub(1);
+        }
+        if done.ended == Ended::Skipped {
+            metrics::counter!(m::JOBS_NOT_RUN, "pool" => self.pool()).increment(1);
+        }
+        let durable = done.ended != Ended::NotDurable;
+        if !durable {
+            // Keep the offset (or the spilled row) unfinished: the job is redelivered
+            // after a restart or rebalance rather than lost.
+            tracing::error!(
+                pool = self.pool(),
+                partition = done.origin.partition,
+                offset = done.origin.offset,
+                "outcome not durable; holding the partition's commit (or spilled row) at this job"
+            );
+        }
+        let Some(st) = self.parts.get_mut(&done.origin.partition) else {
+            return;
+        };
+        if st.epoch != done.epoch {
+            return; // finished after its partition moved away: the new owner decides.
+        }
+        if let Some(SpillRef { tenant, bucket }) = &done.spill {
+            // Its offset was committed when it spilled; its bucket tracks its end.
+            if let Some(b) = st.backlogs.get_mut(tenant) {
+                b.job_done(*bucket, durable);
+            }
+            return;
+        }
+        if durable {
+            finished(consumer, &self.topic, done.origin.partition, st, done.origin.offset);
+        }
+    }
+
+    fn on_backlog(&mut self, consumer: &kafka::WorkerConsumer, ev: BacklogEvent) {
+        match ev {
+            BacklogEvent::Spilled { epoch, partition, tenant, acked, failed } => {
+                let Some(st) = self.parts.get_mut(&partition).filter(|st| st.epoch == epoch) else { return };
+                st.spilling = st.spilling.saturating_sub(acked.len() + failed.len());
+                let b = st.backlogs.entry(tenant).or_insert_with(TenantBacklog::new);
+                b.acked(&acked);
+                let failed_offsets: Vec<i64> = failed.iter().map(|(o, _)| *o).collect();
+                b.failed(&failed_offsets);
+                // Durable in the store: the offsets may be committed past.
+                for o in acked {
+                    finished(consumer, &self.topic, partition, st, o);
+                }
+                if !failed.is_empty() {
+                    metrics::counter!(m::SPILL_FAILURES, "pool" => self.pool()).increment(failed.len() as u64);
+                }
+                for (_, pending) in failed {
+                    let q = Queued {
+                        tenant: pending.job.tenant.clone(),
+                        job_type: pending.job.job_type.clone(),
+                        priority: pending.job.priority,
+                        job: pending,
+                    };
+                    self.overflow.push_back(q);
+                }
+            }
+            BacklogEvent::Read { epoch, partition, tenant, plan, rows } => {
+                let Some(st) = self.parts.get_mut(&partition).filter(|st| st.epoch == epoch) else { return };
+                let Some(b) = st.backlogs.get_mut(&tenant) else { return };
+                let rows = match rows {
+                    Ok(rows) => rows,
+                    Err(_) => return b.read_failed(),
+                };
+                let offsets: Vec<i64> = rows.iter().map(|(o, _)| *o).collect();
+                b.read_done(&plan, &offsets);
+                metrics::counter!(m::JOBS_UNSPILLED, "pool" => self.pool()).increment(rows.len() as u64);
+                for (offset, bytes) in rows {
+                    let origin = Origin { topic: self.topic.clone(), partition, offset };
+                    let spill = Some(SpillRef { tenant: tenant.clone(), bucket: plan.bucket });
+                    match admit(&self.sh, &bytes) {
+                        Ok(job) => {
+                            let job = Arc::new(job);
+                            self.enqueue(Pending { job, origin, epoch, received_at: now_ms(), spill });
+                        }
+                        Err((job, class, reason)) => self.reject_later(job, bytes, class, reason, origin, epoch, spill),
+                    }
+                }
+            }
+            BacklogEvent::Loaded { epoch, partition, entries } => {
+                let Some(st) = self.parts.get_mut(&partition).filter(|st| st.epoch == epoch) else { return };
+                let mut by_tenant: HashMap<String, Vec<i64>> = HashMap::new();
+                for (t, bucket) in entries {
+                    by_tenant.entry(t).or_default().push(bucket);
+                }
+                if !by_tenant.is_empty() {
+                    tracing::info!(
+                        pool = self.sh.pool.as_str(),
+                        partition,
+                        tenants = by_tenant.len(),
+                        "spilled backlogs found; reading them back"
+                    );
+                }
+                for (t, buckets) in by_tenant {
+                    st.backlogs.insert(t, TenantBacklog::recovered(buckets));
+                }
+                for (origin, bytes) in st.held.take().unwrap_or_default() {
+                    self.intake(origin, bytes);
+                }
+            }
+            BacklogEvent::Dropped { epoch, partition, tenant, bucket, ok } => {
+                let Some(st) = self.parts.get_mut(&partition).filter(|st| st.epoch == epoch) else { return };
+                if let Some(b) = st.backlogs.get_mut(&tenant) {
+                    if ok {
+                        b.deleted(bucket)
+                    } else {
+                        b.delete_failed(bucket)
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn new_partition(next_epoch: &mut u64, spiller: &Spiller, p: i32) -> PartitionState {
+    *next_epoch += 1;
+    spiller.load(*next_epoch, p);
+    PartitionState {
+        epoch: *next_epoch,
+        offsets: PartitionOffsets::default(),
+        backlogs: HashMap::new(),
+        held: Some(Vec::new()),
+        last_seen: -1,
+        spilling: 0,
+    }
+}
+
+/// An offset's job is done (or durably spilled): store the commit point it allows.
+fn finished(consumer: &kafka::WorkerConsumer, topic: &str, partition: i32, st: &mut PartitionState, offset: i64) {
+    if let Some(commit) = st.offsets.finished(offset) {
         let mut tpl = TopicPartitionList::new();
-        if tpl.add_partition_offset(topic, done.origin.partition, kafka::Offset::Offset(commit)).is_ok() {
+        if tpl.add_partition_offset(topic, partition, kafka::Offset::Offset(commit)).is_ok() {
             if let Err(e) = consumer.store_offsets(&tpl) {
                 tracing::debug!(error = %e, "store offset (partition likely revoked)");
             }

@@ -156,3 +156,13 @@ pub fn config_file(cfg: &Config, extra: &str, dir: &std::path::Path) -> std::pat
     std::fs::write(&path, text).expect("write config file");
     path
 }
+
+/// Starts a `fairway worker` process for `pools` with the config file at `config_path`.
+pub fn spawn_worker(config_path: &std::path::Path, pools: &str) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_fairway"))
+        .args(["--config", config_path.to_str().unwrap(), "worker", "--pools", pools])
+        .env("FAIRWAY_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn worker")
+}

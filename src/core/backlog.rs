@@ -1,0 +1,428 @@
+//! Spilled backlogs: the bookkeeping that lets a flooding tenant's excess leave the
+//! shared Kafka partition's path. A Kafka partition is a FIFO shared by every tenant that
+//! hashes to it; when one tenant's buffer in the worker is full, pausing the partition
+//! would stall everyone behind it. Instead the worker *spills* that tenant's further jobs
+//! to a per-(partition, tenant) backlog in the store, commits past them once the rows are
+//! durable, keeps consuming for everyone else, and reads the rows back in offset order as
+//! the tenant's buffer drains, so the flooder keeps its full fair share.
+//!
+//! This module is the pure part (no I/O): one owner epoch's view of one tenant's backlog
+//! on one partition. It decides whether a new message must spill (to keep order inside
+//! the tenant), what to read back next, and when a bucket of spilled rows may be deleted.
+//!
+//! Rows live in buckets of [`BUCKET_SPAN`] offsets (one store partition each). Invariants
+//! the worker relies on (unit-tested below):
+//! - *No row is skipped*: a read never looks past the lowest spill still in flight, and a
+//!   bucket counts as caught up only if no spill reached it while the read was out.
+//! - *Order*: while rows wait in the store or in flight, new messages of the tenant spill
+//!   too (`is_active`), so they are read back after the older ones.
+//! - *At-least-once*: a bucket is deleted only when every row read from it finished with
+//!   a durable outcome, no spill can reach it any more (the partition was consumed past
+//!   its end) and no read or spill is out.
+
+use std::collections::{BTreeMap, VecDeque};
+
+/// Offsets per bucket: one store partition of spilled rows. After a crash the next owner
+/// re-reads the buckets not yet deleted (finished jobs are recognised and skipped), so
+/// this also bounds the re-check work per backlog a crash costs beyond the buffer.
+pub const BUCKET_SPAN: i64 = 1024;
+
+pub fn bucket_of(offset: i64) -> i64 {
+    offset.div_euclid(BUCKET_SPAN)
+}
+
+fn bucket_last(bucket: i64) -> i64 {
+    (bucket + 1) * BUCKET_SPAN - 1
+}
+
+#[derive(Debug, Default, Clone)]
+struct Bucket {
+    /// Rows read back into memory in this epoch.
+    loaded: u64,
+    /// Of those, ended with a durable outcome.
+    done: u64,
+    /// Every durable row of the bucket has been read (until a new spill reaches it).
+    caught_up: bool,
+    /// Spills into this bucket not yet acknowledged.
+    in_flight: u64,
+    /// Spills into this bucket so far (a read seeing a change knows it may have missed rows).
+    spills: u64,
+    /// Rows acknowledged in this epoch and not yet read back (stats; recovered rows are unknown).
+    unread: u64,
+    /// A delete of the bucket is out.
+    deleting: bool,
+    /// The store may hold rows of it (a spill was acknowledged, or it was recovered).
+    has_rows: bool,
+}
+
+/// A read of spilled rows to perform: rows of `bucket` with `after < offset < before`,
+/// at most `limit`, in offset order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadPlan {
+    pub bucket: i64,
+    pub after: i64,
+    pub before: i64,
+    pub limit: usize,
+    spills_at_plan: u64,
+}
+
+/// One tenant's spilled backlog on one partition, as the partition's current owner sees it.
+#[derive(Debug, Default, Clone)]
+pub struct TenantBacklog {
+    buckets: BTreeMap<i64, Bucket>,
+    /// Offsets handed to the spill writer, not yet acknowledged, in offset order.
+    in_flight: VecDeque<i64>,
+    /// Highest offset read back.
+    cursor: i64,
+    reading: bool,
+}
+
+impl TenantBacklog {
+    pub fn new() -> Self {
+        TenantBacklog { cursor: -1, ..Default::default() }
+    }
+
+    /// A backlog found in the store's index when the partition was assigned: its buckets
+    /// are read from their start.
+    pub fn recovered(buckets: impl IntoIterator<Item = i64>) -> Self {
+        let mut b = TenantBacklog::new();
+        for bucket in buckets {
+            b.buckets.entry(bucket).or_default().has_rows = true;
+        }
+        b
+    }
+
+    /// Rows wait in the store or in flight: the tenant's new messages must spill too, or
+    /// they would overtake older ones.
+    pub fn is_active(&self) -> bool {
+        !self.in_flight.is_empty() || self.buckets.values().any(|b| !b.caught_up)
+    }
+
+    /// Nothing left to track: no buckets, nothing in flight.
+    pub fn is_empty(&self) -> bool {
+        self.buckets.is_empty() && self.in_flight.is_empty()
+    }
+
+    /// Jobs of this backlog known to wait outside memory (in flight or acknowledged and
+    /// unread in this epoch; rows recovered from a previous owner are not counted).
+    pub fn spilled(&self) -> u64 {
+        self.in_flight.len() as u64 + self.buckets.values().map(|b| b.unread).sum::<u64>()
+    }
+
+    /// Records that `offset` goes to the spill writer (offsets arrive in increasing order).
+    /// False if its bucket is being deleted: a write now could race the delete, so the
+    /// caller keeps the job in memory (only a redelivered copy of a job already read
+    /// back can land there).
+    pub fn spill(&mut self, offset: i64) -> bool {
+        let b = self.buckets.entry(bucket_of(offset)).or_default();
+        if b.deleting {
+            return false;
+        }
+        b.in_flight += 1;
+        b.spills += 1;
+        b.caught_up = false;
+        self.in_flight.push_back(offset);
+        true
+    }
+
+    fn forget_in_flight(&mut self, offset: i64) -> bool {
+        let pos = if self.in_flight.front() == Some(&offset) {
+            Some(0)
+        } else {
+            self.in_flight.iter().position(|&o| o == offset)
+        };
+        let Some(pos) = pos else { return false };
+        self.in_flight.remove(pos);
+        if let Some(b) = self.buckets.get_mut(&bucket_of(offset)) {
+            b.in_flight = b.in_flight.saturating_sub(1);
+        }
+        true
+    }
+
+    /// The writer made these spills durable.
+    pub fn acked(&mut self, offsets: &[i64]) {
+        for &o in offsets {
+            if self.forget_in_flight(o) {
+                if let Some(b) = self.buckets.get_mut(&bucket_of(o)) {
+                    b.unread += 1;
+                    b.has_rows = true;
+                }
+            }
+        }
+    }
+
+    /// The writer could not make these spills durable: the jobs stay in memory instead.
+    pub fn failed(&mut self, offsets: &[i64]) {
+        for &o in offsets {
+            self.forget_in_flight(o);
+        }
+        self.buckets.retain(|_, b| b.has_rows || b.in_flight > 0);
+    }
+
+    /// The next read, if one may go out now with room for `room` jobs in memory.
+    pub fn plan_read(&mut self, room: usize) -> Option<ReadPlan> {
+        if self.reading || room == 0 {
+            return None;
+        }
+        let before = self.in_flight.front().copied().unwrap_or(i64::MAX);
+        let (&bucket, b) = self.buckets.iter().find(|(_, b)| !b.caught_up)?;
+        let after = self.cursor.max(bucket * BUCKET_SPAN - 1);
+        if !b.has_rows || after + 1 >= before {
+            return None; // what follows is still in flight
+        }
+        self.reading = true;
+        Some(ReadPlan { bucket, after, before, limit: room, spills_at_plan: b.spills })
+    }
+
+    /// A planned read returned the rows at `offsets` (ascending).
+    pub fn read_done(&mut self, plan: &ReadPlan, offsets: &[i64]) {
+        self.reading = false;
+        if let Some(&last) = offsets.last() {
+            self.cursor = self.cursor.max(last);
+        }
+        let Some(b) = self.buckets.get_mut(&plan.bucket) else { return };
+        let n = offsets.len() as u64;
+        b.loaded += n;
+        b.unread = b.unread.saturating_sub(n);
+        let complete = offsets.len() < plan.limit;
+        // Caught up only if the read saw the whole bucket: nothing of it was in flight
+        // when the read went out, and nothing spilled into it since.
+        if complete && plan.before > bucket_last(plan.bucket) && b.spills == plan.spills_at_plan {
+            b.caught_up = true;
+            b.unread = 0;
+        }
+    }
+
+    /// A planned read failed; it will be planned again.
+    pub fn read_failed(&mut self) {
+        self.reading = false;
+    }
+
+    /// A job read back from `bucket` ended; `durable` says its outcome is recorded (else
+    /// the bucket is kept, and the next owner reads the job again).
+    pub fn job_done(&mut self, bucket: i64, durable: bool) {
+        if let (Some(b), true) = (self.buckets.get_mut(&bucket), durable) {
+            b.done += 1;
+        }
+    }
+
+    /// Buckets that may be deleted now (each returned once until `delete_failed`): read
+    /// to the end, every job from them done, and sealed: consumption passed the bucket's
+    /// end (the partition was consumed up to `last_seen`, or a later bucket or row of
+    /// this backlog exists), so only a redelivered copy could still reach it.
+    pub fn deletable(&mut self, last_seen: i64) -> Vec<i64> {
+        let mut out = Vec::new();
+        let highest = self.buckets.keys().next_back().copied();
+        let cursor = self.cursor;
+        // Buckets are read in order: past the first one not caught up, none is.
+        for (&bucket, b) in self.buckets.iter_mut() {
+            if !b.caught_up {
+                break;
+            }
+            let last = bucket_last(bucket);
+            let sealed = last_seen >= last || cursor > last || highest.is_some_and(|h| h > bucket);
+            if b.in_flight == 0 && b.done >= b.loaded && !b.deleting && sealed {
+                b.deleting = true;
+                out.push(bucket);
+            }
+        }
+        out
+    }
+
+    pub fn deleted(&mut self, bucket: i64) {
+        self.buckets.remove(&bucket);
+    }
+
+    pub fn delete_failed(&mut self, bucket: i64) {
+        if let Some(b) = self.buckets.get_mut(&bucket) {
+            b.deleting = false;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn spill_read_back_and_delete() {
+        let mut t = TenantBacklog::new();
+        assert!(!t.is_active());
+        for o in [10, 11, 12] {
+            assert!(t.spill(o));
+        }
+        assert!(t.is_active());
+        assert_eq!(t.plan_read(100), None, "nothing is durable yet");
+        t.acked(&[10, 11, 12]);
+        assert_eq!(t.spilled(), 3);
+        let p = t.plan_read(100).unwrap();
+        assert_eq!((p.bucket, p.after, p.before), (0, -1, i64::MAX));
+        assert_eq!(t.plan_read(100), None, "one read at a time");
+        t.read_done(&p, &[10, 11, 12]);
+        assert!(!t.is_active(), "caught up: new messages go straight to memory");
+        assert_eq!(t.spilled(), 0);
+        assert!(t.deletable(2000).is_empty(), "jobs not done yet");
+        for _ in 0..3 {
+            t.job_done(0, true);
+        }
+        assert!(t.deletable(500).is_empty(), "bucket not sealed: offsets up to 1023 may still spill");
+        assert_eq!(t.deletable(1023), vec![0]);
+        assert!(t.deletable(1023).is_empty(), "returned once");
+        t.deleted(0);
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn a_read_never_passes_a_spill_in_flight() {
+        let mut t = TenantBacklog::new();
+        t.spill(1);
+        t.spill(2);
+        t.acked(&[1]);
+        let p = t.plan_read(10).unwrap();
+        assert_eq!(p.before, 2);
+        t.read_done(&p, &[1]);
+        assert!(t.is_active(), "2 is still in flight");
+        t.acked(&[2]);
+        let p = t.plan_read(10).unwrap();
+        assert_eq!((p.after, p.before), (1, i64::MAX));
+        t.read_done(&p, &[2]);
+        assert!(!t.is_active());
+    }
+
+    #[test]
+    fn a_spill_during_a_read_keeps_the_bucket_open() {
+        let mut t = TenantBacklog::new();
+        t.spill(1);
+        t.acked(&[1]);
+        let p = t.plan_read(10).unwrap();
+        t.spill(5);
+        t.acked(&[5]);
+        t.read_done(&p, &[1]); // the read ran before 5 landed
+        assert!(t.is_active());
+        let p = t.plan_read(10).unwrap();
+        assert_eq!(p.after, 1);
+        t.read_done(&p, &[5]);
+        assert!(!t.is_active());
+    }
+
+    #[test]
+    fn a_full_read_continues_from_its_cursor_across_buckets() {
+        let mut t = TenantBacklog::new();
+        let offs: Vec<i64> = (1000..1100).collect();
+        for &o in &offs {
+            t.spill(o);
+        }
+        t.acked(&offs);
+        let p = t.plan_read(24).unwrap();
+        assert_eq!(p.bucket, 0);
+        t.read_done(&p, &offs[..24]); // 1000..1023: the whole of bucket 0 but the read was full
+        let p = t.plan_read(100).unwrap();
+        assert_eq!((p.bucket, p.after), (0, 1023));
+        t.read_done(&p, &[]);
+        let p = t.plan_read(100).unwrap();
+        assert_eq!((p.bucket, p.after), (1, 1023));
+        t.read_done(&p, &offs[24..]);
+        assert!(!t.is_active());
+    }
+
+    #[test]
+    fn recovered_buckets_are_read_from_their_start() {
+        let mut t = TenantBacklog::recovered([3, 5]);
+        assert!(t.is_active());
+        let p = t.plan_read(10).unwrap();
+        assert_eq!((p.bucket, p.after), (3, 3 * BUCKET_SPAN - 1));
+        t.read_done(&p, &[3 * BUCKET_SPAN + 7]);
+        let p = t.plan_read(10).unwrap();
+        assert_eq!((p.bucket, p.after), (5, 5 * BUCKET_SPAN - 1));
+    }
+
+    #[test]
+    fn a_later_bucket_seals_an_earlier_one_and_a_bucket_being_deleted_takes_no_spill() {
+        let mut t = TenantBacklog::recovered([0, 1]);
+        let p = t.plan_read(10).unwrap();
+        t.read_done(&p, &[5]);
+        t.job_done(0, true);
+        assert_eq!(t.deletable(-1), vec![0], "bucket 1 exists, so consumption passed bucket 0");
+        assert!(!t.spill(7), "a redelivered copy must not be written into a bucket being deleted");
+        assert!(t.spill(BUCKET_SPAN + 3));
+        t.deleted(0);
+        assert!(t.spill(8), "once deleted, the bucket may be written again");
+    }
+
+    #[test]
+    fn a_lost_outcome_keeps_the_bucket() {
+        let mut t = TenantBacklog::new();
+        t.spill(0);
+        t.acked(&[0]);
+        let p = t.plan_read(10).unwrap();
+        t.read_done(&p, &[0]);
+        t.job_done(0, false);
+        assert!(t.deletable(i64::MAX).is_empty());
+    }
+
+    #[test]
+    fn failed_spills_leave_nothing_behind() {
+        let mut t = TenantBacklog::new();
+        t.spill(0);
+        t.spill(1);
+        t.failed(&[0, 1]);
+        assert!(!t.is_active());
+        assert!(t.is_empty());
+    }
+
+    proptest! {
+        /// Whatever the interleaving of spills, acknowledgements, reads and read sizes,
+        /// every acknowledged row is read back exactly once, in order, and the backlog
+        /// ends inactive once all is read.
+        #[test]
+        fn every_acked_row_is_read_once_in_order(
+            ops in proptest::collection::vec((0u8..4, 1usize..50), 1..200),
+            gaps in proptest::collection::vec(1i64..600, 200),
+        ) {
+            let mut t = TenantBacklog::new();
+            let mut next = 0i64;
+            let mut gi = 0;
+            let mut store: std::collections::BTreeSet<i64> = Default::default();
+            let mut sent: VecDeque<i64> = VecDeque::new();
+            let mut read: Vec<i64> = Vec::new();
+            let mut pending: Option<(ReadPlan, Vec<i64>)> = None;
+            let run_read = |store: &std::collections::BTreeSet<i64>, p: &ReadPlan| -> Vec<i64> {
+                store.range(p.after + 1..p.before)
+                    .filter(|&&o| bucket_of(o) == p.bucket)
+                    .take(p.limit).copied().collect()
+            };
+            for (op, n) in ops {
+                match op {
+                    0 => for _ in 0..n.min(5) {
+                        next += gaps[gi % gaps.len()]; gi += 1;
+                        t.spill(next); sent.push_back(next);
+                    },
+                    1 => for _ in 0..n.min(sent.len()) {
+                        let o = sent.pop_front().unwrap(); store.insert(o); t.acked(&[o]);
+                    },
+                    2 => if pending.is_none() {
+                        if let Some(p) = t.plan_read(n) {
+                            let rows = run_read(&store, &p); // the read's snapshot
+                            pending = Some((p, rows));
+                        }
+                    },
+                    _ => if let Some((p, rows)) = pending.take() {
+                        t.read_done(&p, &rows); read.extend(rows);
+                    },
+                }
+            }
+            if let Some((p, rows)) = pending.take() { t.read_done(&p, &rows); read.extend(rows); }
+            while let Some(o) = sent.pop_front() { store.insert(o); t.acked(&[o]); }
+            let mut guard = 0;
+            while let Some(p) = t.plan_read(7) {
+                let rows = run_read(&store, &p);
+                t.read_done(&p, &rows); read.extend(rows);
+                guard += 1; prop_assert!(guard < 100_000);
+            }
+            prop_assert!(!t.is_active());
+            let all: Vec<i64> = store.iter().copied().collect();
+            prop_assert_eq!(read, all);
+        }
+    }
+}

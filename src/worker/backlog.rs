@@ -1,0 +1,174 @@
+//! The spill path's I/O shell (pure bookkeeping in `core::backlog`): a flooding tenant's
+//! jobs beyond its buffer are written to the store's per-(partition, tenant) backlog
+//! instead of pausing a Kafka partition that other tenants share, and read back in order
+//! as the tenant's buffer drains. One `Spiller` per pool loop: a writer task batching
+//! spills, and one-shot tasks for reads, index loads (a partition's new owner learns
+//! which tenants have spilled rows) and drops of finished buckets. Every result comes
+//! back to the pool loop as a [`BacklogEvent`]; the loop owns all state.
+
+use super::exec::with_retries;
+use super::pool::Pending;
+use crate::core::backlog::{bucket_of, ReadPlan};
+use crate::store::{BacklogKey, BacklogStatements, StoreError};
+use futures::StreamExt;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+/// Most spills one writer round takes from its queue.
+const ROUND: usize = 4096;
+/// Store writes one round runs at once.
+const WRITE_CONCURRENCY: usize = 8;
+
+/// A job to spill: its raw message (read back and decoded again later) and the decoded
+/// job, which returns to memory if the write fails.
+pub struct SpillReq {
+    pub epoch: u64,
+    pub partition: i32,
+    pub tenant: String,
+    pub offset: i64,
+    pub bytes: Vec<u8>,
+    pub job: Pending,
+}
+
+/// What the spill path reports back to the pool loop.
+pub enum BacklogEvent {
+    /// Spills of one tenant on one partition: `acked` offsets are durable in the store;
+    /// `failed` jobs could not be written (the loop keeps them in memory).
+    Spilled { epoch: u64, partition: i32, tenant: String, acked: Vec<i64>, failed: Vec<(i64, Pending)> },
+    /// A planned read came back (`Err` after retries: plan it again later).
+    Read { epoch: u64, partition: i32, tenant: String, plan: ReadPlan, rows: Result<Vec<(i64, Vec<u8>)>, StoreError> },
+    /// The backlog index of a newly owned partition: (tenant, bucket) pairs.
+    Loaded { epoch: u64, partition: i32, entries: Vec<(String, i64)> },
+    /// A finished bucket was dropped (or could not be: try again later).
+    Dropped { epoch: u64, partition: i32, tenant: String, bucket: i64, ok: bool },
+}
+
+type Report = Arc<dyn Fn(BacklogEvent) + Send + Sync>;
+
+/// One pool loop's handle on the spill path.
+pub struct Spiller {
+    stmts: BacklogStatements,
+    topic: Arc<str>,
+    writer: mpsc::UnboundedSender<SpillReq>,
+    report: Report,
+}
+
+impl Spiller {
+    /// Starts the writer task of a pool topic; `report` hands events to the pool loop.
+    pub fn start(stmts: BacklogStatements, topic: &str, report: impl Fn(BacklogEvent) + Send + Sync + 'static) -> Self {
+        let report: Report = Arc::new(report);
+        let topic: Arc<str> = Arc::from(topic);
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(write_loop(stmts.clone(), topic.clone(), rx, report.clone()));
+        Spiller { stmts, topic, writer: tx, report }
+    }
+
+    /// Queues a spill (the loop bounds what is in flight by pausing the partition).
+    pub fn spill(&self, req: SpillReq) {
+        if let Err(mpsc::error::SendError(req)) = self.writer.send(req) {
+            // The writer is gone (shutting down): report the job as not spilled.
+            (self.report)(BacklogEvent::Spilled {
+                epoch: req.epoch,
+                partition: req.partition,
+                tenant: req.tenant,
+                acked: vec![],
+                failed: vec![(req.offset, req.job)],
+            });
+        }
+    }
+
+    pub fn read(&self, epoch: u64, partition: i32, tenant: String, plan: ReadPlan) {
+        let (stmts, topic, report) = (self.stmts.clone(), self.topic.clone(), self.report.clone());
+        tokio::spawn(async move {
+            let key = BacklogKey { topic: &topic, partition, tenant: &tenant, bucket: plan.bucket };
+            let rows = with_retries(|| stmts.read_rows(key, plan.after, plan.before, plan.limit)).await;
+            if let Err(e) = &rows {
+                tracing::warn!(partition, %tenant, error = %e, "cannot read spilled jobs back; will try again");
+            }
+            report(BacklogEvent::Read { epoch, partition, tenant, plan, rows });
+        });
+    }
+
+    /// Loads a newly owned partition's backlog index, retrying until the store answers.
+    pub fn load(&self, epoch: u64, partition: i32) {
+        let (stmts, topic, report) = (self.stmts.clone(), self.topic.clone(), self.report.clone());
+        tokio::spawn(async move {
+            let mut delay = std::time::Duration::from_millis(200);
+            loop {
+                match stmts.list(&topic, partition).await {
+                    Ok(entries) => return report(BacklogEvent::Loaded { epoch, partition, entries }),
+                    Err(e) => {
+                        tracing::warn!(partition, error = %e, "cannot load the spilled-backlog index; the partition waits");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(std::time::Duration::from_secs(10));
+                    }
+                }
+            }
+        });
+    }
+
+    pub fn drop_bucket(&self, epoch: u64, partition: i32, tenant: String, bucket: i64) {
+        let (stmts, topic, report) = (self.stmts.clone(), self.topic.clone(), self.report.clone());
+        tokio::spawn(async move {
+            let key = BacklogKey { topic: &topic, partition, tenant: &tenant, bucket };
+            let res = with_retries(|| stmts.drop_bucket(key)).await;
+            if let Err(e) = &res {
+                tracing::debug!(partition, %tenant, bucket, error = %e, "cannot drop a finished backlog bucket yet");
+            }
+            report(BacklogEvent::Dropped { epoch, partition, tenant, bucket, ok: res.is_ok() });
+        });
+    }
+}
+
+/// Writes spills in rounds: everything queued (up to `ROUND`), grouped by store
+/// partition, written concurrently, then reported per (partition, tenant) in offset
+/// order. Rounds run one after another, so each tenant's acknowledgements come in order.
+async fn write_loop(
+    stmts: BacklogStatements,
+    topic: Arc<str>,
+    mut rx: mpsc::UnboundedReceiver<SpillReq>,
+    report: Report,
+) {
+    let mut round = Vec::with_capacity(ROUND);
+    while rx.recv_many(&mut round, ROUND).await > 0 {
+        type Group = (u64, i32, String, i64);
+        let mut groups: BTreeMap<Group, Vec<SpillReq>> = BTreeMap::new();
+        for req in round.drain(..) {
+            let key = (req.epoch, req.partition, req.tenant.clone(), bucket_of(req.offset));
+            groups.entry(key).or_default().push(req);
+        }
+        let written: Vec<(Group, Vec<SpillReq>, bool)> = futures::stream::iter(groups)
+            .map(|(key, reqs)| {
+                let (stmts, topic) = (&stmts, &topic);
+                async move {
+                    let rows: Vec<(i64, &[u8])> = reqs.iter().map(|r| (r.offset, r.bytes.as_slice())).collect();
+                    let bk = BacklogKey { topic, partition: key.1, tenant: &key.2, bucket: key.3 };
+                    let res = with_retries(|| stmts.put_rows(bk, &rows)).await;
+                    if let Err(e) = &res {
+                        tracing::error!(partition = key.1, tenant = %key.2, error = %e, "cannot spill jobs; keeping them in memory");
+                    }
+                    let ok = res.is_ok();
+                    (key, reqs, ok)
+                }
+            })
+            .buffered(WRITE_CONCURRENCY)
+            .collect()
+            .await;
+        // One report per (epoch, partition, tenant), buckets in order.
+        let mut per_tenant: BTreeMap<(u64, i32, String), (Vec<i64>, Vec<(i64, Pending)>)> = BTreeMap::new();
+        for ((epoch, partition, tenant, _), reqs, ok) in written {
+            let e = per_tenant.entry((epoch, partition, tenant)).or_default();
+            for r in reqs {
+                if ok {
+                    e.0.push(r.offset);
+                } else {
+                    e.1.push((r.offset, r.job));
+                }
+            }
+        }
+        for ((epoch, partition, tenant), (acked, failed)) in per_tenant {
+            report(BacklogEvent::Spilled { epoch, partition, tenant, acked, failed });
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! Floods beyond the worker's buffer (real broker and CQL database): a flooding tenant's
+//! excess spills to the store's backlog, so a quiet tenant on the *same* Kafka partition
+//! is served while the flood is still mostly queued, the flood keeps its order, and
+//! kill -9 while jobs are spilled or being read back loses nothing.
+
+mod common;
+
+use fairway::config::Config;
+use fairway::handlers::Registry;
+use fairway::model::{JobResult, JobStatus, Pool};
+use fairway::submit::Submitter;
+use fairway::worker::{Policy, Worker};
+use futures::StreamExt;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const JOB_TYPES: &str = "[job_types.nap]\npool = \"short\"\nhandler = \"sleep\"\ntimeout = \"30s\"\n\
+                         [tenants.flood]\ntier = \"standard\"\n[tenants.quiet]\ntier = \"standard\"\n";
+
+/// One partition, so every tenant shares the flooder's partition.
+fn one_partition(extra: &str) -> Config {
+    let mut cfg = common::config(&format!("{JOB_TYPES}{extra}"));
+    cfg.kafka.partitions = 1;
+    cfg
+}
+
+/// Produces `n` sleep jobs of `ms` for `tenant`, in order; returns their ids in order.
+async fn produce(sub: &Submitter, tenant: &str, n: usize, ms: u64) -> Vec<String> {
+    let recs: Vec<_> = (0..n)
+        .map(|_| {
+            let mut r = common::job_record(tenant, "nap");
+            r.payload = serde_json::to_vec(&serde_json::json!({ "ms": ms })).unwrap();
+            r
+        })
+        .collect();
+    let ids = recs.iter().map(|r| r.job_id.clone()).collect();
+    // `buffered` polls (and so sends) in order: the records keep their order on the partition.
+    let sent: Vec<_> = futures::stream::iter(recs.iter().map(|r| sub.produce(r))).buffered(256).collect().await;
+    for s in sent {
+        s.expect("produce");
+    }
+    ids
+}
+
+fn all_succeeded(results: &HashMap<String, Vec<JobResult>>, ids: &[String]) -> Vec<JobResult> {
+    ids.iter()
+        .map(|id| {
+            let rs = results.get(id).unwrap_or_else(|| panic!("job {id} has no result"));
+            assert!(rs.iter().all(|r| r.status == JobStatus::Succeeded), "{rs:?}");
+            rs[0].clone()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_quiet_tenant_on_the_flooders_partition_is_served_while_the_flood_is_mostly_queued() {
+    // A buffer of 100 jobs per tenant; the flood is 30x that.
+    let cfg =
+        common::arc(one_partition("[worker]\ntenant_queue_limit = 100\n[pools.short]\nslots = 4\nfast_lanes = 0\n"));
+    common::init(&cfg).await;
+    let registry = Registry::from_config(&cfg, Default::default()).unwrap();
+    let worker = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair).await.unwrap();
+    assert!(worker.wait_assigned(Duration::from_secs(60)).await, "the worker got no partitions");
+    let sub = Submitter::new(cfg.clone(), None).unwrap();
+
+    // 3000 jobs of 10 ms on 4 slots: at least 7.5 s of work.
+    let flood = produce(&sub, "flood", 3000, 10).await;
+    let mut quiet = Vec::new();
+    let mut max_spilled = 0u64;
+    for _ in 0..5 {
+        quiet.extend(produce(&sub, "quiet", 1, 1).await);
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(200) {
+            let s = worker.shared[0].stats.lock().unwrap()["pool"]["spilled"].as_u64().unwrap_or(0);
+            max_spilled = max_spilled.max(s);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let mut ids = flood.clone();
+    ids.extend(quiet.iter().cloned());
+    let results = common::results_for(&cfg, &ids, Duration::from_secs(120)).await;
+    worker.stop().await;
+
+    assert!(max_spilled > 1000, "the flood beyond the buffer should have spilled (saw at most {max_spilled})");
+    let flood_rs = all_succeeded(&results, &flood);
+    let quiet_rs = all_succeeded(&results, &quiet);
+    let mut flood_done: Vec<i64> = flood_rs.iter().map(|r| r.finished_at).collect();
+    flood_done.sort();
+    let half = flood_done[flood_done.len() / 2];
+    for q in &quiet_rs {
+        assert!(
+            q.finished_at < half,
+            "a quiet job finished {} ms after half the flood; it must not wait behind the flood",
+            q.finished_at - half
+        );
+    }
+    // Order inside the flooding tenant is kept across the spill (4 slots start in
+    // parallel, so allow a little jitter, never a jump back by a whole read-back).
+    let starts: Vec<i64> = flood_rs.iter().map(|r| r.started_at.unwrap()).collect();
+    let mut latest = i64::MIN;
+    for (i, s) in starts.iter().enumerate() {
+        assert!(*s + 200 >= latest, "flood job {i} started at {s}, {} ms before an earlier one", latest - s);
+        latest = latest.max(*s);
+    }
+}
+
+/// Waits until at least `n` of `ids` have a result (or `timeout`); returns how many.
+async fn wait_results(cfg: &Config, ids: &[String], n: usize, timeout: Duration) -> usize {
+    let want: std::collections::HashSet<&String> = ids.iter().collect();
+    let rs = common::read_until(
+        cfg,
+        &cfg.results_topic(),
+        timeout,
+        |b, _, _| fairway::codec::decode_result(b).ok().map(|r| r.job_id),
+        |v: &[String]| v.iter().filter(|i| want.contains(i)).collect::<std::collections::HashSet<_>>().len() >= n,
+    )
+    .await;
+    rs.iter().filter(|i| want.contains(i)).collect::<std::collections::HashSet<_>>().len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill_9_while_jobs_are_spilled_and_while_they_are_read_back_loses_nothing() {
+    let mut cfg = one_partition("");
+    cfg.worker.tenant_queue_limit = 50;
+    common::init(&cfg).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::config_file(
+        &cfg,
+        &format!("{JOB_TYPES}[worker]\ntenant_queue_limit = 50\n[pools.short]\nslots = 4\n"),
+        dir.path(),
+    );
+    let cfg = Arc::new(cfg);
+    let store = fairway::store::Store::open(&cfg).await.expect("store");
+    let backlog = store.backlog_statements().await.expect("backlog statements");
+    let topic = cfg.pool_topic(Pool::Short);
+    let spilled_buckets = || async { backlog.list(&topic, 0).await.expect("list backlog").len() };
+
+    let sub = Submitter::new(cfg.clone(), None).unwrap();
+    // 1500 jobs of 20 ms on 4 slots: about 7.5 s of work, 30x the buffer.
+    let flood = produce(&sub, "flood", 1500, 20).await;
+
+    // Kill 1: once some jobs finished, while most of the flood sits spilled in the store.
+    let mut w = common::spawn_worker(&path, "short");
+    assert!(wait_results(&cfg, &flood, 50, Duration::from_secs(60)).await >= 50, "the first worker ran nothing");
+    assert!(spilled_buckets().await > 0, "the flood should be spilled at the first kill");
+    w.kill().unwrap();
+    w.wait().unwrap();
+
+    // Kill 2: the next owner is reading the spilled rows back.
+    let mut w = common::spawn_worker(&path, "short");
+    assert!(wait_results(&cfg, &flood, 700, Duration::from_secs(90)).await >= 700, "the second worker stalled");
+    assert!(spilled_buckets().await > 0, "spilled rows should still be read back at the second kill");
+    w.kill().unwrap();
+    w.wait().unwrap();
+
+    let mut w = common::spawn_worker(&path, "short");
+    let results = common::results_for(&cfg, &flood, Duration::from_secs(120)).await;
+    // Finished buckets are dropped once every job read from them is done.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while spilled_buckets().await > 1 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let left = spilled_buckets().await;
+    w.kill().ok();
+    w.wait().ok();
+
+    let missing: Vec<&String> = flood.iter().filter(|i| !results.contains_key(*i)).collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {} jobs lost after two kill -9s, e.g. {:?}",
+        missing.len(),
+        flood.len(),
+        missing.first()
+    );
+    all_succeeded(&results, &flood);
+    // The last bucket stays until the partition is consumed past its end (it may still fill).
+    assert!(left <= 1, "{left} spilled buckets left behind after every job finished");
+}
