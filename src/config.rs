@@ -99,9 +99,13 @@ pub struct WorkerConfig {
     /// Largest accepted job payload; bigger submissions are refused (and dead-lettered if
     /// they reach a worker by another producer).
     pub max_payload_bytes: usize,
-    /// Jobs buffered per tenant and pool before the tenant's partitions are paused and
-    /// further submissions get a queue-full rejection.
+    /// Jobs buffered in memory per tenant and pool; a tenant's jobs beyond it spill to
+    /// its backlog in the store (`spill_backlogs`), so its partition keeps flowing.
     pub tenant_queue_limit: usize,
+    /// Spill a tenant's jobs beyond `tenant_queue_limit` to the store instead of pausing
+    /// the Kafka partitions it shares with other tenants (`false`: pause, as a plain
+    /// consumer would; every tenant on a flooded partition then waits for the flood).
+    pub spill_backlogs: bool,
     /// Port of the Prometheus exporter (0 = off).
     pub metrics_port: u16,
     /// How long a running job may ignore a cancellation before the worker aborts it.
@@ -126,6 +130,7 @@ impl Default for WorkerConfig {
         WorkerConfig {
             max_payload_bytes: 1 << 20,
             tenant_queue_limit: 10_000,
+            spill_backlogs: true,
             metrics_port: 0,
             cancel_grace: Duration::from_secs(300),
             relay_hold_max: Duration::from_secs(30),

@@ -5,11 +5,13 @@
 //! - `codec`     – Avro single-object encoding of the wire records (`schemas/`).
 //! - `config`    – the TOML configuration and its validation.
 //! - `core`      – pure decisions, no I/O: offset tracking, fair scheduling, retry
-//!                 policy, circuit breakers, poison detection. `now` is an argument.
+//!                 policy, circuit breakers, poison detection, spilled-backlog
+//!                 bookkeeping (`core::backlog`). `now` is an argument.
 //! - `kafka`     – the Kafka edge (only module importing rdkafka).
 //! - `store`     – the ScyllaDB edge (only module importing scylla).
 //! - `handlers`  – the `Handler` trait, job context, HTTP executor, demo handlers.
-//! - `worker`    – consumer loops moving data between Kafka, the cores and the store.
+//! - `worker`    – consumer loops moving data between Kafka, the cores and the store
+//!                 (`worker::backlog`: the spill path of floods beyond the buffer).
 //! - `submit`    – producing jobs (CLI, HTTP API, demo).
 //! - `replay`    – `fairway replay`: dead letters / retry records back to their pool.
 //! - `rerun`     – `fairway rerun`: "rerun all" of a tenant's jobs by generation numbers.

@@ -33,6 +33,9 @@ pub enum BenchKind {
     /// Noisy neighbour: quiet tenants' waits under a flood (fair vs FIFO vs alone) and
     /// slot-time shares of backlogged tenants versus entitlement.
     Fairness(FairnessArgs),
+    /// Fairness beyond the buffer: a flood far larger than a worker buffers, quiet tenants
+    /// on the flooder's partition and on others (spill vs pause).
+    Flood(super::bench_flood::FloodArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -55,6 +58,7 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
     match a.what {
         BenchKind::Throughput(t) => throughput(g, t).await,
         BenchKind::Fairness(f) => fairness(g, f).await,
+        BenchKind::Flood(f) => super::bench_flood::run(g, f).await,
     }
 }
 
@@ -358,14 +362,6 @@ async fn fairness(g: &Global, a: FairnessArgs) -> anyhow::Result<ExitCode> {
         })
         .collect();
     let share_entitled = entitlements(&backlogged);
-    let flood_cap = base.worker.tenant_queue_limit;
-    if a.flood > flood_cap {
-        eprintln!(
-            "warning: --flood {} is above worker.tenant_queue_limit ({flood_cap}): the flooder's partition \
-             will be paused, and quiet tenants hashed to it wait behind the pause",
-            a.flood
-        );
-    }
     let lanes = a.fast_lanes.unwrap_or_else(|| {
         let mut p = base.pool(Pool::Short);
         p.slots = a.slots;
@@ -731,33 +727,12 @@ fn fairness_config(base: &Config, a: &FairnessArgs, plan: &Plan) -> anyhow::Resu
 
 async fn run_plan(base: &Config, a: &FairnessArgs, plan: &Plan) -> anyhow::Result<Outcome> {
     use futures::StreamExt;
-    use tokio::sync::{mpsc, watch};
 
     let cfg = fairness_config(base, a, plan)?;
     kafka::ensure_topics(&cfg).await.context("creating bench topics (scripts/services up?)")?;
     fairway::store::ensure_schema(&cfg).await?;
 
-    // Results reader: a task forwarding decoded results until told to stop.
-    let reader = kafka::reader(&cfg, &format!("{}bench-results", cfg.kafka.topic_prefix), false)?;
-    reader.subscribe(&[&cfg.results_topic()])?;
-    let (res_tx, mut res_rx) = mpsc::unbounded_channel();
-    let (stop_tx, mut stop_rx) = watch::channel(false);
-    let collector = tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                _ = stop_rx.changed() => break,
-                m = reader.recv() => {
-                    if let Ok(m) = m {
-                        if let Some(r) = m.payload().and_then(|b| codec::decode_result(b).ok()) {
-                            if res_tx.send((r, now_ms())).is_err() {
-                                break;
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    });
+    let mut feed = super::bench_flood::ResultFeed::start(&cfg)?;
 
     let registry = Registry::from_config(&cfg, Default::default()).map_err(anyhow::Error::msg)?;
     let worker = Worker::start(cfg.clone(), &[Pool::Short], registry, plan.policy).await?;
@@ -782,7 +757,7 @@ async fn run_plan(base: &Config, a: &FairnessArgs, plan: &Plan) -> anyhow::Resul
     let warm_deadline = Instant::now() + Duration::from_secs(60);
     while warm_ids.iter().any(|id| !results.contains_key(id)) {
         anyhow::ensure!(Instant::now() < warm_deadline, "warm-up jobs got no results within 60 s");
-        if let Ok(Some((r, _))) = tokio::time::timeout(Duration::from_millis(200), res_rx.recv()).await {
+        if let Ok(Some((r, _))) = tokio::time::timeout(Duration::from_millis(200), feed.rx.recv()).await {
             results.insert(r.job_id.clone(), r);
         }
     }
@@ -893,7 +868,7 @@ async fn run_plan(base: &Config, a: &FairnessArgs, plan: &Plan) -> anyhow::Resul
     let window_from = start + a.warmup;
     let (mut sched_from, mut sched_to) = (None, None);
     loop {
-        while let Ok((r, at)) = res_rx.try_recv() {
+        while let Ok((r, at)) = feed.rx.try_recv() {
             hops.push(at - r.finished_at);
             results.insert(r.job_id.clone(), r);
         }
@@ -933,15 +908,14 @@ async fn run_plan(base: &Config, a: &FairnessArgs, plan: &Plan) -> anyhow::Resul
                 );
             }
         }
-        if let Ok(Some((r, at))) = tokio::time::timeout(Duration::from_millis(100), res_rx.recv()).await {
+        if let Ok(Some((r, at))) = tokio::time::timeout(Duration::from_millis(100), feed.rx.recv()).await {
             hops.push(at - r.finished_at);
             results.insert(r.job_id.clone(), r);
         }
     }
     let stopped_at = now_ms();
     submit_errors += flood_task.await.unwrap_or(0);
-    let _ = stop_tx.send(true);
-    let _ = collector.await;
+    feed.stop().await;
     worker.stop().await;
 
     let ids = quiet_ids.unwrap_or_default();

@@ -2,6 +2,7 @@
 //! shared options (config file, broker and CQL overrides) and the dispatch.
 
 mod bench;
+mod bench_flood;
 mod demo;
 mod ops;
 mod replay;

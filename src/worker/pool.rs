@@ -291,6 +291,9 @@ impl Loop {
     /// there (order inside the tenant), when its buffer is full, or when the whole buffer
     /// is full and the tenant is not a light one.
     fn must_spill(&self, partition: i32, tenant: &str) -> bool {
+        if !self.sh.cfg.worker.spill_backlogs {
+            return false;
+        }
         let active = self.parts.get(&partition).and_then(|st| st.backlogs.get(tenant)).is_some_and(|b| b.is_active());
         let queued = self.dispatcher.queued(tenant);
         active || queued >= self.limit || (self.buffered() >= GLOBAL_BUFFER && queued >= LIGHT_TENANT)
@@ -319,7 +322,11 @@ impl Loop {
             job: pending,
         };
         if let Err((rej, q)) = self.dispatcher.enqueue(q, now_ms()) {
-            tracing::warn!(pool = self.pool(), %rej, "tenant buffer over its hard limit; partition paused");
+            // Once per partition going over, not per message already fetched behind it.
+            let p = q.job.origin.partition;
+            if !self.overflow.iter().any(|o| o.job.origin.partition == p) {
+                tracing::warn!(pool = self.pool(), partition = p, %rej, "tenant buffer over its hard limit; partition paused");
+            }
             self.overflow.push_back(q);
         }
     }
