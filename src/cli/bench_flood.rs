@@ -162,9 +162,7 @@ struct Outcome {
 
 impl Outcome {
     fn report(&self, a: &FloodArgs) -> serde_json::Value {
-        let waits = |w: &[i64]| {
-            serde_json::json!({"jobs": w.len(), "p50_ms": pct(w, 0.5), "p99_ms": pct(w, 0.99), "max_ms": w.last()})
-        };
+        let waits = |w: &[i64]| serde_json::json!({"jobs": w.len(), "p50_ms": pct(w, 0.5), "p99_ms": pct(w, 0.99), "max_ms": w.last()});
         let ratio = match (pct(&self.same, 0.99), pct(&self.other, 0.99)) {
             (Some(s), Some(o)) => serde_json::json!(round2(s as f64 / (o as f64).max(1.0))),
             _ => serde_json::Value::Null,
@@ -211,7 +209,10 @@ fn tenant(i: usize) -> String {
 fn record(tenant: &str, job_type: &str, payload: serde_json::Value) -> JobSubmitted {
     let payload = serde_json::to_vec(&payload).expect("json");
     let id = uuid::Uuid::now_v7().to_string();
-    JobSubmitted { pool: Some(Pool::Short), ..JobSubmitted::original(id, tenant.into(), job_type.into(), payload, now_ms()) }
+    JobSubmitted {
+        pool: Some(Pool::Short),
+        ..JobSubmitted::original(id, tenant.into(), job_type.into(), payload, now_ms())
+    }
 }
 
 /// Produces a job record keyed by its tenant; returns its partition.
@@ -291,7 +292,9 @@ async fn run_mode(base: &Config, a: &FloodArgs, mode: FloodMode) -> anyhow::Resu
     };
     let flood_done_in_window = results
         .values()
-        .filter(|r| r.tenant == tenant(0) && r.job_type == "sleep" && r.finished_at >= from && r.finished_at <= window_end)
+        .filter(|r| {
+            r.tenant == tenant(0) && r.job_type == "sleep" && r.finished_at >= from && r.finished_at <= window_end
+        })
         .count();
     Ok(Outcome {
         same: waits(&same),
@@ -338,7 +341,8 @@ async fn drain(feed: &mut ResultFeed, results: &mut HashMap<String, JobResult>, 
 
 /// The flood: `n` sleep jobs of t00, produced in order as fast as the broker takes them.
 async fn produce_flood(producer: FutureProducer, topic: String, n: usize, ms: u64) -> anyhow::Result<()> {
-    let recs: Vec<JobSubmitted> = (0..n).map(|_| record(&tenant(0), "sleep", serde_json::json!({ "ms": ms }))).collect();
+    let recs: Vec<JobSubmitted> =
+        (0..n).map(|_| record(&tenant(0), "sleep", serde_json::json!({ "ms": ms }))).collect();
     let mut errors = 0usize;
     let mut sends = futures::stream::iter(recs.into_iter().map(|r| {
         let (producer, topic) = (producer.clone(), topic.clone());
