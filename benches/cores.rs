@@ -2,7 +2,7 @@
 //!
 //! - `scheduler`: one job's whole life in the fair scheduler (complete the oldest running
 //!   job, enqueue a new one, dispatch) with 1000 backlogged tenants, with and without
-//!   per-tenant limits (caps, rate limits, enterprise reservations).
+//!   per-tenant limits (caps, rate limits, enterprise reservations), and with 10,000.
 //! - `offsets`: the per-partition commit tracker, started/finished with out-of-order
 //!   completion (a sliding window of in-flight jobs, and a whole window finished shuffled).
 //! - `codec`: Avro single-object encode/decode of a `JobSubmitted`.
@@ -120,8 +120,10 @@ impl SchedBench {
 fn scheduler(c: &mut Criterion) {
     let mut g = c.benchmark_group("scheduler");
     g.throughput(Throughput::Elements(1));
-    for (label, limits) in [("1000_tenants", false), ("1000_tenants_limits", true)] {
-        let mut b = SchedBench::new(1000, 20, limits);
+    for (label, n, limits) in
+        [("1000_tenants", 1000, false), ("1000_tenants_limits", 1000, true), ("10000_tenants", 10_000, false)]
+    {
+        let mut b = SchedBench::new(n, 20, limits);
         // Reach a steady state (estimates learned, tags spread) before measuring.
         for _ in 0..50_000 {
             b.step();

@@ -8,6 +8,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
+mod security;
+pub use security::{
+    is_secret_property, kafka_env_property, ApiConfig, AuthMode, KafkaProperties, ScyllaTls, Secret, KAFKA_ENV_PREFIX,
+};
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
@@ -36,10 +41,35 @@ pub struct Config {
     pub worker: WorkerConfig,
     #[serde(default = "default_pools", deserialize_with = "pools_over_defaults")]
     pub pools: BTreeMap<Pool, PoolConfig>,
+    /// Seeds the tenants registry (`fairway init`); the registry in the store is the truth.
     #[serde(default)]
     pub tenants: BTreeMap<String, TenantConfig>,
     #[serde(default)]
+    pub registry: RegistryConfig,
+    #[serde(default)]
     pub job_types: BTreeMap<String, JobTypeConfig>,
+    /// The HTTP API: authentication, the metrics listener.
+    #[serde(default)]
+    pub api: ApiConfig,
+}
+
+/// The tenants registry: what to do with unknown tenants, how fast changes arrive.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RegistryConfig {
+    /// `reject`: a job of an unregistered tenant is refused (dead-lettered by a worker);
+    /// `admit`: its first job registers it at `default_tier`.
+    pub unknown_tenants: crate::core::tenants::UnknownTenants,
+    pub default_tier: Tier,
+    /// How often each process checks the registry's version (a change shows within it).
+    #[serde(with = "humantime_serde_compat")]
+    pub poll_interval: Duration,
+}
+
+impl Default for RegistryConfig {
+    fn default() -> Self {
+        RegistryConfig { unknown_tenants: Default::default(), default_tier: Tier::Free, poll_interval: Duration::from_secs(1) }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -56,6 +86,9 @@ pub struct KafkaConfig {
     pub group_prefix: String,
     #[serde(with = "humantime_serde_compat")]
     pub session_timeout: Duration,
+    /// librdkafka properties for every client (SASL, TLS...); `FAIRWAY_KAFKA_<NAME>`
+    /// environment variables override them (see [`Config::apply_env`]).
+    pub properties: KafkaProperties,
 }
 
 impl Default for KafkaConfig {
@@ -67,6 +100,7 @@ impl Default for KafkaConfig {
             replication_factor: 1,
             group_prefix: "fairway.workers.".into(),
             session_timeout: Duration::from_secs(10),
+            properties: KafkaProperties::default(),
         }
     }
 }
@@ -80,6 +114,14 @@ pub struct ScyllaConfig {
     /// True when talking to the local Cassandra 2.1 through fairway's protocol bridge:
     /// turns off schema-metadata fetching, which 2.1 cannot serve. Keep false for ScyllaDB.
     pub local_bridge: bool,
+    /// PasswordAuthenticator credentials (`FAIRWAY_SCYLLA_PASSWORD` overrides the password).
+    pub username: Option<String>,
+    pub password: Option<Secret>,
+    /// `[scylla.tls]`: TLS to the nodes (present = on).
+    pub tls: Option<ScyllaTls>,
+    /// Replicas per datacenter for `fairway init`'s keyspace: non-empty selects
+    /// NetworkTopologyStrategy (`{ dc1 = 3, dc2 = 3 }`) instead of SimpleStrategy.
+    pub datacenters: BTreeMap<String, i32>,
 }
 
 impl Default for ScyllaConfig {
@@ -89,6 +131,10 @@ impl Default for ScyllaConfig {
             keyspace: "fairway".into(),
             replication_factor: 1,
             local_bridge: true,
+            username: None,
+            password: None,
+            tls: None,
+            datacenters: BTreeMap::new(),
         }
     }
 }
@@ -108,6 +154,9 @@ pub struct WorkerConfig {
     pub spill_backlogs: bool,
     /// Port of the Prometheus exporter (0 = off).
     pub metrics_port: u16,
+    /// Address of the Prometheus exporter (host:port); overrides `metrics_port`, so
+    /// Prometheus on another host can scrape (e.g. "0.0.0.0:9464").
+    pub metrics_listen: Option<String>,
     /// How long a running job may ignore a cancellation before the worker aborts it.
     #[serde(with = "humantime_serde_compat")]
     pub cancel_grace: Duration,
@@ -132,6 +181,7 @@ impl Default for WorkerConfig {
             tenant_queue_limit: 10_000,
             spill_backlogs: true,
             metrics_port: 0,
+            metrics_listen: None,
             cancel_grace: Duration::from_secs(300),
             relay_hold_max: Duration::from_secs(30),
             poison: Default::default(),
@@ -318,6 +368,25 @@ impl Config {
         if self.kafka.partitions < 1 {
             return Err(invalid("kafka.partitions", "must be at least 1"));
         }
+        if self.scylla.password.is_some() && self.scylla.username.is_none() {
+            return Err(invalid("scylla.username", "a password is set but no username; set scylla.username too"));
+        }
+        if let Some(t) = &self.scylla.tls {
+            if t.cert_file.is_some() != t.key_file.is_some() {
+                return Err(invalid(
+                    "scylla.tls",
+                    "cert_file and key_file go together (a client certificate and its key)",
+                ));
+            }
+        }
+        for (dc, rf) in &self.scylla.datacenters {
+            if *rf < 1 || dc.is_empty() || dc.contains('\'') {
+                return Err(invalid(
+                    format!("scylla.datacenters.{dc}"),
+                    "needs a datacenter name and at least 1 replica",
+                ));
+            }
+        }
         if self.scylla.contact_points.is_empty() {
             return Err(invalid("scylla.contact_points", "is empty; list at least one host:port"));
         }
@@ -367,6 +436,24 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// Applies secret-bearing environment variables: `FAIRWAY_KAFKA_<NAME>` sets the
+    /// Kafka client property `<name>` (lower case, `_` -> `.`), `FAIRWAY_SCYLLA_USERNAME`
+    /// and `FAIRWAY_SCYLLA_PASSWORD` the CQL credentials. Returns the property names set.
+    pub fn apply_env(&mut self, vars: impl IntoIterator<Item = (String, String)>) -> Vec<String> {
+        let mut set = Vec::new();
+        for (k, v) in vars {
+            if let Some(p) = kafka_env_property(&k) {
+                self.kafka.properties.set(p.clone(), v);
+                set.push(p);
+            } else if k == "FAIRWAY_SCYLLA_USERNAME" {
+                self.scylla.username = Some(v);
+            } else if k == "FAIRWAY_SCYLLA_PASSWORD" {
+                self.scylla.password = Some(Secret::new(v));
+            }
+        }
+        set
     }
 
     pub fn topic(&self, suffix: &str) -> String {

@@ -13,6 +13,7 @@
 //! - `worker`    – consumer loops moving data between Kafka, the cores and the store
 //!                 (`worker::backlog`: the spill path of floods beyond the buffer).
 //! - `submit`    – producing jobs (CLI, HTTP API, demo).
+//! - `tenants`   – the live tenants registry (store rows, polled; rules in `core::tenants`).
 //! - `replay`    – `fairway replay`: dead letters / retry records back to their pool.
 //! - `rerun`     – `fairway rerun`: "rerun all" of a tenant's jobs by generation numbers.
 //! - `cqlbridge` – protocol-v4 bridge to the local Cassandra 2.1 test database.
@@ -31,6 +32,7 @@ pub mod replay;
 pub mod rerun;
 pub mod store;
 pub mod submit;
+pub mod tenants;
 pub mod worker;
 
 /// Milliseconds since the Unix epoch: the one clock the I/O edges read.

@@ -28,12 +28,14 @@ pub const TIER_BACKLOG: &str = "fairway_tier_backlog";
 pub const TIER_RUNNING: &str = "fairway_tier_running";
 pub const TIER_SLOT_SECONDS_USED: &str = "fairway_tier_slot_seconds_used";
 pub const TIER_FLEET_USAGE: &str = "fairway_tier_fleet_usage_slot_seconds";
+pub const API_AUTH_REFUSED: &str = "fairway_api_auth_refused_total";
 pub const USAGE_PASS_FAILURES: &str = "fairway_usage_pass_failures_total";
 pub const JOBS_SPILLED: &str = "fairway_jobs_spilled_total";
 pub const JOBS_UNSPILLED: &str = "fairway_jobs_unspilled_total";
 pub const SPILL_FAILURES: &str = "fairway_spill_failures_total";
 pub const SPILLED_BACKLOG: &str = "fairway_spilled_backlog";
 pub const OLDEST_WAIT_SECONDS: &str = "fairway_oldest_wait_seconds";
+pub const TENANT_APPLY_FAILURES: &str = "fairway_tenant_apply_failures_total";
 
 /// Registers descriptions (shown as HELP lines by the Prometheus exporter).
 pub fn describe() {
@@ -80,6 +82,10 @@ pub fn describe() {
         "Jobs spilled to the store's backlog because their tenant's buffer was full, by pool"
     );
     describe_counter!(JOBS_UNSPILLED, "Spilled jobs read back into the worker's buffer, by pool");
+    describe_counter!(
+        TENANT_APPLY_FAILURES,
+        "Registry changes a worker's scheduler refused (the tenant keeps its previous settings), by pool"
+    );
     describe_counter!(SPILL_FAILURES, "Spills the store refused (the jobs stayed in memory), by pool");
     describe_gauge!(SPILLED_BACKLOG, "Jobs waiting in spilled backlogs this worker owns, by pool");
     describe_gauge!(
@@ -87,6 +93,7 @@ pub fn describe() {
         Unit::Seconds,
         "Age of the oldest job waiting in this worker's buffer, by pool"
     );
+    describe_counter!(API_AUTH_REFUSED, "HTTP API requests refused with 401 (no, malformed, unknown or revoked key)");
     describe_counter!(
         USAGE_PASS_FAILURES,
         "Fleet usage passes that could not write or read the store, by pool and step"
@@ -95,10 +102,20 @@ pub fn describe() {
 
 /// Serves /metrics on 127.0.0.1:port (0 = off).
 pub fn install_exporter(port: u16) -> anyhow::Result<()> {
+    install_exporter_at(None, port)
+}
+
+/// Serves /metrics on `listen` (host:port, e.g. "0.0.0.0:9464" for a remote Prometheus)
+/// when given, else on 127.0.0.1:port (0 = off).
+pub fn install_exporter_at(listen: Option<&str>, port: u16) -> anyhow::Result<()> {
     describe();
-    if port == 0 {
-        return Ok(());
-    }
-    metrics_exporter_prometheus::PrometheusBuilder::new().with_http_listener(([127, 0, 0, 1], port)).install()?;
+    let addr: std::net::SocketAddr = match listen {
+        Some(l) => l.parse().map_err(|e| {
+            anyhow::anyhow!("worker.metrics_listen {l:?} is not host:port ({e}); write e.g. \"0.0.0.0:9464\"")
+        })?,
+        None if port == 0 => return Ok(()),
+        None => ([127, 0, 0, 1], port).into(),
+    };
+    metrics_exporter_prometheus::PrometheusBuilder::new().with_http_listener(addr).install()?;
     Ok(())
 }

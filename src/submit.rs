@@ -11,7 +11,8 @@ use serde::Deserialize;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SubmitError {
-    #[error("unknown tenant {0:?}: add [tenants.{0}] to the config (known: {1})")]
+    /// The tenant, and what is wrong and how to fix it.
+    #[error("{1}")]
     UnknownTenant(String, String),
     #[error("unknown job type {0:?}: add [job_types.{0}] to the config (known: {1})")]
     UnknownJobType(String, String),
@@ -72,6 +73,8 @@ pub struct Submitter {
     cfg: std::sync::Arc<Config>,
     producer: FutureProducer,
     store: Option<Store>,
+    /// The live registry (API, CLI); without it, the config file's tenants.
+    tenants: Option<crate::tenants::LiveTenants>,
 }
 
 /// How long an idempotency key is remembered.
@@ -80,12 +83,36 @@ pub const IDEMPOTENCY_TTL_SECS: i32 = 24 * 3600;
 impl Submitter {
     pub fn new(cfg: std::sync::Arc<Config>, store: Option<Store>) -> Result<Self, SubmitError> {
         let producer = kafka::producer(&cfg)?;
-        Ok(Submitter { cfg, producer, store })
+        Ok(Submitter { cfg, producer, store, tenants: None })
     }
 
-    /// Checks a job against the config; returns the pool it goes to.
+    /// Checks tenants against the live registry instead of the config file's list.
+    pub fn with_tenants(mut self, tenants: crate::tenants::LiveTenants) -> Self {
+        self.tenants = Some(tenants);
+        self
+    }
+
+    /// Checks a job against the registry (or the config) and the job types; returns
+    /// the pool it goes to.
     pub fn validate(&self, job: &NewJob, payload_len: usize) -> Result<Pool, SubmitError> {
-        validate(&self.cfg, job, payload_len)
+        match &self.tenants {
+            Some(live) => {
+                let t =
+                    live.admission(&job.tenant).map_err(|why| SubmitError::UnknownTenant(job.tenant.clone(), why))?;
+                let pool = validate_job(&self.cfg, job, payload_len)?;
+                if !live.current().tenants.contains_key(&t.name) {
+                    // Admitted by policy: register it for the workers (once per process).
+                    let live = live.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = live.register(&t).await {
+                            tracing::warn!(tenant = %t.name, error = %e, "cannot register an admitted tenant yet");
+                        }
+                    });
+                }
+                Ok(pool)
+            }
+            None => validate(&self.cfg, job, payload_len),
+        }
     }
 
     pub async fn submit(&self, job: &NewJob) -> Result<Submitted, SubmitError> {
@@ -125,11 +152,21 @@ impl Submitter {
     }
 }
 
+/// Checks a job against the config file (tenants included): for producers without a store.
 pub fn validate(cfg: &Config, job: &NewJob, payload_len: usize) -> Result<Pool, SubmitError> {
     if !cfg.tenants.contains_key(&job.tenant) {
         let known: Vec<&str> = cfg.tenants.keys().map(String::as_str).collect();
-        return Err(SubmitError::UnknownTenant(job.tenant.clone(), known.join(", ")));
+        let t = &job.tenant;
+        return Err(SubmitError::UnknownTenant(
+            t.clone(),
+            format!("unknown tenant {t:?}: add [tenants.{t}] to the config (known: {})", known.join(", ")),
+        ));
     }
+    validate_job(cfg, job, payload_len)
+}
+
+/// Everything but the tenant: job type, payload size, times.
+fn validate_job(cfg: &Config, job: &NewJob, payload_len: usize) -> Result<Pool, SubmitError> {
     let Some(jt) = cfg.job_types.get(&job.job_type) else {
         let known: Vec<&str> = cfg.job_types.keys().map(String::as_str).collect();
         return Err(SubmitError::UnknownJobType(job.job_type.clone(), known.join(", ")));

@@ -1,10 +1,11 @@
 //! The HTTP API against the real broker and CQL database: submissions land on the pool
 //! topic and run, validation answers name the problem, per-tenant rate limits answer 429
-//! with Retry-After, idempotency keys, status and cooperative cancel.
+//! with Retry-After, idempotency keys, status and cooperative cancel; API keys (401
+//! without one, tenant scoping, prompt revocation) and the separate metrics listener.
 
 mod common;
 
-use fairway::api::{self, ApiState};
+use fairway::api::{self, ApiState, Caller};
 use fairway::config::Config;
 use fairway::handlers::Registry;
 use fairway::model::{JobStatus, Pool};
@@ -12,15 +13,33 @@ use fairway::worker::{Policy, Worker};
 use fairway::{codec, model::JobSubmitted};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
+use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// A running API server on 127.0.0.1:<free port>.
+/// A running API server on 127.0.0.1:<free port>, its metrics listener on another, and
+/// a client that sends an admin key.
 struct Api {
     base: String,
+    ops: String,
     http: reqwest::Client,
     stop: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+/// Makes an API key for `caller` in the deployment of `cfg` (as `fairway keys create`).
+async fn create_key(cfg: &Config, caller: &Caller) -> (String, String) {
+    let store = fairway::store::Store::open(cfg).await.expect("store");
+    let keys = store.key_statements().await.expect("key statements");
+    let k = fairway::core::auth::new_key(rand::random());
+    assert!(keys.insert(&k.id, &k.hash, caller, Some("it_api"), fairway::now_ms()).await.expect("insert key"));
+    (k.id, k.token)
+}
+
+fn client_with_key(token: &str) -> reqwest::Client {
+    let mut h = reqwest::header::HeaderMap::new();
+    h.insert(reqwest::header::AUTHORIZATION, format!("Bearer {token}").parse().unwrap());
+    reqwest::Client::builder().timeout(Duration::from_secs(40)).default_headers(h).build().unwrap()
 }
 
 impl Api {
@@ -29,12 +48,20 @@ impl Api {
         let state = ApiState::connect(cfg.clone(), metrics).await.expect("API state");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let ops_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let ops = format!("http://{}", ops_listener.local_addr().unwrap());
+        tokio::spawn(axum::serve(ops_listener, api::ops_router(state.clone())).into_future());
         let (stop, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(api::serve(listener, state, async move {
             let _ = rx.await;
         }));
-        let http = reqwest::Client::builder().timeout(Duration::from_secs(40)).build().unwrap();
-        Api { base: format!("http://{addr}"), http, stop, task }
+        let (_, admin) = create_key(cfg, &Caller::Admin).await;
+        Api { base: format!("http://{addr}"), ops, http: client_with_key(&admin), stop, task }
+    }
+
+    /// The same server seen through another client (another key, or none).
+    fn as_client(&self, http: reqwest::Client) -> ApiView<'_> {
+        ApiView { api: self, http }
     }
 
     fn url(&self, path: &str) -> String {
@@ -87,9 +114,7 @@ impl Api {
     }
 
     async fn get(&self, path: &str) -> (StatusCode, Value) {
-        let r = self.http.get(self.url(path)).send().await.expect("GET");
-        let s = r.status();
-        (s, r.json().await.unwrap_or(Value::Null))
+        self.as_client(self.http.clone()).get(path).await
     }
 
     async fn delete(&self, path: &str) -> (StatusCode, Value) {
@@ -106,6 +131,32 @@ impl Api {
             .expect("server stops within 10s of the shutdown signal")
             .unwrap()
             .expect("server returns Ok");
+    }
+}
+
+/// Requests with another client against an [`Api`].
+struct ApiView<'a> {
+    api: &'a Api,
+    http: reqwest::Client,
+}
+
+impl ApiView<'_> {
+    async fn send(&self, r: reqwest::RequestBuilder) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        let r = r.send().await.expect("request");
+        let (s, h) = (r.status(), r.headers().clone());
+        (s, h, r.json().await.unwrap_or(Value::Null))
+    }
+    async fn get(&self, path: &str) -> (StatusCode, Value) {
+        let (s, _, v) = self.send(self.http.get(self.api.url(path))).await;
+        (s, v)
+    }
+    async fn post(&self, path: &str, body: &Value) -> (StatusCode, Value) {
+        let (s, _, v) = self.send(self.http.post(self.api.url(path)).json(body)).await;
+        (s, v)
+    }
+    async fn delete(&self, path: &str) -> (StatusCode, Value) {
+        let (s, _, v) = self.send(self.http.delete(self.api.url(path))).await;
+        (s, v)
     }
 }
 
@@ -303,13 +354,17 @@ async fn validation_rate_limits_and_batches() {
     .await;
     assert!(medium.iter().any(|j| j.job_id == id_of(&out[1]) && j.job_type == "report"), "{medium:?}");
 
-    // Unknown routes and methods answer JSON; /metrics without a recorder is 404.
+    // Unknown routes and methods answer JSON; /metrics is not on the API's listener, and
+    // on the metrics listener without a recorder it is 404.
     let (s, e) = api.get("/v2/nothing").await;
     assert_eq!((s, e["code"].as_str()), (StatusCode::NOT_FOUND, Some("NO_SUCH_ROUTE")), "{e}");
     let (s, e) = api.get("/v1/jobs").await;
     assert_eq!((s, e["code"].as_str()), (StatusCode::METHOD_NOT_ALLOWED, Some("METHOD_NOT_ALLOWED")), "{e}");
     let (s, e) = api.get("/metrics").await;
-    assert_eq!((s, e["code"].as_str()), (StatusCode::NOT_FOUND, Some("METRICS_DISABLED")), "{e}");
+    assert_eq!((s, e["code"].as_str()), (StatusCode::NOT_FOUND, Some("NO_SUCH_ROUTE")), "{e}");
+    let r = api.http.get(format!("{}/metrics", api.ops)).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    assert_eq!(r.json::<Value>().await.unwrap()["code"], "METRICS_DISABLED");
 
     api.shutdown().await;
 }
@@ -319,15 +374,18 @@ async fn healthz_and_prometheus_metrics() {
     let cfg = common::arc(common::config(""));
     let handle = api::install_prometheus().expect("the only recorder of this test binary");
     let api = Api::start(&cfg, Some(handle)).await;
-    let r = api.http.get(api.url("/healthz")).send().await.unwrap();
-    assert_eq!(r.status(), StatusCode::OK);
+    let anonymous = reqwest::Client::new();
+    let r = anonymous.get(api.url("/healthz")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK, "health needs no key");
     assert_eq!(r.text().await.unwrap(), "ok");
+    let r = anonymous.get(format!("{}/healthz", api.ops)).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK, "the metrics listener serves health too");
     let (s, e) = api.post("/v1/jobs", &job("nobody", "echo", json!({}))).await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{e}");
     let (s, _) = api.post("/v1/jobs", &job("acme", "echo", json!({}))).await;
     assert_eq!(s, StatusCode::CREATED);
 
-    let r = api.http.get(api.url("/metrics")).send().await.unwrap();
+    let r = anonymous.get(format!("{}/metrics", api.ops)).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/plain"));
     let text = r.text().await.unwrap();
@@ -339,5 +397,102 @@ async fn healthz_and_prometheus_metrics() {
     ] {
         assert!(text.contains(want), "/metrics lacks {want}:\n{text}");
     }
+    api.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn api_keys_authenticate_scope_to_the_tenant_and_revoke_within_seconds() {
+    let mut c = common::config("");
+    c.api.key_refresh = Duration::from_secs(1);
+    let cfg = common::arc(c);
+    let api = tokio::time::timeout(Duration::from_secs(60), Api::start(&cfg, None)).await.expect("API starts");
+    let (acme_id, acme_key) = create_key(&cfg, &Caller::Tenant("acme".into())).await;
+    let (_, globex_key) = create_key(&cfg, &Caller::Tenant("globex".into())).await;
+    let acme = api.as_client(client_with_key(&acme_key));
+    let globex = api.as_client(client_with_key(&globex_key));
+    let anonymous = api.as_client(reqwest::Client::builder().timeout(Duration::from_secs(40)).build().unwrap());
+
+    // No key, a malformed one, an unknown one, a wrong secret for a known id: 401, JSON
+    // naming the header, WWW-Authenticate.
+    let body = job("acme", "echo", json!({}));
+    let (s, h, e) = anonymous.send(anonymous.http.post(api.url("/v1/jobs")).json(&body)).await;
+    assert_eq!((s, e["code"].as_str()), (StatusCode::UNAUTHORIZED, Some("UNAUTHENTICATED")), "{e}");
+    assert!(e["error"].as_str().unwrap().contains("Authorization: Bearer"), "{e}");
+    assert_eq!(h.get("www-authenticate").unwrap(), "Bearer");
+    let unknown = fairway::core::auth::new_key(rand::random()).token;
+    let wrong_secret = format!("fwk_{acme_id}_{}", &unknown[unknown.len() - 64..]);
+    for bad in [
+        "Bearer nonsense".to_string(),
+        format!("Basic {acme_key}"),
+        format!("Bearer {unknown}"),
+        format!("Bearer {wrong_secret}"),
+    ] {
+        let r = anonymous.http.get(api.url("/v1/jobs/x")).header("authorization", &bad).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{bad}");
+    }
+    let (s, e) = anonymous.get(&format!("/v1/jobs/{}", uuid::Uuid::now_v7())).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "reads need a key too: {e}");
+
+    // A tenant key submits for its tenant (tenant may be omitted), never for another.
+    let (s, a) = acme.post("/v1/jobs", &json!({"job_type": "echo", "payload": {"who": "acme"}})).await;
+    assert_eq!(s, StatusCode::CREATED, "{a}");
+    let (s, e) = acme.post("/v1/jobs", &job("globex", "echo", json!({}))).await;
+    assert_eq!((s, e["code"].as_str()), (StatusCode::FORBIDDEN, Some("FORBIDDEN")), "{e}");
+    let (s, e) =
+        acme.post("/v1/jobs:batch", &json!([job("acme", "echo", json!({})), job("globex", "echo", json!({}))])).await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "a batch with another tenant's job is refused whole: {e}");
+
+    // globex's job: globex reads and cancels it; acme gets exactly the unknown-id answer.
+    let (s, g) = globex.post("/v1/jobs", &job("globex", "echo", json!({"who": "globex"}))).await;
+    assert_eq!(s, StatusCode::CREATED, "{g}");
+    let g_id = id_of(&g);
+    let (s, c) = globex.delete(&format!("/v1/jobs/{g_id}")).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "its own queued job: {c}");
+    let (s, st) = globex.get(&format!("/v1/jobs/{g_id}")).await;
+    assert_eq!((s, &st["cancel_requested"]), (StatusCode::OK, &json!(true)), "{st}");
+    let never = uuid::Uuid::now_v7().to_string();
+    let (s_other, e_other) = acme.get(&format!("/v1/jobs/{g_id}")).await;
+    let (s_unknown, e_unknown) = acme.get(&format!("/v1/jobs/{never}")).await;
+    assert_eq!((s_other, s_unknown), (StatusCode::NOT_FOUND, StatusCode::NOT_FOUND), "{e_other} {e_unknown}");
+    assert_eq!(
+        e_other["error"].as_str().unwrap().replace(&g_id, "ID"),
+        e_unknown["error"].as_str().unwrap().replace(&never, "ID")
+    );
+    let (s, e) = acme.delete(&format!("/v1/jobs/{g_id}")).await;
+    assert_eq!((s, e["code"].as_str()), (StatusCode::NOT_FOUND, Some("JOB_NOT_FOUND")), "{e}");
+    let (s, e) = acme.delete(&format!("/v1/jobs/{never}")).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "an unknown id is not 'cancelled': {e}");
+    let (s, st) = api.get(&format!("/v1/jobs/{g_id}")).await;
+    assert_eq!(s, StatusCode::OK, "admin sees every tenant's job: {st}");
+
+    // Revoked: refused within seconds (key_refresh = 1 s).
+    let (s, _) = acme.post("/v1/jobs", &json!({"job_type": "echo"})).await;
+    assert_eq!(s, StatusCode::CREATED);
+    let store = fairway::store::Store::open(&cfg).await.unwrap();
+    assert!(store.key_statements().await.unwrap().revoke(&acme_id, fairway::now_ms()).await.unwrap());
+    let revoked_at = Instant::now();
+    loop {
+        let (s, e) = acme.get(&format!("/v1/jobs/{never}")).await;
+        if s == StatusCode::UNAUTHORIZED {
+            break;
+        }
+        assert_eq!(s, StatusCode::NOT_FOUND, "{e}");
+        assert!(revoked_at.elapsed() < Duration::from_secs(5), "a revoked key still works after 5 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (s, _) = globex.get(&format!("/v1/jobs/{g_id}")).await;
+    assert_eq!(s, StatusCode::OK, "other keys keep working");
+    api.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_off_treats_every_caller_as_admin() {
+    let mut c = common::config("");
+    c.api.auth = fairway::config::AuthMode::Off;
+    let cfg = common::arc(c);
+    let api = Api::start(&cfg, None).await;
+    let anonymous = api.as_client(reqwest::Client::new());
+    let (s, a) = anonymous.post("/v1/jobs", &job("globex", "echo", json!({}))).await;
+    assert_eq!(s, StatusCode::CREATED, "{a}");
     api.shutdown().await;
 }

@@ -30,6 +30,8 @@ pub mod codes {
     pub const STORE_UNAVAILABLE: &str = "STORE_UNAVAILABLE";
     pub const PARTIAL_SUBMIT: &str = "PARTIAL_SUBMIT";
     pub const INTERNAL: &str = "INTERNAL";
+    pub const UNAUTHENTICATED: &str = "UNAUTHENTICATED";
+    pub const FORBIDDEN: &str = "FORBIDDEN";
 }
 
 /// The fields a job object accepts, quoted in error messages.
@@ -150,6 +152,9 @@ impl IntoResponse for ApiError {
             tracing::warn!(status = %self.status, code = self.code, "API error: {}", self.message);
         }
         let mut resp = (self.status, axum::Json(self.body())).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         if let Some(s) = self.retry_after_secs {
             if let Ok(v) = HeaderValue::from_str(&s.to_string()) {
                 resp.headers_mut().insert(header::RETRY_AFTER, v);

@@ -1,6 +1,7 @@
-//! Per-tenant submission rate limits (governor token buckets, one per configured tenant).
-//! Rate: `tenants.<t>.rate_per_sec` when set, otherwise the tier's default; burst: one
-//! second's worth. Unknown tenants have no bucket (their submissions fail validation).
+//! Per-tenant submission rate limits (governor token buckets, one per registered tenant,
+//! kept in step with the live registry by [`TenantLimiters::sync`]). Rate: the tenant's
+//! `rate_per_sec` when set, otherwise the tier's default; burst: one second's worth.
+//! Unknown tenants have no bucket (their submissions fail validation).
 
 use crate::config::{Config, Tier};
 use governor::clock::{Clock, DefaultClock};
@@ -41,34 +42,56 @@ struct Bucket {
     limiter: DefaultDirectRateLimiter,
 }
 
-/// One token bucket per configured tenant.
+/// One token bucket per registered tenant.
 pub struct TenantLimiters {
-    buckets: HashMap<String, Bucket>,
+    buckets: std::sync::RwLock<HashMap<String, Bucket>>,
     clock: DefaultClock,
+}
+
+fn bucket(rate: NonZeroU32) -> Bucket {
+    // per_second: burst = the rate, i.e. one second's worth of submissions.
+    Bucket { rate, limiter: RateLimiter::direct(Quota::per_second(rate)) }
+}
+
+/// The submission rate of a registered tenant (as [`tenant_rate`]).
+pub fn record_rate(t: &crate::core::tenants::TenantRecord) -> NonZeroU32 {
+    t.rate_per_sec.and_then(NonZeroU32::new).or_else(|| NonZeroU32::new(tier_rate(t.tier))).unwrap_or(NonZeroU32::MIN)
 }
 
 impl TenantLimiters {
     pub fn from_config(cfg: &Config) -> Self {
-        let buckets = cfg
-            .tenants
-            .iter()
-            .map(|(name, t)| {
-                let rate = tenant_rate(t);
-                // per_second: burst = the rate, i.e. one second's worth of submissions.
-                (name.clone(), Bucket { rate, limiter: RateLimiter::direct(Quota::per_second(rate)) })
-            })
-            .collect();
-        TenantLimiters { buckets, clock: DefaultClock::default() }
+        let buckets = cfg.tenants.iter().map(|(name, t)| (name.clone(), bucket(tenant_rate(t)))).collect();
+        TenantLimiters { buckets: std::sync::RwLock::new(buckets), clock: DefaultClock::default() }
+    }
+
+    /// Follows the registry: buckets for new tenants and changed rates (a changed rate
+    /// starts full), none for removed tenants; unchanged buckets keep their state.
+    pub fn sync(&self, set: &crate::core::tenants::TenantSet) {
+        let mut buckets = self.buckets.write().expect("limiters");
+        buckets.retain(|name, _| set.tenants.contains_key(name));
+        for (name, t) in &set.tenants {
+            let rate = record_rate(t);
+            if buckets.get(name).is_none_or(|b| b.rate != rate) {
+                buckets.insert(name.clone(), bucket(rate));
+            }
+        }
+    }
+
+    /// A bucket for a tenant admitted by policy before the registry shows it.
+    pub fn ensure(&self, t: &crate::core::tenants::TenantRecord) {
+        let mut buckets = self.buckets.write().expect("limiters");
+        buckets.entry(t.name.clone()).or_insert_with(|| bucket(record_rate(t)));
     }
 
     /// The configured rate of a tenant (None if unknown).
     pub fn rate(&self, tenant: &str) -> Option<u32> {
-        self.buckets.get(tenant).map(|b| b.rate.get())
+        self.buckets.read().expect("limiters").get(tenant).map(|b| b.rate.get())
     }
 
     /// Takes `n` tokens from the tenant's bucket, all or none.
     pub fn check(&self, tenant: &str, n: u32) -> Result<(), Refusal> {
-        let Some(b) = self.buckets.get(tenant) else { return Err(Refusal::UnknownTenant) };
+        let buckets = self.buckets.read().expect("limiters");
+        let Some(b) = buckets.get(tenant) else { return Err(Refusal::UnknownTenant) };
         let Some(n) = NonZeroU32::new(n) else { return Ok(()) };
         match b.limiter.check_n(n) {
             Ok(Ok(())) => Ok(()),

@@ -7,15 +7,23 @@
 //! | `POST /v1/jobs:batch`    | 201 `[{job_id, pool, duplicate}, ...]`; every job is validated before any is produced |
 //! | `GET /v1/jobs/{id}`      | 200 job state + heartbeat (progress, heartbeat_age_ms); 404 no state |
 //! | `DELETE /v1/jobs/{id}`   | 202 cooperative cancel requested; 409 already finished |
-//! | `GET /healthz`           | 200 `ok` |
-//! | `GET /metrics`           | Prometheus text (404 when the state has no exporter handle) |
+//! | `GET /healthz`           | 200 `ok` (no key needed) |
+//!
+//! Every `/v1` route needs `Authorization: Bearer <API key>` ([`auth`]): 401 without a
+//! valid key; a tenant key submits only for its tenant (403 otherwise) and sees only its
+//! tenant's jobs (another tenant's job answers 404, like an unknown id). New `/v1` routes
+//! added to [`router`]'s `v1` table get the same check; admin-only handlers take
+//! [`auth::Admin`]. `/metrics` and `/healthz` are served by [`ops_router`] on a separate
+//! listener (`api.metrics_listen`).
 //!
 //! Every error is JSON `{"error": "<what is wrong and how to fix it>", "code": "<CODE>"}`
 //! (see [`codes`]).
 
+pub mod auth;
 mod error;
 mod limits;
 
+pub use auth::{Admin, Caller};
 pub use error::{codes, retry_after_secs, ApiError, JOB_FIELDS};
 pub use limits::{tenant_rate, tier_rate, Refusal, TenantLimiters};
 
@@ -81,20 +89,54 @@ struct Inner {
     store: Store,
     limiters: TenantLimiters,
     metrics: Option<PrometheusHandle>,
+    /// API keys: who is calling.
+    keys: auth::Keys,
+    /// The live tenants registry (None: the config file's tenants, fixed).
+    tenants: Option<crate::tenants::LiveTenants>,
+    /// Keeps the registry poller running for the life of the state.
+    _registry_stop: Option<tokio::sync::watch::Sender<bool>>,
 }
 
 impl ApiState {
     /// State from parts; the rate limiters are built from `cfg.tenants`.
     pub fn new(cfg: Arc<Config>, submitter: Submitter, store: Store, metrics: Option<PrometheusHandle>) -> Self {
         let limiters = TenantLimiters::from_config(&cfg);
-        ApiState { inner: Arc::new(Inner { cfg, submitter, store, limiters, metrics }) }
+        let keys = auth::Keys::new(cfg.api.auth, cfg.api.key_refresh);
+        let inner = Inner { cfg, submitter, store, limiters, metrics, keys, tenants: None, _registry_stop: None };
+        ApiState { inner: Arc::new(inner) }
     }
 
-    /// Opens the store and a producer for `cfg`.
+    /// Opens the store, a producer and the live tenants registry for `cfg`; rate limits
+    /// follow registry changes.
     pub async fn connect(cfg: Arc<Config>, metrics: Option<PrometheusHandle>) -> Result<Self, SubmitError> {
         let store = Store::open(&cfg).await?;
-        let submitter = Submitter::new(cfg.clone(), Some(store.clone()))?;
-        Ok(ApiState::new(cfg, submitter, store, metrics))
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let live = crate::tenants::LiveTenants::start(cfg.clone(), &store, stopped).await?;
+        let submitter = Submitter::new(cfg.clone(), Some(store.clone()))?.with_tenants(live.clone());
+        let limiters = TenantLimiters::from_config(&Config { tenants: Default::default(), ..(*cfg).clone() });
+        limiters.sync(&live.current());
+        let keys = auth::Keys::new(cfg.api.auth, cfg.api.key_refresh);
+        let inner = Inner {
+            cfg,
+            submitter,
+            store,
+            limiters,
+            metrics,
+            keys,
+            tenants: Some(live.clone()),
+            _registry_stop: Some(stop),
+        };
+        let state = ApiState { inner: Arc::new(inner) };
+        let weak = Arc::downgrade(&state.inner);
+        let mut changes = live.subscribe();
+        tokio::spawn(async move {
+            while changes.changed().await.is_ok() {
+                let set = changes.borrow_and_update().clone();
+                let Some(inner) = weak.upgrade() else { return };
+                inner.limiters.sync(&set);
+            }
+        });
+        Ok(state)
     }
 
     pub fn config(&self) -> &Arc<Config> {
@@ -118,10 +160,25 @@ impl ApiState {
 
     /// Takes `n` submissions from the tenant's rate budget.
     fn admit(&self, tenant: &str, n: u32) -> Result<(), ApiError> {
-        match self.inner.limiters.check(tenant, n) {
+        let mut checked = self.inner.limiters.check(tenant, n);
+        if let (Err(Refusal::UnknownTenant), Some(live)) = (&checked, &self.inner.tenants) {
+            // Not in the registry this process has: admitted by policy (registered by
+            // the submission's validation), or refused with the reason.
+            match live.admission(tenant) {
+                Ok(t) => {
+                    self.inner.limiters.ensure(&t);
+                    checked = self.inner.limiters.check(tenant, n);
+                }
+                Err(why) => return Err(ApiError::new(StatusCode::BAD_REQUEST, codes::UNKNOWN_TENANT, why)),
+            }
+        }
+        match checked {
             Ok(()) => Ok(()),
             Err(Refusal::Wait { rate, wait }) => {
-                let tier = self.inner.cfg.tenants.get(tenant).map(|t| t.tier).unwrap_or_default();
+                let tier = match &self.inner.tenants {
+                    Some(live) => live.current().tenants.get(tenant).map(|t| t.tier).unwrap_or_default(),
+                    None => self.inner.cfg.tenants.get(tenant).map(|t| t.tier).unwrap_or_default(),
+                };
                 metrics::counter!(API_RATE_LIMITED, "tier" => tier_label(tier)).increment(1);
                 Err(ApiError::rate_limited(tenant, rate, wait))
             }
@@ -136,7 +193,7 @@ impl ApiState {
             Err(Refusal::UnknownTenant) => Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
                 codes::UNKNOWN_TENANT,
-                format!("unknown tenant {tenant:?}: add [tenants.{tenant}] to the config"),
+                format!("unknown tenant {tenant:?}: register it with `fairway tenants add {tenant} --tier <tier>`"),
             )),
         }
     }
@@ -166,16 +223,26 @@ pub async fn serve(
 pub fn router(state: ApiState) -> Router {
     let single = state.single_body_limit();
     let batch = state.batch_body_limit();
-    Router::new()
+    // Every route in this table needs an API key.
+    let v1 = Router::new()
         .route("/v1/jobs", post(submit_one).layer(DefaultBodyLimit::max(single)))
         .route("/v1/jobs:batch", post(submit_batch).layer(DefaultBodyLimit::max(batch)))
         .route("/v1/jobs/{id}", get(job_status).delete(cancel_job))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth::require_caller));
+    Router::new()
+        .merge(v1)
         .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics_text))
         .route_layer(axum::middleware::from_fn(track))
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+}
+
+/// The metrics listener's routes (`api.metrics_listen`, `fairway serve
+/// --metrics-listen`): `/metrics` (Prometheus text) and `/healthz`, without API keys;
+/// operators choose where this listens and so who can scrape it.
+pub fn ops_router(state: ApiState) -> Router {
+    Router::new().route("/metrics", get(metrics_text)).route("/healthz", get(healthz)).with_state(state)
 }
 
 /// Counts requests by route template (bounded), method and status.
@@ -200,8 +267,8 @@ fn method_label(m: &Method) -> &'static str {
     }
 }
 
-const ENDPOINTS: &str =
-    "POST /v1/jobs, POST /v1/jobs:batch, GET /v1/jobs/{id}, DELETE /v1/jobs/{id}, GET /healthz, GET /metrics";
+const ENDPOINTS: &str = "POST /v1/jobs, POST /v1/jobs:batch, GET /v1/jobs/{id}, DELETE /v1/jobs/{id}, GET /healthz \
+     (GET /metrics is on the metrics listener, api.metrics_listen)";
 
 async fn no_route(method: Method, uri: axum::http::Uri) -> ApiError {
     metrics::counter!(API_REQUESTS, "route" => "unmatched", "method" => method_label(&method), "status" => "404")
@@ -243,18 +310,58 @@ fn count_submitted(s: &Submitted) {
         .increment(1);
 }
 
-async fn submit_one(State(st): State<ApiState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+/// A job object of `caller`'s request: a tenant key may omit `tenant` (it is the key's)
+/// and may not name another (403).
+fn job_of(caller: &Caller, item: serde_json::Value) -> Result<NewJob, ApiError> {
+    let mut item = item;
+    if let (Some(t), Some(obj)) = (caller.tenant(), item.as_object_mut()) {
+        obj.entry("tenant").or_insert_with(|| t.into());
+    }
+    let job = NewJob::deserialize(item).map_err(|e| ApiError::from_json(&e, "a job object"))?;
+    auth::check_tenant(caller, &job.tenant)?;
+    Ok(job)
+}
+
+/// Records which tenant submitted each accepted job (before answering, so a tenant can
+/// read and cancel its job as soon as it has the id, before any worker wrote its row).
+/// The jobs are accepted either way: a failure is logged, and the job becomes visible to
+/// its tenant once a worker records it.
+async fn record_owners(st: &ApiState, owners: impl Iterator<Item = (&str, &str)>) {
+    let written = async {
+        let keys = st.inner.keys.statements(&st.inner.store).await?;
+        futures::future::try_join_all(owners.map(|(id, t)| keys.put_owner(id, t))).await?;
+        Ok::<_, ApiError>(())
+    };
+    if let Err(e) = written.await {
+        tracing::warn!(
+            "accepted jobs' owners not recorded (their tenant sees them once a worker starts them): {}",
+            e.message
+        );
+    }
+}
+
+async fn submit_one(
+    State(st): State<ApiState>,
+    caller: Caller,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     let body = body.map_err(body_error)?;
-    let job: NewJob = serde_json::from_slice(&body).map_err(|e| ApiError::from_json(&e, "a job object"))?;
+    let item: serde_json::Value = serde_json::from_slice(&body).map_err(|e| ApiError::from_json(&e, "a job object"))?;
+    let job = job_of(&caller, item)?;
     st.inner.submitter.validate(&job, job.payload_bytes().len())?;
     st.admit(&job.tenant, 1)?;
     let s = st.inner.submitter.submit(&job).await?;
+    record_owners(&st, std::iter::once((s.job_id.as_str(), job.tenant.as_str()))).await;
     count_submitted(&s);
     let location = format!("/v1/jobs/{}", s.job_id);
     Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(submitted_json(&s))).into_response())
 }
 
-async fn submit_batch(State(st): State<ApiState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+async fn submit_batch(
+    State(st): State<ApiState>,
+    caller: Caller,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     let body = body.map_err(body_error)?;
     let items: Vec<serde_json::Value> =
         serde_json::from_slice(&body).map_err(|e| ApiError::from_json(&e, "a JSON array of job objects"))?;
@@ -276,8 +383,7 @@ async fn submit_batch(State(st): State<ApiState>, body: Result<Bytes, BytesRejec
     let mut jobs = Vec::with_capacity(items.len());
     let mut per_tenant: BTreeMap<String, u32> = BTreeMap::new();
     for (i, item) in items.into_iter().enumerate() {
-        let job = NewJob::deserialize(item)
-            .map_err(|e| ApiError::from_json(&e, "a job object").context(format!("job [{i}]")))?;
+        let job = job_of(&caller, item).map_err(|e| e.context(format!("job [{i}]")))?;
         st.inner
             .submitter
             .validate(&job, job.payload_bytes().len())
@@ -289,6 +395,9 @@ async fn submit_batch(State(st): State<ApiState>, body: Result<Bytes, BytesRejec
         st.admit(tenant, *n)?;
     }
     let results = futures::future::join_all(jobs.iter().map(|j| st.inner.submitter.submit(j))).await;
+    let owners =
+        results.iter().zip(&jobs).filter_map(|(r, j)| Some((r.as_ref().ok()?.job_id.as_str(), j.tenant.as_str())));
+    record_owners(&st, owners).await;
     if results.iter().all(Result::is_ok) {
         let out: Vec<serde_json::Value> =
             results.into_iter().flatten().inspect(count_submitted).map(|s| submitted_json(&s)).collect();
@@ -359,17 +468,52 @@ pub fn status_json(row: &JobRow, hb: Option<&HeartbeatRow>, now: crate::model::M
     })
 }
 
-async fn job_status(State(st): State<ApiState>, Path(id): Path<String>) -> Result<Json<serde_json::Value>, ApiError> {
+/// Whether `caller` may see job `id` (row: its state row, if any). The owner is the
+/// row's tenant, else the tenant that submitted it through the API; a job whose owner is
+/// unknown is visible to admins only. Not visible answers exactly like an unknown id.
+async fn may_see(st: &ApiState, caller: &Caller, id: &str, row: Option<&JobRow>) -> Result<bool, ApiError> {
+    if caller.is_admin() {
+        return Ok(true);
+    }
+    let owner = match row.and_then(|r| r.tenant.clone()) {
+        Some(t) => Some(t),
+        None => st.inner.keys.statements(&st.inner.store).await?.owner(id).await?,
+    };
+    Ok(caller.may_see(owner.as_deref()))
+}
+
+async fn job_status(
+    State(st): State<ApiState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
     check_job_id(&id)?;
     let store = st.store();
     let (row, hb) = tokio::try_join!(store.job(&id), store.heartbeat(&id))?;
     let Some(row) = row else { return Err(ApiError::not_found(&id)) };
+    if !may_see(&st, &caller, &id, Some(&row)).await? {
+        return Err(ApiError::not_found(&id));
+    }
     Ok(Json(status_json(&row, hb.as_ref(), now_ms())))
 }
 
-async fn cancel_job(State(st): State<ApiState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+async fn cancel_job(State(st): State<ApiState>, caller: Caller, Path(id): Path<String>) -> Result<Response, ApiError> {
     check_job_id(&id)?;
     let row = st.store().job(&id).await?;
+    let known = match &row {
+        Some(_) => may_see(&st, &caller, &id, row.as_ref()).await?,
+        // No state yet: cancellable if it was submitted through the API (by this
+        // caller's tenant, for a tenant key); an id nobody knows answers 404.
+        None => {
+            let owner = st.inner.keys.statements(&st.inner.store).await?.owner(&id).await?;
+            owner.is_some() && caller.may_see(owner.as_deref())
+        }
+    };
+    if !known {
+        return Err(ApiError::not_found(&id).context(
+            "nothing to cancel (a job submitted straight to Kafka and not started yet can be flagged with `fairway cancel`)",
+        ));
+    }
     if let Some(r) = row.as_ref().filter(|r| r.is_terminal()) {
         let status = r.status.clone().unwrap_or_default();
         return Err(ApiError::new(

@@ -74,6 +74,7 @@ async fn throughput(g: &Global, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
     let cfg = Arc::new(cfg);
     kafka::ensure_topics(&cfg).await.context("creating bench topics (scripts/services up?)")?;
     fairway::store::ensure_schema(&cfg).await?;
+    fairway::tenants::seed(&cfg).await?;
     let reader = kafka::reader(&cfg, &format!("{}bench-results", cfg.kafka.topic_prefix), false)?;
     reader.subscribe(&[&cfg.results_topic()])?;
     let registry = Registry::from_config(&cfg, Default::default()).map_err(anyhow::Error::msg)?;
@@ -731,6 +732,7 @@ async fn run_plan(base: &Config, a: &FairnessArgs, plan: &Plan) -> anyhow::Resul
     let cfg = fairness_config(base, a, plan)?;
     kafka::ensure_topics(&cfg).await.context("creating bench topics (scripts/services up?)")?;
     fairway::store::ensure_schema(&cfg).await?;
+    fairway::tenants::seed(&cfg).await?;
 
     let mut feed = super::bench_flood::ResultFeed::start(&cfg)?;
 
@@ -1063,6 +1065,7 @@ async fn probe_floor(base: &Config, a: &FairnessArgs) -> anyhow::Result<Floor> {
     let cfg = Arc::new(cfg);
     kafka::ensure_topics(&cfg).await.context("creating probe topics (scripts/services up?)")?;
     fairway::store::ensure_schema(&cfg).await?;
+    fairway::tenants::seed(&cfg).await?;
     let topic = cfg.results_topic();
     let reader = kafka::reader(&cfg, &format!("{}probe", cfg.kafka.topic_prefix), false)?;
     reader.subscribe(&[&topic])?;

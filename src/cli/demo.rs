@@ -66,6 +66,7 @@ pub async fn run(g: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
     );
     kafka::ensure_topics(&cfg).await.context("creating demo topics (is the broker up? scripts/services up)")?;
     fairway::store::ensure_schema(&cfg).await.context("creating keyspace")?;
+    fairway::tenants::seed(&cfg).await.context("registering the demo tenants")?;
 
     // Results reader first, so the group is formed while workers start.
     let reader = kafka::reader(&cfg, &format!("{}demo-results", cfg.kafka.topic_prefix), false)?;

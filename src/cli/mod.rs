@@ -4,11 +4,13 @@
 mod bench;
 mod bench_flood;
 mod demo;
+mod keys;
 mod ops;
 mod replay;
 mod rerun;
 mod serve;
 mod stats;
+mod tenants;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -63,6 +65,8 @@ impl Global {
         if let Some(t) = &self.topic_prefix {
             cfg.kafka.topic_prefix = t.clone();
         }
+        // FAIRWAY_KAFKA_<NAME> client properties and FAIRWAY_SCYLLA_* credentials.
+        cfg.apply_env(std::env::vars());
         cfg.validate().context("after applying command-line and environment overrides")?;
         Ok(Arc::new(cfg))
     }
@@ -95,6 +99,10 @@ pub enum Cmd {
     Top(stats::TopArgs),
     /// Benchmarks on the local services (end-to-end throughput and latency).
     Bench(bench::BenchArgs),
+    /// The live tenants registry: add, set, list, suspend, resume, remove.
+    Tenants(tenants::TenantsArgs),
+    /// HTTP API keys: create (per tenant or admin), list, revoke.
+    Keys(keys::KeysArgs),
     /// Protocol-v4 bridge in front of a local Cassandra 2.1 (used by scripts/services).
     CqlBridge(ops::BridgeArgs),
 }
@@ -138,7 +146,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Replay(a) => replay::run(g.load()?, a).await,
         Cmd::Rerun(a) => rerun::run(g.load()?, a).await,
         Cmd::Serve(a) => serve::run(g.load()?, a).await,
+        Cmd::Keys(a) => keys::run(&*g.load()?, a).await,
         Cmd::Stats(a) => stats::stats(g.load()?, a).await,
         Cmd::Top(a) => stats::top(g.load()?, a).await,
+        Cmd::Tenants(a) => tenants::run(&*g.load()?, a).await,
     }
 }

@@ -19,7 +19,8 @@ use std::time::Duration;
 pub async fn init(cfg: &Config) -> anyhow::Result<ExitCode> {
     let topics = kafka::ensure_topics(cfg).await.context("creating topics")?;
     let tables = fairway::store::ensure_schema(cfg).await.context("creating keyspace and tables")?;
-    if topics.is_empty() && tables.is_empty() {
+    let seeded = fairway::tenants::seed(cfg).await.context("seeding the tenants registry from [tenants.*]")?;
+    if topics.is_empty() && tables.is_empty() && seeded.is_empty() {
         println!(
             "nothing to do: {} topics and keyspace {} already exist",
             kafka::all_topics(cfg).len(),
@@ -31,6 +32,9 @@ pub async fn init(cfg: &Config) -> anyhow::Result<ExitCode> {
         }
         for t in &tables {
             println!("created {t}");
+        }
+        for t in &seeded {
+            println!("registered tenant {t} (from the config file)");
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -98,9 +102,11 @@ fn parse_time(s: &str) -> Result<i64, String> {
 }
 
 pub async fn submit(cfg: &Arc<Config>, a: SubmitArgs) -> anyhow::Result<ExitCode> {
-    let needs_store = a.idempotency_key.is_some() || a.ndjson.is_some();
-    let store = if needs_store { Some(Store::open(cfg).await?) } else { None };
-    let submitter = Submitter::new(cfg.clone(), store)?;
+    // The store: idempotency keys, and the tenants registry that validates tenants.
+    let store = Store::open(cfg).await?;
+    let (_stop, stopped) = tokio::sync::watch::channel(false);
+    let live = fairway::tenants::LiveTenants::start(cfg.clone(), &store, stopped).await?;
+    let submitter = Submitter::new(cfg.clone(), Some(store))?.with_tenants(live);
     let mut jobs = Vec::new();
     if let Some(path) = &a.ndjson {
         let reader: Box<dyn BufRead> = if path.as_os_str() == "-" {
@@ -177,7 +183,8 @@ pub struct WorkerArgs {
 }
 
 pub async fn worker(cfg: Arc<Config>, a: WorkerArgs) -> anyhow::Result<ExitCode> {
-    fairway::metrics::install_exporter(a.metrics_port.unwrap_or(cfg.worker.metrics_port))?;
+    let listen = if a.metrics_port.is_some() { None } else { cfg.worker.metrics_listen.as_deref() };
+    fairway::metrics::install_exporter_at(listen, a.metrics_port.unwrap_or(cfg.worker.metrics_port))?;
     let registry = Registry::from_config(&cfg, Default::default()).map_err(anyhow::Error::msg)?;
     let w = Worker::start(cfg, &a.pools, registry, a.policy).await?;
     eprintln!("worker {} serving pools {:?}; Ctrl-C to stop", w.worker_id, a.pools);

@@ -1,8 +1,9 @@
-//! `fairway serve`: the HTTP API (submit, status, cancel, /healthz, /metrics) until Ctrl-C.
+//! `fairway serve`: the HTTP API (submit, status, cancel) until Ctrl-C, and `/metrics` +
+//! `/healthz` on a separate listener (`--metrics-listen` / `api.metrics_listen`).
 
 use anyhow::Context;
 use fairway::api::{self, ApiState};
-use fairway::config::Config;
+use fairway::config::{AuthMode, Config};
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -12,6 +13,10 @@ pub struct ServeArgs {
     /// Address to listen on (host:port; port 0 picks a free one).
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
+    /// Address of /metrics and /healthz (host:port, or "off"); default api.metrics_listen
+    /// (127.0.0.1:9464). No API key is asked there: expose it only to operators.
+    #[arg(long)]
+    pub metrics_listen: Option<String>,
     /// Do not install the Prometheus recorder (GET /metrics then answers 404).
     #[arg(long)]
     pub no_metrics: bool,
@@ -23,18 +28,45 @@ pub async fn run(cfg: Arc<Config>, a: ServeArgs) -> anyhow::Result<ExitCode> {
     } else {
         Some(api::install_prometheus().context("installing the Prometheus recorder")?)
     };
+    let ops_listen = a.metrics_listen.clone().unwrap_or_else(|| cfg.api.metrics_listen.clone());
+    if cfg.api.auth == AuthMode::Off {
+        eprintln!("WARNING: api.auth = \"off\": every caller is admin. Use this only for a local demo.");
+    }
     let state = ApiState::connect(cfg, metrics).await.context("connecting to Kafka and the CQL database")?;
     let listener = tokio::net::TcpListener::bind(a.listen)
         .await
         .with_context(|| format!("cannot listen on {} (in use? pick another with --listen)", a.listen))?;
     let addr = listener.local_addr()?;
-    eprintln!(
-        "fairway API on http://{addr} (POST /v1/jobs, GET|DELETE /v1/jobs/{{id}}, /healthz, /metrics); Ctrl-C to stop"
-    );
-    let shutdown = async {
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let ops = if ops_listen.eq_ignore_ascii_case("off") {
+        None
+    } else {
+        let at: SocketAddr = ops_listen.parse().with_context(|| {
+            format!("--metrics-listen / api.metrics_listen {ops_listen:?} is not host:port (or \"off\")")
+        })?;
+        let l = tokio::net::TcpListener::bind(at).await.with_context(|| {
+            format!("cannot listen on {at} for /metrics (in use? pick another with --metrics-listen)")
+        })?;
+        eprintln!("metrics and health on http://{}/metrics, /healthz (no API key)", l.local_addr()?);
+        let mut stopped = stopped.clone();
+        let router = api::ops_router(state.clone());
+        Some(tokio::spawn(async move {
+            axum::serve(l, router)
+                .with_graceful_shutdown(async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                })
+                .await
+        }))
+    };
+    eprintln!("fairway API on http://{addr} (POST /v1/jobs, GET|DELETE /v1/jobs/{{id}}, /healthz); Ctrl-C to stop");
+    let shutdown = async move {
         let _ = tokio::signal::ctrl_c().await;
         eprintln!("stopping: finishing requests in flight");
+        let _ = stop.send(true);
     };
     api::serve(listener, state, shutdown).await.context("serving the HTTP API")?;
+    if let Some(ops) = ops {
+        ops.await.context("metrics listener")?.context("serving /metrics")?;
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -120,8 +120,18 @@ fn render(f: &FleetStats, all: bool) -> String {
         }
         return s;
     }
-    let mut pools =
-        vec![row(&["POOL", "WORKERS", "SLOTS", "RUNNING", "QUEUED", "FREE", "IDLE-RESERVED", "FAST-LANES BUSY"])];
+    let mut pools = vec![row(&[
+        "POOL",
+        "WORKERS",
+        "SLOTS",
+        "RUNNING",
+        "QUEUED",
+        "SPILLED",
+        "FREE",
+        "IDLE-RESERVED",
+        "FAST-LANES BUSY",
+        "REGISTRY",
+    ])];
     for p in &f.pools {
         let workers =
             if p.fifo_workers > 0 { format!("{} ({} fifo)", p.workers, p.fifo_workers) } else { p.workers.to_string() };
@@ -131,9 +141,15 @@ fn render(f: &FleetStats, all: bool) -> String {
             p.slots.to_string(),
             p.running.to_string(),
             p.queued.to_string(),
+            p.spilled.to_string(),
             p.free_shared.to_string(),
             p.idle_reserved.to_string(),
             format!("{}/{}", p.running_fast_lane, p.fast_lanes),
+            match (p.registry_version, p.registry_version_max) {
+                (Some(a), Some(b)) if a != b => format!("v{a}..v{b}"),
+                (Some(a), _) => format!("v{a}"),
+                _ => "-".into(),
+            },
         ]);
     }
     table(&mut s, &pools, 1, false);
@@ -163,7 +179,11 @@ fn render(f: &FleetStats, all: bool) -> String {
             t.pool.clone(),
             t.tenant.clone(),
             t.tier.clone(),
-            t.backlog.total.to_string(),
+            if t.backlog.spilled > 0 {
+                format!("{} ({} spilled)", t.backlog.total, t.backlog.spilled)
+            } else {
+                t.backlog.total.to_string()
+            },
             t.running.to_string(),
             format!("{:.1}", t.slot_seconds_used),
             pct(t.actual_share),
@@ -234,6 +254,7 @@ fn waits_on(t: &TenantSummary, now: i64) -> String {
             _ => "rate limit".to_string(),
         },
         "reserved_slots" => "reserved slots (shared slots busy)".to_string(),
+        "suspended" => "suspended (`fairway tenants resume` lets it run)".to_string(),
         other => other.to_string(),
     };
     let mut out = match &t.wait_reason {

@@ -226,6 +226,7 @@ struct PoolSnap {
     fast_lanes: usize,
     running_fast_lane: usize,
     spilled: usize,
+    registry_version: Option<i64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -282,6 +283,9 @@ pub struct PoolSummary {
     pub running_fast_lane: usize,
     /// Of `queued`, jobs spilled to the store's backlog.
     pub spilled: usize,
+    /// Oldest and newest tenants-registry version the pool's workers run.
+    pub registry_version: Option<i64>,
+    pub registry_version_max: Option<i64>,
 }
 
 /// One tenant in one pool across the fleet.
@@ -386,6 +390,10 @@ pub fn aggregate(rows: &[SnapshotRow], now: Millis, max_age_ms: i64) -> FleetSta
         p.fast_lanes += ps.fast_lanes;
         p.running_fast_lane += ps.running_fast_lane;
         p.spilled += ps.spilled;
+        if let Some(v) = ps.registry_version {
+            p.registry_version = Some(p.registry_version.map_or(v, |x: i64| x.min(v)));
+            p.registry_version_max = Some(p.registry_version_max.map_or(v, |x: i64| x.max(v)));
+        }
         for t in &snap.tenants {
             let a = tenants.entry((r.pool.clone(), t.tenant.clone())).or_insert_with(|| Acc {
                 s: TenantSummary {

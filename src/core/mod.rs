@@ -3,6 +3,7 @@
 //! worker's tasks only move data between these and Kafka/ScyllaDB, and the rules are
 //! unit- and property-tested in isolation.
 
+pub mod auth;
 pub mod backlog;
 pub mod breaker;
 pub mod fleet;
@@ -13,4 +14,5 @@ pub mod replay;
 pub mod rerun;
 pub mod retry;
 pub mod scheduler;
+pub mod tenants;
 pub mod window;

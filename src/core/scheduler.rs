@@ -343,6 +343,8 @@ struct Tenant<J> {
     /// Fair weight: the tier's (or overridden) weight; 1 inside the free flow.
     weight: f64,
     free: bool,
+    /// Suspended: its queued jobs wait, nothing of it is dispatched.
+    suspended: bool,
     max_running: usize,
     max_queued: usize,
     reserved: usize,
@@ -758,7 +760,7 @@ impl<J> Scheduler<J> {
         self.enterprise
             .iter()
             .map(|&t| &self.tenants[t as usize])
-            .filter(|x| x.running_reserved < x.reserved && x.queued > 0 && x.running < x.max_running)
+            .filter(|x| x.running_reserved < x.reserved && x.queued > 0 && x.running < x.max_running && !x.suspended)
             .filter_map(|x| x.blocked_until)
             .min()
     }
@@ -929,6 +931,8 @@ impl<J> Scheduler<J> {
                 let oldest = x.queues.iter().filter_map(|q| q.front()).map(|w| w.enqueued_at).min();
                 let wait_reason = if x.queued == 0 {
                     None
+                } else if x.suspended {
+                    Some(WaitReason::Suspended)
                 } else if x.running >= x.max_running {
                     Some(WaitReason::ConcurrencyCap)
                 } else if let Some(until) = x.blocked_until.filter(|&u| u > now) {
@@ -1042,6 +1046,7 @@ impl<J> Scheduler<J> {
             policy: TenantPolicy::default(),
             weight: 1.0,
             free,
+            suspended: false,
             max_running: usize::MAX,
             max_queued: self.cfg.max_queued_per_tenant,
             reserved: 0,
@@ -1098,6 +1103,7 @@ impl<J> Scheduler<J> {
         x.free = free;
         x.weight = if free { 1.0 } else { weight };
         x.max_running = policy.max_running.unwrap_or(usize::MAX);
+        x.suspended = policy.suspended;
         x.max_queued = max_queued;
         x.min_share = min_share;
         if x.limiter.as_ref().map(|l| l.spec()) != policy.rate_limit {
@@ -1172,7 +1178,7 @@ impl<J> Scheduler<J> {
 
     fn eligible(&self, t: u32) -> bool {
         let x = &self.tenants[t as usize];
-        x.queued > 0 && x.running < x.max_running && x.blocked_until.is_none()
+        x.queued > 0 && x.running < x.max_running && x.blocked_until.is_none() && !x.suspended
     }
 
     /// Puts the tenant in (or takes it out of) its ready sets according to its state,
@@ -1312,7 +1318,7 @@ impl<J> Scheduler<J> {
             (x.tag - self.vtime) * x.weight > cap
         };
         let next = x.best_level(now, self.cfg.aging_step_ms).and_then(|(lvl, _)| x.queues[lvl].front());
-        !ahead && next.is_some_and(|w| self.cost_of(t, w.jt) <= cap)
+        !ahead && !x.suspended && next.is_some_and(|w| self.cost_of(t, w.jt) <= cap)
     }
 
     fn shared_capacity(&self) -> f64 {

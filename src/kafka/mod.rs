@@ -20,8 +20,9 @@ pub use rdkafka::{Offset, TopicPartitionList};
 
 #[derive(Debug, thiserror::Error)]
 pub enum KafkaError {
-    #[error("cannot create Kafka client for {brokers}: {source}")]
-    Client { brokers: String, source: rdkafka::error::KafkaError },
+    /// `message` has secret property values redacted.
+    #[error("cannot create Kafka client for {brokers}: {message}")]
+    Client { brokers: String, message: String },
     #[error("creating topic {topic} failed: {reason}")]
     CreateTopic { topic: String, reason: String },
     #[error("producing to {topic} failed: {source}")]
@@ -34,14 +35,30 @@ pub enum KafkaError {
 /// (500 ms) puts half a second on every idle hop (jobs, retries, results).
 const FETCH_WAIT_MS: &str = "25";
 
-/// Base client settings shared by producers, consumers and the admin client.
+/// Base client settings shared by producers, consumers and the admin client: fairway's
+/// defaults, then `[kafka.properties]` (SASL, TLS, tuning). Settings a client sets after
+/// this (idempotence, acks, group, offset storage) are fairway's correctness and win.
 fn base(cfg: &Config) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", &cfg.kafka.brokers)
         // Small local brokers answer slowly to metadata at first; be patient but bounded.
         .set("socket.timeout.ms", "10000")
         .set("log_level", "4");
+    for (k, v) in cfg.kafka.properties.iter() {
+        c.set(k, v);
+    }
     c
+}
+
+/// A client could not be created (a bad property, usually): the error without secrets.
+fn client_err(cfg: &Config) -> impl Fn(rdkafka::error::KafkaError) -> KafkaError + '_ {
+    move |e| KafkaError::Client {
+        brokers: cfg.kafka.brokers.clone(),
+        message: format!(
+            "{} (check [kafka.properties] / FAIRWAY_KAFKA_* against librdkafka's CONFIGURATION.md)",
+            cfg.kafka.properties.redact(&e.to_string())
+        ),
+    }
 }
 
 /// Every topic fairway uses, in creation order.
@@ -58,18 +75,17 @@ pub fn all_topics(cfg: &Config) -> Vec<String> {
 
 /// Creates the missing topics; returns the names it created (empty: nothing to do).
 pub async fn ensure_topics(cfg: &Config) -> Result<Vec<String>, KafkaError> {
-    let admin: AdminClient<DefaultClientContext> =
-        base(cfg).create().map_err(|source| KafkaError::Client { brokers: cfg.kafka.brokers.clone(), source })?;
+    let admin: AdminClient<DefaultClientContext> = base(cfg).create().map_err(client_err(cfg))?;
     let names = all_topics(cfg);
     let new: Vec<NewTopic> = names
         .iter()
         .map(|n| NewTopic::new(n, cfg.kafka.partitions, TopicReplication::Fixed(cfg.kafka.replication_factor)))
         .collect();
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
-    let results = admin
-        .create_topics(&new, &opts)
-        .await
-        .map_err(|source| KafkaError::Client { brokers: cfg.kafka.brokers.clone(), source })?;
+    let results = admin.create_topics(&new, &opts).await.map_err(|e| KafkaError::Client {
+        brokers: cfg.kafka.brokers.clone(),
+        message: cfg.kafka.properties.redact(&e.to_string()),
+    })?;
     let mut created = Vec::new();
     for r in results {
         match r {
@@ -90,7 +106,7 @@ pub fn producer(cfg: &Config) -> Result<FutureProducer, KafkaError> {
         .set("compression.type", "lz4")
         .set("message.timeout.ms", "30000")
         .create()
-        .map_err(|source| KafkaError::Client { brokers: cfg.kafka.brokers.clone(), source })
+        .map_err(client_err(cfg))
 }
 
 /// Produces one record and waits for the broker's acknowledgement.
@@ -157,7 +173,7 @@ pub fn consumer(
         .set("max.poll.interval.ms", "300000")
         .set("queued.max.messages.kbytes", "16384")
         .create_with_context(WorkerContext { events: tx })
-        .map_err(|source| KafkaError::Client { brokers: cfg.kafka.brokers.clone(), source })?;
+        .map_err(client_err(cfg))?;
     let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
     c.subscribe(&refs)?;
     Ok((c, rx))
@@ -172,5 +188,5 @@ pub fn reader(cfg: &Config, group: &str, commit: bool) -> Result<StreamConsumer,
         .set("auto.offset.reset", "earliest")
         .set("session.timeout.ms", "6000")
         .create()
-        .map_err(|source| KafkaError::Client { brokers: cfg.kafka.brokers.clone(), source })
+        .map_err(client_err(cfg))
 }

@@ -5,8 +5,11 @@
 
 mod backlog;
 mod coalesce;
+mod keys;
 mod rerun;
 mod schema;
+mod tenants;
+mod tls;
 
 use crate::config::Config;
 use crate::model::Millis;
@@ -18,8 +21,10 @@ use scylla::statement::Consistency;
 use std::sync::Arc;
 
 pub use backlog::{BacklogKey, BacklogStatements};
+pub use keys::{ApiKeyRow, KeyStatements};
 pub use rerun::{JobFacts, RerunStatements, FACTS_CHUNK};
 pub use schema::TABLES;
+pub use tenants::TenantStatements;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
@@ -180,16 +185,24 @@ pub async fn connect(cfg: &Config) -> Result<Session, StoreError> {
         // Cassandra 2.1 behind the local bridge has no system_schema keyspace.
         b = b.fetch_schema_metadata(false).fetch_full_schema_metadata(false);
     }
-    b.build().await.map_err(|e| StoreError::Connect {
-        contact_points: cfg.scylla.contact_points.join(","),
-        message: e.to_string(),
+    if let Some(user) = &cfg.scylla.username {
+        b = b.user(user, cfg.scylla.password.as_ref().map(|p| p.expose()).unwrap_or(""));
+    }
+    if let Some(t) = &cfg.scylla.tls {
+        b = b.tls_context(Some(tls::context(t)?));
+    }
+    b.build().await.map_err(|e| {
+        let message = e.to_string();
+        let hint = tls::connect_hint(&message, cfg);
+        StoreError::Connect { contact_points: cfg.scylla.contact_points.join(","), message: format!("{message}{hint}") }
     })
 }
 
 /// Creates the keyspace and tables that are missing; returns what it created.
 pub async fn ensure_schema(cfg: &Config) -> Result<Vec<String>, StoreError> {
     let session = connect(cfg).await?;
-    schema::ensure(&session, &cfg.scylla.keyspace, cfg.scylla.replication_factor).await
+    let replication = schema::replication(cfg.scylla.replication_factor, &cfg.scylla.datacenters);
+    schema::ensure(&session, &cfg.scylla.keyspace, &replication).await
 }
 
 impl Store {

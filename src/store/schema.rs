@@ -62,17 +62,45 @@ pub const TABLES: &[(&str, &str)] = &[
         "backlog_index",
         "(topic text, partition int, tenant text, bucket bigint, PRIMARY KEY ((topic, partition), tenant, bucket))",
     ),
+    // The tenants registry (`crate::tenants`), per deployment (topic prefix): live data,
+    // seeded from the config file by `fairway init`.
+    (
+        "tenants",
+        "(scope text, name text, tier text, weight double, max_concurrency int, rate_per_sec int, \
+         reserved_slots int, max_queued int, suspended boolean, labels map<text, text>, updated_at bigint, \
+         PRIMARY KEY (scope, name))",
+    ),
+    // Bumped by every registry change; processes poll it and reload when it moves.
+    ("registry_versions", "(scope text PRIMARY KEY, version counter)"),
     // Each live worker's scheduler snapshot per pool (JSON, short TTL): `fairway stats` / `top`.
     ("worker_stats", "(pool text, worker text, at bigint, stats text, PRIMARY KEY (pool, worker))"),
+    // HTTP API keys per deployment (topic prefix): the SHA-256 of each key's secret,
+    // never the secret; role admin or tenant (`core::auth`).
+    (
+        "api_keys",
+        "(scope text, key_id text, hash blob, role text, tenant text, label text, created_at bigint, \
+         revoked_at bigint, PRIMARY KEY (scope, key_id))",
+    ),
+    // Which tenant submitted a job through the API (TTL 30 days): lets a tenant key read
+    // and cancel its own job before any worker wrote the job's row.
+    ("job_owners", "(job_id text PRIMARY KEY, tenant text)"),
 ];
 
-pub async fn ensure(session: &Session, keyspace: &str, rf: i32) -> Result<Vec<String>, StoreError> {
+/// The keyspace's replication: NetworkTopologyStrategy with replicas per datacenter when
+/// any are configured (`scylla.datacenters`), else SimpleStrategy with `rf`.
+pub fn replication(rf: i32, datacenters: &std::collections::BTreeMap<String, i32>) -> String {
+    if datacenters.is_empty() {
+        return format!("{{'class': 'SimpleStrategy', 'replication_factor': {rf}}}");
+    }
+    let dcs: Vec<String> = datacenters.iter().map(|(dc, n)| format!("'{dc}': {n}")).collect();
+    format!("{{'class': 'NetworkTopologyStrategy', {}}}", dcs.join(", "))
+}
+
+pub async fn ensure(session: &Session, keyspace: &str, replication: &str) -> Result<Vec<String>, StoreError> {
     let existing = existing_tables(session, keyspace).await?;
     let mut created = Vec::new();
     if existing.is_none() {
-        let cql = format!(
-            "CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {{'class': 'SimpleStrategy', 'replication_factor': {rf}}}"
-        );
+        let cql = format!("CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {replication}");
         session
             .query_unpaged(cql, ())
             .await
@@ -140,4 +168,15 @@ async fn existing_tables(session: &Session, keyspace: &str) -> Result<Option<Vec
         return Ok(Some(names));
     }
     Err(StoreError::Query { what: "read schema", message: last_err.unwrap_or_default() })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn replication_strategy_follows_datacenters() {
+        let none = Default::default();
+        assert_eq!(super::replication(1, &none), "{'class': 'SimpleStrategy', 'replication_factor': 1}");
+        let dcs = [("dc1".to_string(), 3), ("dc2".to_string(), 2)].into_iter().collect();
+        assert_eq!(super::replication(1, &dcs), "{'class': 'NetworkTopologyStrategy', 'dc1': 3, 'dc2': 2}");
+    }
 }

@@ -4,9 +4,7 @@
 //! fairness benchmark compares against).
 
 use crate::config::Config;
-use crate::core::scheduler::{
-    DispatchId, RateLimit, Rejected as SchedRejected, Scheduler, SchedulerConfig, TenantPolicy, Tier, Via,
-};
+use crate::core::scheduler::{DispatchId, Rejected as SchedRejected, Scheduler, SchedulerConfig, TenantPolicy, Via};
 use crate::model::{Millis, Pool, Priority};
 use std::collections::{HashMap, VecDeque};
 
@@ -58,6 +56,10 @@ pub trait Dispatcher<J>: Send {
     }
     /// Decayed slot-seconds each tenant used elsewhere in the fleet.
     fn fold_fleet_usage(&mut self, _usage: &HashMap<String, f64>, _now: Millis) {}
+    /// Applies a tenant's (new) policy from the registry; queued jobs stay queued.
+    fn set_tenant(&mut self, _tenant: &str, _policy: TenantPolicy) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// Plain first-in first-out across all tenants: what a Kafka consumer does by default.
@@ -134,27 +136,18 @@ pub struct Fair<J> {
 }
 
 impl<J> Fair<J> {
-    /// One pool's scheduler with every configured tenant's tier, caps and limits.
-    pub fn new(cfg: &Config, pool: Pool) -> Result<Self, String> {
+    /// One pool's scheduler with every registered tenant's tier, caps and limits.
+    pub fn new(cfg: &Config, pool: Pool, tenants: &crate::core::tenants::TenantSet) -> Result<Self, String> {
         let pc = cfg.pool(pool);
         let mut sc = SchedulerConfig::for_pool(pool, pc.slots);
         sc.default_cost_ms = pc.default_estimate.as_millis().max(1) as f64;
         sc.max_queued_per_tenant = cfg.worker.tenant_queue_limit.saturating_mul(2);
         sc.fast_lanes = pc.fast_lanes_for(pool);
         sc.fast_lane_max_cost_ms = pc.fast_lane_max_estimate().as_millis() as f64;
+        sc.default_tenant = TenantPolicy::tier(cfg.registry.default_tier);
         let mut inner = Scheduler::new(pool, sc).map_err(|e| format!("pools.{pool}: {e}"))?;
-        for (name, t) in &cfg.tenants {
-            let tier = t.tier;
-            let policy = TenantPolicy {
-                tier,
-                weight: if tier == Tier::Free { None } else { t.weight },
-                max_running: t.max_concurrency,
-                rate_limit: t.rate_per_sec.map(|r| RateLimit { per_second: f64::from(r), burst: r.max(1) }),
-                max_queued: None,
-                reserved_slots: (t.reserved_slots > 0).then_some(t.reserved_slots),
-                min_share: None,
-            };
-            inner.set_tenant(name, policy).map_err(|e| format!("tenants.{name}: {e}"))?;
+        for (name, t) in &tenants.tenants {
+            inner.set_tenant(name, t.policy()).map_err(|e| format!("tenant {name}: {e}"))?;
         }
         Ok(Fair { inner })
     }
@@ -212,6 +205,9 @@ impl<J: Send> Dispatcher<J> for Fair<J> {
     }
     fn fold_fleet_usage(&mut self, usage: &HashMap<String, f64>, now: Millis) {
         self.inner.fold_fleet_usage(usage, now)
+    }
+    fn set_tenant(&mut self, tenant: &str, policy: TenantPolicy) -> Result<(), String> {
+        self.inner.set_tenant(tenant, policy).map_err(|e| e.to_string())
     }
 }
 

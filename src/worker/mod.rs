@@ -58,6 +58,8 @@ pub struct Shared {
     pub fleet_usage: watch::Sender<HashMap<String, f64>>,
     /// Dispatch frontiers of the pool topic's partitions: which jobs skip the state read.
     pub frontiers: fresh::Frontiers,
+    /// The live tenants registry.
+    pub tenants: crate::tenants::LiveTenants,
 }
 
 /// The failure-handling cores of one pool.
@@ -186,6 +188,7 @@ impl Worker {
         let producer = kafka::producer(&cfg)?;
         let worker_id = new_worker_id();
         let (tx, rx) = watch::channel(false);
+        let tenants = crate::tenants::LiveTenants::start(cfg.clone(), &store, rx.clone()).await?;
         let mut tasks = Vec::new();
         let mut shared = Vec::new();
         let feed = Arc::new(fresh::CancelFeed::default());
@@ -205,11 +208,12 @@ impl Worker {
                 local_usage: Mutex::new(HashMap::new()),
                 fleet_usage: watch::channel(HashMap::new()).0,
                 frontiers: fresh::Frontiers::new(cfg.pool_topic(pool), cfg.worker.skip_fresh_reads, feed.clone()),
+                tenants: tenants.clone(),
             });
             let (sh3, rx3) = (sh.clone(), rx.clone());
             tasks.push(tokio::spawn(liveness::heartbeat_loop(sh3, rx3)));
             tasks.push(tokio::spawn(usage::usage_loop(sh.clone(), rx.clone())));
-            let dispatcher = make_dispatcher(&cfg, pool, policy);
+            let dispatcher = make_dispatcher(&cfg, pool, policy, &tenants.current())?;
             let rx = rx.clone();
             let sh2 = sh.clone();
             tasks.push(tokio::spawn(async move {
@@ -263,20 +267,23 @@ impl Worker {
     }
 }
 
-fn make_dispatcher(cfg: &Config, pool: Pool, policy: Policy) -> Box<dyn dispatch::Dispatcher<pool::Pending>> {
+fn make_dispatcher(
+    cfg: &Config,
+    pool: Pool,
+    policy: Policy,
+    tenants: &crate::core::tenants::TenantSet,
+) -> anyhow::Result<Box<dyn dispatch::Dispatcher<pool::Pending>>> {
     let slots = cfg.pool(pool).slots;
-    // The hard per-tenant limit is twice the pause threshold: messages already fetched
-    // when a partition is paused still fit.
+    // The hard per-tenant limit is twice the spill threshold: read-backs and messages
+    // already fetched still fit.
     let limit = cfg.worker.tenant_queue_limit.saturating_mul(2);
-    match policy {
+    Ok(match policy {
         Policy::Fifo => Box::new(dispatch::Fifo::new(slots, limit)),
-        Policy::Fair => match dispatch::Fair::<pool::Pending>::new(cfg, pool) {
-            Ok(f) => Box::new(f),
-            Err(e) => {
-                // Config validation should have caught it; never run unscheduled silently.
-                tracing::error!(pool = pool.as_str(), error = %e, "scheduler config rejected; using FIFO");
-                Box::new(dispatch::Fifo::new(slots, limit))
-            }
-        },
-    }
+        // A policy the scheduler refuses stops the start with the reason: never run
+        // unscheduled silently.
+        Policy::Fair => Box::new(
+            dispatch::Fair::<pool::Pending>::new(cfg, pool, tenants)
+                .map_err(|e| anyhow::anyhow!("cannot schedule pool {pool}: {e}"))?,
+        ),
+    })
 }

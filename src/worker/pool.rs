@@ -9,6 +9,7 @@ use super::exec::{self, Ended, Origin};
 use super::Shared;
 use crate::core::backlog::TenantBacklog;
 use crate::core::offsets::PartitionOffsets;
+use crate::core::tenants::TenantSet;
 use crate::kafka::{self, Consumer, Message, RebalanceEvent, TopicPartitionList};
 use crate::model::{FailureClass, JobStatus, JobSubmitted};
 use crate::{codec, metrics as m, now_ms};
@@ -94,6 +95,8 @@ struct Loop {
     finishing: usize,
     /// A tenant's buffer in this worker (`worker.tenant_queue_limit`): past it, it spills.
     limit: usize,
+    /// The registry version the scheduler's tenant policies come from.
+    tenants: Arc<TenantSet>,
 }
 
 pub async fn run(
@@ -122,7 +125,9 @@ pub async fn run(
         spiller,
         finishing: 0,
         limit: sh.cfg.worker.tenant_queue_limit.max(1),
+        tenants: sh.tenants.current(),
     };
+    let mut registry = sh.tenants.subscribe();
     let slots = sh.cfg.pool(sh.pool).slots;
     let mut paused: HashSet<i32> = HashSet::new();
     let pool = sh.pool.as_str();
@@ -180,6 +185,10 @@ pub async fn run(
             },
             _ = tokio::time::sleep(Duration::from_millis(wake)) => {}
             _ = stats_tick.tick() => lp.publish_stats(),
+            Ok(()) = registry.changed() => {
+                let set = registry.borrow_and_update().clone();
+                lp.apply_tenants(set);
+            }
             Ok(()) = fleet.changed() => {
                 let usage = fleet.borrow_and_update().clone();
                 lp.dispatcher.fold_fleet_usage(&usage, now_ms());
@@ -324,8 +333,13 @@ impl Loop {
         if let Err((rej, q)) = self.dispatcher.enqueue(q, now_ms()) {
             // Once per partition going over, not per message already fetched behind it.
             let p = q.job.origin.partition;
+            // (Expected, so quiet, when spilling is off: pausing is then the design.)
             if !self.overflow.iter().any(|o| o.job.origin.partition == p) {
-                tracing::warn!(pool = self.pool(), partition = p, %rej, "tenant buffer over its hard limit; partition paused");
+                if self.sh.cfg.worker.spill_backlogs {
+                    tracing::warn!(pool = self.pool(), partition = p, %rej, "tenant buffer over its hard limit; partition paused");
+                } else {
+                    tracing::debug!(pool = self.pool(), partition = p, %rej, "tenant buffer full; partition paused");
+                }
             }
             self.overflow.push_back(q);
         }
@@ -425,6 +439,20 @@ impl Loop {
         want
     }
 
+    /// A new registry version: every added or changed tenant's policy goes to the
+    /// scheduler (queued jobs stay queued). A policy this worker cannot apply (e.g. more
+    /// reserved slots than it has) keeps the tenant's previous one, loudly.
+    fn apply_tenants(&mut self, set: Arc<TenantSet>) {
+        for t in set.changed_since(&self.tenants) {
+            if let Err(e) = self.dispatcher.set_tenant(&t.name, t.policy()) {
+                tracing::error!(pool = self.pool(), tenant = %t.name, error = %e, "cannot apply the tenant's new settings here; keeping its previous ones");
+                metrics::counter!(m::TENANT_APPLY_FAILURES, "pool" => self.pool()).increment(1);
+            }
+        }
+        tracing::info!(pool = self.pool(), version = set.version, "tenants registry applied");
+        self.tenants = set;
+    }
+
     /// Scheduler snapshot (with spilled backlogs) for `fairway stats`, and fleet usage.
     fn publish_stats(&mut self) {
         let now = now_ms();
@@ -439,6 +467,9 @@ impl Loop {
         metrics::gauge!(m::SPILLED_BACKLOG, "pool" => self.pool()).set(spilled_total as f64);
         let mut stats = self.dispatcher.stats_json(now);
         crate::core::fleet::add_spilled(&mut stats, &spilled, spilled_total);
+        if let Some(pool) = stats.get_mut("pool").and_then(|p| p.as_object_mut()) {
+            pool.insert("registry_version".into(), self.tenants.version.into());
+        }
         if let Some(oldest) = crate::core::fleet::oldest_wait_ms(&stats) {
             metrics::gauge!(m::OLDEST_WAIT_SECONDS, "pool" => self.pool()).set(oldest as f64 / 1000.0);
         }
@@ -642,11 +673,18 @@ fn admit(sh: &Shared, bytes: &[u8]) -> Result<JobSubmitted, Rejection> {
     if uuid::Uuid::parse_str(&job.job_id).is_err() {
         return bad(format!("job_id {:?} is not a UUID; producers must send a UUID (v7 recommended)", job.job_id));
     }
-    if !sh.cfg.tenants.contains_key(&job.tenant) {
-        return bad(format!(
-            "unknown tenant {:?}; add [tenants.{}] to the config or fix the producer",
-            job.tenant, job.tenant
-        ));
+    match sh.tenants.admission(&job.tenant) {
+        Err(why) => return bad(why),
+        Ok(t) if !sh.tenants.current().tenants.contains_key(&t.name) => {
+            // Admitted by policy: register it (once per process), run the job meanwhile.
+            let live = sh.tenants.clone();
+            tokio::spawn(async move {
+                if let Err(e) = live.register(&t).await {
+                    tracing::warn!(tenant = %t.name, error = %e, "cannot register an admitted tenant yet");
+                }
+            });
+        }
+        Ok(_) => {}
     }
     if !sh.cfg.job_types.contains_key(&job.job_type) {
         return bad(format!(

@@ -17,7 +17,6 @@
 //! share a keyspace keep separate accounts. The pure parts live in `core::fleet`.
 
 use super::Shared;
-use crate::config::Config;
 use crate::core::fleet::{self, OwnUsage, UsageView};
 use crate::core::scheduler::SchedulerConfig;
 use crate::model::Pool;
@@ -202,18 +201,18 @@ impl Reporter {
     }
 
     fn set_fleet_gauges(&self, usage: &HashMap<String, f64>) {
-        for (tier, v) in by_tier(&self.sh.cfg, usage) {
+        for (tier, v) in by_tier(&self.sh.tenants.current(), usage) {
             metrics::gauge!(m::TIER_FLEET_USAGE, "pool" => self.pool(), "tier" => tier).set(v);
         }
     }
 }
 
-/// Sums per-tenant values by configured tier (unknown tenants count as free, the
+/// Sums per-tenant values by registered tier (unknown tenants count as free, the
 /// scheduler's default), every tier present.
-fn by_tier(cfg: &Config, usage: &HashMap<String, f64>) -> BTreeMap<&'static str, f64> {
+fn by_tier(tenants: &crate::core::tenants::TenantSet, usage: &HashMap<String, f64>) -> BTreeMap<&'static str, f64> {
     let mut out: BTreeMap<&'static str, f64> = fleet::TIERS.iter().map(|t| (*t, 0.0)).collect();
     for (tenant, v) in usage {
-        let tier = match cfg.tenants.get(tenant).map(|t| t.tier) {
+        let tier = match tenants.tenants.get(tenant).map(|t| t.tier) {
             Some(crate::config::Tier::Standard) => "standard",
             Some(crate::config::Tier::Pro) => "pro",
             Some(crate::config::Tier::Enterprise) => "enterprise",
@@ -257,10 +256,14 @@ mod tests {
 
     #[test]
     fn fleet_usage_sums_by_configured_tier() {
-        let cfg = Config::builtin();
+        let cfg = crate::config::Config::builtin();
+        let mut set = crate::core::tenants::TenantSet::default();
+        for (name, t) in &cfg.tenants {
+            set.tenants.insert(name.clone(), crate::core::tenants::TenantRecord::from_config(name, t));
+        }
         let usage =
             HashMap::from([("acme".to_string(), 2.0), ("piedpiper".to_string(), 1.0), ("stranger".to_string(), 0.5)]);
-        let m = by_tier(&cfg, &usage);
+        let m = by_tier(&set, &usage);
         assert_eq!(m.len(), 4);
         assert_eq!(m["enterprise"], 2.0);
         assert_eq!(m["free"], 1.5);

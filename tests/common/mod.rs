@@ -46,6 +46,7 @@ pub fn config(extra: &str) -> Config {
         base.pools.iter_mut().for_each(|(_, p)| p.slots = p.slots.min(16));
     }
     base.worker = over.worker;
+    base.registry = over.registry;
     base
 }
 
@@ -63,6 +64,8 @@ pub async fn init(cfg: &Config) {
             fairway::store::ensure_schema(cfg).await.expect("create schema");
         })
         .await;
+    // Each test has its own deployment (topic prefix) and so its own tenants registry.
+    fairway::tenants::seed(cfg).await.expect("register the test's tenants");
 }
 
 /// Reads `topic` from the beginning until `done` says so or `timeout` passes.

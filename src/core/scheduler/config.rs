@@ -120,6 +120,8 @@ pub struct TenantPolicy {
     /// Minimum share of the pool's shared slot-time while backlogged, 0..1. Not for free
     /// tenants. Default: `pro_min_share` for pro, none otherwise.
     pub min_share: Option<f64>,
+    /// Suspended: queued jobs wait (wait reason `suspended`), nothing is dispatched.
+    pub suspended: bool,
 }
 
 impl TenantPolicy {

@@ -18,6 +18,8 @@ pub enum WaitReason {
     /// Shared slots are busy while slots reserved for enterprise tenants sit idle; those
     /// are never lent out.
     ReservedSlots,
+    /// The tenant is suspended (`fairway tenants suspend`): its jobs wait until resumed.
+    Suspended,
 }
 
 /// Jobs queued per priority (as submitted).

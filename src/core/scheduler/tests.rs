@@ -289,6 +289,22 @@ fn concurrency_cap_is_enforced_and_others_use_the_rest() {
 }
 
 #[test]
+fn a_suspended_tenant_keeps_its_queue_and_dispatches_nothing_until_resumed() {
+    let mut s = sched(2);
+    s.set_tenant("a", TenantPolicy { suspended: true, ..policy(Tier::Enterprise) }).unwrap();
+    for i in 0..3 {
+        s.enqueue("a", "x", Priority::Normal, i, T0).unwrap();
+    }
+    assert!(s.next(T0).is_none(), "nothing of a suspended tenant starts, not even in a fast lane");
+    assert_eq!(s.stats(T0)[0].wait_reason, Some(WaitReason::Suspended));
+    s.enqueue("b", "x", Priority::Normal, 9, T0).unwrap();
+    assert_eq!(&*s.next(T0).unwrap().tenant, "b", "others are not held up");
+    s.set_tenant("a", policy(Tier::Enterprise)).unwrap();
+    assert_eq!(s.next(T0).map(|d| d.payload), Some(0), "resumed: its queue is intact, in order");
+    assert_eq!(s.queued("a"), 2);
+}
+
+#[test]
 fn rate_limit_blocks_and_next_wakeup_is_exact() {
     let mut s = sched(4);
     s.set_tenant(

@@ -1,0 +1,156 @@
+//! Who is calling: API keys in `Authorization: Bearer <key>` (see `core::auth` for the
+//! key format and the check). Every `/v1` route sits behind [`require_caller`], which
+//! puts the [`Caller`] into the request's extensions; handlers take it as an extractor
+//! (`caller: Caller`), and admin-only handlers take [`Admin`] (403 for tenant keys).
+//!
+//! Keys are read from the store per key id and cached for `api.key_refresh` (2 s): a
+//! revoked key is refused within that, a new key works at once (unless its id was probed
+//! in the last refresh period). Unknown and known ids take the same path (cache, then one
+//! read) and the same hash-and-compare work, so timing does not tell them apart.
+
+use super::{codes, ApiError, ApiState};
+use crate::config::AuthMode;
+pub use crate::core::auth::Caller;
+use crate::core::auth::{bearer, parse_token, verify, KeyRecord};
+use crate::store::{KeyStatements, Store};
+use axum::extract::{FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Most key ids cached (the cache is emptied when full: bounded memory under probing).
+const CACHE_MAX: usize = 100_000;
+
+pub(super) struct Keys {
+    mode: AuthMode,
+    refresh: Duration,
+    statements: tokio::sync::OnceCell<KeyStatements>,
+    cache: Mutex<HashMap<String, (Instant, Option<KeyRecord>)>>,
+}
+
+fn unauthenticated(why: &str) -> ApiError {
+    metrics::counter!(crate::metrics::API_AUTH_REFUSED).increment(1);
+    ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        codes::UNAUTHENTICATED,
+        format!(
+            "{why}: send the header `Authorization: Bearer <API key>`; an admin creates keys with \
+             `fairway keys create --tenant <tenant>` (or --admin)"
+        ),
+    )
+}
+
+impl Keys {
+    pub(super) fn new(mode: AuthMode, refresh: Duration) -> Self {
+        if mode == AuthMode::Off {
+            tracing::warn!(
+                "api.auth = \"off\": the HTTP API trusts every caller as admin; use this only for local demos"
+            );
+        }
+        Keys { mode, refresh, statements: Default::default(), cache: Mutex::new(HashMap::new()) }
+    }
+
+    pub(super) async fn statements(&self, store: &Store) -> Result<&KeyStatements, ApiError> {
+        Ok(self.statements.get_or_try_init(|| store.key_statements()).await?)
+    }
+
+    async fn record(&self, store: &Store, id: &str) -> Result<Option<KeyRecord>, ApiError> {
+        let now = Instant::now();
+        if let Some((at, r)) = self.cache.lock().expect("key cache").get(id) {
+            if now.duration_since(*at) < self.refresh {
+                return Ok(r.clone());
+            }
+        }
+        let r = self.statements(store).await?.get(id).await?;
+        let mut cache = self.cache.lock().expect("key cache");
+        if cache.len() >= CACHE_MAX {
+            cache.clear();
+        }
+        cache.insert(id.to_string(), (now, r.clone()));
+        Ok(r)
+    }
+
+    pub(super) async fn authenticate(&self, store: &Store, headers: &HeaderMap) -> Result<Caller, ApiError> {
+        if self.mode == AuthMode::Off {
+            return Ok(Caller::Admin);
+        }
+        let Some(value) = headers.get(header::AUTHORIZATION) else {
+            return Err(unauthenticated("no API key (the Authorization header is missing)"));
+        };
+        let Some(token) = value.to_str().ok().and_then(bearer) else {
+            return Err(unauthenticated("the Authorization header is not `Bearer <API key>`"));
+        };
+        let Some((id, secret)) = parse_token(token) else {
+            return Err(unauthenticated("the bearer token is not a fairway API key (fwk_<id>_<secret>)"));
+        };
+        let record = self.record(store, id).await?;
+        verify(secret, record.as_ref()).ok_or_else(|| unauthenticated("the API key is unknown or revoked"))
+    }
+}
+
+impl ApiState {
+    /// The caller of a request with these headers (401 if it cannot be told).
+    pub async fn authenticate(&self, headers: &HeaderMap) -> Result<Caller, ApiError> {
+        self.inner.keys.authenticate(&self.inner.store, headers).await
+    }
+}
+
+/// Middleware of every `/v1` route: authenticates the request (401 JSON error
+/// otherwise) and leaves the [`Caller`] in its extensions.
+pub async fn require_caller(State(st): State<ApiState>, mut req: Request, next: Next) -> Response {
+    match st.authenticate(req.headers()).await {
+        Ok(caller) => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+impl FromRequestParts<ApiState> for Caller {
+    type Rejection = ApiError;
+    async fn from_request_parts(parts: &mut Parts, st: &ApiState) -> Result<Caller, ApiError> {
+        if let Some(c) = parts.extensions.get::<Caller>() {
+            return Ok(c.clone());
+        }
+        st.authenticate(&parts.headers).await
+    }
+}
+
+/// Extractor for admin-only endpoints: 401 without a valid key, 403 for a tenant key.
+#[derive(Debug, Clone, Copy)]
+pub struct Admin;
+
+impl FromRequestParts<ApiState> for Admin {
+    type Rejection = ApiError;
+    async fn from_request_parts(parts: &mut Parts, st: &ApiState) -> Result<Admin, ApiError> {
+        let caller = Caller::from_request_parts(parts, st).await?;
+        if caller.is_admin() {
+            Ok(Admin)
+        } else {
+            Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                codes::FORBIDDEN,
+                format!("this endpoint needs an admin key; the key used is for {caller}"),
+            ))
+        }
+    }
+}
+
+/// 403 when `caller` may not submit for `tenant`.
+pub fn check_tenant(caller: &Caller, tenant: &str) -> Result<(), ApiError> {
+    if caller.may_act_for(tenant) {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::FORBIDDEN,
+        codes::FORBIDDEN,
+        format!(
+            "this API key is for {caller} and cannot submit jobs for tenant {tenant:?}; omit `tenant` or use its own"
+        ),
+    ))
+}

@@ -1,0 +1,237 @@
+//! The tenants registry's pure rules: a tenant's record as stored (tier, weight, limits,
+//! suspension, labels), its validation (every error names the field and the fix), its
+//! scheduling policy, and what happens to a job of a tenant nobody registered. The
+//! registry itself is live data in the store (`crate::tenants`); the config file's
+//! `[tenants.*]` only seeds it (`fairway init`).
+
+use super::scheduler::{RateLimit, TenantPolicy, Tier};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// One registered tenant.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TenantRecord {
+    pub name: String,
+    pub tier: Tier,
+    /// Overrides the tier's weight (not for free tenants: they share the free weight).
+    pub weight: Option<f64>,
+    /// Most running jobs per pool and worker.
+    pub max_concurrency: Option<usize>,
+    /// Most dispatches per second per pool and worker.
+    pub rate_per_sec: Option<u32>,
+    /// Enterprise only: slots per pool reserved for it.
+    pub reserved_slots: usize,
+    /// Most jobs queued fleet-wide before submissions are refused (front door).
+    pub max_queued: Option<usize>,
+    /// Suspended: its jobs wait (nothing is dispatched, nothing is dead-lettered).
+    pub suspended: bool,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A setting that cannot be stored: which field, and what to do.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("tenant {tenant}: {field} {problem}")]
+pub struct TenantError {
+    pub tenant: String,
+    pub field: &'static str,
+    pub problem: String,
+}
+
+impl TenantRecord {
+    pub fn new(name: &str, tier: Tier) -> Self {
+        TenantRecord {
+            name: name.to_string(),
+            tier,
+            weight: None,
+            max_concurrency: None,
+            rate_per_sec: None,
+            reserved_slots: 0,
+            max_queued: None,
+            suspended: false,
+            labels: BTreeMap::new(),
+        }
+    }
+
+    /// The record a `[tenants.<name>]` section of the config file seeds.
+    pub fn from_config(name: &str, t: &crate::config::TenantConfig) -> Self {
+        TenantRecord {
+            weight: t.weight,
+            max_concurrency: t.max_concurrency,
+            rate_per_sec: t.rate_per_sec,
+            reserved_slots: t.reserved_slots,
+            ..TenantRecord::new(name, t.tier)
+        }
+    }
+
+    /// Checks every field; a record that fails is never stored or applied.
+    pub fn validate(&self) -> Result<(), TenantError> {
+        let bad =
+            |field, problem: &str| Err(TenantError { tenant: self.name.clone(), field, problem: problem.to_string() });
+        if !valid_name(&self.name) {
+            return bad("name", "must be 1 to 128 characters of letters, digits, '_', '-' or '.'");
+        }
+        if let Some(w) = self.weight {
+            if !(w > 0.0 && w.is_finite()) {
+                return bad("weight", "must be a positive number (or leave it unset for the tier's weight)");
+            }
+            if self.tier == Tier::Free {
+                return bad("weight", "cannot be set for a free tenant (free tenants share the free tier's weight); choose a paid tier or drop the weight");
+            }
+        }
+        if self.max_concurrency == Some(0) {
+            return bad("max_concurrency", "must be at least 1 (to stop a tenant, suspend it)");
+        }
+        if self.rate_per_sec == Some(0) {
+            return bad("rate_per_sec", "must be at least 1 (to stop a tenant, suspend it)");
+        }
+        if self.max_queued == Some(0) {
+            return bad("max_queued", "must be at least 1 (to stop a tenant, suspend it)");
+        }
+        if self.reserved_slots > 0 && self.tier != Tier::Enterprise {
+            return bad("reserved_slots", "is for enterprise tenants only; set the tier to enterprise or use 0");
+        }
+        for k in self.labels.keys() {
+            if k.is_empty() || k.len() > 64 {
+                return bad("labels", "keys must be 1 to 64 characters");
+            }
+        }
+        Ok(())
+    }
+
+    /// The scheduler's policy for this tenant in one pool of one worker.
+    pub fn policy(&self) -> TenantPolicy {
+        TenantPolicy {
+            tier: self.tier,
+            weight: if self.tier == Tier::Free { None } else { self.weight },
+            max_running: self.max_concurrency,
+            rate_limit: self.rate_per_sec.map(|r| RateLimit { per_second: f64::from(r), burst: r.max(1) }),
+            max_queued: None,
+            reserved_slots: (self.reserved_slots > 0).then_some(self.reserved_slots),
+            min_share: None,
+            suspended: self.suspended,
+        }
+    }
+}
+
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+}
+
+/// The registry as one process sees it: every tenant, and the version it was read at.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TenantSet {
+    pub version: i64,
+    pub tenants: BTreeMap<String, TenantRecord>,
+}
+
+/// What to do with a job of a tenant nobody registered (`[registry] unknown_tenants`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnknownTenants {
+    /// Refuse it at the front door; a worker dead-letters it (permanent).
+    #[default]
+    Reject,
+    /// Register the tenant at the default tier on its first job and run it.
+    Admit,
+}
+
+/// How a job's tenant is admitted.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Admission<'a> {
+    Known(&'a TenantRecord),
+    /// Unknown, admitted by policy: register this record, then run the job.
+    Register(TenantRecord),
+    /// Unknown and refused: why, and how to fix it.
+    Refused(String),
+}
+
+impl TenantSet {
+    pub fn admission(&self, tenant: &str, unknown: UnknownTenants, default_tier: Tier) -> Admission<'_> {
+        if let Some(t) = self.tenants.get(tenant) {
+            return Admission::Known(t);
+        }
+        match unknown {
+            UnknownTenants::Admit if valid_name(tenant) => Admission::Register(TenantRecord::new(tenant, default_tier)),
+            UnknownTenants::Admit => Admission::Refused(format!(
+                "tenant name {tenant:?} is not valid (1 to 128 letters, digits, '_', '-', '.'); fix the producer"
+            )),
+            UnknownTenants::Reject => Admission::Refused(format!(
+                "unknown tenant {tenant:?}; register it with `fairway tenants add {tenant} --tier <tier>` \
+                 (or set [registry] unknown_tenants = \"admit\")"
+            )),
+        }
+    }
+
+    /// Tenants added or changed from `old` to `self` (what a scheduler must re-apply).
+    pub fn changed_since<'a>(&'a self, old: &TenantSet) -> Vec<&'a TenantRecord> {
+        self.tenants.values().filter(|t| old.tenants.get(&t.name) != Some(*t)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn invalid_settings_name_the_field_and_the_fix() {
+        let mut t = TenantRecord::new("acme", Tier::Standard);
+        assert!(t.validate().is_ok());
+        t.max_concurrency = Some(0);
+        let e = t.validate().unwrap_err();
+        assert_eq!(e.field, "max_concurrency");
+        assert!(e.to_string().contains("suspend"), "{e}");
+        let mut t = TenantRecord::new("acme", Tier::Pro);
+        t.reserved_slots = 2;
+        assert_eq!(t.validate().unwrap_err().field, "reserved_slots");
+        let mut t = TenantRecord::new("free1", Tier::Free);
+        t.weight = Some(5.0);
+        assert_eq!(t.validate().unwrap_err().field, "weight");
+        assert_eq!(TenantRecord::new("bad name", Tier::Free).validate().unwrap_err().field, "name");
+        let mut t = TenantRecord::new("acme", Tier::Standard);
+        t.rate_per_sec = Some(0);
+        assert_eq!(t.validate().unwrap_err().field, "rate_per_sec");
+    }
+
+    #[test]
+    fn policy_carries_limits_and_suspension() {
+        let mut t = TenantRecord::new("acme", Tier::Enterprise);
+        t.max_concurrency = Some(3);
+        t.rate_per_sec = Some(7);
+        t.reserved_slots = 2;
+        t.suspended = true;
+        let p = t.policy();
+        assert_eq!((p.max_running, p.reserved_slots, p.suspended), (Some(3), Some(2), true));
+        assert_eq!(p.rate_limit.unwrap().per_second, 7.0);
+        assert_eq!(p.max_queued, None, "max_queued is a front-door limit, not a worker buffer");
+    }
+
+    #[test]
+    fn unknown_tenants_are_refused_or_registered_by_policy() {
+        let mut set = TenantSet::default();
+        set.tenants.insert("acme".into(), TenantRecord::new("acme", Tier::Pro));
+        assert!(matches!(set.admission("acme", UnknownTenants::Reject, Tier::Free), Admission::Known(_)));
+        match set.admission("newco", UnknownTenants::Reject, Tier::Free) {
+            Admission::Refused(why) => assert!(why.contains("fairway tenants add newco"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        match set.admission("newco", UnknownTenants::Admit, Tier::Free) {
+            Admission::Register(r) => assert_eq!((r.name.as_str(), r.tier), ("newco", Tier::Free)),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(set.admission("bad name", UnknownTenants::Admit, Tier::Free), Admission::Refused(_)));
+    }
+
+    #[test]
+    fn changes_are_what_differs() {
+        let mut a = TenantSet::default();
+        a.tenants.insert("x".into(), TenantRecord::new("x", Tier::Free));
+        a.tenants.insert("y".into(), TenantRecord::new("y", Tier::Free));
+        let mut b = a.clone();
+        b.tenants.get_mut("y").unwrap().tier = Tier::Pro;
+        b.tenants.insert("z".into(), TenantRecord::new("z", Tier::Free));
+        let names: Vec<&str> = b.changed_since(&a).iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["y", "z"]);
+    }
+}
