@@ -14,8 +14,10 @@
 //!                 (`worker::backlog`: the spill path of floods beyond the buffer).
 //! - `submit`    – producing jobs (CLI, HTTP API, demo).
 //! - `tenants`   – the live tenants registry (store rows, polled; rules in `core::tenants`).
-//! - `replay`    – `fairway replay`: dead letters / retry records back to their pool.
-//! - `rerun`     – `fairway rerun`: "rerun all" of a tenant's jobs by generation numbers.
+//! - `replayer`  – the I/O shell of `fairway replay` (decisions: `core::replay`): dead
+//!                 letters / retry records back to their pool.
+//! - `rerunner`  – the I/O shell of `fairway rerun` (decisions: `core::rerun`): "rerun
+//!                 all" of a tenant's jobs by generation numbers.
 //! - `cqlbridge` – protocol-v4 bridge to the local Cassandra 2.1 test database.
 //! - `metrics`   – metric names and the Prometheus exporter.
 
@@ -28,8 +30,8 @@ pub mod handlers;
 pub mod kafka;
 pub mod metrics;
 pub mod model;
-pub mod replay;
-pub mod rerun;
+pub mod replayer;
+pub mod rerunner;
 pub mod store;
 pub mod submit;
 pub mod tenants;
