@@ -331,8 +331,11 @@ pub struct JobTypeConfig {
     /// Deadline of one attempt; the pool's default when absent.
     #[serde(default, with = "humantime_serde_opt")]
     pub timeout: Option<Duration>,
-    /// HTTP executor target (handler = "http").
+    /// HTTP executor target (handler = "http"); https uses rustls with the webpki roots.
     pub url: Option<String>,
+    /// PEM file of extra CA certificates the HTTP executor trusts for this job type's
+    /// https URL (a private CA), besides the built-in roots.
+    pub ca_file: Option<String>,
     /// Retry policy per failure class; defaults in `core::retry`.
     #[serde(default)]
     pub retry: Option<crate::core::retry::RetryPolicy>,

@@ -2,6 +2,7 @@
 //! POSTs the payload with the job's identity in headers and maps the response:
 //! 2xx success (body = output), 408/429/5xx retryable (Retry-After honoured),
 //! 502/503/504 and connect errors = dependency failure, other 4xx = permanent.
+//! https URLs use rustls (webpki roots, plus `job_types.<j>.ca_file` for a private CA).
 
 use super::{Handler, HandlerError, HandlerResult, JobContext};
 use crate::model::FailureClass;
@@ -18,6 +19,21 @@ impl HttpExecutor {
     pub fn new(client: reqwest::Client, url: String) -> Self {
         HttpExecutor { client, url }
     }
+}
+
+/// A client that also trusts the CA certificates in the PEM file `ca_file`.
+pub fn client_with_ca(ca_file: &str) -> Result<reqwest::Client, String> {
+    let pem = std::fs::read(ca_file).map_err(|e| format!("cannot read {ca_file:?}: {e}"))?;
+    let certs = reqwest::Certificate::from_pem_bundle(&pem)
+        .map_err(|e| format!("{ca_file:?} is not a PEM certificate bundle: {e}"))?;
+    if certs.is_empty() {
+        return Err(format!("{ca_file:?} holds no PEM certificate (-----BEGIN CERTIFICATE-----)"));
+    }
+    let mut b = reqwest::Client::builder();
+    for c in certs {
+        b = b.add_root_certificate(c);
+    }
+    b.build().map_err(|e| format!("cannot build an HTTP client with {ca_file:?}: {e}"))
 }
 
 /// Maps an HTTP status to the failure class of the attempt (None: success).

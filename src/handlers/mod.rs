@@ -150,7 +150,13 @@ impl Registry {
                 K::Sleep => Arc::new(Sleep),
                 K::Fail => Arc::new(Fail),
                 K::Flaky => Arc::new(Flaky),
-                K::Http => Arc::new(HttpExecutor::new(client.clone(), jt.url.clone().unwrap_or_default())),
+                K::Http => {
+                    let client = match &jt.ca_file {
+                        Some(ca) => http::client_with_ca(ca).map_err(|e| format!("job_types.{name}.ca_file: {e}"))?,
+                        None => client.clone(),
+                    };
+                    Arc::new(HttpExecutor::new(client, jt.url.clone().unwrap_or_default()))
+                }
                 K::Custom => custom.remove(name).ok_or_else(|| {
                     format!("job_types.{name}.handler is \"custom\" but no Rust handler was registered under {name:?}")
                 })?,
