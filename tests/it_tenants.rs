@@ -186,3 +186,60 @@ async fn the_cli_manages_tenants_and_refuses_invalid_changes_naming_the_field() 
     let (ok, out) = cli(&["remove", "cli-co"]);
     assert!(!ok && out.contains("fairway tenants add cli-co"), "{out}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_endpoints_manage_tenants_and_tenant_keys_cannot() {
+    use fairway::core::auth::Caller;
+    let cfg = common::arc(common::config(ECHO));
+    common::init(&cfg).await;
+    let state = fairway::api::ApiState::connect(cfg.clone(), None).await.expect("API state");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(fairway::api::serve(listener, state, std::future::pending()));
+    let store = Store::open(&cfg).await.unwrap();
+    let keys = store.key_statements().await.unwrap();
+    let client = |caller: Caller| {
+        let keys = keys.clone();
+        async move {
+            let k = fairway::core::auth::new_key(rand::random());
+            assert!(keys.insert(&k.id, &k.hash, &caller, Some("it_tenants"), fairway::now_ms()).await.unwrap());
+            let mut h = reqwest::header::HeaderMap::new();
+            h.insert(reqwest::header::AUTHORIZATION, format!("Bearer {}", k.token).parse().unwrap());
+            reqwest::Client::builder().timeout(Duration::from_secs(20)).default_headers(h).build().unwrap()
+        }
+    };
+    let admin = client(Caller::Admin).await;
+    let tenant = client(Caller::Tenant("acme".into())).await;
+    let url = |p: &str| format!("{base}{p}");
+
+    let r = admin
+        .post(url("/v1/admin/tenants"))
+        .json(&serde_json::json!({"name": "apico", "tier": "pro", "max_concurrency": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    let r = admin.post(url("/v1/admin/tenants")).json(&serde_json::json!({"name": "apico"})).send().await.unwrap();
+    assert_eq!(r.status(), 409);
+    let r = admin
+        .put(url("/v1/admin/tenants/apico"))
+        .json(&serde_json::json!({"name": "apico", "tier": "pro", "max_concurrency": 0}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 422);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert!(body["error"].as_str().unwrap().contains("max_concurrency"), "{body}");
+    let r = admin.post(url("/v1/admin/tenants/apico:suspend")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let r = tenant.get(url("/v1/admin/tenants")).send().await.unwrap();
+    assert_eq!(r.status(), 403, "a tenant key is not an admin key");
+    let listed: serde_json::Value = admin.get(url("/v1/admin/tenants")).send().await.unwrap().json().await.unwrap();
+    let t = listed["tenants"].as_array().unwrap().iter().find(|t| t["name"] == "apico").unwrap().clone();
+    assert_eq!((t["max_concurrency"].as_u64(), t["suspended"].as_bool()), (Some(2), Some(true)), "{t}");
+    let r = admin.delete(url("/v1/admin/tenants/apico")).send().await.unwrap();
+    assert_eq!(r.status(), 204);
+    let r = admin.delete(url("/v1/admin/tenants/apico")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    server.abort();
+}

@@ -32,6 +32,8 @@ pub mod codes {
     pub const INTERNAL: &str = "INTERNAL";
     pub const UNAUTHENTICATED: &str = "UNAUTHENTICATED";
     pub const FORBIDDEN: &str = "FORBIDDEN";
+    pub const INVALID_TENANT: &str = "INVALID_TENANT";
+    pub const TENANT_EXISTS: &str = "TENANT_EXISTS";
 }
 
 /// The fields a job object accepts, quoted in error messages.

@@ -19,6 +19,7 @@
 //! Every error is JSON `{"error": "<what is wrong and how to fix it>", "code": "<CODE>"}`
 //! (see [`codes`]).
 
+mod admin;
 pub mod auth;
 mod error;
 mod limits;
@@ -145,6 +146,10 @@ impl ApiState {
     pub fn store(&self) -> &Store {
         &self.inner.store
     }
+    /// The live tenants registry (None when built from parts without one).
+    pub fn live_tenants(&self) -> Option<&crate::tenants::LiveTenants> {
+        self.inner.tenants.as_ref()
+    }
     pub fn limiters(&self) -> &TenantLimiters {
         &self.inner.limiters
     }
@@ -228,6 +233,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/jobs", post(submit_one).layer(DefaultBodyLimit::max(single)))
         .route("/v1/jobs:batch", post(submit_batch).layer(DefaultBodyLimit::max(batch)))
         .route("/v1/jobs/{id}", get(job_status).delete(cancel_job))
+        .route("/v1/admin/tenants", get(admin::list).post(admin::add))
+        .route("/v1/admin/tenants/{name}", axum::routing::put(admin::replace).delete(admin::remove).post(admin::action))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth::require_caller));
     Router::new()
         .merge(v1)

@@ -10,8 +10,10 @@ use std::collections::BTreeMap;
 
 /// One registered tenant.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TenantRecord {
     pub name: String,
+    #[serde(default)]
     pub tier: Tier,
     /// Overrides the tier's weight (not for free tenants: they share the free weight).
     pub weight: Option<f64>,
@@ -20,11 +22,14 @@ pub struct TenantRecord {
     /// Most dispatches per second per pool and worker.
     pub rate_per_sec: Option<u32>,
     /// Enterprise only: slots per pool reserved for it.
+    #[serde(default)]
     pub reserved_slots: usize,
     /// Most jobs queued fleet-wide before submissions are refused (front door).
     pub max_queued: Option<usize>,
     /// Suspended: its jobs wait (nothing is dispatched, nothing is dead-lettered).
+    #[serde(default)]
     pub suspended: bool,
+    #[serde(default)]
     pub labels: BTreeMap<String, String>,
 }
 
