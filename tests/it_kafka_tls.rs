@@ -27,9 +27,12 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 fn tansu_bin() -> std::path::PathBuf {
-    let p = std::env::var("FAIRWAY_TANSU_BIN")
-        .map(Into::into)
-        .unwrap_or_else(|_| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".services/bin/tansu"));
+    let p = std::env::var("FAIRWAY_TANSU_BIN").map(Into::into).unwrap_or_else(|_| {
+        let services = std::env::var("FAIRWAY_SERVICES_DIR")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|_| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".services"));
+        services.join("bin/tansu")
+    });
     assert!(p.exists(), "no tansu binary at {} (run scripts/services up, or set FAIRWAY_TANSU_BIN)", p.display());
     p
 }
