@@ -36,6 +36,8 @@ pub enum BenchKind {
     /// Fairness beyond the buffer: a flood far larger than a worker buffers, quiet tenants
     /// on the flooder's partition and on others (spill vs pause).
     Flood(super::bench_flood::FloodArgs),
+    /// The tenants registry at scale: register N tenants, load them, time changes reaching a live view.
+    Registry(super::bench_registry::RegistryArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -59,6 +61,7 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchKind::Throughput(t) => throughput(g, t).await,
         BenchKind::Fairness(f) => fairness(g, f).await,
         BenchKind::Flood(f) => super::bench_flood::run(g, f).await,
+        BenchKind::Registry(r) => super::bench_registry::run(g, r).await,
     }
 }
 

@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_flood;
+mod bench_registry;
 mod demo;
 mod keys;
 mod ops;
