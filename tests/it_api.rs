@@ -260,7 +260,7 @@ async fn validation_rate_limits_and_batches() {
     assert_eq!(s, StatusCode::BAD_REQUEST, "{e}");
     assert_eq!(e["code"], "UNKNOWN_TENANT");
     let msg = e["error"].as_str().unwrap();
-    assert!(msg.contains("nobody-here") && msg.contains("[tenants.nobody-here]"), "{msg}");
+    assert!(msg.contains("nobody-here") && msg.contains("fairway tenants add nobody-here"), "{msg}");
     let (s, e) = api.post("/v1/jobs", &job("acme", "no-such-type", json!({}))).await;
     assert_eq!((s, e["code"].as_str()), (StatusCode::BAD_REQUEST, Some("UNKNOWN_JOB_TYPE")), "{e}");
 
