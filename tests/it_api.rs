@@ -496,3 +496,67 @@ async fn auth_off_treats_every_caller_as_admin() {
     assert_eq!(s, StatusCode::CREATED, "{a}");
     api.shutdown().await;
 }
+
+/// Runs `fairway --config <file> <args>`: (exit ok, stdout, stderr), bounded in time.
+async fn fairway_cli(config: &std::path::Path, args: &[&str]) -> (bool, String, String) {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_fairway"));
+    cmd.arg("--config").arg(config).args(args).env("FAIRWAY_LOG", "warn").kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output()).await.expect("CLI within 60 s").unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_cli_creates_lists_and_revokes() {
+    let mut c = common::config("");
+    c.api.key_refresh = Duration::from_secs(1);
+    let cfg = common::arc(c);
+    let api = Api::start(&cfg, None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = common::config_file(&cfg, "[api]\nkey_refresh = \"1s\"\n", dir.path());
+
+    let (ok, token, note) = fairway_cli(&file, &["keys", "create", "--tenant", "acme", "--label", "ci"]).await;
+    assert!(ok, "{note}");
+    let token = token.trim().to_string();
+    let (id, secret) =
+        fairway::core::auth::parse_token(&token).unwrap_or_else(|| panic!("stdout is the key: {token:?}"));
+    let (id, secret) = (id.to_string(), secret.to_string());
+    assert!(note.contains(&id) && !note.contains(&secret), "the note names the id, never the key: {note}");
+    let (ok, _, e) = fairway_cli(&file, &["keys", "create"]).await;
+    assert!(!ok && e.contains("--tenant") && e.contains("--admin"), "a role is required: {e}");
+
+    let acme = api.as_client(client_with_key(&token));
+    let (s, a) = acme.post("/v1/jobs", &json!({"job_type": "echo"})).await;
+    assert_eq!(s, StatusCode::CREATED, "the CLI's key works at once: {a}");
+
+    let (ok, list, e) = fairway_cli(&file, &["keys", "list"]).await;
+    assert!(ok, "{e}");
+    let line = list.lines().find(|l| l.starts_with(&id)).unwrap_or_else(|| panic!("{id} not listed:\n{list}"));
+    assert!(
+        line.contains("tenant") && line.contains("acme") && line.contains("active") && line.contains("ci"),
+        "{line}"
+    );
+    assert!(!list.contains(&secret), "list never shows a key");
+
+    let (ok, _, e) = fairway_cli(&file, &["keys", "revoke", &id]).await;
+    assert!(ok, "{e}");
+    let (ok, _, e) = fairway_cli(&file, &["keys", "revoke", "0000000000000000"]).await;
+    assert!(!ok && e.contains("keys list"), "an unknown id is an error saying where ids are: {e}");
+    let (ok, list, _) = fairway_cli(&file, &["keys", "list", "--json"]).await;
+    assert!(ok);
+    let keys: Value = serde_json::from_str(&list).unwrap();
+    assert!(keys.as_array().unwrap().iter().any(|k| k["id"] == json!(id) && k["revoked_at"].is_i64()), "{keys}");
+    let revoked = Instant::now();
+    loop {
+        let (s, _) = acme.get(&format!("/v1/jobs/{}", uuid::Uuid::now_v7())).await;
+        if s == StatusCode::UNAUTHORIZED {
+            break;
+        }
+        assert!(revoked.elapsed() < Duration::from_secs(5), "the revoked key still works after 5 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    api.shutdown().await;
+}

@@ -26,13 +26,13 @@ pub enum KeysCmd {
 }
 
 #[derive(clap::Args, Debug)]
-#[group(required = true, multiple = false, id = "role")]
+#[command(group(clap::ArgGroup::new("role").required(true).args(["tenant", "admin"])))]
 pub struct CreateArgs {
     /// The tenant the key acts for (it can submit, read and cancel only this tenant's jobs).
-    #[arg(long, group = "role")]
+    #[arg(long)]
     pub tenant: Option<String>,
     /// An admin key: every tenant and every admin endpoint.
-    #[arg(long, group = "role")]
+    #[arg(long)]
     pub admin: bool,
     /// A note shown by `keys list` (who or what uses the key).
     #[arg(long)]
