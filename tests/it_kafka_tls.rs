@@ -143,6 +143,20 @@ async fn init_worker_and_api_run_over_tls() {
     assert!(created.contains(&cfg.pool_topic(Pool::Short)), "{created:?}");
     common::init(&cfg).await;
 
+    // The `fairway init` command itself, TLS set only through FAIRWAY_KAFKA_* variables.
+    let prefix = format!("{}cli.", cfg.kafka.topic_prefix);
+    let mut init = tokio::process::Command::new(env!("CARGO_BIN_EXE_fairway"));
+    init.args(["init", "--brokers", &cfg.kafka.brokers, "--topic-prefix", &prefix])
+        .args(["--cql", &cfg.scylla.contact_points[0], "--keyspace", &cfg.scylla.keyspace])
+        .env("FAIRWAY_KAFKA_SECURITY_PROTOCOL", "SSL")
+        .env("FAIRWAY_KAFKA_SSL_CA_LOCATION", tls.ca_pem.path())
+        .env("FAIRWAY_LOG", "warn")
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(60), init.output()).await.expect("init within 60 s").unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "fairway init over TLS: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains(&format!("created topic {prefix}jobs.short")), "{stdout}");
+
     // Without the CA (or without TLS) the same broker is unreachable.
     for bad in [ssl_config(tls_port, None), common::config("")] {
         let mut bad = bad;
