@@ -47,7 +47,17 @@ fn base(cfg: &Config) -> ClientConfig {
     for (k, v) in cfg.kafka.properties.iter() {
         c.set(k, v);
     }
+    if needs_ca_probe(&cfg.kafka.properties) {
+        c.set("ssl.ca.location", "probe");
+    }
     c
+}
+
+/// TLS without a CA given: librdkafka's OpenSSL is built from source and knows no system
+/// CA store, so have it probe the usual bundle paths (/etc/ssl/certs/...) instead.
+fn needs_ca_probe(p: &crate::config::KafkaProperties) -> bool {
+    let tls = p.get("security.protocol").is_some_and(|v| v.to_ascii_uppercase().ends_with("SSL"));
+    tls && ["ssl.ca.location", "ssl.ca.pem", "ssl.ca.certificate.stores"].iter().all(|k| p.get(k).is_none())
 }
 
 /// A client could not be created (a bad property, usually): the error without secrets.
@@ -189,4 +199,21 @@ pub fn reader(cfg: &Config, group: &str, commit: bool) -> Result<StreamConsumer,
         .set("session.timeout.ms", "6000")
         .create()
         .map_err(client_err(cfg))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::KafkaProperties;
+
+    #[test]
+    fn tls_without_a_ca_probes_the_system_bundle() {
+        let mut p = KafkaProperties::default();
+        assert!(!super::needs_ca_probe(&p), "plaintext");
+        p.set("security.protocol", "sasl_ssl");
+        assert!(super::needs_ca_probe(&p));
+        p.set("ssl.ca.location", "/etc/fairway/ca.pem");
+        assert!(!super::needs_ca_probe(&p), "a CA given is used as is");
+        p.set("security.protocol", "SASL_PLAINTEXT");
+        assert!(!super::needs_ca_probe(&p));
+    }
 }

@@ -7,6 +7,14 @@ use crate::config::{Config, ScyllaTls};
 use openssl::ssl::{SslConnector, SslFiletype, SslMethod, SslVerifyMode};
 use scylla::client::session::OpenSsl010Config;
 
+/// CA bundles of common Linux distributions (Debian/Ubuntu, RHEL/Fedora, Alpine, SUSE).
+const SYSTEM_BUNDLES: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/cert.pem",
+    "/etc/ssl/ca-bundle.pem",
+];
+
 /// X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH (openssl/x509_vfy.h).
 const NAME_MISMATCH: [i32; 2] = [62, 64];
 
@@ -19,8 +27,14 @@ fn bad(what: &str, file: &str, e: impl std::fmt::Display) -> StoreError {
 
 pub(super) fn context(t: &ScyllaTls) -> Result<OpenSsl010Config, StoreError> {
     let mut b = SslConnector::builder(SslMethod::tls_client()).map_err(|e| bad("context", "", e))?;
-    if let Some(ca) = &t.ca_file {
-        b.set_ca_file(ca).map_err(|e| bad("ca_file", ca, e))?;
+    match &t.ca_file {
+        Some(ca) => b.set_ca_file(ca).map_err(|e| bad("ca_file", ca, e))?,
+        // The OpenSSL built from source knows no system CA store: use the system bundle.
+        None => {
+            if let Some(bundle) = SYSTEM_BUNDLES.iter().find(|p| std::path::Path::new(p).exists()) {
+                b.set_ca_file(bundle).map_err(|e| bad("ca_file (system bundle)", bundle, e))?;
+            }
+        }
     }
     if let (Some(cert), Some(key)) = (&t.cert_file, &t.key_file) {
         b.set_certificate_chain_file(cert).map_err(|e| bad("cert_file", cert, e))?;
