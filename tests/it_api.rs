@@ -560,3 +560,61 @@ async fn keys_cli_creates_lists_and_revokes() {
     }
     api.shutdown().await;
 }
+
+/// A child process killed (by its PID) when dropped.
+struct Child(std::process::Child);
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// GETs `url` until it answers (any status) or `within` passes.
+async fn first_answer(http: &reqwest::Client, url: &str, within: Duration) -> reqwest::Response {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Ok(r) = http.get(url).send().await {
+            return r;
+        }
+        assert!(Instant::now() < deadline, "nothing answered {url} within {within:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_and_worker_commands_put_metrics_on_their_own_listeners() {
+    let cfg = common::arc(common::config(""));
+    common::init(&cfg).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (api_port, ops_port, worker_port) = (free_port(), free_port(), free_port());
+    let file =
+        common::config_file(&cfg, &format!("[worker]\nmetrics_listen = \"127.0.0.1:{worker_port}\"\n"), dir.path());
+    let _worker = Child(common::spawn_worker(&file, "short"));
+    let _serve = Child(
+        std::process::Command::new(env!("CARGO_BIN_EXE_fairway"))
+            .arg("--config")
+            .arg(&file)
+            .args(["serve", "--listen", &format!("127.0.0.1:{api_port}")])
+            .args(["--metrics-listen", &format!("127.0.0.1:{ops_port}")])
+            .env("FAIRWAY_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn serve"),
+    );
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+    let r = first_answer(&http, &format!("http://127.0.0.1:{api_port}/v1/jobs/x"), Duration::from_secs(60)).await;
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "serve: keys required by default");
+    let r = http.get(format!("http://127.0.0.1:{api_port}/metrics")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND, "serve: no /metrics on the API's address");
+    let r = first_answer(&http, &format!("http://127.0.0.1:{ops_port}/metrics"), Duration::from_secs(30)).await;
+    assert_eq!(r.status(), StatusCode::OK, "serve: /metrics on --metrics-listen");
+    let text = r.text().await.unwrap();
+    assert!(text.contains("fairway_api_auth_refused_total 1"), "{text}");
+    let r = first_answer(&http, &format!("http://127.0.0.1:{worker_port}/metrics"), Duration::from_secs(60)).await;
+    assert_eq!(r.status(), StatusCode::OK, "worker: /metrics on worker.metrics_listen");
+}
