@@ -211,6 +211,27 @@ mod tests {
     }
 
     #[test]
+    fn environment_sets_secrets_that_debug_never_shows() {
+        let mut c = crate::config::Config::builtin();
+        let set = c.apply_env([
+            ("FAIRWAY_KAFKA_SASL_PASSWORD".to_string(), "kafka-pw-1".to_string()),
+            ("FAIRWAY_KAFKA_PORT".to_string(), "19092".to_string()),
+            ("FAIRWAY_SCYLLA_USERNAME".to_string(), "fw".to_string()),
+            ("FAIRWAY_SCYLLA_PASSWORD".to_string(), "cql-pw-2".to_string()),
+            ("HOME".to_string(), "/root".to_string()),
+        ]);
+        assert_eq!(set, vec!["sasl.password".to_string()]);
+        assert_eq!(c.kafka.properties.get("sasl.password"), Some("kafka-pw-1"));
+        assert_eq!(c.scylla.password.as_ref().map(Secret::expose), Some("cql-pw-2"));
+        let dbg = format!("{c:?}");
+        assert!(!dbg.contains("kafka-pw-1") && !dbg.contains("cql-pw-2"), "{dbg}");
+        c.validate().unwrap();
+        c.scylla.username = None;
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("scylla.username"), "{err}");
+    }
+
+    #[test]
     fn properties_accept_scalars_only() {
         #[derive(Deserialize)]
         struct W {
