@@ -68,7 +68,11 @@ pub struct RegistryConfig {
 
 impl Default for RegistryConfig {
     fn default() -> Self {
-        RegistryConfig { unknown_tenants: Default::default(), default_tier: Tier::Free, poll_interval: Duration::from_secs(1) }
+        RegistryConfig {
+            unknown_tenants: Default::default(),
+            default_tier: Tier::Free,
+            poll_interval: Duration::from_secs(1),
+        }
     }
 }
 
@@ -82,8 +86,14 @@ pub struct KafkaConfig {
     /// Partitions per topic created by `fairway init`.
     pub partitions: i32,
     pub replication_factor: i32,
-    /// Consumer group prefix; the group of pool P is `<group_prefix><P>`.
+    /// Consumer group prefix; the group of pool P is `<group_prefix><P>`. Empty (the
+    /// default): `<topic_prefix>workers.`, so deployments never share a group unless
+    /// configured to. See [`Config::group`].
     pub group_prefix: String,
+    /// A pool consumer without any partition for longer than this logs a warning, sets
+    /// `fairway_pool_unassigned_seconds` and shows in `fairway stats`.
+    #[serde(with = "humantime_serde_compat")]
+    pub unassigned_warning: Duration,
     #[serde(with = "humantime_serde_compat")]
     pub session_timeout: Duration,
     /// librdkafka properties for every client (SASL, TLS...); `FAIRWAY_KAFKA_<NAME>`
@@ -98,7 +108,8 @@ impl Default for KafkaConfig {
             topic_prefix: "fairway.".into(),
             partitions: 6,
             replication_factor: 1,
-            group_prefix: "fairway.workers.".into(),
+            group_prefix: String::new(),
+            unassigned_warning: Duration::from_secs(30),
             session_timeout: Duration::from_secs(10),
             properties: KafkaProperties::default(),
         }
@@ -459,6 +470,17 @@ impl Config {
         set
     }
 
+    /// The consumer group `<group prefix><name>` (every group fairway creates: pools,
+    /// relay, replay, rerun, results readers, benches); the prefix is `kafka.group_prefix`
+    /// or, when that is empty, `<topic_prefix>workers.`.
+    pub fn group(&self, name: &str) -> String {
+        if self.kafka.group_prefix.is_empty() {
+            format!("{}workers.{name}", self.kafka.topic_prefix)
+        } else {
+            format!("{}{name}", self.kafka.group_prefix)
+        }
+    }
+
     pub fn topic(&self, suffix: &str) -> String {
         format!("{}{}", self.kafka.topic_prefix, suffix)
     }
@@ -507,6 +529,19 @@ mod humantime_serde_opt {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn consumer_groups_follow_the_deployment_unless_a_prefix_is_set() {
+        let mut a = Config::builtin();
+        let mut b = Config::builtin();
+        a.kafka.topic_prefix = "blue.".into();
+        b.kafka.topic_prefix = "green.".into();
+        assert_eq!(a.group("short"), "blue.workers.short");
+        assert_ne!(a.group("short"), b.group("short"), "two deployments never share a group by default");
+        assert_eq!(a.group("retry"), "blue.workers.retry");
+        b.kafka.group_prefix = "shared.".into();
+        assert_eq!(b.group("short"), "shared.short", "an explicit prefix still wins");
+    }
 
     #[test]
     fn builtin_config_is_valid() {

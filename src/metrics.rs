@@ -36,6 +36,7 @@ pub const SPILL_FAILURES: &str = "fairway_spill_failures_total";
 pub const SPILLED_BACKLOG: &str = "fairway_spilled_backlog";
 pub const OLDEST_WAIT_SECONDS: &str = "fairway_oldest_wait_seconds";
 pub const TENANT_APPLY_FAILURES: &str = "fairway_tenant_apply_failures_total";
+pub const POOL_UNASSIGNED_SECONDS: &str = "fairway_pool_unassigned_seconds";
 
 /// Registers descriptions (shown as HELP lines by the Prometheus exporter).
 pub fn describe() {
@@ -82,6 +83,11 @@ pub fn describe() {
         "Jobs spilled to the store's backlog because their tenant's buffer was full, by pool"
     );
     describe_counter!(JOBS_UNSPILLED, "Spilled jobs read back into the worker's buffer, by pool");
+    describe_gauge!(
+        POOL_UNASSIGNED_SECONDS,
+        Unit::Seconds,
+        "How long this worker's consumer of the pool has owned no partition (0 while it owns some), by pool"
+    );
     describe_counter!(
         TENANT_APPLY_FAILURES,
         "Registry changes a worker's scheduler refused (the tenant keeps its previous settings), by pool"

@@ -300,7 +300,7 @@ pub async fn run(
     let stmts = store.replay_statements().await?;
     let resume = stmts.offsets(&replay_id, &topic).await?;
     let mut scan =
-        Scan::open(cfg, "fairway.replay", vec![(topic.clone(), resume.clone())], opts.idle_timeout, started_at).await?;
+        Scan::open(cfg, "replay", vec![(topic.clone(), resume.clone())], opts.idle_timeout, started_at).await?;
 
     let submitter = if opts.dry_run { None } else { Some(Arc::new(Submitter::new(Arc::new(cfg.clone()), None)?)) };
     let burst = NonZeroU32::new((rate.get() / 50).max(1)).unwrap_or(NonZeroU32::MIN);
@@ -528,7 +528,8 @@ impl Scan {
         idle_timeout: Duration,
         started_at: Millis,
     ) -> Result<Scan, ReplayError> {
-        let consumer = Arc::new(kafka::reader(cfg, &format!("{group_prefix}.{}", uuid::Uuid::new_v4()), false)?);
+        let consumer =
+            Arc::new(kafka::reader(cfg, &cfg.group(&format!("{group_prefix}.{}", uuid::Uuid::new_v4())), false)?);
         let mut parts = BTreeMap::new();
         let mut tpl = TopicPartitionList::new();
         let mut expect_data = false;

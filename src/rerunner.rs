@@ -339,7 +339,7 @@ pub async fn run(
 
     // 1. Scan every pool topic from the beginning: the newest record of each job counts.
     let sources = topics.iter().map(|t| (t.clone(), HashMap::new())).collect();
-    let mut scan = Scan::open(cfg, "fairway.rerun", sources, opts.idle_timeout, started_at).await?;
+    let mut scan = Scan::open(cfg, "rerun", sources, opts.idle_timeout, started_at).await?;
     let mut selection = Selection::default();
     let mut last_progress: Option<Instant> = None;
     let mut undecodable_noted = 0;

@@ -4,6 +4,8 @@
 //! `FAIRWAY_BROKERS` (default 127.0.0.1:19092). Topic and group names are unique per run.
 //! Note: tansu takes about 5 s to form each new consumer group.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -132,4 +134,50 @@ async fn produce_consume_commit_resume() {
     })
     .await
     .expect("kafka smoke test timed out");
+}
+
+/// Two members of one pool's group on a one-partition topic: the one left without a
+/// partition says so in its stats (and logs a warning) once `kafka.unassigned_warning`
+/// has passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_without_partitions_reports_it_after_the_threshold() {
+    use fairway::handlers::Registry;
+    use fairway::model::Pool;
+    use fairway::worker::{Policy, Worker};
+    let mut cfg = common::config("");
+    cfg.kafka.partitions = 1;
+    // Longer than the local broker's ~5 s group join, so only a member really left out reports.
+    cfg.kafka.unassigned_warning = Duration::from_secs(8);
+    let cfg = common::arc(cfg);
+    common::init(&cfg).await;
+    let registry = Registry::from_config(&cfg, Default::default()).unwrap();
+    let first = Worker::start(cfg.clone(), &[Pool::Short], registry.clone(), Policy::Fair).await.unwrap();
+    assert!(first.wait_assigned(Duration::from_secs(60)).await, "the first worker got no partition");
+    let second = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let idle = |w: &Worker| w.shared[0].stats.lock().unwrap()["pool"]["unassigned_ms"].as_u64().unwrap_or(0);
+    let owns = |w: &Worker| w.shared[0].assigned.load(std::sync::atomic::Ordering::SeqCst) > 0;
+    loop {
+        // Whichever member the rebalance left without the partition must report it, and
+        // only that one.
+        let (a, b) = (idle(&first), idle(&second));
+        let reporter = match (a, b) {
+            (0, 0) => None,
+            (a, 0) => Some((a, &first, &second)),
+            (0, b) => Some((b, &second, &first)),
+            (a, b) => panic!("both members report no partition ({a} ms, {b} ms) on a one-partition topic"),
+        };
+        if let Some((ms, idle_one, owner)) = reporter {
+            if owns(owner) && !owns(idle_one) {
+                assert!(ms >= 8_000, "reported only past the threshold ({ms} ms)");
+                break;
+            }
+        }
+        assert!(std::time::Instant::now() < deadline, "no member reported being without partitions");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let group = first.shared[0].stats.lock().unwrap()["pool"]["group"].as_str().unwrap_or("").to_string();
+    assert_eq!(group, cfg.group("short"));
+    second.stop().await;
+    first.stop().await;
 }

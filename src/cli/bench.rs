@@ -68,7 +68,6 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
 async fn throughput(g: &Global, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
     let mut cfg = (*g.load()?).clone();
     cfg.kafka.topic_prefix = format!("bench{}.", now_ms());
-    cfg.kafka.group_prefix = format!("{}workers.", cfg.kafka.topic_prefix);
     cfg.kafka.partitions = a.partitions;
     cfg.scylla.keyspace = "fairway_bench".into();
     if let Some(p) = cfg.pools.get_mut(&Pool::Short) {
@@ -78,7 +77,7 @@ async fn throughput(g: &Global, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
     kafka::ensure_topics(&cfg).await.context("creating bench topics (scripts/services up?)")?;
     fairway::store::ensure_schema(&cfg).await?;
     fairway::tenants::seed(&cfg).await?;
-    let reader = kafka::reader(&cfg, &format!("{}bench-results", cfg.kafka.topic_prefix), false)?;
+    let reader = kafka::reader(&cfg, &cfg.group("bench-results"), false)?;
     reader.subscribe(&[&cfg.results_topic()])?;
     let registry = Registry::from_config(&cfg, Default::default()).map_err(anyhow::Error::msg)?;
     let mut workers = Vec::new();
@@ -707,7 +706,6 @@ async fn fairness(g: &Global, a: FairnessArgs) -> anyhow::Result<ExitCode> {
 fn fairness_config(base: &Config, a: &FairnessArgs, plan: &Plan) -> anyhow::Result<Arc<Config>> {
     let mut cfg = base.clone();
     cfg.kafka.topic_prefix = format!("fairbench{}-{}.", now_ms(), plan.run.as_str());
-    cfg.kafka.group_prefix = format!("{}workers.", cfg.kafka.topic_prefix);
     cfg.kafka.partitions = a.partitions;
     cfg.scylla.keyspace = "fairway_bench".into();
     let short = cfg.pools.entry(Pool::Short).or_insert_with(|| fairway::config::PoolConfig::default_for(Pool::Short));
@@ -1070,7 +1068,7 @@ async fn probe_floor(base: &Config, a: &FairnessArgs) -> anyhow::Result<Floor> {
     fairway::store::ensure_schema(&cfg).await?;
     fairway::tenants::seed(&cfg).await?;
     let topic = cfg.results_topic();
-    let reader = kafka::reader(&cfg, &format!("{}probe", cfg.kafka.topic_prefix), false)?;
+    let reader = kafka::reader(&cfg, &cfg.group("probe"), false)?;
     reader.subscribe(&[&topic])?;
     let producer = kafka::producer(&cfg)?;
     let mut hop = Vec::new();

@@ -89,7 +89,7 @@ pub(super) struct ResultFeed {
 
 impl ResultFeed {
     pub fn start(cfg: &Config) -> anyhow::Result<Self> {
-        let reader = kafka::reader(cfg, &format!("{}bench-results", cfg.kafka.topic_prefix), false)?;
+        let reader = kafka::reader(cfg, &cfg.group("bench-results"), false)?;
         reader.subscribe(&[&cfg.results_topic()])?;
         let (tx, rx) = mpsc::unbounded_channel();
         let (stop, mut stop_rx) = watch::channel(false);
@@ -181,7 +181,6 @@ impl Outcome {
 fn bench_config(base: &Config, a: &FloodArgs, mode: FloodMode) -> anyhow::Result<Arc<Config>> {
     let mut cfg = base.clone();
     cfg.kafka.topic_prefix = format!("floodbench{}-{}.", now_ms(), mode.as_str());
-    cfg.kafka.group_prefix = format!("{}workers.", cfg.kafka.topic_prefix);
     cfg.kafka.partitions = a.partitions;
     cfg.scylla.keyspace = "fairway_bench".into();
     cfg.worker.tenant_queue_limit = a.buffer;

@@ -69,7 +69,7 @@ pub async fn run(g: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
     fairway::tenants::seed(&cfg).await.context("registering the demo tenants")?;
 
     // Results reader first, so the group is formed while workers start.
-    let reader = kafka::reader(&cfg, &format!("{}demo-results", cfg.kafka.topic_prefix), false)?;
+    let reader = kafka::reader(&cfg, &cfg.group("demo-results"), false)?;
     reader.subscribe(&[&cfg.results_topic()])?;
 
     let registry = Registry::from_config(&cfg, Default::default()).map_err(anyhow::Error::msg)?;
@@ -259,7 +259,6 @@ fn demo_config(base: &Config) -> anyhow::Result<Arc<Config>> {
     }
     // A fresh set of topics per run: results of earlier demos do not mix in.
     cfg.kafka.topic_prefix = format!("demo{}.", now_ms() / 1000);
-    cfg.kafka.group_prefix = format!("{}workers.", cfg.kafka.topic_prefix);
     cfg.scylla.keyspace = "fairway_demo".into();
     Ok(Arc::new(cfg))
 }

@@ -302,7 +302,7 @@ pub struct ResultsArgs {
 }
 
 pub async fn results(cfg: &Config, a: ResultsArgs) -> anyhow::Result<ExitCode> {
-    let group = format!("fairway.cli.results.{}", uuid::Uuid::new_v4());
+    let group = cfg.group(&format!("cli.results.{}", uuid::Uuid::new_v4()));
     let consumer = kafka::reader(cfg, &group, false)?;
     consumer.subscribe(&[&cfg.results_topic()])?;
     let idle = if a.follow { Duration::from_secs(u64::MAX / 4) } else { Duration::from_secs(8) };

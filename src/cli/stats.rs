@@ -153,6 +153,17 @@ fn render(f: &FleetStats, all: bool) -> String {
         ]);
     }
     table(&mut s, &pools, 1, false);
+    for p in f.pools.iter().filter(|p| p.unassigned_workers > 0) {
+        let _ = writeln!(
+            s,
+            "warning: {} worker(s) of pool {} have owned no partition for up to {} (group {}): a stuck or \
+             oversubscribed group, another deployment sharing it, or more workers than partitions",
+            p.unassigned_workers,
+            p.pool,
+            secs(p.unassigned_ms_max as i64),
+            p.groups.join(", ")
+        );
+    }
     s.push('\n');
     let shown: Vec<&TenantSummary> = f.tenants.iter().filter(|t| all || t.is_active()).collect();
     let mut ts = vec![row(&[

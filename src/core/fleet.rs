@@ -227,6 +227,8 @@ struct PoolSnap {
     running_fast_lane: usize,
     spilled: usize,
     registry_version: Option<i64>,
+    unassigned_ms: u64,
+    group: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -286,6 +288,12 @@ pub struct PoolSummary {
     /// Oldest and newest tenants-registry version the pool's workers run.
     pub registry_version: Option<i64>,
     pub registry_version_max: Option<i64>,
+    /// Workers of the pool that have owned no partition for a while (stuck or
+    /// oversubscribed group, or more workers than partitions), with the longest wait
+    /// and their consumer group.
+    pub unassigned_workers: usize,
+    pub unassigned_ms_max: u64,
+    pub groups: Vec<String>,
 }
 
 /// One tenant in one pool across the fleet.
@@ -390,6 +398,15 @@ pub fn aggregate(rows: &[SnapshotRow], now: Millis, max_age_ms: i64) -> FleetSta
         p.fast_lanes += ps.fast_lanes;
         p.running_fast_lane += ps.running_fast_lane;
         p.spilled += ps.spilled;
+        if ps.unassigned_ms > 0 {
+            p.unassigned_workers += 1;
+            p.unassigned_ms_max = p.unassigned_ms_max.max(ps.unassigned_ms);
+        }
+        if let Some(g) = &ps.group {
+            if !p.groups.contains(g) {
+                p.groups.push(g.clone());
+            }
+        }
         if let Some(v) = ps.registry_version {
             p.registry_version = Some(p.registry_version.map_or(v, |x: i64| x.min(v)));
             p.registry_version_max = Some(p.registry_version_max.map_or(v, |x: i64| x.max(v)));

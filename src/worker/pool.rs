@@ -97,6 +97,10 @@ struct Loop {
     limit: usize,
     /// The registry version the scheduler's tenant policies come from.
     tenants: Arc<TenantSet>,
+    /// The consumer group, and since when this member has owned no partition (if so).
+    group: String,
+    unassigned_since: Option<std::time::Instant>,
+    warned_at: Option<std::time::Instant>,
 }
 
 pub async fn run(
@@ -105,7 +109,7 @@ pub async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let topic = sh.cfg.pool_topic(sh.pool);
-    let group = format!("{}{}", sh.cfg.kafka.group_prefix, sh.pool);
+    let group = sh.cfg.group(sh.pool.as_str());
     let (consumer, mut rebalances) = kafka::consumer(&sh.cfg, &group, std::slice::from_ref(&topic))?;
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Event>();
     let stmts = sh.store.backlog_statements().await?;
@@ -126,6 +130,9 @@ pub async fn run(
         finishing: 0,
         limit: sh.cfg.worker.tenant_queue_limit.max(1),
         tenants: sh.tenants.current(),
+        group: group.clone(),
+        unassigned_since: Some(std::time::Instant::now()),
+        warned_at: None,
     };
     let mut registry = sh.tenants.subscribe();
     let slots = sh.cfg.pool(sh.pool).slots;
@@ -148,6 +155,7 @@ pub async fn run(
                         paused.remove(&p);
                     }
                     sh.assigned.store(lp.parts.len(), std::sync::atomic::Ordering::SeqCst);
+                    lp.track_assignment();
                     tracing::info!(pool, partitions = ?lp.parts.keys().collect::<Vec<_>>(), "partitions assigned");
                 }
                 RebalanceEvent::Revoked(tps) => {
@@ -158,6 +166,7 @@ pub async fn run(
                     }
                     sh.frontiers.forget(&gone.iter().copied().collect::<Vec<_>>());
                     sh.assigned.store(lp.parts.len(), std::sync::atomic::Ordering::SeqCst);
+                    lp.track_assignment();
                     // Queued jobs of revoked partitions belong to the new owner now (it
                     // also reads their spilled backlogs back).
                     let dropped = lp.dispatcher.drain_where(&mut |j: &Pending| gone.contains(&j.origin.partition));
@@ -453,9 +462,39 @@ impl Loop {
         self.tenants = set;
     }
 
+    fn track_assignment(&mut self) {
+        if self.parts.is_empty() {
+            self.unassigned_since.get_or_insert_with(std::time::Instant::now);
+        } else {
+            self.unassigned_since = None;
+            self.warned_at = None;
+        }
+    }
+
+    /// How long this member has owned no partition; past `kafka.unassigned_warning` it
+    /// says so (once a minute), naming the group and what to check.
+    fn unassigned_for(&mut self) -> Duration {
+        let Some(since) = self.unassigned_since else { return Duration::ZERO };
+        let idle = since.elapsed();
+        let threshold = self.sh.cfg.kafka.unassigned_warning;
+        if idle >= threshold && self.warned_at.is_none_or(|w| w.elapsed() >= Duration::from_secs(60)) {
+            self.warned_at = Some(std::time::Instant::now());
+            tracing::warn!(
+                pool = self.pool(),
+                group = %self.group,
+                idle_s = idle.as_secs(),
+                "this worker has had no partition of its pool topic for {}s: check the group with the broker's tools                  (a member stuck after a crash, another deployment sharing the group name: set kafka.group_prefix or a                  distinct topic_prefix), and that the topic has at least as many partitions as workers (extra workers idle)",
+                idle.as_secs()
+            );
+        }
+        idle
+    }
+
     /// Scheduler snapshot (with spilled backlogs) for `fairway stats`, and fleet usage.
     fn publish_stats(&mut self) {
         let now = now_ms();
+        let unassigned = self.unassigned_for();
+        metrics::gauge!(m::POOL_UNASSIGNED_SECONDS, "pool" => self.pool()).set(unassigned.as_secs_f64());
         let mut spilled: HashMap<&str, u64> = HashMap::new();
         for st in self.parts.values() {
             for (t, b) in &st.backlogs {
@@ -469,6 +508,10 @@ impl Loop {
         crate::core::fleet::add_spilled(&mut stats, &spilled, spilled_total);
         if let Some(pool) = stats.get_mut("pool").and_then(|p| p.as_object_mut()) {
             pool.insert("registry_version".into(), self.tenants.version.into());
+            // Reported once past the threshold (a new member takes a few seconds to join).
+            let overdue = unassigned >= self.sh.cfg.kafka.unassigned_warning;
+            pool.insert("unassigned_ms".into(), (if overdue { unassigned.as_millis() as u64 } else { 0 }).into());
+            pool.insert("group".into(), self.group.clone().into());
         }
         if let Some(oldest) = crate::core::fleet::oldest_wait_ms(&stats) {
             metrics::gauge!(m::OLDEST_WAIT_SECONDS, "pool" => self.pool()).set(oldest as f64 / 1000.0);

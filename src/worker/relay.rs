@@ -47,7 +47,7 @@ pub async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), kafka::KafkaError> {
     let topics = relay_topics(&cfg);
-    let group = format!("{}retry", cfg.kafka.group_prefix);
+    let group = cfg.group("retry");
     let (consumer, mut rebalances) = kafka::consumer(&cfg, &group, &topics)?;
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(Key, i64, u64)>();
     let mut parts: HashMap<Key, PartitionState> = HashMap::new();
