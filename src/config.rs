@@ -221,6 +221,10 @@ pub struct PoolConfig {
     /// Largest estimated run time of a job that may take a fast lane. Unset: the pool's
     /// `default_estimate`.
     pub fast_lane_max_estimate: Option<Duration>,
+    /// On SIGTERM/SIGINT running jobs get this long to finish; then they are asked to
+    /// stop (`ctx.stop_reason()`) and handed off to another worker through their
+    /// checkpoints. 0 (the long pool's default): hand off at once.
+    pub drain_timeout: Duration,
 }
 
 impl PoolConfig {
@@ -234,6 +238,7 @@ impl PoolConfig {
                 default_timeout: s(30),
                 fast_lanes: None,
                 fast_lane_max_estimate: None,
+                drain_timeout: s(30),
             },
             Pool::Medium => PoolConfig {
                 slots: 16,
@@ -242,6 +247,7 @@ impl PoolConfig {
                 default_timeout: s(300),
                 fast_lanes: None,
                 fast_lane_max_estimate: None,
+                drain_timeout: s(60),
             },
             Pool::Long => PoolConfig {
                 slots: 4,
@@ -250,6 +256,7 @@ impl PoolConfig {
                 default_timeout: s(6 * 3600),
                 fast_lanes: None,
                 fast_lane_max_estimate: None,
+                drain_timeout: s(0),
             },
         }
     }
@@ -292,6 +299,8 @@ fn pools_over_defaults<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMa
         fast_lanes: Option<usize>,
         #[serde(default, with = "humantime_serde_opt")]
         fast_lane_max_estimate: Option<Duration>,
+        #[serde(default, with = "humantime_serde_opt")]
+        drain_timeout: Option<Duration>,
     }
     let mut pools = default_pools();
     for (pool, s) in BTreeMap::<Pool, Section>::deserialize(d)? {
@@ -302,6 +311,7 @@ fn pools_over_defaults<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMa
         c.default_timeout = s.default_timeout.unwrap_or(c.default_timeout);
         c.fast_lanes = s.fast_lanes.or(c.fast_lanes);
         c.fast_lane_max_estimate = s.fast_lane_max_estimate.or(c.fast_lane_max_estimate);
+        c.drain_timeout = s.drain_timeout.unwrap_or(c.drain_timeout);
     }
     Ok(pools)
 }
@@ -329,6 +339,8 @@ pub enum HandlerKind {
     Sleep,
     Fail,
     Flaky,
+    /// `{"steps": N, "step_ms": M}`: N steps, a checkpoint after each, hand-off friendly.
+    Steps,
     Http,
     /// A handler registered in Rust by an embedding binary under the job type's name.
     Custom,
@@ -529,6 +541,12 @@ mod humantime_serde_opt {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_compose_config_is_valid() {
+        let c = Config::parse(include_str!("../docker/fairway.toml"), "docker/fairway.toml").unwrap();
+        assert_eq!(c.worker.metrics_listen.as_deref(), Some("0.0.0.0:9464"), "Prometheus scrapes it over the network");
+    }
 
     #[test]
     fn consumer_groups_follow_the_deployment_unless_a_prefix_is_set() {
