@@ -37,6 +37,7 @@ pub const SPILLED_BACKLOG: &str = "fairway_spilled_backlog";
 pub const OLDEST_WAIT_SECONDS: &str = "fairway_oldest_wait_seconds";
 pub const TENANT_APPLY_FAILURES: &str = "fairway_tenant_apply_failures_total";
 pub const POOL_UNASSIGNED_SECONDS: &str = "fairway_pool_unassigned_seconds";
+pub const HAND_OFFS: &str = "fairway_hand_offs_total";
 
 /// Registers descriptions (shown as HELP lines by the Prometheus exporter).
 pub fn describe() {
@@ -83,6 +84,7 @@ pub fn describe() {
         "Jobs spilled to the store's backlog because their tenant's buffer was full, by pool"
     );
     describe_counter!(JOBS_UNSPILLED, "Spilled jobs read back into the worker's buffer, by pool");
+    describe_counter!(HAND_OFFS, "Running jobs handed off to another worker by a draining worker, by pool");
     describe_gauge!(
         POOL_UNASSIGNED_SECONDS,
         Unit::Seconds,

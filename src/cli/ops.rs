@@ -187,10 +187,29 @@ pub async fn worker(cfg: Arc<Config>, a: WorkerArgs) -> anyhow::Result<ExitCode>
     fairway::metrics::install_exporter_at(listen, a.metrics_port.unwrap_or(cfg.worker.metrics_port))?;
     let registry = Registry::from_config(&cfg, Default::default()).map_err(anyhow::Error::msg)?;
     let w = Worker::start(cfg, &a.pools, registry, a.policy).await?;
-    eprintln!("worker {} serving pools {:?}; Ctrl-C to stop", w.worker_id, a.pools);
-    tokio::signal::ctrl_c().await?;
-    eprintln!("stopping: finishing running jobs, committing offsets");
+    eprintln!("worker {} serving pools {:?}; SIGTERM or Ctrl-C drains it", w.worker_id, a.pools);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut signals = async move || {
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r.map(|_| "SIGINT"),
+            _ = term.recv() => Ok("SIGTERM"),
+        }
+    };
+    let first = signals().await?;
+    eprintln!("{first}: draining (no new work; running jobs finish within each pool's drain_timeout, then are handed off); a second signal hands off at once");
+    // A second signal: every running job is asked to stop now and handed off.
+    let shared = w.shared.clone();
+    let second = tokio::spawn(async move {
+        if let Ok(sig) = signals().await {
+            eprintln!("{sig} again: handing running jobs off now");
+            for sh in &shared {
+                sh.request_stop_all();
+            }
+        }
+    });
     w.stop().await;
+    second.abort();
+    eprintln!("stopped");
     Ok(ExitCode::SUCCESS)
 }
 

@@ -106,3 +106,42 @@ impl Handler for Flaky {
         .boxed()
     }
 }
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct StepsParams {
+    steps: u32,
+    step_ms: u64,
+}
+
+/// A long job done right: `steps` steps of `step_ms`, a checkpoint after every step,
+/// progress reported, and between steps it honours a stop request (cancelled: ends
+/// cancelled; worker shutting down: returns, and another worker resumes from the last
+/// checkpoint). Output: `{"steps": N, "resumed_at": K, "ran": R}` (steps this attempt ran).
+pub struct Steps;
+impl Handler for Steps {
+    fn run(&self, ctx: JobContext) -> BoxFuture<'static, HandlerResult> {
+        async move {
+            let p: StepsParams = params(&ctx.job.payload)?;
+            let start: u32 = match ctx.load_checkpoint().await {
+                Ok(Some(cp)) => std::str::from_utf8(&cp).ok().and_then(|s| s.parse().ok()).unwrap_or(0),
+                Ok(None) => 0,
+                Err(e) => return Err(HandlerError::dependency(format!("cannot read the checkpoint: {e}"))),
+            };
+            for i in start..p.steps {
+                if let Some(why) = ctx.stop_reason() {
+                    return Err(HandlerError::app(format!("stopped before step {} ({why:?})", i + 1)));
+                }
+                tokio::time::sleep(Duration::from_millis(p.step_ms)).await;
+                ctx.checkpoint((i + 1).to_string().as_bytes())
+                    .await
+                    .map_err(|e| HandlerError::dependency(format!("cannot checkpoint: {e}")))?;
+                ctx.progress(f64::from(i + 1) / f64::from(p.steps.max(1)), format!("step {} of {}", i + 1, p.steps));
+            }
+            let ran = p.steps.saturating_sub(start);
+            Ok(serde_json::to_vec(&serde_json::json!({"steps": p.steps, "resumed_at": start, "ran": ran}))
+                .expect("json"))
+        }
+        .boxed()
+    }
+}

@@ -56,7 +56,19 @@ pub trait Handler: Send + Sync + 'static {
 pub struct JobLive {
     progress: Mutex<(f64, String)>,
     cancelled: AtomicBool,
+    /// The worker is shutting down: the job should checkpoint and return (hand-off).
+    stopping: AtomicBool,
     abort: tokio::sync::Notify,
+}
+
+/// Why a running job is asked to stop (`JobContext::stop_reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// `fairway cancel` / `DELETE /v1/jobs/{id}`: the job ends as cancelled.
+    Cancelled,
+    /// The worker is going away (deploy, scale-down): checkpoint and return; another
+    /// worker resumes the job at once from its checkpoint, attempts unchanged.
+    ShuttingDown,
 }
 
 impl JobLive {
@@ -68,6 +80,13 @@ impl JobLive {
     }
     pub fn is_cancelled(&self) -> bool {
         self.cancelled.load(Ordering::SeqCst)
+    }
+    /// Asks the job to stop for a hand-off (the worker is shutting down).
+    pub fn request_stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst)
+    }
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
     }
     /// Hard stop after the cancellation grace period: the worker drops the handler.
     pub fn abort(&self) {
@@ -113,6 +132,18 @@ impl JobContext {
     pub fn is_cancelled(&self) -> bool {
         self.live.is_cancelled()
     }
+    /// Why the job should stop now, if it should: cancelled by the user, or the worker
+    /// is shutting down (checkpoint, then return any error: the job is handed off and
+    /// resumes elsewhere without using an attempt).
+    pub fn stop_reason(&self) -> Option<StopReason> {
+        if self.live.is_cancelled() {
+            Some(StopReason::Cancelled)
+        } else if self.live.is_stopping() {
+            Some(StopReason::ShuttingDown)
+        } else {
+            None
+        }
+    }
     /// Saves resumable state; a re-dispatched attempt gets it from `load_checkpoint`.
     pub async fn checkpoint(&self, state: &[u8]) -> Result<(), StoreError> {
         match &self.store {
@@ -150,6 +181,7 @@ impl Registry {
                 K::Sleep => Arc::new(Sleep),
                 K::Fail => Arc::new(Fail),
                 K::Flaky => Arc::new(Flaky),
+                K::Steps => Arc::new(demo::Steps),
                 K::Http => {
                     let client = match &jt.ca_file {
                         Some(ca) => http::client_with_ca(ca).map_err(|e| format!("job_types.{name}.ca_file: {e}"))?,

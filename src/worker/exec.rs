@@ -152,6 +152,18 @@ pub async fn execute(
     };
     slot.release(result.is_some());
     sh.running.lock().expect("running map").remove(&job.job_id);
+    // The worker is shutting down and the job stopped without finishing: hand it off
+    // (another worker resumes it from its checkpoint; no attempt used, no crash).
+    if live.is_stopping() && !live.is_cancelled() && !matches!(result, Some(Ok(Ok(_)))) {
+        metrics::gauge!(m::JOBS_RUNNING, "pool" => sh.pool.as_str()).decrement(1.0);
+        let durable = hand_off(&sh, &job, started_at).await;
+        if running_written {
+            if let Err(e) = sh.store.delete_running_job(sh.pool.as_str(), &job.job_id).await {
+                tracing::debug!(job_id = %job.job_id, error = %e, "could not clear running index");
+            }
+        }
+        return Ended::Skipped.or_lost(durable);
+    }
     metrics::gauge!(m::JOBS_RUNNING, "pool" => sh.pool.as_str()).decrement(1.0);
     let run_ms = (now_ms() - started_at).max(0) as f64;
     metrics::histogram!(m::JOB_RUN_SECONDS, "pool" => sh.pool.as_str()).record(run_ms / 1000.0);
@@ -194,6 +206,24 @@ pub async fn execute(
         }
     }
     Ended::Ran.or_lost(durable)
+}
+
+/// Hands a stopped job to the next worker: its row marked `handed_off` (so the new owner
+/// starts it at once instead of waiting for this worker's heartbeat to lapse), then a
+/// copy on its pool topic (attempt and crash count unchanged). Marked first: a copy read
+/// before the mark would find the job `running` with a fresh heartbeat and wait.
+async fn hand_off(sh: &Shared, job: &JobSubmitted, started_at: i64) -> bool {
+    let u = update(sh, job, "handed_off", Some(started_at), None);
+    if let Err(e) = with_retries(|| sh.store.put_state(&u, now_ms())).await {
+        // The copy waits for this worker's heartbeat to lapse instead: slower, not lost.
+        tracing::warn!(job_id = %job.job_id, error = %e, "could not mark the hand-off");
+    }
+    if !produce_job(sh, &sh.cfg.pool_topic(sh.pool), job, "hand off").await {
+        return false;
+    }
+    metrics::counter!(m::HAND_OFFS, "pool" => sh.pool.as_str()).increment(1);
+    tracing::info!(job_id = %job.job_id, "handed off to the next worker");
+    true
 }
 
 /// Sends a job whose `execute_at` is ahead to the delayed topic (due at `execute_at`).

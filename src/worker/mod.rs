@@ -93,6 +93,25 @@ impl Shared {
         }
     }
 
+    /// Asks every running job of this pool to stop for a hand-off.
+    pub fn request_stop_all(&self) {
+        if let Ok(running) = self.running.lock() {
+            for live in running.values() {
+                live.request_stop();
+            }
+        }
+    }
+
+    /// Aborts every running job of this pool (it ignored the stop request): handed off
+    /// without the progress since its last checkpoint.
+    pub fn abort_all(&self) {
+        if let Ok(running) = self.running.lock() {
+            for live in running.values() {
+                live.abort();
+            }
+        }
+    }
+
     /// Heartbeats expire after about three intervals, so a dead worker's rows vanish.
     pub fn heartbeat_ttl_secs(&self) -> i32 {
         (self.cfg.pool(self.pool).heartbeat_interval.as_secs_f64() * 3.0).ceil().max(1.0) as i32
@@ -172,6 +191,8 @@ impl Shared {
 pub struct Worker {
     pub worker_id: String,
     shutdown: watch::Sender<bool>,
+    halt: watch::Sender<bool>,
+    pool_tasks: Vec<tokio::task::JoinHandle<()>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     pub shared: Vec<Arc<Shared>>,
 }
@@ -188,6 +209,10 @@ impl Worker {
         let producer = kafka::producer(&cfg)?;
         let worker_id = new_worker_id();
         let (tx, rx) = watch::channel(false);
+        // Pools stop on `tx`; heartbeats and the rest on `halt`, once the pools drained
+        // (a draining job keeps heartbeating).
+        let (halt, halted) = watch::channel(false);
+        let mut pool_tasks = Vec::new();
         let tenants = crate::tenants::LiveTenants::start(cfg.clone(), &store, rx.clone()).await?;
         let mut tasks = Vec::new();
         let mut shared = Vec::new();
@@ -210,13 +235,13 @@ impl Worker {
                 frontiers: fresh::Frontiers::new(cfg.pool_topic(pool), cfg.worker.skip_fresh_reads, feed.clone()),
                 tenants: tenants.clone(),
             });
-            let (sh3, rx3) = (sh.clone(), rx.clone());
+            let (sh3, rx3) = (sh.clone(), halted.clone());
             tasks.push(tokio::spawn(liveness::heartbeat_loop(sh3, rx3)));
             tasks.push(tokio::spawn(usage::usage_loop(sh.clone(), rx.clone())));
             let dispatcher = make_dispatcher(&cfg, pool, policy, &tenants.current())?;
             let rx = rx.clone();
             let sh2 = sh.clone();
-            tasks.push(tokio::spawn(async move {
+            pool_tasks.push(tokio::spawn(async move {
                 if let Err(e) = pool::run(sh2, dispatcher, rx).await {
                     tracing::error!(pool = pool.as_str(), error = %e, "pool loop failed");
                 }
@@ -243,7 +268,7 @@ impl Worker {
             rx.clone(),
         )));
         tracing::info!(%worker_id, ?pools, ?policy, "worker started");
-        Ok(Worker { worker_id, shutdown: tx, tasks, shared })
+        Ok(Worker { worker_id, shutdown: tx, halt, pool_tasks, tasks, shared })
     }
 
     /// Waits until every pool's consumer owns at least one partition (group formed).
@@ -258,9 +283,15 @@ impl Worker {
         false
     }
 
-    /// Graceful stop: no new work, running jobs finish (within each pool's grace), commit.
+    /// Graceful stop (SIGTERM, SIGINT): no new work; running jobs finish within their
+    /// pool's `drain_timeout`, then are asked to stop and handed off through their
+    /// checkpoints; offsets committed; the group left. Heartbeats go on until the end.
     pub async fn stop(self) {
         let _ = self.shutdown.send(true);
+        for t in self.pool_tasks {
+            let _ = t.await;
+        }
+        let _ = self.halt.send(true);
         for t in self.tasks {
             let _ = t.await;
         }

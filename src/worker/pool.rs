@@ -219,19 +219,38 @@ pub async fn run(
         set_paused(&consumer, &topic, &mut paused, want_paused);
     }
 
-    // Graceful shutdown: take no more work, let running jobs finish within the pool's
-    // grace period, then commit what finished. Queued jobs are simply not committed:
-    // the partitions' next owners get them (spilled ones from the store).
+    // Graceful shutdown (SIGTERM, SIGINT): take no more work. Running jobs get the
+    // pool's `drain_timeout` to finish; then they are asked to stop (`ctx.stop_reason()`)
+    // and each is handed off when its handler returns (re-queued at once, attempts
+    // unchanged, not a crash); one that ignores the request is aborted after
+    // HAND_OFF_GRACE and handed off from its last checkpoint. Queued jobs are simply not
+    // committed: the partitions' next owners get them (spilled ones from the store).
+    const HAND_OFF_GRACE: Duration = Duration::from_secs(10);
     let queued = lp.dispatcher.drain_where(&mut |_| true);
-    let grace = sh.cfg.pool(sh.pool).default_timeout.min(Duration::from_secs(30));
-    tracing::info!(pool, queued = queued.len(), running = lp.dispatcher.running(), ?grace, "draining");
-    let deadline = tokio::time::Instant::now() + grace;
+    let drain = sh.cfg.pool(sh.pool).drain_timeout;
+    tracing::info!(pool, queued = queued.len(), running = lp.dispatcher.running(), ?drain, "draining");
+    let mut phase = 0;
+    let mut deadline = tokio::time::Instant::now() + drain;
     while lp.dispatcher.running() + lp.finishing > 0 {
         tokio::select! {
             Some(ev) = done_rx.recv() => lp.on_event(&consumer, ev),
             _ = tokio::time::sleep_until(deadline) => {
-                tracing::warn!(pool, running = lp.dispatcher.running(), "grace period over; handing running jobs back");
-                break;
+                phase += 1;
+                deadline = tokio::time::Instant::now() + HAND_OFF_GRACE;
+                match phase {
+                    1 => {
+                        tracing::info!(pool, running = lp.dispatcher.running(), "asking running jobs to stop for a hand-off");
+                        sh.request_stop_all();
+                    }
+                    2 => {
+                        tracing::warn!(pool, running = lp.dispatcher.running(), "jobs ignored the stop request; aborting them (handed off from their last checkpoint)");
+                        sh.abort_all();
+                    }
+                    _ => {
+                        tracing::error!(pool, running = lp.dispatcher.running(), "jobs could not be handed off; their heartbeats lapse and another worker takes them over");
+                        break;
+                    }
+                }
             }
         }
     }
