@@ -127,7 +127,15 @@ pub async fn execute(
     let deadline = tokio::time::Instant::now() + timeout;
     let live = Arc::new(JobLive::default());
     let ctx = JobContext::new(job.clone(), deadline, live.clone(), Some(sh.store.clone()));
-    sh.running.lock().expect("running map").insert(job.job_id.clone(), live.clone());
+    {
+        let mut running = sh.running.lock().expect("running map");
+        running.insert(job.job_id.clone(), live.clone());
+        // Started while the pool hands its jobs off (it was in its pre-run checks): ask it
+        // to stop at once, as `request_stop_all` did for the others (same lock).
+        if sh.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+            live.request_stop();
+        }
+    }
     metrics::gauge!(m::JOBS_RUNNING, "pool" => sh.pool.as_str()).increment(1.0);
 
     let mut run = std::pin::pin!(tokio::time::timeout_at(deadline, handler.run(ctx)));

@@ -44,6 +44,9 @@ pub struct Shared {
     pub worker_id: String,
     /// Live handles of running jobs (progress, cancellation) for the heartbeat loop.
     pub running: Mutex<HashMap<String, Arc<JobLive>>>,
+    /// Set once the pool drains for a hand-off: a job that starts after it (it was in its
+    /// pre-run checks) is asked to stop at once.
+    pub stopping: std::sync::atomic::AtomicBool,
     /// Latest scheduler introspection, for `fairway stats` and `top`.
     pub stats: Mutex<serde_json::Value>,
     /// Circuit breakers, poison detectors and retry budgets (pure cores behind a lock).
@@ -96,6 +99,7 @@ impl Shared {
     /// Asks every running job of this pool to stop for a hand-off.
     pub fn request_stop_all(&self) {
         if let Ok(running) = self.running.lock() {
+            self.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
             for live in running.values() {
                 live.request_stop();
             }
@@ -227,6 +231,7 @@ impl Worker {
                 registry: registry.clone(),
                 worker_id: worker_id.clone(),
                 running: Mutex::new(HashMap::new()),
+                stopping: Default::default(),
                 stats: Mutex::new(serde_json::Value::Null),
                 health: Mutex::new(Health::new(&cfg)),
                 assigned: Default::default(),
