@@ -5,7 +5,7 @@
 //! partition each and never deleted one by one: a finished bucket is dropped whole (one
 //! partition tombstone), so reads never wade through per-row tombstones.
 
-use super::{prepare_failed, q, Store, StoreError};
+use super::{prepare_statement, q, Store, StoreError};
 use scylla::client::session::Session;
 use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
@@ -40,13 +40,10 @@ pub struct BacklogStatements {
 impl Store {
     pub async fn backlog_statements(&self) -> Result<BacklogStatements, StoreError> {
         let ks = self.keyspace();
+        let session = self.session.clone();
         let prep = |cql: String, what: &'static str| {
-            let session = self.session.clone();
-            async move {
-                let mut p = session.prepare(cql).await.map_err(|e| prepare_failed(what, e))?;
-                p.set_consistency(Consistency::LocalQuorum);
-                Ok::<_, StoreError>(p)
-            }
+            let session = session.clone();
+            async move { prepare_statement(&session, cql, what, false).await }
         };
         Ok(BacklogStatements {
             session: self.session.clone(),

@@ -2,11 +2,10 @@
 //! submitted through the API (`job_owners`). Only SHA-256 hashes of key secrets are
 //! stored (see `core::auth`).
 
-use super::{applied, prepare_failed, q, Store, StoreError};
+use super::{applied, prepare_statement, q, Store, StoreError};
 use crate::core::auth::{Caller, KeyRecord};
 use scylla::client::session::Session;
 use scylla::statement::prepared::PreparedStatement;
-use scylla::statement::{Consistency, SerialConsistency};
 use std::sync::Arc;
 
 /// An owner row lives this long (seconds): longer than any job stays queued.
@@ -43,16 +42,10 @@ const COLUMNS: &str = "key_id, hash, role, tenant, label, created_at, revoked_at
 impl Store {
     pub async fn key_statements(&self) -> Result<KeyStatements, StoreError> {
         let ks = self.keyspace();
+        let session = self.session.clone();
         let prep = |cql: String, what: &'static str, lwt: bool| {
-            let session = self.session.clone();
-            async move {
-                let mut p = session.prepare(cql).await.map_err(|e| prepare_failed(what, e))?;
-                p.set_consistency(Consistency::LocalQuorum);
-                if lwt {
-                    p.set_serial_consistency(Some(SerialConsistency::Serial));
-                }
-                Ok::<_, StoreError>(p)
-            }
+            let session = session.clone();
+            async move { prepare_statement(&session, cql, what, lwt).await }
         };
         Ok(KeyStatements {
             session: self.session.clone(),

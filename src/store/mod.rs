@@ -53,6 +53,22 @@ fn prepare_failed(what: &'static str, e: impl std::fmt::Display) -> StoreError {
     StoreError::Query { what, message: format!("{message}{hint}") }
 }
 
+/// Prepares a statement at LOCAL_QUORUM (with SERIAL for lightweight transactions),
+/// explaining a failure (`prepare_failed`).
+async fn prepare_statement(
+    session: &Session,
+    cql: String,
+    what: &'static str,
+    lwt: bool,
+) -> Result<PreparedStatement, StoreError> {
+    let mut p = session.prepare(cql).await.map_err(|e| prepare_failed(what, e))?;
+    p.set_consistency(Consistency::LocalQuorum);
+    if lwt {
+        p.set_serial_consistency(Some(scylla::statement::SerialConsistency::Serial));
+    }
+    Ok(p)
+}
+
 /// What the store knows about one job.
 #[derive(Debug, Clone, Default, PartialEq, scylla::DeserializeRow)]
 pub struct JobRow {

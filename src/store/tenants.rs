@@ -4,12 +4,11 @@
 //! `registry_versions` that every change bumps: processes poll the counter (one small
 //! read) and reload the rows only when it moved.
 
-use super::{applied, prepare_failed, q, Store, StoreError};
+use super::{applied, prepare_statement, q, Store, StoreError};
 use crate::core::scheduler::Tier;
 use crate::core::tenants::TenantRecord;
 use scylla::client::session::Session;
 use scylla::statement::prepared::PreparedStatement;
-use scylla::statement::{Consistency, SerialConsistency};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -71,16 +70,10 @@ fn int(v: Option<usize>) -> Option<i32> {
 impl Store {
     pub async fn tenant_statements(&self) -> Result<TenantStatements, StoreError> {
         let ks = self.keyspace();
+        let session = self.session.clone();
         let prep = |cql: String, what: &'static str, lwt: bool| {
-            let session = self.session.clone();
-            async move {
-                let mut p = session.prepare(cql).await.map_err(|e| prepare_failed(what, e))?;
-                p.set_consistency(Consistency::LocalQuorum);
-                if lwt {
-                    p.set_serial_consistency(Some(SerialConsistency::Serial));
-                }
-                Ok::<_, StoreError>(p)
-            }
+            let session = session.clone();
+            async move { prepare_statement(&session, cql, what, lwt).await }
         };
         let values = "?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?";
         Ok(TenantStatements {
