@@ -51,12 +51,13 @@ struct Track {
     regressions: Vec<(u32, u32)>,
 }
 
-// Fails today (2026-11-23): a job ran on two workers at once. A redelivered copy that
-// waited in its pre-run check and the hand-off copy both see the row `handed_off` and
-// start; a copy stopped at once during a drain also overwrites a live run's row with
-// `handed_off`. Needs an atomic claim of handed-off jobs (LWT on the row's status).
-// Run with `cargo test --test it_rolling_restart -- --ignored`.
-#[ignore = "known race: a handed-off job can start on two workers (see the comment above)"]
+// Ignored in the suite (run with `cargo test --test it_rolling_restart -- --ignored`,
+// ~105 s): since handed-off jobs are claimed atomically (LWT on the row's status) its
+// correctness checks passed in both runs of 2026-11-23, but the standstill bound is at
+// the mercy of the local broker's rebalances (~5 s per group change): p50 10.8 s / max
+// 13.2 s in one run, over 15 s in the other. Open: a copy stopped at once during a drain
+// still writes `handed_off` over the row unconditionally.
+#[ignore = "slow (~105 s) and its standstill bound depends on the local broker's rebalance timing"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rolling_restarts_hand_long_jobs_off_through_their_checkpoints() {
     let cfg = common::config(EXTRA);

@@ -546,6 +546,17 @@ impl Store {
         Ok(())
     }
 
+    /// Claims a job another worker handed off (LWT on its status): true for exactly one
+    /// of the copies that find it `handed_off`; the row then says `running` by `worker`.
+    pub async fn claim_hand_off(&self, job_id: &str, worker: &str, now: Millis) -> Result<bool, StoreError> {
+        let ks = &self.keyspace;
+        let cql = format!(
+            "UPDATE {ks}.jobs SET status = 'running', worker = ?, updated_at = ? WHERE job_id = ? IF status = 'handed_off'"
+        );
+        let res = self.session.query_unpaged(cql, (worker, now, job_id)).await.map_err(q("claim hand-off"))?;
+        applied(res)
+    }
+
     /// Flags the job cancelled, then announces it on the cancellation feed (workers that
     /// skip the state read for fresh jobs learn of it there).
     pub async fn request_cancel(&self, job_id: &str, now: Millis) -> Result<(), StoreError> {

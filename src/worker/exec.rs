@@ -326,6 +326,35 @@ async fn precheck(sh: &Shared, job: Arc<JobSubmitted>, origin: &Origin) -> Check
             let msg = "cancelled before it started".to_string();
             return Check::Done(finish(sh, &job, JobStatus::Cancelled, None, Some(msg), None, None).await);
         }
+        if row.status.as_deref() == Some("handed_off") {
+            // Handed off by a draining worker: several copies may find it so (the
+            // hand-off copy, a redelivery after the rebalance); one claims it, atomically.
+            match with_retries(|| sh.store.claim_hand_off(&job.job_id, &sh.worker_id, now_ms())).await {
+                Ok(true) => {
+                    // A heartbeat at once: other copies now see it running and wait.
+                    let ttl = sh.heartbeat_ttl_secs();
+                    let hb = sh.store.put_heartbeat(
+                        &job.job_id,
+                        &sh.worker_id,
+                        now_ms(),
+                        0.0,
+                        "claimed after a hand-off",
+                        ttl,
+                    );
+                    if let Err(e) = hb.await {
+                        tracing::warn!(job_id = %job.job_id, error = %e, "could not heartbeat a claimed job");
+                    }
+                    break;
+                }
+                Ok(false) => continue, // another copy claimed it: look again
+                Err(e) => {
+                    tracing::warn!(job_id = %job.job_id, error = %e, "store unavailable to claim a handed-off job");
+                    let err =
+                        HandlerError { class: FailureClass::WorkerCrash, message: e.to_string(), retry_after: None };
+                    return Check::Done(fail(sh, &job, origin, err, None).await);
+                }
+            }
+        }
         if row.status.as_deref() != Some("running") {
             break;
         }
