@@ -97,18 +97,8 @@ impl Submitter {
     pub fn validate(&self, job: &NewJob, payload_len: usize) -> Result<Pool, SubmitError> {
         match &self.tenants {
             Some(live) => {
-                let t =
-                    live.admission(&job.tenant).map_err(|why| SubmitError::UnknownTenant(job.tenant.clone(), why))?;
                 let pool = validate_job(&self.cfg, job, payload_len)?;
-                if !live.current().tenants.contains_key(&t.name) {
-                    // Admitted by policy: register it for the workers (once per process).
-                    let live = live.clone();
-                    tokio::spawn(async move {
-                        if let Err(e) = live.register(&t).await {
-                            tracing::warn!(tenant = %t.name, error = %e, "cannot register an admitted tenant yet");
-                        }
-                    });
-                }
+                live.admit(&job.tenant).map_err(|why| SubmitError::UnknownTenant(job.tenant.clone(), why))?;
                 Ok(pool)
             }
             None => validate(&self.cfg, job, payload_len),

@@ -62,6 +62,27 @@ impl LiveTenants {
         }
     }
 
+    /// Admits a job's tenant: Ok if registered, or unknown and admitted by policy (then
+    /// registered in the background, once per process, while the job goes ahead);
+    /// Err with the reason and the fix otherwise. One registry read.
+    pub fn admit(&self, tenant: &str) -> Result<TenantRecord, String> {
+        let set = self.current();
+        let reg = &self.cfg.registry;
+        match set.admission(tenant, reg.unknown_tenants, reg.default_tier) {
+            Admission::Known(t) => Ok(t.clone()),
+            Admission::Refused(why) => Err(why),
+            Admission::Register(t) => {
+                let (live, rec) = (self.clone(), t.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = live.register(&rec).await {
+                        tracing::warn!(tenant = %rec.name, error = %e, "cannot register an admitted tenant yet");
+                    }
+                });
+                Ok(t)
+            }
+        }
+    }
+
     /// Registers a tenant admitted by policy (no-op if someone registered it meanwhile).
     pub async fn register(&self, t: &TenantRecord) -> Result<(), StoreError> {
         if self.current().tenants.contains_key(&t.name) {

@@ -718,13 +718,19 @@ fn fairness_config(base: &Config, a: &FairnessArgs, plan: &Plan) -> anyhow::Resu
         cfg.tenants
             .insert(t.name.clone(), fairway::config::TenantConfig { tier: t.tier.config(), ..Default::default() });
     }
+    add_bench_job_types(&mut cfg)?;
+    cfg.validate()?;
+    Ok(Arc::new(cfg))
+}
+
+/// The job types every bench run uses: `sleep` and `echo` on the short pool.
+pub(super) fn add_bench_job_types(cfg: &mut Config) -> anyhow::Result<()> {
     for (name, handler) in [("sleep", "sleep"), ("echo", "echo")] {
         let jt: fairway::config::JobTypeConfig =
             toml::from_str(&format!("pool = \"short\"\nhandler = \"{handler}\"\ntimeout = \"10s\""))?;
         cfg.job_types.insert(name.into(), jt);
     }
-    cfg.validate()?;
-    Ok(Arc::new(cfg))
+    Ok(())
 }
 
 async fn run_plan(base: &Config, a: &FairnessArgs, plan: &Plan) -> anyhow::Result<Outcome> {

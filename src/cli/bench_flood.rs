@@ -192,11 +192,7 @@ fn bench_config(base: &Config, a: &FloodArgs, mode: FloodMode) -> anyhow::Result
         let t = fairway::config::TenantConfig { tier: fairway::config::Tier::Standard, ..Default::default() };
         cfg.tenants.insert(tenant(i), t);
     }
-    for (name, handler) in [("sleep", "sleep"), ("echo", "echo")] {
-        let jt: fairway::config::JobTypeConfig =
-            toml::from_str(&format!("pool = \"short\"\nhandler = \"{handler}\"\ntimeout = \"10s\""))?;
-        cfg.job_types.insert(name.into(), jt);
-    }
+    super::bench::add_bench_job_types(&mut cfg)?;
     cfg.validate()?;
     Ok(Arc::new(cfg))
 }

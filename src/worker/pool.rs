@@ -735,18 +735,8 @@ fn admit(sh: &Shared, bytes: &[u8]) -> Result<JobSubmitted, Rejection> {
     if uuid::Uuid::parse_str(&job.job_id).is_err() {
         return bad(format!("job_id {:?} is not a UUID; producers must send a UUID (v7 recommended)", job.job_id));
     }
-    match sh.tenants.admission(&job.tenant) {
-        Err(why) => return bad(why),
-        Ok(t) if !sh.tenants.current().tenants.contains_key(&t.name) => {
-            // Admitted by policy: register it (once per process), run the job meanwhile.
-            let live = sh.tenants.clone();
-            tokio::spawn(async move {
-                if let Err(e) = live.register(&t).await {
-                    tracing::warn!(tenant = %t.name, error = %e, "cannot register an admitted tenant yet");
-                }
-            });
-        }
-        Ok(_) => {}
+    if let Err(why) = sh.tenants.admit(&job.tenant) {
+        return bad(why);
     }
     if !sh.cfg.job_types.contains_key(&job.job_type) {
         return bad(format!(
