@@ -3,6 +3,7 @@
 
 pub const JOBS_RECEIVED: &str = "fairway_jobs_received_total";
 pub const JOBS_FINISHED: &str = "fairway_jobs_finished_total";
+pub const OUTCOME_WRITE_FAILURES: &str = "fairway_outcome_write_failures_total";
 pub const JOBS_SKIPPED: &str = "fairway_jobs_skipped_total";
 pub const JOBS_NOT_RUN: &str = "fairway_jobs_not_run_total";
 pub const JOBS_RUNNING: &str = "fairway_jobs_running";
@@ -44,6 +45,10 @@ pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(JOBS_RECEIVED, "Jobs consumed from pool topics, by pool");
     describe_counter!(JOBS_FINISHED, "Terminal outcomes recorded, by pool and status");
+    describe_counter!(
+        OUTCOME_WRITE_FAILURES,
+        "Terminal results published whose state could not be written (the job runs again: a possible duplicate result)"
+    );
     describe_counter!(JOBS_SKIPPED, "Redelivered jobs acknowledged without running, by reason");
     describe_counter!(JOBS_NOT_RUN, "Messages completed without running a handler");
     describe_gauge!(JOBS_RUNNING, "Jobs running now, by pool");

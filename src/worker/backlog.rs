@@ -6,7 +6,7 @@
 //! which tenants have spilled rows) and drops of finished buckets. Every result comes
 //! back to the pool loop as a [`BacklogEvent`]; the loop owns all state.
 
-use super::exec::with_retries;
+use super::outcome::with_retries;
 use super::pool::Pending;
 use crate::core::backlog::{bucket_of, ReadPlan};
 use crate::store::{BacklogKey, BacklogStatements, StoreError};

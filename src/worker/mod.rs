@@ -4,10 +4,12 @@
 //! between them and Kafka / ScyllaDB.
 
 pub mod backlog;
+mod check;
 pub mod dispatch;
 pub mod exec;
 pub mod fresh;
 pub mod liveness;
+mod outcome;
 pub mod pool;
 pub mod relay;
 pub mod usage;

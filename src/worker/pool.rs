@@ -6,6 +6,7 @@
 use super::backlog::{BacklogEvent, SpillReq, Spiller};
 use super::dispatch::{Dispatcher, Queued, Ticket};
 use super::exec::{self, Ended, Origin};
+use super::outcome;
 use super::Shared;
 use crate::core::backlog::TenantBacklog;
 use crate::core::offsets::PartitionOffsets;
@@ -307,7 +308,7 @@ impl Loop {
             // Scheduled for later: the relay holds it (or parks it in the store).
             let (sh, tx) = (self.sh.clone(), self.done_tx.clone());
             self.tasks.spawn(async move {
-                let ended = if exec::delay(&sh, job).await { Ended::Skipped } else { Ended::NotDurable };
+                let ended = if outcome::delay(&sh, job).await { Ended::Skipped } else { Ended::NotDurable };
                 let _ = tx.send(Event::Done(Done { origin, epoch, had_slot: false, ended, spill: None }));
             });
             return;
@@ -764,7 +765,7 @@ async fn reject(
 ) -> bool {
     tracing::warn!(pool = sh.pool.as_str(), topic = %origin.topic, partition = origin.partition, offset = origin.offset, %reason, "dead-lettering message");
     let raw = if job.is_none() { Some(raw) } else { None };
-    let dl = exec::dead_letter(
+    let dl = outcome::dead_letter(
         sh,
         job.as_ref(),
         raw,
@@ -777,7 +778,7 @@ async fn reject(
     .await;
     if let Some(job) = &job {
         // A decodable job still gets its one terminal result, so submitters are not left waiting.
-        return exec::finish(sh, job, JobStatus::Failed, None, Some(reason), Some(class), None).await && dl;
+        return outcome::finish(sh, job, JobStatus::Failed, None, Some(reason), Some(class), None).await && dl;
     }
     dl
 }

@@ -3,7 +3,7 @@
 //! scheduler like any other. A partition whose head is not due yet is paused (no busy
 //! polling, other partitions keep flowing) and resumed when it is.
 
-use super::exec::with_retries;
+use super::outcome::with_retries;
 use crate::config::Config;
 use crate::core::offsets::PartitionOffsets;
 use crate::kafka::{self, Consumer, Message, RebalanceEvent, TopicPartitionList};

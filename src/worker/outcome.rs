@@ -1,0 +1,330 @@
+//! Stage 4 of a job's route (see `exec`): recording its outcome durably. A terminal
+//! outcome (state and result), a retry on its class's topic, a dead letter, or a hand-off
+//! to the next worker. Each returns whether the outcome is durable: only then may the
+//! job's offset be committed (see `exec::Ended::NotDurable`).
+
+use super::exec::{Ended, Origin, Run};
+use super::Shared;
+use crate::core::retry::{AttemptState, Decision};
+use crate::handlers::HandlerError;
+use crate::model::{DeadLetter, FailureClass, JobResult, JobStatus, JobSubmitted};
+use crate::store::StateUpdate;
+use crate::{codec, kafka, metrics as m, now_ms};
+use std::time::Duration;
+
+/// Stage 4: records how a run ended. A job stopped for the worker's shutdown (and not
+/// finished) is handed off; otherwise its verdict feeds the breaker and poison detector
+/// and it ends succeeded, cancelled, retried or dead-lettered.
+pub(super) async fn record(sh: &Shared, job: &JobSubmitted, origin: &Origin, run: &Run) -> Ended {
+    let Run { started_at, timeout, result, live, .. } = run;
+    let started_at = *started_at;
+    // The worker is shutting down and the job stopped without finishing: hand it off
+    // (another worker resumes it from its checkpoint; no attempt used, no crash).
+    if live.is_stopping() && !live.is_cancelled() && !matches!(result, Some(Ok(Ok(_)))) {
+        return Ended::Skipped.or_lost(hand_off(sh, job, started_at).await);
+    }
+    let run_ms = (now_ms() - started_at).max(0) as f64;
+    metrics::histogram!(m::JOB_RUN_SECONDS, "pool" => sh.pool.as_str()).record(run_ms / 1000.0);
+    // Outcome for the breaker and poison detector; a cancelled job gives no verdict.
+    let verdict = match result {
+        Some(Ok(Ok(_))) => Some(None),
+        Some(Ok(Err(e))) if !live.is_cancelled() => Some(Some(e.class)),
+        Some(Err(_)) => Some(Some(FailureClass::Timeout)),
+        _ => None,
+    };
+    if let Some(failure) = verdict {
+        sh.record_outcome(&job.job_type, failure, now_ms());
+    }
+    let started = Some(started_at);
+    let durable = match result {
+        None => {
+            let msg = "cancelled: the handler did not stop within worker.cancel_grace and was aborted".to_string();
+            finish(sh, job, JobStatus::Cancelled, None, Some(msg), None, started).await
+        }
+        Some(Ok(Ok(output))) => finish(sh, job, JobStatus::Succeeded, Some(output.clone()), None, None, started).await,
+        Some(Ok(Err(err))) if live.is_cancelled() => {
+            let msg = format!("cancelled while running ({})", err.message);
+            finish(sh, job, JobStatus::Cancelled, None, Some(msg), None, started).await
+        }
+        Some(Ok(Err(err))) => fail(sh, job, origin, err.clone(), started).await,
+        Some(Err(_)) => {
+            let message = format!("deadline of {timeout:?} passed");
+            let err = HandlerError { class: FailureClass::Timeout, message, retry_after: None };
+            fail(sh, job, origin, err, started).await
+        }
+    };
+    Ended::Ran.or_lost(durable)
+}
+
+/// Hands a stopped job to the next worker: its row marked `handed_off` (so the new owner
+/// starts it at once instead of waiting for this worker's heartbeat to lapse), then a
+/// copy on its pool topic (attempt and crash count unchanged). Marked first: a copy read
+/// before the mark would find the job `running` with a fresh heartbeat and wait.
+pub(super) async fn hand_off(sh: &Shared, job: &JobSubmitted, started_at: i64) -> bool {
+    let u = update(sh, job, "handed_off", Some(started_at), None);
+    if let Err(e) = with_retries(|| sh.store.put_state(&u, now_ms())).await {
+        // The copy waits for this worker's heartbeat to lapse instead: slower, not lost.
+        tracing::warn!(job_id = %job.job_id, error = %e, "could not mark the hand-off");
+    }
+    if !produce_job(sh, &sh.cfg.pool_topic(sh.pool), job, "hand off").await {
+        return false;
+    }
+    metrics::counter!(m::HAND_OFFS, "pool" => sh.pool.as_str()).increment(1);
+    tracing::info!(job_id = %job.job_id, "handed off to the next worker");
+    true
+}
+
+/// Sends a job whose `execute_at` is ahead to the delayed topic (due at `execute_at`).
+pub(crate) async fn delay(sh: &Shared, job: JobSubmitted) -> bool {
+    let mut next = job;
+    next.not_before = next.execute_at;
+    produce_job(sh, &sh.cfg.delayed_topic(), &next, "delay").await
+}
+
+/// Produces a job record and waits for the ack; false if it could not be made durable.
+async fn produce_job(sh: &Shared, topic: &str, job: &JobSubmitted, what: &str) -> bool {
+    match codec::encode_job(job) {
+        Ok(bytes) => match with_retries(|| kafka::send(&sh.producer, topic, &job.tenant, &bytes)).await {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::error!(job_id = %job.job_id, error = %e, "cannot {what} job; it will be redelivered");
+                false
+            }
+        },
+        // Our own records always encode; treat the impossible as handled.
+        Err(e) => {
+            tracing::error!(job_id = %job.job_id, error = %e, "cannot encode job to {what}");
+            true
+        }
+    }
+}
+
+/// Puts a job back on the dependency retry topic, attempt unchanged, due at `at`.
+pub(super) async fn hold_back(sh: &Shared, job: &JobSubmitted, at: i64) -> bool {
+    let mut next = job.clone();
+    next.not_before = Some(at);
+    produce_job(sh, &sh.cfg.retry_topic(FailureClass::Dependency), &next, "hold back").await
+}
+
+pub(super) fn update<'a>(
+    sh: &'a Shared,
+    job: &'a JobSubmitted,
+    status: &'a str,
+    started_at: Option<i64>,
+    finished_at: Option<i64>,
+) -> StateUpdate<'a> {
+    StateUpdate {
+        job_id: &job.job_id,
+        tenant: &job.tenant,
+        job_type: &job.job_type,
+        pool: sh.pool.as_str(),
+        status,
+        attempts: job.attempt,
+        crash_count: job.crash_count,
+        generation: job.generation,
+        submitted_at: job.submitted_at,
+        started_at,
+        finished_at,
+        worker: &sh.worker_id,
+        error: None,
+        failure_class: None,
+        output: None,
+    }
+}
+
+/// Records a terminal outcome, result first: the result record is published and
+/// acknowledged by the broker, then the terminal state is written. So a stored terminal
+/// state always means its result is on the results topic, and a redelivered copy of a
+/// finished job is skipped without publishing again (see `check`). The one window left
+/// for a duplicate result is a crash (or a store failure) between the result's
+/// acknowledgement and the state write; a results consumer can drop it by
+/// (job id, generation, attempts). Not durable (the offset stays uncommitted, the job is
+/// redelivered and runs again) if either step fails.
+pub(crate) async fn finish(
+    sh: &Shared,
+    job: &JobSubmitted,
+    status: JobStatus,
+    output: Option<Vec<u8>>,
+    error: Option<String>,
+    class: Option<FailureClass>,
+    started_at: Option<i64>,
+) -> bool {
+    let finished_at = now_ms();
+    // Attempts recorded: the ones used before plus this one, unless it never ran.
+    let attempts = if started_at.is_some() { job.attempt + 1 } else { job.attempt };
+    let result = JobResult {
+        job_id: job.job_id.clone(),
+        tenant: job.tenant.clone(),
+        job_type: job.job_type.clone(),
+        pool: sh.pool,
+        status,
+        output,
+        error,
+        failure_class: class,
+        attempts,
+        generation: job.generation,
+        submitted_at: job.submitted_at,
+        started_at,
+        finished_at,
+        worker_id: sh.worker_id.clone(),
+    };
+    if !publish_result(sh, &result).await {
+        return false;
+    }
+    let mut u = update(sh, job, status.as_str(), started_at, Some(finished_at));
+    u.error = result.error.as_deref();
+    u.failure_class = class.map(|c| c.as_str());
+    u.output = result.output.as_deref();
+    u.attempts = attempts;
+    if let Err(e) = with_retries(|| sh.store.put_state(&u, finished_at)).await {
+        tracing::error!(job_id = %job.job_id, error = %e, "result published but the outcome could not be recorded; the job will be redelivered and run again");
+        metrics::counter!(m::OUTCOME_WRITE_FAILURES, "pool" => sh.pool.as_str()).increment(1);
+        return false;
+    }
+    metrics::counter!(m::JOBS_FINISHED, "pool" => sh.pool.as_str(), "status" => status.as_str()).increment(1);
+    let e2e = (finished_at - job.submitted_at).max(0) as f64 / 1000.0;
+    metrics::histogram!(m::JOB_END_TO_END_SECONDS, "pool" => sh.pool.as_str()).record(e2e);
+    true
+}
+
+/// Publishes a result and waits for the broker's acknowledgement.
+async fn publish_result(sh: &Shared, result: &JobResult) -> bool {
+    let bytes = match codec::encode_result(result) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::error!(job_id = %result.job_id, error = %e, "cannot encode result");
+            return true;
+        }
+    };
+    let topic = sh.cfg.results_topic();
+    match with_retries(|| kafka::send(&sh.producer, &topic, &result.tenant, &bytes)).await {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::error!(job_id = %result.job_id, error = %e, "cannot publish result; the job will be redelivered");
+            false
+        }
+    }
+}
+
+/// A failed attempt: ask the retry policy, then either put the job on its class's retry
+/// topic or dead-letter it (DLQ record + failed result).
+/// Returns whether the outcome is durable (see `Ended::NotDurable`).
+pub(crate) async fn fail(
+    sh: &Shared,
+    job: &JobSubmitted,
+    origin: &Origin,
+    err: HandlerError,
+    started_at: Option<i64>,
+) -> bool {
+    let now = now_ms();
+    metrics::counter!(m::JOB_FAILURES, "pool" => sh.pool.as_str(), "class" => err.class.as_str()).increment(1);
+    let state =
+        AttemptState { attempt: job.attempt, crash_count: job.crash_count, last_error: Some(err.message.clone()) };
+    let policy = sh.retry_policy(&job.job_type);
+    let (class, decision) = sh.decide(err.class, &job.job_type, &job.tenant, &state, &policy, now);
+    match decision {
+        Decision::Retry { class_topic, not_before, attempt, crash_count } => {
+            let not_before = match err.retry_after {
+                Some(d) => not_before.max(now + d.as_millis() as i64),
+                None => not_before,
+            };
+            let mut next = job.clone();
+            next.attempt = attempt;
+            next.crash_count = crash_count;
+            next.not_before = Some(not_before);
+            next.last_error = Some(err.message.clone());
+            next.last_failure_class = Some(err.class);
+            next.first_failure_at = job.first_failure_at.or(Some(now));
+            if !produce_job(sh, &sh.cfg.retry_topic(class_topic), &next, "retry").await {
+                return false;
+            }
+            metrics::counter!(m::RETRIES, "class" => class_topic.as_str(), "job_type" => sh.bounded_job_type(&job.job_type)).increment(1);
+            let mut u = update(sh, job, "retrying", started_at, None);
+            u.attempts = attempt;
+            u.crash_count = crash_count;
+            u.error = Some(&err.message);
+            u.failure_class = Some(err.class.as_str());
+            if let Err(e) = with_retries(|| sh.store.put_state(&u, now)).await {
+                tracing::warn!(job_id = %job.job_id, error = %e, "could not record retrying state");
+            }
+            true
+        }
+        Decision::DeadLetter { reason } => {
+            let attempts = if started_at.is_some() { job.attempt + 1 } else { job.attempt };
+            let class = crate::core::retry::dead_letter_class(class);
+            let dl = dead_letter(sh, Some(job), None, class, reason, Some(err.message.clone()), attempts, origin).await;
+            let fin = finish(sh, job, JobStatus::Failed, None, Some(err.message), Some(class), started_at).await;
+            dl && fin
+        }
+    }
+}
+
+/// Produces a dead letter; `raw` carries the bytes of a message that could not be decoded.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn dead_letter(
+    sh: &Shared,
+    job: Option<&JobSubmitted>,
+    raw: Option<Vec<u8>>,
+    class: FailureClass,
+    reason: String,
+    last_error: Option<String>,
+    attempts: i32,
+    origin: &Origin,
+) -> bool {
+    let now = now_ms();
+    let dl = DeadLetter {
+        job: job.cloned(),
+        raw,
+        failure_class: class,
+        reason,
+        last_error,
+        attempts,
+        first_failure_at: job.and_then(|j| j.first_failure_at).unwrap_or(now),
+        last_failure_at: now,
+        origin_topic: origin.topic.clone(),
+        origin_partition: origin.partition,
+        origin_offset: origin.offset,
+        replay_count: job.map(|j| j.replay_count).unwrap_or(0),
+    };
+    let key = job.map(|j| j.tenant.as_str()).unwrap_or("");
+    let topic = sh.cfg.dlq_topic();
+    let produced = match codec::encode_dead_letter(&dl) {
+        Ok(bytes) => match with_retries(|| kafka::send(&sh.producer, &topic, key, &bytes)).await {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot produce dead letter; the message will be redelivered");
+                false
+            }
+        },
+        Err(e) => {
+            tracing::error!(error = %e, "cannot encode dead letter");
+            true
+        }
+    };
+    let jt = job.map(|j| sh.bounded_job_type(&j.job_type)).unwrap_or_else(|| "unknown".to_string());
+    metrics::counter!(m::DEAD_LETTERS, "class" => class.as_str(), "job_type" => jt).increment(1);
+    produced
+}
+
+/// Retries a transient I/O operation a few times with backoff before giving up.
+pub(crate) async fn with_retries<T, E: std::fmt::Display, F, Fut>(mut f: F) -> Result<T, E>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let mut delay = Duration::from_millis(100);
+    let mut tries = 0;
+    loop {
+        match f().await {
+            Ok(v) => return Ok(v),
+            Err(e) if tries < 4 => {
+                tracing::debug!(error = %e, "transient failure, retrying");
+                tries += 1;
+                tokio::time::sleep(delay).await;
+                delay *= 3;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
