@@ -38,6 +38,9 @@ pub enum BenchKind {
     Flood(super::bench_flood::FloodArgs),
     /// The tenants registry at scale: register N tenants, load them, time changes reaching a live view.
     Registry(super::bench_registry::RegistryArgs),
+    /// The fault suite: worker processes killed (-9) and restarted, a CQL restart, poison
+    /// and malformed messages; counts lost jobs, duplicate results and jobs run twice.
+    Faults(super::bench_faults::FaultsArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -62,6 +65,7 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchKind::Fairness(f) => fairness(g, f).await,
         BenchKind::Flood(f) => super::bench_flood::run(g, f).await,
         BenchKind::Registry(r) => super::bench_registry::run(g, r).await,
+        BenchKind::Faults(f) => super::bench_faults::run(g, f).await,
     }
 }
 

@@ -201,7 +201,7 @@ fn tenant(i: usize) -> String {
     format!("t{i:02}")
 }
 
-fn record(tenant: &str, job_type: &str, payload: serde_json::Value) -> JobSubmitted {
+pub(super) fn record(tenant: &str, job_type: &str, payload: serde_json::Value) -> JobSubmitted {
     let payload = serde_json::to_vec(&payload).expect("json");
     let id = uuid::Uuid::now_v7().to_string();
     JobSubmitted {
@@ -211,7 +211,7 @@ fn record(tenant: &str, job_type: &str, payload: serde_json::Value) -> JobSubmit
 }
 
 /// Produces a job record keyed by its tenant; returns its partition.
-async fn produce(producer: &FutureProducer, topic: &str, rec: &JobSubmitted) -> anyhow::Result<i32> {
+pub(super) async fn produce(producer: &FutureProducer, topic: &str, rec: &JobSubmitted) -> anyhow::Result<i32> {
     let bytes = codec::encode_job(rec)?;
     Ok(kafka::send(producer, topic, &rec.tenant, &bytes).await?.0)
 }
@@ -385,6 +385,6 @@ fn pct(sorted: &[i64], q: f64) -> Option<i64> {
     Some(sorted[i])
 }
 
-fn round2(x: f64) -> f64 {
+pub(super) fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }

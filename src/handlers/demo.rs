@@ -5,7 +5,26 @@ use super::{Handler, HandlerError, HandlerResult, JobContext};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use serde::Deserialize;
+use std::io::Write;
 use std::time::Duration;
+
+/// With `FAIRWAY_RUN_LOG=<path>` in a worker's environment the sleep handler appends a
+/// line per execution to that file: `start <job id>` when it starts, `done <job id>` when
+/// it returns, each in one O_APPEND write, so several worker processes can share the file
+/// (`fairway bench faults` counts jobs run twice from it).
+pub const RUN_LOG_ENV: &str = "FAIRWAY_RUN_LOG";
+
+fn log_run(phase: &str, job_id: &str) {
+    static FILE: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
+    let file = FILE.get_or_init(|| {
+        let path = std::env::var_os(RUN_LOG_ENV)?;
+        let opened = std::fs::OpenOptions::new().create(true).append(true).open(&path);
+        opened.map_err(|e| tracing::warn!("{RUN_LOG_ENV}={}: {e}", path.to_string_lossy())).ok()
+    });
+    if let Some(mut f) = file.as_ref() {
+        let _ = f.write_all(format!("{phase} {job_id}\n").as_bytes());
+    }
+}
 
 fn params<T: for<'a> Deserialize<'a> + Default>(payload: &[u8]) -> Result<T, HandlerError> {
     if payload.iter().all(|b| b.is_ascii_whitespace()) {
@@ -39,6 +58,7 @@ impl Handler for Sleep {
     fn run(&self, ctx: JobContext) -> BoxFuture<'static, HandlerResult> {
         async move {
             let p: SleepParams = params(&ctx.job.payload)?;
+            log_run("start", &ctx.job.job_id);
             const STEPS: u32 = 20;
             let mut start = 0;
             if p.checkpoint_every > 0 {
@@ -59,6 +79,7 @@ impl Handler for Sleep {
                         .map_err(|e| HandlerError::dependency(e.to_string()))?;
                 }
             }
+            log_run("done", &ctx.job.job_id);
             Ok(format!("{{\"slept_ms\":{},\"resumed_from_step\":{start}}}", p.ms).into_bytes())
         }
         .boxed()

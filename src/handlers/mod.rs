@@ -5,7 +5,7 @@
 mod demo;
 mod http;
 
-pub use demo::{Echo, Fail, Flaky, Sleep};
+pub use demo::{Echo, Fail, Flaky, Sleep, RUN_LOG_ENV};
 pub use http::HttpExecutor;
 
 use crate::model::{FailureClass, JobSubmitted};

@@ -1,0 +1,469 @@
+//! `fairway bench faults`: the fault suite. Starts `--workers` worker processes (child
+//! processes of this binary, on a deployment of their own: topic prefix `faults<ms>.`,
+//! keyspace `fairway_faults`), submits `--jobs` sleep jobs plus one poison job (a payload
+//! the handler refuses) and one malformed (non-Avro) message, and while the jobs are in
+//! flight kills a random worker with SIGKILL and restarts it at once, `--kills` times
+//! (evenly spread over the run by progress), optionally restarting the CQL database once
+//! half way (`--cql-restart`: `scripts/services down cassandra` then `up cassandra`).
+//!
+//! It counts lost jobs (no terminal result), duplicate results (more than one result per
+//! job id on the results topic), jobs run twice (the sleep handler's executions per job
+//! id, appended by every worker to one `FAIRWAY_RUN_LOG` file) and whether the poison and
+//! malformed messages reached the DLQ. Every wait is bounded. Last line JSON.
+
+use super::bench_flood::{produce, record, round2, ResultFeed};
+use super::Global;
+use anyhow::Context;
+use fairway::config::Config;
+use fairway::kafka::{self, Consumer, Message};
+use fairway::model::{JobResult, Pool};
+use fairway::{codec, now_ms};
+use futures::StreamExt;
+use rdkafka::producer::FutureProducer;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ExitCode, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct FaultsArgs {
+    /// Worker processes.
+    #[arg(long, default_value_t = 3)]
+    pub workers: usize,
+    /// Sleep jobs submitted at once.
+    #[arg(long, default_value_t = 10_000)]
+    pub jobs: usize,
+    /// Run time of one job, ms.
+    #[arg(long, default_value_t = 200)]
+    pub job_ms: u64,
+    /// SIGKILLs of a random worker (restarted at once), spread evenly over the run.
+    #[arg(long, default_value_t = 4)]
+    pub kills: usize,
+    /// Restart the CQL database (Cassandra, through --services) once, half way.
+    #[arg(long)]
+    pub cql_restart: bool,
+    /// The local services script (run with `down cassandra` / `up cassandra`).
+    #[arg(long, default_value = "scripts/services")]
+    pub services: PathBuf,
+    /// Slots of the short pool per worker.
+    #[arg(long, default_value_t = 64)]
+    pub slots: usize,
+    #[arg(long, default_value_t = 6)]
+    pub partitions: i32,
+    /// The workers' kafka.session_timeout (how fast a killed worker's partitions move).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub session_timeout: Duration,
+    /// How long to keep reading results after every job has one (late duplicates).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub settle: Duration,
+    /// Most time from the first submission until every job has a result.
+    #[arg(long, default_value = "600s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// The fairway binary the workers run (default: this one).
+    #[arg(long)]
+    pub worker_bin: Option<PathBuf>,
+    /// Keep the run directory (workers' config and logs, the run log) for a look.
+    #[arg(long)]
+    pub keep: bool,
+}
+
+const TENANTS: [&str; 3] = ["fa", "fb", "fc"];
+const MALFORMED: &[u8] = b"this is not an Avro single-object message";
+
+pub async fn run(g: &Global, a: FaultsArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(a.workers > 0 && a.jobs > 0, "--workers and --jobs must be positive");
+    let run = RunDir::create(g, &a)?;
+    let cfg = run.cfg.clone();
+    kafka::ensure_topics(&cfg).await.context("creating the bench topics (scripts/services up?)")?;
+    fairway::store::ensure_schema(&cfg).await?;
+    fairway::tenants::seed(&cfg).await?;
+    let mut feed = ResultFeed::start(&cfg)?;
+    let mut fleet = Fleet::start(&a, &run)?;
+    let producer = kafka::producer(&cfg)?;
+    warm_up(&cfg, &producer, &mut feed).await?;
+    eprintln!("faults: {} workers up; submitting {} jobs of {} ms", a.workers, a.jobs, a.job_ms);
+
+    let t0 = Instant::now();
+    let sent = submit(&a, &cfg, &producer).await?;
+    let mut tally = Tally::default();
+    let faults = run_faults(&a, &mut fleet, &mut feed, &sent, &mut tally, t0).await;
+    let duration = t0.elapsed();
+    let restarts = fleet.starts - a.workers;
+    drop(fleet);
+    feed.stop().await;
+    let faults = faults?;
+
+    let dlq = dead_lettered(&cfg, &sent, Duration::from_secs(30)).await?;
+    let runs = count_runs(&run.run_log, &sent.ids)?;
+    let report = report(&a, &sent, &tally, &faults, &dlq, &runs, duration, restarts);
+    eprintln!("faults: run directory {}", run.dir.display());
+    if !a.keep {
+        let _ = std::fs::remove_dir_all(&run.dir);
+    }
+    let ok = report["lost"] == 0 && report["poison_dead_lettered"] == true && report["malformed_dead_lettered"] == true;
+    println!("{report}");
+    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+// ---------------------------------------------------------------------------------------
+// The deployment: one config file shared by the bench and its worker processes.
+
+struct RunDir {
+    dir: PathBuf,
+    config_path: PathBuf,
+    run_log: PathBuf,
+    cfg: Arc<Config>,
+}
+
+impl RunDir {
+    fn create(g: &Global, a: &FaultsArgs) -> anyhow::Result<Self> {
+        let base = g.load()?;
+        let id = now_ms();
+        let dir = std::env::temp_dir().join(format!("fairway-faults-{id}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let text = config_text(&base, a, &format!("faults{id}."));
+        let config_path = dir.join("fairway.toml");
+        std::fs::write(&config_path, &text)?;
+        let mut cfg = Config::parse(&text, &config_path.display().to_string())?;
+        cfg.kafka.properties = base.kafka.properties.clone();
+        cfg.apply_env(std::env::vars());
+        Ok(RunDir { run_log: dir.join("runs.log"), dir, config_path, cfg: Arc::new(cfg) })
+    }
+}
+
+/// The workers' configuration: the services of `base`, a fresh topic prefix, the faults
+/// keyspace, the three tenants and the sleep job type.
+fn config_text(base: &Config, a: &FaultsArgs, prefix: &str) -> String {
+    let contact_points: Vec<String> = base.scylla.contact_points.iter().map(|c| format!("{c:?}")).collect();
+    let mut text = format!(
+        "[kafka]\nbrokers = {:?}\ntopic_prefix = {prefix:?}\npartitions = {}\nsession_timeout = \"{}ms\"\n\
+         [scylla]\ncontact_points = [{}]\nkeyspace = \"fairway_faults\"\nlocal_bridge = {}\n\
+         [pools.short]\nslots = {}\n\
+         [job_types.sleep]\npool = \"short\"\nhandler = \"sleep\"\ntimeout = \"10s\"\n",
+        base.kafka.brokers,
+        a.partitions,
+        a.session_timeout.as_millis(),
+        contact_points.join(", "),
+        base.scylla.local_bridge,
+        a.slots,
+    );
+    for t in TENANTS {
+        text.push_str(&format!("[tenants.{t}]\ntier = \"standard\"\n"));
+    }
+    text
+}
+
+// ---------------------------------------------------------------------------------------
+// The worker processes.
+
+/// The worker processes; every one still running is killed (SIGKILL) and reaped on drop,
+/// on every exit path including a panic.
+struct Fleet {
+    bin: PathBuf,
+    config_path: PathBuf,
+    run_log: PathBuf,
+    dir: PathBuf,
+    children: Vec<Child>,
+    /// Processes started so far (the initial ones and the restarts).
+    starts: usize,
+}
+
+impl Fleet {
+    fn start(a: &FaultsArgs, run: &RunDir) -> anyhow::Result<Self> {
+        let bin = match &a.worker_bin {
+            Some(b) => b.clone(),
+            None => std::env::current_exe().context("locating the fairway binary")?,
+        };
+        let mut fleet = Fleet {
+            bin,
+            config_path: run.config_path.clone(),
+            run_log: run.run_log.clone(),
+            dir: run.dir.clone(),
+            children: Vec::new(),
+            starts: 0,
+        };
+        for i in 0..a.workers {
+            let c = fleet.spawn(i)?;
+            fleet.children.push(c);
+        }
+        Ok(fleet)
+    }
+
+    fn spawn(&mut self, i: usize) -> anyhow::Result<Child> {
+        let log = std::fs::File::create(self.dir.join(format!("worker{i}-{}.log", self.starts)))?;
+        self.starts += 1;
+        let child = std::process::Command::new(&self.bin)
+            .arg("--config")
+            .arg(&self.config_path)
+            .args(["worker", "--pools", "short"])
+            .env(fairway::handlers::RUN_LOG_ENV, &self.run_log)
+            .env("FAIRWAY_LOG", "warn,fairway=info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {} worker", self.bin.display()))?;
+        Ok(child)
+    }
+
+    /// SIGKILL worker `i`, reap it, start a new one in its place at once.
+    fn kill_restart(&mut self, i: usize) -> anyhow::Result<u32> {
+        let pid = self.children[i].id();
+        let _ = self.children[i].kill();
+        let _ = self.children[i].wait();
+        self.children[i] = self.spawn(i)?;
+        Ok(pid)
+    }
+
+    /// Workers that exited on their own (none should): restarted, counted.
+    fn restart_exited(&mut self) -> anyhow::Result<usize> {
+        let mut n = 0;
+        for i in 0..self.children.len() {
+            if let Ok(Some(status)) = self.children[i].try_wait() {
+                eprintln!("faults: worker {i} (pid {}) exited on its own: {status}", self.children[i].id());
+                self.children[i] = self.spawn(i)?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Submissions.
+
+struct Sent {
+    ids: HashSet<String>,
+    poison_id: String,
+    /// (partition, offset) of the malformed message.
+    malformed_at: (i32, i64),
+}
+
+/// A zero-length sleep job per tenant through the whole path; returns once each has a
+/// result (the workers have partitions and warm connections).
+async fn warm_up(cfg: &Config, producer: &FutureProducer, feed: &mut ResultFeed) -> anyhow::Result<()> {
+    let topic = cfg.pool_topic(Pool::Short);
+    let mut want = HashSet::new();
+    for t in TENANTS {
+        let rec = record(t, "sleep", serde_json::json!({ "ms": 0 }));
+        produce(producer, &topic, &rec).await?;
+        want.insert(rec.job_id);
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !want.is_empty() {
+        anyhow::ensure!(Instant::now() < deadline, "warm-up jobs got no results within 120 s (worker logs kept with --keep)");
+        if let Ok(Some((r, _))) = tokio::time::timeout(Duration::from_millis(500), feed.rx.recv()).await {
+            want.remove(&r.job_id);
+        }
+    }
+    Ok(())
+}
+
+/// The jobs, then one poison job (a payload the sleep handler refuses: dead-lettered as
+/// permanent) and one malformed message, as fast as the broker takes them.
+async fn submit(a: &FaultsArgs, cfg: &Config, producer: &FutureProducer) -> anyhow::Result<Sent> {
+    let topic = cfg.pool_topic(Pool::Short);
+    let recs: Vec<_> = (0..a.jobs)
+        .map(|i| record(TENANTS[i % TENANTS.len()], "sleep", serde_json::json!({ "ms": a.job_ms })))
+        .collect();
+    let ids = recs.iter().map(|r| r.job_id.clone()).collect();
+    let mut sends = futures::stream::iter(recs.iter().map(|r| produce(producer, &topic, r))).buffered(1024);
+    while let Some(r) = sends.next().await {
+        r?;
+    }
+    let mut poison = record(TENANTS[0], "sleep", serde_json::Value::Null);
+    poison.payload = b"{ this is not the sleep handler's JSON".to_vec();
+    produce(producer, &topic, &poison).await?;
+    let malformed_at = kafka::send(producer, &topic, TENANTS[1], MALFORMED).await?;
+    Ok(Sent { ids, poison_id: poison.job_id, malformed_at })
+}
+
+// ---------------------------------------------------------------------------------------
+// The faults, while results come in.
+
+#[derive(Default)]
+struct Tally {
+    /// Results per submitted job id.
+    results: HashMap<String, u32>,
+    statuses: BTreeMap<String, u64>,
+}
+
+impl Tally {
+    fn add(&mut self, r: &JobResult, sent: &Sent) {
+        if sent.ids.contains(&r.job_id) {
+            *self.results.entry(r.job_id.clone()).or_default() += 1;
+            *self.statuses.entry(format!("{:?}", r.status).to_lowercase()).or_default() += 1;
+        }
+    }
+}
+
+#[derive(Default)]
+struct Faults {
+    kill_at_s: Vec<f64>,
+    cql_restart_s: Option<f64>,
+    cql_restart_error: Option<String>,
+    unexpected_exits: usize,
+}
+
+/// Reads results until every job has one (then `--settle` more) or `--timeout` passes,
+/// killing a random worker at each 1/(kills+1) of progress and restarting the CQL
+/// database at half way when asked.
+async fn run_faults(
+    a: &FaultsArgs,
+    fleet: &mut Fleet,
+    feed: &mut ResultFeed,
+    sent: &Sent,
+    tally: &mut Tally,
+    t0: Instant,
+) -> anyhow::Result<Faults> {
+    let mut faults = Faults::default();
+    let mut cql: Option<tokio::task::JoinHandle<anyhow::Result<f64>>> = None;
+    let deadline = t0 + a.timeout;
+    let mut settle_until: Option<Instant> = None;
+    while Instant::now() < settle_until.unwrap_or(deadline) {
+        drain(feed, sent, tally, Duration::from_millis(200)).await;
+        let done = tally.results.len();
+        if faults.kill_at_s.len() < a.kills && done >= (faults.kill_at_s.len() + 1) * a.jobs / (a.kills + 1) {
+            let i = rand::random_range(0..fleet.children.len());
+            let pid = fleet.kill_restart(i)?;
+            faults.kill_at_s.push(round2(t0.elapsed().as_secs_f64()));
+            eprintln!("faults: kill -9 worker {i} (pid {pid}) at {done}/{} done; restarted", a.jobs);
+        }
+        if a.cql_restart && cql.is_none() && done >= a.jobs / 2 {
+            eprintln!("faults: restarting the CQL database at {done}/{} done", a.jobs);
+            cql = Some(tokio::spawn(restart_cql(a.services.clone())));
+        }
+        faults.unexpected_exits += fleet.restart_exited()?;
+        if done == a.jobs && settle_until.is_none() {
+            settle_until = Some(Instant::now() + a.settle);
+        }
+    }
+    if let Some(task) = cql {
+        match task.await? {
+            Ok(s) => faults.cql_restart_s = Some(round2(s)),
+            Err(e) => faults.cql_restart_error = Some(format!("{e:#}")),
+        }
+    }
+    Ok(faults)
+}
+
+async fn drain(feed: &mut ResultFeed, sent: &Sent, tally: &mut Tally, wait: Duration) {
+    let until = tokio::time::Instant::now() + wait;
+    while let Ok(Some((r, _))) = tokio::time::timeout_at(until, feed.rx.recv()).await {
+        tally.add(&r, sent);
+    }
+}
+
+/// `services down cassandra` then `services up cassandra` (each bounded: the script's own
+/// health wait is 90 s); returns the seconds it took.
+async fn restart_cql(script: PathBuf) -> anyhow::Result<f64> {
+    let t0 = Instant::now();
+    for step in ["down", "up"] {
+        let mut cmd = tokio::process::Command::new(&script);
+        cmd.args([step, "cassandra"]).env("FAIRWAY_SERVICES_TIMEOUT", "90").stdout(Stdio::null());
+        let status = tokio::time::timeout(Duration::from_secs(150), cmd.status())
+            .await
+            .with_context(|| format!("{} {step} cassandra took over 150 s", script.display()))?
+            .with_context(|| format!("running {}", script.display()))?;
+        anyhow::ensure!(status.success(), "{} {step} cassandra failed: {status}", script.display());
+    }
+    Ok(t0.elapsed().as_secs_f64())
+}
+
+// ---------------------------------------------------------------------------------------
+// Counting.
+
+/// Whether the poison job and the malformed message reached the DLQ (read for up to `wait`).
+async fn dead_lettered(cfg: &Config, sent: &Sent, wait: Duration) -> anyhow::Result<(bool, bool)> {
+    let reader = kafka::reader(cfg, &cfg.group(&format!("faults-dlq-{}", now_ms())), false)?;
+    reader.subscribe(&[&cfg.dlq_topic()])?;
+    let (mut poison, mut malformed) = (false, false);
+    let deadline = Instant::now() + wait;
+    while !(poison && malformed) && Instant::now() < deadline {
+        let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(500), reader.recv()).await else { continue };
+        let Some(d) = m.payload().and_then(|b| codec::decode_dead_letter(b).ok()) else { continue };
+        poison |= d.job.as_ref().is_some_and(|j| j.job_id == sent.poison_id);
+        malformed |= d.raw.as_deref() == Some(MALFORMED)
+            || (d.origin_partition, d.origin_offset) == sent.malformed_at && d.job.is_none();
+    }
+    Ok((poison, malformed))
+}
+
+#[derive(Default)]
+struct Runs {
+    started: u64,
+    started_twice: usize,
+    completed_twice: usize,
+}
+
+/// Executions per job id from the shared run log (`start <id>` / `done <id>` lines).
+fn count_runs(path: &Path, ids: &HashSet<String>) -> anyhow::Result<Runs> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let mut per: HashMap<(&str, &str), u32> = HashMap::new();
+    for line in text.lines() {
+        if let Some((phase, id)) = line.split_once(' ') {
+            if ids.contains(id) {
+                *per.entry((phase, id)).or_default() += 1;
+            }
+        }
+    }
+    let twice = |phase: &str| per.iter().filter(|((p, _), n)| *p == phase && **n > 1).count();
+    let started = per.iter().filter(|((p, _), _)| *p == "start").map(|(_, n)| u64::from(*n)).sum();
+    Ok(Runs { started, started_twice: twice("start"), completed_twice: twice("done") })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn report(
+    a: &FaultsArgs,
+    sent: &Sent,
+    tally: &Tally,
+    faults: &Faults,
+    dlq: &(bool, bool),
+    runs: &Runs,
+    duration: Duration,
+    restarts: usize,
+) -> serde_json::Value {
+    let extra: u64 = tally.results.values().map(|n| u64::from(n.saturating_sub(1))).sum();
+    let dup_jobs = tally.results.values().filter(|n| **n > 1).count();
+    let kills = faults.kill_at_s.len();
+    serde_json::json!({
+        "bench": "faults",
+        "config": {
+            "workers": a.workers, "jobs": a.jobs, "job_ms": a.job_ms, "kills": a.kills,
+            "cql_restart": a.cql_restart, "slots": a.slots, "partitions": a.partitions,
+            "session_timeout_ms": a.session_timeout.as_millis() as u64,
+        },
+        "duration_s": round2(duration.as_secs_f64()),
+        "lost": sent.ids.len() - tally.results.len(),
+        "terminal": tally.results.len(),
+        "statuses": tally.statuses,
+        "duplicate_results": extra,
+        "jobs_with_duplicate_results": dup_jobs,
+        "duplicates_per_kill": if kills > 0 { round2(extra as f64 / kills as f64) } else { 0.0 },
+        "executions": runs.started,
+        "jobs_run_twice": runs.started_twice,
+        "jobs_completed_twice": runs.completed_twice,
+        "poison_dead_lettered": dlq.0,
+        "malformed_dead_lettered": dlq.1,
+        "kills_done": kills,
+        "kill_at_s": faults.kill_at_s,
+        "worker_restarts": restarts,
+        "unexpected_worker_exits": faults.unexpected_exits,
+        "cql_restart_s": faults.cql_restart_s,
+        "cql_restart_error": faults.cql_restart_error,
+    })
+}
