@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
+mod retention;
 mod security;
+pub use retention::{IdempotencyConfig, RetentionConfig};
 pub use security::{
     is_secret_property, kafka_env_property, ApiConfig, AuthMode, KafkaProperties, ScyllaTls, Secret, KAFKA_ENV_PREFIX,
 };
@@ -51,6 +53,12 @@ pub struct Config {
     /// The HTTP API: authentication, the metrics listener.
     #[serde(default)]
     pub api: ApiConfig,
+    /// TTLs of job rows and history, topic retention (`[retention]`).
+    #[serde(default)]
+    pub retention: RetentionConfig,
+    /// Idempotency keys (`[idempotency]`).
+    #[serde(default)]
+    pub idempotency: IdempotencyConfig,
 }
 
 /// The tenants registry: what to do with unknown tenants, how fast changes arrive.
@@ -394,6 +402,8 @@ impl Config {
         if self.kafka.partitions < 1 {
             return Err(invalid("kafka.partitions", "must be at least 1"));
         }
+        self.retention.validate()?;
+        self.idempotency.validate()?;
         if self.scylla.password.is_some() && self.scylla.username.is_none() {
             return Err(invalid("scylla.username", "a password is set but no username; set scylla.username too"));
         }
@@ -511,6 +521,10 @@ impl Config {
     }
     pub fn results_topic(&self) -> String {
         self.topic("results")
+    }
+    /// Job lifecycle and progress events (key = job id): `crate::events`.
+    pub fn events_topic(&self) -> String {
+        self.topic("events")
     }
     pub fn pool(&self, pool: Pool) -> PoolConfig {
         self.pools.get(&pool).cloned().unwrap_or_else(|| PoolConfig::default_for(pool))

@@ -12,6 +12,9 @@
 //! - `handlers`  – the `Handler` trait, job context, HTTP executor, demo handlers.
 //! - `worker`    – consumer loops moving data between Kafka, the cores and the store
 //!                 (`worker::backlog`: the spill path of floods beyond the buffer).
+//! - `events`    – watching a job: lifecycle/progress events on the events topic, the
+//!                 history recorder and the live feed (rules: `core::events`, statements:
+//!                 `store::events`, routes: `api::events`).
 //! - `submit`    – producing jobs (CLI, HTTP API, demo).
 //! - `tenants`   – the live tenants registry (store rows, polled; rules in `core::tenants`).
 //! - `replayer`  – the I/O shell of `fairway replay` (decisions: `core::replay`): dead
@@ -26,6 +29,7 @@ pub mod codec;
 pub mod config;
 pub mod core;
 pub mod cqlbridge;
+pub mod events;
 pub mod handlers;
 pub mod kafka;
 pub mod metrics;

@@ -39,6 +39,13 @@ pub const OLDEST_WAIT_SECONDS: &str = "fairway_oldest_wait_seconds";
 pub const TENANT_APPLY_FAILURES: &str = "fairway_tenant_apply_failures_total";
 pub const POOL_UNASSIGNED_SECONDS: &str = "fairway_pool_unassigned_seconds";
 pub const HAND_OFFS: &str = "fairway_hand_offs_total";
+pub const EVENTS_PUBLISHED: &str = "fairway_events_published_total";
+pub const EVENTS_DROPPED: &str = "fairway_events_dropped_total";
+pub const EVENTS_RECORDED: &str = "fairway_events_recorded_total";
+pub const EVENT_RECORD_FAILURES: &str = "fairway_event_record_failures_total";
+pub const EVENT_STREAMS: &str = "fairway_event_streams";
+pub const SUBMIT_STATE_WRITE_SECONDS: &str = "fairway_submit_state_write_seconds";
+pub const SUBMIT_STATE_WRITE_FAILURES: &str = "fairway_submit_state_write_failures_total";
 
 /// Registers descriptions (shown as HELP lines by the Prometheus exporter).
 pub fn describe() {
@@ -105,6 +112,20 @@ pub fn describe() {
         OLDEST_WAIT_SECONDS,
         Unit::Seconds,
         "Age of the oldest job waiting in this worker's buffer, by pool"
+    );
+    describe_counter!(EVENTS_PUBLISHED, "Job events queued for the events topic, by kind");
+    describe_counter!(EVENTS_DROPPED, "Job events the producer could not queue (dropped; the job's row stays the truth)");
+    describe_counter!(EVENTS_RECORDED, "Job events written to the job_events history by the recorder");
+    describe_counter!(EVENT_RECORD_FAILURES, "History writes the store refused (retried; offsets wait)");
+    describe_gauge!(EVENT_STREAMS, "Server-Sent Event streams open now");
+    describe_histogram!(
+        SUBMIT_STATE_WRITE_SECONDS,
+        Unit::Seconds,
+        "Time of the queued/scheduled row write at submission (runs alongside the Kafka produce)"
+    );
+    describe_counter!(
+        SUBMIT_STATE_WRITE_FAILURES,
+        "Submissions whose queued row could not be written (the job is accepted; visible once a worker starts it)"
     );
     describe_counter!(API_AUTH_REFUSED, "HTTP API requests refused with 401 (no, malformed, unknown or revoked key)");
     describe_counter!(

@@ -1,10 +1,21 @@
 //! Producing jobs: validation against the config, idempotency keys (LWT in the store),
 //! and the keyed, idempotent produce to the pool topic. Used by the CLI, the HTTP API
 //! and the demo.
+//!
+//! With a store, a submission also writes the job's `queued` (or `scheduled`) row,
+//! alongside the produce (the two run concurrently, so the submit waits for the slower
+//! of the two, not their sum), and publishes the `queued` event without waiting.
+//!
+//! Idempotency: the key is claimed (LWT) before the produce. If the produce fails, the
+//! claim and the row are taken back, so the client's retry submits afresh. If taking
+//! the claim back fails too, the claim points at a job with no row: once it is older
+//! than any produce can take, the next submission with the key takes it over (LWT on the
+//! old job id, `core::events::taken_key`). A duplicate answers with the original job's
+//! id and its row (state, and result when finished).
 
 use crate::config::Config;
 use crate::model::{JobSubmitted, Millis, Pool, Priority};
-use crate::store::Store;
+use crate::store::{EventStatements, IdempotencyClaim, JobRow, Store, SubmittedRow};
 use crate::{codec, kafka, now_ms};
 use rdkafka::producer::FutureProducer;
 use serde::Deserialize;
@@ -67,6 +78,9 @@ pub struct Submitted {
     /// True when the idempotency key was already used: nothing was produced.
     pub duplicate: bool,
     pub pool: Pool,
+    /// For a duplicate: the original job's row (state, and result when finished), when
+    /// the store has it.
+    pub original: Option<JobRow>,
 }
 
 pub struct Submitter {
@@ -75,15 +89,19 @@ pub struct Submitter {
     store: Option<Store>,
     /// The live registry (API, CLI); without it, the config file's tenants.
     tenants: Option<crate::tenants::LiveTenants>,
+    /// Statements of the submission's row and the idempotency claim (prepared once).
+    events: tokio::sync::OnceCell<EventStatements>,
 }
 
-/// How long an idempotency key is remembered.
-pub const IDEMPOTENCY_TTL_SECS: i32 = 24 * 3600;
+/// Longest a produce can take before it either failed or its job's row exists
+/// (`message.timeout.ms` of `kafka::producer` plus a margin): an idempotency claim
+/// older than this without a row is orphaned.
+const MAX_PRODUCE_MS: i64 = 30_000 + 15_000;
 
 impl Submitter {
     pub fn new(cfg: std::sync::Arc<Config>, store: Option<Store>) -> Result<Self, SubmitError> {
         let producer = kafka::producer(&cfg)?;
-        Ok(Submitter { cfg, producer, store, tenants: None })
+        Ok(Submitter { cfg, producer, store, tenants: None, events: Default::default() })
     }
 
     /// Checks tenants against the live registry instead of the config file's list.
@@ -105,15 +123,20 @@ impl Submitter {
         }
     }
 
+    async fn statements(&self) -> Result<Option<&EventStatements>, SubmitError> {
+        let Some(store) = &self.store else { return Ok(None) };
+        Ok(Some(self.events.get_or_try_init(|| store.event_statements()).await?))
+    }
+
     pub async fn submit(&self, job: &NewJob) -> Result<Submitted, SubmitError> {
         let payload = job.payload_bytes();
         let pool = self.validate(job, payload.len())?;
         let job_id = uuid::Uuid::now_v7().to_string();
-        if let (Some(key), Some(store)) = (&job.idempotency_key, &self.store) {
-            if let Some(existing) =
-                store.claim_idempotency(&job.tenant, key, &job_id, now_ms(), IDEMPOTENCY_TTL_SECS).await?
-            {
-                return Ok(Submitted { job_id: existing, duplicate: true, pool });
+        let now = now_ms();
+        let stmts = self.statements().await?;
+        if let (Some(key), Some(stmts)) = (&job.idempotency_key, stmts) {
+            if let Some(dup) = self.claim(stmts, &job.tenant, key, &job_id, now, pool).await? {
+                return Ok(dup);
             }
         }
         let rec = JobSubmitted {
@@ -123,10 +146,105 @@ impl Submitter {
             execute_at: job.execute_at,
             not_after: job.not_after,
             generation: job.generation,
-            ..JobSubmitted::original(job_id.clone(), job.tenant.clone(), job.job_type.clone(), payload, now_ms())
+            ..JobSubmitted::original(job_id.clone(), job.tenant.clone(), job.job_type.clone(), payload, now)
         };
-        self.produce(&rec).await?;
-        Ok(Submitted { job_id, duplicate: false, pool })
+        let (produced, written) = tokio::join!(self.produce(&rec), self.put_submitted(stmts, &rec, pool, now));
+        if let Err(e) = produced {
+            // Never queued: take back what says it was, so a retry submits afresh.
+            if let Some(stmts) = stmts {
+                if written {
+                    if let Err(d) = stmts.delete_submitted(&job_id, now).await {
+                        tracing::warn!(job_id, error = %d, "could not take back the row of a job whose produce failed");
+                    }
+                }
+                if let Some(key) = &job.idempotency_key {
+                    if let Err(r) = stmts.release_key(&job.tenant, key, &job_id).await {
+                        tracing::warn!(
+                            job_id, error = %r,
+                            "could not release the idempotency key of a job whose produce failed; a retry after \
+                             {} s takes it over",
+                            MAX_PRODUCE_MS / 1000
+                        );
+                    }
+                }
+            }
+            return Err(e);
+        }
+        crate::events::submitted(&self.producer, &self.cfg, &rec);
+        Ok(Submitted { job_id, duplicate: false, pool, original: None })
+    }
+
+    /// Claims `key` for `job_id`: None when claimed (submit), else the answer to give.
+    async fn claim(
+        &self,
+        stmts: &EventStatements,
+        tenant: &str,
+        key: &str,
+        job_id: &str,
+        now: crate::model::Millis,
+        pool: Pool,
+    ) -> Result<Option<Submitted>, SubmitError> {
+        let window = self.cfg.idempotency.window.as_secs().min(i32::MAX as u64) as i32;
+        let store = self.store.as_ref().expect("statements come from the store");
+        let IdempotencyClaim::Held { job_id: held, at } = stmts.claim_key(tenant, key, job_id, now, window).await? else {
+            return Ok(None);
+        };
+        let row = store.job_direct(&held).await?;
+        use crate::core::events::{taken_key, TakenKey};
+        match taken_key(row.is_some(), at, now, MAX_PRODUCE_MS) {
+            TakenKey::Duplicate | TakenKey::Pending => {
+                let pool = row.as_ref().and_then(|r| r.pool.as_deref()?.parse().ok()).unwrap_or(pool);
+                Ok(Some(Submitted { job_id: held, duplicate: true, pool, original: row }))
+            }
+            TakenKey::Orphaned => {
+                if stmts.take_over_key(tenant, key, &held, job_id, now, window).await? {
+                    tracing::info!(old = held, job_id, "took over an idempotency key whose job was never produced");
+                    return Ok(None);
+                }
+                // Someone else took it over first: theirs is the original now.
+                match stmts.claim_key(tenant, key, job_id, now, window).await? {
+                    IdempotencyClaim::Claimed => Ok(None),
+                    IdempotencyClaim::Held { job_id: other, .. } => {
+                        let row = store.job_direct(&other).await?;
+                        Ok(Some(Submitted { job_id: other, duplicate: true, pool, original: row }))
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes the job's `queued`/`scheduled` row; false if it was not written (the job
+    /// is accepted anyway and becomes visible once a worker records it).
+    async fn put_submitted(
+        &self,
+        stmts: Option<&EventStatements>,
+        rec: &JobSubmitted,
+        pool: Pool,
+        now: crate::model::Millis,
+    ) -> bool {
+        let Some(stmts) = stmts else { return false };
+        use crate::core::events::{row_ttl_secs, submission_state};
+        let row = SubmittedRow {
+            job_id: &rec.job_id,
+            tenant: &rec.tenant,
+            job_type: &rec.job_type,
+            pool: pool.as_str(),
+            status: submission_state(rec, now).as_str(),
+            generation: rec.generation,
+            submitted_at: now,
+            ttl_secs: row_ttl_secs(self.cfg.retention.results, now, rec.execute_at),
+        };
+        let t = std::time::Instant::now();
+        let r = stmts.put_submitted(&row).await;
+        metrics::histogram!(crate::metrics::SUBMIT_STATE_WRITE_SECONDS).record(t.elapsed().as_secs_f64());
+        match r {
+            Ok(()) => true,
+            Err(e) => {
+                metrics::counter!(crate::metrics::SUBMIT_STATE_WRITE_FAILURES).increment(1);
+                tracing::warn!(job_id = %rec.job_id, error = %e, "queued row not written (the job is accepted)");
+                false
+            }
+        }
     }
 
     /// Produces an already built record to its pool topic.

@@ -21,6 +21,7 @@ pub mod codes {
     pub const BATCH_EXCEEDS_BURST: &str = "BATCH_EXCEEDS_BURST";
     pub const TENANT_RATE_LIMIT_EXCEEDED: &str = "TENANT_RATE_LIMIT_EXCEEDED";
     pub const JOB_NOT_FOUND: &str = "JOB_NOT_FOUND";
+    pub const INVALID_QUERY: &str = "INVALID_QUERY";
     pub const INVALID_JOB_ID: &str = "INVALID_JOB_ID";
     pub const JOB_ALREADY_FINISHED: &str = "JOB_ALREADY_FINISHED";
     pub const NO_SUCH_ROUTE: &str = "NO_SUCH_ROUTE";
@@ -74,8 +75,8 @@ impl ApiError {
             StatusCode::NOT_FOUND,
             codes::JOB_NOT_FOUND,
             format!(
-                "no state for job {job_id:?}: it was never submitted, or it is still queued (state appears once a \
-                 worker picks it up); check the id returned by POST /v1/jobs"
+                "no state for job {job_id:?}: it was never submitted, its record expired (retention.results), or it \
+                 was produced straight to Kafka and no worker has seen it yet; check the id returned by POST /v1/jobs"
             ),
         )
     }

@@ -7,6 +7,8 @@
 //! | `POST /v1/jobs:batch`    | 201 `[{job_id, pool, duplicate}, ...]`; every job is validated before any is produced |
 //! | `GET /v1/jobs/{id}`      | 200 job state + heartbeat (progress, heartbeat_age_ms); 404 no state |
 //! | `DELETE /v1/jobs/{id}`   | 202 cooperative cancel requested; 409 already finished |
+//! | `GET /v1/jobs/{id}/events` | the job's event history; `?follow=1`: Server-Sent Events until it ends ([`events`]) |
+//! | `GET /v1/events?follow=1` | Server-Sent Events of the caller's tenant |
 //! | `GET /healthz`           | 200 `ok` (no key needed) |
 //!
 //! Every `/v1` route needs `Authorization: Bearer <API key>` ([`auth`]): 401 without a
@@ -22,6 +24,7 @@
 mod admin;
 pub mod auth;
 mod error;
+mod events;
 mod limits;
 
 pub use auth::{Admin, Caller};
@@ -96,6 +99,9 @@ struct Inner {
     tenants: Option<crate::tenants::LiveTenants>,
     /// Keeps the registry poller running for the life of the state.
     _registry_stop: Option<tokio::sync::watch::Sender<bool>>,
+    /// Job watching: history statements (prepared on first use) and the live feed.
+    event_stmts: tokio::sync::OnceCell<crate::store::EventStatements>,
+    feed: Option<crate::events::Feed>,
 }
 
 impl ApiState {
@@ -103,7 +109,18 @@ impl ApiState {
     pub fn new(cfg: Arc<Config>, submitter: Submitter, store: Store, metrics: Option<PrometheusHandle>) -> Self {
         let limiters = TenantLimiters::from_config(&cfg);
         let keys = auth::Keys::new(cfg.api.auth, cfg.api.key_refresh);
-        let inner = Inner { cfg, submitter, store, limiters, metrics, keys, tenants: None, _registry_stop: None };
+        let inner = Inner {
+            cfg,
+            submitter,
+            store,
+            limiters,
+            metrics,
+            keys,
+            tenants: None,
+            _registry_stop: None,
+            event_stmts: Default::default(),
+            feed: None,
+        };
         ApiState { inner: Arc::new(inner) }
     }
 
@@ -112,11 +129,19 @@ impl ApiState {
     pub async fn connect(cfg: Arc<Config>, metrics: Option<PrometheusHandle>) -> Result<Self, SubmitError> {
         let store = Store::open(&cfg).await?;
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        let live = crate::tenants::LiveTenants::start(cfg.clone(), &store, stopped).await?;
+        let live = crate::tenants::LiveTenants::start(cfg.clone(), &store, stopped.clone()).await?;
         let submitter = Submitter::new(cfg.clone(), Some(store.clone()))?.with_tenants(live.clone());
         let limiters = TenantLimiters::from_config(&Config { tenants: Default::default(), ..(*cfg).clone() });
         limiters.sync(&live.current());
         let keys = auth::Keys::new(cfg.api.auth, cfg.api.key_refresh);
+        // Job watching: the live feed for SSE, and the history recorder (same lifetime).
+        let feed = crate::events::Feed::start(&cfg, stopped.clone())?;
+        let recorder = crate::events::record(cfg.clone(), store.clone(), stopped.clone());
+        tokio::spawn(async move {
+            if let Err(e) = recorder.await {
+                tracing::error!("job events recorder stopped: {e:#}; GET /v1/jobs/{{id}}/events shows no new history");
+            }
+        });
         let inner = Inner {
             cfg,
             submitter,
@@ -126,6 +151,8 @@ impl ApiState {
             keys,
             tenants: Some(live.clone()),
             _registry_stop: Some(stop),
+            event_stmts: Default::default(),
+            feed: Some(feed),
         };
         let state = ApiState { inner: Arc::new(inner) };
         let weak = Arc::downgrade(&state.inner);
@@ -152,6 +179,12 @@ impl ApiState {
     }
     pub fn limiters(&self) -> &TenantLimiters {
         &self.inner.limiters
+    }
+    async fn event_statements(&self) -> Result<&crate::store::EventStatements, ApiError> {
+        Ok(self.inner.event_stmts.get_or_try_init(|| self.inner.store.event_statements()).await?)
+    }
+    fn feed(&self) -> Option<&crate::events::Feed> {
+        self.inner.feed.as_ref()
     }
 
     /// Largest accepted body of one job: a payload of `max_payload_bytes` may grow up to
@@ -233,6 +266,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/jobs", post(submit_one).layer(DefaultBodyLimit::max(single)))
         .route("/v1/jobs:batch", post(submit_batch).layer(DefaultBodyLimit::max(batch)))
         .route("/v1/jobs/{id}", get(job_status).delete(cancel_job))
+        .route("/v1/jobs/{id}/events", get(events::job_events))
+        .route("/v1/events", get(events::tenant_events))
         .route("/v1/admin/tenants", get(admin::list).post(admin::add))
         .route("/v1/admin/tenants/{name}", axum::routing::put(admin::replace).delete(admin::remove).post(admin::action))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth::require_caller));
@@ -274,7 +309,8 @@ fn method_label(m: &Method) -> &'static str {
     }
 }
 
-const ENDPOINTS: &str = "POST /v1/jobs, POST /v1/jobs:batch, GET /v1/jobs/{id}, DELETE /v1/jobs/{id}, GET /healthz \
+const ENDPOINTS: &str = "POST /v1/jobs, POST /v1/jobs:batch, GET /v1/jobs/{id}, DELETE /v1/jobs/{id}, \
+     GET /v1/jobs/{id}/events[?follow=1], GET /v1/events?follow=1, GET /healthz \
      (GET /metrics is on the metrics listener, api.metrics_listen)";
 
 async fn no_route(method: Method, uri: axum::http::Uri) -> ApiError {
@@ -309,7 +345,20 @@ fn body_error(r: BytesRejection) -> ApiError {
 }
 
 fn submitted_json(s: &Submitted) -> serde_json::Value {
-    serde_json::json!({ "job_id": s.job_id, "pool": s.pool.as_str(), "duplicate": s.duplicate })
+    let mut v = serde_json::json!({ "job_id": s.job_id, "pool": s.pool.as_str(), "duplicate": s.duplicate });
+    if let Some(row) = &s.original {
+        // A duplicate: the original job's current state, and its result once finished.
+        let state = row.status.as_deref().and_then(crate::core::events::JobState::from_status);
+        v["state"] = state.map(|s| s.as_str()).into();
+        if row.is_terminal() {
+            v["result"] = serde_json::json!({
+                "status": row.status, "output": row.output.as_ref().map(|o| String::from_utf8_lossy(o).into_owned()),
+                "error": row.error, "failure_class": row.failure_class, "attempts": row.attempts,
+                "finished_at": row.finished_at,
+            });
+        }
+    }
+    v
 }
 
 fn count_submitted(s: &Submitted) {
@@ -497,11 +546,13 @@ async fn job_status(
     check_job_id(&id)?;
     let store = st.store();
     let (row, hb) = tokio::try_join!(store.job(&id), store.heartbeat(&id))?;
-    let Some(row) = row else { return Err(ApiError::not_found(&id)) };
+    let Some(row) = row else { return events::status_from_history(&st, &caller, &id).await };
     if !may_see(&st, &caller, &id, Some(&row)).await? {
         return Err(ApiError::not_found(&id));
     }
-    Ok(Json(status_json(&row, hb.as_ref(), now_ms())))
+    let mut out = status_json(&row, hb.as_ref(), now_ms());
+    events::add_state(&st, &row, &mut out).await;
+    Ok(Json(out))
 }
 
 async fn cancel_job(State(st): State<ApiState>, caller: Caller, Path(id): Path<String>) -> Result<Response, ApiError> {

@@ -41,6 +41,8 @@ pub enum BenchKind {
     /// The fault suite: worker processes killed (-9) and restarted, a CQL restart, poison
     /// and malformed messages; counts lost jobs, duplicate results and jobs run twice.
     Faults(super::bench_faults::FaultsArgs),
+    /// The submit path: produce only vs produce + the job's queued row (issue 15).
+    Submit(super::bench_submit::SubmitBenchArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -66,6 +68,7 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchKind::Flood(f) => super::bench_flood::run(g, f).await,
         BenchKind::Registry(r) => super::bench_registry::run(g, r).await,
         BenchKind::Faults(f) => super::bench_faults::run(g, f).await,
+        BenchKind::Submit(s) => super::bench_submit::run(g, s).await,
     }
 }
 

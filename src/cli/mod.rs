@@ -5,6 +5,7 @@ mod bench;
 mod bench_faults;
 mod bench_flood;
 mod bench_registry;
+mod bench_submit;
 mod demo;
 mod keys;
 mod ops;
@@ -13,6 +14,7 @@ mod rerun;
 mod serve;
 mod stats;
 mod tenants;
+mod watch;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};

@@ -18,9 +18,20 @@ use std::time::Duration;
 
 pub async fn init(cfg: &Config) -> anyhow::Result<ExitCode> {
     let topics = kafka::ensure_topics(cfg).await.context("creating topics")?;
+    // [retention] on topics that existed before (new ones were created with it).
+    let retention = match kafka::apply_retention(cfg).await {
+        Ok(changed) => changed,
+        Err(e) => {
+            eprintln!("warning: cannot apply [retention] to existing topics ({e}); the broker must allow AlterConfigs");
+            Vec::new()
+        }
+    };
     let tables = fairway::store::ensure_schema(cfg).await.context("creating keyspace and tables")?;
     let seeded = fairway::tenants::seed(cfg).await.context("seeding the tenants registry from [tenants.*]")?;
-    if topics.is_empty() && tables.is_empty() && seeded.is_empty() {
+    for r in &retention {
+        println!("set {r}");
+    }
+    if topics.is_empty() && tables.is_empty() && seeded.is_empty() && retention.is_empty() {
         println!(
             "nothing to do: {} topics and keyspace {} already exist",
             kafka::all_topics(cfg).len(),
@@ -218,15 +229,28 @@ pub struct StatusArgs {
     pub job_id: String,
     #[arg(long)]
     pub json: bool,
+    /// Show live progress until the job ends (a progress bar; with --json, one event per line).
+    #[arg(long)]
+    pub follow: bool,
+    /// With --follow: give up after this long (e.g. 10min); 0 = until the job ends.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
 }
 
 pub async fn status(cfg: &Config, a: StatusArgs) -> anyhow::Result<ExitCode> {
+    if a.follow {
+        return super::watch::follow(cfg, &a.job_id, a.json, a.timeout).await;
+    }
     let store = Store::open(cfg).await?;
     let Some(row) = store.job(&a.job_id).await? else {
         if a.json {
             println!("{}", serde_json::json!({"job_id": a.job_id, "status": "unknown"}));
         } else {
-            println!("{}: no state yet (queued, never submitted, or a short job still running)", a.job_id);
+            println!(
+                "{}: no state (never submitted, expired after retention.results, or produced straight to Kafka and not \
+                 seen by a worker yet)",
+                a.job_id
+            );
         }
         return Ok(ExitCode::from(2));
     };

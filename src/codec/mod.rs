@@ -1,5 +1,5 @@
-//! Wire codec: Avro single-object encoding of the three record types that travel on
-//! Kafka ([`JobSubmitted`], [`JobResult`], [`DeadLetter`]).
+//! Wire codec: Avro single-object encoding of the record types that travel on
+//! Kafka ([`JobSubmitted`], [`JobResult`], [`DeadLetter`], [`JobEvent`]).
 //!
 //! A message is
 //!
@@ -33,7 +33,7 @@ use std::sync::LazyLock;
 use apache_avro::rabin::Rabin;
 use apache_avro::Schema;
 
-use crate::model::{DeadLetter, FailureClass, JobResult, JobStatus, JobSubmitted, Pool, Priority};
+use crate::model::{DeadLetter, EventKind, FailureClass, JobEvent, JobResult, JobStatus, JobSubmitted, Pool, Priority};
 
 /// The two marker bytes that start every Avro single-object encoded message.
 pub const MAGIC: [u8; 2] = [0xC3, 0x01];
@@ -46,10 +46,12 @@ pub enum RecordKind {
     JobSubmitted,
     JobResult,
     DeadLetter,
+    JobEvent,
 }
 
 impl RecordKind {
-    pub const ALL: [RecordKind; 3] = [RecordKind::JobSubmitted, RecordKind::JobResult, RecordKind::DeadLetter];
+    pub const ALL: [RecordKind; 4] =
+        [RecordKind::JobSubmitted, RecordKind::JobResult, RecordKind::DeadLetter, RecordKind::JobEvent];
 
     /// Full Avro name of the record, e.g. `io.fairway.JobSubmitted`.
     pub fn full_name(self) -> &'static str {
@@ -57,6 +59,7 @@ impl RecordKind {
             RecordKind::JobSubmitted => "io.fairway.JobSubmitted",
             RecordKind::JobResult => "io.fairway.JobResult",
             RecordKind::DeadLetter => "io.fairway.DeadLetter",
+            RecordKind::JobEvent => "io.fairway.JobEvent",
         }
     }
 
@@ -65,6 +68,7 @@ impl RecordKind {
             RecordKind::JobSubmitted => "decode_job",
             RecordKind::JobResult => "decode_result",
             RecordKind::DeadLetter => "decode_dead_letter",
+            RecordKind::JobEvent => "decode_event",
         }
     }
 
@@ -73,6 +77,7 @@ impl RecordKind {
             RecordKind::JobSubmitted => &JOB_SUBMITTED,
             RecordKind::JobResult => &JOB_RESULT,
             RecordKind::DeadLetter => &DEAD_LETTER,
+            RecordKind::JobEvent => &JOB_EVENT,
         }
     }
 }
@@ -168,6 +173,8 @@ static JOB_RESULT: LazyLock<WireSchema> =
     LazyLock::new(|| WireSchema::load("job_result.avsc", include_str!("../../schemas/job_result.avsc")));
 static DEAD_LETTER: LazyLock<WireSchema> =
     LazyLock::new(|| WireSchema::load("dead_letter.avsc", include_str!("../../schemas/dead_letter.avsc")));
+static JOB_EVENT: LazyLock<WireSchema> =
+    LazyLock::new(|| WireSchema::load("job_event.avsc", include_str!("../../schemas/job_event.avsc")));
 
 /// The parsed Avro schema of a record kind (from `schemas/*.avsc`).
 pub fn schema(kind: RecordKind) -> &'static Schema {
@@ -324,6 +331,55 @@ pub fn decode_dead_letter(bytes: &[u8]) -> Result<DeadLetter, CodecError> {
     };
     r.finish()?;
     Ok(dl)
+}
+
+/// Encode a job event as an Avro single-object message (schema `io.fairway.JobEvent`).
+pub fn encode_event(ev: &JobEvent) -> Result<Vec<u8>, CodecError> {
+    let hint = ev.event_id.len()
+        + ev.job_id.len()
+        + ev.tenant.len()
+        + ev.job_type.len()
+        + ev.worker.as_ref().map_or(0, String::len)
+        + ev.message.as_ref().map_or(0, String::len);
+    let mut out = Vec::with_capacity(HEADER_LEN + 48 + hint);
+    write_header(RecordKind::JobEvent, &mut out);
+    write_str(&mut out, &ev.event_id);
+    write_str(&mut out, &ev.job_id);
+    write_str(&mut out, &ev.tenant);
+    write_str(&mut out, &ev.job_type);
+    write_long(&mut out, event_kind_index(ev.kind));
+    write_long(&mut out, ev.at);
+    write_long(&mut out, ev.attempt.into());
+    write_opt(&mut out, ev.worker.as_deref(), write_str);
+    write_opt(&mut out, ev.progress, |o, p| o.extend_from_slice(&p.to_le_bytes()));
+    write_opt(&mut out, ev.message.as_deref(), write_str);
+    write_opt(&mut out, ev.next_attempt_at, write_long);
+    Ok(out)
+}
+
+/// Decode an Avro single-object `io.fairway.JobEvent` message.
+pub fn decode_event(bytes: &[u8]) -> Result<JobEvent, CodecError> {
+    let mut r = body_reader(bytes, RecordKind::JobEvent)?;
+    let ev = JobEvent {
+        event_id: r.string("event_id")?,
+        job_id: r.string("job_id")?,
+        tenant: r.string("tenant")?,
+        job_type: r.string("job_type")?,
+        kind: r.symbol("kind", &EventKind::ALL)?,
+        at: r.long("at")?,
+        attempt: r.int("attempt")?,
+        worker: r.opt("worker", |r, f| r.string(f))?,
+        progress: r.opt("progress", |r, f| r.double(f))?,
+        message: r.opt("message", |r, f| r.string(f))?,
+        next_attempt_at: r.opt("next_attempt_at", |r, f| r.long(f))?,
+    };
+    r.finish()?;
+    Ok(ev)
+}
+
+/// Index of an event kind in `job_event.avsc`'s symbols (`EventKind::ALL` is that order).
+fn event_kind_index(k: EventKind) -> i64 {
+    EventKind::ALL.iter().position(|x| *x == k).expect("every kind is in ALL") as i64
 }
 
 // ---------------------------------------------------------------------------------------
@@ -533,6 +589,16 @@ impl<'a> BodyReader<'a> {
             }
         }
         Err(self.err(field, start, "varint longer than 10 bytes"))
+    }
+
+    /// Avro `double`: 8 bytes, little-endian IEEE 754.
+    fn double(&mut self, field: &'static str) -> Result<f64, CodecError> {
+        let start = self.pos;
+        let Some(b) = self.buf.get(self.pos..self.pos + 8) else {
+            return Err(self.err(field, start, "message ends inside a double"));
+        };
+        self.pos += 8;
+        Ok(f64::from_le_bytes(b.try_into().expect("8 bytes")))
     }
 
     fn int(&mut self, field: &'static str) -> Result<i32, CodecError> {
@@ -768,6 +834,56 @@ mod tests {
         assert_eq!(sniff(&bytes), Some(RecordKind::JobResult));
     }
 
+    fn event_full() -> JobEvent {
+        JobEvent {
+            event_id: "01890a5d-ac96-774b-bcce-b302099a8059".into(),
+            job_id: "01890a5d-ac96-774b-bcce-b302099a8057".into(),
+            tenant: "acme".into(),
+            job_type: "email.send".into(),
+            kind: EventKind::Retrying,
+            at: 1_700_000_000_000,
+            attempt: 2,
+            worker: Some("worker-1".into()),
+            progress: Some(0.25),
+            message: Some("upstream returned 503".into()),
+            next_attempt_at: Some(1_700_000_005_000),
+        }
+    }
+
+    fn check_event(e: &JobEvent) {
+        let bytes = encode_event(e).unwrap();
+        assert_eq!(&decode_event(&bytes).unwrap(), e);
+        assert_matches_apache_avro(RecordKind::JobEvent, e, &bytes);
+        assert_eq!(sniff(&bytes), Some(RecordKind::JobEvent));
+    }
+
+    #[test]
+    fn round_trip_event_every_kind_all_some_and_all_none() {
+        check_event(&event_full());
+        for (i, k) in EventKind::ALL.into_iter().enumerate() {
+            let e = JobEvent {
+                kind: k,
+                worker: None,
+                progress: None,
+                message: None,
+                next_attempt_at: None,
+                attempt: i as i32,
+                ..event_full()
+            };
+            check_event(&e);
+        }
+        let e = JobEvent { progress: Some(f64::MAX), at: i64::MIN, ..event_full() };
+        check_event(&e);
+        let (f, p) = body_problem(decode_event(&encode_event(&event_full()).unwrap()[..40]).unwrap_err());
+        assert!(!f.is_empty() && !p.is_empty());
+        // Pinned like the others (see `fingerprints_are_pinned`).
+        assert_eq!(fingerprint(RecordKind::JobEvent).to_string(), "9bbf7ca9dda07f29");
+        let je = schema(RecordKind::JobEvent);
+        let kinds: Vec<String> = EventKind::ALL.iter().map(|k| k.as_str().to_string()).collect();
+        assert_eq!(enum_symbols(je, "io.fairway.EventKind"), Some(kinds));
+        assert!(decode_job(&encode_event(&event_full()).unwrap()).unwrap_err().to_string().contains("decode_event"));
+    }
+
     fn check_dl(d: &DeadLetter) {
         let bytes = encode_dead_letter(d).unwrap();
         assert_eq!(&decode_dead_letter(&bytes).unwrap(), d);
@@ -960,6 +1076,7 @@ mod tests {
             encode_job(&job_min()).unwrap(),
             encode_result(&result_full()).unwrap(),
             encode_dead_letter(&dl_full()).unwrap(),
+            encode_event(&event_full()).unwrap(),
         ] {
             for len in HEADER_LEN..bytes.len() {
                 let cut = &bytes[..len];
@@ -967,6 +1084,7 @@ mod tests {
                     RecordKind::JobSubmitted => decode_job(cut).map(drop),
                     RecordKind::JobResult => decode_result(cut).map(drop),
                     RecordKind::DeadLetter => decode_dead_letter(cut).map(drop),
+                    RecordKind::JobEvent => decode_event(cut).map(drop),
                 }
                 .unwrap_err();
                 assert!(matches!(e, CodecError::Body { .. }), "len {len}: {e}");
@@ -1326,6 +1444,7 @@ mod tests {
         let _ = decode_job(bytes);
         let _ = decode_result(bytes);
         let _ = decode_dead_letter(bytes);
+        let _ = decode_event(bytes);
         let _ = sniff(bytes);
     }
 

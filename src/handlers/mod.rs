@@ -59,6 +59,8 @@ pub struct JobLive {
     /// The worker is shutting down: the job should checkpoint and return (hand-off).
     stopping: AtomicBool,
     abort: tokio::sync::Notify,
+    /// Where progress reports also go as `progress` events (set by the worker).
+    events: std::sync::OnceLock<crate::events::ProgressSink>,
 }
 
 /// Why a running job is asked to stop (`JobContext::stop_reason`).
@@ -74,6 +76,10 @@ pub enum StopReason {
 impl JobLive {
     pub fn progress(&self) -> (f64, String) {
         self.progress.lock().map(|p| p.clone()).unwrap_or_default()
+    }
+    /// Publishes this job's progress reports as `progress` events (throttled).
+    pub fn publish_progress(&self, sink: crate::events::ProgressSink) {
+        let _ = self.events.set(sink);
     }
     pub fn cancel(&self) {
         self.cancelled.store(true, Ordering::SeqCst)
@@ -123,8 +129,12 @@ impl JobContext {
     }
     /// Reports progress (0..1) and a short message; sent with the next heartbeat.
     pub fn progress(&self, fraction: f64, message: impl Into<String>) {
+        let message = message.into();
+        if let Some(sink) = self.live.events.get() {
+            sink.report(fraction.clamp(0.0, 1.0), &message);
+        }
         if let Ok(mut p) = self.live.progress.lock() {
-            *p = (fraction.clamp(0.0, 1.0), message.into());
+            *p = (fraction.clamp(0.0, 1.0), message);
         }
     }
     /// True once `fairway cancel` reached this job (seen through the heartbeat round trip).

@@ -80,16 +80,115 @@ pub fn all_topics(cfg: &Config) -> Vec<String> {
     t.push(cfg.delayed_topic());
     t.push(cfg.dlq_topic());
     t.push(cfg.results_topic());
+    t.push(cfg.events_topic());
     t
+}
+
+/// `retention.ms` fairway sets on a topic (`[retention]`); None: the broker's default
+/// (pool topics).
+pub fn topic_retention(cfg: &Config, topic: &str) -> Option<Duration> {
+    let r = &cfg.retention;
+    if topic == cfg.dlq_topic() {
+        Some(r.dlq)
+    } else if topic == cfg.results_topic() {
+        Some(r.results)
+    } else if topic == cfg.events_topic() {
+        Some(r.events)
+    } else if topic == cfg.delayed_topic() || topic.starts_with(&cfg.topic("retry.")) {
+        Some(r.retry)
+    } else {
+        None
+    }
+}
+
+/// Sets `retention.ms` on existing topics whose value differs from `[retention]`;
+/// returns "topic: old -> new" for each change. Other dynamic settings of the topic are
+/// kept (AlterConfigs replaces a topic's whole dynamic configuration).
+pub async fn apply_retention(cfg: &Config) -> Result<Vec<String>, KafkaError> {
+    use rdkafka::admin::{AlterConfig, ConfigSource, ResourceSpecifier};
+    let admin: AdminClient<DefaultClientContext> = base(cfg).create().map_err(client_err(cfg))?;
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let admin_err = |e: rdkafka::error::KafkaError| KafkaError::Client {
+        brokers: cfg.kafka.brokers.clone(),
+        message: cfg.kafka.properties.redact(&e.to_string()),
+    };
+    let wanted: Vec<(String, String)> = all_topics(cfg)
+        .into_iter()
+        .filter_map(|t| topic_retention(cfg, &t).map(|d| (t, d.as_millis().to_string())))
+        .collect();
+    let specs: Vec<ResourceSpecifier> = wanted.iter().map(|(t, _)| ResourceSpecifier::Topic(t)).collect();
+    // A broker without DescribeConfigs/AlterConfigs (tansu has no AlterConfigs): say what
+    // that means and what to do.
+    let admin_err = |e: rdkafka::error::KafkaError| {
+        let mut err = admin_err(e);
+        if let KafkaError::Client { message, .. } = &mut err {
+            if message.contains("UnsupportedFeature") {
+                *message = format!(
+                    "{message}: this broker has no DescribeConfigs/AlterConfigs, so retention.ms of existing topics \
+                     stays as it is (topics `fairway init` creates get it at creation); set it with the broker's own tools"
+                );
+            }
+        }
+        err
+    };
+    let described = admin.describe_configs(&specs, &opts).await.map_err(admin_err)?;
+    let mut changes = Vec::new();
+    let mut kept: Vec<Vec<(String, String)>> = Vec::new();
+    let mut targets = Vec::new();
+    for ((topic, ms), d) in wanted.iter().zip(described) {
+        let res = d.map_err(|code| KafkaError::CreateTopic { topic: topic.clone(), reason: code.to_string() })?;
+        let now = res.get("retention.ms").and_then(|e| e.value.clone());
+        if now.as_deref() == Some(ms.as_str()) {
+            continue;
+        }
+        let dynamic = res
+            .entries
+            .iter()
+            .filter(|e| e.source == ConfigSource::DynamicTopic && e.name != "retention.ms" && !e.is_read_only)
+            .filter_map(|e| Some((e.name.clone(), e.value.clone()?)))
+            .collect();
+        kept.push(dynamic);
+        targets.push((topic, ms));
+        changes.push(format!("{topic}: retention.ms {} -> {ms}", now.unwrap_or_else(|| "default".into())));
+    }
+    if targets.is_empty() {
+        return Ok(changes);
+    }
+    let alters: Vec<AlterConfig> = targets
+        .iter()
+        .zip(&kept)
+        .map(|((topic, ms), dynamic)| {
+            let mut a = AlterConfig::new(ResourceSpecifier::Topic(topic)).set("retention.ms", ms);
+            for (k, v) in dynamic {
+                a = a.set(k, v);
+            }
+            a
+        })
+        .collect();
+    for r in admin.alter_configs(&alters, &opts).await.map_err(admin_err)? {
+        if let Err((spec, code)) = r {
+            return Err(KafkaError::CreateTopic { topic: format!("{spec:?}"), reason: format!("setting retention.ms: {code}") });
+        }
+    }
+    Ok(changes)
 }
 
 /// Creates the missing topics; returns the names it created (empty: nothing to do).
 pub async fn ensure_topics(cfg: &Config) -> Result<Vec<String>, KafkaError> {
     let admin: AdminClient<DefaultClientContext> = base(cfg).create().map_err(client_err(cfg))?;
     let names = all_topics(cfg);
+    let retention: Vec<Option<String>> =
+        names.iter().map(|n| topic_retention(cfg, n).map(|d| d.as_millis().to_string())).collect();
     let new: Vec<NewTopic> = names
         .iter()
-        .map(|n| NewTopic::new(n, cfg.kafka.partitions, TopicReplication::Fixed(cfg.kafka.replication_factor)))
+        .zip(&retention)
+        .map(|(n, r)| {
+            let t = NewTopic::new(n, cfg.kafka.partitions, TopicReplication::Fixed(cfg.kafka.replication_factor));
+            match r {
+                Some(ms) => t.set("retention.ms", ms),
+                None => t,
+            }
+        })
         .collect();
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
     let results = admin.create_topics(&new, &opts).await.map_err(|e| KafkaError::Client {
@@ -126,6 +225,13 @@ pub async fn send(producer: &FutureProducer, topic: &str, key: &str, payload: &[
         Ok(d) => Ok((d.partition, d.offset)),
         Err((source, _)) => Err(KafkaError::Produce { topic: topic.to_string(), source }),
     }
+}
+
+/// Produces one record without waiting for the acknowledgement (events: the hot path
+/// must not wait for them). False when the producer's queue is full or the record is
+/// refused at once; delivery failures later are librdkafka's to retry, then dropped.
+pub fn send_nowait(producer: &FutureProducer, topic: &str, key: &str, payload: &[u8]) -> bool {
+    producer.send_result(FutureRecord::to(topic).key(key).payload(payload)).is_ok()
 }
 
 /// Partition assignment changes, reported from librdkafka's thread to the worker loop.
@@ -201,9 +307,36 @@ pub fn reader(cfg: &Config, group: &str, commit: bool) -> Result<StreamConsumer,
         .map_err(client_err(cfg))
 }
 
+/// A reader that starts at the topic's end (no commits): live tails such as the events
+/// feed of `fairway serve`.
+pub fn tail_reader(cfg: &Config, group: &str) -> Result<StreamConsumer, KafkaError> {
+    base(cfg)
+        .set("group.id", group)
+        .set("fetch.wait.max.ms", FETCH_WAIT_MS)
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "latest")
+        .set("session.timeout.ms", "6000")
+        .create()
+        .map_err(client_err(cfg))
+}
+
 #[cfg(test)]
 mod tests {
     use crate::config::KafkaProperties;
+
+    #[test]
+    fn topics_get_retention_from_the_config() {
+        let mut cfg = crate::config::Config::builtin();
+        cfg.retention.dlq = std::time::Duration::from_secs(7);
+        let r = |t: String| super::topic_retention(&cfg, &t).map(|d| d.as_secs());
+        assert_eq!(r(cfg.dlq_topic()), Some(7));
+        assert_eq!(r(cfg.results_topic()), Some(86_400));
+        assert_eq!(r(cfg.events_topic()), Some(3 * 86_400));
+        assert_eq!(r(cfg.retry_topic(crate::model::FailureClass::AppError)), Some(86_400));
+        assert_eq!(r(cfg.delayed_topic()), Some(86_400));
+        assert_eq!(r(cfg.pool_topic(crate::model::Pool::Short)), None, "pool topics keep the broker's default");
+        assert!(super::all_topics(&cfg).contains(&cfg.events_topic()));
+    }
 
     #[test]
     fn tls_without_a_ca_probes_the_system_bundle() {

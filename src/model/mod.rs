@@ -312,3 +312,99 @@ mod bytes_visitor {
         d.deserialize_bytes(V)
     }
 }
+
+/// What a [`JobEvent`] reports (symbols of `schemas/job_event.avsc`, in order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    Queued,
+    Scheduled,
+    Waiting,
+    Started,
+    Progress,
+    Retrying,
+    Succeeded,
+    Failed,
+    Cancelled,
+    Expired,
+    /// The job was picked after its `not_after` (it is then `expired`).
+    LateExecution,
+    DeadLettered,
+    WebhookDelivered,
+    WebhookFailed,
+}
+
+impl EventKind {
+    pub const ALL: [EventKind; 14] = [
+        EventKind::Queued,
+        EventKind::Scheduled,
+        EventKind::Waiting,
+        EventKind::Started,
+        EventKind::Progress,
+        EventKind::Retrying,
+        EventKind::Succeeded,
+        EventKind::Failed,
+        EventKind::Cancelled,
+        EventKind::Expired,
+        EventKind::LateExecution,
+        EventKind::DeadLettered,
+        EventKind::WebhookDelivered,
+        EventKind::WebhookFailed,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Queued => "queued",
+            EventKind::Scheduled => "scheduled",
+            EventKind::Waiting => "waiting",
+            EventKind::Started => "started",
+            EventKind::Progress => "progress",
+            EventKind::Retrying => "retrying",
+            EventKind::Succeeded => "succeeded",
+            EventKind::Failed => "failed",
+            EventKind::Cancelled => "cancelled",
+            EventKind::Expired => "expired",
+            EventKind::LateExecution => "late_execution",
+            EventKind::DeadLettered => "dead_lettered",
+            EventKind::WebhookDelivered => "webhook_delivered",
+            EventKind::WebhookFailed => "webhook_failed",
+        }
+    }
+    /// The job's last word: nothing but webhook deliveries follows it.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, EventKind::Succeeded | EventKind::Failed | EventKind::Cancelled | EventKind::Expired)
+    }
+}
+impl EventKind {
+    const ALL_VALUES: &'static [EventKind] = &EventKind::ALL;
+}
+impl_str_enum!(EventKind, "event kind");
+
+impl From<JobStatus> for EventKind {
+    fn from(s: JobStatus) -> EventKind {
+        match s {
+            JobStatus::Succeeded => EventKind::Succeeded,
+            JobStatus::Failed => EventKind::Failed,
+            JobStatus::Cancelled => EventKind::Cancelled,
+            JobStatus::Expired => EventKind::Expired,
+        }
+    }
+}
+
+/// One step of a job's life, on the events topic (key = job id) and in `job_events`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobEvent {
+    /// UUID v7: unique per event, so readers can drop copies.
+    pub event_id: String,
+    pub job_id: String,
+    pub tenant: String,
+    pub job_type: String,
+    pub kind: EventKind,
+    pub at: Millis,
+    /// Attempts used up before this event.
+    pub attempt: i32,
+    pub worker: Option<String>,
+    pub progress: Option<f64>,
+    pub message: Option<String>,
+    /// `retrying`: the next attempt's earliest time; `scheduled`: `execute_at`.
+    pub next_attempt_at: Option<Millis>,
+}

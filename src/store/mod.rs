@@ -5,6 +5,7 @@
 
 mod backlog;
 mod coalesce;
+mod events;
 mod keys;
 mod rerun;
 mod schema;
@@ -21,6 +22,7 @@ use scylla::statement::Consistency;
 use std::sync::Arc;
 
 pub use backlog::{BacklogKey, BacklogStatements};
+pub use events::{EventStatements, IdempotencyClaim, Submitted as SubmittedRow, HISTORY_LIMIT};
 pub use keys::{ApiKeyRow, KeyStatements};
 pub use rerun::{JobFacts, RerunStatements, FACTS_CHUNK};
 pub use schema::TABLES;
@@ -136,7 +138,6 @@ struct Prepared {
     get_heartbeat: PreparedStatement,
     put_checkpoint: PreparedStatement,
     get_checkpoint: PreparedStatement,
-    claim_idempotency: PreparedStatement,
     put_running_job: PreparedStatement,
     delete_running_job: PreparedStatement,
     list_running_jobs: PreparedStatement,
@@ -167,6 +168,8 @@ pub struct Store {
     /// The deployment this store serves (its topic prefix): keeps the reaper, the
     /// promoter and their leases of deployments sharing a keyspace apart.
     scope: String,
+    /// TTL (seconds) of every write to a job's row: `retention.results`.
+    row_ttl: i32,
 }
 
 pub const CHECKPOINT_LIMIT: usize = 1 << 20;
@@ -225,6 +228,7 @@ impl Store {
     pub async fn open(cfg: &Config) -> Result<Store, StoreError> {
         let session = connect(cfg).await?;
         let ks = cfg.scylla.keyspace.clone();
+        let ttl = crate::core::events::row_ttl_secs(cfg.retention.results, 0, None);
         let prep = |cql: String, what: &'static str| {
             let session = &session;
             async move {
@@ -245,7 +249,7 @@ impl Store {
             .await?,
             put_state: prep(
                 format!(
-                    "UPDATE {ks}.jobs SET tenant = ?, job_type = ?, pool = ?, status = ?, attempts = ?, crash_count = ?, \
+                    "UPDATE {ks}.jobs USING TTL {ttl} SET tenant = ?, job_type = ?, pool = ?, status = ?, attempts = ?, crash_count = ?, \
                      generation = ?, submitted_at = ?, started_at = ?, finished_at = ?, worker = ?, error = ?, \
                      failure_class = ?, output = ?, updated_at = ? WHERE job_id = ?"
                 ),
@@ -254,7 +258,7 @@ impl Store {
             .await?,
             put_running: prep(
                 format!(
-                    "UPDATE {ks}.jobs SET tenant = ?, job_type = ?, pool = ?, status = 'running', attempts = ?, \
+                    "UPDATE {ks}.jobs USING TTL {ttl} SET tenant = ?, job_type = ?, pool = ?, status = 'running', attempts = ?, \
                      crash_count = ?, generation = ?, submitted_at = ?, started_at = ?, worker = ?, updated_at = ? \
                      WHERE job_id = ?"
                 ),
@@ -262,7 +266,7 @@ impl Store {
             )
             .await?,
             request_cancel: prep(
-                format!("UPDATE {ks}.jobs SET cancel_requested = true, updated_at = ? WHERE job_id = ?"),
+                format!("UPDATE {ks}.jobs USING TTL {ttl} SET cancel_requested = true, updated_at = ? WHERE job_id = ?"),
                 "prepare request_cancel",
             )
             .await?,
@@ -285,13 +289,6 @@ impl Store {
             .await?,
             get_checkpoint: prep(format!("SELECT data FROM {ks}.checkpoints WHERE job_id = ?"), "prepare get_checkpoint")
                 .await?,
-            claim_idempotency: prep(
-                format!(
-                    "INSERT INTO {ks}.idempotency (tenant, key, job_id, at) VALUES (?, ?, ?, ?) IF NOT EXISTS USING TTL ?"
-                ),
-                "prepare claim_idempotency",
-            )
-            .await?,
             put_running_job: prep(
                 format!(
                     "INSERT INTO {ks}.running_index (scope, pool, job_id, worker, started_at, job) VALUES (?, ?, ?, ?, ?, ?)"
@@ -349,7 +346,7 @@ impl Store {
         let session = Arc::new(session);
         let coalescer = coalesce::Coalescer::start(session.clone(), prepared.put_state.clone(), get_jobs);
         let scope = cfg.kafka.topic_prefix.clone();
-        Ok(Store { session, keyspace: ks, prepared: Arc::new(prepared), coalescer, scope })
+        Ok(Store { session, keyspace: ks, prepared: Arc::new(prepared), coalescer, scope, row_ttl: ttl })
     }
 
     pub fn session(&self) -> &Session {
@@ -549,9 +546,9 @@ impl Store {
     /// Claims a job another worker handed off (LWT on its status): true for exactly one
     /// of the copies that find it `handed_off`; the row then says `running` by `worker`.
     pub async fn claim_hand_off(&self, job_id: &str, worker: &str, now: Millis) -> Result<bool, StoreError> {
-        let ks = &self.keyspace;
+        let (ks, ttl) = (&self.keyspace, self.row_ttl);
         let cql = format!(
-            "UPDATE {ks}.jobs SET status = 'running', worker = ?, updated_at = ? WHERE job_id = ? IF status = 'handed_off'"
+            "UPDATE {ks}.jobs USING TTL {ttl} SET status = 'running', worker = ?, updated_at = ? WHERE job_id = ? IF status = 'handed_off'"
         );
         let res = self.session.query_unpaged(cql, (worker, now, job_id)).await.map_err(q("claim hand-off"))?;
         applied(res)
@@ -651,38 +648,6 @@ impl Store {
         let row = rows.maybe_first_row::<(Option<Vec<u8>>,)>().map_err(q("get checkpoint"))?;
         Ok(row.and_then(|r| r.0))
     }
-
-    /// Claims an idempotency key for a tenant (LWT). Returns None when this call claimed
-    /// it, or Some(job id) of the job that already holds it.
-    pub async fn claim_idempotency(
-        &self,
-        tenant: &str,
-        key: &str,
-        job_id: &str,
-        now: Millis,
-        ttl_secs: i32,
-    ) -> Result<Option<String>, StoreError> {
-        let mut stmt = self.prepared.claim_idempotency.clone();
-        stmt.set_consistency(Consistency::Quorum);
-        let res = self
-            .session
-            .execute_unpaged(&stmt, (tenant, key, job_id, now, ttl_secs))
-            .await
-            .map_err(q("claim idempotency key"))?;
-        let rows = res.into_rows_result().map_err(q("claim idempotency key"))?;
-        let row = rows.maybe_first_row::<scylla::value::Row>().map_err(q("claim idempotency key"))?;
-        let Some(row) = row else { return Ok(None) };
-        let applied = matches!(row.columns.first(), Some(Some(scylla::value::CqlValue::Boolean(true))));
-        if applied {
-            return Ok(None);
-        }
-        // Not applied: the existing row follows [applied]; find its job_id column.
-        let existing = row.columns.iter().skip(1).find_map(|c| match c {
-            Some(scylla::value::CqlValue::Text(s)) if uuid::Uuid::parse_str(s).is_ok() => Some(s.clone()),
-            _ => None,
-        });
-        Ok(Some(existing.unwrap_or_default()))
-    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -703,7 +668,7 @@ pub struct ReplayStatements {
 impl Store {
     /// Prepares the statements `fairway replay` uses.
     pub async fn replay_statements(&self) -> Result<ReplayStatements, StoreError> {
-        let ks = &self.keyspace;
+        let (ks, ttl) = (&self.keyspace, self.row_ttl);
         let prep = |cql: String, what: &'static str| {
             let session = &self.session;
             async move {
@@ -729,7 +694,7 @@ impl Store {
             // instead of acknowledging it as already finished (or as a stale attempt).
             reset_job: prep(
                 format!(
-                    "UPDATE {ks}.jobs SET status = 'replayed', attempts = 0, crash_count = 0, started_at = null, \
+                    "UPDATE {ks}.jobs USING TTL {ttl} SET status = 'replayed', attempts = 0, crash_count = 0, started_at = null, \
                      finished_at = null, worker = null, error = null, failure_class = null, output = null, \
                      cancel_requested = false, updated_at = ? WHERE job_id = ?"
                 ),

@@ -40,7 +40,7 @@ pub struct JobFacts {
 impl Store {
     /// Prepares the statements `fairway rerun` uses.
     pub async fn rerun_statements(&self) -> Result<RerunStatements, StoreError> {
-        let ks = &self.keyspace;
+        let (ks, ttl) = (&self.keyspace, self.row_ttl);
         let prep = |cql: String, what: &'static str, lwt: bool| {
             let session = &self.session;
             async move {
@@ -85,7 +85,7 @@ impl Store {
             .await?,
             clear_cancel: prep(
                 format!(
-                    "UPDATE {ks}.jobs SET cancel_requested = false, updated_at = ? WHERE job_id = ? IF updated_at = ?"
+                    "UPDATE {ks}.jobs USING TTL {ttl} SET cancel_requested = false, updated_at = ? WHERE job_id = ? IF updated_at = ?"
                 ),
                 "prepare clear stale cancel",
                 true,

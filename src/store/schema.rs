@@ -84,6 +84,13 @@ pub const TABLES: &[(&str, &str)] = &[
     // Which tenant submitted a job through the API (TTL 30 days): lets a tenant key read
     // and cancel its own job before any worker wrote the job's row.
     ("job_owners", "(job_id text PRIMARY KEY, tenant text)"),
+    // A job's event history (`crate::events`; TTL retention.results): one partition per
+    // job, in time order, written by the history recorder from the events topic.
+    (
+        "job_events",
+        "(job_id text, at bigint, event_id text, tenant text, job_type text, kind text, attempt int, \
+         worker text, progress double, message text, next_attempt_at bigint, PRIMARY KEY (job_id, at, event_id))",
+    ),
 ];
 
 /// The keyspace's replication: NetworkTopologyStrategy with replicas per datacenter when

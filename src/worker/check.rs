@@ -144,6 +144,7 @@ pub(super) async fn before_run(sh: &Shared, job: Arc<JobSubmitted>, origin: &Ori
         let now = now_ms();
         if now > not_after {
             let msg = format!("not started before not_after ({not_after}); picked at {now}");
+            crate::events::late(&sh.producer, &sh.cfg, &sh.worker_id, &job, not_after);
             return Check::Done(finish(sh, &job, JobStatus::Expired, None, Some(msg), None, None).await);
         }
     }

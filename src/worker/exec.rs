@@ -117,6 +117,7 @@ pub async fn execute(
         Err(durable) => return Ended::Skipped.or_lost(durable),
     };
     let started_at = now_ms();
+    crate::events::started(&sh.producer, &sh.cfg, &sh.worker_id, &job);
     waited.record(&sh, &job, started_at);
     let run = run(&sh, &job, handler, &mut slot, started_at).await;
     let ended = outcome::record(&sh, &job, &origin, &run).await;
@@ -169,6 +170,7 @@ async fn run(sh: &Shared, job: &Arc<JobSubmitted>, handler: Arc<dyn Handler>, sl
     let timeout = sh.job_timeout(&job.job_type);
     let deadline = tokio::time::Instant::now() + timeout;
     let live = Arc::new(JobLive::default());
+    live.publish_progress(crate::events::ProgressSink::new(&sh.producer, &sh.cfg, &sh.worker_id, job));
     let ctx = JobContext::new(job.clone(), deadline, live.clone(), Some(sh.store.clone()));
     {
         let mut running = sh.running.lock().expect("running map");

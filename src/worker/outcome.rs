@@ -181,6 +181,7 @@ pub(crate) async fn finish(
         metrics::counter!(m::OUTCOME_WRITE_FAILURES, "pool" => sh.pool.as_str()).increment(1);
         return false;
     }
+    crate::events::finished(&sh.producer, &sh.cfg, &sh.worker_id, job, status, result.error.as_deref());
     metrics::counter!(m::JOBS_FINISHED, "pool" => sh.pool.as_str(), "status" => status.as_str()).increment(1);
     let e2e = (finished_at - job.submitted_at).max(0) as f64 / 1000.0;
     metrics::histogram!(m::JOB_END_TO_END_SECONDS, "pool" => sh.pool.as_str()).record(e2e);
@@ -239,6 +240,7 @@ pub(crate) async fn fail(
                 return false;
             }
             metrics::counter!(m::RETRIES, "class" => class_topic.as_str(), "job_type" => sh.bounded_job_type(&job.job_type)).increment(1);
+            crate::events::retrying(&sh.producer, &sh.cfg, &sh.worker_id, job, not_before, &err.message);
             let mut u = update(sh, job, "retrying", started_at, None);
             u.attempts = attempt;
             u.crash_count = crash_count;
@@ -252,6 +254,7 @@ pub(crate) async fn fail(
         Decision::DeadLetter { reason } => {
             let attempts = if started_at.is_some() { job.attempt + 1 } else { job.attempt };
             let class = crate::core::retry::dead_letter_class(class);
+            crate::events::dead_lettered(&sh.producer, &sh.cfg, &sh.worker_id, job, &reason);
             let dl = dead_letter(sh, Some(job), None, class, reason, Some(err.message.clone()), attempts, origin).await;
             let fin = finish(sh, job, JobStatus::Failed, None, Some(err.message), Some(class), started_at).await;
             dl && fin

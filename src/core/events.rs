@@ -1,0 +1,425 @@
+//! Watching a job: the state model, which event each step emits, how long rows live,
+//! when progress is worth an event, and how an idempotent submission answers a key it
+//! finds taken. Pure: no I/O, `now` is an argument (the I/O shell is `crate::events`).
+//!
+//! States (what `GET /v1/jobs/{id}` and `fairway status` show):
+//!
+//! | state       | meaning                                                   | written by |
+//! |-------------|-----------------------------------------------------------|------------|
+//! | `queued`    | accepted, waiting for a worker                            | API / CLI at submission |
+//! | `scheduled` | accepted, `execute_at` still ahead                        | API / CLI at submission |
+//! | `waiting`   | queued, and the fleet says why its tenant's next job waits (rate limited, concurrency cap, circuit open, fair share, suspended) | derived when read (worker snapshots) |
+//! | `running`   | a worker runs it                                          | worker |
+//! | `retrying`  | an attempt failed; the next one is due at `next_attempt_at` | worker |
+//! | `succeeded` / `failed` / `cancelled` / `expired` | terminal              | worker |
+//!
+//! Only terminal states absorb: a late `queued` write can never hide a result, because
+//! the submission's row is written with the submission time as its write timestamp
+//! (every worker write comes after the produce, so it wins; see `store::events`).
+
+use crate::model::{EventKind, JobEvent, JobSubmitted, Millis};
+use std::time::Duration;
+
+/// The state model (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum JobState {
+    Queued,
+    Scheduled,
+    Waiting,
+    Running,
+    Retrying,
+    Succeeded,
+    Failed,
+    Cancelled,
+    Expired,
+}
+
+impl JobState {
+    pub const ALL: [JobState; 9] = [
+        JobState::Queued,
+        JobState::Scheduled,
+        JobState::Waiting,
+        JobState::Running,
+        JobState::Retrying,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Cancelled,
+        JobState::Expired,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Scheduled => "scheduled",
+            JobState::Waiting => "waiting",
+            JobState::Running => "running",
+            JobState::Retrying => "retrying",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+            JobState::Expired => "expired",
+        }
+    }
+    pub fn is_terminal(self) -> bool {
+        matches!(self, JobState::Succeeded | JobState::Failed | JobState::Cancelled | JobState::Expired)
+    }
+    /// The state a stored status names. Statuses the worker uses internally map to what a
+    /// client should see: `handed_off` and `replayed` jobs are waiting for a worker again.
+    pub fn from_status(s: &str) -> Option<JobState> {
+        Some(match s {
+            "handed_off" | "replayed" => JobState::Queued,
+            other => *JobState::ALL.iter().find(|v| v.as_str() == other)?,
+        })
+    }
+}
+
+/// Why a queued job's tenant waits (the scheduler's reasons, named for clients).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitReason {
+    RateLimited,
+    ConcurrencyCap,
+    CircuitOpen,
+    /// Other tenants are ahead of it in fair share (the scheduler's deficit).
+    FairShare,
+    ReservedSlots,
+    Suspended,
+}
+
+impl WaitReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WaitReason::RateLimited => "rate_limited",
+            WaitReason::ConcurrencyCap => "concurrency_cap",
+            WaitReason::CircuitOpen => "circuit_open",
+            WaitReason::FairShare => "fair_share",
+            WaitReason::ReservedSlots => "reserved_slots",
+            WaitReason::Suspended => "suspended",
+        }
+    }
+    /// From the scheduler's snapshot names (`fairway stats`); unknown names are ignored.
+    pub fn from_scheduler(s: &str) -> Option<WaitReason> {
+        Some(match s {
+            "rate_limited" => WaitReason::RateLimited,
+            "concurrency_cap" => WaitReason::ConcurrencyCap,
+            "breaker_open" | "circuit_open" => WaitReason::CircuitOpen,
+            "deficit" | "fair_share" => WaitReason::FairShare,
+            "reserved_slots" => WaitReason::ReservedSlots,
+            "suspended" => WaitReason::Suspended,
+            _ => return None,
+        })
+    }
+}
+
+/// The state shown for a stored status: a queued job whose tenant waits for a known
+/// reason is `waiting` (with the reason); anything else shows as stored.
+pub fn shown_state(status: &str, tenant_wait: Option<WaitReason>) -> Option<(JobState, Option<WaitReason>)> {
+    let s = JobState::from_status(status)?;
+    Some(match (s, tenant_wait) {
+        (JobState::Queued, Some(w)) => (JobState::Waiting, Some(w)),
+        (s, _) => (s, None),
+    })
+}
+
+/// The state a job enters when it is accepted at `now`.
+pub fn submission_state(job: &JobSubmitted, now: Millis) -> JobState {
+    match job.execute_at {
+        Some(at) if at > now => JobState::Scheduled,
+        _ => JobState::Queued,
+    }
+}
+
+/// The state an event moves its job to; None for events that report without moving it
+/// (progress, late execution, dead-lettering (a `failed` follows), webhook deliveries).
+pub fn state_after(kind: EventKind) -> Option<JobState> {
+    Some(match kind {
+        EventKind::Queued => JobState::Queued,
+        EventKind::Scheduled => JobState::Scheduled,
+        EventKind::Waiting => JobState::Waiting,
+        EventKind::Started => JobState::Running,
+        EventKind::Retrying => JobState::Retrying,
+        EventKind::Succeeded => JobState::Succeeded,
+        EventKind::Failed => JobState::Failed,
+        EventKind::Cancelled => JobState::Cancelled,
+        EventKind::Expired => JobState::Expired,
+        EventKind::Progress
+        | EventKind::LateExecution
+        | EventKind::DeadLettered
+        | EventKind::WebhookDelivered
+        | EventKind::WebhookFailed => return None,
+    })
+}
+
+/// The state a history of events leaves its job in (events in any order: sorted by time,
+/// then id). A terminal state absorbs: nothing after it moves the job.
+pub fn fold(events: &[JobEvent]) -> Option<JobState> {
+    let mut sorted: Vec<&JobEvent> = events.iter().collect();
+    sorted.sort_by(|a, b| (a.at, &a.event_id).cmp(&(b.at, &b.event_id)));
+    let mut state = None;
+    for e in sorted {
+        if state.is_some_and(JobState::is_terminal) {
+            break;
+        }
+        if let Some(s) = state_after(e.kind) {
+            state = Some(s);
+        }
+    }
+    state
+}
+
+/// Whether a follower (SSE, `status --follow`) stops after this event.
+pub fn ends_stream(kind: EventKind) -> bool {
+    kind.is_terminal()
+}
+
+/// An event with a fresh id (`event_id` is the caller's UUID v7: ids are not this
+/// module's business, it has no randomness).
+pub fn event(event_id: String, job: &JobSubmitted, kind: EventKind, at: Millis) -> JobEvent {
+    JobEvent {
+        event_id,
+        job_id: job.job_id.clone(),
+        tenant: job.tenant.clone(),
+        job_type: job.job_type.clone(),
+        kind,
+        at,
+        attempt: job.attempt,
+        worker: None,
+        progress: None,
+        message: None,
+        next_attempt_at: None,
+    }
+}
+
+/// The event of a submission: `queued`, or `scheduled` with its `execute_at`.
+pub fn submission_event(event_id: String, job: &JobSubmitted, now: Millis) -> JobEvent {
+    match submission_state(job, now) {
+        JobState::Scheduled => JobEvent {
+            next_attempt_at: job.execute_at,
+            ..event(event_id, job, EventKind::Scheduled, now)
+        },
+        _ => event(event_id, job, EventKind::Queued, now),
+    }
+}
+
+/// `late_execution`: the job was picked at `now`, after its `not_after`; says how late.
+pub fn late_execution(event_id: String, job: &JobSubmitted, not_after: Millis, now: Millis) -> JobEvent {
+    let late = (now - not_after).max(0);
+    JobEvent {
+        message: Some(format!(
+            "picked {late} ms after not_after ({not_after}); expired without running (submit with a later \
+             not_after, or add capacity if its pool is backlogged)"
+        )),
+        ..event(event_id, job, EventKind::LateExecution, now)
+    }
+}
+
+/// Seconds a job's row and events live: `retention` after the job can have finished. A
+/// job scheduled ahead keeps its row until `retention` after its `execute_at`, so a far
+/// schedule never expires before it runs. At least 1 s (a CQL TTL of 0 means forever).
+pub fn row_ttl_secs(retention: Duration, now: Millis, execute_at: Option<Millis>) -> i32 {
+    let ahead_ms = execute_at.map_or(0, |at| (at - now).max(0));
+    let secs = retention.as_secs().saturating_add((ahead_ms as u64).div_ceil(1000));
+    secs.clamp(1, i32::MAX as u64) as i32
+}
+
+/// Decides which progress reports become `progress` events: the first, one whose
+/// fraction moved by at least `min_step` or whose message changed, at most one per
+/// `min_interval_ms` (the last report before the end is always in the heartbeat row).
+#[derive(Debug, Clone)]
+pub struct ProgressGate {
+    min_step: f64,
+    min_interval_ms: i64,
+    last: Option<(f64, String, Millis)>,
+}
+
+impl ProgressGate {
+    pub fn new(min_step: f64, min_interval_ms: i64) -> Self {
+        ProgressGate { min_step, min_interval_ms, last: None }
+    }
+    pub fn admit(&mut self, progress: f64, message: &str, now: Millis) -> bool {
+        let pass = match &self.last {
+            None => true,
+            Some((p, m, at)) => {
+                now - at >= self.min_interval_ms && ((progress - p).abs() >= self.min_step || m != message)
+            }
+        };
+        if pass {
+            self.last = Some((progress, message.to_string(), now));
+        }
+        pass
+    }
+}
+
+/// What an idempotent submission does with a key that is already taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TakenKey {
+    /// The original job exists (a state row): answer with it.
+    Duplicate,
+    /// No trace of the original job, and the claim is older than any produce can take:
+    /// its produce failed and the release was lost. Take the key over (by LWT on the
+    /// old job id) and submit.
+    Orphaned,
+    /// No trace yet, but its produce may still be in flight: answer with its id, state
+    /// unknown (the client may ask again).
+    Pending,
+}
+
+/// `row_exists`: the original job has a state row (written with the produce);
+/// `claimed_at`: when the key was claimed; `max_produce_ms`: the producer's delivery
+/// timeout (after it, a produce has either failed or its job's row exists).
+pub fn taken_key(row_exists: bool, claimed_at: Millis, now: Millis, max_produce_ms: i64) -> TakenKey {
+    if row_exists {
+        TakenKey::Duplicate
+    } else if now - claimed_at > max_produce_ms {
+        TakenKey::Orphaned
+    } else {
+        TakenKey::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::JobSubmitted;
+    use proptest::prelude::*;
+
+    fn job() -> JobSubmitted {
+        JobSubmitted::original("j1".into(), "acme".into(), "echo".into(), vec![], 1_000)
+    }
+
+    fn ev(kind: EventKind, at: Millis, id: &str) -> JobEvent {
+        event(id.into(), &job(), kind, at)
+    }
+
+    #[test]
+    fn submission_is_queued_or_scheduled() {
+        let mut j = job();
+        assert_eq!(submission_state(&j, 5_000), JobState::Queued);
+        assert_eq!(submission_event("e".into(), &j, 5_000).kind, EventKind::Queued);
+        j.execute_at = Some(9_000);
+        assert_eq!(submission_state(&j, 5_000), JobState::Scheduled);
+        let e = submission_event("e".into(), &j, 5_000);
+        assert_eq!((e.kind, e.next_attempt_at), (EventKind::Scheduled, Some(9_000)));
+        assert_eq!(submission_state(&j, 9_000), JobState::Queued, "due now: queued");
+    }
+
+    #[test]
+    fn queued_jobs_show_why_they_wait() {
+        assert_eq!(
+            shown_state("queued", Some(WaitReason::RateLimited)),
+            Some((JobState::Waiting, Some(WaitReason::RateLimited)))
+        );
+        assert_eq!(shown_state("running", Some(WaitReason::RateLimited)), Some((JobState::Running, None)));
+        assert_eq!(shown_state("handed_off", None), Some((JobState::Queued, None)));
+        assert_eq!(shown_state("succeeded", None), Some((JobState::Succeeded, None)));
+        assert_eq!(shown_state("bogus", None), None);
+        assert_eq!(WaitReason::from_scheduler("deficit"), Some(WaitReason::FairShare));
+        assert_eq!(WaitReason::from_scheduler("nope"), None);
+    }
+
+    #[test]
+    fn history_folds_to_the_last_state_and_terminal_absorbs() {
+        let h = vec![
+            ev(EventKind::Started, 20, "b"),
+            ev(EventKind::Queued, 10, "a"),
+            ev(EventKind::Progress, 25, "c"),
+        ];
+        assert_eq!(fold(&h), Some(JobState::Running));
+        let mut h2 = h.clone();
+        h2.push(ev(EventKind::Succeeded, 30, "d"));
+        h2.push(ev(EventKind::Retrying, 40, "e"));
+        h2.push(ev(EventKind::WebhookDelivered, 41, "f"));
+        assert_eq!(fold(&h2), Some(JobState::Succeeded));
+        assert_eq!(fold(&[]), None);
+        assert_eq!(fold(&[ev(EventKind::Progress, 1, "x")]), None);
+    }
+
+    #[test]
+    fn late_execution_says_how_late_and_what_to_do() {
+        let e = late_execution("e".into(), &job(), 1_000, 3_500);
+        assert_eq!(e.kind, EventKind::LateExecution);
+        let m = e.message.unwrap();
+        assert!(m.contains("2500 ms") && m.contains("not_after"), "{m}");
+        assert!(!ends_stream(EventKind::LateExecution) && ends_stream(EventKind::Expired));
+    }
+
+    #[test]
+    fn row_ttl_covers_the_schedule() {
+        let day = Duration::from_secs(86_400);
+        assert_eq!(row_ttl_secs(day, 0, None), 86_400);
+        assert_eq!(row_ttl_secs(day, 0, Some(-5)), 86_400, "past schedule adds nothing");
+        assert_eq!(row_ttl_secs(day, 0, Some(3_600_001)), 86_400 + 3_601);
+        assert_eq!(row_ttl_secs(Duration::ZERO, 0, None), 1, "never 0 (forever)");
+        assert_eq!(row_ttl_secs(Duration::from_secs(u64::MAX), 0, None), i32::MAX);
+    }
+
+    #[test]
+    fn progress_gate_throttles() {
+        let mut g = ProgressGate::new(0.01, 500);
+        assert!(g.admit(0.0, "", 0));
+        assert!(!g.admit(0.5, "", 100), "too soon");
+        assert!(g.admit(0.5, "", 600));
+        assert!(!g.admit(0.505, "", 2_000), "too small a step");
+        assert!(g.admit(0.505, "phase 2", 2_000), "message changed");
+    }
+
+    #[test]
+    fn taken_keys() {
+        assert_eq!(taken_key(true, 0, 1_000_000, 30_000), TakenKey::Duplicate);
+        assert_eq!(taken_key(false, 0, 10_000, 30_000), TakenKey::Pending);
+        assert_eq!(taken_key(false, 0, 30_001, 30_000), TakenKey::Orphaned);
+    }
+
+    fn arb_kind() -> impl Strategy<Value = EventKind> {
+        prop::sample::select(EventKind::ALL.to_vec())
+    }
+
+    proptest! {
+        /// Whatever arrives after a terminal event, the fold stays at that terminal state;
+        /// the fold does not depend on arrival order.
+        #[test]
+        fn prop_fold_is_order_free_and_terminal_absorbs(
+            kinds in prop::collection::vec((arb_kind(), 0i64..1_000), 0..30),
+            seed in any::<u64>(),
+        ) {
+            let evs: Vec<JobEvent> =
+                kinds.iter().enumerate().map(|(i, (k, at))| ev(*k, *at, &format!("{i:04}"))).collect();
+            let mut shuffled = evs.clone();
+            let mut s = seed;
+            for i in (1..shuffled.len()).rev() {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                shuffled.swap(i, (s >> 33) as usize % (i + 1));
+            }
+            prop_assert_eq!(fold(&evs), fold(&shuffled));
+            let mut sorted = evs.clone();
+            sorted.sort_by(|a, b| (a.at, &a.event_id).cmp(&(b.at, &b.event_id)));
+            if let Some(first_terminal) = sorted.iter().position(|e| e.kind.is_terminal()) {
+                prop_assert_eq!(fold(&evs), state_after(sorted[first_terminal].kind));
+            } else if let Some(last) = sorted.iter().rev().find_map(|e| state_after(e.kind)) {
+                prop_assert_eq!(fold(&evs), Some(last));
+            }
+        }
+
+        #[test]
+        fn prop_ttl_is_positive_and_covers_the_schedule(ret in 0u64..10_000_000, now in 0i64..1<<40, ahead in -1i64<<30..1<<36) {
+            let t = row_ttl_secs(Duration::from_secs(ret), now, Some(now + ahead));
+            prop_assert!(t >= 1);
+            prop_assert!(i64::from(t) * 1000 >= ahead.max(0));
+            prop_assert!(i64::from(t) as u64 >= ret.min(i32::MAX as u64));
+        }
+
+        /// Events pass at most once per interval.
+        #[test]
+        fn prop_progress_gate_rate(reports in prop::collection::vec((0.0f64..1.0, 0i64..50), 1..200)) {
+            let mut g = ProgressGate::new(0.01, 100);
+            let mut now = 0;
+            let mut passed: Vec<Millis> = Vec::new();
+            for (p, dt) in reports {
+                now += dt;
+                if g.admit(p, "", now) {
+                    passed.push(now);
+                }
+            }
+            prop_assert!(passed.windows(2).all(|w| w[1] - w[0] >= 100));
+            prop_assert!(!passed.is_empty());
+        }
+    }
+}

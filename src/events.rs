@@ -1,0 +1,239 @@
+//! Watching a job, the I/O shell (rules: `core::events`, statements: `store::events`).
+//!
+//! - **Publishing.** Lifecycle and progress events go to `<prefix>events` (Avro
+//!   `schemas/job_event.avsc`, key = job id, so one job's events stay in order on one
+//!   partition). They are produced without waiting for the acknowledgement: a worker's
+//!   hot path never waits for an event, and an event the producer cannot queue is
+//!   dropped and counted (`fairway_events_dropped_total`); the job's row stays the truth.
+//! - **History.** The recorder ([`record`], run by `fairway serve`) consumes the topic
+//!   in its own consumer group and writes each job's events to `job_events` (TTL
+//!   `retention.results`), committing only what is written; an API down for a while
+//!   catches up (within `retention.events`).
+//! - **Push.** [`Feed`] tails the topic from its end in every API process (own group, no
+//!   commits) and broadcasts to the SSE streams, which also re-read the history every
+//!   second to fill any gap (events are deduplicated by id).
+
+use crate::config::Config;
+use crate::core::events as rules;
+use crate::kafka::{self, Consumer, Message};
+use crate::model::{EventKind, JobEvent, JobStatus, JobSubmitted, Millis};
+use crate::store::Store;
+use crate::{codec, metrics as m, now_ms};
+use rdkafka::producer::FutureProducer;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{broadcast, watch};
+
+fn new_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
+/// Publishes an event without waiting (see the module docs).
+pub fn emit(producer: &FutureProducer, cfg: &Config, ev: &JobEvent) {
+    let Ok(bytes) = codec::encode_event(ev) else { return };
+    if kafka::send_nowait(producer, &cfg.events_topic(), &ev.job_id, &bytes) {
+        metrics::counter!(m::EVENTS_PUBLISHED, "kind" => ev.kind.as_str()).increment(1);
+    } else {
+        metrics::counter!(m::EVENTS_DROPPED).increment(1);
+    }
+}
+
+/// A worker's event about `job` (`worker` set).
+fn worker_event(job: &JobSubmitted, kind: EventKind, worker: &str) -> JobEvent {
+    JobEvent { worker: Some(worker.to_string()), ..rules::event(new_id(), job, kind, now_ms()) }
+}
+
+/// `queued` or `scheduled`: a submission was accepted.
+pub fn submitted(producer: &FutureProducer, cfg: &Config, job: &JobSubmitted) {
+    emit(producer, cfg, &rules::submission_event(new_id(), job, now_ms()));
+}
+
+/// `started`: a handler starts an attempt.
+pub fn started(producer: &FutureProducer, cfg: &Config, worker: &str, job: &JobSubmitted) {
+    emit(producer, cfg, &worker_event(job, EventKind::Started, worker));
+}
+
+/// `progress`: a running job reported progress (the caller throttles with
+/// `core::events::ProgressGate`).
+pub fn progress(producer: &FutureProducer, cfg: &Config, worker: &str, job: &JobSubmitted, p: f64, msg: &str) {
+    let ev = JobEvent {
+        progress: Some(p),
+        message: (!msg.is_empty()).then(|| msg.to_string()),
+        ..worker_event(job, EventKind::Progress, worker)
+    };
+    emit(producer, cfg, &ev);
+}
+
+/// A running job's progress reports as `progress` events, throttled by
+/// `core::events::ProgressGate` (a 1 % step or a new message, at most every 250 ms).
+pub struct ProgressSink {
+    producer: FutureProducer,
+    cfg: Arc<Config>,
+    worker: String,
+    job: Arc<JobSubmitted>,
+    gate: std::sync::Mutex<rules::ProgressGate>,
+}
+
+impl std::fmt::Debug for ProgressSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProgressSink").field("job_id", &self.job.job_id).finish()
+    }
+}
+
+impl ProgressSink {
+    pub fn new(producer: &FutureProducer, cfg: &Arc<Config>, worker: &str, job: &Arc<JobSubmitted>) -> Self {
+        ProgressSink {
+            producer: producer.clone(),
+            cfg: cfg.clone(),
+            worker: worker.to_string(),
+            job: job.clone(),
+            gate: std::sync::Mutex::new(rules::ProgressGate::new(0.01, 250)),
+        }
+    }
+    pub fn report(&self, p: f64, msg: &str) {
+        let pass = self.gate.lock().map(|mut g| g.admit(p, msg, now_ms())).unwrap_or(false);
+        if pass {
+            progress(&self.producer, &self.cfg, &self.worker, &self.job, p, msg);
+        }
+    }
+}
+
+/// `retrying`: an attempt failed and the next is due at `next_at`.
+pub fn retrying(producer: &FutureProducer, cfg: &Config, worker: &str, job: &JobSubmitted, next_at: Millis, error: &str) {
+    let ev = JobEvent {
+        next_attempt_at: Some(next_at),
+        message: Some(error.to_string()),
+        ..worker_event(job, EventKind::Retrying, worker)
+    };
+    emit(producer, cfg, &ev);
+}
+
+/// The terminal event (`succeeded`, `failed`, `cancelled`, `expired`).
+pub fn finished(
+    producer: &FutureProducer,
+    cfg: &Config,
+    worker: &str,
+    job: &JobSubmitted,
+    status: JobStatus,
+    error: Option<&str>,
+) {
+    let ev = JobEvent { message: error.map(str::to_string), ..worker_event(job, status.into(), worker) };
+    emit(producer, cfg, &ev);
+}
+
+/// `late_execution`: picked after its `not_after` (then `expired` follows).
+pub fn late(producer: &FutureProducer, cfg: &Config, worker: &str, job: &JobSubmitted, not_after: Millis) {
+    let ev = JobEvent { worker: Some(worker.to_string()), ..rules::late_execution(new_id(), job, not_after, now_ms()) };
+    emit(producer, cfg, &ev);
+}
+
+/// `dead_lettered`: the job went to the DLQ (a `failed` follows).
+pub fn dead_lettered(producer: &FutureProducer, cfg: &Config, worker: &str, job: &JobSubmitted, reason: &str) {
+    let ev = JobEvent { message: Some(reason.to_string()), ..worker_event(job, EventKind::DeadLettered, worker) };
+    emit(producer, cfg, &ev);
+}
+
+// ---------------------------------------------------------------------------------------
+// History recorder
+// ---------------------------------------------------------------------------------------
+
+/// Most events written per batch.
+const RECORD_BATCH: usize = 500;
+
+/// Consumes the events topic (group `<group prefix>events-history`) and writes each
+/// event to its job's history until `stop` turns true. Offsets are committed only after
+/// a batch is written: an event is recorded at least once (rows are idempotent).
+pub async fn record(cfg: Arc<Config>, store: Store, mut stop: watch::Receiver<bool>) -> anyhow::Result<()> {
+    let stmts = store.event_statements().await?;
+    let consumer = kafka::reader(&cfg, &cfg.group("events-history"), false)?;
+    consumer.subscribe(&[cfg.events_topic().as_str()])?;
+    let ttl = rules::row_ttl_secs(cfg.retention.results, 0, None);
+    loop {
+        let mut batch = Vec::new();
+        // Wait for one message, then take what else arrives within 50 ms.
+        tokio::select! {
+            _ = stop.changed() => return Ok(()),
+            m = consumer.recv() => match m {
+                Ok(m) => batch.extend(m.payload().and_then(|p| codec::decode_event(p).ok())),
+                Err(e) => {
+                    tracing::warn!(error = %e, "events recorder: consume failed");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+            },
+        }
+        let until = tokio::time::Instant::now() + Duration::from_millis(50);
+        while batch.len() < RECORD_BATCH {
+            match tokio::time::timeout_at(until, consumer.recv()).await {
+                Ok(Ok(m)) => batch.extend(m.payload().and_then(|p| codec::decode_event(p).ok())),
+                _ => break,
+            }
+        }
+        // Written (with retries) before the offsets move on.
+        let mut delay = Duration::from_millis(200);
+        loop {
+            match stmts.put_events(&batch, ttl).await {
+                Ok(()) => break,
+                Err(e) => {
+                    metrics::counter!(m::EVENT_RECORD_FAILURES).increment(1);
+                    tracing::warn!(error = %e, "events recorder: cannot write history; retrying");
+                    if *stop.borrow() {
+                        return Ok(());
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(10));
+                }
+            }
+        }
+        metrics::counter!(m::EVENTS_RECORDED).increment(batch.len() as u64);
+        if let Err(e) = consumer.commit_consumer_state(kafka::CommitMode::Async) {
+            tracing::debug!(error = %e, "events recorder: commit failed (re-recorded after a restart)");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Live feed
+// ---------------------------------------------------------------------------------------
+
+/// Live events of this deployment, from the topic's end (see the module docs).
+#[derive(Clone)]
+pub struct Feed {
+    tx: broadcast::Sender<Arc<JobEvent>>,
+}
+
+/// Events buffered per slow subscriber before it skips (it then re-reads history).
+const FEED_BUFFER: usize = 4096;
+
+impl Feed {
+    /// Starts tailing the events topic until `stop` turns true.
+    pub fn start(cfg: &Config, mut stop: watch::Receiver<bool>) -> Result<Feed, kafka::KafkaError> {
+        let (tx, _) = broadcast::channel(FEED_BUFFER);
+        let consumer = kafka::tail_reader(cfg, &cfg.group(&format!("events-feed-{}", uuid::Uuid::new_v4().simple())))?;
+        consumer.subscribe(&[cfg.events_topic().as_str()])?;
+        let feed = Feed { tx: tx.clone() };
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = stop.changed() => return,
+                    m = consumer.recv() => match m {
+                        Ok(m) => {
+                            if let Some(ev) = m.payload().and_then(|p| codec::decode_event(p).ok()) {
+                                let _ = tx.send(Arc::new(ev));
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "events feed: consume failed");
+                            tokio::time::sleep(Duration::from_millis(500)).await;
+                        }
+                    },
+                }
+            }
+        });
+        Ok(feed)
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<JobEvent>> {
+        self.tx.subscribe()
+    }
+}

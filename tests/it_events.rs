@@ -1,0 +1,335 @@
+//! Watching a job against the real broker and CQL database: a job submitted through the
+//! API is `queued` before any worker runs; its Server-Sent Events stream carries progress
+//! and ends with the terminal event; the history is recorded; a tenant stream sees only
+//! its tenant; `late_execution` for a job past `not_after`; an idempotent submit whose
+//! produce fails leaves no claimed key, and a duplicate returns the result; job rows
+//! expire after `retention.results`; `init` sets topic retention.
+
+mod common;
+
+use fairway::api::{self, ApiState, Caller};
+use fairway::config::Config;
+use fairway::handlers::Registry;
+use fairway::model::Pool;
+use fairway::submit::{NewJob, Submitter};
+use fairway::worker::{Policy, Worker};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+struct Api {
+    base: String,
+    http: reqwest::Client,
+    stop: tokio::sync::oneshot::Sender<()>,
+}
+
+async fn create_key(cfg: &Config, caller: &Caller) -> String {
+    let store = fairway::store::Store::open(cfg).await.expect("store");
+    let keys = store.key_statements().await.expect("key statements");
+    let k = fairway::core::auth::new_key(rand::random());
+    assert!(keys.insert(&k.id, &k.hash, caller, Some("it_events"), fairway::now_ms()).await.expect("insert key"));
+    k.token
+}
+
+fn client_with_key(token: &str) -> reqwest::Client {
+    let mut h = reqwest::header::HeaderMap::new();
+    h.insert(reqwest::header::AUTHORIZATION, format!("Bearer {token}").parse().unwrap());
+    reqwest::Client::builder().default_headers(h).build().unwrap()
+}
+
+impl Api {
+    async fn start(cfg: &Arc<Config>) -> Api {
+        common::init(cfg).await;
+        let state = ApiState::connect(cfg.clone(), None).await.expect("API state");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(api::serve(listener, state, async move {
+            let _ = rx.await;
+        }));
+        let admin = create_key(cfg, &Caller::Admin).await;
+        Api { base: format!("http://{addr}"), http: client_with_key(&admin), stop }
+    }
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+    async fn post(&self, path: &str, body: &Value) -> (StatusCode, Value) {
+        let r = tokio::time::timeout(Duration::from_secs(30), self.http.post(self.url(path)).json(body).send())
+            .await
+            .expect("POST answers within 30 s")
+            .expect("POST");
+        let s = r.status();
+        (s, r.json().await.unwrap_or(Value::Null))
+    }
+    async fn get(&self, path: &str) -> (StatusCode, Value) {
+        get_with(&self.http, &self.url(path)).await
+    }
+}
+
+async fn get_with(http: &reqwest::Client, url: &str) -> (StatusCode, Value) {
+    let r = tokio::time::timeout(Duration::from_secs(30), http.get(url).send())
+        .await
+        .expect("GET answers within 30 s")
+        .expect("GET");
+    let s = r.status();
+    (s, r.json().await.unwrap_or(Value::Null))
+}
+
+/// Reads a Server-Sent Events stream until the server ends it, `stop` says so, or
+/// `timeout` passes; returns the (event name, data) pairs and whether the server ended it.
+async fn read_sse(
+    http: reqwest::Client,
+    url: String,
+    timeout: Duration,
+    stop: impl Fn(&[(String, Value)]) -> bool,
+) -> (Vec<(String, Value)>, bool) {
+    let mut resp = http.get(&url).send().await.expect("SSE request");
+    assert_eq!(resp.status(), StatusCode::OK, "SSE {url}");
+    let ct = resp.headers().get("content-type").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
+    assert!(ct.starts_with("text/event-stream"), "content type {ct}");
+    let deadline = tokio::time::Instant::now() + timeout;
+    let (mut buf, mut out) = (String::new(), Vec::new());
+    loop {
+        match tokio::time::timeout_at(deadline, resp.chunk()).await {
+            Err(_) => return (out, false),
+            Ok(Ok(None)) => return (out, true),
+            Ok(chunk) => buf.push_str(&String::from_utf8_lossy(&chunk.expect("SSE chunk").expect("a chunk"))),
+        }
+        while let Some(end) = buf.find("\n\n") {
+            let frame: String = buf.drain(..end + 2).collect();
+            let (mut name, mut data) = (String::new(), String::new());
+            for line in frame.lines() {
+                if let Some(v) = line.strip_prefix("event:") {
+                    name = v.trim().to_string();
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    data.push_str(v.trim_start());
+                }
+            }
+            if !data.is_empty() {
+                out.push((name, serde_json::from_str(&data).expect("SSE data is JSON")));
+            }
+        }
+        if stop(&out) {
+            return (out, false);
+        }
+    }
+}
+
+fn kinds(evs: &[(String, Value)]) -> Vec<String> {
+    evs.iter().map(|(k, _)| k.clone()).collect()
+}
+
+/// Polls `GET path` until `ok` holds (at most `timeout`); returns the last answer.
+async fn poll(api: &Api, path: &str, timeout: Duration, ok: impl Fn(StatusCode, &Value) -> bool) -> (StatusCode, Value) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let (s, v) = api.get(path).await;
+        if ok(s, &v) || Instant::now() > deadline {
+            return (s, v);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn queued_at_once_then_sse_progress_to_the_end_history_and_tenant_stream() {
+    let cfg = common::arc(common::config(""));
+    let api = Api::start(&cfg).await;
+
+    // Queued before any worker runs: the row is written at submission.
+    let (s, a) = api.post("/v1/jobs", &json!({"tenant": "acme", "job_type": "sleep", "payload": {"ms": 1500}})).await;
+    assert_eq!(s, StatusCode::CREATED, "{a}");
+    let id = a["job_id"].as_str().unwrap().to_string();
+    let (s, st) = api.get(&format!("/v1/jobs/{id}")).await;
+    assert_eq!(s, StatusCode::OK, "a queued job is visible at once: {st}");
+    assert_eq!((st["status"].as_str(), st["state"].as_str()), (Some("queued"), Some("queued")), "{st}");
+    assert_eq!(st["tenant"], "acme");
+
+    // A job scheduled ahead is `scheduled`.
+    let later = fairway::now_ms() + 600_000;
+    let (s, b) = api.post("/v1/jobs", &json!({"tenant": "acme", "job_type": "echo", "execute_at": later})).await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let (_, st) = api.get(&format!("/v1/jobs/{}", b["job_id"].as_str().unwrap())).await;
+    assert_eq!(st["state"], "scheduled", "{st}");
+
+    // Follow the first job; a tenant key follows globex's events only.
+    let follow = tokio::spawn(read_sse(
+        api.http.clone(),
+        api.url(&format!("/v1/jobs/{id}/events?follow=1")),
+        Duration::from_secs(60),
+        |_| false,
+    ));
+    let globex = client_with_key(&create_key(&cfg, &Caller::Tenant("globex".into())).await);
+    let (s, e) = get_with(&globex, &api.url("/v1/events?follow=1&tenant=acme")).await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "a tenant key cannot follow another tenant: {e}");
+    let (s, e) = get_with(&globex, &api.url("/v1/events")).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{e}");
+    assert!(e["error"].as_str().unwrap().contains("follow=1"), "{e}");
+    let tenant_stream = tokio::spawn(read_sse(
+        globex.clone(),
+        api.url("/v1/events?follow=1"),
+        Duration::from_secs(60),
+        |evs| evs.iter().any(|(k, _)| k == "succeeded"),
+    ));
+    // The feed starts at the topic's end once its consumer has partitions: give it a moment.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (s, g) = api.post("/v1/jobs", &json!({"tenant": "globex", "job_type": "echo", "payload": "hi"})).await;
+    assert_eq!(s, StatusCode::CREATED, "{g}");
+    let g_id = g["job_id"].as_str().unwrap().to_string();
+
+    let registry = Registry::from_config(&cfg, Default::default()).unwrap();
+    let worker = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair).await.unwrap();
+
+    let (evs, ended) = follow.await.unwrap();
+    let k = kinds(&evs);
+    assert!(ended, "the stream ends by itself after the terminal event: {k:?}");
+    assert_eq!(k.first().map(String::as_str), Some("queued"), "{k:?}");
+    assert!(k.iter().any(|k| k == "started"), "{k:?}");
+    let progress: Vec<f64> = evs.iter().filter(|(k, _)| k == "progress").filter_map(|(_, v)| v["progress"].as_f64()).collect();
+    assert!(progress.len() >= 3, "progress events while it runs: {k:?}");
+    assert!(progress.windows(2).all(|w| w[0] <= w[1]), "progress in order: {progress:?}");
+    assert_eq!(k.last().map(String::as_str), Some("succeeded"), "{k:?}");
+    assert!(evs.iter().all(|(_, v)| v["job_id"] == id.as_str()), "only this job's events");
+
+    let (tevs, _) = tenant_stream.await.unwrap();
+    assert!(tevs.iter().all(|(_, v)| v["tenant"] == "globex"), "only globex's events: {tevs:?}");
+    assert!(
+        tevs.iter().any(|(k, v)| k == "succeeded" && v["job_id"] == g_id.as_str()),
+        "globex's job's end: {:?}",
+        kinds(&tevs)
+    );
+
+    // The history, recorded from the topic.
+    let (s, h) = poll(&api, &format!("/v1/jobs/{id}/events"), Duration::from_secs(20), |s, v| {
+        s == StatusCode::OK && v["events"].as_array().is_some_and(|e| e.iter().any(|e| e["kind"] == "succeeded"))
+    })
+    .await;
+    assert_eq!(s, StatusCode::OK, "{h}");
+    assert_eq!(h["state"], "succeeded", "{h}");
+    let hk: Vec<&str> = h["events"].as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert_eq!(hk.first(), Some(&"queued"), "{hk:?}");
+    assert!(hk.contains(&"started") && hk.contains(&"progress"), "{hk:?}");
+    // Another tenant's key sees neither the job nor its history.
+    let (s, _) = get_with(&globex, &api.url(&format!("/v1/jobs/{id}/events"))).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+
+    worker.stop().await;
+    let _ = api.stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_job_past_not_after_reports_late_execution_and_expires() {
+    let cfg = common::arc(common::config(""));
+    let api = Api::start(&cfg).await;
+    let past = fairway::now_ms() - 1_000;
+    let (s, a) = api.post("/v1/jobs", &json!({"tenant": "acme", "job_type": "echo", "not_after": past})).await;
+    assert_eq!(s, StatusCode::CREATED, "{a}");
+    let id = a["job_id"].as_str().unwrap().to_string();
+    let registry = Registry::from_config(&cfg, Default::default()).unwrap();
+    let worker = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair).await.unwrap();
+    let (s, h) = poll(&api, &format!("/v1/jobs/{id}/events"), Duration::from_secs(40), |s, v| {
+        s == StatusCode::OK && v["events"].as_array().is_some_and(|e| e.iter().any(|e| e["kind"] == "expired"))
+    })
+    .await;
+    worker.stop().await;
+    assert_eq!(s, StatusCode::OK, "{h}");
+    let evs = h["events"].as_array().unwrap();
+    let late = evs.iter().find(|e| e["kind"] == "late_execution").unwrap_or_else(|| panic!("no late_execution: {h}"));
+    assert!(late["message"].as_str().unwrap().contains("not_after"), "{late}");
+    assert_eq!(h["state"], "expired", "{h}");
+    let _ = api.stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failed_produce_leaves_no_claimed_key_and_a_duplicate_returns_the_result() {
+    let cfg = common::arc(common::config(""));
+    let api = Api::start(&cfg).await;
+    let store = fairway::store::Store::open(&cfg).await.unwrap();
+    let key = format!("order-{}", uuid::Uuid::new_v4());
+    let claimed = |store: fairway::store::Store, key: String| async move {
+        let cql = format!("SELECT job_id FROM {}.idempotency WHERE tenant = ? AND key = ?", store.keyspace());
+        let r = store.session().query_unpaged(cql, ("acme", key.as_str())).await.unwrap();
+        r.into_rows_result().unwrap().rows_num()
+    };
+
+    // A producer that refuses the record at once (larger than its message.max.bytes).
+    let mut small = (*cfg).clone();
+    small.kafka.properties.set("message.max.bytes", "1000");
+    let failing = Submitter::new(Arc::new(small), Some(store.clone())).unwrap();
+    let job = NewJob {
+        tenant: "acme".into(),
+        job_type: "echo".into(),
+        payload: json!("x".repeat(4000)),
+        idempotency_key: Some(key.clone()),
+        ..Default::default()
+    };
+    let err = failing.submit(&job).await.expect_err("the produce fails");
+    assert!(err.to_string().contains("producing to"), "{err}");
+    assert_eq!(claimed(store.clone(), key.clone()).await, 0, "no key left claimed after the failed produce");
+
+    // The client's retry is a fresh submission, runs, and a later duplicate answers with
+    // the original job's state and result.
+    let body = json!({"tenant": "acme", "job_type": "echo", "payload": "x".repeat(4000), "idempotency_key": key});
+    let (s, first) = api.post("/v1/jobs", &body).await;
+    assert_eq!(s, StatusCode::CREATED, "{first}");
+    assert_eq!(first["duplicate"], false, "the retry after a failed produce is not a duplicate: {first}");
+    assert_eq!(claimed(store.clone(), key.clone()).await, 1);
+    let id = first["job_id"].as_str().unwrap().to_string();
+    let (s, dup) = api.post("/v1/jobs", &body).await;
+    assert_eq!(s, StatusCode::CREATED, "{dup}");
+    assert_eq!((dup["duplicate"].as_bool(), dup["job_id"].as_str()), (Some(true), Some(id.as_str())), "{dup}");
+    assert_eq!(dup["state"], "queued", "{dup}");
+
+    let registry = Registry::from_config(&cfg, Default::default()).unwrap();
+    let worker = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair).await.unwrap();
+    let (_, st) = poll(&api, &format!("/v1/jobs/{id}"), Duration::from_secs(40), |_, v| v["status"] == "succeeded").await;
+    worker.stop().await;
+    assert_eq!(st["status"], "succeeded", "{st}");
+    let (s, dup) = api.post("/v1/jobs", &body).await;
+    assert_eq!(s, StatusCode::CREATED, "{dup}");
+    assert_eq!(dup["job_id"], id.as_str());
+    assert_eq!(dup["state"], "succeeded", "{dup}");
+    assert_eq!(dup["result"]["status"], "succeeded", "{dup}");
+    assert!(dup["result"]["output"].as_str().unwrap_or_default().contains("xxxx"), "{dup}");
+    let _ = api.stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn job_rows_expire_after_retention_and_init_sets_topic_retention() {
+    let mut c = common::config("");
+    c.retention.results = Duration::from_secs(2);
+    let cfg = common::arc(c);
+    common::init(&cfg).await;
+    let store = fairway::store::Store::open(&cfg).await.unwrap();
+    let submitter = Submitter::new(cfg.clone(), Some(store.clone())).unwrap();
+    let job = NewJob { tenant: "acme".into(), job_type: "echo".into(), ..Default::default() };
+    let s = submitter.submit(&job).await.unwrap();
+    let row = store.job_direct(&s.job_id).await.unwrap().expect("queued row");
+    assert_eq!(row.status.as_deref(), Some("queued"));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while store.job_direct(&s.job_id).await.unwrap().is_some() {
+        assert!(Instant::now() < deadline, "the row outlived its 2 s TTL by far");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    // Topics are created with [retention] (retention.ms at creation). Changing it on
+    // existing topics needs DescribeConfigs/AlterConfigs, which the local broker (tansu)
+    // does not have: `init` must then say so plainly (it warns and goes on). On a broker
+    // that has them (Apache Kafka), nothing to change after creation, then one change.
+    let mut changed = (*cfg).clone();
+    changed.retention.dlq = Duration::from_secs(2 * 86_400);
+    // tansu answers DescribeConfigs (so this checks the values set at creation).
+    let none = fairway::kafka::apply_retention(&cfg).await.expect("describe configs");
+    assert_eq!(none, Vec::<String>::new(), "every topic was created with its configured retention.ms");
+    match fairway::kafka::apply_retention(&changed).await {
+        Err(e) => {
+            let e = e.to_string();
+            assert!(e.contains("no DescribeConfigs/AlterConfigs") && e.contains("broker's own tools"), "{e}");
+        }
+        Ok(out) => {
+            assert!(out.len() == 1 && out[0].contains("dlq") && out[0].contains("172800000"), "{out:?}");
+            assert_eq!(fairway::kafka::apply_retention(&changed).await.unwrap(), Vec::<String>::new());
+        }
+    }
+}
