@@ -253,15 +253,18 @@ struct Sent {
 /// result (the workers have partitions and warm connections).
 async fn warm_up(cfg: &Config, producer: &FutureProducer, feed: &mut ResultFeed) -> anyhow::Result<()> {
     let topic = cfg.pool_topic(Pool::Short);
-    let mut want = HashSet::new();
+    let mut want = HashMap::new();
     for t in TENANTS {
         let rec = record(t, "sleep", serde_json::json!({ "ms": 0 }));
-        produce(producer, &topic, &rec).await?;
-        want.insert(rec.job_id);
+        let partition = produce(producer, &topic, &rec).await?;
+        want.insert(rec.job_id, partition);
     }
     let deadline = Instant::now() + Duration::from_secs(120);
     while !want.is_empty() {
-        anyhow::ensure!(Instant::now() < deadline, "warm-up jobs got no results within 120 s (worker logs kept with --keep)");
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "warm-up jobs got no results within 120 s: {want:?} (job id: partition; worker logs kept with --keep)"
+        );
         if let Ok(Some((r, _))) = tokio::time::timeout(Duration::from_millis(500), feed.rx.recv()).await {
             want.remove(&r.job_id);
         }
@@ -295,14 +298,18 @@ async fn submit(a: &FaultsArgs, cfg: &Config, producer: &FutureProducer) -> anyh
 struct Tally {
     /// Results per submitted job id.
     results: HashMap<String, u32>,
+    /// Jobs by the status of their first result.
     statuses: BTreeMap<String, u64>,
 }
 
 impl Tally {
     fn add(&mut self, r: &JobResult, sent: &Sent) {
         if sent.ids.contains(&r.job_id) {
-            *self.results.entry(r.job_id.clone()).or_default() += 1;
-            *self.statuses.entry(format!("{:?}", r.status).to_lowercase()).or_default() += 1;
+            let n = self.results.entry(r.job_id.clone()).or_default();
+            *n += 1;
+            if *n == 1 {
+                *self.statuses.entry(format!("{:?}", r.status).to_lowercase()).or_default() += 1;
+            }
         }
     }
 }
@@ -383,18 +390,22 @@ async fn restart_cql(script: PathBuf) -> anyhow::Result<f64> {
 // ---------------------------------------------------------------------------------------
 // Counting.
 
-/// Whether the poison job and the malformed message reached the DLQ (read for up to `wait`).
-async fn dead_lettered(cfg: &Config, sent: &Sent, wait: Duration) -> anyhow::Result<(bool, bool)> {
+/// DLQ entries of the poison job and of the malformed message: read until both are there
+/// and nothing new came for 3 s (copies dead-lettered again after a kill), or `wait` passes.
+async fn dead_lettered(cfg: &Config, sent: &Sent, wait: Duration) -> anyhow::Result<(u32, u32)> {
     let reader = kafka::reader(cfg, &cfg.group(&format!("faults-dlq-{}", now_ms())), false)?;
     reader.subscribe(&[&cfg.dlq_topic()])?;
-    let (mut poison, mut malformed) = (false, false);
+    let (mut poison, mut malformed) = (0, 0);
     let deadline = Instant::now() + wait;
-    while !(poison && malformed) && Instant::now() < deadline {
+    let mut last = Instant::now();
+    while Instant::now() < deadline && (poison == 0 || malformed == 0 || last.elapsed() < Duration::from_secs(3)) {
         let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(500), reader.recv()).await else { continue };
+        last = Instant::now();
         let Some(d) = m.payload().and_then(|b| codec::decode_dead_letter(b).ok()) else { continue };
-        poison |= d.job.as_ref().is_some_and(|j| j.job_id == sent.poison_id);
-        malformed |= d.raw.as_deref() == Some(MALFORMED)
-            || (d.origin_partition, d.origin_offset) == sent.malformed_at && d.job.is_none();
+        poison += u32::from(d.job.as_ref().is_some_and(|j| j.job_id == sent.poison_id));
+        malformed += u32::from(
+            d.raw.as_deref() == Some(MALFORMED) || (d.origin_partition, d.origin_offset) == sent.malformed_at && d.job.is_none(),
+        );
     }
     Ok((poison, malformed))
 }
@@ -432,7 +443,7 @@ fn report(
     sent: &Sent,
     tally: &Tally,
     faults: &Faults,
-    dlq: &(bool, bool),
+    dlq: &(u32, u32),
     runs: &Runs,
     duration: Duration,
     restarts: usize,
@@ -457,8 +468,10 @@ fn report(
         "executions": runs.started,
         "jobs_run_twice": runs.started_twice,
         "jobs_completed_twice": runs.completed_twice,
-        "poison_dead_lettered": dlq.0,
-        "malformed_dead_lettered": dlq.1,
+        "poison_dead_lettered": dlq.0 > 0,
+        "malformed_dead_lettered": dlq.1 > 0,
+        "poison_dlq_entries": dlq.0,
+        "malformed_dlq_entries": dlq.1,
         "kills_done": kills,
         "kill_at_s": faults.kill_at_s,
         "worker_restarts": restarts,
