@@ -14,6 +14,7 @@
 //! id and its row (state, and result when finished).
 
 use crate::config::Config;
+use crate::core::trace;
 use crate::model::{JobSubmitted, Millis, Pool, Priority};
 use crate::store::{EventStatements, IdempotencyClaim, JobRow, Store, SubmittedRow};
 use crate::{codec, kafka, now_ms};
@@ -31,6 +32,8 @@ pub enum SubmitError {
     PayloadTooLarge { size: usize, limit: usize },
     #[error("not_after ({not_after}) is before execute_at ({execute_at}): the job could never run")]
     NeverRunnable { execute_at: Millis, not_after: Millis },
+    #[error("{0}")]
+    BadTraceContext(String),
     #[error(transparent)]
     Kafka(#[from] kafka::KafkaError),
     #[error(transparent)]
@@ -59,6 +62,12 @@ pub struct NewJob {
     pub not_after: Option<Millis>,
     #[serde(default)]
     pub generation: i64,
+    /// W3C Trace Context of the caller (the HTTP API takes the request's `traceparent`
+    /// and `tracestate` headers); a new trace is started when absent.
+    #[serde(default)]
+    pub traceparent: Option<String>,
+    #[serde(default)]
+    pub tracestate: Option<String>,
 }
 
 impl NewJob {
@@ -146,6 +155,10 @@ impl Submitter {
             execute_at: job.execute_at,
             not_after: job.not_after,
             generation: job.generation,
+            traceparent: Some(
+                job.traceparent.clone().unwrap_or_else(|| trace::new_traceparent(rand::random(), rand::random())),
+            ),
+            tracestate: job.tracestate.clone(),
             ..JobSubmitted::original(job_id.clone(), job.tenant.clone(), job.job_type.clone(), payload, now)
         };
         let (produced, written) = tokio::join!(self.produce(&rec), self.put_submitted(stmts, &rec, pool, now));
@@ -286,6 +299,15 @@ fn validate_job(cfg: &Config, job: &NewJob, payload_len: usize) -> Result<Pool, 
         if n < e {
             return Err(SubmitError::NeverRunnable { execute_at: e, not_after: n });
         }
+    }
+    if let Some(tp) = &job.traceparent {
+        trace::check_traceparent(tp).map_err(SubmitError::BadTraceContext)?;
+    }
+    if let Some(ts) = &job.tracestate {
+        if job.traceparent.is_none() {
+            return Err(SubmitError::BadTraceContext("tracestate given without traceparent; send both or neither".into()));
+        }
+        trace::check_tracestate(ts).map_err(SubmitError::BadTraceContext)?;
     }
     Ok(job.pool.unwrap_or(jt.pool))
 }

@@ -42,6 +42,8 @@ fn job(cfg: &Config, tenant: &str, job_type: &str, replay_count: i32) -> JobSubm
         first_failure_at: Some(now_ms() - 50_000),
         replay_count,
         replayed_from: None,
+        traceparent: None,
+        tracestate: None,
     }
 }
 

@@ -368,14 +368,44 @@ fn count_submitted(s: &Submitted) {
 
 /// A job object of `caller`'s request: a tenant key may omit `tenant` (it is the key's)
 /// and may not name another (403).
-fn job_of(caller: &Caller, item: serde_json::Value) -> Result<NewJob, ApiError> {
+fn job_of(caller: &Caller, trace: &TraceHeaders, item: serde_json::Value) -> Result<NewJob, ApiError> {
     let mut item = item;
     if let (Some(t), Some(obj)) = (caller.tenant(), item.as_object_mut()) {
         obj.entry("tenant").or_insert_with(|| t.into());
     }
-    let job = NewJob::deserialize(item).map_err(|e| ApiError::from_json(&e, "a job object"))?;
+    let mut job = NewJob::deserialize(item).map_err(|e| ApiError::from_json(&e, "a job object"))?;
+    if job.traceparent.is_none() {
+        job.traceparent = trace.traceparent.clone();
+        job.tracestate = trace.tracestate.clone();
+    }
     auth::check_tenant(caller, &job.tenant)?;
     Ok(job)
+}
+
+/// The W3C Trace Context a request came with. A `traceparent` header that does not
+/// parse is ignored (the trace restarts, as the W3C spec asks of every participant); a
+/// job object's own `traceparent` field takes precedence and is validated strictly.
+struct TraceHeaders {
+    traceparent: Option<String>,
+    tracestate: Option<String>,
+}
+
+impl TraceHeaders {
+    fn of(headers: &axum::http::HeaderMap) -> TraceHeaders {
+        let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(|s| s.trim().to_string());
+        let traceparent = text("traceparent").filter(|tp| match crate::core::trace::check_traceparent(tp) {
+            Ok(()) => true,
+            Err(why) => {
+                tracing::debug!("traceparent header ignored, trace restarted: {why}");
+                false
+            }
+        });
+        let tracestate = traceparent
+            .as_ref()
+            .and(text("tracestate"))
+            .filter(|ts| crate::core::trace::check_tracestate(ts).is_ok());
+        TraceHeaders { traceparent, tracestate }
+    }
 }
 
 /// Records which tenant submitted each accepted job (before answering, so a tenant can
@@ -399,11 +429,12 @@ async fn record_owners(st: &ApiState, owners: impl Iterator<Item = (&str, &str)>
 async fn submit_one(
     State(st): State<ApiState>,
     caller: Caller,
+    headers: axum::http::HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body.map_err(body_error)?;
     let item: serde_json::Value = serde_json::from_slice(&body).map_err(|e| ApiError::from_json(&e, "a job object"))?;
-    let job = job_of(&caller, item)?;
+    let job = job_of(&caller, &TraceHeaders::of(&headers), item)?;
     st.inner.submitter.validate(&job, job.payload_bytes().len())?;
     st.admit(&job.tenant, 1)?;
     let s = st.inner.submitter.submit(&job).await?;
@@ -416,6 +447,7 @@ async fn submit_one(
 async fn submit_batch(
     State(st): State<ApiState>,
     caller: Caller,
+    headers: axum::http::HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body.map_err(body_error)?;
@@ -435,11 +467,12 @@ async fn submit_batch(
             format!("the batch has {} jobs, above the limit of {MAX_BATCH_JOBS}; split it", items.len()),
         ));
     }
+    let trace = TraceHeaders::of(&headers);
     // All-or-nothing: every job must be valid before any is produced.
     let mut jobs = Vec::with_capacity(items.len());
     let mut per_tenant: BTreeMap<String, u32> = BTreeMap::new();
     for (i, item) in items.into_iter().enumerate() {
-        let job = job_of(&caller, item).map_err(|e| e.context(format!("job [{i}]")))?;
+        let job = job_of(&caller, &trace, item).map_err(|e| e.context(format!("job [{i}]")))?;
         st.inner
             .submitter
             .validate(&job, job.payload_bytes().len())

@@ -160,6 +160,10 @@ pub async fn submit(cfg: &Arc<Config>, a: SubmitArgs) -> anyhow::Result<ExitCode
             execute_at: a.execute_at,
             not_after: a.not_after,
             generation: 0,
+            // W3C trace context from the environment (the OpenTelemetry convention for
+            // processes): a CI job or script that runs in a trace passes it on.
+            traceparent: std::env::var("TRACEPARENT").ok(),
+            tracestate: std::env::var("TRACESTATE").ok(),
         });
     }
     // Submit concurrently; the producer batches and keeps per-partition order.

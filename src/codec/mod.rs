@@ -24,8 +24,13 @@
 //! so the `.avsc` files stay the single source of truth: a schema edit that this code does
 //! not follow fails the tests (and changes a pinned fingerprint).
 //!
-//! Only the exact current schema of each type is accepted (matched by fingerprint).
-//! When a schema evolves, keep the old `.avsc` and teach the decoder its fingerprint.
+//! Schema evolution: a message is read by its writer schema's fingerprint. The current
+//! schema takes the fast hand-written path; a released earlier version (kept in
+//! `schemas/history/`, see `History`) is read by Avro schema resolution into the current
+//! record (fields added since take their defaults), so a rolling upgrade loses nothing an
+//! older producer or worker wrote. v2 of `JobSubmitted` (and the `DeadLetter` that embeds
+//! it) added the W3C trace-context fields; v1 messages are fixtures in `tests/fixtures/v1`.
+//! Any other fingerprint is refused with an error that names it.
 
 use std::fmt;
 use std::sync::LazyLock;
@@ -176,6 +181,68 @@ static DEAD_LETTER: LazyLock<WireSchema> =
 static JOB_EVENT: LazyLock<WireSchema> =
     LazyLock::new(|| WireSchema::load("job_event.avsc", include_str!("../../schemas/job_event.avsc")));
 
+/// Released earlier versions of a schema (`schemas/history/<name>.v<N>.avsc`), still read.
+/// A message written with one of them is decoded by Avro schema resolution into the
+/// current schema (fields added since take their defaults), so a rolling upgrade loses
+/// nothing that an older producer or worker wrote. When a schema changes, copy the
+/// released version here first and list it below.
+struct History {
+    version: u32,
+    wire: WireSchema,
+}
+
+static JOB_SUBMITTED_HISTORY: LazyLock<Vec<History>> = LazyLock::new(|| {
+    vec![History {
+        version: 1,
+        wire: WireSchema::load("history/job_submitted.v1.avsc", include_str!("../../schemas/history/job_submitted.v1.avsc")),
+    }]
+});
+static DEAD_LETTER_HISTORY: LazyLock<Vec<History>> = LazyLock::new(|| {
+    vec![History {
+        version: 1,
+        wire: WireSchema::load("history/dead_letter.v1.avsc", include_str!("../../schemas/history/dead_letter.v1.avsc")),
+    }]
+});
+
+/// The released earlier versions of a record kind's schema that are still decoded.
+fn history(kind: RecordKind) -> &'static [History] {
+    match kind {
+        RecordKind::JobSubmitted => &JOB_SUBMITTED_HISTORY,
+        RecordKind::DeadLetter => &DEAD_LETTER_HISTORY,
+        _ => &[],
+    }
+}
+
+/// Largest allocation apache-avro may make while resolving an older-version message: a
+/// corrupt length prefix must not allocate more than any real message holds.
+const RESOLVE_MAX_ALLOCATION: usize = 64 << 20;
+
+/// Rewrites the Avro body of a message written with an older schema version into a body
+/// of the current schema (Avro schema resolution), for the hand decoder to read.
+fn resolve_body(kind: RecordKind, old: &History, body: &[u8]) -> Result<Vec<u8>, CodecError> {
+    static LIMIT: std::sync::Once = std::sync::Once::new();
+    LIMIT.call_once(|| {
+        apache_avro::max_allocation_bytes(RESOLVE_MAX_ALLOCATION);
+    });
+    let current = schema(kind);
+    let problem = |what: &str, e: apache_avro::Error| CodecError::Body {
+        record: kind,
+        field: "(whole record)",
+        offset: HEADER_LEN,
+        problem: format!(
+            "written with schema version {} (schemas/{}), which {what}: {e}",
+            old.version, old.wire.file
+        ),
+    };
+    let mut reader = body;
+    let value = apache_avro::from_avro_datum(&old.wire.schema, &mut reader, Some(current))
+        .map_err(|e| problem("does not resolve into the current schema", e))?;
+    if !reader.is_empty() {
+        return Err(CodecError::TrailingBytes { record: kind, body: body.len() - reader.len(), extra: reader.len() });
+    }
+    apache_avro::to_avro_datum(current, value).map_err(|e| problem("resolved to a value the current schema rejects", e))
+}
+
 /// The parsed Avro schema of a record kind (from `schemas/*.avsc`).
 pub fn schema(kind: RecordKind) -> &'static Schema {
     &kind.wire().schema
@@ -220,10 +287,7 @@ pub fn encode_job_into(job: &JobSubmitted, out: &mut Vec<u8>) -> Result<(), Code
 
 /// Decode an Avro single-object `io.fairway.JobSubmitted` message.
 pub fn decode_job(bytes: &[u8]) -> Result<JobSubmitted, CodecError> {
-    let mut r = body_reader(bytes, RecordKind::JobSubmitted)?;
-    let job = read_job(&mut r)?;
-    r.finish()?;
-    Ok(job)
+    decode_with(bytes, RecordKind::JobSubmitted, read_job)
 }
 
 /// Encode a job result as an Avro single-object message (schema `io.fairway.JobResult`).
@@ -261,25 +325,24 @@ pub fn encode_result_into(res: &JobResult, out: &mut Vec<u8>) -> Result<(), Code
 
 /// Decode an Avro single-object `io.fairway.JobResult` message.
 pub fn decode_result(bytes: &[u8]) -> Result<JobResult, CodecError> {
-    let mut r = body_reader(bytes, RecordKind::JobResult)?;
-    let res = JobResult {
-        job_id: r.string("job_id")?,
-        tenant: r.string("tenant")?,
-        job_type: r.string("job_type")?,
-        pool: r.pool("pool")?,
-        status: r.status("status")?,
-        output: r.opt("output", |r, f| r.bytes(f))?,
-        error: r.opt("error", |r, f| r.string(f))?,
-        failure_class: r.opt("failure_class", |r, f| r.failure_class(f))?,
-        attempts: r.int("attempts")?,
-        generation: r.long("generation")?,
-        submitted_at: r.long("submitted_at")?,
-        started_at: r.opt("started_at", |r, f| r.long(f))?,
-        finished_at: r.long("finished_at")?,
-        worker_id: r.string("worker_id")?,
-    };
-    r.finish()?;
-    Ok(res)
+    decode_with(bytes, RecordKind::JobResult, |r| {
+        Ok(JobResult {
+            job_id: r.string("job_id")?,
+            tenant: r.string("tenant")?,
+            job_type: r.string("job_type")?,
+            pool: r.pool("pool")?,
+            status: r.status("status")?,
+            output: r.opt("output", |r, f| r.bytes(f))?,
+            error: r.opt("error", |r, f| r.string(f))?,
+            failure_class: r.opt("failure_class", |r, f| r.failure_class(f))?,
+            attempts: r.int("attempts")?,
+            generation: r.long("generation")?,
+            submitted_at: r.long("submitted_at")?,
+            started_at: r.opt("started_at", |r, f| r.long(f))?,
+            finished_at: r.long("finished_at")?,
+            worker_id: r.string("worker_id")?,
+        })
+    })
 }
 
 /// Encode a dead letter as an Avro single-object message (schema `io.fairway.DeadLetter`).
@@ -314,23 +377,22 @@ pub fn encode_dead_letter_into(dl: &DeadLetter, out: &mut Vec<u8>) -> Result<(),
 
 /// Decode an Avro single-object `io.fairway.DeadLetter` message.
 pub fn decode_dead_letter(bytes: &[u8]) -> Result<DeadLetter, CodecError> {
-    let mut r = body_reader(bytes, RecordKind::DeadLetter)?;
-    let dl = DeadLetter {
-        job: r.opt("job", |r, _| read_job(r))?,
-        raw: r.opt("raw", |r, f| r.bytes(f))?,
-        failure_class: r.failure_class("failure_class")?,
-        reason: r.string("reason")?,
-        last_error: r.opt("last_error", |r, f| r.string(f))?,
-        attempts: r.int("attempts")?,
-        first_failure_at: r.long("first_failure_at")?,
-        last_failure_at: r.long("last_failure_at")?,
-        origin_topic: r.string("origin_topic")?,
-        origin_partition: r.int("origin_partition")?,
-        origin_offset: r.long("origin_offset")?,
-        replay_count: r.int("replay_count")?,
-    };
-    r.finish()?;
-    Ok(dl)
+    decode_with(bytes, RecordKind::DeadLetter, |r| {
+        Ok(DeadLetter {
+            job: r.opt("job", |r, _| read_job(r))?,
+            raw: r.opt("raw", |r, f| r.bytes(f))?,
+            failure_class: r.failure_class("failure_class")?,
+            reason: r.string("reason")?,
+            last_error: r.opt("last_error", |r, f| r.string(f))?,
+            attempts: r.int("attempts")?,
+            first_failure_at: r.long("first_failure_at")?,
+            last_failure_at: r.long("last_failure_at")?,
+            origin_topic: r.string("origin_topic")?,
+            origin_partition: r.int("origin_partition")?,
+            origin_offset: r.long("origin_offset")?,
+            replay_count: r.int("replay_count")?,
+        })
+    })
 }
 
 /// Encode a job event as an Avro single-object message (schema `io.fairway.JobEvent`).
@@ -359,22 +421,21 @@ pub fn encode_event(ev: &JobEvent) -> Result<Vec<u8>, CodecError> {
 
 /// Decode an Avro single-object `io.fairway.JobEvent` message.
 pub fn decode_event(bytes: &[u8]) -> Result<JobEvent, CodecError> {
-    let mut r = body_reader(bytes, RecordKind::JobEvent)?;
-    let ev = JobEvent {
-        event_id: r.string("event_id")?,
-        job_id: r.string("job_id")?,
-        tenant: r.string("tenant")?,
-        job_type: r.string("job_type")?,
-        kind: r.symbol("kind", &EventKind::ALL)?,
-        at: r.long("at")?,
-        attempt: r.int("attempt")?,
-        worker: r.opt("worker", |r, f| r.string(f))?,
-        progress: r.opt("progress", |r, f| r.double(f))?,
-        message: r.opt("message", |r, f| r.string(f))?,
-        next_attempt_at: r.opt("next_attempt_at", |r, f| r.long(f))?,
-    };
-    r.finish()?;
-    Ok(ev)
+    decode_with(bytes, RecordKind::JobEvent, |r| {
+        Ok(JobEvent {
+            event_id: r.string("event_id")?,
+            job_id: r.string("job_id")?,
+            tenant: r.string("tenant")?,
+            job_type: r.string("job_type")?,
+            kind: r.symbol("kind", &EventKind::ALL)?,
+            at: r.long("at")?,
+            attempt: r.int("attempt")?,
+            worker: r.opt("worker", |r, f| r.string(f))?,
+            progress: r.opt("progress", |r, f| r.double(f))?,
+            message: r.opt("message", |r, f| r.string(f))?,
+            next_attempt_at: r.opt("next_attempt_at", |r, f| r.long(f))?,
+        })
+    })
 }
 
 /// Index of an event kind in `job_event.avsc`'s symbols (`EventKind::ALL` is that order).
@@ -394,6 +455,8 @@ fn job_size_hint(j: &JobSubmitted) -> usize {
         + j.idempotency_key.as_ref().map_or(0, String::len)
         + j.last_error.as_ref().map_or(0, String::len)
         + j.replayed_from.as_ref().map_or(0, String::len)
+        + j.traceparent.as_ref().map_or(0, String::len)
+        + j.tracestate.as_ref().map_or(0, String::len)
         + 64
 }
 
@@ -417,6 +480,8 @@ fn write_job(j: &JobSubmitted, out: &mut Vec<u8>) {
     write_opt(out, j.first_failure_at, write_long);
     write_long(out, j.replay_count.into());
     write_opt(out, j.replayed_from.as_deref(), write_str);
+    write_opt(out, j.traceparent.as_deref(), write_str);
+    write_opt(out, j.tracestate.as_deref(), write_str);
 }
 
 fn read_job(r: &mut BodyReader<'_>) -> Result<JobSubmitted, CodecError> {
@@ -440,6 +505,8 @@ fn read_job(r: &mut BodyReader<'_>) -> Result<JobSubmitted, CodecError> {
         first_failure_at: r.opt("first_failure_at", |r, f| r.long(f))?,
         replay_count: r.int("replay_count")?,
         replayed_from: r.opt("replayed_from", |r, f| r.string(f))?,
+        traceparent: r.opt("traceparent", |r, f| r.string(f))?,
+        tracestate: r.opt("tracestate", |r, f| r.string(f))?,
     })
 }
 
@@ -538,7 +605,31 @@ fn write_opt<T>(out: &mut Vec<u8>, v: Option<T>, write: impl FnOnce(&mut Vec<u8>
 }
 
 /// Check the header and return a reader positioned on the body.
-fn body_reader(bytes: &[u8], expected: RecordKind) -> Result<BodyReader<'_>, CodecError> {
+/// Reads a message of the `expected` kind with `read`: its header checked, its body
+/// read directly if written with the current schema, or resolved first if written with
+/// a released earlier version (see `History`).
+fn decode_with<T>(
+    bytes: &[u8],
+    expected: RecordKind,
+    read: impl FnOnce(&mut BodyReader<'_>) -> Result<T, CodecError>,
+) -> Result<T, CodecError> {
+    let resolved;
+    let body = match writer_version(bytes, expected)? {
+        None => &bytes[HEADER_LEN..],
+        Some(old) => {
+            resolved = resolve_body(expected, old, &bytes[HEADER_LEN..])?;
+            &resolved[..]
+        }
+    };
+    let mut r = BodyReader { buf: body, pos: 0, record: expected };
+    let value = read(&mut r)?;
+    r.finish()?;
+    Ok(value)
+}
+
+/// Checks a message's header: `None` if written with the current schema of `expected`,
+/// `Some(version)` if with a released earlier one.
+fn writer_version(bytes: &[u8], expected: RecordKind) -> Result<Option<&'static History>, CodecError> {
     if bytes.len() >= 2 && bytes[..2] != MAGIC {
         return Err(CodecError::BadMagic { found0: bytes[0], found1: bytes[1], expected });
     }
@@ -547,18 +638,16 @@ fn body_reader(bytes: &[u8], expected: RecordKind) -> Result<BodyReader<'_>, Cod
     }
     let found: [u8; 8] = bytes[2..HEADER_LEN].try_into().expect("8 bytes");
     let wire = expected.wire();
-    if found != wire.fingerprint.0 {
-        if let Some(other) = RecordKind::ALL.into_iter().find(|k| k.wire().fingerprint.0 == found) {
-            return Err(CodecError::WrongRecord { found: other, expected, decode_fn: other.decode_fn() });
-        }
-        return Err(CodecError::UnknownFingerprint {
-            found: Fingerprint(found),
-            expected,
-            expected_fp: wire.fingerprint,
-            file: wire.file,
-        });
+    if found == wire.fingerprint.0 {
+        return Ok(None);
     }
-    Ok(BodyReader { buf: &bytes[HEADER_LEN..], pos: 0, record: expected })
+    if let Some(old) = history(expected).iter().find(|h| h.wire.fingerprint.0 == found) {
+        return Ok(Some(old));
+    }
+    if let Some(other) = RecordKind::ALL.into_iter().find(|k| k.wire().fingerprint.0 == found) {
+        return Err(CodecError::WrongRecord { found: other, expected, decode_fn: other.decode_fn() });
+    }
+    Err(CodecError::UnknownFingerprint { found: Fingerprint(found), expected, expected_fp: wire.fingerprint, file: wire.file })
 }
 
 struct BodyReader<'a> {
@@ -716,6 +805,8 @@ mod tests {
             first_failure_at: Some(1_700_000_070_000),
             replay_count: 4,
             replayed_from: Some("fairway.dlq".into()),
+            traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
+            tracestate: Some("vendor=opaque".into()),
         }
     }
 
@@ -995,9 +1086,9 @@ mod tests {
     /// a compatibility plan, then update the pins.
     #[test]
     fn fingerprints_are_pinned() {
-        assert_eq!(fingerprint(RecordKind::JobSubmitted).to_string(), "44199d21e49bfe3e");
+        assert_eq!(fingerprint(RecordKind::JobSubmitted).to_string(), "c23b839bafae9a45");
         assert_eq!(fingerprint(RecordKind::JobResult).to_string(), "595d9eec35d310e9");
-        assert_eq!(fingerprint(RecordKind::DeadLetter).to_string(), "90433191f998dfc5");
+        assert_eq!(fingerprint(RecordKind::DeadLetter).to_string(), "eb1549c1dc0fc4a1");
     }
 
     #[test]
@@ -1045,7 +1136,7 @@ mod tests {
         let msg = e.to_string();
         assert!(msg.contains("deadbeef00010203"), "{msg}");
         assert!(msg.contains("io.fairway.JobSubmitted"), "{msg}");
-        assert!(msg.contains("44199d21e49bfe3e"), "{msg}");
+        assert!(msg.contains("c23b839bafae9a45"), "{msg}");
         assert!(msg.contains("job_submitted.avsc"), "{msg}");
         assert_eq!(sniff(&b), None);
     }
@@ -1217,6 +1308,8 @@ mod tests {
                 first_failure_at: Some(1_700_000_070_000),
                 replay_count: 4,
                 replayed_from: Some("fairway.dlq".into()),
+                traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
+                tracestate: Some("vendor=opaque".into()),
             }
         );
         // And we write exactly what fastavro wrote.
@@ -1287,6 +1380,54 @@ mod tests {
         assert_eq!(encode_dead_letter(&d).unwrap(), bytes);
     }
 
+    // -- messages written with the released v1 schemas (tests/fixtures/v1) ------------
+
+    /// The v1 fingerprints must never change: messages with them sit on topics and in
+    /// the store during and after an upgrade.
+    #[test]
+    fn history_fingerprints_are_pinned() {
+        assert_eq!(history(RecordKind::JobSubmitted)[0].wire.fingerprint.to_string(), "44199d21e49bfe3e");
+        assert_eq!(history(RecordKind::DeadLetter)[0].wire.fingerprint.to_string(), "90433191f998dfc5");
+    }
+
+    #[test]
+    fn v1_jobs_are_read_by_schema_resolution() {
+        let v1 = include_bytes!("../../tests/fixtures/v1/job_submitted_fastavro.bin");
+        assert_eq!(Fingerprint(v1[2..HEADER_LEN].try_into().unwrap()).to_string(), "44199d21e49bfe3e");
+        let mut want = decode_job(include_bytes!("../../tests/fixtures/job_submitted_fastavro.bin")).unwrap();
+        want.traceparent = None;
+        want.tracestate = None;
+        assert_eq!(decode_job(v1).unwrap(), want);
+        let v1 = include_bytes!("../../tests/fixtures/v1/job_submitted_minimal_fastavro.bin");
+        assert_eq!(decode_job(v1).unwrap(), fastavro_minimal_job());
+    }
+
+    #[test]
+    fn v1_dead_letters_are_read_by_schema_resolution() {
+        for (v1, v2) in [
+            (
+                &include_bytes!("../../tests/fixtures/v1/dead_letter_fastavro.bin")[..],
+                &include_bytes!("../../tests/fixtures/dead_letter_fastavro.bin")[..],
+            ),
+            (
+                &include_bytes!("../../tests/fixtures/v1/dead_letter_raw_fastavro.bin")[..],
+                &include_bytes!("../../tests/fixtures/dead_letter_raw_fastavro.bin")[..],
+            ),
+        ] {
+            assert_eq!(decode_dead_letter(v1).unwrap(), decode_dead_letter(v2).unwrap());
+        }
+    }
+
+    #[test]
+    fn a_damaged_v1_message_says_which_version_it_was() {
+        let v1 = include_bytes!("../../tests/fixtures/v1/job_submitted_fastavro.bin");
+        let err = decode_job(&v1[..v1.len() - 30]).unwrap_err().to_string();
+        assert!(err.contains("schema version 1"), "{err}");
+        let mut longer = v1.to_vec();
+        longer.push(0);
+        assert!(matches!(decode_job(&longer), Err(CodecError::TrailingBytes { .. })));
+    }
+
     #[test]
     fn fastavro_fixture_job_result() {
         let bytes = include_bytes!("../../tests/fixtures/job_result_fastavro.bin");
@@ -1337,12 +1478,14 @@ mod tests {
             any::<i32>(),
             proptest::option::of(text()),
         );
-        (ids, head, mid, tail).prop_map(
+        let trace = (proptest::option::of(text()), proptest::option::of(text()));
+        (ids, head, mid, tail, trace).prop_map(
             |(
                 (job_id, tenant, job_type),
                 (pool, priority, payload, idempotency_key, execute_at, not_after),
                 (attempt, crash_count, generation, submitted_at, not_before),
                 (last_error, last_failure_class, first_failure_at, replay_count, replayed_from),
+                (traceparent, tracestate),
             )| JobSubmitted {
                 job_id,
                 tenant,
@@ -1363,6 +1506,8 @@ mod tests {
                 first_failure_at,
                 replay_count,
                 replayed_from,
+                traceparent,
+                tracestate,
             },
         )
     }

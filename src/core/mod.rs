@@ -16,4 +16,5 @@ pub mod rerun;
 pub mod retry;
 pub mod scheduler;
 pub mod tenants;
+pub mod trace;
 pub mod window;

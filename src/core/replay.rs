@@ -211,6 +211,8 @@ pub fn prepare(job: &JobSubmitted, from_topic: &str) -> JobSubmitted {
         first_failure_at: None,
         replay_count: job.replay_count.saturating_add(1),
         replayed_from: Some(from_topic.to_string()),
+        traceparent: None,
+        tracestate: None,
         ..job.clone()
     }
 }
@@ -343,6 +345,8 @@ mod tests {
             first_failure_at: Some(2_000),
             replay_count: 1,
             replayed_from: Some("old.dlq".into()),
+            traceparent: None,
+            tracestate: None,
         }
     }
 

@@ -418,6 +418,8 @@ mod tests {
             first_failure_at: Some(2_000),
             replay_count: 2,
             replayed_from: Some("x.dlq".into()),
+            traceparent: None,
+            tracestate: None,
         }
     }
 

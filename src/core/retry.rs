@@ -1089,6 +1089,8 @@ mod tests {
             first_failure_at: None,
             replay_count: 0,
             replayed_from: None,
+            traceparent: None,
+            tracestate: None,
         };
         assert_eq!(AttemptState::from(&job), AttemptState { attempt: 3, crash_count: 1, last_error: Some("e".into()) });
     }

@@ -57,14 +57,21 @@ impl Handler for HttpExecutor {
         let url = self.url.clone();
         async move {
             let job = &ctx.job;
-            let resp = client
+            let req = client
                 .post(&url)
                 .header("content-type", "application/octet-stream")
                 .header("idempotency-key", &job.job_id)
                 .header("x-fairway-job-id", &job.job_id)
                 .header("x-fairway-tenant", &job.tenant)
                 .header("x-fairway-job-type", &job.job_type)
-                .header("x-fairway-attempt", ctx.attempt.to_string())
+                .header("x-fairway-attempt", ctx.attempt.to_string());
+            // The submitter's W3C trace context, so the service's spans join its trace.
+            let req = match (&job.traceparent, &job.tracestate) {
+                (Some(tp), Some(ts)) => req.header("traceparent", tp).header("tracestate", ts),
+                (Some(tp), None) => req.header("traceparent", tp),
+                _ => req,
+            };
+            let resp = req
                 .body(job.payload.clone())
                 .send()
                 .await;

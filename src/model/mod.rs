@@ -181,6 +181,10 @@ pub struct JobSubmitted {
     pub replay_count: i32,
     /// Topic the last replay read it from.
     pub replayed_from: Option<String>,
+    /// W3C Trace Context of the submitting request (`traceparent`, `tracestate`): kept
+    /// through retries, parking, hand-offs and replays, handed to the handler.
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
 }
 
 impl JobSubmitted {
@@ -207,6 +211,8 @@ impl JobSubmitted {
             first_failure_at: None,
             replay_count: 0,
             replayed_from: None,
+            traceparent: None,
+            tracestate: None,
         }
     }
 }

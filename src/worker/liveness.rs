@@ -4,6 +4,7 @@
 //! leader at a time, by LWT lease) re-dispatches jobs whose heartbeat lapsed as worker
 //! crashes, which never use up an attempt.
 
+use super::exec::Origin;
 use super::Shared;
 use crate::model::{FailureClass, Pool};
 use crate::{codec, kafka, metrics as m, now_ms};
@@ -126,9 +127,17 @@ async fn reap_pool(sh: &Shared, pool: Pool) -> Result<(), Box<dyn std::error::Er
             sh.store.delete_running_job(pool.as_str(), &job_id).await?;
             continue;
         }
-        let Ok(mut job) = codec::decode_job(&blob) else {
-            sh.store.delete_running_job(pool.as_str(), &job_id).await?;
-            continue;
+        let mut job = match codec::decode_job(&blob) {
+            Ok(job) => job,
+            Err(e) => {
+                // Never dropped: dead-lettered with its bytes and the reason (kept in the
+                // index for the next round if the dead letter is not acknowledged).
+                let origin = Origin { topic: "store:running_index".into(), partition: -1, offset: started_at };
+                if super::outcome::dead_letter_undecodable(&sh.cfg, &sh.producer, blob, &e, &origin).await {
+                    sh.store.delete_running_job(pool.as_str(), &job_id).await?;
+                }
+                continue;
+            }
         };
         job.crash_count = job.crash_count.max(row.and_then(|r| r.crash_count).unwrap_or(0) + 1);
         job.not_before = Some(now);

@@ -5,6 +5,8 @@
 
 use super::exec::{Ended, Origin, Run};
 use super::Shared;
+use crate::config::Config;
+use rdkafka::producer::FutureProducer;
 use crate::core::retry::{AttemptState, Decision};
 use crate::handlers::HandlerError;
 use crate::model::{DeadLetter, FailureClass, JobResult, JobStatus, JobSubmitted};
@@ -290,9 +292,48 @@ pub(crate) async fn dead_letter(
         replay_count: job.map(|j| j.replay_count).unwrap_or(0),
     };
     let key = job.map(|j| j.tenant.as_str()).unwrap_or("");
-    let topic = sh.cfg.dlq_topic();
-    let produced = match codec::encode_dead_letter(&dl) {
-        Ok(bytes) => match with_retries(|| kafka::send(&sh.producer, &topic, key, &bytes)).await {
+    let produced = produce_dead_letter(&sh.cfg, &sh.producer, &dl, key).await;
+    let jt = job.map(|j| sh.bounded_job_type(&j.job_type)).unwrap_or_else(|| "unknown".to_string());
+    metrics::counter!(m::DEAD_LETTERS, "class" => class.as_str(), "job_type" => jt).increment(1);
+    produced
+}
+
+/// Dead-letters one of fairway's own records (a retry record, a parked scheduled job, a
+/// running-index entry) that no longer decodes, with the raw bytes and the reason, instead
+/// of dropping it. `origin` names where it was read (a topic, or `store:<table>`).
+pub(crate) async fn dead_letter_undecodable(
+    cfg: &Config,
+    producer: &FutureProducer,
+    raw: Vec<u8>,
+    error: &codec::CodecError,
+    origin: &Origin,
+) -> bool {
+    let now = now_ms();
+    let dl = DeadLetter {
+        job: None,
+        raw: Some(raw),
+        failure_class: FailureClass::Permanent,
+        reason: format!("fairway's own record in {} no longer decodes: {error}", origin.topic),
+        last_error: None,
+        attempts: 0,
+        first_failure_at: now,
+        last_failure_at: now,
+        origin_topic: origin.topic.clone(),
+        origin_partition: origin.partition,
+        origin_offset: origin.offset,
+        replay_count: 0,
+    };
+    tracing::error!(origin = %origin.topic, partition = origin.partition, offset = origin.offset, %error, "undecodable record dead-lettered");
+    let produced = produce_dead_letter(cfg, producer, &dl, "").await;
+    metrics::counter!(m::DEAD_LETTERS, "class" => FailureClass::Permanent.as_str(), "job_type" => "unknown").increment(1);
+    produced
+}
+
+/// Produces a dead letter and waits for the ack; false if it could not be made durable.
+async fn produce_dead_letter(cfg: &Config, producer: &FutureProducer, dl: &DeadLetter, key: &str) -> bool {
+    let topic = cfg.dlq_topic();
+    match codec::encode_dead_letter(dl) {
+        Ok(bytes) => match with_retries(|| kafka::send(producer, &topic, key, &bytes)).await {
             Ok(_) => true,
             Err(e) => {
                 tracing::error!(error = %e, "cannot produce dead letter; the message will be redelivered");
@@ -303,10 +344,7 @@ pub(crate) async fn dead_letter(
             tracing::error!(error = %e, "cannot encode dead letter");
             true
         }
-    };
-    let jt = job.map(|j| sh.bounded_job_type(&j.job_type)).unwrap_or_else(|| "unknown".to_string());
-    metrics::counter!(m::DEAD_LETTERS, "class" => class.as_str(), "job_type" => jt).increment(1);
-    produced
+    }
 }
 
 /// Retries a transient I/O operation a few times with backoff before giving up.

@@ -3,7 +3,8 @@
 //! scheduler like any other. A partition whose head is not due yet is paused (no busy
 //! polling, other partitions keep flowing) and resumed when it is.
 
-use super::outcome::with_retries;
+use super::exec::Origin;
+use super::outcome::{self, with_retries};
 use crate::config::Config;
 use crate::core::offsets::PartitionOffsets;
 use crate::kafka::{self, Consumer, Message, RebalanceEvent, TopicPartitionList};
@@ -94,7 +95,8 @@ pub async fn run(
                 Ok(m) => {
                     let key: Key = (m.topic().to_string(), m.partition());
                     let offset = m.offset();
-                    let decoded = codec::decode_job(m.payload().unwrap_or_default());
+                    let payload = m.payload().unwrap_or_default();
+                    let decoded = codec::decode_job(payload).map_err(|e| (e, payload.to_vec()));
                     drop(m);
                     epoch += 1;
                     let e2 = epoch;
@@ -126,10 +128,17 @@ pub async fn run(
                             });
                         }
                         Ok(job) => st.held.push_back(Held { job, offset }),
-                        Err(e) => {
-                            // Only fairway writes retry topics; a bad record is logged and skipped.
-                            tracing::error!(topic = %key.0, partition = key.1, offset, error = %e, "undecodable retry record skipped");
-                            let _ = done_tx.send((key, offset, st.epoch));
+                        Err((e, raw)) => {
+                            // Only fairway writes retry topics, but a record it cannot read
+                            // any more (a schema it does not know) is dead-lettered, never
+                            // dropped; its offset is released once the dead letter is acked.
+                            let (cfg, producer, tx, ep) = (cfg.clone(), producer.clone(), done_tx.clone(), st.epoch);
+                            tokio::spawn(async move {
+                                let origin = Origin { topic: key.0.clone(), partition: key.1, offset };
+                                if outcome::dead_letter_undecodable(&cfg, &producer, raw, &e, &origin).await {
+                                    let _ = tx.send((key, offset, ep));
+                                }
+                            });
                         }
                     }
                 }
@@ -218,9 +227,17 @@ pub async fn promoter_loop(
                 }
             };
             for (at, job_id, blob) in due {
-                let Ok(job) = codec::decode_job(&blob) else {
-                    let _ = store.delete_scheduled(at, &job_id).await;
-                    continue;
+                let job = match codec::decode_job(&blob) {
+                    Ok(job) => job,
+                    Err(e) => {
+                        let origin = Origin { topic: "store:scheduled_jobs".into(), partition: -1, offset: at };
+                        if outcome::dead_letter_undecodable(&cfg, &producer, blob, &e, &origin).await {
+                            let _ = store.delete_scheduled(at, &job_id).await;
+                        } else {
+                            all_done = false;
+                        }
+                        continue;
+                    }
                 };
                 let pool = job.pool.or_else(|| cfg.job_types.get(&job.job_type).map(|j| j.pool)).unwrap_or(Pool::Short);
                 if kafka::send(&producer, &cfg.pool_topic(pool), &job.tenant, &blob).await.is_ok() {

@@ -1,0 +1,65 @@
+//! Rolling upgrades of the wire schemas on the real broker and CQL database: a job written
+//! with the previous `JobSubmitted` schema (v1, the committed fastavro fixture) is run,
+//! not dead-lettered; a retry record that no longer decodes is dead-lettered with its
+//! bytes and the reason, never dropped.
+
+mod common;
+
+use fairway::handlers::Registry;
+use fairway::kafka;
+use fairway::model::{FailureClass, JobStatus, Pool};
+use fairway::worker::{Policy, Worker};
+use std::time::Duration;
+
+/// The v1 fixture (written by fastavro with schemas/history/job_submitted.v1.avsc) with
+/// its job id, the first field (an Avro string of 36 bytes after a one-byte length),
+/// swapped for a fresh one so that every run is a new job in the shared keyspace.
+fn v1_job_with_fresh_id() -> (String, Vec<u8>) {
+    let mut bytes = include_bytes!("fixtures/v1/job_submitted_minimal_fastavro.bin").to_vec();
+    assert_eq!(bytes[10], 72, "the fixture's job id is a 36-byte string (zigzag length 72)");
+    let id = uuid::Uuid::now_v7().to_string();
+    bytes[11..47].copy_from_slice(id.as_bytes());
+    (id, bytes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_job_written_with_the_previous_schema_runs() {
+    let cfg = common::arc(common::config("[tenants.t]\ntier = \"standard\"\n[job_types.noop]\npool = \"short\"\nhandler = \"echo\"\n"));
+    common::init(&cfg).await;
+    let (id, bytes) = v1_job_with_fresh_id();
+    let decoded = fairway::codec::decode_job(&bytes).expect("v1 decodes by schema resolution");
+    assert_eq!((decoded.job_id.as_str(), decoded.traceparent.as_deref()), (id.as_str(), None));
+
+    let registry = Registry::from_config(&cfg, Default::default()).unwrap();
+    let worker = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair).await.unwrap();
+    let producer = kafka::producer(&cfg).unwrap();
+    kafka::send(&producer, &cfg.pool_topic(Pool::Short), "t", &bytes).await.expect("produce v1 job");
+
+    let results = common::results_for(&cfg, std::slice::from_ref(&id), Duration::from_secs(60)).await;
+    worker.stop().await;
+    let rs = results.get(&id).unwrap_or_else(|| panic!("the v1 job {id} got no result"));
+    assert_eq!(rs.len(), 1, "one result: {rs:?}");
+    assert_eq!(rs[0].status, JobStatus::Succeeded, "{rs:?}");
+    assert_eq!(rs[0].job_type, "noop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_undecodable_retry_record_is_dead_lettered_not_dropped() {
+    let cfg = common::arc(common::config(""));
+    common::init(&cfg).await;
+    let registry = Registry::from_config(&cfg, Default::default()).unwrap();
+    let worker = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair).await.unwrap();
+    let producer = kafka::producer(&cfg).unwrap();
+    // A record with fairway's marker but a schema fingerprint no release ever had.
+    let mut raw = vec![0xC3, 0x01, 0xde, 0xad, 0xbe, 0xef, 0, 1, 2, 3];
+    raw.extend_from_slice(b"a job from a newer fairway");
+    let topic = cfg.retry_topic(FailureClass::AppError);
+    kafka::send(&producer, &topic, "acme", &raw).await.expect("produce retry record");
+
+    let dls = common::dead_letters(&cfg, 1, Duration::from_secs(60)).await;
+    worker.stop().await;
+    let dl = dls.first().expect("the undecodable retry record reached the DLQ");
+    assert_eq!(dl.raw.as_deref(), Some(&raw[..]), "the dead letter keeps the record's bytes");
+    assert_eq!(dl.origin_topic, topic);
+    assert!(dl.reason.contains("deadbeef00010203") && dl.reason.contains("no longer decodes"), "{}", dl.reason);
+}
