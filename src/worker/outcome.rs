@@ -178,7 +178,10 @@ pub(crate) async fn finish(
     u.failure_class = class.map(|c| c.as_str());
     u.output = result.output.as_deref();
     u.attempts = attempts;
-    if let Err(e) = with_retries(|| sh.store.put_state(&u, finished_at)).await {
+    // The result is out: from here a failed write means a second run and a duplicate
+    // result, so the write is retried through a store outage (a restart of the database
+    // takes tens of seconds) before giving up; the offset stays uncommitted meanwhile.
+    if let Err(e) = retry_through_outage(|| sh.store.put_state(&u, finished_at)).await {
         tracing::error!(job_id = %job.job_id, error = %e, "result published but the outcome could not be recorded; the job will be redelivered and run again");
         metrics::counter!(m::OUTCOME_WRITE_FAILURES, "pool" => sh.pool.as_str()).increment(1);
         return false;
@@ -343,6 +346,31 @@ async fn produce_dead_letter(cfg: &Config, producer: &FutureProducer, dl: &DeadL
         Err(e) => {
             tracing::error!(error = %e, "cannot encode dead letter");
             true
+        }
+    }
+}
+
+/// How long a write that must not fail (see `finish`) is retried: longer than a restart
+/// of the database, shorter than a stuck process should hold its partition's commits.
+const OUTAGE_RETRY: Duration = Duration::from_secs(180);
+
+/// Retries an I/O operation with backoff (capped at 5 s) for up to `OUTAGE_RETRY`.
+async fn retry_through_outage<T, E: std::fmt::Display, F, Fut>(mut f: F) -> Result<T, E>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let give_up = tokio::time::Instant::now() + OUTAGE_RETRY;
+    let mut delay = Duration::from_millis(100);
+    loop {
+        match f().await {
+            Ok(v) => return Ok(v),
+            Err(e) if tokio::time::Instant::now() + delay < give_up => {
+                tracing::debug!(error = %e, "store write failed, retrying through the outage");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => return Err(e),
         }
     }
 }
