@@ -46,6 +46,10 @@ pub struct FaultsArgs {
     /// The local services script (run with `down cassandra` / `up cassandra`).
     #[arg(long, default_value = "scripts/services")]
     pub services: PathBuf,
+    /// A shell command that restarts the broker (run once at 60 % of the jobs, bounded to
+    /// 150 s), e.g. for a tansu broker on durable (`s3://`) storage; see README Fault suite.
+    #[arg(long)]
+    pub broker_restart_cmd: Option<String>,
     /// Slots of the short pool per worker.
     #[arg(long, default_value_t = 64)]
     pub slots: usize,
@@ -319,6 +323,8 @@ struct Faults {
     kill_at_s: Vec<f64>,
     cql_restart_s: Option<f64>,
     cql_restart_error: Option<String>,
+    broker_restart_s: Option<f64>,
+    broker_restart_error: Option<String>,
     unexpected_exits: usize,
 }
 
@@ -335,6 +341,7 @@ async fn run_faults(
 ) -> anyhow::Result<Faults> {
     let mut faults = Faults::default();
     let mut cql: Option<tokio::task::JoinHandle<anyhow::Result<f64>>> = None;
+    let mut broker: Option<tokio::task::JoinHandle<anyhow::Result<f64>>> = None;
     let deadline = t0 + a.timeout;
     let mut settle_until: Option<Instant> = None;
     while Instant::now() < settle_until.unwrap_or(deadline) {
@@ -350,6 +357,12 @@ async fn run_faults(
             eprintln!("faults: restarting the CQL database at {done}/{} done", a.jobs);
             cql = Some(tokio::spawn(restart_cql(a.services.clone())));
         }
+        if let (Some(cmd), None) = (&a.broker_restart_cmd, &broker) {
+            if done >= a.jobs * 3 / 5 {
+                eprintln!("faults: restarting the broker at {done}/{} done", a.jobs);
+                broker = Some(tokio::spawn(run_bounded(cmd.clone())));
+            }
+        }
         faults.unexpected_exits += fleet.restart_exited()?;
         if done == a.jobs && settle_until.is_none() {
             settle_until = Some(Instant::now() + a.settle);
@@ -361,7 +374,25 @@ async fn run_faults(
             Err(e) => faults.cql_restart_error = Some(format!("{e:#}")),
         }
     }
+    if let Some(task) = broker {
+        match task.await? {
+            Ok(s) => faults.broker_restart_s = Some(round2(s)),
+            Err(e) => faults.broker_restart_error = Some(format!("{e:#}")),
+        }
+    }
     Ok(faults)
+}
+
+/// `sh -c cmd`, bounded to 150 s; returns the seconds it took.
+async fn run_bounded(cmd: String) -> anyhow::Result<f64> {
+    let t0 = Instant::now();
+    let mut c = tokio::process::Command::new("sh");
+    c.args(["-c", &cmd]).stdout(Stdio::null()).kill_on_drop(true);
+    let status = tokio::time::timeout(Duration::from_secs(150), c.status())
+        .await
+        .with_context(|| format!("`{cmd}` took over 150 s"))??;
+    anyhow::ensure!(status.success(), "`{cmd}` failed: {status}");
+    Ok(t0.elapsed().as_secs_f64())
 }
 
 async fn drain(feed: &mut ResultFeed, sent: &Sent, tally: &mut Tally, wait: Duration) {
@@ -478,5 +509,7 @@ fn report(
         "unexpected_worker_exits": faults.unexpected_exits,
         "cql_restart_s": faults.cql_restart_s,
         "cql_restart_error": faults.cql_restart_error,
+        "broker_restart_s": faults.broker_restart_s,
+        "broker_restart_error": faults.broker_restart_error,
     })
 }
