@@ -51,7 +51,7 @@ impl Coalescer {
     pub fn start(session: Arc<Session>, put_state: PreparedStatement, get_jobs: PreparedStatement) -> Self {
         let (wtx, wrx) = mpsc::channel(4096);
         let (rtx, rrx) = mpsc::channel(4096);
-        tokio::spawn(write_loop(session.clone(), put_state, wrx));
+        tokio::spawn(write_loop(session.clone(), put_state, wrx, "put job state"));
         tokio::spawn(read_loop(session, get_jobs, rrx));
         Coalescer { writes: wtx, reads: rtx }
     }
@@ -104,11 +104,19 @@ where
     }
 }
 
-async fn write_loop(session: Arc<Session>, stmt: PreparedStatement, rx: mpsc::Receiver<WriteReq>) {
-    serve(rx, |reqs: Vec<WriteReq>| {
+/// Serves one statement's writes, merged into unlogged batches (`what` names it in errors).
+pub(super) async fn write_loop<V>(
+    session: Arc<Session>,
+    stmt: PreparedStatement,
+    rx: mpsc::Receiver<(V, oneshot::Sender<Result<(), StoreError>>)>,
+    what: &'static str,
+) where
+    V: scylla::serialize::row::SerializeRow + Send + Sync + 'static,
+{
+    serve(rx, |reqs: Vec<(V, oneshot::Sender<Result<(), StoreError>>)>| {
         let (session, stmt) = (session.clone(), stmt.clone());
         async move {
-            let (values, replies): (Vec<StateValues>, Vec<_>) = reqs.into_iter().unzip();
+            let (values, replies): (Vec<V>, Vec<_>) = reqs.into_iter().unzip();
             let result = if values.len() == 1 {
                 session.execute_unpaged(&stmt, &values[0]).await.map(|_| ())
             } else {
@@ -118,7 +126,7 @@ async fn write_loop(session: Arc<Session>, stmt: PreparedStatement, rx: mpsc::Re
                 }
                 session.batch(&batch, &values).await.map(|_| ())
             };
-            let result = result.map_err(|e| StoreError::Query { what: "put job state", message: e.to_string() });
+            let result = result.map_err(|e| StoreError::Query { what, message: e.to_string() });
             for reply in replies {
                 let _ = reply.send(result.clone());
             }

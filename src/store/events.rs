@@ -16,14 +16,21 @@ use crate::model::{EventKind, JobEvent, Millis};
 use scylla::client::session::Session;
 use scylla::statement::prepared::PreparedStatement;
 use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
 
 /// Most events one history read returns (the oldest first).
 pub const HISTORY_LIMIT: i32 = 1000;
 
+/// Owned values of `put_submitted`, in its bind order.
+type SubmittedValues = (i32, i64, String, String, String, String, i32, i32, i64, i64, i64, String);
+type SubmittedReq = (SubmittedValues, oneshot::Sender<Result<(), StoreError>>);
+
 #[derive(Clone)]
 pub struct EventStatements {
     session: Arc<Session>,
-    put_submitted: PreparedStatement,
+    /// Submissions' rows, merged into unlogged batches (`coalesce::serve`): concurrent
+    /// submissions share a round trip.
+    submitted: mpsc::Sender<SubmittedReq>,
     delete_submitted: PreparedStatement,
     put_event: PreparedStatement,
     get_events: PreparedStatement,
@@ -79,18 +86,21 @@ impl Store {
     pub async fn event_statements(&self) -> Result<EventStatements, StoreError> {
         let ks = &self.keyspace;
         let s = &self.session;
+        let put_submitted = prepare_statement(
+            s,
+            format!(
+                "UPDATE {ks}.jobs USING TTL ? AND TIMESTAMP ? SET tenant = ?, job_type = ?, pool = ?, status = ?, \
+                 attempts = ?, crash_count = ?, generation = ?, submitted_at = ?, updated_at = ? WHERE job_id = ?"
+            ),
+            "prepare put submitted",
+            false,
+        )
+        .await?;
+        let (submitted, rx) = mpsc::channel(4096);
+        tokio::spawn(write_submitted(self.session.clone(), put_submitted, rx));
         Ok(EventStatements {
             session: self.session.clone(),
-            put_submitted: prepare_statement(
-                s,
-                format!(
-                    "UPDATE {ks}.jobs USING TTL ? AND TIMESTAMP ? SET tenant = ?, job_type = ?, pool = ?, status = ?, \
-                     attempts = ?, crash_count = ?, generation = ?, submitted_at = ?, updated_at = ? WHERE job_id = ?"
-                ),
-                "prepare put submitted",
-                false,
-            )
-            .await?,
+            submitted,
             delete_submitted: prepare_statement(
                 s,
                 format!("DELETE FROM {ks}.jobs USING TIMESTAMP ? WHERE job_id = ?"),
@@ -168,19 +178,21 @@ impl EventStatements {
         let v = (
             s.ttl_secs,
             ts,
-            s.tenant,
-            s.job_type,
-            s.pool,
-            s.status,
+            s.tenant.to_string(),
+            s.job_type.to_string(),
+            s.pool.to_string(),
+            s.status.to_string(),
             0i32,
             0i32,
             s.generation,
             s.submitted_at,
             s.submitted_at,
-            s.job_id,
+            s.job_id.to_string(),
         );
-        self.session.execute_unpaged(&self.put_submitted, v).await.map_err(q("put submitted job"))?;
-        Ok(())
+        let (tx, rx) = oneshot::channel();
+        let closed = || StoreError::Query { what: "put submitted job", message: "the store's writer stopped".into() };
+        self.submitted.send((v, tx)).await.map_err(|_| closed())?;
+        rx.await.map_err(|_| closed())?
     }
 
     /// Takes back a submission's row whose produce failed: a tombstone at the same
@@ -301,4 +313,10 @@ impl EventStatements {
             .map_err(q("take over idempotency key"))?;
         super::applied(res)
     }
+}
+
+/// Writes submissions' rows: whatever is waiting goes in one unlogged batch, a bounded
+/// number of batches in flight (the state writes' coalescer).
+async fn write_submitted(session: Arc<Session>, stmt: PreparedStatement, rx: mpsc::Receiver<SubmittedReq>) {
+    super::coalesce::write_loop(session, stmt, rx, "put submitted jobs").await
 }
