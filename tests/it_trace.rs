@@ -9,6 +9,8 @@ use fairway::core::trace::check_traceparent;
 use fairway::handlers::Registry;
 use fairway::model::Pool;
 use fairway::submit::{NewJob, Submitter};
+use rdkafka::consumer::Consumer;
+use rdkafka::message::{Headers, Message};
 use fairway::worker::{Policy, Worker};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -62,4 +64,28 @@ async fn trace_context_reaches_the_http_handler() {
     assert_eq!(check_traceparent(generated), Ok(()));
     assert_ne!(generated, tp);
     assert_eq!(state, &None);
+
+    // The result records carry the same trace as headers.
+    let headers = result_trace_headers(&cfg, &[&given, &fresh]).await;
+    assert_eq!(headers[&given], Some(tp.to_string()));
+    assert_eq!(headers[&fresh], Some(generated.to_string()));
+}
+
+/// job id -> `traceparent` header of its result record.
+async fn result_trace_headers(cfg: &fairway::config::Config, ids: &[&String]) -> HashMap<String, Option<String>> {
+    let c = fairway::kafka::reader(cfg, &format!("trace-{}", uuid::Uuid::new_v4()), false).unwrap();
+    c.subscribe(&[&cfg.results_topic()]).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut out = HashMap::new();
+    while out.len() < ids.len() && std::time::Instant::now() < deadline {
+        let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(500), c.recv()).await else { continue };
+        let Some(r) = m.payload().and_then(|p| fairway::codec::decode_result(p).ok()) else { continue };
+        if ids.contains(&&r.job_id) {
+            let tp = m.headers().and_then(|h| {
+                h.iter().find(|h| h.key == "traceparent").and_then(|h| h.value).map(|v| String::from_utf8_lossy(v).into_owned())
+            });
+            out.insert(r.job_id, tp);
+        }
+    }
+    out
 }

@@ -220,7 +220,25 @@ pub fn producer(cfg: &Config) -> Result<FutureProducer, KafkaError> {
 
 /// Produces one record and waits for the broker's acknowledgement.
 pub async fn send(producer: &FutureProducer, topic: &str, key: &str, payload: &[u8]) -> Result<(i32, i64), KafkaError> {
-    let record = FutureRecord::to(topic).key(key).payload(payload);
+    send_with_headers(producer, topic, key, payload, &[]).await
+}
+
+/// Like [`send`], with record headers (e.g. W3C `traceparent` on results, so a results
+/// consumer joins the job's trace without decoding the record).
+pub async fn send_with_headers(
+    producer: &FutureProducer,
+    topic: &str,
+    key: &str,
+    payload: &[u8],
+    headers: &[(&str, &str)],
+) -> Result<(i32, i64), KafkaError> {
+    let mut record = FutureRecord::to(topic).key(key).payload(payload);
+    if !headers.is_empty() {
+        let owned = headers.iter().fold(rdkafka::message::OwnedHeaders::new_with_capacity(headers.len()), |h, (k, v)| {
+            h.insert(rdkafka::message::Header { key: k, value: Some(*v) })
+        });
+        record = record.headers(owned);
+    }
     match producer.send(record, rdkafka::util::Timeout::Never).await {
         Ok(d) => Ok((d.partition, d.offset)),
         Err((source, _)) => Err(KafkaError::Produce { topic: topic.to_string(), source }),

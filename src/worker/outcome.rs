@@ -170,7 +170,7 @@ pub(crate) async fn finish(
         finished_at,
         worker_id: sh.worker_id.clone(),
     };
-    if !publish_result(sh, &result).await {
+    if !publish_result(sh, &result, job).await {
         return false;
     }
     let mut u = update(sh, job, status.as_str(), started_at, Some(finished_at));
@@ -193,8 +193,9 @@ pub(crate) async fn finish(
     true
 }
 
-/// Publishes a result and waits for the broker's acknowledgement.
-async fn publish_result(sh: &Shared, result: &JobResult) -> bool {
+/// Publishes a result and waits for the broker's acknowledgement. The job's W3C trace
+/// context rides along as the record's `traceparent`/`tracestate` headers.
+async fn publish_result(sh: &Shared, result: &JobResult, job: &JobSubmitted) -> bool {
     let bytes = match codec::encode_result(result) {
         Ok(b) => b,
         Err(e) => {
@@ -203,7 +204,11 @@ async fn publish_result(sh: &Shared, result: &JobResult) -> bool {
         }
     };
     let topic = sh.cfg.results_topic();
-    match with_retries(|| kafka::send(&sh.producer, &topic, &result.tenant, &bytes)).await {
+    let headers: Vec<(&str, &str)> = [("traceparent", &job.traceparent), ("tracestate", &job.tracestate)]
+        .into_iter()
+        .filter_map(|(k, v)| v.as_deref().map(|v| (k, v)))
+        .collect();
+    match with_retries(|| kafka::send_with_headers(&sh.producer, &topic, &result.tenant, &bytes, &headers)).await {
         Ok(_) => true,
         Err(e) => {
             tracing::error!(job_id = %result.job_id, error = %e, "cannot publish result; the job will be redelivered");
