@@ -302,7 +302,9 @@ pub fn consumer(
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
         .set("session.timeout.ms", cfg.kafka.session_timeout.as_millis().to_string())
-        .set("heartbeat.interval.ms", (cfg.kafka.session_timeout.as_millis() / 4).max(250).to_string())
+        // Members learn of a rebalance (a member left or joined) from their next
+        // heartbeat: a short interval moves partitions within about a second.
+        .set("heartbeat.interval.ms", heartbeat_ms(cfg.kafka.session_timeout).to_string())
         // Execution is decoupled from polling, so long jobs never trip this.
         .set("max.poll.interval.ms", "300000")
         .set("queued.max.messages.kbytes", "16384")
@@ -311,6 +313,11 @@ pub fn consumer(
     let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
     c.subscribe(&refs)?;
     Ok((c, rx))
+}
+
+/// A group member's heartbeat period: a twentieth of the session timeout, 100 ms to 1 s.
+fn heartbeat_ms(session_timeout: Duration) -> u128 {
+    (session_timeout.as_millis() / 20).clamp(100, 1000)
 }
 
 /// A plain reader (no group commits) for tools that scan topics: results, replay, tests.

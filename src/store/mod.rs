@@ -554,6 +554,18 @@ impl Store {
         applied(res)
     }
 
+    /// Marks a job `handed_off` only while its row shows it running on `worker` (LWT):
+    /// a slow dying worker never overwrites the state of a newer owner. False: not
+    /// marked (another worker took it over, it ended, or it has no running row yet).
+    pub async fn mark_handed_off(&self, job_id: &str, worker: &str, now: Millis) -> Result<bool, StoreError> {
+        let ks = &self.keyspace;
+        let cql = format!(
+            "UPDATE {ks}.jobs SET status = 'handed_off', updated_at = ? WHERE job_id = ? IF worker = ? AND status = 'running'"
+        );
+        let res = self.session.query_unpaged(cql, (now, job_id, worker)).await.map_err(q("mark hand-off"))?;
+        applied(res)
+    }
+
     /// Flags the job cancelled, then announces it on the cancellation feed (workers that
     /// skip the state read for fresh jobs learn of it there).
     pub async fn request_cancel(&self, job_id: &str, now: Millis) -> Result<(), StoreError> {

@@ -12,6 +12,9 @@ use crate::model::{FailureClass, JobStatus, JobSubmitted};
 use crate::{metrics as m, now_ms};
 use std::sync::Arc;
 
+/// How often a copy waiting for a job running elsewhere looks at its row again.
+const RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
 pub(super) enum Check {
     Run(Arc<JobSubmitted>),
     /// Handled without running; false if that outcome could not be made durable.
@@ -108,9 +111,26 @@ pub(super) async fn before_run(sh: &Shared, job: Arc<JobSubmitted>, origin: &Ori
         // the job runs) we wait; by one whose heartbeat lapsed, we take over.
         let hb = sh.store.heartbeat(&job.job_id).await.ok().flatten();
         let fresh = hb.and_then(|h| h.at).is_some_and(|at| now - at < 3 * interval.as_millis() as i64);
+        if fresh && row.worker.as_deref() == Some(sh.worker_id.as_str()) {
+            // A redelivered copy of a job running on this very worker (its partition came
+            // back, or it was claimed here from another copy): nothing to wait for, this
+            // worker records its end. Waiting would hold a slot for the whole run and can
+            // starve the hand-off copies of other jobs.
+            metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "running_here").increment(1);
+            return Check::Done(true);
+        }
         if fresh {
             metrics::counter!(m::JOBS_DEFERRED, "pool" => sh.pool.as_str()).increment(1);
-            tokio::time::sleep(interval).await;
+            if sh.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                // This worker hands its jobs off and has left the group: a copy waiting
+                // for another worker's job is not its business any more (its offset stays
+                // uncommitted for the partition's next owner).
+                return Check::Done(false);
+            }
+            // Looked at again within a second, not a heartbeat interval: when the running
+            // worker hands the job off, this copy may be the one to claim it (the
+            // hand-off copy can wait behind such copies for a slot).
+            tokio::time::sleep(interval.min(RECHECK)).await;
             continue;
         }
         // Worker crash: never uses up an attempt, but counts towards the crash limit.

@@ -23,7 +23,7 @@ pub(super) async fn record(sh: &Shared, job: &JobSubmitted, origin: &Origin, run
     // The worker is shutting down and the job stopped without finishing: hand it off
     // (another worker resumes it from its checkpoint; no attempt used, no crash).
     if live.is_stopping() && !live.is_cancelled() && !matches!(result, Some(Ok(Ok(_)))) {
-        return Ended::Skipped.or_lost(hand_off(sh, job, started_at).await);
+        return Ended::Skipped.or_lost(hand_off(sh, job).await);
     }
     let run_ms = (now_ms() - started_at).max(0) as f64;
     metrics::histogram!(m::JOB_RUN_SECONDS, "pool" => sh.pool.as_str()).record(run_ms / 1000.0);
@@ -61,14 +61,23 @@ pub(super) async fn record(sh: &Shared, job: &JobSubmitted, origin: &Origin, run
 /// Hands a stopped job to the next worker: its row marked `handed_off` (so the new owner
 /// starts it at once instead of waiting for this worker's heartbeat to lapse), then a
 /// copy on its pool topic (attempt and crash count unchanged). Marked first: a copy read
-/// before the mark would find the job `running` with a fresh heartbeat and wait.
-pub(super) async fn hand_off(sh: &Shared, job: &JobSubmitted, started_at: i64) -> bool {
-    let u = update(sh, job, "handed_off", Some(started_at), None);
-    if let Err(e) = with_retries(|| sh.store.put_state(&u, now_ms())).await {
+/// before the mark would find the job `running` with a fresh heartbeat and wait. The mark
+/// is conditional on the row still showing the job running here: a slow dying worker
+/// never overwrites the state of a worker that took the job over meanwhile.
+pub(super) async fn hand_off(sh: &Shared, job: &JobSubmitted) -> bool {
+    match with_retries(|| sh.store.mark_handed_off(&job.job_id, &sh.worker_id, now_ms())).await {
+        Ok(true) => {}
+        // Another worker runs it now (its state stays), it ended, or it never got a
+        // running row here (stopped within its first 250 ms): the copy below is
+        // checked against the row like any redelivery.
+        Ok(false) => tracing::info!(job_id = %job.job_id, "hand-off not marked: the job's row does not show it running here"),
         // The copy waits for this worker's heartbeat to lapse instead: slower, not lost.
-        tracing::warn!(job_id = %job.job_id, error = %e, "could not mark the hand-off");
+        Err(e) => tracing::warn!(job_id = %job.job_id, error = %e, "could not mark the hand-off"),
     }
-    if !produce_job(sh, &sh.cfg.pool_topic(sh.pool), job, "hand off").await {
+    // A copy, not a submission: never "fresh", so it always reads (and claims) the row.
+    let mut copy = job.clone();
+    copy.not_before = Some(now_ms());
+    if !produce_job(sh, &sh.cfg.pool_topic(sh.pool), &copy, "hand off").await {
         return false;
     }
     metrics::counter!(m::HAND_OFFS, "pool" => sh.pool.as_str()).increment(1);

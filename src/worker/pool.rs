@@ -226,15 +226,28 @@ pub async fn run(
     // unchanged, not a crash); one that ignores the request is aborted after
     // HAND_OFF_GRACE and handed off from its last checkpoint. Queued jobs are simply not
     // committed: the partitions' next owners get them (spilled ones from the store).
+    //
+    // The group is left first, before anything drains: the partitions move to the other
+    // members at once (the broker need not wait for a session timeout, and nothing waits
+    // for this drain), so hand-off copies and queued jobs reach a live owner within about
+    // a second. What finishes or is handed off later cannot be committed any more; its
+    // redelivery is recognised by the effectively-once check (finished: skipped;
+    // handed off: claimed by one copy; still running here: waits for the heartbeat).
     const HAND_OFF_GRACE: Duration = Duration::from_secs(10);
     let queued = lp.dispatcher.drain_where(&mut |_| true);
     let drain = sh.cfg.pool(sh.pool).drain_timeout;
     tracing::info!(pool, queued = queued.len(), running = lp.dispatcher.running(), ?drain, "draining");
+    leave_group(&consumer, pool);
     let mut phase = 0;
     let mut deadline = tokio::time::Instant::now() + drain;
     while lp.dispatcher.running() + lp.finishing > 0 {
         tokio::select! {
             Some(ev) = done_rx.recv() => lp.on_event(&consumer, ev),
+            // Serves the revoke of the leave (librdkafka sends LeaveGroup once the
+            // application has seen it); whatever was still fetched is not ours any more.
+            r = consumer.recv() => if r.is_err() {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            },
             _ = tokio::time::sleep_until(deadline) => {
                 phase += 1;
                 deadline = tokio::time::Instant::now() + HAND_OFF_GRACE;
@@ -256,11 +269,17 @@ pub async fn run(
         }
     }
     lp.tasks.abort_all();
+    Ok(())
+}
+
+/// Commits what finished, then leaves the consumer group: the broker hands this
+/// member's partitions to the others right away.
+fn leave_group(consumer: &kafka::WorkerConsumer, pool: &str) {
     if let Err(e) = consumer.commit_consumer_state(kafka::CommitMode::Sync) {
-        tracing::debug!(pool, error = %e, "final commit");
+        tracing::debug!(pool, error = %e, "commit before leaving the group");
     }
     consumer.unsubscribe();
-    Ok(())
+    tracing::info!(pool, "left the consumer group; its partitions move to the other members");
 }
 
 impl Loop {
@@ -565,7 +584,11 @@ impl Loop {
             metrics::counter!(m::JOBS_NOT_RUN, "pool" => self.pool()).increment(1);
         }
         let durable = done.ended != Ended::NotDurable;
-        if !durable {
+        if !durable && self.sh.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+            // Draining, the group already left: copies given up while waiting for a job
+            // running elsewhere end so; their partitions' next owners get them again.
+            tracing::debug!(pool = self.pool(), offset = done.origin.offset, "left to the partition's next owner");
+        } else if !durable {
             // Keep the offset (or the spilled row) unfinished: the job is redelivered
             // after a restart or rebalance rather than lost.
             tracing::error!(

@@ -169,3 +169,121 @@ pub fn spawn_worker(config_path: &std::path::Path, pools: &str) -> std::process:
         .spawn()
         .expect("spawn worker")
 }
+
+/// A `fairway worker` process whose log is followed: which partitions of its pool topic
+/// it owns (from its "partitions assigned" / "partitions revoked" lines) and since when.
+/// Serve one pool per process, so the partitions are that pool's.
+pub struct LoggedWorker {
+    pub child: std::process::Child,
+    owned: Arc<std::sync::Mutex<(std::collections::BTreeSet<i32>, Instant)>>,
+}
+
+/// Starts a `fairway worker` for `pools` (one pool) and follows its log.
+pub fn spawn_logged_worker(config_path: &std::path::Path, pools: &str) -> LoggedWorker {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_fairway"))
+        .args(["--config", config_path.to_str().unwrap(), "worker", "--pools", pools])
+        .env("FAIRWAY_LOG", "warn,fairway::worker::pool=info")
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn worker");
+    let owned = Arc::new(std::sync::Mutex::new((std::collections::BTreeSet::new(), Instant::now())));
+    let (log, state) = (child.stderr.take().expect("stderr"), owned.clone());
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(log).lines().map_while(Result::ok) {
+            let line = strip_ansi(&line);
+            let assigned = line.contains("partitions assigned");
+            if !assigned && !line.contains("partitions revoked") {
+                if line.contains("WARN") || line.contains("ERROR") {
+                    eprintln!("worker: {line}");
+                }
+                continue;
+            }
+            let Some(list) = line.split("partitions=").nth(1) else { continue };
+            let list = list.trim_start_matches(['[', '{']);
+            let list = &list[..list.find([']', '}']).unwrap_or(list.len())];
+            let parts = list.split(',').filter_map(|p| p.trim().parse::<i32>().ok());
+            let mut s = state.lock().unwrap();
+            if assigned {
+                s.0 = parts.collect();
+            } else {
+                for p in parts {
+                    s.0.remove(&p);
+                }
+            }
+            s.1 = Instant::now();
+        }
+    });
+    LoggedWorker { child, owned }
+}
+
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+impl LoggedWorker {
+    /// The partitions it owns now.
+    pub fn owned(&self) -> std::collections::BTreeSet<i32> {
+        self.owned.lock().unwrap().0.clone()
+    }
+
+    /// Waits until it owns `n` partitions or more; when it got them, or None after `timeout`.
+    pub fn wait_owning(&self, n: usize, timeout: Duration) -> Option<Instant> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            {
+                let s = self.owned.lock().unwrap();
+                if s.0.len() >= n {
+                    return Some(s.1);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// Sends `signal` (TERM, INT, KILL) and waits for the exit (at most `timeout`);
+    /// returns how long that took and the exit status.
+    pub fn signal(&mut self, signal: &str, timeout: Duration) -> (Duration, std::process::ExitStatus) {
+        let t = Instant::now();
+        let pid = self.child.id().to_string();
+        let ok = std::process::Command::new("kill").args([&format!("-{signal}"), &pid]).status().unwrap();
+        assert!(ok.success(), "kill -{signal} {pid}");
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return (t.elapsed(), st);
+            }
+            if t.elapsed() > timeout {
+                self.child.kill().ok();
+                self.child.wait().ok();
+                panic!("worker {pid} did not exit within {timeout:?} of kill -{signal}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for LoggedWorker {
+    fn drop(&mut self) {
+        // A test that failed half-way must not leave workers behind (this process's child).
+        if self.child.try_wait().ok().flatten().is_none() {
+            self.child.kill().ok();
+            self.child.wait().ok();
+        }
+    }
+}
