@@ -72,15 +72,10 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// `fairway bench throughput`: no-op jobs through in-process workers on the local
+/// services, as fast as they go: jobs/s, latency, and CPU per 1,000 jobs per process.
 async fn throughput(g: &Global, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
-    let mut cfg = (*g.load()?).clone();
-    cfg.kafka.topic_prefix = format!("bench{}.", now_ms());
-    cfg.kafka.partitions = a.partitions;
-    cfg.scylla.keyspace = "fairway_bench".into();
-    if let Some(p) = cfg.pools.get_mut(&Pool::Short) {
-        p.slots = a.slots;
-    }
-    let cfg = Arc::new(cfg);
+    let cfg = throughput_config(g, &a)?;
     kafka::ensure_topics(&cfg).await.context("creating bench topics (scripts/services up?)")?;
     fairway::store::ensure_schema(&cfg).await?;
     fairway::tenants::seed(&cfg).await?;
@@ -95,35 +90,12 @@ async fn throughput(g: &Global, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
         w.wait_assigned(Duration::from_secs(60)).await;
     }
     let sub = Submitter::new(cfg.clone(), None)?;
-    let tenants: Vec<String> = cfg.tenants.keys().cloned().collect();
-    let jobs: Vec<NewJob> = (0..a.jobs)
-        .map(|i| NewJob { tenant: tenants[i % tenants.len()].clone(), job_type: "echo".into(), ..Default::default() })
-        .collect();
+    let probe = super::bench_cpu::CpuProbe::local();
+    let cpu_before = probe.snapshot();
     let t0 = Instant::now();
-    let submit = async {
-        for chunk in jobs.chunks(2000) {
-            for r in futures::future::join_all(chunk.iter().map(|j| sub.submit(j))).await {
-                r?;
-            }
-        }
-        anyhow::Ok(t0.elapsed())
-    };
-    let collect = async {
-        let mut hist = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
-        let mut seen = std::collections::HashSet::new();
-        let deadline = Instant::now() + a.timeout;
-        while seen.len() < a.jobs && Instant::now() < deadline {
-            if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(500), reader.recv()).await {
-                if let Some(r) = m.payload().and_then(|b| codec::decode_result(b).ok()) {
-                    if seen.insert(r.job_id) {
-                        let _ = hist.record((r.finished_at - r.submitted_at).max(0) as u64);
-                    }
-                }
-            }
-        }
-        (seen.len(), hist, t0.elapsed())
-    };
-    let (submitted, (done, hist, elapsed)) = tokio::join!(submit, collect);
+    let (submitted, (done, hist, elapsed)) =
+        tokio::join!(submit_noops(&cfg, &sub, a.jobs, t0), collect_latencies(&reader, a.jobs, a.timeout, t0));
+    let cpu = super::bench_cpu::per_thousand_jobs(&cpu_before, &probe.snapshot(), done);
     let submit_time = submitted?;
     for w in workers {
         w.stop().await;
@@ -139,14 +111,66 @@ async fn throughput(g: &Global, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
         hist.value_at_quantile(0.99),
         hist.max()
     );
+    println!("cpu seconds per 1,000 jobs: {cpu:?}");
     println!(
         "{}",
         serde_json::json!({
             "bench": "throughput", "jobs": done, "jobs_per_sec": rate.round(),
             "p50_ms": hist.value_at_quantile(0.5), "p99_ms": hist.value_at_quantile(0.99), "max_ms": hist.max(),
+            "cpu_s_per_1000_jobs": cpu,
         })
     );
     Ok(if done == a.jobs { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// The configured deployment, on fresh bench topics with the requested shape.
+fn throughput_config(g: &Global, a: &ThroughputArgs) -> anyhow::Result<Arc<Config>> {
+    let mut cfg = (*g.load()?).clone();
+    cfg.kafka.topic_prefix = format!("bench{}.", now_ms());
+    cfg.kafka.partitions = a.partitions;
+    cfg.scylla.keyspace = "fairway_bench".into();
+    if let Some(p) = cfg.pools.get_mut(&Pool::Short) {
+        p.slots = a.slots;
+    }
+    Ok(Arc::new(cfg))
+}
+
+/// Submits `n` echo jobs round-robin over the configured tenants, 2,000 at a time;
+/// returns how long that took.
+async fn submit_noops(cfg: &Config, sub: &Submitter, n: usize, t0: Instant) -> anyhow::Result<Duration> {
+    let tenants: Vec<&String> = cfg.tenants.keys().collect();
+    let jobs: Vec<NewJob> = (0..n)
+        .map(|i| NewJob { tenant: tenants[i % tenants.len()].clone(), job_type: "echo".into(), ..Default::default() })
+        .collect();
+    for chunk in jobs.chunks(2000) {
+        for r in futures::future::join_all(chunk.iter().map(|j| sub.submit(j))).await {
+            r?;
+        }
+    }
+    Ok(t0.elapsed())
+}
+
+/// Reads results until `n` distinct jobs finished or `timeout` passed: how many, their
+/// submission-to-finish latencies (ms), and the time from `t0`.
+async fn collect_latencies(
+    reader: &kafka::Reader,
+    n: usize,
+    timeout: Duration,
+    t0: Instant,
+) -> (usize, hdrhistogram::Histogram<u64>, Duration) {
+    let mut hist = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
+    let mut seen = std::collections::HashSet::new();
+    let deadline = Instant::now() + timeout;
+    while seen.len() < n && Instant::now() < deadline {
+        if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(500), reader.recv()).await {
+            if let Some(r) = m.payload().and_then(|b| codec::decode_result(b).ok()) {
+                if seen.insert(r.job_id) {
+                    let _ = hist.record((r.finished_at - r.submitted_at).max(0) as u64);
+                }
+            }
+        }
+    }
+    (seen.len(), hist, t0.elapsed())
 }
 
 // ---------------------------------------------------------------------------------------

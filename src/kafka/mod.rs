@@ -321,7 +321,10 @@ fn heartbeat_ms(session_timeout: Duration) -> u128 {
 }
 
 /// A plain reader (no group commits) for tools that scan topics: results, replay, tests.
-pub fn reader(cfg: &Config, group: &str, commit: bool) -> Result<StreamConsumer, KafkaError> {
+/// A plain consumer for reading topics (results, DLQ, events) outside the worker.
+pub type Reader = StreamConsumer;
+
+pub fn reader(cfg: &Config, group: &str, commit: bool) -> Result<Reader, KafkaError> {
     base(cfg)
         .set("group.id", group)
         .set("fetch.wait.max.ms", FETCH_WAIT_MS)
