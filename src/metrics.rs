@@ -46,6 +46,30 @@ pub const EVENT_RECORD_FAILURES: &str = "fairway_event_record_failures_total";
 pub const EVENT_STREAMS: &str = "fairway_event_streams";
 pub const SUBMIT_STATE_WRITE_SECONDS: &str = "fairway_submit_state_write_seconds";
 pub const SUBMIT_STATE_WRITE_FAILURES: &str = "fairway_submit_state_write_failures_total";
+pub const JOB_DISPATCH_WAIT_SECONDS: &str = "fairway_job_dispatch_wait_seconds";
+pub const POOL_SLOTS: &str = "fairway_pool_slots";
+pub const CONSUMER_LAG: &str = "fairway_consumer_lag";
+pub const TIER_ENTITLED_SHARE: &str = "fairway_tier_entitled_share";
+pub const TIER_ACTUAL_SHARE: &str = "fairway_tier_actual_share";
+
+/// Bucket bounds (seconds) of the job latency histograms: they include the pools' SLOs
+/// (0.5 s, 5 s, 60 s) and the 30 s end-to-end alert threshold, up to the long pool's 6 h.
+pub const LATENCY_BUCKETS: [f64; 20] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+    7200.0, 21600.0,
+];
+
+/// Exports the job latency metrics as Prometheus histograms (buckets, aggregatable across
+/// workers with `histogram_quantile`) instead of the exporter's per-process summaries.
+pub fn with_buckets(
+    b: metrics_exporter_prometheus::PrometheusBuilder,
+) -> metrics_exporter_prometheus::PrometheusBuilder {
+    use metrics_exporter_prometheus::Matcher;
+    [JOB_END_TO_END_SECONDS, JOB_WAIT_SECONDS, JOB_DISPATCH_WAIT_SECONDS, JOB_RUN_SECONDS].iter().fold(b, |b, name| {
+        b.set_buckets_for_metric(Matcher::Full(name.to_string()), &LATENCY_BUCKETS)
+            .expect("LATENCY_BUCKETS is not empty")
+    })
+}
 
 /// Registers descriptions (shown as HELP lines by the Prometheus exporter).
 pub fn describe() {
@@ -132,6 +156,24 @@ pub fn describe() {
         USAGE_PASS_FAILURES,
         "Fleet usage passes that could not write or read the store, by pool and step"
     );
+    describe_histogram!(
+        JOB_DISPATCH_WAIT_SECONDS,
+        Unit::Seconds,
+        "Submission to slot (fetch + queue stages: the wait the pools' SLOs bound), by pool"
+    );
+    describe_gauge!(POOL_SLOTS, "Configured slots of the pool in this worker (utilisation: fairway_jobs_running / this)");
+    describe_gauge!(
+        CONSUMER_LAG,
+        "Records on the pool topic's partitions this worker owns that are not yet committed (high watermark - committed offset), by pool"
+    );
+    describe_gauge!(
+        TIER_ENTITLED_SHARE,
+        "Share of the pool's slots the tier's tenants present in this worker's scheduler are entitled to (0-1), by pool and tier"
+    );
+    describe_gauge!(
+        TIER_ACTUAL_SHARE,
+        "Share of the pool's slot-time the tier's tenants actually got recently in this worker (0-1), by pool and tier"
+    );
 }
 
 /// Serves /metrics on 127.0.0.1:port (0 = off).
@@ -150,6 +192,6 @@ pub fn install_exporter_at(listen: Option<&str>, port: u16) -> anyhow::Result<()
         None if port == 0 => return Ok(()),
         None => ([127, 0, 0, 1], port).into(),
     };
-    metrics_exporter_prometheus::PrometheusBuilder::new().with_http_listener(addr).install()?;
+    with_buckets(metrics_exporter_prometheus::PrometheusBuilder::new()).with_http_listener(addr).install()?;
     Ok(())
 }

@@ -72,7 +72,7 @@ pub fn describe() {
 /// Installs a global Prometheus recorder (no HTTP listener of its own: the API serves
 /// `/metrics`) and registers every metric description. Call once per process.
 pub fn install_prometheus() -> Result<PrometheusHandle, BuildError> {
-    let handle = PrometheusBuilder::new().install_recorder()?;
+    let handle = crate::metrics::with_buckets(PrometheusBuilder::new()).install_recorder()?;
     crate::metrics::describe();
     describe();
     Ok(handle)

@@ -519,6 +519,10 @@ pub struct TierTotals {
     pub backlog: usize,
     pub running: usize,
     pub slot_seconds_used: f64,
+    /// Sum of the tier's tenants' entitled shares of the pool's slots (0-1).
+    pub entitled_share: f64,
+    /// Sum of the tier's tenants' recent actual shares of the pool's slot-time (0-1).
+    pub actual_share: f64,
 }
 
 /// Per-tier totals of a scheduler snapshot (`SchedulerStats` JSON), every tier present
@@ -534,6 +538,8 @@ pub fn tier_totals(stats: &serde_json::Value) -> Option<BTreeMap<&'static str, T
         e.backlog += t.backlog.total;
         e.running += t.running;
         e.slot_seconds_used += t.slot_seconds_used;
+        e.entitled_share += t.entitlement_share;
+        e.actual_share += t.actual_share;
     }
     Some(out)
 }
@@ -719,7 +725,7 @@ mod tests {
 
     #[test]
     fn tier_totals_sum_by_tier_with_every_tier_present() {
-        let t = |name: &str, tier: &str, q: usize, r: usize| serde_json::json!({"tenant": name, "tier": tier, "backlog": {"total": q}, "running": r, "slot_seconds_used": 1.5});
+        let t = |name: &str, tier: &str, q: usize, r: usize| serde_json::json!({"tenant": name, "tier": tier, "backlog": {"total": q}, "running": r, "slot_seconds_used": 1.5, "entitlement_share": 0.25, "actual_share": 0.1});
         let js: serde_json::Value = serde_json::from_str(&snap(
             "short",
             8,
@@ -731,6 +737,8 @@ mod tests {
         assert_eq!((m["free"].backlog, m["free"].running), (4, 1));
         assert!((m["free"].slot_seconds_used - 3.0).abs() < 1e-9);
         assert_eq!(m["pro"].running, 2);
+        assert!((m["free"].entitled_share - 0.5).abs() < 1e-9 && (m["free"].actual_share - 0.2).abs() < 1e-9);
+        assert!((m["pro"].entitled_share - 0.25).abs() < 1e-9);
         assert_eq!(m["enterprise"], TierTotals::default());
         assert!(tier_totals(&serde_json::json!({"policy": "fifo", "queued": 1})).is_none());
         assert!(tier_totals(&serde_json::Value::Null).is_none());

@@ -263,9 +263,38 @@ pub enum RebalanceEvent {
 /// librdkafka itself on revoke (auto commit), so nothing finished is redelivered.
 pub struct WorkerContext {
     events: mpsc::UnboundedSender<RebalanceEvent>,
+    /// The pool whose consumer lag this client reports (`fairway_consumer_lag{pool}`,
+    /// from librdkafka's statistics); None: no statistics.
+    lag_pool: Option<&'static str>,
 }
 
-impl ClientContext for WorkerContext {}
+impl ClientContext for WorkerContext {
+    fn stats_raw(&self, statistics: &[u8]) {
+        let Some(pool) = self.lag_pool else { return };
+        if let Some(lag) = serde_json::from_slice::<serde_json::Value>(statistics).ok().and_then(|v| consumer_lag(&v)) {
+            metrics::gauge!(crate::metrics::CONSUMER_LAG, "pool" => pool).set(lag as f64);
+        }
+    }
+}
+
+/// Records not yet committed on the partitions a consumer owns, from librdkafka's
+/// statistics JSON: per partition `consumer_lag` (high watermark - committed offset),
+/// else `consumer_lag_stored` (- stored offset) before the first commit; unknown: 0.
+/// None when the statistics list no topic.
+fn consumer_lag(stats: &serde_json::Value) -> Option<i64> {
+    let topics = stats.get("topics")?.as_object()?;
+    let lag = topics
+        .values()
+        .filter_map(|t| t.get("partitions")?.as_object())
+        .flat_map(|ps| ps.iter())
+        .filter(|(id, p)| id.as_str() != "-1" && p.get("desired").and_then(|d| d.as_bool()).unwrap_or(true))
+        .map(|(_, p)| {
+            let num = |k: &str| p.get(k).and_then(|x| x.as_i64()).unwrap_or(-1);
+            [num("consumer_lag"), num("consumer_lag_stored")].into_iter().find(|l| *l >= 0).unwrap_or(0)
+        })
+        .sum();
+    Some(lag)
+}
 
 fn tpl_vec(tpl: &TopicPartitionList) -> Vec<(String, i32)> {
     tpl.elements().iter().map(|e| (e.topic().to_string(), e.partition())).collect()
@@ -293,8 +322,32 @@ pub fn consumer(
     group: &str,
     topics: &[String],
 ) -> Result<(WorkerConsumer, mpsc::UnboundedReceiver<RebalanceEvent>), KafkaError> {
+    consumer_with(cfg, group, topics, None)
+}
+
+/// [`consumer`] for a pool topic that also reports its lag as `fairway_consumer_lag{pool}`
+/// (librdkafka statistics every 5 s).
+pub fn pool_consumer(
+    cfg: &Config,
+    group: &str,
+    topic: &str,
+    pool: &'static str,
+) -> Result<(WorkerConsumer, mpsc::UnboundedReceiver<RebalanceEvent>), KafkaError> {
+    consumer_with(cfg, group, &[topic.to_string()], Some(pool))
+}
+
+fn consumer_with(
+    cfg: &Config,
+    group: &str,
+    topics: &[String],
+    lag_pool: Option<&'static str>,
+) -> Result<(WorkerConsumer, mpsc::UnboundedReceiver<RebalanceEvent>), KafkaError> {
     let (tx, rx) = mpsc::unbounded_channel();
-    let c: WorkerConsumer = base(cfg)
+    let mut conf = base(cfg);
+    if lag_pool.is_some() {
+        conf.set("statistics.interval.ms", "5000");
+    }
+    let c: WorkerConsumer = conf
         .set("group.id", group)
         .set("fetch.wait.max.ms", FETCH_WAIT_MS)
         .set("enable.auto.commit", "true")
@@ -308,7 +361,7 @@ pub fn consumer(
         // Execution is decoupled from polling, so long jobs never trip this.
         .set("max.poll.interval.ms", "300000")
         .set("queued.max.messages.kbytes", "16384")
-        .create_with_context(WorkerContext { events: tx })
+        .create_with_context(WorkerContext { events: tx, lag_pool })
         .map_err(client_err(cfg))?;
     let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
     c.subscribe(&refs)?;
@@ -350,6 +403,19 @@ pub fn tail_reader(cfg: &Config, group: &str) -> Result<StreamConsumer, KafkaErr
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn consumer_lag_sums_owned_partitions() {
+        let v = serde_json::json!({"topics": {"p.jobs.short": {"partitions": {
+            "0": {"desired": true, "consumer_lag": 5, "consumer_lag_stored": 4},
+            "1": {"desired": true, "consumer_lag": -1, "consumer_lag_stored": 3},
+            "2": {"desired": true, "consumer_lag": -1, "consumer_lag_stored": -1},
+            "3": {"desired": false, "consumer_lag": 100},
+            "-1": {"consumer_lag": 7}
+        }}}});
+        assert_eq!(super::consumer_lag(&v), Some(8));
+        assert_eq!(super::consumer_lag(&serde_json::json!({"name": "x"})), None);
+    }
+
     use crate::config::KafkaProperties;
 
     #[test]

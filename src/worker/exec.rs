@@ -97,6 +97,7 @@ impl Waited {
         for (stage, ms) in [("fetch", fetch), ("queue", queue), ("check", check)] {
             metrics::histogram!(m::JOB_WAIT_SECONDS, "pool" => pool, "stage" => stage).record(ms as f64 / 1000.0);
         }
+        metrics::histogram!(m::JOB_DISPATCH_WAIT_SECONDS, "pool" => pool).record((fetch + queue) as f64 / 1000.0);
         tracing::debug!(target: "fairway::timeline", job_id = %job.job_id, tenant = %job.tenant, fetch, queue, check, "started");
     }
 }

@@ -111,7 +111,7 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let topic = sh.cfg.pool_topic(sh.pool);
     let group = sh.cfg.group(sh.pool.as_str());
-    let (consumer, mut rebalances) = kafka::consumer(&sh.cfg, &group, std::slice::from_ref(&topic))?;
+    let (consumer, mut rebalances) = kafka::pool_consumer(&sh.cfg, &group, &topic, sh.pool.as_str())?;
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Event>();
     let stmts = sh.store.backlog_statements().await?;
     let report = done_tx.clone();
@@ -552,9 +552,10 @@ impl Loop {
             pool.insert("unassigned_ms".into(), (if overdue { unassigned.as_millis() as u64 } else { 0 }).into());
             pool.insert("group".into(), self.group.clone().into());
         }
-        if let Some(oldest) = crate::core::fleet::oldest_wait_ms(&stats) {
-            metrics::gauge!(m::OLDEST_WAIT_SECONDS, "pool" => self.pool()).set(oldest as f64 / 1000.0);
-        }
+        // 0 once nothing waits (a stale age would keep an SLO alert firing).
+        let oldest = crate::core::fleet::oldest_wait_ms(&stats).unwrap_or(0);
+        metrics::gauge!(m::OLDEST_WAIT_SECONDS, "pool" => self.pool()).set(oldest as f64 / 1000.0);
+        metrics::gauge!(m::POOL_SLOTS, "pool" => self.pool()).set(self.sh.cfg.pool(self.sh.pool).slots as f64);
         if let Ok(mut s) = self.sh.stats.lock() {
             *s = stats;
         }

@@ -197,6 +197,8 @@ impl Reporter {
             metrics::gauge!(m::TIER_BACKLOG, "pool" => pool, "tier" => tier).set(t.backlog as f64);
             metrics::gauge!(m::TIER_RUNNING, "pool" => pool, "tier" => tier).set(t.running as f64);
             metrics::gauge!(m::TIER_SLOT_SECONDS_USED, "pool" => pool, "tier" => tier).set(t.slot_seconds_used);
+            metrics::gauge!(m::TIER_ENTITLED_SHARE, "pool" => pool, "tier" => tier).set(t.entitled_share);
+            metrics::gauge!(m::TIER_ACTUAL_SHARE, "pool" => pool, "tier" => tier).set(t.actual_share);
         }
     }
 
