@@ -10,7 +10,7 @@ use std::time::Duration;
 
 mod retention;
 mod security;
-pub use retention::{IdempotencyConfig, RetentionConfig};
+pub use retention::{EventsConfig, IdempotencyConfig, RetentionConfig};
 pub use security::{
     is_secret_property, kafka_env_property, ApiConfig, AuthMode, KafkaProperties, ScyllaTls, Secret, KAFKA_ENV_PREFIX,
 };
@@ -59,6 +59,9 @@ pub struct Config {
     /// Idempotency keys (`[idempotency]`).
     #[serde(default)]
     pub idempotency: IdempotencyConfig,
+    /// Job events (`[events]`).
+    #[serde(default)]
+    pub events: EventsConfig,
 }
 
 /// The tenants registry: what to do with unknown tenants, how fast changes arrive.

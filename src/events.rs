@@ -1,5 +1,9 @@
 //! Watching a job, the I/O shell (rules: `core::events`, statements: `store::events`).
 //!
+//! - **Terminal events are the results.** A job's end is its record on the results topic
+//!   (`core::events::from_result`): the recorder and the feed read both topics, so a job
+//!   costs no extra record at its end, and a short job (done within 250 ms) only its
+//!   `queued` event.
 //! - **Publishing.** Lifecycle and progress events go to `<prefix>events` (Avro
 //!   `schemas/job_event.avsc`, key = job id, so one job's events stay in order on one
 //!   partition). They are produced without waiting for the acknowledgement: a worker's
@@ -16,7 +20,7 @@
 use crate::config::Config;
 use crate::core::events as rules;
 use crate::kafka::{self, Consumer, Message};
-use crate::model::{EventKind, JobEvent, JobStatus, JobSubmitted, Millis};
+use crate::model::{EventKind, JobEvent, JobSubmitted, Millis};
 use crate::store::Store;
 use crate::{codec, metrics as m, now_ms};
 use rdkafka::producer::FutureProducer;
@@ -30,6 +34,9 @@ fn new_id() -> String {
 
 /// Publishes an event without waiting (see the module docs).
 pub fn emit(producer: &FutureProducer, cfg: &Config, ev: &JobEvent) {
+    if !cfg.events.publish {
+        return;
+    }
     let Ok(bytes) = codec::encode_event(ev) else { return };
     if kafka::send_nowait(producer, &cfg.events_topic(), &ev.job_id, &bytes) {
         metrics::counter!(m::EVENTS_PUBLISHED, "kind" => ev.kind.as_str()).increment(1);
@@ -48,9 +55,10 @@ pub fn submitted(producer: &FutureProducer, cfg: &Config, job: &JobSubmitted) {
     emit(producer, cfg, &rules::submission_event(new_id(), job, now_ms()));
 }
 
-/// `started`: a handler starts an attempt.
-pub fn started(producer: &FutureProducer, cfg: &Config, worker: &str, job: &JobSubmitted) {
-    emit(producer, cfg, &worker_event(job, EventKind::Started, worker));
+/// `started`: an attempt has run for a moment (published with the job's running row,
+/// after 250 ms: short jobs go from `queued` straight to their result).
+pub fn started(producer: &FutureProducer, cfg: &Config, worker: &str, job: &JobSubmitted, at: Millis) {
+    emit(producer, cfg, &JobEvent { at, ..worker_event(job, EventKind::Started, worker) });
 }
 
 /// `progress`: a running job reported progress (the caller throttles with
@@ -108,19 +116,6 @@ pub fn retrying(producer: &FutureProducer, cfg: &Config, worker: &str, job: &Job
     emit(producer, cfg, &ev);
 }
 
-/// The terminal event (`succeeded`, `failed`, `cancelled`, `expired`).
-pub fn finished(
-    producer: &FutureProducer,
-    cfg: &Config,
-    worker: &str,
-    job: &JobSubmitted,
-    status: JobStatus,
-    error: Option<&str>,
-) {
-    let ev = JobEvent { message: error.map(str::to_string), ..worker_event(job, status.into(), worker) };
-    emit(producer, cfg, &ev);
-}
-
 /// `late_execution`: picked after its `not_after` (then `expired` follows).
 pub fn late(producer: &FutureProducer, cfg: &Config, worker: &str, job: &JobSubmitted, not_after: Millis) {
     let ev = JobEvent { worker: Some(worker.to_string()), ..rules::late_execution(new_id(), job, not_after, now_ms()) };
@@ -131,6 +126,20 @@ pub fn late(producer: &FutureProducer, cfg: &Config, worker: &str, job: &JobSubm
 pub fn dead_lettered(producer: &FutureProducer, cfg: &Config, worker: &str, job: &JobSubmitted, reason: &str) {
     let ev = JobEvent { message: Some(reason.to_string()), ..worker_event(job, EventKind::DeadLettered, worker) };
     emit(producer, cfg, &ev);
+}
+
+/// An event from a message of the events topic, or the terminal event of a result.
+fn decode(bytes: &[u8]) -> Option<JobEvent> {
+    match codec::sniff(bytes)? {
+        codec::RecordKind::JobEvent => codec::decode_event(bytes).ok(),
+        codec::RecordKind::JobResult => codec::decode_result(bytes).ok().map(|r| rules::from_result(&r)),
+        _ => None,
+    }
+}
+
+/// The topics events are read from: the events topic and the results topic.
+fn sources(cfg: &Config) -> [String; 2] {
+    [cfg.events_topic(), cfg.results_topic()]
 }
 
 // ---------------------------------------------------------------------------------------
@@ -146,7 +155,8 @@ const RECORD_BATCH: usize = 500;
 pub async fn record(cfg: Arc<Config>, store: Store, mut stop: watch::Receiver<bool>) -> anyhow::Result<()> {
     let stmts = store.event_statements().await?;
     let consumer = kafka::reader(&cfg, &cfg.group("events-history"), false)?;
-    consumer.subscribe(&[cfg.events_topic().as_str()])?;
+    let topics = sources(&cfg);
+    consumer.subscribe(&[topics[0].as_str(), topics[1].as_str()])?;
     let ttl = rules::row_ttl_secs(cfg.retention.results, 0, None);
     loop {
         let mut batch = Vec::new();
@@ -154,7 +164,7 @@ pub async fn record(cfg: Arc<Config>, store: Store, mut stop: watch::Receiver<bo
         tokio::select! {
             _ = stop.changed() => return Ok(()),
             m = consumer.recv() => match m {
-                Ok(m) => batch.extend(m.payload().and_then(|p| codec::decode_event(p).ok())),
+                Ok(m) => batch.extend(m.payload().and_then(decode)),
                 Err(e) => {
                     tracing::warn!(error = %e, "events recorder: consume failed");
                     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -165,7 +175,7 @@ pub async fn record(cfg: Arc<Config>, store: Store, mut stop: watch::Receiver<bo
         let until = tokio::time::Instant::now() + Duration::from_millis(50);
         while batch.len() < RECORD_BATCH {
             match tokio::time::timeout_at(until, consumer.recv()).await {
-                Ok(Ok(m)) => batch.extend(m.payload().and_then(|p| codec::decode_event(p).ok())),
+                Ok(Ok(m)) => batch.extend(m.payload().and_then(decode)),
                 _ => break,
             }
         }
@@ -210,7 +220,8 @@ impl Feed {
     pub fn start(cfg: &Config, mut stop: watch::Receiver<bool>) -> Result<Feed, kafka::KafkaError> {
         let (tx, _) = broadcast::channel(FEED_BUFFER);
         let consumer = kafka::tail_reader(cfg, &cfg.group(&format!("events-feed-{}", uuid::Uuid::new_v4().simple())))?;
-        consumer.subscribe(&[cfg.events_topic().as_str()])?;
+        let topics = sources(&cfg);
+    consumer.subscribe(&[topics[0].as_str(), topics[1].as_str()])?;
         let feed = Feed { tx: tx.clone() };
         tokio::spawn(async move {
             loop {
@@ -218,7 +229,7 @@ impl Feed {
                     _ = stop.changed() => return,
                     m = consumer.recv() => match m {
                         Ok(m) => {
-                            if let Some(ev) = m.payload().and_then(|p| codec::decode_event(p).ok()) {
+                            if let Some(ev) = m.payload().and_then(decode) {
                                 let _ = tx.send(Arc::new(ev));
                             }
                         }

@@ -32,6 +32,21 @@ impl Default for RetentionConfig {
     }
 }
 
+/// `[events]`: job lifecycle and progress events (`crate::events`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EventsConfig {
+    /// Publish events to the events topic (`false`: no history, no push; states and
+    /// results are unaffected).
+    pub publish: bool,
+}
+
+impl Default for EventsConfig {
+    fn default() -> Self {
+        EventsConfig { publish: true }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct IdempotencyConfig {
@@ -94,6 +109,8 @@ mod tests {
         let c = Config::parse("[retention]\nresults = \"2s\"\n[idempotency]\nwindow = \"1h\"\n", "t").unwrap();
         assert_eq!(c.retention.results, Duration::from_secs(2));
         assert_eq!(c.idempotency.window, Duration::from_secs(3600));
+        assert!(Config::builtin().events.publish);
+        assert!(!Config::parse("[events]\npublish = false\n", "t").unwrap().events.publish);
     }
 
     #[test]

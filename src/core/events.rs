@@ -17,7 +17,7 @@
 //! the submission's row is written with the submission time as its write timestamp
 //! (every worker write comes after the produce, so it wins; see `store::events`).
 
-use crate::model::{EventKind, JobEvent, JobSubmitted, Millis};
+use crate::model::{EventKind, JobEvent, JobResult, JobSubmitted, Millis};
 use std::time::Duration;
 
 /// The state model (see the module docs).
@@ -199,6 +199,24 @@ pub fn submission_event(event_id: String, job: &JobSubmitted, now: Millis) -> Jo
     }
 }
 
+/// The terminal event of a result record (the results topic is the terminal event):
+/// its id is derived from the result, so every copy of one result is the same event.
+pub fn from_result(r: &JobResult) -> JobEvent {
+    JobEvent {
+        event_id: format!("result-{}-g{}-a{}", r.job_id, r.generation, r.attempts),
+        job_id: r.job_id.clone(),
+        tenant: r.tenant.clone(),
+        job_type: r.job_type.clone(),
+        kind: r.status.into(),
+        at: r.finished_at,
+        attempt: r.attempts,
+        worker: (!r.worker_id.is_empty()).then(|| r.worker_id.clone()),
+        progress: None,
+        message: r.error.clone(),
+        next_attempt_at: None,
+    }
+}
+
 /// `late_execution`: the job was picked at `now`, after its `not_after`; says how late.
 pub fn late_execution(event_id: String, job: &JobSubmitted, not_after: Millis, now: Millis) -> JobEvent {
     let late = (now - not_after).max(0);
@@ -330,6 +348,31 @@ mod tests {
         assert_eq!(fold(&h2), Some(JobState::Succeeded));
         assert_eq!(fold(&[]), None);
         assert_eq!(fold(&[ev(EventKind::Progress, 1, "x")]), None);
+    }
+
+    #[test]
+    fn a_result_is_the_terminal_event() {
+        let r = JobResult {
+            job_id: "j1".into(),
+            tenant: "acme".into(),
+            job_type: "echo".into(),
+            pool: crate::model::Pool::Short,
+            status: crate::model::JobStatus::Failed,
+            output: None,
+            error: Some("boom".into()),
+            failure_class: None,
+            attempts: 3,
+            generation: 1,
+            submitted_at: 1,
+            started_at: Some(2),
+            finished_at: 9,
+            worker_id: "w".into(),
+        };
+        let e = from_result(&r);
+        assert_eq!((e.kind, e.at, e.attempt, e.message.as_deref()), (EventKind::Failed, 9, 3, Some("boom")));
+        assert!(ends_stream(e.kind));
+        assert_eq!(e.event_id, from_result(&r).event_id, "copies of one result are one event");
+        assert_ne!(e.event_id, from_result(&JobResult { attempts: 4, ..r }).event_id);
     }
 
     #[test]

@@ -118,7 +118,6 @@ pub async fn execute(
         Err(durable) => return Ended::Skipped.or_lost(durable),
     };
     let started_at = now_ms();
-    crate::events::started(&sh.producer, &sh.cfg, &sh.worker_id, &job);
     waited.record(&sh, &job, started_at);
     let run = run(&sh, &job, handler, &mut slot, started_at).await;
     let ended = outcome::record(&sh, &job, &origin, &run).await;
@@ -189,6 +188,7 @@ async fn run(sh: &Shared, job: &Arc<JobSubmitted>, handler: Arc<dyn Handler>, sl
         r = &mut run => Some(r),
         _ = live.aborted() => None,
         _ = tokio::time::sleep(RUNNING_WRITE_GRACE) => {
+            crate::events::started(&sh.producer, &sh.cfg, &sh.worker_id, job, started_at);
             let u = update(sh, job, "running", Some(started_at), None);
             let encoded = codec::encode_job(job).unwrap_or_default();
             match sh.store.put_running_with_heartbeat(&u, &encoded, now_ms(), sh.heartbeat_ttl_secs()).await {

@@ -195,7 +195,6 @@ pub(crate) async fn finish(
         metrics::counter!(m::OUTCOME_WRITE_FAILURES, "pool" => sh.pool.as_str()).increment(1);
         return false;
     }
-    crate::events::finished(&sh.producer, &sh.cfg, &sh.worker_id, job, status, result.error.as_deref());
     metrics::counter!(m::JOBS_FINISHED, "pool" => sh.pool.as_str(), "status" => status.as_str()).increment(1);
     let e2e = (finished_at - job.submitted_at).max(0) as f64 / 1000.0;
     metrics::histogram!(m::JOB_END_TO_END_SECONDS, "pool" => sh.pool.as_str()).record(e2e);
