@@ -43,7 +43,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use metrics_exporter_prometheus::{BuildError, PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -72,7 +72,9 @@ pub fn describe() {
 /// Installs a global Prometheus recorder (no HTTP listener of its own: the API serves
 /// `/metrics`) and registers every metric description. Call once per process.
 pub fn install_prometheus() -> Result<PrometheusHandle, BuildError> {
-    let handle = crate::metrics::with_buckets(PrometheusBuilder::new()).install_recorder()?;
+    let handle = crate::metrics::with_buckets(PrometheusBuilder::new())
+        .set_buckets_for_metric(Matcher::Full(API_REQUEST_SECONDS.into()), &crate::metrics::LATENCY_BUCKETS)?
+        .install_recorder()?;
     crate::metrics::describe();
     describe();
     Ok(handle)
