@@ -1,5 +1,5 @@
 //! The observability kit on a real Prometheus (issue 18): `promtool check rules` passes on
-//! docker/prometheus/alerts.yml; a Prometheus (Debian's `prometheus` package, installed by
+//! docker/prometheus/alerts.yml and `promtool check config` on its scrape config; a Prometheus (Debian's `prometheus` package, installed by
 //! scripts/test) scrapes a running `fairway worker` and `fairway serve` every second and
 //! evaluates those rules while a small workload runs (echo, sleep, flaky and failing jobs
 //! of three tenants, echo jobs through the HTTP API);
@@ -94,10 +94,23 @@ async fn dashboard_queries_return_data_and_the_dlq_alert_fires_on_a_real_prometh
         String::from_utf8_lossy(&check.stderr)
     );
 
+    // The shipped scrape config is valid (its rules path pointed at the repository's file).
+    let dir = tempfile::tempdir().unwrap();
+    let shipped = std::fs::read_to_string(repo("docker/prometheus/prometheus.yml")).unwrap();
+    assert!(shipped.contains("/etc/prometheus/alerts.yml"), "compose mounts the rules there");
+    let shipped_copy = dir.path().join("shipped.yml");
+    std::fs::write(&shipped_copy, shipped.replace("/etc/prometheus/alerts.yml", &rules.display().to_string())).unwrap();
+    let check = Command::new(tool("promtool")).arg("check").arg("config").arg(&shipped_copy).output().expect("promtool");
+    assert!(
+        check.status.success(),
+        "promtool check config docker/prometheus/prometheus.yml: {}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+
     // A worker with its /metrics on a free port: `fail` jobs retry once, then dead-letter.
     let cfg = common::config("");
     common::init(&cfg).await;
-    let dir = tempfile::tempdir().unwrap();
     let (metrics_port, api_port, api_metrics_port) = (free_port(), free_port(), free_port());
     let extra = format!(
         "[api]\nauth = \"off\"\n[worker]\nmetrics_listen = \"127.0.0.1:{metrics_port}\"\n\
