@@ -253,6 +253,11 @@ async fn dashboard_queries_return_data_and_the_dlq_alert_fires_on_a_real_prometh
                 empty.push(format!("target {job} is not up"));
             }
         }
+        // The lag gauge reports records waiting (the queued sleeps hold commits back),
+        // not only zeros.
+        if prom.series("max_over_time(fairway_consumer_lag[5m]) > 0").await != Ok(1) {
+            empty.push("fairway_consumer_lag never above 0".into());
+        }
         if empty.is_empty() && rules_bad.is_empty() && dlq_firing {
             break;
         }
@@ -284,9 +289,11 @@ async fn dashboard_queries_return_data_and_the_dlq_alert_fires_on_a_real_prometh
     // The checker itself can fail: a metric no one exports returns nothing.
     assert_eq!(prom.series("fairway_no_such_metric").await, Ok(0));
     assert!(prom.series("sum by (pool (fairway_jobs_queued)").await.is_err(), "a broken expression is an error");
+    let peak = prom.get("/api/v1/query", &[("query", "max(max_over_time(fairway_consumer_lag[5m]))")]).await;
     eprintln!(
-        "{} dashboard expressions with data, 5 rules ok, firing {firing:?}, {rounds} workload rounds, {:?}",
+        "{} dashboard expressions with data, 5 rules ok, firing {firing:?}, peak consumer lag {}, {rounds} workload rounds, {:?}",
         exprs.len(),
+        peak["data"]["result"][0]["value"][1],
         started.elapsed()
     );
 }
