@@ -272,7 +272,6 @@ pub(crate) async fn fail(
         Decision::DeadLetter { reason } => {
             let attempts = if started_at.is_some() { job.attempt + 1 } else { job.attempt };
             let class = crate::core::retry::dead_letter_class(class);
-            crate::events::dead_lettered(&sh.producer, &sh.cfg, &sh.worker_id, job, &reason);
             let dl = dead_letter(sh, Some(job), None, class, reason, Some(err.message.clone()), attempts, origin).await;
             let fin = finish(sh, job, JobStatus::Failed, None, Some(err.message), Some(class), started_at).await;
             dl && fin
@@ -309,6 +308,11 @@ pub(crate) async fn dead_letter(
     };
     let key = job.map(|j| j.tenant.as_str()).unwrap_or("");
     let produced = produce_dead_letter(&sh.cfg, &sh.producer, &dl, key).await;
+    // Every path that dead-letters a job (failed attempts, poison takeovers, rejected
+    // messages) tells its watchers.
+    if let Some(j) = job {
+        crate::events::dead_lettered(&sh.producer, &sh.cfg, &sh.worker_id, j, &dl.reason);
+    }
     let jt = job.map(|j| sh.bounded_job_type(&j.job_type)).unwrap_or_else(|| "unknown".to_string());
     metrics::counter!(m::DEAD_LETTERS, "class" => class.as_str(), "job_type" => jt).increment(1);
     produced
