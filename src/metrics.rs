@@ -159,7 +159,7 @@ pub fn describe() {
     describe_histogram!(
         JOB_DISPATCH_WAIT_SECONDS,
         Unit::Seconds,
-        "Submission to slot (fetch + queue stages: the wait the pools' SLOs bound), by pool"
+        "Submission (or scheduled time) to first dispatch of original submissions' first attempts (the wait the pools' SLOs bound), by pool"
     );
     describe_gauge!(POOL_SLOTS, "Configured slots of the pool in this worker (utilisation: fairway_jobs_running / this)");
     describe_gauge!(

@@ -97,7 +97,14 @@ impl Waited {
         for (stage, ms) in [("fetch", fetch), ("queue", queue), ("check", check)] {
             metrics::histogram!(m::JOB_WAIT_SECONDS, "pool" => pool, "stage" => stage).record(ms as f64 / 1000.0);
         }
-        metrics::histogram!(m::JOB_DISPATCH_WAIT_SECONDS, "pool" => pool).record((fetch + queue) as f64 / 1000.0);
+        // Submission (or its scheduled time) to the first dispatch: only an original
+        // submission's first attempt, whose wait the pools' SLOs bound (a retry's, crash
+        // re-dispatch's, replay's or rerun copy's would count backoffs and history).
+        if job.attempt == 0 && job.crash_count == 0 && job.replay_count == 0 && job.generation == 0 {
+            let from = job.execute_at.map_or(job.submitted_at, |at| at.max(job.submitted_at));
+            let ms = (self.dispatched_at - from).max(0);
+            metrics::histogram!(m::JOB_DISPATCH_WAIT_SECONDS, "pool" => pool).record(ms as f64 / 1000.0);
+        }
         tracing::debug!(target: "fairway::timeline", job_id = %job.job_id, tenant = %job.tenant, fetch, queue, check, "started");
     }
 }
