@@ -111,11 +111,12 @@ pub(super) async fn before_run(sh: &Shared, job: Arc<JobSubmitted>, origin: &Ori
         // the job runs) we wait; by one whose heartbeat lapsed, we take over.
         let hb = sh.store.heartbeat(&job.job_id).await.ok().flatten();
         let fresh = hb.and_then(|h| h.at).is_some_and(|at| now - at < 3 * interval.as_millis() as i64);
-        if fresh && row.worker.as_deref() == Some(sh.worker_id.as_str()) {
+        if fresh && !rerun && row.worker.as_deref() == Some(sh.worker_id.as_str()) {
             // A redelivered copy of a job running on this very worker (its partition came
             // back, or it was claimed here from another copy): nothing to wait for, this
             // worker records its end. Waiting would hold a slot for the whole run and can
-            // starve the hand-off copies of other jobs.
+            // starve the hand-off copies of other jobs. A newer generation's copy is not a
+            // redelivery: it waits below and runs once the current run ends.
             metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "running_here").increment(1);
             return Check::Done(true);
         }
