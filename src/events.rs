@@ -107,7 +107,14 @@ impl ProgressSink {
 }
 
 /// `retrying`: an attempt failed and the next is due at `next_at`.
-pub fn retrying(producer: &FutureProducer, cfg: &Config, worker: &str, job: &JobSubmitted, next_at: Millis, error: &str) {
+pub fn retrying(
+    producer: &FutureProducer,
+    cfg: &Config,
+    worker: &str,
+    job: &JobSubmitted,
+    next_at: Millis,
+    error: &str,
+) {
     let ev = JobEvent {
         next_attempt_at: Some(next_at),
         message: Some(error.to_string()),
@@ -221,7 +228,7 @@ impl Feed {
         let (tx, _) = broadcast::channel(FEED_BUFFER);
         let consumer = kafka::tail_reader(cfg, &cfg.group(&format!("events-feed-{}", uuid::Uuid::new_v4().simple())))?;
         let topics = sources(&cfg);
-    consumer.subscribe(&[topics[0].as_str(), topics[1].as_str()])?;
+        consumer.subscribe(&[topics[0].as_str(), topics[1].as_str()])?;
         let feed = Feed { tx: tx.clone() };
         tokio::spawn(async move {
             loop {

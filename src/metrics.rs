@@ -138,7 +138,10 @@ pub fn describe() {
         "Age of the oldest job waiting in this worker's buffer, by pool"
     );
     describe_counter!(EVENTS_PUBLISHED, "Job events queued for the events topic, by kind");
-    describe_counter!(EVENTS_DROPPED, "Job events the producer could not queue (dropped; the job's row stays the truth)");
+    describe_counter!(
+        EVENTS_DROPPED,
+        "Job events the producer could not queue (dropped; the job's row stays the truth)"
+    );
     describe_counter!(EVENTS_RECORDED, "Job events written to the job_events history by the recorder");
     describe_counter!(EVENT_RECORD_FAILURES, "History writes the store refused (retried; offsets wait)");
     describe_gauge!(EVENT_STREAMS, "Server-Sent Event streams open now");
@@ -161,7 +164,10 @@ pub fn describe() {
         Unit::Seconds,
         "Submission (or scheduled time) to first dispatch of original submissions' first attempts (the wait the pools' SLOs bound), by pool"
     );
-    describe_gauge!(POOL_SLOTS, "Configured slots of the pool in this worker (utilisation: fairway_jobs_running / this)");
+    describe_gauge!(
+        POOL_SLOTS,
+        "Configured slots of the pool in this worker (utilisation: fairway_jobs_running / this)"
+    );
     describe_gauge!(
         CONSUMER_LAG,
         "Records on the pool topic's partitions this worker owns that are not yet committed (high watermark - committed offset), by pool"

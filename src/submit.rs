@@ -199,7 +199,8 @@ impl Submitter {
     ) -> Result<Option<Submitted>, SubmitError> {
         let window = self.cfg.idempotency.window.as_secs().min(i32::MAX as u64) as i32;
         let store = self.store.as_ref().expect("statements come from the store");
-        let IdempotencyClaim::Held { job_id: held, at } = stmts.claim_key(tenant, key, job_id, now, window).await? else {
+        let IdempotencyClaim::Held { job_id: held, at } = stmts.claim_key(tenant, key, job_id, now, window).await?
+        else {
             return Ok(None);
         };
         let row = store.job_direct(&held).await?;
@@ -305,7 +306,9 @@ fn validate_job(cfg: &Config, job: &NewJob, payload_len: usize) -> Result<Pool, 
     }
     if let Some(ts) = &job.tracestate {
         if job.traceparent.is_none() {
-            return Err(SubmitError::BadTraceContext("tracestate given without traceparent; send both or neither".into()));
+            return Err(SubmitError::BadTraceContext(
+                "tracestate given without traceparent; send both or neither".into(),
+            ));
         }
         trace::check_tracestate(ts).map_err(SubmitError::BadTraceContext)?;
     }

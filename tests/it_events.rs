@@ -121,7 +121,12 @@ fn kinds(evs: &[(String, Value)]) -> Vec<String> {
 }
 
 /// Polls `GET path` until `ok` holds (at most `timeout`); returns the last answer.
-async fn poll(api: &Api, path: &str, timeout: Duration, ok: impl Fn(StatusCode, &Value) -> bool) -> (StatusCode, Value) {
+async fn poll(
+    api: &Api,
+    path: &str,
+    timeout: Duration,
+    ok: impl Fn(StatusCode, &Value) -> bool,
+) -> (StatusCode, Value) {
     let deadline = Instant::now() + timeout;
     loop {
         let (s, v) = api.get(path).await;
@@ -166,12 +171,10 @@ async fn queued_at_once_then_sse_progress_to_the_end_history_and_tenant_stream()
     let (s, e) = get_with(&globex, &api.url("/v1/events")).await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{e}");
     assert!(e["error"].as_str().unwrap().contains("follow=1"), "{e}");
-    let tenant_stream = tokio::spawn(read_sse(
-        globex.clone(),
-        api.url("/v1/events?follow=1"),
-        Duration::from_secs(60),
-        |evs| evs.iter().any(|(k, _)| k == "succeeded"),
-    ));
+    let tenant_stream =
+        tokio::spawn(read_sse(globex.clone(), api.url("/v1/events?follow=1"), Duration::from_secs(60), |evs| {
+            evs.iter().any(|(k, _)| k == "succeeded")
+        }));
     // The feed starts at the topic's end once its consumer has partitions: give it a moment.
     tokio::time::sleep(Duration::from_secs(4)).await;
     let (s, g) = api.post("/v1/jobs", &json!({"tenant": "globex", "job_type": "echo", "payload": "hi"})).await;
@@ -186,7 +189,8 @@ async fn queued_at_once_then_sse_progress_to_the_end_history_and_tenant_stream()
     assert!(ended, "the stream ends by itself after the terminal event: {k:?}");
     assert_eq!(k.first().map(String::as_str), Some("queued"), "{k:?}");
     assert!(k.iter().any(|k| k == "started"), "{k:?}");
-    let progress: Vec<f64> = evs.iter().filter(|(k, _)| k == "progress").filter_map(|(_, v)| v["progress"].as_f64()).collect();
+    let progress: Vec<f64> =
+        evs.iter().filter(|(k, _)| k == "progress").filter_map(|(_, v)| v["progress"].as_f64()).collect();
     assert!(progress.len() >= 3, "progress events while it runs: {k:?}");
     assert!(progress.windows(2).all(|w| w[0] <= w[1]), "progress in order: {progress:?}");
     assert_eq!(k.last().map(String::as_str), Some("succeeded"), "{k:?}");
@@ -283,7 +287,8 @@ async fn failed_produce_leaves_no_claimed_key_and_a_duplicate_returns_the_result
 
     let registry = Registry::from_config(&cfg, Default::default()).unwrap();
     let worker = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair).await.unwrap();
-    let (_, st) = poll(&api, &format!("/v1/jobs/{id}"), Duration::from_secs(40), |_, v| v["status"] == "succeeded").await;
+    let (_, st) =
+        poll(&api, &format!("/v1/jobs/{id}"), Duration::from_secs(40), |_, v| v["status"] == "succeeded").await;
     worker.stop().await;
     assert_eq!(st["status"], "succeeded", "{st}");
     let (s, dup) = api.post("/v1/jobs", &body).await;

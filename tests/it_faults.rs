@@ -56,8 +56,20 @@ fn assert_no_loss(r: &serde_json::Value, jobs: u64) {
 }
 
 const SMALL: &[&str] = &[
-    "--workers", "3", "--jobs", "1500", "--job-ms", "100", "--kills", "2", "--slots", "16",
-    "--session-timeout", "6s", "--settle", "5s",
+    "--workers",
+    "3",
+    "--jobs",
+    "1500",
+    "--job-ms",
+    "100",
+    "--kills",
+    "2",
+    "--slots",
+    "16",
+    "--session-timeout",
+    "6s",
+    "--settle",
+    "5s",
 ];
 
 #[test]

@@ -87,7 +87,9 @@ fn a_gracefully_stopped_workers_partitions_move_at_once_while_it_drains() {
     let results = rt.block_on(common::results_for(&cfg, &ids, Duration::from_secs(60)));
     for id in &ids {
         let rs = results.get(id).unwrap_or_else(|| panic!("no result for {id}"));
-        assert!(rs.iter().all(|r| r.status == fairway::model::JobStatus::Succeeded && r.finished_at == rs[0].finished_at));
+        assert!(rs
+            .iter()
+            .all(|r| r.status == fairway::model::JobStatus::Succeeded && r.finished_at == rs[0].finished_at));
     }
 
     // The same with SIGINT, no job running.

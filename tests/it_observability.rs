@@ -100,7 +100,8 @@ async fn dashboard_queries_return_data_and_the_dlq_alert_fires_on_a_real_prometh
     assert!(shipped.contains("/etc/prometheus/alerts.yml"), "compose mounts the rules there");
     let shipped_copy = dir.path().join("shipped.yml");
     std::fs::write(&shipped_copy, shipped.replace("/etc/prometheus/alerts.yml", &rules.display().to_string())).unwrap();
-    let check = Command::new(tool("promtool")).arg("check").arg("config").arg(&shipped_copy).output().expect("promtool");
+    let check =
+        Command::new(tool("promtool")).arg("check").arg("config").arg(&shipped_copy).output().expect("promtool");
     assert!(
         check.status.success(),
         "promtool check config docker/prometheus/prometheus.yml: {}{}",
@@ -245,7 +246,9 @@ async fn dashboard_queries_return_data_and_the_dlq_alert_fires_on_a_real_prometh
             .into_iter()
             .flatten()
             .filter(|a| a["state"] == "firing")
-            .map(|a| format!("{}{{job_type={}}}", a["labels"]["alertname"].as_str().unwrap_or("?"), a["labels"]["job_type"]))
+            .map(|a| {
+                format!("{}{{job_type={}}}", a["labels"]["alertname"].as_str().unwrap_or("?"), a["labels"]["job_type"])
+            })
             .collect();
         let dlq_firing = firing.contains("FairwayDeadLetterGrowth{job_type=\"fail\"}");
         for job in ["fairway-workers", "fairway-api"] {
@@ -264,7 +267,12 @@ async fn dashboard_queries_return_data_and_the_dlq_alert_fires_on_a_real_prometh
         if started.elapsed().as_secs() % 5 == 0 {
             let dl = prom.get("/api/v1/query", &[("query", "sum by (class) (fairway_dead_letters_total)")]).await;
             let rt = prom.get("/api/v1/query", &[("query", "sum by (class) (fairway_retries_total)")]).await;
-            eprintln!("{:?}: waiting for {empty:?}, rules not ok {rules_bad:?}, firing {firing:?} DL {} RT {}", started.elapsed(), dl["data"]["result"], rt["data"]["result"]);
+            eprintln!(
+                "{:?}: waiting for {empty:?}, rules not ok {rules_bad:?}, firing {firing:?} DL {} RT {}",
+                started.elapsed(),
+                dl["data"]["result"],
+                rt["data"]["result"]
+            );
         }
         if Instant::now() > deadline {
             stop.store(true, std::sync::atomic::Ordering::SeqCst);

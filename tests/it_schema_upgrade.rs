@@ -24,7 +24,9 @@ fn v1_job_with_fresh_id() -> (String, Vec<u8>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_job_written_with_the_previous_schema_runs() {
-    let cfg = common::arc(common::config("[tenants.t]\ntier = \"standard\"\n[job_types.noop]\npool = \"short\"\nhandler = \"echo\"\n"));
+    let cfg = common::arc(common::config(
+        "[tenants.t]\ntier = \"standard\"\n[job_types.noop]\npool = \"short\"\nhandler = \"echo\"\n",
+    ));
     common::init(&cfg).await;
     let (id, bytes) = v1_job_with_fresh_id();
     let decoded = fairway::codec::decode_job(&bytes).expect("v1 decodes by schema resolution");

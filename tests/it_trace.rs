@@ -9,9 +9,9 @@ use fairway::core::trace::check_traceparent;
 use fairway::handlers::Registry;
 use fairway::model::Pool;
 use fairway::submit::{NewJob, Submitter};
+use fairway::worker::{Policy, Worker};
 use rdkafka::consumer::Consumer;
 use rdkafka::message::{Headers, Message};
-use fairway::worker::{Policy, Worker};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -82,7 +82,10 @@ async fn result_trace_headers(cfg: &fairway::config::Config, ids: &[&String]) ->
         let Some(r) = m.payload().and_then(|p| fairway::codec::decode_result(p).ok()) else { continue };
         if ids.contains(&&r.job_id) {
             let tp = m.headers().and_then(|h| {
-                h.iter().find(|h| h.key == "traceparent").and_then(|h| h.value).map(|v| String::from_utf8_lossy(v).into_owned())
+                h.iter()
+                    .find(|h| h.key == "traceparent")
+                    .and_then(|h| h.value)
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
             });
             out.insert(r.job_id, tp);
         }

@@ -51,7 +51,9 @@ fn follow(q: &EventsQuery) -> Result<bool, ApiError> {
         Some(other) => Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             codes::INVALID_QUERY,
-            format!("follow={other:?} is not understood; use follow=1 to stream events, or leave it out for the history"),
+            format!(
+                "follow={other:?} is not understood; use follow=1 to stream events, or leave it out for the history"
+            ),
         )),
     }
 }
@@ -108,7 +110,11 @@ pub(super) async fn add_state(st: &ApiState, row: &JobRow, out: &mut serde_json:
 
 /// `GET /v1/jobs/{id}` of a job without a row (produced straight to Kafka, not recorded
 /// by a worker yet): its state from its history, if it has one; else 404.
-pub(super) async fn status_from_history(st: &ApiState, caller: &Caller, id: &str) -> Result<Json<serde_json::Value>, ApiError> {
+pub(super) async fn status_from_history(
+    st: &ApiState,
+    caller: &Caller,
+    id: &str,
+) -> Result<Json<serde_json::Value>, ApiError> {
     let history = st.event_statements().await?.events(id, None).await?;
     let (Some(first), Some(state)) = (history.first(), crate::core::events::fold(&history)) else {
         return Err(ApiError::not_found(id));

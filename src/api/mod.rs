@@ -402,10 +402,8 @@ impl TraceHeaders {
                 false
             }
         });
-        let tracestate = traceparent
-            .as_ref()
-            .and(text("tracestate"))
-            .filter(|ts| crate::core::trace::check_tracestate(ts).is_ok());
+        let tracestate =
+            traceparent.as_ref().and(text("tracestate")).filter(|ts| crate::core::trace::check_tracestate(ts).is_ok());
         TraceHeaders { traceparent, tracestate }
     }
 }

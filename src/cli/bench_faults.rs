@@ -435,7 +435,8 @@ async fn dead_lettered(cfg: &Config, sent: &Sent, wait: Duration) -> anyhow::Res
         let Some(d) = m.payload().and_then(|b| codec::decode_dead_letter(b).ok()) else { continue };
         poison += u32::from(d.job.as_ref().is_some_and(|j| j.job_id == sent.poison_id));
         malformed += u32::from(
-            d.raw.as_deref() == Some(MALFORMED) || (d.origin_partition, d.origin_offset) == sent.malformed_at && d.job.is_none(),
+            d.raw.as_deref() == Some(MALFORMED)
+                || (d.origin_partition, d.origin_offset) == sent.malformed_at && d.job.is_none(),
         );
     }
     Ok((poison, malformed))

@@ -47,9 +47,8 @@ pub async fn follow(cfg: &Config, job_id: &str, json: bool, timeout: Duration) -
                 println!("{:>13}  {}  {}", e.kind.as_str(), e.at, detail);
                 last_line.clear();
             }
-            let progress = hb.as_ref().and_then(|h| h.progress).or_else(|| {
-                history.iter().rev().find_map(|e| e.progress)
-            });
+            let progress =
+                hb.as_ref().and_then(|h| h.progress).or_else(|| history.iter().rev().find_map(|e| e.progress));
             let message = hb.as_ref().and_then(|h| h.message.clone()).unwrap_or_default();
             let line = format!(
                 "{} {:<9} {}",
@@ -90,7 +89,10 @@ pub async fn follow(cfg: &Config, job_id: &str, json: bool, timeout: Duration) -
             return Ok(ExitCode::from(2));
         }
         if !timeout.is_zero() && start.elapsed() > timeout {
-            eprintln!("\n{job_id}: still {} after {timeout:?}; stopped following", state.map(JobState::as_str).unwrap_or("unknown"));
+            eprintln!(
+                "\n{job_id}: still {} after {timeout:?}; stopped following",
+                state.map(JobState::as_str).unwrap_or("unknown")
+            );
             return Ok(ExitCode::from(3));
         }
         tokio::time::sleep(Duration::from_millis(500)).await;

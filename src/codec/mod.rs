@@ -194,13 +194,19 @@ struct History {
 static JOB_SUBMITTED_HISTORY: LazyLock<Vec<History>> = LazyLock::new(|| {
     vec![History {
         version: 1,
-        wire: WireSchema::load("history/job_submitted.v1.avsc", include_str!("../../schemas/history/job_submitted.v1.avsc")),
+        wire: WireSchema::load(
+            "history/job_submitted.v1.avsc",
+            include_str!("../../schemas/history/job_submitted.v1.avsc"),
+        ),
     }]
 });
 static DEAD_LETTER_HISTORY: LazyLock<Vec<History>> = LazyLock::new(|| {
     vec![History {
         version: 1,
-        wire: WireSchema::load("history/dead_letter.v1.avsc", include_str!("../../schemas/history/dead_letter.v1.avsc")),
+        wire: WireSchema::load(
+            "history/dead_letter.v1.avsc",
+            include_str!("../../schemas/history/dead_letter.v1.avsc"),
+        ),
     }]
 });
 
@@ -229,10 +235,7 @@ fn resolve_body(kind: RecordKind, old: &History, body: &[u8]) -> Result<Vec<u8>,
         record: kind,
         field: "(whole record)",
         offset: HEADER_LEN,
-        problem: format!(
-            "written with schema version {} (schemas/{}), which {what}: {e}",
-            old.version, old.wire.file
-        ),
+        problem: format!("written with schema version {} (schemas/{}), which {what}: {e}", old.version, old.wire.file),
     };
     let mut reader = body;
     let value = apache_avro::from_avro_datum(&old.wire.schema, &mut reader, Some(current))
@@ -647,7 +650,12 @@ fn writer_version(bytes: &[u8], expected: RecordKind) -> Result<Option<&'static 
     if let Some(other) = RecordKind::ALL.into_iter().find(|k| k.wire().fingerprint.0 == found) {
         return Err(CodecError::WrongRecord { found: other, expected, decode_fn: other.decode_fn() });
     }
-    Err(CodecError::UnknownFingerprint { found: Fingerprint(found), expected, expected_fp: wire.fingerprint, file: wire.file })
+    Err(CodecError::UnknownFingerprint {
+        found: Fingerprint(found),
+        expected,
+        expected_fp: wire.fingerprint,
+        file: wire.file,
+    })
 }
 
 struct BodyReader<'a> {

@@ -191,10 +191,9 @@ pub fn event(event_id: String, job: &JobSubmitted, kind: EventKind, at: Millis) 
 /// The event of a submission: `queued`, or `scheduled` with its `execute_at`.
 pub fn submission_event(event_id: String, job: &JobSubmitted, now: Millis) -> JobEvent {
     match submission_state(job, now) {
-        JobState::Scheduled => JobEvent {
-            next_attempt_at: job.execute_at,
-            ..event(event_id, job, EventKind::Scheduled, now)
-        },
+        JobState::Scheduled => {
+            JobEvent { next_attempt_at: job.execute_at, ..event(event_id, job, EventKind::Scheduled, now) }
+        }
         _ => event(event_id, job, EventKind::Queued, now),
     }
 }
@@ -335,11 +334,7 @@ mod tests {
 
     #[test]
     fn history_folds_to_the_last_state_and_terminal_absorbs() {
-        let h = vec![
-            ev(EventKind::Started, 20, "b"),
-            ev(EventKind::Queued, 10, "a"),
-            ev(EventKind::Progress, 25, "c"),
-        ];
+        let h = vec![ev(EventKind::Started, 20, "b"), ev(EventKind::Queued, 10, "a"), ev(EventKind::Progress, 25, "c")];
         assert_eq!(fold(&h), Some(JobState::Running));
         let mut h2 = h.clone();
         h2.push(ev(EventKind::Succeeded, 30, "d"));

@@ -16,7 +16,9 @@ pub fn check_traceparent(v: &str) -> Result<(), String> {
     let (version, trace_id, parent_id, flags) = (parts[0], parts[1], parts[2], parts[3]);
     let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
     if !hex(version, 2) || version == "ff" {
-        return Err(format!("traceparent {v:?}: version {version:?} is not two lowercase hex digits other than ff; {want}"));
+        return Err(format!(
+            "traceparent {v:?}: version {version:?} is not two lowercase hex digits other than ff; {want}"
+        ));
     }
     // Version 00 has exactly four parts; later versions may append more.
     if version == "00" && parts.len() != 4 {

@@ -71,10 +71,7 @@ impl Handler for HttpExecutor {
                 (Some(tp), None) => req.header("traceparent", tp),
                 _ => req,
             };
-            let resp = req
-                .body(job.payload.clone())
-                .send()
-                .await;
+            let resp = req.body(job.payload.clone()).send().await;
             let resp = match resp {
                 Ok(r) => r,
                 Err(e) if e.is_connect() || e.is_timeout() => {

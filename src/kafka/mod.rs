@@ -167,7 +167,10 @@ pub async fn apply_retention(cfg: &Config) -> Result<Vec<String>, KafkaError> {
         .collect();
     for r in admin.alter_configs(&alters, &opts).await.map_err(admin_err)? {
         if let Err((spec, code)) = r {
-            return Err(KafkaError::CreateTopic { topic: format!("{spec:?}"), reason: format!("setting retention.ms: {code}") });
+            return Err(KafkaError::CreateTopic {
+                topic: format!("{spec:?}"),
+                reason: format!("setting retention.ms: {code}"),
+            });
         }
     }
     Ok(changes)
@@ -234,9 +237,10 @@ pub async fn send_with_headers(
 ) -> Result<(i32, i64), KafkaError> {
     let mut record = FutureRecord::to(topic).key(key).payload(payload);
     if !headers.is_empty() {
-        let owned = headers.iter().fold(rdkafka::message::OwnedHeaders::new_with_capacity(headers.len()), |h, (k, v)| {
-            h.insert(rdkafka::message::Header { key: k, value: Some(*v) })
-        });
+        let owned =
+            headers.iter().fold(rdkafka::message::OwnedHeaders::new_with_capacity(headers.len()), |h, (k, v)| {
+                h.insert(rdkafka::message::Header { key: k, value: Some(*v) })
+            });
         record = record.headers(owned);
     }
     match producer.send(record, rdkafka::util::Timeout::Never).await {

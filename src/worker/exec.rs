@@ -173,7 +173,13 @@ pub(super) struct Run {
 /// Stage 3: the handler under its deadline. Jobs that outlive `RUNNING_WRITE_GRACE` get
 /// a "running" row with a first heartbeat, so a dead or hung worker is noticed. The
 /// scheduler slot is released as soon as the handler returns.
-async fn run(sh: &Shared, job: &Arc<JobSubmitted>, handler: Arc<dyn Handler>, slot: &mut SlotRelease, started_at: i64) -> Run {
+async fn run(
+    sh: &Shared,
+    job: &Arc<JobSubmitted>,
+    handler: Arc<dyn Handler>,
+    slot: &mut SlotRelease,
+    started_at: i64,
+) -> Run {
     let timeout = sh.job_timeout(&job.job_type);
     let deadline = tokio::time::Instant::now() + timeout;
     let live = Arc::new(JobLive::default());

@@ -6,12 +6,12 @@
 use super::exec::{Ended, Origin, Run};
 use super::Shared;
 use crate::config::Config;
-use rdkafka::producer::FutureProducer;
 use crate::core::retry::{AttemptState, Decision};
 use crate::handlers::HandlerError;
 use crate::model::{DeadLetter, FailureClass, JobResult, JobStatus, JobSubmitted};
 use crate::store::StateUpdate;
 use crate::{codec, kafka, metrics as m, now_ms};
+use rdkafka::producer::FutureProducer;
 use std::time::Duration;
 
 /// Stage 4: records how a run ended. A job stopped for the worker's shutdown (and not
@@ -70,7 +70,9 @@ pub(super) async fn hand_off(sh: &Shared, job: &JobSubmitted) -> bool {
         // Another worker runs it now (its state stays), it ended, or it never got a
         // running row here (stopped within its first 250 ms): the copy below is
         // checked against the row like any redelivery.
-        Ok(false) => tracing::info!(job_id = %job.job_id, "hand-off not marked: the job's row does not show it running here"),
+        Ok(false) => {
+            tracing::info!(job_id = %job.job_id, "hand-off not marked: the job's row does not show it running here")
+        }
         // The copy waits for this worker's heartbeat to lapse instead: slower, not lost.
         Err(e) => tracing::warn!(job_id = %job.job_id, error = %e, "could not mark the hand-off"),
     }
@@ -345,7 +347,8 @@ pub(crate) async fn dead_letter_undecodable(
     };
     tracing::error!(origin = %origin.topic, partition = origin.partition, offset = origin.offset, %error, "undecodable record dead-lettered");
     let produced = produce_dead_letter(cfg, producer, &dl, "").await;
-    metrics::counter!(m::DEAD_LETTERS, "class" => FailureClass::Permanent.as_str(), "job_type" => "unknown").increment(1);
+    metrics::counter!(m::DEAD_LETTERS, "class" => FailureClass::Permanent.as_str(), "job_type" => "unknown")
+        .increment(1);
     produced
 }
 
@@ -413,4 +416,3 @@ where
         }
     }
 }
-
