@@ -106,12 +106,17 @@ struct Inner {
     feed: Option<crate::events::Feed>,
 }
 
-impl ApiState {
-    /// State from parts; the rate limiters are built from `cfg.tenants`.
-    pub fn new(cfg: Arc<Config>, submitter: Submitter, store: Store, metrics: Option<PrometheusHandle>) -> Self {
-        let limiters = TenantLimiters::from_config(&cfg);
+impl Inner {
+    /// The state without a live registry or events feed (API keys from the config).
+    fn new(
+        cfg: Arc<Config>,
+        submitter: Submitter,
+        store: Store,
+        limiters: TenantLimiters,
+        metrics: Option<PrometheusHandle>,
+    ) -> Inner {
         let keys = auth::Keys::new(cfg.api.auth, cfg.api.key_refresh);
-        let inner = Inner {
+        Inner {
             cfg,
             submitter,
             store,
@@ -122,8 +127,15 @@ impl ApiState {
             _registry_stop: None,
             event_stmts: Default::default(),
             feed: None,
-        };
-        ApiState { inner: Arc::new(inner) }
+        }
+    }
+}
+
+impl ApiState {
+    /// State from parts; the rate limiters are built from `cfg.tenants`.
+    pub fn new(cfg: Arc<Config>, submitter: Submitter, store: Store, metrics: Option<PrometheusHandle>) -> Self {
+        let limiters = TenantLimiters::from_config(&cfg);
+        ApiState { inner: Arc::new(Inner::new(cfg, submitter, store, limiters, metrics)) }
     }
 
     /// Opens the store, a producer and the live tenants registry for `cfg`; rate limits
@@ -135,7 +147,6 @@ impl ApiState {
         let submitter = Submitter::new(cfg.clone(), Some(store.clone()))?.with_tenants(live.clone());
         let limiters = TenantLimiters::from_config(&Config { tenants: Default::default(), ..(*cfg).clone() });
         limiters.sync(&live.current());
-        let keys = auth::Keys::new(cfg.api.auth, cfg.api.key_refresh);
         // Job watching: the live feed for SSE, and the history recorder (same lifetime).
         let feed = crate::events::Feed::start(&cfg, stopped.clone())?;
         let recorder = crate::events::record(cfg.clone(), store.clone(), stopped.clone());
@@ -145,16 +156,10 @@ impl ApiState {
             }
         });
         let inner = Inner {
-            cfg,
-            submitter,
-            store,
-            limiters,
-            metrics,
-            keys,
             tenants: Some(live.clone()),
             _registry_stop: Some(stop),
-            event_stmts: Default::default(),
             feed: Some(feed),
+            ..Inner::new(cfg, submitter, store, limiters, metrics)
         };
         let state = ApiState { inner: Arc::new(inner) };
         let weak = Arc::downgrade(&state.inner);
