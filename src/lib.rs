@@ -25,6 +25,8 @@
 //!                 all" of a tenant's jobs by generation numbers.
 //! - `cqlbridge` – protocol-v4 bridge to the local Cassandra 2.1 test database.
 //! - `metrics`   – metric names and the Prometheus exporter.
+//! - `telemetry` – OpenTelemetry spans of a job's life (send, dispatch wait, process,
+//!                 outcome) over OTLP/HTTP; off unless `OTEL_EXPORTER_OTLP_ENDPOINT` is set.
 
 pub mod api;
 pub mod codec;
@@ -40,6 +42,7 @@ pub mod replayer;
 pub mod rerunner;
 pub mod store;
 pub mod submit;
+pub mod telemetry;
 pub mod tenants;
 pub mod worker;
 

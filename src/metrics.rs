@@ -49,6 +49,7 @@ pub const SUBMIT_STATE_WRITE_FAILURES: &str = "fairway_submit_state_write_failur
 pub const JOB_DISPATCH_WAIT_SECONDS: &str = "fairway_job_dispatch_wait_seconds";
 pub const POOL_SLOTS: &str = "fairway_pool_slots";
 pub const CONSUMER_LAG: &str = "fairway_consumer_lag";
+pub const CONSUMER_LAG_SECONDS: &str = "fairway_consumer_lag_seconds";
 pub const TIER_ENTITLED_SHARE: &str = "fairway_tier_entitled_share";
 pub const TIER_ACTUAL_SHARE: &str = "fairway_tier_actual_share";
 
@@ -167,6 +168,10 @@ pub fn describe() {
     describe_gauge!(
         POOL_SLOTS,
         "Configured slots of the pool in this worker (utilisation: fairway_jobs_running / this)"
+    );
+    describe_gauge!(
+        CONSUMER_LAG_SECONDS,
+        "Kafka lag in time: age of the oldest record on this worker's partitions of the pool topic whose offset is not yet committable (0 when caught up; spilled jobs are in fairway_spilled_backlog), by pool"
     );
     describe_gauge!(
         CONSUMER_LAG,

@@ -148,7 +148,7 @@ impl Submitter {
                 return Ok(dup);
             }
         }
-        let rec = JobSubmitted {
+        let mut rec = JobSubmitted {
             pool: Some(pool),
             priority: job.priority,
             idempotency_key: job.idempotency_key.clone(),
@@ -161,7 +161,15 @@ impl Submitter {
             tracestate: job.tracestate.clone(),
             ..JobSubmitted::original(job_id.clone(), job.tenant.clone(), job.job_type.clone(), payload, now)
         };
+        // With span export on, the job carries its `send` span's context from here on.
+        let span = crate::telemetry::submit(&rec, &self.cfg.pool_topic(pool), now);
+        if let Some(tp) = span.as_ref().and_then(crate::telemetry::Live::traceparent) {
+            rec.traceparent = Some(tp);
+        }
         let (produced, written) = tokio::join!(self.produce(&rec), self.put_submitted(stmts, &rec, pool, now));
+        if let Some(span) = span {
+            span.end(now_ms(), produced.as_ref().err().map(ToString::to_string).as_deref(), Vec::new());
+        }
         if let Err(e) = produced {
             // Never queued: take back what says it was, so a retry submits afresh.
             if let Some(stmts) = stmts {
@@ -265,7 +273,14 @@ impl Submitter {
     pub async fn produce(&self, rec: &JobSubmitted) -> Result<(), SubmitError> {
         let pool = rec.pool.or_else(|| self.cfg.job_types.get(&rec.job_type).map(|j| j.pool)).unwrap_or(Pool::Short);
         let bytes = codec::encode_job(rec)?;
-        kafka::send(&self.producer, &self.cfg.pool_topic(pool), &rec.tenant, &bytes).await?;
+        kafka::send_with_headers(
+            &self.producer,
+            &self.cfg.pool_topic(pool),
+            &rec.tenant,
+            &bytes,
+            &kafka::trace_headers(rec),
+        )
+        .await?;
         Ok(())
     }
 

@@ -261,6 +261,9 @@ async fn dashboard_queries_return_data_and_the_dlq_alert_fires_on_a_real_prometh
         if prom.series("max_over_time(fairway_consumer_lag[5m]) > 0").await != Ok(1) {
             empty.push("fairway_consumer_lag never above 0".into());
         }
+        if prom.series("max_over_time(fairway_consumer_lag_seconds[5m]) > 0").await != Ok(1) {
+            empty.push("fairway_consumer_lag_seconds never above 0".into());
+        }
         if empty.is_empty() && rules_bad.is_empty() && dlq_firing {
             break;
         }

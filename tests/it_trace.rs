@@ -92,3 +92,106 @@ async fn result_trace_headers(cfg: &fairway::config::Config, ids: &[&String]) ->
     }
     out
 }
+
+/// Spans received by a local OTLP/HTTP (JSON) collector, flattened.
+type Spans = Arc<Mutex<Vec<serde_json::Value>>>;
+
+async fn collect(State(spans): State<Spans>, body: axum::body::Bytes) -> &'static str {
+    let v: serde_json::Value = serde_json::from_slice(&body).expect("OTLP JSON");
+    let mut out = spans.lock().unwrap();
+    for rs in v["resourceSpans"].as_array().into_iter().flatten() {
+        for ss in rs["scopeSpans"].as_array().into_iter().flatten() {
+            out.extend(ss["spans"].as_array().into_iter().flatten().cloned());
+        }
+    }
+    "{}"
+}
+
+fn attr<'a>(span: &'a serde_json::Value, key: &str) -> Option<&'a serde_json::Value> {
+    let a = span["attributes"].as_array()?.iter().find(|a| a["key"] == key)?;
+    a["value"].as_object()?.values().next()
+}
+
+/// With `OTEL_EXPORTER_OTLP_ENDPOINT` set, `fairway submit` and `fairway worker` export a
+/// job's spans (send, dispatch wait, process, outcome) in the submitter's trace, with the
+/// messaging attributes, and the handler runs under the `process` span.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn spans_are_exported_over_otlp() {
+    let (seen, spans): (Seen, Spans) = Default::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = Router::new()
+        .route("/run", post(record).with_state(seen.clone()))
+        .route("/v1/traces", post(collect).with_state(spans.clone()));
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let extra = format!("[job_types.traced]\npool = \"short\"\nhandler = \"http\"\nurl = \"http://{addr}/run\"\n");
+    let cfg = common::arc(common::config(&extra));
+    common::init(&cfg).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::config_file(&cfg, &extra, dir.path());
+    let otel = |c: &mut std::process::Command| {
+        c.env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{addr}"))
+            .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
+            .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+            .env("OTEL_SERVICE_NAME", "fairway-it");
+    };
+    let mut worker = std::process::Command::new(env!("CARGO_BIN_EXE_fairway"));
+    worker.args(["--config", path.to_str().unwrap(), "worker", "--pools", "short"]).env("FAIRWAY_LOG", "warn");
+    otel(&mut worker);
+    let mut worker = worker.stdout(std::process::Stdio::null()).spawn().expect("spawn worker");
+
+    let (trace_id, caller_span) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
+    let mut submit = std::process::Command::new(env!("CARGO_BIN_EXE_fairway"));
+    submit
+        .args(["--config", path.to_str().unwrap(), "submit", "--tenant", "acme", "--type", "traced"])
+        .env("TRACEPARENT", format!("00-{trace_id}-{caller_span}-01"));
+    otel(&mut submit);
+    let out = submit.output().expect("fairway submit");
+    assert!(out.status.success(), "submit: {}", String::from_utf8_lossy(&out.stderr));
+    let job_id = String::from_utf8(out.stdout).unwrap().trim().to_string();
+
+    let results = common::results_for(&cfg, &[job_id.clone()], Duration::from_secs(90)).await;
+    assert_eq!(results.len(), 1, "the job finished: {results:?}");
+    let names = ["send", "fairway.dispatch_wait", "process", "fairway.outcome"];
+    let find = |spans: &[serde_json::Value], name: &str| {
+        spans
+            .iter()
+            .find(|s| {
+                attr(s, "messaging.message.id").and_then(|v| v.as_str()) == Some(job_id.as_str())
+                    && s["name"].as_str().is_some_and(|n| n == name || n.starts_with(&format!("{name} ")))
+            })
+            .cloned()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let got = loop {
+        let all = spans.lock().unwrap().clone();
+        let got: Vec<_> = names.iter().filter_map(|n| find(&all, n)).collect();
+        if got.len() == names.len() || std::time::Instant::now() > deadline {
+            break got;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let _ = worker.kill();
+    let _ = worker.wait();
+    assert_eq!(got.len(), names.len(), "spans of the job: {got:#?}");
+    let [send, wait, process, outcome] = [&got[0], &got[1], &got[2], &got[3]];
+    for s in &got {
+        assert_eq!(s["traceId"].as_str(), Some(trace_id), "every span is in the caller's trace: {s}");
+        assert_eq!(attr(s, "messaging.system").and_then(|v| v.as_str()), Some("kafka"), "{s}");
+        assert_eq!(attr(s, "fairway.tenant").and_then(|v| v.as_str()), Some("acme"), "{s}");
+    }
+    let topic = cfg.pool_topic(Pool::Short);
+    assert_eq!(send["name"].as_str(), Some(format!("send {topic}").as_str()));
+    assert_eq!(send["parentSpanId"].as_str(), Some(caller_span), "send is the caller's child");
+    for s in [wait, process, outcome] {
+        assert_eq!(s["parentSpanId"], send["spanId"], "worker spans are children of send: {s}");
+    }
+    assert_eq!(process["name"].as_str(), Some(format!("process {topic}").as_str()));
+    assert_eq!(attr(process, "messaging.operation.type").and_then(|v| v.as_str()), Some("process"));
+    assert_eq!(attr(process, "messaging.destination.name").and_then(|v| v.as_str()), Some(topic.as_str()));
+    assert_eq!(attr(outcome, "fairway.outcome").and_then(|v| v.as_str()), Some("succeeded"));
+    // The handler ran under the process span.
+    let (handed, _) = seen.lock().unwrap()[&job_id].clone();
+    let process_span = process["spanId"].as_str().unwrap();
+    assert_eq!(handed, Some(format!("00-{trace_id}-{process_span}-01")), "the handler's traceparent");
+}

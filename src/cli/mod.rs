@@ -120,6 +120,15 @@ pub fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
+    // Span export (off unless OTEL_EXPORTER_OTLP_ENDPOINT is set) starts before the
+    // runtime and flushes after it: its HTTP client blocks, on its own thread.
+    let spans = match fairway::telemetry::init() {
+        Ok(spans) => spans,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -127,13 +136,18 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(cli)) {
+    let code = match rt.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    };
+    drop(rt);
+    if let Some(spans) = spans {
+        spans.shutdown();
     }
+    code
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {

@@ -50,6 +50,8 @@ pub enum MetadataError {
 struct Slot {
     offset: i64,
     done: bool,
+    /// The record's timestamp (epoch ms), when started with one ([`PartitionOffsets::started_at`]).
+    at: Option<i64>,
 }
 
 /// Completion tracker for one partition. Reset (make a new one) when the partition is
@@ -74,6 +76,12 @@ impl PartitionOffsets {
     /// started in increasing order (gaps allowed); anything else is refused and not
     /// tracked, and a later `finished` for it is ignored.
     pub fn started(&mut self, offset: i64) -> Result<(), OffsetError> {
+        self.started_at(offset, None)
+    }
+
+    /// Like [`started`](Self::started), remembering the record's timestamp (epoch ms, if
+    /// the broker gave one) for [`oldest_unfinished_at`](Self::oldest_unfinished_at).
+    pub fn started_at(&mut self, offset: i64, at: Option<i64>) -> Result<(), OffsetError> {
         if offset < 0 {
             return Err(OffsetError::Negative { offset });
         }
@@ -83,7 +91,7 @@ impl PartitionOffsets {
             }
         }
         let next = offset.checked_add(1).ok_or(OffsetError::TooLarge { offset })?;
-        self.window.push_back(Slot { offset, done: false });
+        self.window.push_back(Slot { offset, done: false, at });
         self.unfinished += 1;
         self.next = Some(next);
         Ok(())
@@ -122,6 +130,13 @@ impl PartitionOffsets {
     /// Jobs started and not finished.
     pub fn in_flight(&self) -> usize {
         self.unfinished
+    }
+
+    /// The timestamp of the lowest unfinished record (the one the committed offset waits
+    /// for): the partition's lag in time is `now` minus this. None when nothing is
+    /// unfinished or it was started without a timestamp.
+    pub fn oldest_unfinished_at(&self) -> Option<i64> {
+        self.window.front().and_then(|s| s.at)
     }
 
     /// Offsets held in memory: in flight plus finished ones waiting for an earlier
@@ -300,6 +315,22 @@ impl Tracker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lag_in_time_is_the_age_of_the_lowest_unfinished_record() {
+        let mut p = PartitionOffsets::new();
+        assert_eq!(p.oldest_unfinished_at(), None);
+        p.started_at(10, Some(1_000)).unwrap();
+        p.started_at(11, Some(2_000)).unwrap();
+        p.started_at(12, Some(3_000)).unwrap();
+        assert_eq!(p.oldest_unfinished_at(), Some(1_000));
+        p.finished(11);
+        assert_eq!(p.oldest_unfinished_at(), Some(1_000), "11 finished, 10 still holds the commit");
+        p.finished(10);
+        assert_eq!(p.oldest_unfinished_at(), Some(3_000));
+        p.finished(12);
+        assert_eq!(p.oldest_unfinished_at(), None, "caught up");
+    }
     use proptest::prelude::*;
 
     #[test]

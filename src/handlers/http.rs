@@ -66,7 +66,7 @@ impl Handler for HttpExecutor {
                 .header("x-fairway-job-type", &job.job_type)
                 .header("x-fairway-attempt", ctx.attempt.to_string());
             // The submitter's W3C trace context, so the service's spans join its trace.
-            let req = match (&job.traceparent, &job.tracestate) {
+            let req = match ctx.trace_context() {
                 (Some(tp), Some(ts)) => req.header("traceparent", tp).header("tracestate", ts),
                 (Some(tp), None) => req.header("traceparent", tp),
                 _ => req,

@@ -112,6 +112,9 @@ pub struct JobContext {
     pub deadline: tokio::time::Instant,
     live: Arc<JobLive>,
     store: Option<Store>,
+    /// The W3C `traceparent` the handler runs under: the worker's `process` span when
+    /// spans are exported (`telemetry`), else the one the job carries.
+    traceparent: Option<String>,
 }
 
 impl JobContext {
@@ -122,7 +125,21 @@ impl JobContext {
         store: Option<Store>,
     ) -> Self {
         let attempt = job.attempt;
-        JobContext { job, attempt, deadline, live, store }
+        let traceparent = job.traceparent.clone();
+        JobContext { job, attempt, deadline, live, store, traceparent }
+    }
+    /// Runs the handler under `traceparent` (a span of this worker's) instead of the
+    /// job's own context.
+    pub fn with_traceparent(mut self, traceparent: Option<String>) -> Self {
+        if traceparent.is_some() {
+            self.traceparent = traceparent;
+        }
+        self
+    }
+    /// The W3C trace context to hand on (`traceparent`, `tracestate`) to what the
+    /// handler calls, so its spans join the job's trace.
+    pub fn trace_context(&self) -> (Option<&str>, Option<&str>) {
+        (self.traceparent.as_deref(), self.job.tracestate.as_deref())
     }
     pub fn first_attempt(&self) -> bool {
         self.attempt == 0

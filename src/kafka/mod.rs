@@ -249,6 +249,15 @@ pub async fn send_with_headers(
     }
 }
 
+/// The W3C trace context of a job as record headers (`traceparent`, `tracestate`), so
+/// tools and consumers that read Kafka headers join its trace without decoding Avro.
+pub fn trace_headers(job: &crate::model::JobSubmitted) -> Vec<(&'static str, &str)> {
+    [("traceparent", &job.traceparent), ("tracestate", &job.tracestate)]
+        .into_iter()
+        .filter_map(|(k, v)| Some((k, v.as_deref()?)))
+        .collect()
+}
+
 /// Produces one record without waiting for the acknowledgement (events: the hot path
 /// must not wait for them). False when the producer's queue is full or the record is
 /// refused at once; delivery failures later are librdkafka's to retry, then dropped.

@@ -19,7 +19,7 @@ use super::{check, Shared};
 use crate::core::breaker::Admission;
 use crate::handlers::{Handler, HandlerError, JobContext, JobLive};
 use crate::model::JobSubmitted;
-use crate::{codec, metrics as m, now_ms};
+use crate::{codec, metrics as m, now_ms, telemetry};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -88,6 +88,11 @@ pub struct Waited {
 }
 
 impl Waited {
+    /// When the job became due: its submission, or its scheduled time if later.
+    fn from(&self, job: &JobSubmitted) -> i64 {
+        job.execute_at.map_or(job.submitted_at, |at| at.max(job.submitted_at))
+    }
+
     /// Records where a job's wait went: the broker hop, the fair queue, the check.
     fn record(&self, sh: &Shared, job: &JobSubmitted, started_at: i64) {
         let pool = sh.pool.as_str();
@@ -101,8 +106,7 @@ impl Waited {
         // submission's first attempt, whose wait the pools' SLOs bound (a retry's, crash
         // re-dispatch's, replay's or rerun copy's would count backoffs and history).
         if job.attempt == 0 && job.crash_count == 0 && job.replay_count == 0 && job.generation == 0 {
-            let from = job.execute_at.map_or(job.submitted_at, |at| at.max(job.submitted_at));
-            let ms = (self.dispatched_at - from).max(0);
+            let ms = (self.dispatched_at - self.from(job)).max(0);
             metrics::histogram!(m::JOB_DISPATCH_WAIT_SECONDS, "pool" => pool).record(ms as f64 / 1000.0);
         }
         tracing::debug!(target: "fairway::timeline", job_id = %job.job_id, tenant = %job.tenant, fetch, queue, check, "started");
@@ -126,8 +130,25 @@ pub async fn execute(
     };
     let started_at = now_ms();
     waited.record(&sh, &job, started_at);
-    let run = run(&sh, &job, handler, &mut slot, started_at).await;
+    let group = sh.cfg.group(sh.pool.as_str());
+    let delivery =
+        telemetry::Delivery { topic: &origin.topic, partition: origin.partition, offset: origin.offset, group: &group };
+    let spans = telemetry::job(&job, &delivery);
+    if let Some(spans) = &spans {
+        spans.dispatch_wait(waited.from(&job), waited.received_at, waited.dispatched_at);
+    }
+    let process = spans.as_ref().and_then(|s| s.process(started_at));
+    let run =
+        run(&sh, &job, handler, &mut slot, started_at, process.as_ref().and_then(telemetry::Live::traceparent)).await;
+    let ran_at = now_ms();
+    let (label, error) = run.label();
+    if let Some(process) = process {
+        process.end(ran_at, error.as_deref(), Vec::new());
+    }
     let ended = outcome::record(&sh, &job, &origin, &run).await;
+    if let Some(spans) = &spans {
+        spans.outcome(ran_at, now_ms(), label, error.as_deref());
+    }
     if run.running_written {
         if let Err(e) = sh.store.delete_running_job(sh.pool.as_str(), &job.job_id).await {
             tracing::debug!(job_id = %job.job_id, error = %e, "could not clear running index");
@@ -170,6 +191,18 @@ pub(super) struct Run {
     pub running_written: bool,
 }
 
+impl Run {
+    /// What the run ended with, for its spans: a label and, for failures, why.
+    fn label(&self) -> (&'static str, Option<String>) {
+        match &self.result {
+            Some(Ok(Ok(_))) => ("succeeded", None),
+            Some(Ok(Err(e))) => (e.class.as_str(), Some(e.message.clone())),
+            Some(Err(_)) => ("timeout", Some(format!("deadline of {:?} passed", self.timeout))),
+            None => ("stopped", None),
+        }
+    }
+}
+
 /// Stage 3: the handler under its deadline. Jobs that outlive `RUNNING_WRITE_GRACE` get
 /// a "running" row with a first heartbeat, so a dead or hung worker is noticed. The
 /// scheduler slot is released as soon as the handler returns.
@@ -179,12 +212,14 @@ async fn run(
     handler: Arc<dyn Handler>,
     slot: &mut SlotRelease,
     started_at: i64,
+    traceparent: Option<String>,
 ) -> Run {
     let timeout = sh.job_timeout(&job.job_type);
     let deadline = tokio::time::Instant::now() + timeout;
     let live = Arc::new(JobLive::default());
     live.publish_progress(crate::events::ProgressSink::new(&sh.producer, &sh.cfg, &sh.worker_id, job));
-    let ctx = JobContext::new(job.clone(), deadline, live.clone(), Some(sh.store.clone()));
+    let ctx =
+        JobContext::new(job.clone(), deadline, live.clone(), Some(sh.store.clone())).with_traceparent(traceparent);
     {
         let mut running = sh.running.lock().expect("running map");
         running.insert(job.job_id.clone(), live.clone());

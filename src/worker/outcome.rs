@@ -96,14 +96,17 @@ pub(crate) async fn delay(sh: &Shared, job: JobSubmitted) -> bool {
 
 /// Produces a job record and waits for the ack; false if it could not be made durable.
 async fn produce_job(sh: &Shared, topic: &str, job: &JobSubmitted, what: &str) -> bool {
+    let headers = kafka::trace_headers(job);
     match codec::encode_job(job) {
-        Ok(bytes) => match with_retries(|| kafka::send(&sh.producer, topic, &job.tenant, &bytes)).await {
-            Ok(_) => true,
-            Err(e) => {
-                tracing::error!(job_id = %job.job_id, error = %e, "cannot {what} job; it will be redelivered");
-                false
+        Ok(bytes) => {
+            match with_retries(|| kafka::send_with_headers(&sh.producer, topic, &job.tenant, &bytes, &headers)).await {
+                Ok(_) => true,
+                Err(e) => {
+                    tracing::error!(job_id = %job.job_id, error = %e, "cannot {what} job; it will be redelivered");
+                    false
+                }
             }
-        },
+        }
         // Our own records always encode; treat the impossible as handled.
         Err(e) => {
             tracing::error!(job_id = %job.job_id, error = %e, "cannot encode job to {what}");
@@ -214,10 +217,7 @@ async fn publish_result(sh: &Shared, result: &JobResult, job: &JobSubmitted) -> 
         }
     };
     let topic = sh.cfg.results_topic();
-    let headers: Vec<(&str, &str)> = [("traceparent", &job.traceparent), ("tracestate", &job.tracestate)]
-        .into_iter()
-        .filter_map(|(k, v)| v.as_deref().map(|v| (k, v)))
-        .collect();
+    let headers = kafka::trace_headers(job);
     match with_retries(|| kafka::send_with_headers(&sh.producer, &topic, &result.tenant, &bytes, &headers)).await {
         Ok(_) => true,
         Err(e) => {

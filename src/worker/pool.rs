@@ -189,8 +189,9 @@ pub async fn run(
                 Ok(msg) => {
                     let origin = Origin { topic: msg.topic().to_string(), partition: msg.partition(), offset: msg.offset() };
                     let bytes = msg.payload().unwrap_or_default().to_vec();
+                    let at = msg.timestamp().to_millis();
                     drop(msg);
-                    lp.on_message(origin, bytes);
+                    lp.on_message(origin, bytes, at);
                 }
             },
             _ = tokio::time::sleep(Duration::from_millis(wake)) => {}
@@ -295,15 +296,15 @@ impl Loop {
 
     /// A message from the pool topic: track its offset, then admit it (or hold it while
     /// its partition's backlog index loads).
-    fn on_message(&mut self, origin: Origin, bytes: Vec<u8>) {
+    fn on_message(&mut self, origin: Origin, bytes: Vec<u8>, at: Option<i64>) {
         let p = origin.partition;
         let st = self.partition(p);
-        if st.offsets.started(origin.offset).is_err() {
+        if st.offsets.started_at(origin.offset, at).is_err() {
             // The partition rewound (a seek or a missed rebalance event): what was in
             // flight before no longer decides this partition's commits.
             let st = new_partition(&mut self.next_epoch, &self.spiller, p);
             self.parts.insert(p, st);
-            let _ = self.partition(p).offsets.started(origin.offset);
+            let _ = self.partition(p).offsets.started_at(origin.offset, at);
             // Offsets it started before may come again: re-read the frontier.
             self.sh.frontiers.forget(&[p]);
         }
@@ -543,6 +544,10 @@ impl Loop {
         let spilled_total: u64 = spilled.values().sum();
         metrics::gauge!(m::QUEUED, "pool" => self.pool()).set(self.buffered() as f64);
         metrics::gauge!(m::SPILLED_BACKLOG, "pool" => self.pool()).set(spilled_total as f64);
+        // Lag in time: the age of the oldest record whose offset is not yet committable.
+        let oldest_uncommitted = self.parts.values().filter_map(|st| st.offsets.oldest_unfinished_at()).min();
+        let lag_ms = oldest_uncommitted.map_or(0, |at| (now - at).max(0));
+        metrics::gauge!(m::CONSUMER_LAG_SECONDS, "pool" => self.pool()).set(lag_ms as f64 / 1000.0);
         let mut stats = self.dispatcher.stats_json(now);
         crate::core::fleet::add_spilled(&mut stats, &spilled, spilled_total);
         if let Some(pool) = stats.get_mut("pool").and_then(|p| p.as_object_mut()) {
