@@ -533,9 +533,15 @@ pub async fn run(
                                         return Ok(());
                                     }
                                     let bytes = codec::encode_job(&copy).map_err(|e| e.to_string())?;
-                                    kafka::send(&producer, &to, &copy.tenant, &bytes)
-                                        .await
-                                        .map_err(|e| e.to_string())?;
+                                    kafka::send_with_headers(
+                                        &producer,
+                                        &to,
+                                        &copy.tenant,
+                                        &bytes,
+                                        &kafka::trace_headers(&copy),
+                                    )
+                                    .await
+                                    .map_err(|e| e.to_string())?;
                                     Ok(())
                                 });
                                 ck.push(InFlight { topic: topic.clone(), partition, offset, job_id, task });

@@ -66,28 +66,38 @@ async fn trace_context_reaches_the_http_handler() {
     assert_eq!(state, &None);
 
     // The result records carry the same trace as headers.
-    let headers = result_trace_headers(&cfg, &[&given, &fresh]).await;
+    let decode = |p: &[u8]| fairway::codec::decode_result(p).ok().map(|r| r.job_id);
+    let headers = trace_headers(&cfg, &cfg.results_topic(), decode, &[&given, &fresh]).await;
     assert_eq!(headers[&given], Some(tp.to_string()));
     assert_eq!(headers[&fresh], Some(generated.to_string()));
+    // So do the job records on the pool topic.
+    let decode = |p: &[u8]| fairway::codec::decode_job(p).ok().map(|j| j.job_id);
+    let headers = trace_headers(&cfg, &cfg.pool_topic(Pool::Short), decode, &[&given]).await;
+    assert_eq!(headers[&given], Some(tp.to_string()));
 }
 
-/// job id -> `traceparent` header of its result record.
-async fn result_trace_headers(cfg: &fairway::config::Config, ids: &[&String]) -> HashMap<String, Option<String>> {
+/// job id -> `traceparent` header of its record on `topic` (`id` reads a record's job id).
+async fn trace_headers(
+    cfg: &fairway::config::Config,
+    topic: &str,
+    id: impl Fn(&[u8]) -> Option<String>,
+    ids: &[&String],
+) -> HashMap<String, Option<String>> {
     let c = fairway::kafka::reader(cfg, &format!("trace-{}", uuid::Uuid::new_v4()), false).unwrap();
-    c.subscribe(&[&cfg.results_topic()]).unwrap();
+    c.subscribe(&[topic]).unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let mut out = HashMap::new();
     while out.len() < ids.len() && std::time::Instant::now() < deadline {
         let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(500), c.recv()).await else { continue };
-        let Some(r) = m.payload().and_then(|p| fairway::codec::decode_result(p).ok()) else { continue };
-        if ids.contains(&&r.job_id) {
+        let Some(job_id) = m.payload().and_then(&id) else { continue };
+        if ids.contains(&&job_id) {
             let tp = m.headers().and_then(|h| {
                 h.iter()
                     .find(|h| h.key == "traceparent")
                     .and_then(|h| h.value)
                     .map(|v| String::from_utf8_lossy(v).into_owned())
             });
-            out.insert(r.job_id, tp);
+            out.insert(job_id, tp);
         }
     }
     out

@@ -144,7 +144,8 @@ async fn reap_pool(sh: &Shared, pool: Pool) -> Result<(), Box<dyn std::error::Er
         job.last_failure_class = Some(FailureClass::WorkerCrash);
         job.last_error = Some(format!("heartbeat of worker {worker} lapsed"));
         let bytes = codec::encode_job(&job)?;
-        kafka::send(&sh.producer, &sh.cfg.retry_topic(FailureClass::WorkerCrash), &job.tenant, &bytes).await?;
+        let topic = sh.cfg.retry_topic(FailureClass::WorkerCrash);
+        kafka::send_with_headers(&sh.producer, &topic, &job.tenant, &bytes, &kafka::trace_headers(&job)).await?;
         sh.store.delete_running_job(pool.as_str(), &job_id).await?;
         metrics::counter!(m::REAPED, "pool" => pool.as_str()).increment(1);
         tracing::warn!(%job_id, %worker, pool = pool.as_str(), "heartbeat lapsed; re-dispatched as worker crash");

@@ -355,8 +355,9 @@ pub(crate) async fn dead_letter_undecodable(
 /// Produces a dead letter and waits for the ack; false if it could not be made durable.
 async fn produce_dead_letter(cfg: &Config, producer: &FutureProducer, dl: &DeadLetter, key: &str) -> bool {
     let topic = cfg.dlq_topic();
+    let headers = dl.job.as_ref().map(kafka::trace_headers).unwrap_or_default();
     match codec::encode_dead_letter(dl) {
-        Ok(bytes) => match with_retries(|| kafka::send(producer, &topic, key, &bytes)).await {
+        Ok(bytes) => match with_retries(|| kafka::send_with_headers(producer, &topic, key, &bytes, &headers)).await {
             Ok(_) => true,
             Err(e) => {
                 tracing::error!(error = %e, "cannot produce dead letter; the message will be redelivered");

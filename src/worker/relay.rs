@@ -162,8 +162,9 @@ pub async fn run(
                     let topic = cfg.pool_topic(pool);
                     match codec::encode_job(&h.job) {
                         Ok(bytes) => {
-                            if let Err(e) = with_retries(|| kafka::send(&producer, &topic, &h.job.tenant, &bytes)).await
-                            {
+                            let headers = kafka::trace_headers(&h.job);
+                            let send = || kafka::send_with_headers(&producer, &topic, &h.job.tenant, &bytes, &headers);
+                            if let Err(e) = with_retries(send).await {
                                 // Not acknowledged: keep the offset uncommitted so it is redelivered.
                                 tracing::error!(error = %e, job_id = %h.job.job_id, "cannot hand retry back to its pool");
                                 return;
@@ -240,7 +241,11 @@ pub async fn promoter_loop(
                     }
                 };
                 let pool = job.pool.or_else(|| cfg.job_types.get(&job.job_type).map(|j| j.pool)).unwrap_or(Pool::Short);
-                if kafka::send(&producer, &cfg.pool_topic(pool), &job.tenant, &blob).await.is_ok() {
+                let headers = kafka::trace_headers(&job);
+                if kafka::send_with_headers(&producer, &cfg.pool_topic(pool), &job.tenant, &blob, &headers)
+                    .await
+                    .is_ok()
+                {
                     let _ = store.delete_scheduled(at, &job_id).await;
                 } else {
                     all_done = false;
