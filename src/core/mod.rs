@@ -12,6 +12,7 @@ pub mod flow;
 pub mod frontier;
 pub mod offsets;
 pub mod poison;
+pub mod quota;
 pub mod replay;
 pub mod rerun;
 pub mod retry;
