@@ -62,6 +62,26 @@ pub struct Config {
     /// Job events (`[events]`).
     #[serde(default)]
     pub events: EventsConfig,
+    /// Flow-control keys' limits (`[flow.keys."<key>"]`), fleet-wide per pool.
+    #[serde(default)]
+    pub flow: FlowConfig,
+}
+
+/// Limits of flow-control keys (`core::flow`): per key here, or per job type with
+/// `[job_types.<t>] flow = { parallelism = N }`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FlowConfig {
+    pub keys: BTreeMap<String, crate::core::flow::FlowLimit>,
+}
+
+impl Config {
+    /// The quota scope and parallelism limiting a job, if its flow key has a limit.
+    pub fn flow_scope(&self, job: &crate::model::JobSubmitted) -> Option<(String, u32)> {
+        let key = job.flow_key.as_deref()?;
+        let jt = self.job_types.get(&job.job_type).and_then(|t| t.flow.as_ref());
+        crate::core::flow::scope_of(&self.flow.keys, jt, key, &job.job_type)
+    }
 }
 
 /// The tenants registry: what to do with unknown tenants, how fast changes arrive.
@@ -194,6 +214,10 @@ pub struct WorkerConfig {
     /// above the partition's dispatch frontier, original submissions, no cancel on the
     /// feed). The frontier is always maintained; this only decides whether to use it.
     pub skip_fresh_reads: bool,
+    /// Tenants' `max_concurrency` and flow keys' `parallelism` hold across all workers
+    /// of a pool (`core::quota`, via the `quotas` table). Off: each worker enforces them
+    /// on its own (N workers allow N times the limit); for comparison and benchmarks.
+    pub fleet_limits: bool,
 }
 
 impl Default for WorkerConfig {
@@ -209,6 +233,7 @@ impl Default for WorkerConfig {
             poison: Default::default(),
             retry_budget: Default::default(),
             skip_fresh_reads: true,
+            fleet_limits: true,
         }
     }
 }
@@ -376,6 +401,9 @@ pub struct JobTypeConfig {
     /// Circuit breaker of this job type's dependency; defaults in `core::breaker`.
     #[serde(default)]
     pub breaker: Option<crate::core::breaker::BreakerConfig>,
+    /// Per flow key of this type's jobs: each key's own fleet-wide limit (`core::flow`).
+    #[serde(default)]
+    pub flow: Option<crate::core::flow::FlowLimit>,
 }
 
 impl Config {
@@ -455,7 +483,14 @@ impl Config {
                 ));
             }
         }
+        for (key, l) in &self.flow.keys {
+            crate::core::flow::check_key(key).map_err(|e| invalid(format!("flow.keys.{key:?}"), e))?;
+            l.validate().map_err(|e| invalid(format!("flow.keys.{key:?}"), e))?;
+        }
         for (name, jt) in &self.job_types {
+            if let Some(l) = &jt.flow {
+                l.validate().map_err(|e| invalid(format!("job_types.{name}.flow"), e))?;
+            }
             if !self.pools.contains_key(&jt.pool) {
                 return Err(invalid(
                     format!("job_types.{name}.pool"),

@@ -31,6 +31,8 @@ pub const TIER_SLOT_SECONDS_USED: &str = "fairway_tier_slot_seconds_used";
 pub const TIER_FLEET_USAGE: &str = "fairway_tier_fleet_usage_slot_seconds";
 pub const API_AUTH_REFUSED: &str = "fairway_api_auth_refused_total";
 pub const USAGE_PASS_FAILURES: &str = "fairway_usage_pass_failures_total";
+pub const QUOTA_PASS_FAILURES: &str = "fairway_quota_pass_failures_total";
+pub const FLOW_PARKED: &str = "fairway_flow_parked";
 pub const JOBS_SPILLED: &str = "fairway_jobs_spilled_total";
 pub const JOBS_UNSPILLED: &str = "fairway_jobs_unspilled_total";
 pub const SPILL_FAILURES: &str = "fairway_spill_failures_total";
@@ -159,6 +161,14 @@ pub fn describe() {
     describe_counter!(
         USAGE_PASS_FAILURES,
         "Fleet usage passes that could not write or read the store, by pool and step"
+    );
+    describe_counter!(
+        QUOTA_PASS_FAILURES,
+        "Fleet-wide limit exchanges (quotas table) that could not read or write the store, by pool and step"
+    );
+    describe_gauge!(
+        FLOW_PARKED,
+        "Jobs held back here because their flow key is at its fleet-wide parallelism, by pool"
     );
     describe_histogram!(
         JOB_DISPATCH_WAIT_SECONDS,

@@ -34,6 +34,8 @@ pub enum SubmitError {
     NeverRunnable { execute_at: Millis, not_after: Millis },
     #[error("{0}")]
     BadTraceContext(String),
+    #[error("{0}")]
+    BadFlowKey(String),
     #[error(transparent)]
     Kafka(#[from] kafka::KafkaError),
     #[error(transparent)]
@@ -68,6 +70,9 @@ pub struct NewJob {
     pub traceparent: Option<String>,
     #[serde(default)]
     pub tracestate: Option<String>,
+    /// Flow-control key (`core::flow`): jobs with the same key share its fleet-wide limits.
+    #[serde(default)]
+    pub flow_key: Option<String>,
 }
 
 impl NewJob {
@@ -159,6 +164,7 @@ impl Submitter {
                 job.traceparent.clone().unwrap_or_else(|| trace::new_traceparent(rand::random(), rand::random())),
             ),
             tracestate: job.tracestate.clone(),
+            flow_key: job.flow_key.clone(),
             ..JobSubmitted::original(job_id.clone(), job.tenant.clone(), job.job_type.clone(), payload, now)
         };
         // With span export on, the job carries its `send` span's context from here on.
@@ -326,6 +332,9 @@ fn validate_job(cfg: &Config, job: &NewJob, payload_len: usize) -> Result<Pool, 
             ));
         }
         trace::check_tracestate(ts).map_err(SubmitError::BadTraceContext)?;
+    }
+    if let Some(key) = &job.flow_key {
+        crate::core::flow::check_key(key).map_err(SubmitError::BadFlowKey)?;
     }
     Ok(job.pool.unwrap_or(jt.pool))
 }

@@ -51,7 +51,7 @@ pub struct Settings {
     /// Weight instead of the tier's (paid tiers only).
     #[arg(long)]
     pub weight: Option<f64>,
-    /// Running jobs per pool and worker.
+    /// Running jobs per pool, across all its workers (worker.fleet_limits).
     #[arg(long)]
     pub max_concurrency: Option<usize>,
     /// Dispatches per second per pool and worker.

@@ -345,7 +345,10 @@ struct Tenant<J> {
     free: bool,
     /// Suspended: its queued jobs wait, nothing of it is dispatched.
     suspended: bool,
+    /// In force: the lower of the policy's `max_running` and the fleet cap.
     max_running: usize,
+    /// This worker's part of the tenant's fleet-wide `max_running` (`core::quota`).
+    fleet_cap: usize,
     max_queued: usize,
     reserved: usize,
     min_share: f64,
@@ -627,6 +630,20 @@ impl<J> Scheduler<J> {
         };
         self.apply(t, policy);
         Ok(())
+    }
+
+    /// Sets this worker's part of a tenant's fleet-wide concurrency cap (`None`: no fleet
+    /// cap); the lower of it and the policy's `max_running` is in force. Running jobs
+    /// above a lowered cap finish; queued ones wait.
+    pub fn set_fleet_cap(&mut self, tenant: &str, cap: Option<usize>) {
+        let t = match self.index.get(tenant) {
+            Some(&t) => t,
+            None => self.create(tenant),
+        };
+        let x = &mut self.tenants[t as usize];
+        x.fleet_cap = cap.unwrap_or(usize::MAX);
+        x.max_running = x.policy.max_running.unwrap_or(usize::MAX).min(x.fleet_cap);
+        self.refresh(t);
     }
 
     /// Changes the number of slots (e.g. the worker was resized).
@@ -1048,6 +1065,7 @@ impl<J> Scheduler<J> {
             free,
             suspended: false,
             max_running: usize::MAX,
+            fleet_cap: usize::MAX,
             max_queued: self.cfg.max_queued_per_tenant,
             reserved: 0,
             min_share: 0.0,
@@ -1102,7 +1120,7 @@ impl<J> Scheduler<J> {
         }
         x.free = free;
         x.weight = if free { 1.0 } else { weight };
-        x.max_running = policy.max_running.unwrap_or(usize::MAX);
+        x.max_running = policy.max_running.unwrap_or(usize::MAX).min(x.fleet_cap);
         x.suspended = policy.suspended;
         x.max_queued = max_queued;
         x.min_share = min_share;

@@ -37,6 +37,9 @@ pub const TABLES: &[(&str, &str)] = &[
         "usage",
         "(pool text, bucket bigint, tenant text, worker text, slot_ms bigint, PRIMARY KEY ((pool, bucket), tenant, worker))",
     ),
+    // Fleet-wide limits (`core::quota`): each worker's want and held units per pool and
+    // scope (a tenant's max_concurrency, a flow key's parallelism), short TTL.
+    ("quotas", "(pool text, scope text, worker text, want int, held int, PRIMARY KEY (pool, scope, worker))"),
     // Single-leader loops (reaper, promoter) hold a lease taken with LWT.
     ("leases", "(name text PRIMARY KEY, holder text, expires_at bigint)"),
     // Rerun-all by generation: the target generation per tenant and job type.

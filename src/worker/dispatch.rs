@@ -56,6 +56,16 @@ pub trait Dispatcher<J>: Send {
     }
     /// Decayed slot-seconds each tenant used elsewhere in the fleet.
     fn fold_fleet_usage(&mut self, _usage: &HashMap<String, f64>, _now: Millis) {}
+    /// Does this policy enforce per-tenant concurrency caps (and so fleet-wide ones)?
+    fn enforces_tenant_caps(&self) -> bool {
+        false
+    }
+    /// Jobs of a tenant running now.
+    fn running_of(&self, _tenant: &str) -> usize {
+        0
+    }
+    /// This worker's part of a tenant's fleet-wide concurrency cap (`core::quota`).
+    fn set_fleet_cap(&mut self, _tenant: &str, _cap: Option<usize>) {}
     /// Applies a tenant's (new) policy from the registry; queued jobs stay queued.
     fn set_tenant(&mut self, _tenant: &str, _policy: TenantPolicy) -> Result<(), String> {
         Ok(())
@@ -208,6 +218,15 @@ impl<J: Send> Dispatcher<J> for Fair<J> {
     }
     fn set_tenant(&mut self, tenant: &str, policy: TenantPolicy) -> Result<(), String> {
         self.inner.set_tenant(tenant, policy).map_err(|e| e.to_string())
+    }
+    fn enforces_tenant_caps(&self) -> bool {
+        true
+    }
+    fn running_of(&self, tenant: &str) -> usize {
+        self.inner.running_of(tenant)
+    }
+    fn set_fleet_cap(&mut self, tenant: &str, cap: Option<usize>) {
+        self.inner.set_fleet_cap(tenant, cap)
     }
 }
 

@@ -11,6 +11,7 @@ pub mod fresh;
 pub mod liveness;
 mod outcome;
 pub mod pool;
+pub mod quota;
 pub mod relay;
 pub mod usage;
 
@@ -65,6 +66,9 @@ pub struct Shared {
     pub frontiers: fresh::Frontiers,
     /// The live tenants registry.
     pub tenants: crate::tenants::LiveTenants,
+    /// Fleet-wide limits of this pool: demand reported by the pool loop, caps computed
+    /// by the quota exchange (`worker::quota`).
+    pub quotas: Mutex<crate::core::quota::Quotas>,
 }
 
 /// The failure-handling cores of one pool.
@@ -241,10 +245,14 @@ impl Worker {
                 fleet_usage: watch::channel(HashMap::new()).0,
                 frontiers: fresh::Frontiers::new(cfg.pool_topic(pool), cfg.worker.skip_fresh_reads, feed.clone()),
                 tenants: tenants.clone(),
+                quotas: Mutex::new(Default::default()),
             });
             let (sh3, rx3) = (sh.clone(), halted.clone());
             tasks.push(tokio::spawn(liveness::heartbeat_loop(sh3, rx3)));
             tasks.push(tokio::spawn(usage::usage_loop(sh.clone(), rx.clone())));
+            if cfg.worker.fleet_limits {
+                tasks.push(tokio::spawn(quota::quota_loop(sh.clone(), rx.clone())));
+            }
             let dispatcher = make_dispatcher(&cfg, pool, policy, &tenants.current())?;
             let rx = rx.clone();
             let sh2 = sh.clone();

@@ -9,6 +9,7 @@ use super::exec::{self, Ended, Origin};
 use super::outcome;
 use super::Shared;
 use crate::core::backlog::TenantBacklog;
+use crate::core::flow::Gate;
 use crate::core::offsets::PartitionOffsets;
 use crate::core::tenants::TenantSet;
 use crate::kafka::{self, Consumer, Message, RebalanceEvent, TopicPartitionList};
@@ -47,10 +48,11 @@ struct Done {
     spill: Option<SpillRef>,
 }
 
-/// What executions and the spill path tell the loop: a slot freed (handler returned),
-/// then done (outcome durable or given up); spills written, rows read back.
+/// What executions and the spill path tell the loop: a slot freed (handler returned;
+/// with the job's flow scope, whose unit it frees too), then done (outcome durable or
+/// given up); spills written, rows read back.
 enum Event {
-    Freed(Ticket, bool),
+    Freed(Ticket, bool, Option<String>),
     Done(Done),
     Backlog(BacklogEvent),
 }
@@ -102,6 +104,10 @@ struct Loop {
     group: String,
     unassigned_since: Option<std::time::Instant>,
     warned_at: Option<std::time::Instant>,
+    /// Jobs of flow keys at their fleet-wide parallelism wait here (`core::flow`).
+    gate: Gate<Pending>,
+    /// The `Quotas::version` whose caps are applied.
+    quota_version: u64,
 }
 
 pub async fn run(
@@ -134,6 +140,8 @@ pub async fn run(
         group: group.clone(),
         unassigned_since: Some(std::time::Instant::now()),
         warned_at: None,
+        gate: Gate::default(),
+        quota_version: 0,
     };
     let mut registry = sh.tenants.subscribe();
     let slots = sh.cfg.pool(sh.pool).slots;
@@ -171,7 +179,13 @@ pub async fn run(
                     // Queued jobs of revoked partitions belong to the new owner now (it
                     // also reads their spilled backlogs back).
                     let dropped = lp.dispatcher.drain_where(&mut |j: &Pending| gone.contains(&j.origin.partition));
-                    lp.overflow.retain(|q| !gone.contains(&q.job.origin.partition));
+                    lp.gate.drain_where(&mut |j: &Pending| gone.contains(&j.origin.partition));
+                    let (lost, kept): (VecDeque<_>, VecDeque<_>) =
+                        lp.overflow.drain(..).partition(|q| gone.contains(&q.job.origin.partition));
+                    lp.overflow = kept;
+                    for p in dropped.iter().chain(lost.iter().map(|q| &q.job)) {
+                        lp.release_flow(&p.job);
+                    }
                     tracing::info!(pool, partitions = ?gone, dropped = dropped.len(), "partitions revoked");
                 }
             },
@@ -215,6 +229,7 @@ pub async fn run(
         }
         lp.overflow = still;
 
+        lp.sync_quotas(false);
         lp.start_jobs(slots);
         lp.tend_backlogs();
         let want_paused = lp.partitions_to_pause();
@@ -369,10 +384,113 @@ impl Loop {
     }
 
     fn buffered(&self) -> usize {
-        self.dispatcher.queued_total() + self.overflow.len()
+        self.dispatcher.queued_total() + self.overflow.len() + self.gate.parked()
     }
 
+    /// A job for the scheduler, unless its flow key is at its parallelism here: then it
+    /// waits in the gate (holding no slot, blocking no other key or tenant).
     fn enqueue(&mut self, pending: Pending) {
+        let pending = match self.sh.cfg.flow_scope(&pending.job) {
+            Some((scope, limit)) => match self.gate.offer(&scope, limit, pending) {
+                Some(p) => p,
+                None => return,
+            },
+            None => pending,
+        };
+        self.enqueue_admitted(pending);
+    }
+
+    /// A job that left the loop without running gives its flow unit back.
+    fn release_flow(&mut self, job: &JobSubmitted) {
+        if let Some((scope, _)) = self.sh.cfg.flow_scope(job) {
+            self.gate.release(&scope);
+        }
+    }
+
+    /// Reports this worker's demand of every limited scope (tenants with a
+    /// `max_concurrency`, limited flow keys) and applies the caps of the fleet-wide
+    /// exchange (`worker::quota`): every call when `full`, else only when they changed.
+    fn sync_quotas(&mut self, full: bool) {
+        let now = now_ms();
+        let sh = self.sh.clone();
+        let ready = {
+            let mut q = sh.quotas.lock().expect("quotas lock");
+            if !full && q.version == self.quota_version {
+                return;
+            }
+            self.quota_version = q.version;
+            let fleet = self.sh.cfg.worker.fleet_limits;
+            for (scope, cap) in q.all_usable(now) {
+                if fleet && scope.starts_with("flow:") {
+                    self.gate.set_cap(&scope, cap);
+                    q.applied(&scope, cap);
+                }
+            }
+            for (scope, limit, want, admitted) in self.gate.demand() {
+                if fleet {
+                    q.report(&scope, limit, want, admitted);
+                } else {
+                    // Each worker on its own: the whole limit here.
+                    self.gate.set_cap(&scope, limit);
+                }
+            }
+            if fleet && self.dispatcher.enforces_tenant_caps() {
+                self.sync_tenant_quotas(&mut q, now);
+            }
+            self.gate.ready()
+        };
+        metrics::gauge!(m::FLOW_PARKED, "pool" => self.pool()).set(self.gate.parked() as f64);
+        for p in ready {
+            self.enqueue_admitted(p);
+        }
+    }
+
+    /// Tenants' `max_concurrency` across the pool: apply this worker's part to the
+    /// scheduler, then report (the running count after the cap, in the same lock).
+    fn sync_tenant_quotas(&mut self, q: &mut crate::core::quota::Quotas, now: i64) {
+        for (name, t) in &self.tenants.tenants {
+            let scope = crate::core::quota::tenant_scope(name);
+            let Some(limit) = t.max_concurrency else {
+                if q.has(&scope) {
+                    self.dispatcher.set_fleet_cap(name, None);
+                    q.applied(&scope, 0);
+                    q.report(&scope, 0, 0, 0);
+                }
+                continue;
+            };
+            let running = self.dispatcher.running_of(name);
+            let want = self.dispatcher.queued(name) + running;
+            if want == 0 && !q.has(&scope) {
+                continue;
+            }
+            let cap = q.usable(&scope, now);
+            self.dispatcher.set_fleet_cap(name, Some(cap as usize));
+            q.applied(&scope, cap);
+            q.report(&scope, limit as u32, want as u32, running as u32);
+        }
+    }
+
+    /// A limited tenant's first job here waits for this worker's part of its fleet-wide
+    /// cap (0 until the exchange gave it one), instead of running under the policy's cap.
+    fn cap_new_tenant(&mut self, tenant: &str) {
+        if !self.sh.cfg.worker.fleet_limits || !self.dispatcher.enforces_tenant_caps() {
+            return;
+        }
+        let Some(limit) = self.tenants.tenants.get(tenant).and_then(|t| t.max_concurrency) else { return };
+        let scope = crate::core::quota::tenant_scope(tenant);
+        let mut q = self.sh.quotas.lock().expect("quotas lock");
+        if q.has(&scope) {
+            return;
+        }
+        let running = self.dispatcher.running_of(tenant);
+        let cap = q.usable(&scope, now_ms());
+        self.dispatcher.set_fleet_cap(tenant, Some(cap as usize));
+        q.report(&scope, limit as u32, (self.dispatcher.queued(tenant) + running + 1) as u32, running as u32);
+        q.applied(&scope, cap);
+    }
+
+    fn enqueue_admitted(&mut self, pending: Pending) {
+        self.cap_new_tenant(&pending.job.tenant);
         let q = Queued {
             tenant: pending.job.tenant.clone(),
             job_type: pending.job.job_type.clone(),
@@ -427,9 +545,10 @@ impl Loop {
             let sh = self.sh.clone();
             let tx = self.done_tx.clone();
             let freed = self.done_tx.clone();
+            let flow = self.sh.cfg.flow_scope(&p.job).map(|(scope, _)| scope);
             self.tasks.spawn(async move {
                 let slot = exec::SlotRelease::new(move |ran| {
-                    let _ = freed.send(Event::Freed(ticket, ran));
+                    let _ = freed.send(Event::Freed(ticket, ran, flow));
                 });
                 let waited = exec::Waited { received_at: p.received_at, dispatched_at: ticket_at };
                 let ended = exec::execute(sh, p.job, p.origin.clone(), slot, waited).await;
@@ -564,6 +683,7 @@ impl Loop {
         if let Ok(mut s) = self.sh.stats.lock() {
             *s = stats;
         }
+        self.sync_quotas(true);
         // Hand this pool's slot-time to the fleet accounting.
         let used = self.dispatcher.take_usage(now);
         if let Ok(mut u) = self.sh.local_usage.lock() {
@@ -575,9 +695,15 @@ impl Loop {
 
     fn on_event(&mut self, consumer: &kafka::WorkerConsumer, ev: Event) {
         let done = match ev {
-            Event::Freed(ticket, ran) => {
+            Event::Freed(ticket, ran, flow) => {
                 self.dispatcher.complete(&ticket, now_ms(), ran);
                 self.finishing += 1;
+                if let Some(scope) = flow {
+                    self.gate.release(&scope);
+                    for p in self.gate.ready() {
+                        self.enqueue_admitted(p);
+                    }
+                }
                 return;
             }
             Event::Backlog(ev) => return self.on_backlog(consumer, ev),

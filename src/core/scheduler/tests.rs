@@ -289,6 +289,30 @@ fn concurrency_cap_is_enforced_and_others_use_the_rest() {
 }
 
 #[test]
+fn a_fleet_cap_lowers_the_cap_in_force_and_lifting_it_restores_the_policy() {
+    let mut s = sched(5);
+    s.set_tenant("a", TenantPolicy { max_running: Some(3), ..policy(Tier::Standard) }).unwrap();
+    for i in 0..10 {
+        s.enqueue("a", "x", Priority::Normal, i, T0).unwrap();
+    }
+    s.set_fleet_cap("a", Some(1));
+    let a1 = s.next(T0).unwrap();
+    assert!(s.next(T0).is_none(), "this worker's part of the fleet cap is 1");
+    s.set_fleet_cap("a", Some(0));
+    s.complete(a1.id, T0 + 10).unwrap();
+    assert!(s.next(T0 + 10).is_none(), "no part of the fleet cap here");
+    s.set_fleet_cap("a", Some(10));
+    for _ in 0..3 {
+        s.next(T0 + 20).unwrap();
+    }
+    assert!(s.next(T0 + 20).is_none(), "the policy's 3 still applies");
+    // A policy change keeps the fleet cap.
+    s.set_fleet_cap("a", Some(3));
+    s.set_tenant("a", TenantPolicy { max_running: Some(4), ..policy(Tier::Standard) }).unwrap();
+    assert!(s.next(T0 + 30).is_none(), "fleet cap 3 still in force");
+}
+
+#[test]
 fn a_suspended_tenant_keeps_its_queue_and_dispatches_nothing_until_resumed() {
     let mut s = sched(2);
     s.set_tenant("a", TenantPolicy { suspended: true, ..policy(Tier::Enterprise) }).unwrap();

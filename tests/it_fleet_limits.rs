@@ -1,0 +1,162 @@
+//! Fleet-wide limits on the real broker and CQL database, with three `fairway worker`
+//! processes serving one pool: a tenant's `max_concurrency` and a flow key's
+//! `parallelism` hold across the workers (`core::quota` via the `quotas` table), and a
+//! flow key at its limit does not hold back another key's jobs.
+//!
+//! The jobs are produced with their job ids as record keys (as a producer with its own
+//! keys would), so they spread over the three partitions and thus the three workers.
+//! The sleep handlers of all workers append `start <id>` / `done <id>` to one run log
+//! (single O_APPEND writes, one global order), from which the peak number of jobs of a
+//! tenant or key running at once is counted. The same workload runs first with
+//! `worker.fleet_limits = false` (each worker on its own, the behaviour before), then
+//! with the fleet-wide limits; both overshoots are printed.
+
+mod common;
+
+use fairway::model::{JobStatus, JobSubmitted};
+use std::collections::HashMap;
+use std::time::Duration;
+
+const TENANT_LIMIT: usize = 2;
+const TENANT_JOBS: usize = 24;
+const KEY_JOBS: usize = 9;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn limits_hold_across_three_workers() {
+    tokio::time::timeout(Duration::from_secs(420), scenario()).await.expect("scenario finished in time");
+}
+
+async fn scenario() {
+    let before = phase(false).await;
+    before.print(false);
+    let after = phase(true).await;
+    after.print(true);
+    // Per worker, three workers allow more than the limit (the test sees the difference).
+    assert!(before.tenant_peak > TENANT_LIMIT, "without fleet limits the tenant ran {} at once", before.tenant_peak);
+    assert!(before.key_peak > 1, "without fleet limits the key ran {} at once", before.key_peak);
+    // Fleet-wide: never above the limits.
+    assert!(after.tenant_peak <= TENANT_LIMIT, "tenant peak {} over max_concurrency {TENANT_LIMIT}", after.tenant_peak);
+    assert!(after.tenant_peak >= 1);
+    assert_eq!(after.key_peak, 1, "flow key with parallelism 1 ran one at a time");
+    // Another key's jobs flowed meanwhile: in parallel, done before the limited key's.
+    assert!(after.other_key_peak > 1, "the unlimited key ran {} at once", after.other_key_peak);
+    assert!(after.other_done_before_key_done, "the unlimited key's jobs waited for the limited key's");
+}
+
+struct Measured {
+    tenant_peak: usize,
+    key_peak: usize,
+    other_key_peak: usize,
+    other_done_before_key_done: bool,
+}
+
+impl Measured {
+    /// One JSON line: the peaks and overshoots of a phase.
+    fn print(&self, fleet_limits: bool) {
+        let js = serde_json::json!({
+            "fleet_limits": fleet_limits,
+            "tenant_limit": TENANT_LIMIT,
+            "tenant_peak": self.tenant_peak,
+            "tenant_overshoot": self.tenant_peak.saturating_sub(TENANT_LIMIT),
+            "key_limit": 1,
+            "key_peak": self.key_peak,
+            "key_overshoot": self.key_peak.saturating_sub(1),
+            "other_key_peak": self.other_key_peak,
+        });
+        eprintln!("{js}");
+    }
+}
+
+async fn phase(fleet_limits: bool) -> Measured {
+    let id = &uuid::Uuid::new_v4().simple().to_string()[..10];
+    let (tenant, key, other) = (format!("capped{id}"), format!("one{id}"), format!("free{id}"));
+    let tenant_cfg = format!("[tenants.{tenant}]\ntier = \"standard\"\nmax_concurrency = {TENANT_LIMIT}\n");
+    let cfg = common::config(&tenant_cfg);
+    common::init(&cfg).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file_extra = format!(
+        "{tenant_cfg}[worker]\nfleet_limits = {fleet_limits}\n[flow.keys.\"{key}\"]\nparallelism = 1\n\
+         [job_types.sleep]\npool = \"short\"\nhandler = \"sleep\"\ntimeout = \"30s\"\n"
+    );
+    let path = common::config_file(&cfg, &file_extra, dir.path());
+    let run_log = dir.path().join("runs.log");
+    // The workers inherit the run log's path (the handlers append to it).
+    std::env::set_var(fairway::handlers::RUN_LOG_ENV, &run_log);
+    let mut workers: Vec<common::LoggedWorker> = (0..3).map(|_| common::spawn_logged_worker(&path, "short")).collect();
+    for w in &workers {
+        assert!(w.wait_owning(1, Duration::from_secs(90)).is_some(), "every worker owns a partition");
+    }
+
+    let producer = fairway::kafka::producer(&cfg).unwrap();
+    let topic = cfg.pool_topic(fairway::model::Pool::Short);
+    let mut groups: HashMap<String, &str> = HashMap::new();
+    let mut jobs: Vec<JobSubmitted> = Vec::new();
+    for i in 0..TENANT_JOBS.max(KEY_JOBS) {
+        if i < TENANT_JOBS {
+            jobs.push(sleep_job(&tenant, None, 400));
+        }
+        if i < KEY_JOBS {
+            jobs.push(sleep_job("acme", Some(&key), 400));
+            jobs.push(sleep_job("acme", Some(&other), 400));
+        }
+    }
+    for j in &jobs {
+        let group = match j.flow_key.as_deref() {
+            Some(k) if k == key => "key",
+            Some(_) => "other",
+            None => "tenant",
+        };
+        groups.insert(j.job_id.clone(), group);
+        let bytes = fairway::codec::encode_job(j).unwrap();
+        fairway::kafka::send(&producer, &topic, &j.job_id, &bytes).await.expect("produce");
+    }
+    let ids: Vec<String> = jobs.iter().map(|j| j.job_id.clone()).collect();
+    let results = common::results_for(&cfg, &ids, Duration::from_secs(150)).await;
+    for w in &mut workers {
+        w.signal("TERM", Duration::from_secs(60));
+    }
+    assert_eq!(results.len(), ids.len(), "every job finished (fleet_limits = {fleet_limits})");
+    assert!(results.values().all(|rs| rs.iter().any(|r| r.status == JobStatus::Succeeded)));
+    measure(&std::fs::read_to_string(&run_log).unwrap(), &groups)
+}
+
+fn sleep_job(tenant: &str, key: Option<&str>, ms: u64) -> JobSubmitted {
+    JobSubmitted {
+        payload: serde_json::json!({ "ms": ms }).to_string().into_bytes(),
+        flow_key: key.map(str::to_string),
+        ..common::job_record(tenant, "sleep")
+    }
+}
+
+/// Peaks of jobs running at once per group, from the run log's global order.
+fn measure(log: &str, groups: &HashMap<String, &str>) -> Measured {
+    let mut running: HashMap<&str, usize> = HashMap::new();
+    let mut peak: HashMap<&str, usize> = HashMap::new();
+    let mut done: HashMap<&str, usize> = HashMap::new();
+    let (mut other_last, mut key_last) = (0, 0);
+    for (n, line) in log.lines().enumerate() {
+        let Some((phase, id)) = line.split_once(' ') else { continue };
+        let Some(&g) = groups.get(id) else { continue };
+        let r = running.entry(g).or_default();
+        if phase == "start" {
+            *r += 1;
+            let p = peak.entry(g).or_default();
+            *p = (*p).max(*r);
+        } else {
+            *r = r.saturating_sub(1);
+            *done.entry(g).or_default() += 1;
+            match g {
+                "other" => other_last = n,
+                "key" => key_last = n,
+                _ => {}
+            }
+        }
+    }
+    let get = |g: &str| peak.get(g).copied().unwrap_or(0);
+    Measured {
+        tenant_peak: get("tenant"),
+        key_peak: get("key"),
+        other_key_peak: get("other"),
+        other_done_before_key_done: other_last < key_last,
+    }
+}
