@@ -255,6 +255,8 @@ async fn the_overview_updates_while_jobs_run() {
         })
         .await;
         assert!(tput > 0.0);
+        // A few more seconds of history for the sparklines (and the screenshot).
+        tokio::time::sleep(Duration::from_secs(5)).await;
         // The sparkline drew the history it received.
         let points = js(&c, "return document.querySelector('[data-pool=\"short\"] svg.spark polyline').getAttribute('points')").await;
         assert!(points.as_str().is_some_and(|p| p.split(' ').count() >= 2), "sparkline: {points}");
@@ -312,6 +314,13 @@ async fn a_dead_lettered_job_is_found_previewed_and_replayed_from_the_page_then_
         let timeline = text(&c, "#timeline").await.unwrap();
         assert!(timeline.contains("failed") || timeline.contains("dead_lettered"), "{timeline}");
         screenshot(&c, "job").await;
+        // The search finds it among the events seen since the console started (the replay's run).
+        c.goto(&s.url("/console/jobs?tenant=acme&job_type=gate")).await.unwrap();
+        let hit = format!("#jobs a.job[href$=\"{id}\"]");
+        c.wait().at_most(Duration::from_secs(20)).for_element(Locator::Css(&hit)).await.expect("the job in the search");
+        let rows = text(&c, "#jobs").await.unwrap();
+        assert!(rows.contains("succeeded"), "{rows}");
+        screenshot(&c, "jobs").await;
     })
     .await;
     setup.stop().await;
