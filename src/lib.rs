@@ -25,6 +25,8 @@
 //!                 letters / retry records back to their pool.
 //! - `rerunner`  – the I/O shell of `fairway rerun` (decisions: `core::rerun`): "rerun
 //!                 all" of a tenant's jobs by generation numbers.
+//! - `api`       – the HTTP API (axum) and the operator console (`api::console`: pages,
+//!                 sessions and SSE at `/console`; pure parts in `core::console`).
 //! - `cqlbridge` – protocol-v4 bridge to the local Cassandra 2.1 test database.
 //! - `metrics`   – metric names and the Prometheus exporter.
 //! - `telemetry` – OpenTelemetry spans of a job's life (send, dispatch wait, process,

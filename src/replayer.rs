@@ -359,10 +359,7 @@ pub async fn run(
             }
         };
         let (p, offset) = (rec.partition, rec.offset);
-        let candidate = match opts.source {
-            ReplaySource::Dlq => codec::decode_dead_letter(&rec.payload).map(Candidate::from_dead_letter),
-            ReplaySource::Retry(c) => codec::decode_job(&rec.payload).map(|j| Candidate::from_retry(j, c)),
-        };
+        let candidate = candidate(opts.source, &rec.payload);
         drop(rec);
         scanned += 1;
         let decision = match &candidate {
@@ -455,6 +452,55 @@ pub async fn run(
         active,
         warnings,
     })
+}
+
+/// A record of `source`'s topic, normalised.
+fn candidate(source: ReplaySource, payload: &[u8]) -> Result<Candidate, codec::CodecError> {
+    match source {
+        ReplaySource::Dlq => codec::decode_dead_letter(payload).map(Candidate::from_dead_letter),
+        ReplaySource::Retry(c) => codec::decode_job(payload).map(|j| Candidate::from_retry(j, c)),
+    }
+}
+
+/// One record found by [`browse`]: where it is and what it holds.
+#[derive(Debug, Clone)]
+pub struct Listed {
+    pub partition: i32,
+    pub offset: i64,
+    pub candidate: Candidate,
+}
+
+/// The records of `source` that `filter` matches (the newest `max` of them), read from
+/// the beginning of the topic to its end as it is now, with the scan's rules: what
+/// `fairway replay --dry-run` would look at, listed (the console's DLQ browser). Reads
+/// only: nothing is produced, no resume point is read or saved. Also returns how many
+/// records were read.
+pub async fn browse(
+    cfg: &Config,
+    source: ReplaySource,
+    filter: &ReplayFilter,
+    max: usize,
+) -> Result<(Vec<Listed>, u64), ReplayError> {
+    let topic = source_topic(cfg, source);
+    let mut scan = Scan::open(cfg, "browse", vec![(topic, HashMap::new())], Duration::from_secs(1), now_ms()).await?;
+    let mut out = std::collections::VecDeque::new();
+    let mut scanned = 0u64;
+    while !scan.finished() {
+        let rec = match scan.next().await {
+            ScanStep::Record(rec) => rec,
+            ScanStep::Tick => continue,
+            ScanStep::Idle => break,
+        };
+        scanned += 1;
+        let Ok(c) = candidate(source, &rec.payload) else { continue };
+        if filter.matches(&c) {
+            out.push_back(Listed { partition: rec.partition, offset: rec.offset, candidate: c });
+            if out.len() > max {
+                out.pop_front();
+            }
+        }
+    }
+    Ok((out.into(), scanned))
 }
 
 impl From<FlushError> for ReplayError {

@@ -105,11 +105,22 @@ pub async fn action(
             ))
         }
     };
-    let reg = registry(&st)?;
-    let mut t = existing(reg, &name).await?;
-    t.suspended = suspended;
+    Ok(Json(update(&st, &name, |t| t.suspended = suspended).await?))
+}
+
+/// Read, change, validate, write one tenant (the suspend/resume endpoints and the
+/// console's tier and suspend actions): an invalid change is refused whole (422).
+pub(super) async fn update(
+    st: &ApiState,
+    name: &str,
+    change: impl FnOnce(&mut TenantRecord),
+) -> Result<TenantRecord, ApiError> {
+    let reg = registry(st)?;
+    let mut t = existing(reg, name).await?;
+    change(&mut t);
+    t.validate().map_err(invalid)?;
     reg.put(&t, now_ms()).await.map_err(store_error)?;
-    Ok(Json(t))
+    Ok(t)
 }
 
 pub async fn remove(_: Admin, State(st): State<ApiState>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {

@@ -37,6 +37,8 @@ pub mod codes {
     pub const FORBIDDEN: &str = "FORBIDDEN";
     pub const INVALID_TENANT: &str = "INVALID_TENANT";
     pub const TENANT_EXISTS: &str = "TENANT_EXISTS";
+    pub const TOO_MANY_SESSIONS: &str = "TOO_MANY_SESSIONS";
+    pub const REPLAY_FAILED: &str = "REPLAY_FAILED";
 }
 
 /// The fields a job object accepts, quoted in error messages.

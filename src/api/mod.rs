@@ -10,6 +10,7 @@
 //! | `GET /v1/jobs/{id}/events` | the job's event history; `?follow=1`: Server-Sent Events until it ends ([`events`]) |
 //! | `GET /v1/events?follow=1` | Server-Sent Events of the caller's tenant |
 //! | `GET /healthz`           | 200 `ok` (no key needed) |
+//! | `GET /console`           | the operator console (HTML; API key or login form; see [`console`]) |
 //!
 //! Every `/v1` route needs `Authorization: Bearer <API key>` ([`auth`]): 401 without a
 //! valid key; a tenant key submits only for its tenant (403 otherwise) and sees only its
@@ -23,6 +24,7 @@
 
 mod admin;
 pub mod auth;
+pub mod console;
 mod error;
 mod events;
 mod limits;
@@ -104,6 +106,8 @@ struct Inner {
     /// Job watching: history statements (prepared on first use) and the live feed.
     event_stmts: tokio::sync::OnceCell<crate::store::EventStatements>,
     feed: Option<crate::events::Feed>,
+    /// The operator console's sessions, live sampler and replays.
+    console: console::Console,
 }
 
 impl Inner {
@@ -127,6 +131,7 @@ impl Inner {
             _registry_stop: None,
             event_stmts: Default::default(),
             feed: None,
+            console: Default::default(),
         }
     }
 }
@@ -192,6 +197,9 @@ impl ApiState {
     }
     fn feed(&self) -> Option<&crate::events::Feed> {
         self.inner.feed.as_ref()
+    }
+    fn console(&self) -> &console::Console {
+        &self.inner.console
     }
 
     /// Largest accepted body of one job: a payload of `max_payload_bytes` may grow up to
@@ -280,6 +288,7 @@ pub fn router(state: ApiState) -> Router {
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth::require_caller));
     Router::new()
         .merge(v1)
+        .merge(console::router())
         .route("/healthz", get(healthz))
         .route_layer(axum::middleware::from_fn(track))
         .fallback(no_route)
@@ -317,7 +326,7 @@ fn method_label(m: &Method) -> &'static str {
 }
 
 const ENDPOINTS: &str = "POST /v1/jobs, POST /v1/jobs:batch, GET /v1/jobs/{id}, DELETE /v1/jobs/{id}, \
-     GET /v1/jobs/{id}/events[?follow=1], GET /v1/events?follow=1, GET /healthz \
+     GET /v1/jobs/{id}/events[?follow=1], GET /v1/events?follow=1, GET /healthz, GET /console \
      (GET /metrics is on the metrics listener, api.metrics_listen)";
 
 async fn no_route(method: Method, uri: axum::http::Uri) -> ApiError {
@@ -594,10 +603,18 @@ async fn job_status(
 }
 
 async fn cancel_job(State(st): State<ApiState>, caller: Caller, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let body = cancel(&st, &caller, &id).await?;
+    Ok((StatusCode::ACCEPTED, Json(body)).into_response())
+}
+
+/// Requests cancellation of job `id` for `caller` (`DELETE /v1/jobs/{id}` and the
+/// console's cancel button): 404 when the caller may not see it, 409 when it finished.
+async fn cancel(st: &ApiState, caller: &Caller, id: &str) -> Result<serde_json::Value, ApiError> {
+    let id = id.to_string();
     check_job_id(&id)?;
     let row = st.store().job(&id).await?;
     let known = match &row {
-        Some(_) => may_see(&st, &caller, &id, row.as_ref()).await?,
+        Some(_) => may_see(st, caller, &id, row.as_ref()).await?,
         // No state yet: cancellable if it was submitted through the API (by this
         // caller's tenant, for a tenant key); an id nobody knows answers 404.
         None => {
@@ -626,7 +643,7 @@ async fn cancel_job(State(st): State<ApiState>, caller: Caller, Path(id): Path<S
         "status": row.and_then(|r| r.status),
         "message": "cancellation requested: a queued job is skipped, a running one is told through its heartbeat",
     });
-    Ok((StatusCode::ACCEPTED, Json(body)).into_response())
+    Ok(body)
 }
 
 async fn healthz() -> &'static str {

@@ -4,9 +4,8 @@
 //! entitled share of the pool, and why a tenant's next job waits.
 
 use fairway::config::Config;
-use fairway::core::fleet::{self, FleetStats, TenantSummary};
+use fairway::core::fleet::{FleetStats, TenantSummary};
 use fairway::model::Pool;
-use fairway::now_ms;
 use fairway::store::{FleetStatements, Store};
 use std::fmt::Write as _;
 use std::io::{IsTerminal, Write as _};
@@ -99,15 +98,7 @@ async fn gather(cfg: &Config, st: &FleetStatements, only: Option<Pool>) -> anyho
         Some(p) => vec![p],
         None => Pool::ALL.to_vec(),
     };
-    let mut rows = Vec::new();
-    for p in pools {
-        // Rows are keyed by the pool's topic (per deployment); show the pool's name.
-        for mut r in st.worker_stats(&cfg.pool_topic(p)).await? {
-            r.pool = p.as_str().to_string();
-            rows.push(r);
-        }
-    }
-    Ok(fleet::aggregate(&rows, now_ms(), MAX_AGE_MS))
+    Ok(st.fleet(cfg, &pools, MAX_AGE_MS).await?)
 }
 
 /// The human view: one line per pool, then one per (pool, tenant).

@@ -229,6 +229,7 @@ struct PoolSnap {
     registry_version: Option<i64>,
     unassigned_ms: u64,
     group: Option<String>,
+    breakers_open: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -294,6 +295,8 @@ pub struct PoolSummary {
     pub unassigned_workers: usize,
     pub unassigned_ms_max: u64,
     pub groups: Vec<String>,
+    /// Job types whose circuit breaker is open (or half-open) on any of its workers.
+    pub breakers_open: Vec<String>,
 }
 
 /// One tenant in one pool across the fleet.
@@ -405,6 +408,11 @@ pub fn aggregate(rows: &[SnapshotRow], now: Millis, max_age_ms: i64) -> FleetSta
         if let Some(g) = &ps.group {
             if !p.groups.contains(g) {
                 p.groups.push(g.clone());
+            }
+        }
+        for b in &ps.breakers_open {
+            if !p.breakers_open.contains(b) {
+                p.breakers_open.push(b.clone());
             }
         }
         if let Some(v) = ps.registry_version {

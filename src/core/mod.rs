@@ -6,6 +6,7 @@
 pub mod auth;
 pub mod backlog;
 pub mod breaker;
+pub mod console;
 pub mod events;
 pub mod fleet;
 pub mod flow;

@@ -934,4 +934,23 @@ impl FleetStatements {
         }
         Ok(out)
     }
+
+    /// The fleet's scheduling state of `pools` (`fairway stats`, the console): the live
+    /// snapshots of each pool (rows keyed by the deployment's pool topic, shown under the
+    /// pool's name) merged, leaving out those older than `max_age_ms`.
+    pub async fn fleet(
+        &self,
+        cfg: &crate::config::Config,
+        pools: &[crate::model::Pool],
+        max_age_ms: i64,
+    ) -> Result<crate::core::fleet::FleetStats, StoreError> {
+        let mut rows = Vec::new();
+        for p in pools {
+            for mut r in self.worker_stats(&cfg.pool_topic(*p)).await? {
+                r.pool = p.as_str().to_string();
+                rows.push(r);
+            }
+        }
+        Ok(crate::core::fleet::aggregate(&rows, crate::now_ms(), max_age_ms))
+    }
 }

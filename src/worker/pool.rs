@@ -675,6 +675,11 @@ impl Loop {
             let overdue = unassigned >= self.sh.cfg.kafka.unassigned_warning;
             pool.insert("unassigned_ms".into(), (if overdue { unassigned.as_millis() as u64 } else { 0 }).into());
             pool.insert("group".into(), self.group.clone().into());
+            // Job types whose circuit breaker is open or half-open here (the console).
+            if let Ok(h) = self.sh.health.lock() {
+                let open: Vec<&str> = h.breakers.not_closed().map(|(t, _)| t).collect();
+                pool.insert("breakers_open".into(), open.into());
+            }
         }
         // 0 once nothing waits (a stale age would keep an SLO alert firing).
         let oldest = crate::core::fleet::oldest_wait_ms(&stats).unwrap_or(0);

@@ -1,0 +1,312 @@
+//! The DLQ and retry topics browser: filters (tenant, type, class, error text, time), each
+//! record's reason and payload, and replay of the selected or filtered jobs through
+//! `replayer::run` (what `fairway replay` runs): a dry-run preview first, a rate, an
+//! explicit confirmation, then the replay's progress live over SSE.
+
+use super::gate;
+use super::html::{self, esc};
+use super::session::{require_admin, Actor, Viewer};
+use crate::api::{codes, ApiError, ApiState};
+use crate::core::replay::{ReplayFilter, ReplaySource};
+use crate::model::FailureClass;
+use crate::now_ms;
+use crate::replayer::{self, Listed, Progress, ReplayOptions, ReplayReport};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Records listed by one browse (the newest that match).
+const MAX_LISTED: usize = 200;
+/// Payload characters shown per record.
+const PAYLOAD_CHARS: usize = 4_000;
+/// Finished replays remembered for their progress page.
+const KEEP_RUNS: usize = 50;
+
+/// Replays started from the console: run id -> its progress (JSON, `done` at the end).
+#[derive(Default)]
+pub(super) struct Replays {
+    runs: Mutex<HashMap<String, watch::Receiver<serde_json::Value>>>,
+}
+
+/// The filter fields (page query and replay request alike).
+#[derive(serde::Deserialize, Default, Clone)]
+pub(super) struct Filters {
+    source: Option<String>,
+    tenant: Option<String>,
+    job_type: Option<String>,
+    class: Option<String>,
+    error: Option<String>,
+    since: Option<String>,
+    until: Option<String>,
+}
+
+fn some(s: &Option<String>) -> Option<String> {
+    s.as_deref().map(str::trim).filter(|s| !s.is_empty()).map(str::to_string)
+}
+
+fn bad(msg: String) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_QUERY, msg)
+}
+
+impl Filters {
+    /// The source and filter; a tenant key's filter is always its own tenant.
+    fn parse(&self, v: &Viewer) -> Result<(ReplaySource, ReplayFilter), ApiError> {
+        let source = some(&self.source).unwrap_or_else(|| "dlq".into()).parse::<ReplaySource>().map_err(bad)?;
+        let class = some(&self.class).map(|c| c.parse::<FailureClass>().map_err(bad)).transpose()?;
+        let now = now_ms();
+        let filter = ReplayFilter {
+            tenant: v.tenant().map(str::to_string).or_else(|| some(&self.tenant)),
+            job_type: some(&self.job_type),
+            class,
+            since: some(&self.since).map(|s| html::parse_since(&s, now)).transpose()?,
+            until: some(&self.until).map(|s| html::parse_since(&s, now)).transpose()?,
+            error_contains: some(&self.error),
+            job_ids: None,
+        };
+        Ok((source, filter))
+    }
+}
+
+fn form(v: &Viewer, f: &Filters) -> String {
+    let sources: Vec<String> = ReplaySource::all().iter().map(|s| s.to_string()).collect();
+    let sources: Vec<&str> = sources.iter().map(String::as_str).collect();
+    let classes: Vec<&str> = FailureClass::ALL.iter().map(|c| c.as_str()).collect();
+    let tenant = match v.tenant() {
+        Some(_) => String::new(),
+        None => html::input("tenant", "Tenant", f.tenant.as_deref(), ""),
+    };
+    let source = html::select("source", "Topic", f.source.as_deref(), &sources).replace(">any<", ">dlq<");
+    format!(
+        "<form class=\"filters\" id=\"dlq-filters\" method=\"get\" action=\"/console/dlq\">{source}{tenant}{}{}{}{}{}\
+         <button id=\"browse\">Browse</button></form>",
+        html::input("job_type", "Type", f.job_type.as_deref(), ""),
+        html::select("class", "Class", f.class.as_deref(), &classes),
+        html::input("error", "Error text", f.error.as_deref(), "substring"),
+        html::input("since", "Since", f.since.as_deref(), "2h or 2026-11-23T14:00:00Z"),
+        html::input("until", "Until", f.until.as_deref(), ""),
+    )
+}
+
+fn listed_row(l: &Listed, admin: bool) -> String {
+    let c = &l.candidate;
+    let Some(job) = &c.job else { return String::new() };
+    let payload = String::from_utf8_lossy(&job.payload);
+    let payload: String = payload.chars().take(PAYLOAD_CHARS).collect();
+    let pick = if admin {
+        format!("<input type=\"checkbox\" class=\"pick\" value=\"{}\">", esc(&job.job_id))
+    } else {
+        String::new()
+    };
+    let mut cells = vec![
+        pick,
+        format!("<a class=\"job\" href=\"/console/jobs?id={}\">{}</a>", html::url(&job.job_id), esc(&job.job_id)),
+        esc(&job.tenant),
+        esc(&job.job_type),
+        c.class.map(|c| c.as_str()).unwrap_or("").to_string(),
+        c.attempts.to_string(),
+        c.replay_count.to_string(),
+        html::time(c.at),
+    ];
+    cells.push(format!(
+        "<details><summary>{}</summary><p><b>reason</b> {}</p><p><b>last error</b> {}</p>\
+         <p><b>at</b> partition {} offset {}</p><pre class=\"payload\">{}</pre></details>",
+        esc(&crate::core::replay::truncate(c.last_error.as_deref().or(c.reason.as_deref()).unwrap_or(""), 80)),
+        esc(c.reason.as_deref().unwrap_or("–")),
+        esc(c.last_error.as_deref().unwrap_or("–")),
+        l.partition,
+        l.offset,
+        esc(&payload)
+    ));
+    let mut tr = html::row(&cells);
+    tr.insert_str(3, &format!(" data-job=\"{}\"", esc(&job.job_id)));
+    tr
+}
+
+/// `GET /console/dlq`.
+pub(super) async fn page(
+    State(st): State<ApiState>,
+    v: Result<Viewer, ApiError>,
+    Query(f): Query<Filters>,
+) -> Response {
+    let v = match gate(v) {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let body = match browse(&st, &v, &f).await {
+        Ok(b) => b,
+        Err(e) => format!("{}<p class=\"error\">{}</p>", form(&v, &f), esc(&e.message)),
+    };
+    html::page(&v, "dlq", "DLQ & retry topics", &body)
+}
+
+async fn browse(st: &ApiState, v: &Viewer, f: &Filters) -> Result<String, ApiError> {
+    let (source, filter) = f.parse(v)?;
+    let (listed, scanned) = replayer::browse(st.config(), source, &filter, MAX_LISTED)
+        .await
+        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, codes::KAFKA_UNAVAILABLE, e.to_string()))?;
+    let admin = v.caller.is_admin();
+    let rows: String = listed.iter().rev().map(|l| listed_row(l, admin)).collect();
+    let head = ["", "Job", "Tenant", "Type", "Class", "Attempts", "Replays", "Failed at", "Error, reason, payload"];
+    let mut out = form(v, f);
+    let _ = write!(
+        out,
+        "<p class=\"hint\" id=\"dlq-count\">{} matching record(s) of {scanned} on {} (newest {MAX_LISTED} shown, newest first).</p>",
+        listed.len(),
+        esc(&replayer::source_topic(st.config(), source)),
+    );
+    if admin {
+        out.push_str(
+            "<div class=\"replay\" id=\"replay-panel\"><label>Rate (jobs/s) <input id=\"rate\" type=\"number\" min=\"1\" \
+             value=\"10\"></label> <button id=\"preview\">Preview replay (dry run)</button> \
+             <span class=\"hint\">of the selected jobs, or of every job the filter matches if none is selected</span>\
+             <div id=\"preview-result\"></div><div id=\"confirm\" hidden><button id=\"confirm-replay\" class=\"danger\">\
+             Replay</button> <button id=\"cancel-replay\">Cancel</button></div><div id=\"replay-progress\"></div></div>",
+        );
+    }
+    out.push_str(&html::table("dlq", &head, &rows));
+    Ok(out)
+}
+
+/// A replay request: the filters, optional job ids, the rate, dry run or not.
+#[derive(serde::Deserialize)]
+pub(super) struct ReplayRequest {
+    #[serde(flatten)]
+    filters: Filters,
+    #[serde(default)]
+    job_ids: Vec<String>,
+    rate: Option<u32>,
+    #[serde(default)]
+    dry_run: bool,
+}
+
+fn report_json(r: &ReplayReport) -> serde_json::Value {
+    let sample: Vec<serde_json::Value> = r
+        .sample
+        .iter()
+        .map(|s| {
+            serde_json::json!({
+                "job_id": s.job_id, "tenant": s.tenant, "job_type": s.job_type,
+                "class": s.class.map(|c| c.as_str()), "attempts": s.attempts, "replay_count": s.replay_count,
+                "last_error": s.last_error, "decision": s.decision,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "replay_id": r.replay_id, "topic": r.topic, "dry_run": r.dry_run, "scanned": r.scanned,
+        "matched": r.matched, "replayed": r.replayed, "would_replay": r.would_replay,
+        "skipped": {
+            "filter": r.skipped.filter, "loop_guard": r.skipped.loop_guard, "undecodable": r.skipped.undecodable,
+            "duplicate": r.skipped.duplicate, "expired": r.skipped.expired,
+        },
+        "refused": r.refused, "sample": sample, "stopped": r.stopped.describe(),
+        "elapsed_ms": r.elapsed.as_millis() as u64, "warnings": r.warnings, "done": true,
+    })
+}
+
+fn progress_json(p: &Progress) -> serde_json::Value {
+    serde_json::json!({
+        "scanned": p.scanned, "matched": p.matched, "replayed": p.replayed, "skipped": p.skipped,
+        "partitions": p.partitions, "partitions_done": p.partitions_done,
+        "elapsed_ms": p.elapsed.as_millis() as u64, "dry_run": p.dry_run, "done": false,
+    })
+}
+
+/// `POST /console/api/replays` (admin): a dry run answers its report; a real run starts
+/// and answers `{run}`, whose progress streams from `/console/api/replays/{run}`.
+pub(super) async fn start(
+    State(st): State<ApiState>,
+    Actor(v): Actor,
+    Json(req): Json<ReplayRequest>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    require_admin(&v, "replaying")?;
+    let (source, mut filter) = req.filters.parse(&v)?;
+    if !req.job_ids.is_empty() {
+        filter.job_ids = Some(req.job_ids.iter().cloned().collect());
+    }
+    let mut opts = ReplayOptions::new(source);
+    opts.filter = filter;
+    opts.dry_run = req.dry_run;
+    opts.rate_per_sec = req.rate.unwrap_or(opts.rate_per_sec);
+    let cfg = st.config().clone();
+    tracing::info!(
+        caller = %v.caller, source = %source, filter = %opts.filter.canonical().replace('\u{1f}', " "),
+        rate = opts.rate_per_sec, dry_run = opts.dry_run, "console: replay"
+    );
+    let failed = |e: replayer::ReplayError| ApiError::new(StatusCode::BAD_GATEWAY, codes::REPLAY_FAILED, e.to_string());
+    if req.dry_run {
+        let report = replayer::run(&cfg, opts, |_| {}).await.map_err(failed)?;
+        return Ok(Json(report_json(&report)));
+    }
+    if opts.rate_per_sec == 0 {
+        return Err(bad("the rate must be at least 1 job per second".into()));
+    }
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let (tx, rx) = watch::channel(serde_json::json!({"done": false, "scanned": 0}));
+    st.console().replays.add(&run, rx);
+    let caller = v.caller.to_string();
+    tokio::spawn(async move {
+        let out = replayer::run(&cfg, opts, |p| {
+            tx.send_replace(progress_json(p));
+        })
+        .await;
+        let end = match out {
+            Ok(r) => {
+                tracing::info!(caller = %caller, replay_id = %r.replay_id, replayed = r.replayed, "console: replay finished");
+                report_json(&r)
+            }
+            Err(e) => {
+                tracing::warn!(caller = %caller, error = %e, "console: replay failed");
+                serde_json::json!({"done": true, "error": e.to_string()})
+            }
+        };
+        tx.send_replace(end);
+    });
+    Ok(Json(serde_json::json!({ "run": run })))
+}
+
+impl Replays {
+    fn add(&self, run: &str, rx: watch::Receiver<serde_json::Value>) {
+        let mut runs = self.runs.lock().expect("console replays");
+        if runs.len() >= KEEP_RUNS {
+            runs.retain(|_, r| r.borrow()["done"] != true);
+        }
+        runs.insert(run.to_string(), rx);
+    }
+    fn get(&self, run: &str) -> Option<watch::Receiver<serde_json::Value>> {
+        self.runs.lock().expect("console replays").get(run).cloned()
+    }
+}
+
+/// `GET /console/api/replays/{run}` (admin): SSE `progress` events until the run ends.
+pub(super) async fn progress(
+    State(st): State<ApiState>,
+    v: Viewer,
+    Path(run): Path<String>,
+) -> Result<Response, ApiError> {
+    require_admin(&v, "following a replay")?;
+    let Some(rx) = st.console().replays.get(&run) else {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, codes::NO_SUCH_ROUTE, format!("no console replay {run:?}")));
+    };
+    let stream = futures::stream::unfold((rx, true, false), |(mut rx, first, ended)| async move {
+        if ended {
+            return None;
+        }
+        if !first {
+            // The next change (or the run's end), at most every 200 ms.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let _ = rx.changed().await;
+        }
+        let v = rx.borrow_and_update().clone();
+        let done = v["done"] == true;
+        Some((Ok::<_, Infallible>(Event::default().event("progress").data(v.to_string())), (rx, false, done)))
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response())
+}
