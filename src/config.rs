@@ -8,8 +8,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
+mod admission;
 mod retention;
 mod security;
+pub use admission::AdmissionConfig;
 pub use retention::{EventsConfig, IdempotencyConfig, RetentionConfig};
 pub use security::{
     is_secret_property, kafka_env_property, ApiConfig, AuthMode, KafkaProperties, ScyllaTls, Secret, KAFKA_ENV_PREFIX,
@@ -62,6 +64,9 @@ pub struct Config {
     /// Job events (`[events]`).
     #[serde(default)]
     pub events: EventsConfig,
+    /// Front-door limits (`[admission]`): queue depth, rates, quota alerts.
+    #[serde(default)]
+    pub admission: AdmissionConfig,
 }
 
 /// The tenants registry: what to do with unknown tenants, how fast changes arrive.
@@ -341,6 +346,9 @@ pub struct TenantConfig {
     /// Enterprise only: slots per pool reserved for this tenant.
     #[serde(default)]
     pub reserved_slots: usize,
+    /// Most jobs queued fleet-wide before the front door refuses submissions (429
+    /// `TENANT_QUEUE_FULL`); unset: `admission.max_queued` of the tier, if any.
+    pub max_queued: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -407,6 +415,7 @@ impl Config {
         }
         self.retention.validate()?;
         self.idempotency.validate()?;
+        self.admission.validate()?;
         if self.scylla.password.is_some() && self.scylla.username.is_none() {
             return Err(invalid("scylla.username", "a password is set but no username; set scylla.username too"));
         }

@@ -15,8 +15,12 @@
 //! is reported (the tighter limit wins) and nothing is taken from either
 //! ([`RateLimiters::admit`] is all-or-nothing across a whole batch).
 //!
+//! Circuit breaker at submission per pool and job type: [`breaker`].
+//!
 //! Quota alerts: [`QuotaLevels`] turns the share of a limit in use into crossings of the
 //! alert levels (60 % and 80 % by default), once per crossing upwards.
+
+pub mod breaker;
 
 use crate::model::Millis;
 use std::collections::{HashMap, VecDeque};
