@@ -18,6 +18,9 @@
 //!                 history recorder and the live feed (rules: `core::events`, statements:
 //!                 `store::events`, routes: `api::events`).
 //! - `submit`    – producing jobs (CLI, HTTP API, demo).
+//! - `admission` – the front door of the HTTP API and `fairway submit`: queue depth,
+//!                 tenant and per-user rates, submission circuit breakers, quota alerts
+//!                 (rules: `core::admission`, counts: `store::admission`).
 //! - `tenants`   – the live tenants registry (store rows, polled; rules in `core::tenants`).
 //! - `replayer`  – the I/O shell of `fairway replay` (decisions: `core::replay`): dead
 //!                 letters / retry records back to their pool.
@@ -26,6 +29,7 @@
 //! - `cqlbridge` – protocol-v4 bridge to the local Cassandra 2.1 test database.
 //! - `metrics`   – metric names and the Prometheus exporter.
 
+pub mod admission;
 pub mod api;
 pub mod codec;
 pub mod config;

@@ -34,6 +34,8 @@ pub enum SubmitError {
     NeverRunnable { execute_at: Millis, not_after: Millis },
     #[error("{0}")]
     BadTraceContext(String),
+    #[error("{0}")]
+    BadFlowKey(String),
     #[error(transparent)]
     Kafka(#[from] kafka::KafkaError),
     #[error(transparent)]
@@ -68,6 +70,9 @@ pub struct NewJob {
     pub traceparent: Option<String>,
     #[serde(default)]
     pub tracestate: Option<String>,
+    /// The end user (or flow) the job is for: the front door's per-user rate limit key.
+    #[serde(default)]
+    pub flow_key: Option<String>,
 }
 
 impl NewJob {
@@ -299,6 +304,13 @@ fn validate_job(cfg: &Config, job: &NewJob, payload_len: usize) -> Result<Pool, 
     if let (Some(e), Some(n)) = (job.execute_at, job.not_after) {
         if n < e {
             return Err(SubmitError::NeverRunnable { execute_at: e, not_after: n });
+        }
+    }
+    if let Some(k) = &job.flow_key {
+        if k.is_empty() || k.len() > 200 || k.chars().any(char::is_control) {
+            return Err(SubmitError::BadFlowKey(format!(
+                "flow_key {k:?} must be 1 to 200 printable characters (an end user's id or a flow name)"
+            )));
         }
     }
     if let Some(tp) = &job.traceparent {

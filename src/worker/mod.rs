@@ -8,6 +8,7 @@ mod check;
 pub mod dispatch;
 pub mod exec;
 pub mod fresh;
+pub mod frontdoor;
 pub mod liveness;
 mod outcome;
 pub mod pool;
@@ -65,6 +66,8 @@ pub struct Shared {
     pub frontiers: fresh::Frontiers,
     /// The live tenants registry.
     pub tenants: crate::tenants::LiveTenants,
+    /// Dispatches and attempt outcomes for the front door (`frontdoor`).
+    pub front_door: Mutex<frontdoor::Tally>,
 }
 
 /// The failure-handling cores of one pool.
@@ -173,6 +176,7 @@ impl Shared {
 
     /// Feeds an attempt's outcome to the breaker and the poison detector.
     pub fn record_outcome(&self, job_type: &str, failure: Option<FailureClass>, now: Millis) {
+        self.front_door.lock().expect("front-door tally").outcome(job_type, failure.is_none(), now);
         let mut h = self.health.lock().expect("health lock");
         // Only dependency failures open a breaker; successes close it.
         match failure {
@@ -241,10 +245,12 @@ impl Worker {
                 fleet_usage: watch::channel(HashMap::new()).0,
                 frontiers: fresh::Frontiers::new(cfg.pool_topic(pool), cfg.worker.skip_fresh_reads, feed.clone()),
                 tenants: tenants.clone(),
+                front_door: Default::default(),
             });
             let (sh3, rx3) = (sh.clone(), halted.clone());
             tasks.push(tokio::spawn(liveness::heartbeat_loop(sh3, rx3)));
             tasks.push(tokio::spawn(usage::usage_loop(sh.clone(), rx.clone())));
+            tasks.push(tokio::spawn(frontdoor::frontdoor_loop(sh.clone(), halted.clone())));
             let dispatcher = make_dispatcher(&cfg, pool, policy, &tenants.current())?;
             let rx = rx.clone();
             let sh2 = sh.clone();
