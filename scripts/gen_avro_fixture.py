@@ -25,9 +25,10 @@ cannot read it):
     /tmp/avro-venv/bin/python scripts/gen_avro_fixture.py --verify job_submitted msg.bin
 
 tests/fixtures/v1/ holds the messages this script wrote with the v1 schemas (before the
-trace-context fields of v2): they are the "schema from last month" the decoder must still
-read (by schema resolution, see `History` in src/codec). Never regenerate them; when a
-schema changes again, keep the current fixtures as tests/fixtures/v<N>/ the same way.
+trace-context fields of v2), tests/fixtures/v2/ those of v2 (before v3's flow_key): they
+are the "schema from last month" the decoder must still read (by schema resolution, see
+`History` in src/codec). Never regenerate them; when a schema changes again, keep the
+current fixtures as tests/fixtures/v<N>/ the same way.
 
 The field values below are asserted by `fastavro_fixture_*` tests in src/codec/mod.rs:
 change both together.
@@ -132,6 +133,7 @@ JOB = {
     "replayed_from": "fairway.dlq",
     "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
     "tracestate": "vendor=opaque",
+    "flow_key": "vectorizer",
 }
 
 # Optional fields left out on purpose: fastavro fills them from the schema defaults

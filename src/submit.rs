@@ -70,7 +70,8 @@ pub struct NewJob {
     pub traceparent: Option<String>,
     #[serde(default)]
     pub tracestate: Option<String>,
-    /// The end user (or flow) the job is for: the front door's per-user rate limit key.
+    /// Flow-control key (`core::flow`): jobs with the same key share its fleet-wide
+    /// limits; the front door's per-user rate limit is keyed by it too (`crate::admission`).
     #[serde(default)]
     pub flow_key: Option<String>,
 }
@@ -164,6 +165,7 @@ impl Submitter {
                 job.traceparent.clone().unwrap_or_else(|| trace::new_traceparent(rand::random(), rand::random())),
             ),
             tracestate: job.tracestate.clone(),
+            flow_key: job.flow_key.clone(),
             ..JobSubmitted::original(job_id.clone(), job.tenant.clone(), job.job_type.clone(), payload, now)
         };
         let (produced, written) = tokio::join!(self.produce(&rec), self.put_submitted(stmts, &rec, pool, now));
@@ -306,13 +308,6 @@ fn validate_job(cfg: &Config, job: &NewJob, payload_len: usize) -> Result<Pool, 
             return Err(SubmitError::NeverRunnable { execute_at: e, not_after: n });
         }
     }
-    if let Some(k) = &job.flow_key {
-        if k.is_empty() || k.len() > 200 || k.chars().any(char::is_control) {
-            return Err(SubmitError::BadFlowKey(format!(
-                "flow_key {k:?} must be 1 to 200 printable characters (an end user's id or a flow name)"
-            )));
-        }
-    }
     if let Some(tp) = &job.traceparent {
         trace::check_traceparent(tp).map_err(SubmitError::BadTraceContext)?;
     }
@@ -323,6 +318,9 @@ fn validate_job(cfg: &Config, job: &NewJob, payload_len: usize) -> Result<Pool, 
             ));
         }
         trace::check_tracestate(ts).map_err(SubmitError::BadTraceContext)?;
+    }
+    if let Some(key) = &job.flow_key {
+        crate::core::flow::check_key(key).map_err(SubmitError::BadFlowKey)?;
     }
     Ok(job.pool.unwrap_or(jt.pool))
 }

@@ -44,6 +44,7 @@ fn job(cfg: &Config, tenant: &str, job_type: &str, replay_count: i32) -> JobSubm
         replayed_from: None,
         traceparent: None,
         tracestate: None,
+        flow_key: None,
     }
 }
 

@@ -19,6 +19,7 @@ pub mod codes {
     pub const BODY_TOO_LARGE: &str = "BODY_TOO_LARGE";
     pub const NEVER_RUNNABLE: &str = "NEVER_RUNNABLE";
     pub const BAD_TRACE_CONTEXT: &str = "BAD_TRACE_CONTEXT";
+    pub const BAD_FLOW_KEY: &str = "BAD_FLOW_KEY";
     pub const EMPTY_BATCH: &str = "EMPTY_BATCH";
     pub const BATCH_TOO_LARGE: &str = "BATCH_TOO_LARGE";
     pub const BATCH_EXCEEDS_BURST: &str = "BATCH_EXCEEDS_BURST";
@@ -213,7 +214,7 @@ impl From<SubmitError> for ApiError {
             SubmitError::PayloadTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, codes::PAYLOAD_TOO_LARGE),
             SubmitError::NeverRunnable { .. } => (StatusCode::UNPROCESSABLE_ENTITY, codes::NEVER_RUNNABLE),
             SubmitError::BadTraceContext(_) => (StatusCode::BAD_REQUEST, codes::BAD_TRACE_CONTEXT),
-            SubmitError::BadFlowKey(_) => (StatusCode::BAD_REQUEST, codes::INVALID_JOB),
+            SubmitError::BadFlowKey(_) => (StatusCode::BAD_REQUEST, codes::BAD_FLOW_KEY),
             SubmitError::Kafka(_) => (StatusCode::SERVICE_UNAVAILABLE, codes::KAFKA_UNAVAILABLE),
             SubmitError::Store(_) => (StatusCode::SERVICE_UNAVAILABLE, codes::STORE_UNAVAILABLE),
             SubmitError::Codec(_) => (StatusCode::INTERNAL_SERVER_ERROR, codes::INTERNAL),

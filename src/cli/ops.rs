@@ -81,13 +81,16 @@ pub struct SubmitArgs {
     /// Give up (result `expired`) if not started by this time (epoch ms or +duration).
     #[arg(long, value_parser = parse_time)]
     pub not_after: Option<i64>,
-    /// Submit many jobs from NDJSON (one JSON object per line; `-` for stdin), fields as
-    /// in the HTTP API: tenant, job_type, payload, priority, idempotency_key, execute_at, not_after.
-    #[arg(long)]
-    pub ndjson: Option<PathBuf>,
-    /// The end user (or flow) the job is for: the key of the per-user rate limit.
+    /// Flow-control key (e.g. a job family or an end user's id): jobs with the same key
+    /// share its fleet-wide parallelism and rate limits (`[flow]` in the config); the
+    /// front door's per-user rate limit (`admission.user_rate`) is keyed by it too.
     #[arg(long)]
     pub flow_key: Option<String>,
+    /// Submit many jobs from NDJSON (one JSON object per line; `-` for stdin), fields as
+    /// in the HTTP API: tenant, job_type, payload, priority, idempotency_key, execute_at,
+    /// not_after, flow_key.
+    #[arg(long)]
+    pub ndjson: Option<PathBuf>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -189,12 +192,12 @@ pub async fn submit(cfg: &Arc<Config>, a: SubmitArgs) -> anyhow::Result<ExitCode
             idempotency_key: a.idempotency_key,
             execute_at: a.execute_at,
             not_after: a.not_after,
+            flow_key: a.flow_key,
             generation: 0,
             // W3C trace context from the environment (the OpenTelemetry convention for
             // processes): a CI job or script that runs in a trace passes it on.
             traceparent: std::env::var("TRACEPARENT").ok(),
             tracestate: std::env::var("TRACESTATE").ok(),
-            flow_key: a.flow_key,
         });
     }
     // The front door, as for the HTTP API: all jobs or none, before anything is written.

@@ -29,7 +29,8 @@
 //! `schemas/history/`, see `History`) is read by Avro schema resolution into the current
 //! record (fields added since take their defaults), so a rolling upgrade loses nothing an
 //! older producer or worker wrote. v2 of `JobSubmitted` (and the `DeadLetter` that embeds
-//! it) added the W3C trace-context fields; v1 messages are fixtures in `tests/fixtures/v1`.
+//! it) added the W3C trace-context fields, v3 the flow-control key `flow_key`; v1 and v2
+//! messages are fixtures in `tests/fixtures/v1` and `tests/fixtures/v2`.
 //! Any other fingerprint is refused with an error that names it.
 
 use std::fmt;
@@ -192,22 +193,40 @@ struct History {
 }
 
 static JOB_SUBMITTED_HISTORY: LazyLock<Vec<History>> = LazyLock::new(|| {
-    vec![History {
-        version: 1,
-        wire: WireSchema::load(
-            "history/job_submitted.v1.avsc",
-            include_str!("../../schemas/history/job_submitted.v1.avsc"),
-        ),
-    }]
+    vec![
+        History {
+            version: 1,
+            wire: WireSchema::load(
+                "history/job_submitted.v1.avsc",
+                include_str!("../../schemas/history/job_submitted.v1.avsc"),
+            ),
+        },
+        History {
+            version: 2,
+            wire: WireSchema::load(
+                "history/job_submitted.v2.avsc",
+                include_str!("../../schemas/history/job_submitted.v2.avsc"),
+            ),
+        },
+    ]
 });
 static DEAD_LETTER_HISTORY: LazyLock<Vec<History>> = LazyLock::new(|| {
-    vec![History {
-        version: 1,
-        wire: WireSchema::load(
-            "history/dead_letter.v1.avsc",
-            include_str!("../../schemas/history/dead_letter.v1.avsc"),
-        ),
-    }]
+    vec![
+        History {
+            version: 1,
+            wire: WireSchema::load(
+                "history/dead_letter.v1.avsc",
+                include_str!("../../schemas/history/dead_letter.v1.avsc"),
+            ),
+        },
+        History {
+            version: 2,
+            wire: WireSchema::load(
+                "history/dead_letter.v2.avsc",
+                include_str!("../../schemas/history/dead_letter.v2.avsc"),
+            ),
+        },
+    ]
 });
 
 /// The released earlier versions of a record kind's schema that are still decoded.
@@ -460,6 +479,7 @@ fn job_size_hint(j: &JobSubmitted) -> usize {
         + j.replayed_from.as_ref().map_or(0, String::len)
         + j.traceparent.as_ref().map_or(0, String::len)
         + j.tracestate.as_ref().map_or(0, String::len)
+        + j.flow_key.as_ref().map_or(0, String::len)
         + 64
 }
 
@@ -485,6 +505,7 @@ fn write_job(j: &JobSubmitted, out: &mut Vec<u8>) {
     write_opt(out, j.replayed_from.as_deref(), write_str);
     write_opt(out, j.traceparent.as_deref(), write_str);
     write_opt(out, j.tracestate.as_deref(), write_str);
+    write_opt(out, j.flow_key.as_deref(), write_str);
 }
 
 fn read_job(r: &mut BodyReader<'_>) -> Result<JobSubmitted, CodecError> {
@@ -510,6 +531,7 @@ fn read_job(r: &mut BodyReader<'_>) -> Result<JobSubmitted, CodecError> {
         replayed_from: r.opt("replayed_from", |r, f| r.string(f))?,
         traceparent: r.opt("traceparent", |r, f| r.string(f))?,
         tracestate: r.opt("tracestate", |r, f| r.string(f))?,
+        flow_key: r.opt("flow_key", |r, f| r.string(f))?,
     })
 }
 
@@ -815,6 +837,7 @@ mod tests {
             replayed_from: Some("fairway.dlq".into()),
             traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
             tracestate: Some("vendor=opaque".into()),
+            flow_key: Some("user-42".into()),
         }
     }
 
@@ -1094,9 +1117,9 @@ mod tests {
     /// a compatibility plan, then update the pins.
     #[test]
     fn fingerprints_are_pinned() {
-        assert_eq!(fingerprint(RecordKind::JobSubmitted).to_string(), "c23b839bafae9a45");
+        assert_eq!(fingerprint(RecordKind::JobSubmitted).to_string(), "d636019c375f46a9");
         assert_eq!(fingerprint(RecordKind::JobResult).to_string(), "595d9eec35d310e9");
-        assert_eq!(fingerprint(RecordKind::DeadLetter).to_string(), "eb1549c1dc0fc4a1");
+        assert_eq!(fingerprint(RecordKind::DeadLetter).to_string(), "c4e69504e8b6f0a5");
     }
 
     #[test]
@@ -1144,7 +1167,7 @@ mod tests {
         let msg = e.to_string();
         assert!(msg.contains("deadbeef00010203"), "{msg}");
         assert!(msg.contains("io.fairway.JobSubmitted"), "{msg}");
-        assert!(msg.contains("c23b839bafae9a45"), "{msg}");
+        assert!(msg.contains("d636019c375f46a9"), "{msg}");
         assert!(msg.contains("job_submitted.avsc"), "{msg}");
         assert_eq!(sniff(&b), None);
     }
@@ -1318,6 +1341,7 @@ mod tests {
                 replayed_from: Some("fairway.dlq".into()),
                 traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
                 tracestate: Some("vendor=opaque".into()),
+                flow_key: Some("vectorizer".into()),
             }
         );
         // And we write exactly what fastavro wrote.
@@ -1388,14 +1412,16 @@ mod tests {
         assert_eq!(encode_dead_letter(&d).unwrap(), bytes);
     }
 
-    // -- messages written with the released v1 schemas (tests/fixtures/v1) ------------
+    // -- messages written with the released v1/v2 schemas (tests/fixtures/v1, v2) -------
 
-    /// The v1 fingerprints must never change: messages with them sit on topics and in
+    /// The v1 and v2 fingerprints must never change: messages with them sit on topics and in
     /// the store during and after an upgrade.
     #[test]
     fn history_fingerprints_are_pinned() {
         assert_eq!(history(RecordKind::JobSubmitted)[0].wire.fingerprint.to_string(), "44199d21e49bfe3e");
         assert_eq!(history(RecordKind::DeadLetter)[0].wire.fingerprint.to_string(), "90433191f998dfc5");
+        assert_eq!(history(RecordKind::JobSubmitted)[1].wire.fingerprint.to_string(), "c23b839bafae9a45");
+        assert_eq!(history(RecordKind::DeadLetter)[1].wire.fingerprint.to_string(), "eb1549c1dc0fc4a1");
     }
 
     #[test]
@@ -1405,9 +1431,37 @@ mod tests {
         let mut want = decode_job(include_bytes!("../../tests/fixtures/job_submitted_fastavro.bin")).unwrap();
         want.traceparent = None;
         want.tracestate = None;
+        want.flow_key = None;
         assert_eq!(decode_job(v1).unwrap(), want);
         let v1 = include_bytes!("../../tests/fixtures/v1/job_submitted_minimal_fastavro.bin");
         assert_eq!(decode_job(v1).unwrap(), fastavro_minimal_job());
+    }
+
+    #[test]
+    fn v2_jobs_are_read_by_schema_resolution() {
+        let v2 = include_bytes!("../../tests/fixtures/v2/job_submitted_fastavro.bin");
+        assert_eq!(Fingerprint(v2[2..HEADER_LEN].try_into().unwrap()).to_string(), "c23b839bafae9a45");
+        let mut want = decode_job(include_bytes!("../../tests/fixtures/job_submitted_fastavro.bin")).unwrap();
+        want.flow_key = None;
+        assert_eq!(decode_job(v2).unwrap(), want);
+        let v2 = include_bytes!("../../tests/fixtures/v2/job_submitted_minimal_fastavro.bin");
+        assert_eq!(decode_job(v2).unwrap(), fastavro_minimal_job());
+    }
+
+    #[test]
+    fn v2_dead_letters_are_read_by_schema_resolution() {
+        for (v2, v3) in [
+            (
+                &include_bytes!("../../tests/fixtures/v2/dead_letter_fastavro.bin")[..],
+                &include_bytes!("../../tests/fixtures/dead_letter_fastavro.bin")[..],
+            ),
+            (
+                &include_bytes!("../../tests/fixtures/v2/dead_letter_raw_fastavro.bin")[..],
+                &include_bytes!("../../tests/fixtures/dead_letter_raw_fastavro.bin")[..],
+            ),
+        ] {
+            assert_eq!(decode_dead_letter(v2).unwrap(), decode_dead_letter(v3).unwrap());
+        }
     }
 
     #[test]
@@ -1486,14 +1540,14 @@ mod tests {
             any::<i32>(),
             proptest::option::of(text()),
         );
-        let trace = (proptest::option::of(text()), proptest::option::of(text()));
+        let trace = (proptest::option::of(text()), proptest::option::of(text()), proptest::option::of(text()));
         (ids, head, mid, tail, trace).prop_map(
             |(
                 (job_id, tenant, job_type),
                 (pool, priority, payload, idempotency_key, execute_at, not_after),
                 (attempt, crash_count, generation, submitted_at, not_before),
                 (last_error, last_failure_class, first_failure_at, replay_count, replayed_from),
-                (traceparent, tracestate),
+                (traceparent, tracestate, flow_key),
             )| JobSubmitted {
                 job_id,
                 tenant,
@@ -1516,6 +1570,7 @@ mod tests {
                 replayed_from,
                 traceparent,
                 tracestate,
+                flow_key,
             },
         )
     }

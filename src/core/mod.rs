@@ -9,6 +9,7 @@ pub mod backlog;
 pub mod breaker;
 pub mod events;
 pub mod fleet;
+pub mod flow;
 pub mod frontier;
 pub mod offsets;
 pub mod poison;

@@ -347,6 +347,7 @@ mod tests {
             replayed_from: Some("old.dlq".into()),
             traceparent: None,
             tracestate: None,
+            flow_key: Some("vectorizer".into()),
         }
     }
 
@@ -492,6 +493,7 @@ mod tests {
                 x.not_after,
                 x.generation,
                 x.submitted_at,
+                x.flow_key.clone(),
             )
         };
         assert_eq!(keep(&p), keep(&j));

@@ -420,6 +420,7 @@ mod tests {
             replayed_from: Some("x.dlq".into()),
             traceparent: None,
             tracestate: None,
+            flow_key: None,
         }
     }
 

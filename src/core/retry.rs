@@ -1091,6 +1091,7 @@ mod tests {
             replayed_from: None,
             traceparent: None,
             tracestate: None,
+            flow_key: None,
         };
         assert_eq!(AttemptState::from(&job), AttemptState { attempt: 3, crash_count: 1, last_error: Some("e".into()) });
     }

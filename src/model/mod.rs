@@ -185,6 +185,10 @@ pub struct JobSubmitted {
     /// through retries, parking, hand-offs and replays, handed to the handler.
     pub traceparent: Option<String>,
     pub tracestate: Option<String>,
+    /// Flow-control key (e.g. a job family or an end user's id): jobs with the same key
+    /// share the key's fleet-wide `parallelism` and `rate` (`core::flow`). Kept through
+    /// retries, parking, hand-offs and replays.
+    pub flow_key: Option<String>,
 }
 
 impl JobSubmitted {
@@ -213,6 +217,7 @@ impl JobSubmitted {
             replayed_from: None,
             traceparent: None,
             tracestate: None,
+            flow_key: None,
         }
     }
 }
