@@ -77,14 +77,14 @@ impl Store {
 impl AdmissionStatements {
     /// Adds `n` accepted jobs to the tenant's queue in `pool`.
     pub async fn enqueued(&self, tenant: &str, pool: &str, n: i64) -> Result<(), StoreError> {
-        let v = (n, self.scope.as_str(), tenant, pool);
+        let v = (scylla::value::Counter(n), self.scope.as_str(), tenant, pool);
         self.session.execute_unpaged(&self.enqueue, v).await.map_err(q("count enqueued"))?;
         Ok(())
     }
 
     /// Takes `n` dispatched jobs off the tenant's queue in `pool`.
     pub async fn dequeued(&self, tenant: &str, pool: &str, n: i64) -> Result<(), StoreError> {
-        let v = (n, self.scope.as_str(), tenant, pool);
+        let v = (scylla::value::Counter(n), self.scope.as_str(), tenant, pool);
         self.session.execute_unpaged(&self.dequeue, v).await.map_err(q("count dequeued"))?;
         Ok(())
     }
