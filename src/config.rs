@@ -8,8 +8,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
+mod admission;
 mod retention;
 mod security;
+pub use admission::AdmissionConfig;
 pub use retention::{EventsConfig, IdempotencyConfig, RetentionConfig};
 pub use security::{
     is_secret_property, kafka_env_property, ApiConfig, AuthMode, KafkaProperties, ScyllaTls, Secret, KAFKA_ENV_PREFIX,
@@ -65,6 +67,9 @@ pub struct Config {
     /// Flow-control keys' limits (`[flow.keys."<key>"]`), fleet-wide per pool.
     #[serde(default)]
     pub flow: FlowConfig,
+    /// Front-door limits (`[admission]`): queue depth, rates, quota alerts.
+    #[serde(default)]
+    pub admission: AdmissionConfig,
 }
 
 /// Limits of flow-control keys (`core::flow`): per key here, or per job type with
@@ -366,6 +371,9 @@ pub struct TenantConfig {
     /// Enterprise only: slots per pool reserved for this tenant.
     #[serde(default)]
     pub reserved_slots: usize,
+    /// Most jobs queued fleet-wide before the front door refuses submissions (429
+    /// `TENANT_QUEUE_FULL`); unset: `admission.max_queued` of the tier, if any.
+    pub max_queued: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -435,6 +443,7 @@ impl Config {
         }
         self.retention.validate()?;
         self.idempotency.validate()?;
+        self.admission.validate()?;
         if self.scylla.password.is_some() && self.scylla.username.is_none() {
             return Err(invalid("scylla.username", "a password is set but no username; set scylla.username too"));
         }

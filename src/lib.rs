@@ -20,6 +20,9 @@
 //!                 history recorder and the live feed (rules: `core::events`, statements:
 //!                 `store::events`, routes: `api::events`).
 //! - `submit`    – producing jobs (CLI, HTTP API, demo).
+//! - `admission` – the front door of the HTTP API and `fairway submit`: queue depth,
+//!                 tenant and per-user rates, submission circuit breakers, quota alerts
+//!                 (rules: `core::admission`, counts: `store::admission`).
 //! - `tenants`   – the live tenants registry (store rows, polled; rules in `core::tenants`).
 //! - `replayer`  – the I/O shell of `fairway replay` (decisions: `core::replay`): dead
 //!                 letters / retry records back to their pool.
@@ -32,6 +35,7 @@
 //! - `telemetry` – OpenTelemetry spans of a job's life (send, dispatch wait, process,
 //!                 outcome) over OTLP/HTTP; off unless `OTEL_EXPORTER_OTLP_ENDPOINT` is set.
 
+pub mod admission;
 pub mod api;
 pub mod codec;
 pub mod config;

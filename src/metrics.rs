@@ -54,6 +54,12 @@ pub const CONSUMER_LAG: &str = "fairway_consumer_lag";
 pub const CONSUMER_LAG_SECONDS: &str = "fairway_consumer_lag_seconds";
 pub const TIER_ENTITLED_SHARE: &str = "fairway_tier_entitled_share";
 pub const TIER_ACTUAL_SHARE: &str = "fairway_tier_actual_share";
+pub const QUEUE_COUNT_FAILURES: &str = "fairway_queue_count_failures_total";
+pub const QUOTA_ALERTS: &str = "fairway_quota_alerts_total";
+pub const QUOTA_TENANTS_OVER: &str = "fairway_quota_tenants_over";
+pub const SUBMIT_BREAKER_OPEN: &str = "fairway_submit_breaker_open";
+pub const ADMISSION_REFUSED: &str = "fairway_admission_refused_total";
+pub const OUTCOME_COUNT_FAILURES: &str = "fairway_outcome_count_failures_total";
 
 /// Bucket bounds (seconds) of the job latency histograms: they include the pools' SLOs
 /// (0.5 s, 5 s, 60 s) and the 30 s end-to-end alert threshold, up to the long pool's 6 h.
@@ -190,6 +196,30 @@ pub fn describe() {
     describe_gauge!(
         TIER_ENTITLED_SHARE,
         "Share of the pool's slots the tier's tenants present in this worker's scheduler are entitled to (0-1), by pool and tier"
+    );
+    describe_counter!(
+        QUEUE_COUNT_FAILURES,
+        "Queue-depth counter writes that failed (enqueued at the front door or dequeued by a worker): the count drifts"
+    );
+    describe_counter!(
+        QUOTA_ALERTS,
+        "Tenants crossing an alert level of a limit (max_queued, tenant_rate, user_rate), by limit and level (percent)"
+    );
+    describe_gauge!(
+        QUOTA_TENANTS_OVER,
+        "Tenants at or above an alert level of a limit as this process last saw them, by limit and level (percent)"
+    );
+    describe_gauge!(
+        SUBMIT_BREAKER_OPEN,
+        "1 while the submission circuit breaker of a pool or job type is open or half-open (scope pool:<p> / job_type:<t>)"
+    );
+    describe_counter!(
+        ADMISSION_REFUSED,
+        "Submissions refused at the front door, by reason (max_queued, tenant_rate, user_rate, circuit_open)"
+    );
+    describe_counter!(
+        OUTCOME_COUNT_FAILURES,
+        "Worker passes that could not write attempt outcome counts for the submission breakers, by pool"
     );
     describe_gauge!(
         TIER_ACTUAL_SHARE,

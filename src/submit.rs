@@ -70,7 +70,8 @@ pub struct NewJob {
     pub traceparent: Option<String>,
     #[serde(default)]
     pub tracestate: Option<String>,
-    /// Flow-control key (`core::flow`): jobs with the same key share its fleet-wide limits.
+    /// Flow-control key (`core::flow`): jobs with the same key share its fleet-wide
+    /// limits; the front door's per-user rate limit is keyed by it too (`crate::admission`).
     #[serde(default)]
     pub flow_key: Option<String>,
 }

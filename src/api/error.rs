@@ -2,6 +2,8 @@
 //! fix it>", "code": "<STABLE_CODE>"}`, and the mapping from library errors to HTTP
 //! statuses. Pure: no I/O, unit-tested below.
 
+use crate::admission::Refused;
+use crate::core::admission::{Limit, Rate, Refusal};
 use crate::submit::SubmitError;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -22,6 +24,9 @@ pub mod codes {
     pub const BATCH_TOO_LARGE: &str = "BATCH_TOO_LARGE";
     pub const BATCH_EXCEEDS_BURST: &str = "BATCH_EXCEEDS_BURST";
     pub const TENANT_RATE_LIMIT_EXCEEDED: &str = "TENANT_RATE_LIMIT_EXCEEDED";
+    pub const USER_RATE_LIMIT_EXCEEDED: &str = "USER_RATE_LIMIT_EXCEEDED";
+    pub const TENANT_QUEUE_FULL: &str = "TENANT_QUEUE_FULL";
+    pub const CIRCUIT_OPEN: &str = "CIRCUIT_OPEN";
     pub const JOB_NOT_FOUND: &str = "JOB_NOT_FOUND";
     pub const INVALID_QUERY: &str = "INVALID_QUERY";
     pub const INVALID_JOB_ID: &str = "INVALID_JOB_ID";
@@ -43,7 +48,11 @@ pub mod codes {
 
 /// The fields a job object accepts, quoted in error messages.
 pub const JOB_FIELDS: &str =
-    "tenant, job_type, payload, priority (urgent|normal|low), pool (short|medium|long), idempotency_key, execute_at, not_after (epoch ms)";
+    "tenant, job_type, payload, priority (urgent|normal|low), pool (short|medium|long), idempotency_key, execute_at, not_after (epoch ms), flow_key";
+
+/// Seconds a client refused for a full queue is told to wait (the queue drains at the
+/// workers' pace, which the front door does not know).
+pub const QUEUE_FULL_RETRY_SECS: u64 = 5;
 
 /// An error answer: status, stable code, human message, and for 429 the wait.
 #[derive(Debug, Clone, PartialEq)]
@@ -61,16 +70,89 @@ impl ApiError {
     }
 
     /// 429 for a tenant over its submission rate; `wait` comes from the rate limiter.
-    pub fn rate_limited(tenant: &str, rate_per_sec: u32, wait: Duration) -> Self {
+    pub fn rate_limited(tenant: &str, rate: Rate, wait: Duration) -> Self {
         let secs = retry_after_secs(wait);
         ApiError {
             status: StatusCode::TOO_MANY_REQUESTS,
             code: codes::TENANT_RATE_LIMIT_EXCEEDED,
             message: format!(
-                "tenant {tenant:?} is over its submission rate of {rate_per_sec} jobs/s; retry after {secs}s \
-                 (honour Retry-After), spread submissions out, or raise tenants.{tenant}.rate_per_sec"
+                "tenant {tenant:?} is over its submission rate of {rate}; retry after {secs}s \
+                 (honour Retry-After), spread submissions out, or raise its rate (`fairway tenants set {tenant} \
+                 --rate-per-sec N`, or admission.tenant_rate of its tier)"
             ),
             retry_after_secs: Some(secs),
+        }
+    }
+
+    /// The answer to a submission the front door refused (`crate::admission`).
+    pub fn refused(r: &Refused) -> Self {
+        let ms = |ms: i64| Duration::from_millis(ms.max(0) as u64);
+        match r {
+            Refused::Limit(Refusal::Rate { scope: Limit::TenantRate, tenant, rate, wait_ms, .. }) => {
+                ApiError::rate_limited(tenant, *rate, ms(*wait_ms))
+            }
+            Refused::Limit(Refusal::Rate { tenant, key, rate, wait_ms, .. }) => {
+                let secs = retry_after_secs(ms(*wait_ms));
+                let key = key.as_deref().unwrap_or_default();
+                ApiError {
+                    status: StatusCode::TOO_MANY_REQUESTS,
+                    code: codes::USER_RATE_LIMIT_EXCEEDED,
+                    message: format!(
+                        "end user {key:?} (flow_key) of tenant {tenant:?} is over its rate of {rate}; retry after \
+                         {secs}s (honour Retry-After); other users of the tenant are not affected; the per-user rate \
+                         is admission.user_rate of the tenant's tier"
+                    ),
+                    retry_after_secs: Some(secs),
+                }
+            }
+            Refused::Limit(Refusal::QueueFull { tenant, queued, n, max }) => ApiError {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                code: codes::TENANT_QUEUE_FULL,
+                message: format!(
+                    "tenant {tenant:?} has {queued} jobs queued and its limit is max_queued = {max}, so {n} more \
+                     cannot be accepted; nothing was written: retry once workers have taken some (see its backlog \
+                     with `fairway stats`), or raise it with `fairway tenants set {tenant} --max-queued N`"
+                ),
+                retry_after_secs: Some(QUEUE_FULL_RETRY_SECS),
+            },
+            Refused::Limit(Refusal::AboveBurst { scope, tenant, key, n, most }) => {
+                let whose = match key {
+                    Some(k) if *scope == Limit::UserRate => format!("end user {k:?} of tenant {tenant:?}"),
+                    _ => format!("tenant {tenant:?}"),
+                };
+                ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    codes::BATCH_EXCEEDS_BURST,
+                    format!(
+                        "{n} jobs for {whose} in one request exceed its burst of {most} ({}); split the batch into \
+                         requests of at most {most} jobs for it",
+                        scope.as_str()
+                    ),
+                )
+            }
+            Refused::CircuitOpen { scope, wait_ms, counts, ratio } => {
+                let secs = retry_after_secs(ms(*wait_ms));
+                ApiError {
+                    status: StatusCode::SERVICE_UNAVAILABLE,
+                    code: codes::CIRCUIT_OPEN,
+                    message: format!(
+                        "new submissions for {scope} are paused: {} of {} recent attempts failed (above {:.0} %), so \
+                         the circuit breaker is open; nothing was written: retry after {secs}s (honour Retry-After), \
+                         when one probe job is let through to test recovery; check the failing jobs' errors \
+                         (`fairway results`, the DLQ)",
+                        counts.failed,
+                        counts.total(),
+                        ratio * 100.0
+                    ),
+                    retry_after_secs: Some(secs),
+                }
+            }
+            Refused::Store(why) => ApiError {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                code: codes::STORE_UNAVAILABLE,
+                message: format!("cannot read the tenant's queue depth: {why}; retry shortly"),
+                retry_after_secs: Some(5),
+            },
         }
     }
 
@@ -236,17 +318,50 @@ mod tests {
         assert_eq!(retry_after_secs(Duration::from_millis(1000)), 1);
         assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
         assert_eq!(retry_after_secs(Duration::from_secs(7)), 7);
-        let e = ApiError::rate_limited("acme", 2, Duration::from_millis(400));
+        let e = ApiError::rate_limited("acme", Rate::per_second(2), Duration::from_millis(400));
         assert_eq!(
             (e.status, e.code, e.retry_after_secs),
             (StatusCode::TOO_MANY_REQUESTS, codes::TENANT_RATE_LIMIT_EXCEEDED, Some(1))
         );
-        assert!(e.message.contains("tenants.acme.rate_per_sec"), "{}", e.message);
+        assert!(e.message.contains("fairway tenants set acme"), "{}", e.message);
+    }
+
+    #[test]
+    fn front_door_refusals_say_what_why_and_how_to_fix() {
+        let q = Refusal::QueueFull { tenant: "acme".into(), queued: 10, n: 1, max: 10 };
+        let e = ApiError::refused(&Refused::Limit(q));
+        assert_eq!(
+            (e.status, e.code, e.retry_after_secs),
+            (StatusCode::TOO_MANY_REQUESTS, codes::TENANT_QUEUE_FULL, Some(5))
+        );
+        assert!(e.message.contains("max_queued = 10") && e.message.contains("--max-queued"), "{}", e.message);
+        let rate = Rate { count: 3, per_ms: 60_000 };
+        let u = Refusal::Rate {
+            scope: Limit::UserRate,
+            tenant: "acme".into(),
+            key: Some("u1".into()),
+            rate,
+            wait_ms: 19_001,
+        };
+        let e = ApiError::refused(&Refused::Limit(u));
+        assert_eq!((e.code, e.retry_after_secs), (codes::USER_RATE_LIMIT_EXCEEDED, Some(20)));
+        assert!(e.message.contains("3/min") && e.message.contains("\"u1\""), "{}", e.message);
+        let t = Refusal::Rate { scope: Limit::TenantRate, tenant: "acme".into(), key: None, rate, wait_ms: 20_000 };
+        let e = ApiError::refused(&Refused::Limit(t));
+        assert_eq!((e.code, e.retry_after_secs), (codes::TENANT_RATE_LIMIT_EXCEEDED, Some(20)));
+        let counts = crate::core::window::Counts { ok: 7, failed: 5 };
+        let c = Refused::CircuitOpen { scope: "pool:short".into(), wait_ms: 29_500, counts, ratio: 0.2 };
+        let e = ApiError::refused(&c);
+        assert_eq!(
+            (e.status, e.code, e.retry_after_secs),
+            (StatusCode::SERVICE_UNAVAILABLE, codes::CIRCUIT_OPEN, Some(30))
+        );
+        assert!(e.message.contains("5 of 12") && e.message.contains("20 %"), "{}", e.message);
     }
 
     #[test]
     fn response_carries_code_and_retry_after_header() {
-        let resp = ApiError::rate_limited("acme", 2, Duration::from_millis(2500)).into_response();
+        let resp = ApiError::rate_limited("acme", Rate::per_second(2), Duration::from_millis(2500)).into_response();
         assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(resp.headers().get(header::RETRY_AFTER).unwrap(), "3");
         let resp = ApiError::not_found("x").into_response();

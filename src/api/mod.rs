@@ -3,7 +3,7 @@
 //!
 //! | method + path            | answer |
 //! |--------------------------|--------|
-//! | `POST /v1/jobs`          | 201 `{job_id, pool, duplicate}` (+ `Location`); 400/413/422 invalid; 429 + `Retry-After` over the tenant's rate |
+//! | `POST /v1/jobs`          | 201 `{job_id, pool, duplicate}` (+ `Location`); 400/413/422 invalid; 429 + `Retry-After` over the tenant's or end user's rate or queue depth; 503 + `Retry-After` circuit open ([`crate::admission`]) |
 //! | `POST /v1/jobs:batch`    | 201 `[{job_id, pool, duplicate}, ...]`; every job is validated before any is produced |
 //! | `GET /v1/jobs/{id}`      | 200 job state + heartbeat (progress, heartbeat_age_ms); 404 no state |
 //! | `DELETE /v1/jobs/{id}`   | 202 cooperative cancel requested; 409 already finished |
@@ -27,11 +27,9 @@ pub mod auth;
 pub mod console;
 mod error;
 mod events;
-mod limits;
 
 pub use auth::{Admin, Caller};
 pub use error::{codes, retry_after_secs, ApiError, JOB_FIELDS};
-pub use limits::{tenant_rate, tier_rate, Refusal, TenantLimiters};
 
 use crate::config::Config;
 use crate::now_ms;
@@ -47,7 +45,6 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
@@ -95,7 +92,8 @@ struct Inner {
     cfg: Arc<Config>,
     submitter: Submitter,
     store: Store,
-    limiters: TenantLimiters,
+    /// The front door: queue depth, rates, breakers, quota alerts.
+    admission: Arc<crate::admission::Admission>,
     metrics: Option<PrometheusHandle>,
     /// API keys: who is calling.
     keys: auth::Keys,
@@ -116,7 +114,7 @@ impl Inner {
         cfg: Arc<Config>,
         submitter: Submitter,
         store: Store,
-        limiters: TenantLimiters,
+        admission: Arc<crate::admission::Admission>,
         metrics: Option<PrometheusHandle>,
     ) -> Inner {
         let keys = auth::Keys::new(cfg.api.auth, cfg.api.key_refresh);
@@ -124,7 +122,7 @@ impl Inner {
             cfg,
             submitter,
             store,
-            limiters,
+            admission,
             metrics,
             keys,
             tenants: None,
@@ -137,21 +135,21 @@ impl Inner {
 }
 
 impl ApiState {
-    /// State from parts; the rate limiters are built from `cfg.tenants`.
+    /// State from parts; rate limits from `cfg.tenants` (no queue depth, no breakers).
     pub fn new(cfg: Arc<Config>, submitter: Submitter, store: Store, metrics: Option<PrometheusHandle>) -> Self {
-        let limiters = TenantLimiters::from_config(&cfg);
-        ApiState { inner: Arc::new(Inner::new(cfg, submitter, store, limiters, metrics)) }
+        let admission = Arc::new(crate::admission::Admission::local(cfg.clone()));
+        ApiState { inner: Arc::new(Inner::new(cfg, submitter, store, admission, metrics)) }
     }
 
-    /// Opens the store, a producer and the live tenants registry for `cfg`; rate limits
-    /// follow registry changes.
+    /// Opens the store, a producer and the live tenants registry for `cfg`; limits
+    /// follow registry changes, the submission breakers follow the workers' outcomes.
     pub async fn connect(cfg: Arc<Config>, metrics: Option<PrometheusHandle>) -> Result<Self, SubmitError> {
         let store = Store::open(&cfg).await?;
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let live = crate::tenants::LiveTenants::start(cfg.clone(), &store, stopped.clone()).await?;
         let submitter = Submitter::new(cfg.clone(), Some(store.clone()))?.with_tenants(live.clone());
-        let limiters = TenantLimiters::from_config(&Config { tenants: Default::default(), ..(*cfg).clone() });
-        limiters.sync(&live.current());
+        let admission = Arc::new(crate::admission::Admission::connect(cfg.clone(), &store, Some(live.clone())).await?);
+        admission.start_breakers(stopped.clone());
         // Job watching: the live feed for SSE, and the history recorder (same lifetime).
         let feed = crate::events::Feed::start(&cfg, stopped.clone())?;
         let recorder = crate::events::record(cfg.clone(), store.clone(), stopped.clone());
@@ -164,19 +162,9 @@ impl ApiState {
             tenants: Some(live.clone()),
             _registry_stop: Some(stop),
             feed: Some(feed),
-            ..Inner::new(cfg, submitter, store, limiters, metrics)
+            ..Inner::new(cfg, submitter, store, admission, metrics)
         };
-        let state = ApiState { inner: Arc::new(inner) };
-        let weak = Arc::downgrade(&state.inner);
-        let mut changes = live.subscribe();
-        tokio::spawn(async move {
-            while changes.changed().await.is_ok() {
-                let set = changes.borrow_and_update().clone();
-                let Some(inner) = weak.upgrade() else { return };
-                inner.limiters.sync(&set);
-            }
-        });
-        Ok(state)
+        Ok(ApiState { inner: Arc::new(inner) })
     }
 
     pub fn config(&self) -> &Arc<Config> {
@@ -189,8 +177,8 @@ impl ApiState {
     pub fn live_tenants(&self) -> Option<&crate::tenants::LiveTenants> {
         self.inner.tenants.as_ref()
     }
-    pub fn limiters(&self) -> &TenantLimiters {
-        &self.inner.limiters
+    pub fn admission(&self) -> &crate::admission::Admission {
+        &self.inner.admission
     }
     async fn event_statements(&self) -> Result<&crate::store::EventStatements, ApiError> {
         Ok(self.inner.event_stmts.get_or_try_init(|| self.inner.store.event_statements()).await?)
@@ -211,44 +199,30 @@ impl ApiState {
         self.single_body_limit().max(32 << 20)
     }
 
-    /// Takes `n` submissions from the tenant's rate budget.
-    fn admit(&self, tenant: &str, n: u32) -> Result<(), ApiError> {
-        let mut checked = self.inner.limiters.check(tenant, n);
-        if let (Err(Refusal::UnknownTenant), Some(live)) = (&checked, &self.inner.tenants) {
-            // Not in the registry this process has: admitted by policy (registered by
-            // the submission's validation), or refused with the reason.
-            match live.admission(tenant) {
-                Ok(t) => {
-                    self.inner.limiters.ensure(&t);
-                    checked = self.inner.limiters.check(tenant, n);
-                }
-                Err(why) => return Err(ApiError::new(StatusCode::BAD_REQUEST, codes::UNKNOWN_TENANT, why)),
-            }
-        }
-        match checked {
-            Ok(()) => Ok(()),
-            Err(Refusal::Wait { rate, wait }) => {
+    /// Front-door admission of validated jobs (`pools[i]` is `jobs[i]`'s pool): all or none.
+    async fn admit(&self, jobs: &[NewJob], pools: &[crate::model::Pool]) -> Result<crate::admission::Ticket, ApiError> {
+        let now = now_ms();
+        let asks = jobs
+            .iter()
+            .zip(pools)
+            .map(|(j, p)| crate::admission::Ask {
+                tenant: j.tenant.clone(),
+                flow_key: j.flow_key.clone(),
+                pool: *p,
+                job_type: j.job_type.clone(),
+                due_now: crate::core::admission::counts_in_queue(j.execute_at, now),
+            })
+            .collect();
+        self.inner.admission.admit(asks).await.map_err(|r| {
+            if let crate::admission::Refused::Limit(crate::core::admission::Refusal::Rate { tenant, .. }) = &r {
                 let tier = match &self.inner.tenants {
                     Some(live) => live.current().tenants.get(tenant).map(|t| t.tier).unwrap_or_default(),
                     None => self.inner.cfg.tenants.get(tenant).map(|t| t.tier).unwrap_or_default(),
                 };
                 metrics::counter!(API_RATE_LIMITED, "tier" => tier_label(tier)).increment(1);
-                Err(ApiError::rate_limited(tenant, rate, wait))
             }
-            Err(Refusal::AboveBurst { burst }) => Err(ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                codes::BATCH_EXCEEDS_BURST,
-                format!(
-                    "{n} jobs for tenant {tenant:?} in one request exceed its burst of {burst} (its rate per second); \
-                     split the batch into requests of at most {burst} jobs for this tenant"
-                ),
-            )),
-            Err(Refusal::UnknownTenant) => Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                codes::UNKNOWN_TENANT,
-                format!("unknown tenant {tenant:?}: register it with `fairway tenants add {tenant} --tier <tier>`"),
-            )),
-        }
+            ApiError::refused(&r)
+        })
     }
 }
 
@@ -449,9 +423,12 @@ async fn submit_one(
     let body = body.map_err(body_error)?;
     let item: serde_json::Value = serde_json::from_slice(&body).map_err(|e| ApiError::from_json(&e, "a job object"))?;
     let job = job_of(&caller, &TraceHeaders::of(&headers), item)?;
-    st.inner.submitter.validate(&job, job.payload_bytes().len())?;
-    st.admit(&job.tenant, 1)?;
-    let s = st.inner.submitter.submit(&job).await?;
+    let pool = st.inner.submitter.validate(&job, job.payload_bytes().len())?;
+    let ticket = st.admit(std::slice::from_ref(&job), &[pool]).await?;
+    let submitted = st.inner.submitter.submit(&job).await;
+    let accepted = submitted.as_ref().ok().filter(|s| !s.duplicate).map(|s| s.job_id.clone());
+    st.inner.admission.settle(ticket, &[accepted]).await;
+    let s = submitted?;
     record_owners(&st, std::iter::once((s.job_id.as_str(), job.tenant.as_str()))).await;
     count_submitted(&s);
     let location = format!("/v1/jobs/{}", s.job_id);
@@ -484,20 +461,22 @@ async fn submit_batch(
     let trace = TraceHeaders::of(&headers);
     // All-or-nothing: every job must be valid before any is produced.
     let mut jobs = Vec::with_capacity(items.len());
-    let mut per_tenant: BTreeMap<String, u32> = BTreeMap::new();
+    let mut pools = Vec::with_capacity(items.len());
     for (i, item) in items.into_iter().enumerate() {
         let job = job_of(&caller, &trace, item).map_err(|e| e.context(format!("job [{i}]")))?;
-        st.inner
+        let pool = st
+            .inner
             .submitter
             .validate(&job, job.payload_bytes().len())
             .map_err(|e| ApiError::from(e).context(format!("job [{i}]")))?;
-        *per_tenant.entry(job.tenant.clone()).or_default() += 1;
         jobs.push(job);
+        pools.push(pool);
     }
-    for (tenant, n) in &per_tenant {
-        st.admit(tenant, *n)?;
-    }
+    let ticket = st.admit(&jobs, &pools).await?;
     let results = futures::future::join_all(jobs.iter().map(|j| st.inner.submitter.submit(j))).await;
+    let accepted: Vec<Option<String>> =
+        results.iter().map(|r| r.as_ref().ok().filter(|s| !s.duplicate).map(|s| s.job_id.clone())).collect();
+    st.inner.admission.settle(ticket, &accepted).await;
     let owners =
         results.iter().zip(&jobs).filter_map(|(r, j)| Some((r.as_ref().ok()?.job_id.as_str(), j.tenant.as_str())));
     record_owners(&st, owners).await;

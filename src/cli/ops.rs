@@ -82,7 +82,8 @@ pub struct SubmitArgs {
     #[arg(long, value_parser = parse_time)]
     pub not_after: Option<i64>,
     /// Flow-control key (e.g. a job family or an end user's id): jobs with the same key
-    /// share its fleet-wide parallelism and rate limits (`[flow]` in the config).
+    /// share its fleet-wide parallelism and rate limits (`[flow]` in the config); the
+    /// front door's per-user rate limit (`admission.user_rate`) is keyed by it too.
     #[arg(long)]
     pub flow_key: Option<String>,
     /// Submit many jobs from NDJSON (one JSON object per line; `-` for stdin), fields as
@@ -117,12 +118,39 @@ fn parse_time(s: &str) -> Result<i64, String> {
     s.parse::<i64>().map_err(|_| format!("{s:?} is neither epoch milliseconds nor +duration (e.g. +30s)"))
 }
 
+/// Front-door admission of `jobs` (breakers as the store shows them now, queue depth,
+/// rates); the error carries the API's code and message.
+async fn admit(
+    admission: &fairway::admission::Admission,
+    submitter: &Submitter,
+    jobs: &[NewJob],
+) -> anyhow::Result<fairway::admission::Ticket> {
+    admission.read_breakers_now().await?;
+    let now = fairway::now_ms();
+    let mut asks = Vec::with_capacity(jobs.len());
+    for (i, j) in jobs.iter().enumerate() {
+        let pool = submitter.validate(j, j.payload_bytes().len()).with_context(|| format!("job {}", i + 1))?;
+        asks.push(fairway::admission::Ask {
+            tenant: j.tenant.clone(),
+            flow_key: j.flow_key.clone(),
+            pool,
+            job_type: j.job_type.clone(),
+            due_now: fairway::core::admission::counts_in_queue(j.execute_at, now),
+        });
+    }
+    admission.admit(asks).await.map_err(|r| {
+        let e = fairway::api::ApiError::refused(&r);
+        let wait = e.retry_after_secs.map(|s| format!(" (retry after {s}s)")).unwrap_or_default();
+        anyhow::anyhow!("[{}] {}{wait}", e.code, e.message)
+    })
+}
+
 pub async fn submit(cfg: &Arc<Config>, a: SubmitArgs) -> anyhow::Result<ExitCode> {
     // The store: idempotency keys, and the tenants registry that validates tenants.
     let store = Store::open(cfg).await?;
     let (_stop, stopped) = tokio::sync::watch::channel(false);
     let live = fairway::tenants::LiveTenants::start(cfg.clone(), &store, stopped).await?;
-    let submitter = Submitter::new(cfg.clone(), Some(store))?.with_tenants(live);
+    let submitter = Submitter::new(cfg.clone(), Some(store.clone()))?.with_tenants(live.clone());
     let mut jobs = Vec::new();
     if let Some(path) = &a.ndjson {
         let reader: Box<dyn BufRead> = if path.as_os_str() == "-" {
@@ -172,8 +200,20 @@ pub async fn submit(cfg: &Arc<Config>, a: SubmitArgs) -> anyhow::Result<ExitCode
             tracestate: std::env::var("TRACESTATE").ok(),
         });
     }
+    // The front door, as for the HTTP API: all jobs or none, before anything is written.
+    let admission = fairway::admission::Admission::connect(cfg.clone(), &store, Some(live)).await?;
+    let ticket = match admit(&admission, &submitter, &jobs).await {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return Ok(ExitCode::FAILURE);
+        }
+    };
     // Submit concurrently; the producer batches and keeps per-partition order.
     let results = futures::future::join_all(jobs.iter().map(|j| submitter.submit(j))).await;
+    let accepted: Vec<Option<String>> =
+        results.iter().map(|r| r.as_ref().ok().filter(|s| !s.duplicate).map(|s| s.job_id.clone())).collect();
+    admission.settle(ticket, &accepted).await;
     let mut failed = 0;
     for r in results {
         match r {

@@ -3,6 +3,7 @@
 //! worker's tasks only move data between these and Kafka/ScyllaDB, and the rules are
 //! unit- and property-tested in isolation.
 
+pub mod admission;
 pub mod auth;
 pub mod backlog;
 pub mod breaker;

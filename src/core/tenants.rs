@@ -64,6 +64,7 @@ impl TenantRecord {
             max_concurrency: t.max_concurrency,
             rate_per_sec: t.rate_per_sec,
             reserved_slots: t.reserved_slots,
+            max_queued: t.max_queued,
             ..TenantRecord::new(name, t.tier)
         }
     }

@@ -3,6 +3,7 @@
 //! ScyllaDB and Apache Cassandra 2.1 accept (no date/time types, JSON, GROUP BY, MVs),
 //! so the same code runs against production ScyllaDB and the local test database.
 
+mod admission;
 mod backlog;
 mod coalesce;
 mod events;
@@ -22,6 +23,7 @@ use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::Consistency;
 use std::sync::Arc;
 
+pub use admission::{AdmissionStatements, OutcomeCell};
 pub use backlog::{BacklogKey, BacklogStatements};
 pub use events::{EventStatements, IdempotencyClaim, Submitted as SubmittedRow, HISTORY_LIMIT};
 pub use keys::{ApiKeyRow, KeyStatements};

@@ -94,6 +94,19 @@ pub const TABLES: &[(&str, &str)] = &[
         "(job_id text, at bigint, event_id text, tenant text, job_type text, kind text, attempt int, \
          worker text, progress double, message text, next_attempt_at bigint, PRIMARY KEY (job_id, at, event_id))",
     ),
+    // Front-door queue depth (`crate::admission`): per deployment and tenant, per pool,
+    // jobs accepted (enqueued, by the API / CLI) and first dispatched (dequeued, by workers).
+    (
+        "queue_depth",
+        "(scope text, tenant text, pool text, enqueued counter, dequeued counter, PRIMARY KEY ((scope, tenant), pool))",
+    ),
+    // Attempt outcomes per deployment and 10 s bucket, pool, job type and worker
+    // (cumulative cells, TTL): what the API's submission circuit breaker reads.
+    (
+        "outcome_counts",
+        "(scope text, bucket bigint, pool text, job_type text, worker text, ok bigint, failed bigint, \
+         PRIMARY KEY ((scope, bucket), pool, job_type, worker))",
+    ),
 ];
 
 /// The keyspace's replication: NetworkTopologyStrategy with replicas per datacenter when

@@ -120,6 +120,7 @@ pub async fn execute(
     mut slot: SlotRelease,
     waited: Waited,
 ) -> Ended {
+    sh.front_door.lock().expect("front-door tally").dispatched(&job);
     let job = match check::before_run(&sh, job, &origin).await {
         check::Check::Run(job) => job,
         check::Check::Done(durable) => return Ended::Skipped.or_lost(durable),

@@ -8,6 +8,7 @@ mod check;
 pub mod dispatch;
 pub mod exec;
 pub mod fresh;
+pub mod frontdoor;
 pub mod liveness;
 mod outcome;
 pub mod pool;
@@ -69,6 +70,8 @@ pub struct Shared {
     /// Fleet-wide limits of this pool: demand reported by the pool loop, caps computed
     /// by the quota exchange (`worker::quota`).
     pub quotas: Mutex<crate::core::quota::Quotas>,
+    /// Dispatches and attempt outcomes for the front door (`frontdoor`).
+    pub front_door: Mutex<frontdoor::Tally>,
 }
 
 /// The failure-handling cores of one pool.
@@ -177,6 +180,7 @@ impl Shared {
 
     /// Feeds an attempt's outcome to the breaker and the poison detector.
     pub fn record_outcome(&self, job_type: &str, failure: Option<FailureClass>, now: Millis) {
+        self.front_door.lock().expect("front-door tally").outcome(job_type, failure.is_none(), now);
         let mut h = self.health.lock().expect("health lock");
         // Only dependency failures open a breaker; successes close it.
         match failure {
@@ -246,6 +250,7 @@ impl Worker {
                 frontiers: fresh::Frontiers::new(cfg.pool_topic(pool), cfg.worker.skip_fresh_reads, feed.clone()),
                 tenants: tenants.clone(),
                 quotas: Mutex::new(Default::default()),
+                front_door: Default::default(),
             });
             let (sh3, rx3) = (sh.clone(), halted.clone());
             tasks.push(tokio::spawn(liveness::heartbeat_loop(sh3, rx3)));
@@ -253,6 +258,7 @@ impl Worker {
             if cfg.worker.fleet_limits {
                 tasks.push(tokio::spawn(quota::quota_loop(sh.clone(), rx.clone())));
             }
+            tasks.push(tokio::spawn(frontdoor::frontdoor_loop(sh.clone(), halted.clone())));
             let dispatcher = make_dispatcher(&cfg, pool, policy, &tenants.current())?;
             let rx = rx.clone();
             let sh2 = sh.clone();

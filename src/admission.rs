@@ -1,0 +1,413 @@
+//! Front-door admission, the I/O shell shared by the HTTP API and `fairway submit`
+//! (rules: `core::admission`; counts: `store::admission`).
+//!
+//! Before anything is written, a submission (one job or a batch, all or nothing) must
+//! pass, in order:
+//! 1. the **circuit breakers** of its pools and job types ([`Gates`], fed every second
+//!    from the workers' outcome counts in the store) – 503 `CIRCUIT_OPEN`;
+//! 2. the tenant's **queue depth** – the counter row `queue_depth` (enqueued by the
+//!    front door, dequeued by workers at first dispatch), read at most every
+//!    `admission.queue_cache` per tenant, plus what this process admitted since the
+//!    read – 429 `TENANT_QUEUE_FULL`;
+//! 3. the **rates** – the tenant's token bucket and the end user's (`flow_key`) sliding
+//!    window in this process – 429 `TENANT_RATE_LIMIT_EXCEEDED` / `USER_RATE_LIMIT_EXCEEDED`.
+//!
+//! Each admitted job due now then adds 1 to its tenant's `enqueued` counter once it is
+//! produced ([`Admission::settle`]). Quota alerts: every admission updates the share of
+//! each limit the tenant uses; crossing an alert level (60 %, 80 %) logs, counts
+//! `fairway_quota_alerts_total` and moves the `fairway_quota_tenants_over` gauge.
+
+use crate::config::Config;
+use crate::core::admission::breaker::{self, Gate, Pass, BUCKET_MS};
+use crate::core::admission::{self as rules, Demand, Limit, QuotaLevels, RateLimiters, Refusal};
+use crate::core::tenants::TenantRecord;
+use crate::core::window::Counts;
+use crate::metrics as m;
+use crate::model::{Millis, Pool};
+use crate::now_ms;
+use crate::store::{AdmissionStatements, Store, StoreError};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// One job asking to be admitted.
+#[derive(Debug, Clone)]
+pub struct Ask {
+    pub tenant: String,
+    /// The end user (the job's `flow_key`), for the per-user window.
+    pub flow_key: Option<String>,
+    pub pool: Pool,
+    pub job_type: String,
+    /// Counts in the queue depth (not scheduled for later: `core::admission::counts_in_queue`).
+    pub due_now: bool,
+}
+
+/// Why a submission is refused.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Refused {
+    Limit(Refusal),
+    /// A breaker is open: `scope` is `pool:<name>` or `job_type:<name>`.
+    CircuitOpen {
+        scope: String,
+        wait_ms: i64,
+        counts: Counts,
+        ratio: f64,
+    },
+    Store(String),
+}
+
+impl From<StoreError> for Refused {
+    fn from(e: StoreError) -> Self {
+        Refused::Store(e.to_string())
+    }
+}
+
+/// What an admission reserved, to settle once the jobs were produced (or not).
+#[derive(Debug)]
+pub struct Ticket {
+    asks: Vec<Ask>,
+    /// Breaker scopes whose probe is the job at this index.
+    probes: Vec<(String, usize)>,
+}
+
+/// A tenant's queued count as last read, with this process's admissions since.
+#[derive(Debug, Clone)]
+struct QueueView {
+    read_at: Instant,
+    queued: u64,
+    since: u64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    rates: RateLimiters,
+    queues: HashMap<String, QueueView>,
+    quota: QuotaLevels,
+}
+
+/// The front door of one process (cheap to share behind an `Arc`).
+pub struct Admission {
+    cfg: Arc<Config>,
+    stmts: Option<AdmissionStatements>,
+    store: Option<Store>,
+    tenants: Option<crate::tenants::LiveTenants>,
+    state: Mutex<State>,
+    gates: Mutex<HashMap<String, Gate>>,
+}
+
+impl Admission {
+    /// Without a store: rates only (no queue depth, no breaker).
+    pub fn local(cfg: Arc<Config>) -> Self {
+        let quota = QuotaLevels::new(cfg.admission.alert_levels.clone());
+        let state = Mutex::new(State { quota, ..Default::default() });
+        Admission { cfg, stmts: None, store: None, tenants: None, state, gates: Default::default() }
+    }
+
+    /// With the store's counts and the live registry.
+    pub async fn connect(
+        cfg: Arc<Config>,
+        store: &Store,
+        tenants: Option<crate::tenants::LiveTenants>,
+    ) -> Result<Self, StoreError> {
+        let stmts = store.admission_statements().await?;
+        Ok(Admission { stmts: Some(stmts), store: Some(store.clone()), tenants, ..Admission::local(cfg) })
+    }
+
+    /// Starts the breaker feed (every second, until `stop`) for a long-lived process.
+    pub fn start_breakers(self: &Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) {
+        if self.cfg.admission.breaker.enabled && self.stmts.is_some() {
+            tokio::spawn(gates_loop(Arc::downgrade(self), stop));
+        }
+    }
+
+    fn record(&self, tenant: &str) -> Option<TenantRecord> {
+        match &self.tenants {
+            Some(live) => live.admission(tenant).ok(),
+            None => self.cfg.tenants.get(tenant).map(|t| TenantRecord::from_config(tenant, t)),
+        }
+    }
+
+    /// Admits every job of `asks` or none (see the module docs).
+    pub async fn admit(&self, asks: Vec<Ask>) -> Result<Ticket, Refused> {
+        let now = now_ms();
+        let probes = self.pass_gates(&asks, now)?;
+        let mut per_tenant: BTreeMap<&str, (u32, u64)> = BTreeMap::new();
+        for a in &asks {
+            let e = per_tenant.entry(&a.tenant).or_default();
+            e.0 += 1;
+            e.1 += u64::from(a.due_now);
+        }
+        let records: HashMap<&str, TenantRecord> =
+            per_tenant.keys().filter_map(|t| Some((*t, self.record(t)?))).collect();
+        // Queue depth: refresh stale reads first (outside the lock).
+        for (tenant, (_, due)) in &per_tenant {
+            let max = records.get(tenant).and_then(|r| self.cfg.admission.max_queued(r.tier, r.max_queued));
+            if *due > 0 && max.is_some() {
+                self.refresh_queue(tenant).await?;
+            }
+        }
+        let demands: Vec<Demand> =
+            asks.iter().filter_map(|a| self.demand(a, records.get(a.tenant.as_str())?)).collect();
+        let mut st = self.state.lock().expect("admission state");
+        let mut reserved = Vec::new();
+        for (tenant, (_, due)) in &per_tenant {
+            let max = records.get(tenant).and_then(|r| self.cfg.admission.max_queued(r.tier, r.max_queued));
+            let Some(view) = st.queues.get_mut(*tenant).filter(|_| *due > 0 && max.is_some()) else { continue };
+            if let Err(r) = rules::queue_check(tenant, view.queued + view.since, *due, max) {
+                for (t, n) in reserved {
+                    unreserve(&mut st, t, n, 0);
+                }
+                drop(st);
+                self.release_probes(&probes, now);
+                return Err(Refused::Limit(r));
+            }
+            view.since += due;
+            reserved.push((*tenant, *due));
+        }
+        if let Err(r) = st.rates.admit(&demands, now) {
+            for (t, n) in reserved {
+                unreserve(&mut st, t, n, 0);
+            }
+            drop(st);
+            self.release_probes(&probes, now);
+            return Err(Refused::Limit(r));
+        }
+        for (tenant, _) in &per_tenant {
+            let max = records.get(tenant).and_then(|r| self.cfg.admission.max_queued(r.tier, r.max_queued));
+            observe_quota(&mut st, tenant, max, now);
+        }
+        Ok(Ticket { asks, probes })
+    }
+
+    fn demand(&self, a: &Ask, r: &TenantRecord) -> Option<Demand> {
+        let adm = &self.cfg.admission;
+        Some(Demand {
+            tenant: a.tenant.clone(),
+            key: a.flow_key.clone(),
+            n: 1,
+            tenant_rate: adm.tenant_rate(r.tier, r.rate_per_sec),
+            user_rate: adm.user_rate.get(&r.tier).copied(),
+        })
+    }
+
+    /// Reads the tenant's queued count if the cached one is older than `queue_cache`.
+    async fn refresh_queue(&self, tenant: &str) -> Result<(), Refused> {
+        let Some(stmts) = &self.stmts else { return Ok(()) };
+        let fresh = {
+            let st = self.state.lock().expect("admission state");
+            st.queues.get(tenant).is_some_and(|v| v.read_at.elapsed() < self.cfg.admission.queue_cache)
+        };
+        if fresh {
+            return Ok(());
+        }
+        let read_at = Instant::now();
+        let (enq, deq) = stmts.depth(tenant).await?;
+        let mut st = self.state.lock().expect("admission state");
+        // Admissions settled since are in the counter now; keep those still in flight.
+        let in_flight = st.queues.get(tenant).map_or(0, |v| v.since);
+        st.queues.insert(tenant.to_string(), QueueView { read_at, queued: rules::queued(enq, deq), since: in_flight });
+        Ok(())
+    }
+
+    fn pass_gates(&self, asks: &[Ask], now: Millis) -> Result<Vec<(String, usize)>, Refused> {
+        let mut gates = self.gates.lock().expect("gates");
+        let mut probes = Vec::new();
+        for (i, a) in asks.iter().enumerate() {
+            for scope in [format!("pool:{}", a.pool.as_str()), format!("job_type:{}", a.job_type)] {
+                let Some(g) = gates.get_mut(&scope) else { continue };
+                match g.pass(now) {
+                    Pass::Allowed => {}
+                    Pass::Probe if !probes.iter().any(|(s, _)| *s == scope) => probes.push((scope, i)),
+                    Pass::Probe => {}
+                    Pass::Refused { retry_at } => {
+                        let counts = match g.state() {
+                            breaker::GateState::Open { counts, .. } => *counts,
+                            _ => Counts::default(),
+                        };
+                        drop(gates);
+                        self.release_probes(&probes, now);
+                        let ratio = self.cfg.admission.breaker.failure_ratio;
+                        return Err(Refused::CircuitOpen { scope, wait_ms: (retry_at - now).max(1), counts, ratio });
+                    }
+                }
+            }
+        }
+        Ok(probes)
+    }
+
+    fn release_probes(&self, probes: &[(String, usize)], now: Millis) {
+        let mut gates = self.gates.lock().expect("gates");
+        for (scope, _) in probes {
+            if let Some(g) = gates.get_mut(scope) {
+                g.probe_sent(None, now);
+            }
+        }
+    }
+
+    /// After the produce: `outcome[i]` is the job id of `asks[i]` when it was accepted
+    /// (None: not produced, or a duplicate of an earlier job). Counts the accepted jobs
+    /// due now into their tenants' queues and hands the probes' ids to the breakers.
+    pub async fn settle(&self, ticket: Ticket, outcome: &[Option<String>]) {
+        let now = now_ms();
+        {
+            let mut gates = self.gates.lock().expect("gates");
+            for (scope, i) in &ticket.probes {
+                if let Some(g) = gates.get_mut(scope) {
+                    g.probe_sent(outcome.get(*i).cloned().flatten(), now);
+                }
+            }
+        }
+        let mut counts: BTreeMap<(&str, Pool), i64> = BTreeMap::new();
+        // Per tenant: (reserved, accepted) jobs due now.
+        let mut due: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+        for (a, o) in ticket.asks.iter().zip(outcome.iter().chain(std::iter::repeat(&None))) {
+            if a.due_now {
+                let d = due.entry(&a.tenant).or_default();
+                d.0 += 1;
+                if o.is_some() {
+                    d.1 += 1;
+                    *counts.entry((&a.tenant, a.pool)).or_default() += 1;
+                }
+            }
+        }
+        if let Some(stmts) = &self.stmts {
+            let writes = counts.iter().map(|((t, p), n)| stmts.enqueued(t, p.as_str(), *n));
+            for r in futures::future::join_all(writes).await {
+                if let Err(e) = r {
+                    metrics::counter!(m::QUEUE_COUNT_FAILURES).increment(1);
+                    tracing::warn!(error = %e, "accepted jobs not counted in their tenant's queue depth (undercount)");
+                }
+            }
+        }
+        // Settled jobs are in the counter now (or never will be): no longer in flight.
+        let mut st = self.state.lock().expect("admission state");
+        for (t, (n, counted)) in due {
+            unreserve(&mut st, t, n, counted);
+        }
+    }
+}
+
+/// Takes back `n` reserved jobs of which `counted` were accepted and counted in the
+/// store (they count in the cached figure until the next read shows them).
+fn unreserve(st: &mut State, tenant: &str, n: u64, counted: u64) {
+    if let Some(v) = st.queues.get_mut(tenant) {
+        v.since = v.since.saturating_sub(n);
+        v.queued += counted;
+    }
+}
+
+/// Updates the tenant's quota levels after an admission; alerts on crossings.
+fn observe_quota(st: &mut State, tenant: &str, max_queued: Option<u64>, now: Millis) {
+    let (bucket, user) = st.rates.used(tenant, now);
+    let queue = match (max_queued, st.queues.get(tenant)) {
+        (Some(max), Some(v)) => Some((v.queued + v.since) as f64 / max.max(1) as f64),
+        _ => None,
+    };
+    for (limit, used) in [(Limit::Queue, queue), (Limit::TenantRate, bucket), (Limit::UserRate, user)] {
+        let Some(used) = used else { continue };
+        if let Some(c) = st.quota.observe(tenant, limit, used) {
+            let level = format!("{}", (c.level * 100.0).round());
+            metrics::counter!(m::QUOTA_ALERTS, "limit" => limit.as_str(), "level" => level).increment(1);
+            tracing::warn!(
+                tenant,
+                limit = limit.as_str(),
+                used = format!("{:.0} %", used * 100.0),
+                "tenant crossed {:.0} % of a limit",
+                c.level * 100.0
+            );
+        }
+    }
+    for (limit, level, n) in st.quota.tenants_at() {
+        let level = format!("{}", (level * 100.0).round());
+        metrics::gauge!(m::QUOTA_TENANTS_OVER, "limit" => limit.as_str(), "level" => level).set(n as f64);
+    }
+}
+
+/// How often the breakers are fed.
+const GATE_INTERVAL: Duration = Duration::from_secs(1);
+/// Buckets this long past their end are final (workers flush every second) and cached.
+const SETTLE_MS: i64 = 5_000;
+
+/// Feeds the breakers every second: reads the window's outcome buckets (settled ones
+/// once), sums them per pool and job type, opens gates, and asks the store for the
+/// probes' verdicts.
+async fn gates_loop(adm: std::sync::Weak<Admission>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let mut cache: BTreeMap<Millis, Vec<crate::store::OutcomeCell>> = BTreeMap::new();
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = tokio::time::sleep(GATE_INTERVAL) => {}
+        }
+        let Some(adm) = adm.upgrade() else { return };
+        if let Err(e) = adm.feed_gates(&mut cache).await {
+            tracing::warn!(error = %e, "submission breakers: cannot read outcome counts; keeping their state");
+        }
+    }
+}
+
+impl Admission {
+    /// One breaker pass now (a one-shot process such as `fairway submit`).
+    pub async fn read_breakers_now(&self) -> Result<(), StoreError> {
+        if !self.cfg.admission.breaker.enabled {
+            return Ok(());
+        }
+        self.feed_gates(&mut BTreeMap::new()).await
+    }
+
+    async fn feed_gates(&self, cache: &mut BTreeMap<Millis, Vec<crate::store::OutcomeCell>>) -> Result<(), StoreError> {
+        let (Some(stmts), Some(store)) = (&self.stmts, &self.store) else { return Ok(()) };
+        let bc = &self.cfg.admission.breaker;
+        let now = now_ms();
+        let window = bc.window.0;
+        cache.retain(|b, _| b + BUCKET_MS > now - window);
+        let first = crate::core::fleet::bucket_start(now - window + 1, BUCKET_MS);
+        let mut b = first;
+        while b <= now {
+            if !cache.contains_key(&b) || b + BUCKET_MS + SETTLE_MS > now {
+                cache.insert(b, stmts.outcomes(b).await?);
+            }
+            b += BUCKET_MS;
+        }
+        let since: HashMap<String, Millis> = self
+            .gates
+            .lock()
+            .expect("gates")
+            .iter()
+            .map(|(k, g)| (k.clone(), g.counting_since().unwrap_or(Millis::MAX)))
+            .collect();
+        let cells = cache.iter().flat_map(|(b, cells)| {
+            cells.iter().map(move |c| (*b, c.pool.as_str(), c.job_type.as_str(), c.ok, c.failed))
+        });
+        let sums = breaker::window_counts(cells, now, window, |k| since.get(k).copied().unwrap_or(Millis::MIN));
+        let probes: Vec<(String, String)> = {
+            let mut gates = self.gates.lock().expect("gates");
+            for (scope, counts) in sums {
+                let g = gates.entry(scope.clone()).or_insert_with(|| Gate::new(bc.clone()));
+                if g.observe(counts, now) {
+                    tracing::warn!(
+                        scope,
+                        ok = counts.ok,
+                        failed = counts.failed,
+                        "submission circuit breaker opened: new submissions get 503 for {}",
+                        bc.cool_down
+                    );
+                }
+            }
+            for (scope, g) in gates.iter() {
+                let open = if matches!(g.state(), breaker::GateState::Closed { .. }) { 0.0 } else { 1.0 };
+                metrics::gauge!(m::SUBMIT_BREAKER_OPEN, "scope" => scope.clone()).set(open);
+            }
+            gates.iter().filter_map(|(s, g)| Some((s.clone(), g.probe_job()?.to_string()))).collect()
+        };
+        for (scope, job_id) in probes {
+            let row = store.job(&job_id).await?;
+            if let Some(ok) = breaker::probe_outcome(row.as_ref().and_then(|r| r.status.as_deref())) {
+                tracing::info!(scope, job_id, ok, "submission breaker probe finished");
+                if let Some(g) = self.gates.lock().expect("gates").get_mut(&scope) {
+                    g.probe_verdict(ok, now_ms());
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,343 @@
+//! The circuit breaker at submission, per pool and per job type (seed: when the pool's
+//! failure rate exceeds 20 % over 60 s the front door stops enqueuing and answers 503;
+//! half-open after 30 s lets one probe through; success closes it, failure re-opens it).
+//!
+//! Workers count every attempt's outcome (success, or a failure of any class) per
+//! (pool, job type) into 10 s buckets ([`OwnOutcomes`], cumulative per worker, so a
+//! retried write is harmless) and write them to the store every second; the API
+//! processes read the buckets of the window every second, sum them ([`window_counts`])
+//! and feed each [`Gate`]. Closing a gate resets what it counts: only buckets that start
+//! after the close are counted, so the failures that opened it cannot re-open it.
+
+use crate::core::retry::DurationMs;
+use crate::core::window::Counts;
+use crate::model::Millis;
+use serde::Deserialize;
+use std::collections::{BTreeMap, HashMap};
+
+/// Width of an outcome bucket.
+pub const BUCKET_MS: i64 = 10_000;
+
+/// `[admission.breaker]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GateConfig {
+    pub enabled: bool,
+    /// Opens when the failed share of attempts in the window is above this.
+    pub failure_ratio: f64,
+    pub window: DurationMs,
+    /// Attempts needed in the window before it may open.
+    pub min_attempts: u64,
+    /// Open this long, then half-open (one probe).
+    pub cool_down: DurationMs,
+    /// A probe without a verdict after this long lets another probe through.
+    pub probe_timeout: DurationMs,
+}
+
+impl Default for GateConfig {
+    fn default() -> Self {
+        GateConfig {
+            enabled: true,
+            failure_ratio: 0.2,
+            window: DurationMs::secs(60),
+            min_attempts: 10,
+            cool_down: DurationMs::secs(30),
+            probe_timeout: DurationMs::mins(5),
+        }
+    }
+}
+
+impl GateConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.failure_ratio > 0.0 && self.failure_ratio < 1.0) {
+            return Err(format!("failure_ratio {} must be a share between 0 and 1, e.g. 0.2", self.failure_ratio));
+        }
+        if self.window.0 < BUCKET_MS {
+            return Err(format!("window {} must be at least 10s (the bucket width), e.g. \"60s\"", self.window));
+        }
+        if self.min_attempts == 0 {
+            return Err("min_attempts must be at least 1, e.g. 10".into());
+        }
+        if self.cool_down.0 < 1_000 || self.probe_timeout.0 < 1_000 {
+            return Err("cool_down and probe_timeout must be at least 1s, e.g. \"30s\" and \"5m\"".into());
+        }
+        Ok(())
+    }
+}
+
+/// What a gate says about a submission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pass {
+    Allowed,
+    /// Allowed as the single probe: report its job with [`Gate::probe_sent`].
+    Probe,
+    /// Refused until `retry_at`.
+    Refused {
+        retry_at: Millis,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum GateState {
+    /// Counting outcomes of buckets starting at or after `since`.
+    Closed {
+        since: Millis,
+    },
+    Open {
+        until: Millis,
+        counts: Counts,
+    },
+    /// One probe may go; `probe` is the job sent and when it times out.
+    HalfOpen {
+        probe: Option<(String, Millis)>,
+    },
+}
+
+impl GateState {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            GateState::Closed { .. } => "closed",
+            GateState::Open { .. } => "open",
+            GateState::HalfOpen { .. } => "half_open",
+        }
+    }
+}
+
+/// The breaker of one pool or job type in one API process.
+#[derive(Debug, Clone)]
+pub struct Gate {
+    cfg: GateConfig,
+    state: GateState,
+}
+
+impl Gate {
+    pub fn new(cfg: GateConfig) -> Self {
+        Gate { cfg, state: GateState::Closed { since: i64::MIN } }
+    }
+    pub fn state(&self) -> &GateState {
+        &self.state
+    }
+    /// Only buckets starting at or after this count (None unless closed).
+    pub fn counting_since(&self) -> Option<Millis> {
+        match self.state {
+            GateState::Closed { since } => Some(since),
+            _ => None,
+        }
+    }
+
+    fn open(&mut self, now: Millis, counts: Counts) {
+        self.state = GateState::Open { until: now + self.cfg.cool_down.0, counts };
+    }
+
+    /// The window's counts (from buckets since [`Gate::counting_since`]); true if it opened.
+    pub fn observe(&mut self, counts: Counts, now: Millis) -> bool {
+        let GateState::Closed { .. } = self.state else { return false };
+        if counts.total() >= self.cfg.min_attempts && counts.failure_ratio() > self.cfg.failure_ratio {
+            self.open(now, counts);
+            return true;
+        }
+        false
+    }
+
+    /// May a submission go now?
+    pub fn pass(&mut self, now: Millis) -> Pass {
+        match &self.state {
+            GateState::Closed { .. } => Pass::Allowed,
+            GateState::Open { until, .. } if now < *until => Pass::Refused { retry_at: *until },
+            GateState::Open { .. } => {
+                self.state = GateState::HalfOpen { probe: None };
+                Pass::Probe
+            }
+            GateState::HalfOpen { probe: Some((_, deadline)) } if now < *deadline => {
+                Pass::Refused { retry_at: (*deadline).min(now + self.cfg.cool_down.0) }
+            }
+            GateState::HalfOpen { .. } => Pass::Probe,
+        }
+    }
+
+    /// The probe's job went out (or None: it was not submitted after all, hand out another).
+    pub fn probe_sent(&mut self, job_id: Option<String>, now: Millis) {
+        if let GateState::HalfOpen { probe } = &mut self.state {
+            *probe = job_id.map(|id| (id, now + self.cfg.probe_timeout.0));
+        }
+    }
+
+    /// The job whose outcome decides the half-open gate, if one is out.
+    pub fn probe_job(&self) -> Option<&str> {
+        match &self.state {
+            GateState::HalfOpen { probe: Some((id, _)) } => Some(id),
+            _ => None,
+        }
+    }
+
+    /// The probe's verdict: success closes (counting afresh from the next bucket), failure re-opens.
+    pub fn probe_verdict(&mut self, ok: bool, now: Millis) {
+        if !matches!(self.state, GateState::HalfOpen { .. }) {
+            return;
+        }
+        if ok {
+            self.state = GateState::Closed { since: now - now.rem_euclid(BUCKET_MS) + BUCKET_MS };
+        } else {
+            self.open(now, Counts::default());
+        }
+    }
+}
+
+/// The breaker verdict a probe's job state gives: Some(true) succeeded, Some(false) a
+/// failed attempt (retrying, failed, expired), None not decided yet (or cancelled).
+pub fn probe_outcome(status: Option<&str>) -> Option<bool> {
+    match status? {
+        "succeeded" => Some(true),
+        "failed" | "retrying" | "expired" => Some(false),
+        _ => None,
+    }
+}
+
+/// Sums cells `(bucket, pool, job_type, ok, failed)` of the window `(now - window, now]`
+/// per pool and per job type, only buckets starting at or after `since(key)`.
+/// Keys: `pool:<pool>` and `job_type:<name>`.
+pub fn window_counts<'a>(
+    cells: impl IntoIterator<Item = (Millis, &'a str, &'a str, i64, i64)>,
+    now: Millis,
+    window_ms: i64,
+    since: impl Fn(&str) -> Millis,
+) -> HashMap<String, Counts> {
+    let mut out: HashMap<String, Counts> = HashMap::new();
+    for (bucket, pool, job_type, ok, failed) in cells {
+        if bucket + BUCKET_MS <= now - window_ms || bucket > now {
+            continue;
+        }
+        for key in [format!("pool:{pool}"), format!("job_type:{job_type}")] {
+            if bucket < since(&key) {
+                continue;
+            }
+            let c = out.entry(key).or_default();
+            c.ok += ok.max(0) as u64;
+            c.failed += failed.max(0) as u64;
+        }
+    }
+    out
+}
+
+/// One worker's outcome counts per bucket and job type (one pool), with what was written.
+#[derive(Debug, Default)]
+pub struct OwnOutcomes {
+    /// bucket -> job type -> (ok, failed, written).
+    buckets: BTreeMap<Millis, HashMap<String, (i64, i64, bool)>>,
+}
+
+impl OwnOutcomes {
+    pub fn record(&mut self, job_type: &str, ok: bool, now: Millis) {
+        let b = self.buckets.entry(now - now.rem_euclid(BUCKET_MS)).or_default();
+        let c = b.entry(job_type.to_string()).or_insert((0, 0, false));
+        if ok {
+            c.0 += 1;
+        } else {
+            c.1 += 1;
+        }
+        c.2 = false;
+    }
+
+    /// Cells changed since written: (bucket, job type, ok, failed).
+    pub fn pending(&self) -> Vec<(Millis, String, i64, i64)> {
+        let mut out = Vec::new();
+        for (b, cells) in &self.buckets {
+            for (jt, (ok, failed, written)) in cells {
+                if !written {
+                    out.push((*b, jt.clone(), *ok, *failed));
+                }
+            }
+        }
+        out
+    }
+
+    /// These cells were stored (unless they changed meanwhile).
+    pub fn written(&mut self, cells: &[(Millis, String, i64, i64)]) {
+        for (b, jt, ok, failed) in cells {
+            if let Some(c) = self.buckets.get_mut(b).and_then(|m| m.get_mut(jt)) {
+                if (c.0, c.1) == (*ok, *failed) {
+                    c.2 = true;
+                }
+            }
+        }
+    }
+
+    /// Forgets buckets older than `keep_ms`.
+    pub fn evict(&mut self, now: Millis, keep_ms: i64) {
+        self.buckets.retain(|b, _| b + BUCKET_MS > now - keep_ms);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counts(ok: u64, failed: u64) -> Counts {
+        Counts { ok, failed }
+    }
+
+    #[test]
+    fn opens_above_the_ratio_half_opens_after_cool_down_and_a_probe_decides() {
+        let mut g = Gate::new(GateConfig::default());
+        assert!(!g.observe(counts(16, 4), 0), "20 % is not above 20 %");
+        assert!(!g.observe(counts(3, 2), 0), "too few attempts");
+        assert!(g.observe(counts(15, 5), 1_000));
+        assert_eq!(g.pass(2_000), Pass::Refused { retry_at: 31_000 });
+        assert_eq!(g.pass(31_000), Pass::Probe);
+        g.probe_sent(Some("j1".into()), 31_000);
+        assert_eq!(g.probe_job(), Some("j1"));
+        assert!(matches!(g.pass(31_500), Pass::Refused { .. }), "one probe only");
+        g.probe_verdict(false, 40_000);
+        assert_eq!(g.pass(40_001), Pass::Refused { retry_at: 70_000 }, "failure re-opens for a cool-down");
+        assert_eq!(g.pass(70_000), Pass::Probe);
+        g.probe_sent(Some("j2".into()), 70_000);
+        g.probe_verdict(true, 75_000);
+        assert_eq!(g.pass(75_001), Pass::Allowed);
+        assert_eq!(g.counting_since(), Some(80_000), "only buckets after the close count");
+    }
+
+    #[test]
+    fn an_unsent_or_silent_probe_hands_out_another() {
+        let mut g = Gate::new(GateConfig::default());
+        g.observe(counts(0, 10), 0);
+        assert_eq!(g.pass(30_000), Pass::Probe);
+        g.probe_sent(None, 30_000);
+        assert_eq!(g.pass(30_001), Pass::Probe, "the probe was never submitted");
+        g.probe_sent(Some("p".into()), 30_001);
+        assert_eq!(g.pass(30_001 + 300_000), Pass::Probe, "timed out without a verdict");
+    }
+
+    #[test]
+    fn window_sums_pools_and_job_types_within_the_window_and_since() {
+        let cells = vec![
+            (0, "short", "echo", 5, 1),
+            (10_000, "short", "fail", 0, 4),
+            (50_000, "medium", "echo", 2, 0),
+            (-20_000, "short", "echo", 100, 100),
+        ];
+        let c = window_counts(cells.clone(), 55_000, 60_000, |_| i64::MIN);
+        assert_eq!(c["pool:short"], counts(5, 5));
+        assert_eq!(c["job_type:echo"], counts(7, 1));
+        assert_eq!(c["pool:medium"], counts(2, 0));
+        let c = window_counts(cells, 55_000, 60_000, |k| if k == "pool:short" { 10_000 } else { i64::MIN });
+        assert_eq!(c["pool:short"], counts(0, 4));
+        assert_eq!(probe_outcome(Some("retrying")), Some(false));
+        assert_eq!(probe_outcome(Some("queued")), None);
+    }
+
+    #[test]
+    fn own_outcomes_are_cumulative_and_rewritten_only_when_changed() {
+        let mut o = OwnOutcomes::default();
+        o.record("echo", true, 1_000);
+        o.record("echo", false, 2_000);
+        let p = o.pending();
+        assert_eq!(p, vec![(0, "echo".to_string(), 1, 1)]);
+        o.record("echo", true, 3_000);
+        o.written(&p);
+        assert_eq!(o.pending(), vec![(0, "echo".to_string(), 2, 1)], "changed after the read: written again");
+        o.written(&o.pending());
+        assert!(o.pending().is_empty());
+        o.evict(100_000, 60_000);
+        assert!(o.pending().is_empty());
+    }
+}

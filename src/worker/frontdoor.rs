@@ -1,0 +1,112 @@
+//! What a worker tells the front door (`crate::admission`), one task per pool, every
+//! second:
+//! - **dequeued**: original submissions due now that this pool dispatched, per tenant,
+//!   added to the `dequeued` counters of `queue_depth` (the front door adds `enqueued`;
+//!   queued = enqueued - dequeued);
+//! - **outcomes**: successes and failed attempts per job type in 10 s buckets
+//!   (`core::admission::breaker::OwnOutcomes`, cumulative cells per worker in
+//!   `outcome_counts`), which the API processes read every second for their submission
+//!   circuit breakers.
+
+use super::Shared;
+use crate::core::admission::breaker::{OwnOutcomes, BUCKET_MS};
+use crate::model::JobSubmitted;
+use crate::store::{AdmissionStatements, OutcomeCell};
+use crate::{metrics as m, now_ms};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// How often counts are written.
+pub const INTERVAL: Duration = Duration::from_secs(1);
+/// Outcome cells expire after this (the breakers read the last minute).
+const OUTCOME_TTL_SECS: i32 = 600;
+/// Outcome buckets kept in memory (until written).
+const KEEP_MS: i64 = 120_000;
+
+/// Counts a pool accumulates between passes.
+#[derive(Debug, Default)]
+pub struct Tally {
+    dequeued: HashMap<String, i64>,
+    outcomes: OwnOutcomes,
+}
+
+impl Tally {
+    /// A job was dispatched: an original submission due at submission leaves its queue.
+    pub fn dispatched(&mut self, job: &JobSubmitted) {
+        let original = job.attempt == 0 && job.crash_count == 0 && job.replay_count == 0 && job.generation == 0;
+        if original && crate::core::admission::counts_in_queue(job.execute_at, job.submitted_at) {
+            *self.dequeued.entry(job.tenant.clone()).or_default() += 1;
+        }
+    }
+
+    /// An attempt of `job_type` ended (`ok`: succeeded; else failed, any class).
+    pub fn outcome(&mut self, job_type: &str, ok: bool, now: crate::model::Millis) {
+        self.outcomes.record(job_type, ok, now);
+    }
+}
+
+pub async fn frontdoor_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+    let mut stmts: Option<AdmissionStatements> = None;
+    loop {
+        let stopping = tokio::select! {
+            _ = shutdown.changed() => true,
+            _ = tokio::time::sleep(INTERVAL) => false,
+        };
+        if stmts.is_none() {
+            match sh.store.admission_statements().await {
+                Ok(s) => stmts = Some(s),
+                Err(e) => {
+                    tracing::warn!(pool = sh.pool.as_str(), error = %e, "front-door counts: cannot prepare statements (run `fairway init`)")
+                }
+            }
+        }
+        if let Some(s) = &stmts {
+            pass(&sh, s).await;
+        }
+        if stopping || *shutdown.borrow() {
+            return;
+        }
+    }
+}
+
+async fn pass(sh: &Shared, stmts: &AdmissionStatements) {
+    let (dequeued, pending) = {
+        let mut t = sh.front_door.lock().expect("front-door tally");
+        t.outcomes.evict(now_ms(), KEEP_MS);
+        (std::mem::take(&mut t.dequeued), t.outcomes.pending())
+    };
+    let pool = sh.pool.as_str();
+    for (tenant, n) in dequeued {
+        if let Err(e) = stmts.dequeued(&tenant, pool, n).await {
+            // Counters are not idempotent: not retried (the queue reads n too high until
+            // the jobs' tenant is idle; logged and counted).
+            metrics::counter!(m::QUEUE_COUNT_FAILURES).increment(1);
+            tracing::warn!(pool, tenant, n, error = %e, "dispatched jobs not counted out of their tenant's queue depth");
+        }
+    }
+    let mut by_bucket: HashMap<i64, Vec<OutcomeCell>> = HashMap::new();
+    for (bucket, job_type, ok, failed) in &pending {
+        let cell = OutcomeCell {
+            pool: pool.to_string(),
+            job_type: job_type.clone(),
+            worker: sh.worker_id.clone(),
+            ok: *ok,
+            failed: *failed,
+        };
+        by_bucket.entry(*bucket).or_default().push(cell);
+    }
+    let mut all_written = true;
+    for (bucket, cells) in by_bucket {
+        debug_assert_eq!(bucket.rem_euclid(BUCKET_MS), 0);
+        if let Err(e) = stmts.put_outcomes(bucket, &cells, OUTCOME_TTL_SECS).await {
+            all_written = false;
+            metrics::counter!(m::OUTCOME_COUNT_FAILURES, "pool" => pool).increment(1);
+            tracing::warn!(pool, error = %e, "attempt outcomes not written for the submission breakers; retried next pass");
+        }
+    }
+    if all_written {
+        sh.front_door.lock().expect("front-door tally").outcomes.written(&pending);
+    }
+}
