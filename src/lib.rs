@@ -17,6 +17,9 @@
 //! - `events`    – watching a job: lifecycle/progress events on the events topic, the
 //!                 history recorder and the live feed (rules: `core::events`, statements:
 //!                 `store::events`, routes: `api::events`).
+//! - `webhooks`  – result callbacks: the delivery loop of `fairway serve` POSTs each
+//!                 result of a job type with a `webhook_url`, signed, retried with
+//!                 backoff (rules: `core::webhooks`).
 //! - `submit`    – producing jobs (CLI, HTTP API, demo).
 //! - `tenants`   – the live tenants registry (store rows, polled; rules in `core::tenants`).
 //! - `replayer`  – the I/O shell of `fairway replay` (decisions: `core::replay`): dead
@@ -41,6 +44,7 @@ pub mod rerunner;
 pub mod store;
 pub mod submit;
 pub mod tenants;
+pub mod webhooks;
 pub mod worker;
 
 /// Milliseconds since the Unix epoch: the one clock the I/O edges read.
