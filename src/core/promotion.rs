@@ -85,9 +85,10 @@ mod tests {
         }
 
         /// Over any stretch of time the pace promotes at most rate * seconds (+ one
-        /// second's burst), and with enough due jobs at least rate * seconds - rate.
+        /// second's burst), and, asked at least every second with enough due jobs, at
+        /// least rate * seconds - rate (a longer pause loses all but one second's worth).
         #[test]
-        fn pace_holds_its_rate(rate in 1u32..100_000, steps in proptest::collection::vec(1i64..3_000, 1..50)) {
+        fn pace_holds_its_rate(rate in 1u32..100_000, steps in proptest::collection::vec(1i64..=1_000, 1..50)) {
             let mut p = Pace::new(rate);
             let (mut now, mut total) = (0i64, 0usize);
             total += p.take(usize::MAX, now);
