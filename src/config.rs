@@ -12,10 +12,12 @@ mod admission;
 mod retention;
 mod security;
 pub use admission::AdmissionConfig;
+mod webhooks;
 pub use retention::{EventsConfig, IdempotencyConfig, RetentionConfig};
 pub use security::{
     is_secret_property, kafka_env_property, ApiConfig, AuthMode, KafkaProperties, ScyllaTls, Secret, KAFKA_ENV_PREFIX,
 };
+pub use webhooks::{secret_env_var, WebhooksConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -70,6 +72,9 @@ pub struct Config {
     /// Front-door limits (`[admission]`): queue depth, rates, quota alerts.
     #[serde(default)]
     pub admission: AdmissionConfig,
+    /// Result callbacks (`[webhooks]`).
+    #[serde(default)]
+    pub webhooks: WebhooksConfig,
 }
 
 /// Limits of flow-control keys (`core::flow`): per key here, or per job type with
@@ -211,6 +216,9 @@ pub struct WorkerConfig {
     /// paused); later ones are parked in the store for the promoter.
     #[serde(with = "humantime_serde_compat")]
     pub relay_hold_max: Duration,
+    /// Most parked jobs the promoter moves back to their pool topics per second (fleet
+    /// wide: one promoter leads): 10 M jobs due at one instant take 10 M / this seconds.
+    pub promoter_rate: u32,
     /// Quarantine of job types that fail most of the time.
     pub poison: crate::core::poison::PoisonConfig,
     /// Per-tenant retry budget (retries above ~2x the dispatch rate are dead-lettered).
@@ -235,6 +243,7 @@ impl Default for WorkerConfig {
             metrics_listen: None,
             cancel_grace: Duration::from_secs(300),
             relay_hold_max: Duration::from_secs(30),
+            promoter_rate: 20_000,
             poison: Default::default(),
             retry_budget: Default::default(),
             skip_fresh_reads: true,
@@ -412,6 +421,9 @@ pub struct JobTypeConfig {
     /// Per flow key of this type's jobs: each key's own fleet-wide limit (`core::flow`).
     #[serde(default)]
     pub flow: Option<crate::core::flow::FlowLimit>,
+    /// Callback URL: each job's result is POSTed there, signed (`[webhooks]`).
+    #[serde(default)]
+    pub webhook_url: Option<String>,
 }
 
 impl Config {
@@ -444,6 +456,7 @@ impl Config {
         self.retention.validate()?;
         self.idempotency.validate()?;
         self.admission.validate()?;
+        self.webhooks.validate()?;
         if self.scylla.password.is_some() && self.scylla.username.is_none() {
             return Err(invalid("scylla.username", "a password is set but no username; set scylla.username too"));
         }
@@ -470,6 +483,9 @@ impl Config {
             || self.scylla.keyspace.is_empty()
         {
             return Err(invalid("scylla.keyspace", "may contain only letters, digits and '_'"));
+        }
+        if self.worker.promoter_rate == 0 {
+            return Err(invalid("worker.promoter_rate", "must be at least 1 (jobs per second), e.g. 20000"));
         }
         for (pool, pc) in &self.pools {
             if pc.slots == 0 {
@@ -499,6 +515,9 @@ impl Config {
         for (name, jt) in &self.job_types {
             if let Some(l) = &jt.flow {
                 l.validate().map_err(|e| invalid(format!("job_types.{name}.flow"), e))?;
+            }
+            if let Some(u) = &jt.webhook_url {
+                crate::core::webhooks::check_url(u).map_err(|e| invalid(format!("job_types.{name}.webhook_url"), e))?;
             }
             if !self.pools.contains_key(&jt.pool) {
                 return Err(invalid(

@@ -1,9 +1,11 @@
 //! Watching a job, the I/O shell (rules: `core::events`, statements: `store::events`).
 //!
-//! - **Terminal events are the results.** A job's end is its record on the results topic
-//!   (`core::events::from_result`): the recorder and the feed read both topics, so a job
-//!   costs no extra record at its end, and a short job (done within 250 ms) only its
-//!   `queued` event.
+//! - **The job records are the first and last events.** A job's `queued` / `scheduled`
+//!   event is its original record on its pool topic (`core::events::from_submission`),
+//!   its end its record on the results topic (`core::events::from_result`): the recorder
+//!   and the feed read those topics too, so a short job (done within 250 ms) costs no
+//!   event record at all, and a job produced straight to Kafka is visible (from its
+//!   history) as soon as the recorder reads it, before any worker runs it.
 //! - **Publishing.** Lifecycle and progress events go to `<prefix>events` (Avro
 //!   `schemas/job_event.avsc`, key = job id, so one job's events stay in order on one
 //!   partition). They are produced without waiting for the acknowledgement: a worker's
@@ -48,11 +50,6 @@ pub fn emit(producer: &FutureProducer, cfg: &Config, ev: &JobEvent) {
 /// A worker's event about `job` (`worker` set).
 fn worker_event(job: &JobSubmitted, kind: EventKind, worker: &str) -> JobEvent {
     JobEvent { worker: Some(worker.to_string()), ..rules::event(new_id(), job, kind, now_ms()) }
-}
-
-/// `queued` or `scheduled`: a submission was accepted.
-pub fn submitted(producer: &FutureProducer, cfg: &Config, job: &JobSubmitted) {
-    emit(producer, cfg, &rules::submission_event(new_id(), job, now_ms()));
 }
 
 /// `started`: an attempt has run for a moment (published with the job's running row,
@@ -135,18 +132,23 @@ pub fn dead_lettered(producer: &FutureProducer, cfg: &Config, worker: &str, job:
     emit(producer, cfg, &ev);
 }
 
-/// An event from a message of the events topic, or the terminal event of a result.
+/// An event from a message of the events topic, the terminal event of a result, or the
+/// `queued` / `scheduled` event of a job's original record.
 fn decode(bytes: &[u8]) -> Option<JobEvent> {
     match codec::sniff(bytes)? {
         codec::RecordKind::JobEvent => codec::decode_event(bytes).ok(),
         codec::RecordKind::JobResult => codec::decode_result(bytes).ok().map(|r| rules::from_result(&r)),
+        codec::RecordKind::JobSubmitted => codec::decode_job(bytes).ok().as_ref().and_then(rules::from_submission),
         _ => None,
     }
 }
 
-/// The topics events are read from: the events topic and the results topic.
-fn sources(cfg: &Config) -> [String; 2] {
-    [cfg.events_topic(), cfg.results_topic()]
+/// The topics events are read from: the events topic, the results topic and the pool
+/// topics (see the module docs).
+fn sources(cfg: &Config) -> Vec<String> {
+    let mut t = vec![cfg.events_topic(), cfg.results_topic()];
+    t.extend(crate::model::Pool::ALL.map(|p| cfg.pool_topic(p)));
+    t
 }
 
 // ---------------------------------------------------------------------------------------
@@ -163,7 +165,7 @@ pub async fn record(cfg: Arc<Config>, store: Store, mut stop: watch::Receiver<bo
     let stmts = store.event_statements().await?;
     let consumer = kafka::reader(&cfg, &cfg.group("events-history"), false)?;
     let topics = sources(&cfg);
-    consumer.subscribe(&[topics[0].as_str(), topics[1].as_str()])?;
+    consumer.subscribe(&topics.iter().map(String::as_str).collect::<Vec<_>>())?;
     let ttl = rules::row_ttl_secs(cfg.retention.results, 0, None);
     loop {
         let mut batch = Vec::new();
@@ -227,8 +229,8 @@ impl Feed {
     pub fn start(cfg: &Config, mut stop: watch::Receiver<bool>) -> Result<Feed, kafka::KafkaError> {
         let (tx, _) = broadcast::channel(FEED_BUFFER);
         let consumer = kafka::tail_reader(cfg, &cfg.group(&format!("events-feed-{}", uuid::Uuid::new_v4().simple())))?;
-        let topics = sources(&cfg);
-        consumer.subscribe(&[topics[0].as_str(), topics[1].as_str()])?;
+        let topics = sources(cfg);
+        consumer.subscribe(&topics.iter().map(String::as_str).collect::<Vec<_>>())?;
         let feed = Feed { tx: tx.clone() };
         tokio::spawn(async move {
             loop {

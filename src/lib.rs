@@ -19,6 +19,9 @@
 //! - `events`    – watching a job: lifecycle/progress events on the events topic, the
 //!                 history recorder and the live feed (rules: `core::events`, statements:
 //!                 `store::events`, routes: `api::events`).
+//! - `webhooks`  – result callbacks: the delivery loop of `fairway serve` POSTs each
+//!                 result of a job type with a `webhook_url`, signed, retried with
+//!                 backoff (rules: `core::webhooks`).
 //! - `submit`    – producing jobs (CLI, HTTP API, demo).
 //! - `admission` – the front door of the HTTP API and `fairway submit`: queue depth,
 //!                 tenant and per-user rates, submission circuit breakers, quota alerts
@@ -52,6 +55,7 @@ pub mod store;
 pub mod submit;
 pub mod telemetry;
 pub mod tenants;
+pub mod webhooks;
 pub mod worker;
 
 /// Milliseconds since the Unix epoch: the one clock the I/O edges read.

@@ -38,6 +38,8 @@ pub const JOBS_UNSPILLED: &str = "fairway_jobs_unspilled_total";
 pub const SPILL_FAILURES: &str = "fairway_spill_failures_total";
 pub const SPILLED_BACKLOG: &str = "fairway_spilled_backlog";
 pub const OLDEST_WAIT_SECONDS: &str = "fairway_oldest_wait_seconds";
+pub const OLDEST_DUE_UNPROMOTED_AGE: &str = "fairway_oldest_due_unpromoted_age_seconds";
+pub const JOBS_PROMOTED: &str = "fairway_jobs_promoted_total";
 pub const TENANT_APPLY_FAILURES: &str = "fairway_tenant_apply_failures_total";
 pub const POOL_UNASSIGNED_SECONDS: &str = "fairway_pool_unassigned_seconds";
 pub const HAND_OFFS: &str = "fairway_hand_offs_total";
@@ -46,6 +48,8 @@ pub const EVENTS_DROPPED: &str = "fairway_events_dropped_total";
 pub const EVENTS_RECORDED: &str = "fairway_events_recorded_total";
 pub const EVENT_RECORD_FAILURES: &str = "fairway_event_record_failures_total";
 pub const EVENT_STREAMS: &str = "fairway_event_streams";
+pub const WEBHOOK_ATTEMPTS: &str = "fairway_webhook_attempts_total";
+pub const WEBHOOKS_IN_FLIGHT: &str = "fairway_webhooks_in_flight";
 pub const SUBMIT_STATE_WRITE_SECONDS: &str = "fairway_submit_state_write_seconds";
 pub const SUBMIT_STATE_WRITE_FAILURES: &str = "fairway_submit_state_write_failures_total";
 pub const JOB_DISPATCH_WAIT_SECONDS: &str = "fairway_job_dispatch_wait_seconds";
@@ -146,6 +150,12 @@ pub fn describe() {
         Unit::Seconds,
         "Age of the oldest job waiting in this worker's buffer, by pool"
     );
+    describe_gauge!(
+        OLDEST_DUE_UNPROMOTED_AGE,
+        Unit::Seconds,
+        "How long the oldest due scheduled job still parked in the store has been due (promoter leader; 0 when none)"
+    );
+    describe_counter!(JOBS_PROMOTED, "Parked scheduled jobs and retries the promoter moved back to their pool topics");
     describe_counter!(EVENTS_PUBLISHED, "Job events queued for the events topic, by kind");
     describe_counter!(
         EVENTS_DROPPED,
@@ -154,6 +164,11 @@ pub fn describe() {
     describe_counter!(EVENTS_RECORDED, "Job events written to the job_events history by the recorder");
     describe_counter!(EVENT_RECORD_FAILURES, "History writes the store refused (retried; offsets wait)");
     describe_gauge!(EVENT_STREAMS, "Server-Sent Event streams open now");
+    describe_counter!(
+        WEBHOOK_ATTEMPTS,
+        "Result callback attempts, by result (delivered, retry, refused, gave_up, not_sent)"
+    );
+    describe_gauge!(WEBHOOKS_IN_FLIGHT, "Results whose callback is being delivered (attempting or waiting to retry)");
     describe_histogram!(
         SUBMIT_STATE_WRITE_SECONDS,
         Unit::Seconds,

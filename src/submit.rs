@@ -14,7 +14,7 @@
 //! id and its row (state, and result when finished).
 
 use crate::config::Config;
-use crate::core::trace;
+use crate::core::{promotion, trace};
 use crate::model::{JobSubmitted, Millis, Pool, Priority};
 use crate::store::{EventStatements, IdempotencyClaim, JobRow, Store, SubmittedRow};
 use crate::{codec, kafka, now_ms};
@@ -58,8 +58,13 @@ pub struct NewJob {
     pub pool: Option<Pool>,
     #[serde(default)]
     pub idempotency_key: Option<String>,
+    /// Do not start before this time. More than an hour ahead it is spread by up to
+    /// ±60 s (`core::promotion::jittered`) unless `exact_schedule` is set.
     #[serde(default)]
     pub execute_at: Option<Millis>,
+    /// Keep `execute_at` exactly as given (no jitter).
+    #[serde(default)]
+    pub exact_schedule: bool,
     #[serde(default)]
     pub not_after: Option<Millis>,
     #[serde(default)]
@@ -158,7 +163,11 @@ impl Submitter {
             pool: Some(pool),
             priority: job.priority,
             idempotency_key: job.idempotency_key.clone(),
-            execute_at: job.execute_at,
+            // Jitter never moves it past `not_after` (validated against the asked time).
+            execute_at: job.execute_at.map(|at| {
+                promotion::jittered(at, now, job.exact_schedule, rand::random())
+                    .min(job.not_after.unwrap_or(Millis::MAX))
+            }),
             not_after: job.not_after,
             generation: job.generation,
             traceparent: Some(
@@ -198,7 +207,6 @@ impl Submitter {
             }
             return Err(e);
         }
-        crate::events::submitted(&self.producer, &self.cfg, &rec);
         Ok(Submitted { job_id, duplicate: false, pool, original: None })
     }
 

@@ -338,3 +338,143 @@ async fn job_rows_expire_after_retention_and_init_sets_topic_retention() {
         }
     }
 }
+
+/// What the test's webhook receiver got: (path, signature header, delivery header, body).
+type Received = Arc<std::sync::Mutex<Vec<(String, String, String, Vec<u8>)>>>;
+
+/// A local HTTP receiver on 127.0.0.1: `/ok` answers 200; `/flaky` answers 500 to the
+/// first POST of each delivery id and 200 after.
+async fn webhook_receiver() -> (String, Received) {
+    use axum::{extract::State, http::HeaderMap, http::StatusCode as S, http::Uri};
+    let got: Received = Default::default();
+    let handler = |State(got): State<Received>, uri: Uri, h: HeaderMap, body: axum::body::Bytes| async move {
+        let header = |n: &str| h.get(n).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+        let (sig, delivery) = (header("fairway-signature"), header("fairway-delivery"));
+        let mut g = got.lock().unwrap();
+        let seen = g.iter().any(|(_, _, d, _)| *d == delivery);
+        g.push((uri.path().to_string(), sig, delivery, body.to_vec()));
+        if uri.path() == "/flaky" && !seen {
+            S::INTERNAL_SERVER_ERROR
+        } else {
+            S::OK
+        }
+    };
+    let app = axum::Router::new().fallback(axum::routing::post(handler)).with_state(got.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("http://{addr}"), got)
+}
+
+/// Checks `Fairway-Signature: t=<secs>,v1=<hex>` against an HMAC-SHA256 computed here.
+fn signature_valid(secret: &str, header: &str, body: &[u8]) -> bool {
+    use hmac::Mac;
+    let Some((t, v1)) = header.strip_prefix("t=").and_then(|r| r.split_once(",v1=")) else { return false };
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(format!("{t}.").as_bytes());
+    mac.update(body);
+    let want: String = mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    let fresh = t.parse::<i64>().is_ok_and(|t| (fairway::now_ms() / 1000 - t).abs() < 300);
+    want == v1 && fresh
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn webhooks_one_signed_post_per_job_a_500_is_retried_and_attempts_are_events() {
+    let (base, got) = webhook_receiver().await;
+    let secret = "it-secret-0123456789abcdef";
+    let mut cfg = common::config(&format!(
+        "[job_types.hook_ok]\npool = \"short\"\nhandler = \"echo\"\nwebhook_url = \"{base}/ok?token=t0\"\n\
+         [job_types.hook_flaky]\npool = \"short\"\nhandler = \"echo\"\nwebhook_url = \"{base}/flaky\"\n"
+    ));
+    cfg.webhooks.secrets.insert("acme".into(), fairway::config::Secret::new(secret));
+    cfg.webhooks.backoff_initial = Duration::from_millis(300);
+    let cfg = common::arc(cfg);
+    let api = Api::start(&cfg).await;
+    let mut ok_ids = Vec::new();
+    for i in 0..3 {
+        let (s, a) = api.post("/v1/jobs", &json!({"tenant": "acme", "job_type": "hook_ok", "payload": i})).await;
+        assert_eq!(s, StatusCode::CREATED, "{a}");
+        ok_ids.push(a["job_id"].as_str().unwrap().to_string());
+    }
+    let (s, a) = api.post("/v1/jobs", &json!({"tenant": "acme", "job_type": "hook_flaky", "payload": "x"})).await;
+    assert_eq!(s, StatusCode::CREATED, "{a}");
+    let flaky = a["job_id"].as_str().unwrap().to_string();
+    let registry = Registry::from_config(&cfg, Default::default()).unwrap();
+    let worker = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair).await.unwrap();
+
+    // 3 POSTs to /ok and 2 to /flaky (the 500, then the retry), then nothing more.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while got.lock().unwrap().len() < 5 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    worker.stop().await;
+    let got = got.lock().unwrap().clone();
+    let summary: Vec<(&str, &str)> = got.iter().map(|(p, _, d, _)| (p.as_str(), d.as_str())).collect();
+    assert_eq!(got.len(), 5, "one POST per ok job, two for the flaky one: {summary:?}");
+    for (path, sig, delivery, body) in &got {
+        assert!(signature_valid(secret, sig, body), "bad signature {sig:?} on {path}");
+        assert!(!signature_valid("another-secret-0123456789", sig, body), "a wrong secret must not verify");
+        let v: Value = serde_json::from_slice(body).unwrap();
+        assert_eq!(v["delivery_id"].as_str(), Some(delivery.as_str()), "{v}");
+        assert_eq!(v["status"], "succeeded", "{v}");
+    }
+    for id in &ok_ids {
+        let n = got
+            .iter()
+            .filter(|(p, _, _, b)| p == "/ok" && serde_json::from_slice::<Value>(b).unwrap()["job_id"] == id.as_str())
+            .count();
+        assert_eq!(n, 1, "exactly one POST for {id}: {summary:?}");
+    }
+    let n = got.iter().filter(|(p, _, d, _)| p == "/flaky" && d.starts_with(&flaky)).count();
+    assert_eq!(n, 2, "the 500 is retried once: {summary:?}");
+
+    // The attempts are in the job's events: a failed attempt 1 (HTTP 500), delivered on 2.
+    let (s, h) = poll(&api, &format!("/v1/jobs/{flaky}/events"), Duration::from_secs(20), |s, v| {
+        s == StatusCode::OK
+            && v["events"].as_array().is_some_and(|e| e.iter().any(|e| e["kind"] == "webhook_delivered"))
+    })
+    .await;
+    assert_eq!(s, StatusCode::OK, "{h}");
+    let evs = h["events"].as_array().unwrap();
+    let failed = evs.iter().find(|e| e["kind"] == "webhook_failed").unwrap_or_else(|| panic!("{h}"));
+    assert_eq!(failed["attempt"], 1, "{failed}");
+    assert!(failed["message"].as_str().unwrap().contains("HTTP 500"), "{failed}");
+    assert!(failed["next_attempt_at"].as_i64().is_some(), "{failed}");
+    let delivered = evs.iter().find(|e| e["kind"] == "webhook_delivered").unwrap();
+    assert_eq!(delivered["attempt"], 2, "{delivered}");
+    assert!(delivered["message"].as_str().unwrap().contains("HTTP 200"), "{delivered}");
+    assert_eq!(h["state"], "succeeded", "webhook events do not move the state: {h}");
+    let (_, h) = poll(&api, &format!("/v1/jobs/{}/events", ok_ids[0]), Duration::from_secs(20), |_, v| {
+        v["events"].as_array().is_some_and(|e| e.iter().any(|e| e["kind"] == "webhook_delivered"))
+    })
+    .await;
+    let msgs: Vec<&str> = h["events"].as_array().unwrap().iter().filter_map(|e| e["message"].as_str()).collect();
+    assert!(msgs.iter().all(|m| !m.contains("token=t0")), "no URL query in events: {msgs:?}");
+    let _ = api.stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_job_produced_straight_to_kafka_is_queued_before_any_worker_runs_it() {
+    let cfg = common::arc(common::config(""));
+    let api = Api::start(&cfg).await;
+    let job = common::job_record("acme", "echo");
+    let producer = fairway::kafka::producer(&cfg).unwrap();
+    let bytes = fairway::codec::encode_job(&job).unwrap();
+    fairway::kafka::send(&producer, &cfg.pool_topic(Pool::Short), "acme", &bytes).await.unwrap();
+    // No worker runs: the job's record on its pool topic is its `queued` event.
+    let path = format!("/v1/jobs/{}", job.job_id);
+    let (s, st) = poll(&api, &path, Duration::from_secs(30), |s, _| s == StatusCode::OK).await;
+    assert_eq!(s, StatusCode::OK, "visible without a worker: {st}");
+    assert_eq!(st["state"], "queued", "{st}");
+    let (_, h) = api.get(&format!("{path}/events")).await;
+    let e = &h["events"][0];
+    assert_eq!((e["kind"].as_str(), e["at"].as_i64()), (Some("queued"), Some(job.submitted_at)), "{h}");
+    // Then a worker runs it, and the history goes on from there.
+    let registry = Registry::from_config(&cfg, Default::default()).unwrap();
+    let worker = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair).await.unwrap();
+    let (_, st) = poll(&api, &path, Duration::from_secs(40), |_, v| v["state"] == "succeeded").await;
+    worker.stop().await;
+    assert_eq!(st["state"], "succeeded", "{st}");
+    let _ = api.stop.send(());
+}

@@ -43,3 +43,92 @@ async fn scheduled_jobs_never_start_before_execute_at() {
         assert!(started - at < 10_000, "started {} ms late", started - at);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn far_schedules_get_up_to_60_s_of_jitter_unless_exact() {
+    let cfg = common::arc(common::config(""));
+    common::init(&cfg).await;
+    let sub = Submitter::new(cfg.clone(), None).unwrap();
+    let at = fairway::now_ms() + 2 * 3_600_000;
+    let mut asked = std::collections::HashMap::new();
+    for i in 0..10 {
+        let exact = i % 2 == 0;
+        let j = NewJob {
+            tenant: "acme".into(),
+            job_type: "echo".into(),
+            execute_at: Some(at),
+            exact_schedule: exact,
+            ..Default::default()
+        };
+        asked.insert(sub.submit(&j).await.unwrap().job_id, exact);
+    }
+    // The records on the pool topic carry the execute_at workers will honour.
+    let jobs = common::read_until(
+        &cfg,
+        &cfg.pool_topic(Pool::Short),
+        Duration::from_secs(30),
+        |b, _, _| fairway::codec::decode_job(b).ok(),
+        |v| v.len() >= 10,
+    )
+    .await;
+    assert_eq!(jobs.len(), 10);
+    let mut moved = 0;
+    for j in &jobs {
+        let got = j.execute_at.unwrap();
+        if asked[&j.job_id] {
+            assert_eq!(got, at, "exact_schedule keeps execute_at");
+        } else {
+            assert!((got - at).abs() <= 60_000, "jitter within 60 s: {}", got - at);
+            moved += usize::from(got != at);
+        }
+    }
+    assert!(moved >= 4, "jitter moves (almost) every far schedule: {moved} of 5");
+}
+
+/// 120 jobs due at one instant, parked in the store, promoted at 20/s: they start over
+/// about 5 s (not at once), and the promoter reports the oldest due job's age meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_promoter_paces_a_crowd_due_at_once_and_reports_the_oldest_due_age() {
+    let metrics = fairway::api::install_prometheus().expect("metrics recorder");
+    let mut cfg = common::config("");
+    cfg.worker.relay_hold_max = Duration::from_secs(1);
+    cfg.worker.promoter_rate = 20;
+    let cfg = Arc::new(cfg);
+    common::init(&cfg).await;
+    let registry = Registry::from_config(&cfg, Default::default()).unwrap();
+    let w = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair).await.unwrap();
+    assert!(w.wait_assigned(Duration::from_secs(30)).await);
+    let sub = Submitter::new(cfg.clone(), None).unwrap();
+    let at = fairway::now_ms() + 4_000;
+    let mut ids = Vec::new();
+    for i in 0..120 {
+        let tenant = ["acme", "globex", "initech"][i % 3];
+        let j = NewJob { tenant: tenant.into(), job_type: "echo".into(), execute_at: Some(at), ..Default::default() };
+        ids.push(sub.submit(&j).await.unwrap().job_id);
+    }
+    // Sample the gauge while the crowd is promoted.
+    let age = |text: &str| {
+        text.lines()
+            .find(|l| l.starts_with("fairway_oldest_due_unpromoted_age_seconds"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    let sampler = tokio::spawn(async move {
+        let mut peak = 0f64;
+        for _ in 0..200 {
+            peak = peak.max(age(&metrics.render()).unwrap_or(0.0));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        (peak, age(&metrics.render()))
+    });
+    let results = common::results_for(&cfg, &ids, Duration::from_secs(90)).await;
+    let (peak, last) = sampler.await.unwrap();
+    w.stop().await;
+    assert_eq!(results.len(), 120, "every job ran");
+    let starts: Vec<i64> = results.values().map(|r| r[0].started_at.unwrap()).collect();
+    let (first, end) = (*starts.iter().min().unwrap(), *starts.iter().max().unwrap());
+    assert!(first >= at, "none before its time");
+    // 120 at 20/s after one second's burst of 20: about 5 s from first to last.
+    assert!(end - first >= 4_000, "promoted over {} ms: not paced", end - first);
+    assert!(peak >= 1.0, "oldest_due_unpromoted_age rose while the crowd waited: peak {peak}");
+    assert_eq!(last, Some(0.0), "back to 0 once all are promoted");
+}

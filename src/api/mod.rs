@@ -158,6 +158,13 @@ impl ApiState {
                 tracing::error!("job events recorder stopped: {e:#}; GET /v1/jobs/{{id}}/events shows no new history");
             }
         });
+        // Result callbacks (job types with a webhook_url), same lifetime.
+        let webhooks = crate::webhooks::deliver(cfg.clone(), stopped.clone());
+        tokio::spawn(async move {
+            if let Err(e) = webhooks.await {
+                tracing::error!("webhook delivery loop stopped: {e:#}; results are not POSTed to callbacks");
+            }
+        });
         let inner = Inner {
             tenants: Some(live.clone()),
             _registry_stop: Some(stop),

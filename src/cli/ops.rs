@@ -78,6 +78,10 @@ pub struct SubmitArgs {
     /// Do not run before this time (epoch ms, or +duration like +30s).
     #[arg(long, value_parser = parse_time)]
     pub execute_at: Option<i64>,
+    /// Keep --execute-at exactly (more than an hour ahead it is otherwise spread by up to
+    /// ±60 s so jobs scheduled for one instant do not all start at once).
+    #[arg(long)]
+    pub exact_schedule: bool,
     /// Give up (result `expired`) if not started by this time (epoch ms or +duration).
     #[arg(long, value_parser = parse_time)]
     pub not_after: Option<i64>,
@@ -191,6 +195,7 @@ pub async fn submit(cfg: &Arc<Config>, a: SubmitArgs) -> anyhow::Result<ExitCode
             pool: a.pool,
             idempotency_key: a.idempotency_key,
             execute_at: a.execute_at,
+            exact_schedule: a.exact_schedule,
             not_after: a.not_after,
             flow_key: a.flow_key,
             generation: 0,

@@ -188,14 +188,23 @@ pub fn event(event_id: String, job: &JobSubmitted, kind: EventKind, at: Millis) 
     }
 }
 
-/// The event of a submission: `queued`, or `scheduled` with its `execute_at`.
-pub fn submission_event(event_id: String, job: &JobSubmitted, now: Millis) -> JobEvent {
-    match submission_state(job, now) {
-        JobState::Scheduled => {
-            JobEvent { next_attempt_at: job.execute_at, ..event(event_id, job, EventKind::Scheduled, now) }
-        }
-        _ => event(event_id, job, EventKind::Queued, now),
+/// The event of a submission, derived from the job's record on its pool topic (the pool
+/// topic is the `queued` event, as the results topic is the terminal one): `queued`, or
+/// `scheduled` with its `execute_at`, at the submission time. Its id is derived from the
+/// job, so every copy of the record is the same event. None for records that are not an
+/// original submission (retries, replays: their own events tell those steps).
+pub fn from_submission(job: &JobSubmitted) -> Option<JobEvent> {
+    if job.attempt != 0 || job.replay_count != 0 {
+        return None;
     }
+    let id = format!("submitted-{}-g{}", job.job_id, job.generation);
+    let now = job.submitted_at;
+    Some(match submission_state(job, now) {
+        JobState::Scheduled => {
+            JobEvent { next_attempt_at: job.execute_at, ..event(id, job, EventKind::Scheduled, now) }
+        }
+        _ => event(id, job, EventKind::Queued, now),
+    })
 }
 
 /// The terminal event of a result record (the results topic is the terminal event):
@@ -310,11 +319,14 @@ mod tests {
     fn submission_is_queued_or_scheduled() {
         let mut j = job();
         assert_eq!(submission_state(&j, 5_000), JobState::Queued);
-        assert_eq!(submission_event("e".into(), &j, 5_000).kind, EventKind::Queued);
+        let e = from_submission(&j).unwrap();
+        assert_eq!((e.kind, e.at, e.event_id.as_str()), (EventKind::Queued, 1_000, "submitted-j1-g0"));
         j.execute_at = Some(9_000);
         assert_eq!(submission_state(&j, 5_000), JobState::Scheduled);
-        let e = submission_event("e".into(), &j, 5_000);
+        let e = from_submission(&j).unwrap();
         assert_eq!((e.kind, e.next_attempt_at), (EventKind::Scheduled, Some(9_000)));
+        j.attempt = 1;
+        assert_eq!(from_submission(&j), None, "a retry is not a submission");
         assert_eq!(submission_state(&j, 9_000), JobState::Queued, "due now: queued");
     }
 

@@ -524,10 +524,18 @@ impl Store {
     }
 
     /// Scheduled jobs of one bucket due by `upto`: (execute_at, job id, encoded job).
-    pub async fn scheduled_due(&self, bucket: i64, upto: Millis) -> Result<Vec<(i64, String, Vec<u8>)>, StoreError> {
+    /// Parked jobs of `bucket` due by `upto`, oldest first, at most `limit`.
+    pub async fn scheduled_due(
+        &self,
+        bucket: i64,
+        upto: Millis,
+        limit: usize,
+    ) -> Result<Vec<(i64, String, Vec<u8>)>, StoreError> {
         let ks = &self.keyspace;
         let cql = format!(
-            "SELECT execute_at, job_id, job FROM {ks}.scheduled_jobs WHERE scope = ? AND bucket = ? AND execute_at <= ?"
+            "SELECT execute_at, job_id, job FROM {ks}.scheduled_jobs WHERE scope = ? AND bucket = ? AND execute_at <= ? \
+             LIMIT {}",
+            limit.clamp(1, i32::MAX as usize)
         );
         let res =
             self.session.query_unpaged(cql, (self.scope.as_str(), bucket, upto)).await.map_err(q("read scheduled"))?;

@@ -7,9 +7,10 @@ use super::exec::Origin;
 use super::outcome::{self, with_retries};
 use crate::config::Config;
 use crate::core::offsets::PartitionOffsets;
+use crate::core::promotion::{self, Pace};
 use crate::kafka::{self, Consumer, Message, RebalanceEvent, TopicPartitionList};
-use crate::model::{FailureClass, JobSubmitted, Pool};
-use crate::{codec, now_ms};
+use crate::model::{FailureClass, JobSubmitted, Millis, Pool};
+use crate::{codec, metrics as m, now_ms};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -191,7 +192,9 @@ pub async fn run(
 }
 
 /// The promoter: one leader at a time (LWT lease) moves parked jobs whose time has come
-/// from the scheduled table back to their pool topics.
+/// from the scheduled table back to their pool topics, at most `worker.promoter_rate`
+/// per second (`core::promotion::Pace`), oldest first, and reports how long the oldest
+/// due job still parked has waited (`fairway_oldest_due_unpromoted_age_seconds`).
 pub async fn promoter_loop(
     cfg: Arc<Config>,
     producer: rdkafka::producer::FutureProducer,
@@ -202,7 +205,8 @@ pub async fn promoter_loop(
     const LEASE_SECS: i32 = 10;
     // Minute buckets not yet fully promoted; a new leader looks back a day.
     let mut cursor: Option<i64> = None;
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut pace = Pace::new(cfg.worker.promoter_rate);
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
     loop {
         tokio::select! {
             _ = shutdown.changed() => return,
@@ -218,43 +222,78 @@ pub async fn promoter_loop(
         let now = now_ms();
         let current = crate::store::schedule_bucket(now);
         let from = cursor.unwrap_or(current - 24 * 60);
-        let mut all_done = true;
+        let mut budget = pace.take(usize::MAX, now);
+        let (mut all_done, mut oldest_left) = (true, None);
         for bucket in from..=current {
-            let due = match store.scheduled_due(bucket, now).await {
-                Ok(d) => d,
-                Err(e) => {
-                    tracing::warn!(error = %e, bucket, "promoter read failed");
-                    break;
-                }
-            };
-            for (at, job_id, blob) in due {
-                let job = match codec::decode_job(&blob) {
-                    Ok(job) => job,
-                    Err(e) => {
-                        let origin = Origin { topic: "store:scheduled_jobs".into(), partition: -1, offset: at };
-                        if outcome::dead_letter_undecodable(&cfg, &producer, blob, &e, &origin).await {
-                            let _ = store.delete_scheduled(at, &job_id).await;
-                        } else {
-                            all_done = false;
-                        }
-                        continue;
-                    }
-                };
-                let pool = job.pool.or_else(|| cfg.job_types.get(&job.job_type).map(|j| j.pool)).unwrap_or(Pool::Short);
-                let headers = kafka::trace_headers(&job);
-                if kafka::send_with_headers(&producer, &cfg.pool_topic(pool), &job.tenant, &blob, &headers)
-                    .await
-                    .is_ok()
-                {
-                    let _ = store.delete_scheduled(at, &job_id).await;
-                } else {
-                    all_done = false;
-                }
-            }
+            let pass = promote_bucket(&cfg, &producer, &store, bucket, now, &mut budget).await;
+            all_done &= pass.all_done;
+            oldest_left = oldest_left.or(pass.oldest_left);
             // Only buckets entirely in the past can be left behind for good.
             if all_done && bucket < current {
                 cursor = Some(bucket + 1);
             }
+            if budget == 0 && !pass.all_done {
+                break;
+            }
+        }
+        metrics::gauge!(m::OLDEST_DUE_UNPROMOTED_AGE).set(promotion::oldest_due_age_secs(oldest_left, now_ms()));
+    }
+}
+
+/// What one pass over a bucket left.
+struct BucketPass {
+    /// Every due job of the bucket was promoted.
+    all_done: bool,
+    /// The oldest due job left parked (out of budget, or its produce failed).
+    oldest_left: Option<Millis>,
+}
+
+/// Promotes the due jobs of one minute bucket, oldest first, while `budget` lasts.
+async fn promote_bucket(
+    cfg: &Config,
+    producer: &rdkafka::producer::FutureProducer,
+    store: &crate::store::Store,
+    bucket: i64,
+    now: Millis,
+    budget: &mut usize,
+) -> BucketPass {
+    // One more than the budget: tells whether jobs are left beyond it.
+    let due = match store.scheduled_due(bucket, now, budget.saturating_add(1)).await {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::warn!(error = %e, bucket, "promoter read failed");
+            return BucketPass { all_done: false, oldest_left: None };
+        }
+    };
+    let mut pass = BucketPass { all_done: true, oldest_left: None };
+    for (at, job_id, blob) in due {
+        if *budget == 0 {
+            pass.all_done = false;
+            pass.oldest_left = pass.oldest_left.or(Some(at));
+            break;
+        }
+        *budget -= 1;
+        let job = match codec::decode_job(&blob) {
+            Ok(job) => job,
+            Err(e) => {
+                let origin = Origin { topic: "store:scheduled_jobs".into(), partition: -1, offset: at };
+                if outcome::dead_letter_undecodable(cfg, producer, blob, &e, &origin).await {
+                    let _ = store.delete_scheduled(at, &job_id).await;
+                } else {
+                    pass.all_done = false;
+                }
+                continue;
+            }
+        };
+        let pool = job.pool.or_else(|| cfg.job_types.get(&job.job_type).map(|j| j.pool)).unwrap_or(Pool::Short);
+        let headers = kafka::trace_headers(&job);
+        if kafka::send_with_headers(producer, &cfg.pool_topic(pool), &job.tenant, &blob, &headers).await.is_ok() {
+            let _ = store.delete_scheduled(at, &job_id).await;
+            metrics::counter!(m::JOBS_PROMOTED).increment(1);
+        } else {
+            pass.all_done = false;
+            pass.oldest_left = pass.oldest_left.or(Some(at));
         }
     }
+    pass
 }

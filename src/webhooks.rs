@@ -1,0 +1,206 @@
+//! Result callbacks, the I/O shell (rules: `core::webhooks`; settings: `[webhooks]`,
+//! `job_types.<name>.webhook_url`).
+//!
+//! The delivery loop runs in `fairway serve`. It reads the results topic in its own
+//! consumer group (`<group prefix>webhooks`), so a worker's hot path pays nothing for
+//! webhooks. Each result of a job type with a `webhook_url` is POSTed there, signed with
+//! its tenant's secret, and retried with backoff (`webhooks.max_attempts`); every attempt
+//! is a `webhook_delivered` / `webhook_failed` event in the job's history. Offsets are
+//! committed only up to the oldest result still being delivered, so a restart (or a
+//! crash) resumes the deliveries it had not finished: at least once, with a delivery id
+//! that stays the same so receivers can drop copies. Redirects are not followed.
+
+use crate::config::{secret_env_var, Config, Secret};
+use crate::core::offsets::Tracker;
+use crate::core::webhooks::{self as rules, Answer};
+use crate::kafka::{self, Consumer, Message, Offset, TopicPartitionList};
+use crate::model::{EventKind, JobResult};
+use crate::{codec, events, metrics as m, now_ms};
+use rdkafka::producer::FutureProducer;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch, Semaphore};
+
+/// What every delivery task shares.
+struct Deliverer {
+    cfg: Arc<Config>,
+    http: reqwest::Client,
+    producer: FutureProducer,
+    /// Callback URL per job type (only those that have one).
+    urls: BTreeMap<String, String>,
+    stop: watch::Receiver<bool>,
+}
+
+/// Runs the delivery loop until `stop` turns true (returns at once when no job type
+/// names a `webhook_url`).
+pub async fn deliver(cfg: Arc<Config>, stop: watch::Receiver<bool>) -> anyhow::Result<()> {
+    let urls: BTreeMap<String, String> =
+        cfg.job_types.iter().filter_map(|(name, jt)| Some((name.clone(), jt.webhook_url.clone()?))).collect();
+    if urls.is_empty() {
+        return Ok(());
+    }
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(cfg.webhooks.timeout)
+        .user_agent(concat!("fairway-webhooks/", env!("CARGO_PKG_VERSION")))
+        .build()?;
+    let consumer = kafka::reader(&cfg, &cfg.group("webhooks"), false)?;
+    let topic = cfg.results_topic();
+    consumer.subscribe(&[topic.as_str()])?;
+    let d = Arc::new(Deliverer { producer: kafka::producer(&cfg)?, cfg, http, urls, stop: stop.clone() });
+    run_loop(d, consumer, topic, stop).await
+}
+
+/// Reads results, starts a delivery per result with a callback (at most
+/// `webhooks.concurrency` at once), commits what is finished.
+async fn run_loop(
+    d: Arc<Deliverer>,
+    consumer: kafka::Reader,
+    topic: String,
+    mut stop: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let permits = Arc::new(Semaphore::new(d.cfg.webhooks.concurrency));
+    let (done_tx, mut done) = mpsc::unbounded_channel::<(i32, i64)>();
+    let mut tracker = Tracker::new();
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return Ok(()),
+            Some((p, o)) = done.recv() => {
+                if let Some(next) = tracker.finished(&topic, p, o) {
+                    commit(&consumer, &topic, p, next);
+                }
+            }
+            m = consumer.recv(), if permits.available_permits() > 0 => match m {
+                Ok(m) => {
+                    let (p, o) = (m.partition(), m.offset());
+                    if tracker.started(&topic, p, o).is_err() {
+                        // Read again from an earlier offset (a rebalance): track anew.
+                        tracker.revoke(&topic, p);
+                        let _ = tracker.started(&topic, p, o);
+                    }
+                    match m.payload().and_then(|b| d.callback(b)) {
+                        None => {
+                            let _ = done_tx.send((p, o));
+                        }
+                        Some((r, url)) => {
+                            let permit = permits.clone().acquire_owned().await?;
+                            let (d, done_tx) = (d.clone(), done_tx.clone());
+                            tokio::spawn(async move {
+                                let _permit = permit;
+                                if deliver_one(&d, &r, &url).await {
+                                    let _ = done_tx.send((p, o));
+                                }
+                            });
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "webhooks: consume failed");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            },
+        }
+    }
+}
+
+impl Deliverer {
+    /// The result in a results-topic message and its callback URL, if its job type has one.
+    fn callback(&self, bytes: &[u8]) -> Option<(JobResult, String)> {
+        let r = codec::decode_result(bytes).ok()?;
+        let url = self.urls.get(&r.job_type)?.clone();
+        Some((r, url))
+    }
+}
+
+fn commit(consumer: &kafka::Reader, topic: &str, partition: i32, next: i64) {
+    let mut tpl = TopicPartitionList::new();
+    if tpl.add_partition_offset(topic, partition, Offset::Offset(next)).is_ok() {
+        if let Err(e) = consumer.commit(&tpl, kafka::CommitMode::Async) {
+            tracing::debug!(error = %e, "webhooks: commit failed (those results are delivered again after a restart)");
+        }
+    }
+}
+
+/// Delivers one result until it is delivered, refused or out of attempts (true), or the
+/// loop stops (false: not finished, delivered again after a restart).
+async fn deliver_one(d: &Deliverer, r: &JobResult, url: &str) -> bool {
+    let Some(secret) = d.cfg.webhooks.secret(&r.tenant) else {
+        let why = format!(
+            "not sent: tenant {} has no signing secret; set webhooks.secrets.{} or {} and restart fairway serve",
+            r.tenant,
+            r.tenant,
+            secret_env_var(&r.tenant)
+        );
+        tracing::error!(job_id = %r.job_id, "webhook {why}");
+        metrics::counter!(m::WEBHOOK_ATTEMPTS, "result" => "not_sent").increment(1);
+        let ev = rules::delivery_event(new_id(), r, EventKind::WebhookFailed, 0, why, None, now_ms());
+        events::emit(&d.producer, &d.cfg, &ev);
+        return true;
+    };
+    metrics::gauge!(m::WEBHOOKS_IN_FLIGHT).increment(1.0);
+    let finished = attempts(d, r, url, &secret).await;
+    metrics::gauge!(m::WEBHOOKS_IN_FLIGHT).decrement(1.0);
+    finished
+}
+
+async fn attempts(d: &Deliverer, r: &JobResult, url: &str, secret: &Secret) -> bool {
+    let body = rules::body(r);
+    let backoff = d.cfg.webhooks.backoff();
+    let mut stop = d.stop.clone();
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let (status, error) = post(d, url, r, &body, secret).await;
+        let answer = Answer { status, error: &error };
+        let o = rules::attempt_outcome(new_id(), r, url, attempt, answer, &backoff, now_ms());
+        let result = match (o.event.kind, o.retry_at) {
+            (EventKind::WebhookDelivered, _) => "delivered",
+            (_, Some(_)) => "retry",
+            _ if rules::judge(status) == rules::Verdict::Refused => "refused",
+            _ => "gave_up",
+        };
+        metrics::counter!(m::WEBHOOK_ATTEMPTS, "result" => result).increment(1);
+        if result != "delivered" {
+            tracing::info!(job_id = %r.job_id, "webhook {}", o.event.message.as_deref().unwrap_or(""));
+        }
+        events::emit(&d.producer, &d.cfg, &o.event);
+        let Some(at) = o.retry_at else { return true };
+        let wait = Duration::from_millis((at - now_ms()).max(0) as u64);
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return false,
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+/// One signed POST: the status, or why there was none.
+async fn post(d: &Deliverer, url: &str, r: &JobResult, body: &[u8], secret: &Secret) -> (Option<u16>, String) {
+    let sig = rules::signature(secret.expose().as_bytes(), now_ms(), body);
+    let req = d
+        .http
+        .post(url)
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .header(rules::SIGNATURE_HEADER, sig)
+        .header(rules::DELIVERY_HEADER, rules::delivery_id(r))
+        .body(body.to_vec());
+    match req.send().await {
+        Ok(resp) => (Some(resp.status().as_u16()), String::new()),
+        // Without the URL: its path or query may hold a token.
+        Err(e) => (None, describe(e)),
+    }
+}
+
+fn describe(e: reqwest::Error) -> String {
+    if e.is_timeout() {
+        "timed out".into()
+    } else if e.is_connect() {
+        "cannot connect".into()
+    } else {
+        e.without_url().to_string()
+    }
+}
+
+fn new_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
