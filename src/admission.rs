@@ -127,8 +127,26 @@ impl Admission {
         }
     }
 
-    /// Admits every job of `asks` or none (see the module docs).
+    /// Admits every job of `asks` or none (see the module docs); a refusal is counted
+    /// in `fairway_admission_refused_total{reason}`.
     pub async fn admit(&self, asks: Vec<Ask>) -> Result<Ticket, Refused> {
+        let n = asks.len() as u64;
+        let admitted = self.admit_all(asks).await;
+        if let Err(refused) = &admitted {
+            let reason = match refused {
+                Refused::Limit(rules::Refusal::QueueFull { .. }) => "max_queued",
+                Refused::Limit(rules::Refusal::Rate { scope, .. } | rules::Refusal::AboveBurst { scope, .. }) => {
+                    scope.as_str()
+                }
+                Refused::CircuitOpen { .. } => "circuit_open",
+                Refused::Store(_) => "store_unavailable",
+            };
+            metrics::counter!(crate::metrics::ADMISSION_REFUSED, "reason" => reason).increment(n);
+        }
+        admitted
+    }
+
+    async fn admit_all(&self, asks: Vec<Ask>) -> Result<Ticket, Refused> {
         let now = now_ms();
         let probes = self.pass_gates(&asks, now)?;
         let mut per_tenant: BTreeMap<&str, (u32, u64)> = BTreeMap::new();

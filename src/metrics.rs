@@ -230,7 +230,7 @@ pub fn describe() {
     );
     describe_counter!(
         ADMISSION_REFUSED,
-        "Submissions refused at the front door, by reason (max_queued, tenant_rate, user_rate, circuit_open)"
+        "Jobs refused at the front door, by reason (max_queued, tenant_rate, user_rate, circuit_open, store_unavailable)"
     );
     describe_counter!(
         OUTCOME_COUNT_FAILURES,

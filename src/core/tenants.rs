@@ -17,7 +17,8 @@ pub struct TenantRecord {
     pub tier: Tier,
     /// Overrides the tier's weight (not for free tenants: they share the free weight).
     pub weight: Option<f64>,
-    /// Most running jobs per pool and worker.
+    /// Most running jobs per pool: across the pool's workers when `worker.fleet_limits`
+    /// is on (the default; shared out by `core::quota`), else per worker.
     pub max_concurrency: Option<usize>,
     /// Most dispatches per second per pool and worker.
     pub rate_per_sec: Option<u32>,
