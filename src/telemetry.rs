@@ -73,6 +73,11 @@ pub fn init() -> Result<Option<Exporter>, String> {
     Ok(Some(Exporter(provider)))
 }
 
+/// Whether this process exports spans (checked before building anything for them).
+pub fn enabled() -> bool {
+    TRACER.get().is_some()
+}
+
 fn tracer() -> Option<&'static SdkTracer> {
     TRACER.get()
 }

@@ -29,11 +29,7 @@ struct Api {
 
 /// Makes an API key for `caller` in the deployment of `cfg` (as `fairway keys create`).
 async fn create_key(cfg: &Config, caller: &Caller) -> (String, String) {
-    let store = fairway::store::Store::open(cfg).await.expect("store");
-    let keys = store.key_statements().await.expect("key statements");
-    let k = fairway::core::auth::new_key(rand::random());
-    assert!(keys.insert(&k.id, &k.hash, caller, Some("it_api"), fairway::now_ms()).await.expect("insert key"));
-    (k.id, k.token)
+    common::create_key(cfg, caller, "it_api").await
 }
 
 fn client_with_key(token: &str) -> reqwest::Client {

@@ -57,11 +57,7 @@ struct Setup {
 }
 
 async fn create_key(cfg: &Config, caller: &Caller) -> String {
-    let store = fairway::store::Store::open(cfg).await.expect("store");
-    let keys = store.key_statements().await.expect("key statements");
-    let k = fairway::core::auth::new_key(rand::random());
-    assert!(keys.insert(&k.id, &k.hash, caller, Some("it_console"), fairway::now_ms()).await.expect("insert key"));
-    k.token
+    common::create_key(cfg, caller, "it_console").await.1
 }
 
 impl Setup {

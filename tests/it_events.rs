@@ -25,11 +25,7 @@ struct Api {
 }
 
 async fn create_key(cfg: &Config, caller: &Caller) -> String {
-    let store = fairway::store::Store::open(cfg).await.expect("store");
-    let keys = store.key_statements().await.expect("key statements");
-    let k = fairway::core::auth::new_key(rand::random());
-    assert!(keys.insert(&k.id, &k.hash, caller, Some("it_events"), fairway::now_ms()).await.expect("insert key"));
-    k.token
+    common::create_key(cfg, caller, "it_events").await.1
 }
 
 fn client_with_key(token: &str) -> reqwest::Client {

@@ -131,10 +131,11 @@ pub async fn execute(
     };
     let started_at = now_ms();
     waited.record(&sh, &job, started_at);
-    let group = sh.cfg.group(sh.pool.as_str());
-    let delivery =
-        telemetry::Delivery { topic: &origin.topic, partition: origin.partition, offset: origin.offset, group: &group };
-    let spans = telemetry::job(&job, &delivery);
+    // Spans only when exported: with export off the hot path builds nothing.
+    let spans = telemetry::enabled().then(|| sh.cfg.group(sh.pool.as_str())).and_then(|group| {
+        let (topic, partition, offset) = (origin.topic.as_str(), origin.partition, origin.offset);
+        telemetry::job(&job, &telemetry::Delivery { topic, partition, offset, group: &group })
+    });
     if let Some(spans) = &spans {
         spans.dispatch_wait(waited.from(&job), waited.received_at, waited.dispatched_at);
     }

@@ -287,3 +287,12 @@ impl Drop for LoggedWorker {
         }
     }
 }
+
+/// Creates an API key for `caller` in the test's keyspace: `(key id, bearer token)`.
+pub async fn create_key(cfg: &Config, caller: &fairway::core::auth::Caller, label: &str) -> (String, String) {
+    let store = fairway::store::Store::open(cfg).await.expect("store");
+    let keys = store.key_statements().await.expect("key statements");
+    let k = fairway::core::auth::new_key(rand::random());
+    assert!(keys.insert(&k.id, &k.hash, caller, Some(label), fairway::now_ms()).await.expect("insert key"));
+    (k.id, k.token)
+}

@@ -48,9 +48,7 @@ pub(super) struct Filters {
     until: Option<String>,
 }
 
-fn some(s: &Option<String>) -> Option<String> {
-    s.as_deref().map(str::trim).filter(|s| !s.is_empty()).map(str::to_string)
-}
+use super::some;
 
 fn bad(msg: String) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_QUERY, msg)

@@ -28,9 +28,7 @@ pub(super) struct JobsQuery {
     since: Option<String>,
 }
 
-fn some(s: &Option<String>) -> Option<String> {
-    s.as_deref().map(str::trim).filter(|s| !s.is_empty()).map(str::to_string)
-}
+use super::some;
 
 /// `GET /console/jobs`.
 pub(super) async fn page(

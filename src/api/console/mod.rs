@@ -30,6 +30,11 @@ use axum::routing::{get, post};
 use axum::Router;
 use session::{Sessions, Viewer};
 
+/// A form field's value, trimmed; None when missing or blank.
+fn some(s: &Option<String>) -> Option<String> {
+    s.as_deref().map(str::trim).filter(|s| !s.is_empty()).map(str::to_string)
+}
+
 /// The console's state inside the API's state: sessions, the live sampler, replays.
 #[derive(Default)]
 pub struct Console {
