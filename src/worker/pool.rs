@@ -148,6 +148,7 @@ pub async fn run(
     let mut paused: HashSet<i32> = HashSet::new();
     let pool = sh.pool.as_str();
     let mut stats_tick = tokio::time::interval(Duration::from_millis(500));
+    stats_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut fleet = sh.fleet_usage.subscribe();
 
     loop {
@@ -189,6 +190,17 @@ pub async fn run(
                     tracing::info!(pool, partitions = ?gone, dropped = dropped.len(), "partitions revoked");
                 }
             },
+            // Ahead of the job streams: under a flood those are always ready, and the
+            // stats, tenant changes and fleet usage must not wait for the flood to end.
+            _ = stats_tick.tick() => lp.publish_stats(),
+            Ok(()) = registry.changed() => {
+                let set = registry.borrow_and_update().clone();
+                lp.apply_tenants(set);
+            }
+            Ok(()) = fleet.changed() => {
+                let usage = fleet.borrow_and_update().clone();
+                lp.dispatcher.fold_fleet_usage(&usage, now_ms());
+            }
             Some(ev) = done_rx.recv() => {
                 lp.on_event(&consumer, ev);
                 while let Ok(ev) = done_rx.try_recv() {
@@ -209,15 +221,6 @@ pub async fn run(
                 }
             },
             _ = tokio::time::sleep(Duration::from_millis(wake)) => {}
-            _ = stats_tick.tick() => lp.publish_stats(),
-            Ok(()) = registry.changed() => {
-                let set = registry.borrow_and_update().clone();
-                lp.apply_tenants(set);
-            }
-            Ok(()) = fleet.changed() => {
-                let usage = fleet.borrow_and_update().clone();
-                lp.dispatcher.fold_fleet_usage(&usage, now_ms());
-            }
         }
 
         // Retry what overflowed once its tenant drained.
