@@ -168,3 +168,76 @@ async fn kill_9_of_a_worker_loses_nothing_and_reruns_only_what_the_kill_caught_u
     }
     assert!(in_window <= 10, "{in_window} jobs ran again after their result: more than the kill's window explains");
 }
+
+/// A short job that succeeds is stored as one finished record grouped by submission
+/// second (`core::finished`), not a `jobs` row; it is found by its id alone (status, the
+/// effectively-once check), and a job whose id is not a UUIDv7 keeps its `jobs` row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn succeeded_jobs_are_grouped_records_found_by_id_and_never_run_twice() {
+    let mut cfg = common::config("");
+    cfg.kafka.partitions = 1;
+    let cfg = common::arc(cfg);
+    common::init(&cfg).await;
+    let registry = Registry::from_config(&cfg, Default::default()).unwrap();
+    let worker = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair).await.unwrap();
+    let sub = Submitter::new(cfg.clone(), None).unwrap();
+    let jobs: Vec<NewJob> = (0..200).map(|i| new_job("acme", "echo", serde_json::json!({ "i": i }))).collect();
+    let mut ids = submit_all(&sub, &jobs).await;
+    let mut raw = common::job_record("acme", "echo");
+    raw.job_id = uuid::Uuid::new_v4().to_string(); // a producer's own id: a UUID, not v7
+    raw.payload = b"{\"raw\":true}".to_vec();
+    sub.produce(&raw).await.expect("produce");
+    ids.push(raw.job_id.clone());
+    let first = common::results_for(&cfg, &ids, Duration::from_secs(90)).await;
+    worker.stop().await;
+    assert_eq!(first.len(), ids.len(), "every job has a result");
+
+    let store = fairway::store::Store::open(&cfg).await.expect("store");
+    for (i, id) in ids.iter().enumerate() {
+        let row = store.job(id).await.expect("read").unwrap_or_else(|| panic!("job {id} has no state"));
+        assert_eq!(row.status.as_deref(), Some("succeeded"), "{row:?}");
+        assert_eq!(row.attempts, Some(1));
+        let want = if i < 200 { format!("{{\"i\":{i}}}") } else { "{\"raw\":true}".to_string() };
+        assert_eq!(row.output.as_deref().map(String::from_utf8_lossy).as_deref(), Some(want.as_str()));
+        assert_eq!(store.job_direct(id).await.expect("read").as_ref(), Some(&row));
+    }
+    // Where the states live: the UUIDv7 jobs' as grouped records, in few partitions.
+    let ks = store.keyspace().to_string();
+    let mut grouped = 0;
+    let mut buckets: std::collections::HashSet<i64> = std::collections::HashSet::new();
+    for id in &ids[..200] {
+        let b = fairway::core::finished::bucket(id).expect("submitted ids are UUIDv7");
+        let q = format!("SELECT job_id FROM {ks}.finished_jobs WHERE bucket = ? AND job_id = ?");
+        let res = store.session().query_unpaged(q, (b, id)).await.expect("query").into_rows_result().unwrap();
+        grouped += res.rows_num();
+        buckets.insert(b);
+        let q = format!("SELECT status FROM {ks}.jobs WHERE job_id = ?");
+        let res = store.session().query_unpaged(q, (id,)).await.expect("query").into_rows_result().unwrap();
+        let status = res.maybe_first_row::<(Option<String>,)>().unwrap().and_then(|r| r.0);
+        assert_ne!(status.as_deref(), Some("succeeded"), "job {id}: a succeeded row was written as well");
+    }
+    assert_eq!(grouped, 200, "every submitted job's state is a grouped record");
+    assert!(buckets.len() <= 3 * fairway::core::finished::SHARDS as usize, "{} partitions", buckets.len());
+    let q = format!("SELECT status FROM {ks}.jobs WHERE job_id = ?");
+    let res = store.session().query_unpaged(q, (&raw.job_id,)).await.expect("query").into_rows_result().unwrap();
+    let status = res.maybe_first_row::<(Option<String>,)>().unwrap().and_then(|r| r.0);
+    assert_eq!(status.as_deref(), Some("succeeded"), "a UUIDv4 id keeps its jobs row");
+
+    // Every record delivered again (a new consumer group reads the topic from the start):
+    // the effectively-once check finds each job finished and runs none of them again.
+    let mut again = (*cfg).clone();
+    again.kafka.group_prefix = format!("{}again.", cfg.kafka.group_prefix);
+    let again = common::arc(again);
+    let registry = Registry::from_config(&again, Default::default()).unwrap();
+    let worker = Worker::start(again.clone(), &[Pool::Short], registry, Policy::Fair).await.unwrap();
+    let sentinel = submit_all(&sub, &[new_job("acme", "echo", serde_json::json!({ "last": true }))]).await;
+    let mut all = ids.clone();
+    all.extend(sentinel.iter().cloned());
+    common::results_for(&cfg, &sentinel, Duration::from_secs(90)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    worker.stop().await;
+    let second = common::results_for(&cfg, &all, Duration::from_secs(5)).await;
+    let twice: Vec<_> = second.iter().filter(|(_, rs)| rs.len() > 1).map(|(id, _)| id).collect();
+    assert!(twice.is_empty(), "{} jobs ran again on redelivery, e.g. {:?}", twice.len(), twice.first());
+    assert_eq!(second.len(), all.len(), "the sentinel ran after the redelivered records");
+}

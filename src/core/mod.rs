@@ -9,6 +9,7 @@ pub mod backlog;
 pub mod breaker;
 pub mod console;
 pub mod events;
+pub mod finished;
 pub mod fleet;
 pub mod flow;
 pub mod frontier;

@@ -2,9 +2,12 @@
 //! effectively-once check) and one terminal write; issued one by one they cap a worker
 //! at the database's single-statement rate. Here concurrent callers' reads are merged
 //! into one `IN (...)` query and their writes into one unlogged batch, with a bounded
-//! number of requests in flight, so a round trip carries up to `MAX_BATCH` jobs.
+//! number of requests in flight, so a round trip carries up to `MAX_BATCH` jobs. Finished
+//! records (`core::finished`) have their own merged writes; reads merge a job's row and
+//! its finished record (`Lookup`).
 
 use super::{JobRow, StoreError};
+use crate::core::finished::{self, FinishedRecord};
 use crate::model::Millis;
 use scylla::client::session::Session;
 use scylla::statement::batch::{Batch, BatchType};
@@ -39,21 +42,32 @@ pub type StateValues = (
 );
 
 type WriteReq = (StateValues, oneshot::Sender<Result<(), StoreError>>);
+/// Owned values of the `put_finished` statement: (bucket, job id, record).
+pub type FinishedValues = (i64, String, Vec<u8>);
+type FinishedReq = (FinishedValues, oneshot::Sender<Result<(), StoreError>>);
 type ReadReq = (String, oneshot::Sender<Result<Option<JobRow>, StoreError>>);
 
 #[derive(Clone)]
 pub struct Coalescer {
     writes: mpsc::Sender<WriteReq>,
+    finished: mpsc::Sender<FinishedReq>,
     reads: mpsc::Sender<ReadReq>,
 }
 
 impl Coalescer {
-    pub fn start(session: Arc<Session>, put_state: PreparedStatement, get_jobs: PreparedStatement) -> Self {
+    pub fn start(
+        session: Arc<Session>,
+        put_state: PreparedStatement,
+        put_finished: PreparedStatement,
+        lookup: Arc<Lookup>,
+    ) -> Self {
         let (wtx, wrx) = mpsc::channel(4096);
+        let (ftx, frx) = mpsc::channel(4096);
         let (rtx, rrx) = mpsc::channel(4096);
         tokio::spawn(write_loop(session.clone(), put_state, wrx, "put job state"));
-        tokio::spawn(read_loop(session, get_jobs, rrx));
-        Coalescer { writes: wtx, reads: rtx }
+        tokio::spawn(write_loop(session, put_finished, frx, "put finished job"));
+        tokio::spawn(read_loop(lookup, rrx));
+        Coalescer { writes: wtx, finished: ftx, reads: rtx }
     }
 
     pub async fn put_state(&self, v: StateValues) -> Result<(), StoreError> {
@@ -62,11 +76,108 @@ impl Coalescer {
         rx.await.map_err(|_| closed())?
     }
 
+    /// A finished record; concurrent ones share batches (and so partition mutations: the
+    /// database merges a batch's rows of one partition).
+    pub async fn put_finished(&self, v: FinishedValues) -> Result<(), StoreError> {
+        let (tx, rx) = oneshot::channel();
+        self.finished.send((v, tx)).await.map_err(|_| closed())?;
+        rx.await.map_err(|_| closed())?
+    }
+
     pub async fn job(&self, job_id: &str) -> Result<Option<JobRow>, StoreError> {
         let (tx, rx) = oneshot::channel();
         self.reads.send((job_id.to_string(), tx)).await.map_err(|_| closed())?;
         rx.await.map_err(|_| closed())?
     }
+}
+
+/// Reads a job's state: its `jobs` row and, for UUIDv7 ids, its finished record
+/// (`core::finished`), merged into one `JobRow` (the newer wins).
+pub struct Lookup {
+    pub session: Arc<Session>,
+    pub get_jobs: PreparedStatement,
+    pub get_finished: PreparedStatement,
+}
+
+impl Lookup {
+    /// The states of `ids` (deduplicated by the caller); ids without any are absent.
+    pub async fn fetch(&self, ids: Vec<String>) -> Result<HashMap<String, JobRow>, StoreError> {
+        let mut by_bucket: HashMap<i64, Vec<String>> = HashMap::new();
+        for id in &ids {
+            if let Some(b) = finished::bucket(id) {
+                by_bucket.entry(b).or_default().push(id.clone());
+            }
+        }
+        let finished = futures::future::try_join_all(by_bucket.into_iter().map(|(b, ids)| self.finished(b, ids)));
+        let (mut rows, finished) = tokio::try_join!(self.rows(ids), finished)?;
+        for (id, record, output) in finished.into_iter().flatten() {
+            merge(&mut rows, id, record, output);
+        }
+        Ok(rows)
+    }
+
+    async fn rows(&self, ids: Vec<String>) -> Result<HashMap<String, JobRow>, StoreError> {
+        let err = |message: String| StoreError::Query { what: "get jobs", message };
+        let res = self.session.execute_unpaged(&self.get_jobs, (ids,)).await.map_err(|e| err(e.to_string()))?;
+        let rows = res.into_rows_result().map_err(|e| err(e.to_string()))?;
+        let it = rows.rows::<JobRow>().map_err(|e| err(e.to_string()))?;
+        let mut out = HashMap::new();
+        for r in it {
+            let r = r.map_err(|e| err(e.to_string()))?;
+            out.insert(r.job_id.clone(), r);
+        }
+        Ok(out)
+    }
+
+    async fn finished(&self, bucket: i64, ids: Vec<String>) -> Result<Vec<Finished>, StoreError> {
+        let err = |message: String| StoreError::Query { what: "get finished jobs", message };
+        let res =
+            self.session.execute_unpaged(&self.get_finished, (bucket, ids)).await.map_err(|e| err(e.to_string()))?;
+        let rows = res.into_rows_result().map_err(|e| err(e.to_string()))?;
+        let mut out = Vec::new();
+        for r in rows.rows::<(String, Vec<u8>)>().map_err(|e| err(e.to_string()))? {
+            let (id, blob) = r.map_err(|e| err(e.to_string()))?;
+            // A record this version cannot read is an error, not a missing job: treating
+            // it as absent would run a finished job again.
+            let (record, output) = FinishedRecord::decode(&blob).map_err(|e| err(format!("job {id}: {e}")))?;
+            out.push((id, record, output));
+        }
+        Ok(out)
+    }
+}
+
+type Finished = (String, FinishedRecord, Option<Vec<u8>>);
+
+/// Folds a finished record into the job's state when it is the newer of the two; the
+/// row's cancellation flag stays (it lives only there).
+fn merge(rows: &mut HashMap<String, JobRow>, id: String, record: FinishedRecord, output: Option<Vec<u8>>) {
+    let row = rows.get(&id);
+    if row.is_some_and(|r| {
+        !finished::newer_is_finished((r.generation, r.updated_at), (record.generation, record.updated_at))
+    }) {
+        return;
+    }
+    let cancel_requested = row.and_then(|r| r.cancel_requested);
+    let merged = JobRow {
+        job_id: id.clone(),
+        tenant: Some(record.tenant),
+        job_type: Some(record.job_type),
+        pool: Some(record.pool),
+        status: Some(record.status),
+        attempts: Some(record.attempts),
+        crash_count: Some(record.crash_count),
+        generation: Some(record.generation),
+        submitted_at: Some(record.submitted_at),
+        started_at: record.started_at,
+        finished_at: record.finished_at,
+        worker: Some(record.worker),
+        error: None,
+        failure_class: None,
+        output,
+        cancel_requested,
+        updated_at: Some(record.updated_at),
+    };
+    rows.insert(id, merged);
 }
 
 fn closed() -> StoreError {
@@ -135,35 +246,18 @@ pub(super) async fn write_loop<V>(
     .await
 }
 
-async fn read_loop(session: Arc<Session>, stmt: PreparedStatement, rx: mpsc::Receiver<ReadReq>) {
+async fn read_loop(lookup: Arc<Lookup>, rx: mpsc::Receiver<ReadReq>) {
     serve(rx, |reqs: Vec<ReadReq>| {
-        let (session, stmt) = (session.clone(), stmt.clone());
+        let lookup = lookup.clone();
         async move {
             let mut ids: Vec<String> = reqs.iter().map(|(id, _)| id.clone()).collect();
             ids.sort_unstable();
             ids.dedup();
-            let rows = fetch(&session, &stmt, ids).await;
+            let rows = lookup.fetch(ids).await;
             for (id, reply) in reqs {
                 let _ = reply.send(rows.as_ref().map(|m| m.get(&id).cloned()).map_err(Clone::clone));
             }
         }
     })
     .await
-}
-
-async fn fetch(
-    session: &Session,
-    stmt: &PreparedStatement,
-    ids: Vec<String>,
-) -> Result<HashMap<String, JobRow>, StoreError> {
-    let err = |message: String| StoreError::Query { what: "get jobs", message };
-    let res = session.execute_unpaged(stmt, (ids,)).await.map_err(|e| err(e.to_string()))?;
-    let rows = res.into_rows_result().map_err(|e| err(e.to_string()))?;
-    let it = rows.rows::<JobRow>().map_err(|e| err(e.to_string()))?;
-    let mut out = HashMap::new();
-    for r in it {
-        let r = r.map_err(|e| err(e.to_string()))?;
-        out.insert(r.job_id.clone(), r);
-    }
-    Ok(out)
 }

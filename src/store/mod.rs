@@ -15,6 +15,7 @@ mod tenants;
 mod tls;
 
 use crate::config::Config;
+use crate::core::finished;
 use crate::model::Millis;
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
@@ -94,6 +95,9 @@ pub struct JobRow {
     pub failure_class: Option<String>,
     pub output: Option<Vec<u8>>,
     pub cancel_requested: Option<bool>,
+    /// The last write's time (the writer's clock): orders this row against the job's
+    /// finished record (`core::finished`).
+    pub updated_at: Option<i64>,
 }
 
 impl JobRow {
@@ -134,7 +138,6 @@ pub struct HeartbeatRow {
 }
 
 struct Prepared {
-    get_job: PreparedStatement,
     put_state: PreparedStatement,
     put_running: PreparedStatement,
     request_cancel: PreparedStatement,
@@ -169,6 +172,7 @@ pub struct Store {
     keyspace: String,
     prepared: Arc<Prepared>,
     coalescer: coalesce::Coalescer,
+    lookup: Arc<coalesce::Lookup>,
     /// The deployment this store serves (its topic prefix): keeps the reaper, the
     /// promoter and their leases of deployments sharing a keyspace apart.
     scope: String,
@@ -186,7 +190,7 @@ pub fn schedule_bucket(at: Millis) -> i64 {
 fn get_jobs_cql(ks: &str) -> String {
     format!(
         "SELECT job_id, tenant, job_type, pool, status, attempts, crash_count, generation, submitted_at, \
-         started_at, finished_at, worker, error, failure_class, output, cancel_requested \
+         started_at, finished_at, worker, error, failure_class, output, cancel_requested, updated_at \
          FROM {ks}.jobs WHERE job_id IN ?"
     )
 }
@@ -242,15 +246,6 @@ impl Store {
             }
         };
         let prepared = Prepared {
-            get_job: prep(
-                format!(
-                    "SELECT job_id, tenant, job_type, pool, status, attempts, crash_count, generation, submitted_at, \
-                     started_at, finished_at, worker, error, failure_class, output, cancel_requested \
-                     FROM {ks}.jobs WHERE job_id = ?"
-                ),
-                "prepare get_job",
-            )
-            .await?,
             put_state: prep(
                 format!(
                     "UPDATE {ks}.jobs USING TTL {ttl} SET tenant = ?, job_type = ?, pool = ?, status = ?, attempts = ?, crash_count = ?, \
@@ -347,10 +342,22 @@ impl Store {
             .await?,
         };
         let get_jobs = prep(get_jobs_cql(&ks), "prepare get_jobs").await?;
+        let get_finished = prep(
+            format!("SELECT job_id, record FROM {ks}.finished_jobs WHERE bucket = ? AND job_id IN ?"),
+            "prepare get_finished",
+        )
+        .await?;
+        let put_finished = prep(
+            format!("INSERT INTO {ks}.finished_jobs (bucket, job_id, record) VALUES (?, ?, ?) USING TTL {ttl}"),
+            "prepare put_finished",
+        )
+        .await?;
         let session = Arc::new(session);
-        let coalescer = coalesce::Coalescer::start(session.clone(), prepared.put_state.clone(), get_jobs);
+        let lookup = Arc::new(coalesce::Lookup { session: session.clone(), get_jobs, get_finished });
+        let coalescer =
+            coalesce::Coalescer::start(session.clone(), prepared.put_state.clone(), put_finished, lookup.clone());
         let scope = cfg.kafka.topic_prefix.clone();
-        Ok(Store { session, keyspace: ks, prepared: Arc::new(prepared), coalescer, scope, row_ttl: ttl })
+        Ok(Store { session, keyspace: ks, prepared: Arc::new(prepared), coalescer, lookup, scope, row_ttl: ttl })
     }
 
     pub fn session(&self) -> &Session {
@@ -365,11 +372,9 @@ impl Store {
         self.coalescer.job(job_id).await
     }
 
-    /// A job's state by a single-key query (for tools; workers use `job`).
+    /// A job's state by a query of its own (for tools; workers use `job`).
     pub async fn job_direct(&self, job_id: &str) -> Result<Option<JobRow>, StoreError> {
-        let res = self.session.execute_unpaged(&self.prepared.get_job, (job_id,)).await.map_err(q("get job"))?;
-        let rows = res.into_rows_result().map_err(q("get job"))?;
-        rows.maybe_first_row::<JobRow>().map_err(q("get job"))
+        Ok(self.lookup.fetch(vec![job_id.to_string()]).await?.remove(job_id))
     }
 
     /// Writes a job's state (coalesced with concurrent writes into one unlogged batch).
@@ -393,6 +398,31 @@ impl Store {
             u.job_id.to_string(),
         );
         self.coalescer.put_state(v).await
+    }
+
+    /// Records a job that succeeded on a plain run as its finished record
+    /// (`core::finished`) instead of a `jobs` row. The caller makes sure the job has a
+    /// UUIDv7 id and that no `jobs` row holds a claim on it (see `worker::outcome`).
+    pub async fn put_finished(&self, u: &StateUpdate<'_>, now: Millis) -> Result<(), StoreError> {
+        let bucket = finished::bucket(u.job_id).ok_or_else(|| StoreError::Query {
+            what: "put finished job",
+            message: format!("job id {:?} is not a UUIDv7: its state belongs in the jobs table", u.job_id),
+        })?;
+        let record = finished::FinishedRecord {
+            status: u.status.to_string(),
+            tenant: u.tenant.to_string(),
+            job_type: u.job_type.to_string(),
+            pool: u.pool.to_string(),
+            attempts: u.attempts,
+            crash_count: u.crash_count,
+            generation: u.generation,
+            submitted_at: u.submitted_at,
+            started_at: u.started_at,
+            finished_at: u.finished_at,
+            worker: u.worker.to_string(),
+            updated_at: now,
+        };
+        self.coalescer.put_finished((bucket, u.job_id.to_string(), record.encode(u.output))).await
     }
 
     /// Marks a job running: its state row, a first heartbeat and its entry in the

@@ -21,6 +21,7 @@ pub const FACTS_CHUNK: usize = 100;
 #[derive(Clone)]
 pub struct RerunStatements {
     session: Arc<Session>,
+    lookup: Arc<super::coalesce::Lookup>,
     get_generation: PreparedStatement,
     insert_generation: PreparedStatement,
     cas_generation: PreparedStatement,
@@ -55,6 +56,7 @@ impl Store {
         };
         Ok(RerunStatements {
             session: self.session.clone(),
+            lookup: self.lookup.clone(),
             get_generation: prep(
                 format!("SELECT generation FROM {ks}.generations WHERE tenant = ? AND job_type = ?"),
                 "prepare get generation",
@@ -140,6 +142,14 @@ impl RerunStatements {
             for r in it {
                 let (job_id, status, generation, cancel_requested, updated_at) = r.map_err(q("read job rows"))?;
                 out.insert(job_id, JobFacts { facts: RowFacts { status, generation, cancel_requested }, updated_at });
+            }
+            // A finished record newer than the row (`core::finished`) gives the status and
+            // generation; the cancellation flag and the write time (the condition of
+            // `clear_cancel`) stay the row's.
+            for (id, state) in self.lookup.fetch(chunk.to_vec()).await? {
+                let f = out.entry(id).or_default();
+                f.facts.status = state.status;
+                f.facts.generation = state.generation;
             }
         }
         Ok(out)

@@ -13,6 +13,9 @@ pub const TABLES: &[(&str, &str)] = &[
          crash_count int, generation bigint, submitted_at bigint, started_at bigint, finished_at bigint, \
          worker text, error text, failure_class text, output blob, cancel_requested boolean, updated_at bigint)",
     ),
+    // Jobs that succeeded on a plain run, grouped by submission second and shard
+    // (`core::finished`): one blob per job, many jobs per partition mutation.
+    ("finished_jobs", "(bucket bigint, job_id text, record blob, PRIMARY KEY ((bucket), job_id))"),
     // Liveness of running jobs; rows expire (TTL ~3 intervals) when a worker dies.
     ("heartbeats", "(job_id text PRIMARY KEY, worker text, at bigint, progress double, message text)"),
     ("checkpoints", "(job_id text PRIMARY KEY, data blob, at bigint)"),

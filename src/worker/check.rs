@@ -16,7 +16,9 @@ use std::sync::Arc;
 const RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub(super) enum Check {
-    Run(Arc<JobSubmitted>),
+    /// Run it. `row_claimed`: its row was marked running or handed off (taken over or
+    /// claimed here), so its end is recorded in that row (see `outcome::record_end`).
+    Run { job: Arc<JobSubmitted>, row_claimed: bool },
     /// Handled without running; false if that outcome could not be made durable.
     Done(bool),
 }
@@ -36,6 +38,7 @@ pub(super) async fn before_run(sh: &Shared, job: Arc<JobSubmitted>, origin: &Ori
             return Check::Done(fail(sh, &job, origin, err, None).await);
         }
     };
+    let mut row_claimed = false;
     if fresh {
         metrics::counter!(m::STATE_READS_SKIPPED, "pool" => sh.pool.as_str()).increment(1);
     }
@@ -52,6 +55,7 @@ pub(super) async fn before_run(sh: &Shared, job: Arc<JobSubmitted>, origin: &Ori
         };
         let now = now_ms();
         let Some(row) = row else { break };
+        row_claimed |= matches!(row.status.as_deref(), Some("running" | "handed_off"));
         // Generations ("rerun all"): the row records the generation last run. A copy of
         // an older generation is superseded; a newer one runs even if the job finished.
         let row_gen = row.generation.unwrap_or(0);
@@ -169,5 +173,5 @@ pub(super) async fn before_run(sh: &Shared, job: Arc<JobSubmitted>, origin: &Ori
             return Check::Done(finish(sh, &job, JobStatus::Expired, None, Some(msg), None, None).await);
         }
     }
-    Check::Run(job)
+    Check::Run { job, row_claimed }
 }

@@ -121,8 +121,8 @@ pub async fn execute(
     waited: Waited,
 ) -> Ended {
     sh.front_door.lock().expect("front-door tally").dispatched(&job);
-    let job = match check::before_run(&sh, job, &origin).await {
-        check::Check::Run(job) => job,
+    let (job, row_claimed) = match check::before_run(&sh, job, &origin).await {
+        check::Check::Run { job, row_claimed } => (job, row_claimed),
         check::Check::Done(durable) => return Ended::Skipped.or_lost(durable),
     };
     let handler = match admit(&sh, &job, &origin).await {
@@ -140,8 +140,9 @@ pub async fn execute(
         spans.dispatch_wait(waited.from(&job), waited.received_at, waited.dispatched_at);
     }
     let process = spans.as_ref().and_then(|s| s.process(started_at));
-    let run =
+    let mut run =
         run(&sh, &job, handler, &mut slot, started_at, process.as_ref().and_then(telemetry::Live::traceparent)).await;
+    run.row_claimed = row_claimed;
     let ran_at = now_ms();
     let (label, error) = run.label();
     if let Some(process) = process {
@@ -191,9 +192,18 @@ pub(super) struct Run {
     pub live: Arc<JobLive>,
     /// A "running" row (and running-index entry) was written: clear the index after.
     pub running_written: bool,
+    /// The check found the job's row marked running or handed off (it took the job over
+    /// or claimed it): that row's status conditions later compare-and-set steps.
+    pub row_claimed: bool,
 }
 
 impl Run {
+    /// No `jobs` row holds a claim on the job: a success may be stored as a grouped
+    /// finished record (see `outcome::record_end`).
+    pub fn plain(&self) -> bool {
+        !self.running_written && !self.row_claimed
+    }
+
     /// What the run ended with, for its spans: a label and, for failures, why.
     fn label(&self) -> (&'static str, Option<String>) {
         match &self.result {
@@ -254,5 +264,5 @@ async fn run(
     slot.release(result.is_some());
     sh.running.lock().expect("running map").remove(&job.job_id);
     metrics::gauge!(m::JOBS_RUNNING, "pool" => sh.pool.as_str()).decrement(1.0);
-    Run { started_at, timeout, result, live, running_written }
+    Run { started_at, timeout, result, live, running_written, row_claimed: false }
 }

@@ -43,7 +43,10 @@ pub(super) async fn record(sh: &Shared, job: &JobSubmitted, origin: &Origin, run
             let msg = "cancelled: the handler did not stop within worker.cancel_grace and was aborted".to_string();
             finish(sh, job, JobStatus::Cancelled, None, Some(msg), None, started).await
         }
-        Some(Ok(Ok(output))) => finish(sh, job, JobStatus::Succeeded, Some(output.clone()), None, None, started).await,
+        Some(Ok(Ok(output))) => {
+            let result = result_of(sh, job, JobStatus::Succeeded, Some(output.clone()), None, None, started);
+            record_end(sh, job, &result, run.plain()).await
+        }
         Some(Ok(Err(err))) if live.is_cancelled() => {
             let msg = format!("cancelled while running ({})", err.message);
             finish(sh, job, JobStatus::Cancelled, None, Some(msg), None, started).await
@@ -165,10 +168,21 @@ pub(crate) async fn finish(
     class: Option<FailureClass>,
     started_at: Option<i64>,
 ) -> bool {
-    let finished_at = now_ms();
-    // Attempts recorded: the ones used before plus this one, unless it never ran.
-    let attempts = if started_at.is_some() { job.attempt + 1 } else { job.attempt };
-    let result = JobResult {
+    let result = result_of(sh, job, status, output, error, class, started_at);
+    record_end(sh, job, &result, false).await
+}
+
+/// A job's result as published (and, through `record_end`, stored).
+fn result_of(
+    sh: &Shared,
+    job: &JobSubmitted,
+    status: JobStatus,
+    output: Option<Vec<u8>>,
+    error: Option<String>,
+    failure_class: Option<FailureClass>,
+    started_at: Option<i64>,
+) -> JobResult {
+    JobResult {
         job_id: job.job_id.clone(),
         tenant: job.tenant.clone(),
         job_type: job.job_type.clone(),
@@ -176,26 +190,41 @@ pub(crate) async fn finish(
         status,
         output,
         error,
-        failure_class: class,
-        attempts,
+        failure_class,
+        // Attempts recorded: the ones used before plus this one, unless it never ran.
+        attempts: if started_at.is_some() { job.attempt + 1 } else { job.attempt },
         generation: job.generation,
         submitted_at: job.submitted_at,
         started_at,
-        finished_at,
+        finished_at: now_ms(),
         worker_id: sh.worker_id.clone(),
-    };
-    if !publish_result(sh, &result, job).await {
+    }
+}
+
+/// The end of `finish`: the result published, then the terminal state stored. `plain`:
+/// the job has a UUIDv7 id, succeeded, and no `jobs` row holds a claim on it (it was
+/// never marked running nor claimed after a hand-off), so its state is a finished record
+/// grouped with others (`core::finished`) rather than a row of its own.
+async fn record_end(sh: &Shared, job: &JobSubmitted, result: &JobResult, plain: bool) -> bool {
+    if !publish_result(sh, result, job).await {
         return false;
     }
-    let mut u = update(sh, job, status.as_str(), started_at, Some(finished_at));
+    let (status, finished_at) = (result.status, result.finished_at);
+    let mut u = update(sh, job, status.as_str(), result.started_at, Some(finished_at));
     u.error = result.error.as_deref();
-    u.failure_class = class.map(|c| c.as_str());
+    u.failure_class = result.failure_class.map(|c| c.as_str());
     u.output = result.output.as_deref();
-    u.attempts = attempts;
+    u.attempts = result.attempts;
+    let grouped = plain && status == JobStatus::Succeeded && crate::core::finished::bucket(&job.job_id).is_some();
     // The result is out: from here a failed write means a second run and a duplicate
     // result, so the write is retried through a store outage (a restart of the database
     // takes tens of seconds) before giving up; the offset stays uncommitted meanwhile.
-    if let Err(e) = retry_through_outage(|| sh.store.put_state(&u, finished_at)).await {
+    let written = if grouped {
+        retry_through_outage(|| sh.store.put_finished(&u, finished_at)).await
+    } else {
+        retry_through_outage(|| sh.store.put_state(&u, finished_at)).await
+    };
+    if let Err(e) = written {
         tracing::error!(job_id = %job.job_id, error = %e, "result published but the outcome could not be recorded; the job will be redelivered and run again");
         metrics::counter!(m::OUTCOME_WRITE_FAILURES, "pool" => sh.pool.as_str()).increment(1);
         return false;
