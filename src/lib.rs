@@ -8,7 +8,8 @@
 //!                 policy, circuit breakers, poison detection, spilled-backlog
 //!                 bookkeeping (`core::backlog`), W3C trace-context rules
 //!                 (`core::trace`), fleet-wide limits (`core::quota`: allotments;
-//!                 `core::flow`: flow keys and their gate). `now` is an argument.
+//!                 `core::flow`: flow keys and their gate), finished records grouped
+//!                 by submission second (`core::finished`). `now` is an argument.
 //! - `kafka`     – the Kafka edge (only module importing rdkafka).
 //! - `store`     – the ScyllaDB edge (only module importing scylla).
 //! - `handlers`  – the `Handler` trait, job context, HTTP executor, demo handlers.
