@@ -39,11 +39,20 @@ const FETCH_WAIT_MS: &str = "25";
 /// defaults, then `[kafka.properties]` (SASL, TLS, tuning). Settings a client sets after
 /// this (idempotence, acks, group, offset storage) are fairway's correctness and win.
 fn base(cfg: &Config) -> ClientConfig {
+    tuned(cfg, &[])
+}
+
+/// [`base`] with `tuning` defaults that `kafka.properties` (and `FAIRWAY_KAFKA_<NAME>`)
+/// may override; what correctness depends on is set by the caller after this.
+fn tuned(cfg: &Config, tuning: &[(&str, &str)]) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", &cfg.kafka.brokers)
         // Small local brokers answer slowly to metadata at first; be patient but bounded.
         .set("socket.timeout.ms", "10000")
         .set("log_level", "4");
+    for (k, v) in tuning {
+        c.set(*k, *v);
+    }
     for (k, v) in cfg.kafka.properties.iter() {
         c.set(k, v);
     }
@@ -211,11 +220,10 @@ pub async fn ensure_topics(cfg: &Config) -> Result<Vec<String>, KafkaError> {
 
 /// Idempotent producer: retries inside librdkafka never duplicate or reorder records.
 pub fn producer(cfg: &Config) -> Result<FutureProducer, KafkaError> {
-    base(cfg)
+    // Batching is tuning (`kafka.properties` may change it); durability is not.
+    tuned(cfg, &[("linger.ms", "10"), ("compression.type", "lz4")])
         .set("enable.idempotence", "true")
         .set("acks", "all")
-        .set("linger.ms", "2")
-        .set("compression.type", "lz4")
         .set("message.timeout.ms", "30000")
         .create()
         .map_err(client_err(cfg))
