@@ -189,6 +189,94 @@ impl UsageView {
     }
 }
 
+/// The recent buckets of one exchanged table (`outcome_counts`, `run_times`) as last
+/// read, keyed by bucket: a bucket read once it has *settled* (ended more than
+/// `settle_ms` ago, so every worker flushed its final cells) is never read again, so a
+/// pass over a window of N buckets reads only the newest one or two.
+#[derive(Debug)]
+pub struct BucketReads<T> {
+    pub bucket_ms: i64,
+    pub window_ms: i64,
+    pub settle_ms: i64,
+    /// bucket -> (cells, settled when read).
+    parts: BTreeMap<Millis, (Vec<T>, bool)>,
+}
+
+impl<T> BucketReads<T> {
+    pub fn new(bucket_ms: i64, window_ms: i64, settle_ms: i64) -> Self {
+        BucketReads { bucket_ms, window_ms, settle_ms, parts: BTreeMap::new() }
+    }
+
+    /// Drops the buckets that left the window and returns those to read now: the
+    /// window's buckets not read since they settled, oldest first.
+    pub fn wanted(&mut self, now: Millis) -> Vec<Millis> {
+        let (b, w) = (self.bucket_ms, self.window_ms);
+        self.parts.retain(|bucket, _| bucket + b > now - w);
+        window_buckets(now, w, b).into_iter().filter(|b| !matches!(self.parts.get(b), Some((_, true)))).collect()
+    }
+
+    /// Stores a bucket read at `now` (replacing the previous read).
+    pub fn put(&mut self, bucket: Millis, cells: Vec<T>, now: Millis) {
+        let settled = bucket + self.bucket_ms + self.settle_ms <= now;
+        self.parts.insert(bucket, (cells, settled));
+    }
+
+    /// Every cell held, with its bucket.
+    pub fn cells(&self) -> impl Iterator<Item = (Millis, &T)> {
+        self.parts.iter().flat_map(|(b, (cells, _))| cells.iter().map(move |c| (*b, c)))
+    }
+}
+
+/// One worker's cumulative cells per (bucket, key), with what was written: the worker
+/// writes a changed cell whole (no counters, so a retried write is harmless) and the
+/// readers sum the workers' cells.
+#[derive(Debug)]
+pub struct OwnCells<C> {
+    bucket_ms: i64,
+    /// bucket -> key -> (cell, written).
+    buckets: BTreeMap<Millis, HashMap<String, (C, bool)>>,
+}
+
+impl<C: Clone + PartialEq + Default> OwnCells<C> {
+    pub fn new(bucket_ms: i64) -> Self {
+        OwnCells { bucket_ms, buckets: BTreeMap::new() }
+    }
+
+    /// Changes the cell of `key` in the bucket of `now`.
+    pub fn update(&mut self, key: &str, now: Millis, change: impl FnOnce(&mut C)) {
+        let b = self.buckets.entry(bucket_start(now, self.bucket_ms)).or_default();
+        let c = b.entry(key.to_string()).or_insert_with(|| (C::default(), false));
+        change(&mut c.0);
+        c.1 = false;
+    }
+
+    /// Cells changed since written: (bucket, key, cell).
+    pub fn pending(&self) -> Vec<(Millis, String, C)> {
+        let mut out = Vec::new();
+        for (b, cells) in &self.buckets {
+            out.extend(cells.iter().filter(|(_, (_, w))| !w).map(|(k, (c, _))| (*b, k.clone(), c.clone())));
+        }
+        out
+    }
+
+    /// These cells were stored (unless they changed meanwhile).
+    pub fn written(&mut self, cells: &[(Millis, String, C)]) {
+        for (b, key, cell) in cells {
+            if let Some(c) = self.buckets.get_mut(b).and_then(|m| m.get_mut(key)) {
+                if c.0 == *cell {
+                    c.1 = true;
+                }
+            }
+        }
+    }
+
+    /// Forgets buckets older than `keep_ms`.
+    pub fn evict(&mut self, now: Millis, keep_ms: i64) {
+        let b = self.bucket_ms;
+        self.buckets.retain(|start, _| start + b > now - keep_ms);
+    }
+}
+
 // ----- fleet introspection -----------------------------------------------------------
 
 /// One row of `worker_stats`: a worker's scheduler snapshot of one pool.
