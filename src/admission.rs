@@ -19,8 +19,8 @@
 
 use crate::config::Config;
 use crate::core::admission::breaker::{self, Gate, Pass, BUCKET_MS};
-use crate::core::fleet::BucketReads;
 use crate::core::admission::{self as rules, Demand, Limit, QuotaLevels, RateLimiters, Refusal};
+use crate::core::fleet::BucketReads;
 use crate::core::tenants::TenantRecord;
 use crate::core::window::Counts;
 use crate::metrics as m;

@@ -105,7 +105,14 @@ impl ProgressSink {
 
 /// `pool_reclassified`: the classifier's leader moved `job_type` (see
 /// `core::events::pool_reclassified`).
-pub fn pool_reclassified(producer: &FutureProducer, cfg: &Config, worker: &str, job_type: &str, message: String, sticky_until: Millis) {
+pub fn pool_reclassified(
+    producer: &FutureProducer,
+    cfg: &Config,
+    worker: &str,
+    job_type: &str,
+    message: String,
+    sticky_until: Millis,
+) {
     let ev = rules::pool_reclassified(new_id(), job_type, message, sticky_until, now_ms());
     emit(producer, cfg, &JobEvent { worker: Some(worker.to_string()), ..ev });
 }

@@ -302,7 +302,8 @@ pub async fn run(
     let mut scan =
         Scan::open(cfg, "replay", vec![(topic.clone(), resume.clone())], opts.idle_timeout, started_at).await?;
 
-    let submitter = if opts.dry_run { None } else { Some(Arc::new(Submitter::new(Arc::new(cfg.clone()), Some(store.clone()))?)) };
+    let submitter =
+        if opts.dry_run { None } else { Some(Arc::new(Submitter::new(Arc::new(cfg.clone()), Some(store.clone()))?)) };
     let burst = NonZeroU32::new((rate.get() / 50).max(1)).unwrap_or(NonZeroU32::MIN);
     let limiter = RateLimiter::direct(Quota::per_second(rate).allow_burst(burst));
     let batch = (rate.get() as usize).clamp(1, 500);

@@ -8,7 +8,6 @@
 
 mod common;
 
-use fairway::api::{self, ApiState};
 use fairway::config::{AuthMode, Config};
 use fairway::core::retry::DurationMs;
 use fairway::model::{EventKind, JobResult, Pool};
@@ -19,6 +18,16 @@ const TYPE: &str = "[job_types.slowpoke]\npool = \"short\"\nhandler = \"sleep\"\
 /// Short window and sample count so the test runs in well under a minute.
 const CLASSIFIER: &str = "[pools.short]\nmax_run = \"1s\"\n\
                           [classifier]\nwindow = \"30s\"\nmin_runs = 6\ninterval = \"1s\"\ncache = \"500ms\"\n";
+
+/// A child process killed when the test ends, also when it fails.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -87,7 +96,7 @@ async fn a_short_type_running_long_moves_to_medium_and_its_next_jobs_run_there()
     let metrics_port = free_port();
     let extra = format!("{TYPE}{CLASSIFIER}[worker]\nmetrics_listen = \"127.0.0.1:{metrics_port}\"\n");
     let path = common::config_file(&cfg, &extra, dir.path());
-    let mut worker = common::spawn_worker(&path, "short,medium");
+    let _worker = KillOnDrop(common::spawn_worker(&path, "short,medium"));
     let t0 = Instant::now();
 
     // 8 jobs of 1.5 s: every run is over the short pool's 1 s.
@@ -114,13 +123,7 @@ async fn a_short_type_running_long_moves_to_medium_and_its_next_jobs_run_there()
     assert_eq!(result_of(&cfg, &next[0]).await.pool, Pool::Medium);
 
     // The HTTP API routes it there too; an explicit pool still wins.
-    let state = ApiState::connect(cfg.clone(), None).await.expect("API state");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(api::serve(listener, state, async move {
-        let _ = rx.await;
-    }));
+    let (base, stop) = common::serve_api(&cfg).await;
     let http = reqwest::Client::new();
     for (pool, want) in [(None, "medium"), (Some("short"), "short")] {
         let body: serde_json::Value = serde_json::from_str(&job_line(100, pool)).unwrap();
@@ -141,7 +144,10 @@ async fn a_short_type_running_long_moves_to_medium_and_its_next_jobs_run_there()
         .sum();
     assert!(over >= 8.0, "{violations:?}");
     let moves = metric_lines(metrics_port, "fairway_pool_reclassifications_total").await;
-    assert!(moves.iter().any(|l| l.contains("from=\"short\"") && l.contains("to=\"medium\"") && l.ends_with(" 1")), "{moves:?}");
+    assert!(
+        moves.iter().any(|l| l.contains("from=\"short\"") && l.contains("to=\"medium\"") && l.ends_with(" 1")),
+        "{moves:?}"
+    );
 
     // The event, on the events topic.
     let events = common::read_until(
@@ -159,6 +165,4 @@ async fn a_short_type_running_long_moves_to_medium_and_its_next_jobs_run_there()
     eprintln!("reclassified after {decided:?} (worker start to decision): {msg}");
 
     let _ = stop.send(());
-    let _ = worker.kill();
-    let _ = worker.wait();
 }

@@ -89,7 +89,18 @@ impl ClassifierStatements {
     pub async fn put_runs(&self, bucket: Millis, cells: &[RunTimeCell], ttl_secs: i32) -> Result<(), StoreError> {
         let writes = cells.iter().map(|c| {
             let r = &c.cell;
-            let v = (self.scope.as_str(), bucket, &c.job_type, c.pool.as_str(), &c.worker, r.runs, r.over, r.under, &r.hist, ttl_secs);
+            let v = (
+                self.scope.as_str(),
+                bucket,
+                &c.job_type,
+                c.pool.as_str(),
+                &c.worker,
+                r.runs,
+                r.over,
+                r.under,
+                &r.hist,
+                ttl_secs,
+            );
             self.session.execute_unpaged(&self.put_runs, v)
         });
         for r in futures::future::join_all(writes).await {

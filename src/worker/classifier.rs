@@ -60,13 +60,18 @@ fn failed(step: &'static str, e: &StoreError) {
 }
 
 /// One evaluation of every configured job type.
-async fn pass(sh: &Shared, stmts: &ClassifierStatements, reads: &mut BucketReads<RunTimeCell>) -> Result<(), StoreError> {
+async fn pass(
+    sh: &Shared,
+    stmts: &ClassifierStatements,
+    reads: &mut BucketReads<RunTimeCell>,
+) -> Result<(), StoreError> {
     let cfg = &sh.cfg.classifier;
     let now = now_ms();
     for b in reads.wanted(now) {
         reads.put(b, stmts.runs(b).await?, now);
     }
-    let mut classes: HashMap<String, Class> = stmts.classes().await?.into_iter().map(|r| (r.job_type, r.class)).collect();
+    let mut classes: HashMap<String, Class> =
+        stmts.classes().await?.into_iter().map(|r| (r.job_type, r.class)).collect();
     let cells = reads.cells().map(|(b, c)| (b, c.job_type.as_str(), c.pool, &c.cell));
     let window = window_runs(cells, now, cfg.window.0);
     for (name, jt) in &sh.cfg.job_types {

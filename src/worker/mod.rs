@@ -4,8 +4,8 @@
 //! between them and Kafka / ScyllaDB.
 
 pub mod backlog;
-pub mod classifier;
 mod check;
+pub mod classifier;
 pub mod dispatch;
 pub mod exec;
 pub mod fresh;
