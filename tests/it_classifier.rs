@@ -102,8 +102,11 @@ async fn a_short_type_running_long_moves_to_medium_and_its_next_jobs_run_there()
     // 8 jobs of 1.5 s: every run is over the short pool's 1 s.
     let ids = submit_cli(&path, &(0..8).map(|_| job_line(1_500, None)).collect::<Vec<_>>(), &[]);
     assert_eq!(ids.len(), 8, "{ids:?}");
+    let mut last_finished = 0;
     for id in &ids {
-        assert_eq!(result_of(&cfg, id).await.pool, Pool::Short, "configured short, not yet measured");
+        let r = result_of(&cfg, id).await;
+        assert_eq!(r.pool, Pool::Short, "configured short, not yet measured");
+        last_finished = last_finished.max(r.finished_at);
     }
     let moved = class_of(&cfg, "slowpoke", Duration::from_secs(45)).await;
     assert_eq!(moved, Some(Pool::Medium), "the classifier never moved slowpoke");
@@ -162,7 +165,10 @@ async fn a_short_type_running_long_moves_to_medium_and_its_next_jobs_run_there()
     assert_eq!((ev.job_id.as_str(), ev.job_type.as_str()), ("job_type/slowpoke", "slowpoke"));
     let msg = ev.message.as_deref().unwrap_or_default();
     assert!(msg.contains("from pool short to medium"), "{msg}");
-    eprintln!("reclassified after {decided:?} (worker start to decision): {msg}");
+    eprintln!(
+        "reclassified {} ms after the last slow run ended ({decided:?} after the worker started): {msg}",
+        ev.at - last_finished
+    );
 
     let _ = stop.send(());
 }
