@@ -4,13 +4,16 @@
 //! by the classifier's leader in a `fairway worker` process; the next submission of that
 //! type (`fairway submit` in its own process, and the HTTP API) goes to the medium pool
 //! topic and runs there; the worker's metrics show the violations and the move; the
-//! `pool_reclassified` event is on the events topic; an explicit pool still wins.
+//! `pool_reclassified` event is on the events topic; an explicit pool still wins; a
+//! replayed dead letter of the type goes to medium unless its record names another pool
+//! than the configured one.
 
 mod common;
 
 use fairway::config::{AuthMode, Config};
+use fairway::core::replay::{ReplayFilter, ReplaySource};
 use fairway::core::retry::DurationMs;
-use fairway::model::{EventKind, JobResult, Pool};
+use fairway::model::{DeadLetter, EventKind, FailureClass, JobResult, JobSubmitted, Pool};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -56,6 +59,45 @@ fn job_line(ms: u64, pool: Option<&str>) -> String {
         j["pool"] = p.into();
     }
     j.to_string()
+}
+
+/// A dead letter of a slowpoke job whose record names `pool`, on the DLQ topic.
+async fn dead_letter(cfg: &Config, pool: Pool) -> String {
+    let job = JobSubmitted {
+        pool: Some(pool),
+        ..JobSubmitted::original(uuid::Uuid::now_v7().to_string(), "acme".into(), "slowpoke".into(), b"{}".to_vec(), 0)
+    };
+    let dl = DeadLetter {
+        job: Some(job.clone()),
+        raw: None,
+        failure_class: FailureClass::AppError,
+        reason: "gave up".into(),
+        last_error: None,
+        attempts: 3,
+        first_failure_at: 0,
+        last_failure_at: 0,
+        origin_topic: cfg.pool_topic(pool),
+        origin_partition: 0,
+        origin_offset: 0,
+        replay_count: 0,
+    };
+    let producer = fairway::kafka::producer(cfg).unwrap();
+    let bytes = fairway::codec::encode_dead_letter(&dl).unwrap();
+    fairway::kafka::send(&producer, &cfg.dlq_topic(), "acme", &bytes).await.expect("dead letter");
+    job.job_id
+}
+
+/// Whether the job `id` is on `pool`'s topic (read for up to 20 s).
+async fn on_topic(cfg: &Config, pool: Pool, id: &str) -> bool {
+    let jobs = common::read_until(
+        cfg,
+        &cfg.pool_topic(pool),
+        Duration::from_secs(20),
+        |b, _, _| fairway::codec::decode_job(b).ok(),
+        |v| v.iter().any(|j| j.job_id == id),
+    )
+    .await;
+    jobs.iter().any(|j| j.job_id == id)
 }
 
 /// The one result of `id`.
@@ -114,15 +156,7 @@ async fn a_short_type_running_long_moves_to_medium_and_its_next_jobs_run_there()
 
     // The next submission, from another process, lands on the medium topic and runs there.
     let next = submit_cli(&path, &[job_line(200, None)], &[]);
-    let on_medium = common::read_until(
-        &cfg,
-        &cfg.pool_topic(Pool::Medium),
-        Duration::from_secs(20),
-        |b, _, _| fairway::codec::decode_job(b).ok(),
-        |v| v.iter().any(|j| j.job_id == next[0]),
-    )
-    .await;
-    assert!(on_medium.iter().any(|j| j.job_id == next[0]), "the next job is not on the medium topic");
+    assert!(on_topic(&cfg, Pool::Medium, &next[0]).await, "the next job is not on the medium topic");
     assert_eq!(result_of(&cfg, &next[0]).await.pool, Pool::Medium);
 
     // The HTTP API routes it there too; an explicit pool still wins.
@@ -137,6 +171,16 @@ async fn a_short_type_running_long_moves_to_medium_and_its_next_jobs_run_there()
     }
     let explicit = submit_cli(&path, &[job_line(100, Some("short"))], &[]);
     assert_eq!(result_of(&cfg, &explicit[0]).await.pool, Pool::Short, "an explicit pool wins");
+
+    // Replays: a dead letter naming the configured pool follows the class; one naming
+    // another pool keeps it.
+    let (follows, keeps) = (dead_letter(&cfg, Pool::Short).await, dead_letter(&cfg, Pool::Long).await);
+    let mut o = fairway::replayer::ReplayOptions::new(ReplaySource::Dlq);
+    o.filter = ReplayFilter { tenant: Some("acme".into()), ..Default::default() };
+    let report = fairway::replayer::run(&cfg, o, |_| {}).await.expect("replay");
+    assert_eq!(report.replayed, 2, "{report:#?}");
+    assert!(on_topic(&cfg, Pool::Medium, &follows).await, "the replayed short job is not on medium");
+    assert!(on_topic(&cfg, Pool::Long, &keeps).await, "the replayed long job left long");
 
     // The worker's metrics: the violations and the move.
     let violations = metric_lines(metrics_port, "fairway_pool_violations_total").await;
