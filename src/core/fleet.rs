@@ -932,4 +932,35 @@ mod tests {
         assert_eq!(js["tenants"][0]["backlog"]["total"], 6);
         assert_eq!(js["tenants"][0]["running"], 2);
     }
+
+    #[test]
+    fn bucket_reads_read_a_settled_bucket_once_and_forget_what_left_the_window() {
+        let mut r: BucketReads<u8> = BucketReads::new(10_000, 30_000, 5_000);
+        // The window (10 s, 40 s] overlaps the buckets starting at 10, 20, 30 and 40 s.
+        assert_eq!(r.wanted(40_000), vec![10_000, 20_000, 30_000, 40_000]);
+        for b in [10_000, 20_000, 30_000, 40_000] {
+            r.put(b, vec![1], 40_000);
+        }
+        // 10 s and 20 s had settled when read (ended 5 s before or earlier); 30 s and 40 s not.
+        assert_eq!(r.wanted(41_000), vec![30_000, 40_000]);
+        assert_eq!(r.cells().count(), 4);
+        // At 55 s the window is (25 s, 55 s]: bucket 10 s is dropped, 50 s is new.
+        assert_eq!(r.wanted(55_000), vec![30_000, 40_000, 50_000]);
+        assert_eq!(r.cells().map(|(b, _)| b).collect::<Vec<_>>(), vec![20_000, 30_000, 40_000]);
+    }
+
+    #[test]
+    fn own_cells_are_rewritten_only_when_changed_and_evicted_by_age() {
+        let mut c: OwnCells<i64> = OwnCells::new(10_000);
+        c.update("a", 1_000, |v| *v += 1);
+        c.update("b", 12_000, |v| *v += 5);
+        let p = c.pending();
+        assert_eq!(p, vec![(0, "a".to_string(), 1), (10_000, "b".to_string(), 5)]);
+        c.written(&p);
+        assert!(c.pending().is_empty());
+        c.update("b", 13_000, |v| *v += 1);
+        assert_eq!(c.pending(), vec![(10_000, "b".to_string(), 6)], "cumulative, written whole");
+        c.evict(31_000, 10_000);
+        assert_eq!(c.pending(), Vec::<(Millis, String, i64)>::new(), "bucket 10 s ended 11 s ago, evicted");
+    }
 }
