@@ -20,6 +20,7 @@
 use crate::config::Config;
 use crate::core::admission::breaker::{self, Gate, Pass, BUCKET_MS};
 use crate::core::admission::{self as rules, Demand, Limit, QuotaLevels, RateLimiters, Refusal};
+use crate::core::fleet::BucketReads;
 use crate::core::tenants::TenantRecord;
 use crate::core::window::Counts;
 use crate::metrics as m;
@@ -346,18 +347,22 @@ const GATE_INTERVAL: Duration = Duration::from_secs(1);
 /// Buckets this long past their end are final (workers flush every second) and cached.
 const SETTLE_MS: i64 = 5_000;
 
+/// The window's outcome buckets as last read.
+type OutcomeReads = BucketReads<crate::store::OutcomeCell>;
+
 /// Feeds the breakers every second: reads the window's outcome buckets (settled ones
 /// once), sums them per pool and job type, opens gates, and asks the store for the
 /// probes' verdicts.
 async fn gates_loop(adm: std::sync::Weak<Admission>, mut stop: tokio::sync::watch::Receiver<bool>) {
-    let mut cache: BTreeMap<Millis, Vec<crate::store::OutcomeCell>> = BTreeMap::new();
+    let mut reads = None;
     loop {
         tokio::select! {
             _ = stop.changed() => return,
             _ = tokio::time::sleep(GATE_INTERVAL) => {}
         }
         let Some(adm) = adm.upgrade() else { return };
-        if let Err(e) = adm.feed_gates(&mut cache).await {
+        let reads = reads.get_or_insert_with(|| adm.outcome_reads());
+        if let Err(e) = adm.feed_gates(reads).await {
             tracing::warn!(error = %e, "submission breakers: cannot read outcome counts; keeping their state");
         }
     }
@@ -369,22 +374,20 @@ impl Admission {
         if !self.cfg.admission.breaker.enabled {
             return Ok(());
         }
-        self.feed_gates(&mut BTreeMap::new()).await
+        self.feed_gates(&mut self.outcome_reads()).await
     }
 
-    async fn feed_gates(&self, cache: &mut BTreeMap<Millis, Vec<crate::store::OutcomeCell>>) -> Result<(), StoreError> {
+    fn outcome_reads(&self) -> OutcomeReads {
+        BucketReads::new(BUCKET_MS, self.cfg.admission.breaker.window.0, SETTLE_MS)
+    }
+
+    async fn feed_gates(&self, reads: &mut OutcomeReads) -> Result<(), StoreError> {
         let (Some(stmts), Some(store)) = (&self.stmts, &self.store) else { return Ok(()) };
         let bc = &self.cfg.admission.breaker;
         let now = now_ms();
         let window = bc.window.0;
-        cache.retain(|b, _| b + BUCKET_MS > now - window);
-        let first = crate::core::fleet::bucket_start(now - window + 1, BUCKET_MS);
-        let mut b = first;
-        while b <= now {
-            if !cache.contains_key(&b) || b + BUCKET_MS + SETTLE_MS > now {
-                cache.insert(b, stmts.outcomes(b).await?);
-            }
-            b += BUCKET_MS;
+        for b in reads.wanted(now) {
+            reads.put(b, stmts.outcomes(b).await?, now);
         }
         let since: HashMap<String, Millis> = self
             .gates
@@ -393,9 +396,7 @@ impl Admission {
             .iter()
             .map(|(k, g)| (k.clone(), g.counting_since().unwrap_or(Millis::MAX)))
             .collect();
-        let cells = cache.iter().flat_map(|(b, cells)| {
-            cells.iter().map(move |c| (*b, c.pool.as_str(), c.job_type.as_str(), c.ok, c.failed))
-        });
+        let cells = reads.cells().map(|(b, c)| (b, c.pool.as_str(), c.job_type.as_str(), c.ok, c.failed));
         let sums = breaker::window_counts(cells, now, window, |k| since.get(k).copied().unwrap_or(Millis::MIN));
         let probes: Vec<(String, String)> = {
             let mut gates = self.gates.lock().expect("gates");

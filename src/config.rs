@@ -75,6 +75,10 @@ pub struct Config {
     /// Result callbacks (`[webhooks]`).
     #[serde(default)]
     pub webhooks: WebhooksConfig,
+    /// The pool classifier (`[classifier]`): job types move to the pool their measured
+    /// run times fit (`core::classifier`).
+    #[serde(default)]
+    pub classifier: crate::core::classifier::ClassifierConfig,
 }
 
 /// Limits of flow-control keys (`core::flow`): per key here, or per job type with
@@ -275,6 +279,10 @@ pub struct PoolConfig {
     /// stop (`ctx.stop_reason()`) and handed off to another worker through their
     /// checkpoints. 0 (the long pool's default): hand off at once.
     pub drain_timeout: Duration,
+    /// Upper end of the pool's run-time range; the lower end is the previous pool's
+    /// (short < 1 s, medium 1 s - 1 min, long beyond: seed 002). Runs outside it are
+    /// pool violations (`core::classifier`). None: no upper end (long).
+    pub max_run: Option<Duration>,
 }
 
 impl PoolConfig {
@@ -289,6 +297,7 @@ impl PoolConfig {
                 fast_lanes: None,
                 fast_lane_max_estimate: None,
                 drain_timeout: s(30),
+                max_run: Some(s(1)),
             },
             Pool::Medium => PoolConfig {
                 slots: 16,
@@ -298,6 +307,7 @@ impl PoolConfig {
                 fast_lanes: None,
                 fast_lane_max_estimate: None,
                 drain_timeout: s(60),
+                max_run: Some(s(60)),
             },
             Pool::Long => PoolConfig {
                 slots: 4,
@@ -307,6 +317,7 @@ impl PoolConfig {
                 fast_lanes: None,
                 fast_lane_max_estimate: None,
                 drain_timeout: s(0),
+                max_run: None,
             },
         }
     }
@@ -351,6 +362,8 @@ fn pools_over_defaults<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMa
         fast_lane_max_estimate: Option<Duration>,
         #[serde(default, with = "humantime_serde_opt")]
         drain_timeout: Option<Duration>,
+        #[serde(default, with = "humantime_serde_opt")]
+        max_run: Option<Duration>,
     }
     let mut pools = default_pools();
     for (pool, s) in BTreeMap::<Pool, Section>::deserialize(d)? {
@@ -362,6 +375,7 @@ fn pools_over_defaults<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMa
         c.fast_lanes = s.fast_lanes.or(c.fast_lanes);
         c.fast_lane_max_estimate = s.fast_lane_max_estimate.or(c.fast_lane_max_estimate);
         c.drain_timeout = s.drain_timeout.unwrap_or(c.drain_timeout);
+        c.max_run = s.max_run.or(c.max_run);
     }
     Ok(pools)
 }
@@ -492,6 +506,8 @@ impl Config {
                 return Err(invalid(format!("pools.{pool}.slots"), "must be at least 1"));
             }
         }
+        self.check_run_ranges()?;
+        self.classifier.validate().map_err(|m| invalid("classifier", m))?;
         for (name, t) in &self.tenants {
             if name.is_empty() || name.len() > 128 {
                 return Err(invalid("tenants", "tenant names must be 1 to 128 characters"));
@@ -595,6 +611,30 @@ impl Config {
     pub fn pool(&self, pool: Pool) -> PoolConfig {
         self.pools.get(&pool).cloned().unwrap_or_else(|| PoolConfig::default_for(pool))
     }
+    /// The pools' run-time ranges (`max_run`), for the classifier.
+    pub fn run_ranges(&self) -> crate::core::classifier::Ranges {
+        let ms = |d: Duration| d.as_millis().min(i64::MAX as u128) as i64;
+        crate::core::classifier::Ranges::new(Pool::ALL.map(|p| (p, self.pool(p).max_run.map(ms))))
+    }
+
+    /// Each pool's `max_run` is above the previous pool's.
+    fn check_run_ranges(&self) -> Result<(), ConfigError> {
+        let mut below: Option<(Pool, Duration)> = None;
+        for p in Pool::ALL {
+            let max = self.pool(p).max_run;
+            if let (Some((q, b)), Some(m)) = (below, max) {
+                if m <= b {
+                    return Err(invalid(
+                        format!("pools.{p}.max_run"),
+                        format!("must be above pools.{q}.max_run ({b:?}): the ranges follow short < medium < long"),
+                    ));
+                }
+            }
+            below = max.map(|m| (p, m)).or(below);
+        }
+        Ok(())
+    }
+
     pub fn job_timeout(&self, job_type: &JobTypeConfig) -> Duration {
         job_type.timeout.unwrap_or_else(|| self.pool(job_type.pool).default_timeout)
     }
@@ -661,6 +701,20 @@ mod tests {
         assert_eq!(c.pool(Pool::Medium).fast_lanes_for(Pool::Medium), 1, "16 slots / 16");
         let err = Config::parse("[pools.medium]\nslotz = 3\n", "t").unwrap_err().to_string();
         assert!(err.contains("slotz"), "{err}");
+    }
+
+    #[test]
+    fn pool_run_ranges_default_to_the_seed_and_must_increase() {
+        let r = Config::builtin().run_ranges();
+        assert_eq!(r.range(Pool::Short), (0, Some(1_000)));
+        assert_eq!(r.range(Pool::Medium), (1_000, Some(60_000)));
+        assert_eq!(r.range(Pool::Long), (60_000, None));
+        let c = Config::parse("[pools.short]\nmax_run = \"30s\"\n[pools.medium]\nmax_run = \"10min\"\n", "t").unwrap();
+        assert_eq!(c.run_ranges().range(Pool::Medium), (30_000, Some(600_000)));
+        let err = Config::parse("[pools.medium]\nmax_run = \"500ms\"\n", "t").unwrap_err().to_string();
+        assert!(err.contains("pools.medium.max_run") && err.contains("short < medium"), "{err}");
+        let err = Config::parse("[classifier]\nmax_violation_share = 2.0\n", "t").unwrap_err().to_string();
+        assert!(err.contains("classifier") && err.contains("0.01"), "{err}");
     }
 
     #[test]

@@ -103,6 +103,20 @@ impl ProgressSink {
     }
 }
 
+/// `pool_reclassified`: the classifier's leader moved `job_type` (see
+/// `core::events::pool_reclassified`).
+pub fn pool_reclassified(
+    producer: &FutureProducer,
+    cfg: &Config,
+    worker: &str,
+    job_type: &str,
+    message: String,
+    sticky_until: Millis,
+) {
+    let ev = rules::pool_reclassified(new_id(), job_type, message, sticky_until, now_ms());
+    emit(producer, cfg, &JobEvent { worker: Some(worker.to_string()), ..ev });
+}
+
 /// `retrying`: an attempt failed and the next is due at `next_at`.
 pub fn retrying(
     producer: &FutureProducer,

@@ -9,14 +9,16 @@
 //!                 bookkeeping (`core::backlog`), W3C trace-context rules
 //!                 (`core::trace`), fleet-wide limits (`core::quota`: allotments;
 //!                 `core::flow`: flow keys and their gate), finished records grouped
-//!                 by submission second (`core::finished`). `now` is an argument.
+//!                 by submission second (`core::finished`), the pool classifier
+//!                 (`core::classifier`). `now` is an argument.
 //! - `kafka`     – the Kafka edge (only module importing rdkafka).
 //! - `store`     – the ScyllaDB edge (only module importing scylla).
 //! - `handlers`  – the `Handler` trait, job context, HTTP executor, demo handlers.
 //! - `worker`    – consumer loops moving data between Kafka, the cores and the store
 //!                 (a job's route: `check` → `exec` admit/run → `outcome`;
 //!                 `worker::backlog`: the spill path of floods beyond the buffer;
-//!                 `worker::quota`: the exchange of fleet-wide limits).
+//!                 `worker::quota`: the exchange of fleet-wide limits;
+//!                 `worker::classifier`: the pool classifier's leader).
 //! - `events`    – watching a job: lifecycle/progress events on the events topic, the
 //!                 history recorder and the live feed (rules: `core::events`, statements:
 //!                 `store::events`, routes: `api::events`).
@@ -27,6 +29,10 @@
 //! - `admission` – the front door of the HTTP API and `fairway submit`: queue depth,
 //!                 tenant and per-user rates, submission circuit breakers, quota alerts
 //!                 (rules: `core::admission`, counts: `store::admission`).
+//! - `classifier` – the pool classifier's submit side: new and replayed jobs of a
+//!                 reclassified job type go to the pool its measured run times fit
+//!                 (rules: `core::classifier`, tables: `store::classifier`, measuring and
+//!                 deciding: `worker::classifier`).
 //! - `tenants`   – the live tenants registry (store rows, polled; rules in `core::tenants`).
 //! - `replayer`  – the I/O shell of `fairway replay` (decisions: `core::replay`): dead
 //!                 letters / retry records back to their pool.
@@ -41,6 +47,7 @@
 
 pub mod admission;
 pub mod api;
+pub mod classifier;
 pub mod codec;
 pub mod config;
 pub mod core;

@@ -64,6 +64,12 @@ pub const QUOTA_TENANTS_OVER: &str = "fairway_quota_tenants_over";
 pub const SUBMIT_BREAKER_OPEN: &str = "fairway_submit_breaker_open";
 pub const ADMISSION_REFUSED: &str = "fairway_admission_refused_total";
 pub const OUTCOME_COUNT_FAILURES: &str = "fairway_outcome_count_failures_total";
+pub const POOL_VIOLATIONS: &str = "fairway_pool_violations_total";
+pub const POOL_RECLASSIFICATIONS: &str = "fairway_pool_reclassifications_total";
+pub const POOL_CLASS: &str = "fairway_pool_class";
+pub const RUN_TIME_WRITE_FAILURES: &str = "fairway_run_time_write_failures_total";
+pub const CLASSIFIER_PASS_FAILURES: &str = "fairway_classifier_pass_failures_total";
+pub const POOL_CLASS_READ_FAILURES: &str = "fairway_pool_class_read_failures_total";
 
 /// Bucket bounds (seconds) of the job latency histograms: they include the pools' SLOs
 /// (0.5 s, 5 s, 60 s) and the 30 s end-to-end alert threshold, up to the long pool's 6 h.
@@ -235,6 +241,28 @@ pub fn describe() {
     describe_counter!(
         OUTCOME_COUNT_FAILURES,
         "Worker passes that could not write attempt outcome counts for the submission breakers, by pool"
+    );
+    describe_counter!(
+        POOL_VIOLATIONS,
+        "Runs outside the run-time range of the pool they ran in (pools.<p>.max_run), by pool, job type and \
+         direction (over, under)"
+    );
+    describe_counter!(
+        POOL_RECLASSIFICATIONS,
+        "Job types the pool classifier moved to another pool (new jobs go there), by job type, from and to"
+    );
+    describe_gauge!(
+        POOL_CLASS,
+        "1 for the pool the classifier assigns each reclassified job type to (the classifier's leader), by job type and pool"
+    );
+    describe_counter!(
+        RUN_TIME_WRITE_FAILURES,
+        "Worker passes that could not write run-time cells for the pool classifier, by pool"
+    );
+    describe_counter!(CLASSIFIER_PASS_FAILURES, "Pool classifier passes that failed (store unreachable), by step");
+    describe_counter!(
+        POOL_CLASS_READ_FAILURES,
+        "Reads of the pool classes by a submitting process that failed (it kept the classes it had)"
     );
     describe_gauge!(
         TIER_ACTUAL_SHARE,

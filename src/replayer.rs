@@ -302,7 +302,8 @@ pub async fn run(
     let mut scan =
         Scan::open(cfg, "replay", vec![(topic.clone(), resume.clone())], opts.idle_timeout, started_at).await?;
 
-    let submitter = if opts.dry_run { None } else { Some(Arc::new(Submitter::new(Arc::new(cfg.clone()), None)?)) };
+    let submitter =
+        if opts.dry_run { None } else { Some(Arc::new(Submitter::new(Arc::new(cfg.clone()), Some(store.clone()))?)) };
     let burst = NonZeroU32::new((rate.get() / 50).max(1)).unwrap_or(NonZeroU32::MIN);
     let limiter = RateLimiter::direct(Quota::per_second(rate).allow_burst(burst));
     let batch = (rate.get() as usize).clamp(1, 500);
@@ -409,7 +410,7 @@ pub async fn run(
                     let (sub, stmts, job_id) = (sub.clone(), run.stmts.clone(), job.job_id.clone());
                     let task = tokio::spawn(async move {
                         retrying(|| stmts.reset_job(&job.job_id, now_ms())).await.map_err(|e| e.to_string())?;
-                        sub.produce(&job).await.map_err(|e| e.to_string())
+                        sub.produce_replay(&job).await.map_err(|e| e.to_string())
                     });
                     run.push(InFlight { topic: topic.clone(), partition: p, offset, job_id, task });
                 }

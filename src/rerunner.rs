@@ -109,8 +109,9 @@ impl RerunOptions {
             return v;
         }
         match self.filter.scope.job_type.as_ref().and_then(|j| cfg.job_types.get(j)) {
-            Some(jt) => vec![jt.pool],
-            None => Pool::ALL.to_vec(),
+            // With the pool classifier on, a job type's jobs may be on any pool's topic.
+            Some(jt) if !cfg.classifier.enabled => vec![jt.pool],
+            _ => Pool::ALL.to_vec(),
         }
     }
 }

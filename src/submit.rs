@@ -111,6 +111,8 @@ pub struct Submitter {
     tenants: Option<crate::tenants::LiveTenants>,
     /// Statements of the submission's row and the idempotency claim (prepared once).
     events: tokio::sync::OnceCell<EventStatements>,
+    /// The pool classifier's decisions (with a store and the classifier on).
+    classes: Option<crate::classifier::PoolClasses>,
 }
 
 /// Longest a produce can take before it either failed or its job's row exists
@@ -121,7 +123,11 @@ const MAX_PRODUCE_MS: i64 = 30_000 + 15_000;
 impl Submitter {
     pub fn new(cfg: std::sync::Arc<Config>, store: Option<Store>) -> Result<Self, SubmitError> {
         let producer = kafka::producer(&cfg)?;
-        Ok(Submitter { cfg, producer, store, tenants: None, events: Default::default() })
+        let classes = store
+            .as_ref()
+            .filter(|_| cfg.classifier.enabled)
+            .map(|s| crate::classifier::PoolClasses::new(cfg.clone(), s.clone()));
+        Ok(Submitter { cfg, producer, store, tenants: None, events: Default::default(), classes })
     }
 
     /// Checks tenants against the live registry instead of the config file's list.
@@ -131,15 +137,27 @@ impl Submitter {
     }
 
     /// Checks a job against the registry (or the config) and the job types; returns
-    /// the pool it goes to.
+    /// the pool it goes to: its own, else its type's as last read from the classifier
+    /// ([`Submitter::refresh_classes`]), else its type's configured pool.
     pub fn validate(&self, job: &NewJob, payload_len: usize) -> Result<Pool, SubmitError> {
-        match &self.tenants {
+        let pool = match &self.tenants {
             Some(live) => {
                 let pool = validate_job(&self.cfg, job, payload_len)?;
                 live.admit(&job.tenant).map_err(|why| SubmitError::UnknownTenant(job.tenant.clone(), why))?;
-                Ok(pool)
+                pool
             }
-            None => validate(&self.cfg, job, payload_len),
+            None => validate(&self.cfg, job, payload_len)?,
+        };
+        Ok(match (&self.classes, job.pool) {
+            (Some(classes), None) => classes.route(None, &job.job_type, pool),
+            _ => pool,
+        })
+    }
+
+    /// Reads the pool classifier's decisions if the copy is older than `classifier.cache`.
+    pub async fn refresh_classes(&self) {
+        if let Some(c) = &self.classes {
+            c.refresh().await;
         }
     }
 
@@ -149,6 +167,7 @@ impl Submitter {
     }
 
     pub async fn submit(&self, job: &NewJob) -> Result<Submitted, SubmitError> {
+        self.refresh_classes().await;
         let payload = job.payload_bytes();
         let pool = self.validate(job, payload.len())?;
         let job_id = uuid::Uuid::now_v7().to_string();
@@ -297,6 +316,17 @@ impl Submitter {
         )
         .await?;
         Ok(())
+    }
+
+    /// Produces a replayed job: to its type's current pool unless its record names a
+    /// pool other than the configured one (`core::classifier::replay_pool`).
+    pub async fn produce_replay(&self, job: &JobSubmitted) -> Result<(), SubmitError> {
+        let (Some(classes), Some(jt)) = (&self.classes, self.cfg.job_types.get(&job.job_type)) else {
+            return self.produce(job).await;
+        };
+        classes.refresh().await;
+        let pool = Some(classes.replay_pool(job.pool, &job.job_type, jt.pool));
+        self.produce(&JobSubmitted { pool, ..job.clone() }).await
     }
 
     pub fn producer(&self) -> &FutureProducer {

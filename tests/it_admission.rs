@@ -6,7 +6,6 @@
 
 mod common;
 
-use fairway::api::{self, ApiState};
 use fairway::config::{AuthMode, Config};
 use fairway::core::admission::Rate;
 use fairway::core::retry::DurationMs;
@@ -28,13 +27,7 @@ struct Api {
 impl Api {
     async fn start(cfg: &Arc<Config>) -> Api {
         common::init(cfg).await;
-        let state = ApiState::connect(cfg.clone(), None).await.expect("API state");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(api::serve(listener, state, async move {
-            let _ = rx.await;
-        }));
+        let (base, stop) = common::serve_api(cfg).await;
         let http = reqwest::Client::builder().timeout(Duration::from_secs(40)).build().unwrap();
         Api { base, http, stop }
     }

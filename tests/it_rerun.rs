@@ -150,8 +150,10 @@ async fn rerun_all_runs_every_job_of_the_pair_once_more_at_the_new_generation() 
     assert_eq!(r.ended, RerunEnd::Done, "{r:#?}");
     assert_eq!(r.generation, Some(1), "{r:#?}");
     assert_eq!(r.rerun_id.as_deref(), Some(format!("rerun-{acme}-echo-g1").as_str()));
-    assert_eq!((r.scanned, r.matched, r.selected, r.rerun), (17, 13, 13, 13), "{r:#?}");
-    assert_eq!((r.skipped.filter, r.skipped.duplicate, r.skipped.at_generation), (4, 0, 0), "{r:#?}");
+    // Every pool topic is scanned (the pool classifier may have moved echo): the report
+    // job on the medium topic is read and filtered out too.
+    assert_eq!((r.scanned, r.matched, r.selected, r.rerun), (18, 13, 13, 13), "{r:#?}");
+    assert_eq!((r.skipped.filter, r.skipped.duplicate, r.skipped.at_generation), (5, 0, 0), "{r:#?}");
     assert_eq!(r.cancel_cleared, 1, "the cancelled job's stale flag: {r:#?}");
     assert_eq!(r.pairs.len(), 1);
     assert_eq!((r.pairs[0].previous, r.pairs[0].target), (None, 1));

@@ -430,6 +430,7 @@ async fn submit_one(
     let body = body.map_err(body_error)?;
     let item: serde_json::Value = serde_json::from_slice(&body).map_err(|e| ApiError::from_json(&e, "a job object"))?;
     let job = job_of(&caller, &TraceHeaders::of(&headers), item)?;
+    st.inner.submitter.refresh_classes().await;
     let pool = st.inner.submitter.validate(&job, job.payload_bytes().len())?;
     let ticket = st.admit(std::slice::from_ref(&job), &[pool]).await?;
     let submitted = st.inner.submitter.submit(&job).await;
@@ -466,6 +467,7 @@ async fn submit_batch(
         ));
     }
     let trace = TraceHeaders::of(&headers);
+    st.inner.submitter.refresh_classes().await;
     // All-or-nothing: every job must be valid before any is produced.
     let mut jobs = Vec::with_capacity(items.len());
     let mut pools = Vec::with_capacity(items.len());

@@ -155,6 +155,8 @@ pub async fn submit(cfg: &Arc<Config>, a: SubmitArgs) -> anyhow::Result<ExitCode
     let (_stop, stopped) = tokio::sync::watch::channel(false);
     let live = fairway::tenants::LiveTenants::start(cfg.clone(), &store, stopped).await?;
     let submitter = Submitter::new(cfg.clone(), Some(store.clone()))?.with_tenants(live.clone());
+    // The pool classifier's decisions, read once before the jobs are routed.
+    submitter.refresh_classes().await;
     let mut jobs = Vec::new();
     if let Some(path) = &a.ndjson {
         let reader: Box<dyn BufRead> = if path.as_os_str() == "-" {

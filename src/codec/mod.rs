@@ -229,11 +229,19 @@ static DEAD_LETTER_HISTORY: LazyLock<Vec<History>> = LazyLock::new(|| {
     ]
 });
 
+static JOB_EVENT_HISTORY: LazyLock<Vec<History>> = LazyLock::new(|| {
+    vec![History {
+        version: 1,
+        wire: WireSchema::load("history/job_event.v1.avsc", include_str!("../../schemas/history/job_event.v1.avsc")),
+    }]
+});
+
 /// The released earlier versions of a record kind's schema that are still decoded.
 fn history(kind: RecordKind) -> &'static [History] {
     match kind {
         RecordKind::JobSubmitted => &JOB_SUBMITTED_HISTORY,
         RecordKind::DeadLetter => &DEAD_LETTER_HISTORY,
+        RecordKind::JobEvent => &JOB_EVENT_HISTORY,
         _ => &[],
     }
 }
@@ -999,7 +1007,7 @@ mod tests {
         let (f, p) = body_problem(decode_event(&encode_event(&event_full()).unwrap()[..40]).unwrap_err());
         assert!(!f.is_empty() && !p.is_empty());
         // Pinned like the others (see `fingerprints_are_pinned`).
-        assert_eq!(fingerprint(RecordKind::JobEvent).to_string(), "9bbf7ca9dda07f29");
+        assert_eq!(fingerprint(RecordKind::JobEvent).to_string(), "0e714a90587bf4f2");
         let je = schema(RecordKind::JobEvent);
         let kinds: Vec<String> = EventKind::ALL.iter().map(|k| k.as_str().to_string()).collect();
         assert_eq!(enum_symbols(je, "io.fairway.EventKind"), Some(kinds));
@@ -1422,6 +1430,17 @@ mod tests {
         assert_eq!(history(RecordKind::DeadLetter)[0].wire.fingerprint.to_string(), "90433191f998dfc5");
         assert_eq!(history(RecordKind::JobSubmitted)[1].wire.fingerprint.to_string(), "c23b839bafae9a45");
         assert_eq!(history(RecordKind::DeadLetter)[1].wire.fingerprint.to_string(), "eb1549c1dc0fc4a1");
+        assert_eq!(history(RecordKind::JobEvent)[0].wire.fingerprint.to_string(), "9bbf7ca9dda07f29");
+    }
+
+    /// Events written before `pool_reclassified` was appended to the kinds (v1) are read
+    /// by schema resolution: their body is the same, only the header's fingerprint differs.
+    #[test]
+    fn v1_events_are_read_by_schema_resolution() {
+        let e = event_full();
+        let mut v1 = encode_event(&e).unwrap();
+        v1[2..HEADER_LEN].copy_from_slice(&history(RecordKind::JobEvent)[0].wire.fingerprint.0);
+        assert_eq!(decode_event(&v1).unwrap(), e);
     }
 
     #[test]

@@ -192,7 +192,10 @@ pub fn search<'a>(events: impl Iterator<Item = &'a JobEvent>, q: &JobQuery, max:
             message: None,
         });
         // Progress and webhook events do not change what state the job is in.
-        if !matches!(e.kind, EventKind::Progress | EventKind::WebhookDelivered | EventKind::WebhookFailed) {
+        if !matches!(
+            e.kind,
+            EventKind::Progress | EventKind::WebhookDelivered | EventKind::WebhookFailed | EventKind::PoolReclassified
+        ) {
             hit.state = e.kind.as_str();
             hit.message = e.message.clone();
         }

@@ -144,7 +144,8 @@ pub fn state_after(kind: EventKind) -> Option<JobState> {
         | EventKind::LateExecution
         | EventKind::DeadLettered
         | EventKind::WebhookDelivered
-        | EventKind::WebhookFailed => return None,
+        | EventKind::WebhookFailed
+        | EventKind::PoolReclassified => return None,
     })
 }
 
@@ -185,6 +186,31 @@ pub fn event(event_id: String, job: &JobSubmitted, kind: EventKind, at: Millis) 
         progress: None,
         message: None,
         next_attempt_at: None,
+    }
+}
+
+/// The event of a job type's move to another pool (`core::classifier`): about no one
+/// job, so keyed `job_type/<name>` with an empty tenant (admin feeds show it); `message`
+/// says what moved and why, `next_attempt_at` until when the move is sticky.
+pub fn pool_reclassified(
+    event_id: String,
+    job_type: &str,
+    message: String,
+    sticky_until: Millis,
+    at: Millis,
+) -> JobEvent {
+    JobEvent {
+        event_id,
+        job_id: format!("job_type/{job_type}"),
+        tenant: String::new(),
+        job_type: job_type.to_string(),
+        kind: EventKind::PoolReclassified,
+        at,
+        attempt: 0,
+        worker: None,
+        progress: None,
+        message: Some(message),
+        next_attempt_at: Some(sticky_until),
     }
 }
 

@@ -189,6 +189,94 @@ impl UsageView {
     }
 }
 
+/// The recent buckets of one exchanged table (`outcome_counts`, `run_times`) as last
+/// read, keyed by bucket: a bucket read once it has *settled* (ended more than
+/// `settle_ms` ago, so every worker flushed its final cells) is never read again, so a
+/// pass over a window of N buckets reads only the newest one or two.
+#[derive(Debug)]
+pub struct BucketReads<T> {
+    pub bucket_ms: i64,
+    pub window_ms: i64,
+    pub settle_ms: i64,
+    /// bucket -> (cells, settled when read).
+    parts: BTreeMap<Millis, (Vec<T>, bool)>,
+}
+
+impl<T> BucketReads<T> {
+    pub fn new(bucket_ms: i64, window_ms: i64, settle_ms: i64) -> Self {
+        BucketReads { bucket_ms, window_ms, settle_ms, parts: BTreeMap::new() }
+    }
+
+    /// Drops the buckets that left the window and returns those to read now: the
+    /// window's buckets not read since they settled, oldest first.
+    pub fn wanted(&mut self, now: Millis) -> Vec<Millis> {
+        let (b, w) = (self.bucket_ms, self.window_ms);
+        self.parts.retain(|bucket, _| bucket + b > now - w);
+        window_buckets(now, w, b).into_iter().filter(|b| !matches!(self.parts.get(b), Some((_, true)))).collect()
+    }
+
+    /// Stores a bucket read at `now` (replacing the previous read).
+    pub fn put(&mut self, bucket: Millis, cells: Vec<T>, now: Millis) {
+        let settled = bucket + self.bucket_ms + self.settle_ms <= now;
+        self.parts.insert(bucket, (cells, settled));
+    }
+
+    /// Every cell held, with its bucket.
+    pub fn cells(&self) -> impl Iterator<Item = (Millis, &T)> {
+        self.parts.iter().flat_map(|(b, (cells, _))| cells.iter().map(move |c| (*b, c)))
+    }
+}
+
+/// One worker's cumulative cells per (bucket, key), with what was written: the worker
+/// writes a changed cell whole (no counters, so a retried write is harmless) and the
+/// readers sum the workers' cells.
+#[derive(Debug)]
+pub struct OwnCells<C> {
+    bucket_ms: i64,
+    /// bucket -> key -> (cell, written).
+    buckets: BTreeMap<Millis, HashMap<String, (C, bool)>>,
+}
+
+impl<C: Clone + PartialEq + Default> OwnCells<C> {
+    pub fn new(bucket_ms: i64) -> Self {
+        OwnCells { bucket_ms, buckets: BTreeMap::new() }
+    }
+
+    /// Changes the cell of `key` in the bucket of `now`.
+    pub fn update(&mut self, key: &str, now: Millis, change: impl FnOnce(&mut C)) {
+        let b = self.buckets.entry(bucket_start(now, self.bucket_ms)).or_default();
+        let c = b.entry(key.to_string()).or_insert_with(|| (C::default(), false));
+        change(&mut c.0);
+        c.1 = false;
+    }
+
+    /// Cells changed since written: (bucket, key, cell).
+    pub fn pending(&self) -> Vec<(Millis, String, C)> {
+        let mut out = Vec::new();
+        for (b, cells) in &self.buckets {
+            out.extend(cells.iter().filter(|(_, (_, w))| !w).map(|(k, (c, _))| (*b, k.clone(), c.clone())));
+        }
+        out
+    }
+
+    /// These cells were stored (unless they changed meanwhile).
+    pub fn written(&mut self, cells: &[(Millis, String, C)]) {
+        for (b, key, cell) in cells {
+            if let Some(c) = self.buckets.get_mut(b).and_then(|m| m.get_mut(key)) {
+                if c.0 == *cell {
+                    c.1 = true;
+                }
+            }
+        }
+    }
+
+    /// Forgets buckets older than `keep_ms`.
+    pub fn evict(&mut self, now: Millis, keep_ms: i64) {
+        let b = self.bucket_ms;
+        self.buckets.retain(|start, _| start + b > now - keep_ms);
+    }
+}
+
 // ----- fleet introspection -----------------------------------------------------------
 
 /// One row of `worker_stats`: a worker's scheduler snapshot of one pool.
@@ -843,5 +931,36 @@ mod tests {
         let js = serde_json::to_value(&f).unwrap();
         assert_eq!(js["tenants"][0]["backlog"]["total"], 6);
         assert_eq!(js["tenants"][0]["running"], 2);
+    }
+
+    #[test]
+    fn bucket_reads_read_a_settled_bucket_once_and_forget_what_left_the_window() {
+        let mut r: BucketReads<u8> = BucketReads::new(10_000, 30_000, 5_000);
+        // The window (10 s, 40 s] overlaps the buckets starting at 10, 20, 30 and 40 s.
+        assert_eq!(r.wanted(40_000), vec![10_000, 20_000, 30_000, 40_000]);
+        for b in [10_000, 20_000, 30_000, 40_000] {
+            r.put(b, vec![1], 40_000);
+        }
+        // 10 s and 20 s had settled when read (ended 5 s before or earlier); 30 s and 40 s not.
+        assert_eq!(r.wanted(41_000), vec![30_000, 40_000]);
+        assert_eq!(r.cells().count(), 4);
+        // At 55 s the window is (25 s, 55 s]: bucket 10 s is dropped, 50 s is new.
+        assert_eq!(r.wanted(55_000), vec![30_000, 40_000, 50_000]);
+        assert_eq!(r.cells().map(|(b, _)| b).collect::<Vec<_>>(), vec![20_000, 30_000, 40_000]);
+    }
+
+    #[test]
+    fn own_cells_are_rewritten_only_when_changed_and_evicted_by_age() {
+        let mut c: OwnCells<i64> = OwnCells::new(10_000);
+        c.update("a", 1_000, |v| *v += 1);
+        c.update("b", 12_000, |v| *v += 5);
+        let p = c.pending();
+        assert_eq!(p, vec![(0, "a".to_string(), 1), (10_000, "b".to_string(), 5)]);
+        c.written(&p);
+        assert!(c.pending().is_empty());
+        c.update("b", 13_000, |v| *v += 1);
+        assert_eq!(c.pending(), vec![(10_000, "b".to_string(), 6)], "cumulative, written whole");
+        c.evict(31_000, 10_000);
+        assert_eq!(c.pending(), Vec::<(Millis, String, i64)>::new(), "bucket 10 s ended 11 s ago, evicted");
     }
 }

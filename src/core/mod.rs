@@ -7,6 +7,7 @@ pub mod admission;
 pub mod auth;
 pub mod backlog;
 pub mod breaker;
+pub mod classifier;
 pub mod console;
 pub mod events;
 pub mod finished;

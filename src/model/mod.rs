@@ -343,10 +343,13 @@ pub enum EventKind {
     DeadLettered,
     WebhookDelivered,
     WebhookFailed,
+    /// The pool classifier moved a job type to another pool (not about one job: the
+    /// event's `job_id` is `job_type/<name>`, its tenant empty).
+    PoolReclassified,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 14] = [
+    pub const ALL: [EventKind; 15] = [
         EventKind::Queued,
         EventKind::Scheduled,
         EventKind::Waiting,
@@ -361,6 +364,7 @@ impl EventKind {
         EventKind::DeadLettered,
         EventKind::WebhookDelivered,
         EventKind::WebhookFailed,
+        EventKind::PoolReclassified,
     ];
     pub fn as_str(self) -> &'static str {
         match self {
@@ -378,6 +382,7 @@ impl EventKind {
             EventKind::DeadLettered => "dead_lettered",
             EventKind::WebhookDelivered => "webhook_delivered",
             EventKind::WebhookFailed => "webhook_failed",
+            EventKind::PoolReclassified => "pool_reclassified",
         }
     }
     /// The job's last word: nothing but webhook deliveries follows it.

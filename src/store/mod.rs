@@ -5,6 +5,7 @@
 
 mod admission;
 mod backlog;
+mod classifier;
 mod coalesce;
 mod events;
 mod keys;
@@ -26,6 +27,7 @@ use std::sync::Arc;
 
 pub use admission::{AdmissionStatements, OutcomeCell};
 pub use backlog::{BacklogKey, BacklogStatements};
+pub use classifier::{ClassRow, ClassifierStatements, RunTimeCell};
 pub use events::{EventStatements, IdempotencyClaim, Submitted as SubmittedRow, HISTORY_LIMIT};
 pub use keys::{ApiKeyRow, KeyStatements};
 pub use quota::QuotaStatements;

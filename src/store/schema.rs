@@ -110,6 +110,21 @@ pub const TABLES: &[(&str, &str)] = &[
         "(scope text, bucket bigint, pool text, job_type text, worker text, ok bigint, failed bigint, \
          PRIMARY KEY ((scope, bucket), pool, job_type, worker))",
     ),
+    // Run times per deployment and 10 s bucket, job type, pool run in and worker
+    // (cumulative cells, TTL): runs, pool-range violations and a log-scale histogram
+    // (`core::classifier`), which the classifier's leader reads.
+    (
+        "run_times",
+        "(scope text, bucket bigint, job_type text, pool text, worker text, runs bigint, over bigint, \
+         under bigint, hist map<int, bigint>, PRIMARY KEY ((scope, bucket), job_type, pool, worker))",
+    ),
+    // The classifier's decisions per deployment: the pool each reclassified job type's
+    // new jobs go to, since when, sticky until when, and why (submitters read it).
+    (
+        "pool_classes",
+        "(scope text, job_type text, pool text, since bigint, sticky_until bigint, reason text, \
+         PRIMARY KEY (scope, job_type))",
+    ),
 ];
 
 /// The keyspace's replication: NetworkTopologyStrategy with replicas per datacenter when

@@ -6,12 +6,18 @@
 //! - **outcomes**: successes and failed attempts per job type in 10 s buckets
 //!   (`core::admission::breaker::OwnOutcomes`, cumulative cells per worker in
 //!   `outcome_counts`), which the API processes read every second for their submission
-//!   circuit breakers.
+//!   circuit breakers;
+//! - **run times** (when the classifier is on): runs, pool-range violations and a
+//!   run-time histogram per job type in 10 s buckets (`core::classifier::RunCell`,
+//!   cumulative cells per worker in `run_times`), which the pool classifier's leader
+//!   reads (`worker::classifier`).
 
 use super::Shared;
 use crate::core::admission::breaker::{OwnOutcomes, BUCKET_MS};
-use crate::model::JobSubmitted;
-use crate::store::{AdmissionStatements, OutcomeCell};
+use crate::core::classifier::{RunCell, Violation, RUN_BUCKET_MS};
+use crate::core::fleet::OwnCells;
+use crate::model::{JobSubmitted, Millis};
+use crate::store::{AdmissionStatements, ClassifierStatements, OutcomeCell, RunTimeCell};
 use crate::{metrics as m, now_ms};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -26,10 +32,17 @@ const OUTCOME_TTL_SECS: i32 = 600;
 const KEEP_MS: i64 = 120_000;
 
 /// Counts a pool accumulates between passes.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Tally {
     dequeued: HashMap<String, i64>,
     outcomes: OwnOutcomes,
+    runs: OwnCells<RunCell>,
+}
+
+impl Default for Tally {
+    fn default() -> Self {
+        Tally { dequeued: HashMap::new(), outcomes: OwnOutcomes::default(), runs: OwnCells::new(RUN_BUCKET_MS) }
+    }
 }
 
 impl Tally {
@@ -42,32 +55,82 @@ impl Tally {
     }
 
     /// An attempt of `job_type` ended (`ok`: succeeded; else failed, any class).
-    pub fn outcome(&mut self, job_type: &str, ok: bool, now: crate::model::Millis) {
+    pub fn outcome(&mut self, job_type: &str, ok: bool, now: Millis) {
         self.outcomes.record(job_type, ok, now);
+    }
+
+    /// A run of `job_type` took `run_ms` (and violated this pool's range or not).
+    pub fn ran(&mut self, job_type: &str, run_ms: Millis, violation: Option<Violation>, now: Millis) {
+        self.runs.update(job_type, now, |c| c.record(run_ms, violation));
     }
 }
 
+/// The statements a pass writes with (prepared on the first pass that can).
+#[derive(Default)]
+struct Statements {
+    counts: Option<AdmissionStatements>,
+    runs: Option<ClassifierStatements>,
+}
+
 pub async fn frontdoor_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
-    let mut stmts: Option<AdmissionStatements> = None;
+    let mut stmts = Statements::default();
     loop {
         let stopping = tokio::select! {
             _ = shutdown.changed() => true,
             _ = tokio::time::sleep(INTERVAL) => false,
         };
-        if stmts.is_none() {
-            match sh.store.admission_statements().await {
-                Ok(s) => stmts = Some(s),
-                Err(e) => {
-                    tracing::warn!(pool = sh.pool.as_str(), error = %e, "front-door counts: cannot prepare statements (run `fairway init`)")
-                }
-            }
+        if let Err(e) = stmts.prepare(&sh).await {
+            tracing::warn!(pool = sh.pool.as_str(), error = %e, "front-door counts: cannot prepare statements (run `fairway init`)")
         }
-        if let Some(s) = &stmts {
+        if let Some(s) = &stmts.counts {
             pass(&sh, s).await;
+        }
+        if let Some(s) = &stmts.runs {
+            write_runs(&sh, s).await;
         }
         if stopping || *shutdown.borrow() {
             return;
         }
+    }
+}
+
+impl Statements {
+    async fn prepare(&mut self, sh: &Shared) -> Result<(), crate::store::StoreError> {
+        if self.counts.is_none() {
+            self.counts = Some(sh.store.admission_statements().await?);
+        }
+        if self.runs.is_none() && sh.cfg.classifier.enabled {
+            self.runs = Some(sh.store.classifier_statements().await?);
+        }
+        Ok(())
+    }
+}
+
+/// Writes the changed run-time cells (TTL: the classifier's window and a margin).
+/// Cells not written within `KEEP_MS` are dropped (the window then counts fewer runs).
+async fn write_runs(sh: &Shared, stmts: &ClassifierStatements) {
+    let window = sh.cfg.classifier.window.0;
+    let pending = {
+        let mut t = sh.front_door.lock().expect("front-door tally");
+        t.runs.evict(now_ms(), KEEP_MS);
+        t.runs.pending()
+    };
+    let mut by_bucket: HashMap<Millis, Vec<RunTimeCell>> = HashMap::new();
+    for (bucket, job_type, cell) in &pending {
+        let (job_type, worker, cell) = (job_type.clone(), sh.worker_id.clone(), cell.clone());
+        by_bucket.entry(*bucket).or_default().push(RunTimeCell { job_type, pool: sh.pool, worker, cell });
+    }
+    let ttl = ((window + KEEP_MS) / 1000).clamp(60, i32::MAX as i64) as i32;
+    let mut all_written = true;
+    for (bucket, cells) in by_bucket {
+        if let Err(e) = stmts.put_runs(bucket, &cells, ttl).await {
+            all_written = false;
+            metrics::counter!(m::RUN_TIME_WRITE_FAILURES, "pool" => sh.pool.as_str()).increment(1);
+            tracing::warn!(pool = sh.pool.as_str(), error = %e, "run times not written for the pool classifier; retried next pass");
+        }
+    }
+    if all_written {
+        sh.front_door.lock().expect("front-door tally").runs.written(&pending);
     }
 }
 
@@ -87,7 +150,7 @@ async fn pass(sh: &Shared, stmts: &AdmissionStatements) {
         }
     }
     let mut by_bucket: HashMap<i64, Vec<OutcomeCell>> = HashMap::new();
-    for (bucket, job_type, ok, failed) in &pending {
+    for (bucket, job_type, (ok, failed)) in &pending {
         let cell = OutcomeCell {
             pool: pool.to_string(),
             job_type: job_type.clone(),

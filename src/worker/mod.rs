@@ -5,6 +5,7 @@
 
 pub mod backlog;
 mod check;
+pub mod classifier;
 pub mod dispatch;
 pub mod exec;
 pub mod fresh;
@@ -70,8 +71,10 @@ pub struct Shared {
     /// Fleet-wide limits of this pool: demand reported by the pool loop, caps computed
     /// by the quota exchange (`worker::quota`).
     pub quotas: Mutex<crate::core::quota::Quotas>,
-    /// Dispatches and attempt outcomes for the front door (`frontdoor`).
+    /// Dispatches, attempt outcomes and run times for the front door (`frontdoor`).
     pub front_door: Mutex<frontdoor::Tally>,
+    /// The pools' run-time ranges (`pools.<p>.max_run`), for the classifier's counts.
+    pub ranges: crate::core::classifier::Ranges,
 }
 
 /// The failure-handling cores of one pool.
@@ -178,6 +181,21 @@ impl Shared {
         a
     }
 
+    /// Counts a run's time for the pool classifier, and its violation of this pool's
+    /// range in `fairway_pool_violations_total`.
+    pub fn record_run(&self, job_type: &str, run_ms: Millis, now: Millis) {
+        if !self.cfg.classifier.enabled {
+            return;
+        }
+        let violation = self.ranges.violation(self.pool, run_ms);
+        if let Some(v) = violation {
+            let (pool, job_type_label) = (self.pool.as_str(), self.bounded_job_type(job_type));
+            metrics::counter!(crate::metrics::POOL_VIOLATIONS, "pool" => pool, "job_type" => job_type_label, "direction" => v.as_str())
+                .increment(1);
+        }
+        self.front_door.lock().expect("front-door tally").ran(job_type, run_ms, violation, now);
+    }
+
     /// Feeds an attempt's outcome to the breaker and the poison detector.
     pub fn record_outcome(&self, job_type: &str, failure: Option<FailureClass>, now: Millis) {
         self.front_door.lock().expect("front-door tally").outcome(job_type, failure.is_none(), now);
@@ -251,6 +269,7 @@ impl Worker {
                 tenants: tenants.clone(),
                 quotas: Mutex::new(Default::default()),
                 front_door: Default::default(),
+                ranges: cfg.run_ranges(),
             });
             let (sh3, rx3) = (sh.clone(), halted.clone());
             tasks.push(tokio::spawn(liveness::heartbeat_loop(sh3, rx3)));
@@ -269,9 +288,12 @@ impl Worker {
             }));
             shared.push(sh);
         }
-        // Any worker may lead the reaper (one at a time, by lease).
+        // Any worker may lead the reaper and the pool classifier (one at a time, by lease).
         if let Some(sh) = shared.first() {
             tasks.push(tokio::spawn(liveness::reaper_loop(sh.clone(), rx.clone())));
+            if cfg.classifier.enabled {
+                tasks.push(tokio::spawn(classifier::classifier_loop(sh.clone(), rx.clone())));
+            }
         }
         // Every worker also relays due retries back to their pools (one group, shared).
         let (cfg2, producer2, store2, rx2) = (cfg.clone(), producer.clone(), store.clone(), rx.clone());

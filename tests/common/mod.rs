@@ -123,6 +123,19 @@ pub async fn dead_letters(cfg: &Config, n: usize, timeout: Duration) -> Vec<Dead
     .await
 }
 
+/// Serves the HTTP API for `cfg` on a free 127.0.0.1 port: its base URL, and the sender
+/// that stops it.
+pub async fn serve_api(cfg: &Arc<Config>) -> (String, tokio::sync::oneshot::Sender<()>) {
+    let state = fairway::api::ApiState::connect(cfg.clone(), None).await.expect("API state");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(fairway::api::serve(listener, state, async move {
+        let _ = rx.await;
+    }));
+    (base, stop)
+}
+
 pub fn arc(cfg: Config) -> Arc<Config> {
     Arc::new(cfg)
 }

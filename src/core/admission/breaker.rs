@@ -9,11 +9,12 @@
 //! and feed each [`Gate`]. Closing a gate resets what it counts: only buckets that start
 //! after the close are counted, so the failures that opened it cannot re-open it.
 
+use crate::core::fleet::OwnCells;
 use crate::core::retry::DurationMs;
 use crate::core::window::Counts;
 use crate::model::Millis;
 use serde::Deserialize;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 /// Width of an outcome bucket.
 pub const BUCKET_MS: i64 = 10_000;
@@ -219,52 +220,35 @@ pub fn window_counts<'a>(
     out
 }
 
-/// One worker's outcome counts per bucket and job type (one pool), with what was written.
-#[derive(Debug, Default)]
-pub struct OwnOutcomes {
-    /// bucket -> job type -> (ok, failed, written).
-    buckets: BTreeMap<Millis, HashMap<String, (i64, i64, bool)>>,
+/// One worker's outcome counts per bucket and job type (one pool), with what was
+/// written: cells of (ok, failed).
+#[derive(Debug)]
+pub struct OwnOutcomes(OwnCells<(i64, i64)>);
+
+impl Default for OwnOutcomes {
+    fn default() -> Self {
+        OwnOutcomes(OwnCells::new(BUCKET_MS))
+    }
 }
 
 impl OwnOutcomes {
     pub fn record(&mut self, job_type: &str, ok: bool, now: Millis) {
-        let b = self.buckets.entry(now - now.rem_euclid(BUCKET_MS)).or_default();
-        let c = b.entry(job_type.to_string()).or_insert((0, 0, false));
-        if ok {
-            c.0 += 1;
-        } else {
-            c.1 += 1;
-        }
-        c.2 = false;
+        self.0.update(job_type, now, |c| if ok { c.0 += 1 } else { c.1 += 1 });
     }
 
-    /// Cells changed since written: (bucket, job type, ok, failed).
-    pub fn pending(&self) -> Vec<(Millis, String, i64, i64)> {
-        let mut out = Vec::new();
-        for (b, cells) in &self.buckets {
-            for (jt, (ok, failed, written)) in cells {
-                if !written {
-                    out.push((*b, jt.clone(), *ok, *failed));
-                }
-            }
-        }
-        out
+    /// Cells changed since written: (bucket, job type, (ok, failed)).
+    pub fn pending(&self) -> Vec<(Millis, String, (i64, i64))> {
+        self.0.pending()
     }
 
     /// These cells were stored (unless they changed meanwhile).
-    pub fn written(&mut self, cells: &[(Millis, String, i64, i64)]) {
-        for (b, jt, ok, failed) in cells {
-            if let Some(c) = self.buckets.get_mut(b).and_then(|m| m.get_mut(jt)) {
-                if (c.0, c.1) == (*ok, *failed) {
-                    c.2 = true;
-                }
-            }
-        }
+    pub fn written(&mut self, cells: &[(Millis, String, (i64, i64))]) {
+        self.0.written(cells)
     }
 
     /// Forgets buckets older than `keep_ms`.
     pub fn evict(&mut self, now: Millis, keep_ms: i64) {
-        self.buckets.retain(|b, _| b + BUCKET_MS > now - keep_ms);
+        self.0.evict(now, keep_ms)
     }
 }
 
@@ -331,10 +315,10 @@ mod tests {
         o.record("echo", true, 1_000);
         o.record("echo", false, 2_000);
         let p = o.pending();
-        assert_eq!(p, vec![(0, "echo".to_string(), 1, 1)]);
+        assert_eq!(p, vec![(0, "echo".to_string(), (1, 1))]);
         o.record("echo", true, 3_000);
         o.written(&p);
-        assert_eq!(o.pending(), vec![(0, "echo".to_string(), 2, 1)], "changed after the read: written again");
+        assert_eq!(o.pending(), vec![(0, "echo".to_string(), (2, 1))], "changed after the read: written again");
         o.written(&o.pending());
         assert!(o.pending().is_empty());
         o.evict(100_000, 60_000);

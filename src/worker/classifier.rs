@@ -1,0 +1,97 @@
+//! The pool classifier's leader (rules: `core::classifier`; tables: `store::classifier`).
+//!
+//! One worker of the deployment at a time (lease `classifier`) reads, every
+//! `classifier.interval`, the window's run-time cells every worker wrote
+//! (`worker::frontdoor`; settled buckets are read once), sums them per job type and
+//! pool, and asks [`decide`] about each configured job type with the runs of the pool it
+//! is assigned to now. A move is written to `pool_classes` first (what submitters read),
+//! then counted (`fairway_pool_reclassifications_total`), logged and published as a
+//! `pool_reclassified` event; `fairway_pool_class` shows each reclassified type's pool.
+
+use super::Shared;
+use crate::core::classifier::{assigned, decide, window_runs, Class, RUN_BUCKET_MS};
+use crate::core::fleet::BucketReads;
+use crate::store::{ClassRow, ClassifierStatements, RunTimeCell, StoreError};
+use crate::{metrics as m, now_ms};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Buckets this long past their end are final (workers flush every second).
+const SETTLE_MS: i64 = 5_000;
+
+pub async fn classifier_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+    let c = &sh.cfg.classifier;
+    let interval = Duration::from_millis(c.interval.0 as u64);
+    let lease_secs = (3 * c.interval.0 / 1000).clamp(15, 600) as i32;
+    let mut reads = BucketReads::new(RUN_BUCKET_MS, c.window.0, SETTLE_MS);
+    let mut stmts: Option<ClassifierStatements> = None;
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+        match sh.store.lease("classifier", &sh.worker_id, lease_secs, now_ms()).await {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => {
+                failed("lease", &e);
+                continue;
+            }
+        }
+        if stmts.is_none() {
+            match sh.store.classifier_statements().await {
+                Ok(s) => stmts = Some(s),
+                Err(e) => failed("prepare", &e),
+            }
+        }
+        if let Some(s) = &stmts {
+            if let Err(e) = pass(&sh, s, &mut reads).await {
+                failed("pass", &e);
+            }
+        }
+    }
+}
+
+fn failed(step: &'static str, e: &StoreError) {
+    metrics::counter!(m::CLASSIFIER_PASS_FAILURES, "step" => step).increment(1);
+    tracing::warn!(step, error = %e, "pool classifier: pass failed; job types keep their pools");
+}
+
+/// One evaluation of every configured job type.
+async fn pass(
+    sh: &Shared,
+    stmts: &ClassifierStatements,
+    reads: &mut BucketReads<RunTimeCell>,
+) -> Result<(), StoreError> {
+    let cfg = &sh.cfg.classifier;
+    let now = now_ms();
+    for b in reads.wanted(now) {
+        reads.put(b, stmts.runs(b).await?, now);
+    }
+    let mut classes: HashMap<String, Class> =
+        stmts.classes().await?.into_iter().map(|r| (r.job_type, r.class)).collect();
+    let cells = reads.cells().map(|(b, c)| (b, c.job_type.as_str(), c.pool, &c.cell));
+    let window = window_runs(cells, now, cfg.window.0);
+    for (name, jt) in &sh.cfg.job_types {
+        let class = classes.get(name);
+        let Some(runs) = window.get(&(name.clone(), assigned(jt.pool, class))) else { continue };
+        let Some(mv) = decide(cfg, &sh.ranges, jt.pool, class, runs, now) else { continue };
+        let reason = mv.describe(name, cfg);
+        stmts.put_class(&ClassRow { job_type: name.clone(), class: mv.class.clone(), reason: reason.clone() }).await?;
+        let (from, to) = (mv.from.as_str(), mv.to.as_str());
+        metrics::counter!(m::POOL_RECLASSIFICATIONS, "job_type" => name.clone(), "from" => from, "to" => to)
+            .increment(1);
+        tracing::warn!(job_type = name, from, to, "{reason}");
+        crate::events::pool_reclassified(&sh.producer, &sh.cfg, &sh.worker_id, name, reason, mv.class.sticky_until);
+        classes.insert(name.clone(), mv.class);
+    }
+    for (name, class) in classes.iter().filter(|(n, _)| sh.cfg.job_types.contains_key(*n)) {
+        for pool in crate::model::Pool::ALL {
+            let on = if pool == class.pool { 1.0 } else { 0.0 };
+            metrics::gauge!(m::POOL_CLASS, "job_type" => name.clone(), "pool" => pool.as_str()).set(on);
+        }
+    }
+    Ok(())
+}
