@@ -10,6 +10,7 @@ pub mod breaker;
 pub mod console;
 pub mod events;
 pub mod fleet;
+pub mod fleet_counts;
 pub mod flow;
 pub mod frontier;
 pub mod offsets;

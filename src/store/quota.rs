@@ -2,9 +2,11 @@
 //! (pool, scope) in `quotas` - its want and what it holds - written with a short TTL and
 //! read back a pool at a time. Read and written at LOCAL_QUORUM: a worker's read must see
 //! every announcement written before it (the rule that keeps two raised caps from
-//! overlapping).
+//! overlapping). The same statements exchange the workers' failure counts
+//! (`core::fleet_counts`) in `fleet_counts`, each row with its own TTL.
 
 use super::{q, Store, StoreError};
+use crate::core::fleet_counts::CountRow;
 use crate::core::quota::Row;
 use scylla::client::session::Session;
 use scylla::statement::batch::{Batch, BatchType};
@@ -21,6 +23,8 @@ pub struct QuotaStatements {
     session: Arc<Session>,
     put: PreparedStatement,
     get: PreparedStatement,
+    put_count: PreparedStatement,
+    get_counts: PreparedStatement,
 }
 
 impl Store {
@@ -48,6 +52,19 @@ impl Store {
                 "prepare get quotas",
             )
             .await?,
+            put_count: prep(
+                format!(
+                    "INSERT INTO {ks}.fleet_counts (pool, scope, worker, at, a, b, c) VALUES (?, ?, ?, ?, ?, ?, ?) \
+                     USING TTL ?"
+                ),
+                "prepare put fleet count",
+            )
+            .await?,
+            get_counts: prep(
+                format!("SELECT scope, worker, at, a, b, c FROM {ks}.fleet_counts WHERE pool = ?"),
+                "prepare get fleet counts",
+            )
+            .await?,
         })
     }
 }
@@ -66,6 +83,41 @@ impl QuotaStatements {
             self.session.batch(&batch, values).await.map_err(q("put quotas"))?;
         }
         Ok(())
+    }
+
+    /// Writes this worker's count rows of one pool, each with the TTL `ttl` gives it.
+    pub async fn put_counts(
+        &self,
+        pool_key: &str,
+        rows: &[CountRow],
+        ttl: impl Fn(&CountRow) -> i32,
+    ) -> Result<(), StoreError> {
+        for chunk in rows.chunks(BATCH) {
+            let mut batch = Batch::new(BatchType::Unlogged);
+            batch.set_consistency(Consistency::LocalQuorum);
+            let mut values = Vec::with_capacity(chunk.len());
+            for r in chunk {
+                batch.append_statement(self.put_count.clone());
+                values.push((pool_key, r.scope.as_str(), r.worker.as_str(), r.at, r.a, r.b, r.c, ttl(r)));
+            }
+            self.session.batch(&batch, values).await.map_err(q("put fleet counts"))?;
+        }
+        Ok(())
+    }
+
+    /// Every worker's count rows of one pool (those not expired).
+    pub async fn counts(&self, pool_key: &str) -> Result<Vec<CountRow>, StoreError> {
+        use futures::TryStreamExt;
+        let err = |e: &dyn std::fmt::Display| StoreError::Query { what: "read fleet counts", message: e.to_string() };
+        let pager = self.session.execute_iter(self.get_counts.clone(), (pool_key,)).await.map_err(|e| err(&e))?;
+        type Raw = (String, String, Option<i64>, Option<f64>, Option<f64>, Option<f64>);
+        let mut rows = pager.rows_stream::<Raw>().map_err(|e| err(&e))?;
+        let mut out = Vec::new();
+        while let Some((scope, worker, at, a, b, c)) = rows.try_next().await.map_err(|e| err(&e))? {
+            let n = |v: Option<f64>| v.filter(|x| x.is_finite()).unwrap_or(0.0).max(0.0);
+            out.push(CountRow { scope, worker, at: at.unwrap_or(0), a: n(a), b: n(b), c: n(c) });
+        }
+        Ok(out)
     }
 
     /// Every live worker's rows of one pool.
