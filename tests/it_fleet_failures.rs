@@ -33,14 +33,13 @@ async fn budget_scenario() {
     let after = budget_phase(true).await;
     // Worst case (README, core::fleet_counts): over the cap by at most one headroom (6).
     let bound = 2 * ALLOWANCE;
-    for (fleet, retried) in [(false, before), (true, after)] {
-        let js = serde_json::json!({
+    print_phases(before, after, |fleet, retried| {
+        serde_json::json!({
             "test": "retry_budget", "fleet_limits": fleet, "workers": 3, "budget": ALLOWANCE,
             "jobs": BUDGET_JOBS, "retried": retried, "overshoot": retried.saturating_sub(ALLOWANCE),
             "stated_bound": bound,
-        });
-        eprintln!("{js}");
-    }
+        })
+    });
     assert!(before > bound, "judged per worker, three workers retried {before} (the test sees the difference)");
     assert!(after <= bound, "fleet-wide: {after} retries over the bound {bound}");
     assert!(after >= ALLOWANCE.min(3), "the budget's retries happen: {after}");
@@ -69,14 +68,13 @@ async fn poison_scenario() {
     // Worst case (README, core::fleet_counts): the failures of one exchange round after
     // the fleet's sample crossed the threshold; two seconds of jobs allow for a loaded box.
     let bound = MIN_SAMPLES - 1 + 2 * POISON_PACE;
-    for (fleet, ordinary) in [(false, before), (true, after)] {
-        let js = serde_json::json!({
+    print_phases(before, after, |fleet, ordinary| {
+        serde_json::json!({
             "test": "poison", "fleet_limits": fleet, "workers": 3, "min_samples": MIN_SAMPLES,
             "jobs": POISON_JOBS, "pace_per_s": POISON_PACE, "failed_before_quarantine": ordinary,
             "overshoot": ordinary.saturating_sub(MIN_SAMPLES - 1), "stated_bound": bound,
-        });
-        eprintln!("{js}");
-    }
+        })
+    });
     assert!(before > bound, "judged per worker, {before} failures before every worker quarantined");
     assert!(after <= bound, "fleet-wide: {after} failures handled as ordinary, over the bound {bound}");
     assert!(after >= MIN_SAMPLES - 1, "no quarantine before the sample is in: {after}");
@@ -95,6 +93,13 @@ async fn poison_phase(fleet_limits: bool) -> usize {
     let ordinary = results.values().filter(|r| r.failure_class == Some(FailureClass::AppError)).count();
     assert_eq!(poison + ordinary, POISON_JOBS, "every job failed as app_error or poison");
     ordinary
+}
+
+/// Prints one JSON line per phase: judged per worker, then fleet-wide.
+fn print_phases(before: usize, after: usize, line: impl Fn(bool, usize) -> serde_json::Value) {
+    for (fleet, measured) in [(false, before), (true, after)] {
+        eprintln!("{}", line(fleet, measured));
+    }
 }
 
 /// Three workers run `n` jobs of the `fail` handler (job type `boom`) of a tenant of

@@ -9,6 +9,7 @@ use super::{q, Store, StoreError};
 use crate::core::fleet_counts::CountRow;
 use crate::core::quota::Row;
 use scylla::client::session::Session;
+use scylla::serialize::row::SerializeRow;
 use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::Consistency;
@@ -70,19 +71,30 @@ impl Store {
 }
 
 impl QuotaStatements {
-    /// Writes this worker's rows of one pool (unlogged batches of one partition).
-    pub async fn put(&self, pool_key: &str, rows: &[Row], ttl_secs: i32) -> Result<(), StoreError> {
+    /// Runs `stmt` once per row, in unlogged batches of one partition at LOCAL_QUORUM.
+    async fn put_rows<R, V: SerializeRow>(
+        &self,
+        stmt: &PreparedStatement,
+        rows: &[R],
+        values: impl Fn(&R) -> V,
+        what: &'static str,
+    ) -> Result<(), StoreError> {
         for chunk in rows.chunks(BATCH) {
             let mut batch = Batch::new(BatchType::Unlogged);
             batch.set_consistency(Consistency::LocalQuorum);
-            let mut values = Vec::with_capacity(chunk.len());
-            for r in chunk {
-                batch.append_statement(self.put.clone());
-                values.push((pool_key, r.scope.as_str(), r.worker.as_str(), r.want as i32, r.held as i32, ttl_secs));
+            for _ in chunk {
+                batch.append_statement(stmt.clone());
             }
-            self.session.batch(&batch, values).await.map_err(q("put quotas"))?;
+            let values: Vec<V> = chunk.iter().map(&values).collect();
+            self.session.batch(&batch, values).await.map_err(q(what))?;
         }
         Ok(())
+    }
+
+    /// Writes this worker's rows of one pool.
+    pub async fn put(&self, pool_key: &str, rows: &[Row], ttl_secs: i32) -> Result<(), StoreError> {
+        let values = |r: &Row| (pool_key, r.scope.clone(), r.worker.clone(), r.want as i32, r.held as i32, ttl_secs);
+        self.put_rows(&self.put, rows, values, "put quotas").await
     }
 
     /// Writes this worker's count rows of one pool, each with the TTL `ttl` gives it.
@@ -92,17 +104,8 @@ impl QuotaStatements {
         rows: &[CountRow],
         ttl: impl Fn(&CountRow) -> i32,
     ) -> Result<(), StoreError> {
-        for chunk in rows.chunks(BATCH) {
-            let mut batch = Batch::new(BatchType::Unlogged);
-            batch.set_consistency(Consistency::LocalQuorum);
-            let mut values = Vec::with_capacity(chunk.len());
-            for r in chunk {
-                batch.append_statement(self.put_count.clone());
-                values.push((pool_key, r.scope.as_str(), r.worker.as_str(), r.at, r.a, r.b, r.c, ttl(r)));
-            }
-            self.session.batch(&batch, values).await.map_err(q("put fleet counts"))?;
-        }
-        Ok(())
+        let values = |r: &CountRow| (pool_key, r.scope.clone(), r.worker.clone(), r.at, r.a, r.b, r.c, ttl(r));
+        self.put_rows(&self.put_count, rows, values, "put fleet counts").await
     }
 
     /// Every worker's count rows of one pool (those not expired).
