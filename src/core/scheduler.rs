@@ -130,8 +130,10 @@
 //!
 //! # Flow control
 //!
-//! Per-tenant concurrency cap (`max_running`), per-tenant dispatch rate limit (governor
-//! GCRA on a clock set from `now`, see `clock.rs`) and per-tenant queue depth limit
+//! Per-tenant concurrency cap (`max_running`, lowered to this worker's part of a
+//! fleet-wide cap by [`Scheduler::set_fleet_cap`]), per-tenant dispatch rate limit (GCRA
+//! on a clock set from `now`, scaled to this worker's share of a fleet-wide rate by
+//! [`Scheduler::set_fleet_rate`], see `clock.rs`) and per-tenant queue depth limit
 //! (`max_queued`: [`Scheduler::enqueue`] returns [`Rejected::QueueFull`] and hands the
 //! payload back). A capped or rate-limited tenant simply leaves the ready set until its
 //! slot frees or its token is due; [`Scheduler::next_wakeup`] returns that due time.
