@@ -3,7 +3,8 @@
 //! read back a pool at a time. Read and written at LOCAL_QUORUM: a worker's read must see
 //! every announcement written before it (the rule that keeps two raised caps from
 //! overlapping). The same statements exchange the workers' failure counts
-//! (`core::fleet_counts`) in `fleet_counts`, each row with its own TTL.
+//! (`core::fleet_counts`) in `fleet_counts`, each row with its own TTL; a missing
+//! `fleet_counts` table stops only that part (and says to run `fairway init`).
 
 use super::{q, Store, StoreError};
 use crate::core::fleet_counts::CountRow;
@@ -24,8 +25,10 @@ pub struct QuotaStatements {
     session: Arc<Session>,
     put: PreparedStatement,
     get: PreparedStatement,
-    put_count: PreparedStatement,
-    get_counts: PreparedStatement,
+    /// Put and get of `fleet_counts`, or why they could not be prepared: an older
+    /// deployment lacks the table until `fairway init` runs, and the quota exchange must
+    /// not stop for it (the counts exchange reports it every pass).
+    counts: Result<(PreparedStatement, PreparedStatement), String>,
 }
 
 impl Store {
@@ -41,6 +44,23 @@ impl Store {
                 Ok::<_, StoreError>(p)
             }
         };
+        let put_count = prep(
+            format!(
+                "INSERT INTO {ks}.fleet_counts (pool, scope, worker, at, a, b, c) VALUES (?, ?, ?, ?, ?, ?, ?) \
+                 USING TTL ?"
+            ),
+            "prepare put fleet count",
+        )
+        .await;
+        let get_counts = prep(
+            format!("SELECT scope, worker, at, a, b, c FROM {ks}.fleet_counts WHERE pool = ?"),
+            "prepare get fleet counts",
+        )
+        .await;
+        let counts = match (put_count, get_counts) {
+            (Ok(put), Ok(get)) => Ok((put, get)),
+            (Err(e), _) | (_, Err(e)) => Err(e.to_string()),
+        };
         Ok(QuotaStatements {
             session: self.session.clone(),
             put: prep(
@@ -53,24 +73,20 @@ impl Store {
                 "prepare get quotas",
             )
             .await?,
-            put_count: prep(
-                format!(
-                    "INSERT INTO {ks}.fleet_counts (pool, scope, worker, at, a, b, c) VALUES (?, ?, ?, ?, ?, ?, ?) \
-                     USING TTL ?"
-                ),
-                "prepare put fleet count",
-            )
-            .await?,
-            get_counts: prep(
-                format!("SELECT scope, worker, at, a, b, c FROM {ks}.fleet_counts WHERE pool = ?"),
-                "prepare get fleet counts",
-            )
-            .await?,
+            counts,
         })
     }
 }
 
 impl QuotaStatements {
+    /// The statements of `fleet_counts`, or an error saying how to create the table.
+    fn count_statements(&self) -> Result<&(PreparedStatement, PreparedStatement), StoreError> {
+        self.counts.as_ref().map_err(|e| StoreError::Query {
+            what: "fleet counts",
+            message: format!("{e} (run `fairway init` to create the fleet_counts table)"),
+        })
+    }
+
     /// Runs `stmt` once per row, in unlogged batches of one partition at LOCAL_QUORUM.
     async fn put_rows<R, V: SerializeRow>(
         &self,
@@ -105,14 +121,15 @@ impl QuotaStatements {
         ttl: impl Fn(&CountRow) -> i32,
     ) -> Result<(), StoreError> {
         let values = |r: &CountRow| (pool_key, r.scope.clone(), r.worker.clone(), r.at, r.a, r.b, r.c, ttl(r));
-        self.put_rows(&self.put_count, rows, values, "put fleet counts").await
+        self.put_rows(&self.count_statements()?.0, rows, values, "put fleet counts").await
     }
 
     /// Every worker's count rows of one pool (those not expired).
     pub async fn counts(&self, pool_key: &str) -> Result<Vec<CountRow>, StoreError> {
         use futures::TryStreamExt;
         let err = |e: &dyn std::fmt::Display| StoreError::Query { what: "read fleet counts", message: e.to_string() };
-        let pager = self.session.execute_iter(self.get_counts.clone(), (pool_key,)).await.map_err(|e| err(&e))?;
+        let get = self.count_statements()?.1.clone();
+        let pager = self.session.execute_iter(get, (pool_key,)).await.map_err(|e| err(&e))?;
         type Raw = (String, String, Option<i64>, Option<f64>, Option<f64>, Option<f64>);
         let mut rows = pager.rows_stream::<Raw>().map_err(|e| err(&e))?;
         let mut out = Vec::new();
