@@ -225,15 +225,18 @@ pub struct WorkerConfig {
     pub promoter_rate: u32,
     /// Quarantine of job types that fail most of the time.
     pub poison: crate::core::poison::PoisonConfig,
-    /// Per-tenant retry budget (retries above ~2x the dispatch rate are dead-lettered).
+    /// Per-tenant retry budget (retries above ~2x the dispatch rate are dead-lettered),
+    /// per pool across its workers with `fleet_limits`.
     pub retry_budget: crate::core::retry::RetryBudgetConfig,
     /// Skip the per-job state read for jobs no worker can have started (fresh offsets
     /// above the partition's dispatch frontier, original submissions, no cancel on the
     /// feed). The frontier is always maintained; this only decides whether to use it.
     pub skip_fresh_reads: bool,
-    /// Tenants' `max_concurrency` and flow keys' `parallelism` hold across all workers
-    /// of a pool (`core::quota`, via the `quotas` table). Off: each worker enforces them
-    /// on its own (N workers allow N times the limit); for comparison and benchmarks.
+    /// Tenants' `max_concurrency` and `rate_per_sec` and flow keys' `parallelism` hold
+    /// across all workers of a pool (`core::quota`, via the `quotas` table), and so do
+    /// the retry budget and poison detection (`core::fleet_counts`, via `fleet_counts`).
+    /// Off: each worker enforces them on its own (N workers allow N times the limit);
+    /// for comparison and benchmarks.
     pub fleet_limits: bool,
 }
 

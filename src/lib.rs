@@ -7,17 +7,19 @@
 //! - `core`      – pure decisions, no I/O: offset tracking, fair scheduling, retry
 //!                 policy, circuit breakers, poison detection, spilled-backlog
 //!                 bookkeeping (`core::backlog`), W3C trace-context rules
-//!                 (`core::trace`), fleet-wide limits (`core::quota`: allotments;
-//!                 `core::flow`: flow keys and their gate), finished records grouped
-//!                 by submission second (`core::finished`), the pool classifier
-//!                 (`core::classifier`). `now` is an argument.
+//!                 (`core::trace`), fleet-wide limits (`core::quota`: allotments,
+//!                 rate shares; `core::flow`: flow keys and their gate;
+//!                 `core::fleet_counts`: retry budget and poison detection on the
+//!                 pool's counts), finished records grouped by submission second
+//!                 (`core::finished`), the pool classifier (`core::classifier`).
+//!                 `now` is an argument.
 //! - `kafka`     – the Kafka edge (only module importing rdkafka).
 //! - `store`     – the ScyllaDB edge (only module importing scylla).
 //! - `handlers`  – the `Handler` trait, job context, HTTP executor, demo handlers.
 //! - `worker`    – consumer loops moving data between Kafka, the cores and the store
 //!                 (a job's route: `check` → `exec` admit/run → `outcome`;
 //!                 `worker::backlog`: the spill path of floods beyond the buffer;
-//!                 `worker::quota`: the exchange of fleet-wide limits;
+//!                 `worker::quota`: the exchange of fleet-wide limits and counts;
 //!                 `worker::classifier`: the pool classifier's leader).
 //! - `events`    – watching a job: lifecycle/progress events on the events topic, the
 //!                 history recorder and the live feed (rules: `core::events`, statements:

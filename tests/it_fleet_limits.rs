@@ -10,6 +10,9 @@
 //! tenant or key running at once is counted. The same workload runs first with
 //! `worker.fleet_limits = false` (each worker on its own, the behaviour before), then
 //! with the fleet-wide limits; both overshoots are printed.
+//!
+//! A tenant's `rate` is measured the same way, from the start times of its jobs'
+//! results: the sustained rate and the most starts in any 5 s.
 
 mod common;
 
@@ -82,13 +85,7 @@ async fn phase(fleet_limits: bool) -> Measured {
     let run_log = dir.path().join("runs.log");
     // The workers inherit the run log's path (the handlers append to it).
     std::env::set_var(fairway::handlers::RUN_LOG_ENV, &run_log);
-    let mut workers: Vec<common::LoggedWorker> = (0..3).map(|_| common::spawn_logged_worker(&path, "short")).collect();
-    for w in &workers {
-        assert!(w.wait_owning(1, Duration::from_secs(90)).is_some(), "every worker owns a partition");
-    }
-
-    let producer = fairway::kafka::producer(&cfg).unwrap();
-    let topic = cfg.pool_topic(fairway::model::Pool::Short);
+    let mut workers = common::spawn_fleet(&path, 3);
     let mut groups: HashMap<String, &str> = HashMap::new();
     let mut jobs: Vec<JobSubmitted> = Vec::new();
     for i in 0..TENANT_JOBS.max(KEY_JOBS) {
@@ -107,17 +104,73 @@ async fn phase(fleet_limits: bool) -> Measured {
             None => "tenant",
         };
         groups.insert(j.job_id.clone(), group);
-        let bytes = fairway::codec::encode_job(j).unwrap();
-        fairway::kafka::send(&producer, &topic, &j.job_id, &bytes).await.expect("produce");
     }
+    common::produce_spread(&cfg, &jobs, None).await;
     let ids: Vec<String> = jobs.iter().map(|j| j.job_id.clone()).collect();
     let results = common::results_for(&cfg, &ids, Duration::from_secs(150)).await;
-    for w in &mut workers {
-        w.signal("TERM", Duration::from_secs(60));
-    }
+    common::stop_fleet(&mut workers);
     assert_eq!(results.len(), ids.len(), "every job finished (fleet_limits = {fleet_limits})");
     assert!(results.values().all(|rs| rs.iter().any(|r| r.status == JobStatus::Succeeded)));
     measure(&std::fs::read_to_string(&run_log).unwrap(), &groups)
+}
+
+const RATE: usize = 4;
+const RATE_JOBS: usize = 60;
+/// Starts counted in a sliding window of this long.
+const RATE_WINDOW_MS: i64 = 5_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_rate_holds_across_three_workers() {
+    tokio::time::timeout(Duration::from_secs(420), rate_scenario()).await.expect("scenario finished in time");
+}
+
+async fn rate_scenario() {
+    let before = rate_phase(false).await;
+    let after = rate_phase(true).await;
+    // Stated worst case (README, core::quota): the rate, plus a burst of burst + workers
+    // tokens, plus one pass of overlap while demand moves (a second of the rate here).
+    let window_bound = RATE * RATE_WINDOW_MS as usize / 1000 + RATE + 3 + RATE;
+    let rate_bound = RATE as f64 * 1.25;
+    for (fleet, (rate, peak)) in [(false, before), (true, after)] {
+        let js = serde_json::json!({
+            "test": "tenant_rate", "fleet_limits": fleet, "workers": 3, "rate_limit": RATE, "jobs": RATE_JOBS,
+            "measured_rate": (rate * 100.0).round() / 100.0, "rate_overshoot": ((rate / RATE as f64 - 1.0) * 100.0).round() / 100.0,
+            "most_starts_in_5s": peak, "limit_5s": RATE * 5, "stated_bound_5s": window_bound,
+        });
+        eprintln!("{js}");
+    }
+    assert!(before.0 > 2.0 * RATE as f64, "per worker, three workers ran {:.1}/s", before.0);
+    assert!(after.0 <= rate_bound, "fleet-wide: {:.2}/s over {rate_bound}/s", after.0);
+    assert!(after.1 <= window_bound, "fleet-wide: {} starts in 5 s, over {window_bound}", after.1);
+    assert!(after.0 >= RATE as f64 * 0.5, "the rate is used: {:.2}/s", after.0);
+}
+
+/// Runs a rate-limited tenant's jobs on three workers: its measured rate (starts per
+/// second from the first start to the last) and the most starts in any 5 s.
+async fn rate_phase(fleet_limits: bool) -> (f64, usize) {
+    let tenant = format!("paced{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
+    let tenant_cfg = format!("[tenants.{tenant}]\ntier = \"standard\"\nrate_per_sec = {RATE}\n");
+    let cfg = common::config(&tenant_cfg);
+    common::init(&cfg).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file_extra = format!(
+        "{tenant_cfg}[worker]\nfleet_limits = {fleet_limits}\n\
+         [job_types.sleep]\npool = \"short\"\nhandler = \"sleep\"\ntimeout = \"30s\"\n"
+    );
+    let path = common::config_file(&cfg, &file_extra, dir.path());
+    let mut workers = common::spawn_fleet(&path, 3);
+    let jobs: Vec<JobSubmitted> = (0..RATE_JOBS).map(|_| sleep_job(&tenant, None, 10)).collect();
+    common::produce_spread(&cfg, &jobs, None).await;
+    let ids: Vec<String> = jobs.iter().map(|j| j.job_id.clone()).collect();
+    let results = common::results_for(&cfg, &ids, Duration::from_secs(150)).await;
+    common::stop_fleet(&mut workers);
+    assert_eq!(results.len(), ids.len(), "every job finished (fleet_limits = {fleet_limits})");
+    let mut starts: Vec<i64> = results.values().filter_map(|rs| rs.iter().filter_map(|r| r.started_at).min()).collect();
+    starts.sort_unstable();
+    let span_s = ((starts[starts.len() - 1] - starts[0]) as f64 / 1000.0).max(0.001);
+    let peak =
+        (0..starts.len()).map(|i| starts[i..].iter().take_while(|&&t| t - starts[i] < RATE_WINDOW_MS).count()).max();
+    ((starts.len() - 1) as f64 / span_s, peak.unwrap_or(0))
 }
 
 fn sleep_job(tenant: &str, key: Option<&str>, ms: u64) -> JobSubmitted {

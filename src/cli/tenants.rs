@@ -54,7 +54,7 @@ pub struct Settings {
     /// Running jobs per pool, across all its workers (worker.fleet_limits).
     #[arg(long)]
     pub max_concurrency: Option<usize>,
-    /// Dispatches per second per pool and worker.
+    /// Dispatches per second per pool (across its workers with worker.fleet_limits).
     #[arg(long)]
     pub rate: Option<u32>,
     /// Enterprise only: slots per pool reserved for the tenant.

@@ -12,6 +12,7 @@ pub mod console;
 pub mod events;
 pub mod finished;
 pub mod fleet;
+pub mod fleet_counts;
 pub mod flow;
 pub mod frontier;
 pub mod offsets;

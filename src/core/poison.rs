@@ -19,6 +19,10 @@
 //! business and a `permanent` one the input's, so neither counts (see
 //! [`counts_toward_poison`]). Record the underlying failure before reclassifying it as
 //! `poison`, so a quarantined type keeps being measured.
+//!
+//! Fleet-wide (`core::fleet_counts`), each detector also counts the other workers'
+//! outcomes of its type ([`PoisonDetectors::set_fleet`]): the rule is applied to the
+//! pool's sample, not one worker's.
 
 use crate::core::retry::DurationMs;
 use crate::core::window::{Counts, RollingWindow};
@@ -101,6 +105,8 @@ pub struct PoisonDetector {
     config: PoisonConfig,
     window: RollingWindow,
     quarantined_since: Option<Millis>,
+    /// The other workers' outcomes in their windows, as last read (fleet-wide).
+    fleet: Counts,
 }
 
 impl PoisonDetector {
@@ -111,6 +117,7 @@ impl PoisonDetector {
             window: RollingWindow::new(config.window.0, config.buckets.max(1) as usize),
             config,
             quarantined_since: None,
+            fleet: Counts::default(),
         }
     }
 
@@ -131,7 +138,9 @@ impl PoisonDetector {
     /// Whether the type would be quarantined at `now`, given whether it was before
     /// (the entry and exit thresholds differ).
     fn verdict(&self, now: Millis, was: bool) -> bool {
-        let c = self.window.counts(now);
+        let own = self.window.counts(now);
+        let c =
+            Counts { ok: own.ok.saturating_add(self.fleet.ok), failed: own.failed.saturating_add(self.fleet.failed) };
         if c.total() < self.config.min_samples.max(1) {
             return false;
         }
@@ -171,7 +180,7 @@ impl PoisonDetector {
 
     /// Nothing in the window at `now` and not quarantined.
     pub fn is_idle(&self, now: Millis) -> bool {
-        self.quarantined_since.is_none() && self.window.is_idle(now)
+        self.quarantined_since.is_none() && self.window.is_idle(now) && self.fleet.total() == 0
     }
 }
 
@@ -246,6 +255,25 @@ impl PoisonDetectors {
         }
         self.by_type.retain(|_, d| !d.is_idle(now));
         changed
+    }
+
+    /// The other workers' outcomes per job type (their windows, as read): each type's
+    /// detector judges its own and these together from now on; a type seen only
+    /// elsewhere gets a detector. Returns the types whose status changed.
+    pub fn set_fleet(&mut self, others: HashMap<String, Counts>, now: Millis) -> Vec<(String, bool)> {
+        for d in self.by_type.values_mut() {
+            d.fleet = Counts::default();
+        }
+        for (t, c) in others {
+            let config = &self.config;
+            self.by_type.entry(t).or_insert_with(|| PoisonDetector::new(config.clone())).fleet = c;
+        }
+        self.sweep(now)
+    }
+
+    /// Every type's own window counts at `now` (what this worker tells the others).
+    pub fn own_counts(&self, now: Millis) -> Vec<(String, Counts)> {
+        self.by_type.iter().map(|(t, d)| (t.clone(), d.counts(now))).collect()
     }
 
     pub fn len(&self) -> usize {
@@ -347,6 +375,27 @@ mod tests {
         assert_eq!(m.len(), 2);
         assert_eq!(m.sweep(70 * MIN), vec![("x".to_owned(), false)]);
         assert!(m.is_empty());
+    }
+
+    #[test]
+    fn the_fleet_sample_counts_with_the_own() {
+        let mut m = PoisonDetectors::new(PoisonConfig { min_samples: 10, ..Default::default() });
+        for i in 0..4 {
+            m.record_outcome("x", i, Some(FailureClass::AppError));
+        }
+        assert!(!m.is_quarantined("x", 5), "4 of its own: too thin");
+        let others: HashMap<String, Counts> =
+            [("x".to_string(), Counts { ok: 1, failed: 5 }), ("y".to_string(), Counts { ok: 0, failed: 10 })].into();
+        let changed = m.set_fleet(others, 6);
+        assert!(
+            changed.contains(&("x".to_string(), true)) && changed.contains(&("y".to_string(), true)),
+            "{changed:?}"
+        );
+        assert_eq!(m.effective_class("y", FailureClass::AppError, 7), FailureClass::Poison, "seen only elsewhere");
+        assert_eq!(m.own_counts(7).iter().find(|(t, _)| t == "x").map(|(_, c)| *c), Some(Counts { ok: 0, failed: 4 }));
+        // The others' outcomes gone (their rows expired): judged on its own again.
+        assert_eq!(m.set_fleet(HashMap::new(), 8).len(), 2);
+        assert!(!m.is_quarantined("x", 9));
     }
 
     #[test]

@@ -33,6 +33,18 @@
 //! waits one to two passes for its first allotment, and a unit moving between workers
 //! idles for up to two passes.
 //!
+//! **Rates** (a tenant's `rate`) ride the same rows: a worker reports its demand of a
+//! rate scope (its jobs of the tenant queued or running) and gets a **share** of the rate,
+//! `its want / the pool's want` ([`share`]), which its scheduler applies to the tenant's
+//! token bucket (rate x share, burst x share but at least one, tokens kept across
+//! changes). As with caps, a decrease applies at once and an increase only once
+//! announced, and a stale worker's share is 0. **Worst case:** shares computed from the
+//! same rows sum to 1, so the fleet's sustained rate stays at the limit; while demand
+//! moves between workers, views one pass apart may overlap by the demand that moved
+//! within that pass (the confirmed-increase rule keeps it to one pass); bursts add up to
+//! `burst + workers` tokens (every worker's bucket holds at least one). A worker's first
+//! job of a rate-limited tenant waits one to two passes for its share.
+//!
 //! Rows are keyed by the pool's topic name (one partition per pool), so deployments that
 //! share a keyspace never share limits.
 
@@ -61,6 +73,20 @@ pub struct Row {
 /// The scope name of a tenant's `max_concurrency`.
 pub fn tenant_scope(tenant: &str) -> String {
     format!("tenant:{tenant}")
+}
+
+/// The scope name of a tenant's `rate` (shared by demand, see [`share`]).
+pub fn rate_scope(tenant: &str) -> String {
+    format!("rate:{tenant}")
+}
+
+/// This worker's part of a rate: its want over the want of every worker (0 without want).
+pub fn share(mine: u32, others: &[u32]) -> f64 {
+    if mine == 0 {
+        return 0.0;
+    }
+    let total: u64 = others.iter().map(|&w| u64::from(w)).sum::<u64>() + u64::from(mine);
+    f64::from(mine) / total as f64
 }
 
 /// The scope name of a flow key's `parallelism`.
@@ -119,6 +145,11 @@ struct Scope {
     usable: u32,
     /// Cap of the last row written successfully (what the others count on).
     announced: u32,
+    /// Rate scopes: the share computed from the latest read, the part of it usable now,
+    /// and the share when the last row was written.
+    share: f64,
+    usable_share: f64,
+    announced_share: f64,
 }
 
 /// A worker's fleet-wide limits of one pool: what the pool loop reports, what the quota
@@ -157,6 +188,14 @@ impl Quotas {
         self.scopes.get(scope).map_or(0, |s| s.usable)
     }
 
+    /// This worker's share (0..=1) of a rate scope now: 0 while its rows are stale.
+    pub fn usable_share(&self, scope: &str, now: Millis) -> f64 {
+        if self.written_at.is_none_or(|at| now - at > STALE_MS) {
+            return 0.0;
+        }
+        self.scopes.get(scope).map_or(0.0, |s| s.usable_share)
+    }
+
     /// No scope to exchange rows for.
     pub fn is_empty(&self) -> bool {
         self.scopes.is_empty()
@@ -192,6 +231,11 @@ impl Quotas {
             let usable = s.cap.min(s.announced);
             changed |= usable != s.usable;
             s.usable = usable;
+            let other_wants: Vec<u32> = others.iter().map(|r| r.want).collect();
+            s.share = share(s.want, &other_wants);
+            let usable_share = s.share.min(s.announced_share);
+            changed |= usable_share != s.usable_share;
+            s.usable_share = usable_share;
             let held = s.cap.max(s.applied).max(s.running);
             out.push(Row { scope: name.clone(), worker: me.to_string(), want: s.want, held });
         }
@@ -208,6 +252,7 @@ impl Quotas {
         for r in rows {
             if let Some(s) = self.scopes.get_mut(&r.scope) {
                 s.announced = s.cap;
+                s.announced_share = s.share;
             }
         }
         let idle: Vec<String> = rows
@@ -375,7 +420,40 @@ mod tests {
         assert!(q.plan(&[], "me", 1).is_empty());
     }
 
+    #[test]
+    fn a_rate_is_shared_by_want_and_a_rising_share_waits_for_its_announcement() {
+        assert_eq!(share(0, &[3]), 0.0);
+        assert_eq!(share(1, &[]), 1.0);
+        assert_eq!(share(1, &[1, 2]), 0.25);
+        let mut q = Quotas::default();
+        let k = rate_scope("t");
+        q.report(&k, 0, 3, 0);
+        let other = Row { scope: k.clone(), worker: "o".into(), want: 1, held: 0 };
+        let rows = q.plan(std::slice::from_ref(&other), "me", 0);
+        assert_eq!(q.usable_share(&k, 0), 0.0, "not announced yet");
+        q.written(&rows, 0);
+        q.plan(std::slice::from_ref(&other), "me", 10);
+        assert_eq!(q.usable_share(&k, 10), 0.75);
+        // The other worker's demand grows: the share drops at once.
+        let other = Row { want: 9, ..other };
+        q.plan(std::slice::from_ref(&other), "me", 20);
+        assert_eq!(q.usable_share(&k, 20), 0.25);
+        assert_eq!(q.usable_share(&k, STALE_MS + 1), 0.0, "stale: nothing");
+    }
+
     proptest! {
+        /// Shares computed from one table state never add up to more than the rate.
+        #[test]
+        fn prop_shares_of_one_view_sum_to_at_most_one(wants in prop::collection::vec(0u32..50, 1..8)) {
+            let total: f64 = (0..wants.len())
+                .map(|i| {
+                    let others: Vec<u32> = wants.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, w)| *w).collect();
+                    share(wants[i], &others)
+                })
+                .sum();
+            prop_assert!(total <= 1.0 + 1e-9);
+        }
+
         #[test]
         fn prop_allot_never_exceeds_limit_or_wants(
             limit in 0u32..50,

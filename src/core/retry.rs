@@ -26,12 +26,15 @@
 //!
 //! [`RetryBudget`] adds the per-tenant guard: a tenant's retries may not exceed twice its
 //! rate of fresh dispatches (plus a small allowance), so one tenant's broken job cannot
-//! fill the cluster with retries; past the cap, failures go to the DLQ early.
+//! fill the cluster with retries; past the cap, failures go to the DLQ early. With
+//! [`RetryBudget::fleet_wide`] the counts and the cap are the whole pool's, shared out
+//! between its workers (`core::fleet_counts`).
 //!
 //! Configuration ([`RetryPolicy`]) deserialises from partial input: only the fields
 //! given override the defaults of their class, durations are milliseconds or strings
 //! like `"500ms"`, `"5s"`, `"5m"`, `"1h"`.
 
+use crate::core::fleet_counts::FleetBudget;
 use crate::model::{FailureClass, JobSubmitted, Millis};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::collections::HashMap;
@@ -786,7 +789,7 @@ impl Default for RetryBudgetConfig {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error(
     "tenant {tenant:?} is over its retry budget: {retries:.1} retries against {dispatches:.1} fresh dispatches \
-     in the last ~{window} (cap: {ratio}x dispatches + {allowance})"
+     in the last ~{window} (cap: {ratio}x dispatches + {allowance}){fleet}"
 )]
 pub struct BudgetExceeded {
     pub tenant: String,
@@ -795,6 +798,25 @@ pub struct BudgetExceeded {
     pub ratio: f64,
     pub allowance: f64,
     pub window: DurationMs,
+    /// Fleet-wide budgets: how this worker's part ran out (empty otherwise).
+    pub fleet: String,
+}
+
+/// The `fleet` clause of a refusal of a fleet-wide budget.
+fn fleet_clause(r: &crate::core::fleet_counts::Refusal) -> String {
+    if r.stale {
+        format!(
+            "; counts are fleet-wide and this worker could not read the other workers' counts lately \
+             (its {} retries of allotment are used; check the database)",
+            r.allotment
+        )
+    } else {
+        format!(
+            "; counts are fleet-wide over {} workers and this worker's allotment of {} retries until the next \
+             exchange is used",
+            r.workers, r.allotment
+        )
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -826,11 +848,32 @@ impl Decayed {
 pub struct RetryBudget {
     config: RetryBudgetConfig,
     tenants: HashMap<String, Decayed>,
+    /// Fleet-wide: the other workers' counts and this worker's allotments.
+    fleet: Option<FleetBudget>,
 }
 
 impl RetryBudget {
     pub fn new(config: RetryBudgetConfig) -> Self {
-        RetryBudget { config, tenants: HashMap::new() }
+        RetryBudget { config, tenants: HashMap::new(), fleet: None }
+    }
+
+    /// Judge on the counts of every worker of the pool (exchanged through
+    /// `worker::quota`), this one being `me`.
+    pub fn fleet_wide(&mut self, me: &str) {
+        self.fleet = Some(FleetBudget::new(me, self.tau()));
+    }
+
+    /// The fleet-wide part, when on.
+    pub fn fleet_mut(&mut self) -> Option<&mut FleetBudget> {
+        self.fleet.as_mut()
+    }
+
+    /// Rows of this worker's changed counts for the exchange (none when not fleet-wide).
+    pub fn fleet_rows(&mut self, now: Millis) -> Vec<crate::core::fleet_counts::CountRow> {
+        let Some(mut f) = self.fleet.take() else { return Vec::new() };
+        let rows = f.rows(|t| self.counts(t, now), now);
+        self.fleet = Some(f);
+        rows
     }
 
     pub fn config(&self) -> &RetryBudgetConfig {
@@ -864,6 +907,9 @@ impl RetryBudget {
     /// Count one fresh dispatch (first attempt) of `tenant`.
     pub fn record_dispatch(&mut self, tenant: &str, now: Millis) {
         self.bump(tenant, now, true);
+        if let Some(f) = &mut self.fleet {
+            f.touch(tenant);
+        }
     }
 
     /// The decayed `(dispatches, retries)` of `tenant` at `now`.
@@ -893,19 +939,31 @@ impl RetryBudget {
     /// Take one retry from the budget of `tenant`: counted and Ok when allowed, not
     /// counted and Err (saying why) when not.
     pub fn try_retry(&mut self, tenant: &str, now: Millis) -> Result<(), BudgetExceeded> {
-        let (d, r) = self.counts(tenant, now);
-        if r + 1.0 <= self.cap(d) {
-            self.bump(tenant, now, false);
-            Ok(())
-        } else {
-            Err(BudgetExceeded {
+        let (mut d, mut r) = self.counts(tenant, now);
+        let verdict = match self.fleet.as_ref().map(|f| f.others(tenant, now)) {
+            None if r + 1.0 <= self.cap(d) => Ok(()),
+            None => Err(String::new()),
+            Some((d_o, r_o)) => {
+                (d, r) = (d + d_o, r + r_o);
+                let headroom = self.cap(d) - r;
+                let f = self.fleet.as_mut().expect("fleet-wide");
+                f.take(tenant, headroom, now).map_err(|e| fleet_clause(&e))
+            }
+        };
+        match verdict {
+            Ok(()) => {
+                self.bump(tenant, now, false);
+                Ok(())
+            }
+            Err(fleet) => Err(BudgetExceeded {
                 tenant: tenant.to_owned(),
                 retries: r,
                 dispatches: d,
                 ratio: self.config.ratio,
                 allowance: self.config.allowance,
                 window: self.config.window,
-            })
+                fleet,
+            }),
         }
     }
 
@@ -1216,6 +1274,30 @@ mod tests {
         // prune forgets quiet tenants
         b.prune(now + 10 * 3_600_000);
         assert!(b.is_empty());
+    }
+
+    #[test]
+    fn a_fleet_wide_budget_counts_the_other_workers() {
+        use crate::core::fleet_counts::{presence, CountRow};
+        let cfg = RetryBudgetConfig { ratio: 1.0, window: DurationMs::mins(5), allowance: 0.0 };
+        let mut b = RetryBudget::new(cfg);
+        b.fleet_wide("me");
+        let now = 1_000_000;
+        assert!(b.try_retry("t", now).unwrap_err().to_string().contains("could not read"), "no read yet");
+        // Another worker dispatched 4 and retried 3: headroom 1, dealt to one of two.
+        let other = CountRow { scope: "retry:t".into(), worker: "o".into(), at: now, a: 4.0, b: 3.0, c: 0.0 };
+        let rows = [presence("o", now), other];
+        b.fleet_mut().unwrap().read(&rows, now);
+        let allowed = (0..3).filter(|_| b.try_retry("t", now).is_ok()).count();
+        assert!(allowed <= 1, "at most the fleet's headroom of 1: {allowed}");
+        let e = b.try_retry("t", now).unwrap_err();
+        assert!(e.to_string().contains("fleet-wide over 2 workers"), "{e}");
+        assert!(e.retries >= 3.0 && e.dispatches >= 4.0, "the fleet's counts: {e:?}");
+        // Its counts go out in the next rows, with the asks.
+        let rows = b.fleet_rows(now);
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].scope, "retry:t");
+        assert!(rows[0].c >= 4.0, "four asks: {:?}", rows[0]);
     }
 
     #[test]

@@ -130,8 +130,10 @@
 //!
 //! # Flow control
 //!
-//! Per-tenant concurrency cap (`max_running`), per-tenant dispatch rate limit (governor
-//! GCRA on a clock set from `now`, see `clock.rs`) and per-tenant queue depth limit
+//! Per-tenant concurrency cap (`max_running`, lowered to this worker's part of a
+//! fleet-wide cap by [`Scheduler::set_fleet_cap`]), per-tenant dispatch rate limit (GCRA
+//! on a clock set from `now`, scaled to this worker's share of a fleet-wide rate by
+//! [`Scheduler::set_fleet_rate`], see `clock.rs`) and per-tenant queue depth limit
 //! (`max_queued`: [`Scheduler::enqueue`] returns [`Rejected::QueueFull`] and hands the
 //! payload back). A capped or rate-limited tenant simply leaves the ready set until its
 //! slot frees or its token is due; [`Scheduler::next_wakeup`] returns that due time.
@@ -646,6 +648,23 @@ impl<J> Scheduler<J> {
         self.refresh(t);
     }
 
+    /// Sets this worker's part (0..=1) of a tenant's fleet-wide rate limit (`core::quota`):
+    /// its limiter runs at `rate x share` with a burst of `burst x share` (at least one),
+    /// keeping the tokens it holds. No effect on a tenant without a rate limit.
+    pub fn set_fleet_rate(&mut self, tenant: &str, share: f64) {
+        let t = match self.index.get(tenant) {
+            Some(&t) => t,
+            None => self.create(tenant),
+        };
+        let x = &mut self.tenants[t as usize];
+        let Some(limiter) = &mut x.limiter else { return };
+        limiter.set_scale(share);
+        // A held tenant looks at its token again now (it may be due sooner or later).
+        if x.blocked_until.take().is_some() {
+            self.refresh(t);
+        }
+    }
+
     /// Changes the number of slots (e.g. the worker was resized).
     pub fn set_slots(&mut self, slots: usize) -> Result<(), ConfigError> {
         if slots == 0 || slots < self.reserved_total + self.cfg.min_shared_slots {
@@ -1125,7 +1144,12 @@ impl<J> Scheduler<J> {
         x.max_queued = max_queued;
         x.min_share = min_share;
         if x.limiter.as_ref().map(|l| l.spec()) != policy.rate_limit {
+            // A fleet-wide part in force stays in force for the new limit.
+            let scale = x.limiter.as_ref().map_or(1.0, Limiter::scale);
             x.limiter = policy.rate_limit.map(|r| Limiter::new(r, &clock));
+            if let Some(l) = &mut x.limiter {
+                l.set_scale(scale);
+            }
             x.blocked_until = None;
         }
         let held_before = x.reserved.max(x.running_reserved);
@@ -1291,7 +1315,7 @@ impl<J> Scheduler<J> {
     /// Takes a rate-limit token for a dispatch of `t`, or marks it blocked until due.
     fn admit(&mut self, t: u32, now: Millis) -> bool {
         let x = &mut self.tenants[t as usize];
-        let Some(limiter) = &x.limiter else { return true };
+        let Some(limiter) = &mut x.limiter else { return true };
         match limiter.take() {
             Ok(()) => true,
             Err(until) => {

@@ -20,7 +20,9 @@ pub struct TenantRecord {
     /// Most running jobs per pool: across the pool's workers when `worker.fleet_limits`
     /// is on (the default; shared out by `core::quota`), else per worker.
     pub max_concurrency: Option<usize>,
-    /// Most dispatches per second per pool and worker.
+    /// Most dispatches per second per pool: across the pool's workers when
+    /// `worker.fleet_limits` is on (the default; shared by demand, `core::quota`), else
+    /// per worker.
     pub rate_per_sec: Option<u32>,
     /// Enterprise only: slots per pool reserved for it.
     #[serde(default)]

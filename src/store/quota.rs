@@ -2,11 +2,15 @@
 //! (pool, scope) in `quotas` - its want and what it holds - written with a short TTL and
 //! read back a pool at a time. Read and written at LOCAL_QUORUM: a worker's read must see
 //! every announcement written before it (the rule that keeps two raised caps from
-//! overlapping).
+//! overlapping). The same statements exchange the workers' failure counts
+//! (`core::fleet_counts`) in `fleet_counts`, each row with its own TTL; a missing
+//! `fleet_counts` table stops only that part (and says to run `fairway init`).
 
 use super::{q, Store, StoreError};
+use crate::core::fleet_counts::CountRow;
 use crate::core::quota::Row;
 use scylla::client::session::Session;
+use scylla::serialize::row::SerializeRow;
 use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::Consistency;
@@ -21,6 +25,10 @@ pub struct QuotaStatements {
     session: Arc<Session>,
     put: PreparedStatement,
     get: PreparedStatement,
+    /// Put and get of `fleet_counts`, or why they could not be prepared: an older
+    /// deployment lacks the table until `fairway init` runs, and the quota exchange must
+    /// not stop for it (the counts exchange reports it every pass).
+    counts: Result<(PreparedStatement, PreparedStatement), String>,
 }
 
 impl Store {
@@ -36,6 +44,23 @@ impl Store {
                 Ok::<_, StoreError>(p)
             }
         };
+        let put_count = prep(
+            format!(
+                "INSERT INTO {ks}.fleet_counts (pool, scope, worker, at, a, b, c) VALUES (?, ?, ?, ?, ?, ?, ?) \
+                 USING TTL ?"
+            ),
+            "prepare put fleet count",
+        )
+        .await;
+        let get_counts = prep(
+            format!("SELECT scope, worker, at, a, b, c FROM {ks}.fleet_counts WHERE pool = ?"),
+            "prepare get fleet counts",
+        )
+        .await;
+        let counts = match (put_count, get_counts) {
+            (Ok(put), Ok(get)) => Ok((put, get)),
+            (Err(e), _) | (_, Err(e)) => Err(e.to_string()),
+        };
         Ok(QuotaStatements {
             session: self.session.clone(),
             put: prep(
@@ -48,24 +73,71 @@ impl Store {
                 "prepare get quotas",
             )
             .await?,
+            counts,
         })
     }
 }
 
 impl QuotaStatements {
-    /// Writes this worker's rows of one pool (unlogged batches of one partition).
-    pub async fn put(&self, pool_key: &str, rows: &[Row], ttl_secs: i32) -> Result<(), StoreError> {
+    /// The statements of `fleet_counts`, or an error saying how to create the table.
+    fn count_statements(&self) -> Result<&(PreparedStatement, PreparedStatement), StoreError> {
+        self.counts.as_ref().map_err(|e| StoreError::Query {
+            what: "fleet counts",
+            message: format!("{e} (run `fairway init` to create the fleet_counts table)"),
+        })
+    }
+
+    /// Runs `stmt` once per row, in unlogged batches of one partition at LOCAL_QUORUM.
+    async fn put_rows<R, V: SerializeRow>(
+        &self,
+        stmt: &PreparedStatement,
+        rows: &[R],
+        values: impl Fn(&R) -> V,
+        what: &'static str,
+    ) -> Result<(), StoreError> {
         for chunk in rows.chunks(BATCH) {
             let mut batch = Batch::new(BatchType::Unlogged);
             batch.set_consistency(Consistency::LocalQuorum);
-            let mut values = Vec::with_capacity(chunk.len());
-            for r in chunk {
-                batch.append_statement(self.put.clone());
-                values.push((pool_key, r.scope.as_str(), r.worker.as_str(), r.want as i32, r.held as i32, ttl_secs));
+            for _ in chunk {
+                batch.append_statement(stmt.clone());
             }
-            self.session.batch(&batch, values).await.map_err(q("put quotas"))?;
+            let values: Vec<V> = chunk.iter().map(&values).collect();
+            self.session.batch(&batch, values).await.map_err(q(what))?;
         }
         Ok(())
+    }
+
+    /// Writes this worker's rows of one pool.
+    pub async fn put(&self, pool_key: &str, rows: &[Row], ttl_secs: i32) -> Result<(), StoreError> {
+        let values = |r: &Row| (pool_key, r.scope.clone(), r.worker.clone(), r.want as i32, r.held as i32, ttl_secs);
+        self.put_rows(&self.put, rows, values, "put quotas").await
+    }
+
+    /// Writes this worker's count rows of one pool, each with the TTL `ttl` gives it.
+    pub async fn put_counts(
+        &self,
+        pool_key: &str,
+        rows: &[CountRow],
+        ttl: impl Fn(&CountRow) -> i32,
+    ) -> Result<(), StoreError> {
+        let values = |r: &CountRow| (pool_key, r.scope.clone(), r.worker.clone(), r.at, r.a, r.b, r.c, ttl(r));
+        self.put_rows(&self.count_statements()?.0, rows, values, "put fleet counts").await
+    }
+
+    /// Every worker's count rows of one pool (those not expired).
+    pub async fn counts(&self, pool_key: &str) -> Result<Vec<CountRow>, StoreError> {
+        use futures::TryStreamExt;
+        let err = |e: &dyn std::fmt::Display| StoreError::Query { what: "read fleet counts", message: e.to_string() };
+        let get = self.count_statements()?.1.clone();
+        let pager = self.session.execute_iter(get, (pool_key,)).await.map_err(|e| err(&e))?;
+        type Raw = (String, String, Option<i64>, Option<f64>, Option<f64>, Option<f64>);
+        let mut rows = pager.rows_stream::<Raw>().map_err(|e| err(&e))?;
+        let mut out = Vec::new();
+        while let Some((scope, worker, at, a, b, c)) = rows.try_next().await.map_err(|e| err(&e))? {
+            let n = |v: Option<f64>| v.filter(|x| x.is_finite()).unwrap_or(0.0).max(0.0);
+            out.push(CountRow { scope, worker, at: at.unwrap_or(0), a: n(a), b: n(b), c: n(c) });
+        }
+        Ok(out)
     }
 
     /// Every live worker's rows of one pool.

@@ -43,6 +43,12 @@ pub const TABLES: &[(&str, &str)] = &[
     // Fleet-wide limits (`core::quota`): each worker's want and held units per pool and
     // scope (a tenant's max_concurrency, a flow key's parallelism), short TTL.
     ("quotas", "(pool text, scope text, worker text, want int, held int, PRIMARY KEY (pool, scope, worker))"),
+    // Fleet-wide retry budgets and poison detection (`core::fleet_counts`): each worker's
+    // counts per pool and scope (a tenant's budget, a job type's window, its presence).
+    (
+        "fleet_counts",
+        "(pool text, scope text, worker text, at bigint, a double, b double, c double, PRIMARY KEY (pool, scope, worker))",
+    ),
     // Single-leader loops (reaper, promoter) hold a lease taken with LWT.
     ("leases", "(name text PRIMARY KEY, holder text, expires_at bigint)"),
     // Rerun-all by generation: the target generation per tenant and job type.

@@ -66,6 +66,8 @@ pub trait Dispatcher<J>: Send {
     }
     /// This worker's part of a tenant's fleet-wide concurrency cap (`core::quota`).
     fn set_fleet_cap(&mut self, _tenant: &str, _cap: Option<usize>) {}
+    /// This worker's part (0..=1) of a tenant's fleet-wide rate (`core::quota::share`).
+    fn set_fleet_rate(&mut self, _tenant: &str, _share: f64) {}
     /// Applies a tenant's (new) policy from the registry; queued jobs stay queued.
     fn set_tenant(&mut self, _tenant: &str, _policy: TenantPolicy) -> Result<(), String> {
         Ok(())
@@ -227,6 +229,9 @@ impl<J: Send> Dispatcher<J> for Fair<J> {
     }
     fn set_fleet_cap(&mut self, tenant: &str, cap: Option<usize>) {
         self.inner.set_fleet_cap(tenant, cap)
+    }
+    fn set_fleet_rate(&mut self, tenant: &str, share: f64) {
+        self.inner.set_fleet_rate(tenant, share)
     }
 }
 

@@ -85,18 +85,20 @@ pub struct Health {
 }
 
 impl Health {
-    pub fn new(cfg: &Config) -> Self {
+    /// With `worker.fleet_limits`, the retry budgets and poison detectors are judged on
+    /// the whole pool's counts (`core::fleet_counts`), this worker being `worker_id`.
+    pub fn new(cfg: &Config, worker_id: &str) -> Self {
         let mut breakers = Breakers::new(BreakerConfig::default());
         for (name, jt) in &cfg.job_types {
             if let Some(b) = &jt.breaker {
                 breakers.insert(name, Breaker::new(b.clone()));
             }
         }
-        Health {
-            breakers,
-            poison: PoisonDetectors::new(cfg.worker.poison.clone()),
-            budget: RetryBudget::new(cfg.worker.retry_budget.clone()),
+        let mut budget = RetryBudget::new(cfg.worker.retry_budget.clone());
+        if cfg.worker.fleet_limits {
+            budget.fleet_wide(worker_id);
         }
+        Health { breakers, poison: PoisonDetectors::new(cfg.worker.poison.clone()), budget }
     }
 }
 
@@ -261,7 +263,7 @@ impl Worker {
                 running: Mutex::new(HashMap::new()),
                 stopping: Default::default(),
                 stats: Mutex::new(serde_json::Value::Null),
-                health: Mutex::new(Health::new(&cfg)),
+                health: Mutex::new(Health::new(&cfg, &worker_id)),
                 assigned: Default::default(),
                 local_usage: Mutex::new(HashMap::new()),
                 fleet_usage: watch::channel(HashMap::new()).0,

@@ -291,6 +291,31 @@ pub async fn run(
     Ok(())
 }
 
+/// A rate-limited tenant's share of its rate across the pool (`core::quota::share`):
+/// applied to its token bucket here, then this worker's demand reported.
+fn sync_tenant_rate(
+    dispatcher: &mut dyn Dispatcher<Pending>,
+    q: &mut crate::core::quota::Quotas,
+    tenant: &str,
+    limited: bool,
+    now: i64,
+) {
+    let scope = crate::core::quota::rate_scope(tenant);
+    if !limited {
+        if q.has(&scope) {
+            dispatcher.set_fleet_rate(tenant, 1.0);
+            q.report(&scope, 0, 0, 0);
+        }
+        return;
+    }
+    let want = dispatcher.queued(tenant) + dispatcher.running_of(tenant);
+    if want == 0 && !q.has(&scope) {
+        return;
+    }
+    dispatcher.set_fleet_rate(tenant, q.usable_share(&scope, now));
+    q.report(&scope, 0, want as u32, 0);
+}
+
 /// Commits what finished, then leaves the consumer group: the broker hands this
 /// member's partitions to the others right away.
 fn leave_group(consumer: &kafka::WorkerConsumer, pool: &str) {
@@ -448,10 +473,11 @@ impl Loop {
         }
     }
 
-    /// Tenants' `max_concurrency` across the pool: apply this worker's part to the
-    /// scheduler, then report (the running count after the cap, in the same lock).
+    /// Tenants' `max_concurrency` and `rate` across the pool: apply this worker's part to
+    /// the scheduler, then report (the running count after the cap, in the same lock).
     fn sync_tenant_quotas(&mut self, q: &mut crate::core::quota::Quotas, now: i64) {
         for (name, t) in &self.tenants.tenants {
+            sync_tenant_rate(self.dispatcher.as_mut(), q, name, t.rate_per_sec.is_some(), now);
             let scope = crate::core::quota::tenant_scope(name);
             let Some(limit) = t.max_concurrency else {
                 if q.has(&scope) {
@@ -474,14 +500,24 @@ impl Loop {
     }
 
     /// A limited tenant's first job here waits for this worker's part of its fleet-wide
-    /// cap (0 until the exchange gave it one), instead of running under the policy's cap.
+    /// cap and rate (0 until the exchange gave it one), instead of running under the
+    /// policy's.
     fn cap_new_tenant(&mut self, tenant: &str) {
         if !self.sh.cfg.worker.fleet_limits || !self.dispatcher.enforces_tenant_caps() {
             return;
         }
-        let Some(limit) = self.tenants.tenants.get(tenant).and_then(|t| t.max_concurrency) else { return };
-        let scope = crate::core::quota::tenant_scope(tenant);
+        let Some(t) = self.tenants.tenants.get(tenant) else { return };
+        let (rate, limit) = (t.rate_per_sec.is_some(), t.max_concurrency);
         let mut q = self.sh.quotas.lock().expect("quotas lock");
+        let rate_scope = crate::core::quota::rate_scope(tenant);
+        if rate && !q.has(&rate_scope) {
+            // Counted before it is queued: the demand includes it.
+            let want = self.dispatcher.queued(tenant) + self.dispatcher.running_of(tenant) + 1;
+            self.dispatcher.set_fleet_rate(tenant, q.usable_share(&rate_scope, now_ms()));
+            q.report(&rate_scope, 0, want as u32, 0);
+        }
+        let Some(limit) = limit else { return };
+        let scope = crate::core::quota::tenant_scope(tenant);
         if q.has(&scope) {
             return;
         }

@@ -5,8 +5,14 @@
 //! worker's rows back with a short TTL. A failed read or write leaves the caps as they
 //! are until they go stale (`core::quota::STALE_MS`): then nothing of a limited scope
 //! starts here until the store answers again.
+//!
+//! The same pass exchanges the failure counts of `core::fleet_counts` (`fleet_counts`
+//! table): it reads the pool's count rows into the retry budgets and poison detectors
+//! of `Health`, then writes this worker's presence, its changed budget counts and its
+//! poison windows.
 
 use super::Shared;
+use crate::core::fleet_counts::{self, CountRow};
 use crate::core::quota::ROW_TTL_SECS;
 use crate::store::QuotaStatements;
 use crate::{metrics as m, now_ms};
@@ -28,15 +34,17 @@ pub async fn quota_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
             _ = shutdown.changed() => break,
             _ = tick.tick() => {}
         }
-        if sh.quotas.lock().expect("quotas lock").is_empty() {
-            continue;
-        }
         if stmts.is_none() {
             stmts = sh.store.quota_statements().await.map_err(|e| failed(&sh, "prepare", &e)).ok();
         }
         let Some(st) = &stmts else { continue };
-        if let Err(e) = pass(&sh, st, &key).await {
-            failed(&sh, "exchange", &e);
+        if !sh.quotas.lock().expect("quotas lock").is_empty() {
+            if let Err(e) = pass(&sh, st, &key).await {
+                failed(&sh, "exchange", &e);
+            }
+        }
+        if let Err(e) = counts_pass(&sh, st, &key).await {
+            failed(&sh, "counts", &e);
         }
     }
 }
@@ -47,6 +55,40 @@ async fn pass(sh: &Shared, st: &QuotaStatements, key: &str) -> Result<(), crate:
     let planned = sh.quotas.lock().expect("quotas lock").plan(&rows, &sh.worker_id, now_ms());
     st.put(key, &planned, ROW_TTL_SECS).await?;
     sh.quotas.lock().expect("quotas lock").written(&planned, now_ms());
+    Ok(())
+}
+
+/// One read-then-write round of the failure counts (`core::fleet_counts`).
+async fn counts_pass(sh: &Shared, st: &QuotaStatements, key: &str) -> Result<(), crate::store::StoreError> {
+    let rows = st.counts(key).await?;
+    let now = now_ms();
+    let mine = {
+        let mut h = sh.health.lock().expect("health lock");
+        if let Some(f) = h.budget.fleet_mut() {
+            f.read(&rows, now);
+        }
+        for (job_type, q) in h.poison.set_fleet(fleet_counts::poison_counts(&rows, &sh.worker_id), now) {
+            tracing::warn!(job_type, quarantined = q, "poison quarantine changed (the pool's outcomes)");
+        }
+        let mut mine = vec![fleet_counts::presence(&sh.worker_id, now)];
+        mine.extend(h.budget.fleet_rows(now));
+        mine.extend(fleet_counts::poison_rows(&h.poison.own_counts(now), &sh.worker_id, now));
+        mine
+    };
+    let cfg = &sh.cfg.worker;
+    let secs = |ms: i64| (ms / 1000).clamp(60, 86_400) as i32;
+    let (budget_ttl, poison_ttl) = (secs(cfg.retry_budget.window.0.saturating_mul(3)), secs(cfg.poison.window.0));
+    let ttl = |r: &CountRow| match r.scope.split_once(':') {
+        Some(("retry", _)) => budget_ttl,
+        Some(("poison", _)) => poison_ttl,
+        _ => ROW_TTL_SECS,
+    };
+    if let Err(e) = st.put_counts(key, &mine, ttl).await {
+        if let Some(f) = sh.health.lock().expect("health lock").budget.fleet_mut() {
+            f.unwritten(&mine);
+        }
+        return Err(e);
+    }
     Ok(())
 }
 

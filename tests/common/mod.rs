@@ -301,6 +301,38 @@ impl Drop for LoggedWorker {
     }
 }
 
+/// Starts `n` logged workers of the short pool (config file at `config_path`) and waits
+/// until each owns a partition of it.
+pub fn spawn_fleet(config_path: &std::path::Path, n: usize) -> Vec<LoggedWorker> {
+    let workers: Vec<LoggedWorker> = (0..n).map(|_| spawn_logged_worker(config_path, "short")).collect();
+    for w in &workers {
+        assert!(w.wait_owning(1, Duration::from_secs(90)).is_some(), "every worker owns a partition");
+    }
+    workers
+}
+
+/// Stops workers gracefully (SIGTERM).
+pub fn stop_fleet(workers: &mut [LoggedWorker]) {
+    for w in workers {
+        w.signal("TERM", Duration::from_secs(60));
+    }
+}
+
+/// Produces job records to the short pool's topic keyed by their job ids (as a producer
+/// with its own keys would), so they spread over the partitions and thus the workers;
+/// all at once, or one per `pace`.
+pub async fn produce_spread(cfg: &Config, jobs: &[fairway::model::JobSubmitted], pace: Option<Duration>) {
+    let producer = kafka::producer(cfg).unwrap();
+    let topic = cfg.pool_topic(fairway::model::Pool::Short);
+    for j in jobs {
+        let bytes = codec::encode_job(j).unwrap();
+        kafka::send(&producer, &topic, &j.job_id, &bytes).await.expect("produce");
+        if let Some(p) = pace {
+            tokio::time::sleep(p).await;
+        }
+    }
+}
+
 /// Creates an API key for `caller` in the test's keyspace: `(key id, bearer token)`.
 pub async fn create_key(cfg: &Config, caller: &fairway::core::auth::Caller, label: &str) -> (String, String) {
     let store = fairway::store::Store::open(cfg).await.expect("store");

@@ -313,6 +313,39 @@ fn a_fleet_cap_lowers_the_cap_in_force_and_lifting_it_restores_the_policy() {
 }
 
 #[test]
+fn a_fleet_rate_share_slows_the_tenant_to_its_part() {
+    let mut s = sched(50);
+    let rate = RateLimit { per_second: 10.0, burst: 10 };
+    s.set_tenant("a", TenantPolicy { rate_limit: Some(rate), ..policy(Tier::Standard) }).unwrap();
+    for i in 0..100 {
+        s.enqueue("a", "x", Priority::Normal, i, T0).unwrap();
+    }
+    s.set_fleet_rate("a", 0.0);
+    assert!(s.next(T0).is_none(), "no part of the rate here yet");
+    s.set_fleet_rate("a", 0.5);
+    let mut started = 0;
+    while s.next(T0).is_some() {
+        started += 1;
+    }
+    assert_eq!(started, 5, "half the burst");
+    // Then one every 200 ms; a policy change keeps the part.
+    s.set_tenant(
+        "a",
+        TenantPolicy { rate_limit: Some(RateLimit { per_second: 20.0, burst: 10 }), ..policy(Tier::Standard) },
+    )
+    .unwrap();
+    let mut t = T0;
+    let mut more = 0;
+    while t < T0 + 1_000 {
+        t += 10;
+        while s.next(t).is_some() {
+            more += 1;
+        }
+    }
+    assert!((14..=16).contains(&more), "a new limit starts full (5, half its burst), then 10/s (half of 20): {more}");
+}
+
+#[test]
 fn a_suspended_tenant_keeps_its_queue_and_dispatches_nothing_until_resumed() {
     let mut s = sched(2);
     s.set_tenant("a", TenantPolicy { suspended: true, ..policy(Tier::Enterprise) }).unwrap();
