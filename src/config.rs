@@ -82,7 +82,8 @@ pub struct Config {
 }
 
 /// Limits of flow-control keys (`core::flow`): per key here, or per job type with
-/// `[job_types.<t>] flow = { parallelism = N }`.
+/// `[job_types.<t>] flow = { parallelism = N, rate = N, period = "1m" }` (at least one
+/// of `parallelism` and `rate`).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FlowConfig {
@@ -90,8 +91,8 @@ pub struct FlowConfig {
 }
 
 impl Config {
-    /// The quota scope and parallelism limiting a job, if its flow key has a limit.
-    pub fn flow_scope(&self, job: &crate::model::JobSubmitted) -> Option<(String, u32)> {
+    /// The quota scope and limits of a job, if its flow key has a limit.
+    pub fn flow_scope(&self, job: &crate::model::JobSubmitted) -> Option<(String, crate::core::flow::FlowLimit)> {
         let key = job.flow_key.as_deref()?;
         let jt = self.job_types.get(&job.job_type).and_then(|t| t.flow.as_ref());
         crate::core::flow::scope_of(&self.flow.keys, jt, key, &job.job_type)
@@ -232,7 +233,7 @@ pub struct WorkerConfig {
     /// above the partition's dispatch frontier, original submissions, no cancel on the
     /// feed). The frontier is always maintained; this only decides whether to use it.
     pub skip_fresh_reads: bool,
-    /// Tenants' `max_concurrency` and `rate_per_sec` and flow keys' `parallelism` hold
+    /// Tenants' `max_concurrency` and `rate_per_sec` and flow keys' `parallelism` and `rate` hold
     /// across all workers of a pool (`core::quota`, via the `quotas` table), and so do
     /// the retry budget and poison detection (`core::fleet_counts`, via `fleet_counts`).
     /// Off: each worker enforces them on its own (N workers allow N times the limit);
@@ -435,7 +436,8 @@ pub struct JobTypeConfig {
     /// Circuit breaker of this job type's dependency; defaults in `core::breaker`.
     #[serde(default)]
     pub breaker: Option<crate::core::breaker::BreakerConfig>,
-    /// Per flow key of this type's jobs: each key's own fleet-wide limit (`core::flow`).
+    /// Per flow key of this type's jobs: each key's own fleet-wide `parallelism` and/or
+    /// `rate` per `period` (`core::flow`).
     #[serde(default)]
     pub flow: Option<crate::core::flow::FlowLimit>,
     /// Callback URL: each job's result is POSTed there, signed (`[webhooks]`).
@@ -748,5 +750,24 @@ mod tests {
     fn reserved_slots_need_enterprise() {
         let err = Config::parse("[tenants.a]\ntier = \"pro\"\nreserved_slots = 2\n", "t").unwrap_err().to_string();
         assert!(err.contains("tenants.a.reserved_slots"), "{err}");
+    }
+
+    #[test]
+    fn flow_key_limits_take_a_rate_per_period_and_say_what_is_missing() {
+        let c = Config::parse(
+            "[flow.keys.\"vectorizer\"]\nrate = 10\nperiod = \"1m\"\n\
+             [job_types.x]\npool = \"short\"\nhandler = \"echo\"\nflow = { parallelism = 2, rate = 3 }\n",
+            "t",
+        )
+        .unwrap();
+        let l = c.flow.keys["vectorizer"];
+        assert_eq!((l.parallelism, l.rate, l.period), (None, Some(10), Some(crate::core::retry::DurationMs::mins(1))));
+        assert_eq!(c.job_types["x"].flow.and_then(|f| f.rate), Some(3));
+        let err = Config::parse("[flow.keys.\"v\"]\nperiod = \"1m\"\n", "t").unwrap_err().to_string();
+        assert!(err.contains("flow.keys.\"v\"") && err.contains("rate = N"), "{err}");
+        let err = Config::parse("[flow.keys.\"v\"]\nrate = 0\n", "t").unwrap_err().to_string();
+        assert!(err.contains("rate must be at least 1"), "{err}");
+        let err = Config::parse("[flow.keys.\"v\"]\nrate = 5\nperiod = \"soon\"\n", "t").unwrap_err().to_string();
+        assert!(err.contains("soon"), "{err}");
     }
 }

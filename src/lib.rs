@@ -8,7 +8,8 @@
 //!                 policy, circuit breakers, poison detection, spilled-backlog
 //!                 bookkeeping (`core::backlog`), W3C trace-context rules
 //!                 (`core::trace`), fleet-wide limits (`core::quota`: allotments,
-//!                 rate shares; `core::flow`: flow keys and their gate;
+//!                 rate shares; `core::flow`: flow keys, their parallelism and
+//!                 rate, and the gate;
 //!                 `core::fleet_counts`: retry budget and poison detection on the
 //!                 pool's counts), finished records grouped by submission second
 //!                 (`core::finished`), the pool classifier (`core::classifier`).

@@ -11,8 +11,8 @@
 //! `worker.fleet_limits = false` (each worker on its own, the behaviour before), then
 //! with the fleet-wide limits; both overshoots are printed.
 //!
-//! A tenant's `rate` is measured the same way, from the start times of its jobs'
-//! results: the sustained rate and the most starts in any 5 s.
+//! A tenant's `rate` and a flow key's `rate`/`period` are measured from the start times
+//! of their jobs' results: the sustained rate and the most starts in the busiest window.
 
 mod common;
 
@@ -167,10 +167,113 @@ async fn rate_phase(fleet_limits: bool) -> (f64, usize) {
     assert_eq!(results.len(), ids.len(), "every job finished (fleet_limits = {fleet_limits})");
     let mut starts: Vec<i64> = results.values().filter_map(|rs| rs.iter().filter_map(|r| r.started_at).min()).collect();
     starts.sort_unstable();
+    rate_and_busiest(&starts, RATE_WINDOW_MS)
+}
+
+/// Starts (sorted epoch ms): the sustained rate per second (first start to last) and the
+/// most starts in any half-open window of `window_ms`.
+fn rate_and_busiest(starts: &[i64], window_ms: i64) -> (f64, usize) {
     let span_s = ((starts[starts.len() - 1] - starts[0]) as f64 / 1000.0).max(0.001);
-    let peak =
-        (0..starts.len()).map(|i| starts[i..].iter().take_while(|&&t| t - starts[i] < RATE_WINDOW_MS).count()).max();
+    let peak = (0..starts.len()).map(|i| starts[i..].iter().take_while(|&&t| t - starts[i] < window_ms).count()).max();
     ((starts.len() - 1) as f64 / span_s, peak.unwrap_or(0))
+}
+
+const KEY_RATE: usize = 6;
+const KEY_PERIOD_MS: i64 = 2_000;
+const KEY_RATE_JOBS: usize = 30;
+const WORKERS: usize = 3;
+/// Stated worst case (README, `core::flow`) in any window of one period: the rate, one
+/// job per worker (each worker's pacing rounds up), and one exchange pass (500 ms) of
+/// the rate while demand moves between workers.
+const KEY_BOUND: usize = KEY_RATE + WORKERS + KEY_RATE * 500 / KEY_PERIOD_MS as usize;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flow_key_rate_holds_across_three_workers() {
+    tokio::time::timeout(Duration::from_secs(420), key_rate_scenario()).await.expect("scenario finished in time");
+}
+
+async fn key_rate_scenario() {
+    let before = key_rate_phase(false).await;
+    let after = key_rate_phase(true).await;
+    let per_sec = KEY_RATE as f64 * 1000.0 / KEY_PERIOD_MS as f64;
+    for (fleet, m) in [(false, &before), (true, &after)] {
+        let js = serde_json::json!({
+            "test": "flow_key_rate", "fleet_limits": fleet, "workers": WORKERS, "rate": KEY_RATE,
+            "period_ms": KEY_PERIOD_MS, "jobs": KEY_RATE_JOBS,
+            "measured_rate_per_sec": (m.rate * 100.0).round() / 100.0, "limit_per_sec": per_sec,
+            "most_starts_in_a_period": m.busiest, "stated_bound": KEY_BOUND,
+            "unlimited_key_done_ms_after_first_start": m.other_done_after_ms,
+            "limited_key_last_start_ms_after_first_start": m.key_last_start_after_ms,
+        });
+        eprintln!("{js}");
+    }
+    assert!(before.busiest > KEY_BOUND, "per worker, three workers started {} in a period", before.busiest);
+    assert!(after.busiest <= KEY_BOUND, "fleet-wide: {} starts in a period, over {KEY_BOUND}", after.busiest);
+    assert!(after.rate <= per_sec * 1.25, "fleet-wide: {:.2}/s over {per_sec}/s", after.rate);
+    assert!(after.rate >= per_sec * 0.5, "the rate is used: {:.2}/s", after.rate);
+    // The unlimited key of the same tenant was not held back by the limited one.
+    assert!(
+        after.other_done_after_ms < after.key_last_start_after_ms,
+        "the unlimited key's jobs finished {} ms in, the limited key's last started {} ms in",
+        after.other_done_after_ms,
+        after.key_last_start_after_ms
+    );
+}
+
+struct KeyRate {
+    rate: f64,
+    busiest: usize,
+    /// Since the first start of either key: the unlimited key's last finish, the limited
+    /// key's last start.
+    other_done_after_ms: i64,
+    key_last_start_after_ms: i64,
+}
+
+/// Runs a key limited to `KEY_RATE` per `KEY_PERIOD_MS` and an unlimited key (same
+/// tenant, as many jobs) on three workers.
+async fn key_rate_phase(fleet_limits: bool) -> KeyRate {
+    let id = &uuid::Uuid::new_v4().simple().to_string()[..10];
+    let (key, other) = (format!("paced{id}"), format!("free{id}"));
+    let cfg = common::config("");
+    common::init(&cfg).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file_extra = format!(
+        "[worker]\nfleet_limits = {fleet_limits}\n[flow.keys.\"{key}\"]\nrate = {KEY_RATE}\nperiod = \"{KEY_PERIOD_MS}ms\"\n\
+         [job_types.sleep]\npool = \"short\"\nhandler = \"sleep\"\ntimeout = \"30s\"\n"
+    );
+    let path = common::config_file(&cfg, &file_extra, dir.path());
+    let mut workers = common::spawn_fleet(&path, WORKERS);
+    let mut jobs: Vec<JobSubmitted> = Vec::new();
+    for _ in 0..KEY_RATE_JOBS {
+        jobs.push(sleep_job("acme", Some(&key), 100));
+        jobs.push(sleep_job("acme", Some(&other), 100));
+    }
+    common::produce_spread(&cfg, &jobs, None).await;
+    let ids: Vec<String> = jobs.iter().map(|j| j.job_id.clone()).collect();
+    let results = common::results_for(&cfg, &ids, Duration::from_secs(150)).await;
+    common::stop_fleet(&mut workers);
+    assert_eq!(results.len(), ids.len(), "every job finished (fleet_limits = {fleet_limits})");
+    let keyed: HashMap<&str, &str> = jobs.iter().map(|j| (j.job_id.as_str(), j.flow_key.as_deref().unwrap())).collect();
+    let (mut starts, mut other_starts, mut other_done) = (Vec::new(), Vec::new(), 0);
+    for (id, rs) in &results {
+        let Some(r) = rs.iter().find(|r| r.status == JobStatus::Succeeded) else { panic!("job {id} did not succeed") };
+        let start = rs.iter().filter_map(|r| r.started_at).min().expect("a start time");
+        if keyed[id.as_str()] == key {
+            starts.push(start);
+        } else {
+            other_starts.push(start);
+            other_done = other_done.max(r.finished_at);
+        }
+    }
+    starts.sort_unstable();
+    let first = starts[0].min(other_starts.iter().copied().min().unwrap());
+    let (rate, busiest) = rate_and_busiest(&starts, KEY_PERIOD_MS);
+    KeyRate {
+        rate,
+        busiest,
+        other_done_after_ms: other_done - first,
+        key_last_start_after_ms: starts[starts.len() - 1] - first,
+    }
 }
 
 fn sleep_job(tenant: &str, key: Option<&str>, ms: u64) -> JobSubmitted {

@@ -33,11 +33,12 @@
 //! waits one to two passes for its first allotment, and a unit moving between workers
 //! idles for up to two passes.
 //!
-//! **Rates** (a tenant's `rate`) ride the same rows: a worker reports its demand of a
-//! rate scope (its jobs of the tenant queued or running) and gets a **share** of the rate,
-//! `its want / the pool's want` ([`share`]), which its scheduler applies to the tenant's
-//! token bucket (rate x share, burst x share but at least one, tokens kept across
-//! changes). As with caps, a decrease applies at once and an increase only once
+//! **Rates** (a tenant's `rate`, a flow key's `rate`/`period`) ride the same rows: a
+//! worker reports its demand of a rate scope (its jobs of the tenant queued or running;
+//! its jobs of the flow key admitted or parked, on the key's `flow:` row) and gets a
+//! **share** of the rate, `its want / the pool's want` ([`share`]), which its scheduler
+//! applies to the tenant's token bucket, or its flow gate to the key's (`core::flow`)
+//! (rate x share, burst x share but at least one, tokens kept across changes). As with caps, a decrease applies at once and an increase only once
 //! announced, and a stale worker's share is 0. **Worst case:** shares computed from the
 //! same rows sum to 1, so the fleet's sustained rate stays at the limit; while demand
 //! moves between workers, views one pass apart may overlap by the demand that moved

@@ -209,7 +209,8 @@ pub use config::{ConfigError, RateLimit, SchedulerConfig, TenantPolicy, Tier, Ti
 pub use stats::{Backlog, PoolStats, SchedulerStats, TenantStats, WaitReason};
 
 use crate::model::{Millis, Pool, Priority};
-use clock::{Limiter, PassedClock};
+/// The GCRA limiter, shared with the flow keys' gate (`core::flow`).
+pub(crate) use clock::{Limiter, PassedClock};
 use serde::Serialize;
 use stats::Decayed;
 use std::cmp::{Ordering, Reverse};

@@ -104,7 +104,7 @@ struct Loop {
     group: String,
     unassigned_since: Option<std::time::Instant>,
     warned_at: Option<std::time::Instant>,
-    /// Jobs of flow keys at their fleet-wide parallelism wait here (`core::flow`).
+    /// Jobs of flow keys at their fleet-wide parallelism or rate wait here (`core::flow`).
     gate: Gate<Pending>,
     /// The `Quotas::version` whose caps are applied.
     quota_version: u64,
@@ -152,7 +152,10 @@ pub async fn run(
     let mut fleet = sh.fleet_usage.subscribe();
 
     loop {
-        let wake = lp.dispatcher.next_wakeup(now_ms()).map(|t| (t - now_ms()).max(1) as u64).unwrap_or(3_600_000);
+        // The scheduler's next due time, or a parked flow key's next rate token.
+        let now = now_ms();
+        let due = [lp.dispatcher.next_wakeup(now), lp.gate.next_due()].into_iter().flatten().min();
+        let wake = due.map(|t| (t - now).max(1) as u64).unwrap_or(3_600_000);
         tokio::select! {
             biased;
             _ = shutdown.changed() => break,
@@ -415,11 +418,12 @@ impl Loop {
         self.dispatcher.queued_total() + self.overflow.len() + self.gate.parked()
     }
 
-    /// A job for the scheduler, unless its flow key is at its parallelism here: then it
-    /// waits in the gate (holding no slot, blocking no other key or tenant).
+    /// A job for the scheduler, unless its flow key is at its parallelism or out of rate
+    /// tokens here: then it waits in the gate (holding no slot, blocking no other key or
+    /// tenant).
     fn enqueue(&mut self, pending: Pending) {
         let pending = match self.sh.cfg.flow_scope(&pending.job) {
-            Some((scope, limit)) => match self.gate.offer(&scope, limit, pending) {
+            Some((scope, limit)) => match self.gate.offer(&scope, limit, pending, now_ms()) {
                 Some(p) => p,
                 None => return,
             },
@@ -435,42 +439,54 @@ impl Loop {
         }
     }
 
-    /// Reports this worker's demand of every limited scope (tenants with a
-    /// `max_concurrency`, limited flow keys) and applies the caps of the fleet-wide
-    /// exchange (`worker::quota`): every call when `full`, else only when they changed.
+    /// Applies the fleet-wide exchange's parts (`apply_quotas`), then lets through the
+    /// flow keys' parked jobs that may go on: after a change, or when a rate token is due.
     fn sync_quotas(&mut self, full: bool) {
         let now = now_ms();
-        let sh = self.sh.clone();
-        let ready = {
-            let mut q = sh.quotas.lock().expect("quotas lock");
-            if !full && q.version == self.quota_version {
-                return;
-            }
-            self.quota_version = q.version;
-            let fleet = self.sh.cfg.worker.fleet_limits;
-            for (scope, cap) in q.all_usable(now) {
-                if fleet && scope.starts_with("flow:") {
-                    self.gate.set_cap(&scope, cap);
-                    q.applied(&scope, cap);
-                }
-            }
-            for (scope, limit, want, admitted) in self.gate.demand() {
-                if fleet {
-                    q.report(&scope, limit, want, admitted);
-                } else {
-                    // Each worker on its own: the whole limit here.
-                    self.gate.set_cap(&scope, limit);
-                }
-            }
-            if fleet && self.dispatcher.enforces_tenant_caps() {
-                self.sync_tenant_quotas(&mut q, now);
-            }
-            self.gate.ready()
-        };
+        let applied = self.apply_quotas(full, now);
+        if !applied && self.gate.next_due().is_none_or(|t| t > now) {
+            return;
+        }
+        let ready = self.gate.ready(now);
         metrics::gauge!(m::FLOW_PARKED, "pool" => self.pool()).set(self.gate.parked() as f64);
         for p in ready {
             self.enqueue_admitted(p);
         }
+    }
+
+    /// Reports this worker's demand of every limited scope (tenants with a
+    /// `max_concurrency` or rate, limited flow keys) and applies its parts of the
+    /// fleet-wide exchange (`worker::quota`: caps, rate shares): every call when `full`,
+    /// else only when they changed. Whether it applied them.
+    fn apply_quotas(&mut self, full: bool, now: i64) -> bool {
+        let sh = self.sh.clone();
+        let mut q = sh.quotas.lock().expect("quotas lock");
+        if !full && q.version == self.quota_version {
+            return false;
+        }
+        self.quota_version = q.version;
+        let fleet = self.sh.cfg.worker.fleet_limits;
+        for (scope, cap) in q.all_usable(now) {
+            if fleet && scope.starts_with("flow:") {
+                self.gate.set_cap(&scope, cap);
+                q.applied(&scope, cap);
+            }
+        }
+        for (scope, limit, want, admitted) in self.gate.demand(now) {
+            if fleet {
+                q.report(&scope, limit.parallelism.unwrap_or(0), want, admitted);
+                // 0 for a key new to the exchange, until its share is announced.
+                self.gate.set_share(&scope, q.usable_share(&scope, now), now);
+            } else {
+                // Each worker on its own: the whole limit here.
+                self.gate.set_cap(&scope, limit.parallelism.unwrap_or(0));
+                self.gate.set_share(&scope, 1.0, now);
+            }
+        }
+        if fleet && self.dispatcher.enforces_tenant_caps() {
+            self.sync_tenant_quotas(&mut q, now);
+        }
+        true
     }
 
     /// Tenants' `max_concurrency` and `rate` across the pool: apply this worker's part to
@@ -744,7 +760,7 @@ impl Loop {
                 self.finishing += 1;
                 if let Some(scope) = flow {
                     self.gate.release(&scope);
-                    for p in self.gate.ready() {
+                    for p in self.gate.ready(now_ms()) {
                         self.enqueue_admitted(p);
                     }
                 }

@@ -94,6 +94,11 @@ impl Limiter {
         }
     }
 
+    /// No debt: the bucket is full (nothing taken is still being paid off).
+    pub(crate) fn settled(&self) -> bool {
+        self.tat <= self.clock.now_ns() && self.parked == 0.0
+    }
+
     /// Takes one dispatch token at the clock's current time, or says from when (epoch ms,
     /// rounded up, always later than the current time) one will be available (with a
     /// scale of 0: one second on, to look again).
