@@ -10,17 +10,22 @@ use fairway::worker::{Policy, Worker};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Initialises `cfg`'s topics and tables, starts a short-pool worker (assigned) and a submitter.
+async fn short_worker(cfg: &Arc<fairway::config::Config>) -> (Worker, Submitter) {
+    common::init(cfg).await;
+    let registry = Registry::from_config(cfg, Default::default()).unwrap();
+    let w = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair).await.unwrap();
+    assert!(w.wait_assigned(Duration::from_secs(30)).await);
+    (w, Submitter::new(cfg.clone(), None).unwrap())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scheduled_jobs_never_start_before_execute_at() {
     // Hold at most 1 s in the relay: the 5 s job is parked in the store and promoted.
     let mut cfg = common::config("");
     cfg.worker.relay_hold_max = Duration::from_secs(1);
     let cfg = Arc::new(cfg);
-    common::init(&cfg).await;
-    let registry = Registry::from_config(&cfg, Default::default()).unwrap();
-    let w = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair).await.unwrap();
-    assert!(w.wait_assigned(Duration::from_secs(30)).await);
-    let sub = Submitter::new(cfg.clone(), None).unwrap();
+    let (w, sub) = short_worker(&cfg).await;
     let now = fairway::now_ms();
     let mut jobs = Vec::new();
     for (delay_ms, tenant) in [(0, "acme"), (800, "globex"), (5_000, "initech")] {
@@ -94,11 +99,7 @@ async fn the_promoter_paces_a_crowd_due_at_once_and_reports_the_oldest_due_age()
     cfg.worker.relay_hold_max = Duration::from_secs(1);
     cfg.worker.promoter_rate = 20;
     let cfg = Arc::new(cfg);
-    common::init(&cfg).await;
-    let registry = Registry::from_config(&cfg, Default::default()).unwrap();
-    let w = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair).await.unwrap();
-    assert!(w.wait_assigned(Duration::from_secs(30)).await);
-    let sub = Submitter::new(cfg.clone(), None).unwrap();
+    let (w, sub) = short_worker(&cfg).await;
     let at = fairway::now_ms() + 4_000;
     let mut ids = Vec::new();
     for i in 0..120 {
