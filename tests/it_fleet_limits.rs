@@ -25,14 +25,16 @@ const TENANT_JOBS: usize = 24;
 const KEY_JOBS: usize = 9;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "flaky since the flow-key rate merge: once in three suite runs only 30 of 42 jobs finished within 150 s \
-            with fleet_limits = true (a stall under investigation, issue 16); run alone: \
-            cargo test --test it_fleet_limits -- --ignored"]
 async fn limits_hold_across_three_workers() {
     tokio::time::timeout(Duration::from_secs(420), scenario()).await.expect("scenario finished in time");
 }
 
 async fn scenario() {
+    // Every message a worker takes in, for the evidence if a job goes missing.
+    std::env::set_var(
+        "IT_WORKER_LOG",
+        "warn,fairway::worker::pool=debug,fairway::worker::quota=debug,fairway::worker::intake=trace",
+    );
     let before = phase(false).await;
     before.print(false);
     let after = phase(true).await;
@@ -111,6 +113,17 @@ async fn phase(fleet_limits: bool) -> Measured {
     common::produce_spread(&cfg, &jobs, None).await;
     let ids: Vec<String> = jobs.iter().map(|j| j.job_id.clone()).collect();
     let results = common::results_for(&cfg, &ids, Duration::from_secs(150)).await;
+    if results.len() < ids.len() {
+        // The evidence: which groups' jobs are missing, and what the workers said.
+        let mut missing: HashMap<&str, usize> = HashMap::new();
+        for id in ids.iter().filter(|id| !results.contains_key(*id)) {
+            *missing.entry(groups[id]).or_default() += 1;
+        }
+        eprintln!("missing by group: {missing:?}; run log:\n{}", std::fs::read_to_string(&run_log).unwrap_or_default());
+        for (i, w) in workers.iter().enumerate() {
+            w.print_tail(&format!("worker{i}"));
+        }
+    }
     common::stop_fleet(&mut workers);
     assert_eq!(results.len(), ids.len(), "every job finished (fleet_limits = {fleet_limits})");
     assert!(results.values().all(|rs| rs.iter().any(|r| r.status == JobStatus::Succeeded)));
@@ -142,7 +155,9 @@ async fn rate_scenario() {
         });
         eprintln!("{js}");
     }
-    assert!(before.0 > 2.0 * RATE as f64, "per worker, three workers ran {:.1}/s", before.0);
+    // The busiest 5 s (not the first-to-last rate, which a worker's late start on a
+    // loaded machine stretches): per worker, three workers start well over the limit.
+    assert!(before.1 > RATE * 5 * 3 / 2, "per worker, three workers started {} in 5 s", before.1);
     assert!(after.0 <= rate_bound, "fleet-wide: {:.2}/s over {rate_bound}/s", after.0);
     assert!(after.1 <= window_bound, "fleet-wide: {} starts in 5 s, over {window_bound}", after.1);
     assert!(after.0 >= RATE as f64 * 0.5, "the rate is used: {:.2}/s", after.0);
@@ -254,6 +269,14 @@ async fn key_rate_phase(fleet_limits: bool) -> KeyRate {
     common::produce_spread(&cfg, &jobs, None).await;
     let ids: Vec<String> = jobs.iter().map(|j| j.job_id.clone()).collect();
     let results = common::results_for(&cfg, &ids, Duration::from_secs(150)).await;
+    if results.len() < ids.len() {
+        let missing = jobs.iter().filter(|j| !results.contains_key(&j.job_id)).map(|j| j.flow_key.as_deref());
+        let limited = missing.clone().filter(|k| *k == Some(key.as_str())).count();
+        eprintln!("missing: {} of the limited key, {} of the other", limited, missing.count() - limited);
+        for (i, w) in workers.iter().enumerate() {
+            w.print_tail(&format!("worker{i}"));
+        }
+    }
     common::stop_fleet(&mut workers);
     assert_eq!(results.len(), ids.len(), "every job finished (fleet_limits = {fleet_limits})");
     let keyed: HashMap<&str, &str> = jobs.iter().map(|j| (j.job_id.as_str(), j.flow_key.as_deref().unwrap())).collect();

@@ -59,6 +59,15 @@ pub struct ThroughputArgs {
     pub partitions: i32,
     #[arg(long, default_value = "300s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
+    /// Submit every job first, then start the workers (as BullMQ's harness measures:
+    /// `addBulk` with the workers idle, then processing alone). Without it, submission
+    /// and processing overlap and the rate is end to end.
+    #[arg(long)]
+    pub preload: bool,
+    /// After the last result, keep counting the services' CPU this long (the database
+    /// flushes and compacts after the writes); reported as `cpu_s_per_1000_jobs_with_tail`.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub cpu_tail: Duration,
 }
 
 pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
@@ -73,7 +82,8 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// `fairway bench throughput`: no-op jobs through in-process workers on the local
-/// services, as fast as they go: jobs/s, latency, and CPU per 1,000 jobs per process.
+/// services, as fast as they go: jobs/s (end to end, and processing alone from the first
+/// start to the last finish), latency, and CPU per 1,000 jobs per process.
 async fn throughput(g: &Global, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
     let cfg = throughput_config(g, &a)?;
     kafka::ensure_topics(&cfg).await.context("creating bench topics (scripts/services up?)")?;
@@ -81,29 +91,55 @@ async fn throughput(g: &Global, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
     fairway::tenants::seed(&cfg).await?;
     let reader = kafka::reader(&cfg, &cfg.group("bench-results"), false)?;
     reader.subscribe(&[&cfg.results_topic()])?;
-    let registry = Registry::from_config(&cfg, Default::default()).map_err(anyhow::Error::msg)?;
+    let sub = Submitter::new(cfg.clone(), None)?;
+    let probe = super::bench_cpu::CpuProbe::local();
+    let preloaded = if a.preload { Some(submit_noops(&cfg, &sub, a.jobs, Instant::now()).await?) } else { None };
+    let workers = start_workers(&cfg, a.workers).await?;
+    let cpu_before = probe.snapshot();
+    let t0 = Instant::now();
+    let (submitted, seen) = match preloaded {
+        Some(took) => (Ok(took), collect_latencies(&reader, a.jobs, a.timeout, t0).await),
+        None => tokio::join!(submit_noops(&cfg, &sub, a.jobs, t0), collect_latencies(&reader, a.jobs, a.timeout, t0)),
+    };
+    let cpu_after = probe.snapshot();
+    for w in workers {
+        w.stop().await;
+    }
+    tokio::time::sleep(a.cpu_tail).await;
+    let cpu = super::bench_cpu::per_thousand_jobs(&cpu_before, &cpu_after, seen.done);
+    let cpu_tail = super::bench_cpu::per_thousand_jobs(&cpu_before, &probe.snapshot(), seen.done);
+    report_throughput(&a, submitted?, &seen, cpu, cpu_tail);
+    Ok(if seen.done == a.jobs { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+async fn start_workers(cfg: &Arc<Config>, n: usize) -> anyhow::Result<Vec<Worker>> {
+    let registry = Registry::from_config(cfg, Default::default()).map_err(anyhow::Error::msg)?;
     let mut workers = Vec::new();
-    for _ in 0..a.workers.max(1) {
+    for _ in 0..n.max(1) {
         workers.push(Worker::start(cfg.clone(), &[Pool::Short], registry.clone(), Policy::Fair).await?);
     }
     for w in &workers {
         w.wait_assigned(Duration::from_secs(60)).await;
     }
-    let sub = Submitter::new(cfg.clone(), None)?;
-    let probe = super::bench_cpu::CpuProbe::local();
-    let cpu_before = probe.snapshot();
-    let t0 = Instant::now();
-    let (submitted, (done, hist, elapsed)) =
-        tokio::join!(submit_noops(&cfg, &sub, a.jobs, t0), collect_latencies(&reader, a.jobs, a.timeout, t0));
-    let cpu = super::bench_cpu::per_thousand_jobs(&cpu_before, &probe.snapshot(), done);
-    let submit_time = submitted?;
-    for w in workers {
-        w.stop().await;
-    }
-    let rate = done as f64 / elapsed.as_secs_f64();
-    println!("jobs {done}/{}  workers {}  slots {}  partitions {}", a.jobs, a.workers, a.slots, a.partitions);
+    Ok(workers)
+}
+
+/// The human lines, then one JSON line.
+fn report_throughput(
+    a: &ThroughputArgs,
+    submit_time: Duration,
+    seen: &Seen,
+    cpu: BTreeMap<&'static str, f64>,
+    cpu_tail: BTreeMap<&'static str, f64>,
+) {
+    let (done, hist) = (seen.done, &seen.latency_ms);
+    let rate = done as f64 / seen.elapsed.as_secs_f64();
+    let process_rate = seen.processing_rate();
+    let mode = if a.preload { "preloaded" } else { "submit and process together" };
+    println!("jobs {done}/{}  workers {}  slots {}  partitions {}  ({mode})", a.jobs, a.workers, a.slots, a.partitions);
     println!("submitted in {:.2}s ({:.0}/s)", submit_time.as_secs_f64(), a.jobs as f64 / submit_time.as_secs_f64());
-    println!("end to end: {:.0} jobs/s over {:.2}s", rate, elapsed.as_secs_f64());
+    println!("end to end: {:.0} jobs/s over {:.2}s", rate, seen.elapsed.as_secs_f64());
+    println!("processing (first start to last finish): {process_rate:.0} jobs/s");
     println!(
         "latency ms: p50 {}  p90 {}  p99 {}  max {}",
         hist.value_at_quantile(0.5),
@@ -111,16 +147,40 @@ async fn throughput(g: &Global, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
         hist.value_at_quantile(0.99),
         hist.max()
     );
-    println!("cpu seconds per 1,000 jobs: {cpu:?}");
+    println!("cpu seconds per 1,000 jobs: {cpu:?}; with {:?} after: {cpu_tail:?}", a.cpu_tail);
     println!(
         "{}",
         serde_json::json!({
-            "bench": "throughput", "jobs": done, "jobs_per_sec": rate.round(),
+            "bench": "throughput", "jobs": done, "preload": a.preload,
+            "jobs_per_sec": rate.round(), "process_jobs_per_sec": process_rate.round(),
             "p50_ms": hist.value_at_quantile(0.5), "p99_ms": hist.value_at_quantile(0.99), "max_ms": hist.max(),
-            "cpu_s_per_1000_jobs": cpu,
+            "cpu_s_per_1000_jobs": cpu, "cpu_s_per_1000_jobs_with_tail": cpu_tail,
+            "cpu_tail_s": a.cpu_tail.as_secs_f64(),
         })
     );
-    Ok(if done == a.jobs { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// The throughput run's results as read back.
+struct Seen {
+    done: usize,
+    /// Submission to finish, ms.
+    latency_ms: hdrhistogram::Histogram<u64>,
+    /// From the start of the run to the last result read.
+    elapsed: Duration,
+    /// Earliest start and latest finish among the results (epoch ms).
+    first_start: Option<i64>,
+    last_finish: Option<i64>,
+}
+
+impl Seen {
+    /// Jobs per second from the first job's start to the last one's finish (what
+    /// BullMQ's harness reports as `process_jobs_per_s`).
+    fn processing_rate(&self) -> f64 {
+        match (self.first_start, self.last_finish) {
+            (Some(a), Some(b)) if b > a => self.done as f64 / ((b - a) as f64 / 1000.0),
+            _ => 0.0,
+        }
+    }
 }
 
 /// The configured deployment, on fresh bench topics with the requested shape.
@@ -150,27 +210,25 @@ async fn submit_noops(cfg: &Config, sub: &Submitter, n: usize, t0: Instant) -> a
     Ok(t0.elapsed())
 }
 
-/// Reads results until `n` distinct jobs finished or `timeout` passed: how many, their
-/// submission-to-finish latencies (ms), and the time from `t0`.
-async fn collect_latencies(
-    reader: &kafka::Reader,
-    n: usize,
-    timeout: Duration,
-    t0: Instant,
-) -> (usize, hdrhistogram::Histogram<u64>, Duration) {
+/// Reads results until `n` distinct jobs finished or `timeout` passed.
+async fn collect_latencies(reader: &kafka::Reader, n: usize, timeout: Duration, t0: Instant) -> Seen {
     let mut hist = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
     let mut seen = std::collections::HashSet::new();
+    let (mut first_start, mut last_finish) = (None::<i64>, None::<i64>);
     let deadline = Instant::now() + timeout;
     while seen.len() < n && Instant::now() < deadline {
         if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(500), reader.recv()).await {
             if let Some(r) = m.payload().and_then(|b| codec::decode_result(b).ok()) {
                 if seen.insert(r.job_id) {
                     let _ = hist.record((r.finished_at - r.submitted_at).max(0) as u64);
+                    let start = r.started_at.unwrap_or(r.finished_at);
+                    first_start = Some(first_start.map_or(start, |s| s.min(start)));
+                    last_finish = Some(last_finish.map_or(r.finished_at, |f| f.max(r.finished_at)));
                 }
             }
         }
     }
-    (seen.len(), hist, t0.elapsed())
+    Seen { done: seen.len(), latency_ms: hist, elapsed: t0.elapsed(), first_start, last_finish }
 }
 
 // ---------------------------------------------------------------------------------------

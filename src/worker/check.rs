@@ -41,129 +41,136 @@ pub(super) async fn before_run(sh: &Shared, job: Arc<JobSubmitted>, origin: &Ori
     let mut row_claimed = false;
     if fresh {
         metrics::counter!(m::STATE_READS_SKIPPED, "pool" => sh.pool.as_str()).increment(1);
-    }
-    while !fresh {
-        let row = match with_retries(|| sh.store.job(&job.job_id)).await {
-            Ok(r) => r,
-            Err(e) => {
-                // The store is down: failing the job would be wrong, skipping it would
-                // lose it. Hand it back as a worker-side failure so it is retried later.
-                tracing::warn!(job_id = %job.job_id, error = %e, "store unavailable for the effectively-once check");
-                let err = HandlerError { class: FailureClass::WorkerCrash, message: e.to_string(), retry_after: None };
-                return Check::Done(fail(sh, &job, origin, err, None).await);
-            }
-        };
-        let now = now_ms();
-        let Some(row) = row else { break };
-        row_claimed |= matches!(row.status.as_deref(), Some("running" | "handed_off"));
-        // Generations ("rerun all"): the row records the generation last run. A copy of
-        // an older generation is superseded; a newer one runs even if the job finished.
-        let row_gen = row.generation.unwrap_or(0);
-        if job.generation < row_gen {
-            metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "superseded").increment(1);
-            return Check::Done(true);
-        }
-        let rerun = job.generation > row_gen;
-        if row.is_terminal() && !rerun {
-            // Redelivered after it finished: its result was acknowledged before its state
-            // was written (see `outcome::finish`), so there is nothing to publish again.
-            metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "finished").increment(1);
-            return Check::Done(true);
-        }
-        if !rerun && row.attempts.unwrap_or(0) > job.attempt {
-            // A stale copy: a later attempt of this job already exists on a retry topic.
-            metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "stale_attempt").increment(1);
-            return Check::Done(true);
-        }
-        if row.cancel_requested == Some(true) {
-            let msg = "cancelled before it started".to_string();
-            return Check::Done(finish(sh, &job, JobStatus::Cancelled, None, Some(msg), None, None).await);
-        }
-        if row.status.as_deref() == Some("handed_off") {
-            // Handed off by a draining worker: several copies may find it so (the
-            // hand-off copy, a redelivery after the rebalance); one claims it, atomically.
-            match with_retries(|| sh.store.claim_hand_off(&job.job_id, &sh.worker_id, now_ms())).await {
-                Ok(true) => {
-                    // A heartbeat at once: other copies now see it running and wait.
-                    let ttl = sh.heartbeat_ttl_secs();
-                    let hb = sh.store.put_heartbeat(
-                        &job.job_id,
-                        &sh.worker_id,
-                        now_ms(),
-                        0.0,
-                        "claimed after a hand-off",
-                        ttl,
-                    );
-                    if let Err(e) = hb.await {
-                        tracing::warn!(job_id = %job.job_id, error = %e, "could not heartbeat a claimed job");
-                    }
-                    break;
-                }
-                Ok(false) => continue, // another copy claimed it: look again
+    } else {
+        loop {
+            let row = match with_retries(|| sh.store.job(&job.job_id)).await {
+                Ok(r) => r,
                 Err(e) => {
-                    tracing::warn!(job_id = %job.job_id, error = %e, "store unavailable to claim a handed-off job");
+                    // The store is down: failing the job would be wrong, skipping it would
+                    // lose it. Hand it back as a worker-side failure so it is retried later.
+                    tracing::warn!(job_id = %job.job_id, error = %e, "store unavailable for the effectively-once check");
                     let err =
                         HandlerError { class: FailureClass::WorkerCrash, message: e.to_string(), retry_after: None };
                     return Check::Done(fail(sh, &job, origin, err, None).await);
                 }
+            };
+            let now = now_ms();
+            let Some(row) = row else { break };
+            row_claimed |= matches!(row.status.as_deref(), Some("running" | "handed_off"));
+            // Generations ("rerun all"): the row records the generation last run. A copy of
+            // an older generation is superseded; a newer one runs even if the job finished.
+            let row_gen = row.generation.unwrap_or(0);
+            if job.generation < row_gen {
+                metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "superseded").increment(1);
+                return Check::Done(true);
             }
-        }
-        if row.status.as_deref() != Some("running") {
+            let rerun = job.generation > row_gen;
+            if row.is_terminal() && !rerun {
+                // Redelivered after it finished: its result was acknowledged before its state
+                // was written (see `outcome::finish`), so there is nothing to publish again.
+                metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "finished").increment(1);
+                return Check::Done(true);
+            }
+            if !rerun && row.attempts.unwrap_or(0) > job.attempt {
+                // A stale copy: a later attempt of this job already exists on a retry topic.
+                metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "stale_attempt")
+                    .increment(1);
+                return Check::Done(true);
+            }
+            if row.cancel_requested == Some(true) {
+                let msg = "cancelled before it started".to_string();
+                return Check::Done(finish(sh, &job, JobStatus::Cancelled, None, Some(msg), None, None).await);
+            }
+            if row.status.as_deref() == Some("handed_off") {
+                // Handed off by a draining worker: several copies may find it so (the
+                // hand-off copy, a redelivery after the rebalance); one claims it, atomically.
+                match with_retries(|| sh.store.claim_hand_off(&job.job_id, &sh.worker_id, now_ms())).await {
+                    Ok(true) => {
+                        // A heartbeat at once: other copies now see it running and wait.
+                        let ttl = sh.heartbeat_ttl_secs();
+                        let hb = sh.store.put_heartbeat(
+                            &job.job_id,
+                            &sh.worker_id,
+                            now_ms(),
+                            0.0,
+                            "claimed after a hand-off",
+                            ttl,
+                        );
+                        if let Err(e) = hb.await {
+                            tracing::warn!(job_id = %job.job_id, error = %e, "could not heartbeat a claimed job");
+                        }
+                        break;
+                    }
+                    Ok(false) => continue, // another copy claimed it: look again
+                    Err(e) => {
+                        tracing::warn!(job_id = %job.job_id, error = %e, "store unavailable to claim a handed-off job");
+                        let err = HandlerError {
+                            class: FailureClass::WorkerCrash,
+                            message: e.to_string(),
+                            retry_after: None,
+                        };
+                        return Check::Done(fail(sh, &job, origin, err, None).await);
+                    }
+                }
+            }
+            if row.status.as_deref() != Some("running") {
+                break;
+            }
+            // Marked running: by a worker that still heartbeats (the partition moved while
+            // the job runs) we wait; by one whose heartbeat lapsed, we take over.
+            let hb = sh.store.heartbeat(&job.job_id).await.ok().flatten();
+            let fresh = hb.and_then(|h| h.at).is_some_and(|at| now - at < 3 * interval.as_millis() as i64);
+            if fresh && !rerun && row.worker.as_deref() == Some(sh.worker_id.as_str()) {
+                // A redelivered copy of a job running on this very worker (its partition came
+                // back, or it was claimed here from another copy): nothing to wait for, this
+                // worker records its end. Waiting would hold a slot for the whole run and can
+                // starve the hand-off copies of other jobs. A newer generation's copy is not a
+                // redelivery: it waits below and runs once the current run ends.
+                metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "running_here").increment(1);
+                return Check::Done(true);
+            }
+            if fresh {
+                metrics::counter!(m::JOBS_DEFERRED, "pool" => sh.pool.as_str()).increment(1);
+                if sh.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                    // This worker hands its jobs off and has left the group: a copy waiting
+                    // for another worker's job is not its business any more (its offset stays
+                    // uncommitted for the partition's next owner).
+                    return Check::Done(false);
+                }
+                // Looked at again within a second, not a heartbeat interval: when the running
+                // worker hands the job off, this copy may be the one to claim it (the
+                // hand-off copy can wait behind such copies for a slot).
+                tokio::time::sleep(interval.min(RECHECK)).await;
+                continue;
+            }
+            // Worker crash: never uses up an attempt, but counts towards the crash limit.
+            let crashes = job.crash_count.max(row.crash_count.unwrap_or(0) + 1);
+            let state = AttemptState { attempt: job.attempt, crash_count: crashes - 1, last_error: row.error.clone() };
+            let policy = sh.retry_policy(&job.job_type);
+            if let (_, Decision::DeadLetter { reason }) =
+                sh.decide(FailureClass::WorkerCrash, &job.job_type, &job.tenant, &state, &policy, now)
+            {
+                let dl = dead_letter(
+                    sh,
+                    Some(&job),
+                    None,
+                    FailureClass::Poison,
+                    reason.clone(),
+                    row.error.clone(),
+                    job.attempt,
+                    origin,
+                )
+                .await;
+                let fin =
+                    finish(sh, &job, JobStatus::Failed, None, Some(reason), Some(FailureClass::Poison), None).await;
+                return Check::Done(dl && fin);
+            }
+            metrics::counter!(m::JOBS_TAKEN_OVER, "pool" => sh.pool.as_str()).increment(1);
+            let mut j = (*job).clone();
+            j.crash_count = crashes;
+            job = Arc::new(j);
             break;
         }
-        // Marked running: by a worker that still heartbeats (the partition moved while
-        // the job runs) we wait; by one whose heartbeat lapsed, we take over.
-        let hb = sh.store.heartbeat(&job.job_id).await.ok().flatten();
-        let fresh = hb.and_then(|h| h.at).is_some_and(|at| now - at < 3 * interval.as_millis() as i64);
-        if fresh && !rerun && row.worker.as_deref() == Some(sh.worker_id.as_str()) {
-            // A redelivered copy of a job running on this very worker (its partition came
-            // back, or it was claimed here from another copy): nothing to wait for, this
-            // worker records its end. Waiting would hold a slot for the whole run and can
-            // starve the hand-off copies of other jobs. A newer generation's copy is not a
-            // redelivery: it waits below and runs once the current run ends.
-            metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "running_here").increment(1);
-            return Check::Done(true);
-        }
-        if fresh {
-            metrics::counter!(m::JOBS_DEFERRED, "pool" => sh.pool.as_str()).increment(1);
-            if sh.stopping.load(std::sync::atomic::Ordering::SeqCst) {
-                // This worker hands its jobs off and has left the group: a copy waiting
-                // for another worker's job is not its business any more (its offset stays
-                // uncommitted for the partition's next owner).
-                return Check::Done(false);
-            }
-            // Looked at again within a second, not a heartbeat interval: when the running
-            // worker hands the job off, this copy may be the one to claim it (the
-            // hand-off copy can wait behind such copies for a slot).
-            tokio::time::sleep(interval.min(RECHECK)).await;
-            continue;
-        }
-        // Worker crash: never uses up an attempt, but counts towards the crash limit.
-        let crashes = job.crash_count.max(row.crash_count.unwrap_or(0) + 1);
-        let state = AttemptState { attempt: job.attempt, crash_count: crashes - 1, last_error: row.error.clone() };
-        let policy = sh.retry_policy(&job.job_type);
-        if let (_, Decision::DeadLetter { reason }) =
-            sh.decide(FailureClass::WorkerCrash, &job.job_type, &job.tenant, &state, &policy, now)
-        {
-            let dl = dead_letter(
-                sh,
-                Some(&job),
-                None,
-                FailureClass::Poison,
-                reason.clone(),
-                row.error.clone(),
-                job.attempt,
-                origin,
-            )
-            .await;
-            let fin = finish(sh, &job, JobStatus::Failed, None, Some(reason), Some(FailureClass::Poison), None).await;
-            return Check::Done(dl && fin);
-        }
-        metrics::counter!(m::JOBS_TAKEN_OVER, "pool" => sh.pool.as_str()).increment(1);
-        let mut j = (*job).clone();
-        j.crash_count = crashes;
-        job = Arc::new(j);
-        break;
     }
     if let Some(not_after) = job.not_after {
         let now = now_ms();

@@ -195,7 +195,10 @@ pub async fn run(
             },
             // Ahead of the job streams: under a flood those are always ready, and the
             // stats, tenant changes and fleet usage must not wait for the flood to end.
-            _ = stats_tick.tick() => lp.publish_stats(),
+            _ = stats_tick.tick() => {
+                lp.publish_stats();
+                lp.log_state(&paused);
+            }
             Ok(()) = registry.changed() => {
                 let set = registry.borrow_and_update().clone();
                 lp.apply_tenants(set);
@@ -366,6 +369,7 @@ impl Loop {
     /// later, spill what exceeds its tenant's buffer, queue the rest.
     fn intake(&mut self, origin: Origin, bytes: Vec<u8>) {
         let Some(epoch) = self.parts.get(&origin.partition).map(|st| st.epoch) else { return };
+        tracing::trace!(target: "fairway::worker::intake", partition = origin.partition, offset = origin.offset, epoch, "intake");
         let job = match admit(&self.sh, &bytes) {
             Ok(job) => job,
             Err((job, class, reason)) => return self.reject_later(job, bytes, class, reason, origin, epoch, None),
@@ -466,6 +470,9 @@ impl Loop {
         }
         self.quota_version = q.version;
         let fleet = self.sh.cfg.worker.fleet_limits;
+        if !full {
+            tracing::debug!(pool = self.pool(), usable = ?q.all_usable(now), "fleet-wide caps changed");
+        }
         for (scope, cap) in q.all_usable(now) {
             if fleet && scope.starts_with("flow:") {
                 self.gate.set_cap(&scope, cap);
@@ -702,6 +709,24 @@ impl Loop {
             );
         }
         idle
+    }
+
+    /// The loop's state in one debug line (a stalled partition or flow shows here).
+    fn log_state(&self, paused: &HashSet<i32>) {
+        let held: Vec<(i32, usize)> =
+            self.parts.iter().filter_map(|(p, st)| st.held.as_ref().map(|h| (*p, h.len()))).collect();
+        tracing::debug!(
+            pool = self.pool(),
+            owned = ?self.parts.keys().collect::<Vec<_>>(),
+            ?paused,
+            ?held,
+            queued = self.dispatcher.queued_total(),
+            parked = self.gate.parked(),
+            overflow = self.overflow.len(),
+            finishing = self.finishing,
+            quota_version = self.quota_version,
+            "loop state"
+        );
     }
 
     /// Scheduler snapshot (with spilled backlogs) for `fairway stats`, and fleet usage.

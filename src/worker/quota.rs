@@ -53,6 +53,7 @@ pub async fn quota_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
 async fn pass(sh: &Shared, st: &QuotaStatements, key: &str) -> Result<(), crate::store::StoreError> {
     let rows = st.rows(key).await?;
     let planned = sh.quotas.lock().expect("quotas lock").plan(&rows, &sh.worker_id, now_ms());
+    tracing::debug!(pool = sh.pool.as_str(), read = ?rows, written = ?planned, "quota exchange");
     st.put(key, &planned, ROW_TTL_SECS).await?;
     sh.quotas.lock().expect("quotas lock").written(&planned, now_ms());
     Ok(())

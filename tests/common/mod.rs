@@ -7,7 +7,7 @@ use fairway::codec;
 use fairway::config::Config;
 use fairway::kafka::{self, Consumer, Message};
 use fairway::model::{DeadLetter, JobResult};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -189,14 +189,26 @@ pub fn spawn_worker(config_path: &std::path::Path, pools: &str) -> std::process:
 pub struct LoggedWorker {
     pub child: std::process::Child,
     owned: Arc<std::sync::Mutex<(std::collections::BTreeSet<i32>, Instant)>>,
+    /// Its log for a failing test to print: the first `LOG_EVENTS` lines that are not
+    /// periodic, and the last `LOG_TAIL` lines of all.
+    log: Arc<std::sync::Mutex<(Vec<String>, VecDeque<String>)>>,
 }
+
+const LOG_TAIL: usize = 300;
+const LOG_EVENTS: usize = 3000;
+/// Lines a worker logs every half second (its loop state, the quota exchange).
+const PERIODIC: [&str; 2] = ["loop state", "quota exchange"];
 
 /// Starts a `fairway worker` for `pools` (one pool) and follows its log.
 pub fn spawn_logged_worker(config_path: &std::path::Path, pools: &str) -> LoggedWorker {
     use std::io::BufRead;
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_fairway"))
         .args(["--config", config_path.to_str().unwrap(), "worker", "--pools", pools])
-        .env("FAIRWAY_LOG", "warn,fairway::worker::pool=info")
+        .env(
+            "FAIRWAY_LOG",
+            std::env::var("IT_WORKER_LOG")
+                .unwrap_or_else(|_| "warn,fairway::worker::pool=debug,fairway::worker::quota=debug".into()),
+        )
         .env("NO_COLOR", "1")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -204,9 +216,21 @@ pub fn spawn_logged_worker(config_path: &std::path::Path, pools: &str) -> Logged
         .expect("spawn worker");
     let owned = Arc::new(std::sync::Mutex::new((std::collections::BTreeSet::new(), Instant::now())));
     let (log, state) = (child.stderr.take().expect("stderr"), owned.clone());
+    let log_kept = Arc::new(std::sync::Mutex::new((Vec::new(), VecDeque::with_capacity(LOG_TAIL))));
+    let kept = log_kept.clone();
     std::thread::spawn(move || {
         for line in std::io::BufReader::new(log).lines().map_while(Result::ok) {
             let line = strip_ansi(&line);
+            {
+                let mut k = kept.lock().unwrap();
+                if k.0.len() < LOG_EVENTS && !PERIODIC.iter().any(|p| line.contains(p)) {
+                    k.0.push(line.clone());
+                }
+                if k.1.len() == LOG_TAIL {
+                    k.1.pop_front();
+                }
+                k.1.push_back(line.clone());
+            }
             let assigned = line.contains("partitions assigned");
             if !assigned && !line.contains("partitions revoked") {
                 if line.contains("WARN") || line.contains("ERROR") {
@@ -229,7 +253,7 @@ pub fn spawn_logged_worker(config_path: &std::path::Path, pools: &str) -> Logged
             s.1 = Instant::now();
         }
     });
-    LoggedWorker { child, owned }
+    LoggedWorker { child, owned, log: log_kept }
 }
 
 fn strip_ansi(s: &str) -> String {
@@ -250,6 +274,18 @@ fn strip_ansi(s: &str) -> String {
 }
 
 impl LoggedWorker {
+    /// Prints the last lines of its log (a failing test's evidence).
+    pub fn print_tail(&self, name: &str) {
+        let log = self.log.lock().unwrap();
+        for line in &log.0 {
+            eprintln!("{name}: {line}");
+        }
+        eprintln!("{name}: ---- the last {} lines:", log.1.len());
+        for line in &log.1 {
+            eprintln!("{name}: {line}");
+        }
+    }
+
     /// The partitions it owns now.
     pub fn owned(&self) -> std::collections::BTreeSet<i32> {
         self.owned.lock().unwrap().0.clone()

@@ -89,7 +89,11 @@ impl Limiter {
         };
         self.scale = scale;
         match self.interval() {
-            Some(i) => self.tat = now + (debt * i) as u64,
+            Some(i) => {
+                self.tat = now + (debt * i) as u64;
+                // The debt lives in `tat` again (a stale `parked` would never settle).
+                self.parked = 0.0;
+            }
             None => self.parked = debt,
         }
     }
@@ -171,6 +175,9 @@ mod tests {
         assert_eq!(free, 0, "not refilled by the pause at 0");
         clock.set(1_010_100);
         assert_eq!(l.take(), Ok(()));
+        // Its debt paid off, it is settled again (nothing left over from the pause).
+        clock.set(1_020_000);
+        assert!(l.settled(), "a limiter whose debt was paid off after a pause at 0 settles");
     }
 
     proptest::proptest! {
