@@ -204,11 +204,7 @@ pub fn spawn_logged_worker(config_path: &std::path::Path, pools: &str) -> Logged
     use std::io::BufRead;
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_fairway"))
         .args(["--config", config_path.to_str().unwrap(), "worker", "--pools", pools])
-        .env(
-            "FAIRWAY_LOG",
-            std::env::var("IT_WORKER_LOG")
-                .unwrap_or_else(|_| "warn,fairway::worker::pool=debug,fairway::worker::quota=debug".into()),
-        )
+        .env("FAIRWAY_LOG", std::env::var("IT_WORKER_LOG").unwrap_or_else(|_| "warn,fairway::worker::pool=info".into()))
         .env("NO_COLOR", "1")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
