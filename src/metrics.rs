@@ -55,6 +55,7 @@ pub const SUBMIT_STATE_WRITE_FAILURES: &str = "fairway_submit_state_write_failur
 pub const JOB_DISPATCH_WAIT_SECONDS: &str = "fairway_job_dispatch_wait_seconds";
 pub const POOL_SLOTS: &str = "fairway_pool_slots";
 pub const CONSUMER_LAG: &str = "fairway_consumer_lag";
+pub const PARTITIONS_NOT_FETCHING: &str = "fairway_partitions_not_fetching";
 pub const CONSUMER_LAG_SECONDS: &str = "fairway_consumer_lag_seconds";
 pub const TIER_ENTITLED_SHARE: &str = "fairway_tier_entitled_share";
 pub const TIER_ACTUAL_SHARE: &str = "fairway_tier_actual_share";
@@ -209,6 +210,10 @@ pub fn describe() {
     describe_gauge!(
         CONSUMER_LAG_SECONDS,
         "Kafka lag in time: age of the oldest record on this worker's partitions of the pool topic whose offset is not yet committable (0 when caught up; spilled jobs are in fairway_spilled_backlog), by pool"
+    );
+    describe_gauge!(
+        PARTITIONS_NOT_FETCHING,
+        "Partitions of the pool topic this worker owns whose fetcher has not been active for 30 s or more (librdkafka's fetch_state, from its statistics): their jobs are not being read, by pool"
     );
     describe_gauge!(
         CONSUMER_LAG,

@@ -11,7 +11,8 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::ClientConfig;
 use rdkafka::ClientContext;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 pub use rdkafka::consumer::{CommitMode, Consumer};
@@ -287,15 +288,68 @@ pub struct WorkerContext {
     /// The pool whose consumer lag this client reports (`fairway_consumer_lag{pool}`,
     /// from librdkafka's statistics); None: no statistics.
     lag_pool: Option<&'static str>,
+    /// Owned partitions whose fetcher is not active: since when, and when last warned.
+    idle_fetch: std::sync::Mutex<HashMap<(String, i32), (Instant, Option<Instant>)>>,
 }
+
+/// An owned partition whose fetcher has not been active this long is reported.
+const NOT_FETCHING_AFTER: Duration = Duration::from_secs(30);
 
 impl ClientContext for WorkerContext {
     fn stats_raw(&self, statistics: &[u8]) {
         let Some(pool) = self.lag_pool else { return };
-        if let Some(lag) = serde_json::from_slice::<serde_json::Value>(statistics).ok().and_then(|v| consumer_lag(&v)) {
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(statistics) else { return };
+        if let Some(lag) = consumer_lag(&v) {
             metrics::gauge!(crate::metrics::CONSUMER_LAG, "pool" => pool).set(lag as f64);
         }
+        self.watch_fetchers(pool, &not_fetching(&v));
     }
+}
+
+impl WorkerContext {
+    /// Reports owned partitions whose fetcher stayed inactive (an offset lookup that
+    /// never completed, a stopped fetcher): nothing of theirs is read, so say so (once
+    /// a minute each) and count them in `fairway_partitions_not_fetching{pool}`.
+    fn watch_fetchers(&self, pool: &'static str, idle: &[(String, i32, String)]) {
+        let now = Instant::now();
+        let mut seen = self.idle_fetch.lock().expect("fetch watch lock");
+        seen.retain(|k, _| idle.iter().any(|(t, p, _)| (t, *p) == (&k.0, k.1)));
+        let mut stuck = 0;
+        for (topic, partition, state) in idle {
+            let (since, warned) = seen.entry((topic.clone(), *partition)).or_insert((now, None));
+            if now.duration_since(*since) < NOT_FETCHING_AFTER {
+                continue;
+            }
+            stuck += 1;
+            if warned.is_none_or(|w| now.duration_since(w) >= Duration::from_secs(60)) {
+                *warned = Some(now);
+                tracing::warn!(
+                    pool, topic = %topic, partition = *partition, fetch_state = %state, idle_s = now.duration_since(*since).as_secs(),
+                    "an owned partition is not being fetched: its jobs wait; check the broker's group coordinator and this worker's librdkafka log"
+                );
+            }
+        }
+        metrics::gauge!(crate::metrics::PARTITIONS_NOT_FETCHING, "pool" => pool).set(f64::from(stuck));
+    }
+}
+
+/// Owned (desired) partitions whose fetch state is not `active`, from librdkafka's
+/// statistics JSON: (topic, partition, fetch state).
+fn not_fetching(stats: &serde_json::Value) -> Vec<(String, i32, String)> {
+    let Some(topics) = stats.get("topics").and_then(|t| t.as_object()) else { return Vec::new() };
+    let mut out = Vec::new();
+    for (topic, t) in topics {
+        let Some(parts) = t.get("partitions").and_then(|p| p.as_object()) else { continue };
+        for (id, p) in parts {
+            let Ok(partition) = id.parse::<i32>() else { continue };
+            let desired = p.get("desired").and_then(|d| d.as_bool()).unwrap_or(false);
+            let state = p.get("fetch_state").and_then(|s| s.as_str()).unwrap_or("");
+            if partition >= 0 && desired && state != "active" {
+                out.push((topic.clone(), partition, state.to_string()));
+            }
+        }
+    }
+    out
 }
 
 /// Records not yet committed on the partitions a consumer owns, from librdkafka's
@@ -382,7 +436,7 @@ fn consumer_with(
         // Execution is decoupled from polling, so long jobs never trip this.
         .set("max.poll.interval.ms", "300000")
         .set("queued.max.messages.kbytes", "16384")
-        .create_with_context(WorkerContext { events: tx, lag_pool })
+        .create_with_context(WorkerContext { events: tx, lag_pool, idle_fetch: Default::default() })
         .map_err(client_err(cfg))?;
     let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
     c.subscribe(&refs)?;
@@ -424,6 +478,18 @@ pub fn tail_reader(cfg: &Config, group: &str) -> Result<StreamConsumer, KafkaErr
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn not_fetching_lists_owned_partitions_whose_fetcher_is_not_active() {
+        let v = serde_json::json!({"topics": {"p.jobs.short": {"partitions": {
+            "0": {"desired": true, "fetch_state": "active"},
+            "1": {"desired": true, "fetch_state": "offset-query"},
+            "2": {"desired": false, "fetch_state": "none"},
+            "-1": {"desired": false, "fetch_state": "none"}
+        }}}});
+        assert_eq!(super::not_fetching(&v), vec![("p.jobs.short".to_string(), 1, "offset-query".to_string())]);
+        assert!(super::not_fetching(&serde_json::json!({"name": "x"})).is_empty());
+    }
+
     #[test]
     fn consumer_lag_sums_owned_partitions() {
         let v = serde_json::json!({"topics": {"p.jobs.short": {"partitions": {
