@@ -179,6 +179,12 @@ async fn rate_phase(fleet_limits: bool) -> (f64, usize) {
     common::produce_spread(&cfg, &jobs, None).await;
     let ids: Vec<String> = jobs.iter().map(|j| j.job_id.clone()).collect();
     let results = common::results_for(&cfg, &ids, Duration::from_secs(150)).await;
+    if results.len() < ids.len() {
+        eprintln!("missing: {} of {}", ids.len() - results.len(), ids.len());
+        for (i, w) in workers.iter().enumerate() {
+            w.print_tail(&format!("worker{i}"));
+        }
+    }
     common::stop_fleet(&mut workers);
     assert_eq!(results.len(), ids.len(), "every job finished (fleet_limits = {fleet_limits})");
     let mut starts: Vec<i64> = results.values().filter_map(|rs| rs.iter().filter_map(|r| r.started_at).min()).collect();

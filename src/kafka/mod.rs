@@ -303,7 +303,34 @@ impl ClientContext for WorkerContext {
             metrics::gauge!(crate::metrics::CONSUMER_LAG, "pool" => pool).set(lag as f64);
         }
         self.watch_fetchers(pool, &not_fetching(&v));
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            tracing::debug!(pool, partitions = %fetch_positions(&v), "fetch positions");
+        }
     }
+}
+
+/// Each owned partition's fetch state and positions from librdkafka's statistics, one
+/// compact string (`p:state next=N app=N committed=N hi=N queued=N`), for debugging a
+/// partition whose records do not arrive.
+fn fetch_positions(stats: &serde_json::Value) -> String {
+    let Some(topics) = stats.get("topics").and_then(|t| t.as_object()) else { return String::new() };
+    let mut out = Vec::new();
+    for t in topics.values() {
+        let Some(parts) = t.get("partitions").and_then(|p| p.as_object()) else { continue };
+        for (id, p) in parts.iter().filter(|(_, p)| p.get("desired").and_then(|d| d.as_bool()).unwrap_or(false)) {
+            let n = |k: &str| p.get(k).and_then(|x| x.as_i64()).unwrap_or(-1);
+            let state = p.get("fetch_state").and_then(|s| s.as_str()).unwrap_or("?");
+            out.push(format!(
+                "{id}:{state} next={} app={} committed={} hi={} queued={}",
+                n("next_offset"),
+                n("app_offset"),
+                n("committed_offset"),
+                n("hi_offset"),
+                n("fetchq_cnt")
+            ));
+        }
+    }
+    out.join("; ")
 }
 
 impl WorkerContext {

@@ -196,8 +196,8 @@ pub struct LoggedWorker {
 
 const LOG_TAIL: usize = 300;
 const LOG_EVENTS: usize = 3000;
-/// Lines a worker logs every half second (its loop state, the quota exchange).
-const PERIODIC: [&str; 2] = ["loop state", "quota exchange"];
+/// Lines a worker logs periodically (its loop state, the quota exchange, fetch positions).
+const PERIODIC: [&str; 3] = ["loop state", "quota exchange", "fetch positions"];
 
 /// Starts a `fairway worker` for `pools` (one pool) and follows its log.
 pub fn spawn_logged_worker(config_path: &std::path::Path, pools: &str) -> LoggedWorker {
