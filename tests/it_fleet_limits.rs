@@ -77,19 +77,11 @@ async fn phase(fleet_limits: bool) -> Measured {
     let id = &uuid::Uuid::new_v4().simple().to_string()[..10];
     let (tenant, key, other) = (format!("capped{id}"), format!("one{id}"), format!("free{id}"));
     let tenant_cfg = format!("[tenants.{tenant}]\ntier = \"standard\"\nmax_concurrency = {TENANT_LIMIT}\n");
-    let cfg = common::config(&tenant_cfg);
-    common::init(&cfg).await;
     let dir = tempfile::tempdir().unwrap();
-    let file_extra = format!(
-        "{tenant_cfg}[worker]\nfleet_limits = {fleet_limits}\n[flow.keys.\"{key}\"]\nparallelism = 1\n\
-         [job_types.sleep]\npool = \"short\"\nhandler = \"sleep\"\ntimeout = \"30s\"\n"
-    );
-    let path = common::config_file(&cfg, &file_extra, dir.path());
     let run_log = dir.path().join("runs.log");
     // The workers inherit the run log's path (the handlers append to it).
     std::env::set_var(fairway::handlers::RUN_LOG_ENV, &run_log);
-    let mut workers = common::spawn_fleet(&path, 3);
-    let mut groups: HashMap<String, &str> = HashMap::new();
+    let mut groups: HashMap<String, &'static str> = HashMap::new();
     let mut jobs: Vec<JobSubmitted> = Vec::new();
     for i in 0..TENANT_JOBS.max(KEY_JOBS) {
         if i < TENANT_JOBS {
@@ -108,22 +100,9 @@ async fn phase(fleet_limits: bool) -> Measured {
         };
         groups.insert(j.job_id.clone(), group);
     }
-    common::produce_spread(&cfg, &jobs, None).await;
-    let ids: Vec<String> = jobs.iter().map(|j| j.job_id.clone()).collect();
-    let results = common::results_for(&cfg, &ids, Duration::from_secs(150)).await;
-    if results.len() < ids.len() {
-        // The evidence: which groups' jobs are missing, and what the workers said.
-        let mut missing: HashMap<&str, usize> = HashMap::new();
-        for id in ids.iter().filter(|id| !results.contains_key(*id)) {
-            *missing.entry(groups[id]).or_default() += 1;
-        }
-        eprintln!("missing by group: {missing:?}; run log:\n{}", std::fs::read_to_string(&run_log).unwrap_or_default());
-        for (i, w) in workers.iter().enumerate() {
-            w.print_tail(&format!("worker{i}"));
-        }
-    }
-    common::stop_fleet(&mut workers);
-    assert_eq!(results.len(), ids.len(), "every job finished (fleet_limits = {fleet_limits})");
+    let workers_cfg = format!("[flow.keys.\"{key}\"]\nparallelism = 1\n");
+    let results =
+        run_on_fleet(&tenant_cfg, &workers_cfg, fleet_limits, &jobs, dir.path(), &|j| groups[&j.job_id]).await;
     assert!(results.values().all(|rs| rs.iter().any(|r| r.status == JobStatus::Succeeded)));
     measure(&std::fs::read_to_string(&run_log).unwrap(), &groups)
 }
@@ -166,27 +145,9 @@ async fn rate_scenario() {
 async fn rate_phase(fleet_limits: bool) -> (f64, usize) {
     let tenant = format!("paced{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
     let tenant_cfg = format!("[tenants.{tenant}]\ntier = \"standard\"\nrate_per_sec = {RATE}\n");
-    let cfg = common::config(&tenant_cfg);
-    common::init(&cfg).await;
     let dir = tempfile::tempdir().unwrap();
-    let file_extra = format!(
-        "{tenant_cfg}[worker]\nfleet_limits = {fleet_limits}\n\
-         [job_types.sleep]\npool = \"short\"\nhandler = \"sleep\"\ntimeout = \"30s\"\n"
-    );
-    let path = common::config_file(&cfg, &file_extra, dir.path());
-    let mut workers = common::spawn_fleet(&path, 3);
     let jobs: Vec<JobSubmitted> = (0..RATE_JOBS).map(|_| sleep_job(&tenant, None, 10)).collect();
-    common::produce_spread(&cfg, &jobs, None).await;
-    let ids: Vec<String> = jobs.iter().map(|j| j.job_id.clone()).collect();
-    let results = common::results_for(&cfg, &ids, Duration::from_secs(150)).await;
-    if results.len() < ids.len() {
-        eprintln!("missing: {} of {}", ids.len() - results.len(), ids.len());
-        for (i, w) in workers.iter().enumerate() {
-            w.print_tail(&format!("worker{i}"));
-        }
-    }
-    common::stop_fleet(&mut workers);
-    assert_eq!(results.len(), ids.len(), "every job finished (fleet_limits = {fleet_limits})");
+    let results = run_on_fleet(&tenant_cfg, "", fleet_limits, &jobs, dir.path(), &|_| "tenant").await;
     let mut starts: Vec<i64> = results.values().filter_map(|rs| rs.iter().filter_map(|r| r.started_at).min()).collect();
     starts.sort_unstable();
     rate_and_busiest(&starts, RATE_WINDOW_MS)
@@ -256,33 +217,16 @@ struct KeyRate {
 async fn key_rate_phase(fleet_limits: bool) -> KeyRate {
     let id = &uuid::Uuid::new_v4().simple().to_string()[..10];
     let (key, other) = (format!("paced{id}"), format!("free{id}"));
-    let cfg = common::config("");
-    common::init(&cfg).await;
     let dir = tempfile::tempdir().unwrap();
-    let file_extra = format!(
-        "[worker]\nfleet_limits = {fleet_limits}\n[flow.keys.\"{key}\"]\nrate = {KEY_RATE}\nperiod = \"{KEY_PERIOD_MS}ms\"\n\
-         [job_types.sleep]\npool = \"short\"\nhandler = \"sleep\"\ntimeout = \"30s\"\n"
-    );
-    let path = common::config_file(&cfg, &file_extra, dir.path());
-    let mut workers = common::spawn_fleet(&path, WORKERS);
     let mut jobs: Vec<JobSubmitted> = Vec::new();
     for _ in 0..KEY_RATE_JOBS {
         jobs.push(sleep_job("acme", Some(&key), 100));
         jobs.push(sleep_job("acme", Some(&other), 100));
     }
-    common::produce_spread(&cfg, &jobs, None).await;
-    let ids: Vec<String> = jobs.iter().map(|j| j.job_id.clone()).collect();
-    let results = common::results_for(&cfg, &ids, Duration::from_secs(150)).await;
-    if results.len() < ids.len() {
-        let missing = jobs.iter().filter(|j| !results.contains_key(&j.job_id)).map(|j| j.flow_key.as_deref());
-        let limited = missing.clone().filter(|k| *k == Some(key.as_str())).count();
-        eprintln!("missing: {} of the limited key, {} of the other", limited, missing.count() - limited);
-        for (i, w) in workers.iter().enumerate() {
-            w.print_tail(&format!("worker{i}"));
-        }
-    }
-    common::stop_fleet(&mut workers);
-    assert_eq!(results.len(), ids.len(), "every job finished (fleet_limits = {fleet_limits})");
+    let workers_cfg = format!("[flow.keys.\"{key}\"]\nrate = {KEY_RATE}\nperiod = \"{KEY_PERIOD_MS}ms\"\n");
+    let group =
+        |j: &JobSubmitted| if j.flow_key.as_deref() == Some(key.as_str()) { "limited key" } else { "other key" };
+    let results = run_on_fleet("", &workers_cfg, fleet_limits, &jobs, dir.path(), &group).await;
     let keyed: HashMap<&str, &str> = jobs.iter().map(|j| (j.job_id.as_str(), j.flow_key.as_deref().unwrap())).collect();
     let (mut starts, mut other_starts, mut other_done) = (Vec::new(), Vec::new(), 0);
     for (id, rs) in &results {
@@ -345,4 +289,43 @@ fn measure(log: &str, groups: &HashMap<String, &str>) -> Measured {
         other_key_peak: get("other"),
         other_done_before_key_done: other_last < key_last,
     }
+}
+
+/// Runs `jobs` on three `fairway worker` processes of a fresh deployment: `tenant_cfg` in
+/// the test's and the workers' configuration, `workers_cfg` (and `fleet_limits`, and the
+/// sleep job type) in the workers' only; the jobs produced spread over the partitions.
+/// Every job must finish within 150 s; if some do not, the evidence is printed first:
+/// the missing jobs by `group`, and every worker's log.
+async fn run_on_fleet(
+    tenant_cfg: &str,
+    workers_cfg: &str,
+    fleet_limits: bool,
+    jobs: &[JobSubmitted],
+    dir: &std::path::Path,
+    group: &dyn Fn(&JobSubmitted) -> &'static str,
+) -> HashMap<String, Vec<fairway::model::JobResult>> {
+    let cfg = common::config(tenant_cfg);
+    common::init(&cfg).await;
+    let file_extra = format!(
+        "{tenant_cfg}[worker]\nfleet_limits = {fleet_limits}\n{workers_cfg}\
+         [job_types.sleep]\npool = \"short\"\nhandler = \"sleep\"\ntimeout = \"30s\"\n"
+    );
+    let path = common::config_file(&cfg, &file_extra, dir);
+    let mut workers = common::spawn_fleet(&path, WORKERS);
+    common::produce_spread(&cfg, jobs, None).await;
+    let ids: Vec<String> = jobs.iter().map(|j| j.job_id.clone()).collect();
+    let results = common::results_for(&cfg, &ids, Duration::from_secs(150)).await;
+    if results.len() < ids.len() {
+        let mut missing: HashMap<&str, usize> = HashMap::new();
+        for j in jobs.iter().filter(|j| !results.contains_key(&j.job_id)) {
+            *missing.entry(group(j)).or_default() += 1;
+        }
+        eprintln!("missing by group: {missing:?} (fleet_limits = {fleet_limits})");
+        for (i, w) in workers.iter().enumerate() {
+            w.print_tail(&format!("worker{i}"));
+        }
+    }
+    common::stop_fleet(&mut workers);
+    assert_eq!(results.len(), ids.len(), "every job finished (fleet_limits = {fleet_limits})");
+    results
 }

@@ -313,24 +313,17 @@ impl ClientContext for WorkerContext {
 /// compact string (`p:state next=N app=N committed=N hi=N queued=N`), for debugging a
 /// partition whose records do not arrive.
 fn fetch_positions(stats: &serde_json::Value) -> String {
-    let Some(topics) = stats.get("topics").and_then(|t| t.as_object()) else { return String::new() };
-    let mut out = Vec::new();
-    for t in topics.values() {
-        let Some(parts) = t.get("partitions").and_then(|p| p.as_object()) else { continue };
-        for (id, p) in parts.iter().filter(|(_, p)| p.get("desired").and_then(|d| d.as_bool()).unwrap_or(false)) {
-            let n = |k: &str| p.get(k).and_then(|x| x.as_i64()).unwrap_or(-1);
-            let state = p.get("fetch_state").and_then(|s| s.as_str()).unwrap_or("?");
-            out.push(format!(
-                "{id}:{state} next={} app={} committed={} hi={} queued={}",
-                n("next_offset"),
-                n("app_offset"),
-                n("committed_offset"),
-                n("hi_offset"),
-                n("fetchq_cnt")
-            ));
-        }
-    }
-    out.join("; ")
+    let describe = |(_, id, p): (&str, i32, &serde_json::Value)| {
+        let n = |k: &str| p.get(k).and_then(|x| x.as_i64()).unwrap_or(-1);
+        let state = p.get("fetch_state").and_then(|s| s.as_str()).unwrap_or("?");
+        let (next, app, committed) = (n("next_offset"), n("app_offset"), n("committed_offset"));
+        format!(
+            "{id}:{state} next={next} app={app} committed={committed} hi={} queued={}",
+            n("hi_offset"),
+            n("fetchq_cnt")
+        )
+    };
+    owned_partitions(stats).map(describe).collect::<Vec<_>>().join("; ")
 }
 
 impl WorkerContext {
@@ -360,23 +353,26 @@ impl WorkerContext {
     }
 }
 
-/// Owned (desired) partitions whose fetch state is not `active`, from librdkafka's
-/// statistics JSON: (topic, partition, fetch state).
+/// The owned (desired) partitions in librdkafka's statistics JSON: (topic, partition,
+/// its statistics object). The internal `-1` partition is left out.
+fn owned_partitions(stats: &serde_json::Value) -> impl Iterator<Item = (&str, i32, &serde_json::Value)> {
+    let topics = stats.get("topics").and_then(|t| t.as_object()).into_iter().flatten();
+    topics.flat_map(|(topic, t)| {
+        let parts = t.get("partitions").and_then(|p| p.as_object()).into_iter().flatten();
+        parts.filter_map(move |(id, p)| {
+            let partition = id.parse::<i32>().ok().filter(|p| *p >= 0)?;
+            p.get("desired").and_then(|d| d.as_bool()).unwrap_or(true).then_some((topic.as_str(), partition, p))
+        })
+    })
+}
+
+/// Owned partitions whose fetch state is not `active`: (topic, partition, fetch state).
 fn not_fetching(stats: &serde_json::Value) -> Vec<(String, i32, String)> {
-    let Some(topics) = stats.get("topics").and_then(|t| t.as_object()) else { return Vec::new() };
-    let mut out = Vec::new();
-    for (topic, t) in topics {
-        let Some(parts) = t.get("partitions").and_then(|p| p.as_object()) else { continue };
-        for (id, p) in parts {
-            let Ok(partition) = id.parse::<i32>() else { continue };
-            let desired = p.get("desired").and_then(|d| d.as_bool()).unwrap_or(false);
-            let state = p.get("fetch_state").and_then(|s| s.as_str()).unwrap_or("");
-            if partition >= 0 && desired && state != "active" {
-                out.push((topic.clone(), partition, state.to_string()));
-            }
-        }
-    }
-    out
+    owned_partitions(stats)
+        .map(|(topic, partition, p)| (topic, partition, p.get("fetch_state").and_then(|s| s.as_str()).unwrap_or("")))
+        .filter(|(_, _, state)| *state != "active")
+        .map(|(topic, partition, state)| (topic.to_string(), partition, state.to_string()))
+        .collect()
 }
 
 /// Records not yet committed on the partitions a consumer owns, from librdkafka's
@@ -384,13 +380,9 @@ fn not_fetching(stats: &serde_json::Value) -> Vec<(String, i32, String)> {
 /// else `consumer_lag_stored` (- stored offset) before the first commit; unknown: 0.
 /// None when the statistics list no topic.
 fn consumer_lag(stats: &serde_json::Value) -> Option<i64> {
-    let topics = stats.get("topics")?.as_object()?;
-    let lag = topics
-        .values()
-        .filter_map(|t| t.get("partitions")?.as_object())
-        .flat_map(|ps| ps.iter())
-        .filter(|(id, p)| id.as_str() != "-1" && p.get("desired").and_then(|d| d.as_bool()).unwrap_or(true))
-        .map(|(_, p)| {
+    stats.get("topics")?.as_object()?;
+    let lag = owned_partitions(stats)
+        .map(|(_, _, p)| {
             let num = |k: &str| p.get(k).and_then(|x| x.as_i64()).unwrap_or(-1);
             [num("consumer_lag"), num("consumer_lag_stored")].into_iter().find(|l| *l >= 0).unwrap_or(0)
         })

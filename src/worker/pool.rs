@@ -714,6 +714,9 @@ impl Loop {
 
     /// The loop's state in one debug line (a stalled partition or flow shows here).
     fn log_state(&self, paused: &HashSet<i32>) {
+        if !tracing::enabled!(tracing::Level::DEBUG) {
+            return;
+        }
         let held: Vec<(i32, usize)> =
             self.parts.iter().filter_map(|(p, st)| st.held.as_ref().map(|h| (*p, h.len()))).collect();
         tracing::debug!(
