@@ -66,10 +66,13 @@ impl Limiter {
         self.scale
     }
 
-    /// Nanoseconds between dispatches at the scaled rate (`None`: scaled to 0).
+    /// Nanoseconds between dispatches at the scaled rate (`None`: scaled to 0), rounded
+    /// up to a whole nanosecond: a limiter may be a hair slower than its rate, never
+    /// faster (a truncated interval let ~1 ns per dispatch accumulate into a dispatch
+    /// one millisecond early after a few hundred dispatches).
     fn interval(&self) -> Option<f64> {
         let rate = self.spec.per_second * self.scale;
-        (rate > 0.0).then(|| (NANOS_PER_SEC / rate).max(1.0))
+        (rate > 0.0).then(|| (NANOS_PER_SEC / rate).ceil().max(1.0))
     }
 
     /// How far (ns) the arrival time may run ahead of the clock: the burst less one.
@@ -111,7 +114,7 @@ impl Limiter {
         let Some(interval) = self.interval() else {
             return Err((now.div_ceil(NANOS_PER_MS) + 1_000) as Millis);
         };
-        let tolerance = self.tolerance(interval) as u64;
+        let tolerance = self.tolerance(interval).floor() as u64;
         let start = self.tat.max(now);
         if start - now <= tolerance {
             self.tat = start + interval as u64;
