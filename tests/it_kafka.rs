@@ -181,3 +181,104 @@ async fn a_worker_without_partitions_reports_it_after_the_threshold() {
     second.stop().await;
     first.stop().await;
 }
+
+/// A group member driven like the worker loop drives its consumer: rebalance events
+/// applied to its [`Pauses`](fairway::kafka::Pauses), then the wanted pauses set, then a poll.
+struct Member {
+    consumer: fairway::kafka::WorkerConsumer,
+    events: tokio::sync::mpsc::UnboundedReceiver<fairway::kafka::RebalanceEvent>,
+    pauses: fairway::kafka::Pauses,
+    want: std::collections::HashSet<i32>,
+    /// Assignments and revocations seen so far.
+    assigned: usize,
+    revoked: usize,
+}
+
+impl Member {
+    /// Polls for up to `limit`; the first payload received, if any.
+    async fn pump(&mut self, limit: Duration) -> Option<String> {
+        use fairway::kafka::RebalanceEvent;
+        let deadline = tokio::time::Instant::now() + limit;
+        while tokio::time::Instant::now() < deadline {
+            while let Ok(ev) = self.events.try_recv() {
+                match ev {
+                    RebalanceEvent::Assigned(tps) => {
+                        self.assigned += 1;
+                        self.pauses.assigned(&self.consumer, &tps.iter().map(|(_, p)| *p).collect::<Vec<_>>());
+                    }
+                    RebalanceEvent::Revoked(tps) => {
+                        // As in the worker: a revoked partition's queued jobs are dropped,
+                        // so nothing wants it paused any more.
+                        self.revoked += 1;
+                        let gone: Vec<i32> = tps.iter().map(|(_, p)| *p).collect();
+                        self.want.retain(|p| !gone.contains(p));
+                        self.pauses.revoked(&gone);
+                    }
+                }
+            }
+            self.pauses.set(&self.consumer, &self.want);
+            if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(100), self.consumer.recv()).await {
+                return Some(String::from_utf8_lossy(m.payload().unwrap_or_default()).to_string());
+            }
+        }
+        None
+    }
+}
+
+/// librdkafka keeps an application pause across a rebalance: a worker that paused a
+/// partition (its tenants' buffers full), lost it in a rebalance and got it back must
+/// still receive its records once it no longer wants it paused. Before `kafka::Pauses`
+/// lifted old pauses on assignment, such a partition's jobs stopped arriving for good
+/// (issue 16: "a partition's jobs never reach its owner").
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partition_paused_before_a_rebalance_flows_again_when_assigned_back() {
+    use fairway::model::Pool;
+    let mut cfg = common::config("");
+    cfg.kafka.partitions = 1;
+    common::init(&cfg).await;
+    let (topic, other) = (cfg.pool_topic(Pool::Short), cfg.pool_topic(Pool::Medium));
+    let group = format!("{}pauses", cfg.kafka.group_prefix);
+    let producer = fairway::kafka::producer(&cfg).unwrap();
+    let (consumer, events) = fairway::kafka::consumer(&cfg, &group, std::slice::from_ref(&topic)).unwrap();
+    let mut m = Member {
+        consumer,
+        events,
+        pauses: fairway::kafka::Pauses::new(&topic),
+        want: Default::default(),
+        assigned: 0,
+        revoked: 0,
+    };
+    fairway::kafka::send(&producer, &topic, "k", b"first").await.unwrap();
+    assert_eq!(m.pump(Duration::from_secs(60)).await.as_deref(), Some("first"), "the group never formed");
+    assert_eq!((m.assigned, m.revoked), (1, 0));
+    // Paused, with a record waiting behind the pause.
+    m.want.insert(0);
+    assert_eq!(m.pump(Duration::from_millis(300)).await, None);
+    fairway::kafka::send(&producer, &topic, "k", b"second").await.unwrap();
+    assert_eq!(m.pump(Duration::from_secs(2)).await, None, "a paused partition delivered");
+    // A second member joins for another topic: the (eager) rebalance takes partition 0
+    // from the first and gives it back.
+    let (c2, _ev2) = fairway::kafka::consumer(&cfg, &group, std::slice::from_ref(&other)).unwrap();
+    let poll_c2 = tokio::spawn(async move {
+        loop {
+            let _ = tokio::time::timeout(Duration::from_millis(100), c2.recv()).await;
+        }
+    });
+    // When it comes back nothing wants it paused (its jobs were dropped on revocation):
+    // the waiting record arrives (after "first" again: no offset was stored, so the new
+    // assignment starts from the beginning).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut got = Vec::new();
+    while !got.iter().any(|p| p == "second") && tokio::time::Instant::now() < deadline {
+        got.extend(m.pump(Duration::from_millis(200)).await);
+    }
+    poll_c2.abort();
+    assert!(
+        m.assigned >= 2 && m.revoked >= 1,
+        "partition 0 was not revoked and assigned back within 60 s ({} assignments, {} revocations)",
+        m.assigned,
+        m.revoked
+    );
+    assert!(m.pauses.paused().is_empty());
+    assert!(got.iter().any(|p| p == "second"), "the partition stayed paused after it was assigned back (got {got:?})");
+}

@@ -11,7 +11,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::ClientConfig;
 use rdkafka::ClientContext;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
@@ -465,6 +465,75 @@ fn consumer_with(
 /// A group member's heartbeat period: a twentieth of the session timeout, 100 ms to 1 s.
 fn heartbeat_ms(session_timeout: Duration) -> u128 {
     (session_timeout.as_millis() / 20).clamp(100, 1000)
+}
+
+/// The partitions a worker's consumer holds paused, kept in step with librdkafka.
+///
+/// librdkafka keeps an application pause on the partition itself, across rebalances: a
+/// partition paused, revoked and assigned back (every rebalance of the eager protocol
+/// does that to every partition) stays paused although the group handed it over anew.
+/// A worker that forgot its pauses on revocation then never resumed it, and that
+/// partition's jobs stopped arriving for good. So every assignment resumes the assigned
+/// partitions in librdkafka and starts their books clean; [`Pauses::set`] then pauses
+/// what the worker wants paused.
+#[derive(Debug)]
+pub struct Pauses {
+    topic: String,
+    paused: std::collections::BTreeSet<i32>,
+}
+
+impl Pauses {
+    pub fn new(topic: &str) -> Pauses {
+        Pauses { topic: topic.to_string(), paused: Default::default() }
+    }
+
+    /// The partitions paused now.
+    pub fn paused(&self) -> &std::collections::BTreeSet<i32> {
+        &self.paused
+    }
+
+    fn tpl(&self, parts: impl IntoIterator<Item = i32>) -> TopicPartitionList {
+        let mut tpl = TopicPartitionList::new();
+        for p in parts {
+            tpl.add_partition(&self.topic, p);
+        }
+        tpl
+    }
+
+    /// Partitions were assigned: whatever pause they carried from before is lifted.
+    pub fn assigned<C: Consumer<X>, X: ConsumerContext>(&mut self, consumer: &C, parts: &[i32]) {
+        if parts.is_empty() {
+            return;
+        }
+        if let Err(e) = consumer.resume(&self.tpl(parts.iter().copied())) {
+            tracing::warn!(topic = %self.topic, ?parts, error = %e, "could not lift old pauses of assigned partitions");
+        }
+        for p in parts {
+            self.paused.remove(p);
+        }
+    }
+
+    /// Partitions were revoked: they are not ours to pause or resume (an assignment that
+    /// gives them back lifts their pause).
+    pub fn revoked(&mut self, parts: &[i32]) {
+        for p in parts {
+            self.paused.remove(p);
+        }
+    }
+
+    /// Pauses the partitions in `want` and resumes the paused ones not in it.
+    pub fn set<C: Consumer<X>, X: ConsumerContext>(&mut self, consumer: &C, want: &HashSet<i32>) {
+        let to_pause: Vec<i32> = want.iter().filter(|p| !self.paused.contains(p)).copied().collect();
+        let to_resume: Vec<i32> = self.paused.iter().filter(|p| !want.contains(p)).copied().collect();
+        if !to_pause.is_empty() && consumer.pause(&self.tpl(to_pause.iter().copied())).is_ok() {
+            self.paused.extend(to_pause);
+        }
+        if !to_resume.is_empty() && consumer.resume(&self.tpl(to_resume.iter().copied())).is_ok() {
+            for p in to_resume {
+                self.paused.remove(&p);
+            }
+        }
+    }
 }
 
 /// A plain reader (no group commits) for tools that scan topics: results, replay, tests.

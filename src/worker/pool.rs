@@ -145,7 +145,7 @@ pub async fn run(
     };
     let mut registry = sh.tenants.subscribe();
     let slots = sh.cfg.pool(sh.pool).slots;
-    let mut paused: HashSet<i32> = HashSet::new();
+    let mut pauses = kafka::Pauses::new(&topic);
     let pool = sh.pool.as_str();
     let mut stats_tick = tokio::time::interval(Duration::from_millis(500));
     stats_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -161,12 +161,13 @@ pub async fn run(
             _ = shutdown.changed() => break,
             Some(ev) = rebalances.recv() => match ev {
                 RebalanceEvent::Assigned(tps) => {
-                    for (_, p) in tps {
+                    let parts: Vec<i32> = tps.iter().map(|(_, p)| *p).collect();
+                    for &p in &parts {
                         // Keep a state a message already created: replacing it would let
                         // commits pass offsets still queued under the old state.
                         lp.partition(p);
-                        paused.remove(&p);
                     }
+                    pauses.assigned(&consumer, &parts);
                     sh.assigned.store(lp.parts.len(), std::sync::atomic::Ordering::SeqCst);
                     lp.track_assignment();
                     tracing::info!(pool, partitions = ?lp.parts.keys().collect::<Vec<_>>(), "partitions assigned");
@@ -175,8 +176,8 @@ pub async fn run(
                     let gone: HashSet<i32> = tps.iter().map(|(_, p)| *p).collect();
                     for p in &gone {
                         lp.parts.remove(p);
-                        paused.remove(p);
                     }
+                    pauses.revoked(&gone.iter().copied().collect::<Vec<_>>());
                     sh.frontiers.forget(&gone.iter().copied().collect::<Vec<_>>());
                     sh.assigned.store(lp.parts.len(), std::sync::atomic::Ordering::SeqCst);
                     lp.track_assignment();
@@ -197,7 +198,7 @@ pub async fn run(
             // stats, tenant changes and fleet usage must not wait for the flood to end.
             _ = stats_tick.tick() => {
                 lp.publish_stats();
-                lp.log_state(&paused);
+                lp.log_state(pauses.paused());
             }
             Ok(()) = registry.changed() => {
                 let set = registry.borrow_and_update().clone();
@@ -241,8 +242,7 @@ pub async fn run(
         lp.sync_quotas(false);
         lp.start_jobs(slots);
         lp.tend_backlogs();
-        let want_paused = lp.partitions_to_pause();
-        set_paused(&consumer, &topic, &mut paused, want_paused);
+        pauses.set(&consumer, &lp.partitions_to_pause());
     }
 
     // Graceful shutdown (SIGTERM, SIGINT): take no more work. Running jobs get the
@@ -713,7 +713,7 @@ impl Loop {
     }
 
     /// The loop's state in one debug line (a stalled partition or flow shows here).
-    fn log_state(&self, paused: &HashSet<i32>) {
+    fn log_state(&self, paused: &std::collections::BTreeSet<i32>) {
         if !tracing::enabled!(tracing::Level::DEBUG) {
             return;
         }
@@ -949,31 +949,6 @@ fn finished(consumer: &kafka::WorkerConsumer, topic: &str, partition: i32, st: &
         if tpl.add_partition_offset(topic, partition, kafka::Offset::Offset(commit)).is_ok() {
             if let Err(e) = consumer.store_offsets(&tpl) {
                 tracing::debug!(error = %e, "store offset (partition likely revoked)");
-            }
-        }
-    }
-}
-
-fn set_paused(consumer: &kafka::WorkerConsumer, topic: &str, paused: &mut HashSet<i32>, want: HashSet<i32>) {
-    let to_pause: Vec<i32> = want.difference(paused).copied().collect();
-    let to_resume: Vec<i32> = paused.difference(&want).copied().collect();
-    if !to_pause.is_empty() {
-        let mut tpl = TopicPartitionList::new();
-        for p in &to_pause {
-            tpl.add_partition(topic, *p);
-        }
-        if consumer.pause(&tpl).is_ok() {
-            paused.extend(to_pause);
-        }
-    }
-    if !to_resume.is_empty() {
-        let mut tpl = TopicPartitionList::new();
-        for p in &to_resume {
-            tpl.add_partition(topic, *p);
-        }
-        if consumer.resume(&tpl).is_ok() {
-            for p in to_resume {
-                paused.remove(&p);
             }
         }
     }
