@@ -1011,10 +1011,8 @@ async fn run_plan(base: &Config, a: &FairnessArgs, plan: &Plan) -> anyhow::Resul
 
     let times = Deadlines::new(a, plan, start, end_at);
     let mut got = collect_results(&mut rig, plan, &times, quiet_tasks).await;
-    let stopped_at = now_ms();
     got.submit_errors += flood_task.await.unwrap_or(0);
     rig.stop().await;
-    let _ = stopped_at;
     Ok(got.into_outcome(t0, plan))
 }
 
