@@ -52,9 +52,10 @@ use crate::core::rerun::{
 use crate::kafka;
 use crate::model::{JobSubmitted, Millis, Pool};
 use crate::replayer::{
-    retrying, Checkpoints, FlushError, InFlight, ReplayError, Scan, ScanStep, Stopped, PROGRESS_EVERY, SAMPLE_ROWS,
+    retrying, Checkpoints, FlushError, InFlight, ReplayError, Scan, ScanRecord, ScanStep, Stopped, PROGRESS_EVERY,
+    SAMPLE_ROWS,
 };
-use crate::store::{JobFacts, RerunStatements, Store, StoreError, FACTS_CHUNK};
+use crate::store::{JobFacts, ReplayStatements, RerunStatements, Store, StoreError, FACTS_CHUNK};
 use crate::{codec, now_ms};
 use governor::{Quota, RateLimiter};
 use std::collections::{BTreeMap, HashMap};
@@ -295,7 +296,7 @@ pub struct RerunReport {
 pub async fn run(
     cfg: &Config,
     opts: RerunOptions,
-    mut on_event: impl FnMut(&RerunEvent),
+    on_event: impl FnMut(&RerunEvent),
 ) -> Result<RerunReport, RerunError> {
     let t0 = Instant::now();
     let started_at = now_ms();
@@ -303,48 +304,72 @@ pub async fn run(
     scope.validate().map_err(RerunError::Scope)?;
     check_known(cfg, &opts)?;
     let rate = NonZeroU32::new(opts.rate_per_sec).ok_or(RerunError::BadRate)?;
-    let pools = opts.pools(cfg);
-    let topics: Vec<String> = pools.iter().map(|p| cfg.pool_topic(*p)).collect();
-    let topic_of: HashMap<Pool, String> = pools.iter().map(|p| (*p, cfg.pool_topic(*p))).collect();
-    let pool_of: HashMap<String, Pool> = pools.iter().map(|p| (cfg.pool_topic(*p), *p)).collect();
-    let stop_requested = || opts.stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed));
+    let topics = PoolTopics::new(cfg, &opts);
 
     let store = Store::open(cfg).await?;
     let stmts = store.rerun_statements().await?;
     let replay_stmts = store.replay_statements().await?;
-
-    let mut report = RerunReport {
-        rerun_id: None,
-        generation: None,
-        pairs: Vec::new(),
-        resumed: opts.resume,
-        topics: topics.clone(),
-        dry_run: opts.dry_run,
-        scanned: 0,
-        matched: 0,
-        selected: 0,
-        rerun: 0,
-        would_rerun: 0,
-        skipped: RerunSkipped::default(),
-        cancel_cleared: 0,
-        cancel_pending: Vec::new(),
-        cancel_pending_count: 0,
-        sample: Vec::new(),
-        resumed_from: BTreeMap::new(),
-        scan_ended: Stopped::End,
-        ended: RerunEnd::Done,
-        elapsed: Duration::ZERO,
-        active: Duration::ZERO,
-        warnings: Vec::new(),
-    };
+    let ctx = Context { cfg, opts: &opts, topics, stmts, rate, t0 };
+    let mut report = RerunReport::start(&opts, ctx.topics.names.clone());
+    let mut events = Events { on_event, last_progress: None };
 
     // 1. Scan every pool topic from the beginning: the newest record of each job counts.
-    let sources = topics.iter().map(|t| (t.clone(), HashMap::new())).collect();
-    let mut scan = Scan::open(cfg, "rerun", sources, opts.idle_timeout, started_at).await?;
-    let mut selection = Selection::default();
-    let mut last_progress: Option<Instant> = None;
-    let mut undecodable_noted = 0;
-    let scan_progress = |scan: &Scan, r: &RerunReport, selection: &Selection| {
+    let selection = scan(&ctx, started_at, &mut report, &mut events).await?;
+    if report.scan_ended == Stopped::Interrupted {
+        return Ok(report.ended_early(RerunEnd::Interrupted, t0));
+    }
+
+    // 2. Draw the generation (and raise every covered pair's target to it).
+    let pairs = rr::pairs_to_raise(scope, selection.pairs());
+    if pairs.is_empty() {
+        return Ok(report.ended_early(RerunEnd::Nothing, t0));
+    }
+    let (generation, rerun_id) =
+        new_generation(&ctx, &pairs, selection.max_generation(), &mut report, &mut events).await?;
+
+    // 3. Produce the copies, in topic order, saving resume points as batches complete.
+    let mut producing = Producing::open(&ctx, replay_stmts, rerun_id, generation, &mut report).await?;
+    report.ended = producing.produce(selection.plan(generation, now_ms()), &mut report, &mut events).await?;
+    producing.finish(&mut report, &mut events).await?;
+    Ok(report)
+}
+
+/// What every phase of one rerun reads: configuration, options, topics, statements.
+struct Context<'a> {
+    cfg: &'a Config,
+    opts: &'a RerunOptions,
+    topics: PoolTopics,
+    stmts: RerunStatements,
+    /// `--rate`, checked.
+    rate: NonZeroU32,
+    /// When the run started.
+    t0: Instant,
+}
+
+impl Context<'_> {
+    /// Whether the caller set the stop flag.
+    fn stop_requested(&self) -> bool {
+        self.opts.stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed))
+    }
+
+    /// The progress event of the produce phase; `rerun`: copies acknowledged (dry run:
+    /// that would be produced).
+    fn produce_progress(&self, r: &RerunReport, rerun: u64) -> RerunEvent {
+        RerunEvent::Progress(RerunProgress {
+            phase: Phase::Producing,
+            scanned: r.scanned,
+            matched: r.matched,
+            selected: r.selected,
+            rerun,
+            partitions: 0,
+            partitions_done: 0,
+            elapsed: self.t0.elapsed(),
+            dry_run: self.opts.dry_run,
+        })
+    }
+
+    /// The progress event of the scan phase.
+    fn scan_progress(&self, scan: &Scan, r: &RerunReport, selection: &Selection) -> RerunEvent {
         RerunEvent::Progress(RerunProgress {
             phase: Phase::Scanning,
             scanned: r.scanned,
@@ -353,234 +378,395 @@ pub async fn run(
             rerun: 0,
             partitions: scan.partitions(),
             partitions_done: scan.partitions_done(),
-            elapsed: t0.elapsed(),
-            dry_run: opts.dry_run,
+            elapsed: self.t0.elapsed(),
+            dry_run: self.opts.dry_run,
         })
-    };
+    }
+}
+
+/// The pool topics a rerun scans and produces to.
+struct PoolTopics {
+    /// In the order of the pools.
+    names: Vec<String>,
+    topic_of: HashMap<Pool, String>,
+    pool_of: HashMap<String, Pool>,
+}
+
+impl PoolTopics {
+    /// The topics of the pools the options select.
+    fn new(cfg: &Config, opts: &RerunOptions) -> PoolTopics {
+        let pools = opts.pools(cfg);
+        PoolTopics {
+            names: pools.iter().map(|p| cfg.pool_topic(*p)).collect(),
+            topic_of: pools.iter().map(|p| (*p, cfg.pool_topic(*p))).collect(),
+            pool_of: pools.iter().map(|p| (cfg.pool_topic(*p), *p)).collect(),
+        }
+    }
+}
+
+/// The caller's event callback, told progress at most every [`PROGRESS_EVERY`].
+struct Events<F> {
+    on_event: F,
+    last_progress: Option<Instant>,
+}
+
+impl<F: FnMut(&RerunEvent)> Events<F> {
+    /// Tells the callback `event` now.
+    fn tell(&mut self, event: &RerunEvent) {
+        (self.on_event)(event);
+    }
+
+    /// Tells the callback the progress `make` builds, when [`PROGRESS_EVERY`] has passed
+    /// since it was last told (or it never was).
+    fn progress_due(&mut self, make: impl FnOnce() -> RerunEvent) {
+        if self.last_progress.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) {
+            self.last_progress = Some(Instant::now());
+            (self.on_event)(&make());
+        }
+    }
+}
+
+impl RerunReport {
+    /// The report before anything was scanned.
+    fn start(opts: &RerunOptions, topics: Vec<String>) -> RerunReport {
+        RerunReport {
+            rerun_id: None,
+            generation: None,
+            pairs: Vec::new(),
+            resumed: opts.resume,
+            topics,
+            dry_run: opts.dry_run,
+            scanned: 0,
+            matched: 0,
+            selected: 0,
+            rerun: 0,
+            would_rerun: 0,
+            skipped: RerunSkipped::default(),
+            cancel_cleared: 0,
+            cancel_pending: Vec::new(),
+            cancel_pending_count: 0,
+            sample: Vec::new(),
+            resumed_from: BTreeMap::new(),
+            scan_ended: Stopped::End,
+            ended: RerunEnd::Done,
+            elapsed: Duration::ZERO,
+            active: Duration::ZERO,
+            warnings: Vec::new(),
+        }
+    }
+
+    /// The report of a run that ends before producing anything.
+    fn ended_early(mut self, ended: RerunEnd, t0: Instant) -> RerunReport {
+        self.ended = ended;
+        self.elapsed = t0.elapsed();
+        self.active = self.elapsed;
+        self
+    }
+}
+
+/// Step 1: reads the pool topics to their end (or the stop flag), keeping the newest
+/// matching record of each job; counts in the report.
+async fn scan<F: FnMut(&RerunEvent)>(
+    ctx: &Context<'_>,
+    started_at: Millis,
+    report: &mut RerunReport,
+    events: &mut Events<F>,
+) -> Result<Selection, RerunError> {
+    let sources = ctx.topics.names.iter().map(|t| (t.clone(), HashMap::new())).collect();
+    let mut scan = Scan::open(ctx.cfg, "rerun", sources, ctx.opts.idle_timeout, started_at).await?;
+    let mut selection = Selection::default();
     report.scan_ended = loop {
         if scan.finished() {
             break Stopped::End;
         }
-        if stop_requested() {
+        if ctx.stop_requested() {
             break Stopped::Interrupted;
         }
         let rec = match scan.next().await {
             ScanStep::Record(rec) => rec,
             ScanStep::Idle => break Stopped::Idle,
             ScanStep::Tick => {
-                if last_progress.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) {
-                    last_progress = Some(Instant::now());
-                    on_event(&scan_progress(&scan, &report, &selection));
-                }
+                events.progress_due(|| ctx.scan_progress(&scan, report, &selection));
                 continue;
             }
         };
-        report.scanned += 1;
-        match codec::decode_job(&rec.payload) {
-            Ok(job) if opts.filter.matches(&job) => {
-                report.matched += 1;
-                let pool = pool_of.get(&rec.topic).copied().unwrap_or(Pool::Short);
-                let pos = Position { pool, partition: rec.partition, offset: rec.offset };
-                selection.offer(Seen { pos, timestamp: rec.timestamp, job });
-            }
-            Ok(_) => report.skipped.filter += 1,
-            Err(e) => {
-                report.skipped.undecodable += 1;
-                if undecodable_noted < 3 {
-                    report.warnings.push(format!(
-                        "{} partition {} offset {}: undecodable record (the worker dead-letters it): {e}",
-                        rec.topic, rec.partition, rec.offset
-                    ));
-                }
-                undecodable_noted += 1;
-            }
-        }
-        if last_progress.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) {
-            last_progress = Some(Instant::now());
-            on_event(&scan_progress(&scan, &report, &selection));
-        }
+        select_record(ctx, rec, &mut selection, report);
+        events.progress_due(|| ctx.scan_progress(&scan, report, &selection));
     };
-    on_event(&scan_progress(&scan, &report, &selection));
+    events.tell(&ctx.scan_progress(&scan, report, &selection));
     report.warnings.extend(scan.take_warnings());
     drop(scan);
     report.selected = selection.len() as u64;
     report.skipped.duplicate = selection.duplicates;
-    if report.scan_ended == Stopped::Interrupted {
-        report.ended = RerunEnd::Interrupted;
-        report.elapsed = t0.elapsed();
-        report.active = report.elapsed;
-        return Ok(report);
-    }
+    Ok(selection)
+}
 
-    // 2. Draw the generation (and raise every covered pair's target to it).
-    let pairs = rr::pairs_to_raise(scope, selection.pairs());
-    if pairs.is_empty() {
-        report.ended = RerunEnd::Nothing;
-        report.elapsed = t0.elapsed();
-        report.active = report.elapsed;
-        return Ok(report);
+/// Offers one scanned record to the selection, or counts it as skipped (the first three
+/// undecodable ones with a warning).
+fn select_record(ctx: &Context<'_>, rec: ScanRecord, selection: &mut Selection, report: &mut RerunReport) {
+    report.scanned += 1;
+    match codec::decode_job(&rec.payload) {
+        Ok(job) if ctx.opts.filter.matches(&job) => {
+            report.matched += 1;
+            let pool = ctx.topics.pool_of.get(&rec.topic).copied().unwrap_or(Pool::Short);
+            let pos = Position { pool, partition: rec.partition, offset: rec.offset };
+            selection.offer(Seen { pos, timestamp: rec.timestamp, job });
+        }
+        Ok(_) => report.skipped.filter += 1,
+        Err(e) => {
+            if report.skipped.undecodable < 3 {
+                report.warnings.push(format!(
+                    "{} partition {} offset {}: undecodable record (the worker dead-letters it): {e}",
+                    rec.topic, rec.partition, rec.offset
+                ));
+            }
+            report.skipped.undecodable += 1;
+        }
     }
+}
+
+/// Step 2: draws the generation (written unless a dry run), records it in the report and
+/// tells the callback; returns it and the rerun id.
+async fn new_generation<F: FnMut(&RerunEvent)>(
+    ctx: &Context<'_>,
+    pairs: &[(String, String)],
+    max_seen: Option<i64>,
+    report: &mut RerunReport,
+    events: &mut Events<F>,
+) -> Result<(i64, String), RerunError> {
+    let opts = ctx.opts;
     let mode = if opts.resume { GenerationMode::Resume } else { GenerationMode::Bump };
-    let (generation, raised) = draw_generation(&stmts, &pairs, mode, selection.max_generation(), opts.dry_run).await?;
-    let rerun_id = rr::derive_id(scope, &opts.filter.canonical_extra(), generation);
+    let (generation, raised) = draw_generation(&ctx.stmts, pairs, mode, max_seen, opts.dry_run).await?;
+    let rerun_id = rr::derive_id(&opts.filter.scope, &opts.filter.canonical_extra(), generation);
     report.generation = Some(generation);
     report.rerun_id = Some(rerun_id.clone());
     report.pairs = raised.clone();
-    on_event(&RerunEvent::Generation {
+    events.tell(&RerunEvent::Generation {
         generation,
         rerun_id: rerun_id.clone(),
         pairs: raised,
         dry_run: opts.dry_run,
         resumed: opts.resume,
     });
+    Ok((generation, rerun_id))
+}
 
-    // 3. Produce the copies, in topic order, saving resume points as batches complete.
-    let mut resume: HashMap<(String, i32), i64> = HashMap::new();
-    for topic in &topics {
-        for (p, o) in replay_stmts.offsets(&rerun_id, topic).await? {
-            resume.insert((topic.clone(), p), o);
-        }
-    }
-    report.resumed_from = resume.iter().map(|(k, v)| (k.clone(), *v)).collect();
-    let mut ck = Checkpoints::new(rerun_id.clone(), replay_stmts, opts.dry_run, resume.clone());
-    let producer = if opts.dry_run { None } else { Some(kafka::producer(cfg)?) };
-    let burst = NonZeroU32::new((rate.get() / 50).max(1)).unwrap_or(NonZeroU32::MIN);
-    let limiter = RateLimiter::direct(Quota::per_second(rate).allow_burst(burst));
-    let chunk_size = (rate.get() as usize).clamp(1, FACTS_CHUNK);
-    let cleared = Arc::new(AtomicU64::new(0));
-    let mut scheduled = 0u64;
-    let mut last_ack = t0.elapsed();
-    let produce_progress = |r: &RerunReport, ck: &Checkpoints, scheduled: u64| {
-        RerunEvent::Progress(RerunProgress {
-            phase: Phase::Producing,
-            scanned: r.scanned,
-            matched: r.matched,
-            selected: r.selected,
-            rerun: if opts.dry_run { scheduled } else { ck.acked },
-            partitions: 0,
-            partitions_done: 0,
-            elapsed: t0.elapsed(),
-            dry_run: opts.dry_run,
-        })
-    };
+/// Step 3's state: the resume points, the produces in flight, the rate limit and counts.
+struct Producing<'a> {
+    ctx: &'a Context<'a>,
+    generation: i64,
+    /// The saved resume points this run continues from.
+    resume: HashMap<(String, i32), i64>,
+    ck: Checkpoints,
+    /// None in a dry run.
+    producer: Option<rdkafka::producer::FutureProducer>,
+    limiter: governor::DefaultDirectRateLimiter,
+    /// Jobs decided per batch (one job-row read each).
+    chunk_size: usize,
+    /// Stale cancellation flags cleared (dry run: that would be).
+    cleared: Arc<AtomicU64>,
+    /// Copies produced (dry run: that would be).
+    scheduled: u64,
+    /// Time from the start to the last acknowledged copy.
+    last_ack: Duration,
+}
 
-    let mut plan = selection.plan(generation, now_ms()).into_iter();
-    report.ended = 'produce: loop {
-        let mut chunk: Vec<Planned> = Vec::with_capacity(chunk_size);
-        while chunk.len() < chunk_size {
-            match plan.next() {
-                Some(p) => chunk.push(p),
-                None => break,
+impl<'a> Producing<'a> {
+    /// Reads the rerun's saved resume points (recorded in the report) and prepares the
+    /// producer (none in a dry run) and the rate limit.
+    async fn open(
+        ctx: &'a Context<'a>,
+        replay_stmts: ReplayStatements,
+        rerun_id: String,
+        generation: i64,
+        report: &mut RerunReport,
+    ) -> Result<Producing<'a>, RerunError> {
+        let mut resume: HashMap<(String, i32), i64> = HashMap::new();
+        for topic in &ctx.topics.names {
+            for (p, o) in replay_stmts.offsets(&rerun_id, topic).await? {
+                resume.insert((topic.clone(), p), o);
             }
         }
-        if chunk.is_empty() {
-            break RerunEnd::Done;
+        report.resumed_from = resume.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        let ck = Checkpoints::new(rerun_id, replay_stmts, ctx.opts.dry_run, resume.clone());
+        let producer = if ctx.opts.dry_run { None } else { Some(kafka::producer(ctx.cfg)?) };
+        let rate = ctx.rate;
+        let burst = NonZeroU32::new((rate.get() / 50).max(1)).unwrap_or(NonZeroU32::MIN);
+        let limiter = RateLimiter::direct(Quota::per_second(rate).allow_burst(burst));
+        let chunk_size = (rate.get() as usize).clamp(1, FACTS_CHUNK);
+        let (cleared, scheduled, last_ack) = (Arc::new(AtomicU64::new(0)), 0, ctx.t0.elapsed());
+        Ok(Producing { ctx, generation, resume, ck, producer, limiter, chunk_size, cleared, scheduled, last_ack })
+    }
+
+    /// Decides the plan batch by batch, flushing after each; returns how it ended.
+    async fn produce<F: FnMut(&RerunEvent)>(
+        &mut self,
+        plan: Vec<Planned>,
+        report: &mut RerunReport,
+        events: &mut Events<F>,
+    ) -> Result<RerunEnd, RerunError> {
+        let mut plan = plan.into_iter();
+        loop {
+            let chunk: Vec<Planned> = plan.by_ref().take(self.chunk_size).collect();
+            if chunk.is_empty() {
+                return Ok(RerunEnd::Done);
+            }
+            if let Some(end) = self.produce_chunk(chunk, report).await? {
+                return Ok(end);
+            }
+            self.flush().await?;
+            events.progress_due(|| self.ctx.produce_progress(report, self.rerun_count()));
         }
-        let below = |p: &Planned| {
-            resume.get(&(topic_of[&p.pos.pool].clone(), p.pos.partition)).is_some_and(|r| p.pos.offset < *r)
-        };
+    }
+
+    /// Decides one batch: reads the job rows of its jobs to rerun, then each job in order.
+    /// Some(end) when `--limit` or the stop flag ends the run in the middle of it.
+    async fn produce_chunk(
+        &mut self,
+        chunk: Vec<Planned>,
+        report: &mut RerunReport,
+    ) -> Result<Option<RerunEnd>, RerunError> {
         let ids: Vec<String> = chunk
             .iter()
-            .filter(|p| matches!(p.decision, Decision::Rerun(_)) && !below(p))
+            .filter(|p| matches!(p.decision, Decision::Rerun(_)) && !self.below_resume(p))
             .map(|p| p.job_id.clone())
             .collect();
         let rows: HashMap<String, JobFacts> =
-            if ids.is_empty() { HashMap::new() } else { retrying(|| stmts.job_facts(&ids)).await? };
+            if ids.is_empty() { HashMap::new() } else { retrying(|| self.ctx.stmts.job_facts(&ids)).await? };
         for item in chunk {
-            let topic = topic_of[&item.pos.pool].clone();
-            let (partition, offset) = (item.pos.partition, item.pos.offset);
-            let sample = (report.sample.len() < SAMPLE_ROWS).then(|| RerunSampleRow {
-                job_id: item.job_id.clone(),
-                tenant: item.newest.tenant.clone(),
-                job_type: item.newest.job_type.clone(),
-                pool: item.pos.pool,
-                generation: item.newest.generation,
-                attempt: item.newest.attempt,
-                decision: String::new(),
-            });
-            let label = if below(&item) {
+            let sample = (report.sample.len() < SAMPLE_ROWS).then(|| sample_row(&item));
+            let label = if self.below_resume(&item) {
                 report.skipped.done_before += 1;
                 "done before".to_string()
             } else {
                 if matches!(item.decision, Decision::Rerun(_)) {
-                    if opts.limit.is_some_and(|l| scheduled >= l) {
-                        break 'produce RerunEnd::Limit;
+                    if self.ctx.opts.limit.is_some_and(|l| self.scheduled >= l) {
+                        return Ok(Some(RerunEnd::Limit));
                     }
-                    if stop_requested() {
-                        break 'produce RerunEnd::Interrupted;
+                    if self.ctx.stop_requested() {
+                        return Ok(Some(RerunEnd::Interrupted));
                     }
                 }
                 let row = rows.get(&item.job_id);
-                let label = match step(item, row, generation, &mut report) {
-                    Step::Skip(label) => label,
-                    Step::Produce { copy, action, label } => {
-                        scheduled += 1;
-                        match &producer {
-                            None if action == CancelAction::Clear => {
-                                cleared.fetch_add(1, Ordering::Relaxed);
-                            }
-                            None => {}
-                            Some(producer) => {
-                                limiter.until_ready().await;
-                                let updated_at = row.and_then(|r| r.updated_at);
-                                let (stmts, producer, to, cleared) =
-                                    (stmts.clone(), producer.clone(), topic.clone(), cleared.clone());
-                                let job_id = copy.job_id.clone();
-                                let task = tokio::spawn(async move {
-                                    if action == CancelAction::Clear
-                                        && !clear_stale_cancel(&stmts, &copy.job_id, updated_at, generation, &cleared)
-                                            .await?
-                                    {
-                                        return Ok(());
-                                    }
-                                    let bytes = codec::encode_job(&copy).map_err(|e| e.to_string())?;
-                                    kafka::send_with_headers(
-                                        &producer,
-                                        &to,
-                                        &copy.tenant,
-                                        &bytes,
-                                        &kafka::trace_headers(&copy),
-                                    )
-                                    .await
-                                    .map_err(|e| e.to_string())?;
-                                    Ok(())
-                                });
-                                ck.push(InFlight { topic: topic.clone(), partition, offset, job_id, task });
-                            }
-                        }
-                        label
-                    }
-                };
-                ck.decided(&topic, partition, offset);
-                label
+                self.decide(item, row, report).await
             };
             if let Some(mut row) = sample {
                 row.decision = label;
                 report.sample.push(row);
             }
         }
-        let pending = ck.in_flight() > 0;
-        ck.flush().await?;
-        if pending {
-            last_ack = t0.elapsed();
-        }
-        if last_progress.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) {
-            last_progress = Some(Instant::now());
-            on_event(&produce_progress(&report, &ck, scheduled));
-        }
-    };
-    let pending = ck.in_flight() > 0;
-    ck.flush().await?;
-    if pending {
-        last_ack = t0.elapsed();
+        Ok(None)
     }
-    on_event(&produce_progress(&report, &ck, scheduled));
-    report.rerun = ck.acked;
-    report.would_rerun = if opts.dry_run { scheduled } else { 0 };
-    report.cancel_cleared = cleared.load(Ordering::Relaxed);
-    report.elapsed = t0.elapsed();
-    report.active = last_ack;
-    Ok(report)
+
+    /// Whether the job's newest record lies below its partition's saved resume point.
+    fn below_resume(&self, p: &Planned) -> bool {
+        let topic = &self.ctx.topics.topic_of[&p.pos.pool];
+        self.resume.get(&(topic.clone(), p.pos.partition)).is_some_and(|r| p.pos.offset < *r)
+    }
+
+    /// Decides one job past the resume points (skip, or produce its copy) and marks its
+    /// record decided; returns the label for the sample table.
+    async fn decide(&mut self, item: Planned, row: Option<&JobFacts>, report: &mut RerunReport) -> String {
+        let topic = self.ctx.topics.topic_of[&item.pos.pool].clone();
+        let (partition, offset) = (item.pos.partition, item.pos.offset);
+        let label = match step(item, row, self.generation, report) {
+            Step::Skip(label) => label,
+            Step::Produce { copy, action, label } => {
+                self.scheduled += 1;
+                let updated_at = row.and_then(|r| r.updated_at);
+                self.send(copy, action, updated_at, &topic, partition, offset).await;
+                label
+            }
+        };
+        self.ck.decided(&topic, partition, offset);
+        label
+    }
+
+    /// Produces one copy in the background, after clearing its row's stale cancellation
+    /// flag when `action` says so; a dry run only counts the flag it would clear.
+    async fn send(
+        &mut self,
+        copy: Box<JobSubmitted>,
+        action: CancelAction,
+        updated_at: Option<Millis>,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+    ) {
+        let Some(producer) = &self.producer else {
+            if action == CancelAction::Clear {
+                self.cleared.fetch_add(1, Ordering::Relaxed);
+            }
+            return;
+        };
+        self.limiter.until_ready().await;
+        let generation = self.generation;
+        let (stmts, producer, to, cleared) =
+            (self.ctx.stmts.clone(), producer.clone(), topic.to_string(), self.cleared.clone());
+        let job_id = copy.job_id.clone();
+        let task = tokio::spawn(async move {
+            if action == CancelAction::Clear
+                && !clear_stale_cancel(&stmts, &copy.job_id, updated_at, generation, &cleared).await?
+            {
+                return Ok(());
+            }
+            let bytes = codec::encode_job(&copy).map_err(|e| e.to_string())?;
+            kafka::send_with_headers(&producer, &to, &copy.tenant, &bytes, &kafka::trace_headers(&copy))
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(())
+        });
+        self.ck.push(InFlight { topic: topic.to_string(), partition, offset, job_id, task });
+    }
+
+    /// Awaits the produces in flight and saves the resume points; notes when the last
+    /// copy was acknowledged.
+    async fn flush(&mut self) -> Result<(), RerunError> {
+        let pending = self.ck.in_flight() > 0;
+        self.ck.flush().await?;
+        if pending {
+            self.last_ack = self.ctx.t0.elapsed();
+        }
+        Ok(())
+    }
+
+    /// Copies acknowledged so far (dry run: that would be produced).
+    fn rerun_count(&self) -> u64 {
+        if self.ctx.opts.dry_run {
+            self.scheduled
+        } else {
+            self.ck.acked
+        }
+    }
+
+    /// Flushes the last batch, tells the final progress and records the counts and times.
+    async fn finish<F: FnMut(&RerunEvent)>(
+        mut self,
+        report: &mut RerunReport,
+        events: &mut Events<F>,
+    ) -> Result<(), RerunError> {
+        self.flush().await?;
+        events.tell(&self.ctx.produce_progress(report, self.rerun_count()));
+        report.rerun = self.ck.acked;
+        report.would_rerun = if self.ctx.opts.dry_run { self.scheduled } else { 0 };
+        report.cancel_cleared = self.cleared.load(Ordering::Relaxed);
+        report.elapsed = self.ctx.t0.elapsed();
+        report.active = self.last_ack;
+        Ok(())
+    }
+}
+
+/// The sample-table row of a planned job, its decision still to fill in.
+fn sample_row(item: &Planned) -> RerunSampleRow {
+    RerunSampleRow {
+        job_id: item.job_id.clone(),
+        tenant: item.newest.tenant.clone(),
+        job_type: item.newest.job_type.clone(),
+        pool: item.pos.pool,
+        generation: item.newest.generation,
+        attempt: item.newest.attempt,
+        decision: String::new(),
+    }
 }
 
 /// What the produce phase does with one planned job.

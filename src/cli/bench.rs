@@ -431,34 +431,118 @@ fn scheduler_used(w: &Worker) -> Option<BTreeMap<String, f64>> {
 /// share of the slots filled by handler time, and in the share run the scheduler's own
 /// slot-time accounting next to the handler-time shares.
 async fn fairness(g: &Global, a: FairnessArgs) -> anyhow::Result<ExitCode> {
+    check_fairness_args(&a)?;
+    let base = g.load()?;
+    let tenants = BenchTenants::new(&a);
+    let lanes = fast_lanes(&base, &a);
+    print_setup(&base, &a, &tenants, lanes);
+
+    // What one job's wait is made of at least, measured alone on these services.
+    let floor = probe_floor(&base, &a).await.context("probing the services")?;
+    print_floor(&floor);
+
+    let outcomes = run_all(&base, &a, &tenants).await?;
+    let warm = a.warmup.as_millis() as i64;
+
+    let mut json = Json::new();
+    json.insert("bench".into(), "fairness".into());
+    let waits = quiet_wait_table(&tenants.quiet, &outcomes, warm);
+    report_quiet_p99s(&waits, &floor, &mut json);
+    report_flood_shares(&a, &tenants, &outcomes, warm, &mut json);
+    let max_share_error = report_backlogged_shares(&tenants, &outcomes, warm, &mut json);
+    record_settings(&a, lanes, &floor, &mut json);
+    Ok(report_goals(&a, waits.ratio(RunKind::Fair), max_share_error, &outcomes, json))
+}
+
+/// The JSON summary line the fairness bench prints last.
+type Json = serde_json::Map<String, serde_json::Value>;
+
+/// Rejects argument combinations the bench cannot measure.
+fn check_fairness_args(a: &FairnessArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.quiet_rate > 0.0, "--quiet-rate must be positive");
     anyhow::ensure!(a.warmup < a.duration && a.warmup < a.share_duration, "--warmup must be shorter than the runs");
     anyhow::ensure!(!a.share_ms.is_empty(), "--share-ms needs at least one value");
     anyhow::ensure!((0.0..1.0).contains(&a.spread), "--spread must be in [0, 1)");
-    let base = g.load()?;
-    let flooder = BenchTenant { name: "noisy".into(), tier: a.flood_tier, job_ms: a.flood_ms };
-    let quiet: Vec<BenchTenant> = a
-        .quiet_tiers
-        .iter()
-        .enumerate()
-        .map(|(i, t)| BenchTenant { name: format!("quiet{}-{}", i + 1, t.as_str()), tier: *t, job_ms: a.quiet_ms })
-        .collect();
-    let backlogged: Vec<BenchTenant> = a
-        .share_tiers
-        .iter()
-        .enumerate()
-        .map(|(i, t)| BenchTenant {
-            name: format!("busy{}-{}", i + 1, t.as_str()),
-            tier: *t,
-            job_ms: a.share_ms[i % a.share_ms.len()].max(1),
-        })
-        .collect();
-    let share_entitled = entitlements(&backlogged);
-    let lanes = a.fast_lanes.unwrap_or_else(|| {
+    Ok(())
+}
+
+/// The fairness bench's tenants: the flooder, the quiet ones and the share run's
+/// backlogged ones.
+struct BenchTenants {
+    flooder: BenchTenant,
+    quiet: Vec<BenchTenant>,
+    backlogged: Vec<BenchTenant>,
+    /// Entitlement `w_i / sum(w)` of each backlogged tenant, in their order.
+    share_entitled: Vec<f64>,
+}
+
+impl BenchTenants {
+    /// Names the tenants and sets their tiers and job run times from the arguments.
+    fn new(a: &FairnessArgs) -> BenchTenants {
+        let flooder = BenchTenant { name: "noisy".into(), tier: a.flood_tier, job_ms: a.flood_ms };
+        let quiet: Vec<BenchTenant> = a
+            .quiet_tiers
+            .iter()
+            .enumerate()
+            .map(|(i, t)| BenchTenant { name: format!("quiet{}-{}", i + 1, t.as_str()), tier: *t, job_ms: a.quiet_ms })
+            .collect();
+        let backlogged: Vec<BenchTenant> = a
+            .share_tiers
+            .iter()
+            .enumerate()
+            .map(|(i, t)| BenchTenant {
+                name: format!("busy{}-{}", i + 1, t.as_str()),
+                tier: *t,
+                job_ms: a.share_ms[i % a.share_ms.len()].max(1),
+            })
+            .collect();
+        let share_entitled = entitlements(&backlogged);
+        BenchTenants { flooder, quiet, backlogged, share_entitled }
+    }
+
+    /// The plan of one run: its policy, floods, quiet tenants and length.
+    fn plan(&self, run: RunKind, a: &FairnessArgs) -> Plan {
+        match run {
+            RunKind::Alone => {
+                Plan { run, policy: Policy::Fair, floods: vec![], quiet: self.quiet.clone(), duration: a.duration }
+            }
+            RunKind::Fair | RunKind::Fifo => Plan {
+                run,
+                policy: if run == RunKind::Fair { Policy::Fair } else { Policy::Fifo },
+                floods: vec![(self.flooder.clone(), a.flood)],
+                quiet: self.quiet.clone(),
+                duration: a.duration,
+            },
+            RunKind::Share => {
+                // Enough jobs to stay backlogged for the whole run with a 50 % margin
+                // (the run times are nominal; real ones are a little longer).
+                let floods = self
+                    .backlogged
+                    .iter()
+                    .zip(&self.share_entitled)
+                    .map(|(t, e)| {
+                        let slot_ms = e * a.slots as f64 * a.share_duration.as_millis() as f64;
+                        (t.clone(), (1.5 * slot_ms / t.job_ms as f64).ceil() as usize + 100)
+                    })
+                    .collect();
+                Plan { run, policy: Policy::Fair, floods, quiet: vec![], duration: a.share_duration }
+            }
+        }
+    }
+}
+
+/// Fast lanes of the short pool: `--fast-lanes`, or the configuration's rule for `--slots`.
+fn fast_lanes(base: &Config, a: &FairnessArgs) -> usize {
+    a.fast_lanes.unwrap_or_else(|| {
         let mut p = base.pool(Pool::Short);
         p.slots = a.slots;
         p.fast_lanes_for(Pool::Short)
-    });
+    })
+}
+
+/// Prints the bench's setup: worker, services, flood and quiet tenants.
+fn print_setup(base: &Config, a: &FairnessArgs, tenants: &BenchTenants, lanes: usize) {
+    let (flooder, quiet) = (&tenants.flooder, &tenants.quiet);
     println!(
         "fairway bench fairness: 1 worker, short pool {} slots + {lanes} fast lane(s) (fair runs), {} partitions, brokers {}, cql {}",
         a.slots,
@@ -478,9 +562,10 @@ async fn fairness(g: &Global, a: FairnessArgs) -> anyhow::Result<ExitCode> {
         a.duration,
         a.warmup
     );
+}
 
-    // What one job's wait is made of at least, measured alone on these services.
-    let floor = probe_floor(&base, &a).await.context("probing the services")?;
+/// Prints the services' floor: the Kafka hop and the store read.
+fn print_floor(floor: &Floor) {
     println!(
         "  floor: Kafka hop (produce -> consume) p50 {} p99 {} ms;  store read (effectively-once check) p50 {} p99 {} ms",
         pct(&floor.hop, 0.5),
@@ -488,152 +573,193 @@ async fn fairness(g: &Global, a: FairnessArgs) -> anyhow::Result<ExitCode> {
         pct(&floor.read, 0.5),
         pct(&floor.read, 0.99)
     );
+}
 
+/// Does the runs of `--runs` in order (each kind once), with a summary line, the CSV dump
+/// and the ran-out-of-flood warning after each.
+async fn run_all(
+    base: &Config,
+    a: &FairnessArgs,
+    tenants: &BenchTenants,
+) -> anyhow::Result<BTreeMap<RunKind, Outcome>> {
     let mut outcomes: BTreeMap<RunKind, Outcome> = BTreeMap::new();
     for &run in &a.runs {
         if outcomes.contains_key(&run) {
             continue;
         }
-        let plan = match run {
-            RunKind::Alone => {
-                Plan { run, policy: Policy::Fair, floods: vec![], quiet: quiet.clone(), duration: a.duration }
-            }
-            RunKind::Fair | RunKind::Fifo => Plan {
-                run,
-                policy: if run == RunKind::Fair { Policy::Fair } else { Policy::Fifo },
-                floods: vec![(flooder.clone(), a.flood)],
-                quiet: quiet.clone(),
-                duration: a.duration,
-            },
-            RunKind::Share => {
-                // Enough jobs to stay backlogged for the whole run with a 50 % margin
-                // (the run times are nominal; real ones are a little longer).
-                let floods = backlogged
-                    .iter()
-                    .zip(&share_entitled)
-                    .map(|(t, e)| {
-                        let slot_ms = e * a.slots as f64 * a.share_duration.as_millis() as f64;
-                        (t.clone(), (1.5 * slot_ms / t.job_ms as f64).ceil() as usize + 100)
-                    })
-                    .collect();
-                Plan { run, policy: Policy::Fair, floods, quiet: vec![], duration: a.share_duration }
-            }
-        };
+        let plan = tenants.plan(run, a);
         let started = Instant::now();
-        let out = run_plan(&base, &a, &plan).await.with_context(|| format!("the {} run", run.as_str()))?;
-        let warm_ms = a.warmup.as_millis() as i64;
-        let busy: f64 = slot_used(&out, out.t0 + warm_ms, out.end).values().sum();
-        let capacity = a.slots as f64 * (out.end - out.t0 - warm_ms) as f64;
-        println!(
-            "[{}] done in {:.1}s: {} results; handler time filled {:.0} % of the slots in the window; \
-             result hop (finished -> bench) p50 {} p99 {} ms{}{}",
-            run.as_str(),
-            started.elapsed().as_secs_f64(),
-            out.results.len(),
-            100.0 * busy / capacity,
-            pct(&out.hops, 0.5),
-            pct(&out.hops, 0.99),
-            if out.submit_errors > 0 { format!(", {} submissions failed", out.submit_errors) } else { String::new() },
-            if out.quiet_missing.is_empty() {
-                String::new()
-            } else {
-                format!(
-                    ", {} of {} quiet jobs had no result (counted with their wait so far, a lower bound)",
-                    out.quiet_missing.len(),
-                    out.quiet_submitted
-                )
-            }
-        );
+        let out = run_plan(base, a, &plan).await.with_context(|| format!("the {} run", run.as_str()))?;
+        print_run_summary(a, run, started, &out);
         if let Some(dir) = &a.dump {
-            std::fs::create_dir_all(dir)?;
-            let path = dir.join(format!("{}.csv", run.as_str()));
-            let mut text = String::from("job_id,tenant,submitted_at,started_at,finished_at\n");
-            for r in &out.results {
-                let started = r.started_at.map(|s| s.to_string()).unwrap_or_default();
-                text.push_str(&format!("{},{},{},{},{}\n", r.job_id, r.tenant, r.submitted_at, started, r.finished_at));
-            }
-            std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+            dump_results(dir, run, &out)?;
         }
-        for (t, n) in &plan.floods {
-            let started_by_end =
-                out.results.iter().filter(|r| r.tenant == t.name && r.started_at.is_some_and(|s| s <= out.end)).count();
-            if started_by_end >= *n {
-                eprintln!(
-                    "warning: [{}] {} ran out of queued jobs before the window ended (all {n} started): \
-                     it was not backlogged throughout; raise --flood",
-                    run.as_str(),
-                    t.name
-                );
-            }
-        }
+        warn_flood_ran_out(&plan, &out);
         outcomes.insert(run, out);
     }
-    let warm = a.warmup.as_millis() as i64;
+    Ok(outcomes)
+}
 
-    // ----- quiet tenants' waits ------------------------------------------------------------
-    let mut json = serde_json::Map::new();
-    json.insert("bench".into(), "fairness".into());
+/// Prints one run's summary line: results, slots filled, result hop, what went missing.
+fn print_run_summary(a: &FairnessArgs, run: RunKind, started: Instant, out: &Outcome) {
+    let warm_ms = a.warmup.as_millis() as i64;
+    let busy: f64 = slot_used(out, out.t0 + warm_ms, out.end).values().sum();
+    let capacity = a.slots as f64 * (out.end - out.t0 - warm_ms) as f64;
+    println!(
+        "[{}] done in {:.1}s: {} results; handler time filled {:.0} % of the slots in the window; \
+         result hop (finished -> bench) p50 {} p99 {} ms{}{}",
+        run.as_str(),
+        started.elapsed().as_secs_f64(),
+        out.results.len(),
+        100.0 * busy / capacity,
+        pct(&out.hops, 0.5),
+        pct(&out.hops, 0.99),
+        if out.submit_errors > 0 { format!(", {} submissions failed", out.submit_errors) } else { String::new() },
+        if out.quiet_missing.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", {} of {} quiet jobs had no result (counted with their wait so far, a lower bound)",
+                out.quiet_missing.len(),
+                out.quiet_submitted
+            )
+        }
+    );
+}
+
+/// Writes one run's results as `<run>.csv` into `dir` (`--dump`).
+fn dump_results(dir: &std::path::Path, run: RunKind, out: &Outcome) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join(format!("{}.csv", run.as_str()));
+    let mut text = String::from("job_id,tenant,submitted_at,started_at,finished_at\n");
+    for r in &out.results {
+        let started = r.started_at.map(|s| s.to_string()).unwrap_or_default();
+        text.push_str(&format!("{},{},{},{},{}\n", r.job_id, r.tenant, r.submitted_at, started, r.finished_at));
+    }
+    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Warns about each flooding tenant whose jobs all started before the window ended.
+fn warn_flood_ran_out(plan: &Plan, out: &Outcome) {
+    for (t, n) in &plan.floods {
+        let started_by_end =
+            out.results.iter().filter(|r| r.tenant == t.name && r.started_at.is_some_and(|s| s <= out.end)).count();
+        if started_by_end >= *n {
+            eprintln!(
+                "warning: [{}] {} ran out of queued jobs before the window ended (all {n} started): \
+                 it was not backlogged throughout; raise --flood",
+                plan.run.as_str(),
+                t.name
+            );
+        }
+    }
+}
+
+/// The quiet tenants' waits in the alone, fair and fifo runs.
+#[derive(Default)]
+struct QuietWaits {
+    /// Sorted waits of all quiet tenants together, per run.
+    pooled: BTreeMap<RunKind, Vec<i64>>,
+    /// Highest p99 ratio (run / alone) of a single quiet tenant, per flooded run.
+    worst_ratio: BTreeMap<RunKind, f64>,
+}
+
+impl QuietWaits {
+    /// p50 of a run's pooled waits (None: not run).
+    fn p50(&self, r: RunKind) -> Option<i64> {
+        self.pooled.get(&r).map(|w| pct(w, 0.5))
+    }
+
+    /// p99 of a run's pooled waits (None: not run).
+    fn p99(&self, r: RunKind) -> Option<i64> {
+        self.pooled.get(&r).map(|w| pct(w, 0.99))
+    }
+
+    /// A run's pooled p99 over the alone run's, rounded to three decimals.
+    fn ratio(&self, r: RunKind) -> Option<f64> {
+        match (self.p99(RunKind::Alone), self.p99(r)) {
+            (Some(alone), Some(x)) => Some(round3(x as f64 / alone.max(1) as f64)),
+            _ => None,
+        }
+    }
+
+    /// Milliseconds a run adds to the alone run's pooled p99.
+    fn added(&self, r: RunKind) -> Option<i64> {
+        match (self.p99(RunKind::Alone), self.p99(r)) {
+            (Some(alone), Some(x)) => Some(x - alone),
+            _ => None,
+        }
+    }
+}
+
+/// Prints the quiet tenants' wait table (each tenant and all together, per run, with the
+/// p99 ratios against alone) and returns their waits.
+fn quiet_wait_table(quiet: &[BenchTenant], outcomes: &BTreeMap<RunKind, Outcome>, warm: i64) -> QuietWaits {
+    let mut waits = QuietWaits::default();
     let wait_runs: Vec<RunKind> =
         [RunKind::Alone, RunKind::Fair, RunKind::Fifo].into_iter().filter(|r| outcomes.contains_key(r)).collect();
-    let mut pooled: BTreeMap<RunKind, Vec<i64>> = BTreeMap::new();
-    let mut worst_ratio: BTreeMap<RunKind, f64> = BTreeMap::new();
-    if !wait_runs.is_empty() && !quiet.is_empty() {
-        println!("\nquiet tenants: wait ms (handler start - submit), jobs submitted in the measured window");
-        print!("{:<20}", "tenant");
+    if wait_runs.is_empty() || quiet.is_empty() {
+        return waits;
+    }
+    println!("\nquiet tenants: wait ms (handler start - submit), jobs submitted in the measured window");
+    print!("{:<20}", "tenant");
+    for r in &wait_runs {
+        print!(" | {:>5} {:>6} {:>6}", format!("{}:n", r.as_str()), "p50", "p99");
+    }
+    println!(" | p99 ratio fair  fifo");
+    let mut rows: Vec<(String, Vec<&BenchTenant>)> = quiet.iter().map(|q| (q.name.clone(), vec![q])).collect();
+    rows.push(("all quiet".into(), quiet.iter().collect()));
+    for (label, members) in rows {
+        let names: HashSet<&str> = members.iter().map(|m| m.name.as_str()).collect();
+        print!("{label:<20}");
+        let mut p99s = BTreeMap::new();
         for r in &wait_runs {
-            print!(" | {:>5} {:>6} {:>6}", format!("{}:n", r.as_str()), "p50", "p99");
-        }
-        println!(" | p99 ratio fair  fifo");
-        let mut rows: Vec<(String, Vec<&BenchTenant>)> = quiet.iter().map(|q| (q.name.clone(), vec![q])).collect();
-        rows.push(("all quiet".into(), quiet.iter().collect()));
-        for (label, members) in rows {
-            let names: HashSet<&str> = members.iter().map(|m| m.name.as_str()).collect();
-            print!("{label:<20}");
-            let mut p99s = BTreeMap::new();
-            for r in &wait_runs {
-                let out = &outcomes[r];
-                let w = quiet_waits(out, &names, out.t0 + warm);
-                print!(" | {:>5} {:>6} {:>6}", w.len(), pct(&w, 0.5), pct(&w, 0.99));
-                p99s.insert(*r, pct(&w, 0.99));
-                if label == "all quiet" {
-                    pooled.insert(*r, w);
-                }
+            let out = &outcomes[r];
+            let w = quiet_waits(out, &names, out.t0 + warm);
+            print!(" | {:>5} {:>6} {:>6}", w.len(), pct(&w, 0.5), pct(&w, 0.99));
+            p99s.insert(*r, pct(&w, 0.99));
+            if label == "all quiet" {
+                waits.pooled.insert(*r, w);
             }
-            let ratio = |r: RunKind| match (p99s.get(&RunKind::Alone), p99s.get(&r)) {
-                (Some(&alone), Some(&x)) => Some(x as f64 / alone.max(1) as f64),
-                _ => None,
-            };
-            let show = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.2}"));
-            println!(" | {:>14} {:>5}", show(ratio(RunKind::Fair)), show(ratio(RunKind::Fifo)));
-            if label != "all quiet" {
-                for r in [RunKind::Fair, RunKind::Fifo] {
-                    if let Some(x) = ratio(r) {
-                        let e = worst_ratio.entry(r).or_insert(0.0);
-                        *e = e.max(x);
-                    }
+        }
+        let ratios = print_p99_ratios(&p99s);
+        if label != "all quiet" {
+            for (r, x) in ratios {
+                if let Some(x) = x {
+                    let e = waits.worst_ratio.entry(r).or_insert(0.0);
+                    *e = e.max(x);
                 }
             }
         }
     }
-    let p99_of = |r: RunKind| pooled.get(&r).map(|w| pct(w, 0.99));
-    let p50_of = |r: RunKind| pooled.get(&r).map(|w| pct(w, 0.5));
-    let ratio_of = |r: RunKind| match (p99_of(RunKind::Alone), p99_of(r)) {
-        (Some(alone), Some(x)) => Some(round3(x as f64 / alone.max(1) as f64)),
+    waits
+}
+
+/// Prints the end of a wait-table row, its fair and fifo p99 ratios against alone, and
+/// returns them.
+fn print_p99_ratios(p99s: &BTreeMap<RunKind, i64>) -> [(RunKind, Option<f64>); 2] {
+    let ratio = |r: RunKind| match (p99s.get(&RunKind::Alone), p99s.get(&r)) {
+        (Some(&alone), Some(&x)) => Some(x as f64 / alone.max(1) as f64),
         _ => None,
     };
-    json.insert("quiet_p99_ratio_fair".into(), ratio_of(RunKind::Fair).into());
-    json.insert("quiet_p99_ratio_fifo".into(), ratio_of(RunKind::Fifo).into());
-    let added = |r: RunKind| match (p99_of(RunKind::Alone), p99_of(r)) {
-        (Some(alone), Some(x)) => Some(x - alone),
-        _ => None,
-    };
-    json.insert("quiet_p99_added_ms_fair".into(), added(RunKind::Fair).into());
-    json.insert("quiet_p99_added_ms_fifo".into(), added(RunKind::Fifo).into());
-    if let Some(alone) = p99_of(RunKind::Alone) {
+    let show = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.2}"));
+    let (fair, fifo) = (ratio(RunKind::Fair), ratio(RunKind::Fifo));
+    println!(" | {:>14} {:>5}", show(fair), show(fifo));
+    [(RunKind::Fair, fair), (RunKind::Fifo, fifo)]
+}
+
+/// Records the quiet tenants' pooled waits in the JSON and prints what the flood added
+/// to their p99.
+fn report_quiet_p99s(waits: &QuietWaits, floor: &Floor, json: &mut Json) {
+    json.insert("quiet_p99_ratio_fair".into(), waits.ratio(RunKind::Fair).into());
+    json.insert("quiet_p99_ratio_fifo".into(), waits.ratio(RunKind::Fifo).into());
+    json.insert("quiet_p99_added_ms_fair".into(), waits.added(RunKind::Fair).into());
+    json.insert("quiet_p99_added_ms_fifo".into(), waits.added(RunKind::Fifo).into());
+    if let Some(alone) = waits.p99(RunKind::Alone) {
         println!(
             "p99 added by the flood: fair {} ms, fifo {} ms (alone p99 {alone} ms)",
-            added(RunKind::Fair).map_or("-".into(), |x| x.to_string()),
-            added(RunKind::Fifo).map_or("-".into(), |x| x.to_string()),
+            waits.added(RunKind::Fair).map_or("-".into(), |x| x.to_string()),
+            waits.added(RunKind::Fifo).map_or("-".into(), |x| x.to_string()),
         );
         let hop = pct(&floor.hop, 0.5);
         if 2 * hop > alone {
@@ -645,149 +771,197 @@ async fn fairness(g: &Global, a: FairnessArgs) -> anyhow::Result<ExitCode> {
         }
     }
     for r in [RunKind::Alone, RunKind::Fair, RunKind::Fifo] {
-        json.insert(format!("quiet_p50_ms_{}", r.as_str()), p50_of(r).into());
-        json.insert(format!("quiet_p99_ms_{}", r.as_str()), p99_of(r).into());
+        json.insert(format!("quiet_p50_ms_{}", r.as_str()), waits.p50(r).into());
+        json.insert(format!("quiet_p99_ms_{}", r.as_str()), waits.p99(r).into());
     }
-    json.insert("worst_tenant_p99_ratio_fair".into(), worst_ratio.get(&RunKind::Fair).map(|x| round3(*x)).into());
-    json.insert("worst_tenant_p99_ratio_fifo".into(), worst_ratio.get(&RunKind::Fifo).map(|x| round3(*x)).into());
+    let worst = |r: RunKind| waits.worst_ratio.get(&r).map(|x| round3(*x));
+    json.insert("worst_tenant_p99_ratio_fair".into(), worst(RunKind::Fair).into());
+    json.insert("worst_tenant_p99_ratio_fifo".into(), worst(RunKind::Fifo).into());
+}
 
-    // ----- slot-time shares in the flooded runs ---------------------------------------------
+/// Prints the slot-time shares of the flooded runs next to the max-min fair shares and
+/// records the fair run's largest error.
+fn report_flood_shares(
+    a: &FairnessArgs,
+    tenants: &BenchTenants,
+    outcomes: &BTreeMap<RunKind, Outcome>,
+    warm: i64,
+    json: &mut Json,
+) {
     let flooded: Vec<RunKind> =
         [RunKind::Fair, RunKind::Fifo].into_iter().filter(|r| outcomes.contains_key(r)).collect();
-    if !flooded.is_empty() {
-        let mut all = vec![flooder.clone()];
-        all.extend(quiet.iter().cloned());
-        // Offered load of a quiet tenant as a fraction of the handler time used in the
-        // window (what shares are fractions of): rate x mean run time (measured in the
-        // fair run) / handler ms used per ms. The flooder's demand is unbounded.
-        let fair_out = outcomes.get(&RunKind::Fair).or_else(|| outcomes.values().next()).expect("a run");
-        let used_per_ms = slot_used(fair_out, fair_out.t0 + warm, fair_out.end).values().sum::<f64>()
-            / (fair_out.end - fair_out.t0 - warm).max(1) as f64;
-        let demand: Vec<f64> = all
-            .iter()
-            .map(|t| {
-                if t.name == flooder.name {
-                    f64::INFINITY
-                } else {
-                    let runs: Vec<f64> = fair_out
-                        .results
-                        .iter()
-                        .filter(|r| r.tenant == t.name)
-                        .filter_map(|r| r.started_at.map(|s| (r.finished_at - s) as f64))
-                        .collect();
-                    let mean =
-                        if runs.is_empty() { t.job_ms as f64 } else { runs.iter().sum::<f64>() / runs.len() as f64 };
-                    a.quiet_rate * mean / (1000.0 * used_per_ms.max(1e-9))
-                }
-            })
-            .collect();
-        let maxmin = max_min_shares(&all, &demand);
-        println!(
-            "\nslot-time share in the flooded window (handler time); max-min fair = weighted share capped at demand"
-        );
-        print!("{:<20} {:>9} {:>7} {:>9}", "tenant", "tier", "demand", "max-min");
+    if flooded.is_empty() {
+        return;
+    }
+    let mut all = vec![tenants.flooder.clone()];
+    all.extend(tenants.quiet.iter().cloned());
+    let demand = flood_demands(a, &tenants.flooder, &all, outcomes, warm);
+    let maxmin = max_min_shares(&all, &demand);
+    println!("\nslot-time share in the flooded window (handler time); max-min fair = weighted share capped at demand");
+    print!("{:<20} {:>9} {:>7} {:>9}", "tenant", "tier", "demand", "max-min");
+    for r in &flooded {
+        print!(" {:>9}", format!("{} share", r.as_str()));
+    }
+    println!();
+    let shares: BTreeMap<RunKind, BTreeMap<String, f64>> = flooded
+        .iter()
+        .map(|r| {
+            let out = &outcomes[r];
+            (*r, slot_shares(out, out.t0 + warm, out.end))
+        })
+        .collect();
+    let mut err_fair: f64 = 0.0;
+    for (i, t) in all.iter().enumerate() {
+        let d = if demand[i].is_finite() { format!("{:.3}", demand[i]) } else { "flood".into() };
+        print!("{:<20} {:>9} {:>7} {:>9.3}", t.name, t.tier.as_str(), d, maxmin[i]);
         for r in &flooded {
-            print!(" {:>9}", format!("{} share", r.as_str()));
+            let s = shares[r].get(&t.name).copied().unwrap_or(0.0);
+            print!(" {:>9.3}", s);
+            if *r == RunKind::Fair {
+                err_fair = err_fair.max((s - maxmin[i]).abs());
+            }
         }
         println!();
-        let shares: BTreeMap<RunKind, BTreeMap<String, f64>> = flooded
-            .iter()
-            .map(|r| {
-                let out = &outcomes[r];
-                (*r, slot_shares(out, out.t0 + warm, out.end))
-            })
-            .collect();
-        let mut err_fair: f64 = 0.0;
-        for (i, t) in all.iter().enumerate() {
-            let d = if demand[i].is_finite() { format!("{:.3}", demand[i]) } else { "flood".into() };
-            print!("{:<20} {:>9} {:>7} {:>9.3}", t.name, t.tier.as_str(), d, maxmin[i]);
-            for r in &flooded {
-                let s = shares[r].get(&t.name).copied().unwrap_or(0.0);
-                print!(" {:>9.3}", s);
-                if *r == RunKind::Fair {
-                    err_fair = err_fair.max((s - maxmin[i]).abs());
-                }
-            }
-            println!();
-        }
-        if shares.contains_key(&RunKind::Fair) {
-            json.insert("flood_share_error_fair".into(), round3(err_fair).into());
-        }
     }
+    if shares.contains_key(&RunKind::Fair) {
+        json.insert("flood_share_error_fair".into(), round3(err_fair).into());
+    }
+}
 
-    // ----- slot-time shares of backlogged tenants --------------------------------------------
-    let mut max_share_error: Option<f64> = None;
-    if let Some(out) = outcomes.get(&RunKind::Share) {
-        let from = out.t0 + warm;
-        let shares = slot_shares(out, from, out.end);
-        println!(
-            "\nbacklogged tenants (share run, {:.1}s window): slot-time share vs entitlement w_i / sum(w)",
-            (out.end - from) as f64 / 1000.0
-        );
-        println!(
-            "{:<20} {:>9} {:>7} {:>7} {:>9} {:>9} {:>9} {:>8} {:>11}",
-            "tenant", "tier", "weight", "job ms", "entitled", "share", "error", "jobs", "sched share"
-        );
-        let mut err: f64 = 0.0;
-        let mut sched_err: f64 = 0.0;
-        let mut per = serde_json::Map::new();
-        for (t, e) in backlogged.iter().zip(&share_entitled) {
-            let s = shares.get(&t.name).copied().unwrap_or(0.0);
-            let jobs = out
-                .results
-                .iter()
-                .filter(|r| r.tenant == t.name && r.started_at.is_some_and(|st| st >= from && st < out.end))
-                .count();
-            let sched = out.sched_shares.get(&t.name).copied();
-            println!(
-                "{:<20} {:>9} {:>7} {:>7} {:>9.4} {:>9.4} {:>+9.4} {:>8} {:>11}",
-                t.name,
-                t.tier.as_str(),
-                t.tier.weight(),
-                t.job_ms,
-                e,
-                s,
-                s - e,
-                jobs,
-                sched.map_or("-".into(), |x| format!("{x:.4}"))
-            );
-            err = err.max((s - e).abs());
-            sched_err = sched_err.max(sched.map_or(0.0, |x| (x - e).abs()));
-            per.insert(
-                t.name.clone(),
-                serde_json::json!({"entitled": round4(*e), "share": round4(s), "jobs": jobs, "scheduler_share": sched.map(round4)}),
-            );
-        }
-        max_share_error = Some(round4(err));
-        if !out.sched_shares.is_empty() {
-            json.insert("max_share_error_scheduler_accounting".into(), round4(sched_err).into());
-        }
-        println!(
-            "  share = handler time (started_at..finished_at from the results); sched share = the scheduler's \
-             own slot-time (dispatch..slot freed, incl. the store round trips around the handler)"
-        );
-        json.insert("shares".into(), per.into());
-    }
+/// Demand of each of `all` in the flooded runs, as a fraction of the handler time used in
+/// the window (infinite for the flooder).
+fn flood_demands(
+    a: &FairnessArgs,
+    flooder: &BenchTenant,
+    all: &[BenchTenant],
+    outcomes: &BTreeMap<RunKind, Outcome>,
+    warm: i64,
+) -> Vec<f64> {
+    // Offered load of a quiet tenant as a fraction of the handler time used in the
+    // window (what shares are fractions of): rate x mean run time (measured in the
+    // fair run) / handler ms used per ms. The flooder's demand is unbounded.
+    let fair_out = outcomes.get(&RunKind::Fair).or_else(|| outcomes.values().next()).expect("a run");
+    let used_per_ms = slot_used(fair_out, fair_out.t0 + warm, fair_out.end).values().sum::<f64>()
+        / (fair_out.end - fair_out.t0 - warm).max(1) as f64;
+    all.iter()
+        .map(|t| {
+            if t.name == flooder.name {
+                f64::INFINITY
+            } else {
+                let runs: Vec<f64> = fair_out
+                    .results
+                    .iter()
+                    .filter(|r| r.tenant == t.name)
+                    .filter_map(|r| r.started_at.map(|s| (r.finished_at - s) as f64))
+                    .collect();
+                let mean = if runs.is_empty() { t.job_ms as f64 } else { runs.iter().sum::<f64>() / runs.len() as f64 };
+                a.quiet_rate * mean / (1000.0 * used_per_ms.max(1e-9))
+            }
+        })
+        .collect()
+}
+
+/// Prints the share run's table (if it ran) and records `max_share_error`, which it returns.
+fn report_backlogged_shares(
+    tenants: &BenchTenants,
+    outcomes: &BTreeMap<RunKind, Outcome>,
+    warm: i64,
+    json: &mut Json,
+) -> Option<f64> {
+    let max_share_error = outcomes.get(&RunKind::Share).map(|out| share_run_table(tenants, out, warm, json));
     json.insert("max_share_error".into(), max_share_error.into());
+    max_share_error
+}
+
+/// Prints the backlogged tenants' slot-time shares against their entitlements, records
+/// them in the JSON and returns the largest error (rounded to four decimals).
+fn share_run_table(tenants: &BenchTenants, out: &Outcome, warm: i64, json: &mut Json) -> f64 {
+    let from = out.t0 + warm;
+    let shares = slot_shares(out, from, out.end);
+    println!(
+        "\nbacklogged tenants (share run, {:.1}s window): slot-time share vs entitlement w_i / sum(w)",
+        (out.end - from) as f64 / 1000.0
+    );
+    println!(
+        "{:<20} {:>9} {:>7} {:>7} {:>9} {:>9} {:>9} {:>8} {:>11}",
+        "tenant", "tier", "weight", "job ms", "entitled", "share", "error", "jobs", "sched share"
+    );
+    let mut err: f64 = 0.0;
+    let mut sched_err: f64 = 0.0;
+    let mut per = serde_json::Map::new();
+    for (t, e) in tenants.backlogged.iter().zip(&tenants.share_entitled) {
+        let s = shares.get(&t.name).copied().unwrap_or(0.0);
+        let jobs = out
+            .results
+            .iter()
+            .filter(|r| r.tenant == t.name && r.started_at.is_some_and(|st| st >= from && st < out.end))
+            .count();
+        let sched = out.sched_shares.get(&t.name).copied();
+        println!(
+            "{:<20} {:>9} {:>7} {:>7} {:>9.4} {:>9.4} {:>+9.4} {:>8} {:>11}",
+            t.name,
+            t.tier.as_str(),
+            t.tier.weight(),
+            t.job_ms,
+            e,
+            s,
+            s - e,
+            jobs,
+            sched.map_or("-".into(), |x| format!("{x:.4}"))
+        );
+        err = err.max((s - e).abs());
+        sched_err = sched_err.max(sched.map_or(0.0, |x| (x - e).abs()));
+        per.insert(
+            t.name.clone(),
+            serde_json::json!({"entitled": round4(*e), "share": round4(s), "jobs": jobs, "scheduler_share": sched.map(round4)}),
+        );
+    }
+    if !out.sched_shares.is_empty() {
+        json.insert("max_share_error_scheduler_accounting".into(), round4(sched_err).into());
+    }
+    println!(
+        "  share = handler time (started_at..finished_at from the results); sched share = the scheduler's \
+         own slot-time (dispatch..slot freed, incl. the store round trips around the handler)"
+    );
+    json.insert("shares".into(), per.into());
+    round4(err)
+}
+
+/// Records the services' floor and the bench's settings in the JSON.
+fn record_settings(a: &FairnessArgs, lanes: usize, floor: &Floor, json: &mut Json) {
     json.insert("kafka_hop_p50_ms".into(), pct(&floor.hop, 0.5).into());
     json.insert("store_read_p50_ms".into(), pct(&floor.read, 0.5).into());
     json.insert("slots".into(), a.slots.into());
     json.insert("fast_lanes".into(), lanes.into());
     json.insert("flood".into(), a.flood.into());
     json.insert("duration_s".into(), a.duration.as_secs_f64().into());
+}
 
-    let fair_ok = ratio_of(RunKind::Fair).map(|r| r <= 2.0);
+/// Judges the goals, prints them and the JSON line, and returns the exit code (failure
+/// when a run was incomplete, or with `--check` when a goal was missed).
+fn report_goals(
+    a: &FairnessArgs,
+    fair_ratio: Option<f64>,
+    max_share_error: Option<f64>,
+    outcomes: &BTreeMap<RunKind, Outcome>,
+    mut json: Json,
+) -> ExitCode {
+    let fair_ok = fair_ratio.map(|r| r <= 2.0);
     let share_ok = max_share_error.map(|e| e <= 0.05);
     let goals_met = fair_ok.unwrap_or(true) && share_ok.unwrap_or(true) && (fair_ok.is_some() || share_ok.is_some());
     json.insert("goals_met".into(), goals_met.into());
     let incomplete = outcomes.values().any(|o| o.submit_errors > 0);
     println!(
         "\ngoals: quiet p99 ratio fair {} (<= 2), max share error {} (<= 0.05)",
-        ratio_of(RunKind::Fair).map_or("-".into(), |r| format!("{r:.2}")),
+        fair_ratio.map_or("-".into(), |r| format!("{r:.2}")),
         max_share_error.map_or("-".into(), |e| format!("{e:.4}"))
     );
     println!("{}", serde_json::Value::Object(json));
-    Ok(if incomplete || (a.check && !goals_met) { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+    if incomplete || (a.check && !goals_met) {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
 }
 
 /// The bench's configuration for one run: fresh topics, the bench tenants only, sleep
@@ -822,227 +996,353 @@ pub(super) fn add_bench_job_types(cfg: &mut Config) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Does one run: a fresh worker warmed up, the floods submitted at once and the quiet
+/// tenants steadily, then the results collected until the quiet ones are all in.
 async fn run_plan(base: &Config, a: &FairnessArgs, plan: &Plan) -> anyhow::Result<Outcome> {
-    use futures::StreamExt;
-
-    let cfg = fairness_config(base, a, plan)?;
-    kafka::ensure_topics(&cfg).await.context("creating bench topics (scripts/services up?)")?;
-    fairway::store::ensure_schema(&cfg).await?;
-    fairway::tenants::seed(&cfg).await?;
-
-    let mut feed = super::bench_flood::ResultFeed::start(&cfg)?;
-
-    let registry = Registry::from_config(&cfg, Default::default()).map_err(anyhow::Error::msg)?;
-    let worker = Worker::start(cfg.clone(), &[Pool::Short], registry, plan.policy).await?;
-    if !worker.wait_assigned(Duration::from_secs(60)).await {
-        worker.stop().await;
-        anyhow::bail!("the worker got no partitions within 60 s");
-    }
-    let sub = Arc::new(Submitter::new(cfg.clone(), None)?);
-
-    let mut results: HashMap<String, fairway::model::JobResult> = HashMap::new();
-    // Warm-up: a few echo jobs per tenant through the whole path (producer, fetch, store,
-    // results), so the measured runs start with warm connections and prepared statements.
-    let tenants: Vec<&BenchTenant> = plan.floods.iter().map(|(t, _)| t).chain(&plan.quiet).collect();
-    let warm_jobs: Vec<NewJob> = tenants
-        .iter()
-        .flat_map(|t| (0..5).map(|_| NewJob { tenant: t.name.clone(), job_type: "echo".into(), ..Default::default() }))
-        .collect();
-    let mut warm_ids = HashSet::new();
-    for r in futures::future::join_all(warm_jobs.iter().map(|j| sub.submit(j))).await {
-        warm_ids.insert(r?.job_id);
-    }
-    let warm_deadline = Instant::now() + Duration::from_secs(60);
-    while warm_ids.iter().any(|id| !results.contains_key(id)) {
-        anyhow::ensure!(Instant::now() < warm_deadline, "warm-up jobs got no results within 60 s");
-        if let Ok(Some((r, _))) = tokio::time::timeout(Duration::from_millis(200), feed.rx.recv()).await {
-            results.insert(r.job_id.clone(), r);
-        }
-    }
-    results.clear();
+    let mut rig = Rig::start(base, a, plan).await?;
+    rig.warm_up(plan).await?;
 
     // The run: floods at once, quiet tenants steadily until t0 + duration.
     let t0 = now_ms();
     let start = Instant::now();
     let end_at = start + plan.duration;
-    let flood_task = {
-        let sub = sub.clone();
-        // Interleave the tenants so that every flood reaches the worker at about the same time.
-        let mut jobs = Vec::new();
-        let most = plan.floods.iter().map(|(_, n)| *n).max().unwrap_or(0);
-        for i in 0..most {
-            for (t, n) in &plan.floods {
-                if i < *n {
-                    let ms = if a.spread > 0.0 {
-                        let u = rand::random::<f64>() * 2.0 - 1.0;
-                        (t.job_ms as f64 * (1.0 + a.spread * u)).round().max(1.0) as u64
-                    } else {
-                        t.job_ms
-                    };
-                    jobs.push(NewJob {
-                        tenant: t.name.clone(),
-                        job_type: "sleep".into(),
-                        payload: serde_json::json!({ "ms": ms }),
-                        ..Default::default()
-                    });
+    let flood_task = spawn_floods(rig.sub.clone(), flood_jobs(plan, a.spread));
+    let quiet_tasks = spawn_quiet_tenants(&rig.sub, plan, a.quiet_rate, end_at);
+
+    let times = Deadlines::new(a, plan, start, end_at);
+    let mut got = collect_results(&mut rig, plan, &times, quiet_tasks).await;
+    got.submit_errors += flood_task.await.unwrap_or(0);
+    rig.stop().await;
+    Ok(got.into_outcome(t0, plan))
+}
+
+/// One run's services: a submitter, the worker (partitions assigned) and the result feed
+/// (declared newest first, so a run failing half-way drops them in that order).
+struct Rig {
+    sub: Arc<Submitter>,
+    worker: Worker,
+    feed: super::bench_flood::ResultFeed,
+}
+
+impl Rig {
+    /// Creates the run's topics, schema and tenants, then starts the result feed, the worker
+    /// (waiting for its partitions) and a submitter.
+    async fn start(base: &Config, a: &FairnessArgs, plan: &Plan) -> anyhow::Result<Rig> {
+        let cfg = fairness_config(base, a, plan)?;
+        kafka::ensure_topics(&cfg).await.context("creating bench topics (scripts/services up?)")?;
+        fairway::store::ensure_schema(&cfg).await?;
+        fairway::tenants::seed(&cfg).await?;
+
+        let feed = super::bench_flood::ResultFeed::start(&cfg)?;
+
+        let registry = Registry::from_config(&cfg, Default::default()).map_err(anyhow::Error::msg)?;
+        let worker = Worker::start(cfg.clone(), &[Pool::Short], registry, plan.policy).await?;
+        if !worker.wait_assigned(Duration::from_secs(60)).await {
+            worker.stop().await;
+            anyhow::bail!("the worker got no partitions within 60 s");
+        }
+        let sub = Arc::new(Submitter::new(cfg.clone(), None)?);
+        Ok(Rig { sub, worker, feed })
+    }
+
+    /// Runs a few echo jobs per tenant through the whole path (producer, fetch, store,
+    /// results), so the measured run starts with warm connections and prepared statements.
+    async fn warm_up(&mut self, plan: &Plan) -> anyhow::Result<()> {
+        let tenants: Vec<&BenchTenant> = plan.floods.iter().map(|(t, _)| t).chain(&plan.quiet).collect();
+        let warm_jobs: Vec<NewJob> = tenants
+            .iter()
+            .flat_map(|t| {
+                (0..5).map(|_| NewJob { tenant: t.name.clone(), job_type: "echo".into(), ..Default::default() })
+            })
+            .collect();
+        let mut warm_ids = HashSet::new();
+        for r in futures::future::join_all(warm_jobs.iter().map(|j| self.sub.submit(j))).await {
+            warm_ids.insert(r?.job_id);
+        }
+        let warm_deadline = Instant::now() + Duration::from_secs(60);
+        let mut done: HashSet<String> = HashSet::new();
+        while warm_ids.iter().any(|id| !done.contains(id)) {
+            anyhow::ensure!(Instant::now() < warm_deadline, "warm-up jobs got no results within 60 s");
+            if let Ok(Some((r, _))) = tokio::time::timeout(Duration::from_millis(200), self.feed.rx.recv()).await {
+                done.insert(r.job_id);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops the result feed, then the worker.
+    async fn stop(self) {
+        self.feed.stop().await;
+        self.worker.stop().await;
+    }
+}
+
+/// The floods' sleep jobs, interleaved across the tenants so that every flood reaches the
+/// worker at about the same time.
+fn flood_jobs(plan: &Plan, spread: f64) -> Vec<NewJob> {
+    let mut jobs = Vec::new();
+    let most = plan.floods.iter().map(|(_, n)| *n).max().unwrap_or(0);
+    for i in 0..most {
+        for (t, n) in &plan.floods {
+            if i < *n {
+                jobs.push(NewJob {
+                    tenant: t.name.clone(),
+                    job_type: "sleep".into(),
+                    payload: serde_json::json!({ "ms": spread_ms(t.job_ms, spread) }),
+                    ..Default::default()
+                });
+            }
+        }
+    }
+    jobs
+}
+
+/// A flood job's run time: `job_ms` varied uniformly by the fraction `spread` (`--spread`).
+fn spread_ms(job_ms: u64, spread: f64) -> u64 {
+    if spread > 0.0 {
+        let u = rand::random::<f64>() * 2.0 - 1.0;
+        (job_ms as f64 * (1.0 + spread * u)).round().max(1.0) as u64
+    } else {
+        job_ms
+    }
+}
+
+/// Submits the flood jobs, 1000 at a time; the task returns the number of failed submissions.
+fn spawn_floods(sub: Arc<Submitter>, jobs: Vec<NewJob>) -> tokio::task::JoinHandle<usize> {
+    tokio::spawn(async move {
+        let mut errors = 0usize;
+        for chunk in jobs.chunks(1000) {
+            for r in futures::future::join_all(chunk.iter().map(|j| sub.submit(j))).await {
+                if let Err(e) = r {
+                    errors += 1;
+                    tracing::warn!(error = %e, "flood submission failed");
                 }
             }
         }
-        tokio::spawn(async move {
-            let mut errors = 0usize;
-            for chunk in jobs.chunks(1000) {
-                for r in futures::future::join_all(chunk.iter().map(|j| sub.submit(j))).await {
-                    if let Err(e) = r {
-                        errors += 1;
-                        tracing::warn!(error = %e, "flood submission failed");
-                    }
-                }
-            }
-            errors
-        })
-    };
-    let period = Duration::from_secs_f64(1.0 / a.quiet_rate);
+        errors
+    })
+}
+
+/// A quiet job's submission: its job id (None: the submission failed), tenant, and when it
+/// was submitted (epoch ms).
+type QuietSubmission = (Option<String>, String, i64);
+
+/// A quiet tenant's submitting task.
+type QuietTask = tokio::task::JoinHandle<Vec<QuietSubmission>>;
+
+/// Starts one submitting task per quiet tenant, at `rate` jobs/s each with their phases
+/// staggered over the period.
+fn spawn_quiet_tenants(sub: &Arc<Submitter>, plan: &Plan, rate: f64, end_at: Instant) -> Vec<QuietTask> {
+    let period = Duration::from_secs_f64(1.0 / rate);
     let n_quiet = plan.quiet.len().max(1);
-    let quiet_tasks: Vec<_> = plan
-        .quiet
+    plan.quiet
         .iter()
         .enumerate()
         .map(|(i, t)| {
-            let sub = sub.clone();
-            let t = t.clone();
             let phase = period.mul_f64(i as f64 / n_quiet as f64);
-            tokio::spawn(async move {
-                tokio::time::sleep(phase).await;
-                let mut tick = tokio::time::interval(period);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                let mut inflight = futures::stream::FuturesUnordered::new();
-                let mut out: Vec<(Option<String>, String, i64)> = Vec::new();
-                loop {
-                    tokio::select! {
-                        _ = tick.tick() => {
-                            if Instant::now() >= end_at {
-                                break;
-                            }
-                            let sub = sub.clone();
-                            let job = NewJob {
-                                tenant: t.name.clone(),
-                                job_type: "sleep".into(),
-                                payload: serde_json::json!({ "ms": t.job_ms }),
-                                ..Default::default()
-                            };
-                            inflight.push(async move {
-                                let at = now_ms();
-                                let r = sub.submit(&job).await;
-                                (r.ok().map(|s| s.job_id), job.tenant, at)
-                            });
-                        }
-                        Some(r) = inflight.next() => out.push(r),
-                    }
-                }
-                while let Some(r) = inflight.next().await {
-                    out.push(r);
-                }
-                out
-            })
+            tokio::spawn(submit_quiet(sub.clone(), t.clone(), phase, period, end_at))
         })
-        .collect();
+        .collect()
+}
 
-    // Collect until every quiet job has its result and the jobs running at the window's
-    // end have finished, or the drain timeout passes.
-    let longest =
-        plan.floods.iter().map(|(t, _)| t.job_ms).chain(plan.quiet.iter().map(|t| t.job_ms)).max().unwrap_or(0);
-    let settle = end_at + Duration::from_millis(longest * 3 + 1500);
-    let deadline = end_at + a.drain_timeout;
-    let mut quiet_ids: Option<HashMap<String, (String, i64)>> =
-        if plan.quiet.is_empty() { Some(HashMap::new()) } else { None };
-    let mut quiet_join = Some(futures::future::join_all(quiet_tasks));
-    let mut submit_errors = 0usize;
-    let mut last_note = Instant::now();
-    // Result produced (finished_at) -> received here: one Kafka hop, for comparison with
-    // the waits (which contain one such hop: submit -> worker fetch).
-    let mut hops: Vec<i64> = Vec::new();
-    // The scheduler's own slot-time accounting (dispatch to slot freed, i.e. including
-    // the store round trips around the handler) at both ends of the window.
-    let window_from = start + a.warmup;
-    let (mut sched_from, mut sched_to) = (None, None);
+/// Submits a quiet tenant's sleep jobs, one every `period` after `phase`, until `end_at`;
+/// returns every submission once all have returned.
+async fn submit_quiet(
+    sub: Arc<Submitter>,
+    t: BenchTenant,
+    phase: Duration,
+    period: Duration,
+    end_at: Instant,
+) -> Vec<QuietSubmission> {
+    use futures::StreamExt;
+
+    tokio::time::sleep(phase).await;
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut inflight = futures::stream::FuturesUnordered::new();
+    let mut out: Vec<QuietSubmission> = Vec::new();
     loop {
-        while let Ok((r, at)) = feed.rx.try_recv() {
-            hops.push(at - r.finished_at);
-            results.insert(r.job_id.clone(), r);
-        }
-        if sched_from.is_none() && Instant::now() >= window_from {
-            sched_from = scheduler_used(&worker);
-        }
-        if sched_to.is_none() && Instant::now() >= end_at {
-            sched_to = scheduler_used(&worker);
-        }
-        if quiet_ids.is_none() && Instant::now() >= end_at {
-            let mut ids = HashMap::new();
-            for (jid, tenant, at) in
-                quiet_join.take().expect("joined once").await.into_iter().flat_map(|r| r.unwrap_or_default())
-            {
-                match jid {
-                    Some(id) => {
-                        ids.insert(id, (tenant, at));
-                    }
-                    None => submit_errors += 1,
+        tokio::select! {
+            _ = tick.tick() => {
+                if Instant::now() >= end_at {
+                    break;
                 }
+                let sub = sub.clone();
+                let job = NewJob {
+                    tenant: t.name.clone(),
+                    job_type: "sleep".into(),
+                    payload: serde_json::json!({ "ms": t.job_ms }),
+                    ..Default::default()
+                };
+                inflight.push(async move {
+                    let at = now_ms();
+                    let r = sub.submit(&job).await;
+                    (r.ok().map(|s| s.job_id), job.tenant, at)
+                });
             }
-            quiet_ids = Some(ids);
+            Some(r) = inflight.next() => out.push(r),
+        }
+    }
+    while let Some(r) = inflight.next().await {
+        out.push(r);
+    }
+    out
+}
+
+/// The instants a run's result collection goes by.
+struct Deadlines {
+    /// Start of the measured window (after the warm-up).
+    window_from: Instant,
+    /// End of the submissions (and of the window).
+    end_at: Instant,
+    /// When the jobs running at `end_at` have surely finished.
+    settle: Instant,
+    /// When to stop waiting for the quiet tenants' results (`--drain-timeout`).
+    deadline: Instant,
+}
+
+impl Deadlines {
+    /// The deadlines of a run started at `start` whose submissions end at `end_at`.
+    fn new(a: &FairnessArgs, plan: &Plan, start: Instant, end_at: Instant) -> Deadlines {
+        let longest =
+            plan.floods.iter().map(|(t, _)| t.job_ms).chain(plan.quiet.iter().map(|t| t.job_ms)).max().unwrap_or(0);
+        Deadlines {
+            window_from: start + a.warmup,
+            end_at,
+            settle: end_at + Duration::from_millis(longest * 3 + 1500),
+            deadline: end_at + a.drain_timeout,
+        }
+    }
+}
+
+/// Collects results until every quiet job has its result and the jobs running at the
+/// window's end have finished, or the drain timeout passes.
+async fn collect_results(rig: &mut Rig, plan: &Plan, times: &Deadlines, quiet_tasks: Vec<QuietTask>) -> Collected {
+    let mut got = Collected::new(plan);
+    let mut quiet_tasks = Some(quiet_tasks);
+    let mut last_note = Instant::now();
+    loop {
+        while let Ok((r, at)) = rig.feed.rx.try_recv() {
+            got.receive(r, at);
+        }
+        got.read_scheduler(&rig.worker, times);
+        if got.quiet_ids.is_none() && Instant::now() >= times.end_at {
+            let tasks = quiet_tasks.take().expect("joined once");
+            got.take_quiet(futures::future::join_all(tasks).await);
         }
         let now = Instant::now();
-        if let Some(ids) = &quiet_ids {
-            let all_in = ids.keys().all(|id| results.contains_key(id));
-            if (all_in && now >= settle) || now >= deadline {
+        if let Some(ids) = &got.quiet_ids {
+            let all_in = ids.keys().all(|id| got.results.contains_key(id));
+            if (all_in && now >= times.settle) || now >= times.deadline {
                 break;
             }
-            if now >= end_at && last_note.elapsed() > Duration::from_secs(5) {
+            if now >= times.end_at && last_note.elapsed() > Duration::from_secs(5) {
                 last_note = now;
-                let missing = ids.keys().filter(|id| !results.contains_key(*id)).count();
+                let missing = ids.keys().filter(|id| !got.results.contains_key(*id)).count();
                 eprintln!(
                     "  [{}] waiting for {missing} quiet results ({} results so far)",
                     plan.run.as_str(),
-                    results.len()
+                    got.results.len()
                 );
             }
         }
-        if let Ok(Some((r, at))) = tokio::time::timeout(Duration::from_millis(100), feed.rx.recv()).await {
-            hops.push(at - r.finished_at);
-            results.insert(r.job_id.clone(), r);
+        if let Ok(Some((r, at))) = tokio::time::timeout(Duration::from_millis(100), rig.feed.rx.recv()).await {
+            got.receive(r, at);
         }
     }
-    let stopped_at = now_ms();
-    submit_errors += flood_task.await.unwrap_or(0);
-    feed.stop().await;
-    worker.stop().await;
+    got
+}
 
-    let ids = quiet_ids.unwrap_or_default();
-    let quiet_missing: Vec<(String, i64)> =
-        ids.iter().filter(|(id, _)| !results.contains_key(*id)).map(|(_, (t, at))| (t.clone(), *at)).collect();
-    let _ = stopped_at;
-    hops.sort_unstable();
-    let sched_shares = match (sched_from, sched_to) {
-        (Some(a), Some(b)) => {
-            let mut d: BTreeMap<String, f64> =
-                b.iter().map(|(t, v)| (t.clone(), v - a.get(t).copied().unwrap_or(0.0))).collect();
-            let total: f64 = d.values().sum();
-            if total > 0.0 {
-                d.values_mut().for_each(|v| *v /= total);
-            }
-            d
+/// What a run's result collection gathers.
+struct Collected {
+    results: HashMap<String, fairway::model::JobResult>,
+    /// Result produced (finished_at) -> received here: one Kafka hop, for comparison with
+    /// the waits (which contain one such hop: submit -> worker fetch).
+    hops: Vec<i64>,
+    /// The quiet jobs submitted: job id -> (tenant, submitted at); None until the quiet
+    /// tenants' tasks are joined at the end of the submissions.
+    quiet_ids: Option<HashMap<String, (String, i64)>>,
+    submit_errors: usize,
+    /// The scheduler's own slot-time accounting (dispatch to slot freed, i.e. including
+    /// the store round trips around the handler) at both ends of the window.
+    sched_from: Option<BTreeMap<String, f64>>,
+    sched_to: Option<BTreeMap<String, f64>>,
+}
+
+impl Collected {
+    /// Nothing collected yet (no quiet jobs to wait for when the plan has no quiet tenants).
+    fn new(plan: &Plan) -> Collected {
+        Collected {
+            results: HashMap::new(),
+            hops: Vec::new(),
+            quiet_ids: if plan.quiet.is_empty() { Some(HashMap::new()) } else { None },
+            submit_errors: 0,
+            sched_from: None,
+            sched_to: None,
         }
-        _ => BTreeMap::new(),
-    };
-    Ok(Outcome {
-        hops,
-        sched_shares,
-        t0,
-        end: t0 + plan.duration.as_millis() as i64,
-        results: results.into_values().filter(|r| r.job_type == "sleep").collect(),
-        quiet_missing,
-        quiet_submitted: ids.len(),
-        submit_errors,
-    })
+    }
+
+    /// Keeps one result received at `at` (epoch ms) and its hop.
+    fn receive(&mut self, r: fairway::model::JobResult, at: i64) {
+        self.hops.push(at - r.finished_at);
+        self.results.insert(r.job_id.clone(), r);
+    }
+
+    /// Reads the scheduler's accounting once the window starts and once it ends.
+    fn read_scheduler(&mut self, worker: &Worker, times: &Deadlines) {
+        if self.sched_from.is_none() && Instant::now() >= times.window_from {
+            self.sched_from = scheduler_used(worker);
+        }
+        if self.sched_to.is_none() && Instant::now() >= times.end_at {
+            self.sched_to = scheduler_used(worker);
+        }
+    }
+
+    /// Keeps the quiet jobs the joined tasks submitted; failed submissions count as errors.
+    fn take_quiet(&mut self, joined: Vec<Result<Vec<QuietSubmission>, tokio::task::JoinError>>) {
+        let mut ids = HashMap::new();
+        for (jid, tenant, at) in joined.into_iter().flat_map(|r| r.unwrap_or_default()) {
+            match jid {
+                Some(id) => {
+                    ids.insert(id, (tenant, at));
+                }
+                None => self.submit_errors += 1,
+            }
+        }
+        self.quiet_ids = Some(ids);
+    }
+
+    /// The run's outcome: its sleep jobs' results, the quiet jobs still without one, the
+    /// sorted hops and the scheduler's shares in the window.
+    fn into_outcome(mut self, t0: i64, plan: &Plan) -> Outcome {
+        let ids = self.quiet_ids.unwrap_or_default();
+        let quiet_missing: Vec<(String, i64)> =
+            ids.iter().filter(|(id, _)| !self.results.contains_key(*id)).map(|(_, (t, at))| (t.clone(), *at)).collect();
+        self.hops.sort_unstable();
+        Outcome {
+            hops: self.hops,
+            sched_shares: scheduler_shares(self.sched_from, self.sched_to),
+            t0,
+            end: t0 + plan.duration.as_millis() as i64,
+            results: self.results.into_values().filter(|r| r.job_type == "sleep").collect(),
+            quiet_missing,
+            quiet_submitted: ids.len(),
+            submit_errors: self.submit_errors,
+        }
+    }
+}
+
+/// Shares of the scheduler's slot-time between two readings of its accounting (empty
+/// unless both were read).
+fn scheduler_shares(from: Option<BTreeMap<String, f64>>, to: Option<BTreeMap<String, f64>>) -> BTreeMap<String, f64> {
+    let (Some(a), Some(b)) = (from, to) else { return BTreeMap::new() };
+    let mut d: BTreeMap<String, f64> =
+        b.iter().map(|(t, v)| (t.clone(), v - a.get(t).copied().unwrap_or(0.0))).collect();
+    let total: f64 = d.values().sum();
+    if total > 0.0 {
+        d.values_mut().for_each(|v| *v /= total);
+    }
+    d
 }
 
 /// Waits (ms) of the given quiet tenants' jobs submitted in `[from, end]`; jobs without
