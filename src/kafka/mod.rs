@@ -467,6 +467,22 @@ fn heartbeat_ms(session_timeout: Duration) -> u128 {
     (session_timeout.as_millis() / 20).clamp(100, 1000)
 }
 
+/// Lifts any application pause left on just-assigned partitions (librdkafka keeps it
+/// across a rebalance; see [`Pauses`]). Every consumer that pauses partitions of a group
+/// subscription calls this on each assignment.
+pub fn lift_pauses<C: Consumer<X>, X: ConsumerContext>(consumer: &C, assigned: &[(String, i32)]) {
+    if assigned.is_empty() {
+        return;
+    }
+    let mut tpl = TopicPartitionList::new();
+    for (topic, p) in assigned {
+        tpl.add_partition(topic, *p);
+    }
+    if let Err(e) = consumer.resume(&tpl) {
+        tracing::warn!(partitions = ?assigned, error = %e, "could not lift old pauses of assigned partitions");
+    }
+}
+
 /// The partitions a worker's consumer holds paused, kept in step with librdkafka.
 ///
 /// librdkafka keeps an application pause on the partition itself, across rebalances: a
@@ -502,12 +518,8 @@ impl Pauses {
 
     /// Partitions were assigned: whatever pause they carried from before is lifted.
     pub fn assigned<C: Consumer<X>, X: ConsumerContext>(&mut self, consumer: &C, parts: &[i32]) {
-        if parts.is_empty() {
-            return;
-        }
-        if let Err(e) = consumer.resume(&self.tpl(parts.iter().copied())) {
-            tracing::warn!(topic = %self.topic, ?parts, error = %e, "could not lift old pauses of assigned partitions");
-        }
+        let tps: Vec<(String, i32)> = parts.iter().map(|p| (self.topic.clone(), *p)).collect();
+        lift_pauses(consumer, &tps);
         for p in parts {
             self.paused.remove(p);
         }

@@ -159,41 +159,7 @@ pub async fn run(
         tokio::select! {
             biased;
             _ = shutdown.changed() => break,
-            Some(ev) = rebalances.recv() => match ev {
-                RebalanceEvent::Assigned(tps) => {
-                    let parts: Vec<i32> = tps.iter().map(|(_, p)| *p).collect();
-                    for &p in &parts {
-                        // Keep a state a message already created: replacing it would let
-                        // commits pass offsets still queued under the old state.
-                        lp.partition(p);
-                    }
-                    pauses.assigned(&consumer, &parts);
-                    sh.assigned.store(lp.parts.len(), std::sync::atomic::Ordering::SeqCst);
-                    lp.track_assignment();
-                    tracing::info!(pool, partitions = ?lp.parts.keys().collect::<Vec<_>>(), "partitions assigned");
-                }
-                RebalanceEvent::Revoked(tps) => {
-                    let gone: HashSet<i32> = tps.iter().map(|(_, p)| *p).collect();
-                    for p in &gone {
-                        lp.parts.remove(p);
-                    }
-                    pauses.revoked(&gone.iter().copied().collect::<Vec<_>>());
-                    sh.frontiers.forget(&gone.iter().copied().collect::<Vec<_>>());
-                    sh.assigned.store(lp.parts.len(), std::sync::atomic::Ordering::SeqCst);
-                    lp.track_assignment();
-                    // Queued jobs of revoked partitions belong to the new owner now (it
-                    // also reads their spilled backlogs back).
-                    let dropped = lp.dispatcher.drain_where(&mut |j: &Pending| gone.contains(&j.origin.partition));
-                    lp.gate.drain_where(&mut |j: &Pending| gone.contains(&j.origin.partition));
-                    let (lost, kept): (VecDeque<_>, VecDeque<_>) =
-                        lp.overflow.drain(..).partition(|q| gone.contains(&q.job.origin.partition));
-                    lp.overflow = kept;
-                    for p in dropped.iter().chain(lost.iter().map(|q| &q.job)) {
-                        lp.release_flow(&p.job);
-                    }
-                    tracing::info!(pool, partitions = ?gone, dropped = dropped.len(), "partitions revoked");
-                }
-            },
+            Some(ev) = rebalances.recv() => lp.on_rebalance(&consumer, &mut pauses, ev),
             // Ahead of the job streams: under a flood those are always ready, and the
             // stats, tenant changes and fleet usage must not wait for the flood to end.
             _ = stats_tick.tick() => {
@@ -230,70 +196,9 @@ pub async fn run(
             _ = tokio::time::sleep(Duration::from_millis(wake)) => {}
         }
 
-        // Retry what overflowed once its tenant drained.
-        let mut still = VecDeque::new();
-        while let Some(q) = lp.overflow.pop_front() {
-            if let Err((_, q)) = lp.dispatcher.enqueue(q, now_ms()) {
-                still.push_back(q);
-            }
-        }
-        lp.overflow = still;
-
-        lp.sync_quotas(false);
-        lp.start_jobs(slots);
-        lp.tend_backlogs();
-        pauses.set(&consumer, &lp.partitions_to_pause());
+        lp.after_each_wake(&consumer, &mut pauses, slots);
     }
-
-    // Graceful shutdown (SIGTERM, SIGINT): take no more work. Running jobs get the
-    // pool's `drain_timeout` to finish; then they are asked to stop (`ctx.stop_reason()`)
-    // and each is handed off when its handler returns (re-queued at once, attempts
-    // unchanged, not a crash); one that ignores the request is aborted after
-    // HAND_OFF_GRACE and handed off from its last checkpoint. Queued jobs are simply not
-    // committed: the partitions' next owners get them (spilled ones from the store).
-    //
-    // The group is left first, before anything drains: the partitions move to the other
-    // members at once (the broker need not wait for a session timeout, and nothing waits
-    // for this drain), so hand-off copies and queued jobs reach a live owner within about
-    // a second. What finishes or is handed off later cannot be committed any more; its
-    // redelivery is recognised by the effectively-once check (finished: skipped;
-    // handed off: claimed by one copy; still running here: waits for the heartbeat).
-    const HAND_OFF_GRACE: Duration = Duration::from_secs(10);
-    let queued = lp.dispatcher.drain_where(&mut |_| true);
-    let drain = sh.cfg.pool(sh.pool).drain_timeout;
-    tracing::info!(pool, queued = queued.len(), running = lp.dispatcher.running(), ?drain, "draining");
-    leave_group(&consumer, pool);
-    let mut phase = 0;
-    let mut deadline = tokio::time::Instant::now() + drain;
-    while lp.dispatcher.running() + lp.finishing > 0 {
-        tokio::select! {
-            Some(ev) = done_rx.recv() => lp.on_event(&consumer, ev),
-            // Serves the revoke of the leave (librdkafka sends LeaveGroup once the
-            // application has seen it); whatever was still fetched is not ours any more.
-            r = consumer.recv() => if r.is_err() {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            },
-            _ = tokio::time::sleep_until(deadline) => {
-                phase += 1;
-                deadline = tokio::time::Instant::now() + HAND_OFF_GRACE;
-                match phase {
-                    1 => {
-                        tracing::info!(pool, running = lp.dispatcher.running(), "asking running jobs to stop for a hand-off");
-                        sh.request_stop_all();
-                    }
-                    2 => {
-                        tracing::warn!(pool, running = lp.dispatcher.running(), "jobs ignored the stop request; aborting them (handed off from their last checkpoint)");
-                        sh.abort_all();
-                    }
-                    _ => {
-                        tracing::error!(pool, running = lp.dispatcher.running(), "jobs could not be handed off; their heartbeats lapse and another worker takes them over");
-                        break;
-                    }
-                }
-            }
-        }
-    }
-    lp.tasks.abort_all();
+    lp.drain(&consumer, &mut done_rx).await;
     Ok(())
 }
 
@@ -333,6 +238,119 @@ fn leave_group(consumer: &kafka::WorkerConsumer, pool: &str) {
 }
 
 impl Loop {
+    /// A rebalance: assigned partitions get their state (and lose any old pause);
+    /// revoked ones are forgotten, and their queued jobs dropped for the new owner.
+    fn on_rebalance(&mut self, consumer: &kafka::WorkerConsumer, pauses: &mut kafka::Pauses, ev: RebalanceEvent) {
+        let pool = self.pool();
+        match ev {
+            RebalanceEvent::Assigned(tps) => {
+                let parts: Vec<i32> = tps.iter().map(|(_, p)| *p).collect();
+                for &p in &parts {
+                    // Keep a state a message already created: replacing it would let
+                    // commits pass offsets still queued under the old state.
+                    self.partition(p);
+                }
+                pauses.assigned(consumer, &parts);
+                self.sh.assigned.store(self.parts.len(), std::sync::atomic::Ordering::SeqCst);
+                self.track_assignment();
+                tracing::info!(pool, partitions = ?self.parts.keys().collect::<Vec<_>>(), "partitions assigned");
+            }
+            RebalanceEvent::Revoked(tps) => {
+                let gone: HashSet<i32> = tps.iter().map(|(_, p)| *p).collect();
+                for p in &gone {
+                    self.parts.remove(p);
+                }
+                pauses.revoked(&gone.iter().copied().collect::<Vec<_>>());
+                self.sh.frontiers.forget(&gone.iter().copied().collect::<Vec<_>>());
+                self.sh.assigned.store(self.parts.len(), std::sync::atomic::Ordering::SeqCst);
+                self.track_assignment();
+                // Queued jobs of revoked partitions belong to the new owner now (it
+                // also reads their spilled backlogs back).
+                let dropped = self.dispatcher.drain_where(&mut |j: &Pending| gone.contains(&j.origin.partition));
+                self.gate.drain_where(&mut |j: &Pending| gone.contains(&j.origin.partition));
+                let (lost, kept): (VecDeque<_>, VecDeque<_>) =
+                    self.overflow.drain(..).partition(|q| gone.contains(&q.job.origin.partition));
+                self.overflow = kept;
+                for p in dropped.iter().chain(lost.iter().map(|q| &q.job)) {
+                    self.release_flow(&p.job);
+                }
+                tracing::info!(pool, partitions = ?gone, dropped = dropped.len(), "partitions revoked");
+            }
+        }
+    }
+
+    /// After every wake of the loop: retry what overflowed, apply the fleet's quotas,
+    /// start what may start, tend the spilled backlogs, pause what must wait.
+    fn after_each_wake(&mut self, consumer: &kafka::WorkerConsumer, pauses: &mut kafka::Pauses, slots: usize) {
+        // Retry what overflowed once its tenant drained.
+        let mut still = VecDeque::new();
+        while let Some(q) = self.overflow.pop_front() {
+            if let Err((_, q)) = self.dispatcher.enqueue(q, now_ms()) {
+                still.push_back(q);
+            }
+        }
+        self.overflow = still;
+        self.sync_quotas(false);
+        self.start_jobs(slots);
+        self.tend_backlogs();
+        pauses.set(consumer, &self.partitions_to_pause());
+    }
+
+    /// Graceful shutdown, after the loop: leave the group, let running jobs finish or hand
+    /// them off.
+    async fn drain(&mut self, consumer: &kafka::WorkerConsumer, done_rx: &mut mpsc::UnboundedReceiver<Event>) {
+        let pool = self.pool();
+        // Graceful shutdown (SIGTERM, SIGINT): take no more work. Running jobs get the
+        // pool's `drain_timeout` to finish; then they are asked to stop (`ctx.stop_reason()`)
+        // and each is handed off when its handler returns (re-queued at once, attempts
+        // unchanged, not a crash); one that ignores the request is aborted after
+        // HAND_OFF_GRACE and handed off from its last checkpoint. Queued jobs are simply not
+        // committed: the partitions' next owners get them (spilled ones from the store).
+        //
+        // The group is left first, before anything drains: the partitions move to the other
+        // members at once (the broker need not wait for a session timeout, and nothing waits
+        // for this drain), so hand-off copies and queued jobs reach a live owner within about
+        // a second. What finishes or is handed off later cannot be committed any more; its
+        // redelivery is recognised by the effectively-once check (finished: skipped;
+        // handed off: claimed by one copy; still running here: waits for the heartbeat).
+        const HAND_OFF_GRACE: Duration = Duration::from_secs(10);
+        let queued = self.dispatcher.drain_where(&mut |_| true);
+        let drain = self.sh.cfg.pool(self.sh.pool).drain_timeout;
+        tracing::info!(pool, queued = queued.len(), running = self.dispatcher.running(), ?drain, "draining");
+        leave_group(consumer, pool);
+        let mut phase = 0;
+        let mut deadline = tokio::time::Instant::now() + drain;
+        while self.dispatcher.running() + self.finishing > 0 {
+            tokio::select! {
+                Some(ev) = done_rx.recv() => self.on_event(consumer, ev),
+                // Serves the revoke of the leave (librdkafka sends LeaveGroup once the
+                // application has seen it); whatever was still fetched is not ours any more.
+                r = consumer.recv() => if r.is_err() {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                },
+                _ = tokio::time::sleep_until(deadline) => {
+                    phase += 1;
+                    deadline = tokio::time::Instant::now() + HAND_OFF_GRACE;
+                    match phase {
+                        1 => {
+                            tracing::info!(pool, running = self.dispatcher.running(), "asking running jobs to stop for a hand-off");
+                            self.sh.request_stop_all();
+                        }
+                        2 => {
+                            tracing::warn!(pool, running = self.dispatcher.running(), "jobs ignored the stop request; aborting them (handed off from their last checkpoint)");
+                            self.sh.abort_all();
+                        }
+                        _ => {
+                            tracing::error!(pool, running = self.dispatcher.running(), "jobs could not be handed off; their heartbeats lapse and another worker takes them over");
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        self.tasks.abort_all();
+    }
+
     fn pool(&self) -> &'static str {
         self.sh.pool.as_str()
     }

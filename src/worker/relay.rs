@@ -70,13 +70,20 @@ pub async fn run(
             biased;
             _ = shutdown.changed() => break,
             Some(ev) = rebalances.recv() => match ev {
-                RebalanceEvent::Assigned(tps) => for k in tps {
-                    // Keep a state a message already created (see pool.rs).
-                    parts.entry(k).or_insert_with(|| {
-                        epoch += 1;
-                        PartitionState { epoch, ..Default::default() }
-                    });
-                },
+                RebalanceEvent::Assigned(tps) => {
+                    // A partition paused for its held head, revoked and given back would
+                    // stay paused in librdkafka while its new state says it is not.
+                    kafka::lift_pauses(&consumer, &tps);
+                    for k in tps {
+                        // Keep a state a message already created (see pool.rs); its pause
+                        // was just lifted, the next pass pauses it again if its head waits.
+                        let st = parts.entry(k).or_insert_with(|| {
+                            epoch += 1;
+                            PartitionState { epoch, ..Default::default() }
+                        });
+                        st.paused = false;
+                    }
+                }
                 RebalanceEvent::Revoked(tps) => for k in tps { parts.remove(&k); },
             },
             Some((key, offset, ep)) = done_rx.recv() => {
