@@ -1,6 +1,11 @@
 //! Metric names, in one place, with their descriptions registered at start-up.
 //! Labels stay bounded: pool, status, failure class, configured job type, reason.
 
+// The HTTP API's (labels stay bounded: route template, method, status code, pool, tier).
+pub const API_REQUESTS: &str = "fairway_api_requests_total";
+pub const API_REQUEST_SECONDS: &str = "fairway_api_request_seconds";
+pub const API_JOBS_SUBMITTED: &str = "fairway_api_jobs_submitted_total";
+pub const API_RATE_LIMITED: &str = "fairway_api_rate_limited_total";
 pub const JOBS_RECEIVED: &str = "fairway_jobs_received_total";
 pub const JOBS_FINISHED: &str = "fairway_jobs_finished_total";
 pub const OUTCOME_WRITE_FAILURES: &str = "fairway_outcome_write_failures_total";
@@ -94,6 +99,13 @@ pub fn with_buckets(
 /// Registers descriptions (shown as HELP lines by the Prometheus exporter).
 pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(API_REQUESTS, "HTTP API requests, by route, method and status");
+    describe_histogram!(API_REQUEST_SECONDS, Unit::Seconds, "HTTP API request latency, by route");
+    describe_counter!(
+        API_JOBS_SUBMITTED,
+        "Jobs accepted by the HTTP API, by pool and duplicate (idempotency key reused)"
+    );
+    describe_counter!(API_RATE_LIMITED, "Submissions refused with 429, by tenant tier");
     describe_counter!(JOBS_RECEIVED, "Jobs consumed from pool topics, by pool");
     describe_counter!(JOBS_FINISHED, "Terminal outcomes recorded, by pool and status");
     describe_counter!(

@@ -282,3 +282,63 @@ async fn a_partition_paused_before_a_rebalance_flows_again_when_assigned_back() 
     assert!(m.pauses.paused().is_empty());
     assert!(got.iter().any(|p| p == "second"), "the partition stayed paused after it was assigned back (got {got:?})");
 }
+
+/// The retry relay holds a job that is not due yet with its partition paused. A
+/// rebalance that takes the partition away and gives it back (another member joining
+/// the relay's group) must not leave it paused: the job is read again and handed back to
+/// its pool when due. Before the relay lifted old pauses on assignment, it never was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_held_retry_is_relayed_after_its_partition_was_revoked_and_given_back() {
+    use fairway::kafka::RebalanceEvent;
+    let mut cfg = common::config("");
+    cfg.kafka.partitions = 1;
+    cfg.worker.relay_hold_max = Duration::from_secs(60);
+    common::init(&cfg).await;
+    let cfg = common::arc(cfg);
+    // A job due in 25 s on the delayed topic: the relay holds it, its partition paused.
+    let mut job = common::job_record("acme", "echo");
+    let due = fairway::now_ms() + 25_000;
+    job.not_before = Some(due);
+    let producer = fairway::kafka::producer(&cfg).unwrap();
+    let bytes = fairway::codec::encode_job(&job).unwrap();
+    fairway::kafka::send(&producer, &cfg.delayed_topic(), &job.tenant, &bytes).await.unwrap();
+    let store = fairway::store::Store::open(&cfg).await.expect("store");
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let relay = tokio::spawn(fairway::worker::relay::run(cfg.clone(), producer.clone(), store, stopped));
+    // Another member joins the relay's group for another topic: the (eager) rebalance
+    // revokes the relay's partitions and gives them back. Its own assignment says the
+    // rebalance is over.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let other = vec![cfg.results_topic()];
+    let (c2, mut ev2) = fairway::kafka::consumer(&cfg, &cfg.group("retry"), &other).unwrap();
+    let poll_c2 = tokio::spawn(async move {
+        loop {
+            let _ = tokio::time::timeout(Duration::from_millis(100), c2.recv()).await;
+        }
+    });
+    let joined = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(ev) = ev2.recv().await {
+            if matches!(ev, RebalanceEvent::Assigned(ref tps) if !tps.is_empty()) {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(joined.is_ok(), "the second member got no assignment within 30 s");
+    assert!(fairway::now_ms() < due, "the rebalance ended after the job was due: the test proves nothing");
+    // Handed back to its pool when due.
+    let id = job.job_id.clone();
+    let seen = common::read_until(
+        &cfg,
+        &cfg.pool_topic(fairway::model::Pool::Short),
+        Duration::from_secs(45),
+        |b, _, _| fairway::codec::decode_job(b).ok().filter(|j| j.job_id == id),
+        |got| !got.is_empty(),
+    )
+    .await;
+    let _ = stop.send(true);
+    poll_c2.abort();
+    let _ = tokio::time::timeout(Duration::from_secs(10), relay).await;
+    assert_eq!(seen.len(), 1, "the held job was never relayed after its partition came back");
+    assert!(fairway::now_ms() >= due);
+}

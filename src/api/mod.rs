@@ -49,24 +49,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
-// Metric names of the API (to move to `crate::metrics`). Labels stay bounded: route
-// template, method, status code, pool, tier.
-pub const API_REQUESTS: &str = "fairway_api_requests_total";
-pub const API_REQUEST_SECONDS: &str = "fairway_api_request_seconds";
-pub const API_JOBS_SUBMITTED: &str = "fairway_api_jobs_submitted_total";
-pub const API_RATE_LIMITED: &str = "fairway_api_rate_limited_total";
-
-/// Registers the API metric descriptions (HELP lines).
-pub fn describe() {
-    use metrics::{describe_counter, describe_histogram, Unit};
-    describe_counter!(API_REQUESTS, "HTTP API requests, by route, method and status");
-    describe_histogram!(API_REQUEST_SECONDS, Unit::Seconds, "HTTP API request latency, by route");
-    describe_counter!(
-        API_JOBS_SUBMITTED,
-        "Jobs accepted by the HTTP API, by pool and duplicate (idempotency key reused)"
-    );
-    describe_counter!(API_RATE_LIMITED, "Submissions refused with 429, by tenant tier");
-}
+use crate::metrics::{API_JOBS_SUBMITTED, API_RATE_LIMITED, API_REQUESTS, API_REQUEST_SECONDS};
 
 /// Installs a global Prometheus recorder (no HTTP listener of its own: the API serves
 /// `/metrics`) and registers every metric description. Call once per process.
@@ -75,7 +58,6 @@ pub fn install_prometheus() -> Result<PrometheusHandle, BuildError> {
         .set_buckets_for_metric(Matcher::Full(API_REQUEST_SECONDS.into()), &crate::metrics::LATENCY_BUCKETS)?
         .install_recorder()?;
     crate::metrics::describe();
-    describe();
     Ok(handle)
 }
 

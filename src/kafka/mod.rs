@@ -467,19 +467,21 @@ fn heartbeat_ms(session_timeout: Duration) -> u128 {
     (session_timeout.as_millis() / 20).clamp(100, 1000)
 }
 
-/// Lifts any application pause left on just-assigned partitions (librdkafka keeps it
-/// across a rebalance; see [`Pauses`]). Every consumer that pauses partitions of a group
-/// subscription calls this on each assignment.
-pub fn lift_pauses<C: Consumer<X>, X: ConsumerContext>(consumer: &C, assigned: &[(String, i32)]) {
-    if assigned.is_empty() {
+/// Resumes partitions that still carry an application pause from before they were
+/// revoked (librdkafka keeps it across a rebalance; see [`Pauses`]). Only for those:
+/// every pause or resume bumps the partition's op version in librdkafka, which makes
+/// its in-flight offset and fetch responses outdated (retried, but later).
+pub fn lift_pauses<C: Consumer<X>, X: ConsumerContext>(consumer: &C, stale: &[(String, i32)]) {
+    if stale.is_empty() {
         return;
     }
     let mut tpl = TopicPartitionList::new();
-    for (topic, p) in assigned {
+    for (topic, p) in stale {
         tpl.add_partition(topic, *p);
     }
-    if let Err(e) = consumer.resume(&tpl) {
-        tracing::warn!(partitions = ?assigned, error = %e, "could not lift old pauses of assigned partitions");
+    match consumer.resume(&tpl) {
+        Ok(()) => tracing::debug!(partitions = ?stale, "lifted pauses kept from before a rebalance"),
+        Err(e) => tracing::warn!(partitions = ?stale, error = %e, "could not lift old pauses of assigned partitions"),
     }
 }
 
@@ -489,18 +491,20 @@ pub fn lift_pauses<C: Consumer<X>, X: ConsumerContext>(consumer: &C, assigned: &
 /// partition paused, revoked and assigned back (every rebalance of the eager protocol
 /// does that to every partition) stays paused although the group handed it over anew.
 /// A worker that forgot its pauses on revocation then never resumed it, and that
-/// partition's jobs stopped arriving for good. So every assignment resumes the assigned
-/// partitions in librdkafka and starts their books clean; [`Pauses::set`] then pauses
-/// what the worker wants paused.
+/// partition's jobs stopped arriving for good. So a revoked partition that was paused
+/// is remembered as *stale*; when it is assigned again its pause is lifted and its books
+/// start clean; [`Pauses::set`] then pauses what the worker wants paused.
 #[derive(Debug)]
 pub struct Pauses {
     topic: String,
     paused: std::collections::BTreeSet<i32>,
+    /// Paused when revoked: librdkafka still holds them paused.
+    stale: std::collections::BTreeSet<i32>,
 }
 
 impl Pauses {
     pub fn new(topic: &str) -> Pauses {
-        Pauses { topic: topic.to_string(), paused: Default::default() }
+        Pauses { topic: topic.to_string(), paused: Default::default(), stale: Default::default() }
     }
 
     /// The partitions paused now.
@@ -516,20 +520,20 @@ impl Pauses {
         tpl
     }
 
-    /// Partitions were assigned: whatever pause they carried from before is lifted.
+    /// Partitions were assigned: a pause they kept from before their revocation is lifted.
     pub fn assigned<C: Consumer<X>, X: ConsumerContext>(&mut self, consumer: &C, parts: &[i32]) {
-        let tps: Vec<(String, i32)> = parts.iter().map(|p| (self.topic.clone(), *p)).collect();
-        lift_pauses(consumer, &tps);
-        for p in parts {
-            self.paused.remove(p);
-        }
+        let stale: Vec<(String, i32)> =
+            parts.iter().filter(|p| self.stale.remove(p)).map(|p| (self.topic.clone(), *p)).collect();
+        lift_pauses(consumer, &stale);
     }
 
-    /// Partitions were revoked: they are not ours to pause or resume (an assignment that
-    /// gives them back lifts their pause).
+    /// Partitions were revoked: not ours to pause or resume until assigned again (the
+    /// paused ones are remembered, to be lifted then).
     pub fn revoked(&mut self, parts: &[i32]) {
         for p in parts {
-            self.paused.remove(p);
+            if self.paused.remove(p) {
+                self.stale.insert(*p);
+            }
         }
     }
 
@@ -538,6 +542,9 @@ impl Pauses {
         let to_pause: Vec<i32> = want.iter().filter(|p| !self.paused.contains(p)).copied().collect();
         let to_resume: Vec<i32> = self.paused.iter().filter(|p| !want.contains(p)).copied().collect();
         if !to_pause.is_empty() && consumer.pause(&self.tpl(to_pause.iter().copied())).is_ok() {
+            for p in &to_pause {
+                self.stale.remove(p);
+            }
             self.paused.extend(to_pause);
         }
         if !to_resume.is_empty() && consumer.resume(&self.tpl(to_resume.iter().copied())).is_ok() {

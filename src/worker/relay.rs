@@ -54,6 +54,8 @@ pub async fn run(
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(Key, i64, u64)>();
     let mut parts: HashMap<Key, PartitionState> = HashMap::new();
     let mut epoch = 0u64;
+    // Partitions revoked while paused: librdkafka keeps them paused until resumed.
+    let mut stale_pauses: std::collections::HashSet<Key> = Default::default();
     // Jobs due within this long are held here (their partition paused); later ones are
     // parked in the store for the promoter, so a 30-minute backoff never blocks the
     // 1-second retries behind it in the same partition.
@@ -73,18 +75,21 @@ pub async fn run(
                 RebalanceEvent::Assigned(tps) => {
                     // A partition paused for its held head, revoked and given back would
                     // stay paused in librdkafka while its new state says it is not.
-                    kafka::lift_pauses(&consumer, &tps);
+                    let (lift, _): (Vec<Key>, Vec<Key>) = tps.iter().cloned().partition(|k| stale_pauses.remove(k));
+                    kafka::lift_pauses(&consumer, &lift);
                     for k in tps {
-                        // Keep a state a message already created (see pool.rs); its pause
-                        // was just lifted, the next pass pauses it again if its head waits.
-                        let st = parts.entry(k).or_insert_with(|| {
+                        // Keep a state a message already created (see pool.rs).
+                        parts.entry(k).or_insert_with(|| {
                             epoch += 1;
                             PartitionState { epoch, ..Default::default() }
                         });
-                        st.paused = false;
                     }
                 }
-                RebalanceEvent::Revoked(tps) => for k in tps { parts.remove(&k); },
+                RebalanceEvent::Revoked(tps) => for k in tps {
+                    if parts.remove(&k).is_some_and(|st| st.paused) {
+                        stale_pauses.insert(k);
+                    }
+                },
             },
             Some((key, offset, ep)) = done_rx.recv() => {
                 if let Some(st) = parts.get_mut(&key) {
