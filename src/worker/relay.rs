@@ -11,7 +11,7 @@ use crate::core::promotion::{self, Pace};
 use crate::kafka::{self, Consumer, Message, RebalanceEvent, TopicPartitionList};
 use crate::model::{FailureClass, JobSubmitted, Millis, Pool};
 use crate::{codec, metrics as m, now_ms};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
@@ -42,6 +42,10 @@ pub fn relay_topics(cfg: &Config) -> Vec<String> {
     t
 }
 
+/// A job's hand-off is durable: its partition, offset and the partition state's epoch.
+type Done = (Key, i64, u64);
+
+/// The retry relay loop: hands each retried job back to its pool topic once due.
 pub async fn run(
     cfg: Arc<Config>,
     producer: rdkafka::producer::FutureProducer,
@@ -51,156 +55,249 @@ pub async fn run(
     let topics = relay_topics(&cfg);
     let group = cfg.group("retry");
     let (consumer, mut rebalances) = kafka::consumer(&cfg, &group, &topics)?;
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(Key, i64, u64)>();
-    let mut parts: HashMap<Key, PartitionState> = HashMap::new();
-    let mut epoch = 0u64;
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
+    let mut relay = Relay::new(cfg, producer, store, done_tx);
+    loop {
+        let next_due = relay.next_due();
+        tokio::select! {
+            biased;
+            _ = shutdown.changed() => break,
+            Some(ev) = rebalances.recv() => relay.on_rebalance(&consumer, ev),
+            Some(done) = done_rx.recv() => relay.on_done(&consumer, done),
+            msg = consumer.recv() => match msg {
+                Err(e) => { tracing::warn!(error = %e, "retry relay consumer error"); tokio::time::sleep(Duration::from_millis(200)).await; }
+                Ok(m) => relay.on_message(m),
+            },
+            _ = tokio::time::sleep(next_due) => {}
+        }
+        relay.release_due(&consumer);
+    }
+    let _ = consumer.commit_consumer_state(kafka::CommitMode::Sync);
+    Ok(())
+}
+
+/// The relay loop's state besides the consumer: partitions, their held jobs, epochs.
+struct Relay {
+    cfg: Arc<Config>,
+    producer: rdkafka::producer::FutureProducer,
+    store: crate::store::Store,
+    done_tx: mpsc::UnboundedSender<Done>,
+    parts: HashMap<Key, PartitionState>,
+    epoch: u64,
     // Partitions revoked while paused: librdkafka keeps them paused until resumed.
-    let mut stale_pauses: std::collections::HashSet<Key> = Default::default();
+    stale_pauses: HashSet<Key>,
     // Jobs due within this long are held here (their partition paused); later ones are
     // parked in the store for the promoter, so a 30-minute backoff never blocks the
     // 1-second retries behind it in the same partition.
-    let hold_at_most = cfg.worker.relay_hold_max.as_millis() as i64;
-    loop {
+    hold_at_most: i64,
+}
+
+impl Relay {
+    /// A relay with no partitions yet.
+    fn new(
+        cfg: Arc<Config>,
+        producer: rdkafka::producer::FutureProducer,
+        store: crate::store::Store,
+        done_tx: mpsc::UnboundedSender<Done>,
+    ) -> Self {
+        let hold_at_most = cfg.worker.relay_hold_max.as_millis() as i64;
+        Relay {
+            cfg,
+            producer,
+            store,
+            done_tx,
+            parts: HashMap::new(),
+            epoch: 0,
+            stale_pauses: Default::default(),
+            hold_at_most,
+        }
+    }
+
+    /// How long the loop may sleep: until the earliest held head is due (1 ms to 1 min).
+    fn next_due(&self) -> Duration {
         let now = now_ms();
-        let next_due = parts
+        let next_due = self
+            .parts
             .values()
             .filter_map(|p| p.held.front().map(|h| h.job.not_before.unwrap_or(0)))
             .min()
             .map(|t| (t - now).clamp(1, 60_000) as u64)
             .unwrap_or(60_000);
-        tokio::select! {
-            biased;
-            _ = shutdown.changed() => break,
-            Some(ev) = rebalances.recv() => match ev {
-                RebalanceEvent::Assigned(tps) => {
-                    // A partition paused for its held head, revoked and given back would
-                    // stay paused in librdkafka while its new state says it is not.
-                    let (lift, _): (Vec<Key>, Vec<Key>) = tps.iter().cloned().partition(|k| stale_pauses.remove(k));
-                    kafka::lift_pauses(&consumer, &lift);
-                    for k in tps {
-                        // Keep a state a message already created (see pool.rs).
-                        parts.entry(k).or_insert_with(|| {
-                            epoch += 1;
-                            PartitionState { epoch, ..Default::default() }
-                        });
-                    }
-                }
-                RebalanceEvent::Revoked(tps) => for k in tps {
-                    if parts.remove(&k).is_some_and(|st| st.paused) {
-                        stale_pauses.insert(k);
-                    }
-                },
-            },
-            Some((key, offset, ep)) = done_rx.recv() => {
-                if let Some(st) = parts.get_mut(&key) {
-                    if st.epoch == ep {
-                        if let Some(c) = st.offsets.finished(offset) {
-                            let mut tpl = TopicPartitionList::new();
-                            if tpl.add_partition_offset(&key.0, key.1, kafka::Offset::Offset(c)).is_ok() {
-                                let _ = consumer.store_offsets(&tpl);
-                            }
-                        }
-                    }
-                }
-            }
-            msg = consumer.recv() => match msg {
-                Err(e) => { tracing::warn!(error = %e, "retry relay consumer error"); tokio::time::sleep(Duration::from_millis(200)).await; }
-                Ok(m) => {
-                    let key: Key = (m.topic().to_string(), m.partition());
-                    let offset = m.offset();
-                    let payload = m.payload().unwrap_or_default();
-                    let decoded = codec::decode_job(payload).map_err(|e| (e, payload.to_vec()));
-                    drop(m);
-                    epoch += 1;
-                    let e2 = epoch;
-                    let st = parts.entry(key.clone()).or_insert_with(|| PartitionState { epoch: e2, ..Default::default() });
-                    if st.offsets.started(offset).is_err() {
-                        *st = PartitionState { epoch: e2, ..Default::default() };
-                        let _ = st.offsets.started(offset);
-                    }
-                    match decoded {
-                        Ok(job) if job.not_before.unwrap_or(0) - now_ms() > hold_at_most => {
-                            // Far in the future: park it in the store, release the partition.
-                            let (store, tx, ep) = (store.clone(), done_tx.clone(), st.epoch);
-                            tokio::spawn(async move {
-                                let at = job.not_before.unwrap_or(0);
-                                let parked = match codec::encode_job(&job) {
-                                    Ok(bytes) => with_retries(|| store.put_scheduled(at, &job.job_id, &bytes)).await,
-                                    Err(e) => {
-                                        tracing::error!(error = %e, "cannot encode job to park");
-                                        Ok(())
-                                    }
-                                };
-                                match parked {
-                                    Ok(()) => {
-                                        let _ = tx.send((key, offset, ep));
-                                    }
-                                    // Not parked: leave the offset uncommitted; it is redelivered.
-                                    Err(e) => tracing::error!(error = %e, job_id = %job.job_id, "cannot park job"),
-                                }
-                            });
-                        }
-                        Ok(job) => st.held.push_back(Held { job, offset }),
-                        Err((e, raw)) => {
-                            // Only fairway writes retry topics, but a record it cannot read
-                            // any more (a schema it does not know) is dead-lettered, never
-                            // dropped; its offset is released once the dead letter is acked.
-                            let (cfg, producer, tx, ep) = (cfg.clone(), producer.clone(), done_tx.clone(), st.epoch);
-                            tokio::spawn(async move {
-                                let origin = Origin { topic: key.0.clone(), partition: key.1, offset };
-                                if outcome::dead_letter_undecodable(&cfg, &producer, raw, &e, &origin).await {
-                                    let _ = tx.send((key, offset, ep));
-                                }
-                            });
-                        }
-                    }
-                }
-            },
-            _ = tokio::time::sleep(Duration::from_millis(next_due)) => {}
-        }
+        Duration::from_millis(next_due)
+    }
 
-        // Release every due head; pause partitions whose head must wait.
-        let now = now_ms();
-        for (key, st) in parts.iter_mut() {
-            while st.held.front().is_some_and(|h| h.job.not_before.unwrap_or(0) <= now) {
-                let Some(h) = st.held.pop_front() else { break };
-                let (cfg, producer, tx, key, ep) =
-                    (cfg.clone(), producer.clone(), done_tx.clone(), key.clone(), st.epoch);
-                tokio::spawn(async move {
-                    let pool = h
-                        .job
-                        .pool
-                        .or_else(|| cfg.job_types.get(&h.job.job_type).map(|j| j.pool))
-                        .unwrap_or(Pool::Short);
-                    let topic = cfg.pool_topic(pool);
-                    match codec::encode_job(&h.job) {
-                        Ok(bytes) => {
-                            let headers = kafka::trace_headers(&h.job);
-                            let send = || kafka::send_with_headers(&producer, &topic, &h.job.tenant, &bytes, &headers);
-                            if let Err(e) = with_retries(send).await {
-                                // Not acknowledged: keep the offset uncommitted so it is redelivered.
-                                tracing::error!(error = %e, job_id = %h.job.job_id, "cannot hand retry back to its pool");
-                                return;
-                            }
-                        }
-                        Err(e) => tracing::error!(error = %e, "cannot encode retry"),
-                    }
-                    let _ = tx.send((key, h.offset, ep));
-                });
+    /// A rebalance: assigned partitions get a state (and lose a pause kept from before a
+    /// revocation); revoked ones are forgotten, and remembered if they were paused.
+    fn on_rebalance(&mut self, consumer: &kafka::WorkerConsumer, ev: RebalanceEvent) {
+        match ev {
+            RebalanceEvent::Assigned(tps) => {
+                // A partition paused for its held head, revoked and given back would
+                // stay paused in librdkafka while its new state says it is not.
+                let (lift, _): (Vec<Key>, Vec<Key>) = tps.iter().cloned().partition(|k| self.stale_pauses.remove(k));
+                kafka::lift_pauses(consumer, &lift);
+                for k in tps {
+                    // Keep a state a message already created (see pool.rs).
+                    self.parts.entry(k).or_insert_with(|| {
+                        self.epoch += 1;
+                        PartitionState { epoch: self.epoch, ..Default::default() }
+                    });
+                }
             }
-            let want_pause = !st.held.is_empty();
-            if want_pause != st.paused {
-                let mut tpl = TopicPartitionList::new();
-                tpl.add_partition(&key.0, key.1);
-                let r = if want_pause { consumer.pause(&tpl) } else { consumer.resume(&tpl) };
-                if r.is_ok() {
-                    st.paused = want_pause;
+            RebalanceEvent::Revoked(tps) => {
+                for k in tps {
+                    if self.parts.remove(&k).is_some_and(|st| st.paused) {
+                        self.stale_pauses.insert(k);
+                    }
                 }
             }
         }
     }
-    let _ = consumer.commit_consumer_state(kafka::CommitMode::Sync);
-    Ok(())
+
+    /// A job's hand-off is durable: store the offset it lets the partition commit, unless
+    /// the partition's state changed since (another epoch).
+    fn on_done(&mut self, consumer: &kafka::WorkerConsumer, (key, offset, ep): Done) {
+        if let Some(st) = self.parts.get_mut(&key) {
+            if st.epoch == ep {
+                if let Some(c) = st.offsets.finished(offset) {
+                    let mut tpl = TopicPartitionList::new();
+                    if tpl.add_partition_offset(&key.0, key.1, kafka::Offset::Offset(c)).is_ok() {
+                        let _ = consumer.store_offsets(&tpl);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A message from a relay topic: track its offset, then park its job in the store
+    /// (due far ahead), hold it (due soon) or dead-letter it (undecodable).
+    fn on_message(&mut self, m: kafka::BorrowedMessage<'_>) {
+        let key: Key = (m.topic().to_string(), m.partition());
+        let offset = m.offset();
+        let payload = m.payload().unwrap_or_default();
+        let decoded = codec::decode_job(payload).map_err(|e| (e, payload.to_vec()));
+        drop(m);
+        let hold_at_most = self.hold_at_most;
+        let st = self.track(&key, offset);
+        match decoded {
+            Ok(job) if job.not_before.unwrap_or(0) - now_ms() > hold_at_most => {
+                // Far in the future: park it in the store, release the partition.
+                let ep = st.epoch;
+                self.park(key, offset, ep, job);
+            }
+            Ok(job) => st.held.push_back(Held { job, offset }),
+            Err((e, raw)) => {
+                // Only fairway writes retry topics, but a record it cannot read
+                // any more (a schema it does not know) is dead-lettered, never
+                // dropped; its offset is released once the dead letter is acked.
+                let ep = st.epoch;
+                self.dead_letter(key, offset, ep, e, raw);
+            }
+        }
+    }
+
+    /// The state of a message's partition, under a new epoch: created if new, started
+    /// afresh if its offsets refuse this one.
+    fn track(&mut self, key: &Key, offset: i64) -> &mut PartitionState {
+        self.epoch += 1;
+        let e2 = self.epoch;
+        let st = self.parts.entry(key.clone()).or_insert_with(|| PartitionState { epoch: e2, ..Default::default() });
+        if st.offsets.started(offset).is_err() {
+            *st = PartitionState { epoch: e2, ..Default::default() };
+            let _ = st.offsets.started(offset);
+        }
+        st
+    }
+
+    /// Parks a job due far ahead in the store for the promoter; its offset is released
+    /// once it is parked.
+    fn park(&self, key: Key, offset: i64, ep: u64, job: JobSubmitted) {
+        let (store, tx) = (self.store.clone(), self.done_tx.clone());
+        tokio::spawn(async move {
+            let at = job.not_before.unwrap_or(0);
+            let parked = match codec::encode_job(&job) {
+                Ok(bytes) => with_retries(|| store.put_scheduled(at, &job.job_id, &bytes)).await,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot encode job to park");
+                    Ok(())
+                }
+            };
+            match parked {
+                Ok(()) => {
+                    let _ = tx.send((key, offset, ep));
+                }
+                // Not parked: leave the offset uncommitted; it is redelivered.
+                Err(e) => tracing::error!(error = %e, job_id = %job.job_id, "cannot park job"),
+            }
+        });
+    }
+
+    /// Dead-letters a record that cannot be decoded; its offset is released once acked.
+    fn dead_letter(&self, key: Key, offset: i64, ep: u64, e: codec::CodecError, raw: Vec<u8>) {
+        let (cfg, producer, tx) = (self.cfg.clone(), self.producer.clone(), self.done_tx.clone());
+        tokio::spawn(async move {
+            let origin = Origin { topic: key.0.clone(), partition: key.1, offset };
+            if outcome::dead_letter_undecodable(&cfg, &producer, raw, &e, &origin).await {
+                let _ = tx.send((key, offset, ep));
+            }
+        });
+    }
+
+    /// After every wake of the loop: hands every due head back to its pool, then pauses
+    /// the partitions whose head must wait and resumes the others.
+    fn release_due(&mut self, consumer: &kafka::WorkerConsumer) {
+        // Release every due head; pause partitions whose head must wait.
+        let now = now_ms();
+        for (key, st) in self.parts.iter_mut() {
+            while st.held.front().is_some_and(|h| h.job.not_before.unwrap_or(0) <= now) {
+                let Some(h) = st.held.pop_front() else { break };
+                let (cfg, producer, tx, key, ep) =
+                    (self.cfg.clone(), self.producer.clone(), self.done_tx.clone(), key.clone(), st.epoch);
+                tokio::spawn(hand_back(cfg, producer, tx, key, h, ep));
+            }
+            st.pause_if_held(consumer, key);
+        }
+    }
+}
+
+impl PartitionState {
+    /// Pauses the partition while it holds a job, resumes it once it holds none.
+    fn pause_if_held(&mut self, consumer: &kafka::WorkerConsumer, key: &Key) {
+        let want_pause = !self.held.is_empty();
+        if want_pause != self.paused {
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition(&key.0, key.1);
+            let r = if want_pause { consumer.pause(&tpl) } else { consumer.resume(&tpl) };
+            if r.is_ok() {
+                self.paused = want_pause;
+            }
+        }
+    }
+}
+
+/// Produces a due retry to its pool topic; its offset is released once acknowledged.
+async fn hand_back(
+    cfg: Arc<Config>,
+    producer: rdkafka::producer::FutureProducer,
+    tx: mpsc::UnboundedSender<Done>,
+    key: Key,
+    h: Held,
+    ep: u64,
+) {
+    let pool = h.job.pool.or_else(|| cfg.job_types.get(&h.job.job_type).map(|j| j.pool)).unwrap_or(Pool::Short);
+    let topic = cfg.pool_topic(pool);
+    match codec::encode_job(&h.job) {
+        Ok(bytes) => {
+            let headers = kafka::trace_headers(&h.job);
+            let send = || kafka::send_with_headers(&producer, &topic, &h.job.tenant, &bytes, &headers);
+            if let Err(e) = with_retries(send).await {
+                // Not acknowledged: keep the offset uncommitted so it is redelivered.
+                tracing::error!(error = %e, job_id = %h.job.job_id, "cannot hand retry back to its pool");
+                return;
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "cannot encode retry"),
+    }
+    let _ = tx.send((key, h.offset, ep));
 }
 
 /// The promoter: one leader at a time (LWT lease) moves parked jobs whose time has come
