@@ -9,6 +9,7 @@ use super::Shared;
 use crate::core::retry::{AttemptState, Decision};
 use crate::handlers::HandlerError;
 use crate::model::{FailureClass, JobStatus, JobSubmitted};
+use crate::store::{JobRow, StoreError};
 use crate::{metrics as m, now_ms};
 use std::sync::Arc;
 
@@ -26,152 +27,217 @@ pub(super) enum Check {
 /// The effectively-once check, before any handler runs: finished, stale, cancelled,
 /// expired, scheduled for later, or running elsewhere (rebalance safety).
 pub(super) async fn before_run(sh: &Shared, job: Arc<JobSubmitted>, origin: &Origin) -> Check {
-    let mut job = job;
-    let interval = sh.cfg.pool(sh.pool).heartbeat_interval;
     // Record the partition's dispatch frontier past this offset before it can start, and
     // learn whether anyone can have started it before (then its state needs no read).
     let fresh = match with_retries(|| sh.frontiers.before_start(&sh.store, &job, origin)).await {
         Ok(fresh) => fresh,
         Err(e) => {
             tracing::warn!(job_id = %job.job_id, error = %e, "store unavailable for the dispatch frontier");
-            let err = HandlerError { class: FailureClass::WorkerCrash, message: e.to_string(), retry_after: None };
-            return Check::Done(fail(sh, &job, origin, err, None).await);
+            return Check::Done(fail_as_crash(sh, &job, origin, &e).await);
         }
     };
-    let mut row_claimed = false;
-    if fresh {
+    let (job, row_claimed) = if fresh {
         metrics::counter!(m::STATE_READS_SKIPPED, "pool" => sh.pool.as_str()).increment(1);
+        (job, false)
     } else {
-        loop {
-            let row = match with_retries(|| sh.store.job(&job.job_id)).await {
-                Ok(r) => r,
-                Err(e) => {
-                    // The store is down: failing the job would be wrong, skipping it would
-                    // lose it. Hand it back as a worker-side failure so it is retried later.
-                    tracing::warn!(job_id = %job.job_id, error = %e, "store unavailable for the effectively-once check");
-                    let err =
-                        HandlerError { class: FailureClass::WorkerCrash, message: e.to_string(), retry_after: None };
-                    return Check::Done(fail(sh, &job, origin, err, None).await);
-                }
-            };
-            let now = now_ms();
-            let Some(row) = row else { break };
-            row_claimed |= matches!(row.status.as_deref(), Some("running" | "handed_off"));
-            // Generations ("rerun all"): the row records the generation last run. A copy of
-            // an older generation is superseded; a newer one runs even if the job finished.
-            let row_gen = row.generation.unwrap_or(0);
-            if job.generation < row_gen {
-                metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "superseded").increment(1);
-                return Check::Done(true);
+        match check_row(sh, job, origin).await {
+            Check::Run { job, row_claimed } => (job, row_claimed),
+            done => return done,
+        }
+    };
+    run_unless_expired(sh, job, row_claimed).await
+}
+
+/// What a look at a handed-off or running row decided for this copy.
+enum Step {
+    /// Go on past this look (a hand-off claimed, a running job's worker found dead).
+    Next,
+    /// Look at the row again.
+    Again,
+    /// Handled without running; false if that outcome could not be made durable.
+    Done(bool),
+}
+
+/// Reads the job's row until it settles this copy, makes it wait, or lets it run (as it
+/// is, claimed after a hand-off, or taken over from a dead worker).
+async fn check_row(sh: &Shared, mut job: Arc<JobSubmitted>, origin: &Origin) -> Check {
+    let interval = sh.cfg.pool(sh.pool).heartbeat_interval;
+    let mut row_claimed = false;
+    loop {
+        let row = match with_retries(|| sh.store.job(&job.job_id)).await {
+            Ok(r) => r,
+            Err(e) => {
+                // The store is down: failing the job would be wrong, skipping it would
+                // lose it. Hand it back as a worker-side failure so it is retried later.
+                tracing::warn!(job_id = %job.job_id, error = %e, "store unavailable for the effectively-once check");
+                return Check::Done(fail_as_crash(sh, &job, origin, &e).await);
             }
-            let rerun = job.generation > row_gen;
-            if row.is_terminal() && !rerun {
-                // Redelivered after it finished: its result was acknowledged before its state
-                // was written (see `outcome::finish`), so there is nothing to publish again.
-                metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "finished").increment(1);
-                return Check::Done(true);
+        };
+        let now = now_ms();
+        let Some(row) = row else { break };
+        row_claimed |= matches!(row.status.as_deref(), Some("running" | "handed_off"));
+        // Generations ("rerun all"): the row records the generation last run. A copy of
+        // an older generation is superseded; a newer one runs even if the job finished.
+        let row_gen = row.generation.unwrap_or(0);
+        if job.generation < row_gen {
+            metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "superseded").increment(1);
+            return Check::Done(true);
+        }
+        let rerun = job.generation > row_gen;
+        if let Some(done) = settled_by_row(sh, &job, &row, rerun).await {
+            return Check::Done(done);
+        }
+        if row.status.as_deref() == Some("handed_off") {
+            match claim_hand_off(sh, &job, origin).await {
+                Step::Next => break,
+                Step::Again => continue,
+                Step::Done(done) => return Check::Done(done),
             }
-            if !rerun && row.attempts.unwrap_or(0) > job.attempt {
-                // A stale copy: a later attempt of this job already exists on a retry topic.
-                metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "stale_attempt")
-                    .increment(1);
-                return Check::Done(true);
-            }
-            if row.cancel_requested == Some(true) {
-                let msg = "cancelled before it started".to_string();
-                return Check::Done(finish(sh, &job, JobStatus::Cancelled, None, Some(msg), None, None).await);
-            }
-            if row.status.as_deref() == Some("handed_off") {
-                // Handed off by a draining worker: several copies may find it so (the
-                // hand-off copy, a redelivery after the rebalance); one claims it, atomically.
-                match with_retries(|| sh.store.claim_hand_off(&job.job_id, &sh.worker_id, now_ms())).await {
-                    Ok(true) => {
-                        // A heartbeat at once: other copies now see it running and wait.
-                        let ttl = sh.heartbeat_ttl_secs();
-                        let hb = sh.store.put_heartbeat(
-                            &job.job_id,
-                            &sh.worker_id,
-                            now_ms(),
-                            0.0,
-                            "claimed after a hand-off",
-                            ttl,
-                        );
-                        if let Err(e) = hb.await {
-                            tracing::warn!(job_id = %job.job_id, error = %e, "could not heartbeat a claimed job");
-                        }
-                        break;
-                    }
-                    Ok(false) => continue, // another copy claimed it: look again
-                    Err(e) => {
-                        tracing::warn!(job_id = %job.job_id, error = %e, "store unavailable to claim a handed-off job");
-                        let err = HandlerError {
-                            class: FailureClass::WorkerCrash,
-                            message: e.to_string(),
-                            retry_after: None,
-                        };
-                        return Check::Done(fail(sh, &job, origin, err, None).await);
-                    }
-                }
-            }
-            if row.status.as_deref() != Some("running") {
-                break;
-            }
-            // Marked running: by a worker that still heartbeats (the partition moved while
-            // the job runs) we wait; by one whose heartbeat lapsed, we take over.
-            let hb = sh.store.heartbeat(&job.job_id).await.ok().flatten();
-            let fresh = hb.and_then(|h| h.at).is_some_and(|at| now - at < 3 * interval.as_millis() as i64);
-            if fresh && !rerun && row.worker.as_deref() == Some(sh.worker_id.as_str()) {
-                // A redelivered copy of a job running on this very worker (its partition came
-                // back, or it was claimed here from another copy): nothing to wait for, this
-                // worker records its end. Waiting would hold a slot for the whole run and can
-                // starve the hand-off copies of other jobs. A newer generation's copy is not a
-                // redelivery: it waits below and runs once the current run ends.
-                metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "running_here").increment(1);
-                return Check::Done(true);
-            }
-            if fresh {
-                metrics::counter!(m::JOBS_DEFERRED, "pool" => sh.pool.as_str()).increment(1);
-                if sh.stopping.load(std::sync::atomic::Ordering::SeqCst) {
-                    // This worker hands its jobs off and has left the group: a copy waiting
-                    // for another worker's job is not its business any more (its offset stays
-                    // uncommitted for the partition's next owner).
-                    return Check::Done(false);
-                }
-                // Looked at again within a second, not a heartbeat interval: when the running
-                // worker hands the job off, this copy may be the one to claim it (the
-                // hand-off copy can wait behind such copies for a slot).
-                tokio::time::sleep(interval.min(RECHECK)).await;
-                continue;
-            }
-            // Worker crash: never uses up an attempt, but counts towards the crash limit.
-            let crashes = job.crash_count.max(row.crash_count.unwrap_or(0) + 1);
-            let state = AttemptState { attempt: job.attempt, crash_count: crashes - 1, last_error: row.error.clone() };
-            let policy = sh.retry_policy(&job.job_type);
-            if let (_, Decision::DeadLetter { reason }) =
-                sh.decide(FailureClass::WorkerCrash, &job.job_type, &job.tenant, &state, &policy, now)
-            {
-                let dl = dead_letter(
-                    sh,
-                    Some(&job),
-                    None,
-                    FailureClass::Poison,
-                    reason.clone(),
-                    row.error.clone(),
-                    job.attempt,
-                    origin,
-                )
-                .await;
-                let fin =
-                    finish(sh, &job, JobStatus::Failed, None, Some(reason), Some(FailureClass::Poison), None).await;
-                return Check::Done(dl && fin);
-            }
-            metrics::counter!(m::JOBS_TAKEN_OVER, "pool" => sh.pool.as_str()).increment(1);
-            let mut j = (*job).clone();
-            j.crash_count = crashes;
-            job = Arc::new(j);
+        }
+        if row.status.as_deref() != Some("running") {
             break;
         }
+        match wait_for_live_worker(sh, &job, &row, rerun, now, interval).await {
+            Step::Next => {}
+            Step::Again => continue,
+            Step::Done(done) => return Check::Done(done),
+        }
+        match take_over(sh, &job, &row, origin, now).await {
+            Ok(taken) => job = taken,
+            Err(done) => return Check::Done(done),
+        }
+        break;
     }
+    Check::Run { job, row_claimed }
+}
+
+/// A copy its row settles without running: a finished job redelivered, a stale attempt,
+/// or a cancelled job. None if the row does not settle it.
+async fn settled_by_row(sh: &Shared, job: &JobSubmitted, row: &JobRow, rerun: bool) -> Option<bool> {
+    if row.is_terminal() && !rerun {
+        // Redelivered after it finished: its result was acknowledged before its state
+        // was written (see `outcome::finish`), so there is nothing to publish again.
+        metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "finished").increment(1);
+        return Some(true);
+    }
+    if !rerun && row.attempts.unwrap_or(0) > job.attempt {
+        // A stale copy: a later attempt of this job already exists on a retry topic.
+        metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "stale_attempt").increment(1);
+        return Some(true);
+    }
+    if row.cancel_requested == Some(true) {
+        let msg = "cancelled before it started".to_string();
+        return Some(finish(sh, job, JobStatus::Cancelled, None, Some(msg), None, None).await);
+    }
+    None
+}
+
+/// A handed-off row: claims the job for this worker, atomically.
+async fn claim_hand_off(sh: &Shared, job: &JobSubmitted, origin: &Origin) -> Step {
+    // Handed off by a draining worker: several copies may find it so (the
+    // hand-off copy, a redelivery after the rebalance); one claims it, atomically.
+    match with_retries(|| sh.store.claim_hand_off(&job.job_id, &sh.worker_id, now_ms())).await {
+        Ok(true) => {
+            // A heartbeat at once: other copies now see it running and wait.
+            let ttl = sh.heartbeat_ttl_secs();
+            let hb = sh.store.put_heartbeat(&job.job_id, &sh.worker_id, now_ms(), 0.0, "claimed after a hand-off", ttl);
+            if let Err(e) = hb.await {
+                tracing::warn!(job_id = %job.job_id, error = %e, "could not heartbeat a claimed job");
+            }
+            Step::Next
+        }
+        Ok(false) => Step::Again, // another copy claimed it: look again
+        Err(e) => {
+            tracing::warn!(job_id = %job.job_id, error = %e, "store unavailable to claim a handed-off job");
+            Step::Done(fail_as_crash(sh, job, origin, &e).await)
+        }
+    }
+}
+
+/// A running row: settles or waits while its worker heartbeats; Next once it lapsed.
+async fn wait_for_live_worker(
+    sh: &Shared,
+    job: &JobSubmitted,
+    row: &JobRow,
+    rerun: bool,
+    now: i64,
+    interval: std::time::Duration,
+) -> Step {
+    // Marked running: by a worker that still heartbeats (the partition moved while
+    // the job runs) we wait; by one whose heartbeat lapsed, we take over.
+    let hb = sh.store.heartbeat(&job.job_id).await.ok().flatten();
+    let fresh = hb.and_then(|h| h.at).is_some_and(|at| now - at < 3 * interval.as_millis() as i64);
+    if fresh && !rerun && row.worker.as_deref() == Some(sh.worker_id.as_str()) {
+        // A redelivered copy of a job running on this very worker (its partition came
+        // back, or it was claimed here from another copy): nothing to wait for, this
+        // worker records its end. Waiting would hold a slot for the whole run and can
+        // starve the hand-off copies of other jobs. A newer generation's copy is not a
+        // redelivery: it waits below and runs once the current run ends.
+        metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "running_here").increment(1);
+        return Step::Done(true);
+    }
+    if !fresh {
+        return Step::Next;
+    }
+    metrics::counter!(m::JOBS_DEFERRED, "pool" => sh.pool.as_str()).increment(1);
+    if sh.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+        // This worker hands its jobs off and has left the group: a copy waiting
+        // for another worker's job is not its business any more (its offset stays
+        // uncommitted for the partition's next owner).
+        return Step::Done(false);
+    }
+    // Looked at again within a second, not a heartbeat interval: when the running
+    // worker hands the job off, this copy may be the one to claim it (the
+    // hand-off copy can wait behind such copies for a slot).
+    tokio::time::sleep(interval.min(RECHECK)).await;
+    Step::Again
+}
+
+/// A job whose worker died: the job to run with its crash counted, or Err once
+/// dead-lettered past its crash limit (false if that could not be made durable).
+async fn take_over(
+    sh: &Shared,
+    job: &Arc<JobSubmitted>,
+    row: &JobRow,
+    origin: &Origin,
+    now: i64,
+) -> Result<Arc<JobSubmitted>, bool> {
+    // Worker crash: never uses up an attempt, but counts towards the crash limit.
+    let crashes = job.crash_count.max(row.crash_count.unwrap_or(0) + 1);
+    let state = AttemptState { attempt: job.attempt, crash_count: crashes - 1, last_error: row.error.clone() };
+    let policy = sh.retry_policy(&job.job_type);
+    if let (_, Decision::DeadLetter { reason }) =
+        sh.decide(FailureClass::WorkerCrash, &job.job_type, &job.tenant, &state, &policy, now)
+    {
+        let dl = dead_letter(
+            sh,
+            Some(job),
+            None,
+            FailureClass::Poison,
+            reason.clone(),
+            row.error.clone(),
+            job.attempt,
+            origin,
+        )
+        .await;
+        let fin = finish(sh, job, JobStatus::Failed, None, Some(reason), Some(FailureClass::Poison), None).await;
+        return Err(dl && fin);
+    }
+    metrics::counter!(m::JOBS_TAKEN_OVER, "pool" => sh.pool.as_str()).increment(1);
+    let mut j = (**job).clone();
+    j.crash_count = crashes;
+    Ok(Arc::new(j))
+}
+
+/// Hands the job back as a worker-side failure (the store is unavailable), so it is
+/// retried later.
+async fn fail_as_crash(sh: &Shared, job: &JobSubmitted, origin: &Origin, e: &StoreError) -> bool {
+    let err = HandlerError { class: FailureClass::WorkerCrash, message: e.to_string(), retry_after: None };
+    fail(sh, job, origin, err, None).await
+}
+
+/// The last check: a job not started before its `not_after` expires instead of running.
+async fn run_unless_expired(sh: &Shared, job: Arc<JobSubmitted>, row_claimed: bool) -> Check {
     if let Some(not_after) = job.not_after {
         let now = now_ms();
         if now > not_after {
