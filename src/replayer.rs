@@ -67,7 +67,7 @@
 use crate::config::Config;
 use crate::core::replay::{self as rp, Candidate, Decision, Guard, ReplayFilter, ReplaySource};
 use crate::kafka::{self, Consumer, Message, Offset, TopicPartitionList};
-use crate::model::{FailureClass, Millis};
+use crate::model::{FailureClass, JobSubmitted, Millis};
 use crate::store::{ReplayStatements, Store, StoreError};
 use crate::submit::Submitter;
 use crate::{codec, now_ms};
@@ -289,170 +289,274 @@ pub async fn run(
     opts: ReplayOptions,
     mut progress: impl FnMut(&Progress),
 ) -> Result<ReplayReport, ReplayError> {
-    let t0 = Instant::now();
-    let started_at = now_ms();
-    let rate = NonZeroU32::new(opts.rate_per_sec).ok_or(ReplayError::BadRate)?;
-    let topic = source_topic(cfg, opts.source);
-    let replay_id = opts.replay_id();
-    let guard = Guard { max_replays: opts.max_replays, force: opts.force };
+    let mut replay = Replay::open(cfg, opts).await?;
+    let stopped = replay.decide_all(&mut progress).await?;
+    replay.finish(&mut progress).await?;
+    Ok(replay.report(stopped))
+}
 
-    let store = Store::open(cfg).await?;
-    let stmts = store.replay_statements().await?;
-    let resume = stmts.offsets(&replay_id, &topic).await?;
-    let mut scan =
-        Scan::open(cfg, "replay", vec![(topic.clone(), resume.clone())], opts.idle_timeout, started_at).await?;
+/// One replay under way: what it reads, how it produces, and what it counted so far.
+struct Replay {
+    opts: ReplayOptions,
+    t0: Instant,
+    topic: String,
+    replay_id: String,
+    guard: Guard,
+    /// The saved resume points this run starts from: partition -> offset.
+    resume: HashMap<i32, i64>,
+    scan: Scan,
+    /// None in a dry run.
+    submitter: Option<Arc<Submitter>>,
+    limiter: governor::DefaultDirectRateLimiter,
+    /// Produces in flight that make a batch (flushed together).
+    batch: usize,
+    checkpoints: Checkpoints,
+    tally: Tally,
+    last_progress: Option<Instant>,
+    /// Time until the last record was decided and its batch saved.
+    active: Duration,
+}
 
-    let submitter =
-        if opts.dry_run { None } else { Some(Arc::new(Submitter::new(Arc::new(cfg.clone()), Some(store.clone()))?)) };
-    let burst = NonZeroU32::new((rate.get() / 50).max(1)).unwrap_or(NonZeroU32::MIN);
-    let limiter = RateLimiter::direct(Quota::per_second(rate).allow_burst(burst));
-    let batch = (rate.get() as usize).clamp(1, 500);
+/// What a replay counted and noted so far, for its progress and its report.
+#[derive(Default)]
+struct Tally {
+    scanned: u64,
+    matched: u64,
+    scheduled: u64,
+    skipped: Skipped,
+    refused: Vec<String>,
+    sample: Vec<SampleRow>,
+    warnings: Vec<String>,
+    undecodable_noted: u32,
+    /// Job ids replayed earlier in this run.
+    seen: HashSet<String>,
+}
 
-    let mut run =
-        Checkpoints::new(replay_id.clone(), stmts, opts.dry_run, resume.iter().map(|(p, o)| ((topic.clone(), *p), *o)));
-    let mut scanned = 0u64;
-    let mut matched = 0u64;
-    let mut scheduled = 0u64;
-    let mut skipped = Skipped::default();
-    let mut refused = Vec::new();
-    let mut sample = Vec::new();
-    let mut warnings = Vec::new();
-    let mut undecodable_noted = 0;
-    let mut seen: HashSet<String> = HashSet::new();
-    let mut last_progress: Option<Instant> = None;
-    let mut active = Duration::ZERO;
-    let stop_requested = || opts.stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed));
-    let report_progress = |scan: &Scan, run: &Checkpoints, scanned, matched, scheduled, skipped: &Skipped| Progress {
-        scanned,
-        matched,
-        replayed: if opts.dry_run { scheduled } else { run.acked },
-        skipped: skipped.total(),
-        partitions: scan.partitions(),
-        partitions_done: scan.partitions_done(),
-        elapsed: t0.elapsed(),
-        dry_run: opts.dry_run,
-    };
+impl Replay {
+    /// Reads the saved resume points, opens the scan from them and prepares the
+    /// submitter (none in a dry run), the rate limit and the resume bookkeeping.
+    async fn open(cfg: &Config, opts: ReplayOptions) -> Result<Replay, ReplayError> {
+        let t0 = Instant::now();
+        let started_at = now_ms();
+        let rate = NonZeroU32::new(opts.rate_per_sec).ok_or(ReplayError::BadRate)?;
+        let topic = source_topic(cfg, opts.source);
+        let replay_id = opts.replay_id();
+        let guard = Guard { max_replays: opts.max_replays, force: opts.force };
 
-    let stopped = loop {
-        if opts.limit.is_some_and(|l| scheduled >= l) {
-            break Stopped::Limit;
-        }
-        if scan.finished() {
-            break Stopped::End;
-        }
-        if stop_requested() {
-            break Stopped::Interrupted;
-        }
-        let rec = match scan.next().await {
-            ScanStep::Record(rec) => rec,
-            ScanStep::Idle => break Stopped::Idle,
-            ScanStep::Tick => {
-                // The topic is quiet (or a record was passed over): serve the periodic
-                // save and the progress callback, then look at the stop flag again.
-                if run.flush_due() {
-                    run.flush().await?;
-                }
-                if last_progress.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) {
-                    last_progress = Some(Instant::now());
-                    progress(&report_progress(&scan, &run, scanned, matched, scheduled, &skipped));
-                }
-                continue;
-            }
+        let store = Store::open(cfg).await?;
+        let stmts = store.replay_statements().await?;
+        let resume = stmts.offsets(&replay_id, &topic).await?;
+        let scan =
+            Scan::open(cfg, "replay", vec![(topic.clone(), resume.clone())], opts.idle_timeout, started_at).await?;
+
+        let submitter = if opts.dry_run {
+            None
+        } else {
+            Some(Arc::new(Submitter::new(Arc::new(cfg.clone()), Some(store.clone()))?))
         };
-        let (p, offset) = (rec.partition, rec.offset);
-        let candidate = candidate(opts.source, &rec.payload);
-        drop(rec);
-        scanned += 1;
-        let decision = match &candidate {
-            Ok(c) => rp::decide(c, &opts.filter, &seen, guard, &topic, now_ms()),
-            Err(e) => {
-                if undecodable_noted < 3 {
-                    warnings.push(format!("partition {p} offset {offset}: undecodable record: {e}"));
+        let burst = NonZeroU32::new((rate.get() / 50).max(1)).unwrap_or(NonZeroU32::MIN);
+        let limiter = RateLimiter::direct(Quota::per_second(rate).allow_burst(burst));
+        let batch = (rate.get() as usize).clamp(1, 500);
+
+        let checkpoints = Checkpoints::new(
+            replay_id.clone(),
+            stmts,
+            opts.dry_run,
+            resume.iter().map(|(p, o)| ((topic.clone(), *p), *o)),
+        );
+        Ok(Replay {
+            opts,
+            t0,
+            topic,
+            replay_id,
+            guard,
+            resume,
+            scan,
+            submitter,
+            limiter,
+            batch,
+            checkpoints,
+            tally: Tally::default(),
+            last_progress: None,
+            active: Duration::ZERO,
+        })
+    }
+
+    /// Decides record after record, saving the resume points batch by batch, until the
+    /// scan ends, `--limit` is reached or the stop flag is set; returns why it stopped.
+    async fn decide_all(&mut self, progress: &mut impl FnMut(&Progress)) -> Result<Stopped, ReplayError> {
+        loop {
+            if let Some(stopped) = self.stop_before_next() {
+                return Ok(stopped);
+            }
+            let rec = match self.scan.next().await {
+                ScanStep::Record(rec) => rec,
+                ScanStep::Idle => return Ok(Stopped::Idle),
+                ScanStep::Tick => {
+                    // The topic is quiet (or a record was passed over): serve the periodic
+                    // save and the progress callback, then look at the stop flag again.
+                    if self.checkpoints.flush_due() {
+                        self.checkpoints.flush().await?;
+                    }
+                    self.progress_if_due(progress);
+                    continue;
                 }
-                undecodable_noted += 1;
+            };
+            self.decide(rec).await;
+            if self.checkpoints.in_flight() >= self.batch || self.checkpoints.flush_due() {
+                self.checkpoints.flush().await?;
+            }
+            self.active = self.t0.elapsed();
+            self.progress_if_due(progress);
+        }
+    }
+
+    /// Why the run stops before the next record, if it does: `--limit`, the end of the
+    /// scan or the stop flag, in that order.
+    fn stop_before_next(&self) -> Option<Stopped> {
+        if self.opts.limit.is_some_and(|l| self.tally.scheduled >= l) {
+            return Some(Stopped::Limit);
+        }
+        if self.scan.finished() {
+            return Some(Stopped::End);
+        }
+        if self.opts.stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed)) {
+            return Some(Stopped::Interrupted);
+        }
+        None
+    }
+
+    /// Decodes and decides one record, acts on the decision and marks the record decided.
+    async fn decide(&mut self, rec: ScanRecord) {
+        let (p, offset) = (rec.partition, rec.offset);
+        let candidate = candidate(self.opts.source, &rec.payload);
+        drop(rec);
+        let t = &mut self.tally;
+        t.scanned += 1;
+        let decision = match &candidate {
+            Ok(c) => rp::decide(c, &self.opts.filter, &t.seen, self.guard, &self.topic, now_ms()),
+            Err(e) => {
+                if t.undecodable_noted < 3 {
+                    t.warnings.push(format!("partition {p} offset {offset}: undecodable record: {e}"));
+                }
+                t.undecodable_noted += 1;
                 Decision::Undecodable
             }
         };
         if let (Ok(c), true) = (&candidate, decision.matched()) {
-            matched += 1;
-            if sample.len() < SAMPLE_ROWS {
-                sample.push(sample_row(c, &decision));
+            t.matched += 1;
+            if t.sample.len() < SAMPLE_ROWS {
+                t.sample.push(sample_row(c, &decision));
             }
         }
+        self.act(decision, &candidate, p, offset).await;
+        self.checkpoints.decided(&self.topic, p, offset);
+    }
+
+    /// Counts a decision about the record at (`p`, `offset`); a job to replay is scheduled.
+    async fn act(&mut self, decision: Decision, candidate: &Result<Candidate, codec::CodecError>, p: i32, offset: i64) {
+        let t = &mut self.tally;
         match decision {
             Decision::Undecodable => {
-                skipped.undecodable += 1;
-                if let Ok(c) = &candidate {
-                    if c.job.is_none() && undecodable_noted < 3 {
-                        warnings.push(format!(
+                t.skipped.undecodable += 1;
+                if let Ok(c) = candidate {
+                    if c.job.is_none() && t.undecodable_noted < 3 {
+                        t.warnings.push(format!(
                             "partition {p} offset {offset}: dead letter without a decodable job, only raw bytes \
                              (reason: {}); it cannot be replayed: fix the producer and resubmit",
                             c.reason.as_deref().unwrap_or("")
                         ));
                     }
-                    undecodable_noted += 1;
+                    t.undecodable_noted += 1;
                 }
             }
-            Decision::Filtered => skipped.filter += 1,
-            Decision::Duplicate => skipped.duplicate += 1,
-            Decision::Expired => skipped.expired += 1,
+            Decision::Filtered => t.skipped.filter += 1,
+            Decision::Duplicate => t.skipped.duplicate += 1,
+            Decision::Expired => t.skipped.expired += 1,
             Decision::LoopGuard(_) => {
-                skipped.loop_guard += 1;
-                if let (Ok(Candidate { job: Some(j), .. }), true) = (&candidate, refused.len() < SAMPLE_ROWS) {
-                    refused.push(j.job_id.clone());
+                t.skipped.loop_guard += 1;
+                if let (Ok(Candidate { job: Some(j), .. }), true) = (candidate, t.refused.len() < SAMPLE_ROWS) {
+                    t.refused.push(j.job_id.clone());
                 }
             }
-            Decision::Replay(job) => {
-                seen.insert(job.job_id.clone());
-                scheduled += 1;
-                if let Some(sub) = &submitter {
-                    limiter.until_ready().await;
-                    let (sub, stmts, job_id) = (sub.clone(), run.stmts.clone(), job.job_id.clone());
-                    let task = tokio::spawn(async move {
-                        retrying(|| stmts.reset_job(&job.job_id, now_ms())).await.map_err(|e| e.to_string())?;
-                        sub.produce_replay(&job).await.map_err(|e| e.to_string())
-                    });
-                    run.push(InFlight { topic: topic.clone(), partition: p, offset, job_id, task });
-                }
-            }
+            Decision::Replay(job) => self.schedule(job, p, offset).await,
         }
-        run.decided(&topic, p, offset);
-        if run.in_flight() >= batch || run.flush_due() {
-            run.flush().await?;
-        }
-        active = t0.elapsed();
-        if last_progress.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) {
-            last_progress = Some(Instant::now());
-            progress(&report_progress(&scan, &run, scanned, matched, scheduled, &skipped));
-        }
-    };
-    let pending = run.in_flight() > 0;
-    run.flush().await?;
-    if pending {
-        active = t0.elapsed();
     }
-    progress(&report_progress(&scan, &run, scanned, matched, scheduled, &skipped));
-    warnings.extend(scan.take_warnings());
 
-    Ok(ReplayReport {
-        replay_id,
-        source: opts.source,
-        topic: topic.clone(),
-        dry_run: opts.dry_run,
-        scanned,
-        matched,
-        replayed: run.acked,
-        would_replay: if opts.dry_run { scheduled } else { 0 },
-        skipped,
-        refused,
-        sample,
-        resumed_from: resume.into_iter().collect(),
-        next_offsets: run.next_offsets(&topic),
-        stopped,
-        elapsed: t0.elapsed(),
-        active,
-        warnings,
-    })
+    /// Counts a job to replay and, unless dry run, after the rate limit starts resetting
+    /// its state row and producing it to its pool topic (awaited at the next flush).
+    async fn schedule(&mut self, job: Box<JobSubmitted>, p: i32, offset: i64) {
+        self.tally.seen.insert(job.job_id.clone());
+        self.tally.scheduled += 1;
+        if let Some(sub) = &self.submitter {
+            self.limiter.until_ready().await;
+            let (sub, stmts, job_id) = (sub.clone(), self.checkpoints.stmts.clone(), job.job_id.clone());
+            let task = tokio::spawn(async move {
+                retrying(|| stmts.reset_job(&job.job_id, now_ms())).await.map_err(|e| e.to_string())?;
+                sub.produce_replay(&job).await.map_err(|e| e.to_string())
+            });
+            self.checkpoints.push(InFlight { topic: self.topic.clone(), partition: p, offset, job_id, task });
+        }
+    }
+
+    /// Calls `progress` unless it was called less than [`PROGRESS_EVERY`] ago.
+    fn progress_if_due(&mut self, progress: &mut impl FnMut(&Progress)) {
+        if self.last_progress.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) {
+            self.last_progress = Some(Instant::now());
+            progress(&self.progress());
+        }
+    }
+
+    /// The live view of the run so far.
+    fn progress(&self) -> Progress {
+        Progress {
+            scanned: self.tally.scanned,
+            matched: self.tally.matched,
+            replayed: if self.opts.dry_run { self.tally.scheduled } else { self.checkpoints.acked },
+            skipped: self.tally.skipped.total(),
+            partitions: self.scan.partitions(),
+            partitions_done: self.scan.partitions_done(),
+            elapsed: self.t0.elapsed(),
+            dry_run: self.opts.dry_run,
+        }
+    }
+
+    /// Awaits the last produces, saves the last resume points and reports the final progress.
+    async fn finish(&mut self, progress: &mut impl FnMut(&Progress)) -> Result<(), ReplayError> {
+        let pending = self.checkpoints.in_flight() > 0;
+        self.checkpoints.flush().await?;
+        if pending {
+            self.active = self.t0.elapsed();
+        }
+        progress(&self.progress());
+        Ok(())
+    }
+
+    /// The report of the finished run, with the scan's warnings after the replay's own.
+    fn report(mut self, stopped: Stopped) -> ReplayReport {
+        let mut t = self.tally;
+        t.warnings.extend(self.scan.take_warnings());
+
+        ReplayReport {
+            replay_id: self.replay_id,
+            source: self.opts.source,
+            topic: self.topic.clone(),
+            dry_run: self.opts.dry_run,
+            scanned: t.scanned,
+            matched: t.matched,
+            replayed: self.checkpoints.acked,
+            would_replay: if self.opts.dry_run { t.scheduled } else { 0 },
+            skipped: t.skipped,
+            refused: t.refused,
+            sample: t.sample,
+            resumed_from: self.resume.into_iter().collect(),
+            next_offsets: self.checkpoints.next_offsets(&self.topic),
+            stopped,
+            elapsed: self.t0.elapsed(),
+            active: self.active,
+            warnings: t.warnings,
+        }
+    }
 }
 
 /// A record of `source`'s topic, normalised.
