@@ -53,6 +53,35 @@ delays = ["500ms"]
 "#;
 
 pub async fn run(g: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
+    let cfg = prepare(g, &a).await?;
+
+    // Results reader first, so the group is formed while workers start.
+    let reader = kafka::reader(&cfg, &cfg.group("demo-results"), false)?;
+    reader.subscribe(&[&cfg.results_topic()])?;
+    let workers = start_workers(&cfg, a.workers).await?;
+    let store = fairway::store::Store::open(&cfg).await?;
+    let submitter = Submitter::new(cfg.clone(), Some(store))?;
+
+    let mut tally = Tally::submit(&submitter, a.jobs).await?;
+    tally.wait_for_results(&reader, a.timeout).await?;
+    let elapsed = tally.started.elapsed().as_secs_f64();
+    println!();
+    for w in workers {
+        w.stop().await;
+    }
+
+    tally.print_summary(elapsed);
+    if tally.seen.len() < tally.submitted.len() {
+        eprintln!("error: {} jobs had no result within {:?}", tally.submitted.len() - tally.seen.len(), a.timeout);
+        return Ok(ExitCode::FAILURE);
+    }
+    print_next_steps(&cfg);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Loads the demo's configuration (starting the local services unless told not to) and
+/// creates its topics, keyspace and tenants.
+async fn prepare(g: &Global, a: &DemoArgs) -> anyhow::Result<Arc<Config>> {
     let base = g.load()?;
     if !a.no_services {
         ensure_services(&base)?;
@@ -67,14 +96,15 @@ pub async fn run(g: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
     kafka::ensure_topics(&cfg).await.context("creating demo topics (is the broker up? scripts/services up)")?;
     fairway::store::ensure_schema(&cfg).await.context("creating keyspace")?;
     fairway::tenants::seed(&cfg).await.context("registering the demo tenants")?;
+    Ok(cfg)
+}
 
-    // Results reader first, so the group is formed while workers start.
-    let reader = kafka::reader(&cfg, &cfg.group("demo-results"), false)?;
-    reader.subscribe(&[&cfg.results_topic()])?;
-
-    let registry = Registry::from_config(&cfg, Default::default()).map_err(anyhow::Error::msg)?;
+/// Starts `n` (at least one) in-process workers on the short and medium pools and waits
+/// until each has its partitions.
+async fn start_workers(cfg: &Arc<Config>, n: usize) -> anyhow::Result<Vec<Worker>> {
+    let registry = Registry::from_config(cfg, Default::default()).map_err(anyhow::Error::msg)?;
     let mut workers = Vec::new();
-    for _ in 0..a.workers.max(1) {
+    for _ in 0..n.max(1) {
         workers.push(
             Worker::start(
                 cfg.clone(),
@@ -90,105 +120,126 @@ pub async fn run(g: &Global, a: DemoArgs) -> anyhow::Result<ExitCode> {
     for w in &workers {
         w.wait_assigned(Duration::from_secs(30)).await;
     }
-    let store = fairway::store::Store::open(&cfg).await?;
-    let submitter = Submitter::new(cfg.clone(), Some(store))?;
+    Ok(workers)
+}
 
-    let plan = workload(a.jobs);
-    let started = Instant::now();
-    let mut submitted: HashMap<String, String> = HashMap::new(); // job id -> tenant
-    let mut per_tenant: BTreeMap<String, TenantSummary> = BTreeMap::new();
-    for chunk in plan.chunks(500) {
-        let rs = futures::future::join_all(chunk.iter().map(|j| submitter.submit(j))).await;
-        for (j, r) in chunk.iter().zip(rs) {
-            let s = r.with_context(|| format!("submitting a {} job for {}", j.job_type, j.tenant))?;
-            submitted.insert(s.job_id, j.tenant.clone());
-            per_tenant.entry(j.tenant.clone()).or_default().submitted += 1;
-        }
-    }
-    println!(
-        "submitted {} jobs for {} tenants in {:.1}s; waiting for results...",
-        submitted.len(),
-        per_tenant.len(),
-        started.elapsed().as_secs_f64()
-    );
+/// The demo's jobs: who submitted them, and which of them have a result so far.
+struct Tally {
+    /// Job id -> tenant.
+    submitted: HashMap<String, String>,
+    per_tenant: BTreeMap<String, TenantSummary>,
+    /// Job ids with a result.
+    seen: HashSet<String>,
+    /// When the first job was submitted.
+    started: Instant,
+}
 
-    let mut seen: HashSet<String> = HashSet::new();
-    let deadline = Instant::now() + a.timeout;
-    let mut last_print = Instant::now();
-    let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
-    while seen.len() < submitted.len() && Instant::now() < deadline {
-        let msg = match tokio::time::timeout(Duration::from_millis(250), reader.recv()).await {
-            Ok(Ok(m)) => Some(m),
-            Ok(Err(e)) => bail!("reading results: {e}"),
-            Err(_) => None,
-        };
-        if let Some(m) = msg {
-            if let Some(r) = m.payload().and_then(|b| codec::decode_result(b).ok()) {
-                if submitted.contains_key(&r.job_id) && seen.insert(r.job_id.clone()) {
-                    *counts.entry(r.status.as_str()).or_default() += 1;
-                    per_tenant.entry(r.tenant.clone()).or_default().add(&r);
-                }
+impl Tally {
+    /// Submits the demo workload of `jobs` jobs, 500 at a time.
+    async fn submit(submitter: &Submitter, jobs: usize) -> anyhow::Result<Tally> {
+        let plan = workload(jobs);
+        let started = Instant::now();
+        let mut submitted: HashMap<String, String> = HashMap::new(); // job id -> tenant
+        let mut per_tenant: BTreeMap<String, TenantSummary> = BTreeMap::new();
+        for chunk in plan.chunks(500) {
+            let rs = futures::future::join_all(chunk.iter().map(|j| submitter.submit(j))).await;
+            for (j, r) in chunk.iter().zip(rs) {
+                let s = r.with_context(|| format!("submitting a {} job for {}", j.job_type, j.tenant))?;
+                submitted.insert(s.job_id, j.tenant.clone());
+                per_tenant.entry(j.tenant.clone()).or_default().submitted += 1;
             }
         }
-        if last_print.elapsed() > Duration::from_millis(500) {
-            last_print = Instant::now();
-            let c: Vec<String> = counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
-            print!(
-                "\r  {:>6}/{} finished  [{}]  {:.1}s   ",
-                seen.len(),
-                submitted.len(),
-                c.join(", "),
-                started.elapsed().as_secs_f64()
-            );
-            let _ = std::io::stdout().flush();
-        }
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    println!();
-    for w in workers {
-        w.stop().await;
+        println!(
+            "submitted {} jobs for {} tenants in {:.1}s; waiting for results...",
+            submitted.len(),
+            per_tenant.len(),
+            started.elapsed().as_secs_f64()
+        );
+        Ok(Tally { submitted, per_tenant, seen: HashSet::new(), started })
     }
 
-    println!();
-    println!(
-        "{:<10} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9}",
-        "tenant", "submitted", "succeeded", "failed", "other", "p50 ms", "p99 ms"
-    );
-    for (t, s) in &mut per_tenant {
-        s.latencies.sort_unstable();
+    /// Reads results until every job has one or `timeout` passed, showing live progress.
+    async fn wait_for_results(&mut self, reader: &kafka::Reader, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut last_print = Instant::now();
+        let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
+        while self.seen.len() < self.submitted.len() && Instant::now() < deadline {
+            let msg = match tokio::time::timeout(Duration::from_millis(250), reader.recv()).await {
+                Ok(Ok(m)) => Some(m),
+                Ok(Err(e)) => bail!("reading results: {e}"),
+                Err(_) => None,
+            };
+            if let Some(m) = msg {
+                if let Some(r) = m.payload().and_then(|b| codec::decode_result(b).ok()) {
+                    if self.submitted.contains_key(&r.job_id) && self.seen.insert(r.job_id.clone()) {
+                        *counts.entry(r.status.as_str()).or_default() += 1;
+                        self.per_tenant.entry(r.tenant.clone()).or_default().add(&r);
+                    }
+                }
+            }
+            if last_print.elapsed() > Duration::from_millis(500) {
+                last_print = Instant::now();
+                self.print_progress(&counts);
+            }
+        }
+        Ok(())
+    }
+
+    /// One line of live progress: results so far, by status, overwriting the last one.
+    fn print_progress(&self, counts: &BTreeMap<&'static str, usize>) {
+        let c: Vec<String> = counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        print!(
+            "\r  {:>6}/{} finished  [{}]  {:.1}s   ",
+            self.seen.len(),
+            self.submitted.len(),
+            c.join(", "),
+            self.started.elapsed().as_secs_f64()
+        );
+        let _ = std::io::stdout().flush();
+    }
+
+    /// The per-tenant table and the totals line, `elapsed` seconds after the start.
+    fn print_summary(&mut self, elapsed: f64) {
+        println!();
         println!(
             "{:<10} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9}",
-            t,
-            s.submitted,
-            s.succeeded,
-            s.failed,
-            s.other,
-            pct(&s.latencies, 0.50),
-            pct(&s.latencies, 0.99)
+            "tenant", "submitted", "succeeded", "failed", "other", "p50 ms", "p99 ms"
+        );
+        for (t, s) in &mut self.per_tenant {
+            s.latencies.sort_unstable();
+            println!(
+                "{:<10} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9}",
+                t,
+                s.submitted,
+                s.succeeded,
+                s.failed,
+                s.other,
+                pct(&s.latencies, 0.50),
+                pct(&s.latencies, 0.99)
+            );
+        }
+        let mut all: Vec<i64> = self.per_tenant.values().flat_map(|s| s.latencies.iter().copied()).collect();
+        all.sort_unstable();
+        println!(
+            "\n{} of {} jobs reached a terminal result in {:.1}s: {:.0} jobs/s, end-to-end p50 {} ms, p99 {} ms",
+            self.seen.len(),
+            self.submitted.len(),
+            elapsed,
+            self.seen.len() as f64 / elapsed,
+            pct(&all, 0.5),
+            pct(&all, 0.99)
         );
     }
-    let mut all: Vec<i64> = per_tenant.values().flat_map(|s| s.latencies.iter().copied()).collect();
-    all.sort_unstable();
-    println!(
-        "\n{} of {} jobs reached a terminal result in {:.1}s: {:.0} jobs/s, end-to-end p50 {} ms, p99 {} ms",
-        seen.len(),
-        submitted.len(),
-        elapsed,
-        seen.len() as f64 / elapsed,
-        pct(&all, 0.5),
-        pct(&all, 0.99)
-    );
-    if seen.len() < submitted.len() {
-        eprintln!("error: {} jobs had no result within {:?}", submitted.len() - seen.len(), a.timeout);
-        return Ok(ExitCode::FAILURE);
-    }
+}
+
+/// Where to look next: the dead letters, and how to stop the services.
+fn print_next_steps(cfg: &Config) {
     println!(
         "dead letters are on {}; inspect them with `fairway replay --from dlq --topic-prefix {} --keyspace fairway_demo --dry-run`",
         cfg.dlq_topic(),
         cfg.kafka.topic_prefix
     );
     println!("the local services keep running for the tour in README.md; `scripts/services down` stops them");
-    Ok(ExitCode::SUCCESS)
 }
 
 #[derive(Default)]
