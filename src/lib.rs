@@ -14,7 +14,8 @@
 //!                 pool's counts), finished records grouped by submission second
 //!                 (`core::finished`), the pool classifier (`core::classifier`).
 //!                 `now` is an argument.
-//! - `kafka`     – the Kafka edge (only module importing rdkafka).
+//! - `kafka`     – the Kafka edge (only module importing rdkafka); `kafka::Pauses` keeps a
+//!   consumer's partition pauses in step with librdkafka across rebalances.
 //! - `store`     – the ScyllaDB edge (only module importing scylla).
 //! - `handlers`  – the `Handler` trait, job context, HTTP executor, demo handlers.
 //! - `worker`    – consumer loops moving data between Kafka, the cores and the store

@@ -188,7 +188,7 @@ struct Member {
     consumer: fairway::kafka::WorkerConsumer,
     events: tokio::sync::mpsc::UnboundedReceiver<fairway::kafka::RebalanceEvent>,
     pauses: fairway::kafka::Pauses,
-    want: std::collections::HashSet<i32>,
+    want: std::collections::HashSet<fairway::kafka::TopicPartition>,
     /// Assignments and revocations seen so far.
     assigned: usize,
     revoked: usize,
@@ -204,15 +204,14 @@ impl Member {
                 match ev {
                     RebalanceEvent::Assigned(tps) => {
                         self.assigned += 1;
-                        self.pauses.assigned(&self.consumer, &tps.iter().map(|(_, p)| *p).collect::<Vec<_>>());
+                        self.pauses.assigned(&self.consumer, &tps);
                     }
                     RebalanceEvent::Revoked(tps) => {
                         // As in the worker: a revoked partition's queued jobs are dropped,
                         // so nothing wants it paused any more.
                         self.revoked += 1;
-                        let gone: Vec<i32> = tps.iter().map(|(_, p)| *p).collect();
-                        self.want.retain(|p| !gone.contains(p));
-                        self.pauses.revoked(&gone);
+                        self.want.retain(|tp| !tps.contains(tp));
+                        self.pauses.revoked(&tps);
                     }
                 }
             }
@@ -240,19 +239,13 @@ async fn a_partition_paused_before_a_rebalance_flows_again_when_assigned_back() 
     let group = format!("{}pauses", cfg.kafka.group_prefix);
     let producer = fairway::kafka::producer(&cfg).unwrap();
     let (consumer, events) = fairway::kafka::consumer(&cfg, &group, std::slice::from_ref(&topic)).unwrap();
-    let mut m = Member {
-        consumer,
-        events,
-        pauses: fairway::kafka::Pauses::new(&topic),
-        want: Default::default(),
-        assigned: 0,
-        revoked: 0,
-    };
+    let mut m =
+        Member { consumer, events, pauses: Default::default(), want: Default::default(), assigned: 0, revoked: 0 };
     fairway::kafka::send(&producer, &topic, "k", b"first").await.unwrap();
     assert_eq!(m.pump(Duration::from_secs(60)).await.as_deref(), Some("first"), "the group never formed");
     assert_eq!((m.assigned, m.revoked), (1, 0));
     // Paused, with a record waiting behind the pause.
-    m.want.insert(0);
+    m.want.insert((topic.clone(), 0));
     assert_eq!(m.pump(Duration::from_millis(300)).await, None);
     fairway::kafka::send(&producer, &topic, "k", b"second").await.unwrap();
     assert_eq!(m.pump(Duration::from_secs(2)).await, None, "a paused partition delivered");
@@ -279,7 +272,7 @@ async fn a_partition_paused_before_a_rebalance_flows_again_when_assigned_back() 
         m.assigned,
         m.revoked
     );
-    assert!(m.pauses.paused().is_empty());
+    assert_eq!(m.pauses.paused().count(), 0);
     assert!(got.iter().any(|p| p == "second"), "the partition stayed paused after it was assigned back (got {got:?})");
 }
 

@@ -467,89 +467,76 @@ fn heartbeat_ms(session_timeout: Duration) -> u128 {
     (session_timeout.as_millis() / 20).clamp(100, 1000)
 }
 
-/// Resumes partitions that still carry an application pause from before they were
-/// revoked (librdkafka keeps it across a rebalance; see [`Pauses`]). Only for those:
-/// every pause or resume bumps the partition's op version in librdkafka, which makes
-/// its in-flight offset and fetch responses outdated (retried, but later).
-pub fn lift_pauses<C: Consumer<X>, X: ConsumerContext>(consumer: &C, stale: &[(String, i32)]) {
-    if stale.is_empty() {
-        return;
-    }
-    let mut tpl = TopicPartitionList::new();
-    for (topic, p) in stale {
-        tpl.add_partition(topic, *p);
-    }
-    match consumer.resume(&tpl) {
-        Ok(()) => tracing::debug!(partitions = ?stale, "lifted pauses kept from before a rebalance"),
-        Err(e) => tracing::warn!(partitions = ?stale, error = %e, "could not lift old pauses of assigned partitions"),
-    }
-}
+/// A topic partition a consumer owns.
+pub type TopicPartition = (String, i32);
 
-/// The partitions a worker's consumer holds paused, kept in step with librdkafka.
+/// The partitions a group consumer holds paused, kept in step with librdkafka.
 ///
 /// librdkafka keeps an application pause on the partition itself, across rebalances: a
 /// partition paused, revoked and assigned back (every rebalance of the eager protocol
 /// does that to every partition) stays paused although the group handed it over anew.
-/// A worker that forgot its pauses on revocation then never resumed it, and that
-/// partition's jobs stopped arriving for good. So a revoked partition that was paused
-/// is remembered as *stale*; when it is assigned again its pause is lifted and its books
-/// start clean; [`Pauses::set`] then pauses what the worker wants paused.
-#[derive(Debug)]
+/// A consumer that forgot its pauses on revocation then never resumed it, and that
+/// partition's records stopped arriving for good. So a revoked partition that was
+/// paused is remembered as *stale*, and its pause is lifted when it is assigned again;
+/// [`Pauses::set`] then pauses what the owner wants paused. Only stale pauses are lifted:
+/// every pause or resume bumps the partition's op version in librdkafka, which outdates
+/// its in-flight offset and fetch replies (retried, but later). The worker's pool loop
+/// and the retry relay both keep their pauses here.
+#[derive(Debug, Default)]
 pub struct Pauses {
-    topic: String,
-    paused: std::collections::BTreeSet<i32>,
+    paused: std::collections::BTreeSet<TopicPartition>,
     /// Paused when revoked: librdkafka still holds them paused.
-    stale: std::collections::BTreeSet<i32>,
+    stale: HashSet<TopicPartition>,
+}
+
+fn tpl<'a>(parts: impl IntoIterator<Item = &'a TopicPartition>) -> TopicPartitionList {
+    let mut tpl = TopicPartitionList::new();
+    for (topic, p) in parts {
+        tpl.add_partition(topic, *p);
+    }
+    tpl
 }
 
 impl Pauses {
-    pub fn new(topic: &str) -> Pauses {
-        Pauses { topic: topic.to_string(), paused: Default::default(), stale: Default::default() }
-    }
-
     /// The partitions paused now.
-    pub fn paused(&self) -> &std::collections::BTreeSet<i32> {
-        &self.paused
-    }
-
-    fn tpl(&self, parts: impl IntoIterator<Item = i32>) -> TopicPartitionList {
-        let mut tpl = TopicPartitionList::new();
-        for p in parts {
-            tpl.add_partition(&self.topic, p);
-        }
-        tpl
+    pub fn paused(&self) -> impl Iterator<Item = &TopicPartition> {
+        self.paused.iter()
     }
 
     /// Partitions were assigned: a pause they kept from before their revocation is lifted.
-    pub fn assigned<C: Consumer<X>, X: ConsumerContext>(&mut self, consumer: &C, parts: &[i32]) {
-        let stale: Vec<(String, i32)> =
-            parts.iter().filter(|p| self.stale.remove(p)).map(|p| (self.topic.clone(), *p)).collect();
-        lift_pauses(consumer, &stale);
+    pub fn assigned<C: Consumer<X>, X: ConsumerContext>(&mut self, consumer: &C, parts: &[TopicPartition]) {
+        let stale: Vec<&TopicPartition> = parts.iter().filter(|tp| self.stale.remove(*tp)).collect();
+        if stale.is_empty() {
+            return;
+        }
+        match consumer.resume(&tpl(stale.iter().copied())) {
+            Ok(()) => tracing::debug!(partitions = ?stale, "lifted pauses kept from before a rebalance"),
+            Err(e) => {
+                tracing::warn!(partitions = ?stale, error = %e, "could not lift old pauses of assigned partitions")
+            }
+        }
     }
 
     /// Partitions were revoked: not ours to pause or resume until assigned again (the
     /// paused ones are remembered, to be lifted then).
-    pub fn revoked(&mut self, parts: &[i32]) {
-        for p in parts {
-            if self.paused.remove(p) {
-                self.stale.insert(*p);
+    pub fn revoked(&mut self, parts: &[TopicPartition]) {
+        for tp in parts {
+            if self.paused.remove(tp) {
+                self.stale.insert(tp.clone());
             }
         }
     }
 
     /// Pauses the partitions in `want` and resumes the paused ones not in it.
-    pub fn set<C: Consumer<X>, X: ConsumerContext>(&mut self, consumer: &C, want: &HashSet<i32>) {
-        let to_pause: Vec<i32> = want.iter().filter(|p| !self.paused.contains(p)).copied().collect();
-        let to_resume: Vec<i32> = self.paused.iter().filter(|p| !want.contains(p)).copied().collect();
-        if !to_pause.is_empty() && consumer.pause(&self.tpl(to_pause.iter().copied())).is_ok() {
-            for p in &to_pause {
-                self.stale.remove(p);
-            }
-            self.paused.extend(to_pause);
+    pub fn set<C: Consumer<X>, X: ConsumerContext>(&mut self, consumer: &C, want: &HashSet<TopicPartition>) {
+        let to_pause: Vec<&TopicPartition> = want.iter().filter(|tp| !self.paused.contains(*tp)).collect();
+        if !to_pause.is_empty() && consumer.pause(&tpl(to_pause.iter().copied())).is_ok() {
+            self.paused.extend(to_pause.into_iter().cloned());
         }
-        if !to_resume.is_empty() && consumer.resume(&self.tpl(to_resume.iter().copied())).is_ok() {
-            for p in to_resume {
-                self.paused.remove(&p);
+        let to_resume: Vec<TopicPartition> = self.paused.iter().filter(|tp| !want.contains(*tp)).cloned().collect();
+        if !to_resume.is_empty() && consumer.resume(&tpl(&to_resume)).is_ok() {
+            for tp in &to_resume {
+                self.paused.remove(tp);
             }
         }
     }

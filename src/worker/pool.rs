@@ -145,7 +145,7 @@ pub async fn run(
     };
     let mut registry = sh.tenants.subscribe();
     let slots = sh.cfg.pool(sh.pool).slots;
-    let mut pauses = kafka::Pauses::new(&topic);
+    let mut pauses = kafka::Pauses::default();
     let pool = sh.pool.as_str();
     let mut stats_tick = tokio::time::interval(Duration::from_millis(500));
     stats_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -164,7 +164,7 @@ pub async fn run(
             // stats, tenant changes and fleet usage must not wait for the flood to end.
             _ = stats_tick.tick() => {
                 lp.publish_stats();
-                lp.log_state(pauses.paused());
+                lp.log_state(&pauses);
             }
             Ok(()) = registry.changed() => {
                 let set = registry.borrow_and_update().clone();
@@ -244,13 +244,12 @@ impl Loop {
         let pool = self.pool();
         match ev {
             RebalanceEvent::Assigned(tps) => {
-                let parts: Vec<i32> = tps.iter().map(|(_, p)| *p).collect();
-                for &p in &parts {
+                for &(_, p) in &tps {
                     // Keep a state a message already created: replacing it would let
                     // commits pass offsets still queued under the old state.
                     self.partition(p);
                 }
-                pauses.assigned(consumer, &parts);
+                pauses.assigned(consumer, &tps);
                 self.sh.assigned.store(self.parts.len(), std::sync::atomic::Ordering::SeqCst);
                 self.track_assignment();
                 tracing::info!(pool, partitions = ?self.parts.keys().collect::<Vec<_>>(), "partitions assigned");
@@ -260,7 +259,7 @@ impl Loop {
                 for p in &gone {
                     self.parts.remove(p);
                 }
-                pauses.revoked(&gone.iter().copied().collect::<Vec<_>>());
+                pauses.revoked(&tps);
                 self.sh.frontiers.forget(&gone.iter().copied().collect::<Vec<_>>());
                 self.sh.assigned.store(self.parts.len(), std::sync::atomic::Ordering::SeqCst);
                 self.track_assignment();
@@ -675,7 +674,7 @@ impl Loop {
     /// Backpressure, now only where spilling cannot help: partitions with jobs the
     /// dispatcher refused, partitions whose backlog index is loading or whose spill
     /// writes fell behind, and every partition when the whole buffer is twice full.
-    fn partitions_to_pause(&self) -> HashSet<i32> {
+    fn partitions_to_pause(&self) -> HashSet<kafka::TopicPartition> {
         let mut want: HashSet<i32> = self.overflow.iter().map(|q| q.job.origin.partition).collect();
         for (&p, st) in &self.parts {
             if st.held.is_some() || st.spilling >= MAX_SPILLING {
@@ -685,7 +684,7 @@ impl Loop {
         if self.buffered() >= 2 * GLOBAL_BUFFER {
             want.extend(self.parts.keys().copied());
         }
-        want
+        want.into_iter().map(|p| (self.topic.clone(), p)).collect()
     }
 
     /// A new registry version: every added or changed tenant's policy goes to the
@@ -731,10 +730,11 @@ impl Loop {
     }
 
     /// The loop's state in one debug line (a stalled partition or flow shows here).
-    fn log_state(&self, paused: &std::collections::BTreeSet<i32>) {
+    fn log_state(&self, pauses: &kafka::Pauses) {
         if !tracing::enabled!(tracing::Level::DEBUG) {
             return;
         }
+        let paused: Vec<i32> = pauses.paused().map(|(_, p)| *p).collect();
         let held: Vec<(i32, usize)> =
             self.parts.iter().filter_map(|(p, st)| st.held.as_ref().map(|h| (*p, h.len()))).collect();
         tracing::debug!(

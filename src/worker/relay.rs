@@ -11,7 +11,7 @@ use crate::core::promotion::{self, Pace};
 use crate::kafka::{self, Consumer, Message, RebalanceEvent, TopicPartitionList};
 use crate::model::{FailureClass, JobSubmitted, Millis, Pool};
 use crate::{codec, metrics as m, now_ms};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
@@ -25,11 +25,10 @@ struct Held {
 struct PartitionState {
     held: VecDeque<Held>,
     offsets: PartitionOffsets,
-    paused: bool,
     epoch: u64,
 }
 
-type Key = (String, i32);
+type Key = kafka::TopicPartition;
 
 /// The topics the relay serves: the per-class retry topics and the delayed topic.
 pub fn relay_topics(cfg: &Config) -> Vec<String> {
@@ -84,8 +83,9 @@ struct Relay {
     done_tx: mpsc::UnboundedSender<Done>,
     parts: HashMap<Key, PartitionState>,
     epoch: u64,
-    // Partitions revoked while paused: librdkafka keeps them paused until resumed.
-    stale_pauses: HashSet<Key>,
+    /// Partitions paused while their head waits (kept apart from `parts`: a state
+    /// started afresh must not forget a pause librdkafka still holds).
+    pauses: kafka::Pauses,
     // Jobs due within this long are held here (their partition paused); later ones are
     // parked in the store for the promoter, so a 30-minute backoff never blocks the
     // 1-second retries behind it in the same partition.
@@ -108,7 +108,7 @@ impl Relay {
             done_tx,
             parts: HashMap::new(),
             epoch: 0,
-            stale_pauses: Default::default(),
+            pauses: Default::default(),
             hold_at_most,
         }
     }
@@ -131,10 +131,7 @@ impl Relay {
     fn on_rebalance(&mut self, consumer: &kafka::WorkerConsumer, ev: RebalanceEvent) {
         match ev {
             RebalanceEvent::Assigned(tps) => {
-                // A partition paused for its held head, revoked and given back would
-                // stay paused in librdkafka while its new state says it is not.
-                let (lift, _): (Vec<Key>, Vec<Key>) = tps.iter().cloned().partition(|k| self.stale_pauses.remove(k));
-                kafka::lift_pauses(consumer, &lift);
+                self.pauses.assigned(consumer, &tps);
                 for k in tps {
                     // Keep a state a message already created (see pool.rs).
                     self.parts.entry(k).or_insert_with(|| {
@@ -144,10 +141,9 @@ impl Relay {
                 }
             }
             RebalanceEvent::Revoked(tps) => {
-                for k in tps {
-                    if self.parts.remove(&k).is_some_and(|st| st.paused) {
-                        self.stale_pauses.insert(k);
-                    }
+                self.pauses.revoked(&tps);
+                for k in &tps {
+                    self.parts.remove(k);
                 }
             }
         }
@@ -254,23 +250,10 @@ impl Relay {
                     (self.cfg.clone(), self.producer.clone(), self.done_tx.clone(), key.clone(), st.epoch);
                 tokio::spawn(hand_back(cfg, producer, tx, key, h, ep));
             }
-            st.pause_if_held(consumer, key);
         }
-    }
-}
-
-impl PartitionState {
-    /// Pauses the partition while it holds a job, resumes it once it holds none.
-    fn pause_if_held(&mut self, consumer: &kafka::WorkerConsumer, key: &Key) {
-        let want_pause = !self.held.is_empty();
-        if want_pause != self.paused {
-            let mut tpl = TopicPartitionList::new();
-            tpl.add_partition(&key.0, key.1);
-            let r = if want_pause { consumer.pause(&tpl) } else { consumer.resume(&tpl) };
-            if r.is_ok() {
-                self.paused = want_pause;
-            }
-        }
+        // Pause the partitions whose head must wait, resume the others.
+        let want = self.parts.iter().filter(|(_, st)| !st.held.is_empty()).map(|(k, _)| k.clone()).collect();
+        self.pauses.set(consumer, &want);
     }
 }
 
