@@ -287,11 +287,6 @@ pub fn describe() {
     );
 }
 
-/// Serves /metrics on 127.0.0.1:port (0 = off).
-pub fn install_exporter(port: u16) -> anyhow::Result<()> {
-    install_exporter_at(None, port)
-}
-
 /// Serves /metrics on `listen` (host:port, e.g. "0.0.0.0:9464" for a remote Prometheus)
 /// when given, else on 127.0.0.1:port (0 = off).
 pub fn install_exporter_at(listen: Option<&str>, port: u16) -> anyhow::Result<()> {

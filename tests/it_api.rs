@@ -566,10 +566,6 @@ impl Drop for Child {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// GETs `url` until it answers (any status) or `within` passes.
 async fn first_answer(http: &reqwest::Client, url: &str, within: Duration) -> reqwest::Response {
     let deadline = Instant::now() + within;
@@ -587,7 +583,7 @@ async fn serve_and_worker_commands_put_metrics_on_their_own_listeners() {
     let cfg = common::arc(common::config(""));
     common::init(&cfg).await;
     let dir = tempfile::tempdir().unwrap();
-    let (api_port, ops_port, worker_port) = (free_port(), free_port(), free_port());
+    let (api_port, ops_port, worker_port) = (common::free_port(), common::free_port(), common::free_port());
     let file =
         common::config_file(&cfg, &format!("[worker]\nmetrics_listen = \"127.0.0.1:{worker_port}\"\n"), dir.path());
     let _worker = Child(common::spawn_worker(&file, "short"));

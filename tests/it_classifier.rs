@@ -32,10 +32,6 @@ impl Drop for KillOnDrop {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// `fairway submit` in its own process (NDJSON lines); the job ids it printed.
 fn submit_cli(config: &std::path::Path, lines: &[String], extra_args: &[&str]) -> Vec<String> {
     use std::io::Write;
@@ -135,7 +131,7 @@ async fn a_short_type_running_long_moves_to_medium_and_its_next_jobs_run_there()
     let cfg = Arc::new(c);
     common::init(&cfg).await;
     let dir = tempfile::tempdir().unwrap();
-    let metrics_port = free_port();
+    let metrics_port = common::free_port();
     let extra = format!("{TYPE}{CLASSIFIER}[worker]\nmetrics_listen = \"127.0.0.1:{metrics_port}\"\n");
     let path = common::config_file(&cfg, &extra, dir.path());
     let _worker = KillOnDrop(common::spawn_worker(&path, "short,medium"));

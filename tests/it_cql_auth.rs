@@ -27,10 +27,6 @@ impl Drop for Cassandra {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 fn cassandra_home() -> PathBuf {
     let services = std::env::var("FAIRWAY_SERVICES_DIR")
         .map(PathBuf::from)
@@ -79,7 +75,7 @@ fn start_cassandra() -> Cassandra {
     let home = cassandra_home();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().display();
-    let (port, storage, ssl) = (free_port(), free_port(), free_port());
+    let (port, storage, ssl) = (common::free_port(), common::free_port(), common::free_port());
     let yaml = format!(
         "cluster_name: fairway-auth-it\nnum_tokens: 1\npartitioner: org.apache.cassandra.dht.Murmur3Partitioner\n\
          endpoint_snitch: SimpleSnitch\nseed_provider:\n  - class_name: org.apache.cassandra.locator.SimpleSeedProvider\n    \

@@ -49,13 +49,9 @@ impl Drop for Broker {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// Starts tansu on 127.0.0.1:<free port>, advertising `advertised` (the terminator).
 fn start_broker(advertised: u16, authentication: bool) -> (Broker, u16) {
-    let port = free_port();
+    let port = common::free_port();
     let mut cmd = std::process::Command::new(tansu_bin());
     cmd.arg("broker")
         .arg("--listener-url")

@@ -19,10 +19,6 @@ fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// A child process of this test, killed (by its PID) when the test ends, however it ends.
 struct Guard(Child);
 impl Drop for Guard {
@@ -112,7 +108,7 @@ async fn dashboard_queries_return_data_and_the_dlq_alert_fires_on_a_real_prometh
     // A worker with its /metrics on a free port: `fail` jobs retry once, then dead-letter.
     let cfg = common::config("");
     common::init(&cfg).await;
-    let (metrics_port, api_port, api_metrics_port) = (free_port(), free_port(), free_port());
+    let (metrics_port, api_port, api_metrics_port) = (common::free_port(), common::free_port(), common::free_port());
     let extra = format!(
         "[api]\nauth = \"off\"\n[worker]\nmetrics_listen = \"127.0.0.1:{metrics_port}\"\n\
          [pools.short]\nslots = 4\n\
@@ -138,7 +134,7 @@ async fn dashboard_queries_return_data_and_the_dlq_alert_fires_on_a_real_prometh
     );
 
     // Prometheus: 1 s scrapes and rule evaluations, the shipped rules file as is.
-    let prom_port = free_port();
+    let prom_port = common::free_port();
     let prom_yml = dir.path().join("prometheus.yml");
     std::fs::write(
         &prom_yml,

@@ -47,7 +47,7 @@ pub struct FaultsArgs {
     #[arg(long, default_value = "scripts/services")]
     pub services: PathBuf,
     /// A shell command that restarts the broker (run once at 60 % of the jobs, bounded to
-    /// 150 s), e.g. for a tansu broker on durable (`s3://`) storage; see README Fault suite.
+    /// 150 s), e.g. for a tansu broker on durable (`s3://`) storage; see docs/testing.md (Fault suite).
     #[arg(long)]
     pub broker_restart_cmd: Option<String>,
     /// Slots of the short pool per worker.

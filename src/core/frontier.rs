@@ -10,7 +10,7 @@
 //! rule out the others ([`straight_from_submitter`]); a polled feed of recent cancel
 //! requests covers cancels (`worker::fresh`).
 //!
-//! Limits, stated where the README promises effectively-once: a client that produces the
+//! Limits, stated where docs/wire-format.md promises effectively-once: a client that produces the
 //! *same job id twice at two offsets* gets both run if both are fresh (use idempotency
 //! keys); a cancel issued in the last poll interval before the job starts is honoured
 //! only cooperatively, as for a running job.

@@ -930,12 +930,6 @@ impl RetryBudget {
         ratio * dispatches + allowance
     }
 
-    /// Whether one more retry of `tenant` would be allowed at `now` (records nothing).
-    pub fn would_allow(&self, tenant: &str, now: Millis) -> bool {
-        let (d, r) = self.counts(tenant, now);
-        r + 1.0 <= self.cap(d)
-    }
-
     /// Take one retry from the budget of `tenant`: counted and Ok when allowed, not
     /// counted and Err (saying why) when not.
     pub fn try_retry(&mut self, tenant: &str, now: Millis) -> Result<(), BudgetExceeded> {

@@ -688,14 +688,6 @@ impl<J> Scheduler<J> {
         &self.cfg
     }
 
-    /// The policy in force for a tenant (the default one if never set).
-    pub fn tenant_policy(&self, tenant: &str) -> TenantPolicy {
-        match self.index.get(tenant) {
-            Some(&t) => self.tenants[t as usize].policy.clone(),
-            None => self.cfg.default_tenant.clone(),
-        }
-    }
-
     // ----- the loop's calls ------------------------------------------------------------
 
     /// Queues a job. Unknown tenants get `default_tenant`'s policy. Refused (payload

@@ -18,6 +18,11 @@ pub fn cql() -> String {
     std::env::var("FAIRWAY_CQL").unwrap_or_else(|_| "127.0.0.1:19042".into())
 }
 
+/// A port free on 127.0.0.1 right now (the OS picks it).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
 /// The bundled config plus `extra` TOML, pointed at the local services with a unique
 /// topic prefix and the shared integration keyspace.
 pub fn config(extra: &str) -> Config {
