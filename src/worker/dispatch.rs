@@ -147,6 +147,24 @@ pub struct Fair<J> {
     inner: Scheduler<J>,
 }
 
+impl<J> Fair<J> {
+    /// One pool's scheduler with every registered tenant's tier, caps and limits.
+    pub fn new(cfg: &Config, pool: Pool, tenants: &crate::core::tenants::TenantSet) -> Result<Self, String> {
+        let pc = cfg.pool(pool);
+        let mut sc = SchedulerConfig::for_pool(pool, pc.slots);
+        sc.default_cost_ms = pc.default_estimate.as_millis().max(1) as f64;
+        sc.max_queued_per_tenant = cfg.worker.tenant_queue_limit.saturating_mul(2);
+        sc.fast_lanes = pc.fast_lanes_for(pool);
+        sc.fast_lane_max_cost_ms = pc.fast_lane_max_estimate().as_millis() as f64;
+        sc.default_tenant = TenantPolicy::tier(cfg.registry.default_tier);
+        let mut inner = Scheduler::new(pool, sc).map_err(|e| format!("pools.{pool}: {e}"))?;
+        for (name, t) in &tenants.tenants {
+            inner.set_tenant(name, t.policy()).map_err(|e| format!("tenant {name}: {e}"))?;
+        }
+        Ok(Fair { inner })
+    }
+}
+
 impl<J: Send> Dispatcher<J> for Fair<J> {
     fn enqueue(&mut self, q: Queued<J>, now: Millis) -> Result<(), (Rejected, Queued<J>)> {
         let Queued { tenant, job_type, priority, job } = q;
@@ -214,12 +232,6 @@ impl<J: Send> Dispatcher<J> for Fair<J> {
     }
     fn set_fleet_rate(&mut self, tenant: &str, share: f64) {
         self.inner.set_fleet_rate(tenant, share)
-    }
-}
-
-impl<J> Fair<J> {
-    pub fn scheduler_mut(&mut self) -> &mut Scheduler<J> {
-        &mut self.inner
     }
 }
 
