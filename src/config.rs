@@ -287,6 +287,12 @@ pub struct PoolConfig {
     /// (short < 1 s, medium 1 s - 1 min, long beyond: seed 002). Runs outside it are
     /// pool violations (`core::classifier`). None: no upper end (long).
     pub max_run: Option<Duration>,
+    /// Default limits of this pool's `process` jobs (`core::limits`).
+    pub limits: crate::core::limits::Limits,
+    /// Default `stuck_after` of this pool's jobs (`core::stuck`); None: not watched.
+    pub stuck_after: Option<crate::core::retry::DurationMs>,
+    /// Kills and abnormal exits per tenant per window before its jobs wait (`core::recycling`).
+    pub recycling: crate::core::recycling::RecyclingConfig,
 }
 
 impl PoolConfig {
@@ -302,6 +308,9 @@ impl PoolConfig {
                 fast_lane_max_estimate: None,
                 drain_timeout: s(30),
                 max_run: Some(s(1)),
+                limits: Default::default(),
+                stuck_after: None,
+                recycling: Default::default(),
             },
             Pool::Medium => PoolConfig {
                 slots: 16,
@@ -312,6 +321,9 @@ impl PoolConfig {
                 fast_lane_max_estimate: None,
                 drain_timeout: s(60),
                 max_run: Some(s(60)),
+                limits: Default::default(),
+                stuck_after: None,
+                recycling: Default::default(),
             },
             Pool::Long => PoolConfig {
                 slots: 4,
@@ -322,6 +334,9 @@ impl PoolConfig {
                 fast_lane_max_estimate: None,
                 drain_timeout: s(0),
                 max_run: None,
+                limits: Default::default(),
+                stuck_after: None,
+                recycling: Default::default(),
             },
         }
     }
@@ -368,6 +383,9 @@ fn pools_over_defaults<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMa
         drain_timeout: Option<Duration>,
         #[serde(default, with = "humantime_serde_opt")]
         max_run: Option<Duration>,
+        limits: Option<crate::core::limits::Limits>,
+        stuck_after: Option<crate::core::retry::DurationMs>,
+        recycling: Option<crate::core::recycling::RecyclingConfig>,
     }
     let mut pools = default_pools();
     for (pool, s) in BTreeMap::<Pool, Section>::deserialize(d)? {
@@ -380,6 +398,9 @@ fn pools_over_defaults<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMa
         c.fast_lane_max_estimate = s.fast_lane_max_estimate.or(c.fast_lane_max_estimate);
         c.drain_timeout = s.drain_timeout.unwrap_or(c.drain_timeout);
         c.max_run = s.max_run.or(c.max_run);
+        c.limits = s.limits.unwrap_or(c.limits);
+        c.stuck_after = s.stuck_after.or(c.stuck_after);
+        c.recycling = s.recycling.unwrap_or(c.recycling);
     }
     Ok(pools)
 }
@@ -415,6 +436,9 @@ pub enum HandlerKind {
     Http,
     /// A handler registered in Rust by an embedding binary under the job type's name.
     Custom,
+    /// A child process per attempt (`command`, `cwd`, `env`, `limits`): jobs in any
+    /// language, isolated from the worker (`handlers::process`, docs/process-jobs.md).
+    Process,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -443,6 +467,63 @@ pub struct JobTypeConfig {
     /// Callback URL: each job's result is POSTed there, signed (`[webhooks]`).
     #[serde(default)]
     pub webhook_url: Option<String>,
+    /// handler = "process": the program and its arguments (no shell).
+    #[serde(default)]
+    pub command: Option<Vec<String>>,
+    /// handler = "process": the child's working directory (default: the worker's).
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// handler = "process": names of the worker's environment variables the child
+    /// inherits (nothing else is passed on, besides the `FAIRWAY_*` job variables).
+    #[serde(default)]
+    pub env: Vec<String>,
+    /// handler = "process": limits of one attempt over the pool's (`core::limits`).
+    #[serde(default)]
+    pub limits: crate::core::limits::Limits,
+    /// A running job silent (no progress, checkpoint or heartbeat) this long is
+    /// cancelled, killed after `kill_grace` and dead-lettered (`core::stuck`); over the
+    /// pool's `stuck_after`.
+    #[serde(default)]
+    pub stuck_after: Option<crate::core::retry::DurationMs>,
+    /// handler = "process": time between SIGTERM (cancel, drain, stuck) and SIGKILL.
+    #[serde(default)]
+    pub kill_grace: Option<crate::core::retry::DurationMs>,
+}
+
+/// Default time between a child's SIGTERM and its SIGKILL.
+pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(10);
+
+impl JobTypeConfig {
+    /// Validates the `process` keys (`job_types.<name>.*`).
+    fn validate_process(&self, name: &str, pool: &PoolConfig) -> Result<(), ConfigError> {
+        let key = |k: &str| format!("job_types.{name}.{k}");
+        if self.handler != HandlerKind::Process {
+            if self.command.is_some() || self.cwd.is_some() || !self.env.is_empty() || self.limits != Default::default()
+            {
+                return Err(invalid(
+                    key("command"),
+                    "command, cwd, env and limits apply to handler = \"process\" only",
+                ));
+            }
+            return Ok(());
+        }
+        match &self.command {
+            Some(argv) if !argv.is_empty() && !argv[0].trim().is_empty() => {}
+            _ => {
+                return Err(invalid(
+                    key("command"),
+                    "handler = \"process\" needs command = [\"program\", \"arg\", ...]",
+                ))
+            }
+        }
+        if let Some(v) = self.env.iter().find(|v| v.is_empty() || v.contains('=')) {
+            return Err(invalid(
+                key("env"),
+                format!("{v:?} is not a variable name; list names only, e.g. [\"PATH\", \"HOME\"]"),
+            ));
+        }
+        self.limits.or(pool.limits).validate().map_err(|e| invalid(key("limits"), e))
+    }
 }
 
 impl Config {
@@ -510,6 +591,8 @@ impl Config {
             if pc.slots == 0 {
                 return Err(invalid(format!("pools.{pool}.slots"), "must be at least 1"));
             }
+            pc.limits.validate().map_err(|e| invalid(format!("pools.{pool}.limits"), e))?;
+            pc.recycling.validate().map_err(|e| invalid(format!("pools.{pool}.recycling"), e))?;
         }
         self.check_run_ranges()?;
         self.classifier.validate().map_err(|m| invalid("classifier", m))?;
@@ -546,6 +629,7 @@ impl Config {
                     format!("pool {} has no [pools.{}] section", jt.pool, jt.pool),
                 ));
             }
+            jt.validate_process(name, &self.pool(jt.pool))?;
             if jt.handler == HandlerKind::Http {
                 match &jt.url {
                     Some(u) if u.starts_with("http://") || u.starts_with("https://") => {}
@@ -612,6 +696,23 @@ impl Config {
     /// Job lifecycle and progress events (key = job id): `crate::events`.
     pub fn events_topic(&self) -> String {
         self.topic("events")
+    }
+    /// The limits of a `process` job type's attempts: its own over its pool's.
+    pub fn limits(&self, job_type: &str, pool: Pool) -> crate::core::limits::Limits {
+        let jt = self.job_types.get(job_type).map(|t| t.limits).unwrap_or_default();
+        jt.or(self.pool(pool).limits)
+    }
+    /// `stuck_after` of a job type in a pool: its own, else the pool's.
+    pub fn stuck_after(&self, job_type: &str, pool: Pool) -> Option<crate::core::retry::DurationMs> {
+        self.job_types.get(job_type).and_then(|t| t.stuck_after).or(self.pools.get(&pool).and_then(|p| p.stuck_after))
+    }
+    /// Time between SIGTERM and SIGKILL for a job type's children (and the stuck
+    /// detector's grace).
+    pub fn kill_grace(&self, job_type: &str) -> Duration {
+        self.job_types
+            .get(job_type)
+            .and_then(|t| t.kill_grace)
+            .map_or(DEFAULT_KILL_GRACE, |d| Duration::from_millis(d.0.max(0) as u64))
     }
     pub fn pool(&self, pool: Pool) -> PoolConfig {
         self.pools.get(&pool).cloned().unwrap_or_else(|| PoolConfig::default_for(pool))

@@ -12,12 +12,17 @@
 //!                 rate, and the gate;
 //!                 `core::fleet_counts`: retry budget and poison detection on the
 //!                 pool's counts), finished records grouped by submission second
-//!                 (`core::finished`), the pool classifier (`core::classifier`).
+//!                 (`core::finished`), the pool classifier (`core::classifier`),
+//!                 `process` jobs' limits and exit verdicts (`core::limits`), the
+//!                 per-(tenant, pool) recycling cap (`core::recycling`), the stuck-job
+//!                 rule (`core::stuck`).
 //!                 `now` is an argument.
 //! - `kafka`     – the Kafka edge (only module importing rdkafka); `kafka::Pauses` keeps a
 //!   consumer's partition pauses in step with librdkafka across rebalances.
 //! - `store`     – the ScyllaDB edge (only module importing scylla).
-//! - `handlers`  – the `Handler` trait, job context, HTTP executor, demo handlers.
+//! - `handlers`  – the `Handler` trait, job context, HTTP executor, the `process`
+//!                 executor (child processes under limits: `handlers::process`), demo
+//!                 handlers.
 //! - `worker`    – consumer loops moving data between Kafka, the cores and the store
 //!                 (a job's route: `check` → `exec` admit/run → `outcome`;
 //!                 `worker::backlog`: the spill path of floods beyond the buffer;

@@ -76,6 +76,9 @@ pub const POOL_CLASS: &str = "fairway_pool_class";
 pub const RUN_TIME_WRITE_FAILURES: &str = "fairway_run_time_write_failures_total";
 pub const CLASSIFIER_PASS_FAILURES: &str = "fairway_classifier_pass_failures_total";
 pub const POOL_CLASS_READ_FAILURES: &str = "fairway_pool_class_read_failures_total";
+pub const STUCK_JOBS: &str = "fairway_stuck_jobs_total";
+pub const PROCESS_RECYCLED: &str = "fairway_process_recycled_total";
+pub const RECYCLING_HELD_TENANTS: &str = "fairway_recycling_held_tenants";
 
 /// Bucket bounds (seconds) of the job latency histograms: they include the pools' SLOs
 /// (0.5 s, 5 s, 60 s) and the 30 s end-to-end alert threshold, up to the long pool's 6 h.
@@ -284,6 +287,18 @@ pub fn describe() {
     describe_gauge!(
         TIER_ACTUAL_SHARE,
         "Share of the pool's slot-time the tier's tenants actually got recently in this worker (0-1), by pool and tier"
+    );
+    describe_counter!(
+        STUCK_JOBS,
+        "Running jobs dead-lettered for no progress, checkpoint or heartbeat within stuck_after, by pool"
+    );
+    describe_counter!(
+        PROCESS_RECYCLED,
+        "Job child processes killed (limit, stuck, grace) or ended by a signal, by pool (the recycling cap counts these)"
+    );
+    describe_gauge!(
+        RECYCLING_HELD_TENANTS,
+        "Tenants whose jobs wait in this pool because they reached the recycling cap (wait reason recycling_cap), by pool"
     );
 }
 

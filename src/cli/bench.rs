@@ -43,6 +43,8 @@ pub enum BenchKind {
     Faults(super::bench_faults::FaultsArgs),
     /// The submit path: produce only vs produce + the job's queued row (issue 15).
     Submit(super::bench_submit::SubmitBenchArgs),
+    /// No-op `process` jobs (a child process each) end to end: jobs/s and CPU per job.
+    Process(super::bench_process::ProcessArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -78,6 +80,7 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchKind::Registry(r) => super::bench_registry::run(g, r).await,
         BenchKind::Faults(f) => super::bench_faults::run(g, f).await,
         BenchKind::Submit(s) => super::bench_submit::run(g, s).await,
+        BenchKind::Process(p) => super::bench_process::run(g, p).await,
     }
 }
 
@@ -93,13 +96,17 @@ async fn throughput(g: &Global, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
     reader.subscribe(&[&cfg.results_topic()])?;
     let sub = Submitter::new(cfg.clone(), None)?;
     let probe = super::bench_cpu::CpuProbe::local();
-    let preloaded = if a.preload { Some(submit_noops(&cfg, &sub, a.jobs, Instant::now()).await?) } else { None };
+    let preloaded =
+        if a.preload { Some(submit_noops(&cfg, &sub, "echo", a.jobs, Instant::now()).await?) } else { None };
     let workers = start_workers(&cfg, a.workers).await?;
     let cpu_before = probe.snapshot();
     let t0 = Instant::now();
     let (submitted, seen) = match preloaded {
         Some(took) => (Ok(took), collect_latencies(&reader, a.jobs, a.timeout, t0).await),
-        None => tokio::join!(submit_noops(&cfg, &sub, a.jobs, t0), collect_latencies(&reader, a.jobs, a.timeout, t0)),
+        None => tokio::join!(
+            submit_noops(&cfg, &sub, "echo", a.jobs, t0),
+            collect_latencies(&reader, a.jobs, a.timeout, t0)
+        ),
     };
     let cpu_after = probe.snapshot();
     for w in workers {
@@ -112,7 +119,7 @@ async fn throughput(g: &Global, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
     Ok(if seen.done == a.jobs { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
-async fn start_workers(cfg: &Arc<Config>, n: usize) -> anyhow::Result<Vec<Worker>> {
+pub(super) async fn start_workers(cfg: &Arc<Config>, n: usize) -> anyhow::Result<Vec<Worker>> {
     let registry = Registry::from_config(cfg, Default::default()).map_err(anyhow::Error::msg)?;
     let mut workers = Vec::new();
     for _ in 0..n.max(1) {
@@ -161,12 +168,12 @@ fn report_throughput(
 }
 
 /// The throughput run's results as read back.
-struct Seen {
-    done: usize,
+pub(super) struct Seen {
+    pub done: usize,
     /// Submission to finish, ms.
-    latency_ms: hdrhistogram::Histogram<u64>,
+    pub latency_ms: hdrhistogram::Histogram<u64>,
     /// From the start of the run to the last result read.
-    elapsed: Duration,
+    pub elapsed: Duration,
     /// Earliest start and latest finish among the results (epoch ms).
     first_start: Option<i64>,
     last_finish: Option<i64>,
@@ -175,7 +182,7 @@ struct Seen {
 impl Seen {
     /// Jobs per second from the first job's start to the last one's finish (what
     /// BullMQ's harness reports as `process_jobs_per_s`).
-    fn processing_rate(&self) -> f64 {
+    pub fn processing_rate(&self) -> f64 {
         match (self.first_start, self.last_finish) {
             (Some(a), Some(b)) if b > a => self.done as f64 / ((b - a) as f64 / 1000.0),
             _ => 0.0,
@@ -195,12 +202,18 @@ fn throughput_config(g: &Global, a: &ThroughputArgs) -> anyhow::Result<Arc<Confi
     Ok(Arc::new(cfg))
 }
 
-/// Submits `n` echo jobs round-robin over the configured tenants, 2,000 at a time;
-/// returns how long that took.
-async fn submit_noops(cfg: &Config, sub: &Submitter, n: usize, t0: Instant) -> anyhow::Result<Duration> {
+/// Submits `n` no-op jobs of `job_type` round-robin over the configured tenants, 2,000 at
+/// a time; returns how long that took.
+pub(super) async fn submit_noops(
+    cfg: &Config,
+    sub: &Submitter,
+    job_type: &str,
+    n: usize,
+    t0: Instant,
+) -> anyhow::Result<Duration> {
     let tenants: Vec<&String> = cfg.tenants.keys().collect();
     let jobs: Vec<NewJob> = (0..n)
-        .map(|i| NewJob { tenant: tenants[i % tenants.len()].clone(), job_type: "echo".into(), ..Default::default() })
+        .map(|i| NewJob { tenant: tenants[i % tenants.len()].clone(), job_type: job_type.into(), ..Default::default() })
         .collect();
     for chunk in jobs.chunks(2000) {
         for r in futures::future::join_all(chunk.iter().map(|j| sub.submit(j))).await {
@@ -211,7 +224,7 @@ async fn submit_noops(cfg: &Config, sub: &Submitter, n: usize, t0: Instant) -> a
 }
 
 /// Reads results until `n` distinct jobs finished or `timeout` passed.
-async fn collect_latencies(reader: &kafka::Reader, n: usize, timeout: Duration, t0: Instant) -> Seen {
+pub(super) async fn collect_latencies(reader: &kafka::Reader, n: usize, timeout: Duration, t0: Instant) -> Seen {
     let mut hist = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
     let mut seen = std::collections::HashSet::new();
     let (mut first_start, mut last_finish) = (None::<i64>, None::<i64>);

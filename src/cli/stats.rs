@@ -144,6 +144,9 @@ fn render(f: &FleetStats, all: bool) -> String {
         ]);
     }
     table(&mut s, &pools, 1, false);
+    for p in f.pools.iter().filter(|p| !p.process_enforcement.is_empty()) {
+        let _ = writeln!(s, "pool {}: process job limits enforced with {}", p.pool, p.process_enforcement.join(", "));
+    }
     for p in f.pools.iter().filter(|p| p.unassigned_workers > 0) {
         let _ = writeln!(
             s,
@@ -257,6 +260,12 @@ fn waits_on(t: &TenantSummary, now: i64) -> String {
         },
         "reserved_slots" => "reserved slots (shared slots busy)".to_string(),
         "suspended" => "suspended (`fairway tenants resume` lets it run)".to_string(),
+        "recycling_cap" => match t.recycling_until {
+            Some(u) if u > now => {
+                format!("recycling cap (its job processes were killed too often; {} left)", secs(u - now))
+            }
+            _ => "recycling cap (its job processes were killed too often)".to_string(),
+        },
         other => other.to_string(),
     };
     let mut out = match &t.wait_reason {

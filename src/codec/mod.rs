@@ -29,7 +29,9 @@
 //! `schemas/history/`, see `History`) is read by Avro schema resolution into the current
 //! record (fields added since take their defaults), so a rolling upgrade loses nothing an
 //! older producer or worker wrote. v2 of `JobSubmitted` (and the `DeadLetter` that embeds
-//! it) added the W3C trace-context fields, v3 the flow-control key `flow_key`; v1 and v2
+//! it) added the W3C trace-context fields, v3 the flow-control key `flow_key`, v4 (and
+//! v2 of `JobResult`) the failure class `resource` (appended, so old symbols keep their
+//! indexes); v1 and v2
 //! messages are fixtures in `tests/fixtures/v1` and `tests/fixtures/v2`.
 //! Any other fingerprint is refused with an error that names it.
 
@@ -208,6 +210,13 @@ static JOB_SUBMITTED_HISTORY: LazyLock<Vec<History>> = LazyLock::new(|| {
                 include_str!("../../schemas/history/job_submitted.v2.avsc"),
             ),
         },
+        History {
+            version: 3,
+            wire: WireSchema::load(
+                "history/job_submitted.v3.avsc",
+                include_str!("../../schemas/history/job_submitted.v3.avsc"),
+            ),
+        },
     ]
 });
 static DEAD_LETTER_HISTORY: LazyLock<Vec<History>> = LazyLock::new(|| {
@@ -226,7 +235,20 @@ static DEAD_LETTER_HISTORY: LazyLock<Vec<History>> = LazyLock::new(|| {
                 include_str!("../../schemas/history/dead_letter.v2.avsc"),
             ),
         },
+        History {
+            version: 3,
+            wire: WireSchema::load(
+                "history/dead_letter.v3.avsc",
+                include_str!("../../schemas/history/dead_letter.v3.avsc"),
+            ),
+        },
     ]
+});
+static JOB_RESULT_HISTORY: LazyLock<Vec<History>> = LazyLock::new(|| {
+    vec![History {
+        version: 1,
+        wire: WireSchema::load("history/job_result.v1.avsc", include_str!("../../schemas/history/job_result.v1.avsc")),
+    }]
 });
 
 static JOB_EVENT_HISTORY: LazyLock<Vec<History>> = LazyLock::new(|| {
@@ -242,7 +264,7 @@ fn history(kind: RecordKind) -> &'static [History] {
         RecordKind::JobSubmitted => &JOB_SUBMITTED_HISTORY,
         RecordKind::DeadLetter => &DEAD_LETTER_HISTORY,
         RecordKind::JobEvent => &JOB_EVENT_HISTORY,
-        _ => &[],
+        RecordKind::JobResult => &JOB_RESULT_HISTORY,
     }
 }
 
@@ -573,15 +595,17 @@ fn failure_index(c: FailureClass) -> i64 {
         FailureClass::WorkerCrash => 3,
         FailureClass::Poison => 4,
         FailureClass::Permanent => 5,
+        FailureClass::Resource => 6,
     }
 }
-const FAILURE_CLASSES: [FailureClass; 6] = [
+const FAILURE_CLASSES: [FailureClass; 7] = [
     FailureClass::AppError,
     FailureClass::Timeout,
     FailureClass::Dependency,
     FailureClass::WorkerCrash,
     FailureClass::Poison,
     FailureClass::Permanent,
+    FailureClass::Resource,
 ];
 
 fn status_index(s: JobStatus) -> i64 {
@@ -1125,9 +1149,9 @@ mod tests {
     /// a compatibility plan, then update the pins.
     #[test]
     fn fingerprints_are_pinned() {
-        assert_eq!(fingerprint(RecordKind::JobSubmitted).to_string(), "d636019c375f46a9");
-        assert_eq!(fingerprint(RecordKind::JobResult).to_string(), "595d9eec35d310e9");
-        assert_eq!(fingerprint(RecordKind::DeadLetter).to_string(), "c4e69504e8b6f0a5");
+        assert_eq!(fingerprint(RecordKind::JobSubmitted).to_string(), "33c444b9fcb33076");
+        assert_eq!(fingerprint(RecordKind::JobResult).to_string(), "d89b4525d941bddb");
+        assert_eq!(fingerprint(RecordKind::DeadLetter).to_string(), "9e3461f5f3412786");
     }
 
     #[test]
@@ -1175,7 +1199,7 @@ mod tests {
         let msg = e.to_string();
         assert!(msg.contains("deadbeef00010203"), "{msg}");
         assert!(msg.contains("io.fairway.JobSubmitted"), "{msg}");
-        assert!(msg.contains("d636019c375f46a9"), "{msg}");
+        assert!(msg.contains("33c444b9fcb33076"), "{msg}");
         assert!(msg.contains("job_submitted.avsc"), "{msg}");
         assert_eq!(sniff(&b), None);
     }
@@ -1431,6 +1455,10 @@ mod tests {
         assert_eq!(history(RecordKind::JobSubmitted)[1].wire.fingerprint.to_string(), "c23b839bafae9a45");
         assert_eq!(history(RecordKind::DeadLetter)[1].wire.fingerprint.to_string(), "eb1549c1dc0fc4a1");
         assert_eq!(history(RecordKind::JobEvent)[0].wire.fingerprint.to_string(), "9bbf7ca9dda07f29");
+        // Before `resource` was appended to the failure classes.
+        assert_eq!(history(RecordKind::JobSubmitted)[2].wire.fingerprint.to_string(), "d636019c375f46a9");
+        assert_eq!(history(RecordKind::DeadLetter)[2].wire.fingerprint.to_string(), "c4e69504e8b6f0a5");
+        assert_eq!(history(RecordKind::JobResult)[0].wire.fingerprint.to_string(), "595d9eec35d310e9");
     }
 
     /// Events written before `pool_reclassified` was appended to the kinds (v1) are read
@@ -1482,6 +1510,45 @@ mod tests {
         for (i, old) in older.iter().enumerate() {
             assert_eq!(decode_dead_letter(old).unwrap(), decode_dead_letter(current[i % 2]).unwrap(), "fixture {i}");
         }
+    }
+
+    /// Written before `resource` was appended to the failure classes (job v3, dead letter
+    /// v3, result v1): read by schema resolution, field for field what they were.
+    #[test]
+    fn messages_from_before_the_resource_class_are_read_by_schema_resolution() {
+        let pairs: [(&[u8], &[u8]); 5] = [
+            (
+                include_bytes!("../../tests/fixtures/v3/job_submitted_fastavro.bin"),
+                include_bytes!("../../tests/fixtures/job_submitted_fastavro.bin"),
+            ),
+            (
+                include_bytes!("../../tests/fixtures/v3/job_submitted_minimal_fastavro.bin"),
+                include_bytes!("../../tests/fixtures/job_submitted_minimal_fastavro.bin"),
+            ),
+            (
+                include_bytes!("../../tests/fixtures/v3/dead_letter_fastavro.bin"),
+                include_bytes!("../../tests/fixtures/dead_letter_fastavro.bin"),
+            ),
+            (
+                include_bytes!("../../tests/fixtures/v3/dead_letter_raw_fastavro.bin"),
+                include_bytes!("../../tests/fixtures/dead_letter_raw_fastavro.bin"),
+            ),
+            (
+                include_bytes!("../../tests/fixtures/v3/job_result_fastavro.bin"),
+                include_bytes!("../../tests/fixtures/job_result_fastavro.bin"),
+            ),
+        ];
+        for (i, (old, new)) in pairs.iter().enumerate() {
+            assert_ne!(old[2..HEADER_LEN], new[2..HEADER_LEN], "fixture {i} changed schema");
+            match i {
+                0 | 1 => assert_eq!(decode_job(old).unwrap(), decode_job(new).unwrap(), "fixture {i}"),
+                2 | 3 => assert_eq!(decode_dead_letter(old).unwrap(), decode_dead_letter(new).unwrap(), "fixture {i}"),
+                _ => assert_eq!(decode_result(old).unwrap(), decode_result(new).unwrap(), "fixture {i}"),
+            }
+        }
+        let mut j = job_full();
+        j.last_failure_class = Some(FailureClass::Resource);
+        check_job(&j);
     }
 
     #[test]

@@ -82,6 +82,8 @@ pub enum WaitReason {
     FairShare,
     ReservedSlots,
     Suspended,
+    /// The tenant's job children were killed too often in the pool (`core::recycling`).
+    RecyclingCap,
 }
 
 impl WaitReason {
@@ -93,6 +95,7 @@ impl WaitReason {
             WaitReason::FairShare => "fair_share",
             WaitReason::ReservedSlots => "reserved_slots",
             WaitReason::Suspended => "suspended",
+            WaitReason::RecyclingCap => "recycling_cap",
         }
     }
     /// From the scheduler's snapshot names (`fairway stats`); unknown names are ignored.
@@ -104,6 +107,7 @@ impl WaitReason {
             "deficit" | "fair_share" => WaitReason::FairShare,
             "reserved_slots" => WaitReason::ReservedSlots,
             "suspended" => WaitReason::Suspended,
+            "recycling_cap" => WaitReason::RecyclingCap,
             _ => return None,
         })
     }

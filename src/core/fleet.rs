@@ -318,6 +318,7 @@ struct PoolSnap {
     unassigned_ms: u64,
     group: Option<String>,
     breakers_open: Vec<String>,
+    process_enforcement: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -385,6 +386,9 @@ pub struct PoolSummary {
     pub groups: Vec<String>,
     /// Job types whose circuit breaker is open (or half-open) on any of its workers.
     pub breakers_open: Vec<String>,
+    /// How the pool's workers enforce `process` jobs' limits (`rlimit`, `cgroup`), each
+    /// mode once; empty if the pool runs no `process` job type.
+    pub process_enforcement: Vec<String>,
 }
 
 /// One tenant in one pool across the fleet.
@@ -413,6 +417,8 @@ pub struct TenantSummary {
     pub wait_reason: Option<String>,
     /// For `rate_limited`: the earliest time a worker allows its next dispatch.
     pub rate_limited_until: Option<Millis>,
+    /// For `recycling_cap`: the latest time a worker holds its jobs until.
+    pub recycling_until: Option<Millis>,
     /// How many workers report each wait reason.
     pub waits: BTreeMap<String, usize>,
     /// Live workers reporting this tenant with backlog or running jobs.
@@ -503,6 +509,11 @@ pub fn aggregate(rows: &[SnapshotRow], now: Millis, max_age_ms: i64) -> FleetSta
                 p.breakers_open.push(b.clone());
             }
         }
+        if let Some(e) = &ps.process_enforcement {
+            if !p.process_enforcement.contains(e) {
+                p.process_enforcement.push(e.clone());
+            }
+        }
         if let Some(v) = ps.registry_version {
             p.registry_version = Some(p.registry_version.map_or(v, |x: i64| x.min(v)));
             p.registry_version_max = Some(p.registry_version_max.map_or(v, |x: i64| x.max(v)));
@@ -544,6 +555,9 @@ pub fn aggregate(rows: &[SnapshotRow], now: Millis, max_age_ms: i64) -> FleetSta
                     if let Some(u) = w.until {
                         s.rate_limited_until = Some(s.rate_limited_until.map_or(u, |x: Millis| x.min(u)));
                     }
+                }
+                if w.reason == "recycling_cap" {
+                    s.recycling_until = s.recycling_until.max(w.until);
                 }
             }
             // The worker holding most of the tenant's backlog names its wait reason.

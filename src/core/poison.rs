@@ -95,7 +95,8 @@ impl PoisonConfig {
 pub fn counts_toward_poison(class: FailureClass) -> bool {
     match class {
         FailureClass::AppError | FailureClass::Timeout | FailureClass::WorkerCrash | FailureClass::Poison => true,
-        FailureClass::Dependency | FailureClass::Permanent => false,
+        // A limit kill is the job's or its input's size, not the type being broken.
+        FailureClass::Dependency | FailureClass::Permanent | FailureClass::Resource => false,
     }
 }
 

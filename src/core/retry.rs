@@ -420,6 +420,9 @@ pub struct RetryPolicy {
     pub dependency: ClassPolicy,
     pub worker_crash: CrashPolicy,
     pub poison: ClassPolicy,
+    /// A `process` job killed for a resource limit: one retry (it may have met a busy
+    /// moment), then the DLQ.
+    pub resource: ClassPolicy,
 }
 
 impl Default for RetryPolicy {
@@ -440,6 +443,7 @@ impl Default for RetryPolicy {
             dependency: ClassPolicy::exponential(8, DurationMs::secs(2), 2.0, DurationMs::mins(5), Jitter::Full),
             worker_crash: CrashPolicy { max_crashes: 3, delay: DurationMs::secs(1), jitter: Jitter::Proportional(0.5) },
             poison: ClassPolicy::schedule(2, vec![DurationMs::secs(30)], Jitter::Proportional(0.25)),
+            resource: ClassPolicy::schedule(2, vec![DurationMs::secs(1)], Jitter::Proportional(0.25)),
         }
     }
 }
@@ -481,6 +485,7 @@ pub struct RetryPolicyPatch {
     pub dependency: Option<ClassPolicyPatch>,
     pub worker_crash: Option<CrashPolicyPatch>,
     pub poison: Option<ClassPolicyPatch>,
+    pub resource: Option<ClassPolicyPatch>,
 }
 
 fn merge_class(base: &ClassPolicy, p: &ClassPolicyPatch) -> ClassPolicy {
@@ -533,6 +538,7 @@ impl RetryPolicy {
             dependency: class(&self.dependency, &patch.dependency),
             worker_crash: crash,
             poison: class(&self.poison, &patch.poison),
+            resource: class(&self.resource, &patch.resource),
         };
         out.validate()?;
         Ok(out)
@@ -544,6 +550,7 @@ impl RetryPolicy {
         self.timeout.validate("timeout")?;
         self.dependency.validate("dependency")?;
         self.poison.validate("poison")?;
+        self.resource.validate("resource")?;
         self.worker_crash.validate()
     }
 
@@ -555,6 +562,7 @@ impl RetryPolicy {
             FailureClass::Timeout => Some(&self.timeout),
             FailureClass::Dependency => Some(&self.dependency),
             FailureClass::Poison => Some(&self.poison),
+            FailureClass::Resource => Some(&self.resource),
             FailureClass::WorkerCrash | FailureClass::Permanent => None,
         }
     }
@@ -568,11 +576,11 @@ impl TryFrom<RetryPolicyPatch> for RetryPolicy {
 }
 
 /// The retry topic a failure class is retried on: `retry.app_error`, `retry.timeout`,
-/// `retry.dependency` or `retry.crash`. Poison retries ride the app_error topic (there is
-/// no poison topic); permanent failures are never retried.
+/// `retry.dependency` or `retry.crash`. Poison and resource retries ride the app_error
+/// topic (there is no topic of their own); permanent failures are never retried.
 pub fn retry_topic_class(class: FailureClass) -> Option<FailureClass> {
     match class {
-        FailureClass::AppError | FailureClass::Poison => Some(FailureClass::AppError),
+        FailureClass::AppError | FailureClass::Poison | FailureClass::Resource => Some(FailureClass::AppError),
         FailureClass::Timeout => Some(FailureClass::Timeout),
         FailureClass::Dependency => Some(FailureClass::Dependency),
         FailureClass::WorkerCrash => Some(FailureClass::WorkerCrash),
@@ -671,6 +679,10 @@ fn exhausted_reason(class: FailureClass, used: i32, max: i32, job: &AttemptState
             "poison: the job type is quarantined (it fails most of the time), {used} of at most {max} attempts used{err}; \
              fix the job type's handler, then bulk-replay its dead letters"
         ),
+        FailureClass::Resource => format!(
+            "resource: the job was killed for a resource limit, {used} of at most {max} attempts used{err}; \
+             raise the job type's [limits] or make the job use less, then replay from the DLQ"
+        ),
         FailureClass::WorkerCrash | FailureClass::Permanent => format!(
             "{class}: {used} of {max} attempts used{err}; replay from the DLQ when fixed"
         ),
@@ -715,11 +727,16 @@ pub fn decide(class: FailureClass, job: &AttemptState, policy: &RetryPolicy, now
                 }
             }
         }
-        FailureClass::AppError | FailureClass::Timeout | FailureClass::Dependency | FailureClass::Poison => {
+        FailureClass::AppError
+        | FailureClass::Timeout
+        | FailureClass::Dependency
+        | FailureClass::Poison
+        | FailureClass::Resource => {
             let p = match class {
                 FailureClass::AppError => &policy.app_error,
                 FailureClass::Timeout => &policy.timeout,
                 FailureClass::Dependency => &policy.dependency,
+                FailureClass::Resource => &policy.resource,
                 _ => &policy.poison,
             };
             let after = used.saturating_add(1);
@@ -1048,6 +1065,22 @@ mod tests {
     }
 
     #[test]
+    fn resource_retries_once_on_the_app_error_topic_then_dead_letters() {
+        let p = RetryPolicy::default();
+        assert!(matches!(
+            decide(Resource, &st(0, 0), &p, 0, 0.5),
+            Decision::Retry { class_topic: AppError, attempt: 1, crash_count: 0, .. }
+        ));
+        match decide(Resource, &st(1, 0), &p, 0, 0.5) {
+            Decision::DeadLetter { reason } => {
+                assert!(reason.starts_with("resource:") && reason.contains("[limits]"), "{reason}")
+            }
+            d => panic!("{d:?}"),
+        }
+        assert_eq!(dead_letter_class(Resource), Resource);
+    }
+
+    #[test]
     fn dependency_exponential_full_jitter_capped() {
         let p = RetryPolicy::default();
         assert_eq!(p.dependency.nominal_delay(0), 2_000);
@@ -1345,13 +1378,15 @@ mod tests {
             arb_class_policy(),
             arb_class_policy(),
             (1i32..6, (0i64..60_000).prop_map(DurationMs), arb_jitter()),
+            arb_class_policy(),
         )
-            .prop_map(|(a, t, d, p, (max_crashes, delay, jitter))| RetryPolicy {
+            .prop_map(|(a, t, d, p, (max_crashes, delay, jitter), r)| RetryPolicy {
                 app_error: a,
                 timeout: t,
                 dependency: d,
                 poison: p,
                 worker_crash: CrashPolicy { max_crashes, delay, jitter },
+                resource: r,
             })
     }
 

@@ -348,6 +348,9 @@ struct Tenant<J> {
     free: bool,
     /// Suspended: its queued jobs wait, nothing of it is dispatched.
     suspended: bool,
+    /// Held by the recycling cap (`core::recycling`) until this time: its queued jobs
+    /// wait, the others' run. Set and lifted by the worker (`set_held`).
+    held: Option<Millis>,
     /// In force: the lower of the policy's `max_running` and the fleet cap.
     max_running: usize,
     /// This worker's part of the tenant's fleet-wide `max_running` (`core::quota`).
@@ -649,6 +652,17 @@ impl<J> Scheduler<J> {
         self.refresh(t);
     }
 
+    /// Holds a tenant's queued jobs until `until` (the recycling cap, `core::recycling`),
+    /// or lifts the hold (`None`); its running jobs go on, the other tenants run.
+    pub fn set_held(&mut self, tenant: &str, until: Option<Millis>) {
+        let t = match self.index.get(tenant) {
+            Some(&t) => t,
+            None => self.create(tenant),
+        };
+        self.tenants[t as usize].held = until;
+        self.refresh(t);
+    }
+
     /// Sets this worker's part (0..=1) of a tenant's fleet-wide rate limit (`core::quota`):
     /// its limiter runs at `rate x share` with a burst of `burst x share` (at least one),
     /// keeping the tokens it holds. No effect on a tenant without a rate limit.
@@ -789,7 +803,13 @@ impl<J> Scheduler<J> {
         self.enterprise
             .iter()
             .map(|&t| &self.tenants[t as usize])
-            .filter(|x| x.running_reserved < x.reserved && x.queued > 0 && x.running < x.max_running && !x.suspended)
+            .filter(|x| {
+                x.running_reserved < x.reserved
+                    && x.queued > 0
+                    && x.running < x.max_running
+                    && !x.suspended
+                    && x.held.is_none()
+            })
             .filter_map(|x| x.blocked_until)
             .min()
     }
@@ -962,6 +982,8 @@ impl<J> Scheduler<J> {
                     None
                 } else if x.suspended {
                     Some(WaitReason::Suspended)
+                } else if let Some(until) = x.held {
+                    Some(WaitReason::RecyclingCap { until })
                 } else if x.running >= x.max_running {
                     Some(WaitReason::ConcurrencyCap)
                 } else if let Some(until) = x.blocked_until.filter(|&u| u > now) {
@@ -1076,6 +1098,7 @@ impl<J> Scheduler<J> {
             weight: 1.0,
             free,
             suspended: false,
+            held: None,
             max_running: usize::MAX,
             fleet_cap: usize::MAX,
             max_queued: self.cfg.max_queued_per_tenant,
@@ -1213,7 +1236,7 @@ impl<J> Scheduler<J> {
 
     fn eligible(&self, t: u32) -> bool {
         let x = &self.tenants[t as usize];
-        x.queued > 0 && x.running < x.max_running && x.blocked_until.is_none() && !x.suspended
+        x.queued > 0 && x.running < x.max_running && x.blocked_until.is_none() && !x.suspended && x.held.is_none()
     }
 
     /// Puts the tenant in (or takes it out of) its ready sets according to its state,
@@ -1353,7 +1376,7 @@ impl<J> Scheduler<J> {
             (x.tag - self.vtime) * x.weight > cap
         };
         let next = x.best_level(now, self.cfg.aging_step_ms).and_then(|(lvl, _)| x.queues[lvl].front());
-        !ahead && !x.suspended && next.is_some_and(|w| self.cost_of(t, w.jt) <= cap)
+        !ahead && !x.suspended && x.held.is_none() && next.is_some_and(|w| self.cost_of(t, w.jt) <= cap)
     }
 
     fn shared_capacity(&self) -> f64 {

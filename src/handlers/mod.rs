@@ -4,15 +4,17 @@
 
 mod demo;
 mod http;
+pub mod process;
 
 pub use demo::{Echo, Fail, Flaky, Sleep, RUN_LOG_ENV};
 pub use http::HttpExecutor;
+pub use process::ProcessExecutor;
 
 use crate::model::{FailureClass, JobSubmitted};
 use crate::store::{Store, StoreError};
 use futures::future::BoxFuture;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -61,6 +63,13 @@ pub struct JobLive {
     abort: tokio::sync::Notify,
     /// Where progress reports also go as `progress` events (set by the worker).
     events: std::sync::OnceLock<crate::events::ProgressSink>,
+    /// When the job last showed life of its own (progress, checkpoint, heartbeat), epoch
+    /// ms; 0 until the worker starts it (`started`). Read by the stuck detector.
+    last_advance: AtomicI64,
+    /// The stuck detector gave up on it (`core::stuck`): the reason for its dead letter.
+    stuck: std::sync::OnceLock<String>,
+    /// Its child was killed or ended abnormally (counts toward the recycling cap).
+    abnormal: AtomicBool,
 }
 
 /// Why a running job is asked to stop (`JobContext::stop_reason`).
@@ -71,6 +80,8 @@ pub enum StopReason {
     /// The worker is going away (deploy, scale-down): checkpoint and return; another
     /// worker resumes the job at once from its checkpoint, attempts unchanged.
     ShuttingDown,
+    /// No progress, checkpoint or heartbeat for `stuck_after`: the job is dead-lettered.
+    Stuck,
 }
 
 impl JobLive {
@@ -100,6 +111,39 @@ impl JobLive {
     }
     pub async fn aborted(&self) {
         self.abort.notified().await
+    }
+    /// The job showed life at `now` (epoch ms).
+    pub fn advanced(&self, now: crate::model::Millis) {
+        self.last_advance.fetch_max(now, Ordering::Relaxed);
+    }
+    pub fn last_advance(&self) -> crate::model::Millis {
+        self.last_advance.load(Ordering::Relaxed)
+    }
+    /// Marks the job stuck (first reason wins); it is then asked to stop.
+    pub fn mark_stuck(&self, reason: String) {
+        let _ = self.stuck.set(reason);
+    }
+    pub fn stuck_reason(&self) -> Option<&str> {
+        self.stuck.get().map(String::as_str)
+    }
+    /// Its child was killed or ended abnormally (a signal, a limit, the stuck detector).
+    pub fn mark_abnormal(&self) {
+        self.abnormal.store(true, Ordering::SeqCst)
+    }
+    pub fn is_abnormal(&self) -> bool {
+        self.abnormal.load(Ordering::SeqCst)
+    }
+    /// Why the job should stop now, if it should (see `JobContext::stop_reason`).
+    pub fn stop_reason(&self) -> Option<StopReason> {
+        if self.is_cancelled() {
+            Some(StopReason::Cancelled)
+        } else if self.stuck.get().is_some() {
+            Some(StopReason::Stuck)
+        } else if self.is_stopping() {
+            Some(StopReason::ShuttingDown)
+        } else {
+            None
+        }
     }
 }
 
@@ -146,6 +190,7 @@ impl JobContext {
     }
     /// Reports progress (0..1) and a short message; sent with the next heartbeat.
     pub fn progress(&self, fraction: f64, message: impl Into<String>) {
+        self.live.advanced(crate::now_ms());
         let message = message.into();
         if let Some(sink) = self.live.events.get() {
             sink.report(fraction.clamp(0.0, 1.0), &message);
@@ -163,16 +208,19 @@ impl JobContext {
     /// is shutting down (checkpoint, then return any error: the job is handed off and
     /// resumes elsewhere without using an attempt).
     pub fn stop_reason(&self) -> Option<StopReason> {
-        if self.live.is_cancelled() {
-            Some(StopReason::Cancelled)
-        } else if self.live.is_stopping() {
-            Some(StopReason::ShuttingDown)
-        } else {
-            None
-        }
+        self.live.stop_reason()
+    }
+    /// Tells the stuck detector the job is alive without a progress report.
+    pub fn heartbeat(&self) {
+        self.live.advanced(crate::now_ms());
+    }
+    /// The job's live state (for executors that relay a child's reports).
+    pub fn live(&self) -> &Arc<JobLive> {
+        &self.live
     }
     /// Saves resumable state; a re-dispatched attempt gets it from `load_checkpoint`.
     pub async fn checkpoint(&self, state: &[u8]) -> Result<(), StoreError> {
+        self.live.advanced(crate::now_ms());
         match &self.store {
             Some(s) => s.put_checkpoint(&self.job.job_id, state, crate::now_ms()).await,
             None => Ok(()),
@@ -199,6 +247,7 @@ impl Registry {
         cfg: &crate::config::Config,
         mut custom: HashMap<String, Arc<dyn Handler>>,
     ) -> Result<Self, String> {
+        let enforcement = process::Enforcement::current();
         use crate::config::HandlerKind as K;
         let mut handlers: HashMap<String, Arc<dyn Handler>> = HashMap::new();
         let client = reqwest::Client::builder().build().map_err(|e| format!("cannot build HTTP client: {e}"))?;
@@ -216,6 +265,7 @@ impl Registry {
                     };
                     Arc::new(HttpExecutor::new(client, jt.url.clone().unwrap_or_default()))
                 }
+                K::Process => Arc::new(ProcessExecutor::new(process::Spec::from_config(cfg, name, enforcement)?)),
                 K::Custom => custom.remove(name).ok_or_else(|| {
                     format!("job_types.{name}.handler is \"custom\" but no Rust handler was registered under {name:?}")
                 })?,

@@ -66,16 +66,21 @@ pub enum FailureClass {
     Poison,
     /// Invalid input: retrying cannot help (4xx, undecodable, unknown tenant/type).
     Permanent,
+    /// A `process` job's child was killed for a resource limit (memory, CPU time, wall
+    /// time, output size) or held its slot without progress (`stuck_after`): retried
+    /// once, then dead-lettered with the limit and the peak; never a worker crash.
+    Resource,
 }
 
 impl FailureClass {
-    pub const ALL: [FailureClass; 6] = [
+    pub const ALL: [FailureClass; 7] = [
         FailureClass::AppError,
         FailureClass::Timeout,
         FailureClass::Dependency,
         FailureClass::WorkerCrash,
         FailureClass::Poison,
         FailureClass::Permanent,
+        FailureClass::Resource,
     ];
     pub fn as_str(self) -> &'static str {
         match self {
@@ -85,6 +90,7 @@ impl FailureClass {
             FailureClass::WorkerCrash => "worker_crash",
             FailureClass::Poison => "poison",
             FailureClass::Permanent => "permanent",
+            FailureClass::Resource => "resource",
         }
     }
 }

@@ -68,6 +68,8 @@ pub trait Dispatcher<J>: Send {
     fn set_fleet_cap(&mut self, _tenant: &str, _cap: Option<usize>) {}
     /// This worker's part (0..=1) of a tenant's fleet-wide rate (`core::quota::share`).
     fn set_fleet_rate(&mut self, _tenant: &str, _share: f64) {}
+    /// Holds a tenant's queued jobs until `until` (recycling cap), `None` lifts it.
+    fn set_held(&mut self, _tenant: &str, _until: Option<Millis>) {}
     /// Applies a tenant's (new) policy from the registry; queued jobs stay queued.
     fn set_tenant(&mut self, _tenant: &str, _policy: TenantPolicy) -> Result<(), String> {
         Ok(())
@@ -232,6 +234,9 @@ impl<J: Send> Dispatcher<J> for Fair<J> {
     }
     fn set_fleet_rate(&mut self, tenant: &str, share: f64) {
         self.inner.set_fleet_rate(tenant, share)
+    }
+    fn set_held(&mut self, tenant: &str, until: Option<Millis>) {
+        self.inner.set_held(tenant, until)
     }
 }
 

@@ -17,6 +17,8 @@
 use super::outcome::{self, update};
 use super::{check, Shared};
 use crate::core::breaker::Admission;
+use crate::core::retry::DurationMs;
+use crate::core::stuck;
 use crate::handlers::{Handler, HandlerError, JobContext, JobLive};
 use crate::model::JobSubmitted;
 use crate::{codec, metrics as m, now_ms, telemetry};
@@ -229,6 +231,7 @@ async fn run(
     let timeout = sh.job_timeout(&job.job_type);
     let deadline = tokio::time::Instant::now() + timeout;
     let live = Arc::new(JobLive::default());
+    live.advanced(started_at);
     live.publish_progress(crate::events::ProgressSink::new(&sh.producer, &sh.cfg, &sh.worker_id, job));
     let ctx =
         JobContext::new(job.clone(), deadline, live.clone(), Some(sh.store.clone())).with_traceparent(traceparent);
@@ -242,27 +245,61 @@ async fn run(
         }
     }
     metrics::gauge!(m::JOBS_RUNNING, "pool" => sh.pool.as_str()).increment(1.0);
-    let mut run = std::pin::pin!(tokio::time::timeout_at(deadline, handler.run(ctx)));
+    let stuck_after = sh.cfg.stuck_after(&job.job_type, sh.pool);
+    let grace = sh.cfg.kill_grace(&job.job_type);
     let mut running_written = false;
-    let result = tokio::select! {
-        r = &mut run => Some(r),
-        _ = live.aborted() => None,
-        _ = tokio::time::sleep(RUNNING_WRITE_GRACE) => {
-            crate::events::started(&sh.producer, &sh.cfg, &sh.worker_id, job, started_at);
-            let u = update(sh, job, "running", Some(started_at), None);
-            let encoded = codec::encode_job(job).unwrap_or_default();
-            match sh.store.put_running_with_heartbeat(&u, &encoded, now_ms(), sh.heartbeat_ttl_secs()).await {
-                Ok(()) => running_written = true,
-                Err(e) => tracing::warn!(job_id = %job.job_id, error = %e, "could not record running state"),
-            }
-            tokio::select! {
-                r = &mut run => Some(r),
-                _ = live.aborted() => None,
+    let result = {
+        let mut run = std::pin::pin!(tokio::time::timeout_at(deadline, handler.run(ctx)));
+        let mut stuck = std::pin::pin!(stuck_watch(&live, stuck_after, grace));
+        tokio::select! {
+            r = &mut run => Some(r),
+            _ = live.aborted() => None,
+            _ = &mut stuck => None,
+            _ = tokio::time::sleep(RUNNING_WRITE_GRACE) => {
+                crate::events::started(&sh.producer, &sh.cfg, &sh.worker_id, job, started_at);
+                let u = update(sh, job, "running", Some(started_at), None);
+                let encoded = codec::encode_job(job).unwrap_or_default();
+                match sh.store.put_running_with_heartbeat(&u, &encoded, now_ms(), sh.heartbeat_ttl_secs()).await {
+                    Ok(()) => running_written = true,
+                    Err(e) => tracing::warn!(job_id = %job.job_id, error = %e, "could not record running state"),
+                }
+                tokio::select! {
+                    r = &mut run => Some(r),
+                    _ = live.aborted() => None,
+                    _ = &mut stuck => None,
+                }
             }
         }
     };
+    // Counted before the slot goes back, so the pool loop sees the cap when it refills it.
+    if live.is_abnormal() || live.stuck_reason().is_some() {
+        sh.record_recycling(&job.tenant, now_ms());
+    }
     slot.release(result.is_some());
     sh.running.lock().expect("running map").remove(&job.job_id);
     metrics::gauge!(m::JOBS_RUNNING, "pool" => sh.pool.as_str()).decrement(1.0);
     Run { started_at, timeout, result, live, running_written, row_claimed: false }
+}
+
+/// The stuck-job detector of one run (`core::stuck`): once the job is silent for
+/// `stuck_after` it is marked stuck (its handler is asked to stop: a `process` child gets
+/// SIGTERM); this future then ends after `grace`, and the run is aborted if the handler
+/// has not returned by then. Never ends without a `stuck_after`.
+async fn stuck_watch(live: &JobLive, stuck_after: Option<DurationMs>, grace: Duration) {
+    loop {
+        let now = now_ms();
+        match stuck::watch(live.last_advance(), now, stuck_after) {
+            stuck::Watch::Fine { next: None } => std::future::pending::<()>().await,
+            stuck::Watch::Fine { next: Some(at) } => {
+                tokio::time::sleep(Duration::from_millis((at - now).max(1) as u64)).await
+            }
+            stuck::Watch::Stuck { silent_ms } => {
+                let after = stuck_after.unwrap_or_default();
+                tracing::warn!(silent_ms, stuck_after = %after, "job stuck: no progress, checkpoint or heartbeat; stopping it");
+                live.mark_stuck(stuck::reason(silent_ms, after));
+                break;
+            }
+        }
+    }
+    tokio::time::sleep(grace).await;
 }

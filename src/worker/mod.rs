@@ -75,6 +75,8 @@ pub struct Shared {
     pub front_door: Mutex<frontdoor::Tally>,
     /// The pools' run-time ranges (`pools.<p>.max_run`), for the classifier's counts.
     pub ranges: crate::core::classifier::Ranges,
+    /// Kills and abnormal exits of `process` children per tenant (the recycling cap).
+    pub recycling: Mutex<crate::core::recycling::Recycling>,
 }
 
 /// The failure-handling cores of one pool.
@@ -118,6 +120,17 @@ impl Shared {
                 live.request_stop();
             }
         }
+    }
+
+    /// Does this pool run any `process` job type (then its stats name the enforcement)?
+    pub fn runs_processes(&self) -> bool {
+        self.cfg.job_types.values().any(|t| t.pool == self.pool && t.handler == crate::config::HandlerKind::Process)
+    }
+
+    /// A child of `tenant` was killed or ended abnormally (`core::recycling`).
+    pub fn record_recycling(&self, tenant: &str, now: Millis) {
+        metrics::counter!(crate::metrics::PROCESS_RECYCLED, "pool" => self.pool.as_str()).increment(1);
+        self.recycling.lock().expect("recycling lock").record(tenant, now);
     }
 
     /// Aborts every running job of this pool (it ignored the stop request): handed off
@@ -272,6 +285,7 @@ impl Worker {
                 quotas: Mutex::new(Default::default()),
                 front_door: Default::default(),
                 ranges: cfg.run_ranges(),
+                recycling: Mutex::new(crate::core::recycling::Recycling::new(cfg.pool(pool).recycling)),
             });
             let (sh3, rx3) = (sh.clone(), halted.clone());
             tasks.push(tokio::spawn(liveness::heartbeat_loop(sh3, rx3)));
@@ -313,6 +327,10 @@ impl Worker {
             rx.clone(),
         )));
         tracing::info!(%worker_id, ?pools, ?policy, "worker started");
+        if shared.iter().any(|s| s.runs_processes()) {
+            let e = crate::handlers::process::Enforcement::current();
+            tracing::info!(enforcement = e.name(), "process job limits: {}", e.describe());
+        }
         Ok(Worker { worker_id, shutdown: tx, halt, pool_tasks, tasks, shared })
     }
 

@@ -20,6 +20,15 @@ use std::time::Duration;
 pub(super) async fn record(sh: &Shared, job: &JobSubmitted, origin: &Origin, run: &Run) -> Ended {
     let Run { started_at, timeout, result, live, .. } = run;
     let started_at = *started_at;
+    // Silent past `stuck_after`: dead-lettered with the reason, whatever it returned.
+    if let Some(reason) = live.stuck_reason() {
+        let last_error = match result {
+            Some(Ok(Err(e))) => Some(e.message.clone()),
+            _ => None,
+        };
+        return Ended::Ran
+            .or_lost(dead_letter_stuck(sh, job, origin, reason.to_string(), last_error, started_at).await);
+    }
     // The worker is shutting down and the job stopped without finishing: hand it off
     // (another worker resumes it from its checkpoint; no attempt used, no crash).
     if live.is_stopping() && !live.is_cancelled() && !matches!(result, Some(Ok(Ok(_)))) {
@@ -309,6 +318,25 @@ pub(crate) async fn fail(
             dl && fin
         }
     }
+}
+
+/// A stuck job (`core::stuck`): straight to the DLQ as `resource` (a retry would hold
+/// another slot for nothing), and its failed result.
+async fn dead_letter_stuck(
+    sh: &Shared,
+    job: &JobSubmitted,
+    origin: &Origin,
+    reason: String,
+    last_error: Option<String>,
+    started_at: i64,
+) -> bool {
+    let class = FailureClass::Resource;
+    metrics::counter!(m::JOB_FAILURES, "pool" => sh.pool.as_str(), "class" => class.as_str()).increment(1);
+    metrics::counter!(m::STUCK_JOBS, "pool" => sh.pool.as_str()).increment(1);
+    let attempts = job.attempt + 1;
+    let dl = dead_letter(sh, Some(job), None, class, reason.clone(), last_error, attempts, origin).await;
+    let fin = finish(sh, job, JobStatus::Failed, None, Some(reason), Some(class), Some(started_at)).await;
+    dl && fin
 }
 
 /// Produces a dead letter; `raw` carries the bytes of a message that could not be decoded.

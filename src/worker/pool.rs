@@ -108,6 +108,8 @@ struct Loop {
     gate: Gate<Pending>,
     /// The `Quotas::version` whose caps are applied.
     quota_version: u64,
+    /// Tenants held by the recycling cap (`core::recycling`) and until when.
+    recycling_held: HashMap<String, i64>,
 }
 
 pub async fn run(
@@ -142,6 +144,7 @@ pub async fn run(
         warned_at: None,
         gate: Gate::default(),
         quota_version: 0,
+        recycling_held: HashMap::new(),
     };
     let mut registry = sh.tenants.subscribe();
     let slots = sh.cfg.pool(sh.pool).slots;
@@ -751,9 +754,31 @@ impl Loop {
         );
     }
 
+    /// Holds (and releases) tenants at the recycling cap in the scheduler: their queued
+    /// jobs wait with reason `recycling_cap` while the other tenants' run.
+    fn apply_recycling(&mut self, now: i64) {
+        let held: HashMap<String, i64> =
+            self.sh.recycling.lock().expect("recycling lock").held(now).into_iter().collect();
+        if held.is_empty() && self.recycling_held.is_empty() {
+            return;
+        }
+        for (tenant, until) in &held {
+            if self.recycling_held.get(tenant) != Some(until) {
+                tracing::info!(pool = self.pool(), %tenant, until = *until, "tenant at the recycling cap: its jobs wait");
+                self.dispatcher.set_held(tenant, Some(*until));
+            }
+        }
+        for tenant in self.recycling_held.keys().filter(|t| !held.contains_key(*t)) {
+            self.dispatcher.set_held(tenant, None);
+        }
+        metrics::gauge!(m::RECYCLING_HELD_TENANTS, "pool" => self.pool()).set(held.len() as f64);
+        self.recycling_held = held;
+    }
+
     /// Scheduler snapshot (with spilled backlogs) for `fairway stats`, and fleet usage.
     fn publish_stats(&mut self) {
         let now = now_ms();
+        self.apply_recycling(now);
         let unassigned = self.unassigned_for();
         metrics::gauge!(m::POOL_UNASSIGNED_SECONDS, "pool" => self.pool()).set(unassigned.as_secs_f64());
         let mut spilled: HashMap<&str, u64> = HashMap::new();
@@ -777,6 +802,12 @@ impl Loop {
             let overdue = unassigned >= self.sh.cfg.kafka.unassigned_warning;
             pool.insert("unassigned_ms".into(), (if overdue { unassigned.as_millis() as u64 } else { 0 }).into());
             pool.insert("group".into(), self.group.clone().into());
+            if self.sh.runs_processes() {
+                pool.insert(
+                    "process_enforcement".into(),
+                    crate::handlers::process::Enforcement::current().name().into(),
+                );
+            }
             // Job types whose circuit breaker is open or half-open here (the console).
             if let Ok(h) = self.sh.health.lock() {
                 let open: Vec<&str> = h.breakers.not_closed().map(|(t, _)| t).collect();
@@ -804,6 +835,7 @@ impl Loop {
         let done = match ev {
             Event::Freed(ticket, ran, flow) => {
                 self.dispatcher.complete(&ticket, now_ms(), ran);
+                self.apply_recycling(now_ms());
                 self.finishing += 1;
                 if let Some(scope) = flow {
                     self.gate.release(&scope);

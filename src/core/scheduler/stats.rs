@@ -20,6 +20,9 @@ pub enum WaitReason {
     ReservedSlots,
     /// The tenant is suspended (`fairway tenants suspend`): its jobs wait until resumed.
     Suspended,
+    /// Its jobs' children were killed or ended abnormally too often in this pool
+    /// (`core::recycling`): its jobs wait until `until` (epoch ms), the others run.
+    RecyclingCap { until: Millis },
 }
 
 /// Jobs queued per priority (as submitted).

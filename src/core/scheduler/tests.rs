@@ -346,6 +346,21 @@ fn a_fleet_rate_share_slows_the_tenant_to_its_part() {
 }
 
 #[test]
+fn a_tenant_held_by_the_recycling_cap_waits_while_others_run_until_released() {
+    let mut s = sched(2);
+    for i in 0..3 {
+        s.enqueue("a", "x", Priority::Normal, i, T0).unwrap();
+    }
+    s.set_held("a", Some(T0 + 5_000));
+    assert!(s.next(T0).is_none(), "nothing of a held tenant starts, not even in a fast lane");
+    assert_eq!(s.stats(T0)[0].wait_reason, Some(WaitReason::RecyclingCap { until: T0 + 5_000 }));
+    s.enqueue("b", "x", Priority::Normal, 9, T0).unwrap();
+    assert_eq!(&*s.next(T0).unwrap().tenant, "b", "others run");
+    s.set_held("a", None);
+    assert_eq!(s.next(T0).map(|d| d.payload), Some(0), "released: its queue is intact, in order");
+}
+
+#[test]
 fn a_suspended_tenant_keeps_its_queue_and_dispatches_nothing_until_resumed() {
     let mut s = sched(2);
     s.set_tenant("a", TenantPolicy { suspended: true, ..policy(Tier::Enterprise) }).unwrap();

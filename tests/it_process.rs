@@ -1,0 +1,253 @@
+//! `handler = "process"` on the real broker and CQL database with real child processes:
+//! limits kill a memory hog (class `resource`, one retry, then the DLQ) while another
+//! tenant's jobs on the same worker succeed; a CPU spinner dies at its CPU limit and a
+//! silent sleeper at `stuck_after`; the recycling cap holds one tenant while another
+//! runs; the Python example resumes from its checkpoint after a hand-off and gets
+//! SIGTERM on cancel; the Node example runs. Fixtures: tests/fixtures/process/, examples/.
+
+mod common;
+
+use fairway::handlers::Registry;
+use fairway::model::{FailureClass, JobStatus, Pool};
+use fairway::store::Store;
+use fairway::submit::{NewJob, Submitter};
+use fairway::worker::{Policy, Worker};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const MANIFEST: &str = env!("CARGO_MANIFEST_DIR");
+
+/// The real interpreter (pyenv shims need variables the allow-list does not pass on).
+fn python() -> String {
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .expect("python3 is installed");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// A `process` job type running tests/fixtures/process/misbehave.py in `mode`.
+fn misbehave(name: &str, pool: &str, mode: &str, more: &str) -> String {
+    format!(
+        "[job_types.{name}]\npool = \"{pool}\"\nhandler = \"process\"\n\
+         command = [\"{}\", \"{MANIFEST}/tests/fixtures/process/misbehave.py\", \"{mode}\"]\nenv = [\"PATH\"]\n{more}\n",
+        python()
+    )
+}
+
+fn job(tenant: &str, job_type: &str, payload: serde_json::Value) -> NewJob {
+    NewJob { tenant: tenant.into(), job_type: job_type.into(), payload, ..Default::default() }
+}
+
+async fn wait_for<T>(timeout: Duration, mut f: impl AsyncFnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
+async fn start(cfg: &Arc<fairway::config::Config>, pools: &[Pool]) -> Worker {
+    let registry = Registry::from_config(cfg, Default::default()).unwrap();
+    Worker::start(cfg.clone(), pools, registry, Policy::Fair).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_memory_hog_is_dead_lettered_as_resource_after_one_retry_while_another_tenants_50_jobs_succeed() {
+    let extra = format!(
+        "[pools.short]\nslots = 8\nheartbeat_interval = \"1s\"\n{}{}",
+        misbehave("hog", "short", "hog", "limits = { memory = \"64MiB\" }\ntimeout = \"30s\""),
+        misbehave("quick", "short", "noop", "limits = { memory = \"64MiB\" }"),
+    );
+    let cfg = Arc::new(common::config(&extra));
+    common::init(&cfg).await;
+    let w = start(&cfg, &[Pool::Short]).await;
+    let sub = Submitter::new(cfg.clone(), None).unwrap();
+    let hog = sub.submit(&job("globex", "hog", serde_json::Value::Null)).await.unwrap().job_id;
+    let mut ids = Vec::new();
+    for i in 0..50 {
+        ids.push(sub.submit(&job("hooli", "quick", serde_json::json!(format!("job {i}")))).await.unwrap().job_id);
+    }
+    let results = common::results_for(&cfg, &ids, Duration::from_secs(50)).await;
+    let dls = common::dead_letters(&cfg, 1, Duration::from_secs(30)).await;
+    let stats = w.shared[0].stats.lock().unwrap().clone();
+    w.stop().await;
+
+    assert_eq!(results.len(), 50, "every job of the other tenant finished");
+    for (id, rs) in &results {
+        assert_eq!(rs[0].status, JobStatus::Succeeded, "{id}: {:?}", rs[0]);
+    }
+    let dl = dls.iter().find(|d| d.job.as_ref().is_some_and(|j| j.job_id == hog)).expect("the hog was dead-lettered");
+    assert_eq!(dl.failure_class, FailureClass::Resource, "{dl:?}");
+    assert_eq!(dl.attempts, 2, "one retry, then the DLQ: {dl:?}");
+    let err = dl.last_error.clone().unwrap_or_default();
+    assert!(err.contains("memory limit 64MiB exceeded (peak "), "the limit and the peak: {err}");
+    assert!(dl.reason.starts_with("resource:"), "{}", dl.reason);
+    assert_eq!(stats["pool"]["process_enforcement"], "rlimit", "stats say which enforcement is in force: {stats}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cpu_spinner_dies_at_its_cpu_limit_and_a_silent_sleeper_at_stuck_after() {
+    let once = "retry = { resource = { max_attempts = 1 } }";
+    let extra = format!(
+        "[pools.medium]\nslots = 4\nheartbeat_interval = \"1s\"\n{}{}",
+        misbehave("spin", "medium", "spin", &format!("limits = {{ cpu_time = \"1s\" }}\ntimeout = \"55s\"\n{once}")),
+        misbehave(
+            "nap",
+            "medium",
+            "sleeper",
+            &format!("stuck_after = \"2s\"\nkill_grace = \"1s\"\ntimeout = \"55s\"\n{once}")
+        ),
+    );
+    let cfg = Arc::new(common::config(&extra));
+    common::init(&cfg).await;
+    let w = start(&cfg, &[Pool::Medium]).await;
+    let sub = Submitter::new(cfg.clone(), None).unwrap();
+    let spin = sub.submit(&job("acme", "spin", serde_json::Value::Null)).await.unwrap().job_id;
+    let nap = sub.submit(&job("acme", "nap", serde_json::Value::Null)).await.unwrap().job_id;
+    let results = common::results_for(&cfg, &[spin.clone(), nap.clone()], Duration::from_secs(50)).await;
+    let dls = common::dead_letters(&cfg, 2, Duration::from_secs(10)).await;
+    w.stop().await;
+
+    let of = |id: &str| dls.iter().find(|d| d.job.as_ref().is_some_and(|j| j.job_id == id)).cloned();
+    let s = of(&spin).expect("the spinner was dead-lettered");
+    assert_eq!(s.failure_class, FailureClass::Resource, "{s:?}");
+    assert!(s.last_error.as_deref().unwrap_or("").contains("cpu_time limit 1s exceeded"), "{s:?}");
+    let n = of(&nap).expect("the sleeper was dead-lettered");
+    assert_eq!(n.failure_class, FailureClass::Resource, "{n:?}");
+    assert!(n.reason.starts_with("stuck: no progress, checkpoint or heartbeat for"), "{}", n.reason);
+    assert_eq!(n.attempts, 1, "a stuck job is not retried");
+    for id in [&spin, &nap] {
+        assert_eq!(results[id][0].status, JobStatus::Failed, "{:?}", results[id]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn over_the_recycling_cap_a_tenants_jobs_wait_while_another_tenants_run() {
+    let extra = format!(
+        "[pools.short]\nslots = 2\nfast_lanes = 0\nheartbeat_interval = \"1s\"\nrecycling = {{ max = 2, window = \"2m\" }}\n{}{}",
+        misbehave("boom", "short", "crash", "retry = { app_error = { max_attempts = 1 } }"),
+        misbehave("quick", "short", "noop", ""),
+    );
+    let cfg = Arc::new(common::config(&extra));
+    common::init(&cfg).await;
+    let w = start(&cfg, &[Pool::Short]).await;
+    let sub = Submitter::new(cfg.clone(), None).unwrap();
+    let mut crashing = Vec::new();
+    for _ in 0..6 {
+        crashing.push(sub.submit(&job("initech", "boom", serde_json::Value::Null)).await.unwrap().job_id);
+    }
+    // Held once two of its children died.
+    let sh = w.shared[0].clone();
+    let held = wait_for(Duration::from_secs(30), async || {
+        let stats = sh.stats.lock().unwrap().clone();
+        let t = stats["tenants"].as_array()?.iter().find(|t| t["tenant"] == "initech")?.clone();
+        (t["wait_reason"]["reason"] == "recycling_cap").then_some(t)
+    })
+    .await
+    .expect("the tenant reached the recycling cap");
+    assert!(held["backlog"]["total"].as_u64().unwrap() > 0, "its jobs wait: {held}");
+    let held_at = fairway::now_ms();
+    let mut quick = Vec::new();
+    for i in 0..20 {
+        quick.push(sub.submit(&job("piedpiper", "quick", serde_json::json!(format!("q{i}")))).await.unwrap().job_id);
+    }
+    let q = common::results_for(&cfg, &quick, Duration::from_secs(50)).await;
+    // Its first two results (a new reader takes seconds to join): the held ones have none.
+    let c: Vec<fairway::model::JobResult> = common::read_until(
+        &cfg,
+        &cfg.results_topic(),
+        Duration::from_secs(30),
+        |b, _, _| fairway::codec::decode_result(b).ok().filter(|r| crashing.contains(&r.job_id)),
+        |v| v.len() >= 2,
+    )
+    .await;
+    let stats = sh.stats.lock().unwrap().clone();
+    w.stop().await;
+
+    assert_eq!(q.len(), 20, "the other tenant's jobs all ran");
+    let mut waits: Vec<i64> = q.values().map(|r| r[0].finished_at - r[0].submitted_at).collect();
+    waits.sort();
+    let p99 = waits[(waits.len() * 99 / 100).min(waits.len() - 1)];
+    println!("piedpiper's p99 submit-to-finish while initech was held: {p99} ms");
+    assert!(c.len() >= 2, "the children that reached the cap: {c:?}");
+    for r in &c {
+        assert_eq!(r.status, JobStatus::Failed);
+        assert!(r.error.as_deref().unwrap_or("").contains("ended by signal 9"), "{r:?}");
+    }
+    let t = stats["tenants"].as_array().unwrap().iter().find(|t| t["tenant"] == "initech").unwrap();
+    assert_eq!(t["wait_reason"]["reason"], "recycling_cap", "still held: {t}");
+    // Held at its second kill; at most the one job already running in the other slot
+    // started after the first kill.
+    assert!(t["dispatched"].as_u64().unwrap() <= 3, "{t}");
+    assert_eq!(
+        t["backlog"]["total"].as_u64().unwrap() + t["dispatched"].as_u64().unwrap(),
+        6,
+        "its other jobs wait: {t}"
+    );
+    assert!(held_at > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_python_example_resumes_from_its_checkpoint_after_a_sigterm_hand_off_and_cancel_reaches_it_as_sigterm() {
+    let extra = format!(
+        "[pools.long]\nslots = 4\nheartbeat_interval = \"1s\"\ndrain_timeout = \"0s\"\n\
+         [job_types.steps]\npool = \"long\"\nhandler = \"process\"\ncommand = [\"{}\", \"{MANIFEST}/examples/python/steps.py\"]\n\
+         kill_grace = \"5s\"\ntimeout = \"2min\"\n\
+         [job_types.words]\npool = \"long\"\nhandler = \"process\"\ncommand = [\"node\", \"{MANIFEST}/examples/node/wordcount.js\"]\nenv = [\"PATH\"]\n",
+        python()
+    );
+    let mut cfg = common::config(&extra);
+    cfg.worker.cancel_grace = Duration::from_secs(5);
+    let cfg = Arc::new(cfg);
+    common::init(&cfg).await;
+    let store = Store::open(&cfg).await.unwrap();
+    let sub = Submitter::new(cfg.clone(), None).unwrap();
+    let a = start(&cfg, &[Pool::Long]).await;
+    let long =
+        sub.submit(&job("acme", "steps", serde_json::json!({"steps": 40, "step_ms": 200}))).await.unwrap().job_id;
+    let cancelled =
+        sub.submit(&job("acme", "steps", serde_json::json!({"steps": 400, "step_ms": 200}))).await.unwrap().job_id;
+    let words = sub.submit(&job("acme", "words", serde_json::json!("one two three\nfour five"))).await.unwrap().job_id;
+    let empty = sub.submit(&job("acme", "words", serde_json::json!(""))).await.unwrap().job_id;
+    let step = wait_for(Duration::from_secs(40), async || {
+        let cp = store.checkpoint(&long).await.ok().flatten()?;
+        let step: u32 = String::from_utf8(cp).ok()?.parse().ok()?;
+        (step >= 5).then_some(step)
+    })
+    .await
+    .expect("the Python job checkpointed");
+    wait_for(Duration::from_secs(20), async || {
+        let r = store.job(&cancelled).await.ok().flatten()?;
+        (r.status.as_deref() == Some("running")).then_some(())
+    })
+    .await
+    .expect("the second job runs");
+    store.request_cancel(&cancelled, fairway::now_ms()).await.unwrap();
+    let c = common::results_for(&cfg, std::slice::from_ref(&cancelled), Duration::from_secs(20)).await;
+    // The worker drains: the Python child gets SIGTERM, checkpoints, exits; hand-off.
+    a.stop().await;
+    let b = start(&cfg, &[Pool::Long]).await;
+    let ids = [long.clone(), words.clone(), empty.clone()];
+    let results = common::results_for(&cfg, &ids, Duration::from_secs(50)).await;
+    b.stop().await;
+
+    let r = &c.get(&cancelled).expect("the cancelled job's result")[0];
+    assert_eq!(r.status, JobStatus::Cancelled, "{r:?}");
+    let err = r.error.as_deref().unwrap_or("");
+    assert!(err.contains("SIGTERM") && err.contains("stopped before step"), "the child saw SIGTERM: {err}");
+    let r = &results.get(&long).expect("the handed-off job finished")[0];
+    assert_eq!(r.status, JobStatus::Succeeded, "{r:?}");
+    let out: serde_json::Value = serde_json::from_slice(r.output.as_deref().unwrap()).unwrap();
+    let resumed = out["resumed_at"].as_u64().unwrap() as u32;
+    assert!(resumed >= step && resumed < 40, "resumed from its checkpoint ({step}): {out}");
+    assert_eq!(r.attempts, 1, "the hand-off used no attempt");
+    let r = &results.get(&words).expect("the Node job finished")[0];
+    let out: serde_json::Value = serde_json::from_slice(r.output.as_deref().unwrap()).unwrap();
+    assert_eq!((out["words"].as_u64(), out["job_id"].as_str()), (Some(5), Some(words.as_str())), "{out}");
+    let r = &results.get(&empty).expect("the empty Node job ended")[0];
+    assert_eq!((r.status, r.failure_class), (JobStatus::Failed, Some(FailureClass::Permanent)), "exit 65: {r:?}");
+}
