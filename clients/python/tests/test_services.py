@@ -52,9 +52,10 @@ def test_http_submit_follow_events_and_status(env):
     api = HttpClient(env["api"], env["key"])
     job = api.submit(Job(tenant=TENANT, job_type="echo", payload="hello"))
     assert job["pool"] == "short" and not job["duplicate"]
-    kinds = [e.kind for e in api.events(job["job_id"], timeout=60)]
-    assert kinds[-1] == "succeeded", kinds
-    assert "started" in kinds, kinds
+    events = list(api.events(job["job_id"], timeout=60))
+    # The history may hold only the end already (a short job finishes within milliseconds).
+    assert events and events[-1].kind == "succeeded", [e.kind for e in events]
+    assert all(e.job_id == job["job_id"] and e.tenant == TENANT for e in events)
     assert api.status(job["job_id"])["status"] == "succeeded"
     batch = api.submit_batch([Job(tenant=TENANT, job_type="echo", payload=str(i), idempotency_key=f"k{i}-{time.time()}") for i in range(3)])
     assert len(batch) == 3 and len({b["job_id"] for b in batch}) == 3
@@ -68,11 +69,10 @@ def test_dead_letters_are_typed_and_replayed_with_fresh_attempts(env, group):
     first = wait_for(kc.dead_letters(group, timeout=60), Ids([job_id], lambda d: d.job and d.job.job_id), 90)
     dl = first[job_id]
     assert dl.failure_class == "permanent" and dl.replay_count == 0 and dl.job.tenant == TENANT
-    assert kc.replay([dl]) == [job_id]
-    # Replayed: it runs again (fresh attempts) and dead-letters again, now as replay 1.
-    again = wait_for(
-        kc.dead_letters(group + "-2", timeout=60),
-        Ids([job_id], lambda d: d.job and d.job.job_id if d.job and d.job.replay_count == 1 else None),
-        90,
-    )
-    assert again[job_id].job.replayed_from == env["prefix"] + "dlq", json.dumps(str(again[job_id]))
+    (replayed,) = kc.replay([dl])
+    assert replayed != job_id
+    # Replayed as a new job: it runs (fresh attempts) and dead-letters again, as replay 1.
+    again = wait_for(kc.dead_letters(group + "-2", timeout=60), Ids([replayed], lambda d: d.job and d.job.job_id), 90)
+    job = again[replayed].job
+    assert job.replay_count == 1 and job.replayed_from == env["prefix"] + "dlq", json.dumps(str(job))
+    assert job.tenant == TENANT and job.payload == b"not json"

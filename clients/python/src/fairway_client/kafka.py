@@ -127,8 +127,8 @@ class KafkaClient:
             yield DeadLetter.from_record(rec)
 
     def replay(self, dead_letters: Iterable[DeadLetter], max_replays: int = 3, force: bool = False) -> List[str]:
-        """Sends dead letters back to their pools (`prepare_replay`: fresh attempts, loop
-        guard); the job ids re-produced."""
+        """Sends dead letters back to their pools as new jobs (`prepare_replay`: new job
+        id, fresh attempts, loop guard); the new job ids."""
         return self.produce([prepare_replay(dl, self.topic("dlq"), max_replays, force) for dl in dead_letters])
 
     def close(self, timeout: float = 10.0) -> None:
