@@ -51,6 +51,9 @@
 //!                 sessions and SSE at `/console`; pure parts in `core::console`).
 //! - `cqlbridge` – protocol-v4 bridge to the local Cassandra 2.1 test database.
 //! - `metrics`   – metric names and the Prometheus exporter.
+//! - `probes`    – readiness and liveness (`/readyz`, `/livez` on the metrics listener):
+//!                 what a worker and `fairway serve` must have to be ready; `Liveness`, the
+//!                 shared "cannot make progress" flag.
 //! - `telemetry` – OpenTelemetry spans of a job's life (send, dispatch wait, process,
 //!                 outcome) over OTLP/HTTP; off unless `OTEL_EXPORTER_OTLP_ENDPOINT` is set.
 
@@ -66,6 +69,7 @@ pub mod handlers;
 pub mod kafka;
 pub mod metrics;
 pub mod model;
+pub mod probes;
 pub mod replayer;
 pub mod rerunner;
 pub mod store;

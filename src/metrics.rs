@@ -302,17 +302,23 @@ pub fn describe() {
     );
 }
 
-/// Serves /metrics on `listen` (host:port, e.g. "0.0.0.0:9464" for a remote Prometheus)
-/// when given, else on 127.0.0.1:port (0 = off).
-pub fn install_exporter_at(listen: Option<&str>, port: u16) -> anyhow::Result<()> {
-    describe();
-    let addr: std::net::SocketAddr = match listen {
-        Some(l) => l.parse().map_err(|e| {
+/// The worker's metrics listener (`/metrics`, `/readyz`, `/livez`): `listen` (host:port,
+/// e.g. "0.0.0.0:9464" for a remote Prometheus) when given, else 127.0.0.1:port; None
+/// when off (no listen address and port 0).
+pub fn listen_addr(listen: Option<&str>, port: u16) -> anyhow::Result<Option<std::net::SocketAddr>> {
+    match listen {
+        Some(l) => l.parse().map(Some).map_err(|e| {
             anyhow::anyhow!("worker.metrics_listen {l:?} is not host:port ({e}); write e.g. \"0.0.0.0:9464\"")
-        })?,
-        None if port == 0 => return Ok(()),
-        None => ([127, 0, 0, 1], port).into(),
-    };
-    with_buckets(metrics_exporter_prometheus::PrometheusBuilder::new()).with_http_listener(addr).install()?;
-    Ok(())
+        }),
+        None if port == 0 => Ok(None),
+        None => Ok(Some(([127, 0, 0, 1], port).into())),
+    }
+}
+
+/// Installs the global Prometheus recorder without a listener of its own (the caller
+/// serves `/metrics`, see `probes::router`) and describes every metric.
+pub fn install_recorder() -> anyhow::Result<metrics_exporter_prometheus::PrometheusHandle> {
+    let handle = with_buckets(metrics_exporter_prometheus::PrometheusBuilder::new()).install_recorder()?;
+    describe();
+    Ok(handle)
 }

@@ -7,7 +7,7 @@ mod common;
 
 use fairway::model::JobStatus;
 use fairway::store::Store;
-use fairway::submit::{NewJob, Submitter};
+use fairway::submit::Submitter;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -41,20 +41,10 @@ async fn rolling_restarts_hand_long_jobs_off_through_their_checkpoints() {
     let cfg = Arc::new(cfg);
     let store = Arc::new(Store::open(&cfg).await.unwrap());
     let sub = Submitter::new(cfg.clone(), None).unwrap();
-    let payload = serde_json::json!({"steps": STEPS, "step_ms": STEP_MS});
 
     let test_started = Instant::now();
     let mut workers = [common::spawn_logged_worker(&path, "long"), common::spawn_logged_worker(&path, "long")];
-    let mut ids = Vec::new();
-    for tenant in ["acme", "globex", "initech", "acme"] {
-        let nj = NewJob {
-            tenant: tenant.into(),
-            job_type: "longsteps".into(),
-            payload: payload.clone(),
-            ..Default::default()
-        };
-        ids.push(sub.submit(&nj).await.unwrap().job_id);
-    }
+    let ids = common::submit_long_steps(&sub, &["acme", "globex", "initech", "acme"], STEPS, STEP_MS).await;
 
     // Watch every job's checkpoint and owner every 100 ms.
     let tracks: Arc<Mutex<HashMap<String, Track>>> = Arc::new(Mutex::new(HashMap::new()));

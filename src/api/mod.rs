@@ -17,7 +17,7 @@
 //! tenant's jobs (another tenant's job answers 404, like an unknown id). New `/v1` routes
 //! added to [`router`]'s `v1` table get the same check; admin-only handlers take
 //! [`auth::Admin`]. `/metrics` and `/healthz` are served by [`ops_router`] on a separate
-//! listener (`api.metrics_listen`).
+//! listener (`api.metrics_listen`), with `/readyz` and `/livez` (`crate::probes`).
 //!
 //! Every error is JSON `{"error": "<what is wrong and how to fix it>", "code": "<CODE>"}`
 //! (see [`codes`]).
@@ -162,6 +162,22 @@ impl ApiState {
     pub fn store(&self) -> &Store {
         &self.inner.store
     }
+    /// `fairway serve`'s readiness: the store and a broker answer, each within 2 s.
+    pub fn readiness_check(&self) -> crate::probes::ReadyCheck {
+        let st = self.clone();
+        Arc::new(move || {
+            let st = st.clone();
+            Box::pin(async move {
+                let wait = std::time::Duration::from_secs(2);
+                match tokio::time::timeout(wait, st.store().ping()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return Err(format!("the store does not answer: {e}")),
+                    Err(_) => return Err("the store did not answer within 2 s".into()),
+                }
+                crate::kafka::ping(st.inner.submitter.producer(), wait).await.map_err(|e| e.to_string())
+            })
+        })
+    }
     /// The live tenants registry (None when built from parts without one).
     pub fn live_tenants(&self) -> Option<&crate::tenants::LiveTenants> {
         self.inner.tenants.as_ref()
@@ -260,10 +276,12 @@ pub fn router(state: ApiState) -> Router {
 }
 
 /// The metrics listener's routes (`api.metrics_listen`, `fairway serve
-/// --metrics-listen`): `/metrics` (Prometheus text) and `/healthz`, without API keys;
-/// operators choose where this listens and so who can scrape it.
+/// --metrics-listen`): `/metrics` (Prometheus text), `/readyz` (the store and a broker
+/// answer), `/livez` and `/healthz`, without API keys; operators choose where this
+/// listens and so who can scrape it.
 pub fn ops_router(state: ApiState) -> Router {
-    Router::new().route("/metrics", get(metrics_text)).route("/healthz", get(healthz)).with_state(state)
+    let probes = crate::probes::Probes::checked(state.readiness_check());
+    Router::new().route("/metrics", get(metrics_text)).with_state(state).merge(crate::probes::probe_router(probes))
 }
 
 /// Counts requests by route template (bounded), method and status.

@@ -7,7 +7,7 @@ use fairway::kafka::{self, Consumer, Message};
 use fairway::model::{Pool, Priority};
 use fairway::store::Store;
 use fairway::submit::{NewJob, Submitter};
-use fairway::worker::{Policy, Worker};
+use fairway::worker::{Policy, Worker, WorkerStart};
 use fairway::{codec, now_ms};
 use std::io::{BufRead, Read};
 use std::net::SocketAddr;
@@ -245,16 +245,31 @@ pub struct WorkerArgs {
     /// Dispatch policy.
     #[arg(long, value_enum, default_value = "fair")]
     pub policy: Policy,
-    /// Serve Prometheus metrics on 127.0.0.1:PORT (overrides worker.metrics_port).
+    /// Serve Prometheus metrics, /readyz and /livez on 127.0.0.1:PORT (overrides
+    /// worker.metrics_port and worker.metrics_listen).
     #[arg(long)]
     pub metrics_port: Option<u16>,
 }
 
 pub async fn worker(cfg: Arc<Config>, a: WorkerArgs) -> anyhow::Result<ExitCode> {
     let listen = if a.metrics_port.is_some() { None } else { cfg.worker.metrics_listen.as_deref() };
-    fairway::metrics::install_exporter_at(listen, a.metrics_port.unwrap_or(cfg.worker.metrics_port))?;
+    let probes = fairway::probes::Probes::worker(&a.pools);
+    // The listener is up before the worker starts: /livez answers during the start and
+    // /readyz says what it still waits for.
+    let (stop_probes, probes_stopped) = tokio::sync::watch::channel(false);
+    let mut probe_task = None;
+    if let Some(at) = fairway::metrics::listen_addr(listen, a.metrics_port.unwrap_or(cfg.worker.metrics_port))? {
+        let recorder = fairway::metrics::install_recorder()?;
+        let router = fairway::probes::router(probes.clone(), Some(recorder));
+        let (addr, task) = fairway::probes::serve(at, router, probes_stopped).await.with_context(|| {
+            format!("cannot listen on {at} for /metrics (in use? pick another with worker.metrics_listen or --metrics-port)")
+        })?;
+        eprintln!("metrics and probes on http://{addr}/metrics, /readyz, /livez");
+        probe_task = Some(task);
+    }
     let registry = Registry::from_config(&cfg, Default::default()).map_err(anyhow::Error::msg)?;
-    let w = Worker::start(cfg, &a.pools, registry, a.policy).await?;
+    let start = WorkerStart { pools: &a.pools, policy: a.policy, probes };
+    let w = Worker::start_with(cfg, registry, start).await?;
     eprintln!("worker {} serving pools {:?}; SIGTERM or Ctrl-C drains it", w.worker_id, a.pools);
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut signals = async move || {
@@ -277,6 +292,10 @@ pub async fn worker(cfg: Arc<Config>, a: WorkerArgs) -> anyhow::Result<ExitCode>
     });
     w.stop().await;
     second.abort();
+    let _ = stop_probes.send(true);
+    if let Some(t) = probe_task {
+        let _ = t.await;
+    }
     eprintln!("stopped");
     Ok(ExitCode::SUCCESS)
 }

@@ -1,5 +1,5 @@
 //! `fairway serve`: the HTTP API (submit, status, cancel) until Ctrl-C, and `/metrics` +
-//! `/healthz` on a separate listener (`--metrics-listen` / `api.metrics_listen`).
+//! `/readyz`, `/livez`, `/healthz` on a separate listener (`--metrics-listen` / `api.metrics_listen`).
 
 use anyhow::Context;
 use fairway::api::{self, ApiState};
@@ -13,7 +13,7 @@ pub struct ServeArgs {
     /// Address to listen on (host:port; port 0 picks a free one).
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
-    /// Address of /metrics and /healthz (host:port, or "off"); default api.metrics_listen
+    /// Address of /metrics, /readyz, /livez and /healthz (host:port, or "off"); default api.metrics_listen
     /// (127.0.0.1:9464). No API key is asked there: expose it only to operators.
     #[arg(long)]
     pub metrics_listen: Option<String>,
@@ -47,7 +47,7 @@ pub async fn run(cfg: Arc<Config>, a: ServeArgs) -> anyhow::Result<ExitCode> {
         let l = tokio::net::TcpListener::bind(at).await.with_context(|| {
             format!("cannot listen on {at} for /metrics (in use? pick another with --metrics-listen)")
         })?;
-        eprintln!("metrics and health on http://{}/metrics, /healthz (no API key)", l.local_addr()?);
+        eprintln!("metrics and probes on http://{}/metrics, /readyz, /livez, /healthz (no API key)", l.local_addr()?);
         let mut stopped = stopped.clone();
         let router = api::ops_router(state.clone());
         Some(tokio::spawn(async move {
@@ -58,9 +58,16 @@ pub async fn run(cfg: Arc<Config>, a: ServeArgs) -> anyhow::Result<ExitCode> {
                 .await
         }))
     };
-    eprintln!("fairway API on http://{addr} (POST /v1/jobs, GET|DELETE /v1/jobs/{{id}}, /healthz); Ctrl-C to stop");
+    eprintln!(
+        "fairway API on http://{addr} (POST /v1/jobs, GET|DELETE /v1/jobs/{{id}}, /healthz); Ctrl-C or SIGTERM to stop"
+    );
+    // SIGTERM too: Kubernetes stops a pod with it.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let shutdown = async move {
-        let _ = tokio::signal::ctrl_c().await;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
         eprintln!("stopping: finishing requests in flight");
         let _ = stop.send(true);
     };

@@ -30,6 +30,8 @@ pub enum KafkaError {
     Produce { topic: String, source: rdkafka::error::KafkaError },
     #[error("Kafka consumer error: {0}")]
     Consume(#[from] rdkafka::error::KafkaError),
+    #[error("no broker answered a metadata request: {0}")]
+    Ping(String),
 }
 
 /// A fetch returns as soon as there is data or after this long; librdkafka's default
@@ -228,6 +230,17 @@ pub fn producer(cfg: &Config) -> Result<FutureProducer, KafkaError> {
         .set("message.timeout.ms", "30000")
         .create()
         .map_err(client_err(cfg))
+}
+
+/// Does a broker answer this producer? (A metadata request of at most `timeout`, for
+/// readiness probes; run off the async threads, it blocks.)
+pub async fn ping(producer: &FutureProducer, timeout: Duration) -> Result<(), KafkaError> {
+    let p = producer.clone();
+    let asked = tokio::task::spawn_blocking(move || {
+        use rdkafka::producer::Producer;
+        p.client().fetch_metadata(None, timeout).map(|_| ())
+    });
+    asked.await.map_err(|e| KafkaError::Ping(e.to_string()))?.map_err(|e| KafkaError::Ping(e.to_string()))
 }
 
 /// Produces one record and waits for the broker's acknowledgement.

@@ -235,6 +235,12 @@ pub async fn ensure_schema(cfg: &Config) -> Result<Vec<String>, StoreError> {
 }
 
 impl Store {
+    /// Does the database answer? (One read of `system.local`, for readiness probes.)
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.session.query_unpaged("SELECT key FROM system.local", &[]).await.map_err(q("ping system.local"))?;
+        Ok(())
+    }
+
     pub async fn open(cfg: &Config) -> Result<Store, StoreError> {
         let session = connect(cfg).await?;
         let ks = cfg.scylla.keyspace.clone();

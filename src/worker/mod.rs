@@ -77,6 +77,8 @@ pub struct Shared {
     pub ranges: crate::core::classifier::Ranges,
     /// Kills and abnormal exits of `process` children per tenant (the recycling cap).
     pub recycling: Mutex<crate::core::recycling::Recycling>,
+    /// The worker's readiness and liveness (`/readyz`, `/livez`).
+    pub probes: crate::probes::Probes,
 }
 
 /// The failure-handling cores of one pool.
@@ -237,6 +239,8 @@ impl Shared {
 /// A running worker process: its pools' loops and their shutdown switch.
 pub struct Worker {
     pub worker_id: String,
+    /// Readiness and liveness, served on the metrics listener by `fairway worker`.
+    pub probes: crate::probes::Probes,
     shutdown: watch::Sender<bool>,
     halt: watch::Sender<bool>,
     pool_tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -249,10 +253,29 @@ pub fn new_worker_id() -> String {
     format!("{host}-{}-{:04x}", std::process::id(), rand::random::<u16>())
 }
 
+/// How to start a worker: its pools, dispatch policy and probes.
+pub struct WorkerStart<'a> {
+    pub pools: &'a [Pool],
+    pub policy: Policy,
+    /// Readiness and liveness state (made with `Probes::worker(pools)`), served by the
+    /// caller, possibly before the start completes.
+    pub probes: crate::probes::Probes,
+}
+
 impl Worker {
     /// Starts one consumer loop per pool.
     pub async fn start(cfg: Arc<Config>, pools: &[Pool], registry: Registry, policy: Policy) -> anyhow::Result<Worker> {
+        let probes = crate::probes::Probes::worker(pools);
+        Worker::start_with(cfg, registry, WorkerStart { pools, policy, probes }).await
+    }
+
+    /// Starts one consumer loop per pool, reporting readiness and liveness to `s.probes`.
+    pub async fn start_with(cfg: Arc<Config>, registry: Registry, s: WorkerStart<'_>) -> anyhow::Result<Worker> {
+        let WorkerStart { pools, policy, probes } = s;
         let store = Store::open(&cfg).await?;
+        if let Some(r) = probes.worker_readiness() {
+            r.set_store_up(true);
+        }
         let producer = kafka::producer(&cfg)?;
         let worker_id = new_worker_id();
         let (tx, rx) = watch::channel(false);
@@ -286,6 +309,7 @@ impl Worker {
                 front_door: Default::default(),
                 ranges: cfg.run_ranges(),
                 recycling: Mutex::new(crate::core::recycling::Recycling::new(cfg.pool(pool).recycling)),
+                probes: probes.clone(),
             });
             let (sh3, rx3) = (sh.clone(), halted.clone());
             tasks.push(tokio::spawn(liveness::heartbeat_loop(sh3, rx3)));
@@ -298,8 +322,10 @@ impl Worker {
             let rx = rx.clone();
             let sh2 = sh.clone();
             pool_tasks.push(tokio::spawn(async move {
+                let liveness = sh2.probes.liveness.clone();
                 if let Err(e) = pool::run(sh2, dispatcher, rx).await {
                     tracing::error!(pool = pool.as_str(), error = %e, "pool loop failed");
+                    liveness.fail(format!("pool {pool}: its loop failed ({e})"));
                 }
             }));
             shared.push(sh);
@@ -331,7 +357,7 @@ impl Worker {
             let e = crate::handlers::process::Enforcement::current();
             tracing::info!(enforcement = e.name(), "process job limits: {}", e.describe());
         }
-        Ok(Worker { worker_id, shutdown: tx, halt, pool_tasks, tasks, shared })
+        Ok(Worker { worker_id, probes, shutdown: tx, halt, pool_tasks, tasks, shared })
     }
 
     /// Waits until every pool's consumer owns at least one partition (group formed).
@@ -350,6 +376,9 @@ impl Worker {
     /// pool's `drain_timeout`, then are asked to stop and handed off through their
     /// checkpoints; offsets committed; the group left. Heartbeats go on until the end.
     pub async fn stop(self) {
+        if let Some(r) = self.probes.worker_readiness() {
+            r.draining();
+        }
         let _ = self.shutdown.send(true);
         for t in self.pool_tasks {
             let _ = t.await;

@@ -112,6 +112,11 @@ struct Loop {
     recycling_held: HashMap<String, i64>,
 }
 
+/// How long a drain waits for running jobs to honour a stop request (then aborts them),
+/// and again for the aborted ones to return: a drain takes at most the pool's
+/// `drain_timeout` + 2 x this (Kubernetes' `terminationGracePeriodSeconds` must cover it).
+pub const HAND_OFF_GRACE: Duration = Duration::from_secs(10);
+
 pub async fn run(
     sh: Arc<Shared>,
     dispatcher: Box<dyn Dispatcher<Pending>>,
@@ -254,6 +259,9 @@ impl Loop {
                 }
                 pauses.assigned(consumer, &tps);
                 self.sh.assigned.store(self.parts.len(), std::sync::atomic::Ordering::SeqCst);
+                if let Some(r) = self.sh.probes.worker_readiness() {
+                    r.assigned(self.sh.pool);
+                }
                 self.track_assignment();
                 tracing::info!(pool, partitions = ?self.parts.keys().collect::<Vec<_>>(), "partitions assigned");
             }
@@ -315,7 +323,6 @@ impl Loop {
         // a second. What finishes or is handed off later cannot be committed any more; its
         // redelivery is recognised by the effectively-once check (finished: skipped;
         // handed off: claimed by one copy; still running here: waits for the heartbeat).
-        const HAND_OFF_GRACE: Duration = Duration::from_secs(10);
         let queued = self.dispatcher.drain_where(&mut |_| true);
         let drain = self.sh.cfg.pool(self.sh.pool).drain_timeout;
         tracing::info!(pool, queued = queued.len(), running = self.dispatcher.running(), ?drain, "draining");

@@ -3,6 +3,8 @@
 //! FAIRWAY_CQL), each test with its own topics and consumer groups.
 #![allow(dead_code)]
 
+pub mod python;
+
 use fairway::codec;
 use fairway::config::Config;
 use fairway::kafka::{self, Consumer, Message};
@@ -197,6 +199,9 @@ pub struct LoggedWorker {
     /// Its log for a failing test to print: the first `LOG_EVENTS` lines that are not
     /// periodic, and the last `LOG_TAIL` lines of all.
     log: Arc<std::sync::Mutex<(Vec<String>, VecDeque<String>)>>,
+    /// Address of its metrics listener (`/readyz`, `/livez`), from its start line, when the
+    /// config sets `worker.metrics_listen` (e.g. "127.0.0.1:0").
+    probes: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 const LOG_TAIL: usize = 300;
@@ -219,9 +224,14 @@ pub fn spawn_logged_worker(config_path: &std::path::Path, pools: &str) -> Logged
     let (log, state) = (child.stderr.take().expect("stderr"), owned.clone());
     let log_kept = Arc::new(std::sync::Mutex::new((Vec::new(), VecDeque::with_capacity(LOG_TAIL))));
     let kept = log_kept.clone();
+    let probes = Arc::new(std::sync::Mutex::new(None));
+    let probes_seen = probes.clone();
     std::thread::spawn(move || {
         for line in std::io::BufReader::new(log).lines().map_while(Result::ok) {
             let line = strip_ansi(&line);
+            if let Some(rest) = line.strip_prefix("metrics and probes on http://") {
+                *probes_seen.lock().unwrap() = rest.split('/').next().map(str::to_string);
+            }
             {
                 let mut k = kept.lock().unwrap();
                 if k.0.len() < LOG_EVENTS && !PERIODIC.iter().any(|p| line.contains(p)) {
@@ -254,7 +264,7 @@ pub fn spawn_logged_worker(config_path: &std::path::Path, pools: &str) -> Logged
             s.1 = Instant::now();
         }
     });
-    LoggedWorker { child, owned, log: log_kept }
+    LoggedWorker { child, owned, log: log_kept, probes }
 }
 
 fn strip_ansi(s: &str) -> String {
@@ -303,6 +313,25 @@ impl LoggedWorker {
                 }
             }
             std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// GET `path` on its metrics listener: the status code, None when it does not answer
+    /// (not listening yet, or `worker.metrics_listen` not set).
+    pub fn probe(&self, path: &str) -> Option<u16> {
+        let addr = self.probes.lock().unwrap().clone()?;
+        http_get_status(&addr, path)
+    }
+
+    /// Waits until its `/readyz` answers 200; when, or None after `timeout`.
+    pub fn wait_ready(&self, timeout: Duration) -> Option<Instant> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.probe("/readyz") == Some(200) {
+                return Some(Instant::now());
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
         None
     }
@@ -377,4 +406,39 @@ pub async fn create_key(cfg: &Config, caller: &fairway::core::auth::Caller, labe
     let k = fairway::core::auth::new_key(rand::random());
     assert!(keys.insert(&k.id, &k.hash, caller, Some(label), fairway::now_ms()).await.expect("insert key"));
     (k.id, k.token)
+}
+
+/// A plain HTTP/1.0 GET of `path` at `addr` (host:port, 127.0.0.1) with a 2 s budget: the
+/// response's status code, None when it cannot be had. For probes from synchronous code.
+pub fn http_get_status(addr: &str, path: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let sock: std::net::SocketAddr = addr.parse().ok()?;
+    let mut conn = std::net::TcpStream::connect_timeout(&sock, Duration::from_secs(2)).ok()?;
+    conn.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    conn.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).ok()?;
+    let mut head = [0u8; 12];
+    conn.read_exact(&mut head).ok()?;
+    std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
+}
+
+/// Submits one `longsteps` job (handler `steps`: `steps` checkpoints of `step_ms` each)
+/// per tenant of `tenants`, in order; their job ids.
+pub async fn submit_long_steps(
+    sub: &fairway::submit::Submitter,
+    tenants: &[&str],
+    steps: u32,
+    step_ms: u64,
+) -> Vec<String> {
+    let payload = serde_json::json!({"steps": steps, "step_ms": step_ms});
+    let mut ids = Vec::new();
+    for tenant in tenants {
+        let nj = fairway::submit::NewJob {
+            tenant: tenant.to_string(),
+            job_type: "longsteps".into(),
+            payload: payload.clone(),
+            ..Default::default()
+        };
+        ids.push(sub.submit(&nj).await.unwrap().job_id);
+    }
+    ids
 }

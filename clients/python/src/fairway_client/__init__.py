@@ -1,0 +1,32 @@
+"""fairway client: submit jobs (over the HTTP API or straight to Kafka), read results
+and dead letters as typed records, follow a job's events, replay dead letters.
+
+    from fairway_client import HttpClient, Job
+    api = HttpClient("http://fairway-api", api_key)
+    job_id = api.submit(Job(tenant="acme", job_type="email.send", payload={"to": "a@b.c"}))["job_id"]
+    for event in api.events(job_id):
+        print(event.kind, event.progress)
+
+`KafkaClient` (in `fairway_client.kafka`) needs the `kafka` extra (confluent-kafka).
+"""
+
+from .codec import DecodeError, decode, encode, versions
+from .http import ApiError, HttpClient
+from .records import DeadLetter, Job, JobEvent, JobResult, JobSubmitted
+from .replay import ReplayRefused, prepare_replay
+
+__all__ = [
+    "ApiError",
+    "DeadLetter",
+    "DecodeError",
+    "HttpClient",
+    "Job",
+    "JobEvent",
+    "JobResult",
+    "JobSubmitted",
+    "ReplayRefused",
+    "decode",
+    "encode",
+    "prepare_replay",
+    "versions",
+]

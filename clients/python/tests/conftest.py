@@ -1,0 +1,34 @@
+"""The client's tests run against real local services that tests/it_python_client.rs (in
+the repository) starts: a broker, the CQL database, a `fairway worker` for the short pool
+and `fairway serve`. It passes where they are in the environment."""
+
+import os
+import uuid
+
+import pytest
+
+
+def _need(name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        pytest.fail(
+            f"{name} is not set: run these tests through `cargo test --test it_python_client` "
+            "(it starts the services, a worker and the API, and sets FAIRWAY_TEST_*)"
+        )
+    return value
+
+
+@pytest.fixture(scope="session")
+def env():
+    return {
+        "brokers": _need("FAIRWAY_TEST_BROKERS"),
+        "prefix": _need("FAIRWAY_TEST_TOPIC_PREFIX"),
+        "api": _need("FAIRWAY_TEST_API"),
+        "key": _need("FAIRWAY_TEST_API_KEY"),
+    }
+
+
+@pytest.fixture
+def group():
+    """A fresh consumer group name (the local broker wedges reused ones)."""
+    return f"pyclient-{uuid.uuid4().hex[:12]}"
