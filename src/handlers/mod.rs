@@ -56,6 +56,8 @@ pub trait Handler: Send + Sync + 'static {
 pub struct JobLive {
     progress: Mutex<(f64, String)>,
     cancelled: AtomicBool,
+    /// Its `not_after` passed while it ran: cancelled, and it ends as expired.
+    expired: AtomicBool,
     /// The worker is shutting down: the job should checkpoint and return (hand-off).
     stopping: AtomicBool,
     abort: tokio::sync::Notify,
@@ -86,6 +88,15 @@ impl JobLive {
     }
     pub fn is_cancelled(&self) -> bool {
         self.cancelled.load(Ordering::SeqCst)
+    }
+    /// Its deadline (`not_after`) passed while it ran: asks it to stop like a cancel;
+    /// it ends as expired.
+    pub fn expire(&self) {
+        self.expired.store(true, Ordering::SeqCst);
+        self.cancel();
+    }
+    pub fn is_expired(&self) -> bool {
+        self.expired.load(Ordering::SeqCst)
     }
     /// Asks the job to stop for a hand-off (the worker is shutting down).
     pub fn request_stop(&self) {
@@ -171,16 +182,17 @@ impl JobContext {
             None
         }
     }
-    /// Saves resumable state; a re-dispatched attempt gets it from `load_checkpoint`.
+    /// Saves resumable state; a re-dispatched attempt of the same generation (a retry, a
+    /// crash re-dispatch, a hand-off) gets it from `load_checkpoint`; a rerun starts clean.
     pub async fn checkpoint(&self, state: &[u8]) -> Result<(), StoreError> {
         match &self.store {
-            Some(s) => s.put_checkpoint(&self.job.job_id, state, crate::now_ms()).await,
+            Some(s) => s.put_checkpoint(&self.job.job_id, self.job.generation, state, crate::now_ms()).await,
             None => Ok(()),
         }
     }
     pub async fn load_checkpoint(&self) -> Result<Option<Vec<u8>>, StoreError> {
         match &self.store {
-            Some(s) => s.checkpoint(&self.job.job_id).await,
+            Some(s) => s.checkpoint(&self.job.job_id, self.job.generation).await,
             None => Ok(None),
         }
     }
