@@ -751,7 +751,10 @@ mod tests {
     #[test]
     fn a_job_types_default_timeout_follows_the_pool_it_runs_in() {
         let c =
-            Config::parse("[job_types.x]\npool = \"short\"\n[job_types.y]\npool = \"short\"\ntimeout = \"7s\"\n", "t")
+            Config::parse(
+            "[job_types.x]\npool = \"short\"\nhandler = \"echo\"\n[job_types.y]\npool = \"short\"\nhandler = \"echo\"\ntimeout = \"7s\"\n",
+            "t",
+        )
                 .unwrap();
         let (x, y) = (&c.job_types["x"], &c.job_types["y"]);
         assert_eq!(c.job_timeout(x, Pool::Short), c.pool(Pool::Short).default_timeout);
@@ -764,11 +767,11 @@ mod tests {
     fn breaker_poison_and_retry_budget_settings_are_validated_at_start() {
         let bad = [
             (
-                "[job_types.x]\npool = \"short\"\n[job_types.x.breaker]\nfailure_ratio = 1.5\n",
+                "[job_types.x]\npool = \"short\"\nhandler = \"echo\"\n[job_types.x.breaker]\nfailure_ratio = 1.5\n",
                 "job_types.x.breaker.failure_ratio",
             ),
             (
-                "[job_types.x]\npool = \"short\"\n[job_types.x.breaker]\nmin_requests = 0\n",
+                "[job_types.x]\npool = \"short\"\nhandler = \"echo\"\n[job_types.x.breaker]\nmin_requests = 0\n",
                 "job_types.x.breaker.min_requests",
             ),
             ("[worker.poison]\nenter_ratio = 0.3\nexit_ratio = 0.4\n", "worker.poison.exit_ratio"),
@@ -781,7 +784,7 @@ mod tests {
             let err = Config::parse(text, "t").expect_err(text).to_string();
             assert!(err.contains(&format!("`{key}`")) && err.contains("e.g."), "{text}: {err}");
         }
-        let ok = "[job_types.x]\npool = \"short\"\n[job_types.x.breaker]\nfailure_ratio = 0.6\n\
+        let ok = "[job_types.x]\npool = \"short\"\nhandler = \"echo\"\n[job_types.x.breaker]\nfailure_ratio = 0.6\n\
                   [worker.poison]\nenter_ratio = 0.6\n[worker.retry_budget]\nratio = 3.0\n";
         Config::parse(ok, "t").unwrap();
     }
