@@ -584,6 +584,8 @@ impl Config {
         {
             return Err(invalid("scylla.keyspace", "may contain only letters, digits and '_'"));
         }
+        self.worker.poison.validate().map_err(|e| invalid(format!("worker.poison.{}", e.field), e.problem))?;
+        self.worker.retry_budget.validate().map_err(|(field, m)| invalid(format!("worker.retry_budget.{field}"), m))?;
         if self.worker.promoter_rate == 0 {
             return Err(invalid("worker.promoter_rate", "must be at least 1 (jobs per second), e.g. 20000"));
         }
@@ -619,6 +621,9 @@ impl Config {
         for (name, jt) in &self.job_types {
             if let Some(l) = &jt.flow {
                 l.validate().map_err(|e| invalid(format!("job_types.{name}.flow"), e))?;
+            }
+            if let Some(b) = &jt.breaker {
+                b.validate().map_err(|e| invalid(format!("job_types.{name}.breaker.{}", e.field), e.problem))?;
             }
             if let Some(u) = &jt.webhook_url {
                 crate::core::webhooks::check_url(u).map_err(|e| invalid(format!("job_types.{name}.webhook_url"), e))?;
@@ -741,8 +746,11 @@ impl Config {
         Ok(())
     }
 
-    pub fn job_timeout(&self, job_type: &JobTypeConfig) -> Duration {
-        job_type.timeout.unwrap_or_else(|| self.pool(job_type.pool).default_timeout)
+    /// A job type's deadline per attempt in the pool it runs in: its own `timeout`, else
+    /// that pool's default (a type the classifier moved to another pool gets the new
+    /// pool's default, not its configured pool's).
+    pub fn job_timeout(&self, job_type: &JobTypeConfig, runs_in: Pool) -> Duration {
+        job_type.timeout.unwrap_or_else(|| self.pool(runs_in).default_timeout)
     }
 }
 
@@ -839,6 +847,47 @@ mod tests {
     fn http_handler_needs_url() {
         let err = Config::parse("[job_types.x]\npool = \"short\"\nhandler = \"http\"\n", "t").unwrap_err().to_string();
         assert!(err.contains("job_types.x.url"), "{err}");
+    }
+
+    #[test]
+    fn a_job_types_default_timeout_follows_the_pool_it_runs_in() {
+        let c =
+            Config::parse(
+            "[job_types.x]\npool = \"short\"\nhandler = \"echo\"\n[job_types.y]\npool = \"short\"\nhandler = \"echo\"\ntimeout = \"7s\"\n",
+            "t",
+        )
+                .unwrap();
+        let (x, y) = (&c.job_types["x"], &c.job_types["y"]);
+        assert_eq!(c.job_timeout(x, Pool::Short), c.pool(Pool::Short).default_timeout);
+        assert_eq!(c.job_timeout(x, Pool::Medium), c.pool(Pool::Medium).default_timeout, "reclassified to medium");
+        assert_ne!(c.pool(Pool::Short).default_timeout, c.pool(Pool::Medium).default_timeout);
+        assert_eq!(c.job_timeout(y, Pool::Medium), Duration::from_secs(7), "its own timeout wins");
+    }
+
+    #[test]
+    fn breaker_poison_and_retry_budget_settings_are_validated_at_start() {
+        let bad = [
+            (
+                "[job_types.x]\npool = \"short\"\nhandler = \"echo\"\n[job_types.x.breaker]\nfailure_ratio = 1.5\n",
+                "job_types.x.breaker.failure_ratio",
+            ),
+            (
+                "[job_types.x]\npool = \"short\"\nhandler = \"echo\"\n[job_types.x.breaker]\nmin_requests = 0\n",
+                "job_types.x.breaker.min_requests",
+            ),
+            ("[worker.poison]\nenter_ratio = 0.3\nexit_ratio = 0.4\n", "worker.poison.exit_ratio"),
+            ("[worker.poison]\nbuckets = 0\n", "worker.poison.buckets"),
+            ("[worker.retry_budget]\nratio = -1.0\n", "worker.retry_budget.ratio"),
+            ("[worker.retry_budget]\nwindow = \"10ms\"\n", "worker.retry_budget.window"),
+            ("[worker.retry_budget]\nallowance = -5.0\n", "worker.retry_budget.allowance"),
+        ];
+        for (text, key) in bad {
+            let err = Config::parse(text, "t").expect_err(text).to_string();
+            assert!(err.contains(&format!("`{key}`")) && err.contains("e.g."), "{text}: {err}");
+        }
+        let ok = "[job_types.x]\npool = \"short\"\nhandler = \"echo\"\n[job_types.x.breaker]\nfailure_ratio = 0.6\n\
+                  [worker.poison]\nenter_ratio = 0.6\n[worker.retry_budget]\nratio = 3.0\n";
+        Config::parse(ok, "t").unwrap();
     }
 
     #[test]

@@ -20,6 +20,8 @@ pub const JOB_FAILURES: &str = "fairway_job_failures_total";
 pub const RETRIES: &str = "fairway_retries_total";
 pub const DEAD_LETTERS: &str = "fairway_dead_letters_total";
 pub const JOBS_DEFERRED: &str = "fairway_jobs_deferred_total";
+pub const JOBS_HELD_STORE_DOWN: &str = "fairway_jobs_held_store_down_total";
+pub const JOBS_EXPIRED_QUEUED: &str = "fairway_jobs_expired_queued_total";
 pub const JOBS_TAKEN_OVER: &str = "fairway_jobs_taken_over_total";
 pub const HEARTBEAT_AGE_SECONDS: &str = "fairway_heartbeat_age_seconds";
 pub const HEARTBEATS: &str = "fairway_heartbeats_total";
@@ -130,6 +132,11 @@ pub fn describe() {
     describe_counter!(RETRIES, "Jobs sent to a retry topic, by class and job type");
     describe_counter!(DEAD_LETTERS, "Jobs dead-lettered, by class and job type");
     describe_counter!(JOBS_DEFERRED, "Redelivered jobs deferred because another worker still heartbeats them");
+    describe_counter!(JOBS_EXPIRED_QUEUED, "Queued jobs expired at their not_after without taking a slot, by pool");
+    describe_counter!(
+        JOBS_HELD_STORE_DOWN,
+        "Jobs held back before running because the store was unreachable (no attempt, no crash)"
+    );
     describe_counter!(JOBS_TAKEN_OVER, "Jobs taken over from a worker whose heartbeat lapsed");
     describe_gauge!(HEARTBEAT_AGE_SECONDS, Unit::Seconds, "Age of the oldest heartbeat of this worker's running jobs");
     describe_counter!(HEARTBEATS, "Heartbeats written, by pool");
@@ -163,7 +170,7 @@ pub fn describe() {
     );
     describe_counter!(
         TENANT_APPLY_FAILURES,
-        "Registry changes a worker's scheduler refused (the tenant keeps its previous settings), by pool"
+        "Registry settings a worker's scheduler could not apply in full (a reservation the pool cannot hold is left out), by pool"
     );
     describe_counter!(SPILL_FAILURES, "Spills the store refused (the jobs stayed in memory), by pool");
     describe_gauge!(SPILLED_BACKLOG, "Jobs waiting in spilled backlogs this worker owns, by pool");

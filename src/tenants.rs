@@ -6,7 +6,7 @@
 //! worker and API process within about a second, without a restart.
 
 use crate::config::Config;
-use crate::core::tenants::{Admission, TenantRecord, TenantSet};
+use crate::core::tenants::{check_reservations, Admission, PoolRoom, TenantRecord, TenantSet};
 use crate::now_ms;
 use crate::store::{Store, StoreError, TenantStatements};
 use std::sync::Arc;
@@ -20,6 +20,8 @@ const FULL_RELOAD: Duration = Duration::from_secs(30);
 #[derive(Clone)]
 pub struct LiveTenants {
     rx: watch::Receiver<Arc<TenantSet>>,
+    /// The poller's sender too: a reload on a miss publishes what it read.
+    tx: Arc<watch::Sender<Arc<TenantSet>>>,
     stmts: TenantStatements,
     cfg: Arc<Config>,
     /// Tenants this process is registering (each registered once, not once per job).
@@ -38,8 +40,19 @@ impl LiveTenants {
             );
         }
         let (tx, rx) = watch::channel(Arc::new(first));
-        tokio::spawn(poll(stmts.clone(), tx, cfg.registry.poll_interval, shutdown));
-        Ok(LiveTenants { rx, stmts, cfg, registering: Default::default() })
+        let tx = Arc::new(tx);
+        tokio::spawn(poll(stmts.clone(), tx.clone(), cfg.registry.poll_interval, shutdown));
+        Ok(LiveTenants { rx, tx, stmts, cfg, registering: Default::default() })
+    }
+
+    /// A miss: `tenant` is refused by this process's view, which may be up to a poll
+    /// interval old. Reads the registry again (and publishes it if newer); true if the
+    /// tenant is registered after all (a brand-new tenant), so its job must not be refused.
+    pub async fn registered_after_all(&self, tenant: &str) -> Result<bool, StoreError> {
+        let set = load(&self.stmts).await?;
+        let known = set.tenants.contains_key(tenant);
+        publish(&self.tx, set);
+        Ok(known)
     }
 
     pub fn current(&self) -> Arc<TenantSet> {
@@ -115,9 +128,22 @@ async fn load(stmts: &TenantStatements) -> Result<TenantSet, StoreError> {
     Ok(TenantSet { version, tenants })
 }
 
+/// Publishes `set` unless the current view is the same or newer (the poller and a
+/// reload on a miss may race).
+fn publish(tx: &watch::Sender<Arc<TenantSet>>, set: TenantSet) {
+    tx.send_if_modified(|cur| {
+        if set.version < cur.version || **cur == set {
+            return false;
+        }
+        tracing::info!(version = set.version, tenants = set.tenants.len(), "tenants registry changed");
+        *cur = Arc::new(set);
+        true
+    });
+}
+
 async fn poll(
     stmts: TenantStatements,
-    tx: watch::Sender<Arc<TenantSet>>,
+    tx: Arc<watch::Sender<Arc<TenantSet>>>,
     every: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -141,14 +167,24 @@ async fn poll(
         match load(&stmts).await {
             Ok(set) => {
                 last_full = Instant::now();
-                if *tx.borrow().as_ref() != set {
-                    tracing::info!(version = set.version, tenants = set.tenants.len(), "tenants registry changed");
-                    let _ = tx.send(Arc::new(set));
-                }
+                publish(&tx, set);
             }
             Err(e) => tracing::warn!(error = %e, "cannot reload the tenants registry; keeping the current tenants"),
         }
     }
+}
+
+/// Each pool of `cfg` with its room for reservations (see
+/// [`crate::core::tenants::check_reservations`], which every registry write calls).
+pub fn pool_rooms(cfg: &Config) -> Vec<PoolRoom> {
+    cfg.pools
+        .iter()
+        .map(|(pool, pc)| PoolRoom {
+            pool: pool.to_string(),
+            slots: pc.slots,
+            min_shared: crate::core::scheduler::SchedulerConfig::for_pool(*pool, pc.slots).min_shared_slots,
+        })
+        .collect()
 }
 
 /// Seeds the registry from the config file's `[tenants.*]`: adds the tenants it does not
@@ -156,11 +192,17 @@ async fn poll(
 pub async fn seed_from_config(cfg: &Config, store: &Store) -> Result<Vec<String>, StoreError> {
     let stmts = store.tenant_statements().await?;
     let mut added = Vec::new();
+    let mut registry = stmts.list().await?;
     for (name, t) in &cfg.tenants {
         let rec = TenantRecord::from_config(name, t);
-        if let Err(e) = rec.validate() {
+        let fits = rec.validate().and_then(|()| match registry.contains_key(name) {
+            true => Ok(()), // never overwritten: nothing changes
+            false => check_reservations(&registry, &rec, &pool_rooms(cfg)),
+        });
+        if let Err(e) = fits {
             return Err(StoreError::Query { what: "seed tenants", message: format!("{e} (in the config file)") });
         }
+        registry.entry(name.clone()).or_insert_with(|| rec.clone());
         if stmts.add(&rec, now_ms()).await? {
             added.push(name.clone());
         }

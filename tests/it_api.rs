@@ -610,3 +610,53 @@ async fn serve_and_worker_commands_put_metrics_on_their_own_listeners() {
     let r = first_answer(&http, &format!("http://127.0.0.1:{worker_port}/metrics"), Duration::from_secs(60)).await;
     assert_eq!(r.status(), StatusCode::OK, "worker: /metrics on worker.metrics_listen");
 }
+
+/// `fairway serve` drains on SIGTERM (a container's stop signal): the open event stream
+/// gets a final `shutdown` event and ends, and the process exits on its own, successfully,
+/// within its drain grace. Before, SIGTERM was not handled (only Ctrl-C): the process died
+/// mid-stream (or, as a container's PID 1, ignored it until SIGKILL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_drains_on_sigterm_and_ends_event_streams_with_a_final_event() {
+    let cfg = common::arc(common::config(""));
+    common::init(&cfg).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (api_port, ops_port) = (free_port(), free_port());
+    let file = common::config_file(&cfg, "[api]\nauth = \"off\"\n", dir.path());
+    let mut serve = Child(
+        std::process::Command::new(env!("CARGO_BIN_EXE_fairway"))
+            .arg("--config")
+            .arg(&file)
+            .args(["serve", "--listen", &format!("127.0.0.1:{api_port}")])
+            .args(["--metrics-listen", &format!("127.0.0.1:{ops_port}"), "--drain-grace", "10s"])
+            .env("FAIRWAY_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn serve"),
+    );
+    let http = reqwest::Client::new();
+    let r = first_answer(&http, &format!("http://127.0.0.1:{api_port}/healthz"), Duration::from_secs(60)).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let mut stream = http.get(format!("http://127.0.0.1:{api_port}/v1/events?follow=1")).send().await.unwrap();
+    assert_eq!(stream.status(), StatusCode::OK);
+    let pid = serve.0.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let body = tokio::time::timeout(Duration::from_secs(30), async {
+        let mut body = String::new();
+        while let Ok(Some(chunk)) = stream.chunk().await {
+            body.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        body
+    })
+    .await
+    .expect("the event stream ended within 30 s of SIGTERM");
+    assert!(body.contains("event: shutdown"), "a final shutdown event: {body:?}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = serve.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "serve still runs 30 s after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(status.success(), "serve exits successfully after draining: {status}");
+}

@@ -58,7 +58,7 @@ async fn kill_9_during_a_checkpointed_long_job_resumes_from_the_checkpoint_witho
     };
     let mut first = spawn();
     let step = wait_for(Duration::from_secs(60), async || {
-        let cp = store.checkpoint(&id).await.ok().flatten()?;
+        let cp = store.checkpoint(&id, 0).await.ok().flatten()?;
         let step: u32 = String::from_utf8(cp).ok()?.parse().ok()?;
         (step >= 6).then_some(step)
     })
@@ -226,4 +226,75 @@ async fn the_reaper_redispatches_a_running_job_whose_heartbeat_lapsed() {
     assert_eq!(r.attempts, 1, "the crash did not use up an attempt");
     let row = store.job(&job.job_id).await.unwrap().unwrap();
     assert_eq!(row.crash_count, Some(1));
+}
+
+/// Checkpoints belong to a (job, generation): a rerun (a new generation of the same job
+/// id) starts clean, while another attempt of the same generation (a retry, a crash
+/// re-dispatch, a hand-off) still resumes. Before, checkpoints were keyed by job id only
+/// and a rerun resumed the previous generation's last checkpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rerun_starts_clean_while_the_same_generation_resumes_its_checkpoint() {
+    let cfg = common::config(POOLS);
+    common::init(&cfg).await;
+    let store = Store::open(&cfg).await.unwrap();
+    let ctx = |generation: i64, attempt: i32| {
+        let mut job = common::job_record("acme", "steps");
+        job.job_id = "checkpoint-generations-".to_string() + &cfg.kafka.topic_prefix;
+        job.generation = generation;
+        job.attempt = attempt;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        fairway::handlers::JobContext::new(Arc::new(job), deadline, Default::default(), Some(store.clone()))
+    };
+    ctx(0, 0).checkpoint(b"7").await.unwrap();
+    assert_eq!(ctx(0, 1).load_checkpoint().await.unwrap().as_deref(), Some(&b"7"[..]), "a retry resumes");
+    assert_eq!(ctx(1, 0).load_checkpoint().await.unwrap(), None, "a rerun starts clean");
+    ctx(1, 0).checkpoint(b"2").await.unwrap();
+    assert_eq!(ctx(1, 0).load_checkpoint().await.unwrap().as_deref(), Some(&b"2"[..]));
+    assert_eq!(ctx(0, 0).load_checkpoint().await.unwrap().as_deref(), Some(&b"7"[..]), "generations apart");
+}
+
+/// Deadlines hold while jobs wait and while they run: a queued job past its `not_after`
+/// expires then without taking a slot, and a running one is stopped at it (cancelled, then
+/// aborted past the cancel grace) and ends expired. Before, `not_after` was checked only
+/// when a job was picked: the queued job waited for the slot, and the running one ran on
+/// past its deadline (here for a minute).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn deadlines_expire_queued_jobs_without_a_slot_and_stop_running_ones() {
+    let extra = "[pools.long]\nslots = 1\nheartbeat_interval = \"1s\"\ndefault_estimate = \"10s\"\n\
+                 [job_types.nap]\npool = \"long\"\nhandler = \"sleep\"\ntimeout = \"2min\"\n";
+    let mut cfg = common::config(extra);
+    cfg.worker.cancel_grace = Duration::from_secs(2);
+    let cfg = Arc::new(cfg);
+    common::init(&cfg).await;
+    let store = Store::open(&cfg).await.unwrap();
+    let sub = Submitter::new(cfg.clone(), None).unwrap();
+    let registry = Registry::from_config(&cfg, Default::default()).unwrap();
+    let w = Worker::start(cfg.clone(), &[Pool::Long], registry, Policy::Fair).await.unwrap();
+    // The one slot: a minute's nap due to stop in 25 s (time for the consumer group to
+    // form and the job to start).
+    let mut running = job("acme", "nap", serde_json::json!({"ms": 60000}));
+    running.not_after = Some(fairway::now_ms() + 25_000);
+    let running = sub.submit(&running).await.unwrap().job_id;
+    wait_for(Duration::from_secs(40), async || {
+        let r = store.job(&running).await.ok().flatten()?;
+        (r.status.as_deref() == Some("running")).then_some(())
+    })
+    .await
+    .expect("the long job started");
+    // Queued behind it, due to expire long before the slot frees.
+    let queued_deadline = fairway::now_ms() + 3_000;
+    let mut queued = job("acme", "nap", serde_json::json!({"ms": 100}));
+    queued.not_after = Some(queued_deadline);
+    let queued = sub.submit(&queued).await.unwrap().job_id;
+    let ids = vec![running.clone(), queued.clone()];
+    let results = common::results_for(&cfg, &ids, Duration::from_secs(90)).await;
+    w.stop().await;
+    let q = results.get(&queued).and_then(|r| r.first()).expect("the queued job has a result");
+    assert_eq!(q.status, JobStatus::Expired, "{q:?}");
+    assert_eq!((q.started_at, q.attempts), (None, 0), "it never ran: {q:?}");
+    let r = results.get(&running).and_then(|r| r.first()).expect("the running job has a result");
+    assert!(q.finished_at < r.finished_at, "expired while the slot was still taken: {q:?} {r:?}");
+    assert_eq!(r.status, JobStatus::Expired, "{r:?}");
+    assert!(r.started_at.is_some() && r.finished_at - r.started_at.unwrap() < 59_000, "stopped early: {r:?}");
+    assert!(r.error.as_deref().unwrap_or("").contains("not_after"), "{r:?}");
 }

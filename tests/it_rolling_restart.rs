@@ -54,7 +54,7 @@ async fn rolling_restarts_hand_long_jobs_off_through_their_checkpoints() {
         tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
                 for id in &ids {
-                    let cp = store.checkpoint(id).await.ok().flatten();
+                    let cp = store.checkpoint(id, 0).await.ok().flatten();
                     let step = cp.and_then(|c| String::from_utf8(c).ok()).and_then(|s| s.parse::<u32>().ok());
                     let worker = store.job(id).await.ok().flatten().and_then(|r| r.worker);
                     let mut t = tracks.lock().unwrap();

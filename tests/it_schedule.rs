@@ -133,3 +133,24 @@ async fn the_promoter_paces_a_crowd_due_at_once_and_reports_the_oldest_due_age()
     assert!(peak >= 1.0, "oldest_due_unpromoted_age rose while the crowd waited: peak {peak}");
     assert_eq!(last, Some(0.0), "back to 0 once all are promoted");
 }
+
+/// A job parked long ago (here due two days back, e.g. left by a promoter that was down)
+/// is promoted by a new leader: it starts at the oldest parked bucket, however old.
+/// Before, a new leader looked back 24 h only and such a job stayed parked forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_promoter_leader_promotes_jobs_parked_more_than_a_day_ago() {
+    let cfg = Arc::new(common::config(""));
+    common::init(&cfg).await;
+    let store = fairway::store::Store::open(&cfg).await.unwrap();
+    let mut job = common::job_record("acme", "echo");
+    let due = fairway::now_ms() - 2 * 24 * 3_600_000;
+    job.execute_at = Some(due);
+    job.submitted_at = due - 60_000;
+    store.put_scheduled(due, &job.job_id, &fairway::codec::encode_job(&job).unwrap()).await.unwrap();
+    let (w, _sub) = short_worker(&cfg).await;
+    let results = common::results_for(&cfg, std::slice::from_ref(&job.job_id), Duration::from_secs(40)).await;
+    w.stop().await;
+    let r = results.get(&job.job_id).and_then(|r| r.first()).expect("promoted and run within 40 s");
+    assert_eq!(r.status, JobStatus::Succeeded, "{r:?}");
+    assert!(store.scheduled_due(fairway::store::schedule_bucket(due), fairway::now_ms(), 10).await.unwrap().is_empty());
+}

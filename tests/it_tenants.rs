@@ -243,3 +243,55 @@ async fn admin_endpoints_manage_tenants_and_tenant_keys_cannot() {
     assert_eq!(r.status(), 404);
     server.abort();
 }
+
+/// Reserved slots are checked against the pools' slots when the registry is written (the
+/// CLI refuses, naming the tenants and the pool), and registry content that does not fit
+/// (written before that check) never stops a worker from starting: it applies what fits.
+/// Before, two enterprise tenants with 2 reserved slots each on the 4-slot long pool were
+/// accepted, and every worker serving `long` then refused to start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reservations_that_do_not_fit_a_pool_are_refused_and_never_stop_a_worker() {
+    let extra = format!("{ECHO}[pools.long]\nslots = 4\n");
+    let cfg = common::arc(common::config(&extra));
+    common::init(&cfg).await;
+    let store = Store::open(&cfg).await.unwrap();
+    let stmts = store.tenant_statements().await.unwrap();
+    let ent = |name: &str, r: usize| TenantRecord { reserved_slots: r, ..TenantRecord::new(name, Tier::Enterprise) };
+    // As an older version could write them: 2 + 2 of long's 4 slots, none left shared.
+    stmts.put(&ent("res-a", 2), fairway::now_ms()).await.unwrap();
+    stmts.put(&ent("res-b", 2), fairway::now_ms()).await.unwrap();
+    let registry = Registry::from_config(&cfg, Default::default()).unwrap();
+    let worker = Worker::start(cfg.clone(), &[Pool::Long], registry, Policy::Fair).await;
+    let worker = worker.expect("a worker starts whatever the registry holds");
+    worker.stop().await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::config_file(&cfg, &extra, dir.path());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fairway"))
+        .arg("--config")
+        .arg(&path)
+        .args(["tenants", "add", "res-c", "--tier", "enterprise", "--reserved-slots", "1"])
+        .env("FAIRWAY_LOG", "error")
+        .output()
+        .expect("run fairway tenants");
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "refused: {text}");
+    for part in ["reserved_slots", "pool long", "res-a (2)", "res-b (2)", "res-c (1)"] {
+        assert!(text.contains(part), "names {part}: {text}");
+    }
+    assert!(!stmts.list().await.unwrap().contains_key("res-c"), "nothing written");
+}
+
+/// A brand-new tenant's first job, reaching a worker whose registry view predates the
+/// tenant (here the view is refreshed every 30 s only), runs: the worker reads the
+/// registry again on the miss before refusing. Before, it was dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_brand_new_tenants_first_job_runs_on_a_worker_with_an_older_registry_view() {
+    let (cfg, worker, stmts, sub) = start("[registry]\npoll_interval = \"30s\"\n").await;
+    stmts.put(&TenantRecord::new("newco", Tier::Pro), fairway::now_ms()).await.unwrap();
+    let id = produce(&sub, "newco").await;
+    let results = common::results_for(&cfg, std::slice::from_ref(&id), Duration::from_secs(25)).await;
+    worker.stop().await;
+    let r = results.get(&id).and_then(|r| r.first()).expect("a result");
+    assert_eq!(r.status, JobStatus::Succeeded, "{r:?}");
+}

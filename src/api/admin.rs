@@ -59,6 +59,7 @@ pub async fn add(
     Json(t): Json<TenantRecord>,
 ) -> Result<(StatusCode, Json<TenantRecord>), ApiError> {
     t.validate().map_err(invalid)?;
+    fits(&st, &t).await?;
     if !registry(&st)?.add(&t, now_ms()).await.map_err(store_error)? {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -67,6 +68,12 @@ pub async fn add(
         ));
     }
     Ok((StatusCode::CREATED, Json(t)))
+}
+
+/// Refuses (422) a change whose reserved slots would not fit a pool with the others'.
+async fn fits(st: &ApiState, t: &TenantRecord) -> Result<(), ApiError> {
+    let all = registry(st)?.list().await.map_err(store_error)?;
+    crate::core::tenants::check_reservations(&all, t, &crate::tenants::pool_rooms(st.config())).map_err(invalid)
 }
 
 async fn existing(reg: &TenantStatements, name: &str) -> Result<TenantRecord, ApiError> {
@@ -83,6 +90,7 @@ pub async fn replace(
     existing(reg, &name).await?;
     t.name = name;
     t.validate().map_err(invalid)?;
+    fits(&st, &t).await?;
     reg.put(&t, now_ms()).await.map_err(store_error)?;
     Ok(Json(t))
 }
@@ -119,6 +127,7 @@ pub(super) async fn update(
     let mut t = existing(reg, name).await?;
     change(&mut t);
     t.validate().map_err(invalid)?;
+    fits(st, &t).await?;
     reg.put(&t, now_ms()).await.map_err(store_error)?;
     Ok(t)
 }

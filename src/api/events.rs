@@ -18,7 +18,7 @@ use crate::store::{EventStatements, JobRow};
 use crate::{metrics as m, now_ms};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
@@ -178,7 +178,7 @@ pub(super) async fn job_events(
         let e = f.next().await?;
         Some((Ok::<_, Infallible>(sse(&e)), f))
     });
-    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response())
+    Ok(super::drain::sse(&st, stream))
 }
 
 /// One job's stream: history first, then live events and periodic re-reads, deduplicated.
@@ -308,5 +308,5 @@ pub(super) async fn tenant_events(
             }
         }
     });
-    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response())
+    Ok(super::drain::sse(&st, stream))
 }

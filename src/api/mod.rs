@@ -25,6 +25,7 @@
 mod admin;
 pub mod auth;
 pub mod console;
+mod drain;
 mod error;
 mod events;
 
@@ -88,6 +89,8 @@ struct Inner {
     feed: Option<crate::events::Feed>,
     /// The operator console's sessions, live sampler and replays.
     console: console::Console,
+    /// Set once the server drains: SSE streams end with a final event ([`drain`]).
+    draining: tokio::sync::watch::Sender<bool>,
 }
 
 impl Inner {
@@ -112,11 +115,21 @@ impl Inner {
             event_stmts: Default::default(),
             feed: None,
             console: Default::default(),
+            draining: tokio::sync::watch::Sender::new(false),
         }
     }
 }
 
 impl ApiState {
+    /// Starts draining: every Server-Sent Events stream sends its final event and ends.
+    pub fn drain(&self) {
+        self.inner.draining.send_replace(true);
+    }
+
+    fn draining(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.inner.draining.subscribe()
+    }
+
     /// State from parts; rate limits from `cfg.tenants` (no queue depth, no breakers).
     pub fn new(cfg: Arc<Config>, submitter: Submitter, store: Store, metrics: Option<PrometheusHandle>) -> Self {
         let admission = Arc::new(crate::admission::Admission::local(cfg.clone()));

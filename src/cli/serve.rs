@@ -1,5 +1,7 @@
-//! `fairway serve`: the HTTP API (submit, status, cancel) until Ctrl-C, and `/metrics` +
-//! `/readyz`, `/livez`, `/healthz` on a separate listener (`--metrics-listen` / `api.metrics_listen`).
+//! `fairway serve`: the HTTP API (submit, status, cancel) until SIGTERM or SIGINT, and
+//! `/metrics` + `/readyz`, `/livez`, `/healthz` on a separate listener (`--metrics-listen` /
+//! `api.metrics_listen`). On either signal it drains (`api::drain`): no new connections,
+//! requests in flight finish, event streams end with a final event, within `--drain-grace`.
 
 use anyhow::Context;
 use fairway::api::{self, ApiState};
@@ -20,6 +22,10 @@ pub struct ServeArgs {
     /// Do not install the Prometheus recorder (GET /metrics then answers 404).
     #[arg(long)]
     pub no_metrics: bool,
+    /// After SIGTERM/SIGINT, how long requests in flight may take to finish before the
+    /// server exits anyway (keep it below the orchestrator's stop grace).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub drain_grace: std::time::Duration,
 }
 
 pub async fn run(cfg: Arc<Config>, a: ServeArgs) -> anyhow::Result<ExitCode> {
@@ -59,21 +65,39 @@ pub async fn run(cfg: Arc<Config>, a: ServeArgs) -> anyhow::Result<ExitCode> {
         }))
     };
     eprintln!(
-        "fairway API on http://{addr} (POST /v1/jobs, GET|DELETE /v1/jobs/{{id}}, /healthz); Ctrl-C or SIGTERM to stop"
+        "fairway API on http://{addr} (POST /v1/jobs, GET|DELETE /v1/jobs/{{id}}, /healthz); SIGTERM or Ctrl-C to stop"
     );
-    // SIGTERM too: Kubernetes stops a pod with it.
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    let (signalled, grace_starts) = tokio::sync::oneshot::channel();
+    let draining = state.clone();
     let shutdown = async move {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-        eprintln!("stopping: finishing requests in flight");
+        let sig = tokio::select! {
+            _ = tokio::signal::ctrl_c() => "SIGINT",
+            _ = term.recv() => "SIGTERM",
+        };
+        eprintln!("{sig}: draining: no new connections, finishing requests in flight, ending event streams");
+        draining.drain();
         let _ = stop.send(true);
+        let _ = signalled.send(());
     };
-    api::serve(listener, state, shutdown).await.context("serving the HTTP API")?;
+    let serving = api::serve(listener, state, shutdown);
+    let grace = a.drain_grace;
+    tokio::select! {
+        r = serving => r.context("serving the HTTP API")?,
+        _ = async move {
+            let _ = grace_starts.await;
+            tokio::time::sleep(grace).await;
+        } => {
+            eprintln!("requests still in flight after the drain grace ({grace:?}); exiting without them");
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
     if let Some(ops) = ops {
-        ops.await.context("metrics listener")?.context("serving /metrics")?;
+        match tokio::time::timeout(grace, ops).await {
+            Ok(r) => r.context("metrics listener")?.context("serving /metrics")?,
+            Err(_) => eprintln!("/metrics scrapes still in flight after the drain grace ({grace:?}); exiting"),
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

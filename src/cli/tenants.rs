@@ -167,14 +167,15 @@ pub async fn run(cfg: &Config, a: TenantsArgs) -> anyhow::Result<ExitCode> {
             let mut t = TenantRecord::new(&a.name, Tier::Free);
             a.settings.apply(&mut t);
             t.validate()?;
+            fits(cfg, &stmts, &t).await?;
             if !stmts.add(&t, now_ms()).await? {
                 bail!("tenant {} already exists; change it with `fairway tenants set {} ...`", a.name, a.name);
             }
             println!("added tenant {} ({})", t.name, t.tier);
         }
-        TenantsCmd::Set(a) => change(&stmts, &a.name, |t| a.settings.apply(t)).await?,
-        TenantsCmd::Suspend(a) => change(&stmts, &a.name, |t| t.suspended = true).await?,
-        TenantsCmd::Resume(a) => change(&stmts, &a.name, |t| t.suspended = false).await?,
+        TenantsCmd::Set(a) => change(cfg, &stmts, &a.name, |t| a.settings.apply(t)).await?,
+        TenantsCmd::Suspend(a) => change(cfg, &stmts, &a.name, |t| t.suspended = true).await?,
+        TenantsCmd::Resume(a) => change(cfg, &stmts, &a.name, |t| t.suspended = false).await?,
         TenantsCmd::Remove(a) => {
             existing(&stmts, &a.name).await?;
             stmts.remove(&a.name).await?;
@@ -183,6 +184,13 @@ pub async fn run(cfg: &Config, a: TenantsArgs) -> anyhow::Result<ExitCode> {
         TenantsCmd::List(a) => list(&stmts, a.json).await?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Refuses a change whose reserved slots would not fit a pool with the others'.
+async fn fits(cfg: &Config, stmts: &TenantStatements, t: &TenantRecord) -> anyhow::Result<()> {
+    let all = stmts.list().await.context("reading the tenants registry")?;
+    fairway::core::tenants::check_reservations(&all, t, &fairway::tenants::pool_rooms(cfg))?;
+    Ok(())
 }
 
 async fn existing(stmts: &TenantStatements, name: &str) -> anyhow::Result<TenantRecord> {
@@ -194,10 +202,16 @@ async fn existing(stmts: &TenantStatements, name: &str) -> anyhow::Result<Tenant
 }
 
 /// Read, change, validate, write: an invalid change is refused whole.
-async fn change(stmts: &TenantStatements, name: &str, f: impl FnOnce(&mut TenantRecord)) -> anyhow::Result<()> {
+async fn change(
+    cfg: &Config,
+    stmts: &TenantStatements,
+    name: &str,
+    f: impl FnOnce(&mut TenantRecord),
+) -> anyhow::Result<()> {
     let mut t = existing(stmts, name).await?;
     f(&mut t);
     t.validate()?;
+    fits(cfg, stmts, &t).await?;
     stmts.put(&t, now_ms()).await?;
     println!("updated tenant {name}: {}", describe(&t));
     Ok(())

@@ -802,6 +802,22 @@ impl Default for RetryBudgetConfig {
     }
 }
 
+impl RetryBudgetConfig {
+    /// Err((field, what is wrong and the fix)) for the first bad field.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        if !(self.ratio.is_finite() && self.ratio >= 0.0) {
+            return Err(("ratio", format!("{} is not a rate: use a number of 0 or more (e.g. 2.0)", self.ratio)));
+        }
+        if self.window.0 < 1_000 {
+            return Err(("window", format!("{} is too short: use at least \"1s\" (e.g. \"5m\")", self.window)));
+        }
+        if !(self.allowance.is_finite() && self.allowance >= 0.0) {
+            return Err(("allowance", format!("{} is not a count: use 0 or more (e.g. 20)", self.allowance)));
+        }
+        Ok(())
+    }
+}
+
 /// A retry the budget refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error(

@@ -45,6 +45,61 @@ pub struct TenantError {
     pub problem: String,
 }
 
+/// One pool's room for reservations: its slots per worker and how many of them must
+/// stay shared (`SchedulerConfig::min_shared_slots`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolRoom {
+    pub pool: String,
+    pub slots: usize,
+    pub min_shared: usize,
+}
+
+/// Whether the enterprise tenants' reservations fit every pool once `changed` is stored
+/// in `registry`: each worker's scheduler holds every tenant's reserved slots in each
+/// pool it serves, so per pool they must leave `min_shared` of its slots shared. Err
+/// names the tenants, the pool and the fix. A change that reserves nothing always passes
+/// (it cannot make a misfit worse).
+pub fn check_reservations(
+    registry: &BTreeMap<String, TenantRecord>,
+    changed: &TenantRecord,
+    pools: &[PoolRoom],
+) -> Result<(), TenantError> {
+    let reserved = |t: &TenantRecord| if t.tier == Tier::Enterprise { t.reserved_slots } else { 0 };
+    if reserved(changed) == 0 {
+        return Ok(());
+    }
+    let mut holders: Vec<(&str, usize)> = registry
+        .values()
+        .filter(|t| t.name != changed.name && reserved(t) > 0)
+        .map(|t| (t.name.as_str(), reserved(t)))
+        .collect();
+    holders.push((changed.name.as_str(), reserved(changed)));
+    let total: usize = holders.iter().map(|(_, r)| r).sum();
+    for p in pools {
+        if total + p.min_shared <= p.slots {
+            continue;
+        }
+        let who: Vec<String> = holders.iter().map(|(n, r)| format!("{n} ({r})")).collect();
+        let others = total - reserved(changed);
+        let room = p.slots.saturating_sub(p.min_shared).saturating_sub(others);
+        return Err(TenantError {
+            tenant: changed.name.clone(),
+            field: "reserved_slots",
+            problem: format!(
+                "does not fit pool {}: tenants {} would reserve {total} of its {} slots per worker and at least {} \
+                 must stay shared; reserve at most {room} here, lower another tenant's reservation, or give \
+                 pools.{}.slots more",
+                p.pool,
+                who.join(", "),
+                p.slots,
+                p.min_shared,
+                p.pool
+            ),
+        });
+    }
+    Ok(())
+}
+
 impl TenantRecord {
     pub fn new(name: &str, tier: Tier) -> Self {
         TenantRecord {
@@ -182,6 +237,29 @@ impl TenantSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reservations_must_fit_every_pool_with_a_shared_slot_left() {
+        let ent =
+            |name: &str, r: usize| TenantRecord { reserved_slots: r, ..TenantRecord::new(name, Tier::Enterprise) };
+        let pools = [
+            PoolRoom { pool: "short".into(), slots: 64, min_shared: 1 },
+            PoolRoom { pool: "long".into(), slots: 4, min_shared: 1 },
+        ];
+        let mut reg = BTreeMap::new();
+        reg.insert("a".to_string(), ent("a", 2));
+        // The issue's case: two enterprise tenants with 2 reserved slots each on the 4-slot pool.
+        let e = check_reservations(&reg, &ent("b", 2), &pools).unwrap_err();
+        assert_eq!((e.tenant.as_str(), e.field), ("b", "reserved_slots"));
+        for part in ["pool long", "a (2)", "b (2)", "reserve at most 1", "pools.long.slots"] {
+            assert!(e.to_string().contains(part), "{part}: {e}");
+        }
+        check_reservations(&reg, &ent("b", 1), &pools).unwrap();
+        // Replacing a tenant's own reservation counts it once; reserving nothing always passes.
+        check_reservations(&reg, &ent("a", 3), &pools).unwrap();
+        reg.insert("b".to_string(), ent("b", 3));
+        check_reservations(&reg, &TenantRecord::new("c", Tier::Pro), &pools).unwrap();
+    }
 
     #[test]
     fn invalid_settings_name_the_field_and_the_fix() {

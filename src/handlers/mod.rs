@@ -58,6 +58,8 @@ pub trait Handler: Send + Sync + 'static {
 pub struct JobLive {
     progress: Mutex<(f64, String)>,
     cancelled: AtomicBool,
+    /// Its `not_after` passed while it ran: cancelled, and it ends as expired.
+    expired: AtomicBool,
     /// The worker is shutting down: the job should checkpoint and return (hand-off).
     stopping: AtomicBool,
     abort: tokio::sync::Notify,
@@ -97,6 +99,15 @@ impl JobLive {
     }
     pub fn is_cancelled(&self) -> bool {
         self.cancelled.load(Ordering::SeqCst)
+    }
+    /// Its deadline (`not_after`) passed while it ran: asks it to stop like a cancel;
+    /// it ends as expired.
+    pub fn expire(&self) {
+        self.expired.store(true, Ordering::SeqCst);
+        self.cancel();
+    }
+    pub fn is_expired(&self) -> bool {
+        self.expired.load(Ordering::SeqCst)
     }
     /// Asks the job to stop for a hand-off (the worker is shutting down).
     pub fn request_stop(&self) {
@@ -185,8 +196,19 @@ impl JobContext {
     pub fn trace_context(&self) -> (Option<&str>, Option<&str>) {
         (self.traceparent.as_deref(), self.job.tracestate.as_deref())
     }
+    /// Whether this is the first dispatch of the job's generation: no attempt used, no
+    /// crash re-dispatch (a worker died running it), not a DLQ replay. A rerun's first
+    /// dispatch is the first of its generation. (A hand-off copy is not told apart.)
     pub fn first_attempt(&self) -> bool {
-        self.attempt == 0
+        self.attempt == 0 && self.job.crash_count == 0 && self.job.replay_count == 0
+    }
+    /// Times a worker died running this job (crash re-dispatches), all attempts together.
+    pub fn crash_count(&self) -> i32 {
+        self.job.crash_count
+    }
+    /// Times this job was replayed from the DLQ.
+    pub fn replay_count(&self) -> i32 {
+        self.job.replay_count
     }
     /// Reports progress (0..1) and a short message; sent with the next heartbeat.
     pub fn progress(&self, fraction: f64, message: impl Into<String>) {
@@ -218,17 +240,18 @@ impl JobContext {
     pub fn live(&self) -> &Arc<JobLive> {
         &self.live
     }
-    /// Saves resumable state; a re-dispatched attempt gets it from `load_checkpoint`.
+    /// Saves resumable state; a re-dispatched attempt of the same generation (a retry, a
+    /// crash re-dispatch, a hand-off) gets it from `load_checkpoint`; a rerun starts clean.
     pub async fn checkpoint(&self, state: &[u8]) -> Result<(), StoreError> {
         self.live.advanced(crate::now_ms());
         match &self.store {
-            Some(s) => s.put_checkpoint(&self.job.job_id, state, crate::now_ms()).await,
+            Some(s) => s.put_checkpoint(&self.job.job_id, self.job.generation, state, crate::now_ms()).await,
             None => Ok(()),
         }
     }
     pub async fn load_checkpoint(&self) -> Result<Option<Vec<u8>>, StoreError> {
         match &self.store {
-            Some(s) => s.checkpoint(&self.job.job_id).await,
+            Some(s) => s.checkpoint(&self.job.job_id, self.job.generation).await,
             None => Ok(None),
         }
     }
@@ -281,5 +304,29 @@ impl Registry {
 
     pub fn insert(&mut self, job_type: impl Into<String>, h: Arc<dyn Handler>) {
         self.handlers.insert(job_type.into(), h);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctx(attempt: i32, crash_count: i32, replay_count: i32, generation: i64) -> JobContext {
+        let mut job = JobSubmitted::original("j".into(), "acme".into(), "echo".into(), Vec::new(), 0);
+        (job.attempt, job.crash_count, job.replay_count, job.generation) =
+            (attempt, crash_count, replay_count, generation);
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(1);
+        JobContext::new(Arc::new(job), deadline, Default::default(), None)
+    }
+
+    #[tokio::test]
+    async fn first_attempt_is_the_first_dispatch_of_the_generation_only() {
+        assert!(ctx(0, 0, 0, 0).first_attempt());
+        assert!(ctx(0, 0, 0, 3).first_attempt(), "a rerun's first dispatch is the first of its generation");
+        assert!(!ctx(1, 0, 0, 0).first_attempt(), "a retry");
+        assert!(!ctx(0, 1, 0, 0).first_attempt(), "a crash re-dispatch");
+        assert!(!ctx(0, 0, 1, 0).first_attempt(), "a DLQ replay");
+        let c = ctx(0, 2, 1, 0);
+        assert_eq!((c.crash_count(), c.replay_count()), (2, 1));
     }
 }

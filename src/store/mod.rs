@@ -290,12 +290,17 @@ impl Store {
             )
             .await?,
             put_checkpoint: prep(
-                format!("INSERT INTO {ks}.checkpoints (job_id, data, at) VALUES (?, ?, ?) USING TTL ?"),
+                format!(
+                    "INSERT INTO {ks}.job_checkpoints (job_id, generation, data, at) VALUES (?, ?, ?, ?) USING TTL ?"
+                ),
                 "prepare put_checkpoint",
             )
             .await?,
-            get_checkpoint: prep(format!("SELECT data FROM {ks}.checkpoints WHERE job_id = ?"), "prepare get_checkpoint")
-                .await?,
+            get_checkpoint: prep(
+                format!("SELECT data FROM {ks}.job_checkpoints WHERE job_id = ? AND generation = ?"),
+                "prepare get_checkpoint",
+            )
+            .await?,
             put_running_job: prep(
                 format!(
                     "INSERT INTO {ks}.running_index (scope, pool, job_id, worker, started_at, job) VALUES (?, ?, ?, ?, ?, ?)"
@@ -549,9 +554,15 @@ impl Store {
         applied(res)
     }
 
-    /// Parks a job until `execute_at` in the scheduled table (minute buckets).
+    /// Parks a job until `execute_at` in the scheduled table (minute buckets), its bucket
+    /// named in `scheduled_buckets` first (so no parked job is ever out of the index).
     pub async fn put_scheduled(&self, execute_at: Millis, job_id: &str, job: &[u8]) -> Result<(), StoreError> {
         let ks = &self.keyspace;
+        let cql = format!("INSERT INTO {ks}.scheduled_buckets (scope, bucket) VALUES (?, ?)");
+        self.session
+            .query_unpaged(cql, (self.scope.as_str(), schedule_bucket(execute_at)))
+            .await
+            .map_err(q("index scheduled bucket"))?;
         let cql =
             format!("INSERT INTO {ks}.scheduled_jobs (scope, bucket, execute_at, job_id, job) VALUES (?, ?, ?, ?, ?)");
         self.session
@@ -580,6 +591,31 @@ impl Store {
         let rows = res.into_rows_result().map_err(q("read scheduled"))?;
         let it = rows.rows::<(i64, String, Option<Vec<u8>>)>().map_err(q("read scheduled"))?;
         Ok(it.filter_map(|r| r.ok()).map(|(t, id, j)| (t, id, j.unwrap_or_default())).collect())
+    }
+
+    /// Buckets of parked jobs from `from` to `upto` (both included), oldest first, at most `limit`.
+    pub async fn scheduled_buckets(&self, from: i64, upto: i64, limit: usize) -> Result<Vec<i64>, StoreError> {
+        let ks = &self.keyspace;
+        let cql = format!(
+            "SELECT bucket FROM {ks}.scheduled_buckets WHERE scope = ? AND bucket >= ? AND bucket <= ? LIMIT {}",
+            limit.clamp(1, i32::MAX as usize)
+        );
+        let res = self
+            .session
+            .query_unpaged(cql, (self.scope.as_str(), from, upto))
+            .await
+            .map_err(q("read scheduled buckets"))?;
+        let rows = res.into_rows_result().map_err(q("read scheduled buckets"))?;
+        let it = rows.rows::<(i64,)>().map_err(q("read scheduled buckets"))?;
+        Ok(it.filter_map(|r| r.ok()).map(|(b,)| b).collect())
+    }
+
+    /// Forgets a bucket whose parked jobs were all promoted.
+    pub async fn delete_scheduled_bucket(&self, bucket: i64) -> Result<(), StoreError> {
+        let ks = &self.keyspace;
+        let cql = format!("DELETE FROM {ks}.scheduled_buckets WHERE scope = ? AND bucket = ?");
+        self.session.query_unpaged(cql, (self.scope.as_str(), bucket)).await.map_err(q("delete scheduled bucket"))?;
+        Ok(())
     }
 
     pub async fn delete_scheduled(&self, execute_at: Millis, job_id: &str) -> Result<(), StoreError> {
@@ -683,7 +719,15 @@ impl Store {
         rows.maybe_first_row::<HeartbeatRow>().map_err(q("get heartbeat"))
     }
 
-    pub async fn put_checkpoint(&self, job_id: &str, data: &[u8], now: Millis) -> Result<(), StoreError> {
+    /// Saves a job's resumable state for its `generation` (a rerun's new generation
+    /// never sees an older one's).
+    pub async fn put_checkpoint(
+        &self,
+        job_id: &str,
+        generation: i64,
+        data: &[u8],
+        now: Millis,
+    ) -> Result<(), StoreError> {
         if data.len() > CHECKPOINT_LIMIT {
             return Err(StoreError::CheckpointTooLarge {
                 job_id: job_id.into(),
@@ -694,16 +738,17 @@ impl Store {
         // Checkpoints outlive any sane job; a week keeps the table from growing forever.
         let ttl: i32 = 7 * 24 * 3600;
         self.session
-            .execute_unpaged(&self.prepared.put_checkpoint, (job_id, data, now, ttl))
+            .execute_unpaged(&self.prepared.put_checkpoint, (job_id, generation, data, now, ttl))
             .await
             .map_err(q("put checkpoint"))?;
         Ok(())
     }
 
-    pub async fn checkpoint(&self, job_id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+    /// The job's last checkpoint in `generation`, if any.
+    pub async fn checkpoint(&self, job_id: &str, generation: i64) -> Result<Option<Vec<u8>>, StoreError> {
         let res = self
             .session
-            .execute_unpaged(&self.prepared.get_checkpoint, (job_id,))
+            .execute_unpaged(&self.prepared.get_checkpoint, (job_id, generation))
             .await
             .map_err(q("get checkpoint"))?;
         let rows = res.into_rows_result().map_err(q("get checkpoint"))?;

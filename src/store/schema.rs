@@ -18,7 +18,12 @@ pub const TABLES: &[(&str, &str)] = &[
     ("finished_jobs", "(bucket bigint, job_id text, record blob, PRIMARY KEY ((bucket), job_id))"),
     // Liveness of running jobs; rows expire (TTL ~3 intervals) when a worker dies.
     ("heartbeats", "(job_id text PRIMARY KEY, worker text, at bigint, progress double, message text)"),
+    // No longer written (keyed by job only, a rerun resumed the previous generation's
+    // checkpoint); its rows expire. Kept so the schema only ever grows.
     ("checkpoints", "(job_id text PRIMARY KEY, data blob, at bigint)"),
+    // A job's resumable state per (job, generation): hand-offs and crash re-dispatches of
+    // a generation resume from it, a rerun (new generation) starts clean.
+    ("job_checkpoints", "(job_id text, generation bigint, data blob, at bigint, PRIMARY KEY ((job_id, generation)))"),
     // Jobs running for more than a moment, by deployment (topic prefix) and pool: what
     // the reaper watches for lapsed heartbeats (the encoded job lets it re-dispatch).
     (
@@ -49,6 +54,9 @@ pub const TABLES: &[(&str, &str)] = &[
         "fleet_counts",
         "(pool text, scope text, worker text, at bigint, a double, b double, c double, PRIMARY KEY (pool, scope, worker))",
     ),
+    // Which minute buckets of `scheduled_jobs` may hold parked jobs, per deployment: a
+    // new promoter leader starts at the oldest, however old (rows go once promoted).
+    ("scheduled_buckets", "(scope text, bucket bigint, PRIMARY KEY ((scope), bucket))"),
     // Single-leader loops (reaper, promoter) hold a lease taken with LWT.
     ("leases", "(name text PRIMARY KEY, holder text, expires_at bigint)"),
     // Rerun-all by generation: the target generation per tenant and job type.

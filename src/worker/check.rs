@@ -4,10 +4,9 @@
 //! worker died is taken over (a crash, never an attempt); a handed-off job is claimed.
 
 use super::exec::Origin;
-use super::outcome::{dead_letter, fail, finish, with_retries};
+use super::outcome::{dead_letter, finish, OUTAGE_RETRY};
 use super::Shared;
 use crate::core::retry::{AttemptState, Decision};
-use crate::handlers::HandlerError;
 use crate::model::{FailureClass, JobStatus, JobSubmitted};
 use crate::store::{JobRow, StoreError};
 use crate::{metrics as m, now_ms};
@@ -29,13 +28,13 @@ pub(super) enum Check {
 pub(super) async fn before_run(sh: &Shared, job: Arc<JobSubmitted>, origin: &Origin) -> Check {
     // Record the partition's dispatch frontier past this offset before it can start, and
     // learn whether anyone can have started it before (then its state needs no read).
-    let fresh = match with_retries(|| sh.frontiers.before_start(&sh.store, &job, origin)).await {
-        Ok(fresh) => fresh,
-        Err(e) => {
-            tracing::warn!(job_id = %job.job_id, error = %e, "store unavailable for the dispatch frontier");
-            return Check::Done(fail_as_crash(sh, &job, origin, &e).await);
-        }
-    };
+    let fresh =
+        match through_outage(sh, &job, "the dispatch frontier", || sh.frontiers.before_start(&sh.store, &job, origin))
+            .await
+        {
+            Ok(fresh) => fresh,
+            Err(held) => return held,
+        };
     let (job, row_claimed) = if fresh {
         metrics::counter!(m::STATE_READS_SKIPPED, "pool" => sh.pool.as_str()).increment(1);
         (job, false)
@@ -64,14 +63,9 @@ async fn check_row(sh: &Shared, mut job: Arc<JobSubmitted>, origin: &Origin) -> 
     let interval = sh.cfg.pool(sh.pool).heartbeat_interval;
     let mut row_claimed = false;
     loop {
-        let row = match with_retries(|| sh.store.job(&job.job_id)).await {
+        let row = match through_outage(sh, &job, "the effectively-once check", || sh.store.job(&job.job_id)).await {
             Ok(r) => r,
-            Err(e) => {
-                // The store is down: failing the job would be wrong, skipping it would
-                // lose it. Hand it back as a worker-side failure so it is retried later.
-                tracing::warn!(job_id = %job.job_id, error = %e, "store unavailable for the effectively-once check");
-                return Check::Done(fail_as_crash(sh, &job, origin, &e).await);
-            }
+            Err(held) => return held,
         };
         let now = now_ms();
         let Some(row) = row else { break };
@@ -88,7 +82,7 @@ async fn check_row(sh: &Shared, mut job: Arc<JobSubmitted>, origin: &Origin) -> 
             return Check::Done(done);
         }
         if row.status.as_deref() == Some("handed_off") {
-            match claim_hand_off(sh, &job, origin).await {
+            match claim_hand_off(sh, &job).await {
                 Step::Next => break,
                 Step::Again => continue,
                 Step::Done(done) => return Check::Done(done),
@@ -133,10 +127,11 @@ async fn settled_by_row(sh: &Shared, job: &JobSubmitted, row: &JobRow, rerun: bo
 }
 
 /// A handed-off row: claims the job for this worker, atomically.
-async fn claim_hand_off(sh: &Shared, job: &JobSubmitted, origin: &Origin) -> Step {
+async fn claim_hand_off(sh: &Shared, job: &JobSubmitted) -> Step {
     // Handed off by a draining worker: several copies may find it so (the
     // hand-off copy, a redelivery after the rebalance); one claims it, atomically.
-    match with_retries(|| sh.store.claim_hand_off(&job.job_id, &sh.worker_id, now_ms())).await {
+    let claim = || sh.store.claim_hand_off(&job.job_id, &sh.worker_id, now_ms());
+    match through_outage(sh, job, "claiming a handed-off job", claim).await {
         Ok(true) => {
             // A heartbeat at once: other copies now see it running and wait.
             let ttl = sh.heartbeat_ttl_secs();
@@ -147,10 +142,8 @@ async fn claim_hand_off(sh: &Shared, job: &JobSubmitted, origin: &Origin) -> Ste
             Step::Next
         }
         Ok(false) => Step::Again, // another copy claimed it: look again
-        Err(e) => {
-            tracing::warn!(job_id = %job.job_id, error = %e, "store unavailable to claim a handed-off job");
-            Step::Done(fail_as_crash(sh, job, origin, &e).await)
-        }
+        Err(Check::Done(durable)) => Step::Done(durable),
+        Err(Check::Run { .. }) => unreachable!("through_outage holds a job back, never runs it"),
     }
 }
 
@@ -165,7 +158,14 @@ async fn wait_for_live_worker(
 ) -> Step {
     // Marked running: by a worker that still heartbeats (the partition moved while
     // the job runs) we wait; by one whose heartbeat lapsed, we take over.
-    let hb = sh.store.heartbeat(&job.job_id).await.ok().flatten();
+    // A heartbeat that cannot be read is not a lapsed one: taking the job over would
+    // count a crash that never happened.
+    let hb =
+        match through_outage(sh, job, "reading a running job's heartbeat", || sh.store.heartbeat(&job.job_id)).await {
+            Ok(hb) => hb,
+            Err(Check::Done(durable)) => return Step::Done(durable),
+            Err(Check::Run { .. }) => unreachable!("through_outage holds a job back, never runs it"),
+        };
     let fresh = hb.and_then(|h| h.at).is_some_and(|at| now - at < 3 * interval.as_millis() as i64);
     if fresh && !rerun && row.worker.as_deref() == Some(sh.worker_id.as_str()) {
         // A redelivered copy of a job running on this very worker (its partition came
@@ -229,22 +229,58 @@ async fn take_over(
     Ok(Arc::new(j))
 }
 
-/// Hands the job back as a worker-side failure (the store is unavailable), so it is
-/// retried later.
-async fn fail_as_crash(sh: &Shared, job: &JobSubmitted, origin: &Origin, e: &StoreError) -> bool {
-    let err = HandlerError { class: FailureClass::WorkerCrash, message: e.to_string(), retry_after: None };
-    fail(sh, job, origin, err, None).await
+/// A store read or claim the check cannot do without, retried through a store outage:
+/// the job is held back (it keeps its slot; no attempt, no crash counted, no dead letter)
+/// and goes on once the store answers. Err (the copy held unfinished: its offset stays
+/// uncommitted and it is redelivered) when the worker stops meanwhile or the outage
+/// outlasts `outcome::OUTAGE_RETRY`.
+async fn through_outage<T, F, Fut>(sh: &Shared, job: &JobSubmitted, what: &str, mut f: F) -> Result<T, Check>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let give_up = tokio::time::Instant::now() + OUTAGE_RETRY;
+    let mut delay = std::time::Duration::from_millis(100);
+    let mut held = false;
+    loop {
+        let e = match f().await {
+            Ok(v) => {
+                if held {
+                    tracing::info!(job_id = %job.job_id, "store back; the held job goes on");
+                }
+                return Ok(v);
+            }
+            Err(e) => e,
+        };
+        let stopping = sh.stopping.load(std::sync::atomic::Ordering::SeqCst);
+        if stopping || tokio::time::Instant::now() + delay >= give_up {
+            tracing::error!(job_id = %job.job_id, error = %e, stopping, "store unavailable for {what}; the job is left for redelivery");
+            return Err(Check::Done(false));
+        }
+        if !held {
+            held = true;
+            metrics::counter!(m::JOBS_HELD_STORE_DOWN, "pool" => sh.pool.as_str()).increment(1);
+            tracing::warn!(job_id = %job.job_id, error = %e, "store unavailable for {what}; holding the job until it is back");
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(std::time::Duration::from_secs(2));
+    }
 }
 
 /// The last check: a job not started before its `not_after` expires instead of running.
 async fn run_unless_expired(sh: &Shared, job: Arc<JobSubmitted>, row_claimed: bool) -> Check {
     if let Some(not_after) = job.not_after {
-        let now = now_ms();
-        if now > not_after {
-            let msg = format!("not started before not_after ({not_after}); picked at {now}");
-            crate::events::late(&sh.producer, &sh.cfg, &sh.worker_id, &job, not_after);
-            return Check::Done(finish(sh, &job, JobStatus::Expired, None, Some(msg), None, None).await);
+        if now_ms() > not_after {
+            return Check::Done(expire(sh, &job, not_after).await);
         }
     }
     Check::Run { job, row_claimed }
+}
+
+/// Ends a job that did not start before its `not_after` as expired (never run).
+pub(super) async fn expire(sh: &Shared, job: &JobSubmitted, not_after: i64) -> bool {
+    let now = now_ms();
+    let msg = format!("not started before not_after ({not_after}); expired at {now}");
+    crate::events::late(&sh.producer, &sh.cfg, &sh.worker_id, job, not_after);
+    finish(sh, job, JobStatus::Expired, None, Some(msg), None, None).await
 }

@@ -160,10 +160,30 @@ impl<J> Fair<J> {
         sc.fast_lane_max_cost_ms = pc.fast_lane_max_estimate().as_millis() as f64;
         sc.default_tenant = TenantPolicy::tier(cfg.registry.default_tier);
         let mut inner = Scheduler::new(pool, sc).map_err(|e| format!("pools.{pool}: {e}"))?;
+        // Registry content never stops a worker from starting: what fits is applied,
+        // the rest reported (log and metric).
         for (name, t) in &tenants.tenants {
-            inner.set_tenant(name, t.policy()).map_err(|e| format!("tenant {name}: {e}"))?;
+            if let Err(e) = set_fitting(&mut inner, name, t.policy()) {
+                tracing::error!(%pool, tenant = %name, error = %e, "cannot apply all of the tenant's registry settings here");
+                metrics::counter!(crate::metrics::TENANT_APPLY_FAILURES, "pool" => pool.as_str()).increment(1);
+            }
         }
         Ok(Fair { inner })
+    }
+}
+
+/// Applies a tenant's policy. A reservation the pool cannot hold (the registry reserves
+/// more of its slots than it has) is left out and the rest applied; Err says what was not
+/// applied (any other refusal applies nothing).
+fn set_fitting<J>(inner: &mut Scheduler<J>, tenant: &str, policy: TenantPolicy) -> Result<(), String> {
+    match inner.set_tenant(tenant, policy.clone()) {
+        Ok(()) => Ok(()),
+        Err(e @ crate::core::scheduler::ConfigError::ReservationTooLarge { .. }) => {
+            let fits = TenantPolicy { reserved_slots: Some(0), ..policy };
+            inner.set_tenant(tenant, fits).map_err(|e| e.to_string())?;
+            Err(format!("{e}; applied without its reservation"))
+        }
+        Err(e) => Err(e.to_string()),
     }
 }
 
@@ -221,7 +241,7 @@ impl<J: Send> Dispatcher<J> for Fair<J> {
         self.inner.fold_fleet_usage(usage, now)
     }
     fn set_tenant(&mut self, tenant: &str, policy: TenantPolicy) -> Result<(), String> {
-        self.inner.set_tenant(tenant, policy).map_err(|e| e.to_string())
+        set_fitting(&mut self.inner, tenant, policy)
     }
     fn enforces_tenant_caps(&self) -> bool {
         true

@@ -162,6 +162,20 @@ pub async fn execute(
     ended
 }
 
+/// A queued job past its `not_after`, settled without a slot: the effectively-once check
+/// expires it (or settles a redelivered copy of a job that ended as such).
+pub async fn expire_queued(sh: Arc<Shared>, job: Arc<JobSubmitted>, origin: Origin) -> Ended {
+    sh.front_door.lock().expect("front-door tally").dispatched(&job);
+    let not_after = job.not_after.unwrap_or_default();
+    let durable = match check::before_run(&sh, job, &origin).await {
+        check::Check::Done(durable) => durable,
+        // Not past its deadline after all (the clock stepped back): it expires anyway,
+        // as it was taken out of the queue for that.
+        check::Check::Run { job, .. } => check::expire(&sh, &job, not_after).await,
+    };
+    Ended::Skipped.or_lost(durable)
+}
+
 /// Stage 2: the job needs a handler on this worker and its dependency's breaker must let
 /// it through. `Err(durable)`: it was settled instead (failed permanently, or held back
 /// on the dependency retry topic with its attempt unchanged).
@@ -217,6 +231,31 @@ impl Run {
     }
 }
 
+/// Ends a timer task when dropped (the run it watches is over).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A job with a `not_after` still running at it is cancelled then (it ends as expired)
+/// and aborted if it ignores that past `worker.cancel_grace`.
+fn expire_at_not_after(sh: &Shared, job: &JobSubmitted, live: &Arc<JobLive>) -> Option<AbortOnDrop> {
+    let not_after = job.not_after?;
+    let (live, grace, job_id) = (live.clone(), sh.cfg.worker.cancel_grace, job.job_id.clone());
+    Some(AbortOnDrop(tokio::spawn(async move {
+        let wait = Duration::from_millis((not_after - now_ms()).max(0) as u64);
+        tokio::time::sleep(wait).await;
+        tracing::info!(%job_id, not_after, "running past its not_after: cancelling it");
+        live.expire();
+        tokio::time::sleep(grace).await;
+        tracing::warn!(%job_id, "ignored its not_after past worker.cancel_grace; aborting it");
+        live.abort();
+    })))
+}
+
 /// Stage 3: the handler under its deadline. Jobs that outlive `RUNNING_WRITE_GRACE` get
 /// a "running" row with a first heartbeat, so a dead or hung worker is noticed. The
 /// scheduler slot is released as soon as the handler returns.
@@ -245,6 +284,7 @@ async fn run(
         }
     }
     metrics::gauge!(m::JOBS_RUNNING, "pool" => sh.pool.as_str()).increment(1.0);
+    let _expiry = expire_at_not_after(sh, job, &live);
     let stuck_after = sh.cfg.stuck_after(&job.job_type, sh.pool);
     let grace = sh.cfg.kill_grace(&job.job_type);
     let mut running_written = false;

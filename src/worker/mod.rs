@@ -109,7 +109,7 @@ impl Health {
 impl Shared {
     pub fn job_timeout(&self, job_type: &str) -> Duration {
         match self.cfg.job_types.get(job_type) {
-            Some(jt) => self.cfg.job_timeout(jt),
+            Some(jt) => self.cfg.job_timeout(jt, self.pool),
             None => self.cfg.pool(self.pool).default_timeout,
         }
     }
@@ -402,8 +402,8 @@ fn make_dispatcher(
     let limit = cfg.worker.tenant_queue_limit.saturating_mul(2);
     Ok(match policy {
         Policy::Fifo => Box::new(dispatch::Fifo::new(slots, limit)),
-        // A policy the scheduler refuses stops the start with the reason: never run
-        // unscheduled silently.
+        // A pool configuration the scheduler refuses stops the start with the reason;
+        // registry content never does (see `Fair::new`).
         Policy::Fair => Box::new(
             dispatch::Fair::<pool::Pending>::new(cfg, pool, tenants)
                 .map_err(|e| anyhow::anyhow!("cannot schedule pool {pool}: {e}"))?,

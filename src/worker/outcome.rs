@@ -49,6 +49,10 @@ pub(super) async fn record(sh: &Shared, job: &JobSubmitted, origin: &Origin, run
     }
     let started = Some(started_at);
     let durable = match result {
+        Some(Ok(Err(_))) | None if live.is_expired() => {
+            let msg = format!("not finished before not_after ({}): cancelled at it", job.not_after.unwrap_or_default());
+            finish(sh, job, JobStatus::Expired, None, Some(msg), None, started).await
+        }
         None => {
             let msg = "cancelled: the handler did not stop within worker.cancel_grace and was aborted".to_string();
             finish(sh, job, JobStatus::Cancelled, None, Some(msg), None, started).await
@@ -120,12 +124,17 @@ async fn produce_job(sh: &Shared, topic: &str, job: &JobSubmitted, what: &str) -
                 }
             }
         }
-        // Our own records always encode; treat the impossible as handled.
+        // Not durable: the job's offset stays uncommitted (it is redelivered), loudly.
         Err(e) => {
-            tracing::error!(job_id = %job.job_id, error = %e, "cannot encode job to {what}");
-            true
+            tracing::error!(job_id = %job.job_id, error = %e, "cannot encode job to {what}; it will be redelivered");
+            false
         }
     }
+}
+
+/// Puts a copy of a job back on its pool topic (attempt unchanged), to be read again.
+pub(super) async fn requeue(sh: &Shared, job: &JobSubmitted) -> bool {
+    produce_job(sh, &sh.cfg.pool_topic(sh.pool), job, "requeue").await
 }
 
 /// Puts a job back on the dependency retry topic, attempt unchanged, due at `at`.
@@ -251,8 +260,8 @@ async fn publish_result(sh: &Shared, result: &JobResult, job: &JobSubmitted) -> 
     let bytes = match codec::encode_result(result) {
         Ok(b) => b,
         Err(e) => {
-            tracing::error!(job_id = %result.job_id, error = %e, "cannot encode result");
-            return true;
+            tracing::error!(job_id = %result.job_id, error = %e, "cannot encode result; the job will be redelivered");
+            return false;
         }
     };
     let topic = sh.cfg.results_topic();
@@ -431,7 +440,7 @@ async fn produce_dead_letter(cfg: &Config, producer: &FutureProducer, dl: &DeadL
 
 /// How long a write that must not fail (see `finish`) is retried: longer than a restart
 /// of the database, shorter than a stuck process should hold its partition's commits.
-const OUTAGE_RETRY: Duration = Duration::from_secs(180);
+pub(crate) const OUTAGE_RETRY: Duration = Duration::from_secs(180);
 
 /// Retries an I/O operation with backoff (capped at 5 s) for up to `OUTAGE_RETRY`.
 async fn retry_through_outage<T, E: std::fmt::Display, F, Fut>(mut f: F) -> Result<T, E>

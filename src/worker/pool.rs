@@ -171,6 +171,7 @@ pub async fn run(
             // Ahead of the job streams: under a flood those are always ready, and the
             // stats, tenant changes and fleet usage must not wait for the flood to end.
             _ = stats_tick.tick() => {
+                lp.expire_queued();
                 lp.publish_stats();
                 lp.log_state(&pauses);
             }
@@ -464,6 +465,28 @@ impl Loop {
     }
 
     /// A job that left the loop without running gives its flow unit back.
+    /// Queued jobs past their `not_after` expire now, without taking a slot (each still
+    /// passes the effectively-once check, which settles it).
+    fn expire_queued(&mut self) {
+        let now = now_ms();
+        let expired = self.dispatcher.drain_where(&mut |p: &Pending| p.job.not_after.is_some_and(|at| at < now));
+        for p in expired {
+            self.release_flow(&p.job);
+            metrics::counter!(m::JOBS_EXPIRED_QUEUED, "pool" => self.pool()).increment(1);
+            let (sh, tx) = (self.sh.clone(), self.done_tx.clone());
+            self.tasks.spawn(async move {
+                let ended = exec::expire_queued(sh, p.job, p.origin.clone()).await;
+                let _ = tx.send(Event::Done(Done {
+                    origin: p.origin,
+                    epoch: p.epoch,
+                    had_slot: false,
+                    ended,
+                    spill: p.spill,
+                }));
+            });
+        }
+    }
+
     fn release_flow(&mut self, job: &JobSubmitted) {
         if let Some((scope, _)) = self.sh.cfg.flow_scope(job) {
             self.gate.release(&scope);
@@ -698,12 +721,12 @@ impl Loop {
     }
 
     /// A new registry version: every added or changed tenant's policy goes to the
-    /// scheduler (queued jobs stay queued). A policy this worker cannot apply (e.g. more
-    /// reserved slots than it has) keeps the tenant's previous one, loudly.
+    /// scheduler (queued jobs stay queued). A reservation this pool cannot hold is left
+    /// out (the rest applies), loudly; any other refusal keeps the previous settings.
     fn apply_tenants(&mut self, set: Arc<TenantSet>) {
         for t in set.changed_since(&self.tenants) {
             if let Err(e) = self.dispatcher.set_tenant(&t.name, t.policy()) {
-                tracing::error!(pool = self.pool(), tenant = %t.name, error = %e, "cannot apply the tenant's new settings here; keeping its previous ones");
+                tracing::error!(pool = self.pool(), tenant = %t.name, error = %e, "cannot apply all of the tenant's new settings here");
                 metrics::counter!(m::TENANT_APPLY_FAILURES, "pool" => self.pool()).increment(1);
             }
         }
@@ -1024,20 +1047,49 @@ fn admit(sh: &Shared, bytes: &[u8]) -> Result<JobSubmitted, Rejection> {
     if let Err(why) = sh.tenants.admit(&job.tenant) {
         return bad(why);
     }
+    if let Err(why) = check_job(sh, &job) {
+        return bad(why);
+    }
+    Ok(job)
+}
+
+/// The checks of a decoded job besides its tenant's: its type and its payload's size.
+fn check_job(sh: &Shared, job: &JobSubmitted) -> Result<(), String> {
     if !sh.cfg.job_types.contains_key(&job.job_type) {
-        return bad(format!(
+        return Err(format!(
             "unknown job type {:?}; add [job_types.{}] to the config or fix the producer",
             job.job_type, job.job_type
         ));
     }
     if job.payload.len() > sh.cfg.worker.max_payload_bytes {
-        return bad(format!(
+        return Err(format!(
             "payload is {} bytes, above worker.max_payload_bytes = {}; store large inputs elsewhere and pass a reference",
             job.payload.len(),
             sh.cfg.worker.max_payload_bytes
         ));
     }
-    Ok(job)
+    Ok(())
+}
+
+/// A job refused for its tenant alone, whose tenant the registry has after all (added
+/// within this worker's last poll interval): a copy goes back on the pool topic, read
+/// again with the fresher view, instead of the DLQ. None: refuse it.
+async fn requeue_if_registered(sh: &Shared, job: &JobSubmitted) -> Option<bool> {
+    if uuid::Uuid::parse_str(&job.job_id).is_err() || check_job(sh, job).is_err() {
+        return None;
+    }
+    match sh.tenants.registered_after_all(&job.tenant).await {
+        Ok(true) => {
+            tracing::info!(job_id = %job.job_id, tenant = %job.tenant, "tenant registered after this worker's last registry read; job requeued");
+            Some(outcome::requeue(sh, job).await)
+        }
+        Ok(false) => None,
+        Err(e) => {
+            // Refusing on a view that may be stale would dead-letter a good job: hold it.
+            tracing::warn!(job_id = %job.job_id, error = %e, "cannot re-read the tenants registry; holding the job");
+            Some(false)
+        }
+    }
 }
 
 async fn reject(
@@ -1048,6 +1100,12 @@ async fn reject(
     reason: String,
     origin: &Origin,
 ) -> bool {
+    if let Some(requeued) = match &job {
+        Some(j) => requeue_if_registered(sh, j).await,
+        None => None,
+    } {
+        return requeued;
+    }
     tracing::warn!(pool = sh.pool.as_str(), topic = %origin.topic, partition = origin.partition, offset = origin.offset, %reason, "dead-lettering message");
     let raw = if job.is_none() { Some(raw) } else { None };
     let dl = outcome::dead_letter(

@@ -295,7 +295,8 @@ pub async fn promoter_loop(
     mut shutdown: watch::Receiver<bool>,
 ) {
     const LEASE_SECS: i32 = 10;
-    // Minute buckets not yet fully promoted; a new leader looks back a day.
+    // The first minute bucket not yet fully promoted; a new leader starts at the oldest
+    // bucket the index names, however old.
     let mut cursor: Option<i64> = None;
     let mut pace = Pace::new(cfg.worker.promoter_rate);
     let mut tick = tokio::time::interval(Duration::from_millis(250));
@@ -313,16 +314,19 @@ pub async fn promoter_loop(
         }
         let now = now_ms();
         let current = crate::store::schedule_bucket(now);
-        let from = cursor.unwrap_or(current - 24 * 60);
         let mut budget = pace.take(usize::MAX, now);
         let (mut all_done, mut oldest_left) = (true, None);
-        for bucket in from..=current {
+        for (bucket, indexed) in buckets_to_visit(&store, cursor, current).await {
             let pass = promote_bucket(&cfg, &producer, &store, bucket, now, &mut budget).await;
             all_done &= pass.all_done;
             oldest_left = oldest_left.or(pass.oldest_left);
             // Only buckets entirely in the past can be left behind for good.
             if all_done && bucket < current {
                 cursor = Some(bucket + 1);
+                let forget = if indexed { store.delete_scheduled_bucket(bucket).await } else { Ok(()) };
+                if let Err(e) = forget {
+                    tracing::debug!(error = %e, bucket, "could not forget a promoted bucket (visited again, empty)");
+                }
             }
             if budget == 0 && !pass.all_done {
                 break;
@@ -330,6 +334,29 @@ pub async fn promoter_loop(
         }
         metrics::gauge!(m::OLDEST_DUE_UNPROMOTED_AGE).set(promotion::oldest_due_age_secs(oldest_left, now_ms()));
     }
+}
+
+/// The buckets one promoter pass visits, oldest first, from `cursor` (a new leader:
+/// from the oldest the index names): those the `scheduled_buckets` index names (at most
+/// `INDEX_READ`; flagged true), and every minute of the last day (jobs parked before the
+/// index existed).
+async fn buckets_to_visit(store: &crate::store::Store, cursor: Option<i64>, current: i64) -> Vec<(i64, bool)> {
+    const INDEX_READ: usize = 1_000;
+    let recent = current - 24 * 60;
+    let indexed = match store.scheduled_buckets(cursor.unwrap_or(i64::MIN), current, INDEX_READ).await {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::warn!(error = %e, "promoter: cannot read the scheduled buckets index; only the last day is promoted this pass");
+            Vec::new()
+        }
+    };
+    // A full read may have left older indexed buckets out past its last: stop there, so
+    // the cursor never passes a bucket not visited.
+    let upto = if indexed.len() == INDEX_READ { *indexed.last().unwrap_or(&current) } else { current };
+    let walk_from = cursor.map_or(recent, |c| c.max(recent));
+    let mut all: std::collections::BTreeMap<i64, bool> = (walk_from..=upto).map(|b| (b, false)).collect();
+    all.extend(indexed.into_iter().map(|b| (b, true)));
+    all.into_iter().collect()
 }
 
 /// What one pass over a bucket left.

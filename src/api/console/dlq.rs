@@ -13,8 +13,8 @@ use crate::now_ms;
 use crate::replayer::{self, Listed, Progress, ReplayOptions, ReplayReport};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
-use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::response::{IntoResponse, Response};
+use axum::response::sse::Event;
+use axum::response::Response;
 use axum::Json;
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -306,5 +306,5 @@ pub(super) async fn progress(
         let done = v["done"] == true;
         Some((Ok::<_, Infallible>(Event::default().event("progress").data(v.to_string())), (rx, false, done)))
     });
-    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response())
+    Ok(crate::api::drain::sse(&st, stream))
 }

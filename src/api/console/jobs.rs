@@ -104,7 +104,8 @@ async fn search(st: &ApiState, v: &Viewer, q: &JobsQuery) -> Result<String, ApiE
 async fn detail(st: &ApiState, v: &Viewer, id: &str) -> Result<String, ApiError> {
     let Json(status) = job_status(State(st.clone()), v.caller.clone(), Path(id.to_string())).await?;
     let history = st.event_statements().await?.events(id, None).await.unwrap_or_default();
-    let checkpoint = st.store().checkpoint(id).await.ok().flatten().map(|c| c.len());
+    let generation = status["generation"].as_i64().unwrap_or(0);
+    let checkpoint = st.store().checkpoint(id, generation).await.ok().flatten().map(|c| c.len());
     let field = |k: &str| match &status[k] {
         serde_json::Value::Null => "–".to_string(),
         serde_json::Value::String(s) => esc(s),

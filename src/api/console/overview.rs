@@ -13,8 +13,8 @@ use crate::core::fleet::FleetStats;
 use crate::model::{JobEvent, Pool};
 use crate::now_ms;
 use axum::extract::State;
-use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::response::{IntoResponse, Response};
+use axum::response::sse::Event;
+use axum::response::Response;
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex, Weak};
@@ -160,11 +160,12 @@ pub(super) async fn page(State(st): State<ApiState>, v: Result<Viewer, ApiError>
 pub(super) async fn stream(State(st): State<ApiState>, v: Viewer) -> Response {
     let rx = st.console().live.samples(&st).await;
     let tenant = v.tenant().map(str::to_string);
+    let drain_state = st.clone();
     let stream = futures::stream::unfold((rx, st, tenant), |(mut rx, st, tenant)| async move {
         rx.changed().await.ok()?;
         let s = rx.borrow_and_update().clone();
         let data = st.console().live.view(&s, tenant.as_deref()).to_string();
         Some((Ok::<_, Infallible>(Event::default().event("sample").data(data)), (rx, st, tenant)))
     });
-    Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response()
+    crate::api::drain::sse(&drain_state, stream)
 }

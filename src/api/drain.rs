@@ -1,0 +1,43 @@
+//! Draining the API server (`fairway serve` on SIGTERM/SIGINT): it stops accepting
+//! connections, lets requests in flight finish, and ends every Server-Sent Events stream
+//! with a final `shutdown` event (clients reconnect to another server) instead of holding
+//! the shutdown open, all within the serve command's grace.
+
+use super::ApiState;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::{Stream, StreamExt};
+use std::convert::Infallible;
+use std::time::Duration;
+
+/// The SSE response for `stream`: keep-alive comments every 15 s, and a final `shutdown`
+/// event once the server drains, after which the stream ends.
+pub(crate) fn sse<S>(st: &ApiState, stream: S) -> Response
+where
+    S: Stream<Item = Result<Event, Infallible>> + Send + 'static,
+{
+    let draining = st.draining();
+    let ending = futures::stream::unfold((Box::pin(stream), draining, false), |(mut s, mut d, ended)| async move {
+        if ended {
+            return None;
+        }
+        enum Next {
+            Item(Option<Result<Event, Infallible>>),
+            Drain,
+        }
+        let next = tokio::select! {
+            biased;
+            _ = d.wait_for(|draining| *draining) => Next::Drain,
+            item = s.next() => Next::Item(item),
+        };
+        match next {
+            Next::Item(item) => item.map(|i| (i, (s, d, false))),
+            Next::Drain => {
+                let e =
+                    Event::default().event("shutdown").data(r#"{"reason":"the server is shutting down; reconnect"}"#);
+                Some((Ok(e), (s, d, true)))
+            }
+        }
+    });
+    Sse::new(ending).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response()
+}
