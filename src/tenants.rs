@@ -218,11 +218,14 @@ impl Follow {
                     continue;
                 }
             };
+            let started = crate::now_ms();
             let full_due = last_full.elapsed() >= FULL_RELOAD;
             if version == known && !full_due {
+                // Nothing new was bumped: a change's feed entry lands before its bump, so
+                // the next read may start here (less the overlap), not at the last read.
+                self.read_from = started - FEED_OVERLAP_MS;
                 continue;
             }
-            let started = crate::now_ms();
             let next = if full_due { None } else { self.feed(version, started).await };
             let next = match next {
                 Some(set) => set,
