@@ -107,9 +107,24 @@ pub struct RegistryConfig {
     /// `admit`: its first job registers it at `default_tier`.
     pub unknown_tenants: crate::core::tenants::UnknownTenants,
     pub default_tier: Tier,
+    /// Name patterns of free accounts that have no row (`"free-*"`): admitted at the free
+    /// tier's defaults whatever `unknown_tenants` says, never stored (a tenant with a row
+    /// of its own keeps its row's settings).
+    pub free_accounts: Vec<crate::core::tenants::AccountPattern>,
     /// How often each process checks the registry's version (a change shows within it).
     #[serde(with = "humantime_serde_compat")]
     pub poll_interval: Duration,
+}
+
+impl RegistryConfig {
+    /// What happens to a tenant without a row.
+    pub fn unregistered(&self) -> crate::core::tenants::Unregistered<'_> {
+        crate::core::tenants::Unregistered {
+            policy: self.unknown_tenants,
+            default_tier: self.default_tier,
+            free_accounts: &self.free_accounts,
+        }
+    }
 }
 
 impl Default for RegistryConfig {
@@ -117,6 +132,7 @@ impl Default for RegistryConfig {
         RegistryConfig {
             unknown_tenants: Default::default(),
             default_tier: Tier::Free,
+            free_accounts: Vec::new(),
             poll_interval: Duration::from_secs(1),
         }
     }

@@ -1,20 +1,47 @@
 //! The tenants registry, live: tenants and their limits are rows in the store (pure rules
 //! in `core::tenants`, statements in `store::tenants`). Each process keeps a current
-//! [`TenantSet`] in a watch channel: it polls the registry's version counter every
-//! `registry.poll_interval` and reloads the rows when the counter moved (and every 30 s
-//! regardless), so a change made by `fairway tenants ...` or the admin API reaches every
-//! worker and API process within about a second, without a restart.
+//! [`TenantSet`] in a watch channel. It loads every row once at start (paged), then polls
+//! the registry's version counter every `registry.poll_interval` and, when it moved,
+//! applies the change feed since it last looked (a few rows per change, whatever the
+//! number of tenants); every [`FULL_RELOAD`] it reloads every row as a safety net. A
+//! change made by `fairway tenants ...` or the admin API reaches every worker and API
+//! process within about a second, without a restart.
+//!
+//! Tenants admitted by policy are registered in the background, many per store write
+//! ([`Registrar`]): the job that met the tenant never waits for it.
 
 use crate::config::Config;
 use crate::core::tenants::{check_reservations, Admission, PoolRoom, TenantRecord, TenantSet};
 use crate::now_ms;
 use crate::store::{Store, StoreError, TenantStatements};
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 
-/// Reload everything at least this often, even if the version seems unchanged.
-const FULL_RELOAD: Duration = Duration::from_secs(30);
+/// Reload every row at least this often (the safety net behind the change feed).
+pub const FULL_RELOAD: Duration = Duration::from_secs(300);
+/// The feed is re-read from this long before the last read's start: a change stamped by
+/// a writer whose clock runs behind (or written slowly) by up to this much is not missed.
+const FEED_OVERLAP_MS: i64 = 5_000;
+/// Most tenants waiting to be registered per process; beyond it a tenant is registered
+/// on a later job of its own (it runs at the default tier meanwhile).
+const MAX_PENDING: usize = 10_000;
+/// Most tenants per registration pass.
+const REGISTER_PASS: usize = 1_000;
+
+/// What a process read from the registry (for benches and tests: it grows with changes,
+/// not with tenants, once started).
+#[derive(Debug, Default)]
+pub struct RegistryReads {
+    /// Full reloads of every row (start-up and the safety net).
+    pub full_reloads: AtomicU64,
+    /// Rows read by full reloads.
+    pub rows_read: AtomicU64,
+    /// Feed entries read.
+    pub changes_read: AtomicU64,
+}
 
 /// A process's live view of the registry.
 #[derive(Clone)]
@@ -24,15 +51,26 @@ pub struct LiveTenants {
     tx: Arc<watch::Sender<Arc<TenantSet>>>,
     stmts: TenantStatements,
     cfg: Arc<Config>,
-    /// Tenants this process is registering (each registered once, not once per job).
-    registering: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    registrar: Arc<Registrar>,
+    reads: Arc<RegistryReads>,
+}
+
+/// Tenants admitted by policy that this process is registering: each once, many per write.
+#[derive(Default)]
+struct Registrar {
+    /// Names queued or written and not yet seen in the registry (bounded by `MAX_PENDING`).
+    known: Mutex<HashSet<String>>,
+    queue: Mutex<Vec<TenantRecord>>,
+    wake: Notify,
 }
 
 impl LiveTenants {
-    /// Loads the registry and starts polling it until `shutdown`.
+    /// Loads the registry and starts following it (and registering) until `shutdown`.
     pub async fn start(cfg: Arc<Config>, store: &Store, shutdown: watch::Receiver<bool>) -> Result<Self, StoreError> {
         let stmts = store.tenant_statements().await?;
-        let first = load(&stmts).await?;
+        let reads = Arc::new(RegistryReads::default());
+        let loaded_at = now_ms();
+        let first = load(&stmts, &reads).await?;
         if first.tenants.is_empty() && !cfg.tenants.is_empty() {
             tracing::warn!(
                 configured = cfg.tenants.len(),
@@ -41,15 +79,18 @@ impl LiveTenants {
         }
         let (tx, rx) = watch::channel(Arc::new(first));
         let tx = Arc::new(tx);
-        tokio::spawn(poll(stmts.clone(), tx.clone(), cfg.registry.poll_interval, shutdown));
-        Ok(LiveTenants { rx, tx, stmts, cfg, registering: Default::default() })
+        let follow = Follow { stmts: stmts.clone(), tx: tx.clone(), reads: reads.clone(), read_from: loaded_at - FEED_OVERLAP_MS };
+        tokio::spawn(follow.run(cfg.registry.poll_interval, shutdown.clone()));
+        let live = LiveTenants { rx, tx, stmts, cfg, registrar: Default::default(), reads };
+        tokio::spawn(live.clone().register_in_background(shutdown));
+        Ok(live)
     }
 
     /// A miss: `tenant` is refused by this process's view, which may be up to a poll
     /// interval old. Reads the registry again (and publishes it if newer); true if the
     /// tenant is registered after all (a brand-new tenant), so its job must not be refused.
     pub async fn registered_after_all(&self, tenant: &str) -> Result<bool, StoreError> {
-        let set = load(&self.stmts).await?;
+        let set = load(&self.stmts, &self.reads).await?;
         let known = set.tenants.contains_key(tenant);
         publish(&self.tx, set);
         Ok(known)
@@ -63,56 +104,91 @@ impl LiveTenants {
         self.rx.clone()
     }
 
+    /// What this process has read from the registry so far.
+    pub fn reads(&self) -> &RegistryReads {
+        &self.reads
+    }
+
     /// How a job of `tenant` is admitted under the configured unknown-tenant policy.
-    /// The tenant's record, or a new one to register (admitted by policy), or why not.
+    /// The tenant's record (its row's, a free account's defaults, or a new one to
+    /// register), or why not.
     pub fn admission(&self, tenant: &str) -> Result<TenantRecord, String> {
-        let set = self.current();
-        let reg = &self.cfg.registry;
-        match set.admission(tenant, reg.unknown_tenants, reg.default_tier) {
+        match self.current().admission(tenant, self.cfg.registry.unregistered()) {
             Admission::Known(t) => Ok(t.clone()),
-            Admission::Register(t) => Ok(t),
+            Admission::Register(t) | Admission::Rowless(t) => Ok(t),
             Admission::Refused(why) => Err(why),
         }
     }
 
-    /// Admits a job's tenant: Ok if registered, or unknown and admitted by policy (then
-    /// registered in the background, once per process, while the job goes ahead);
-    /// Err with the reason and the fix otherwise. One registry read.
+    /// Admits a job's tenant: Ok if registered, a row-less free account, or unknown and
+    /// admitted by policy (then queued for registration, once per process, while the job
+    /// goes ahead); Err with the reason and the fix otherwise. No store access.
     pub fn admit(&self, tenant: &str) -> Result<TenantRecord, String> {
-        let set = self.current();
-        let reg = &self.cfg.registry;
-        match set.admission(tenant, reg.unknown_tenants, reg.default_tier) {
+        match self.current().admission(tenant, self.cfg.registry.unregistered()) {
             Admission::Known(t) => Ok(t.clone()),
+            Admission::Rowless(t) => Ok(t),
             Admission::Refused(why) => Err(why),
             Admission::Register(t) => {
-                let (live, rec) = (self.clone(), t.clone());
-                tokio::spawn(async move {
-                    if let Err(e) = live.register(&rec).await {
-                        tracing::warn!(tenant = %rec.name, error = %e, "cannot register an admitted tenant yet");
-                    }
-                });
+                self.queue_registration(&t);
                 Ok(t)
             }
         }
     }
 
-    /// Registers a tenant admitted by policy (no-op if someone registered it meanwhile).
-    pub async fn register(&self, t: &TenantRecord) -> Result<(), StoreError> {
-        if self.current().tenants.contains_key(&t.name) {
-            return Ok(());
+    fn queue_registration(&self, t: &TenantRecord) {
+        let r = &self.registrar;
+        {
+            let mut known = r.known.lock().expect("registrar");
+            if known.len() >= MAX_PENDING || !known.insert(t.name.clone()) {
+                return;
+            }
         }
-        if !self.registering.lock().expect("registering").insert(t.name.clone()) {
-            return Ok(());
+        r.queue.lock().expect("registrar").push(t.clone());
+        r.wake.notify_one();
+    }
+
+    /// Registers what [`LiveTenants::admit`] queued, up to `REGISTER_PASS` per write pass.
+    async fn register_in_background(self, mut shutdown: watch::Receiver<bool>) {
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = self.registrar.wake.notified() => {}
+            }
+            // Let a burst of new tenants gather into one pass.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            loop {
+                let batch: Vec<TenantRecord> = {
+                    let mut q = self.registrar.queue.lock().expect("registrar");
+                    let n = q.len().min(REGISTER_PASS);
+                    q.drain(..n).collect()
+                };
+                if batch.is_empty() {
+                    break;
+                }
+                self.register_pass(batch).await;
+            }
+            let set = self.current();
+            self.registrar.known.lock().expect("registrar").retain(|n| !set.tenants.contains_key(n));
         }
-        let res = self.stmts.add(t, now_ms()).await;
-        if !matches!(res, Ok(true) | Ok(false)) {
-            // Failed: let a later job try again.
-            self.registering.lock().expect("registering").remove(&t.name);
+    }
+
+    async fn register_pass(&self, batch: Vec<TenantRecord>) {
+        let set = self.current();
+        let todo: Vec<TenantRecord> = batch.into_iter().filter(|t| !set.tenants.contains_key(&t.name)).collect();
+        match self.stmts.register(&todo, now_ms()).await {
+            Ok(()) if !todo.is_empty() => {
+                tracing::info!(tenants = todo.len(), tier = %todo[0].tier, "registered unknown tenants by policy")
+            }
+            Ok(()) => {}
+            Err(e) => {
+                // Let a later job of each try again.
+                tracing::warn!(tenants = todo.len(), error = %e, "cannot register admitted tenants yet");
+                let mut known = self.registrar.known.lock().expect("registrar");
+                for t in &todo {
+                    known.remove(&t.name);
+                }
+            }
         }
-        if res? {
-            tracing::info!(tenant = %t.name, tier = %t.tier, "registered an unknown tenant by policy");
-        }
-        Ok(())
     }
 
     pub fn statements(&self) -> &TenantStatements {
@@ -120,57 +196,97 @@ impl LiveTenants {
     }
 }
 
-async fn load(stmts: &TenantStatements) -> Result<TenantSet, StoreError> {
+async fn load(stmts: &TenantStatements, reads: &RegistryReads) -> Result<TenantSet, StoreError> {
     // Read the version first: a change landing between the two reads shows as a newer
     // version on the next poll, never as an old version over new rows.
     let version = stmts.version().await?;
     let tenants = stmts.list().await?;
+    reads.full_reloads.fetch_add(1, Ordering::Relaxed);
+    reads.rows_read.fetch_add(tenants.len() as u64, Ordering::Relaxed);
     Ok(TenantSet { version, tenants })
 }
 
-/// Publishes `set` unless the current view is the same or newer (the poller and a
+/// Publishes `set` unless the current view is the same or newer (the follower and a
 /// reload on a miss may race).
 fn publish(tx: &watch::Sender<Arc<TenantSet>>, set: TenantSet) {
     tx.send_if_modified(|cur| {
         if set.version < cur.version || **cur == set {
             return false;
         }
-        tracing::info!(version = set.version, tenants = set.tenants.len(), "tenants registry changed");
+        tracing::debug!(version = set.version, tenants = set.tenants.len(), "tenants registry changed");
         *cur = Arc::new(set);
         true
     });
 }
 
-async fn poll(
+/// Follows the registry: the version counter, then the feed, and the full reload.
+struct Follow {
     stmts: TenantStatements,
     tx: Arc<watch::Sender<Arc<TenantSet>>>,
-    every: Duration,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let mut last_full = Instant::now();
-    loop {
-        tokio::select! {
-            _ = shutdown.changed() => return,
-            _ = tokio::time::sleep(every) => {}
-        }
-        let known = tx.borrow().version;
-        let moved = match stmts.version().await {
-            Ok(v) => v != known,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the tenants registry version; keeping the current tenants");
+    reads: Arc<RegistryReads>,
+    /// Where the next feed read starts (writers' clock, ms).
+    read_from: i64,
+}
+
+impl Follow {
+    async fn run(mut self, every: Duration, mut shutdown: watch::Receiver<bool>) {
+        let mut last_full = Instant::now();
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tokio::time::sleep(every) => {}
+            }
+            let known = self.tx.borrow().version;
+            let version = match self.stmts.version().await {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the tenants registry version; keeping the current tenants");
+                    continue;
+                }
+            };
+            let started = crate::now_ms();
+            let full_due = last_full.elapsed() >= FULL_RELOAD;
+            if version == known && !full_due {
+                // Nothing new was bumped: a change's feed entry lands before its bump, so
+                // the next read may start here (less the overlap), not at the last read.
+                self.read_from = started - FEED_OVERLAP_MS;
                 continue;
             }
-        };
-        if !moved && last_full.elapsed() < FULL_RELOAD {
-            continue;
+            let next = if full_due { None } else { self.feed(version, started).await };
+            let next = match next {
+                Some(set) => set,
+                None => match load(&self.stmts, &self.reads).await {
+                    Ok(set) => {
+                        last_full = Instant::now();
+                        set
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot reload the tenants registry; keeping the current tenants");
+                        continue;
+                    }
+                },
+            };
+            self.read_from = started - FEED_OVERLAP_MS;
+            publish(&self.tx, next);
         }
-        match load(&stmts).await {
-            Ok(set) => {
-                last_full = Instant::now();
-                publish(&tx, set);
+    }
+
+    /// The current set with the feed's changes since the last read applied, at
+    /// `version`; None when the feed cannot say (too far behind, unreadable).
+    async fn feed(&self, version: i64, now: i64) -> Option<TenantSet> {
+        let changes = match self.stmts.changes_since(self.read_from, now).await {
+            Ok(Some(c)) => c,
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the tenants registry's changes; reloading every tenant");
+                return None;
             }
-            Err(e) => tracing::warn!(error = %e, "cannot reload the tenants registry; keeping the current tenants"),
-        }
+        };
+        self.reads.changes_read.fetch_add(changes.len() as u64, Ordering::Relaxed);
+        let mut set = TenantSet::clone(&self.tx.borrow());
+        set.apply(&changes);
+        set.version = version;
+        Some(set)
     }
 }
 

@@ -135,6 +135,6 @@ pub(super) async fn update(
 pub async fn remove(_: Admin, State(st): State<ApiState>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
     let reg = registry(&st)?;
     existing(reg, &name).await?;
-    reg.remove(&name).await.map_err(store_error)?;
+    reg.remove(&name, now_ms()).await.map_err(store_error)?;
     Ok(StatusCode::NO_CONTENT)
 }

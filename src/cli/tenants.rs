@@ -178,7 +178,7 @@ pub async fn run(cfg: &Config, a: TenantsArgs) -> anyhow::Result<ExitCode> {
         TenantsCmd::Resume(a) => change(cfg, &stmts, &a.name, |t| t.suspended = false).await?,
         TenantsCmd::Remove(a) => {
             existing(&stmts, &a.name).await?;
-            stmts.remove(&a.name).await?;
+            stmts.remove(&a.name, now_ms()).await?;
             println!("removed tenant {}", a.name);
         }
         TenantsCmd::List(a) => list(&stmts, a.json).await?,

@@ -702,6 +702,14 @@ impl<J> Scheduler<J> {
         &self.cfg
     }
 
+    /// The policy in force for a tenant (the default one if never set).
+    pub fn tenant_policy(&self, tenant: &str) -> TenantPolicy {
+        match self.index.get(tenant) {
+            Some(&t) => self.tenants[t as usize].policy.clone(),
+            None => TenantPolicy::unconfigured(&self.cfg, tenant),
+        }
+    }
+
     // ----- the loop's calls ------------------------------------------------------------
 
     /// Queues a job. Unknown tenants get `default_tenant`'s policy. Refused (payload
@@ -1091,7 +1099,8 @@ impl<J> Scheduler<J> {
     fn create(&mut self, name: &str) -> u32 {
         let t = self.tenants.len() as u32;
         let name: Arc<str> = Arc::from(name);
-        let free = self.cfg.default_tenant.tier == Tier::Free;
+        let default = TenantPolicy::unconfigured(&self.cfg, &name);
+        let free = default.tier == Tier::Free;
         self.tenants.push(Tenant {
             name: name.clone(),
             policy: TenantPolicy::default(),
@@ -1125,7 +1134,6 @@ impl<J> Scheduler<J> {
             own_est: HashMap::new(),
         });
         self.index.insert(name, t);
-        let default = self.cfg.default_tenant.clone();
         self.apply(t, default);
         t
     }

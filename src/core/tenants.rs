@@ -207,17 +207,108 @@ pub enum Admission<'a> {
     Known(&'a TenantRecord),
     /// Unknown, admitted by policy: register this record, then run the job.
     Register(TenantRecord),
+    /// A row-less account (its name matches `registry.free_accounts`): the free tier's
+    /// defaults, never stored.
+    Rowless(TenantRecord),
     /// Unknown and refused: why, and how to fix it.
     Refused(String),
 }
 
+/// What happens to tenants without a row (`[registry]`): the policy, the tier they get,
+/// and the names that are free accounts by pattern.
+#[derive(Debug, Clone, Copy)]
+pub struct Unregistered<'a> {
+    pub policy: UnknownTenants,
+    pub default_tier: Tier,
+    pub free_accounts: &'a [AccountPattern],
+}
+
+/// A tenant-name pattern of row-less free accounts (`registry.free_accounts`): letters,
+/// digits, '_', '-', '.' and `*`, which matches any run of characters (`"free-*"`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct AccountPattern(String);
+
+impl TryFrom<String> for AccountPattern {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        let literal = s.replace('*', "");
+        let ok = !s.is_empty() && s.len() <= 128 && (literal.is_empty() || valid_name(&literal)) && s != "*";
+        if !ok {
+            return Err(format!(
+                "registry.free_accounts: {s:?} is not a pattern of letters, digits, '_', '-', '.' and '*' \
+                 (e.g. \"free-*\"; a lone \"*\" is refused: use unknown_tenants = \"admit\" with default_tier = \"free\")"
+            ));
+        }
+        Ok(AccountPattern(s))
+    }
+}
+
+impl From<AccountPattern> for String {
+    fn from(p: AccountPattern) -> String {
+        p.0
+    }
+}
+
+impl AccountPattern {
+    /// Whether `name` matches (`*` = any run of characters, possibly empty).
+    pub fn matches(&self, name: &str) -> bool {
+        let parts: Vec<&str> = self.0.split('*').collect();
+        let (first, last) = (parts[0], parts[parts.len() - 1]);
+        if parts.len() == 1 {
+            return name == first;
+        }
+        if name.len() < first.len() + last.len() || !name.starts_with(first) || !name.ends_with(last) {
+            return false;
+        }
+        let mut rest = &name[first.len()..name.len() - last.len()];
+        for mid in &parts[1..parts.len() - 1] {
+            match rest.find(mid) {
+                Some(i) => rest = &rest[i + mid.len()..],
+                None => return false,
+            }
+        }
+        true
+    }
+
+    /// Whether any of `patterns` matches `name`.
+    pub fn any(patterns: &[AccountPattern], name: &str) -> bool {
+        patterns.iter().any(|p| p.matches(name))
+    }
+}
+
+/// One entry of the registry's change feed (`tenant_changes`): what happened to one
+/// tenant, at the writer's clock. Processes apply the feed instead of reloading rows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TenantChange {
+    pub at: i64,
+    pub name: String,
+    pub kind: ChangeKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangeKind {
+    /// An operator's add or set: the tenant's whole record from now on.
+    Put(TenantRecord),
+    /// Registered by policy: counts only where the tenant is unknown (the row is written
+    /// under an operator's changes, so it never overrides one).
+    Register(TenantRecord),
+    Removed,
+}
+
 impl TenantSet {
-    pub fn admission(&self, tenant: &str, unknown: UnknownTenants, default_tier: Tier) -> Admission<'_> {
+    pub fn admission(&self, tenant: &str, rules: Unregistered<'_>) -> Admission<'_> {
         if let Some(t) = self.tenants.get(tenant) {
             return Admission::Known(t);
         }
-        match unknown {
-            UnknownTenants::Admit if valid_name(tenant) => Admission::Register(TenantRecord::new(tenant, default_tier)),
+        if AccountPattern::any(rules.free_accounts, tenant) && valid_name(tenant) {
+            return Admission::Rowless(TenantRecord::new(tenant, Tier::Free));
+        }
+        match rules.policy {
+            UnknownTenants::Admit if valid_name(tenant) => {
+                Admission::Register(TenantRecord::new(tenant, rules.default_tier))
+            }
             UnknownTenants::Admit => Admission::Refused(format!(
                 "tenant name {tenant:?} is not valid (1 to 128 letters, digits, '_', '-', '.'); fix the producer"
             )),
@@ -231,6 +322,30 @@ impl TenantSet {
     /// Tenants added or changed from `old` to `self` (what a scheduler must re-apply).
     pub fn changed_since<'a>(&'a self, old: &TenantSet) -> Vec<&'a TenantRecord> {
         self.tenants.values().filter(|t| old.tenants.get(&t.name) != Some(*t)).collect()
+    }
+
+    /// Applies feed entries in (time, name) order; true if the set changed. Applying a
+    /// window of the feed again (readers re-read a few seconds of overlap) changes nothing.
+    pub fn apply(&mut self, changes: &[TenantChange]) -> bool {
+        let mut ordered: Vec<&TenantChange> = changes.iter().collect();
+        ordered.sort_by(|a, b| (a.at, &a.name).cmp(&(b.at, &b.name)));
+        // Each touched tenant's record before: the set changed if any differs after.
+        let mut before: BTreeMap<&str, Option<TenantRecord>> = BTreeMap::new();
+        for c in ordered {
+            before.entry(c.name.as_str()).or_insert_with(|| self.tenants.get(&c.name).cloned());
+            match &c.kind {
+                ChangeKind::Put(t) => {
+                    self.tenants.insert(c.name.clone(), t.clone());
+                }
+                ChangeKind::Register(t) => {
+                    self.tenants.entry(c.name.clone()).or_insert_with(|| t.clone());
+                }
+                ChangeKind::Removed => {
+                    self.tenants.remove(&c.name);
+                }
+            }
+        }
+        before.into_iter().any(|(name, was)| self.tenants.get(name) != was.as_ref())
     }
 }
 
@@ -298,16 +413,17 @@ mod tests {
     fn unknown_tenants_are_refused_or_registered_by_policy() {
         let mut set = TenantSet::default();
         set.tenants.insert("acme".into(), TenantRecord::new("acme", Tier::Pro));
-        assert!(matches!(set.admission("acme", UnknownTenants::Reject, Tier::Free), Admission::Known(_)));
-        match set.admission("newco", UnknownTenants::Reject, Tier::Free) {
+        let rules = |policy| Unregistered { policy, default_tier: Tier::Free, free_accounts: &[] };
+        assert!(matches!(set.admission("acme", rules(UnknownTenants::Reject)), Admission::Known(_)));
+        match set.admission("newco", rules(UnknownTenants::Reject)) {
             Admission::Refused(why) => assert!(why.contains("fairway tenants add newco"), "{why}"),
             other => panic!("{other:?}"),
         }
-        match set.admission("newco", UnknownTenants::Admit, Tier::Free) {
+        match set.admission("newco", rules(UnknownTenants::Admit)) {
             Admission::Register(r) => assert_eq!((r.name.as_str(), r.tier), ("newco", Tier::Free)),
             other => panic!("{other:?}"),
         }
-        assert!(matches!(set.admission("bad name", UnknownTenants::Admit, Tier::Free), Admission::Refused(_)));
+        assert!(matches!(set.admission("bad name", rules(UnknownTenants::Admit)), Admission::Refused(_)));
     }
 
     #[test]
@@ -320,5 +436,46 @@ mod tests {
         b.tenants.insert("z".into(), TenantRecord::new("z", Tier::Free));
         let names: Vec<&str> = b.changed_since(&a).iter().map(|t| t.name.as_str()).collect();
         assert_eq!(names, ["y", "z"]);
+    }
+
+    #[test]
+    fn free_accounts_by_pattern_are_admitted_rowless_whatever_the_policy() {
+        let mut set = TenantSet::default();
+        set.tenants.insert("free-vip".into(), TenantRecord::new("free-vip", Tier::Pro));
+        let pats: Vec<AccountPattern> =
+            ["free-*", "*.trial", "a*b*c"].iter().map(|p| AccountPattern::try_from(p.to_string()).unwrap()).collect();
+        let rules = Unregistered { policy: UnknownTenants::Reject, default_tier: Tier::Standard, free_accounts: &pats };
+        match set.admission("free-42", rules) {
+            Admission::Rowless(r) => assert_eq!(r.tier, Tier::Free),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(set.admission("free-vip", rules), Admission::Known(t) if t.tier == Tier::Pro));
+        assert!(matches!(set.admission("x.trial", rules), Admission::Rowless(_)));
+        assert!(matches!(set.admission("aXbYc", rules), Admission::Rowless(_)));
+        assert!(matches!(set.admission("acb", rules), Admission::Refused(_)));
+        assert!(matches!(set.admission("free", rules), Admission::Refused(_)));
+        for bad in ["", "*", "free *", "x/y*"] {
+            let e = AccountPattern::try_from(bad.to_string()).unwrap_err();
+            assert!(e.contains("registry.free_accounts"), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_change_feed_applies_in_order_and_registrations_never_override() {
+        let rec = |tier| TenantRecord::new("x", tier);
+        let ch = |at, kind| TenantChange { at, name: "x".into(), kind };
+        let feed = vec![
+            ch(3, ChangeKind::Register(rec(Tier::Free))),
+            ch(1, ChangeKind::Put(rec(Tier::Pro))),
+            ch(2, ChangeKind::Put(rec(Tier::Enterprise))),
+        ];
+        let mut set = TenantSet::default();
+        assert!(set.apply(&feed));
+        assert_eq!(set.tenants["x"].tier, Tier::Enterprise, "the latest put wins; the registration does not");
+        assert!(!set.apply(&feed), "re-applying an overlapping window changes nothing");
+        assert!(set.apply(&[ch(4, ChangeKind::Removed)]));
+        assert!(set.tenants.is_empty());
+        assert!(set.apply(&[ch(5, ChangeKind::Register(rec(Tier::Free)))]));
+        assert_eq!(set.tenants["x"].tier, Tier::Free);
     }
 }

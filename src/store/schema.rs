@@ -90,8 +90,15 @@ pub const TABLES: &[(&str, &str)] = &[
          reserved_slots int, max_queued int, suspended boolean, labels map<text, text>, updated_at bigint, \
          PRIMARY KEY (scope, name))",
     ),
-    // Bumped by every registry change; processes poll it and reload when it moves.
+    // Bumped by every registry change; processes poll it and then read the change feed.
     ("registry_versions", "(scope text PRIMARY KEY, version counter)"),
+    // The registry's change feed (`core::tenants::TenantChange` as JSON) per deployment
+    // and minute, rows with a 1 h TTL: processes apply the changes since they last looked
+    // instead of re-reading every tenant.
+    (
+        "tenant_changes",
+        "(scope text, bucket bigint, at bigint, name text, change text, PRIMARY KEY ((scope, bucket), at, name))",
+    ),
     // Each live worker's scheduler snapshot per pool (JSON, short TTL): `fairway stats` / `top`.
     ("worker_stats", "(pool text, worker text, at bigint, stats text, PRIMARY KEY (pool, worker))"),
     // HTTP API keys per deployment (topic prefix): the SHA-256 of each key's secret,

@@ -159,6 +159,7 @@ impl<J> Fair<J> {
         sc.fast_lanes = pc.fast_lanes_for(pool);
         sc.fast_lane_max_cost_ms = pc.fast_lane_max_estimate().as_millis() as f64;
         sc.default_tenant = TenantPolicy::tier(cfg.registry.default_tier);
+        sc.free_accounts = cfg.registry.free_accounts.clone();
         let mut inner = Scheduler::new(pool, sc).map_err(|e| format!("pools.{pool}: {e}"))?;
         // Registry content never stops a worker from starting: what fits is applied,
         // the rest reported (log and metric).

@@ -125,6 +125,15 @@ pub struct TenantPolicy {
 }
 
 impl TenantPolicy {
+    /// The policy of a tenant never configured with `set_tenant` (see `default_tenant`).
+    pub fn unconfigured(cfg: &super::SchedulerConfig, name: &str) -> Self {
+        if crate::core::tenants::AccountPattern::any(&cfg.free_accounts, name) {
+            TenantPolicy::tier(Tier::Free)
+        } else {
+            cfg.default_tenant.clone()
+        }
+    }
+
     pub fn tier(tier: Tier) -> Self {
         TenantPolicy { tier, ..Default::default() }
     }
@@ -170,8 +179,10 @@ pub struct SchedulerConfig {
     pub max_fleet_lead_ms: f64,
     /// Half-life (ms) of the "actual share" window in stats.
     pub stats_half_life_ms: f64,
-    /// Policy of tenants never configured with `set_tenant`.
+    /// Policy of tenants never configured with `set_tenant`...
     pub default_tenant: TenantPolicy,
+    /// ...except row-less free accounts (names matching one of these): the free tier's.
+    pub free_accounts: Vec<crate::core::tenants::AccountPattern>,
     /// Job types tracked for cost estimates; further types use `default_cost_ms`.
     pub max_job_types: usize,
     /// Extra lanes beyond `slots`, used only when every shared slot is busy, and only by
@@ -218,6 +229,7 @@ impl SchedulerConfig {
             max_fleet_lead_ms: 60.0 * default_cost_ms,
             stats_half_life_ms: 60_000.0,
             default_tenant: TenantPolicy::default(),
+            free_accounts: Vec::new(),
             max_job_types: 10_000,
             fast_lanes: 0,
             fast_lane_max_cost_ms: default_cost_ms,

@@ -886,3 +886,16 @@ fn each_tenant_is_charged_its_own_run_times_of_a_shared_job_type() {
     s.enqueue("fast", "render", Priority::Normal, 0, t).unwrap();
     assert_eq!(s.next(t).unwrap().estimated_ms, 10.0, "charged its own estimate up front");
 }
+
+#[test]
+fn free_accounts_by_pattern_get_the_free_tier_not_the_default() {
+    let mut c = cfg(4);
+    c.default_tenant = policy(Tier::Standard);
+    c.free_accounts = vec![crate::core::tenants::AccountPattern::try_from("free-*".to_string()).unwrap()];
+    let mut s: Scheduler<u32> = Scheduler::new(Pool::Medium, c).unwrap();
+    s.enqueue("free-1", "x", Priority::Normal, 1, T0).unwrap();
+    s.enqueue("walkin", "x", Priority::Normal, 2, T0).unwrap();
+    assert_eq!(s.tenant_policy("free-1").tier, Tier::Free);
+    assert_eq!(s.tenant_policy("free-2").tier, Tier::Free, "before its first job too");
+    assert_eq!(s.tenant_policy("walkin").tier, Tier::Standard);
+}
