@@ -9,6 +9,7 @@
 //! | `DELETE /v1/jobs/{id}`   | 202 cooperative cancel requested; 409 already finished |
 //! | `GET /v1/jobs/{id}/events` | the job's event history; `?follow=1`: Server-Sent Events until it ends ([`events`]) |
 //! | `GET /v1/events?follow=1` | Server-Sent Events of the caller's tenant |
+//! | `/v1/schedules[/{name}]` | recurring schedules ([`schedules`]) |
 //! | `GET /healthz`           | 200 `ok` (no key needed) |
 //! | `GET /console`           | the operator console (HTML; API key or login form; see [`console`]) |
 //!
@@ -27,6 +28,7 @@ pub mod auth;
 pub mod console;
 mod error;
 mod events;
+mod schedules;
 
 pub use auth::{Admin, Caller};
 pub use error::{codes, retry_after_secs, ApiError, JOB_FIELDS};
@@ -88,6 +90,8 @@ struct Inner {
     feed: Option<crate::events::Feed>,
     /// The operator console's sessions, live sampler and replays.
     console: console::Console,
+    /// Recurring schedules' statements (prepared on first use).
+    schedules: tokio::sync::OnceCell<crate::schedules::Schedules>,
 }
 
 impl Inner {
@@ -112,6 +116,7 @@ impl Inner {
             event_stmts: Default::default(),
             feed: None,
             console: Default::default(),
+            schedules: Default::default(),
         }
     }
 }
@@ -246,6 +251,12 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/jobs/{id}", get(job_status).delete(cancel_job))
         .route("/v1/jobs/{id}/events", get(events::job_events))
         .route("/v1/events", get(events::tenant_events))
+        .route("/v1/schedules", get(schedules::list).post(schedules::add))
+        .route(
+            "/v1/schedules/{name}",
+            get(schedules::get_one).put(schedules::replace).delete(schedules::remove).post(schedules::action),
+        )
+        .route("/v1/admin/schedules", get(schedules::list_all))
         .route("/v1/admin/tenants", get(admin::list).post(admin::add))
         .route("/v1/admin/tenants/{name}", axum::routing::put(admin::replace).delete(admin::remove).post(admin::action))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth::require_caller));
@@ -289,7 +300,8 @@ fn method_label(m: &Method) -> &'static str {
 }
 
 const ENDPOINTS: &str = "POST /v1/jobs, POST /v1/jobs:batch, GET /v1/jobs/{id}, DELETE /v1/jobs/{id}, \
-     GET /v1/jobs/{id}/events[?follow=1], GET /v1/events?follow=1, GET /healthz, GET /console \
+     GET /v1/jobs/{id}/events[?follow=1], GET /v1/events?follow=1, GET|POST /v1/schedules, \
+     GET|PUT|DELETE /v1/schedules/{name}, GET /healthz, GET /console \
      (GET /metrics is on the metrics listener, api.metrics_listen)";
 
 async fn no_route(method: Method, uri: axum::http::Uri) -> ApiError {
@@ -422,7 +434,9 @@ async fn submit_one(
     record_owners(&st, std::iter::once((s.job_id.as_str(), job.tenant.as_str()))).await;
     count_submitted(&s);
     let location = format!("/v1/jobs/{}", s.job_id);
-    Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(submitted_json(&s))).into_response())
+    // Joined a job that exists (unique key held, debounce window open): 200 with its id.
+    let status = if s.joined { StatusCode::OK } else { StatusCode::CREATED };
+    Ok((status, [(header::LOCATION, location)], Json(submitted_json(&s))).into_response())
 }
 
 async fn submit_batch(
