@@ -290,7 +290,9 @@ impl Timing {
     }
 
     fn next_cron(&self, cron: &croner::Cron, tz: &Tz, t: Millis) -> Option<Millis> {
-        let mut local = Utc.timestamp_millis_opt(local_ms(tz, t)).single()?;
+        // Whole seconds: the cron crate steps from the given time by one second, keeping
+        // its milliseconds.
+        let mut local = Utc.timestamp_millis_opt(local_ms(tz, t).div_euclid(1000) * 1000).single()?;
         for _ in 0..MAX_STEPS {
             let cand = cron.find_next_occurrence(&local, false).ok()?;
             let at = instant_of(tz, cand.timestamp_millis())?;
