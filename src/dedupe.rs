@@ -51,7 +51,10 @@ pub fn check(job: &NewJob) -> Result<(), SubmitError> {
         }
         Debounce::of(job)?;
     } else if job.debounce_delay.is_some() || job.debounce_max_delay.is_some() || job.debounce_mode.is_some() {
-        return Err(invalid("debounce_key", "debounce_delay, debounce_max_delay and debounce_mode need a debounce_key"));
+        return Err(invalid(
+            "debounce_key",
+            "debounce_delay, debounce_max_delay and debounce_mode need a debounce_key",
+        ));
     }
     Ok(())
 }
@@ -73,7 +76,9 @@ impl<'a> UniqueClaim<'a> {
     fn window_of(job: &NewJob) -> Result<Option<Millis>, SubmitError> {
         let window = duration("unique_window", &job.unique_window)?;
         match (job.unique_scope.unwrap_or_default(), window) {
-            (UniqueScope::Window, None) => Err(invalid("unique_window", "scope `window` needs a unique_window, e.g. \"10m\"")),
+            (UniqueScope::Window, None) => {
+                Err(invalid("unique_window", "scope `window` needs a unique_window, e.g. \"10m\""))
+            }
             (UniqueScope::Window, Some(w)) if !(1_000..=MAX_UNIQUE_WINDOW_MS).contains(&w) => {
                 Err(invalid("unique_window", "between 1s and 30 days"))
             }
@@ -87,7 +92,12 @@ impl<'a> UniqueClaim<'a> {
         let key = job.unique_key.as_deref().ok_or_else(|| invalid("unique_key", "missing"))?;
         let ttl_ms = Self::window_of(job)?.unwrap_or(cfg.retention.results.as_millis() as Millis);
         let ttl_secs = (ttl_ms / 1000).clamp(1, i32::MAX as i64) as i32;
-        Ok(UniqueClaim { tenant: &job.tenant, key: unique_claim_key(key), scope: job.unique_scope.unwrap_or_default(), ttl_secs })
+        Ok(UniqueClaim {
+            tenant: &job.tenant,
+            key: unique_claim_key(key),
+            scope: job.unique_scope.unwrap_or_default(),
+            ttl_secs,
+        })
     }
 
     /// Claims the key for `job_id`: None when claimed (submit it), else the holder's answer.
@@ -120,7 +130,10 @@ impl<'a> UniqueClaim<'a> {
                 }
             }
         }
-        Err(SubmitError::Invalid { field: "unique_key", message: "contended by many submissions at once; retry".into() })
+        Err(SubmitError::Invalid {
+            field: "unique_key",
+            message: "contended by many submissions at once; retry".into(),
+        })
     }
 }
 

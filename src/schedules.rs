@@ -23,7 +23,9 @@ pub enum ScheduleError {
     Template(String),
     #[error("tenant {tenant:?} already has a schedule {name:?}; change it with `set` (PUT) or remove it first")]
     Exists { tenant: String, name: String },
-    #[error("tenant {tenant:?} has no schedule {name:?}; `fairway schedules list --tenant {tenant}` shows its schedules")]
+    #[error(
+        "tenant {tenant:?} has no schedule {name:?}; `fairway schedules list --tenant {tenant}` shows its schedules"
+    )]
     NotFound { tenant: String, name: String },
     #[error("{0}")]
     TooMany(String),
@@ -67,7 +69,11 @@ impl Schedule {
     }
 
     pub fn listed(&self) -> Listed {
-        let next = if self.row.paused { Vec::new() } else { self.timing().map(|t| t.upcoming(self.row.next_fire_at, UPCOMING)).unwrap_or_default() };
+        let next = if self.row.paused {
+            Vec::new()
+        } else {
+            self.timing().map(|t| t.upcoming(self.row.next_fire_at, UPCOMING)).unwrap_or_default()
+        };
         Listed {
             spec: self.spec.clone(),
             id: self.row.id.clone(),

@@ -160,7 +160,15 @@ impl Submitter {
             .as_ref()
             .filter(|_| cfg.classifier.enabled)
             .map(|s| crate::classifier::PoolClasses::new(cfg.clone(), s.clone()));
-        Ok(Submitter { cfg, producer, store, tenants: None, events: Default::default(), classes, debounces: Default::default() })
+        Ok(Submitter {
+            cfg,
+            producer,
+            store,
+            tenants: None,
+            events: Default::default(),
+            classes,
+            debounces: Default::default(),
+        })
     }
 
     /// Checks tenants against the live registry instead of the config file's list.
@@ -276,7 +284,8 @@ impl Submitter {
                 tracing::warn!(job_id, error = %d, "could not take back the row of a job whose produce failed");
             }
         }
-        let keys = job.idempotency_key.iter().cloned().chain(job.unique_key.as_deref().map(crate::dedupe::unique_claim_key));
+        let keys =
+            job.idempotency_key.iter().cloned().chain(job.unique_key.as_deref().map(crate::dedupe::unique_claim_key));
         for key in keys {
             if let Err(r) = stmts.release_key(&job.tenant, &key, job_id).await {
                 tracing::warn!(

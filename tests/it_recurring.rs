@@ -30,7 +30,11 @@ fn spec(name: &str) -> ScheduleSpec {
 }
 
 /// First-attempt records on the short pool topic, by job id (read until `done`).
-async fn pool_records(cfg: &Config, timeout: Duration, done: impl FnMut(&[JobSubmitted]) -> bool) -> HashMap<String, usize> {
+async fn pool_records(
+    cfg: &Config,
+    timeout: Duration,
+    done: impl FnMut(&[JobSubmitted]) -> bool,
+) -> HashMap<String, usize> {
     let recs = common::read_until(
         cfg,
         &cfg.pool_topic(Pool::Short),
@@ -53,7 +57,8 @@ async fn promoter_pid(cfg: &Config, store: &Store) -> Option<u32> {
     let res = store.session().query_unpaged(cql, (name,)).await.ok()?;
     let rows = res.into_rows_result().ok()?;
     let (holder,) = rows.maybe_first_row::<(Option<String>,)>().ok()??;
-    let parts: Vec<&str> = holder?.rsplitn(3, '-').collect();
+    let holder = holder?;
+    let parts: Vec<&str> = holder.rsplitn(3, '-').collect();
     parts.get(1)?.parse().ok()
 }
 
@@ -62,7 +67,7 @@ async fn a_cron_every_2s_fires_one_job_per_tick_across_three_workers_and_a_leade
     let cfg = common::arc(common::config(""));
     common::init(&cfg).await;
     let dir = tempfile::tempdir().unwrap();
-    let file = common::config_file(&cfg, "", dir.path());
+    let file = common::config_file(&cfg, "[job_types.echo]\npool = \"short\"\nhandler = \"echo\"\n", dir.path());
     let mut fleet = common::spawn_fleet(&file, 3);
     let (store, sch) = schedules(&cfg).await;
     let added = sch
@@ -72,7 +77,14 @@ async fn a_cron_every_2s_fires_one_job_per_tick_across_three_workers_and_a_leade
     let first = added.next_fires[0];
     // Let it fire a few ticks, then kill the promoter's leader (SIGKILL: its lease lapses).
     tokio::time::sleep(Duration::from_secs(6)).await;
-    let pid = promoter_pid(&cfg, &store).await.expect("a worker holds the promoter lease");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let pid = loop {
+        match promoter_pid(&cfg, &store).await {
+            Some(pid) => break pid,
+            None if tokio::time::Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(200)).await,
+            None => panic!("no worker holds the promoter lease"),
+        }
+    };
     let leader = fleet.iter_mut().position(|w| w.child.id() == pid).expect("the leader is one of the fleet");
     let mut killed = fleet.remove(leader);
     killed.signal("KILL", Duration::from_secs(10));
@@ -191,9 +203,7 @@ async fn unique_keys_and_debounce_hold_across_two_api_processes() {
     assert_eq!(s, StatusCode::CREATED, "{w1}");
     // Debounce: five submissions over both APIs within the delay fold into one job, run
     // with the last payload, about 2 s after the last one.
-    let debounced = |n: i32| {
-        json!({"tenant": "acme", "job_type": "echo", "payload": {"n": n}, "debounce_key": "d", "debounce_delay": "2s"})
-    };
+    let debounced = |n: i32| json!({"tenant": "acme", "job_type": "echo", "payload": {"n": n}, "debounce_key": "d", "debounce_delay": "2s"});
     let (s, d1) = apis.submit(0, &debounced(0)).await;
     assert_eq!(s, StatusCode::CREATED, "{d1}");
     for n in 1..5 {

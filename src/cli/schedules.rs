@@ -206,7 +206,13 @@ fn time(ms: Millis) -> String {
 
 fn describe(s: &Listed) -> String {
     let next: Vec<String> = s.next_fires.iter().map(|t| time(*t)).collect();
-    let next = if s.paused { "paused".to_string() } else if next.is_empty() { "no more fires".into() } else { next.join(", ") };
+    let next = if s.paused {
+        "paused".to_string()
+    } else if next.is_empty() {
+        "no more fires".into()
+    } else {
+        next.join(", ")
+    };
     format!("{}, type {}, next {next}", when(s), s.spec.job_type)
 }
 

@@ -200,7 +200,10 @@ impl ScheduleSpec {
         };
         if let (Some(s), Some(e)) = (self.start_at, self.end_at) {
             if e < s {
-                return Err(bad("end_at", format!("end_at ({e}) is before start_at ({s}): the schedule would never fire")));
+                return Err(bad(
+                    "end_at",
+                    format!("end_at ({e}) is before start_at ({s}): the schedule would never fire"),
+                ));
             }
         }
         let jitter_ms = match &self.jitter {

@@ -51,8 +51,9 @@ impl Store {
             async move { prepare_statement(&session, cql, what, lwt).await }
         };
         let key = "WHERE scope = ? AND tenant = ? AND key = ?";
-        let mut list = prep(format!("SELECT {COLUMNS} FROM {ks}.debounces WHERE scope = ?"), "prepare list debounces", false)
-            .await?;
+        let mut list =
+            prep(format!("SELECT {COLUMNS} FROM {ks}.debounces WHERE scope = ?"), "prepare list debounces", false)
+                .await?;
         list.set_page_size(1000);
         Ok(DebounceStatements {
             session: self.session.clone(),
@@ -91,8 +92,11 @@ fn to_row((tenant, key, window_id, first_at, due_at, rev, job): Row) -> Debounce
 impl DebounceStatements {
     /// The open window of (tenant, key), if any.
     pub async fn get(&self, tenant: &str, key: &str) -> Result<Option<DebounceRow>, StoreError> {
-        let res =
-            self.session.execute_unpaged(&self.get, (self.scope.as_str(), tenant, key)).await.map_err(q("get debounce"))?;
+        let res = self
+            .session
+            .execute_unpaged(&self.get, (self.scope.as_str(), tenant, key))
+            .await
+            .map_err(q("get debounce"))?;
         let rows = res.into_rows_result().map_err(q("get debounce"))?;
         Ok(rows.maybe_first_row::<Row>().map_err(q("get debounce"))?.map(to_row))
     }
@@ -114,7 +118,15 @@ impl DebounceStatements {
 
     /// Moves an open window's due time and job, if its revision is still `from_rev`.
     pub async fn extend(&self, r: &DebounceRow, from_rev: &str) -> Result<bool, StoreError> {
-        let v = (r.due_at, r.rev.as_str(), r.job.as_slice(), self.scope.as_str(), r.tenant.as_str(), r.key.as_str(), from_rev);
+        let v = (
+            r.due_at,
+            r.rev.as_str(),
+            r.job.as_slice(),
+            self.scope.as_str(),
+            r.tenant.as_str(),
+            r.key.as_str(),
+            from_rev,
+        );
         applied(self.session.execute_unpaged(&self.extend, v).await.map_err(q("extend debounce"))?)
     }
 

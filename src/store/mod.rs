@@ -342,7 +342,9 @@ impl Store {
             )
             .await?,
             lease_renew: prep(
-                format!("UPDATE {ks}.leases USING TTL ? SET expires_at = ? WHERE name = ? IF holder = ?"),
+                // `holder` is written again so its TTL is renewed too (else it expires one TTL after
+                // the lease was taken, and nobody holds it until `expires_at` lapses as well).
+                format!("UPDATE {ks}.leases USING TTL ? SET holder = ?, expires_at = ? WHERE name = ? IF holder = ?"),
                 "prepare lease_renew",
             )
             .await?,
@@ -541,7 +543,7 @@ impl Store {
         }
         let res = self
             .session
-            .execute_unpaged(&self.prepared.lease_renew, (ttl_secs, expires, name, holder))
+            .execute_unpaged(&self.prepared.lease_renew, (ttl_secs, holder, expires, name, holder))
             .await
             .map_err(q("renew lease"))?;
         applied(res)

@@ -136,7 +136,15 @@ impl ScheduleStatements {
     /// (removed, or removed and added again).
     pub async fn replace(&self, r: &ScheduleRow) -> Result<bool, StoreError> {
         let next = r.next_fire_at.unwrap_or(NEVER);
-        let v = (r.spec.as_str(), next, r.updated_at, self.scope.as_str(), r.tenant.as_str(), r.name.as_str(), r.id.as_str());
+        let v = (
+            r.spec.as_str(),
+            next,
+            r.updated_at,
+            self.scope.as_str(),
+            r.tenant.as_str(),
+            r.name.as_str(),
+            r.id.as_str(),
+        );
         applied(self.session.execute_unpaged(&self.replace, v).await.map_err(q("replace schedule"))?)
     }
 
@@ -148,7 +156,13 @@ impl ScheduleStatements {
     }
 
     /// Moves the cursor from `from` to `to`; false if it is no longer at `from`.
-    pub async fn advance(&self, tenant: &str, name: &str, from: Millis, to: Option<Millis>) -> Result<bool, StoreError> {
+    pub async fn advance(
+        &self,
+        tenant: &str,
+        name: &str,
+        from: Millis,
+        to: Option<Millis>,
+    ) -> Result<bool, StoreError> {
         let v = (to.unwrap_or(NEVER), self.scope.as_str(), tenant, name, from);
         applied(self.session.execute_unpaged(&self.advance, v).await.map_err(q("advance schedule"))?)
     }

@@ -16,7 +16,8 @@ fn cron(expr: &str, tz: Option<&str>) -> Timing {
 }
 
 fn every(every: &str, created_at: Millis) -> Timing {
-    let spec = ScheduleSpec { name: "s".into(), job_type: "echo".into(), every: Some(every.into()), ..Default::default() };
+    let spec =
+        ScheduleSpec { name: "s".into(), job_type: "echo".into(), every: Some(every.into()), ..Default::default() };
     spec.timing("id-1", created_at).expect("valid")
 }
 
@@ -120,7 +121,10 @@ fn catch_up_policies_after_a_stop() {
     // all: every one, oldest first, `limit` per pass; the cursor resumes after them.
     let all = mk(CatchUp::All);
     let p = all.due(cursor, now, 4);
-    assert_eq!(p.fires.iter().map(|f| f.at).collect::<Vec<_>>(), (0..4).map(|i| cursor + i * 60_000).collect::<Vec<_>>());
+    assert_eq!(
+        p.fires.iter().map(|f| f.at).collect::<Vec<_>>(),
+        (0..4).map(|i| cursor + i * 60_000).collect::<Vec<_>>()
+    );
     assert_eq!(p.cursor, Some(cursor + 4 * 60_000));
     let p = all.due(p.cursor.unwrap(), now, 100);
     assert_eq!(p.fires.len(), 7, "the other 7 of the 11");
