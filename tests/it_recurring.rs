@@ -190,7 +190,10 @@ async fn unique_keys_and_debounce_hold_across_two_api_processes() {
     common::init(&cfg).await;
     let apis = TwoApis::start(&cfg).await;
     // Unique, queued or running: while the first job waits, both APIs answer with it (200).
-    let unique = json!({"tenant": "acme", "job_type": "echo", "payload": {"u": 1}, "unique_key": "report-7"});
+    // Keys of this run (idempotency and unique keys are per tenant, and tests share the keyspace).
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let unique =
+        json!({"tenant": "acme", "job_type": "echo", "payload": {"u": 1}, "unique_key": format!("report-{run}")});
     let (s, first) = apis.submit(0, &unique).await;
     assert_eq!(s, StatusCode::CREATED, "{first}");
     let answers = futures::future::join_all((0..8).map(|i| apis.submit(i, &unique))).await;
@@ -198,7 +201,7 @@ async fn unique_keys_and_debounce_hold_across_two_api_processes() {
         assert_eq!((*s, id(v)), (StatusCode::OK, id(&first)), "{v}");
     }
     // Window scope: holds even after its job finished.
-    let windowed = json!({"tenant": "acme", "job_type": "echo", "unique_key": "w", "unique_scope": "window", "unique_window": "1h"});
+    let windowed = json!({"tenant": "acme", "job_type": "echo", "unique_key": format!("w-{run}"), "unique_scope": "window", "unique_window": "1h"});
     let (s, w1) = apis.submit(1, &windowed).await;
     assert_eq!(s, StatusCode::CREATED, "{w1}");
     // Debounce: five submissions over both APIs within the delay fold into one job, run
