@@ -16,6 +16,8 @@
 //!                 `process` jobs' limits and exit verdicts (`core::limits`), the
 //!                 per-(tenant, pool) recycling cap (`core::recycling`), the stuck-job
 //!                 rule (`core::stuck`).
+//!                 recurring schedules' fire times, DST and catch-up (`core::recurring`),
+//!                 unique-key scopes and debounce windows (`core::unique`).
 //!                 `now` is an argument.
 //! - `kafka`     – the Kafka edge (only module importing rdkafka); `kafka::Pauses` keeps a
 //!   consumer's partition pauses in step with librdkafka across rebalances.
@@ -43,6 +45,11 @@
 //!                 (rules: `core::classifier`, tables: `store::classifier`, measuring and
 //!                 deciding: `worker::classifier`).
 //! - `tenants`   – the live tenants registry (store rows, polled; rules in `core::tenants`).
+//! - `dedupe`    – unique jobs (`unique_key` + scope) and debounce (`debounce_key` + delay),
+//!                 the submission side (rules: `core::unique`, windows: `store::debounce`).
+//! - `schedules` – recurring schedules, the management shell of `fairway schedules` and the
+//!                 API (rules: `core::recurring`, rows: `store::schedules`, firing by the
+//!                 promoter's leader: `worker::schedules`).
 //! - `replayer`  – the I/O shell of `fairway replay` (decisions: `core::replay`): dead
 //!                 letters / retry records back to their pool.
 //! - `rerunner`  – the I/O shell of `fairway rerun` (decisions: `core::rerun`): "rerun
@@ -64,6 +71,7 @@ pub mod codec;
 pub mod config;
 pub mod core;
 pub mod cqlbridge;
+pub mod dedupe;
 pub mod events;
 pub mod handlers;
 pub mod kafka;
@@ -72,6 +80,7 @@ pub mod model;
 pub mod probes;
 pub mod replayer;
 pub mod rerunner;
+pub mod schedules;
 pub mod store;
 pub mod submit;
 pub mod telemetry;

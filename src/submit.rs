@@ -36,6 +36,9 @@ pub enum SubmitError {
     BadTraceContext(String),
     #[error("{0}")]
     BadFlowKey(String),
+    /// A unique or debounce field: the field and how to fix it.
+    #[error("field `{field}`: {message}")]
+    Invalid { field: &'static str, message: String },
     #[error(transparent)]
     Kafka(#[from] kafka::KafkaError),
     #[error(transparent)]
@@ -79,6 +82,31 @@ pub struct NewJob {
     /// limits; the front door's per-user rate limit is keyed by it too (`crate::admission`).
     #[serde(default)]
     pub flow_key: Option<String>,
+    /// Unique job (`core::unique`): while the job holding this key is in `unique_scope`,
+    /// a submission with the key returns that job's id instead of a new job.
+    #[serde(default)]
+    pub unique_key: Option<String>,
+    /// `queued`, `queued_or_running` (default) or `window` (with `unique_window`).
+    #[serde(default)]
+    pub unique_scope: Option<crate::core::unique::UniqueScope>,
+    /// How long a `window` key holds, e.g. "10m".
+    #[serde(default)]
+    pub unique_window: Option<String>,
+    /// Debounce (`core::unique`): submissions with this key fold into one job that runs
+    /// `debounce_delay` after the last of them (at most `debounce_max_delay` after the first).
+    #[serde(default)]
+    pub debounce_key: Option<String>,
+    #[serde(default)]
+    pub debounce_delay: Option<String>,
+    #[serde(default)]
+    pub debounce_max_delay: Option<String>,
+    /// `replace` (default: the job runs with the last payload) or `keep_first`.
+    #[serde(default)]
+    pub debounce_mode: Option<crate::core::unique::DebounceMode>,
+    /// The job id to use instead of a new one: set by the promoter for a schedule's fire
+    /// (derived from the schedule and the fire time), never read from users' input.
+    #[serde(skip)]
+    pub job_id: Option<String>,
 }
 
 impl NewJob {
@@ -101,6 +129,9 @@ pub struct Submitted {
     /// For a duplicate: the original job's row (state, and result when finished), when
     /// the store has it.
     pub original: Option<JobRow>,
+    /// The submission joined a job that exists (its `unique_key` is held, or its debounce
+    /// window is open): `job_id` is that job's; the HTTP API answers 200, not 201.
+    pub joined: bool,
 }
 
 pub struct Submitter {
@@ -113,6 +144,8 @@ pub struct Submitter {
     events: tokio::sync::OnceCell<EventStatements>,
     /// The pool classifier's decisions (with a store and the classifier on).
     classes: Option<crate::classifier::PoolClasses>,
+    /// Statements of debounce windows (prepared on first use).
+    debounces: tokio::sync::OnceCell<crate::store::DebounceStatements>,
 }
 
 /// Longest a produce can take before it either failed or its job's row exists
@@ -127,7 +160,15 @@ impl Submitter {
             .as_ref()
             .filter(|_| cfg.classifier.enabled)
             .map(|s| crate::classifier::PoolClasses::new(cfg.clone(), s.clone()));
-        Ok(Submitter { cfg, producer, store, tenants: None, events: Default::default(), classes })
+        Ok(Submitter {
+            cfg,
+            producer,
+            store,
+            tenants: None,
+            events: Default::default(),
+            classes,
+            debounces: Default::default(),
+        })
     }
 
     /// Checks tenants against the live registry instead of the config file's list.
@@ -170,15 +211,53 @@ impl Submitter {
         self.refresh_classes().await;
         let payload = job.payload_bytes();
         let pool = self.validate(job, payload.len())?;
-        let job_id = uuid::Uuid::now_v7().to_string();
+        let job_id = job.job_id.clone().unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
         let now = now_ms();
         let stmts = self.statements().await?;
+        if (job.unique_key.is_some() || job.debounce_key.is_some()) && stmts.is_none() {
+            return Err(SubmitError::Invalid {
+                field: if job.unique_key.is_some() { "unique_key" } else { "debounce_key" },
+                message: "needs the store (submit through the HTTP API or `fairway submit`)".into(),
+            });
+        }
         if let (Some(key), Some(stmts)) = (&job.idempotency_key, stmts) {
             if let Some(dup) = self.claim(stmts, &job.tenant, key, &job_id, now, pool).await? {
                 return Ok(dup);
             }
         }
-        let mut rec = JobSubmitted {
+        let mut rec = self.record(job, job_id.clone(), pool, payload, now);
+        if let (Some(key), Some(store)) = (&job.debounce_key, &self.store) {
+            let d = crate::dedupe::Debounce::of(job)?;
+            return crate::dedupe::debounce(store, &self.debounces, key, &d, &mut rec, now).await;
+        }
+        if let (Some(_), Some(stmts), Some(store)) = (&job.unique_key, stmts, &self.store) {
+            let claim = crate::dedupe::UniqueClaim::of(&self.cfg, job)?;
+            if let Some(dup) = claim.claim(stmts, store, &job_id, now, pool, MAX_PRODUCE_MS).await? {
+                return Ok(dup);
+            }
+        }
+        // With span export on, the job carries its `send` span's context from here on.
+        let span = crate::telemetry::submit(&rec, &self.cfg.pool_topic(pool), now);
+        if let Some(tp) = span.as_ref().and_then(crate::telemetry::Live::traceparent) {
+            rec.traceparent = Some(tp);
+        }
+        let (produced, written) = tokio::join!(self.produce(&rec), self.put_submitted(stmts, &rec, pool, now));
+        if let Some(span) = span {
+            span.end(now_ms(), produced.as_ref().err().map(ToString::to_string).as_deref(), Vec::new());
+        }
+        if let Err(e) = produced {
+            // Never queued: take back what says it was, so a retry submits afresh.
+            if let Some(stmts) = stmts {
+                self.take_back(stmts, job, &job_id, written, now).await;
+            }
+            return Err(e);
+        }
+        Ok(Submitted { job_id, duplicate: false, pool, original: None, joined: false })
+    }
+
+    /// The record a submission produces (jitter applied to a far `execute_at`).
+    fn record(&self, job: &NewJob, job_id: String, pool: Pool, payload: Vec<u8>, now: Millis) -> JobSubmitted {
+        JobSubmitted {
             pool: Some(pool),
             priority: job.priority,
             idempotency_key: job.idempotency_key.clone(),
@@ -194,39 +273,29 @@ impl Submitter {
             ),
             tracestate: job.tracestate.clone(),
             flow_key: job.flow_key.clone(),
-            ..JobSubmitted::original(job_id.clone(), job.tenant.clone(), job.job_type.clone(), payload, now)
-        };
-        // With span export on, the job carries its `send` span's context from here on.
-        let span = crate::telemetry::submit(&rec, &self.cfg.pool_topic(pool), now);
-        if let Some(tp) = span.as_ref().and_then(crate::telemetry::Live::traceparent) {
-            rec.traceparent = Some(tp);
+            ..JobSubmitted::original(job_id, job.tenant.clone(), job.job_type.clone(), payload, now)
         }
-        let (produced, written) = tokio::join!(self.produce(&rec), self.put_submitted(stmts, &rec, pool, now));
-        if let Some(span) = span {
-            span.end(now_ms(), produced.as_ref().err().map(ToString::to_string).as_deref(), Vec::new());
-        }
-        if let Err(e) = produced {
-            // Never queued: take back what says it was, so a retry submits afresh.
-            if let Some(stmts) = stmts {
-                if written {
-                    if let Err(d) = stmts.delete_submitted(&job_id, now).await {
-                        tracing::warn!(job_id, error = %d, "could not take back the row of a job whose produce failed");
-                    }
-                }
-                if let Some(key) = &job.idempotency_key {
-                    if let Err(r) = stmts.release_key(&job.tenant, key, &job_id).await {
-                        tracing::warn!(
-                            job_id, error = %r,
-                            "could not release the idempotency key of a job whose produce failed; a retry after \
-                             {} s takes it over",
-                            MAX_PRODUCE_MS / 1000
-                        );
-                    }
-                }
+    }
+
+    /// Takes back the row and the keys of a job whose produce failed.
+    async fn take_back(&self, stmts: &EventStatements, job: &NewJob, job_id: &str, written: bool, now: Millis) {
+        if written {
+            if let Err(d) = stmts.delete_submitted(job_id, now).await {
+                tracing::warn!(job_id, error = %d, "could not take back the row of a job whose produce failed");
             }
-            return Err(e);
         }
-        Ok(Submitted { job_id, duplicate: false, pool, original: None })
+        let keys =
+            job.idempotency_key.iter().cloned().chain(job.unique_key.as_deref().map(crate::dedupe::unique_claim_key));
+        for key in keys {
+            if let Err(r) = stmts.release_key(&job.tenant, &key, job_id).await {
+                tracing::warn!(
+                    job_id, error = %r,
+                    "could not release the idempotency or unique key of a job whose produce failed; a retry after \
+                     {} s takes it over",
+                    MAX_PRODUCE_MS / 1000
+                );
+            }
+        }
     }
 
     /// Claims `key` for `job_id`: None when claimed (submit), else the answer to give.
@@ -250,7 +319,7 @@ impl Submitter {
         match taken_key(row.is_some(), at, now, MAX_PRODUCE_MS) {
             TakenKey::Duplicate | TakenKey::Pending => {
                 let pool = row.as_ref().and_then(|r| r.pool.as_deref()?.parse().ok()).unwrap_or(pool);
-                Ok(Some(Submitted { job_id: held, duplicate: true, pool, original: row }))
+                Ok(Some(Submitted { job_id: held, duplicate: true, pool, original: row, joined: false }))
             }
             TakenKey::Orphaned => {
                 if stmts.take_over_key(tenant, key, &held, job_id, now, window).await? {
@@ -262,7 +331,7 @@ impl Submitter {
                     IdempotencyClaim::Claimed => Ok(None),
                     IdempotencyClaim::Held { job_id: other, .. } => {
                         let row = store.job_direct(&other).await?;
-                        Ok(Some(Submitted { job_id: other, duplicate: true, pool, original: row }))
+                        Ok(Some(Submitted { job_id: other, duplicate: true, pool, original: row, joined: false }))
                     }
                 }
             }
@@ -348,7 +417,7 @@ pub fn validate(cfg: &Config, job: &NewJob, payload_len: usize) -> Result<Pool, 
 }
 
 /// Everything but the tenant: job type, payload size, times.
-fn validate_job(cfg: &Config, job: &NewJob, payload_len: usize) -> Result<Pool, SubmitError> {
+pub(crate) fn validate_job(cfg: &Config, job: &NewJob, payload_len: usize) -> Result<Pool, SubmitError> {
     let Some(jt) = cfg.job_types.get(&job.job_type) else {
         let known: Vec<&str> = cfg.job_types.keys().map(String::as_str).collect();
         return Err(SubmitError::UnknownJobType(job.job_type.clone(), known.join(", ")));
@@ -375,6 +444,7 @@ fn validate_job(cfg: &Config, job: &NewJob, payload_len: usize) -> Result<Pool, 
     if let Some(key) = &job.flow_key {
         crate::core::flow::check_key(key).map_err(SubmitError::BadFlowKey)?;
     }
+    crate::dedupe::check(job)?;
     Ok(job.pool.unwrap_or(jt.pool))
 }
 

@@ -48,7 +48,7 @@ pub mod codes {
 
 /// The fields a job object accepts, quoted in error messages.
 pub const JOB_FIELDS: &str =
-    "tenant, job_type, payload, priority (urgent|normal|low), pool (short|medium|long), idempotency_key, execute_at, not_after (epoch ms), flow_key";
+    "tenant, job_type, payload, priority (urgent|normal|low), pool (short|medium|long), idempotency_key, execute_at, not_after (epoch ms), flow_key, unique_key, unique_scope, unique_window, debounce_key, debounce_delay, debounce_max_delay, debounce_mode";
 
 /// Seconds a client refused for a full queue is told to wait (the queue drains at the
 /// workers' pace, which the front door does not know).
@@ -217,6 +217,7 @@ impl From<SubmitError> for ApiError {
             SubmitError::NeverRunnable { .. } => (StatusCode::UNPROCESSABLE_ENTITY, codes::NEVER_RUNNABLE),
             SubmitError::BadTraceContext(_) => (StatusCode::BAD_REQUEST, codes::BAD_TRACE_CONTEXT),
             SubmitError::BadFlowKey(_) => (StatusCode::BAD_REQUEST, codes::BAD_FLOW_KEY),
+            SubmitError::Invalid { .. } => (StatusCode::UNPROCESSABLE_ENTITY, codes::INVALID_JOB),
             SubmitError::Kafka(_) => (StatusCode::SERVICE_UNAVAILABLE, codes::KAFKA_UNAVAILABLE),
             SubmitError::Store(_) => (StatusCode::SERVICE_UNAVAILABLE, codes::STORE_UNAVAILABLE),
             SubmitError::Codec(_) => (StatusCode::INTERNAL_SERVER_ERROR, codes::INTERNAL),

@@ -9,6 +9,7 @@
 //! | `DELETE /v1/jobs/{id}`   | 202 cooperative cancel requested; 409 already finished |
 //! | `GET /v1/jobs/{id}/events` | the job's event history; `?follow=1`: Server-Sent Events until it ends ([`events`]) |
 //! | `GET /v1/events?follow=1` | Server-Sent Events of the caller's tenant |
+//! | `/v1/schedules[/{name}]` | recurring schedules ([`schedules`]) |
 //! | `GET /healthz`           | 200 `ok` (no key needed) |
 //! | `GET /console`           | the operator console (HTML; API key or login form; see [`console`]) |
 //!
@@ -28,6 +29,7 @@ pub mod console;
 mod drain;
 mod error;
 mod events;
+mod schedules;
 
 pub use auth::{Admin, Caller};
 pub use error::{codes, retry_after_secs, ApiError, JOB_FIELDS};
@@ -91,6 +93,8 @@ struct Inner {
     console: console::Console,
     /// Set once the server drains: SSE streams end with a final event ([`drain`]).
     draining: tokio::sync::watch::Sender<bool>,
+    /// Recurring schedules' statements (prepared on first use).
+    schedules: tokio::sync::OnceCell<crate::schedules::Schedules>,
 }
 
 impl Inner {
@@ -116,6 +120,7 @@ impl Inner {
             feed: None,
             console: Default::default(),
             draining: tokio::sync::watch::Sender::new(false),
+            schedules: Default::default(),
         }
     }
 }
@@ -275,6 +280,12 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/jobs/{id}", get(job_status).delete(cancel_job))
         .route("/v1/jobs/{id}/events", get(events::job_events))
         .route("/v1/events", get(events::tenant_events))
+        .route("/v1/schedules", get(schedules::list).post(schedules::add))
+        .route(
+            "/v1/schedules/{name}",
+            get(schedules::get_one).put(schedules::replace).delete(schedules::remove).post(schedules::action),
+        )
+        .route("/v1/admin/schedules", get(schedules::list_all))
         .route("/v1/admin/tenants", get(admin::list).post(admin::add))
         .route("/v1/admin/tenants/{name}", axum::routing::put(admin::replace).delete(admin::remove).post(admin::action))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth::require_caller));
@@ -320,7 +331,8 @@ fn method_label(m: &Method) -> &'static str {
 }
 
 const ENDPOINTS: &str = "POST /v1/jobs, POST /v1/jobs:batch, GET /v1/jobs/{id}, DELETE /v1/jobs/{id}, \
-     GET /v1/jobs/{id}/events[?follow=1], GET /v1/events?follow=1, GET /healthz, GET /console \
+     GET /v1/jobs/{id}/events[?follow=1], GET /v1/events?follow=1, GET|POST /v1/schedules, \
+     GET|PUT|DELETE /v1/schedules/{name}, GET /healthz, GET /console \
      (GET /metrics is on the metrics listener, api.metrics_listen)";
 
 async fn no_route(method: Method, uri: axum::http::Uri) -> ApiError {
@@ -453,7 +465,9 @@ async fn submit_one(
     record_owners(&st, std::iter::once((s.job_id.as_str(), job.tenant.as_str()))).await;
     count_submitted(&s);
     let location = format!("/v1/jobs/{}", s.job_id);
-    Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(submitted_json(&s))).into_response())
+    // Joined a job that exists (unique key held, debounce window open): 200 with its id.
+    let status = if s.joined { StatusCode::OK } else { StatusCode::CREATED };
+    Ok((status, [(header::LOCATION, location)], Json(submitted_json(&s))).into_response())
 }
 
 async fn submit_batch(

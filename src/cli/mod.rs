@@ -13,6 +13,7 @@ mod keys;
 mod ops;
 mod replay;
 mod rerun;
+mod schedules;
 mod serve;
 mod stats;
 mod tenants;
@@ -107,6 +108,8 @@ pub enum Cmd {
     Bench(bench::BenchArgs),
     /// The live tenants registry: add, set, list, suspend, resume, remove.
     Tenants(tenants::TenantsArgs),
+    /// Recurring schedules per tenant: add, set, list (next fire times), pause, resume, remove.
+    Schedules(schedules::SchedulesArgs),
     /// HTTP API keys: create (per tenant or admin), list, revoke.
     Keys(keys::KeysArgs),
     /// Protocol-v4 bridge in front of a local Cassandra 2.1 (used by scripts/services).
@@ -170,5 +173,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Stats(a) => stats::stats(g.load()?, a).await,
         Cmd::Top(a) => stats::top(g.load()?, a).await,
         Cmd::Tenants(a) => tenants::run(&*g.load()?, a).await,
+        Cmd::Schedules(a) => schedules::run(&*g.load()?, a).await,
     }
 }

@@ -205,6 +205,7 @@ pub async fn submit(cfg: &Arc<Config>, a: SubmitArgs) -> anyhow::Result<ExitCode
             // processes): a CI job or script that runs in a trace passes it on.
             traceparent: std::env::var("TRACEPARENT").ok(),
             tracestate: std::env::var("TRACESTATE").ok(),
+            ..Default::default()
         });
     }
     // The front door, as for the HTTP API: all jobs or none, before anything is written.

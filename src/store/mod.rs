@@ -7,10 +7,12 @@ mod admission;
 mod backlog;
 mod classifier;
 mod coalesce;
+mod debounce;
 mod events;
 mod keys;
 mod quota;
 mod rerun;
+mod schedules;
 mod schema;
 mod tenants;
 mod tls;
@@ -28,10 +30,12 @@ use std::sync::Arc;
 pub use admission::{AdmissionStatements, OutcomeCell};
 pub use backlog::{BacklogKey, BacklogStatements};
 pub use classifier::{ClassRow, ClassifierStatements, RunTimeCell};
+pub use debounce::{DebounceRow, DebounceStatements};
 pub use events::{EventStatements, IdempotencyClaim, Submitted as SubmittedRow, HISTORY_LIMIT};
 pub use keys::{ApiKeyRow, KeyStatements};
 pub use quota::QuotaStatements;
 pub use rerun::{JobFacts, RerunStatements, FACTS_CHUNK};
+pub use schedules::{ScheduleRow, ScheduleStatements};
 pub use schema::TABLES;
 pub use tenants::TenantStatements;
 
@@ -349,7 +353,9 @@ impl Store {
             )
             .await?,
             lease_renew: prep(
-                format!("UPDATE {ks}.leases USING TTL ? SET expires_at = ? WHERE name = ? IF holder = ?"),
+                // `holder` is written again so its TTL is renewed too (else it expires one TTL after
+                // the lease was taken, and nobody holds it until `expires_at` lapses as well).
+                format!("UPDATE {ks}.leases USING TTL ? SET holder = ?, expires_at = ? WHERE name = ? IF holder = ?"),
                 "prepare lease_renew",
             )
             .await?,
@@ -548,7 +554,7 @@ impl Store {
         }
         let res = self
             .session
-            .execute_unpaged(&self.prepared.lease_renew, (ttl_secs, expires, name, holder))
+            .execute_unpaged(&self.prepared.lease_renew, (ttl_secs, holder, expires, name, holder))
             .await
             .map_err(q("renew lease"))?;
         applied(res)

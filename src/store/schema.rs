@@ -146,6 +146,20 @@ pub const TABLES: &[(&str, &str)] = &[
         "(scope text, job_type text, pool text, since bigint, sticky_until bigint, reason text, \
          PRIMARY KEY (scope, job_type))",
     ),
+    // Recurring schedules per deployment (`crate::schedules`): the definition as JSON,
+    // paused or not, and the first fire not yet submitted (moved by LWT).
+    (
+        "schedules",
+        "(scope text, tenant text, name text, id text, spec text, paused boolean, next_fire_at bigint, \
+         created_at bigint, updated_at bigint, PRIMARY KEY ((scope), tenant, name))",
+    ),
+    // Open debounce windows per deployment (`crate::dedupe`): the pending job, when the
+    // window opened and when its job is due, and the revision every change replaces (LWT).
+    (
+        "debounces",
+        "(scope text, tenant text, key text, window_id text, first_at bigint, due_at bigint, rev text, job blob, \
+         PRIMARY KEY ((scope), tenant, key))",
+    ),
 ];
 
 /// The keyspace's replication: NetworkTopologyStrategy with replicas per datacenter when

@@ -15,6 +15,7 @@ mod outcome;
 pub mod pool;
 pub mod quota;
 pub mod relay;
+pub mod schedules;
 pub mod usage;
 
 use crate::config::Config;
@@ -349,6 +350,14 @@ impl Worker {
             cfg.clone(),
             producer.clone(),
             store.clone(),
+            worker_id.clone(),
+            rx.clone(),
+        )));
+        // The promoter's leader also fires recurring schedules.
+        tasks.push(tokio::spawn(schedules::fire_loop(
+            cfg.clone(),
+            store.clone(),
+            tenants.clone(),
             worker_id.clone(),
             rx.clone(),
         )));

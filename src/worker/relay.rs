@@ -283,6 +283,10 @@ async fn hand_back(
     let _ = tx.send((key, h.offset, ep));
 }
 
+/// The promoter's lease: its holder also fires recurring schedules (`worker::schedules`).
+pub const PROMOTER_LEASE: &str = "promoter";
+pub const PROMOTER_LEASE_SECS: i32 = 10;
+
 /// The promoter: one leader at a time (LWT lease) moves parked jobs whose time has come
 /// from the scheduled table back to their pool topics, at most `worker.promoter_rate`
 /// per second (`core::promotion::Pace`), oldest first, and reports how long the oldest
@@ -305,7 +309,7 @@ pub async fn promoter_loop(
             _ = shutdown.changed() => return,
             _ = tick.tick() => {}
         }
-        match store.lease("promoter", &worker_id, LEASE_SECS, now_ms()).await {
+        match store.lease(PROMOTER_LEASE, &worker_id, PROMOTER_LEASE_SECS, now_ms()).await {
             Ok(true) => {}
             _ => {
                 cursor = None;

@@ -1,0 +1,212 @@
+//! Firing recurring schedules: the promoter's leader (the holder of its lease) reads the
+//! deployment's schedules once a second and submits each due fire through the normal
+//! submission path (front-door admission, idempotency, the pool topic), paced at
+//! `worker.promoter_rate` fires per second. A fire's job id and idempotency key derive
+//! from (schedule id, fire time) (`core::recurring`), so a fire submitted twice (two
+//! leaders overlapping for a moment, a leader dying before it moved the cursor) is one
+//! job. The cursor (`next_fire_at`) moves by compare-and-set once its fires are in.
+//!
+//! The same leader submits the jobs of due debounce windows (`crate::dedupe`): it closes
+//! a window by compare-and-set on its revision (a submission that moved it meanwhile
+//! wins, and the window is looked at again next pass), then submits its job under the
+//! window's id; a failed submit reopens the window.
+
+use super::relay::{PROMOTER_LEASE, PROMOTER_LEASE_SECS};
+use crate::admission::{Admission, Ask};
+use crate::config::Config;
+use crate::core::promotion::Pace;
+use crate::core::recurring::{Fire, Pass, Timing, MAX_TOTAL};
+use crate::now_ms;
+use crate::schedules::{self, Schedule, Schedules};
+use crate::store::Store;
+use crate::submit::Submitter;
+use crate::tenants::LiveTenants;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Most fires of one schedule in one pass (catch-up `all` goes on in the next passes).
+const FIRES_PER_PASS: usize = 100;
+
+/// Most due debounce windows closed in one pass.
+const DEBOUNCES_PER_PASS: usize = 1_000;
+
+/// What firing needs besides the store: schedules, debounce windows, a submitter, the
+/// front door.
+struct Firing {
+    schedules: Schedules,
+    debounces: crate::store::DebounceStatements,
+    submitter: Submitter,
+    admission: Arc<Admission>,
+}
+
+/// Fires due schedules while this worker holds the promoter's lease, until `shutdown`.
+pub async fn fire_loop(
+    cfg: Arc<Config>,
+    store: Store,
+    tenants: LiveTenants,
+    worker_id: String,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut firing: Option<Firing> = None;
+    let mut pace = Pace::new(cfg.worker.promoter_rate);
+    let mut tick = tokio::time::interval(Duration::from_millis(1_000));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            _ = tick.tick() => {}
+        }
+        if !matches!(store.lease(PROMOTER_LEASE, &worker_id, PROMOTER_LEASE_SECS, now_ms()).await, Ok(true)) {
+            continue;
+        }
+        if firing.is_none() {
+            match Firing::connect(&cfg, &store, &tenants, &shutdown).await {
+                Ok(f) => firing = Some(f),
+                Err(e) => tracing::warn!("cannot fire schedules yet: {e:#}"),
+            }
+        }
+        if let Some(f) = &firing {
+            f.pass(&mut pace).await;
+            f.close_due_windows().await;
+        }
+    }
+}
+
+impl Firing {
+    async fn connect(
+        cfg: &Arc<Config>,
+        store: &Store,
+        tenants: &LiveTenants,
+        shutdown: &watch::Receiver<bool>,
+    ) -> anyhow::Result<Firing> {
+        let schedules = Schedules::connect(cfg.clone(), store).await?;
+        let debounces = store.debounce_statements().await?;
+        let submitter = Submitter::new(cfg.clone(), Some(store.clone()))?.with_tenants(tenants.clone());
+        let admission = Arc::new(Admission::connect(cfg.clone(), store, Some(tenants.clone())).await?);
+        admission.start_breakers(shutdown.clone());
+        Ok(Firing { schedules, debounces, submitter, admission })
+    }
+
+    /// One pass: every active schedule's due fires, within the pace's budget.
+    async fn pass(&self, pace: &mut Pace) {
+        let rows = match self.schedules.statements().list(None, MAX_TOTAL).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read schedules");
+                return;
+            }
+        };
+        let now = now_ms();
+        let mut due = Vec::new();
+        for row in rows.into_iter().filter(|r| !r.paused) {
+            let Some(cursor) = row.next_fire_at.filter(|c| *c <= now) else { continue };
+            let (name, tenant) = (row.name.clone(), row.tenant.clone());
+            match Schedule::of(row).and_then(|s| Ok((s.timing()?, s))) {
+                Ok((timing, s)) => {
+                    let pass = timing.due(cursor, now, FIRES_PER_PASS);
+                    due.push((s, timing, cursor, pass));
+                }
+                Err(e) => tracing::warn!(%tenant, schedule = %name, "schedule not fired: {e}"),
+            }
+        }
+        let wanted = due.iter().map(|(_, _, _, p)| p.fires.len()).sum();
+        let mut budget = pace.take(wanted, now);
+        for (s, timing, cursor, pass) in due {
+            self.fire_schedule(&s, &timing, cursor, pass, &mut budget).await;
+        }
+    }
+
+    /// Submits a schedule's fires in order while the budget lasts and each is accepted,
+    /// then moves its cursor past what was submitted.
+    async fn fire_schedule(&self, s: &Schedule, timing: &Timing, cursor: i64, pass: Pass, budget: &mut usize) {
+        let mut next = pass.cursor;
+        for f in &pass.fires {
+            if *budget == 0 || !self.fire(s, timing, *f).await {
+                next = Some(f.at);
+                break;
+            }
+            *budget -= 1;
+        }
+        if next != Some(cursor) {
+            if let Err(e) = self.schedules.statements().advance(&s.row.tenant, &s.row.name, cursor, next).await {
+                tracing::warn!(tenant = %s.row.tenant, schedule = %s.row.name, error = %e, "schedule cursor not moved");
+            }
+        }
+    }
+
+    /// Submits one fire's job; false if it was refused or failed (tried again next pass).
+    async fn fire(&self, s: &Schedule, timing: &Timing, f: Fire) -> bool {
+        let mut job = schedules::template(&s.spec);
+        job.execute_at = Some(f.run_at);
+        job.job_id = Some(timing.job_id(f.at));
+        job.idempotency_key = Some(timing.fire_key(f.at));
+        let (tenant, name) = (&s.row.tenant, &s.row.name);
+        self.submitter.refresh_classes().await;
+        let pool = match self.submitter.validate(&job, job.payload_bytes().len()) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(%tenant, schedule = %name, fire_at = f.at, "schedule fire refused: {e}");
+                return false;
+            }
+        };
+        let ask = Ask {
+            tenant: tenant.clone(),
+            flow_key: job.flow_key.clone(),
+            pool,
+            job_type: job.job_type.clone(),
+            due_now: crate::core::admission::counts_in_queue(job.execute_at, now_ms()),
+        };
+        let ticket = match self.admission.admit(vec![ask]).await {
+            Ok(t) => t,
+            Err(r) => {
+                tracing::debug!(%tenant, schedule = %name, fire_at = f.at, "schedule fire held by admission: {r:?}");
+                return false;
+            }
+        };
+        let submitted = self.submitter.submit(&job).await;
+        let accepted = submitted.as_ref().ok().filter(|s| !s.duplicate).map(|s| s.job_id.clone());
+        self.admission.settle(ticket, &[accepted]).await;
+        match submitted {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!(%tenant, schedule = %name, fire_at = f.at, "schedule fire not submitted: {e}");
+                false
+            }
+        }
+    }
+
+    /// Submits the jobs of the debounce windows due now (see the module docs).
+    async fn close_due_windows(&self) {
+        let due = match self.debounces.due(now_ms(), DEBOUNCES_PER_PASS).await {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read debounce windows");
+                return;
+            }
+        };
+        for w in due {
+            match self.debounces.close(&w.tenant, &w.key, &w.rev).await {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(e) => {
+                    tracing::warn!(tenant = %w.tenant, error = %e, "cannot close a debounce window");
+                    continue;
+                }
+            }
+            let job = match crate::codec::decode_job(&w.job) {
+                Ok(rec) => crate::dedupe::window_job(rec),
+                Err(e) => {
+                    tracing::error!(tenant = %w.tenant, window = %w.window_id, "debounce window's job unreadable, dropped: {e}");
+                    continue;
+                }
+            };
+            if let Err(e) = self.submitter.submit(&job).await {
+                tracing::warn!(tenant = %w.tenant, window = %w.window_id, "debounced job not submitted, window reopened: {e}");
+                if let Err(e) = self.debounces.open(&w).await {
+                    tracing::error!(tenant = %w.tenant, window = %w.window_id, error = %e, "debounce window lost");
+                }
+            }
+        }
+    }
+}
