@@ -298,7 +298,6 @@ pub async fn promoter_loop(
     worker_id: String,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    const LEASE_SECS: i32 = 10;
     // The first minute bucket not yet fully promoted; a new leader starts at the oldest
     // bucket the index names, however old.
     let mut cursor: Option<i64> = None;
