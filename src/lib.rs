@@ -45,6 +45,12 @@
 //! - `api`       – the HTTP API (axum) and the operator console (`api::console`: pages,
 //!                 sessions and SSE at `/console`; pure parts in `core::console`).
 //! - `cqlbridge` – protocol-v4 bridge to the local Cassandra 2.1 test database.
+//! - `netlab`    – the network-partition lab (a namespace, veth pairs, a broker and a CQL
+//!                 bridge on the host ends) and its scenario, for `fairway bench
+//!                 partitions` and the partition tests. Surviving partitions: fatal client
+//!                 errors are handled by `kafka::Producer` (rebuilt in place) and
+//!                 `worker::watchdog` (give up: leave the groups, exit non-zero), rules in
+//!                 `core::vitals`.
 //! - `metrics`   – metric names and the Prometheus exporter.
 //! - `telemetry` – OpenTelemetry spans of a job's life (send, dispatch wait, process,
 //!                 outcome) over OTLP/HTTP; off unless `OTEL_EXPORTER_OTLP_ENDPOINT` is set.
@@ -61,6 +67,7 @@ pub mod handlers;
 pub mod kafka;
 pub mod metrics;
 pub mod model;
+pub mod netlab;
 pub mod replayer;
 pub mod rerunner;
 pub mod store;

@@ -43,6 +43,9 @@ pub enum BenchKind {
     Faults(super::bench_faults::FaultsArgs),
     /// The submit path: produce only vs produce + the job's queued row (issue 15).
     Submit(super::bench_submit::SubmitBenchArgs),
+    /// Network partitions: a worker cut off from the broker, the store or both (a network
+    /// namespace; root needed); counts lost, duplicated and re-run jobs, time to recover.
+    Partitions(super::bench_partitions::PartitionsArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -78,6 +81,7 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchKind::Registry(r) => super::bench_registry::run(g, r).await,
         BenchKind::Faults(f) => super::bench_faults::run(g, f).await,
         BenchKind::Submit(s) => super::bench_submit::run(g, s).await,
+        BenchKind::Partitions(p) => super::bench_partitions::run(g, p).await,
     }
 }
 

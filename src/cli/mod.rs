@@ -5,6 +5,7 @@ mod bench;
 mod bench_cpu;
 mod bench_faults;
 mod bench_flood;
+mod bench_partitions;
 mod bench_registry;
 mod bench_submit;
 mod demo;

@@ -25,5 +25,6 @@ pub mod retry;
 pub mod scheduler;
 pub mod tenants;
 pub mod trace;
+pub mod vitals;
 pub mod webhooks;
 pub mod window;

@@ -677,6 +677,12 @@ impl Store {
         rows.maybe_first_row::<HeartbeatRow>().map_err(q("get heartbeat"))
     }
 
+    /// One read through the session (a heartbeat row that never exists): does the store
+    /// answer this worker? (`worker::watchdog`'s probe.)
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.heartbeat("fairway-watchdog-probe").await.map(|_| ())
+    }
+
     pub async fn put_checkpoint(&self, job_id: &str, data: &[u8], now: Millis) -> Result<(), StoreError> {
         if data.len() > CHECKPOINT_LIMIT {
             return Err(StoreError::CheckpointTooLarge {

@@ -16,6 +16,7 @@ pub mod pool;
 pub mod quota;
 pub mod relay;
 pub mod usage;
+pub mod watchdog;
 
 use crate::config::Config;
 use crate::core::breaker::{Admission, Breaker, BreakerConfig, BreakerState, Breakers};
@@ -25,7 +26,6 @@ use crate::handlers::{JobLive, Registry};
 use crate::kafka;
 use crate::model::{FailureClass, Millis, Pool};
 use crate::store::Store;
-use rdkafka::producer::FutureProducer;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -44,7 +44,7 @@ pub struct Shared {
     pub cfg: Arc<Config>,
     pub pool: Pool,
     pub store: Store,
-    pub producer: FutureProducer,
+    pub producer: kafka::Producer,
     pub registry: Registry,
     pub worker_id: String,
     /// Live handles of running jobs (progress, cancellation) for the heartbeat loop.
@@ -75,6 +75,8 @@ pub struct Shared {
     pub front_door: Mutex<frontdoor::Tally>,
     /// The pools' run-time ranges (`pools.<p>.max_run`), for the classifier's counts.
     pub ranges: crate::core::classifier::Ranges,
+    /// The worker's vitals (`watchdog`): a pool loop reports a fatal consumer error here.
+    pub watch: Arc<watchdog::Watch>,
 }
 
 /// The failure-handling cores of one pool.
@@ -229,6 +231,8 @@ pub struct Worker {
     pool_tasks: Vec<tokio::task::JoinHandle<()>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     pub shared: Vec<Arc<Shared>>,
+    /// Whether this worker can make progress; resolves `gave_up` when it cannot.
+    pub watch: Arc<watchdog::Watch>,
 }
 
 pub fn new_worker_id() -> String {
@@ -250,6 +254,13 @@ impl Worker {
         let tenants = crate::tenants::LiveTenants::start(cfg.clone(), &store, rx.clone()).await?;
         let mut tasks = Vec::new();
         let mut shared = Vec::new();
+        let vitals = Arc::new(watchdog::Watch::new(cfg.worker.store_outage_limit));
+        tasks.push(tokio::spawn(watchdog::watchdog_loop(
+            vitals.clone(),
+            store.clone(),
+            producer.clone(),
+            halted.clone(),
+        )));
         let feed = Arc::new(fresh::CancelFeed::default());
         tasks.push(tokio::spawn(feed.clone().run(store.clone(), rx.clone())));
         for &pool in pools {
@@ -272,6 +283,7 @@ impl Worker {
                 quotas: Mutex::new(Default::default()),
                 front_door: Default::default(),
                 ranges: cfg.run_ranges(),
+                watch: vitals.clone(),
             });
             let (sh3, rx3) = (sh.clone(), halted.clone());
             tasks.push(tokio::spawn(liveness::heartbeat_loop(sh3, rx3)));
@@ -313,7 +325,7 @@ impl Worker {
             rx.clone(),
         )));
         tracing::info!(%worker_id, ?pools, ?policy, "worker started");
-        Ok(Worker { worker_id, shutdown: tx, halt, pool_tasks, tasks, shared })
+        Ok(Worker { worker_id, shutdown: tx, halt, pool_tasks, tasks, shared, watch: vitals })
     }
 
     /// Waits until every pool's consumer owns at least one partition (group formed).
