@@ -202,6 +202,25 @@ impl Producer {
 
 /// A send on client `generation` failed because that client died (a fatal error), not
 /// for the record itself: the client was replaced since, or it is dead now.
+///
+/// Without transactions librdkafka does not always raise a broker's fencing as a fatal
+/// error: seen with tansu after a 30 s cut, every delivery failed with `ProducerFenced`
+/// while `rd_kafka_fatal_error` stayed empty. Those producer-id errors kill the client
+/// just the same (it never sends again), so they count as fatal here.
 fn is_fatal(current: &Generation, generation: u64, e: &rdkafka::error::KafkaError) -> bool {
-    e.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) || current.number != generation || current.is_dead()
+    let dead_client = matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::Fatal
+                | RDKafkaErrorCode::ProducerFenced
+                | RDKafkaErrorCode::InvalidProducerEpoch
+                | RDKafkaErrorCode::UnknownProducerId
+                | RDKafkaErrorCode::InvalidProducerIdMapping
+                | RDKafkaErrorCode::OutOfOrderSequenceNumber
+        )
+    );
+    if dead_client && current.number == generation {
+        current.fatal.store(true, Ordering::SeqCst);
+    }
+    dead_client || current.number != generation || current.is_dead()
 }

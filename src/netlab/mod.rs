@@ -224,6 +224,11 @@ impl Lab {
             Command::new(&self.fairway)
         };
         cmd.arg("--config").arg(config).args(["worker", "--pools", "short"]).env("NO_COLOR", "1");
+        // The lab's config file decides where the services are: overrides from the
+        // environment (a test suite's own services) must not reach the workers.
+        for k in ["FAIRWAY_BROKERS", "FAIRWAY_KAFKA", "FAIRWAY_CQL", "FAIRWAY_KEYSPACE", "FAIRWAY_TOPIC_PREFIX"] {
+            cmd.env_remove(k);
+        }
         for (k, v) in env {
             cmd.env(k, v);
         }
