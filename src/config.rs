@@ -255,6 +255,12 @@ pub struct WorkerConfig {
     /// Off: each worker enforces them on its own (N workers allow N times the limit);
     /// for comparison and benchmarks.
     pub fleet_limits: bool,
+    /// How long the store may stay unreachable from this worker (its probe failing)
+    /// before the worker gives up: it leaves its consumer groups, so members that reach
+    /// the store serve its partitions, and exits non-zero for its supervisor to restart
+    /// it (`worker::watchdog`). Longer than a restart of the database; 0 = never.
+    #[serde(with = "humantime_serde_compat")]
+    pub store_outage_limit: Duration,
 }
 
 impl Default for WorkerConfig {
@@ -272,6 +278,7 @@ impl Default for WorkerConfig {
             retry_budget: Default::default(),
             skip_fresh_reads: true,
             fleet_limits: true,
+            store_outage_limit: Duration::from_secs(180),
         }
     }
 }

@@ -21,11 +21,11 @@
 
 use crate::config::Config;
 use crate::core::events as rules;
+use crate::kafka::Producer;
 use crate::kafka::{self, Consumer, Message};
 use crate::model::{EventKind, JobEvent, JobSubmitted, Millis};
 use crate::store::Store;
 use crate::{codec, metrics as m, now_ms};
-use rdkafka::producer::FutureProducer;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{broadcast, watch};
@@ -35,7 +35,7 @@ fn new_id() -> String {
 }
 
 /// Publishes an event without waiting (see the module docs).
-pub fn emit(producer: &FutureProducer, cfg: &Config, ev: &JobEvent) {
+pub fn emit(producer: &Producer, cfg: &Config, ev: &JobEvent) {
     if !cfg.events.publish {
         return;
     }
@@ -54,13 +54,13 @@ fn worker_event(job: &JobSubmitted, kind: EventKind, worker: &str) -> JobEvent {
 
 /// `started`: an attempt has run for a moment (published with the job's running row,
 /// after 250 ms: short jobs go from `queued` straight to their result).
-pub fn started(producer: &FutureProducer, cfg: &Config, worker: &str, job: &JobSubmitted, at: Millis) {
+pub fn started(producer: &Producer, cfg: &Config, worker: &str, job: &JobSubmitted, at: Millis) {
     emit(producer, cfg, &JobEvent { at, ..worker_event(job, EventKind::Started, worker) });
 }
 
 /// `progress`: a running job reported progress (the caller throttles with
 /// `core::events::ProgressGate`).
-pub fn progress(producer: &FutureProducer, cfg: &Config, worker: &str, job: &JobSubmitted, p: f64, msg: &str) {
+pub fn progress(producer: &Producer, cfg: &Config, worker: &str, job: &JobSubmitted, p: f64, msg: &str) {
     let ev = JobEvent {
         progress: Some(p),
         message: (!msg.is_empty()).then(|| msg.to_string()),
@@ -72,7 +72,7 @@ pub fn progress(producer: &FutureProducer, cfg: &Config, worker: &str, job: &Job
 /// A running job's progress reports as `progress` events, throttled by
 /// `core::events::ProgressGate` (a 1 % step or a new message, at most every 250 ms).
 pub struct ProgressSink {
-    producer: FutureProducer,
+    producer: Producer,
     cfg: Arc<Config>,
     worker: String,
     job: Arc<JobSubmitted>,
@@ -86,7 +86,7 @@ impl std::fmt::Debug for ProgressSink {
 }
 
 impl ProgressSink {
-    pub fn new(producer: &FutureProducer, cfg: &Arc<Config>, worker: &str, job: &Arc<JobSubmitted>) -> Self {
+    pub fn new(producer: &Producer, cfg: &Arc<Config>, worker: &str, job: &Arc<JobSubmitted>) -> Self {
         ProgressSink {
             producer: producer.clone(),
             cfg: cfg.clone(),
@@ -106,7 +106,7 @@ impl ProgressSink {
 /// `pool_reclassified`: the classifier's leader moved `job_type` (see
 /// `core::events::pool_reclassified`).
 pub fn pool_reclassified(
-    producer: &FutureProducer,
+    producer: &Producer,
     cfg: &Config,
     worker: &str,
     job_type: &str,
@@ -118,14 +118,7 @@ pub fn pool_reclassified(
 }
 
 /// `retrying`: an attempt failed and the next is due at `next_at`.
-pub fn retrying(
-    producer: &FutureProducer,
-    cfg: &Config,
-    worker: &str,
-    job: &JobSubmitted,
-    next_at: Millis,
-    error: &str,
-) {
+pub fn retrying(producer: &Producer, cfg: &Config, worker: &str, job: &JobSubmitted, next_at: Millis, error: &str) {
     let ev = JobEvent {
         next_attempt_at: Some(next_at),
         message: Some(error.to_string()),
@@ -135,13 +128,13 @@ pub fn retrying(
 }
 
 /// `late_execution`: picked after its `not_after` (then `expired` follows).
-pub fn late(producer: &FutureProducer, cfg: &Config, worker: &str, job: &JobSubmitted, not_after: Millis) {
+pub fn late(producer: &Producer, cfg: &Config, worker: &str, job: &JobSubmitted, not_after: Millis) {
     let ev = JobEvent { worker: Some(worker.to_string()), ..rules::late_execution(new_id(), job, not_after, now_ms()) };
     emit(producer, cfg, &ev);
 }
 
 /// `dead_lettered`: the job went to the DLQ (a `failed` follows).
-pub fn dead_lettered(producer: &FutureProducer, cfg: &Config, worker: &str, job: &JobSubmitted, reason: &str) {
+pub fn dead_lettered(producer: &Producer, cfg: &Config, worker: &str, job: &JobSubmitted, reason: &str) {
     let ev = JobEvent { message: Some(reason.to_string()), ..worker_event(job, EventKind::DeadLettered, worker) };
     emit(producer, cfg, &ev);
 }

@@ -57,6 +57,12 @@
 //! - `api`       – the HTTP API (axum) and the operator console (`api::console`: pages,
 //!                 sessions and SSE at `/console`; pure parts in `core::console`).
 //! - `cqlbridge` – protocol-v4 bridge to the local Cassandra 2.1 test database.
+//! - `netlab`    – the network-partition lab (a namespace, veth pairs, a broker and a CQL
+//!                 bridge on the host ends) and its scenario, for `fairway bench
+//!                 partitions` and the partition tests. Surviving partitions: fatal client
+//!                 errors are handled by `kafka::Producer` (rebuilt in place) and
+//!                 `worker::watchdog` (give up: leave the groups, exit non-zero), rules in
+//!                 `core::vitals`.
 //! - `metrics`   – metric names and the Prometheus exporter.
 //! - `probes`    – readiness and liveness (`/readyz`, `/livez` on the metrics listener):
 //!                 what a worker and `fairway serve` must have to be ready; `Liveness`, the
@@ -78,6 +84,7 @@ pub mod kafka;
 pub mod metrics;
 pub mod model;
 pub mod probes;
+pub mod netlab;
 pub mod replayer;
 pub mod rerunner;
 pub mod schedules;

@@ -26,6 +26,12 @@ pub const JOBS_TAKEN_OVER: &str = "fairway_jobs_taken_over_total";
 pub const HEARTBEAT_AGE_SECONDS: &str = "fairway_heartbeat_age_seconds";
 pub const HEARTBEATS: &str = "fairway_heartbeats_total";
 pub const REAPED: &str = "fairway_jobs_reaped_total";
+// Partitions and fatal client errors (`kafka::producer`, `worker::watchdog`).
+pub const KAFKA_FATAL_ERRORS: &str = "fairway_kafka_fatal_errors_total";
+pub const PRODUCER_REBUILDS: &str = "fairway_producer_rebuilds_total";
+pub const STORE_UNREACHABLE_SECONDS: &str = "fairway_store_unreachable_seconds";
+pub const WORKER_LIVE: &str = "fairway_worker_live";
+pub const WORKER_GAVE_UP: &str = "fairway_worker_gave_up_total";
 pub const CANCELLATIONS: &str = "fairway_cancellations_total";
 pub const BREAKER_OPEN: &str = "fairway_breaker_open";
 pub const PARTITION_PAUSES: &str = "fairway_partition_pauses_total";
@@ -141,6 +147,24 @@ pub fn describe() {
     describe_gauge!(HEARTBEAT_AGE_SECONDS, Unit::Seconds, "Age of the oldest heartbeat of this worker's running jobs");
     describe_counter!(HEARTBEATS, "Heartbeats written, by pool");
     describe_counter!(REAPED, "Running jobs re-dispatched by the reaper after their heartbeat lapsed");
+    describe_counter!(
+        KAFKA_FATAL_ERRORS,
+        "Fatal librdkafka errors (rd_kafka_fatal_error: fenced or invalid producer...), by client (producer, consumer)"
+    );
+    describe_counter!(
+        PRODUCER_REBUILDS,
+        "Kafka producers replaced after a fatal error (unacknowledged records sent again on the new one)"
+    );
+    describe_gauge!(
+        STORE_UNREACHABLE_SECONDS,
+        Unit::Seconds,
+        "How long this worker's store probe has been failing (0: the store answers)"
+    );
+    describe_gauge!(WORKER_LIVE, "1 while this worker can make progress, 0 while it cannot (store unreachable past the limit, a fatal client error): its liveness");
+    describe_counter!(
+        WORKER_GAVE_UP,
+        "Times this worker gave up (left its groups to exit non-zero), by reason (producer, consumer, store)"
+    );
     describe_counter!(CANCELLATIONS, "Cancellation requests seen by running jobs, by pool");
     describe_counter!(
         FAST_LANE_DISPATCHES,

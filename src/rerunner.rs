@@ -559,7 +559,7 @@ struct Producing<'a> {
     resume: HashMap<(String, i32), i64>,
     ck: Checkpoints,
     /// None in a dry run.
-    producer: Option<rdkafka::producer::FutureProducer>,
+    producer: Option<crate::kafka::Producer>,
     limiter: governor::DefaultDirectRateLimiter,
     /// Jobs decided per batch (one job-row read each).
     chunk_size: usize,

@@ -15,10 +15,10 @@
 
 use crate::config::Config;
 use crate::core::{promotion, trace};
+use crate::kafka::Producer;
 use crate::model::{JobSubmitted, Millis, Pool, Priority};
 use crate::store::{EventStatements, IdempotencyClaim, JobRow, Store, SubmittedRow};
 use crate::{codec, kafka, now_ms};
-use rdkafka::producer::FutureProducer;
 use serde::Deserialize;
 
 #[derive(Debug, thiserror::Error)]
@@ -136,7 +136,7 @@ pub struct Submitted {
 
 pub struct Submitter {
     cfg: std::sync::Arc<Config>,
-    producer: FutureProducer,
+    producer: Producer,
     store: Option<Store>,
     /// The live registry (API, CLI); without it, the config file's tenants.
     tenants: Option<crate::tenants::LiveTenants>,
@@ -398,7 +398,7 @@ impl Submitter {
         self.produce(&JobSubmitted { pool, ..job.clone() }).await
     }
 
-    pub fn producer(&self) -> &FutureProducer {
+    pub fn producer(&self) -> &Producer {
         &self.producer
     }
 }

@@ -13,10 +13,10 @@
 use crate::config::{secret_env_var, Config, Secret};
 use crate::core::offsets::Tracker;
 use crate::core::webhooks::{self as rules, Answer};
+use crate::kafka::Producer;
 use crate::kafka::{self, Consumer, Message, Offset, TopicPartitionList};
 use crate::model::{EventKind, JobResult};
 use crate::{codec, events, metrics as m, now_ms};
-use rdkafka::producer::FutureProducer;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,7 +26,7 @@ use tokio::sync::{mpsc, watch, Semaphore};
 struct Deliverer {
     cfg: Arc<Config>,
     http: reqwest::Client,
-    producer: FutureProducer,
+    producer: Producer,
     /// Callback URL per job type (only those that have one).
     urls: BTreeMap<String, String>,
     stop: watch::Receiver<bool>,

@@ -13,7 +13,7 @@ use fairway::replayer::{self as replay, ReplayOptions, ReplayReport, Stopped};
 use fairway::store::{StateUpdate, Store};
 use fairway::worker::{Policy, Worker};
 use fairway::{codec, now_ms};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -65,7 +65,7 @@ fn dead_letter(job: Option<JobSubmitted>) -> DeadLetter {
     }
 }
 
-async fn send_dl(p: &FutureProducer, cfg: &Config, dl: &DeadLetter, partition: Option<i32>) {
+async fn send_dl(p: &kafka::Producer, cfg: &Config, dl: &DeadLetter, partition: Option<i32>) {
     let bytes = codec::encode_dead_letter(dl).unwrap();
     let topic = cfg.dlq_topic();
     let key = dl.job.as_ref().map_or("", |j| j.tenant.as_str()).to_string();
@@ -73,7 +73,8 @@ async fn send_dl(p: &FutureProducer, cfg: &Config, dl: &DeadLetter, partition: O
     if let Some(n) = partition {
         rec = rec.partition(n);
     }
-    p.send(rec, rdkafka::util::Timeout::Never).await.map_err(|e| e.0).expect("produce dead letter");
+    let (client, _) = p.client().expect("producer");
+    client.send(rec, rdkafka::util::Timeout::Never).await.map_err(|e| e.0).expect("produce dead letter");
 }
 
 fn opts(filter: ReplayFilter) -> ReplayOptions {

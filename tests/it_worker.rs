@@ -62,7 +62,8 @@ async fn malformed_and_unknown_tenant_go_to_dlq_while_the_partition_keeps_flowin
         let topic = topic.clone();
         async move {
             let rec = FutureRecord::to(&topic).key("x").partition(0).payload(&bytes);
-            producer.send(rec, rdkafka::util::Timeout::Never).await.map_err(|e| e.0).unwrap()
+            let (client, _) = producer.client().unwrap();
+            client.send(rec, rdkafka::util::Timeout::Never).await.map_err(|e| e.0).unwrap()
         }
     };
     let garbage = send(b"definitely not avro".to_vec()).await;

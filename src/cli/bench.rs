@@ -45,6 +45,9 @@ pub enum BenchKind {
     Submit(super::bench_submit::SubmitBenchArgs),
     /// No-op `process` jobs (a child process each) end to end: jobs/s and CPU per job.
     Process(super::bench_process::ProcessArgs),
+    /// Network partitions: a worker cut off from the broker, the store or both (a network
+    /// namespace; root needed); counts lost, duplicated and re-run jobs, time to recover.
+    Partitions(super::bench_partitions::PartitionsArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -81,6 +84,7 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchKind::Faults(f) => super::bench_faults::run(g, f).await,
         BenchKind::Submit(s) => super::bench_submit::run(g, s).await,
         BenchKind::Process(p) => super::bench_process::run(g, p).await,
+        BenchKind::Partitions(p) => super::bench_partitions::run(g, p).await,
     }
 }
 

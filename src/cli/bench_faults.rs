@@ -15,11 +15,11 @@ use super::bench_flood::{produce, record, round2, ResultFeed};
 use super::Global;
 use anyhow::Context;
 use fairway::config::Config;
+use fairway::kafka::Producer;
 use fairway::kafka::{self, Consumer, Message};
 use fairway::model::{JobResult, Pool};
 use fairway::{codec, now_ms};
 use futures::StreamExt;
-use rdkafka::producer::FutureProducer;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ExitCode, Stdio};
@@ -255,7 +255,7 @@ struct Sent {
 
 /// A zero-length sleep job per tenant through the whole path; returns once each has a
 /// result (the workers have partitions and warm connections).
-async fn warm_up(cfg: &Config, producer: &FutureProducer, feed: &mut ResultFeed) -> anyhow::Result<()> {
+async fn warm_up(cfg: &Config, producer: &Producer, feed: &mut ResultFeed) -> anyhow::Result<()> {
     let topic = cfg.pool_topic(Pool::Short);
     let mut want = HashMap::new();
     for t in TENANTS {
@@ -278,7 +278,7 @@ async fn warm_up(cfg: &Config, producer: &FutureProducer, feed: &mut ResultFeed)
 
 /// The jobs, then one poison job (a payload the sleep handler refuses: dead-lettered as
 /// permanent) and one malformed message, as fast as the broker takes them.
-async fn submit(a: &FaultsArgs, cfg: &Config, producer: &FutureProducer) -> anyhow::Result<Sent> {
+async fn submit(a: &FaultsArgs, cfg: &Config, producer: &Producer) -> anyhow::Result<Sent> {
     let topic = cfg.pool_topic(Pool::Short);
     let recs: Vec<_> = (0..a.jobs)
         .map(|i| record(TENANTS[i % TENANTS.len()], "sleep", serde_json::json!({ "ms": a.job_ms })))

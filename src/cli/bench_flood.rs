@@ -11,12 +11,12 @@ use super::Global;
 use anyhow::Context;
 use fairway::config::Config;
 use fairway::handlers::Registry;
+use fairway::kafka::Producer;
 use fairway::kafka::{self, Consumer, Message};
 use fairway::model::{JobResult, JobSubmitted, Pool};
 use fairway::worker::{Policy, Worker};
 use fairway::{codec, now_ms};
 use futures::StreamExt;
-use rdkafka::producer::FutureProducer;
 use std::collections::HashMap;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -211,7 +211,7 @@ pub(super) fn record(tenant: &str, job_type: &str, payload: serde_json::Value) -
 }
 
 /// Produces a job record keyed by its tenant; returns its partition.
-pub(super) async fn produce(producer: &FutureProducer, topic: &str, rec: &JobSubmitted) -> anyhow::Result<i32> {
+pub(super) async fn produce(producer: &Producer, topic: &str, rec: &JobSubmitted) -> anyhow::Result<i32> {
     let bytes = codec::encode_job(rec)?;
     Ok(kafka::send(producer, topic, &rec.tenant, &bytes).await?.0)
 }
@@ -307,7 +307,7 @@ async fn run_mode(base: &Config, a: &FloodArgs, mode: FloodMode) -> anyhow::Resu
 /// their delivery reports tell each tenant's partition.
 async fn warm_up(
     a: &FloodArgs,
-    producer: &FutureProducer,
+    producer: &Producer,
     topic: &str,
     feed: &mut ResultFeed,
 ) -> anyhow::Result<HashMap<String, i32>> {
@@ -336,7 +336,7 @@ async fn drain(feed: &mut ResultFeed, results: &mut HashMap<String, JobResult>, 
 }
 
 /// The flood: `n` sleep jobs of t00, produced in order as fast as the broker takes them.
-async fn produce_flood(producer: FutureProducer, topic: String, n: usize, ms: u64) -> anyhow::Result<()> {
+async fn produce_flood(producer: Producer, topic: String, n: usize, ms: u64) -> anyhow::Result<()> {
     let recs: Vec<JobSubmitted> =
         (0..n).map(|_| record(&tenant(0), "sleep", serde_json::json!({ "ms": ms }))).collect();
     let mut errors = 0usize;
@@ -355,7 +355,7 @@ async fn produce_flood(producer: FutureProducer, topic: String, n: usize, ms: u6
 /// A quiet tenant: one echo job every `every` until `end_at`; returns (job id, tenant,
 /// submitted at).
 async fn quiet_tenant(
-    producer: FutureProducer,
+    producer: Producer,
     topic: String,
     t: String,
     every: Duration,

@@ -6,6 +6,7 @@ mod bench_cpu;
 mod bench_faults;
 mod bench_flood;
 mod bench_process;
+mod bench_partitions;
 mod bench_registry;
 mod bench_submit;
 mod demo;

@@ -279,7 +279,11 @@ pub async fn worker(cfg: Arc<Config>, a: WorkerArgs) -> anyhow::Result<ExitCode>
             _ = term.recv() => Ok("SIGTERM"),
         }
     };
-    let first = signals().await?;
+    let watch = w.watch.clone();
+    let first = tokio::select! {
+        sig = signals() => sig?,
+        why = watch.gave_up() => return give_up(w, &why).await,
+    };
     eprintln!("{first}: draining (no new work; running jobs finish within each pool's drain_timeout, then are handed off); a second signal hands off at once");
     // A second signal: every running job is asked to stop now and handed off.
     let shared = w.shared.clone();
@@ -299,6 +303,21 @@ pub async fn worker(cfg: Arc<Config>, a: WorkerArgs) -> anyhow::Result<ExitCode>
     }
     eprintln!("stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Exit status of a worker that gave up (`worker::watchdog`): its supervisor restarts it.
+const GAVE_UP: u8 = 75;
+
+/// The worker cannot serve its partitions (a fatal client error, the store unreachable
+/// too long): leave the groups at once, hand running jobs off where possible, and exit
+/// non-zero so the supervisor restarts it.
+async fn give_up(w: Worker, why: &str) -> anyhow::Result<ExitCode> {
+    eprintln!("giving up: {why}; leaving the consumer groups and exiting with status {GAVE_UP}");
+    for sh in &w.shared {
+        sh.request_stop_all();
+    }
+    w.stop().await;
+    Ok(ExitCode::from(GAVE_UP))
 }
 
 #[derive(clap::Args, Debug)]

@@ -30,5 +30,6 @@ pub mod stuck;
 pub mod tenants;
 pub mod trace;
 pub mod unique;
+pub mod vitals;
 pub mod webhooks;
 pub mod window;

@@ -7,7 +7,6 @@ use crate::model::{FailureClass, Pool};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{ConsumerContext, Rebalance, StreamConsumer};
-use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::ClientConfig;
 use rdkafka::ClientContext;
@@ -15,6 +14,8 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
+mod producer;
+pub use producer::{producer, Producer};
 pub use rdkafka::consumer::{CommitMode, Consumer};
 pub use rdkafka::message::{BorrowedMessage, Headers, Message, OwnedMessage};
 pub use rdkafka::{Offset, TopicPartitionList};
@@ -28,6 +29,8 @@ pub enum KafkaError {
     CreateTopic { topic: String, reason: String },
     #[error("producing to {topic} failed: {source}")]
     Produce { topic: String, source: rdkafka::error::KafkaError },
+    #[error("the Kafka producer was given up: {0}")]
+    ProducerGaveUp(String),
     #[error("Kafka consumer error: {0}")]
     Consume(#[from] rdkafka::error::KafkaError),
     #[error("no broker answered a metadata request: {0}")]
@@ -221,54 +224,32 @@ pub async fn ensure_topics(cfg: &Config) -> Result<Vec<String>, KafkaError> {
     Ok(created)
 }
 
-/// Idempotent producer: retries inside librdkafka never duplicate or reorder records.
-pub fn producer(cfg: &Config) -> Result<FutureProducer, KafkaError> {
-    // Batching is tuning (`kafka.properties` may change it); durability is not.
-    tuned(cfg, &[("linger.ms", "10"), ("compression.type", "lz4")])
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("message.timeout.ms", "30000")
-        .create()
-        .map_err(client_err(cfg))
-}
-
 /// Does a broker answer this producer? (A metadata request of at most `timeout`, for
 /// readiness probes; run off the async threads, it blocks.)
-pub async fn ping(producer: &FutureProducer, timeout: Duration) -> Result<(), KafkaError> {
-    let p = producer.clone();
+pub async fn ping(producer: &Producer, timeout: Duration) -> Result<(), KafkaError> {
+    let (client, _) = producer.client()?;
     let asked = tokio::task::spawn_blocking(move || {
-        use rdkafka::producer::Producer;
-        p.client().fetch_metadata(None, timeout).map(|_| ())
+        use rdkafka::producer::Producer as _;
+        client.client().fetch_metadata(None, timeout).map(|_| ())
     });
     asked.await.map_err(|e| KafkaError::Ping(e.to_string()))?.map_err(|e| KafkaError::Ping(e.to_string()))
 }
 
 /// Produces one record and waits for the broker's acknowledgement.
-pub async fn send(producer: &FutureProducer, topic: &str, key: &str, payload: &[u8]) -> Result<(i32, i64), KafkaError> {
-    send_with_headers(producer, topic, key, payload, &[]).await
+pub async fn send(producer: &Producer, topic: &str, key: &str, payload: &[u8]) -> Result<(i32, i64), KafkaError> {
+    producer.send(topic, key, payload, &[]).await
 }
 
 /// Like [`send`], with record headers (e.g. W3C `traceparent` on results, so a results
 /// consumer joins the job's trace without decoding the record).
 pub async fn send_with_headers(
-    producer: &FutureProducer,
+    producer: &Producer,
     topic: &str,
     key: &str,
     payload: &[u8],
     headers: &[(&str, &str)],
 ) -> Result<(i32, i64), KafkaError> {
-    let mut record = FutureRecord::to(topic).key(key).payload(payload);
-    if !headers.is_empty() {
-        let owned =
-            headers.iter().fold(rdkafka::message::OwnedHeaders::new_with_capacity(headers.len()), |h, (k, v)| {
-                h.insert(rdkafka::message::Header { key: k, value: Some(*v) })
-            });
-        record = record.headers(owned);
-    }
-    match producer.send(record, rdkafka::util::Timeout::Never).await {
-        Ok(d) => Ok((d.partition, d.offset)),
-        Err((source, _)) => Err(KafkaError::Produce { topic: topic.to_string(), source }),
-    }
+    producer.send(topic, key, payload, headers).await
 }
 
 /// The W3C trace context of a job as record headers (`traceparent`, `tracestate`), so
@@ -283,8 +264,8 @@ pub fn trace_headers(job: &crate::model::JobSubmitted) -> Vec<(&'static str, &st
 /// Produces one record without waiting for the acknowledgement (events: the hot path
 /// must not wait for them). False when the producer's queue is full or the record is
 /// refused at once; delivery failures later are librdkafka's to retry, then dropped.
-pub fn send_nowait(producer: &FutureProducer, topic: &str, key: &str, payload: &[u8]) -> bool {
-    producer.send_result(FutureRecord::to(topic).key(key).payload(payload)).is_ok()
+pub fn send_nowait(producer: &Producer, topic: &str, key: &str, payload: &[u8]) -> bool {
+    producer.send_nowait(topic, key, payload)
 }
 
 /// Partition assignment changes, reported from librdkafka's thread to the worker loop.
@@ -309,6 +290,15 @@ pub struct WorkerContext {
 const NOT_FETCHING_AFTER: Duration = Duration::from_secs(30);
 
 impl ClientContext for WorkerContext {
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) {
+            metrics::counter!(crate::metrics::KAFKA_FATAL_ERRORS, "client" => "consumer").increment(1);
+            tracing::error!(%reason, "Kafka consumer hit a fatal error; the worker gives up");
+        } else {
+            tracing::debug!(error = %error, %reason, "librdkafka error");
+        }
+    }
+
     fn stats_raw(&self, statistics: &[u8]) {
         let Some(pool) = self.lag_pool else { return };
         let Ok(v) = serde_json::from_slice::<serde_json::Value>(statistics) else { return };
@@ -421,6 +411,12 @@ impl ConsumerContext for WorkerContext {
 }
 
 pub type WorkerConsumer = StreamConsumer<WorkerContext>;
+
+/// The consumer's fatal error (`rd_kafka_fatal_error`), if it hit one: such a consumer
+/// never consumes again and must be given up.
+pub fn fatal_error<C: Consumer<X>, X: ConsumerContext>(consumer: &C) -> Option<String> {
+    consumer.client().fatal_error().map(|(code, reason)| format!("{code:?}: {reason}"))
+}
 
 /// A consumer-group member for `group` with at-least-once settings: offsets are stored
 /// by fairway only once everything before them finished, and auto-committed from there.

@@ -725,6 +725,12 @@ impl Store {
         rows.maybe_first_row::<HeartbeatRow>().map_err(q("get heartbeat"))
     }
 
+    /// One read through the session (a heartbeat row that never exists): does the store
+    /// answer this worker? (`worker::watchdog`'s probe.)
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.heartbeat("fairway-watchdog-probe").await.map(|_| ())
+    }
+
     /// Saves a job's resumable state for its `generation` (a rerun's new generation
     /// never sees an older one's).
     pub async fn put_checkpoint(

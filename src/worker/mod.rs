@@ -17,6 +17,7 @@ pub mod quota;
 pub mod relay;
 pub mod schedules;
 pub mod usage;
+pub mod watchdog;
 
 use crate::config::Config;
 use crate::core::breaker::{Admission, Breaker, BreakerConfig, BreakerState, Breakers};
@@ -26,7 +27,6 @@ use crate::handlers::{JobLive, Registry};
 use crate::kafka;
 use crate::model::{FailureClass, Millis, Pool};
 use crate::store::Store;
-use rdkafka::producer::FutureProducer;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -45,7 +45,7 @@ pub struct Shared {
     pub cfg: Arc<Config>,
     pub pool: Pool,
     pub store: Store,
-    pub producer: FutureProducer,
+    pub producer: kafka::Producer,
     pub registry: Registry,
     pub worker_id: String,
     /// Live handles of running jobs (progress, cancellation) for the heartbeat loop.
@@ -80,6 +80,8 @@ pub struct Shared {
     pub recycling: Mutex<crate::core::recycling::Recycling>,
     /// The worker's readiness and liveness (`/readyz`, `/livez`).
     pub probes: crate::probes::Probes,
+    /// The worker's vitals (`watchdog`): a pool loop reports a fatal consumer error here.
+    pub watch: Arc<watchdog::Watch>,
 }
 
 /// The failure-handling cores of one pool.
@@ -247,6 +249,8 @@ pub struct Worker {
     pool_tasks: Vec<tokio::task::JoinHandle<()>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     pub shared: Vec<Arc<Shared>>,
+    /// Whether this worker can make progress; resolves `gave_up` when it cannot.
+    pub watch: Arc<watchdog::Watch>,
 }
 
 pub fn new_worker_id() -> String {
@@ -287,6 +291,13 @@ impl Worker {
         let tenants = crate::tenants::LiveTenants::start(cfg.clone(), &store, rx.clone()).await?;
         let mut tasks = Vec::new();
         let mut shared = Vec::new();
+        let vitals = Arc::new(watchdog::Watch::new(cfg.worker.store_outage_limit));
+        tasks.push(tokio::spawn(watchdog::watchdog_loop(
+            vitals.clone(),
+            store.clone(),
+            producer.clone(),
+            halted.clone(),
+        )));
         let feed = Arc::new(fresh::CancelFeed::default());
         tasks.push(tokio::spawn(feed.clone().run(store.clone(), rx.clone())));
         for &pool in pools {
@@ -311,6 +322,7 @@ impl Worker {
                 ranges: cfg.run_ranges(),
                 recycling: Mutex::new(crate::core::recycling::Recycling::new(cfg.pool(pool).recycling)),
                 probes: probes.clone(),
+                watch: vitals.clone(),
             });
             let (sh3, rx3) = (sh.clone(), halted.clone());
             tasks.push(tokio::spawn(liveness::heartbeat_loop(sh3, rx3)));
@@ -366,7 +378,7 @@ impl Worker {
             let e = crate::handlers::process::Enforcement::current();
             tracing::info!(enforcement = e.name(), "process job limits: {}", e.describe());
         }
-        Ok(Worker { worker_id, probes, shutdown: tx, halt, pool_tasks, tasks, shared })
+        Ok(Worker { worker_id, probes, shutdown: tx, halt, pool_tasks, tasks, shared, watch: vitals })
     }
 
     /// Waits until every pool's consumer owns at least one partition (group formed).

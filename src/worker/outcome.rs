@@ -8,10 +8,10 @@ use super::Shared;
 use crate::config::Config;
 use crate::core::retry::{AttemptState, Decision};
 use crate::handlers::HandlerError;
+use crate::kafka::Producer;
 use crate::model::{DeadLetter, FailureClass, JobResult, JobStatus, JobSubmitted};
 use crate::store::StateUpdate;
 use crate::{codec, kafka, metrics as m, now_ms};
-use rdkafka::producer::FutureProducer;
 use std::time::Duration;
 
 /// Stage 4: records how a run ended. A job stopped for the worker's shutdown (and not
@@ -392,7 +392,7 @@ pub(crate) async fn dead_letter(
 /// of dropping it. `origin` names where it was read (a topic, or `store:<table>`).
 pub(crate) async fn dead_letter_undecodable(
     cfg: &Config,
-    producer: &FutureProducer,
+    producer: &Producer,
     raw: Vec<u8>,
     error: &codec::CodecError,
     origin: &Origin,
@@ -420,7 +420,7 @@ pub(crate) async fn dead_letter_undecodable(
 }
 
 /// Produces a dead letter and waits for the ack; false if it could not be made durable.
-async fn produce_dead_letter(cfg: &Config, producer: &FutureProducer, dl: &DeadLetter, key: &str) -> bool {
+async fn produce_dead_letter(cfg: &Config, producer: &Producer, dl: &DeadLetter, key: &str) -> bool {
     let topic = cfg.dlq_topic();
     let headers = dl.job.as_ref().map(kafka::trace_headers).unwrap_or_default();
     match codec::encode_dead_letter(dl) {

@@ -174,6 +174,10 @@ pub async fn run(
                 lp.expire_queued();
                 lp.publish_stats();
                 lp.log_state(&pauses);
+                if let Some(reason) = kafka::fatal_error(&consumer) {
+                    // It never consumes again: the worker gives up (`watchdog`).
+                    sh.watch.fatal("consumer", format!("the {pool} pool's consumer hit a fatal error: {reason}"));
+                }
             }
             Ok(()) = registry.changed() => {
                 let set = registry.borrow_and_update().clone();

@@ -47,7 +47,7 @@ type Done = (Key, i64, u64);
 /// The retry relay loop: hands each retried job back to its pool topic once due.
 pub async fn run(
     cfg: Arc<Config>,
-    producer: rdkafka::producer::FutureProducer,
+    producer: crate::kafka::Producer,
     store: crate::store::Store,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), kafka::KafkaError> {
@@ -78,7 +78,7 @@ pub async fn run(
 /// The relay loop's state besides the consumer: partitions, their held jobs, epochs.
 struct Relay {
     cfg: Arc<Config>,
-    producer: rdkafka::producer::FutureProducer,
+    producer: crate::kafka::Producer,
     store: crate::store::Store,
     done_tx: mpsc::UnboundedSender<Done>,
     parts: HashMap<Key, PartitionState>,
@@ -96,7 +96,7 @@ impl Relay {
     /// A relay with no partitions yet.
     fn new(
         cfg: Arc<Config>,
-        producer: rdkafka::producer::FutureProducer,
+        producer: crate::kafka::Producer,
         store: crate::store::Store,
         done_tx: mpsc::UnboundedSender<Done>,
     ) -> Self {
@@ -260,7 +260,7 @@ impl Relay {
 /// Produces a due retry to its pool topic; its offset is released once acknowledged.
 async fn hand_back(
     cfg: Arc<Config>,
-    producer: rdkafka::producer::FutureProducer,
+    producer: crate::kafka::Producer,
     tx: mpsc::UnboundedSender<Done>,
     key: Key,
     h: Held,
@@ -293,7 +293,7 @@ pub const PROMOTER_LEASE_SECS: i32 = 10;
 /// due job still parked has waited (`fairway_oldest_due_unpromoted_age_seconds`).
 pub async fn promoter_loop(
     cfg: Arc<Config>,
-    producer: rdkafka::producer::FutureProducer,
+    producer: crate::kafka::Producer,
     store: crate::store::Store,
     worker_id: String,
     mut shutdown: watch::Receiver<bool>,
@@ -373,7 +373,7 @@ struct BucketPass {
 /// Promotes the due jobs of one minute bucket, oldest first, while `budget` lasts.
 async fn promote_bucket(
     cfg: &Config,
-    producer: &rdkafka::producer::FutureProducer,
+    producer: &crate::kafka::Producer,
     store: &crate::store::Store,
     bucket: i64,
     now: Millis,

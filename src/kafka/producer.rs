@@ -1,0 +1,226 @@
+//! fairway's producer: librdkafka's idempotent producer, rebuilt when it dies.
+//!
+//! An idempotent producer can hit a *fatal* error (`rd_kafka_fatal_error`): the broker
+//! fenced its producer id (`ProducerFenced`, seen after a worker was cut off from the
+//! broker for longer than its messages' timeout), or its sequence numbers can no longer
+//! be trusted. From then on that producer instance refuses every record, forever; a
+//! worker that kept it would hold partitions whose outcomes it can never publish.
+//!
+//! fairway uses no transactions, so nothing is fenced *in favour of* another instance:
+//! a fresh producer (a new producer id from the broker) may take over at once. That is
+//! what [`Producer`] does: its client context's error callback notes a fatal error (log,
+//! `fairway_kafka_fatal_errors_total`), the next send builds a new client from the same
+//! settings (`fairway_producer_rebuilds_total`), and a send that failed because of the
+//! fatal error is sent again on the new client. So an outcome that was not yet durable
+//! is retried rather than held. A record the old producer had sent but not seen
+//! acknowledged may then be written twice (a duplicate result or retry record, the window
+//! the results consumers and the effectively-once check already handle).
+//!
+//! Rebuilds are bounded (`core::vitals::RebuildBudget`): a producer that keeps dying is
+//! given up, its sends fail with [`KafkaError::ProducerGaveUp`] and [`Producer::gave_up`]
+//! says why, so the worker leaves its group and exits (`worker::watchdog`).
+
+use super::{client_err, tuned, KafkaError};
+use crate::config::Config;
+use crate::core::vitals::RebuildBudget;
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{ClientConfig, ClientContext};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// The client context of one producer instance: notes a fatal error when librdkafka
+/// reports it (its error callback), so the next send rebuilds before trying.
+pub struct FatalWatch {
+    fatal: Arc<AtomicBool>,
+}
+
+impl ClientContext for FatalWatch {
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) {
+            if !self.fatal.swap(true, Ordering::SeqCst) {
+                metrics::counter!(crate::metrics::KAFKA_FATAL_ERRORS, "client" => "producer").increment(1);
+                tracing::error!(%reason, "Kafka producer hit a fatal error; it is rebuilt before the next record");
+            }
+        } else {
+            tracing::debug!(error = %error, %reason, "librdkafka error");
+        }
+    }
+}
+
+type Client = FutureProducer<FatalWatch>;
+
+/// One client instance: its number and the flag its context raises on a fatal error.
+#[derive(Clone)]
+struct Generation {
+    client: Client,
+    number: u64,
+    fatal: Arc<AtomicBool>,
+}
+
+impl Generation {
+    fn new(settings: &ClientConfig, number: u64) -> Result<Self, rdkafka::error::KafkaError> {
+        let fatal = Arc::new(AtomicBool::new(false));
+        let client = settings.create_with_context(FatalWatch { fatal: fatal.clone() })?;
+        Ok(Generation { client, number, fatal })
+    }
+
+    /// The client hit a fatal error (reported by its error callback, or found asking it).
+    fn is_dead(&self) -> bool {
+        self.fatal.load(Ordering::SeqCst) || self.client.client().fatal_error().is_some()
+    }
+}
+
+/// An idempotent producer that replaces its librdkafka client after a fatal error.
+/// Cheap to clone: every clone shares the current client.
+#[derive(Clone)]
+pub struct Producer {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    settings: ClientConfig,
+    brokers: String,
+    /// The current client and its generation (bumped on every rebuild).
+    current: RwLock<Generation>,
+    budget: Mutex<RebuildBudget>,
+    rebuilds: AtomicU64,
+    /// Why the producer was given up (its rebuild budget spent), if it was.
+    gave_up: Mutex<Option<String>>,
+}
+
+/// Idempotent producer: retries inside librdkafka never duplicate or reorder records.
+pub fn producer(cfg: &Config) -> Result<Producer, KafkaError> {
+    // Batching is tuning (`kafka.properties` may change it); durability is not.
+    let mut settings = tuned(cfg, &[("linger.ms", "10"), ("compression.type", "lz4")]);
+    settings.set("enable.idempotence", "true").set("acks", "all").set("message.timeout.ms", "30000");
+    let first = Generation::new(&settings, 0).map_err(client_err(cfg))?;
+    Ok(Producer {
+        inner: Arc::new(Inner {
+            brokers: cfg.kafka.brokers.clone(),
+            settings,
+            current: RwLock::new(first),
+            budget: Mutex::new(RebuildBudget::default()),
+            rebuilds: AtomicU64::new(0),
+            gave_up: Mutex::new(None),
+        }),
+    })
+}
+
+impl Producer {
+    /// The librdkafka client to send on now (rebuilt first if it reported a fatal error).
+    pub fn client(&self) -> Result<(Client, u64), KafkaError> {
+        let current = self.inner.current.read().expect("producer lock").clone();
+        let current = if current.is_dead() { self.rebuild(current.number)? } else { current };
+        Ok((current.client, current.number))
+    }
+
+    /// Rebuilds that replaced a dead client so far.
+    pub fn rebuilds(&self) -> u64 {
+        self.inner.rebuilds.load(Ordering::SeqCst)
+    }
+
+    /// Why the producer was given up (it kept dying faster than its rebuild budget).
+    pub fn gave_up(&self) -> Option<String> {
+        self.inner.gave_up.lock().expect("producer gave_up lock").clone()
+    }
+
+    /// Replaces the client of `generation` (unless another caller already did) and
+    /// returns the new one. Refused once the rebuild budget is spent.
+    fn rebuild(&self, generation: u64) -> Result<Generation, KafkaError> {
+        let mut current = self.inner.current.write().expect("producer lock");
+        if current.number != generation {
+            return Ok(current.clone());
+        }
+        if let Some(why) = self.gave_up() {
+            return Err(KafkaError::ProducerGaveUp(why));
+        }
+        let now = crate::now_ms();
+        let reason = current.client.client().fatal_error().map(|(code, msg)| format!("{code:?}: {msg}"));
+        let reason = reason.unwrap_or_else(|| "fatal error".to_string());
+        if !self.inner.budget.lock().expect("rebuild budget").allow(now) {
+            let why = format!("the Kafka producer died again ({reason}) after {} rebuilds", self.rebuilds());
+            tracing::error!(why, "giving the producer up");
+            *self.inner.gave_up.lock().expect("producer gave_up lock") = Some(why.clone());
+            return Err(KafkaError::ProducerGaveUp(why));
+        }
+        let next = Generation::new(&self.inner.settings, generation + 1).map_err(|e| KafkaError::Client {
+            brokers: self.inner.brokers.clone(),
+            message: format!("rebuilding the producer: {e}"),
+        })?;
+        let old = std::mem::replace(&mut *current, next);
+        self.inner.rebuilds.fetch_add(1, Ordering::SeqCst);
+        metrics::counter!(crate::metrics::PRODUCER_REBUILDS).increment(1);
+        tracing::warn!(%reason, generation = generation + 1, "Kafka producer rebuilt after a fatal error; unacknowledged records are sent again");
+        // Destroying a client waits for its threads: not on this (async) thread.
+        std::thread::spawn(move || drop(old));
+        Ok(current.clone())
+    }
+
+    /// Produces one record and waits for the broker's acknowledgement. A failure caused
+    /// by a fatal error of the client is sent again on a rebuilt client.
+    pub async fn send(
+        &self,
+        topic: &str,
+        key: &str,
+        payload: &[u8],
+        headers: &[(&str, &str)],
+    ) -> Result<(i32, i64), KafkaError> {
+        loop {
+            let (client, generation) = self.client()?;
+            let mut record = FutureRecord::to(topic).key(key).payload(payload);
+            if !headers.is_empty() {
+                let owned = headers
+                    .iter()
+                    .fold(rdkafka::message::OwnedHeaders::new_with_capacity(headers.len()), |h, (k, v)| {
+                        h.insert(rdkafka::message::Header { key: k, value: Some(*v) })
+                    });
+                record = record.headers(owned);
+            }
+            match client.send(record, rdkafka::util::Timeout::Never).await {
+                Ok(d) => return Ok((d.partition, d.offset)),
+                Err((source, _))
+                    if is_fatal(&self.inner.current.read().expect("producer lock"), generation, &source) =>
+                {
+                    tracing::debug!(topic, error = %source, "send failed on a dead producer; rebuilding and sending again");
+                    self.rebuild(generation)?;
+                }
+                Err((source, _)) => return Err(KafkaError::Produce { topic: topic.to_string(), source }),
+            }
+        }
+    }
+
+    /// Produces one record without waiting for the acknowledgement. False when the
+    /// producer's queue is full or the record is refused at once.
+    pub fn send_nowait(&self, topic: &str, key: &str, payload: &[u8]) -> bool {
+        match self.client() {
+            Ok((client, _)) => client.send_result(FutureRecord::to(topic).key(key).payload(payload)).is_ok(),
+            Err(_) => false,
+        }
+    }
+}
+
+/// A send on client `generation` failed because that client died (a fatal error), not
+/// for the record itself: the client was replaced since, or it is dead now.
+///
+/// Without transactions librdkafka does not always raise a broker's fencing as a fatal
+/// error: seen with tansu after a 30 s cut, every delivery failed with `ProducerFenced`
+/// while `rd_kafka_fatal_error` stayed empty. Those producer-id errors kill the client
+/// just the same (it never sends again), so they count as fatal here.
+fn is_fatal(current: &Generation, generation: u64, e: &rdkafka::error::KafkaError) -> bool {
+    let dead_client = matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::Fatal
+                | RDKafkaErrorCode::ProducerFenced
+                | RDKafkaErrorCode::InvalidProducerEpoch
+                | RDKafkaErrorCode::UnknownProducerId
+                | RDKafkaErrorCode::InvalidProducerIdMapping
+                | RDKafkaErrorCode::OutOfOrderSequenceNumber
+        )
+    );
+    if dead_client && current.number == generation {
+        current.fatal.store(true, Ordering::SeqCst);
+    }
+    dead_client || current.number != generation || current.is_dead()
+}
