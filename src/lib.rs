@@ -12,7 +12,8 @@
 //!                 rate, and the gate;
 //!                 `core::fleet_counts`: retry budget and poison detection on the
 //!                 pool's counts), finished records grouped by submission second
-//!                 (`core::finished`), the pool classifier (`core::classifier`).
+//!                 (`core::finished`), the pool classifier (`core::classifier`), what one
+//!                 API key may hold of an API process (`core::frontdoor`).
 //!                 `now` is an argument.
 //! - `kafka`     – the Kafka edge (only module importing rdkafka); `kafka::Pauses` keeps a
 //!   consumer's partition pauses in step with librdkafka across rebalances.
@@ -43,7 +44,9 @@
 //! - `rerunner`  – the I/O shell of `fairway rerun` (decisions: `core::rerun`): "rerun
 //!                 all" of a tenant's jobs by generation numbers.
 //! - `api`       – the HTTP API (axum) and the operator console (`api::console`: pages,
-//!                 sessions and SSE at `/console`; pure parts in `core::console`).
+//!                 sessions and SSE at `/console`; pure parts in `core::console`);
+//!                 `api::frontdoor`: per-key and total bounds on bodies, submissions and
+//!                 streams in flight, connections and their idle time.
 //! - `cqlbridge` – protocol-v4 bridge to the local Cassandra 2.1 test database.
 //! - `metrics`   – metric names and the Prometheus exporter.
 //! - `telemetry` – OpenTelemetry spans of a job's life (send, dispatch wait, process,

@@ -10,6 +10,10 @@
 //! job stream ends after the terminal event (`succeeded`, `failed`, `cancelled`,
 //! `expired`); if that event never arrives (lost before the recorder saw it) the stream
 //! ends with one made from the job's row 5 s after the row says it finished.
+//!
+//! Streams are bounded per API key and in total (`[api.limits]` `streams_per_key`,
+//! `streams`: 429 `TOO_MANY_STREAMS`), end when their key is revoked, and a job stream
+//! is fed by the live feed (the store is read every 15 s as a backstop, or when the feed lags).
 
 use super::{check_job_id, codes, may_see, ApiError, ApiState, Caller};
 use crate::core::events::{ends_stream, shown_state, JobState, WaitReason};
@@ -18,7 +22,7 @@ use crate::store::{EventStatements, JobRow};
 use crate::{metrics as m, now_ms};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
@@ -28,8 +32,11 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::broadcast;
 
-/// How often a job stream re-reads the history (fills gaps the live feed missed).
+/// How often a job stream without the live feed re-reads the history.
 const POLL: Duration = Duration::from_secs(1);
+/// How often a job stream fed by the live feed re-reads it anyway (a backstop for
+/// events the feed missed; a lagging feed triggers a read at once).
+const POLL_FED: Duration = Duration::from_secs(15);
 /// A job whose row is terminal this long without a terminal event ends its stream anyway.
 const END_GRACE_MS: i64 = 5_000;
 /// Longest a stream stays open (the client reconnects; bounded resources per stream).
@@ -135,6 +142,7 @@ pub(super) async fn status_from_history(
 pub(super) async fn job_events(
     State(st): State<ApiState>,
     caller: Caller,
+    headers: axum::http::HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<EventsQuery>,
 ) -> Result<Response, ApiError> {
@@ -161,28 +169,34 @@ pub(super) async fn job_events(
         });
         return Ok(Json(body).into_response());
     }
+    let slot = st.front_door().stream_slot(&super::auth::key_id(&headers))?;
     let live = st.feed().map(|f| f.subscribe());
+    let poll = if live.is_some() { POLL_FED } else { POLL };
     let follower = JobFollower {
+        poll,
         id,
         stmts,
         store: st.store().clone(),
         live,
         seen: HashSet::new(),
         pending: history.into(),
-        next_poll: tokio::time::Instant::now() + POLL,
+        next_poll: tokio::time::Instant::now() + poll,
         done: false,
         deadline: tokio::time::Instant::now() + MAX_STREAM,
         _gauge: StreamGauge::open(),
+        _slot: slot,
     };
     let stream = futures::stream::unfold(follower, |mut f| async move {
         let e = f.next().await?;
         Some((Ok::<_, Infallible>(sse(&e)), f))
     });
-    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response())
+    Ok(super::frontdoor::live_stream(stream, &st, headers))
 }
 
 /// One job's stream: history first, then live events and periodic re-reads, deduplicated.
 struct JobFollower {
+    /// How often the history is re-read.
+    poll: Duration,
     id: String,
     stmts: EventStatements,
     store: crate::store::Store,
@@ -193,6 +207,7 @@ struct JobFollower {
     done: bool,
     deadline: tokio::time::Instant,
     _gauge: StreamGauge,
+    _slot: super::frontdoor::Slot,
 }
 
 impl JobFollower {
@@ -223,7 +238,7 @@ impl JobFollower {
                     Some(Err(broadcast::error::RecvError::Closed)) | None => self.live = None,
                 },
                 _ = tokio::time::sleep_until(next_poll) => {
-                    self.next_poll = tokio::time::Instant::now() + POLL;
+                    self.next_poll = tokio::time::Instant::now() + self.poll;
                     self.poll().await;
                 }
             }
@@ -266,6 +281,7 @@ impl JobFollower {
 pub(super) async fn tenant_events(
     State(st): State<ApiState>,
     caller: Caller,
+    headers: axum::http::HeaderMap,
     Query(q): Query<EventsQuery>,
 ) -> Result<Response, ApiError> {
     if !follow(&q)? {
@@ -293,8 +309,9 @@ pub(super) async fn tenant_events(
             "this server has no live events feed (built without one); use GET /v1/jobs/{id}/events",
         ));
     };
+    let slot = st.front_door().stream_slot(&super::auth::key_id(&headers))?;
     let rx = feed.subscribe();
-    let gauge = StreamGauge::open();
+    let gauge = (StreamGauge::open(), slot);
     let deadline = tokio::time::Instant::now() + MAX_STREAM;
     let stream = futures::stream::unfold((rx, tenant, gauge), move |(mut rx, tenant, gauge)| async move {
         loop {
@@ -308,5 +325,5 @@ pub(super) async fn tenant_events(
             }
         }
     });
-    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response())
+    Ok(super::frontdoor::live_stream(stream, &st, headers))
 }

@@ -43,6 +43,9 @@ pub enum BenchKind {
     Faults(super::bench_faults::FaultsArgs),
     /// The submit path: produce only vs produce + the job's queued row (issue 15).
     Submit(super::bench_submit::SubmitBenchArgs),
+    /// The blast radius: tenant A attacks `fairway serve` (batch floods, failing jobs,
+    /// scheduled jobs, streams) while tenant B submits; peak RSS, B's answers. JSON.
+    Blast(super::bench_blast::BlastArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -78,6 +81,7 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchKind::Registry(r) => super::bench_registry::run(g, r).await,
         BenchKind::Faults(f) => super::bench_faults::run(g, f).await,
         BenchKind::Submit(s) => super::bench_submit::run(g, s).await,
+        BenchKind::Blast(b) => super::bench_blast::run(g, b).await,
     }
 }
 
