@@ -13,7 +13,7 @@
 //!
 //! Streams are bounded per API key and in total (`[api.limits]` `streams_per_key`,
 //! `streams`: 429 `TOO_MANY_STREAMS`), end when their key is revoked, and a job stream
-//! is fed by the live feed (the store is read every 15 s as a backstop, or when the feed lags).
+//! is fed by the live feed (after its first 10 s the store is read every 15 s as a backstop, or when the feed lags).
 
 use super::{check_job_id, codes, may_see, ApiError, ApiState, Caller};
 use crate::core::events::{ends_stream, shown_state, JobState, WaitReason};
@@ -35,8 +35,11 @@ use tokio::sync::broadcast;
 /// How often a job stream without the live feed re-reads the history.
 const POLL: Duration = Duration::from_secs(1);
 /// How often a job stream fed by the live feed re-reads it anyway (a backstop for
-/// events the feed missed; a lagging feed triggers a read at once).
+/// events the feed missed; a lagging feed triggers a read at once), once the stream is
+/// `FED_AFTER` old: before that it reads every `POLL`, since the feed starts at the
+/// topic's end and misses what was produced just before it subscribed.
 const POLL_FED: Duration = Duration::from_secs(15);
+const FED_AFTER: Duration = Duration::from_secs(10);
 /// A job whose row is terminal this long without a terminal event ends its stream anyway.
 const END_GRACE_MS: i64 = 5_000;
 /// Longest a stream stays open (the client reconnects; bounded resources per stream).
@@ -171,16 +174,16 @@ pub(super) async fn job_events(
     }
     let slot = st.front_door().stream_slot(&super::auth::key_id(&headers))?;
     let live = st.feed().map(|f| f.subscribe());
-    let poll = if live.is_some() { POLL_FED } else { POLL };
+    let fed_from = live.is_some().then(|| tokio::time::Instant::now() + FED_AFTER);
     let follower = JobFollower {
-        poll,
+        fed_from,
         id,
         stmts,
         store: st.store().clone(),
         live,
         seen: HashSet::new(),
         pending: history.into(),
-        next_poll: tokio::time::Instant::now() + poll,
+        next_poll: tokio::time::Instant::now() + POLL,
         done: false,
         deadline: tokio::time::Instant::now() + MAX_STREAM,
         _gauge: StreamGauge::open(),
@@ -195,8 +198,9 @@ pub(super) async fn job_events(
 
 /// One job's stream: history first, then live events and periodic re-reads, deduplicated.
 struct JobFollower {
-    /// How often the history is re-read.
-    poll: Duration,
+    /// From when the live feed alone feeds the stream (history re-read every `POLL_FED`;
+    /// None: no feed, re-read every `POLL`).
+    fed_from: Option<tokio::time::Instant>,
     id: String,
     stmts: EventStatements,
     store: crate::store::Store,
@@ -238,7 +242,9 @@ impl JobFollower {
                     Some(Err(broadcast::error::RecvError::Closed)) | None => self.live = None,
                 },
                 _ = tokio::time::sleep_until(next_poll) => {
-                    self.next_poll = tokio::time::Instant::now() + self.poll;
+                    let now = tokio::time::Instant::now();
+                    let fed = self.fed_from.is_some_and(|t| now >= t);
+                    self.next_poll = now + if fed { POLL_FED } else { POLL };
                     self.poll().await;
                 }
             }
