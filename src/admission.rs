@@ -3,8 +3,9 @@
 //!
 //! Before anything is written, a submission (one job or a batch, all or nothing) must
 //! pass, in order:
-//! 1. the **circuit breakers** of its pools and job types ([`Gates`], fed every second
-//!    from the workers' outcome counts in the store) – 503 `CIRCUIT_OPEN`;
+//! 1. the **circuit breakers** of its pools and job types, the tenant's own and the
+//!    shared ones (fed every second from the workers' outcome counts in the store;
+//!    scoping in `core::admission::breaker`) – 503 `CIRCUIT_OPEN`;
 //! 2. the tenant's **queue depth** – the counter row `queue_depth` (enqueued by the
 //!    front door, dequeued by workers at first dispatch), read at most every
 //!    `admission.queue_cache` per tenant, plus what this process admitted since the
@@ -12,8 +13,10 @@
 //! 3. the **rates** – the tenant's token bucket and the end user's (`flow_key`) sliding
 //!    window in this process – 429 `TENANT_RATE_LIMIT_EXCEEDED` / `USER_RATE_LIMIT_EXCEEDED`.
 //!
-//! Each admitted job due now then adds 1 to its tenant's `enqueued` counter once it is
-//! produced ([`Admission::settle`]). Quota alerts: every admission updates the share of
+//! Each admitted job (scheduled ones too: they hold their slot from submission until a
+//! worker dispatches them, so `max_queued` bounds what waits in the scheduler as well;
+//! `admission.max_schedule_ahead` bounds for how long) then adds 1 to its tenant's
+//! `enqueued` counter once it is produced ([`Admission::settle`]). Quota alerts: every admission updates the share of
 //! each limit the tenant uses; crossing an alert level (60 %, 80 %) logs, counts
 //! `fairway_quota_alerts_total` and moves the `fairway_quota_tenants_over` gauge.
 
@@ -39,8 +42,6 @@ pub struct Ask {
     pub flow_key: Option<String>,
     pub pool: Pool,
     pub job_type: String,
-    /// Counts in the queue depth (not scheduled for later: `core::admission::counts_in_queue`).
-    pub due_now: bool,
 }
 
 /// Why a submission is refused.
@@ -93,7 +94,32 @@ pub struct Admission {
     store: Option<Store>,
     tenants: Option<crate::tenants::LiveTenants>,
     state: Mutex<State>,
-    gates: Mutex<HashMap<String, Gate>>,
+    gates: Mutex<HashMap<String, ScopedGate>>,
+}
+
+/// A gate and, for a shared one that opened, the tenants whose failures opened it (they
+/// are never its probe).
+#[derive(Debug)]
+struct ScopedGate {
+    gate: Gate,
+    /// A pool's or job type's gate (not one tenant's).
+    shared: bool,
+    culprits: std::collections::BTreeSet<String>,
+}
+
+impl ScopedGate {
+    /// May `tenant`'s submission go now? A culprit waits while the gate is not closed,
+    /// so another tenant's job is the probe.
+    fn pass(&mut self, tenant: &str, now: Millis, cool_down: Millis) -> Pass {
+        if self.culprits.contains(tenant) {
+            match self.gate.state() {
+                breaker::GateState::Closed { .. } => {}
+                breaker::GateState::Open { until, .. } if now < *until => return Pass::Refused { retry_at: *until },
+                _ => return Pass::Refused { retry_at: now + cool_down },
+            }
+        }
+        self.gate.pass(now)
+    }
 }
 
 impl Admission {
@@ -154,7 +180,7 @@ impl Admission {
         for a in &asks {
             let e = per_tenant.entry(&a.tenant).or_default();
             e.0 += 1;
-            e.1 += u64::from(a.due_now);
+            e.1 += 1;
         }
         let records: HashMap<&str, TenantRecord> =
             per_tenant.keys().filter_map(|t| Some((*t, self.record(t)?))).collect();
@@ -231,15 +257,18 @@ impl Admission {
     fn pass_gates(&self, asks: &[Ask], now: Millis) -> Result<Vec<(String, usize)>, Refused> {
         let mut gates = self.gates.lock().expect("gates");
         let mut probes = Vec::new();
+        let cool_down = self.cfg.admission.breaker.cool_down.0;
         for (i, a) in asks.iter().enumerate() {
-            for scope in [format!("pool:{}", a.pool.as_str()), format!("job_type:{}", a.job_type)] {
+            let shared = [format!("pool:{}", a.pool.as_str()), format!("job_type:{}", a.job_type)];
+            let own = shared.iter().map(|s| breaker::tenant_scope(s, &a.tenant)).collect::<Vec<_>>();
+            for scope in shared.into_iter().chain(own) {
                 let Some(g) = gates.get_mut(&scope) else { continue };
-                match g.pass(now) {
+                match g.pass(&a.tenant, now, cool_down) {
                     Pass::Allowed => {}
                     Pass::Probe if !probes.iter().any(|(s, _)| *s == scope) => probes.push((scope, i)),
                     Pass::Probe => {}
                     Pass::Refused { retry_at } => {
-                        let counts = match g.state() {
+                        let counts = match g.gate.state() {
                             breaker::GateState::Open { counts, .. } => *counts,
                             _ => Counts::default(),
                         };
@@ -258,35 +287,33 @@ impl Admission {
         let mut gates = self.gates.lock().expect("gates");
         for (scope, _) in probes {
             if let Some(g) = gates.get_mut(scope) {
-                g.probe_sent(None, now);
+                g.gate.probe_sent(None, now);
             }
         }
     }
 
     /// After the produce: `outcome[i]` is the job id of `asks[i]` when it was accepted
     /// (None: not produced, or a duplicate of an earlier job). Counts the accepted jobs
-    /// due now into their tenants' queues and hands the probes' ids to the breakers.
+    /// into their tenants' queues and hands the probes' ids to the breakers.
     pub async fn settle(&self, ticket: Ticket, outcome: &[Option<String>]) {
         let now = now_ms();
         {
             let mut gates = self.gates.lock().expect("gates");
             for (scope, i) in &ticket.probes {
                 if let Some(g) = gates.get_mut(scope) {
-                    g.probe_sent(outcome.get(*i).cloned().flatten(), now);
+                    g.gate.probe_sent(outcome.get(*i).cloned().flatten(), now);
                 }
             }
         }
         let mut counts: BTreeMap<(&str, Pool), i64> = BTreeMap::new();
-        // Per tenant: (reserved, accepted) jobs due now.
+        // Per tenant: (reserved, accepted) jobs.
         let mut due: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
         for (a, o) in ticket.asks.iter().zip(outcome.iter().chain(std::iter::repeat(&None))) {
-            if a.due_now {
-                let d = due.entry(&a.tenant).or_default();
-                d.0 += 1;
-                if o.is_some() {
-                    d.1 += 1;
-                    *counts.entry((&a.tenant, a.pool)).or_default() += 1;
-                }
+            let d = due.entry(&a.tenant).or_default();
+            d.0 += 1;
+            if o.is_some() {
+                d.1 += 1;
+                *counts.entry((&a.tenant, a.pool)).or_default() += 1;
             }
         }
         if let Some(stmts) = &self.stmts {
@@ -394,36 +421,52 @@ impl Admission {
             .lock()
             .expect("gates")
             .iter()
-            .map(|(k, g)| (k.clone(), g.counting_since().unwrap_or(Millis::MAX)))
+            .map(|(k, g)| (k.clone(), g.gate.counting_since().unwrap_or(Millis::MAX)))
             .collect();
-        let cells = reads.cells().map(|(b, c)| (b, c.pool.as_str(), c.job_type.as_str(), c.ok, c.failed));
+        let cells = reads.cells().map(|(bucket, c)| breaker::TenantCell {
+            bucket,
+            pool: c.pool.as_str(),
+            job_type: c.job_type.as_str(),
+            tenant: c.tenant.as_str(),
+            ok: c.ok,
+            failed: c.failed,
+            infra: c.infra,
+        });
         let sums = breaker::window_counts(cells, now, window, |k| since.get(k).copied().unwrap_or(Millis::MIN));
         let probes: Vec<(String, String)> = {
             let mut gates = self.gates.lock().expect("gates");
-            for (scope, counts) in sums {
-                let g = gates.entry(scope.clone()).or_insert_with(|| Gate::new(bc.clone()));
-                if g.observe(counts, now) {
+            for (scope, sc) in sums {
+                if !sc.may_open(bc.min_tenants) && !gates.contains_key(&scope) {
+                    continue;
+                }
+                let shared = sc.tenant.is_none();
+                let new = || ScopedGate { gate: Gate::new(bc.clone()), shared, culprits: Default::default() };
+                let g = gates.entry(scope.clone()).or_insert_with(new);
+                if sc.may_open(bc.min_tenants) && g.gate.observe(sc.counts, now) {
+                    g.culprits = if shared { sc.failing.clone() } else { Default::default() };
                     tracing::warn!(
                         scope,
-                        ok = counts.ok,
-                        failed = counts.failed,
+                        ok = sc.counts.ok,
+                        failed = sc.counts.failed,
+                        tenants = ?sc.failing,
                         "submission circuit breaker opened: new submissions get 503 for {}",
                         bc.cool_down
                     );
                 }
             }
-            for (scope, g) in gates.iter() {
-                let open = if matches!(g.state(), breaker::GateState::Closed { .. }) { 0.0 } else { 1.0 };
+            // Shared gates only: tenants' own would make the label unbounded.
+            for (scope, g) in gates.iter().filter(|(_, g)| g.shared) {
+                let open = if matches!(g.gate.state(), breaker::GateState::Closed { .. }) { 0.0 } else { 1.0 };
                 metrics::gauge!(m::SUBMIT_BREAKER_OPEN, "scope" => scope.clone()).set(open);
             }
-            gates.iter().filter_map(|(s, g)| Some((s.clone(), g.probe_job()?.to_string()))).collect()
+            gates.iter().filter_map(|(s, g)| Some((s.clone(), g.gate.probe_job()?.to_string()))).collect()
         };
         for (scope, job_id) in probes {
             let row = store.job(&job_id).await?;
             if let Some(ok) = breaker::probe_outcome(row.as_ref().and_then(|r| r.status.as_deref())) {
                 tracing::info!(scope, job_id, ok, "submission breaker probe finished");
                 if let Some(g) = self.gates.lock().expect("gates").get_mut(&scope) {
-                    g.probe_verdict(ok, now_ms());
+                    g.gate.probe_verdict(ok, now_ms());
                 }
             }
         }

@@ -547,6 +547,14 @@ impl JobTypeConfig {
         }
         self.limits.or(pool.limits).validate().map_err(|e| invalid(key("limits"), e))
     }
+    /// HTTP executor: follow up to 5 redirects (off by default: a redirect answers
+    /// `permanent`, so a job type's endpoint cannot send fairway elsewhere).
+    #[serde(default)]
+    pub follow_redirects: bool,
+    /// Only these tenants may submit this job type (absent: every tenant); others get
+    /// 403 `JOB_TYPE_NOT_ALLOWED`.
+    #[serde(default)]
+    pub tenants: Option<Vec<String>>,
 }
 
 impl Config {
@@ -641,6 +649,10 @@ impl Config {
             crate::core::flow::check_key(key).map_err(|e| invalid(format!("flow.keys.{key:?}"), e))?;
             l.validate().map_err(|e| invalid(format!("flow.keys.{key:?}"), e))?;
         }
+        let limits = &self.api.limits;
+        limits
+            .validate(limits.batch_body(self.worker.max_payload_bytes))
+            .map_err(|(field, why)| invalid(format!("api.limits.{field}"), why))?;
         for (name, jt) in &self.job_types {
             if let Some(l) = &jt.flow {
                 l.validate().map_err(|e| invalid(format!("job_types.{name}.flow"), e))?;
@@ -659,15 +671,14 @@ impl Config {
             }
             jt.validate_process(name, &self.pool(jt.pool))?;
             if jt.handler == HandlerKind::Http {
-                match &jt.url {
-                    Some(u) if u.starts_with("http://") || u.starts_with("https://") => {}
-                    _ => {
-                        return Err(invalid(
-                            format!("job_types.{name}.url"),
-                            "handler = \"http\" needs url = \"http://host:port/path\"",
-                        ))
-                    }
-                }
+                crate::handlers::http::check_url(jt.url.as_deref().unwrap_or_default())
+                    .map_err(|e| invalid(format!("job_types.{name}.url"), e))?;
+            }
+            if jt.tenants.as_ref().is_some_and(Vec::is_empty) {
+                return Err(invalid(
+                    format!("job_types.{name}.tenants"),
+                    "is empty: no tenant could submit it; list tenants, or remove the key to allow every tenant",
+                ));
             }
         }
         Ok(())
@@ -864,6 +875,13 @@ mod tests {
     fn bad_duration_says_how_to_fix() {
         let err = Config::parse("[pools.short]\ndefault_estimate = \"fast\"\n", "t").unwrap_err().to_string();
         assert!(err.contains("100ms"), "{err}");
+    }
+
+    #[test]
+    fn executor_urls_with_credentials_are_refused_at_load() {
+        let toml = "[job_types.x]\npool = \"short\"\nhandler = \"http\"\nurl = \"https://u:hunter2@svc/run\"\n";
+        let err = Config::parse(toml, "t").unwrap_err().to_string();
+        assert!(err.contains("job_types.x.url") && err.contains("credentials") && !err.contains("hunter2"), "{err}");
     }
 
     #[test]

@@ -12,7 +12,8 @@
 //!                 rate, and the gate;
 //!                 `core::fleet_counts`: retry budget and poison detection on the
 //!                 pool's counts), finished records grouped by submission second
-//!                 (`core::finished`), the pool classifier (`core::classifier`),
+//!                 (`core::finished`), the pool classifier (`core::classifier`), what one
+//!                 API key may hold of an API process (`core::frontdoor`),
 //!                 `process` jobs' limits and exit verdicts (`core::limits`), the
 //!                 per-(tenant, pool) recycling cap (`core::recycling`), the stuck-job
 //!                 rule (`core::stuck`).
@@ -55,7 +56,9 @@
 //! - `rerunner`  – the I/O shell of `fairway rerun` (decisions: `core::rerun`): "rerun
 //!                 all" of a tenant's jobs by generation numbers.
 //! - `api`       – the HTTP API (axum) and the operator console (`api::console`: pages,
-//!                 sessions and SSE at `/console`; pure parts in `core::console`).
+//!                 sessions and SSE at `/console`; pure parts in `core::console`);
+//!                 `api::frontdoor`: per-key and total bounds on bodies, submissions and
+//!                 streams in flight, connections and their idle time.
 //! - `cqlbridge` – protocol-v4 bridge to the local Cassandra 2.1 test database.
 //! - `netlab`    – the network-partition lab (a namespace, veth pairs, a broker and a CQL
 //!                 bridge on the host ends) and its scenario, for `fairway bench

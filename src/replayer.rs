@@ -585,12 +585,13 @@ pub async fn browse(
     source: ReplaySource,
     filter: &ReplayFilter,
     max: usize,
+    max_scanned: u64,
 ) -> Result<(Vec<Listed>, u64), ReplayError> {
     let topic = source_topic(cfg, source);
     let mut scan = Scan::open(cfg, "browse", vec![(topic, HashMap::new())], Duration::from_secs(1), now_ms()).await?;
     let mut out = std::collections::VecDeque::new();
     let mut scanned = 0u64;
-    while !scan.finished() {
+    while !scan.finished() && scanned < max_scanned {
         let rec = match scan.next().await {
             ScanStep::Record(rec) => rec,
             ScanStep::Tick => continue,

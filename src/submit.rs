@@ -39,6 +39,10 @@ pub enum SubmitError {
     /// A unique or debounce field: the field and how to fix it.
     #[error("field `{field}`: {message}")]
     Invalid { field: &'static str, message: String },
+    #[error("tenant {tenant:?} may not submit job type {job_type:?}: its [job_types.{job_type}] lists tenants = [{allowed}]; add the tenant there or use another job type")]
+    JobTypeNotAllowed { tenant: String, job_type: String, allowed: String },
+    #[error("execute_at is {ahead_ms} ms ahead, beyond admission.max_schedule_ahead = {horizon}; submit it within {horizon} of its time (retry after the Retry-After wait) or raise admission.max_schedule_ahead")]
+    TooFarAhead { ahead_ms: Millis, horizon: crate::core::retry::DurationMs },
     #[error(transparent)]
     Kafka(#[from] kafka::KafkaError),
     #[error(transparent)]
@@ -425,10 +429,21 @@ pub(crate) fn validate_job(cfg: &Config, job: &NewJob, payload_len: usize) -> Re
     if payload_len > cfg.worker.max_payload_bytes {
         return Err(SubmitError::PayloadTooLarge { size: payload_len, limit: cfg.worker.max_payload_bytes });
     }
+    if let Some(allowed) = jt.tenants.as_ref().filter(|a| !a.contains(&job.tenant)) {
+        return Err(SubmitError::JobTypeNotAllowed {
+            tenant: job.tenant.clone(),
+            job_type: job.job_type.clone(),
+            allowed: allowed.join(", "),
+        });
+    }
     if let (Some(e), Some(n)) = (job.execute_at, job.not_after) {
         if n < e {
             return Err(SubmitError::NeverRunnable { execute_at: e, not_after: n });
         }
+    }
+    let horizon = cfg.admission.max_schedule_ahead;
+    if let Some(ahead_ms) = job.execute_at.map(|at| at - now_ms()).filter(|ahead| *ahead > horizon.0) {
+        return Err(SubmitError::TooFarAhead { ahead_ms, horizon });
     }
     if let Some(tp) = &job.traceparent {
         trace::check_traceparent(tp).map_err(SubmitError::BadTraceContext)?;
@@ -466,6 +481,28 @@ mod tests {
         assert!(e.contains("[job_types.nope]"), "{e}");
         let e = validate(&cfg, &job("acme", "echo"), 10 << 20).unwrap_err().to_string();
         assert!(e.contains("max_payload_bytes"), "{e}");
+    }
+
+    #[test]
+    fn a_job_type_with_a_tenants_list_refuses_the_others() {
+        let mut cfg = Config::builtin();
+        cfg.job_types.get_mut("echo").unwrap().tenants = Some(vec!["globex".into()]);
+        let e = validate(&cfg, &job("acme", "echo"), 10).unwrap_err();
+        assert!(matches!(e, SubmitError::JobTypeNotAllowed { .. }), "{e}");
+        assert!(e.to_string().contains("tenants = [globex]"), "{e}");
+        assert!(validate(&cfg, &job("globex", "echo"), 10).is_ok());
+    }
+
+    #[test]
+    fn execute_at_beyond_the_horizon_is_refused_with_the_setting() {
+        let cfg = Config::builtin();
+        let horizon = cfg.admission.max_schedule_ahead.0;
+        let mut j = job("acme", "echo");
+        j.execute_at = Some(now_ms() + horizon - 60_000);
+        assert!(validate(&cfg, &j, 10).is_ok());
+        j.execute_at = Some(now_ms() + horizon + 60_000);
+        let e = validate(&cfg, &j, 10).unwrap_err().to_string();
+        assert!(e.contains("admission.max_schedule_ahead"), "{e}");
     }
 
     #[test]

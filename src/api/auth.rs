@@ -104,11 +104,20 @@ impl ApiState {
 pub async fn require_caller(State(st): State<ApiState>, mut req: Request, next: Next) -> Response {
     match st.authenticate(req.headers()).await {
         Ok(caller) => {
+            let key = key_id(req.headers());
+            req.extensions_mut().insert(key);
             req.extensions_mut().insert(caller);
             next.run(req).await
         }
         Err(e) => e.into_response(),
     }
+}
+
+/// The id of the (authenticated) key in `headers`, for per-key bounds.
+pub fn key_id(headers: &HeaderMap) -> super::frontdoor::KeyId {
+    let token = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer);
+    let id = token.and_then(parse_token).map_or("anonymous", |(id, _)| id);
+    super::frontdoor::KeyId(id.to_string())
 }
 
 impl FromRequestParts<ApiState> for Caller {

@@ -16,8 +16,16 @@ pub(crate) fn sse<S>(st: &ApiState, stream: S) -> Response
 where
     S: Stream<Item = Result<Event, Infallible>> + Send + 'static,
 {
+    Sse::new(ending(st, stream)).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response()
+}
+
+/// `stream`, ended with a final `shutdown` event once the server drains.
+pub(crate) fn ending<S>(st: &ApiState, stream: S) -> impl Stream<Item = Result<Event, Infallible>> + Send + 'static
+where
+    S: Stream<Item = Result<Event, Infallible>> + Send + 'static,
+{
     let draining = st.draining();
-    let ending = futures::stream::unfold((Box::pin(stream), draining, false), |(mut s, mut d, ended)| async move {
+    futures::stream::unfold((Box::pin(stream), draining, false), |(mut s, mut d, ended)| async move {
         if ended {
             return None;
         }
@@ -38,6 +46,5 @@ where
                 Some((Ok(e), (s, d, true)))
             }
         }
-    });
-    Sse::new(ending).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response()
+    })
 }

@@ -44,6 +44,12 @@ pub mod codes {
     pub const TENANT_EXISTS: &str = "TENANT_EXISTS";
     pub const TOO_MANY_SESSIONS: &str = "TOO_MANY_SESSIONS";
     pub const REPLAY_FAILED: &str = "REPLAY_FAILED";
+    pub const JOB_TYPE_NOT_ALLOWED: &str = "JOB_TYPE_NOT_ALLOWED";
+    pub const SCHEDULE_TOO_FAR_AHEAD: &str = "SCHEDULE_TOO_FAR_AHEAD";
+    pub const TOO_MANY_SUBMISSIONS: &str = "TOO_MANY_SUBMISSIONS";
+    pub const TOO_MANY_STREAMS: &str = "TOO_MANY_STREAMS";
+    pub const TOO_MANY_SCANS: &str = "TOO_MANY_SCANS";
+    pub const BODY_TIMEOUT: &str = "BODY_TIMEOUT";
 }
 
 /// The fields a job object accepts, quoted in error messages.
@@ -218,11 +224,19 @@ impl From<SubmitError> for ApiError {
             SubmitError::BadTraceContext(_) => (StatusCode::BAD_REQUEST, codes::BAD_TRACE_CONTEXT),
             SubmitError::BadFlowKey(_) => (StatusCode::BAD_REQUEST, codes::BAD_FLOW_KEY),
             SubmitError::Invalid { .. } => (StatusCode::UNPROCESSABLE_ENTITY, codes::INVALID_JOB),
+            SubmitError::JobTypeNotAllowed { .. } => (StatusCode::FORBIDDEN, codes::JOB_TYPE_NOT_ALLOWED),
+            SubmitError::TooFarAhead { .. } => (StatusCode::TOO_MANY_REQUESTS, codes::SCHEDULE_TOO_FAR_AHEAD),
             SubmitError::Kafka(_) => (StatusCode::SERVICE_UNAVAILABLE, codes::KAFKA_UNAVAILABLE),
             SubmitError::Store(_) => (StatusCode::SERVICE_UNAVAILABLE, codes::STORE_UNAVAILABLE),
             SubmitError::Codec(_) => (StatusCode::INTERNAL_SERVER_ERROR, codes::INTERNAL),
         };
-        let retry_after_secs = (status == StatusCode::SERVICE_UNAVAILABLE).then_some(5);
+        let retry_after_secs = match &e {
+            // Acceptable once its time is within the horizon.
+            SubmitError::TooFarAhead { ahead_ms, horizon } => {
+                Some(retry_after_secs(Duration::from_millis((ahead_ms - horizon.0).max(0) as u64)))
+            }
+            _ => (status == StatusCode::SERVICE_UNAVAILABLE).then_some(5),
+        };
         ApiError { status, code, message, retry_after_secs }
     }
 }

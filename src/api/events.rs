@@ -10,6 +10,10 @@
 //! job stream ends after the terminal event (`succeeded`, `failed`, `cancelled`,
 //! `expired`); if that event never arrives (lost before the recorder saw it) the stream
 //! ends with one made from the job's row 5 s after the row says it finished.
+//!
+//! Streams are bounded per API key and in total (`[api.limits]` `streams_per_key`,
+//! `streams`: 429 `TOO_MANY_STREAMS`), end when their key is revoked, and a job stream
+//! is fed by the live feed (after its first 10 s the store is read every 15 s as a backstop, or when the feed lags).
 
 use super::{check_job_id, codes, may_see, ApiError, ApiState, Caller};
 use crate::core::events::{ends_stream, shown_state, JobState, WaitReason};
@@ -28,8 +32,14 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::broadcast;
 
-/// How often a job stream re-reads the history (fills gaps the live feed missed).
+/// How often a job stream without the live feed re-reads the history.
 const POLL: Duration = Duration::from_secs(1);
+/// How often a job stream fed by the live feed re-reads it anyway (a backstop for
+/// events the feed missed; a lagging feed triggers a read at once), once the stream is
+/// `FED_AFTER` old: before that it reads every `POLL`, since the feed starts at the
+/// topic's end and misses what was produced just before it subscribed.
+const POLL_FED: Duration = Duration::from_secs(15);
+const FED_AFTER: Duration = Duration::from_secs(10);
 /// A job whose row is terminal this long without a terminal event ends its stream anyway.
 const END_GRACE_MS: i64 = 5_000;
 /// Longest a stream stays open (the client reconnects; bounded resources per stream).
@@ -135,6 +145,7 @@ pub(super) async fn status_from_history(
 pub(super) async fn job_events(
     State(st): State<ApiState>,
     caller: Caller,
+    headers: axum::http::HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<EventsQuery>,
 ) -> Result<Response, ApiError> {
@@ -161,8 +172,11 @@ pub(super) async fn job_events(
         });
         return Ok(Json(body).into_response());
     }
+    let slot = st.front_door().stream_slot(&super::auth::key_id(&headers))?;
     let live = st.feed().map(|f| f.subscribe());
+    let fed_from = live.is_some().then(|| tokio::time::Instant::now() + FED_AFTER);
     let follower = JobFollower {
+        fed_from,
         id,
         stmts,
         store: st.store().clone(),
@@ -173,16 +187,20 @@ pub(super) async fn job_events(
         done: false,
         deadline: tokio::time::Instant::now() + MAX_STREAM,
         _gauge: StreamGauge::open(),
+        _slot: slot,
     };
     let stream = futures::stream::unfold(follower, |mut f| async move {
         let e = f.next().await?;
         Some((Ok::<_, Infallible>(sse(&e)), f))
     });
-    Ok(super::drain::sse(&st, stream))
+    Ok(super::frontdoor::live_stream(super::drain::ending(&st, stream), &st, headers))
 }
 
 /// One job's stream: history first, then live events and periodic re-reads, deduplicated.
 struct JobFollower {
+    /// From when the live feed alone feeds the stream (history re-read every `POLL_FED`;
+    /// None: no feed, re-read every `POLL`).
+    fed_from: Option<tokio::time::Instant>,
     id: String,
     stmts: EventStatements,
     store: crate::store::Store,
@@ -193,6 +211,7 @@ struct JobFollower {
     done: bool,
     deadline: tokio::time::Instant,
     _gauge: StreamGauge,
+    _slot: super::frontdoor::Slot,
 }
 
 impl JobFollower {
@@ -223,7 +242,9 @@ impl JobFollower {
                     Some(Err(broadcast::error::RecvError::Closed)) | None => self.live = None,
                 },
                 _ = tokio::time::sleep_until(next_poll) => {
-                    self.next_poll = tokio::time::Instant::now() + POLL;
+                    let now = tokio::time::Instant::now();
+                    let fed = self.fed_from.is_some_and(|t| now >= t);
+                    self.next_poll = now + if fed { POLL_FED } else { POLL };
                     self.poll().await;
                 }
             }
@@ -266,6 +287,7 @@ impl JobFollower {
 pub(super) async fn tenant_events(
     State(st): State<ApiState>,
     caller: Caller,
+    headers: axum::http::HeaderMap,
     Query(q): Query<EventsQuery>,
 ) -> Result<Response, ApiError> {
     if !follow(&q)? {
@@ -293,8 +315,9 @@ pub(super) async fn tenant_events(
             "this server has no live events feed (built without one); use GET /v1/jobs/{id}/events",
         ));
     };
+    let slot = st.front_door().stream_slot(&super::auth::key_id(&headers))?;
     let rx = feed.subscribe();
-    let gauge = StreamGauge::open();
+    let gauge = (StreamGauge::open(), slot);
     let deadline = tokio::time::Instant::now() + MAX_STREAM;
     let stream = futures::stream::unfold((rx, tenant, gauge), move |(mut rx, tenant, gauge)| async move {
         loop {
@@ -308,5 +331,5 @@ pub(super) async fn tenant_events(
             }
         }
     });
-    Ok(super::drain::sse(&st, stream))
+    Ok(super::frontdoor::live_stream(super::drain::ending(&st, stream), &st, headers))
 }

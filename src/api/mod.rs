@@ -30,6 +30,7 @@ mod drain;
 mod error;
 mod events;
 mod schedules;
+pub mod frontdoor;
 
 pub use auth::{Admin, Caller};
 pub use error::{codes, retry_after_secs, ApiError, JOB_FIELDS};
@@ -95,6 +96,8 @@ struct Inner {
     draining: tokio::sync::watch::Sender<bool>,
     /// Recurring schedules' statements (prepared on first use).
     schedules: tokio::sync::OnceCell<crate::schedules::Schedules>,
+    /// What each API key holds of this process (`[api.limits]`).
+    front: frontdoor::FrontDoor,
 }
 
 impl Inner {
@@ -107,7 +110,9 @@ impl Inner {
         metrics: Option<PrometheusHandle>,
     ) -> Inner {
         let keys = auth::Keys::new(cfg.api.auth, cfg.api.key_refresh);
+        let front = frontdoor::FrontDoor::new(&cfg.api.limits, cfg.worker.max_payload_bytes);
         Inner {
+            front,
             cfg,
             submitter,
             store,
@@ -213,18 +218,12 @@ impl ApiState {
         &self.inner.console
     }
 
-    /// Largest accepted body of one job: a payload of `max_payload_bytes` may grow up to
-    /// 6x when JSON-escaped; oversize payloads inside this get the precise 413 from validation.
-    fn single_body_limit(&self) -> usize {
-        self.inner.cfg.worker.max_payload_bytes.saturating_mul(6).saturating_add(64 << 10)
-    }
-    fn batch_body_limit(&self) -> usize {
-        self.single_body_limit().max(32 << 20)
+    fn front_door(&self) -> &frontdoor::FrontDoor {
+        &self.inner.front
     }
 
     /// Front-door admission of validated jobs (`pools[i]` is `jobs[i]`'s pool): all or none.
     async fn admit(&self, jobs: &[NewJob], pools: &[crate::model::Pool]) -> Result<crate::admission::Ticket, ApiError> {
-        let now = now_ms();
         let asks = jobs
             .iter()
             .zip(pools)
@@ -233,7 +232,6 @@ impl ApiState {
                 flow_key: j.flow_key.clone(),
                 pool: *p,
                 job_type: j.job_type.clone(),
-                due_now: crate::core::admission::counts_in_queue(j.execute_at, now),
             })
             .collect();
         self.inner.admission.admit(asks).await.map_err(|r| {
@@ -266,17 +264,20 @@ pub async fn serve(
     state: ApiState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let listener = frontdoor::BoundedListener::new(listener, &state.config().api.limits);
     axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
 }
 
 /// The API's routes (for embedding in another axum server).
 pub fn router(state: ApiState) -> Router {
-    let single = state.single_body_limit();
-    let batch = state.batch_body_limit();
+    let single = state.front_door().single_body();
+    let batch = state.front_door().batch_body();
+    // Submissions: bounded per key and in total, bodies read by the front door.
+    let bounded = || axum::middleware::from_fn_with_state(state.clone(), frontdoor::submissions);
     // Every route in this table needs an API key.
     let v1 = Router::new()
-        .route("/v1/jobs", post(submit_one).layer(DefaultBodyLimit::max(single)))
-        .route("/v1/jobs:batch", post(submit_batch).layer(DefaultBodyLimit::max(batch)))
+        .route("/v1/jobs", post(submit_one).layer(DefaultBodyLimit::max(single)).layer(bounded()))
+        .route("/v1/jobs:batch", post(submit_batch).layer(DefaultBodyLimit::max(batch)).layer(bounded()))
         .route("/v1/jobs/{id}", get(job_status).delete(cancel_job))
         .route("/v1/jobs/{id}/events", get(events::job_events))
         .route("/v1/events", get(events::tenant_events))
@@ -477,20 +478,12 @@ async fn submit_batch(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body.map_err(body_error)?;
-    let items: Vec<serde_json::Value> =
-        serde_json::from_slice(&body).map_err(|e| ApiError::from_json(&e, "a JSON array of job objects"))?;
+    let items = frontdoor::read_batch(&body, MAX_BATCH_JOBS)?;
     if items.is_empty() {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             codes::EMPTY_BATCH,
             "the batch is an empty array; send at least one job object",
-        ));
-    }
-    if items.len() > MAX_BATCH_JOBS {
-        return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            codes::BATCH_TOO_LARGE,
-            format!("the batch has {} jobs, above the limit of {MAX_BATCH_JOBS}; split it", items.len()),
         ));
     }
     let trace = TraceHeaders::of(&headers);

@@ -48,6 +48,9 @@ pub enum BenchKind {
     /// Network partitions: a worker cut off from the broker, the store or both (a network
     /// namespace; root needed); counts lost, duplicated and re-run jobs, time to recover.
     Partitions(super::bench_partitions::PartitionsArgs),
+    /// The blast radius: tenant A attacks `fairway serve` (batch floods, failing jobs,
+    /// scheduled jobs, streams) while tenant B submits; peak RSS, B's answers. JSON.
+    Blast(super::bench_blast::BlastArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -85,6 +88,7 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchKind::Submit(s) => super::bench_submit::run(g, s).await,
         BenchKind::Process(p) => super::bench_process::run(g, p).await,
         BenchKind::Partitions(p) => super::bench_partitions::run(g, p).await,
+        BenchKind::Blast(b) => super::bench_blast::run(g, b).await,
     }
 }
 

@@ -2,6 +2,7 @@
 //! shared options (config file, broker and CQL overrides) and the dispatch.
 
 mod bench;
+mod bench_blast;
 mod bench_cpu;
 mod bench_faults;
 mod bench_flood;

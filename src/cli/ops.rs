@@ -130,7 +130,6 @@ async fn admit(
     jobs: &[NewJob],
 ) -> anyhow::Result<fairway::admission::Ticket> {
     admission.read_breakers_now().await?;
-    let now = fairway::now_ms();
     let mut asks = Vec::with_capacity(jobs.len());
     for (i, j) in jobs.iter().enumerate() {
         let pool = submitter.validate(j, j.payload_bytes().len()).with_context(|| format!("job {}", i + 1))?;
@@ -139,7 +138,6 @@ async fn admit(
             flow_key: j.flow_key.clone(),
             pool,
             job_type: j.job_type.clone(),
-            due_now: fairway::core::admission::counts_in_queue(j.execute_at, now),
         });
     }
     admission.admit(asks).await.map_err(|r| {

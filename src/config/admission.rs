@@ -27,6 +27,9 @@ pub struct AdmissionConfig {
     pub alert_levels: Vec<f64>,
     /// The circuit breaker at submission, per pool and job type (`[admission.breaker]`).
     pub breaker: crate::core::admission::breaker::GateConfig,
+    /// Furthest ahead a job's `execute_at` may be (scheduled jobs hold a `max_queued`
+    /// slot from submission until they run, so the horizon bounds how long).
+    pub max_schedule_ahead: crate::core::retry::DurationMs,
 }
 
 impl Default for AdmissionConfig {
@@ -49,6 +52,7 @@ impl Default for AdmissionConfig {
             queue_cache: Duration::from_secs(1),
             alert_levels: vec![0.6, 0.8],
             breaker: Default::default(),
+            max_schedule_ahead: crate::core::retry::DurationMs(30 * 24 * 3_600_000),
         }
     }
 }
@@ -73,6 +77,12 @@ impl AdmissionConfig {
             return Err(super::invalid(
                 "admission.queue_cache",
                 "at most \"60s\" (the default \"1s\" keeps overshoot small)",
+            ));
+        }
+        if self.max_schedule_ahead.0 < 60_000 {
+            return Err(super::invalid(
+                "admission.max_schedule_ahead",
+                "must be at least \"1m\" (the default is \"30d\")",
             ));
         }
         self.breaker.validate().map_err(|m| super::invalid("admission.breaker", m))?;

@@ -171,6 +171,8 @@ pub struct ApiConfig {
     /// Where `/metrics` and `/healthz` are served (not on the API's address): operators
     /// decide what is exposed. `fairway serve --metrics-listen` overrides; "off" = none.
     pub metrics_listen: String,
+    /// What one key and all keys may hold of the API process at once (`[api.limits]`).
+    pub limits: crate::core::frontdoor::FrontDoorLimits,
 }
 
 impl Default for ApiConfig {
@@ -179,6 +181,7 @@ impl Default for ApiConfig {
             auth: AuthMode::Required,
             key_refresh: std::time::Duration::from_secs(2),
             metrics_listen: "127.0.0.1:9464".into(),
+            limits: Default::default(),
         }
     }
 }

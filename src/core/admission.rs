@@ -241,13 +241,6 @@ pub fn queue_check(tenant: &str, queued: u64, n: u64, max: Option<u64>) -> Resul
     }
 }
 
-/// Whether a job counts in its tenant's queue depth: jobs due now (a scheduled job
-/// counts once it is due and dispatched, so it is not counted at all). Both the front
-/// door (enqueue) and the worker (dequeue) apply this same rule to the same record.
-pub fn counts_in_queue(execute_at: Option<Millis>, submitted_at: Millis) -> bool {
-    execute_at.is_none_or(|at| at <= submitted_at)
-}
-
 /// The queued count from the counter row: enqueued minus dequeued, never negative.
 pub fn queued(enqueued: i64, dequeued: i64) -> u64 {
     enqueued.saturating_sub(dequeued).max(0) as u64

@@ -225,6 +225,27 @@ impl Breaker {
     }
 }
 
+/// The tenants whose jobs of each type had dependency failures lately. A job type's
+/// breaker stops the type for every tenant, so it counts dependency failures only
+/// while they come from at least `min_tenants` tenants (a tenant whose own inputs make
+/// the dependency fail, e.g. answer 503, cannot stop the type for the others); bounded
+/// by job types x tenants.
+#[derive(Debug, Clone, Default)]
+pub struct FailingTenants {
+    by_type: HashMap<String, HashMap<String, Millis>>,
+}
+
+impl FailingTenants {
+    /// `tenant`'s job of `job_type` failed on its dependency at `now`; returns how many
+    /// tenants did within `window_ms`.
+    pub fn record(&mut self, job_type: &str, tenant: &str, now: Millis, window_ms: i64) -> usize {
+        let m = self.by_type.entry(job_type.to_owned()).or_default();
+        m.insert(tenant.to_owned(), now);
+        m.retain(|_, at| *at > now - window_ms);
+        m.len()
+    }
+}
+
 /// Breakers of all job types, created on first use with a shared configuration.
 #[derive(Debug, Clone, Default)]
 pub struct Breakers {
@@ -305,6 +326,16 @@ impl Breakers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failing_tenants_counts_distinct_tenants_in_the_window() {
+        let mut f = FailingTenants::default();
+        assert_eq!(f.record("http", "a", 0, 30_000), 1);
+        assert_eq!(f.record("http", "a", 1_000, 30_000), 1, "the same tenant again");
+        assert_eq!(f.record("http", "b", 2_000, 30_000), 2);
+        assert_eq!(f.record("other", "c", 2_000, 30_000), 1, "per job type");
+        assert_eq!(f.record("http", "c", 40_000, 30_000), 1, "a and b left the window");
+    }
     use proptest::prelude::*;
 
     fn cfg() -> BreakerConfig {

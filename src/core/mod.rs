@@ -14,6 +14,7 @@ pub mod finished;
 pub mod fleet;
 pub mod fleet_counts;
 pub mod flow;
+pub mod frontdoor;
 pub mod frontier;
 pub mod limits;
 pub mod offsets;

@@ -23,12 +23,21 @@
 //! Fleet-wide (`core::fleet_counts`), each detector also counts the other workers'
 //! outcomes of its type ([`PoisonDetectors::set_fleet`]): the rule is applied to the
 //! pool's sample, not one worker's.
+//!
+//! Per tenant: the workers key detectors by [`tenant_key`] (job type and tenant), so one
+//! tenant's failing inputs quarantine the type for that tenant's jobs only; a type that
+//! fails for everyone is quarantined for each tenant that sends it.
 
 use crate::core::retry::DurationMs;
 use crate::core::window::{Counts, RollingWindow};
 use crate::model::{FailureClass, Millis};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+
+/// The detector key of `tenant`'s jobs of `job_type`.
+pub fn tenant_key(job_type: &str, tenant: &str) -> String {
+    format!("{job_type} of tenant {tenant:?}")
+}
 
 /// Settings of a [`PoisonDetector`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

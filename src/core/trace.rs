@@ -37,19 +37,65 @@ pub fn check_traceparent(v: &str) -> Result<(), String> {
 }
 
 /// `tracestate` is a list of at most 32 `key=value` members, at most 512 characters in
-/// all (the limit vendors must accept); it is passed on unchanged.
+/// all (the limit vendors must accept), each member to the W3C grammar; it is passed on
+/// unchanged, so a value that could not be sent as an HTTP header never gets in:
+/// - key: `lcalpha 0*255(lcalpha / DIGIT / "_" / "-" / "*" / "/")`, or a multi-tenant
+///   key `tenant@system` (tenant: `(lcalpha / DIGIT) 0*240(...)`, system: `lcalpha 0*13(...)`);
+/// - value: 1 to 256 printable ASCII characters other than `,` and `=`, not ending in a space.
 pub fn check_tracestate(v: &str) -> Result<(), String> {
     if v.len() > 512 {
         return Err(format!("tracestate is {} characters long; at most 512 are accepted", v.len()));
     }
-    let members: Vec<&str> = v.split(',').map(str::trim).filter(|m| !m.is_empty()).collect();
+    let members: Vec<&str> = v.split(',').map(|m| m.trim_matches([' ', '\t'])).filter(|m| !m.is_empty()).collect();
     if members.len() > 32 {
         return Err(format!("tracestate has {} members; at most 32 are allowed", members.len()));
     }
-    if let Some(bad) = members.iter().find(|m| !m.contains('=') || m.starts_with('=')) {
-        return Err(format!("tracestate member {bad:?} is not key=value"));
+    for m in members {
+        let Some((key, value)) = m.split_once('=') else {
+            return Err(format!("tracestate member {m:?} is not key=value"));
+        };
+        if !tracestate_key(key) {
+            return Err(format!(
+                "tracestate member {m:?}: key {key:?} must be lowercase letters, digits, '_', '-', '*', '/' \
+                 starting with a letter (or tenant@system), at most 256 characters"
+            ));
+        }
+        if !tracestate_value(value) {
+            return Err(format!(
+                "tracestate member {m:?}: value must be 1 to 256 printable ASCII characters other than ',' and '=', \
+                 not ending in a space"
+            ));
+        }
     }
     Ok(())
+}
+
+fn key_char(b: u8) -> bool {
+    b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'-' | b'*' | b'/')
+}
+
+fn tracestate_key(key: &str) -> bool {
+    let b = key.as_bytes();
+    match key.split_once('@') {
+        None => !b.is_empty() && b.len() <= 256 && b[0].is_ascii_lowercase() && b.iter().all(|c| key_char(*c)),
+        Some((tenant, system)) => {
+            let (t, s) = (tenant.as_bytes(), system.as_bytes());
+            !t.is_empty()
+                && t.len() <= 241
+                && (t[0].is_ascii_lowercase() || t[0].is_ascii_digit())
+                && t.iter().all(|c| key_char(*c))
+                && !s.is_empty()
+                && s.len() <= 14
+                && s[0].is_ascii_lowercase()
+                && s.iter().all(|c| key_char(*c))
+        }
+    }
+}
+
+fn tracestate_value(value: &str) -> bool {
+    let b = value.as_bytes();
+    let chr = |c: &u8| (0x20..=0x7e).contains(c) && *c != b',' && *c != b'=';
+    !b.is_empty() && b.len() <= 256 && b.iter().all(chr) && b[b.len() - 1] != b' '
 }
 
 /// A new trace, for a submission that came without one (sampled).
@@ -98,6 +144,10 @@ mod tests {
         assert!(check_tracestate(&"a=b,".repeat(33)).is_err());
         assert!(check_tracestate(&"x".repeat(513)).is_err());
         assert!(check_tracestate("novalue").is_err());
+        assert_eq!(check_tracestate("fw@acme=v1, 0t@sys=x y"), Ok(()), "multi-tenant keys, inner spaces");
+        for bad in ["k=v\u{1}", "k=v\r\nx-evil: 1", "Key=v", "1k=v", "k=", "k=a=b", "k=caf\u{e9}", "t@=v", "@s=v"] {
+            assert!(check_tracestate(bad).is_err(), "{bad:?} accepted");
+        }
     }
 
     proptest! {

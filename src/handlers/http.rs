@@ -3,6 +3,14 @@
 //! 2xx success (body = output), 408/429/5xx retryable (Retry-After honoured),
 //! 502/503/504 and connect errors = dependency failure, other 4xx = permanent.
 //! https URLs use rustls (webpki roots, plus `job_types.<j>.ca_file` for a private CA).
+//!
+//! One tenant's job must not become another's outage, so the executor is bounded:
+//! a request it cannot build (e.g. a header value the job carries) is `permanent` (the
+//! job's fault, not the dependency's, so it never opens the type's breaker); redirects
+//! are not followed unless the job type sets `follow_redirects = true`; a response body
+//! is read up to `worker.max_payload_bytes` (a larger success is `permanent`); errors
+//! name the URL as scheme, host and path only ([`shown_url`]), and URLs with credentials
+//! are refused at config load ([`check_url`]).
 
 use super::{Handler, HandlerError, HandlerResult, JobContext};
 use crate::model::FailureClass;
@@ -13,27 +21,101 @@ use std::time::Duration;
 pub struct HttpExecutor {
     client: reqwest::Client,
     url: String,
+    /// The URL as errors show it (scheme, host, path).
+    shown: String,
+    /// Largest response body read (`worker.max_payload_bytes`).
+    max_body: usize,
+}
+
+/// How one job type's executor is built (`[job_types.<j>]`).
+#[derive(Debug, Clone, Default)]
+pub struct ExecutorSettings<'a> {
+    pub url: &'a str,
+    /// PEM file of extra trusted CA certificates.
+    pub ca_file: Option<&'a str>,
+    pub follow_redirects: bool,
+    pub max_body: usize,
 }
 
 impl HttpExecutor {
-    pub fn new(client: reqwest::Client, url: String) -> Self {
-        HttpExecutor { client, url }
+    pub fn new(s: &ExecutorSettings<'_>) -> Result<Self, String> {
+        let redirects =
+            if s.follow_redirects { reqwest::redirect::Policy::limited(5) } else { reqwest::redirect::Policy::none() };
+        let mut b = reqwest::Client::builder().redirect(redirects);
+        if let Some(ca_file) = s.ca_file {
+            for c in ca_certificates(ca_file)? {
+                b = b.add_root_certificate(c);
+            }
+        }
+        let client = b.build().map_err(|e| format!("cannot build an HTTP client: {e}"))?;
+        Ok(HttpExecutor { client, url: s.url.to_string(), shown: shown_url(s.url), max_body: s.max_body })
     }
 }
 
-/// A client that also trusts the CA certificates in the PEM file `ca_file`.
-pub fn client_with_ca(ca_file: &str) -> Result<reqwest::Client, String> {
+/// The CA certificates in the PEM file `ca_file`.
+fn ca_certificates(ca_file: &str) -> Result<Vec<reqwest::Certificate>, String> {
     let pem = std::fs::read(ca_file).map_err(|e| format!("cannot read {ca_file:?}: {e}"))?;
     let certs = reqwest::Certificate::from_pem_bundle(&pem)
         .map_err(|e| format!("{ca_file:?} is not a PEM certificate bundle: {e}"))?;
     if certs.is_empty() {
         return Err(format!("{ca_file:?} holds no PEM certificate (-----BEGIN CERTIFICATE-----)"));
     }
-    let mut b = reqwest::Client::builder();
-    for c in certs {
-        b = b.add_root_certificate(c);
+    Ok(certs)
+}
+
+/// Checks an executor URL at config load: http(s), a host, no credentials (they would
+/// show wherever the URL does), no spaces or control characters.
+pub fn check_url(url: &str) -> Result<(), String> {
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .ok_or("handler = \"http\" needs url = \"http://host:port/path\" (http:// or https://)")?;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if authority.contains('@') {
+        return Err("must not carry credentials (user:password@): job errors and logs would show them; \
+                    let the service trust fairway's network or its client certificate instead"
+            .into());
     }
-    b.build().map_err(|e| format!("cannot build an HTTP client with {ca_file:?}: {e}"))
+    if authority.is_empty() || authority.starts_with(':') {
+        return Err("has no host; e.g. \"http://127.0.0.1:8080/run\"".into());
+    }
+    if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err("must not contain spaces or control characters (percent-encode them)".into());
+    }
+    Ok(())
+}
+
+/// A URL as errors and logs show it: scheme, host (and port) and path; never user
+/// info, query or fragment, which may hold secrets.
+pub fn shown_url(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let end = rest.find(['?', '#']).unwrap_or(rest.len());
+    let rest = &rest[..end];
+    let (authority, path) = rest.find('/').map_or((rest, ""), |i| rest.split_at(i));
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    format!("{scheme}://{host}{path}")
+}
+
+/// Failure class of a request that got no response: one reqwest could not even build
+/// (the job's own values, e.g. a header) is `permanent`; the rest are the dependency's.
+fn send_error_class(e: &reqwest::Error) -> FailureClass {
+    if e.is_builder() {
+        FailureClass::Permanent
+    } else {
+        FailureClass::Dependency
+    }
+}
+
+/// Reads up to `max` bytes of `resp`'s body; Err(n) when it is longer (n bytes read).
+async fn read_capped(mut resp: reqwest::Response, max: usize) -> Result<Vec<u8>, usize> {
+    let mut body = Vec::new();
+    while let Ok(Some(chunk)) = resp.chunk().await {
+        if body.len() + chunk.len() > max {
+            return Err(body.len() + chunk.len());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 /// Maps an HTTP status to the failure class of the attempt (None: success).
@@ -54,7 +136,7 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
 impl Handler for HttpExecutor {
     fn run(&self, ctx: JobContext) -> BoxFuture<'static, HandlerResult> {
         let client = self.client.clone();
-        let url = self.url.clone();
+        let (url, shown, max_body) = (self.url.clone(), self.shown.clone(), self.max_body);
         async move {
             let job = &ctx.job;
             let req = client
@@ -74,21 +156,40 @@ impl Handler for HttpExecutor {
             let resp = req.body(job.payload.clone()).send().await;
             let resp = match resp {
                 Ok(r) => r,
-                Err(e) if e.is_connect() || e.is_timeout() => {
-                    return Err(HandlerError::dependency(format!("POST {url}: {e}")))
+                Err(e) => {
+                    // reqwest's message names the URL in full: show ours instead.
+                    let mut why = Vec::new();
+                    let mut source = std::error::Error::source(&e);
+                    while let Some(s) = source {
+                        why.push(s.to_string());
+                        source = s.source();
+                    }
+                    let why = if why.is_empty() { "request failed".to_string() } else { why.join(": ") };
+                    let what = if e.is_builder() { "cannot build the request" } else { "no response" };
+                    let message = format!("POST {shown}: {what}: {why}");
+                    return Err(HandlerError { class: send_error_class(&e), message, retry_after: None });
                 }
-                Err(e) => return Err(HandlerError::dependency(format!("POST {url}: {e}"))),
             };
             let status = resp.status().as_u16();
             let wait = retry_after(resp.headers());
-            let body = resp.bytes().await.map(|b| b.to_vec()).unwrap_or_default();
             match classify_status(status) {
-                None => Ok(body),
+                None => read_capped(resp, max_body).await.map_err(|n| {
+                    HandlerError::permanent(format!(
+                        "POST {shown} returned a body of more than {n} bytes, above worker.max_payload_bytes = \
+                         {max_body}; return a reference to large outputs"
+                    ))
+                }),
                 Some(class) => {
-                    let text = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
+                    let body = read_capped(resp, 512).await.unwrap_or_default();
+                    let text = String::from_utf8_lossy(&body).into_owned();
+                    let hint = if (300..400).contains(&status) {
+                        " (redirects are not followed; point url at the final address or set follow_redirects = true)"
+                    } else {
+                        ""
+                    };
                     Err(HandlerError {
                         class,
-                        message: format!("POST {url} returned {status}: {text}"),
+                        message: format!("POST {shown} returned {status}{hint}: {text}"),
                         retry_after: wait,
                     })
                 }
@@ -112,5 +213,30 @@ mod tests {
         assert_eq!(classify_status(429), Some(FailureClass::AppError));
         assert_eq!(classify_status(500), Some(FailureClass::AppError));
         assert_eq!(classify_status(503), Some(FailureClass::Dependency));
+        assert_eq!(classify_status(302), Some(FailureClass::Permanent), "redirects are not followed");
+    }
+
+    #[test]
+    fn urls_with_credentials_are_refused_and_errors_show_scheme_host_path() {
+        assert_eq!(check_url("http://127.0.0.1:8080/run"), Ok(()));
+        let e = check_url("https://user:pass@svc.example/run").unwrap_err();
+        assert!(e.contains("credentials") && !e.contains("pass@"), "{e}");
+        assert!(check_url("ftp://svc/run").is_err());
+        assert!(check_url("http:///run").is_err());
+        assert!(check_url("http://svc/a b").is_err());
+        assert_eq!(shown_url("https://u:p@svc.example:8443/run/x?token=s3cret#f"), "https://svc.example:8443/run/x");
+        assert_eq!(shown_url("http://svc"), "http://svc");
+    }
+
+    #[tokio::test]
+    async fn a_request_that_cannot_be_built_is_permanent() {
+        let exec = HttpExecutor::new(&ExecutorSettings {
+            url: "http://127.0.0.1:9/run",
+            max_body: 1024,
+            ..Default::default()
+        })
+        .unwrap();
+        let err = exec.client.post(&exec.url).header("tracestate", "a=b\u{1}").send().await.unwrap_err();
+        assert_eq!(send_error_class(&err), FailureClass::Permanent, "{err}");
     }
 }

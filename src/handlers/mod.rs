@@ -3,7 +3,7 @@
 //! executor (jobs in any language) and the demo handlers.
 
 mod demo;
-mod http;
+pub mod http;
 pub mod process;
 
 pub use demo::{Echo, Fail, Flaky, Sleep, RUN_LOG_ENV};
@@ -158,6 +158,24 @@ impl JobLive {
     }
 }
 
+/// The job's W3C trace context as far as it follows the grammar (`core::trace`): a record
+/// produced straight to Kafka is not validated at submission, so a bad `traceparent` or
+/// `tracestate` is dropped here with a warning (the trace restarts) rather than reaching
+/// a handler's request headers and failing the job.
+fn valid_trace_context(job: &JobSubmitted) -> (Option<String>, Option<String>) {
+    use crate::core::trace::{check_traceparent, check_tracestate};
+    let keep = |v: &Option<String>, check: fn(&str) -> Result<(), String>| match v.as_deref().map(check) {
+        Some(Err(why)) => {
+            tracing::warn!(job_id = %job.job_id, tenant = %job.tenant, "trace context dropped: {why}");
+            None
+        }
+        _ => v.clone(),
+    };
+    let traceparent = keep(&job.traceparent, check_traceparent);
+    let tracestate = traceparent.as_ref().and(keep(&job.tracestate, check_tracestate));
+    (traceparent, tracestate)
+}
+
 /// What a handler sees of its job and of the platform.
 #[derive(Clone)]
 pub struct JobContext {
@@ -170,6 +188,8 @@ pub struct JobContext {
     /// The W3C `traceparent` the handler runs under: the worker's `process` span when
     /// spans are exported (`telemetry`), else the one the job carries.
     traceparent: Option<String>,
+    /// The job's `tracestate`, if it follows the W3C grammar (else dropped).
+    tracestate: Option<String>,
 }
 
 impl JobContext {
@@ -180,8 +200,8 @@ impl JobContext {
         store: Option<Store>,
     ) -> Self {
         let attempt = job.attempt;
-        let traceparent = job.traceparent.clone();
-        JobContext { job, attempt, deadline, live, store, traceparent }
+        let (traceparent, tracestate) = valid_trace_context(&job);
+        JobContext { job, attempt, deadline, live, store, traceparent, tracestate }
     }
     /// Runs the handler under `traceparent` (a span of this worker's) instead of the
     /// job's own context.
@@ -194,7 +214,8 @@ impl JobContext {
     /// The W3C trace context to hand on (`traceparent`, `tracestate`) to what the
     /// handler calls, so its spans join the job's trace.
     pub fn trace_context(&self) -> (Option<&str>, Option<&str>) {
-        (self.traceparent.as_deref(), self.job.tracestate.as_deref())
+        let tracestate = self.traceparent.as_ref().and(self.tracestate.as_deref());
+        (self.traceparent.as_deref(), tracestate)
     }
     /// Whether this is the first dispatch of the job's generation: no attempt used, no
     /// crash re-dispatch (a worker died running it), not a DLQ replay. A rerun's first
@@ -273,7 +294,6 @@ impl Registry {
         let enforcement = process::Enforcement::current();
         use crate::config::HandlerKind as K;
         let mut handlers: HashMap<String, Arc<dyn Handler>> = HashMap::new();
-        let client = reqwest::Client::builder().build().map_err(|e| format!("cannot build HTTP client: {e}"))?;
         for (name, jt) in &cfg.job_types {
             let h: Arc<dyn Handler> = match jt.handler {
                 K::Echo => Arc::new(Echo),
@@ -281,13 +301,15 @@ impl Registry {
                 K::Fail => Arc::new(Fail),
                 K::Flaky => Arc::new(Flaky),
                 K::Steps => Arc::new(demo::Steps),
-                K::Http => {
-                    let client = match &jt.ca_file {
-                        Some(ca) => http::client_with_ca(ca).map_err(|e| format!("job_types.{name}.ca_file: {e}"))?,
-                        None => client.clone(),
-                    };
-                    Arc::new(HttpExecutor::new(client, jt.url.clone().unwrap_or_default()))
-                }
+                K::Http => Arc::new(
+                    HttpExecutor::new(&http::ExecutorSettings {
+                        url: jt.url.as_deref().unwrap_or_default(),
+                        ca_file: jt.ca_file.as_deref(),
+                        follow_redirects: jt.follow_redirects,
+                        max_body: cfg.worker.max_payload_bytes,
+                    })
+                    .map_err(|e| format!("job_types.{name}: {e}"))?,
+                ),
                 K::Process => Arc::new(ProcessExecutor::new(process::Spec::from_config(cfg, name, enforcement)?)),
                 K::Custom => custom.remove(name).ok_or_else(|| {
                     format!("job_types.{name}.handler is \"custom\" but no Rust handler was registered under {name:?}")

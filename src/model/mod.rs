@@ -73,6 +73,13 @@ pub enum FailureClass {
 }
 
 impl FailureClass {
+    /// A failure of the platform or a shared dependency rather than of the job's own
+    /// input or code: dependency, timeout, worker crash. Only these may close a pool or
+    /// job type to every tenant (and only when seen across several tenants).
+    pub fn is_infrastructure(self) -> bool {
+        matches!(self, FailureClass::Dependency | FailureClass::Timeout | FailureClass::WorkerCrash)
+    }
+
     pub const ALL: [FailureClass; 7] = [
         FailureClass::AppError,
         FailureClass::Timeout,

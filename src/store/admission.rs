@@ -2,9 +2,12 @@
 //! - `queue_depth`: per tenant and pool, counter columns `enqueued` (added by the API /
 //!   CLI for every accepted job due now) and `dequeued` (added by workers when such a job
 //!   is first dispatched); queued = enqueued - dequeued (`core::admission::queued`).
-//! - `outcome_counts`: per 10 s bucket, pool, job type and worker, the cumulative
-//!   successes and failed attempts (idempotent cells, TTL), which API processes read to
-//!   run the submission circuit breaker.
+//! - `tenant_outcome_counts`: per 10 s bucket, pool, job type, tenant and worker, the
+//!   cumulative successes, failed attempts and infrastructure failures among them
+//!   (idempotent cells, TTL), which API processes read to run the submission circuit
+//!   breakers (`core::admission::breaker`: per tenant, and shared ones on infrastructure
+//!   failures of several tenants). The older `outcome_counts` (no tenant) is no longer
+//!   written.
 
 use super::{prepare_statement, q, Store, StoreError};
 use crate::model::Millis;
@@ -12,14 +15,17 @@ use scylla::client::session::Session;
 use scylla::statement::prepared::PreparedStatement;
 use std::sync::Arc;
 
-/// One worker's cumulative outcomes of one (pool, job type) in one bucket.
+/// One worker's cumulative outcomes of one tenant's jobs of one (pool, job type) in one bucket.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutcomeCell {
     pub pool: String,
     pub job_type: String,
+    pub tenant: String,
     pub worker: String,
     pub ok: i64,
     pub failed: i64,
+    /// Infrastructure failures among `failed`.
+    pub infra: i64,
 }
 
 /// Statements of the front door's counts ([`Store::admission_statements`]).
@@ -57,15 +63,16 @@ impl Store {
             .await?,
             put_outcomes: prep(
                 format!(
-                    "INSERT INTO {ks}.outcome_counts (scope, bucket, pool, job_type, worker, ok, failed) \
-                     VALUES (?, ?, ?, ?, ?, ?, ?) USING TTL ?"
+                    "INSERT INTO {ks}.tenant_outcome_counts (scope, bucket, pool, job_type, tenant, worker, ok, \
+                     failed, infra) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?"
                 ),
                 "prepare put outcome counts",
             )
             .await?,
             get_outcomes: prep(
                 format!(
-                    "SELECT pool, job_type, worker, ok, failed FROM {ks}.outcome_counts WHERE scope = ? AND bucket = ?"
+                    "SELECT pool, job_type, tenant, worker, ok, failed, infra FROM {ks}.tenant_outcome_counts \
+                     WHERE scope = ? AND bucket = ?"
                 ),
                 "prepare read outcome counts",
             )
@@ -110,7 +117,18 @@ impl AdmissionStatements {
     /// Writes one worker's cumulative cells of a bucket (idempotent: a retried write is harmless).
     pub async fn put_outcomes(&self, bucket: Millis, cells: &[OutcomeCell], ttl_secs: i32) -> Result<(), StoreError> {
         let writes = cells.iter().map(|c| {
-            let v = (self.scope.as_str(), bucket, &c.pool, &c.job_type, &c.worker, c.ok, c.failed, ttl_secs);
+            let v = (
+                self.scope.as_str(),
+                bucket,
+                &c.pool,
+                &c.job_type,
+                &c.tenant,
+                &c.worker,
+                c.ok,
+                c.failed,
+                c.infra,
+                ttl_secs,
+            );
             self.session.execute_unpaged(&self.put_outcomes, v)
         });
         for r in futures::future::join_all(writes).await {
@@ -127,13 +145,14 @@ impl AdmissionStatements {
             .execute_iter(self.get_outcomes.clone(), (self.scope.as_str(), bucket))
             .await
             .map_err(q("read outcome counts"))?;
-        type Row = (String, String, String, Option<i64>, Option<i64>);
+        type Row = (String, String, String, String, Option<i64>, Option<i64>, Option<i64>);
         let mut rows = pager.rows_stream::<Row>().map_err(q("read outcome counts"))?;
         let mut out = Vec::new();
-        while let Some((pool, job_type, worker, ok, failed)) =
+        while let Some((pool, job_type, tenant, worker, ok, failed, infra)) =
             rows.try_next().await.map_err(q("read outcome counts"))?
         {
-            out.push(OutcomeCell { pool, job_type, worker, ok: ok.unwrap_or(0), failed: failed.unwrap_or(0) });
+            let (ok, failed, infra) = (ok.unwrap_or(0), failed.unwrap_or(0), infra.unwrap_or(0));
+            out.push(OutcomeCell { pool, job_type, tenant, worker, ok, failed, infra });
         }
         Ok(out)
     }

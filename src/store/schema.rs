@@ -131,6 +131,14 @@ pub const TABLES: &[(&str, &str)] = &[
         "(scope text, bucket bigint, pool text, job_type text, worker text, ok bigint, failed bigint, \
          PRIMARY KEY ((scope, bucket), pool, job_type, worker))",
     ),
+    // Attempt outcomes per deployment and 10 s bucket, pool, job type, tenant and worker
+    // (cumulative cells, TTL): failed attempts and the infrastructure failures among
+    // them; what the API's submission circuit breakers read (per tenant, and shared).
+    (
+        "tenant_outcome_counts",
+        "(scope text, bucket bigint, pool text, job_type text, tenant text, worker text, ok bigint, \
+         failed bigint, infra bigint, PRIMARY KEY ((scope, bucket), pool, job_type, tenant, worker))",
+    ),
     // Run times per deployment and 10 s bucket, job type, pool run in and worker
     // (cumulative cells, TTL): runs, pool-range violations and a log-scale histogram
     // (`core::classifier`), which the classifier's leader reads.

@@ -1,11 +1,12 @@
 //! What a worker tells the front door (`crate::admission`), one task per pool, every
 //! second:
-//! - **dequeued**: original submissions due now that this pool dispatched, per tenant,
+//! - **dequeued**: original submissions (scheduled ones too) that this pool dispatched, per tenant,
 //!   added to the `dequeued` counters of `queue_depth` (the front door adds `enqueued`;
 //!   queued = enqueued - dequeued);
-//! - **outcomes**: successes and failed attempts per job type in 10 s buckets
+//! - **outcomes**: successes and failed attempts (infrastructure ones apart) per job
+//!   type and tenant in 10 s buckets
 //!   (`core::admission::breaker::OwnOutcomes`, cumulative cells per worker in
-//!   `outcome_counts`), which the API processes read every second for their submission
+//!   `tenant_outcome_counts`), which the API processes read every second for their submission
 //!   circuit breakers;
 //! - **run times** (when the classifier is on): runs, pool-range violations and a
 //!   run-time histogram per job type in 10 s buckets (`core::classifier::RunCell`,
@@ -16,7 +17,7 @@ use super::Shared;
 use crate::core::admission::breaker::{OwnOutcomes, BUCKET_MS};
 use crate::core::classifier::{RunCell, Violation, RUN_BUCKET_MS};
 use crate::core::fleet::OwnCells;
-use crate::model::{JobSubmitted, Millis};
+use crate::model::{FailureClass, JobSubmitted, Millis};
 use crate::store::{AdmissionStatements, ClassifierStatements, OutcomeCell, RunTimeCell};
 use crate::{metrics as m, now_ms};
 use std::collections::HashMap;
@@ -46,17 +47,18 @@ impl Default for Tally {
 }
 
 impl Tally {
-    /// A job was dispatched: an original submission due at submission leaves its queue.
+    /// A job was dispatched: an original submission (scheduled ones included, which the
+    /// front door counts from submission) leaves its queue.
     pub fn dispatched(&mut self, job: &JobSubmitted) {
         let original = job.attempt == 0 && job.crash_count == 0 && job.replay_count == 0 && job.generation == 0;
-        if original && crate::core::admission::counts_in_queue(job.execute_at, job.submitted_at) {
+        if original {
             *self.dequeued.entry(job.tenant.clone()).or_default() += 1;
         }
     }
 
-    /// An attempt of `job_type` ended (`ok`: succeeded; else failed, any class).
-    pub fn outcome(&mut self, job_type: &str, ok: bool, now: Millis) {
-        self.outcomes.record(job_type, ok, now);
+    /// An attempt of `tenant`'s job of `job_type` ended (`failure` None: succeeded).
+    pub fn outcome(&mut self, job_type: &str, tenant: &str, failure: Option<FailureClass>, now: Millis) {
+        self.outcomes.record(job_type, tenant, failure, now);
     }
 
     /// A run of `job_type` took `run_ms` (and violated this pool's range or not).
@@ -152,13 +154,16 @@ async fn pass(sh: &Shared, stmts: &AdmissionStatements) {
         }
     }
     let mut by_bucket: HashMap<i64, Vec<OutcomeCell>> = HashMap::new();
-    for (bucket, job_type, (ok, failed)) in &pending {
+    for (bucket, key, (ok, failed, infra)) in &pending {
+        let (job_type, tenant) = OwnOutcomes::key_parts(key);
         let cell = OutcomeCell {
             pool: pool.to_string(),
-            job_type: job_type.clone(),
+            job_type: job_type.to_string(),
+            tenant: tenant.to_string(),
             worker: sh.worker_id.clone(),
             ok: *ok,
             failed: *failed,
+            infra: *infra,
         };
         by_bucket.entry(*bucket).or_default().push(cell);
     }

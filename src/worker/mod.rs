@@ -87,6 +87,10 @@ pub struct Shared {
 /// The failure-handling cores of one pool.
 pub struct Health {
     pub breakers: Breakers,
+    /// Who the dependency failures come from (the breakers count them only from several).
+    pub failing: crate::core::breaker::FailingTenants,
+    /// `admission.breaker.min_tenants`.
+    pub min_tenants: usize,
     pub poison: PoisonDetectors,
     pub budget: RetryBudget,
 }
@@ -105,7 +109,13 @@ impl Health {
         if cfg.worker.fleet_limits {
             budget.fleet_wide(worker_id);
         }
-        Health { breakers, poison: PoisonDetectors::new(cfg.worker.poison.clone()), budget }
+        Health {
+            breakers,
+            failing: Default::default(),
+            min_tenants: cfg.admission.breaker.min_tenants,
+            poison: PoisonDetectors::new(cfg.worker.poison.clone()),
+            budget,
+        }
     }
 }
 
@@ -179,7 +189,7 @@ impl Shared {
         now: Millis,
     ) -> (FailureClass, Decision) {
         let mut h = self.health.lock().expect("health lock");
-        let class = h.poison.effective_class(job_type, class, now);
+        let class = h.poison.effective_class(&crate::core::poison::tenant_key(job_type, tenant), class, now);
         let jitter = rand::random::<f64>();
         (class, retry::decide_with_budget(class, state, policy, &mut h.budget, tenant, now, jitter))
     }
@@ -216,22 +226,36 @@ impl Shared {
         self.front_door.lock().expect("front-door tally").ran(job_type, run_ms, violation, now);
     }
 
-    /// Feeds an attempt's outcome to the breaker and the poison detector.
-    pub fn record_outcome(&self, job_type: &str, failure: Option<FailureClass>, now: Millis) {
-        self.front_door.lock().expect("front-door tally").outcome(job_type, failure.is_none(), now);
+    /// Feeds an attempt of `tenant`'s job to the breaker and the poison detector (which
+    /// judges each tenant's jobs of a type apart: one tenant's failing inputs quarantine
+    /// the type for that tenant only).
+    pub fn record_outcome(&self, job_type: &str, tenant: &str, failure: Option<FailureClass>, now: Millis) {
+        self.front_door.lock().expect("front-door tally").outcome(job_type, tenant, failure, now);
         let mut h = self.health.lock().expect("health lock");
-        // Only dependency failures open a breaker; successes close it.
+        // Only dependency failures open a breaker, and only once several tenants have
+        // them; successes close it.
         match failure {
             None => {
                 h.breakers.record(job_type, now, true);
             }
             Some(FailureClass::Dependency) => {
-                h.breakers.record(job_type, now, false);
+                let window = h.breakers.get(job_type).map_or(30_000, |b| b.config().window.0);
+                if h.failing.record(job_type, tenant, now, window) >= h.min_tenants {
+                    h.breakers.record(job_type, now, false);
+                } else {
+                    h.breakers.abandon(job_type, now);
+                }
             }
             Some(_) => h.breakers.abandon(job_type, now),
         }
-        if let Some(q) = h.poison.record_outcome(job_type, now, failure) {
-            tracing::warn!(job_type, quarantined = q, "poison quarantine changed");
+        let key = crate::core::poison::tenant_key(job_type, tenant);
+        if let Some(q) = h.poison.record_outcome(&key, now, failure) {
+            tracing::warn!(
+                job_type,
+                tenant,
+                quarantined = q,
+                "poison quarantine changed (for this tenant's jobs of the type)"
+            );
         }
         let state = h.breakers.state(job_type);
         metrics::gauge!(crate::metrics::BREAKER_OPEN, "job_type" => self.bounded_job_type(job_type))

@@ -25,6 +25,9 @@ use tokio::sync::watch;
 
 /// Records listed by one browse (the newest that match).
 const MAX_LISTED: usize = 200;
+/// Records one browse reads at most (a page load is one bounded scan, one per key at a
+/// time: `api::frontdoor`).
+const MAX_SCANNED: u64 = 50_000;
 /// Payload characters shown per record.
 const PAYLOAD_CHARS: usize = 4_000;
 /// Finished replays remembered for their progress page.
@@ -147,7 +150,8 @@ pub(super) async fn page(
 
 async fn browse(st: &ApiState, v: &Viewer, f: &Filters) -> Result<String, ApiError> {
     let (source, filter) = f.parse(v)?;
-    let (listed, scanned) = replayer::browse(st.config(), source, &filter, MAX_LISTED)
+    let _scan = st.front_door().scan_slot(&v.key())?;
+    let (listed, scanned) = replayer::browse(st.config(), source, &filter, MAX_LISTED, MAX_SCANNED)
         .await
         .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, codes::KAFKA_UNAVAILABLE, e.to_string()))?;
     let admin = v.caller.is_admin();
@@ -156,9 +160,14 @@ async fn browse(st: &ApiState, v: &Viewer, f: &Filters) -> Result<String, ApiErr
     let mut out = form(v, f);
     let _ = write!(
         out,
-        "<p class=\"hint\" id=\"dlq-count\">{} matching record(s) of {scanned} on {} (newest {MAX_LISTED} shown, newest first).</p>",
+        "<p class=\"hint\" id=\"dlq-count\">{} matching record(s) of {scanned} on {} (newest {MAX_LISTED} shown, newest first).{}</p>",
         listed.len(),
         esc(&replayer::source_topic(st.config(), source)),
+        if scanned >= MAX_SCANNED {
+            format!(" Only the first {MAX_SCANNED} records were read: narrow the filter (since) or use `fairway replay --dry-run`.")
+        } else {
+            String::new()
+        },
     );
     if admin {
         out.push_str(

@@ -14,7 +14,7 @@ use crate::model::{JobEvent, Pool};
 use crate::now_ms;
 use axum::extract::State;
 use axum::response::sse::Event;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex, Weak};
@@ -158,14 +158,19 @@ pub(super) async fn page(State(st): State<ApiState>, v: Result<Viewer, ApiError>
 
 /// `GET /console/api/overview`: the caller's view of each new sample, as SSE `sample` events.
 pub(super) async fn stream(State(st): State<ApiState>, v: Viewer) -> Response {
+    let slot = match st.front_door().stream_slot(&v.key()) {
+        Ok(s) => s,
+        Err(e) => return e.into_response(),
+    };
     let rx = st.console().live.samples(&st).await;
     let tenant = v.tenant().map(str::to_string);
     let drain_state = st.clone();
-    let stream = futures::stream::unfold((rx, st, tenant), |(mut rx, st, tenant)| async move {
+    let state = (rx, st.clone(), tenant, slot);
+    let stream = futures::stream::unfold(state, |(mut rx, st, tenant, slot)| async move {
         rx.changed().await.ok()?;
         let s = rx.borrow_and_update().clone();
         let data = st.console().live.view(&s, tenant.as_deref()).to_string();
-        Some((Ok::<_, Infallible>(Event::default().event("sample").data(data)), (rx, st, tenant)))
+        Some((Ok::<_, Infallible>(Event::default().event("sample").data(data)), (rx, st, tenant, slot)))
     });
-    crate::api::drain::sse(&drain_state, stream)
+    crate::api::frontdoor::live_stream(crate::api::drain::ending(&drain_state, stream), &st, v.auth)
 }

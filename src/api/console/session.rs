@@ -20,6 +20,9 @@ pub(super) const CSRF_HEADER: &str = "x-csrf-token";
 const SESSION_TTL: Duration = Duration::from_secs(8 * 3600);
 /// Most sessions kept (expired ones are dropped first; then logins are refused).
 const MAX_SESSIONS: usize = 10_000;
+/// Most sessions of one key: a new login evicts the key's oldest, so one key cannot fill
+/// the table for everyone else.
+const MAX_SESSIONS_PER_KEY: usize = 8;
 
 struct Session {
     /// The API key, kept in memory only, re-checked on every request.
@@ -50,10 +53,24 @@ impl Sessions {
     /// Checks `key`; on success opens a session and returns its cookie value.
     pub(super) async fn login(&self, st: &ApiState, key: &str) -> Result<(Caller, String), ApiError> {
         let caller = st.authenticate(&bearer_headers(key.trim())).await?;
+        Ok((caller, self.open(key.trim())?))
+    }
+
+    /// Opens a session of (a checked) `key`: evicts the key's oldest beyond
+    /// `MAX_SESSIONS_PER_KEY - 1`, refuses when the table is full of other keys' sessions.
+    fn open(&self, key: &str) -> Result<String, ApiError> {
         let token = random_token();
         let mut all = self.by_token.lock().expect("sessions");
         let now = Instant::now();
         all.retain(|_, s| s.expires > now);
+        let mut own: Vec<(Instant, String)> =
+            all.iter().filter(|(_, s)| s.key == key).map(|(t, s)| (s.expires, t.clone())).collect();
+        if own.len() >= MAX_SESSIONS_PER_KEY {
+            own.sort();
+            for (_, t) in &own[..=own.len() - MAX_SESSIONS_PER_KEY] {
+                all.remove(t);
+            }
+        }
         if all.len() >= MAX_SESSIONS {
             return Err(ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -61,13 +78,19 @@ impl Sessions {
                 "too many open console sessions; log out elsewhere or wait for sessions to expire (8 h)",
             ));
         }
-        let s = Session { key: key.trim().to_string(), csrf: random_token(), expires: now + SESSION_TTL };
+        let s = Session { key: key.to_string(), csrf: random_token(), expires: now + SESSION_TTL };
         all.insert(token.clone(), s);
-        Ok((caller, token))
+        Ok(token)
     }
 
     pub(super) fn logout(&self, token: &str) {
         self.by_token.lock().expect("sessions").remove(token);
+    }
+
+    /// How many live sessions `key` has.
+    #[cfg(test)]
+    fn of_key(&self, key: &str) -> usize {
+        self.by_token.lock().expect("sessions").values().filter(|s| s.key == key).count()
     }
 
     /// The key and CSRF token of a live session.
@@ -100,6 +123,8 @@ pub(super) fn cookie_token(headers: &HeaderMap) -> Option<String> {
 pub(super) struct Viewer {
     pub caller: Caller,
     pub csrf: Option<String>,
+    /// Headers that authenticate as this viewer again (a live stream re-checks its key).
+    pub auth: HeaderMap,
 }
 
 impl Viewer {
@@ -108,15 +133,27 @@ impl Viewer {
     }
 }
 
+impl Viewer {
+    /// The viewer's key, for per-key bounds.
+    pub(super) fn key(&self) -> crate::api::frontdoor::KeyId {
+        crate::api::auth::key_id(&self.auth)
+    }
+}
+
 async fn viewer(parts: &Parts, st: &ApiState) -> Result<Viewer, ApiError> {
-    if parts.headers.contains_key(header::AUTHORIZATION) {
-        return Ok(Viewer { caller: st.authenticate(&parts.headers).await?, csrf: None });
+    let auth = match cookie_token(&parts.headers).and_then(|t| st.console().sessions.get(&t)) {
+        Some((key, csrf)) if !parts.headers.contains_key(header::AUTHORIZATION) => {
+            let auth = bearer_headers(&key);
+            return Ok(Viewer { caller: st.authenticate(&auth).await?, csrf: Some(csrf), auth });
+        }
+        _ => parts.headers.get(header::AUTHORIZATION).cloned(),
+    };
+    // A Bearer key; or no key and no session: 401, unless the API runs with auth off.
+    let mut headers = HeaderMap::new();
+    if let Some(v) = auth {
+        headers.insert(header::AUTHORIZATION, v);
     }
-    if let Some((key, csrf)) = cookie_token(&parts.headers).and_then(|t| st.console().sessions.get(&t)) {
-        return Ok(Viewer { caller: st.authenticate(&bearer_headers(&key)).await?, csrf: Some(csrf) });
-    }
-    // No key and no session: 401, unless the API runs with auth off.
-    Ok(Viewer { caller: st.authenticate(&parts.headers).await?, csrf: None })
+    Ok(Viewer { caller: st.authenticate(&headers).await?, csrf: None, auth: headers })
 }
 
 impl FromRequestParts<ApiState> for Viewer {
@@ -165,4 +202,20 @@ pub(super) fn require_admin(v: &Viewer, what: &str) -> Result<(), ApiError> {
         codes::FORBIDDEN,
         format!("{what} needs an admin key; the console is read-only for {}", v.caller),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_key_keeps_its_newest_sessions_and_never_fills_the_table() {
+        let sessions = Sessions::default();
+        let first = sessions.open("key-a").unwrap();
+        let tokens: Vec<String> = (0..10_000).map(|_| sessions.open("key-a").unwrap()).collect();
+        assert_eq!(sessions.of_key("key-a"), MAX_SESSIONS_PER_KEY);
+        assert!(sessions.get(&first).is_none(), "the oldest session was evicted");
+        assert!(sessions.get(tokens.last().unwrap()).is_some());
+        sessions.open("key-b").expect("another key still logs in");
+    }
 }

@@ -8,6 +8,15 @@
 //! processes read the buckets of the window every second, sum them ([`window_counts`])
 //! and feed each [`Gate`]. Closing a gate resets what it counts: only buckets that start
 //! after the close are counted, so the failures that opened it cannot re-open it.
+//!
+//! Scoped to whoever causes the failures (one tenant must not close a pool to all):
+//! - a **tenant's gates** (`pool:<p> of tenant "<t>"`, `job_type:<j> of tenant "<t>"`)
+//!   count that tenant's attempts and every failure class; they refuse only that tenant;
+//! - the **shared gates** (`pool:<p>`, `job_type:<j>`) count only infrastructure
+//!   failures (dependency, timeout, worker crash: [`crate::model::FailureClass::is_infrastructure`])
+//!   against every attempt, and open only when at least `min_tenants` tenants had such
+//!   failures in the window ([`ScopeCounts::may_open`]); the tenants whose failures
+//!   opened one are its culprits and never its probe (another tenant's job decides).
 
 use crate::core::fleet::OwnCells;
 use crate::core::retry::DurationMs;
@@ -33,6 +42,9 @@ pub struct GateConfig {
     pub cool_down: DurationMs,
     /// A probe without a verdict after this long lets another probe through.
     pub probe_timeout: DurationMs,
+    /// Distinct tenants with infrastructure failures in the window before a shared
+    /// (pool or job type) gate may open.
+    pub min_tenants: usize,
 }
 
 impl Default for GateConfig {
@@ -44,6 +56,7 @@ impl Default for GateConfig {
             min_attempts: 10,
             cool_down: DurationMs::secs(30),
             probe_timeout: DurationMs::mins(5),
+            min_tenants: 2,
         }
     }
 }
@@ -55,6 +68,9 @@ impl GateConfig {
         }
         if self.window.0 < BUCKET_MS {
             return Err(format!("window {} must be at least 10s (the bucket width), e.g. \"60s\"", self.window));
+        }
+        if self.min_tenants == 0 {
+            return Err("min_tenants must be at least 1, e.g. 2".into());
         }
         if self.min_attempts == 0 {
             return Err("min_attempts must be at least 1, e.g. 10".into());
@@ -194,36 +210,86 @@ pub fn probe_outcome(status: Option<&str>) -> Option<bool> {
     }
 }
 
-/// Sums cells `(bucket, pool, job_type, ok, failed)` of the window `(now - window, now]`
-/// per pool and per job type, only buckets starting at or after `since(key)`.
-/// Keys: `pool:<pool>` and `job_type:<name>`.
+/// One worker's outcome cell as read: attempts of one tenant's jobs of one (pool, job
+/// type) in one bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantCell<'a> {
+    pub bucket: Millis,
+    pub pool: &'a str,
+    pub job_type: &'a str,
+    pub tenant: &'a str,
+    pub ok: i64,
+    /// Failed attempts, any class.
+    pub failed: i64,
+    /// Of those, infrastructure failures.
+    pub infra: i64,
+}
+
+/// What a gate counts in the window.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ScopeCounts {
+    pub counts: Counts,
+    /// The tenant a tenant's gate is for (None: a shared gate).
+    pub tenant: Option<String>,
+    /// Tenants with failures counted here (a shared gate's culprits if it opens).
+    pub failing: std::collections::BTreeSet<String>,
+}
+
+impl ScopeCounts {
+    /// Whether these counts may open their gate: a shared gate needs failures from at
+    /// least `min_tenants` tenants.
+    pub fn may_open(&self, min_tenants: usize) -> bool {
+        self.tenant.is_some() || self.failing.len() >= min_tenants
+    }
+}
+
+/// The key of `tenant`'s own gate of a shared scope (`pool:<p>` or `job_type:<j>`).
+pub fn tenant_scope(scope: &str, tenant: &str) -> String {
+    format!("{scope} of tenant {tenant:?}")
+}
+
+/// Sums the cells of the window `(now - window, now]`, only buckets starting at or after
+/// `since(key)`, per gate: `pool:<p>` and `job_type:<j>` (infrastructure failures of
+/// every tenant) and each tenant's own of both (its failures of any class).
 pub fn window_counts<'a>(
-    cells: impl IntoIterator<Item = (Millis, &'a str, &'a str, i64, i64)>,
+    cells: impl IntoIterator<Item = TenantCell<'a>>,
     now: Millis,
     window_ms: i64,
     since: impl Fn(&str) -> Millis,
-) -> HashMap<String, Counts> {
-    let mut out: HashMap<String, Counts> = HashMap::new();
-    for (bucket, pool, job_type, ok, failed) in cells {
-        if bucket + BUCKET_MS <= now - window_ms || bucket > now {
+) -> HashMap<String, ScopeCounts> {
+    let mut out: HashMap<String, ScopeCounts> = HashMap::new();
+    for c in cells {
+        if c.bucket + BUCKET_MS <= now - window_ms || c.bucket > now {
             continue;
         }
-        for key in [format!("pool:{pool}"), format!("job_type:{job_type}")] {
-            if bucket < since(&key) {
-                continue;
+        let (ok, failed, infra) = (c.ok.max(0) as u64, c.failed.max(0) as u64, c.infra.max(0) as u64);
+        for shared in [format!("pool:{}", c.pool), format!("job_type:{}", c.job_type)] {
+            let own = tenant_scope(&shared, c.tenant);
+            let views = [(shared, None, infra.min(failed)), (own, Some(c.tenant), failed)];
+            for (key, tenant, bad) in views {
+                if c.bucket < since(&key) {
+                    continue;
+                }
+                let e = out.entry(key).or_default();
+                e.tenant = tenant.map(str::to_string);
+                e.counts.ok += ok + failed - bad;
+                e.counts.failed += bad;
+                if bad > 0 {
+                    e.failing.insert(c.tenant.to_string());
+                }
             }
-            let c = out.entry(key).or_default();
-            c.ok += ok.max(0) as u64;
-            c.failed += failed.max(0) as u64;
         }
     }
     out
 }
 
-/// One worker's outcome counts per bucket and job type (one pool), with what was
-/// written: cells of (ok, failed).
+/// One worker's outcome counts per bucket and (job type, tenant) (one pool), with
+/// what was written: cells of (ok, failed, infrastructure failures).
 #[derive(Debug)]
-pub struct OwnOutcomes(OwnCells<(i64, i64)>);
+pub struct OwnOutcomes(OwnCells<(i64, i64, i64)>);
+
+/// Separates job type and tenant in an [`OwnOutcomes`] key.
+const KEY_SEP: char = '\u{1f}';
 
 impl Default for OwnOutcomes {
     fn default() -> Self {
@@ -232,17 +298,30 @@ impl Default for OwnOutcomes {
 }
 
 impl OwnOutcomes {
-    pub fn record(&mut self, job_type: &str, ok: bool, now: Millis) {
-        self.0.update(job_type, now, |c| if ok { c.0 += 1 } else { c.1 += 1 });
+    /// An attempt of `tenant`'s job of `job_type` ended: `failure` None succeeded.
+    pub fn record(&mut self, job_type: &str, tenant: &str, failure: Option<crate::model::FailureClass>, now: Millis) {
+        let key = format!("{job_type}{KEY_SEP}{tenant}");
+        self.0.update(&key, now, |c| match failure {
+            None => c.0 += 1,
+            Some(f) => {
+                c.1 += 1;
+                c.2 += i64::from(f.is_infrastructure());
+            }
+        });
     }
 
-    /// Cells changed since written: (bucket, job type, (ok, failed)).
-    pub fn pending(&self) -> Vec<(Millis, String, (i64, i64))> {
+    /// Cells changed since written: (bucket, key, (ok, failed, infra)); [`OwnOutcomes::key_parts`] splits the key.
+    pub fn pending(&self) -> Vec<(Millis, String, (i64, i64, i64))> {
         self.0.pending()
     }
 
+    /// (job type, tenant) of a key of [`OwnOutcomes::pending`].
+    pub fn key_parts(key: &str) -> (&str, &str) {
+        key.split_once(KEY_SEP).unwrap_or((key, ""))
+    }
+
     /// These cells were stored (unless they changed meanwhile).
-    pub fn written(&mut self, cells: &[(Millis, String, (i64, i64))]) {
+    pub fn written(&mut self, cells: &[(Millis, String, (i64, i64, i64))]) {
         self.0.written(cells)
     }
 
@@ -291,34 +370,76 @@ mod tests {
         assert_eq!(g.pass(30_001 + 300_000), Pass::Probe, "timed out without a verdict");
     }
 
+    fn cell<'a>(
+        bucket: Millis,
+        pool: &'a str,
+        job_type: &'a str,
+        tenant: &'a str,
+        c: (i64, i64, i64),
+    ) -> TenantCell<'a> {
+        TenantCell { bucket, pool, job_type, tenant, ok: c.0, failed: c.1, infra: c.2 }
+    }
+
     #[test]
     fn window_sums_pools_and_job_types_within_the_window_and_since() {
         let cells = vec![
-            (0, "short", "echo", 5, 1),
-            (10_000, "short", "fail", 0, 4),
-            (50_000, "medium", "echo", 2, 0),
-            (-20_000, "short", "echo", 100, 100),
+            cell(0, "short", "echo", "a", (5, 1, 1)),
+            cell(10_000, "short", "fail", "b", (0, 4, 4)),
+            cell(50_000, "medium", "echo", "a", (2, 0, 0)),
+            cell(-20_000, "short", "echo", "a", (100, 100, 100)),
         ];
         let c = window_counts(cells.clone(), 55_000, 60_000, |_| i64::MIN);
-        assert_eq!(c["pool:short"], counts(5, 5));
-        assert_eq!(c["job_type:echo"], counts(7, 1));
-        assert_eq!(c["pool:medium"], counts(2, 0));
+        assert_eq!(c["pool:short"].counts, counts(5, 5));
+        assert_eq!(c["job_type:echo"].counts, counts(7, 1));
+        assert_eq!(c["pool:medium"].counts, counts(2, 0));
         let c = window_counts(cells, 55_000, 60_000, |k| if k == "pool:short" { 10_000 } else { i64::MIN });
-        assert_eq!(c["pool:short"], counts(0, 4));
+        assert_eq!(c["pool:short"].counts, counts(0, 4));
         assert_eq!(probe_outcome(Some("retrying")), Some(false));
         assert_eq!(probe_outcome(Some("queued")), None);
     }
 
     #[test]
+    fn one_tenants_failures_open_only_its_own_gates() {
+        // Tenant a: 40 app errors; tenant b: 10 successes, same pool and type.
+        let cells = vec![cell(0, "short", "fail", "a", (0, 40, 0)), cell(0, "short", "echo", "b", (10, 0, 0))];
+        let c = window_counts(cells, 5_000, 60_000, |_| i64::MIN);
+        let mut pool = Gate::new(GateConfig::default());
+        assert_eq!(c["pool:short"].counts, counts(50, 0), "app errors are not the pool's failures");
+        assert!(!c["pool:short"].may_open(2));
+        assert!(!pool.observe(c["pool:short"].counts, 5_000), "app errors never open the shared gate");
+        let own = &c[&tenant_scope("pool:short", "a")];
+        assert_eq!(own.counts, counts(0, 40));
+        assert!(own.may_open(2) && Gate::new(GateConfig::default()).observe(own.counts, 5_000));
+        assert_eq!(c[&tenant_scope("pool:short", "b")].counts, counts(10, 0));
+    }
+
+    #[test]
+    fn infrastructure_failures_open_a_shared_gate_only_across_tenants() {
+        // One tenant's dependency failures (e.g. payloads its service answers 503 to).
+        let one = vec![cell(0, "short", "http", "a", (0, 20, 20)), cell(0, "short", "echo", "b", (10, 0, 0))];
+        let c = window_counts(one, 5_000, 60_000, |_| i64::MIN);
+        assert_eq!(c["pool:short"].counts, counts(10, 20));
+        assert!(!c["pool:short"].may_open(2), "one tenant cannot open the pool's gate");
+        let two = vec![cell(0, "short", "http", "a", (0, 20, 20)), cell(0, "short", "http", "b", (1, 9, 9))];
+        let c = window_counts(two, 5_000, 60_000, |_| i64::MIN);
+        assert!(c["pool:short"].may_open(2));
+        assert_eq!(c["pool:short"].failing.len(), 2);
+    }
+
+    #[test]
     fn own_outcomes_are_cumulative_and_rewritten_only_when_changed() {
+        use crate::model::FailureClass as F;
         let mut o = OwnOutcomes::default();
-        o.record("echo", true, 1_000);
-        o.record("echo", false, 2_000);
+        o.record("echo", "a", None, 1_000);
+        o.record("echo", "a", Some(F::Dependency), 2_000);
+        o.record("echo", "a", Some(F::AppError), 2_000);
         let p = o.pending();
-        assert_eq!(p, vec![(0, "echo".to_string(), (1, 1))]);
-        o.record("echo", true, 3_000);
+        assert_eq!(p.len(), 1);
+        assert_eq!(OwnOutcomes::key_parts(&p[0].1), ("echo", "a"));
+        assert_eq!(p[0].2, (1, 2, 1));
+        o.record("echo", "a", None, 3_000);
         o.written(&p);
-        assert_eq!(o.pending(), vec![(0, "echo".to_string(), (2, 1))], "changed after the read: written again");
+        assert_eq!(o.pending()[0].2, (2, 2, 1), "changed after the read: written again");
         o.written(&o.pending());
         assert!(o.pending().is_empty());
         o.evict(100_000, 60_000);

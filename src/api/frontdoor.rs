@@ -1,0 +1,386 @@
+//! The API process's own front door (rules: `core::frontdoor`; settings `[api.limits]`):
+//! what one API key, and all keys together, may hold of this process at once.
+//!
+//! - **submissions** ([`submissions`], on `POST /v1/jobs` and `POST /v1/jobs:batch`):
+//!   a request over its route's body limit by `Content-Length` is answered 413 before its
+//!   body is read; otherwise it holds one in-flight submission and its body bytes
+//!   (`Content-Length`, or the route's limit) of the key's and the process's budgets, or
+//!   gets 429 `TOO_MANY_SUBMISSIONS` with `Retry-After`; its body must arrive within
+//!   `body_timeout` (408). A batch is parsed element by element and refused with 413 at
+//!   the first job past the limit ([`read_batch`]), never materialised whole.
+//! - **streams** ([`FrontDoor::stream_slot`]): Server-Sent Event streams per key and in
+//!   total (429 `TOO_MANY_STREAMS`); a stream ends when its key is revoked
+//!   ([`until_revoked`]).
+//! - **console DLQ scans** ([`FrontDoor::scan_slot`]): one per key at a time, four in all.
+//! - **connections** ([`BoundedListener`]): at most `connections` open at once, each
+//!   closed after `idle_timeout` without a byte read or written.
+
+use super::{codes, ApiError, ApiState};
+use crate::core::frontdoor::{Bound, Busy, FrontDoorLimits, Usage};
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use serde::de::{DeserializeSeed, SeqAccess, Visitor};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+/// Seconds a caller refused for being busy is told to wait.
+const BUSY_RETRY_SECS: u64 = 1;
+/// A stream re-checks its key this often (a revoked key ends it within this plus
+/// `api.key_refresh`).
+const REVOKE_CHECK: Duration = Duration::from_secs(2);
+
+/// The API key a request came with (its id; "anonymous" with `api.auth = "off"`), put in
+/// the request's extensions by `auth::require_caller`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyId(pub String);
+
+/// This process's counts of what each key holds.
+pub struct FrontDoor {
+    limits: FrontDoorLimits,
+    single_body: u64,
+    batch_body: u64,
+    submissions: Arc<Mutex<Usage>>,
+    streams: Arc<Mutex<Usage>>,
+    /// Console DLQ scans: one per key at a time, a few in all.
+    scans: Arc<Mutex<Usage>>,
+}
+
+/// Console DLQ scans at once, all keys.
+const MAX_SCANS: u64 = 4;
+
+impl FrontDoor {
+    pub fn new(limits: &FrontDoorLimits, max_payload_bytes: usize) -> Self {
+        let l = limits.clone();
+        let submissions = Usage::new(
+            "submissions",
+            Bound { per_key: l.submissions_per_key, total: l.submissions },
+            Bound { per_key: l.body_bytes_per_key, total: l.body_bytes },
+        );
+        let streams = Usage::new("streams", Bound { per_key: l.streams_per_key, total: l.streams }, Bound::NONE);
+        FrontDoor {
+            single_body: FrontDoorLimits::single_body_bytes(max_payload_bytes),
+            batch_body: l.batch_body(max_payload_bytes),
+            limits: l,
+            submissions: Arc::new(Mutex::new(submissions)),
+            streams: Arc::new(Mutex::new(streams)),
+            scans: Arc::new(Mutex::new(Usage::new("DLQ scans", Bound { per_key: 1, total: MAX_SCANS }, Bound::NONE))),
+        }
+    }
+
+    /// Largest body of one job (`POST /v1/jobs`).
+    pub fn single_body(&self) -> usize {
+        self.single_body as usize
+    }
+    /// Largest body of a batch.
+    pub fn batch_body(&self) -> usize {
+        self.batch_body as usize
+    }
+
+    /// One live stream for `key`, held until the returned slot is dropped.
+    pub fn stream_slot(&self, key: &KeyId) -> Result<Slot, ApiError> {
+        Slot::take(&self.streams, key, 0)
+            .map_err(|b| busy(b, codes::TOO_MANY_STREAMS, "close streams it no longer reads"))
+    }
+
+    /// One console DLQ scan for `key`, held until the returned slot is dropped.
+    pub fn scan_slot(&self, key: &KeyId) -> Result<Slot, ApiError> {
+        Slot::take(&self.scans, key, 0).map_err(|b| busy(b, codes::TOO_MANY_SCANS, "wait for the page to load"))
+    }
+}
+
+/// Something a key holds (a submission in flight and its bytes, or a stream); given back
+/// when dropped.
+pub struct Slot {
+    usage: Arc<Mutex<Usage>>,
+    key: String,
+    bytes: u64,
+}
+
+impl Slot {
+    fn take(usage: &Arc<Mutex<Usage>>, key: &KeyId, bytes: u64) -> Result<Slot, Busy> {
+        usage.lock().expect("front door").take(&key.0, bytes)?;
+        Ok(Slot { usage: usage.clone(), key: key.0.clone(), bytes })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.usage.lock().expect("front door").give_back(&self.key, self.bytes);
+    }
+}
+
+/// 429 with `Retry-After` for a bound that refused.
+fn busy(b: Busy, code: &'static str, fix: &str) -> ApiError {
+    let message = match b {
+        Busy::Key { what, held, most } => format!(
+            "this API key holds {held} {what} in flight and may hold {most} at once ([api.limits]); wait for \
+             them to finish (retry after {BUSY_RETRY_SECS}s) or {fix}"
+        ),
+        Busy::Total { what, most } => format!(
+            "this API process holds its limit of {most} {what} in flight for all callers ([api.limits]); retry \
+             after {BUSY_RETRY_SECS}s"
+        ),
+    };
+    metrics::counter!(crate::metrics::ADMISSION_REFUSED, "reason" => code).increment(1);
+    ApiError { retry_after_secs: Some(BUSY_RETRY_SECS), ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, code, message) }
+}
+
+fn too_large(limit: u64, batch: bool) -> ApiError {
+    let what = if batch {
+        "a batch is at most api.limits.batch_body_bytes"
+    } else {
+        "one job is at most about 6x worker.max_payload_bytes"
+    };
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        codes::BODY_TOO_LARGE,
+        format!(
+            "request body is above the API's size limit of {limit} bytes ({what}); store large inputs elsewhere and \
+             submit a reference, or split the batch"
+        ),
+    )
+}
+
+/// Middleware of the submission routes (see the module docs). Runs after
+/// authentication; the handler gets the body already read.
+pub async fn submissions(State(st): State<ApiState>, req: Request, next: Next) -> Response {
+    let fd = &st.inner.front;
+    let batch = req.uri().path().ends_with(":batch");
+    let limit = if batch { fd.batch_body } else { fd.single_body };
+    let declared =
+        req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return too_large(limit, batch).into_response();
+    }
+    let key = req.extensions().get::<KeyId>().cloned().unwrap_or_else(|| KeyId("anonymous".into()));
+    let _slot = match Slot::take(&fd.submissions, &key, declared.unwrap_or(limit)) {
+        Ok(s) => s,
+        Err(b) => return busy(b, codes::TOO_MANY_SUBMISSIONS, "send fewer requests at once").into_response(),
+    };
+    let (parts, body) = req.into_parts();
+    let timeout = Duration::from_millis(fd.limits.body_timeout.0 as u64);
+    let bytes = match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit as usize)).await {
+        Err(_) => {
+            return ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                codes::BODY_TIMEOUT,
+                format!(
+                    "the request body did not arrive within api.limits.body_timeout = {}; send it at once",
+                    fd.limits.body_timeout
+                ),
+            )
+            .into_response()
+        }
+        Ok(Err(_)) if declared.is_none() => return too_large(limit, batch).into_response(),
+        Ok(Err(e)) => {
+            return ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_JSON, format!("cannot read the body: {e}"))
+                .into_response()
+        }
+        Ok(Ok(b)) => b,
+    };
+    next.run(Request::from_parts(parts, Body::from(bytes))).await
+}
+
+/// Parses a batch body: a JSON array of at most `most` job objects, element by element
+/// (413 `BATCH_TOO_LARGE` at the first one past `most`, before reading the rest).
+pub fn read_batch(body: &Bytes, most: usize) -> Result<Vec<serde_json::Value>, ApiError> {
+    let too_many = std::cell::Cell::new(false);
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let parsed = AtMost { most, too_many: &too_many }.deserialize(&mut de).and_then(|v| de.end().map(|()| v));
+    match parsed {
+        Ok(items) => Ok(items),
+        Err(_) if too_many.get() => Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            codes::BATCH_TOO_LARGE,
+            format!("the batch has more than {most} jobs, above the limit of {most}; split it"),
+        )),
+        Err(e) => Err(ApiError::from_json(&e, "a JSON array of job objects")),
+    }
+}
+
+/// A sequence of at most `most` JSON values.
+struct AtMost<'a> {
+    most: usize,
+    too_many: &'a std::cell::Cell<bool>,
+}
+
+impl<'de> DeserializeSeed<'de> for AtMost<'_> {
+    type Value = Vec<serde_json::Value>;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for AtMost<'_> {
+    type Value = Vec<serde_json::Value>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "a JSON array of at most {} job objects", self.most)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(v) = seq.next_element::<serde_json::Value>()? {
+            if out.len() == self.most {
+                self.too_many.set(true);
+                return Err(serde::de::Error::custom(format!("more than {} jobs", self.most)));
+            }
+            out.push(v);
+        }
+        Ok(out)
+    }
+}
+
+/// Completes when the key of `headers` is no longer valid (revoked, or its tenant
+/// removed); never for a store that cannot be read (streams outlive short outages).
+pub async fn until_revoked(st: ApiState, headers: axum::http::HeaderMap) {
+    loop {
+        tokio::time::sleep(REVOKE_CHECK).await;
+        if let Err(e) = st.authenticate(&headers).await {
+            if e.status == StatusCode::UNAUTHORIZED {
+                tracing::info!("live stream closed: its API key is no longer valid");
+                return;
+            }
+        }
+    }
+}
+
+/// A Server-Sent Events answer that ends when `stream` does or when the key in `auth`
+/// is revoked (hold the stream's [`Slot`] in `stream`).
+pub fn live_stream(
+    stream: impl futures::Stream<Item = Result<axum::response::sse::Event, std::convert::Infallible>> + Send + 'static,
+    st: &ApiState,
+    auth: axum::http::HeaderMap,
+) -> Response {
+    use axum::response::sse::{KeepAlive, Sse};
+    use futures::StreamExt;
+    let stream = stream.take_until(Box::pin(until_revoked(st.clone(), auth)));
+    Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response()
+}
+
+/// The API listener with a bound on open connections and an idle timeout on each.
+pub struct BoundedListener {
+    inner: tokio::net::TcpListener,
+    permits: Arc<tokio::sync::Semaphore>,
+    idle: Duration,
+}
+
+impl BoundedListener {
+    pub fn new(inner: tokio::net::TcpListener, limits: &FrontDoorLimits) -> Self {
+        let permits = Arc::new(tokio::sync::Semaphore::new(limits.connections.min(1 << 20) as usize));
+        BoundedListener { inner, permits, idle: Duration::from_millis(limits.idle_timeout.0 as u64) }
+    }
+}
+
+impl axum::serve::Listener for BoundedListener {
+    type Io = IdleIo;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (IdleIo, std::net::SocketAddr) {
+        let permit = self.permits.clone().acquire_owned().await.expect("the semaphore is never closed");
+        let (io, addr) = axum::serve::Listener::accept(&mut self.inner).await;
+        (IdleIo::new(io, self.idle, permit), addr)
+    }
+
+    fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
+        self.inner.local_addr()
+    }
+}
+
+/// A connection that fails with `TimedOut` after `idle` without progress either way.
+pub struct IdleIo {
+    io: tokio::net::TcpStream,
+    idle: Duration,
+    timer: Pin<Box<tokio::time::Sleep>>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl IdleIo {
+    fn new(io: tokio::net::TcpStream, idle: Duration, permit: tokio::sync::OwnedSemaphorePermit) -> Self {
+        IdleIo { io, idle, timer: Box::pin(tokio::time::sleep(idle)), _permit: permit }
+    }
+
+    /// After an inner poll: progress moves the deadline; while pending, the deadline
+    /// passing turns into an error.
+    fn check<T>(&mut self, cx: &mut Context<'_>, r: Poll<std::io::Result<T>>) -> Poll<std::io::Result<T>> {
+        match r {
+            Poll::Ready(r) => {
+                self.timer.as_mut().reset(tokio::time::Instant::now() + self.idle);
+                Poll::Ready(r)
+            }
+            Poll::Pending => match self.timer.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "connection idle longer than api.limits.idle_timeout",
+                ))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+}
+
+use std::future::Future as _;
+
+impl tokio::io::AsyncRead for IdleIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.io).poll_read(cx, buf);
+        this.check(cx, r)
+    }
+}
+
+impl tokio::io::AsyncWrite for IdleIo {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.check(cx, r)
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.io).poll_flush(cx);
+        this.check(cx, r)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.check(cx, r)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_is_refused_at_the_first_job_past_the_limit() {
+        let ok = read_batch(&Bytes::from_static(b"[{\"a\":1}, 2]"), 2).unwrap();
+        assert_eq!(ok.len(), 2);
+        // Far more elements than the limit: refused without building them all.
+        let huge = Bytes::from(format!("[{}0]", "0,".repeat(1_000_000)));
+        let e = read_batch(&huge, 1000).unwrap_err();
+        assert_eq!((e.status, e.code), (StatusCode::PAYLOAD_TOO_LARGE, codes::BATCH_TOO_LARGE), "{e:?}");
+        let e = read_batch(&Bytes::from_static(b"[1,"), 10).unwrap_err();
+        assert_eq!(e.code, codes::INVALID_JSON);
+        let e = read_batch(&Bytes::from_static(b"{}"), 10).unwrap_err();
+        assert_eq!(e.code, codes::INVALID_JOB);
+        let e = read_batch(&Bytes::from_static(b"[1] x"), 10).unwrap_err();
+        assert_eq!(e.code, codes::INVALID_JSON);
+    }
+}

@@ -1,0 +1,274 @@
+//! `fairway bench blast`: the blast-radius suite as a benchmark on the local services.
+//! Starts `fairway serve` as a child process (`--serve-bin` another build, e.g. main's,
+//! for a before/after) and an in-process worker; tenant A (acme) attacks while tenant B
+//! (globex) submits, each attack in turn:
+//! - **batch flood**: `--bodies` concurrent maximum-size batch bodies (`[0,0,...]`) for
+//!   `--seconds`; the server's peak RSS (VmHWM), B's submit latency alone and under
+//!   attack, the slowest `/healthz`;
+//! - **failing jobs**: 40 always-failing jobs from A, then B's submissions for 20 s;
+//! - **scheduled jobs**: 12 jobs 1 s ahead from a tenant with `max_queued = 5`;
+//! - **streams**: 50 live streams from one key.
+//!
+//! Last line JSON.
+
+use super::Global;
+use anyhow::Context;
+use fairway::core::auth::Caller;
+use fairway::handlers::Registry;
+use fairway::model::Pool;
+use fairway::now_ms;
+use fairway::worker::{Policy, Worker};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct BlastArgs {
+    /// The `fairway` binary to serve the API with (default: this one).
+    #[arg(long)]
+    pub serve_bin: Option<std::path::PathBuf>,
+    /// Concurrent maximum-size batch bodies of the flood.
+    #[arg(long, default_value_t = 10)]
+    pub bodies: usize,
+    /// How long the flood lasts.
+    #[arg(long, default_value_t = 10)]
+    pub seconds: u64,
+}
+
+/// The child `fairway serve` and its address.
+struct Server {
+    child: tokio::process::Child,
+    base: String,
+}
+
+impl Server {
+    fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+    /// Peak and current resident set of the server, MB (from /proc).
+    fn rss_mb(&self) -> (f64, f64) {
+        let status = self.pid().and_then(|p| std::fs::read_to_string(format!("/proc/{p}/status")).ok());
+        let field = |name: &str| {
+            status.as_deref().and_then(|s| {
+                let line = s.lines().find(|l| l.starts_with(name))?;
+                line.split_whitespace().nth(1)?.parse::<f64>().ok().map(|kb| kb / 1024.0)
+            })
+        };
+        (field("VmHWM:").unwrap_or(0.0), field("VmRSS:").unwrap_or(0.0))
+    }
+}
+
+async fn start_server(bin: &std::path::Path, cfg: &fairway::config::Config) -> anyhow::Result<Server> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let child = tokio::process::Command::new(bin)
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--metrics-listen", "off"])
+        .env("FAIRWAY_TOPIC_PREFIX", &cfg.kafka.topic_prefix)
+        .env("FAIRWAY_KEYSPACE", &cfg.scylla.keyspace)
+        .env("FAIRWAY_BROKERS", &cfg.kafka.brokers)
+        .env("FAIRWAY_CQL", cfg.scylla.contact_points.join(","))
+        .env("FAIRWAY_LOG", "error")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {} serve", bin.display()))?;
+    let base = format!("http://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while reqwest::get(format!("{base}/healthz")).await.is_err() {
+        anyhow::ensure!(Instant::now() < deadline, "fairway serve did not answer /healthz within 60 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(Server { child, base })
+}
+
+fn client(key: &str) -> anyhow::Result<reqwest::Client> {
+    let mut h = reqwest::header::HeaderMap::new();
+    h.insert("authorization", format!("Bearer {key}").parse()?);
+    Ok(reqwest::Client::builder().default_headers(h).timeout(Duration::from_secs(60)).build()?)
+}
+
+/// B's submissions: (accepted, sent, latencies in ms).
+#[derive(Default)]
+struct Served {
+    accepted: usize,
+    sent: usize,
+    ms: Vec<f64>,
+    codes: BTreeMap<String, usize>,
+}
+
+impl Served {
+    async fn submit(&mut self, http: &reqwest::Client, base: &str, job: &Value) {
+        let t = Instant::now();
+        let r = http.post(format!("{base}/v1/jobs")).json(job).send().await;
+        self.sent += 1;
+        self.ms.push(t.elapsed().as_secs_f64() * 1000.0);
+        let code = match r {
+            Ok(r) if r.status().is_success() => {
+                self.accepted += 1;
+                "201".to_string()
+            }
+            Ok(r) => {
+                let s = r.status().as_u16();
+                let b: Value = r.json().await.unwrap_or(Value::Null);
+                format!("{s} {}", b["code"].as_str().unwrap_or(""))
+            }
+            Err(_) => "error".into(),
+        };
+        *self.codes.entry(code).or_default() += 1;
+    }
+    fn p99(&self) -> f64 {
+        let mut v = self.ms.clone();
+        v.sort_by(f64::total_cmp);
+        v.get(((v.len() as f64 * 0.99) as usize).min(v.len().saturating_sub(1))).copied().unwrap_or(0.0)
+    }
+    fn json(&self) -> Value {
+        json!({"accepted": self.accepted, "sent": self.sent, "p99_ms": self.p99(), "answers": self.codes})
+    }
+}
+
+/// B submits one echo job every 50 ms until `stop`.
+async fn b_submits_until(b: &reqwest::Client, base: &str, stop: Instant) -> Served {
+    let mut s = Served::default();
+    while Instant::now() < stop {
+        s.submit(b, base, &json!({"job_type": "echo"})).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    s
+}
+
+async fn batch_flood(srv: &Server, a: &reqwest::Client, b: &reqwest::Client, args: &BlastArgs) -> Value {
+    let base = srv.base.as_str();
+    let alone = b_submits_until(b, base, Instant::now() + Duration::from_secs(5)).await;
+    let (peak_before, rss_before) = srv.rss_mb();
+    // Just under the default batch limit (32 MiB).
+    let body = bytes::Bytes::from(format!("[{}0]", "0,".repeat((32 << 20) / 2 - 16)));
+    let stop = Instant::now() + Duration::from_secs(args.seconds);
+    let mut answers: BTreeMap<String, usize> = BTreeMap::new();
+    let flood = async {
+        while Instant::now() < stop {
+            let sends = (0..args.bodies).map(|_| {
+                let req = a.post(format!("{base}/v1/jobs:batch")).header("content-type", "application/json");
+                let body = body.clone();
+                async move {
+                    match req.body(body).send().await {
+                        Ok(r) => {
+                            let s = r.status().as_u16();
+                            let v: Value = r.json().await.unwrap_or(Value::Null);
+                            format!("{s} {}", v["code"].as_str().unwrap_or(""))
+                        }
+                        Err(_) => "reset before the answer".to_string(),
+                    }
+                }
+            });
+            for a in futures::future::join_all(sends).await {
+                *answers.entry(a).or_default() += 1;
+            }
+        }
+    };
+    let health = async {
+        let mut worst = 0f64;
+        while Instant::now() < stop {
+            let t = Instant::now();
+            let ok = reqwest::get(format!("{base}/healthz")).await.is_ok_and(|r| r.status().is_success());
+            worst = worst.max(if ok { t.elapsed().as_secs_f64() * 1000.0 } else { f64::INFINITY });
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        worst
+    };
+    let (_, attacked, healthz_worst_ms) = tokio::join!(flood, b_submits_until(b, base, stop), health);
+    let (peak, rss) = srv.rss_mb();
+    json!({
+        "bodies": args.bodies, "body_mb": body.len() as f64 / 1048576.0, "seconds": args.seconds,
+        "a_answers": answers, "b_alone": alone.json(), "b_under_attack": attacked.json(),
+        "healthz_worst_ms": healthz_worst_ms, "rss_mb_before": rss_before, "peak_rss_mb_before": peak_before,
+        "peak_rss_mb": peak, "rss_mb_after": rss,
+    })
+}
+
+async fn failing_jobs(srv: &Server, a: &reqwest::Client, b: &reqwest::Client) -> Value {
+    let base = srv.base.as_str();
+    let doomed: Vec<Value> = (0..40).map(|_| json!({"job_type": "fail"})).collect();
+    let sent = a.post(format!("{base}/v1/jobs:batch")).json(&doomed).send().await.map(|r| r.status().as_u16());
+    // The breakers read outcomes every second over 10 s buckets: give them 25 s.
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    let mut a_after = Served::default();
+    a_after.submit(a, base, &json!({"job_type": "echo"})).await;
+    let b_after = b_submits_until(b, base, Instant::now() + Duration::from_secs(10)).await;
+    json!({"a_batch_status": sent.ok(), "a_echo_after": a_after.json(), "b_after": b_after.json()})
+}
+
+async fn scheduled(srv: &Server, a: &reqwest::Client) -> Value {
+    let mut s = Served::default();
+    for _ in 0..12 {
+        s.submit(a, &srv.base, &json!({"tenant": "blastq", "job_type": "echo", "execute_at": now_ms() + 1_000})).await;
+    }
+    let mut far = Served::default();
+    far.submit(
+        a,
+        &srv.base,
+        &json!({"tenant": "blastq", "job_type": "echo", "execute_at": now_ms() + 400 * 86_400_000}),
+    )
+    .await;
+    json!({"max_queued": 5, "scheduled_1s_ahead": s.json(), "scheduled_400d_ahead": far.json()})
+}
+
+async fn streams(srv: &Server, a: &reqwest::Client, b: &reqwest::Client) -> Value {
+    let mut open = Vec::new();
+    let mut answers: BTreeMap<u16, usize> = BTreeMap::new();
+    for _ in 0..50 {
+        if let Ok(r) = a.get(format!("{}/v1/events?follow=1", srv.base)).send().await {
+            *answers.entry(r.status().as_u16()).or_default() += 1;
+            open.push(r);
+        }
+    }
+    let b_stream = b.get(format!("{}/v1/events?follow=1", srv.base)).send().await.map(|r| r.status().as_u16());
+    json!({"a_streams_asked": 50, "a_answers": answers, "b_stream_status": b_stream.ok()})
+}
+
+pub async fn run(g: &Global, args: BlastArgs) -> anyhow::Result<ExitCode> {
+    let mut cfg = (*g.load()?).clone();
+    cfg.kafka.topic_prefix = format!("blast{}.", now_ms());
+    cfg.scylla.keyspace = "fairway_bench".into();
+    cfg.tenants.insert("blastq".into(), toml::from_str("tier = \"pro\"\nmax_queued = 5\n")?);
+    let cfg = Arc::new(cfg);
+    fairway::kafka::ensure_topics(&cfg).await?;
+    fairway::store::ensure_schema(&cfg).await?;
+    fairway::tenants::seed(&cfg).await?;
+    let store = fairway::store::Store::open(&cfg).await?;
+    let keys = store.key_statements().await?;
+    let key = |caller: Caller| {
+        let k = fairway::core::auth::new_key(rand::random());
+        let keys = keys.clone();
+        async move {
+            keys.insert(&k.id, &k.hash, &caller, Some("bench blast"), now_ms()).await?;
+            anyhow::Ok(k.token)
+        }
+    };
+    let a = client(&key(Caller::Admin).await?)?;
+    let a_tenant = client(&key(Caller::Tenant("acme".into())).await?)?;
+    let b = client(&key(Caller::Tenant("globex".into())).await?)?;
+    let bin = match &args.serve_bin {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?,
+    };
+    let srv = start_server(&bin, &cfg).await?;
+    eprintln!("fairway serve ({}) on {}", bin.display(), srv.base);
+    let flood = batch_flood(&srv, &a_tenant, &b, &args).await;
+    eprintln!("batch flood: {flood}");
+    let registry = Registry::from_config(&cfg, Default::default()).map_err(anyhow::Error::msg)?;
+    let worker = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair).await?;
+    let failing = failing_jobs(&srv, &a_tenant, &b).await;
+    eprintln!("failing jobs: {failing}");
+    worker.stop().await;
+    let sched = scheduled(&srv, &a).await;
+    eprintln!("scheduled: {sched}");
+    let streams = streams(&srv, &a_tenant, &b).await;
+    let out = json!({
+        "serve_bin": bin.display().to_string(),
+        "batch_flood": flood, "failing_jobs": failing, "scheduled": sched, "streams": streams,
+    });
+    println!("{out}");
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,247 @@
+//! The HTTP front door's own bounds, pure (the shell is `api::frontdoor`): what one API
+//! key, and all keys together, may hold of an API process at once, so that no tenant can
+//! run it out of memory, connections or streams for the others.
+//!
+//! [`Usage`] counts what each key holds (requests and body bytes, or streams) against a
+//! per-key and a total [`Bound`]; taking is all-or-nothing and says which bound refused.
+//! The settings are `[api.limits]` ([`FrontDoorLimits`]); docs/security.md tabulates them.
+
+use crate::core::retry::DurationMs;
+use serde::Deserialize;
+use std::collections::HashMap;
+
+/// `[api.limits]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FrontDoorLimits {
+    /// Submission requests (`POST /v1/jobs`, `POST /v1/jobs:batch`) one key may have in
+    /// flight at once.
+    pub submissions_per_key: u64,
+    /// Submission requests in flight at once, all keys.
+    pub submissions: u64,
+    /// Request body bytes one key's submissions in flight may hold (each request holds
+    /// its `Content-Length`, or the route's body limit when it sends none).
+    pub body_bytes_per_key: u64,
+    /// Request body bytes all submissions in flight may hold.
+    pub body_bytes: u64,
+    /// Largest `POST /v1/jobs:batch` body.
+    pub batch_body_bytes: u64,
+    /// Server-Sent Event streams (`?follow=1`, console live view) one key may hold open.
+    pub streams_per_key: u64,
+    /// Server-Sent Event streams open at once, all keys.
+    pub streams: u64,
+    /// Open connections to the API listener; more wait in the kernel's accept queue.
+    pub connections: u64,
+    /// A connection with no bytes read or written for this long is closed (stalled
+    /// headers or bodies, idle keep-alive; live streams write a keep-alive every 15 s).
+    pub idle_timeout: DurationMs,
+    /// A submission's whole body must arrive within this long (else 408).
+    pub body_timeout: DurationMs,
+}
+
+impl Default for FrontDoorLimits {
+    fn default() -> Self {
+        const MIB: u64 = 1 << 20;
+        FrontDoorLimits {
+            submissions_per_key: 8,
+            submissions: 256,
+            body_bytes_per_key: 32 * MIB,
+            body_bytes: 96 * MIB,
+            batch_body_bytes: 32 * MIB,
+            streams_per_key: 8,
+            streams: 1024,
+            connections: 4096,
+            idle_timeout: DurationMs::secs(60),
+            body_timeout: DurationMs::secs(30),
+        }
+    }
+}
+
+impl FrontDoorLimits {
+    /// Largest body of `POST /v1/jobs`: a payload of `max_payload_bytes` may grow up to
+    /// 6x when JSON-escaped (oversize payloads inside this get the precise 413 from
+    /// validation).
+    pub fn single_body_bytes(max_payload_bytes: usize) -> u64 {
+        (max_payload_bytes as u64).saturating_mul(6).saturating_add(64 << 10)
+    }
+
+    /// Largest body of `POST /v1/jobs:batch`.
+    pub fn batch_body(&self, max_payload_bytes: usize) -> u64 {
+        self.batch_body_bytes.max(Self::single_body_bytes(max_payload_bytes))
+    }
+
+    /// Checks the settings; `largest_body` is the largest body a submission route accepts.
+    pub fn validate(&self, largest_body: u64) -> Result<(), (&'static str, String)> {
+        let positive = [
+            ("submissions_per_key", self.submissions_per_key),
+            ("submissions", self.submissions),
+            ("streams_per_key", self.streams_per_key),
+            ("streams", self.streams),
+            ("connections", self.connections),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err((*name, "must be at least 1".into()));
+        }
+        if self.body_bytes_per_key < largest_body {
+            return Err((
+                "body_bytes_per_key",
+                format!(
+                    "{} is below the largest request body the API accepts ({largest_body} bytes: batch_body_bytes, \
+                     or 6 x worker.max_payload_bytes + 64 KiB for one job), so such a request could never be read; \
+                     raise it to at least {largest_body}",
+                    self.body_bytes_per_key
+                ),
+            ));
+        }
+        if self.body_bytes < self.body_bytes_per_key {
+            return Err(("body_bytes", "must be at least body_bytes_per_key".into()));
+        }
+        if self.idle_timeout.0 < 1_000 || self.body_timeout.0 < 1_000 {
+            return Err(("idle_timeout", "idle_timeout and body_timeout must be at least \"1s\"".into()));
+        }
+        Ok(())
+    }
+}
+
+/// A per-key and a total bound of one quantity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bound {
+    pub per_key: u64,
+    pub total: u64,
+}
+
+impl Bound {
+    pub const NONE: Bound = Bound { per_key: u64::MAX, total: u64::MAX };
+}
+
+/// Which bound refused a take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Busy {
+    /// The key holds `held` of `what` and may hold `most`.
+    Key { what: &'static str, held: u64, most: u64 },
+    /// All keys together hold `most` of `what`.
+    Total { what: &'static str, most: u64 },
+}
+
+/// What each key holds: a count (requests or streams) and bytes.
+#[derive(Debug, Clone)]
+pub struct Usage {
+    what: &'static str,
+    count: Bound,
+    bytes: Bound,
+    per_key: HashMap<String, (u64, u64)>,
+    total: (u64, u64),
+}
+
+impl Usage {
+    /// `what` names the counted thing in refusals (e.g. "submissions", "streams").
+    pub fn new(what: &'static str, count: Bound, bytes: Bound) -> Self {
+        Usage { what, count, bytes, per_key: HashMap::new(), total: (0, 0) }
+    }
+
+    /// Takes one more of the count and `bytes` for `key`, or refuses and takes nothing.
+    pub fn take(&mut self, key: &str, bytes: u64) -> Result<(), Busy> {
+        let (n, b) = self.per_key.get(key).copied().unwrap_or_default();
+        if n + 1 > self.count.per_key {
+            return Err(Busy::Key { what: self.what, held: n, most: self.count.per_key });
+        }
+        if b.saturating_add(bytes) > self.bytes.per_key {
+            return Err(Busy::Key { what: "body bytes", held: b, most: self.bytes.per_key });
+        }
+        if self.total.0 + 1 > self.count.total {
+            return Err(Busy::Total { what: self.what, most: self.count.total });
+        }
+        if self.total.1.saturating_add(bytes) > self.bytes.total {
+            return Err(Busy::Total { what: "body bytes", most: self.bytes.total });
+        }
+        let e = self.per_key.entry(key.to_string()).or_default();
+        *e = (n + 1, b + bytes);
+        self.total = (self.total.0 + 1, self.total.1 + bytes);
+        Ok(())
+    }
+
+    /// Gives back what one [`Usage::take`] of `bytes` took.
+    pub fn give_back(&mut self, key: &str, bytes: u64) {
+        if let Some(e) = self.per_key.get_mut(key) {
+            *e = (e.0.saturating_sub(1), e.1.saturating_sub(bytes));
+            if e.0 == 0 {
+                self.per_key.remove(key);
+            }
+        }
+        self.total = (self.total.0.saturating_sub(1), self.total.1.saturating_sub(bytes));
+    }
+
+    /// How many `key` holds, and in all.
+    pub fn held(&self, key: &str) -> (u64, u64) {
+        (self.per_key.get(key).map_or(0, |e| e.0), self.total.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn usage() -> Usage {
+        Usage::new("submissions", Bound { per_key: 2, total: 3 }, Bound { per_key: 100, total: 150 })
+    }
+
+    #[test]
+    fn a_key_is_held_to_its_share_and_all_keys_to_the_total() {
+        let mut u = usage();
+        u.take("a", 10).unwrap();
+        u.take("a", 10).unwrap();
+        assert_eq!(u.take("a", 10), Err(Busy::Key { what: "submissions", held: 2, most: 2 }));
+        assert_eq!(u.take("b", 101), Err(Busy::Key { what: "body bytes", held: 0, most: 100 }));
+        u.take("b", 100).unwrap();
+        assert_eq!(u.take("c", 1), Err(Busy::Total { what: "submissions", most: 3 }));
+        u.give_back("a", 10);
+        assert_eq!(u.take("c", 41), Err(Busy::Total { what: "body bytes", most: 150 }));
+        u.take("c", 30).unwrap();
+        assert_eq!(u.held("a"), (1, 3));
+    }
+
+    #[test]
+    fn limits_refuse_a_body_budget_below_the_largest_body() {
+        let l = FrontDoorLimits::default();
+        assert!(l.validate(32 << 20).is_ok());
+        let (field, why) = l.validate(64 << 20).unwrap_err();
+        assert_eq!(field, "body_bytes_per_key");
+        assert!(why.contains("raise it"), "{why}");
+        let l = FrontDoorLimits { streams: 0, ..Default::default() };
+        assert_eq!(l.validate(1).unwrap_err().0, "streams");
+    }
+
+    proptest! {
+        /// Whatever the order of takes and give-backs, no key and no total ever exceeds
+        /// its bound, and giving everything back leaves nothing held.
+        #[test]
+        fn bounds_hold(ops in proptest::collection::vec((0u8..4, 0u64..60, any::<bool>()), 0..200)) {
+            let mut u = usage();
+            let mut held: Vec<(String, u64)> = Vec::new();
+            for (k, bytes, give) in ops {
+                if give && !held.is_empty() {
+                    let (key, b) = held.remove(bytes as usize % held.len());
+                    u.give_back(&key, b);
+                } else {
+                    let key = format!("k{k}");
+                    if u.take(&key, bytes).is_ok() {
+                        held.push((key, bytes));
+                    }
+                }
+                for k in 0..4 {
+                    let key = format!("k{k}");
+                    let n = held.iter().filter(|(h, _)| *h == key).count() as u64;
+                    let b: u64 = held.iter().filter(|(h, _)| *h == key).map(|(_, b)| b).sum();
+                    prop_assert!(n <= 2 && b <= 100);
+                    prop_assert_eq!(u.held(&key).0, n);
+                }
+                prop_assert!(held.len() <= 3 && held.iter().map(|(_, b)| b).sum::<u64>() <= 150);
+            }
+            for (key, b) in held.drain(..) {
+                u.give_back(&key, b);
+            }
+            prop_assert_eq!(u.held("k0"), (0, 0));
+        }
+    }
+}
