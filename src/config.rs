@@ -511,6 +511,14 @@ pub struct JobTypeConfig {
     /// handler = "process": time between SIGTERM (cancel, drain, stuck) and SIGKILL.
     #[serde(default)]
     pub kill_grace: Option<crate::core::retry::DurationMs>,
+    /// HTTP executor: follow up to 5 redirects (off by default: a redirect answers
+    /// `permanent`, so a job type's endpoint cannot send fairway elsewhere).
+    #[serde(default)]
+    pub follow_redirects: bool,
+    /// Only these tenants may submit this job type (absent: every tenant); others get
+    /// 403 `JOB_TYPE_NOT_ALLOWED`.
+    #[serde(default)]
+    pub tenants: Option<Vec<String>>,
 }
 
 /// Default time between a child's SIGTERM and its SIGKILL.
@@ -547,14 +555,6 @@ impl JobTypeConfig {
         }
         self.limits.or(pool.limits).validate().map_err(|e| invalid(key("limits"), e))
     }
-    /// HTTP executor: follow up to 5 redirects (off by default: a redirect answers
-    /// `permanent`, so a job type's endpoint cannot send fairway elsewhere).
-    #[serde(default)]
-    pub follow_redirects: bool,
-    /// Only these tenants may submit this job type (absent: every tenant); others get
-    /// 403 `JOB_TYPE_NOT_ALLOWED`.
-    #[serde(default)]
-    pub tenants: Option<Vec<String>>,
 }
 
 impl Config {

@@ -620,7 +620,7 @@ async fn serve_drains_on_sigterm_and_ends_event_streams_with_a_final_event() {
     let cfg = common::arc(common::config(""));
     common::init(&cfg).await;
     let dir = tempfile::tempdir().unwrap();
-    let (api_port, ops_port) = (free_port(), free_port());
+    let (api_port, ops_port) = (common::free_port(), common::free_port());
     let file = common::config_file(&cfg, "[api]\nauth = \"off\"\n", dir.path());
     let mut serve = Child(
         std::process::Command::new(env!("CARGO_BIN_EXE_fairway"))

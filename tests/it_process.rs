@@ -214,7 +214,7 @@ async fn the_python_example_resumes_from_its_checkpoint_after_a_sigterm_hand_off
     let words = sub.submit(&job("acme", "words", serde_json::json!("one two three\nfour five"))).await.unwrap().job_id;
     let empty = sub.submit(&job("acme", "words", serde_json::json!(""))).await.unwrap().job_id;
     let step = wait_for(Duration::from_secs(40), async || {
-        let cp = store.checkpoint(&long).await.ok().flatten()?;
+        let cp = store.checkpoint(&long, 0).await.ok().flatten()?;
         let step: u32 = String::from_utf8(cp).ok()?.parse().ok()?;
         (step >= 5).then_some(step)
     })

@@ -38,7 +38,7 @@ async fn a_rolling_restart_gated_on_readiness_keeps_long_jobs_in_their_first_att
     // Restart only once every job runs (has a checkpoint), so each restart moves some.
     let deadline = Instant::now() + Duration::from_secs(40);
     for id in &ids {
-        while store.checkpoint(id).await.unwrap().is_none() {
+        while store.checkpoint(id, 0).await.unwrap().is_none() {
             assert!(Instant::now() < deadline, "job {id} did not start within 40 s");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

@@ -239,7 +239,8 @@ pub async fn ensure_schema(cfg: &Config) -> Result<Vec<String>, StoreError> {
 }
 
 impl Store {
-    /// Does the database answer? (One read of `system.local`, for readiness probes.)
+    /// Does the database answer? (One read of `system.local`: readiness probes and
+    /// `worker::watchdog`'s probe.)
     pub async fn ping(&self) -> Result<(), StoreError> {
         self.session.query_unpaged("SELECT key FROM system.local", &[]).await.map_err(q("ping system.local"))?;
         Ok(())
@@ -723,12 +724,6 @@ impl Store {
             self.session.execute_unpaged(&self.prepared.get_heartbeat, (job_id,)).await.map_err(q("get heartbeat"))?;
         let rows = res.into_rows_result().map_err(q("get heartbeat"))?;
         rows.maybe_first_row::<HeartbeatRow>().map_err(q("get heartbeat"))
-    }
-
-    /// One read through the session (a heartbeat row that never exists): does the store
-    /// answer this worker? (`worker::watchdog`'s probe.)
-    pub async fn ping(&self) -> Result<(), StoreError> {
-        self.heartbeat("fairway-watchdog-probe").await.map(|_| ())
     }
 
     /// Saves a job's resumable state for its `generation` (a rerun's new generation

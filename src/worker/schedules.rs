@@ -155,7 +155,6 @@ impl Firing {
             flow_key: job.flow_key.clone(),
             pool,
             job_type: job.job_type.clone(),
-            due_now: crate::core::admission::counts_in_queue(job.execute_at, now_ms()),
         };
         let ticket = match self.admission.admit(vec![ask]).await {
             Ok(t) => t,
