@@ -37,17 +37,26 @@ pub struct ExecutorSettings<'a> {
     pub max_body: usize,
 }
 
+/// Why a job type's executor could not be built: its `ca_file`, or the client itself.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("{0}")]
+    CaFile(String),
+    #[error("cannot build an HTTP client: {0}")]
+    Client(String),
+}
+
 impl HttpExecutor {
-    pub fn new(s: &ExecutorSettings<'_>) -> Result<Self, String> {
+    pub fn new(s: &ExecutorSettings<'_>) -> Result<Self, BuildError> {
         let redirects =
             if s.follow_redirects { reqwest::redirect::Policy::limited(5) } else { reqwest::redirect::Policy::none() };
         let mut b = reqwest::Client::builder().redirect(redirects);
         if let Some(ca_file) = s.ca_file {
-            for c in ca_certificates(ca_file)? {
+            for c in ca_certificates(ca_file).map_err(BuildError::CaFile)? {
                 b = b.add_root_certificate(c);
             }
         }
-        let client = b.build().map_err(|e| format!("cannot build an HTTP client: {e}"))?;
+        let client = b.build().map_err(|e| BuildError::Client(e.to_string()))?;
         Ok(HttpExecutor { client, url: s.url.to_string(), shown: shown_url(s.url), max_body: s.max_body })
     }
 }

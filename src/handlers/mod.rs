@@ -308,7 +308,10 @@ impl Registry {
                         follow_redirects: jt.follow_redirects,
                         max_body: cfg.worker.max_payload_bytes,
                     })
-                    .map_err(|e| format!("job_types.{name}: {e}"))?,
+                    .map_err(|e| match e {
+                        http::BuildError::CaFile(m) => format!("job_types.{name}.ca_file: {m}"),
+                        e => format!("job_types.{name}: {e}"),
+                    })?,
                 ),
                 K::Process => Arc::new(ProcessExecutor::new(process::Spec::from_config(cfg, name, enforcement)?)),
                 K::Custom => custom.remove(name).ok_or_else(|| {
