@@ -79,7 +79,12 @@ impl LiveTenants {
         }
         let (tx, rx) = watch::channel(Arc::new(first));
         let tx = Arc::new(tx);
-        let follow = Follow { stmts: stmts.clone(), tx: tx.clone(), reads: reads.clone(), read_from: loaded_at - FEED_OVERLAP_MS };
+        let follow = Follow {
+            stmts: stmts.clone(),
+            tx: tx.clone(),
+            reads: reads.clone(),
+            read_from: loaded_at - FEED_OVERLAP_MS,
+        };
         tokio::spawn(follow.run(cfg.registry.poll_interval, shutdown.clone()));
         let live = LiveTenants { rx, tx, stmts, cfg, registrar: Default::default(), reads };
         tokio::spawn(live.clone().register_in_background(shutdown));

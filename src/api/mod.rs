@@ -29,8 +29,8 @@ pub mod console;
 mod drain;
 mod error;
 mod events;
-mod schedules;
 pub mod frontdoor;
+mod schedules;
 
 pub use auth::{Admin, Caller};
 pub use error::{codes, retry_after_secs, ApiError, JOB_FIELDS};
