@@ -8,7 +8,7 @@ use axum::{extract::State, http::HeaderMap, routing::post, Router};
 use fairway::handlers::Registry;
 use fairway::model::{JobStatus, Pool};
 use fairway::store::Store;
-use fairway::submit::{NewJob, Submitter};
+use fairway::submit::Submitter;
 use fairway::worker::{Policy, Worker};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -16,21 +16,6 @@ use std::time::{Duration, Instant};
 
 const POOLS: &str = "[pools.long]\nslots = 8\nheartbeat_interval = \"1s\"\ndefault_estimate = \"10s\"\n\
                      [pools.short]\nslots = 8\nheartbeat_interval = \"1s\"\n";
-
-fn job(tenant: &str, job_type: &str, payload: serde_json::Value) -> NewJob {
-    NewJob { tenant: tenant.into(), job_type: job_type.into(), payload, ..Default::default() }
-}
-
-async fn wait_for<T>(timeout: Duration, mut f: impl AsyncFnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if let Some(v) = f().await {
-            return Some(v);
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    None
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill_9_during_a_checkpointed_long_job_resumes_from_the_checkpoint_without_using_an_attempt() {
@@ -44,7 +29,7 @@ async fn kill_9_during_a_checkpointed_long_job_resumes_from_the_checkpoint_witho
     let sub = Submitter::new(cfg.clone(), None).unwrap();
     // 20 steps of 400 ms, a checkpoint every 2 steps.
     let id = sub
-        .submit(&job("acme", "crunch", serde_json::json!({"ms": 8000, "checkpoint_every": 2})))
+        .submit(&common::new_job("acme", "crunch", serde_json::json!({"ms": 8000, "checkpoint_every": 2})))
         .await
         .unwrap()
         .job_id;
@@ -57,7 +42,7 @@ async fn kill_9_during_a_checkpointed_long_job_resumes_from_the_checkpoint_witho
             .unwrap()
     };
     let mut first = spawn();
-    let step = wait_for(Duration::from_secs(60), async || {
+    let step = common::wait_for(Duration::from_secs(60), async || {
         let cp = store.checkpoint(&id, 0).await.ok().flatten()?;
         let step: u32 = String::from_utf8(cp).ok()?.parse().ok()?;
         (step >= 6).then_some(step)
@@ -122,10 +107,10 @@ async fn a_partition_moved_during_long_jobs_never_runs_one_twice_at_once() {
     let sub = Submitter::new(cfg.clone(), None).unwrap();
     let mut ids = Vec::new();
     for i in 0..6 {
-        ids.push(sub.submit(&job(&format!("t{i}"), "slow", serde_json::Value::Null)).await.unwrap().job_id);
+        ids.push(sub.submit(&common::new_job(&format!("t{i}"), "slow", serde_json::Value::Null)).await.unwrap().job_id);
     }
     // All six running on A, then B joins the group and takes some partitions over.
-    wait_for(Duration::from_secs(30), async || (tracker.active.lock().unwrap().len() == 6).then_some(()))
+    common::wait_for(Duration::from_secs(30), async || (tracker.active.lock().unwrap().len() == 6).then_some(()))
         .await
         .expect("all started on A");
     tokio::time::sleep(Duration::from_millis(500)).await; // past the running-state write
@@ -152,16 +137,16 @@ async fn cancel_a_queued_and_a_running_job_and_expired_jobs_never_run() {
     let store = Store::open(&cfg).await.unwrap();
     let sub = Submitter::new(cfg.clone(), None).unwrap();
 
-    let queued = sub.submit(&job("acme", "nap", serde_json::json!({"ms": 200}))).await.unwrap().job_id;
+    let queued = sub.submit(&common::new_job("acme", "nap", serde_json::json!({"ms": 200}))).await.unwrap().job_id;
     store.request_cancel(&queued, fairway::now_ms()).await.unwrap();
-    let mut late = job("acme", "echo", serde_json::json!("too late"));
+    let mut late = common::new_job("acme", "echo", serde_json::json!("too late"));
     late.not_after = Some(fairway::now_ms() - 1);
     let expired = sub.submit(&late).await.unwrap().job_id;
-    let running = sub.submit(&job("globex", "nap", serde_json::json!({"ms": 60000}))).await.unwrap().job_id;
+    let running = sub.submit(&common::new_job("globex", "nap", serde_json::json!({"ms": 60000}))).await.unwrap().job_id;
 
     let registry = Registry::from_config(&cfg, Default::default()).unwrap();
     let w = Worker::start(cfg.clone(), &[Pool::Long, Pool::Short], registry, Policy::Fair).await.unwrap();
-    wait_for(Duration::from_secs(30), async || {
+    common::wait_for(Duration::from_secs(30), async || {
         let r = store.job(&running).await.ok().flatten()?;
         (r.status.as_deref() == Some("running")).then_some(())
     })
@@ -272,10 +257,10 @@ async fn deadlines_expire_queued_jobs_without_a_slot_and_stop_running_ones() {
     let w = Worker::start(cfg.clone(), &[Pool::Long], registry, Policy::Fair).await.unwrap();
     // The one slot: a minute's nap due to stop in 25 s (time for the consumer group to
     // form and the job to start).
-    let mut running = job("acme", "nap", serde_json::json!({"ms": 60000}));
+    let mut running = common::new_job("acme", "nap", serde_json::json!({"ms": 60000}));
     running.not_after = Some(fairway::now_ms() + 25_000);
     let running = sub.submit(&running).await.unwrap().job_id;
-    wait_for(Duration::from_secs(40), async || {
+    common::wait_for(Duration::from_secs(40), async || {
         let r = store.job(&running).await.ok().flatten()?;
         (r.status.as_deref() == Some("running")).then_some(())
     })
@@ -283,7 +268,7 @@ async fn deadlines_expire_queued_jobs_without_a_slot_and_stop_running_ones() {
     .expect("the long job started");
     // Queued behind it, due to expire long before the slot frees.
     let queued_deadline = fairway::now_ms() + 3_000;
-    let mut queued = job("acme", "nap", serde_json::json!({"ms": 100}));
+    let mut queued = common::new_job("acme", "nap", serde_json::json!({"ms": 100}));
     queued.not_after = Some(queued_deadline);
     let queued = sub.submit(&queued).await.unwrap().job_id;
     let ids = vec![running.clone(), queued.clone()];

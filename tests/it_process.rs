@@ -10,10 +10,10 @@ mod common;
 use fairway::handlers::Registry;
 use fairway::model::{FailureClass, JobStatus, Pool};
 use fairway::store::Store;
-use fairway::submit::{NewJob, Submitter};
+use fairway::submit::Submitter;
 use fairway::worker::{Policy, Worker};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const MANIFEST: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -35,21 +35,6 @@ fn misbehave(name: &str, pool: &str, mode: &str, more: &str) -> String {
     )
 }
 
-fn job(tenant: &str, job_type: &str, payload: serde_json::Value) -> NewJob {
-    NewJob { tenant: tenant.into(), job_type: job_type.into(), payload, ..Default::default() }
-}
-
-async fn wait_for<T>(timeout: Duration, mut f: impl AsyncFnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if let Some(v) = f().await {
-            return Some(v);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    None
-}
-
 async fn start(cfg: &Arc<fairway::config::Config>, pools: &[Pool]) -> Worker {
     let registry = Registry::from_config(cfg, Default::default()).unwrap();
     Worker::start(cfg.clone(), pools, registry, Policy::Fair).await.unwrap()
@@ -66,10 +51,12 @@ async fn a_memory_hog_is_dead_lettered_as_resource_after_one_retry_while_another
     common::init(&cfg).await;
     let w = start(&cfg, &[Pool::Short]).await;
     let sub = Submitter::new(cfg.clone(), None).unwrap();
-    let hog = sub.submit(&job("globex", "hog", serde_json::Value::Null)).await.unwrap().job_id;
+    let hog = sub.submit(&common::new_job("globex", "hog", serde_json::Value::Null)).await.unwrap().job_id;
     let mut ids = Vec::new();
     for i in 0..50 {
-        ids.push(sub.submit(&job("hooli", "quick", serde_json::json!(format!("job {i}")))).await.unwrap().job_id);
+        ids.push(
+            sub.submit(&common::new_job("hooli", "quick", serde_json::json!(format!("job {i}")))).await.unwrap().job_id,
+        );
     }
     let results = common::results_for(&cfg, &ids, Duration::from_secs(50)).await;
     let dls = common::dead_letters(&cfg, 1, Duration::from_secs(30)).await;
@@ -106,8 +93,8 @@ async fn a_cpu_spinner_dies_at_its_cpu_limit_and_a_silent_sleeper_at_stuck_after
     common::init(&cfg).await;
     let w = start(&cfg, &[Pool::Medium]).await;
     let sub = Submitter::new(cfg.clone(), None).unwrap();
-    let spin = sub.submit(&job("acme", "spin", serde_json::Value::Null)).await.unwrap().job_id;
-    let nap = sub.submit(&job("acme", "nap", serde_json::Value::Null)).await.unwrap().job_id;
+    let spin = sub.submit(&common::new_job("acme", "spin", serde_json::Value::Null)).await.unwrap().job_id;
+    let nap = sub.submit(&common::new_job("acme", "nap", serde_json::Value::Null)).await.unwrap().job_id;
     let results = common::results_for(&cfg, &[spin.clone(), nap.clone()], Duration::from_secs(50)).await;
     let dls = common::dead_letters(&cfg, 2, Duration::from_secs(10)).await;
     w.stop().await;
@@ -138,11 +125,11 @@ async fn over_the_recycling_cap_a_tenants_jobs_wait_while_another_tenants_run() 
     let sub = Submitter::new(cfg.clone(), None).unwrap();
     let mut crashing = Vec::new();
     for _ in 0..6 {
-        crashing.push(sub.submit(&job("initech", "boom", serde_json::Value::Null)).await.unwrap().job_id);
+        crashing.push(sub.submit(&common::new_job("initech", "boom", serde_json::Value::Null)).await.unwrap().job_id);
     }
     // Held once two of its children died.
     let sh = w.shared[0].clone();
-    let held = wait_for(Duration::from_secs(30), async || {
+    let held = common::wait_for(Duration::from_secs(30), async || {
         let stats = sh.stats.lock().unwrap().clone();
         let t = stats["tenants"].as_array()?.iter().find(|t| t["tenant"] == "initech")?.clone();
         (t["wait_reason"]["reason"] == "recycling_cap").then_some(t)
@@ -153,7 +140,12 @@ async fn over_the_recycling_cap_a_tenants_jobs_wait_while_another_tenants_run() 
     let held_at = fairway::now_ms();
     let mut quick = Vec::new();
     for i in 0..20 {
-        quick.push(sub.submit(&job("piedpiper", "quick", serde_json::json!(format!("q{i}")))).await.unwrap().job_id);
+        quick.push(
+            sub.submit(&common::new_job("piedpiper", "quick", serde_json::json!(format!("q{i}"))))
+                .await
+                .unwrap()
+                .job_id,
+        );
     }
     let q = common::results_for(&cfg, &quick, Duration::from_secs(50)).await;
     // Its first two results (a new reader takes seconds to join): the held ones have none.
@@ -207,20 +199,30 @@ async fn the_python_example_resumes_from_its_checkpoint_after_a_sigterm_hand_off
     let store = Store::open(&cfg).await.unwrap();
     let sub = Submitter::new(cfg.clone(), None).unwrap();
     let a = start(&cfg, &[Pool::Long]).await;
-    let long =
-        sub.submit(&job("acme", "steps", serde_json::json!({"steps": 40, "step_ms": 200}))).await.unwrap().job_id;
-    let cancelled =
-        sub.submit(&job("acme", "steps", serde_json::json!({"steps": 400, "step_ms": 200}))).await.unwrap().job_id;
-    let words = sub.submit(&job("acme", "words", serde_json::json!("one two three\nfour five"))).await.unwrap().job_id;
-    let empty = sub.submit(&job("acme", "words", serde_json::json!(""))).await.unwrap().job_id;
-    let step = wait_for(Duration::from_secs(40), async || {
+    let long = sub
+        .submit(&common::new_job("acme", "steps", serde_json::json!({"steps": 40, "step_ms": 200})))
+        .await
+        .unwrap()
+        .job_id;
+    let cancelled = sub
+        .submit(&common::new_job("acme", "steps", serde_json::json!({"steps": 400, "step_ms": 200})))
+        .await
+        .unwrap()
+        .job_id;
+    let words = sub
+        .submit(&common::new_job("acme", "words", serde_json::json!("one two three\nfour five")))
+        .await
+        .unwrap()
+        .job_id;
+    let empty = sub.submit(&common::new_job("acme", "words", serde_json::json!(""))).await.unwrap().job_id;
+    let step = common::wait_for(Duration::from_secs(40), async || {
         let cp = store.checkpoint(&long, 0).await.ok().flatten()?;
         let step: u32 = String::from_utf8(cp).ok()?.parse().ok()?;
         (step >= 5).then_some(step)
     })
     .await
     .expect("the Python job checkpointed");
-    wait_for(Duration::from_secs(20), async || {
+    common::wait_for(Duration::from_secs(20), async || {
         let r = store.job(&cancelled).await.ok().flatten()?;
         (r.status.as_deref() == Some("running")).then_some(())
     })

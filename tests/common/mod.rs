@@ -442,3 +442,20 @@ pub async fn submit_long_steps(
     }
     ids
 }
+
+/// A job of `tenant` and `job_type` with `payload`, everything else at its default.
+pub fn new_job(tenant: &str, job_type: &str, payload: serde_json::Value) -> fairway::submit::NewJob {
+    fairway::submit::NewJob { tenant: tenant.into(), job_type: job_type.into(), payload, ..Default::default() }
+}
+
+/// Polls `f` every 100 ms until it answers Some or `timeout` passes (then None).
+pub async fn wait_for<T>(timeout: Duration, mut f: impl AsyncFnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
