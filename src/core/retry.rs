@@ -1485,8 +1485,8 @@ mod tests {
             classes in proptest::collection::vec(arb_class(), 1..200),
             draws in proptest::collection::vec(0.0f64..1.0, 200),
         ) {
-            let max_any = [&policy.app_error, &policy.timeout, &policy.dependency, &policy.poison]
-                .iter().map(|c| c.max_attempts).max().unwrap();
+            let max_any = FailureClass::ALL.iter()
+                .filter_map(|c| policy.for_class(*c)).map(|c| c.max_attempts).max().unwrap();
             let mut s = AttemptState::default();
             let mut now = 0;
             let mut ended = false;
