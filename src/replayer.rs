@@ -658,7 +658,7 @@ pub(crate) enum ScanStep {
 /// Reads topics (all partitions at once, one consumer, no group commits) from resume
 /// points or the beginning to the end defined in the module documentation.
 pub(crate) struct Scan {
-    consumer: Arc<rdkafka::consumer::StreamConsumer>,
+    consumer: Arc<kafka::Reader>,
     started_at: Millis,
     idle_timeout: Duration,
     parts: BTreeMap<(String, i32), ScanPart>,
@@ -686,7 +686,10 @@ impl Scan {
         let mut tpl = TopicPartitionList::new();
         let mut expect_data = false;
         for (topic, resume) in &topics {
-            for (p, hw) in partitions(consumer.clone(), topic.clone()).await? {
+            let ends = kafka::partition_ends(consumer.clone(), topic.clone())
+                .await
+                .map_err(|message| ReplayError::Topic { topic: topic.clone(), message })?;
+            for (p, hw) in ends {
                 let from = resume.get(&p).copied();
                 let done = hw == 0;
                 if !done {
@@ -938,39 +941,6 @@ fn sample_row(c: &Candidate, d: &Decision) -> SampleRow {
         last_error: rp::truncate(c.last_error.as_deref().or(c.reason.as_deref()).unwrap_or(""), SAMPLE_ERROR_CHARS),
         decision: d.label(),
     }
-}
-
-/// Partition ids of `topic` with their high watermark at this moment (blocking calls,
-/// run off the async threads).
-async fn partitions(
-    consumer: Arc<rdkafka::consumer::StreamConsumer>,
-    topic: String,
-) -> Result<Vec<(i32, i64)>, ReplayError> {
-    let t = topic.clone();
-    let r = tokio::task::spawn_blocking(move || -> Result<Vec<(i32, i64)>, String> {
-        let timeout = Duration::from_secs(10);
-        let md = consumer.fetch_metadata(Some(&t), timeout).map_err(|e| e.to_string())?;
-        let Some(mt) = md.topics().iter().find(|m| m.name() == t) else {
-            return Err("not in the broker's metadata".into());
-        };
-        if let Some(err) = mt.error() {
-            return Err(format!("{:?}", rdkafka::types::RDKafkaErrorCode::from(err)));
-        }
-        if mt.partitions().is_empty() {
-            return Err("no partitions".into());
-        }
-        let mut out = Vec::new();
-        for p in mt.partitions() {
-            let (_, hw) = consumer.fetch_watermarks(&t, p.id(), timeout).map_err(|e| e.to_string())?;
-            out.push((p.id(), hw));
-        }
-        out.sort_unstable();
-        Ok(out)
-    })
-    .await
-    .map_err(|e| e.to_string())
-    .and_then(|r| r);
-    r.map_err(|message| ReplayError::Topic { topic, message })
 }
 
 /// A few tries with backoff for a transient store failure.

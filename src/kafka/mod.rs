@@ -551,8 +551,8 @@ impl Pauses {
     }
 }
 
-/// A plain reader (no group commits) for tools that scan topics: results, replay, tests.
-/// A plain consumer for reading topics (results, DLQ, events) outside the worker.
+/// A plain consumer for reading topics (results, DLQ, events, replay scans) outside the
+/// worker; no group commits unless asked for.
 pub type Reader = StreamConsumer;
 
 pub fn reader(cfg: &Config, group: &str, commit: bool) -> Result<Reader, KafkaError> {
@@ -564,6 +564,33 @@ pub fn reader(cfg: &Config, group: &str, commit: bool) -> Result<Reader, KafkaEr
         .set("session.timeout.ms", "6000")
         .create()
         .map_err(client_err(cfg))
+}
+
+/// Partition ids of `topic` with their high watermark at this moment, sorted (blocking
+/// metadata calls, run off the async threads). The error says what the broker answered.
+pub async fn partition_ends(reader: std::sync::Arc<Reader>, topic: String) -> Result<Vec<(i32, i64)>, String> {
+    tokio::task::spawn_blocking(move || -> Result<Vec<(i32, i64)>, String> {
+        let timeout = Duration::from_secs(10);
+        let md = reader.fetch_metadata(Some(&topic), timeout).map_err(|e| e.to_string())?;
+        let Some(mt) = md.topics().iter().find(|m| m.name() == topic) else {
+            return Err("not in the broker's metadata".into());
+        };
+        if let Some(err) = mt.error() {
+            return Err(format!("{:?}", rdkafka::types::RDKafkaErrorCode::from(err)));
+        }
+        if mt.partitions().is_empty() {
+            return Err("no partitions".into());
+        }
+        let mut out = Vec::new();
+        for p in mt.partitions() {
+            let (_, hw) = reader.fetch_watermarks(&topic, p.id(), timeout).map_err(|e| e.to_string())?;
+            out.push((p.id(), hw));
+        }
+        out.sort_unstable();
+        Ok(out)
+    })
+    .await
+    .map_err(|e| e.to_string())?
 }
 
 /// A reader that starts at the topic's end (no commits): live tails such as the events
