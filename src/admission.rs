@@ -217,7 +217,7 @@ impl Admission {
             self.release_probes(&probes, now);
             return Err(Refused::Limit(r));
         }
-        for (tenant, _) in &per_tenant {
+        for tenant in per_tenant.keys() {
             let max = records.get(tenant).and_then(|r| self.cfg.admission.max_queued(r.tier, r.max_queued));
             observe_quota(&mut st, tenant, max, now);
         }

@@ -293,14 +293,14 @@ async fn a_dead_lettered_job_is_found_previewed_and_replayed_from_the_page_then_
         assert_eq!(label, "Replay 1 job(s) at 5/s");
         screenshot(&c, "dlq").await;
         // Nothing was replayed by the preview.
-        let row = s.worker_row(&id).await;
+        let row = s.worker_row(id).await;
         assert_eq!(row.as_deref(), Some("failed"), "still failed after the dry run");
         c.find(Locator::Css("#confirm-replay")).await.unwrap().click().await.unwrap();
         let done = until(Duration::from_secs(60), "the replay's end on the page", || text(&c, "#replay-done")).await;
         assert!(done.contains("1 job(s) replayed"), "{done}");
         screenshot(&c, "dlq-replayed").await;
         until(Duration::from_secs(60), "the replayed job to succeed", || async {
-            (s.worker_row(&id).await.as_deref() == Some("succeeded")).then_some(())
+            (s.worker_row(id).await.as_deref() == Some("succeeded")).then_some(())
         })
         .await;
         // Its page shows the new run.
@@ -345,7 +345,7 @@ async fn a_tenant_key_sees_only_its_tenant_and_an_admin_suspends_one() {
     let acme = create_key(&s.cfg, &Caller::Tenant("acme".into())).await;
     let (acme, acme_job, globex_job) = (&acme, &acme_job, &globex_job);
     with_browser(|c| async move {
-        login(&c, &s.base, &acme).await;
+        login(&c, &s.base, acme).await;
         assert_eq!(text(&c, "#who").await.as_deref(), Some("acme"));
         // Tenants: its own row only.
         c.goto(&s.url("/console/tenants")).await.unwrap();
@@ -419,7 +419,7 @@ async fn a_tenant_key_sees_only_its_tenant_and_an_admin_suspends_one() {
         c.wait().at_most(Duration::from_secs(30)).for_element(Locator::Css("#dlq")).await.unwrap();
         let listed = js(&c, "return [...document.querySelectorAll('#dlq tr[data-job]')].map(r => r.dataset.job)").await;
         let listed: Vec<String> = serde_json::from_value(listed).unwrap();
-        assert!(listed.contains(&acme_job) && listed.contains(&globex_job), "{listed:?}");
+        assert!(listed.contains(acme_job) && listed.contains(globex_job), "{listed:?}");
     })
     .await;
     setup.stop().await;

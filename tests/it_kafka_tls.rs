@@ -7,6 +7,7 @@
 //! - with `--authentication` (SCRAM-SHA-512 is all tansu offers), SASL_SSL credentials
 //!   set through `FAIRWAY_KAFKA_SASL_*` reach the broker and an unknown user is refused,
 //!   and the password appears in no error.
+//!
 //! What tansu cannot do here: create SCRAM users (`tansu user create` fails against an
 //! auth-enabled broker), so a *successful* SASL login is not exercised.
 

@@ -72,8 +72,11 @@ async fn kill_9_during_a_checkpointed_long_job_resumes_from_the_checkpoint_witho
 /// Counts concurrent and total executions per job id; each execution takes `hold`.
 #[derive(Clone, Default)]
 struct Tracker {
-    active: Arc<Mutex<HashMap<String, (u32, u32, u32)>>>, // id -> (active, max active, total)
+    active: Arc<Mutex<Executions>>,
 }
+
+/// Job id -> (active, max active, total).
+type Executions = HashMap<String, (u32, u32, u32)>;
 
 async fn long_call(State(t): State<Tracker>, headers: HeaderMap) -> &'static str {
     let id = headers.get("x-fairway-job-id").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();

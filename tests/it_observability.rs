@@ -263,7 +263,7 @@ async fn dashboard_queries_return_data_and_the_dlq_alert_fires_on_a_real_prometh
         if empty.is_empty() && rules_bad.is_empty() && dlq_firing {
             break;
         }
-        if started.elapsed().as_secs() % 5 == 0 {
+        if started.elapsed().as_secs().is_multiple_of(5) {
             let dl = prom.get("/api/v1/query", &[("query", "sum by (class) (fairway_dead_letters_total)")]).await;
             let rt = prom.get("/api/v1/query", &[("query", "sum by (class) (fairway_retries_total)")]).await;
             eprintln!(

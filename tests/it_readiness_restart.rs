@@ -46,6 +46,8 @@ async fn a_rolling_restart_gated_on_readiness_keeps_long_jobs_in_their_first_att
 
     let mut to_ready = Vec::new();
     for round in 0..3 {
+        // By index: the body replaces workers[i] and then reads every worker.
+        #[allow(clippy::needless_range_loop)]
         for i in 0..2 {
             let replacement = common::spawn_logged_worker(&path, "long");
             let started = Instant::now();

@@ -129,7 +129,8 @@ async fn rolling_restarts_hand_long_jobs_off_through_their_checkpoints() {
     for w in workers.iter_mut() {
         w.signal("TERM", Duration::from_secs(40));
     }
-    let tracks = tracks.lock().unwrap();
+    // The watcher has ended: take what it tracked (no lock held across the awaits below).
+    let tracks = std::mem::take(&mut *tracks.lock().unwrap());
     let mut stalls = Vec::new();
     for id in &ids {
         let rs = results.get(id).unwrap_or_else(|| panic!("no result for {id}; tracks {tracks:?}"));

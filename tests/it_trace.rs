@@ -160,7 +160,7 @@ async fn spans_are_exported_over_otlp() {
     assert!(out.status.success(), "submit: {}", String::from_utf8_lossy(&out.stderr));
     let job_id = String::from_utf8(out.stdout).unwrap().trim().to_string();
 
-    let results = common::results_for(&cfg, &[job_id.clone()], Duration::from_secs(90)).await;
+    let results = common::results_for(&cfg, std::slice::from_ref(&job_id), Duration::from_secs(90)).await;
     assert_eq!(results.len(), 1, "the job finished: {results:?}");
     let names = ["send", "fairway.dispatch_wait", "process", "fairway.outcome"];
     let find = |spans: &[serde_json::Value], name: &str| {

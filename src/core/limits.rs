@@ -65,7 +65,7 @@ impl std::fmt::Display for Bytes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let b = self.0;
         for (unit, size) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
-            if b >= size && b % size == 0 {
+            if b >= size && b.is_multiple_of(size) {
                 return write!(f, "{}{unit}", b / size);
             }
         }

@@ -2,6 +2,28 @@
 //! (and a jitter draw where it needs one) as an argument and returns a decision, so the
 //! worker's tasks only move data between these and Kafka/ScyllaDB, and the rules are
 //! unit- and property-tested in isolation.
+//!
+//! | module | the rules of |
+//! |---|---|
+//! | `scheduler` | fair scheduling: deficit round robin in slot-seconds, tiers, caps, priorities, aging |
+//! | `offsets` | out-of-order completion per partition: what offset may be committed |
+//! | `retry` | failure classes' retries, backoff and jitter, the retry budget, the DLQ |
+//! | `breaker`, `window` | circuit breakers and the rolling counts they judge from |
+//! | `poison` | quarantine of job types that fail most of the time |
+//! | `fleet_counts` | the retry budget and poison detection on the pool's fleet-wide counts |
+//! | `backlog` | spilled backlogs of floods beyond the buffer |
+//! | `quota`, `fleet`, `flow` | fleet-wide limits (allotments, rate shares), fleet fairness, flow keys |
+//! | `admission`, `frontdoor`, `auth` | the front door: queue limits and rates, per-key bounds, API keys |
+//! | `tenants` | a tenant's record, tiers and defaults, free accounts |
+//! | `classifier` | which pool a job type's jobs go to, from measured run times |
+//! | `promotion` | scheduled jobs: submission-time jitter and the promoter's pace |
+//! | `recurring`, `unique` | recurring schedules (fire times, DST, catch-up); unique jobs and debounce |
+//! | `limits`, `recycling`, `stuck` | `process` jobs' limits and exit verdicts, the recycling cap, the stuck-job rule |
+//! | `vitals` | whether a worker can still make progress, and when it must give up |
+//! | `frontier`, `finished` | skipping the effectively-once read; where a finished record lives |
+//! | `events`, `webhooks`, `console` | job events, webhook deliveries, the console's pure parts |
+//! | `replay`, `rerun` | which records `fairway replay` and `fairway rerun` send back |
+//! | `trace` | W3C trace context values |
 
 pub mod admission;
 pub mod auth;

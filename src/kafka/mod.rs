@@ -283,8 +283,11 @@ pub struct WorkerContext {
     /// from librdkafka's statistics); None: no statistics.
     lag_pool: Option<&'static str>,
     /// Owned partitions whose fetcher is not active: since when, and when last warned.
-    idle_fetch: std::sync::Mutex<HashMap<(String, i32), (Instant, Option<Instant>)>>,
+    idle_fetch: std::sync::Mutex<IdleFetch>,
 }
+
+/// Owned partitions whose fetcher is not active: since when, and when last warned.
+type IdleFetch = HashMap<(String, i32), (Instant, Option<Instant>)>;
 
 /// An owned partition whose fetcher has not been active this long is reported.
 const NOT_FETCHING_AFTER: Duration = Duration::from_secs(30);

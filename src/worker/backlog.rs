@@ -15,6 +15,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
+/// Per (epoch, partition, tenant): the offsets of spilled jobs written, and the jobs whose write
+/// failed (offset, job), kept in memory.
+type WrittenOrNot = (Vec<i64>, Vec<(i64, Pending)>);
+
 /// Most spills one writer round takes from its queue.
 const ROUND: usize = 4096;
 /// Store writes one round runs at once.
@@ -156,7 +160,7 @@ async fn write_loop(
             .collect()
             .await;
         // One report per (epoch, partition, tenant), buckets in order.
-        let mut per_tenant: BTreeMap<(u64, i32, String), (Vec<i64>, Vec<(i64, Pending)>)> = BTreeMap::new();
+        let mut per_tenant: BTreeMap<(u64, i32, String), WrittenOrNot> = BTreeMap::new();
         for ((epoch, partition, tenant, _), reqs, ok) in written {
             let e = per_tenant.entry((epoch, partition, tenant)).or_default();
             for r in reqs {

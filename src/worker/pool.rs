@@ -404,7 +404,7 @@ impl Loop {
         tracing::trace!(target: "fairway::worker::intake", partition = origin.partition, offset = origin.offset, epoch, "intake");
         let job = match admit(&self.sh, &bytes) {
             Ok(job) => job,
-            Err((job, class, reason)) => return self.reject_later(job, bytes, class, reason, origin, epoch, None),
+            Err(rejection) => return self.reject_later(Refused { rejection, bytes, origin, epoch, spill: None }),
         };
         if job.execute_at.is_some_and(|at| at > now_ms() + 100) {
             // Scheduled for later: the relay holds it (or parks it in the store).
@@ -629,20 +629,11 @@ impl Loop {
     }
 
     /// Dead-letters a message that cannot run, in a task; its end comes back as `Done`.
-    #[allow(clippy::too_many_arguments)]
-    fn reject_later(
-        &mut self,
-        job: Option<JobSubmitted>,
-        bytes: Vec<u8>,
-        class: FailureClass,
-        reason: String,
-        origin: Origin,
-        epoch: u64,
-        spill: Option<SpillRef>,
-    ) {
+    fn reject_later(&mut self, refused: Refused) {
         let (sh, tx) = (self.sh.clone(), self.done_tx.clone());
         self.tasks.spawn(async move {
-            let durable = reject(&sh, job, bytes, class, reason, &origin).await;
+            let Refused { rejection, bytes, origin, epoch, spill } = refused;
+            let durable = reject(&sh, rejection, bytes, &origin).await;
             let ended = if durable { Ended::Skipped } else { Ended::NotDurable };
             let _ = tx.send(Event::Done(Done { origin, epoch, had_slot: false, ended, spill }));
         });
@@ -689,7 +680,7 @@ impl Loop {
             for (tenant, b) in st.backlogs.iter_mut() {
                 let queued = self.dispatcher.queued(tenant);
                 let room = self.limit.saturating_sub(queued).min(READ_CHUNK).min(room_total);
-                if room >= (self.limit / 2).min(READ_CHUNK).max(1) {
+                if room >= (self.limit / 2).clamp(1, READ_CHUNK) {
                     if let Some(plan) = b.plan_read(room) {
                         reads.push((st.epoch, p, tenant.clone(), plan));
                     }
@@ -965,7 +956,7 @@ impl Loop {
                             let job = Arc::new(job);
                             self.enqueue(Pending { job, origin, epoch, received_at: now_ms(), spill });
                         }
-                        Err((job, class, reason)) => self.reject_later(job, bytes, class, reason, origin, epoch, spill),
+                        Err(rejection) => self.reject_later(Refused { rejection, bytes, origin, epoch, spill }),
                     }
                 }
             }
@@ -1038,13 +1029,31 @@ fn finished(consumer: &kafka::WorkerConsumer, topic: &str, partition: i32, st: &
     }
 }
 
-type Rejection = (Option<JobSubmitted>, FailureClass, String);
+/// Why a message cannot run: what it decoded to (None: nothing), its class, the reason.
+struct Rejection {
+    job: Option<Box<JobSubmitted>>,
+    class: FailureClass,
+    reason: String,
+}
+
+/// A consumed message refused by [`admit`], with where it was read from.
+struct Refused {
+    rejection: Rejection,
+    bytes: Vec<u8>,
+    origin: Origin,
+    epoch: u64,
+    spill: Option<SpillRef>,
+}
 
 /// Decodes and validates a message; what cannot run goes to the DLQ with the reason.
 fn admit(sh: &Shared, bytes: &[u8]) -> Result<JobSubmitted, Rejection> {
-    let job =
-        codec::decode_job(bytes).map_err(|e| (None, FailureClass::Permanent, format!("undecodable message: {e}")))?;
-    let bad = |why: String| Err((Some(job.clone()), FailureClass::Permanent, why));
+    let job = codec::decode_job(bytes).map_err(|e| Rejection {
+        job: None,
+        class: FailureClass::Permanent,
+        reason: format!("undecodable message: {e}"),
+    })?;
+    let bad =
+        |reason: String| Err(Rejection { job: Some(Box::new(job.clone())), class: FailureClass::Permanent, reason });
     if uuid::Uuid::parse_str(&job.job_id).is_err() {
         return bad(format!("job_id {:?} is not a UUID; producers must send a UUID (v7 recommended)", job.job_id));
     }
@@ -1096,14 +1105,8 @@ async fn requeue_if_registered(sh: &Shared, job: &JobSubmitted) -> Option<bool> 
     }
 }
 
-async fn reject(
-    sh: &Shared,
-    job: Option<JobSubmitted>,
-    raw: Vec<u8>,
-    class: FailureClass,
-    reason: String,
-    origin: &Origin,
-) -> bool {
+async fn reject(sh: &Shared, rejection: Rejection, raw: Vec<u8>, origin: &Origin) -> bool {
+    let Rejection { job, class, reason } = rejection;
     if let Some(requeued) = match &job {
         Some(j) => requeue_if_registered(sh, j).await,
         None => None,
@@ -1114,7 +1117,7 @@ async fn reject(
     let raw = if job.is_none() { Some(raw) } else { None };
     let dl = outcome::dead_letter(
         sh,
-        job.as_ref(),
+        job.as_deref(),
         raw,
         class,
         reason.clone(),

@@ -68,6 +68,7 @@ async fn asset(content_type: &'static str, body: &'static str) -> Response {
 
 /// A page's viewer, or the answer instead of the page: the login form for a request
 /// without a key or session, an error page otherwise.
+#[allow(clippy::result_large_err)] // the Err is the page answered instead, built once per request
 fn gate(v: Result<Viewer, ApiError>) -> Result<Viewer, Response> {
     match v {
         Ok(v) => Ok(v),
