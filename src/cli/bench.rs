@@ -51,6 +51,9 @@ pub enum BenchKind {
     /// The blast radius: tenant A attacks `fairway serve` (batch floods, failing jobs,
     /// scheduled jobs, streams) while tenant B submits; peak RSS, B's answers. JSON.
     Blast(super::bench_blast::BlastArgs),
+    /// Open loop: no-op jobs arriving at fixed rates; p99 submission-to-dispatch per rate
+    /// and the highest rate within the objective (`max_rate_within_slo`). JSON.
+    Slo(super::bench_slo::SloArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -89,6 +92,7 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchKind::Process(p) => super::bench_process::run(g, p).await,
         BenchKind::Partitions(p) => super::bench_partitions::run(g, p).await,
         BenchKind::Blast(b) => super::bench_blast::run(g, b).await,
+        BenchKind::Slo(s) => super::bench_slo::run(g, s).await,
     }
 }
 
@@ -96,7 +100,7 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
 /// services, as fast as they go: jobs/s (end to end, and processing alone from the first
 /// start to the last finish), latency, and CPU per 1,000 jobs per process.
 async fn throughput(g: &Global, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
-    let cfg = throughput_config(g, &a)?;
+    let cfg = bench_config(g, a.partitions, a.slots)?;
     kafka::ensure_topics(&cfg).await.context("creating bench topics (scripts/services up?)")?;
     fairway::store::ensure_schema(&cfg).await?;
     fairway::tenants::seed(&cfg).await?;
@@ -199,13 +203,13 @@ impl Seen {
 }
 
 /// The configured deployment, on fresh bench topics with the requested shape.
-fn throughput_config(g: &Global, a: &ThroughputArgs) -> anyhow::Result<Arc<Config>> {
+pub(super) fn bench_config(g: &Global, partitions: i32, slots: usize) -> anyhow::Result<Arc<Config>> {
     let mut cfg = (*g.load()?).clone();
     cfg.kafka.topic_prefix = format!("bench{}.", now_ms());
-    cfg.kafka.partitions = a.partitions;
+    cfg.kafka.partitions = partitions;
     cfg.scylla.keyspace = "fairway_bench".into();
     if let Some(p) = cfg.pools.get_mut(&Pool::Short) {
-        p.slots = a.slots;
+        p.slots = slots;
     }
     Ok(Arc::new(cfg))
 }

@@ -9,6 +9,7 @@ mod bench_flood;
 mod bench_partitions;
 mod bench_process;
 mod bench_registry;
+mod bench_slo;
 mod bench_submit;
 mod demo;
 mod keys;

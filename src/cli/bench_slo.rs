@@ -1,0 +1,183 @@
+//! `fairway bench slo`: the open-loop benchmark. No-op jobs arrive at a fixed rate (in
+//! 10 ms ticks, each tick's jobs submitted without waiting for earlier ticks' acks), one
+//! rate after another on one running deployment; for each rate the p50/p99 wait from
+//! submission to first dispatch (`started_at - submitted_at` of the results) and from
+//! submission to result, and `max_rate_within_slo`: the highest rate whose p99 dispatch
+//! wait stays under `--slo` with every job finished. The shape of the BullMQ harness's
+//! `SLO=1` mode, so the two can be run alternately. Last line JSON.
+
+use super::bench::{bench_config, start_workers};
+use super::Global;
+use anyhow::Context;
+use fairway::codec;
+use fairway::kafka::{self, Consumer, Message};
+use fairway::submit::{NewJob, Submitter};
+use std::collections::HashSet;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Submission ticks whose jobs may still be unacknowledged: past this the arrival
+/// schedule slips (reported as a lower `offered_per_s`) instead of memory growing.
+const TICKS_IN_FLIGHT: usize = 200;
+const TICK: Duration = Duration::from_millis(10);
+
+#[derive(clap::Args, Debug)]
+pub struct SloArgs {
+    /// Arrival rates to try in turn, jobs per second.
+    #[arg(long, value_delimiter = ',', default_value = "2000,5000,10000,15000,20000")]
+    pub rates: Vec<u32>,
+    /// How long jobs arrive at each rate.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub secs: Duration,
+    /// The objective: p99 submission-to-first-dispatch under this.
+    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub slo: Duration,
+    /// In-process worker members.
+    #[arg(long, default_value_t = 1)]
+    pub workers: usize,
+    /// Slots of the short pool per worker.
+    #[arg(long, default_value_t = 256)]
+    pub slots: usize,
+    #[arg(long, default_value_t = 12)]
+    pub partitions: i32,
+    /// After the last arrival of a rate, how long to wait for its jobs' results.
+    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+    pub drain: Duration,
+}
+
+/// One rate's run.
+#[derive(serde::Serialize, Debug)]
+struct RateRun {
+    rate: u32,
+    offered_per_s: f64,
+    of: usize,
+    done: usize,
+    submit_errors: usize,
+    wait_p50_ms: u64,
+    wait_p99_ms: u64,
+    result_p50_ms: u64,
+    result_p99_ms: u64,
+}
+
+pub async fn run(g: &Global, a: SloArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        !a.rates.is_empty() && a.rates.iter().all(|r| *r > 0),
+        "--rates: list rates above 0, e.g. 2000,5000"
+    );
+    let cfg = bench_config(g, a.partitions, a.slots)?;
+    kafka::ensure_topics(&cfg).await.context("creating bench topics (scripts/services up?)")?;
+    fairway::store::ensure_schema(&cfg).await?;
+    fairway::tenants::seed(&cfg).await?;
+    let reader = kafka::reader(&cfg, &cfg.group("bench-slo-results"), false)?;
+    reader.subscribe(&[&cfg.results_topic()])?;
+    let sub = Arc::new(Submitter::new(cfg.clone(), None)?);
+    let workers = start_workers(&cfg, a.workers).await?;
+    let tenants: Arc<Vec<String>> = Arc::new(cfg.tenants.keys().cloned().collect());
+    let mut runs = Vec::new();
+    for &rate in &a.rates {
+        let arrivals = arrive(&sub, &tenants, rate, a.secs).await;
+        let run = collect(&reader, rate, arrivals, a.drain).await;
+        eprintln!("slo: {}", serde_json::to_string(&run)?);
+        runs.push(run);
+    }
+    for w in workers {
+        w.stop().await;
+    }
+    let slo_ms = a.slo.as_millis() as u64;
+    let within = runs.iter().filter(|r| r.done == r.of && r.wait_p99_ms < slo_ms).map(|r| r.rate).max().unwrap_or(0);
+    println!(
+        "{}",
+        serde_json::json!({
+            "bench": "fairway-open-loop", "slo_ms": slo_ms, "secs": a.secs.as_secs_f64(),
+            "workers": a.workers, "slots": a.slots, "partitions": a.partitions,
+            "max_rate_within_slo": within, "runs": runs,
+        })
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What one rate's arrivals produced: the ids accepted, failures, and the real rate.
+struct Arrivals {
+    ids: HashSet<String>,
+    of: usize,
+    errors: usize,
+    offered_per_s: f64,
+}
+
+/// Submits `rate * secs` no-op jobs in 10 ms ticks, round-robin over the tenants; each
+/// tick's jobs go out as one task, so a slow acknowledgement never delays the next tick
+/// (up to [`TICKS_IN_FLIGHT`]).
+async fn arrive(sub: &Arc<Submitter>, tenants: &Arc<Vec<String>>, rate: u32, secs: Duration) -> Arrivals {
+    let total = (f64::from(rate) * secs.as_secs_f64()).round() as usize;
+    let per_tick = f64::from(rate) * TICK.as_secs_f64();
+    let gate = Arc::new(tokio::sync::Semaphore::new(TICKS_IN_FLIGHT));
+    let mut tasks = tokio::task::JoinSet::new();
+    let t0 = Instant::now();
+    let mut sent = 0usize;
+    while sent < total {
+        let ticks = (t0.elapsed().as_secs_f64() / TICK.as_secs_f64()).floor() + 1.0;
+        let due = ((ticks * per_tick).round() as usize).min(total);
+        if due > sent {
+            let permit = gate.clone().acquire_owned().await.expect("semaphore open");
+            let (sub, tenants, range) = (sub.clone(), tenants.clone(), sent..due);
+            tasks.spawn(async move {
+                let jobs: Vec<NewJob> = range
+                    .map(|i| NewJob {
+                        tenant: tenants[i % tenants.len()].clone(),
+                        job_type: "echo".into(),
+                        ..Default::default()
+                    })
+                    .collect();
+                let out = futures::future::join_all(jobs.iter().map(|j| sub.submit(j))).await;
+                drop(permit);
+                out.into_iter().map(|r| r.map(|s| s.job_id)).collect::<Vec<_>>()
+            });
+            sent = due;
+        }
+        let next = t0 + TICK.mul_f64(ticks);
+        tokio::time::sleep_until(next.into()).await;
+    }
+    let offered_per_s = total as f64 / t0.elapsed().as_secs_f64();
+    let mut arrivals = Arrivals { ids: HashSet::new(), of: total, errors: 0, offered_per_s };
+    while let Some(done) = tasks.join_next().await {
+        for r in done.unwrap_or_default() {
+            match r {
+                Ok(id) => {
+                    arrivals.ids.insert(id);
+                }
+                Err(_) => arrivals.errors += 1,
+            }
+        }
+    }
+    arrivals
+}
+
+/// Reads results until every accepted job of this rate finished or `drain` passed.
+async fn collect(reader: &kafka::Reader, rate: u32, mut arrivals: Arrivals, drain: Duration) -> RateRun {
+    let mut wait = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
+    let mut result = wait.clone();
+    let deadline = Instant::now() + drain;
+    let mut done = 0;
+    while !arrivals.ids.is_empty() && Instant::now() < deadline {
+        let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(500), reader.recv()).await else { continue };
+        let Some(r) = m.payload().and_then(|b| codec::decode_result(b).ok()) else { continue };
+        if arrivals.ids.remove(&r.job_id) {
+            done += 1;
+            let started = r.started_at.unwrap_or(r.finished_at);
+            let _ = wait.record((started - r.submitted_at).max(0) as u64);
+            let _ = result.record((r.finished_at - r.submitted_at).max(0) as u64);
+        }
+    }
+    RateRun {
+        rate,
+        offered_per_s: arrivals.offered_per_s.round(),
+        of: arrivals.of,
+        done,
+        submit_errors: arrivals.errors,
+        wait_p50_ms: wait.value_at_quantile(0.5),
+        wait_p99_ms: wait.value_at_quantile(0.99),
+        result_p50_ms: result.value_at_quantile(0.5),
+        result_p99_ms: result.value_at_quantile(0.99),
+    }
+}
