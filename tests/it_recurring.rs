@@ -490,6 +490,8 @@ async fn the_promoter_leader_counts_fires_skips_and_lag_without_tenant_labels() 
         ("fairway_schedule_skips_total{policy=\"one\"}", 1.0),
         ("fairway_schedule_fire_lag_seconds_count", 3.0),
         ("fairway_schedules{state=\"active\"}", 3.0),
+        // Set at the end of a pass (the first one submits the fires due since the adds).
+        ("fairway_schedule_oldest_due_seconds", 0.0),
     ];
     let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
     let text = common::wait_for(Duration::from_secs(60), async || {
@@ -502,7 +504,6 @@ async fn the_promoter_leader_counts_fires_skips_and_lag_without_tenant_labels() 
         worker.print_tail("worker");
         panic!("the leader's metrics never showed {want:?}");
     };
-    assert!(metric(&text, "fairway_schedule_oldest_due_seconds").is_some(), "{text}");
     let ours: Vec<&str> = text.lines().filter(|l| l.starts_with("fairway_schedule")).collect();
     assert!(ours.iter().all(|l| !l.contains("tenant")), "never labelled by tenant: {ours:?}");
 }
