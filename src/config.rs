@@ -79,6 +79,9 @@ pub struct Config {
     /// run times fit (`core::classifier`).
     #[serde(default)]
     pub classifier: crate::core::classifier::ClassifierConfig,
+    /// Bounds of recurring schedules (`[schedules]`): per tenant and in total.
+    #[serde(default)]
+    pub schedules: crate::core::recurring::SchedulesConfig,
 }
 
 /// Limits of flow-control keys (`core::flow`): per key here, or per job type with
@@ -629,6 +632,7 @@ impl Config {
         }
         self.check_run_ranges()?;
         self.classifier.validate().map_err(|m| invalid("classifier", m))?;
+        self.schedules.validate().map_err(|(key, m)| invalid(format!("schedules.{key}"), m))?;
         for (name, t) in &self.tenants {
             if name.is_empty() || name.len() > 128 {
                 return Err(invalid("tenants", "tenant names must be 1 to 128 characters"));

@@ -87,6 +87,12 @@ pub const POOL_CLASS_READ_FAILURES: &str = "fairway_pool_class_read_failures_tot
 pub const STUCK_JOBS: &str = "fairway_stuck_jobs_total";
 pub const PROCESS_RECYCLED: &str = "fairway_process_recycled_total";
 pub const RECYCLING_HELD_TENANTS: &str = "fairway_recycling_held_tenants";
+// Recurring schedules (`worker::schedules`, the promoter's leader; never by tenant).
+pub const SCHEDULE_FIRES: &str = "fairway_schedule_fires_total";
+pub const SCHEDULE_SKIPS: &str = "fairway_schedule_skips_total";
+pub const SCHEDULE_FIRE_LAG_SECONDS: &str = "fairway_schedule_fire_lag_seconds";
+pub const SCHEDULE_OLDEST_DUE_SECONDS: &str = "fairway_schedule_oldest_due_seconds";
+pub const SCHEDULES: &str = "fairway_schedules";
 
 /// Bucket bounds (seconds) of the job latency histograms: they include the pools' SLOs
 /// (0.5 s, 5 s, 60 s) and the 30 s end-to-end alert threshold, up to the long pool's 6 h.
@@ -101,7 +107,14 @@ pub fn with_buckets(
     b: metrics_exporter_prometheus::PrometheusBuilder,
 ) -> metrics_exporter_prometheus::PrometheusBuilder {
     use metrics_exporter_prometheus::Matcher;
-    [JOB_END_TO_END_SECONDS, JOB_WAIT_SECONDS, JOB_DISPATCH_WAIT_SECONDS, JOB_RUN_SECONDS].iter().fold(b, |b, name| {
+    let timed = [
+        JOB_END_TO_END_SECONDS,
+        JOB_WAIT_SECONDS,
+        JOB_DISPATCH_WAIT_SECONDS,
+        JOB_RUN_SECONDS,
+        SCHEDULE_FIRE_LAG_SECONDS,
+    ];
+    timed.iter().fold(b, |b, name| {
         b.set_buckets_for_metric(Matcher::Full(name.to_string()), &LATENCY_BUCKETS)
             .expect("LATENCY_BUCKETS is not empty")
     })
@@ -327,6 +340,28 @@ pub fn describe() {
         PROCESS_RECYCLED,
         "Job child processes killed (limit, stuck, grace) or ended by a signal, by pool (the recycling cap counts these)"
     );
+    describe_counter!(
+        SCHEDULE_FIRES,
+        "Recurring schedule fires, by outcome: on_time and caught_up (submitted; caught_up: older than 60 s, by \
+         catch-up one or all), held (refused by the front door) and failed (invalid template or submit error); held \
+         and failed fires are tried again on the next pass"
+    );
+    describe_counter!(
+        SCHEDULE_SKIPS,
+        "Times a schedule's missed fires were skipped by its catch-up policy, by policy (none: all of them; one: all \
+         but one; all: those older than 24 h)"
+    );
+    describe_histogram!(
+        SCHEDULE_FIRE_LAG_SECONDS,
+        Unit::Seconds,
+        "From a schedule fire's time to its job's submission (jitter not included)"
+    );
+    describe_gauge!(
+        SCHEDULE_OLDEST_DUE_SECONDS,
+        Unit::Seconds,
+        "Age of the oldest schedule fire due but not submitted after the leader's last pass (0: none)"
+    );
+    describe_gauge!(SCHEDULES, "Schedules of the deployment as the leader last read them, by state (active, paused)");
     describe_gauge!(
         RECYCLING_HELD_TENANTS,
         "Tenants whose jobs wait in this pool because they reached the recycling cap (wait reason recycling_cap), by pool"

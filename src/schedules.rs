@@ -4,7 +4,7 @@
 //! the rows (`store::schedules`). Firing is the promoter leader's (`worker::schedules`).
 
 use crate::config::Config;
-use crate::core::recurring::{self, ScheduleSpec, SpecError, Timing};
+use crate::core::recurring::{ScheduleSpec, SpecError, Timing};
 use crate::model::Millis;
 use crate::store::{ScheduleRow, ScheduleStatements, Store, StoreError, TenantStatements};
 use crate::submit::NewJob;
@@ -18,9 +18,10 @@ pub const UPCOMING: usize = 3;
 pub enum ScheduleError {
     #[error(transparent)]
     Invalid(#[from] SpecError),
-    /// The job template does not fit the config or the registry: the message names the fix.
-    #[error("schedule job template: {0}")]
-    Template(String),
+    /// The job template does not fit the config or the registry: the field, and the
+    /// message names the fix.
+    #[error("schedule field `{field}`: {message}")]
+    Template { field: &'static str, message: String },
     #[error("tenant {tenant:?} already has a schedule {name:?}; change it with `set` (PUT) or remove it first")]
     Exists { tenant: String, name: String },
     #[error(
@@ -116,18 +117,29 @@ impl Schedules {
         &self.stmts
     }
 
+    /// The deployment's bounds (`[schedules]`).
+    pub fn bounds(&self) -> crate::core::recurring::SchedulesConfig {
+        self.cfg.schedules
+    }
+
     /// Checks a definition whole: its timing, its job template against the config, its
     /// tenant against the registry.
     async fn check(&self, spec: &ScheduleSpec, id: &str, created_at: Millis) -> Result<Timing, ScheduleError> {
         let timing = spec.timing(id, created_at)?;
         let job = template(spec);
-        crate::submit::validate_job(&self.cfg, &job, job.payload_bytes().len())
-            .map_err(|e| ScheduleError::Template(e.to_string()))?;
+        crate::submit::validate_job(&self.cfg, &job, job.payload_bytes().len()).map_err(|e| {
+            use crate::submit::SubmitError as E;
+            let field = match &e {
+                E::UnknownJobType(..) | E::JobTypeNotAllowed { .. } => "job_type",
+                E::PayloadTooLarge { .. } => "payload",
+                _ => "job template",
+            };
+            ScheduleError::Template { field, message: e.to_string() }
+        })?;
         if !self.tenants.list().await?.contains_key(&spec.tenant) {
             let t = &spec.tenant;
-            return Err(ScheduleError::Template(format!(
-                "tenant {t:?} is not registered; add it with `fairway tenants add {t}`"
-            )));
+            let message = format!("tenant {t:?} is not registered; add it with `fairway tenants add {t}`");
+            return Err(ScheduleError::Template { field: "tenant", message });
         }
         Ok(timing)
     }
@@ -154,18 +166,23 @@ impl Schedules {
         Ok(Schedule { row, spec }.listed())
     }
 
+    /// Refuses an add beyond `schedules.max_per_tenant` or `schedules.max_total` (checked
+    /// before the insert, not with it: adds racing each other may pass it by their number).
     async fn check_bounds(&self, tenant: &str) -> Result<(), ScheduleError> {
-        let all = self.stmts.list(None, recurring::MAX_TOTAL + 1).await?;
-        if all.len() >= recurring::MAX_TOTAL {
+        let bounds = self.cfg.schedules;
+        let own = self.stmts.list(Some(tenant), bounds.max_per_tenant).await?;
+        if own.len() >= bounds.max_per_tenant {
             return Err(ScheduleError::TooMany(format!(
-                "the deployment has {} schedules, the most it keeps; remove some first",
-                recurring::MAX_TOTAL
+                "tenant {tenant:?} has {} schedules, the most a tenant may have (schedules.max_per_tenant); \
+                 remove one it no longer needs (`fairway schedules remove`, DELETE /v1/schedules/<name>) or ask \
+                 the operator to raise the bound",
+                bounds.max_per_tenant
             )));
         }
-        if all.iter().filter(|r| r.tenant == tenant).count() >= recurring::MAX_PER_TENANT {
+        if self.stmts.list(None, bounds.max_total).await?.len() >= bounds.max_total {
             return Err(ScheduleError::TooMany(format!(
-                "tenant {tenant:?} has {} schedules, the most a tenant may have; remove some first",
-                recurring::MAX_PER_TENANT
+                "the deployment has {} schedules, the most it keeps (schedules.max_total); remove some first",
+                bounds.max_total
             )));
         }
         Ok(())
@@ -173,7 +190,7 @@ impl Schedules {
 
     /// One schedule.
     pub async fn get(&self, tenant: &str, name: &str) -> Result<Schedule, ScheduleError> {
-        let rows = self.stmts.list(Some(tenant), recurring::MAX_PER_TENANT * 2).await?;
+        let rows = self.stmts.list(Some(tenant), self.cfg.schedules.max_total).await?;
         let row = rows.into_iter().find(|r| r.name == name);
         let row = row.ok_or_else(|| ScheduleError::NotFound { tenant: tenant.into(), name: name.into() })?;
         Ok(Schedule::of(row)?)
@@ -224,7 +241,7 @@ impl Schedules {
 
     /// A tenant's schedules, or every one of the deployment.
     pub async fn list(&self, tenant: Option<&str>) -> Result<Vec<Listed>, ScheduleError> {
-        let rows = self.stmts.list(tenant, recurring::MAX_TOTAL).await?;
+        let rows = self.stmts.list(tenant, self.cfg.schedules.max_total).await?;
         Ok(rows.into_iter().filter_map(|r| Schedule::of(r).ok()).map(|s| s.listed()).collect())
     }
 }

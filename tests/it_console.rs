@@ -2,7 +2,7 @@
 //! chromedriver) against the real broker and CQL database: the overview updates while
 //! jobs run; a dead-lettered job is found, previewed and replayed from the page and then
 //! succeeds; a tenant key sees only its tenant (and cannot act), while an admin suspends
-//! a tenant from the tenants page. Screenshots of each page go to
+//! a tenant from the tenants page and pauses a tenant's schedule from the schedules page. Screenshots of each page go to
 //! `target/console-screenshots/`.
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`scripts/test` installs them);
@@ -344,6 +344,20 @@ async fn a_tenant_key_sees_only_its_tenant_and_an_admin_suspends_one() {
     common::dead_letters(&s.cfg, 2, Duration::from_secs(60)).await;
     let acme = create_key(&s.cfg, &Caller::Tenant("acme".into())).await;
     let (acme, acme_job, globex_job) = (&acme, &acme_job, &globex_job);
+    // A yearly schedule each (none fires while the test runs).
+    let store = fairway::store::Store::open(&s.cfg).await.unwrap();
+    let sch = fairway::schedules::Schedules::connect(s.cfg.clone(), &store).await.unwrap();
+    for (tenant, name) in [("acme", "a-yearly"), ("globex", "g-yearly")] {
+        let spec = fairway::core::recurring::ScheduleSpec {
+            name: name.into(),
+            tenant: tenant.into(),
+            job_type: "gate".into(),
+            cron: Some("0 0 1 1 *".into()),
+            ..Default::default()
+        };
+        sch.add(spec, fairway::now_ms()).await.expect("add schedule");
+    }
+    let sch = &sch;
     with_browser(|c| async move {
         login(&c, &s.base, acme).await;
         assert_eq!(text(&c, "#who").await.as_deref(), Some("acme"));
@@ -356,6 +370,16 @@ async fn a_tenant_key_sees_only_its_tenant_and_an_admin_suspends_one() {
         assert_eq!(rows, json!(["acme"]), "a tenant key lists its own tenant only");
         assert!(c.find(Locator::Css("button.suspend")).await.is_err(), "no admin actions for a tenant key");
         screenshot(&c, "tenants-as-tenant").await;
+        // Schedules: its own, with their next fires, no pause button.
+        c.goto(&s.url("/console/schedules")).await.unwrap();
+        c.wait().at_most(Duration::from_secs(20)).for_element(Locator::Css("#schedules")).await.unwrap();
+        let rows = js(
+            &c,
+            "return [...document.querySelectorAll('#schedules tr[data-schedule]')].map(r => r.dataset.schedule)",
+        )
+        .await;
+        assert_eq!(rows, json!(["a-yearly"]), "a tenant key lists its own schedules only");
+        assert!(c.find(Locator::Css("button.pause-schedule")).await.is_err(), "no schedule actions for a tenant key");
         // DLQ: its own dead letter, not globex's; no replay panel.
         c.goto(&s.url("/console/dlq")).await.unwrap();
         c.wait().at_most(Duration::from_secs(30)).for_element(Locator::Css("#dlq")).await.unwrap();
@@ -414,6 +438,21 @@ async fn a_tenant_key_sees_only_its_tenant_and_an_admin_suspends_one() {
         })
         .await;
         assert!(after.contains("Resume"), "{after}");
+        // Schedules: every tenant's; pause globex's from the page.
+        c.goto(&s.url("/console/schedules")).await.unwrap();
+        c.wait().at_most(Duration::from_secs(20)).for_element(Locator::Css("#schedules")).await.unwrap();
+        screenshot(&c, "schedules").await;
+        let pause = Locator::Css("button.pause-schedule[data-tenant=\"globex\"][data-name=\"g-yearly\"]");
+        c.find(pause).await.unwrap().click().await.unwrap();
+        until(Duration::from_secs(30), "g-yearly paused in the store", || async {
+            sch.get("globex", "g-yearly").await.ok().filter(|g| g.row.paused).map(|_| ())
+        })
+        .await;
+        until(Duration::from_secs(20), "the page after the reload", || async {
+            text(&c, "#schedules tr[data-schedule=\"g-yearly\"]").await.filter(|t| t.contains("Resume"))
+        })
+        .await;
+        assert!(!sch.get("acme", "a-yearly").await.unwrap().row.paused, "only the one clicked");
         // The DLQ lists both tenants' dead letters for an admin.
         c.goto(&s.url("/console/dlq?job_type=gate")).await.unwrap();
         c.wait().at_most(Duration::from_secs(30)).for_element(Locator::Css("#dlq")).await.unwrap();

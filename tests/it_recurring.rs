@@ -2,18 +2,20 @@
 //! a cron every 2 s fires exactly one job per tick with three worker processes (each
 //! with a promoter) and across a kill of the promoter's leader; missed fires are caught
 //! up per policy after a stop; unique keys and debounce windows hold across two API
-//! processes.
+//! processes; the schedules HTTP API and console page are scoped to the key's tenant,
+//! check their input and cap each tenant; the leader's fire metrics.
 
 mod common;
 
 use fairway::config::{AuthMode, Config};
+use fairway::core::auth::Caller;
 use fairway::core::recurring::{fire_job_id, CatchUp, ScheduleSpec};
 use fairway::handlers::Registry;
 use fairway::model::{JobResult, JobSubmitted, Millis, Pool};
 use fairway::schedules::Schedules;
 use fairway::store::Store;
 use fairway::worker::{Policy, Worker};
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -249,4 +251,259 @@ async fn unique_keys_and_debounce_hold_across_two_api_processes() {
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
     assert!(bad["error"].as_str().unwrap().contains("debounce_delay"), "{bad}");
     w.stop().await;
+}
+
+/// Requests to one API server, each with the key given.
+struct Api {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Api {
+    /// `method path` with `key` (and a JSON body): (status, JSON body or the text as a string).
+    async fn call(&self, key: &str, method: Method, path: &str, body: Option<&Value>) -> (StatusCode, Value) {
+        let mut req = self.http.request(method, format!("{}{path}", self.base)).bearer_auth(key);
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let r = req.send().await.expect("request");
+        let status = r.status();
+        let text = r.text().await.unwrap_or_default();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+}
+
+/// (tenant, name) of each schedule in a listing, sorted.
+fn names(v: &Value) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = v
+        .as_array()
+        .unwrap_or_else(|| panic!("not a listing: {v}"))
+        .iter()
+        .map(|s| (s["tenant"].as_str().unwrap().to_string(), s["name"].as_str().unwrap().to_string()))
+        .collect();
+    out.sort();
+    out
+}
+
+fn pair(tenant: &str, name: &str) -> (String, String) {
+    (tenant.to_string(), name.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_schedules_http_api_and_console_are_tenant_scoped_check_input_and_cap_each_tenant() {
+    let mut c = common::config("");
+    c.schedules.max_per_tenant = 3;
+    let cfg = common::arc(c);
+    common::init(&cfg).await;
+    let (base, _stop) = common::serve_api(&cfg).await;
+    let api = Api { base, http: reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap() };
+    let (_, admin) = common::create_key(&cfg, &Caller::Admin, "it_recurring").await;
+    let (_, acme) = common::create_key(&cfg, &Caller::Tenant("acme".into()), "it_recurring").await;
+    let (_, globex) = common::create_key(&cfg, &Caller::Tenant("globex".into()), "it_recurring").await;
+    let (acme, globex, admin) = (acme.as_str(), globex.as_str(), admin.as_str());
+
+    // A tenant key adds for its own tenant (`tenant` omitted); 02:00 Berlin is 00:00 or 01:00 UTC.
+    let nightly = json!({"name": "nightly", "job_type": "echo", "cron": "0 2 * * *", "tz": "Europe/Berlin"});
+    let (s, a) = api.call(acme, Method::POST, "/v1/schedules", Some(&nightly)).await;
+    assert_eq!(s, StatusCode::CREATED, "{a}");
+    assert_eq!((a["tenant"].as_str(), a["paused"].as_bool()), (Some("acme"), Some(false)), "{a}");
+    let next: Vec<Millis> = serde_json::from_value(a["next_fires"].clone()).unwrap();
+    assert_eq!(next.len(), 3, "{a}");
+    assert!([0, 3_600_000].contains(&next[0].rem_euclid(86_400_000)), "02:00 Berlin in UTC: {next:?}");
+    let (s, e) = api.call(acme, Method::POST, "/v1/schedules", Some(&nightly)).await;
+    assert_eq!((s, e["code"].as_str()), (StatusCode::CONFLICT, Some("SCHEDULE_EXISTS")), "{e}");
+    // globex: the same name (names are per tenant) and one of its own.
+    let (s, e) = api.call(globex, Method::POST, "/v1/schedules", Some(&nightly)).await;
+    assert_eq!(s, StatusCode::CREATED, "{e}");
+    let g_only = json!({"name": "g-only", "job_type": "echo", "every": "1h"});
+    let (s, e) = api.call(globex, Method::POST, "/v1/schedules", Some(&g_only)).await;
+    assert_eq!(s, StatusCode::CREATED, "{e}");
+
+    // Listings: a tenant key its own; an admin every tenant's, or one tenant's.
+    let (_, l) = api.call(acme, Method::GET, "/v1/schedules", None).await;
+    assert_eq!(names(&l), vec![pair("acme", "nightly")]);
+    let (_, l) = api.call(admin, Method::GET, "/v1/admin/schedules", None).await;
+    assert_eq!(names(&l), vec![pair("acme", "nightly"), pair("globex", "g-only"), pair("globex", "nightly")]);
+    let (_, l) = api.call(admin, Method::GET, "/v1/schedules?tenant=globex", None).await;
+    assert_eq!(names(&l), vec![pair("globex", "g-only"), pair("globex", "nightly")]);
+    let (s, _) = api.call(acme, Method::GET, "/v1/admin/schedules", None).await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "the admin listing needs an admin key");
+    let (s, _) = api.call(acme, Method::GET, "/v1/schedules?tenant=globex", None).await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+
+    // acme can never read, change, pause, resume or delete globex's: by name it finds no
+    // such schedule of its own (404, like an unknown name); naming globex is refused (403).
+    let change = json!({"name": "g-only", "job_type": "echo", "every": "1m"});
+    let calls = [
+        (Method::GET, "/v1/schedules/g-only", None),
+        (Method::PUT, "/v1/schedules/g-only", Some(&change)),
+        (Method::POST, "/v1/schedules/g-only:pause", None),
+        (Method::POST, "/v1/schedules/g-only:resume", None),
+        (Method::DELETE, "/v1/schedules/g-only", None),
+    ];
+    for (method, path, body) in calls {
+        let (s, e) = api.call(acme, method.clone(), path, body).await;
+        assert_eq!((s, e["code"].as_str()), (StatusCode::NOT_FOUND, Some("UNKNOWN_SCHEDULE")), "{method} {path}: {e}");
+        assert!(!e.to_string().contains("globex"), "nothing of globex in the answer: {e}");
+        let (s, e) = api.call(acme, method.clone(), &format!("{path}?tenant=globex"), body).await;
+        assert_eq!((s, e["code"].as_str()), (StatusCode::FORBIDDEN, Some("FORBIDDEN")), "{method} {path}: {e}");
+    }
+    let (s, _) = api
+        .call(
+            acme,
+            Method::POST,
+            "/v1/schedules",
+            Some(&json!({"tenant": "globex", "name": "x", "job_type": "echo", "every": "1m"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "a tenant key adds for its own tenant only");
+    let moved = json!({"tenant": "globex", "name": "nightly", "job_type": "echo", "every": "1m"});
+    let (s, _) = api.call(acme, Method::PUT, "/v1/schedules/nightly", Some(&moved)).await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "nor moves its schedule to another tenant");
+    let (s, g) = api.call(admin, Method::GET, "/v1/schedules/g-only?tenant=globex", None).await;
+    assert_eq!(
+        (s, g["every"].as_str(), g["paused"].as_bool()),
+        (StatusCode::OK, Some("1h"), Some(false)),
+        "untouched: {g}"
+    );
+
+    // Its own: replace, pause, resume.
+    let every = json!({"name": "nightly", "job_type": "echo", "every": "30m"});
+    let (s, a) = api.call(acme, Method::PUT, "/v1/schedules/nightly", Some(&every)).await;
+    assert_eq!((s, a["every"].as_str(), a.get("cron")), (StatusCode::OK, Some("30m"), None), "{a}");
+    let next: Vec<Millis> = serde_json::from_value(a["next_fires"].clone()).unwrap();
+    assert_eq!(next[1] - next[0], 1_800_000, "{a}");
+    let (s, a) = api.call(acme, Method::POST, "/v1/schedules/nightly:pause", None).await;
+    assert_eq!((s, a["paused"].as_bool(), a["next_fires"].clone()), (StatusCode::OK, Some(true), json!([])), "{a}");
+    let (_, a) = api.call(acme, Method::GET, "/v1/schedules/nightly", None).await;
+    assert_eq!(a["paused"].as_bool(), Some(true), "{a}");
+    let (s, a) = api.call(acme, Method::POST, "/v1/schedules/nightly:resume", None).await;
+    assert_eq!(
+        (s, a["paused"].as_bool(), a["next_fires"].as_array().map(Vec::len)),
+        (StatusCode::OK, Some(false), Some(3))
+    );
+    let renamed = json!({"name": "daily", "job_type": "echo", "every": "30m"});
+    let (s, e) = api.call(acme, Method::PUT, "/v1/schedules/nightly", Some(&renamed)).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{e}");
+    assert!(e["error"].as_str().unwrap().contains("`name`"), "{e}");
+
+    // Bad input: 422 naming the field and the fix.
+    let bad = |extra: Value| {
+        let mut b = json!({"name": "bad", "job_type": "echo"});
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        b
+    };
+    for (body, field, fix) in [
+        (bad(json!({"cron": "61 * * * *"})), "`cron`", "e.g. \"0 2 * * *\""),
+        (bad(json!({"cron": "0 2 * *"})), "`cron`", "write 5"),
+        (bad(json!({"cron": "0 2 * * *", "tz": "Mars/Olympus"})), "`tz`", "Europe/Berlin"),
+        (bad(json!({"job_type": "nope", "every": "1m"})), "`job_type`", "[job_types.nope]"),
+        (bad(json!({})), "`cron`", "`every`"),
+        (bad(json!({"every": "soon"})), "`every`", "\"15m\""),
+        (bad(json!({"name": "b c", "every": "1m"})), "`name`", "A-Z a-z 0-9"),
+        (bad(json!({"every": "1m", "colour": "red"})), "colour", "fields: name"),
+    ] {
+        let (s, e) = api.call(acme, Method::POST, "/v1/schedules", Some(&body)).await;
+        assert_eq!(
+            (s, e["code"].as_str()),
+            (StatusCode::UNPROCESSABLE_ENTITY, Some("INVALID_SCHEDULE")),
+            "{body}: {e}"
+        );
+        let msg = e["error"].as_str().unwrap();
+        assert!(msg.contains(field) && msg.contains(fix), "{body}: {msg}");
+    }
+
+    // At most 3 per tenant here: globex's third fits, its fourth is refused naming the bound
+    // and the fix; acme is not held back by globex.
+    let add = |name: &str| json!({"name": name, "job_type": "echo", "every": "1h"});
+    let (s, e) = api.call(globex, Method::POST, "/v1/schedules", Some(&add("g3"))).await;
+    assert_eq!(s, StatusCode::CREATED, "{e}");
+    let (s, e) = api.call(globex, Method::POST, "/v1/schedules", Some(&add("g4"))).await;
+    assert_eq!((s, e["code"].as_str()), (StatusCode::TOO_MANY_REQUESTS, Some("TOO_MANY_SCHEDULES")), "{e}");
+    let msg = e["error"].as_str().unwrap();
+    assert!(msg.contains("schedules.max_per_tenant") && msg.contains("remove"), "{msg}");
+    let (s, e) = api.call(acme, Method::POST, "/v1/schedules", Some(&add("a2"))).await;
+    assert_eq!(s, StatusCode::CREATED, "{e}");
+
+    // Remove: 204, then it is gone.
+    let (s, _) = api.call(acme, Method::DELETE, "/v1/schedules/nightly", None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, _) = api.call(acme, Method::GET, "/v1/schedules/nightly", None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (_, g) = api.call(admin, Method::GET, "/v1/schedules/nightly?tenant=globex", None).await;
+    assert_eq!(g["name"].as_str(), Some("nightly"), "globex's schedule of the same name stays: {g}");
+
+    // The console: acme sees its own schedules, read-only; an admin every tenant's, and
+    // pauses one of globex's.
+    let (s, page) = api.call(acme, Method::GET, "/console/schedules", None).await;
+    let page = page.as_str().unwrap_or_default().to_string();
+    assert_eq!(s, StatusCode::OK, "{page}");
+    assert!(page.contains("data-schedule=\"a2\""), "{page}");
+    assert!(!page.contains("globex") && !page.contains("g-only"), "nothing of globex: {page}");
+    assert!(!page.contains("pause-schedule"), "no actions for a tenant key");
+    let pause = json!({"paused": true});
+    let (s, _) = api.call(acme, Method::POST, "/console/api/schedules/globex/g-only", Some(&pause)).await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    let (s, page) = api.call(admin, Method::GET, "/console/schedules", None).await;
+    let page = page.as_str().unwrap_or_default().to_string();
+    assert_eq!(s, StatusCode::OK);
+    for row in ["data-tenant=\"acme\" data-schedule=\"a2\"", "data-tenant=\"globex\" data-schedule=\"g-only\""] {
+        assert!(page.contains(row), "{row}: {page}");
+    }
+    assert!(page.contains("class=\"pause-schedule\" data-tenant=\"globex\" data-name=\"g-only\""), "{page}");
+    let (s, g) = api.call(admin, Method::POST, "/console/api/schedules/globex/g-only", Some(&pause)).await;
+    assert_eq!((s, g["paused"].as_bool()), (StatusCode::OK, Some(true)), "{g}");
+    let (_, page) = api.call(admin, Method::GET, "/console/schedules", None).await;
+    assert!(page.as_str().unwrap().contains("data-schedule=\"g-only\" data-paused=\"true\""), "{page}");
+}
+
+/// The value of the series `series` (name and labels exactly as exported) in a
+/// Prometheus text page.
+fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_promoter_leader_counts_fires_skips_and_lag_without_tenant_labels() {
+    let cfg = common::arc(common::config(""));
+    common::init(&cfg).await;
+    let dir = tempfile::tempdir().unwrap();
+    let extra = "[worker]\nmetrics_listen = \"127.0.0.1:0\"\n[job_types.echo]\npool = \"short\"\nhandler = \"echo\"\n";
+    let file = common::config_file(&cfg, extra, dir.path());
+    let (_store, sch) = schedules(&cfg).await;
+    let now = fairway::now_ms();
+    // On time every second; and two every 20 s whose cursors are put back 200 s (missed
+    // fires: `none` skips them, `one` submits one late job for them and skips the rest).
+    sch.add(ScheduleSpec { every: Some("1s".into()), ..spec("tick") }, now).await.expect("add");
+    let grid = now - now.rem_euclid(20_000) - 1_000_000;
+    let back = now - now.rem_euclid(20_000) - 200_000;
+    for (name, catch_up) in [("none", CatchUp::None), ("one", CatchUp::One)] {
+        let s = ScheduleSpec { every: Some("20s".into()), start_at: Some(grid), catch_up, ..spec(name) };
+        let added = sch.add(s, now).await.expect("add");
+        assert!(sch.statements().advance("acme", name, added.next_fires[0], Some(back)).await.unwrap());
+    }
+    let worker = common::spawn_logged_worker(&file, "short");
+    let want = [
+        ("fairway_schedule_fires_total{outcome=\"on_time\"}", 2.0),
+        ("fairway_schedule_fires_total{outcome=\"caught_up\"}", 1.0),
+        ("fairway_schedule_skips_total{policy=\"none\"}", 1.0),
+        ("fairway_schedule_skips_total{policy=\"one\"}", 1.0),
+        ("fairway_schedule_fire_lag_seconds_count", 3.0),
+        ("fairway_schedules{state=\"active\"}", 3.0),
+        // Set at the end of a pass (the first one submits the fires due since the adds).
+        ("fairway_schedule_oldest_due_seconds", 0.0),
+    ];
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+    let text = common::wait_for(Duration::from_secs(60), async || {
+        let url = format!("http://{}/metrics", worker.metrics_addr()?);
+        let text = http.get(url).send().await.ok()?.text().await.ok()?;
+        want.iter().all(|(series, at_least)| metric(&text, series).is_some_and(|v| v >= *at_least)).then_some(text)
+    })
+    .await;
+    let Some(text) = text else {
+        worker.print_tail("worker");
+        panic!("the leader's metrics never showed {want:?}");
+    };
+    let ours: Vec<&str> = text.lines().filter(|l| l.starts_with("fairway_schedule")).collect();
+    assert!(ours.iter().all(|l| !l.contains("tenant")), "never labelled by tenant: {ours:?}");
 }

@@ -6,7 +6,7 @@
 //! | method | path | what |
 //! |---|---|---|
 //! | GET | `/v1/schedules` | the caller's schedules with their next fire times (admin: all, or `?tenant=`) |
-//! | POST | `/v1/schedules` | add (a schedule object; 201; 409 if the name is taken) |
+//! | POST | `/v1/schedules` | add (a schedule object; 201; 409 if the name is taken; 429 beyond `[schedules]` bounds) |
 //! | GET | `/v1/schedules/{name}` | one schedule |
 //! | PUT | `/v1/schedules/{name}` | replace its definition (its next fire is computed afresh) |
 //! | POST | `/v1/schedules/{name}:pause`, `:resume` | stop / restart firing |
@@ -34,12 +34,12 @@ pub mod codes {
 impl From<ScheduleError> for ApiError {
     fn from(e: ScheduleError) -> Self {
         let (status, code) = match &e {
-            ScheduleError::Invalid(_) | ScheduleError::Template(_) | ScheduleError::NeverFires => {
+            ScheduleError::Invalid(_) | ScheduleError::Template { .. } | ScheduleError::NeverFires => {
                 (StatusCode::UNPROCESSABLE_ENTITY, codes::INVALID_SCHEDULE)
             }
             ScheduleError::Exists { .. } => (StatusCode::CONFLICT, codes::SCHEDULE_EXISTS),
             ScheduleError::NotFound { .. } => (StatusCode::NOT_FOUND, codes::UNKNOWN_SCHEDULE),
-            ScheduleError::TooMany(_) => (StatusCode::CONFLICT, codes::TOO_MANY_SCHEDULES),
+            ScheduleError::TooMany(_) => (StatusCode::TOO_MANY_REQUESTS, codes::TOO_MANY_SCHEDULES),
             ScheduleError::Store(s) => return ApiError::from(s.clone()),
         };
         ApiError::new(status, code, e.to_string())
@@ -68,8 +68,17 @@ fn tenant_of(caller: &Caller, asked: Option<String>) -> Result<String, ApiError>
     Ok(tenant)
 }
 
-async fn schedules(st: &ApiState) -> Result<&Schedules, ApiError> {
+/// The API's schedules (prepared on first use).
+pub(super) async fn schedules(st: &ApiState) -> Result<&Schedules, ApiError> {
     Ok(st.inner.schedules.get_or_try_init(|| Schedules::connect(st.config().clone(), st.store())).await?)
+}
+
+fn invalid(field: &str, message: String) -> ApiError {
+    ApiError::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        codes::INVALID_SCHEDULE,
+        format!("schedule field `{field}`: {message}"),
+    )
 }
 
 fn spec_of(body: serde_json::Value) -> Result<ScheduleSpec, ApiError> {
@@ -131,6 +140,16 @@ pub async fn replace(
 ) -> Result<Json<Listed>, ApiError> {
     let tenant = tenant_of(&caller, q.tenant)?;
     let new = spec_of(body)?;
+    if !new.tenant.is_empty() && new.tenant != tenant {
+        check_tenant(&caller, &new.tenant)?;
+        return Err(invalid("tenant", format!("{:?} is not the schedule's tenant {tenant:?}: omit it", new.tenant)));
+    }
+    if new.name != name {
+        return Err(invalid(
+            "name",
+            format!("{:?} is not {name:?}: rename a schedule by removing it and adding it anew", new.name),
+        ));
+    }
     Ok(Json(schedules(&st).await?.set(&tenant, &name, |s| *s = new, now_ms()).await?))
 }
 

@@ -30,12 +30,47 @@ pub const MIN_EVERY_MS: Millis = 1_000;
 pub const MAX_EVERY_MS: Millis = 366 * 24 * 3_600_000;
 pub const MAX_JITTER_MS: Millis = 3_600_000;
 pub const MAX_NAME_LEN: usize = 100;
-/// Schedules per tenant, and per deployment (all tenants).
-pub const MAX_PER_TENANT: usize = 100;
-pub const MAX_TOTAL: usize = 10_000;
+/// Highest `schedules.max_total` allowed: the promoter's leader reads every schedule of
+/// the deployment once a second.
+pub const MAX_TOTAL_CEILING: usize = 100_000;
 /// Wall-clock candidates one fire-time search looks at before giving up (an expression
 /// that matches nothing in years, e.g. `0 0 30 2 *`, never fires).
 const MAX_STEPS: usize = 10_000;
+
+/// How many schedules a deployment keeps (`[schedules]`): per tenant, so one tenant
+/// cannot crowd the others out or load the leader's per-second read, and in total.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SchedulesConfig {
+    pub max_per_tenant: usize,
+    pub max_total: usize,
+}
+
+impl Default for SchedulesConfig {
+    fn default() -> Self {
+        SchedulesConfig { max_per_tenant: 100, max_total: 10_000 }
+    }
+}
+
+impl SchedulesConfig {
+    /// The field at fault and the fix.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        if self.max_per_tenant == 0 {
+            return Err(("max_per_tenant", "must be at least 1, e.g. 100".into()));
+        }
+        if !(self.max_per_tenant..=MAX_TOTAL_CEILING).contains(&self.max_total) {
+            return Err((
+                "max_total",
+                format!(
+                    "{} must be between schedules.max_per_tenant ({}) and {MAX_TOTAL_CEILING} (the leader reads \
+                     every schedule once a second), e.g. 10000",
+                    self.max_total, self.max_per_tenant
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
 
 /// What to do with fires missed while no promoter ran (older than [`GRACE_MS`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -48,6 +83,16 @@ pub enum CatchUp {
     One,
     /// Every one of the last 24 hours, oldest first, at the promoter's pace.
     All,
+}
+
+impl CatchUp {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CatchUp::None => "none",
+            CatchUp::One => "one",
+            CatchUp::All => "all",
+        }
+    }
 }
 
 impl FromStr for CatchUp {
@@ -257,6 +302,12 @@ fn gap_end(tz: &Tz, local: Millis) -> Millis {
     hi
 }
 
+/// Whether a fire at `at` is late at `now` (older than [`GRACE_MS`]: submitted only by a
+/// catch-up).
+pub fn is_late(at: Millis, now: Millis) -> bool {
+    at < now - GRACE_MS
+}
+
 /// One fire: its time (its identity) and when its job may start (jitter added).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fire {
@@ -270,6 +321,9 @@ pub struct Fire {
 pub struct Pass {
     pub fires: Vec<Fire>,
     pub cursor: Option<Millis>,
+    /// Missed fires were skipped by the catch-up policy (`none`: all of them; `one`: all
+    /// but the one submitted; `all`: those beyond [`CATCH_UP_HORIZON_MS`]).
+    pub skipped: bool,
 }
 
 impl Timing {
@@ -335,11 +389,12 @@ impl Timing {
     /// `limit`, with the catch-up policy applied to fires older than [`GRACE_MS`].
     pub fn due(&self, cursor: Millis, now: Millis, limit: usize) -> Pass {
         if limit == 0 || cursor > now {
-            return Pass { fires: Vec::new(), cursor: Some(cursor) };
+            return Pass { fires: Vec::new(), cursor: Some(cursor), skipped: false };
         }
         let late = now - GRACE_MS;
         let mut fires = Vec::new();
         let mut next = Some(cursor);
+        let mut skipped = false;
         if cursor < late {
             next = match self.catch_up {
                 CatchUp::None => self.at_or_after(late),
@@ -349,12 +404,17 @@ impl Timing {
                 }
                 CatchUp::All => self.at_or_after(cursor.max(now - CATCH_UP_HORIZON_MS)),
             };
+            skipped = match self.catch_up {
+                CatchUp::None => true,
+                CatchUp::One => self.next_after(cursor).is_some_and(|n| n < late),
+                CatchUp::All => cursor < now - CATCH_UP_HORIZON_MS,
+            };
         }
         while let Some(at) = next.filter(|at| *at <= now && fires.len() < limit) {
             fires.push(Fire { at, run_at: self.run_at(at, at) });
             next = self.next_after(at);
         }
-        Pass { fires, cursor: next }
+        Pass { fires, cursor: next, skipped }
     }
 
     /// The job id of the fire at `at`: a UUID v7 whose time is the fire's and whose other

@@ -15,7 +15,8 @@ use super::relay::{PROMOTER_LEASE, PROMOTER_LEASE_SECS};
 use crate::admission::{Admission, Ask};
 use crate::config::Config;
 use crate::core::promotion::Pace;
-use crate::core::recurring::{Fire, Pass, Timing, MAX_TOTAL};
+use crate::core::recurring::{self, Fire, Pass, Timing};
+use crate::metrics as m;
 use crate::now_ms;
 use crate::schedules::{self, Schedule, Schedules};
 use crate::store::Store;
@@ -90,16 +91,26 @@ impl Firing {
 
     /// One pass: every active schedule's due fires, within the pace's budget.
     async fn pass(&self, pace: &mut Pace) {
-        let rows = match self.schedules.statements().list(None, MAX_TOTAL).await {
+        let max = self.schedules.bounds().max_total;
+        let rows = match self.schedules.statements().list(None, max + 1).await {
             Ok(rows) => rows,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read schedules");
                 return;
             }
         };
+        if rows.len() > max {
+            tracing::warn!(
+                "the deployment has more than schedules.max_total = {max} schedules (the bound was lowered, or adds \
+                 raced it): only the first {max} fire; remove schedules or raise the bound"
+            );
+        }
+        let paused = rows.iter().filter(|r| r.paused).count();
+        metrics::gauge!(m::SCHEDULES, "state" => "paused").set(paused as f64);
+        metrics::gauge!(m::SCHEDULES, "state" => "active").set((rows.len() - paused) as f64);
         let now = now_ms();
         let mut due = Vec::new();
-        for row in rows.into_iter().filter(|r| !r.paused) {
+        for row in rows.into_iter().take(max).filter(|r| !r.paused) {
             let Some(cursor) = row.next_fire_at.filter(|c| *c <= now) else { continue };
             let (name, tenant) = (row.name.clone(), row.tenant.clone());
             match Schedule::of(row).and_then(|s| Ok((s.timing()?, s))) {
@@ -112,20 +123,49 @@ impl Firing {
         }
         let wanted = due.iter().map(|(_, _, _, p)| p.fires.len()).sum();
         let mut budget = pace.take(wanted, now);
+        // The oldest fire still due after the pass (held by the front door, or beyond the pace).
+        let mut oldest_left: Option<i64> = None;
         for (s, timing, cursor, pass) in due {
-            self.fire_schedule(&s, &timing, cursor, pass, &mut budget).await;
+            if pass.skipped {
+                metrics::counter!(m::SCHEDULE_SKIPS, "policy" => s.spec.catch_up.as_str()).increment(1);
+            }
+            let left = self.fire_schedule(&s, &timing, cursor, pass, &mut budget).await;
+            if let Some(c) = left.filter(|c| *c <= now) {
+                oldest_left = Some(oldest_left.map_or(c, |o| o.min(c)));
+            }
         }
+        let age = oldest_left.map_or(0.0, |c| (now - c) as f64 / 1000.0);
+        metrics::gauge!(m::SCHEDULE_OLDEST_DUE_SECONDS).set(age);
     }
 
     /// Submits a schedule's fires in order while the budget lasts and each is accepted,
-    /// then moves its cursor past what was submitted.
-    async fn fire_schedule(&self, s: &Schedule, timing: &Timing, cursor: i64, pass: Pass, budget: &mut usize) {
+    /// then moves its cursor past what was submitted; the new cursor.
+    async fn fire_schedule(
+        &self,
+        s: &Schedule,
+        timing: &Timing,
+        cursor: i64,
+        pass: Pass,
+        budget: &mut usize,
+    ) -> Option<i64> {
         let mut next = pass.cursor;
         for f in &pass.fires {
-            if *budget == 0 || !self.fire(s, timing, *f).await {
+            if *budget == 0 {
                 next = Some(f.at);
                 break;
             }
+            let now = now_ms();
+            let outcome = match self.fire(s, timing, *f).await {
+                Ok(()) if recurring::is_late(f.at, now) => "caught_up",
+                Ok(()) => "on_time",
+                Err(refused) => refused,
+            };
+            metrics::counter!(m::SCHEDULE_FIRES, "outcome" => outcome).increment(1);
+            if !matches!(outcome, "on_time" | "caught_up") {
+                next = Some(f.at);
+                break;
+            }
+            metrics::histogram!(m::SCHEDULE_FIRE_LAG_SECONDS).record((now - f.at).max(0) as f64 / 1000.0);
             *budget -= 1;
         }
         if next != Some(cursor) {
@@ -133,10 +173,12 @@ impl Firing {
                 tracing::warn!(tenant = %s.row.tenant, schedule = %s.row.name, error = %e, "schedule cursor not moved");
             }
         }
+        next
     }
 
-    /// Submits one fire's job; false if it was refused or failed (tried again next pass).
-    async fn fire(&self, s: &Schedule, timing: &Timing, f: Fire) -> bool {
+    /// Submits one fire's job; else why not (`held` by the front door, or `failed`:
+    /// refused by validation or not submitted), tried again next pass.
+    async fn fire(&self, s: &Schedule, timing: &Timing, f: Fire) -> Result<(), &'static str> {
         let mut job = schedules::template(&s.spec);
         job.execute_at = Some(f.run_at);
         job.job_id = Some(timing.job_id(f.at));
@@ -147,7 +189,7 @@ impl Firing {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!(%tenant, schedule = %name, fire_at = f.at, "schedule fire refused: {e}");
-                return false;
+                return Err("failed");
             }
         };
         let ask = Ask { tenant: tenant.clone(), flow_key: job.flow_key.clone(), pool, job_type: job.job_type.clone() };
@@ -155,17 +197,17 @@ impl Firing {
             Ok(t) => t,
             Err(r) => {
                 tracing::debug!(%tenant, schedule = %name, fire_at = f.at, "schedule fire held by admission: {r:?}");
-                return false;
+                return Err("held");
             }
         };
         let submitted = self.submitter.submit(&job).await;
         let accepted = submitted.as_ref().ok().filter(|s| !s.duplicate).map(|s| s.job_id.clone());
         self.admission.settle(ticket, &[accepted]).await;
         match submitted {
-            Ok(_) => true,
+            Ok(_) => Ok(()),
             Err(e) => {
                 tracing::warn!(%tenant, schedule = %name, fire_at = f.at, "schedule fire not submitted: {e}");
-                false
+                Err("failed")
             }
         }
     }

@@ -320,8 +320,13 @@ impl LoggedWorker {
     /// GET `path` on its metrics listener: the status code, None when it does not answer
     /// (not listening yet, or `worker.metrics_listen` not set).
     pub fn probe(&self, path: &str) -> Option<u16> {
-        let addr = self.probes.lock().unwrap().clone()?;
+        let addr = self.metrics_addr()?;
         http_get_status(&addr, path)
+    }
+
+    /// The host:port of its metrics listener, once its start line named it.
+    pub fn metrics_addr(&self) -> Option<String> {
+        self.probes.lock().unwrap().clone()
     }
 
     /// Waits until its `/readyz` answers 200; when, or None after `timeout`.

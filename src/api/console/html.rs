@@ -53,8 +53,13 @@ pub(super) fn age(ms: Millis) -> String {
     }
 }
 
-const PAGES: [(&str, &str); 4] =
-    [("overview", "/console"), ("tenants", "/console/tenants"), ("jobs", "/console/jobs"), ("dlq", "/console/dlq")];
+const PAGES: [(&str, &str); 5] = [
+    ("overview", "/console"),
+    ("tenants", "/console/tenants"),
+    ("jobs", "/console/jobs"),
+    ("schedules", "/console/schedules"),
+    ("dlq", "/console/dlq"),
+];
 
 /// A whole page: the frame around `body`, `active` naming the navigation entry.
 pub(super) fn page(v: &Viewer, active: &str, title: &str, body: &str) -> Response {

@@ -7,19 +7,21 @@
 //! | `GET /console` | overview: per pool throughput, running/slots, backlog (spilled), oldest wait, failure rate, open breakers; live |
 //! | `GET /console/tenants` | share vs entitlement, running, backlog, why the next job waits, tier, limits; admin: tier, suspend |
 //! | `GET /console/jobs` | job search (`id`, `tenant`, `job_type`, `state`, `since`) and detail (timeline, attempts, progress, checkpoint, output; cancel) |
+//! | `GET /console/schedules` | recurring schedules: timing, next fire times, paused; admin: pause / resume |
 //! | `GET /console/dlq` | DLQ and retry topics: filters, reason, payload; replay selected/filtered with a dry-run preview, a rate, a confirmation; live progress |
 //! | `GET/POST /console/login`, `POST /console/logout` | the session cookie (see [`session`]) |
 //! | `/console/api/...` | the JSON and SSE endpoints the pages use |
 //!
 //! Access: an admin key sees and does everything; a tenant key sees its own tenant only
 //! and cannot act. Every action goes through the code the HTTP API and the CLI use
-//! (`api::admin::update`, `api::cancel`, `replayer::run`) and is logged (who, what;
+//! (`api::admin::update`, `api::cancel`, `replayer::run`, `Schedules::pause`) and is logged (who, what;
 //! never a key).
 
 mod dlq;
 mod html;
 mod jobs;
 mod overview;
+mod schedules;
 mod session;
 mod tenants;
 
@@ -53,11 +55,13 @@ pub fn router() -> Router<ApiState> {
         .route("/console/tenants", get(tenants::page))
         .route("/console/jobs", get(jobs::page))
         .route("/console/dlq", get(dlq::page))
+        .route("/console/schedules", get(schedules::page))
         .route("/console/assets/console.js", get(|| asset("text/javascript", include_str!("assets/console.js"))))
         .route("/console/assets/console.css", get(|| asset("text/css", include_str!("assets/console.css"))))
         .route("/console/api/overview", get(overview::stream))
         .route("/console/api/tenants/{name}", post(tenants::change))
         .route("/console/api/jobs/{id}/cancel", post(jobs::cancel))
+        .route("/console/api/schedules/{tenant}/{name}", post(schedules::change))
         .route("/console/api/replays", post(dlq::start))
         .route("/console/api/replays/{run}", get(dlq::progress))
 }

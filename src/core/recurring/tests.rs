@@ -114,10 +114,13 @@ fn catch_up_policies_after_a_stop() {
     let p = mk(CatchUp::None).due(cursor, now, 100);
     assert_eq!(p.fires.iter().map(|f| f.at).collect::<Vec<_>>(), vec![now - 60_000, now]);
     assert_eq!(p.cursor, Some(now + 60_000));
+    assert!(p.skipped);
     // one: one job now for the missed ones, then the on-time ones.
     let p = mk(CatchUp::One).due(cursor, now, 100);
     assert_eq!(p.fires[0], Fire { at: cursor, run_at: now });
     assert_eq!(p.fires[1..].iter().map(|f| f.at).collect::<Vec<_>>(), vec![now - 60_000, now]);
+    assert!(p.skipped, "the other missed fires were skipped");
+    assert!(is_late(p.fires[0].at, now) && !is_late(p.fires[1].at, now));
     // all: every one, oldest first, `limit` per pass; the cursor resumes after them.
     let all = mk(CatchUp::All);
     let p = all.due(cursor, now, 4);
@@ -126,11 +129,14 @@ fn catch_up_policies_after_a_stop() {
         (0..4).map(|i| cursor + i * 60_000).collect::<Vec<_>>()
     );
     assert_eq!(p.cursor, Some(cursor + 4 * 60_000));
+    assert!(!p.skipped, "all skips nothing within the horizon");
     let p = all.due(p.cursor.unwrap(), now, 100);
     assert_eq!(p.fires.len(), 7, "the other 7 of the 11");
+    // one with a single missed fire skips nothing.
+    assert!(!mk(CatchUp::One).due(now - 2 * 60_000, now, 100).skipped);
     // Nothing due yet; limit 0.
-    assert_eq!(all.due(now + 1, now, 10), Pass { fires: vec![], cursor: Some(now + 1) });
-    assert_eq!(all.due(cursor, now, 0), Pass { fires: vec![], cursor: Some(cursor) });
+    assert_eq!(all.due(now + 1, now, 10), Pass { fires: vec![], cursor: Some(now + 1), skipped: false });
+    assert_eq!(all.due(cursor, now, 0), Pass { fires: vec![], cursor: Some(cursor), skipped: false });
 }
 
 #[test]
@@ -148,6 +154,19 @@ fn all_catches_up_at_most_a_day() {
     let p = t.due(0, now, 1000);
     assert_eq!(p.fires.len(), 25, "the hours of the last day, both ends");
     assert_eq!(p.fires[0].at, now - CATCH_UP_HORIZON_MS);
+    assert!(p.skipped, "the fires older than a day were skipped");
+}
+
+#[test]
+fn schedule_bounds_name_the_key_and_the_fix() {
+    assert_eq!(SchedulesConfig::default().validate(), Ok(()));
+    let zero = SchedulesConfig { max_per_tenant: 0, ..Default::default() };
+    assert_eq!(zero.validate().unwrap_err().0, "max_per_tenant");
+    let (key, why) = SchedulesConfig { max_per_tenant: 10, max_total: 5 }.validate().unwrap_err();
+    assert_eq!(key, "max_total");
+    assert!(why.contains("between schedules.max_per_tenant (10) and 100000"), "{why}");
+    let huge = SchedulesConfig { max_total: MAX_TOTAL_CEILING + 1, ..Default::default() };
+    assert_eq!(huge.validate().unwrap_err().0, "max_total");
 }
 
 #[test]

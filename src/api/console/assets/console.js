@@ -1,4 +1,4 @@
-// fairway console: live overview (SSE), tenant actions, job cancel, DLQ replay.
+// fairway console: live overview (SSE), tenant actions, schedule pause/resume, job cancel, DLQ replay.
 // No framework; every action is a POST with the page's CSRF token.
 "use strict";
 
@@ -108,6 +108,15 @@ for (const b of $$("button.suspend")) {
       await post(`/console/api/tenants/${encodeURIComponent(b.dataset.tenant)}`, { suspended: b.dataset.suspended === "true" });
       location.reload();
     } catch (e) { say($("#action-result"), e.message, true); }
+  });
+}
+
+// ---- schedules -----------------------------------------------------------------
+for (const b of $$("button.pause-schedule")) {
+  b.addEventListener("click", async () => {
+    const path = `/console/api/schedules/${encodeURIComponent(b.dataset.tenant)}/${encodeURIComponent(b.dataset.name)}`;
+    try { await post(path, { paused: b.dataset.paused === "true" }); location.reload(); }
+    catch (e) { say($("#action-result"), e.message, true); }
   });
 }
 
