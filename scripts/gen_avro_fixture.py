@@ -25,7 +25,9 @@ cannot read it):
     /tmp/avro-venv/bin/python scripts/gen_avro_fixture.py --verify job_submitted msg.bin
 
 tests/fixtures/v1/ holds the messages this script wrote with the v1 schemas (before the
-trace-context fields of v2), tests/fixtures/v2/ those of v2 (before v3's flow_key): they
+trace-context fields of v2), tests/fixtures/v2/ those of v2 (before v3's flow_key),
+tests/fixtures/v3/ those of v3 (before the `resource` failure class of v4) and
+tests/fixtures/v4/ those of v4 (before v5's user_key and handoff_count): they
 are the "schema from last month" the decoder must still read (by schema resolution, see
 `History` in src/codec). Never regenerate them; when a schema changes again, keep the
 current fixtures as tests/fixtures/v<N>/ the same way.
@@ -134,6 +136,8 @@ JOB = {
     "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
     "tracestate": "vendor=opaque",
     "flow_key": "vectorizer",
+    "user_key": "user-42",
+    "handoff_count": 2,
 }
 
 # Optional fields left out on purpose: fastavro fills them from the schema defaults

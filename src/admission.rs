@@ -10,7 +10,7 @@
 //!    front door, dequeued by workers at first dispatch), read at most every
 //!    `admission.queue_cache` per tenant, plus what this process admitted since the
 //!    read – 429 `TENANT_QUEUE_FULL`;
-//! 3. the **rates** – the tenant's token bucket and the end user's (`flow_key`) sliding
+//! 3. the **rates** – the tenant's token bucket and the end user's (`user_key`) sliding
 //!    window in this process – 429 `TENANT_RATE_LIMIT_EXCEEDED` / `USER_RATE_LIMIT_EXCEEDED`.
 //!
 //! Each admitted job (scheduled ones too: they hold their slot from submission until a
@@ -38,8 +38,8 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone)]
 pub struct Ask {
     pub tenant: String,
-    /// The end user (the job's `flow_key`), for the per-user window.
-    pub flow_key: Option<String>,
+    /// The end user (the job's `user_key`), for the per-user window.
+    pub user_key: Option<String>,
     pub pool: Pool,
     pub job_type: String,
 }
@@ -228,7 +228,7 @@ impl Admission {
         let adm = &self.cfg.admission;
         Some(Demand {
             tenant: a.tenant.clone(),
-            key: a.flow_key.clone(),
+            key: a.user_key.clone(),
             n: 1,
             tenant_rate: adm.tenant_rate(r.tier, r.rate_per_sec),
             user_rate: adm.user_rate.get(&r.tier).copied(),

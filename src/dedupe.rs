@@ -218,6 +218,7 @@ pub fn window_job(rec: JobSubmitted) -> NewJob {
         traceparent: rec.traceparent,
         tracestate: rec.tracestate,
         flow_key: rec.flow_key,
+        user_key: rec.user_key,
         ..Default::default()
     }
 }

@@ -56,6 +56,7 @@ pub const JOBS_PROMOTED: &str = "fairway_jobs_promoted_total";
 pub const TENANT_APPLY_FAILURES: &str = "fairway_tenant_apply_failures_total";
 pub const POOL_UNASSIGNED_SECONDS: &str = "fairway_pool_unassigned_seconds";
 pub const HAND_OFFS: &str = "fairway_hand_offs_total";
+pub const RUNNING_WRITE_FAILURES: &str = "fairway_running_write_failures_total";
 pub const EVENTS_PUBLISHED: &str = "fairway_events_published_total";
 pub const EVENTS_DROPPED: &str = "fairway_events_dropped_total";
 pub const EVENTS_RECORDED: &str = "fairway_events_recorded_total";
@@ -200,6 +201,10 @@ pub fn describe() {
     );
     describe_counter!(JOBS_UNSPILLED, "Spilled jobs read back into the worker's buffer, by pool");
     describe_counter!(HAND_OFFS, "Running jobs handed off to another worker by a draining worker, by pool");
+    describe_counter!(
+        RUNNING_WRITE_FAILURES,
+        "Running jobs stopped and handed back because the store did not take their running row and reaper entry, by pool"
+    );
     describe_gauge!(
         POOL_UNASSIGNED_SECONDS,
         Unit::Seconds,

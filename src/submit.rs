@@ -36,6 +36,8 @@ pub enum SubmitError {
     BadTraceContext(String),
     #[error("{0}")]
     BadFlowKey(String),
+    #[error("{0}")]
+    BadUserKey(String),
     /// A unique or debounce field: the field and how to fix it.
     #[error("field `{field}`: {message}")]
     Invalid { field: &'static str, message: String },
@@ -83,9 +85,13 @@ pub struct NewJob {
     #[serde(default)]
     pub tracestate: Option<String>,
     /// Flow-control key (`core::flow`): jobs with the same key share its fleet-wide
-    /// limits; the front door's per-user rate limit is keyed by it too (`crate::admission`).
+    /// limits (a downstream flow; the per-user rate window is `user_key`'s).
     #[serde(default)]
     pub flow_key: Option<String>,
+    /// The end user the job is for (`core::flow::check_key` rules): the front door's
+    /// per-user rate window (`admission.user_rate`) is keyed by it (`crate::admission`).
+    #[serde(default)]
+    pub user_key: Option<String>,
     /// Unique job (`core::unique`): while the job holding this key is in `unique_scope`,
     /// a submission with the key returns that job's id instead of a new job.
     #[serde(default)]
@@ -277,6 +283,7 @@ impl Submitter {
             ),
             tracestate: job.tracestate.clone(),
             flow_key: job.flow_key.clone(),
+            user_key: job.user_key.clone(),
             ..JobSubmitted::original(job_id, job.tenant.clone(), job.job_type.clone(), payload, now)
         }
     }
@@ -458,6 +465,9 @@ pub(crate) fn validate_job(cfg: &Config, job: &NewJob, payload_len: usize) -> Re
     }
     if let Some(key) = &job.flow_key {
         crate::core::flow::check_key(key).map_err(SubmitError::BadFlowKey)?;
+    }
+    if let Some(key) = &job.user_key {
+        crate::core::flow::check_named_key("user_key", key).map_err(SubmitError::BadUserKey)?;
     }
     crate::dedupe::check(job)?;
     Ok(job.pool.unwrap_or(jt.pool))

@@ -32,6 +32,39 @@ struct Deliverer {
     stop: watch::Receiver<bool>,
 }
 
+/// Refuses a job whose results this process would have to deliver unsigned: its job type
+/// has a `webhook_url` and `tenant` has no signing secret here. The message names the
+/// settings that fix it.
+pub fn require_secret(cfg: &Config, tenant: &str, job_type: &str) -> Result<(), String> {
+    let has_webhook = cfg.job_types.get(job_type).is_some_and(|jt| jt.webhook_url.is_some());
+    if !has_webhook || cfg.webhooks.secret(tenant).is_some() {
+        return Ok(());
+    }
+    Err(format!(
+        "job type {job_type:?} posts its results to a webhook signed with the tenant's secret, and tenant {tenant:?} \
+         has none: set webhooks.secrets.{tenant} (at least 16 characters) or {} for fairway serve, then submit again \
+         (an unsigned callback is never sent)",
+        secret_env_var(tenant)
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_webhook_job_of_a_tenant_without_a_secret_is_refused_naming_the_settings() {
+        let toml = "[tenants.nosecret-26]\n[tenants.signed]\n\
+                    [job_types.hooked]\npool = \"short\"\nhandler = \"echo\"\nwebhook_url = \"http://127.0.0.1:9/cb\"\n\
+                    [webhooks.secrets]\nsigned = \"0123456789abcdef0\"\n";
+        let cfg = Config::parse(toml, "t").unwrap();
+        let e = require_secret(&cfg, "nosecret-26", "hooked").unwrap_err();
+        assert!(e.contains("webhooks.secrets.nosecret-26") && e.contains("FAIRWAY_WEBHOOK_SECRET_NOSECRET_26"), "{e}");
+        assert!(require_secret(&cfg, "signed", "hooked").is_ok());
+        assert!(require_secret(&cfg, "nosecret-26", "echo").is_ok(), "no webhook, no secret needed");
+    }
+}
+
 /// Runs the delivery loop until `stop` turns true (returns at once when no job type
 /// names a `webhook_url`).
 pub async fn deliver(cfg: Arc<Config>, stop: watch::Receiver<bool>) -> anyhow::Result<()> {

@@ -42,10 +42,11 @@ impl Api {
     }
 }
 
-fn job(tenant: &str, job_type: &str, flow_key: Option<&str>) -> Value {
+/// A job of `tenant`, for end user `user_key` if given.
+fn job(tenant: &str, job_type: &str, user_key: Option<&str>) -> Value {
     let mut j = json!({ "tenant": tenant, "job_type": job_type, "payload": {} });
-    if let Some(k) = flow_key {
-        j["flow_key"] = json!(k);
+    if let Some(k) = user_key {
+        j["user_key"] = json!(k);
     }
     j
 }
@@ -169,6 +170,72 @@ async fn user_window_and_tenant_bucket_apply_together_with_retry_after_each() {
     let (s, _, b) = api.submit(&job("rtest", "echo", Some("u3"))).await;
     assert_eq!(s, StatusCode::CREATED, "after the tenant's Retry-After: {b}");
     assert_eq!(jobs_on_topic(&cfg, "rtest").await, 6, "3 of u1, 2 of u2, 1 of u3");
+    let _ = api.stop.send(());
+}
+
+/// The seed's pattern: batches of 100 jobs sharing the downstream flow key "vectorizer"
+/// (flow parallelism 100). The flow key is not an end user: all are admitted at the
+/// tier's default per-user window, which applies to `user_key` instead (API and CLI).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flow_key_shared_by_a_batch_is_not_an_end_user_the_user_window_keys_on_user_key() {
+    let mut c = test_config(
+        "[tenants.vtest]\ntier = \"standard\"\n[flow.keys.vectorizer]\nparallelism = 100\n\
+         [job_types.vec]\npool = \"short\"\nhandler = \"echo\"\n",
+    );
+    // The tenant's bucket out of the way: this test is about the per-user window
+    // (standard's default: 10/min).
+    c.admission.tenant_rate.insert(fairway::config::Tier::Standard, "100000/s".parse::<Rate>().unwrap());
+    let cfg = common::arc(c);
+    let api = Api::start(&cfg).await;
+
+    let vec_job = |user: Option<&str>| {
+        let mut j = job("vtest", "vec", user);
+        j["flow_key"] = json!("vectorizer");
+        j
+    };
+    for round in 0..2 {
+        let batch: Vec<Value> = (0..100).map(|_| vec_job(None)).collect();
+        let (s, _, b) = api.submit(&Value::Array(batch)).await;
+        assert_eq!(s, StatusCode::CREATED, "batch {round} of 100 with flow_key \"vectorizer\": {b}");
+        assert_eq!(b.as_array().map(Vec::len), Some(100), "{b}");
+    }
+
+    // End user alice: 10 a minute, whatever the flow key; bob is not affected.
+    for i in 0..10 {
+        let (s, _, b) = api.submit(&vec_job(Some("alice"))).await;
+        assert_eq!(s, StatusCode::CREATED, "alice's job {i}: {b}");
+    }
+    let (s, retry, b) = api.submit(&vec_job(Some("alice"))).await;
+    assert_eq!((s, b["code"].as_str()), (StatusCode::TOO_MANY_REQUESTS, Some("USER_RATE_LIMIT_EXCEEDED")), "{b}");
+    assert!(retry.is_some_and(|r| r > 1), "{retry:?}");
+    let msg = b["error"].as_str().unwrap();
+    assert!(msg.contains("\"alice\" (user_key)") && msg.contains("10/min"), "{msg}");
+    let (s, _, b) = api.submit(&vec_job(Some("bob"))).await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let (s, _, b) = api.submit(&vec_job(Some(""))).await;
+    assert_eq!((s, b["code"].as_str()), (StatusCode::BAD_REQUEST, Some("BAD_USER_KEY")), "{b}");
+    assert!(b["error"].as_str().unwrap().contains("user_key"), "{b}");
+
+    // `fairway submit --user-key` writes it on the record, next to the flow key.
+    let dir = tempfile::tempdir().unwrap();
+    let extra = "[tenants.vtest]\ntier = \"standard\"\n[job_types.vec]\npool = \"short\"\nhandler = \"echo\"\n";
+    let file = common::config_file(&cfg, extra, dir.path());
+    let args = ["submit", "--tenant", "vtest", "--type", "vec", "--flow-key", "vectorizer", "--user-key", "carol"];
+    let (ok, err) = fairway_cli(&file, &args).await;
+    assert!(ok, "{err}");
+    let topic = cfg.pool_topic(Pool::Short);
+    let jobs = common::read_until(
+        &cfg,
+        &topic,
+        Duration::from_secs(20),
+        |b, _, _| fairway::codec::decode_job(b).ok().filter(|j| j.tenant == "vtest"),
+        |got| got.iter().any(|j| j.user_key.as_deref() == Some("carol")),
+    )
+    .await;
+    let carol = jobs.iter().find(|j| j.user_key.as_deref() == Some("carol")).expect("the CLI's job on the topic");
+    assert_eq!(carol.flow_key.as_deref(), Some("vectorizer"));
+    let by_user = |u: Option<&str>| jobs.iter().filter(|j| j.user_key.as_deref() == u).count();
+    assert_eq!((by_user(None), by_user(Some("alice")), by_user(Some("bob"))), (200, 10, 1));
     let _ = api.stop.send(());
 }
 

@@ -395,6 +395,12 @@ async fn webhooks_one_signed_post_per_job_a_500_is_retried_and_attempts_are_even
     let (s, a) = api.post("/v1/jobs", &json!({"tenant": "acme", "job_type": "hook_flaky", "payload": "x"})).await;
     assert_eq!(s, StatusCode::CREATED, "{a}");
     let flaky = a["job_id"].as_str().unwrap().to_string();
+    // globex has no signing secret: its webhook jobs are refused before they run (an
+    // unsigned callback is never sent; before, its results were silently not delivered).
+    let (s, refused) = api.post("/v1/jobs", &json!({"tenant": "globex", "job_type": "hook_ok", "payload": 0})).await;
+    let code = refused["code"].as_str();
+    assert_eq!((s, code), (StatusCode::UNPROCESSABLE_ENTITY, Some("WEBHOOK_SECRET_MISSING")), "{refused}");
+    assert!(refused["error"].as_str().unwrap().contains("webhooks.secrets.globex"), "{refused}");
     let registry = Registry::from_config(&cfg, Default::default()).unwrap();
     let worker = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair).await.unwrap();
 

@@ -184,25 +184,7 @@ async fn the_reaper_redispatches_a_running_job_whose_heartbeat_lapsed() {
     let mut job = common::job_record("acme", "echo");
     job.payload = b"reaped".to_vec();
     job.submitted_at = now - 70_000;
-    let u = fairway::store::StateUpdate {
-        job_id: &job.job_id,
-        tenant: &job.tenant,
-        job_type: &job.job_type,
-        pool: "short",
-        status: "running",
-        attempts: 0,
-        crash_count: 0,
-        generation: 0,
-        submitted_at: job.submitted_at,
-        started_at: Some(now - 60_000),
-        finished_at: None,
-        worker: "hung-worker",
-        error: None,
-        failure_class: None,
-        output: None,
-    };
-    let encoded = fairway::codec::encode_job(&job).unwrap();
-    store.put_running_with_heartbeat(&u, &encoded, now - 60_000, 1).await.unwrap();
+    running_since_a_minute(&store, &job, "short", "hung-worker", now).await;
 
     let registry = Registry::from_config(&cfg, Default::default()).unwrap();
     let w = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair).await.unwrap();
@@ -285,4 +267,180 @@ async fn deadlines_expire_queued_jobs_without_a_slot_and_stop_running_ones() {
     assert_eq!(r.status, JobStatus::Expired, "{r:?}");
     assert!(r.started_at.is_some() && r.finished_at - r.started_at.unwrap() < 59_000, "stopped early: {r:?}");
     assert!(r.error.as_deref().unwrap_or("").contains("not_after"), "{r:?}");
+}
+
+/// What a handler is told, end to end through a `process` child's FAIRWAY_* variables:
+/// only the first dispatch ever of a job's generation is `FAIRWAY_FIRST_ATTEMPT=1`. A
+/// job handed off by a draining worker (`Worker::stop`, what SIGTERM does) runs again
+/// with `FAIRWAY_HANDOFF_COUNT=1`, one re-dispatched after its worker died with
+/// `FAIRWAY_CRASH_COUNT=1`, neither as a first attempt, neither using up an attempt.
+/// Before, a hand-off copy was told it was the first attempt and no count said otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_handed_off_or_crashed_job_is_not_told_first_attempt_on_its_second_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("runs.log");
+    // Each run logs what it was told; a first attempt then runs until it is stopped.
+    let script = format!(
+        "echo \"$FAIRWAY_JOB_ID $FAIRWAY_FIRST_ATTEMPT $FAIRWAY_ATTEMPT $FAIRWAY_CRASH_COUNT $FAIRWAY_HANDOFF_COUNT\" \
+         >> {}; if [ \"$FAIRWAY_FIRST_ATTEMPT\" = 1 ]; then exec sleep 60; fi; echo done",
+        log.display()
+    );
+    let extra = format!(
+        "{POOLS}[job_types.probe]\npool = \"long\"\nhandler = \"process\"\ncommand = [\"/bin/sh\", \"-c\", {script:?}]\n\
+         timeout = \"2min\"\n"
+    );
+    let cfg = Arc::new(common::config(&extra));
+    common::init(&cfg).await;
+    let store = Store::open(&cfg).await.unwrap();
+    // What each run of a job was told: (first attempt, attempt, crash count, hand-off count).
+    let runs = |id: &str| -> Vec<(String, u32, u32, u32)> {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.len() == 5 && f[0] == id)
+                    .then(|| (f[1].into(), f[2].parse().unwrap(), f[3].parse().unwrap(), f[4].parse().unwrap()))
+            })
+            .collect()
+    };
+
+    // A job whose worker died while running it (its heartbeat lapsed long ago): the
+    // reaper re-dispatches it as a crash.
+    let now = fairway::now_ms();
+    let crashed = probe_record(now);
+    running_since_a_minute(&store, &crashed, "long", "dead-worker", now).await;
+
+    let registry = Registry::from_config(&cfg, Default::default()).unwrap();
+    let a = Worker::start(cfg.clone(), &[Pool::Long], registry.clone(), Policy::Fair).await.unwrap();
+    let sub = Submitter::new(cfg.clone(), None).unwrap();
+    let id = sub.submit(&common::new_job("acme", "probe", serde_json::Value::Null)).await.unwrap().job_id;
+    common::wait_for(Duration::from_secs(60), async || (!runs(&id).is_empty()).then_some(()))
+        .await
+        .expect("the job started on A");
+    tokio::time::sleep(Duration::from_secs(1)).await; // past the running-state write
+                                                      // A drains (SIGTERM's path): the running job is stopped and handed off to B.
+    let b = Worker::start(cfg.clone(), &[Pool::Long], registry, Policy::Fair).await.unwrap();
+    a.stop().await;
+    let ids = [id.clone(), crashed.job_id.clone()];
+    let results = common::results_for(&cfg, &ids, Duration::from_secs(90)).await;
+    b.stop().await;
+    for id in &ids {
+        let r = &results.get(id).unwrap_or_else(|| panic!("no result for {id}: {:?}", runs(id)))[0];
+        assert_eq!((r.status, r.attempts), (JobStatus::Succeeded, 1), "{r:?}");
+    }
+    let handed = runs(&id);
+    assert_eq!(handed[0], ("1".to_string(), 0, 0, 0), "the first dispatch: {handed:?}");
+    assert_eq!(handed.last().unwrap(), &("0".to_string(), 0, 0, 1), "after the hand-off: {handed:?}");
+    assert_eq!(handed.len(), 2, "{handed:?}");
+    let reaped = runs(&crashed.job_id);
+    assert!(!reaped.is_empty(), "the crashed job ran again");
+    assert!(reaped.iter().all(|r| *r == ("0".to_string(), 0, 1, 0)), "after the crash: {reaped:?}");
+}
+
+/// Marks `job` running on `worker` since a minute before `now`, with a heartbeat (TTL 1 s)
+/// of that time: a worker that died or hung running it.
+async fn running_since_a_minute(store: &Store, job: &fairway::model::JobSubmitted, pool: &str, worker: &str, now: i64) {
+    let u = fairway::store::StateUpdate {
+        job_id: &job.job_id,
+        tenant: &job.tenant,
+        job_type: &job.job_type,
+        pool,
+        status: "running",
+        attempts: 0,
+        crash_count: 0,
+        generation: 0,
+        submitted_at: job.submitted_at,
+        started_at: Some(now - 60_000),
+        finished_at: None,
+        worker,
+        error: None,
+        failure_class: None,
+        output: None,
+    };
+    let encoded = fairway::codec::encode_job(job).unwrap();
+    store.put_running_with_heartbeat(&u, &encoded, now - 60_000, 1).await.unwrap();
+}
+
+/// A `probe` job of acme on the long pool, submitted at `now - 70 s`.
+fn probe_record(now: i64) -> fairway::model::JobSubmitted {
+    let mut job = common::job_record("acme", "probe");
+    job.pool = Some(Pool::Long);
+    job.submitted_at = now - 70_000;
+    job
+}
+
+/// Runs until released (then succeeds) or asked to stop for a hand-off (then returns an
+/// error, as a handler should); counts its runs and its stops.
+#[derive(Clone, Default)]
+struct Holdable {
+    release: Arc<std::sync::atomic::AtomicBool>,
+    runs: Arc<std::sync::atomic::AtomicU32>,
+    stopped: Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl fairway::handlers::Handler for Holdable {
+    fn run(
+        &self,
+        ctx: fairway::handlers::JobContext,
+    ) -> futures::future::BoxFuture<'static, fairway::handlers::HandlerResult> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let me = self.clone();
+        Box::pin(async move {
+            me.runs.fetch_add(1, SeqCst);
+            loop {
+                if ctx.stop_reason() == Some(fairway::handlers::StopReason::ShuttingDown) {
+                    me.stopped.fetch_add(1, SeqCst);
+                    return Err(fairway::handlers::HandlerError::app("asked to stop"));
+                }
+                if me.release.load(SeqCst) {
+                    return Ok(b"released".to_vec());
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    }
+}
+
+/// A job whose running row and reaper entry the store does not take must not run on
+/// unwatched (if its worker died, nothing would re-dispatch it; a redelivered copy would
+/// run it twice at once): it is stopped and handed back, and runs once the store takes
+/// the write again. Here the store refuses the write because the reaper's table is gone
+/// (dropped in a keyspace of this test's own, then created again). Before, the failed
+/// write was a warning and the job ran on, unwatched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_job_whose_running_row_cannot_be_written_is_stopped_and_handed_back() {
+    let extra = format!("{POOLS}[job_types.holdable]\npool = \"long\"\nhandler = \"custom\"\ntimeout = \"2min\"\n");
+    let mut cfg = common::config(&extra);
+    cfg.scylla.keyspace = format!("fw_running_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    cfg.worker.cancel_grace = Duration::from_secs(2);
+    let cfg = Arc::new(cfg);
+    // Not `common::init`: that creates the binary's shared keyspace once, and this test
+    // breaks a table of its own.
+    fairway::kafka::ensure_topics(&cfg).await.unwrap();
+    fairway::store::ensure_schema(&cfg).await.unwrap();
+    fairway::tenants::seed(&cfg).await.unwrap();
+    let session = fairway::store::connect(&cfg).await.unwrap();
+    let h = Holdable::default();
+    let custom = HashMap::from([("holdable".to_string(), Arc::new(h.clone()) as Arc<dyn fairway::handlers::Handler>)]);
+    let registry = Registry::from_config(&cfg, custom).unwrap();
+    let w = Worker::start(cfg.clone(), &[Pool::Long], registry, Policy::Fair).await.unwrap();
+    let drop_index = format!("DROP TABLE {}.running_index", cfg.scylla.keyspace);
+    session.query_unpaged(drop_index, ()).await.unwrap();
+
+    let sub = Submitter::new(cfg.clone(), None).unwrap();
+    let id = sub.submit(&common::new_job("acme", "holdable", serde_json::Value::Null)).await.unwrap().job_id;
+    use std::sync::atomic::Ordering::SeqCst;
+    let stopped = common::wait_for(Duration::from_secs(40), async || (h.stopped.load(SeqCst) >= 1).then_some(())).await;
+    assert!(stopped.is_some(), "the job ran on without a running row ({} runs)", h.runs.load(SeqCst));
+    // Handed back: it is dispatched again (and stopped again while the table is gone).
+    let again = common::wait_for(Duration::from_secs(40), async || (h.runs.load(SeqCst) >= 2).then_some(())).await;
+    assert!(again.is_some(), "the stopped job was not handed back");
+
+    fairway::store::ensure_schema(&cfg).await.unwrap();
+    h.release.store(true, SeqCst);
+    let results = common::results_for(&cfg, std::slice::from_ref(&id), Duration::from_secs(60)).await;
+    w.stop().await;
+    let r = &results.get(&id).expect("a result once the store took the write")[0];
+    assert_eq!((r.status, r.attempts), (JobStatus::Succeeded, 1), "stops for the store never use an attempt: {r:?}");
+    let _ = session.query_unpaged(format!("DROP KEYSPACE {}", cfg.scylla.keyspace), ()).await;
 }

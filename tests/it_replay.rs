@@ -45,6 +45,8 @@ fn job(cfg: &Config, tenant: &str, job_type: &str, replay_count: i32) -> JobSubm
         traceparent: None,
         tracestate: None,
         flow_key: None,
+        user_key: None,
+        handoff_count: 0,
     }
 }
 

@@ -20,6 +20,8 @@ pub mod codes {
     pub const NEVER_RUNNABLE: &str = "NEVER_RUNNABLE";
     pub const BAD_TRACE_CONTEXT: &str = "BAD_TRACE_CONTEXT";
     pub const BAD_FLOW_KEY: &str = "BAD_FLOW_KEY";
+    pub const BAD_USER_KEY: &str = "BAD_USER_KEY";
+    pub const WEBHOOK_SECRET_MISSING: &str = "WEBHOOK_SECRET_MISSING";
     pub const EMPTY_BATCH: &str = "EMPTY_BATCH";
     pub const BATCH_TOO_LARGE: &str = "BATCH_TOO_LARGE";
     pub const BATCH_EXCEEDS_BURST: &str = "BATCH_EXCEEDS_BURST";
@@ -54,7 +56,7 @@ pub mod codes {
 
 /// The fields a job object accepts, quoted in error messages.
 pub const JOB_FIELDS: &str =
-    "tenant, job_type, payload, priority (urgent|normal|low), pool (short|medium|long), idempotency_key, execute_at, not_after (epoch ms), flow_key, unique_key, unique_scope, unique_window, debounce_key, debounce_delay, debounce_max_delay, debounce_mode";
+    "tenant, job_type, payload, priority (urgent|normal|low), pool (short|medium|long), idempotency_key, execute_at, not_after (epoch ms), flow_key, user_key, unique_key, unique_scope, unique_window, debounce_key, debounce_delay, debounce_max_delay, debounce_mode";
 
 /// Seconds a client refused for a full queue is told to wait (the queue drains at the
 /// workers' pace, which the front door does not know).
@@ -104,7 +106,7 @@ impl ApiError {
                     status: StatusCode::TOO_MANY_REQUESTS,
                     code: codes::USER_RATE_LIMIT_EXCEEDED,
                     message: format!(
-                        "end user {key:?} (flow_key) of tenant {tenant:?} is over its rate of {rate}; retry after \
+                        "end user {key:?} (user_key) of tenant {tenant:?} is over its rate of {rate}; retry after \
                          {secs}s (honour Retry-After); other users of the tenant are not affected; the per-user rate \
                          is admission.user_rate of the tenant's tier"
                     ),
@@ -223,6 +225,7 @@ impl From<SubmitError> for ApiError {
             SubmitError::NeverRunnable { .. } => (StatusCode::UNPROCESSABLE_ENTITY, codes::NEVER_RUNNABLE),
             SubmitError::BadTraceContext(_) => (StatusCode::BAD_REQUEST, codes::BAD_TRACE_CONTEXT),
             SubmitError::BadFlowKey(_) => (StatusCode::BAD_REQUEST, codes::BAD_FLOW_KEY),
+            SubmitError::BadUserKey(_) => (StatusCode::BAD_REQUEST, codes::BAD_USER_KEY),
             SubmitError::Invalid { .. } => (StatusCode::UNPROCESSABLE_ENTITY, codes::INVALID_JOB),
             SubmitError::JobTypeNotAllowed { .. } => (StatusCode::FORBIDDEN, codes::JOB_TYPE_NOT_ALLOWED),
             SubmitError::TooFarAhead { .. } => (StatusCode::TOO_MANY_REQUESTS, codes::SCHEDULE_TOO_FAR_AHEAD),

@@ -222,6 +222,17 @@ impl ApiState {
         &self.inner.front
     }
 
+    /// Checks a submitted job (`Submitter::validate`), and that its results can be
+    /// delivered: a job type with a `webhook_url` needs the tenant's signing secret in
+    /// this process (`serve` delivers the webhooks), else 422 `WEBHOOK_SECRET_MISSING`
+    /// (an unsigned callback is never sent, so the job is refused before it runs).
+    fn validate(&self, job: &NewJob) -> Result<crate::model::Pool, ApiError> {
+        let pool = self.inner.submitter.validate(job, job.payload_bytes().len())?;
+        crate::webhooks::require_secret(&self.inner.cfg, &job.tenant, &job.job_type)
+            .map_err(|m| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, codes::WEBHOOK_SECRET_MISSING, m))?;
+        Ok(pool)
+    }
+
     /// Front-door admission of validated jobs (`pools[i]` is `jobs[i]`'s pool): all or none.
     async fn admit(&self, jobs: &[NewJob], pools: &[crate::model::Pool]) -> Result<crate::admission::Ticket, ApiError> {
         let asks = jobs
@@ -229,7 +240,7 @@ impl ApiState {
             .zip(pools)
             .map(|(j, p)| crate::admission::Ask {
                 tenant: j.tenant.clone(),
-                flow_key: j.flow_key.clone(),
+                user_key: j.user_key.clone(),
                 pool: *p,
                 job_type: j.job_type.clone(),
             })
@@ -457,7 +468,7 @@ async fn submit_one(
     let item: serde_json::Value = serde_json::from_slice(&body).map_err(|e| ApiError::from_json(&e, "a job object"))?;
     let job = job_of(&caller, &TraceHeaders::of(&headers), item)?;
     st.inner.submitter.refresh_classes().await;
-    let pool = st.inner.submitter.validate(&job, job.payload_bytes().len())?;
+    let pool = st.validate(&job)?;
     let ticket = st.admit(std::slice::from_ref(&job), &[pool]).await?;
     let submitted = st.inner.submitter.submit(&job).await;
     let accepted = submitted.as_ref().ok().filter(|s| !s.duplicate).map(|s| s.job_id.clone());
@@ -493,11 +504,7 @@ async fn submit_batch(
     let mut pools = Vec::with_capacity(items.len());
     for (i, item) in items.into_iter().enumerate() {
         let job = job_of(&caller, &trace, item).map_err(|e| e.context(format!("job [{i}]")))?;
-        let pool = st
-            .inner
-            .submitter
-            .validate(&job, job.payload_bytes().len())
-            .map_err(|e| ApiError::from(e).context(format!("job [{i}]")))?;
+        let pool = st.validate(&job).map_err(|e| e.context(format!("job [{i}]")))?;
         jobs.push(job);
         pools.push(pool);
     }

@@ -85,14 +85,17 @@ pub struct SubmitArgs {
     /// Give up (result `expired`) if not started by this time (epoch ms or +duration).
     #[arg(long, value_parser = parse_time)]
     pub not_after: Option<i64>,
-    /// Flow-control key (e.g. a job family or an end user's id): jobs with the same key
-    /// share its fleet-wide parallelism and rate limits (`[flow]` in the config); the
-    /// front door's per-user rate limit (`admission.user_rate`) is keyed by it too.
+    /// Flow-control key (e.g. a job family, a downstream service): jobs with the same key
+    /// share its fleet-wide parallelism and rate limits (`[flow]` in the config).
     #[arg(long)]
     pub flow_key: Option<String>,
+    /// The end user the job is for: the front door's per-user rate window
+    /// (`admission.user_rate`) is keyed by it.
+    #[arg(long)]
+    pub user_key: Option<String>,
     /// Submit many jobs from NDJSON (one JSON object per line; `-` for stdin), fields as
     /// in the HTTP API: tenant, job_type, payload, priority, idempotency_key, execute_at,
-    /// not_after, flow_key.
+    /// not_after, flow_key, user_key.
     #[arg(long)]
     pub ndjson: Option<PathBuf>,
 }
@@ -135,7 +138,7 @@ async fn admit(
         let pool = submitter.validate(j, j.payload_bytes().len()).with_context(|| format!("job {}", i + 1))?;
         asks.push(fairway::admission::Ask {
             tenant: j.tenant.clone(),
-            flow_key: j.flow_key.clone(),
+            user_key: j.user_key.clone(),
             pool,
             job_type: j.job_type.clone(),
         });
@@ -170,7 +173,7 @@ pub async fn submit(cfg: &Arc<Config>, a: SubmitArgs) -> anyhow::Result<ExitCode
                 continue;
             }
             let job: NewJob = serde_json::from_str(&line).with_context(|| {
-                format!("line {}: not a job object (fields: tenant, job_type, payload, priority, idempotency_key, execute_at, not_after, flow_key)", i + 1)
+                format!("line {}: not a job object (fields: tenant, job_type, payload, priority, idempotency_key, execute_at, not_after, flow_key, user_key)", i + 1)
             })?;
             submitter.validate(&job, job.payload_bytes().len()).with_context(|| format!("line {}", i + 1))?;
             jobs.push(job);
@@ -198,6 +201,7 @@ pub async fn submit(cfg: &Arc<Config>, a: SubmitArgs) -> anyhow::Result<ExitCode
             exact_schedule: a.exact_schedule,
             not_after: a.not_after,
             flow_key: a.flow_key,
+            user_key: a.user_key,
             generation: 0,
             // W3C trace context from the environment (the OpenTelemetry convention for
             // processes): a CI job or script that runs in a trace passes it on.

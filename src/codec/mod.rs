@@ -31,8 +31,8 @@
 //! older producer or worker wrote. v2 of `JobSubmitted` (and the `DeadLetter` that embeds
 //! it) added the W3C trace-context fields, v3 the flow-control key `flow_key`, v4 (and
 //! v2 of `JobResult`) the failure class `resource` (appended, so old symbols keep their
-//! indexes); v1 and v2
-//! messages are fixtures in `tests/fixtures/v1` and `tests/fixtures/v2`.
+//! indexes), v5 the end-user key `user_key` and the hand-off count `handoff_count`;
+//! messages of each released version are fixtures in `tests/fixtures/v<N>`.
 //! Any other fingerprint is refused with an error that names it.
 
 use std::fmt;
@@ -217,6 +217,13 @@ static JOB_SUBMITTED_HISTORY: LazyLock<Vec<History>> = LazyLock::new(|| {
                 include_str!("../../schemas/history/job_submitted.v3.avsc"),
             ),
         },
+        History {
+            version: 4,
+            wire: WireSchema::load(
+                "history/job_submitted.v4.avsc",
+                include_str!("../../schemas/history/job_submitted.v4.avsc"),
+            ),
+        },
     ]
 });
 static DEAD_LETTER_HISTORY: LazyLock<Vec<History>> = LazyLock::new(|| {
@@ -240,6 +247,13 @@ static DEAD_LETTER_HISTORY: LazyLock<Vec<History>> = LazyLock::new(|| {
             wire: WireSchema::load(
                 "history/dead_letter.v3.avsc",
                 include_str!("../../schemas/history/dead_letter.v3.avsc"),
+            ),
+        },
+        History {
+            version: 4,
+            wire: WireSchema::load(
+                "history/dead_letter.v4.avsc",
+                include_str!("../../schemas/history/dead_letter.v4.avsc"),
             ),
         },
     ]
@@ -510,6 +524,7 @@ fn job_size_hint(j: &JobSubmitted) -> usize {
         + j.traceparent.as_ref().map_or(0, String::len)
         + j.tracestate.as_ref().map_or(0, String::len)
         + j.flow_key.as_ref().map_or(0, String::len)
+        + j.user_key.as_ref().map_or(0, String::len)
         + 64
 }
 
@@ -536,6 +551,8 @@ fn write_job(j: &JobSubmitted, out: &mut Vec<u8>) {
     write_opt(out, j.traceparent.as_deref(), write_str);
     write_opt(out, j.tracestate.as_deref(), write_str);
     write_opt(out, j.flow_key.as_deref(), write_str);
+    write_opt(out, j.user_key.as_deref(), write_str);
+    write_long(out, j.handoff_count.into());
 }
 
 fn read_job(r: &mut BodyReader<'_>) -> Result<JobSubmitted, CodecError> {
@@ -562,6 +579,8 @@ fn read_job(r: &mut BodyReader<'_>) -> Result<JobSubmitted, CodecError> {
         traceparent: r.opt("traceparent", |r, f| r.string(f))?,
         tracestate: r.opt("tracestate", |r, f| r.string(f))?,
         flow_key: r.opt("flow_key", |r, f| r.string(f))?,
+        user_key: r.opt("user_key", |r, f| r.string(f))?,
+        handoff_count: r.int("handoff_count")?,
     })
 }
 
@@ -869,7 +888,9 @@ mod tests {
             replayed_from: Some("fairway.dlq".into()),
             traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
             tracestate: Some("vendor=opaque".into()),
-            flow_key: Some("user-42".into()),
+            flow_key: Some("vectorizer".into()),
+            user_key: Some("user-42".into()),
+            handoff_count: 5,
         }
     }
 
@@ -1149,9 +1170,9 @@ mod tests {
     /// a compatibility plan, then update the pins.
     #[test]
     fn fingerprints_are_pinned() {
-        assert_eq!(fingerprint(RecordKind::JobSubmitted).to_string(), "33c444b9fcb33076");
+        assert_eq!(fingerprint(RecordKind::JobSubmitted).to_string(), "544d9ba32e64f602");
         assert_eq!(fingerprint(RecordKind::JobResult).to_string(), "d89b4525d941bddb");
-        assert_eq!(fingerprint(RecordKind::DeadLetter).to_string(), "9e3461f5f3412786");
+        assert_eq!(fingerprint(RecordKind::DeadLetter).to_string(), "af34f1dc41a5e637");
     }
 
     #[test]
@@ -1199,7 +1220,7 @@ mod tests {
         let msg = e.to_string();
         assert!(msg.contains("deadbeef00010203"), "{msg}");
         assert!(msg.contains("io.fairway.JobSubmitted"), "{msg}");
-        assert!(msg.contains("33c444b9fcb33076"), "{msg}");
+        assert!(msg.contains("544d9ba32e64f602"), "{msg}");
         assert!(msg.contains("job_submitted.avsc"), "{msg}");
         assert_eq!(sniff(&b), None);
     }
@@ -1339,6 +1360,7 @@ mod tests {
             j.attempt = v;
             j.crash_count = v;
             j.replay_count = v;
+            j.handoff_count = v;
             check_job(&j);
         }
     }
@@ -1374,6 +1396,8 @@ mod tests {
                 traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
                 tracestate: Some("vendor=opaque".into()),
                 flow_key: Some("vectorizer".into()),
+                user_key: Some("user-42".into()),
+                handoff_count: 2,
             }
         );
         // And we write exactly what fastavro wrote.
@@ -1459,6 +1483,9 @@ mod tests {
         assert_eq!(history(RecordKind::JobSubmitted)[2].wire.fingerprint.to_string(), "d636019c375f46a9");
         assert_eq!(history(RecordKind::DeadLetter)[2].wire.fingerprint.to_string(), "c4e69504e8b6f0a5");
         assert_eq!(history(RecordKind::JobResult)[0].wire.fingerprint.to_string(), "595d9eec35d310e9");
+        // Before `user_key` and `handoff_count` were added.
+        assert_eq!(history(RecordKind::JobSubmitted)[3].wire.fingerprint.to_string(), "33c444b9fcb33076");
+        assert_eq!(history(RecordKind::DeadLetter)[3].wire.fingerprint.to_string(), "9e3461f5f3412786");
     }
 
     /// Events written before `pool_reclassified` was appended to the kinds (v1) are read
@@ -1479,6 +1506,8 @@ mod tests {
         want.traceparent = None;
         want.tracestate = None;
         want.flow_key = None;
+        want.user_key = None;
+        want.handoff_count = 0;
         assert_eq!(decode_job(v1).unwrap(), want);
         let v1 = include_bytes!("../../tests/fixtures/v1/job_submitted_minimal_fastavro.bin");
         assert_eq!(decode_job(v1).unwrap(), fastavro_minimal_job());
@@ -1490,6 +1519,8 @@ mod tests {
         assert_eq!(Fingerprint(v2[2..HEADER_LEN].try_into().unwrap()).to_string(), "c23b839bafae9a45");
         let mut want = decode_job(include_bytes!("../../tests/fixtures/job_submitted_fastavro.bin")).unwrap();
         want.flow_key = None;
+        want.user_key = None;
+        want.handoff_count = 0;
         assert_eq!(decode_job(v2).unwrap(), want);
         let v2 = include_bytes!("../../tests/fixtures/v2/job_submitted_minimal_fastavro.bin");
         assert_eq!(decode_job(v2).unwrap(), fastavro_minimal_job());
@@ -1541,7 +1572,7 @@ mod tests {
         for (i, (old, new)) in pairs.iter().enumerate() {
             assert_ne!(old[2..HEADER_LEN], new[2..HEADER_LEN], "fixture {i} changed schema");
             match i {
-                0 | 1 => assert_eq!(decode_job(old).unwrap(), decode_job(new).unwrap(), "fixture {i}"),
+                0 | 1 => assert_eq!(decode_job(old).unwrap(), before_v5(decode_job(new).unwrap()), "fixture {i}"),
                 2 | 3 => assert_eq!(decode_dead_letter(old).unwrap(), decode_dead_letter(new).unwrap(), "fixture {i}"),
                 _ => assert_eq!(decode_result(old).unwrap(), decode_result(new).unwrap(), "fixture {i}"),
             }
@@ -1549,6 +1580,56 @@ mod tests {
         let mut j = job_full();
         j.last_failure_class = Some(FailureClass::Resource);
         check_job(&j);
+    }
+
+    /// A current job as a message from before v5 reads: no `user_key`, no hand-off count.
+    fn before_v5(mut j: JobSubmitted) -> JobSubmitted {
+        j.user_key = None;
+        j.handoff_count = 0;
+        j
+    }
+
+    /// Written before `user_key` and `handoff_count` were added (job v4, dead letter v4):
+    /// read by schema resolution, the new fields at their defaults.
+    #[test]
+    fn messages_from_before_user_key_and_handoff_count_are_read_by_schema_resolution() {
+        let pairs: [(&[u8], &[u8]); 4] = [
+            (
+                include_bytes!("../../tests/fixtures/v4/job_submitted_fastavro.bin"),
+                include_bytes!("../../tests/fixtures/job_submitted_fastavro.bin"),
+            ),
+            (
+                include_bytes!("../../tests/fixtures/v4/job_submitted_minimal_fastavro.bin"),
+                include_bytes!("../../tests/fixtures/job_submitted_minimal_fastavro.bin"),
+            ),
+            (
+                include_bytes!("../../tests/fixtures/v4/dead_letter_fastavro.bin"),
+                include_bytes!("../../tests/fixtures/dead_letter_fastavro.bin"),
+            ),
+            (
+                include_bytes!("../../tests/fixtures/v4/dead_letter_raw_fastavro.bin"),
+                include_bytes!("../../tests/fixtures/dead_letter_raw_fastavro.bin"),
+            ),
+        ];
+        for (i, (old, new)) in pairs.iter().enumerate() {
+            assert_eq!(old[2..HEADER_LEN], history(sniff_or_old(old))[3].wire.fingerprint.0, "fixture {i} is v4");
+            match i {
+                0 | 1 => assert_eq!(decode_job(old).unwrap(), before_v5(decode_job(new).unwrap()), "fixture {i}"),
+                _ => assert_eq!(decode_dead_letter(old).unwrap(), decode_dead_letter(new).unwrap(), "fixture {i}"),
+            }
+        }
+        let full = decode_job(include_bytes!("../../tests/fixtures/job_submitted_fastavro.bin")).unwrap();
+        assert_eq!((full.user_key.as_deref(), full.handoff_count), (Some("user-42"), 2));
+    }
+
+    /// The record kind of a v4 fixture (job or dead letter), by its v4 fingerprint.
+    fn sniff_or_old(bytes: &[u8]) -> RecordKind {
+        let fp = &bytes[2..HEADER_LEN];
+        if history(RecordKind::JobSubmitted).iter().any(|h| h.wire.fingerprint.0 == fp) {
+            RecordKind::JobSubmitted
+        } else {
+            RecordKind::DeadLetter
+        }
     }
 
     #[test]
@@ -1612,13 +1693,15 @@ mod tests {
             proptest::option::of(text()),
         );
         let trace = (proptest::option::of(text()), proptest::option::of(text()), proptest::option::of(text()));
-        (ids, head, mid, tail, trace).prop_map(
+        let v5 = (proptest::option::of(text()), any::<i32>());
+        (ids, head, mid, tail, trace, v5).prop_map(
             |(
                 (job_id, tenant, job_type),
                 (pool, priority, payload, idempotency_key, execute_at, not_after),
                 (attempt, crash_count, generation, submitted_at, not_before),
                 (last_error, last_failure_class, first_failure_at, replay_count, replayed_from),
                 (traceparent, tracestate, flow_key),
+                (user_key, handoff_count),
             )| JobSubmitted {
                 job_id,
                 tenant,
@@ -1642,6 +1725,8 @@ mod tests {
                 traceparent,
                 tracestate,
                 flow_key,
+                user_key,
+                handoff_count,
             },
         )
     }

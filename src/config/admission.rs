@@ -15,7 +15,7 @@ pub struct AdmissionConfig {
     pub max_queued: BTreeMap<Tier, u64>,
     /// Submission token bucket per tier, for tenants without `rate_per_sec`.
     pub tenant_rate: BTreeMap<Tier, Rate>,
-    /// Sliding window per end user (the job's `flow_key`) per tier; a tier not listed
+    /// Sliding window per end user (the job's `user_key`) per tier; a tier not listed
     /// has no per-user limit.
     pub user_rate: BTreeMap<Tier, Rate>,
     /// How long an API process uses a tenant's queued count read from the store before

@@ -7,7 +7,7 @@
 //!   within its `max_queued` ([`queue_check`]);
 //! - **tenant rate** – a token bucket per tenant ([`TokenBucket`]: burst = one period's
 //!   worth, refilled evenly), smoothing bursts;
-//! - **end-user rate** – a sliding window per (tenant, `flow_key`) ([`SlidingWindow`]:
+//! - **end-user rate** – a sliding window per (tenant, `user_key`) ([`SlidingWindow`]:
 //!   exact count of the last period, no boundary bursts).
 //!
 //! Rates are [`Rate`]s such as `"3/min"`, `"30/min"`, `"100/s"`, `"5/10s"`, so limits

@@ -38,11 +38,20 @@ pub fn check_key(key: &str) -> Result<(), String> {
     if key.is_empty() {
         return Err("flow_key is empty; leave it out (null) for no flow control, or name the flow".into());
     }
+    check_named_key("flow_key", key)
+}
+
+/// The rules of a key field (`flow_key`, `user_key`): 1 to [`MAX_KEY_LEN`] bytes of text
+/// without control characters; `field` names it in the error.
+pub fn check_named_key(field: &str, key: &str) -> Result<(), String> {
+    if key.is_empty() {
+        return Err(format!("{field} is empty; leave it out (null) or give a value"));
+    }
     if key.len() > MAX_KEY_LEN {
-        return Err(format!("flow_key is {} bytes long; at most {MAX_KEY_LEN} are accepted", key.len()));
+        return Err(format!("{field} is {} bytes long; at most {MAX_KEY_LEN} are accepted", key.len()));
     }
     if let Some(c) = key.chars().find(|c| c.is_control()) {
-        return Err(format!("flow_key contains the control character {c:?}; use printable text"));
+        return Err(format!("{field} contains the control character {c:?}; use printable text"));
     }
     Ok(())
 }

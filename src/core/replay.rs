@@ -348,6 +348,8 @@ mod tests {
             traceparent: None,
             tracestate: None,
             flow_key: Some("vectorizer".into()),
+            user_key: Some("user-42".into()),
+            handoff_count: 1,
         }
     }
 

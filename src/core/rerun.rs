@@ -35,7 +35,7 @@
 //! # The rerun copy
 //!
 //! Same `job_id`, `generation = G`, a fresh attempt counter (`attempt` 0, `crash_count`
-//! 0) and no failure bookkeeping (`not_before`, `last_error`, `last_failure_class`,
+//! 0, `handoff_count` 0) and no failure bookkeeping (`not_before`, `last_error`, `last_failure_class`,
 //! `first_failure_at` cleared: the worker reads those as facts about the *current* run,
 //! see [`crate::core::replay`]). The submitter's contract is kept: tenant, job type,
 //! pool, priority, payload, idempotency key, `execute_at`, `not_after`, `submitted_at`
@@ -262,6 +262,7 @@ pub fn prepare(job: &JobSubmitted, generation: i64) -> JobSubmitted {
         generation,
         attempt: 0,
         crash_count: 0,
+        handoff_count: 0,
         not_before: None,
         last_error: None,
         last_failure_class: None,
@@ -421,6 +422,8 @@ mod tests {
             traceparent: None,
             tracestate: None,
             flow_key: None,
+            user_key: None,
+            handoff_count: 2,
         }
     }
 
@@ -529,7 +532,7 @@ mod tests {
     fn the_rerun_copy() {
         let j = job("j1", "acme", "echo", 1);
         let p = prepare(&j, 5);
-        assert_eq!((p.job_id.as_str(), p.generation, p.attempt, p.crash_count), ("j1", 5, 0, 0));
+        assert_eq!((p.job_id.as_str(), p.generation, p.attempt, p.crash_count, p.handoff_count), ("j1", 5, 0, 0, 0));
         assert_eq!(p.not_before, None);
         assert_eq!((p.last_error.as_deref(), p.last_failure_class, p.first_failure_at), (None, None, None));
         // Replay provenance untouched; the submitter's contract kept.

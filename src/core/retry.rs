@@ -1193,6 +1193,8 @@ mod tests {
             traceparent: None,
             tracestate: None,
             flow_key: None,
+            user_key: None,
+            handoff_count: 0,
         };
         assert_eq!(AttemptState::from(&job), AttemptState { attempt: 3, crash_count: 1, last_error: Some("e".into()) });
     }

@@ -155,7 +155,10 @@ impl Handler for HttpExecutor {
                 .header("x-fairway-job-id", &job.job_id)
                 .header("x-fairway-tenant", &job.tenant)
                 .header("x-fairway-job-type", &job.job_type)
-                .header("x-fairway-attempt", ctx.attempt.to_string());
+                .header("x-fairway-attempt", ctx.attempt.to_string())
+                .header("x-fairway-first-attempt", if ctx.first_attempt() { "1" } else { "0" })
+                .header("x-fairway-crash-count", job.crash_count.to_string())
+                .header("x-fairway-handoff-count", job.handoff_count.to_string());
             // The submitter's W3C trace context, so the service's spans join its trace.
             let req = match ctx.trace_context() {
                 (Some(tp), Some(ts)) => req.header("traceparent", tp).header("tracestate", ts),

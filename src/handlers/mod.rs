@@ -217,15 +217,20 @@ impl JobContext {
         let tracestate = self.traceparent.as_ref().and(self.tracestate.as_deref());
         (self.traceparent.as_deref(), tracestate)
     }
-    /// Whether this is the first dispatch of the job's generation: no attempt used, no
-    /// crash re-dispatch (a worker died running it), not a DLQ replay. A rerun's first
-    /// dispatch is the first of its generation. (A hand-off copy is not told apart.)
+    /// Whether this is the first dispatch ever of the job's generation: no attempt used,
+    /// no crash re-dispatch (a worker died running it), no hand-off (a draining worker
+    /// stopped it), not a DLQ replay. A rerun's first dispatch is the first of its
+    /// generation. Anything else may find the side effects of an earlier dispatch.
     pub fn first_attempt(&self) -> bool {
-        self.attempt == 0 && self.job.crash_count == 0 && self.job.replay_count == 0
+        self.job.first_dispatch()
     }
     /// Times a worker died running this job (crash re-dispatches), all attempts together.
     pub fn crash_count(&self) -> i32 {
         self.job.crash_count
+    }
+    /// Times a draining worker handed this job (this generation) to the next worker.
+    pub fn handoff_count(&self) -> i32 {
+        self.job.handoff_count
     }
     /// Times this job was replayed from the DLQ.
     pub fn replay_count(&self) -> i32 {
@@ -337,9 +342,13 @@ mod tests {
     use super::*;
 
     fn ctx(attempt: i32, crash_count: i32, replay_count: i32, generation: i64) -> JobContext {
+        handed_off(attempt, crash_count, replay_count, generation, 0)
+    }
+
+    fn handed_off(attempt: i32, crash_count: i32, replay_count: i32, generation: i64, handoffs: i32) -> JobContext {
         let mut job = JobSubmitted::original("j".into(), "acme".into(), "echo".into(), Vec::new(), 0);
-        (job.attempt, job.crash_count, job.replay_count, job.generation) =
-            (attempt, crash_count, replay_count, generation);
+        (job.attempt, job.crash_count, job.replay_count, job.generation, job.handoff_count) =
+            (attempt, crash_count, replay_count, generation, handoffs);
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(1);
         JobContext::new(Arc::new(job), deadline, Default::default(), None)
     }
@@ -351,7 +360,8 @@ mod tests {
         assert!(!ctx(1, 0, 0, 0).first_attempt(), "a retry");
         assert!(!ctx(0, 1, 0, 0).first_attempt(), "a crash re-dispatch");
         assert!(!ctx(0, 0, 1, 0).first_attempt(), "a DLQ replay");
-        let c = ctx(0, 2, 1, 0);
-        assert_eq!((c.crash_count(), c.replay_count()), (2, 1));
+        assert!(!handed_off(0, 0, 0, 0, 1).first_attempt(), "a hand-off");
+        let c = handed_off(0, 2, 1, 0, 3);
+        assert_eq!((c.crash_count(), c.replay_count(), c.handoff_count()), (2, 1, 3));
     }
 }

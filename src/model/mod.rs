@@ -198,10 +198,16 @@ pub struct JobSubmitted {
     /// through retries, parking, hand-offs and replays, handed to the handler.
     pub traceparent: Option<String>,
     pub tracestate: Option<String>,
-    /// Flow-control key (e.g. a job family or an end user's id): jobs with the same key
+    /// Flow-control key (e.g. a job family, a downstream service): jobs with the same key
     /// share the key's fleet-wide `parallelism` and `rate` (`core::flow`). Kept through
-    /// retries, parking, hand-offs and replays.
+    /// retries, parking, hand-offs and replays. Not the per-user rate key (`user_key`).
     pub flow_key: Option<String>,
+    /// The end user the job is submitted for: the front door's per-user rate window
+    /// (`admission.user_rate`) is keyed by (tenant, `user_key`). Kept like `flow_key`.
+    pub user_key: Option<String>,
+    /// Times a draining worker handed this job (of this generation) to the next worker;
+    /// like `crash_count`, never an attempt.
+    pub handoff_count: i32,
 }
 
 impl JobSubmitted {
@@ -231,7 +237,15 @@ impl JobSubmitted {
             traceparent: None,
             tracestate: None,
             flow_key: None,
+            user_key: None,
+            handoff_count: 0,
         }
+    }
+
+    /// Whether this is the first dispatch ever of this job's generation, as far as the
+    /// record tells: no attempt used, no crash re-dispatch, no hand-off, no replay.
+    pub fn first_dispatch(&self) -> bool {
+        self.attempt == 0 && self.crash_count == 0 && self.handoff_count == 0 && self.replay_count == 0
     }
 }
 

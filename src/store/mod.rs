@@ -647,6 +647,27 @@ impl Store {
         applied(res)
     }
 
+    /// Records that generation `generation` of a job was handed off `count` times so far
+    /// (written by the draining worker before it marks the hand-off).
+    pub async fn put_handoff_count(&self, job_id: &str, generation: i64, count: i32) -> Result<(), StoreError> {
+        let (ks, ttl) = (&self.keyspace, self.row_ttl);
+        let cql = format!(
+            "INSERT INTO {ks}.job_handoffs (job_id, generation, handoff_count) VALUES (?, ?, ?) USING TTL {ttl}"
+        );
+        self.session.query_unpaged(cql, (job_id, generation, count)).await.map_err(q("put hand-off count"))?;
+        Ok(())
+    }
+
+    /// How often generation `generation` of a job was handed off (0 if never).
+    pub async fn handoff_count(&self, job_id: &str, generation: i64) -> Result<i32, StoreError> {
+        let ks = &self.keyspace;
+        let cql = format!("SELECT handoff_count FROM {ks}.job_handoffs WHERE job_id = ? AND generation = ?");
+        let res = self.session.query_unpaged(cql, (job_id, generation)).await.map_err(q("read hand-off count"))?;
+        let rows = res.into_rows_result().map_err(q("read hand-off count"))?;
+        let row = rows.maybe_first_row::<(Option<i32>,)>().map_err(q("read hand-off count"))?;
+        Ok(row.and_then(|(n,)| n).unwrap_or(0))
+    }
+
     /// Marks a job `handed_off` only while its row shows it running on `worker` (LWT):
     /// a slow dying worker never overwrites the state of a newer owner. False: not
     /// marked (another worker took it over, it ended, or it has no running row yet).

@@ -24,6 +24,10 @@ pub const TABLES: &[(&str, &str)] = &[
     // A job's resumable state per (job, generation): hand-offs and crash re-dispatches of
     // a generation resume from it, a rerun (new generation) starts clean.
     ("job_checkpoints", "(job_id text, generation bigint, data blob, at bigint, PRIMARY KEY ((job_id, generation)))"),
+    // Hand-offs per (job, generation): written by the draining worker, read by whichever
+    // copy claims the job (the hand-off copy or a redelivered older one), so the next
+    // run is told how often it was handed off (`JobContext::handoff_count`).
+    ("job_handoffs", "(job_id text, generation bigint, handoff_count int, PRIMARY KEY ((job_id), generation))"),
     // Jobs running for more than a moment, by deployment (topic prefix) and pool: what
     // the reaper watches for lapsed heartbeats (the encoded job lets it re-dispatch).
     (

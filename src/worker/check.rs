@@ -83,7 +83,10 @@ async fn check_row(sh: &Shared, mut job: Arc<JobSubmitted>, origin: &Origin) -> 
         }
         if row.status.as_deref() == Some("handed_off") {
             match claim_hand_off(sh, &job).await {
-                Step::Next => break,
+                Step::Next => {
+                    job = with_handoffs(sh, job, 1).await;
+                    break;
+                }
                 Step::Again => continue,
                 Step::Done(done) => return Check::Done(done),
             }
@@ -97,7 +100,7 @@ async fn check_row(sh: &Shared, mut job: Arc<JobSubmitted>, origin: &Origin) -> 
             Step::Done(done) => return Check::Done(done),
         }
         match take_over(sh, &job, &row, origin, now).await {
-            Ok(taken) => job = taken,
+            Ok(taken) => job = with_handoffs(sh, taken, 0).await,
             Err(done) => return Check::Done(done),
         }
         break;
@@ -145,6 +148,28 @@ async fn claim_hand_off(sh: &Shared, job: &JobSubmitted) -> Step {
         Err(Check::Done(durable)) => Step::Done(durable),
         Err(Check::Run { .. }) => unreachable!("through_outage holds a job back, never runs it"),
     }
+}
+
+/// A copy going on after a claimed hand-off (`at_least` 1) or a crash take-over: told how
+/// often its generation was handed off, from the store's count (written by the draining
+/// worker), which a redelivered older copy does not carry. If the count cannot be read,
+/// the copy's own count (at least `at_least`) is used, and the log says so: the handler
+/// is still told it is not the first dispatch.
+async fn with_handoffs(sh: &Shared, job: Arc<JobSubmitted>, at_least: i32) -> Arc<JobSubmitted> {
+    let stored = match sh.store.handoff_count(&job.job_id, job.generation).await {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!(job_id = %job.job_id, error = %e, "could not read the hand-off count; the copy's own is used");
+            0
+        }
+    };
+    let count = job.handoff_count.max(stored).max(at_least);
+    if count == job.handoff_count {
+        return job;
+    }
+    let mut j = (*job).clone();
+    j.handoff_count = count;
+    Arc::new(j)
 }
 
 /// A running row: settles or waits while its worker heartbeats; Next once it lapsed.

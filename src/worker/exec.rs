@@ -58,6 +58,10 @@ impl Ended {
 /// A job that is not started within this time of its dispatch gets a "running" row
 /// only if it outlives this grace: most short jobs then cost one terminal write.
 const RUNNING_WRITE_GRACE: Duration = Duration::from_millis(250);
+/// Waits between the tries of the running-row write (after the first); the handler is
+/// not polled meanwhile. Past them the job is stopped and handed back (`mark_running`).
+const RUNNING_WRITE_RETRIES: [Duration; 3] =
+    [Duration::from_millis(250), Duration::from_secs(1), Duration::from_secs(2)];
 
 /// Gives a job's scheduler slot back. The slot is released as soon as the handler
 /// returns (the tenant is charged for handler time, not for our own bookkeeping);
@@ -106,8 +110,8 @@ impl Waited {
         }
         // Submission (or its scheduled time) to the first dispatch: only an original
         // submission's first attempt, whose wait the pools' SLOs bound (a retry's, crash
-        // re-dispatch's, replay's or rerun copy's would count backoffs and history).
-        if job.attempt == 0 && job.crash_count == 0 && job.replay_count == 0 && job.generation == 0 {
+        // re-dispatch's, hand-off's, replay's or rerun copy's would count backoffs and history).
+        if job.first_dispatch() && job.generation == 0 {
             let ms = (self.dispatched_at - self.from(job)).max(0);
             metrics::histogram!(m::JOB_DISPATCH_WAIT_SECONDS, "pool" => pool).record(ms as f64 / 1000.0);
         }
@@ -297,12 +301,8 @@ async fn run(
             _ = &mut stuck => None,
             _ = tokio::time::sleep(RUNNING_WRITE_GRACE) => {
                 crate::events::started(&sh.producer, &sh.cfg, &sh.worker_id, job, started_at);
-                let u = update(sh, job, "running", Some(started_at), None);
-                let encoded = codec::encode_job(job).unwrap_or_default();
-                match sh.store.put_running_with_heartbeat(&u, &encoded, now_ms(), sh.heartbeat_ttl_secs()).await {
-                    Ok(()) => running_written = true,
-                    Err(e) => tracing::warn!(job_id = %job.job_id, error = %e, "could not record running state"),
-                }
+                let (written, _unwatched) = mark_running(sh, job, started_at, &live).await;
+                running_written = written;
                 tokio::select! {
                     r = &mut run => Some(r),
                     _ = live.aborted() => None,
@@ -319,6 +319,51 @@ async fn run(
     sh.running.lock().expect("running map").remove(&job.job_id);
     metrics::gauge!(m::JOBS_RUNNING, "pool" => sh.pool.as_str()).decrement(1.0);
     Run { started_at, timeout, result, live, running_written, row_claimed: false }
+}
+
+/// Writes the running row, first heartbeat and reaper entry of a job that outlived
+/// `RUNNING_WRITE_GRACE`, retried a few times. A job the store has no running row for
+/// must not go on: if its worker died, nothing would re-dispatch it, and a redelivered
+/// copy would find no row and run it a second time at once. So when the store does not
+/// take the write (or the job cannot be encoded for the reaper), the job is asked to
+/// stop, aborted past `worker.cancel_grace`, and handed back like a hand-off (its copy
+/// is held by the pre-run check while the store is down): logged as an error, counted in
+/// `fairway_running_write_failures_total`. Returns whether the row was written, and the
+/// abort timer of a job that was stopped (dropped when the run ends).
+async fn mark_running(
+    sh: &Shared,
+    job: &JobSubmitted,
+    started_at: i64,
+    live: &Arc<JobLive>,
+) -> (bool, Option<AbortOnDrop>) {
+    let failure = match codec::encode_job(job) {
+        Ok(encoded) => {
+            let u = update(sh, job, "running", Some(started_at), None);
+            let mut waits = RUNNING_WRITE_RETRIES.iter();
+            loop {
+                match sh.store.put_running_with_heartbeat(&u, &encoded, now_ms(), sh.heartbeat_ttl_secs()).await {
+                    Ok(()) => return (true, None),
+                    Err(e) => match waits.next() {
+                        Some(wait) => tokio::time::sleep(*wait).await,
+                        None => break e.to_string(),
+                    },
+                }
+            }
+        }
+        Err(e) => format!("the job cannot be encoded for the reaper: {e}"),
+    };
+    metrics::counter!(m::RUNNING_WRITE_FAILURES, "pool" => sh.pool.as_str()).increment(1);
+    tracing::error!(
+        job_id = %job.job_id, error = %failure,
+        "could not record the running state; the job is stopped and handed back (it does not run without a reaper entry)"
+    );
+    live.request_stop();
+    let (live, grace) = (live.clone(), sh.cfg.worker.cancel_grace);
+    let abort = AbortOnDrop(tokio::spawn(async move {
+        tokio::time::sleep(grace).await;
+        live.abort();
+    }));
+    (false, Some(abort))
 }
 
 /// The stuck-job detector of one run (`core::stuck`): once the job is silent for

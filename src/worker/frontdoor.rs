@@ -50,7 +50,8 @@ impl Tally {
     /// A job was dispatched: an original submission (scheduled ones included, which the
     /// front door counts from submission) leaves its queue.
     pub fn dispatched(&mut self, job: &JobSubmitted) {
-        let original = job.attempt == 0 && job.crash_count == 0 && job.replay_count == 0 && job.generation == 0;
+        // A hand-off copy was counted out when it was first dispatched.
+        let original = job.first_dispatch() && job.generation == 0;
         if original {
             *self.dequeued.entry(job.tenant.clone()).or_default() += 1;
         }
@@ -136,6 +137,26 @@ async fn write_runs(sh: &Shared, stmts: &ClassifierStatements) {
     }
 }
 
+/// Writes the dispatch counts taken from the tally with `write`; a count whose write
+/// fails goes back into `tally`, to be written with the next pass. Counters are not
+/// idempotent: a write that failed yet applied (a timeout) counts those jobs out twice,
+/// and the queue reads low for a while; never retrying would read it high for good
+/// (false 429s).
+async fn count_out<F, Fut, E>(tally: &std::sync::Mutex<Tally>, pool: &str, dequeued: HashMap<String, i64>, mut write: F)
+where
+    F: FnMut(String, i64) -> Fut,
+    Fut: std::future::Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    for (tenant, n) in dequeued {
+        if let Err(e) = write(tenant.clone(), n).await {
+            metrics::counter!(m::QUEUE_COUNT_FAILURES).increment(1);
+            tracing::warn!(pool, tenant, n, error = %e, "dispatched jobs not yet counted out of their tenant's queue depth; retried next pass");
+            *tally.lock().expect("front-door tally").dequeued.entry(tenant).or_default() += n;
+        }
+    }
+}
+
 async fn pass(sh: &Shared, stmts: &AdmissionStatements) {
     let (dequeued, pending) = {
         let mut t = sh.front_door.lock().expect("front-door tally");
@@ -143,16 +164,7 @@ async fn pass(sh: &Shared, stmts: &AdmissionStatements) {
         (std::mem::take(&mut t.dequeued), t.outcomes.pending())
     };
     let pool = sh.pool.as_str();
-    for (tenant, n) in dequeued {
-        if let Err(e) = stmts.dequeued(&tenant, pool, n).await {
-            // Retried next pass. Counters are not idempotent: a write that failed yet
-            // applied (a timeout) counts these jobs out twice, and the queue reads low
-            // for a while; never retrying would read it high for good (false 429s).
-            metrics::counter!(m::QUEUE_COUNT_FAILURES).increment(1);
-            tracing::warn!(pool, tenant, n, error = %e, "dispatched jobs not yet counted out of their tenant's queue depth; retried next pass");
-            *sh.front_door.lock().expect("front-door tally").dequeued.entry(tenant).or_default() += n;
-        }
-    }
+    count_out(&sh.front_door, pool, dequeued, |tenant, n| async move { stmts.dequeued(&tenant, pool, n).await }).await;
     let mut by_bucket: HashMap<i64, Vec<OutcomeCell>> = HashMap::new();
     for (bucket, key, (ok, failed, infra)) in &pending {
         let (job_type, tenant) = OwnOutcomes::key_parts(key);
@@ -178,5 +190,44 @@ async fn pass(sh: &Shared, stmts: &AdmissionStatements) {
     }
     if all_written {
         sh.front_door.lock().expect("front-door tally").outcomes.written(&pending);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    fn original(tenant: &str) -> JobSubmitted {
+        JobSubmitted::original("j".into(), tenant.into(), "echo".into(), Vec::new(), 0)
+    }
+
+    /// A `dequeued` counter write that fails is written again with the next pass, with
+    /// what was dispatched since (before, the count was dropped: the tenant's queue read
+    /// high for good, and its submissions were refused with false 429s).
+    #[tokio::test]
+    async fn a_failed_dequeued_write_is_retried_with_the_next_pass() {
+        let tally = Mutex::new(Tally::default());
+        for t in ["acme", "acme", "globex"] {
+            tally.lock().unwrap().dispatched(&original(t));
+        }
+        let take = || std::mem::take(&mut tally.lock().unwrap().dequeued);
+        let written = Mutex::new(Vec::new());
+        let write = |fail: &'static str| {
+            let written = &written;
+            move |tenant: String, n: i64| async move {
+                if tenant == fail {
+                    return Err("store unreachable");
+                }
+                written.lock().unwrap().push((tenant, n));
+                Ok(())
+            }
+        };
+        count_out(&tally, "short", take(), write("acme")).await;
+        assert_eq!(*written.lock().unwrap(), vec![("globex".to_string(), 1)]);
+        tally.lock().unwrap().dispatched(&original("acme"));
+        count_out(&tally, "short", take(), write("nobody")).await;
+        assert_eq!(written.lock().unwrap().last(), Some(&("acme".to_string(), 3)), "2 retried + 1 new");
+        assert!(take().is_empty());
     }
 }

@@ -75,13 +75,21 @@ pub(super) async fn record(sh: &Shared, job: &JobSubmitted, origin: &Origin, run
     Ended::Ran.or_lost(durable)
 }
 
-/// Hands a stopped job to the next worker: its row marked `handed_off` (so the new owner
-/// starts it at once instead of waiting for this worker's heartbeat to lapse), then a
-/// copy on its pool topic (attempt and crash count unchanged). Marked first: a copy read
+/// Hands a stopped job to the next worker: its hand-off count raised (in the store for
+/// whichever copy claims it, and on the copy), its row marked `handed_off` (so the new
+/// owner starts it at once instead of waiting for this worker's heartbeat to lapse), then
+/// a copy on its pool topic (attempt and crash count unchanged). Marked first: a copy read
 /// before the mark would find the job `running` with a fresh heartbeat and wait. The mark
 /// is conditional on the row still showing the job running here: a slow dying worker
 /// never overwrites the state of a worker that took the job over meanwhile.
 pub(super) async fn hand_off(sh: &Shared, job: &JobSubmitted) -> bool {
+    let handoffs = job.handoff_count.saturating_add(1);
+    let count = || sh.store.put_handoff_count(&job.job_id, job.generation, handoffs);
+    if let Err(e) = with_retries(count).await {
+        // Only the copy below carries the count then: a redelivered older copy that
+        // claims the job first is still told it was handed off (`check::claim_hand_off`).
+        tracing::warn!(job_id = %job.job_id, error = %e, "could not record the hand-off count");
+    }
     match with_retries(|| sh.store.mark_handed_off(&job.job_id, &sh.worker_id, now_ms())).await {
         Ok(true) => {}
         // Another worker runs it now (its state stays), it ended, or it never got a
@@ -96,6 +104,7 @@ pub(super) async fn hand_off(sh: &Shared, job: &JobSubmitted) -> bool {
     // A copy, not a submission: never "fresh", so it always reads (and claims) the row.
     let mut copy = job.clone();
     copy.not_before = Some(now_ms());
+    copy.handoff_count = handoffs;
     if !produce_job(sh, &sh.cfg.pool_topic(sh.pool), &copy, "hand off").await {
         return false;
     }
@@ -114,20 +123,25 @@ pub(crate) async fn delay(sh: &Shared, job: JobSubmitted) -> bool {
 /// Produces a job record and waits for the ack; false if it could not be made durable.
 async fn produce_job(sh: &Shared, topic: &str, job: &JobSubmitted, what: &str) -> bool {
     let headers = kafka::trace_headers(job);
-    match codec::encode_job(job) {
-        Ok(bytes) => {
-            match with_retries(|| kafka::send_with_headers(&sh.producer, topic, &job.tenant, &bytes, &headers)).await {
-                Ok(_) => true,
-                Err(e) => {
-                    tracing::error!(job_id = %job.job_id, error = %e, "cannot {what} job; it will be redelivered");
-                    false
-                }
-            }
-        }
-        // Not durable: the job's offset stays uncommitted (it is redelivered), loudly.
+    let Some(bytes) = encoded(codec::encode_job(job), &job.job_id, what) else { return false };
+    match with_retries(|| kafka::send_with_headers(&sh.producer, topic, &job.tenant, &bytes, &headers)).await {
+        Ok(_) => true,
         Err(e) => {
-            tracing::error!(job_id = %job.job_id, error = %e, "cannot encode job to {what}; it will be redelivered");
+            tracing::error!(job_id = %job.job_id, error = %e, "cannot {what} job; it will be redelivered");
             false
+        }
+    }
+}
+
+/// The bytes of a record to produce, or None when it cannot be encoded: then nothing is
+/// produced and the outcome is not durable (the job's offset stays uncommitted and it is
+/// redelivered), logged as an error. An encode error never counts as done.
+fn encoded(bytes: Result<Vec<u8>, codec::CodecError>, job_id: &str, what: &str) -> Option<Vec<u8>> {
+    match bytes {
+        Ok(b) => Some(b),
+        Err(e) => {
+            tracing::error!(job_id, error = %e, "cannot encode the record to {what}; the job will be redelivered");
+            None
         }
     }
 }
@@ -257,13 +271,7 @@ async fn record_end(sh: &Shared, job: &JobSubmitted, result: &JobResult, plain: 
 /// Publishes a result and waits for the broker's acknowledgement. The job's W3C trace
 /// context rides along as the record's `traceparent`/`tracestate` headers.
 async fn publish_result(sh: &Shared, result: &JobResult, job: &JobSubmitted) -> bool {
-    let bytes = match codec::encode_result(result) {
-        Ok(b) => b,
-        Err(e) => {
-            tracing::error!(job_id = %result.job_id, error = %e, "cannot encode result; the job will be redelivered");
-            return false;
-        }
-    };
+    let Some(bytes) = encoded(codec::encode_result(result), &result.job_id, "publish result") else { return false };
     let topic = sh.cfg.results_topic();
     let headers = kafka::trace_headers(job);
     match with_retries(|| kafka::send_with_headers(&sh.producer, &topic, &result.tenant, &bytes, &headers)).await {
@@ -482,5 +490,20 @@ where
             }
             Err(e) => return Err(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{CodecError, RecordKind};
+
+    /// An encode error in `produce_job` / `publish_result` is not durable (before, the
+    /// running-row path wrote empty bytes and a failed encode could count as done).
+    #[test]
+    fn an_encode_error_is_never_a_durable_outcome() {
+        let e = CodecError::TooShort { len: 0, expected: RecordKind::JobResult };
+        assert_eq!(encoded(Err(e), "j", "publish result"), None);
+        assert_eq!(encoded(Ok(vec![1, 2]), "j", "publish result"), Some(vec![1, 2]));
     }
 }

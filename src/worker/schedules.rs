@@ -192,7 +192,7 @@ impl Firing {
                 return Err("failed");
             }
         };
-        let ask = Ask { tenant: tenant.clone(), flow_key: job.flow_key.clone(), pool, job_type: job.job_type.clone() };
+        let ask = Ask { tenant: tenant.clone(), user_key: job.user_key.clone(), pool, job_type: job.job_type.clone() };
         let ticket = match self.admission.admit(vec![ask]).await {
             Ok(t) => t,
             Err(r) => {

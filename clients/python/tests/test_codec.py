@@ -19,13 +19,14 @@ def test_packaged_schemas_are_the_repositorys():
         )
 
 
-@pytest.mark.parametrize("version", ["", "v1", "v2"])
+@pytest.mark.parametrize("version", ["", "v1", "v2", "v3", "v4"])
 def test_reads_every_released_job_submitted_and_dead_letter(version):
     job = codec.decode("job_submitted", (FIXTURES / version / "job_submitted_fastavro.bin").read_bytes())
     assert job["job_id"] == "01890a5d-ac96-774b-bcce-b302099a8057"
     assert job["tenant"] == "acme-ümlaut" and job["pool"] == "medium" and job["payload"] == bytes(range(100))
     # Fields added after the writer's version read as their defaults.
-    assert job["flow_key"] == ("vectorizer" if version == "" else None)
+    assert job["flow_key"] == ("vectorizer" if version not in ("v1", "v2") else None)
+    assert (job["user_key"], job["handoff_count"]) == (("user-42", 2) if version == "" else (None, 0))
     dl = records.DeadLetter.from_record(
         codec.decode("dead_letter", (FIXTURES / version / "dead_letter_fastavro.bin").read_bytes())
     )

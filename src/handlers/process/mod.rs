@@ -204,6 +204,10 @@ fn command(spec: &Spec, ctx: &JobContext, checkpoint_file: &std::path::Path) -> 
         .env("FAIRWAY_JOB_TYPE", &job.job_type)
         .env("FAIRWAY_ATTEMPT", ctx.attempt.to_string())
         .env("FAIRWAY_GENERATION", job.generation.to_string())
+        .env("FAIRWAY_FIRST_ATTEMPT", if ctx.first_attempt() { "1" } else { "0" })
+        .env("FAIRWAY_CRASH_COUNT", job.crash_count.to_string())
+        .env("FAIRWAY_HANDOFF_COUNT", job.handoff_count.to_string())
+        .env("FAIRWAY_REPLAY_COUNT", job.replay_count.to_string())
         .env("FAIRWAY_CHECKPOINT_FILE", checkpoint_file)
         .env("FAIRWAY_CONTROL_FD", CONTROL_FD.to_string());
     if let Some(tp) = traceparent {

@@ -58,6 +58,7 @@ class Job:
     execute_at: Optional[int] = None
     not_after: Optional[int] = None
     flow_key: Optional[str] = None
+    user_key: Optional[str] = None
     traceparent: Optional[str] = None
     tracestate: Optional[str] = None
 
@@ -88,6 +89,7 @@ class Job:
             traceparent=self.traceparent,
             tracestate=self.tracestate,
             flow_key=self.flow_key,
+            user_key=self.user_key,
         )
 
     def to_json(self) -> dict:
@@ -124,6 +126,8 @@ class JobSubmitted:
     traceparent: Optional[str] = None
     tracestate: Optional[str] = None
     flow_key: Optional[str] = None
+    user_key: Optional[str] = None
+    handoff_count: int = 0
 
     @classmethod
     def from_record(cls, record: dict) -> "JobSubmitted":
