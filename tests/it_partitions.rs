@@ -142,7 +142,9 @@ async fn a_worker_cut_off_from_the_store_recovers_and_fails_livez_meanwhile() {
 }
 
 /// Two cuts one after the other on the same workers: 5 s without the broker (below the
-/// 10 s session timeout: the group does not notice), then 20 s without either.
+/// 10 s session timeout: the group does not notice), then 20 s without either. Known to
+/// fail at times on a worker-side wedge (docs/partitions.md): the host worker's log then
+/// says `an owned partition is not being fetched`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_broker_cut_then_a_cut_from_both_end_with_every_job_done() {
     let cuts = vec![
