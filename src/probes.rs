@@ -10,7 +10,9 @@
 //!   leaves a pool's group without an owner.
 //! - *Live* (`/livez`) means "this process can still make progress": it fails once a part
 //!   that cannot recover by itself has failed ([`Liveness::fail`]: a pool loop ended with
-//!   an error, a fatal Kafka client error); the orchestrator then restarts the process.
+//!   an error, a fatal Kafka client error), and, for a worker, while its vitals say it
+//!   cannot make progress ([`Liveness::watch`]: the store unreachable for over 10 s, a
+//!   producer given up); the orchestrator then restarts the process.
 
 use crate::model::Pool;
 use axum::extract::State;
@@ -25,11 +27,25 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+/// A check of the process's vitals asked on every `/livez`: Ok, or why it cannot make
+/// progress now (a worker's `worker::watchdog::Watch::live`: the store unreachable for
+/// long, a fatal client error).
+pub type LiveCheck = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
 /// Whether the process can still make progress. Shared by every part that can notice
-/// it cannot (set once, never cleared: a failed process is restarted, not healed).
-#[derive(Debug, Default)]
+/// it cannot: a failure (set once, never cleared: a failed process is restarted, not
+/// healed), and the vitals check, asked each time (it clears when the store answers
+/// again).
+#[derive(Default)]
 pub struct Liveness {
     failure: Mutex<Option<String>>,
+    check: std::sync::OnceLock<LiveCheck>,
+}
+
+impl std::fmt::Debug for Liveness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Liveness").field("failure", &self.failure()).finish()
+    }
 }
 
 impl Liveness {
@@ -44,9 +60,17 @@ impl Liveness {
         }
     }
 
+    /// Asks `check` too on every liveness question (the first check set is kept).
+    pub fn watch(&self, check: LiveCheck) {
+        let _ = self.check.set(check);
+    }
+
     /// Why the process cannot make progress; None while it can.
     pub fn failure(&self) -> Option<String> {
-        self.failure.lock().expect("liveness lock").clone()
+        if let Some(f) = self.failure.lock().expect("liveness lock").clone() {
+            return Some(f);
+        }
+        self.check.get().and_then(|c| c().err())
     }
 }
 
@@ -243,5 +267,20 @@ mod tests {
         l.fail("pool long: loop ended");
         l.fail("later");
         assert_eq!(l.failure().as_deref(), Some("pool long: loop ended"));
+    }
+
+    #[test]
+    fn liveness_asks_the_vitals_check_each_time() {
+        let l = Liveness::default();
+        let down = Arc::new(AtomicBool::new(false));
+        let d = down.clone();
+        l.watch(Arc::new(move || if d.load(Ordering::SeqCst) { Err("store unreachable".into()) } else { Ok(()) }));
+        assert_eq!(l.failure(), None);
+        down.store(true, Ordering::SeqCst);
+        assert_eq!(l.failure().as_deref(), Some("store unreachable"));
+        down.store(false, Ordering::SeqCst);
+        assert_eq!(l.failure(), None, "the vitals heal: live again once the store answers");
+        l.fail("pool short: loop ended");
+        assert_eq!(l.failure().as_deref(), Some("pool short: loop ended"));
     }
 }

@@ -1,14 +1,22 @@
 //! Network partitions: a worker in a network namespace of its own is cut off from the
-//! broker (or the store) while jobs run, then the link comes back (`fairway::netlab`).
-//! Every job must finish, none lost, and the cut-off worker must serve again or exit:
-//! never hold partitions it cannot serve. The lab (namespace, veth pairs, its own broker
-//! and CQL bridge in front of the suite's database) is made by the test and removed after
-//! it, also when it fails. Needs root and iproute2 (`scripts/test` installs `ip`).
+//! broker, the store or both while jobs run, then the link comes back (`fairway::netlab`).
+//! Every job must finish, none lost, no job may run on two workers at once for longer
+//! than the heartbeat lapse, and the cut-off worker must serve again or exit: never hold
+//! partitions it cannot serve. The lab (namespace, veth pairs, its own broker and CQL
+//! bridge in front of the suite's database) is made by the test and removed after it,
+//! also when it fails. Needs root and iproute2 (`scripts/test` installs `ip`).
+//!
+//! The labs run one at a time (each has two workers, a broker and a bridge: several at
+//! once on a 2-core machine starve the workers' group sessions); every wait has a
+//! deadline, none is a fixed sleep followed by a timing assertion.
 
-use fairway::netlab::scenario::{self, Plan, Report};
+use fairway::netlab::scenario::{self, Cut, Plan, Report};
 use fairway::netlab::{Lab, LabSetup, Link};
 use std::path::PathBuf;
 use std::time::Duration;
+
+/// One lab at a time in this test binary.
+static ONE_LAB_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The tansu binary `scripts/services` installed (or `FAIRWAY_TANSU`).
 fn tansu() -> PathBuf {
@@ -32,70 +40,137 @@ fn setup(dir: &std::path::Path) -> LabSetup {
     }
 }
 
-/// Prints the lab's logs (a failing test's evidence): the workers' in full (they log at
-/// warn plus assignments), the servers' tails.
-fn print_logs(dir: &std::path::Path) {
-    for name in ["inside.before-restart", "inside", "host", "broker", "bridge"] {
-        let Ok(text) = std::fs::read_to_string(dir.join(format!("{name}.log"))) else { continue };
-        let lines: Vec<&str> = text.lines().collect();
-        let keep = if name.starts_with("inside") || name == "host" { 400 } else { 30 };
-        for l in &lines[lines.len().saturating_sub(keep)..] {
-            eprintln!("{name}: {l}");
+/// A failing test's evidence, kept short: the workers' warnings, errors and group
+/// changes (last 60 lines of each run), the servers' last lines.
+fn print_logs(lab: &Lab) {
+    let keep = |l: &&str| ["WARN", "ERROR", "assigned", "revoked", "rebuilt"].iter().any(|k| l.contains(k));
+    let worker_logs = ["inside", "host"].into_iter().flat_map(|n| lab.worker_logs(n));
+    let server_logs = ["broker", "bridge"].into_iter().map(|n| lab.log_path(n));
+    for (path, worker) in worker_logs.map(|p| (p, true)).chain(server_logs.map(|p| (p, false))) {
+        let Ok(text) = std::fs::read_to_string(&path) else { continue };
+        let lines: Vec<&str> = if worker { text.lines().filter(keep).collect() } else { text.lines().collect() };
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        for l in &lines[lines.len().saturating_sub(if worker { 60 } else { 15 })..] {
+            eprintln!("{name}: {}", l.chars().take(300).collect::<String>());
         }
     }
 }
 
-/// Runs `plan` in a fresh lab, bounded in time; the lab is removed on every path.
-async fn run(plan: Plan, within: Duration) -> Report {
+/// The plan every test starts from: two workers of 32 slots, 6 partitions, 300 ms jobs.
+fn plan(jobs: usize, cuts: Vec<Cut>, session_timeout: Duration) -> Plan {
+    Plan {
+        jobs,
+        job_ms: 300,
+        cuts,
+        cut_after: 0.1,
+        session_timeout,
+        slots: 32,
+        partitions: 6,
+        keyspace: "fairway_it".into(),
+        store_outage_limit: Duration::from_secs(180),
+        timeout: Duration::from_secs(150),
+        probes: 60,
+    }
+}
+
+/// Runs `plan` in a fresh lab, bounded in time; the lab is removed on every path. On
+/// failure prints each phase's summary and the lab's logs.
+async fn run(plan: Plan, within: Duration) -> Vec<Report> {
+    let _turn = ONE_LAB_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().expect("temp dir");
     let mut lab = Lab::start(&setup(dir.path())).expect("start the partition lab (root and `ip` needed)");
-    let report = tokio::time::timeout(within, scenario::run(&mut lab, &plan)).await;
-    let report = match report {
+    let reports = match tokio::time::timeout(within, scenario::run(&mut lab, &plan)).await {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => {
-            print_logs(dir.path());
+            print_logs(&lab);
             panic!("partition scenario failed: {e}");
         }
         Err(_) => {
-            print_logs(dir.path());
+            print_logs(&lab);
             panic!("partition scenario took over {within:?}");
         }
     };
-    println!("{}", serde_json::to_string(&report).unwrap());
-    let fine = report.lost == 0 && report.all_done_s.is_some() && report.probes_finished == report.probes;
-    if !fine {
-        print_logs(dir.path());
+    for r in &reports {
+        println!("{}", serde_json::to_string(r).unwrap());
     }
-    drop(lab);
-    report
+    if !reports.iter().all(Report::fine) {
+        print_logs(&lab);
+        for r in &reports {
+            eprintln!("phase: {}", r.summary());
+        }
+    }
+    reports
 }
 
-/// The reported case: 30 s without the broker (above the 6 s session timeout, and the
+/// What every partition must end with.
+fn assert_recovered(r: &Report) {
+    let s = r.summary();
+    assert_eq!(r.lost, 0, "every job has a result: {s}");
+    assert_eq!(r.stuck, 0, "every job finished within the phase's deadline: {s}");
+    assert_eq!(r.probes_finished, r.probes, "no partition is held by a worker that cannot serve it: {s}");
+    assert_eq!(r.jobs_overlapping_beyond_lapse, 0, "no job ran on two workers at once beyond the lapse: {s}");
+    let served = r.inside_results_after_restore + r.probes_by_inside as u64 > 0;
+    assert!(
+        served || !r.inside_exits.is_empty() || r.inside_partitions_at_end == Some(0),
+        "the cut-off worker served again, exited, or holds no partition: {s}"
+    );
+}
+
+/// The reported case: 32 s without the broker (above the 6 s session timeout, and the
 /// 30 s message timeout of the producer) while 300 ms jobs run on both workers. Before
 /// the fix the cut-off worker came back with a fenced producer, got its partitions back
 /// and never finished their jobs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_cut_off_from_the_broker_past_its_session_serves_again_or_exits() {
-    let plan = Plan {
-        jobs: 4_000,
-        job_ms: 300,
-        cut: vec![Link::Broker],
-        cut_for: Duration::from_secs(32),
-        cut_after: 0.1,
-        session_timeout: Duration::from_secs(6),
-        slots: 32,
-        partitions: 6,
-        keyspace: "fairway_it".into(),
-        store_outage_limit: Duration::from_secs(180),
-        timeout: Duration::from_secs(120),
-        probes: 60,
-    };
-    let r = run(plan, Duration::from_secs(240)).await;
-    assert_eq!(r.lost, 0, "every job has a result: {r:?}");
-    assert!(r.all_done_s.is_some(), "every job finished: {r:?}");
-    assert_eq!(r.probes_finished, r.probes, "no partition is held by a worker that cannot serve it: {r:?}");
+    let cuts = vec![Cut::new(&[Link::Broker], Duration::from_secs(32))];
+    let r = run(plan(3_000, cuts, Duration::from_secs(6)), Duration::from_secs(240)).await;
+    assert_recovered(&r[0]);
+}
+
+/// 25 s without the store (longer than the heartbeat lapse, so the reaper re-dispatches
+/// the cut-off worker's running jobs; well below the 180 s give-up): the worker keeps
+/// its partitions, `/livez` answers 503 while it cannot reach the store (after 10 s),
+/// 200 again after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_cut_off_from_the_store_recovers_and_fails_livez_meanwhile() {
+    let cuts = vec![Cut::new(&[Link::Store], Duration::from_secs(25))];
+    let r = run(plan(1_500, cuts, Duration::from_secs(10)), Duration::from_secs(200)).await;
+    assert_recovered(&r[0]);
+    let s = r[0].summary();
+    assert_eq!(r[0].livez_failed_in_cut, Some(true), "/livez failed while the store was cut off: {s}");
+    assert_eq!(r[0].livez_ok_after, Some(true), "/livez answers 200 again after: {s}");
+}
+
+/// Two cuts one after the other on the same workers: 5 s without the broker (below the
+/// 10 s session timeout: the group does not notice), then 20 s without either. Known to
+/// fail at times on a worker-side wedge (docs/partitions.md): the host worker's log then
+/// says `an owned partition is not being fetched`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_broker_cut_then_a_cut_from_both_end_with_every_job_done() {
+    let cuts = vec![
+        Cut::new(&[Link::Broker], Duration::from_secs(5)),
+        Cut::new(&[Link::Broker, Link::Store], Duration::from_secs(20)),
+    ];
+    let r = run(plan(1_200, cuts, Duration::from_secs(10)), Duration::from_secs(300)).await;
+    for phase in &r {
+        assert_recovered(phase);
+    }
+}
+
+/// With `worker.store_outage_limit` of 5 s, a 20 s store cut makes the worker give up:
+/// it exits non-zero (and is restarted, as by its supervisor), its jobs finish on the
+/// other worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_without_the_store_past_its_outage_limit_exits_non_zero() {
+    let cuts = vec![Cut::new(&[Link::Store], Duration::from_secs(20))];
+    let mut p = plan(1_200, cuts, Duration::from_secs(10));
+    p.store_outage_limit = Duration::from_secs(5);
+    let r = run(p, Duration::from_secs(200)).await;
+    assert_recovered(&r[0]);
+    let s = r[0].summary();
+    assert!(r[0].gave_up > 0, "the worker gave up: {s}");
     assert!(
-        r.inside_results_after_restore + r.probes_by_inside as u64 > 0 || !r.inside_exits.is_empty(),
-        "the cut-off worker served again or exited: {r:?}"
+        !r[0].inside_exits.is_empty() && r[0].inside_exits.iter().all(|c| *c != Some(0)),
+        "the worker exited non-zero: {s}"
     );
 }

@@ -458,7 +458,8 @@ fn count_runs(path: &Path, ids: &HashSet<String>) -> anyhow::Result<Runs> {
     };
     let mut per: HashMap<(&str, &str), u32> = HashMap::new();
     for line in text.lines() {
-        if let Some((phase, id)) = line.split_once(' ') {
+        let mut fields = line.split(' ');
+        if let (Some(phase), Some(id)) = (fields.next(), fields.next()) {
             if ids.contains(id) {
                 *per.entry((phase, id)).or_default() += 1;
             }

@@ -2,13 +2,13 @@
 //! (`--kinds broker:60s,store:5s,...`) a fresh lab (`fairway::netlab`: a network
 //! namespace, veth pairs, its own broker and CQL bridge in front of the local database)
 //! runs two workers, one cut off for that long while sleep jobs run; counted per kind:
-//! jobs lost, duplicate results, jobs run twice, time to recover after the link returned,
-//! the cut-off worker's exits and producer rebuilds, and probe jobs over every partition
-//! afterwards. One JSON line per kind, then a summary line. Needs root and `ip`.
+//! jobs stuck and lost, duplicate results, jobs run twice and on two workers at once,
+//! time to recover after the link returned, the cut-off worker's exits and producer
+//! rebuilds, and probe jobs over every partition afterwards. One JSON line per kind, then a summary line. Needs root and `ip`.
 
 use super::Global;
 use anyhow::Context;
-use fairway::netlab::scenario::{self, Plan};
+use fairway::netlab::scenario::{self, Cut, Plan};
 use fairway::netlab::{Lab, LabSetup, Link};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -80,8 +80,7 @@ pub async fn run(g: &Global, a: PartitionsArgs) -> anyhow::Result<ExitCode> {
         let plan = Plan {
             jobs: a.jobs,
             job_ms: a.job_ms,
-            cut: links,
-            cut_for,
+            cuts: vec![Cut { links, duration: cut_for }],
             cut_after: a.cut_after,
             session_timeout: a.session_timeout,
             slots: a.slots,
@@ -92,19 +91,19 @@ pub async fn run(g: &Global, a: PartitionsArgs) -> anyhow::Result<ExitCode> {
             probes: 60,
         };
         let mut lab = Lab::start(&setup)?;
-        let report = scenario::run(&mut lab, &plan).await;
+        let phases = scenario::run(&mut lab, &plan).await;
         drop(lab);
-        let report = report?;
+        let report = phases?.pop().context("the scenario ran no phase")?;
         let line = serde_json::to_value(&report)?;
         println!("{line}");
-        if report.lost == 0 && report.probes_finished == report.probes {
+        if report.fine() {
             let _ = std::fs::remove_dir_all(&dir);
         } else {
             eprintln!("partitions: kept the lab's logs in {}", dir.display());
         }
         reports.push(line);
     }
-    let ok = reports.iter().all(|r| r["lost"] == 0 && r["probes_finished"] == r["probes"]);
+    let ok = reports.iter().all(|r| r["lost"] == 0 && r["stuck"] == 0 && r["probes_finished"] == r["probes"]);
     println!("{}", serde_json::json!({ "bench": "partitions", "ok": ok, "kinds": reports }));
     Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

@@ -9,9 +9,10 @@ use std::io::Write;
 use std::time::Duration;
 
 /// With `FAIRWAY_RUN_LOG=<path>` in a worker's environment the sleep handler appends a
-/// line per execution to that file: `start <job id>` when it starts, `done <job id>` when
-/// it returns, each in one O_APPEND write, so several worker processes can share the file
-/// (`fairway bench faults` counts jobs run twice from it).
+/// line per execution to that file: `start <job id> <unix ms> <pid>` when it starts,
+/// `done <job id> <unix ms> <pid>` when it returns, each in one O_APPEND write, so several
+/// worker processes can share the file (`fairway bench faults` counts jobs run twice from
+/// it, `netlab::scenario` also runs on two workers at once).
 pub const RUN_LOG_ENV: &str = "FAIRWAY_RUN_LOG";
 
 fn log_run(phase: &str, job_id: &str) {
@@ -22,7 +23,7 @@ fn log_run(phase: &str, job_id: &str) {
         opened.map_err(|e| tracing::warn!("{RUN_LOG_ENV}={}: {e}", path.to_string_lossy())).ok()
     });
     if let Some(mut f) = file.as_ref() {
-        let _ = f.write_all(format!("{phase} {job_id}\n").as_bytes());
+        let _ = f.write_all(format!("{phase} {job_id} {} {}\n", crate::now_ms(), std::process::id()).as_bytes());
     }
 }
 

@@ -9,6 +9,7 @@
 //! counts: `netlab::scenario`). Everything the lab starts or creates (processes, the
 //! namespace, the veth pairs) is removed when it is dropped, on every exit path.
 
+pub mod runs;
 pub mod scenario;
 
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
@@ -176,6 +177,12 @@ impl Lab {
         cmd.stdin(Stdio::null()).stdout(log).stderr(err).spawn().map_err(io(format!("starting {name}")))
     }
 
+    /// The logs of worker `name`: its earlier runs' (before restarts), then the current.
+    pub fn worker_logs(&self, name: &str) -> Vec<PathBuf> {
+        let earlier = (1..).map(|n| self.log_path(&format!("{name}.run-{n}"))).take_while(|p| p.exists());
+        earlier.chain([self.log_path(name)]).collect()
+    }
+
     /// Where the lab keeps the log of process `name`.
     pub fn log_path(&self, name: &str) -> PathBuf {
         self.dir.join(format!("{name}.log"))
@@ -193,6 +200,11 @@ impl Lab {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The namespace's address on `link` (reachable from the host while that link is up).
+    pub fn inside_addr(&self, link: Link) -> Ipv4Addr {
+        self.pairs[if link == Link::Broker { 0 } else { 1 }].ns_addr
     }
 
     /// Cuts (`up = false`) or restores a link of the namespace.
@@ -254,8 +266,9 @@ impl Lab {
         let (_, inside, mut old) = self.workers.remove(i);
         let _ = old.kill();
         let _ = old.wait();
-        let log = self.log_path(name);
-        let _ = std::fs::rename(&log, self.log_path(&format!("{name}.before-restart")));
+        // Every earlier run's log is kept: `<name>.run-1.log`, `<name>.run-2.log`, ...
+        let runs = (1..).find(|n| !self.log_path(&format!("{name}.run-{n}")).exists()).unwrap_or(1);
+        let _ = std::fs::rename(self.log_path(name), self.log_path(&format!("{name}.run-{runs}")));
         self.spawn_worker(name, inside, config, env)
     }
 }

@@ -1,16 +1,20 @@
-//! One partition scenario in the lab, and its counts.
+//! Partition scenarios in the lab, and their counts.
 //!
 //! Two workers of the short pool, one on the host and one inside the namespace, on a
-//! deployment of their own in the lab; `jobs` sleep jobs spread over the partitions (keyed
-//! by job id); once a share of them finished, the inside worker's links in `cut` go down
-//! for `cut_for`, then come back. A worker that exits (it gave up) is started again at
-//! once, as its supervisor would. When every job has a result (or the deadline passed),
-//! a batch of probe jobs over every partition checks that no worker holds a partition it
-//! cannot serve: each probe must finish.
+//! deployment of their own in the lab. Each [`Cut`] of the plan is one phase, run one
+//! after the other on the same two workers: `jobs` sleep jobs spread over the partitions
+//! (keyed by job id); once a share of them finished, the inside worker's links of the cut
+//! go down for its duration, then come back. A worker that exits (it gave up) is started
+//! again after a short pause, as its supervisor would. When every job has a result (or
+//! the phase's deadline passed), a batch of probe jobs over every partition checks that
+//! no worker holds a partition it cannot serve: each probe must finish.
 //!
-//! Counted: jobs lost (no result), duplicate results, jobs run more than once (the sleep
-//! handler's run log), time from the link's return until every job finished, the inside
-//! worker's exits, its producer rebuilds and whether it served again.
+//! Counted per phase: jobs stuck (no result by the deadline) and lost (none at the end),
+//! duplicate results, jobs run more than once and run by two workers at once (from the
+//! run log's timestamps, `netlab::runs`), time from the link's return until every job
+//! finished, the inside worker's exits, producer rebuilds and give-ups, whether it served
+//! again, and its `/livez` answers during and after the cut (polled over a link that
+//! stays up).
 
 use super::{Lab, LabError, Link};
 use crate::config::Config;
@@ -24,15 +28,33 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
-/// What to run.
+/// One partition: the inside worker's links that go down, and for how long.
+#[derive(Debug, Clone)]
+pub struct Cut {
+    pub links: Vec<Link>,
+    pub duration: Duration,
+}
+
+impl Cut {
+    pub fn new(links: &[Link], duration: Duration) -> Cut {
+        Cut { links: links.to_vec(), duration }
+    }
+
+    /// `broker`, `store` or `broker+store`.
+    pub fn kind(&self) -> String {
+        let names: Vec<&str> = self.links.iter().map(|l| if *l == Link::Broker { "broker" } else { "store" }).collect();
+        names.join("+")
+    }
+}
+
+/// What to run: the fleet's settings, and the cuts, one phase each.
 #[derive(Debug, Clone)]
 pub struct Plan {
+    /// Jobs per phase.
     pub jobs: usize,
     pub job_ms: u64,
-    /// The inside worker's links that go down.
-    pub cut: Vec<Link>,
-    pub cut_for: Duration,
-    /// Share of the jobs finished when the cut starts (0..1).
+    pub cuts: Vec<Cut>,
+    /// Share of the phase's jobs finished when the cut starts (0..1).
     pub cut_after: f64,
     pub session_timeout: Duration,
     pub slots: usize,
@@ -40,13 +62,13 @@ pub struct Plan {
     pub keyspace: String,
     /// The workers' `worker.store_outage_limit`.
     pub store_outage_limit: Duration,
-    /// Most time from the first submission until every job has a result.
+    /// Most time per phase from its first submission until every job has a result.
     pub timeout: Duration,
-    /// Probe jobs after the run (each partition gets some).
+    /// Probe jobs after each phase (each partition gets some).
     pub probes: usize,
 }
 
-/// The counts of one scenario (`fairway bench partitions` prints these).
+/// The counts of one phase (`fairway bench partitions` prints these).
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub kind: String,
@@ -54,13 +76,22 @@ pub struct Report {
     pub jobs: usize,
     pub job_ms: u64,
     pub session_timeout_s: f64,
-    /// Jobs with no result at the end.
+    /// Jobs with no result when the phase's deadline passed (0 when all finished).
+    pub stuck: usize,
+    /// Jobs with no result at the end (after the probes too).
     pub lost: usize,
     pub duplicate_results: u64,
     pub jobs_with_duplicate_results: usize,
     pub executions: u64,
     pub jobs_run_twice: usize,
-    /// Seconds from the first submission until every job had a result (None: never).
+    /// Jobs run by two worker processes at once (any time), and for longer than the
+    /// heartbeat lapse (`heartbeat_lapse_s`, when the reaper re-dispatches), and the
+    /// longest such overlap.
+    pub jobs_overlapping: usize,
+    pub jobs_overlapping_beyond_lapse: usize,
+    pub longest_overlap_s: f64,
+    pub heartbeat_lapse_s: f64,
+    /// Seconds from the phase's first submission until every job had a result (None: never).
     pub all_done_s: Option<f64>,
     /// Seconds from the link's return until every job had a result (0: all done before).
     pub recover_s: Option<f64>,
@@ -69,7 +100,7 @@ pub struct Report {
     /// Exit codes of the inside worker (it gave up; restarted each time).
     pub inside_exits: Vec<Option<i32>>,
     pub host_exits: Vec<Option<i32>>,
-    /// Producer rebuilds and give-ups the workers logged.
+    /// Producer rebuilds and give-ups the workers logged in this phase.
     pub producer_rebuilds: usize,
     pub gave_up: usize,
     pub probes: usize,
@@ -77,17 +108,60 @@ pub struct Report {
     pub probes_by_inside: usize,
     /// Seconds from the probes' submission until the last one finished.
     pub probes_s: Option<f64>,
+    /// Partitions the inside worker held at the end of the phase (its last assignment
+    /// logged; None: unknown).
+    pub inside_partitions_at_end: Option<usize>,
+    /// The inside worker's `/livez`: answered 503 during the cut, and 200 at the end of
+    /// the phase (None: not polled, both links were cut).
+    pub livez_failed_in_cut: Option<bool>,
+    pub livez_ok_after: Option<bool>,
+}
+
+impl Report {
+    /// Every job finished, none lost, every probe finished.
+    pub fn fine(&self) -> bool {
+        self.lost == 0 && self.stuck == 0 && self.all_done_s.is_some() && self.probes_finished == self.probes
+    }
+
+    /// One line for a failing test's output.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} {}s: stuck {} lost {} dup {} twice {} overlap>{}s {} done {:?}s recover {:?}s inside exits {:?} \
+             rebuilds {} gave_up {} probes {}/{} (inside {}, holds {:?}) livez cut/after {:?}/{:?}",
+            self.kind,
+            self.cut_s,
+            self.stuck,
+            self.lost,
+            self.duplicate_results,
+            self.jobs_run_twice,
+            self.heartbeat_lapse_s,
+            self.jobs_overlapping_beyond_lapse,
+            self.all_done_s,
+            self.recover_s,
+            self.inside_exits,
+            self.producer_rebuilds,
+            self.gave_up,
+            self.probes_finished,
+            self.probes,
+            self.probes_by_inside,
+            self.inside_partitions_at_end,
+            self.livez_failed_in_cut,
+            self.livez_ok_after,
+        )
+    }
 }
 
 const TENANTS: [&str; 3] = ["pa", "pb", "pc"];
 const WORKER_LOG: &str = "warn,fairway::worker::pool=info,fairway::worker::watchdog=info,fairway::kafka=info";
 
-/// The workers' configuration file in the lab.
-fn config_text(lab: &Lab, plan: &Plan, prefix: &str) -> String {
+/// A worker's configuration file in the lab; `metrics` is its `/metrics` + probes
+/// listener (host:port), if any.
+fn config_text(lab: &Lab, plan: &Plan, prefix: &str, metrics: Option<&str>) -> String {
+    let metrics = metrics.map(|m| format!("metrics_listen = {m:?}\n")).unwrap_or_default();
     let mut text = format!(
         "[kafka]\nbrokers = {:?}\ntopic_prefix = {prefix:?}\npartitions = {}\nsession_timeout = \"{}ms\"\n\
          [scylla]\ncontact_points = [{:?}]\nkeyspace = {:?}\nlocal_bridge = true\n\
-         [worker]\nstore_outage_limit = \"{}ms\"\n\
+         [worker]\nstore_outage_limit = \"{}ms\"\n{metrics}\
          [pools.short]\nslots = {}\n\
          [job_types.sleep]\npool = \"short\"\nhandler = \"sleep\"\ntimeout = \"60s\"\n",
         lab.broker(),
@@ -161,12 +235,19 @@ fn count_in_log(path: &std::path::Path, needle: &str) -> usize {
     std::fs::read_to_string(path).map(|t| t.lines().filter(|l| l.contains(needle)).count()).unwrap_or(0)
 }
 
+/// A worker that exited is started again after this pause (a supervisor's back-off: a
+/// worker that cannot start while the store is cut off would otherwise spin).
+const RESTART_AFTER: Duration = Duration::from_secs(2);
+
 /// The two workers and how they are started (again).
 struct Fleet {
-    config: PathBuf,
+    /// Configuration file per worker name.
+    configs: HashMap<&'static str, PathBuf>,
     run_log: String,
     inside_exits: Vec<Option<i32>>,
     host_exits: Vec<Option<i32>>,
+    /// Workers that exited, waiting for their restart: since when.
+    down: HashMap<&'static str, Instant>,
 }
 
 impl Fleet {
@@ -174,21 +255,32 @@ impl Fleet {
         [("FAIRWAY_LOG", WORKER_LOG), (crate::handlers::RUN_LOG_ENV, self.run_log.as_str()), ("HOSTNAME", name)]
     }
 
-    fn start(&self, lab: &mut Lab, name: &str) -> Result<u32, LabError> {
-        lab.spawn_worker(name, name == "inside", &self.config, &self.env(name))
+    fn start(&self, lab: &mut Lab, name: &'static str) -> Result<u32, LabError> {
+        lab.spawn_worker(name, name == "inside", &self.configs[name], &self.env(name))
     }
 
-    /// A worker that exited is started again at once (its supervisor's job).
+    /// A worker that exited is started again after [`RESTART_AFTER`] (its supervisor's job).
     fn restart_exited(&mut self, lab: &mut Lab) -> Result<(), LabError> {
         for name in ["inside", "host"] {
-            if let Some(status) = lab.exited(name) {
-                tracing::warn!(worker = name, %status, "worker exited; starting it again");
+            if let Some(since) = self.down.get(name) {
+                if since.elapsed() >= RESTART_AFTER {
+                    self.down.remove(name);
+                    lab.restart_worker(name, &self.configs[name], &self.env(name))?;
+                }
+            } else if let Some(status) = lab.exited(name) {
+                tracing::warn!(worker = name, %status, "worker exited; starting it again shortly");
                 let exits = if name == "inside" { &mut self.inside_exits } else { &mut self.host_exits };
                 exits.push(status.code());
-                lab.restart_worker(name, &self.config, &self.env(name))?;
+                self.down.insert(name, Instant::now());
             }
         }
         Ok(())
+    }
+
+    /// Lines containing `needle` in every log of both workers so far.
+    fn in_logs(lab: &Lab, needle: &str) -> usize {
+        let logs = ["inside", "host"].into_iter().flat_map(|n| lab.worker_logs(n));
+        logs.map(|p| count_in_log(&p, needle)).sum()
     }
 }
 
@@ -204,141 +296,254 @@ async fn wait_assigned(lab: &Lab, within: Duration) -> Result<(), LabError> {
     Err(LabError::Failed(format!("the two workers did not both get partitions within {within:?}")))
 }
 
-/// Runs the scenario on a started lab.
-pub async fn run(lab: &mut Lab, plan: &Plan) -> Result<Report, LabError> {
+/// The inside worker's `/livez` answers (None: no answer), polled every second.
+type LivezLog = std::sync::Arc<std::sync::Mutex<Vec<(Instant, Option<u16>)>>>;
+
+/// Polls `url` until aborted, recording each answer.
+fn poll_livez(url: String) -> (LivezLog, tokio::task::JoinHandle<()>) {
+    let log = LivezLog::default();
+    let into = log.clone();
+    let task = tokio::spawn(async move {
+        let client = reqwest::Client::builder().timeout(Duration::from_secs(1)).build().expect("http client");
+        loop {
+            let status = client.get(&url).send().await.ok().map(|r| r.status().as_u16());
+            into.lock().expect("livez log").push((Instant::now(), status));
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+    (log, task)
+}
+
+/// Everything the phases share: the fleet, the results feed, a producer.
+struct Session {
+    cfg: Config,
+    producer: kafka::Producer,
+    feed: mpsc::UnboundedReceiver<Seen>,
+    reader: tokio::task::JoinHandle<()>,
+    fleet: Fleet,
+    run_log: PathBuf,
+    /// The inside worker's probes listener port (inside the namespace).
+    metrics_port: u16,
+}
+
+/// Runs the plan's phases on a started lab, one report each.
+pub async fn run(lab: &mut Lab, plan: &Plan) -> Result<Vec<Report>, LabError> {
+    let mut s = start(lab, plan).await?;
+    let mut reports = Vec::new();
+    for cut in &plan.cuts {
+        reports.push(phase(lab, plan, cut, &mut s).await?);
+    }
+    s.reader.abort();
+    Ok(reports)
+}
+
+/// Writes the configs, makes topics, schema and tenants, starts both workers and waits
+/// until they share the partitions.
+async fn start(lab: &mut Lab, plan: &Plan) -> Result<Session, LabError> {
     let prefix = format!("parts{}.", now_ms());
-    let text = config_text(lab, plan, &prefix);
-    let config = lab.dir().join("fairway.toml");
-    std::fs::write(&config, &text).map_err(super::io("writing the lab's config"))?;
-    let cfg = Config::parse(&text, "the lab's config").map_err(|e| LabError::Failed(e.to_string()))?;
+    let metrics_port = super::free_port(std::net::Ipv4Addr::LOCALHOST)?;
+    let host_text = config_text(lab, plan, &prefix, None);
+    let inside_text = config_text(lab, plan, &prefix, Some(&format!("0.0.0.0:{metrics_port}")));
+    let mut configs = HashMap::new();
+    for (name, text) in [("host", &host_text), ("inside", &inside_text)] {
+        let path = lab.dir().join(format!("{name}.toml"));
+        std::fs::write(&path, text).map_err(super::io("writing the lab's config"))?;
+        configs.insert(name, path);
+    }
+    let cfg = Config::parse(&host_text, "the lab's config").map_err(|e| LabError::Failed(e.to_string()))?;
     let fail = |what: &'static str| move |e: Box<dyn std::error::Error>| LabError::Failed(format!("{what}: {e}"));
     kafka::ensure_topics(&cfg).await.map_err(|e| fail("creating topics")(e.into()))?;
     crate::store::ensure_schema(&cfg).await.map_err(|e| fail("schema")(e.into()))?;
     crate::tenants::seed(&cfg).await.map_err(|e| fail("tenants")(e.into()))?;
     let run_log = lab.dir().join("runs.log");
-    let mut fleet =
-        Fleet { config, run_log: run_log.display().to_string(), inside_exits: Vec::new(), host_exits: Vec::new() };
+    let fleet = Fleet {
+        configs,
+        run_log: run_log.display().to_string(),
+        inside_exits: Vec::new(),
+        host_exits: Vec::new(),
+        down: HashMap::new(),
+    };
     fleet.start(lab, "inside")?;
     fleet.start(lab, "host")?;
-    let (mut feed, reader) = result_feed(&cfg)?;
+    let (feed, reader) = result_feed(&cfg)?;
     wait_assigned(lab, Duration::from_secs(90)).await?;
     let producer = kafka::producer(&cfg).map_err(|e| fail("producer")(e.into()))?;
+    Ok(Session { cfg, producer, feed, reader, fleet, run_log, metrics_port })
+}
 
-    let t0 = Instant::now();
-    let ids = submit(&cfg, &producer, plan.jobs, plan.job_ms).await?;
-    let mut results: HashMap<String, u32> = HashMap::new();
-    let (mut cut_at, mut restored_at, mut all_done_at) = (None::<Instant>, None::<Instant>, None::<Instant>);
-    let mut inside_after_restore = 0u64;
-    let deadline = t0 + plan.timeout;
-    while Instant::now() < deadline && all_done_at.is_none() {
+/// What a phase saw of its jobs' results.
+#[derive(Default)]
+struct Tally {
+    results: HashMap<String, u32>,
+    inside_after_restore: u64,
+}
+
+impl Tally {
+    /// Takes the results arriving within 200 ms; `probes` collects the probe jobs'
+    /// (first) results with whether the inside worker ran them.
+    async fn take(&mut self, s: &mut Session, ids: &HashSet<String>, restored: bool, probes: Option<&mut Probes>) {
         let until = tokio::time::Instant::now() + Duration::from_millis(200);
-        while let Ok(Some(r)) = tokio::time::timeout_at(until, feed.recv()).await {
+        let mut probes = probes;
+        while let Ok(Some(r)) = tokio::time::timeout_at(until, s.feed.recv()).await {
+            let inside = r.worker_id.starts_with("inside-");
             if ids.contains(&r.job_id) {
-                *results.entry(r.job_id).or_default() += 1;
-                inside_after_restore += u64::from(restored_at.is_some() && r.worker_id.starts_with("inside-"));
+                *self.results.entry(r.job_id).or_default() += 1;
+                self.inside_after_restore += u64::from(restored && inside);
+            } else if let Some(p) = probes.as_deref_mut() {
+                if p.ids.contains(&r.job_id) && p.done.insert(r.job_id) {
+                    p.by_inside += usize::from(inside);
+                    p.last = Some(p.sent.elapsed());
+                }
             }
         }
-        let done = results.len();
+    }
+}
+
+/// The probe jobs of a phase.
+struct Probes {
+    ids: HashSet<String>,
+    sent: Instant,
+    done: HashSet<String>,
+    by_inside: usize,
+    last: Option<Duration>,
+}
+
+/// Cuts and restores the cut's links while the phase's jobs run, until every job has a
+/// result (or the deadline); returns when the link went down and came back, and when
+/// all were done.
+async fn cut_while_running(
+    lab: &mut Lab,
+    plan: &Plan,
+    cut: &Cut,
+    s: &mut Session,
+    ids: &HashSet<String>,
+    tally: &mut Tally,
+) -> Result<(Option<Instant>, Instant, Option<Instant>), LabError> {
+    let deadline = Instant::now() + plan.timeout;
+    let (mut cut_at, mut restored_at, mut all_done_at) = (None::<Instant>, None::<Instant>, None::<Instant>);
+    while Instant::now() < deadline && all_done_at.is_none() {
+        tally.take(s, ids, restored_at.is_some(), None).await;
+        let done = tally.results.len();
         if cut_at.is_none() && done as f64 >= plan.cut_after * plan.jobs as f64 {
-            for l in &plan.cut {
+            for l in &cut.links {
                 lab.set_link(*l, false)?;
             }
             cut_at = Some(Instant::now());
             tracing::info!(done, "links cut");
         }
         if let (Some(at), None) = (cut_at, restored_at) {
-            if at.elapsed() >= plan.cut_for {
-                for l in &plan.cut {
+            if at.elapsed() >= cut.duration {
+                for l in &cut.links {
                     lab.set_link(*l, true)?;
                 }
                 restored_at = Some(Instant::now());
                 tracing::info!(done, "links restored");
             }
         }
-        fleet.restart_exited(lab)?;
+        s.fleet.restart_exited(lab)?;
         if done == ids.len() && restored_at.is_some() {
             all_done_at = Some(Instant::now());
         }
     }
-    if restored_at.is_none() {
-        for l in &plan.cut {
-            lab.set_link(*l, true)?;
+    let restored = match restored_at {
+        Some(at) => at,
+        None => {
+            for l in &cut.links {
+                lab.set_link(*l, true)?;
+            }
+            Instant::now()
         }
-        restored_at = Some(Instant::now());
-    }
+    };
+    Ok((cut_at, restored, all_done_at))
+}
+
+/// One phase: jobs, the cut while they run, probes, counts.
+async fn phase(lab: &mut Lab, plan: &Plan, cut: &Cut, s: &mut Session) -> Result<Report, LabError> {
+    let (exits_before, rebuilds_before, gave_up_before) = (
+        (s.fleet.inside_exits.len(), s.fleet.host_exits.len()),
+        Fleet::in_logs(lab, "producer rebuilt"),
+        Fleet::in_logs(lab, "cannot serve its partitions"),
+    );
+    // `/livez` over a link this cut leaves up.
+    let up = [Link::Broker, Link::Store].into_iter().find(|l| !cut.links.contains(l));
+    let livez = up.map(|l| poll_livez(format!("http://{}:{}/livez", lab.inside_addr(l), s.metrics_port)));
+
+    let t0 = Instant::now();
+    let ids = submit(&s.cfg, &s.producer, plan.jobs, plan.job_ms).await?;
+    let mut tally = Tally::default();
+    let (cut_at, restored, all_done_at) = cut_while_running(lab, plan, cut, s, &ids, &mut tally).await?;
+    let stuck = ids.len() - tally.results.len();
 
     // Probes: every partition must be served again, by whoever owns it now.
-    let probe_ids = submit(&cfg, &producer, plan.probes, 0).await?;
-    let probes_sent = Instant::now();
-    let (mut probes_done, mut probes_inside, mut probes_last) = (HashSet::new(), 0, None);
+    let probe_ids = submit(&s.cfg, &s.producer, plan.probes, 0).await?;
+    let mut probes = Probes { ids: probe_ids, sent: Instant::now(), done: HashSet::new(), by_inside: 0, last: None };
     let probe_deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < probe_deadline && probes_done.len() < probe_ids.len() {
-        let until = tokio::time::Instant::now() + Duration::from_millis(200);
-        while let Ok(Some(r)) = tokio::time::timeout_at(until, feed.recv()).await {
-            if ids.contains(&r.job_id) {
-                *results.entry(r.job_id).or_default() += 1;
-            } else if probe_ids.contains(&r.job_id) && probes_done.insert(r.job_id) {
-                probes_inside += usize::from(r.worker_id.starts_with("inside-"));
-                probes_last = Some(probes_sent.elapsed());
-            }
-        }
-        fleet.restart_exited(lab)?;
+    while Instant::now() < probe_deadline && probes.done.len() < probes.ids.len() {
+        tally.take(s, &ids, true, Some(&mut probes)).await;
+        s.fleet.restart_exited(lab)?;
     }
     // Late duplicates of the jobs.
-    let settle = tokio::time::Instant::now() + Duration::from_secs(2);
-    while let Ok(Some(r)) = tokio::time::timeout_at(settle, feed.recv()).await {
-        if ids.contains(&r.job_id) {
-            *results.entry(r.job_id).or_default() += 1;
-        }
+    let settle = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < settle {
+        tally.take(s, &ids, true, None).await;
     }
-    reader.abort();
-    let (executions, run_twice) = count_runs(&run_log, &ids);
-    let logs = [lab.log_path("inside"), lab.log_path("host"), lab.log_path("inside.before-restart")];
-    let in_logs = |needle: &str| -> usize { logs.iter().map(|p| count_in_log(p, needle)).sum() };
-    let restored = restored_at.expect("restored");
+    let livez = livez.map(|(log, task)| {
+        task.abort();
+        let log = log.lock().expect("livez log").clone();
+        let in_cut = |at: &Instant| cut_at.is_some_and(|c| *at >= c && *at <= restored);
+        let failed = log.iter().any(|(at, st)| in_cut(at) && *st == Some(503));
+        (failed, log.last().is_some_and(|(_, st)| *st == Some(200)))
+    });
+    // When the reaper re-dispatches a silent worker's running job (`worker::liveness`).
+    let lapse = s.cfg.pool(Pool::Short).heartbeat_interval * 3;
+    let text = std::fs::read_to_string(&s.run_log).unwrap_or_default();
+    let runs = super::runs::count(&super::runs::parse(&text, &ids, plan.job_ms as i64), lapse.as_millis() as i64);
+    let results = &tally.results;
     Ok(Report {
-        kind: plan
-            .cut
-            .iter()
-            .map(|l| if *l == Link::Broker { "broker" } else { "store" })
-            .collect::<Vec<_>>()
-            .join("+"),
-        cut_s: plan.cut_for.as_secs_f64(),
+        kind: cut.kind(),
+        cut_s: cut.duration.as_secs_f64(),
         jobs: plan.jobs,
         job_ms: plan.job_ms,
         session_timeout_s: plan.session_timeout.as_secs_f64(),
+        stuck,
         lost: ids.len() - results.len(),
         duplicate_results: results.values().map(|n| u64::from(n.saturating_sub(1))).sum(),
         jobs_with_duplicate_results: results.values().filter(|n| **n > 1).count(),
-        executions,
-        jobs_run_twice: run_twice,
+        executions: runs.executions,
+        jobs_run_twice: runs.run_twice,
+        jobs_overlapping: runs.overlapping,
+        jobs_overlapping_beyond_lapse: runs.overlapping_beyond,
+        longest_overlap_s: round2(runs.longest_overlap_ms as f64 / 1000.0),
+        heartbeat_lapse_s: lapse.as_secs_f64(),
         all_done_s: all_done_at.map(|t| round2(t.duration_since(t0).as_secs_f64())),
         recover_s: all_done_at.map(|t| round2(t.saturating_duration_since(restored).as_secs_f64())),
-        inside_results_after_restore: inside_after_restore,
-        inside_exits: fleet.inside_exits,
-        host_exits: fleet.host_exits,
-        producer_rebuilds: in_logs("producer rebuilt"),
-        gave_up: in_logs("cannot serve its partitions"),
-        probes: probe_ids.len(),
-        probes_finished: probes_done.len(),
-        probes_by_inside: probes_inside,
-        probes_s: probes_last.map(|d| round2(d.as_secs_f64())),
+        inside_results_after_restore: tally.inside_after_restore,
+        inside_exits: s.fleet.inside_exits[exits_before.0..].to_vec(),
+        host_exits: s.fleet.host_exits[exits_before.1..].to_vec(),
+        producer_rebuilds: Fleet::in_logs(lab, "producer rebuilt") - rebuilds_before,
+        gave_up: Fleet::in_logs(lab, "cannot serve its partitions") - gave_up_before,
+        probes: probes.ids.len(),
+        probes_finished: probes.done.len(),
+        probes_by_inside: probes.by_inside,
+        probes_s: probes.last.map(|d| round2(d.as_secs_f64())),
+        inside_partitions_at_end: held_partitions(&lab.log_path("inside")),
+        livez_failed_in_cut: livez.map(|l| l.0),
+        livez_ok_after: livez.map(|l| l.1),
     })
+}
+
+/// The partitions a worker holds according to its log: its last `partitions assigned`
+/// line's list, none after a `partitions revoked` line (the eager protocol revokes all).
+fn held_partitions(log: &std::path::Path) -> Option<usize> {
+    let text = std::fs::read_to_string(log).ok()?;
+    let last = text.lines().rev().find(|l| l.contains("partitions assigned") || l.contains("partitions revoked"))?;
+    if last.contains("partitions revoked") {
+        return Some(0);
+    }
+    let list = last.split_once("partitions=[")?.1.split_once(']')?.0;
+    Some(list.split(',').filter(|p| !p.trim().is_empty()).count())
 }
 
 fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
-}
-
-/// Executions of the jobs (`start <id>` lines of the sleep handler's run log) and how
-/// many jobs started more than once.
-fn count_runs(path: &std::path::Path, ids: &HashSet<String>) -> (u64, usize) {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let mut per: HashMap<&str, u32> = HashMap::new();
-    for id in text.lines().filter_map(|l| l.strip_prefix("start ")) {
-        if ids.contains(id) {
-            *per.entry(id).or_default() += 1;
-        }
-    }
-    (per.values().map(|n| u64::from(*n)).sum(), per.values().filter(|n| **n > 1).count())
 }

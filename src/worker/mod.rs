@@ -316,6 +316,8 @@ impl Worker {
         let mut tasks = Vec::new();
         let mut shared = Vec::new();
         let vitals = Arc::new(watchdog::Watch::new(cfg.worker.store_outage_limit));
+        let v = vitals.clone();
+        probes.liveness.watch(Arc::new(move || v.live()));
         tasks.push(tokio::spawn(watchdog::watchdog_loop(
             vitals.clone(),
             store.clone(),
