@@ -60,7 +60,8 @@ fn a_short_type_running_long_moves_to_medium_sticky_for_an_hour() {
     let m = decide(&cfg(), &ranges(), Pool::Short, None, &w, 1_000).expect("moves");
     assert_eq!((m.from, m.to, m.runs, m.violations), (Pool::Short, Pool::Medium, 20, 20));
     assert_eq!(m.class, Class { pool: Pool::Medium, since: 1_000, sticky_until: 1_000 + 3_600_000 });
-    assert!(m.describe("report", &cfg()).contains("from pool short to medium"), "{}", m.describe("report", &cfg()));
+    let s = Subject::new("report", "acme");
+    assert!(m.describe(&s, &cfg()).contains("from pool short to medium"), "{}", m.describe(&s, &cfg()));
     // Sticky: nothing changes for an hour, whatever the runs.
     let fast = runs(Pool::Medium, &[(5, 50)]);
     assert_eq!(decide(&cfg(), &ranges(), Pool::Short, Some(&m.class), &fast, 3_600_000), None);
