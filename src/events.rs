@@ -109,11 +109,11 @@ pub fn pool_reclassified(
     producer: &Producer,
     cfg: &Config,
     worker: &str,
-    job_type: &str,
+    subject: &crate::core::classifier::Subject,
     message: String,
     sticky_until: Millis,
 ) {
-    let ev = rules::pool_reclassified(new_id(), job_type, message, sticky_until, now_ms());
+    let ev = rules::pool_reclassified(new_id(), subject, message, sticky_until, now_ms());
     emit(producer, cfg, &JobEvent { worker: Some(worker.to_string()), ..ev });
 }
 

@@ -84,6 +84,7 @@ pub const POOL_RECLASSIFICATIONS: &str = "fairway_pool_reclassifications_total";
 pub const POOL_CLASS: &str = "fairway_pool_class";
 pub const RUN_TIME_WRITE_FAILURES: &str = "fairway_run_time_write_failures_total";
 pub const CLASSIFIER_PASS_FAILURES: &str = "fairway_classifier_pass_failures_total";
+pub const CLASSIFIER_UNTRACKED_RUNS: &str = "fairway_classifier_untracked_runs_total";
 pub const POOL_CLASS_READ_FAILURES: &str = "fairway_pool_class_read_failures_total";
 pub const STUCK_JOBS: &str = "fairway_stuck_jobs_total";
 pub const PROCESS_RECYCLED: &str = "fairway_process_recycled_total";
@@ -318,17 +319,24 @@ pub fn describe() {
     );
     describe_counter!(
         POOL_RECLASSIFICATIONS,
-        "Job types the pool classifier moved to another pool (new jobs go there), by job type, from and to"
+        "(Job type, tenant) subjects the pool classifier moved to another pool (that tenant's new jobs of the \
+         type go there), by job type, from and to"
     );
     describe_gauge!(
         POOL_CLASS,
-        "1 for the pool the classifier assigns each reclassified job type to (the classifier's leader), by job type and pool"
+        "Tenants whose jobs of each job type the classifier assigns to each pool (the classifier's leader), by \
+         job type and pool"
     );
     describe_counter!(
         RUN_TIME_WRITE_FAILURES,
         "Worker passes that could not write run-time cells for the pool classifier, by pool"
     );
     describe_counter!(CLASSIFIER_PASS_FAILURES, "Pool classifier passes that failed (store unreachable), by step");
+    describe_counter!(
+        CLASSIFIER_UNTRACKED_RUNS,
+        "Runs not counted for the pool classifier: the bucket already counted classifier.max_tracked (job type, \
+         tenant) subjects, by pool"
+    );
     describe_counter!(
         POOL_CLASS_READ_FAILURES,
         "Reads of the pool classes by a submitting process that failed (it kept the classes it had)"

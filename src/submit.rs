@@ -200,7 +200,7 @@ impl Submitter {
             None => validate(&self.cfg, job, payload_len)?,
         };
         Ok(match (&self.classes, job.pool) {
-            (Some(classes), None) => classes.route(None, &job.job_type, pool),
+            (Some(classes), None) => classes.route(None, &job.job_type, &job.tenant, pool),
             _ => pool,
         })
     }
@@ -405,7 +405,7 @@ impl Submitter {
             return self.produce(job).await;
         };
         classes.refresh().await;
-        let pool = Some(classes.replay_pool(job.pool, &job.job_type, jt.pool));
+        let pool = Some(classes.replay_pool(job.pool, &job.job_type, &job.tenant, jt.pool));
         self.produce(&JobSubmitted { pool, ..job.clone() }).await
     }
 

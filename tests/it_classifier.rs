@@ -1,7 +1,9 @@
 //! The pool classifier (`fairway::classifier`, issue 16 item 4) on the real broker and
-//! CQL database: a job type configured in the short pool whose jobs run longer than the
-//! short pool's range (`max_run = "1s"` here, 1.5 s sleeps) is moved to the medium pool
-//! by the classifier's leader in a `fairway worker` process; the next submission of that
+//! CQL database: a job type configured in the short pool whose jobs of tenant acme run
+//! longer than the short pool's range (`max_run = "1s"` here, 1.5 s sleeps) is moved to
+//! the medium pool for acme by the classifier's leader in a `fairway worker` process,
+//! while tenant globex's quick jobs of the same type stay in short (issue 34: judged per
+//! tenant); acme's next submission of that
 //! type (`fairway submit` in its own process, and the HTTP API) goes to the medium pool
 //! topic and runs there; the worker's metrics show the violations and the move; the
 //! `pool_reclassified` event is on the events topic; an explicit pool still wins; a
@@ -50,7 +52,11 @@ fn submit_cli(config: &std::path::Path, lines: &[String], extra_args: &[&str]) -
 }
 
 fn job_line(ms: u64, pool: Option<&str>) -> String {
-    let mut j = serde_json::json!({ "tenant": "acme", "job_type": "slowpoke", "payload": { "ms": ms } });
+    tenant_line("acme", ms, pool)
+}
+
+fn tenant_line(tenant: &str, ms: u64, pool: Option<&str>) -> String {
+    let mut j = serde_json::json!({ "tenant": tenant, "job_type": "slowpoke", "payload": { "ms": ms } });
     if let Some(p) = pool {
         j["pool"] = p.into();
     }
@@ -102,19 +108,22 @@ async fn result_of(cfg: &Config, id: &str) -> JobResult {
     rs.remove(id).and_then(|mut v| v.pop()).unwrap_or_else(|| panic!("no result for job {id}"))
 }
 
-/// Waits until the store says where `job_type` goes now (the leader's decision).
-async fn class_of(cfg: &Config, job_type: &str, within: Duration) -> Option<Pool> {
+/// Waits until the store says where `tenant`'s jobs of `job_type` go now (the leader's
+/// decision); reads at least once.
+async fn class_of(cfg: &Config, job_type: &str, tenant: &str, within: Duration) -> Option<Pool> {
     let store = fairway::store::Store::open(cfg).await.expect("store");
     let stmts = store.classifier_statements().await.expect("statements");
     let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
+    loop {
         let rows = stmts.classes().await.expect("read classes");
-        if let Some(r) = rows.iter().find(|r| r.job_type == job_type) {
+        if let Some(r) = rows.iter().find(|r| r.subject.job_type == job_type && r.subject.tenant == tenant) {
             return Some(r.class.pool);
+        }
+        if Instant::now() >= deadline {
+            return None;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    None
 }
 
 /// The worker's /metrics lines naming `metric` and `slowpoke`.
@@ -137,18 +146,25 @@ async fn a_short_type_running_long_moves_to_medium_and_its_next_jobs_run_there()
     let _worker = KillOnDrop(common::spawn_worker(&path, "short,medium"));
     let t0 = Instant::now();
 
-    // 8 jobs of 1.5 s: every run is over the short pool's 1 s.
+    // 8 jobs of 1.5 s: every run is over the short pool's 1 s; globex's 8 of the same
+    // type take 50 ms.
+    let quick = submit_cli(&path, &(0..8).map(|_| tenant_line("globex", 50, None)).collect::<Vec<_>>(), &[]);
     let ids = submit_cli(&path, &(0..8).map(|_| job_line(1_500, None)).collect::<Vec<_>>(), &[]);
     assert_eq!(ids.len(), 8, "{ids:?}");
+    assert_eq!(common::results_for(&cfg, &quick, Duration::from_secs(60)).await.len(), 8, "globex's jobs ran");
     let mut last_finished = 0;
     for id in &ids {
         let r = result_of(&cfg, id).await;
         assert_eq!(r.pool, Pool::Short, "configured short, not yet measured");
         last_finished = last_finished.max(r.finished_at);
     }
-    let moved = class_of(&cfg, "slowpoke", Duration::from_secs(45)).await;
+    let moved = class_of(&cfg, "slowpoke", "acme", Duration::from_secs(45)).await;
     assert_eq!(moved, Some(Pool::Medium), "the classifier never moved slowpoke");
     let decided = t0.elapsed();
+    // globex's runs of the type were quick: its jobs keep the configured pool.
+    assert_eq!(class_of(&cfg, "slowpoke", "globex", Duration::from_millis(1)).await, None, "globex moved too");
+    let theirs = submit_cli(&path, &[tenant_line("globex", 50, None)], &[]);
+    assert!(on_topic(&cfg, Pool::Short, &theirs[0]).await, "globex's next job left the short pool");
 
     // The next submission, from another process, lands on the medium topic and runs there.
     let next = submit_cli(&path, &[job_line(200, None)], &[]);
@@ -202,7 +218,10 @@ async fn a_short_type_running_long_moves_to_medium_and_its_next_jobs_run_there()
     )
     .await;
     let ev = events.iter().find(|e| e.kind == EventKind::PoolReclassified).expect("pool_reclassified event");
-    assert_eq!((ev.job_id.as_str(), ev.job_type.as_str()), ("job_type/slowpoke", "slowpoke"));
+    assert_eq!(
+        (ev.job_id.as_str(), ev.job_type.as_str(), ev.tenant.as_str()),
+        ("job_type/slowpoke", "slowpoke", "acme")
+    );
     let msg = ev.message.as_deref().unwrap_or_default();
     assert!(msg.contains("from pool short to medium"), "{msg}");
     eprintln!(

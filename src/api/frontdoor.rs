@@ -383,4 +383,23 @@ mod tests {
         let e = read_batch(&Bytes::from_static(b"[1] x"), 10).unwrap_err();
         assert_eq!(e.code, codes::INVALID_JSON);
     }
+
+    #[test]
+    fn console_dlq_scans_are_one_per_key_and_a_few_in_all() {
+        let fd = FrontDoor::new(&FrontDoorLimits::default(), 1 << 20);
+        let key = |k: &str| KeyId(k.to_string());
+        let first = fd.scan_slot(&key("a")).expect("a's first scan");
+        let e = fd.scan_slot(&key("a")).err().expect("a's second scan at once");
+        assert_eq!(
+            (e.status, e.code, e.retry_after_secs),
+            (StatusCode::TOO_MANY_REQUESTS, codes::TOO_MANY_SCANS, Some(BUSY_RETRY_SECS))
+        );
+        let others: Vec<Slot> = (1..MAX_SCANS).map(|i| fd.scan_slot(&key(&format!("k{i}"))).expect("room")).collect();
+        let e = fd.scan_slot(&key("late")).err().expect("all scans taken");
+        assert_eq!(e.code, codes::TOO_MANY_SCANS);
+        assert!(e.message.contains("for all callers"), "{}", e.message);
+        drop(first);
+        assert!(fd.scan_slot(&key("a")).is_ok(), "a's scan ended: a may scan again");
+        drop(others);
+    }
 }

@@ -3,9 +3,11 @@
 //! for a before/after) and an in-process worker; tenant A (acme) attacks while tenant B
 //! (globex) submits, each attack in turn:
 //! - **batch flood**: `--bodies` concurrent maximum-size batch bodies (`[0,0,...]`) for
-//!   `--seconds`; the server's peak RSS (VmHWM), B's submit latency alone and under
+//!   `--seconds`; the server's peak RSS (VmHWM), B's submit latency and B's wait (submit
+//!   to run start, from the results' `submitted_at` and `started_at`) alone and under
 //!   attack, the slowest `/healthz`;
-//! - **failing jobs**: 40 always-failing jobs from A, then B's submissions for 20 s;
+//! - **failing jobs**: 40 always-failing jobs from A, then B's submissions for 10 s (and
+//!   their wait);
 //! - **scheduled jobs**: 12 jobs 1 s ahead from a tenant with `max_queued = 5`;
 //! - **streams**: 50 live streams from one key.
 //!
@@ -19,7 +21,7 @@ use fairway::model::Pool;
 use fairway::now_ms;
 use fairway::worker::{Policy, Worker};
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -89,13 +91,69 @@ fn client(key: &str) -> anyhow::Result<reqwest::Client> {
     Ok(reqwest::Client::builder().default_headers(h).timeout(Duration::from_secs(60)).build()?)
 }
 
-/// B's submissions: (accepted, sent, latencies in ms).
+/// B's submissions: (accepted, sent, latencies in ms, the accepted jobs' ids).
 #[derive(Default)]
 struct Served {
     accepted: usize,
     sent: usize,
     ms: Vec<f64>,
     codes: BTreeMap<String, usize>,
+    ids: Vec<String>,
+}
+
+/// `p` quantile of `v` (0 when empty).
+fn quantile(mut v: Vec<f64>, p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(((v.len() as f64 * p) as usize).min(v.len().saturating_sub(1))).copied().unwrap_or(0.0)
+}
+
+/// Every job's wait (run start - submission, ms) as its result arrives on the results topic.
+#[derive(Clone, Default)]
+struct Waits(Arc<std::sync::Mutex<HashMap<String, f64>>>);
+
+impl Waits {
+    /// Follows the results topic until the process ends.
+    fn follow(cfg: &fairway::config::Config) -> anyhow::Result<Waits> {
+        let reader = fairway::kafka::reader(cfg, &cfg.group("bench-blast-results"), false)?;
+        fairway::kafka::Consumer::subscribe(&reader, &[&cfg.results_topic()])?;
+        let waits = Waits::default();
+        let seen = waits.clone();
+        tokio::spawn(async move {
+            while let Ok(m) = reader.recv().await {
+                let Some(r) = fairway::kafka::Message::payload(&m).and_then(|p| fairway::codec::decode_result(p).ok())
+                else {
+                    continue;
+                };
+                let wait = r.started_at.unwrap_or(r.finished_at) - r.submitted_at;
+                seen.0.lock().expect("waits").insert(r.job_id, wait as f64);
+            }
+        });
+        Ok(waits)
+    }
+
+    /// The waits of `ids` (waiting up to 60 s for their results): (p99 ms, how many ran).
+    async fn p99(&self, ids: &[String]) -> (f64, usize) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let got: Vec<f64> = {
+                let m = self.0.lock().expect("waits");
+                ids.iter().filter_map(|id| m.get(id).copied()).collect()
+            };
+            if got.len() == ids.len() || Instant::now() >= deadline {
+                return (quantile(got.clone(), 0.99), got.len());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// `served`'s JSON with its jobs' p99 wait.
+    async fn with_wait(&self, served: &Served) -> Value {
+        let (p99, ran) = self.p99(&served.ids).await;
+        let mut v = served.json();
+        v["wait_p99_ms"] = json!(p99);
+        v["ran"] = json!(ran);
+        v
+    }
 }
 
 impl Served {
@@ -107,6 +165,8 @@ impl Served {
         let code = match r {
             Ok(r) if r.status().is_success() => {
                 self.accepted += 1;
+                let b: Value = r.json().await.unwrap_or(Value::Null);
+                self.ids.extend(b["job_id"].as_str().map(String::from));
                 "201".to_string()
             }
             Ok(r) => {
@@ -119,9 +179,7 @@ impl Served {
         *self.codes.entry(code).or_default() += 1;
     }
     fn p99(&self) -> f64 {
-        let mut v = self.ms.clone();
-        v.sort_by(f64::total_cmp);
-        v.get(((v.len() as f64 * 0.99) as usize).min(v.len().saturating_sub(1))).copied().unwrap_or(0.0)
+        quantile(self.ms.clone(), 0.99)
     }
     fn json(&self) -> Value {
         json!({"accepted": self.accepted, "sent": self.sent, "p99_ms": self.p99(), "answers": self.codes})
@@ -138,7 +196,15 @@ async fn b_submits_until(b: &reqwest::Client, base: &str, stop: Instant) -> Serv
     s
 }
 
-async fn batch_flood(srv: &Server, a: &reqwest::Client, b: &reqwest::Client, args: &BlastArgs) -> Value {
+/// The clients and the waits' follower.
+struct Parties<'a> {
+    a: &'a reqwest::Client,
+    b: &'a reqwest::Client,
+    waits: &'a Waits,
+}
+
+async fn batch_flood(srv: &Server, p: &Parties<'_>, args: &BlastArgs) -> Value {
+    let (a, b) = (p.a, p.b);
     let base = srv.base.as_str();
     let alone = b_submits_until(b, base, Instant::now() + Duration::from_secs(5)).await;
     let (peak_before, rss_before) = srv.rss_mb();
@@ -179,16 +245,19 @@ async fn batch_flood(srv: &Server, a: &reqwest::Client, b: &reqwest::Client, arg
     };
     let (_, attacked, healthz_worst_ms) = tokio::join!(flood, b_submits_until(b, base, stop), health);
     let (peak, rss) = srv.rss_mb();
+    let (alone, attacked) = (p.waits.with_wait(&alone).await, p.waits.with_wait(&attacked).await);
+    let ratio = attacked["wait_p99_ms"].as_f64().unwrap_or(0.0) / alone["wait_p99_ms"].as_f64().unwrap_or(0.0).max(1.0);
     json!({
         "bodies": args.bodies, "body_mb": body.len() as f64 / 1048576.0, "seconds": args.seconds,
-        "a_answers": answers, "b_alone": alone.json(), "b_under_attack": attacked.json(),
+        "a_answers": answers, "b_alone": alone, "b_under_attack": attacked, "b_wait_p99_ratio": ratio,
         "healthz_worst_ms": healthz_worst_ms, "rss_mb_before": rss_before, "peak_rss_mb_before": peak_before,
         "peak_rss_mb": peak, "rss_mb_after": rss,
     })
 }
 
-async fn failing_jobs(srv: &Server, a: &reqwest::Client, b: &reqwest::Client) -> Value {
-    let base = srv.base.as_str();
+async fn failing_jobs(srv: &Server, p: &Parties<'_>) -> Value {
+    let (a, b, base) = (p.a, p.b, srv.base.as_str());
+    let alone = b_submits_until(b, base, Instant::now() + Duration::from_secs(10)).await;
     let doomed: Vec<Value> = (0..40).map(|_| json!({"job_type": "fail"})).collect();
     let sent = a.post(format!("{base}/v1/jobs:batch")).json(&doomed).send().await.map(|r| r.status().as_u16());
     // The breakers read outcomes every second over 10 s buckets: give them 25 s.
@@ -196,7 +265,12 @@ async fn failing_jobs(srv: &Server, a: &reqwest::Client, b: &reqwest::Client) ->
     let mut a_after = Served::default();
     a_after.submit(a, base, &json!({"job_type": "echo"})).await;
     let b_after = b_submits_until(b, base, Instant::now() + Duration::from_secs(10)).await;
-    json!({"a_batch_status": sent.ok(), "a_echo_after": a_after.json(), "b_after": b_after.json()})
+    let (alone, after) = (p.waits.with_wait(&alone).await, p.waits.with_wait(&b_after).await);
+    let ratio = after["wait_p99_ms"].as_f64().unwrap_or(0.0) / alone["wait_p99_ms"].as_f64().unwrap_or(0.0).max(1.0);
+    json!({
+        "a_batch_status": sent.ok(), "a_echo_after": a_after.json(), "b_alone": alone, "b_after": after,
+        "b_wait_p99_ratio": ratio,
+    })
 }
 
 async fn scheduled(srv: &Server, a: &reqwest::Client) -> Value {
@@ -255,11 +329,18 @@ pub async fn run(g: &Global, args: BlastArgs) -> anyhow::Result<ExitCode> {
     };
     let srv = start_server(&bin, &cfg).await?;
     eprintln!("fairway serve ({}) on {}", bin.display(), srv.base);
-    let flood = batch_flood(&srv, &a_tenant, &b, &args).await;
-    eprintln!("batch flood: {flood}");
+    let waits = Waits::follow(&cfg)?;
     let registry = Registry::from_config(&cfg, Default::default()).map_err(anyhow::Error::msg)?;
     let worker = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair).await?;
-    let failing = failing_jobs(&srv, &a_tenant, &b).await;
+    let parties = Parties { a: &a_tenant, b: &b, waits: &waits };
+    // Warm up: the worker's consumer group forms (seconds on the local broker) before
+    // any wait is measured.
+    let mut warm = Served::default();
+    warm.submit(&b, &srv.base, &json!({"job_type": "echo"})).await;
+    waits.p99(&warm.ids).await;
+    let flood = batch_flood(&srv, &parties, &args).await;
+    eprintln!("batch flood: {flood}");
+    let failing = failing_jobs(&srv, &parties).await;
     eprintln!("failing jobs: {failing}");
     worker.stop().await;
     let sched = scheduled(&srv, &a).await;

@@ -24,7 +24,7 @@
 
 use crate::core::retry::DurationMs;
 use crate::core::window::{Counts, RollingWindow};
-use crate::model::Millis;
+use crate::model::{FailureClass, Millis};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
@@ -244,6 +244,13 @@ impl FailingTenants {
         m.retain(|_, at| *at > now - window_ms);
         m.len()
     }
+
+    /// The tenants last recorded failing with `job_type` (sorted).
+    pub fn tenants(&self, job_type: &str) -> Vec<String> {
+        let mut out: Vec<String> = self.by_type.get(job_type).map(|m| m.keys().cloned().collect()).unwrap_or_default();
+        out.sort();
+        out
+    }
 }
 
 /// Breakers of all job types, created on first use with a shared configuration.
@@ -323,6 +330,179 @@ impl Breakers {
     }
 }
 
+/// Most (job type, tenant) breakers one pool of a worker keeps: past it, idle ones are
+/// dropped first, and a new pair is not tracked apart while every one is busy (its
+/// failures still count toward the type-wide breaker). About 1 KiB each.
+pub const MAX_TENANT_BREAKERS: usize = 10_000;
+
+/// Who opened a type-wide breaker, and until when only other tenants may probe it.
+#[derive(Debug, Clone)]
+struct Openers {
+    tenants: Vec<String>,
+    others_only_until: Millis,
+}
+
+/// What a recorded outcome changed: the type-wide breaker's state, the tenant's own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Changes {
+    pub type_wide: Option<BreakerState>,
+    pub tenant: Option<BreakerState>,
+}
+
+/// The worker-side breakers of one pool, scoped to whoever causes the failures. Only
+/// infrastructure failures count (dependency, timeout, worker crash:
+/// [`FailureClass::is_infrastructure`]); a job's own failures release a probe without a
+/// verdict.
+///
+/// - A **tenant's breaker** per (job type, tenant) counts that tenant's failures and
+///   holds back that tenant's jobs only (at most [`MAX_TENANT_BREAKERS`]).
+/// - The **type-wide breaker** counts failures only while at least `min_tenants`
+///   tenants have them in its window ([`FailingTenants`]). The tenants failing when it
+///   opens are its openers: for one more cool-down after it opens they are never its
+///   probe and their outcomes are never its verdict (another tenant's job decides);
+///   only when no other tenant came to probe by then may an opener's job probe, so a
+///   type that fails for every tenant still recovers.
+#[derive(Debug, Clone, Default)]
+pub struct ScopedBreakers {
+    types: Breakers,
+    configs: HashMap<String, BreakerConfig>,
+    default: BreakerConfig,
+    tenants: HashMap<(String, String), Breaker>,
+    failing: FailingTenants,
+    openers: HashMap<String, Openers>,
+    min_tenants: usize,
+}
+
+impl ScopedBreakers {
+    /// `configs`: job types with their own settings (else `default`).
+    pub fn new(default: BreakerConfig, configs: HashMap<String, BreakerConfig>, min_tenants: usize) -> Self {
+        let mut types = Breakers::new(default.clone());
+        for (job_type, c) in &configs {
+            types.insert(job_type, Breaker::new(c.clone()));
+        }
+        ScopedBreakers { types, configs, default, min_tenants: min_tenants.max(1), ..Default::default() }
+    }
+
+    /// The settings of `job_type`'s breakers.
+    pub fn config(&self, job_type: &str) -> &BreakerConfig {
+        self.configs.get(job_type).unwrap_or(&self.default)
+    }
+
+    /// The type-wide breakers.
+    pub fn type_wide(&self) -> &Breakers {
+        &self.types
+    }
+
+    /// State of `tenant`'s own breaker of `job_type` (`Closed` when not tracked).
+    pub fn tenant_state(&self, job_type: &str, tenant: &str) -> BreakerState {
+        self.tenants.get(&(job_type.to_owned(), tenant.to_owned())).map_or(BreakerState::Closed, Breaker::state)
+    }
+
+    /// (Job type, tenant) breakers tracked now (at most [`MAX_TENANT_BREAKERS`]).
+    pub fn tenants_tracked(&self) -> usize {
+        self.tenants.len()
+    }
+
+    /// Until when `tenant`, an opener of `job_type`'s type-wide breaker, must leave its
+    /// probe to the others (None: it need not).
+    fn others_only(&self, job_type: &str, tenant: &str, now: Millis) -> Option<Millis> {
+        let o = self.openers.get(job_type)?;
+        let applies = self.types.state(job_type) != BreakerState::Closed
+            && now < o.others_only_until
+            && o.tenants.iter().any(|t| t == tenant);
+        applies.then_some(o.others_only_until)
+    }
+
+    /// May `tenant`'s job of `job_type` run at `now`? Its own breaker first, then the
+    /// type-wide one (which an opener may not probe).
+    pub fn allow(&mut self, job_type: &str, tenant: &str, now: Millis) -> Admission {
+        let key = (job_type.to_owned(), tenant.to_owned());
+        let own = self.tenants.get_mut(&key).map_or(Admission::Allowed, |b| b.allow(now));
+        if let Admission::Rejected { .. } = own {
+            return own;
+        }
+        let wide = match self.others_only(job_type, tenant, now) {
+            Some(until) => Admission::Rejected { retry_at: until },
+            None => self.types.allow(job_type, now),
+        };
+        match (own, wide) {
+            (_, Admission::Rejected { .. }) => {
+                if let (Admission::Probe, Some(b)) = (own, self.tenants.get_mut(&key)) {
+                    b.abandon(now);
+                }
+                wide
+            }
+            (Admission::Probe, _) | (_, Admission::Probe) => Admission::Probe,
+            _ => Admission::Allowed,
+        }
+    }
+
+    /// `tenant`'s breaker of `job_type`, created if there is room (idle ones are dropped
+    /// to make room).
+    fn tenant_breaker(&mut self, job_type: &str, tenant: &str, now: Millis) -> Option<&mut Breaker> {
+        let key = (job_type.to_owned(), tenant.to_owned());
+        if !self.tenants.contains_key(&key) && self.tenants.len() >= MAX_TENANT_BREAKERS {
+            self.tenants.retain(|_, b| !b.is_idle(now));
+            if self.tenants.len() >= MAX_TENANT_BREAKERS {
+                return None;
+            }
+        }
+        let config = self.config(job_type).clone();
+        Some(self.tenants.entry(key).or_insert_with(|| Breaker::new(config)))
+    }
+
+    /// Records the outcome of `tenant`'s attempt of `job_type` (`failure` None: success).
+    pub fn record(&mut self, job_type: &str, tenant: &str, failure: Option<FailureClass>, now: Millis) -> Changes {
+        let infra = failure.is_some_and(FailureClass::is_infrastructure);
+        let key = (job_type.to_owned(), tenant.to_owned());
+        let tenant_change = if infra {
+            self.tenant_breaker(job_type, tenant, now).and_then(|b| b.record(now, false))
+        } else {
+            match (failure, self.tenants.get_mut(&key)) {
+                (None, Some(b)) => b.record(now, true),
+                (Some(_), Some(b)) => {
+                    b.abandon(now);
+                    None
+                }
+                (_, None) => None,
+            }
+        };
+        let changes = |type_wide| Changes { type_wide, tenant: tenant_change };
+        if self.others_only(job_type, tenant, now).is_some() {
+            // An opener's outcome is never the type-wide verdict.
+            return changes(None);
+        }
+        let type_wide = match failure {
+            None => self.types.record(job_type, now, true),
+            Some(_) if infra => {
+                let window = self.config(job_type).window.0;
+                if self.failing.record(job_type, tenant, now, window) >= self.min_tenants {
+                    self.types.record(job_type, now, false)
+                } else {
+                    self.types.abandon(job_type, now);
+                    None
+                }
+            }
+            Some(_) => {
+                self.types.abandon(job_type, now);
+                None
+            }
+        };
+        match type_wide {
+            Some(BreakerState::Open { until }) => {
+                let others_only_until = until.saturating_add(self.config(job_type).cool_down.0.max(0));
+                let tenants = self.failing.tenants(job_type);
+                self.openers.insert(job_type.to_owned(), Openers { tenants, others_only_until });
+            }
+            Some(BreakerState::Closed) => {
+                self.openers.remove(job_type);
+            }
+            _ => {}
+        }
+        changes(type_wide)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -335,6 +515,94 @@ mod tests {
         assert_eq!(f.record("http", "b", 2_000, 30_000), 2);
         assert_eq!(f.record("other", "c", 2_000, 30_000), 1, "per job type");
         assert_eq!(f.record("http", "c", 40_000, 30_000), 1, "a and b left the window");
+    }
+
+    fn scoped() -> ScopedBreakers {
+        let c = BreakerConfig { min_requests: 4, cool_down: DurationMs::secs(10), ..BreakerConfig::default() };
+        ScopedBreakers::new(c, HashMap::new(), 2)
+    }
+
+    const DEP: Option<FailureClass> = Some(FailureClass::Dependency);
+
+    #[test]
+    fn one_tenants_infrastructure_failures_hold_back_that_tenant_only() {
+        let mut b = scoped();
+        for i in 0..4 {
+            assert_eq!(b.allow("http", "a", i), Admission::Allowed);
+            b.record("http", "a", DEP, i);
+        }
+        assert!(matches!(b.tenant_state("http", "a"), BreakerState::Open { .. }));
+        assert!(matches!(b.allow("http", "a", 5), Admission::Rejected { .. }), "a is held back");
+        assert_eq!(b.allow("http", "b", 5), Admission::Allowed, "b runs");
+        assert_eq!(b.type_wide().state("http"), BreakerState::Closed);
+        // a's app errors and bad inputs are not infrastructure: they open nothing
+        for i in 0..20 {
+            b.record("http", "c", Some(FailureClass::AppError), 10 + i);
+            b.record("http", "c", Some(FailureClass::Permanent), 10 + i);
+        }
+        assert_eq!(b.allow("http", "c", 40), Admission::Allowed);
+    }
+
+    #[test]
+    fn timeouts_and_crashes_count_as_infrastructure() {
+        let mut b = scoped();
+        for (i, class) in [FailureClass::Timeout, FailureClass::WorkerCrash].into_iter().cycle().take(4).enumerate() {
+            b.record("http", "a", Some(class), i as Millis);
+        }
+        assert!(matches!(b.tenant_state("http", "a"), BreakerState::Open { .. }));
+    }
+
+    /// a and b fail together until the type-wide breaker opens; returns when.
+    fn opened_by_a_and_b(b: &mut ScopedBreakers) -> Millis {
+        for i in 0..3 {
+            for t in ["a", "b"] {
+                if let Some(BreakerState::Open { until }) = b.record("http", t, DEP, i).type_wide {
+                    return until;
+                }
+            }
+        }
+        panic!("the type-wide breaker did not open");
+    }
+
+    #[test]
+    fn a_type_wide_breaker_opens_on_several_tenants_and_an_opener_is_never_its_probe() {
+        let mut b = scoped();
+        let until = opened_by_a_and_b(&mut b);
+        assert!(matches!(b.allow("http", "c", until - 1), Admission::Rejected { .. }), "open for all");
+        // after the cool-down the openers wait; c's job is the probe
+        assert!(matches!(b.allow("http", "a", until), Admission::Rejected { .. }), "opener a");
+        assert!(matches!(b.allow("http", "b", until), Admission::Rejected { .. }), "opener b");
+        assert_eq!(b.allow("http", "c", until), Admission::Probe);
+        // an opener's late outcome is not the verdict, either way
+        assert_eq!(b.record("http", "a", None, until + 1).type_wide, None);
+        assert_eq!(b.record("http", "a", DEP, until + 2).type_wide, None);
+        assert!(matches!(b.type_wide().state("http"), BreakerState::HalfOpen { .. }));
+        // c's probe succeeds: closed for everyone
+        assert_eq!(b.record("http", "c", None, until + 3).type_wide, Some(BreakerState::Closed));
+        assert_eq!(b.allow("http", "c", until + 4), Admission::Allowed);
+    }
+
+    #[test]
+    fn an_opener_probes_only_when_no_other_tenant_came_for_a_cool_down() {
+        let mut b = scoped();
+        let until = opened_by_a_and_b(&mut b);
+        let others_only_until = until + 10_000;
+        assert_eq!(b.allow("http", "a", others_only_until - 1), Admission::Rejected { retry_at: others_only_until });
+        assert_eq!(b.allow("http", "a", others_only_until), Admission::Probe, "the type still recovers");
+        assert_eq!(b.record("http", "a", None, others_only_until + 1).type_wide, Some(BreakerState::Closed));
+    }
+
+    #[test]
+    fn tenant_breakers_are_bounded_and_idle_ones_make_room() {
+        let mut b = scoped();
+        for i in 0..MAX_TENANT_BREAKERS + 5 {
+            b.record(&format!("type{i}"), "a", DEP, 0);
+        }
+        assert_eq!(b.tenants_tracked(), MAX_TENANT_BREAKERS, "busy ones are kept, new ones not tracked");
+        // a window later every one is idle: a new failing tenant is tracked again
+        b.record("late", "a", DEP, 60_000);
+        assert_eq!(b.tenants_tracked(), 1);
+        assert!(b.tenants.contains_key(&("late".to_string(), "a".to_string())));
     }
     use proptest::prelude::*;
 

@@ -6,10 +6,17 @@
 //!   ([`Ranges`], from `[pools.<p>] max_run`: short < 1 s, medium < 1 min, long beyond
 //!   by default). A run outside the range of the pool it ran in is a *violation*, over
 //!   (too long) or under (too short).
-//! - **Measuring.** Every worker counts, per (job type, pool it ran in) and 10 s bucket,
-//!   its runs, violations and a log-scale histogram of run times ([`RunCell`], cumulative
-//!   cells in the `run_times` table). The classifier's leader sums the window's cells of
-//!   the pool a job type is assigned to now ([`window_runs`]).
+//! - **Per tenant.** Run times are what a tenant's inputs make them, so every judgement is
+//!   per (job type, tenant), a [`Subject`]: one tenant's slow jobs of a shared type move
+//!   that tenant's jobs of the type, never another tenant's.
+//! - **Measuring.** Every worker counts, per (job type, tenant, pool it ran in) and 10 s
+//!   bucket, its runs, violations and a log-scale histogram of run times ([`RunCell`],
+//!   cumulative cells in the `tenant_run_times` table). The classifier's leader sums the
+//!   window's cells of the pool a subject is assigned to now ([`window_runs`]).
+//! - **Bounded.** A worker counts at most `max_tracked` subjects per pool and bucket
+//!   (runs of further ones are not counted); the leader keeps at most `max_tracked`
+//!   classes and drops idle ones ([`idle`]: past their sticky time with no runs in the
+//!   window, their jobs go to the configured pool again and are measured afresh).
 //! - **Deciding** ([`decide`]): with at least `min_runs` runs in the window and more than
 //!   `max_violation_share` of them violating, the job type moves to the pool that fits its
 //!   p95 run time ([`Ranges::fitting`]). A p95 that still fits the current pool (widened by
@@ -18,7 +25,7 @@
 //!   sticky for `sticky`: no change at all until then, so the type cannot flap; after
 //!   it the same rule runs against the new pool, which moves the type back only when its
 //!   runs fall out of the new range (`move_down`) and fit the old one beyond hysteresis.
-//! - **Routing** ([`route`]): a job's explicit pool wins; else its type's class; else the
+//! - **Routing** ([`route`]): a job's explicit pool wins; else its subject's class; else the
 //!   configured pool. A replayed job ([`replay_pool`]) follows the class when its record
 //!   names the configured pool (the record cannot tell an explicit pool equal to the
 //!   configured one from none), and keeps any other pool.
@@ -53,6 +60,9 @@ pub struct ClassifierConfig {
     pub interval: DurationMs,
     /// How long a submitting process uses the classes it read before reading again.
     pub cache: DurationMs,
+    /// Most (job type, tenant) subjects measured per worker pool and bucket, and most
+    /// classes kept (each a row every submitter caches, ~100 bytes).
+    pub max_tracked: usize,
 }
 
 impl Default for ClassifierConfig {
@@ -68,6 +78,7 @@ impl Default for ClassifierConfig {
             move_down: true,
             interval: DurationMs::secs(10),
             cache: DurationMs::secs(5),
+            max_tracked: 10_000,
         }
     }
 }
@@ -85,6 +96,9 @@ impl ClassifierConfig {
         }
         if self.window.0 < RUN_BUCKET_MS {
             return Err(format!("window {} must be at least 10s (the bucket width), e.g. \"10m\"", self.window));
+        }
+        if self.max_tracked == 0 {
+            return Err("max_tracked must be at least 1, e.g. 10000".into());
         }
         if self.min_runs == 0 {
             return Err("min_runs must be at least 1, e.g. 100".into());
@@ -228,21 +242,60 @@ impl RunCell {
     }
 }
 
-/// Sums the cells `(bucket, job type, pool, cell)` of the window `(now - window_ms, now]`
-/// per (job type, pool).
+/// What the classifier judges: a job type's runs of one tenant.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Subject {
+    pub job_type: String,
+    pub tenant: String,
+}
+
+impl Subject {
+    pub fn new(job_type: &str, tenant: &str) -> Self {
+        Subject { job_type: job_type.to_string(), tenant: tenant.to_string() }
+    }
+
+    /// One string for a worker's in-memory cells (names hold no control characters).
+    pub fn key(&self) -> String {
+        format!("{}\u{1f}{}", self.job_type, self.tenant)
+    }
+
+    /// The subject of a [`Subject::key`].
+    pub fn from_key(key: &str) -> Option<Subject> {
+        let (job_type, tenant) = key.split_once('\u{1f}')?;
+        Some(Subject::new(job_type, tenant))
+    }
+}
+
+/// Sums the cells `(bucket, subject, pool, cell)` of the window `(now - window_ms, now]`
+/// per (subject, pool).
 pub fn window_runs<'a>(
-    cells: impl IntoIterator<Item = (Millis, &'a str, Pool, &'a RunCell)>,
+    cells: impl IntoIterator<Item = (Millis, &'a Subject, Pool, &'a RunCell)>,
     now: Millis,
     window_ms: i64,
-) -> HashMap<(String, Pool), RunCell> {
-    let mut out: HashMap<(String, Pool), RunCell> = HashMap::new();
-    for (bucket, job_type, pool, cell) in cells {
+) -> HashMap<(Subject, Pool), RunCell> {
+    let mut out: HashMap<(Subject, Pool), RunCell> = HashMap::new();
+    for (bucket, subject, pool, cell) in cells {
         if bucket + RUN_BUCKET_MS <= now - window_ms || bucket > now {
             continue;
         }
-        out.entry((job_type.to_string(), pool)).or_default().add(cell);
+        out.entry((subject.clone(), pool)).or_default().add(cell);
     }
     out
+}
+
+/// The classes to drop at `now`: past their sticky time, with no runs in the window
+/// (`active` says which subjects had some). Their jobs go to the configured pool again.
+pub fn idle<'a>(
+    classes: impl IntoIterator<Item = (&'a Subject, &'a Class)>,
+    active: impl Fn(&Subject) -> bool,
+    now: Millis,
+) -> Vec<Subject> {
+    classes.into_iter().filter(|(s, c)| now >= c.sticky_until && !active(s)).map(|(s, _)| s.clone()).collect()
+}
+
+/// Whether a subject without a class may get one: fewer than `max_tracked` classes.
+pub fn room_for_class(classes: usize, cfg: &ClassifierConfig) -> bool {
+    classes < cfg.max_tracked
 }
 
 /// Where a job type's new jobs go, as decided by the classifier.
@@ -269,10 +322,12 @@ pub struct Move {
 
 impl Move {
     /// One line for logs and the event: what moved, why, until when.
-    pub fn describe(&self, job_type: &str, cfg: &ClassifierConfig) -> String {
+    pub fn describe(&self, subject: &Subject, cfg: &ClassifierConfig) -> String {
         format!(
-            "job type {job_type} moved from pool {} to {}: p{:.0} run time {} ms; {} of {} runs ({:.1} %) outside \
+            "job type {} of tenant {:?} moved from pool {} to {}: p{:.0} run time {} ms; {} of {} runs ({:.1} %) outside \
              {}'s range over the last {} (limit {:.1} %); sticky until {} (epoch ms)",
+            subject.job_type,
+            subject.tenant,
             self.from,
             self.to,
             cfg.quantile * 100.0,

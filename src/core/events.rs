@@ -193,21 +193,22 @@ pub fn event(event_id: String, job: &JobSubmitted, kind: EventKind, at: Millis) 
     }
 }
 
-/// The event of a job type's move to another pool (`core::classifier`): about no one
-/// job, so keyed `job_type/<name>` with an empty tenant (admin feeds show it); `message`
-/// says what moved and why, `next_attempt_at` until when the move is sticky.
+/// The event of a (job type, tenant)'s move to another pool (`core::classifier`): about
+/// no one job, so keyed `job_type/<name>`, for the tenant whose jobs moved (its feeds
+/// and admin feeds show it); `message` says what moved and why, `next_attempt_at` until
+/// when the move is sticky.
 pub fn pool_reclassified(
     event_id: String,
-    job_type: &str,
+    subject: &crate::core::classifier::Subject,
     message: String,
     sticky_until: Millis,
     at: Millis,
 ) -> JobEvent {
     JobEvent {
         event_id,
-        job_id: format!("job_type/{job_type}"),
-        tenant: String::new(),
-        job_type: job_type.to_string(),
+        job_id: format!("job_type/{}", subject.job_type),
+        tenant: subject.tenant.clone(),
+        job_type: subject.job_type.clone(),
         kind: EventKind::PoolReclassified,
         at,
         attempt: 0,

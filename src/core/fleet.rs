@@ -250,6 +250,19 @@ impl<C: Clone + PartialEq + Default> OwnCells<C> {
         c.1 = false;
     }
 
+    /// As [`OwnCells::update`], unless `key` is new to the bucket of `now` and that
+    /// bucket already holds `max_keys` keys; returns whether the cell was changed.
+    pub fn update_bounded(&mut self, key: &str, now: Millis, max_keys: usize, change: impl FnOnce(&mut C)) -> bool {
+        let full = self
+            .buckets
+            .get(&bucket_start(now, self.bucket_ms))
+            .is_some_and(|b| b.len() >= max_keys && !b.contains_key(key));
+        if !full {
+            self.update(key, now, change);
+        }
+        !full
+    }
+
     /// Cells changed since written: (bucket, key, cell).
     pub fn pending(&self) -> Vec<(Millis, String, C)> {
         let mut out = Vec::new();
@@ -976,5 +989,16 @@ mod tests {
         assert_eq!(c.pending(), vec![(10_000, "b".to_string(), 6)], "cumulative, written whole");
         c.evict(31_000, 10_000);
         assert_eq!(c.pending(), Vec::<(Millis, String, i64)>::new(), "bucket 10 s ended 11 s ago, evicted");
+    }
+
+    #[test]
+    fn bounded_cells_keep_at_most_max_keys_per_bucket() {
+        let mut c: OwnCells<i64> = OwnCells::new(10_000);
+        assert!(c.update_bounded("a", 0, 2, |v| *v += 1));
+        assert!(c.update_bounded("b", 0, 2, |v| *v += 1));
+        assert!(!c.update_bounded("c", 0, 2, |v| *v += 1), "a third key in a full bucket");
+        assert!(c.update_bounded("a", 1, 2, |v| *v += 1), "a key already counted");
+        assert!(c.update_bounded("c", 10_000, 2, |v| *v += 1), "the next bucket has room");
+        assert_eq!(c.pending().len(), 3);
     }
 }

@@ -158,6 +158,23 @@ pub const TABLES: &[(&str, &str)] = &[
         "(scope text, job_type text, pool text, since bigint, sticky_until bigint, reason text, \
          PRIMARY KEY (scope, job_type))",
     ),
+    // Run times per deployment and 10 s bucket, job type, tenant, pool run in and worker
+    // (cumulative cells, TTL; `core::classifier`): the classifier judges each tenant's
+    // jobs of a type apart. (`run_times` above is no longer written.)
+    (
+        "tenant_run_times",
+        "(scope text, bucket bigint, job_type text, tenant text, pool text, worker text, runs bigint, \
+         over bigint, under bigint, hist map<int, bigint>, \
+         PRIMARY KEY ((scope, bucket), job_type, tenant, pool, worker))",
+    ),
+    // The classifier's decisions per deployment: the pool each reclassified (job type,
+    // tenant)'s new jobs go to, since when, sticky until when, and why (submitters read
+    // it; at most `classifier.max_tracked` rows). (`pool_classes` above is no longer written.)
+    (
+        "tenant_pool_classes",
+        "(scope text, job_type text, tenant text, pool text, since bigint, sticky_until bigint, reason text, \
+         PRIMARY KEY (scope, job_type, tenant))",
+    ),
     // Recurring schedules per deployment (`crate::schedules`): the definition as JSON,
     // paused or not, and the first fire not yet submitted (moved by LWT).
     (

@@ -2,18 +2,21 @@
 //!
 //! One worker of the deployment at a time (lease `classifier`) reads, every
 //! `classifier.interval`, the window's run-time cells every worker wrote
-//! (`worker::frontdoor`; settled buckets are read once), sums them per job type and
-//! pool, and asks [`decide`] about each configured job type with the runs of the pool it
-//! is assigned to now. A move is written to `pool_classes` first (what submitters read),
-//! then counted (`fairway_pool_reclassifications_total`), logged and published as a
-//! `pool_reclassified` event; `fairway_pool_class` shows each reclassified type's pool.
+//! (`worker::frontdoor`; settled buckets are read once), sums them per (job type,
+//! tenant) and pool, and asks [`decide`] about each such subject of a configured job
+//! type with the runs of the pool it is assigned to now: one tenant's slow runs move
+//! that tenant's jobs only. A move is written to `tenant_pool_classes` first (what
+//! submitters read), then counted (`fairway_pool_reclassifications_total`), logged and
+//! published as a `pool_reclassified` event to the tenant; `fairway_pool_class` counts
+//! the tenants of each type per pool. Classes idle at the pass ([`idle`]) are dropped,
+//! and no new class is made while `classifier.max_tracked` exist ([`room_for_class`]).
 
 use super::Shared;
-use crate::core::classifier::{assigned, decide, window_runs, Class, RUN_BUCKET_MS};
+use crate::core::classifier::{assigned, decide, idle, room_for_class, window_runs, Class, Subject, RUN_BUCKET_MS};
 use crate::core::fleet::BucketReads;
 use crate::store::{ClassRow, ClassifierStatements, RunTimeCell, StoreError};
 use crate::{metrics as m, now_ms};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -70,27 +73,43 @@ async fn pass(
     for b in reads.wanted(now) {
         reads.put(b, stmts.runs(b).await?, now);
     }
-    let mut classes: HashMap<String, Class> =
-        stmts.classes().await?.into_iter().map(|r| (r.job_type, r.class)).collect();
-    let cells = reads.cells().map(|(b, c)| (b, c.job_type.as_str(), c.pool, &c.cell));
+    let mut classes: HashMap<Subject, Class> =
+        stmts.classes().await?.into_iter().map(|r| (r.subject, r.class)).collect();
+    let cells = reads.cells().map(|(b, c)| (b, &c.subject, c.pool, &c.cell));
     let window = window_runs(cells, now, cfg.window.0);
-    for (name, jt) in &sh.cfg.job_types {
-        let class = classes.get(name);
-        let Some(runs) = window.get(&(name.clone(), assigned(jt.pool, class))) else { continue };
-        let Some(mv) = decide(cfg, &sh.ranges, jt.pool, class, runs, now) else { continue };
-        let reason = mv.describe(name, cfg);
-        stmts.put_class(&ClassRow { job_type: name.clone(), class: mv.class.clone(), reason: reason.clone() }).await?;
-        let (from, to) = (mv.from.as_str(), mv.to.as_str());
-        metrics::counter!(m::POOL_RECLASSIFICATIONS, "job_type" => name.clone(), "from" => from, "to" => to)
-            .increment(1);
-        tracing::warn!(job_type = name, from, to, "{reason}");
-        crate::events::pool_reclassified(&sh.producer, &sh.cfg, &sh.worker_id, name, reason, mv.class.sticky_until);
-        classes.insert(name.clone(), mv.class);
+    let active: BTreeSet<&Subject> = window.keys().map(|(s, _)| s).collect();
+    for subject in idle(&classes, |s| active.contains(s), now) {
+        stmts.drop_class(&subject).await?;
+        classes.remove(&subject);
     }
-    for (name, class) in classes.iter().filter(|(n, _)| sh.cfg.job_types.contains_key(*n)) {
+    for subject in active {
+        let Some(jt) = sh.cfg.job_types.get(&subject.job_type) else { continue };
+        let class = classes.get(subject);
+        if class.is_none() && !room_for_class(classes.len(), cfg) {
+            continue;
+        }
+        let Some(runs) = window.get(&(subject.clone(), assigned(jt.pool, class))) else { continue };
+        let Some(mv) = decide(cfg, &sh.ranges, jt.pool, class, runs, now) else { continue };
+        let reason = mv.describe(subject, cfg);
+        stmts
+            .put_class(&ClassRow { subject: subject.clone(), class: mv.class.clone(), reason: reason.clone() })
+            .await?;
+        let (name, from, to) = (subject.job_type.as_str(), mv.from.as_str(), mv.to.as_str());
+        metrics::counter!(m::POOL_RECLASSIFICATIONS, "job_type" => name.to_string(), "from" => from, "to" => to)
+            .increment(1);
+        tracing::warn!(job_type = name, tenant = subject.tenant, from, to, "{reason}");
+        let sticky = mv.class.sticky_until;
+        crate::events::pool_reclassified(&sh.producer, &sh.cfg, &sh.worker_id, subject, reason, sticky);
+        classes.insert(subject.clone(), mv.class);
+    }
+    let mut tenants: HashMap<(&str, crate::model::Pool), f64> = HashMap::new();
+    for (subject, class) in classes.iter().filter(|(s, _)| sh.cfg.job_types.contains_key(&s.job_type)) {
+        *tenants.entry((subject.job_type.as_str(), class.pool)).or_default() += 1.0;
+    }
+    for name in sh.cfg.job_types.keys() {
         for pool in crate::model::Pool::ALL {
-            let on = if pool == class.pool { 1.0 } else { 0.0 };
-            metrics::gauge!(m::POOL_CLASS, "job_type" => name.clone(), "pool" => pool.as_str()).set(on);
+            let n = tenants.get(&(name.as_str(), pool)).copied().unwrap_or(0.0);
+            metrics::gauge!(m::POOL_CLASS, "job_type" => name.clone(), "pool" => pool.as_str()).set(n);
         }
     }
     Ok(())

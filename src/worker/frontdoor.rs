@@ -9,13 +9,13 @@
 //!   `tenant_outcome_counts`), which the API processes read every second for their submission
 //!   circuit breakers;
 //! - **run times** (when the classifier is on): runs, pool-range violations and a
-//!   run-time histogram per job type in 10 s buckets (`core::classifier::RunCell`,
-//!   cumulative cells per worker in `run_times`), which the pool classifier's leader
-//!   reads (`worker::classifier`).
+//!   run-time histogram per (job type, tenant) in 10 s buckets (`core::classifier::RunCell`,
+//!   cumulative cells per worker in `tenant_run_times`, at most `classifier.max_tracked`
+//!   subjects per bucket), which the pool classifier's leader reads (`worker::classifier`).
 
 use super::Shared;
 use crate::core::admission::breaker::{OwnOutcomes, BUCKET_MS};
-use crate::core::classifier::{RunCell, Violation, RUN_BUCKET_MS};
+use crate::core::classifier::{RunCell, Subject, Violation, RUN_BUCKET_MS};
 use crate::core::fleet::OwnCells;
 use crate::model::{FailureClass, JobSubmitted, Millis};
 use crate::store::{AdmissionStatements, ClassifierStatements, OutcomeCell, RunTimeCell};
@@ -62,9 +62,16 @@ impl Tally {
         self.outcomes.record(job_type, tenant, failure, now);
     }
 
-    /// A run of `job_type` took `run_ms` (and violated this pool's range or not).
-    pub fn ran(&mut self, job_type: &str, run_ms: Millis, violation: Option<Violation>, now: Millis) {
-        self.runs.update(job_type, now, |c| c.record(run_ms, violation));
+    /// A run of `subject` took `run_ms` (and violated this pool's range or not); false
+    /// when the bucket already counts `max_tracked` other subjects (the run is not counted).
+    pub fn ran(
+        &mut self,
+        subject: &Subject,
+        run: (Millis, Option<Violation>),
+        now: Millis,
+        max_tracked: usize,
+    ) -> bool {
+        self.runs.update_bounded(&subject.key(), now, max_tracked, |c| c.record(run.0, run.1))
     }
 }
 
@@ -119,9 +126,10 @@ async fn write_runs(sh: &Shared, stmts: &ClassifierStatements) {
         t.runs.pending()
     };
     let mut by_bucket: HashMap<Millis, Vec<RunTimeCell>> = HashMap::new();
-    for (bucket, job_type, cell) in &pending {
-        let (job_type, worker, cell) = (job_type.clone(), sh.worker_id.clone(), cell.clone());
-        by_bucket.entry(*bucket).or_default().push(RunTimeCell { job_type, pool: sh.pool, worker, cell });
+    for (bucket, key, cell) in &pending {
+        let Some(subject) = Subject::from_key(key) else { continue };
+        let (worker, cell) = (sh.worker_id.clone(), cell.clone());
+        by_bucket.entry(*bucket).or_default().push(RunTimeCell { subject, pool: sh.pool, worker, cell });
     }
     let ttl = ((window + KEEP_MS) / 1000).clamp(60, i32::MAX as i64) as i32;
     let mut all_written = true;

@@ -20,7 +20,7 @@ pub mod usage;
 pub mod watchdog;
 
 use crate::config::Config;
-use crate::core::breaker::{Admission, Breaker, BreakerConfig, BreakerState, Breakers};
+use crate::core::breaker::{Admission, BreakerConfig, BreakerState, ScopedBreakers};
 use crate::core::poison::PoisonDetectors;
 use crate::core::retry::{self, AttemptState, Decision, RetryBudget, RetryPolicy};
 use crate::handlers::{JobLive, Registry};
@@ -86,11 +86,8 @@ pub struct Shared {
 
 /// The failure-handling cores of one pool.
 pub struct Health {
-    pub breakers: Breakers,
-    /// Who the dependency failures come from (the breakers count them only from several).
-    pub failing: crate::core::breaker::FailingTenants,
-    /// `admission.breaker.min_tenants`.
-    pub min_tenants: usize,
+    /// Per job type and per (job type, tenant), scoped to who fails (`core::breaker`).
+    pub breakers: ScopedBreakers,
     pub poison: PoisonDetectors,
     pub budget: RetryBudget,
 }
@@ -99,23 +96,13 @@ impl Health {
     /// With `worker.fleet_limits`, the retry budgets and poison detectors are judged on
     /// the whole pool's counts (`core::fleet_counts`), this worker being `worker_id`.
     pub fn new(cfg: &Config, worker_id: &str) -> Self {
-        let mut breakers = Breakers::new(BreakerConfig::default());
-        for (name, jt) in &cfg.job_types {
-            if let Some(b) = &jt.breaker {
-                breakers.insert(name, Breaker::new(b.clone()));
-            }
-        }
+        let configs = cfg.job_types.iter().filter_map(|(n, jt)| Some((n.clone(), jt.breaker.clone()?))).collect();
+        let breakers = ScopedBreakers::new(BreakerConfig::default(), configs, cfg.admission.breaker.min_tenants);
         let mut budget = RetryBudget::new(cfg.worker.retry_budget.clone());
         if cfg.worker.fleet_limits {
             budget.fleet_wide(worker_id);
         }
-        Health {
-            breakers,
-            failing: Default::default(),
-            min_tenants: cfg.admission.breaker.min_tenants,
-            poison: PoisonDetectors::new(cfg.worker.poison.clone()),
-            budget,
-        }
+        Health { breakers, poison: PoisonDetectors::new(cfg.worker.poison.clone()), budget }
     }
 }
 
@@ -197,11 +184,11 @@ impl Shared {
     /// May a job of this type run now? (Its dependency's circuit breaker.)
     pub fn admit(&self, job_type: &str, tenant: &str, first_attempt: bool, now: Millis) -> Admission {
         let mut h = self.health.lock().expect("health lock");
-        let mut a = h.breakers.allow(job_type, now);
+        let mut a = h.breakers.allow(job_type, tenant, now);
         if let Admission::Rejected { retry_at } = &mut a {
             // While a probe is out, the breaker points at the probe's deadline; look
             // again after one cool-down instead, the probe usually answers sooner.
-            let cool_down = h.breakers.get(job_type).map(|b| b.config().cool_down.0).unwrap_or(60_000);
+            let cool_down = h.breakers.config(job_type).cool_down.0;
             *retry_at = (*retry_at).min(now + cool_down.max(100));
         }
         // The retry budget compares retries with fresh dispatches (first attempts only).
@@ -211,19 +198,23 @@ impl Shared {
         a
     }
 
-    /// Counts a run's time for the pool classifier, and its violation of this pool's
-    /// range in `fairway_pool_violations_total`.
-    pub fn record_run(&self, job_type: &str, run_ms: Millis, now: Millis) {
+    /// Counts a run's time of `tenant`'s job for the pool classifier, and its violation
+    /// of this pool's range in `fairway_pool_violations_total`.
+    pub fn record_run(&self, job_type: &str, tenant: &str, run_ms: Millis, now: Millis) {
         if !self.cfg.classifier.enabled {
             return;
         }
         let violation = self.ranges.violation(self.pool, run_ms);
+        let (pool, job_type_label) = (self.pool.as_str(), self.bounded_job_type(job_type));
         if let Some(v) = violation {
-            let (pool, job_type_label) = (self.pool.as_str(), self.bounded_job_type(job_type));
-            metrics::counter!(crate::metrics::POOL_VIOLATIONS, "pool" => pool, "job_type" => job_type_label, "direction" => v.as_str())
+            metrics::counter!(crate::metrics::POOL_VIOLATIONS, "pool" => pool, "job_type" => job_type_label.clone(), "direction" => v.as_str())
                 .increment(1);
         }
-        self.front_door.lock().expect("front-door tally").ran(job_type, run_ms, violation, now);
+        let subject = crate::core::classifier::Subject::new(job_type, tenant);
+        let max = self.cfg.classifier.max_tracked;
+        if !self.front_door.lock().expect("front-door tally").ran(&subject, (run_ms, violation), now, max) {
+            metrics::counter!(crate::metrics::CLASSIFIER_UNTRACKED_RUNS, "pool" => pool).increment(1);
+        }
     }
 
     /// Feeds an attempt of `tenant`'s job to the breaker and the poison detector (which
@@ -232,21 +223,16 @@ impl Shared {
     pub fn record_outcome(&self, job_type: &str, tenant: &str, failure: Option<FailureClass>, now: Millis) {
         self.front_door.lock().expect("front-door tally").outcome(job_type, tenant, failure, now);
         let mut h = self.health.lock().expect("health lock");
-        // Only dependency failures open a breaker, and only once several tenants have
-        // them; successes close it.
-        match failure {
-            None => {
-                h.breakers.record(job_type, now, true);
-            }
-            Some(FailureClass::Dependency) => {
-                let window = h.breakers.get(job_type).map_or(30_000, |b| b.config().window.0);
-                if h.failing.record(job_type, tenant, now, window) >= h.min_tenants {
-                    h.breakers.record(job_type, now, false);
-                } else {
-                    h.breakers.abandon(job_type, now);
-                }
-            }
-            Some(_) => h.breakers.abandon(job_type, now),
+        // Infrastructure failures open the tenant's breaker, and the type's only once
+        // several tenants have them; successes close them.
+        let changes = h.breakers.record(job_type, tenant, failure, now);
+        if let Some(state) = changes.tenant {
+            tracing::warn!(
+                job_type,
+                tenant,
+                state = state.as_str(),
+                "breaker of this tenant's jobs of the type changed"
+            );
         }
         let key = crate::core::poison::tenant_key(job_type, tenant);
         if let Some(q) = h.poison.record_outcome(&key, now, failure) {
@@ -257,7 +243,7 @@ impl Shared {
                 "poison quarantine changed (for this tenant's jobs of the type)"
             );
         }
-        let state = h.breakers.state(job_type);
+        let state = h.breakers.type_wide().state(job_type);
         metrics::gauge!(crate::metrics::BREAKER_OPEN, "job_type" => self.bounded_job_type(job_type))
             .set(if state == BreakerState::Closed { 0.0 } else { 1.0 });
     }

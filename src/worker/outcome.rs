@@ -45,7 +45,7 @@ pub(super) async fn record(sh: &Shared, job: &JobSubmitted, origin: &Origin, run
     };
     if let Some(failure) = verdict {
         sh.record_outcome(&job.job_type, &job.tenant, failure, now_ms());
-        sh.record_run(&job.job_type, run_ms as crate::model::Millis, now_ms());
+        sh.record_run(&job.job_type, &job.tenant, run_ms as crate::model::Millis, now_ms());
     }
     let started = Some(started_at);
     let durable = match result {

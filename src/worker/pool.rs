@@ -835,7 +835,7 @@ impl Loop {
             }
             // Job types whose circuit breaker is open or half-open here (the console).
             if let Ok(h) = self.sh.health.lock() {
-                let open: Vec<&str> = h.breakers.not_closed().map(|(t, _)| t).collect();
+                let open: Vec<&str> = h.breakers.type_wide().not_closed().map(|(t, _)| t).collect();
                 pool.insert("breakers_open".into(), open.into());
             }
         }

@@ -60,7 +60,8 @@ fn a_short_type_running_long_moves_to_medium_sticky_for_an_hour() {
     let m = decide(&cfg(), &ranges(), Pool::Short, None, &w, 1_000).expect("moves");
     assert_eq!((m.from, m.to, m.runs, m.violations), (Pool::Short, Pool::Medium, 20, 20));
     assert_eq!(m.class, Class { pool: Pool::Medium, since: 1_000, sticky_until: 1_000 + 3_600_000 });
-    assert!(m.describe("report", &cfg()).contains("from pool short to medium"), "{}", m.describe("report", &cfg()));
+    let s = Subject::new("report", "acme");
+    assert!(m.describe(&s, &cfg()).contains("from pool short to medium"), "{}", m.describe(&s, &cfg()));
     // Sticky: nothing changes for an hour, whatever the runs.
     let fast = runs(Pool::Medium, &[(5, 50)]);
     assert_eq!(decide(&cfg(), &ranges(), Pool::Short, Some(&m.class), &fast, 3_600_000), None);
@@ -94,17 +95,55 @@ fn routing_explicit_pool_wins_and_replays_follow_the_class_from_the_configured_p
 }
 
 #[test]
-fn window_runs_sum_the_window_per_type_and_pool() {
+fn window_runs_sum_the_window_per_subject_and_pool() {
     let a = runs(Pool::Short, &[(1_500, 2)]);
     let b = runs(Pool::Short, &[(10, 3)]);
-    let cells = [(0, "t", Pool::Short, &a), (10_000, "t", Pool::Short, &b), (10_000, "t", Pool::Medium, &a)];
+    let (t, u) = (Subject::new("t", "acme"), Subject::new("t", "globex"));
+    let cells = [(0, &t, Pool::Short, &a), (10_000, &t, Pool::Short, &b), (10_000, &t, Pool::Medium, &a)];
     let w = window_runs(cells, 20_000, 10_000);
-    assert_eq!(w[&("t".to_string(), Pool::Short)].runs, 3, "bucket 0 ended at the window's start");
+    assert_eq!(w[&(t.clone(), Pool::Short)].runs, 3, "bucket 0 ended at the window's start");
     let w = window_runs(cells, 15_000, 60_000);
-    let short = &w[&("t".to_string(), Pool::Short)];
+    let short = &w[&(t.clone(), Pool::Short)];
     assert_eq!((short.runs, short.over, short.under), (5, 2, 0));
     assert_eq!(short.hist.values().sum::<i64>(), 5);
-    assert_eq!(w[&("t".to_string(), Pool::Medium)].runs, 2);
+    assert_eq!(w[&(t.clone(), Pool::Medium)].runs, 2);
+    assert!(!w.contains_key(&(u, Pool::Short)), "another tenant's runs of the type are its own");
+}
+
+#[test]
+fn one_tenants_slow_runs_move_that_tenants_jobs_only() {
+    let (acme, globex) = (Subject::new("shared", "acme"), Subject::new("shared", "globex"));
+    let slow = runs(Pool::Short, &[(1_500, 20)]);
+    let fast = runs(Pool::Short, &[(10, 20)]);
+    let cells = [(0, &acme, Pool::Short, &slow), (0, &globex, Pool::Short, &fast)];
+    let w = window_runs(cells, 5_000, 60_000);
+    let moved = |s: &Subject| decide(&cfg(), &ranges(), Pool::Short, None, &w[&(s.clone(), Pool::Short)], 5_000);
+    let m = moved(&acme).expect("acme's jobs move");
+    assert_eq!(m.to, Pool::Medium);
+    assert_eq!(moved(&globex), None, "globex's jobs of the type stay");
+    assert_eq!(route(None, Pool::Short, Some(&m.class)), Pool::Medium);
+    assert!(m.describe(&acme, &cfg()).contains("of tenant \"acme\""));
+}
+
+#[test]
+fn subject_keys_round_trip() {
+    let s = Subject::new("video.encode", "acme-1");
+    assert_eq!(Subject::from_key(&s.key()), Some(s));
+    assert_eq!(Subject::from_key("no separator"), None);
+}
+
+#[test]
+fn idle_classes_are_dropped_after_their_sticky_time_and_new_ones_are_capped() {
+    let class = Class { pool: Pool::Medium, since: 0, sticky_until: 1_000 };
+    let (busy, quiet) = (Subject::new("t", "busy"), Subject::new("t", "quiet"));
+    let classes: HashMap<Subject, Class> = [(busy.clone(), class.clone()), (quiet.clone(), class)].into();
+    let active = |s: &Subject| *s == busy;
+    assert!(idle(&classes, active, 999).is_empty(), "sticky: kept");
+    assert_eq!(idle(&classes, active, 1_000), vec![quiet], "no runs in the window and past sticky");
+    let c = ClassifierConfig { max_tracked: 2, ..Default::default() };
+    assert!(room_for_class(1, &c));
+    assert!(!room_for_class(2, &c));
+    assert!(ClassifierConfig { max_tracked: 0, ..Default::default() }.validate().is_err());
 }
 
 #[test]
