@@ -264,6 +264,12 @@ pub struct WorkerConfig {
     /// it (`worker::watchdog`). Longer than a restart of the database; 0 = never.
     #[serde(with = "humantime_serde_compat")]
     pub store_outage_limit: Duration,
+    /// A tenant with nothing queued or running in a pool of this worker and no activity
+    /// there for this long is forgotten by that pool's scheduler (its registry settings
+    /// stay; it comes back as a new tenant, with no banked credit): memory follows the
+    /// tenants active lately, not every tenant ever seen.
+    #[serde(with = "humantime_serde_compat")]
+    pub tenant_idle_evict: Duration,
 }
 
 impl Default for WorkerConfig {
@@ -282,6 +288,7 @@ impl Default for WorkerConfig {
             skip_fresh_reads: true,
             fleet_limits: true,
             store_outage_limit: Duration::from_secs(180),
+            tenant_idle_evict: Duration::from_secs(600),
         }
     }
 }
@@ -620,6 +627,9 @@ impl Config {
         }
         self.worker.poison.validate().map_err(|e| invalid(format!("worker.poison.{}", e.field), e.problem))?;
         self.worker.retry_budget.validate().map_err(|(field, m)| invalid(format!("worker.retry_budget.{field}"), m))?;
+        if self.worker.tenant_idle_evict.as_millis() == 0 {
+            return Err(invalid("worker.tenant_idle_evict", "must be positive, e.g. \"10m\""));
+        }
         if self.worker.promoter_rate == 0 {
             return Err(invalid("worker.promoter_rate", "must be at least 1 (jobs per second), e.g. 20000"));
         }

@@ -54,6 +54,8 @@ pub const OLDEST_WAIT_SECONDS: &str = "fairway_oldest_wait_seconds";
 pub const OLDEST_DUE_UNPROMOTED_AGE: &str = "fairway_oldest_due_unpromoted_age_seconds";
 pub const JOBS_PROMOTED: &str = "fairway_jobs_promoted_total";
 pub const TENANT_APPLY_FAILURES: &str = "fairway_tenant_apply_failures_total";
+pub const SCHEDULER_TENANTS: &str = "fairway_scheduler_tenants";
+pub const SCHEDULER_TENANTS_EVICTED: &str = "fairway_scheduler_tenants_evicted_total";
 pub const POOL_UNASSIGNED_SECONDS: &str = "fairway_pool_unassigned_seconds";
 pub const HAND_OFFS: &str = "fairway_hand_offs_total";
 pub const RUNNING_WRITE_FAILURES: &str = "fairway_running_write_failures_total";
@@ -188,6 +190,11 @@ pub fn describe() {
     describe_counter!(
         STATE_READS_SKIPPED,
         "Jobs started without the effectively-once state read (never started by anyone: above the dispatch frontier), by pool"
+    );
+    describe_gauge!(SCHEDULER_TENANTS, "Tenants whose state this worker's scheduler holds (active lately), by pool");
+    describe_counter!(
+        SCHEDULER_TENANTS_EVICTED,
+        "Idle tenants forgotten by this worker's scheduler (worker.tenant_idle_evict), by pool"
     );
     describe_counter!(PARTITION_PAUSES, "Partitions paused because a tenant's buffer in this worker was full");
     describe_gauge!(BREAKER_OPEN, "1 while the job type's circuit breaker is open or half-open, by job type");

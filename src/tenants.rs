@@ -30,6 +30,12 @@ const FEED_OVERLAP_MS: i64 = 5_000;
 const MAX_PENDING: usize = 10_000;
 /// Most tenants per registration pass.
 const REGISTER_PASS: usize = 1_000;
+/// A job of a tenant this process does not know asks the store at most this often (one
+/// read of the version counter; the change feed only when it moved): a flood of jobs
+/// from unknown tenants costs the store nothing more.
+const MISS_RECHECK: Duration = Duration::from_millis(500);
+/// How long a miss waits for the follower to apply a newer version.
+const MISS_CATCH_UP: Duration = Duration::from_secs(5);
 
 /// What a process read from the registry (for benches and tests: it grows with changes,
 /// not with tenants, once started).
@@ -47,12 +53,14 @@ pub struct RegistryReads {
 #[derive(Clone)]
 pub struct LiveTenants {
     rx: watch::Receiver<Arc<TenantSet>>,
-    /// The poller's sender too: a reload on a miss publishes what it read.
-    tx: Arc<watch::Sender<Arc<TenantSet>>>,
     stmts: TenantStatements,
     cfg: Arc<Config>,
     registrar: Arc<Registrar>,
     reads: Arc<RegistryReads>,
+    /// When the latest miss check started (one at a time, see [`MISS_RECHECK`]).
+    miss: Arc<tokio::sync::Mutex<Option<Instant>>>,
+    /// Wakes the follower at once (a miss saw a newer version).
+    poke: Arc<Notify>,
 }
 
 /// Tenants admitted by policy that this process is registering: each once, many per write.
@@ -79,26 +87,60 @@ impl LiveTenants {
         }
         let (tx, rx) = watch::channel(Arc::new(first));
         let tx = Arc::new(tx);
+        let poke = Arc::new(Notify::new());
         let follow = Follow {
             stmts: stmts.clone(),
             tx: tx.clone(),
             reads: reads.clone(),
             read_from: loaded_at - FEED_OVERLAP_MS,
+            poke: poke.clone(),
         };
         tokio::spawn(follow.run(cfg.registry.poll_interval, shutdown.clone()));
-        let live = LiveTenants { rx, tx, stmts, cfg, registrar: Default::default(), reads };
+        let miss = Arc::new(tokio::sync::Mutex::new(None));
+        let live = LiveTenants { rx, stmts, cfg, registrar: Default::default(), reads, miss, poke };
         tokio::spawn(live.clone().register_in_background(shutdown));
         Ok(live)
     }
 
     /// A miss: `tenant` is refused by this process's view, which may be up to a poll
-    /// interval old. Reads the registry again (and publishes it if newer); true if the
-    /// tenant is registered after all (a brand-new tenant), so its job must not be refused.
+    /// interval old. True if the tenant is registered after all (a brand-new tenant), so
+    /// its job must not be refused. Answers from a view at least as new as the registry
+    /// when it was asked: one check at a time per process, at most one per
+    /// [`MISS_RECHECK`], each a read of the version counter (plus the change feed, by the
+    /// follower, if it moved); misses asked before a check started share its answer. So
+    /// jobs of unknown tenants cost the store O(1) reads per `MISS_RECHECK`, not a read of
+    /// every tenant each.
     pub async fn registered_after_all(&self, tenant: &str) -> Result<bool, StoreError> {
-        let set = load(&self.stmts, &self.reads).await?;
-        let known = set.tenants.contains_key(tenant);
-        publish(&self.tx, set);
-        Ok(known)
+        let asked = Instant::now();
+        let mut last = self.miss.lock().await;
+        if last.is_none_or(|t| t < asked) {
+            if let Some(t) = *last {
+                tokio::time::sleep_until((t + MISS_RECHECK).into()).await;
+            }
+            *last = Some(Instant::now());
+            self.catch_up().await?;
+        }
+        Ok(self.current().tenants.contains_key(tenant))
+    }
+
+    /// Brings this process's view up to the registry's current version: reads the
+    /// version; if it moved, wakes the follower (feed since its last read) and waits.
+    async fn catch_up(&self) -> Result<(), StoreError> {
+        let version = self.stmts.version().await?;
+        if self.current().version >= version {
+            return Ok(());
+        }
+        self.poke.notify_one();
+        let mut rx = self.rx.clone();
+        let caught_up =
+            tokio::time::timeout(MISS_CATCH_UP, rx.wait_for(|s| s.version >= version)).await.is_ok_and(|r| r.is_ok());
+        if caught_up {
+            return Ok(());
+        }
+        Err(StoreError::Query {
+            what: "tenants registry",
+            message: format!("registry version {version} not applied within {MISS_CATCH_UP:?}"),
+        })
     }
 
     pub fn current(&self) -> Arc<TenantSet> {
@@ -211,8 +253,7 @@ async fn load(stmts: &TenantStatements, reads: &RegistryReads) -> Result<TenantS
     Ok(TenantSet { version, tenants })
 }
 
-/// Publishes `set` unless the current view is the same or newer (the follower and a
-/// reload on a miss may race).
+/// Publishes `set` unless the current view is the same or newer.
 fn publish(tx: &watch::Sender<Arc<TenantSet>>, set: TenantSet) {
     tx.send_if_modified(|cur| {
         if set.version < cur.version || **cur == set {
@@ -231,6 +272,8 @@ struct Follow {
     reads: Arc<RegistryReads>,
     /// Where the next feed read starts (writers' clock, ms).
     read_from: i64,
+    /// A miss saw a newer version: poll now.
+    poke: Arc<Notify>,
 }
 
 impl Follow {
@@ -240,6 +283,7 @@ impl Follow {
             tokio::select! {
                 _ = shutdown.changed() => return,
                 _ = tokio::time::sleep(every) => {}
+                _ = self.poke.notified() => {}
             }
             let known = self.tx.borrow().version;
             let version = match self.stmts.version().await {

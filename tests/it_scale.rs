@@ -65,6 +65,38 @@ async fn a_change_among_10000_tenants_reaches_a_process_without_rereading_them()
     assert!(feed <= changes as u64 * 12, "{feed} feed entries read for {changes} changes");
 }
 
+/// A job of a tenant the process does not know asks the store whether it was registered
+/// meanwhile. A flood of them (an attacker's, or a producer's typo) must not re-read the
+/// registry per job: one version read per check, checks shared and spaced out, and a
+/// tenant registered a moment ago is still found (through the change feed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_of_unknown_tenants_do_not_reread_the_registry() {
+    // A poll interval longer than the test: only the misses can bring news.
+    let cfg = common::arc(common::config("[registry]\npoll_interval = \"60s\"\n"));
+    common::init(&cfg).await;
+    let store = Store::open(&cfg).await.unwrap();
+    let (_stop, stopped) = tokio::sync::watch::channel(false);
+    let live = fairway::tenants::LiveTenants::start(cfg.clone(), &store, stopped).await.unwrap();
+    let t = Instant::now();
+    let answers: Vec<bool> = futures::stream::iter(0..300)
+        .map(|i| {
+            let live = live.clone();
+            async move { live.registered_after_all(&format!("nobody{i}")).await.unwrap() }
+        })
+        .buffer_unordered(300)
+        .collect()
+        .await;
+    eprintln!("300 misses answered in {:?}", t.elapsed());
+    assert!(answers.iter().all(|known| !known));
+    let reads = live.reads();
+    assert_eq!(reads.full_reloads.load(Ordering::Relaxed), 1, "misses must not reload every tenant");
+    // A tenant registered after the process's last read is found on its first miss.
+    let stmts = store.tenant_statements().await.unwrap();
+    stmts.register(&[TenantRecord::new("brand-new", Tier::Standard)], fairway::now_ms()).await.unwrap();
+    assert!(live.registered_after_all("brand-new").await.unwrap(), "a tenant registered meanwhile is found");
+    assert_eq!(reads.full_reloads.load(Ordering::Relaxed), 1, "found through the change feed");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn new_tenants_and_rowless_free_accounts_run_and_register_in_batches() {
     let extra = "[job_types.say]\npool = \"short\"\nhandler = \"echo\"\n\

@@ -229,17 +229,20 @@ impl Breaker {
 /// breaker stops the type for every tenant, so it counts dependency failures only
 /// while they come from at least `min_tenants` tenants (a tenant whose own inputs make
 /// the dependency fail, e.g. answer 503, cannot stop the type for the others); bounded
-/// by job types x tenants.
+/// by job types x tenants failing within the window ([`FailingTenants::prune`] forgets
+/// the rest).
 #[derive(Debug, Clone, Default)]
 pub struct FailingTenants {
-    by_type: HashMap<String, HashMap<String, Millis>>,
+    /// Per job type: its window (ms) and each tenant's latest failure.
+    by_type: HashMap<String, (i64, HashMap<String, Millis>)>,
 }
 
 impl FailingTenants {
     /// `tenant`'s job of `job_type` failed on its dependency at `now`; returns how many
     /// tenants did within `window_ms`.
     pub fn record(&mut self, job_type: &str, tenant: &str, now: Millis, window_ms: i64) -> usize {
-        let m = self.by_type.entry(job_type.to_owned()).or_default();
+        let (w, m) = self.by_type.entry(job_type.to_owned()).or_default();
+        *w = window_ms;
         m.insert(tenant.to_owned(), now);
         m.retain(|_, at| *at > now - window_ms);
         m.len()
@@ -247,9 +250,27 @@ impl FailingTenants {
 
     /// The tenants last recorded failing with `job_type` (sorted).
     pub fn tenants(&self, job_type: &str) -> Vec<String> {
-        let mut out: Vec<String> = self.by_type.get(job_type).map(|m| m.keys().cloned().collect()).unwrap_or_default();
+        let mut out: Vec<String> =
+            self.by_type.get(job_type).map(|(_, m)| m.keys().cloned().collect()).unwrap_or_default();
         out.sort();
         out
+    }
+
+    /// Forgets failures older than their type's window, and types with none left.
+    pub fn prune(&mut self, now: Millis) {
+        self.by_type.retain(|_, (w, m)| {
+            m.retain(|_, at| *at > now - *w);
+            !m.is_empty()
+        });
+    }
+
+    /// Tenants remembered, over all job types.
+    pub fn len(&self) -> usize {
+        self.by_type.values().map(|(_, m)| m.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_type.is_empty()
     }
 }
 
@@ -451,6 +472,14 @@ impl ScopedBreakers {
         Some(self.tenants.entry(key).or_insert_with(|| Breaker::new(config)))
     }
 
+    /// Forgets what no longer counts at `now`: failures past their window, idle tenant
+    /// breakers, openers whose others-only time is over (bounds memory between uses).
+    pub fn prune(&mut self, now: Millis) {
+        self.failing.prune(now);
+        self.tenants.retain(|_, b| !b.is_idle(now));
+        self.openers.retain(|_, o| o.others_only_until > now);
+    }
+
     /// Records the outcome of `tenant`'s attempt of `job_type` (`failure` None: success).
     pub fn record(&mut self, job_type: &str, tenant: &str, failure: Option<FailureClass>, now: Millis) -> Changes {
         let infra = failure.is_some_and(FailureClass::is_infrastructure);
@@ -506,6 +535,20 @@ impl ScopedBreakers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failing_tenants_are_forgotten_after_their_window() {
+        let mut f = FailingTenants::default();
+        for i in 0..1_000 {
+            f.record("fetch", &format!("t{i}"), 1_000, 30_000);
+        }
+        f.record("mail", "a", 20_000, 60_000);
+        assert_eq!(f.len(), 1_001);
+        f.prune(31_000);
+        assert_eq!(f.len(), 1, "fetch's failures left its 30 s window; mail's (60 s) did not");
+        f.prune(80_001);
+        assert!(f.is_empty());
+    }
 
     #[test]
     fn failing_tenants_counts_distinct_tenants_in_the_window() {
@@ -603,6 +646,20 @@ mod tests {
         b.record("late", "a", DEP, 60_000);
         assert_eq!(b.tenants_tracked(), 1);
         assert!(b.tenants.contains_key(&("late".to_string(), "a".to_string())));
+    }
+
+    #[test]
+    fn prune_forgets_failures_idle_tenant_breakers_and_expired_openers() {
+        let mut b = scoped();
+        for t in ["a", "b", "c"] {
+            b.record("dep", t, DEP, 0);
+        }
+        assert!(b.tenants_tracked() > 0 && !b.failing.is_empty());
+        b.prune(1);
+        assert!(b.tenants_tracked() > 0, "a breaker with failures in its window is kept");
+        b.prune(10_000_000);
+        assert_eq!(b.tenants_tracked(), 0);
+        assert!(b.failing.is_empty() && b.openers.is_empty());
     }
     use proptest::prelude::*;
 

@@ -4,7 +4,8 @@
 //! serves, the slot-milliseconds each tenant used in the current time bucket
 //! ([`OwnUsage`]) and writes them to the `usage` table as one cell per (pool, bucket,
 //! tenant, worker) holding the cumulative value for that bucket (no counters, so a
-//! retried write is harmless). It reads back the recent buckets of every pool
+//! retried write is harmless), for at most [`TOP_TENANTS`] tenants per (pool, bucket,
+//! worker); the rest share one [`OTHERS`] cell, attributed to nobody. It reads back the recent buckets of every pool
 //! ([`UsageView`]: buckets that can no longer change are cached, so a pass reads only
 //! the newest bucket or two per pool) and computes, per tenant, the slot-seconds used
 //! **elsewhere** (every cell except this worker's own cells of this pool), each bucket
@@ -68,7 +69,7 @@ pub fn usage_elsewhere<'a>(
         if c.slot_ms <= 0 || c.bucket + bucket_ms <= now - window_ms {
             continue;
         }
-        if c.pool == own_pool && c.worker == own_worker {
+        if (c.pool == own_pool && c.worker == own_worker) || c.tenant == OTHERS {
             continue;
         }
         let w = decay_weight(c.bucket, bucket_ms, now, half_life_ms);
@@ -77,33 +78,85 @@ pub fn usage_elsewhere<'a>(
     out
 }
 
+/// The tenant name of a worker's "others" cell: the slot-time of its tenants without a
+/// cell of their own in the bucket (see [`OwnUsage`]). Readers attribute it to nobody.
+pub const OTHERS: &str = "\u{1f}others";
+
+/// Tenants per worker, pool and bucket with a usage cell of their own (the rest share the
+/// worker's [`OTHERS`] cell).
+pub const TOP_TENANTS: usize = 100;
+/// Slot-ms a tenant must have used in a bucket on a worker before it gets a cell of its
+/// own there: a light tenant's few short jobs stay in the remainder.
+pub const MIN_CELL_MS: f64 = 1_000.0;
+
 /// This worker's slot-time per tenant in one pool, per bucket, with what was written.
-#[derive(Debug, Default)]
+///
+/// **Bounded cells.** In each bucket at most `top_k` tenants get a cell of their own:
+/// those whose slot-time there reached `min_cell_ms`, biggest first, kept for the rest
+/// of the bucket once given (values are cumulative, so a tenant's whole use of the bucket
+/// moves into its cell). Everything else is one [`OTHERS`] cell holding the bucket's
+/// total minus the own cells. A pass therefore writes at most `top_k + 1` cells per
+/// bucket that changed (normally only the current one), whatever the number of tenants.
+#[derive(Debug)]
 pub struct OwnUsage {
-    /// bucket -> tenant -> (cumulative slot-ms, slot-ms last written).
-    buckets: BTreeMap<Millis, HashMap<String, (f64, Option<i64>)>>,
+    buckets: BTreeMap<Millis, OwnBucket>,
+    top_k: usize,
+    min_cell_ms: f64,
+}
+
+/// One bucket of [`OwnUsage`].
+#[derive(Debug, Default)]
+struct OwnBucket {
+    /// Cumulative slot-ms per tenant.
+    used: HashMap<String, f64>,
+    total: f64,
+    /// Tenants with a cell of their own -> slot-ms last written.
+    own: HashMap<String, Option<i64>>,
+    others_written: Option<i64>,
+}
+
+impl Default for OwnUsage {
+    fn default() -> Self {
+        OwnUsage::new(TOP_TENANTS, MIN_CELL_MS)
+    }
 }
 
 impl OwnUsage {
+    pub fn new(top_k: usize, min_cell_ms: f64) -> Self {
+        OwnUsage { buckets: BTreeMap::new(), top_k, min_cell_ms }
+    }
+
     /// Adds slot-**seconds** per tenant (as drained from the pool loop) to the bucket of `now`.
     pub fn add(&mut self, usage: &HashMap<String, f64>, now: Millis, bucket_ms: i64) {
         let b = self.buckets.entry(bucket_start(now, bucket_ms)).or_default();
         for (tenant, &secs) in usage {
             if secs.is_finite() && secs > 0.0 {
-                b.entry(tenant.clone()).or_insert((0.0, None)).0 += secs * 1000.0;
+                *b.used.entry(tenant.clone()).or_default() += secs * 1000.0;
+                b.total += secs * 1000.0;
             }
         }
     }
 
-    /// Cells whose cumulative value changed since it was last written: (bucket, tenant, slot-ms).
-    pub fn pending(&self) -> Vec<(Millis, String, i64)> {
+    /// Cells whose cumulative value changed since it was last written: (bucket, tenant,
+    /// slot-ms), at most `top_k + 1` per bucket. Gives cells to the biggest tenants that
+    /// reached `min_cell_ms` while a bucket has room.
+    pub fn pending(&mut self) -> Vec<(Millis, String, i64)> {
         let mut out = Vec::new();
-        for (&b, cells) in &self.buckets {
-            for (t, &(ms, written)) in cells {
+        for (&b, bk) in &mut self.buckets {
+            bk.promote(self.top_k, self.min_cell_ms);
+            let mut own_ms = 0.0;
+            for (t, written) in &bk.own {
+                let ms = bk.used.get(t).copied().unwrap_or(0.0);
+                own_ms += ms;
                 let v = ms.round() as i64;
-                if v > 0 && written != Some(v) {
+                if v > 0 && *written != Some(v) {
                     out.push((b, t.clone(), v));
                 }
+            }
+            let others = (bk.total - own_ms).max(0.0).round() as i64;
+            // A remainder that shrank to 0 (its tenants got cells) is written as 0 once.
+            if bk.others_written != Some(others) && (others > 0 || bk.others_written.is_some()) {
+                out.push((b, OTHERS.to_string(), others));
             }
         }
         out
@@ -112,8 +165,11 @@ impl OwnUsage {
     /// Records that these cells were stored.
     pub fn written(&mut self, cells: &[(Millis, String, i64)]) {
         for (b, t, v) in cells {
-            if let Some(c) = self.buckets.get_mut(b).and_then(|m| m.get_mut(t)) {
-                c.1 = Some(*v);
+            let Some(bk) = self.buckets.get_mut(b) else { continue };
+            if t == OTHERS {
+                bk.others_written = Some(*v);
+            } else if let Some(w) = bk.own.get_mut(t) {
+                *w = Some(*v);
             }
         }
     }
@@ -124,9 +180,41 @@ impl OwnUsage {
         self.buckets.retain(|b, _| b + bucket_ms > now - keep_ms);
     }
 
+    /// Every cell as last written (tests: what the store holds of this worker).
+    #[cfg(test)]
+    fn pending_all(&self) -> Vec<(Millis, String, i64)> {
+        let mut out = Vec::new();
+        for (&b, bk) in &self.buckets {
+            out.extend(bk.own.iter().filter_map(|(t, w)| w.map(|v| (b, t.clone(), v))));
+            out.extend(bk.others_written.map(|v| (b, OTHERS.to_string(), v)));
+        }
+        out
+    }
+
     /// Cumulative slot-ms of `tenant` in `bucket` (tests, introspection).
     pub fn slot_ms(&self, bucket: Millis, tenant: &str) -> f64 {
-        self.buckets.get(&bucket).and_then(|m| m.get(tenant)).map_or(0.0, |c| c.0)
+        self.buckets.get(&bucket).and_then(|bk| bk.used.get(tenant)).copied().unwrap_or(0.0)
+    }
+}
+
+impl OwnBucket {
+    /// Gives cells to the biggest tenants at `min_ms` or more while fewer than `top_k` have one.
+    fn promote(&mut self, top_k: usize, min_ms: f64) {
+        let room = top_k.saturating_sub(self.own.len());
+        if room == 0 {
+            return;
+        }
+        let mut big: Vec<(&String, f64)> = self
+            .used
+            .iter()
+            .filter(|(t, ms)| **ms >= min_ms && !self.own.contains_key(*t))
+            .map(|(t, ms)| (t, *ms))
+            .collect();
+        big.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(b.0)));
+        let chosen: Vec<String> = big.into_iter().take(room).map(|(t, _)| t.clone()).collect();
+        for t in chosen {
+            self.own.insert(t, None);
+        }
     }
 }
 
@@ -594,19 +682,36 @@ pub fn aggregate(rows: &[SnapshotRow], now: Millis, max_age_ms: i64) -> FleetSta
     out
 }
 
-/// Drops the tenants of a scheduler snapshot (`SchedulerStats` JSON) that are idle now:
-/// nothing queued, nothing running and (almost) no recent share. Every configured
-/// tenant appears in a snapshot; published as is, thousands of idle tenants would make
-/// every worker's row large. Returns how many tenants were dropped.
+/// Most tenants in a published snapshot (per worker and pool).
+pub const SNAPSHOT_TENANTS: usize = 500;
+
+/// Drops the tenants of a scheduler snapshot (`SchedulerStats` JSON) that are idle now
+/// (nothing queued, nothing running and (almost) no recent share), then keeps at most
+/// [`SNAPSHOT_TENANTS`]: the biggest backlogs first, then the most running, then the
+/// biggest recent share; `pool.tenants_left_out` says how many active ones were left out.
+/// Published as is, thousands of tenants would make every worker's row large. Returns
+/// how many tenants were dropped.
 pub fn compact_snapshot(stats: &mut serde_json::Value) -> usize {
     let Some(tenants) = stats.get_mut("tenants").and_then(|t| t.as_array_mut()) else { return 0 };
     let before = tenants.len();
-    tenants.retain(|t| {
-        let num = |k: &str| t.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
-        let queued = t.get("backlog").and_then(|b| b.get("total")).and_then(|v| v.as_f64()).unwrap_or(0.0);
-        queued > 0.0 || num("running") > 0.0 || num("actual_share") >= 1e-4
-    });
-    before - tenants.len()
+    let num = |t: &serde_json::Value, k: &str| t.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
+    let queued =
+        |t: &serde_json::Value| t.get("backlog").and_then(|b| b.get("total")).and_then(|v| v.as_f64()).unwrap_or(0.0);
+    tenants.retain(|t| queued(t) > 0.0 || num(t, "running") > 0.0 || num(t, "actual_share") >= 1e-4);
+    let active = tenants.len();
+    if active > SNAPSHOT_TENANTS {
+        let rank = |t: &serde_json::Value| (queued(t), num(t, "running"), num(t, "actual_share"));
+        tenants.sort_by(|a, b| {
+            let (a, b) = (rank(a), rank(b));
+            b.0.total_cmp(&a.0).then(b.1.total_cmp(&a.1)).then(b.2.total_cmp(&a.2))
+        });
+        tenants.truncate(SNAPSHOT_TENANTS);
+        tenants.sort_by(|a, b| a.get("tenant").and_then(|v| v.as_str()).cmp(&b.get("tenant").and_then(|v| v.as_str())));
+    }
+    if let Some(pool) = stats.get_mut("pool").and_then(|p| p.as_object_mut()) {
+        pool.insert("tenants_left_out".into(), active.saturating_sub(SNAPSHOT_TENANTS).into());
+    }
+    before - active.min(SNAPSHOT_TENANTS)
 }
 
 /// Adds spilled backlogs (jobs beyond the worker's buffer, in the store) to a scheduler
@@ -797,6 +902,42 @@ mod tests {
         assert!(o.pending().is_empty());
     }
 
+    /// The usage exchange's writes per pass and a bucket's cells (what every worker
+    /// reads) are bounded by `top_k + 1` per worker, however many tenants ran; the
+    /// heavy tenants keep exact cells, the light ones share the remainder.
+    #[test]
+    fn usage_cells_per_pass_are_bounded_by_top_k_whatever_the_tenants() {
+        let mut o = OwnUsage::new(50, MIN_CELL_MS);
+        let mut pass = HashMap::new();
+        for i in 0..100_000 {
+            pass.insert(format!("light{i}"), 0.005);
+        }
+        for i in 0..60 {
+            pass.insert(format!("heavy{i}"), 10.0 + i as f64);
+        }
+        o.add(&pass, 1_000, B);
+        let cells = o.pending();
+        assert_eq!(cells.len(), 51, "50 own cells and the remainder");
+        let total: i64 = cells.iter().map(|c| c.2).sum();
+        let expected = 100_000.0 * 5.0 + (0..60).map(|i| (10.0 + i as f64) * 1000.0).sum::<f64>();
+        assert!((total as f64 - expected).abs() < 100.0, "every slot-ms is in a cell: {total} vs {expected}");
+        assert!(cells.iter().any(|c| c.1 == "heavy59") && !cells.iter().any(|c| c.1 == "heavy0"), "the biggest first");
+        o.written(&cells);
+        // The next pass: more light use, and one heavy tenant ran again: two cells.
+        o.add(&HashMap::from([("light7".to_string(), 0.01), ("heavy59".to_string(), 1.0)]), 6_000, B);
+        let cells = o.pending();
+        assert_eq!(cells.len(), 2, "{cells:?}");
+        o.written(&cells);
+        // Every worker's cells of the bucket: readers see at most workers x (top_k + 1).
+        let read: Vec<UsageCell> = (0..3)
+            .flat_map(|w| o.pending_all().into_iter().map(move |(b, t, v)| cell("short", b, &t, &format!("w{w}"), v)))
+            .collect();
+        assert_eq!(read.len(), 3 * 51);
+        let m = usage_elsewhere(&read, "short", "w0", 10_000, B, 15 * B, H);
+        assert!(m["heavy59"] > 2.0 * 69.0 * 0.9, "heavy use elsewhere is attributed: {}", m["heavy59"]);
+        assert!(!m.contains_key(OTHERS) && !m.contains_key("light7"), "the remainder is nobody's");
+    }
+
     #[test]
     fn view_rereads_only_unsettled_buckets() {
         let mut v = UsageView::new(B, 3 * B, 20_000);
@@ -886,6 +1027,18 @@ mod tests {
             js["tenants"].as_array().unwrap().iter().map(|t| t["tenant"].as_str().unwrap()).collect();
         assert_eq!(names, ["queued", "running", "recent"]);
         assert_eq!(compact_snapshot(&mut serde_json::json!({"policy": "fifo"})), 0);
+    }
+
+    #[test]
+    fn compact_snapshot_keeps_the_biggest_tenants_up_to_a_bound() {
+        let t = |i: usize| serde_json::json!({"tenant": format!("t{i:05}"), "backlog": {"total": i}, "running": 0});
+        let many: Vec<serde_json::Value> = (1..=10_000).map(t).collect();
+        let mut js: serde_json::Value = serde_json::from_str(&snap("short", 8, serde_json::json!(many))).unwrap();
+        assert_eq!(compact_snapshot(&mut js), 10_000 - SNAPSHOT_TENANTS);
+        let kept = js["tenants"].as_array().unwrap();
+        assert_eq!(kept.len(), SNAPSHOT_TENANTS);
+        assert_eq!(kept[0]["tenant"], "t09501", "the biggest backlogs, by name");
+        assert_eq!(js["pool"]["tenants_left_out"], 10_000 - SNAPSHOT_TENANTS);
     }
 
     fn snap(pool: &str, slots: usize, tenants: serde_json::Value) -> String {

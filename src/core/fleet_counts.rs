@@ -7,10 +7,15 @@
 //! pass of `worker::quota` (twice a second) each worker of a pool writes into the
 //! `fleet_counts` table, keyed by the pool's topic:
 //! * a presence row (`worker`, short TTL): the live workers of the pool;
-//! * per tenant whose counts changed, its decayed fresh dispatches, retries and retry
-//!   *asks* (retries it wanted, allowed or not: its demand), with the time they were
-//!   decayed to; they live three budget windows, and a reader decays them to its `now`,
-//!   so a stopped worker's history counts on exactly as if it were alive;
+//! * per tenant whose counts changed **and whose retries some worker is judging** (it
+//!   has retry asks here, or another worker's row shows asks), its decayed fresh
+//!   dispatches, retries and retry *asks* (retries it wanted, allowed or not: its
+//!   demand), with the time they were decayed to, at most [`MAX_BUDGET_ROWS`] per pass
+//!   (the most asked first); they live three budget windows, and a reader decays them to
+//!   its `now`, so a stopped worker's history counts on exactly as if it were alive. A
+//!   tenant that does not retry costs no row: its dispatch counts reach the fleet one
+//!   exchange round after its first retry ask anywhere (until then the others judge it
+//!   on fewer dispatches: fewer retries allowed, never more);
 //! * per job type it judged lately, its successes and failures in the poison window
 //!   (they live one window).
 //!
@@ -48,6 +53,10 @@ use std::collections::{HashMap, HashSet};
 
 /// Scope of a worker's presence row.
 pub const PRESENCE: &str = "worker";
+/// Most retry-budget rows a worker writes per pass (see [`FleetBudget::rows`]).
+pub const MAX_BUDGET_ROWS: usize = 256;
+/// Decayed counts below this are nothing.
+const MIN_ASKS: f64 = 0.01;
 /// A worker that could not read the counts for this long allows no retry beyond the
 /// allotments it had.
 pub const STALE_MS: i64 = crate::core::quota::STALE_MS;
@@ -248,20 +257,43 @@ impl FleetBudget {
         self.spent.clear();
     }
 
-    /// Rows of the tenants whose counts changed since the last write, from this
-    /// worker's `(dispatches, retries)` at `now`; they count as written.
+    /// Rows of the tenants whose counts changed since the last write and matter to the
+    /// fleet, from this worker's `(dispatches, retries)` at `now`; they count as written.
+    /// A tenant's counts matter only while some worker judges its retries (it has retry
+    /// asks here, or another worker's row shows asks): a tenant that never retries costs
+    /// no row. At most [`MAX_BUDGET_ROWS`] per pass, the most asked first; the rest stay
+    /// due for the next passes. Changed counts nobody needs are forgotten once they
+    /// decayed away.
     pub fn rows(&mut self, local: impl Fn(&str) -> (f64, f64), now: Millis) -> Vec<CountRow> {
-        let dirty = std::mem::take(&mut self.dirty);
-        let rows = dirty
+        let mut due: Vec<(f64, String)> = self
+            .dirty
             .iter()
-            .map(|t| {
-                let (a, b) = local(t);
-                CountRow { scope: budget_scope(t), worker: self.me.clone(), at: now, a, b, c: self.asks_at(t, now) }
+            .map(|t| (self.asks_at(t, now), t))
+            .filter(|(asks, t)| *asks >= MIN_ASKS || self.asked_elsewhere(t))
+            .map(|(asks, t)| (asks, t.clone()))
+            .collect();
+        due.sort_by(|x, y| y.0.total_cmp(&x.0).then_with(|| x.1.cmp(&y.1)));
+        due.truncate(MAX_BUDGET_ROWS);
+        let rows = due
+            .into_iter()
+            .map(|(c, t)| {
+                self.dirty.remove(&t);
+                let (a, b) = local(&t);
+                CountRow { scope: budget_scope(&t), worker: self.me.clone(), at: now, a, b, c }
             })
             .collect();
+        self.dirty.retain(|t| {
+            let (d, r) = local(t);
+            d >= MIN_ASKS || r >= MIN_ASKS
+        });
         // Asks that decayed to nothing are forgotten (their rows expire).
-        self.asks.retain(|_, (at, v)| decay(*v, *at, now, self.tau_ms) >= 0.01);
+        self.asks.retain(|_, (at, v)| decay(*v, *at, now, self.tau_ms) >= MIN_ASKS);
         rows
+    }
+
+    /// Another worker's row (last read) shows retry asks of `tenant`.
+    fn asked_elsewhere(&self, tenant: &str) -> bool {
+        self.others.get(tenant).is_some_and(|o| o.asks.iter().any(|(_, a)| *a >= MIN_ASKS))
     }
 
     /// Rows not written after all: written again next pass.
@@ -364,11 +396,41 @@ mod tests {
     fn changed_tenants_are_written_once() {
         let mut b = FleetBudget::new("me", 1_000.0);
         b.touch("t");
+        let _ = b.take("t", 10.0, 5);
         let rows = b.rows(|_| (2.0, 1.0), 5);
-        assert_eq!(rows, vec![row("retry:t", "me", 5, 2.0, 1.0, 0.0)]);
+        assert_eq!(rows, vec![row("retry:t", "me", 5, 2.0, 1.0, 1.0)]);
         assert!(b.rows(|_| (2.0, 1.0), 6).is_empty());
         b.unwritten(&rows);
         assert_eq!(b.rows(|_| (2.0, 1.0), 7).len(), 1);
+    }
+
+    /// The counts exchange writes rows only for tenants whose retries are being judged,
+    /// at most MAX_BUDGET_ROWS per pass, however many tenants dispatched.
+    #[test]
+    fn budget_rows_per_pass_are_bounded_and_only_for_retrying_tenants() {
+        let mut b = FleetBudget::new("me", 60_000.0);
+        for i in 0..10_000 {
+            b.touch(&format!("t{i}"));
+        }
+        assert!(b.rows(|_| (1.0, 0.0), 10).is_empty(), "tenants that never retry cost no row");
+        // Another worker judges t7's retries: this worker's dispatches of t7 go out.
+        b.read(&[presence("o", 10), row("retry:t7", "o", 10, 1.0, 1.0, 2.0)], 10);
+        let rows = b.rows(|_| (1.0, 0.0), 20);
+        assert_eq!(rows.iter().map(|r| r.scope.as_str()).collect::<Vec<_>>(), vec!["retry:t7"]);
+        // 1,000 tenants retrying here: bounded per pass, all written over the passes.
+        for i in 0..1_000 {
+            let _ = b.take(&format!("t{i}"), 10.0, 30);
+        }
+        let mut written = std::collections::HashSet::new();
+        for pass in 0..5 {
+            let rows = b.rows(|_| (1.0, 0.0), 40 + pass);
+            assert!(rows.len() <= MAX_BUDGET_ROWS, "{} rows in one pass", rows.len());
+            written.extend(rows.into_iter().map(|r| r.scope));
+        }
+        assert_eq!(written.len(), 1_000, "every retrying tenant's row went out");
+        // Counts nobody needs are forgotten once they decayed.
+        b.rows(|_| (0.0, 0.0), 50);
+        assert!(b.dirty.is_empty());
     }
 
     proptest! {

@@ -202,6 +202,19 @@ impl Quotas {
         self.scopes.is_empty()
     }
 
+    /// Tenants with a `tenant:` or `rate:` scope tracked (each once, sorted).
+    pub fn tenants(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .scopes
+            .keys()
+            .filter_map(|k| k.strip_prefix("tenant:").or_else(|| k.strip_prefix("rate:")))
+            .map(str::to_string)
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// Is `scope` tracked (reported, or still holding units)?
     pub fn has(&self, scope: &str) -> bool {
         self.scopes.contains_key(scope)

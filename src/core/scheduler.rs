@@ -16,6 +16,7 @@
 //! sleep_until(min(s.next_wakeup(now), next event));
 //! every few seconds: publish s.local_usage_since_last_report(now);
 //!                    s.fold_fleet_usage(&usage_elsewhere, now);
+//!                    s.evict_idle(now);
 //! ```
 //!
 //! # The unit of fairness: slot-time
@@ -193,11 +194,37 @@
 //! tenants never seen here are not tracked (they start at `V` like any new tenant);
 //! external usage does not move min-share floors or reserved slots, which stay local
 //! guarantees; and a free tenant's external usage is charged to the free flow as a whole.
+//!
+//! # Memory: idle tenants are forgotten
+//!
+//! A tenant's state (queues, tags, limiter, estimates, counters) is held only while it is
+//! active here or was lately: [`Scheduler::evict_idle`] forgets a tenant with nothing
+//! queued or running and no enqueue, dispatch or completion for `idle_evict_ms`
+//! (default 10 minutes). Only a policy `set_tenant` gave it (one that differs from the
+//! unconfigured policy) outlives that, so memory is O(tenants active within
+//! `idle_evict_ms` + configured tenants), however many tenants ever submitted a job.
+//! Tenants carrying state the worker set beyond their policy (reserved slots, a fleet
+//! cap or rate part, a recycling hold, rate-limit debt, unreported usage) are kept until
+//! it is cleared: forgetting it would loosen a limit.
+//!
+//! Eviction cannot be used to gain service. An evicted tenant comes back exactly as a new
+//! tenant does, with `v_f = V` (no banked credit, and a full rate bucket, which it had
+//! anyway: its limiter had settled). A tenant that was kept comes back at `max(v_f, V)`,
+//! the same unless it had used more than its share (`v_f > V`): eviction can forgive that
+//! excess, which by the lemma is at most `E + k M` weighted slot-ms (plus
+//! `max_fleet_lead_ms` of fleet penalty) when it went idle, and only the part `V` did not
+//! catch up with during the `idle_evict_ms` it stayed idle, i.e. only if the others did
+//! not use the slots meanwhile. A tenant cycling "burst, idle `idle_evict_ms`" gains at
+//! most `(E + k M + max_fleet_lead_ms) / (k idle_evict_ms)` of the slots, having given up
+//! all of them for the idle period. Its own cost estimates restart from the job type's,
+//! and its stats counters (`dispatched`, `slot_seconds_used`) from zero.
 
 mod clock;
 mod config;
 mod stats;
 
+#[cfg(test)]
+mod eviction;
 #[cfg(test)]
 mod proptests;
 #[cfg(test)]
@@ -382,6 +409,8 @@ struct Tenant<J> {
     fleet_level: f64,
     fleet_at: Millis,
     dispatched: u64,
+    /// Its latest enqueue, dispatch or completion here (for `evict_idle`).
+    last_active: Millis,
     /// This tenant's own cost estimates per job type (EWMA), for at most
     /// `TENANT_ESTIMATES` types: the same job type can cost very different amounts for
     /// different tenants.
@@ -529,6 +558,12 @@ pub struct Scheduler<J> {
     now: Millis,
     tenants: Vec<Tenant<J>>,
     index: HashMap<Arc<str>, u32>,
+    /// Policies set with `set_tenant` that differ from the unconfigured one: they outlive
+    /// the eviction of the tenant's state (bounded by the registry, not by traffic).
+    policies: HashMap<Arc<str>, TenantPolicy>,
+    /// The next `evict_idle` sweep is not before this.
+    next_sweep: Millis,
+    evicted: u64,
     job_types: JobTypes,
     /// Slots reserved by configuration (sum over tenants).
     reserved_total: usize,
@@ -579,6 +614,9 @@ impl<J> Scheduler<J> {
             now: 0,
             tenants: Vec::new(),
             index: HashMap::new(),
+            policies: HashMap::new(),
+            next_sweep: Millis::MIN,
+            evicted: 0,
             job_types: JobTypes { max: cfg.max_job_types, ..Default::default() },
             reserved_total: 0,
             reserved_held: 0,
@@ -630,6 +668,11 @@ impl<J> Scheduler<J> {
                 min_shared: self.cfg.min_shared_slots,
             });
         }
+        if policy == TenantPolicy::unconfigured(&self.cfg, tenant) {
+            self.policies.remove(tenant);
+        } else {
+            self.policies.insert(Arc::from(tenant), policy.clone());
+        }
         let t = match existing {
             Some(t) => t,
             None => self.create(tenant),
@@ -644,6 +687,8 @@ impl<J> Scheduler<J> {
     pub fn set_fleet_cap(&mut self, tenant: &str, cap: Option<usize>) {
         let t = match self.index.get(tenant) {
             Some(&t) => t,
+            // Untracked (new or evicted) tenants have no fleet cap.
+            None if cap.is_none() => return,
             None => self.create(tenant),
         };
         let x = &mut self.tenants[t as usize];
@@ -657,6 +702,7 @@ impl<J> Scheduler<J> {
     pub fn set_held(&mut self, tenant: &str, until: Option<Millis>) {
         let t = match self.index.get(tenant) {
             Some(&t) => t,
+            None if until.is_none() => return,
             None => self.create(tenant),
         };
         self.tenants[t as usize].held = until;
@@ -669,6 +715,8 @@ impl<J> Scheduler<J> {
     pub fn set_fleet_rate(&mut self, tenant: &str, share: f64) {
         let t = match self.index.get(tenant) {
             Some(&t) => t,
+            // Untracked (new or evicted) tenants run their limiter at the whole rate.
+            None if share == 1.0 => return,
             None => self.create(tenant),
         };
         let x = &mut self.tenants[t as usize];
@@ -706,7 +754,7 @@ impl<J> Scheduler<J> {
     pub fn tenant_policy(&self, tenant: &str) -> TenantPolicy {
         match self.index.get(tenant) {
             Some(&t) => self.tenants[t as usize].policy.clone(),
-            None => TenantPolicy::unconfigured(&self.cfg, tenant),
+            None => self.configured(tenant),
         }
     }
 
@@ -739,6 +787,7 @@ impl<J> Scheduler<J> {
             self.activate(t, now);
         }
         let x = &mut self.tenants[t as usize];
+        x.last_active = now;
         if idle {
             x.arrived_idle = true;
         }
@@ -903,6 +952,140 @@ impl<J> Scheduler<J> {
         out
     }
 
+    // ----- memory ----------------------------------------------------------------------
+
+    /// Forgets the state of idle tenants: nothing queued or running here, no enqueue,
+    /// dispatch or completion for `idle_evict_ms`, their usage reported, and nothing this
+    /// worker set on them beyond their policy (no reserved slots, fleet cap, recycling
+    /// hold, rate-limit debt or fleet rate part). Their policies stay. Sweeps (O(tracked
+    /// tenants)) at most once per `idle_evict_ms / 8`; returns how many were evicted.
+    /// See "Memory" in the module docs for why this cannot be gamed.
+    pub fn evict_idle(&mut self, now: Millis) -> usize {
+        let now = self.tick(now);
+        if now < self.next_sweep {
+            return 0;
+        }
+        self.next_sweep = now + (self.cfg.idle_evict_ms / 8).max(1);
+        let mut evicted = 0;
+        let mut t = 0u32;
+        while (t as usize) < self.tenants.len() {
+            if self.evictable(t, now) {
+                self.evict(t);
+                evicted += 1;
+            } else {
+                t += 1;
+            }
+        }
+        if self.tenants.capacity() > 64 && self.tenants.len() < self.tenants.capacity() / 4 {
+            self.tenants.shrink_to(self.tenants.len() * 2);
+            self.index.shrink_to(self.tenants.len() * 2);
+        }
+        self.evicted += evicted as u64;
+        evicted
+    }
+
+    /// Tenants whose state is held here (idle ones are evicted by `evict_idle`).
+    pub fn tracked_tenants(&self) -> usize {
+        self.tenants.len()
+    }
+
+    fn evictable(&self, t: u32, now: Millis) -> bool {
+        let x = &self.tenants[t as usize];
+        x.queued == 0
+            && x.running == 0
+            && now - x.last_active >= self.cfg.idle_evict_ms
+            && x.reserved == 0
+            && x.fleet_cap == usize::MAX
+            && x.held.is_none()
+            && x.unreported_ms == 0.0
+            && x.limiter.as_ref().is_none_or(|l| l.scale() == 1.0 && l.settled())
+    }
+
+    /// Removes tenant `t` (idle: in no ready set, no job in flight); the last tenant
+    /// takes its index.
+    fn evict(&mut self, t: u32) {
+        let last = (self.tenants.len() - 1) as u32;
+        let gone = self.tenants.swap_remove(t as usize);
+        debug_assert!(gone.ready_key.is_none() && gone.floor_key.is_none() && gone.lane_key.is_none());
+        self.index.remove(&gone.name);
+        if t != last {
+            self.renumber(last, t);
+        }
+    }
+
+    /// The tenant at index `to` was at `from`: re-key everything that names it.
+    fn renumber(&mut self, from: u32, to: u32) {
+        let x = &self.tenants[to as usize];
+        if let Some(i) = self.index.get_mut(&x.name) {
+            *i = to;
+        }
+        if let Some(k) = x.ready_key {
+            let set = if x.free { &mut self.group.ready } else { &mut self.ready };
+            set.remove(&Key::new(k, from));
+            set.insert(Key::new(k, to));
+        }
+        if let Some(k) = x.floor_key {
+            self.floor_ready.remove(&Key::new(k, from));
+            self.floor_ready.insert(Key::new(k, to));
+        }
+        if let Some(k) = x.lane_key {
+            self.lane_ready.remove(&(k, from));
+            self.lane_ready.insert((k, to));
+        }
+        if let Some(at) = x.blocked_until {
+            self.timers.push(Reverse((at, to)));
+        }
+        for e in self.enterprise.iter_mut().filter(|e| **e == from) {
+            *e = to;
+        }
+        for rec in self.inflight.iter_mut().filter(|r| r.tenant == from) {
+            rec.tenant = to;
+        }
+    }
+
+    /// Panics unless every structure that names a tenant by index agrees with the
+    /// tenants (for the eviction tests, which move tenants between indexes).
+    #[cfg(test)]
+    fn check_consistency(&self) {
+        assert_eq!(self.index.len(), self.tenants.len());
+        let mut running = vec![0usize; self.tenants.len()];
+        for rec in self.inflight.iter() {
+            running[rec.tenant as usize] += 1;
+        }
+        let (mut top, mut free) = (0, 0);
+        for (i, x) in self.tenants.iter().enumerate() {
+            let t = i as u32;
+            assert_eq!(self.index.get(&x.name), Some(&t), "index of {}", x.name);
+            assert_eq!(running[i], x.running, "running jobs of {}", x.name);
+            assert_eq!(x.queued, x.queues.iter().map(VecDeque::len).sum::<usize>());
+            if let Some(k) = x.ready_key {
+                let set = if x.free { &self.group.ready } else { &self.ready };
+                assert!(set.contains(&Key::new(k, t)), "{} not in its ready set", x.name);
+                *(if x.free { &mut free } else { &mut top }) += 1;
+            }
+            if let Some(k) = x.floor_key {
+                assert!(self.floor_ready.contains(&Key::new(k, t)));
+            }
+            if let Some(k) = x.lane_key {
+                assert!(self.lane_ready.contains(&(k, t)));
+            }
+        }
+        assert_eq!(self.ready.len(), top + usize::from(self.group.key.is_some()));
+        assert_eq!(self.group.ready.len(), free);
+        assert_eq!(self.total_queued, self.tenants.iter().map(|x| x.queued).sum::<usize>());
+        assert_eq!(self.lane_ready.len(), self.tenants.iter().filter(|x| x.lane_key.is_some()).count());
+        assert_eq!(self.floor_ready.len(), self.tenants.iter().filter(|x| x.floor_key.is_some()).count());
+    }
+
+    /// The policy a tenant gets when its state is created: the one `set_tenant` gave it,
+    /// else the unconfigured one.
+    fn configured(&self, tenant: &str) -> TenantPolicy {
+        match self.policies.get(tenant) {
+            Some(p) => p.clone(),
+            None => TenantPolicy::unconfigured(&self.cfg, tenant),
+        }
+    }
+
     // ----- queries ---------------------------------------------------------------------
 
     pub fn slots(&self) -> usize {
@@ -930,7 +1113,7 @@ impl<J> Scheduler<J> {
                 let x = &self.tenants[t as usize];
                 x.max_queued.saturating_sub(x.queued)
             }
-            None => self.cfg.default_tenant.max_queued.unwrap_or(self.cfg.max_queued_per_tenant),
+            None => self.configured(tenant).max_queued.unwrap_or(self.cfg.max_queued_per_tenant),
         }
     }
     /// Shared slots free right now.
@@ -1054,6 +1237,7 @@ impl<J> Scheduler<J> {
             queued: self.total_queued,
             tenants: self.tenants.len(),
             active_tenants: self.tenants.iter().filter(|x| x.queued > 0 || x.running > 0).count(),
+            evicted_tenants: self.evicted,
             virtual_time: self.vtime,
             next_wakeup: self.next_wakeup(now),
         }
@@ -1099,7 +1283,7 @@ impl<J> Scheduler<J> {
     fn create(&mut self, name: &str) -> u32 {
         let t = self.tenants.len() as u32;
         let name: Arc<str> = Arc::from(name);
-        let default = TenantPolicy::unconfigured(&self.cfg, &name);
+        let default = self.configured(&name);
         let free = default.tier == Tier::Free;
         self.tenants.push(Tenant {
             name: name.clone(),
@@ -1131,6 +1315,7 @@ impl<J> Scheduler<J> {
             fleet_level: 0.0,
             fleet_at: self.now,
             dispatched: 0,
+            last_active: self.now,
             own_est: HashMap::new(),
         });
         self.index.insert(name, t);
@@ -1328,7 +1513,9 @@ impl<J> Scheduler<J> {
                 break;
             }
             self.timers.pop();
-            let x = &mut self.tenants[t as usize];
+            // An entry of an evicted tenant may name an index now gone or reused: it
+            // only acts on a tenant blocked until exactly then, whose token is due.
+            let Some(x) = self.tenants.get_mut(t as usize) else { continue };
             if x.blocked_until == Some(at) {
                 x.blocked_until = None;
                 self.refresh(t);
@@ -1449,6 +1636,7 @@ impl<J> Scheduler<J> {
         x.usage.advance(now, x.running as f64, tau);
         x.running += 1;
         x.dispatched += 1;
+        x.last_active = now;
         x.arrived_idle = false;
         let est = x.cost(w.jt, &self.job_types, self.cfg.default_cost_ms);
         if via == Via::Reserved {
@@ -1505,6 +1693,7 @@ impl<J> Scheduler<J> {
         let x = &mut self.tenants[t as usize];
         x.usage.advance(now, x.running as f64, tau);
         x.running -= 1;
+        x.last_active = now;
         x.used_ms += ran as f64;
         x.unreported_ms += (end - rec.reported_at.max(rec.dispatched_at)).max(0) as f64;
         if rec.via == Via::Reserved {

@@ -70,6 +70,10 @@ pub trait Dispatcher<J>: Send {
     fn set_fleet_rate(&mut self, _tenant: &str, _share: f64) {}
     /// Holds a tenant's queued jobs until `until` (recycling cap), `None` lifts it.
     fn set_held(&mut self, _tenant: &str, _until: Option<Millis>) {}
+    /// Forgets idle tenants' state (`Scheduler::evict_idle`): (evicted now, still held).
+    fn evict_idle(&mut self, _now: Millis) -> (usize, usize) {
+        (0, 0)
+    }
     /// Applies a tenant's (new) policy from the registry; queued jobs stay queued.
     fn set_tenant(&mut self, _tenant: &str, _policy: TenantPolicy) -> Result<(), String> {
         Ok(())
@@ -160,6 +164,7 @@ impl<J> Fair<J> {
         sc.fast_lane_max_cost_ms = pc.fast_lane_max_estimate().as_millis() as f64;
         sc.default_tenant = TenantPolicy::tier(cfg.registry.default_tier);
         sc.free_accounts = cfg.registry.free_accounts.clone();
+        sc.idle_evict_ms = cfg.worker.tenant_idle_evict.as_millis() as Millis;
         let mut inner = Scheduler::new(pool, sc).map_err(|e| format!("pools.{pool}: {e}"))?;
         // Registry content never stops a worker from starting: what fits is applied,
         // the rest reported (log and metric).
@@ -258,6 +263,9 @@ impl<J: Send> Dispatcher<J> for Fair<J> {
     }
     fn set_held(&mut self, tenant: &str, until: Option<Millis>) {
         self.inner.set_held(tenant, until)
+    }
+    fn evict_idle(&mut self, now: Millis) -> (usize, usize) {
+        (self.inner.evict_idle(now), self.inner.tracked_tenants())
     }
 }
 

@@ -100,6 +100,9 @@ struct Loop {
     limit: usize,
     /// The registry version the scheduler's tenant policies come from.
     tenants: Arc<TenantSet>,
+    /// Its tenants with a `max_concurrency` or `rate_per_sec` (the quota pass's, besides
+    /// the tenants the exchange still tracks): not every registered tenant per pass.
+    limited: Vec<String>,
     /// The consumer group, and since when this member has owned no partition (if so).
     group: String,
     unassigned_since: Option<std::time::Instant>,
@@ -144,6 +147,7 @@ pub async fn run(
         finishing: 0,
         limit: sh.cfg.worker.tenant_queue_limit.max(1),
         tenants: sh.tenants.current(),
+        limited: limited_tenants(&sh.tenants.current()),
         group: group.clone(),
         unassigned_since: Some(std::time::Instant::now()),
         warned_at: None,
@@ -553,10 +557,16 @@ impl Loop {
     /// Tenants' `max_concurrency` and `rate` across the pool: apply this worker's part to
     /// the scheduler, then report (the running count after the cap, in the same lock).
     fn sync_tenant_quotas(&mut self, q: &mut crate::core::quota::Quotas, now: i64) {
-        for (name, t) in &self.tenants.tenants {
-            sync_tenant_rate(self.dispatcher.as_mut(), q, name, t.rate_per_sec.is_some(), now);
+        let mut names: Vec<String> = q.tenants();
+        names.extend(self.limited.iter().cloned());
+        names.sort();
+        names.dedup();
+        for name in &names {
+            let t = self.tenants.tenants.get(name);
+            let rate = t.is_some_and(|t| t.rate_per_sec.is_some());
+            sync_tenant_rate(self.dispatcher.as_mut(), q, name, rate, now);
             let scope = crate::core::quota::tenant_scope(name);
-            let Some(limit) = t.max_concurrency else {
+            let Some(limit) = t.and_then(|t| t.max_concurrency) else {
                 if q.has(&scope) {
                     self.dispatcher.set_fleet_cap(name, None);
                     q.applied(&scope, 0);
@@ -726,6 +736,7 @@ impl Loop {
             }
         }
         tracing::info!(pool = self.pool(), version = set.version, "tenants registry applied");
+        self.limited = limited_tenants(&set);
         self.tenants = set;
     }
 
@@ -819,6 +830,9 @@ impl Loop {
         let oldest_uncommitted = self.parts.values().filter_map(|st| st.offsets.oldest_unfinished_at()).min();
         let lag_ms = oldest_uncommitted.map_or(0, |at| (now - at).max(0));
         metrics::gauge!(m::CONSUMER_LAG_SECONDS, "pool" => self.pool()).set(lag_ms as f64 / 1000.0);
+        let (evicted, tracked) = self.dispatcher.evict_idle(now);
+        metrics::counter!(m::SCHEDULER_TENANTS_EVICTED, "pool" => self.pool()).increment(evicted as u64);
+        metrics::gauge!(m::SCHEDULER_TENANTS, "pool" => self.pool()).set(tracked as f64);
         let mut stats = self.dispatcher.stats_json(now);
         crate::core::fleet::add_spilled(&mut stats, &spilled, spilled_total);
         if let Some(pool) = stats.get_mut("pool").and_then(|p| p.as_object_mut()) {
@@ -834,7 +848,8 @@ impl Loop {
                 );
             }
             // Job types whose circuit breaker is open or half-open here (the console).
-            if let Ok(h) = self.sh.health.lock() {
+            if let Ok(mut h) = self.sh.health.lock() {
+                h.breakers.prune(now);
                 let open: Vec<&str> = h.breakers.type_wide().not_closed().map(|(t, _)| t).collect();
                 pool.insert("breakers_open".into(), open.into());
             }
@@ -993,6 +1008,12 @@ impl Loop {
             }
         }
     }
+}
+
+/// The registry's tenants with a fleet-wide limit (`max_concurrency` or `rate_per_sec`).
+fn limited_tenants(set: &TenantSet) -> Vec<String> {
+    let limited = |t: &&crate::core::tenants::TenantRecord| t.max_concurrency.is_some() || t.rate_per_sec.is_some();
+    set.tenants.values().filter(limited).map(|t| t.name.clone()).collect()
 }
 
 fn new_partition(next_epoch: &mut u64, spiller: &Spiller, p: i32) -> PartitionState {

@@ -193,6 +193,10 @@ pub struct SchedulerConfig {
     pub fast_lanes: usize,
     /// Largest estimated cost (slot-ms) of a job that may take a fast lane.
     pub fast_lane_max_cost_ms: f64,
+    /// A tenant with nothing queued or running here and no activity for this long is
+    /// forgotten by [`super::Scheduler::evict_idle`] (its policy is kept): it comes back
+    /// as a new tenant does, at the virtual time, with no banked credit.
+    pub idle_evict_ms: Millis,
 }
 
 impl Default for SchedulerConfig {
@@ -233,6 +237,7 @@ impl SchedulerConfig {
             max_job_types: 10_000,
             fast_lanes: 0,
             fast_lane_max_cost_ms: default_cost_ms,
+            idle_evict_ms: 600_000,
         }
     }
 
@@ -274,6 +279,9 @@ impl SchedulerConfig {
         }
         if !(self.ewma_alpha > 0.0 && self.ewma_alpha <= 1.0) {
             return bad("ewma_alpha", format!("must be in (0, 1], got {}", self.ewma_alpha));
+        }
+        if self.idle_evict_ms <= 0 {
+            return bad("idle_evict_ms", format!("must be positive, got {}", self.idle_evict_ms));
         }
         if self.aging_step_ms <= 0 {
             return bad("aging_step_ms", format!("must be positive, got {}", self.aging_step_ms));

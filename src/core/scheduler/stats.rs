@@ -86,8 +86,11 @@ pub struct PoolStats {
     pub fast_lanes: usize,
     pub running_fast_lane: usize,
     pub queued: usize,
+    /// Tenants whose state this scheduler holds (idle ones are evicted, see `evicted`).
     pub tenants: usize,
     pub active_tenants: usize,
+    /// Idle tenants forgotten since start (`SchedulerConfig::idle_evict_ms`).
+    pub evicted_tenants: u64,
     /// Fair-queueing virtual time (weighted slot-ms).
     pub virtual_time: f64,
     /// When a rate-limited job becomes eligible, if the loop should wake up for it.
