@@ -5,7 +5,7 @@
 //!
 //! The jobs are produced with their job ids as record keys (as a producer with its own
 //! keys would), so they spread over the three partitions and thus the three workers.
-//! The sleep handlers of all workers append `start <id>` / `done <id>` to one run log
+//! The sleep handlers of all workers append `start <id> ...` / `done <id> ...` to one run log
 //! (single O_APPEND writes, one global order), from which the peak number of jobs of a
 //! tenant or key running at once is counted. The same workload runs first with
 //! `worker.fleet_limits = false` (each worker on its own, the behaviour before), then
@@ -262,7 +262,9 @@ fn measure(log: &str, groups: &HashMap<String, &str>) -> Measured {
     let mut done: HashMap<&str, usize> = HashMap::new();
     let (mut other_last, mut key_last) = (0, 0);
     for (n, line) in log.lines().enumerate() {
-        let Some((phase, id)) = line.split_once(' ') else { continue };
+        // `start|done <job id> <unix ms> <pid>` (handlers::demo's run log).
+        let mut fields = line.split(' ');
+        let (Some(phase), Some(id)) = (fields.next(), fields.next()) else { continue };
         let Some(&g) = groups.get(id) else { continue };
         let r = running.entry(g).or_default();
         if phase == "start" {
