@@ -21,7 +21,8 @@
 //!                 unique-key scopes and debounce windows (`core::unique`).
 //!                 `now` is an argument.
 //! - `kafka`     – the Kafka edge (only module importing rdkafka); `kafka::Pauses` keeps a
-//!   consumer's partition pauses in step with librdkafka across rebalances.
+//!   consumer's partition pauses in step with librdkafka across rebalances;
+//!   `kafka::stall` restarts the fetchers of owned partitions librdkafka stopped fetching.
 //! - `store`     – the ScyllaDB edge (only module importing scylla).
 //! - `handlers`  – the `Handler` trait, job context, HTTP executor, the `process`
 //!                 executor (child processes under limits: `handlers::process`), demo
