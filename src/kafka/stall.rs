@@ -12,6 +12,7 @@
 //! librdkafka queries anew. Pauses are librdkafka's per-partition flags and survive it.
 
 use super::{Consumer, ConsumerContext, KafkaError, Offset, TopicPartitionList};
+use std::collections::HashMap;
 use std::time::Duration;
 
 /// An owned partition whose fetcher has not been active this long is stalled: reported
@@ -40,26 +41,32 @@ pub fn restart_offset(last_taken: i64) -> Offset {
 }
 
 /// Assigns the consumer's current assignment again, each partition at
-/// [`restart_offset`] of `last_taken(topic, partition)`. Returns the partitions and their
-/// start offsets. Local to the client (no broker round trip): quick enough for the
-/// caller's loop, which must not take in records meanwhile.
+/// [`restart_offset`] of the highest offset the caller took in from it (`books`: every
+/// partition the caller owns, by topic and partition). Returns the partitions and their
+/// start offsets, or None (nothing done) when the assignment is not the one in the books:
+/// a rebalance is under way, and its callback reassigns anyway. Local to the client (no
+/// broker round trip): quick enough for the caller's loop, which must not take in records
+/// meanwhile.
 pub fn restart_fetchers<C: Consumer<X>, X: ConsumerContext>(
     consumer: &C,
-    last_taken: impl Fn(&str, i32) -> i64,
-) -> Result<Vec<(String, i32, Offset)>, KafkaError> {
+    books: &HashMap<(String, i32), i64>,
+) -> Result<Option<Vec<(String, i32, Offset)>>, KafkaError> {
     let current = consumer.assignment()?;
+    if current.count() != books.len() {
+        return Ok(None);
+    }
     let mut tpl = TopicPartitionList::new();
     let mut starts = Vec::new();
     for e in current.elements() {
-        let at = restart_offset(last_taken(e.topic(), e.partition()));
+        let Some(last) = books.get(&(e.topic().to_string(), e.partition())) else { return Ok(None) };
+        let at = restart_offset(*last);
         tpl.add_partition_offset(e.topic(), e.partition(), at)?;
         starts.push((e.topic().to_string(), e.partition(), at));
     }
-    if starts.is_empty() {
-        return Ok(starts);
+    if !starts.is_empty() {
+        consumer.assign(&tpl)?;
     }
-    consumer.assign(&tpl)?;
-    Ok(starts)
+    Ok(Some(starts))
 }
 
 #[cfg(test)]

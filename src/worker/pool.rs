@@ -312,9 +312,11 @@ impl Loop {
             tracing::debug!(pool, ?stalled, "partitions not fetched are paused or not ours: no restart");
             return;
         }
-        let last_taken = |_: &str, p: i32| self.parts.get(&p).map_or(-1, |st| st.last_seen);
-        match kafka::stall::restart_fetchers(consumer, last_taken) {
-            Ok(starts) => {
+        let topic = self.sh.cfg.pool_topic(self.sh.pool);
+        let books = self.parts.iter().map(|(p, st)| ((topic.clone(), *p), st.last_seen)).collect();
+        match kafka::stall::restart_fetchers(consumer, &books) {
+            Ok(None) => tracing::debug!(pool, ?stalled, "the assignment is changing: no fetcher restart"),
+            Ok(Some(starts)) => {
                 metrics::counter!(m::FETCHER_RESTARTS, "pool" => pool).increment(1);
                 tracing::warn!(pool, ?stalled, ?starts, "restarted the fetchers: owned partitions were not being fetched (topic, partition, fetch state; start offsets, Invalid: the committed one)");
             }
