@@ -40,6 +40,9 @@ pub fn restart_offset(last_taken: i64) -> Offset {
     }
 }
 
+/// A restarted partition: topic, partition, the offset its fetcher starts at.
+pub type Start = (String, i32, Offset);
+
 /// Assigns the consumer's current assignment again, each partition at
 /// [`restart_offset`] of the highest offset the caller took in from it (`books`: every
 /// partition the caller owns, by topic and partition). Returns the partitions and their
@@ -50,7 +53,7 @@ pub fn restart_offset(last_taken: i64) -> Offset {
 pub fn restart_fetchers<C: Consumer<X>, X: ConsumerContext>(
     consumer: &C,
     books: &HashMap<(String, i32), i64>,
-) -> Result<Option<Vec<(String, i32, Offset)>>, KafkaError> {
+) -> Result<Option<Vec<Start>>, KafkaError> {
     let current = consumer.assignment()?;
     if current.count() != books.len() {
         return Ok(None);
