@@ -12,7 +12,7 @@
 //! | `codec` | Avro single-object encoding of the wire records (`schemas/`) |
 //! | `config` | the TOML configuration and its validation |
 //! | `core` | pure decisions: scheduling, retry, breakers, limits, schedules... (map in `core`) |
-//! | `kafka` | the Kafka edge: clients, topics, `kafka::Producer` (rebuilt after fatal errors), `kafka::Pauses` |
+//! | `kafka` | the Kafka edge: clients, topics, `kafka::Producer` (rebuilt after fatal errors), `kafka::Pauses`, `kafka::stall` (restarts fetchers librdkafka stopped) |
 //! | `store` | the ScyllaDB edge: schema, statements, tables per concept |
 //! | `handlers` | the `Handler` trait and job context; the HTTP executor, the `process` executor, demo handlers |
 //! | `worker` | a worker process; its tasks are below |

@@ -72,6 +72,7 @@ pub const JOB_DISPATCH_WAIT_SECONDS: &str = "fairway_job_dispatch_wait_seconds";
 pub const POOL_SLOTS: &str = "fairway_pool_slots";
 pub const CONSUMER_LAG: &str = "fairway_consumer_lag";
 pub const PARTITIONS_NOT_FETCHING: &str = "fairway_partitions_not_fetching";
+pub const FETCHER_RESTARTS: &str = "fairway_fetcher_restarts_total";
 pub const CONSUMER_LAG_SECONDS: &str = "fairway_consumer_lag_seconds";
 pub const TIER_ENTITLED_SHARE: &str = "fairway_tier_entitled_share";
 pub const TIER_ACTUAL_SHARE: &str = "fairway_tier_actual_share";
@@ -285,7 +286,11 @@ pub fn describe() {
     );
     describe_gauge!(
         PARTITIONS_NOT_FETCHING,
-        "Partitions of the pool topic this worker owns whose fetcher has not been active for 30 s or more (librdkafka's fetch_state, from its statistics): their jobs are not being read, by pool"
+        "Partitions of the pool topic this worker owns whose fetcher has not been active for 15 s or more (librdkafka's fetch_state, from its statistics): their jobs are not being read, by pool"
+    );
+    describe_counter!(
+        FETCHER_RESTARTS,
+        "Restarts of a pool consumer's fetchers (its assignment assigned again) because an owned partition was not being fetched, by pool"
     );
     describe_gauge!(
         CONSUMER_LAG,

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 mod producer;
+pub mod stall;
 pub use producer::{producer, Producer};
 pub use rdkafka::consumer::{CommitMode, Consumer};
 pub use rdkafka::message::{BorrowedMessage, Headers, Message, OwnedMessage};
@@ -273,6 +274,11 @@ pub fn send_nowait(producer: &Producer, topic: &str, key: &str, payload: &[u8]) 
 pub enum RebalanceEvent {
     Assigned(Vec<(String, i32)>),
     Revoked(Vec<(String, i32)>),
+    /// Owned partitions whose fetcher stayed inactive for [`stall::STALLED_AFTER`]
+    /// (topic, partition, librdkafka's fetch state): the loop restarts the fetchers
+    /// ([`stall::restart_fetchers`]) unless it keeps them paused. At most one such
+    /// event per [`stall::RESTART_EVERY`]; only consumers with statistics send it.
+    Stalled(Vec<(String, i32, String)>),
 }
 
 /// Consumer context that forwards rebalances. Offsets already stored are committed by
@@ -284,13 +290,12 @@ pub struct WorkerContext {
     lag_pool: Option<&'static str>,
     /// Owned partitions whose fetcher is not active: since when, and when last warned.
     idle_fetch: std::sync::Mutex<IdleFetch>,
+    /// When the loop was last asked to restart the fetchers (`RebalanceEvent::Stalled`).
+    restart_asked: std::sync::Mutex<Option<Instant>>,
 }
 
 /// Owned partitions whose fetcher is not active: since when, and when last warned.
 type IdleFetch = HashMap<(String, i32), (Instant, Option<Instant>)>;
-
-/// An owned partition whose fetcher has not been active this long is reported.
-const NOT_FETCHING_AFTER: Duration = Duration::from_secs(30);
 
 impl ClientContext for WorkerContext {
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
@@ -335,27 +340,36 @@ fn fetch_positions(stats: &serde_json::Value) -> String {
 impl WorkerContext {
     /// Reports owned partitions whose fetcher stayed inactive (an offset lookup that
     /// never completed, a stopped fetcher): nothing of theirs is read, so say so (once
-    /// a minute each) and count them in `fairway_partitions_not_fetching{pool}`.
+    /// a minute each), count them in `fairway_partitions_not_fetching{pool}` and ask the
+    /// loop to restart the fetchers (`RebalanceEvent::Stalled`, see [`stall`]).
     fn watch_fetchers(&self, pool: &'static str, idle: &[(String, i32, String)]) {
         let now = Instant::now();
         let mut seen = self.idle_fetch.lock().expect("fetch watch lock");
         seen.retain(|k, _| idle.iter().any(|(t, p, _)| (t, *p) == (&k.0, k.1)));
-        let mut stuck = 0;
+        let mut stuck = Vec::new();
+        let mut longest = Duration::ZERO;
         for (topic, partition, state) in idle {
             let (since, warned) = seen.entry((topic.clone(), *partition)).or_insert((now, None));
-            if now.duration_since(*since) < NOT_FETCHING_AFTER {
+            let idle_for = now.duration_since(*since);
+            if idle_for < stall::STALLED_AFTER {
                 continue;
             }
-            stuck += 1;
+            longest = longest.max(idle_for);
+            stuck.push((topic.clone(), *partition, state.clone()));
             if warned.is_none_or(|w| now.duration_since(w) >= Duration::from_secs(60)) {
                 *warned = Some(now);
                 tracing::warn!(
-                    pool, topic = %topic, partition = *partition, fetch_state = %state, idle_s = now.duration_since(*since).as_secs(),
-                    "an owned partition is not being fetched: its jobs wait; check the broker's group coordinator and this worker's librdkafka log"
+                    pool, topic = %topic, partition = *partition, fetch_state = %state, idle_s = idle_for.as_secs(),
+                    "an owned partition is not being fetched: its jobs wait; the worker restarts its fetchers"
                 );
             }
         }
-        metrics::gauge!(crate::metrics::PARTITIONS_NOT_FETCHING, "pool" => pool).set(f64::from(stuck));
+        metrics::gauge!(crate::metrics::PARTITIONS_NOT_FETCHING, "pool" => pool).set(stuck.len() as f64);
+        let mut asked = self.restart_asked.lock().expect("restart lock");
+        if !stuck.is_empty() && stall::restart_due(longest, asked.map(|a| now.duration_since(a))) {
+            *asked = Some(now);
+            let _ = self.events.send(RebalanceEvent::Stalled(stuck));
+        }
     }
 }
 
@@ -467,7 +481,12 @@ fn consumer_with(
         // Execution is decoupled from polling, so long jobs never trip this.
         .set("max.poll.interval.ms", "300000")
         .set("queued.max.messages.kbytes", "16384")
-        .create_with_context(WorkerContext { events: tx, lag_pool, idle_fetch: Default::default() })
+        .create_with_context(WorkerContext {
+            events: tx,
+            lag_pool,
+            idle_fetch: Default::default(),
+            restart_asked: Default::default(),
+        })
         .map_err(client_err(cfg))?;
     let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
     c.subscribe(&refs)?;

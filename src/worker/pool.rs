@@ -295,6 +295,38 @@ impl Loop {
                 }
                 tracing::info!(pool, partitions = ?gone, dropped = dropped.len(), "partitions revoked");
             }
+            RebalanceEvent::Stalled(stalled) => self.restart_fetchers(consumer, pauses, stalled),
+        }
+    }
+
+    /// Owned partitions are not being fetched (`kafka::stall`): unless this loop keeps
+    /// them paused or does not own them, the consumer's fetchers restart, each partition
+    /// right after the last record taken in from it (else at its committed offset).
+    fn restart_fetchers(
+        &mut self,
+        consumer: &kafka::WorkerConsumer,
+        pauses: &kafka::Pauses,
+        stalled: Vec<(String, i32, String)>,
+    ) {
+        let pool = self.pool();
+        let paused: HashSet<&kafka::TopicPartition> = pauses.paused().collect();
+        let ours =
+            |(t, p, _): &&(String, i32, String)| self.parts.contains_key(p) && !paused.contains(&(t.clone(), *p));
+        if !stalled.iter().any(|s| ours(&s)) {
+            tracing::debug!(pool, ?stalled, "partitions not fetched are paused or not ours: no restart");
+            return;
+        }
+        let topic = self.sh.cfg.pool_topic(self.sh.pool);
+        let books = self.parts.iter().map(|(p, st)| ((topic.clone(), *p), st.last_seen)).collect();
+        match kafka::stall::restart_fetchers(consumer, &books) {
+            Ok(None) => tracing::debug!(pool, ?stalled, "the assignment is changing: no fetcher restart"),
+            Ok(Some(starts)) => {
+                metrics::counter!(m::FETCHER_RESTARTS, "pool" => pool).increment(1);
+                tracing::warn!(pool, ?stalled, ?starts, "restarted the fetchers: owned partitions were not being fetched (topic, partition, fetch state; start offsets, Invalid: the committed one)");
+            }
+            Err(e) => {
+                tracing::warn!(pool, ?stalled, error = %e, "could not restart the fetchers of partitions not being fetched")
+            }
         }
     }
 

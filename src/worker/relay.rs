@@ -145,7 +145,8 @@ impl Relay {
                 for k in &tps {
                     self.parts.remove(k);
                 }
-            }
+            } // The relay's consumers report no statistics, so no stall is ever reported.
+            RebalanceEvent::Stalled(_) => {}
         }
     }
 
