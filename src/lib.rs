@@ -17,7 +17,7 @@
 //! | `handlers` | the `Handler` trait and job context; the HTTP executor, the `process` executor, demo handlers |
 //! | `worker` | a worker process; its tasks are below |
 //! | `worker::pool` | one pool's consumer loop: messages in, scheduling, executions out |
-//! | `worker::check` → `worker::exec` → `worker::outcome` | a job's route: effectively-once check, admit and run, durable outcome |
+//! | `worker::route` | a job's route top to bottom (intake → check → admit → run → record → commit) and the types its stages pass; stages in `worker::check`, `worker::exec`, `worker::outcome` |
 //! | `worker::backlog` | the spill path of floods beyond the buffer |
 //! | `worker::relay` | the retry relay (retry topics back to their pool) and the promoter (jobs parked for later) |
 //! | `worker::liveness` | heartbeats, cancellation, and the reaper of jobs whose worker died |

@@ -3,8 +3,8 @@
 //! settled here without running; a job running on another live worker waits; one whose
 //! worker died is taken over (a crash, never an attempt); a handed-off job is claimed.
 
-use super::exec::Origin;
 use super::outcome::{dead_letter, finish, OUTAGE_RETRY};
+use super::route::Origin;
 use super::Shared;
 use crate::core::retry::{AttemptState, Decision};
 use crate::model::{FailureClass, JobStatus, JobSubmitted};

@@ -1,20 +1,9 @@
-//! A job's route through the worker once the fair scheduler gave it a slot, in four
-//! stages, each in one place:
-//!
-//! 1. **check** (`check::before_run`): the effectively-once check: settle a redelivered
-//!    copy of a finished, stale, cancelled or expired job without running it;
-//! 2. **admit** (`admit` below): a handler for its type and a closed circuit breaker, or
-//!    the job is held back (no attempt used);
-//! 3. **run** (`run` below): the handler under its deadline, with a "running" row for
-//!    jobs that outlive a short grace, until it returns, times out, is aborted or stops
-//!    for a hand-off;
-//! 4. **record** (`outcome::record`): the durable outcome: succeeded/failed/cancelled
-//!    (state and result), a retry, a dead letter, or a hand-off to the next worker.
-//!
-//! The job's offset is released to the commit tracker only after its outcome is durable,
-//! so a crash anywhere in here redelivers the job instead of losing it.
+//! Stages 3 and 4 of a job's route (`route`): admit the job (a handler, closed breakers)
+//! and run its handler under its deadline, between the effectively-once check
+//! (`check`) and the durable outcome (`outcome`).
 
 use super::outcome::{self, update};
+use super::route::{Ended, Origin, Run};
 use super::{check, Shared};
 use crate::core::breaker::Admission;
 use crate::core::retry::DurationMs;
@@ -24,36 +13,6 @@ use crate::model::JobSubmitted;
 use crate::{codec, metrics as m, now_ms, telemetry};
 use std::sync::Arc;
 use std::time::Duration;
-
-/// Where a message came from (for dead letters and commits).
-#[derive(Debug, Clone)]
-pub struct Origin {
-    pub topic: String,
-    pub partition: i32,
-    pub offset: i64,
-}
-
-/// How an execution ended, for the scheduler's accounting and the metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ended {
-    /// The handler ran (whatever its outcome).
-    Ran,
-    /// Not run: already finished, cancelled, expired, stale duplicate, or deferred.
-    Skipped,
-    /// Its outcome could not be made durable (Kafka and the store both refused): its
-    /// offset must stay uncommitted so the job is redelivered, never lost.
-    NotDurable,
-}
-
-impl Ended {
-    pub(super) fn or_lost(self, durable: bool) -> Ended {
-        if durable {
-            self
-        } else {
-            Ended::NotDurable
-        }
-    }
-}
 
 /// A job that is not started within this time of its dispatch gets a "running" row
 /// only if it outlives this grace: most short jobs then cost one terminal write.
@@ -200,39 +159,6 @@ async fn admit(sh: &Shared, job: &Arc<JobSubmitted>, origin: &Origin) -> Result<
         return Err(outcome::hold_back(sh, job, retry_at).await);
     }
     Ok(handler)
-}
-
-/// What stage 3 (running the handler) ended with, for stage 4 to record.
-pub(super) struct Run {
-    pub started_at: i64,
-    pub timeout: Duration,
-    /// The handler's return: `None` if it was aborted (cancelled past its grace, or
-    /// ignoring a hand-off request), `Some(Err(_))` if its deadline passed.
-    pub result: Option<Result<Result<Vec<u8>, HandlerError>, tokio::time::error::Elapsed>>,
-    pub live: Arc<JobLive>,
-    /// A "running" row (and running-index entry) was written: clear the index after.
-    pub running_written: bool,
-    /// The check found the job's row marked running or handed off (it took the job over
-    /// or claimed it): that row's status conditions later compare-and-set steps.
-    pub row_claimed: bool,
-}
-
-impl Run {
-    /// No `jobs` row holds a claim on the job: a success may be stored as a grouped
-    /// finished record (see `outcome::record_end`).
-    pub fn plain(&self) -> bool {
-        !self.running_written && !self.row_claimed
-    }
-
-    /// What the run ended with, for its spans: a label and, for failures, why.
-    fn label(&self) -> (&'static str, Option<String>) {
-        match &self.result {
-            Some(Ok(Ok(_))) => ("succeeded", None),
-            Some(Ok(Err(e))) => (e.class.as_str(), Some(e.message.clone())),
-            Some(Err(_)) => ("timeout", Some(format!("deadline of {:?} passed", self.timeout))),
-            None => ("stopped", None),
-        }
-    }
 }
 
 /// Ends a timer task when dropped (the run it watches is over).

@@ -2,7 +2,7 @@
 //! `core::frontier`): the dispatch frontier of each partition of the pool topic, raised
 //! before any job starts beyond it, and the polled feed of recent cancel requests.
 
-use super::exec::Origin;
+use super::route::Origin;
 use crate::core::frontier::{self, PartitionFrontier};
 use crate::model::{JobSubmitted, Millis};
 use crate::now_ms;

@@ -4,7 +4,7 @@
 //! leader at a time, by LWT lease) re-dispatches jobs whose heartbeat lapsed as worker
 //! crashes, which never use up an attempt.
 
-use super::exec::Origin;
+use super::route::Origin;
 use super::Shared;
 use crate::model::{FailureClass, Pool};
 use crate::{codec, kafka, metrics as m, now_ms};

@@ -15,6 +15,7 @@ mod outcome;
 pub mod pool;
 pub mod quota;
 pub mod relay;
+pub mod route;
 pub mod schedules;
 pub mod usage;
 pub mod watchdog;

@@ -1,9 +1,9 @@
 //! Stage 4 of a job's route (see `exec`): recording its outcome durably. A terminal
 //! outcome (state and result), a retry on its class's topic, a dead letter, or a hand-off
 //! to the next worker. Each returns whether the outcome is durable: only then may the
-//! job's offset be committed (see `exec::Ended::NotDurable`).
+//! job's offset be committed (see `route::Ended::NotDurable`).
 
-use super::exec::{Ended, Origin, Run};
+use super::route::{Ended, Origin, Run};
 use super::Shared;
 use crate::config::Config;
 use crate::core::retry::{AttemptState, Decision};

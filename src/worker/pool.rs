@@ -5,8 +5,9 @@
 
 use super::backlog::{BacklogEvent, SpillReq, Spiller};
 use super::dispatch::{Dispatcher, Queued, Ticket};
-use super::exec::{self, Ended, Origin};
+use super::exec;
 use super::outcome;
+use super::route::{Ended, Origin};
 use super::Shared;
 use crate::core::backlog::TenantBacklog;
 use crate::core::flow::Gate;

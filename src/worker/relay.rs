@@ -3,8 +3,8 @@
 //! scheduler like any other. A partition whose head is not due yet is paused (no busy
 //! polling, other partitions keep flowing) and resumed when it is.
 
-use super::exec::Origin;
 use super::outcome::{self, with_retries};
+use super::route::Origin;
 use crate::config::Config;
 use crate::core::offsets::PartitionOffsets;
 use crate::core::promotion::{self, Pace};

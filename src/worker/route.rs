@@ -1,0 +1,89 @@
+//! A job's route through the worker, read top to bottom, and the types its stages pass
+//! along. A consumed message goes:
+//!
+//! 1. **intake** (`pool`): decoded and validated (what cannot run goes to the DLQ with the
+//!    reason), delayed if scheduled later, spilled if its tenant's buffer is full, else
+//!    queued for the fair scheduler;
+//! 2. **check** (`check::before_run`), once the scheduler gave it a slot: the
+//!    effectively-once check settles a redelivered copy of a finished, stale, cancelled or
+//!    expired job without running it;
+//! 3. **admit** (`exec`): a handler for its type and closed circuit breakers, or the job is
+//!    held back (no attempt used);
+//! 4. **run** (`exec`): the handler under its deadline, with a "running" row for jobs that
+//!    outlive a short grace, until it returns, times out, is aborted or stops for a
+//!    hand-off;
+//! 5. **record** (`outcome::record`): the durable outcome: succeeded/failed/cancelled
+//!    (state and result), a retry, a dead letter, or a hand-off to the next worker;
+//! 6. **commit** (`pool`): the job's [`Ended`] comes back to the pool loop, which releases
+//!    its offset to the commit tracker only once the outcome is durable, so a crash
+//!    anywhere before redelivers the job instead of losing it.
+//!
+//! Stages call forward only: `pool` → `exec` → `check` / `outcome`; this module depends
+//! on none of them.
+
+use crate::handlers::{HandlerError, JobLive};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Where a message came from (for dead letters and commits).
+#[derive(Debug, Clone)]
+pub struct Origin {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+/// How an execution ended, for the scheduler's accounting and the metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// The handler ran (whatever its outcome).
+    Ran,
+    /// Not run: already finished, cancelled, expired, stale duplicate, or deferred.
+    Skipped,
+    /// Its outcome could not be made durable (Kafka and the store both refused): its
+    /// offset must stay uncommitted so the job is redelivered, never lost.
+    NotDurable,
+}
+
+impl Ended {
+    pub(super) fn or_lost(self, durable: bool) -> Ended {
+        if durable {
+            self
+        } else {
+            Ended::NotDurable
+        }
+    }
+}
+
+/// What the run stage ended with, for the record stage.
+pub(crate) struct Run {
+    pub started_at: i64,
+    pub timeout: Duration,
+    /// The handler's return: `None` if it was aborted (cancelled past its grace, or
+    /// ignoring a hand-off request), `Some(Err(_))` if its deadline passed.
+    pub result: Option<Result<Result<Vec<u8>, HandlerError>, tokio::time::error::Elapsed>>,
+    pub live: Arc<JobLive>,
+    /// A "running" row (and running-index entry) was written: clear the index after.
+    pub running_written: bool,
+    /// The check found the job's row marked running or handed off (it took the job over
+    /// or claimed it): that row's status conditions later compare-and-set steps.
+    pub row_claimed: bool,
+}
+
+impl Run {
+    /// No `jobs` row holds a claim on the job: a success may be stored as a grouped
+    /// finished record (see `outcome::record_end`).
+    pub fn plain(&self) -> bool {
+        !self.running_written && !self.row_claimed
+    }
+
+    /// What the run ended with, for its spans: a label and, for failures, why.
+    pub(super) fn label(&self) -> (&'static str, Option<String>) {
+        match &self.result {
+            Some(Ok(Ok(_))) => ("succeeded", None),
+            Some(Ok(Err(e))) => (e.class.as_str(), Some(e.message.clone())),
+            Some(Err(_)) => ("timeout", Some(format!("deadline of {:?} passed", self.timeout))),
+            None => ("stopped", None),
+        }
+    }
+}
