@@ -7,7 +7,7 @@
 //! back to the pool loop as a [`BacklogEvent`]; the loop owns all state.
 
 use super::outcome::with_retries;
-use super::pool::Pending;
+use super::route::Pending;
 use crate::core::backlog::{bucket_of, ReadPlan};
 use crate::store::{BacklogKey, BacklogStatements, StoreError};
 use futures::StreamExt;

@@ -429,7 +429,7 @@ fn make_dispatcher(
     pool: Pool,
     policy: Policy,
     tenants: &crate::core::tenants::TenantSet,
-) -> anyhow::Result<Box<dyn dispatch::Dispatcher<pool::Pending>>> {
+) -> anyhow::Result<Box<dyn dispatch::Dispatcher<route::Pending>>> {
     let slots = cfg.pool(pool).slots;
     // The hard per-tenant limit is twice the spill threshold: read-backs and messages
     // already fetched still fit.
@@ -439,7 +439,7 @@ fn make_dispatcher(
         // A pool configuration the scheduler refuses stops the start with the reason;
         // registry content never does (see `Fair::new`).
         Policy::Fair => Box::new(
-            dispatch::Fair::<pool::Pending>::new(cfg, pool, tenants)
+            dispatch::Fair::<route::Pending>::new(cfg, pool, tenants)
                 .map_err(|e| anyhow::anyhow!("cannot schedule pool {pool}: {e}"))?,
         ),
     })

@@ -7,7 +7,7 @@ use super::backlog::{BacklogEvent, SpillReq, Spiller};
 use super::dispatch::{Dispatcher, Queued, Ticket};
 use super::exec;
 use super::outcome;
-use super::route::{Ended, Origin};
+use super::route::{Ended, Origin, Pending, SpillRef};
 use super::Shared;
 use crate::core::backlog::TenantBacklog;
 use crate::core::flow::Gate;
@@ -21,24 +21,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
-
-/// A decoded job waiting in the dispatcher.
-pub struct Pending {
-    pub job: Arc<JobSubmitted>,
-    pub origin: Origin,
-    pub epoch: u64,
-    /// When the consumer handed it over (epoch ms), for the wait breakdown.
-    pub received_at: i64,
-    /// Read back from a spilled backlog (its offset was committed when it spilled).
-    pub spill: Option<SpillRef>,
-}
-
-/// Where a job read back from a spilled backlog came from: its end is tracked per bucket.
-#[derive(Debug, Clone)]
-pub struct SpillRef {
-    pub tenant: String,
-    pub bucket: i64,
-}
 
 struct Done {
     origin: Origin,

@@ -22,8 +22,27 @@
 //! on none of them.
 
 use crate::handlers::{HandlerError, JobLive};
+use crate::model::JobSubmitted;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// A decoded job waiting in the dispatcher (intake's output).
+pub struct Pending {
+    pub job: Arc<JobSubmitted>,
+    pub origin: Origin,
+    pub epoch: u64,
+    /// When the consumer handed it over (epoch ms), for the wait breakdown.
+    pub received_at: i64,
+    /// Read back from a spilled backlog (its offset was committed when it spilled).
+    pub spill: Option<SpillRef>,
+}
+
+/// Where a job read back from a spilled backlog came from: its end is tracked per bucket.
+#[derive(Debug, Clone)]
+pub struct SpillRef {
+    pub tenant: String,
+    pub bucket: i64,
+}
 
 /// Where a message came from (for dead letters and commits).
 #[derive(Debug, Clone)]
