@@ -1,7 +1,8 @@
 //! The house's edges hold: only `src/kafka/` names the rdkafka crate and only `src/store/`
 //! names the scylla crate. Every other module reaches the broker and the database through
 //! those two (`kafka::Reader`, `kafka::partition_ends`, `store::Store`...), so a reader
-//! finds all broker and database I/O in two places.
+//! finds all broker and database I/O in two places. And `worker/`'s files import each other
+//! without a cycle: a job's route (`worker::route`) calls forward only.
 
 use std::path::{Path, PathBuf};
 
@@ -68,4 +69,75 @@ fn rdkafka_only_in_kafka_and_scylla_only_in_store() {
     }
     assert!(files.len() > 50, "found only {} files under src/", files.len());
     assert!(outside.is_empty(), "crate used outside its edge:\n{}", outside.join("\n"));
+}
+
+/// The `worker/` modules a file of `worker/` imports (`use super::x`, `use super::{x, y}`).
+fn worker_imports(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in text.lines().map(str::trim).filter(|l| l.starts_with("use super::")) {
+        let rest = &line["use super::".len()..];
+        let names: Vec<&str> = match rest.strip_prefix('{') {
+            Some(list) => list.trim_end_matches("};").split(',').collect(),
+            None => vec![rest],
+        };
+        for n in names {
+            let module = n.trim().split("::").next().unwrap_or("").trim_end_matches(';');
+            if module.chars().next().is_some_and(|c| c.is_ascii_lowercase()) && module != "self" {
+                out.push(module.to_string());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn worker_modules_import_each_other_without_a_cycle() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/worker");
+    let mut graph = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let Some(name) = path.file_stem().and_then(|s| s.to_str()).map(str::to_string) else { continue };
+        if name == "mod" || path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        // Only the module's own code: its tests may import anything.
+        let code = text.split("#[cfg(test)]").next().unwrap_or("");
+        graph.insert(name, worker_imports(code));
+    }
+    assert!(graph.len() > 10, "read only {} files of src/worker", graph.len());
+    // Depth-first search for a back edge.
+    fn visit<'a>(
+        n: &'a str,
+        graph: &'a std::collections::BTreeMap<String, Vec<String>>,
+        path: &mut Vec<&'a str>,
+        done: &mut std::collections::HashSet<&'a str>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|p| *p == n) {
+            return Some(path[i..].iter().map(|s| s.to_string()).chain([n.to_string()]).collect());
+        }
+        if !done.insert(n) {
+            return None;
+        }
+        path.push(n);
+        for m in graph.get(n).into_iter().flatten() {
+            if let Some(cycle) = visit(m, graph, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        None
+    }
+    let mut done = std::collections::HashSet::new();
+    for n in graph.keys() {
+        if let Some(cycle) = visit(n, &graph, &mut Vec::new(), &mut done) {
+            panic!("worker/ modules import each other in a cycle: {}", cycle.join(" -> "));
+        }
+    }
+}
+
+#[test]
+fn the_import_reader_sees_single_and_grouped_imports() {
+    let text = "use super::outcome::{self, update};\nuse super::{check, Shared};\nuse super::route::Origin;\n";
+    assert_eq!(worker_imports(text), vec!["outcome", "check", "route"]);
 }
