@@ -213,6 +213,8 @@ impl Member {
                         self.want.retain(|tp| !tps.contains(tp));
                         self.pauses.revoked(&tps);
                     }
+                    // Partitions not fetched (no statistics on this consumer: never sent).
+                    RebalanceEvent::Stalled(_) => {}
                 }
             }
             self.pauses.set(&self.consumer, &self.want);

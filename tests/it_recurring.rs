@@ -504,6 +504,11 @@ async fn the_promoter_leader_counts_fires_skips_and_lag_without_tenant_labels() 
         worker.print_tail("worker");
         panic!("the leader's metrics never showed {want:?}");
     };
-    let ours: Vec<&str> = text.lines().filter(|l| l.starts_with("fairway_schedule")).collect();
-    assert!(ours.iter().all(|l| !l.contains("tenant")), "never labelled by tenant: {ours:?}");
+    let ours: Vec<&str> =
+        text.lines().filter(|l| l.starts_with("fairway_schedule_") || l.starts_with("fairway_schedules")).collect();
+    let labels = |l: &str| l.split_once('{').map(|(_, rest)| rest.split('}').next().unwrap_or("").to_string());
+    assert!(
+        ours.iter().all(|l| !labels(l).unwrap_or_default().contains("tenant")),
+        "never labelled by tenant: {ours:?}"
+    );
 }
