@@ -48,23 +48,6 @@ pub fn require_secret(cfg: &Config, tenant: &str, job_type: &str) -> Result<(), 
     ))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_webhook_job_of_a_tenant_without_a_secret_is_refused_naming_the_settings() {
-        let toml = "[tenants.nosecret-26]\n[tenants.signed]\n\
-                    [job_types.hooked]\npool = \"short\"\nhandler = \"echo\"\nwebhook_url = \"http://127.0.0.1:9/cb\"\n\
-                    [webhooks.secrets]\nsigned = \"0123456789abcdef0\"\n";
-        let cfg = Config::parse(toml, "t").unwrap();
-        let e = require_secret(&cfg, "nosecret-26", "hooked").unwrap_err();
-        assert!(e.contains("webhooks.secrets.nosecret-26") && e.contains("FAIRWAY_WEBHOOK_SECRET_NOSECRET_26"), "{e}");
-        assert!(require_secret(&cfg, "signed", "hooked").is_ok());
-        assert!(require_secret(&cfg, "nosecret-26", "echo").is_ok(), "no webhook, no secret needed");
-    }
-}
-
 /// Runs the delivery loop until `stop` turns true (returns at once when no job type
 /// names a `webhook_url`).
 pub async fn deliver(cfg: Arc<Config>, stop: watch::Receiver<bool>) -> anyhow::Result<()> {
@@ -236,4 +219,21 @@ fn describe(e: reqwest::Error) -> String {
 
 fn new_id() -> String {
     uuid::Uuid::now_v7().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_webhook_job_of_a_tenant_without_a_secret_is_refused_naming_the_settings() {
+        let toml = "[tenants.nosecret-26]\n[tenants.signed]\n\
+                    [job_types.hooked]\npool = \"short\"\nhandler = \"echo\"\nwebhook_url = \"http://127.0.0.1:9/cb\"\n\
+                    [webhooks.secrets]\nsigned = \"0123456789abcdef0\"\n";
+        let cfg = Config::parse(toml, "t").unwrap();
+        let e = require_secret(&cfg, "nosecret-26", "hooked").unwrap_err();
+        assert!(e.contains("webhooks.secrets.nosecret-26") && e.contains("FAIRWAY_WEBHOOK_SECRET_NOSECRET_26"), "{e}");
+        assert!(require_secret(&cfg, "signed", "hooked").is_ok());
+        assert!(require_secret(&cfg, "nosecret-26", "echo").is_ok(), "no webhook, no secret needed");
+    }
 }

@@ -309,12 +309,17 @@ async fn one_tenants_dependency_failures_do_not_stop_the_type_for_others() {
     let watch = async {
         let mut acme_held = false;
         loop {
-            let h = sh.health.lock().unwrap();
-            if matches!(h.breakers.type_wide().state("tenanted"), BreakerState::Open { .. }) {
+            let (wide_open, acme_open) = {
+                let h = sh.health.lock().unwrap();
+                (
+                    matches!(h.breakers.type_wide().state("tenanted"), BreakerState::Open { .. }),
+                    matches!(h.breakers.tenant_state("tenanted", "acme"), BreakerState::Open { .. }),
+                )
+            };
+            if wide_open {
                 return acme_held;
             }
-            acme_held |= matches!(h.breakers.tenant_state("tenanted", "acme"), BreakerState::Open { .. });
-            drop(h);
+            acme_held |= acme_open;
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     };
