@@ -56,10 +56,9 @@ pub enum BenchKind {
     Slo(super::bench_slo::SloArgs),
 }
 
+/// The deployment a no-op bench runs on: in-process workers of the short pool.
 #[derive(clap::Args, Debug)]
-pub struct ThroughputArgs {
-    #[arg(long, default_value_t = 20_000)]
-    pub jobs: usize,
+pub struct Shape {
     /// In-process worker members.
     #[arg(long, default_value_t = 1)]
     pub workers: usize,
@@ -68,6 +67,14 @@ pub struct ThroughputArgs {
     pub slots: usize,
     #[arg(long, default_value_t = 12)]
     pub partitions: i32,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ThroughputArgs {
+    #[arg(long, default_value_t = 20_000)]
+    pub jobs: usize,
+    #[command(flatten)]
+    pub shape: Shape,
     #[arg(long, default_value = "300s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
     /// Submit every job first, then start the workers (as BullMQ's harness measures:
@@ -100,7 +107,7 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
 /// services, as fast as they go: jobs/s (end to end, and processing alone from the first
 /// start to the last finish), latency, and CPU per 1,000 jobs per process.
 async fn throughput(g: &Global, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
-    let cfg = bench_config(g, a.partitions, a.slots)?;
+    let cfg = bench_config(g, &a.shape)?;
     kafka::ensure_topics(&cfg).await.context("creating bench topics (scripts/services up?)")?;
     fairway::store::ensure_schema(&cfg).await?;
     fairway::tenants::seed(&cfg).await?;
@@ -110,7 +117,7 @@ async fn throughput(g: &Global, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
     let probe = super::bench_cpu::CpuProbe::local();
     let preloaded =
         if a.preload { Some(submit_noops(&cfg, &sub, "echo", a.jobs, Instant::now()).await?) } else { None };
-    let workers = start_workers(&cfg, a.workers).await?;
+    let workers = start_workers(&cfg, a.shape.workers).await?;
     let cpu_before = probe.snapshot();
     let t0 = Instant::now();
     let (submitted, seen) = match preloaded {
@@ -155,7 +162,8 @@ fn report_throughput(
     let rate = done as f64 / seen.elapsed.as_secs_f64();
     let process_rate = seen.processing_rate();
     let mode = if a.preload { "preloaded" } else { "submit and process together" };
-    println!("jobs {done}/{}  workers {}  slots {}  partitions {}  ({mode})", a.jobs, a.workers, a.slots, a.partitions);
+    let Shape { workers, slots, partitions } = &a.shape;
+    println!("jobs {done}/{}  workers {workers}  slots {slots}  partitions {partitions}  ({mode})", a.jobs);
     println!("submitted in {:.2}s ({:.0}/s)", submit_time.as_secs_f64(), a.jobs as f64 / submit_time.as_secs_f64());
     println!("end to end: {:.0} jobs/s over {:.2}s", rate, seen.elapsed.as_secs_f64());
     println!("processing (first start to last finish): {process_rate:.0} jobs/s");
@@ -203,13 +211,13 @@ impl Seen {
 }
 
 /// The configured deployment, on fresh bench topics with the requested shape.
-pub(super) fn bench_config(g: &Global, partitions: i32, slots: usize) -> anyhow::Result<Arc<Config>> {
+pub(super) fn bench_config(g: &Global, shape: &Shape) -> anyhow::Result<Arc<Config>> {
     let mut cfg = (*g.load()?).clone();
     cfg.kafka.topic_prefix = format!("bench{}.", now_ms());
-    cfg.kafka.partitions = partitions;
+    cfg.kafka.partitions = shape.partitions;
     cfg.scylla.keyspace = "fairway_bench".into();
     if let Some(p) = cfg.pools.get_mut(&Pool::Short) {
-        p.slots = slots;
+        p.slots = shape.slots;
     }
     Ok(Arc::new(cfg))
 }

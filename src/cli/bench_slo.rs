@@ -6,7 +6,7 @@
 //! wait stays under `--slo` with every job finished. The shape of the BullMQ harness's
 //! `SLO=1` mode, so the two can be run alternately. Last line JSON.
 
-use super::bench::{bench_config, start_workers};
+use super::bench::{bench_config, start_workers, Shape};
 use super::Global;
 use anyhow::Context;
 use fairway::codec;
@@ -33,14 +33,8 @@ pub struct SloArgs {
     /// The objective: p99 submission-to-first-dispatch under this.
     #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
     pub slo: Duration,
-    /// In-process worker members.
-    #[arg(long, default_value_t = 1)]
-    pub workers: usize,
-    /// Slots of the short pool per worker.
-    #[arg(long, default_value_t = 256)]
-    pub slots: usize,
-    #[arg(long, default_value_t = 12)]
-    pub partitions: i32,
+    #[command(flatten)]
+    pub shape: Shape,
     /// After the last arrival of a rate, how long to wait for its jobs' results.
     #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
     pub drain: Duration,
@@ -65,14 +59,14 @@ pub async fn run(g: &Global, a: SloArgs) -> anyhow::Result<ExitCode> {
         !a.rates.is_empty() && a.rates.iter().all(|r| *r > 0),
         "--rates: list rates above 0, e.g. 2000,5000"
     );
-    let cfg = bench_config(g, a.partitions, a.slots)?;
+    let cfg = bench_config(g, &a.shape)?;
     kafka::ensure_topics(&cfg).await.context("creating bench topics (scripts/services up?)")?;
     fairway::store::ensure_schema(&cfg).await?;
     fairway::tenants::seed(&cfg).await?;
     let reader = kafka::reader(&cfg, &cfg.group("bench-slo-results"), false)?;
     reader.subscribe(&[&cfg.results_topic()])?;
     let sub = Arc::new(Submitter::new(cfg.clone(), None)?);
-    let workers = start_workers(&cfg, a.workers).await?;
+    let workers = start_workers(&cfg, a.shape.workers).await?;
     let tenants: Arc<Vec<String>> = Arc::new(cfg.tenants.keys().cloned().collect());
     let mut runs = Vec::new();
     for &rate in &a.rates {
@@ -90,7 +84,7 @@ pub async fn run(g: &Global, a: SloArgs) -> anyhow::Result<ExitCode> {
         "{}",
         serde_json::json!({
             "bench": "fairway-open-loop", "slo_ms": slo_ms, "secs": a.secs.as_secs_f64(),
-            "workers": a.workers, "slots": a.slots, "partitions": a.partitions,
+            "workers": a.shape.workers, "slots": a.shape.slots, "partitions": a.shape.partitions,
             "max_rate_within_slo": within, "runs": runs,
         })
     );
