@@ -151,6 +151,101 @@ async fn admit(
 }
 
 pub async fn submit(cfg: &Arc<Config>, a: SubmitArgs) -> anyhow::Result<ExitCode> {
+    let jobs = if let Some(path) = &a.ndjson {
+        let reader: Box<dyn BufRead + Send> = if path.as_os_str() == "-" {
+            Box::new(std::io::BufReader::new(std::io::stdin()))
+        } else {
+            Box::new(std::io::BufReader::new(
+                std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?,
+            ))
+        };
+        Jobs::Ndjson(reader)
+    } else {
+        Jobs::One(Box::new(job_from_flags(a)?))
+    };
+    match submit_jobs(cfg, jobs, &mut std::io::stdout()).await? {
+        Submitted::Refused(e) => {
+            eprintln!("error: {e:#}");
+            Ok(ExitCode::FAILURE)
+        }
+        Submitted::Done { failed: 0 } => Ok(ExitCode::SUCCESS),
+        Submitted::Done { .. } => Ok(ExitCode::FAILURE),
+    }
+}
+
+/// What `fairway submit` sends: one job from its flags, or NDJSON lines.
+pub(super) enum Jobs {
+    One(Box<NewJob>),
+    Ndjson(Box<dyn BufRead + Send>),
+}
+
+/// How a `fairway submit` ended once its jobs were read.
+pub(super) enum Submitted {
+    /// The front door refused the jobs (all or none): nothing was produced.
+    Refused(anyhow::Error),
+    /// Produced; `failed` jobs could not be (each reported on stderr).
+    Done { failed: usize },
+}
+
+/// The job `fairway submit --tenant .. --type ..` describes.
+fn job_from_flags(a: SubmitArgs) -> anyhow::Result<NewJob> {
+    let payload = if let Some(p) = a.payload {
+        p
+    } else if let Some(f) = &a.payload_file {
+        std::fs::read_to_string(f).with_context(|| format!("cannot read payload file {}", f.display()))?
+    } else if a.stdin {
+        let mut s = String::new();
+        std::io::stdin().read_to_string(&mut s)?;
+        s
+    } else {
+        String::new()
+    };
+    Ok(NewJob {
+        tenant: a.tenant.unwrap_or_default(),
+        job_type: a.job_type.unwrap_or_default(),
+        payload: serde_json::Value::String(payload),
+        priority: a.priority.into(),
+        pool: a.pool,
+        idempotency_key: a.idempotency_key,
+        execute_at: a.execute_at,
+        exact_schedule: a.exact_schedule,
+        not_after: a.not_after,
+        flow_key: a.flow_key,
+        user_key: a.user_key,
+        generation: 0,
+        // W3C trace context from the environment (the OpenTelemetry convention for
+        // processes): a CI job or script that runs in a trace passes it on.
+        traceparent: std::env::var("TRACEPARENT").ok(),
+        tracestate: std::env::var("TRACESTATE").ok(),
+        ..Default::default()
+    })
+}
+
+/// Reads NDJSON jobs, each checked as the API checks it; the error names the line.
+fn read_ndjson(reader: Box<dyn BufRead + Send>, submitter: &Submitter) -> anyhow::Result<Vec<NewJob>> {
+    let mut jobs = Vec::new();
+    for (i, line) in reader.lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let job: NewJob = serde_json::from_str(&line).with_context(|| {
+            format!("line {}: not a job object (fields: tenant, job_type, payload, priority, idempotency_key, execute_at, not_after, flow_key, user_key)", i + 1)
+        })?;
+        submitter.validate(&job, job.payload_bytes().len()).with_context(|| format!("line {}", i + 1))?;
+        jobs.push(job);
+    }
+    Ok(jobs)
+}
+
+/// `fairway submit`'s path (also what `fairway bench submit` measures): connects, reads
+/// and checks the jobs, passes the front door (all or none), produces them concurrently
+/// and writes one line per job to `out` (its id, or that it was a duplicate).
+pub(super) async fn submit_jobs(
+    cfg: &Arc<Config>,
+    jobs: Jobs,
+    out: &mut (dyn std::io::Write + Send),
+) -> anyhow::Result<Submitted> {
     // The store: idempotency keys, and the tenants registry that validates tenants.
     let store = Store::open(cfg).await?;
     let (_stop, stopped) = tokio::sync::watch::channel(false);
@@ -158,66 +253,15 @@ pub async fn submit(cfg: &Arc<Config>, a: SubmitArgs) -> anyhow::Result<ExitCode
     let submitter = Submitter::new(cfg.clone(), Some(store.clone()))?.with_tenants(live.clone());
     // The pool classifier's decisions, read once before the jobs are routed.
     submitter.refresh_classes().await;
-    let mut jobs = Vec::new();
-    if let Some(path) = &a.ndjson {
-        let reader: Box<dyn BufRead> = if path.as_os_str() == "-" {
-            Box::new(std::io::BufReader::new(std::io::stdin()))
-        } else {
-            Box::new(std::io::BufReader::new(
-                std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?,
-            ))
-        };
-        for (i, line) in reader.lines().enumerate() {
-            let line = line?;
-            if line.trim().is_empty() {
-                continue;
-            }
-            let job: NewJob = serde_json::from_str(&line).with_context(|| {
-                format!("line {}: not a job object (fields: tenant, job_type, payload, priority, idempotency_key, execute_at, not_after, flow_key, user_key)", i + 1)
-            })?;
-            submitter.validate(&job, job.payload_bytes().len()).with_context(|| format!("line {}", i + 1))?;
-            jobs.push(job);
-        }
-    } else {
-        let payload = if let Some(p) = a.payload {
-            p
-        } else if let Some(f) = &a.payload_file {
-            std::fs::read_to_string(f).with_context(|| format!("cannot read payload file {}", f.display()))?
-        } else if a.stdin {
-            let mut s = String::new();
-            std::io::stdin().read_to_string(&mut s)?;
-            s
-        } else {
-            String::new()
-        };
-        jobs.push(NewJob {
-            tenant: a.tenant.unwrap_or_default(),
-            job_type: a.job_type.unwrap_or_default(),
-            payload: serde_json::Value::String(payload),
-            priority: a.priority.into(),
-            pool: a.pool,
-            idempotency_key: a.idempotency_key,
-            execute_at: a.execute_at,
-            exact_schedule: a.exact_schedule,
-            not_after: a.not_after,
-            flow_key: a.flow_key,
-            user_key: a.user_key,
-            generation: 0,
-            // W3C trace context from the environment (the OpenTelemetry convention for
-            // processes): a CI job or script that runs in a trace passes it on.
-            traceparent: std::env::var("TRACEPARENT").ok(),
-            tracestate: std::env::var("TRACESTATE").ok(),
-            ..Default::default()
-        });
-    }
+    let jobs = match jobs {
+        Jobs::One(job) => vec![*job],
+        Jobs::Ndjson(reader) => read_ndjson(reader, &submitter)?,
+    };
     // The front door, as for the HTTP API: all jobs or none, before anything is written.
     let admission = fairway::admission::Admission::connect(cfg.clone(), &store, Some(live)).await?;
     let ticket = match admit(&admission, &submitter, &jobs).await {
         Ok(t) => t,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            return Ok(ExitCode::FAILURE);
-        }
+        Err(e) => return Ok(Submitted::Refused(e)),
     };
     // Submit concurrently; the producer batches and keeps per-partition order.
     let results = futures::future::join_all(jobs.iter().map(|j| submitter.submit(j))).await;
@@ -227,17 +271,15 @@ pub async fn submit(cfg: &Arc<Config>, a: SubmitArgs) -> anyhow::Result<ExitCode
     let mut failed = 0;
     for r in results {
         match r {
-            Ok(s) if s.duplicate => {
-                println!("{}\tduplicate (idempotency key already used)", s.job_id)
-            }
-            Ok(s) => println!("{}", s.job_id),
+            Ok(s) if s.duplicate => writeln!(out, "{}\tduplicate (idempotency key already used)", s.job_id)?,
+            Ok(s) => writeln!(out, "{}", s.job_id)?,
             Err(e) => {
                 failed += 1;
                 eprintln!("error: {e}");
             }
         }
     }
-    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(Submitted::Done { failed })
 }
 
 #[derive(clap::Args, Debug)]
