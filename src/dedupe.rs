@@ -120,7 +120,14 @@ impl<'a> UniqueClaim<'a> {
             match unique::held(self.scope, row.as_ref().and_then(|r| r.status.as_deref()), at, now, max_produce_ms) {
                 Held::Duplicate => {
                     let pool = row.as_ref().and_then(|r| r.pool.as_deref()?.parse().ok()).unwrap_or(pool);
-                    return Ok(Some(Submitted { job_id: held, duplicate: true, pool, original: row, joined: true }));
+                    return Ok(Some(Submitted {
+                        job_id: held,
+                        duplicate: true,
+                        pool,
+                        original: row,
+                        joined: true,
+                        queued_row: false,
+                    }));
                 }
                 Held::Free => {
                     if stmts.take_over_key(self.tenant, &self.key, &held, job_id, now, self.ttl_secs).await? {
@@ -186,7 +193,14 @@ pub async fn debounce(
                 job: crate::codec::encode_job(rec)?,
             };
             if stmts.open(&row).await? {
-                return Ok(Submitted { job_id: row.window_id, duplicate: false, pool, original: None, joined: false });
+                return Ok(Submitted {
+                    job_id: row.window_id,
+                    duplicate: false,
+                    pool,
+                    original: None,
+                    joined: false,
+                    queued_row: false,
+                });
             }
             continue;
         };
@@ -198,7 +212,14 @@ pub async fn debounce(
         let due_at = debounce_due(open.first_at, now, d.delay, d.max_delay);
         let moved = DebounceRow { due_at, rev: rev.clone(), job, ..open.clone() };
         if stmts.extend(&moved, &open.rev).await? {
-            return Ok(Submitted { job_id: open.window_id, duplicate: true, pool, original: None, joined: true });
+            return Ok(Submitted {
+                job_id: open.window_id,
+                duplicate: true,
+                pool,
+                original: None,
+                joined: true,
+                queued_row: false,
+            });
         }
     }
     Err(SubmitError::Invalid { field: "debounce_key", message: "contended by many submissions at once; retry".into() })

@@ -142,6 +142,9 @@ pub struct Submitted {
     /// The submission joined a job that exists (its `unique_key` is held, or its debounce
     /// window is open): `job_id` is that job's; the HTTP API answers 200, not 201.
     pub joined: bool,
+    /// This submission wrote the job's `queued` row, which names its tenant (so the
+    /// HTTP API need not record the job's owner separately).
+    pub queued_row: bool,
 }
 
 pub struct Submitter {
@@ -262,7 +265,7 @@ impl Submitter {
             }
             return Err(e);
         }
-        Ok(Submitted { job_id, duplicate: false, pool, original: None, joined: false })
+        Ok(Submitted { job_id, duplicate: false, pool, original: None, joined: false, queued_row: written })
     }
 
     /// The record a submission produces (jitter applied to a far `execute_at`).
@@ -330,7 +333,14 @@ impl Submitter {
         match taken_key(row.is_some(), at, now, MAX_PRODUCE_MS) {
             TakenKey::Duplicate | TakenKey::Pending => {
                 let pool = row.as_ref().and_then(|r| r.pool.as_deref()?.parse().ok()).unwrap_or(pool);
-                Ok(Some(Submitted { job_id: held, duplicate: true, pool, original: row, joined: false }))
+                Ok(Some(Submitted {
+                    job_id: held,
+                    duplicate: true,
+                    pool,
+                    original: row,
+                    joined: false,
+                    queued_row: false,
+                }))
             }
             TakenKey::Orphaned => {
                 if stmts.take_over_key(tenant, key, &held, job_id, now, window).await? {
@@ -342,7 +352,14 @@ impl Submitter {
                     IdempotencyClaim::Claimed => Ok(None),
                     IdempotencyClaim::Held { job_id: other, .. } => {
                         let row = store.job_direct(&other).await?;
-                        Ok(Some(Submitted { job_id: other, duplicate: true, pool, original: row, joined: false }))
+                        Ok(Some(Submitted {
+                            job_id: other,
+                            duplicate: true,
+                            pool,
+                            original: row,
+                            joined: false,
+                            queued_row: false,
+                        }))
                     }
                 }
             }

@@ -442,6 +442,9 @@ async fn api_keys_authenticate_scope_to_the_tenant_and_revoke_within_seconds() {
     let (s, g) = globex.post("/v1/jobs", &job("globex", "echo", json!({"who": "globex"}))).await;
     assert_eq!(s, StatusCode::CREATED, "{g}");
     let g_id = id_of(&g);
+    // Its `queued` row names its tenant: no separate owner row is written for it.
+    let keys = fairway::store::Store::open(&cfg).await.unwrap().key_statements().await.unwrap();
+    assert_eq!(keys.owner(&g_id).await.unwrap(), None, "one write per accepted job, not two");
     let (s, c) = globex.delete(&format!("/v1/jobs/{g_id}")).await;
     assert_eq!(s, StatusCode::ACCEPTED, "its own queued job: {c}");
     let (s, st) = globex.get(&format!("/v1/jobs/{g_id}")).await;

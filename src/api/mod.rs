@@ -440,14 +440,18 @@ impl TraceHeaders {
     }
 }
 
-/// Records which tenant submitted each accepted job (before answering, so a tenant can
-/// read and cancel its job as soon as it has the id, before any worker wrote its row).
-/// The jobs are accepted either way: a failure is logged, and the job becomes visible to
-/// its tenant once a worker records it.
-async fn record_owners(st: &ApiState, owners: impl Iterator<Item = (&str, &str)>) {
+/// Records which tenant submitted each accepted job whose `queued` row could not be
+/// written (that row names the tenant), before answering, so a tenant can read and
+/// cancel its job as soon as it has the id, before any worker wrote its row. The jobs
+/// are accepted either way: a failure is logged, and the job becomes visible to its
+/// tenant once a worker records it.
+async fn record_owners(st: &ApiState, owners: &[(&str, &str)]) {
+    if owners.is_empty() {
+        return;
+    }
     let written = async {
         let keys = st.inner.keys.statements(&st.inner.store).await?;
-        futures::future::try_join_all(owners.map(|(id, t)| keys.put_owner(id, t))).await?;
+        futures::future::try_join_all(owners.iter().map(|(id, t)| keys.put_owner(id, t))).await?;
         Ok::<_, ApiError>(())
     };
     if let Err(e) = written.await {
@@ -474,7 +478,9 @@ async fn submit_one(
     let accepted = submitted.as_ref().ok().filter(|s| !s.duplicate).map(|s| s.job_id.clone());
     st.inner.admission.settle(ticket, &[accepted]).await;
     let s = submitted?;
-    record_owners(&st, std::iter::once((s.job_id.as_str(), job.tenant.as_str()))).await;
+    if !s.queued_row {
+        record_owners(&st, &[(s.job_id.as_str(), job.tenant.as_str())]).await;
+    }
     count_submitted(&s);
     let location = format!("/v1/jobs/{}", s.job_id);
     // Joined a job that exists (unique key held, debounce window open): 200 with its id.
@@ -513,9 +519,12 @@ async fn submit_batch(
     let accepted: Vec<Option<String>> =
         results.iter().map(|r| r.as_ref().ok().filter(|s| !s.duplicate).map(|s| s.job_id.clone())).collect();
     st.inner.admission.settle(ticket, &accepted).await;
-    let owners =
-        results.iter().zip(&jobs).filter_map(|(r, j)| Some((r.as_ref().ok()?.job_id.as_str(), j.tenant.as_str())));
-    record_owners(&st, owners).await;
+    let owners: Vec<(&str, &str)> = results
+        .iter()
+        .zip(&jobs)
+        .filter_map(|(r, j)| Some((r.as_ref().ok().filter(|s| !s.queued_row)?.job_id.as_str(), j.tenant.as_str())))
+        .collect();
+    record_owners(&st, &owners).await;
     if results.iter().all(Result::is_ok) {
         let out: Vec<serde_json::Value> =
             results.into_iter().flatten().inspect(count_submitted).map(|s| submitted_json(&s)).collect();
