@@ -50,6 +50,10 @@ pub const JOBS_SPILLED: &str = "fairway_jobs_spilled_total";
 pub const JOBS_UNSPILLED: &str = "fairway_jobs_unspilled_total";
 pub const SPILL_FAILURES: &str = "fairway_spill_failures_total";
 pub const SPILLED_BACKLOG: &str = "fairway_spilled_backlog";
+pub const SPILL_ROWS: &str = "fairway_spill_rows_written_total";
+pub const SPILL_WRITE_SECONDS: &str = "fairway_spill_write_seconds";
+pub const SPILL_PAUSES: &str = "fairway_spill_pauses_total";
+pub const SPILL_PAUSED_SECONDS: &str = "fairway_spill_paused_seconds_total";
 pub const OLDEST_WAIT_SECONDS: &str = "fairway_oldest_wait_seconds";
 pub const OLDEST_DUE_UNPROMOTED_AGE: &str = "fairway_oldest_due_unpromoted_age_seconds";
 pub const JOBS_PROMOTED: &str = "fairway_jobs_promoted_total";
@@ -225,6 +229,21 @@ pub fn describe() {
     );
     describe_counter!(SPILL_FAILURES, "Spills the store refused (the jobs stayed in memory), by pool");
     describe_gauge!(SPILLED_BACKLOG, "Jobs waiting in spilled backlogs this worker owns, by pool");
+    describe_counter!(SPILL_ROWS, "Store rows written by the spill path (many spilled jobs per row), by pool");
+    describe_histogram!(
+        SPILL_WRITE_SECONDS,
+        Unit::Seconds,
+        "Time of one spill write to the store (a bucket's rows), by pool"
+    );
+    describe_counter!(
+        SPILL_PAUSES,
+        "Times a partition paused because its spill writes in flight reached their bound (the store is behind), by pool"
+    );
+    describe_counter!(
+        SPILL_PAUSED_SECONDS,
+        Unit::Seconds,
+        "Time partitions spent paused because their spill writes in flight reached their bound, by pool"
+    );
     describe_gauge!(
         OLDEST_WAIT_SECONDS,
         Unit::Seconds,

@@ -186,3 +186,35 @@ async fn kill_9_while_jobs_are_spilled_and_while_they_are_read_back_loses_nothin
     // The last bucket stays until the partition is consumed past its end (it may still fill).
     assert!(left <= 1, "{left} spilled buckets left behind after every job finished");
 }
+
+/// A flood already waiting on the partition is consumed at the broker's pace, so its
+/// excess reaches the spill writer in large groups: each store row must carry many
+/// spilled jobs (one row per job made the store, not the broker, set the partition's
+/// pace, and the partition paused behind it; docs/design/floods.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flood_spills_many_jobs_per_store_row() {
+    let cfg =
+        common::arc(one_partition("[worker]\ntenant_queue_limit = 100\n[pools.short]\nslots = 2\nfast_lanes = 0\n"));
+    common::init(&cfg).await;
+    let sub = Submitter::new(cfg.clone(), None).unwrap();
+    // Produced before the worker starts: it meets 6,000 jobs at once, 60x its buffer.
+    produce(&sub, "flood", 6000, 1).await;
+    let registry = Registry::from_config(&cfg, Default::default()).unwrap();
+    let worker = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair).await.unwrap();
+    assert!(worker.wait_assigned(Duration::from_secs(60)).await, "the worker got no partitions");
+
+    let spill = || worker.shared[0].stats.lock().unwrap()["pool"]["spill"].clone();
+    let deadline = Instant::now() + Duration::from_secs(45);
+    while spill()["jobs_written"].as_u64().unwrap_or(0) < 5000 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let s = spill();
+    worker.stop().await;
+
+    let (jobs, rows) = (s["jobs_written"].as_u64().unwrap_or(0), s["rows_written"].as_u64().unwrap_or(0));
+    assert!(jobs >= 5000, "the flood's excess should have spilled within 45 s: {s}");
+    assert!(
+        rows > 0 && jobs >= 10 * rows,
+        "{jobs} spilled jobs took {rows} store rows; want at least 10 jobs per row: {s}"
+    );
+}

@@ -158,6 +158,8 @@ struct Outcome {
     window_ms: i64,
     max_spilled: u64,
     same_tenants: usize,
+    /// The worker's spill counters at the end of the window (`SpillCounters`).
+    spill: serde_json::Value,
 }
 
 impl Outcome {
@@ -173,7 +175,7 @@ impl Outcome {
             "p99_ratio_same_vs_other": ratio, "quiet_tenants_on_flood_partition": self.same_tenants,
             "quiet_missing": self.missing, "flood_jobs_per_sec": per_sec.round(),
             "flood_capacity_per_sec": (a.slots as f64 * 1000.0 / a.flood_ms.max(1) as f64).round(),
-            "max_spilled": self.max_spilled,
+            "max_spilled": self.max_spilled, "spill": self.spill,
         })
     }
 }
@@ -254,10 +256,12 @@ async fn run_mode(base: &Config, a: &FloodArgs, mode: FloodMode) -> anyhow::Resu
         .collect();
     let mut results: HashMap<String, JobResult> = HashMap::new();
     let mut max_spilled = 0u64;
+    let mut spill = serde_json::Value::Null;
     while Instant::now() < end_at {
         drain(&mut feed, &mut results, Duration::from_millis(200)).await;
-        let spilled = worker.shared[0].stats.lock().ok().and_then(|s| s["pool"]["spilled"].as_u64()).unwrap_or(0);
-        max_spilled = max_spilled.max(spilled);
+        let pool = worker.shared[0].stats.lock().map(|s| s["pool"].clone()).unwrap_or_default();
+        max_spilled = max_spilled.max(pool["spilled"].as_u64().unwrap_or(0));
+        spill = pool["spill"].clone();
     }
     let mut quiet_jobs: Vec<(String, String, i64)> = Vec::new();
     for q in quiet {
@@ -300,6 +304,7 @@ async fn run_mode(base: &Config, a: &FloodArgs, mode: FloodMode) -> anyhow::Resu
         window_ms: window_end - from,
         max_spilled,
         same_tenants: same.len(),
+        spill,
     })
 }
 

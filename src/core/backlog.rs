@@ -19,6 +19,10 @@
 //! - *At-least-once*: a bucket is deleted only when every row read from it finished with
 //!   a durable outcome, no spill can reach it any more (the partition was consumed past
 //!   its end) and no read or spill is out.
+//!
+//! In the store, the spilled jobs of one write to a bucket travel as *packs*: many
+//! (offset, job) pairs in one row ([`encode_pack`], [`decode_pack`]), so a flood costs
+//! the store one row per write, not one per job.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -33,6 +37,41 @@ pub fn bucket_of(offset: i64) -> i64 {
 
 fn bucket_last(bucket: i64) -> i64 {
     (bucket + 1) * BUCKET_SPAN - 1
+}
+
+/// Pack format version (first byte of a pack).
+const PACK_V1: u8 = 1;
+
+/// Packs spilled jobs `(offset, encoded job)` into one blob: a version byte, then per job
+/// its offset (8 bytes) and length (4 bytes, big-endian) and its bytes.
+pub fn encode_pack(jobs: &[(i64, &[u8])]) -> Vec<u8> {
+    let size = 1 + jobs.iter().map(|(_, j)| 12 + j.len()).sum::<usize>();
+    let mut out = Vec::with_capacity(size);
+    out.push(PACK_V1);
+    for (offset, job) in jobs {
+        out.extend_from_slice(&offset.to_be_bytes());
+        out.extend_from_slice(&(job.len() as u32).to_be_bytes());
+        out.extend_from_slice(job);
+    }
+    out
+}
+
+/// The jobs of a pack, in the order they were packed; an error names what is wrong.
+pub fn decode_pack(pack: &[u8]) -> Result<Vec<(i64, Vec<u8>)>, String> {
+    let Some((&version, mut rest)) = pack.split_first() else { return Err("empty backlog pack".into()) };
+    if version != PACK_V1 {
+        return Err(format!("backlog pack of unknown version {version} (this build reads version {PACK_V1})"));
+    }
+    let mut jobs = Vec::new();
+    while !rest.is_empty() {
+        let (head, tail) = rest.split_at_checked(12).ok_or("backlog pack cut inside a job's header")?;
+        let offset = i64::from_be_bytes(head[..8].try_into().expect("8 bytes"));
+        let len = u32::from_be_bytes(head[8..].try_into().expect("4 bytes")) as usize;
+        let (job, tail) = tail.split_at_checked(len).ok_or("backlog pack cut inside a job")?;
+        jobs.push((offset, job.to_vec()));
+        rest = tail;
+    }
+    Ok(jobs)
 }
 
 #[derive(Debug, Default, Clone)]
@@ -359,6 +398,19 @@ mod tests {
         t.read_done(&p, &[0]);
         t.job_done(0, false);
         assert!(t.deletable(i64::MAX).is_empty());
+    }
+
+    #[test]
+    fn a_pack_round_trips_and_a_damaged_one_is_refused() {
+        let jobs: Vec<(i64, &[u8])> = vec![(7, b"abc"), (9, b""), (1 << 40, b"xyz!")];
+        let pack = encode_pack(&jobs);
+        let back = decode_pack(&pack).unwrap();
+        assert_eq!(back, jobs.iter().map(|(o, j)| (*o, j.to_vec())).collect::<Vec<_>>());
+        assert!(decode_pack(&pack[..pack.len() - 1]).unwrap_err().contains("cut inside a job"));
+        assert!(decode_pack(&pack[..5]).unwrap_err().contains("header"));
+        assert!(decode_pack(&[9]).unwrap_err().contains("version 9"));
+        assert!(decode_pack(&[]).is_err());
+        assert_eq!(decode_pack(&encode_pack(&[])).unwrap(), vec![]);
     }
 
     #[test]

@@ -81,6 +81,14 @@ pub const TABLES: &[(&str, &str)] = &[
         "(topic text, partition int, tenant text, bucket bigint, offset bigint, job blob, \
          PRIMARY KEY ((topic, partition, tenant, bucket), offset))",
     ),
+    // Spilled jobs in packs (`core::backlog::encode_pack`): many per row, clustered by
+    // the pack's last offset; what the spill path writes since one row per job fell
+    // behind the broker (docs/design/floods.md). `backlog` is still read and dropped.
+    (
+        "backlog_packs",
+        "(topic text, partition int, tenant text, bucket bigint, last bigint, jobs blob, \
+         PRIMARY KEY ((topic, partition, tenant, bucket), last))",
+    ),
     // Which (tenant, bucket) backlogs exist per topic partition: what a new owner reads.
     (
         "backlog_index",

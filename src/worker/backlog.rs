@@ -12,7 +12,9 @@ use crate::core::backlog::{bucket_of, ReadPlan};
 use crate::store::{BacklogKey, BacklogStatements, StoreError};
 use futures::StreamExt;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::sync::mpsc;
 
 /// Per (epoch, partition, tenant): the offsets of spilled jobs written, and the jobs whose write
@@ -50,22 +52,68 @@ pub enum BacklogEvent {
 
 type Report = Arc<dyn Fn(BacklogEvent) + Send + Sync>;
 
+/// What the spill path did so far in this pool loop (no tenant in it): shown in the
+/// pool's stats (`spill`) and as metrics, so a partition held back by slow spill writes
+/// is visible.
+#[derive(Debug, Default)]
+pub struct SpillCounters {
+    /// Jobs made durable in the store, and the store rows that took them.
+    pub jobs_written: AtomicU64,
+    pub rows_written: AtomicU64,
+    /// Store writes (one per group of rows of a bucket), their summed and longest time.
+    pub writes: AtomicU64,
+    pub write_ms_total: AtomicU64,
+    pub write_ms_max: AtomicU64,
+    /// Times a partition paused because its spill writes in flight reached their bound,
+    /// and the time partitions spent paused for it.
+    pub pauses: AtomicU64,
+    pub paused_ms: AtomicU64,
+}
+
+impl SpillCounters {
+    pub fn json(&self) -> serde_json::Value {
+        let (jobs, rows, writes) =
+            (self.jobs_written.load(Relaxed), self.rows_written.load(Relaxed), self.writes.load(Relaxed));
+        serde_json::json!({
+            "jobs_written": jobs, "rows_written": rows, "writes": writes,
+            "jobs_per_row": if rows == 0 { 0.0 } else { (jobs as f64 / rows as f64 * 10.0).round() / 10.0 },
+            "write_ms_avg": self.write_ms_total.load(Relaxed).checked_div(writes).unwrap_or(0),
+            "write_ms_max": self.write_ms_max.load(Relaxed),
+            "pauses": self.pauses.load(Relaxed), "paused_ms": self.paused_ms.load(Relaxed),
+        })
+    }
+}
+
 /// One pool loop's handle on the spill path.
 pub struct Spiller {
     stmts: BacklogStatements,
     topic: Arc<str>,
     writer: mpsc::UnboundedSender<SpillReq>,
     report: Report,
+    pub counters: Arc<SpillCounters>,
 }
 
 impl Spiller {
     /// Starts the writer task of a pool topic; `report` hands events to the pool loop.
-    pub fn start(stmts: BacklogStatements, topic: &str, report: impl Fn(BacklogEvent) + Send + Sync + 'static) -> Self {
+    pub fn start(
+        stmts: BacklogStatements,
+        topic: &str,
+        pool: &'static str,
+        report: impl Fn(BacklogEvent) + Send + Sync + 'static,
+    ) -> Self {
         let report: Report = Arc::new(report);
         let topic: Arc<str> = Arc::from(topic);
+        let counters = Arc::new(SpillCounters::default());
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(write_loop(stmts.clone(), topic.clone(), rx, report.clone()));
-        Spiller { stmts, topic, writer: tx, report }
+        let writer = Writer {
+            stmts: stmts.clone(),
+            topic: topic.clone(),
+            report: report.clone(),
+            counters: counters.clone(),
+            pool,
+        };
+        tokio::spawn(write_loop(writer, rx));
+        Spiller { stmts, topic, writer: tx, report, counters }
     }
 
     /// Queues a spill (the loop bounds what is in flight by pausing the partition).
@@ -125,15 +173,35 @@ impl Spiller {
     }
 }
 
+/// The writer task's handles.
+struct Writer {
+    stmts: BacklogStatements,
+    topic: Arc<str>,
+    report: Report,
+    counters: Arc<SpillCounters>,
+    pool: &'static str,
+}
+
+impl SpillCounters {
+    /// One store write of `jobs` spilled jobs in `rows` rows, started at `started`.
+    fn wrote(&self, pool: &'static str, jobs: usize, rows: usize, started: Instant) {
+        let took = started.elapsed();
+        let ms = took.as_millis() as u64;
+        self.jobs_written.fetch_add(jobs as u64, Relaxed);
+        self.rows_written.fetch_add(rows as u64, Relaxed);
+        self.writes.fetch_add(1, Relaxed);
+        self.write_ms_total.fetch_add(ms, Relaxed);
+        self.write_ms_max.fetch_max(ms, Relaxed);
+        metrics::counter!(crate::metrics::SPILL_ROWS, "pool" => pool).increment(rows as u64);
+        metrics::histogram!(crate::metrics::SPILL_WRITE_SECONDS, "pool" => pool).record(took.as_secs_f64());
+    }
+}
+
 /// Writes spills in rounds: everything queued (up to `ROUND`), grouped by store
 /// partition, written concurrently, then reported per (partition, tenant) in offset
 /// order. Rounds run one after another, so each tenant's acknowledgements come in order.
-async fn write_loop(
-    stmts: BacklogStatements,
-    topic: Arc<str>,
-    mut rx: mpsc::UnboundedReceiver<SpillReq>,
-    report: Report,
-) {
+async fn write_loop(w: Writer, mut rx: mpsc::UnboundedReceiver<SpillReq>) {
+    let Writer { stmts, topic, report, counters, pool } = w;
     let mut round = Vec::with_capacity(ROUND);
     while rx.recv_many(&mut round, ROUND).await > 0 {
         type Group = (u64, i32, String, i64);
@@ -144,13 +212,15 @@ async fn write_loop(
         }
         let written: Vec<(Group, Vec<SpillReq>, bool)> = futures::stream::iter(groups)
             .map(|(key, reqs)| {
-                let (stmts, topic) = (&stmts, &topic);
+                let (stmts, topic, counters) = (&stmts, &topic, &counters);
                 async move {
                     let rows: Vec<(i64, &[u8])> = reqs.iter().map(|r| (r.offset, r.bytes.as_slice())).collect();
                     let bk = BacklogKey { topic, partition: key.1, tenant: &key.2, bucket: key.3 };
+                    let started = Instant::now();
                     let res = with_retries(|| stmts.put_rows(bk, &rows)).await;
-                    if let Err(e) = &res {
-                        tracing::error!(partition = key.1, tenant = %key.2, error = %e, "cannot spill jobs; keeping them in memory");
+                    match &res {
+                        Ok(written) => counters.wrote(pool, rows.len(), *written, started),
+                        Err(e) => tracing::error!(partition = key.1, tenant = %key.2, error = %e, "cannot spill jobs; keeping them in memory"),
                     }
                     let ok = res.is_ok();
                     (key, reqs, ok)

@@ -52,6 +52,8 @@ struct PartitionState {
     last_seen: i64,
     /// Spills handed to the writer and not yet reported.
     spilling: usize,
+    /// Since when the partition is paused because `spilling` reached `MAX_SPILLING`.
+    spill_paused_since: Option<std::time::Instant>,
 }
 
 /// Most jobs buffered in one worker for one pool: past it, every tenant with more than a
@@ -114,7 +116,7 @@ pub async fn run(
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Event>();
     let stmts = sh.store.backlog_statements().await?;
     let report = done_tx.clone();
-    let spiller = Spiller::start(stmts, &topic, move |ev| {
+    let spiller = Spiller::start(stmts, &topic, sh.pool.as_str(), move |ev| {
         let _ = report.send(Event::Backlog(ev));
     });
     let mut lp = Loop {
@@ -327,6 +329,7 @@ impl Loop {
         self.sync_quotas(false);
         self.start_jobs(slots);
         self.tend_backlogs();
+        self.track_spill_pauses();
         pauses.set(consumer, &self.partitions_to_pause());
     }
 
@@ -724,6 +727,44 @@ impl Loop {
         }
     }
 
+    /// Counts and logs partitions that start or stop waiting for their spill writes (the
+    /// store is behind the broker): every tenant behind the flood on them waits too.
+    fn track_spill_pauses(&mut self) {
+        let pool = self.sh.pool.as_str();
+        let counters = self.spiller.counters.clone();
+        for (&p, st) in self.parts.iter_mut() {
+            let behind = st.spilling >= MAX_SPILLING;
+            match (behind, st.spill_paused_since) {
+                (true, None) => {
+                    st.spill_paused_since = Some(std::time::Instant::now());
+                    counters.pauses.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    metrics::counter!(m::SPILL_PAUSES, "pool" => pool).increment(1);
+                    tracing::info!(
+                        pool,
+                        partition = p,
+                        in_flight = st.spilling,
+                        "spill writes behind the store; partition paused"
+                    );
+                }
+                (false, Some(since)) => {
+                    st.spill_paused_since = None;
+                    let paused = since.elapsed();
+                    let total_ms =
+                        counters.paused_ms.fetch_add(paused.as_millis() as u64, std::sync::atomic::Ordering::Relaxed)
+                            + paused.as_millis() as u64;
+                    metrics::counter!(m::SPILL_PAUSED_SECONDS, "pool" => pool).absolute(total_ms / 1000);
+                    tracing::info!(
+                        pool,
+                        partition = p,
+                        paused_ms = paused.as_millis() as u64,
+                        "spill writes caught up; partition resumed"
+                    );
+                }
+                _ => {}
+            }
+        }
+    }
+
     /// Backpressure, now only where spilling cannot help: partitions with jobs the
     /// dispatcher refused, partitions whose backlog index is loading or whose spill
     /// writes fell behind, and every partition when the whole buffer is twice full.
@@ -856,6 +897,7 @@ impl Loop {
             let overdue = unassigned >= self.sh.cfg.kafka.unassigned_warning;
             pool.insert("unassigned_ms".into(), (if overdue { unassigned.as_millis() as u64 } else { 0 }).into());
             pool.insert("group".into(), self.group.clone().into());
+            pool.insert("spill".into(), self.spiller.counters.json());
             if self.sh.runs_processes() {
                 pool.insert(
                     "process_enforcement".into(),
@@ -1041,6 +1083,7 @@ fn new_partition(next_epoch: &mut u64, spiller: &Spiller, p: i32) -> PartitionSt
         held: Some(Vec::new()),
         last_seen: -1,
         spilling: 0,
+        spill_paused_since: None,
     }
 }
 
