@@ -151,7 +151,10 @@ pub async fn run(g: &Global, a: TenantsArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(a.heavy >= 1 && a.tenants > a.heavy, "--tenants must exceed --heavy (and --heavy be at least 1)");
     anyhow::ensure!(a.free_active <= a.free_accounts, "--free-active must not exceed --free-accounts");
     anyhow::ensure!(a.light_jobs >= 1, "--light-jobs must be at least 1");
-    anyhow::ensure!(a.warmup < a.flood_after && a.flood_after < a.duration, "need --warmup < --flood-after < --duration");
+    anyhow::ensure!(
+        a.warmup < a.flood_after && a.flood_after < a.duration,
+        "need --warmup < --flood-after < --duration"
+    );
     let cfg = bench_config(&*g.load()?, &a)?;
     let metrics = fairway::metrics::install_recorder().ok();
     kafka::ensure_topics(&cfg).await.context("creating bench topics (scripts/services up?)")?;
@@ -177,7 +180,11 @@ pub async fn run(g: &Global, a: TenantsArgs) -> anyhow::Result<ExitCode> {
     warm_up(&a, &producer, &topic, &mut feed).await?;
     let views: Vec<LiveTenants> = workers.iter().map(|w| w.shared[0].tenants.clone()).collect();
     for v in &views {
-        anyhow::ensure!(v.current().tenants.len() >= a.tenants, "a worker loaded {} tenants", v.current().tenants.len());
+        anyhow::ensure!(
+            v.current().tenants.len() >= a.tenants,
+            "a worker loaded {} tenants",
+            v.current().tenants.len()
+        );
     }
 
     let probe = CpuProbe::local();
@@ -213,10 +220,8 @@ pub async fn run(g: &Global, a: TenantsArgs) -> anyhow::Result<ExitCode> {
 
     let report = Report { a: &a, t0, sent: &sent, run: &run };
     let mut js = report.json();
-    let cpu: BTreeMap<&str, f64> = cpu_after
-        .iter()
-        .filter_map(|(n, t)| cpu_before.get(n).map(|b| (*n, round2(t - b))))
-        .collect();
+    let cpu: BTreeMap<&str, f64> =
+        cpu_after.iter().filter_map(|(n, t)| cpu_before.get(n).map(|b| (*n, round2(t - b)))).collect();
     let cores: BTreeMap<&str, f64> = cpu.iter().map(|(n, s)| (*n, round2(s / wall_s))).collect();
     let change_max = change_ms.iter().map(|c| c.unwrap_or(u64::MAX)).max();
     js["registry"] = json!({
@@ -237,7 +242,8 @@ pub async fn run(g: &Global, a: TenantsArgs) -> anyhow::Result<ExitCode> {
     js["max_spilled"] = json!(run.max_spilled);
     let complete = js["jobs"]["lost"] == json!(0) && js["jobs"]["not_succeeded"] == json!(0);
     let ratio = js["light"]["p99_ratio"].as_f64();
-    js["goal_met"] = json!(complete && cql_alive && ratio.is_some_and(|r| r <= 2.0) && js["registry"]["within_2s"] == json!(true));
+    js["goal_met"] =
+        json!(complete && cql_alive && ratio.is_some_and(|r| r <= 2.0) && js["registry"]["within_2s"] == json!(true));
     println!("{js}");
     Ok(if complete { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
@@ -282,7 +288,9 @@ fn trickle_plan(a: &TenantsArgs) -> Vec<(String, Kind)> {
     let light = a.light_active.unwrap_or(a.tenants - a.heavy).min(a.tenants - a.heavy);
     let mut plan: Vec<(String, Kind)> = (0..light)
         .flat_map(|i| std::iter::repeat_n((light_name(i), Kind::Light), 1 + i % a.light_jobs))
-        .chain((0..a.free_active).map(|i| (format!("free-{:05}", i * a.free_accounts / a.free_active.max(1)), Kind::Free)))
+        .chain(
+            (0..a.free_active).map(|i| (format!("free-{:05}", i * a.free_accounts / a.free_active.max(1)), Kind::Free)),
+        )
         .chain((0..a.new_tenants).map(|i| (format!("new-{i:05}"), Kind::New)))
         .collect();
     plan.shuffle(&mut rand::rngs::StdRng::seed_from_u64(42));
@@ -317,7 +325,12 @@ async fn trickle(
 
 /// The heavy tenants' flood at `at`: `--flood` sleep jobs round robin over them, produced
 /// as fast as the broker takes them. Returns them and how long producing took (s).
-async fn flood(producer: Producer, topic: String, a: TenantsArgs, at: Instant) -> anyhow::Result<(HashMap<u128, Sent>, f64)> {
+async fn flood(
+    producer: Producer,
+    topic: String,
+    a: TenantsArgs,
+    at: Instant,
+) -> anyhow::Result<(HashMap<u128, Sent>, f64)> {
     tokio::time::sleep_until(at.into()).await;
     let t = Instant::now();
     let mut sends = futures::stream::iter((0..a.flood).map(|i| {
@@ -352,7 +365,9 @@ async fn registry_changes(
         rec.max_concurrency = Some(1_000 + i);
         let t = Instant::now();
         stmts.put(&rec, now_ms()).await?;
-        let seen = |v: &LiveTenants| v.current().tenants.get(&rec.name).is_some_and(|r| r.max_concurrency == rec.max_concurrency);
+        let seen = |v: &LiveTenants| {
+            v.current().tenants.get(&rec.name).is_some_and(|r| r.max_concurrency == rec.max_concurrency)
+        };
         while !views.iter().all(seen) && t.elapsed() < Duration::from_secs(30) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -374,7 +389,8 @@ impl Run {
         let until = tokio::time::Instant::from_std(until);
         let mut sample = tokio::time::Instant::now();
         while let Ok(Some((r, _))) = tokio::time::timeout_at(until, feed.rx.recv()).await {
-            let got = self.results.entry(key(&r.job_id)).or_insert(Got { started_at: r.started_at, ok: false, results: 0 });
+            let got =
+                self.results.entry(key(&r.job_id)).or_insert(Got { started_at: r.started_at, ok: false, results: 0 });
             got.results += 1;
             got.ok |= r.status == JobStatus::Succeeded;
             if tokio::time::Instant::now() >= sample {
@@ -507,7 +523,20 @@ mod tests {
 
     #[test]
     fn the_plan_has_every_population_once_per_job() {
-        let a = args(&["--tenants", "110", "--heavy", "10", "--light-jobs", "2", "--free-accounts", "1000", "--free-active", "20", "--new-tenants", "5"]);
+        let a = args(&[
+            "--tenants",
+            "110",
+            "--heavy",
+            "10",
+            "--light-jobs",
+            "2",
+            "--free-accounts",
+            "1000",
+            "--free-active",
+            "20",
+            "--new-tenants",
+            "5",
+        ]);
         let plan = trickle_plan(&a);
         let count = |k| plan.iter().filter(|(_, kind)| *kind == k).count();
         // 100 light tenants: the even ones submit once, the odd ones twice.
