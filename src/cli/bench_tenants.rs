@@ -216,10 +216,6 @@ pub async fn run(g: &Global, a: TenantsArgs) -> anyhow::Result<ExitCode> {
     let peak_rss = probe.peak_rss_mb();
     let cql_alive = cpu_after.contains_key("cql") || !cpu_before.contains_key("cql");
     let change_ms = changes.await??;
-    feed.stop().await;
-    for w in workers {
-        w.stop().await;
-    }
 
     let report = Report { a: &a, t0, sent: &sent, run: &run };
     let mut js = report.json();
@@ -248,6 +244,17 @@ pub async fn run(g: &Global, a: TenantsArgs) -> anyhow::Result<ExitCode> {
     js["goal_met"] =
         json!(complete && cql_alive && ratio.is_some_and(|r| r <= 2.0) && js["registry"]["within_2s"] == json!(true));
     println!("{js}");
+    // Printed first: workers left with a backlog (a run cut by --drain-timeout) hand it
+    // off as they stop, which may take a while; the process's exit ends them anyway.
+    let stop = async {
+        feed.stop().await;
+        for w in workers {
+            w.stop().await;
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(30), stop).await.is_err() {
+        eprintln!("workers still stopping after 30 s; exiting");
+    }
     Ok(if complete { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
