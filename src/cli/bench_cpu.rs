@@ -31,6 +31,24 @@ impl CpuProbe {
         CpuProbe { procs, ticks_per_sec: 100.0 }
     }
 
+    /// Resets the peak resident set (`VmHWM`) of every watched process (`clear_refs` 5;
+    /// the services run as this user), so [`CpuProbe::peak_rss_mb`] covers what follows.
+    pub fn reset_peak_rss(&self) {
+        for (_, pid) in &self.procs {
+            let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
+        }
+    }
+
+    /// Peak resident set (`VmHWM`, MB) of every watched process still running.
+    pub fn peak_rss_mb(&self) -> BTreeMap<&'static str, f64> {
+        let hwm = |pid: u32| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            let kb: f64 = status.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()?;
+            Some((kb / 1024.0).round())
+        };
+        self.procs.iter().filter_map(|(name, pid)| hwm(*pid).map(|mb| (*name, mb))).collect()
+    }
+
     pub fn snapshot(&self) -> CpuSnapshot {
         self.procs
             .iter()
