@@ -346,7 +346,7 @@ async fn a_tenant_key_sees_only_its_tenant_and_an_admin_suspends_one() {
     let (acme, acme_job, globex_job) = (&acme, &acme_job, &globex_job);
     // A yearly schedule each (none fires while the test runs).
     let store = fairway::store::Store::open(&s.cfg).await.unwrap();
-    let sch = fairway::schedules::Schedules::connect(s.cfg.clone(), &store).await.unwrap();
+    let sch = fairway::ops::schedules::Schedules::connect(s.cfg.clone(), &store).await.unwrap();
     for (tenant, name) in [("acme", "a-yearly"), ("globex", "g-yearly")] {
         let spec = fairway::core::recurring::ScheduleSpec {
             name: name.into(),

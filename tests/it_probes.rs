@@ -8,7 +8,7 @@ mod common;
 use fairway::api::{self, ApiState};
 use fairway::handlers::Registry;
 use fairway::model::Pool;
-use fairway::probes::{self, Probes};
+use fairway::observe::probes::{self, Probes};
 use fairway::worker::{Policy, Worker, WorkerStart};
 use std::future::IntoFuture;
 use std::sync::Arc;

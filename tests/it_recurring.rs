@@ -12,7 +12,7 @@ use fairway::core::auth::Caller;
 use fairway::core::recurring::{fire_job_id, CatchUp, ScheduleSpec};
 use fairway::handlers::Registry;
 use fairway::model::{JobResult, JobSubmitted, Millis, Pool};
-use fairway::schedules::Schedules;
+use fairway::ops::schedules::Schedules;
 use fairway::store::Store;
 use fairway::worker::{Policy, Worker};
 use reqwest::{Method, StatusCode};

@@ -34,7 +34,7 @@ async fn a_change_among_10000_tenants_reaches_a_process_without_rereading_them()
     }
     eprintln!("registered {TENANTS} tenants in {:?}", t.elapsed());
     let (_stop, stopped) = tokio::sync::watch::channel(false);
-    let live = fairway::tenants::LiveTenants::start(cfg.clone(), &store, stopped).await.unwrap();
+    let live = fairway::ops::tenants::LiveTenants::start(cfg.clone(), &store, stopped).await.unwrap();
     let total = TENANTS + seeded;
     assert_eq!(live.current().tenants.len(), total);
     // The feed re-reads the last 5 s at each poll: let the registrations' burst age out,
@@ -76,7 +76,7 @@ async fn jobs_of_unknown_tenants_do_not_reread_the_registry() {
     common::init(&cfg).await;
     let store = Store::open(&cfg).await.unwrap();
     let (_stop, stopped) = tokio::sync::watch::channel(false);
-    let live = fairway::tenants::LiveTenants::start(cfg.clone(), &store, stopped).await.unwrap();
+    let live = fairway::ops::tenants::LiveTenants::start(cfg.clone(), &store, stopped).await.unwrap();
     let t = Instant::now();
     let answers: Vec<bool> = futures::stream::iter(0..300)
         .map(|i| {

@@ -63,7 +63,7 @@ pub async fn run(g: &Global, a: SubmitBenchArgs) -> anyhow::Result<ExitCode> {
     let cfg = Arc::new(cfg);
     fairway::kafka::ensure_topics(&cfg).await?;
     fairway::store::ensure_schema(&cfg).await?;
-    fairway::tenants::seed(&cfg).await?;
+    fairway::ops::tenants::seed(&cfg).await?;
     let store = Store::open(&cfg).await?;
     let plain = Submitter::new(cfg.clone(), None)?;
     let watched = Submitter::new(cfg.clone(), Some(store))?;

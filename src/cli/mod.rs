@@ -129,7 +129,7 @@ pub fn main() -> ExitCode {
         .init();
     // Span export (off unless OTEL_EXPORTER_OTLP_ENDPOINT is set) starts before the
     // runtime and flushes after it: its HTTP client blocks, on its own thread.
-    let spans = match fairway::telemetry::init() {
+    let spans = match fairway::observe::telemetry::init() {
         Ok(spans) => spans,
         Err(e) => {
             eprintln!("error: {e}");

@@ -72,7 +72,7 @@ pub async fn init(cfg: &Config) {
         })
         .await;
     // Each test has its own deployment (topic prefix) and so its own tenants registry.
-    fairway::tenants::seed(cfg).await.expect("register the test's tenants");
+    fairway::ops::tenants::seed(cfg).await.expect("register the test's tenants");
 }
 
 /// Reads `topic` from the beginning until `done` says so or `timeout` passes.
