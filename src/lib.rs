@@ -42,7 +42,6 @@
 //! | `observe::probes` | readiness and liveness (`/readyz`, `/livez`) |
 //! | `observe::telemetry` | OpenTelemetry spans of a job's life over OTLP/HTTP (off unless configured) |
 //! | `metrics` | metric names and the Prometheus exporter |
-//! | `cqlbridge` | a protocol-v4 bridge to the local Cassandra 2.1 test database |
 //! | `netlab` | the network-partition lab and its scenario (`fairway bench partitions`, partition tests) |
 
 pub mod admission;
@@ -51,7 +50,6 @@ pub mod classifier;
 pub mod codec;
 pub mod config;
 pub mod core;
-pub mod cqlbridge;
 pub mod handlers;
 pub mod kafka;
 pub mod metrics;

@@ -11,6 +11,7 @@ mod bench_process;
 mod bench_registry;
 mod bench_slo;
 mod bench_submit;
+mod cqlbridge;
 mod demo;
 mod keys;
 mod ops;

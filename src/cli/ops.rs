@@ -505,6 +505,6 @@ pub async fn bridge(a: BridgeArgs) -> anyhow::Result<ExitCode> {
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };
-    fairway::cqlbridge::run(a.listen, a.upstream, shutdown).await?;
+    super::cqlbridge::run(a.listen, a.upstream, shutdown).await?;
     Ok(ExitCode::SUCCESS)
 }
