@@ -92,7 +92,7 @@ pub struct Admission {
     cfg: Arc<Config>,
     stmts: Option<AdmissionStatements>,
     store: Option<Store>,
-    tenants: Option<crate::tenants::LiveTenants>,
+    tenants: Option<crate::ops::tenants::LiveTenants>,
     state: Mutex<State>,
     gates: Mutex<HashMap<String, ScopedGate>>,
 }
@@ -134,7 +134,7 @@ impl Admission {
     pub async fn connect(
         cfg: Arc<Config>,
         store: &Store,
-        tenants: Option<crate::tenants::LiveTenants>,
+        tenants: Option<crate::ops::tenants::LiveTenants>,
     ) -> Result<Self, StoreError> {
         let stmts = store.admission_statements().await?;
         Ok(Admission { stmts: Some(stmts), store: Some(store.clone()), tenants, ..Admission::local(cfg) })

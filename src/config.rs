@@ -746,7 +746,7 @@ impl Config {
     pub fn results_topic(&self) -> String {
         self.topic("results")
     }
-    /// Job lifecycle and progress events (key = job id): `crate::events`.
+    /// Job lifecycle and progress events (key = job id): `crate::watch::events`.
     pub fn events_topic(&self) -> String {
         self.topic("events")
     }

@@ -25,21 +25,23 @@
 //! | `worker::classifier` | the pool classifier's leader |
 //! | `worker::schedules` | recurring schedules fired by the promoter's lease holder |
 //! | `worker::watchdog` | no zombie workers: give up (leave the groups, exit non-zero) when progress is impossible |
-//! | `submit` | producing jobs (CLI, HTTP API, demo) |
+//! | `submit` | the submission path (CLI, HTTP API, demo, fired schedules): validation, idempotency keys, the job's row and its produce |
+//! | `submit::dedupe` | unique jobs (`unique_key` + scope) and debounce (`debounce_key` + delay) at submission |
 //! | `admission` | the front door: queue depth, tenant and per-user rates, submission breakers, quota alerts |
 //! | `classifier` | the pool classifier's submit side: a reclassified job type's jobs go to the pool their run times fit |
-//! | `tenants` | the live tenants registry (rows, change feed; rules in `core::tenants`) |
-//! | `dedupe` | unique jobs (`unique_key` + scope) and debounce (`debounce_key` + delay) at submission |
-//! | `schedules` | recurring schedules: the management shell of `fairway schedules` and the API |
-//! | `events` | watching a job: lifecycle and progress events, the history recorder, the live feed |
-//! | `webhooks` | result callbacks: signed POSTs of results, retried with backoff |
-//! | `replayer` | the I/O shell of `fairway replay`: dead letters and retry records back to their pool |
-//! | `rerunner` | the I/O shell of `fairway rerun`: "rerun all" of a tenant's jobs by generation |
+//! | `watch` | watching a job from outside, run by `fairway serve`: |
+//! | `watch::events` | lifecycle and progress events, the history recorder, the live feed |
+//! | `watch::webhooks` | result callbacks: signed POSTs of results, retried with backoff |
+//! | `ops` | the operators' commands' I/O shells (CLI, admin API, console): |
+//! | `ops::replay` | `fairway replay`: dead letters and retry records back to their pool |
+//! | `ops::rerun` | `fairway rerun`: "rerun all" of a tenant's jobs by generation |
+//! | `ops::schedules` | `fairway schedules`: recurring schedules' management (firing: `worker::schedules`) |
+//! | `ops::tenants` | `fairway tenants`: the tenants registry's rows and every process's live view of them (rules in `core::tenants`) |
 //! | `api` | the HTTP API (axum), its front door bounds (`api::frontdoor`) and the operator console (`api::console`) |
-//! | `probes` | readiness and liveness (`/readyz`, `/livez`) |
+//! | `observe` | watching a process: |
+//! | `observe::probes` | readiness and liveness (`/readyz`, `/livez`) |
+//! | `observe::telemetry` | OpenTelemetry spans of a job's life over OTLP/HTTP (off unless configured) |
 //! | `metrics` | metric names and the Prometheus exporter |
-//! | `telemetry` | OpenTelemetry spans of a job's life over OTLP/HTTP (off unless configured) |
-//! | `cqlbridge` | a protocol-v4 bridge to the local Cassandra 2.1 test database |
 //! | `netlab` | the network-partition lab and its scenario (`fairway bench partitions`, partition tests) |
 
 pub mod admission;
@@ -48,23 +50,16 @@ pub mod classifier;
 pub mod codec;
 pub mod config;
 pub mod core;
-pub mod cqlbridge;
-pub mod dedupe;
-pub mod events;
 pub mod handlers;
 pub mod kafka;
 pub mod metrics;
 pub mod model;
 pub mod netlab;
-pub mod probes;
-pub mod replayer;
-pub mod rerunner;
-pub mod schedules;
+pub mod observe;
+pub mod ops;
 pub mod store;
 pub mod submit;
-pub mod telemetry;
-pub mod tenants;
-pub mod webhooks;
+pub mod watch;
 pub mod worker;
 
 /// Milliseconds since the Unix epoch: the one clock the I/O edges read.

@@ -1,11 +1,10 @@
-//! The `fairway` command: a thin edge over the library (see `cli`).
+//! The `fairway` command: a thin edge over the library (see `cli`). The benchmarks are a
+//! binary of their own, `fairway-bench` (src/bench/main.rs).
 mod cli;
 
-/// mimalloc instead of glibc's malloc: the hot path allocates per job (records, futures,
-/// librdkafka's messages) and glibc's free lists cost ~17 % of the CPU per job.
-#[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+use clap::Parser;
 
 fn main() -> std::process::ExitCode {
-    cli::main()
+    let cli = cli::Cli::parse();
+    cli::enter(cli::run(cli))
 }

@@ -6,9 +6,8 @@
 
 mod common;
 
-use fairway::config::{AuthMode, Config};
+use fairway::config::Config;
 use fairway::core::admission::Rate;
-use fairway::core::retry::DurationMs;
 use fairway::handlers::Registry;
 use fairway::model::Pool;
 use fairway::worker::{Policy, Worker};
@@ -52,9 +51,7 @@ fn job(tenant: &str, job_type: &str, user_key: Option<&str>) -> Value {
 }
 
 fn test_config(extra: &str) -> Config {
-    let mut c = common::config(extra);
-    c.api.auth = AuthMode::Off;
-    c
+    common::config(&format!("[api]\nauth = \"off\"\n{extra}"))
 }
 
 /// Jobs of `tenant` on the short pool topic (read for a few seconds).
@@ -241,12 +238,11 @@ async fn a_flow_key_shared_by_a_batch_is_not_an_end_user_the_user_window_keys_on
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pool_breaker_opens_on_worker_failures_and_a_successful_probe_closes_it() {
-    let mut c = test_config(
+    let c = test_config(
         "[tenants.btest]\ntier = \"enterprise\"\n\
-         [job_types.doomed]\npool = \"short\"\nhandler = \"fail\"\n[job_types.doomed.retry.app_error]\nmax_attempts = 1\n",
+         [job_types.doomed]\npool = \"short\"\nhandler = \"fail\"\n[job_types.doomed.retry.app_error]\nmax_attempts = 1\n\
+         [admission.breaker]\nmin_attempts = 5\ncool_down = \"3s\"\n",
     );
-    c.admission.breaker.min_attempts = 5;
-    c.admission.breaker.cool_down = DurationMs::secs(3);
     let cfg = common::arc(c);
     let api = Api::start(&cfg).await;
     let registry = Registry::from_config(&cfg, Default::default()).unwrap();

@@ -398,9 +398,7 @@ async fn healthz_and_prometheus_metrics() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn api_keys_authenticate_scope_to_the_tenant_and_revoke_within_seconds() {
-    let mut c = common::config("");
-    c.api.key_refresh = Duration::from_secs(1);
-    let cfg = common::arc(c);
+    let cfg = common::arc(common::config("[api]\nkey_refresh = \"1s\"\n"));
     let api = tokio::time::timeout(Duration::from_secs(60), Api::start(&cfg, None)).await.expect("API starts");
     let (acme_id, acme_key) = create_key(&cfg, &Caller::Tenant("acme".into())).await;
     let (_, globex_key) = create_key(&cfg, &Caller::Tenant("globex".into())).await;
@@ -486,9 +484,7 @@ async fn api_keys_authenticate_scope_to_the_tenant_and_revoke_within_seconds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auth_off_treats_every_caller_as_admin() {
-    let mut c = common::config("");
-    c.api.auth = fairway::config::AuthMode::Off;
-    let cfg = common::arc(c);
+    let cfg = common::arc(common::config("[api]\nauth = \"off\"\n"));
     let api = Api::start(&cfg, None).await;
     let anonymous = api.as_client(reqwest::Client::new());
     let (s, a) = anonymous.post("/v1/jobs", &job("globex", "echo", json!({}))).await;
@@ -510,9 +506,7 @@ async fn fairway_cli(config: &std::path::Path, args: &[&str]) -> (bool, String, 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_cli_creates_lists_and_revokes() {
-    let mut c = common::config("");
-    c.api.key_refresh = Duration::from_secs(1);
-    let cfg = common::arc(c);
+    let cfg = common::arc(common::config("[api]\nkey_refresh = \"1s\"\n"));
     let api = Api::start(&cfg, None).await;
     let dir = tempfile::tempdir().unwrap();
     let file = common::config_file(&cfg, "[api]\nkey_refresh = \"1s\"\n", dir.path());

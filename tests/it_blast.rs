@@ -159,11 +159,10 @@ async fn a_flood_of_maximum_size_batches_is_bounded_per_key_and_b_is_served() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_tenants_failing_jobs_close_the_pool_for_that_tenant_only() {
-    let mut c = common::config(
-        "[job_types.doomed]\npool = \"short\"\nhandler = \"fail\"\n[job_types.doomed.retry.app_error]\nmax_attempts = 1\n",
+    let c = common::config(
+        "[job_types.doomed]\npool = \"short\"\nhandler = \"fail\"\n[job_types.doomed.retry.app_error]\nmax_attempts = 1\n\
+         [admission.breaker]\nmin_attempts = 5\ncool_down = \"3s\"\n",
     );
-    c.admission.breaker.min_attempts = 5;
-    c.admission.breaker.cool_down = fairway::core::retry::DurationMs::secs(3);
     let cfg = common::arc(c);
     let api = Api::start(&cfg).await;
     let (a, b) = (client(&key(&cfg, "acme").await.1), client(&key(&cfg, "globex").await.1));
@@ -196,9 +195,8 @@ async fn one_tenants_failing_jobs_close_the_pool_for_that_tenant_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scheduled_jobs_count_against_max_queued_and_the_horizon_is_bounded() {
-    let mut c = common::config("[tenants.qsched]\ntier = \"enterprise\"\nmax_queued = 5\n");
-    c.api.auth = fairway::config::AuthMode::Off;
-    let cfg = common::arc(c);
+    let cfg =
+        common::arc(common::config("[tenants.qsched]\ntier = \"enterprise\"\nmax_queued = 5\n[api]\nauth = \"off\"\n"));
     let api = Api::start(&cfg).await;
     let http = reqwest::Client::new();
     let soon = fairway::now_ms() + 60_000;
@@ -255,9 +253,7 @@ async fn inputs_the_executor_cannot_send_are_the_jobs_own_failure() {
          [job_types.redirected]\npool = \"short\"\nhandler = \"http\"\nurl = \"http://{addr}/redirect\"\n\
          [job_types.big]\npool = \"short\"\nhandler = \"http\"\nurl = \"http://{addr}/big\"\n"
     );
-    let mut c = common::config(&extra);
-    c.api.auth = fairway::config::AuthMode::Off;
-    let cfg = common::arc(c);
+    let cfg = common::arc(common::config(&format!("{extra}[api]\nauth = \"off\"\n")));
     let api = Api::start(&cfg).await;
     // At the API: a tracestate with a control character is refused.
     let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
@@ -342,10 +338,7 @@ async fn one_tenants_dependency_failures_do_not_stop_the_type_for_others() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn live_streams_are_capped_per_key_and_end_when_the_key_is_revoked() {
-    let mut c = common::config("");
-    c.api.key_refresh = Duration::from_secs(1);
-    c.api.limits.streams_per_key = 2;
-    let cfg = common::arc(c);
+    let cfg = common::arc(common::config("[api]\nkey_refresh = \"1s\"\n[api.limits]\nstreams_per_key = 2\n"));
     let api = Api::start(&cfg).await;
     let (a_id, a_key) = key(&cfg, "acme").await;
     let (a, b) = (client(&a_key), client(&key(&cfg, "globex").await.1));
@@ -401,9 +394,10 @@ async fn a_console_dlq_page_reads_at_most_its_cap_of_records() {
         fairway::kafka::send(&producer, &cfg.dlq_topic(), "acme", &bytes).await.expect("dead letter");
     }
     let filter = ReplayFilter::default();
-    let (listed, scanned) = fairway::replayer::browse(&cfg, ReplaySource::Dlq, &filter, 200, 4).await.expect("browse");
+    let (listed, scanned) =
+        fairway::ops::replay::browse(&cfg, ReplaySource::Dlq, &filter, 200, 4).await.expect("browse");
     assert_eq!((scanned, listed.len()), (4, 4), "one page reads at most its cap");
     let (listed, scanned) =
-        fairway::replayer::browse(&cfg, ReplaySource::Dlq, &filter, 200, 100).await.expect("browse");
+        fairway::ops::replay::browse(&cfg, ReplaySource::Dlq, &filter, 200, 100).await.expect("browse");
     assert_eq!((scanned, listed.len()), (6, 6), "below the cap every record is read");
 }

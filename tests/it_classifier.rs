@@ -12,9 +12,8 @@
 
 mod common;
 
-use fairway::config::{AuthMode, Config};
+use fairway::config::Config;
 use fairway::core::replay::{ReplayFilter, ReplaySource};
-use fairway::core::retry::DurationMs;
 use fairway::model::{DeadLetter, EventKind, FailureClass, JobResult, JobSubmitted, Pool};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -134,10 +133,7 @@ async fn metric_lines(port: u16, metric: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_short_type_running_long_moves_to_medium_and_its_next_jobs_run_there() {
-    let mut c = common::config(TYPE);
-    c.api.auth = AuthMode::Off;
-    c.classifier.cache = DurationMs::ms(500);
-    let cfg = Arc::new(c);
+    let cfg = Arc::new(common::config(&format!("{TYPE}[api]\nauth = \"off\"\n[classifier]\ncache = \"500ms\"\n")));
     common::init(&cfg).await;
     let dir = tempfile::tempdir().unwrap();
     let metrics_port = common::free_port();
@@ -187,9 +183,9 @@ async fn a_short_type_running_long_moves_to_medium_and_its_next_jobs_run_there()
     // Replays: a dead letter naming the configured pool follows the class; one naming
     // another pool keeps it.
     let (follows, keeps) = (dead_letter(&cfg, Pool::Short).await, dead_letter(&cfg, Pool::Long).await);
-    let mut o = fairway::replayer::ReplayOptions::new(ReplaySource::Dlq);
+    let mut o = fairway::ops::replay::ReplayOptions::new(ReplaySource::Dlq);
     o.filter = ReplayFilter { tenant: Some("acme".into()), ..Default::default() };
-    let report = fairway::replayer::run(&cfg, o, |_| {}).await.expect("replay");
+    let report = fairway::ops::replay::run(&cfg, o, |_| {}).await.expect("replay");
     assert_eq!(report.replayed, 2, "{report:#?}");
     assert!(on_topic(&cfg, Pool::Medium, &follows).await, "the replayed short job is not on medium");
     assert!(on_topic(&cfg, Pool::Long, &keeps).await, "the replayed long job left long");

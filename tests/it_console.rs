@@ -10,7 +10,7 @@
 
 mod common;
 
-use fairway::api::{self, ApiState, Caller};
+use fairway::api::Caller;
 use fairway::config::Config;
 use fairway::handlers::{Handler, HandlerError, HandlerResult, JobContext, Registry};
 use fairway::model::Pool;
@@ -65,20 +65,14 @@ impl Setup {
     async fn start() -> Setup {
         let cfg = common::arc(common::config(EXTRA));
         common::init(&cfg).await;
-        let state = ApiState::connect(cfg.clone(), None).await.expect("API state");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(api::serve(listener, state, async move {
-            let _ = rx.await;
-        }));
+        let (base, stop) = common::serve_api(&cfg).await;
         let gate = Arc::new(AtomicBool::new(false));
         let mut custom: HashMap<String, Arc<dyn Handler>> = HashMap::new();
         custom.insert("gate".into(), Arc::new(Gate(gate.clone())));
         let registry = Registry::from_config(&cfg, custom).unwrap();
         let worker = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair).await.unwrap();
         let admin = create_key(&cfg, &Caller::Admin).await;
-        Setup { cfg, base: format!("http://{addr}"), admin, http: reqwest::Client::new(), gate, worker, stop }
+        Setup { cfg, base, admin, http: reqwest::Client::new(), gate, worker, stop }
     }
 
     fn url(&self, path: &str) -> String {
@@ -114,7 +108,7 @@ impl Drop for Browser {
 }
 
 async fn browser() -> Browser {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = common::free_port();
     let driver_bin = std::env::var("FAIRWAY_CHROMEDRIVER").unwrap_or_else(|_| "/usr/bin/chromedriver".into());
     let driver = std::process::Command::new(&driver_bin)
         .arg(format!("--port={port}"))
@@ -346,7 +340,7 @@ async fn a_tenant_key_sees_only_its_tenant_and_an_admin_suspends_one() {
     let (acme, acme_job, globex_job) = (&acme, &acme_job, &globex_job);
     // A yearly schedule each (none fires while the test runs).
     let store = fairway::store::Store::open(&s.cfg).await.unwrap();
-    let sch = fairway::schedules::Schedules::connect(s.cfg.clone(), &store).await.unwrap();
+    let sch = fairway::ops::schedules::Schedules::connect(s.cfg.clone(), &store).await.unwrap();
     for (tenant, name) in [("acme", "a-yearly"), ("globex", "g-yearly")] {
         let spec = fairway::core::recurring::ScheduleSpec {
             name: name.into(),

@@ -1,7 +1,8 @@
 //! ScyllaDB credentials against a real PasswordAuthenticator: the test starts its own
 //! Cassandra 2.1 (the distribution `scripts/services up` installed, in a temporary
 //! directory, on free ports, with `authenticator: PasswordAuthenticator`; its PID is
-//! killed at the end) and an in-process CQL bridge in front of it. The shared local
+//! killed at the end) and a `fairway cql-bridge` process in front of it (on a port it
+//! binds itself and logs). The shared local
 //! Cassandra is not touched. A session with credentials works (`fairway init`'s schema
 //! step), without them or with a wrong password it fails with an error that says which
 //! settings to check, and the password appears in no error.
@@ -21,6 +22,52 @@ struct Cassandra {
 }
 
 impl Drop for Cassandra {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A `fairway cql-bridge` this test started on 127.0.0.1:0; killed (by its PID) when dropped.
+struct Bridge {
+    child: std::process::Child,
+    /// The address it bound, read from its "listening" log line.
+    addr: String,
+}
+
+impl Bridge {
+    fn start(upstream: &str, within: Duration) -> Bridge {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_fairway"))
+            .args(["cql-bridge", "--listen", "127.0.0.1:0", "--upstream", upstream])
+            .env("FAIRWAY_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start fairway cql-bridge");
+        let stderr = child.stderr.take().expect("the bridge's stderr");
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Reads the log to its end (the pipe never fills), sending the bound address once.
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("bridge: {line}");
+                if let Some(rest) = line.split_once("listen=").map(|(_, r)| r) {
+                    let _ = tx.send(rest.split_whitespace().next().unwrap_or_default().to_string());
+                }
+            }
+        });
+        match rx.recv_timeout(within) {
+            Ok(addr) => Bridge { child, addr },
+            Err(_) => {
+                let _ = child.kill();
+                panic!("fairway cql-bridge logged no listening address within {within:?}");
+            }
+        }
+    }
+}
+
+impl Drop for Bridge {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -136,17 +183,13 @@ impl Cassandra {
 async fn cql_credentials_are_required_and_checked_by_a_password_authenticator() {
     let mut cass = start_cassandra();
     tokio::task::block_in_place(|| cass.wait_ready(Duration::from_secs(120)));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let bridge = listener.local_addr().unwrap().to_string();
-    let upstream = format!("127.0.0.1:{}", cass.port).parse().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(fairway::cqlbridge::serve(listener, upstream, async move {
-        let _ = stopped.await;
-    }));
+    let upstream = format!("127.0.0.1:{}", cass.port);
+    let bridge = Bridge::start(&upstream, Duration::from_secs(30));
+    let bridge_addr = bridge.addr.clone();
 
     let cfg = |user: Option<&str>, password: Option<&str>| {
         let mut c = common::config("");
-        c.scylla.contact_points = vec![bridge.clone()];
+        c.scylla.contact_points = vec![bridge_addr.clone()];
         c.scylla.keyspace = "fairway_auth_it".into();
         c.scylla.username = user.map(str::to_string);
         c.scylla.password = password.map(fairway::config::Secret::new);
@@ -178,7 +221,6 @@ async fn cql_credentials_are_required_and_checked_by_a_password_authenticator() 
     let err = init(cfg(Some("cassandra"), Some("not-the-password-123"))).await.expect_err("wrong password").to_string();
     assert!(err.contains("scylla.password") && !err.contains("not-the-password-123"), "{err}");
 
-    let _ = stop.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    drop(bridge);
     drop(cass);
 }

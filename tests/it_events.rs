@@ -7,7 +7,7 @@
 
 mod common;
 
-use fairway::api::{self, ApiState, Caller};
+use fairway::api::Caller;
 use fairway::config::Config;
 use fairway::handlers::Registry;
 use fairway::model::Pool;
@@ -37,15 +37,9 @@ fn client_with_key(token: &str) -> reqwest::Client {
 impl Api {
     async fn start(cfg: &Arc<Config>) -> Api {
         common::init(cfg).await;
-        let state = ApiState::connect(cfg.clone(), None).await.expect("API state");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(api::serve(listener, state, async move {
-            let _ = rx.await;
-        }));
+        let (base, stop) = common::serve_api(cfg).await;
         let admin = create_key(cfg, &Caller::Admin).await;
-        Api { base: format!("http://{addr}"), http: client_with_key(&admin), stop }
+        Api { base, http: client_with_key(&admin), stop }
     }
     fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)

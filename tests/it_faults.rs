@@ -1,5 +1,5 @@
-//! The fault suite, small and bounded, on the real broker and CQL database: `fairway bench
-//! faults` runs 3 worker processes, 1,500 short jobs, 2 `kill -9`s of a random worker
+//! The fault suite, small and bounded, on the real broker and CQL database:
+//! `fairway-bench bench faults` runs 3 worker processes, 1,500 short jobs, 2 `kill -9`s of a random worker
 //! (restarted at once), a poison job and a malformed message, and prints JSON; this test
 //! asserts on it: nothing lost, every job terminal (succeeded), both bad messages
 //! dead-lettered, and few duplicate results per kill (see the bound's comment).
@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 
 const SERVICES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/services");
 
-/// Runs `fairway bench faults` with `args` (and `env` added to its environment), killing
+/// Runs `fairway-bench bench faults` with `args` (and `env` added to its environment), killing
 /// it if it runs past `limit`; returns the JSON report (its last stdout line).
 fn bench_faults(args: &[&str], env: &[(String, String)], limit: Duration) -> serde_json::Value {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fairway"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fairway-bench"))
         .args(["bench", "faults", "--services", SERVICES])
         .args(args)
         .envs(env.iter().cloned())
@@ -27,7 +27,7 @@ fn bench_faults(args: &[&str], env: &[(String, String)], limit: Duration) -> ser
         // kills them all by the group id (the bench's pid).
         .process_group(0)
         .spawn()
-        .expect("start fairway bench faults");
+        .expect("start fairway-bench bench faults");
     let started = Instant::now();
     let status = loop {
         if let Some(s) = child.try_wait().expect("wait for the bench") {

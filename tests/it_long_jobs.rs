@@ -418,7 +418,7 @@ async fn a_job_whose_running_row_cannot_be_written_is_stopped_and_handed_back() 
     // breaks a table of its own.
     fairway::kafka::ensure_topics(&cfg).await.unwrap();
     fairway::store::ensure_schema(&cfg).await.unwrap();
-    fairway::tenants::seed(&cfg).await.unwrap();
+    fairway::ops::tenants::seed(&cfg).await.unwrap();
     let session = fairway::store::connect(&cfg).await.unwrap();
     let h = Holdable::default();
     let custom = HashMap::from([("holdable".to_string(), Arc::new(h.clone()) as Arc<dyn fairway::handlers::Handler>)]);

@@ -8,7 +8,7 @@ mod common;
 use fairway::api::{self, ApiState};
 use fairway::handlers::Registry;
 use fairway::model::Pool;
-use fairway::probes::{self, Probes};
+use fairway::observe::probes::{self, Probes};
 use fairway::worker::{Policy, Worker, WorkerStart};
 use std::future::IntoFuture;
 use std::sync::Arc;
@@ -90,7 +90,7 @@ async fn serve_is_ready_while_the_store_and_a_broker_answer() {
     assert_eq!(get(&format!("{up}/livez")).await.0, 200);
 
     // The same API with no broker at its address: live, but not ready.
-    let dead_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let dead_port = common::free_port();
     let mut no_broker = (*cfg).clone();
     no_broker.kafka.brokers = format!("127.0.0.1:{dead_port}");
     let down = ops(ApiState::connect(Arc::new(no_broker), None).await.expect("API state without a broker")).await;

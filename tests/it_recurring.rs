@@ -7,12 +7,12 @@
 
 mod common;
 
-use fairway::config::{AuthMode, Config};
+use fairway::config::Config;
 use fairway::core::auth::Caller;
 use fairway::core::recurring::{fire_job_id, CatchUp, ScheduleSpec};
 use fairway::handlers::Registry;
 use fairway::model::{JobResult, JobSubmitted, Millis, Pool};
-use fairway::schedules::Schedules;
+use fairway::ops::schedules::Schedules;
 use fairway::store::Store;
 use fairway::worker::{Policy, Worker};
 use reqwest::{Method, StatusCode};
@@ -186,9 +186,7 @@ async fn result(cfg: &Config, id: &str) -> Vec<JobResult> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn unique_keys_and_debounce_hold_across_two_api_processes() {
-    let mut cfg = common::config("");
-    cfg.api.auth = AuthMode::Off;
-    let cfg = Arc::new(cfg);
+    let cfg = Arc::new(common::config("[api]\nauth = \"off\"\n"));
     common::init(&cfg).await;
     let apis = TwoApis::start(&cfg).await;
     // Unique, queued or running: while the first job waits, both APIs answer with it (200).
@@ -291,9 +289,7 @@ fn pair(tenant: &str, name: &str) -> (String, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_schedules_http_api_and_console_are_tenant_scoped_check_input_and_cap_each_tenant() {
-    let mut c = common::config("");
-    c.schedules.max_per_tenant = 3;
-    let cfg = common::arc(c);
+    let cfg = common::arc(common::config("[schedules]\nmax_per_tenant = 3\n"));
     common::init(&cfg).await;
     let (base, _stop) = common::serve_api(&cfg).await;
     let api = Api { base, http: reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap() };

@@ -9,7 +9,7 @@ use fairway::core::replay::{ReplayFilter, ReplaySource};
 use fairway::handlers::Registry;
 use fairway::kafka::{self, Consumer, Message, Offset, TopicPartitionList};
 use fairway::model::{DeadLetter, FailureClass, JobStatus, JobSubmitted, Pool, Priority};
-use fairway::replayer::{self as replay, ReplayOptions, ReplayReport, Stopped};
+use fairway::ops::replay::{self, ReplayOptions, ReplayReport, Stopped};
 use fairway::store::{StateUpdate, Store};
 use fairway::worker::{Policy, Worker};
 use fairway::{codec, now_ms};

@@ -12,7 +12,7 @@ use fairway::core::rerun::{RerunFilter, RerunScope};
 use fairway::handlers::Registry;
 use fairway::kafka::{self, Consumer, Message, Offset, TopicPartitionList};
 use fairway::model::{JobResult, JobStatus, JobSubmitted, Pool};
-use fairway::rerunner::{self as rerun, RerunEnd, RerunOptions, RerunReport};
+use fairway::ops::rerun::{self, RerunEnd, RerunOptions, RerunReport};
 use fairway::store::Store;
 use fairway::submit::{NewJob, Submitter};
 use fairway::worker::{Policy, Worker};

@@ -34,7 +34,7 @@ async fn a_change_among_10000_tenants_reaches_a_process_without_rereading_them()
     }
     eprintln!("registered {TENANTS} tenants in {:?}", t.elapsed());
     let (_stop, stopped) = tokio::sync::watch::channel(false);
-    let live = fairway::tenants::LiveTenants::start(cfg.clone(), &store, stopped).await.unwrap();
+    let live = fairway::ops::tenants::LiveTenants::start(cfg.clone(), &store, stopped).await.unwrap();
     let total = TENANTS + seeded;
     assert_eq!(live.current().tenants.len(), total);
     // The feed re-reads the last 5 s at each poll: let the registrations' burst age out,
@@ -76,7 +76,7 @@ async fn jobs_of_unknown_tenants_do_not_reread_the_registry() {
     common::init(&cfg).await;
     let store = Store::open(&cfg).await.unwrap();
     let (_stop, stopped) = tokio::sync::watch::channel(false);
-    let live = fairway::tenants::LiveTenants::start(cfg.clone(), &store, stopped).await.unwrap();
+    let live = fairway::ops::tenants::LiveTenants::start(cfg.clone(), &store, stopped).await.unwrap();
     let t = Instant::now();
     let answers: Vec<bool> = futures::stream::iter(0..300)
         .map(|i| {
@@ -150,7 +150,7 @@ async fn new_tenants_and_rowless_free_accounts_run_and_register_in_batches() {
     worker.stop().await;
 }
 
-/// `fairway bench tenants` at the test's size: 10,000 registered tenants (50 heavy), 50,000
+/// `fairway-bench bench tenants` at the test's size: 10,000 registered tenants (50 heavy), 50,000
 /// row-less free accounts (200 submit), 200 tenants never seen before, 3 workers; a light
 /// trickle, and after 8 s a flood of 12,000 sleep jobs from the heavy tenants. Every job
 /// finishes once, light tenants keep their waits under the flood, and registry changes
@@ -161,7 +161,7 @@ fn light_tenants_among_10000_keep_their_wait_under_a_heavy_flood() {
     let dir = tempfile::tempdir().unwrap();
     let path = common::config_file(&cfg, "", dir.path());
     let t = Instant::now();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fairway"))
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fairway-bench"))
         .args(["--config", path.to_str().unwrap(), "bench", "tenants"])
         .args(["--tenants", "10000", "--heavy", "50", "--light-active", "600", "--light-jobs", "1"])
         .args(["--free-accounts", "50000", "--free-active", "200", "--new-tenants", "200"])
@@ -169,7 +169,7 @@ fn light_tenants_among_10000_keep_their_wait_under_a_heavy_flood() {
         .args(["--workers", "3", "--slots", "16", "--partitions", "6", "--changes", "2", "--drain-timeout", "40s"])
         .env("FAIRWAY_LOG", "warn")
         .output()
-        .expect("run fairway bench tenants");
+        .expect("run fairway-bench bench tenants");
     let stdout = String::from_utf8_lossy(&out.stdout);
     eprintln!("{}\n{stdout}\nin {:?}", String::from_utf8_lossy(&out.stderr), t.elapsed());
     let js: serde_json::Value = serde_json::from_str(stdout.lines().last().expect("a JSON line")).expect("JSON");

@@ -73,7 +73,7 @@ pub async fn add(
 /// Refuses (422) a change whose reserved slots would not fit a pool with the others'.
 async fn fits(st: &ApiState, t: &TenantRecord) -> Result<(), ApiError> {
     let all = registry(st)?.list().await.map_err(store_error)?;
-    crate::core::tenants::check_reservations(&all, t, &crate::tenants::pool_rooms(st.config())).map_err(invalid)
+    crate::core::tenants::check_reservations(&all, t, &crate::ops::tenants::pool_rooms(st.config())).map_err(invalid)
 }
 
 async fn existing(reg: &TenantStatements, name: &str) -> Result<TenantRecord, ApiError> {

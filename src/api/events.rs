@@ -1,4 +1,4 @@
-//! Watching jobs over HTTP (the events shell is `crate::events`, rules `core::events`):
+//! Watching jobs over HTTP (the events shell is `crate::watch::events`, rules `core::events`):
 //!
 //! | route | answer |
 //! |-------|--------|

@@ -18,7 +18,7 @@
 //! tenant's jobs (another tenant's job answers 404, like an unknown id). New `/v1` routes
 //! added to [`router`]'s `v1` table get the same check; admin-only handlers take
 //! [`auth::Admin`]. `/metrics` and `/healthz` are served by [`ops_router`] on a separate
-//! listener (`api.metrics_listen`), with `/readyz` and `/livez` (`crate::probes`).
+//! listener (`api.metrics_listen`), with `/readyz` and `/livez` (`crate::observe::probes`).
 //!
 //! Every error is JSON `{"error": "<what is wrong and how to fix it>", "code": "<CODE>"}`
 //! (see [`codes`]).
@@ -84,18 +84,18 @@ struct Inner {
     /// API keys: who is calling.
     keys: auth::Keys,
     /// The live tenants registry (None: the config file's tenants, fixed).
-    tenants: Option<crate::tenants::LiveTenants>,
+    tenants: Option<crate::ops::tenants::LiveTenants>,
     /// Keeps the registry poller running for the life of the state.
     _registry_stop: Option<tokio::sync::watch::Sender<bool>>,
     /// Job watching: history statements (prepared on first use) and the live feed.
     event_stmts: tokio::sync::OnceCell<crate::store::EventStatements>,
-    feed: Option<crate::events::Feed>,
+    feed: Option<crate::watch::events::Feed>,
     /// The operator console's sessions, live sampler and replays.
     console: console::Console,
     /// Set once the server drains: SSE streams end with a final event ([`drain`]).
     draining: tokio::sync::watch::Sender<bool>,
     /// Recurring schedules' statements (prepared on first use).
-    schedules: tokio::sync::OnceCell<crate::schedules::Schedules>,
+    schedules: tokio::sync::OnceCell<crate::ops::schedules::Schedules>,
     /// What each API key holds of this process (`[api.limits]`).
     front: frontdoor::FrontDoor,
 }
@@ -151,20 +151,20 @@ impl ApiState {
     pub async fn connect(cfg: Arc<Config>, metrics: Option<PrometheusHandle>) -> Result<Self, SubmitError> {
         let store = Store::open(&cfg).await?;
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        let live = crate::tenants::LiveTenants::start(cfg.clone(), &store, stopped.clone()).await?;
+        let live = crate::ops::tenants::LiveTenants::start(cfg.clone(), &store, stopped.clone()).await?;
         let submitter = Submitter::new(cfg.clone(), Some(store.clone()))?.with_tenants(live.clone());
         let admission = Arc::new(crate::admission::Admission::connect(cfg.clone(), &store, Some(live.clone())).await?);
         admission.start_breakers(stopped.clone());
         // Job watching: the live feed for SSE, and the history recorder (same lifetime).
-        let feed = crate::events::Feed::start(&cfg, stopped.clone())?;
-        let recorder = crate::events::record(cfg.clone(), store.clone(), stopped.clone());
+        let feed = crate::watch::events::Feed::start(&cfg, stopped.clone())?;
+        let recorder = crate::watch::events::record(cfg.clone(), store.clone(), stopped.clone());
         tokio::spawn(async move {
             if let Err(e) = recorder.await {
                 tracing::error!("job events recorder stopped: {e:#}; GET /v1/jobs/{{id}}/events shows no new history");
             }
         });
         // Result callbacks (job types with a webhook_url), same lifetime.
-        let webhooks = crate::webhooks::deliver(cfg.clone(), stopped.clone());
+        let webhooks = crate::watch::webhooks::deliver(cfg.clone(), stopped.clone());
         tokio::spawn(async move {
             if let Err(e) = webhooks.await {
                 tracing::error!("webhook delivery loop stopped: {e:#}; results are not POSTed to callbacks");
@@ -186,7 +186,7 @@ impl ApiState {
         &self.inner.store
     }
     /// `fairway serve`'s readiness: the store and a broker answer, each within 2 s.
-    pub fn readiness_check(&self) -> crate::probes::ReadyCheck {
+    pub fn readiness_check(&self) -> crate::observe::probes::ReadyCheck {
         let st = self.clone();
         Arc::new(move || {
             let st = st.clone();
@@ -202,7 +202,7 @@ impl ApiState {
         })
     }
     /// The live tenants registry (None when built from parts without one).
-    pub fn live_tenants(&self) -> Option<&crate::tenants::LiveTenants> {
+    pub fn live_tenants(&self) -> Option<&crate::ops::tenants::LiveTenants> {
         self.inner.tenants.as_ref()
     }
     pub fn admission(&self) -> &crate::admission::Admission {
@@ -211,7 +211,7 @@ impl ApiState {
     async fn event_statements(&self) -> Result<&crate::store::EventStatements, ApiError> {
         Ok(self.inner.event_stmts.get_or_try_init(|| self.inner.store.event_statements()).await?)
     }
-    fn feed(&self) -> Option<&crate::events::Feed> {
+    fn feed(&self) -> Option<&crate::watch::events::Feed> {
         self.inner.feed.as_ref()
     }
     fn console(&self) -> &console::Console {
@@ -228,7 +228,7 @@ impl ApiState {
     /// (an unsigned callback is never sent, so the job is refused before it runs).
     fn validate(&self, job: &NewJob) -> Result<crate::model::Pool, ApiError> {
         let pool = self.inner.submitter.validate(job, job.payload_bytes().len())?;
-        crate::webhooks::require_secret(&self.inner.cfg, &job.tenant, &job.job_type)
+        crate::watch::webhooks::require_secret(&self.inner.cfg, &job.tenant, &job.job_type)
             .map_err(|m| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, codes::WEBHOOK_SECRET_MISSING, m))?;
         Ok(pool)
     }
@@ -316,8 +316,11 @@ pub fn router(state: ApiState) -> Router {
 /// answer), `/livez` and `/healthz`, without API keys; operators choose where this
 /// listens and so who can scrape it.
 pub fn ops_router(state: ApiState) -> Router {
-    let probes = crate::probes::Probes::checked(state.readiness_check());
-    Router::new().route("/metrics", get(metrics_text)).with_state(state).merge(crate::probes::probe_router(probes))
+    let probes = crate::observe::probes::Probes::checked(state.readiness_check());
+    Router::new()
+        .route("/metrics", get(metrics_text))
+        .with_state(state)
+        .merge(crate::observe::probes::probe_router(probes))
 }
 
 /// Counts requests by route template (bounded), method and status.

@@ -1,4 +1,4 @@
-//! Recurring schedules over HTTP: the face of `fairway schedules` (`crate::schedules`).
+//! Recurring schedules over HTTP: the face of `fairway schedules` (`crate::ops::schedules`).
 //! A tenant key manages its own tenant's schedules (`tenant` may be omitted; another
 //! tenant answers 403); an admin key names the tenant (`?tenant=` on the paths with a
 //! name, the body's `tenant` on POST) and lists every tenant's.
@@ -18,7 +18,7 @@ use super::error::ApiError;
 use super::ApiState;
 use crate::core::recurring::ScheduleSpec;
 use crate::now_ms;
-use crate::schedules::{Listed, ScheduleError, Schedules};
+use crate::ops::schedules::{Listed, ScheduleError, Schedules};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;

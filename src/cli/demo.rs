@@ -95,7 +95,7 @@ async fn prepare(g: &Global, a: &DemoArgs) -> anyhow::Result<Arc<Config>> {
     );
     kafka::ensure_topics(&cfg).await.context("creating demo topics (is the broker up? scripts/services up)")?;
     fairway::store::ensure_schema(&cfg).await.context("creating keyspace")?;
-    fairway::tenants::seed(&cfg).await.context("registering the demo tenants")?;
+    fairway::ops::tenants::seed(&cfg).await.context("registering the demo tenants")?;
     Ok(cfg)
 }
 

@@ -1,20 +1,12 @@
 //! Command-line interface. Each subcommand lives in its own file; this one holds the
-//! shared options (config file, broker and CQL overrides) and the dispatch.
+//! shared options (config file, broker and CQL overrides), the dispatch and the process
+//! set-up around it ([`enter`]). Both binaries are built on it: `fairway` (src/main.rs)
+//! and `fairway-bench` (src/bench/main.rs: this plus the benchmarks).
 
-mod bench;
-mod bench_blast;
-mod bench_cpu;
-mod bench_faults;
-mod bench_flood;
-mod bench_partitions;
-mod bench_process;
-mod bench_registry;
-mod bench_slo;
-mod bench_submit;
-mod bench_tenants;
+mod cqlbridge;
 mod demo;
 mod keys;
-mod ops;
+pub(crate) mod ops;
 mod replay;
 mod rerun;
 mod schedules;
@@ -26,9 +18,15 @@ mod watch;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use fairway::config::Config;
+use std::future::Future;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+
+/// mimalloc instead of glibc's malloc: the hot path allocates per job (records, futures,
+/// librdkafka's messages) and glibc's free lists cost ~17 % of the CPU per job.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser, Debug)]
 #[command(name = "fairway", version, about = "Multi-tenant job processing on Kafka and ScyllaDB, fair in worker time")]
@@ -108,8 +106,6 @@ pub enum Cmd {
     Stats(stats::StatsArgs),
     /// `stats` as a live view, redrawn every --interval until Ctrl-C.
     Top(stats::TopArgs),
-    /// Benchmarks on the local services (end-to-end throughput and latency).
-    Bench(bench::BenchArgs),
     /// The live tenants registry: add, set, list, suspend, resume, remove.
     Tenants(tenants::TenantsArgs),
     /// Recurring schedules per tenant: add, set, list (next fire times), pause, resume, remove.
@@ -120,8 +116,9 @@ pub enum Cmd {
     CqlBridge(ops::BridgeArgs),
 }
 
-pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+/// Runs `work` (a parsed command) as the process: logging to stderr (`FAIRWAY_LOG`),
+/// span export around the async runtime, errors printed; the exit code.
+pub fn enter(work: impl Future<Output = anyhow::Result<ExitCode>>) -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FAIRWAY_LOG").unwrap_or_else(|_| "warn,fairway=info".into()),
@@ -130,7 +127,7 @@ pub fn main() -> ExitCode {
         .init();
     // Span export (off unless OTEL_EXPORTER_OTLP_ENDPOINT is set) starts before the
     // runtime and flushes after it: its HTTP client blocks, on its own thread.
-    let spans = match fairway::telemetry::init() {
+    let spans = match fairway::observe::telemetry::init() {
         Ok(spans) => spans,
         Err(e) => {
             eprintln!("error: {e}");
@@ -144,7 +141,7 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let code = match rt.block_on(run(cli)) {
+    let code = match rt.block_on(work) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -158,7 +155,8 @@ pub fn main() -> ExitCode {
     code
 }
 
-async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+/// Runs one `fairway` subcommand.
+pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let g = cli.global;
     match cli.cmd {
         Cmd::CqlBridge(a) => ops::bridge(a).await,
@@ -169,7 +167,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Cancel(a) => ops::cancel(&*g.load()?, a).await,
         Cmd::Results(a) => ops::results(&*g.load()?, a).await,
         Cmd::Demo(a) => demo::run(&g, a).await,
-        Cmd::Bench(a) => bench::run(&g, a).await,
         Cmd::Replay(a) => replay::run(g.load()?, a).await,
         Cmd::Rerun(a) => rerun::run(g.load()?, a).await,
         Cmd::Serve(a) => serve::run(g.load()?, a).await,

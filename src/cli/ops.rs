@@ -27,7 +27,7 @@ pub async fn init(cfg: &Config) -> anyhow::Result<ExitCode> {
         }
     };
     let tables = fairway::store::ensure_schema(cfg).await.context("creating keyspace and tables")?;
-    let seeded = fairway::tenants::seed(cfg).await.context("seeding the tenants registry from [tenants.*]")?;
+    let seeded = fairway::ops::tenants::seed(cfg).await.context("seeding the tenants registry from [tenants.*]")?;
     for r in &retention {
         println!("set {r}");
     }
@@ -174,13 +174,13 @@ pub async fn submit(cfg: &Arc<Config>, a: SubmitArgs) -> anyhow::Result<ExitCode
 }
 
 /// What `fairway submit` sends: one job from its flags, or NDJSON lines.
-pub(super) enum Jobs {
+pub(crate) enum Jobs {
     One(Box<NewJob>),
     Ndjson(Box<dyn BufRead + Send>),
 }
 
 /// How a `fairway submit` ended once its jobs were read.
-pub(super) enum Submitted {
+pub(crate) enum Submitted {
     /// The front door refused the jobs (all or none): nothing was produced.
     Refused(anyhow::Error),
     /// Produced; `failed` jobs could not be (each reported on stderr).
@@ -241,7 +241,7 @@ fn read_ndjson(reader: Box<dyn BufRead + Send>, submitter: &Submitter) -> anyhow
 /// `fairway submit`'s path (also what `fairway bench submit` measures): connects, reads
 /// and checks the jobs, passes the front door (all or none), produces them concurrently
 /// and writes one line per job to `out` (its id, or that it was a duplicate).
-pub(super) async fn submit_jobs(
+pub(crate) async fn submit_jobs(
     cfg: &Arc<Config>,
     jobs: Jobs,
     out: &mut (dyn std::io::Write + Send),
@@ -249,7 +249,7 @@ pub(super) async fn submit_jobs(
     // The store: idempotency keys, and the tenants registry that validates tenants.
     let store = Store::open(cfg).await?;
     let (_stop, stopped) = tokio::sync::watch::channel(false);
-    let live = fairway::tenants::LiveTenants::start(cfg.clone(), &store, stopped).await?;
+    let live = fairway::ops::tenants::LiveTenants::start(cfg.clone(), &store, stopped).await?;
     let submitter = Submitter::new(cfg.clone(), Some(store.clone()))?.with_tenants(live.clone());
     // The pool classifier's decisions, read once before the jobs are routed.
     submitter.refresh_classes().await;
@@ -298,15 +298,15 @@ pub struct WorkerArgs {
 
 pub async fn worker(cfg: Arc<Config>, a: WorkerArgs) -> anyhow::Result<ExitCode> {
     let listen = if a.metrics_port.is_some() { None } else { cfg.worker.metrics_listen.as_deref() };
-    let probes = fairway::probes::Probes::worker(&a.pools);
+    let probes = fairway::observe::probes::Probes::worker(&a.pools);
     // The listener is up before the worker starts: /livez answers during the start and
     // /readyz says what it still waits for.
     let (stop_probes, probes_stopped) = tokio::sync::watch::channel(false);
     let mut probe_task = None;
     if let Some(at) = fairway::metrics::listen_addr(listen, a.metrics_port.unwrap_or(cfg.worker.metrics_port))? {
         let recorder = fairway::metrics::install_recorder()?;
-        let router = fairway::probes::router(probes.clone(), Some(recorder));
-        let (addr, task) = fairway::probes::serve(at, router, probes_stopped).await.with_context(|| {
+        let router = fairway::observe::probes::router(probes.clone(), Some(recorder));
+        let (addr, task) = fairway::observe::probes::serve(at, router, probes_stopped).await.with_context(|| {
             format!("cannot listen on {at} for /metrics (in use? pick another with worker.metrics_listen or --metrics-port)")
         })?;
         eprintln!("metrics and probes on http://{addr}/metrics, /readyz, /livez");
@@ -547,6 +547,6 @@ pub async fn bridge(a: BridgeArgs) -> anyhow::Result<ExitCode> {
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };
-    fairway::cqlbridge::run(a.listen, a.upstream, shutdown).await?;
+    super::cqlbridge::run(a.listen, a.upstream, shutdown).await?;
     Ok(ExitCode::SUCCESS)
 }

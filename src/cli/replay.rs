@@ -5,7 +5,7 @@ use fairway::config::Config;
 use fairway::core::replay::{derive_id, ReplayFilter, ReplaySource, DEFAULT_MAX_REPLAYS};
 use fairway::model::FailureClass;
 use fairway::now_ms;
-use fairway::replayer::{self as replay, Progress, ReplayOptions, ReplayReport, Stopped};
+use fairway::ops::replay::{self, Progress, ReplayOptions, ReplayReport, Stopped};
 use std::collections::HashSet;
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;

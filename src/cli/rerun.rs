@@ -7,7 +7,7 @@ use fairway::config::Config;
 use fairway::core::rerun::{RerunFilter, RerunScope};
 use fairway::model::Pool;
 use fairway::now_ms;
-use fairway::rerunner::{self as rerun, Phase, RerunEnd, RerunEvent, RerunOptions, RerunReport};
+use fairway::ops::rerun::{self, Phase, RerunEnd, RerunEvent, RerunOptions, RerunReport};
 use std::collections::HashSet;
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;

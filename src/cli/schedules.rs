@@ -1,5 +1,5 @@
 //! `fairway schedules add|set|list|pause|resume|remove`: recurring schedules per tenant
-//! (`fairway::schedules`). Every change is validated whole first (the error names the
+//! (`fairway::ops::schedules`). Every change is validated whole first (the error names the
 //! field and the fix); running workers' promoter leader picks it up within a second.
 
 use anyhow::Context;
@@ -7,7 +7,7 @@ use fairway::config::Config;
 use fairway::core::recurring::{CatchUp, ScheduleSpec};
 use fairway::model::{Millis, Pool, Priority};
 use fairway::now_ms;
-use fairway::schedules::{Listed, Schedules};
+use fairway::ops::schedules::{Listed, Schedules};
 use fairway::store::Store;
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -189,7 +189,7 @@ pub async fn run(cfg: &Config, a: TenantsArgs) -> anyhow::Result<ExitCode> {
 /// Refuses a change whose reserved slots would not fit a pool with the others'.
 async fn fits(cfg: &Config, stmts: &TenantStatements, t: &TenantRecord) -> anyhow::Result<()> {
     let all = stmts.list().await.context("reading the tenants registry")?;
-    fairway::core::tenants::check_reservations(&all, t, &fairway::tenants::pool_rooms(cfg))?;
+    fairway::core::tenants::check_reservations(&all, t, &fairway::ops::tenants::pool_rooms(cfg))?;
     Ok(())
 }
 

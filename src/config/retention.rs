@@ -32,7 +32,7 @@ impl Default for RetentionConfig {
     }
 }
 
-/// `[events]`: job lifecycle and progress events (`crate::events`).
+/// `[events]`: job lifecycle and progress events (`crate::watch::events`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EventsConfig {

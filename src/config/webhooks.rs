@@ -1,5 +1,5 @@
 //! `[webhooks]`: signing secrets and the retry schedule of result callbacks
-//! (`crate::webhooks`; rules in `core::webhooks`). A job type names its callback with
+//! (`crate::watch::webhooks`; rules in `core::webhooks`). A job type names its callback with
 //! `job_types.<name>.webhook_url`.
 
 use crate::config::Secret;

@@ -1,6 +1,6 @@
 //! Watching a job: the state model, which event each step emits, how long rows live,
 //! when progress is worth an event, and how an idempotent submission answers a key it
-//! finds taken. Pure: no I/O, `now` is an argument (the I/O shell is `crate::events`).
+//! finds taken. Pure: no I/O, `now` is an argument (the I/O shell is `crate::watch::events`).
 //!
 //! States (what `GET /v1/jobs/{id}` and `fairway status` show):
 //!

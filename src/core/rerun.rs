@@ -1,6 +1,6 @@
 //! "Rerun all" decisions by generation numbers: which records of a pool topic a rerun
 //! re-produces, under which generation, and in what shape. Pure: no I/O, `now` is an
-//! argument. The I/O shell is [`crate::rerunner`] (`fairway rerun`).
+//! argument. The I/O shell is [`crate::ops::rerun`] (`fairway rerun`).
 //!
 //! # Generations
 //!

@@ -1,7 +1,7 @@
 //! The tenants registry's pure rules: a tenant's record as stored (tier, weight, limits,
 //! suspension, labels), its validation (every error names the field and the fix), its
 //! scheduling policy, and what happens to a job of a tenant nobody registered. The
-//! registry itself is live data in the store (`crate::tenants`); the config file's
+//! registry itself is live data in the store (`crate::ops::tenants`); the config file's
 //! `[tenants.*]` only seeds it (`fairway init`).
 
 use super::scheduler::{RateLimit, TenantPolicy, Tier};

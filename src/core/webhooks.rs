@@ -1,6 +1,6 @@
 //! Webhooks, the pure rules: which URLs may be called, what is POSTed for a job's result,
 //! how it is signed, which answers count as delivered, and when to try again. No I/O;
-//! `now` is an argument (the I/O shell is `crate::webhooks`).
+//! `now` is an argument (the I/O shell is `crate::watch::webhooks`).
 //!
 //! **Signature.** Every POST carries
 //! `Fairway-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>`

@@ -64,7 +64,7 @@ pub struct JobLive {
     stopping: AtomicBool,
     abort: tokio::sync::Notify,
     /// Where progress reports also go as `progress` events (set by the worker).
-    events: std::sync::OnceLock<crate::events::ProgressSink>,
+    events: std::sync::OnceLock<crate::watch::events::ProgressSink>,
     /// When the job last showed life of its own (progress, checkpoint, heartbeat), epoch
     /// ms; 0 until the worker starts it (`started`). Read by the stuck detector.
     last_advance: AtomicI64,
@@ -91,7 +91,7 @@ impl JobLive {
         self.progress.lock().map(|p| p.clone()).unwrap_or_default()
     }
     /// Publishes this job's progress reports as `progress` events (throttled).
-    pub fn publish_progress(&self, sink: crate::events::ProgressSink) {
+    pub fn publish_progress(&self, sink: crate::watch::events::ProgressSink) {
         let _ = self.events.set(sink);
     }
     pub fn cancel(&self) {

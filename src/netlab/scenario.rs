@@ -354,7 +354,7 @@ async fn start(lab: &mut Lab, plan: &Plan) -> Result<Session, LabError> {
     let fail = |what: &'static str| move |e: Box<dyn std::error::Error>| LabError::Failed(format!("{what}: {e}"));
     kafka::ensure_topics(&cfg).await.map_err(|e| fail("creating topics")(e.into()))?;
     crate::store::ensure_schema(&cfg).await.map_err(|e| fail("schema")(e.into()))?;
-    crate::tenants::seed(&cfg).await.map_err(|e| fail("tenants")(e.into()))?;
+    crate::ops::tenants::seed(&cfg).await.map_err(|e| fail("tenants")(e.into()))?;
     let run_log = lab.dir().join("runs.log");
     let fleet = Fleet {
         configs,

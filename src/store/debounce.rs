@@ -1,4 +1,4 @@
-//! Open debounce windows (`crate::dedupe`; rules in `core::unique`): one row per
+//! Open debounce windows (`crate::submit::dedupe`; rules in `core::unique`): one row per
 //! (tenant, debounce key) in the deployment's partition of `debounces`, holding the
 //! pending job (Avro), when the window opened, when the job is due, and a revision that
 //! every change replaces. Every write is a compare-and-set (LWT) on the revision, so

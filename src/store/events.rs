@@ -1,4 +1,4 @@
-//! Statements of job watching (`crate::events`): the row a submission writes (`queued`
+//! Statements of job watching (`crate::watch::events`): the row a submission writes (`queued`
 //! or `scheduled`, so the job is visible at once), the event history (`job_events`), and
 //! the idempotency claim's release and take-over.
 //!

@@ -786,7 +786,7 @@ impl Store {
 }
 
 // ---------------------------------------------------------------------------------------
-// `fairway replay` (src/replayer.rs): per-partition resume points in `replays`, and the
+// `fairway replay` (src/ops/replay.rs): per-partition resume points in `replays`, and the
 // reset of a replayed job's state row. Kept in its own block and struct so it stays
 // apart from the worker's prepared statements.
 // ---------------------------------------------------------------------------------------

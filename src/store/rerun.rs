@@ -1,4 +1,4 @@
-//! `fairway rerun` (src/rerunner.rs): the target generation per (tenant, job type) in
+//! `fairway rerun` (src/ops/rerun.rs): the target generation per (tenant, job type) in
 //! `generations`, raised by lightweight transactions so two concurrent reruns never
 //! draw the same number, and the job-row facts a rerun checks before producing a copy
 //! (plus clearing a stale cancellation flag, conditional on the row being unchanged).

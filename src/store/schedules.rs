@@ -1,4 +1,4 @@
-//! Recurring schedules' rows (`crate::schedules`; rules in `core::recurring`): one row
+//! Recurring schedules' rows (`crate::ops::schedules`; rules in `core::recurring`): one row
 //! per (tenant, name) in the deployment's partition of `schedules` (keyed by the topic
 //! prefix). The definition is its JSON; `next_fire_at` is the first fire not yet
 //! submitted, moved only by compare-and-set (LWT), so two promoters that overlap for a

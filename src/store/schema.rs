@@ -94,7 +94,7 @@ pub const TABLES: &[(&str, &str)] = &[
         "backlog_index",
         "(topic text, partition int, tenant text, bucket bigint, PRIMARY KEY ((topic, partition), tenant, bucket))",
     ),
-    // The tenants registry (`crate::tenants`), per deployment (topic prefix): live data,
+    // The tenants registry (`crate::ops::tenants`), per deployment (topic prefix): live data,
     // seeded from the config file by `fairway init`.
     (
         "tenants",
@@ -123,7 +123,7 @@ pub const TABLES: &[(&str, &str)] = &[
     // Which tenant submitted a job through the API (TTL 30 days): lets a tenant key read
     // and cancel its own job before any worker wrote the job's row.
     ("job_owners", "(job_id text PRIMARY KEY, tenant text)"),
-    // A job's event history (`crate::events`; TTL retention.results): one partition per
+    // A job's event history (`crate::watch::events`; TTL retention.results): one partition per
     // job, in time order, written by the history recorder from the events topic.
     (
         "job_events",
@@ -183,14 +183,14 @@ pub const TABLES: &[(&str, &str)] = &[
         "(scope text, job_type text, tenant text, pool text, since bigint, sticky_until bigint, reason text, \
          PRIMARY KEY (scope, job_type, tenant))",
     ),
-    // Recurring schedules per deployment (`crate::schedules`): the definition as JSON,
+    // Recurring schedules per deployment (`crate::ops::schedules`): the definition as JSON,
     // paused or not, and the first fire not yet submitted (moved by LWT).
     (
         "schedules",
         "(scope text, tenant text, name text, id text, spec text, paused boolean, next_fire_at bigint, \
          created_at bigint, updated_at bigint, PRIMARY KEY ((scope), tenant, name))",
     ),
-    // Open debounce windows per deployment (`crate::dedupe`): the pending job, when the
+    // Open debounce windows per deployment (`crate::submit::dedupe`): the pending job, when the
     // window opened and when its job is due, and the revision every change replaces (LWT).
     (
         "debounces",

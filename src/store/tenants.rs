@@ -1,4 +1,4 @@
-//! The tenants registry's rows (see `crate::tenants`): one row per tenant that has
+//! The tenants registry's rows (see `crate::ops::tenants`): one row per tenant that has
 //! settings of its own in the deployment's partition of `tenants` (keyed by the topic
 //! prefix, so deployments sharing a keyspace keep their own tenants), a change feed per
 //! deployment and minute in `tenant_changes`, and a counter per deployment in

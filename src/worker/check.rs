@@ -306,6 +306,6 @@ async fn run_unless_expired(sh: &Shared, job: Arc<JobSubmitted>, row_claimed: bo
 pub(super) async fn expire(sh: &Shared, job: &JobSubmitted, not_after: i64) -> bool {
     let now = now_ms();
     let msg = format!("not started before not_after ({not_after}); expired at {now}");
-    crate::events::late(&sh.producer, &sh.cfg, &sh.worker_id, job, not_after);
+    crate::watch::events::late(&sh.producer, &sh.cfg, &sh.worker_id, job, not_after);
     finish(sh, job, JobStatus::Expired, None, Some(msg), None, None).await
 }

@@ -99,7 +99,7 @@ async fn pass(
             .increment(1);
         tracing::warn!(job_type = name, tenant = subject.tenant, from, to, "{reason}");
         let sticky = mv.class.sticky_until;
-        crate::events::pool_reclassified(&sh.producer, &sh.cfg, &sh.worker_id, subject, reason, sticky);
+        crate::watch::events::pool_reclassified(&sh.producer, &sh.cfg, &sh.worker_id, subject, reason, sticky);
         classes.insert(subject.clone(), mv.class);
     }
     let mut tenants: HashMap<(&str, crate::model::Pool), f64> = HashMap::new();

@@ -10,7 +10,8 @@ use crate::core::retry::DurationMs;
 use crate::core::stuck;
 use crate::handlers::{Handler, HandlerError, JobContext, JobLive};
 use crate::model::JobSubmitted;
-use crate::{codec, metrics as m, now_ms, telemetry};
+use crate::observe::telemetry;
+use crate::{codec, metrics as m, now_ms};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -201,7 +202,7 @@ async fn run(
     let deadline = tokio::time::Instant::now() + timeout;
     let live = Arc::new(JobLive::default());
     live.advanced(started_at);
-    live.publish_progress(crate::events::ProgressSink::new(&sh.producer, &sh.cfg, &sh.worker_id, job));
+    live.publish_progress(crate::watch::events::ProgressSink::new(&sh.producer, &sh.cfg, &sh.worker_id, job));
     let ctx =
         JobContext::new(job.clone(), deadline, live.clone(), Some(sh.store.clone())).with_traceparent(traceparent);
     {
@@ -226,7 +227,7 @@ async fn run(
             _ = live.aborted() => None,
             _ = &mut stuck => None,
             _ = tokio::time::sleep(RUNNING_WRITE_GRACE) => {
-                crate::events::started(&sh.producer, &sh.cfg, &sh.worker_id, job, started_at);
+                crate::watch::events::started(&sh.producer, &sh.cfg, &sh.worker_id, job, started_at);
                 let (written, _unwatched) = mark_running(sh, job, started_at, &live).await;
                 running_written = written;
                 tokio::select! {

@@ -69,7 +69,7 @@ pub struct Shared {
     /// Dispatch frontiers of the pool topic's partitions: which jobs skip the state read.
     pub frontiers: fresh::Frontiers,
     /// The live tenants registry.
-    pub tenants: crate::tenants::LiveTenants,
+    pub tenants: crate::ops::tenants::LiveTenants,
     /// Fleet-wide limits of this pool: demand reported by the pool loop, caps computed
     /// by the quota exchange (`worker::quota`).
     pub quotas: Mutex<crate::core::quota::Quotas>,
@@ -80,7 +80,7 @@ pub struct Shared {
     /// Kills and abnormal exits of `process` children per tenant (the recycling cap).
     pub recycling: Mutex<crate::core::recycling::Recycling>,
     /// The worker's readiness and liveness (`/readyz`, `/livez`).
-    pub probes: crate::probes::Probes,
+    pub probes: crate::observe::probes::Probes,
     /// The worker's vitals (`watchdog`): a pool loop reports a fatal consumer error here.
     pub watch: Arc<watchdog::Watch>,
 }
@@ -254,7 +254,7 @@ impl Shared {
 pub struct Worker {
     pub worker_id: String,
     /// Readiness and liveness, served on the metrics listener by `fairway worker`.
-    pub probes: crate::probes::Probes,
+    pub probes: crate::observe::probes::Probes,
     shutdown: watch::Sender<bool>,
     halt: watch::Sender<bool>,
     pool_tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -275,13 +275,13 @@ pub struct WorkerStart<'a> {
     pub policy: Policy,
     /// Readiness and liveness state (made with `Probes::worker(pools)`), served by the
     /// caller, possibly before the start completes.
-    pub probes: crate::probes::Probes,
+    pub probes: crate::observe::probes::Probes,
 }
 
 impl Worker {
     /// Starts one consumer loop per pool.
     pub async fn start(cfg: Arc<Config>, pools: &[Pool], registry: Registry, policy: Policy) -> anyhow::Result<Worker> {
-        let probes = crate::probes::Probes::worker(pools);
+        let probes = crate::observe::probes::Probes::worker(pools);
         Worker::start_with(cfg, registry, WorkerStart { pools, policy, probes }).await
     }
 
@@ -299,7 +299,7 @@ impl Worker {
         // (a draining job keeps heartbeating).
         let (halt, halted) = watch::channel(false);
         let mut pool_tasks = Vec::new();
-        let tenants = crate::tenants::LiveTenants::start(cfg.clone(), &store, rx.clone()).await?;
+        let tenants = crate::ops::tenants::LiveTenants::start(cfg.clone(), &store, rx.clone()).await?;
         let mut tasks = Vec::new();
         let mut shared = Vec::new();
         let vitals = Arc::new(watchdog::Watch::new(cfg.worker.store_outage_limit));

@@ -316,7 +316,7 @@ pub(crate) async fn fail(
                 return false;
             }
             metrics::counter!(m::RETRIES, "class" => class_topic.as_str(), "job_type" => sh.bounded_job_type(&job.job_type)).increment(1);
-            crate::events::retrying(&sh.producer, &sh.cfg, &sh.worker_id, job, not_before, &err.message);
+            crate::watch::events::retrying(&sh.producer, &sh.cfg, &sh.worker_id, job, not_before, &err.message);
             let mut u = update(sh, job, "retrying", started_at, None);
             u.attempts = attempt;
             u.crash_count = crash_count;
@@ -388,7 +388,7 @@ pub(crate) async fn dead_letter(
     // Every path that dead-letters a job (failed attempts, poison takeovers, rejected
     // messages) tells its watchers.
     if let Some(j) = job {
-        crate::events::dead_lettered(&sh.producer, &sh.cfg, &sh.worker_id, j, &dl.reason);
+        crate::watch::events::dead_lettered(&sh.producer, &sh.cfg, &sh.worker_id, j, &dl.reason);
     }
     let jt = job.map(|j| sh.bounded_job_type(&j.job_type)).unwrap_or_else(|| "unknown".to_string());
     metrics::counter!(m::DEAD_LETTERS, "class" => class.as_str(), "job_type" => jt).increment(1);

@@ -6,7 +6,7 @@
 //! leaders overlapping for a moment, a leader dying before it moved the cursor) is one
 //! job. The cursor (`next_fire_at`) moves by compare-and-set once its fires are in.
 //!
-//! The same leader submits the jobs of due debounce windows (`crate::dedupe`): it closes
+//! The same leader submits the jobs of due debounce windows (`crate::submit::dedupe`): it closes
 //! a window by compare-and-set on its revision (a submission that moved it meanwhile
 //! wins, and the window is looked at again next pass), then submits its job under the
 //! window's id; a failed submit reopens the window.
@@ -18,10 +18,10 @@ use crate::core::promotion::Pace;
 use crate::core::recurring::{self, Fire, Pass, Timing};
 use crate::metrics as m;
 use crate::now_ms;
-use crate::schedules::{self, Schedule, Schedules};
+use crate::ops::schedules::{self, Schedule, Schedules};
+use crate::ops::tenants::LiveTenants;
 use crate::store::Store;
 use crate::submit::Submitter;
-use crate::tenants::LiveTenants;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -231,7 +231,7 @@ impl Firing {
                 }
             }
             let job = match crate::codec::decode_job(&w.job) {
-                Ok(rec) => crate::dedupe::window_job(rec),
+                Ok(rec) => crate::submit::dedupe::window_job(rec),
                 Err(e) => {
                     tracing::error!(tenant = %w.tenant, window = %w.window_id, "debounce window's job unreadable, dropped: {e}");
                     continue;

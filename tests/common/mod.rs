@@ -26,7 +26,12 @@ pub fn free_port() -> u16 {
 }
 
 /// The bundled config plus `extra` TOML, pointed at the local services with a unique
-/// topic prefix and the shared integration keyspace.
+/// topic prefix and the shared integration keyspace. Every section of `extra` counts:
+/// `[kafka]`, `[scylla]`, `[worker]`, `[registry]` and `[pools.*]` replace the bundled
+/// file's (those are the demo's; pools keep at most 16 slots unless `extra` names
+/// `[pools...]`), `[job_types.*]` and `[tenants.*]` add or replace entries, and any other
+/// section's keys are set over the bundled section's (`[classifier] window = "30s"`
+/// keeps the bundled `enabled = true`). A section `Config` does not know fails the parse.
 pub fn config(extra: &str) -> Config {
     let id = uuid::Uuid::new_v4().simple().to_string();
     let text = format!(
@@ -38,23 +43,48 @@ pub fn config(extra: &str) -> Config {
         cql(),
         extra
     );
-    let mut base = Config::builtin();
-    let over: Config = Config::parse(&text, "test config").expect("test config");
-    base.kafka = over.kafka;
-    base.scylla = over.scylla;
-    for (k, v) in over.job_types {
-        base.job_types.insert(k, v);
+    let test: toml::Table = text.parse().unwrap_or_else(|e| panic!("test config is not TOML: {e}\n{text}"));
+    let mut merged: toml::Table = include_str!("../../fairway.toml").parse().expect("the bundled fairway.toml");
+    for replaced in ["kafka", "scylla", "worker", "registry", "pools"] {
+        merged.remove(replaced);
     }
-    for (k, v) in over.tenants {
-        base.tenants.insert(k, v);
+    for (section, value) in test {
+        match (section.as_str(), merged.get_mut(&section), value) {
+            ("kafka" | "scylla" | "worker" | "registry" | "pools", _, value) => {
+                merged.insert(section, value);
+            }
+            // Entries: a job type or tenant of `extra` replaces the bundled one whole.
+            ("job_types" | "tenants", Some(toml::Value::Table(entries)), toml::Value::Table(over)) => {
+                entries.extend(over)
+            }
+            // Settings: `extra`'s keys over the bundled section's.
+            (_, Some(toml::Value::Table(bundled)), toml::Value::Table(over)) => merge_keys(bundled, over),
+            (_, None, value) => {
+                merged.insert(section, value);
+            }
+            (_, Some(_), value) => {
+                panic!("tests/common::config cannot merge `{section} = {value}` into the bundled config")
+            }
+        }
     }
-    base.pools = over.pools;
+    let merged_text = toml::to_string(&merged).expect("the merged test config as TOML");
+    let mut cfg = Config::parse(&merged_text, "test config").expect("test config");
     if !extra.contains("[pools") {
-        base.pools.iter_mut().for_each(|(_, p)| p.slots = p.slots.min(16));
+        cfg.pools.iter_mut().for_each(|(_, p)| p.slots = p.slots.min(16));
     }
-    base.worker = over.worker;
-    base.registry = over.registry;
-    base
+    cfg
+}
+
+/// `over`'s keys set into `base`, tables key by key (other values replaced).
+fn merge_keys(base: &mut toml::Table, over: toml::Table) {
+    for (k, v) in over {
+        match (base.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge_keys(b, o),
+            (_, v) => {
+                base.insert(k, v);
+            }
+        }
+    }
 }
 
 static SCHEMA: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
@@ -72,7 +102,7 @@ pub async fn init(cfg: &Config) {
         })
         .await;
     // Each test has its own deployment (topic prefix) and so its own tenants registry.
-    fairway::tenants::seed(cfg).await.expect("register the test's tenants");
+    fairway::ops::tenants::seed(cfg).await.expect("register the test's tenants");
 }
 
 /// Reads `topic` from the beginning until `done` says so or `timeout` passes.

@@ -1,6 +1,6 @@
 //! The DLQ and retry topics browser: filters (tenant, type, class, error text, time), each
 //! record's reason and payload, and replay of the selected or filtered jobs through
-//! `replayer::run` (what `fairway replay` runs): a dry-run preview first, a rate, an
+//! `replay::run` (what `fairway replay` runs): a dry-run preview first, a rate, an
 //! explicit confirmation, then the replay's progress live over SSE.
 
 use super::gate;
@@ -10,7 +10,7 @@ use crate::api::{codes, ApiError, ApiState};
 use crate::core::replay::{ReplayFilter, ReplaySource};
 use crate::model::FailureClass;
 use crate::now_ms;
-use crate::replayer::{self, Listed, Progress, ReplayOptions, ReplayReport};
+use crate::ops::replay::{self, Listed, Progress, ReplayOptions, ReplayReport};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::sse::Event;
@@ -151,7 +151,7 @@ pub(super) async fn page(
 async fn browse(st: &ApiState, v: &Viewer, f: &Filters) -> Result<String, ApiError> {
     let (source, filter) = f.parse(v)?;
     let _scan = st.front_door().scan_slot(&v.key())?;
-    let (listed, scanned) = replayer::browse(st.config(), source, &filter, MAX_LISTED, MAX_SCANNED)
+    let (listed, scanned) = replay::browse(st.config(), source, &filter, MAX_LISTED, MAX_SCANNED)
         .await
         .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, codes::KAFKA_UNAVAILABLE, e.to_string()))?;
     let admin = v.caller.is_admin();
@@ -162,7 +162,7 @@ async fn browse(st: &ApiState, v: &Viewer, f: &Filters) -> Result<String, ApiErr
         out,
         "<p class=\"hint\" id=\"dlq-count\">{} matching record(s) of {scanned} on {} (newest {MAX_LISTED} shown, newest first).{}</p>",
         listed.len(),
-        esc(&replayer::source_topic(st.config(), source)),
+        esc(&replay::source_topic(st.config(), source)),
         if scanned >= MAX_SCANNED {
             format!(" Only the first {MAX_SCANNED} records were read: narrow the filter (since) or use `fairway replay --dry-run`.")
         } else {
@@ -247,9 +247,9 @@ pub(super) async fn start(
         caller = %v.caller, source = %source, filter = %opts.filter.canonical().replace('\u{1f}', " "),
         rate = opts.rate_per_sec, dry_run = opts.dry_run, "console: replay"
     );
-    let failed = |e: replayer::ReplayError| ApiError::new(StatusCode::BAD_GATEWAY, codes::REPLAY_FAILED, e.to_string());
+    let failed = |e: replay::ReplayError| ApiError::new(StatusCode::BAD_GATEWAY, codes::REPLAY_FAILED, e.to_string());
     if req.dry_run {
-        let report = replayer::run(&cfg, opts, |_| {}).await.map_err(failed)?;
+        let report = replay::run(&cfg, opts, |_| {}).await.map_err(failed)?;
         return Ok(Json(report_json(&report)));
     }
     if opts.rate_per_sec == 0 {
@@ -260,7 +260,7 @@ pub(super) async fn start(
     st.console().replays.add(&run, rx);
     let caller = v.caller.to_string();
     tokio::spawn(async move {
-        let out = replayer::run(&cfg, opts, |p| {
+        let out = replay::run(&cfg, opts, |p| {
             tx.send_replace(progress_json(p));
         })
         .await;

@@ -14,7 +14,7 @@
 //!
 //! Access: an admin key sees and does everything; a tenant key sees its own tenant only
 //! and cannot act. Every action goes through the code the HTTP API and the CLI use
-//! (`api::admin::update`, `api::cancel`, `replayer::run`, `Schedules::pause`) and is logged (who, what;
+//! (`api::admin::update`, `api::cancel`, `replay::run`, `Schedules::pause`) and is logged (who, what;
 //! never a key).
 
 mod dlq;

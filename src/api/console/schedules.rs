@@ -8,7 +8,7 @@ use super::html::{self, esc};
 use super::session::{require_admin, Actor, Viewer};
 use crate::api::{ApiError, ApiState};
 use crate::now_ms;
-use crate::schedules::Listed;
+use crate::ops::schedules::Listed;
 use axum::extract::{Path, State};
 use axum::response::Response;
 use axum::Json;

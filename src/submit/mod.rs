@@ -12,6 +12,11 @@
 //! than any produce can take, the next submission with the key takes it over (LWT on the
 //! old job id, `core::events::taken_key`). A duplicate answers with the original job's
 //! id and its row (state, and result when finished).
+//!
+//! Unique jobs and debounce, the other two ways a submission can be held back, are in
+//! [`dedupe`].
+
+pub mod dedupe;
 
 use crate::config::Config;
 use crate::core::{promotion, trace};
@@ -152,7 +157,7 @@ pub struct Submitter {
     producer: Producer,
     store: Option<Store>,
     /// The live registry (API, CLI); without it, the config file's tenants.
-    tenants: Option<crate::tenants::LiveTenants>,
+    tenants: Option<crate::ops::tenants::LiveTenants>,
     /// Statements of the submission's row and the idempotency claim (prepared once).
     events: tokio::sync::OnceCell<EventStatements>,
     /// The pool classifier's decisions (with a store and the classifier on).
@@ -185,7 +190,7 @@ impl Submitter {
     }
 
     /// Checks tenants against the live registry instead of the config file's list.
-    pub fn with_tenants(mut self, tenants: crate::tenants::LiveTenants) -> Self {
+    pub fn with_tenants(mut self, tenants: crate::ops::tenants::LiveTenants) -> Self {
         self.tenants = Some(tenants);
         self
     }
@@ -240,18 +245,18 @@ impl Submitter {
         }
         let mut rec = self.record(job, job_id.clone(), pool, payload, now);
         if let (Some(key), Some(store)) = (&job.debounce_key, &self.store) {
-            let d = crate::dedupe::Debounce::of(job)?;
-            return crate::dedupe::debounce(store, &self.debounces, key, &d, &mut rec, now).await;
+            let d = dedupe::Debounce::of(job)?;
+            return dedupe::debounce(store, &self.debounces, key, &d, &mut rec, now).await;
         }
         if let (Some(_), Some(stmts), Some(store)) = (&job.unique_key, stmts, &self.store) {
-            let claim = crate::dedupe::UniqueClaim::of(&self.cfg, job)?;
+            let claim = dedupe::UniqueClaim::of(&self.cfg, job)?;
             if let Some(dup) = claim.claim(stmts, store, &job_id, now, pool, MAX_PRODUCE_MS).await? {
                 return Ok(dup);
             }
         }
         // With span export on, the job carries its `send` span's context from here on.
-        let span = crate::telemetry::submit(&rec, &self.cfg.pool_topic(pool), now);
-        if let Some(tp) = span.as_ref().and_then(crate::telemetry::Live::traceparent) {
+        let span = crate::observe::telemetry::submit(&rec, &self.cfg.pool_topic(pool), now);
+        if let Some(tp) = span.as_ref().and_then(crate::observe::telemetry::Live::traceparent) {
             rec.traceparent = Some(tp);
         }
         let (produced, written) = tokio::join!(self.produce(&rec), self.put_submitted(stmts, &rec, pool, now));
@@ -298,8 +303,7 @@ impl Submitter {
                 tracing::warn!(job_id, error = %d, "could not take back the row of a job whose produce failed");
             }
         }
-        let keys =
-            job.idempotency_key.iter().cloned().chain(job.unique_key.as_deref().map(crate::dedupe::unique_claim_key));
+        let keys = job.idempotency_key.iter().cloned().chain(job.unique_key.as_deref().map(dedupe::unique_claim_key));
         for key in keys {
             if let Err(r) = stmts.release_key(&job.tenant, &key, job_id).await {
                 tracing::warn!(
@@ -486,7 +490,7 @@ pub(crate) fn validate_job(cfg: &Config, job: &NewJob, payload_len: usize) -> Re
     if let Some(key) = &job.user_key {
         crate::core::flow::check_named_key("user_key", key).map_err(SubmitError::BadUserKey)?;
     }
-    crate::dedupe::check(job)?;
+    dedupe::check(job)?;
     Ok(job.pool.unwrap_or(jt.pool))
 }
 

@@ -222,7 +222,7 @@ async fn run_mode(base: &Config, a: &FloodArgs, mode: FloodMode) -> anyhow::Resu
     let cfg = bench_config(base, a, mode)?;
     kafka::ensure_topics(&cfg).await.context("creating bench topics (scripts/services up?)")?;
     fairway::store::ensure_schema(&cfg).await?;
-    fairway::tenants::seed(&cfg).await?;
+    fairway::ops::tenants::seed(&cfg).await?;
     let mut feed = ResultFeed::start(&cfg)?;
     let registry = Registry::from_config(&cfg, Default::default()).map_err(anyhow::Error::msg)?;
     let worker = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair).await?;

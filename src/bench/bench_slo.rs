@@ -62,7 +62,7 @@ pub async fn run(g: &Global, a: SloArgs) -> anyhow::Result<ExitCode> {
     let cfg = bench_config(g, &a.shape)?;
     kafka::ensure_topics(&cfg).await.context("creating bench topics (scripts/services up?)")?;
     fairway::store::ensure_schema(&cfg).await?;
-    fairway::tenants::seed(&cfg).await?;
+    fairway::ops::tenants::seed(&cfg).await?;
     let reader = kafka::reader(&cfg, &cfg.group("bench-slo-results"), false)?;
     reader.subscribe(&[&cfg.results_topic()])?;
     let sub = Arc::new(Submitter::new(cfg.clone(), None)?);

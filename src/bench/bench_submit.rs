@@ -85,7 +85,7 @@ pub async fn run(g: &Global, a: SubmitBenchArgs) -> anyhow::Result<ExitCode> {
     let cfg = bench_config(g)?;
     fairway::kafka::ensure_topics(&cfg).await?;
     fairway::store::ensure_schema(&cfg).await?;
-    fairway::tenants::seed(&cfg).await?;
+    fairway::ops::tenants::seed(&cfg).await?;
     let store = Store::open(&cfg).await?;
     let plain = Submitter::new(cfg.clone(), None)?;
     let watched = Submitter::new(cfg.clone(), Some(store.clone()))?;
@@ -243,10 +243,10 @@ impl NdjsonBench {
     async fn round(&self, cfg: &Arc<Config>) -> anyhow::Result<f64> {
         let reader = Box::new(std::io::BufReader::new(std::fs::File::open(&self.path)?));
         let t0 = Instant::now();
-        match super::ops::submit_jobs(cfg, super::ops::Jobs::Ndjson(reader), &mut std::io::sink()).await? {
-            super::ops::Submitted::Refused(e) => anyhow::bail!("the front door refused the NDJSON jobs: {e:#}"),
-            super::ops::Submitted::Done { failed: 0 } => Ok(self.jobs as f64 / t0.elapsed().as_secs_f64()),
-            super::ops::Submitted::Done { failed } => anyhow::bail!("{failed} NDJSON jobs could not be produced"),
+        match super::cli::ops::submit_jobs(cfg, super::cli::ops::Jobs::Ndjson(reader), &mut std::io::sink()).await? {
+            super::cli::ops::Submitted::Refused(e) => anyhow::bail!("the front door refused the NDJSON jobs: {e:#}"),
+            super::cli::ops::Submitted::Done { failed: 0 } => Ok(self.jobs as f64 / t0.elapsed().as_secs_f64()),
+            super::cli::ops::Submitted::Done { failed } => anyhow::bail!("{failed} NDJSON jobs could not be produced"),
         }
     }
 }

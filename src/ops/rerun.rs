@@ -2,7 +2,7 @@
 //! of the tenant, or of one job type across tenants) by generation numbers. The
 //! decisions are the pure [`crate::core::rerun`]; this module moves records between
 //! Kafka and the store, reusing `fairway replay`'s scan and resume points
-//! ([`crate::replayer`]).
+//! ([`crate::ops::replay`]).
 //!
 //! # How a run goes
 //!
@@ -51,7 +51,7 @@ use crate::core::rerun::{
 };
 use crate::kafka;
 use crate::model::{JobSubmitted, Millis, Pool};
-use crate::replayer::{
+use crate::ops::replay::{
     retrying, Checkpoints, FlushError, InFlight, ReplayError, Scan, ScanRecord, ScanStep, Stopped, PROGRESS_EVERY,
     SAMPLE_ROWS,
 };

@@ -50,7 +50,7 @@ pub async fn run(g: &Global, a: ProcessArgs) -> anyhow::Result<ExitCode> {
     let cfg = Arc::new(cfg);
     kafka::ensure_topics(&cfg).await.context("creating bench topics (scripts/services up?)")?;
     fairway::store::ensure_schema(&cfg).await?;
-    fairway::tenants::seed(&cfg).await?;
+    fairway::ops::tenants::seed(&cfg).await?;
     let reader = kafka::reader(&cfg, &cfg.group("bench-results"), false)?;
     reader.subscribe(&[&cfg.results_topic()])?;
     let sub = Submitter::new(cfg.clone(), None)?;

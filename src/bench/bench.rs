@@ -115,7 +115,7 @@ async fn throughput(g: &Global, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
     let cfg = bench_config(g, &a.shape)?;
     kafka::ensure_topics(&cfg).await.context("creating bench topics (scripts/services up?)")?;
     fairway::store::ensure_schema(&cfg).await?;
-    fairway::tenants::seed(&cfg).await?;
+    fairway::ops::tenants::seed(&cfg).await?;
     let reader = kafka::reader(&cfg, &cfg.group("bench-results"), false)?;
     reader.subscribe(&[&cfg.results_topic()])?;
     let sub = Submitter::new(cfg.clone(), None)?;
@@ -1069,7 +1069,7 @@ impl Rig {
         let cfg = fairness_config(base, a, plan)?;
         kafka::ensure_topics(&cfg).await.context("creating bench topics (scripts/services up?)")?;
         fairway::store::ensure_schema(&cfg).await?;
-        fairway::tenants::seed(&cfg).await?;
+        fairway::ops::tenants::seed(&cfg).await?;
 
         let feed = super::bench_flood::ResultFeed::start(&cfg)?;
 
@@ -1499,7 +1499,7 @@ async fn probe_floor(base: &Config, a: &FairnessArgs) -> anyhow::Result<Floor> {
     let cfg = Arc::new(cfg);
     kafka::ensure_topics(&cfg).await.context("creating probe topics (scripts/services up?)")?;
     fairway::store::ensure_schema(&cfg).await?;
-    fairway::tenants::seed(&cfg).await?;
+    fairway::ops::tenants::seed(&cfg).await?;
     let topic = cfg.results_topic();
     let reader = kafka::reader(&cfg, &cfg.group("probe"), false)?;
     reader.subscribe(&[&topic])?;

@@ -309,7 +309,7 @@ pub async fn run(g: &Global, args: BlastArgs) -> anyhow::Result<ExitCode> {
     let cfg = Arc::new(cfg);
     fairway::kafka::ensure_topics(&cfg).await?;
     fairway::store::ensure_schema(&cfg).await?;
-    fairway::tenants::seed(&cfg).await?;
+    fairway::ops::tenants::seed(&cfg).await?;
     let store = fairway::store::Store::open(&cfg).await?;
     let keys = store.key_statements().await?;
     let key = |caller: Caller| {

@@ -27,7 +27,7 @@ use fairway::handlers::Registry;
 use fairway::kafka::{self, Producer};
 use fairway::model::{JobStatus, Pool};
 use fairway::now_ms;
-use fairway::tenants::LiveTenants;
+use fairway::ops::tenants::LiveTenants;
 use fairway::worker::{Policy, Worker};
 use futures::StreamExt;
 use serde_json::{json, Value};

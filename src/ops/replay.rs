@@ -622,7 +622,7 @@ impl From<FlushError> for ReplayError {
 
 // ---------------------------------------------------------------------------------------
 // The scan ("Where the scan ends" above) and the resume points ("Resuming"), shared with
-// `fairway rerun` (src/rerunner.rs), which reads the pool topics with the same rules.
+// `fairway rerun` (src/ops/rerun.rs), which reads the pool topics with the same rules.
 // ---------------------------------------------------------------------------------------
 
 /// One partition of a scan.

@@ -81,7 +81,7 @@ pub async fn run(g: &Global, a: FaultsArgs) -> anyhow::Result<ExitCode> {
     let cfg = run.cfg.clone();
     kafka::ensure_topics(&cfg).await.context("creating the bench topics (scripts/services up?)")?;
     fairway::store::ensure_schema(&cfg).await?;
-    fairway::tenants::seed(&cfg).await?;
+    fairway::ops::tenants::seed(&cfg).await?;
     let mut feed = ResultFeed::start(&cfg)?;
     let mut fleet = Fleet::start(&a, &run)?;
     let producer = kafka::producer(&cfg)?;
