@@ -228,10 +228,13 @@ pub struct WorkerConfig {
     /// the Kafka partitions it shares with other tenants (`false`: pause, as a plain
     /// consumer would; every tenant on a flooded partition then waits for the flood).
     pub spill_backlogs: bool,
-    /// Port of the Prometheus exporter (0 = off).
-    pub metrics_port: u16,
-    /// Address of the Prometheus exporter (host:port); overrides `metrics_port`, so
-    /// Prometheus on another host can scrape (e.g. "0.0.0.0:9464").
+    /// The removed `worker.metrics_port`: read only to refuse it with its replacement
+    /// (`metrics_listen`), never used.
+    #[serde(rename = "metrics_port")]
+    pub removed_metrics_port: Option<u16>,
+    /// Address of the Prometheus exporter, `/readyz` and `/livez` (host:port, e.g.
+    /// "127.0.0.1:9464", or "0.0.0.0:9464" so Prometheus on another host can scrape);
+    /// off when absent.
     pub metrics_listen: Option<String>,
     /// How long a running job may ignore a cancellation before the worker aborts it.
     #[serde(with = "humantime_serde_compat")]
@@ -278,7 +281,7 @@ impl Default for WorkerConfig {
             max_payload_bytes: 1 << 20,
             tenant_queue_limit: 10_000,
             spill_backlogs: true,
-            metrics_port: 0,
+            removed_metrics_port: None,
             metrics_listen: None,
             cancel_grace: Duration::from_secs(300),
             relay_hold_max: Duration::from_secs(30),
@@ -594,6 +597,16 @@ impl Config {
         if self.kafka.partitions < 1 {
             return Err(invalid("kafka.partitions", "must be at least 1"));
         }
+        if let Some(port) = self.worker.removed_metrics_port {
+            let fix = match port {
+                0 => "remove it (the listener is off without worker.metrics_listen)".to_string(),
+                p => format!("write worker.metrics_listen = \"127.0.0.1:{p}\" instead"),
+            };
+            return Err(invalid(
+                "worker.metrics_port",
+                format!("was removed in favour of worker.metrics_listen; {fix}"),
+            ));
+        }
         self.retention.validate()?;
         self.idempotency.validate()?;
         self.admission.validate()?;
@@ -828,6 +841,17 @@ mod tests {
     fn the_compose_config_is_valid() {
         let c = Config::parse(include_str!("../docker/fairway.toml"), "docker/fairway.toml").unwrap();
         assert_eq!(c.worker.metrics_listen.as_deref(), Some("0.0.0.0:9464"), "Prometheus scrapes it over the network");
+    }
+
+    /// `worker.metrics_port` was removed: a file still setting it is refused with the
+    /// replacement, not silently ignored.
+    #[test]
+    fn the_removed_metrics_port_is_refused_naming_metrics_listen() {
+        let err = Config::parse("[worker]\nmetrics_port = 9464\n", "t.toml").unwrap_err().to_string();
+        assert!(err.contains("worker.metrics_port") && err.contains("metrics_listen = \"127.0.0.1:9464\""), "{err}");
+        let err = Config::parse("[worker]\nmetrics_port = 0\n", "t.toml").unwrap_err().to_string();
+        assert!(err.contains("remove it"), "{err}");
+        assert!(Config::parse("[worker]\nmetrics_listen = \"127.0.0.1:9464\"\n", "t.toml").is_ok());
     }
 
     #[test]

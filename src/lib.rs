@@ -17,7 +17,8 @@
 //! | `handlers` | the `Handler` trait and job context; the HTTP executor, the `process` executor, demo handlers |
 //! | `worker` | a worker process; its tasks are below |
 //! | `worker::pool` | one pool's consumer loop: messages in, scheduling, executions out |
-//! | `worker::route` | a job's route top to bottom (intake → check → admit → run → record → commit) and the types its stages pass; stages in `worker::check`, `worker::exec`, `worker::outcome` |
+//! | `worker::route` | a job's route top to bottom (intake → check → run → settle → commit) and the types its stages pass (`Durable` among them); stages in `worker::check`, `worker::exec`, `worker::settle`, their durable writes in `worker::durable` |
+//! | `worker::admission` | what a worker reports to submission admission every second: dequeued jobs, outcomes, run times |
 //! | `worker::backlog` | the spill path of floods beyond the buffer |
 //! | `worker::relay` | the retry relay (retry topics back to their pool) and the promoter (jobs parked for later) |
 //! | `worker::liveness` | heartbeats, cancellation, and the reaper of jobs whose worker died |
@@ -26,7 +27,7 @@
 //! | `worker::schedules` | recurring schedules fired by the promoter's lease holder |
 //! | `worker::watchdog` | no zombie workers: give up (leave the groups, exit non-zero) when progress is impossible |
 //! | `submit` | producing jobs (CLI, HTTP API, demo) |
-//! | `admission` | the front door: queue depth, tenant and per-user rates, submission breakers, quota alerts |
+//! | `admission` | the front door (submission admission): queue depth, tenant and per-user rates, submission breakers, quota alerts |
 //! | `classifier` | the pool classifier's submit side: a reclassified job type's jobs go to the pool their run times fit |
 //! | `tenants` | the live tenants registry (rows, change feed; rules in `core::tenants`) |
 //! | `dedupe` | unique jobs (`unique_key` + scope) and debounce (`debounce_key` + delay) at submission |
@@ -35,7 +36,7 @@
 //! | `webhooks` | result callbacks: signed POSTs of results, retried with backoff |
 //! | `replayer` | the I/O shell of `fairway replay`: dead letters and retry records back to their pool |
 //! | `rerunner` | the I/O shell of `fairway rerun`: "rerun all" of a tenant's jobs by generation |
-//! | `api` | the HTTP API (axum), its front door bounds (`api::frontdoor`) and the operator console (`api::console`) |
+//! | `api` | the HTTP API (axum), its per-key limits (`api::limits`) and the operator console (`api::console`) |
 //! | `probes` | readiness and liveness (`/readyz`, `/livez`) |
 //! | `metrics` | metric names and the Prometheus exporter |
 //! | `telemetry` | OpenTelemetry spans of a job's life over OTLP/HTTP (off unless configured) |

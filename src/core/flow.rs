@@ -23,6 +23,7 @@
 //! into the scheduler: a job let through waits there for a free slot, so starts may
 //! bunch by as much as the scheduler's queueing delay.
 
+use crate::core::quota::Scope;
 use crate::core::retry::DurationMs;
 use crate::core::scheduler::{Limiter, PassedClock, RateLimit};
 use crate::model::Millis;
@@ -112,9 +113,9 @@ pub fn scope_of(
     job_type: &str,
 ) -> Option<(String, FlowLimit)> {
     if let Some(l) = keys.get(key) {
-        return Some((crate::core::quota::flow_scope(key), *l));
+        return Some((Scope::Flow(key.to_string()).name(), *l));
     }
-    job_type_limit.map(|l| (crate::core::quota::flow_scope(&format!("{job_type}/{key}")), *l))
+    job_type_limit.map(|l| (Scope::Flow(format!("{job_type}/{key}")).name(), *l))
 }
 
 #[derive(Debug)]

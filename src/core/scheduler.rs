@@ -232,7 +232,7 @@ mod sim;
 #[cfg(test)]
 mod tests;
 
-pub use config::{ConfigError, RateLimit, SchedulerConfig, TenantPolicy, Tier, TierWeights};
+pub use config::{RateLimit, SchedulerConfig, SchedulerError, TenantPolicy, Tier, TierWeights};
 pub use stats::{Backlog, PoolStats, SchedulerStats, TenantStats, WaitReason};
 
 use crate::model::{Millis, Pool, Priority};
@@ -605,7 +605,7 @@ impl<J> fmt::Debug for Scheduler<J> {
 }
 
 impl<J> Scheduler<J> {
-    pub fn new(pool: Pool, cfg: SchedulerConfig) -> Result<Self, ConfigError> {
+    pub fn new(pool: Pool, cfg: SchedulerConfig) -> Result<Self, SchedulerError> {
         cfg.validate()?;
         Ok(Scheduler {
             pool,
@@ -651,7 +651,7 @@ impl<J> Scheduler<J> {
     /// would leave fewer than `min_shared_slots` shared. Replacing the policy of a
     /// backlogged tenant re-activates it (it keeps no banked credit); a changed rate
     /// limit starts with a full bucket.
-    pub fn set_tenant(&mut self, tenant: &str, policy: TenantPolicy) -> Result<(), ConfigError> {
+    pub fn set_tenant(&mut self, tenant: &str, policy: TenantPolicy) -> Result<(), SchedulerError> {
         policy.validate(&format!("tenants.{tenant}"))?;
         let reserved = self.reserved_of(&policy);
         let existing = self.index.get(tenant).copied();
@@ -659,7 +659,7 @@ impl<J> Scheduler<J> {
         let others = self.reserved_total - old_reserved;
         let available = self.cfg.slots.saturating_sub(self.cfg.min_shared_slots).saturating_sub(others);
         if reserved > available {
-            return Err(ConfigError::ReservationTooLarge {
+            return Err(SchedulerError::ReservationTooLarge {
                 tenant: tenant.to_string(),
                 requested: reserved,
                 available,
@@ -729,9 +729,9 @@ impl<J> Scheduler<J> {
     }
 
     /// Changes the number of slots (e.g. the worker was resized).
-    pub fn set_slots(&mut self, slots: usize) -> Result<(), ConfigError> {
+    pub fn set_slots(&mut self, slots: usize) -> Result<(), SchedulerError> {
         if slots == 0 || slots < self.reserved_total + self.cfg.min_shared_slots {
-            return Err(ConfigError::SlotsTooFew {
+            return Err(SchedulerError::SlotsTooFew {
                 slots,
                 reserved: self.reserved_total,
                 min_shared: self.cfg.min_shared_slots,
@@ -750,8 +750,9 @@ impl<J> Scheduler<J> {
         &self.cfg
     }
 
-    /// The policy in force for a tenant (the default one if never set).
-    pub fn tenant_policy(&self, tenant: &str) -> TenantPolicy {
+    /// The policy in force for a tenant (the default one if never set); for tests.
+    #[cfg(test)]
+    pub(crate) fn tenant_policy(&self, tenant: &str) -> TenantPolicy {
         match self.index.get(tenant) {
             Some(&t) => self.tenants[t as usize].policy.clone(),
             None => self.configured(tenant),

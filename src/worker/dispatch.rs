@@ -184,7 +184,7 @@ impl<J> Fair<J> {
 fn set_fitting<J>(inner: &mut Scheduler<J>, tenant: &str, policy: TenantPolicy) -> Result<(), String> {
     match inner.set_tenant(tenant, policy.clone()) {
         Ok(()) => Ok(()),
-        Err(e @ crate::core::scheduler::ConfigError::ReservationTooLarge { .. }) => {
+        Err(e @ crate::core::scheduler::SchedulerError::ReservationTooLarge { .. }) => {
             let fits = TenantPolicy { reserved_slots: Some(0), ..policy };
             inner.set_tenant(tenant, fits).map_err(|e| e.to_string())?;
             Err(format!("{e}; applied without its reservation"))

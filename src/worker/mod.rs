@@ -3,25 +3,26 @@
 //! (scheduling, retry, breakers, offsets) live in `crate::core`; this module moves data
 //! between them and Kafka / ScyllaDB.
 
+pub mod admission;
 pub mod backlog;
 mod check;
 pub mod classifier;
 pub mod dispatch;
+mod durable;
 pub mod exec;
 pub mod fresh;
-pub mod frontdoor;
 pub mod liveness;
-mod outcome;
 pub mod pool;
 pub mod quota;
 pub mod relay;
 pub mod route;
 pub mod schedules;
+mod settle;
 pub mod usage;
 pub mod watchdog;
 
 use crate::config::Config;
-use crate::core::breaker::{Admission, BreakerConfig, BreakerState, ScopedBreakers};
+use crate::core::breaker::{BreakerConfig, BreakerState, ScopedBreakers, Verdict};
 use crate::core::poison::PoisonDetectors;
 use crate::core::retry::{self, AttemptState, Decision, RetryBudget, RetryPolicy};
 use crate::handlers::{JobLive, Registry};
@@ -73,8 +74,8 @@ pub struct Shared {
     /// Fleet-wide limits of this pool: demand reported by the pool loop, caps computed
     /// by the quota exchange (`worker::quota`).
     pub quotas: Mutex<crate::core::quota::Quotas>,
-    /// Dispatches, attempt outcomes and run times for the front door (`frontdoor`).
-    pub front_door: Mutex<frontdoor::Tally>,
+    /// Dispatches, attempt outcomes and run times for submission admission (`admission`).
+    pub admission_tally: Mutex<admission::Tally>,
     /// The pools' run-time ranges (`pools.<p>.max_run`), for the classifier's counts.
     pub ranges: crate::core::classifier::Ranges,
     /// Kills and abnormal exits of `process` children per tenant (the recycling cap).
@@ -183,17 +184,17 @@ impl Shared {
     }
 
     /// May a job of this type run now? (Its dependency's circuit breaker.)
-    pub fn admit(&self, job_type: &str, tenant: &str, first_attempt: bool, now: Millis) -> Admission {
+    pub fn breaker_verdict(&self, job_type: &str, tenant: &str, first_attempt: bool, now: Millis) -> Verdict {
         let mut h = self.health.lock().expect("health lock");
         let mut a = h.breakers.allow(job_type, tenant, now);
-        if let Admission::Rejected { retry_at } = &mut a {
+        if let Verdict::Rejected { retry_at } = &mut a {
             // While a probe is out, the breaker points at the probe's deadline; look
             // again after one cool-down instead, the probe usually answers sooner.
             let cool_down = h.breakers.config(job_type).cool_down.0;
             *retry_at = (*retry_at).min(now + cool_down.max(100));
         }
         // The retry budget compares retries with fresh dispatches (first attempts only).
-        if first_attempt && !matches!(a, Admission::Rejected { .. }) {
+        if first_attempt && !matches!(a, Verdict::Rejected { .. }) {
             h.budget.record_dispatch(tenant, now);
         }
         a
@@ -213,7 +214,7 @@ impl Shared {
         }
         let subject = crate::core::classifier::Subject::new(job_type, tenant);
         let max = self.cfg.classifier.max_tracked;
-        if !self.front_door.lock().expect("front-door tally").ran(&subject, (run_ms, violation), now, max) {
+        if !self.admission_tally.lock().expect("admission tally").ran(&subject, (run_ms, violation), now, max) {
             metrics::counter!(crate::metrics::CLASSIFIER_UNTRACKED_RUNS, "pool" => pool).increment(1);
         }
     }
@@ -222,7 +223,7 @@ impl Shared {
     /// judges each tenant's jobs of a type apart: one tenant's failing inputs quarantine
     /// the type for that tenant only).
     pub fn record_outcome(&self, job_type: &str, tenant: &str, failure: Option<FailureClass>, now: Millis) {
-        self.front_door.lock().expect("front-door tally").outcome(job_type, tenant, failure, now);
+        self.admission_tally.lock().expect("admission tally").outcome(job_type, tenant, failure, now);
         let mut h = self.health.lock().expect("health lock");
         // Infrastructure failures open the tenant's breaker, and the type's only once
         // several tenants have them; successes close them.
@@ -331,7 +332,7 @@ impl Worker {
                 frontiers: fresh::Frontiers::new(cfg.pool_topic(pool), cfg.worker.skip_fresh_reads, feed.clone()),
                 tenants: tenants.clone(),
                 quotas: Mutex::new(Default::default()),
-                front_door: Default::default(),
+                admission_tally: Default::default(),
                 ranges: cfg.run_ranges(),
                 recycling: Mutex::new(crate::core::recycling::Recycling::new(cfg.pool(pool).recycling)),
                 probes: probes.clone(),
@@ -343,7 +344,7 @@ impl Worker {
             if cfg.worker.fleet_limits {
                 tasks.push(tokio::spawn(quota::quota_loop(sh.clone(), rx.clone())));
             }
-            tasks.push(tokio::spawn(frontdoor::frontdoor_loop(sh.clone(), halted.clone())));
+            tasks.push(tokio::spawn(admission::report_loop(sh.clone(), halted.clone())));
             let dispatcher = make_dispatcher(&cfg, pool, policy, &tenants.current())?;
             let rx = rx.clone();
             let sh2 = sh.clone();

@@ -1,10 +1,10 @@
-//! The HTTP front door's own bounds, pure (the shell is `api::frontdoor`): what one API
+//! The API process's own limits, pure (the shell is `api::limits`): what one API
 //! key, and all keys together, may hold of an API process at once, so that no tenant can
 //! run it out of memory, connections or streams for the others.
 //!
 //! [`Usage`] counts what each key holds (requests and body bytes, or streams) against a
 //! per-key and a total [`Bound`]; taking is all-or-nothing and says which bound refused.
-//! The settings are `[api.limits]` ([`FrontDoorLimits`]); docs/security.md tabulates them.
+//! The settings are `[api.limits]` ([`ApiLimits`]); docs/security.md tabulates them.
 
 use crate::core::retry::DurationMs;
 use serde::Deserialize;
@@ -13,7 +13,7 @@ use std::collections::HashMap;
 /// `[api.limits]`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct FrontDoorLimits {
+pub struct ApiLimits {
     /// Submission requests (`POST /v1/jobs`, `POST /v1/jobs:batch`) one key may have in
     /// flight at once.
     pub submissions_per_key: u64,
@@ -39,10 +39,10 @@ pub struct FrontDoorLimits {
     pub body_timeout: DurationMs,
 }
 
-impl Default for FrontDoorLimits {
+impl Default for ApiLimits {
     fn default() -> Self {
         const MIB: u64 = 1 << 20;
-        FrontDoorLimits {
+        ApiLimits {
             submissions_per_key: 8,
             submissions: 256,
             body_bytes_per_key: 32 * MIB,
@@ -57,7 +57,7 @@ impl Default for FrontDoorLimits {
     }
 }
 
-impl FrontDoorLimits {
+impl ApiLimits {
     /// Largest body of `POST /v1/jobs`: a payload of `max_payload_bytes` may grow up to
     /// 6x when JSON-escaped (oversize payloads inside this get the precise 413 from
     /// validation).
@@ -203,12 +203,12 @@ mod tests {
 
     #[test]
     fn limits_refuse_a_body_budget_below_the_largest_body() {
-        let l = FrontDoorLimits::default();
+        let l = ApiLimits::default();
         assert!(l.validate(32 << 20).is_ok());
         let (field, why) = l.validate(64 << 20).unwrap_err();
         assert_eq!(field, "body_bytes_per_key");
         assert!(why.contains("raise it"), "{why}");
-        let l = FrontDoorLimits { streams: 0, ..Default::default() };
+        let l = ApiLimits { streams: 0, ..Default::default() };
         assert_eq!(l.validate(1).unwrap_err().0, "streams");
     }
 
