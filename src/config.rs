@@ -33,6 +33,12 @@ fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid { key: key.into(), message: message.into() }
 }
 
+/// A section's refusal (`core::invalid::Invalid`, its field relative to the section) as
+/// the config key it sits at: `section.field`.
+fn invalid_in(section: impl std::fmt::Display) -> impl Fn(crate::core::invalid::Invalid) -> ConfigError {
+    move |e| invalid(format!("{section}.{}", e.field), e.problem)
+}
+
 /// Tenant tier: decides the scheduling weight (free tenants share one weight of 1.0).
 pub use crate::core::scheduler::Tier;
 
@@ -441,16 +447,22 @@ fn pools_over_defaults<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMa
     Ok(pools)
 }
 
+/// A tenant's seed in the config file (`[tenants.<name>]`). It is not what runs: `fairway
+/// init` copies it into the live tenants registry (`core::tenants::TenantRecord::from_config`),
+/// and the registry's record is what the workers and the front door enforce. Each field
+/// means what the record's field of the same name means (see `TenantRecord`).
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct TenantConfig {
     #[serde(default)]
     pub tier: Tier,
-    /// Overrides the tier's weight.
+    /// Overrides the tier's weight (not for free tenants: they share the free weight).
     pub weight: Option<f64>,
-    /// Most jobs of this tenant running at once per pool on one worker.
+    /// Most running jobs per pool: across the pool's workers when `worker.fleet_limits`
+    /// is on (the default), else per worker.
     pub max_concurrency: Option<usize>,
-    /// Most dispatches per second per pool on one worker (governor token bucket).
+    /// Most dispatches per second per pool: across the pool's workers when
+    /// `worker.fleet_limits` is on (the default), else per worker.
     pub rate_per_sec: Option<u32>,
     /// Enterprise only: slots per pool reserved for this tenant.
     #[serde(default)]
@@ -566,7 +578,7 @@ impl JobTypeConfig {
                 format!("{v:?} is not a variable name; list names only, e.g. [\"PATH\", \"HOME\"]"),
             ));
         }
-        self.limits.or(pool.limits).validate().map_err(|e| invalid(key("limits"), e))
+        self.limits.or(pool.limits).validate().map_err(invalid_in(key("limits")))
     }
 }
 
@@ -638,8 +650,8 @@ impl Config {
         {
             return Err(invalid("scylla.keyspace", "may contain only letters, digits and '_'"));
         }
-        self.worker.poison.validate().map_err(|e| invalid(format!("worker.poison.{}", e.field), e.problem))?;
-        self.worker.retry_budget.validate().map_err(|(field, m)| invalid(format!("worker.retry_budget.{field}"), m))?;
+        self.worker.poison.validate().map_err(invalid_in("worker.poison"))?;
+        self.worker.retry_budget.validate().map_err(invalid_in("worker.retry_budget"))?;
         if self.worker.tenant_idle_evict.as_millis() == 0 {
             return Err(invalid("worker.tenant_idle_evict", "must be positive, e.g. \"10m\""));
         }
@@ -650,12 +662,12 @@ impl Config {
             if pc.slots == 0 {
                 return Err(invalid(format!("pools.{pool}.slots"), "must be at least 1"));
             }
-            pc.limits.validate().map_err(|e| invalid(format!("pools.{pool}.limits"), e))?;
-            pc.recycling.validate().map_err(|e| invalid(format!("pools.{pool}.recycling"), e))?;
+            pc.limits.validate().map_err(invalid_in(format!("pools.{pool}.limits")))?;
+            pc.recycling.validate().map_err(invalid_in(format!("pools.{pool}.recycling")))?;
         }
         self.check_run_ranges()?;
-        self.classifier.validate().map_err(|m| invalid("classifier", m))?;
-        self.schedules.validate().map_err(|(key, m)| invalid(format!("schedules.{key}"), m))?;
+        self.classifier.validate().map_err(invalid_in("classifier"))?;
+        self.schedules.validate().map_err(invalid_in("schedules"))?;
         for (name, t) in &self.tenants {
             if name.is_empty() || name.len() > 128 {
                 return Err(invalid("tenants", "tenant names must be 1 to 128 characters"));
@@ -674,18 +686,16 @@ impl Config {
         }
         for (key, l) in &self.flow.keys {
             crate::core::flow::check_key(key).map_err(|e| invalid(format!("flow.keys.{key:?}"), e))?;
-            l.validate().map_err(|e| invalid(format!("flow.keys.{key:?}"), e))?;
+            l.validate().map_err(invalid_in(format!("flow.keys.{key:?}")))?;
         }
         let limits = &self.api.limits;
-        limits
-            .validate(limits.batch_body(self.worker.max_payload_bytes))
-            .map_err(|(field, why)| invalid(format!("api.limits.{field}"), why))?;
+        limits.validate(limits.batch_body(self.worker.max_payload_bytes)).map_err(invalid_in("api.limits"))?;
         for (name, jt) in &self.job_types {
             if let Some(l) = &jt.flow {
-                l.validate().map_err(|e| invalid(format!("job_types.{name}.flow"), e))?;
+                l.validate().map_err(invalid_in(format!("job_types.{name}.flow")))?;
             }
             if let Some(b) = &jt.breaker {
-                b.validate().map_err(|e| invalid(format!("job_types.{name}.breaker.{}", e.field), e.problem))?;
+                b.validate().map_err(invalid_in(format!("job_types.{name}.breaker")))?;
             }
             if let Some(u) = &jt.webhook_url {
                 crate::core::webhooks::check_url(u).map_err(|e| invalid(format!("job_types.{name}.webhook_url"), e))?;

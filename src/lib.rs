@@ -18,6 +18,7 @@
 //! | `worker` | a worker process; its tasks are below |
 //! | `worker::pool` | one pool's consumer loop: messages in, scheduling, executions out |
 //! | `worker::route` | a job's route top to bottom (intake → check → run → settle → commit) and the types its stages pass (`Durable` among them); stages in `worker::check`, `worker::exec`, `worker::settle`, their durable writes in `worker::durable` |
+//! | `worker::frontier` | the dispatch frontier of each partition (which jobs skip the effectively-once read; rules in `core::frontier`) and the cancel feed |
 //! | `worker::admission` | what a worker reports to submission admission every second: dequeued jobs, outcomes, run times |
 //! | `worker::backlog` | the spill path of floods beyond the buffer |
 //! | `worker::relay` | the retry relay (retry topics back to their pool) and the promoter (jobs parked for later) |

@@ -71,7 +71,7 @@ impl ApiLimits {
     }
 
     /// Checks the settings; `largest_body` is the largest body a submission route accepts.
-    pub fn validate(&self, largest_body: u64) -> Result<(), (&'static str, String)> {
+    pub fn validate(&self, largest_body: u64) -> Result<(), crate::core::invalid::Invalid> {
         let positive = [
             ("submissions_per_key", self.submissions_per_key),
             ("submissions", self.submissions),
@@ -80,10 +80,10 @@ impl ApiLimits {
             ("connections", self.connections),
         ];
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
-            return Err((*name, "must be at least 1".into()));
+            return crate::core::invalid::Invalid::err(*name, "must be at least 1");
         }
         if self.body_bytes_per_key < largest_body {
-            return Err((
+            return crate::core::invalid::Invalid::err(
                 "body_bytes_per_key",
                 format!(
                     "{} is below the largest request body the API accepts ({largest_body} bytes: batch_body_bytes, \
@@ -91,13 +91,16 @@ impl ApiLimits {
                      raise it to at least {largest_body}",
                     self.body_bytes_per_key
                 ),
-            ));
+            );
         }
         if self.body_bytes < self.body_bytes_per_key {
-            return Err(("body_bytes", "must be at least body_bytes_per_key".into()));
+            return crate::core::invalid::Invalid::err("body_bytes", "must be at least body_bytes_per_key");
         }
-        if self.idle_timeout.0 < 1_000 || self.body_timeout.0 < 1_000 {
-            return Err(("idle_timeout", "idle_timeout and body_timeout must be at least \"1s\"".into()));
+        if self.idle_timeout.0 < 1_000 {
+            return crate::core::invalid::Invalid::err("idle_timeout", "must be at least \"1s\"");
+        }
+        if self.body_timeout.0 < 1_000 {
+            return crate::core::invalid::Invalid::err("body_timeout", "must be at least \"1s\"");
         }
         Ok(())
     }
@@ -205,11 +208,11 @@ mod tests {
     fn limits_refuse_a_body_budget_below_the_largest_body() {
         let l = ApiLimits::default();
         assert!(l.validate(32 << 20).is_ok());
-        let (field, why) = l.validate(64 << 20).unwrap_err();
+        let crate::core::invalid::Invalid { field, problem: why } = l.validate(64 << 20).unwrap_err();
         assert_eq!(field, "body_bytes_per_key");
         assert!(why.contains("raise it"), "{why}");
         let l = ApiLimits { streams: 0, ..Default::default() };
-        assert_eq!(l.validate(1).unwrap_err().0, "streams");
+        assert_eq!(l.validate(1).unwrap_err().field, "streams");
     }
 
     proptest! {

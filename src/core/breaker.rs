@@ -56,17 +56,9 @@ impl Default for BreakerConfig {
     }
 }
 
-/// Invalid breaker settings; names the field and the fix.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("circuit breaker {field}: {problem}")]
-pub struct BreakerConfigError {
-    pub field: &'static str,
-    pub problem: String,
-}
-
 impl BreakerConfig {
-    pub fn validate(&self) -> Result<(), BreakerConfigError> {
-        let err = |field, problem: String| Err(BreakerConfigError { field, problem });
+    pub fn validate(&self) -> Result<(), crate::core::invalid::Invalid> {
+        let err = |field: &str, problem: String| crate::core::invalid::Invalid::err(field, problem);
         if self.window.0 < 1_000 {
             return err("window", format!("{} is too short: use at least \"1s\" (e.g. \"30s\")", self.window));
         }

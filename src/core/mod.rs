@@ -13,7 +13,7 @@
 //! | `fleet_counts` | the retry budget and poison detection on the pool's fleet-wide counts |
 //! | `backlog` | spilled backlogs of floods beyond the buffer |
 //! | `quota`, `fleet`, `flow` | fleet-wide limits (allotments, rate shares), fleet fairness, flow keys |
-//! | `admission`, `api_limits`, `auth` | the front door: queue limits and rates, per-key bounds, API keys |
+//! | `admission`, `api_limits`, `auth` | the front door (queue limits and rates), the API process's per-key limits, API keys |
 //! | `tenants` | a tenant's record, tiers and defaults, free accounts |
 //! | `classifier` | which pool a job type's jobs go to, from measured run times |
 //! | `promotion` | scheduled jobs: submission-time jitter and the promoter's pace |
@@ -24,6 +24,7 @@
 //! | `events`, `webhooks`, `console` | job events, webhook deliveries, the console's pure parts |
 //! | `replay`, `rerun` | which records `fairway replay` and `fairway rerun` send back |
 //! | `trace` | W3C trace context values |
+//! | `invalid` | a setting a rule refuses: its field and the fix (what every settings `validate` returns) |
 
 pub mod admission;
 pub mod api_limits;
@@ -38,6 +39,7 @@ pub mod fleet;
 pub mod fleet_counts;
 pub mod flow;
 pub mod frontier;
+pub mod invalid;
 pub mod limits;
 pub mod offsets;
 pub mod poison;

@@ -307,9 +307,9 @@ pub struct Dispatch<J> {
     pub payload: J,
 }
 
-/// What `complete`/`release` did.
+/// A slot freed by `complete`/`release`, and what its job used.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Finished {
+pub struct Freed {
     pub tenant: Arc<str>,
     pub job_type: Arc<str>,
     /// Run time (finished - dispatched, at least 0).
@@ -838,15 +838,15 @@ impl<J> Scheduler<J> {
     /// The job ran to an end (any outcome) at `finished_at`: frees its slot, reconciles
     /// the tenant's charge with the real run time and teaches the job type's estimate.
     /// `None` if `id` is unknown (already finished).
-    pub fn complete(&mut self, id: DispatchId, finished_at: Millis) -> Option<Finished> {
-        self.finish(id, finished_at, true)
+    pub fn complete(&mut self, id: DispatchId, finished_at: Millis) -> Option<Freed> {
+        self.free_slot(id, finished_at, true)
     }
 
     /// The job ended without a representative run (skipped as a duplicate, cancelled,
     /// handed back at shutdown): frees its slot and charges the time it held the slot,
     /// but does not teach the estimate.
-    pub fn release(&mut self, id: DispatchId, now: Millis) -> Option<Finished> {
-        self.finish(id, now, false)
+    pub fn release(&mut self, id: DispatchId, now: Millis) -> Option<Freed> {
+        self.free_slot(id, now, false)
     }
 
     /// When the loop should call `next` again although nothing else happens: the earliest
@@ -1683,7 +1683,7 @@ impl<J> Scheduler<J> {
         }
     }
 
-    fn finish(&mut self, id: DispatchId, at: Millis, learn: bool) -> Option<Finished> {
+    fn free_slot(&mut self, id: DispatchId, at: Millis, learn: bool) -> Option<Freed> {
         let rec = self.inflight.remove(id)?;
         let now = self.tick(at);
         let tau = self.tau();
@@ -1719,7 +1719,7 @@ impl<J> Scheduler<J> {
             }
         }
         self.refresh(t);
-        Some(Finished {
+        Some(Freed {
             tenant: self.tenants[t as usize].name.clone(),
             job_type: rec.job_type,
             ran_ms: ran,

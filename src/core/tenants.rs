@@ -8,7 +8,8 @@ use super::scheduler::{RateLimit, TenantPolicy, Tier};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// One registered tenant.
+/// One registered tenant, as stored in the live registry: what is enforced. The config
+/// file's `[tenants.<name>]` (`config::TenantConfig`) only seeds it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TenantRecord {
@@ -27,7 +28,8 @@ pub struct TenantRecord {
     /// Enterprise only: slots per pool reserved for it.
     #[serde(default)]
     pub reserved_slots: usize,
-    /// Most jobs queued fleet-wide before submissions are refused (front door).
+    /// Most jobs queued fleet-wide before the front door refuses submissions (429
+    /// `TENANT_QUEUE_FULL`); unset: `admission.max_queued` of the tier, if any.
     pub max_queued: Option<usize>,
     /// Suspended: its jobs wait (nothing is dispatched, nothing is dead-lettered).
     #[serde(default)]

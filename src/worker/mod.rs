@@ -10,7 +10,7 @@ pub mod classifier;
 pub mod dispatch;
 mod durable;
 pub mod exec;
-pub mod fresh;
+pub mod frontier;
 pub mod liveness;
 pub mod pool;
 pub mod quota;
@@ -33,6 +33,19 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
+
+/// Why a worker, or one of its pools' loops, could not start or keep running.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error(transparent)]
+    Kafka(#[from] kafka::KafkaError),
+    #[error(transparent)]
+    Submit(#[from] crate::submit::SubmitError),
+    #[error("cannot schedule pool {pool}: pools.{pool}: {source}")]
+    Schedule { pool: Pool, source: crate::core::scheduler::SchedulerError },
+}
 
 /// Which dispatch policy the worker uses (FIFO exists as the fairness benchmark's baseline).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -68,7 +81,7 @@ pub struct Shared {
     /// pools), published by the usage reporter and folded in by the pool loop.
     pub fleet_usage: watch::Sender<HashMap<String, f64>>,
     /// Dispatch frontiers of the pool topic's partitions: which jobs skip the state read.
-    pub frontiers: fresh::Frontiers,
+    pub frontiers: frontier::Frontiers,
     /// The live tenants registry.
     pub tenants: crate::tenants::LiveTenants,
     /// Fleet-wide limits of this pool: demand reported by the pool loop, caps computed
@@ -180,7 +193,8 @@ impl Shared {
         let mut h = self.health.lock().expect("health lock");
         let class = h.poison.effective_class(&crate::core::poison::tenant_key(job_type, tenant), class, now);
         let jitter = rand::random::<f64>();
-        (class, retry::decide_with_budget(class, state, policy, &mut h.budget, tenant, now, jitter))
+        let failed = retry::Failed { class, state, policy };
+        (class, retry::decide_with_budget(failed, &mut h.budget, tenant, now, jitter))
     }
 
     /// May a job of this type run now? (Its dependency's circuit breaker.)
@@ -281,13 +295,18 @@ pub struct WorkerStart<'a> {
 
 impl Worker {
     /// Starts one consumer loop per pool.
-    pub async fn start(cfg: Arc<Config>, pools: &[Pool], registry: Registry, policy: Policy) -> anyhow::Result<Worker> {
+    pub async fn start(
+        cfg: Arc<Config>,
+        pools: &[Pool],
+        registry: Registry,
+        policy: Policy,
+    ) -> Result<Worker, WorkerError> {
         let probes = crate::probes::Probes::worker(pools);
         Worker::start_with(cfg, registry, WorkerStart { pools, policy, probes }).await
     }
 
     /// Starts one consumer loop per pool, reporting readiness and liveness to `s.probes`.
-    pub async fn start_with(cfg: Arc<Config>, registry: Registry, s: WorkerStart<'_>) -> anyhow::Result<Worker> {
+    pub async fn start_with(cfg: Arc<Config>, registry: Registry, s: WorkerStart<'_>) -> Result<Worker, WorkerError> {
         let WorkerStart { pools, policy, probes } = s;
         let store = Store::open(&cfg).await?;
         if let Some(r) = probes.worker_readiness() {
@@ -312,7 +331,7 @@ impl Worker {
             producer.clone(),
             halted.clone(),
         )));
-        let feed = Arc::new(fresh::CancelFeed::default());
+        let feed = Arc::new(frontier::CancelFeed::default());
         tasks.push(tokio::spawn(feed.clone().run(store.clone(), rx.clone())));
         for &pool in pools {
             let sh = Arc::new(Shared {
@@ -329,7 +348,7 @@ impl Worker {
                 assigned: Default::default(),
                 local_usage: Mutex::new(HashMap::new()),
                 fleet_usage: watch::channel(HashMap::new()).0,
-                frontiers: fresh::Frontiers::new(cfg.pool_topic(pool), cfg.worker.skip_fresh_reads, feed.clone()),
+                frontiers: frontier::Frontiers::new(cfg.pool_topic(pool), cfg.worker.skip_fresh_reads, feed.clone()),
                 tenants: tenants.clone(),
                 quotas: Mutex::new(Default::default()),
                 admission_tally: Default::default(),
@@ -430,7 +449,7 @@ fn make_dispatcher(
     pool: Pool,
     policy: Policy,
     tenants: &crate::core::tenants::TenantSet,
-) -> anyhow::Result<Box<dyn dispatch::Dispatcher<route::Pending>>> {
+) -> Result<Box<dyn dispatch::Dispatcher<route::Pending>>, WorkerError> {
     let slots = cfg.pool(pool).slots;
     // The hard per-tenant limit is twice the spill threshold: read-backs and messages
     // already fetched still fit.
@@ -441,7 +460,7 @@ fn make_dispatcher(
         // registry content never does (see `Fair::new`).
         Policy::Fair => Box::new(
             dispatch::Fair::<route::Pending>::new(cfg, pool, tenants)
-                .map_err(|e| anyhow::anyhow!("cannot schedule pool {pool}: {e}"))?,
+                .map_err(|source| WorkerError::Schedule { pool, source })?,
         ),
     })
 }

@@ -108,7 +108,7 @@ pub async fn run(
     sh: Arc<Shared>,
     dispatcher: Box<dyn Dispatcher<Pending>>,
     mut shutdown: watch::Receiver<bool>,
-) -> anyhow::Result<()> {
+) -> Result<(), super::WorkerError> {
     let topic = sh.cfg.pool_topic(sh.pool);
     let group = sh.cfg.group(sh.pool.as_str());
     let (consumer, mut rebalances) = kafka::pool_consumer(&sh.cfg, &group, &topic, sh.pool.as_str())?;
