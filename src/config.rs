@@ -1005,7 +1005,7 @@ mod tests {
         let err = Config::parse("[flow.keys.\"v\"]\nperiod = \"1m\"\n", "t").unwrap_err().to_string();
         assert!(err.contains("flow.keys.\"v\"") && err.contains("rate = N"), "{err}");
         let err = Config::parse("[flow.keys.\"v\"]\nrate = 0\n", "t").unwrap_err().to_string();
-        assert!(err.contains("rate must be at least 1"), "{err}");
+        assert!(err.contains("flow.keys.\"v\".rate`: must be at least 1"), "{err}");
         let err = Config::parse("[flow.keys.\"v\"]\nrate = 5\nperiod = \"soon\"\n", "t").unwrap_err().to_string();
         assert!(err.contains("soon"), "{err}");
     }
