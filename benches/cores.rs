@@ -246,7 +246,8 @@ fn retry_bench(c: &mut Criterion) {
         b.iter(|| {
             now += 10;
             budget.record_dispatch("acme", now);
-            retry::decide_with_budget(FailureClass::AppError, &first, &policy, &mut budget, "acme", now, 0.37)
+            let failed = retry::Failed { class: FailureClass::AppError, state: &first, policy: &policy };
+            retry::decide_with_budget(failed, &mut budget, "acme", now, 0.37)
         })
     });
     g.finish();

@@ -149,7 +149,7 @@ impl Admission {
 
     fn record(&self, tenant: &str) -> Option<TenantRecord> {
         match &self.tenants {
-            Some(live) => live.admission(tenant).ok(),
+            Some(live) => live.standing(tenant).ok(),
             None => self.cfg.tenants.get(tenant).map(|t| TenantRecord::from_config(tenant, t)),
         }
     }

@@ -33,6 +33,12 @@ fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid { key: key.into(), message: message.into() }
 }
 
+/// A section's refusal (`core::invalid::Invalid`, its field relative to the section) as
+/// the config key it sits at: `section.field`.
+fn invalid_in(section: impl std::fmt::Display) -> impl Fn(crate::core::invalid::Invalid) -> ConfigError {
+    move |e| invalid(format!("{section}.{}", e.field), e.problem)
+}
+
 /// Tenant tier: decides the scheduling weight (free tenants share one weight of 1.0).
 pub use crate::core::scheduler::Tier;
 
@@ -228,10 +234,13 @@ pub struct WorkerConfig {
     /// the Kafka partitions it shares with other tenants (`false`: pause, as a plain
     /// consumer would; every tenant on a flooded partition then waits for the flood).
     pub spill_backlogs: bool,
-    /// Port of the Prometheus exporter (0 = off).
-    pub metrics_port: u16,
-    /// Address of the Prometheus exporter (host:port); overrides `metrics_port`, so
-    /// Prometheus on another host can scrape (e.g. "0.0.0.0:9464").
+    /// The removed `worker.metrics_port`: read only to refuse it with its replacement
+    /// (`metrics_listen`), never used.
+    #[serde(rename = "metrics_port")]
+    pub removed_metrics_port: Option<u16>,
+    /// Address of the Prometheus exporter, `/readyz` and `/livez` (host:port, e.g.
+    /// "127.0.0.1:9464", or "0.0.0.0:9464" so Prometheus on another host can scrape);
+    /// off when absent.
     pub metrics_listen: Option<String>,
     /// How long a running job may ignore a cancellation before the worker aborts it.
     #[serde(with = "humantime_serde_compat")]
@@ -278,7 +287,7 @@ impl Default for WorkerConfig {
             max_payload_bytes: 1 << 20,
             tenant_queue_limit: 10_000,
             spill_backlogs: true,
-            metrics_port: 0,
+            removed_metrics_port: None,
             metrics_listen: None,
             cancel_grace: Duration::from_secs(300),
             relay_hold_max: Duration::from_secs(30),
@@ -438,16 +447,22 @@ fn pools_over_defaults<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMa
     Ok(pools)
 }
 
+/// A tenant's seed in the config file (`[tenants.<name>]`). It is not what runs: `fairway
+/// init` copies it into the live tenants registry (`core::tenants::TenantRecord::from_config`),
+/// and the registry's record is what the workers and the front door enforce. Each field
+/// means what the record's field of the same name means (see `TenantRecord`).
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct TenantConfig {
     #[serde(default)]
     pub tier: Tier,
-    /// Overrides the tier's weight.
+    /// Overrides the tier's weight (not for free tenants: they share the free weight).
     pub weight: Option<f64>,
-    /// Most jobs of this tenant running at once per pool on one worker.
+    /// Most running jobs per pool: across the pool's workers when `worker.fleet_limits`
+    /// is on (the default), else per worker.
     pub max_concurrency: Option<usize>,
-    /// Most dispatches per second per pool on one worker (governor token bucket).
+    /// Most dispatches per second per pool: across the pool's workers when
+    /// `worker.fleet_limits` is on (the default), else per worker.
     pub rate_per_sec: Option<u32>,
     /// Enterprise only: slots per pool reserved for this tenant.
     #[serde(default)]
@@ -563,7 +578,7 @@ impl JobTypeConfig {
                 format!("{v:?} is not a variable name; list names only, e.g. [\"PATH\", \"HOME\"]"),
             ));
         }
-        self.limits.or(pool.limits).validate().map_err(|e| invalid(key("limits"), e))
+        self.limits.or(pool.limits).validate().map_err(invalid_in(key("limits")))
     }
 }
 
@@ -593,6 +608,16 @@ impl Config {
         }
         if self.kafka.partitions < 1 {
             return Err(invalid("kafka.partitions", "must be at least 1"));
+        }
+        if let Some(port) = self.worker.removed_metrics_port {
+            let fix = match port {
+                0 => "remove it (the listener is off without worker.metrics_listen)".to_string(),
+                p => format!("write worker.metrics_listen = \"127.0.0.1:{p}\" instead"),
+            };
+            return Err(invalid(
+                "worker.metrics_port",
+                format!("was removed in favour of worker.metrics_listen; {fix}"),
+            ));
         }
         self.retention.validate()?;
         self.idempotency.validate()?;
@@ -625,8 +650,8 @@ impl Config {
         {
             return Err(invalid("scylla.keyspace", "may contain only letters, digits and '_'"));
         }
-        self.worker.poison.validate().map_err(|e| invalid(format!("worker.poison.{}", e.field), e.problem))?;
-        self.worker.retry_budget.validate().map_err(|(field, m)| invalid(format!("worker.retry_budget.{field}"), m))?;
+        self.worker.poison.validate().map_err(invalid_in("worker.poison"))?;
+        self.worker.retry_budget.validate().map_err(invalid_in("worker.retry_budget"))?;
         if self.worker.tenant_idle_evict.as_millis() == 0 {
             return Err(invalid("worker.tenant_idle_evict", "must be positive, e.g. \"10m\""));
         }
@@ -637,12 +662,12 @@ impl Config {
             if pc.slots == 0 {
                 return Err(invalid(format!("pools.{pool}.slots"), "must be at least 1"));
             }
-            pc.limits.validate().map_err(|e| invalid(format!("pools.{pool}.limits"), e))?;
-            pc.recycling.validate().map_err(|e| invalid(format!("pools.{pool}.recycling"), e))?;
+            pc.limits.validate().map_err(invalid_in(format!("pools.{pool}.limits")))?;
+            pc.recycling.validate().map_err(invalid_in(format!("pools.{pool}.recycling")))?;
         }
         self.check_run_ranges()?;
-        self.classifier.validate().map_err(|m| invalid("classifier", m))?;
-        self.schedules.validate().map_err(|(key, m)| invalid(format!("schedules.{key}"), m))?;
+        self.classifier.validate().map_err(invalid_in("classifier"))?;
+        self.schedules.validate().map_err(invalid_in("schedules"))?;
         for (name, t) in &self.tenants {
             if name.is_empty() || name.len() > 128 {
                 return Err(invalid("tenants", "tenant names must be 1 to 128 characters"));
@@ -661,18 +686,16 @@ impl Config {
         }
         for (key, l) in &self.flow.keys {
             crate::core::flow::check_key(key).map_err(|e| invalid(format!("flow.keys.{key:?}"), e))?;
-            l.validate().map_err(|e| invalid(format!("flow.keys.{key:?}"), e))?;
+            l.validate().map_err(invalid_in(format!("flow.keys.{key:?}")))?;
         }
         let limits = &self.api.limits;
-        limits
-            .validate(limits.batch_body(self.worker.max_payload_bytes))
-            .map_err(|(field, why)| invalid(format!("api.limits.{field}"), why))?;
+        limits.validate(limits.batch_body(self.worker.max_payload_bytes)).map_err(invalid_in("api.limits"))?;
         for (name, jt) in &self.job_types {
             if let Some(l) = &jt.flow {
-                l.validate().map_err(|e| invalid(format!("job_types.{name}.flow"), e))?;
+                l.validate().map_err(invalid_in(format!("job_types.{name}.flow")))?;
             }
             if let Some(b) = &jt.breaker {
-                b.validate().map_err(|e| invalid(format!("job_types.{name}.breaker.{}", e.field), e.problem))?;
+                b.validate().map_err(invalid_in(format!("job_types.{name}.breaker")))?;
             }
             if let Some(u) = &jt.webhook_url {
                 crate::core::webhooks::check_url(u).map_err(|e| invalid(format!("job_types.{name}.webhook_url"), e))?;
@@ -830,6 +853,17 @@ mod tests {
         assert_eq!(c.worker.metrics_listen.as_deref(), Some("0.0.0.0:9464"), "Prometheus scrapes it over the network");
     }
 
+    /// `worker.metrics_port` was removed: a file still setting it is refused with the
+    /// replacement, not silently ignored.
+    #[test]
+    fn the_removed_metrics_port_is_refused_naming_metrics_listen() {
+        let err = Config::parse("[worker]\nmetrics_port = 9464\n", "t.toml").unwrap_err().to_string();
+        assert!(err.contains("worker.metrics_port") && err.contains("metrics_listen = \"127.0.0.1:9464\""), "{err}");
+        let err = Config::parse("[worker]\nmetrics_port = 0\n", "t.toml").unwrap_err().to_string();
+        assert!(err.contains("remove it"), "{err}");
+        assert!(Config::parse("[worker]\nmetrics_listen = \"127.0.0.1:9464\"\n", "t.toml").is_ok());
+    }
+
     #[test]
     fn consumer_groups_follow_the_deployment_unless_a_prefix_is_set() {
         let mut a = Config::builtin();
@@ -971,7 +1005,7 @@ mod tests {
         let err = Config::parse("[flow.keys.\"v\"]\nperiod = \"1m\"\n", "t").unwrap_err().to_string();
         assert!(err.contains("flow.keys.\"v\"") && err.contains("rate = N"), "{err}");
         let err = Config::parse("[flow.keys.\"v\"]\nrate = 0\n", "t").unwrap_err().to_string();
-        assert!(err.contains("rate must be at least 1"), "{err}");
+        assert!(err.contains("flow.keys.\"v\".rate`: must be at least 1"), "{err}");
         let err = Config::parse("[flow.keys.\"v\"]\nrate = 5\nperiod = \"soon\"\n", "t").unwrap_err().to_string();
         assert!(err.contains("soon"), "{err}");
     }

@@ -17,7 +17,9 @@
 //! | `handlers` | the `Handler` trait and job context; the HTTP executor, the `process` executor, demo handlers |
 //! | `worker` | a worker process; its tasks are below |
 //! | `worker::pool` | one pool's consumer loop: messages in, scheduling, executions out |
-//! | `worker::route` | a job's route top to bottom (intake → check → admit → run → record → commit) and the types its stages pass; stages in `worker::check`, `worker::exec`, `worker::outcome` |
+//! | `worker::route` | a job's route top to bottom (intake → check → run → settle → commit) and the types its stages pass (`Durable` among them); stages in `worker::check`, `worker::exec`, `worker::settle`, their durable writes in `worker::durable` |
+//! | `worker::frontier` | the dispatch frontier of each partition (which jobs skip the effectively-once read; rules in `core::frontier`) and the cancel feed |
+//! | `worker::admission` | what a worker reports to submission admission every second: dequeued jobs, outcomes, run times |
 //! | `worker::backlog` | the spill path of floods beyond the buffer |
 //! | `worker::relay` | the retry relay (retry topics back to their pool) and the promoter (jobs parked for later) |
 //! | `worker::liveness` | heartbeats, cancellation, and the reaper of jobs whose worker died |
@@ -27,7 +29,7 @@
 //! | `worker::watchdog` | no zombie workers: give up (leave the groups, exit non-zero) when progress is impossible |
 //! | `submit` | the submission path (CLI, HTTP API, demo, fired schedules): validation, idempotency keys, the job's row and its produce |
 //! | `submit::dedupe` | unique jobs (`unique_key` + scope) and debounce (`debounce_key` + delay) at submission |
-//! | `admission` | the front door: queue depth, tenant and per-user rates, submission breakers, quota alerts |
+//! | `admission` | the front door (submission admission): queue depth, tenant and per-user rates, submission breakers, quota alerts |
 //! | `classifier` | the pool classifier's submit side: a reclassified job type's jobs go to the pool their run times fit |
 //! | `watch` | watching a job from outside, run by `fairway serve`: |
 //! | `watch::events` | lifecycle and progress events, the history recorder, the live feed |
@@ -37,7 +39,7 @@
 //! | `ops::rerun` | `fairway rerun`: "rerun all" of a tenant's jobs by generation |
 //! | `ops::schedules` | `fairway schedules`: recurring schedules' management (firing: `worker::schedules`) |
 //! | `ops::tenants` | `fairway tenants`: the tenants registry's rows and every process's live view of them (rules in `core::tenants`) |
-//! | `api` | the HTTP API (axum), its front door bounds (`api::frontdoor`) and the operator console (`api::console`) |
+//! | `api` | the HTTP API (axum), its per-key limits (`api::limits`) and the operator console (`api::console`) |
 //! | `observe` | watching a process: |
 //! | `observe::probes` | readiness and liveness (`/readyz`, `/livez`) |
 //! | `observe::telemetry` | OpenTelemetry spans of a job's life over OTLP/HTTP (off unless configured) |

@@ -412,14 +412,21 @@ pub fn describe() {
     );
 }
 
+/// Why the metrics listener or recorder could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    #[error("worker.metrics_listen {listen:?} is not host:port ({source}); write e.g. \"0.0.0.0:9464\"")]
+    Listen { listen: String, source: std::net::AddrParseError },
+    #[error("cannot install the Prometheus recorder: {0}")]
+    Recorder(#[from] metrics_exporter_prometheus::BuildError),
+}
+
 /// The worker's metrics listener (`/metrics`, `/readyz`, `/livez`): `listen` (host:port,
 /// e.g. "0.0.0.0:9464" for a remote Prometheus) when given, else 127.0.0.1:port; None
 /// when off (no listen address and port 0).
-pub fn listen_addr(listen: Option<&str>, port: u16) -> anyhow::Result<Option<std::net::SocketAddr>> {
+pub fn listen_addr(listen: Option<&str>, port: u16) -> Result<Option<std::net::SocketAddr>, MetricsError> {
     match listen {
-        Some(l) => l.parse().map(Some).map_err(|e| {
-            anyhow::anyhow!("worker.metrics_listen {l:?} is not host:port ({e}); write e.g. \"0.0.0.0:9464\"")
-        }),
+        Some(l) => l.parse().map(Some).map_err(|source| MetricsError::Listen { listen: l.to_string(), source }),
         None if port == 0 => Ok(None),
         None => Ok(Some(([127, 0, 0, 1], port).into())),
     }
@@ -427,7 +434,7 @@ pub fn listen_addr(listen: Option<&str>, port: u16) -> anyhow::Result<Option<std
 
 /// Installs the global Prometheus recorder without a listener of its own (the caller
 /// serves `/metrics`, see `probes::router`) and describes every metric.
-pub fn install_recorder() -> anyhow::Result<metrics_exporter_prometheus::PrometheusHandle> {
+pub fn install_recorder() -> Result<metrics_exporter_prometheus::PrometheusHandle, MetricsError> {
     let handle = with_buckets(metrics_exporter_prometheus::PrometheusBuilder::new()).install_recorder()?;
     describe();
     Ok(handle)

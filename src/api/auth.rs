@@ -114,10 +114,10 @@ pub async fn require_caller(State(st): State<ApiState>, mut req: Request, next: 
 }
 
 /// The id of the (authenticated) key in `headers`, for per-key bounds.
-pub fn key_id(headers: &HeaderMap) -> super::frontdoor::KeyId {
+pub fn key_id(headers: &HeaderMap) -> super::limits::KeyId {
     let token = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer);
     let id = token.and_then(parse_token).map_or("anonymous", |(id, _)| id);
-    super::frontdoor::KeyId(id.to_string())
+    super::limits::KeyId(id.to_string())
 }
 
 impl FromRequestParts<ApiState> for Caller {

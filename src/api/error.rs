@@ -345,7 +345,7 @@ mod tests {
     }
 
     #[test]
-    fn front_door_refusals_say_what_why_and_how_to_fix() {
+    fn admission_and_limit_refusals_say_what_why_and_how_to_fix() {
         let q = Refusal::QueueFull { tenant: "acme".into(), queued: 10, n: 1, max: 10 };
         let e = ApiError::refused(&Refused::Limit(q));
         assert_eq!(

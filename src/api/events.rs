@@ -172,7 +172,7 @@ pub(super) async fn job_events(
         });
         return Ok(Json(body).into_response());
     }
-    let slot = st.front_door().stream_slot(&super::auth::key_id(&headers))?;
+    let slot = st.limits().stream_slot(&super::auth::key_id(&headers))?;
     let live = st.feed().map(|f| f.subscribe());
     let fed_from = live.is_some().then(|| tokio::time::Instant::now() + FED_AFTER);
     let follower = JobFollower {
@@ -193,7 +193,7 @@ pub(super) async fn job_events(
         let e = f.next().await?;
         Some((Ok::<_, Infallible>(sse(&e)), f))
     });
-    Ok(super::frontdoor::live_stream(super::drain::ending(&st, stream), &st, headers))
+    Ok(super::limits::live_stream(super::drain::ending(&st, stream), &st, headers))
 }
 
 /// One job's stream: history first, then live events and periodic re-reads, deduplicated.
@@ -211,7 +211,7 @@ struct JobFollower {
     done: bool,
     deadline: tokio::time::Instant,
     _gauge: StreamGauge,
-    _slot: super::frontdoor::Slot,
+    _slot: super::limits::Slot,
 }
 
 impl JobFollower {
@@ -315,7 +315,7 @@ pub(super) async fn tenant_events(
             "this server has no live events feed (built without one); use GET /v1/jobs/{id}/events",
         ));
     };
-    let slot = st.front_door().stream_slot(&super::auth::key_id(&headers))?;
+    let slot = st.limits().stream_slot(&super::auth::key_id(&headers))?;
     let rx = feed.subscribe();
     let gauge = (StreamGauge::open(), slot);
     let deadline = tokio::time::Instant::now() + MAX_STREAM;
@@ -331,5 +331,5 @@ pub(super) async fn tenant_events(
             }
         }
     });
-    Ok(super::frontdoor::live_stream(super::drain::ending(&st, stream), &st, headers))
+    Ok(super::limits::live_stream(super::drain::ending(&st, stream), &st, headers))
 }

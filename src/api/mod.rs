@@ -29,7 +29,7 @@ pub mod console;
 mod drain;
 mod error;
 mod events;
-pub mod frontdoor;
+pub mod limits;
 mod schedules;
 
 pub use auth::{Admin, Caller};
@@ -97,7 +97,7 @@ struct Inner {
     /// Recurring schedules' statements (prepared on first use).
     schedules: tokio::sync::OnceCell<crate::ops::schedules::Schedules>,
     /// What each API key holds of this process (`[api.limits]`).
-    front: frontdoor::FrontDoor,
+    front: limits::Limits,
 }
 
 impl Inner {
@@ -110,7 +110,7 @@ impl Inner {
         metrics: Option<PrometheusHandle>,
     ) -> Inner {
         let keys = auth::Keys::new(cfg.api.auth, cfg.api.key_refresh);
-        let front = frontdoor::FrontDoor::new(&cfg.api.limits, cfg.worker.max_payload_bytes);
+        let front = limits::Limits::new(&cfg.api.limits, cfg.worker.max_payload_bytes);
         Inner {
             front,
             cfg,
@@ -218,7 +218,7 @@ impl ApiState {
         &self.inner.console
     }
 
-    fn front_door(&self) -> &frontdoor::FrontDoor {
+    fn limits(&self) -> &limits::Limits {
         &self.inner.front
     }
 
@@ -275,16 +275,16 @@ pub async fn serve(
     state: ApiState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let listener = frontdoor::BoundedListener::new(listener, &state.config().api.limits);
+    let listener = limits::BoundedListener::new(listener, &state.config().api.limits);
     axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
 }
 
 /// The API's routes (for embedding in another axum server).
 pub fn router(state: ApiState) -> Router {
-    let single = state.front_door().single_body();
-    let batch = state.front_door().batch_body();
-    // Submissions: bounded per key and in total, bodies read by the front door.
-    let bounded = || axum::middleware::from_fn_with_state(state.clone(), frontdoor::submissions);
+    let single = state.limits().single_body();
+    let batch = state.limits().batch_body();
+    // Submissions: bounded per key and in total, bodies read by `limits`.
+    let bounded = || axum::middleware::from_fn_with_state(state.clone(), limits::submissions);
     // Every route in this table needs an API key.
     let v1 = Router::new()
         .route("/v1/jobs", post(submit_one).layer(DefaultBodyLimit::max(single)).layer(bounded()))
@@ -498,7 +498,7 @@ async fn submit_batch(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body.map_err(body_error)?;
-    let items = frontdoor::read_batch(&body, MAX_BATCH_JOBS)?;
+    let items = limits::read_batch(&body, MAX_BATCH_JOBS)?;
     if items.is_empty() {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,

@@ -291,7 +291,7 @@ pub struct WorkerArgs {
     #[arg(long, value_enum, default_value = "fair")]
     pub policy: Policy,
     /// Serve Prometheus metrics, /readyz and /livez on 127.0.0.1:PORT (overrides
-    /// worker.metrics_port and worker.metrics_listen).
+    /// worker.metrics_listen; 0 = off).
     #[arg(long)]
     pub metrics_port: Option<u16>,
 }
@@ -303,7 +303,7 @@ pub async fn worker(cfg: Arc<Config>, a: WorkerArgs) -> anyhow::Result<ExitCode>
     // /readyz says what it still waits for.
     let (stop_probes, probes_stopped) = tokio::sync::watch::channel(false);
     let mut probe_task = None;
-    if let Some(at) = fairway::metrics::listen_addr(listen, a.metrics_port.unwrap_or(cfg.worker.metrics_port))? {
+    if let Some(at) = fairway::metrics::listen_addr(listen, a.metrics_port.unwrap_or(0))? {
         let recorder = fairway::metrics::install_recorder()?;
         let router = fairway::observe::probes::router(probes.clone(), Some(recorder));
         let (addr, task) = fairway::observe::probes::serve(at, router, probes_stopped).await.with_context(|| {

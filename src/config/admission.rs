@@ -85,7 +85,7 @@ impl AdmissionConfig {
                 "must be at least \"1m\" (the default is \"30d\")",
             ));
         }
-        self.breaker.validate().map_err(|m| super::invalid("admission.breaker", m))?;
+        self.breaker.validate().map_err(super::invalid_in("admission.breaker"))?;
         Ok(())
     }
 

@@ -172,7 +172,7 @@ pub struct ApiConfig {
     /// decide what is exposed. `fairway serve --metrics-listen` overrides; "off" = none.
     pub metrics_listen: String,
     /// What one key and all keys may hold of the API process at once (`[api.limits]`).
-    pub limits: crate::core::frontdoor::FrontDoorLimits,
+    pub limits: crate::core::api_limits::ApiLimits,
 }
 
 impl Default for ApiConfig {

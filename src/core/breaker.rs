@@ -56,17 +56,9 @@ impl Default for BreakerConfig {
     }
 }
 
-/// Invalid breaker settings; names the field and the fix.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("circuit breaker {field}: {problem}")]
-pub struct BreakerConfigError {
-    pub field: &'static str,
-    pub problem: String,
-}
-
 impl BreakerConfig {
-    pub fn validate(&self) -> Result<(), BreakerConfigError> {
-        let err = |field, problem: String| Err(BreakerConfigError { field, problem });
+    pub fn validate(&self) -> Result<(), crate::core::invalid::Invalid> {
+        let err = |field: &str, problem: String| crate::core::invalid::Invalid::err(field, problem);
         if self.window.0 < 1_000 {
             return err("window", format!("{} is too short: use at least \"1s\" (e.g. \"30s\")", self.window));
         }
@@ -113,7 +105,7 @@ impl BreakerState {
 
 /// Whether a job of this type may run now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admission {
+pub enum Verdict {
     /// Run it.
     Allowed,
     /// Run it as the single probe; report its outcome with `record` (or `abandon`).
@@ -150,21 +142,21 @@ impl Breaker {
         self.window.counts(now)
     }
 
-    fn probe(&mut self, now: Millis) -> Admission {
+    fn probe(&mut self, now: Millis) -> Verdict {
         let timeout = self.config.probe_timeout.0.max(1);
         self.state = BreakerState::HalfOpen { probe_deadline: Some(now.saturating_add(timeout)) };
-        Admission::Probe
+        Verdict::Probe
     }
 
     /// Ask whether a job may run at `now`. Turns an open breaker half-open once its
     /// cool-down is over and hands out the probe.
-    pub fn allow(&mut self, now: Millis) -> Admission {
+    pub fn allow(&mut self, now: Millis) -> Verdict {
         match self.state {
-            BreakerState::Closed => Admission::Allowed,
-            BreakerState::Open { until } if now < until => Admission::Rejected { retry_at: until },
+            BreakerState::Closed => Verdict::Allowed,
+            BreakerState::Open { until } if now < until => Verdict::Rejected { retry_at: until },
             BreakerState::Open { .. } => self.probe(now),
             BreakerState::HalfOpen { probe_deadline: Some(deadline) } if now < deadline => {
-                Admission::Rejected { retry_at: deadline }
+                Verdict::Rejected { retry_at: deadline }
             }
             BreakerState::HalfOpen { .. } => self.probe(now),
         }
@@ -297,10 +289,10 @@ impl Breakers {
     }
 
     /// See [`Breaker::allow`]; a type never seen is allowed.
-    pub fn allow(&mut self, job_type: &str, now: Millis) -> Admission {
+    pub fn allow(&mut self, job_type: &str, now: Millis) -> Verdict {
         match self.by_type.get_mut(job_type) {
             Some(b) => b.allow(now),
-            None => Admission::Allowed,
+            None => Verdict::Allowed,
         }
     }
 
@@ -436,25 +428,25 @@ impl ScopedBreakers {
 
     /// May `tenant`'s job of `job_type` run at `now`? Its own breaker first, then the
     /// type-wide one (which an opener may not probe).
-    pub fn allow(&mut self, job_type: &str, tenant: &str, now: Millis) -> Admission {
+    pub fn allow(&mut self, job_type: &str, tenant: &str, now: Millis) -> Verdict {
         let key = (job_type.to_owned(), tenant.to_owned());
-        let own = self.tenants.get_mut(&key).map_or(Admission::Allowed, |b| b.allow(now));
-        if let Admission::Rejected { .. } = own {
+        let own = self.tenants.get_mut(&key).map_or(Verdict::Allowed, |b| b.allow(now));
+        if let Verdict::Rejected { .. } = own {
             return own;
         }
         let wide = match self.others_only(job_type, tenant, now) {
-            Some(until) => Admission::Rejected { retry_at: until },
+            Some(until) => Verdict::Rejected { retry_at: until },
             None => self.types.allow(job_type, now),
         };
         match (own, wide) {
-            (_, Admission::Rejected { .. }) => {
-                if let (Admission::Probe, Some(b)) = (own, self.tenants.get_mut(&key)) {
+            (_, Verdict::Rejected { .. }) => {
+                if let (Verdict::Probe, Some(b)) = (own, self.tenants.get_mut(&key)) {
                     b.abandon(now);
                 }
                 wide
             }
-            (Admission::Probe, _) | (_, Admission::Probe) => Admission::Probe,
-            _ => Admission::Allowed,
+            (Verdict::Probe, _) | (_, Verdict::Probe) => Verdict::Probe,
+            _ => Verdict::Allowed,
         }
     }
 
@@ -571,19 +563,19 @@ mod tests {
     fn one_tenants_infrastructure_failures_hold_back_that_tenant_only() {
         let mut b = scoped();
         for i in 0..4 {
-            assert_eq!(b.allow("http", "a", i), Admission::Allowed);
+            assert_eq!(b.allow("http", "a", i), Verdict::Allowed);
             b.record("http", "a", DEP, i);
         }
         assert!(matches!(b.tenant_state("http", "a"), BreakerState::Open { .. }));
-        assert!(matches!(b.allow("http", "a", 5), Admission::Rejected { .. }), "a is held back");
-        assert_eq!(b.allow("http", "b", 5), Admission::Allowed, "b runs");
+        assert!(matches!(b.allow("http", "a", 5), Verdict::Rejected { .. }), "a is held back");
+        assert_eq!(b.allow("http", "b", 5), Verdict::Allowed, "b runs");
         assert_eq!(b.type_wide().state("http"), BreakerState::Closed);
         // a's app errors and bad inputs are not infrastructure: they open nothing
         for i in 0..20 {
             b.record("http", "c", Some(FailureClass::AppError), 10 + i);
             b.record("http", "c", Some(FailureClass::Permanent), 10 + i);
         }
-        assert_eq!(b.allow("http", "c", 40), Admission::Allowed);
+        assert_eq!(b.allow("http", "c", 40), Verdict::Allowed);
     }
 
     #[test]
@@ -611,18 +603,18 @@ mod tests {
     fn a_type_wide_breaker_opens_on_several_tenants_and_an_opener_is_never_its_probe() {
         let mut b = scoped();
         let until = opened_by_a_and_b(&mut b);
-        assert!(matches!(b.allow("http", "c", until - 1), Admission::Rejected { .. }), "open for all");
+        assert!(matches!(b.allow("http", "c", until - 1), Verdict::Rejected { .. }), "open for all");
         // after the cool-down the openers wait; c's job is the probe
-        assert!(matches!(b.allow("http", "a", until), Admission::Rejected { .. }), "opener a");
-        assert!(matches!(b.allow("http", "b", until), Admission::Rejected { .. }), "opener b");
-        assert_eq!(b.allow("http", "c", until), Admission::Probe);
+        assert!(matches!(b.allow("http", "a", until), Verdict::Rejected { .. }), "opener a");
+        assert!(matches!(b.allow("http", "b", until), Verdict::Rejected { .. }), "opener b");
+        assert_eq!(b.allow("http", "c", until), Verdict::Probe);
         // an opener's late outcome is not the verdict, either way
         assert_eq!(b.record("http", "a", None, until + 1).type_wide, None);
         assert_eq!(b.record("http", "a", DEP, until + 2).type_wide, None);
         assert!(matches!(b.type_wide().state("http"), BreakerState::HalfOpen { .. }));
         // c's probe succeeds: closed for everyone
         assert_eq!(b.record("http", "c", None, until + 3).type_wide, Some(BreakerState::Closed));
-        assert_eq!(b.allow("http", "c", until + 4), Admission::Allowed);
+        assert_eq!(b.allow("http", "c", until + 4), Verdict::Allowed);
     }
 
     #[test]
@@ -630,8 +622,8 @@ mod tests {
         let mut b = scoped();
         let until = opened_by_a_and_b(&mut b);
         let others_only_until = until + 10_000;
-        assert_eq!(b.allow("http", "a", others_only_until - 1), Admission::Rejected { retry_at: others_only_until });
-        assert_eq!(b.allow("http", "a", others_only_until), Admission::Probe, "the type still recovers");
+        assert_eq!(b.allow("http", "a", others_only_until - 1), Verdict::Rejected { retry_at: others_only_until });
+        assert_eq!(b.allow("http", "a", others_only_until), Verdict::Probe, "the type still recovers");
         assert_eq!(b.record("http", "a", None, others_only_until + 1).type_wide, Some(BreakerState::Closed));
     }
 
@@ -692,7 +684,7 @@ mod tests {
             assert_eq!(b.record(i, false), None);
         }
         assert_eq!(b.state(), BreakerState::Closed);
-        assert_eq!(b.allow(10), Admission::Allowed);
+        assert_eq!(b.allow(10), Verdict::Allowed);
         assert!(b.record(10, false).is_some());
     }
 
@@ -714,19 +706,19 @@ mod tests {
     fn full_cycle() {
         let mut b = tripped(0);
         let until = 30_009;
-        assert_eq!(b.allow(1_000), Admission::Rejected { retry_at: until });
+        assert_eq!(b.allow(1_000), Verdict::Rejected { retry_at: until });
         assert_eq!(b.record(1_000, false), None, "outcomes while open are ignored");
-        assert_eq!(b.allow(until), Admission::Probe);
+        assert_eq!(b.allow(until), Verdict::Probe);
         let deadline = until + 60_000;
         assert_eq!(b.state(), BreakerState::HalfOpen { probe_deadline: Some(deadline) });
-        assert_eq!(b.allow(until + 1), Admission::Rejected { retry_at: deadline });
+        assert_eq!(b.allow(until + 1), Verdict::Rejected { retry_at: deadline });
         // probe fails: open again for a full cool-down
         assert_eq!(b.record(until + 5, false), Some(BreakerState::Open { until: until + 5 + 30_000 }));
-        assert_eq!(b.allow(until + 6), Admission::Rejected { retry_at: until + 5 + 30_000 });
+        assert_eq!(b.allow(until + 6), Verdict::Rejected { retry_at: until + 5 + 30_000 });
         // next probe succeeds: closed, with a clean window
-        assert_eq!(b.allow(until + 5 + 30_000), Admission::Probe);
+        assert_eq!(b.allow(until + 5 + 30_000), Verdict::Probe);
         assert_eq!(b.record(until + 30_010, true), Some(BreakerState::Closed));
-        assert_eq!(b.allow(until + 30_011), Admission::Allowed);
+        assert_eq!(b.allow(until + 30_011), Verdict::Allowed);
         assert_eq!(b.counts(until + 30_011), Counts::default());
         assert_eq!(b.record(until + 30_012, false), None);
     }
@@ -734,14 +726,14 @@ mod tests {
     #[test]
     fn lost_and_abandoned_probes_are_replaced() {
         let mut b = tripped(0);
-        assert_eq!(b.allow(40_000), Admission::Probe);
+        assert_eq!(b.allow(40_000), Verdict::Probe);
         // never reports: after probe_timeout a new probe goes out
-        assert_eq!(b.allow(99_999), Admission::Rejected { retry_at: 100_000 });
-        assert_eq!(b.allow(100_000), Admission::Probe);
+        assert_eq!(b.allow(99_999), Verdict::Rejected { retry_at: 100_000 });
+        assert_eq!(b.allow(100_000), Verdict::Probe);
         b.abandon(100_001);
         assert_eq!(b.state(), BreakerState::HalfOpen { probe_deadline: None });
-        assert_eq!(b.allow(100_002), Admission::Probe);
-        assert_eq!(b.allow(100_003), Admission::Rejected { retry_at: 160_002 });
+        assert_eq!(b.allow(100_002), Verdict::Probe);
+        assert_eq!(b.allow(100_003), Verdict::Rejected { retry_at: 160_002 });
         b.abandon(0); // no-op outside half-open after closing
         b.record(100_004, true);
         b.abandon(100_005);
@@ -755,14 +747,14 @@ mod tests {
         c.min_requests = 1;
         let mut b = Breaker::new(c);
         assert!(b.record(5, false).is_some());
-        assert_eq!(b.allow(5), Admission::Rejected { retry_at: 6 });
-        assert_eq!(b.allow(6), Admission::Probe);
+        assert_eq!(b.allow(5), Verdict::Rejected { retry_at: 6 });
+        assert_eq!(b.allow(6), Verdict::Probe);
     }
 
     #[test]
     fn map_by_job_type() {
         let mut m = Breakers::new(cfg());
-        assert_eq!(m.allow("a", 0), Admission::Allowed);
+        assert_eq!(m.allow("a", 0), Verdict::Allowed);
         assert_eq!(m.record("a", 0, true), None);
         assert!(m.is_empty(), "successes of unknown types allocate nothing");
         for i in 0..10 {
@@ -772,8 +764,8 @@ mod tests {
         assert!(matches!(m.state("a"), BreakerState::Open { .. }));
         assert_eq!(m.state("b"), BreakerState::Closed);
         assert_eq!(m.state("zzz"), BreakerState::Closed);
-        assert!(matches!(m.allow("a", 1), Admission::Rejected { .. }));
-        assert_eq!(m.allow("b", 1), Admission::Allowed);
+        assert!(matches!(m.allow("a", 1), Verdict::Rejected { .. }));
+        assert_eq!(m.allow("b", 1), Verdict::Allowed);
         let open: Vec<_> = m.not_closed().map(|(t, s)| (t.to_owned(), s.as_str())).collect();
         assert_eq!(open, vec![("a".to_owned(), "open")]);
         m.prune(100_000);
@@ -842,8 +834,8 @@ mod tests {
                     Op::Allow => {
                         let before = b.state();
                         match b.allow(now) {
-                            Admission::Allowed => prop_assert_eq!(before, BreakerState::Closed),
-                            Admission::Probe => {
+                            Verdict::Allowed => prop_assert_eq!(before, BreakerState::Closed),
+                            Verdict::Probe => {
                                 if let Some(t) = probe_out {
                                     prop_assert!(now >= t + timeout, "second probe while one is out");
                                 }
@@ -851,7 +843,7 @@ mod tests {
                                 let half_open_with_probe = matches!(b.state(), BreakerState::HalfOpen { probe_deadline: Some(_) });
                                 prop_assert!(half_open_with_probe);
                             }
-                            Admission::Rejected { retry_at } => {
+                            Verdict::Rejected { retry_at } => {
                                 prop_assert!(retry_at > now);
                                 prop_assert!(before != BreakerState::Closed);
                             }

@@ -30,6 +30,7 @@
 //!   names the configured pool (the record cannot tell an explicit pool equal to the
 //!   configured one from none), and keeps any other pool.
 
+use crate::core::invalid::Invalid;
 use crate::core::retry::DurationMs;
 use crate::model::{Millis, Pool};
 use serde::Deserialize;
@@ -84,27 +85,32 @@ impl Default for ClassifierConfig {
 }
 
 impl ClassifierConfig {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         if !(self.max_violation_share > 0.0 && self.max_violation_share < 1.0) {
-            return Err(format!("max_violation_share {} must be between 0 and 1, e.g. 0.01", self.max_violation_share));
+            let share = self.max_violation_share;
+            return Invalid::err("max_violation_share", format!("{share} must be between 0 and 1, e.g. 0.01"));
         }
         if !(self.quantile > 0.0 && self.quantile <= 1.0) {
-            return Err(format!("quantile {} must be above 0 and at most 1, e.g. 0.95", self.quantile));
+            return Invalid::err("quantile", format!("{} must be above 0 and at most 1, e.g. 0.95", self.quantile));
         }
         if !(0.0..1.0).contains(&self.hysteresis) {
-            return Err(format!("hysteresis {} must be at least 0 and below 1, e.g. 0.2", self.hysteresis));
+            return Invalid::err("hysteresis", format!("{} must be at least 0 and below 1, e.g. 0.2", self.hysteresis));
         }
         if self.window.0 < RUN_BUCKET_MS {
-            return Err(format!("window {} must be at least 10s (the bucket width), e.g. \"10m\"", self.window));
+            let why = format!("{} must be at least 10s (the bucket width), e.g. \"10m\"", self.window);
+            return Invalid::err("window", why);
         }
         if self.max_tracked == 0 {
-            return Err("max_tracked must be at least 1, e.g. 10000".into());
+            return Invalid::err("max_tracked", "must be at least 1, e.g. 10000");
         }
         if self.min_runs == 0 {
-            return Err("min_runs must be at least 1, e.g. 100".into());
+            return Invalid::err("min_runs", "must be at least 1, e.g. 100");
         }
-        if self.interval.0 < 1_000 || self.cache.0 < 100 {
-            return Err("interval must be at least 1s and cache at least 100ms, e.g. \"10s\" and \"5s\"".into());
+        if self.interval.0 < 1_000 {
+            return Invalid::err("interval", "must be at least 1s, e.g. \"10s\"");
+        }
+        if self.cache.0 < 100 {
+            return Invalid::err("cache", "must be at least 100ms, e.g. \"5s\"");
         }
         Ok(())
     }

@@ -52,6 +52,15 @@ pub struct UsageCell {
     pub slot_ms: i64,
 }
 
+/// How usage cells are aged: their buckets' width, how far back they count, and the
+/// half-life of their weight.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Decay {
+    pub bucket_ms: i64,
+    pub window_ms: i64,
+    pub half_life_ms: f64,
+}
+
 /// Decayed slot-seconds per tenant used everywhere except `own_worker`'s cells of
 /// `own_pool` (which are this scheduler's own, already counted locally). Cells of
 /// buckets that ended before `now - window_ms` are ignored.
@@ -60,10 +69,9 @@ pub fn usage_elsewhere<'a>(
     own_pool: &str,
     own_worker: &str,
     now: Millis,
-    bucket_ms: i64,
-    window_ms: i64,
-    half_life_ms: f64,
+    decay: Decay,
 ) -> HashMap<String, f64> {
+    let Decay { bucket_ms, window_ms, half_life_ms } = decay;
     let mut out: HashMap<String, f64> = HashMap::new();
     for c in cells {
         if c.slot_ms <= 0 || c.bucket + bucket_ms <= now - window_ms {
@@ -273,7 +281,8 @@ impl UsageView {
     /// See [`usage_elsewhere`].
     pub fn elsewhere(&self, own_pool: &str, own_worker: &str, now: Millis, half_life_ms: f64) -> HashMap<String, f64> {
         let cells = self.parts.values().flat_map(|(c, _)| c.iter());
-        usage_elsewhere(cells, own_pool, own_worker, now, self.bucket_ms, self.window_ms, half_life_ms)
+        let decay = Decay { bucket_ms: self.bucket_ms, window_ms: self.window_ms, half_life_ms };
+        usage_elsewhere(cells, own_pool, own_worker, now, decay)
     }
 }
 
@@ -782,6 +791,7 @@ mod tests {
     const B: i64 = 60_000;
     const W: i64 = 15 * 60_000;
     const H: f64 = 300_000.0;
+    const DECAY: Decay = Decay { bucket_ms: B, window_ms: W, half_life_ms: H };
 
     fn cell(pool: &str, bucket: Millis, tenant: &str, worker: &str, slot_ms: i64) -> UsageCell {
         UsageCell { pool: pool.into(), bucket, tenant: tenant.into(), worker: worker.into(), slot_ms }
@@ -822,10 +832,10 @@ mod tests {
             cell("medium", b, "acme", "me", 3_000),   // own worker, another pool
             cell("long", b, "globex", "x", 1_000),
         ];
-        let m = usage_elsewhere(&cells, "short", "me", now, B, W, H);
+        let m = usage_elsewhere(&cells, "short", "me", now, DECAY);
         assert!((m["acme"] - 5.0).abs() < 1e-9, "{m:?}");
         assert!((m["globex"] - 1.0).abs() < 1e-9);
-        let m = usage_elsewhere(&cells, "medium", "me", now, B, W, H);
+        let m = usage_elsewhere(&cells, "medium", "me", now, DECAY);
         assert!((m["acme"] - 7.0).abs() < 1e-9, "{m:?}");
     }
 
@@ -837,7 +847,7 @@ mod tests {
             cell("short", now - W - B, "a", "w", 1_000_000),    // ended before the window
             cell("short", now - W, "a", "w", 8_000),            // ended 14 min ago: inside
         ];
-        let m = usage_elsewhere(&cells, "short", "me", now, B, W, H);
+        let m = usage_elsewhere(&cells, "short", "me", now, DECAY);
         let expect = 10.0 * 0.5 + 8.0 * 0.5f64.powf(14.0 * 60_000.0 / H);
         assert!((m["a"] - expect).abs() < 1e-9, "{} vs {expect}", m["a"]);
     }
@@ -849,7 +859,7 @@ mod tests {
         // continuous model's x * H / ln 2.
         let now = 200 * B;
         let cells: Vec<UsageCell> = (0..60).map(|i| cell("medium", now - (i + 1) * B, "a", "w", B)).collect();
-        let m = usage_elsewhere(&cells, "short", "me", now, B, W, H);
+        let m = usage_elsewhere(&cells, "short", "me", now, DECAY);
         let ideal = H / 1000.0 / std::f64::consts::LN_2;
         let ratio = m["a"] / ideal;
         assert!(ratio > 0.8 && ratio < 1.1, "ratio {ratio}");
@@ -862,10 +872,10 @@ mod tests {
         let t0 = 100 * B + 1_000;
         let b = bucket_start(t0, B);
         let mut cells = vec![cell("short", b - B, "a", "w", 30_000), cell("short", b, "a", "w", 2_000)];
-        let l0 = usage_elsewhere(&cells, "x", "me", t0, B, W, H)["a"];
+        let l0 = usage_elsewhere(&cells, "x", "me", t0, DECAY)["a"];
         let t1 = t0 + 5_000;
         cells[1].slot_ms += 4_000;
-        let l1 = usage_elsewhere(&cells, "x", "me", t1, B, W, H)["a"];
+        let l1 = usage_elsewhere(&cells, "x", "me", t1, DECAY)["a"];
         let fresh = l1 - l0 * 0.5f64.powf(5_000.0 / H);
         assert!((fresh - 4.0).abs() < 0.05, "fresh {fresh}");
     }
@@ -876,9 +886,9 @@ mod tests {
         // fresh use (level(t1) == level(t0) * 2^(-dt/H)), so nothing is charged twice.
         let t0 = 100 * B + 1_000;
         let cells = vec![cell("short", 97 * B, "a", "w", 40_000), cell("long", 99 * B, "a", "v", 9_000)];
-        let l0 = usage_elsewhere(&cells, "x", "me", t0, B, W, H)["a"];
+        let l0 = usage_elsewhere(&cells, "x", "me", t0, DECAY)["a"];
         for dt in [5_000, 30_000, 59_000] {
-            let l1 = usage_elsewhere(&cells, "x", "me", t0 + dt, B, W, H)["a"];
+            let l1 = usage_elsewhere(&cells, "x", "me", t0 + dt, DECAY)["a"];
             let fresh = l1 - l0 * 0.5f64.powf(dt as f64 / H);
             assert!(fresh.abs() < 1e-9, "dt {dt}: fresh {fresh}");
         }
@@ -933,7 +943,7 @@ mod tests {
             .flat_map(|w| o.pending_all().into_iter().map(move |(b, t, v)| cell("short", b, &t, &format!("w{w}"), v)))
             .collect();
         assert_eq!(read.len(), 3 * 51);
-        let m = usage_elsewhere(&read, "short", "w0", 10_000, B, 15 * B, H);
+        let m = usage_elsewhere(&read, "short", "w0", 10_000, Decay { window_ms: 15 * B, ..DECAY });
         assert!(m["heavy59"] > 2.0 * 69.0 * 0.9, "heavy use elsewhere is attributed: {}", m["heavy59"]);
         assert!(!m.contains_key(OTHERS) && !m.contains_key("light7"), "the remainder is nobody's");
     }

@@ -23,6 +23,8 @@
 //! into the scheduler: a job let through waits there for a free slot, so starts may
 //! bunch by as much as the scheduler's queueing delay.
 
+use crate::core::invalid::Invalid;
+use crate::core::quota::Scope;
 use crate::core::retry::DurationMs;
 use crate::core::scheduler::{Limiter, PassedClock, RateLimit};
 use crate::model::Millis;
@@ -75,23 +77,25 @@ pub struct FlowLimit {
 }
 
 impl FlowLimit {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         if self.parallelism.is_none() && self.rate.is_none() {
-            return Err("no limit set; give parallelism = N (jobs at once) and/or rate = N (jobs per period, \
-                        e.g. rate = 10, period = \"1m\")"
-                .into());
+            return Invalid::err(
+                "parallelism",
+                "and rate are both unset: no limit; give parallelism = N (jobs at once) and/or rate = N (jobs per \
+                 period, e.g. rate = 10, period = \"1m\")",
+            );
         }
         if self.parallelism == Some(0) {
-            return Err("parallelism must be at least 1 (to stop a flow, suspend its tenant)".into());
+            return Invalid::err("parallelism", "must be at least 1 (to stop a flow, suspend its tenant)");
         }
         if self.rate == Some(0) {
-            return Err("rate must be at least 1 job per period (to stop a flow, suspend its tenant)".into());
+            return Invalid::err("rate", "must be at least 1 job per period (to stop a flow, suspend its tenant)");
         }
         match self.period {
             Some(_) if self.rate.is_none() => {
-                Err("period applies to rate; add rate = N (jobs per period) or remove period".into())
+                Invalid::err("period", "applies to rate; add rate = N (jobs per period) or remove period")
             }
-            Some(p) if p.as_millis() <= 0 => Err("period must be longer than 0, e.g. \"1s\" or \"1m\"".into()),
+            Some(p) if p.as_millis() <= 0 => Invalid::err("period", "must be longer than 0, e.g. \"1s\" or \"1m\""),
             _ => Ok(()),
         }
     }
@@ -112,9 +116,9 @@ pub fn scope_of(
     job_type: &str,
 ) -> Option<(String, FlowLimit)> {
     if let Some(l) = keys.get(key) {
-        return Some((crate::core::quota::flow_scope(key), *l));
+        return Some((Scope::Flow(key.to_string()).name(), *l));
     }
-    job_type_limit.map(|l| (crate::core::quota::flow_scope(&format!("{job_type}/{key}")), *l))
+    job_type_limit.map(|l| (Scope::Flow(format!("{job_type}/{key}")).name(), *l))
 }
 
 #[derive(Debug)]
@@ -380,12 +384,12 @@ mod tests {
 
     #[test]
     fn limits_are_validated_with_a_way_out() {
-        assert!(par(0).validate().unwrap_err().contains("at least 1"));
-        assert!(FlowLimit::default().validate().unwrap_err().contains("parallelism = N"));
-        assert!(rate(0, "1s").validate().unwrap_err().contains("rate must be at least 1"));
-        assert!(rate(1, "0s").validate().unwrap_err().contains("longer than 0"));
+        assert!(par(0).validate().unwrap_err().to_string().contains("at least 1"));
+        assert!(FlowLimit::default().validate().unwrap_err().problem.contains("parallelism = N"));
+        assert!(rate(0, "1s").validate().unwrap_err().to_string().contains("`rate` must be at least 1"));
+        assert!(rate(1, "0s").validate().unwrap_err().to_string().contains("longer than 0"));
         let period_alone = FlowLimit { parallelism: Some(1), period: Some(DEFAULT_PERIOD), rate: None };
-        assert!(period_alone.validate().unwrap_err().contains("add rate"));
+        assert!(period_alone.validate().unwrap_err().to_string().contains("add rate"));
         assert_eq!(rate(10, "1m").validate(), Ok(()));
         let l: FlowLimit = toml::from_str("rate = 10\nperiod = \"1m\"").unwrap();
         assert_eq!(l, rate(10, "1m"));

@@ -8,7 +8,7 @@
 //! write covers many jobs), and a worker taking a partition over reads it once; an
 //! offset above the frontier it read was never started by anyone. The job's own fields
 //! rule out the others ([`straight_from_submitter`]); a polled feed of recent cancel
-//! requests covers cancels (`worker::fresh`).
+//! requests covers cancels (`worker::frontier`).
 //!
 //! Limits, stated where docs/wire-format.md promises effectively-once: a client that produces the
 //! *same job id twice at two offsets* gets both run if both are fresh (use idempotency
@@ -17,17 +17,17 @@
 
 use crate::model::{JobSubmitted, Millis};
 
-/// One partition's frontier as seen by one worker in one assignment epoch.
+/// One partition's frontier as seen by one worker in one assignment (an incarnation of the partition's state).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartitionFrontier {
-    /// Highest offset anyone may have started before this epoch (-1: none recorded).
+    /// Highest offset anyone may have started before this assignment (-1: none recorded).
     before: i64,
     /// Highest offset this worker may start now (durably recorded).
     reserved: i64,
 }
 
 impl PartitionFrontier {
-    /// From the frontier read at the start of the epoch.
+    /// From the frontier read at the start of the assignment.
     pub fn new(recorded: Option<i64>) -> Self {
         let before = recorded.unwrap_or(-1);
         PartitionFrontier { before, reserved: before }
@@ -41,7 +41,7 @@ impl PartitionFrontier {
     pub fn reserved(&mut self, upto: i64) {
         self.reserved = self.reserved.max(upto);
     }
-    /// No worker can have started `offset` before this epoch, and it is covered now.
+    /// No worker can have started `offset` before this assignment, and it is covered now.
     pub fn never_started(&self, offset: i64) -> bool {
         offset > self.before && offset <= self.reserved
     }

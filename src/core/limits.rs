@@ -114,8 +114,10 @@ impl Limits {
     }
 
     /// A zero limit would kill every attempt at once: refuse it at start-up.
-    pub fn validate(&self) -> Result<(), String> {
-        let zero = |what: &str| Err(format!("{what} = 0 would kill every attempt; set a positive limit or remove it"));
+    pub fn validate(&self) -> Result<(), crate::core::invalid::Invalid> {
+        let zero = |what: &str| {
+            crate::core::invalid::Invalid::err(what, "= 0 would kill every attempt; set a positive limit or remove it")
+        };
         match self {
             Limits { memory: Some(Bytes(0)), .. } => zero("memory"),
             Limits { cpu_time: Some(DurationMs(d)), .. } if *d <= 0 => zero("cpu_time"),
@@ -306,6 +308,10 @@ mod tests {
         assert_eq!(l.memory, Some(Bytes(1 << 20)));
         assert_eq!(l.output_cap(100), 10);
         assert_eq!(Limits::default().output_cap(100), 100);
-        assert!(Limits { open_files: Some(0), ..Limits::default() }.validate().unwrap_err().contains("open_files"));
+        assert!(Limits { open_files: Some(0), ..Limits::default() }
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("open_files"));
     }
 }

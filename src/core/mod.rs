@@ -13,7 +13,7 @@
 //! | `fleet_counts` | the retry budget and poison detection on the pool's fleet-wide counts |
 //! | `backlog` | spilled backlogs of floods beyond the buffer |
 //! | `quota`, `fleet`, `flow` | fleet-wide limits (allotments, rate shares), fleet fairness, flow keys |
-//! | `admission`, `frontdoor`, `auth` | the front door: queue limits and rates, per-key bounds, API keys |
+//! | `admission`, `api_limits`, `auth` | the front door (queue limits and rates), the API process's per-key limits, API keys |
 //! | `tenants` | a tenant's record, tiers and defaults, free accounts |
 //! | `classifier` | which pool a job type's jobs go to, from measured run times |
 //! | `promotion` | scheduled jobs: submission-time jitter and the promoter's pace |
@@ -24,8 +24,10 @@
 //! | `events`, `webhooks`, `console` | job events, webhook deliveries, the console's pure parts |
 //! | `replay`, `rerun` | which records `fairway replay` and `fairway rerun` send back |
 //! | `trace` | W3C trace context values |
+//! | `invalid` | a setting a rule refuses: its field and the fix (what every settings `validate` returns) |
 
 pub mod admission;
+pub mod api_limits;
 pub mod auth;
 pub mod backlog;
 pub mod breaker;
@@ -36,8 +38,8 @@ pub mod finished;
 pub mod fleet;
 pub mod fleet_counts;
 pub mod flow;
-pub mod frontdoor;
 pub mod frontier;
+pub mod invalid;
 pub mod limits;
 pub mod offsets;
 pub mod poison;

@@ -61,17 +61,9 @@ impl Default for PoisonConfig {
     }
 }
 
-/// Invalid poison-detector settings; names the field and the fix.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("poison detector {field}: {problem}")]
-pub struct PoisonConfigError {
-    pub field: &'static str,
-    pub problem: String,
-}
-
 impl PoisonConfig {
-    pub fn validate(&self) -> Result<(), PoisonConfigError> {
-        let err = |field, problem: String| Err(PoisonConfigError { field, problem });
+    pub fn validate(&self) -> Result<(), crate::core::invalid::Invalid> {
+        let err = |field: &str, problem: String| crate::core::invalid::Invalid::err(field, problem);
         if self.window.0 < 60_000 {
             return err("window", format!("{} is too short: use at least \"1m\" (e.g. \"1h\")", self.window));
         }

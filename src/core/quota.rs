@@ -71,14 +71,39 @@ pub struct Row {
     pub held: u32,
 }
 
-/// The scope name of a tenant's `max_concurrency`.
-pub fn tenant_scope(tenant: &str) -> String {
-    format!("tenant:{tenant}")
+/// What a fleet-wide scope limits. Its name (`kind:subject`, see [`Scope::name`]) keys
+/// the exchange's rows and this module's maps; [`Scope::parse`] reads one back.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// A tenant's `max_concurrency`: `tenant:<tenant>`.
+    Tenant(String),
+    /// A tenant's `rate` (shared by demand, see [`share`]): `rate:<tenant>`.
+    Rate(String),
+    /// A flow key's `parallelism` (`core::flow`): `flow:<key>`.
+    Flow(String),
 }
 
-/// The scope name of a tenant's `rate` (shared by demand, see [`share`]).
-pub fn rate_scope(tenant: &str) -> String {
-    format!("rate:{tenant}")
+impl Scope {
+    /// The scope's name as written in the exchange's rows.
+    pub fn name(&self) -> String {
+        match self {
+            Scope::Tenant(t) => format!("tenant:{t}"),
+            Scope::Rate(t) => format!("rate:{t}"),
+            Scope::Flow(k) => format!("flow:{k}"),
+        }
+    }
+
+    /// The scope a name stands for; None for a kind this version does not know.
+    pub fn parse(name: &str) -> Option<Scope> {
+        let (kind, subject) = name.split_once(':')?;
+        let subject = subject.to_string();
+        match kind {
+            "tenant" => Some(Scope::Tenant(subject)),
+            "rate" => Some(Scope::Rate(subject)),
+            "flow" => Some(Scope::Flow(subject)),
+            _ => None,
+        }
+    }
 }
 
 /// This worker's part of a rate: its want over the want of every worker (0 without want).
@@ -88,11 +113,6 @@ pub fn share(mine: u32, others: &[u32]) -> f64 {
     }
     let total: u64 = others.iter().map(|&w| u64::from(w)).sum::<u64>() + u64::from(mine);
     f64::from(mine) / total as f64
-}
-
-/// The scope name of a flow key's `parallelism`.
-pub fn flow_scope(key: &str) -> String {
-    format!("flow:{key}")
 }
 
 fn order_key(worker: &str, epoch: i64) -> u64 {
@@ -134,7 +154,7 @@ pub fn allot(limit: u32, wants: &[(&str, u32)], epoch: i64) -> HashMap<String, u
 
 /// This worker's state of one scope.
 #[derive(Debug, Clone, Default, PartialEq)]
-struct Scope {
+struct ScopeState {
     limit: u32,
     /// Reported by the pool loop: its jobs of the scope queued or running, and running.
     want: u32,
@@ -157,7 +177,7 @@ struct Scope {
 /// pass computes from the shared rows, and the caps the pool loop may use.
 #[derive(Debug, Default)]
 pub struct Quotas {
-    scopes: HashMap<String, Scope>,
+    scopes: HashMap<String, ScopeState>,
     /// When this worker's rows were last written successfully.
     written_at: Option<Millis>,
     /// Bumped whenever a usable cap changes (the pool loop re-applies then).
@@ -207,8 +227,10 @@ impl Quotas {
         let mut out: Vec<String> = self
             .scopes
             .keys()
-            .filter_map(|k| k.strip_prefix("tenant:").or_else(|| k.strip_prefix("rate:")))
-            .map(str::to_string)
+            .filter_map(|k| match Scope::parse(k) {
+                Some(Scope::Tenant(t) | Scope::Rate(t)) => Some(t),
+                _ => None,
+            })
             .collect();
         out.sort();
         out.dedup();
@@ -435,12 +457,22 @@ mod tests {
     }
 
     #[test]
+    fn scope_names_round_trip_and_unknown_kinds_are_none() {
+        for scope in [Scope::Tenant("a".into()), Scope::Rate("b:c".into()), Scope::Flow("embed/u1".into())] {
+            assert_eq!(Scope::parse(&scope.name()), Some(scope));
+        }
+        assert_eq!(Scope::Flow("vip".into()).name(), "flow:vip");
+        assert_eq!(Scope::parse("pool:short"), None);
+        assert_eq!(Scope::parse("flow"), None);
+    }
+
+    #[test]
     fn a_rate_is_shared_by_want_and_a_rising_share_waits_for_its_announcement() {
         assert_eq!(share(0, &[3]), 0.0);
         assert_eq!(share(1, &[]), 1.0);
         assert_eq!(share(1, &[1, 2]), 0.25);
         let mut q = Quotas::default();
-        let k = rate_scope("t");
+        let k = Scope::Rate("t".into()).name();
         q.report(&k, 0, 3, 0);
         let other = Row { scope: k.clone(), worker: "o".into(), want: 1, held: 0 };
         let rows = q.plan(std::slice::from_ref(&other), "me", 0);

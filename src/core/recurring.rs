@@ -54,19 +54,19 @@ impl Default for SchedulesConfig {
 
 impl SchedulesConfig {
     /// The field at fault and the fix.
-    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+    pub fn validate(&self) -> Result<(), crate::core::invalid::Invalid> {
         if self.max_per_tenant == 0 {
-            return Err(("max_per_tenant", "must be at least 1, e.g. 100".into()));
+            return crate::core::invalid::Invalid::err("max_per_tenant", "must be at least 1, e.g. 100");
         }
         if !(self.max_per_tenant..=MAX_TOTAL_CEILING).contains(&self.max_total) {
-            return Err((
+            return crate::core::invalid::Invalid::err(
                 "max_total",
                 format!(
                     "{} must be between schedules.max_per_tenant ({}) and {MAX_TOTAL_CEILING} (the leader reads \
                      every schedule once a second), e.g. 10000",
                     self.max_total, self.max_per_tenant
                 ),
-            ));
+            );
         }
         Ok(())
     }

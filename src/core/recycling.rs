@@ -27,12 +27,13 @@ impl Default for RecyclingConfig {
 }
 
 impl RecyclingConfig {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), crate::core::invalid::Invalid> {
+        use crate::core::invalid::Invalid;
         if self.max == 0 {
-            return Err("max = 0 would hold every tenant after no kill at all; use at least 1".into());
+            return Invalid::err("max", "= 0 would hold every tenant after no kill at all; use at least 1");
         }
         if self.window.0 <= 0 {
-            return Err("window must be positive, e.g. \"1m\"".into());
+            return Invalid::err("window", "must be positive, e.g. \"1m\"");
         }
         Ok(())
     }

@@ -754,18 +754,26 @@ pub fn decide(class: FailureClass, job: &AttemptState, policy: &RetryPolicy, now
     }
 }
 
+/// A failed attempt to decide on: how it failed, the job's attempts so far, and its
+/// type's retry policy.
+#[derive(Debug, Clone, Copy)]
+pub struct Failed<'a> {
+    pub class: FailureClass,
+    pub state: &'a AttemptState,
+    pub policy: &'a RetryPolicy,
+}
+
 /// [`decide`], then the tenant's retry budget: a retry the budget refuses becomes a dead
 /// letter early. Crash re-dispatches are exempt (a crash is not the tenant's fault) and
 /// do not count against the budget.
 pub fn decide_with_budget(
-    class: FailureClass,
-    job: &AttemptState,
-    policy: &RetryPolicy,
+    failed: Failed<'_>,
     budget: &mut RetryBudget,
     tenant: &str,
     now: Millis,
     jitter: f64,
 ) -> Decision {
+    let Failed { class, state: job, policy } = failed;
     let d = decide(class, job, policy, now, jitter);
     if class == FailureClass::WorkerCrash || !d.is_retry() {
         return d;
@@ -803,16 +811,25 @@ impl Default for RetryBudgetConfig {
 }
 
 impl RetryBudgetConfig {
-    /// Err((field, what is wrong and the fix)) for the first bad field.
-    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+    /// The first bad field, what is wrong with it and the fix.
+    pub fn validate(&self) -> Result<(), crate::core::invalid::Invalid> {
         if !(self.ratio.is_finite() && self.ratio >= 0.0) {
-            return Err(("ratio", format!("{} is not a rate: use a number of 0 or more (e.g. 2.0)", self.ratio)));
+            return crate::core::invalid::Invalid::err(
+                "ratio",
+                format!("{} is not a rate: use a number of 0 or more (e.g. 2.0)", self.ratio),
+            );
         }
         if self.window.0 < 1_000 {
-            return Err(("window", format!("{} is too short: use at least \"1s\" (e.g. \"5m\")", self.window)));
+            return crate::core::invalid::Invalid::err(
+                "window",
+                format!("{} is too short: use at least \"1s\" (e.g. \"5m\")", self.window),
+            );
         }
         if !(self.allowance.is_finite() && self.allowance >= 0.0) {
-            return Err(("allowance", format!("{} is not a count: use 0 or more (e.g. 20)", self.allowance)));
+            return crate::core::invalid::Invalid::err(
+                "allowance",
+                format!("{} is not a count: use 0 or more (e.g. 20)", self.allowance),
+            );
         }
         Ok(())
     }
@@ -1349,18 +1366,21 @@ mod tests {
     fn budget_turns_retry_into_dead_letter_but_not_crash() {
         let p = RetryPolicy::default();
         let mut b = RetryBudget::new(RetryBudgetConfig { allowance: 0.0, ..Default::default() });
-        match decide_with_budget(AppError, &st(0, 0), &p, &mut b, "t", 0, 0.5) {
+        match decide_with_budget(Failed { class: AppError, state: &st(0, 0), policy: &p }, &mut b, "t", 0, 0.5) {
             Decision::DeadLetter { reason } => {
                 assert!(reason.contains("retry budget"), "{reason}");
             }
             d => panic!("{d:?}"),
         }
-        assert!(decide_with_budget(WorkerCrash, &st(0, 0), &p, &mut b, "t", 0, 0.5).is_retry());
+        assert!(decide_with_budget(Failed { class: WorkerCrash, state: &st(0, 0), policy: &p }, &mut b, "t", 0, 0.5)
+            .is_retry());
         b.record_dispatch("t", 0);
-        assert!(decide_with_budget(AppError, &st(0, 0), &p, &mut b, "t", 0, 0.5).is_retry());
+        assert!(decide_with_budget(Failed { class: AppError, state: &st(0, 0), policy: &p }, &mut b, "t", 0, 0.5)
+            .is_retry());
         assert_eq!(b.counts("t", 0), (1.0, 1.0));
         // a dead letter by policy does not consume budget
-        assert!(!decide_with_budget(Permanent, &st(0, 0), &p, &mut b, "t", 0, 0.5).is_retry());
+        assert!(!decide_with_budget(Failed { class: Permanent, state: &st(0, 0), policy: &p }, &mut b, "t", 0, 0.5)
+            .is_retry());
         assert_eq!(b.counts("t", 0), (1.0, 1.0));
     }
 

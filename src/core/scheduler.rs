@@ -232,7 +232,7 @@ mod sim;
 #[cfg(test)]
 mod tests;
 
-pub use config::{ConfigError, RateLimit, SchedulerConfig, TenantPolicy, Tier, TierWeights};
+pub use config::{RateLimit, SchedulerConfig, SchedulerError, TenantPolicy, Tier, TierWeights};
 pub use stats::{Backlog, PoolStats, SchedulerStats, TenantStats, WaitReason};
 
 use crate::model::{Millis, Pool, Priority};
@@ -307,9 +307,9 @@ pub struct Dispatch<J> {
     pub payload: J,
 }
 
-/// What `complete`/`release` did.
+/// A slot freed by `complete`/`release`, and what its job used.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Finished {
+pub struct Freed {
     pub tenant: Arc<str>,
     pub job_type: Arc<str>,
     /// Run time (finished - dispatched, at least 0).
@@ -605,7 +605,7 @@ impl<J> fmt::Debug for Scheduler<J> {
 }
 
 impl<J> Scheduler<J> {
-    pub fn new(pool: Pool, cfg: SchedulerConfig) -> Result<Self, ConfigError> {
+    pub fn new(pool: Pool, cfg: SchedulerConfig) -> Result<Self, SchedulerError> {
         cfg.validate()?;
         Ok(Scheduler {
             pool,
@@ -651,7 +651,7 @@ impl<J> Scheduler<J> {
     /// would leave fewer than `min_shared_slots` shared. Replacing the policy of a
     /// backlogged tenant re-activates it (it keeps no banked credit); a changed rate
     /// limit starts with a full bucket.
-    pub fn set_tenant(&mut self, tenant: &str, policy: TenantPolicy) -> Result<(), ConfigError> {
+    pub fn set_tenant(&mut self, tenant: &str, policy: TenantPolicy) -> Result<(), SchedulerError> {
         policy.validate(&format!("tenants.{tenant}"))?;
         let reserved = self.reserved_of(&policy);
         let existing = self.index.get(tenant).copied();
@@ -659,7 +659,7 @@ impl<J> Scheduler<J> {
         let others = self.reserved_total - old_reserved;
         let available = self.cfg.slots.saturating_sub(self.cfg.min_shared_slots).saturating_sub(others);
         if reserved > available {
-            return Err(ConfigError::ReservationTooLarge {
+            return Err(SchedulerError::ReservationTooLarge {
                 tenant: tenant.to_string(),
                 requested: reserved,
                 available,
@@ -729,9 +729,9 @@ impl<J> Scheduler<J> {
     }
 
     /// Changes the number of slots (e.g. the worker was resized).
-    pub fn set_slots(&mut self, slots: usize) -> Result<(), ConfigError> {
+    pub fn set_slots(&mut self, slots: usize) -> Result<(), SchedulerError> {
         if slots == 0 || slots < self.reserved_total + self.cfg.min_shared_slots {
-            return Err(ConfigError::SlotsTooFew {
+            return Err(SchedulerError::SlotsTooFew {
                 slots,
                 reserved: self.reserved_total,
                 min_shared: self.cfg.min_shared_slots,
@@ -750,8 +750,9 @@ impl<J> Scheduler<J> {
         &self.cfg
     }
 
-    /// The policy in force for a tenant (the default one if never set).
-    pub fn tenant_policy(&self, tenant: &str) -> TenantPolicy {
+    /// The policy in force for a tenant (the default one if never set); for tests.
+    #[cfg(test)]
+    pub(crate) fn tenant_policy(&self, tenant: &str) -> TenantPolicy {
         match self.index.get(tenant) {
             Some(&t) => self.tenants[t as usize].policy.clone(),
             None => self.configured(tenant),
@@ -837,15 +838,15 @@ impl<J> Scheduler<J> {
     /// The job ran to an end (any outcome) at `finished_at`: frees its slot, reconciles
     /// the tenant's charge with the real run time and teaches the job type's estimate.
     /// `None` if `id` is unknown (already finished).
-    pub fn complete(&mut self, id: DispatchId, finished_at: Millis) -> Option<Finished> {
-        self.finish(id, finished_at, true)
+    pub fn complete(&mut self, id: DispatchId, finished_at: Millis) -> Option<Freed> {
+        self.free_slot(id, finished_at, true)
     }
 
     /// The job ended without a representative run (skipped as a duplicate, cancelled,
     /// handed back at shutdown): frees its slot and charges the time it held the slot,
     /// but does not teach the estimate.
-    pub fn release(&mut self, id: DispatchId, now: Millis) -> Option<Finished> {
-        self.finish(id, now, false)
+    pub fn release(&mut self, id: DispatchId, now: Millis) -> Option<Freed> {
+        self.free_slot(id, now, false)
     }
 
     /// When the loop should call `next` again although nothing else happens: the earliest
@@ -1682,7 +1683,7 @@ impl<J> Scheduler<J> {
         }
     }
 
-    fn finish(&mut self, id: DispatchId, at: Millis, learn: bool) -> Option<Finished> {
+    fn free_slot(&mut self, id: DispatchId, at: Millis, learn: bool) -> Option<Freed> {
         let rec = self.inflight.remove(id)?;
         let now = self.tick(at);
         let tau = self.tau();
@@ -1718,7 +1719,7 @@ impl<J> Scheduler<J> {
             }
         }
         self.refresh(t);
-        Some(Finished {
+        Some(Freed {
             tenant: self.tenants[t as usize].name.clone(),
             job_type: rec.job_type,
             ran_ms: ran,

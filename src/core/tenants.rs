@@ -8,7 +8,8 @@ use super::scheduler::{RateLimit, TenantPolicy, Tier};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// One registered tenant.
+/// One registered tenant, as stored in the live registry: what is enforced. The config
+/// file's `[tenants.<name>]` (`config::TenantConfig`) only seeds it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TenantRecord {
@@ -27,7 +28,8 @@ pub struct TenantRecord {
     /// Enterprise only: slots per pool reserved for it.
     #[serde(default)]
     pub reserved_slots: usize,
-    /// Most jobs queued fleet-wide before submissions are refused (front door).
+    /// Most jobs queued fleet-wide before the front door refuses submissions (429
+    /// `TENANT_QUEUE_FULL`); unset: `admission.max_queued` of the tier, if any.
     pub max_queued: Option<usize>,
     /// Suspended: its jobs wait (nothing is dispatched, nothing is dead-lettered).
     #[serde(default)]
@@ -203,7 +205,7 @@ pub enum UnknownTenants {
 
 /// How a job's tenant is admitted.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Admission<'a> {
+pub enum Standing<'a> {
     Known(&'a TenantRecord),
     /// Unknown, admitted by policy: register this record, then run the job.
     Register(TenantRecord),
@@ -298,21 +300,21 @@ pub enum ChangeKind {
 }
 
 impl TenantSet {
-    pub fn admission(&self, tenant: &str, rules: Unregistered<'_>) -> Admission<'_> {
+    pub fn standing(&self, tenant: &str, rules: Unregistered<'_>) -> Standing<'_> {
         if let Some(t) = self.tenants.get(tenant) {
-            return Admission::Known(t);
+            return Standing::Known(t);
         }
         if AccountPattern::any(rules.free_accounts, tenant) && valid_name(tenant) {
-            return Admission::Rowless(TenantRecord::new(tenant, Tier::Free));
+            return Standing::Rowless(TenantRecord::new(tenant, Tier::Free));
         }
         match rules.policy {
             UnknownTenants::Admit if valid_name(tenant) => {
-                Admission::Register(TenantRecord::new(tenant, rules.default_tier))
+                Standing::Register(TenantRecord::new(tenant, rules.default_tier))
             }
-            UnknownTenants::Admit => Admission::Refused(format!(
+            UnknownTenants::Admit => Standing::Refused(format!(
                 "tenant name {tenant:?} is not valid (1 to 128 letters, digits, '_', '-', '.'); fix the producer"
             )),
-            UnknownTenants::Reject => Admission::Refused(format!(
+            UnknownTenants::Reject => Standing::Refused(format!(
                 "unknown tenant {tenant:?}; register it with `fairway tenants add {tenant} --tier <tier>` \
                  (or set [registry] unknown_tenants = \"admit\")"
             )),
@@ -414,16 +416,16 @@ mod tests {
         let mut set = TenantSet::default();
         set.tenants.insert("acme".into(), TenantRecord::new("acme", Tier::Pro));
         let rules = |policy| Unregistered { policy, default_tier: Tier::Free, free_accounts: &[] };
-        assert!(matches!(set.admission("acme", rules(UnknownTenants::Reject)), Admission::Known(_)));
-        match set.admission("newco", rules(UnknownTenants::Reject)) {
-            Admission::Refused(why) => assert!(why.contains("fairway tenants add newco"), "{why}"),
+        assert!(matches!(set.standing("acme", rules(UnknownTenants::Reject)), Standing::Known(_)));
+        match set.standing("newco", rules(UnknownTenants::Reject)) {
+            Standing::Refused(why) => assert!(why.contains("fairway tenants add newco"), "{why}"),
             other => panic!("{other:?}"),
         }
-        match set.admission("newco", rules(UnknownTenants::Admit)) {
-            Admission::Register(r) => assert_eq!((r.name.as_str(), r.tier), ("newco", Tier::Free)),
+        match set.standing("newco", rules(UnknownTenants::Admit)) {
+            Standing::Register(r) => assert_eq!((r.name.as_str(), r.tier), ("newco", Tier::Free)),
             other => panic!("{other:?}"),
         }
-        assert!(matches!(set.admission("bad name", rules(UnknownTenants::Admit)), Admission::Refused(_)));
+        assert!(matches!(set.standing("bad name", rules(UnknownTenants::Admit)), Standing::Refused(_)));
     }
 
     #[test]
@@ -445,15 +447,15 @@ mod tests {
         let pats: Vec<AccountPattern> =
             ["free-*", "*.trial", "a*b*c"].iter().map(|p| AccountPattern::try_from(p.to_string()).unwrap()).collect();
         let rules = Unregistered { policy: UnknownTenants::Reject, default_tier: Tier::Standard, free_accounts: &pats };
-        match set.admission("free-42", rules) {
-            Admission::Rowless(r) => assert_eq!(r.tier, Tier::Free),
+        match set.standing("free-42", rules) {
+            Standing::Rowless(r) => assert_eq!(r.tier, Tier::Free),
             other => panic!("{other:?}"),
         }
-        assert!(matches!(set.admission("free-vip", rules), Admission::Known(t) if t.tier == Tier::Pro));
-        assert!(matches!(set.admission("x.trial", rules), Admission::Rowless(_)));
-        assert!(matches!(set.admission("aXbYc", rules), Admission::Rowless(_)));
-        assert!(matches!(set.admission("acb", rules), Admission::Refused(_)));
-        assert!(matches!(set.admission("free", rules), Admission::Refused(_)));
+        assert!(matches!(set.standing("free-vip", rules), Standing::Known(t) if t.tier == Tier::Pro));
+        assert!(matches!(set.standing("x.trial", rules), Standing::Rowless(_)));
+        assert!(matches!(set.standing("aXbYc", rules), Standing::Rowless(_)));
+        assert!(matches!(set.standing("acb", rules), Standing::Refused(_)));
+        assert!(matches!(set.standing("free", rules), Standing::Refused(_)));
         for bad in ["", "*", "free *", "x/y*"] {
             let e = AccountPattern::try_from(bad.to_string()).unwrap_err();
             assert!(e.contains("registry.free_accounts"), "{e}");

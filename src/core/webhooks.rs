@@ -151,18 +151,21 @@ pub struct AttemptOutcome {
     pub retry_at: Option<Millis>,
 }
 
-/// The outcome of delivery attempt `attempt` (1-based) of `r` to `url`, answered with
-/// `answer` at `now`. The event's `attempt` is the
-/// delivery attempt, its `message` the answer, `next_attempt_at` the next try.
-pub fn attempt_outcome(
-    event_id: String,
-    r: &JobResult,
-    url: &str,
-    attempt: u32,
-    answer: Answer<'_>,
-    backoff: &Backoff,
-    now: Millis,
-) -> AttemptOutcome {
+/// One delivery attempt: the id of the event that will tell of it, the result sent, where
+/// to, and which attempt it is (1-based; 0: not sent at all).
+#[derive(Debug, Clone)]
+pub struct Delivery<'a> {
+    pub event_id: String,
+    pub result: &'a JobResult,
+    pub url: &'a str,
+    pub attempt: u32,
+}
+
+/// The outcome of a delivery attempt, answered with `answer` at `now`. The event's
+/// `attempt` is the delivery attempt, its `message` the answer, `next_attempt_at` the
+/// next try.
+pub fn attempt_outcome(delivery: Delivery<'_>, answer: Answer<'_>, backoff: &Backoff, now: Millis) -> AttemptOutcome {
+    let Delivery { event_id, result: r, url, attempt } = delivery;
     let verdict = judge(answer.status);
     let answer = match answer.status {
         Some(s) => format!("HTTP {s}"),
@@ -185,19 +188,19 @@ pub fn attempt_outcome(
         ),
     };
     let kind = if verdict == Verdict::Delivered { EventKind::WebhookDelivered } else { EventKind::WebhookFailed };
-    AttemptOutcome { event: delivery_event(event_id, r, kind, attempt, message, retry_at, now), retry_at }
+    let about = Delivery { event_id, result: r, url, attempt };
+    AttemptOutcome { event: delivery_event(about, kind, message, retry_at, now), retry_at }
 }
 
-/// A `webhook_*` event about the result `r`.
+/// A `webhook_*` event about a delivery of its result.
 pub fn delivery_event(
-    event_id: String,
-    r: &JobResult,
+    delivery: Delivery<'_>,
     kind: EventKind,
-    attempt: u32,
     message: String,
     next_attempt_at: Option<Millis>,
     now: Millis,
 ) -> JobEvent {
+    let Delivery { event_id, result: r, attempt, .. } = delivery;
     JobEvent {
         event_id,
         job_id: r.job_id.clone(),
@@ -301,32 +304,17 @@ mod tests {
     fn outcomes_say_what_happened_and_when_next() {
         let b = Backoff { initial: Duration::from_secs(1), max: Duration::from_secs(60), max_attempts: 3 };
         let r = result();
-        let o = attempt_outcome(
-            "e".into(),
-            &r,
-            "http://h:1/p?secret=x",
-            1,
-            Answer { status: Some(500), error: "" },
-            &b,
-            10_000,
-        );
+        let to = |url, attempt| Delivery { event_id: "e".into(), result: &r, url, attempt };
+        let o = attempt_outcome(to("http://h:1/p?secret=x", 1), Answer { status: Some(500), error: "" }, &b, 10_000);
         assert_eq!((o.event.kind, o.retry_at, o.event.attempt), (EventKind::WebhookFailed, Some(11_000), 1));
         assert!(o.event.message.as_deref().unwrap().contains("HTTP 500"));
         assert!(!o.event.message.as_deref().unwrap().contains("secret"), "no path or query in events");
-        let o = attempt_outcome("e".into(), &r, "http://h:1/", 2, Answer { status: Some(200), error: "" }, &b, 20_000);
+        let o = attempt_outcome(to("http://h:1/", 2), Answer { status: Some(200), error: "" }, &b, 20_000);
         assert_eq!((o.event.kind, o.retry_at), (EventKind::WebhookDelivered, None));
-        let o = attempt_outcome(
-            "e".into(),
-            &r,
-            "http://h:1/",
-            3,
-            Answer { status: None, error: "connection refused" },
-            &b,
-            0,
-        );
+        let o = attempt_outcome(to("http://h:1/", 3), Answer { status: None, error: "connection refused" }, &b, 0);
         assert_eq!((o.event.kind, o.retry_at), (EventKind::WebhookFailed, None));
         assert!(o.event.message.as_deref().unwrap().contains("giving up"));
-        let o = attempt_outcome("e".into(), &r, "http://h:1/", 1, Answer { status: Some(404), error: "" }, &b, 0);
+        let o = attempt_outcome(to("http://h:1/", 1), Answer { status: Some(404), error: "" }, &b, 0);
         assert_eq!(o.retry_at, None);
         assert!(o.event.message.as_deref().unwrap().contains("not retried"));
     }

@@ -11,7 +11,7 @@
 //! ([`Registrar`]): the job that met the tenant never waits for it.
 
 use crate::config::Config;
-use crate::core::tenants::{check_reservations, Admission, PoolRoom, TenantRecord, TenantSet};
+use crate::core::tenants::{check_reservations, PoolRoom, Standing, TenantRecord, TenantSet};
 use crate::now_ms;
 use crate::store::{Store, StoreError, TenantStatements};
 use std::collections::HashSet;
@@ -159,23 +159,23 @@ impl LiveTenants {
     /// How a job of `tenant` is admitted under the configured unknown-tenant policy.
     /// The tenant's record (its row's, a free account's defaults, or a new one to
     /// register), or why not.
-    pub fn admission(&self, tenant: &str) -> Result<TenantRecord, String> {
-        match self.current().admission(tenant, self.cfg.registry.unregistered()) {
-            Admission::Known(t) => Ok(t.clone()),
-            Admission::Register(t) | Admission::Rowless(t) => Ok(t),
-            Admission::Refused(why) => Err(why),
+    pub fn standing(&self, tenant: &str) -> Result<TenantRecord, String> {
+        match self.current().standing(tenant, self.cfg.registry.unregistered()) {
+            Standing::Known(t) => Ok(t.clone()),
+            Standing::Register(t) | Standing::Rowless(t) => Ok(t),
+            Standing::Refused(why) => Err(why),
         }
     }
 
-    /// Admits a job's tenant: Ok if registered, a row-less free account, or unknown and
+    /// Accepts a job's tenant: Ok if registered, a row-less free account, or unknown and
     /// admitted by policy (then queued for registration, once per process, while the job
     /// goes ahead); Err with the reason and the fix otherwise. No store access.
-    pub fn admit(&self, tenant: &str) -> Result<TenantRecord, String> {
-        match self.current().admission(tenant, self.cfg.registry.unregistered()) {
-            Admission::Known(t) => Ok(t.clone()),
-            Admission::Rowless(t) => Ok(t),
-            Admission::Refused(why) => Err(why),
-            Admission::Register(t) => {
+    pub fn accept(&self, tenant: &str) -> Result<TenantRecord, String> {
+        match self.current().standing(tenant, self.cfg.registry.unregistered()) {
+            Standing::Known(t) => Ok(t.clone()),
+            Standing::Rowless(t) => Ok(t),
+            Standing::Refused(why) => Err(why),
+            Standing::Register(t) => {
                 self.queue_registration(&t);
                 Ok(t)
             }

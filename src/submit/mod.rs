@@ -202,7 +202,7 @@ impl Submitter {
         let pool = match &self.tenants {
             Some(live) => {
                 let pool = validate_job(&self.cfg, job, payload_len)?;
-                live.admit(&job.tenant).map_err(|why| SubmitError::UnknownTenant(job.tenant.clone(), why))?;
+                live.accept(&job.tenant).map_err(|why| SubmitError::UnknownTenant(job.tenant.clone(), why))?;
                 pool
             }
             None => validate(&self.cfg, job, payload_len)?,

@@ -165,14 +165,23 @@ fn sources(cfg: &Config) -> Vec<String> {
 /// Most events written per batch.
 const RECORD_BATCH: usize = 500;
 
+/// Why the events history recorder could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RecorderError {
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error(transparent)]
+    Kafka(#[from] kafka::KafkaError),
+}
+
 /// Consumes the events topic (group `<group prefix>events-history`) and writes each
 /// event to its job's history until `stop` turns true. Offsets are committed only after
 /// a batch is written: an event is recorded at least once (rows are idempotent).
-pub async fn record(cfg: Arc<Config>, store: Store, mut stop: watch::Receiver<bool>) -> anyhow::Result<()> {
+pub async fn record(cfg: Arc<Config>, store: Store, mut stop: watch::Receiver<bool>) -> Result<(), RecorderError> {
     let stmts = store.event_statements().await?;
     let consumer = kafka::reader(&cfg, &cfg.group("events-history"), false)?;
     let topics = sources(&cfg);
-    consumer.subscribe(&topics.iter().map(String::as_str).collect::<Vec<_>>())?;
+    consumer.subscribe(&topics.iter().map(String::as_str).collect::<Vec<_>>()).map_err(kafka::KafkaError::from)?;
     let ttl = rules::row_ttl_secs(cfg.retention.results, 0, None);
     loop {
         let mut batch = Vec::new();

@@ -49,9 +49,20 @@ pub fn require_secret(cfg: &Config, tenant: &str, job_type: &str) -> Result<(), 
     ))
 }
 
+/// Why the webhook deliverer could not start, or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum WebhooksError {
+    #[error("cannot build the webhooks HTTP client: {0}")]
+    Http(#[from] reqwest::Error),
+    #[error(transparent)]
+    Kafka(#[from] kafka::KafkaError),
+    #[error("the delivery slots were closed")]
+    Closed(#[from] tokio::sync::AcquireError),
+}
+
 /// Runs the delivery loop until `stop` turns true (returns at once when no job type
 /// names a `webhook_url`).
-pub async fn deliver(cfg: Arc<Config>, stop: watch::Receiver<bool>) -> anyhow::Result<()> {
+pub async fn deliver(cfg: Arc<Config>, stop: watch::Receiver<bool>) -> Result<(), WebhooksError> {
     let urls: BTreeMap<String, String> =
         cfg.job_types.iter().filter_map(|(name, jt)| Some((name.clone(), jt.webhook_url.clone()?))).collect();
     if urls.is_empty() {
@@ -64,7 +75,7 @@ pub async fn deliver(cfg: Arc<Config>, stop: watch::Receiver<bool>) -> anyhow::R
         .build()?;
     let consumer = kafka::reader(&cfg, &cfg.group("webhooks"), false)?;
     let topic = cfg.results_topic();
-    consumer.subscribe(&[topic.as_str()])?;
+    consumer.subscribe(&[topic.as_str()]).map_err(kafka::KafkaError::from)?;
     let d = Arc::new(Deliverer { producer: kafka::producer(&cfg)?, cfg, http, urls, stop: stop.clone() });
     run_loop(d, consumer, topic, stop).await
 }
@@ -76,7 +87,7 @@ async fn run_loop(
     consumer: kafka::Reader,
     topic: String,
     mut stop: watch::Receiver<bool>,
-) -> anyhow::Result<()> {
+) -> Result<(), WebhooksError> {
     let permits = Arc::new(Semaphore::new(d.cfg.webhooks.concurrency));
     let (done_tx, mut done) = mpsc::unbounded_channel::<(i32, i64)>();
     let mut tracker = Tracker::new();
@@ -151,7 +162,8 @@ async fn deliver_one(d: &Deliverer, r: &JobResult, url: &str) -> bool {
         );
         tracing::error!(job_id = %r.job_id, "webhook {why}");
         metrics::counter!(m::WEBHOOK_ATTEMPTS, "result" => "not_sent").increment(1);
-        let ev = rules::delivery_event(new_id(), r, EventKind::WebhookFailed, 0, why, None, now_ms());
+        let not_sent = rules::Delivery { event_id: new_id(), result: r, url, attempt: 0 };
+        let ev = rules::delivery_event(not_sent, EventKind::WebhookFailed, why, None, now_ms());
         events::emit(&d.producer, &d.cfg, &ev);
         return true;
     };
@@ -170,7 +182,8 @@ async fn attempts(d: &Deliverer, r: &JobResult, url: &str, secret: &Secret) -> b
         attempt += 1;
         let (status, error) = post(d, url, r, &body, secret).await;
         let answer = Answer { status, error: &error };
-        let o = rules::attempt_outcome(new_id(), r, url, attempt, answer, &backoff, now_ms());
+        let delivery = rules::Delivery { event_id: new_id(), result: r, url, attempt };
+        let o = rules::attempt_outcome(delivery, answer, &backoff, now_ms());
         let result = match (o.event.kind, o.retry_at) {
             (EventKind::WebhookDelivered, _) => "delivered",
             (_, Some(_)) => "retry",

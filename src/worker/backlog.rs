@@ -6,7 +6,7 @@
 //! which tenants have spilled rows) and drops of finished buckets. Every result comes
 //! back to the pool loop as a [`BacklogEvent`]; the loop owns all state.
 
-use super::outcome::with_retries;
+use super::durable::with_retries;
 use super::route::Pending;
 use crate::core::backlog::{bucket_of, ReadPlan};
 use crate::store::{BacklogKey, BacklogStatements, StoreError};
@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc;
 
-/// Per (epoch, partition, tenant): the offsets of spilled jobs written, and the jobs whose write
+/// Per (incarnation, partition, tenant): the offsets of spilled jobs written, and the jobs whose write
 /// failed (offset, job), kept in memory.
 type WrittenOrNot = (Vec<i64>, Vec<(i64, Pending)>);
 
@@ -29,7 +29,7 @@ const WRITE_CONCURRENCY: usize = 8;
 /// A job to spill: its raw message (read back and decoded again later) and the decoded
 /// job, which returns to memory if the write fails.
 pub struct SpillReq {
-    pub epoch: u64,
+    pub incarnation: u64,
     pub partition: i32,
     pub tenant: String,
     pub offset: i64,
@@ -41,13 +41,19 @@ pub struct SpillReq {
 pub enum BacklogEvent {
     /// Spills of one tenant on one partition: `acked` offsets are durable in the store;
     /// `failed` jobs could not be written (the loop keeps them in memory).
-    Spilled { epoch: u64, partition: i32, tenant: String, acked: Vec<i64>, failed: Vec<(i64, Pending)> },
+    Spilled { incarnation: u64, partition: i32, tenant: String, acked: Vec<i64>, failed: Vec<(i64, Pending)> },
     /// A planned read came back (`Err` after retries: plan it again later).
-    Read { epoch: u64, partition: i32, tenant: String, plan: ReadPlan, rows: Result<Vec<(i64, Vec<u8>)>, StoreError> },
+    Read {
+        incarnation: u64,
+        partition: i32,
+        tenant: String,
+        plan: ReadPlan,
+        rows: Result<Vec<(i64, Vec<u8>)>, StoreError>,
+    },
     /// The backlog index of a newly owned partition: (tenant, bucket) pairs.
-    Loaded { epoch: u64, partition: i32, entries: Vec<(String, i64)> },
+    Loaded { incarnation: u64, partition: i32, entries: Vec<(String, i64)> },
     /// A finished bucket was dropped (or could not be: try again later).
-    Dropped { epoch: u64, partition: i32, tenant: String, bucket: i64, ok: bool },
+    Dropped { incarnation: u64, partition: i32, tenant: String, bucket: i64, ok: bool },
 }
 
 type Report = Arc<dyn Fn(BacklogEvent) + Send + Sync>;
@@ -121,7 +127,7 @@ impl Spiller {
         if let Err(mpsc::error::SendError(req)) = self.writer.send(req) {
             // The writer is gone (shutting down): report the job as not spilled.
             (self.report)(BacklogEvent::Spilled {
-                epoch: req.epoch,
+                incarnation: req.incarnation,
                 partition: req.partition,
                 tenant: req.tenant,
                 acked: vec![],
@@ -130,7 +136,7 @@ impl Spiller {
         }
     }
 
-    pub fn read(&self, epoch: u64, partition: i32, tenant: String, plan: ReadPlan) {
+    pub fn read(&self, incarnation: u64, partition: i32, tenant: String, plan: ReadPlan) {
         let (stmts, topic, report) = (self.stmts.clone(), self.topic.clone(), self.report.clone());
         tokio::spawn(async move {
             let key = BacklogKey { topic: &topic, partition, tenant: &tenant, bucket: plan.bucket };
@@ -138,18 +144,18 @@ impl Spiller {
             if let Err(e) = &rows {
                 tracing::warn!(partition, %tenant, error = %e, "cannot read spilled jobs back; will try again");
             }
-            report(BacklogEvent::Read { epoch, partition, tenant, plan, rows });
+            report(BacklogEvent::Read { incarnation, partition, tenant, plan, rows });
         });
     }
 
     /// Loads a newly owned partition's backlog index, retrying until the store answers.
-    pub fn load(&self, epoch: u64, partition: i32) {
+    pub fn load(&self, incarnation: u64, partition: i32) {
         let (stmts, topic, report) = (self.stmts.clone(), self.topic.clone(), self.report.clone());
         tokio::spawn(async move {
             let mut delay = std::time::Duration::from_millis(200);
             loop {
                 match stmts.list(&topic, partition).await {
-                    Ok(entries) => return report(BacklogEvent::Loaded { epoch, partition, entries }),
+                    Ok(entries) => return report(BacklogEvent::Loaded { incarnation, partition, entries }),
                     Err(e) => {
                         tracing::warn!(partition, error = %e, "cannot load the spilled-backlog index; the partition waits");
                         tokio::time::sleep(delay).await;
@@ -160,7 +166,7 @@ impl Spiller {
         });
     }
 
-    pub fn drop_bucket(&self, epoch: u64, partition: i32, tenant: String, bucket: i64) {
+    pub fn drop_bucket(&self, incarnation: u64, partition: i32, tenant: String, bucket: i64) {
         let (stmts, topic, report) = (self.stmts.clone(), self.topic.clone(), self.report.clone());
         tokio::spawn(async move {
             let key = BacklogKey { topic: &topic, partition, tenant: &tenant, bucket };
@@ -168,7 +174,7 @@ impl Spiller {
             if let Err(e) = &res {
                 tracing::debug!(partition, %tenant, bucket, error = %e, "cannot drop a finished backlog bucket yet");
             }
-            report(BacklogEvent::Dropped { epoch, partition, tenant, bucket, ok: res.is_ok() });
+            report(BacklogEvent::Dropped { incarnation, partition, tenant, bucket, ok: res.is_ok() });
         });
     }
 }
@@ -207,7 +213,7 @@ async fn write_loop(w: Writer, mut rx: mpsc::UnboundedReceiver<SpillReq>) {
         type Group = (u64, i32, String, i64);
         let mut groups: BTreeMap<Group, Vec<SpillReq>> = BTreeMap::new();
         for req in round.drain(..) {
-            let key = (req.epoch, req.partition, req.tenant.clone(), bucket_of(req.offset));
+            let key = (req.incarnation, req.partition, req.tenant.clone(), bucket_of(req.offset));
             groups.entry(key).or_default().push(req);
         }
         let written: Vec<(Group, Vec<SpillReq>, bool)> = futures::stream::iter(groups)
@@ -229,10 +235,10 @@ async fn write_loop(w: Writer, mut rx: mpsc::UnboundedReceiver<SpillReq>) {
             .buffered(WRITE_CONCURRENCY)
             .collect()
             .await;
-        // One report per (epoch, partition, tenant), buckets in order.
+        // One report per (incarnation, partition, tenant), buckets in order.
         let mut per_tenant: BTreeMap<(u64, i32, String), WrittenOrNot> = BTreeMap::new();
-        for ((epoch, partition, tenant, _), reqs, ok) in written {
-            let e = per_tenant.entry((epoch, partition, tenant)).or_default();
+        for ((incarnation, partition, tenant, _), reqs, ok) in written {
+            let e = per_tenant.entry((incarnation, partition, tenant)).or_default();
             for r in reqs {
                 if ok {
                     e.0.push(r.offset);
@@ -241,8 +247,8 @@ async fn write_loop(w: Writer, mut rx: mpsc::UnboundedReceiver<SpillReq>) {
                 }
             }
         }
-        for ((epoch, partition, tenant), (acked, failed)) in per_tenant {
-            report(BacklogEvent::Spilled { epoch, partition, tenant, acked, failed });
+        for ((incarnation, partition, tenant), (acked, failed)) in per_tenant {
+            report(BacklogEvent::Spilled { incarnation, partition, tenant, acked, failed });
         }
     }
 }

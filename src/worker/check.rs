@@ -1,13 +1,13 @@
-//! Stage 1 of a job's route (see `exec`): the effectively-once check before any handler
-//! runs. A redelivered copy of a finished, superseded, stale, cancelled or expired job is
+//! The check stage of a job's route (see `route`): the effectively-once check before any
+//! handler runs. A redelivered copy of a finished, superseded, stale, cancelled or expired job is
 //! settled here without running; a job running on another live worker waits; one whose
 //! worker died is taken over (a crash, never an attempt); a handed-off job is claimed.
 
-use super::outcome::{dead_letter, finish, OUTAGE_RETRY};
-use super::route::Origin;
+use super::durable::{self, record_terminal, Letter, Terminal, OUTAGE_RETRY};
+use super::route::{Durable, Origin};
 use super::Shared;
 use crate::core::retry::{AttemptState, Decision};
-use crate::model::{FailureClass, JobStatus, JobSubmitted};
+use crate::model::{FailureClass, JobSubmitted};
 use crate::store::{JobRow, StoreError};
 use crate::{metrics as m, now_ms};
 use std::sync::Arc;
@@ -17,10 +17,10 @@ const RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub(super) enum Check {
     /// Run it. `row_claimed`: its row was marked running or handed off (taken over or
-    /// claimed here), so its end is recorded in that row (see `outcome::record_end`).
+    /// claimed here), so its end is recorded in that row (see `durable::record_success`).
     Run { job: Arc<JobSubmitted>, row_claimed: bool },
-    /// Handled without running; false if that outcome could not be made durable.
-    Done(bool),
+    /// Handled without running, durably or not.
+    Done(Durable),
 }
 
 /// The effectively-once check, before any handler runs: finished, stale, cancelled,
@@ -53,8 +53,8 @@ enum Step {
     Next,
     /// Look at the row again.
     Again,
-    /// Handled without running; false if that outcome could not be made durable.
-    Done(bool),
+    /// Handled without running, durably or not.
+    Done(Durable),
 }
 
 /// Reads the job's row until it settles this copy, makes it wait, or lets it run (as it
@@ -75,7 +75,7 @@ async fn check_row(sh: &Shared, mut job: Arc<JobSubmitted>, origin: &Origin) -> 
         let row_gen = row.generation.unwrap_or(0);
         if job.generation < row_gen {
             metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "superseded").increment(1);
-            return Check::Done(true);
+            return Check::Done(Durable::Yes);
         }
         let rerun = job.generation > row_gen;
         if let Some(done) = settled_by_row(sh, &job, &row, rerun).await {
@@ -110,21 +110,21 @@ async fn check_row(sh: &Shared, mut job: Arc<JobSubmitted>, origin: &Origin) -> 
 
 /// A copy its row settles without running: a finished job redelivered, a stale attempt,
 /// or a cancelled job. None if the row does not settle it.
-async fn settled_by_row(sh: &Shared, job: &JobSubmitted, row: &JobRow, rerun: bool) -> Option<bool> {
+async fn settled_by_row(sh: &Shared, job: &JobSubmitted, row: &JobRow, rerun: bool) -> Option<Durable> {
     if row.is_terminal() && !rerun {
         // Redelivered after it finished: its result was acknowledged before its state
-        // was written (see `outcome::finish`), so there is nothing to publish again.
+        // was written (see `durable::record_terminal`), so there is nothing to publish again.
         metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "finished").increment(1);
-        return Some(true);
+        return Some(Durable::Yes);
     }
     if !rerun && row.attempts.unwrap_or(0) > job.attempt {
         // A stale copy: a later attempt of this job already exists on a retry topic.
         metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "stale_attempt").increment(1);
-        return Some(true);
+        return Some(Durable::Yes);
     }
     if row.cancel_requested == Some(true) {
         let msg = "cancelled before it started".to_string();
-        return Some(finish(sh, job, JobStatus::Cancelled, None, Some(msg), None, None).await);
+        return Some(record_terminal(sh, job, Terminal::cancelled(msg)).await);
     }
     None
 }
@@ -199,7 +199,7 @@ async fn wait_for_live_worker(
         // starve the hand-off copies of other jobs. A newer generation's copy is not a
         // redelivery: it waits below and runs once the current run ends.
         metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "running_here").increment(1);
-        return Step::Done(true);
+        return Step::Done(Durable::Yes);
     }
     if !fresh {
         return Step::Next;
@@ -209,7 +209,7 @@ async fn wait_for_live_worker(
         // This worker hands its jobs off and has left the group: a copy waiting
         // for another worker's job is not its business any more (its offset stays
         // uncommitted for the partition's next owner).
-        return Step::Done(false);
+        return Step::Done(Durable::No);
     }
     // Looked at again within a second, not a heartbeat interval: when the running
     // worker hands the job off, this copy may be the one to claim it (the
@@ -219,14 +219,14 @@ async fn wait_for_live_worker(
 }
 
 /// A job whose worker died: the job to run with its crash counted, or Err once
-/// dead-lettered past its crash limit (false if that could not be made durable).
+/// dead-lettered past its crash limit (durably or not).
 async fn take_over(
     sh: &Shared,
     job: &Arc<JobSubmitted>,
     row: &JobRow,
     origin: &Origin,
     now: i64,
-) -> Result<Arc<JobSubmitted>, bool> {
+) -> Result<Arc<JobSubmitted>, Durable> {
     // Worker crash: never uses up an attempt, but counts towards the crash limit.
     let crashes = job.crash_count.max(row.crash_count.unwrap_or(0) + 1);
     let state = AttemptState { attempt: job.attempt, crash_count: crashes - 1, last_error: row.error.clone() };
@@ -234,19 +234,11 @@ async fn take_over(
     if let (_, Decision::DeadLetter { reason }) =
         sh.decide(FailureClass::WorkerCrash, &job.job_type, &job.tenant, &state, &policy, now)
     {
-        let dl = dead_letter(
-            sh,
-            Some(job),
-            None,
-            FailureClass::Poison,
-            reason.clone(),
-            row.error.clone(),
-            job.attempt,
-            origin,
-        )
-        .await;
-        let fin = finish(sh, job, JobStatus::Failed, None, Some(reason), Some(FailureClass::Poison), None).await;
-        return Err(dl && fin);
+        let class = FailureClass::Poison;
+        let (last_error, attempts) = (row.error.clone(), job.attempt);
+        let letter = Letter { job: Some(job), raw: None, class, reason: reason.clone(), last_error, attempts, origin };
+        let dl = durable::dead_letter(sh, letter).await;
+        return Err(dl.and(record_terminal(sh, job, Terminal::failed(reason, class)).await));
     }
     metrics::counter!(m::JOBS_TAKEN_OVER, "pool" => sh.pool.as_str()).increment(1);
     let mut j = (**job).clone();
@@ -258,7 +250,7 @@ async fn take_over(
 /// the job is held back (it keeps its slot; no attempt, no crash counted, no dead letter)
 /// and goes on once the store answers. Err (the copy held unfinished: its offset stays
 /// uncommitted and it is redelivered) when the worker stops meanwhile or the outage
-/// outlasts `outcome::OUTAGE_RETRY`.
+/// outlasts `durable::OUTAGE_RETRY`.
 async fn through_outage<T, F, Fut>(sh: &Shared, job: &JobSubmitted, what: &str, mut f: F) -> Result<T, Check>
 where
     F: FnMut() -> Fut,
@@ -280,7 +272,7 @@ where
         let stopping = sh.stopping.load(std::sync::atomic::Ordering::SeqCst);
         if stopping || tokio::time::Instant::now() + delay >= give_up {
             tracing::error!(job_id = %job.job_id, error = %e, stopping, "store unavailable for {what}; the job is left for redelivery");
-            return Err(Check::Done(false));
+            return Err(Check::Done(Durable::No));
         }
         if !held {
             held = true;
@@ -303,9 +295,9 @@ async fn run_unless_expired(sh: &Shared, job: Arc<JobSubmitted>, row_claimed: bo
 }
 
 /// Ends a job that did not start before its `not_after` as expired (never run).
-pub(super) async fn expire(sh: &Shared, job: &JobSubmitted, not_after: i64) -> bool {
+pub(super) async fn expire(sh: &Shared, job: &JobSubmitted, not_after: i64) -> Durable {
     let now = now_ms();
     let msg = format!("not started before not_after ({not_after}); expired at {now}");
     crate::watch::events::late(&sh.producer, &sh.cfg, &sh.worker_id, job, not_after);
-    finish(sh, job, JobStatus::Expired, None, Some(msg), None, None).await
+    record_terminal(sh, job, Terminal::expired(msg)).await
 }

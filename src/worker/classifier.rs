@@ -2,7 +2,7 @@
 //!
 //! One worker of the deployment at a time (lease `classifier`) reads, every
 //! `classifier.interval`, the window's run-time cells every worker wrote
-//! (`worker::frontdoor`; settled buckets are read once), sums them per (job type,
+//! (`worker::admission`; settled buckets are read once), sums them per (job type,
 //! tenant) and pool, and asks [`decide`] about each such subject of a configured job
 //! type with the runs of the pool it is assigned to now: one tenant's slow runs move
 //! that tenant's jobs only. A move is written to `tenant_pool_classes` first (what

@@ -155,7 +155,11 @@ pub struct Fair<J> {
 
 impl<J> Fair<J> {
     /// One pool's scheduler with every registered tenant's tier, caps and limits.
-    pub fn new(cfg: &Config, pool: Pool, tenants: &crate::core::tenants::TenantSet) -> Result<Self, String> {
+    pub fn new(
+        cfg: &Config,
+        pool: Pool,
+        tenants: &crate::core::tenants::TenantSet,
+    ) -> Result<Self, crate::core::scheduler::SchedulerError> {
         let pc = cfg.pool(pool);
         let mut sc = SchedulerConfig::for_pool(pool, pc.slots);
         sc.default_cost_ms = pc.default_estimate.as_millis().max(1) as f64;
@@ -165,7 +169,7 @@ impl<J> Fair<J> {
         sc.default_tenant = TenantPolicy::tier(cfg.registry.default_tier);
         sc.free_accounts = cfg.registry.free_accounts.clone();
         sc.idle_evict_ms = cfg.worker.tenant_idle_evict.as_millis() as Millis;
-        let mut inner = Scheduler::new(pool, sc).map_err(|e| format!("pools.{pool}: {e}"))?;
+        let mut inner = Scheduler::new(pool, sc)?;
         // Registry content never stops a worker from starting: what fits is applied,
         // the rest reported (log and metric).
         for (name, t) in &tenants.tenants {
@@ -184,7 +188,7 @@ impl<J> Fair<J> {
 fn set_fitting<J>(inner: &mut Scheduler<J>, tenant: &str, policy: TenantPolicy) -> Result<(), String> {
     match inner.set_tenant(tenant, policy.clone()) {
         Ok(()) => Ok(()),
-        Err(e @ crate::core::scheduler::ConfigError::ReservationTooLarge { .. }) => {
+        Err(e @ crate::core::scheduler::SchedulerError::ReservationTooLarge { .. }) => {
             let fits = TenantPolicy { reserved_slots: Some(0), ..policy };
             inner.set_tenant(tenant, fits).map_err(|e| e.to_string())?;
             Err(format!("{e}; applied without its reservation"))

@@ -1,11 +1,11 @@
-//! Stages 3 and 4 of a job's route (`route`): admit the job (a handler, closed breakers)
-//! and run its handler under its deadline, between the effectively-once check
-//! (`check`) and the durable outcome (`outcome`).
+//! The run stage of a job's route (`route`): clear the job to run (a handler, closed
+//! breakers) and run its handler under its deadline, between the effectively-once check
+//! (`check`) and settling its outcome (`settle`).
 
-use super::outcome::{self, update};
-use super::route::{Ended, Origin, Run};
-use super::{check, Shared};
-use crate::core::breaker::Admission;
+use super::durable::{self, update};
+use super::route::{Durable, Ended, Origin, Run};
+use super::{check, settle, Shared};
+use crate::core::breaker::Verdict;
 use crate::core::retry::DurationMs;
 use crate::core::stuck;
 use crate::handlers::{Handler, HandlerError, JobContext, JobLive};
@@ -78,7 +78,61 @@ impl Waited {
         tracing::debug!(target: "fairway::timeline", job_id = %job.job_id, tenant = %job.tenant, fetch, queue, check, "started");
     }
 }
-/// Runs one dispatched job along its route (see the module doc).
+/// The spans of one job's run (`telemetry`), built around the route rather than in it:
+/// nothing at all when export is off, so the hot path builds nothing.
+struct RunSpans {
+    job: Option<telemetry::JobSpans>,
+    process: Option<telemetry::Live>,
+}
+
+impl RunSpans {
+    /// The job's spans (its wait for dispatch recorded) and its process span, open.
+    fn start(sh: &Shared, job: &JobSubmitted, origin: &Origin, waited: &Waited, started_at: i64) -> RunSpans {
+        let spans = telemetry::enabled().then(|| sh.cfg.group(sh.pool.as_str())).and_then(|group| {
+            let (topic, partition, offset) = (origin.topic.as_str(), origin.partition, origin.offset);
+            telemetry::job(job, &telemetry::Delivery { topic, partition, offset, group: &group })
+        });
+        if let Some(spans) = &spans {
+            spans.dispatch_wait(waited.from(job), waited.received_at, waited.dispatched_at);
+        }
+        let process = spans.as_ref().and_then(|s| s.process(started_at));
+        RunSpans { job: spans, process }
+    }
+
+    /// The trace context the handler is given (its process span's).
+    fn traceparent(&self) -> Option<String> {
+        self.process.as_ref().and_then(telemetry::Live::traceparent)
+    }
+
+    /// Closes the process span with how the run ended; the outcome span is left to write.
+    fn ran(self, run: &Run) -> Settling {
+        let ran_at = now_ms();
+        let (label, error) = run.label();
+        if let Some(process) = self.process {
+            process.end(ran_at, error.as_deref(), Vec::new());
+        }
+        Settling { job: self.job, ran_at, label, error }
+    }
+}
+
+/// The outcome span of a run being settled (see [`RunSpans`]).
+struct Settling {
+    job: Option<telemetry::JobSpans>,
+    ran_at: i64,
+    label: &'static str,
+    error: Option<String>,
+}
+
+impl Settling {
+    /// Writes the outcome span, from the run's end to now.
+    fn settled(self) {
+        if let Some(spans) = &self.job {
+            spans.outcome(self.ran_at, now_ms(), self.label, self.error.as_deref());
+        }
+    }
+}
+
+/// Runs one dispatched job along its route (see `route`): check, run, settle.
 pub async fn execute(
     sh: Arc<Shared>,
     job: Arc<JobSubmitted>,
@@ -86,38 +140,23 @@ pub async fn execute(
     mut slot: SlotRelease,
     waited: Waited,
 ) -> Ended {
-    sh.front_door.lock().expect("front-door tally").dispatched(&job);
+    sh.admission_tally.lock().expect("admission tally").dispatched(&job);
     let (job, row_claimed) = match check::before_run(&sh, job, &origin).await {
         check::Check::Run { job, row_claimed } => (job, row_claimed),
         check::Check::Done(durable) => return Ended::Skipped.or_lost(durable),
     };
-    let handler = match admit(&sh, &job, &origin).await {
+    let handler = match clear_to_run(&sh, &job, &origin).await {
         Ok(handler) => handler,
         Err(durable) => return Ended::Skipped.or_lost(durable),
     };
     let started_at = now_ms();
     waited.record(&sh, &job, started_at);
-    // Spans only when exported: with export off the hot path builds nothing.
-    let spans = telemetry::enabled().then(|| sh.cfg.group(sh.pool.as_str())).and_then(|group| {
-        let (topic, partition, offset) = (origin.topic.as_str(), origin.partition, origin.offset);
-        telemetry::job(&job, &telemetry::Delivery { topic, partition, offset, group: &group })
-    });
-    if let Some(spans) = &spans {
-        spans.dispatch_wait(waited.from(&job), waited.received_at, waited.dispatched_at);
-    }
-    let process = spans.as_ref().and_then(|s| s.process(started_at));
-    let mut run =
-        run(&sh, &job, handler, &mut slot, started_at, process.as_ref().and_then(telemetry::Live::traceparent)).await;
+    let spans = RunSpans::start(&sh, &job, &origin, &waited, started_at);
+    let mut run = run(&sh, &job, handler, &mut slot, started_at, spans.traceparent()).await;
     run.row_claimed = row_claimed;
-    let ran_at = now_ms();
-    let (label, error) = run.label();
-    if let Some(process) = process {
-        process.end(ran_at, error.as_deref(), Vec::new());
-    }
-    let ended = outcome::record(&sh, &job, &origin, &run).await;
-    if let Some(spans) = &spans {
-        spans.outcome(ran_at, now_ms(), label, error.as_deref());
-    }
+    let spans = spans.ran(&run);
+    let ended = settle::settle(&sh, &job, &origin, &run).await;
+    spans.settled();
     if run.running_written {
         if let Err(e) = sh.store.delete_running_job(sh.pool.as_str(), &job.job_id).await {
             tracing::debug!(job_id = %job.job_id, error = %e, "could not clear running index");
@@ -129,7 +168,7 @@ pub async fn execute(
 /// A queued job past its `not_after`, settled without a slot: the effectively-once check
 /// expires it (or settles a redelivered copy of a job that ended as such).
 pub async fn expire_queued(sh: Arc<Shared>, job: Arc<JobSubmitted>, origin: Origin) -> Ended {
-    sh.front_door.lock().expect("front-door tally").dispatched(&job);
+    sh.admission_tally.lock().expect("admission tally").dispatched(&job);
     let not_after = job.not_after.unwrap_or_default();
     let durable = match check::before_run(&sh, job, &origin).await {
         check::Check::Done(durable) => durable,
@@ -140,24 +179,24 @@ pub async fn expire_queued(sh: Arc<Shared>, job: Arc<JobSubmitted>, origin: Orig
     Ended::Skipped.or_lost(durable)
 }
 
-/// Stage 2: the job needs a handler on this worker and its dependency's breaker must let
-/// it through. `Err(durable)`: it was settled instead (failed permanently, or held back
-/// on the dependency retry topic with its attempt unchanged).
-async fn admit(sh: &Shared, job: &Arc<JobSubmitted>, origin: &Origin) -> Result<Arc<dyn Handler>, bool> {
+/// Clears a job to run: it needs a handler on this worker and its dependency's breaker
+/// must let it through. `Err(durable)`: it was settled instead (failed permanently, or
+/// held back on the dependency retry topic with its attempt unchanged).
+async fn clear_to_run(sh: &Shared, job: &Arc<JobSubmitted>, origin: &Origin) -> Result<Arc<dyn Handler>, Durable> {
     let Some(handler) = sh.registry.get(&job.job_type) else {
         let err = HandlerError::permanent(format!(
             "no handler for job type {:?} on this worker; add it to [job_types] or register a Rust handler",
             job.job_type
         ));
-        return Err(outcome::fail(sh, job, origin, err, None).await);
+        return Err(settle::fail(sh, job, origin, err, None).await);
     };
-    if let Admission::Rejected { retry_at } =
-        sh.admit(&job.job_type, &job.tenant, job.attempt == 0 && job.crash_count == 0, now_ms())
+    if let Verdict::Rejected { retry_at } =
+        sh.breaker_verdict(&job.job_type, &job.tenant, job.attempt == 0 && job.crash_count == 0, now_ms())
     {
         // The job type's dependency is failing: hold the job back (no attempt used)
         // on the dependency retry topic until the breaker lets a probe through.
         metrics::counter!(m::BREAKER_REJECTIONS, "job_type" => sh.bounded_job_type(&job.job_type)).increment(1);
-        return Err(outcome::hold_back(sh, job, retry_at).await);
+        return Err(durable::hold_back(sh, job, retry_at).await);
     }
     Ok(handler)
 }
@@ -187,7 +226,7 @@ fn expire_at_not_after(sh: &Shared, job: &JobSubmitted, live: &Arc<JobLive>) -> 
     })))
 }
 
-/// Stage 3: the handler under its deadline. Jobs that outlive `RUNNING_WRITE_GRACE` get
+/// Runs the handler under its deadline. Jobs that outlive `RUNNING_WRITE_GRACE` get
 /// a "running" row with a first heartbeat, so a dead or hung worker is noticed. The
 /// scheduler slot is released as soon as the handler returns.
 async fn run(

@@ -3,25 +3,26 @@
 //! (scheduling, retry, breakers, offsets) live in `crate::core`; this module moves data
 //! between them and Kafka / ScyllaDB.
 
+pub mod admission;
 pub mod backlog;
 mod check;
 pub mod classifier;
 pub mod dispatch;
+mod durable;
 pub mod exec;
-pub mod fresh;
-pub mod frontdoor;
+pub mod frontier;
 pub mod liveness;
-mod outcome;
 pub mod pool;
 pub mod quota;
 pub mod relay;
 pub mod route;
 pub mod schedules;
+mod settle;
 pub mod usage;
 pub mod watchdog;
 
 use crate::config::Config;
-use crate::core::breaker::{Admission, BreakerConfig, BreakerState, ScopedBreakers};
+use crate::core::breaker::{BreakerConfig, BreakerState, ScopedBreakers, Verdict};
 use crate::core::poison::PoisonDetectors;
 use crate::core::retry::{self, AttemptState, Decision, RetryBudget, RetryPolicy};
 use crate::handlers::{JobLive, Registry};
@@ -32,6 +33,19 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
+
+/// Why a worker, or one of its pools' loops, could not start or keep running.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error(transparent)]
+    Kafka(#[from] kafka::KafkaError),
+    #[error(transparent)]
+    Submit(#[from] crate::submit::SubmitError),
+    #[error("cannot schedule pool {pool}: pools.{pool}: {source}")]
+    Schedule { pool: Pool, source: crate::core::scheduler::SchedulerError },
+}
 
 /// Which dispatch policy the worker uses (FIFO exists as the fairness benchmark's baseline).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -67,14 +81,14 @@ pub struct Shared {
     /// pools), published by the usage reporter and folded in by the pool loop.
     pub fleet_usage: watch::Sender<HashMap<String, f64>>,
     /// Dispatch frontiers of the pool topic's partitions: which jobs skip the state read.
-    pub frontiers: fresh::Frontiers,
+    pub frontiers: frontier::Frontiers,
     /// The live tenants registry.
     pub tenants: crate::ops::tenants::LiveTenants,
     /// Fleet-wide limits of this pool: demand reported by the pool loop, caps computed
     /// by the quota exchange (`worker::quota`).
     pub quotas: Mutex<crate::core::quota::Quotas>,
-    /// Dispatches, attempt outcomes and run times for the front door (`frontdoor`).
-    pub front_door: Mutex<frontdoor::Tally>,
+    /// Dispatches, attempt outcomes and run times for submission admission (`admission`).
+    pub admission_tally: Mutex<admission::Tally>,
     /// The pools' run-time ranges (`pools.<p>.max_run`), for the classifier's counts.
     pub ranges: crate::core::classifier::Ranges,
     /// Kills and abnormal exits of `process` children per tenant (the recycling cap).
@@ -179,21 +193,22 @@ impl Shared {
         let mut h = self.health.lock().expect("health lock");
         let class = h.poison.effective_class(&crate::core::poison::tenant_key(job_type, tenant), class, now);
         let jitter = rand::random::<f64>();
-        (class, retry::decide_with_budget(class, state, policy, &mut h.budget, tenant, now, jitter))
+        let failed = retry::Failed { class, state, policy };
+        (class, retry::decide_with_budget(failed, &mut h.budget, tenant, now, jitter))
     }
 
     /// May a job of this type run now? (Its dependency's circuit breaker.)
-    pub fn admit(&self, job_type: &str, tenant: &str, first_attempt: bool, now: Millis) -> Admission {
+    pub fn breaker_verdict(&self, job_type: &str, tenant: &str, first_attempt: bool, now: Millis) -> Verdict {
         let mut h = self.health.lock().expect("health lock");
         let mut a = h.breakers.allow(job_type, tenant, now);
-        if let Admission::Rejected { retry_at } = &mut a {
+        if let Verdict::Rejected { retry_at } = &mut a {
             // While a probe is out, the breaker points at the probe's deadline; look
             // again after one cool-down instead, the probe usually answers sooner.
             let cool_down = h.breakers.config(job_type).cool_down.0;
             *retry_at = (*retry_at).min(now + cool_down.max(100));
         }
         // The retry budget compares retries with fresh dispatches (first attempts only).
-        if first_attempt && !matches!(a, Admission::Rejected { .. }) {
+        if first_attempt && !matches!(a, Verdict::Rejected { .. }) {
             h.budget.record_dispatch(tenant, now);
         }
         a
@@ -213,7 +228,7 @@ impl Shared {
         }
         let subject = crate::core::classifier::Subject::new(job_type, tenant);
         let max = self.cfg.classifier.max_tracked;
-        if !self.front_door.lock().expect("front-door tally").ran(&subject, (run_ms, violation), now, max) {
+        if !self.admission_tally.lock().expect("admission tally").ran(&subject, (run_ms, violation), now, max) {
             metrics::counter!(crate::metrics::CLASSIFIER_UNTRACKED_RUNS, "pool" => pool).increment(1);
         }
     }
@@ -222,7 +237,7 @@ impl Shared {
     /// judges each tenant's jobs of a type apart: one tenant's failing inputs quarantine
     /// the type for that tenant only).
     pub fn record_outcome(&self, job_type: &str, tenant: &str, failure: Option<FailureClass>, now: Millis) {
-        self.front_door.lock().expect("front-door tally").outcome(job_type, tenant, failure, now);
+        self.admission_tally.lock().expect("admission tally").outcome(job_type, tenant, failure, now);
         let mut h = self.health.lock().expect("health lock");
         // Infrastructure failures open the tenant's breaker, and the type's only once
         // several tenants have them; successes close them.
@@ -280,13 +295,18 @@ pub struct WorkerStart<'a> {
 
 impl Worker {
     /// Starts one consumer loop per pool.
-    pub async fn start(cfg: Arc<Config>, pools: &[Pool], registry: Registry, policy: Policy) -> anyhow::Result<Worker> {
+    pub async fn start(
+        cfg: Arc<Config>,
+        pools: &[Pool],
+        registry: Registry,
+        policy: Policy,
+    ) -> Result<Worker, WorkerError> {
         let probes = crate::observe::probes::Probes::worker(pools);
         Worker::start_with(cfg, registry, WorkerStart { pools, policy, probes }).await
     }
 
     /// Starts one consumer loop per pool, reporting readiness and liveness to `s.probes`.
-    pub async fn start_with(cfg: Arc<Config>, registry: Registry, s: WorkerStart<'_>) -> anyhow::Result<Worker> {
+    pub async fn start_with(cfg: Arc<Config>, registry: Registry, s: WorkerStart<'_>) -> Result<Worker, WorkerError> {
         let WorkerStart { pools, policy, probes } = s;
         let store = Store::open(&cfg).await?;
         if let Some(r) = probes.worker_readiness() {
@@ -311,7 +331,7 @@ impl Worker {
             producer.clone(),
             halted.clone(),
         )));
-        let feed = Arc::new(fresh::CancelFeed::default());
+        let feed = Arc::new(frontier::CancelFeed::default());
         tasks.push(tokio::spawn(feed.clone().run(store.clone(), rx.clone())));
         for &pool in pools {
             let sh = Arc::new(Shared {
@@ -328,10 +348,10 @@ impl Worker {
                 assigned: Default::default(),
                 local_usage: Mutex::new(HashMap::new()),
                 fleet_usage: watch::channel(HashMap::new()).0,
-                frontiers: fresh::Frontiers::new(cfg.pool_topic(pool), cfg.worker.skip_fresh_reads, feed.clone()),
+                frontiers: frontier::Frontiers::new(cfg.pool_topic(pool), cfg.worker.skip_fresh_reads, feed.clone()),
                 tenants: tenants.clone(),
                 quotas: Mutex::new(Default::default()),
-                front_door: Default::default(),
+                admission_tally: Default::default(),
                 ranges: cfg.run_ranges(),
                 recycling: Mutex::new(crate::core::recycling::Recycling::new(cfg.pool(pool).recycling)),
                 probes: probes.clone(),
@@ -343,7 +363,7 @@ impl Worker {
             if cfg.worker.fleet_limits {
                 tasks.push(tokio::spawn(quota::quota_loop(sh.clone(), rx.clone())));
             }
-            tasks.push(tokio::spawn(frontdoor::frontdoor_loop(sh.clone(), halted.clone())));
+            tasks.push(tokio::spawn(admission::report_loop(sh.clone(), halted.clone())));
             let dispatcher = make_dispatcher(&cfg, pool, policy, &tenants.current())?;
             let rx = rx.clone();
             let sh2 = sh.clone();
@@ -429,7 +449,7 @@ fn make_dispatcher(
     pool: Pool,
     policy: Policy,
     tenants: &crate::core::tenants::TenantSet,
-) -> anyhow::Result<Box<dyn dispatch::Dispatcher<route::Pending>>> {
+) -> Result<Box<dyn dispatch::Dispatcher<route::Pending>>, WorkerError> {
     let slots = cfg.pool(pool).slots;
     // The hard per-tenant limit is twice the spill threshold: read-backs and messages
     // already fetched still fit.
@@ -440,7 +460,7 @@ fn make_dispatcher(
         // registry content never does (see `Fair::new`).
         Policy::Fair => Box::new(
             dispatch::Fair::<route::Pending>::new(cfg, pool, tenants)
-                .map_err(|e| anyhow::anyhow!("cannot schedule pool {pool}: {e}"))?,
+                .map_err(|source| WorkerError::Schedule { pool, source })?,
         ),
     })
 }

@@ -5,16 +5,17 @@
 
 use super::backlog::{BacklogEvent, SpillReq, Spiller};
 use super::dispatch::{Dispatcher, Queued, Ticket};
+use super::durable::{self, Letter, Terminal};
 use super::exec;
-use super::outcome;
-use super::route::{Ended, Origin, Pending, SpillRef};
+use super::route::{Durable, Ended, Origin, Pending, SpillRef};
 use super::Shared;
 use crate::core::backlog::TenantBacklog;
 use crate::core::flow::Gate;
 use crate::core::offsets::PartitionOffsets;
+use crate::core::quota::Scope;
 use crate::core::tenants::TenantSet;
 use crate::kafka::{self, Consumer, Message, RebalanceEvent, TopicPartitionList};
-use crate::model::{FailureClass, JobStatus, JobSubmitted};
+use crate::model::{FailureClass, JobSubmitted};
 use crate::{codec, metrics as m, now_ms};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -24,7 +25,7 @@ use tokio::task::JoinSet;
 
 struct Done {
     origin: Origin,
-    epoch: u64,
+    incarnation: u64,
     /// The job held a scheduler slot (released earlier by a `Freed` message).
     had_slot: bool,
     ended: Ended,
@@ -41,7 +42,7 @@ enum Event {
 }
 
 struct PartitionState {
-    epoch: u64,
+    incarnation: u64,
     offsets: PartitionOffsets,
     /// Spilled backlogs of the tenants on this partition (`core::backlog`).
     backlogs: HashMap<String, TenantBacklog>,
@@ -75,7 +76,7 @@ struct Loop {
     /// Jobs the dispatcher refused (tenant over its hard limit); their partitions pause.
     overflow: VecDeque<Queued<Pending>>,
     parts: HashMap<i32, PartitionState>,
-    next_epoch: u64,
+    next_incarnation: u64,
     tasks: JoinSet<()>,
     done_tx: mpsc::UnboundedSender<Event>,
     spiller: Spiller,
@@ -109,7 +110,7 @@ pub async fn run(
     sh: Arc<Shared>,
     dispatcher: Box<dyn Dispatcher<Pending>>,
     mut shutdown: watch::Receiver<bool>,
-) -> anyhow::Result<()> {
+) -> Result<(), super::WorkerError> {
     let topic = sh.cfg.pool_topic(sh.pool);
     let group = sh.cfg.group(sh.pool.as_str());
     let (consumer, mut rebalances) = kafka::pool_consumer(&sh.cfg, &group, &topic, sh.pool.as_str())?;
@@ -125,7 +126,7 @@ pub async fn run(
         dispatcher,
         overflow: VecDeque::new(),
         parts: HashMap::new(),
-        next_epoch: 0,
+        next_incarnation: 0,
         tasks: JoinSet::new(),
         done_tx,
         spiller,
@@ -213,7 +214,7 @@ fn sync_tenant_rate(
     limited: bool,
     now: i64,
 ) {
-    let scope = crate::core::quota::rate_scope(tenant);
+    let scope = Scope::Rate(tenant.to_string()).name();
     if !limited {
         if q.has(&scope) {
             dispatcher.set_fleet_rate(tenant, 1.0);
@@ -393,11 +394,11 @@ impl Loop {
 
     /// The state of a partition, created (with a load of its backlog index) if new.
     fn partition(&mut self, p: i32) -> &mut PartitionState {
-        let (next_epoch, spiller) = (&mut self.next_epoch, &self.spiller);
-        self.parts.entry(p).or_insert_with(|| new_partition(next_epoch, spiller, p))
+        let (next_incarnation, spiller) = (&mut self.next_incarnation, &self.spiller);
+        self.parts.entry(p).or_insert_with(|| new_partition(next_incarnation, spiller, p))
     }
 
-    /// A message from the pool topic: track its offset, then admit it (or hold it while
+    /// A message from the pool topic: track its offset, then take it in (or hold it while
     /// its partition's backlog index loads).
     fn on_message(&mut self, origin: Origin, bytes: Vec<u8>, at: Option<i64>) {
         let p = origin.partition;
@@ -405,7 +406,7 @@ impl Loop {
         if st.offsets.started_at(origin.offset, at).is_err() {
             // The partition rewound (a seek or a missed rebalance event): what was in
             // flight before no longer decides this partition's commits.
-            let st = new_partition(&mut self.next_epoch, &self.spiller, p);
+            let st = new_partition(&mut self.next_incarnation, &self.spiller, p);
             self.parts.insert(p, st);
             let _ = self.partition(p).offsets.started_at(origin.offset, at);
             // Offsets it started before may come again: re-read the frontier.
@@ -419,31 +420,31 @@ impl Loop {
         }
     }
 
-    /// Admission of a consumed message: dead-letter what cannot run, delay what is due
+    /// Intake of a consumed message: dead-letter what cannot run, delay what is due
     /// later, spill what exceeds its tenant's buffer, queue the rest.
     fn intake(&mut self, origin: Origin, bytes: Vec<u8>) {
-        let Some(epoch) = self.parts.get(&origin.partition).map(|st| st.epoch) else { return };
-        tracing::trace!(target: "fairway::worker::intake", partition = origin.partition, offset = origin.offset, epoch, "intake");
-        let job = match admit(&self.sh, &bytes) {
+        let Some(incarnation) = self.parts.get(&origin.partition).map(|st| st.incarnation) else { return };
+        tracing::trace!(target: "fairway::worker::intake", partition = origin.partition, offset = origin.offset, incarnation, "intake");
+        let job = match validate(&self.sh, &bytes) {
             Ok(job) => job,
-            Err(rejection) => return self.reject_later(Refused { rejection, bytes, origin, epoch, spill: None }),
+            Err(rejection) => return self.reject_later(Refused { rejection, bytes, origin, incarnation, spill: None }),
         };
         if job.execute_at.is_some_and(|at| at > now_ms() + 100) {
             // Scheduled for later: the relay holds it (or parks it in the store).
             let (sh, tx) = (self.sh.clone(), self.done_tx.clone());
             self.tasks.spawn(async move {
-                let ended = if outcome::delay(&sh, job).await { Ended::Skipped } else { Ended::NotDurable };
-                let _ = tx.send(Event::Done(Done { origin, epoch, had_slot: false, ended, spill: None }));
+                let ended = Ended::Skipped.or_lost(durable::delay(&sh, job).await);
+                let _ = tx.send(Event::Done(Done { origin, incarnation, had_slot: false, ended, spill: None }));
             });
             return;
         }
         metrics::counter!(m::JOBS_RECEIVED, "pool" => self.pool()).increment(1);
         let tenant = job.tenant.clone();
-        let pending = Pending { job: Arc::new(job), origin, epoch, received_at: now_ms(), spill: None };
+        let pending = Pending { job: Arc::new(job), origin, incarnation, received_at: now_ms(), spill: None };
         if self.must_spill(pending.origin.partition, &tenant) && self.mark_spill(&pending) {
             metrics::counter!(m::JOBS_SPILLED, "pool" => self.pool()).increment(1);
             let (partition, offset) = (pending.origin.partition, pending.origin.offset);
-            self.spiller.spill(SpillReq { epoch, partition, tenant, offset, bytes, job: pending });
+            self.spiller.spill(SpillReq { incarnation, partition, tenant, offset, bytes, job: pending });
         } else {
             self.enqueue(pending);
         }
@@ -487,7 +488,7 @@ impl Loop {
             },
             None => pending,
         };
-        self.enqueue_admitted(pending);
+        self.enqueue_past_flow(pending);
     }
 
     /// A job that left the loop without running gives its flow unit back.
@@ -504,7 +505,7 @@ impl Loop {
                 let ended = exec::expire_queued(sh, p.job, p.origin.clone()).await;
                 let _ = tx.send(Event::Done(Done {
                     origin: p.origin,
-                    epoch: p.epoch,
+                    incarnation: p.incarnation,
                     had_slot: false,
                     ended,
                     spill: p.spill,
@@ -530,7 +531,7 @@ impl Loop {
         let ready = self.gate.ready(now);
         metrics::gauge!(m::FLOW_PARKED, "pool" => self.pool()).set(self.gate.parked() as f64);
         for p in ready {
-            self.enqueue_admitted(p);
+            self.enqueue_past_flow(p);
         }
     }
 
@@ -550,7 +551,7 @@ impl Loop {
             tracing::debug!(pool = self.pool(), usable = ?q.all_usable(now), "fleet-wide caps changed");
         }
         for (scope, cap) in q.all_usable(now) {
-            if fleet && scope.starts_with("flow:") {
+            if fleet && matches!(Scope::parse(&scope), Some(Scope::Flow(_))) {
                 self.gate.set_cap(&scope, cap);
                 q.applied(&scope, cap);
             }
@@ -583,7 +584,7 @@ impl Loop {
             let t = self.tenants.tenants.get(name);
             let rate = t.is_some_and(|t| t.rate_per_sec.is_some());
             sync_tenant_rate(self.dispatcher.as_mut(), q, name, rate, now);
-            let scope = crate::core::quota::tenant_scope(name);
+            let scope = Scope::Tenant(name.clone()).name();
             let Some(limit) = t.and_then(|t| t.max_concurrency) else {
                 if q.has(&scope) {
                     self.dispatcher.set_fleet_cap(name, None);
@@ -614,7 +615,7 @@ impl Loop {
         let Some(t) = self.tenants.tenants.get(tenant) else { return };
         let (rate, limit) = (t.rate_per_sec.is_some(), t.max_concurrency);
         let mut q = self.sh.quotas.lock().expect("quotas lock");
-        let rate_scope = crate::core::quota::rate_scope(tenant);
+        let rate_scope = Scope::Rate(tenant.to_string()).name();
         if rate && !q.has(&rate_scope) {
             // Counted before it is queued: the demand includes it.
             let want = self.dispatcher.queued(tenant) + self.dispatcher.running_of(tenant) + 1;
@@ -622,7 +623,7 @@ impl Loop {
             q.report(&rate_scope, 0, want as u32, 0);
         }
         let Some(limit) = limit else { return };
-        let scope = crate::core::quota::tenant_scope(tenant);
+        let scope = Scope::Tenant(tenant.to_string()).name();
         if q.has(&scope) {
             return;
         }
@@ -633,7 +634,7 @@ impl Loop {
         q.applied(&scope, cap);
     }
 
-    fn enqueue_admitted(&mut self, pending: Pending) {
+    fn enqueue_past_flow(&mut self, pending: Pending) {
         self.cap_new_tenant(&pending.job.tenant);
         let q = Queued {
             tenant: pending.job.tenant.clone(),
@@ -660,10 +661,9 @@ impl Loop {
     fn reject_later(&mut self, refused: Refused) {
         let (sh, tx) = (self.sh.clone(), self.done_tx.clone());
         self.tasks.spawn(async move {
-            let Refused { rejection, bytes, origin, epoch, spill } = refused;
-            let durable = reject(&sh, rejection, bytes, &origin).await;
-            let ended = if durable { Ended::Skipped } else { Ended::NotDurable };
-            let _ = tx.send(Event::Done(Done { origin, epoch, had_slot: false, ended, spill }));
+            let Refused { rejection, bytes, origin, incarnation, spill } = refused;
+            let ended = Ended::Skipped.or_lost(reject(&sh, rejection, bytes, &origin).await);
+            let _ = tx.send(Event::Done(Done { origin, incarnation, had_slot: false, ended, spill }));
         });
     }
 
@@ -688,7 +688,7 @@ impl Loop {
                 });
                 let waited = exec::Waited { received_at: p.received_at, dispatched_at: ticket_at };
                 let ended = exec::execute(sh, p.job, p.origin.clone(), slot, waited).await;
-                let done = Done { origin: p.origin, epoch: p.epoch, had_slot: true, ended, spill: p.spill };
+                let done = Done { origin: p.origin, incarnation: p.incarnation, had_slot: true, ended, spill: p.spill };
                 let _ = tx.send(Event::Done(done));
             });
         }
@@ -710,20 +710,20 @@ impl Loop {
                 let room = self.limit.saturating_sub(queued).min(READ_CHUNK).min(room_total);
                 if room >= (self.limit / 2).clamp(1, READ_CHUNK) {
                     if let Some(plan) = b.plan_read(room) {
-                        reads.push((st.epoch, p, tenant.clone(), plan));
+                        reads.push((st.incarnation, p, tenant.clone(), plan));
                     }
                 }
                 for bucket in b.deletable(st.last_seen) {
-                    drops.push((st.epoch, p, tenant.clone(), bucket));
+                    drops.push((st.incarnation, p, tenant.clone(), bucket));
                 }
             }
             st.backlogs.retain(|_, b| !b.is_empty());
         }
-        for (epoch, p, tenant, plan) in reads {
-            self.spiller.read(epoch, p, tenant, plan);
+        for (incarnation, p, tenant, plan) in reads {
+            self.spiller.read(incarnation, p, tenant, plan);
         }
-        for (epoch, p, tenant, bucket) in drops {
-            self.spiller.drop_bucket(epoch, p, tenant, bucket);
+        for (incarnation, p, tenant, bucket) in drops {
+            self.spiller.drop_bucket(incarnation, p, tenant, bucket);
         }
     }
 
@@ -937,7 +937,7 @@ impl Loop {
                 if let Some(scope) = flow {
                     self.gate.release(&scope);
                     for p in self.gate.ready(now_ms()) {
-                        self.enqueue_admitted(p);
+                        self.enqueue_past_flow(p);
                     }
                 }
                 return;
@@ -969,7 +969,7 @@ impl Loop {
         let Some(st) = self.parts.get_mut(&done.origin.partition) else {
             return;
         };
-        if st.epoch != done.epoch {
+        if st.incarnation != done.incarnation {
             return; // finished after its partition moved away: the new owner decides.
         }
         if let Some(SpillRef { tenant, bucket }) = &done.spill {
@@ -986,8 +986,10 @@ impl Loop {
 
     fn on_backlog(&mut self, consumer: &kafka::WorkerConsumer, ev: BacklogEvent) {
         match ev {
-            BacklogEvent::Spilled { epoch, partition, tenant, acked, failed } => {
-                let Some(st) = self.parts.get_mut(&partition).filter(|st| st.epoch == epoch) else { return };
+            BacklogEvent::Spilled { incarnation, partition, tenant, acked, failed } => {
+                let Some(st) = self.parts.get_mut(&partition).filter(|st| st.incarnation == incarnation) else {
+                    return;
+                };
                 st.spilling = st.spilling.saturating_sub(acked.len() + failed.len());
                 let b = st.backlogs.entry(tenant).or_insert_with(TenantBacklog::new);
                 b.acked(&acked);
@@ -1010,8 +1012,10 @@ impl Loop {
                     self.overflow.push_back(q);
                 }
             }
-            BacklogEvent::Read { epoch, partition, tenant, plan, rows } => {
-                let Some(st) = self.parts.get_mut(&partition).filter(|st| st.epoch == epoch) else { return };
+            BacklogEvent::Read { incarnation, partition, tenant, plan, rows } => {
+                let Some(st) = self.parts.get_mut(&partition).filter(|st| st.incarnation == incarnation) else {
+                    return;
+                };
                 let Some(b) = st.backlogs.get_mut(&tenant) else { return };
                 let rows = match rows {
                     Ok(rows) => rows,
@@ -1023,17 +1027,19 @@ impl Loop {
                 for (offset, bytes) in rows {
                     let origin = Origin { topic: self.topic.clone(), partition, offset };
                     let spill = Some(SpillRef { tenant: tenant.clone(), bucket: plan.bucket });
-                    match admit(&self.sh, &bytes) {
+                    match validate(&self.sh, &bytes) {
                         Ok(job) => {
                             let job = Arc::new(job);
-                            self.enqueue(Pending { job, origin, epoch, received_at: now_ms(), spill });
+                            self.enqueue(Pending { job, origin, incarnation, received_at: now_ms(), spill });
                         }
-                        Err(rejection) => self.reject_later(Refused { rejection, bytes, origin, epoch, spill }),
+                        Err(rejection) => self.reject_later(Refused { rejection, bytes, origin, incarnation, spill }),
                     }
                 }
             }
-            BacklogEvent::Loaded { epoch, partition, entries } => {
-                let Some(st) = self.parts.get_mut(&partition).filter(|st| st.epoch == epoch) else { return };
+            BacklogEvent::Loaded { incarnation, partition, entries } => {
+                let Some(st) = self.parts.get_mut(&partition).filter(|st| st.incarnation == incarnation) else {
+                    return;
+                };
                 let mut by_tenant: HashMap<String, Vec<i64>> = HashMap::new();
                 for (t, bucket) in entries {
                     by_tenant.entry(t).or_default().push(bucket);
@@ -1053,8 +1059,10 @@ impl Loop {
                     self.intake(origin, bytes);
                 }
             }
-            BacklogEvent::Dropped { epoch, partition, tenant, bucket, ok } => {
-                let Some(st) = self.parts.get_mut(&partition).filter(|st| st.epoch == epoch) else { return };
+            BacklogEvent::Dropped { incarnation, partition, tenant, bucket, ok } => {
+                let Some(st) = self.parts.get_mut(&partition).filter(|st| st.incarnation == incarnation) else {
+                    return;
+                };
                 if let Some(b) = st.backlogs.get_mut(&tenant) {
                     if ok {
                         b.deleted(bucket)
@@ -1073,11 +1081,11 @@ fn limited_tenants(set: &TenantSet) -> Vec<String> {
     set.tenants.values().filter(limited).map(|t| t.name.clone()).collect()
 }
 
-fn new_partition(next_epoch: &mut u64, spiller: &Spiller, p: i32) -> PartitionState {
-    *next_epoch += 1;
-    spiller.load(*next_epoch, p);
+fn new_partition(next_incarnation: &mut u64, spiller: &Spiller, p: i32) -> PartitionState {
+    *next_incarnation += 1;
+    spiller.load(*next_incarnation, p);
     PartitionState {
-        epoch: *next_epoch,
+        incarnation: *next_incarnation,
         offsets: PartitionOffsets::default(),
         backlogs: HashMap::new(),
         held: Some(Vec::new()),
@@ -1115,17 +1123,17 @@ struct Rejection {
     reason: String,
 }
 
-/// A consumed message refused by [`admit`], with where it was read from.
+/// A consumed message refused by [`validate`], with where it was read from.
 struct Refused {
     rejection: Rejection,
     bytes: Vec<u8>,
     origin: Origin,
-    epoch: u64,
+    incarnation: u64,
     spill: Option<SpillRef>,
 }
 
 /// Decodes and validates a message; what cannot run goes to the DLQ with the reason.
-fn admit(sh: &Shared, bytes: &[u8]) -> Result<JobSubmitted, Rejection> {
+fn validate(sh: &Shared, bytes: &[u8]) -> Result<JobSubmitted, Rejection> {
     let job = codec::decode_job(bytes).map_err(|e| Rejection {
         job: None,
         class: FailureClass::Permanent,
@@ -1136,7 +1144,7 @@ fn admit(sh: &Shared, bytes: &[u8]) -> Result<JobSubmitted, Rejection> {
     if uuid::Uuid::parse_str(&job.job_id).is_err() {
         return bad(format!("job_id {:?} is not a UUID; producers must send a UUID (v7 recommended)", job.job_id));
     }
-    if let Err(why) = sh.tenants.admit(&job.tenant) {
+    if let Err(why) = sh.tenants.accept(&job.tenant) {
         return bad(why);
     }
     if let Err(why) = check_job(sh, &job) {
@@ -1166,25 +1174,25 @@ fn check_job(sh: &Shared, job: &JobSubmitted) -> Result<(), String> {
 /// A job refused for its tenant alone, whose tenant the registry has after all (added
 /// within this worker's last poll interval): a copy goes back on the pool topic, read
 /// again with the fresher view, instead of the DLQ. None: refuse it.
-async fn requeue_if_registered(sh: &Shared, job: &JobSubmitted) -> Option<bool> {
+async fn requeue_if_registered(sh: &Shared, job: &JobSubmitted) -> Option<Durable> {
     if uuid::Uuid::parse_str(&job.job_id).is_err() || check_job(sh, job).is_err() {
         return None;
     }
     match sh.tenants.registered_after_all(&job.tenant).await {
         Ok(true) => {
             tracing::info!(job_id = %job.job_id, tenant = %job.tenant, "tenant registered after this worker's last registry read; job requeued");
-            Some(outcome::requeue(sh, job).await)
+            Some(durable::requeue(sh, job).await)
         }
         Ok(false) => None,
         Err(e) => {
             // Refusing on a view that may be stale would dead-letter a good job: hold it.
             tracing::warn!(job_id = %job.job_id, error = %e, "cannot re-read the tenants registry; holding the job");
-            Some(false)
+            Some(Durable::No)
         }
     }
 }
 
-async fn reject(sh: &Shared, rejection: Rejection, raw: Vec<u8>, origin: &Origin) -> bool {
+async fn reject(sh: &Shared, rejection: Rejection, raw: Vec<u8>, origin: &Origin) -> Durable {
     let Rejection { job, class, reason } = rejection;
     if let Some(requeued) = match &job {
         Some(j) => requeue_if_registered(sh, j).await,
@@ -1194,20 +1202,12 @@ async fn reject(sh: &Shared, rejection: Rejection, raw: Vec<u8>, origin: &Origin
     }
     tracing::warn!(pool = sh.pool.as_str(), topic = %origin.topic, partition = origin.partition, offset = origin.offset, %reason, "dead-lettering message");
     let raw = if job.is_none() { Some(raw) } else { None };
-    let dl = outcome::dead_letter(
-        sh,
-        job.as_deref(),
-        raw,
-        class,
-        reason.clone(),
-        None,
-        job.as_ref().map(|j| j.attempt).unwrap_or(0),
-        origin,
-    )
-    .await;
+    let attempts = job.as_ref().map(|j| j.attempt).unwrap_or(0);
+    let letter = Letter { job: job.as_deref(), raw, class, reason: reason.clone(), last_error: None, attempts, origin };
+    let dl = durable::dead_letter(sh, letter).await;
     if let Some(job) = &job {
         // A decodable job still gets its one terminal result, so submitters are not left waiting.
-        return outcome::finish(sh, job, JobStatus::Failed, None, Some(reason), Some(class), None).await && dl;
+        return durable::record_terminal(sh, job, Terminal::failed(reason, class)).await.and(dl);
     }
     dl
 }

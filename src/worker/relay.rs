@@ -3,7 +3,7 @@
 //! scheduler like any other. A partition whose head is not due yet is paused (no busy
 //! polling, other partitions keep flowing) and resumed when it is.
 
-use super::outcome::{self, with_retries};
+use super::durable::{self, with_retries};
 use super::route::Origin;
 use crate::config::Config;
 use crate::core::offsets::PartitionOffsets;
@@ -25,7 +25,7 @@ struct Held {
 struct PartitionState {
     held: VecDeque<Held>,
     offsets: PartitionOffsets,
-    epoch: u64,
+    incarnation: u64,
 }
 
 type Key = kafka::TopicPartition;
@@ -41,7 +41,7 @@ pub fn relay_topics(cfg: &Config) -> Vec<String> {
     t
 }
 
-/// A job's hand-off is durable: its partition, offset and the partition state's epoch.
+/// A job's hand-off is durable: its partition, offset and the partition state's incarnation.
 type Done = (Key, i64, u64);
 
 /// The retry relay loop: hands each retried job back to its pool topic once due.
@@ -75,14 +75,14 @@ pub async fn run(
     Ok(())
 }
 
-/// The relay loop's state besides the consumer: partitions, their held jobs, epochs.
+/// The relay loop's state besides the consumer: partitions, their held jobs, incarnations.
 struct Relay {
     cfg: Arc<Config>,
     producer: crate::kafka::Producer,
     store: crate::store::Store,
     done_tx: mpsc::UnboundedSender<Done>,
     parts: HashMap<Key, PartitionState>,
-    epoch: u64,
+    incarnation: u64,
     /// Partitions paused while their head waits (kept apart from `parts`: a state
     /// started afresh must not forget a pause librdkafka still holds).
     pauses: kafka::Pauses,
@@ -107,7 +107,7 @@ impl Relay {
             store,
             done_tx,
             parts: HashMap::new(),
-            epoch: 0,
+            incarnation: 0,
             pauses: Default::default(),
             hold_at_most,
         }
@@ -135,8 +135,8 @@ impl Relay {
                 for k in tps {
                     // Keep a state a message already created (see pool.rs).
                     self.parts.entry(k).or_insert_with(|| {
-                        self.epoch += 1;
-                        PartitionState { epoch: self.epoch, ..Default::default() }
+                        self.incarnation += 1;
+                        PartitionState { incarnation: self.incarnation, ..Default::default() }
                     });
                 }
             }
@@ -151,10 +151,10 @@ impl Relay {
     }
 
     /// A job's hand-off is durable: store the offset it lets the partition commit, unless
-    /// the partition's state changed since (another epoch).
+    /// the partition's state changed since (another incarnation).
     fn on_done(&mut self, consumer: &kafka::WorkerConsumer, (key, offset, ep): Done) {
         if let Some(st) = self.parts.get_mut(&key) {
-            if st.epoch == ep {
+            if st.incarnation == ep {
                 if let Some(c) = st.offsets.finished(offset) {
                     let mut tpl = TopicPartitionList::new();
                     if tpl.add_partition_offset(&key.0, key.1, kafka::Offset::Offset(c)).is_ok() {
@@ -178,7 +178,7 @@ impl Relay {
         match decoded {
             Ok(job) if job.not_before.unwrap_or(0) - now_ms() > hold_at_most => {
                 // Far in the future: park it in the store, release the partition.
-                let ep = st.epoch;
+                let ep = st.incarnation;
                 self.park(key, offset, ep, job);
             }
             Ok(job) => st.held.push_back(Held { job, offset }),
@@ -186,20 +186,21 @@ impl Relay {
                 // Only fairway writes retry topics, but a record it cannot read
                 // any more (a schema it does not know) is dead-lettered, never
                 // dropped; its offset is released once the dead letter is acked.
-                let ep = st.epoch;
+                let ep = st.incarnation;
                 self.dead_letter(key, offset, ep, e, raw);
             }
         }
     }
 
-    /// The state of a message's partition, under a new epoch: created if new, started
+    /// The state of a message's partition, under a new incarnation: created if new, started
     /// afresh if its offsets refuse this one.
     fn track(&mut self, key: &Key, offset: i64) -> &mut PartitionState {
-        self.epoch += 1;
-        let e2 = self.epoch;
-        let st = self.parts.entry(key.clone()).or_insert_with(|| PartitionState { epoch: e2, ..Default::default() });
+        self.incarnation += 1;
+        let e2 = self.incarnation;
+        let st =
+            self.parts.entry(key.clone()).or_insert_with(|| PartitionState { incarnation: e2, ..Default::default() });
         if st.offsets.started(offset).is_err() {
-            *st = PartitionState { epoch: e2, ..Default::default() };
+            *st = PartitionState { incarnation: e2, ..Default::default() };
             let _ = st.offsets.started(offset);
         }
         st
@@ -233,7 +234,7 @@ impl Relay {
         let (cfg, producer, tx) = (self.cfg.clone(), self.producer.clone(), self.done_tx.clone());
         tokio::spawn(async move {
             let origin = Origin { topic: key.0.clone(), partition: key.1, offset };
-            if outcome::dead_letter_undecodable(&cfg, &producer, raw, &e, &origin).await {
+            if durable::dead_letter_undecodable(&cfg, &producer, raw, &e, &origin).await.is_yes() {
                 let _ = tx.send((key, offset, ep));
             }
         });
@@ -248,7 +249,7 @@ impl Relay {
             while st.held.front().is_some_and(|h| h.job.not_before.unwrap_or(0) <= now) {
                 let Some(h) = st.held.pop_front() else { break };
                 let (cfg, producer, tx, key, ep) =
-                    (self.cfg.clone(), self.producer.clone(), self.done_tx.clone(), key.clone(), st.epoch);
+                    (self.cfg.clone(), self.producer.clone(), self.done_tx.clone(), key.clone(), st.incarnation);
                 tokio::spawn(hand_back(cfg, producer, tx, key, h, ep));
             }
         }
@@ -400,7 +401,7 @@ async fn promote_bucket(
             Ok(job) => job,
             Err(e) => {
                 let origin = Origin { topic: "store:scheduled_jobs".into(), partition: -1, offset: at };
-                if outcome::dead_letter_undecodable(cfg, producer, blob, &e, &origin).await {
+                if durable::dead_letter_undecodable(cfg, producer, blob, &e, &origin).await.is_yes() {
                     let _ = store.delete_scheduled(at, &job_id).await;
                 } else {
                     pass.all_done = false;

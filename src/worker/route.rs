@@ -1,25 +1,26 @@
 //! A job's route through the worker, read top to bottom, and the types its stages pass
 //! along. A consumed message goes:
 //!
-//! 1. **intake** (`pool`): decoded and validated (what cannot run goes to the DLQ with the
-//!    reason), delayed if scheduled later, spilled if its tenant's buffer is full, else
-//!    queued for the fair scheduler;
+//! 1. **intake** (`pool::validate`, `pool`'s loop): decoded and validated (what cannot run
+//!    goes to the DLQ with the reason), delayed if scheduled later, spilled if its
+//!    tenant's buffer is full, else queued for the fair scheduler;
 //! 2. **check** (`check::before_run`), once the scheduler gave it a slot: the
 //!    effectively-once check settles a redelivered copy of a finished, stale, cancelled or
 //!    expired job without running it;
-//! 3. **admit** (`exec`): a handler for its type and closed circuit breakers, or the job is
-//!    held back (no attempt used);
-//! 4. **run** (`exec`): the handler under its deadline, with a "running" row for jobs that
-//!    outlive a short grace, until it returns, times out, is aborted or stops for a
-//!    hand-off;
-//! 5. **record** (`outcome::record`): the durable outcome: succeeded/failed/cancelled
-//!    (state and result), a retry, a dead letter, or a hand-off to the next worker;
-//! 6. **commit** (`pool`): the job's [`Ended`] comes back to the pool loop, which releases
+//! 3. **run** (`exec`): cleared to run (`exec::clear_to_run`: a handler for its type and
+//!    closed circuit breakers, or the job is held back, no attempt used), then the handler
+//!    under its deadline, with a "running" row for jobs that outlive a short grace, until
+//!    it returns, times out, is aborted or stops for a hand-off;
+//! 4. **settle** (`settle::settle`): succeeded/failed/cancelled (state and result), a
+//!    retry, a dead letter, or a hand-off to the next worker;
+//! 5. **commit** (`pool`): the job's [`Ended`] comes back to the pool loop, which releases
 //!    its offset to the commit tracker only once the outcome is durable, so a crash
 //!    anywhere before redelivers the job instead of losing it.
 //!
-//! Stages call forward only: `pool` → `exec` → `check` / `outcome`; this module depends
-//! on none of them.
+//! Every durable write of any stage goes through `durable` and answers a [`Durable`]
+//! (`#[must_use]`), which becomes the job's [`Ended`]. Stages call forward only:
+//! `pool` → `exec` → `check`, `settle`; each of them → `durable`; this module depends on
+//! none of them.
 
 use crate::handlers::{HandlerError, JobLive};
 use crate::model::JobSubmitted;
@@ -30,7 +31,9 @@ use std::time::Duration;
 pub struct Pending {
     pub job: Arc<JobSubmitted>,
     pub origin: Origin,
-    pub epoch: u64,
+    /// Which incarnation of its partition's state (a new one each time the partition is
+    /// assigned) read it: an end reported to an older incarnation is ignored.
+    pub incarnation: u64,
     /// When the consumer handed it over (epoch ms), for the wait breakdown.
     pub received_at: i64,
     /// Read back from a spilled backlog (its offset was committed when it spilled).
@@ -65,12 +68,40 @@ pub enum Ended {
 }
 
 impl Ended {
-    pub(super) fn or_lost(self, durable: bool) -> Ended {
-        if durable {
-            self
-        } else {
-            Ended::NotDurable
+    /// `self`, unless the outcome was not durable: then `NotDurable`.
+    pub(super) fn or_lost(self, durable: Durable) -> Ended {
+        match durable {
+            Durable::Yes => self,
+            Durable::No => Ended::NotDurable,
         }
+    }
+}
+
+/// Whether an outcome (a result and state, a retry, a dead letter, a hand-off, a copy
+/// put back) was durably recorded: acknowledged by the broker and, where it has one,
+/// written to the store. Every stage's write returns one, and only `Yes` lets the job's
+/// offset be committed; ignoring it is a compile warning.
+#[must_use = "an outcome that is not durable must keep the job's offset uncommitted (see `Ended::or_lost`)"]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durable {
+    /// Recorded: the job may be committed.
+    Yes,
+    /// Not recorded (the broker or the store refused): the job must be redelivered.
+    No,
+}
+
+impl Durable {
+    /// Durable only if both are.
+    pub fn and(self, other: Durable) -> Durable {
+        if self == Durable::Yes && other == Durable::Yes {
+            Durable::Yes
+        } else {
+            Durable::No
+        }
+    }
+
+    pub fn is_yes(self) -> bool {
+        self == Durable::Yes
     }
 }
 
@@ -91,7 +122,7 @@ pub(crate) struct Run {
 
 impl Run {
     /// No `jobs` row holds a claim on the job: a success may be stored as a grouped
-    /// finished record (see `outcome::record_end`).
+    /// finished record (see `durable::record_success`).
     pub fn plain(&self) -> bool {
         !self.running_written && !self.row_claimed
     }

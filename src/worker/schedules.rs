@@ -80,7 +80,7 @@ impl Firing {
         store: &Store,
         tenants: &LiveTenants,
         shutdown: &watch::Receiver<bool>,
-    ) -> anyhow::Result<Firing> {
+    ) -> Result<Firing, super::WorkerError> {
         let schedules = Schedules::connect(cfg.clone(), store).await?;
         let debounces = store.debounce_statements().await?;
         let submitter = Submitter::new(cfg.clone(), Some(store.clone()))?.with_tenants(tenants.clone());

@@ -26,7 +26,7 @@ use tokio::sync::watch;
 /// Records listed by one browse (the newest that match).
 const MAX_LISTED: usize = 200;
 /// Records one browse reads at most (a page load is one bounded scan, one per key at a
-/// time: `api::frontdoor`).
+/// time: `api::limits`).
 const MAX_SCANNED: u64 = 50_000;
 /// Payload characters shown per record.
 const PAYLOAD_CHARS: usize = 4_000;
@@ -150,7 +150,7 @@ pub(super) async fn page(
 
 async fn browse(st: &ApiState, v: &Viewer, f: &Filters) -> Result<String, ApiError> {
     let (source, filter) = f.parse(v)?;
-    let _scan = st.front_door().scan_slot(&v.key())?;
+    let _scan = st.limits().scan_slot(&v.key())?;
     let (listed, scanned) = replay::browse(st.config(), source, &filter, MAX_LISTED, MAX_SCANNED)
         .await
         .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, codes::KAFKA_UNAVAILABLE, e.to_string()))?;

@@ -158,7 +158,7 @@ pub(super) async fn page(State(st): State<ApiState>, v: Result<Viewer, ApiError>
 
 /// `GET /console/api/overview`: the caller's view of each new sample, as SSE `sample` events.
 pub(super) async fn stream(State(st): State<ApiState>, v: Viewer) -> Response {
-    let slot = match st.front_door().stream_slot(&v.key()) {
+    let slot = match st.limits().stream_slot(&v.key()) {
         Ok(s) => s,
         Err(e) => return e.into_response(),
     };
@@ -172,5 +172,5 @@ pub(super) async fn stream(State(st): State<ApiState>, v: Viewer) -> Response {
         let data = st.console().live.view(&s, tenant.as_deref()).to_string();
         Some((Ok::<_, Infallible>(Event::default().event("sample").data(data)), (rx, st, tenant, slot)))
     });
-    crate::api::frontdoor::live_stream(crate::api::drain::ending(&drain_state, stream), &st, v.auth)
+    crate::api::limits::live_stream(crate::api::drain::ending(&drain_state, stream), &st, v.auth)
 }

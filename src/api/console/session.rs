@@ -135,7 +135,7 @@ impl Viewer {
 
 impl Viewer {
     /// The viewer's key, for per-key bounds.
-    pub(super) fn key(&self) -> crate::api::frontdoor::KeyId {
+    pub(super) fn key(&self) -> crate::api::limits::KeyId {
         crate::api::auth::key_id(&self.auth)
     }
 }

@@ -19,6 +19,7 @@
 //!   opened one are its culprits and never its probe (another tenant's job decides).
 
 use crate::core::fleet::OwnCells;
+use crate::core::invalid::Invalid;
 use crate::core::retry::DurationMs;
 use crate::core::window::Counts;
 use crate::model::Millis;
@@ -62,21 +63,26 @@ impl Default for GateConfig {
 }
 
 impl GateConfig {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         if !(self.failure_ratio > 0.0 && self.failure_ratio < 1.0) {
-            return Err(format!("failure_ratio {} must be a share between 0 and 1, e.g. 0.2", self.failure_ratio));
+            let why = format!("{} must be a share between 0 and 1, e.g. 0.2", self.failure_ratio);
+            return Invalid::err("failure_ratio", why);
         }
         if self.window.0 < BUCKET_MS {
-            return Err(format!("window {} must be at least 10s (the bucket width), e.g. \"60s\"", self.window));
+            let why = format!("{} must be at least 10s (the bucket width), e.g. \"60s\"", self.window);
+            return Invalid::err("window", why);
         }
         if self.min_tenants == 0 {
-            return Err("min_tenants must be at least 1, e.g. 2".into());
+            return Invalid::err("min_tenants", "must be at least 1, e.g. 2");
         }
         if self.min_attempts == 0 {
-            return Err("min_attempts must be at least 1, e.g. 10".into());
+            return Invalid::err("min_attempts", "must be at least 1, e.g. 10");
         }
-        if self.cool_down.0 < 1_000 || self.probe_timeout.0 < 1_000 {
-            return Err("cool_down and probe_timeout must be at least 1s, e.g. \"30s\" and \"5m\"".into());
+        if self.cool_down.0 < 1_000 {
+            return Invalid::err("cool_down", "must be at least 1s, e.g. \"30s\"");
+        }
+        if self.probe_timeout.0 < 1_000 {
+            return Invalid::err("probe_timeout", "must be at least 1s, e.g. \"5m\"");
         }
         Ok(())
     }

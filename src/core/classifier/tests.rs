@@ -150,9 +150,9 @@ fn idle_classes_are_dropped_after_their_sticky_time_and_new_ones_are_capped() {
 fn config_is_validated() {
     assert!(ClassifierConfig::default().validate().is_ok());
     let bad = ClassifierConfig { max_violation_share: 1.5, ..Default::default() };
-    assert!(bad.validate().unwrap_err().contains("0.01"));
+    assert!(bad.validate().unwrap_err().to_string().contains("0.01"));
     let bad = ClassifierConfig { window: DurationMs::secs(1), ..Default::default() };
-    assert!(bad.validate().unwrap_err().contains("10s"));
+    assert!(bad.validate().unwrap_err().to_string().contains("10s"));
 }
 
 fn pool() -> impl Strategy<Value = Pool> {

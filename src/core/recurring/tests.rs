@@ -161,12 +161,13 @@ fn all_catches_up_at_most_a_day() {
 fn schedule_bounds_name_the_key_and_the_fix() {
     assert_eq!(SchedulesConfig::default().validate(), Ok(()));
     let zero = SchedulesConfig { max_per_tenant: 0, ..Default::default() };
-    assert_eq!(zero.validate().unwrap_err().0, "max_per_tenant");
-    let (key, why) = SchedulesConfig { max_per_tenant: 10, max_total: 5 }.validate().unwrap_err();
+    assert_eq!(zero.validate().unwrap_err().field, "max_per_tenant");
+    let crate::core::invalid::Invalid { field: key, problem: why } =
+        SchedulesConfig { max_per_tenant: 10, max_total: 5 }.validate().unwrap_err();
     assert_eq!(key, "max_total");
     assert!(why.contains("between schedules.max_per_tenant (10) and 100000"), "{why}");
     let huge = SchedulesConfig { max_total: MAX_TOTAL_CEILING + 1, ..Default::default() };
-    assert_eq!(huge.validate().unwrap_err().0, "max_total");
+    assert_eq!(huge.validate().unwrap_err().field, "max_total");
 }
 
 #[test]

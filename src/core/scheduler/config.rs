@@ -241,8 +241,8 @@ impl SchedulerConfig {
         }
     }
 
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let bad = |field: &str, message: String| Err(ConfigError::Invalid { field: field.to_string(), message });
+    pub fn validate(&self) -> Result<(), SchedulerError> {
+        let bad = |field: &str, message: String| Err(SchedulerError::Invalid { field: field.to_string(), message });
         if self.slots == 0 {
             return bad("slots", "must be at least 1".into());
         }
@@ -311,8 +311,9 @@ impl SchedulerConfig {
 
 impl TenantPolicy {
     /// Checks the fields on their own (capacity checks happen in `Scheduler::set_tenant`).
-    pub fn validate(&self, who: &str) -> Result<(), ConfigError> {
-        let bad = |field: &str, message: String| Err(ConfigError::Invalid { field: format!("{who}.{field}"), message });
+    pub fn validate(&self, who: &str) -> Result<(), SchedulerError> {
+        let bad =
+            |field: &str, message: String| Err(SchedulerError::Invalid { field: format!("{who}.{field}"), message });
         if let Some(w) = self.weight {
             if self.tier == Tier::Free {
                 return bad(
@@ -361,9 +362,11 @@ impl TenantPolicy {
     }
 }
 
-/// A configuration the scheduler cannot honour; the message names the field and the fix.
+/// A scheduler setting, tenant policy or slot count the scheduler cannot honour; the
+/// message names the field and the fix. (Not `config::ConfigError`, the config file's
+/// error: a bad scheduler section is reported there with this message.)
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum ConfigError {
+pub enum SchedulerError {
     #[error("scheduler setting `{field}` {message}")]
     Invalid { field: String, message: String },
     #[error(

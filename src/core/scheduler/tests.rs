@@ -254,14 +254,14 @@ fn reservations_are_validated() {
     let mut s = sched(4);
     s.set_tenant("e1", TenantPolicy { reserved_slots: Some(2), ..policy(Tier::Enterprise) }).unwrap();
     let err = s.set_tenant("e2", TenantPolicy { reserved_slots: Some(2), ..policy(Tier::Enterprise) }).unwrap_err();
-    assert!(matches!(err, ConfigError::ReservationTooLarge { available: 1, .. }), "{err}");
+    assert!(matches!(err, SchedulerError::ReservationTooLarge { available: 1, .. }), "{err}");
     assert!(err.to_string().contains("e2") && err.to_string().contains("reserved_slots"), "{err}");
     let err = s.set_tenant("p", TenantPolicy { reserved_slots: Some(1), ..policy(Tier::Pro) }).unwrap_err();
     assert!(err.to_string().contains("tenants.p.reserved_slots"), "{err}");
     // Shrinking e1's reservation frees room; shrinking the pool below it is refused.
     s.set_tenant("e1", TenantPolicy { reserved_slots: Some(1), ..policy(Tier::Enterprise) }).unwrap();
     s.set_tenant("e2", TenantPolicy { reserved_slots: Some(2), ..policy(Tier::Enterprise) }).unwrap();
-    assert!(matches!(s.set_slots(3), Err(ConfigError::SlotsTooFew { .. })));
+    assert!(matches!(s.set_slots(3), Err(SchedulerError::SlotsTooFew { .. })));
     s.set_slots(5).unwrap();
 }
 

@@ -1,4 +1,4 @@
-//! The API process's own front door (rules: `core::frontdoor`; settings `[api.limits]`):
+//! The API process's own limits (rules: `core::api_limits`; settings `[api.limits]`):
 //! what one API key, and all keys together, may hold of this process at once.
 //!
 //! - **submissions** ([`submissions`], on `POST /v1/jobs` and `POST /v1/jobs:batch`):
@@ -8,15 +8,15 @@
 //!   gets 429 `TOO_MANY_SUBMISSIONS` with `Retry-After`; its body must arrive within
 //!   `body_timeout` (408). A batch is parsed element by element and refused with 413 at
 //!   the first job past the limit ([`read_batch`]), never materialised whole.
-//! - **streams** ([`FrontDoor::stream_slot`]): Server-Sent Event streams per key and in
+//! - **streams** ([`Limits::stream_slot`]): Server-Sent Event streams per key and in
 //!   total (429 `TOO_MANY_STREAMS`); a stream ends when its key is revoked
 //!   ([`until_revoked`]).
-//! - **console DLQ scans** ([`FrontDoor::scan_slot`]): one per key at a time, four in all.
+//! - **console DLQ scans** ([`Limits::scan_slot`]): one per key at a time, four in all.
 //! - **connections** ([`BoundedListener`]): at most `connections` open at once, each
 //!   closed after `idle_timeout` without a byte read or written.
 
 use super::{codes, ApiError, ApiState};
-use crate::core::frontdoor::{Bound, Busy, FrontDoorLimits, Usage};
+use crate::core::api_limits::{ApiLimits, Bound, Busy, Usage};
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
@@ -40,8 +40,8 @@ const REVOKE_CHECK: Duration = Duration::from_secs(2);
 pub struct KeyId(pub String);
 
 /// This process's counts of what each key holds.
-pub struct FrontDoor {
-    limits: FrontDoorLimits,
+pub struct Limits {
+    limits: ApiLimits,
     single_body: u64,
     batch_body: u64,
     submissions: Arc<Mutex<Usage>>,
@@ -53,8 +53,8 @@ pub struct FrontDoor {
 /// Console DLQ scans at once, all keys.
 const MAX_SCANS: u64 = 4;
 
-impl FrontDoor {
-    pub fn new(limits: &FrontDoorLimits, max_payload_bytes: usize) -> Self {
+impl Limits {
+    pub fn new(limits: &ApiLimits, max_payload_bytes: usize) -> Self {
         let l = limits.clone();
         let submissions = Usage::new(
             "submissions",
@@ -62,8 +62,8 @@ impl FrontDoor {
             Bound { per_key: l.body_bytes_per_key, total: l.body_bytes },
         );
         let streams = Usage::new("streams", Bound { per_key: l.streams_per_key, total: l.streams }, Bound::NONE);
-        FrontDoor {
-            single_body: FrontDoorLimits::single_body_bytes(max_payload_bytes),
+        Limits {
+            single_body: ApiLimits::single_body_bytes(max_payload_bytes),
             batch_body: l.batch_body(max_payload_bytes),
             limits: l,
             submissions: Arc::new(Mutex::new(submissions)),
@@ -103,14 +103,14 @@ pub struct Slot {
 
 impl Slot {
     fn take(usage: &Arc<Mutex<Usage>>, key: &KeyId, bytes: u64) -> Result<Slot, Busy> {
-        usage.lock().expect("front door").take(&key.0, bytes)?;
+        usage.lock().expect("api limits").take(&key.0, bytes)?;
         Ok(Slot { usage: usage.clone(), key: key.0.clone(), bytes })
     }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.usage.lock().expect("front door").give_back(&self.key, self.bytes);
+        self.usage.lock().expect("api limits").give_back(&self.key, self.bytes);
     }
 }
 
@@ -269,7 +269,7 @@ pub struct BoundedListener {
 }
 
 impl BoundedListener {
-    pub fn new(inner: tokio::net::TcpListener, limits: &FrontDoorLimits) -> Self {
+    pub fn new(inner: tokio::net::TcpListener, limits: &ApiLimits) -> Self {
         let permits = Arc::new(tokio::sync::Semaphore::new(limits.connections.min(1 << 20) as usize));
         BoundedListener { inner, permits, idle: Duration::from_millis(limits.idle_timeout.0 as u64) }
     }
@@ -386,7 +386,7 @@ mod tests {
 
     #[test]
     fn console_dlq_scans_are_one_per_key_and_a_few_in_all() {
-        let fd = FrontDoor::new(&FrontDoorLimits::default(), 1 << 20);
+        let fd = Limits::new(&ApiLimits::default(), 1 << 20);
         let key = |k: &str| KeyId(k.to_string());
         let first = fd.scan_slot(&key("a")).expect("a's first scan");
         let e = fd.scan_slot(&key("a")).err().expect("a's second scan at once");

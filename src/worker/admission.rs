@@ -82,7 +82,7 @@ struct Statements {
     runs: Option<ClassifierStatements>,
 }
 
-pub async fn frontdoor_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+pub async fn report_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
     let mut stmts = Statements::default();
     loop {
         let stopping = tokio::select! {
@@ -121,7 +121,7 @@ impl Statements {
 async fn write_runs(sh: &Shared, stmts: &ClassifierStatements) {
     let window = sh.cfg.classifier.window.0;
     let pending = {
-        let mut t = sh.front_door.lock().expect("front-door tally");
+        let mut t = sh.admission_tally.lock().expect("admission tally");
         t.runs.evict(now_ms(), KEEP_MS);
         t.runs.pending()
     };
@@ -141,7 +141,7 @@ async fn write_runs(sh: &Shared, stmts: &ClassifierStatements) {
         }
     }
     if all_written {
-        sh.front_door.lock().expect("front-door tally").runs.written(&pending);
+        sh.admission_tally.lock().expect("admission tally").runs.written(&pending);
     }
 }
 
@@ -160,19 +160,20 @@ where
         if let Err(e) = write(tenant.clone(), n).await {
             metrics::counter!(m::QUEUE_COUNT_FAILURES).increment(1);
             tracing::warn!(pool, tenant, n, error = %e, "dispatched jobs not yet counted out of their tenant's queue depth; retried next pass");
-            *tally.lock().expect("front-door tally").dequeued.entry(tenant).or_default() += n;
+            *tally.lock().expect("admission tally").dequeued.entry(tenant).or_default() += n;
         }
     }
 }
 
 async fn pass(sh: &Shared, stmts: &AdmissionStatements) {
     let (dequeued, pending) = {
-        let mut t = sh.front_door.lock().expect("front-door tally");
+        let mut t = sh.admission_tally.lock().expect("admission tally");
         t.outcomes.evict(now_ms(), KEEP_MS);
         (std::mem::take(&mut t.dequeued), t.outcomes.pending())
     };
     let pool = sh.pool.as_str();
-    count_out(&sh.front_door, pool, dequeued, |tenant, n| async move { stmts.dequeued(&tenant, pool, n).await }).await;
+    count_out(&sh.admission_tally, pool, dequeued, |tenant, n| async move { stmts.dequeued(&tenant, pool, n).await })
+        .await;
     let mut by_bucket: HashMap<i64, Vec<OutcomeCell>> = HashMap::new();
     for (bucket, key, (ok, failed, infra)) in &pending {
         let (job_type, tenant) = OwnOutcomes::key_parts(key);
@@ -197,7 +198,7 @@ async fn pass(sh: &Shared, stmts: &AdmissionStatements) {
         }
     }
     if all_written {
-        sh.front_door.lock().expect("front-door tally").outcomes.written(&pending);
+        sh.admission_tally.lock().expect("admission tally").outcomes.written(&pending);
     }
 }
 

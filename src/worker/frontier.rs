@@ -36,7 +36,7 @@ impl Frontiers {
         Frontiers { topic, skip_reads, parts: Mutex::new(HashMap::new()), feed }
     }
 
-    /// Forgets partitions that were revoked or rewound: the next owner epoch re-reads
+    /// Forgets partitions that were revoked or rewound: the partition's next incarnation re-reads
     /// the recorded frontier (which then includes what this worker reserved).
     pub fn forget(&self, partitions: &[i32]) {
         let mut parts = self.parts.lock().expect("frontiers");

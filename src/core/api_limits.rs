@@ -1,10 +1,10 @@
-//! The HTTP front door's own bounds, pure (the shell is `api::frontdoor`): what one API
+//! The API process's own limits, pure (the shell is `api::limits`): what one API
 //! key, and all keys together, may hold of an API process at once, so that no tenant can
 //! run it out of memory, connections or streams for the others.
 //!
 //! [`Usage`] counts what each key holds (requests and body bytes, or streams) against a
 //! per-key and a total [`Bound`]; taking is all-or-nothing and says which bound refused.
-//! The settings are `[api.limits]` ([`FrontDoorLimits`]); docs/security.md tabulates them.
+//! The settings are `[api.limits]` ([`ApiLimits`]); docs/security.md tabulates them.
 
 use crate::core::retry::DurationMs;
 use serde::Deserialize;
@@ -13,7 +13,7 @@ use std::collections::HashMap;
 /// `[api.limits]`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct FrontDoorLimits {
+pub struct ApiLimits {
     /// Submission requests (`POST /v1/jobs`, `POST /v1/jobs:batch`) one key may have in
     /// flight at once.
     pub submissions_per_key: u64,
@@ -39,10 +39,10 @@ pub struct FrontDoorLimits {
     pub body_timeout: DurationMs,
 }
 
-impl Default for FrontDoorLimits {
+impl Default for ApiLimits {
     fn default() -> Self {
         const MIB: u64 = 1 << 20;
-        FrontDoorLimits {
+        ApiLimits {
             submissions_per_key: 8,
             submissions: 256,
             body_bytes_per_key: 32 * MIB,
@@ -57,7 +57,7 @@ impl Default for FrontDoorLimits {
     }
 }
 
-impl FrontDoorLimits {
+impl ApiLimits {
     /// Largest body of `POST /v1/jobs`: a payload of `max_payload_bytes` may grow up to
     /// 6x when JSON-escaped (oversize payloads inside this get the precise 413 from
     /// validation).
@@ -71,7 +71,7 @@ impl FrontDoorLimits {
     }
 
     /// Checks the settings; `largest_body` is the largest body a submission route accepts.
-    pub fn validate(&self, largest_body: u64) -> Result<(), (&'static str, String)> {
+    pub fn validate(&self, largest_body: u64) -> Result<(), crate::core::invalid::Invalid> {
         let positive = [
             ("submissions_per_key", self.submissions_per_key),
             ("submissions", self.submissions),
@@ -80,10 +80,10 @@ impl FrontDoorLimits {
             ("connections", self.connections),
         ];
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
-            return Err((*name, "must be at least 1".into()));
+            return crate::core::invalid::Invalid::err(*name, "must be at least 1");
         }
         if self.body_bytes_per_key < largest_body {
-            return Err((
+            return crate::core::invalid::Invalid::err(
                 "body_bytes_per_key",
                 format!(
                     "{} is below the largest request body the API accepts ({largest_body} bytes: batch_body_bytes, \
@@ -91,13 +91,16 @@ impl FrontDoorLimits {
                      raise it to at least {largest_body}",
                     self.body_bytes_per_key
                 ),
-            ));
+            );
         }
         if self.body_bytes < self.body_bytes_per_key {
-            return Err(("body_bytes", "must be at least body_bytes_per_key".into()));
+            return crate::core::invalid::Invalid::err("body_bytes", "must be at least body_bytes_per_key");
         }
-        if self.idle_timeout.0 < 1_000 || self.body_timeout.0 < 1_000 {
-            return Err(("idle_timeout", "idle_timeout and body_timeout must be at least \"1s\"".into()));
+        if self.idle_timeout.0 < 1_000 {
+            return crate::core::invalid::Invalid::err("idle_timeout", "must be at least \"1s\"");
+        }
+        if self.body_timeout.0 < 1_000 {
+            return crate::core::invalid::Invalid::err("body_timeout", "must be at least \"1s\"");
         }
         Ok(())
     }
@@ -203,13 +206,13 @@ mod tests {
 
     #[test]
     fn limits_refuse_a_body_budget_below_the_largest_body() {
-        let l = FrontDoorLimits::default();
+        let l = ApiLimits::default();
         assert!(l.validate(32 << 20).is_ok());
-        let (field, why) = l.validate(64 << 20).unwrap_err();
+        let crate::core::invalid::Invalid { field, problem: why } = l.validate(64 << 20).unwrap_err();
         assert_eq!(field, "body_bytes_per_key");
         assert!(why.contains("raise it"), "{why}");
-        let l = FrontDoorLimits { streams: 0, ..Default::default() };
-        assert_eq!(l.validate(1).unwrap_err().0, "streams");
+        let l = ApiLimits { streams: 0, ..Default::default() };
+        assert_eq!(l.validate(1).unwrap_err().field, "streams");
     }
 
     proptest! {

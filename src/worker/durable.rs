@@ -1,0 +1,413 @@
+//! The durable writes of a job's route, in one place every stage calls (`check`, `exec`,
+//! `settle`, and `pool`'s intake): a terminal outcome (result, then state), a dead letter,
+//! a copy of the job produced again (retry, delay, requeue, hold-back, hand-off), each
+//! acknowledged by the broker or the store before it counts. Each returns a [`Durable`]:
+//! only `Durable::Yes` lets the job's offset be committed (see `route::Ended`). The retry
+//! helpers for transient failures and store outages live here too.
+
+use super::route::{Durable, Origin};
+use super::Shared;
+use crate::config::Config;
+use crate::kafka::Producer;
+use crate::model::{DeadLetter, FailureClass, JobResult, JobStatus, JobSubmitted};
+use crate::store::StateUpdate;
+use crate::{codec, kafka, metrics as m, now_ms};
+use std::time::Duration;
+
+/// A terminal outcome to record: its status, what the handler returned or why the job
+/// failed, and when it started (`None`: it never ran, so no attempt is counted).
+pub(crate) struct Terminal {
+    pub status: JobStatus,
+    pub output: Option<Vec<u8>>,
+    pub error: Option<String>,
+    pub class: Option<FailureClass>,
+    pub started_at: Option<i64>,
+}
+
+impl Terminal {
+    fn ended(status: JobStatus, error: String) -> Terminal {
+        Terminal { status, output: None, error: Some(error), class: None, started_at: None }
+    }
+
+    /// Succeeded with the handler's output.
+    pub fn succeeded(output: Vec<u8>, started_at: i64) -> Terminal {
+        Terminal {
+            status: JobStatus::Succeeded,
+            output: Some(output),
+            error: None,
+            class: None,
+            started_at: Some(started_at),
+        }
+    }
+
+    /// Cancelled, and why.
+    pub fn cancelled(why: String) -> Terminal {
+        Terminal::ended(JobStatus::Cancelled, why)
+    }
+
+    /// Expired at its `not_after`, and how.
+    pub fn expired(why: String) -> Terminal {
+        Terminal::ended(JobStatus::Expired, why)
+    }
+
+    /// Failed for good, with its class (it is dead-lettered beside).
+    pub fn failed(why: String, class: FailureClass) -> Terminal {
+        Terminal { class: Some(class), ..Terminal::ended(JobStatus::Failed, why) }
+    }
+
+    /// The same outcome of a run that started at `started_at`.
+    pub fn started(self, started_at: Option<i64>) -> Terminal {
+        Terminal { started_at, ..self }
+    }
+}
+
+/// Records a terminal outcome, result first: the result record is published and
+/// acknowledged by the broker, then the terminal state is written. So a stored terminal
+/// state always means its result is on the results topic, and a redelivered copy of a
+/// finished job is skipped without publishing again (see `check`). The one window left
+/// for a duplicate result is a crash (or a store failure) between the result's
+/// acknowledgement and the state write; a results consumer can drop it by
+/// (job id, generation, attempts). Not durable (the offset stays uncommitted, the job is
+/// redelivered and runs again) if either step fails.
+pub(crate) async fn record_terminal(sh: &Shared, job: &JobSubmitted, terminal: Terminal) -> Durable {
+    record_result(sh, job, &result_of(sh, job, terminal), false).await
+}
+
+/// Records a success like [`record_terminal`]. `plain`: the job has no `jobs` row holding
+/// a claim on it (it was never marked running nor claimed after a hand-off, see
+/// `route::Run::plain`), so a UUIDv7 job's state may be a grouped finished record
+/// (`core::finished`) rather than a row of its own.
+pub(super) async fn record_success(
+    sh: &Shared,
+    job: &JobSubmitted,
+    output: Vec<u8>,
+    started_at: i64,
+    plain: bool,
+) -> Durable {
+    record_result(sh, job, &result_of(sh, job, Terminal::succeeded(output, started_at)), plain).await
+}
+
+/// A job's result as published (and, through `record_result`, stored).
+fn result_of(sh: &Shared, job: &JobSubmitted, terminal: Terminal) -> JobResult {
+    let Terminal { status, output, error, class, started_at } = terminal;
+    JobResult {
+        job_id: job.job_id.clone(),
+        tenant: job.tenant.clone(),
+        job_type: job.job_type.clone(),
+        pool: sh.pool,
+        status,
+        output,
+        error,
+        failure_class: class,
+        // Attempts recorded: the ones used before plus this one, unless it never ran.
+        attempts: if started_at.is_some() { job.attempt + 1 } else { job.attempt },
+        generation: job.generation,
+        submitted_at: job.submitted_at,
+        started_at,
+        finished_at: now_ms(),
+        worker_id: sh.worker_id.clone(),
+    }
+}
+
+/// The result published, then the terminal state stored (grouped when `plain`, see
+/// [`record_success`]).
+async fn record_result(sh: &Shared, job: &JobSubmitted, result: &JobResult, plain: bool) -> Durable {
+    if !publish_result(sh, result, job).await.is_yes() {
+        return Durable::No;
+    }
+    let (status, finished_at) = (result.status, result.finished_at);
+    let mut u = update(sh, job, status.as_str(), result.started_at, Some(finished_at));
+    u.error = result.error.as_deref();
+    u.failure_class = result.failure_class.map(|c| c.as_str());
+    u.output = result.output.as_deref();
+    u.attempts = result.attempts;
+    let grouped = plain && status == JobStatus::Succeeded && crate::core::finished::bucket(&job.job_id).is_some();
+    // The result is out: from here a failed write means a second run and a duplicate
+    // result, so the write is retried through a store outage (a restart of the database
+    // takes tens of seconds) before giving up; the offset stays uncommitted meanwhile.
+    let written = if grouped {
+        retry_through_outage(|| sh.store.put_finished(&u, finished_at)).await
+    } else {
+        retry_through_outage(|| sh.store.put_state(&u, finished_at)).await
+    };
+    if let Err(e) = written {
+        tracing::error!(job_id = %job.job_id, error = %e, "result published but the outcome could not be recorded; the job will be redelivered and run again");
+        metrics::counter!(m::OUTCOME_WRITE_FAILURES, "pool" => sh.pool.as_str()).increment(1);
+        return Durable::No;
+    }
+    metrics::counter!(m::JOBS_FINISHED, "pool" => sh.pool.as_str(), "status" => status.as_str()).increment(1);
+    let e2e = (finished_at - job.submitted_at).max(0) as f64 / 1000.0;
+    metrics::histogram!(m::JOB_END_TO_END_SECONDS, "pool" => sh.pool.as_str()).record(e2e);
+    Durable::Yes
+}
+
+/// Publishes a result and waits for the broker's acknowledgement. The job's W3C trace
+/// context rides along as the record's `traceparent`/`tracestate` headers.
+async fn publish_result(sh: &Shared, result: &JobResult, job: &JobSubmitted) -> Durable {
+    let Some(bytes) = encoded(codec::encode_result(result), &result.job_id, "publish result") else {
+        return Durable::No;
+    };
+    let topic = sh.cfg.results_topic();
+    let headers = kafka::trace_headers(job);
+    match with_retries(|| kafka::send_with_headers(&sh.producer, &topic, &result.tenant, &bytes, &headers)).await {
+        Ok(_) => Durable::Yes,
+        Err(e) => {
+            tracing::error!(job_id = %result.job_id, error = %e, "cannot publish result; the job will be redelivered");
+            Durable::No
+        }
+    }
+}
+
+/// The state row of a job at one step of its route (the fields not given are filled by
+/// the caller: error, class, output, or attempts past this one).
+pub(super) fn update<'a>(
+    sh: &'a Shared,
+    job: &'a JobSubmitted,
+    status: &'a str,
+    started_at: Option<i64>,
+    finished_at: Option<i64>,
+) -> StateUpdate<'a> {
+    StateUpdate {
+        job_id: &job.job_id,
+        tenant: &job.tenant,
+        job_type: &job.job_type,
+        pool: sh.pool.as_str(),
+        status,
+        attempts: job.attempt,
+        crash_count: job.crash_count,
+        generation: job.generation,
+        submitted_at: job.submitted_at,
+        started_at,
+        finished_at,
+        worker: &sh.worker_id,
+        error: None,
+        failure_class: None,
+        output: None,
+    }
+}
+
+/// A dead letter to produce: the job (or, for a message that could not be decoded, its
+/// raw bytes), its class, why, the handler's last error, the attempts used, and where the
+/// message was read.
+pub(crate) struct Letter<'a> {
+    pub job: Option<&'a JobSubmitted>,
+    pub raw: Option<Vec<u8>>,
+    pub class: FailureClass,
+    pub reason: String,
+    pub last_error: Option<String>,
+    pub attempts: i32,
+    pub origin: &'a Origin,
+}
+
+/// Produces a dead letter and tells the job's watchers.
+pub(crate) async fn dead_letter(sh: &Shared, letter: Letter<'_>) -> Durable {
+    let Letter { job, raw, class, reason, last_error, attempts, origin } = letter;
+    let now = now_ms();
+    let dl = DeadLetter {
+        job: job.cloned(),
+        raw,
+        failure_class: class,
+        reason,
+        last_error,
+        attempts,
+        first_failure_at: job.and_then(|j| j.first_failure_at).unwrap_or(now),
+        last_failure_at: now,
+        origin_topic: origin.topic.clone(),
+        origin_partition: origin.partition,
+        origin_offset: origin.offset,
+        replay_count: job.map(|j| j.replay_count).unwrap_or(0),
+    };
+    let key = job.map(|j| j.tenant.as_str()).unwrap_or("");
+    let produced = produce_dead_letter(&sh.cfg, &sh.producer, &dl, key).await;
+    // Every path that dead-letters a job (failed attempts, poison takeovers, rejected
+    // messages) tells its watchers.
+    if let Some(j) = job {
+        crate::watch::events::dead_lettered(&sh.producer, &sh.cfg, &sh.worker_id, j, &dl.reason);
+    }
+    let jt = job.map(|j| sh.bounded_job_type(&j.job_type)).unwrap_or_else(|| "unknown".to_string());
+    metrics::counter!(m::DEAD_LETTERS, "class" => class.as_str(), "job_type" => jt).increment(1);
+    produced
+}
+
+/// Dead-letters one of fairway's own records (a retry record, a parked scheduled job, a
+/// running-index entry) that no longer decodes, with the raw bytes and the reason, instead
+/// of dropping it. `origin` names where it was read (a topic, or `store:<table>`).
+pub(crate) async fn dead_letter_undecodable(
+    cfg: &Config,
+    producer: &Producer,
+    raw: Vec<u8>,
+    error: &codec::CodecError,
+    origin: &Origin,
+) -> Durable {
+    let now = now_ms();
+    let dl = DeadLetter {
+        job: None,
+        raw: Some(raw),
+        failure_class: FailureClass::Permanent,
+        reason: format!("fairway's own record in {} no longer decodes: {error}", origin.topic),
+        last_error: None,
+        attempts: 0,
+        first_failure_at: now,
+        last_failure_at: now,
+        origin_topic: origin.topic.clone(),
+        origin_partition: origin.partition,
+        origin_offset: origin.offset,
+        replay_count: 0,
+    };
+    tracing::error!(origin = %origin.topic, partition = origin.partition, offset = origin.offset, %error, "undecodable record dead-lettered");
+    let produced = produce_dead_letter(cfg, producer, &dl, "").await;
+    metrics::counter!(m::DEAD_LETTERS, "class" => FailureClass::Permanent.as_str(), "job_type" => "unknown")
+        .increment(1);
+    produced
+}
+
+/// Produces a dead letter and waits for the ack.
+async fn produce_dead_letter(cfg: &Config, producer: &Producer, dl: &DeadLetter, key: &str) -> Durable {
+    let topic = cfg.dlq_topic();
+    let headers = dl.job.as_ref().map(kafka::trace_headers).unwrap_or_default();
+    match codec::encode_dead_letter(dl) {
+        Ok(bytes) => match with_retries(|| kafka::send_with_headers(producer, &topic, key, &bytes, &headers)).await {
+            Ok(_) => Durable::Yes,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot produce dead letter; the message will be redelivered");
+                Durable::No
+            }
+        },
+        Err(e) => {
+            tracing::error!(error = %e, "cannot encode dead letter");
+            Durable::Yes
+        }
+    }
+}
+
+/// Sends a job whose `execute_at` is ahead to the delayed topic (due at `execute_at`).
+pub(crate) async fn delay(sh: &Shared, job: JobSubmitted) -> Durable {
+    let mut next = job;
+    next.not_before = next.execute_at;
+    produce_job(sh, &sh.cfg.delayed_topic(), &next, "delay").await
+}
+
+/// Puts a copy of a job back on its pool topic (attempt unchanged), to be read again.
+pub(super) async fn requeue(sh: &Shared, job: &JobSubmitted) -> Durable {
+    produce_job(sh, &sh.cfg.pool_topic(sh.pool), job, "requeue").await
+}
+
+/// Puts a job back on the dependency retry topic, attempt unchanged, due at `at`.
+pub(super) async fn hold_back(sh: &Shared, job: &JobSubmitted, at: i64) -> Durable {
+    let mut next = job.clone();
+    next.not_before = Some(at);
+    produce_job(sh, &sh.cfg.retry_topic(FailureClass::Dependency), &next, "hold back").await
+}
+
+/// Produces a job record and waits for the ack.
+pub(super) async fn produce_job(sh: &Shared, topic: &str, job: &JobSubmitted, what: &str) -> Durable {
+    let headers = kafka::trace_headers(job);
+    let Some(bytes) = encoded(codec::encode_job(job), &job.job_id, what) else { return Durable::No };
+    match with_retries(|| kafka::send_with_headers(&sh.producer, topic, &job.tenant, &bytes, &headers)).await {
+        Ok(_) => Durable::Yes,
+        Err(e) => {
+            tracing::error!(job_id = %job.job_id, error = %e, "cannot {what} job; it will be redelivered");
+            Durable::No
+        }
+    }
+}
+
+/// The bytes of a record to produce, or None when it cannot be encoded: then nothing is
+/// produced and the outcome is not durable (the job's offset stays uncommitted and it is
+/// redelivered), logged as an error. An encode error never counts as done.
+fn encoded(bytes: Result<Vec<u8>, codec::CodecError>, job_id: &str, what: &str) -> Option<Vec<u8>> {
+    match bytes {
+        Ok(b) => Some(b),
+        Err(e) => {
+            tracing::error!(job_id, error = %e, "cannot encode the record to {what}; the job will be redelivered");
+            None
+        }
+    }
+}
+
+/// How long a write that must not fail (see `record_terminal`) is retried: longer than a
+/// restart of the database, shorter than a stuck process should hold its partition's
+/// commits.
+pub(crate) const OUTAGE_RETRY: Duration = Duration::from_secs(180);
+
+/// Retries an I/O operation with backoff (capped at 5 s) for up to `OUTAGE_RETRY`.
+async fn retry_through_outage<T, E: std::fmt::Display, F, Fut>(mut f: F) -> Result<T, E>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let give_up = tokio::time::Instant::now() + OUTAGE_RETRY;
+    let mut delay = Duration::from_millis(100);
+    loop {
+        match f().await {
+            Ok(v) => return Ok(v),
+            Err(e) if tokio::time::Instant::now() + delay < give_up => {
+                tracing::debug!(error = %e, "store write failed, retrying through the outage");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Retries a transient I/O operation a few times with backoff before giving up.
+pub(crate) async fn with_retries<T, E: std::fmt::Display, F, Fut>(mut f: F) -> Result<T, E>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let mut delay = Duration::from_millis(100);
+    let mut tries = 0;
+    loop {
+        match f().await {
+            Ok(v) => return Ok(v),
+            Err(e) if tries < 4 => {
+                tracing::debug!(error = %e, "transient failure, retrying");
+                tries += 1;
+                tokio::time::sleep(delay).await;
+                delay *= 3;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{CodecError, RecordKind};
+
+    /// An encode error in `produce_job` / `publish_result` is not durable (before, the
+    /// running-row path wrote empty bytes and a failed encode could count as done).
+    #[test]
+    fn an_encode_error_is_never_a_durable_outcome() {
+        let e = CodecError::TooShort { len: 0, expected: RecordKind::JobResult };
+        assert_eq!(encoded(Err(e), "j", "publish result"), None);
+        assert_eq!(encoded(Ok(vec![1, 2]), "j", "publish result"), Some(vec![1, 2]));
+    }
+
+    /// A dead letter plus a failed result is durable only when both are.
+    #[test]
+    fn durability_of_two_writes_needs_both() {
+        assert_eq!(Durable::Yes.and(Durable::Yes), Durable::Yes);
+        assert_eq!(Durable::Yes.and(Durable::No), Durable::No);
+        assert_eq!(Durable::No.and(Durable::Yes), Durable::No);
+        assert_eq!(Durable::No.and(Durable::No), Durable::No);
+    }
+
+    /// A terminal outcome that never ran counts no attempt; one that ran counts its own.
+    #[test]
+    fn terminal_outcomes_carry_their_status_class_and_start() {
+        let t = Terminal::failed("gone".into(), FailureClass::Poison).started(Some(5));
+        assert_eq!(
+            (t.status, t.class, t.error.as_deref(), t.started_at),
+            (JobStatus::Failed, Some(FailureClass::Poison), Some("gone"), Some(5))
+        );
+        let t = Terminal::cancelled("stop".into());
+        assert_eq!((t.status, t.class, t.started_at), (JobStatus::Cancelled, None, None));
+        assert_eq!(Terminal::expired("late".into()).status, JobStatus::Expired);
+        let t = Terminal::succeeded(vec![1], 7);
+        assert_eq!((t.status, t.output, t.started_at), (JobStatus::Succeeded, Some(vec![1]), Some(7)));
+    }
+}
