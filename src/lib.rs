@@ -44,7 +44,7 @@
 //! | `observe::probes` | readiness and liveness (`/readyz`, `/livez`) |
 //! | `observe::telemetry` | OpenTelemetry spans of a job's life over OTLP/HTTP (off unless configured) |
 //! | `metrics` | metric names and the Prometheus exporter |
-//! | `netlab` | the network-partition lab and its scenario (`fairway bench partitions`, partition tests) |
+//! | `netlab` | the network-partition lab and its scenario (`fairway-bench bench partitions`, partition tests) |
 
 pub mod admission;
 pub mod api;

@@ -1,7 +1,7 @@
-//! `fairway bench throughput`: end-to-end no-op jobs on the local services; prints
+//! `fairway-bench bench throughput`: end-to-end no-op jobs on the local services; prints
 //! jobs/s and latency percentiles (submit -> terminal result), last line JSON.
 //!
-//! `fairway bench fairness`: the noisy-neighbour benchmark on the local services (see
+//! `fairway-bench bench fairness`: the noisy-neighbour benchmark on the local services (see
 //! [`fairness`]): quiet tenants' waits under a flood with fair scheduling and with FIFO
 //! versus alone, and slot-time shares of continuously backlogged tenants versus their
 //! entitlement; last line JSON.
@@ -108,7 +108,7 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// `fairway bench throughput`: no-op jobs through in-process workers on the local
+/// `fairway-bench bench throughput`: no-op jobs through in-process workers on the local
 /// services, as fast as they go: jobs/s (end to end, and processing alone from the first
 /// start to the last finish), latency, and CPU per 1,000 jobs per process.
 async fn throughput(g: &Global, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
@@ -270,7 +270,7 @@ pub(super) async fn collect_latencies(reader: &kafka::Reader, n: usize, timeout:
 }
 
 // ---------------------------------------------------------------------------------------
-// fairway bench fairness
+// fairway-bench bench fairness
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct FairnessArgs {

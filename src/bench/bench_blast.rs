@@ -1,4 +1,4 @@
-//! `fairway bench blast`: the blast-radius suite as a benchmark on the local services.
+//! `fairway-bench bench blast`: the blast-radius suite as a benchmark on the local services.
 //! Starts `fairway serve` as a child process (`--serve-bin` another build, e.g. main's,
 //! for a before/after) and an in-process worker; tenant A (acme) attacks while tenant B
 //! (globex) submits, each attack in turn:

@@ -1,4 +1,4 @@
-//! `fairway bench faults`: the fault suite. Starts `--workers` worker processes (child
+//! `fairway-bench bench faults`: the fault suite. Starts `--workers` worker processes (child
 //! processes of this binary, on a deployment of their own: topic prefix `faults<ms>.`,
 //! keyspace `fairway_faults`), submits `--jobs` sleep jobs plus one poison job (a payload
 //! the handler refuses) and one malformed (non-Avro) message, and while the jobs are in

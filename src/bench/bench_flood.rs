@@ -1,4 +1,4 @@
-//! `fairway bench flood`: fairness beyond the worker's buffer. One tenant floods far more
+//! `fairway-bench bench flood`: fairness beyond the worker's buffer. One tenant floods far more
 //! jobs than a worker buffers (`worker.tenant_queue_limit`); quiet tenants that hash to
 //! the flooder's Kafka partition and quiet tenants on other partitions each submit one
 //! echo job every `--quiet-every`. Printed per mode (`spill`: the flood's excess spills to

@@ -1,4 +1,4 @@
-//! `fairway bench partitions`: what a network partition costs. For each kind asked
+//! `fairway-bench bench partitions`: what a network partition costs. For each kind asked
 //! (`--kinds broker:60s,store:5s,...`) a fresh lab (`fairway::netlab`: a network
 //! namespace, veth pairs, its own broker and CQL bridge in front of the local database)
 //! runs two workers, one cut off for that long while sleep jobs run; counted per kind:

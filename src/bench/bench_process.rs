@@ -1,4 +1,4 @@
-//! `fairway bench process`: no-op jobs of a `handler = "process"` job type (one child
+//! `fairway-bench bench process`: no-op jobs of a `handler = "process"` job type (one child
 //! process per job, `cat` by default: the payload back as the output) end to end on the
 //! local services; prints jobs/s, latency, and CPU per job of fairway itself and of its
 //! children, last line JSON.

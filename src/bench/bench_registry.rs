@@ -1,4 +1,4 @@
-//! `fairway bench registry`: the tenants registry at scale. Registers `--tenants` tenants
+//! `fairway-bench bench registry`: the tenants registry at scale. Registers `--tenants` tenants
 //! in a fresh deployment scope, then measures how long a process takes to load them
 //! all, how long a change takes to reach a live view (the poll plus the change feed's
 //! read), `--changes` times, and what the view read to follow them. Last line JSON.

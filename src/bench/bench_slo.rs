@@ -1,4 +1,4 @@
-//! `fairway bench slo`: the open-loop benchmark. No-op jobs arrive at a fixed rate (in
+//! `fairway-bench bench slo`: the open-loop benchmark. No-op jobs arrive at a fixed rate (in
 //! 10 ms ticks, each tick's jobs submitted without waiting for earlier ticks' acks), one
 //! rate after another on one running deployment; for each rate the p50/p99 wait from
 //! submission to first dispatch (`started_at - submitted_at` of the results) and from

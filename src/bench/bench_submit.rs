@@ -1,4 +1,4 @@
-//! `fairway bench submit`: the submission paths' rates, no worker running. Alternating
+//! `fairway-bench bench submit`: the submission paths' rates, no worker running. Alternating
 //! rounds of `--jobs` echo jobs each:
 //! - `plain` / `watched`: the library's `Submitter`, `--concurrency` submits at a time,
 //!   without a store (produce only, plus the `queued` event) and with one (the `queued`

@@ -1,4 +1,4 @@
-//! `fairway bench tenants`: the seed's scale on the local services. `--tenants` tenants
+//! `fairway-bench bench tenants`: the seed's scale on the local services. `--tenants` tenants
 //! are registered (default 10,000: `--heavy` of them flood, the rest are light), free
 //! accounts match `registry.free_accounts` (`free-*`, no rows) and tenants never seen
 //! are admitted by policy (`unknown_tenants = "admit"`). `--workers` in-process workers

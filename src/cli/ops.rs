@@ -238,7 +238,7 @@ fn read_ndjson(reader: Box<dyn BufRead + Send>, submitter: &Submitter) -> anyhow
     Ok(jobs)
 }
 
-/// `fairway submit`'s path (also what `fairway bench submit` measures): connects, reads
+/// `fairway submit`'s path (also what `fairway-bench bench submit` measures): connects, reads
 /// and checks the jobs, passes the front door (all or none), produces them concurrently
 /// and writes one line per job to `out` (its id, or that it was a duplicate).
 pub(crate) async fn submit_jobs(

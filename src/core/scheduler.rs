@@ -162,7 +162,7 @@
 //! tag like any other (without moving virtual time), so lanes change *when* a light
 //! tenant's job starts, not how much slot-time anyone gets; concurrency may exceed
 //! `slots` by at most `fast_lanes`. The property tests check every lane dispatch against
-//! these rules; `fairway bench fairness --fast-lanes 0` shows the latency without them.
+//! these rules; `fairway-bench bench fairness --fast-lanes 0` shows the latency without them.
 //!
 //! # Priorities and aging (inside one tenant)
 //!

@@ -11,7 +11,7 @@ use std::time::Duration;
 /// With `FAIRWAY_RUN_LOG=<path>` in a worker's environment the sleep handler appends a
 /// line per execution to that file: `start <job id> <unix ms> <pid>` when it starts,
 /// `done <job id> <unix ms> <pid>` when it returns, each in one O_APPEND write, so several
-/// worker processes can share the file (`fairway bench faults` counts jobs run twice from
+/// worker processes can share the file (`fairway-bench bench faults` counts jobs run twice from
 /// it, `netlab::scenario` also runs on two workers at once).
 pub const RUN_LOG_ENV: &str = "FAIRWAY_RUN_LOG";
 

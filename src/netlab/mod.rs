@@ -5,7 +5,7 @@
 //! (`ip netns exec`); setting the namespace's end of a pair down cuts the workers inside
 //! off from the broker, the store, or both, while the host keeps reaching them.
 //!
-//! Used by `fairway bench partitions` and `tests/it_partitions.rs` (the scenario and its
+//! Used by `fairway-bench bench partitions` and `tests/it_partitions.rs` (the scenario and its
 //! counts: `netlab::scenario`). Everything the lab starts or creates (processes, the
 //! namespace, the veth pairs) is removed when it is dropped, on every exit path.
 

@@ -68,7 +68,7 @@ pub struct Plan {
     pub probes: usize,
 }
 
-/// The counts of one phase (`fairway bench partitions` prints these).
+/// The counts of one phase (`fairway-bench bench partitions` prints these).
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub kind: String,

@@ -422,7 +422,7 @@ impl Store {
 
     /// Records a job that succeeded on a plain run as its finished record
     /// (`core::finished`) instead of a `jobs` row. The caller makes sure the job has a
-    /// UUIDv7 id and that no `jobs` row holds a claim on it (see `worker::outcome`).
+    /// UUIDv7 id and that no `jobs` row holds a claim on it (see `worker::durable`).
     pub async fn put_finished(&self, u: &StateUpdate<'_>, now: Millis) -> Result<(), StoreError> {
         let bucket = finished::bucket(u.job_id).ok_or_else(|| StoreError::Query {
             what: "put finished job",

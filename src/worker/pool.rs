@@ -1100,7 +1100,7 @@ fn new_partition(next_incarnation: &mut u64, spiller: &Spiller, p: i32) -> Parti
 /// linger, a broker acknowledgement and a coalesced store write (~20-30 ms), so this
 /// bounds a worker's short-job throughput by Little's law: when it was the pool's slots
 /// (256), a worker topped out near 12,800 no-op jobs/s with the machine's CPU to spare;
-/// 1,024 lets the writes batch fuller (`fairway bench throughput`, docs/performance.md). What waits
+/// 1,024 lets the writes batch fuller (`fairway-bench bench throughput`, docs/performance.md). What waits
 /// here holds no slot and little memory (the job and its result).
 const OUTCOMES_IN_FLIGHT: usize = 1024;
 
