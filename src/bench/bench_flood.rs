@@ -382,7 +382,8 @@ async fn quiet_tenant(
     }
 }
 
-fn pct(sorted: &[i64], q: f64) -> Option<i64> {
+/// The `q` quantile of sorted values (nearest rank); None when there are none.
+pub(super) fn pct(sorted: &[i64], q: f64) -> Option<i64> {
     if sorted.is_empty() {
         return None;
     }

@@ -18,7 +18,7 @@
 //! during the flood.
 
 use super::bench_cpu::CpuProbe;
-use super::bench_flood::{produce, record, round2, ResultFeed};
+use super::bench_flood::{pct, produce, record, round2, ResultFeed};
 use super::Global;
 use anyhow::Context;
 use fairway::config::{Config, Tier};
@@ -480,12 +480,6 @@ impl Report<'_> {
 
 fn summary(w: &[i64]) -> Value {
     json!({"jobs": w.len(), "p50_ms": pct(w, 0.5), "p99_ms": pct(w, 0.99), "max_ms": w.last()})
-}
-
-/// The `q` quantile of sorted values (nearest rank).
-fn pct(sorted: &[i64], q: f64) -> Option<i64> {
-    let i = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len().max(1)) - 1;
-    sorted.get(i).copied()
 }
 
 /// `fairway_job_wait_seconds` (sum, count) per stage, from this process's recorder.
