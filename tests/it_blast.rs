@@ -394,10 +394,8 @@ async fn a_console_dlq_page_reads_at_most_its_cap_of_records() {
         fairway::kafka::send(&producer, &cfg.dlq_topic(), "acme", &bytes).await.expect("dead letter");
     }
     let filter = ReplayFilter::default();
-    let (listed, scanned) =
-        fairway::ops::replay::browse(&cfg, ReplaySource::Dlq, &filter, 200, 4).await.expect("browse");
-    assert_eq!((scanned, listed.len()), (4, 4), "one page reads at most its cap");
-    let (listed, scanned) =
-        fairway::ops::replay::browse(&cfg, ReplaySource::Dlq, &filter, 200, 100).await.expect("browse");
-    assert_eq!((scanned, listed.len()), (6, 6), "below the cap every record is read");
+    let b = fairway::ops::replay::browse(&cfg, ReplaySource::Dlq, &filter, 200, 4).await.expect("browse");
+    assert_eq!((b.scanned, b.listed.len()), (4, 4), "one page reads at most its cap");
+    let b = fairway::ops::replay::browse(&cfg, ReplaySource::Dlq, &filter, 200, 100).await.expect("browse");
+    assert_eq!((b.scanned, b.listed.len(), b.unread.len()), (6, 6, 0), "below the cap every record is read");
 }

@@ -65,3 +65,65 @@ async fn an_undecodable_retry_record_is_dead_lettered_not_dropped() {
     assert_eq!(dl.origin_topic, topic);
     assert!(dl.reason.contains("deadbeef00010203") && dl.reason.contains("no longer decodes"), "{}", dl.reason);
 }
+
+/// A finished record written in the per-job layout (`finished_jobs`, before packs) is
+/// still a job's state after the upgrade, so the effectively-once check never runs such a
+/// job again; a newer record written in a pack (a rerun's generation) wins over it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_finished_record_of_the_per_job_layout_is_still_found() {
+    use fairway::core::finished::{bucket, FinishedRecord};
+    let cfg = common::arc(common::config(""));
+    common::init(&cfg).await;
+    let store = fairway::store::Store::open(&cfg).await.expect("store");
+    let id = uuid::Uuid::now_v7().to_string();
+    let now = fairway::now_ms();
+    let old = FinishedRecord {
+        status: "succeeded".into(),
+        tenant: "acme".into(),
+        job_type: "noop".into(),
+        pool: "short".into(),
+        attempts: 1,
+        crash_count: 0,
+        generation: 0,
+        submitted_at: now - 5,
+        started_at: Some(now - 4),
+        finished_at: Some(now - 3),
+        worker: "w-before-the-upgrade".into(),
+        updated_at: now - 3,
+    };
+    let q = format!("INSERT INTO {}.finished_jobs (bucket, job_id, record) VALUES (?, ?, ?)", store.keyspace());
+    let blob = old.encode(Some(b"\"old\""));
+    store.session().query_unpaged(q, (bucket(&id).unwrap(), &id, blob)).await.expect("write an old-layout record");
+
+    let row = store.job(&id).await.expect("read").expect("the old record is the job's state");
+    assert_eq!(
+        (row.status.as_deref(), row.worker.as_deref(), row.output.as_deref()),
+        (Some("succeeded"), Some("w-before-the-upgrade"), Some(&b"\"old\""[..]))
+    );
+    assert_eq!(store.job_direct(&id).await.expect("read").as_ref(), Some(&row));
+
+    let update = fairway::store::StateUpdate {
+        job_id: &id,
+        tenant: "acme",
+        job_type: "noop",
+        pool: "short",
+        status: "succeeded",
+        attempts: 1,
+        crash_count: 0,
+        generation: 1,
+        submitted_at: now - 5,
+        started_at: Some(now - 2),
+        finished_at: Some(now - 1),
+        worker: "w-after",
+        error: None,
+        failure_class: None,
+        output: Some(b"\"new\""),
+    };
+    store.put_finished(&update, now).await.expect("write a packed record");
+    let row = store.job(&id).await.expect("read").expect("state");
+    assert_eq!(
+        (row.generation, row.worker.as_deref(), row.output.as_deref()),
+        (Some(1), Some("w-after"), Some(&b"\"new\""[..])),
+        "the rerun's packed record is newer"
+    );
+}

@@ -177,7 +177,7 @@ async fn kill_9_of_a_worker_loses_nothing_and_reruns_only_what_the_kill_caught_u
 /// second (`core::finished`), not a `jobs` row; it is found by its id alone (status, the
 /// effectively-once check), and a job whose id is not a UUIDv7 keeps its `jobs` row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn succeeded_jobs_are_grouped_records_found_by_id_and_never_run_twice() {
+async fn succeeded_jobs_are_packed_records_found_by_id_and_never_run_twice() {
     let mut cfg = common::config("");
     cfg.kafka.partitions = 1;
     let cfg = common::arc(cfg);
@@ -205,23 +205,33 @@ async fn succeeded_jobs_are_grouped_records_found_by_id_and_never_run_twice() {
         assert_eq!(row.output.as_deref().map(String::from_utf8_lossy).as_deref(), Some(want.as_str()));
         assert_eq!(store.job_direct(id).await.expect("read").as_ref(), Some(&row));
     }
-    // Where the states live: the UUIDv7 jobs' as grouped records, in few partitions.
+    // Where the states live: the UUIDv7 jobs' as packed records, many jobs per row.
     let ks = store.keyspace().to_string();
-    let mut grouped = 0;
-    let mut buckets: std::collections::HashSet<i64> = std::collections::HashSet::new();
+    let submitted: std::collections::HashSet<&str> = ids[..200].iter().map(String::as_str).collect();
+    let buckets: std::collections::BTreeSet<i64> = ids[..200]
+        .iter()
+        .map(|id| fairway::core::finished::pack_bucket(id).expect("submitted ids are UUIDv7"))
+        .collect();
+    let (mut packed, mut packs) = (0, 0);
+    for b in &buckets {
+        let q = format!("SELECT body FROM {ks}.finished_packs WHERE bucket = ?");
+        let res = store.session().query_unpaged(q, (b,)).await.expect("query").into_rows_result().unwrap();
+        for row in res.rows::<(Vec<u8>,)>().unwrap() {
+            let (body,) = row.unwrap();
+            let entries = fairway::core::finished::unpack(&body).expect("a pack");
+            packed += entries.iter().filter(|(id, _)| submitted.contains(id)).count();
+            packs += 1;
+        }
+    }
     for id in &ids[..200] {
-        let b = fairway::core::finished::bucket(id).expect("submitted ids are UUIDv7");
-        let q = format!("SELECT job_id FROM {ks}.finished_jobs WHERE bucket = ? AND job_id = ?");
-        let res = store.session().query_unpaged(q, (b, id)).await.expect("query").into_rows_result().unwrap();
-        grouped += res.rows_num();
-        buckets.insert(b);
         let q = format!("SELECT status FROM {ks}.jobs WHERE job_id = ?");
         let res = store.session().query_unpaged(q, (id,)).await.expect("query").into_rows_result().unwrap();
         let status = res.maybe_first_row::<(Option<String>,)>().unwrap().and_then(|r| r.0);
         assert_ne!(status.as_deref(), Some("succeeded"), "job {id}: a succeeded row was written as well");
     }
-    assert_eq!(grouped, 200, "every submitted job's state is a grouped record");
-    assert!(buckets.len() <= 3 * fairway::core::finished::SHARDS as usize, "{} partitions", buckets.len());
+    assert_eq!(packed, 200, "every submitted job's state is a packed record");
+    eprintln!("200 finished jobs in {packs} packs over {} buckets", buckets.len());
+    assert!(packs <= 100, "jobs finished together share packs: {packs} packs for 200 jobs");
     let q = format!("SELECT status FROM {ks}.jobs WHERE job_id = ?");
     let res = store.session().query_unpaged(q, (&raw.job_id,)).await.expect("query").into_rows_result().unwrap();
     let status = res.maybe_first_row::<(Option<String>,)>().unwrap().and_then(|r| r.0);

@@ -1,38 +1,122 @@
 //! Where a finished job's record lives, and how it is found again from its id alone.
 //!
 //! The hot path's store cost is one terminal write per job. Written as a row of its own
-//! (`jobs`, keyed by job id) every job is a partition mutation of its own with ~16 cells;
-//! here a job that succeeded on a plain run is instead one clustering row — one blob —
-//! in a partition shared with the jobs submitted in the same second
-//! (`finished_jobs`, partition key [`bucket`]), so one batch of finished jobs is a
-//! handful of partition mutations. The id is enough to find the row again: a UUIDv7
-//! carries its submission time, which names the bucket; a few shards per second spread a
-//! busy second over several partitions (and so over a real cluster's nodes).
+//! (`jobs`, keyed by job id) every job is a partition mutation of its own with ~16 cells.
+//! A job that succeeded on a plain run is instead one entry of a **pack**: one blob
+//! holding the finished records of many jobs, written once (`finished_packs`). A pack
+//! holds the jobs of one coalesced write that share a [`pack_bucket`]: the 100 ms of
+//! submission their UUIDv7 ids carry, and one of [`PACK_SHARDS`] shards of the ids'
+//! random bits. The database's cost is per row (memtable, flush, compaction), so a pack
+//! of k jobs costs about what one job's row cost.
 //!
-//! A job's state is then the newer of its `jobs` row and its finished record
-//! ([`newer_is_finished`]): by generation, then by write time, the finished record
+//! The id is enough to find the record again: its bucket is read whole (every pack of
+//! jobs submitted in the same 100 ms and shard) and the packs searched. That read is the
+//! trade: a lookup costs up to (jobs submitted per 100 ms ÷ [`PACK_SHARDS`]) records, so
+//! ~500 at 40,000 jobs/s. Records written before packs (`finished_jobs`, one row per job
+//! in [`bucket`]) are still read until their TTL ends them.
+//!
+//! A job's state is then the newest of its `jobs` row and its finished records
+//! ([`newer_is_finished`]): by generation, then by write time, a finished record
 //! winning a tie (it is terminal). Only jobs whose `jobs` row can hold no claim on them
 //! go this way (the worker decides: never a job marked running or claimed after a
 //! hand-off, whose row's status conditions the store's compare-and-set steps).
 
 use serde::{Deserialize, Serialize};
 
-/// Partitions per second of submission. Part of the stored layout: changing it would hide
-/// the records already written under the old value.
+/// Partitions per second of submission of the per-job layout (`finished_jobs`, read
+/// only). Part of the stored layout: changing it would hide the records written under it.
 pub const SHARDS: i64 = 8;
 
-/// The partition of a job's finished record: its submission second (from the UUIDv7)
-/// times [`SHARDS`], plus a shard from the id's random bits. None when the id is not a
+/// Milliseconds of submission per pack bucket. Part of the stored layout.
+pub const PACK_SPAN_MS: i64 = 100;
+/// Pack buckets per [`PACK_SPAN_MS`]. Part of the stored layout.
+pub const PACK_SHARDS: i64 = 8;
+/// Most bytes of records in one pack (a write of many packs stays under the database's
+/// batch limits: ScyllaDB warns at 128 KiB and fails at 1 MiB by default).
+pub const PACK_MAX_BYTES: usize = 64 * 1024;
+
+/// The pack bucket of a job: the 100 ms of submission its UUIDv7 id carries, times
+/// [`PACK_SHARDS`], plus a shard from the id's random bits. None when the id is not a
 /// UUIDv7 (ids chosen by raw Kafka producers): such jobs keep the `jobs` row.
-pub fn bucket(job_id: &str) -> Option<i64> {
+pub fn pack_bucket(job_id: &str) -> Option<i64> {
+    let (ms, shard) = v7_parts(job_id, PACK_SHARDS)?;
+    Some(ms.div_euclid(PACK_SPAN_MS) * PACK_SHARDS + shard)
+}
+
+/// (submission ms, shard of `shards`) of a UUIDv7 id.
+fn v7_parts(job_id: &str, shards: i64) -> Option<(i64, i64)> {
     let id = uuid::Uuid::parse_str(job_id).ok()?;
     if id.get_version_num() != 7 {
         return None;
     }
     let bits = id.as_u128();
-    let ms = (bits >> 80) as i64;
-    let shard = (bits as u64 % SHARDS as u64) as i64;
+    Some(((bits >> 80) as i64, (bits as u64 % shards as u64) as i64))
+}
+
+/// The partition of a job's finished record: its submission second (from the UUIDv7)
+/// times [`SHARDS`], plus a shard from the id's random bits. None when the id is not a
+/// UUIDv7 (ids chosen by raw Kafka producers): such jobs keep the `jobs` row.
+pub fn bucket(job_id: &str) -> Option<i64> {
+    let (ms, shard) = v7_parts(job_id, SHARDS)?;
     Some(ms.div_euclid(1000) * SHARDS + shard)
+}
+
+/// The first byte of a pack: its layout.
+const PACK_LAYOUT: u8 = 1;
+
+/// Groups encoded records (job id, [`FinishedRecord::encode`]d blob) into packs: one per
+/// [`pack_bucket`], split so none holds more than [`PACK_MAX_BYTES`] of records (a record
+/// larger than that gets a pack of its own). Returns (bucket, pack, the indexes of the
+/// input entries it holds). Entries whose id is not a UUIDv7 are left out (the caller
+/// refuses them first).
+pub fn packs(entries: &[(String, Vec<u8>)]) -> Vec<(i64, Vec<u8>, Vec<usize>)> {
+    let mut by_bucket: std::collections::BTreeMap<i64, Vec<usize>> = std::collections::BTreeMap::new();
+    for (i, (id, _)) in entries.iter().enumerate() {
+        if let Some(b) = pack_bucket(id) {
+            by_bucket.entry(b).or_default().push(i);
+        }
+    }
+    let mut out = Vec::new();
+    for (bucket, idx) in by_bucket {
+        let mut body = vec![PACK_LAYOUT];
+        let mut held = Vec::new();
+        for i in idx {
+            let (id, blob) = &entries[i];
+            let size = 1 + id.len() + 4 + blob.len();
+            if !held.is_empty() && body.len() + size > PACK_MAX_BYTES {
+                out.push((bucket, std::mem::replace(&mut body, vec![PACK_LAYOUT]), std::mem::take(&mut held)));
+            }
+            let id_len = u8::try_from(id.len()).expect("a UUID's text is 36 bytes");
+            body.push(id_len);
+            body.extend_from_slice(id.as_bytes());
+            body.extend_from_slice(&(blob.len() as u32).to_be_bytes());
+            body.extend_from_slice(blob);
+            held.push(i);
+        }
+        out.push((bucket, body, held));
+    }
+    out
+}
+
+/// The entries (job id, encoded record) of a pack; the error names what is wrong with it.
+pub fn unpack(pack: &[u8]) -> Result<Vec<(&str, &[u8])>, String> {
+    let bad = |why: &str| format!("unreadable finished-job pack: {why}");
+    let (&layout, mut rest) = pack.split_first().ok_or_else(|| bad("empty"))?;
+    if layout != PACK_LAYOUT {
+        return Err(bad(&format!("unknown layout byte {layout}")));
+    }
+    let mut out = Vec::new();
+    while let Some((&id_len, r)) = rest.split_first() {
+        let id = r.get(..id_len as usize).ok_or_else(|| bad("truncated job id"))?;
+        let id = std::str::from_utf8(id).map_err(|_| bad("a job id is not UTF-8"))?;
+        let r = &r[id_len as usize..];
+        let len = r.get(..4).ok_or_else(|| bad("truncated record length"))?;
+        let len = u32::from_be_bytes(len.try_into().expect("4 bytes")) as usize;
+        let blob = r.get(4..4 + len).ok_or_else(|| bad("truncated record"))?;
+        out.push((id, blob));
+        rest = &r[4 + len..];
+    }
+    Ok(out)
 }
 
 /// What a finished record holds besides the job id and its output (a column of its own,
@@ -172,7 +256,55 @@ mod tests {
         }
     }
 
+    #[test]
+    fn packs_group_by_bucket_and_bad_packs_are_named() {
+        let a = v7_at(1_700_000_000_000, 1);
+        let b = v7_at(1_700_000_000_050, 1);
+        let c = v7_at(1_700_000_000_150, 1);
+        assert_eq!(pack_bucket(&a), pack_bucket(&b), "the same 100 ms and shard");
+        assert_ne!(pack_bucket(&a), pack_bucket(&c), "the next 100 ms");
+        let entries = vec![
+            (a.clone(), b"ra".to_vec()),
+            ("order-1".to_string(), b"x".to_vec()),
+            (c.clone(), b"rc".to_vec()),
+            (b.clone(), b"rb".to_vec()),
+        ];
+        let p = packs(&entries);
+        assert_eq!(p.len(), 2);
+        let held: Vec<Vec<usize>> = p.iter().map(|(_, _, h)| h.clone()).collect();
+        assert_eq!(held, vec![vec![0, 3], vec![2]]);
+        assert_eq!(unpack(&p[0].1).unwrap(), vec![(a.as_str(), &b"ra"[..]), (b.as_str(), &b"rb"[..])]);
+        for bad in [&b""[..], b"\x02", b"\x01\x05ab", b"\x01\x01a\x00\x00\x00\x09x"] {
+            let e = unpack(bad).unwrap_err();
+            assert!(e.starts_with("unreadable finished-job pack"), "{e}");
+        }
+    }
+
     proptest! {
+        #[test]
+        fn packs_hold_every_entry_once_within_the_size_bound(
+            ms in 1_600_000_000_000u64..1_600_000_001_000,
+            sizes in proptest::collection::vec(0usize..40_000, 1..40),
+        ) {
+            let entries: Vec<(String, Vec<u8>)> = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (v7_at(ms + (i as u64 * 37) % 1000, i as u128 * 7919), vec![i as u8; *n]))
+                .collect();
+            let mut seen = vec![0; entries.len()];
+            for (bucket, body, held) in packs(&entries) {
+                prop_assert!(body.len() <= PACK_MAX_BYTES || held.len() == 1);
+                let got = unpack(&body).unwrap();
+                prop_assert_eq!(got.len(), held.len());
+                for ((id, blob), i) in got.into_iter().zip(held) {
+                    prop_assert_eq!(pack_bucket(id), Some(bucket));
+                    prop_assert_eq!((id, blob), (entries[i].0.as_str(), entries[i].1.as_slice()));
+                    seen[i] += 1;
+                }
+            }
+            prop_assert!(seen.iter().all(|n| *n == 1));
+        }
+
         #[test]
         fn every_v7_id_of_a_second_lands_in_that_seconds_buckets(ms in 0u64..(1u64 << 47), rand in any::<u128>()) {
             let b = bucket(&v7_at(ms, rand)).unwrap();

@@ -32,8 +32,11 @@
 //!   left for the next run, and the resume point stays before it;
 //! - a partition whose high watermark was 0 at the start (never written) is finished at
 //!   once;
-//! - otherwise the run ends when no record arrived for `idle_timeout` (default 3 s; up to
-//!   10 s for the very first record while a watermark says there is something to read).
+//! - otherwise the run ends when no record arrived for `idle_timeout` (default 3 s). While
+//!   a partition has not yet been read up to its start high watermark (so records are
+//!   known to be waiting there), the wait is at least 10 s; if even that passes, the scan
+//!   ends with a warning naming the partitions left unread (see [`Scan::unread`]) rather
+//!   than a quiet partial result. Re-running continues from the resume points.
 //!
 //! On Kafka proper the idle wait is the only cost of this (one wait per run, as the
 //! partitions are read concurrently); the resume points are exact either way.
@@ -82,8 +85,9 @@ use std::time::{Duration, Instant};
 pub const SAMPLE_ROWS: usize = 10;
 /// Characters of the last error kept in a sample row.
 pub const SAMPLE_ERROR_CHARS: usize = 60;
-/// How long the very first record may take when the watermarks say there is data.
-const FIRST_RECORD_WAIT: Duration = Duration::from_secs(10);
+/// How long the next record may take while a partition is known to hold unread records
+/// (below its start high watermark).
+const UNREAD_WAIT: Duration = Duration::from_secs(10);
 /// Longest time between two saves of the resume points.
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// Progress callbacks at most this often (plus one at the end).
@@ -575,27 +579,43 @@ pub struct Listed {
     pub candidate: Candidate,
 }
 
+/// What [`browse`] found.
+#[derive(Debug, Clone)]
+pub struct Browsed {
+    /// The newest matching records, oldest first.
+    pub listed: Vec<Listed>,
+    /// Records read.
+    pub scanned: u64,
+    /// Partitions the broker did not deliver up to their end in time (see
+    /// [`Scan::unread`]), as `topic[partition]`: when not empty the listing is partial
+    /// and says so.
+    pub unread: Vec<String>,
+}
+
 /// The records of `source` that `filter` matches (the newest `max` of them), read from
 /// the beginning of the topic to its end as it is now, with the scan's rules: what
 /// `fairway replay --dry-run` would look at, listed (the console's DLQ browser). Reads
-/// only: nothing is produced, no resume point is read or saved. Also returns how many
-/// records were read.
+/// only: nothing is produced, no resume point is read or saved.
 pub async fn browse(
     cfg: &Config,
     source: ReplaySource,
     filter: &ReplayFilter,
     max: usize,
     max_scanned: u64,
-) -> Result<(Vec<Listed>, u64), ReplayError> {
+) -> Result<Browsed, ReplayError> {
     let topic = source_topic(cfg, source);
     let mut scan = Scan::open(cfg, "browse", vec![(topic, HashMap::new())], Duration::from_secs(1), now_ms()).await?;
     let mut out = std::collections::VecDeque::new();
     let mut scanned = 0u64;
+    let mut unread = Vec::new();
     while !scan.finished() && scanned < max_scanned {
         let rec = match scan.next().await {
             ScanStep::Record(rec) => rec,
             ScanStep::Tick => continue,
-            ScanStep::Idle => break,
+            ScanStep::Idle => {
+                unread = scan.unread().into_iter().map(|(t, p)| format!("{t}[{p}]")).collect();
+                break;
+            }
         };
         scanned += 1;
         let Ok(c) = candidate(source, &rec.payload) else { continue };
@@ -606,7 +626,7 @@ pub async fn browse(
             }
         }
     }
-    Ok((out.into(), scanned))
+    Ok(Browsed { listed: out.into(), scanned, unread })
 }
 
 impl From<FlushError> for ReplayError {
@@ -631,6 +651,8 @@ struct ScanPart {
     min: i64,
     /// High watermark at the start.
     hw: i64,
+    /// One past the last record the broker delivered here.
+    next: i64,
     done: bool,
     warned_backwards: bool,
 }
@@ -662,8 +684,6 @@ pub(crate) struct Scan {
     started_at: Millis,
     idle_timeout: Duration,
     parts: BTreeMap<(String, i32), ScanPart>,
-    expect_data: bool,
-    got_any: bool,
     /// When the current wait for a record turns into [`ScanStep::Idle`].
     deadline: Option<Instant>,
     read_errors: u32,
@@ -684,7 +704,6 @@ impl Scan {
             Arc::new(kafka::reader(cfg, &cfg.group(&format!("{group_prefix}.{}", uuid::Uuid::new_v4())), false)?);
         let mut parts = BTreeMap::new();
         let mut tpl = TopicPartitionList::new();
-        let mut expect_data = false;
         for (topic, resume) in &topics {
             let ends = kafka::partition_ends(consumer.clone(), topic.clone())
                 .await
@@ -696,10 +715,9 @@ impl Scan {
                     let off = from.map_or(Offset::Beginning, Offset::Offset);
                     tpl.add_partition_offset(topic, p, off)
                         .map_err(|e| ReplayError::Topic { topic: topic.clone(), message: e.to_string() })?;
-                    expect_data |= hw > from.unwrap_or(0);
                 }
-                parts
-                    .insert((topic.clone(), p), ScanPart { min: from.unwrap_or(0), hw, done, warned_backwards: false });
+                let min = from.unwrap_or(0);
+                parts.insert((topic.clone(), p), ScanPart { min, hw, next: min, done, warned_backwards: false });
             }
         }
         if tpl.count() > 0 {
@@ -708,17 +726,7 @@ impl Scan {
                 message: e.to_string(),
             })?;
         }
-        Ok(Scan {
-            consumer,
-            started_at,
-            idle_timeout,
-            parts,
-            expect_data,
-            got_any: false,
-            deadline: None,
-            read_errors: 0,
-            warnings: Vec::new(),
-        })
+        Ok(Scan { consumer, started_at, idle_timeout, parts, deadline: None, read_errors: 0, warnings: Vec::new() })
     }
 
     /// Every partition reached its end (or was empty).
@@ -736,16 +744,33 @@ impl Scan {
         std::mem::take(&mut self.warnings)
     }
 
-    /// Waits (at most 200 ms) for the next record to decide.
+    /// Partitions (topic, partition) not finished and not yet read up to their start high
+    /// watermark: records are known to be waiting there. Non-empty after
+    /// [`ScanStep::Idle`] means the scan gave up early (the broker did not deliver them
+    /// within the wait), so what it read is partial.
+    pub(crate) fn unread(&self) -> Vec<(String, i32)> {
+        self.parts.iter().filter(|(_, p)| !p.done && p.next < p.hw).map(|(k, _)| k.clone()).collect()
+    }
+
+    /// Waits (at most 200 ms) for the next record to decide. On [`ScanStep::Idle`] with
+    /// partitions still [`Scan::unread`], a warning naming them is noted.
     pub(crate) async fn next(&mut self) -> ScanStep {
-        let wait = if self.got_any || !self.expect_data {
-            self.idle_timeout
-        } else {
-            self.idle_timeout.max(FIRST_RECORD_WAIT)
-        };
+        let behind = self.parts.values().any(|p| !p.done && p.next < p.hw);
+        let wait = if behind { self.idle_timeout.max(UNREAD_WAIT) } else { self.idle_timeout };
         let deadline = *self.deadline.get_or_insert_with(|| Instant::now() + wait);
         let now = Instant::now();
         if now >= deadline {
+            let unread = self.unread();
+            if !unread.is_empty() {
+                let names: Vec<String> = unread.iter().map(|(t, p)| format!("{t}[{p}]")).collect();
+                self.warnings.push(format!(
+                    "no record arrived for {} s while {} still held unread records (below the high watermark taken \
+                     at the start): this result is partial; run again (a replay or rerun with the same id continues \
+                     where this one stopped)",
+                    wait.as_secs(),
+                    names.join(", ")
+                ));
+            }
             return ScanStep::Idle;
         }
         let slice = deadline.saturating_duration_since(now).min(Duration::from_millis(200));
@@ -764,11 +789,11 @@ impl Scan {
             }
             Err(_) => return ScanStep::Tick,
         };
-        self.got_any = true;
         self.deadline = None;
         let (topic, p, offset) = (msg.topic().to_string(), msg.partition(), msg.offset());
         let ts = msg.timestamp().to_millis();
         let Some(part) = self.parts.get_mut(&(topic.clone(), p)) else { return ScanStep::Tick };
+        part.next = part.next.max(offset + 1);
         if part.done {
             return ScanStep::Tick;
         }

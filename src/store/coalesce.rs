@@ -3,8 +3,9 @@
 //! at the database's single-statement rate. Here concurrent callers' reads are merged
 //! into one `IN (...)` query and their writes into one unlogged batch, with a bounded
 //! number of requests in flight, so a round trip carries up to `MAX_BATCH` jobs. Finished
-//! records (`core::finished`) have their own merged writes; reads merge a job's row and
-//! its finished record (`Lookup`).
+//! records (`core::finished`) are written as packs: what is waiting (up to
+//! `MAX_PACKED` records) is grouped by pack bucket, one row per bucket. Reads merge a job's
+//! row and its finished records (`Lookup`).
 
 use super::{JobRow, StoreError};
 use crate::core::finished::{self, FinishedRecord};
@@ -20,6 +21,12 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 pub const MAX_BATCH: usize = 64;
 /// Merged requests in flight at once per coalescer.
 const IN_FLIGHT: usize = 8;
+/// Most finished records gathered into one write of packs.
+const MAX_PACKED: usize = 2048;
+/// Most bytes of packs in one batch (ScyllaDB warns at 128 KiB by default).
+const MAX_BATCH_BYTES: usize = 120 * 1024;
+/// Rows per page when a pack bucket is read.
+const PACK_PAGE: i32 = 256;
 
 /// Owned values of the `put_state` statement, in its bind order.
 pub type StateValues = (
@@ -42,8 +49,8 @@ pub type StateValues = (
 );
 
 type WriteReq = (StateValues, oneshot::Sender<Result<(), StoreError>>);
-/// Owned values of the `put_finished` statement: (bucket, job id, record).
-pub type FinishedValues = (i64, String, Vec<u8>);
+/// A finished record to pack: (job id, `FinishedRecord::encode`d record).
+pub type FinishedValues = (String, Vec<u8>);
 type FinishedReq = (FinishedValues, oneshot::Sender<Result<(), StoreError>>);
 type ReadReq = (String, oneshot::Sender<Result<Option<JobRow>, StoreError>>);
 
@@ -65,7 +72,7 @@ impl Coalescer {
         let (ftx, frx) = mpsc::channel(4096);
         let (rtx, rrx) = mpsc::channel(4096);
         tokio::spawn(write_loop(session.clone(), put_state, wrx, "put job state"));
-        tokio::spawn(write_loop(session, put_finished, frx, "put finished job"));
+        tokio::spawn(pack_loop(session, put_finished, frx));
         tokio::spawn(read_loop(lookup, rrx));
         Coalescer { writes: wtx, finished: ftx, reads: rtx }
     }
@@ -91,29 +98,60 @@ impl Coalescer {
     }
 }
 
-/// Reads a job's state: its `jobs` row and, for UUIDv7 ids, its finished record
-/// (`core::finished`), merged into one `JobRow` (the newer wins).
+/// Reads a job's state: its `jobs` row and, for UUIDv7 ids, its finished records
+/// (`core::finished`: packs, and rows of the per-job layout), merged into one `JobRow`
+/// (the newest wins).
 pub struct Lookup {
     pub session: Arc<Session>,
     pub get_jobs: PreparedStatement,
+    /// Rows of the per-job layout (`finished_jobs`), by bucket and ids.
     pub get_finished: PreparedStatement,
+    /// Every pack of a pack bucket.
+    pub get_packs: PreparedStatement,
 }
 
 impl Lookup {
     /// The states of `ids` (deduplicated by the caller); ids without any are absent.
     pub async fn fetch(&self, ids: Vec<String>) -> Result<HashMap<String, JobRow>, StoreError> {
         let mut by_bucket: HashMap<i64, Vec<String>> = HashMap::new();
+        let mut by_pack_bucket: HashMap<i64, Vec<String>> = HashMap::new();
         for id in &ids {
-            if let Some(b) = finished::bucket(id) {
+            if let (Some(b), Some(p)) = (finished::bucket(id), finished::pack_bucket(id)) {
                 by_bucket.entry(b).or_default().push(id.clone());
+                by_pack_bucket.entry(p).or_default().push(id.clone());
             }
         }
         let finished = futures::future::try_join_all(by_bucket.into_iter().map(|(b, ids)| self.finished(b, ids)));
-        let (mut rows, finished) = tokio::try_join!(self.rows(ids), finished)?;
-        for (id, record, output) in finished.into_iter().flatten() {
+        let packed = futures::future::try_join_all(by_pack_bucket.into_iter().map(|(b, ids)| self.packed(b, ids)));
+        let (mut rows, finished, packed) = tokio::try_join!(self.rows(ids), finished, packed)?;
+        for (id, record, output) in finished.into_iter().chain(packed).flatten() {
             merge(&mut rows, id, record, output);
         }
         Ok(rows)
+    }
+
+    /// The finished records of `ids` in the packs of `bucket` (a job may be in several:
+    /// a rerun, or a run repeated after a lost acknowledgement; `merge` keeps the newest).
+    async fn packed(&self, bucket: i64, ids: Vec<String>) -> Result<Vec<Finished>, StoreError> {
+        use futures::TryStreamExt;
+        let err = |message: String| StoreError::Query { what: "get finished packs", message };
+        let mut stmt = self.get_packs.clone();
+        stmt.set_page_size(PACK_PAGE);
+        let pager = self.session.execute_iter(stmt, (bucket,)).await.map_err(|e| err(e.to_string()))?;
+        let mut packs = pager.rows_stream::<(Option<Vec<u8>>,)>().map_err(|e| err(e.to_string()))?;
+        let wanted: std::collections::HashSet<&str> = ids.iter().map(String::as_str).collect();
+        let mut out = Vec::new();
+        while let Some((body,)) = packs.try_next().await.map_err(|e| err(e.to_string()))? {
+            // A pack this version cannot read is an error, not missing jobs: treating it
+            // as absent would run finished jobs again.
+            let entries = finished::unpack(body.as_deref().unwrap_or_default())
+                .map_err(|e| err(format!("bucket {bucket}: {e}")))?;
+            for (id, blob) in entries.into_iter().filter(|(id, _)| wanted.contains(id)) {
+                let (record, output) = FinishedRecord::decode(blob).map_err(|e| err(format!("job {id}: {e}")))?;
+                out.push((id.to_string(), record, output));
+            }
+        }
+        Ok(out)
     }
 
     async fn rows(&self, ids: Vec<String>) -> Result<HashMap<String, JobRow>, StoreError> {
@@ -184,11 +222,11 @@ fn closed() -> StoreError {
     StoreError::Query { what: "coalesced statement", message: "the store's coalescer stopped".into() }
 }
 
-/// Takes one request, then whatever else is already waiting, up to `MAX_BATCH`.
-async fn gather<T>(rx: &mut mpsc::Receiver<T>) -> Option<Vec<T>> {
+/// Takes one request, then whatever else is already waiting, up to `max`.
+async fn gather<T>(rx: &mut mpsc::Receiver<T>, max: usize) -> Option<Vec<T>> {
     let first = rx.recv().await?;
     let mut batch = vec![first];
-    while batch.len() < MAX_BATCH {
+    while batch.len() < max {
         match rx.try_recv() {
             Ok(r) => batch.push(r),
             Err(_) => break,
@@ -205,7 +243,7 @@ where
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let permits = Arc::new(Semaphore::new(IN_FLIGHT));
-    while let Some(reqs) = gather(&mut rx).await {
+    while let Some(reqs) = gather(&mut rx, MAX_BATCH).await {
         let Ok(permit) = permits.clone().acquire_owned().await else { return };
         let work = handle(reqs);
         tokio::spawn(async move {
@@ -228,22 +266,72 @@ pub(super) async fn write_loop<V>(
         let (session, stmt) = (session.clone(), stmt.clone());
         async move {
             let (values, replies): (Vec<V>, Vec<_>) = reqs.into_iter().unzip();
-            let result = if values.len() == 1 {
-                session.execute_unpaged(&stmt, &values[0]).await.map(|_| ())
-            } else {
-                let mut batch = Batch::new(BatchType::Unlogged);
-                for _ in 0..values.len() {
-                    batch.append_statement(stmt.clone());
-                }
-                session.batch(&batch, &values).await.map(|_| ())
-            };
-            let result = result.map_err(|e| StoreError::Query { what, message: e.to_string() });
+            let result = write_rows(&session, &stmt, &values).await;
+            let result = result.map_err(|message| StoreError::Query { what, message });
             for reply in replies {
                 let _ = reply.send(result.clone());
             }
         }
     })
     .await
+}
+
+/// Serves finished records: what is waiting is packed by bucket (`core::finished::packs`)
+/// and written in batches of at most `MAX_BATCH_BYTES`, `IN_FLIGHT` writes at most
+/// outstanding. Each caller hears the result of the batch that held its record.
+async fn pack_loop(session: Arc<Session>, stmt: PreparedStatement, mut rx: mpsc::Receiver<FinishedReq>) {
+    let permits = Arc::new(Semaphore::new(IN_FLIGHT));
+    while let Some(reqs) = gather(&mut rx, MAX_PACKED).await {
+        let (entries, replies): (Vec<FinishedValues>, Vec<_>) = reqs.into_iter().unzip();
+        let mut replies: Vec<Option<_>> = replies.into_iter().map(Some).collect();
+        let mut batch: Vec<(i64, Vec<u8>, Vec<usize>)> = Vec::new();
+        let mut bytes = 0;
+        let mut batches = Vec::new();
+        for pack in finished::packs(&entries) {
+            if !batch.is_empty() && bytes + pack.1.len() > MAX_BATCH_BYTES {
+                batches.push(std::mem::take(&mut batch));
+                bytes = 0;
+            }
+            bytes += pack.1.len();
+            batch.push(pack);
+        }
+        batches.push(batch);
+        for packs in batches {
+            let Ok(permit) = permits.clone().acquire_owned().await else { return };
+            let mut waiting = Vec::new();
+            for (_, _, held) in &packs {
+                waiting.extend(held.iter().filter_map(|i| replies[*i].take()));
+            }
+            let (session, stmt) = (session.clone(), stmt.clone());
+            tokio::spawn(async move {
+                let _permit = permit;
+                let values: Vec<(i64, uuid::Uuid, Vec<u8>)> =
+                    packs.into_iter().map(|(b, body, _)| (b, uuid::Uuid::new_v4(), body)).collect();
+                let result = write_rows(&session, &stmt, &values).await;
+                let result = result.map_err(|message| StoreError::Query { what: "put finished packs", message });
+                for reply in waiting {
+                    let _ = reply.send(result.clone());
+                }
+            });
+        }
+    }
+}
+
+/// Writes rows of one statement: alone, or as one unlogged batch.
+async fn write_rows<V>(session: &Session, stmt: &PreparedStatement, values: &[V]) -> Result<(), String>
+where
+    V: scylla::serialize::row::SerializeRow,
+{
+    let result = if values.len() == 1 {
+        session.execute_unpaged(stmt, &values[0]).await.map(|_| ())
+    } else {
+        let mut batch = Batch::new(BatchType::Unlogged);
+        for _ in 0..values.len() {
+            batch.append_statement(stmt.clone());
+        }
+        session.batch(&batch, values).await.map(|_| ())
+    };
+    result.map_err(|e| e.to_string())
 }
 
 async fn read_loop(lookup: Arc<Lookup>, rx: mpsc::Receiver<ReadReq>) {

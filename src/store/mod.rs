@@ -367,13 +367,15 @@ impl Store {
             "prepare get_finished",
         )
         .await?;
+        let get_packs =
+            prep(format!("SELECT body FROM {ks}.finished_packs WHERE bucket = ?"), "prepare get_packs").await?;
         let put_finished = prep(
-            format!("INSERT INTO {ks}.finished_jobs (bucket, job_id, record) VALUES (?, ?, ?) USING TTL {ttl}"),
+            format!("INSERT INTO {ks}.finished_packs (bucket, pack, body) VALUES (?, ?, ?) USING TTL {ttl}"),
             "prepare put_finished",
         )
         .await?;
         let session = Arc::new(session);
-        let lookup = Arc::new(coalesce::Lookup { session: session.clone(), get_jobs, get_finished });
+        let lookup = Arc::new(coalesce::Lookup { session: session.clone(), get_jobs, get_finished, get_packs });
         let coalescer =
             coalesce::Coalescer::start(session.clone(), prepared.put_state.clone(), put_finished, lookup.clone());
         let scope = cfg.kafka.topic_prefix.clone();
@@ -420,11 +422,11 @@ impl Store {
         self.coalescer.put_state(v).await
     }
 
-    /// Records a job that succeeded on a plain run as its finished record
+    /// Records a job that succeeded on a plain run as its finished record in a pack
     /// (`core::finished`) instead of a `jobs` row. The caller makes sure the job has a
     /// UUIDv7 id and that no `jobs` row holds a claim on it (see `worker::durable`).
     pub async fn put_finished(&self, u: &StateUpdate<'_>, now: Millis) -> Result<(), StoreError> {
-        let bucket = finished::bucket(u.job_id).ok_or_else(|| StoreError::Query {
+        finished::pack_bucket(u.job_id).ok_or_else(|| StoreError::Query {
             what: "put finished job",
             message: format!("job id {:?} is not a UUIDv7: its state belongs in the jobs table", u.job_id),
         })?;
@@ -442,7 +444,7 @@ impl Store {
             worker: u.worker.to_string(),
             updated_at: now,
         };
-        self.coalescer.put_finished((bucket, u.job_id.to_string(), record.encode(u.output))).await
+        self.coalescer.put_finished((u.job_id.to_string(), record.encode(u.output))).await
     }
 
     /// Marks a job running: its state row, a first heartbeat and its entry in the

@@ -13,9 +13,13 @@ pub const TABLES: &[(&str, &str)] = &[
          crash_count int, generation bigint, submitted_at bigint, started_at bigint, finished_at bigint, \
          worker text, error text, failure_class text, output blob, cancel_requested boolean, updated_at bigint)",
     ),
-    // Jobs that succeeded on a plain run, grouped by submission second and shard
-    // (`core::finished`): one blob per job, many jobs per partition mutation.
+    // Jobs that succeeded on a plain run, one blob per job by submission second and shard
+    // (`core::finished`). No longer written (`finished_packs` replaced it); read until
+    // its rows expire.
     ("finished_jobs", "(bucket bigint, job_id text, record blob, PRIMARY KEY ((bucket), job_id))"),
+    // Jobs that succeeded on a plain run, many per row: packs by 100 ms of submission and
+    // shard (`core::finished`), written once, found by reading the bucket.
+    ("finished_packs", "(bucket bigint, pack uuid, body blob, PRIMARY KEY ((bucket), pack))"),
     // Liveness of running jobs; rows expire (TTL ~3 intervals) when a worker dies.
     ("heartbeats", "(job_id text PRIMARY KEY, worker text, at bigint, progress double, message text)"),
     // No longer written (keyed by job only, a rerun resumed the previous generation's

@@ -75,7 +75,7 @@ pub(crate) async fn record_terminal(sh: &Shared, job: &JobSubmitted, terminal: T
 
 /// Records a success like [`record_terminal`]. `plain`: the job has no `jobs` row holding
 /// a claim on it (it was never marked running nor claimed after a hand-off, see
-/// `route::Run::plain`), so a UUIDv7 job's state may be a grouped finished record
+/// `route::Run::plain`), so a UUIDv7 job's state may be a packed finished record
 /// (`core::finished`) rather than a row of its own.
 pub(super) async fn record_success(
     sh: &Shared,
@@ -109,7 +109,7 @@ fn result_of(sh: &Shared, job: &JobSubmitted, terminal: Terminal) -> JobResult {
     }
 }
 
-/// The result published, then the terminal state stored (grouped when `plain`, see
+/// The result published, then the terminal state stored (packed when `plain`, see
 /// [`record_success`]).
 async fn record_result(sh: &Shared, job: &JobSubmitted, result: &JobResult, plain: bool) -> Durable {
     if !publish_result(sh, result, job).await.is_yes() {
@@ -121,11 +121,11 @@ async fn record_result(sh: &Shared, job: &JobSubmitted, result: &JobResult, plai
     u.failure_class = result.failure_class.map(|c| c.as_str());
     u.output = result.output.as_deref();
     u.attempts = result.attempts;
-    let grouped = plain && status == JobStatus::Succeeded && crate::core::finished::bucket(&job.job_id).is_some();
+    let packed = plain && status == JobStatus::Succeeded && crate::core::finished::pack_bucket(&job.job_id).is_some();
     // The result is out: from here a failed write means a second run and a duplicate
     // result, so the write is retried through a store outage (a restart of the database
     // takes tens of seconds) before giving up; the offset stays uncommitted meanwhile.
-    let written = if grouped {
+    let written = if packed {
         retry_through_outage(|| sh.store.put_finished(&u, finished_at)).await
     } else {
         retry_through_outage(|| sh.store.put_state(&u, finished_at)).await

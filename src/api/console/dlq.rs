@@ -151,9 +151,10 @@ pub(super) async fn page(
 async fn browse(st: &ApiState, v: &Viewer, f: &Filters) -> Result<String, ApiError> {
     let (source, filter) = f.parse(v)?;
     let _scan = st.limits().scan_slot(&v.key())?;
-    let (listed, scanned) = replay::browse(st.config(), source, &filter, MAX_LISTED, MAX_SCANNED)
-        .await
-        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, codes::KAFKA_UNAVAILABLE, e.to_string()))?;
+    let replay::Browsed { listed, scanned, unread } =
+        replay::browse(st.config(), source, &filter, MAX_LISTED, MAX_SCANNED)
+            .await
+            .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, codes::KAFKA_UNAVAILABLE, e.to_string()))?;
     let admin = v.caller.is_admin();
     let rows: String = listed.iter().rev().map(|l| listed_row(l, admin)).collect();
     let head = ["", "Job", "Tenant", "Type", "Class", "Attempts", "Replays", "Failed at", "Error, reason, payload"];
@@ -169,6 +170,14 @@ async fn browse(st: &ApiState, v: &Viewer, f: &Filters) -> Result<String, ApiErr
             String::new()
         },
     );
+    if !unread.is_empty() {
+        let _ = write!(
+            out,
+            "<p class=\"error\" id=\"dlq-partial\">Partial listing: the broker did not deliver {} up to its end in time. \
+             Reload the page; if this persists, check the broker.</p>",
+            esc(&unread.join(", "))
+        );
+    }
     if admin {
         out.push_str(
             "<div class=\"replay\" id=\"replay-panel\"><label>Rate (jobs/s) <input id=\"rate\" type=\"number\" min=\"1\" \
