@@ -88,6 +88,19 @@ impl SpillCounters {
             "pauses": self.pauses.load(Relaxed), "paused_ms": self.paused_ms.load(Relaxed),
         })
     }
+
+    /// One store write of `jobs` spilled jobs in `rows` rows, started at `started`.
+    fn wrote(&self, pool: &'static str, jobs: usize, rows: usize, started: Instant) {
+        let took = started.elapsed();
+        let ms = took.as_millis() as u64;
+        self.jobs_written.fetch_add(jobs as u64, Relaxed);
+        self.rows_written.fetch_add(rows as u64, Relaxed);
+        self.writes.fetch_add(1, Relaxed);
+        self.write_ms_total.fetch_add(ms, Relaxed);
+        self.write_ms_max.fetch_max(ms, Relaxed);
+        metrics::counter!(crate::metrics::SPILL_ROWS, "pool" => pool).increment(rows as u64);
+        metrics::histogram!(crate::metrics::SPILL_WRITE_SECONDS, "pool" => pool).record(took.as_secs_f64());
+    }
 }
 
 /// One pool loop's handle on the spill path.
@@ -186,21 +199,6 @@ struct Writer {
     report: Report,
     counters: Arc<SpillCounters>,
     pool: &'static str,
-}
-
-impl SpillCounters {
-    /// One store write of `jobs` spilled jobs in `rows` rows, started at `started`.
-    fn wrote(&self, pool: &'static str, jobs: usize, rows: usize, started: Instant) {
-        let took = started.elapsed();
-        let ms = took.as_millis() as u64;
-        self.jobs_written.fetch_add(jobs as u64, Relaxed);
-        self.rows_written.fetch_add(rows as u64, Relaxed);
-        self.writes.fetch_add(1, Relaxed);
-        self.write_ms_total.fetch_add(ms, Relaxed);
-        self.write_ms_max.fetch_max(ms, Relaxed);
-        metrics::counter!(crate::metrics::SPILL_ROWS, "pool" => pool).increment(rows as u64);
-        metrics::histogram!(crate::metrics::SPILL_WRITE_SECONDS, "pool" => pool).record(took.as_secs_f64());
-    }
 }
 
 /// Writes spills in rounds: everything queued (up to `ROUND`), grouped by store
