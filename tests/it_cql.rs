@@ -127,17 +127,19 @@ async fn ttl_expires_rows() {
         s.query_unpaged(format!("CREATE TABLE {ks}.leases (k text PRIMARY KEY, owner text)"), &[])
             .await
             .expect("create table");
+        // TTL 3, not 1: the database counts expiry in whole seconds from the write's second,
+        // so a row with TTL 1 written late in a second can be gone a millisecond later.
         let insert =
-            s.prepare(format!("INSERT INTO {ks}.leases (k, owner) VALUES (?, ?) USING TTL 1")).await.expect("prepare");
+            s.prepare(format!("INSERT INTO {ks}.leases (k, owner) VALUES (?, ?) USING TTL 3")).await.expect("prepare");
         s.execute_unpaged(&insert, ("lease-1", "worker-a")).await.expect("insert");
         let select = s.prepare(format!("SELECT owner FROM {ks}.leases WHERE k = ?")).await.expect("prepare");
         let count = |r: scylla::response::query_result::QueryResult| r.into_rows_result().expect("rows").rows_num();
         assert_eq!(count(s.execute_unpaged(&select, ("lease-1",)).await.expect("select")), 1);
-        tokio::time::sleep(Duration::from_millis(2500)).await;
+        tokio::time::sleep(Duration::from_millis(4500)).await;
         assert_eq!(
             count(s.execute_unpaged(&select, ("lease-1",)).await.expect("select")),
             0,
-            "row with TTL 1 must be gone after 2.5 s"
+            "row with TTL 3 must be gone after 4.5 s"
         );
         drop_keyspace(&s, &ks).await;
     })
