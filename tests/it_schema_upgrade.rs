@@ -102,16 +102,17 @@ async fn a_finished_record_of_the_per_job_layout_is_still_found() {
     );
     assert_eq!(store.job_direct(&id).await.expect("read").as_ref(), Some(&row));
 
+    // The rerun's generation, finished by a newer worker, written through the store.
     let update = fairway::store::StateUpdate {
         job_id: &id,
-        tenant: "acme",
-        job_type: "noop",
-        pool: "short",
+        tenant: &old.tenant,
+        job_type: &old.job_type,
+        pool: &old.pool,
         status: "succeeded",
         attempts: 1,
         crash_count: 0,
         generation: 1,
-        submitted_at: now - 5,
+        submitted_at: old.submitted_at,
         started_at: Some(now - 2),
         finished_at: Some(now - 1),
         worker: "w-after",

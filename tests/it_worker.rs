@@ -192,6 +192,10 @@ async fn succeeded_jobs_are_packed_records_found_by_id_and_never_run_twice() {
     raw.payload = b"{\"raw\":true}".to_vec();
     sub.produce(&raw).await.expect("produce");
     ids.push(raw.job_id.clone());
+    // A large output (over `PACK_ENTRY_MAX`) is never packed: a lookup reading its bucket
+    // must not read it.
+    let large = "x".repeat(fairway::core::finished::PACK_ENTRY_MAX + 1000);
+    ids.extend(submit_all(&sub, &[new_job("acme", "echo", serde_json::json!(large))]).await);
     let first = common::results_for(&cfg, &ids, Duration::from_secs(90)).await;
     worker.stop().await;
     assert_eq!(first.len(), ids.len(), "every job has a result");
@@ -201,7 +205,11 @@ async fn succeeded_jobs_are_packed_records_found_by_id_and_never_run_twice() {
         let row = store.job(id).await.expect("read").unwrap_or_else(|| panic!("job {id} has no state"));
         assert_eq!(row.status.as_deref(), Some("succeeded"), "{row:?}");
         assert_eq!(row.attempts, Some(1));
-        let want = if i < 200 { format!("{{\"i\":{i}}}") } else { "{\"raw\":true}".to_string() };
+        let want = match i {
+            0..200 => format!("{{\"i\":{i}}}"),
+            200 => "{\"raw\":true}".to_string(),
+            _ => large.clone(), // a JSON string payload is sent verbatim
+        };
         assert_eq!(row.output.as_deref().map(String::from_utf8_lossy).as_deref(), Some(want.as_str()));
         assert_eq!(store.job_direct(id).await.expect("read").as_ref(), Some(&row));
     }
@@ -236,6 +244,19 @@ async fn succeeded_jobs_are_packed_records_found_by_id_and_never_run_twice() {
     let res = store.session().query_unpaged(q, (&raw.job_id,)).await.expect("query").into_rows_result().unwrap();
     let status = res.maybe_first_row::<(Option<String>,)>().unwrap().and_then(|r| r.0);
     assert_eq!(status.as_deref(), Some("succeeded"), "a UUIDv4 id keeps its jobs row");
+    let large_id = &ids[201];
+    let b = fairway::core::finished::bucket(large_id).expect("UUIDv7");
+    let q = format!("SELECT job_id FROM {ks}.finished_jobs WHERE bucket = ? AND job_id = ?");
+    let res = store.session().query_unpaged(q, (b, large_id)).await.expect("query").into_rows_result().unwrap();
+    assert_eq!(res.rows_num(), 1, "a large finished record is a row of its own");
+    let pb = fairway::core::finished::pack_bucket(large_id).expect("UUIDv7");
+    let q = format!("SELECT body FROM {ks}.finished_packs WHERE bucket = ?");
+    let res = store.session().query_unpaged(q, (pb,)).await.expect("query").into_rows_result().unwrap();
+    for row in res.rows::<(Vec<u8>,)>().unwrap() {
+        let (body,) = row.unwrap();
+        let entries = fairway::core::finished::unpack(&body).expect("a pack");
+        assert!(entries.iter().all(|(id, _)| id != large_id), "the large record is not packed");
+    }
 
     // Every record delivered again (a new consumer group reads the topic from the start):
     // the effectively-once check finds each job finished and runs none of them again.

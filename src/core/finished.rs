@@ -13,7 +13,8 @@
 //! jobs submitted in the same 100 ms and shard) and the packs searched. That read is the
 //! trade: a lookup costs up to (jobs submitted per 100 ms ÷ [`PACK_SHARDS`]) records, so
 //! ~500 at 40,000 jobs/s. Records written before packs (`finished_jobs`, one row per job
-//! in [`bucket`]) are still read until their TTL ends them.
+//! in [`bucket`]) are read as well, and that layout still takes the records larger than
+//! [`PACK_ENTRY_MAX`].
 //!
 //! A job's state is then the newest of its `jobs` row and its finished records
 //! ([`newer_is_finished`]): by generation, then by write time, a finished record
@@ -31,6 +32,11 @@ pub const SHARDS: i64 = 8;
 pub const PACK_SPAN_MS: i64 = 100;
 /// Pack buckets per [`PACK_SPAN_MS`]. Part of the stored layout.
 pub const PACK_SHARDS: i64 = 8;
+/// Largest encoded record packed. A bigger one (a job with a large output) keeps a row of
+/// its own in the per-job layout (`finished_jobs`, read by id), so a lookup that reads a
+/// pack bucket never reads another job's large output: its cost stays ~[`PACK_ENTRY_MAX`]
+/// per job of the bucket whatever one tenant's jobs return.
+pub const PACK_ENTRY_MAX: usize = 4 * 1024;
 /// Most bytes of records in one pack (a write of many packs stays under the database's
 /// batch limits: ScyllaDB warns at 128 KiB and fails at 1 MiB by default).
 pub const PACK_MAX_BYTES: usize = 64 * 1024;

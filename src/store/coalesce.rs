@@ -52,29 +52,39 @@ type WriteReq = (StateValues, oneshot::Sender<Result<(), StoreError>>);
 /// A finished record to pack: (job id, `FinishedRecord::encode`d record).
 pub type FinishedValues = (String, Vec<u8>);
 type FinishedReq = (FinishedValues, oneshot::Sender<Result<(), StoreError>>);
+/// A finished record as a row of its own: (bucket, job id, record).
+type FinishedRowReq = ((i64, String, Vec<u8>), oneshot::Sender<Result<(), StoreError>>);
 type ReadReq = (String, oneshot::Sender<Result<Option<JobRow>, StoreError>>);
 
 #[derive(Clone)]
 pub struct Coalescer {
     writes: mpsc::Sender<WriteReq>,
     finished: mpsc::Sender<FinishedReq>,
+    finished_rows: mpsc::Sender<FinishedRowReq>,
     reads: mpsc::Sender<ReadReq>,
 }
 
+/// The write statements a [`Coalescer`] merges.
+pub struct Writes {
+    /// A `jobs` row.
+    pub put_state: PreparedStatement,
+    /// A pack of finished records (`finished_packs`).
+    pub put_pack: PreparedStatement,
+    /// A finished record too large to pack, as its own row (`finished_jobs`).
+    pub put_finished_row: PreparedStatement,
+}
+
 impl Coalescer {
-    pub fn start(
-        session: Arc<Session>,
-        put_state: PreparedStatement,
-        put_finished: PreparedStatement,
-        lookup: Arc<Lookup>,
-    ) -> Self {
+    pub fn start(session: Arc<Session>, writes: Writes, lookup: Arc<Lookup>) -> Self {
         let (wtx, wrx) = mpsc::channel(4096);
         let (ftx, frx) = mpsc::channel(4096);
+        let (btx, brx) = mpsc::channel(4096);
         let (rtx, rrx) = mpsc::channel(4096);
-        tokio::spawn(write_loop(session.clone(), put_state, wrx, "put job state"));
-        tokio::spawn(pack_loop(session, put_finished, frx));
+        tokio::spawn(write_loop(session.clone(), writes.put_state, wrx, "put job state"));
+        tokio::spawn(write_loop(session.clone(), writes.put_finished_row, brx, "put finished job"));
+        tokio::spawn(pack_loop(session, writes.put_pack, frx));
         tokio::spawn(read_loop(lookup, rrx));
-        Coalescer { writes: wtx, finished: ftx, reads: rtx }
+        Coalescer { writes: wtx, finished: ftx, finished_rows: btx, reads: rtx }
     }
 
     pub async fn put_state(&self, v: StateValues) -> Result<(), StoreError> {
@@ -83,11 +93,16 @@ impl Coalescer {
         rx.await.map_err(|_| closed())?
     }
 
-    /// A finished record; concurrent ones share batches (and so partition mutations: the
-    /// database merges a batch's rows of one partition).
+    /// A finished record of a UUIDv7 job; concurrent ones of one pack bucket share a row
+    /// (a pack). One larger than `finished::PACK_ENTRY_MAX` is a row of its own.
     pub async fn put_finished(&self, v: FinishedValues) -> Result<(), StoreError> {
         let (tx, rx) = oneshot::channel();
-        self.finished.send((v, tx)).await.map_err(|_| closed())?;
+        if v.1.len() > finished::PACK_ENTRY_MAX {
+            let bucket = finished::bucket(&v.0).ok_or_else(|| not_v7(&v.0))?;
+            self.finished_rows.send(((bucket, v.0, v.1), tx)).await.map_err(|_| closed())?;
+        } else {
+            self.finished.send((v, tx)).await.map_err(|_| closed())?;
+        }
         rx.await.map_err(|_| closed())?
     }
 
@@ -216,6 +231,14 @@ fn merge(rows: &mut HashMap<String, JobRow>, id: String, record: FinishedRecord,
         updated_at: Some(record.updated_at),
     };
     rows.insert(id, merged);
+}
+
+/// The error for a finished record whose job id is not a UUIDv7.
+pub(super) fn not_v7(job_id: &str) -> StoreError {
+    StoreError::Query {
+        what: "put finished job",
+        message: format!("job id {job_id:?} is not a UUIDv7: its state belongs in the jobs table"),
+    }
 }
 
 fn closed() -> StoreError {

@@ -369,15 +369,20 @@ impl Store {
         .await?;
         let get_packs =
             prep(format!("SELECT body FROM {ks}.finished_packs WHERE bucket = ?"), "prepare get_packs").await?;
-        let put_finished = prep(
+        let put_pack = prep(
             format!("INSERT INTO {ks}.finished_packs (bucket, pack, body) VALUES (?, ?, ?) USING TTL {ttl}"),
-            "prepare put_finished",
+            "prepare put_pack",
+        )
+        .await?;
+        let put_finished_row = prep(
+            format!("INSERT INTO {ks}.finished_jobs (bucket, job_id, record) VALUES (?, ?, ?) USING TTL {ttl}"),
+            "prepare put_finished_row",
         )
         .await?;
         let session = Arc::new(session);
         let lookup = Arc::new(coalesce::Lookup { session: session.clone(), get_jobs, get_finished, get_packs });
-        let coalescer =
-            coalesce::Coalescer::start(session.clone(), prepared.put_state.clone(), put_finished, lookup.clone());
+        let writes = coalesce::Writes { put_state: prepared.put_state.clone(), put_pack, put_finished_row };
+        let coalescer = coalesce::Coalescer::start(session.clone(), writes, lookup.clone());
         let scope = cfg.kafka.topic_prefix.clone();
         Ok(Store { session, keyspace: ks, prepared: Arc::new(prepared), coalescer, lookup, scope, row_ttl: ttl })
     }
@@ -422,14 +427,12 @@ impl Store {
         self.coalescer.put_state(v).await
     }
 
-    /// Records a job that succeeded on a plain run as its finished record in a pack
-    /// (`core::finished`) instead of a `jobs` row. The caller makes sure the job has a
-    /// UUIDv7 id and that no `jobs` row holds a claim on it (see `worker::durable`).
+    /// Records a job that succeeded on a plain run as its finished record in a pack (or a
+    /// row of its own if large, see `core::finished`) instead of a `jobs` row. The caller
+    /// makes sure the job has a UUIDv7 id and that no `jobs` row holds a claim on it (see
+    /// `worker::durable`).
     pub async fn put_finished(&self, u: &StateUpdate<'_>, now: Millis) -> Result<(), StoreError> {
-        finished::pack_bucket(u.job_id).ok_or_else(|| StoreError::Query {
-            what: "put finished job",
-            message: format!("job id {:?} is not a UUIDv7: its state belongs in the jobs table", u.job_id),
-        })?;
+        finished::pack_bucket(u.job_id).ok_or_else(|| coalesce::not_v7(u.job_id))?;
         let record = finished::FinishedRecord {
             status: u.status.to_string(),
             tenant: u.tenant.to_string(),

@@ -14,8 +14,8 @@ pub const TABLES: &[(&str, &str)] = &[
          worker text, error text, failure_class text, output blob, cancel_requested boolean, updated_at bigint)",
     ),
     // Jobs that succeeded on a plain run, one blob per job by submission second and shard
-    // (`core::finished`). No longer written (`finished_packs` replaced it); read until
-    // its rows expire.
+    // (`core::finished`). Now written only for records too large to pack
+    // (`PACK_ENTRY_MAX`); packs (`finished_packs`) take the rest.
     ("finished_jobs", "(bucket bigint, job_id text, record blob, PRIMARY KEY ((bucket), job_id))"),
     // Jobs that succeeded on a plain run, many per row: packs by 100 ms of submission and
     // shard (`core::finished`), written once, found by reading the bucket.
