@@ -148,6 +148,19 @@ async fn queued_at_once_then_sse_progress_to_the_end_history_and_tenant_stream()
     let (_, st) = api.get(&format!("/v1/jobs/{}", b["job_id"].as_str().unwrap())).await;
     assert_eq!(st["state"], "scheduled", "{st}");
 
+    // Where those states live: the queued job's is a packed record (no `jobs` row); the
+    // scheduled one keeps its row (it outlives the packs' TTL).
+    let store = fairway::store::Store::open(&cfg).await.expect("store");
+    let row_status = |job_id: String| {
+        let (store, q) = (store.clone(), format!("SELECT status FROM {}.jobs WHERE job_id = ?", store.keyspace()));
+        async move {
+            let res = store.session().query_unpaged(q, (job_id,)).await.expect("query").into_rows_result().unwrap();
+            res.maybe_first_row::<(Option<String>,)>().unwrap().and_then(|r| r.0)
+        }
+    };
+    assert_eq!(row_status(id.clone()).await, None, "a queued job has no row");
+    assert_eq!(row_status(b["job_id"].as_str().unwrap().to_string()).await.as_deref(), Some("scheduled"));
+
     // Follow the first job; a tenant key follows globex's events only.
     let follow = tokio::spawn(read_sse(
         api.http.clone(),

@@ -226,7 +226,8 @@ async fn succeeded_jobs_are_packed_records_found_by_id_and_never_run_twice() {
         let res = store.session().query_unpaged(q, (b,)).await.expect("query").into_rows_result().unwrap();
         for row in res.rows::<(Vec<u8>,)>().unwrap() {
             let (body,) = row.unwrap();
-            let entries = fairway::core::finished::unpack(&body).expect("a pack");
+            let opened = fairway::core::finished::open(&body).expect("a pack");
+            let entries = fairway::core::finished::entries(&opened).expect("a pack's entries");
             packed += entries.iter().filter(|(id, _)| submitted.contains(id)).count();
             packs += 1;
         }
@@ -254,7 +255,8 @@ async fn succeeded_jobs_are_packed_records_found_by_id_and_never_run_twice() {
     let res = store.session().query_unpaged(q, (pb,)).await.expect("query").into_rows_result().unwrap();
     for row in res.rows::<(Vec<u8>,)>().unwrap() {
         let (body,) = row.unwrap();
-        let entries = fairway::core::finished::unpack(&body).expect("a pack");
+        let opened = fairway::core::finished::open(&body).expect("a pack");
+        let entries = fairway::core::finished::entries(&opened).expect("a pack's entries");
         assert!(entries.iter().all(|(id, _)| id != large_id), "the large record is not packed");
     }
 

@@ -1,26 +1,30 @@
-//! Where a finished job's record lives, and how it is found again from its id alone.
+//! Where a job's recorded states live when they need no row of their own, and how they
+//! are found again from the job's id alone.
 //!
-//! The hot path's store cost is one terminal write per job. Written as a row of its own
-//! (`jobs`, keyed by job id) every job is a partition mutation of its own with ~16 cells.
-//! A job that succeeded on a plain run is instead one entry of a **pack**: one blob
-//! holding the finished records of many jobs, written once (`finished_packs`). A pack
-//! holds the jobs of one coalesced write that share a [`pack_bucket`]: the 100 ms of
-//! submission their UUIDv7 ids carry, and one of [`PACK_SHARDS`] shards of the ids'
-//! random bits. The database's cost is per row (memtable, flush, compaction), so a pack
-//! of k jobs costs about what one job's row cost.
+//! The hot path's store cost is one write at submission (the job is visible at once) and
+//! one terminal write per job. Written as rows of their own (`jobs`, keyed by job id)
+//! every job is a partition mutation with ~16 cells. A job submitted through fairway is
+//! instead one **queued record** of a pack, and one that succeeded on a plain run one
+//! **finished record** of a pack: a pack is one blob holding the records of many jobs,
+//! written once (`finished_packs`), lz4-compressed. A pack holds the records of one
+//! coalesced write that share a [`pack_bucket`]: the 100 ms of submission their UUIDv7
+//! ids carry, and one of [`PACK_SHARDS`] shards of the ids' random bits. The database's
+//! cost is per row and per byte (memtable, commit log, flush, compaction), so a pack of
+//! k jobs costs about what one job's row cost.
 //!
-//! The id is enough to find the record again: its bucket is read whole (every pack of
+//! The id is enough to find the records again: its bucket is read whole (every pack of
 //! jobs submitted in the same 100 ms and shard) and the packs searched. That read is the
-//! trade: a lookup costs up to (jobs submitted per 100 ms ÷ [`PACK_SHARDS`]) records, so
-//! ~500 at 40,000 jobs/s. Records written before packs (`finished_jobs`, one row per job
-//! in [`bucket`]) are read as well, and that layout still takes the records larger than
-//! [`PACK_ENTRY_MAX`].
+//! trade: a lookup costs up to (jobs submitted per 100 ms ÷ [`PACK_SHARDS`]) × 2 records
+//! (a queued and a finished one each), so ~1,000 at 40,000 jobs/s. Records written before
+//! packs (`finished_jobs`, one row per job in [`bucket`]) are read as well, and that
+//! layout still takes the records larger than [`PACK_ENTRY_MAX`].
 //!
-//! A job's state is then the newest of its `jobs` row and its finished records
-//! ([`newer_is_finished`]): by generation, then by write time, a finished record
-//! winning a tie (it is terminal). Only jobs whose `jobs` row can hold no claim on them
-//! go this way (the worker decides: never a job marked running or claimed after a
-//! hand-off, whose row's status conditions the store's compare-and-set steps).
+//! A job's state is then the newest of its `jobs` row and its records ([`record_wins`]):
+//! by generation, then by write time; on a tie a finished record wins (it is terminal)
+//! and a queued one loses (anything written about the job after its submission is
+//! newer). Only jobs whose `jobs` row can hold no claim on them are finished this way
+//! (the worker decides: never a job marked running or claimed after a hand-off, whose
+//! row's status conditions the store's compare-and-set steps).
 
 use serde::{Deserialize, Serialize};
 
@@ -67,14 +71,23 @@ pub fn bucket(job_id: &str) -> Option<i64> {
     Some(ms.div_euclid(1000) * SHARDS + shard)
 }
 
-/// The first byte of a pack: its layout.
-const PACK_LAYOUT: u8 = 1;
+/// The first byte of a pack: its layout. Both are read; packs are written compressed.
+/// Plain: the entries as they are (each: the id's length (u8), the id, the record's
+/// length (u32, big-endian), the record).
+const PACK_PLAIN: u8 = 1;
+/// Compressed: a plain pack's entries as one lz4 block, its size first. A pack's
+/// records share their keys, tenants, types and worker ids, so this is ~4x smaller:
+/// the database's cost of a pack follows its bytes (commit log, memtable, flush).
+const PACK_LZ4: u8 = 2;
+/// Largest size a compressed pack may claim to open to (a pack is at most
+/// [`PACK_MAX_BYTES`] plus one record): a corrupt size is refused, not allocated.
+const PACK_OPEN_MAX: usize = 16 * 1024 * 1024;
 
 /// Groups encoded records (job id, [`FinishedRecord::encode`]d blob) into packs: one per
 /// [`pack_bucket`], split so none holds more than [`PACK_MAX_BYTES`] of records (a record
-/// larger than that gets a pack of its own). Returns (bucket, pack, the indexes of the
-/// input entries it holds). Entries whose id is not a UUIDv7 are left out (the caller
-/// refuses them first).
+/// larger than that gets a pack of its own), each compressed. Returns (bucket, pack, the
+/// indexes of the input entries it holds). Entries whose id is not a UUIDv7 are left out
+/// (the caller refuses them first).
 pub fn packs(entries: &[(String, Vec<u8>)]) -> Vec<(i64, Vec<u8>, Vec<usize>)> {
     let mut by_bucket: std::collections::BTreeMap<i64, Vec<usize>> = std::collections::BTreeMap::new();
     for (i, (id, _)) in entries.iter().enumerate() {
@@ -84,13 +97,14 @@ pub fn packs(entries: &[(String, Vec<u8>)]) -> Vec<(i64, Vec<u8>, Vec<usize>)> {
     }
     let mut out = Vec::new();
     for (bucket, idx) in by_bucket {
-        let mut body = vec![PACK_LAYOUT];
+        let mut body = Vec::new();
         let mut held = Vec::new();
         for i in idx {
             let (id, blob) = &entries[i];
             let size = 1 + id.len() + 4 + blob.len();
-            if !held.is_empty() && body.len() + size > PACK_MAX_BYTES {
-                out.push((bucket, std::mem::replace(&mut body, vec![PACK_LAYOUT]), std::mem::take(&mut held)));
+            if !held.is_empty() && 1 + body.len() + size > PACK_MAX_BYTES {
+                out.push((bucket, seal(&body), std::mem::take(&mut held)));
+                body.clear();
             }
             let id_len = u8::try_from(id.len()).expect("a UUID's text is 36 bytes");
             body.push(id_len);
@@ -99,30 +113,56 @@ pub fn packs(entries: &[(String, Vec<u8>)]) -> Vec<(i64, Vec<u8>, Vec<usize>)> {
             body.extend_from_slice(blob);
             held.push(i);
         }
-        out.push((bucket, body, held));
+        out.push((bucket, seal(&body), held));
     }
     out
 }
 
-/// The entries (job id, encoded record) of a pack; the error names what is wrong with it.
-pub fn unpack(pack: &[u8]) -> Result<Vec<(&str, &[u8])>, String> {
-    let bad = |why: &str| format!("unreadable finished-job pack: {why}");
-    let (&layout, mut rest) = pack.split_first().ok_or_else(|| bad("empty"))?;
-    if layout != PACK_LAYOUT {
-        return Err(bad(&format!("unknown layout byte {layout}")));
+/// A compressed pack of plain entries.
+fn seal(entries: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1 + 4 + lz4_flex::block::get_maximum_output_size(entries.len()));
+    out.push(PACK_LZ4);
+    out.extend_from_slice(&lz4_flex::block::compress_prepend_size(entries));
+    out
+}
+
+/// A stored pack's entries in the plain layout (opened if compressed), for [`entries`];
+/// the error names what is wrong with it.
+pub fn open(pack: &[u8]) -> Result<std::borrow::Cow<'_, [u8]>, String> {
+    let (&layout, rest) = pack.split_first().ok_or_else(|| bad_pack("empty"))?;
+    match layout {
+        PACK_PLAIN => Ok(std::borrow::Cow::Borrowed(rest)),
+        PACK_LZ4 => {
+            let (size, block) = lz4_flex::block::uncompressed_size(rest).map_err(|e| bad_pack(&e.to_string()))?;
+            if size > PACK_OPEN_MAX {
+                return Err(bad_pack(&format!("claims {size} bytes, more than a pack ever holds")));
+            }
+            let plain = lz4_flex::block::decompress(block, size).map_err(|e| bad_pack(&e.to_string()))?;
+            Ok(std::borrow::Cow::Owned(plain))
+        }
+        other => Err(bad_pack(&format!("unknown layout byte {other}"))),
     }
+}
+
+/// The entries (job id, encoded record) of an [`open`]ed pack; the error names what is
+/// wrong with it.
+pub fn entries(mut rest: &[u8]) -> Result<Vec<(&str, &[u8])>, String> {
     let mut out = Vec::new();
     while let Some((&id_len, r)) = rest.split_first() {
-        let id = r.get(..id_len as usize).ok_or_else(|| bad("truncated job id"))?;
-        let id = std::str::from_utf8(id).map_err(|_| bad("a job id is not UTF-8"))?;
+        let id = r.get(..id_len as usize).ok_or_else(|| bad_pack("truncated job id"))?;
+        let id = std::str::from_utf8(id).map_err(|_| bad_pack("a job id is not UTF-8"))?;
         let r = &r[id_len as usize..];
-        let len = r.get(..4).ok_or_else(|| bad("truncated record length"))?;
+        let len = r.get(..4).ok_or_else(|| bad_pack("truncated record length"))?;
         let len = u32::from_be_bytes(len.try_into().expect("4 bytes")) as usize;
-        let blob = r.get(4..4 + len).ok_or_else(|| bad("truncated record"))?;
+        let blob = r.get(4..4 + len).ok_or_else(|| bad_pack("truncated record"))?;
         out.push((id, blob));
         rest = &r[4 + len..];
     }
     Ok(out)
+}
+
+fn bad_pack(why: &str) -> String {
+    format!("unreadable finished-job pack: {why}")
 }
 
 /// What a finished record holds besides the job id and its output (a column of its own,
@@ -161,7 +201,34 @@ pub struct FinishedRecord {
 const WITH_OUTPUT: u8 = 1;
 const WITHOUT_OUTPUT: u8 = 0;
 
+/// The status of a queued record (a submission); every other status a record holds is
+/// terminal.
+pub const QUEUED: &str = "queued";
+
 impl FinishedRecord {
+    /// The record of a submission: queued, nothing run, no worker (written at `submitted_at`).
+    pub fn queued(tenant: &str, job_type: &str, pool: &str, generation: i64, submitted_at: i64) -> FinishedRecord {
+        FinishedRecord {
+            status: QUEUED.to_string(),
+            tenant: tenant.to_string(),
+            job_type: job_type.to_string(),
+            pool: pool.to_string(),
+            attempts: 0,
+            crash_count: 0,
+            generation,
+            submitted_at,
+            started_at: None,
+            finished_at: None,
+            worker: String::new(),
+            updated_at: submitted_at,
+        }
+    }
+
+    /// A finished record; false for a queued one.
+    pub fn is_terminal(&self) -> bool {
+        self.status != QUEUED
+    }
+
     pub fn encode(&self, output: Option<&[u8]>) -> Vec<u8> {
         let json = serde_json::to_vec(self).expect("a finished record always encodes");
         let mut out = Vec::with_capacity(5 + json.len() + output.map_or(0, <[u8]>::len));
@@ -189,11 +256,12 @@ impl FinishedRecord {
     }
 }
 
-/// The order of two records of one job: (generation, write time). `jobs` row and finished
-/// record compared: true when the finished record is the job's state.
-pub fn newer_is_finished(row: (Option<i64>, Option<i64>), finished: (i64, i64)) -> bool {
-    let (row_gen, row_at) = (row.0.unwrap_or(0), row.1.unwrap_or(i64::MIN));
-    (finished.0, finished.1) >= (row_gen, row_at)
+/// Whether a packed record becomes a job's state over the current one (its `jobs` row,
+/// or a record merged before): the later (generation, write time) wins; on a tie a
+/// `terminal` (finished) record wins and a queued one does not.
+pub fn record_wins(current: (Option<i64>, Option<i64>), record: (i64, i64), terminal: bool) -> bool {
+    let current = (current.0.unwrap_or(0), current.1.unwrap_or(i64::MIN));
+    record > current || (terminal && record == current)
 }
 
 #[cfg(test)]
@@ -225,13 +293,17 @@ mod tests {
     #[test]
     fn the_newer_record_wins_by_generation_then_write_time() {
         // A rerun's newer generation in the row beats an older finished record.
-        assert!(!newer_is_finished((Some(2), Some(10)), (1, 50)));
-        // The same generation: the later write wins; a tie goes to the finished record.
-        assert!(newer_is_finished((Some(1), Some(10)), (1, 50)));
-        assert!(!newer_is_finished((Some(1), Some(60)), (1, 50)));
-        assert!(newer_is_finished((Some(1), Some(50)), (1, 50)));
+        assert!(!record_wins((Some(2), Some(10)), (1, 50), true));
+        // The same generation: the later write wins; a tie goes to a finished record.
+        assert!(record_wins((Some(1), Some(10)), (1, 50), true));
+        assert!(!record_wins((Some(1), Some(60)), (1, 50), true));
+        assert!(record_wins((Some(1), Some(50)), (1, 50), true));
+        // A queued record loses a tie: whatever was written at the same time is newer.
+        assert!(!record_wins((Some(1), Some(50)), (1, 50), false));
+        assert!(record_wins((Some(1), Some(49)), (1, 50), false));
         // A row without generation or write time (a bare cancel flag) loses.
-        assert!(newer_is_finished((None, None), (0, 1)));
+        assert!(record_wins((None, None), (0, 1), true));
+        assert!(record_wins((None, None), (0, 1), false));
     }
 
     #[test]
@@ -269,19 +341,24 @@ mod tests {
         let c = v7_at(1_700_000_000_150, 1);
         assert_eq!(pack_bucket(&a), pack_bucket(&b), "the same 100 ms and shard");
         assert_ne!(pack_bucket(&a), pack_bucket(&c), "the next 100 ms");
-        let entries = vec![
+        let input = vec![
             (a.clone(), b"ra".to_vec()),
             ("order-1".to_string(), b"x".to_vec()),
             (c.clone(), b"rc".to_vec()),
             (b.clone(), b"rb".to_vec()),
         ];
-        let p = packs(&entries);
+        let p = packs(&input);
         assert_eq!(p.len(), 2);
         let held: Vec<Vec<usize>> = p.iter().map(|(_, _, h)| h.clone()).collect();
         assert_eq!(held, vec![vec![0, 3], vec![2]]);
-        assert_eq!(unpack(&p[0].1).unwrap(), vec![(a.as_str(), &b"ra"[..]), (b.as_str(), &b"rb"[..])]);
-        for bad in [&b""[..], b"\x02", b"\x01\x05ab", b"\x01\x01a\x00\x00\x00\x09x"] {
-            let e = unpack(bad).unwrap_err();
+        let opened = open(&p[0].1).unwrap();
+        assert_eq!(entries(&opened).unwrap(), vec![(a.as_str(), &b"ra"[..]), (b.as_str(), &b"rb"[..])]);
+        // The plain layout (written before packs were compressed) is still read.
+        let plain = [&[PACK_PLAIN][..], &opened].concat();
+        assert_eq!(entries(&open(&plain).unwrap()).unwrap(), entries(&opened).unwrap());
+        for bad in [&b""[..], b"\x03", b"\x02", b"\x02\xff\xff\xff\x7fab", b"\x01\x05ab", b"\x01\x01a\x00\x00\x00\x09x"]
+        {
+            let e = open(bad).and_then(|body| entries(&body).map(|_| ())).unwrap_err();
             assert!(e.starts_with("unreadable finished-job pack"), "{e}");
         }
     }
@@ -298,9 +375,10 @@ mod tests {
                 .map(|(i, n)| (v7_at(ms + (i as u64 * 37) % 1000, i as u128 * 7919), vec![i as u8; *n]))
                 .collect();
             let mut seen = vec![0; entries.len()];
-            for (bucket, body, held) in packs(&entries) {
-                prop_assert!(body.len() <= PACK_MAX_BYTES || held.len() == 1);
-                let got = unpack(&body).unwrap();
+            for (bucket, pack, held) in packs(&entries) {
+                let body = open(&pack).unwrap();
+                prop_assert!(1 + body.len() <= PACK_MAX_BYTES || held.len() == 1);
+                let got = super::entries(&body).unwrap();
                 prop_assert_eq!(got.len(), held.len());
                 for ((id, blob), i) in got.into_iter().zip(held) {
                     prop_assert_eq!(pack_bucket(id), Some(bucket));

@@ -159,8 +159,9 @@ impl Lookup {
         while let Some((body,)) = packs.try_next().await.map_err(|e| err(e.to_string()))? {
             // A pack this version cannot read is an error, not missing jobs: treating it
             // as absent would run finished jobs again.
-            let entries = finished::unpack(body.as_deref().unwrap_or_default())
-                .map_err(|e| err(format!("bucket {bucket}: {e}")))?;
+            let opened = finished::open(body.as_deref().unwrap_or_default());
+            let entries = opened.as_deref().map_err(Clone::clone).and_then(finished::entries);
+            let entries = entries.map_err(|e| err(format!("bucket {bucket}: {e}")))?;
             for (id, blob) in entries.into_iter().filter(|(id, _)| wanted.contains(id)) {
                 let (record, output) = FinishedRecord::decode(blob).map_err(|e| err(format!("job {id}: {e}")))?;
                 out.push((id.to_string(), record, output));
@@ -201,13 +202,15 @@ impl Lookup {
 
 type Finished = (String, FinishedRecord, Option<Vec<u8>>);
 
-/// Folds a finished record into the job's state when it is the newer of the two; the
-/// row's cancellation flag stays (it lives only there).
+/// Folds a packed record (queued or finished) into the job's state when it wins
+/// (`finished::record_wins`); the row's cancellation flag stays (it lives only there).
 fn merge(rows: &mut HashMap<String, JobRow>, id: String, record: FinishedRecord, output: Option<Vec<u8>>) {
     let row = rows.get(&id);
-    if row.is_some_and(|r| {
-        !finished::newer_is_finished((r.generation, r.updated_at), (record.generation, record.updated_at))
-    }) {
+    let terminal = record.is_terminal();
+    // A row without a status is a bare cancel flag (written to a job whose state is
+    // packed): it orders nothing.
+    let current = |r: &JobRow| if r.status.is_some() { (r.generation, r.updated_at) } else { (None, None) };
+    if row.is_some_and(|r| !finished::record_wins(current(r), (record.generation, record.updated_at), terminal)) {
         return;
     }
     let cancel_requested = row.and_then(|r| r.cancel_requested);
@@ -223,7 +226,7 @@ fn merge(rows: &mut HashMap<String, JobRow>, id: String, record: FinishedRecord,
         submitted_at: Some(record.submitted_at),
         started_at: record.started_at,
         finished_at: record.finished_at,
-        worker: Some(record.worker),
+        worker: (!record.worker.is_empty()).then_some(record.worker),
         error: None,
         failure_class: None,
         output,

@@ -450,6 +450,15 @@ impl Store {
         self.coalescer.put_finished((u.job_id.to_string(), record.encode(u.output))).await
     }
 
+    /// Records a submission as a queued record in a pack (`core::finished`) instead of a
+    /// `jobs` row. The caller makes sure the job has a UUIDv7 id and writes it only once
+    /// the job is on its pool topic (a pack cannot be taken back).
+    pub async fn put_queued(&self, s: &events::Submitted<'_>) -> Result<(), StoreError> {
+        finished::pack_bucket(s.job_id).ok_or_else(|| coalesce::not_v7(s.job_id))?;
+        let record = finished::FinishedRecord::queued(s.tenant, s.job_type, s.pool, s.generation, s.submitted_at);
+        self.coalescer.put_finished((s.job_id.to_string(), record.encode(None))).await
+    }
+
     /// Marks a job running: its state row, a first heartbeat and its entry in the
     /// reaper's index, in one unlogged batch (one round trip).
     pub async fn put_running_with_heartbeat(

@@ -147,8 +147,8 @@ pub struct Submitted {
     /// The submission joined a job that exists (its `unique_key` is held, or its debounce
     /// window is open): `job_id` is that job's; the HTTP API answers 200, not 201.
     pub joined: bool,
-    /// This submission wrote the job's `queued` row, which names its tenant (so the
-    /// HTTP API need not record the job's owner separately).
+    /// This submission stored the job's `queued` state (its row, or a queued record in a
+    /// pack), which names its tenant (so the HTTP API need not record the owner separately).
     pub queued_row: bool,
 }
 
@@ -259,7 +259,14 @@ impl Submitter {
         if let Some(tp) = span.as_ref().and_then(crate::observe::telemetry::Live::traceparent) {
             rec.traceparent = Some(tp);
         }
-        let (produced, written) = tokio::join!(self.produce(&rec), self.put_submitted(stmts, &rec, pool, now));
+        let (produced, written) = if self.packs_submission(stmts, &rec, now) {
+            // A packed record cannot be taken back: written once the job is on its topic.
+            let produced = self.produce(&rec).await;
+            let written = produced.is_ok() && self.put_submitted(stmts, &rec, pool, now).await;
+            (produced, written)
+        } else {
+            tokio::join!(self.produce(&rec), self.put_submitted(stmts, &rec, pool, now))
+        };
         if let Some(span) = span {
             span.end(now_ms(), produced.as_ref().err().map(ToString::to_string).as_deref(), Vec::new());
         }
@@ -370,8 +377,20 @@ impl Submitter {
         }
     }
 
-    /// Writes the job's `queued`/`scheduled` row; false if it was not written (the job
-    /// is accepted anyway and becomes visible once a worker records it).
+    /// Whether the submission's state is a queued record in a pack (`core::finished`)
+    /// rather than a `jobs` row: a UUIDv7 job due now, with a store to write it to. A job
+    /// scheduled ahead keeps a row (its lifetime runs past the packs' TTL).
+    fn packs_submission(&self, stmts: Option<&EventStatements>, rec: &JobSubmitted, now: Millis) -> bool {
+        use crate::core::events::{submission_state, JobState};
+        stmts.is_some()
+            && self.store.is_some()
+            && crate::core::finished::pack_bucket(&rec.job_id).is_some()
+            && submission_state(rec, now) == JobState::Queued
+    }
+
+    /// Writes the job's `queued`/`scheduled` state (a row, or a queued record in a pack,
+    /// see [`Submitter::packs_submission`]); false if it was not written (the job is
+    /// accepted anyway and becomes visible once a worker records it).
     async fn put_submitted(
         &self,
         stmts: Option<&EventStatements>,
@@ -392,7 +411,10 @@ impl Submitter {
             ttl_secs: row_ttl_secs(self.cfg.retention.results, now, rec.execute_at),
         };
         let t = std::time::Instant::now();
-        let r = stmts.put_submitted(&row).await;
+        let r = match &self.store {
+            Some(store) if self.packs_submission(Some(stmts), rec, now) => store.put_queued(&row).await,
+            _ => stmts.put_submitted(&row).await,
+        };
         metrics::histogram!(crate::metrics::SUBMIT_STATE_WRITE_SECONDS).record(t.elapsed().as_secs_f64());
         match r {
             Ok(()) => true,
