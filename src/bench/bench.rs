@@ -251,7 +251,7 @@ pub(super) async fn submit_noops(
 /// Reads results until `n` distinct jobs finished or `timeout` passed.
 pub(super) async fn collect_latencies(reader: &kafka::Reader, n: usize, timeout: Duration, t0: Instant) -> Seen {
     let mut hist = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
-    let mut seen = std::collections::HashSet::new();
+    let mut seen = std::collections::HashSet::with_capacity(n);
     let (mut first_start, mut last_finish) = (None::<i64>, None::<i64>);
     let deadline = Instant::now() + timeout;
     while seen.len() < n && Instant::now() < deadline {
