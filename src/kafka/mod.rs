@@ -38,25 +38,15 @@ pub enum KafkaError {
     Ping(String),
 }
 
-/// A fetch returns once it has [`FETCH_MIN_BYTES`] or after this long; librdkafka's
-/// default (500 ms) puts half a second on every idle hop (jobs, retries, results).
+/// A fetch returns as soon as there is data or after this long; librdkafka's default
+/// (500 ms) puts half a second on every idle hop (jobs, retries, results).
 const FETCH_WAIT_MS: &str = "25";
-/// A fetch waits (up to [`FETCH_WAIT_MS`]) for this much data. librdkafka's default (1
-/// byte) answers every fetch at once with whatever arrived: under a steady stream that is
-/// a fetch per few records, and the broker's CPU per job grew 4x (20,000 jobs/s open loop,
-/// 2026-11-26). A tuning default: `kafka.properties` may change it.
-const FETCH_MIN_BYTES: &str = "32768";
 
 /// Base client settings shared by producers, consumers and the admin client: fairway's
 /// defaults, then `[kafka.properties]` (SASL, TLS, tuning). Settings a client sets after
 /// this (idempotence, acks, group, offset storage) are fairway's correctness and win.
 fn base(cfg: &Config) -> ClientConfig {
     tuned(cfg, &[])
-}
-
-/// [`base`] for consumers, with their tuning defaults.
-fn consumer_base(cfg: &Config) -> ClientConfig {
-    tuned(cfg, &[("fetch.min.bytes", FETCH_MIN_BYTES)])
 }
 
 /// [`base`] with `tuning` defaults that `kafka.properties` (and `FAIRWAY_KAFKA_<NAME>`)
@@ -473,7 +463,7 @@ fn consumer_with(
     lag_pool: Option<&'static str>,
 ) -> Result<(WorkerConsumer, mpsc::UnboundedReceiver<RebalanceEvent>), KafkaError> {
     let (tx, rx) = mpsc::unbounded_channel();
-    let mut conf = consumer_base(cfg);
+    let mut conf = base(cfg);
     if lag_pool.is_some() {
         conf.set("statistics.interval.ms", "5000");
     }
@@ -588,7 +578,7 @@ impl Pauses {
 pub type Reader = StreamConsumer;
 
 pub fn reader(cfg: &Config, group: &str, commit: bool) -> Result<Reader, KafkaError> {
-    consumer_base(cfg)
+    base(cfg)
         .set("group.id", group)
         .set("fetch.wait.max.ms", FETCH_WAIT_MS)
         .set("enable.auto.commit", if commit { "true" } else { "false" })
@@ -628,7 +618,7 @@ pub async fn partition_ends(reader: std::sync::Arc<Reader>, topic: String) -> Re
 /// A reader that starts at the topic's end (no commits): live tails such as the events
 /// feed of `fairway serve`.
 pub fn tail_reader(cfg: &Config, group: &str) -> Result<StreamConsumer, KafkaError> {
-    consumer_base(cfg)
+    base(cfg)
         .set("group.id", group)
         .set("fetch.wait.max.ms", FETCH_WAIT_MS)
         .set("enable.auto.commit", "false")

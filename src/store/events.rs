@@ -1,6 +1,7 @@
 //! Statements of job watching (`crate::watch::events`): the row a submission writes (`queued`
-//! or `scheduled`, so the job is visible at once), the event history (`job_events`), and
-//! the idempotency claim's release and take-over.
+//! or `scheduled`, so the job is visible at once) when its state is not a queued record in a
+//! pack (`core::finished`: a job scheduled ahead, or one whose id is not a UUIDv7), the event
+//! history (`job_events`), and the idempotency claim's release and take-over.
 //!
 //! Why a history table rather than reading the events topic back: a job's history is
 //! one store partition (one read, in time order), while the topic would have to be
