@@ -173,6 +173,20 @@ async fn kill_9_of_a_worker_loses_nothing_and_reruns_only_what_the_kill_caught_u
     assert!(in_window <= 30, "{in_window} jobs ran again after their result: more than the kill's window explains");
 }
 
+/// The job ids of every pack stored in a pack bucket, one list per pack.
+async fn packed_ids(store: &fairway::store::Store, bucket: i64) -> Vec<Vec<String>> {
+    let q = format!("SELECT body FROM {}.finished_packs WHERE bucket = ?", store.keyspace());
+    let res = store.session().query_unpaged(q, (bucket,)).await.expect("query").into_rows_result().unwrap();
+    let mut out = Vec::new();
+    for row in res.rows::<(Vec<u8>,)>().unwrap() {
+        let (body,) = row.unwrap();
+        let opened = fairway::core::finished::open(&body).expect("a pack");
+        let entries = fairway::core::finished::entries(&opened).expect("a pack's entries");
+        out.push(entries.into_iter().map(|(id, _)| id.to_string()).collect());
+    }
+    out
+}
+
 /// A short job that succeeds is stored as one finished record grouped by submission
 /// second (`core::finished`), not a `jobs` row; it is found by its id alone (status, the
 /// effectively-once check), and a job whose id is not a UUIDv7 keeps its `jobs` row.
@@ -222,13 +236,8 @@ async fn succeeded_jobs_are_packed_records_found_by_id_and_never_run_twice() {
         .collect();
     let (mut packed, mut packs) = (0, 0);
     for b in &buckets {
-        let q = format!("SELECT body FROM {ks}.finished_packs WHERE bucket = ?");
-        let res = store.session().query_unpaged(q, (b,)).await.expect("query").into_rows_result().unwrap();
-        for row in res.rows::<(Vec<u8>,)>().unwrap() {
-            let (body,) = row.unwrap();
-            let opened = fairway::core::finished::open(&body).expect("a pack");
-            let entries = fairway::core::finished::entries(&opened).expect("a pack's entries");
-            packed += entries.iter().filter(|(id, _)| submitted.contains(id)).count();
+        for ids_in_pack in packed_ids(&store, *b).await {
+            packed += ids_in_pack.iter().filter(|id| submitted.contains(id.as_str())).count();
             packs += 1;
         }
     }
@@ -251,13 +260,8 @@ async fn succeeded_jobs_are_packed_records_found_by_id_and_never_run_twice() {
     let res = store.session().query_unpaged(q, (b, large_id)).await.expect("query").into_rows_result().unwrap();
     assert_eq!(res.rows_num(), 1, "a large finished record is a row of its own");
     let pb = fairway::core::finished::pack_bucket(large_id).expect("UUIDv7");
-    let q = format!("SELECT body FROM {ks}.finished_packs WHERE bucket = ?");
-    let res = store.session().query_unpaged(q, (pb,)).await.expect("query").into_rows_result().unwrap();
-    for row in res.rows::<(Vec<u8>,)>().unwrap() {
-        let (body,) = row.unwrap();
-        let opened = fairway::core::finished::open(&body).expect("a pack");
-        let entries = fairway::core::finished::entries(&opened).expect("a pack's entries");
-        assert!(entries.iter().all(|(id, _)| id != large_id), "the large record is not packed");
+    for ids_in_pack in packed_ids(&store, pb).await {
+        assert!(ids_in_pack.iter().all(|id| id != large_id), "the large record is not packed");
     }
 
     // Every record delivered again (a new consumer group reads the topic from the start):

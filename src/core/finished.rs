@@ -256,6 +256,17 @@ impl FinishedRecord {
     }
 }
 
+/// The order key of a job's state already known (its `jobs` row, or a record merged
+/// before) for [`record_wins`]: (generation, write time). A row without a status is a bare
+/// cancel flag (written to a job whose state is packed): it orders nothing.
+pub fn order_of(status: Option<&str>, generation: Option<i64>, updated_at: Option<i64>) -> (Option<i64>, Option<i64>) {
+    if status.is_some() {
+        (generation, updated_at)
+    } else {
+        (None, None)
+    }
+}
+
 /// Whether a packed record becomes a job's state over the current one (its `jobs` row,
 /// or a record merged before): the later (generation, write time) wins; on a tie a
 /// `terminal` (finished) record wins and a queued one does not.
@@ -304,6 +315,9 @@ mod tests {
         // A row without generation or write time (a bare cancel flag) loses.
         assert!(record_wins((None, None), (0, 1), true));
         assert!(record_wins((None, None), (0, 1), false));
+        // A cancel flag written after the submission does not hide the queued record.
+        assert!(record_wins(order_of(None, None, Some(90)), (0, 50), false));
+        assert!(!record_wins(order_of(Some("running"), Some(0), Some(90)), (0, 50), false));
     }
 
     #[test]

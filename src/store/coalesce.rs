@@ -207,9 +207,7 @@ type Finished = (String, FinishedRecord, Option<Vec<u8>>);
 fn merge(rows: &mut HashMap<String, JobRow>, id: String, record: FinishedRecord, output: Option<Vec<u8>>) {
     let row = rows.get(&id);
     let terminal = record.is_terminal();
-    // A row without a status is a bare cancel flag (written to a job whose state is
-    // packed): it orders nothing.
-    let current = |r: &JobRow| if r.status.is_some() { (r.generation, r.updated_at) } else { (None, None) };
+    let current = |r: &JobRow| finished::order_of(r.status.as_deref(), r.generation, r.updated_at);
     if row.is_some_and(|r| !finished::record_wins(current(r), (record.generation, record.updated_at), terminal)) {
         return;
     }

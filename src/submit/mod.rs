@@ -259,13 +259,14 @@ impl Submitter {
         if let Some(tp) = span.as_ref().and_then(crate::observe::telemetry::Live::traceparent) {
             rec.traceparent = Some(tp);
         }
-        let (produced, written) = if self.packs_submission(stmts, &rec, now) {
+        let packed = self.packs_submission(stmts, &rec, now);
+        let (produced, written) = if packed {
             // A packed record cannot be taken back: written once the job is on its topic.
             let produced = self.produce(&rec).await;
-            let written = produced.is_ok() && self.put_submitted(stmts, &rec, pool, now).await;
+            let written = produced.is_ok() && self.put_submitted(stmts, &rec, pool, now, true).await;
             (produced, written)
         } else {
-            tokio::join!(self.produce(&rec), self.put_submitted(stmts, &rec, pool, now))
+            tokio::join!(self.produce(&rec), self.put_submitted(stmts, &rec, pool, now, false))
         };
         if let Some(span) = span {
             span.end(now_ms(), produced.as_ref().err().map(ToString::to_string).as_deref(), Vec::new());
@@ -388,15 +389,16 @@ impl Submitter {
             && submission_state(rec, now) == JobState::Queued
     }
 
-    /// Writes the job's `queued`/`scheduled` state (a row, or a queued record in a pack,
-    /// see [`Submitter::packs_submission`]); false if it was not written (the job is
-    /// accepted anyway and becomes visible once a worker records it).
+    /// Writes the job's `queued`/`scheduled` state (a row, or a queued record in a pack when
+    /// `packed`, see [`Submitter::packs_submission`]); false if it was not written (the job
+    /// is accepted anyway and becomes visible once a worker records it).
     async fn put_submitted(
         &self,
         stmts: Option<&EventStatements>,
         rec: &JobSubmitted,
         pool: Pool,
         now: crate::model::Millis,
+        packed: bool,
     ) -> bool {
         let Some(stmts) = stmts else { return false };
         use crate::core::events::{row_ttl_secs, submission_state};
@@ -412,7 +414,7 @@ impl Submitter {
         };
         let t = std::time::Instant::now();
         let r = match &self.store {
-            Some(store) if self.packs_submission(Some(stmts), rec, now) => store.put_queued(&row).await,
+            Some(store) if packed => store.put_queued(&row).await,
             _ => stmts.put_submitted(&row).await,
         };
         metrics::histogram!(crate::metrics::SUBMIT_STATE_WRITE_SECONDS).record(t.elapsed().as_secs_f64());
