@@ -439,3 +439,40 @@ pub fn install_recorder() -> Result<metrics_exporter_prometheus::PrometheusHandl
     describe();
     Ok(handle)
 }
+
+/// Handles of the metrics every job of a pool touches, registered once per pool: a
+/// `metrics::*!` call builds its key and looks it up in the recorder each time, about a
+/// dozen times per job. They belong to the recorder installed when they are made (a
+/// worker installs its recorder before it starts; without one they record nothing).
+pub struct PoolMetrics {
+    pub jobs_received: metrics::Counter,
+    pub state_reads_skipped: metrics::Counter,
+    /// `fairway_job_wait_seconds` by stage: the broker hop, the fair queue, the check.
+    pub wait_fetch: metrics::Histogram,
+    pub wait_queue: metrics::Histogram,
+    pub wait_check: metrics::Histogram,
+    pub dispatch_wait: metrics::Histogram,
+    pub jobs_running: metrics::Gauge,
+    pub run_seconds: metrics::Histogram,
+    /// `fairway_jobs_finished_total{status="succeeded"}` (other statuses are rare).
+    pub succeeded: metrics::Counter,
+    pub end_to_end: metrics::Histogram,
+}
+
+impl PoolMetrics {
+    pub fn new(pool: &'static str) -> PoolMetrics {
+        let wait = |stage: &'static str| metrics::histogram!(JOB_WAIT_SECONDS, "pool" => pool, "stage" => stage);
+        PoolMetrics {
+            jobs_received: metrics::counter!(JOBS_RECEIVED, "pool" => pool),
+            state_reads_skipped: metrics::counter!(STATE_READS_SKIPPED, "pool" => pool),
+            wait_fetch: wait("fetch"),
+            wait_queue: wait("queue"),
+            wait_check: wait("check"),
+            dispatch_wait: metrics::histogram!(JOB_DISPATCH_WAIT_SECONDS, "pool" => pool),
+            jobs_running: metrics::gauge!(JOBS_RUNNING, "pool" => pool),
+            run_seconds: metrics::histogram!(JOB_RUN_SECONDS, "pool" => pool),
+            succeeded: metrics::counter!(JOBS_FINISHED, "pool" => pool, "status" => "succeeded"),
+            end_to_end: metrics::histogram!(JOB_END_TO_END_SECONDS, "pool" => pool),
+        }
+    }
+}

@@ -873,7 +873,7 @@ impl<J> Scheduler<J> {
     }
 
     /// Removes queued (not running) jobs whose payload matches `f`, e.g. those of revoked
-    /// partitions, and returns them.
+    /// partitions, and returns them. `f` must be a pure test: it may see a job twice.
     pub fn drain_where<F: FnMut(&J) -> bool>(&mut self, mut f: F) -> Vec<J> {
         let mut out = Vec::new();
         for t in 0..self.tenants.len() as u32 {
@@ -883,6 +883,10 @@ impl<J> Scheduler<J> {
             }
             let mut removed = 0;
             for q in x.queues.iter_mut() {
+                // Most calls remove nothing: only a queue with a match is rebuilt.
+                if !q.iter().any(|w| f(&w.payload)) {
+                    continue;
+                }
                 for w in std::mem::take(q) {
                     if f(&w.payload) {
                         out.push(w.payload);

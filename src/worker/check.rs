@@ -36,7 +36,7 @@ pub(super) async fn before_run(sh: &Shared, job: Arc<JobSubmitted>, origin: &Ori
             Err(held) => return held,
         };
     let (job, row_claimed) = if fresh {
-        metrics::counter!(m::STATE_READS_SKIPPED, "pool" => sh.pool.as_str()).increment(1);
+        sh.metrics.state_reads_skipped.increment(1);
         (job, false)
     } else {
         match check_row(sh, job, origin).await {

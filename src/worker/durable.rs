@@ -135,9 +135,12 @@ async fn record_result(sh: &Shared, job: &JobSubmitted, result: &JobResult, plai
         metrics::counter!(m::OUTCOME_WRITE_FAILURES, "pool" => sh.pool.as_str()).increment(1);
         return Durable::No;
     }
-    metrics::counter!(m::JOBS_FINISHED, "pool" => sh.pool.as_str(), "status" => status.as_str()).increment(1);
+    match status {
+        JobStatus::Succeeded => sh.metrics.succeeded.increment(1),
+        _ => metrics::counter!(m::JOBS_FINISHED, "pool" => sh.pool.as_str(), "status" => status.as_str()).increment(1),
+    }
     let e2e = (finished_at - job.submitted_at).max(0) as f64 / 1000.0;
-    metrics::histogram!(m::JOB_END_TO_END_SECONDS, "pool" => sh.pool.as_str()).record(e2e);
+    sh.metrics.end_to_end.record(e2e);
     Durable::Yes
 }
 

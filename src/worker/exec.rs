@@ -61,19 +61,19 @@ impl Waited {
 
     /// Records where a job's wait went: the broker hop, the fair queue, the check.
     fn record(&self, sh: &Shared, job: &JobSubmitted, started_at: i64) {
-        let pool = sh.pool.as_str();
         let fetch = (self.received_at - job.submitted_at).max(0);
         let queue = (self.dispatched_at - self.received_at).max(0);
         let check = (started_at - self.dispatched_at).max(0);
-        for (stage, ms) in [("fetch", fetch), ("queue", queue), ("check", check)] {
-            metrics::histogram!(m::JOB_WAIT_SECONDS, "pool" => pool, "stage" => stage).record(ms as f64 / 1000.0);
+        let hm = &sh.metrics;
+        for (h, ms) in [(&hm.wait_fetch, fetch), (&hm.wait_queue, queue), (&hm.wait_check, check)] {
+            h.record(ms as f64 / 1000.0);
         }
         // Submission (or its scheduled time) to the first dispatch: only an original
         // submission's first attempt, whose wait the pools' SLOs bound (a retry's, crash
         // re-dispatch's, hand-off's, replay's or rerun copy's would count backoffs and history).
         if job.first_dispatch() && job.generation == 0 {
             let ms = (self.dispatched_at - self.from(job)).max(0);
-            metrics::histogram!(m::JOB_DISPATCH_WAIT_SECONDS, "pool" => pool).record(ms as f64 / 1000.0);
+            hm.dispatch_wait.record(ms as f64 / 1000.0);
         }
         tracing::debug!(target: "fairway::timeline", job_id = %job.job_id, tenant = %job.tenant, fetch, queue, check, "started");
     }
@@ -253,7 +253,7 @@ async fn run(
             live.request_stop();
         }
     }
-    metrics::gauge!(m::JOBS_RUNNING, "pool" => sh.pool.as_str()).increment(1.0);
+    sh.metrics.jobs_running.increment(1.0);
     let _expiry = expire_at_not_after(sh, job, &live);
     let stuck_after = sh.cfg.stuck_after(&job.job_type, sh.pool);
     let grace = sh.cfg.kill_grace(&job.job_type);
@@ -261,7 +261,10 @@ async fn run(
     let result = {
         let mut run = std::pin::pin!(tokio::time::timeout_at(deadline, handler.run(ctx)));
         let mut stuck = std::pin::pin!(stuck_watch(&live, stuck_after, grace));
+        // The handler first: a job that is done at its first poll (most short jobs) then
+        // never arms the grace timer nor the deadline's (timers arm when first polled).
         tokio::select! {
+            biased;
             r = &mut run => Some(r),
             _ = live.aborted() => None,
             _ = &mut stuck => None,
@@ -283,7 +286,7 @@ async fn run(
     }
     slot.release(result.is_some());
     sh.running.lock().expect("running map").remove(&job.job_id);
-    metrics::gauge!(m::JOBS_RUNNING, "pool" => sh.pool.as_str()).decrement(1.0);
+    sh.metrics.jobs_running.decrement(1.0);
     Run { started_at, timeout, result, live, running_written, row_claimed: false }
 }
 

@@ -97,6 +97,8 @@ pub struct Shared {
     pub probes: crate::observe::probes::Probes,
     /// The worker's vitals (`watchdog`): a pool loop reports a fatal consumer error here.
     pub watch: Arc<watchdog::Watch>,
+    /// The per-job metrics of this pool, registered once.
+    pub metrics: crate::metrics::PoolMetrics,
 }
 
 /// The failure-handling cores of one pool.
@@ -105,6 +107,9 @@ pub struct Health {
     pub breakers: ScopedBreakers,
     pub poison: PoisonDetectors,
     pub budget: RetryBudget,
+    /// The value last set on `fairway_breaker_open` per job type label (configured types
+    /// and "unknown"), so the gauge is written when it changes, not on every outcome.
+    breaker_gauges: HashMap<String, bool>,
 }
 
 impl Health {
@@ -117,7 +122,8 @@ impl Health {
         if cfg.worker.fleet_limits {
             budget.fleet_wide(worker_id);
         }
-        Health { breakers, poison: PoisonDetectors::new(cfg.worker.poison.clone()), budget }
+        let poison = PoisonDetectors::new(cfg.worker.poison.clone());
+        Health { breakers, poison, budget, breaker_gauges: HashMap::new() }
     }
 }
 
@@ -259,9 +265,16 @@ impl Shared {
                 "poison quarantine changed (for this tenant's jobs of the type)"
             );
         }
-        let state = h.breakers.type_wide().state(job_type);
-        metrics::gauge!(crate::metrics::BREAKER_OPEN, "job_type" => self.bounded_job_type(job_type))
-            .set(if state == BreakerState::Closed { 0.0 } else { 1.0 });
+        let open = h.breakers.type_wide().state(job_type) != BreakerState::Closed;
+        let label = if self.cfg.job_types.contains_key(job_type) { job_type } else { "unknown" };
+        if h.breaker_gauges.get(label) != Some(&open) {
+            h.breaker_gauges.insert(label.to_string(), open);
+            metrics::gauge!(crate::metrics::BREAKER_OPEN, "job_type" => label.to_string()).set(if open {
+                1.0
+            } else {
+                0.0
+            });
+        }
     }
 }
 
@@ -336,6 +349,7 @@ impl Worker {
         for &pool in pools {
             let sh = Arc::new(Shared {
                 cfg: cfg.clone(),
+                metrics: crate::metrics::PoolMetrics::new(pool.as_str()),
                 pool,
                 store: store.clone(),
                 producer: producer.clone(),

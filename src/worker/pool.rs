@@ -55,6 +55,8 @@ struct PartitionState {
     spilling: usize,
     /// Since when the partition is paused because `spilling` reached `MAX_SPILLING`.
     spill_paused_since: Option<std::time::Instant>,
+    /// A commit point reached and not yet stored with the consumer (`Loop::store_offsets`).
+    store_at: Option<i64>,
 }
 
 /// Most jobs buffered in one worker for one pool: past it, every tenant with more than a
@@ -65,6 +67,8 @@ const GLOBAL_BUFFER: usize = 50_000;
 const LIGHT_TENANT: usize = 64;
 /// Spills in flight per partition before it pauses (the writer is behind the store).
 const MAX_SPILLING: usize = 20_000;
+/// Messages one wake of the pool loop takes from the consumer at most (`Loop::take_ready`).
+const TAKE_PER_WAKE: usize = 128;
 /// Most rows one read-back takes.
 const READ_CHUNK: usize = 1_000;
 
@@ -178,10 +182,11 @@ pub async fn run(
                 lp.dispatcher.fold_fleet_usage(&usage, now_ms());
             }
             Some(ev) = done_rx.recv() => {
-                lp.on_event(&consumer, ev);
+                lp.on_event(ev);
                 while let Ok(ev) = done_rx.try_recv() {
-                    lp.on_event(&consumer, ev);
+                    lp.on_event(ev);
                 }
+                lp.store_offsets(&consumer);
             }
             msg = consumer.recv() => match msg {
                 Err(e) => {
@@ -189,11 +194,9 @@ pub async fn run(
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
                 Ok(msg) => {
-                    let origin = Origin { topic: msg.topic().to_string(), partition: msg.partition(), offset: msg.offset() };
-                    let bytes = msg.payload().unwrap_or_default().to_vec();
-                    let at = msg.timestamp().to_millis();
+                    lp.take(&msg);
                     drop(msg);
-                    lp.on_message(origin, bytes, at);
+                    lp.take_ready(&consumer);
                 }
             },
             _ = tokio::time::sleep(Duration::from_millis(wake)) => {}
@@ -359,7 +362,10 @@ impl Loop {
         let mut deadline = tokio::time::Instant::now() + drain;
         while self.dispatcher.running() + self.finishing > 0 {
             tokio::select! {
-                Some(ev) = done_rx.recv() => self.on_event(consumer, ev),
+                Some(ev) = done_rx.recv() => {
+                    self.on_event(ev);
+                    self.store_offsets(consumer);
+                }
                 // Serves the revoke of the leave (librdkafka sends LeaveGroup once the
                 // application has seen it); whatever was still fetched is not ours any more.
                 r = consumer.recv() => if r.is_err() {
@@ -388,6 +394,22 @@ impl Loop {
         self.tasks.abort_all();
     }
 
+    /// Stores the commit points reached since the last call with the consumer, in one
+    /// call for all partitions (after each batch of events, not per job).
+    fn store_offsets(&mut self, consumer: &kafka::WorkerConsumer) {
+        let mut tpl = TopicPartitionList::new();
+        for (&p, st) in self.parts.iter_mut() {
+            if let Some(commit) = st.store_at.take() {
+                let _ = tpl.add_partition_offset(&self.topic, p, kafka::Offset::Offset(commit));
+            }
+        }
+        if tpl.count() > 0 {
+            if let Err(e) = consumer.store_offsets(&tpl) {
+                tracing::debug!(error = %e, "store offsets (a partition was likely revoked)");
+            }
+        }
+    }
+
     fn pool(&self) -> &'static str {
         self.sh.pool.as_str()
     }
@@ -396,6 +418,41 @@ impl Loop {
     fn partition(&mut self, p: i32) -> &mut PartitionState {
         let (next_incarnation, spiller) = (&mut self.next_incarnation, &self.spiller);
         self.parts.entry(p).or_insert_with(|| new_partition(next_incarnation, spiller, p))
+    }
+
+    /// A consumed message, copied out of the consumer's buffer and taken in.
+    fn take(&mut self, msg: &rdkafka::message::BorrowedMessage<'_>) {
+        let origin = Origin { topic: self.topic.clone(), partition: msg.partition(), offset: msg.offset() };
+        let bytes = msg.payload().unwrap_or_default().to_vec();
+        self.on_message(origin, bytes, msg.timestamp().to_millis());
+    }
+
+    /// Takes the messages the consumer already holds, up to [`TAKE_PER_WAKE`], without
+    /// waiting: one wake of the loop (its bookkeeping, pauses and dispatch) serves a batch
+    /// instead of each message. Stops early once a partition must pause, so pausing takes
+    /// effect as soon as it would message by message.
+    fn take_ready(&mut self, consumer: &kafka::WorkerConsumer) {
+        use futures::FutureExt;
+        for _ in 1..TAKE_PER_WAKE {
+            if self.wants_pause() {
+                return;
+            }
+            match consumer.recv().now_or_never() {
+                Some(Ok(msg)) => self.take(&msg),
+                Some(Err(e)) => {
+                    tracing::warn!(pool = self.pool(), error = %e, "consumer error");
+                    return;
+                }
+                None => return,
+            }
+        }
+    }
+
+    /// Whether any partition must pause now (see [`Loop::partitions_to_pause`]).
+    fn wants_pause(&self) -> bool {
+        !self.overflow.is_empty()
+            || self.buffered() >= 2 * GLOBAL_BUFFER
+            || self.parts.values().any(|st| st.held.is_some() || st.spilling >= MAX_SPILLING)
     }
 
     /// A message from the pool topic: track its offset, then take it in (or hold it while
@@ -438,12 +495,12 @@ impl Loop {
             });
             return;
         }
-        metrics::counter!(m::JOBS_RECEIVED, "pool" => self.pool()).increment(1);
-        let tenant = job.tenant.clone();
+        self.sh.metrics.jobs_received.increment(1);
         let pending = Pending { job: Arc::new(job), origin, incarnation, received_at: now_ms(), spill: None };
-        if self.must_spill(pending.origin.partition, &tenant) && self.mark_spill(&pending) {
+        if self.must_spill(pending.origin.partition, &pending.job.tenant) && self.mark_spill(&pending) {
             metrics::counter!(m::JOBS_SPILLED, "pool" => self.pool()).increment(1);
-            let (partition, offset) = (pending.origin.partition, pending.origin.offset);
+            let (partition, offset, tenant) =
+                (pending.origin.partition, pending.origin.offset, pending.job.tenant.clone());
             self.spiller.spill(SpillReq { incarnation, partition, tenant, offset, bytes, job: pending });
         } else {
             self.enqueue(pending);
@@ -672,8 +729,10 @@ impl Loop {
     /// separately ([`OUTCOMES_IN_FLIGHT`], or the slots if more), so a slow store holds
     /// new work back instead of piling up outcomes.
     fn start_jobs(&mut self, slots: usize) {
+        // One clock read per call: the jobs it starts are dispatched within the same ms.
+        let now = now_ms();
         while self.finishing < slots.max(OUTCOMES_IN_FLIGHT) {
-            let Some((p, ticket)) = self.dispatcher.next(now_ms()) else { break };
+            let Some((p, ticket)) = self.dispatcher.next(now) else { break };
             let ticket_at = ticket.dispatched_at;
             if ticket.fast_lane {
                 metrics::counter!(m::FAST_LANE_DISPATCHES, "pool" => self.pool()).increment(1);
@@ -682,7 +741,9 @@ impl Loop {
             let tx = self.done_tx.clone();
             let freed = self.done_tx.clone();
             let flow = self.sh.cfg.flow_scope(&p.job).map(|(scope, _)| scope);
-            self.tasks.spawn(async move {
+            // Boxed: the job's future is large, and the task would copy it whole on spawn,
+            // on completion and when its output is read.
+            self.tasks.spawn(Box::pin(async move {
                 let slot = exec::SlotRelease::new(move |ran| {
                     let _ = freed.send(Event::Freed(ticket, ran, flow));
                 });
@@ -690,7 +751,7 @@ impl Loop {
                 let ended = exec::execute(sh, p.job, p.origin.clone(), slot, waited).await;
                 let done = Done { origin: p.origin, incarnation: p.incarnation, had_slot: true, ended, spill: p.spill };
                 let _ = tx.send(Event::Done(done));
-            });
+            }));
         }
         while self.tasks.try_join_next().is_some() {}
     }
@@ -928,21 +989,22 @@ impl Loop {
         }
     }
 
-    fn on_event(&mut self, consumer: &kafka::WorkerConsumer, ev: Event) {
+    fn on_event(&mut self, ev: Event) {
         let done = match ev {
             Event::Freed(ticket, ran, flow) => {
-                self.dispatcher.complete(&ticket, now_ms(), ran);
-                self.apply_recycling(now_ms());
+                let now = now_ms();
+                self.dispatcher.complete(&ticket, now, ran);
+                self.apply_recycling(now);
                 self.finishing += 1;
                 if let Some(scope) = flow {
                     self.gate.release(&scope);
-                    for p in self.gate.ready(now_ms()) {
+                    for p in self.gate.ready(now) {
                         self.enqueue_past_flow(p);
                     }
                 }
                 return;
             }
-            Event::Backlog(ev) => return self.on_backlog(consumer, ev),
+            Event::Backlog(ev) => return self.on_backlog(ev),
             Event::Done(done) => done,
         };
         if done.had_slot {
@@ -980,11 +1042,11 @@ impl Loop {
             return;
         }
         if durable {
-            finished(consumer, &self.topic, done.origin.partition, st, done.origin.offset);
+            finished(st, done.origin.offset);
         }
     }
 
-    fn on_backlog(&mut self, consumer: &kafka::WorkerConsumer, ev: BacklogEvent) {
+    fn on_backlog(&mut self, ev: BacklogEvent) {
         match ev {
             BacklogEvent::Spilled { incarnation, partition, tenant, acked, failed } => {
                 let Some(st) = self.parts.get_mut(&partition).filter(|st| st.incarnation == incarnation) else {
@@ -997,7 +1059,7 @@ impl Loop {
                 b.failed(&failed_offsets);
                 // Durable in the store: the offsets may be committed past.
                 for o in acked {
-                    finished(consumer, &self.topic, partition, st, o);
+                    finished(st, o);
                 }
                 if !failed.is_empty() {
                     metrics::counter!(m::SPILL_FAILURES, "pool" => self.pool()).increment(failed.len() as u64);
@@ -1092,6 +1154,7 @@ fn new_partition(next_incarnation: &mut u64, spiller: &Spiller, p: i32) -> Parti
         last_seen: -1,
         spilling: 0,
         spill_paused_since: None,
+        store_at: None,
     }
 }
 
@@ -1105,14 +1168,9 @@ fn new_partition(next_incarnation: &mut u64, spiller: &Spiller, p: i32) -> Parti
 const OUTCOMES_IN_FLIGHT: usize = 1024;
 
 /// An offset's job is done (or durably spilled): store the commit point it allows.
-fn finished(consumer: &kafka::WorkerConsumer, topic: &str, partition: i32, st: &mut PartitionState, offset: i64) {
+fn finished(st: &mut PartitionState, offset: i64) {
     if let Some(commit) = st.offsets.finished(offset) {
-        let mut tpl = TopicPartitionList::new();
-        if tpl.add_partition_offset(topic, partition, kafka::Offset::Offset(commit)).is_ok() {
-            if let Err(e) = consumer.store_offsets(&tpl) {
-                tracing::debug!(error = %e, "store offset (partition likely revoked)");
-            }
-        }
+        st.store_at = Some(commit);
     }
 }
 

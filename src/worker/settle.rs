@@ -32,7 +32,7 @@ pub(super) async fn settle(sh: &Shared, job: &JobSubmitted, origin: &Origin, run
         return Ended::Skipped.or_lost(hand_off(sh, job).await);
     }
     let run_ms = (now_ms() - started_at).max(0) as f64;
-    metrics::histogram!(m::JOB_RUN_SECONDS, "pool" => sh.pool.as_str()).record(run_ms / 1000.0);
+    sh.metrics.run_seconds.record(run_ms / 1000.0);
     // Outcome for the breaker and poison detector; a cancelled job gives no verdict.
     let verdict = match result {
         Some(Ok(Ok(_))) => Some(None),
