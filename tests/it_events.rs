@@ -264,16 +264,22 @@ async fn failed_produce_leaves_no_claimed_key_and_a_duplicate_returns_the_result
     let mut small = (*cfg).clone();
     small.kafka.properties.set("message.max.bytes", "1000");
     let failing = Submitter::new(Arc::new(small), Some(store.clone())).unwrap();
+    let failed_id = uuid::Uuid::now_v7().to_string();
     let job = NewJob {
         tenant: "acme".into(),
         job_type: "echo".into(),
         payload: json!("x".repeat(4000)),
         idempotency_key: Some(key.clone()),
+        job_id: Some(failed_id.clone()),
         ..Default::default()
     };
     let err = failing.submit(&job).await.expect_err("the produce fails");
     assert!(err.to_string().contains("producing to"), "{err}");
     assert_eq!(claimed(store.clone(), key.clone()).await, 0, "no key left claimed after the failed produce");
+    // Nothing was recorded for it: no queued record in a pack (written only after the
+    // broker's acknowledgement), no row.
+    let left = store.job(&failed_id).await.expect("read");
+    assert!(left.is_none(), "a job whose produce failed has no state: {left:?}");
 
     // The client's retry is a fresh submission, runs, and a later duplicate answers with
     // the original job's state and result.

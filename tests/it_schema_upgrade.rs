@@ -128,3 +128,49 @@ async fn a_finished_record_of_the_per_job_layout_is_still_found() {
         "the rerun's packed record is newer"
     );
 }
+
+/// A pack written before packs were compressed (layout 1: the entries as they are, each
+/// the id's length (u8), the id, the record's length (u32, big-endian), the record) is
+/// still read from the database, beside a compressed pack of the same bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncompressed_pack_written_before_the_upgrade_is_still_found() {
+    use fairway::core::finished::{pack_bucket, FinishedRecord};
+    let cfg = common::arc(common::config(""));
+    common::init(&cfg).await;
+    let store = fairway::store::Store::open(&cfg).await.expect("store");
+    let now = fairway::now_ms();
+    let record = |worker: &str| FinishedRecord {
+        status: "succeeded".into(),
+        tenant: "acme".into(),
+        job_type: "noop".into(),
+        pool: "short".into(),
+        attempts: 1,
+        crash_count: 0,
+        generation: 0,
+        submitted_at: now - 5,
+        started_at: Some(now - 4),
+        finished_at: Some(now - 3),
+        worker: worker.into(),
+        updated_at: now - 3,
+    };
+    let (old_id, other_id) = (uuid::Uuid::now_v7().to_string(), uuid::Uuid::now_v7().to_string());
+    let mut body = vec![1u8];
+    for (id, worker) in [(&old_id, "w-plain"), (&other_id, "w-plain-2")] {
+        let blob = record(worker).encode(Some(b"\"plain\""));
+        body.push(id.len() as u8);
+        body.extend_from_slice(id.as_bytes());
+        body.extend_from_slice(&(blob.len() as u32).to_be_bytes());
+        body.extend_from_slice(&blob);
+    }
+    let bucket = pack_bucket(&old_id).expect("a UUIDv7 id has a pack bucket");
+    let q = format!("INSERT INTO {}.finished_packs (bucket, pack, body) VALUES (?, ?, ?)", store.keyspace());
+    store.session().query_unpaged(q, (bucket, uuid::Uuid::now_v7(), body)).await.expect("write a layout-1 pack");
+
+    let row = store.job(&old_id).await.expect("read").expect("the plain pack holds the job's state");
+    assert_eq!(
+        (row.status.as_deref(), row.worker.as_deref(), row.output.as_deref()),
+        (Some("succeeded"), Some("w-plain"), Some(&b"\"plain\""[..]))
+    );
+    let row = store.job(&other_id).await.expect("read").expect("its second entry is found too");
+    assert_eq!(row.worker.as_deref(), Some("w-plain-2"));
+}
