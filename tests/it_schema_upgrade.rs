@@ -150,7 +150,7 @@ async fn an_uncompressed_pack_written_before_the_upgrade_is_still_found() {
         submitted_at: now - 5,
         started_at: Some(now - 4),
         finished_at: Some(now - 3),
-        worker: worker.into(),
+        worker: worker.to_string().into(),
         updated_at: now - 3,
     };
     let (old_id, other_id) = (uuid::Uuid::now_v7().to_string(), uuid::Uuid::now_v7().to_string());

@@ -27,6 +27,7 @@
 //! row's status conditions the store's compare-and-set steps).
 
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 
 /// Partitions per second of submission of the per-job layout (`finished_jobs`, read
 /// only). Part of the stored layout: changing it would hide the records written under it.
@@ -166,17 +167,18 @@ fn bad_pack(why: &str) -> String {
 }
 
 /// What a finished record holds besides the job id and its output (a column of its own,
-/// written only when there is one). Short field names: one blob per job.
+/// written only when there is one). Short field names: one blob per job. Its text fields
+/// borrow when a record is written (no copies per job) and own when one is read.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct FinishedRecord {
+pub struct FinishedRecord<'a> {
     #[serde(rename = "s")]
-    pub status: String,
+    pub status: Cow<'a, str>,
     #[serde(rename = "t")]
-    pub tenant: String,
+    pub tenant: Cow<'a, str>,
     #[serde(rename = "y")]
-    pub job_type: String,
+    pub job_type: Cow<'a, str>,
     #[serde(rename = "p")]
-    pub pool: String,
+    pub pool: Cow<'a, str>,
     #[serde(rename = "a")]
     pub attempts: i32,
     #[serde(rename = "c", default)]
@@ -190,7 +192,7 @@ pub struct FinishedRecord {
     #[serde(rename = "fin", default)]
     pub finished_at: Option<i64>,
     #[serde(rename = "w")]
-    pub worker: String,
+    pub worker: Cow<'a, str>,
     #[serde(rename = "u")]
     pub updated_at: i64,
 }
@@ -205,21 +207,27 @@ const WITHOUT_OUTPUT: u8 = 0;
 /// terminal.
 pub const QUEUED: &str = "queued";
 
-impl FinishedRecord {
+impl<'a> FinishedRecord<'a> {
     /// The record of a submission: queued, nothing run, no worker (written at `submitted_at`).
-    pub fn queued(tenant: &str, job_type: &str, pool: &str, generation: i64, submitted_at: i64) -> FinishedRecord {
+    pub fn queued(
+        tenant: &'a str,
+        job_type: &'a str,
+        pool: &'a str,
+        generation: i64,
+        submitted_at: i64,
+    ) -> FinishedRecord<'a> {
         FinishedRecord {
-            status: QUEUED.to_string(),
-            tenant: tenant.to_string(),
-            job_type: job_type.to_string(),
-            pool: pool.to_string(),
+            status: Cow::Borrowed(QUEUED),
+            tenant: Cow::Borrowed(tenant),
+            job_type: Cow::Borrowed(job_type),
+            pool: Cow::Borrowed(pool),
             attempts: 0,
             crash_count: 0,
             generation,
             submitted_at,
             started_at: None,
             finished_at: None,
-            worker: String::new(),
+            worker: Cow::Borrowed(""),
             updated_at: submitted_at,
         }
     }
@@ -241,7 +249,7 @@ impl FinishedRecord {
 
     /// Decodes a stored blob into the record and the output; the error names what is
     /// wrong with it.
-    pub fn decode(bytes: &[u8]) -> Result<(FinishedRecord, Option<Vec<u8>>), String> {
+    pub fn decode(bytes: &[u8]) -> Result<(FinishedRecord<'static>, Option<Vec<u8>>), String> {
         let bad = |why: &str| format!("unreadable finished-job record: {why}");
         let (&flag, rest) = bytes.split_first().ok_or_else(|| bad("empty"))?;
         if flag != WITH_OUTPUT && flag != WITHOUT_OUTPUT {

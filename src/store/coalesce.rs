@@ -200,11 +200,11 @@ impl Lookup {
     }
 }
 
-type Finished = (String, FinishedRecord, Option<Vec<u8>>);
+type Finished = (String, FinishedRecord<'static>, Option<Vec<u8>>);
 
 /// Folds a packed record (queued or finished) into the job's state when it wins
 /// (`finished::record_wins`); the row's cancellation flag stays (it lives only there).
-fn merge(rows: &mut HashMap<String, JobRow>, id: String, record: FinishedRecord, output: Option<Vec<u8>>) {
+fn merge(rows: &mut HashMap<String, JobRow>, id: String, record: FinishedRecord<'static>, output: Option<Vec<u8>>) {
     let row = rows.get(&id);
     let terminal = record.is_terminal();
     let current = |r: &JobRow| finished::order_of(r.status.as_deref(), r.generation, r.updated_at);
@@ -214,17 +214,17 @@ fn merge(rows: &mut HashMap<String, JobRow>, id: String, record: FinishedRecord,
     let cancel_requested = row.and_then(|r| r.cancel_requested);
     let merged = JobRow {
         job_id: id.clone(),
-        tenant: Some(record.tenant),
-        job_type: Some(record.job_type),
-        pool: Some(record.pool),
-        status: Some(record.status),
+        tenant: Some(record.tenant.into_owned()),
+        job_type: Some(record.job_type.into_owned()),
+        pool: Some(record.pool.into_owned()),
+        status: Some(record.status.into_owned()),
         attempts: Some(record.attempts),
         crash_count: Some(record.crash_count),
         generation: Some(record.generation),
         submitted_at: Some(record.submitted_at),
         started_at: record.started_at,
         finished_at: record.finished_at,
-        worker: (!record.worker.is_empty()).then_some(record.worker),
+        worker: (!record.worker.is_empty()).then(|| record.worker.into_owned()),
         error: None,
         failure_class: None,
         output,

@@ -434,17 +434,17 @@ impl Store {
     pub async fn put_finished(&self, u: &StateUpdate<'_>, now: Millis) -> Result<(), StoreError> {
         finished::pack_bucket(u.job_id).ok_or_else(|| coalesce::not_v7(u.job_id))?;
         let record = finished::FinishedRecord {
-            status: u.status.to_string(),
-            tenant: u.tenant.to_string(),
-            job_type: u.job_type.to_string(),
-            pool: u.pool.to_string(),
+            status: u.status.into(),
+            tenant: u.tenant.into(),
+            job_type: u.job_type.into(),
+            pool: u.pool.into(),
             attempts: u.attempts,
             crash_count: u.crash_count,
             generation: u.generation,
             submitted_at: u.submitted_at,
             started_at: u.started_at,
             finished_at: u.finished_at,
-            worker: u.worker.to_string(),
+            worker: u.worker.into(),
             updated_at: now,
         };
         self.coalescer.put_finished((u.job_id.to_string(), record.encode(u.output))).await

@@ -20,8 +20,6 @@ pub struct Queued<J> {
 /// Identifies a running job to the policy when it completes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Ticket {
-    pub tenant: String,
-    pub job_type: String,
     pub dispatched_at: Millis,
     /// Opaque handle of the policy (e.g. the scheduler's running-job id).
     pub handle: u64,
@@ -110,10 +108,7 @@ impl<J: Send> Dispatcher<J> for Fifo<J> {
         }
         let q = self.queue.pop_front()?;
         self.running += 1;
-        Some((
-            q.job,
-            Ticket { tenant: q.tenant, job_type: q.job_type, dispatched_at: now, handle: 0, fast_lane: false },
-        ))
+        Some((q.job, Ticket { dispatched_at: now, handle: 0, fast_lane: false }))
     }
     fn complete(&mut self, _ticket: &Ticket, _now: Millis, _ran: bool) {
         self.running = self.running.saturating_sub(1);
@@ -209,13 +204,8 @@ impl<J: Send> Dispatcher<J> for Fair<J> {
     }
     fn next(&mut self, now: Millis) -> Option<(J, Ticket)> {
         let d = self.inner.next(now)?;
-        let ticket = Ticket {
-            tenant: d.tenant.to_string(),
-            job_type: d.job_type.to_string(),
-            dispatched_at: d.dispatched_at,
-            handle: d.id.as_u64(),
-            fast_lane: d.via == Via::FastLane,
-        };
+        let ticket =
+            Ticket { dispatched_at: d.dispatched_at, handle: d.id.as_u64(), fast_lane: d.via == Via::FastLane };
         Some((d.payload, ticket))
     }
     fn complete(&mut self, ticket: &Ticket, now: Millis, ran: bool) {
