@@ -421,7 +421,7 @@ impl Loop {
     }
 
     /// A consumed message, copied out of the consumer's buffer and taken in.
-    fn take(&mut self, msg: &rdkafka::message::BorrowedMessage<'_>) {
+    fn take(&mut self, msg: &kafka::BorrowedMessage<'_>) {
         let origin = Origin { topic: self.topic.clone(), partition: msg.partition(), offset: msg.offset() };
         let bytes = msg.payload().unwrap_or_default().to_vec();
         self.on_message(origin, bytes, msg.timestamp().to_millis());
