@@ -153,7 +153,12 @@ async fn an_uncompressed_pack_written_before_the_upgrade_is_still_found() {
         worker: worker.to_string().into(),
         updated_at: now - 3,
     };
-    let (old_id, other_id) = (uuid::Uuid::now_v7().to_string(), uuid::Uuid::now_v7().to_string());
+    // Two jobs of one pack bucket (the same 100 ms and shard): a lookup reads its own bucket.
+    let old_id = uuid::Uuid::now_v7().to_string();
+    let other_id = std::iter::repeat_with(|| uuid::Uuid::now_v7().to_string())
+        .take(100_000)
+        .find(|id| pack_bucket(id) == pack_bucket(&old_id))
+        .expect("a second id in the same pack bucket");
     let mut body = vec![1u8];
     for (id, worker) in [(&old_id, "w-plain"), (&other_id, "w-plain-2")] {
         let blob = record(worker).encode(Some(b"\"plain\""));
