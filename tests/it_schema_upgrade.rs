@@ -71,26 +71,13 @@ async fn an_undecodable_retry_record_is_dead_lettered_not_dropped() {
 /// job again; a newer record written in a pack (a rerun's generation) wins over it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_finished_record_of_the_per_job_layout_is_still_found() {
-    use fairway::core::finished::{bucket, FinishedRecord};
+    use fairway::core::finished::bucket;
     let cfg = common::arc(common::config(""));
     common::init(&cfg).await;
     let store = fairway::store::Store::open(&cfg).await.expect("store");
     let id = uuid::Uuid::now_v7().to_string();
     let now = fairway::now_ms();
-    let old = FinishedRecord {
-        status: "succeeded".into(),
-        tenant: "acme".into(),
-        job_type: "noop".into(),
-        pool: "short".into(),
-        attempts: 1,
-        crash_count: 0,
-        generation: 0,
-        submitted_at: now - 5,
-        started_at: Some(now - 4),
-        finished_at: Some(now - 3),
-        worker: "w-before-the-upgrade".into(),
-        updated_at: now - 3,
-    };
+    let old = succeeded_before_the_upgrade("w-before-the-upgrade", now);
     let q = format!("INSERT INTO {}.finished_jobs (bucket, job_id, record) VALUES (?, ?, ?)", store.keyspace());
     let blob = old.encode(Some(b"\"old\""));
     store.session().query_unpaged(q, (bucket(&id).unwrap(), &id, blob)).await.expect("write an old-layout record");
@@ -134,25 +121,12 @@ async fn a_finished_record_of_the_per_job_layout_is_still_found() {
 /// still read from the database, beside a compressed pack of the same bucket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uncompressed_pack_written_before_the_upgrade_is_still_found() {
-    use fairway::core::finished::{pack_bucket, FinishedRecord};
+    use fairway::core::finished::pack_bucket;
     let cfg = common::arc(common::config(""));
     common::init(&cfg).await;
     let store = fairway::store::Store::open(&cfg).await.expect("store");
     let now = fairway::now_ms();
-    let record = |worker: &str| FinishedRecord {
-        status: "succeeded".into(),
-        tenant: "acme".into(),
-        job_type: "noop".into(),
-        pool: "short".into(),
-        attempts: 1,
-        crash_count: 0,
-        generation: 0,
-        submitted_at: now - 5,
-        started_at: Some(now - 4),
-        finished_at: Some(now - 3),
-        worker: worker.to_string().into(),
-        updated_at: now - 3,
-    };
+    let record = |worker: &str| succeeded_before_the_upgrade(worker, now);
     // Two jobs of one pack bucket (the same 100 ms and shard): a lookup reads its own bucket.
     let old_id = uuid::Uuid::now_v7().to_string();
     let other_id = std::iter::repeat_with(|| uuid::Uuid::now_v7().to_string())
@@ -178,4 +152,22 @@ async fn an_uncompressed_pack_written_before_the_upgrade_is_still_found() {
     );
     let row = store.job(&other_id).await.expect("read").expect("its second entry is found too");
     assert_eq!(row.worker.as_deref(), Some("w-plain-2"));
+}
+
+/// A finished record as a worker of the previous release wrote it: succeeded at `now` - 3.
+fn succeeded_before_the_upgrade(worker: &str, now: i64) -> fairway::core::finished::FinishedRecord<'static> {
+    fairway::core::finished::FinishedRecord {
+        status: "succeeded".into(),
+        tenant: "acme".into(),
+        job_type: "noop".into(),
+        pool: "short".into(),
+        attempts: 1,
+        crash_count: 0,
+        generation: 0,
+        submitted_at: now - 5,
+        started_at: Some(now - 4),
+        finished_at: Some(now - 3),
+        worker: worker.to_string().into(),
+        updated_at: now - 3,
+    }
 }
