@@ -15,12 +15,16 @@ use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
 use std::collections::HashMap;
 use std::sync::Arc;
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 /// Most statements (or keys) merged into one request.
 pub const MAX_BATCH: usize = 64;
 /// Merged requests in flight at once per coalescer.
 const IN_FLIGHT: usize = 8;
+/// Writes of packs in flight at once. Few, so that under load records pile up behind
+/// them and each write carries many (one row per pack bucket): the database's cost goes
+/// with rows and requests more than with records (measured in `docs/performance.md`).
+const PACK_IN_FLIGHT: usize = 2;
 /// Most finished records gathered into one write of packs.
 const MAX_PACKED: usize = 2048;
 /// Most bytes of packs in one batch (ScyllaDB warns at 128 KiB by default).
@@ -246,6 +250,18 @@ fn closed() -> StoreError {
     StoreError::Query { what: "coalesced statement", message: "the store's coalescer stopped".into() }
 }
 
+/// Waits for a free slot of `permits`, then gathers what is waiting (at least one request):
+/// while every slot is busy, requests pile up and the next gather takes them all, so
+/// merged requests grow with the load instead of staying as small as the arrival rate.
+async fn next_merged<T>(
+    rx: &mut mpsc::Receiver<T>,
+    permits: &Arc<Semaphore>,
+    max: usize,
+) -> Option<(OwnedSemaphorePermit, Vec<T>)> {
+    let permit = permits.clone().acquire_owned().await.ok()?;
+    Some((permit, gather(rx, max).await?))
+}
+
 /// Takes one request, then whatever else is already waiting, up to `max`.
 async fn gather<T>(rx: &mut mpsc::Receiver<T>, max: usize) -> Option<Vec<T>> {
     let first = rx.recv().await?;
@@ -267,8 +283,7 @@ where
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let permits = Arc::new(Semaphore::new(IN_FLIGHT));
-    while let Some(reqs) = gather(&mut rx, MAX_BATCH).await {
-        let Ok(permit) = permits.clone().acquire_owned().await else { return };
+    while let Some((permit, reqs)) = next_merged(&mut rx, &permits, MAX_BATCH).await {
         let work = handle(reqs);
         tokio::spawn(async move {
             let _permit = permit;
@@ -301,11 +316,11 @@ pub(super) async fn write_loop<V>(
 }
 
 /// Serves finished records: what is waiting is packed by bucket (`core::finished::packs`)
-/// and written in batches of at most `MAX_BATCH_BYTES`, `IN_FLIGHT` writes at most
+/// and written in batches of at most `MAX_BATCH_BYTES`, `PACK_IN_FLIGHT` writes at most
 /// outstanding. Each caller hears the result of the batch that held its record.
 async fn pack_loop(session: Arc<Session>, stmt: PreparedStatement, mut rx: mpsc::Receiver<FinishedReq>) {
-    let permits = Arc::new(Semaphore::new(IN_FLIGHT));
-    while let Some(reqs) = gather(&mut rx, MAX_PACKED).await {
+    let permits = Arc::new(Semaphore::new(PACK_IN_FLIGHT));
+    while let Some((first_permit, reqs)) = next_merged(&mut rx, &permits, MAX_PACKED).await {
         let (entries, replies): (Vec<FinishedValues>, Vec<_>) = reqs.into_iter().unzip();
         let mut replies: Vec<Option<_>> = replies.into_iter().map(Some).collect();
         let mut batch: Vec<(i64, Vec<u8>, Vec<usize>)> = Vec::new();
@@ -320,8 +335,15 @@ async fn pack_loop(session: Arc<Session>, stmt: PreparedStatement, mut rx: mpsc:
             batch.push(pack);
         }
         batches.push(batch);
+        let mut first_permit = Some(first_permit);
         for packs in batches {
-            let Ok(permit) = permits.clone().acquire_owned().await else { return };
+            let permit = match first_permit.take() {
+                Some(p) => p,
+                None => match permits.clone().acquire_owned().await {
+                    Ok(p) => p,
+                    Err(_) => return,
+                },
+            };
             let mut waiting = Vec::new();
             for (_, _, held) in &packs {
                 waiting.extend(held.iter().filter_map(|i| replies[*i].take()));
