@@ -323,26 +323,15 @@ async fn pack_loop(session: Arc<Session>, stmt: PreparedStatement, mut rx: mpsc:
     while let Some((first_permit, reqs)) = next_merged(&mut rx, &permits, MAX_PACKED).await {
         let (entries, replies): (Vec<FinishedValues>, Vec<_>) = reqs.into_iter().unzip();
         let mut replies: Vec<Option<_>> = replies.into_iter().map(Some).collect();
-        let mut batch: Vec<(i64, Vec<u8>, Vec<usize>)> = Vec::new();
-        let mut bytes = 0;
-        let mut batches = Vec::new();
-        for pack in finished::packs(&entries) {
-            if !batch.is_empty() && bytes + pack.1.len() > MAX_BATCH_BYTES {
-                batches.push(std::mem::take(&mut batch));
-                bytes = 0;
-            }
-            bytes += pack.1.len();
-            batch.push(pack);
-        }
-        batches.push(batch);
         let mut first_permit = Some(first_permit);
-        for packs in batches {
-            let permit = match first_permit.take() {
-                Some(p) => p,
-                None => match permits.clone().acquire_owned().await {
-                    Ok(p) => p,
-                    Err(_) => return,
-                },
+        for packs in batches_of(finished::packs(&entries)) {
+            // The first batch uses the slot the gather waited for; any further one waits.
+            let permit = if let Some(p) = first_permit.take() {
+                p
+            } else if let Ok(p) = permits.clone().acquire_owned().await {
+                p
+            } else {
+                return;
             };
             let mut waiting = Vec::new();
             for (_, _, held) in &packs {
@@ -361,6 +350,28 @@ async fn pack_loop(session: Arc<Session>, stmt: PreparedStatement, mut rx: mpsc:
             });
         }
     }
+}
+
+/// A pack: (bucket, body, indexes of the records it holds).
+type Pack = (i64, Vec<u8>, Vec<usize>);
+
+/// Packs split into batches of at most `MAX_BATCH_BYTES` of bodies (a pack larger than
+/// that is a batch of its own); never an empty batch.
+fn batches_of(packs: Vec<Pack>) -> Vec<Vec<Pack>> {
+    let mut batches: Vec<Vec<Pack>> = Vec::new();
+    let mut bytes = 0;
+    for pack in packs {
+        let len = pack.1.len();
+        match batches.last_mut() {
+            Some(batch) if bytes + len <= MAX_BATCH_BYTES => batch.push(pack),
+            _ => {
+                bytes = 0;
+                batches.push(vec![pack]);
+            }
+        }
+        bytes += len;
+    }
+    batches
 }
 
 /// Writes rows of one statement: alone, or as one unlogged batch.
@@ -394,4 +405,23 @@ async fn read_loop(lookup: Arc<Lookup>, rx: mpsc::Receiver<ReadReq>) {
         }
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pack(len: usize) -> Pack {
+        (0, vec![0; len], vec![])
+    }
+
+    #[test]
+    fn batches_stay_under_the_byte_limit_and_keep_every_pack_in_order() {
+        let third = MAX_BATCH_BYTES / 3;
+        let sizes = [third, third, third, third, MAX_BATCH_BYTES + 1, 1, 1];
+        let batches = batches_of(sizes.iter().map(|n| pack(*n)).collect());
+        let lens: Vec<Vec<usize>> = batches.iter().map(|b| b.iter().map(|p| p.1.len()).collect()).collect();
+        assert_eq!(lens, vec![vec![third, third, third], vec![third], vec![MAX_BATCH_BYTES + 1], vec![1, 1]]);
+        assert!(batches_of(Vec::new()).is_empty(), "no packs, no (empty) batch to write");
+    }
 }
