@@ -21,6 +21,9 @@ use std::time::{Duration, Instant};
 /// schedule slips (reported as a lower `offered_per_s`) instead of memory growing.
 const TICKS_IN_FLIGHT: usize = 200;
 const TICK: Duration = Duration::from_millis(10);
+/// Seconds of a run reported one by one (`wait_p99_ms_per_second`); later ones only count
+/// in the totals.
+const MAX_SECONDS: usize = 600;
 
 #[derive(clap::Args, Debug)]
 pub struct SloArgs {
@@ -52,6 +55,9 @@ struct RateRun {
     wait_p99_ms: u64,
     result_p50_ms: u64,
     result_p99_ms: u64,
+    /// The p99 dispatch wait of the jobs submitted in each second of the run, in order:
+    /// shows whether a missed objective is one stall or a sustained queue.
+    wait_p99_ms_per_second: Vec<u64>,
 }
 
 pub async fn run(g: &Global, a: SloArgs) -> anyhow::Result<ExitCode> {
@@ -97,6 +103,8 @@ struct Arrivals {
     of: usize,
     errors: usize,
     offered_per_s: f64,
+    /// Wall clock (ms since the epoch) when the first job was submitted.
+    first_submitted_ms: i64,
 }
 
 /// Submits `rate * secs` no-op jobs in 10 ms ticks, round-robin over the tenants; each
@@ -108,6 +116,7 @@ async fn arrive(sub: &Arc<Submitter>, tenants: &Arc<Vec<String>>, rate: u32, sec
     let gate = Arc::new(tokio::sync::Semaphore::new(TICKS_IN_FLIGHT));
     let mut tasks = tokio::task::JoinSet::new();
     let t0 = Instant::now();
+    let first_submitted_ms = fairway::now_ms();
     let mut sent = 0usize;
     while sent < total {
         let ticks = (t0.elapsed().as_secs_f64() / TICK.as_secs_f64()).floor() + 1.0;
@@ -133,7 +142,7 @@ async fn arrive(sub: &Arc<Submitter>, tenants: &Arc<Vec<String>>, rate: u32, sec
         tokio::time::sleep_until(next.into()).await;
     }
     let offered_per_s = total as f64 / t0.elapsed().as_secs_f64();
-    let mut arrivals = Arrivals { ids: HashSet::new(), of: total, errors: 0, offered_per_s };
+    let mut arrivals = Arrivals { ids: HashSet::new(), of: total, errors: 0, offered_per_s, first_submitted_ms };
     while let Some(done) = tasks.join_next().await {
         for r in done.unwrap_or_default() {
             match r {
@@ -151,6 +160,8 @@ async fn arrive(sub: &Arc<Submitter>, tenants: &Arc<Vec<String>>, rate: u32, sec
 async fn collect(reader: &kafka::Reader, rate: u32, mut arrivals: Arrivals, drain: Duration) -> RateRun {
     let mut wait = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
     let mut result = wait.clone();
+    let mut per_second: Vec<hdrhistogram::Histogram<u64>> = Vec::new();
+    let first = arrivals.first_submitted_ms;
     let deadline = Instant::now() + drain;
     let mut done = 0;
     while !arrivals.ids.is_empty() && Instant::now() < deadline {
@@ -159,7 +170,15 @@ async fn collect(reader: &kafka::Reader, rate: u32, mut arrivals: Arrivals, drai
         if arrivals.ids.remove(&r.job_id) {
             done += 1;
             let started = r.started_at.unwrap_or(r.finished_at);
-            let _ = wait.record((started - r.submitted_at).max(0) as u64);
+            let waited = (started - r.submitted_at).max(0) as u64;
+            let _ = wait.record(waited);
+            let second = ((r.submitted_at - first).max(0) / 1000) as usize;
+            if second < MAX_SECONDS {
+                if per_second.len() <= second {
+                    per_second.resize(second + 1, hdrhistogram::Histogram::new_from(&wait));
+                }
+                let _ = per_second[second].record(waited);
+            }
             let _ = result.record((r.finished_at - r.submitted_at).max(0) as u64);
         }
     }
@@ -173,5 +192,6 @@ async fn collect(reader: &kafka::Reader, rate: u32, mut arrivals: Arrivals, drai
         wait_p99_ms: wait.value_at_quantile(0.99),
         result_p50_ms: result.value_at_quantile(0.5),
         result_p99_ms: result.value_at_quantile(0.99),
+        wait_p99_ms_per_second: per_second.iter().map(|h| h.value_at_quantile(0.99)).collect(),
     }
 }

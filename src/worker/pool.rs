@@ -1160,12 +1160,12 @@ fn new_partition(next_incarnation: &mut u64, spiller: &Spiller, p: i32) -> Parti
 
 /// Most jobs whose handler returned while their outcome is still being recorded (the
 /// result produced and acknowledged, the state written). An outcome takes a producer
-/// linger, a broker acknowledgement and a coalesced store write (~20-30 ms), so this
-/// bounds a worker's short-job throughput by Little's law: when it was the pool's slots
-/// (256), a worker topped out near 12,800 no-op jobs/s with the machine's CPU to spare;
-/// 1,024 lets the writes batch fuller (`fairway-bench bench throughput`, docs/performance.md). What waits
-/// here holds no slot and little memory (the job and its result).
-const OUTCOMES_IN_FLIGHT: usize = 1024;
+/// linger (10 ms), a broker acknowledgement and a coalesced store write, ~15-30 ms, so
+/// this caps a worker's short-job throughput by Little's law: 4,096 / 20 ms is ~200,000
+/// jobs/s, where 1,024 held it near 50,000 and a database hiccup of 40 ms stopped
+/// dispatch at 25,000 jobs/s (docs/performance.md, 2026-11-26 night). What waits here
+/// holds no slot and little memory (the job and its result, ~1 KiB).
+const OUTCOMES_IN_FLIGHT: usize = 4096;
 
 /// An offset's job is done (or durably spilled): store the commit point it allows.
 fn finished(st: &mut PartitionState, offset: i64) {
