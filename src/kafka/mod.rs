@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 
 mod producer;
 pub mod stall;
-pub use producer::{producer, Producer};
+pub use producer::{producer, submit_producer, Producer};
 pub use rdkafka::consumer::{CommitMode, Consumer};
 pub use rdkafka::message::{BorrowedMessage, Headers, Message, OwnedMessage};
 pub use rdkafka::{Offset, TopicPartitionList};

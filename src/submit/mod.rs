@@ -173,7 +173,7 @@ const MAX_PRODUCE_MS: i64 = 30_000 + 15_000;
 
 impl Submitter {
     pub fn new(cfg: std::sync::Arc<Config>, store: Option<Store>) -> Result<Self, SubmitError> {
-        let producer = kafka::producer(&cfg)?;
+        let producer = kafka::submit_producer(&cfg)?;
         let classes = store
             .as_ref()
             .filter(|_| cfg.classifier.enabled)
