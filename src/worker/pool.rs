@@ -1164,7 +1164,10 @@ fn new_partition(next_incarnation: &mut u64, spiller: &Spiller, p: i32) -> Parti
 /// this caps a worker's short-job throughput by Little's law: 4,096 / 20 ms is ~200,000
 /// jobs/s, where 1,024 held it near 50,000 and a database hiccup of 40 ms stopped
 /// dispatch at 25,000 jobs/s (docs/performance.md, 2026-11-26 night). What waits here
-/// holds no slot and little memory (the job and its result, ~1 KiB).
+/// holds no slot, but it holds the job and its result: ~1 KiB for a no-op job, and at
+/// worst `worker.max_payload_bytes` twice (payload and output, 2 MiB by default) each,
+/// so up to 8 GiB per pool if every outcome is that large while the store is slow. That
+/// worst case has no byte bound yet (only this count).
 const OUTCOMES_IN_FLIGHT: usize = 4096;
 
 /// An offset's job is done (or durably spilled): store the commit point it allows.
