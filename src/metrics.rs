@@ -13,6 +13,7 @@ pub const JOBS_SKIPPED: &str = "fairway_jobs_skipped_total";
 pub const JOBS_NOT_RUN: &str = "fairway_jobs_not_run_total";
 pub const JOBS_RUNNING: &str = "fairway_jobs_running";
 pub const QUEUED: &str = "fairway_jobs_queued";
+pub const QUEUED_BYTES: &str = "fairway_jobs_queued_bytes";
 pub const JOB_RUN_SECONDS: &str = "fairway_job_run_seconds";
 pub const JOB_END_TO_END_SECONDS: &str = "fairway_job_end_to_end_seconds";
 pub const JOB_WAIT_SECONDS: &str = "fairway_job_wait_seconds";
@@ -149,6 +150,7 @@ pub fn describe() {
     describe_counter!(JOBS_NOT_RUN, "Messages completed without running a handler");
     describe_gauge!(JOBS_RUNNING, "Jobs running now, by pool");
     describe_gauge!(QUEUED, "Jobs buffered in the worker waiting for a slot, by pool");
+    describe_gauge!(QUEUED_BYTES, "Bytes of the jobs buffered in the worker (payloads and strings), by pool");
     describe_histogram!(JOB_RUN_SECONDS, Unit::Seconds, "Handler run time, by pool");
     describe_histogram!(JOB_END_TO_END_SECONDS, Unit::Seconds, "Submission to terminal outcome, by pool");
     describe_histogram!(

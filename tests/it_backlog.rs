@@ -43,6 +43,21 @@ async fn produce(sub: &Submitter, tenant: &str, n: usize, ms: u64) -> Vec<String
     ids
 }
 
+/// The highest value the worker's pool stats showed for `field`, sampled every 20 ms
+/// until the returned task is aborted.
+fn peak_of(worker: &Worker, field: &'static str) -> (Arc<std::sync::atomic::AtomicU64>, tokio::task::JoinHandle<()>) {
+    let peak = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let (shared, max) = (worker.shared[0].clone(), peak.clone());
+    let task = tokio::spawn(async move {
+        loop {
+            let v = shared.stats.lock().unwrap()["pool"][field].as_u64().unwrap_or(0);
+            max.fetch_max(v, std::sync::atomic::Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    (peak, task)
+}
+
 fn all_succeeded(results: &HashMap<String, Vec<JobResult>>, ids: &[String]) -> Vec<JobResult> {
     ids.iter()
         .map(|id| {
@@ -65,17 +80,7 @@ async fn a_quiet_tenant_on_the_flooders_partition_is_served_while_the_flood_is_m
     let sub = Submitter::new(cfg.clone(), None).unwrap();
 
     // The most spilled rows the worker's stats showed at any time of the run.
-    let max_spilled = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let sampler = {
-        let (shared, max) = (worker.shared[0].clone(), max_spilled.clone());
-        tokio::spawn(async move {
-            loop {
-                let s = shared.stats.lock().unwrap()["pool"]["spilled"].as_u64().unwrap_or(0);
-                max.fetch_max(s, std::sync::atomic::Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-    };
+    let (max_spilled, sampler) = peak_of(&worker, "spilled");
 
     // 3000 jobs of 10 ms on 4 slots: at least 7.5 s of work.
     let flood = produce(&sub, "flood", 3000, 10).await;
@@ -111,6 +116,53 @@ async fn a_quiet_tenant_on_the_flooders_partition_is_served_while_the_flood_is_m
     for (i, s) in starts.iter().enumerate() {
         assert!(*s + 200 >= latest, "flood job {i} started at {s}, {} ms before an earlier one", latest - s);
         latest = latest.max(*s);
+    }
+}
+
+/// A tenant whose jobs carry large payloads spills by its bytes, far below its job count
+/// limit: its share of the worker's memory is bounded (`core::buffer`, 32 MiB per tenant
+/// and pool), and a quiet tenant on the same partition is still served ahead of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_with_large_payloads_spills_by_bytes_and_the_others_are_served() {
+    // The default count limit (10,000 jobs per tenant) is never reached by 150 jobs.
+    let cfg = common::arc(one_partition("[pools.short]\nslots = 2\nfast_lanes = 0\n"));
+    common::init(&cfg).await;
+    let sub = Submitter::new(cfg.clone(), None).unwrap();
+    // 150 jobs of ~512 KiB (75 MiB), produced before the worker starts: it meets them at once.
+    let pad = "x".repeat(512 << 10);
+    let recs: Vec<_> = (0..150)
+        .map(|_| {
+            let mut r = common::job_record("flood", "nap");
+            r.payload = serde_json::to_vec(&serde_json::json!({ "ms": 20, "pad": pad })).unwrap();
+            r
+        })
+        .collect();
+    let heavy: Vec<String> = recs.iter().map(|r| r.job_id.clone()).collect();
+    for r in &recs {
+        sub.produce(r).await.expect("produce");
+    }
+    let registry = Registry::from_config(&cfg, Default::default()).unwrap();
+    let worker = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair).await.unwrap();
+    assert!(worker.wait_assigned(Duration::from_secs(60)).await, "the worker got no partitions");
+    let (peak_bytes, sampler) = peak_of(&worker, "buffered_bytes");
+    let quiet = produce(&sub, "quiet", 3, 1).await;
+    let mut ids = heavy.clone();
+    ids.extend(quiet.iter().cloned());
+    let results = common::results_for(&cfg, &ids, Duration::from_secs(120)).await;
+    sampler.abort();
+    let spilled = worker.shared[0].stats.lock().unwrap()["pool"]["spill"]["jobs_written"].as_u64().unwrap_or(0);
+    worker.stop().await;
+
+    assert!(spilled >= 50, "75 MiB of one tenant's jobs should spill past its 32 MiB share; {spilled} spilled");
+    let peak = peak_bytes.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(peak <= 40 << 20, "the worker buffered {peak} bytes of jobs; one tenant's share is 32 MiB");
+    let heavy_rs = all_succeeded(&results, &heavy);
+    let quiet_rs = all_succeeded(&results, &quiet);
+    let mut heavy_done: Vec<i64> = heavy_rs.iter().map(|r| r.finished_at).collect();
+    heavy_done.sort();
+    let last = *heavy_done.last().unwrap();
+    for q in &quiet_rs {
+        assert!(q.finished_at < last, "a quiet job finished after the whole heavy backlog");
     }
 }
 

@@ -114,6 +114,9 @@ pub struct TenantBacklog {
     /// Highest offset read back.
     cursor: i64,
     reading: bool,
+    /// The largest job seen spilled or read back (bytes; 0: none yet): how many jobs a
+    /// read may bring back into the tenant's share of memory (`core::buffer`).
+    largest_job: usize,
 }
 
 impl TenantBacklog {
@@ -162,6 +165,16 @@ impl TenantBacklog {
         b.caught_up = false;
         self.in_flight.push_back(offset);
         true
+    }
+
+    /// A job of `bytes` of this backlog was spilled or read back.
+    pub fn saw_job(&mut self, bytes: usize) {
+        self.largest_job = self.largest_job.max(bytes);
+    }
+
+    /// The largest job seen (0: none yet, e.g. a backlog recovered after a restart).
+    pub fn largest_job(&self) -> usize {
+        self.largest_job
     }
 
     fn forget_in_flight(&mut self, offset: i64) -> bool {

@@ -11,7 +11,7 @@
 //! | `breaker`, `window` | circuit breakers and the rolling counts they judge from |
 //! | `poison` | quarantine of job types that fail most of the time |
 //! | `fleet_counts` | the retry budget and poison detection on the pool's fleet-wide counts |
-//! | `backlog` | spilled backlogs of floods beyond the buffer |
+//! | `backlog`, `buffer` | spilled backlogs of floods beyond the buffer; what the buffer holds per tenant (jobs, bytes) |
 //! | `quota`, `fleet`, `flow` | fleet-wide limits (allotments, rate shares), fleet fairness, flow keys |
 //! | `admission`, `api_limits`, `auth` | the front door (queue limits and rates), the API process's per-key limits, API keys |
 //! | `tenants` | a tenant's record, tiers and defaults, free accounts |
@@ -20,6 +20,7 @@
 //! | `recurring`, `unique` | recurring schedules (fire times, DST, catch-up); unique jobs and debounce |
 //! | `limits`, `recycling`, `stuck` | `process` jobs' limits and exit verdicts, the recycling cap, the stuck-job rule |
 //! | `vitals` | whether a worker can still make progress, and when it must give up |
+//! | `outcomes` | outcomes in flight: how many, and how many bytes, before no job starts |
 //! | `frontier`, `finished` | skipping the effectively-once read; where a finished record lives |
 //! | `events`, `webhooks`, `console` | job events, webhook deliveries, the console's pure parts |
 //! | `replay`, `rerun` | which records `fairway replay` and `fairway rerun` send back |
@@ -31,6 +32,7 @@ pub mod api_limits;
 pub mod auth;
 pub mod backlog;
 pub mod breaker;
+pub mod buffer;
 pub mod classifier;
 pub mod console;
 pub mod events;
@@ -42,6 +44,7 @@ pub mod frontier;
 pub mod invalid;
 pub mod limits;
 pub mod offsets;
+pub mod outcomes;
 pub mod poison;
 pub mod promotion;
 pub mod quota;

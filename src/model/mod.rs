@@ -211,6 +211,22 @@ pub struct JobSubmitted {
 }
 
 impl JobSubmitted {
+    /// About what the job holds in memory besides its fixed fields: its payload and its
+    /// variable-length strings (what a worker's buffer counts it as, `core::buffer`).
+    pub fn heap_bytes(&self) -> usize {
+        let opt = |s: &Option<String>| s.as_ref().map_or(0, String::len);
+        self.payload.len()
+            + self.job_id.len()
+            + self.tenant.len()
+            + self.job_type.len()
+            + opt(&self.idempotency_key)
+            + opt(&self.last_error)
+            + opt(&self.replayed_from)
+            + opt(&self.traceparent)
+            + opt(&self.tracestate)
+            + opt(&self.flow_key)
+    }
+
     /// A first submission: normal priority, the job type's pool, attempt 0, generation 0,
     /// no schedule and no failure or replay bookkeeping (set what differs on the result).
     pub fn original(job_id: String, tenant: String, job_type: String, payload: Vec<u8>, submitted_at: Millis) -> Self {

@@ -25,24 +25,35 @@ const RUNNING_WRITE_RETRIES: [Duration; 3] =
 
 /// Gives a job's scheduler slot back. The slot is released as soon as the handler
 /// returns (the tenant is charged for handler time, not for our own bookkeeping);
-/// dropped unreleased, it releases without a run (the job was skipped).
-pub struct SlotRelease(Option<Box<dyn FnOnce(bool) + Send>>);
+/// released without a run (`release(false, 0)`, also when dropped) if the job was
+/// skipped. It remembers the output's size, which the job's outcome holds until recorded.
+pub struct SlotRelease {
+    release: Option<Box<dyn FnOnce(bool, usize) + Send>>,
+    output_bytes: usize,
+}
 
 impl SlotRelease {
-    pub fn new(f: impl FnOnce(bool) + Send + 'static) -> Self {
-        SlotRelease(Some(Box::new(f)))
+    /// `f(ran, output_bytes)` runs once, when the slot is released.
+    pub fn new(f: impl FnOnce(bool, usize) + Send + 'static) -> Self {
+        SlotRelease { release: Some(Box::new(f)), output_bytes: 0 }
     }
-    /// `ran`: a handler really ran, so its time teaches the cost estimate.
-    pub fn release(&mut self, ran: bool) {
-        if let Some(f) = self.0.take() {
-            f(ran)
+    /// `ran`: a handler really ran, so its time teaches the cost estimate; `output_bytes`:
+    /// the size of what it returned. Only the first call counts.
+    pub fn release(&mut self, ran: bool, output_bytes: usize) {
+        if let Some(f) = self.release.take() {
+            self.output_bytes = output_bytes;
+            f(ran, output_bytes)
         }
+    }
+    /// The output size given when the slot was released (0 before, or without a run).
+    pub fn output_bytes(&self) -> usize {
+        self.output_bytes
     }
 }
 
 impl Drop for SlotRelease {
     fn drop(&mut self) {
-        self.release(false)
+        self.release(false, 0)
     }
 }
 
@@ -137,7 +148,7 @@ pub async fn execute(
     sh: Arc<Shared>,
     job: Arc<JobSubmitted>,
     origin: Origin,
-    mut slot: SlotRelease,
+    slot: &mut SlotRelease,
     waited: Waited,
 ) -> Ended {
     sh.admission_tally.lock().expect("admission tally").dispatched(&job);
@@ -152,7 +163,7 @@ pub async fn execute(
     let started_at = now_ms();
     waited.record(&sh, &job, started_at);
     let spans = RunSpans::start(&sh, &job, &origin, &waited, started_at);
-    let mut run = run(&sh, &job, handler, &mut slot, started_at, spans.traceparent()).await;
+    let mut run = run(&sh, &job, handler, slot, started_at, spans.traceparent()).await;
     run.row_claimed = row_claimed;
     let spans = spans.ran(&run);
     let ended = settle::settle(&sh, &job, &origin, &run).await;
@@ -284,7 +295,11 @@ async fn run(
     if live.is_abnormal() || live.stuck_reason().is_some() {
         sh.record_recycling(&job.tenant, now_ms());
     }
-    slot.release(result.is_some());
+    let output_bytes = match &result {
+        Some(Ok(Ok(output))) => output.len(),
+        _ => 0,
+    };
+    slot.release(result.is_some(), output_bytes);
     sh.running.lock().expect("running map").remove(&job.job_id);
     sh.metrics.jobs_running.decrement(1.0);
     Run { started_at, timeout, result, live, running_written, row_claimed: false }

@@ -10,8 +10,10 @@ use super::exec;
 use super::route::{Durable, Ended, Origin, Pending, SpillRef};
 use super::Shared;
 use crate::core::backlog::TenantBacklog;
+use crate::core::buffer::{Buffer, BufferBounds};
 use crate::core::flow::Gate;
 use crate::core::offsets::PartitionOffsets;
+use crate::core::outcomes::{OutcomeBounds, Outcomes};
 use crate::core::quota::Scope;
 use crate::core::tenants::TenantSet;
 use crate::kafka::{self, Consumer, Message, RebalanceEvent, TopicPartitionList};
@@ -28,15 +30,16 @@ struct Done {
     incarnation: u64,
     /// The job held a scheduler slot (released earlier by a `Freed` message).
     had_slot: bool,
+    /// The bytes its outcome held while waiting (payload and output), if it had a slot.
+    held_bytes: usize,
     ended: Ended,
     spill: Option<SpillRef>,
 }
 
-/// What executions and the spill path tell the loop: a slot freed (handler returned;
-/// with the job's flow scope, whose unit it frees too), then done (outcome durable or
-/// given up); spills written, rows read back.
+/// What executions and the spill path tell the loop: a slot freed (handler returned),
+/// then done (outcome durable or given up); spills written, rows read back.
 enum Event {
-    Freed(Ticket, bool, Option<String>),
+    Freed(Freed),
     Done(Done),
     Backlog(BacklogEvent),
 }
@@ -59,18 +62,33 @@ struct PartitionState {
     store_at: Option<i64>,
 }
 
-/// Most jobs buffered in one worker for one pool: past it, every tenant with more than a
-/// few jobs queued spills; at twice it every partition pauses.
+/// Most jobs buffered in one worker for one pool, and their bytes (`core::buffer`): past
+/// either, every tenant but light ones spills; at twice either every partition pauses.
 const GLOBAL_BUFFER: usize = 50_000;
-/// A tenant with at most this many jobs queued keeps its jobs in memory even when the
-/// whole buffer is full (light tenants never pay for the spill path).
+const GLOBAL_BUFFER_BYTES: usize = 256 << 20;
+/// Most bytes of one tenant's jobs buffered in one worker for one pool (its job count is
+/// `worker.tenant_queue_limit`): a tenant with large payloads spills sooner.
+const TENANT_BUFFER_BYTES: usize = 32 << 20;
+/// A tenant with fewer jobs and bytes than these in memory keeps its jobs there even when
+/// the whole buffer is full (light tenants never pay for the spill path).
 const LIGHT_TENANT: usize = 64;
+const LIGHT_TENANT_BYTES: usize = 1 << 20;
 /// Spills in flight per partition before it pauses (the writer is behind the store).
 const MAX_SPILLING: usize = 20_000;
 /// Messages one wake of the pool loop takes from the consumer at most (`Loop::take_ready`).
 const TAKE_PER_WAKE: usize = 128;
 /// Most rows one read-back takes.
 const READ_CHUNK: usize = 1_000;
+
+/// A job's slot is free: its handler returned (`ran`) or it was skipped.
+struct Freed {
+    ticket: Ticket,
+    ran: bool,
+    /// The job's flow scope, whose unit it frees too.
+    flow: Option<String>,
+    /// The bytes its outcome holds until done (payload and output).
+    held_bytes: usize,
+}
 
 /// The pool loop's state besides the consumer: partitions, queues, what is in flight.
 struct Loop {
@@ -84,10 +102,12 @@ struct Loop {
     tasks: JoinSet<()>,
     done_tx: mpsc::UnboundedSender<Event>,
     spiller: Spiller,
-    /// Jobs whose handler returned but whose outcome is still being written.
-    finishing: usize,
-    /// A tenant's buffer in this worker (`worker.tenant_queue_limit`): past it, it spills.
-    limit: usize,
+    /// Jobs whose handler returned but whose outcome is still being written (`core::outcomes`).
+    outcomes: Outcomes,
+    /// The jobs and bytes in memory, per tenant and in total, and their bounds: past
+    /// a tenant's, its jobs spill (`worker.tenant_queue_limit`, `TENANT_BUFFER_BYTES`).
+    buffer: Buffer,
+    bounds: BufferBounds,
     /// The registry version the scheduler's tenant policies come from.
     tenants: Arc<TenantSet>,
     /// Its tenants with a `max_concurrency` or `rate_per_sec` (the quota pass's, besides
@@ -134,8 +154,16 @@ pub async fn run(
         tasks: JoinSet::new(),
         done_tx,
         spiller,
-        finishing: 0,
-        limit: sh.cfg.worker.tenant_queue_limit.max(1),
+        outcomes: Outcomes::default(),
+        buffer: Buffer::default(),
+        bounds: BufferBounds {
+            tenant_jobs: sh.cfg.worker.tenant_queue_limit.max(1),
+            tenant_bytes: TENANT_BUFFER_BYTES,
+            total_jobs: GLOBAL_BUFFER,
+            total_bytes: GLOBAL_BUFFER_BYTES,
+            light_jobs: LIGHT_TENANT,
+            light_bytes: LIGHT_TENANT_BYTES,
+        },
         tenants: sh.tenants.current(),
         limited: limited_tenants(&sh.tenants.current()),
         group: group.clone(),
@@ -275,12 +303,15 @@ impl Loop {
                 // Queued jobs of revoked partitions belong to the new owner now (it
                 // also reads their spilled backlogs back).
                 let dropped = self.dispatcher.drain_where(&mut |j: &Pending| gone.contains(&j.origin.partition));
-                self.gate.drain_where(&mut |j: &Pending| gone.contains(&j.origin.partition));
+                let parked = self.gate.drain_where(&mut |j: &Pending| gone.contains(&j.origin.partition));
                 let (lost, kept): (VecDeque<_>, VecDeque<_>) =
                     self.overflow.drain(..).partition(|q| gone.contains(&q.job.origin.partition));
                 self.overflow = kept;
                 for p in dropped.iter().chain(lost.iter().map(|q| &q.job)) {
                     self.release_flow(&p.job);
+                }
+                for p in dropped.iter().chain(parked.iter()).chain(lost.iter().map(|q| &q.job)) {
+                    self.buffer.left(&p.job.tenant, p.job.heap_bytes());
                 }
                 tracing::info!(pool, partitions = ?gone, dropped = dropped.len(), "partitions revoked");
             }
@@ -332,6 +363,7 @@ impl Loop {
         self.overflow = still;
         self.sync_quotas(false);
         self.start_jobs(slots);
+        debug_assert_eq!(self.buffer.total().jobs, self.buffered(), "every job entering or leaving memory is counted");
         self.tend_backlogs();
         self.track_spill_pauses();
         pauses.set(consumer, &self.partitions_to_pause());
@@ -355,12 +387,15 @@ impl Loop {
         // redelivery is recognised by the effectively-once check (finished: skipped;
         // handed off: claimed by one copy; still running here: waits for the heartbeat).
         let queued = self.dispatcher.drain_where(&mut |_| true);
+        for p in &queued {
+            self.buffer.left(&p.job.tenant, p.job.heap_bytes());
+        }
         let drain = self.sh.cfg.pool(self.sh.pool).drain_timeout;
         tracing::info!(pool, queued = queued.len(), running = self.dispatcher.running(), ?drain, "draining");
         leave_group(consumer, pool);
         let mut phase = 0;
         let mut deadline = tokio::time::Instant::now() + drain;
-        while self.dispatcher.running() + self.finishing > 0 {
+        while self.dispatcher.running() + self.outcomes.count() > 0 {
             tokio::select! {
                 Some(ev) = done_rx.recv() => {
                     self.on_event(ev);
@@ -451,7 +486,7 @@ impl Loop {
     /// Whether any partition must pause now (see [`Loop::partitions_to_pause`]).
     fn wants_pause(&self) -> bool {
         !self.overflow.is_empty()
-            || self.buffered() >= 2 * GLOBAL_BUFFER
+            || self.buffer.over(&self.bounds)
             || self.parts.values().any(|st| st.held.is_some() || st.spilling >= MAX_SPILLING)
     }
 
@@ -491,13 +526,20 @@ impl Loop {
             let (sh, tx) = (self.sh.clone(), self.done_tx.clone());
             self.tasks.spawn(async move {
                 let ended = Ended::Skipped.or_lost(durable::delay(&sh, job).await);
-                let _ = tx.send(Event::Done(Done { origin, incarnation, had_slot: false, ended, spill: None }));
+                let _ = tx.send(Event::Done(Done {
+                    origin,
+                    incarnation,
+                    had_slot: false,
+                    held_bytes: 0,
+                    ended,
+                    spill: None,
+                }));
             });
             return;
         }
         self.sh.metrics.jobs_received.increment(1);
         let pending = Pending { job: Arc::new(job), origin, incarnation, received_at: now_ms(), spill: None };
-        if self.must_spill(pending.origin.partition, &pending.job.tenant) && self.mark_spill(&pending) {
+        if self.must_spill(&pending) && self.mark_spill(&pending) {
             metrics::counter!(m::JOBS_SPILLED, "pool" => self.pool()).increment(1);
             let (partition, offset, tenant) =
                 (pending.origin.partition, pending.origin.offset, pending.job.tenant.clone());
@@ -508,15 +550,16 @@ impl Loop {
     }
 
     /// A tenant's job leaves memory for its spilled backlog when rows of it already wait
-    /// there (order inside the tenant), when its buffer is full, or when the whole buffer
-    /// is full and the tenant is not a light one.
-    fn must_spill(&self, partition: i32, tenant: &str) -> bool {
+    /// there (order inside the tenant), when its share of the buffer is full (jobs or
+    /// bytes), or when the whole buffer is full and the tenant is not a light one.
+    fn must_spill(&self, p: &Pending) -> bool {
         if !self.sh.cfg.worker.spill_backlogs {
             return false;
         }
-        let active = self.parts.get(&partition).and_then(|st| st.backlogs.get(tenant)).is_some_and(|b| b.is_active());
-        let queued = self.dispatcher.queued(tenant);
-        active || queued >= self.limit || (self.buffered() >= GLOBAL_BUFFER && queued >= LIGHT_TENANT)
+        let tenant = &p.job.tenant;
+        let st = self.parts.get(&p.origin.partition);
+        let active = st.and_then(|st| st.backlogs.get(tenant)).is_some_and(|b| b.is_active());
+        self.buffer.must_spill(&self.bounds, tenant, p.job.heap_bytes(), active)
     }
 
     /// Records a spill in the tenant's backlog; false if it must stay in memory.
@@ -526,6 +569,7 @@ impl Loop {
         if !b.spill(pending.origin.offset) {
             return false;
         }
+        b.saw_job(pending.job.heap_bytes());
         st.spilling += 1;
         true
     }
@@ -538,6 +582,7 @@ impl Loop {
     /// tokens here: then it waits in the gate (holding no slot, blocking no other key or
     /// tenant).
     fn enqueue(&mut self, pending: Pending) {
+        self.buffer.entered(&pending.job.tenant, pending.job.heap_bytes());
         let pending = match self.sh.cfg.flow_scope(&pending.job) {
             Some((scope, limit)) => match self.gate.offer(&scope, limit, pending, now_ms()) {
                 Some(p) => p,
@@ -556,6 +601,7 @@ impl Loop {
         let expired = self.dispatcher.drain_where(&mut |p: &Pending| p.job.not_after.is_some_and(|at| at < now));
         for p in expired {
             self.release_flow(&p.job);
+            self.buffer.left(&p.job.tenant, p.job.heap_bytes());
             metrics::counter!(m::JOBS_EXPIRED_QUEUED, "pool" => self.pool()).increment(1);
             let (sh, tx) = (self.sh.clone(), self.done_tx.clone());
             self.tasks.spawn(async move {
@@ -564,6 +610,7 @@ impl Loop {
                     origin: p.origin,
                     incarnation: p.incarnation,
                     had_slot: false,
+                    held_bytes: 0,
                     ended,
                     spill: p.spill,
                 }));
@@ -720,19 +767,20 @@ impl Loop {
         self.tasks.spawn(async move {
             let Refused { rejection, bytes, origin, incarnation, spill } = refused;
             let ended = Ended::Skipped.or_lost(reject(&sh, rejection, bytes, &origin).await);
-            let _ = tx.send(Event::Done(Done { origin, incarnation, had_slot: false, ended, spill }));
+            let _ = tx.send(Event::Done(Done { origin, incarnation, had_slot: false, held_bytes: 0, ended, spill }));
         });
     }
 
     /// Starts every job the policy allows now (the policy enforces the slots). A job
     /// frees its slot when its handler returns; outcomes still being written are bounded
-    /// separately ([`OUTCOMES_IN_FLIGHT`], or the slots if more), so a slow store holds
-    /// new work back instead of piling up outcomes.
+    /// separately ([`OUTCOMES_IN_FLIGHT`], `core::outcomes`), so a slow store holds new
+    /// work back instead of piling up outcomes.
     fn start_jobs(&mut self, slots: usize) {
         // One clock read per call: the jobs it starts are dispatched within the same ms.
         let now = now_ms();
-        while self.finishing < slots.max(OUTCOMES_IN_FLIGHT) {
+        while self.outcomes.admits(OUTCOMES_IN_FLIGHT, slots) {
             let Some((p, ticket)) = self.dispatcher.next(now) else { break };
+            self.buffer.left(&p.job.tenant, p.job.heap_bytes());
             let ticket_at = ticket.dispatched_at;
             if ticket.fast_lane {
                 metrics::counter!(m::FAST_LANE_DISPATCHES, "pool" => self.pool()).increment(1);
@@ -744,12 +792,17 @@ impl Loop {
             // Boxed: the job's future is large, and the task would copy it whole on spawn,
             // on completion and when its output is read.
             self.tasks.spawn(Box::pin(async move {
-                let slot = exec::SlotRelease::new(move |ran| {
-                    let _ = freed.send(Event::Freed(ticket, ran, flow));
+                let payload_bytes = p.job.payload.len();
+                let mut slot = exec::SlotRelease::new(move |ran, output_bytes| {
+                    let held_bytes = payload_bytes + output_bytes;
+                    let _ = freed.send(Event::Freed(Freed { ticket, ran, flow, held_bytes }));
                 });
                 let waited = exec::Waited { received_at: p.received_at, dispatched_at: ticket_at };
-                let ended = exec::execute(sh, p.job, p.origin.clone(), slot, waited).await;
-                let done = Done { origin: p.origin, incarnation: p.incarnation, had_slot: true, ended, spill: p.spill };
+                let ended = exec::execute(sh, p.job, p.origin.clone(), &mut slot, waited).await;
+                slot.release(false, 0); // skipped: its slot goes back now (before it is done)
+                let held_bytes = payload_bytes + slot.output_bytes();
+                let (origin, incarnation, spill) = (p.origin, p.incarnation, p.spill);
+                let done = Done { origin, incarnation, had_slot: true, held_bytes, ended, spill };
                 let _ = tx.send(Event::Done(done));
             }));
         }
@@ -759,7 +812,6 @@ impl Loop {
     /// Reads spilled rows back for tenants whose buffer drained below half, and drops
     /// buckets whose jobs are all done.
     fn tend_backlogs(&mut self) {
-        let room_total = GLOBAL_BUFFER.saturating_sub(self.buffered());
         let mut reads = Vec::new();
         let mut drops = Vec::new();
         for (&p, st) in self.parts.iter_mut() {
@@ -767,9 +819,8 @@ impl Loop {
                 continue;
             }
             for (tenant, b) in st.backlogs.iter_mut() {
-                let queued = self.dispatcher.queued(tenant);
-                let room = self.limit.saturating_sub(queued).min(READ_CHUNK).min(room_total);
-                if room >= (self.limit / 2).clamp(1, READ_CHUNK) {
+                let room = self.buffer.read_room(&self.bounds, tenant, READ_CHUNK, b.largest_job());
+                if room > 0 {
                     if let Some(plan) = b.plan_read(room) {
                         reads.push((st.incarnation, p, tenant.clone(), plan));
                     }
@@ -836,7 +887,7 @@ impl Loop {
                 want.insert(p);
             }
         }
-        if self.buffered() >= 2 * GLOBAL_BUFFER {
+        if self.buffer.over(&self.bounds) {
             want.extend(self.parts.keys().copied());
         }
         want.into_iter().map(|p| (self.topic.clone(), p)).collect()
@@ -901,7 +952,9 @@ impl Loop {
             queued = self.dispatcher.queued_total(),
             parked = self.gate.parked(),
             overflow = self.overflow.len(),
-            finishing = self.finishing,
+            buffered_bytes = self.buffer.total().bytes,
+            finishing = self.outcomes.count(),
+            finishing_bytes = self.outcomes.bytes(),
             quota_version = self.quota_version,
             "loop state"
         );
@@ -942,6 +995,7 @@ impl Loop {
         }
         let spilled_total: u64 = spilled.values().sum();
         metrics::gauge!(m::QUEUED, "pool" => self.pool()).set(self.buffered() as f64);
+        metrics::gauge!(m::QUEUED_BYTES, "pool" => self.pool()).set(self.buffer.total().bytes as f64);
         metrics::gauge!(m::SPILLED_BACKLOG, "pool" => self.pool()).set(spilled_total as f64);
         // Lag in time: the age of the oldest record whose offset is not yet committable.
         let oldest_uncommitted = self.parts.values().filter_map(|st| st.offsets.oldest_unfinished_at()).min();
@@ -959,6 +1013,7 @@ impl Loop {
             pool.insert("unassigned_ms".into(), (if overdue { unassigned.as_millis() as u64 } else { 0 }).into());
             pool.insert("group".into(), self.group.clone().into());
             pool.insert("spill".into(), self.spiller.counters.json());
+            pool.insert("buffered_bytes".into(), self.buffer.total().bytes.into());
             if self.sh.runs_processes() {
                 pool.insert(
                     "process_enforcement".into(),
@@ -991,11 +1046,11 @@ impl Loop {
 
     fn on_event(&mut self, ev: Event) {
         let done = match ev {
-            Event::Freed(ticket, ran, flow) => {
+            Event::Freed(Freed { ticket, ran, flow, held_bytes }) => {
                 let now = now_ms();
                 self.dispatcher.complete(&ticket, now, ran);
                 self.apply_recycling(now);
-                self.finishing += 1;
+                self.outcomes.waiting(held_bytes);
                 if let Some(scope) = flow {
                     self.gate.release(&scope);
                     for p in self.gate.ready(now) {
@@ -1008,7 +1063,7 @@ impl Loop {
             Event::Done(done) => done,
         };
         if done.had_slot {
-            self.finishing = self.finishing.saturating_sub(1);
+            self.outcomes.ended(done.held_bytes);
         }
         if done.ended == Ended::Skipped {
             metrics::counter!(m::JOBS_NOT_RUN, "pool" => self.pool()).increment(1);
@@ -1065,6 +1120,8 @@ impl Loop {
                     metrics::counter!(m::SPILL_FAILURES, "pool" => self.pool()).increment(failed.len() as u64);
                 }
                 for (_, pending) in failed {
+                    // Back in memory (the partition pauses behind the overflow).
+                    self.buffer.entered(&pending.job.tenant, pending.job.heap_bytes());
                     let q = Queued {
                         tenant: pending.job.tenant.clone(),
                         job_type: pending.job.job_type.clone(),
@@ -1085,6 +1142,9 @@ impl Loop {
                 };
                 let offsets: Vec<i64> = rows.iter().map(|(o, _)| *o).collect();
                 b.read_done(&plan, &offsets);
+                for (_, bytes) in &rows {
+                    b.saw_job(bytes.len());
+                }
                 metrics::counter!(m::JOBS_UNSPILLED, "pool" => self.pool()).increment(rows.len() as u64);
                 for (offset, bytes) in rows {
                     let origin = Origin { topic: self.topic.clone(), partition, offset };
@@ -1158,17 +1218,16 @@ fn new_partition(next_incarnation: &mut u64, spiller: &Spiller, p: i32) -> Parti
     }
 }
 
-/// Most jobs whose handler returned while their outcome is still being recorded (the
-/// result produced and acknowledged, the state written). An outcome takes a producer
-/// linger (10 ms), a broker acknowledgement and a coalesced store write, ~15-30 ms, so
-/// this caps a worker's short-job throughput by Little's law: 4,096 / 20 ms is ~200,000
-/// jobs/s, where 1,024 held it near 50,000 and a database hiccup of 40 ms stopped
-/// dispatch at 25,000 jobs/s (docs/performance.md, 2026-11-26 night). What waits here
-/// holds no slot, but it holds the job and its result: ~1 KiB for a no-op job, and at
-/// worst `worker.max_payload_bytes` twice (payload and output, 2 MiB by default) each,
-/// so up to 8 GiB per pool if every outcome is that large while the store is slow. That
-/// worst case has no byte bound yet (only this count).
-const OUTCOMES_IN_FLIGHT: usize = 4096;
+/// Most outcomes in flight per pool (`core::outcomes`): jobs whose handler returned
+/// while their outcome is still being recorded (the result produced and acknowledged, the
+/// state written). An outcome takes a producer linger (10 ms), a broker acknowledgement
+/// and a coalesced store write, ~15-30 ms, so the count caps a worker's short-job
+/// throughput by Little's law: 4,096 / 20 ms is ~200,000 jobs/s, where 1,024 held it near
+/// 50,000 and a database hiccup of 40 ms stopped dispatch at 25,000 jobs/s
+/// (docs/performance.md, 2026-11-26 night). Each holds its job's payload and output
+/// (~1 KiB for a no-op job, at worst 2 x `worker.max_payload_bytes`): 128 MiB of them
+/// stop new jobs, so a pool holds at most that plus its running jobs' outcomes.
+const OUTCOMES_IN_FLIGHT: OutcomeBounds = OutcomeBounds { count: 4096, bytes: 128 << 20 };
 
 /// An offset's job is done (or durably spilled): store the commit point it allows.
 fn finished(st: &mut PartitionState, offset: i64) {
