@@ -10,6 +10,7 @@ mod coalesce;
 mod debounce;
 mod events;
 mod keys;
+mod parked;
 mod quota;
 mod rerun;
 mod schedules;
@@ -177,6 +178,7 @@ pub struct Store {
     session: Arc<Session>,
     keyspace: String,
     prepared: Arc<Prepared>,
+    parked: Arc<parked::Parked>,
     coalescer: coalesce::Coalescer,
     lookup: Arc<coalesce::Lookup>,
     /// The deployment this store serves (its topic prefix): keeps the reaper, the
@@ -384,7 +386,17 @@ impl Store {
         let writes = coalesce::Writes { put_state: prepared.put_state.clone(), put_pack, put_finished_row };
         let coalescer = coalesce::Coalescer::start(session.clone(), writes, lookup.clone());
         let scope = cfg.kafka.topic_prefix.clone();
-        Ok(Store { session, keyspace: ks, prepared: Arc::new(prepared), coalescer, lookup, scope, row_ttl: ttl })
+        let parked = Arc::new(parked::Parked::prepare(&session, &ks, ttl).await?);
+        Ok(Store {
+            session,
+            keyspace: ks,
+            prepared: Arc::new(prepared),
+            parked,
+            coalescer,
+            lookup,
+            scope,
+            row_ttl: ttl,
+        })
     }
 
     pub fn session(&self) -> &Session {
@@ -578,37 +590,32 @@ impl Store {
     /// Parks a job until `execute_at` in the scheduled table (minute buckets), its bucket
     /// named in `scheduled_buckets` first (so no parked job is ever out of the index).
     pub async fn put_scheduled(&self, execute_at: Millis, job_id: &str, job: &[u8]) -> Result<(), StoreError> {
-        let ks = &self.keyspace;
-        let cql = format!("INSERT INTO {ks}.scheduled_buckets (scope, bucket) VALUES (?, ?)");
+        let (scope, bucket) = (self.scope.as_str(), schedule_bucket(execute_at));
         self.session
-            .query_unpaged(cql, (self.scope.as_str(), schedule_bucket(execute_at)))
+            .execute_unpaged(&self.parked.index_scheduled_bucket, (scope, bucket))
             .await
             .map_err(q("index scheduled bucket"))?;
-        let cql =
-            format!("INSERT INTO {ks}.scheduled_jobs (scope, bucket, execute_at, job_id, job) VALUES (?, ?, ?, ?, ?)");
         self.session
-            .query_unpaged(cql, (self.scope.as_str(), schedule_bucket(execute_at), execute_at, job_id, job))
+            .execute_unpaged(&self.parked.put_scheduled, (scope, bucket, execute_at, job_id, job))
             .await
             .map_err(q("put scheduled"))?;
         Ok(())
     }
 
-    /// Scheduled jobs of one bucket due by `upto`: (execute_at, job id, encoded job).
-    /// Parked jobs of `bucket` due by `upto`, oldest first, at most `limit`.
+    /// Parked jobs of `bucket` due by `upto`, oldest first, at most `limit`:
+    /// (execute_at, job id, encoded job).
     pub async fn scheduled_due(
         &self,
         bucket: i64,
         upto: Millis,
         limit: usize,
     ) -> Result<Vec<(i64, String, Vec<u8>)>, StoreError> {
-        let ks = &self.keyspace;
-        let cql = format!(
-            "SELECT execute_at, job_id, job FROM {ks}.scheduled_jobs WHERE scope = ? AND bucket = ? AND execute_at <= ? \
-             LIMIT {}",
-            limit.clamp(1, i32::MAX as usize)
-        );
-        let res =
-            self.session.query_unpaged(cql, (self.scope.as_str(), bucket, upto)).await.map_err(q("read scheduled"))?;
+        let limit = limit.clamp(1, i32::MAX as usize) as i32;
+        let res = self
+            .session
+            .execute_unpaged(&self.parked.scheduled_due, (self.scope.as_str(), bucket, upto, limit))
+            .await
+            .map_err(q("read scheduled"))?;
         let rows = res.into_rows_result().map_err(q("read scheduled"))?;
         let it = rows.rows::<(i64, String, Option<Vec<u8>>)>().map_err(q("read scheduled"))?;
         Ok(it.filter_map(|r| r.ok()).map(|(t, id, j)| (t, id, j.unwrap_or_default())).collect())
@@ -616,14 +623,10 @@ impl Store {
 
     /// Buckets of parked jobs from `from` to `upto` (both included), oldest first, at most `limit`.
     pub async fn scheduled_buckets(&self, from: i64, upto: i64, limit: usize) -> Result<Vec<i64>, StoreError> {
-        let ks = &self.keyspace;
-        let cql = format!(
-            "SELECT bucket FROM {ks}.scheduled_buckets WHERE scope = ? AND bucket >= ? AND bucket <= ? LIMIT {}",
-            limit.clamp(1, i32::MAX as usize)
-        );
+        let limit = limit.clamp(1, i32::MAX as usize) as i32;
         let res = self
             .session
-            .query_unpaged(cql, (self.scope.as_str(), from, upto))
+            .execute_unpaged(&self.parked.scheduled_buckets, (self.scope.as_str(), from, upto, limit))
             .await
             .map_err(q("read scheduled buckets"))?;
         let rows = res.into_rows_result().map_err(q("read scheduled buckets"))?;
@@ -633,50 +636,47 @@ impl Store {
 
     /// Forgets a bucket whose parked jobs were all promoted.
     pub async fn delete_scheduled_bucket(&self, bucket: i64) -> Result<(), StoreError> {
-        let ks = &self.keyspace;
-        let cql = format!("DELETE FROM {ks}.scheduled_buckets WHERE scope = ? AND bucket = ?");
-        self.session.query_unpaged(cql, (self.scope.as_str(), bucket)).await.map_err(q("delete scheduled bucket"))?;
+        self.session
+            .execute_unpaged(&self.parked.delete_scheduled_bucket, (self.scope.as_str(), bucket))
+            .await
+            .map_err(q("delete scheduled bucket"))?;
         Ok(())
     }
 
     pub async fn delete_scheduled(&self, execute_at: Millis, job_id: &str) -> Result<(), StoreError> {
-        let ks = &self.keyspace;
-        let cql =
-            format!("DELETE FROM {ks}.scheduled_jobs WHERE scope = ? AND bucket = ? AND execute_at = ? AND job_id = ?");
-        self.session
-            .query_unpaged(cql, (self.scope.as_str(), schedule_bucket(execute_at), execute_at, job_id))
-            .await
-            .map_err(q("delete scheduled"))?;
+        let values = (self.scope.as_str(), schedule_bucket(execute_at), execute_at, job_id);
+        self.session.execute_unpaged(&self.parked.delete_scheduled, values).await.map_err(q("delete scheduled"))?;
         Ok(())
     }
 
     /// Claims a job another worker handed off (LWT on its status): true for exactly one
     /// of the copies that find it `handed_off`; the row then says `running` by `worker`.
     pub async fn claim_hand_off(&self, job_id: &str, worker: &str, now: Millis) -> Result<bool, StoreError> {
-        let (ks, ttl) = (&self.keyspace, self.row_ttl);
-        let cql = format!(
-            "UPDATE {ks}.jobs USING TTL {ttl} SET status = 'running', worker = ?, updated_at = ? WHERE job_id = ? IF status = 'handed_off'"
-        );
-        let res = self.session.query_unpaged(cql, (worker, now, job_id)).await.map_err(q("claim hand-off"))?;
+        let res = self
+            .session
+            .execute_unpaged(&self.parked.claim_hand_off, (worker, now, job_id))
+            .await
+            .map_err(q("claim hand-off"))?;
         applied(res)
     }
 
     /// Records that generation `generation` of a job was handed off `count` times so far
     /// (written by the draining worker before it marks the hand-off).
     pub async fn put_handoff_count(&self, job_id: &str, generation: i64, count: i32) -> Result<(), StoreError> {
-        let (ks, ttl) = (&self.keyspace, self.row_ttl);
-        let cql = format!(
-            "INSERT INTO {ks}.job_handoffs (job_id, generation, handoff_count) VALUES (?, ?, ?) USING TTL {ttl}"
-        );
-        self.session.query_unpaged(cql, (job_id, generation, count)).await.map_err(q("put hand-off count"))?;
+        self.session
+            .execute_unpaged(&self.parked.put_handoff_count, (job_id, generation, count))
+            .await
+            .map_err(q("put hand-off count"))?;
         Ok(())
     }
 
     /// How often generation `generation` of a job was handed off (0 if never).
     pub async fn handoff_count(&self, job_id: &str, generation: i64) -> Result<i32, StoreError> {
-        let ks = &self.keyspace;
-        let cql = format!("SELECT handoff_count FROM {ks}.job_handoffs WHERE job_id = ? AND generation = ?");
-        let res = self.session.query_unpaged(cql, (job_id, generation)).await.map_err(q("read hand-off count"))?;
+        let res = self
+            .session
+            .execute_unpaged(&self.parked.handoff_count, (job_id, generation))
+            .await
+            .map_err(q("read hand-off count"))?;
         let rows = res.into_rows_result().map_err(q("read hand-off count"))?;
         let row = rows.maybe_first_row::<(Option<i32>,)>().map_err(q("read hand-off count"))?;
         Ok(row.and_then(|(n,)| n).unwrap_or(0))
@@ -686,11 +686,11 @@ impl Store {
     /// a slow dying worker never overwrites the state of a newer owner. False: not
     /// marked (another worker took it over, it ended, or it has no running row yet).
     pub async fn mark_handed_off(&self, job_id: &str, worker: &str, now: Millis) -> Result<bool, StoreError> {
-        let ks = &self.keyspace;
-        let cql = format!(
-            "UPDATE {ks}.jobs SET status = 'handed_off', updated_at = ? WHERE job_id = ? IF worker = ? AND status = 'running'"
-        );
-        let res = self.session.query_unpaged(cql, (now, job_id, worker)).await.map_err(q("mark hand-off"))?;
+        let res = self
+            .session
+            .execute_unpaged(&self.parked.mark_handed_off, (now, job_id, worker))
+            .await
+            .map_err(q("mark hand-off"))?;
         applied(res)
     }
 
