@@ -652,12 +652,7 @@ impl Store {
     /// Claims a job another worker handed off (LWT on its status): true for exactly one
     /// of the copies that find it `handed_off`; the row then says `running` by `worker`.
     pub async fn claim_hand_off(&self, job_id: &str, worker: &str, now: Millis) -> Result<bool, StoreError> {
-        let res = self
-            .session
-            .execute_unpaged(&self.parked.claim_hand_off, (worker, now, job_id))
-            .await
-            .map_err(q("claim hand-off"))?;
-        applied(res)
+        self.conditional(&self.parked.claim_hand_off, (worker, now, job_id), "claim hand-off").await
     }
 
     /// Records that generation `generation` of a job was handed off `count` times so far
@@ -686,12 +681,17 @@ impl Store {
     /// a slow dying worker never overwrites the state of a newer owner. False: not
     /// marked (another worker took it over, it ended, or it has no running row yet).
     pub async fn mark_handed_off(&self, job_id: &str, worker: &str, now: Millis) -> Result<bool, StoreError> {
-        let res = self
-            .session
-            .execute_unpaged(&self.parked.mark_handed_off, (now, job_id, worker))
-            .await
-            .map_err(q("mark hand-off"))?;
-        applied(res)
+        self.conditional(&self.parked.mark_handed_off, (now, job_id, worker), "mark hand-off").await
+    }
+
+    /// Runs a lightweight transaction: whether its condition held and it applied.
+    async fn conditional(
+        &self,
+        stmt: &PreparedStatement,
+        values: impl scylla::serialize::row::SerializeRow,
+        what: &'static str,
+    ) -> Result<bool, StoreError> {
+        applied(self.session.execute_unpaged(stmt, values).await.map_err(q(what))?)
     }
 
     /// Flags the job cancelled, then announces it on the cancellation feed (workers that
