@@ -521,8 +521,9 @@ impl Loop {
             Ok(job) => job,
             Err(rejection) => return self.reject_later(Refused { rejection, bytes, origin, incarnation, spill: None }),
         };
-        if job.execute_at.is_some_and(|at| at > now_ms() + 100) {
-            // Scheduled for later: the relay holds it (or parks it in the store).
+        if job.execute_at.is_some_and(|at| at > now_ms()) {
+            // Scheduled for later, even by a millisecond: the relay holds it (or parks it
+            // in the store) until due, so no job starts before its `execute_at`.
             let (sh, tx) = (self.sh.clone(), self.done_tx.clone());
             self.tasks.spawn(async move {
                 let ended = Ended::Skipped.or_lost(durable::delay(&sh, job).await);
