@@ -109,15 +109,14 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// `fairway-bench bench throughput`: no-op jobs through in-process workers on the local
-/// services, as fast as they go: jobs/s (end to end, and processing alone from the first
-/// start to the last finish), latency, and CPU per 1,000 jobs per process.
+/// services, as fast as they go: jobs/s (end to end, to the last job settled, and
+/// processing alone from the first start to the last finish, read from the results
+/// afterwards), latency, and CPU per 1,000 jobs per process while they ran.
 async fn throughput(g: &Global, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
     let cfg = bench_config(g, &a.shape)?;
     kafka::ensure_topics(&cfg).await.context("creating bench topics (scripts/services up?)")?;
     fairway::store::ensure_schema(&cfg).await?;
     fairway::ops::tenants::seed(&cfg).await?;
-    let reader = kafka::reader(&cfg, &cfg.group("bench-results"), false)?;
-    reader.subscribe(&[&cfg.results_topic()])?;
     let sub = Submitter::new(cfg.clone(), None)?;
     let probe = super::bench_cpu::CpuProbe::local();
     let preloaded =
@@ -125,22 +124,43 @@ async fn throughput(g: &Global, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
     let workers = start_workers(&cfg, a.shape.workers).await?;
     let cpu_before = probe.snapshot();
     let t0 = Instant::now();
-    let (submitted, seen) = match preloaded {
-        Some(took) => (Ok(took), collect_latencies(&reader, a.jobs, a.timeout, t0).await),
-        None => tokio::join!(
-            submit_noops(&cfg, &sub, "echo", a.jobs, t0),
-            collect_latencies(&reader, a.jobs, a.timeout, t0)
-        ),
+    // The workers' own count says when every job is settled (as BullMQ's harness counts
+    // its workers' `completed` events): no results reader competes for the CPU meanwhile.
+    let submitted = match preloaded {
+        Some(took) => {
+            wait_settled(&workers, a.jobs, a.timeout).await;
+            Ok(took)
+        }
+        None => tokio::join!(submit_noops(&cfg, &sub, "echo", a.jobs, t0), wait_settled(&workers, a.jobs, a.timeout)).0,
     };
+    let settled_after = t0.elapsed();
     let cpu_after = probe.snapshot();
     for w in workers {
         w.stop().await;
     }
     tokio::time::sleep(a.cpu_tail).await;
+    let cpu_after_tail = probe.snapshot();
+    // Then every result is read back: the processing window and latencies come from the
+    // results' own timestamps, and a missing result fails the run.
+    let (rcfg, topic) = (cfg.clone(), cfg.results_topic());
+    let reader =
+        tokio::task::spawn_blocking(move || kafka::reader_from_start(&rcfg, &rcfg.group("bench-results"), &topic))
+            .await?
+            .map_err(|e| anyhow::anyhow!("reading the results back: {e}"))?;
+    let mut seen = collect_latencies(&reader, a.jobs, a.timeout, t0).await;
+    seen.elapsed = settled_after;
     let cpu = super::bench_cpu::per_thousand_jobs(&cpu_before, &cpu_after, seen.done);
-    let cpu_tail = super::bench_cpu::per_thousand_jobs(&cpu_before, &probe.snapshot(), seen.done);
+    let cpu_tail = super::bench_cpu::per_thousand_jobs(&cpu_before, &cpu_after_tail, seen.done);
     report_throughput(&a, submitted?, &seen, cpu, cpu_tail);
     Ok(if seen.done == a.jobs { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// Waits until the workers have settled `n` jobs between them, or `timeout` passed.
+async fn wait_settled(workers: &[Worker], n: usize, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while workers.iter().map(Worker::settled).sum::<u64>() < n as u64 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
 }
 
 pub(super) async fn start_workers(cfg: &Arc<Config>, n: usize) -> anyhow::Result<Vec<Worker>> {
@@ -197,7 +217,8 @@ pub(super) struct Seen {
     pub done: usize,
     /// Submission to finish, ms.
     pub latency_ms: hdrhistogram::Histogram<u64>,
-    /// From the start of the run to the last result read.
+    /// From the start of the run to the last result read (the throughput bench: to the
+    /// last job settled).
     pub elapsed: Duration,
     /// Earliest start and latest finish among the results (epoch ms).
     first_start: Option<i64>,

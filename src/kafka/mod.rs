@@ -588,6 +588,24 @@ pub fn reader(cfg: &Config, group: &str, commit: bool) -> Result<Reader, KafkaEr
         .map_err(client_err(cfg))
 }
 
+/// A reader of every partition of `topic` from its beginning, by assignment: no group to
+/// join, so it reads at once (e.g. a bench reading its results back after a run). Blocks
+/// for the topic's metadata (up to 10 s): call it off the async threads.
+pub fn reader_from_start(cfg: &Config, group: &str, topic: &str) -> Result<Reader, String> {
+    let r = reader(cfg, group, false).map_err(|e| e.to_string())?;
+    let md = r.fetch_metadata(Some(topic), Duration::from_secs(10)).map_err(|e| e.to_string())?;
+    let parts = md.topics().iter().find(|t| t.name() == topic).map(|t| t.partitions()).unwrap_or_default();
+    if parts.is_empty() {
+        return Err(format!("topic {topic} has no partitions in the broker's metadata"));
+    }
+    let mut tpl = TopicPartitionList::new();
+    for p in parts {
+        tpl.add_partition_offset(topic, p.id(), Offset::Beginning).map_err(|e| e.to_string())?;
+    }
+    r.assign(&tpl).map_err(|e| e.to_string())?;
+    Ok(r)
+}
+
 /// Partition ids of `topic` with their high watermark at this moment, sorted (blocking
 /// metadata calls, run off the async threads). The error says what the broker answered.
 pub async fn partition_ends(reader: std::sync::Arc<Reader>, topic: String) -> Result<Vec<(i32, i64)>, String> {

@@ -39,7 +39,9 @@ pub(super) async fn before_run(sh: &Shared, job: Arc<JobSubmitted>, origin: &Ori
         sh.metrics.state_reads_skipped.increment(1);
         (job, false)
     } else {
-        match check_row(sh, job, origin).await {
+        // Boxed here and below: a rare path's future would otherwise sit inline in every
+        // job's future (see `exec::execute`).
+        match Box::pin(check_row(sh, job, origin)).await {
             Check::Run { job, row_claimed } => (job, row_claimed),
             done => return done,
         }
@@ -288,7 +290,7 @@ where
 async fn run_unless_expired(sh: &Shared, job: Arc<JobSubmitted>, row_claimed: bool) -> Check {
     if let Some(not_after) = job.not_after {
         if now_ms() > not_after {
-            return Check::Done(expire(sh, &job, not_after).await);
+            return Check::Done(Box::pin(expire(sh, &job, not_after)).await);
         }
     }
     Check::Run { job, row_claimed }

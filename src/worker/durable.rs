@@ -128,7 +128,8 @@ async fn record_result(sh: &Shared, job: &JobSubmitted, result: &JobResult, plai
     let written = if packed {
         retry_through_outage(|| sh.store.put_finished(&u, finished_at)).await
     } else {
-        retry_through_outage(|| sh.store.put_state(&u, finished_at)).await
+        // Boxed: the rarer path's future would otherwise sit in every job's future.
+        Box::pin(retry_through_outage(|| sh.store.put_state(&u, finished_at))).await
     };
     if let Err(e) = written {
         tracing::error!(job_id = %job.job_id, error = %e, "result published but the outcome could not be recorded; the job will be redelivered and run again");

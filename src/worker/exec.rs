@@ -143,7 +143,9 @@ impl Settling {
     }
 }
 
-/// Runs one dispatched job along its route (see `route`): check, run, settle.
+/// Runs one dispatched job along its route (see `route`): check, run, settle. The rare
+/// branches (store reads and claims, failures, hand-offs, long runs' rows) are boxed where
+/// they branch off, so a short job's future holds only the common path.
 pub async fn execute(
     sh: Arc<Shared>,
     job: Arc<JobSubmitted>,
@@ -169,7 +171,7 @@ pub async fn execute(
     let ended = settle::settle(&sh, &job, &origin, &run).await;
     spans.settled();
     if run.running_written {
-        if let Err(e) = sh.store.delete_running_job(sh.pool.as_str(), &job.job_id).await {
+        if let Err(e) = Box::pin(sh.store.delete_running_job(sh.pool.as_str(), &job.job_id)).await {
             tracing::debug!(job_id = %job.job_id, error = %e, "could not clear running index");
         }
     }
@@ -199,7 +201,7 @@ async fn clear_to_run(sh: &Shared, job: &Arc<JobSubmitted>, origin: &Origin) -> 
             "no handler for job type {:?} on this worker; add it to [job_types] or register a Rust handler",
             job.job_type
         ));
-        return Err(settle::fail(sh, job, origin, err, None).await);
+        return Err(Box::pin(settle::fail(sh, job, origin, err, None)).await);
     };
     if let Verdict::Rejected { retry_at } =
         sh.breaker_verdict(&job.job_type, &job.tenant, job.attempt == 0 && job.crash_count == 0, now_ms())
@@ -207,7 +209,7 @@ async fn clear_to_run(sh: &Shared, job: &Arc<JobSubmitted>, origin: &Origin) -> 
         // The job type's dependency is failing: hold the job back (no attempt used)
         // on the dependency retry topic until the breaker lets a probe through.
         metrics::counter!(m::BREAKER_REJECTIONS, "job_type" => sh.bounded_job_type(&job.job_type)).increment(1);
-        return Err(durable::hold_back(sh, job, retry_at).await);
+        return Err(Box::pin(durable::hold_back(sh, job, retry_at)).await);
     }
     Ok(handler)
 }
@@ -281,7 +283,7 @@ async fn run(
             _ = &mut stuck => None,
             _ = tokio::time::sleep(RUNNING_WRITE_GRACE) => {
                 crate::watch::events::started(&sh.producer, &sh.cfg, &sh.worker_id, job, started_at);
-                let (written, _unwatched) = mark_running(sh, job, started_at, &live).await;
+                let (written, _unwatched) = Box::pin(mark_running(sh, job, started_at, &live)).await;
                 running_written = written;
                 tokio::select! {
                     r = &mut run => Some(r),

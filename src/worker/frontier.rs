@@ -60,12 +60,14 @@ impl Frontiers {
         };
         let mut guard = cell.lock().await;
         if guard.is_none() {
-            let recorded = store.dispatch_frontier(&self.topic, origin.partition).await?;
+            // Boxed (both store calls): they are rare, and inline they would make every
+            // job's future larger.
+            let recorded = Box::pin(store.dispatch_frontier(&self.topic, origin.partition)).await?;
             *guard = Some(PartitionFrontier::new(recorded));
         }
         let f = guard.as_mut().expect("set above");
         if let Some(upto) = f.to_reserve(origin.offset, CHUNK) {
-            store.raise_dispatch_frontier(&self.topic, origin.partition, upto).await?;
+            Box::pin(store.raise_dispatch_frontier(&self.topic, origin.partition, upto)).await?;
             f.reserved(upto);
         }
         let now = now_ms();

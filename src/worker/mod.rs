@@ -74,6 +74,9 @@ pub struct Shared {
     pub health: Mutex<Health>,
     /// Partitions of the pool topic this member owns now.
     pub assigned: std::sync::atomic::AtomicUsize,
+    /// Jobs whose route ended here with a durable outcome (result and state recorded, or
+    /// settled without running): progress a caller can poll ([`Worker::settled`]).
+    pub settled: std::sync::atomic::AtomicU64,
     /// Fleet accounting: slot-seconds per tenant used here, accumulated by the pool
     /// loop and drained by the usage reporter.
     pub local_usage: Mutex<HashMap<String, f64>>,
@@ -360,6 +363,7 @@ impl Worker {
                 stats: Mutex::new(serde_json::Value::Null),
                 health: Mutex::new(Health::new(&cfg, &worker_id)),
                 assigned: Default::default(),
+                settled: Default::default(),
                 local_usage: Mutex::new(HashMap::new()),
                 fleet_usage: watch::channel(HashMap::new()).0,
                 frontiers: frontier::Frontiers::new(cfg.pool_topic(pool), cfg.worker.skip_fresh_reads, feed.clone()),
@@ -438,6 +442,11 @@ impl Worker {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         false
+    }
+
+    /// Jobs settled durably by this worker's pools so far (see [`Shared::settled`]).
+    pub fn settled(&self) -> u64 {
+        self.shared.iter().map(|s| s.settled.load(std::sync::atomic::Ordering::Relaxed)).sum()
     }
 
     /// Graceful stop (SIGTERM, SIGINT): no new work; running jobs finish within their

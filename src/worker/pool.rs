@@ -1070,6 +1070,9 @@ impl Loop {
             metrics::counter!(m::JOBS_NOT_RUN, "pool" => self.pool()).increment(1);
         }
         let durable = done.ended != Ended::NotDurable;
+        if durable {
+            self.sh.settled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         if !durable && self.sh.stopping.load(std::sync::atomic::Ordering::SeqCst) {
             // Draining, the group already left: copies given up while waiting for a job
             // running elsewhere end so; their partitions' next owners get them again.

@@ -24,12 +24,12 @@ pub(super) async fn settle(sh: &Shared, job: &JobSubmitted, origin: &Origin, run
             _ => None,
         };
         return Ended::Ran
-            .or_lost(dead_letter_stuck(sh, job, origin, reason.to_string(), last_error, started_at).await);
+            .or_lost(Box::pin(dead_letter_stuck(sh, job, origin, reason.to_string(), last_error, started_at)).await);
     }
     // The worker is shutting down and the job stopped without finishing: hand it off
     // (another worker resumes it from its checkpoint; no attempt used, no crash).
     if live.is_stopping() && !live.is_cancelled() && !matches!(result, Some(Ok(Ok(_)))) {
-        return Ended::Skipped.or_lost(hand_off(sh, job).await);
+        return Ended::Skipped.or_lost(Box::pin(hand_off(sh, job)).await);
     }
     let run_ms = (now_ms() - started_at).max(0) as f64;
     sh.metrics.run_seconds.record(run_ms / 1000.0);
@@ -45,25 +45,27 @@ pub(super) async fn settle(sh: &Shared, job: &JobSubmitted, origin: &Origin, run
         sh.record_run(&job.job_type, &job.tenant, run_ms as crate::model::Millis, now_ms());
     }
     let started = Some(started_at);
+    // Only success runs inline; the rarer endings are boxed, so their futures do not sit
+    // in every job's future.
     let durable = match result {
         Some(Ok(Err(_))) | None if live.is_expired() => {
             let msg = format!("not finished before not_after ({}): cancelled at it", job.not_after.unwrap_or_default());
-            record_terminal(sh, job, Terminal::expired(msg).started(started)).await
+            Box::pin(record_terminal(sh, job, Terminal::expired(msg).started(started))).await
         }
         None => {
             let msg = "cancelled: the handler did not stop within worker.cancel_grace and was aborted".to_string();
-            record_terminal(sh, job, Terminal::cancelled(msg).started(started)).await
+            Box::pin(record_terminal(sh, job, Terminal::cancelled(msg).started(started))).await
         }
         Some(Ok(Ok(output))) => durable::record_success(sh, job, output.clone(), started_at, run.plain()).await,
         Some(Ok(Err(err))) if live.is_cancelled() => {
             let msg = format!("cancelled while running ({})", err.message);
-            record_terminal(sh, job, Terminal::cancelled(msg).started(started)).await
+            Box::pin(record_terminal(sh, job, Terminal::cancelled(msg).started(started))).await
         }
-        Some(Ok(Err(err))) => fail(sh, job, origin, err.clone(), started).await,
+        Some(Ok(Err(err))) => Box::pin(fail(sh, job, origin, err.clone(), started)).await,
         Some(Err(_)) => {
             let message = format!("deadline of {timeout:?} passed");
             let err = HandlerError { class: FailureClass::Timeout, message, retry_after: None };
-            fail(sh, job, origin, err, started).await
+            Box::pin(fail(sh, job, origin, err, started)).await
         }
     };
     Ended::Ran.or_lost(durable)
