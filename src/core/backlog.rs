@@ -167,7 +167,8 @@ impl TenantBacklog {
         true
     }
 
-    /// A job of `bytes` of this backlog was spilled or read back.
+    /// A job of `bytes` (its `JobSubmitted::heap_bytes`, the buffer's measure) of this
+    /// backlog was spilled or read back.
     pub fn saw_job(&mut self, bytes: usize) {
         self.largest_job = self.largest_job.max(bytes);
     }

@@ -523,10 +523,9 @@ impl Store {
             .map_err(q("list running"))?;
         let rows = res.into_rows_result().map_err(q("list running"))?;
         let it = rows.rows::<(String, Option<String>, Option<i64>, Option<Vec<u8>>)>().map_err(q("list running"))?;
-        Ok(it
-            .filter_map(|r| r.ok())
-            .map(|(id, w, s, j)| (id, w.unwrap_or_default(), s.unwrap_or(0), j.unwrap_or_default()))
-            .collect())
+        it.map(|r| r.map(|(id, w, s, j)| (id, w.unwrap_or_default(), s.unwrap_or(0), j.unwrap_or_default())))
+            .collect::<Result<_, _>>()
+            .map_err(q("list running"))
     }
 
     /// Heartbeats of many running jobs in one unlogged batch.
@@ -562,7 +561,8 @@ impl Store {
             .map_err(q("read cancel flags"))?;
         let rows = res.into_rows_result().map_err(q("read cancel flags"))?;
         let it = rows.rows::<(String, Option<bool>)>().map_err(q("cancel flags"))?;
-        Ok(it.filter_map(|r| r.ok()).filter(|(_, c)| *c == Some(true)).map(|(id, _)| id).collect())
+        let flags: Vec<(String, Option<bool>)> = it.collect::<Result<_, _>>().map_err(q("cancel flags"))?;
+        Ok(flags.into_iter().filter(|(_, c)| *c == Some(true)).map(|(id, _)| id).collect())
     }
 
     /// Takes or renews the named lease for `ttl_secs` (LWT). True while we hold it.
@@ -618,7 +618,9 @@ impl Store {
             .map_err(q("read scheduled"))?;
         let rows = res.into_rows_result().map_err(q("read scheduled"))?;
         let it = rows.rows::<(i64, String, Option<Vec<u8>>)>().map_err(q("read scheduled"))?;
-        Ok(it.filter_map(|r| r.ok()).map(|(t, id, j)| (t, id, j.unwrap_or_default())).collect())
+        it.map(|r| r.map(|(t, id, j)| (t, id, j.unwrap_or_default())))
+            .collect::<Result<_, _>>()
+            .map_err(q("read scheduled"))
     }
 
     /// Buckets of parked jobs from `from` to `upto` (both included), oldest first, at most `limit`.
@@ -631,7 +633,7 @@ impl Store {
             .map_err(q("read scheduled buckets"))?;
         let rows = res.into_rows_result().map_err(q("read scheduled buckets"))?;
         let it = rows.rows::<(i64,)>().map_err(q("read scheduled buckets"))?;
-        Ok(it.filter_map(|r| r.ok()).map(|(b,)| b).collect())
+        it.map(|r| r.map(|(b,)| b)).collect::<Result<_, _>>().map_err(q("read scheduled buckets"))
     }
 
     /// Forgets a bucket whose parked jobs were all promoted.
@@ -712,7 +714,7 @@ impl Store {
             .map_err(q("read cancellation feed"))?;
         let rows = res.into_rows_result().map_err(q("read cancellation feed"))?;
         let it = rows.rows::<(String,)>().map_err(q("cancellation feed"))?;
-        Ok(it.filter_map(|r| r.ok()).map(|(id,)| id).collect())
+        it.map(|r| r.map(|(id,)| id)).collect::<Result<_, _>>().map_err(q("cancellation feed"))
     }
 
     /// The highest offset of a topic partition any worker may have started, if recorded.
