@@ -38,6 +38,13 @@ async fn many_jobs_across_tenants_and_pools_all_get_results() {
     let ids = submit_all(&sub, &jobs).await;
 
     let results = common::results_for(&cfg, &ids, Duration::from_secs(90)).await;
+    // Every job's outcome is recorded (a little after its result): the worker's own
+    // count, which the throughput bench waits on, says so.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while worker.settled() < ids.len() as u64 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(worker.settled(), ids.len() as u64, "jobs settled by the worker");
     worker.stop().await;
     let missing: Vec<&String> = ids.iter().filter(|i| !results.contains_key(*i)).collect();
     assert!(missing.is_empty(), "{} of {} jobs have no result, e.g. {:?}", missing.len(), ids.len(), missing.first());

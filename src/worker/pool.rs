@@ -1147,21 +1147,22 @@ impl Loop {
                 let offsets: Vec<i64> = rows.iter().map(|(o, _)| *o).collect();
                 b.read_done(&plan, &offsets);
                 metrics::counter!(m::JOBS_UNSPILLED, "pool" => self.pool()).increment(rows.len() as u64);
+                let mut largest = 0;
                 for (offset, bytes) in rows {
                     let origin = Origin { topic: self.topic.clone(), partition, offset };
                     let spill = Some(SpillRef { tenant: tenant.clone(), bucket: plan.bucket });
                     match validate(&self.sh, &bytes) {
                         Ok(job) => {
-                            // Learnt in the buffer's own measure, as when the job spilled.
-                            let backlog = self.parts.get_mut(&partition).and_then(|st| st.backlogs.get_mut(&tenant));
-                            if let Some(b) = backlog {
-                                b.saw_job(job.heap_bytes());
-                            }
+                            largest = largest.max(job.heap_bytes());
                             let job = Arc::new(job);
                             self.enqueue(Pending { job, origin, incarnation, received_at: now_ms(), spill });
                         }
                         Err(rejection) => self.reject_later(Refused { rejection, bytes, origin, incarnation, spill }),
                     }
+                }
+                // Learnt in the buffer's own measure, as when the jobs spilled.
+                if let Some(b) = self.parts.get_mut(&partition).and_then(|st| st.backlogs.get_mut(&tenant)) {
+                    b.saw_job(largest);
                 }
             }
             BacklogEvent::Loaded { incarnation, partition, entries } => {
