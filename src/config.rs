@@ -147,6 +147,15 @@ impl Default for RegistryConfig {
     }
 }
 
+/// `kafka.group_protocol`: which consumer group protocol pool consumers speak.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GroupProtocol {
+    #[default]
+    Classic,
+    Consumer,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KafkaConfig {
@@ -165,8 +174,15 @@ pub struct KafkaConfig {
     /// `fairway_pool_unassigned_seconds` and shows in `fairway stats`.
     #[serde(with = "humantime_serde_compat")]
     pub unassigned_warning: Duration,
+    /// With `group_protocol = "classic"`: how fast a dead (kill -9) member's partitions
+    /// move. With `"consumer"` the broker sets it (`group.consumer.session.timeout.ms`).
     #[serde(with = "humantime_serde_compat")]
     pub session_timeout: Duration,
+    /// The consumer group protocol of pool consumers: `classic` (JoinGroup/SyncGroup, an
+    /// eager rebalance moves every partition) or `consumer` (KIP-848, Kafka 4.x: the
+    /// broker assigns, partitions move one by one). Measured side by side:
+    /// docs/partitions.md.
+    pub group_protocol: GroupProtocol,
     /// librdkafka properties for every client (SASL, TLS...); `FAIRWAY_KAFKA_<NAME>`
     /// environment variables override them (see [`Config::apply_env`]).
     pub properties: KafkaProperties,
@@ -182,6 +198,7 @@ impl Default for KafkaConfig {
             group_prefix: String::new(),
             unassigned_warning: Duration::from_secs(30),
             session_timeout: Duration::from_secs(10),
+            group_protocol: GroupProtocol::default(),
             properties: KafkaProperties::default(),
         }
     }
@@ -193,9 +210,10 @@ pub struct ScyllaConfig {
     pub contact_points: Vec<String>,
     pub keyspace: String,
     pub replication_factor: i32,
-    /// True when talking to the local Cassandra 2.1 through fairway's protocol bridge:
-    /// turns off schema-metadata fetching, which 2.1 cannot serve. Keep false for ScyllaDB.
-    pub local_bridge: bool,
+    /// Address translation: a node's address as the cluster reports it (`rpc_address:port`)
+    /// -> the address to connect to (a node behind NAT, a port forward, a test lab's link).
+    /// Nodes not listed are reached at the address they report.
+    pub address_map: BTreeMap<String, String>,
     /// PasswordAuthenticator credentials (`FAIRWAY_SCYLLA_PASSWORD` overrides the password).
     pub username: Option<String>,
     pub password: Option<Secret>,
@@ -212,7 +230,7 @@ impl Default for ScyllaConfig {
             contact_points: vec!["127.0.0.1:19042".into()],
             keyspace: "fairway".into(),
             replication_factor: 1,
-            local_bridge: true,
+            address_map: BTreeMap::new(),
             username: None,
             password: None,
             tls: None,

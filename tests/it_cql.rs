@@ -1,5 +1,5 @@
-//! Smoke test of the CQL path used in development: the `scylla` crate (protocol v4)
-//! through `fairway cql-bridge` to Cassandra 2.1 (protocol v3).
+//! Smoke test of the CQL path: the `scylla` crate (protocol v4) straight to the local
+//! Apache Cassandra 5.0 (what ScyllaDB speaks too).
 //!
 //! Needs the local services: `scripts/services up`. Address from `FAIRWAY_CQL`
 //! (default 127.0.0.1:19042). Each test works in its own keyspace and drops it.
@@ -22,9 +22,6 @@ async fn session() -> Session {
     let addr = cql_addr();
     SessionBuilder::new()
         .known_node(&addr)
-        // Cassandra 2.1 has no system_schema keyspace; only for the local bridge.
-        .fetch_schema_metadata(false)
-        .fetch_full_schema_metadata(false)
         .connection_timeout(Duration::from_secs(5))
         .build()
         .await

@@ -4,9 +4,9 @@
 //! asserts on it: nothing lost, every job terminal (succeeded), both bad messages
 //! dead-lettered, and few duplicate results per kill (see the bound's comment).
 //!
-//! The CQL-restart variant stops and starts a Cassandra of its own (with its own CQL
-//! bridge, on free ports, through `scripts/services` with a private services directory),
-//! so tests running beside it keep the shared one.
+//! The CQL-restart variant stops and starts a Cassandra of its own (on free ports,
+//! through `scripts/services` with a private services directory), so tests running
+//! beside it keep the shared one.
 
 use std::io::Read;
 use std::os::unix::process::CommandExt;
@@ -90,9 +90,9 @@ fn kill_9_of_workers_loses_nothing_and_publishes_each_result_about_once() {
     assert!(per_kill <= 20.0, "at most 20 duplicate results per kill on average, got {per_kill}: {r}");
 }
 
-/// A Cassandra and CQL bridge of this test's own: `scripts/services` with a private
-/// services directory (the Cassandra distribution linked from the shared one, so nothing
-/// is downloaded again) and free ports. Stopped and deleted on drop, on every exit path.
+/// A Cassandra of this test's own: `scripts/services` with a private services directory
+/// (the installed distribution is shared, so nothing is downloaded again) and free ports.
+/// Stopped and deleted on drop, on every exit path.
 struct PrivateCql {
     dir: std::path::PathBuf,
     env: Vec<(String, String)>,
@@ -103,33 +103,24 @@ impl PrivateCql {
         let dir = std::env::temp_dir().join(format!("fairway-it-faults-cql-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("create the private services directory");
-        let shared = std::env::var("FAIRWAY_SERVICES_DIR")
-            .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/.services").to_string());
-        let dist = std::path::Path::new(&shared).join("dist");
-        if dist.is_dir() {
-            std::os::unix::fs::symlink(&dist, dir.join("dist")).expect("link the Cassandra distribution");
-        }
-        // Four free ports, held together so they differ, released just before the start.
+        // Two free ports, held together so they differ, released just before the start.
         let held: Vec<std::net::TcpListener> =
-            (0..4).map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port")).collect();
+            (0..2).map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port")).collect();
         let ports: Vec<String> = held.iter().map(|l| l.local_addr().unwrap().port().to_string()).collect();
         drop(held);
         let env: Vec<(String, String)> = [
             ("FAIRWAY_SERVICES_DIR", dir.display().to_string()),
-            ("FAIRWAY_CASSANDRA_PORT", ports[0].clone()),
+            ("FAIRWAY_CQL_PORT", ports[0].clone()),
             ("FAIRWAY_CASSANDRA_STORAGE_PORT", ports[1].clone()),
-            ("FAIRWAY_CASSANDRA_SSL_STORAGE_PORT", ports[2].clone()),
-            ("FAIRWAY_CQL_PORT", ports[3].clone()),
-            ("FAIRWAY_CQL", format!("127.0.0.1:{}", ports[3])),
-            ("FAIRWAY_BIN", env!("CARGO_BIN_EXE_fairway").to_string()),
-            ("FAIRWAY_SERVICES_TIMEOUT", "90".to_string()),
-            ("FAIRWAY_CASSANDRA_HEAP", "256m".to_string()),
+            ("FAIRWAY_CQL", format!("127.0.0.1:{}", ports[0])),
+            ("FAIRWAY_SERVICES_TIMEOUT", "120".to_string()),
+            ("FAIRWAY_CASSANDRA_HEAP", "512m".to_string()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect();
         let cql = PrivateCql { dir, env };
-        cql.services(&["up", "cassandra", "bridge"]);
+        cql.services(&["up", "cassandra"]);
         cql
     }
 
@@ -181,4 +172,85 @@ fn a_cql_restart_mid_run_loses_nothing() {
     let r = bench_faults(&args, &cql.env, Duration::from_secs(240));
     assert!(r["cql_restart_s"].is_number(), "the CQL database restarted: {r}");
     assert_no_loss(&r, 600);
+}
+
+/// An Apache Kafka broker of this test's own: `scripts/services up kafka` with a private
+/// services directory and free ports (the installed distribution is shared). Stopped and
+/// deleted on drop, on every exit path.
+struct PrivateKafka {
+    dir: std::path::PathBuf,
+    env: Vec<(String, String)>,
+}
+
+impl PrivateKafka {
+    fn start() -> PrivateKafka {
+        let dir = std::env::temp_dir().join(format!("fairway-it-faults-kafka-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create the private services directory");
+        let held: Vec<std::net::TcpListener> =
+            (0..2).map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port")).collect();
+        let ports: Vec<String> = held.iter().map(|l| l.local_addr().unwrap().port().to_string()).collect();
+        drop(held);
+        let broker = format!("127.0.0.1:{}", ports[0]);
+        let env: Vec<(String, String)> = [
+            ("FAIRWAY_SERVICES_DIR", dir.display().to_string()),
+            ("FAIRWAY_KAFKA_PORT", ports[0].clone()),
+            ("FAIRWAY_KAFKA_CONTROLLER_PORT", ports[1].clone()),
+            ("FAIRWAY_BROKERS", broker.clone()),
+            ("FAIRWAY_KAFKA", broker),
+            ("FAIRWAY_SERVICES_TIMEOUT", "120".to_string()),
+            ("FAIRWAY_KAFKA_HEAP", "384m".to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let kafka = PrivateKafka { dir, env };
+        let status = Command::new(SERVICES)
+            .args(["up", "kafka"])
+            .envs(kafka.env.iter().cloned())
+            .stdout(Stdio::null())
+            .status()
+            .expect("run scripts/services");
+        assert!(status.success(), "scripts/services up kafka (private) failed: {status}");
+        kafka
+    }
+}
+
+impl Drop for PrivateKafka {
+    fn drop(&mut self) {
+        let _ = Command::new(SERVICES).args(["down", "--wipe", "kafka"]).envs(self.env.iter().cloned()).status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The broker stops mid-run, stays down 20 s and starts again (its data kept on disk):
+/// nothing is lost, every job ends once, and the workers recover by themselves (none
+/// exits: librdkafka reconnects, the producers and the group carry on).
+#[test]
+fn a_broker_restart_mid_run_loses_nothing() {
+    let kafka = PrivateKafka::start();
+    let restart = format!("{SERVICES} down kafka && sleep 20 && {SERVICES} up kafka");
+    let args = [
+        "--workers",
+        "2",
+        "--jobs",
+        "800",
+        "--job-ms",
+        "300",
+        "--kills",
+        "0",
+        "--slots",
+        "8",
+        "--session-timeout",
+        "10s",
+        "--settle",
+        "5s",
+        "--broker-restart-cmd",
+        &restart,
+        "--timeout",
+        "240s",
+    ];
+    let r = bench_faults(&args, &kafka.env, Duration::from_secs(330));
+    assert!(r["broker_restart_s"].as_f64().is_some_and(|s| s >= 20.0), "the broker was down 20 s and came back: {r}");
+    assert_no_loss(&r, 800);
 }

@@ -2,11 +2,11 @@
 //! broker, the store or both while jobs run, then the link comes back (`fairway::netlab`).
 //! Every job must finish, none lost, no job may run on two workers at once for longer
 //! than the heartbeat lapse, and the cut-off worker must serve again or exit: never hold
-//! partitions it cannot serve. The lab (namespace, veth pairs, its own broker and CQL
-//! bridge in front of the suite's database) is made by the test and removed after it,
+//! partitions it cannot serve. The lab (namespace, veth pairs, its own Apache Kafka broker
+//! and a TCP forwarder in front of the suite's database) is made by the test and removed after it,
 //! also when it fails. Needs root and iproute2 (`scripts/test` installs `ip`).
 //!
-//! The labs run one at a time (each has two workers, a broker and a bridge: several at
+//! The labs run one at a time (each has two workers and a broker: several at
 //! once on a 2-core machine starve the workers' group sessions); every wait has a
 //! deadline, none is a fixed sleep followed by a timing assertion.
 
@@ -18,24 +18,11 @@ use std::time::Duration;
 /// One lab at a time in this test binary.
 static ONE_LAB_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// The tansu binary `scripts/services` installed (or `FAIRWAY_TANSU`).
-fn tansu() -> PathBuf {
-    if let Some(p) = std::env::var_os("FAIRWAY_TANSU") {
-        return p.into();
-    }
-    let dir = std::env::var_os("FAIRWAY_SERVICES_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".services"));
-    dir.join("bin/tansu")
-}
-
 fn setup(dir: &std::path::Path) -> LabSetup {
-    let tansu = tansu();
-    assert!(tansu.exists(), "no tansu at {} (run scripts/services up, or set FAIRWAY_TANSU)", tansu.display());
     LabSetup {
-        tansu,
+        services: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/services"),
         fairway: env!("CARGO_BIN_EXE_fairway").into(),
-        cassandra: format!("127.0.0.1:{}", std::env::var("FAIRWAY_CASSANDRA_PORT").unwrap_or_else(|_| "19142".into())),
+        cql: std::env::var("FAIRWAY_CQL").unwrap_or_else(|_| "127.0.0.1:19042".into()),
         dir: dir.to_path_buf(),
     }
 }
@@ -45,7 +32,7 @@ fn setup(dir: &std::path::Path) -> LabSetup {
 fn print_logs(lab: &Lab) {
     let keep = |l: &&str| ["WARN", "ERROR", "assigned", "revoked", "rebuilt"].iter().any(|k| l.contains(k));
     let worker_logs = ["inside", "host"].into_iter().flat_map(|n| lab.worker_logs(n));
-    let server_logs = ["broker", "bridge"].into_iter().map(|n| lab.log_path(n));
+    let server_logs = ["broker"].into_iter().map(|n| lab.log_path(n));
     for (path, worker) in worker_logs.map(|p| (p, true)).chain(server_logs.map(|p| (p, false))) {
         let Ok(text) = std::fs::read_to_string(&path) else { continue };
         let lines: Vec<&str> = if worker { text.lines().filter(keep).collect() } else { text.lines().collect() };

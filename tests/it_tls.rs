@@ -1,6 +1,6 @@
 //! TLS for real, on 127.0.0.1 only: the HTTP executor against a local https server
 //! (self-signed CA made in the test, trusted through `job_types.<j>.ca_file`), and the
-//! store over TLS through a TLS terminator in front of the local CQL bridge (CA check,
+//! store over TLS through a TLS terminator in front of the local Cassandra (CA check,
 //! certificate-for-the-address check on by default).
 
 mod common;
@@ -162,7 +162,7 @@ async fn store_connects_over_tls_and_checks_the_certificate() {
         tokio::time::timeout(Duration::from_secs(30), fairway::store::ensure_schema(&cfg)).await.expect("bounded")
     };
     // Trusted CA, certificate for 127.0.0.1: the schema check runs over TLS.
-    opened(store_cfg(&proxy, tls(Some(&ca), true))).await.expect("TLS to the CQL bridge with the CA");
+    opened(store_cfg(&proxy, tls(Some(&ca), true))).await.expect("TLS to the CQL database with the CA");
     // Unknown CA: refused, and the error points at [scylla.tls].
     let err = opened(store_cfg(&proxy, tls(None, true))).await.expect_err("unknown CA refused").to_string();
     assert!(err.contains("scylla.tls"), "{err}");

@@ -142,14 +142,13 @@ fn config_text(base: &Config, a: &FaultsArgs, prefix: &str) -> String {
     let contact_points: Vec<String> = base.scylla.contact_points.iter().map(|c| format!("{c:?}")).collect();
     let mut text = format!(
         "[kafka]\nbrokers = {:?}\ntopic_prefix = {prefix:?}\npartitions = {}\nsession_timeout = \"{}ms\"\n\
-         [scylla]\ncontact_points = [{}]\nkeyspace = \"fairway_faults\"\nlocal_bridge = {}\n\
+         [scylla]\ncontact_points = [{}]\nkeyspace = \"fairway_faults\"\n\
          [pools.short]\nslots = {}\n\
          [job_types.sleep]\npool = \"short\"\nhandler = \"sleep\"\ntimeout = \"10s\"\n",
         base.kafka.brokers,
         a.partitions,
         a.session_timeout.as_millis(),
         contact_points.join(", "),
-        base.scylla.local_bridge,
         a.slots,
     );
     for t in TENANTS {

@@ -1,6 +1,6 @@
 //! `fairway-bench bench partitions`: what a network partition costs. For each kind asked
 //! (`--kinds broker:60s,store:5s,...`) a fresh lab (`fairway::netlab`: a network
-//! namespace, veth pairs, its own broker and CQL bridge in front of the local database)
+//! namespace, veth pairs, its own Apache Kafka broker and a TCP forwarder in front of the local database)
 //! runs two workers, one cut off for that long while sleep jobs run; counted per kind:
 //! jobs stuck and lost, duplicate results, jobs run twice and on two workers at once,
 //! time to recover after the link returned, the cut-off worker's exits and producer
@@ -38,12 +38,12 @@ pub struct PartitionsArgs {
     /// Most time per kind from the first submission until every job has a result.
     #[arg(long, default_value = "300s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
-    /// The tansu broker binary (default: the one `scripts/services` installed).
-    #[arg(long, default_value = ".services/bin/tansu")]
-    pub tansu: PathBuf,
-    /// The CQL database the lab's bridge fronts (the local Cassandra).
-    #[arg(long, env = "FAIRWAY_CASSANDRA", default_value = "127.0.0.1:19142")]
-    pub cassandra: String,
+    /// `scripts/services`: it runs the lab's own Apache Kafka broker.
+    #[arg(long, default_value = "scripts/services")]
+    pub services: PathBuf,
+    /// The CQL database the lab's forwarder fronts (the local Cassandra).
+    #[arg(long, env = "FAIRWAY_CQL", default_value = "127.0.0.1:19042")]
+    pub cql: String,
 }
 
 /// `broker:30s` -> (links, duration), naming the field and the fix on bad input.
@@ -63,18 +63,18 @@ fn parse_kind(s: &str) -> anyhow::Result<(Vec<Link>, Duration)> {
 pub async fn run(g: &Global, a: PartitionsArgs) -> anyhow::Result<ExitCode> {
     let kinds: Vec<(Vec<Link>, Duration)> = a.kinds.iter().map(|k| parse_kind(k)).collect::<anyhow::Result<_>>()?;
     anyhow::ensure!(
-        a.tansu.exists(),
-        "--tansu: no broker binary at {} (scripts/services up installs it)",
-        a.tansu.display()
+        a.services.exists(),
+        "--services: no {} (run from the repository, or give its path)",
+        a.services.display()
     );
     let base = g.load()?;
     let mut reports = Vec::new();
     for (links, cut_for) in kinds {
         let dir = std::env::temp_dir().join(format!("fairway-partitions-{}-{}", fairway::now_ms(), std::process::id()));
         let setup = LabSetup {
-            tansu: a.tansu.clone(),
+            services: a.services.clone(),
             fairway: std::env::current_exe().context("locating the fairway binary")?,
-            cassandra: a.cassandra.clone(),
+            cql: a.cql.clone(),
             dir: dir.clone(),
         };
         let plan = Plan {

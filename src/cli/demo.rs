@@ -328,11 +328,8 @@ fn ensure_services(cfg: &Config) -> anyhow::Result<()> {
     }
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/services");
     println!("starting local services with {} (first run installs them: a few minutes)", script.display());
-    let mut cmd = std::process::Command::new(&script);
-    if let Ok(exe) = std::env::current_exe() {
-        cmd.env("FAIRWAY_BIN", exe); // the bridge runs from this very binary
-    }
-    let status = cmd.arg("up").status().with_context(|| format!("cannot run {}", script.display()))?;
+    let status = std::process::Command::new(&script)
+        .arg("up").status().with_context(|| format!("cannot run {}", script.display()))?;
     if !status.success() {
         bail!("{} up failed; see .services/logs/", script.display());
     }

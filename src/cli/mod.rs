@@ -3,7 +3,6 @@
 //! set-up around it ([`enter`]). Both binaries are built on it: `fairway` (src/main.rs)
 //! and `fairway-bench` (src/bench/main.rs: this plus the benchmarks).
 
-mod cqlbridge;
 mod demo;
 mod keys;
 pub(crate) mod ops;
@@ -112,8 +111,6 @@ pub enum Cmd {
     Schedules(schedules::SchedulesArgs),
     /// HTTP API keys: create (per tenant or admin), list, revoke.
     Keys(keys::KeysArgs),
-    /// Protocol-v4 bridge in front of a local Cassandra 2.1 (used by scripts/services).
-    CqlBridge(ops::BridgeArgs),
 }
 
 /// Runs `work` (a parsed command) as the process: logging to stderr (`FAIRWAY_LOG`),
@@ -159,7 +156,6 @@ pub fn enter(work: impl Future<Output = anyhow::Result<ExitCode>>) -> ExitCode {
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let g = cli.global;
     match cli.cmd {
-        Cmd::CqlBridge(a) => ops::bridge(a).await,
         Cmd::Init => ops::init(&*g.load()?).await,
         Cmd::Submit(a) => ops::submit(&g.load()?, a).await,
         Cmd::Worker(a) => ops::worker(g.load()?, a).await,

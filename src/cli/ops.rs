@@ -1,16 +1,15 @@
-//! Operational subcommands: init, submit, worker, status, cancel, results, cql-bridge.
+//! Operational subcommands: init, submit, worker, status, cancel, results.
 
 use anyhow::{bail, Context};
 use fairway::config::Config;
 use fairway::handlers::Registry;
-use fairway::kafka::{self, Consumer, Message};
+use fairway::kafka::{self, Message};
 use fairway::model::{Pool, Priority};
 use fairway::store::Store;
 use fairway::submit::{NewJob, Submitter};
 use fairway::worker::{Policy, Worker, WorkerStart};
 use fairway::{codec, now_ms};
 use std::io::{BufRead, Read};
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -485,17 +484,37 @@ pub struct ResultsArgs {
 }
 
 pub async fn results(cfg: &Config, a: ResultsArgs) -> anyhow::Result<ExitCode> {
-    let group = cfg.group(&format!("cli.results.{}", uuid::Uuid::new_v4()));
-    let consumer = kafka::reader(cfg, &group, false)?;
-    consumer.subscribe(&[&cfg.results_topic()])?;
-    let idle = if a.follow { Duration::from_secs(u64::MAX / 4) } else { Duration::from_secs(8) };
+    let topic = cfg.results_topic();
+    let (c, group, t) = (cfg.clone(), cfg.group(&format!("cli.results.{}", uuid::Uuid::new_v4())), topic.clone());
+    let consumer = std::sync::Arc::new(
+        tokio::task::spawn_blocking(move || kafka::reader_from_start(&c, &group, &t))
+            .await?
+            .map_err(|e| anyhow::anyhow!("reading {topic}: {e}"))?,
+    );
+    // Without --follow: what was on the topic when the command started, up to each
+    // partition's high watermark taken now (later results are left for the next run).
+    let mut ends: std::collections::HashMap<i32, i64> = if a.follow {
+        Default::default()
+    } else {
+        let ends = kafka::partition_ends(consumer.clone(), topic.clone()).await;
+        ends.map_err(|e| anyhow::anyhow!("reading the ends of {topic}: {e}"))?.into_iter().collect()
+    };
     let mut n = 0usize;
     loop {
-        let msg = match tokio::time::timeout(idle, consumer.recv()).await {
-            Err(_) => break,
-            Ok(Err(e)) => bail!("reading {}: {e}", cfg.results_topic()),
+        if !a.follow {
+            ends.retain(|p, end| *end > 0 && kafka::position(&consumer, &topic, *p).is_none_or(|at| at < *end));
+            if ends.is_empty() {
+                break;
+            }
+        }
+        let msg = match tokio::time::timeout(Duration::from_secs(1), consumer.recv()).await {
+            Err(_) => continue,
+            Ok(Err(e)) => bail!("reading {topic}: {e}"),
             Ok(Ok(m)) => m,
         };
+        if ends.get(&msg.partition()).is_some_and(|end| msg.offset() + 1 >= *end) {
+            ends.remove(&msg.partition());
+        }
         let Some(bytes) = msg.payload() else { continue };
         let r = match codec::decode_result(bytes) {
             Ok(r) => r,
@@ -535,18 +554,3 @@ pub async fn results(cfg: &Config, a: ResultsArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-#[derive(clap::Args, Debug)]
-pub struct BridgeArgs {
-    #[arg(long, default_value = "127.0.0.1:19042")]
-    pub listen: SocketAddr,
-    #[arg(long, default_value = "127.0.0.1:19142")]
-    pub upstream: SocketAddr,
-}
-
-pub async fn bridge(a: BridgeArgs) -> anyhow::Result<ExitCode> {
-    let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    super::cqlbridge::run(a.listen, a.upstream, shutdown).await?;
-    Ok(ExitCode::SUCCESS)
-}

@@ -2,7 +2,7 @@
 //! fairway's config, creates topics, produces with delivery acknowledgements and
 //! exposes a consumer whose rebalances are reported to the worker loop.
 
-use crate::config::Config;
+use crate::config::{Config, GroupProtocol};
 use crate::model::{FailureClass, Pool};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -467,17 +467,23 @@ fn consumer_with(
     if lag_pool.is_some() {
         conf.set("statistics.interval.ms", "5000");
     }
-    let c: WorkerConsumer = conf
-        .set("group.id", group)
+    conf.set("group.id", group)
         .set("fetch.wait.max.ms", FETCH_WAIT_MS)
         .set("enable.auto.commit", "true")
         .set("auto.commit.interval.ms", "500")
         .set("enable.auto.offset.store", "false")
-        .set("auto.offset.reset", "earliest")
-        .set("session.timeout.ms", cfg.kafka.session_timeout.as_millis().to_string())
-        // Members learn of a rebalance (a member left or joined) from their next
-        // heartbeat: a short interval moves partitions within about a second.
-        .set("heartbeat.interval.ms", heartbeat_ms(cfg.kafka.session_timeout).to_string())
+        .set("auto.offset.reset", "earliest");
+    match cfg.kafka.group_protocol {
+        GroupProtocol::Classic => {
+            conf.set("session.timeout.ms", cfg.kafka.session_timeout.as_millis().to_string())
+                // Members learn of a rebalance (a member left or joined) from their next
+                // heartbeat: a short interval moves partitions within about a second.
+                .set("heartbeat.interval.ms", heartbeat_ms(cfg.kafka.session_timeout).to_string())
+        }
+        // KIP-848: the broker owns the session and heartbeat settings and the assignor.
+        GroupProtocol::Consumer => conf.set("group.protocol", "consumer"),
+    };
+    let c: WorkerConsumer = conf
         // Execution is decoupled from polling, so long jobs never trip this.
         .set("max.poll.interval.ms", "300000")
         .set("queued.max.messages.kbytes", "16384")
@@ -631,6 +637,15 @@ pub async fn partition_ends(reader: std::sync::Arc<Reader>, topic: String) -> Re
     })
     .await
     .map_err(|e| e.to_string())?
+}
+
+/// The offset `reader` will read next from `topic`'s partition `p`, if it has one.
+pub fn position(reader: &Reader, topic: &str, p: i32) -> Option<i64> {
+    let tpl = reader.position().ok()?;
+    match tpl.find_partition(topic, p)?.offset() {
+        Offset::Offset(o) => Some(o),
+        _ => None,
+    }
 }
 
 /// A reader that starts at the topic's end (no commits): live tails such as the events

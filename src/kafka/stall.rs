@@ -5,8 +5,8 @@
 //! network cut), librdkafka keeps the partition in the assignment but never starts its
 //! fetcher (`fetch_state=stopped`) "until the application unassigns it and possibly
 //! re-assigns it" (rdkafka_assignment.c). A seek cannot help (it is refused on a stopped
-//! fetcher). So the consumer's current assignment is assigned again (the eager protocol
-//! allows only whole assignments), every partition at an absolute offset where the
+//! fetcher). So the consumer's current assignment is assigned again (whole under the
+//! classic eager protocol; unassigned and assigned back incrementally under KIP-848), every partition at an absolute offset where the
 //! worker's books know one: the one after the last record it took in during the current
 //! assignment (nothing lost, nothing read twice), else the committed offset, which
 //! librdkafka queries anew. Pauses are librdkafka's per-partition flags and survive it.
@@ -67,7 +67,14 @@ pub fn restart_fetchers<C: Consumer<X>, X: ConsumerContext>(
         starts.push((e.topic().to_string(), e.partition(), at));
     }
     if !starts.is_empty() {
-        consumer.assign(&tpl)?;
+        if matches!(consumer.rebalance_protocol(), rdkafka::consumer::RebalanceProtocol::Cooperative) {
+            // KIP-848 and cooperative assignors hand out partitions one by one: a whole
+            // assignment cannot be set, but the same partitions can leave and come back.
+            consumer.incremental_unassign(&tpl)?;
+            consumer.incremental_assign(&tpl)?;
+        } else {
+            consumer.assign(&tpl)?;
+        }
     }
     Ok(Some(starts))
 }

@@ -1,7 +1,7 @@
 //! A network-partition lab on one Linux machine (root needed): a network namespace
-//! joined to the host by two veth pairs, one leading to a Kafka-protocol broker (tansu)
-//! and one to a CQL bridge (`fairway cql-bridge`, in front of the suite's database), both
-//! listening on the host ends. Workers run on the host or inside the namespace
+//! joined to the host by two veth pairs, one leading to an Apache Kafka broker of the
+//! lab's own (`scripts/services run kafka`) and one to a TCP forwarder in front of the
+//! suite's CQL database (`forward`), both listening on the host ends. Workers run on the host or inside the namespace
 //! (`ip netns exec`); setting the namespace's end of a pair down cuts the workers inside
 //! off from the broker, the store, or both, while the host keeps reaching them.
 //!
@@ -9,6 +9,7 @@
 //! counts: `netlab::scenario`). Everything the lab starts or creates (processes, the
 //! namespace, the veth pairs) is removed when it is dropped, on every exit path.
 
+mod forward;
 pub mod runs;
 pub mod scenario;
 
@@ -32,14 +33,14 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> LabError {
     move |source| LabError::Io { what, source }
 }
 
-/// What the lab runs: the broker and fairway binaries, the database the bridge fronts,
-/// and a directory for logs and configuration.
+/// What the lab runs: `scripts/services` (it runs the lab's broker), the fairway binary,
+/// the CQL database the forwarder fronts, and a directory for logs and configuration.
 #[derive(Debug, Clone)]
 pub struct LabSetup {
-    pub tansu: PathBuf,
+    pub services: PathBuf,
     pub fairway: PathBuf,
-    /// The CQL database (protocol v3, e.g. the local Cassandra), host:port.
-    pub cassandra: String,
+    /// The CQL database (the suite's Cassandra, listening on 127.0.0.1), host:port.
+    pub cql: String,
     pub dir: PathBuf,
 }
 
@@ -66,8 +67,10 @@ pub struct Lab {
     cql: String,
     dir: PathBuf,
     fairway: PathBuf,
-    /// The broker and the bridge.
+    /// The broker.
     servers: Vec<Child>,
+    /// The CQL forwarder (stops when dropped).
+    forwarder: Option<forward::Forwarder>,
     /// Worker processes: (name, inside the namespace, process).
     workers: Vec<(String, bool, Child)>,
 }
@@ -129,6 +132,7 @@ impl Lab {
             dir: setup.dir.clone(),
             fairway: setup.fairway.clone(),
             servers: Vec::new(),
+            forwarder: None,
             workers: Vec::new(),
         };
         // From here on, Drop removes whatever was made.
@@ -150,24 +154,52 @@ impl Lab {
     fn start_servers(&mut self, setup: &LabSetup) -> Result<(), LabError> {
         let (b, s) = (self.pairs[0].host_addr, self.pairs[1].host_addr);
         self.broker = format!("{b}:{}", free_port(b)?);
-        self.cql = format!("{s}:{}", free_port(s)?);
-        let url = format!("tcp://{}", self.broker);
-        let tansu = [
-            "broker",
-            "--listener-url",
-            &url,
-            "--advertised-listener-url",
-            &url,
-            "--storage-engine",
-            "memory://tansu/",
-        ];
-        let broker = self.spawn_logged("broker", Command::new(&setup.tansu).args(tansu))?;
+        let controller = free_port(b)?;
+        let port = self.broker.rsplit(':').next().unwrap_or_default().to_string();
+        let mut cmd = Command::new(&setup.services);
+        cmd.args(["run", "kafka"])
+            .env("FAIRWAY_SERVICES_DIR", self.dir.join("kafka"))
+            .env("FAIRWAY_SERVICES_HOST", b.to_string())
+            .env("FAIRWAY_KAFKA_PORT", &port)
+            .env("FAIRWAY_KAFKA_CONTROLLER_PORT", controller.to_string())
+            .env("FAIRWAY_KAFKA_HEAP", "384m")
+            .env_remove("FAIRWAY_KAFKA_EXTRA")
+            .env_remove("FAIRWAY_KAFKA_SCRAM");
+        let broker = self.spawn_logged("broker", &mut cmd)?;
         self.servers.push(broker);
-        let bridge = ["cql-bridge", "--listen", &self.cql, "--upstream", &setup.cassandra];
-        let bridge = self.spawn_logged("bridge", Command::new(&setup.fairway).args(bridge))?;
-        self.servers.push(bridge);
-        wait_listening(&self.broker, Duration::from_secs(20), "the lab's broker")?;
-        wait_listening(&self.cql, Duration::from_secs(20), "the lab's CQL bridge")
+        let upstream = setup.cql.parse().map_err(|_| LabError::Failed(format!("bad CQL address {}", setup.cql)))?;
+        let forwarder = forward::Forwarder::start((s, 0).into(), upstream).map_err(io("starting the CQL forwarder"))?;
+        self.cql = forwarder.addr().to_string();
+        self.forwarder = Some(forwarder);
+        // The broker formats its storage, then starts: ~10 s on 2 cores.
+        wait_listening(&self.broker, Duration::from_secs(90), "the lab's broker")?;
+        self.wait_broker_started(Duration::from_secs(60))?;
+        wait_listening(&self.cql, Duration::from_secs(20), "the lab's CQL forwarder")
+    }
+
+    /// Waits until the broker's log says it started (it listens a little before).
+    fn wait_broker_started(&mut self, within: Duration) -> Result<(), LabError> {
+        let deadline = Instant::now() + within;
+        loop {
+            let log = std::fs::read_to_string(self.log_path("broker")).unwrap_or_default();
+            if log.contains("Kafka Server started") {
+                return Ok(());
+            }
+            if let Some(status) = self.servers.first_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                return Err(LabError::Failed(format!("the lab's broker exited ({status}); see {}", self.log_path("broker").display())));
+            }
+            if Instant::now() > deadline {
+                return Err(LabError::Failed(format!("the lab's broker did not start within {within:?}")));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// What a worker's `scylla.address_map` needs: the database reports its address as
+    /// 127.0.0.1 and the driver would go there; the lab's workers must use the forwarder.
+    pub fn cql_address_map(&self) -> (String, String) {
+        let port = self.cql.rsplit(':').next().unwrap_or_default();
+        (format!("127.0.0.1:{port}"), self.cql.clone())
     }
 
     /// Starts `cmd` with its output in `<dir>/<name>.log`.
@@ -193,7 +225,7 @@ impl Lab {
         &self.broker
     }
 
-    /// The CQL bridge's address (host end of the store link).
+    /// The CQL forwarder's address (host end of the store link).
     pub fn cql(&self) -> &str {
         &self.cql
     }
@@ -283,6 +315,8 @@ impl Drop for Lab {
             let _ = c.kill();
             let _ = c.wait();
         }
+        self.forwarder = None;
+        let _ = std::fs::remove_dir_all(self.dir.join("kafka"));
         // Deleting the namespace destroys its veth ends and with them the pairs; the host
         // ends are deleted too in case a pair never got its end moved in.
         let _ = ip(&["netns", "del", &self.ns]);

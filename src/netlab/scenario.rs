@@ -158,9 +158,10 @@ const WORKER_LOG: &str = "warn,fairway::worker::pool=info,fairway::worker::watch
 /// listener (host:port), if any.
 fn config_text(lab: &Lab, plan: &Plan, prefix: &str, metrics: Option<&str>) -> String {
     let metrics = metrics.map(|m| format!("metrics_listen = {m:?}\n")).unwrap_or_default();
+    let (reported, forwarder) = lab.cql_address_map();
     let mut text = format!(
         "[kafka]\nbrokers = {:?}\ntopic_prefix = {prefix:?}\npartitions = {}\nsession_timeout = \"{}ms\"\n\
-         [scylla]\ncontact_points = [{:?}]\nkeyspace = {:?}\nlocal_bridge = true\n\
+         [scylla]\ncontact_points = [{:?}]\nkeyspace = {:?}\naddress_map = {{ {reported:?} = {forwarder:?} }}\n\
          [worker]\nstore_outage_limit = \"{}ms\"\n{metrics}\
          [pools.short]\nslots = {}\n\
          [job_types.sleep]\npool = \"short\"\nhandler = \"sleep\"\ntimeout = \"60s\"\n",

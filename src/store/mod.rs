@@ -46,6 +46,8 @@ pub enum StoreError {
     Connect { contact_points: String, message: String },
     #[error("CQL statement failed ({what}): {message}")]
     Query { what: &'static str, message: String },
+    #[error("{0}")]
+    Config(String),
     #[error("checkpoint for job {job_id} is {size} bytes, above the {limit}-byte limit; save less state (e.g. a cursor, not the data)")]
     CheckpointTooLarge { job_id: String, size: usize, limit: usize },
 }
@@ -210,15 +212,26 @@ fn applied(res: scylla::response::query_result::QueryResult) -> Result<bool, Sto
     Ok(matches!(row.and_then(|r| r.columns.into_iter().next()), Some(Some(scylla::value::CqlValue::Boolean(true)))))
 }
 
+/// `scylla.address_map` as the driver's translator (node address -> address to connect to).
+fn address_map(
+    map: &std::collections::BTreeMap<String, String>,
+) -> Result<std::collections::HashMap<std::net::SocketAddr, std::net::SocketAddr>, StoreError> {
+    let parse = |s: &str| {
+        s.parse::<std::net::SocketAddr>().map_err(|_| {
+            StoreError::Config(format!("scylla.address_map: {s:?} is not an ip:port address (e.g. \"10.0.0.5:9042\")"))
+        })
+    };
+    map.iter().map(|(from, to)| Ok((parse(from)?, parse(to)?))).collect()
+}
+
 /// Opens a session (no keyspace yet): used by `init` and by `Store::open`.
 pub async fn connect(cfg: &Config) -> Result<Session, StoreError> {
     let mut b = SessionBuilder::new();
     for cp in &cfg.scylla.contact_points {
         b = b.known_node(cp);
     }
-    if cfg.scylla.local_bridge {
-        // Cassandra 2.1 behind the local bridge has no system_schema keyspace.
-        b = b.fetch_schema_metadata(false).fetch_full_schema_metadata(false);
+    if !cfg.scylla.address_map.is_empty() {
+        b = b.address_translator(std::sync::Arc::new(address_map(&cfg.scylla.address_map)?));
     }
     if let Some(user) = &cfg.scylla.username {
         b = b.user(user, cfg.scylla.password.as_ref().map(|p| p.expose()).unwrap_or(""));
