@@ -12,6 +12,7 @@
 //! malformed messages reached the DLQ. Every wait is bounded. Last line JSON.
 
 use super::bench_flood::{produce, record, round2, ResultFeed};
+use super::bench_ownership;
 use super::Global;
 use anyhow::Context;
 use fairway::config::Config;
@@ -47,9 +48,21 @@ pub struct FaultsArgs {
     #[arg(long, default_value = "scripts/services")]
     pub services: PathBuf,
     /// A shell command that restarts the broker (run once at 60 % of the jobs, bounded to
-    /// 150 s), e.g. for a tansu broker on durable (`s3://`) storage; see docs/testing.md (Fault suite).
+    /// 150 s), e.g. `scripts/services down kafka && sleep 20 && scripts/services up kafka`; see docs/testing.md.
     #[arg(long)]
     pub broker_restart_cmd: Option<String>,
+    /// One rolling restart of every worker at 30 % of the jobs, the way a Kubernetes
+    /// rollout does it: each worker's replacement starts as it gets SIGTERM, the next
+    /// worker follows once the old one exited, whoever owns what.
+    #[arg(long)]
+    pub rollout: bool,
+    /// The workers' `kafka.group_protocol`: classic or consumer (KIP-848).
+    #[arg(long, default_value = "classic")]
+    pub group_protocol: String,
+    /// Quiet tenants (q0..q5) submit one 1 ms job each this often while the jobs run;
+    /// their waits (submitted -> started) are reported. 0: none.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    pub quiet_every: Duration,
     /// Slots of the short pool per worker.
     #[arg(long, default_value_t = 64)]
     pub slots: usize,
@@ -73,10 +86,16 @@ pub struct FaultsArgs {
 }
 
 const TENANTS: [&str; 3] = ["fa", "fb", "fc"];
+const QUIET: [&str; 6] = ["q0", "q1", "q2", "q3", "q4", "q5"];
 const MALFORMED: &[u8] = b"this is not an Avro single-object message";
 
 pub async fn run(g: &Global, a: FaultsArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(a.workers > 0 && a.jobs > 0, "--workers and --jobs must be positive");
+    anyhow::ensure!(
+        matches!(a.group_protocol.as_str(), "classic" | "consumer"),
+        "--group-protocol: {:?} is neither classic nor consumer",
+        a.group_protocol
+    );
     let run = RunDir::create(g, &a)?;
     let cfg = run.cfg.clone();
     kafka::ensure_topics(&cfg).await.context("creating the bench topics (scripts/services up?)")?;
@@ -100,7 +119,9 @@ pub async fn run(g: &Global, a: FaultsArgs) -> anyhow::Result<ExitCode> {
 
     let dlq = dead_lettered(&cfg, &sent, Duration::from_secs(30)).await?;
     let runs = count_runs(&run.run_log, &sent.ids)?;
+    let ownership = ownership(&run.dir, &a, &faults);
     let report = report(&a, &sent, &tally, &faults, &dlq, &runs, duration, restarts);
+    let report = with_rollout(report, &tally, ownership);
     eprintln!("faults: run directory {}", run.dir.display());
     if !a.keep {
         let _ = std::fs::remove_dir_all(&run.dir);
@@ -142,16 +163,18 @@ fn config_text(base: &Config, a: &FaultsArgs, prefix: &str) -> String {
     let contact_points: Vec<String> = base.scylla.contact_points.iter().map(|c| format!("{c:?}")).collect();
     let mut text = format!(
         "[kafka]\nbrokers = {:?}\ntopic_prefix = {prefix:?}\npartitions = {}\nsession_timeout = \"{}ms\"\n\
+         group_protocol = {:?}\n\
          [scylla]\ncontact_points = [{}]\nkeyspace = \"fairway_faults\"\n\
          [pools.short]\nslots = {}\n\
          [job_types.sleep]\npool = \"short\"\nhandler = \"sleep\"\ntimeout = \"10s\"\n",
         base.kafka.brokers,
         a.partitions,
         a.session_timeout.as_millis(),
+        a.group_protocol,
         contact_points.join(", "),
         a.slots,
     );
-    for t in TENANTS {
+    for t in TENANTS.iter().chain(&QUIET) {
         text.push_str(&format!("[tenants.{t}]\ntier = \"standard\"\n"));
     }
     text
@@ -164,6 +187,7 @@ fn config_text(base: &Config, a: &FaultsArgs, prefix: &str) -> String {
 /// on every exit path including a panic.
 struct Fleet {
     bin: PathBuf,
+    config: Arc<Config>,
     config_path: PathBuf,
     run_log: PathBuf,
     dir: PathBuf,
@@ -180,6 +204,7 @@ impl Fleet {
         };
         let mut fleet = Fleet {
             bin,
+            config: run.cfg.clone(),
             config_path: run.config_path.clone(),
             run_log: run.run_log.clone(),
             dir: run.dir.clone(),
@@ -202,6 +227,7 @@ impl Fleet {
             .args(["worker", "--pools", "short"])
             .env(fairway::handlers::RUN_LOG_ENV, &self.run_log)
             .env("FAIRWAY_LOG", "warn,fairway=info")
+            .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -303,10 +329,17 @@ struct Tally {
     results: HashMap<String, u32>,
     /// Jobs by the status of their first result.
     statuses: BTreeMap<String, u64>,
+    /// Quiet tenants' first results: (started at, wait from submission to start), ms.
+    quiet: HashMap<String, (i64, i64)>,
 }
 
 impl Tally {
     fn add(&mut self, r: &JobResult, sent: &Sent) {
+        if QUIET.contains(&r.tenant.as_str()) {
+            let started = r.started_at.unwrap_or(r.finished_at);
+            self.quiet.entry(r.job_id.clone()).or_insert((started, started - r.submitted_at));
+            return;
+        }
         if sent.ids.contains(&r.job_id) {
             let n = self.results.entry(r.job_id.clone()).or_default();
             *n += 1;
@@ -325,6 +358,8 @@ struct Faults {
     broker_restart_s: Option<f64>,
     broker_restart_error: Option<String>,
     unexpected_exits: usize,
+    /// The rollout's window (Unix ms), when one ran.
+    rollout: Option<(i64, i64)>,
 }
 
 /// Reads results until every job has one (then `--settle` more) or `--timeout` passes,
@@ -343,9 +378,20 @@ async fn run_faults(
     let mut broker: Option<tokio::task::JoinHandle<anyhow::Result<f64>>> = None;
     let deadline = t0 + a.timeout;
     let mut settle_until: Option<Instant> = None;
+    let mut rollout: Option<Rollout> = None;
+    let quiet = (!a.quiet_every.is_zero()).then(|| tokio::spawn(quiet_jobs(fleet.config.clone(), a.quiet_every)));
     while Instant::now() < settle_until.unwrap_or(deadline) {
         drain(feed, sent, tally, Duration::from_millis(200)).await;
         let done = tally.results.len();
+        if a.rollout && rollout.is_none() && done >= a.jobs * 3 / 10 {
+            eprintln!("faults: rolling restart of {} workers at {done}/{} done", a.workers, a.jobs);
+            rollout = Some(Rollout { started: now_ms(), next: 0, stopping: None });
+        }
+        if let Some(r) = rollout.as_mut() {
+            if let Some(window) = r.step(fleet)? {
+                faults.rollout = Some(window);
+            }
+        }
         if faults.kill_at_s.len() < a.kills && done >= (faults.kill_at_s.len() + 1) * a.jobs / (a.kills + 1) {
             let i = rand::random_range(0..fleet.children.len());
             let pid = fleet.kill_restart(i)?;
@@ -366,6 +412,17 @@ async fn run_faults(
         if done == a.jobs && settle_until.is_none() {
             settle_until = Some(Instant::now() + a.settle);
         }
+        if settle_until.is_some() {
+            if let Some(q) = &quiet {
+                q.abort();
+            }
+        }
+    }
+    if let Some(q) = quiet {
+        q.abort();
+        if let Ok(Err(e)) = q.await {
+            eprintln!("faults: the quiet tenants' submissions stopped: {e:#}");
+        }
     }
     if let Some(task) = cql {
         match task.await? {
@@ -380,6 +437,94 @@ async fn run_faults(
         }
     }
     Ok(faults)
+}
+
+/// An ungated rolling restart in progress (`--rollout`).
+struct Rollout {
+    started: i64,
+    /// The next worker to replace.
+    next: usize,
+    /// The old worker stopping (SIGTERM sent), if any.
+    stopping: Option<Child>,
+}
+
+impl Rollout {
+    /// One step, without blocking: once the stopping worker exited, the next one is
+    /// replaced. Returns the rollout's window when the last old worker exited.
+    fn step(&mut self, fleet: &mut Fleet) -> anyhow::Result<Option<(i64, i64)>> {
+        if let Some(old) = self.stopping.as_mut() {
+            if old.try_wait()?.is_none() {
+                return Ok(None);
+            }
+            self.stopping = None;
+            if self.next == fleet.children.len() {
+                self.next += 1;
+                return Ok(Some((self.started, now_ms())));
+            }
+        }
+        if self.next >= fleet.children.len() {
+            return Ok(None);
+        }
+        let replacement = fleet.spawn(self.next)?;
+        let mut old = std::mem::replace(&mut fleet.children[self.next], replacement);
+        let pid = old.id().to_string();
+        let sent = std::process::Command::new("kill").args(["-TERM", &pid]).status();
+        if !sent.is_ok_and(|s| s.success()) {
+            let _ = old.kill();
+        }
+        eprintln!("faults: rollout: SIGTERM worker {} (pid {pid}), its replacement started", self.next);
+        self.stopping = Some(old);
+        self.next += 1;
+        Ok(None)
+    }
+}
+
+/// Submits one 1 ms sleep job per quiet tenant every `every`, until aborted.
+async fn quiet_jobs(cfg: Arc<Config>, every: Duration) -> anyhow::Result<()> {
+    let producer = kafka::producer(&cfg)?;
+    let topic = cfg.pool_topic(Pool::Short);
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        for t in QUIET {
+            produce(&producer, &topic, &record(t, "sleep", serde_json::json!({ "ms": 1 }))).await?;
+        }
+    }
+}
+
+/// Per partition, how long it had no owner during the rollout (from the workers' logs).
+fn ownership(dir: &Path, a: &FaultsArgs, faults: &Faults) -> Option<serde_json::Value> {
+    let (from, to) = faults.rollout?;
+    let mut timelines = Vec::new();
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if name.starts_with("worker") && name.ends_with(".log") {
+            timelines.push(bench_ownership::timeline(&std::fs::read_to_string(e.path()).unwrap_or_default()));
+        }
+    }
+    let gaps = bench_ownership::unowned(&timelines, a.partitions, from, to);
+    let mut longest: Vec<i64> = gaps.values().map(|(_, l)| *l).collect();
+    longest.sort_unstable();
+    let total: i64 = gaps.values().map(|(t, _)| *t).sum();
+    Some(serde_json::json!({
+        "rollout_s": round2((to - from) as f64 / 1000.0),
+        "unowned_ms_per_partition": gaps.values().map(|(t, _)| *t).collect::<Vec<_>>(),
+        "longest_unowned_ms_p50": longest.get(longest.len() / 2),
+        "longest_unowned_ms_max": longest.last(),
+        "unowned_ms_total": total,
+    }))
+}
+
+/// The report with the rollout's ownership gaps and the quiet tenants' waits.
+fn with_rollout(mut report: serde_json::Value, tally: &Tally, ownership: Option<serde_json::Value>) -> serde_json::Value {
+    let mut waits: Vec<i64> = tally.quiet.values().map(|(_, w)| *w).collect();
+    waits.sort_unstable();
+    let pct = |q: f64| waits.get(((waits.len() as f64 * q) as usize).min(waits.len().saturating_sub(1))).copied();
+    report["quiet"] = serde_json::json!({
+        "jobs": waits.len(), "wait_ms_p50": pct(0.5), "wait_ms_p99": pct(0.99), "wait_ms_max": waits.last(),
+    });
+    report["rollout"] = ownership.unwrap_or(serde_json::Value::Null);
+    report
 }
 
 /// `sh -c cmd`, bounded to 150 s; returns the seconds it took.
@@ -488,6 +633,7 @@ fn report(
         "config": {
             "workers": a.workers, "jobs": a.jobs, "job_ms": a.job_ms, "kills": a.kills,
             "cql_restart": a.cql_restart, "slots": a.slots, "partitions": a.partitions,
+            "rollout": a.rollout, "group_protocol": a.group_protocol,
             "session_timeout_ms": a.session_timeout.as_millis() as u64,
         },
         "duration_s": round2(duration.as_secs_f64()),

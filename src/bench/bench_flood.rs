@@ -94,11 +94,17 @@ impl ResultFeed {
         let (tx, rx) = mpsc::unbounded_channel();
         let (stop, mut stop_rx) = watch::channel(false);
         let task = tokio::spawn(async move {
+            // A record is passed on once: a reader whose group session lapsed (a broker
+            // restart) rejoins without commits and reads the topic from the start again.
+            let mut seen = std::collections::HashSet::new();
             loop {
                 tokio::select! {
                     _ = stop_rx.changed() => break,
                     m = reader.recv() => {
                         let Ok(m) = m else { continue };
+                        if !seen.insert((m.partition(), m.offset())) {
+                            continue;
+                        }
                         if let Some(r) = m.payload().and_then(|b| codec::decode_result(b).ok()) {
                             if tx.send((r, now_ms())).is_err() {
                                 break;

@@ -14,6 +14,7 @@ mod bench;
 mod bench_blast;
 mod bench_cpu;
 mod bench_faults;
+mod bench_ownership;
 mod bench_flood;
 mod bench_partitions;
 mod bench_process;

@@ -118,7 +118,7 @@ impl<'de> Deserialize<'de> for KafkaProperties {
 pub const KAFKA_ENV_PREFIX: &str = "FAIRWAY_KAFKA_";
 
 /// `FAIRWAY_KAFKA_*` names that are not client properties (used by fairway's scripts).
-const KAFKA_ENV_RESERVED: &[&str] = &["PORT", "TLS_PORT", "SASL_PORT"];
+const KAFKA_ENV_RESERVED: &[&str] = &["PORT", "TLS_PORT", "SASL_PORT", "CONTROLLER_PORT", "HEAP", "EXTRA", "SCRAM"];
 
 /// The property a `FAIRWAY_KAFKA_<NAME>` variable sets, or None if `var` is not one.
 pub fn kafka_env_property(var: &str) -> Option<String> {

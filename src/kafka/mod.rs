@@ -133,8 +133,8 @@ pub async fn apply_retention(cfg: &Config) -> Result<Vec<String>, KafkaError> {
         .filter_map(|t| topic_retention(cfg, &t).map(|d| (t, d.as_millis().to_string())))
         .collect();
     let specs: Vec<ResourceSpecifier> = wanted.iter().map(|(t, _)| ResourceSpecifier::Topic(t)).collect();
-    // A broker without DescribeConfigs/AlterConfigs (tansu has no AlterConfigs): say what
-    // that means and what to do.
+    // A broker without DescribeConfigs/AlterConfigs (some Kafka-protocol servers lack
+    // them): say what that means and what to do.
     let admin_err = |e: rdkafka::error::KafkaError| {
         let mut err = admin_err(e);
         if let KafkaError::Client { message, .. } = &mut err {

@@ -285,6 +285,48 @@ impl Fleet {
     }
 }
 
+/// Ownership changes the inside worker logged so far (assignments, revocations, exits).
+fn count_changes(lab: &Lab) -> usize {
+    let logs = lab.worker_logs("inside");
+    let n = |needle| logs.iter().map(|p| count_in_log(p, needle)).sum::<usize>();
+    n("partitions assigned") + n("partitions revoked") + n("cannot serve its partitions")
+}
+
+/// After the links are back, waits (up to 60 s) until the inside worker shows it is back:
+/// a result of its own since the restore, an ownership change since the cut (it learned
+/// that the group moved on without it, and rejoined), or an exit. On Apache Kafka the
+/// other worker may have finished every job during the cut, so the probes must not be
+/// judged before the cut-off worker had the chance to come back.
+async fn inside_back(
+    lab: &mut Lab,
+    s: &mut Session,
+    ids: &HashSet<String>,
+    tally: &mut Tally,
+    changes_at_cut: usize,
+) -> Result<(), LabError> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let exits = s.fleet.inside_exits.len();
+    while Instant::now() < deadline {
+        if tally.inside_after_restore > 0 || count_changes(lab) > changes_at_cut || s.fleet.inside_exits.len() > exits {
+            // Whatever the change, let the group settle on it (no ownership change for
+            // 2 s) before the probes.
+            let (mut seen, mut quiet_since) = (count_changes(lab), Instant::now());
+            while Instant::now() < deadline && quiet_since.elapsed() < Duration::from_secs(2) {
+                tally.take(s, ids, true, None).await;
+                s.fleet.restart_exited(lab)?;
+                if count_changes(lab) != seen {
+                    (seen, quiet_since) = (count_changes(lab), Instant::now());
+                }
+            }
+            return Ok(());
+        }
+        tally.take(s, ids, true, None).await;
+        s.fleet.restart_exited(lab)?;
+    }
+    tracing::warn!("the inside worker showed no sign of life within 60 s of the restore");
+    Ok(())
+}
+
 /// Waits until both workers logged an assignment (a group of two formed).
 async fn wait_assigned(lab: &Lab, within: Duration) -> Result<(), LabError> {
     let deadline = Instant::now() + within;
@@ -472,8 +514,10 @@ async fn phase(lab: &mut Lab, plan: &Plan, cut: &Cut, s: &mut Session) -> Result
     let t0 = Instant::now();
     let ids = submit(&s.cfg, &s.producer, plan.jobs, plan.job_ms).await?;
     let mut tally = Tally::default();
+    let changes_at_cut = count_changes(lab);
     let (cut_at, restored, all_done_at) = cut_while_running(lab, plan, cut, s, &ids, &mut tally).await?;
     let stuck = ids.len() - tally.results.len();
+    inside_back(lab, s, &ids, &mut tally, changes_at_cut).await?;
 
     // Probes: every partition must be served again, by whoever owns it now.
     let probe_ids = submit(&s.cfg, &s.producer, plan.probes, 0).await?;

@@ -1,6 +1,7 @@
-"""The client's tests run against real local services that tests/it_python_client.rs (in
-the repository) starts: a broker, the CQL database, a `fairway worker` for the short pool
-and `fairway serve`. It passes where they are in the environment."""
+"""The client's service tests (test_services.py, through the `env` fixture) run against
+real local services that tests/it_python_client.rs (in the repository) starts: a broker,
+the CQL database, a `fairway worker` for the short pool and `fairway serve`. It passes
+where they are in the environment. test_codec.py and test_http_security.py need none."""
 
 import os
 import uuid

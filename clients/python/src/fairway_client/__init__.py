@@ -2,7 +2,7 @@
 and dead letters as typed records, follow a job's events, replay dead letters.
 
     from fairway_client import HttpClient, Job
-    api = HttpClient("http://fairway-api", api_key)
+    api = HttpClient("https://fairway-api.example.com", api_key)   # http only on loopback
     job_id = api.submit(Job(tenant="acme", job_type="email.send", payload={"to": "a@b.c"}))["job_id"]
     for event in api.events(job_id):
         print(event.kind, event.progress)
@@ -11,7 +11,7 @@ and dead letters as typed records, follow a job's events, replay dead letters.
 """
 
 from .codec import DecodeError, decode, encode, versions
-from .http import ApiError, HttpClient
+from .http import ApiError, HttpClient, RedirectRefused
 from .records import DeadLetter, Job, JobEvent, JobResult, JobSubmitted
 from .replay import ReplayRefused, prepare_replay
 
@@ -24,6 +24,7 @@ __all__ = [
     "JobEvent",
     "JobResult",
     "JobSubmitted",
+    "RedirectRefused",
     "ReplayRefused",
     "decode",
     "encode",

@@ -1,13 +1,18 @@
 """fairway's HTTP API (`fairway serve`) with the standard library only: submit one job
 or a batch, read and cancel jobs, follow a job's events over Server-Sent Events.
-Every call sends ``Authorization: Bearer <API key>`` (`fairway keys create`)."""
+Every call sends ``Authorization: Bearer <API key>`` (`fairway keys create`), so the
+client only talks to the origin it was given: over https (plain http only on loopback),
+verified against the system's CAs or the caller's (`ca_file`, `ssl_context`), and it
+never follows a redirect (see `RedirectRefused`)."""
 
+import ipaddress
 import json
+import ssl
 import time
 import urllib.error
 import urllib.request
 from typing import Iterable, Iterator, List, Optional
-from urllib.parse import quote
+from urllib.parse import quote, urljoin, urlsplit
 
 from .records import TERMINAL_STATUSES, Job, JobEvent
 
@@ -26,21 +31,134 @@ class ApiError(Exception):
         self.status, self.code, self.message, self.retry_after, self.body = status, code, message, retry_after, body
 
 
+class RedirectRefused(ApiError):
+    """The server answered a redirect (`status` 3xx) to `location`; the client does not
+    follow it.
+
+    fairway's API never redirects, so a redirect comes from something in between (a
+    proxy, a load balancer, a moved host) and means the base URL is not the API's.
+    Following it would send the request, with its ``Authorization`` header, somewhere the
+    caller did not name: urllib copies every header on a redirect, to any host. Dropping
+    the key on a cross-origin hop instead (as requests does) would only turn the redirect
+    into a puzzling 401, and urllib also rewrites a POST into a GET without its body on
+    301/302/303, which would turn a submit into a read. So every redirect, same origin or
+    not, is an error naming where it pointed: check that URL and give it as `base_url`
+    if it is the API."""
+
+    def __init__(self, status: int, location: Optional[str], url: str):
+        where = location or "(no Location header)"
+        super().__init__(
+            status,
+            "REDIRECT_REFUSED",
+            f"{url} redirected to {where}; the client does not follow redirects (they could carry "
+            "the API key to another host): if that is the API, use it as HttpClient's base_url",
+        )
+        self.location, self.url = location, url
+
+
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """Declines every redirect; the 3xx then reaches `_request` as an HTTPError."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+_LOOPBACK_V4 = ipaddress.ip_network("127.0.0.0/8")
+
+
+def _is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or the name ``localhost`` (nothing else: not other names that
+    happen to resolve to loopback, not IPv4-mapped addresses)."""
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return ip in _LOOPBACK_V4 if ip.version == 4 else ip == ipaddress.IPv6Address("::1")
+
+
 class HttpClient:
-    def __init__(self, base_url: str, api_key: str, timeout: float = 30.0):
+    """A client of one fairway API at `base_url` (``https://host[:port][/prefix]``).
+
+    `base_url` must be https, except for a loopback host (127.0.0.0/8, ``[::1]``,
+    ``localhost``), where ``http://`` is allowed; `allow_insecure_http=True` allows plain
+    http to any host (the API key then crosses the network in clear text).
+
+    TLS verifies the server against the system's CAs, unless `ca_file` (a PEM file of CA
+    certificates, e.g. a private CA) and/or `ssl_context` (an `ssl.SSLContext`) is given:
+    with `ca_file` alone only its CAs are trusted; with `ssl_context` that context is used
+    as is, and a `ca_file` given too is loaded into it (`load_verify_locations`). They are
+    used for every request (submit, batch, status, cancel, events)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        timeout: float = 30.0,
+        *,
+        ca_file: Optional[str] = None,
+        ssl_context: Optional[ssl.SSLContext] = None,
+        allow_insecure_http: bool = False,
+    ):
         self.base = base_url.rstrip("/")
         self.api_key = api_key
         self.timeout = timeout
+        parts = urlsplit(self.base)
+        scheme = parts.scheme.lower()
+        if scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                f"base_url {base_url!r} is not an http(s) URL with a host; give e.g. https://fairway.example.com "
+                "(or http://127.0.0.1:8080 for a local API)"
+            )
+        if scheme == "http":
+            if not (allow_insecure_http or _is_loopback(parts.hostname)):
+                raise ValueError(
+                    f"base_url {base_url!r} is plain http to a non-loopback host: the API key would cross the "
+                    f"network unencrypted. Use https://{parts.netloc}{parts.path} (with ca_file= or ssl_context= "
+                    "for a private CA); plain http is only allowed for 127.0.0.0/8, [::1] and localhost, or with "
+                    "allow_insecure_http=True if you accept sending the key in clear text"
+                )
+            if ca_file is not None or ssl_context is not None:
+                raise ValueError(
+                    f"ca_file/ssl_context are given but base_url {base_url!r} is plain http, which uses no TLS; "
+                    "use an https:// base_url"
+                )
+        if ssl_context is not None and not isinstance(ssl_context, ssl.SSLContext):
+            raise TypeError(f"ssl_context must be an ssl.SSLContext, got {type(ssl_context).__name__}")
+        try:
+            if ssl_context is None:
+                # With a cafile only its CAs are trusted (not the system's).
+                ssl_context = ssl.create_default_context(cafile=ca_file)
+            elif ca_file is not None:
+                ssl_context.load_verify_locations(cafile=ca_file)
+        except (OSError, ssl.SSLError) as e:
+            if ca_file is None:
+                raise
+            raise ValueError(f"ca_file {ca_file!r}: cannot load CA certificates from it ({e}); give a PEM file") from e
+        self.ssl_context = ssl_context
+        # One opener for every request: TLS with this context, redirects refused. Proxies
+        # come from the environment as with urllib.request.urlopen, except for a loopback
+        # host (a proxy would get the key, in clear text over plain http, for nothing).
+        handlers = [urllib.request.HTTPSHandler(context=ssl_context), _RefuseRedirects()]
+        if _is_loopback(parts.hostname):
+            handlers.append(urllib.request.ProxyHandler({}))
+        self._opener = urllib.request.build_opener(*handlers)
 
     def _request(self, method: str, path: str, body=None, timeout: Optional[float] = None):
         data = None if body is None else json.dumps(body).encode("utf-8")
-        req = urllib.request.Request(self.base + path, data=data, method=method)
+        url = self.base + path
+        req = urllib.request.Request(url, data=data, method=method)
         req.add_header("Authorization", f"Bearer {self.api_key}")
         if data is not None:
             req.add_header("Content-Type", "application/json")
         try:
-            return urllib.request.urlopen(req, timeout=timeout or self.timeout)
+            return self._opener.open(req, timeout=timeout or self.timeout)
         except urllib.error.HTTPError as e:
+            if e.code in (301, 302, 303, 307, 308):
+                location = e.headers.get("Location") if e.headers else None
+                e.close()
+                raise RedirectRefused(e.code, urljoin(url, location) if location else None, url) from None
             text = e.read().decode("utf-8", "replace")
             try:
                 err = json.loads(text)
