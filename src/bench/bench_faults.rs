@@ -121,7 +121,7 @@ pub async fn run(g: &Global, a: FaultsArgs) -> anyhow::Result<ExitCode> {
     let runs = count_runs(&run.run_log, &sent.ids)?;
     let ownership = ownership(&run.dir, &a, &faults);
     let report = report(&a, &sent, &tally, &faults, &dlq, &runs, duration, restarts);
-    let report = with_rollout(report, &tally, ownership);
+    let report = with_rollout(report, &tally, faults.rollout, ownership);
     eprintln!("faults: run directory {}", run.dir.display());
     if !a.keep {
         let _ = std::fs::remove_dir_all(&run.dir);
@@ -492,9 +492,14 @@ async fn quiet_jobs(cfg: Arc<Config>, every: Duration) -> anyhow::Result<()> {
     }
 }
 
+/// How long after the last old worker exited the rollout's window stays open: the new
+/// members' joins and the rebalances they cause belong to the rollout.
+const ROLLOUT_TAIL_MS: i64 = 10_000;
+
 /// Per partition, how long it had no owner during the rollout (from the workers' logs).
 fn ownership(dir: &Path, a: &FaultsArgs, faults: &Faults) -> Option<serde_json::Value> {
     let (from, to) = faults.rollout?;
+    let to = to + ROLLOUT_TAIL_MS;
     let mut timelines = Vec::new();
     for e in std::fs::read_dir(dir).ok()?.flatten() {
         let name = e.file_name().to_string_lossy().to_string();
@@ -507,7 +512,8 @@ fn ownership(dir: &Path, a: &FaultsArgs, faults: &Faults) -> Option<serde_json::
     longest.sort_unstable();
     let total: i64 = gaps.values().map(|(t, _)| *t).sum();
     Some(serde_json::json!({
-        "rollout_s": round2((to - from) as f64 / 1000.0),
+        "rollout_s": round2((to - ROLLOUT_TAIL_MS - from) as f64 / 1000.0),
+        "window_s": round2((to - from) as f64 / 1000.0),
         "unowned_ms_per_partition": gaps.values().map(|(t, _)| *t).collect::<Vec<_>>(),
         "longest_unowned_ms_p50": longest.get(longest.len() / 2),
         "longest_unowned_ms_max": longest.last(),
@@ -515,14 +521,29 @@ fn ownership(dir: &Path, a: &FaultsArgs, faults: &Faults) -> Option<serde_json::
     }))
 }
 
-/// The report with the rollout's ownership gaps and the quiet tenants' waits.
-fn with_rollout(mut report: serde_json::Value, tally: &Tally, ownership: Option<serde_json::Value>) -> serde_json::Value {
-    let mut waits: Vec<i64> = tally.quiet.values().map(|(_, w)| *w).collect();
-    waits.sort_unstable();
-    let pct = |q: f64| waits.get(((waits.len() as f64 * q) as usize).min(waits.len().saturating_sub(1))).copied();
-    report["quiet"] = serde_json::json!({
-        "jobs": waits.len(), "wait_ms_p50": pct(0.5), "wait_ms_p99": pct(0.99), "wait_ms_max": waits.last(),
-    });
+/// The report with the rollout's ownership gaps and the quiet tenants' waits (all, and
+/// of the jobs that started in the rollout's window).
+fn with_rollout(
+    mut report: serde_json::Value,
+    tally: &Tally,
+    window: Option<(i64, i64)>,
+    ownership: Option<serde_json::Value>,
+) -> serde_json::Value {
+    let waits = |within: Option<(i64, i64)>| {
+        let mut w: Vec<i64> = tally
+            .quiet
+            .values()
+            .filter(|(started, _)| within.is_none_or(|(a, b)| *started >= a && *started <= b + ROLLOUT_TAIL_MS))
+            .map(|(_, w)| *w)
+            .collect();
+        w.sort_unstable();
+        let pct = |q: f64| w.get(((w.len() as f64 * q) as usize).min(w.len().saturating_sub(1))).copied();
+        serde_json::json!({ "jobs": w.len(), "wait_ms_p50": pct(0.5), "wait_ms_p99": pct(0.99), "wait_ms_max": w.last() })
+    };
+    report["quiet"] = waits(None);
+    if window.is_some() {
+        report["quiet_in_rollout"] = waits(window);
+    }
     report["rollout"] = ownership.unwrap_or(serde_json::Value::Null);
     report
 }
