@@ -20,14 +20,9 @@ fn cql_addr() -> String {
 
 async fn session() -> Session {
     let addr = cql_addr();
-    SessionBuilder::new()
-        .known_node(&addr)
-        .connection_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap_or_else(|e| {
-            panic!("cannot connect to CQL at {addr} ({e}); start the local services with `scripts/services up`")
-        })
+    SessionBuilder::new().known_node(&addr).connection_timeout(Duration::from_secs(5)).build().await.unwrap_or_else(
+        |e| panic!("cannot connect to CQL at {addr} ({e}); start the local services with `scripts/services up`"),
+    )
 }
 
 /// Creates a fresh keyspace (SimpleStrategy, rf 1) and returns its name.

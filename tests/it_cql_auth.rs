@@ -32,7 +32,10 @@ impl Cassandra {
             ("FAIRWAY_CASSANDRA_STORAGE_PORT", storage.to_string()),
             ("FAIRWAY_CASSANDRA_HEAP", "512m".to_string()),
             ("FAIRWAY_SERVICES_TIMEOUT", "120".to_string()),
-            ("FAIRWAY_CASSANDRA_EXTRA", "authenticator: PasswordAuthenticator\nauthorizer: AllowAllAuthorizer".to_string()),
+            (
+                "FAIRWAY_CASSANDRA_EXTRA",
+                "authenticator: PasswordAuthenticator\nauthorizer: AllowAllAuthorizer".to_string(),
+            ),
         ];
         let c = Cassandra { dir, port, env };
         let status = Command::new(SERVICES)

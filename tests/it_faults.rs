@@ -90,17 +90,19 @@ fn kill_9_of_workers_loses_nothing_and_publishes_each_result_about_once() {
     assert!(per_kill <= 20.0, "at most 20 duplicate results per kill on average, got {per_kill}: {r}");
 }
 
-/// A Cassandra of this test's own: `scripts/services` with a private services directory
-/// (the installed distribution is shared, so nothing is downloaded again) and free ports.
-/// Stopped and deleted on drop, on every exit path.
-struct PrivateCql {
+/// A service of this test's own (`kafka` or `cassandra`): `scripts/services up NAME` with a
+/// private services directory and free ports (the installed distribution is shared, so
+/// nothing is downloaded again), so tests running beside it keep the shared one. Stopped
+/// and deleted on drop, on every exit path.
+struct Private {
+    name: &'static str,
     dir: std::path::PathBuf,
     env: Vec<(String, String)>,
 }
 
-impl PrivateCql {
-    fn start() -> PrivateCql {
-        let dir = std::env::temp_dir().join(format!("fairway-it-faults-cql-{}", std::process::id()));
+impl Private {
+    fn start(name: &'static str) -> Private {
+        let dir = std::env::temp_dir().join(format!("fairway-it-faults-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("create the private services directory");
         // Two free ports, held together so they differ, released just before the start.
@@ -108,20 +110,28 @@ impl PrivateCql {
             (0..2).map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port")).collect();
         let ports: Vec<String> = held.iter().map(|l| l.local_addr().unwrap().port().to_string()).collect();
         drop(held);
-        let env: Vec<(String, String)> = [
-            ("FAIRWAY_SERVICES_DIR", dir.display().to_string()),
-            ("FAIRWAY_CQL_PORT", ports[0].clone()),
-            ("FAIRWAY_CASSANDRA_STORAGE_PORT", ports[1].clone()),
-            ("FAIRWAY_CQL", format!("127.0.0.1:{}", ports[0])),
-            ("FAIRWAY_SERVICES_TIMEOUT", "120".to_string()),
-            ("FAIRWAY_CASSANDRA_HEAP", "512m".to_string()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
-        let cql = PrivateCql { dir, env };
-        cql.services(&["up", "cassandra"]);
-        cql
+        let addr = format!("127.0.0.1:{}", ports[0]);
+        let mut env =
+            vec![("FAIRWAY_SERVICES_DIR", dir.display().to_string()), ("FAIRWAY_SERVICES_TIMEOUT", "120".to_string())];
+        env.extend(match name {
+            "kafka" => [
+                ("FAIRWAY_KAFKA_PORT", ports[0].clone()),
+                ("FAIRWAY_KAFKA_CONTROLLER_PORT", ports[1].clone()),
+                ("FAIRWAY_BROKERS", addr.clone()),
+                ("FAIRWAY_KAFKA", addr),
+                ("FAIRWAY_KAFKA_HEAP", "384m".to_string()),
+            ],
+            _ => [
+                ("FAIRWAY_CQL_PORT", ports[0].clone()),
+                ("FAIRWAY_CASSANDRA_STORAGE_PORT", ports[1].clone()),
+                ("FAIRWAY_CQL", addr),
+                ("FAIRWAY_CASSANDRA_HEAP", "512m".to_string()),
+                ("FAIRWAY_SERVICES_HOST", "127.0.0.1".to_string()),
+            ],
+        });
+        let private = Private { name, dir, env: env.into_iter().map(|(k, v)| (k.to_string(), v)).collect() };
+        private.services(&["up", name]);
+        private
     }
 
     /// `scripts/services ARGS` on this instance, bounded by the script's own waits.
@@ -136,9 +146,9 @@ impl PrivateCql {
     }
 }
 
-impl Drop for PrivateCql {
+impl Drop for Private {
     fn drop(&mut self) {
-        let _ = Command::new(SERVICES).args(["down", "--wipe"]).envs(self.env.iter().cloned()).status();
+        let _ = Command::new(SERVICES).args(["down", "--wipe", self.name]).envs(self.env.iter().cloned()).status();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -148,7 +158,7 @@ impl Drop for PrivateCql {
 /// the third dead-lettered it as poison: some jobs ended failed).
 #[test]
 fn a_cql_restart_mid_run_loses_nothing() {
-    let cql = PrivateCql::start();
+    let cql = Private::start("cassandra");
     // Jobs long enough that the restart (half way) meets many of them before they run.
     let args = [
         "--workers",
@@ -174,61 +184,12 @@ fn a_cql_restart_mid_run_loses_nothing() {
     assert_no_loss(&r, 600);
 }
 
-/// An Apache Kafka broker of this test's own: `scripts/services up kafka` with a private
-/// services directory and free ports (the installed distribution is shared). Stopped and
-/// deleted on drop, on every exit path.
-struct PrivateKafka {
-    dir: std::path::PathBuf,
-    env: Vec<(String, String)>,
-}
-
-impl PrivateKafka {
-    fn start() -> PrivateKafka {
-        let dir = std::env::temp_dir().join(format!("fairway-it-faults-kafka-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("create the private services directory");
-        let held: Vec<std::net::TcpListener> =
-            (0..2).map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port")).collect();
-        let ports: Vec<String> = held.iter().map(|l| l.local_addr().unwrap().port().to_string()).collect();
-        drop(held);
-        let broker = format!("127.0.0.1:{}", ports[0]);
-        let env: Vec<(String, String)> = [
-            ("FAIRWAY_SERVICES_DIR", dir.display().to_string()),
-            ("FAIRWAY_KAFKA_PORT", ports[0].clone()),
-            ("FAIRWAY_KAFKA_CONTROLLER_PORT", ports[1].clone()),
-            ("FAIRWAY_BROKERS", broker.clone()),
-            ("FAIRWAY_KAFKA", broker),
-            ("FAIRWAY_SERVICES_TIMEOUT", "120".to_string()),
-            ("FAIRWAY_KAFKA_HEAP", "384m".to_string()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
-        let kafka = PrivateKafka { dir, env };
-        let status = Command::new(SERVICES)
-            .args(["up", "kafka"])
-            .envs(kafka.env.iter().cloned())
-            .stdout(Stdio::null())
-            .status()
-            .expect("run scripts/services");
-        assert!(status.success(), "scripts/services up kafka (private) failed: {status}");
-        kafka
-    }
-}
-
-impl Drop for PrivateKafka {
-    fn drop(&mut self) {
-        let _ = Command::new(SERVICES).args(["down", "--wipe", "kafka"]).envs(self.env.iter().cloned()).status();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 /// The broker stops mid-run, stays down 20 s and starts again (its data kept on disk):
 /// nothing is lost, every job ends once, and the workers recover by themselves (none
 /// exits: librdkafka reconnects, the producers and the group carry on).
 #[test]
 fn a_broker_restart_mid_run_loses_nothing() {
-    let kafka = PrivateKafka::start();
+    let kafka = Private::start("kafka");
     let restart = format!("{SERVICES} down kafka && sleep 20 && {SERVICES} up kafka");
     let args = [
         "--workers",

@@ -1,4 +1,4 @@
-//! Consumer groups on the real local broker (tansu), with `fairway worker` processes:
+//! Consumer groups on the local Apache Kafka, with `fairway worker` processes:
 //! a gracefully stopped worker (SIGTERM, SIGINT) leaves its group, so its partitions move
 //! to the remaining worker in about a second rather than after the session timeout; and
 //! two deployments (topic prefixes) on one broker have separate groups, so workers of one
@@ -102,10 +102,10 @@ fn a_gracefully_stopped_workers_partitions_move_at_once_while_it_drains() {
     c.signal("TERM", Duration::from_secs(40));
     // A member that vanished without leaving is noticed only after the session timeout
     // (6 s here); one that left is gone at once, and the others rejoin on their next
-    // heartbeat (kafka.session_timeout / 20). The local broker then holds every rebalance
-    // open for about 3 s (its join window), so a move takes 3-4 s here.
+    // heartbeat (kafka.session_timeout / 20, 300 ms here): a move takes about half a
+    // second on Kafka (the bound leaves room for a loaded CI machine).
     for took in [term, int] {
-        assert!(took < Duration::from_secs(5) && took < SESSION, "partitions moved {took:?} after a graceful stop");
+        assert!(took < Duration::from_secs(3), "partitions moved {took:?} after a graceful stop");
     }
 }
 
@@ -136,17 +136,11 @@ fn a_deployment_killed_with_kill_9_does_not_hold_up_another_on_the_same_broker()
     settled(&[&x1, &x2]);
     x1.signal("KILL", Duration::from_secs(10));
     let killed = Instant::now();
-    // What the local broker does with the survivor (README, Local services): recorded,
-    // not asserted (it is the broker's behaviour, not fairway's).
+    // The survivor gets the dead member's partitions once its session lapses.
     let survivor = x2.wait_owning(PARTITIONS, SESSION * 3);
-    eprintln!(
-        "deployment X: after kill -9 of one member the survivor owns {:?} {}",
-        x2.owned(),
-        match survivor {
-            Some(at) => format!("(all, {:?} after the kill)", at.saturating_duration_since(killed)),
-            None => format!("after {:?} (the dead member's partitions were not reassigned)", SESSION * 3),
-        }
-    );
+    let took = survivor.map(|at| at.saturating_duration_since(killed));
+    eprintln!("deployment X: after kill -9 of one member the survivor owns {:?} after {took:?}", x2.owned());
+    assert!(took.is_some(), "the survivor owns {:?} of {PARTITIONS} after {:?}", x2.owned(), SESSION * 3);
     x2.signal("KILL", Duration::from_secs(10));
 
     // Deployment Y on the same broker: its worker gets every partition within seconds.
@@ -157,9 +151,10 @@ fn a_deployment_killed_with_kill_9_does_not_hold_up_another_on_the_same_broker()
     eprintln!("deployment Y: its new worker owned all {PARTITIONS} partitions after {took:?}");
     assert!(took.is_some(), "deployment Y's worker owns {:?} of {PARTITIONS} partitions after 20 s", y1.owned());
 
-    // And X's next worker, in X's own (stuck or not) group: recorded for the README.
+    // And X's next worker, in X's own group, once the killed members' sessions lapsed.
     let x3 = common::spawn_logged_worker(&x_path, "short");
-    let x3_got = x3.wait_owning(1, Duration::from_secs(15)).map(|_| x3.owned());
-    eprintln!("deployment X: a new worker after the kill -9s owns {x3_got:?} within 15 s");
+    let x3_got = x3.wait_owning(PARTITIONS, SESSION * 3).map(|_| x3.owned());
+    eprintln!("deployment X: a new worker after the kill -9s owns {x3_got:?}");
+    assert!(x3_got.is_some(), "X's new worker owns {:?} of {PARTITIONS} after {:?}", x3.owned(), SESSION * 3);
     drop((x3, y1));
 }

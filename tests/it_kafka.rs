@@ -1,8 +1,7 @@
-//! Smoke test of the Kafka path against the local broker (tansu in development).
+//! Smoke test of the Kafka path against the local broker (Apache Kafka).
 //!
 //! Needs the local services: `scripts/services up`. Address from `FAIRWAY_KAFKA`, else
 //! `FAIRWAY_BROKERS` (default 127.0.0.1:19092). Topic and group names are unique per run.
-//! Note: tansu takes about 5 s to form each new consumer group.
 
 mod common;
 
@@ -146,7 +145,7 @@ async fn a_worker_without_partitions_reports_it_after_the_threshold() {
     use fairway::worker::{Policy, Worker};
     let mut cfg = common::config("");
     cfg.kafka.partitions = 1;
-    // Longer than the local broker's ~5 s group join, so only a member really left out reports.
+    // Longer than a group join with a rebalance, so only a member really left out reports.
     cfg.kafka.unassigned_warning = Duration::from_secs(8);
     let cfg = common::arc(cfg);
     common::init(&cfg).await;

@@ -214,6 +214,9 @@ async fn rollout(plan: Rollout) {
     assert!(max < Duration::from_secs(6), "a job stood still {max:?} for its new owner: {stalls:?}");
     assert!(stalls.len() >= 3, "too few hand-offs seen to judge: {stalls:?}");
     if let Some(slowest) = moves.last() {
-        assert!(*slowest < Duration::from_secs(5), "partitions moved only {slowest:?} after a graceful stop: {moves:?}");
+        assert!(
+            *slowest < Duration::from_secs(5),
+            "partitions moved only {slowest:?} after a graceful stop: {moves:?}"
+        );
     }
 }

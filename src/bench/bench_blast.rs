@@ -333,7 +333,7 @@ pub async fn run(g: &Global, args: BlastArgs) -> anyhow::Result<ExitCode> {
     let registry = Registry::from_config(&cfg, Default::default()).map_err(anyhow::Error::msg)?;
     let worker = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair).await?;
     let parties = Parties { a: &a_tenant, b: &b, waits: &waits };
-    // Warm up: the worker's consumer group forms (seconds on the local broker) before
+    // Warm up: the worker's consumer group forms (about a second) before
     // any wait is measured.
     let mut warm = Served::default();
     warm.submit(&b, &srv.base, &json!({"job_type": "echo"})).await;

@@ -1,6 +1,6 @@
 //! CPU time of the processes a bench exercises: fairway itself and, where their pid files
-//! are visible (the local services started by `scripts/services`), the broker, the CQL
-//! database and the CQL bridge. Read from `/proc/<pid>/stat` (user + system time), so a
+//! are visible (the local services started by `scripts/services`), the broker and the CQL
+//! database. Read from `/proc/<pid>/stat` (user + system time), so a
 //! bench can report CPU seconds per 1,000 jobs for each side.
 
 use std::collections::BTreeMap;
@@ -21,7 +21,7 @@ impl CpuProbe {
     pub fn local() -> CpuProbe {
         let dir = std::env::var_os("FAIRWAY_SERVICES_DIR").map(PathBuf::from).unwrap_or_else(|| ".services".into());
         let mut procs = vec![("fairway", std::process::id())];
-        for (name, file) in [("broker", "kafka.pid"), ("cql", "cassandra.pid"), ("cql_bridge", "bridge.pid")] {
+        for (name, file) in [("broker", "kafka.pid"), ("cql", "cassandra.pid")] {
             let pid = std::fs::read_to_string(dir.join("pids").join(file)).ok().and_then(|s| s.trim().parse().ok());
             if let Some(pid) = pid.filter(|p| cpu_ticks(*p).is_some()) {
                 procs.push((name, pid));

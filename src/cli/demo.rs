@@ -115,7 +115,7 @@ async fn start_workers(cfg: &Arc<Config>, n: usize) -> anyhow::Result<Vec<Worker
             .await?,
         );
     }
-    // Wait for the consumer groups to form (a few seconds on the local broker), so the
+    // Wait for the consumer groups to form (about a second on Kafka), so the
     // latencies below measure fairway, not group formation.
     for w in &workers {
         w.wait_assigned(Duration::from_secs(30)).await;
@@ -329,7 +329,9 @@ fn ensure_services(cfg: &Config) -> anyhow::Result<()> {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/services");
     println!("starting local services with {} (first run installs them: a few minutes)", script.display());
     let status = std::process::Command::new(&script)
-        .arg("up").status().with_context(|| format!("cannot run {}", script.display()))?;
+        .arg("up")
+        .status()
+        .with_context(|| format!("cannot run {}", script.display()))?;
     if !status.success() {
         bail!("{} up failed; see .services/logs/", script.display());
     }

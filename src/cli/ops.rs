@@ -553,4 +553,3 @@ pub async fn results(cfg: &Config, a: ResultsArgs) -> anyhow::Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
-

@@ -186,7 +186,10 @@ impl Lab {
                 return Ok(());
             }
             if let Some(status) = self.servers.first_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                return Err(LabError::Failed(format!("the lab's broker exited ({status}); see {}", self.log_path("broker").display())));
+                return Err(LabError::Failed(format!(
+                    "the lab's broker exited ({status}); see {}",
+                    self.log_path("broker").display()
+                )));
             }
             if Instant::now() > deadline {
                 return Err(LabError::Failed(format!("the lab's broker did not start within {within:?}")));

@@ -341,8 +341,7 @@ impl Replay {
         let store = Store::open(cfg).await?;
         let stmts = store.replay_statements().await?;
         let resume = stmts.offsets(&replay_id, &topic).await?;
-        let scan =
-            Scan::open(cfg, "replay", vec![(topic.clone(), resume.clone())], opts.idle_timeout).await?;
+        let scan = Scan::open(cfg, "replay", vec![(topic.clone(), resume.clone())], opts.idle_timeout).await?;
 
         let submitter = if opts.dry_run {
             None
