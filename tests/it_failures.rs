@@ -162,7 +162,11 @@ async fn a_breaker_opens_pauses_probes_and_closes() {
 async fn a_flood_of_poison_jobs_is_quarantined_and_healthy_jobs_still_finish() {
     let extra = "[worker.poison]\nmin_samples = 10\n\
                  [job_types.boom]\npool = \"short\"\nhandler = \"fail\"\n\
-                 [job_types.boom.retry.app_error]\ndelays = [\"100ms\"]\nmax_attempts = 5\njitter = 0\n";
+                 [job_types.boom.retry.app_error]\ndelays = [\"1500ms\"]\nmax_attempts = 5\njitter = 0\n";
+    // Retries wait longer than one exchange round (~1 s): a type enters quarantine on
+    // every worker within a round of crossing the threshold (docs/design/fleet-limits.md),
+    // so no job's third attempt comes before it. With 100 ms retries a job could fail three
+    // times within that round on a fast broker, and be dead-lettered at attempt 3.
     let cfg = Arc::new(common::config(extra));
     common::init(&cfg).await;
     let registry = Registry::from_config(&cfg, Default::default()).unwrap();

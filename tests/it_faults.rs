@@ -8,6 +8,8 @@
 //! through `scripts/services` with a private services directory), so tests running
 //! beside it keep the shared one.
 
+mod common;
+
 use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
@@ -214,4 +216,89 @@ fn a_broker_restart_mid_run_loses_nothing() {
     let r = bench_faults(&args, &kafka.env, Duration::from_secs(330));
     assert!(r["broker_restart_s"].as_f64().is_some_and(|s| s >= 20.0), "the broker was down 20 s and came back: {r}");
     assert_no_loss(&r, 800);
+}
+
+/// The API and an in-process worker recover by themselves from a broker restart (stop,
+/// 20 s, start): a submission made during the outage either fails (the client is told)
+/// or is accepted and then runs; after the restart, submissions are accepted again
+/// within seconds, and every accepted job gets its result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_api_and_a_worker_recover_from_a_broker_restart() {
+    use fairway::api::{self, ApiState, Caller};
+    let kafka = tokio::task::block_in_place(|| Private::start("kafka"));
+    let mut cfg = common::config("");
+    cfg.kafka.brokers = kafka.env.iter().find(|(k, _)| k == "FAIRWAY_BROKERS").unwrap().1.clone();
+    let cfg = std::sync::Arc::new(cfg);
+    common::init(&cfg).await;
+    let registry = fairway::handlers::Registry::from_config(&cfg, Default::default()).unwrap();
+    let worker = fairway::worker::Worker::start(
+        cfg.clone(),
+        &[fairway::model::Pool::Short],
+        registry,
+        fairway::worker::Policy::Fair,
+    )
+    .await
+    .unwrap();
+    let state = ApiState::connect(cfg.clone(), None).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(api::serve(listener, state, async move {
+        let _ = stopped.await;
+    }));
+    let store = fairway::store::Store::open(&cfg).await.unwrap();
+    let key = fairway::core::auth::new_key(rand::random());
+    let keys = store.key_statements().await.unwrap();
+    keys.insert(&key.id, &key.hash, &Caller::Admin, None, fairway::now_ms()).await.unwrap();
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(40)).build().unwrap();
+    let submit = |n: u32| {
+        let (http, base, token) = (http.clone(), base.clone(), key.token.clone());
+        async move {
+            let body = serde_json::json!({"tenant": "acme", "job_type": "echo", "payload": {"n": n}});
+            let r = http.post(format!("{base}/v1/jobs")).bearer_auth(&token).json(&body).send().await;
+            match r {
+                Ok(r) if r.status() == reqwest::StatusCode::CREATED => {
+                    Ok(r.json::<serde_json::Value>().await.unwrap()["job_id"].as_str().unwrap().to_string())
+                }
+                Ok(r) => Err(format!("{}", r.status())),
+                Err(e) => Err(format!("transport: {e}")),
+            }
+        }
+    };
+    let mut accepted = vec![submit(0).await.expect("a submission before the restart")];
+
+    tokio::task::block_in_place(|| kafka.services(&["down", "kafka"]));
+    let during = tokio::spawn(submit(1));
+    // The outage itself: the broker stays down for 20 s.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    tokio::task::block_in_place(|| kafka.services(&["up", "kafka"]));
+    let back = Instant::now();
+    let mut n = 2;
+    let recovered = loop {
+        match submit(n).await {
+            Ok(id) => break id,
+            Err(e) => {
+                assert!(back.elapsed() < Duration::from_secs(60), "the API still refuses 60 s after the restart: {e}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+        n += 1;
+    };
+    eprintln!("the API accepted again {:?} after the broker was back", back.elapsed());
+    accepted.push(recovered);
+    match during.await.unwrap() {
+        Ok(id) => {
+            eprintln!("the submission made during the outage was accepted");
+            accepted.push(id);
+        }
+        Err(e) => eprintln!("the submission made during the outage was refused: {e}"),
+    }
+    let results = common::results_for(&cfg, &accepted, Duration::from_secs(90)).await;
+    let _ = tokio::time::timeout(Duration::from_secs(60), worker.stop()).await;
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
+    for id in &accepted {
+        let r = results.get(id).and_then(|v| v.first()).unwrap_or_else(|| panic!("accepted job {id} has no result"));
+        assert_eq!(r.status, fairway::model::JobStatus::Succeeded, "{r:?}");
+    }
 }

@@ -212,7 +212,12 @@ async fn rollout(plan: Rollout) {
     // Waiting for the dead worker's heartbeat to lapse would take >= 30 s here, and
     // waiting for the group's session timeout 6 s: a hand-off takes a few seconds at most.
     assert!(max < Duration::from_secs(6), "a job stood still {max:?} for its new owner: {stalls:?}");
-    assert!(stalls.len() >= 3, "too few hand-offs seen to judge: {stalls:?}");
+    if plan.gated {
+        assert!(stalls.len() >= 3, "too few hand-offs seen to judge: {stalls:?}");
+    } else {
+        // Ungated hand-offs are often quicker than two steps (no stall seen at all).
+        assert!(handed_over >= 2, "too few jobs changed workers to judge: {handed_over}, stalls {stalls:?}");
+    }
     if let Some(slowest) = moves.last() {
         assert!(
             *slowest < Duration::from_secs(5),
