@@ -104,7 +104,9 @@ struct Private {
 
 impl Private {
     fn start(name: &'static str) -> Private {
-        let dir = std::env::temp_dir().join(format!("fairway-it-faults-{name}-{}", std::process::id()));
+        // Unique per instance: tests of this binary run at once, two of them with a broker.
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let dir = std::env::temp_dir().join(format!("fairway-it-faults-{name}-{}", &id[..12]));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("create the private services directory");
         // Two free ports, held together so they differ, released just before the start.
