@@ -14,8 +14,8 @@ pub type Ms = i64;
 /// One worker process's ownership changes: (time, partitions owned from then on).
 pub type Timeline = Vec<(Ms, BTreeSet<i32>)>;
 
-/// A worker log's ownership changes (lines without a timestamp or a partition list are
-/// skipped; ANSI colour codes are tolerated).
+/// A worker log's ownership changes (lines without a timestamp are skipped). The log
+/// must be plain text: `bench faults` starts its workers with `NO_COLOR=1`.
 pub fn timeline(log: &str) -> Timeline {
     let mut owned = BTreeSet::new();
     let mut out = Vec::new();
@@ -39,26 +39,9 @@ pub fn timeline(log: &str) -> Timeline {
 
 /// The RFC 3339 timestamp a line starts with, in ms.
 fn timestamp(line: &str) -> Option<Ms> {
-    let first = strip_ansi(line.split_whitespace().next()?);
+    let first = line.split_whitespace().next()?;
     let t = humantime::parse_rfc3339_weak(first.trim_end_matches('Z')).ok()?;
     Some(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as Ms)
-}
-
-fn strip_ansi(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// The numbers of the `partitions=` list or set of a line.
