@@ -268,7 +268,7 @@ async fn failed_produce_leaves_no_claimed_key_and_a_duplicate_returns_the_result
     let job = NewJob {
         tenant: "acme".into(),
         job_type: "echo".into(),
-        payload: json!("x".repeat(4000)),
+        payload: json!("x".repeat(4000)).into(),
         idempotency_key: Some(key.clone()),
         job_id: Some(failed_id.clone()),
         ..Default::default()

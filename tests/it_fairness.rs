@@ -18,7 +18,7 @@ fn sleep_job(tenant: &str, ms: u64) -> NewJob {
     NewJob {
         tenant: tenant.into(),
         job_type: "nap".into(),
-        payload: serde_json::json!({ "ms": ms }),
+        payload: serde_json::json!({ "ms": ms }).into(),
         ..Default::default()
     }
 }

@@ -35,7 +35,7 @@ async fn scenario() {
         let job = NewJob {
             tenant: tenant.clone(),
             job_type: "sleep".into(),
-            payload: serde_json::json!({ "ms": 1500, "i": i }),
+            payload: serde_json::json!({ "ms": 1500, "i": i }).into(),
             ..Default::default()
         };
         sub.submit(&job).await.expect("submit");

@@ -56,7 +56,7 @@ fn a_gracefully_stopped_workers_partitions_move_at_once_while_it_drains() {
             let nj = fairway::submit::NewJob {
                 tenant: t.to_string(),
                 job_type: "sleep".into(),
-                payload: serde_json::json!({"ms": 8000}),
+                payload: serde_json::json!({"ms": 8000}).into(),
                 ..Default::default()
             };
             rt.block_on(sub.submit(&nj)).unwrap().job_id

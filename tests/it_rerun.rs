@@ -107,7 +107,7 @@ async fn rerun_all_runs_every_job_of_the_pair_once_more_at_the_new_generation() 
     let echo = |t: &str, i: usize| NewJob {
         tenant: t.into(),
         job_type: "echo".into(),
-        payload: serde_json::json!({ "i": i }),
+        payload: serde_json::json!({ "i": i }).into(),
         ..Default::default()
     };
     let mut ours = Vec::new();
@@ -213,7 +213,7 @@ async fn a_job_running_during_the_rerun_finishes_its_generation_then_runs_again(
     let job = NewJob {
         tenant: tenant.clone(),
         job_type: "sleep".into(),
-        payload: serde_json::json!({ "ms": 4000 }),
+        payload: serde_json::json!({ "ms": 4000 }).into(),
         ..Default::default()
     };
     let id = sub.submit(&job).await.unwrap().job_id;

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 fn new_job(tenant: &str, job_type: &str, payload: serde_json::Value) -> NewJob {
-    NewJob { tenant: tenant.into(), job_type: job_type.into(), payload, ..Default::default() }
+    NewJob { tenant: tenant.into(), job_type: job_type.into(), payload: payload.into(), ..Default::default() }
 }
 
 async fn submit_all(sub: &Submitter, jobs: &[NewJob]) -> Vec<String> {

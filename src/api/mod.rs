@@ -48,7 +48,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
-use serde::Deserialize;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
@@ -403,14 +402,14 @@ fn count_submitted(s: &Submitted) {
         .increment(1);
 }
 
-/// A job object of `caller`'s request: a tenant key may omit `tenant` (it is the key's)
-/// and may not name another (403).
-fn job_of(caller: &Caller, trace: &TraceHeaders, item: serde_json::Value) -> Result<NewJob, ApiError> {
-    let mut item = item;
-    if let (Some(t), Some(obj)) = (caller.tenant(), item.as_object_mut()) {
-        obj.entry("tenant").or_insert_with(|| t.into());
+/// A job object of `caller`'s request (its JSON text; the payload is kept as text, not
+/// parsed into a tree): a tenant key may omit `tenant` (it is the key's) and may not
+/// name another (403).
+fn job_of(caller: &Caller, trace: &TraceHeaders, item: &str) -> Result<NewJob, ApiError> {
+    let mut job: NewJob = serde_json::from_str(item).map_err(|e| ApiError::from_json(&e, "a job object"))?;
+    if let (true, Some(t)) = (job.tenant.is_empty(), caller.tenant()) {
+        job.tenant = t.to_string();
     }
-    let mut job = NewJob::deserialize(item).map_err(|e| ApiError::from_json(&e, "a job object"))?;
     if job.traceparent.is_none() {
         job.traceparent = trace.traceparent.clone();
         job.tracestate = trace.tracestate.clone();
@@ -472,7 +471,9 @@ async fn submit_one(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body.map_err(body_error)?;
-    let item: serde_json::Value = serde_json::from_slice(&body).map_err(|e| ApiError::from_json(&e, "a job object"))?;
+    let item = std::str::from_utf8(&body).map_err(|e| {
+        ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_JSON, format!("request body is not UTF-8 JSON ({e})"))
+    })?;
     let job = job_of(&caller, &TraceHeaders::of(&headers), item)?;
     st.inner.submitter.refresh_classes().await;
     let pool = st.validate(&job)?;
@@ -512,7 +513,7 @@ async fn submit_batch(
     let mut jobs = Vec::with_capacity(items.len());
     let mut pools = Vec::with_capacity(items.len());
     for (i, item) in items.into_iter().enumerate() {
-        let job = job_of(&caller, &trace, item).map_err(|e| e.context(format!("job [{i}]")))?;
+        let job = job_of(&caller, &trace, item.get()).map_err(|e| e.context(format!("job [{i}]")))?;
         let pool = st.validate(&job).map_err(|e| e.context(format!("job [{i}]")))?;
         jobs.push(job);
         pools.push(pool);

@@ -1147,7 +1147,7 @@ fn flood_jobs(plan: &Plan, spread: f64) -> Vec<NewJob> {
                 jobs.push(NewJob {
                     tenant: t.name.clone(),
                     job_type: "sleep".into(),
-                    payload: serde_json::json!({ "ms": spread_ms(t.job_ms, spread) }),
+                    payload: serde_json::json!({ "ms": spread_ms(t.job_ms, spread) }).into(),
                     ..Default::default()
                 });
             }
@@ -1230,7 +1230,7 @@ async fn submit_quiet(
                 let job = NewJob {
                     tenant: t.name.clone(),
                     job_type: "sleep".into(),
-                    payload: serde_json::json!({ "ms": t.job_ms }),
+                    payload: serde_json::json!({ "ms": t.job_ms }).into(),
                     ..Default::default()
                 };
                 inflight.push(async move {

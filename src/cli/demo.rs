@@ -288,7 +288,7 @@ fn workload(n: usize) -> Vec<NewJob> {
             NewJob {
                 tenant,
                 job_type: job_type.into(),
-                payload,
+                payload: payload.into(),
                 priority: if i % 10 == 0 { Priority::Urgent } else { Priority::Normal },
                 ..Default::default()
             }

@@ -6,7 +6,7 @@ use fairway::handlers::Registry;
 use fairway::kafka::{self, Message};
 use fairway::model::{Pool, Priority};
 use fairway::store::Store;
-use fairway::submit::{NewJob, Submitter};
+use fairway::submit::{NewJob, Payload, Submitter};
 use fairway::worker::{Policy, Worker, WorkerStart};
 use fairway::{codec, now_ms};
 use std::io::{BufRead, Read};
@@ -202,7 +202,7 @@ fn job_from_flags(a: SubmitArgs) -> anyhow::Result<NewJob> {
     Ok(NewJob {
         tenant: a.tenant.unwrap_or_default(),
         job_type: a.job_type.unwrap_or_default(),
-        payload: serde_json::Value::String(payload),
+        payload: Payload::text(payload),
         priority: a.priority.into(),
         pool: a.pool,
         idempotency_key: a.idempotency_key,

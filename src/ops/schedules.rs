@@ -91,7 +91,7 @@ pub fn template(spec: &ScheduleSpec) -> NewJob {
     NewJob {
         tenant: spec.tenant.clone(),
         job_type: spec.job_type.clone(),
-        payload: spec.payload.clone(),
+        payload: crate::submit::Payload::json(&spec.payload),
         priority: spec.priority,
         pool: spec.pool,
         flow_key: spec.flow_key.clone(),

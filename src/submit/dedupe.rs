@@ -227,7 +227,7 @@ pub async fn debounce(
 
 /// The job a closed window submits: its pending record as a submission with its id.
 pub fn window_job(rec: JobSubmitted) -> NewJob {
-    let payload = serde_json::Value::String(String::from_utf8_lossy(&rec.payload).into_owned());
+    let payload = super::Payload::bytes(rec.payload);
     NewJob {
         idempotency_key: Some(format!("fairway.debounce/{}", rec.job_id)),
         job_id: Some(rec.job_id),

@@ -17,6 +17,9 @@
 //! [`dedupe`].
 
 pub mod dedupe;
+mod payload;
+
+pub use payload::Payload;
 
 use crate::config::Config;
 use crate::core::{promotion, trace};
@@ -62,10 +65,14 @@ pub enum SubmitError {
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct NewJob {
+    /// Empty when the input named none (a tenant's API key fills in its own; validation
+    /// refuses a job that still names none).
+    #[serde(default)]
     pub tenant: String,
     pub job_type: String,
+    /// Any JSON, read without building its tree ([`Payload`]).
     #[serde(default)]
-    pub payload: serde_json::Value,
+    pub payload: Payload,
     #[serde(default)]
     pub priority: Priority,
     #[serde(default)]
@@ -127,11 +134,7 @@ pub struct NewJob {
 impl NewJob {
     /// Payload bytes: a JSON string is sent as its text, anything else as its JSON.
     pub fn payload_bytes(&self) -> Vec<u8> {
-        match &self.payload {
-            serde_json::Value::Null => Vec::new(),
-            serde_json::Value::String(s) => s.clone().into_bytes(),
-            v => v.to_string().into_bytes(),
-        }
+        self.payload.as_bytes().to_vec()
     }
 }
 
@@ -201,6 +204,7 @@ impl Submitter {
     pub fn validate(&self, job: &NewJob, payload_len: usize) -> Result<Pool, SubmitError> {
         let pool = match &self.tenants {
             Some(live) => {
+                no_tenant(job)?;
                 let pool = validate_job(&self.cfg, job, payload_len)?;
                 live.accept(&job.tenant).map_err(|why| SubmitError::UnknownTenant(job.tenant.clone(), why))?;
                 pool
@@ -461,6 +465,7 @@ impl Submitter {
 
 /// Checks a job against the config file (tenants included): for producers without a store.
 pub fn validate(cfg: &Config, job: &NewJob, payload_len: usize) -> Result<Pool, SubmitError> {
+    no_tenant(job)?;
     if !cfg.tenants.contains_key(&job.tenant) {
         let known: Vec<&str> = cfg.tenants.keys().map(String::as_str).collect();
         let t = &job.tenant;
@@ -470,6 +475,17 @@ pub fn validate(cfg: &Config, job: &NewJob, payload_len: usize) -> Result<Pool, 
         ));
     }
     validate_job(cfg, job, payload_len)
+}
+
+/// A job that names no tenant (an admin's or the CLI's input without `tenant`).
+fn no_tenant(job: &NewJob) -> Result<(), SubmitError> {
+    if job.tenant.is_empty() {
+        return Err(SubmitError::UnknownTenant(
+            String::new(),
+            "the job names no tenant: set `tenant` (only a tenant's API key may leave it out)".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Everything but the tenant: job type, payload size, times.
@@ -563,9 +579,9 @@ mod tests {
     #[test]
     fn payload_string_is_sent_verbatim() {
         let mut j = job("acme", "echo");
-        j.payload = serde_json::json!("hello");
+        j.payload = serde_json::json!("hello").into();
         assert_eq!(j.payload_bytes(), b"hello");
-        j.payload = serde_json::json!({"ms": 5});
+        j.payload = serde_json::json!({"ms": 5}).into();
         assert_eq!(j.payload_bytes(), br#"{"ms":5}"#);
     }
 }

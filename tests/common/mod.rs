@@ -470,7 +470,7 @@ pub async fn submit_long_steps(
         let nj = fairway::submit::NewJob {
             tenant: tenant.to_string(),
             job_type: "longsteps".into(),
-            payload: payload.clone(),
+            payload: payload.clone().into(),
             ..Default::default()
         };
         ids.push(sub.submit(&nj).await.unwrap().job_id);
@@ -480,7 +480,12 @@ pub async fn submit_long_steps(
 
 /// A job of `tenant` and `job_type` with `payload`, everything else at its default.
 pub fn new_job(tenant: &str, job_type: &str, payload: serde_json::Value) -> fairway::submit::NewJob {
-    fairway::submit::NewJob { tenant: tenant.into(), job_type: job_type.into(), payload, ..Default::default() }
+    fairway::submit::NewJob {
+        tenant: tenant.into(),
+        job_type: job_type.into(),
+        payload: payload.into(),
+        ..Default::default()
+    }
 }
 
 /// Polls `f` every 100 ms until it answers Some or `timeout` passes (then None).
