@@ -230,8 +230,8 @@ impl Admission {
             tenant: a.tenant.clone(),
             key: a.user_key.clone(),
             n: 1,
-            tenant_rate: adm.tenant_rate(r.tier, r.rate_per_sec),
-            user_rate: adm.user_rate.get(&r.tier).copied(),
+            tenant_rate: adm.tenant_rate(r.tier, r.rate_per_sec).share(self.cfg.api.replicas),
+            user_rate: adm.user_rate.get(&r.tier).map(|u| u.share(self.cfg.api.replicas)),
         })
     }
 

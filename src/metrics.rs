@@ -6,6 +6,9 @@ pub const API_REQUESTS: &str = "fairway_api_requests_total";
 pub const API_REQUEST_SECONDS: &str = "fairway_api_request_seconds";
 pub const API_JOBS_SUBMITTED: &str = "fairway_api_jobs_submitted_total";
 pub const API_RATE_LIMITED: &str = "fairway_api_rate_limited_total";
+pub const API_CONNECTIONS: &str = "fairway_api_connections";
+pub const API_CONNECTIONS_REFUSED: &str = "fairway_api_connections_refused_total";
+pub const API_REQUESTS_THROTTLED: &str = "fairway_api_requests_throttled_total";
 pub const JOBS_RECEIVED: &str = "fairway_jobs_received_total";
 pub const JOBS_FINISHED: &str = "fairway_jobs_finished_total";
 pub const OUTCOME_WRITE_FAILURES: &str = "fairway_outcome_write_failures_total";
@@ -140,6 +143,17 @@ pub fn describe() {
         "Jobs accepted by the HTTP API, by pool and duplicate (idempotency key reused)"
     );
     describe_counter!(API_RATE_LIMITED, "Submissions refused with 429, by tenant tier");
+    describe_gauge!(API_CONNECTIONS, "Open connections to the API listener");
+    describe_counter!(
+        API_CONNECTIONS_REFUSED,
+        "Connections answered 503 and closed, by reason (per_ip: one address holds api.limits.connections_per_ip; \
+         total: api.limits.connections are open)"
+    );
+    describe_counter!(
+        API_REQUESTS_THROTTLED,
+        "Requests refused 429 by the per-key or per-tenant request bucket (api.limits.requests_per_key, \
+         requests_per_tenant), by scope"
+    );
     describe_counter!(JOBS_RECEIVED, "Jobs consumed from pool topics, by pool");
     describe_counter!(JOBS_FINISHED, "Terminal outcomes recorded, by pool and status");
     describe_counter!(

@@ -52,6 +52,8 @@ pub mod codes {
     pub const TOO_MANY_STREAMS: &str = "TOO_MANY_STREAMS";
     pub const TOO_MANY_SCANS: &str = "TOO_MANY_SCANS";
     pub const BODY_TIMEOUT: &str = "BODY_TIMEOUT";
+    pub const TOO_MANY_REQUESTS: &str = "TOO_MANY_REQUESTS";
+    pub const TOO_MANY_REQUESTS_WITH_BODIES: &str = "TOO_MANY_REQUESTS_WITH_BODIES";
 }
 
 /// The fields a job object accepts, quoted in error messages.

@@ -1,19 +1,24 @@
 //! The API process's own limits (rules: `core::api_limits`; settings `[api.limits]`):
 //! what one API key, and all keys together, may hold of this process at once.
 //!
-//! - **submissions** ([`submissions`], on `POST /v1/jobs` and `POST /v1/jobs:batch`):
-//!   a request over its route's body limit by `Content-Length` is answered 413 before its
-//!   body is read; otherwise it holds one in-flight submission and its body bytes
-//!   (`Content-Length`, or the route's limit) of the key's and the process's budgets, or
-//!   gets 429 `TOO_MANY_SUBMISSIONS` with `Retry-After`; its body must arrive within
-//!   `body_timeout` (408). A batch is parsed element by element and refused with 413 at
-//!   the first job past the limit ([`read_batch`]), never materialised whole.
+//! - **bodies** ([`bodies`], on every route that takes one): a request over its route's
+//!   body limit by `Content-Length` is answered 413 before its body is read; otherwise it
+//!   holds one request in flight and its body bytes (`Content-Length`, or the route's
+//!   limit) of the key's and the process's budgets, or gets 429 with `Retry-After`
+//!   (`TOO_MANY_SUBMISSIONS` on `POST /v1/jobs` and `POST /v1/jobs:batch`,
+//!   `TOO_MANY_REQUESTS_WITH_BODIES` on the others, which have budgets of their own);
+//!   its body must arrive within `body_timeout` (408). Bodies are read into typed
+//!   structs; a job's payload stays JSON text (`submit::Payload`), and a batch is split
+//!   element by element and refused with 413 at the first job past the limit
+//!   ([`read_batch`]): no body becomes a tree of values.
+//! - **requests** ([`Limits::request`]): a token bucket per API key and one per tenant
+//!   (all its keys) on every `/v1` and `/console` route but the two submission routes
+//!   (whose rate is the tenant's `admission.tenant_rate`): 429 `TOO_MANY_REQUESTS`.
 //! - **streams** ([`Limits::stream_slot`]): Server-Sent Event streams per key and in
 //!   total (429 `TOO_MANY_STREAMS`); a stream ends when its key is revoked
 //!   ([`until_revoked`]).
 //! - **console DLQ scans** ([`Limits::scan_slot`]): one per key at a time, four in all.
-//! - **connections** ([`BoundedListener`]): at most `connections` open at once, each
-//!   closed after `idle_timeout` without a byte read or written.
+//! - **connections**: per client address and in total, in [`super::listener`].
 
 use super::{codes, ApiError, ApiState};
 use crate::core::api_limits::{ApiLimits, Bound, Busy, Usage};
@@ -24,9 +29,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::de::{DeserializeSeed, SeqAccess, Visitor};
 use serde_json::value::RawValue;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 /// Seconds a caller refused for being busy is told to wait.
@@ -46,6 +49,9 @@ pub struct Limits {
     single_body: u64,
     batch_body: u64,
     submissions: Arc<Mutex<Usage>>,
+    /// Requests with bodies on the other routes (schedules, tenants, console actions).
+    controls: Arc<Mutex<Usage>>,
+    requests: Requests,
     streams: Arc<Mutex<Usage>>,
     /// Console DLQ scans: one per key at a time, a few in all.
     scans: Arc<Mutex<Usage>>,
@@ -53,6 +59,44 @@ pub struct Limits {
 
 /// Console DLQ scans at once, all keys.
 const MAX_SCANS: u64 = 4;
+/// Requests with bodies in flight on the other routes: per key, in all.
+const CONTROLS: Bound = Bound { per_key: 4, total: 64 };
+
+/// The kinds of route that take a body, each with its limit and budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyRoute {
+    /// `POST /v1/jobs`.
+    Job,
+    /// `POST /v1/jobs:batch`.
+    Batch,
+    /// Schedules, tenants, console actions.
+    Control,
+}
+
+/// The request buckets: per key and per tenant.
+struct Requests {
+    keys: governor::DefaultKeyedRateLimiter<String>,
+    tenants: governor::DefaultKeyedRateLimiter<String>,
+    checks: std::sync::atomic::AtomicU32,
+}
+
+/// Checks between two sweeps of the buckets' idle keys.
+const SWEEP_EVERY: u32 = 4096;
+
+impl Requests {
+    fn new(l: &ApiLimits) -> Requests {
+        let quota = |per_s: u32| {
+            let n = std::num::NonZeroU32::new(per_s.max(1)).expect("at least 1");
+            let burst = n.saturating_mul(std::num::NonZeroU32::new(2).expect("2"));
+            governor::Quota::per_second(n).allow_burst(burst)
+        };
+        Requests {
+            keys: governor::RateLimiter::keyed(quota(l.requests_per_key)),
+            tenants: governor::RateLimiter::keyed(quota(l.requests_per_tenant)),
+            checks: Default::default(),
+        }
+    }
+}
 
 impl Limits {
     pub fn new(limits: &ApiLimits, max_payload_bytes: usize) -> Self {
@@ -66,20 +110,66 @@ impl Limits {
         Limits {
             single_body: ApiLimits::single_body_bytes(max_payload_bytes),
             batch_body: l.batch_body(max_payload_bytes),
-            limits: l,
             submissions: Arc::new(Mutex::new(submissions)),
             streams: Arc::new(Mutex::new(streams)),
+            controls: Arc::new(Mutex::new(Usage::new(
+                "requests with bodies",
+                CONTROLS,
+                Bound {
+                    per_key: CONTROLS.per_key * l.control_body_bytes,
+                    total: CONTROLS.total * l.control_body_bytes,
+                },
+            ))),
+            requests: Requests::new(&l),
+            limits: l,
             scans: Arc::new(Mutex::new(Usage::new("DLQ scans", Bound { per_key: 1, total: MAX_SCANS }, Bound::NONE))),
         }
     }
 
-    /// Largest body of one job (`POST /v1/jobs`).
-    pub fn single_body(&self) -> usize {
-        self.single_body as usize
+    /// Largest body of a route of `kind`.
+    pub fn body_limit(&self, kind: BodyRoute) -> usize {
+        (match kind {
+            BodyRoute::Job => self.single_body,
+            BodyRoute::Batch => self.batch_body,
+            BodyRoute::Control => self.limits.control_body_bytes,
+        }) as usize
     }
-    /// Largest body of a batch.
-    pub fn batch_body(&self) -> usize {
-        self.batch_body as usize
+
+    /// One request of `key` (of `tenant`, for a tenant key) from the key's and the
+    /// tenant's buckets, or 429 `TOO_MANY_REQUESTS` with the wait.
+    pub fn request(&self, key: &KeyId, tenant: Option<&str>) -> Result<(), ApiError> {
+        use governor::clock::{Clock, DefaultClock};
+        let r = &self.requests;
+        if r.checks.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
+            r.keys.retain_recent();
+            r.tenants.retain_recent();
+        }
+        let refused = |scope: &'static str, most: u32, wait: Duration| {
+            metrics::counter!(crate::metrics::API_REQUESTS_THROTTLED, "scope" => scope).increment(1);
+            let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
+            ApiError {
+                retry_after_secs: Some(secs),
+                ..ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    codes::TOO_MANY_REQUESTS,
+                    format!(
+                        "this {scope} made more than {most} requests per second (api.limits.requests_per_{scope}); \
+                         retry after {secs}s, and poll less often (GET /v1/jobs/{{id}}/events?follow=1 streams a \
+                         job's changes)"
+                    ),
+                )
+            }
+        };
+        let now = DefaultClock::default().now();
+        if let Err(n) = r.keys.check_key(&key.0) {
+            return Err(refused("key", self.limits.requests_per_key, n.wait_time_from(now)));
+        }
+        if let Some(t) = tenant {
+            if let Err(n) = r.tenants.check_key(&t.to_string()) {
+                return Err(refused("tenant", self.limits.requests_per_tenant, n.wait_time_from(now)));
+            }
+        }
+        Ok(())
     }
 
     /// One live stream for `key`, held until the returned slot is dropped.
@@ -131,11 +221,11 @@ fn busy(b: Busy, code: &'static str, fix: &str) -> ApiError {
     ApiError { retry_after_secs: Some(BUSY_RETRY_SECS), ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, code, message) }
 }
 
-fn too_large(limit: u64, batch: bool) -> ApiError {
-    let what = if batch {
-        "a batch is at most api.limits.batch_body_bytes"
-    } else {
-        "one job is at most about 6x worker.max_payload_bytes"
+fn too_large(limit: u64, kind: BodyRoute) -> ApiError {
+    let what = match kind {
+        BodyRoute::Batch => "a batch is at most api.limits.batch_body_bytes",
+        BodyRoute::Job => "one job is at most about 6x worker.max_payload_bytes",
+        BodyRoute::Control => "this route's bodies are at most api.limits.control_body_bytes",
     };
     ApiError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
@@ -147,21 +237,28 @@ fn too_large(limit: u64, batch: bool) -> ApiError {
     )
 }
 
-/// Middleware of the submission routes (see the module docs). Runs after
-/// authentication; the handler gets the body already read.
-pub async fn submissions(State(st): State<ApiState>, req: Request, next: Next) -> Response {
+/// Middleware of the routes that take a body (see the module docs), with the route's
+/// kind as its state. Runs after authentication; the handler gets the body already read.
+pub async fn bodies(State((st, kind)): State<(ApiState, BodyRoute)>, req: Request, next: Next) -> Response {
+    use axum::http::Method;
+    if matches!(*req.method(), Method::GET | Method::HEAD | Method::DELETE | Method::OPTIONS) {
+        return next.run(req).await;
+    }
     let fd = &st.inner.front;
-    let batch = req.uri().path().ends_with(":batch");
-    let limit = if batch { fd.batch_body } else { fd.single_body };
+    let limit = fd.body_limit(kind) as u64;
     let declared =
         req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit) {
-        return too_large(limit, batch).into_response();
+        return too_large(limit, kind).into_response();
     }
-    let key = req.extensions().get::<KeyId>().cloned().unwrap_or_else(|| KeyId("anonymous".into()));
-    let _slot = match Slot::take(&fd.submissions, &key, declared.unwrap_or(limit)) {
+    let key = req.extensions().get::<KeyId>().cloned().unwrap_or_else(|| super::auth::key_id(req.headers()));
+    let (budget, code) = match kind {
+        BodyRoute::Job | BodyRoute::Batch => (&fd.submissions, codes::TOO_MANY_SUBMISSIONS),
+        BodyRoute::Control => (&fd.controls, codes::TOO_MANY_REQUESTS_WITH_BODIES),
+    };
+    let _slot = match Slot::take(budget, &key, declared.unwrap_or(limit)) {
         Ok(s) => s,
-        Err(b) => return busy(b, codes::TOO_MANY_SUBMISSIONS, "send fewer requests at once").into_response(),
+        Err(b) => return busy(b, code, "send fewer requests at once").into_response(),
     };
     let (parts, body) = req.into_parts();
     let timeout = Duration::from_millis(fd.limits.body_timeout.0 as u64);
@@ -177,7 +274,7 @@ pub async fn submissions(State(st): State<ApiState>, req: Request, next: Next) -
             )
             .into_response()
         }
-        Ok(Err(_)) if declared.is_none() => return too_large(limit, batch).into_response(),
+        Ok(Err(_)) if declared.is_none() => return too_large(limit, kind).into_response(),
         Ok(Err(e)) => {
             return ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_JSON, format!("cannot read the body: {e}"))
                 .into_response()
@@ -185,6 +282,17 @@ pub async fn submissions(State(st): State<ApiState>, req: Request, next: Next) -
         Ok(Ok(b)) => b,
     };
     next.run(Request::from_parts(parts, Body::from(bytes))).await
+}
+
+/// Middleware of the `/v1` routes but the submission ones: one request from the
+/// caller's key's and tenant's buckets ([`Limits::request`]). Runs after authentication.
+pub async fn throttled(State(st): State<ApiState>, req: Request, next: Next) -> Response {
+    let key = req.extensions().get::<KeyId>().cloned().unwrap_or_else(|| super::auth::key_id(req.headers()));
+    let tenant = req.extensions().get::<super::Caller>().and_then(|c| c.tenant().map(str::to_string));
+    match st.inner.front.request(&key, tenant.as_deref()) {
+        Ok(()) => next.run(req).await,
+        Err(e) => e.into_response(),
+    }
 }
 
 /// Splits a batch body, a JSON array of at most `most` job objects, into its elements'
@@ -261,109 +369,6 @@ pub fn live_stream(
     use futures::StreamExt;
     let stream = stream.take_until(Box::pin(until_revoked(st.clone(), auth)));
     Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response()
-}
-
-/// The API listener with a bound on open connections and an idle timeout on each.
-pub struct BoundedListener {
-    inner: tokio::net::TcpListener,
-    permits: Arc<tokio::sync::Semaphore>,
-    idle: Duration,
-}
-
-impl BoundedListener {
-    pub fn new(inner: tokio::net::TcpListener, limits: &ApiLimits) -> Self {
-        let permits = Arc::new(tokio::sync::Semaphore::new(limits.connections.min(1 << 20) as usize));
-        BoundedListener { inner, permits, idle: Duration::from_millis(limits.idle_timeout.0 as u64) }
-    }
-}
-
-impl axum::serve::Listener for BoundedListener {
-    type Io = IdleIo;
-    type Addr = std::net::SocketAddr;
-
-    async fn accept(&mut self) -> (IdleIo, std::net::SocketAddr) {
-        let permit = self.permits.clone().acquire_owned().await.expect("the semaphore is never closed");
-        let (io, addr) = axum::serve::Listener::accept(&mut self.inner).await;
-        (IdleIo::new(io, self.idle, permit), addr)
-    }
-
-    fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
-        self.inner.local_addr()
-    }
-}
-
-/// A connection that fails with `TimedOut` after `idle` without progress either way.
-pub struct IdleIo {
-    io: tokio::net::TcpStream,
-    idle: Duration,
-    timer: Pin<Box<tokio::time::Sleep>>,
-    _permit: tokio::sync::OwnedSemaphorePermit,
-}
-
-impl IdleIo {
-    fn new(io: tokio::net::TcpStream, idle: Duration, permit: tokio::sync::OwnedSemaphorePermit) -> Self {
-        IdleIo { io, idle, timer: Box::pin(tokio::time::sleep(idle)), _permit: permit }
-    }
-
-    /// After an inner poll: progress moves the deadline; while pending, the deadline
-    /// passing turns into an error.
-    fn check<T>(&mut self, cx: &mut Context<'_>, r: Poll<std::io::Result<T>>) -> Poll<std::io::Result<T>> {
-        match r {
-            Poll::Ready(r) => {
-                self.timer.as_mut().reset(tokio::time::Instant::now() + self.idle);
-                Poll::Ready(r)
-            }
-            Poll::Pending => match self.timer.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "connection idle longer than api.limits.idle_timeout",
-                ))),
-                Poll::Pending => Poll::Pending,
-            },
-        }
-    }
-}
-
-use std::future::Future as _;
-
-impl tokio::io::AsyncRead for IdleIo {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        let r = Pin::new(&mut this.io).poll_read(cx, buf);
-        this.check(cx, r)
-    }
-}
-
-impl tokio::io::AsyncWrite for IdleIo {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        let this = self.get_mut();
-        let r = Pin::new(&mut this.io).poll_write(cx, buf);
-        this.check(cx, r)
-    }
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        let r = Pin::new(&mut this.io).poll_flush(cx);
-        this.check(cx, r)
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
-    }
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        let this = self.get_mut();
-        let r = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
-        this.check(cx, r)
-    }
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
 }
 
 #[cfg(test)]

@@ -30,6 +30,7 @@ mod drain;
 mod error;
 mod events;
 pub mod limits;
+pub mod listener;
 mod schedules;
 
 pub use auth::{Admin, Caller};
@@ -97,6 +98,8 @@ struct Inner {
     schedules: tokio::sync::OnceCell<crate::ops::schedules::Schedules>,
     /// What each API key holds of this process (`[api.limits]`).
     front: limits::Limits,
+    /// The listener's open connections (`[api.limits]`; read by `/readyz`).
+    connections: Arc<listener::Connections>,
 }
 
 impl Inner {
@@ -112,6 +115,7 @@ impl Inner {
         let front = limits::Limits::new(&cfg.api.limits, cfg.worker.max_payload_bytes);
         Inner {
             front,
+            connections: listener::Connections::new(&cfg.api.limits),
             cfg,
             submitter,
             store,
@@ -139,14 +143,10 @@ impl ApiState {
         self.inner.draining.subscribe()
     }
 
-    /// State from parts; rate limits from `cfg.tenants` (no queue depth, no breakers).
-    pub fn new(cfg: Arc<Config>, submitter: Submitter, store: Store, metrics: Option<PrometheusHandle>) -> Self {
-        let admission = Arc::new(crate::admission::Admission::local(cfg.clone()));
-        ApiState { inner: Arc::new(Inner::new(cfg, submitter, store, admission, metrics)) }
-    }
-
-    /// Opens the store, a producer and the live tenants registry for `cfg`; limits
-    /// follow registry changes, the submission breakers follow the workers' outcomes.
+    /// The only way to build the API's state: opens the store, a producer and the live
+    /// tenants registry for `cfg`, with every front-door protection on (queue depth,
+    /// rates, breakers following the workers' outcomes, `[api.limits]`); limits follow
+    /// registry changes.
     pub async fn connect(cfg: Arc<Config>, metrics: Option<PrometheusHandle>) -> Result<Self, SubmitError> {
         let store = Store::open(&cfg).await?;
         let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -190,6 +190,9 @@ impl ApiState {
         Arc::new(move || {
             let st = st.clone();
             Box::pin(async move {
+                if let Some(why) = st.inner.connections.saturated() {
+                    return Err(why);
+                }
                 let wait = std::time::Duration::from_secs(2);
                 match tokio::time::timeout(wait, st.store().ping()).await {
                     Ok(Ok(())) => {}
@@ -274,35 +277,50 @@ pub async fn serve(
     state: ApiState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let listener = limits::BoundedListener::new(listener, &state.config().api.limits);
-    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
+    let conns = state.inner.connections.clone();
+    let limits = state.config().api.limits.clone();
+    listener::serve(listener, router(state), conns, &limits, shutdown).await
 }
 
 /// The API's routes (for embedding in another axum server).
 pub fn router(state: ApiState) -> Router {
-    let single = state.limits().single_body();
-    let batch = state.limits().batch_body();
-    // Submissions: bounded per key and in total, bodies read by `limits`.
-    let bounded = || axum::middleware::from_fn_with_state(state.clone(), limits::submissions);
-    // Every route in this table needs an API key.
-    let v1 = Router::new()
-        .route("/v1/jobs", post(submit_one).layer(DefaultBodyLimit::max(single)).layer(bounded()))
-        .route("/v1/jobs:batch", post(submit_batch).layer(DefaultBodyLimit::max(batch)).layer(bounded()))
+    use limits::BodyRoute;
+    // Bodies: bounded per key and in total, read by `limits::bodies`.
+    let body = |kind: BodyRoute, route: axum::routing::MethodRouter<ApiState>| {
+        route
+            .layer(DefaultBodyLimit::max(state.limits().body_limit(kind)))
+            .layer(axum::middleware::from_fn_with_state((state.clone(), kind), limits::bodies))
+    };
+    // Everything but submissions: a request bucket per key and per tenant.
+    let others = Router::new()
         .route("/v1/jobs/{id}", get(job_status).delete(cancel_job))
         .route("/v1/jobs/{id}/events", get(events::job_events))
         .route("/v1/events", get(events::tenant_events))
-        .route("/v1/schedules", get(schedules::list).post(schedules::add))
+        .route("/v1/schedules", body(BodyRoute::Control, get(schedules::list).post(schedules::add)))
         .route(
             "/v1/schedules/{name}",
-            get(schedules::get_one).put(schedules::replace).delete(schedules::remove).post(schedules::action),
+            body(
+                BodyRoute::Control,
+                get(schedules::get_one).put(schedules::replace).delete(schedules::remove).post(schedules::action),
+            ),
         )
         .route("/v1/admin/schedules", get(schedules::list_all))
-        .route("/v1/admin/tenants", get(admin::list).post(admin::add))
-        .route("/v1/admin/tenants/{name}", axum::routing::put(admin::replace).delete(admin::remove).post(admin::action))
+        .route("/v1/admin/tenants", body(BodyRoute::Control, get(admin::list).post(admin::add)))
+        .route(
+            "/v1/admin/tenants/{name}",
+            body(BodyRoute::Control, axum::routing::put(admin::replace).delete(admin::remove).post(admin::action)),
+        )
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), limits::throttled));
+    // Every route in this table needs an API key.
+    let v1 = Router::new()
+        .route("/v1/jobs", body(BodyRoute::Job, post(submit_one)))
+        .route("/v1/jobs:batch", body(BodyRoute::Batch, post(submit_batch)))
+        .merge(others)
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth::require_caller));
+    let console = console::router().layer(DefaultBodyLimit::max(state.limits().body_limit(BodyRoute::Control)));
     Router::new()
         .merge(v1)
-        .merge(console::router())
+        .merge(console)
         .route("/healthz", get(healthz))
         .route_layer(axum::middleware::from_fn(track))
         .fallback(no_route)

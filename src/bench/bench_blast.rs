@@ -9,7 +9,14 @@
 //! - **failing jobs**: 40 always-failing jobs from A, then B's submissions for 10 s (and
 //!   their wait);
 //! - **scheduled jobs**: 12 jobs 1 s ahead from a tenant with `max_queued = 5`;
-//! - **streams**: 50 live streams from one key.
+//! - **streams**: 50 live streams from one key;
+//! - **wide**: three concurrent `POST /v1/jobs` whose payload is a 6 MiB `[0,0,...]`
+//!   (a tree of values of ~700 MB if parsed whole): the server's peak RSS;
+//! - **slow**: `--slow-connections` connections from 127.0.0.3 trickling a request head
+//!   one byte every 15 s, while B (from 127.0.0.2) submits: B's latency;
+//! - **reads**: 16 loops of one key reading random job ids for 10 s while B reads: B's
+//!   read p99 alone and beside them, and what A got.
+//! `--attacks` picks some (default all, in that order).
 //!
 //! Last line JSON.
 
@@ -37,6 +44,12 @@ pub struct BlastArgs {
     /// How long the flood lasts.
     #[arg(long, default_value_t = 10)]
     pub seconds: u64,
+    /// Connections of the slow-connection attack.
+    #[arg(long, default_value_t = 4200)]
+    pub slow_connections: usize,
+    /// Which attacks to run.
+    #[arg(long, value_delimiter = ',', default_value = "flood,failing,scheduled,streams,wide,slow,reads")]
+    pub attacks: Vec<String>,
 }
 
 /// The child `fairway serve` and its address.
@@ -85,10 +98,13 @@ async fn start_server(bin: &std::path::Path, cfg: &fairway::config::Config) -> a
     Ok(Server { child, base })
 }
 
-fn client(key: &str) -> anyhow::Result<reqwest::Client> {
+/// A client sending `key`, from the loopback address `from` (each party has its own, as
+/// separate clients would).
+fn client(key: &str, from: &str) -> anyhow::Result<reqwest::Client> {
     let mut h = reqwest::header::HeaderMap::new();
     h.insert("authorization", format!("Bearer {key}").parse()?);
-    Ok(reqwest::Client::builder().default_headers(h).timeout(Duration::from_secs(60)).build()?)
+    let from: std::net::IpAddr = from.parse()?;
+    Ok(reqwest::Client::builder().default_headers(h).local_address(from).timeout(Duration::from_secs(60)).build()?)
 }
 
 /// B's submissions: (accepted, sent, latencies in ms, the accepted jobs' ids).
@@ -301,6 +317,101 @@ async fn streams(srv: &Server, a: &reqwest::Client, b: &reqwest::Client) -> Valu
     json!({"a_streams_asked": 50, "a_answers": answers, "b_stream_status": b_stream.ok()})
 }
 
+async fn wide_bodies(srv: &Server, a: &reqwest::Client, b: &reqwest::Client) -> Value {
+    let (peak_before, _) = srv.rss_mb();
+    let body = bytes::Bytes::from(format!("{{\"job_type\":\"echo\",\"payload\":[{}0]}}", "0,".repeat(3 << 20)));
+    let sends = (0..3).map(|_| {
+        let req = a.post(format!("{}/v1/jobs", srv.base)).header("content-type", "application/json");
+        let body = body.clone();
+        async move { req.body(body).send().await.map(|r| r.status().as_u16()).map_err(|e| e.to_string()) }
+    });
+    let answers: Vec<_> = futures::future::join_all(sends).await;
+    let mut b_after = Served::default();
+    b_after.submit(b, &srv.base, &json!({"job_type": "echo"})).await;
+    let (peak, rss) = srv.rss_mb();
+    json!({"payload_mb": body.len() as f64 / 1048576.0, "a_answers": format!("{answers:?}"),
+           "peak_rss_mb_before": peak_before, "peak_rss_mb": peak, "rss_mb_after": rss, "b_after": b_after.json()})
+}
+
+async fn slow_connections(srv: &Server, b: &reqwest::Client, n: usize) -> Value {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr: std::net::SocketAddr = match srv.base.trim_start_matches("http://").parse() {
+        Ok(a) => a,
+        Err(e) => return json!({"error": e.to_string()}),
+    };
+    let alone = b_submits_until(b, &srv.base, Instant::now() + Duration::from_secs(3)).await;
+    let mut open = Vec::new();
+    let mut connect_errors = 0usize;
+    for _ in 0..n {
+        let Ok(sock) = tokio::net::TcpSocket::new_v4() else { continue };
+        let bound = sock.bind(([127, 0, 0, 3], 0).into());
+        match tokio::time::timeout(Duration::from_secs(2), async {
+            bound?;
+            sock.connect(addr).await
+        })
+        .await
+        {
+            Ok(Ok(mut s)) => {
+                let _ = s.write_all(b"POST /v1/jobs HTTP/1.1\r\n").await;
+                open.push(s);
+            }
+            _ => connect_errors += 1,
+        }
+    }
+    let stop = Instant::now() + Duration::from_secs(30);
+    let trickle = async {
+        let mut rounds = 0;
+        while Instant::now() < stop {
+            for s in open.iter_mut() {
+                let _ = s.write_all(b"X").await;
+            }
+            rounds += 1;
+            tokio::time::sleep(Duration::from_secs(15).min(stop.saturating_duration_since(Instant::now()))).await;
+        }
+        rounds
+    };
+    let (rounds, attacked) = tokio::join!(trickle, b_submits_until(b, &srv.base, stop));
+    let mut refused = 0usize;
+    for s in open.iter_mut() {
+        let mut buf = [0u8; 16];
+        if let Ok(Ok(k)) = tokio::time::timeout(Duration::from_millis(1), s.read(&mut buf)).await {
+            refused += usize::from(k > 0 && buf.starts_with(b"HTTP/1.1 503"));
+        }
+    }
+    json!({"connections": n, "connected": open.len(), "connect_errors": connect_errors, "answered_503": refused,
+           "trickle_rounds": rounds, "b_alone": alone.json(), "b_under_attack": attacked.json()})
+}
+
+async fn reads(srv: &Server, a: &reqwest::Client, b: &reqwest::Client) -> Value {
+    let read_loop = |c: reqwest::Client, stop: Instant, pause: Duration| {
+        let base = srv.base.clone();
+        async move {
+            let mut ms = Vec::new();
+            let mut codes: BTreeMap<u16, usize> = BTreeMap::new();
+            while Instant::now() < stop {
+                let t = Instant::now();
+                let r = c.get(format!("{base}/v1/jobs/{}", uuid::Uuid::now_v7())).send().await;
+                ms.push(t.elapsed().as_secs_f64() * 1000.0);
+                *codes.entry(r.map(|r| r.status().as_u16()).unwrap_or(0)).or_default() += 1;
+                tokio::time::sleep(pause).await;
+            }
+            (ms, codes)
+        }
+    };
+    let (alone, _) = read_loop(b.clone(), Instant::now() + Duration::from_secs(5), Duration::from_millis(20)).await;
+    let stop = Instant::now() + Duration::from_secs(10);
+    let attackers = (0..16).map(|_| tokio::spawn(read_loop(a.clone(), stop, Duration::ZERO)));
+    let (beside, b_codes) = read_loop(b.clone(), stop, Duration::from_millis(20)).await;
+    let mut a_codes: BTreeMap<u16, usize> = BTreeMap::new();
+    for r in futures::future::join_all(attackers).await.into_iter().flatten() {
+        for (k, v) in r.1 {
+            *a_codes.entry(k).or_default() += v;
+        }
+    }
+    json!({"b_read_p99_ms_alone": quantile(alone, 0.99), "b_read_p99_ms_beside": quantile(beside, 0.99),
+           "b_answers": b_codes, "a_answers": a_codes, "a_loops": 16, "seconds": 10})
+}
+
 pub async fn run(g: &Global, args: BlastArgs) -> anyhow::Result<ExitCode> {
     let mut cfg = (*g.load()?).clone();
     cfg.kafka.topic_prefix = format!("blast{}.", now_ms());
@@ -320,9 +431,9 @@ pub async fn run(g: &Global, args: BlastArgs) -> anyhow::Result<ExitCode> {
             anyhow::Ok(k.token)
         }
     };
-    let a = client(&key(Caller::Admin).await?)?;
-    let a_tenant = client(&key(Caller::Tenant("acme".into())).await?)?;
-    let b = client(&key(Caller::Tenant("globex".into())).await?)?;
+    let a = client(&key(Caller::Admin).await?, "127.0.0.1")?;
+    let a_tenant = client(&key(Caller::Tenant("acme".into())).await?, "127.0.0.1")?;
+    let b = client(&key(Caller::Tenant("globex".into())).await?, "127.0.0.2")?;
     let bin = match &args.serve_bin {
         Some(p) => p.clone(),
         None => std::env::current_exe()?,
@@ -338,18 +449,22 @@ pub async fn run(g: &Global, args: BlastArgs) -> anyhow::Result<ExitCode> {
     let mut warm = Served::default();
     warm.submit(&b, &srv.base, &json!({"job_type": "echo"})).await;
     waits.p99(&warm.ids).await;
-    let flood = batch_flood(&srv, &parties, &args).await;
-    eprintln!("batch flood: {flood}");
-    let failing = failing_jobs(&srv, &parties).await;
-    eprintln!("failing jobs: {failing}");
+    let mut out = json!({"serve_bin": bin.display().to_string()});
+    for attack in &args.attacks {
+        let v = match attack.as_str() {
+            "flood" => batch_flood(&srv, &parties, &args).await,
+            "failing" => failing_jobs(&srv, &parties).await,
+            "scheduled" => scheduled(&srv, &a).await,
+            "streams" => streams(&srv, &a_tenant, &b).await,
+            "wide" => wide_bodies(&srv, &a_tenant, &b).await,
+            "slow" => slow_connections(&srv, &b, args.slow_connections).await,
+            "reads" => reads(&srv, &a_tenant, &b).await,
+            other => anyhow::bail!("unknown attack {other:?}: flood, failing, scheduled, streams, wide, slow, reads"),
+        };
+        eprintln!("{attack}: {v}");
+        out[attack.as_str()] = v;
+    }
     worker.stop().await;
-    let sched = scheduled(&srv, &a).await;
-    eprintln!("scheduled: {sched}");
-    let streams = streams(&srv, &a_tenant, &b).await;
-    let out = json!({
-        "serve_bin": bin.display().to_string(),
-        "batch_flood": flood, "failing_jobs": failing, "scheduled": sched, "streams": streams,
-    });
     println!("{out}");
     Ok(ExitCode::SUCCESS)
 }

@@ -26,6 +26,10 @@ pub struct ServeArgs {
     /// server exits anyway (keep it below the orchestrator's stop grace).
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub drain_grace: std::time::Duration,
+    /// How many `serve` processes share the front door (each admits 1/N of every rate);
+    /// default api.replicas (1).
+    #[arg(long, env = "FAIRWAY_API_REPLICAS")]
+    pub replicas: Option<u32>,
 }
 
 pub async fn run(cfg: Arc<Config>, a: ServeArgs) -> anyhow::Result<ExitCode> {
@@ -38,6 +42,16 @@ pub async fn run(cfg: Arc<Config>, a: ServeArgs) -> anyhow::Result<ExitCode> {
     if cfg.api.auth == AuthMode::Off {
         eprintln!("WARNING: api.auth = \"off\": every caller is admin. Use this only for a local demo.");
     }
+    for unbounded in cfg.admission.unbounded() {
+        tracing::warn!("{unbounded}");
+    }
+    let cfg = match a.replicas {
+        Some(0) => anyhow::bail!("--replicas must be at least 1"),
+        Some(n) => {
+            Arc::new(Config { api: fairway::config::ApiConfig { replicas: n, ..cfg.api.clone() }, ..(*cfg).clone() })
+        }
+        None => cfg,
+    };
     let state = ApiState::connect(cfg, metrics).await.context("connecting to Kafka and the CQL database")?;
     let listener = tokio::net::TcpListener::bind(a.listen)
         .await

@@ -173,6 +173,11 @@ pub struct ApiConfig {
     pub metrics_listen: String,
     /// What one key and all keys may hold of the API process at once (`[api.limits]`).
     pub limits: crate::core::api_limits::ApiLimits,
+    /// How many `fairway serve` processes share the front door's rates (`fairway serve
+    /// --replicas`, env `FAIRWAY_API_REPLICAS`): each admits `1/replicas` of every
+    /// tenant's and end user's rate, so N replicas behind a load balancer that spreads
+    /// requests admit the configured rate in all (docs/admission.md).
+    pub replicas: u32,
 }
 
 impl Default for ApiConfig {
@@ -182,6 +187,7 @@ impl Default for ApiConfig {
             key_refresh: std::time::Duration::from_secs(2),
             metrics_listen: "127.0.0.1:9464".into(),
             limits: Default::default(),
+            replicas: 1,
         }
     }
 }

@@ -38,6 +38,17 @@ impl Rate {
     pub fn per_second(count: u32) -> Rate {
         Rate { count, per_ms: 1_000 }
     }
+    /// One of `n` equal shares: `1/n` of the steady rate and of the burst (at least one
+    /// event per period, the period stretched to keep the share exact).
+    pub fn share(self, n: u32) -> Rate {
+        if n <= 1 {
+            return self;
+        }
+        let count = (self.count / n).max(1);
+        let per_ms = (self.per_ms as i128 * i128::from(count) * i128::from(n) / i128::from(self.count.max(1))) as i64;
+        Rate { count, per_ms: per_ms.max(1) }
+    }
+
     /// Milliseconds between two events at the steady rate.
     pub fn interval_ms(&self) -> f64 {
         self.per_ms as f64 / f64::from(self.count.max(1))

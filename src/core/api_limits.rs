@@ -30,11 +30,27 @@ pub struct ApiLimits {
     pub streams_per_key: u64,
     /// Server-Sent Event streams open at once, all keys.
     pub streams: u64,
-    /// Open connections to the API listener; more wait in the kernel's accept queue.
+    /// Open connections to the API listener; past it a new connection is answered 503
+    /// (`Retry-After: 1`) and closed, and `/readyz` reports the process saturated.
     pub connections: u64,
+    /// Open connections from one client address (behind a proxy, the proxy's: raise
+    /// it to the proxy's pool and let the proxy bound its clients); past it, 503.
+    pub connections_per_ip: u64,
+    /// A request's head (request line and headers) must arrive whole within this long
+    /// (else the connection is closed), however the bytes trickle in.
+    pub head_timeout: DurationMs,
     /// A connection with no bytes read or written for this long is closed (stalled
     /// headers or bodies, idle keep-alive; live streams write a keep-alive every 15 s).
     pub idle_timeout: DurationMs,
+    /// Largest body of the other routes that take one (schedules, tenants, console
+    /// actions).
+    pub control_body_bytes: u64,
+    /// Requests per second one API key may make to any `/v1` or `/console` route (a
+    /// token bucket holding two seconds' worth); past it, 429 `TOO_MANY_REQUESTS`.
+    pub requests_per_key: u32,
+    /// Requests per second all keys of one tenant may make together (admin keys count
+    /// only against their own key's bucket).
+    pub requests_per_tenant: u32,
     /// A submission's whole body must arrive within this long (else 408).
     pub body_timeout: DurationMs,
 }
@@ -51,7 +67,12 @@ impl Default for ApiLimits {
             streams_per_key: 8,
             streams: 1024,
             connections: 4096,
+            connections_per_ip: 256,
+            head_timeout: DurationMs::secs(10),
             idle_timeout: DurationMs::secs(60),
+            control_body_bytes: 256 << 10,
+            requests_per_key: 200,
+            requests_per_tenant: 400,
             body_timeout: DurationMs::secs(30),
         }
     }
@@ -78,6 +99,10 @@ impl ApiLimits {
             ("streams_per_key", self.streams_per_key),
             ("streams", self.streams),
             ("connections", self.connections),
+            ("connections_per_ip", self.connections_per_ip),
+            ("control_body_bytes", self.control_body_bytes),
+            ("requests_per_key", u64::from(self.requests_per_key)),
+            ("requests_per_tenant", u64::from(self.requests_per_tenant)),
         ];
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return crate::core::invalid::Invalid::err(*name, "must be at least 1");
@@ -98,6 +123,9 @@ impl ApiLimits {
         }
         if self.idle_timeout.0 < 1_000 {
             return crate::core::invalid::Invalid::err("idle_timeout", "must be at least \"1s\"");
+        }
+        if self.head_timeout.0 < 1_000 {
+            return crate::core::invalid::Invalid::err("head_timeout", "must be at least \"1s\"");
         }
         if self.body_timeout.0 < 1_000 {
             return crate::core::invalid::Invalid::err("body_timeout", "must be at least \"1s\"");

@@ -140,7 +140,15 @@ impl Viewer {
     }
 }
 
+/// The console's caller, after one request from its key's and tenant's buckets
+/// (`api::limits::Limits::request`).
 async fn viewer(parts: &Parts, st: &ApiState) -> Result<Viewer, ApiError> {
+    let v = authenticated(parts, st).await?;
+    st.limits().request(&v.key(), v.tenant())?;
+    Ok(v)
+}
+
+async fn authenticated(parts: &Parts, st: &ApiState) -> Result<Viewer, ApiError> {
     let auth = match cookie_token(&parts.headers).and_then(|t| st.console().sessions.get(&t)) {
         Some((key, csrf)) if !parts.headers.contains_key(header::AUTHORIZATION) => {
             let auth = bearer_headers(&key);

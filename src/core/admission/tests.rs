@@ -163,3 +163,26 @@ proptest! {
         }
     }
 }
+
+proptest::proptest! {
+    /// N replicas each admitting one share admit the whole rate: the steady rates add
+    /// up to the configured one within one event per period, and no share bursts above
+    /// its part.
+    #[test]
+    fn shares_add_up_to_the_rate(count in 1u32..100_000, per_ms in 1i64..3_600_000, n in 1u32..16) {
+        let r = Rate { count, per_ms };
+        let s = r.share(n);
+        let whole = f64::from(count) / per_ms as f64;
+        let parts = f64::from(n) * f64::from(s.count) / s.per_ms as f64;
+        proptest::prop_assert!((parts - whole).abs() <= whole * 0.01 + 1.0 / per_ms as f64, "{r} / {n} = {s}");
+        proptest::prop_assert!(s.count == (count / n).max(1));
+    }
+}
+
+#[test]
+fn one_share_is_the_rate() {
+    let r = Rate::per_second(10);
+    assert_eq!(r.share(1), r);
+    assert_eq!(r.share(0), r);
+    assert_eq!(r.share(3), Rate { count: 3, per_ms: 900 });
+}

@@ -1,0 +1,263 @@
+//! The API's listener: who may hold a connection, and for how long (`[api.limits]`).
+//!
+//! - At most `connections` open at once and `connections_per_ip` from one client
+//!   address. Past either, the new connection is answered `503` with `Retry-After: 1`
+//!   (written within one second, at most [`REFUSING`] at once) and closed: a client
+//!   that holds many connections shuts out itself, not the others, and a full process
+//!   says so instead of leaving callers in the kernel's accept queue.
+//! - A request's head must arrive whole within `head_timeout`, however slowly its bytes
+//!   trickle (hyper's header-read timer); a connection without a byte read or written
+//!   for `idle_timeout` is closed ([`IdleIo`]).
+//! - Saturation shows in `fairway_api_connections` (open), in
+//!   `fairway_api_connections_refused_total{reason}` and in `/readyz`, which is not
+//!   ready while every connection is taken ([`Connections::saturated`]).
+
+use crate::core::api_limits::{ApiLimits, Bound, Busy, Usage};
+use crate::metrics::{API_CONNECTIONS, API_CONNECTIONS_REFUSED};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use std::future::Future;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+
+/// Refusals being written at once; past it a refused connection is closed unanswered.
+pub const REFUSING: usize = 256;
+/// How long a refusal may take to write.
+const REFUSAL_WRITE: Duration = Duration::from_secs(1);
+
+/// The open connections, per client address and in all.
+pub struct Connections {
+    usage: Mutex<Usage>,
+    most: u64,
+    refusing: Arc<tokio::sync::Semaphore>,
+}
+
+/// One open connection's place; given back when dropped.
+pub struct Held {
+    conns: Arc<Connections>,
+    ip: String,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let open = {
+            let mut u = self.conns.usage.lock().expect("connections");
+            u.give_back(&self.ip, 0);
+            u.held("").1
+        };
+        metrics::gauge!(API_CONNECTIONS).set(open as f64);
+    }
+}
+
+impl Connections {
+    pub fn new(limits: &ApiLimits) -> Arc<Connections> {
+        let count = Bound { per_key: limits.connections_per_ip, total: limits.connections };
+        Arc::new(Connections {
+            usage: Mutex::new(Usage::new("connections", count, Bound::NONE)),
+            most: limits.connections,
+            refusing: Arc::new(tokio::sync::Semaphore::new(REFUSING)),
+        })
+    }
+
+    /// A place for a connection from `ip`, or which bound refused it.
+    pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<Held, Busy> {
+        let ip = ip.to_canonical().to_string();
+        let open = {
+            let mut u = self.usage.lock().expect("connections");
+            u.take(&ip, 0)?;
+            u.held("").1
+        };
+        metrics::gauge!(API_CONNECTIONS).set(open as f64);
+        Ok(Held { conns: self.clone(), ip })
+    }
+
+    /// Why this process cannot take another connection, if it cannot (for `/readyz`).
+    pub fn saturated(&self) -> Option<String> {
+        let open = self.usage.lock().expect("connections").held("").1;
+        (open >= self.most).then(|| {
+            format!("the API holds {open} connections, its limit (api.limits.connections); new ones are refused 503")
+        })
+    }
+
+    /// Answers a refused connection 503 and closes it (or just closes it when
+    /// [`REFUSING`] refusals are being written already).
+    fn refuse(&self, mut stream: tokio::net::TcpStream, why: Busy) {
+        let reason = match why {
+            Busy::Key { .. } => "per_ip",
+            Busy::Total { .. } => "total",
+        };
+        metrics::counter!(API_CONNECTIONS_REFUSED, "reason" => reason).increment(1);
+        let Ok(permit) = self.refusing.clone().try_acquire_owned() else { return };
+        let body = match why {
+            Busy::Key { most, .. } => format!(
+                "{{\"error\":\"this client address holds {most} connections to the API, its limit \
+                 (api.limits.connections_per_ip); reuse kept-alive connections or close idle ones\",\
+                 \"code\":\"TOO_MANY_CONNECTIONS\"}}"
+            ),
+            Busy::Total { most, .. } => format!(
+                "{{\"error\":\"the API holds {most} connections, its limit (api.limits.connections); retry after \
+                 1s\",\"code\":\"TOO_MANY_CONNECTIONS\"}}"
+            ),
+        };
+        let answer = format!(
+            "HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(REFUSAL_WRITE, async {
+                stream.write_all(answer.as_bytes()).await?;
+                stream.shutdown().await
+            })
+            .await;
+            drop(permit);
+        });
+    }
+}
+
+/// Serves `router` on `listener` within `conns`' bounds until `shutdown` completes, then
+/// waits for the connections in flight to finish.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    conns: Arc<Connections>,
+    limits: &ApiLimits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let mut http = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    http.http1().timer(TokioTimer::new()).header_read_timeout(Duration::from_millis(limits.head_timeout.0 as u64));
+    let idle = Duration::from_millis(limits.idle_timeout.0 as u64);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors or a connection reset before accept:
+                    // wait a little rather than spin.
+                    tracing::warn!("accepting an API connection failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let held = match conns.admit(peer.ip()) {
+            Ok(h) => h,
+            Err(why) => {
+                conns.refuse(stream, why);
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let io = TokioIo::new(IdleIo::new(stream, idle, held));
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let conn = graceful.watch(http.serve_connection_with_upgrades(io, service).into_owned());
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!("API connection ended: {e}");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
+}
+
+/// A connection that fails with `TimedOut` after `idle` without progress either way.
+pub struct IdleIo {
+    io: tokio::net::TcpStream,
+    idle: Duration,
+    timer: Pin<Box<tokio::time::Sleep>>,
+    _held: Held,
+}
+
+impl IdleIo {
+    fn new(io: tokio::net::TcpStream, idle: Duration, held: Held) -> Self {
+        IdleIo { io, idle, timer: Box::pin(tokio::time::sleep(idle)), _held: held }
+    }
+
+    /// After an inner poll: progress moves the deadline; while pending, the deadline
+    /// passing turns into an error.
+    fn check<T>(&mut self, cx: &mut Context<'_>, r: Poll<std::io::Result<T>>) -> Poll<std::io::Result<T>> {
+        match r {
+            Poll::Ready(r) => {
+                self.timer.as_mut().reset(tokio::time::Instant::now() + self.idle);
+                Poll::Ready(r)
+            }
+            Poll::Pending => match self.timer.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "connection idle longer than api.limits.idle_timeout",
+                ))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for IdleIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.io).poll_read(cx, buf);
+        this.check(cx, r)
+    }
+}
+
+impl tokio::io::AsyncWrite for IdleIo {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.check(cx, r)
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.io).poll_flush(cx);
+        this.check(cx, r)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.check(cx, r)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_address_is_held_to_its_share_and_all_to_the_total() {
+        let limits = ApiLimits { connections: 3, connections_per_ip: 2, ..Default::default() };
+        let conns = Connections::new(&limits);
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
+        let first = conns.admit(a).unwrap();
+        let _second = conns.admit(mapped).expect("same client over IPv6-mapped: its second");
+        assert!(matches!(conns.admit(a), Err(Busy::Key { most: 2, .. })));
+        let _other = conns.admit("10.0.0.2".parse().unwrap()).expect("another client is not shut out");
+        assert!(conns.saturated().is_some());
+        assert!(matches!(conns.admit("10.0.0.3".parse().unwrap()), Err(Busy::Total { most: 3, .. })));
+        drop(first);
+        assert!(conns.saturated().is_none());
+        assert!(conns.admit(a).is_ok());
+    }
+}
