@@ -36,7 +36,7 @@ pub use events::{EventStatements, IdempotencyClaim, Submitted as SubmittedRow, H
 pub use keys::{ApiKeyRow, KeyStatements};
 pub use quota::QuotaStatements;
 pub use rerun::{JobFacts, RerunStatements, FACTS_CHUNK};
-pub use schedules::{ScheduleRow, ScheduleStatements};
+pub use schedules::{ScheduleCursor, ScheduleRow, ScheduleSlot, ScheduleStatements};
 pub use schema::TABLES;
 pub use tenants::TenantStatements;
 
