@@ -104,7 +104,8 @@ impl Config {
     pub fn flow_scope(&self, job: &crate::model::JobSubmitted) -> Option<(String, crate::core::flow::FlowLimit)> {
         let key = job.flow_key.as_deref()?;
         let jt = self.job_types.get(&job.job_type).and_then(|t| t.flow.as_ref());
-        crate::core::flow::scope_of(&self.flow.keys, jt, key, &job.job_type)
+        let of = crate::core::flow::FlowOf { key, job_type: &job.job_type, tenant: &job.tenant };
+        crate::core::flow::scope_of(&self.flow.keys, jt, of)
     }
 }
 
