@@ -411,6 +411,10 @@ fn job_of(caller: &Caller, trace: &TraceHeaders, item: serde_json::Value) -> Res
         obj.entry("tenant").or_insert_with(|| t.into());
     }
     let mut job = NewJob::deserialize(item).map_err(|e| ApiError::from_json(&e, "a job object"))?;
+    if let Some(key) = &job.idempotency_key {
+        crate::core::unique::check_caller_key(key)
+            .map_err(|message| crate::submit::SubmitError::Invalid { field: "idempotency_key", message })?;
+    }
     if job.traceparent.is_none() {
         job.traceparent = trace.traceparent.clone();
         job.tracestate = trace.tracestate.clone();

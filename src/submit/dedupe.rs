@@ -61,7 +61,7 @@ pub fn check(job: &NewJob) -> Result<(), SubmitError> {
 
 /// The idempotency-table key a unique key is claimed under.
 pub fn unique_claim_key(key: &str) -> String {
-    format!("fairway.unique/{key}")
+    format!("{}unique/{key}", crate::core::unique::SYSTEM_KEY_PREFIX)
 }
 
 /// A submission's unique key, scope and the claim's TTL.
