@@ -88,6 +88,9 @@ pub struct Config {
     /// Bounds of recurring schedules (`[schedules]`): per tenant and in total.
     #[serde(default)]
     pub schedules: crate::core::recurring::SchedulesConfig,
+    /// Bounds of debounce windows (`[debounce]`): open ones per tenant, a job's payload.
+    #[serde(default)]
+    pub debounce: crate::core::unique::DebounceConfig,
 }
 
 /// Limits of flow-control keys (`core::flow`): per key here, or per job type with
@@ -687,6 +690,7 @@ impl Config {
         self.check_run_ranges()?;
         self.classifier.validate().map_err(invalid_in("classifier"))?;
         self.schedules.validate().map_err(invalid_in("schedules"))?;
+        self.debounce.validate().map_err(invalid_in("debounce"))?;
         for (name, t) in &self.tenants {
             if name.is_empty() || name.len() > 128 {
                 return Err(invalid("tenants", "tenant names must be 1 to 128 characters"));

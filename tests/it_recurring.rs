@@ -524,6 +524,43 @@ async fn schedule_payloads_and_times_are_bounded() {
     assert!(e["error"].as_str().unwrap().contains("start_at"), "{e}");
 }
 
+/// Debounce windows are bounded per tenant (`debounce.max_open_per_tenant`: the 4th key of
+/// acme answers 429 while globex opens its own, and acme's open keys still fold in) and
+/// by payload (`debounce.max_payload_bytes`); a caller's idempotency key may not use
+/// fairway's own namespace (`fairway.`), so it cannot pre-claim a unique slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn debounce_windows_are_bounded_per_tenant_and_system_keys_are_reserved() {
+    let cfg = common::arc(common::config("[debounce]\nmax_open_per_tenant = 3\nmax_payload_bytes = 1024\n"));
+    common::init(&cfg).await;
+    let (base, _stop) = common::serve_api(&cfg).await;
+    let api = Api { base, http: reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap() };
+    let (_, acme) = common::create_key(&cfg, &Caller::Tenant("acme".into()), "it_recurring").await;
+    let (_, globex) = common::create_key(&cfg, &Caller::Tenant("globex".into()), "it_recurring").await;
+    let debounced = |key: &str, payload: Value| json!({"job_type": "echo", "payload": payload, "debounce_key": key, "debounce_delay": "1h"});
+    for k in ["k1", "k2", "k3"] {
+        let (s, e) = api.call(&acme, Method::POST, "/v1/jobs", Some(&debounced(k, json!(1)))).await;
+        assert_eq!(s, StatusCode::CREATED, "{k}: {e}");
+    }
+    let (s, e) = api.call(&acme, Method::POST, "/v1/jobs", Some(&debounced("k4", json!(1)))).await;
+    assert_eq!((s, e["code"].as_str()), (StatusCode::TOO_MANY_REQUESTS, Some("TOO_MANY_DEBOUNCE_WINDOWS")), "{e}");
+    assert!(e["error"].as_str().unwrap().contains("debounce.max_open_per_tenant"), "{e}");
+    let (s, e) = api.call(&acme, Method::POST, "/v1/jobs", Some(&debounced("k1", json!(2)))).await;
+    assert_eq!(s, StatusCode::OK, "an open window still folds submissions in: {e}");
+    let (s, e) = api.call(&globex, Method::POST, "/v1/jobs", Some(&debounced("k4", json!(1)))).await;
+    assert_eq!(s, StatusCode::CREATED, "another tenant's windows are its own: {e}");
+    let (s, e) = api.call(&globex, Method::POST, "/v1/jobs", Some(&debounced("k5", json!("x".repeat(2_000))))).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{e}");
+    assert!(e["error"].as_str().unwrap().contains("debounce.max_payload_bytes = 1024"), "{e}");
+
+    let claim = json!({"job_type": "echo", "idempotency_key": "fairway.unique/report"});
+    let (s, e) = api.call(&acme, Method::POST, "/v1/jobs", Some(&claim)).await;
+    assert_eq!((s, e["code"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("INVALID_JOB")), "{e}");
+    assert!(e["error"].as_str().unwrap().contains("reserved"), "{e}");
+    let unique = json!({"job_type": "echo", "unique_key": "report"});
+    let (s, e) = api.call(&acme, Method::POST, "/v1/jobs", Some(&unique)).await;
+    assert_eq!(s, StatusCode::CREATED, "the unique slot was not pre-claimed: {e}");
+}
+
 fn metric(text: &str, series: &str) -> Option<f64> {
     text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
 }

@@ -33,6 +33,42 @@ pub fn check_caller_key(key: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Bounds of debounce windows (`[debounce]`): open windows per tenant, so one tenant
+/// cannot grow the promoter leader's per-second read, and a pending job's payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DebounceConfig {
+    /// Open windows a tenant may have (checked when a window opens, not with the open:
+    /// opens racing each other may pass it by their number).
+    pub max_open_per_tenant: usize,
+    /// Bytes of a debounced job's payload.
+    pub max_payload_bytes: usize,
+}
+
+impl Default for DebounceConfig {
+    fn default() -> Self {
+        DebounceConfig { max_open_per_tenant: 1_000, max_payload_bytes: 64 * 1024 }
+    }
+}
+
+impl DebounceConfig {
+    pub fn validate(&self) -> Result<(), crate::core::invalid::Invalid> {
+        if !(1..=100_000).contains(&self.max_open_per_tenant) {
+            return crate::core::invalid::Invalid::err(
+                "max_open_per_tenant",
+                "must be between 1 and 100000, e.g. 1000",
+            );
+        }
+        if !(1..=1 << 20).contains(&self.max_payload_bytes) {
+            return crate::core::invalid::Invalid::err(
+                "max_payload_bytes",
+                "must be between 1 and 1048576 (1 MiB), e.g. 65536; pass larger inputs by reference",
+            );
+        }
+        Ok(())
+    }
+}
+
 /// How long a `unique_key` holds (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

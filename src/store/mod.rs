@@ -31,7 +31,7 @@ use std::sync::Arc;
 pub use admission::{AdmissionStatements, OutcomeCell};
 pub use backlog::{BacklogKey, BacklogStatements};
 pub use classifier::{ClassRow, ClassifierStatements, RunTimeCell};
-pub use debounce::{DebounceRow, DebounceStatements};
+pub use debounce::{DebounceDue, DebounceRow, DebounceStatements};
 pub use events::{EventStatements, IdempotencyClaim, Submitted as SubmittedRow, HISTORY_LIMIT};
 pub use keys::{ApiKeyRow, KeyStatements};
 pub use quota::QuotaStatements;

@@ -1,16 +1,18 @@
 //! Firing recurring schedules: the promoter's leader (the holder of its lease) reads the
 //! deployment's schedule cursors once a second (no definitions: a definition, payload
-//! included, is read by key only when its schedule is due) and submits each due fire through the normal
-//! submission path (front-door admission, idempotency, the pool topic), paced at
-//! `worker.promoter_rate` fires per second. A fire's job id and idempotency key derive
-//! from (schedule id, fire time) (`core::recurring`), so a fire submitted twice (two
-//! leaders overlapping for a moment, a leader dying before it moved the cursor) is one
-//! job. The cursor (`next_fire_at`) moves by compare-and-set once its fires are in.
+//! included, is read by key only when its schedule is due) and submits each due fire
+//! through the normal submission path (front-door admission, idempotency, the pool
+//! topic), paced at `worker.promoter_rate` fires per second. A fire's job id and
+//! idempotency key derive from (schedule id, fire time) (`core::recurring`), so a fire
+//! submitted twice (two leaders overlapping for a moment, a leader dying before it moved
+//! the cursor) is one job. The cursor (`next_fire_at`) moves by compare-and-set once its
+//! fires are in.
 //!
-//! The same leader submits the jobs of due debounce windows (`crate::submit::dedupe`): it closes
-//! a window by compare-and-set on its revision (a submission that moved it meanwhile
-//! wins, and the window is looked at again next pass), then submits its job under the
-//! window's id; a failed submit reopens the window.
+//! The same leader submits the jobs of due debounce windows (`crate::submit::dedupe`),
+//! reading each window's job by key, one at a time: it closes a window by compare-and-set
+//! on its revision (a submission that moved it meanwhile wins, and the window is looked
+//! at again next pass), then submits its job under the window's id; a failed submit
+//! reopens the window.
 
 use super::relay::{PROMOTER_LEASE, PROMOTER_LEASE_SECS};
 use crate::admission::{Admission, Ask};
@@ -246,7 +248,15 @@ impl Firing {
                 return;
             }
         };
-        for w in due {
+        for d in due {
+            let w = match self.debounces.get(&d.tenant, &d.key).await {
+                Ok(Some(w)) if w.rev == d.rev => w,
+                Ok(_) => continue,
+                Err(e) => {
+                    tracing::warn!(tenant = %d.tenant, error = %e, "cannot read a due debounce window");
+                    continue;
+                }
+            };
             match self.debounces.close(&w.tenant, &w.key, &w.rev).await {
                 Ok(true) => {}
                 Ok(false) => continue,
