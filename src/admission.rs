@@ -85,7 +85,12 @@ struct State {
     rates: RateLimiters,
     queues: HashMap<String, QueueView>,
     quota: QuotaLevels,
+    /// When idle end-user windows were last forgotten.
+    pruned_at: Millis,
 }
+
+/// How often idle end-user windows are forgotten.
+const PRUNE_MS: Millis = 10_000;
 
 /// The front door of one process (cheap to share behind an `Arc`).
 pub struct Admission {
@@ -194,6 +199,10 @@ impl Admission {
         let demands: Vec<Demand> =
             asks.iter().filter_map(|a| self.demand(a, records.get(a.tenant.as_str())?)).collect();
         let mut st = self.state.lock().expect("admission state");
+        if now - st.pruned_at >= PRUNE_MS {
+            st.pruned_at = now;
+            st.rates.prune(now);
+        }
         let mut reserved = Vec::new();
         for (tenant, (_, due)) in &per_tenant {
             let max = records.get(tenant).and_then(|r| self.cfg.admission.max_queued(r.tier, r.max_queued));
@@ -435,14 +444,19 @@ impl Admission {
         let sums = breaker::window_counts(cells, now, window, |k| since.get(k).copied().unwrap_or(Millis::MIN));
         let probes: Vec<(String, String)> = {
             let mut gates = self.gates.lock().expect("gates");
+            // A closed gate whose scope had nothing in the window, and whose count does not
+            // start inside it, is a fresh gate's equal: forgotten.
+            gates.retain(|scope, g| {
+                sums.contains_key(scope) || g.gate.counting_since().is_none_or(|since| since > now - window)
+            });
             for (scope, sc) in sums {
-                if !sc.may_open(bc.min_tenants) && !gates.contains_key(&scope) {
+                if !sc.may_open(bc) && !gates.contains_key(&scope) {
                     continue;
                 }
                 let shared = sc.tenant.is_none();
                 let new = || ScopedGate { gate: Gate::new(bc.clone()), shared, culprits: Default::default() };
                 let g = gates.entry(scope.clone()).or_insert_with(new);
-                if sc.may_open(bc.min_tenants) && g.gate.observe(sc.counts, now) {
+                if sc.may_open(bc) && g.gate.observe(sc.counts, now) {
                     g.culprits = if shared { sc.failing.clone() } else { Default::default() };
                     tracing::warn!(
                         scope,

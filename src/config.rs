@@ -88,6 +88,9 @@ pub struct Config {
     /// Bounds of recurring schedules (`[schedules]`): per tenant and in total.
     #[serde(default)]
     pub schedules: crate::core::recurring::SchedulesConfig,
+    /// Bounds of debounce windows (`[debounce]`): open ones per tenant, a job's payload.
+    #[serde(default)]
+    pub debounce: crate::core::unique::DebounceConfig,
 }
 
 /// Limits of flow-control keys (`core::flow`): per key here, or per job type with
@@ -104,7 +107,8 @@ impl Config {
     pub fn flow_scope(&self, job: &crate::model::JobSubmitted) -> Option<(String, crate::core::flow::FlowLimit)> {
         let key = job.flow_key.as_deref()?;
         let jt = self.job_types.get(&job.job_type).and_then(|t| t.flow.as_ref());
-        crate::core::flow::scope_of(&self.flow.keys, jt, key, &job.job_type)
+        let of = crate::core::flow::FlowOf { key, job_type: &job.job_type, tenant: &job.tenant };
+        crate::core::flow::scope_of(&self.flow.keys, jt, of)
     }
 }
 
@@ -686,6 +690,7 @@ impl Config {
         self.check_run_ranges()?;
         self.classifier.validate().map_err(invalid_in("classifier"))?;
         self.schedules.validate().map_err(invalid_in("schedules"))?;
+        self.debounce.validate().map_err(invalid_in("debounce"))?;
         for (name, t) in &self.tenants {
             if name.is_empty() || name.len() > 128 {
                 return Err(invalid("tenants", "tenant names must be 1 to 128 characters"));

@@ -343,7 +343,7 @@ async fn job_rows_expire_after_retention_and_init_sets_topic_retention() {
 type Received = Arc<std::sync::Mutex<Vec<(String, String, String, Vec<u8>)>>>;
 
 /// A local HTTP receiver on 127.0.0.1: `/ok` answers 200; `/flaky` answers 500 to the
-/// first POST of each delivery id and 200 after.
+/// first POST of each delivery id and 200 after; `/dead` always answers 503.
 async fn webhook_receiver() -> (String, Received) {
     use axum::{extract::State, http::HeaderMap, http::StatusCode as S, http::Uri};
     let got: Received = Default::default();
@@ -353,7 +353,9 @@ async fn webhook_receiver() -> (String, Received) {
         let mut g = got.lock().unwrap();
         let seen = g.iter().any(|(_, _, d, _)| *d == delivery);
         g.push((uri.path().to_string(), sig, delivery, body.to_vec()));
-        if uri.path() == "/flaky" && !seen {
+        if uri.path() == "/dead" {
+            S::SERVICE_UNAVAILABLE
+        } else if uri.path() == "/flaky" && !seen {
             S::INTERNAL_SERVER_ERROR
         } else {
             S::OK
@@ -458,6 +460,52 @@ async fn webhooks_one_signed_post_per_job_a_500_is_retried_and_attempts_are_even
     let msgs: Vec<&str> = h["events"].as_array().unwrap().iter().filter_map(|e| e["message"].as_str()).collect();
     assert!(msgs.iter().all(|m| !m.contains("token=t0")), "no URL query in events: {msgs:?}");
     let _ = api.stop.send(());
+}
+
+/// A dead receiver (503 to everything, so its deliveries wait out long backoffs) with 8
+/// results in delivery, against `webhooks.concurrency = 4`: another receiver's result is
+/// still delivered within seconds. (When a delivery held one of the shared slots through
+/// its backoff, the dead receiver's 4 held them all and the other result waited for
+/// minutes.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_webhook_receiver_holds_only_its_own_deliveries() {
+    let (base, got) = webhook_receiver().await;
+    let mut cfg = common::config(&format!(
+        "[job_types.hook_dead]\npool = \"short\"\nhandler = \"echo\"\nwebhook_url = \"{base}/dead\"\n\
+         [job_types.hook_ok]\npool = \"short\"\nhandler = \"echo\"\nwebhook_url = \"{base}/ok\"\n"
+    ));
+    cfg.webhooks.secrets.insert("acme".into(), fairway::config::Secret::new("it-secret-0123456789abcdef"));
+    cfg.webhooks.secrets.insert("globex".into(), fairway::config::Secret::new("it-secret-globex-0123456789"));
+    cfg.webhooks.backoff_initial = Duration::from_secs(20);
+    cfg.webhooks.concurrency = 4;
+    let cfg = common::arc(cfg);
+    let api = Api::start(&cfg).await;
+    let registry = Registry::from_config(&cfg, Default::default()).unwrap();
+    let worker = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair).await.unwrap();
+    for i in 0..8 {
+        let (s, a) = api.post("/v1/jobs", &json!({"tenant": "acme", "job_type": "hook_dead", "payload": i})).await;
+        assert_eq!(s, StatusCode::CREATED, "{a}");
+    }
+    let dead_posts = || got.lock().unwrap().iter().filter(|(p, ..)| p == "/dead").count();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while dead_posts() < 8 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(dead_posts() >= 4, "the dead receiver's first attempts: {}", dead_posts());
+    let asked = Instant::now();
+    let (s, a) = api.post("/v1/jobs", &json!({"tenant": "globex", "job_type": "hook_ok", "payload": 0})).await;
+    assert_eq!(s, StatusCode::CREATED, "{a}");
+    let ok_posts = || got.lock().unwrap().iter().filter(|(p, ..)| p == "/ok").count();
+    let deadline = asked + Duration::from_secs(60);
+    while ok_posts() == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let waited = asked.elapsed();
+    worker.stop().await;
+    let _ = api.stop.send(());
+    println!("other receiver's webhook after {waited:?} (dead receiver: {} POSTs)", dead_posts());
+    assert_eq!(ok_posts(), 1, "the live receiver's result is delivered while the dead one backs off");
+    assert!(waited < Duration::from_secs(15), "delivered {waited:?} after submission");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

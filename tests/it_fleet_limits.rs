@@ -328,3 +328,38 @@ async fn run_on_fleet(
     assert_eq!(results.len(), ids.len(), "every job finished (fleet_limits = {fleet_limits})");
     results
 }
+
+/// Tenant acme parks 40 jobs on its flow key "vectorizer" limited to 1/s; tenant globex
+/// then submits one job with a key of the same name: it starts within seconds, on its
+/// own limit (a key is its tenant's flow). When the key was one flow for every tenant,
+/// globex's job started about 40 s later, behind all of acme's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_tenants_saturated_flow_key_never_delays_anothers_of_the_same_name() {
+    use fairway::submit::{NewJob, Submitter};
+    let cfg = common::arc(common::config("[flow.keys.vectorizer]\nrate = 1\n"));
+    common::init(&cfg).await;
+    let registry = fairway::handlers::Registry::from_config(&cfg, Default::default()).unwrap();
+    let pools = [fairway::model::Pool::Short];
+    let w = fairway::worker::Worker::start(cfg.clone(), &pools, registry, fairway::worker::Policy::Fair).await.unwrap();
+    assert!(w.wait_assigned(Duration::from_secs(30)).await);
+    let sub = Submitter::new(cfg.clone(), None).unwrap();
+    let keyed = |tenant: &str| NewJob {
+        tenant: tenant.into(),
+        job_type: "echo".into(),
+        flow_key: Some("vectorizer".into()),
+        ..Default::default()
+    };
+    for _ in 0..40 {
+        sub.submit(&keyed("acme")).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let submitted = fairway::now_ms();
+    let id = sub.submit(&keyed("globex")).await.unwrap().job_id;
+    let results = common::results_for(&cfg, std::slice::from_ref(&id), Duration::from_secs(90)).await;
+    w.stop().await;
+    let r = &results.get(&id).expect("globex's job ran")[0];
+    assert_eq!(r.status, JobStatus::Succeeded);
+    let waited = r.started_at.unwrap() - submitted;
+    println!("globex's job on its \"vectorizer\" key started {waited} ms after submission, acme's 40 parked");
+    assert!(waited < 5_000, "globex's job waited {waited} ms behind acme's key");
+}

@@ -455,6 +455,112 @@ async fn the_schedules_http_api_and_console_are_tenant_scoped_check_input_and_ca
 
 /// The value of the series `series` (name and labels exactly as exported) in a
 /// Prometheus text page.
+/// 300 `POST /v1/schedules` with distinct names race through two API processes (each with
+/// its own store session) against `max_per_tenant = 100`: exactly 100 are created (an
+/// unlocked count let 163 through), the rest answer 429; a removed schedule frees its
+/// slot for one more add and no other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_schedule_adds_on_two_apis_never_pass_the_tenant_bound() {
+    let cfg = common::arc(common::config("[schedules]\nmax_per_tenant = 100\n"));
+    common::init(&cfg).await;
+    let (base_a, _stop_a) = common::serve_api(&cfg).await;
+    let (base_b, _stop_b) = common::serve_api(&cfg).await;
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap();
+    let apis = [Api { base: base_a, http: http.clone() }, Api { base: base_b, http }];
+    let apis = Arc::new(apis);
+    let (_, acme) = common::create_key(&cfg, &Caller::Tenant("acme".into()), "it_recurring").await;
+    let mut racers = tokio::task::JoinSet::new();
+    for i in 0..300 {
+        let (apis, key) = (apis.clone(), acme.clone());
+        racers.spawn(async move {
+            let body = json!({"name": format!("race-{i}"), "job_type": "echo", "every": "1h"});
+            apis[i % 2].call(&key, Method::POST, "/v1/schedules", Some(&body)).await
+        });
+    }
+    let mut by_status: BTreeMap<u16, usize> = BTreeMap::new();
+    while let Some(r) = racers.join_next().await {
+        let (status, body) = r.unwrap();
+        assert!(matches!(status, StatusCode::CREATED | StatusCode::TOO_MANY_REQUESTS), "{status}: {body}");
+        *by_status.entry(status.as_u16()).or_default() += 1;
+    }
+    let (_, listed) = apis[0].call(&acme, Method::GET, "/v1/schedules", None).await;
+    let listed = names(&listed);
+    assert_eq!(by_status.get(&201), Some(&100), "created under the race: {by_status:?}");
+    assert_eq!(listed.len(), 100, "schedules stored");
+
+    let add = |name: &str| json!({"name": name, "job_type": "echo", "every": "1h"});
+    let (s, _) = apis[1].call(&acme, Method::DELETE, &format!("/v1/schedules/{}", listed[0].1), None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, e) = apis[0].call(&acme, Method::POST, "/v1/schedules", Some(&add("after-remove"))).await;
+    assert_eq!(s, StatusCode::CREATED, "the removed schedule's slot is free: {e}");
+    let (s, e) = apis[1].call(&acme, Method::POST, "/v1/schedules", Some(&add("one-too-many"))).await;
+    assert_eq!((s, e["code"].as_str()), (StatusCode::TOO_MANY_REQUESTS, Some("TOO_MANY_SCHEDULES")), "{e}");
+}
+
+/// A schedule's payload is bounded (`schedules.max_payload_bytes`): over it, 413 naming
+/// the field, the bound and the fix; at it, created. Start and end times beyond the
+/// year 9999 are refused by field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn schedule_payloads_and_times_are_bounded() {
+    let cfg = common::arc(common::config("[schedules]\nmax_payload_bytes = 1024\n"));
+    common::init(&cfg).await;
+    let (base, _stop) = common::serve_api(&cfg).await;
+    let api = Api { base, http: reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap() };
+    let (_, acme) = common::create_key(&cfg, &Caller::Tenant("acme".into()), "it_recurring").await;
+    let with =
+        |name: &str, payload: Value| json!({"name": name, "job_type": "echo", "every": "1h", "payload": payload});
+    let (s, e) = api.call(&acme, Method::POST, "/v1/schedules", Some(&with("big", json!("x".repeat(2_000))))).await;
+    assert_eq!((s, e["code"].as_str()), (StatusCode::PAYLOAD_TOO_LARGE, Some("PAYLOAD_TOO_LARGE")), "{e}");
+    let msg = e["error"].as_str().unwrap();
+    assert!(msg.contains("payload") && msg.contains("max_payload_bytes = 1024") && msg.contains("reference"), "{msg}");
+    let (s, e) = api.call(&acme, Method::POST, "/v1/schedules", Some(&with("small", json!("x".repeat(1_000))))).await;
+    assert_eq!(s, StatusCode::CREATED, "{e}");
+    let (s, e) =
+        api.call(&acme, Method::PUT, "/v1/schedules/small", Some(&with("small", json!("y".repeat(2_000))))).await;
+    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE, "a replace is bounded too: {e}");
+    let far = json!({"name": "far", "job_type": "echo", "every": "1h", "start_at": i64::MAX - 1});
+    let (s, e) = api.call(&acme, Method::POST, "/v1/schedules", Some(&far)).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{e}");
+    assert!(e["error"].as_str().unwrap().contains("start_at"), "{e}");
+}
+
+/// Debounce windows are bounded per tenant (`debounce.max_open_per_tenant`: the 4th key of
+/// acme answers 429 while globex opens its own, and acme's open keys still fold in) and
+/// by payload (`debounce.max_payload_bytes`); a caller's idempotency key may not use
+/// fairway's own namespace (`fairway.`), so it cannot pre-claim a unique slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn debounce_windows_are_bounded_per_tenant_and_system_keys_are_reserved() {
+    let cfg = common::arc(common::config("[debounce]\nmax_open_per_tenant = 3\nmax_payload_bytes = 1024\n"));
+    common::init(&cfg).await;
+    let (base, _stop) = common::serve_api(&cfg).await;
+    let api = Api { base, http: reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap() };
+    let (_, acme) = common::create_key(&cfg, &Caller::Tenant("acme".into()), "it_recurring").await;
+    let (_, globex) = common::create_key(&cfg, &Caller::Tenant("globex".into()), "it_recurring").await;
+    let debounced = |key: &str, payload: Value| json!({"job_type": "echo", "payload": payload, "debounce_key": key, "debounce_delay": "1h"});
+    for k in ["k1", "k2", "k3"] {
+        let (s, e) = api.call(&acme, Method::POST, "/v1/jobs", Some(&debounced(k, json!(1)))).await;
+        assert_eq!(s, StatusCode::CREATED, "{k}: {e}");
+    }
+    let (s, e) = api.call(&acme, Method::POST, "/v1/jobs", Some(&debounced("k4", json!(1)))).await;
+    assert_eq!((s, e["code"].as_str()), (StatusCode::TOO_MANY_REQUESTS, Some("TOO_MANY_DEBOUNCE_WINDOWS")), "{e}");
+    assert!(e["error"].as_str().unwrap().contains("debounce.max_open_per_tenant"), "{e}");
+    let (s, e) = api.call(&acme, Method::POST, "/v1/jobs", Some(&debounced("k1", json!(2)))).await;
+    assert_eq!(s, StatusCode::OK, "an open window still folds submissions in: {e}");
+    let (s, e) = api.call(&globex, Method::POST, "/v1/jobs", Some(&debounced("k4", json!(1)))).await;
+    assert_eq!(s, StatusCode::CREATED, "another tenant's windows are its own: {e}");
+    let (s, e) = api.call(&globex, Method::POST, "/v1/jobs", Some(&debounced("k5", json!("x".repeat(2_000))))).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{e}");
+    assert!(e["error"].as_str().unwrap().contains("debounce.max_payload_bytes = 1024"), "{e}");
+
+    let claim = json!({"job_type": "echo", "idempotency_key": "fairway.unique/report"});
+    let (s, e) = api.call(&acme, Method::POST, "/v1/jobs", Some(&claim)).await;
+    assert_eq!((s, e["code"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("INVALID_JOB")), "{e}");
+    assert!(e["error"].as_str().unwrap().contains("reserved"), "{e}");
+    let unique = json!({"job_type": "echo", "unique_key": "report"});
+    let (s, e) = api.call(&acme, Method::POST, "/v1/jobs", Some(&unique)).await;
+    assert_eq!(s, StatusCode::CREATED, "the unique slot was not pre-claimed: {e}");
+}
+
 fn metric(text: &str, series: &str) -> Option<f64> {
     text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
 }

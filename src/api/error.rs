@@ -27,6 +27,7 @@ pub mod codes {
     pub const BATCH_EXCEEDS_BURST: &str = "BATCH_EXCEEDS_BURST";
     pub const TENANT_RATE_LIMIT_EXCEEDED: &str = "TENANT_RATE_LIMIT_EXCEEDED";
     pub const USER_RATE_LIMIT_EXCEEDED: &str = "USER_RATE_LIMIT_EXCEEDED";
+    pub const TOO_MANY_DEBOUNCE_WINDOWS: &str = "TOO_MANY_DEBOUNCE_WINDOWS";
     pub const TENANT_QUEUE_FULL: &str = "TENANT_QUEUE_FULL";
     pub const CIRCUIT_OPEN: &str = "CIRCUIT_OPEN";
     pub const JOB_NOT_FOUND: &str = "JOB_NOT_FOUND";
@@ -228,6 +229,7 @@ impl From<SubmitError> for ApiError {
             SubmitError::BadTraceContext(_) => (StatusCode::BAD_REQUEST, codes::BAD_TRACE_CONTEXT),
             SubmitError::BadFlowKey(_) => (StatusCode::BAD_REQUEST, codes::BAD_FLOW_KEY),
             SubmitError::BadUserKey(_) => (StatusCode::BAD_REQUEST, codes::BAD_USER_KEY),
+            SubmitError::TooManyWindows { .. } => (StatusCode::TOO_MANY_REQUESTS, codes::TOO_MANY_DEBOUNCE_WINDOWS),
             SubmitError::Invalid { .. } => (StatusCode::UNPROCESSABLE_ENTITY, codes::INVALID_JOB),
             SubmitError::JobTypeNotAllowed { .. } => (StatusCode::FORBIDDEN, codes::JOB_TYPE_NOT_ALLOWED),
             SubmitError::TooFarAhead { .. } => (StatusCode::TOO_MANY_REQUESTS, codes::SCHEDULE_TOO_FAR_AHEAD),

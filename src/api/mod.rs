@@ -428,6 +428,10 @@ fn job_of(caller: &Caller, trace: &TraceHeaders, item: &str) -> Result<NewJob, A
     if let (true, Some(t)) = (job.tenant.is_empty(), caller.tenant()) {
         job.tenant = t.to_string();
     }
+    if let Some(key) = &job.idempotency_key {
+        crate::core::unique::check_caller_key(key)
+            .map_err(|message| crate::submit::SubmitError::Invalid { field: "idempotency_key", message })?;
+    }
     if job.traceparent.is_none() {
         job.traceparent = trace.traceparent.clone();
         job.tracestate = trace.tracestate.clone();

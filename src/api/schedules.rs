@@ -6,7 +6,7 @@
 //! | method | path | what |
 //! |---|---|---|
 //! | GET | `/v1/schedules` | the caller's schedules with their next fire times (admin: all, or `?tenant=`) |
-//! | POST | `/v1/schedules` | add (a schedule object; 201; 409 if the name is taken; 429 beyond `[schedules]` bounds) |
+//! | POST | `/v1/schedules` | add (a schedule object; 201; 409 if the name is taken; 429 beyond `[schedules]` bounds; 413 over `schedules.max_payload_bytes`) |
 //! | GET | `/v1/schedules/{name}` | one schedule |
 //! | PUT | `/v1/schedules/{name}` | replace its definition (its next fire is computed afresh) |
 //! | POST | `/v1/schedules/{name}:pause`, `:resume` | stop / restart firing |
@@ -40,6 +40,9 @@ impl From<ScheduleError> for ApiError {
             ScheduleError::Exists { .. } => (StatusCode::CONFLICT, codes::SCHEDULE_EXISTS),
             ScheduleError::NotFound { .. } => (StatusCode::NOT_FOUND, codes::UNKNOWN_SCHEDULE),
             ScheduleError::TooMany(_) => (StatusCode::TOO_MANY_REQUESTS, codes::TOO_MANY_SCHEDULES),
+            ScheduleError::PayloadTooLarge { .. } => {
+                (StatusCode::PAYLOAD_TOO_LARGE, super::error::codes::PAYLOAD_TOO_LARGE)
+            }
             ScheduleError::Store(s) => return ApiError::from(s.clone()),
         };
         ApiError::new(status, code, e.to_string())

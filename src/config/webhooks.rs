@@ -25,8 +25,16 @@ pub struct WebhooksConfig {
     /// Time limit of one POST (connect + answer).
     #[serde(with = "super::humantime_serde_compat")]
     pub timeout: Duration,
-    /// Results being delivered at once (more wait: the delivery loop stops reading).
+    /// POSTs in flight at once, across receivers (a delivery waiting out its backoff
+    /// holds none).
     pub concurrency: usize,
+    /// Deliveries of one receiver (callback URL) in progress at once, backoff included.
+    pub concurrency_per_receiver: usize,
+    /// Results of one receiver queued or in delivery; beyond it a new result for that
+    /// receiver is given up (`webhook_failed`), other receivers' go on.
+    pub queue_per_receiver: usize,
+    /// Results queued or in delivery in total; at it the loop stops reading results.
+    pub queue_total: usize,
 }
 
 impl Default for WebhooksConfig {
@@ -38,6 +46,9 @@ impl Default for WebhooksConfig {
             backoff_max: Duration::from_secs(300),
             timeout: Duration::from_secs(10),
             concurrency: 64,
+            concurrency_per_receiver: 16,
+            queue_per_receiver: 1_000,
+            queue_total: 10_000,
         }
     }
 }
@@ -50,6 +61,10 @@ pub fn secret_env_var(tenant: &str) -> String {
 }
 
 impl WebhooksConfig {
+    pub fn lanes(&self) -> crate::core::receivers::LaneBounds {
+        crate::core::receivers::LaneBounds { per_receiver: self.queue_per_receiver, total: self.queue_total }
+    }
+
     pub fn backoff(&self) -> Backoff {
         Backoff { initial: self.backoff_initial, max: self.backoff_max, max_attempts: self.max_attempts }
     }
@@ -74,6 +89,19 @@ impl WebhooksConfig {
         }
         if self.timeout.is_zero() || self.concurrency == 0 {
             return Err(super::invalid("webhooks.timeout", "timeout and concurrency must be more than 0"));
+        }
+        if self.concurrency_per_receiver == 0 || self.queue_per_receiver < self.concurrency_per_receiver {
+            return Err(super::invalid(
+                "webhooks.queue_per_receiver",
+                "concurrency_per_receiver must be at least 1 and queue_per_receiver at least concurrency_per_receiver \
+                 (e.g. 16 and 1000)",
+            ));
+        }
+        if self.queue_total <= self.queue_per_receiver {
+            return Err(super::invalid(
+                "webhooks.queue_total",
+                "must be more than webhooks.queue_per_receiver, so one receiver cannot fill it alone (e.g. 10000)",
+            ));
         }
         if let Some((t, _)) = self.secrets.iter().find(|(_, s)| s.expose().len() < 16) {
             return Err(super::invalid(

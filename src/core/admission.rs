@@ -257,16 +257,51 @@ pub fn queued(enqueued: i64, dequeued: i64) -> u64 {
     enqueued.saturating_sub(dequeued).max(0) as u64
 }
 
-/// Forget idle per-user windows after this many admissions.
-const SWEEP_EVERY: u32 = 4096;
+/// Most end-user windows kept per tenant: past it the tenant's idle windows are
+/// forgotten (at most once a second), and if it is still full its new end users share
+/// one window ([`OVERFLOW_KEY`]) at the user rate, so one tenant with a million
+/// `user_key`s neither grows this process's memory nor slows other tenants' admissions.
+pub const MAX_USER_WINDOWS: usize = 10_000;
+
+/// The window a tenant's new end users share while its windows are at
+/// [`MAX_USER_WINDOWS`] (no `user_key` is empty).
+const OVERFLOW_KEY: &str = "";
+
+/// How often a full tenant's idle windows are looked for, at most.
+const SWEEP_MS: Millis = 1_000;
+
+/// One tenant's end-user windows.
+#[derive(Debug, Default)]
+struct UserWindows {
+    windows: HashMap<String, SlidingWindow>,
+    swept_at: Option<Millis>,
+}
+
+impl UserWindows {
+    /// The key `key`'s demand is counted under: its own window, or the shared overflow
+    /// window when the tenant's windows are full.
+    fn slot<'k>(&mut self, key: &'k str, now: Millis) -> &'k str {
+        if self.windows.contains_key(key) || self.windows.len() < MAX_USER_WINDOWS {
+            return key;
+        }
+        if self.swept_at.is_none_or(|t| now - t >= SWEEP_MS) {
+            self.swept_at = Some(now);
+            self.windows.retain(|_, w| !w.is_idle(now));
+        }
+        if self.windows.len() < MAX_USER_WINDOWS {
+            key
+        } else {
+            OVERFLOW_KEY
+        }
+    }
+}
 
 /// The rate limiters of one process: a token bucket per tenant and a sliding window per
-/// (tenant, end user).
+/// (tenant, end user), at most [`MAX_USER_WINDOWS`] per tenant.
 #[derive(Debug, Default)]
 pub struct RateLimiters {
     tenants: HashMap<String, TokenBucket>,
-    users: HashMap<(String, String), SlidingWindow>,
-    since_sweep: u32,
+    users: HashMap<String, UserWindows>,
 }
 
 fn worse(a: Option<Refusal>, b: Refusal) -> Option<Refusal> {
@@ -288,8 +323,10 @@ impl RateLimiters {
         }
         b
     }
-    fn window(&mut self, tenant: &str, key: &str, rate: Rate) -> &mut SlidingWindow {
-        let w = self.users.entry((tenant.to_string(), key.to_string())).or_insert_with(|| SlidingWindow::new(rate));
+    fn window(&mut self, tenant: &str, key: &str, rate: Rate, now: Millis) -> &mut SlidingWindow {
+        let u = self.users.entry(tenant.to_string()).or_default();
+        let key = u.slot(key, now);
+        let w = u.windows.entry(key.to_string()).or_insert_with(|| SlidingWindow::new(rate));
         if w.rate() != rate {
             *w = SlidingWindow::new(rate);
         }
@@ -315,7 +352,7 @@ impl RateLimiters {
             }
         }
         for ((tenant, key), (n, rate)) in &user_n {
-            let fit = self.window(tenant, key, *rate).fits(*n, now);
+            let fit = self.window(tenant, key, *rate, now).fits(*n, now);
             let key = Some(key.to_string());
             if let Some(r) = refusal(fit, Limit::UserRate, tenant, key, *n, *rate) {
                 refused = worse(refused.take(), r);
@@ -328,36 +365,38 @@ impl RateLimiters {
             self.bucket(tenant, rate, now).take(n, now);
         }
         for ((tenant, key), (n, rate)) in user_n {
-            self.window(tenant, key, rate).take(n, now);
+            self.window(tenant, key, rate, now).take(n, now);
         }
-        self.sweep(now);
         Ok(())
     }
 
-    fn sweep(&mut self, now: Millis) {
-        self.since_sweep += 1;
-        if self.since_sweep >= SWEEP_EVERY {
-            self.since_sweep = 0;
-            self.users.retain(|_, w| !w.is_idle(now));
+    /// Forgets the idle windows of every tenant (the shell calls it every few seconds,
+    /// outside admissions); tenants without windows go.
+    pub fn prune(&mut self, now: Millis) {
+        for u in self.users.values_mut() {
+            u.windows.retain(|_, w| !w.is_idle(now));
         }
+        self.users.retain(|_, u| !u.windows.is_empty());
+    }
+
+    /// End-user windows kept for `tenant`.
+    pub fn user_windows(&self, tenant: &str) -> usize {
+        self.users.get(tenant).map_or(0, |u| u.windows.len())
     }
 
     /// Share in use of the tenant's bucket and of its busiest end user's window.
     pub fn used(&mut self, tenant: &str, now: Millis) -> (Option<f64>, Option<f64>) {
         let t = self.tenants.get_mut(tenant).map(|b| b.used(now));
-        let u = self
-            .users
-            .iter_mut()
-            .filter(|((t, _), _)| t == tenant)
-            .map(|(_, w)| w.used(now))
-            .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
+        let u = self.users.get_mut(tenant).and_then(|u| {
+            u.windows.values_mut().map(|w| w.used(now)).fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))))
+        });
         (t, u)
     }
 
     /// Forgets tenants not in `keep` (removed from the registry).
     pub fn retain_tenants(&mut self, keep: impl Fn(&str) -> bool) {
         self.tenants.retain(|t, _| keep(t));
-        self.users.retain(|(t, _), _| keep(t));
+        self.users.retain(|t, _| keep(t));
     }
 }
 

@@ -9,8 +9,15 @@
 //! the scope's units are shared out by `core::quota` (allotments for `parallelism`, a
 //! share of demand for `rate`). On a worker, the [`Gate`] lets a key's job into the fair
 //! scheduler (queued there or running) only while the key is under its part of the
-//! parallelism and its part of the rate has a token; the rest wait in the gate, in
-//! arrival order, outside the scheduler: they hold no slot and block no one else's jobs.
+//! parallelism and its part of the rate has a token; the rest wait in the gate, outside
+//! the scheduler: they hold no slot and block no one else's jobs.
+//!
+//! **Tenants.** A key belongs to the tenant whose jobs carry it: tenant A's
+//! `"vectorizer"` and tenant B's are two flows with a limit each (scope
+//! `flow:<tenant>/<key>`), so A parking jobs on its key never delays B's. An operator
+//! declares a key `shared = true` where one limit must hold for every tenant (a downstream
+//! API they all call): then its scope is deployment-wide and its parked jobs go on round
+//! robin across tenants, in arrival order within each tenant.
 //!
 //! **Rate.** A key's rate is paced evenly, without a burst: one job every
 //! `period / rate` (GCRA with a burst of one, the tenants' limiter of
@@ -74,6 +81,10 @@ pub struct FlowLimit {
     /// The period of `rate` (default 1 s), e.g. `"1m"`.
     #[serde(default)]
     pub period: Option<DurationMs>,
+    /// One limit for every tenant's jobs with the key, shared round robin across
+    /// tenants (default: each tenant has the limit for its own jobs).
+    #[serde(default)]
+    pub shared: bool,
 }
 
 impl FlowLimit {
@@ -107,18 +118,86 @@ impl FlowLimit {
     }
 }
 
-/// The quota scope and limit of a job with `key` of `job_type`: the key's own limit if
-/// configured, else its job type's per-key limit, else none.
+/// A job's flow: its key, job type and tenant.
+#[derive(Debug, Clone, Copy)]
+pub struct FlowOf<'a> {
+    pub key: &'a str,
+    pub job_type: &'a str,
+    pub tenant: &'a str,
+}
+
+/// The quota scope and limit of a job's flow: the key's own limit if configured, else its
+/// job type's per-key limit, else none; the tenant's own scope unless the limit is
+/// `shared`.
 pub fn scope_of(
     keys: &BTreeMap<String, FlowLimit>,
     job_type_limit: Option<&FlowLimit>,
-    key: &str,
-    job_type: &str,
+    job: FlowOf<'_>,
 ) -> Option<(String, FlowLimit)> {
-    if let Some(l) = keys.get(key) {
-        return Some((Scope::Flow(key.to_string()).name(), *l));
+    let (subject, limit) = match keys.get(job.key) {
+        Some(l) => (job.key.to_string(), *l),
+        None => (format!("{}/{}", job.job_type, job.key), *job_type_limit?),
+    };
+    let subject = if limit.shared { subject } else { format!("{}/{subject}", job.tenant) };
+    Some((Scope::Flow(subject).name(), limit))
+}
+
+/// Parked jobs of one flow: a queue per tenant, served round robin.
+#[derive(Debug)]
+struct Parked<J> {
+    queues: HashMap<String, VecDeque<J>>,
+    /// Tenants with parked jobs, in the order they are served next.
+    turn: VecDeque<String>,
+    len: usize,
+}
+
+impl<J> Default for Parked<J> {
+    fn default() -> Self {
+        Parked { queues: HashMap::new(), turn: VecDeque::new(), len: 0 }
     }
-    job_type_limit.map(|l| (Scope::Flow(format!("{job_type}/{key}")).name(), *l))
+}
+
+impl<J> Parked<J> {
+    fn push(&mut self, tenant: &str, job: J) {
+        let q = self.queues.entry(tenant.to_string()).or_default();
+        if q.is_empty() {
+            self.turn.push_back(tenant.to_string());
+        }
+        q.push_back(job);
+        self.len += 1;
+    }
+
+    /// The oldest job of the tenant whose turn it is; the tenant goes to the back.
+    fn pop(&mut self) -> Option<J> {
+        let tenant = self.turn.pop_front()?;
+        let q = self.queues.get_mut(&tenant)?;
+        let job = q.pop_front();
+        if q.is_empty() {
+            self.queues.remove(&tenant);
+        } else {
+            self.turn.push_back(tenant);
+        }
+        self.len -= usize::from(job.is_some());
+        job
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn drain_where(&mut self, f: &mut dyn FnMut(&J) -> bool) -> Vec<J> {
+        let mut out = Vec::new();
+        for q in self.queues.values_mut() {
+            let (gone, keep): (VecDeque<J>, VecDeque<J>) = q.drain(..).partition(|j| f(j));
+            *q = keep;
+            out.extend(gone);
+        }
+        self.queues.retain(|_, q| !q.is_empty());
+        let queues = &self.queues;
+        self.turn.retain(|t| queues.contains_key(t));
+        self.len -= out.len();
+        out
+    }
 }
 
 #[derive(Debug)]
@@ -130,7 +209,7 @@ struct Flow<J> {
     pace: Option<Limiter>,
     /// Let through and not yet released (queued in the scheduler or running).
     admitted: u32,
-    parked: VecDeque<J>,
+    parked: Parked<J>,
 }
 
 impl<J> Flow<J> {
@@ -140,7 +219,7 @@ impl<J> Flow<J> {
             // No share before the exchange (or the pool loop) gives one.
             l.set_scale(0.0);
         }
-        Flow { limit, cap: 0, pace, admitted: 0, parked: VecDeque::new() }
+        Flow { limit, cap: 0, pace, admitted: 0, parked: Parked::default() }
     }
 
     fn under_cap(&self) -> bool {
@@ -160,7 +239,7 @@ impl<J> Flow<J> {
                 return Some(due);
             }
             self.admitted += 1;
-            out.extend(self.parked.pop_front());
+            out.extend(self.parked.pop());
         }
         None
     }
@@ -171,8 +250,8 @@ impl<J> Flow<J> {
     }
 }
 
-/// Holds jobs of flow scopes at their cap or out of rate tokens back, in arrival order
-/// per scope. Every call passes `now` (epoch ms).
+/// Holds jobs of flow scopes at their cap or out of rate tokens back: per scope round
+/// robin across tenants, in arrival order per tenant. Every call passes `now` (epoch ms).
 #[derive(Debug)]
 pub struct Gate<J> {
     flows: HashMap<String, Flow<J>>,
@@ -189,9 +268,9 @@ impl<J> Default for Gate<J> {
 }
 
 impl<J> Gate<J> {
-    /// A job of `scope`: `Some(job)` to go on now (it counts against the cap until
-    /// [`Gate::release`], and took a rate token), `None` if it waits in the gate.
-    pub fn offer(&mut self, scope: &str, limit: FlowLimit, job: J, now: Millis) -> Option<J> {
+    /// A job of `tenant` in `scope`: `Some(job)` to go on now (it counts against the cap
+    /// until [`Gate::release`], and took a rate token), `None` if it waits in the gate.
+    pub fn offer(&mut self, scope: &str, limit: FlowLimit, tenant: &str, job: J, now: Millis) -> Option<J> {
         self.clock.set(now);
         let clock = &self.clock;
         let f = self.flows.entry(scope.to_string()).or_insert_with(|| Flow::new(limit, clock));
@@ -204,7 +283,7 @@ impl<J> Gate<J> {
                 Err(due) => self.due = Some(self.due.map_or(due, |d| d.min(due))),
             }
         }
-        f.parked.push_back(job);
+        f.parked.push(tenant, job);
         self.parked += 1;
         None
     }
@@ -258,9 +337,7 @@ impl<J> Gate<J> {
     pub fn drain_where(&mut self, f: &mut dyn FnMut(&J) -> bool) -> Vec<J> {
         let mut out = Vec::new();
         for flow in self.flows.values_mut() {
-            let (gone, keep): (VecDeque<J>, VecDeque<J>) = flow.parked.drain(..).partition(|j| f(j));
-            flow.parked = keep;
-            out.extend(gone);
+            out.extend(flow.parked.drain_where(f));
         }
         self.parked -= out.len();
         out
@@ -279,7 +356,7 @@ impl<J> Gate<J> {
         let out = self
             .flows
             .iter()
-            .map(|(k, f)| (k.clone(), f.limit, f.admitted + f.parked.len() as u32, f.admitted))
+            .map(|(k, f)| (k.clone(), f.limit, f.admitted + f.parked.len as u32, f.admitted))
             .collect();
         self.flows.retain(|_, f| f.live());
         out
@@ -302,11 +379,11 @@ mod tests {
     #[test]
     fn gate_holds_jobs_over_the_cap_in_order_and_lets_them_on_as_room_appears() {
         let mut g: Gate<u32> = Gate::default();
-        assert_eq!(g.offer("k", par(2), 1, 0), None, "no cap yet: waits for its allotment");
+        assert_eq!(g.offer("k", par(2), "acme", 1, 0), None, "no cap yet: waits for its allotment");
         g.set_cap("k", 1);
         assert_eq!(g.ready(0), vec![1]);
-        assert_eq!(g.offer("k", par(2), 2, 0), None);
-        assert_eq!(g.offer("k", par(2), 3, 0), None);
+        assert_eq!(g.offer("k", par(2), "acme", 2, 0), None);
+        assert_eq!(g.offer("k", par(2), "acme", 3, 0), None);
         assert_eq!(g.parked(), 2);
         assert!(g.ready(0).is_empty(), "at its cap");
         assert_eq!(g.next_due(), None, "waiting for a unit, not a token");
@@ -314,11 +391,11 @@ mod tests {
         assert_eq!(g.ready(0), vec![2], "oldest first");
         g.set_cap("k", 2);
         assert_eq!(g.ready(0), vec![3]);
-        assert_eq!(g.offer("other", par(1), 9, 0), None);
+        assert_eq!(g.offer("other", par(1), "acme", 9, 0), None);
         g.set_cap("other", 1);
         assert_eq!(g.ready(0), vec![9], "another key is not held by k");
         assert_eq!(g.demand(0).into_iter().find(|d| d.0 == "k"), Some(("k".to_string(), par(2), 2, 2)));
-        assert_eq!(g.offer("k", par(2), 4, 0), None);
+        assert_eq!(g.offer("k", par(2), "acme", 4, 0), None);
         assert_eq!(g.drain_where(&mut |j| *j == 4), vec![4]);
         assert_eq!(g.parked(), 0);
     }
@@ -328,22 +405,22 @@ mod tests {
         let mut g: Gate<u32> = Gate::default();
         let t0 = 1_000_000;
         let l = rate(10, "1m");
-        assert_eq!(g.offer("k", l, 1, t0), None, "no share yet");
+        assert_eq!(g.offer("k", l, "acme", 1, t0), None, "no share yet");
         g.set_share("k", 1.0, t0);
         assert_eq!(g.ready(t0), vec![1]);
-        assert_eq!(g.offer("k", l, 2, t0), None, "one every 6 s, no burst");
+        assert_eq!(g.offer("k", l, "acme", 2, t0), None, "one every 6 s, no burst");
         assert_eq!(g.next_due(), Some(t0 + 6_000));
         assert!(g.ready(t0 + 5_999).is_empty());
         assert_eq!(g.ready(t0 + 6_000), vec![2]);
         assert_eq!(g.next_due(), None);
         // Without a parallelism the key has no cap: the jobs admitted do not hold it.
-        assert_eq!(g.offer("k", l, 3, t0 + 12_000), Some(3));
+        assert_eq!(g.offer("k", l, "acme", 3, t0 + 12_000), Some(3));
         // Half the rate here: one every 12 s.
         g.set_share("k", 0.5, t0 + 12_000);
-        assert_eq!(g.offer("k", l, 4, t0 + 12_000), None);
+        assert_eq!(g.offer("k", l, "acme", 4, t0 + 12_000), None);
         assert_eq!(g.next_due(), Some(t0 + 24_000));
         // Another key is not held by k's rate.
-        assert_eq!(g.offer("o", par(5), 9, t0 + 12_000), None);
+        assert_eq!(g.offer("o", par(5), "acme", 9, t0 + 12_000), None);
         g.set_cap("o", 5);
         assert_eq!(g.ready(t0 + 12_000), vec![9]);
         // The debt keeps the flow listed after its jobs are gone.
@@ -359,27 +436,85 @@ mod tests {
     #[test]
     fn parallelism_and_rate_both_hold() {
         let mut g: Gate<u32> = Gate::default();
-        let l = FlowLimit { parallelism: Some(1), rate: Some(2), period: None };
+        let l = FlowLimit { parallelism: Some(1), rate: Some(2), ..FlowLimit::default() };
         g.set_share("k", 1.0, 0);
-        assert_eq!(g.offer("k", l, 1, 0), None, "flow created by the offer: no share yet");
+        assert_eq!(g.offer("k", l, "acme", 1, 0), None, "flow created by the offer: no share yet");
         g.set_share("k", 1.0, 0);
         g.set_cap("k", 1);
         assert_eq!(g.ready(0), vec![1]);
-        assert_eq!(g.offer("k", l, 2, 1_000), None, "token there, but at its parallelism");
+        assert_eq!(g.offer("k", l, "acme", 2, 1_000), None, "token there, but at its parallelism");
         g.release("k");
         assert_eq!(g.ready(1_000), vec![2]);
         g.release("k");
-        assert_eq!(g.offer("k", l, 3, 1_100), None, "room, but no token before 1.5 s");
+        assert_eq!(g.offer("k", l, "acme", 3, 1_100), None, "room, but no token before 1.5 s");
         assert_eq!(g.ready(1_500), vec![3]);
     }
 
+    fn of<'a>(key: &'a str, tenant: &'a str) -> FlowOf<'a> {
+        FlowOf { key, job_type: "embed", tenant }
+    }
+
     #[test]
-    fn limits_per_key_win_over_the_job_types() {
-        let keys = BTreeMap::from([("vip".to_string(), par(5))]);
+    fn limits_per_key_win_over_the_job_types_and_keys_are_the_tenants_unless_shared() {
+        let shared = FlowLimit { shared: true, ..par(3) };
+        let keys = BTreeMap::from([("vip".to_string(), par(5)), ("openai".to_string(), shared)]);
         let jt = par(1);
-        assert_eq!(scope_of(&keys, Some(&jt), "vip", "embed"), Some(("flow:vip".into(), par(5))));
-        assert_eq!(scope_of(&keys, Some(&jt), "u1", "embed"), Some(("flow:embed/u1".into(), par(1))));
-        assert_eq!(scope_of(&keys, None, "u1", "embed"), None);
+        assert_eq!(scope_of(&keys, Some(&jt), of("vip", "acme")), Some(("flow:acme/vip".into(), par(5))));
+        assert_eq!(scope_of(&keys, Some(&jt), of("vip", "globex")), Some(("flow:globex/vip".into(), par(5))));
+        assert_eq!(scope_of(&keys, Some(&jt), of("u1", "acme")), Some(("flow:acme/embed/u1".into(), par(1))));
+        assert_eq!(scope_of(&keys, None, of("u1", "acme")), None);
+        assert_eq!(scope_of(&keys, None, of("openai", "acme")), Some(("flow:openai".into(), shared)));
+        assert_eq!(scope_of(&keys, None, of("openai", "globex")), Some(("flow:openai".into(), shared)));
+        let l: FlowLimit = toml::from_str("rate = 1\nshared = true").unwrap();
+        assert!(l.shared);
+    }
+
+    /// Acme parks 40 jobs on its "vectorizer" (1 a second); globex's job on a key of the
+    /// same name goes on at once, on its own limit (one scope per tenant: the same gate
+    /// with one scope held it 40 s, behind all of acme's).
+    #[test]
+    fn one_tenants_parked_key_never_delays_anothers_key_of_the_same_name() {
+        let keys = BTreeMap::from([("vectorizer".to_string(), rate(1, "1s"))]);
+        let mut g: Gate<(String, u32)> = Gate::default();
+        let t0 = 1_000_000;
+        let offer = |g: &mut Gate<(String, u32)>, tenant: &str, n: u32, now: Millis| {
+            let (scope, limit) = scope_of(&keys, None, of("vectorizer", tenant)).unwrap();
+            g.set_share(&scope, 1.0, now);
+            let out = g.offer(&scope, limit, tenant, (tenant.to_string(), n), now);
+            g.set_share(&scope, 1.0, now);
+            out.into_iter().chain(g.ready(now)).collect::<Vec<_>>()
+        };
+        let mut acme_through = 0;
+        for n in 0..40 {
+            acme_through += offer(&mut g, "acme", n, t0).len();
+        }
+        assert!(acme_through <= 1, "acme's key at 1/s: {acme_through}");
+        let globex = offer(&mut g, "globex", 0, t0 + 10);
+        assert_eq!(globex, vec![("globex".to_string(), 0)], "globex waits only for its own limit");
+    }
+
+    /// A shared key's parked jobs go on round robin across tenants, not in arrival
+    /// order: globex's one job, parked behind 40 of acme's, is the second let through.
+    #[test]
+    fn a_shared_key_lets_tenants_on_in_turn() {
+        let l = FlowLimit { shared: true, ..par(1) };
+        let mut g: Gate<(&str, u32)> = Gate::default();
+        for n in 0..40 {
+            assert_eq!(g.offer("flow:api", l, "acme", ("acme", n), 0), None);
+        }
+        assert_eq!(g.offer("flow:api", l, "globex", ("globex", 0), 0), None);
+        assert_eq!(g.offer("flow:api", l, "initech", ("initech", 0), 0), None);
+        g.set_cap("flow:api", 1);
+        let mut order = Vec::new();
+        for _ in 0..5 {
+            order.extend(g.ready(0));
+            g.release("flow:api");
+        }
+        assert_eq!(order, vec![("acme", 0), ("globex", 0), ("initech", 0), ("acme", 1), ("acme", 2)]);
+        assert_eq!(g.parked(), 37);
+        assert_eq!(g.drain_where(&mut |j| j.1 % 2 == 0).len(), 18);
+        assert_eq!(g.parked(), 19);
+        assert_eq!(g.ready(0), vec![("acme", 3)]);
     }
 
     #[test]
@@ -388,7 +523,7 @@ mod tests {
         assert!(FlowLimit::default().validate().unwrap_err().problem.contains("parallelism = N"));
         assert!(rate(0, "1s").validate().unwrap_err().to_string().contains("`rate` must be at least 1"));
         assert!(rate(1, "0s").validate().unwrap_err().to_string().contains("longer than 0"));
-        let period_alone = FlowLimit { parallelism: Some(1), period: Some(DEFAULT_PERIOD), rate: None };
+        let period_alone = FlowLimit { parallelism: Some(1), period: Some(DEFAULT_PERIOD), ..FlowLimit::default() };
         assert!(period_alone.validate().unwrap_err().to_string().contains("add rate"));
         assert_eq!(rate(10, "1m").validate(), Ok(()));
         let l: FlowLimit = toml::from_str("rate = 10\nperiod = \"1m\"").unwrap();
@@ -419,7 +554,7 @@ mod tests {
         let mut let_through = Vec::new();
         for (i, g) in gates.iter_mut().enumerate() {
             for _ in 0..1_000 {
-                g.offer("k", limit, (), now);
+                g.offer("k", limit, "acme", (), now);
             }
             let others: Vec<u32> = wants.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, w)| *w).collect();
             g.set_share("k", crate::core::quota::share(wants[i], &others), now);
@@ -447,7 +582,7 @@ mod tests {
             wants in prop::collection::vec(1u32..10, 1..4),
             steps in prop::collection::vec((0usize..4, 0u16..700), 1..400),
         ) {
-            let limit = FlowLimit { rate: Some(r), period: Some(DurationMs::ms(period_ms)), parallelism: None };
+            let limit = FlowLimit { rate: Some(r), period: Some(DurationMs::ms(period_ms)), ..FlowLimit::default() };
             let times = run_gates(limit, &wants, &steps, None);
             let most = busiest(&times, period_ms);
             prop_assert!(most <= r as usize + wants.len(), "{most} in a period, rate {r}, {} workers", wants.len());
@@ -462,7 +597,7 @@ mod tests {
             shares in prop::collection::vec(0.0f64..=1.0, 1..10),
             steps in prop::collection::vec((0usize..1, 0u16..700), 1..400),
         ) {
-            let limit = FlowLimit { rate: Some(r), period: Some(DurationMs::ms(period_ms)), parallelism: None };
+            let limit = FlowLimit { rate: Some(r), period: Some(DurationMs::ms(period_ms)), ..FlowLimit::default() };
             let times = run_gates(limit, &[1], &steps, Some(&shares));
             let most = busiest(&times, period_ms);
             prop_assert!(most <= r as usize + 1, "{most} in a period, rate {r}");

@@ -22,7 +22,7 @@
 //! | `vitals` | whether a worker can still make progress, and when it must give up |
 //! | `outcomes` | outcomes in flight: how many, and how many bytes, before no job starts |
 //! | `frontier`, `finished` | skipping the effectively-once read; where a finished record lives |
-//! | `events`, `webhooks`, `console` | job events, webhook deliveries, the console's pure parts |
+//! | `events`, `webhooks`, `receivers`, `console` | job events, webhook deliveries, webhook receivers' bounded lanes, the console's pure parts |
 //! | `replay`, `rerun` | which records `fairway replay` and `fairway rerun` send back |
 //! | `trace` | W3C trace context values |
 //! | `invalid` | a setting a rule refuses: its field and the fix (what every settings `validate` returns) |
@@ -48,6 +48,7 @@ pub mod outcomes;
 pub mod poison;
 pub mod promotion;
 pub mod quota;
+pub mod receivers;
 pub mod recurring;
 pub mod recycling;
 pub mod replay;

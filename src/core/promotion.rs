@@ -45,6 +45,11 @@ impl Pace {
         self.tokens -= n as f64;
         n
     }
+
+    /// Returns `n` taken but unused (a pass that took for its upper bound of fires).
+    pub fn give_back(&mut self, n: usize) {
+        self.tokens = (self.tokens + n as f64).min(self.rate);
+    }
 }
 
 /// `oldest_due_unpromoted_age` in seconds: how long the oldest due job still parked has

@@ -30,33 +30,58 @@ pub const MIN_EVERY_MS: Millis = 1_000;
 pub const MAX_EVERY_MS: Millis = 366 * 24 * 3_600_000;
 pub const MAX_JITTER_MS: Millis = 3_600_000;
 pub const MAX_NAME_LEN: usize = 100;
-/// Highest `schedules.max_total` allowed: the promoter's leader reads every schedule of
-/// the deployment once a second.
+/// Highest `schedules.max_total` allowed: the promoter's leader reads every schedule's
+/// cursor once a second.
 pub const MAX_TOTAL_CEILING: usize = 100_000;
+/// Highest `schedules.max_per_tenant` allowed: an add reads the tenant's slots
+/// (`store::schedules`) before claiming one.
+pub const MAX_PER_TENANT_CEILING: usize = 1_000;
+/// Highest `schedules.max_payload_bytes` allowed: the leader holds a due schedule's
+/// definition while it fires; larger inputs go by reference (a key the job reads).
+pub const MAX_PAYLOAD_CEILING: usize = 1 << 20;
+/// Latest `start_at`/`end_at` accepted (9999-12-31T23:59:59.999Z): fire-time arithmetic
+/// stays far from `i64` overflow.
+pub const MAX_TIME_MS: Millis = 253_402_300_799_999;
 /// Wall-clock candidates one fire-time search looks at before giving up (an expression
 /// that matches nothing in years, e.g. `0 0 30 2 *`, never fires).
 const MAX_STEPS: usize = 10_000;
 
 /// How many schedules a deployment keeps (`[schedules]`): per tenant, so one tenant
-/// cannot crowd the others out or load the leader's per-second read, and in total.
+/// cannot crowd the others out or load the leader's per-second read, and in total; and
+/// how large one schedule's job payload may be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SchedulesConfig {
     pub max_per_tenant: usize,
     pub max_total: usize,
+    /// Bytes of a schedule's `payload` as JSON.
+    pub max_payload_bytes: usize,
 }
 
 impl Default for SchedulesConfig {
     fn default() -> Self {
-        SchedulesConfig { max_per_tenant: 100, max_total: 10_000 }
+        SchedulesConfig { max_per_tenant: 100, max_total: 10_000, max_payload_bytes: 64 * 1024 }
     }
 }
 
 impl SchedulesConfig {
     /// The field at fault and the fix.
     pub fn validate(&self) -> Result<(), crate::core::invalid::Invalid> {
-        if self.max_per_tenant == 0 {
-            return crate::core::invalid::Invalid::err("max_per_tenant", "must be at least 1, e.g. 100");
+        if !(1..=MAX_PER_TENANT_CEILING).contains(&self.max_per_tenant) {
+            return crate::core::invalid::Invalid::err(
+                "max_per_tenant",
+                format!("{} must be between 1 and {MAX_PER_TENANT_CEILING}, e.g. 100", self.max_per_tenant),
+            );
+        }
+        if !(1..=MAX_PAYLOAD_CEILING).contains(&self.max_payload_bytes) {
+            return crate::core::invalid::Invalid::err(
+                "max_payload_bytes",
+                format!(
+                    "{} must be between 1 and {MAX_PAYLOAD_CEILING} (1 MiB), e.g. 65536; pass larger inputs by \
+                     reference",
+                    self.max_payload_bytes
+                ),
+            );
         }
         if !(self.max_per_tenant..=MAX_TOTAL_CEILING).contains(&self.max_total) {
             return crate::core::invalid::Invalid::err(
@@ -243,6 +268,14 @@ impl ScheduleSpec {
                 When::Every { every_ms, anchor: self.start_at.unwrap_or(created_at) }
             }
         };
+        for (field, at) in [("start_at", self.start_at), ("end_at", self.end_at)] {
+            if at.is_some_and(|at| !(0..=MAX_TIME_MS).contains(&at)) {
+                return Err(bad(
+                    field,
+                    format!("{} is outside 0 to {MAX_TIME_MS} (epoch ms up to the year 9999)", at.unwrap_or_default()),
+                ));
+            }
+        }
         if let (Some(s), Some(e)) = (self.start_at, self.end_at) {
             if e < s {
                 return Err(bad(

@@ -17,6 +17,58 @@
 use crate::model::Millis;
 use serde::{Deserialize, Serialize};
 
+/// Idempotency keys fairway claims for itself (`fairway.unique/<key>`,
+/// `fairway.debounce/<job>`, `fairway.schedule/<id>/<at>`) start with this; a caller's
+/// own key may not, so it can never pre-claim a unique slot, a debounce window's job or
+/// a schedule's fire.
+pub const SYSTEM_KEY_PREFIX: &str = "fairway.";
+
+/// A caller's `idempotency_key`: anything outside fairway's own namespace.
+pub fn check_caller_key(key: &str) -> Result<(), String> {
+    if key.starts_with(SYSTEM_KEY_PREFIX) {
+        return Err(format!(
+            "idempotency_key {key:?} starts with {SYSTEM_KEY_PREFIX:?}, reserved for fairway's own keys; use another prefix"
+        ));
+    }
+    Ok(())
+}
+
+/// Bounds of debounce windows (`[debounce]`): open windows per tenant, so one tenant
+/// cannot grow the promoter leader's per-second read, and a pending job's payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DebounceConfig {
+    /// Open windows a tenant may have (checked when a window opens, not with the open:
+    /// opens racing each other may pass it by their number).
+    pub max_open_per_tenant: usize,
+    /// Bytes of a debounced job's payload.
+    pub max_payload_bytes: usize,
+}
+
+impl Default for DebounceConfig {
+    fn default() -> Self {
+        DebounceConfig { max_open_per_tenant: 1_000, max_payload_bytes: 64 * 1024 }
+    }
+}
+
+impl DebounceConfig {
+    pub fn validate(&self) -> Result<(), crate::core::invalid::Invalid> {
+        if !(1..=100_000).contains(&self.max_open_per_tenant) {
+            return crate::core::invalid::Invalid::err(
+                "max_open_per_tenant",
+                "must be between 1 and 100000, e.g. 1000",
+            );
+        }
+        if !(1..=1 << 20).contains(&self.max_payload_bytes) {
+            return crate::core::invalid::Invalid::err(
+                "max_payload_bytes",
+                "must be between 1 and 1048576 (1 MiB), e.g. 65536; pass larger inputs by reference",
+            );
+        }
+        Ok(())
+    }
+}
+
 /// How long a `unique_key` holds (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -84,6 +136,25 @@ pub fn debounce_due(first_at: Millis, now: Millis, delay: Millis, max_delay: Opt
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A tenant's key of the system's form (a schedule's fire, a unique slot, a debounce
+    /// window's job) used to be accepted and claimed first; now it is refused.
+    #[test]
+    fn callers_keys_stay_out_of_the_system_namespace() {
+        let spec = crate::core::recurring::ScheduleSpec {
+            name: "n".into(),
+            job_type: "echo".into(),
+            every: Some("1m".into()),
+            ..Default::default()
+        };
+        let fire = spec.timing("id", 0).unwrap().fire_key(60_000);
+        for key in [fire.as_str(), "fairway.unique/report", "fairway.debounce/0190"] {
+            let why = check_caller_key(key).unwrap_err();
+            assert!(why.contains("reserved") && why.contains("another prefix"), "{why}");
+        }
+        assert_eq!(check_caller_key("order-4711"), Ok(()));
+        assert_eq!(check_caller_key("fairway-order"), Ok(()));
+    }
 
     #[test]
     fn a_key_holds_while_its_job_is_in_scope() {

@@ -582,10 +582,12 @@ pub struct Browsed {
     pub unread: Vec<String>,
 }
 
-/// The records of `source` that `filter` matches (the newest `max` of them), read from
-/// the beginning of the topic to its end as it is now, with the scan's rules: what
-/// `fairway replay --dry-run` would look at, listed (the console's DLQ browser). Reads
-/// only: nothing is produced, no resume point is read or saved.
+/// The newest records of `source` that match `filter`, at most `max`, oldest first. Each
+/// partition is read from its end back by its share of `max_scanned` (`max_scanned /
+/// partitions`), so a tenant that floods the topic cannot push another tenant's recent
+/// records out of view: every partition's newest records are read, whatever came before.
+/// Reads only: nothing is produced, no resume point is read or saved (the console's DLQ
+/// browser).
 pub async fn browse(
     cfg: &Config,
     source: ReplaySource,
@@ -594,8 +596,9 @@ pub async fn browse(
     max_scanned: u64,
 ) -> Result<Browsed, ReplayError> {
     let topic = source_topic(cfg, source);
-    let mut scan = Scan::open(cfg, "browse", vec![(topic, HashMap::new())], Duration::from_secs(1)).await?;
-    let mut out = std::collections::VecDeque::new();
+    let tail = Tail { per_partition: max_scanned / u64::from(cfg.kafka.partitions.max(1) as u32) };
+    let mut scan = Scan::open_tails(cfg, "browse", &topic, tail, Duration::from_secs(1)).await?;
+    let mut per_partition: HashMap<i32, std::collections::VecDeque<Listed>> = HashMap::new();
     let mut scanned = 0u64;
     let mut unread = Vec::new();
     while !scan.finished() && scanned < max_scanned {
@@ -610,13 +613,23 @@ pub async fn browse(
         scanned += 1;
         let Ok(c) = candidate(source, &rec.payload) else { continue };
         if filter.matches(&c) {
+            let out = per_partition.entry(rec.partition).or_default();
             out.push_back(Listed { partition: rec.partition, offset: rec.offset, candidate: c });
             if out.len() > max {
                 out.pop_front();
             }
         }
     }
-    Ok(Browsed { listed: out.into(), scanned, unread })
+    let mut listed: Vec<Listed> = per_partition.into_values().flatten().collect();
+    listed.sort_by_key(|l| (l.candidate.at, l.partition, l.offset));
+    let skip = listed.len().saturating_sub(max);
+    Ok(Browsed { listed: listed.split_off(skip), scanned, unread })
+}
+
+/// Where a scan of a partition's newest records starts: this many before its end.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Tail {
+    pub per_partition: u64,
 }
 
 impl From<FlushError> for ReplayError {
@@ -688,6 +701,28 @@ impl Scan {
         topics: Vec<(String, HashMap<i32, i64>)>,
         idle_timeout: Duration,
     ) -> Result<Scan, ReplayError> {
+        Scan::open_from(cfg, group_prefix, topics, None, idle_timeout).await
+    }
+
+    /// Assigns every partition of `topic` from `tail` records before its high watermark
+    /// now (or its beginning) up to that watermark.
+    pub(crate) async fn open_tails(
+        cfg: &Config,
+        group_prefix: &str,
+        topic: &str,
+        tail: Tail,
+        idle_timeout: Duration,
+    ) -> Result<Scan, ReplayError> {
+        Scan::open_from(cfg, group_prefix, vec![(topic.to_string(), HashMap::new())], Some(tail), idle_timeout).await
+    }
+
+    async fn open_from(
+        cfg: &Config,
+        group_prefix: &str,
+        topics: Vec<(String, HashMap<i32, i64>)>,
+        tail: Option<Tail>,
+        idle_timeout: Duration,
+    ) -> Result<Scan, ReplayError> {
         let consumer =
             Arc::new(kafka::reader(cfg, &cfg.group(&format!("{group_prefix}.{}", uuid::Uuid::new_v4())), false)?);
         let mut parts = BTreeMap::new();
@@ -697,7 +732,8 @@ impl Scan {
                 .await
                 .map_err(|message| ReplayError::Topic { topic: topic.clone(), message })?;
             for (p, hw) in ends {
-                let from = resume.get(&p).copied();
+                let tail_start = tail.map(|t| hw.saturating_sub(t.per_partition.min(i64::MAX as u64) as i64).max(0));
+                let from = resume.get(&p).copied().or(tail_start);
                 let done = hw == 0 || from.is_some_and(|f| f >= hw);
                 if !done {
                     let off = from.map_or(Offset::Beginning, Offset::Offset);

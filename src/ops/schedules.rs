@@ -6,13 +6,28 @@
 use crate::config::Config;
 use crate::core::recurring::{ScheduleSpec, SpecError, Timing};
 use crate::model::Millis;
-use crate::store::{ScheduleRow, ScheduleStatements, Store, StoreError, TenantStatements};
+use crate::store::{ScheduleRow, ScheduleSlot, ScheduleStatements, Store, StoreError, TenantStatements};
 use crate::submit::NewJob;
 use serde::Serialize;
 use std::sync::Arc;
 
 /// How many upcoming fire times a listing shows.
 pub const UPCOMING: usize = 3;
+
+/// A slot claimed this long ago whose schedule does not exist is an add that died
+/// between its claim and its insert (or a remove between its delete and its release):
+/// freed when the tenant is at its bound.
+const ORPHAN_SLOT_MS: Millis = 60_000;
+
+/// Free slots one claim round tries before it reads the slots again.
+const CLAIMS_PER_ROUND: usize = 8;
+
+/// Claim rounds before an add under heavy contention gives up.
+const CLAIM_ROUNDS: usize = 50;
+
+/// Tries of a compare-and-set whose answer was lost (a Paxos round timed out under
+/// contention): each is followed by reading what was written.
+const LWT_TRIES: usize = 5;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ScheduleError {
@@ -30,6 +45,11 @@ pub enum ScheduleError {
     NotFound { tenant: String, name: String },
     #[error("{0}")]
     TooMany(String),
+    #[error(
+        "schedule field `payload`: {bytes} bytes, over schedules.max_payload_bytes = {max}; pass larger inputs by \
+         reference (a key or URL the job reads)"
+    )]
+    PayloadTooLarge { bytes: usize, max: usize },
     #[error("the schedule never fires: its window (start_at/end_at) holds no fire time after now")]
     NeverFires,
     #[error(transparent)]
@@ -126,6 +146,10 @@ impl Schedules {
     /// tenant against the registry.
     async fn check(&self, spec: &ScheduleSpec, id: &str, created_at: Millis) -> Result<Timing, ScheduleError> {
         let timing = spec.timing(id, created_at)?;
+        let (bytes, max) = (spec.payload.to_string().len(), self.cfg.schedules.max_payload_bytes);
+        if bytes > max {
+            return Err(ScheduleError::PayloadTooLarge { bytes, max });
+        }
         let job = template(spec);
         crate::submit::validate_job(&self.cfg, &job, job.payload_bytes().len()).map_err(|e| {
             use crate::submit::SubmitError as E;
@@ -160,26 +184,27 @@ impl Schedules {
             created_at: now,
             updated_at: now,
         };
-        if !self.stmts.add(&row).await? {
+        let slot = self.claim_slot(&spec.tenant, &spec.name, now).await?;
+        let added = self.insert(&row).await;
+        if !matches!(added, Ok(true)) {
+            self.stmts.release(&spec.tenant, &slot).await?;
+        }
+        if !added? {
             return Err(ScheduleError::Exists { tenant: spec.tenant, name: spec.name });
         }
         Ok(Schedule { row, spec }.listed())
     }
 
-    /// Refuses an add beyond `schedules.max_per_tenant` or `schedules.max_total` (checked
-    /// before the insert, not with it: adds racing each other may pass it by their number).
+    /// Refuses an add beyond `schedules.max_total`, or with the tenant's schedules already
+    /// at `schedules.max_per_tenant` (a quick check; the slot claim is what holds the
+    /// per-tenant bound under racing adds, the total is checked before the insert, not
+    /// with it).
     async fn check_bounds(&self, tenant: &str) -> Result<(), ScheduleError> {
         let bounds = self.cfg.schedules;
-        let own = self.stmts.list(Some(tenant), bounds.max_per_tenant).await?;
-        if own.len() >= bounds.max_per_tenant {
-            return Err(ScheduleError::TooMany(format!(
-                "tenant {tenant:?} has {} schedules, the most a tenant may have (schedules.max_per_tenant); \
-                 remove one it no longer needs (`fairway schedules remove`, DELETE /v1/schedules/<name>) or ask \
-                 the operator to raise the bound",
-                bounds.max_per_tenant
-            )));
+        if self.stmts.names(tenant, bounds.max_per_tenant).await?.len() >= bounds.max_per_tenant {
+            return Err(tenant_full(tenant, bounds.max_per_tenant));
         }
-        if self.stmts.list(None, bounds.max_total).await?.len() >= bounds.max_total {
+        if self.stmts.cursors(bounds.max_total).await?.len() >= bounds.max_total {
             return Err(ScheduleError::TooMany(format!(
                 "the deployment has {} schedules, the most it keeps (schedules.max_total); remove some first",
                 bounds.max_total
@@ -188,10 +213,95 @@ impl Schedules {
         Ok(())
     }
 
+    /// Claims one of the tenant's `max_per_tenant` slots for `name` (see
+    /// `store::schedules`): free slots in random order, a few per round, reading the
+    /// slots again between rounds; orphaned slots are freed once the tenant looks full.
+    async fn claim_slot(&self, tenant: &str, name: &str, now: Millis) -> Result<ScheduleSlot, ScheduleError> {
+        use rand::seq::SliceRandom;
+        let max = self.cfg.schedules.max_per_tenant;
+        let mut orphans_freed = false;
+        for _ in 0..CLAIM_ROUNDS {
+            let taken = self.stmts.slots(tenant, max).await?;
+            let mut free: Vec<i32> = (0..max as i32).filter(|i| !taken.iter().any(|t| t.slot == *i)).collect();
+            if free.is_empty() {
+                if orphans_freed || self.free_orphans(tenant, &taken, now).await? == 0 {
+                    return Err(tenant_full(tenant, max));
+                }
+                orphans_freed = true;
+                continue;
+            }
+            free.shuffle(&mut rand::rng());
+            for slot in free.into_iter().take(CLAIMS_PER_ROUND) {
+                let mine = ScheduleSlot { slot, name: name.to_string(), at: now };
+                if self.claim(tenant, &mine).await? {
+                    return Ok(mine);
+                }
+            }
+        }
+        Err(ScheduleError::TooMany(format!(
+            "tenant {tenant:?}: too many schedule adds at once to claim a slot; try again in a moment"
+        )))
+    }
+
+    /// Claims `mine` by compare-and-set; true if it holds it (read back when the answer
+    /// was lost or said no: a timed-out round may still have been applied).
+    async fn claim(&self, tenant: &str, mine: &ScheduleSlot) -> Result<bool, ScheduleError> {
+        let mut lost = None;
+        for _ in 0..LWT_TRIES {
+            match self.stmts.claim(tenant, mine.slot, &mine.name, mine.at).await {
+                Ok(true) => return Ok(true),
+                Ok(false) => lost = None,
+                Err(e) => lost = Some(e),
+            }
+            if lost.is_some() {
+                contention_pause().await;
+            }
+            match self.stmts.slots_in(tenant, &[mine.slot]).await?.first() {
+                Some(held) => return Ok(held == mine),
+                None if lost.is_none() => return Ok(false),
+                None => {}
+            }
+        }
+        Err(lost.unwrap_or_else(|| contended("claim schedule slot")).into())
+    }
+
+    /// Inserts a new schedule's row unless its name is taken; true if this row is the one
+    /// stored (read back when the answer was lost or said no).
+    async fn insert(&self, row: &ScheduleRow) -> Result<bool, ScheduleError> {
+        let mut lost = None;
+        for _ in 0..LWT_TRIES {
+            match self.stmts.add(row).await {
+                Ok(true) => return Ok(true),
+                Ok(false) => lost = None,
+                Err(e) => lost = Some(e),
+            }
+            if lost.is_some() {
+                contention_pause().await;
+            }
+            match self.stmts.get(&row.tenant, &row.name).await? {
+                Some(stored) => return Ok(stored.id == row.id),
+                None if lost.is_none() => return Ok(false),
+                None => {}
+            }
+        }
+        Err(lost.unwrap_or_else(|| contended("add schedule")).into())
+    }
+
+    /// Frees the slots of `taken` claimed over [`ORPHAN_SLOT_MS`] ago that no schedule
+    /// holds (no schedule of that name created at the claim); how many.
+    async fn free_orphans(&self, tenant: &str, taken: &[ScheduleSlot], now: Millis) -> Result<usize, ScheduleError> {
+        let names = self.stmts.names(tenant, crate::core::recurring::MAX_PER_TENANT_CEILING).await?;
+        let held = |s: &ScheduleSlot| names.iter().any(|(n, at)| *n == s.name && *at == s.at);
+        let mut freed = 0;
+        for s in taken.iter().filter(|s| s.at < now - ORPHAN_SLOT_MS && !held(s)) {
+            freed += usize::from(self.stmts.release(tenant, s).await?);
+        }
+        Ok(freed)
+    }
+
     /// One schedule.
     pub async fn get(&self, tenant: &str, name: &str) -> Result<Schedule, ScheduleError> {
-        let rows = self.stmts.list(Some(tenant), self.cfg.schedules.max_total).await?;
-        let row = rows.into_iter().find(|r| r.name == name);
+        let row = self.stmts.get(tenant, name).await?;
         let row = row.ok_or_else(|| ScheduleError::NotFound { tenant: tenant.into(), name: name.into() })?;
         Ok(Schedule::of(row)?)
     }
@@ -234,9 +344,16 @@ impl Schedules {
         Ok(s.listed())
     }
 
+    /// Removes a schedule and frees its slot (the one claimed with it: same name, claimed
+    /// at its `created_at`; not a racing add's of the same name).
     pub async fn remove(&self, tenant: &str, name: &str) -> Result<(), ScheduleError> {
-        self.get(tenant, name).await?;
-        Ok(self.stmts.remove(tenant, name).await?)
+        let created_at = self.get(tenant, name).await?.row.created_at;
+        self.stmts.remove(tenant, name).await?;
+        let slots = self.stmts.slots(tenant, self.cfg.schedules.max_per_tenant).await?;
+        for s in slots.iter().filter(|s| s.name == name && s.at == created_at) {
+            self.stmts.release(tenant, s).await?;
+        }
+        Ok(())
     }
 
     /// A tenant's schedules, or every one of the deployment.
@@ -244,4 +361,24 @@ impl Schedules {
         let rows = self.stmts.list(tenant, self.cfg.schedules.max_total).await?;
         Ok(rows.into_iter().filter_map(|r| Schedule::of(r).ok()).map(|s| s.listed()).collect())
     }
+}
+
+fn tenant_full(tenant: &str, max: usize) -> ScheduleError {
+    ScheduleError::TooMany(format!(
+        "tenant {tenant:?} has {max} schedules, the most a tenant may have (schedules.max_per_tenant); remove one it \
+         no longer needs (`fairway schedules remove`, DELETE /v1/schedules/<name>) or ask the operator to raise the \
+         bound"
+    ))
+}
+
+/// A random pause of 20 to 200 ms before reading back a compare-and-set whose answer was
+/// lost, so racing adds do not meet again at once.
+async fn contention_pause() {
+    use rand::Rng;
+    let ms = rand::rng().random_range(20..200);
+    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+}
+
+fn contended(what: &'static str) -> StoreError {
+    StoreError::Query { what, message: "compare-and-set contended; try again".into() }
 }

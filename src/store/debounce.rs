@@ -3,7 +3,9 @@
 //! pending job (Avro), when the window opened, when the job is due, and a revision that
 //! every change replaces. Every write is a compare-and-set (LWT) on the revision, so
 //! submissions from several API processes and the promoter's leader, which takes a due
-//! window out to submit its job, never lose one another's change.
+//! window out to submit its job, never lose one another's change. The leader's
+//! per-second read lists windows without their jobs ([`DebounceDue`]); a due window's job
+//! is read by key when it is closed.
 
 use super::{applied, prepare_statement, q, Store, StoreError};
 use crate::model::Millis;
@@ -28,6 +30,14 @@ pub struct DebounceRow {
 
 type Row = (String, String, Option<String>, Option<i64>, Option<i64>, Option<String>, Option<Vec<u8>>);
 
+/// A due window as the leader lists it: its key and revision, not its job.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DebounceDue {
+    pub tenant: String,
+    pub key: String,
+    pub rev: String,
+}
+
 const COLUMNS: &str = "tenant, key, window_id, first_at, due_at, rev, job";
 
 /// Statements of debounce windows ([`Store::debounce_statements`]).
@@ -40,6 +50,7 @@ pub struct DebounceStatements {
     extend: PreparedStatement,
     close: PreparedStatement,
     list: PreparedStatement,
+    tenant_keys: PreparedStatement,
 }
 
 impl Store {
@@ -51,9 +62,12 @@ impl Store {
             async move { prepare_statement(&session, cql, what, lwt).await }
         };
         let key = "WHERE scope = ? AND tenant = ? AND key = ?";
-        let mut list =
-            prep(format!("SELECT {COLUMNS} FROM {ks}.debounces WHERE scope = ?"), "prepare list debounces", false)
-                .await?;
+        let mut list = prep(
+            format!("SELECT tenant, key, due_at, rev FROM {ks}.debounces WHERE scope = ?"),
+            "prepare list debounces",
+            false,
+        )
+        .await?;
         list.set_page_size(1000);
         Ok(DebounceStatements {
             session: self.session.clone(),
@@ -73,6 +87,12 @@ impl Store {
             .await?,
             close: prep(format!("DELETE FROM {ks}.debounces {key} IF rev = ?"), "prepare close debounce", true).await?,
             list,
+            tenant_keys: prep(
+                format!("SELECT key FROM {ks}.debounces WHERE scope = ? AND tenant = ?"),
+                "prepare debounce keys",
+                false,
+            )
+            .await?,
         })
     }
 }
@@ -136,17 +156,33 @@ impl DebounceStatements {
         applied(self.session.execute_unpaged(&self.close, v).await.map_err(q("close debounce"))?)
     }
 
-    /// The deployment's open windows due at `now` (paged; at most `limit`).
-    pub async fn due(&self, now: Millis, limit: usize) -> Result<Vec<DebounceRow>, StoreError> {
+    /// How many windows `tenant` has open, counted up to `limit`.
+    pub async fn open_keys(&self, tenant: &str, limit: usize) -> Result<usize, StoreError> {
+        use futures::TryStreamExt;
+        let what = "count debounces";
+        let v = (self.scope.as_str(), tenant);
+        let pager = self.session.execute_iter(self.tenant_keys.clone(), v).await.map_err(q(what))?;
+        let mut rows = pager.rows_stream::<(String,)>().map_err(q(what))?;
+        let mut n = 0;
+        while n < limit && rows.try_next().await.map_err(q(what))?.is_some() {
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// The deployment's open windows due at `now`, without their jobs (paged; at most
+    /// `limit`).
+    pub async fn due(&self, now: Millis, limit: usize) -> Result<Vec<DebounceDue>, StoreError> {
         use futures::TryStreamExt;
         let pager =
             self.session.execute_iter(self.list.clone(), (self.scope.as_str(),)).await.map_err(q("list debounces"))?;
-        let mut rows = pager.rows_stream::<Row>().map_err(q("list debounces"))?;
+        type Light = (String, String, Option<i64>, Option<String>);
+        let mut rows = pager.rows_stream::<Light>().map_err(q("list debounces"))?;
         let mut out = Vec::new();
-        while let Some(r) = rows.try_next().await.map_err(q("list debounces"))? {
-            let r = to_row(r);
-            if r.due_at <= now && !r.rev.is_empty() {
-                out.push(r);
+        while let Some((tenant, key, due_at, rev)) = rows.try_next().await.map_err(q("list debounces"))? {
+            let rev = rev.unwrap_or_default();
+            if due_at.unwrap_or(0) <= now && !rev.is_empty() {
+                out.push(DebounceDue { tenant, key, rev });
                 if out.len() >= limit {
                     break;
                 }

@@ -31,12 +31,12 @@ use std::sync::Arc;
 pub use admission::{AdmissionStatements, OutcomeCell};
 pub use backlog::{BacklogKey, BacklogStatements};
 pub use classifier::{ClassRow, ClassifierStatements, RunTimeCell};
-pub use debounce::{DebounceRow, DebounceStatements};
+pub use debounce::{DebounceDue, DebounceRow, DebounceStatements};
 pub use events::{EventStatements, IdempotencyClaim, Submitted as SubmittedRow, HISTORY_LIMIT};
 pub use keys::{ApiKeyRow, KeyStatements};
 pub use quota::QuotaStatements;
 pub use rerun::{JobFacts, RerunStatements, FACTS_CHUNK};
-pub use schedules::{ScheduleRow, ScheduleStatements};
+pub use schedules::{ScheduleCursor, ScheduleRow, ScheduleSlot, ScheduleStatements};
 pub use schema::TABLES;
 pub use tenants::TenantStatements;
 

@@ -3,6 +3,12 @@
 //! prefix). The definition is its JSON; `next_fire_at` is the first fire not yet
 //! submitted, moved only by compare-and-set (LWT), so two promoters that overlap for a
 //! moment never move it back.
+//!
+//! Each schedule also holds one of its tenant's `schedules.max_per_tenant` slots
+//! (`schedule_slots`), claimed by `IF NOT EXISTS` before the schedule is inserted: the
+//! per-tenant bound holds under any number of racing adds on any number of API
+//! processes. The leader reads cursors only ([`ScheduleStatements::cursors`]); a
+//! definition is read by key when it fires or is asked for.
 
 use super::{applied, prepare_statement, q, Store, StoreError};
 use crate::model::Millis;
@@ -59,6 +65,31 @@ pub struct ScheduleStatements {
     remove: PreparedStatement,
     list: PreparedStatement,
     list_tenant: PreparedStatement,
+    get: PreparedStatement,
+    cursors: PreparedStatement,
+    names: PreparedStatement,
+    slots: PreparedStatement,
+    claim: PreparedStatement,
+    release: PreparedStatement,
+}
+
+/// A schedule's firing state without its definition: what the leader reads every pass.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScheduleCursor {
+    pub tenant: String,
+    pub name: String,
+    pub paused: bool,
+    pub next_fire_at: Option<Millis>,
+}
+
+/// A claimed slot of a tenant's schedules.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScheduleSlot {
+    pub slot: i32,
+    /// The schedule that claimed it.
+    pub name: String,
+    /// When it was claimed.
+    pub at: Millis,
 }
 
 impl Store {
@@ -74,6 +105,14 @@ impl Store {
             prep(format!("SELECT {COLUMNS} FROM {ks}.schedules WHERE scope = ?"), "prepare list schedules", false)
                 .await?;
         list.set_page_size(1000);
+        let mut cursors = prep(
+            format!("SELECT tenant, name, paused, next_fire_at, created_at FROM {ks}.schedules WHERE scope = ?"),
+            "prepare schedule cursors",
+            false,
+        )
+        .await?;
+        cursors.set_page_size(1000);
+        let slot_key = "WHERE scope = ? AND tenant = ? AND slot";
         Ok(ScheduleStatements {
             session: self.session.clone(),
             scope: self.scope.clone(),
@@ -109,6 +148,32 @@ impl Store {
                 format!("SELECT {COLUMNS} FROM {ks}.schedules WHERE scope = ? AND tenant = ?"),
                 "prepare list tenant schedules",
                 false,
+            )
+            .await?,
+            get: prep(format!("SELECT {COLUMNS} FROM {ks}.schedules {key}"), "prepare get schedule", false).await?,
+            cursors,
+            names: prep(
+                format!("SELECT name, created_at FROM {ks}.schedules WHERE scope = ? AND tenant = ?"),
+                "prepare schedule names",
+                false,
+            )
+            .await?,
+            slots: prep(
+                format!("SELECT slot, name, at FROM {ks}.schedule_slots {slot_key} IN ?"),
+                "prepare schedule slots",
+                false,
+            )
+            .await?,
+            claim: prep(
+                format!("INSERT INTO {ks}.schedule_slots (scope, tenant, slot, name, at) VALUES (?, ?, ?, ?, ?) IF NOT EXISTS"),
+                "prepare claim schedule slot",
+                true,
+            )
+            .await?,
+            release: prep(
+                format!("DELETE FROM {ks}.schedule_slots {slot_key} = ? IF name = ? AND at = ?"),
+                "prepare release schedule slot",
+                true,
             )
             .await?,
         })
@@ -194,5 +259,93 @@ impl ScheduleStatements {
             }
         }
         Ok(out)
+    }
+
+    /// One schedule, read by key.
+    pub async fn get(&self, tenant: &str, name: &str) -> Result<Option<ScheduleRow>, StoreError> {
+        let v = (self.scope.as_str(), tenant, name);
+        let res = self.session.execute_unpaged(&self.get, v).await.map_err(q("get schedule"))?;
+        let rows = res.into_rows_result().map_err(q("get schedule"))?;
+        let row = rows.maybe_first_row::<Row>().map_err(q("get schedule"))?;
+        Ok(row.filter(|r| r.3.is_some()).map(to_row))
+    }
+
+    /// The deployment's schedules' cursors (paged; at most `limit`), definitions left in
+    /// the store.
+    pub async fn cursors(&self, limit: usize) -> Result<Vec<ScheduleCursor>, StoreError> {
+        use futures::TryStreamExt;
+        let what = "read schedule cursors";
+        let pager = self.session.execute_iter(self.cursors.clone(), (self.scope.as_str(),)).await.map_err(q(what))?;
+        type Light = (String, String, Option<bool>, Option<i64>, Option<i64>);
+        let mut rows = pager.rows_stream::<Light>().map_err(q(what))?;
+        let mut out = Vec::new();
+        while let Some((tenant, name, paused, next, created_at)) = rows.try_next().await.map_err(q(what))? {
+            // A cursor moved just as the row was removed leaves a row without `created_at`.
+            if created_at.is_none() {
+                continue;
+            }
+            let next_fire_at = next.filter(|n| *n != NEVER);
+            out.push(ScheduleCursor { tenant, name, paused: paused.unwrap_or(false), next_fire_at });
+            if out.len() >= limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The names of a tenant's schedules with their `created_at` (at most `limit`).
+    pub async fn names(&self, tenant: &str, limit: usize) -> Result<Vec<(String, Millis)>, StoreError> {
+        use futures::TryStreamExt;
+        let what = "read schedule names";
+        let v = (self.scope.as_str(), tenant);
+        let pager = self.session.execute_iter(self.names.clone(), v).await.map_err(q(what))?;
+        let mut rows = pager.rows_stream::<(String, Option<i64>)>().map_err(q(what))?;
+        let mut out = Vec::new();
+        while let Some((name, created_at)) = rows.try_next().await.map_err(q(what))? {
+            // A cursor moved just as the row was removed leaves a row without `created_at`.
+            if let Some(at) = created_at {
+                out.push((name, at));
+            }
+            if out.len() >= limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The claimed slots among `0..count` of a tenant.
+    pub async fn slots(&self, tenant: &str, count: usize) -> Result<Vec<ScheduleSlot>, StoreError> {
+        let all: Vec<i32> = (0..count as i32).collect();
+        let mut out = Vec::new();
+        for chunk in all.chunks(100) {
+            out.extend(self.slots_in(tenant, chunk).await?);
+        }
+        Ok(out)
+    }
+
+    /// The claimed slots of a tenant among `slots` (at most 100).
+    pub async fn slots_in(&self, tenant: &str, slots: &[i32]) -> Result<Vec<ScheduleSlot>, StoreError> {
+        let what = "read schedule slots";
+        let v = (self.scope.as_str(), tenant, slots.to_vec());
+        let res = self.session.execute_unpaged(&self.slots, v).await.map_err(q(what))?;
+        let rows = res.into_rows_result().map_err(q(what))?;
+        let mut out = Vec::new();
+        for r in rows.rows::<(i32, Option<String>, Option<i64>)>().map_err(q(what))? {
+            let (slot, name, at) = r.map_err(q(what))?;
+            out.push(ScheduleSlot { slot, name: name.unwrap_or_default(), at: at.unwrap_or(0) });
+        }
+        Ok(out)
+    }
+
+    /// Claims slot `slot` of `tenant` for the schedule `name`; true if it was free.
+    pub async fn claim(&self, tenant: &str, slot: i32, name: &str, at: Millis) -> Result<bool, StoreError> {
+        let v = (self.scope.as_str(), tenant, slot, name, at);
+        applied(self.session.execute_unpaged(&self.claim, v).await.map_err(q("claim schedule slot"))?)
+    }
+
+    /// Frees a slot if `s` still holds it.
+    pub async fn release(&self, tenant: &str, s: &ScheduleSlot) -> Result<bool, StoreError> {
+        let v = (self.scope.as_str(), tenant, s.slot, s.name.as_str(), s.at);
+        applied(self.session.execute_unpaged(&self.release, v).await.map_err(q("release schedule slot"))?)
     }
 }

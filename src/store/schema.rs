@@ -194,6 +194,14 @@ pub const TABLES: &[(&str, &str)] = &[
         "(scope text, tenant text, name text, id text, spec text, paused boolean, next_fire_at bigint, \
          created_at bigint, updated_at bigint, PRIMARY KEY ((scope), tenant, name))",
     ),
+    // Each tenant's schedule slots (`store::schedules`): an add claims a free slot by
+    // LWT (`IF NOT EXISTS`) before it inserts the schedule, so a tenant never holds more
+    // than `schedules.max_per_tenant` however many adds race (one partition per slot:
+    // racing claims of different slots are separate Paxos rounds).
+    (
+        "schedule_slots",
+        "(scope text, tenant text, slot int, name text, at bigint, PRIMARY KEY ((scope, tenant, slot)))",
+    ),
     // Open debounce windows per deployment (`crate::submit::dedupe`): the pending job, when the
     // window opened and when its job is due, and the revision every change replaces (LWT).
     (

@@ -5,11 +5,14 @@
 //! A unique key is claimed in the tenant's idempotency keys under `fairway.unique/<key>`
 //! (LWT), with the window (scope `window`) or `retention.results` (other scopes) as TTL.
 //! A debounce submission produces nothing: it opens the (tenant, key) window or moves an
-//! open one (LWT on its revision) and answers with the window's job id.
+//! open one (LWT on its revision) and answers with the window's job id. A tenant has at
+//! most `debounce.max_open_per_tenant` windows open (checked before an open; opens racing
+//! each other may pass it by their number), each job's payload at most
+//! `debounce.max_payload_bytes`.
 
 use crate::config::Config;
 use crate::core::recurring::parse_duration;
-use crate::core::unique::{self, debounce_due, DebounceMode, Held, UniqueScope, MAX_DEBOUNCE_MS};
+use crate::core::unique::{self, debounce_due, DebounceConfig, DebounceMode, Held, UniqueScope, MAX_DEBOUNCE_MS};
 use crate::model::{JobSubmitted, Millis, Pool};
 use crate::store::{DebounceRow, DebounceStatements, EventStatements, IdempotencyClaim, Store};
 use crate::submit::{NewJob, SubmitError, Submitted};
@@ -37,7 +40,7 @@ fn check_key(field: &'static str, key: &str) -> Result<(), SubmitError> {
 }
 
 /// Checks a job's unique and debounce fields (the field and the fix on error).
-pub fn check(job: &NewJob) -> Result<(), SubmitError> {
+pub fn check(job: &NewJob, bounds: &DebounceConfig) -> Result<(), SubmitError> {
     if let Some(k) = &job.unique_key {
         check_key("unique_key", k)?;
         UniqueClaim::window_of(job)?;
@@ -49,7 +52,17 @@ pub fn check(job: &NewJob) -> Result<(), SubmitError> {
         if job.unique_key.is_some() || job.execute_at.is_some() {
             return Err(invalid("debounce_key", "a debounced job sets its own start: drop unique_key and execute_at"));
         }
-        Debounce::of(job)?;
+        Debounce::of(job, bounds)?;
+        let (bytes, max) = (job.payload_bytes().len(), bounds.max_payload_bytes);
+        if bytes > max {
+            return Err(invalid(
+                "payload",
+                format!(
+                    "a debounced job's payload is {bytes} bytes, over debounce.max_payload_bytes = {max}; pass larger \
+                     inputs by reference (a key or URL the job reads)"
+                ),
+            ));
+        }
     } else if job.debounce_delay.is_some() || job.debounce_max_delay.is_some() || job.debounce_mode.is_some() {
         return Err(invalid(
             "debounce_key",
@@ -61,7 +74,7 @@ pub fn check(job: &NewJob) -> Result<(), SubmitError> {
 
 /// The idempotency-table key a unique key is claimed under.
 pub fn unique_claim_key(key: &str) -> String {
-    format!("fairway.unique/{key}")
+    format!("{}unique/{key}", crate::core::unique::SYSTEM_KEY_PREFIX)
 }
 
 /// A submission's unique key, scope and the claim's TTL.
@@ -149,10 +162,12 @@ pub struct Debounce {
     delay: Millis,
     max_delay: Option<Millis>,
     mode: DebounceMode,
+    /// Open windows the tenant may have (`debounce.max_open_per_tenant`).
+    max_open: usize,
 }
 
 impl Debounce {
-    pub fn of(job: &NewJob) -> Result<Debounce, SubmitError> {
+    pub fn of(job: &NewJob, bounds: &DebounceConfig) -> Result<Debounce, SubmitError> {
         let delay = duration("debounce_delay", &job.debounce_delay)?
             .ok_or_else(|| invalid("debounce_delay", "a debounce_key needs a debounce_delay, e.g. \"5s\""))?;
         let max_delay = duration("debounce_max_delay", &job.debounce_max_delay)?;
@@ -164,7 +179,8 @@ impl Debounce {
                 return Err(invalid("debounce_max_delay", "at least debounce_delay and at most 24h"));
             }
         }
-        Ok(Debounce { delay, max_delay, mode: job.debounce_mode.unwrap_or_default() })
+        let mode = job.debounce_mode.unwrap_or_default();
+        Ok(Debounce { delay, max_delay, mode, max_open: bounds.max_open_per_tenant })
     }
 }
 
@@ -183,6 +199,9 @@ pub async fn debounce(
     let rev = uuid::Uuid::new_v4().to_string();
     for _ in 0..ATTEMPTS {
         let Some(open) = stmts.get(&rec.tenant, key).await? else {
+            if stmts.open_keys(&rec.tenant, d.max_open).await? >= d.max_open {
+                return Err(SubmitError::TooManyWindows { tenant: rec.tenant.clone(), max: d.max_open });
+            }
             let row = DebounceRow {
                 tenant: rec.tenant.clone(),
                 key: key.to_string(),

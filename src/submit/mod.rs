@@ -46,6 +46,11 @@ pub enum SubmitError {
     BadFlowKey(String),
     #[error("{0}")]
     BadUserKey(String),
+    #[error(
+        "tenant {tenant:?} has {max} debounce windows open, the most a tenant may have (debounce.max_open_per_tenant); \
+         wait for some to close or debounce on fewer keys"
+    )]
+    TooManyWindows { tenant: String, max: usize },
     /// A unique or debounce field: the field and how to fix it.
     #[error("field `{field}`: {message}")]
     Invalid { field: &'static str, message: String },
@@ -249,7 +254,7 @@ impl Submitter {
         }
         let mut rec = self.record(job, job_id.clone(), pool, payload, now);
         if let (Some(key), Some(store)) = (&job.debounce_key, &self.store) {
-            let d = dedupe::Debounce::of(job)?;
+            let d = dedupe::Debounce::of(job, &self.cfg.debounce)?;
             return dedupe::debounce(store, &self.debounces, key, &d, &mut rec, now).await;
         }
         if let (Some(_), Some(stmts), Some(store)) = (&job.unique_key, stmts, &self.store) {
@@ -530,7 +535,7 @@ pub(crate) fn validate_job(cfg: &Config, job: &NewJob, payload_len: usize) -> Re
     if let Some(key) = &job.user_key {
         crate::core::flow::check_named_key("user_key", key).map_err(SubmitError::BadUserKey)?;
     }
-    dedupe::check(job)?;
+    dedupe::check(job, &cfg.debounce)?;
     Ok(job.pool.unwrap_or(jt.pool))
 }
 

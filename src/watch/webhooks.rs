@@ -9,9 +9,18 @@
 //! committed only up to the oldest result still being delivered, so a restart (or a
 //! crash) resumes the deliveries it had not finished: at least once, with a delivery id
 //! that stays the same so receivers can drop copies. Redirects are not followed.
+//!
+//! Each receiver (callback URL) has its own lane (`core::receivers`): at most
+//! `webhooks.concurrency_per_receiver` of its deliveries in progress (backoff included)
+//! and `webhooks.queue_per_receiver` queued or in progress, beyond which its new results
+//! are given up with a `webhook_failed` event; `webhooks.concurrency` bounds the POSTs in
+//! flight across receivers (a delivery waiting out its backoff holds none), and
+//! `webhooks.queue_total` the results held in total (the loop stops reading at it). A
+//! dead receiver holds only its own lane.
 
 use crate::config::{secret_env_var, Config, Secret};
 use crate::core::offsets::Tracker;
+use crate::core::receivers::{Admit, Lanes};
 use crate::core::webhooks::{self as rules, Answer};
 use crate::kafka::Producer;
 use crate::kafka::{self, Consumer, Message, Offset, TopicPartitionList};
@@ -30,6 +39,10 @@ struct Deliverer {
     producer: Producer,
     /// Callback URL per job type (only those that have one).
     urls: BTreeMap<String, String>,
+    /// POSTs in flight across receivers.
+    posts: Arc<Semaphore>,
+    /// Deliveries in progress per receiver (callback URL).
+    receivers: BTreeMap<String, Arc<Semaphore>>,
     stop: watch::Receiver<bool>,
 }
 
@@ -56,8 +69,6 @@ pub enum WebhooksError {
     Http(#[from] reqwest::Error),
     #[error(transparent)]
     Kafka(#[from] kafka::KafkaError),
-    #[error("the delivery slots were closed")]
-    Closed(#[from] tokio::sync::AcquireError),
 }
 
 /// Runs the delivery loop until `stop` turns true (returns at once when no job type
@@ -76,30 +87,45 @@ pub async fn deliver(cfg: Arc<Config>, stop: watch::Receiver<bool>) -> Result<()
     let consumer = kafka::reader(&cfg, &cfg.group("webhooks"), false)?;
     let topic = cfg.results_topic();
     consumer.subscribe(&[topic.as_str()]).map_err(kafka::KafkaError::from)?;
-    let d = Arc::new(Deliverer { producer: kafka::producer(&cfg)?, cfg, http, urls, stop: stop.clone() });
+    let per_receiver = cfg.webhooks.concurrency_per_receiver;
+    let receivers = urls.values().map(|u| (u.clone(), Arc::new(Semaphore::new(per_receiver)))).collect();
+    let d = Arc::new(Deliverer {
+        producer: kafka::producer(&cfg)?,
+        posts: Arc::new(Semaphore::new(cfg.webhooks.concurrency)),
+        receivers,
+        cfg,
+        http,
+        urls,
+        stop: stop.clone(),
+    });
     run_loop(d, consumer, topic, stop).await
 }
 
-/// Reads results, starts a delivery per result with a callback (at most
-/// `webhooks.concurrency` at once), commits what is finished.
+/// Reads results while the lanes have room, starts a delivery per result with a
+/// callback in its receiver's lane, commits what is finished.
 async fn run_loop(
     d: Arc<Deliverer>,
     consumer: kafka::Reader,
     topic: String,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), WebhooksError> {
-    let permits = Arc::new(Semaphore::new(d.cfg.webhooks.concurrency));
-    let (done_tx, mut done) = mpsc::unbounded_channel::<(i32, i64)>();
+    let mut lanes = Lanes::new(d.cfg.webhooks.lanes());
+    let (done_tx, mut done) = mpsc::unbounded_channel::<(i32, i64, Option<String>)>();
     let mut tracker = Tracker::new();
     loop {
         tokio::select! {
             _ = stop.changed() => return Ok(()),
-            Some((p, o)) = done.recv() => {
-                if let Some(next) = tracker.finished(&topic, p, o) {
-                    commit(&consumer, &topic, p, next);
+            Some((p, o, receiver)) = done.recv() => {
+                if let Some(url) = receiver {
+                    lanes.done(&url);
+                }
+                if o >= 0 {
+                    if let Some(next) = tracker.finished(&topic, p, o) {
+                        commit(&consumer, &topic, p, next);
+                    }
                 }
             }
-            m = consumer.recv(), if permits.available_permits() > 0 => match m {
+            m = consumer.recv(), if lanes.accepting() => match m {
                 Ok(m) => {
                     let (p, o) = (m.partition(), m.offset());
                     if tracker.started(&topic, p, o).is_err() {
@@ -109,16 +135,19 @@ async fn run_loop(
                     }
                     match m.payload().and_then(|b| d.callback(b)) {
                         None => {
-                            let _ = done_tx.send((p, o));
+                            let _ = done_tx.send((p, o, None));
                         }
                         Some((r, url)) => {
-                            let permit = permits.clone().acquire_owned().await?;
+                            let admitted = lanes.admit(&url);
                             let (d, done_tx) = (d.clone(), done_tx.clone());
                             tokio::spawn(async move {
-                                let _permit = permit;
-                                if deliver_one(&d, &r, &url).await {
-                                    let _ = done_tx.send((p, o));
+                                if admitted == Admit::ReceiverFull {
+                                    give_up_full(&d, &r, &url);
+                                    let _ = done_tx.send((p, o, None));
+                                    return;
                                 }
+                                let finished = deliver_in_lane(&d, &r, &url).await;
+                                let _ = done_tx.send((p, if finished { o } else { -1 }, Some(url)));
                             });
                         }
                     }
@@ -130,6 +159,31 @@ async fn run_loop(
             },
         }
     }
+}
+
+/// Delivers one result once its receiver has a free delivery slot; see [`deliver_one`].
+async fn deliver_in_lane(d: &Deliverer, r: &JobResult, url: &str) -> bool {
+    let Some(lane) = d.receivers.get(url) else { return deliver_one(d, r, url).await };
+    let mut stop = d.stop.clone();
+    let _slot = tokio::select! {
+        _ = stop.wait_for(|s| *s) => return false,
+        slot = lane.acquire() => slot,
+    };
+    deliver_one(d, r, url).await
+}
+
+/// A result whose receiver's lane is full: not sent, and its job's history says why.
+fn give_up_full(d: &Deliverer, r: &JobResult, url: &str) {
+    let why = format!(
+        "not sent: its receiver already has webhooks.queue_per_receiver = {} results queued or in delivery (is it \
+         down?); results to other receivers go on",
+        d.cfg.webhooks.queue_per_receiver
+    );
+    tracing::warn!(job_id = %r.job_id, job_type = %r.job_type, "webhook {why}");
+    metrics::counter!(m::WEBHOOK_ATTEMPTS, "result" => "not_sent").increment(1);
+    let not_sent = rules::Delivery { event_id: new_id(), result: r, url, attempt: 0 };
+    let ev = rules::delivery_event(not_sent, EventKind::WebhookFailed, why, None, now_ms());
+    events::emit(&d.producer, &d.cfg, &ev);
 }
 
 impl Deliverer {
@@ -204,8 +258,10 @@ async fn attempts(d: &Deliverer, r: &JobResult, url: &str, secret: &Secret) -> b
     }
 }
 
-/// One signed POST: the status, or why there was none.
+/// One signed POST (holding one of `webhooks.concurrency` slots while it is in
+/// flight): the status, or why there was none.
 async fn post(d: &Deliverer, url: &str, r: &JobResult, body: &[u8], secret: &Secret) -> (Option<u16>, String) {
+    let Ok(_slot) = d.posts.acquire().await else { return (None, "the delivery loop stopped".into()) };
     let sig = rules::signature(secret.expose().as_bytes(), now_ms(), body);
     let req = d
         .http

@@ -585,10 +585,12 @@ impl Loop {
     fn enqueue(&mut self, pending: Pending) {
         self.buffer.entered(&pending.job.tenant, pending.job.heap_bytes());
         let pending = match self.sh.cfg.flow_scope(&pending.job) {
-            Some((scope, limit)) => match self.gate.offer(&scope, limit, pending, now_ms()) {
-                Some(p) => p,
-                None => return,
-            },
+            Some((scope, limit)) => {
+                match self.gate.offer(&scope, limit, &pending.job.tenant.clone(), pending, now_ms()) {
+                    Some(p) => p,
+                    None => return,
+                }
+            }
             None => pending,
         };
         self.enqueue_past_flow(pending);

@@ -1,15 +1,18 @@
 //! Firing recurring schedules: the promoter's leader (the holder of its lease) reads the
-//! deployment's schedules once a second and submits each due fire through the normal
-//! submission path (front-door admission, idempotency, the pool topic), paced at
-//! `worker.promoter_rate` fires per second. A fire's job id and idempotency key derive
-//! from (schedule id, fire time) (`core::recurring`), so a fire submitted twice (two
-//! leaders overlapping for a moment, a leader dying before it moved the cursor) is one
-//! job. The cursor (`next_fire_at`) moves by compare-and-set once its fires are in.
+//! deployment's schedule cursors once a second (no definitions: a definition, payload
+//! included, is read by key only when its schedule is due) and submits each due fire
+//! through the normal submission path (front-door admission, idempotency, the pool
+//! topic), paced at `worker.promoter_rate` fires per second. A fire's job id and
+//! idempotency key derive from (schedule id, fire time) (`core::recurring`), so a fire
+//! submitted twice (two leaders overlapping for a moment, a leader dying before it moved
+//! the cursor) is one job. The cursor (`next_fire_at`) moves by compare-and-set once its
+//! fires are in.
 //!
-//! The same leader submits the jobs of due debounce windows (`crate::submit::dedupe`): it closes
-//! a window by compare-and-set on its revision (a submission that moved it meanwhile
-//! wins, and the window is looked at again next pass), then submits its job under the
-//! window's id; a failed submit reopens the window.
+//! The same leader submits the jobs of due debounce windows (`crate::submit::dedupe`),
+//! reading each window's job by key, one at a time: it closes a window by compare-and-set
+//! on its revision (a submission that moved it meanwhile wins, and the window is looked
+//! at again next pass), then submits its job under the window's id; a failed submit
+//! reopens the window.
 
 use super::relay::{PROMOTER_LEASE, PROMOTER_LEASE_SECS};
 use crate::admission::{Admission, Ask};
@@ -92,7 +95,7 @@ impl Firing {
     /// One pass: every active schedule's due fires, within the pace's budget.
     async fn pass(&self, pace: &mut Pace) {
         let max = self.schedules.bounds().max_total;
-        let rows = match self.schedules.statements().list(None, max + 1).await {
+        let rows = match self.schedules.statements().cursors(max + 1).await {
             Ok(rows) => rows,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read schedules");
@@ -109,33 +112,57 @@ impl Firing {
         metrics::gauge!(m::SCHEDULES, "state" => "paused").set(paused as f64);
         metrics::gauge!(m::SCHEDULES, "state" => "active").set((rows.len() - paused) as f64);
         let now = now_ms();
-        let mut due = Vec::new();
-        for row in rows.into_iter().take(max).filter(|r| !r.paused) {
-            let Some(cursor) = row.next_fire_at.filter(|c| *c <= now) else { continue };
-            let (name, tenant) = (row.name.clone(), row.tenant.clone());
-            match Schedule::of(row).and_then(|s| Ok((s.timing()?, s))) {
-                Ok((timing, s)) => {
-                    let pass = timing.due(cursor, now, FIRES_PER_PASS);
-                    due.push((s, timing, cursor, pass));
-                }
-                Err(e) => tracing::warn!(%tenant, schedule = %name, "schedule not fired: {e}"),
-            }
-        }
-        let wanted = due.iter().map(|(_, _, _, p)| p.fires.len()).sum();
-        let mut budget = pace.take(wanted, now);
+        let due: Vec<_> = rows
+            .into_iter()
+            .take(max)
+            .filter(|c| !c.paused)
+            .filter_map(|c| Some((c.next_fire_at.filter(|at| *at <= now)?, c)))
+            .collect();
+        let mut budget = pace.take(due.len() * FIRES_PER_PASS, now);
+        let granted = budget;
         // The oldest fire still due after the pass (held by the front door, or beyond the pace).
         let mut oldest_left: Option<i64> = None;
-        for (s, timing, cursor, pass) in due {
-            if pass.skipped {
-                metrics::counter!(m::SCHEDULE_SKIPS, "policy" => s.spec.catch_up.as_str()).increment(1);
-            }
-            let left = self.fire_schedule(&s, &timing, cursor, pass, &mut budget).await;
+        for (cursor, c) in due {
+            let left = if budget == 0 { Some(cursor) } else { self.fire_due(&c, cursor, now, &mut budget).await };
             if let Some(c) = left.filter(|c| *c <= now) {
                 oldest_left = Some(oldest_left.map_or(c, |o| o.min(c)));
             }
         }
+        pace.give_back(budget.min(granted));
         let age = oldest_left.map_or(0.0, |c| (now - c) as f64 / 1000.0);
         metrics::gauge!(m::SCHEDULE_OLDEST_DUE_SECONDS).set(age);
+    }
+
+    /// Reads a due schedule's definition by key and submits its due fires; the new
+    /// cursor (the old one if it was not fired).
+    async fn fire_due(
+        &self,
+        c: &crate::store::ScheduleCursor,
+        cursor: i64,
+        now: i64,
+        budget: &mut usize,
+    ) -> Option<i64> {
+        let loaded = self.schedules.get(&c.tenant, &c.name).await.map_err(|e| e.to_string());
+        let s = match loaded {
+            Ok(s) if s.row.next_fire_at == Some(cursor) && !s.row.paused => s,
+            Ok(_) => return None,
+            Err(e) => {
+                tracing::warn!(tenant = %c.tenant, schedule = %c.name, "schedule not fired: {e}");
+                return Some(cursor);
+            }
+        };
+        let timing = match s.timing() {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(tenant = %c.tenant, schedule = %c.name, "schedule not fired: {e}");
+                return Some(cursor);
+            }
+        };
+        let pass = timing.due(cursor, now, FIRES_PER_PASS);
+        if pass.skipped {
+            metrics::counter!(m::SCHEDULE_SKIPS, "policy" => s.spec.catch_up.as_str()).increment(1);
+        }
+        self.fire_schedule(&s, &timing, cursor, pass, budget).await
     }
 
     /// Submits a schedule's fires in order while the budget lasts and each is accepted,
@@ -221,7 +248,15 @@ impl Firing {
                 return;
             }
         };
-        for w in due {
+        for d in due {
+            let w = match self.debounces.get(&d.tenant, &d.key).await {
+                Ok(Some(w)) if w.rev == d.rev => w,
+                Ok(_) => continue,
+                Err(e) => {
+                    tracing::warn!(tenant = %d.tenant, error = %e, "cannot read a due debounce window");
+                    continue;
+                }
+            };
             match self.debounces.close(&w.tenant, &w.key, &w.rev).await {
                 Ok(true) => {}
                 Ok(false) => continue,

@@ -25,8 +25,8 @@ use tokio::sync::watch;
 
 /// Records listed by one browse (the newest that match).
 const MAX_LISTED: usize = 200;
-/// Records one browse reads at most (a page load is one bounded scan, one per key at a
-/// time: `api::limits`).
+/// Records one browse reads at most, each partition's newest share of them (a page load
+/// is one bounded scan, one per key at a time: `api::limits`).
 const MAX_SCANNED: u64 = 50_000;
 /// Payload characters shown per record.
 const PAYLOAD_CHARS: usize = 4_000;
@@ -165,7 +165,7 @@ async fn browse(st: &ApiState, v: &Viewer, f: &Filters) -> Result<String, ApiErr
         listed.len(),
         esc(&replay::source_topic(st.config(), source)),
         if scanned >= MAX_SCANNED {
-            format!(" Only the first {MAX_SCANNED} records were read: narrow the filter (since) or use `fairway replay --dry-run`.")
+            format!(" Only the newest {MAX_SCANNED} records were read (each partition's newest share): older ones need `fairway replay --dry-run`.")
         } else {
             String::new()
         },

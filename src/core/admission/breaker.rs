@@ -15,8 +15,13 @@
 //! - the **shared gates** (`pool:<p>`, `job_type:<j>`) count only infrastructure
 //!   failures (dependency, timeout, worker crash: [`crate::model::FailureClass::is_infrastructure`])
 //!   against every attempt, and open only when at least `min_tenants` tenants had such
-//!   failures in the window ([`ScopeCounts::may_open`]); the tenants whose failures
-//!   opened one are its culprits and never its probe (another tenant's job decides).
+//!   failures in the window and the failures are not one tenant's own
+//!   ([`ScopeCounts::may_open`]): the ratio must still be above `failure_ratio` with the
+//!   largest contributing tenant left out, or `min_tenants` tenants must each be above
+//!   it on their own attempts. So one tenant whose jobs all time out, plus another
+//!   tenant's single timeout, opens nothing for anyone but the first tenant (its own
+//!   gates). The tenants whose failures opened one are its culprits and never its probe
+//!   (another tenant's job decides).
 
 use crate::core::fleet::OwnCells;
 use crate::core::invalid::Invalid;
@@ -239,13 +244,38 @@ pub struct ScopeCounts {
     pub tenant: Option<String>,
     /// Tenants with failures counted here (a shared gate's culprits if it opens).
     pub failing: std::collections::BTreeSet<String>,
+    /// A shared gate's counts per tenant (empty for a tenant's own gate).
+    pub by_tenant: std::collections::BTreeMap<String, Counts>,
 }
 
 impl ScopeCounts {
-    /// Whether these counts may open their gate: a shared gate needs failures from at
-    /// least `min_tenants` tenants.
-    pub fn may_open(&self, min_tenants: usize) -> bool {
-        self.tenant.is_some() || self.failing.len() >= min_tenants
+    /// Whether these counts may open their gate. A tenant's own gate: yes. A shared gate
+    /// needs failures from at least `min_tenants` tenants, and either the ratio above
+    /// `failure_ratio` on at least `min_attempts` with the largest contributing tenant
+    /// (most failures) left out, or `min_tenants` tenants each above it on their own
+    /// attempts (at least `min_attempts / min_tenants` each).
+    pub fn may_open(&self, cfg: &GateConfig) -> bool {
+        if self.tenant.is_some() {
+            return true;
+        }
+        if self.failing.len() < cfg.min_tenants {
+            return false;
+        }
+        self.holds_without_largest(cfg) || self.tenants_above_ratio(cfg) >= cfg.min_tenants
+    }
+
+    fn holds_without_largest(&self, cfg: &GateConfig) -> bool {
+        let Some(largest) = self.by_tenant.values().max_by_key(|c| (c.failed, c.total())) else { return false };
+        let rest = Counts {
+            ok: self.counts.ok.saturating_sub(largest.ok),
+            failed: self.counts.failed.saturating_sub(largest.failed),
+        };
+        rest.total() >= cfg.min_attempts && rest.failure_ratio() > cfg.failure_ratio
+    }
+
+    fn tenants_above_ratio(&self, cfg: &GateConfig) -> usize {
+        let each = cfg.min_attempts.div_ceil(cfg.min_tenants.max(1) as u64).max(1);
+        self.by_tenant.values().filter(|c| c.total() >= each && c.failure_ratio() > cfg.failure_ratio).count()
     }
 }
 
@@ -280,6 +310,11 @@ pub fn window_counts<'a>(
                 e.tenant = tenant.map(str::to_string);
                 e.counts.ok += ok + failed - bad;
                 e.counts.failed += bad;
+                if tenant.is_none() {
+                    let t = e.by_tenant.entry(c.tenant.to_string()).or_default();
+                    t.ok += ok + failed - bad;
+                    t.failed += bad;
+                }
                 if bad > 0 {
                     e.failing.insert(c.tenant.to_string());
                 }
@@ -411,11 +446,11 @@ mod tests {
         let c = window_counts(cells, 5_000, 60_000, |_| i64::MIN);
         let mut pool = Gate::new(GateConfig::default());
         assert_eq!(c["pool:short"].counts, counts(50, 0), "app errors are not the pool's failures");
-        assert!(!c["pool:short"].may_open(2));
+        assert!(!c["pool:short"].may_open(&GateConfig::default()));
         assert!(!pool.observe(c["pool:short"].counts, 5_000), "app errors never open the shared gate");
         let own = &c[&tenant_scope("pool:short", "a")];
         assert_eq!(own.counts, counts(0, 40));
-        assert!(own.may_open(2) && Gate::new(GateConfig::default()).observe(own.counts, 5_000));
+        assert!(own.may_open(&GateConfig::default()) && Gate::new(GateConfig::default()).observe(own.counts, 5_000));
         assert_eq!(c[&tenant_scope("pool:short", "b")].counts, counts(10, 0));
     }
 
@@ -425,11 +460,56 @@ mod tests {
         let one = vec![cell(0, "short", "http", "a", (0, 20, 20)), cell(0, "short", "echo", "b", (10, 0, 0))];
         let c = window_counts(one, 5_000, 60_000, |_| i64::MIN);
         assert_eq!(c["pool:short"].counts, counts(10, 20));
-        assert!(!c["pool:short"].may_open(2), "one tenant cannot open the pool's gate");
+        assert!(!c["pool:short"].may_open(&GateConfig::default()), "one tenant cannot open the pool's gate");
         let two = vec![cell(0, "short", "http", "a", (0, 20, 20)), cell(0, "short", "http", "b", (1, 9, 9))];
         let c = window_counts(two, 5_000, 60_000, |_| i64::MIN);
-        assert!(c["pool:short"].may_open(2));
+        assert!(c["pool:short"].may_open(&GateConfig::default()));
         assert_eq!(c["pool:short"].failing.len(), 2);
+    }
+
+    /// Tenant a's jobs all outlive their timeout (infrastructure failures by class);
+    /// tenants b and c run fine but b had one timeout. The shared gates used to open
+    /// (2 tenants failed, ratio 200/250 over the pool): with a left out the ratio is
+    /// 1/50, and only a is above it on its own, so they stay closed for everyone; a's
+    /// own gate opens.
+    #[test]
+    fn one_tenants_timeouts_never_open_a_shared_gate() {
+        let cfg = GateConfig::default();
+        let cells = vec![
+            cell(0, "short", "slow", "a", (0, 200, 200)),
+            cell(0, "short", "slow", "b", (24, 1, 1)),
+            cell(0, "short", "slow", "c", (25, 0, 0)),
+        ];
+        let c = window_counts(cells, 5_000, 60_000, |_| i64::MIN);
+        for shared in ["pool:short", "job_type:slow"] {
+            let sc = &c[shared];
+            assert_eq!(sc.failing.len(), 2);
+            assert!(sc.counts.failure_ratio() > cfg.failure_ratio && sc.counts.total() >= cfg.min_attempts);
+            assert!(!sc.may_open(&cfg), "{shared}: one tenant's timeouts open nothing for the others");
+        }
+        assert!(c[&tenant_scope("pool:short", "a")].may_open(&cfg));
+        assert!(Gate::new(cfg.clone()).observe(c[&tenant_scope("pool:short", "a")].counts, 5_000));
+    }
+
+    /// A failure the tenants share still opens the shared gate: by the ratio without the
+    /// largest tenant, or by `min_tenants` tenants each above the ratio.
+    #[test]
+    fn failures_spread_across_tenants_still_open_a_shared_gate() {
+        let cfg = GateConfig::default();
+        let spread = vec![
+            cell(0, "short", "http", "a", (10, 90, 90)),
+            cell(0, "short", "http", "b", (5, 5, 5)),
+            cell(0, "short", "http", "c", (5, 5, 5)),
+        ];
+        let sc = &window_counts(spread, 5_000, 60_000, |_| i64::MIN)["pool:short"];
+        assert!(sc.holds_without_largest(&cfg) && sc.may_open(&cfg));
+        // Two tenants, each 5 of 5 failed: without the larger there are too few attempts
+        // left, but each is above the ratio on its own (at least 10 / 2 attempts each).
+        let two = vec![cell(0, "short", "http", "a", (0, 5, 5)), cell(0, "short", "http", "b", (0, 5, 5))];
+        let sc = &window_counts(two, 5_000, 60_000, |_| i64::MIN)["pool:short"];
+        assert!(!sc.holds_without_largest(&cfg));
+        assert_eq!(sc.tenants_above_ratio(&cfg), 2);
+        assert!(sc.may_open(&cfg));
     }
 
     #[test]

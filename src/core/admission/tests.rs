@@ -75,6 +75,29 @@ fn both_scopes_apply_and_the_tighter_wins() {
     }
 }
 
+/// A tenant with more end users than [`MAX_USER_WINDOWS`] keeps that many windows (the
+/// map grew by one per user_key before); its new users share one window at the user
+/// rate, another tenant's users keep their own, and idle windows are pruned.
+#[test]
+fn end_user_windows_are_bounded_per_tenant_and_pruned() {
+    let mut l = RateLimiters::default();
+    for i in 0..MAX_USER_WINDOWS + 2 {
+        let key = format!("u{i}");
+        l.admit(&[demand("acme", Some(&key), 1, "1000000/s", Some("2/min"))], 0).unwrap();
+    }
+    assert_eq!(l.user_windows("acme"), MAX_USER_WINDOWS + 1, "its own windows plus the shared one");
+    // The users past the bound share one window of 2/min: a third of them is refused.
+    let err = l.admit(&[demand("acme", Some("one-more"), 1, "1000000/s", Some("2/min"))], 0);
+    assert!(matches!(err, Err(Refusal::Rate { scope: Limit::UserRate, .. })), "{err:?}");
+    l.admit(&[demand("globex", Some("u0"), 1, "100/s", Some("2/min"))], 0).unwrap();
+    assert_eq!(l.user_windows("globex"), 1);
+    // A minute later every window is idle: a new user of acme gets its own again.
+    l.admit(&[demand("acme", Some("late"), 1, "1000000/s", Some("2/min"))], 60_000).unwrap();
+    assert_eq!(l.user_windows("acme"), 1, "idle windows forgotten when the tenant was full");
+    l.prune(120_000);
+    assert_eq!((l.user_windows("acme"), l.user_windows("globex")), (0, 0));
+}
+
 #[test]
 fn a_refused_batch_takes_nothing_from_any_scope() {
     let mut l = RateLimiters::default();

@@ -163,11 +163,40 @@ fn schedule_bounds_name_the_key_and_the_fix() {
     let zero = SchedulesConfig { max_per_tenant: 0, ..Default::default() };
     assert_eq!(zero.validate().unwrap_err().field, "max_per_tenant");
     let crate::core::invalid::Invalid { field: key, problem: why } =
-        SchedulesConfig { max_per_tenant: 10, max_total: 5 }.validate().unwrap_err();
+        SchedulesConfig { max_per_tenant: 10, max_total: 5, ..Default::default() }.validate().unwrap_err();
     assert_eq!(key, "max_total");
     assert!(why.contains("between schedules.max_per_tenant (10) and 100000"), "{why}");
     let huge = SchedulesConfig { max_total: MAX_TOTAL_CEILING + 1, ..Default::default() };
     assert_eq!(huge.validate().unwrap_err().field, "max_total");
+    let crowd = SchedulesConfig { max_per_tenant: MAX_PER_TENANT_CEILING + 1, ..Default::default() };
+    assert_eq!(crowd.validate().unwrap_err().field, "max_per_tenant");
+    assert_eq!(SchedulesConfig::default().max_payload_bytes, 65_536);
+    let big = SchedulesConfig { max_payload_bytes: MAX_PAYLOAD_CEILING + 1, ..Default::default() };
+    assert_eq!(big.validate().unwrap_err().field, "max_payload_bytes");
+}
+
+/// Times at the ends of `i64` used to reach fire-time arithmetic (`anchor + n * every`
+/// overflowed); they are refused by field, and the latest accepted time still computes.
+#[test]
+fn start_and_end_times_are_bounded_so_fire_times_never_overflow() {
+    let base =
+        ScheduleSpec { name: "n".into(), job_type: "echo".into(), every: Some("1s".into()), ..Default::default() };
+    for (start_at, end_at, field) in [
+        (Some(i64::MIN), None, "start_at"),
+        (Some(-1), None, "start_at"),
+        (Some(MAX_TIME_MS + 1), None, "start_at"),
+        (None, Some(i64::MAX), "end_at"),
+        (Some(0), Some(i64::MAX), "end_at"),
+    ] {
+        let spec = ScheduleSpec { start_at, end_at, ..base.clone() };
+        let err = spec.timing("id", 0).expect_err("an unbounded time is refused");
+        assert_eq!(err.field, field, "{start_at:?}..{end_at:?}: {err}");
+    }
+    let latest = ScheduleSpec { start_at: Some(MAX_TIME_MS), end_at: Some(MAX_TIME_MS), ..base };
+    let t = latest.timing("id", 0).unwrap();
+    assert_eq!(t.at_or_after(0), Some(MAX_TIME_MS));
+    assert_eq!(t.next_after(MAX_TIME_MS), None);
+    assert_eq!(t.due(MAX_TIME_MS, MAX_TIME_MS, 10).fires.len(), 1);
 }
 
 #[test]
