@@ -362,7 +362,7 @@ async fn a_setsid_grandchild_does_not_outlive_its_job() {
     let pid: i32 =
         String::from_utf8_lossy(s.output.as_deref().unwrap_or_default()).trim().parse().expect("the stray's pid");
     let alive =
-        |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with("sleep\0300"));
+        |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with("sleep\x00300"));
     let gone = common::wait_for(Duration::from_secs(5), async || (!alive(pid)).then_some(())).await;
     if gone.is_none() {
         // SAFETY: kill(2) of the stray this test's job started, so the test leaves nothing behind.

@@ -290,7 +290,8 @@ async fn attempt(spec: &Spec, ctx: &JobContext) -> HandlerResult {
     }
     let strays = killed.iter().filter(|p| **p != pid).count();
     tracing::debug!(job_id = %ctx.job.job_id, peak_memory = peak, cpu_ms, strays, "process attempt ended");
-    if !stderr_tail.trim().is_empty() && !(status.success() && hit.is_none()) {
+    let failed = hit.is_some() || !status.success();
+    if failed && !stderr_tail.trim().is_empty() {
         tracing::info!(job_id = %ctx.job.job_id, tenant = %ctx.job.tenant, stderr = %stderr_tail.trim(), "stderr of a failed process attempt");
     }
     let end = ChildEnd {
