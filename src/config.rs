@@ -91,6 +91,22 @@ pub struct Config {
     /// Bounds of debounce windows (`[debounce]`): open ones per tenant, a job's payload.
     #[serde(default)]
     pub debounce: crate::core::unique::DebounceConfig,
+    /// The sandbox of `process` jobs (`[sandbox]`): where attempts' private directories
+    /// live and which confinements a worker must have to start.
+    #[serde(default)]
+    pub sandbox: SandboxConfig,
+}
+
+/// `[sandbox]`: docs/process-jobs.md, "The sandbox".
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SandboxConfig {
+    /// Root of the attempts' private directories (default: the system's temporary
+    /// directory); on Kubernetes an `emptyDir` with a size limit.
+    pub dir: Option<String>,
+    /// Confinements a worker running `process` jobs refuses to start without
+    /// (`"cgroup"`, `"uid"`, `"network"`).
+    pub require: Vec<crate::core::sandbox::Confinement>,
 }
 
 /// Limits of flow-control keys (`core::flow`): per key here, or per job type with
@@ -558,6 +574,14 @@ pub struct JobTypeConfig {
     /// handler = "process": time between SIGTERM (cancel, drain, stuck) and SIGKILL.
     #[serde(default)]
     pub kill_grace: Option<crate::core::retry::DurationMs>,
+    /// handler = "process": the child keeps the worker's network (default: a network
+    /// namespace without network, where the host allows one).
+    #[serde(default)]
+    pub network: bool,
+    /// handler = "process": the tail of the child's stderr goes into the error tenants
+    /// read (default: only into the worker's log; a program may print its config).
+    #[serde(default)]
+    pub stderr_in_error: bool,
     /// HTTP executor: follow up to 5 redirects (off by default: a redirect answers
     /// `permanent`, so a job type's endpoint cannot send fairway elsewhere).
     #[serde(default)]
@@ -799,7 +823,7 @@ impl Config {
     /// The limits of a `process` job type's attempts: its own over its pool's.
     pub fn limits(&self, job_type: &str, pool: Pool) -> crate::core::limits::Limits {
         let jt = self.job_types.get(job_type).map(|t| t.limits).unwrap_or_default();
-        jt.or(self.pool(pool).limits)
+        jt.or(self.pool(pool).limits).or(crate::core::limits::PROCESS_DEFAULTS)
     }
     /// `stuck_after` of a job type in a pool: its own, else the pool's.
     pub fn stuck_after(&self, job_type: &str, pool: Pool) -> Option<crate::core::retry::DurationMs> {

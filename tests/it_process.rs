@@ -3,7 +3,10 @@
 //! tenant's jobs on the same worker succeed; a CPU spinner dies at its CPU limit and a
 //! silent sleeper at `stuck_after`; the recycling cap holds one tenant while another
 //! runs; the Python example resumes from its checkpoint after a hand-off and gets
-//! SIGTERM on cancel; the Node example runs. Fixtures: tests/fixtures/process/, examples/.
+//! SIGTERM on cancel; the Node example runs. The sandbox's attacks (a fork tree over the
+//! memory limit, a `setsid` stray, a control line without end, a fork bomb, reading the
+//! worker's environ or a sibling's /proc fds, kill(-1)) each end in their own job while
+//! another tenant's jobs on the worker succeed. Fixtures: tests/fixtures/process/, examples/.
 
 mod common;
 
@@ -17,8 +20,12 @@ use std::time::Duration;
 
 const MANIFEST: &str = env!("CARGO_MANIFEST_DIR");
 
-/// The real interpreter (pyenv shims need variables the allow-list does not pass on).
+/// The real interpreter (pyenv shims need variables the allow-list does not pass on),
+/// one the attempts' own uids can run (the system's; a pyenv under /root is private).
 fn python() -> String {
+    if std::path::Path::new("/usr/bin/python3").exists() {
+        return "/usr/bin/python3".into();
+    }
     let out = std::process::Command::new("python3")
         .args(["-c", "import sys; print(sys.executable)"])
         .output()
@@ -73,7 +80,8 @@ async fn a_memory_hog_is_dead_lettered_as_resource_after_one_retry_while_another
     let err = dl.last_error.clone().unwrap_or_default();
     assert!(err.contains("memory limit 64MiB exceeded (peak "), "the limit and the peak: {err}");
     assert!(dl.reason.starts_with("resource:"), "{}", dl.reason);
-    assert_eq!(stats["pool"]["process_enforcement"], "rlimit", "stats say which enforcement is in force: {stats}");
+    let said = fairway::handlers::process::Enforcement::current().name();
+    assert_eq!(stats["pool"]["process_enforcement"], said.as_str(), "stats say which enforcement is in force: {stats}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -188,7 +196,7 @@ async fn the_python_example_resumes_from_its_checkpoint_after_a_sigterm_hand_off
     let extra = format!(
         "[pools.long]\nslots = 4\nheartbeat_interval = \"1s\"\ndrain_timeout = \"0s\"\n\
          [job_types.steps]\npool = \"long\"\nhandler = \"process\"\ncommand = [\"{}\", \"{MANIFEST}/examples/python/steps.py\"]\n\
-         kill_grace = \"5s\"\ntimeout = \"2min\"\n\
+         kill_grace = \"5s\"\ntimeout = \"2min\"\nstderr_in_error = true\n\
          [job_types.words]\npool = \"long\"\nhandler = \"process\"\ncommand = [\"node\", \"{MANIFEST}/examples/node/wordcount.js\"]\nenv = [\"PATH\"]\n",
         python()
     );
@@ -252,4 +260,139 @@ async fn the_python_example_resumes_from_its_checkpoint_after_a_sigterm_hand_off
     assert_eq!((out["words"].as_u64(), out["job_id"].as_str()), (Some(5), Some(words.as_str())), "{out}");
     let r = &results.get(&empty).expect("the empty Node job ended")[0];
     assert_eq!((r.status, r.failure_class), (JobStatus::Failed, Some(FailureClass::Permanent)), "exit 65: {r:?}");
+}
+
+/// Runs `attacks` (job type name, misbehave mode, extra settings) of tenant "globex"
+/// beside 20 quick jobs of tenant "hooli" on one worker; the attacks' results, and
+/// asserts the quick jobs all succeeded and no attempt cgroup is left.
+async fn beside_quick_jobs(
+    attacks: &[(&str, &str, &str)],
+) -> std::collections::HashMap<String, fairway::model::JobResult> {
+    let mut extra = "[pools.short]\nslots = 8\nheartbeat_interval = \"1s\"\n".to_string();
+    for (name, mode, more) in attacks {
+        let once = "retry = { resource = { max_attempts = 1 }, app_error = { max_attempts = 1 } }\ntimeout = \"40s\"";
+        extra += &misbehave(name, "short", mode, &format!("{more}\n{once}"));
+    }
+    extra += &misbehave("quick", "short", "noop", "limits = { memory = \"64MiB\" }");
+    extra += &misbehave("victim", "short", "victim", "");
+    let cfg = Arc::new(common::config(&extra));
+    common::init(&cfg).await;
+    let w = start(&cfg, &[Pool::Short]).await;
+    let sub = Submitter::new(cfg.clone(), None).unwrap();
+    let mut ids = Vec::new();
+    for (name, _, _) in attacks {
+        ids.push((
+            name.to_string(),
+            sub.submit(&common::new_job("globex", name, serde_json::Value::Null)).await.unwrap().job_id,
+        ));
+    }
+    let victim = sub.submit(&common::new_job("hooli", "victim", serde_json::json!("still here"))).await.unwrap().job_id;
+    let mut quick = vec![victim.clone()];
+    for i in 0..20 {
+        quick.push(
+            sub.submit(&common::new_job("hooli", "quick", serde_json::json!(format!("job {i}")))).await.unwrap().job_id,
+        );
+    }
+    let attack_ids: Vec<String> = ids.iter().map(|(_, id)| id.clone()).collect();
+    let all: Vec<String> = attack_ids.iter().chain(&quick).cloned().collect();
+    let results = common::results_for(&cfg, &all, Duration::from_secs(60)).await;
+    w.stop().await;
+    for id in &quick {
+        let r = &results.get(id).unwrap_or_else(|| panic!("another tenant's job {id} finished"))[0];
+        assert_eq!(r.status, JobStatus::Succeeded, "another tenant's job beside the attacks: {r:?}");
+    }
+    assert_eq!(results[&victim][0].output.as_deref(), Some(&b"still here"[..]), "the victim's own output");
+    assert_eq!(leftover_cgroups(), Vec::<String>::new(), "no attempt cgroup is left");
+    ids.into_iter().map(|(name, id)| (name, results[&id][0].clone())).collect()
+}
+
+/// This process's attempt cgroups still present (v1 memory hierarchy or v2).
+fn leftover_cgroups() -> Vec<String> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let mut dirs = Vec::new();
+    for l in own.lines() {
+        let mut f = l.splitn(3, ':');
+        let (_, list, rel) = (f.next(), f.next().unwrap_or(""), f.next().unwrap_or(""));
+        let mount = match list {
+            "memory" => "/sys/fs/cgroup/memory",
+            "pids" => "/sys/fs/cgroup/pids",
+            "" => "/sys/fs/cgroup",
+            _ => continue,
+        };
+        dirs.push(std::path::Path::new(mount).join(rel.trim_start_matches('/')));
+    }
+    let prefix = format!("fairway-{}-", std::process::id());
+    dirs.iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&prefix))
+        .collect()
+}
+
+fn error(r: &fairway::model::JobResult) -> String {
+    r.error.clone().unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tree_limits_end_a_fork_tree_a_fork_bomb_and_an_endless_control_line_as_resource() {
+    let r = beside_quick_jobs(&[
+        ("forktree", "forktree", "limits = { memory = \"96MiB\" }"),
+        ("forkbomb", "forkbomb", "limits = { processes = 32 }"),
+        ("endless", "endless_control", ""),
+    ])
+    .await;
+    let f = &r["forktree"];
+    assert_eq!((f.status, f.failure_class), (JobStatus::Failed, Some(FailureClass::Resource)), "{f:?}");
+    assert!(error(f).contains("memory limit 96MiB exceeded"), "the tree's memory, not the leader's: {f:?}");
+    let b = &r["forkbomb"];
+    assert_eq!((b.status, b.failure_class), (JobStatus::Failed, Some(FailureClass::Resource)), "{b:?}");
+    assert!(error(b).contains("processes limit 32 reached"), "{b:?}");
+    let e = &r["endless"];
+    assert_eq!((e.status, e.failure_class), (JobStatus::Failed, Some(FailureClass::Resource)), "{e:?}");
+    assert!(error(e).contains("control line longer than 64KiB"), "{e:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_setsid_grandchild_does_not_outlive_its_job() {
+    let r = beside_quick_jobs(&[("stray", "stray", "")]).await;
+    let s = &r["stray"];
+    assert_eq!(s.status, JobStatus::Succeeded, "{s:?}");
+    let pid: i32 =
+        String::from_utf8_lossy(s.output.as_deref().unwrap_or_default()).trim().parse().expect("the stray's pid");
+    let alive =
+        |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with("sleep\x00300"));
+    let gone = common::wait_for(Duration::from_secs(5), async || (!alive(pid)).then_some(())).await;
+    if gone.is_none() {
+        // SAFETY: kill(2) of the stray this test's job started, so the test leaves nothing behind.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    assert!(gone.is_some(), "the job's setsid grandchild {pid} is gone after its attempt");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_child_cannot_read_the_worker_or_a_sibling_reach_the_broker_or_signal_others() {
+    let r = beside_quick_jobs(&[
+        ("read_worker", "read_worker", ""),
+        ("read_sibling", "read_sibling", ""),
+        ("kill_all", "kill_all", ""),
+        ("connect", &format!("connect:{}", common::brokers()), ""),
+    ])
+    .await;
+    let out = |name: &str| String::from_utf8_lossy(r[name].output.as_deref().unwrap_or_default()).into_owned();
+    assert_eq!(r["read_worker"].status, JobStatus::Succeeded, "{:?}", r["read_worker"]);
+    assert!(out("read_worker").starts_with("refused /proc/"), "the worker's environ: {}", out("read_worker"));
+    assert_eq!(r["read_sibling"].status, JobStatus::Succeeded, "{:?}", r["read_sibling"]);
+    let lines: Vec<String> = out("read_sibling").lines().map(String::from).collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(
+        lines.iter().all(|l| l.starts_with("refused /proc/")),
+        "another tenant's child's fd 3 and environ: {lines:?}"
+    );
+    // kill(-1) signals every process the caller may signal but itself: with a uid of its
+    // own that is nothing (the victim and the quick jobs succeeded, checked above).
+    assert_eq!(r["kill_all"].status, JobStatus::Succeeded, "{:?}", r["kill_all"]);
+    assert_eq!(out("kill_all"), "alive after kill(-1)\n", "not run as root");
+    assert!(out("connect").starts_with("refused "), "no network without network = true: {}", out("connect"));
 }

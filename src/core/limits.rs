@@ -93,7 +93,38 @@ pub struct Limits {
     pub open_files: Option<u64>,
     /// Bytes the child may write to stdout (its output).
     pub output: Option<Bytes>,
+    /// Processes and threads of the attempt's whole tree at once (cgroup `pids.max`;
+    /// `RLIMIT_NPROC` of the attempt's uid where cgroups are unavailable).
+    pub processes: Option<u64>,
 }
+
+/// Limits every `process` job type gets where neither it nor its pool sets one: a job
+/// type with no limits must not be able to take the worker's memory or pid space.
+pub const PROCESS_DEFAULTS: Limits = Limits {
+    memory: Some(Bytes(512 << 20)),
+    cpu_time: None,
+    wall_time: None,
+    open_files: Some(1024),
+    output: None,
+    processes: Some(128),
+};
+
+/// Longest control line (fd 3) a child may write; past it the attempt is killed as
+/// `resource` (the worker must not buffer a line without end).
+pub const CONTROL_LINE_MAX: Bytes = Bytes(64 << 10);
+
+/// The rlimits standing in for the tree limits where the worker has no cgroups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Fallback {
+    /// `RLIMIT_NPROC` of the attempt's own uid (ignored by the kernel for root).
+    pub nproc: Option<u64>,
+    /// `RLIMIT_AS` per process: the memory limit times `AS_FACTOR` (address space is
+    /// not memory: runtimes reserve far more than they touch, so it only stops the wildest).
+    pub address_space: Option<u64>,
+}
+
+/// Address space allowed per memory byte under `Fallback`.
+pub const AS_FACTOR: u64 = 4;
 
 impl Limits {
     /// These limits, each absent one taken from `fallback` (the pool's).
@@ -104,7 +135,13 @@ impl Limits {
             wall_time: self.wall_time.or(fallback.wall_time),
             open_files: self.open_files.or(fallback.open_files),
             output: self.output.or(fallback.output),
+            processes: self.processes.or(fallback.processes),
         }
+    }
+
+    /// The rlimits that stand in for the cgroup limits on a worker without cgroups.
+    pub fn fallback(&self) -> Fallback {
+        Fallback { nproc: self.processes, address_space: self.memory.map(|m| m.0.saturating_mul(AS_FACTOR)) }
     }
 
     /// The output cap in force: the `output` limit, never above `max_payload_bytes`
@@ -124,6 +161,7 @@ impl Limits {
             Limits { wall_time: Some(DurationMs(d)), .. } if *d <= 0 => zero("wall_time"),
             Limits { open_files: Some(0), .. } => zero("open_files"),
             Limits { output: Some(Bytes(0)), .. } => zero("output"),
+            Limits { processes: Some(0), .. } => zero("processes"),
             _ => Ok(()),
         }
     }
@@ -132,10 +170,28 @@ impl Limits {
 /// A limit the executor saw crossed (and killed the child for), with the peak measured.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum LimitHit {
-    Memory { limit: Bytes, peak: Bytes },
-    CpuTime { limit: DurationMs, used: DurationMs },
-    WallTime { limit: DurationMs },
-    Output { limit: Bytes },
+    Memory {
+        limit: Bytes,
+        peak: Bytes,
+    },
+    CpuTime {
+        limit: DurationMs,
+        used: DurationMs,
+    },
+    WallTime {
+        limit: DurationMs,
+    },
+    Output {
+        limit: Bytes,
+    },
+    /// The tree asked for more processes than `processes` allows (a fork was refused).
+    Processes {
+        limit: u64,
+    },
+    /// A control line longer than `CONTROL_LINE_MAX`.
+    Control {
+        limit: Bytes,
+    },
 }
 
 impl LimitHit {
@@ -145,6 +201,8 @@ impl LimitHit {
             LimitHit::CpuTime { .. } => "cpu_time",
             LimitHit::WallTime { .. } => "wall_time",
             LimitHit::Output { .. } => "output",
+            LimitHit::Processes { .. } => "processes",
+            LimitHit::Control { .. } => "control_line",
         }
     }
 
@@ -154,7 +212,28 @@ impl LimitHit {
             LimitHit::CpuTime { limit, used } => format!("cpu_time limit {limit} exceeded (used {used})"),
             LimitHit::WallTime { limit } => format!("wall_time limit {limit} exceeded"),
             LimitHit::Output { limit } => format!("output limit {limit} exceeded (more was written to stdout)"),
+            LimitHit::Processes { limit } => format!("processes limit {limit} reached (a fork was refused)"),
+            LimitHit::Control { limit } => format!("control line longer than {limit} on fd 3"),
         }
+    }
+}
+
+/// What the attempt's cgroup counted (None where the worker has no cgroups).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TreeCounts {
+    /// Processes the kernel's OOM killer ended in the tree (it was over `memory`).
+    pub oom_kills: u64,
+    /// Forks refused at `processes`.
+    pub forks_refused: u64,
+}
+
+/// The limit a tree's counters say was crossed, if any (memory first: an OOM kill
+/// also ends processes, a refused fork does not).
+pub fn tree_hit(limits: &Limits, counts: TreeCounts, peak: Bytes) -> Option<LimitHit> {
+    match (limits.memory, limits.processes) {
+        (Some(limit), _) if counts.oom_kills > 0 => Some(LimitHit::Memory { limit, peak }),
+        (_, Some(limit)) if counts.forks_refused > 0 => Some(LimitHit::Processes { limit }),
+        _ => None,
     }
 }
 
@@ -289,6 +368,30 @@ mod tests {
         let mut e = end(None, Some(SIGKILL));
         e.cpu_limit = Some(DurationMs(1_000));
         assert!(matches!(verdict(&e), Verdict::Failed { class: FailureClass::AppError, .. }), "under the limit");
+    }
+
+    #[test]
+    fn tree_counters_name_the_limit_memory_first() {
+        let limits = Limits { memory: Some(Bytes(64 << 20)), processes: Some(8), ..Limits::default() };
+        let peak = Bytes(64 << 20);
+        assert_eq!(tree_hit(&limits, TreeCounts::default(), peak), None);
+        let both = TreeCounts { oom_kills: 1, forks_refused: 3 };
+        assert_eq!(tree_hit(&limits, both, peak), Some(LimitHit::Memory { limit: Bytes(64 << 20), peak }));
+        let forks = TreeCounts { oom_kills: 0, forks_refused: 3 };
+        assert_eq!(tree_hit(&limits, forks, peak), Some(LimitHit::Processes { limit: 8 }));
+        assert_eq!(tree_hit(&Limits::default(), both, peak), None, "no limit, no hit");
+    }
+
+    #[test]
+    fn defaults_fill_what_neither_type_nor_pool_sets_and_fallback_rlimits_follow() {
+        let l = Limits { memory: Some(Bytes(64 << 20)), ..Limits::default() }.or(PROCESS_DEFAULTS);
+        assert_eq!((l.memory, l.processes), (Some(Bytes(64 << 20)), Some(128)));
+        assert_eq!(l.fallback(), Fallback { nproc: Some(128), address_space: Some(256 << 20) });
+        let m = verdict(&ChildEnd { hit: Some(LimitHit::Control { limit: CONTROL_LINE_MAX }), ..end(None, Some(9)) });
+        assert!(
+            matches!(m, Verdict::Failed { class: FailureClass::Resource, ref message, .. } if message.contains("64KiB")),
+            "{m:?}"
+        );
     }
 
     #[test]

@@ -19,6 +19,7 @@
 //! | `promotion` | scheduled jobs: submission-time jitter and the promoter's pace |
 //! | `recurring`, `unique` | recurring schedules (fire times, DST, catch-up); unique jobs and debounce |
 //! | `limits`, `recycling`, `stuck` | `process` jobs' limits and exit verdicts, the recycling cap, the stuck-job rule |
+//! | `sandbox`, `checkpoint_pace` | a `process` attempt's private directory name, uids and required confinements; checkpoint writes coalesced |
 //! | `vitals` | whether a worker can still make progress, and when it must give up |
 //! | `outcomes` | outcomes in flight: how many, and how many bytes, before no job starts |
 //! | `frontier`, `finished` | skipping the effectively-once read; where a finished record lives |
@@ -33,6 +34,7 @@ pub mod auth;
 pub mod backlog;
 pub mod breaker;
 pub mod buffer;
+pub mod checkpoint_pace;
 pub mod classifier;
 pub mod console;
 pub mod events;
@@ -54,6 +56,7 @@ pub mod recycling;
 pub mod replay;
 pub mod rerun;
 pub mod retry;
+pub mod sandbox;
 pub mod scheduler;
 pub mod stuck;
 pub mod tenants;

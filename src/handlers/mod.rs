@@ -296,8 +296,18 @@ impl Registry {
         cfg: &crate::config::Config,
         mut custom: HashMap<String, Arc<dyn Handler>>,
     ) -> Result<Self, String> {
-        let enforcement = process::Enforcement::current();
         use crate::config::HandlerKind as K;
+        if cfg.job_types.values().any(|jt| jt.handler == K::Process) {
+            let unavailable = process::Enforcement::current().unavailable();
+            let missing = crate::core::sandbox::missing(&cfg.sandbox.require, &unavailable);
+            if !missing.is_empty() {
+                let said: Vec<String> = missing.iter().map(|(c, why)| format!("{}: {why}", c.name())).collect();
+                return Err(format!(
+                    "sandbox.require: this worker cannot confine process jobs as required ({}); run it where these are available or remove them from sandbox.require",
+                    said.join("; ")
+                ));
+            }
+        }
         let mut handlers: HashMap<String, Arc<dyn Handler>> = HashMap::new();
         for (name, jt) in &cfg.job_types {
             let h: Arc<dyn Handler> = match jt.handler {
@@ -318,7 +328,7 @@ impl Registry {
                         e => format!("job_types.{name}: {e}"),
                     })?,
                 ),
-                K::Process => Arc::new(ProcessExecutor::new(process::Spec::from_config(cfg, name, enforcement)?)),
+                K::Process => Arc::new(ProcessExecutor::new(process::Spec::from_config(cfg, name)?)),
                 K::Custom => custom.remove(name).ok_or_else(|| {
                     format!("job_types.{name}.handler is \"custom\" but no Rust handler was registered under {name:?}")
                 })?,

@@ -426,8 +426,9 @@ impl Worker {
         )));
         tracing::info!(%worker_id, ?pools, ?policy, "worker started");
         if shared.iter().any(|s| s.runs_processes()) {
+            crate::handlers::process::confine_worker();
             let e = crate::handlers::process::Enforcement::current();
-            tracing::info!(enforcement = e.name(), "process job limits: {}", e.describe());
+            tracing::info!(enforcement = %e.name(), "process job sandbox: {}", e.describe());
         }
         Ok(Worker { worker_id, probes, shutdown: tx, halt, pool_tasks, tasks, shared, watch: vitals })
     }

@@ -1,43 +1,52 @@
 //! The `process` executor: each attempt of a job type with `handler = "process"` runs
-//! its `command` as a child process, isolated from the worker by limits
-//! (`core::limits`, enforced as `sandbox` says). The payload goes to the child's stdin,
-//! its stdout (capped) is the output, the tail of its stderr goes into the error; its
-//! exit code is its verdict. The job's identity and a checkpoint file path are in its
-//! environment; it reports progress, checkpoints and heartbeats as lines on fd 3. The
-//! protocol is in docs/process-jobs.md.
+//! its `command` as a child process in a sandbox (`sandbox`, `cgroup`): its own cgroup
+//! (memory and processes limits over its whole tree, killed whole when the attempt
+//! ends), its own uid, no network unless the job type needs it, a private directory.
+//! The payload goes to the child's stdin, its stdout (capped) is the output, the tail
+//! of its stderr goes to the worker's log (and into the error if the job type opts in);
+//! its exit code is its verdict. The job's identity and a checkpoint file path are in
+//! its environment; it reports progress, checkpoints and heartbeats as lines on fd 3
+//! (`control`). The protocol is in docs/process-jobs.md.
 //!
 //! Cancel, drain (hand-off) and the stuck detector send SIGTERM to the child's process
 //! group, then SIGKILL after `kill_grace`. A job dropped by the worker (aborted) takes its
-//! child's group with it.
+//! child's group with it; the end of every attempt takes its whole cgroup.
 
+mod cgroup;
+mod control;
+mod reaper;
 mod sandbox;
 
-pub use sandbox::{Enforcement, CONTROL_FD};
+pub use sandbox::{confine_worker, Enforcement, CONTROL_FD};
 
 use super::{Handler, HandlerError, HandlerResult, JobContext, JobLive};
 use crate::config::Config;
+use crate::core::checkpoint_pace::CheckpointPace;
 use crate::core::limits::{self, Bytes, ChildEnd, LimitHit, Limits, Verdict};
 use crate::core::retry::DurationMs;
 use futures::future::BoxFuture;
 use futures::FutureExt;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// Bytes of stderr kept (its tail goes into the error message).
+/// Bytes of stderr kept (its tail goes to the log, and into the error if opted in).
 const STDERR_TAIL: usize = 2048;
 /// How long the worker waits for a child's last control lines and output after it exits
-/// (a grandchild that keeps the pipes open must not hold the slot).
+/// (a grandchild that keeps the pipes open must not hold the slot where no cgroup kills it).
 const AFTER_EXIT: Duration = Duration::from_secs(2);
 
 /// Everything an attempt needs, fixed at start-up from the job type's configuration.
 #[derive(Debug, Clone)]
 pub struct Spec {
     pub argv: Vec<String>,
+    /// The working directory; the attempt's private directory when None.
     pub cwd: Option<PathBuf>,
     /// The allow-listed variables of the worker's environment, as they were at start-up.
     pub env: Vec<(String, String)>,
@@ -47,12 +56,16 @@ pub struct Spec {
     /// Largest checkpoint accepted from the child (`worker.max_payload_bytes`).
     pub max_checkpoint: u64,
     pub kill_grace: Duration,
-    /// Where checkpoint files live (one per running job, removed after the attempt).
-    pub checkpoint_dir: PathBuf,
+    /// Where the attempts' private directories live (`[sandbox] dir`).
+    pub sandbox_root: PathBuf,
+    /// The child keeps the worker's network (else: a namespace of its own where possible).
+    pub network: bool,
+    /// The tail of stderr goes into the error (else only into the worker's log).
+    pub stderr_in_error: bool,
 }
 
 impl Spec {
-    pub fn from_config(cfg: &Config, job_type: &str, _enforcement: &Enforcement) -> Result<Spec, String> {
+    pub fn from_config(cfg: &Config, job_type: &str) -> Result<Spec, String> {
         let jt = cfg.job_types.get(job_type).ok_or_else(|| format!("job_types.{job_type}: no such job type"))?;
         let limits = cfg.limits(job_type, jt.pool);
         // Checked where the job runs (a submitter's copy of the config need not have it).
@@ -65,6 +78,7 @@ impl Spec {
         if argv.is_empty() {
             return Err(format!("job_types.{job_type}.command: handler = \"process\" needs a command"));
         }
+        let root = cfg.sandbox.dir.as_ref().map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
         Ok(Spec {
             argv,
             cwd: jt.cwd.as_ref().map(PathBuf::from),
@@ -73,7 +87,9 @@ impl Spec {
             output_cap: limits.output_cap(cfg.worker.max_payload_bytes),
             max_checkpoint: cfg.worker.max_payload_bytes as u64,
             kill_grace: cfg.kill_grace(job_type),
-            checkpoint_dir: std::env::temp_dir().join(format!("fairway-checkpoints-{}", std::process::id())),
+            sandbox_root: root.join(format!("fairway-sandboxes-{}", std::process::id())),
+            network: jt.network,
+            stderr_in_error: jt.stderr_in_error,
         })
     }
 }
@@ -96,46 +112,144 @@ impl Handler for ProcessExecutor {
     }
 }
 
-/// Kills the child's process group if the attempt is dropped before the child ended.
-struct GroupGuard {
+/// One attempt's confinement: its directory, uid and cgroup. Dropping it (the attempt
+/// aborted by the worker) kills what is left of the child's process group and cgroup.
+struct Confined {
+    dir: PathBuf,
+    checkpoint_file: PathBuf,
+    uid: Option<sandbox::UidLease>,
+    tree: Option<cgroup::Tree>,
     pgid: u32,
     ended: bool,
 }
 
-impl Drop for GroupGuard {
+impl Confined {
+    /// A private 0700 directory (owned by the attempt's uid), its uid and its cgroup.
+    fn new(spec: &Spec, ctx: &JobContext) -> Result<Confined, HandlerError> {
+        let enforcement = Enforcement::current();
+        let io = |what: &str, e: std::io::Error| {
+            HandlerError::dependency(format!("cannot prepare the sandbox ({what}): {e}"))
+        };
+        std::fs::create_dir_all(&spec.sandbox_root).map_err(|e| io("root", e))?;
+        // Others may pass through the root to their own directory, not list it.
+        std::fs::set_permissions(&spec.sandbox_root, std::fs::Permissions::from_mode(0o711))
+            .map_err(|e| io("root", e))?;
+        let dir = spec.sandbox_root.join(crate::core::sandbox::dir_name(&ctx.job.job_id, ctx.attempt.max(0) as u32));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).map_err(|e| io("directory", e))?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(|e| io("directory", e))?;
+        let uid = enforcement.take_uid();
+        if let Some(u) = &uid {
+            std::os::unix::fs::chown(&dir, Some(u.uid), Some(u.uid)).map_err(|e| io("owner", e))?;
+        }
+        let tree = match &enforcement.tree {
+            Ok(h) => Some(
+                h.create(cgroup::TreeLimits {
+                    memory: spec.limits.memory.map(|m| m.0),
+                    processes: spec.limits.processes,
+                })
+                .map_err(|e| io("cgroup", e))?,
+            ),
+            Err(_) => None,
+        };
+        let checkpoint_file = dir.join("checkpoint");
+        Ok(Confined { dir, checkpoint_file, uid, tree, pgid: 0, ended: false })
+    }
+
+    /// What the child applies to itself before exec.
+    fn child_setup(&self, spec: &Spec) -> sandbox::ChildSetup {
+        let enforcement = Enforcement::current();
+        sandbox::ChildSetup {
+            cpu_secs: spec.limits.cpu_time.map(|d| (d.0.max(1) as u64).div_ceil(1000)),
+            open_files: spec.limits.open_files,
+            fallback: self.fallback(spec),
+            join: self.tree.as_ref().map(|t| t.join_files()).unwrap_or_default(),
+            uid: self.uid.as_ref().map(|u| u.uid),
+            netns: enforcement.netns.as_ref().ok().filter(|_| !spec.network).map(|fd| fd.as_raw_fd()),
+        }
+    }
+
+    /// The rlimits standing in for a missing cgroup. RLIMIT_NPROC counts every process
+    /// of the uid: only set where the attempt has a uid of its own (else it would count
+    /// the worker's threads and the other attempts' processes).
+    fn fallback(&self, spec: &Spec) -> crate::core::limits::Fallback {
+        if self.tree.is_some() {
+            return Default::default();
+        }
+        let f = spec.limits.fallback();
+        crate::core::limits::Fallback { nproc: f.nproc.filter(|_| self.uid.is_some()), ..f }
+    }
+
+    /// Kills everything the attempt started: the whole cgroup (or the process group where
+    /// there is none), then reaps the orphans it leaves.
+    async fn end(&mut self) -> Vec<u32> {
+        self.ended = true;
+        let killed = match &self.tree {
+            Some(tree) => tree.kill_all().await,
+            None => {
+                sandbox::signal_group(self.pgid, libc::SIGKILL);
+                Vec::new()
+            }
+        };
+        reaper::sweep();
+        killed
+    }
+}
+
+impl Drop for Confined {
     fn drop(&mut self) {
+        if self.pgid != 0 {
+            reaper::leader_done(self.pgid);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
         if !self.ended {
             sandbox::signal_group(self.pgid, libc::SIGKILL);
+        }
+        let Some(tree) = self.tree.take() else { return };
+        // Ended, or never started: nothing left in it.
+        if self.ended || self.pgid == 0 {
+            tree.remove();
+            return;
+        }
+        // Aborted: the tree's kill takes a few passes, which a drop cannot await; its uid
+        // is free again only once they are done.
+        let uid = self.uid.take();
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move {
+                    tree.kill_all().await;
+                    tree.remove();
+                    reaper::sweep();
+                    drop(uid);
+                });
+            }
+            Err(_) => tree.remove(),
         }
     }
 }
 
-/// One attempt: spawn, feed, watch, collect, judge.
+/// One attempt: confine, spawn, feed, watch, kill what is left, collect, judge.
 async fn attempt(spec: &Spec, ctx: &JobContext) -> HandlerResult {
-    let job = &ctx.job;
-    let checkpoint_file = spec.checkpoint_dir.join(format!("{}.ckpt", job.job_id));
-    prepare_checkpoint(ctx, &spec.checkpoint_dir, &checkpoint_file).await?;
+    let mut confined = Confined::new(spec, ctx)?;
+    prepare_checkpoint(ctx, &confined).await?;
     let (control_read, control_write) = sandbox::control_pipe()
         .map_err(|e| HandlerError::dependency(format!("cannot create the control pipe: {e}")))?;
-    let mut cmd = command(spec, ctx, &checkpoint_file);
-    let child_limits = sandbox::ChildLimits {
-        cpu_secs: spec.limits.cpu_time.map(|d| (d.0.max(1) as u64).div_ceil(1000)),
-        open_files: spec.limits.open_files,
-    };
+    let mut cmd = command(spec, ctx, &confined);
+    let setup = confined.child_setup(spec);
     // SAFETY: the closure only makes async-signal-safe syscalls (see `sandbox::in_child`).
     unsafe {
-        cmd.pre_exec(move || sandbox::in_child(&control_write, child_limits));
+        cmd.pre_exec(move || sandbox::in_child(&control_write, &setup));
     }
-    let mut child = cmd.spawn().map_err(|e| {
+    let mut child = reaper::spawn_leader(&mut cmd).map_err(|e| {
         HandlerError::permanent(format!("cannot start {:?}: {e}; fix job_types.<type>.command", spec.argv[0]))
     })?;
     drop(cmd); // closes our copy of the control pipe's write end (moved into the closure)
     let pid = child.id().unwrap_or(0);
-    let mut guard = GroupGuard { pgid: pid, ended: false };
+    confined.pgid = pid;
     let control = tokio::net::unix::pipe::Receiver::from_owned_fd(control_read)
         .map_err(|e| HandlerError::dependency(format!("cannot read the control pipe: {e}")))?;
     let mut stdin = child.stdin.take().expect("piped stdin");
-    let payload = job.payload.clone();
+    let payload = ctx.job.payload.clone();
     tokio::spawn(async move {
         // A child that does not read its stdin closes it: not our problem.
         let _ = stdin.write_all(&payload).await;
@@ -144,22 +258,41 @@ async fn attempt(spec: &Spec, ctx: &JobContext) -> HandlerResult {
     let stdout =
         tokio::spawn(read_capped(child.stdout.take().expect("piped stdout"), spec.output_cap, overflow.clone()));
     let stderr = tokio::spawn(read_tail(child.stderr.take().expect("piped stderr")));
-    let mut lines = tokio::io::BufReader::new(control).lines();
-    let watched = watch(spec, ctx, &mut child, &mut lines, &overflow, pid).await;
-    guard.ended = true;
+    let mut lines = control::Lines::new(control);
+    let mut pace = CheckpointPace::default();
+    let mut x =
+        Watch { child: &mut child, lines: &mut lines, pace: &mut pace, confined: &confined, overflow: &overflow, pid };
+    let watched = watch(spec, ctx, &mut x).await;
+    let killed = confined.end().await;
     // Reports written just before the exit (the last checkpoint before a hand-off).
     let _ = tokio::time::timeout(AFTER_EXIT, async {
         while let Ok(Some(line)) = lines.next_line().await {
-            control_line(spec, ctx, &checkpoint_file, &line).await;
+            if let Some(state) = control_line(spec, ctx, &confined, &line).await {
+                pace.offer(crate::now_ms(), state);
+            }
         }
     })
     .await;
+    if let Some(state) = pace.flush() {
+        save_checkpoint(ctx, &state).await;
+    }
     let output = join_or_default(stdout).await;
-    let stderr_tail = join_or_default(stderr).await;
-    let _ = tokio::fs::remove_file(&checkpoint_file).await;
-    let Watched { status, mut hit, peak, cpu_ms, stopped } = watched?;
+    let stderr_tail = String::from_utf8_lossy(&join_or_default(stderr).await).into_owned();
+    let Watched { status, mut hit, mut peak, mut cpu_ms, stopped } = watched?;
+    if let Some(tree) = &confined.tree {
+        let usage = tree.usage();
+        peak = peak.max(usage.peak_bytes);
+        cpu_ms = cpu_ms.max(usage.cpu_ms);
+        hit = hit.or(limits::tree_hit(&spec.limits, usage.counts, Bytes(peak)));
+    }
     if overflow.load(Ordering::SeqCst) && hit.is_none() {
         hit = Some(LimitHit::Output { limit: Bytes(spec.output_cap) });
+    }
+    let strays = killed.iter().filter(|p| **p != pid).count();
+    tracing::debug!(job_id = %ctx.job.job_id, peak_memory = peak, cpu_ms, strays, "process attempt ended");
+    let failed = hit.is_some() || !status.success();
+    if failed && !stderr_tail.trim().is_empty() {
+        tracing::info!(job_id = %ctx.job.job_id, tenant = %ctx.job.tenant, stderr = %stderr_tail.trim(), "stderr of a failed process attempt");
     }
     let end = ChildEnd {
         code: status.code(),
@@ -168,11 +301,11 @@ async fn attempt(spec: &Spec, ctx: &JobContext) -> HandlerResult {
         cpu_used: DurationMs(cpu_ms),
         cpu_limit: spec.limits.cpu_time,
         peak_memory: Bytes(peak),
-        stderr_tail: String::from_utf8_lossy(&stderr_tail).into_owned(),
+        stderr_tail: if spec.stderr_in_error { stderr_tail } else { String::new() },
     };
+    drop(confined);
     judge(ctx.live(), &end, stopped, output)
 }
-
 /// The verdict on an ended child, told to the worker through the job's live state.
 fn judge(live: &JobLive, end: &ChildEnd, stopped: Option<&'static str>, output: Vec<u8>) -> HandlerResult {
     let verdict = limits::verdict(end);
@@ -191,13 +324,11 @@ fn judge(live: &JobLive, end: &ChildEnd, stopped: Option<&'static str>, output: 
 }
 
 /// The child's command line, environment and pipes (not yet spawned).
-fn command(spec: &Spec, ctx: &JobContext, checkpoint_file: &std::path::Path) -> tokio::process::Command {
+fn command(spec: &Spec, ctx: &JobContext, confined: &Confined) -> tokio::process::Command {
     let job = &ctx.job;
     let mut cmd = tokio::process::Command::new(&spec.argv[0]);
     cmd.args(&spec.argv[1..]).env_clear().envs(spec.env.iter().map(|(k, v)| (k, v)));
-    if let Some(dir) = &spec.cwd {
-        cmd.current_dir(dir);
-    }
+    cmd.current_dir(spec.cwd.as_deref().unwrap_or(&confined.dir));
     let (traceparent, tracestate) = ctx.trace_context();
     cmd.env("FAIRWAY_JOB_ID", &job.job_id)
         .env("FAIRWAY_TENANT", &job.tenant)
@@ -208,7 +339,9 @@ fn command(spec: &Spec, ctx: &JobContext, checkpoint_file: &std::path::Path) -> 
         .env("FAIRWAY_CRASH_COUNT", job.crash_count.to_string())
         .env("FAIRWAY_HANDOFF_COUNT", job.handoff_count.to_string())
         .env("FAIRWAY_REPLAY_COUNT", job.replay_count.to_string())
-        .env("FAIRWAY_CHECKPOINT_FILE", checkpoint_file)
+        .env("FAIRWAY_CHECKPOINT_FILE", &confined.checkpoint_file)
+        .env("FAIRWAY_SANDBOX_DIR", &confined.dir)
+        .env("TMPDIR", &confined.dir)
         .env("FAIRWAY_CONTROL_FD", CONTROL_FD.to_string());
     if let Some(tp) = traceparent {
         cmd.env("TRACEPARENT", tp);
@@ -220,21 +353,26 @@ fn command(spec: &Spec, ctx: &JobContext, checkpoint_file: &std::path::Path) -> 
     cmd
 }
 
-/// Writes the job's last checkpoint (if any) where the child will look for it.
-async fn prepare_checkpoint(
-    ctx: &JobContext,
-    dir: &std::path::Path,
-    file: &std::path::Path,
-) -> Result<(), HandlerError> {
+/// Writes the job's last checkpoint (if any) where the child will look for it, owned by
+/// the attempt's uid.
+async fn prepare_checkpoint(ctx: &JobContext, confined: &Confined) -> Result<(), HandlerError> {
     let io = |e: std::io::Error| HandlerError::dependency(format!("cannot prepare the checkpoint file: {e}"));
-    tokio::fs::create_dir_all(dir).await.map_err(io)?;
     match ctx.load_checkpoint().await {
-        Ok(Some(state)) => tokio::fs::write(file, state).await.map_err(io),
-        Ok(None) => match tokio::fs::remove_file(file).await {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(e)),
-            _ => Ok(()),
-        },
+        Ok(Some(state)) => {
+            tokio::fs::write(&confined.checkpoint_file, state).await.map_err(io)?;
+            if let Some(u) = &confined.uid {
+                std::os::unix::fs::chown(&confined.checkpoint_file, Some(u.uid), Some(u.uid)).map_err(io)?;
+            }
+            Ok(())
+        }
+        Ok(None) => Ok(()),
         Err(e) => Err(HandlerError::dependency(format!("cannot read the checkpoint: {e}"))),
+    }
+}
+
+async fn save_checkpoint(ctx: &JobContext, state: &[u8]) {
+    if let Err(e) = ctx.checkpoint(state).await {
+        tracing::warn!(job_id = %ctx.job.job_id, error = %e, "could not save the child's checkpoint");
     }
 }
 
@@ -248,18 +386,22 @@ struct Watched {
     stopped: Option<&'static str>,
 }
 
-/// Waits for the child while relaying its control lines and enforcing the limits the
-/// kernel does not: memory (watchdog), wall time, output size, stop requests.
-async fn watch(
-    spec: &Spec,
-    ctx: &JobContext,
-    child: &mut tokio::process::Child,
-    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::net::unix::pipe::Receiver>>,
-    overflow: &AtomicBool,
+/// What `watch` reads from and writes to while the child runs.
+struct Watch<'a> {
+    child: &'a mut tokio::process::Child,
+    lines: &'a mut control::Lines,
+    pace: &'a mut CheckpointPace,
+    confined: &'a Confined,
+    overflow: &'a AtomicBool,
     pid: u32,
-) -> Result<Watched, HandlerError> {
-    let checkpoint_file = spec.checkpoint_dir.join(format!("{}.ckpt", ctx.job.job_id));
+}
+
+/// Waits for the child while relaying its control lines and enforcing the limits the
+/// kernel does not: the tree's counters (or the leader's memory where there is no
+/// cgroup), CPU time of the tree, wall time, output size, control lines, stop requests.
+async fn watch(spec: &Spec, ctx: &JobContext, x: &mut Watch<'_>) -> Result<Watched, HandlerError> {
     let live = ctx.live();
+    let pid = x.pid;
     let wall = spec.limits.wall_time.map(|d| tokio::time::Instant::now() + Duration::from_millis(d.0 as u64));
     let mut tick = tokio::time::interval(sandbox::WATCH_INTERVAL);
     let mut w = Watched { status: std::process::ExitStatus::from_raw(0), hit: None, peak: 0, cpu_ms: 0, stopped: None };
@@ -273,28 +415,36 @@ async fn watch(
             }
         };
         tokio::select! {
-            status = child.wait() => {
+            status = x.child.wait() => {
                 w.status = status.map_err(|e| HandlerError::dependency(format!("cannot wait for the child: {e}")))?;
                 return Ok(w);
             }
-            line = lines.next_line(), if control_open => match line {
-                Ok(Some(line)) => control_line(spec, ctx, &checkpoint_file, &line).await,
-                _ => control_open = false,
+            line = x.lines.next_line(), if control_open => match line {
+                Ok(Some(line)) => {
+                    if let Some(state) = control_line(spec, ctx, x.confined, &line).await {
+                        if let Some(now) = x.pace.offer(crate::now_ms(), state) {
+                            save_checkpoint(ctx, &now).await;
+                        }
+                    }
+                }
+                Err(control::Overlong) => {
+                    control_open = false;
+                    kill_now(&mut w, LimitHit::Control { limit: limits::CONTROL_LINE_MAX });
+                }
+                Ok(None) => control_open = false,
             },
             _ = tokio::time::sleep_until(wall.unwrap_or_else(far_future)), if wall.is_some() && w.hit.is_none() => {
                 kill_now(&mut w, LimitHit::WallTime { limit: spec.limits.wall_time.unwrap_or_default() });
             }
             _ = tick.tick() => {
-                if let Some(s) = sandbox::sample(pid) {
-                    w.peak = w.peak.max(s.hwm_bytes).max(s.rss_bytes);
-                    w.cpu_ms = w.cpu_ms.max(s.cpu_ms);
-                    if let Some(limit) = spec.limits.memory.filter(|l| s.rss_bytes > l.0) {
-                        let peak = Bytes(w.peak);
-                        kill_now(&mut w, LimitHit::Memory { limit, peak });
-                    }
+                if let Some(hit) = sample(spec, x.confined, pid, &mut w) {
+                    kill_now(&mut w, hit);
                 }
-                if overflow.load(Ordering::SeqCst) {
+                if x.overflow.load(Ordering::SeqCst) {
                     kill_now(&mut w, LimitHit::Output { limit: Bytes(spec.output_cap) });
+                }
+                if let Some(state) = x.pace.due(crate::now_ms()) {
+                    save_checkpoint(ctx, &state).await;
                 }
                 if let (None, Some(why)) = (w.stopped, live.stop_reason()) {
                     w.stopped = Some(match why {
@@ -315,13 +465,35 @@ async fn watch(
     }
 }
 
+/// Reads the tree's (or, without a cgroup, the leader's) memory and CPU into `w`; the
+/// limit they say is crossed, if any.
+fn sample(spec: &Spec, confined: &Confined, pid: u32, w: &mut Watched) -> Option<LimitHit> {
+    let cpu_hit = |w: &Watched| {
+        spec.limits
+            .cpu_time
+            .filter(|l| w.cpu_ms > l.0)
+            .map(|limit| LimitHit::CpuTime { limit, used: DurationMs(w.cpu_ms) })
+    };
+    if let Some(tree) = &confined.tree {
+        let u = tree.usage();
+        w.peak = w.peak.max(u.peak_bytes);
+        w.cpu_ms = w.cpu_ms.max(u.cpu_ms);
+        return limits::tree_hit(&spec.limits, u.counts, Bytes(w.peak)).or_else(|| cpu_hit(w));
+    }
+    let s = sandbox::sample(pid)?;
+    w.peak = w.peak.max(s.hwm_bytes).max(s.rss_bytes);
+    w.cpu_ms = w.cpu_ms.max(s.cpu_ms);
+    spec.limits.memory.filter(|l| s.rss_bytes > l.0).map(|limit| LimitHit::Memory { limit, peak: Bytes(w.peak) })
+}
+
 fn far_future() -> tokio::time::Instant {
     tokio::time::Instant::now() + Duration::from_secs(86_400 * 365)
 }
 
-/// One control line from the child (docs/process-jobs.md):
-/// `progress <fraction> [message]`, `checkpoint [state]`, `heartbeat`.
-async fn control_line(spec: &Spec, ctx: &JobContext, checkpoint_file: &std::path::Path, line: &str) {
+/// One control line from the child (docs/process-jobs.md): `progress <fraction>
+/// [message]`, `checkpoint [state]`, `heartbeat`. A checkpoint's state is returned for
+/// the caller to pace.
+async fn control_line(spec: &Spec, ctx: &JobContext, confined: &Confined, line: &str) -> Option<Vec<u8>> {
     let (verb, rest) = line.trim_end_matches('\r').split_once(' ').unwrap_or((line.trim(), ""));
     match verb {
         "progress" => {
@@ -330,15 +502,23 @@ async fn control_line(spec: &Spec, ctx: &JobContext, checkpoint_file: &std::path
                 Ok(f) if f.is_finite() => ctx.progress(f, message.chars().take(200).collect::<String>()),
                 _ => tracing::debug!(job_id = %ctx.job.job_id, line, "progress line without a number; ignored"),
             }
+            None
         }
-        "heartbeat" => ctx.heartbeat(),
+        "heartbeat" => {
+            ctx.heartbeat();
+            None
+        }
         "checkpoint" => {
             let state = if rest.is_empty() {
-                match tokio::fs::read(checkpoint_file).await {
+                match control::read_checkpoint_file(
+                    &confined.checkpoint_file,
+                    confined.uid.as_ref().map(|u| u.uid),
+                    spec.max_checkpoint,
+                ) {
                     Ok(b) => b,
                     Err(e) => {
-                        tracing::warn!(job_id = %ctx.job.job_id, error = %e, "checkpoint line but no readable checkpoint file");
-                        return;
+                        tracing::warn!(job_id = %ctx.job.job_id, error = %e, "checkpoint line but no acceptable checkpoint file");
+                        return None;
                     }
                 }
             } else {
@@ -346,13 +526,16 @@ async fn control_line(spec: &Spec, ctx: &JobContext, checkpoint_file: &std::path
             };
             if state.len() as u64 > spec.max_checkpoint {
                 tracing::warn!(job_id = %ctx.job.job_id, bytes = state.len(), "checkpoint over worker.max_payload_bytes; ignored");
-                return;
+                return None;
             }
-            if let Err(e) = ctx.checkpoint(&state).await {
-                tracing::warn!(job_id = %ctx.job.job_id, error = %e, "could not save the child's checkpoint");
-            }
+            // The stuck detector counts the report now, whenever the write goes out.
+            ctx.heartbeat();
+            Some(state)
         }
-        _ => tracing::debug!(job_id = %ctx.job.job_id, line, "unknown control line; ignored"),
+        _ => {
+            tracing::debug!(job_id = %ctx.job.job_id, line, "unknown control line; ignored");
+            None
+        }
     }
 }
 
@@ -411,13 +594,18 @@ mod tests {
             output_cap: limits.output_cap(1 << 20),
             max_checkpoint: 1 << 20,
             kill_grace: Duration::from_millis(500),
-            checkpoint_dir: std::env::temp_dir().join("fairway-process-unit"),
+            sandbox_root: std::env::temp_dir().join("fairway-process-unit"),
+            network: false,
+            stderr_in_error: true,
         }
     }
 
     async fn run(spec: Spec, payload: &[u8]) -> (HandlerResult, Arc<JobLive>) {
-        let job =
-            JobSubmitted::original(uuid::Uuid::now_v7().to_string(), "acme".into(), "t".into(), payload.to_vec(), 0);
+        run_as(spec, &uuid::Uuid::now_v7().to_string(), payload).await
+    }
+
+    async fn run_as(spec: Spec, job_id: &str, payload: &[u8]) -> (HandlerResult, Arc<JobLive>) {
+        let job = JobSubmitted::original(job_id.to_string(), "acme".into(), "t".into(), payload.to_vec(), 0);
         let live = Arc::new(JobLive::default());
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         let ctx = JobContext::new(Arc::new(job), deadline, live.clone(), None);
@@ -443,6 +631,42 @@ mod tests {
             assert!(e.message.ends_with("stderr: broken"), "{e}");
             assert!(!live.is_abnormal());
         }
+    }
+
+    #[tokio::test]
+    async fn a_job_id_with_dot_dots_names_no_path_outside_the_sandbox() {
+        let escape = std::env::temp_dir().join(format!("fairway-escape-{}", uuid::Uuid::now_v7().simple()));
+        let job_id = format!("../../../../../../..{}", escape.display());
+        let script =
+            "printf stolen > \"$FAIRWAY_CHECKPOINT_FILE\"; echo checkpoint >&3; printf %s \"$FAIRWAY_CHECKPOINT_FILE\"";
+        let s = spec(script, Limits::default());
+        let root = s.sandbox_root.clone();
+        let (r, _) = run_as(s, &job_id, b"").await;
+        let path = String::from_utf8(r.unwrap()).unwrap();
+        assert!(path.starts_with(&root.display().to_string()) && !path.contains(".."), "{path}");
+        assert!(!escape.exists() && !escape.with_extension("ckpt").exists(), "nothing written outside the sandbox");
+        assert!(!std::path::Path::new(&path).exists(), "the attempt's directory is removed after it");
+    }
+
+    #[tokio::test]
+    async fn the_whole_tree_is_killed_when_the_leader_exits_normally() {
+        let (r, _) = run(spec("setsid sleep 300 >/dev/null 2>&1 & echo $!", Limits::default()), b"").await;
+        let pid: i32 = String::from_utf8(r.unwrap()).unwrap().trim().parse().unwrap();
+        let alive = || std::fs::read_to_string(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with("sleep"));
+        let mut gone = false;
+        for _ in 0..50 {
+            gone = !alive();
+            if gone {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if !gone {
+            // SAFETY: kill(2) of the stray this test started.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        let cgroup = Enforcement::current().tree.is_ok();
+        assert!(gone || !cgroup, "with a cgroup per attempt the setsid grandchild {pid} is gone");
     }
 
     #[tokio::test]
