@@ -44,7 +44,8 @@ struct Serve {
 impl Serve {
     fn start(cfg: &Config, extra: &str, args: &[&str]) -> Serve {
         let dir = tempfile::tempdir().unwrap();
-        let path = common::config_file(cfg, extra, dir.path());
+        let extra = format!("[job_types.echo]\npool = \"short\"\nhandler = \"echo\"\n{extra}");
+        let path = common::config_file(cfg, &extra, dir.path());
         let port = common::free_port();
         let listen = format!("127.0.0.1:{port}");
         let child = Command::new(env!("CARGO_BIN_EXE_fairway"))
