@@ -101,10 +101,14 @@ async fn start_server(bin: &std::path::Path, cfg: &fairway::config::Config) -> a
 /// A client sending `key`, from the loopback address `from` (each party has its own, as
 /// separate clients would).
 fn client(key: &str, from: &str) -> anyhow::Result<reqwest::Client> {
+    Ok(client_builder(key, from)?.build()?)
+}
+
+fn client_builder(key: &str, from: &str) -> anyhow::Result<reqwest::ClientBuilder> {
     let mut h = reqwest::header::HeaderMap::new();
     h.insert("authorization", format!("Bearer {key}").parse()?);
     let from: std::net::IpAddr = from.parse()?;
-    Ok(reqwest::Client::builder().default_headers(h).local_address(from).timeout(Duration::from_secs(60)).build()?)
+    Ok(reqwest::Client::builder().default_headers(h).local_address(from).timeout(Duration::from_secs(60)))
 }
 
 /// B's submissions: (accepted, sent, latencies in ms, the accepted jobs' ids).
@@ -400,7 +404,7 @@ async fn reads(srv: &Server, a: &reqwest::Client, b: &reqwest::Client) -> Value 
     };
     let (alone, _) = read_loop(b.clone(), Instant::now() + Duration::from_secs(5), Duration::from_millis(20)).await;
     let stop = Instant::now() + Duration::from_secs(10);
-    let attackers = (0..16).map(|_| tokio::spawn(read_loop(a.clone(), stop, Duration::ZERO)));
+    let attackers: Vec<_> = (0..16).map(|_| tokio::spawn(read_loop(a.clone(), stop, Duration::ZERO))).collect();
     let (beside, b_codes) = read_loop(b.clone(), stop, Duration::from_millis(20)).await;
     let mut a_codes: BTreeMap<u16, usize> = BTreeMap::new();
     for r in futures::future::join_all(attackers).await.into_iter().flatten() {
@@ -433,7 +437,11 @@ pub async fn run(g: &Global, args: BlastArgs) -> anyhow::Result<ExitCode> {
     };
     let a = client(&key(Caller::Admin).await?, "127.0.0.1")?;
     let a_tenant = client(&key(Caller::Tenant("acme".into())).await?, "127.0.0.1")?;
-    let b = client(&key(Caller::Tenant("globex".into())).await?, "127.0.0.2")?;
+    let b_key = key(Caller::Tenant("globex".into())).await?;
+    let b = client(&b_key, "127.0.0.2")?;
+    // B as a client that opens a new connection for each request (as most do after a
+    // pause): a kept-alive connection would hold its place through a connection attack.
+    let b_fresh = client_builder(&b_key, "127.0.0.2")?.pool_max_idle_per_host(0).timeout(Duration::from_secs(10)).build()?;
     let bin = match &args.serve_bin {
         Some(p) => p.clone(),
         None => std::env::current_exe()?,
@@ -457,7 +465,7 @@ pub async fn run(g: &Global, args: BlastArgs) -> anyhow::Result<ExitCode> {
             "scheduled" => scheduled(&srv, &a).await,
             "streams" => streams(&srv, &a_tenant, &b).await,
             "wide" => wide_bodies(&srv, &a_tenant, &b).await,
-            "slow" => slow_connections(&srv, &b, args.slow_connections).await,
+            "slow" => slow_connections(&srv, &b_fresh, args.slow_connections).await,
             "reads" => reads(&srv, &a_tenant, &b).await,
             other => anyhow::bail!("unknown attack {other:?}: flood, failing, scheduled, streams, wide, slow, reads"),
         };
