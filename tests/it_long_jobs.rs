@@ -278,6 +278,11 @@ async fn deadlines_expire_queued_jobs_without_a_slot_and_stop_running_ones() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_handed_off_or_crashed_job_is_not_told_first_attempt_on_its_second_run() {
     let dir = tempfile::tempdir().unwrap();
+    // Children run as their attempt's own uid (the sandbox): let them write the log.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::fs::write(dir.path().join("runs.log"), "").unwrap();
+    std::fs::set_permissions(dir.path().join("runs.log"), std::fs::Permissions::from_mode(0o666)).unwrap();
     let log = dir.path().join("runs.log");
     // Each run logs what it was told; a first attempt then runs until it is stopped.
     let script = format!(

@@ -42,6 +42,10 @@ fn misbehave(name: &str, pool: &str, mode: &str, more: &str) -> String {
     )
 }
 
+/// The tests of this file one at a time: each checks that no attempt cgroup of this
+/// process is left, which another test's attempts in flight would fail.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn start(cfg: &Arc<fairway::config::Config>, pools: &[Pool]) -> Worker {
     let registry = Registry::from_config(cfg, Default::default()).unwrap();
     Worker::start(cfg.clone(), pools, registry, Policy::Fair).await.unwrap()
@@ -49,6 +53,7 @@ async fn start(cfg: &Arc<fairway::config::Config>, pools: &[Pool]) -> Worker {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_memory_hog_is_dead_lettered_as_resource_after_one_retry_while_another_tenants_50_jobs_succeed() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let extra = format!(
         "[pools.short]\nslots = 8\nheartbeat_interval = \"1s\"\n{}{}",
         misbehave("hog", "short", "hog", "limits = { memory = \"64MiB\" }\ntimeout = \"30s\""),
@@ -86,6 +91,7 @@ async fn a_memory_hog_is_dead_lettered_as_resource_after_one_retry_while_another
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cpu_spinner_dies_at_its_cpu_limit_and_a_silent_sleeper_at_stuck_after() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let once = "retry = { resource = { max_attempts = 1 } }";
     let extra = format!(
         "[pools.medium]\nslots = 4\nheartbeat_interval = \"1s\"\n{}{}",
@@ -122,6 +128,7 @@ async fn a_cpu_spinner_dies_at_its_cpu_limit_and_a_silent_sleeper_at_stuck_after
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn over_the_recycling_cap_a_tenants_jobs_wait_while_another_tenants_run() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let extra = format!(
         "[pools.short]\nslots = 2\nfast_lanes = 0\nheartbeat_interval = \"1s\"\nrecycling = {{ max = 2, window = \"2m\" }}\n{}{}",
         misbehave("boom", "short", "crash", "retry = { app_error = { max_attempts = 1 } }"),
@@ -193,6 +200,7 @@ async fn over_the_recycling_cap_a_tenants_jobs_wait_while_another_tenants_run() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_python_example_resumes_from_its_checkpoint_after_a_sigterm_hand_off_and_cancel_reaches_it_as_sigterm() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let extra = format!(
         "[pools.long]\nslots = 4\nheartbeat_interval = \"1s\"\ndrain_timeout = \"0s\"\n\
          [job_types.steps]\npool = \"long\"\nhandler = \"process\"\ncommand = [\"{}\", \"{MANIFEST}/examples/python/steps.py\"]\n\
@@ -337,6 +345,7 @@ fn error(r: &fairway::model::JobResult) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tree_limits_end_a_fork_tree_a_fork_bomb_and_an_endless_control_line_as_resource() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let r = beside_quick_jobs(&[
         ("forktree", "forktree", "limits = { memory = \"96MiB\" }"),
         ("forkbomb", "forkbomb", "limits = { processes = 32 }"),
@@ -356,6 +365,7 @@ async fn tree_limits_end_a_fork_tree_a_fork_bomb_and_an_endless_control_line_as_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_setsid_grandchild_does_not_outlive_its_job() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let r = beside_quick_jobs(&[("stray", "stray", "")]).await;
     let s = &r["stray"];
     assert_eq!(s.status, JobStatus::Succeeded, "{s:?}");
@@ -373,6 +383,7 @@ async fn a_setsid_grandchild_does_not_outlive_its_job() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_child_cannot_read_the_worker_or_a_sibling_reach_the_broker_or_signal_others() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let r = beside_quick_jobs(&[
         ("read_worker", "read_worker", ""),
         ("read_sibling", "read_sibling", ""),

@@ -469,12 +469,27 @@ async fn racing_schedule_adds_on_two_apis_never_pass_the_tenant_bound() {
     let apis = [Api { base: base_a, http: http.clone() }, Api { base: base_b, http }];
     let apis = Arc::new(apis);
     let (_, acme) = common::create_key(&cfg, &Caller::Tenant("acme".into()), "it_recurring").await;
+    // Many keys of the tenant (a key may have 4 requests with bodies in flight per API
+    // process), and a request refused for being busy is sent again: every add reaches
+    // the cap's check, up to 128 at once.
+    let mut keys = Vec::new();
+    for _ in 0..40 {
+        keys.push(common::create_key(&cfg, &Caller::Tenant("acme".into()), "it_recurring").await.1);
+    }
     let mut racers = tokio::task::JoinSet::new();
     for i in 0..300 {
-        let (apis, key) = (apis.clone(), acme.clone());
+        let (apis, key) = (apis.clone(), keys[i % keys.len()].clone());
         racers.spawn(async move {
             let body = json!({"name": format!("race-{i}"), "job_type": "echo", "every": "1h"});
-            apis[i % 2].call(&key, Method::POST, "/v1/schedules", Some(&body)).await
+            loop {
+                let (s, b) = apis[i % 2].call(&key, Method::POST, "/v1/schedules", Some(&body)).await;
+                let busy =
+                    ["TOO_MANY_REQUESTS_WITH_BODIES", "TOO_MANY_REQUESTS"].contains(&b["code"].as_str().unwrap_or(""));
+                if !busy {
+                    return (s, b);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
         });
     }
     let mut by_status: BTreeMap<u16, usize> = BTreeMap::new();
@@ -552,11 +567,14 @@ async fn debounce_windows_are_bounded_per_tenant_and_system_keys_are_reserved() 
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{e}");
     assert!(e["error"].as_str().unwrap().contains("debounce.max_payload_bytes = 1024"), "{e}");
 
-    let claim = json!({"job_type": "echo", "idempotency_key": "fairway.unique/report"});
+    // A fresh key name per run: the keyspace is shared by runs, and a unique slot holds
+    // while its job is queued.
+    let report = format!("report-{}", uuid::Uuid::new_v4().simple());
+    let claim = json!({"job_type": "echo", "idempotency_key": format!("fairway.unique/{report}")});
     let (s, e) = api.call(&acme, Method::POST, "/v1/jobs", Some(&claim)).await;
     assert_eq!((s, e["code"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("INVALID_JOB")), "{e}");
     assert!(e["error"].as_str().unwrap().contains("reserved"), "{e}");
-    let unique = json!({"job_type": "echo", "unique_key": "report"});
+    let unique = json!({"job_type": "echo", "unique_key": report});
     let (s, e) = api.call(&acme, Method::POST, "/v1/jobs", Some(&unique)).await;
     assert_eq!(s, StatusCode::CREATED, "the unique slot was not pre-claimed: {e}");
 }

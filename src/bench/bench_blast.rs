@@ -16,6 +16,7 @@
 //!   one byte every 15 s, while B (from 127.0.0.2) submits: B's latency;
 //! - **reads**: 16 loops of one key reading random job ids for 10 s while B reads: B's
 //!   read p99 alone and beside them, and what A got.
+//!
 //! `--attacks` picks some (default all, in that order).
 //!
 //! Last line JSON.
@@ -441,7 +442,8 @@ pub async fn run(g: &Global, args: BlastArgs) -> anyhow::Result<ExitCode> {
     let b = client(&b_key, "127.0.0.2")?;
     // B as a client that opens a new connection for each request (as most do after a
     // pause): a kept-alive connection would hold its place through a connection attack.
-    let b_fresh = client_builder(&b_key, "127.0.0.2")?.pool_max_idle_per_host(0).timeout(Duration::from_secs(10)).build()?;
+    let b_fresh =
+        client_builder(&b_key, "127.0.0.2")?.pool_max_idle_per_host(0).timeout(Duration::from_secs(10)).build()?;
     let bin = match &args.serve_bin {
         Some(p) => p.clone(),
         None => std::env::current_exe()?,
