@@ -29,6 +29,7 @@
 //! | `worker::watchdog` | no zombie workers: give up (leave the groups, exit non-zero) when progress is impossible |
 //! | `submit` | the submission path (CLI, HTTP API, demo, fired schedules): validation, idempotency keys, the job's row and its produce |
 //! | `submit::dedupe` | unique jobs (`unique_key` + scope) and debounce (`debounce_key` + delay) at submission |
+//! | `submit::payload` | a job's payload as submitted: JSON read without building its tree, kept as the bytes the job carries |
 //! | `admission` | the front door (submission admission): queue depth, tenant and per-user rates, submission breakers, quota alerts |
 //! | `classifier` | the pool classifier's submit side: a reclassified job type's jobs go to the pool their run times fit |
 //! | `watch` | watching a job from outside, run by `fairway serve`: |
@@ -39,7 +40,7 @@
 //! | `ops::rerun` | `fairway rerun`: "rerun all" of a tenant's jobs by generation |
 //! | `ops::schedules` | `fairway schedules`: recurring schedules' management (firing: `worker::schedules`) |
 //! | `ops::tenants` | `fairway tenants`: the tenants registry's rows and every process's live view of them (rules in `core::tenants`) |
-//! | `api` | the HTTP API (axum), its per-key limits (`api::limits`) and the operator console (`api::console`) |
+//! | `api` | the HTTP API (axum), its per-key limits (`api::limits`), its listener's per-address and total connection bounds (`api::listener`) and the operator console (`api::console`) |
 //! | `observe` | watching a process: |
 //! | `observe::probes` | readiness and liveness (`/readyz`, `/livez`) |
 //! | `observe::telemetry` | OpenTelemetry spans of a job's life over OTLP/HTTP (off unless configured) |
