@@ -103,7 +103,21 @@ struct Private {
 }
 
 impl Private {
+    /// Started, with fresh ports for each of up to three tries: a free port picked here
+    /// may be taken by another connection before the JVM binds it ("Address already in
+    /// use" in its log, printed in the run's output).
     fn start(name: &'static str) -> Private {
+        for _ in 0..3 {
+            let private = Private::new(name);
+            if private.run(&["up", name]) {
+                return private;
+            }
+            eprintln!("private {name} did not start; trying other ports");
+        }
+        panic!("a private {name} did not start in three tries (see its log above)");
+    }
+
+    fn new(name: &'static str) -> Private {
         // Unique per instance: tests of this binary run at once, two of them with a broker.
         let id = uuid::Uuid::new_v4().simple().to_string();
         let dir = std::env::temp_dir().join(format!("fairway-it-faults-{name}-{}", &id[..12]));
@@ -133,20 +147,23 @@ impl Private {
                 ("FAIRWAY_SERVICES_HOST", "127.0.0.1".to_string()),
             ],
         });
-        let private = Private { name, dir, env: env.into_iter().map(|(k, v)| (k.to_string(), v)).collect() };
-        private.services(&["up", name]);
-        private
+        Private { name, dir, env: env.into_iter().map(|(k, v)| (k.to_string(), v)).collect() }
     }
 
     /// `scripts/services ARGS` on this instance, bounded by the script's own waits.
     fn services(&self, args: &[&str]) {
+        assert!(self.run(args), "scripts/services {args:?} failed");
+    }
+
+    /// Whether `scripts/services ARGS` succeeded on this instance.
+    fn run(&self, args: &[&str]) -> bool {
         let status = Command::new(SERVICES)
             .args(args)
             .envs(self.env.iter().cloned())
             .stdout(Stdio::null())
             .status()
             .expect("run scripts/services");
-        assert!(status.success(), "scripts/services {args:?} failed: {status}");
+        status.success()
     }
 }
 
