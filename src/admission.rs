@@ -440,8 +440,9 @@ impl Admission {
             ok: c.ok,
             failed: c.failed,
             infra: c.infra,
+            timeouts: c.timeouts,
         });
-        let sums = breaker::window_counts(cells, now, window, |k| since.get(k).copied().unwrap_or(Millis::MIN));
+        let sums = breaker::window_counts(cells, now, window, bc, |k| since.get(k).copied().unwrap_or(Millis::MIN));
         let probes: Vec<(String, String)> = {
             let mut gates = self.gates.lock().expect("gates");
             // A closed gate whose scope had nothing in the window, and whose count does not

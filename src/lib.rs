@@ -14,6 +14,8 @@
 //! | `core` | pure decisions: scheduling, retry, breakers, limits, schedules... (map in `core`) |
 //! | `kafka` | the Kafka edge: clients, topics, `kafka::Producer` (rebuilt after fatal errors), `kafka::Pauses`, `kafka::stall` (restarts fetchers librdkafka stopped) |
 //! | `store` | the ScyllaDB edge: schema, statements, tables per concept |
+//! | `store::due` | the due index of schedules and debounce windows: what the promoter's leader reads, only what is due |
+//! | `store::slots` | a tenant's numbered slots claimed by LWT: the atomic per-tenant count of schedules and open debounce windows |
 //! | `handlers` | the `Handler` trait and job context; the HTTP executor, the `process` executor, demo handlers |
 //! | `worker` | a worker process; its tasks are below |
 //! | `worker::pool` | one pool's consumer loop: messages in, scheduling, executions out |

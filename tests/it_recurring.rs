@@ -13,7 +13,7 @@ use fairway::core::recurring::{fire_job_id, CatchUp, ScheduleSpec};
 use fairway::handlers::Registry;
 use fairway::model::{JobResult, JobSubmitted, Millis, Pool};
 use fairway::ops::schedules::Schedules;
-use fairway::store::Store;
+use fairway::store::{ScheduleCursor, Store};
 use fairway::worker::{Policy, Worker};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
@@ -125,7 +125,9 @@ async fn missed_fires_are_caught_up_per_policy_after_a_stop() {
     for (name, catch_up) in [("none", CatchUp::None), ("one", CatchUp::One), ("all", CatchUp::All)] {
         let s = ScheduleSpec { every: Some("20s".into()), start_at: Some(grid), catch_up, ..spec(name) };
         let added = sch.add(s, now).await.expect("add");
-        assert!(sch.statements().advance("acme", name, added.next_fires[0], Some(back)).await.unwrap());
+        let moved =
+            ScheduleCursor { tenant: "acme".into(), name: name.into(), paused: false, next_fire_at: Some(back) };
+        assert!(sch.statements().advance(&moved, added.next_fires[0], now).await.unwrap());
         ids.insert(name, added.id);
     }
     let started = fairway::now_ms();
@@ -600,7 +602,9 @@ async fn the_promoter_leader_counts_fires_skips_and_lag_without_tenant_labels() 
     for (name, catch_up) in [("none", CatchUp::None), ("one", CatchUp::One)] {
         let s = ScheduleSpec { every: Some("20s".into()), start_at: Some(grid), catch_up, ..spec(name) };
         let added = sch.add(s, now).await.expect("add");
-        assert!(sch.statements().advance("acme", name, added.next_fires[0], Some(back)).await.unwrap());
+        let moved =
+            ScheduleCursor { tenant: "acme".into(), name: name.into(), paused: false, next_fire_at: Some(back) };
+        assert!(sch.statements().advance(&moved, added.next_fires[0], now).await.unwrap());
     }
     let worker = common::spawn_logged_worker(&file, "short");
     let want = [
@@ -631,4 +635,140 @@ async fn the_promoter_leader_counts_fires_skips_and_lag_without_tenant_labels() 
         ours.iter().all(|l| !labels(l).unwrap_or_default().contains("tenant")),
         "never labelled by tenant: {ours:?}"
     );
+}
+
+/// Opens racing on two API processes (30 distinct debounce keys of one tenant at once,
+/// against `debounce.max_open_per_tenant = 3`): exactly 3 windows open, the rest answer
+/// 429 (a count read before each open let most of them through); another tenant's
+/// windows are its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_debounce_opens_on_two_apis_never_pass_the_tenant_bound() {
+    let cfg = common::arc(common::config("[debounce]\nmax_open_per_tenant = 3\n"));
+    common::init(&cfg).await;
+    let (base_a, _stop_a) = common::serve_api(&cfg).await;
+    let (base_b, _stop_b) = common::serve_api(&cfg).await;
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap();
+    let apis = Arc::new([Api { base: base_a, http: http.clone() }, Api { base: base_b, http }]);
+    let mut keys = Vec::new();
+    for _ in 0..16 {
+        keys.push(common::create_key(&cfg, &Caller::Tenant("acme".into()), "it_recurring").await.1);
+    }
+    let mut racers = tokio::task::JoinSet::new();
+    for i in 0..30 {
+        let (apis, key) = (apis.clone(), keys[i % keys.len()].clone());
+        racers.spawn(async move {
+            let body = json!({"job_type": "echo", "debounce_key": format!("race-{i}"), "debounce_delay": "1h"});
+            loop {
+                let (s, b) = apis[i % 2].call(&key, Method::POST, "/v1/jobs", Some(&body)).await;
+                let busy =
+                    ["TOO_MANY_REQUESTS_WITH_BODIES", "TOO_MANY_REQUESTS"].contains(&b["code"].as_str().unwrap_or(""));
+                if !busy {
+                    return (s, b);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+    }
+    let mut by_status: BTreeMap<u16, usize> = BTreeMap::new();
+    while let Some(r) = racers.join_next().await {
+        let (status, body) = r.unwrap();
+        assert!(matches!(status, StatusCode::CREATED | StatusCode::TOO_MANY_REQUESTS), "{status}: {body}");
+        *by_status.entry(status.as_u16()).or_default() += 1;
+    }
+    assert_eq!(by_status.get(&201), Some(&3), "windows opened under the race: {by_status:?}");
+    let (_, globex) = common::create_key(&cfg, &Caller::Tenant("globex".into()), "it_recurring").await;
+    let body = json!({"job_type": "echo", "debounce_key": "race-0", "debounce_delay": "1h"});
+    let (s, e) = apis[0].call(&globex, Method::POST, "/v1/jobs", Some(&body)).await;
+    assert_eq!(s, StatusCode::CREATED, "another tenant's windows are its own: {e}");
+}
+
+/// Rows of a keyspace from before (a schedule in the per-deployment `schedules` table,
+/// from before slots; a window in `debounces`) move to their tenants' partitions once,
+/// the schedule holding a slot, and fire; an index row not matching its schedule (a
+/// cursor moved without it) is dropped; a schedule overdue without an index row is
+/// indexed again by the leader's sweep and fires. None of it on the old layout: the
+/// leader read the per-deployment partitions whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn old_rows_move_to_tenant_partitions_and_the_due_index_repairs_itself() {
+    let cfg = common::arc(common::config(""));
+    common::init(&cfg).await;
+    let (store, sch) = schedules(&cfg).await;
+    let (ks, scope, s) = (&cfg.scylla.keyspace, &cfg.kafka.topic_prefix, store.session());
+    let now = fairway::now_ms();
+    // A pre-slot schedule every 2 s in the old table; its definition as `add` writes it.
+    let old_spec = ScheduleSpec { every: Some("2s".into()), ..spec("old") };
+    let old_id = uuid::Uuid::new_v4().to_string();
+    let created = now - 60_000;
+    let cql = format!(
+        "INSERT INTO {ks}.schedules (scope, tenant, name, id, spec, paused, next_fire_at, created_at, updated_at) \
+         VALUES (?, 'acme', 'old', ?, ?, false, ?, ?, ?)"
+    );
+    let next = now - now.rem_euclid(2_000) + 2_000;
+    s.query_unpaged(cql, (scope, &old_id, serde_json::to_string(&old_spec).unwrap(), next, created, created))
+        .await
+        .unwrap();
+    // A window due in 2 s in the old table, its job encoded as a submission keeps it.
+    let window_id = uuid::Uuid::now_v7().to_string();
+    let mut rec = JobSubmitted::original(window_id.clone(), "acme".into(), "echo".into(), b"{}".to_vec(), now);
+    rec.pool = Some(Pool::Short);
+    let cql = format!(
+        "INSERT INTO {ks}.debounces (scope, tenant, key, window_id, first_at, due_at, rev, job) \
+         VALUES (?, 'acme', 'old-window', ?, ?, ?, 'r1', ?)"
+    );
+    s.query_unpaged(cql, (scope, &window_id, now, now + 2_000, fairway::codec::encode_job(&rec).unwrap()))
+        .await
+        .unwrap();
+    // A schedule whose index row went missing (its cursor 2 min overdue, no index row),
+    // and a stale index row (a minute old) pointing at a schedule not due then.
+    let grid = now - now.rem_euclid(20_000) - 1_000_000;
+    let every_20s =
+        ScheduleSpec { every: Some("20s".into()), start_at: Some(grid), catch_up: CatchUp::All, ..spec("lost") };
+    let lost = sch.add(every_20s, now).await.unwrap();
+    let overdue = now - now.rem_euclid(20_000) - 120_000;
+    let cql = format!(
+        "UPDATE {ks}.tenant_schedules SET next_fire_at = ? WHERE scope = ? AND tenant = 'acme' AND name = 'lost'"
+    );
+    s.query_unpaged(cql, (overdue, scope)).await.unwrap();
+    let stale_at = now - 30_000;
+    let cql = format!(
+        "INSERT INTO {ks}.due_index (scope, kind, bucket, due_at, tenant, name, rev, written_at) \
+         VALUES (?, 'schedule', ?, ?, 'acme', 'lost', '', ?)"
+    );
+    s.query_unpaged(cql, (scope, stale_at.div_euclid(60_000), stale_at, now - 120_000)).await.unwrap();
+    let cql = format!("INSERT INTO {ks}.due_buckets (scope, kind, bucket) VALUES (?, 'schedule', ?)");
+    s.query_unpaged(cql, (scope, stale_at.div_euclid(60_000))).await.unwrap();
+
+    let registry = Registry::from_config(&cfg, Default::default()).unwrap();
+    let w = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair).await.unwrap();
+    let old_tick = fire_job_id(&old_id, next + 2_000);
+    let lost_fire = fire_job_id(&lost.id, overdue);
+    let want = [old_tick.clone(), lost_fire.clone(), window_id.clone()];
+    let seen =
+        pool_records(&cfg, Duration::from_secs(40), |v| want.iter().all(|id| v.iter().any(|j| j.job_id == *id))).await;
+    w.stop().await;
+    assert!(seen.contains_key(&old_tick), "the moved schedule fires");
+    assert!(seen.contains_key(&window_id), "the moved window's job is submitted when due");
+    assert!(seen.contains_key(&lost_fire), "the unindexed overdue schedule is indexed again and fires");
+
+    let count = |cql: String| {
+        let s = s.clone();
+        async move {
+            let r = s.query_unpaged(cql, (scope.as_str(),)).await.unwrap().into_rows_result().unwrap();
+            r.rows::<(i64,)>().unwrap().next().unwrap().unwrap().0
+        }
+    };
+    assert_eq!(count(format!("SELECT count(*) FROM {ks}.schedules WHERE scope = ?")).await, 0, "old schedules moved");
+    assert_eq!(count(format!("SELECT count(*) FROM {ks}.debounces WHERE scope = ?")).await, 0, "old windows moved");
+    let moved = sch.get("acme", "old").await.expect("moved into the tenant's partition");
+    assert_eq!(moved.row.id, old_id);
+    let cql = format!("SELECT name, at FROM {ks}.schedule_slots WHERE scope = ? AND tenant = 'acme' AND slot IN ? ");
+    let slots: Vec<i32> = (0..cfg.schedules.max_per_tenant as i32).collect();
+    let r = s.query_unpaged(cql, (scope.as_str(), slots)).await.unwrap().into_rows_result().unwrap();
+    let held: Vec<(String, i64)> = r.rows::<(String, i64)>().unwrap().map(|r| r.unwrap()).collect();
+    assert!(held.contains(&("old".to_string(), created)), "the pre-slot schedule holds a slot: {held:?}");
+    let cql = format!(
+        "SELECT count(*) FROM {ks}.due_index WHERE scope = ? AND kind = 'schedule' AND bucket = {} AND due_at = {stale_at}",
+        stale_at.div_euclid(60_000)
+    );
+    assert_eq!(count(cql).await, 0, "the stale index row is dropped");
 }

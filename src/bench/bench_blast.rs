@@ -16,6 +16,11 @@
 //!   one byte every 15 s, while B (from 127.0.0.2) submits: B's latency;
 //! - **reads**: 16 loops of one key reading random job ids for 10 s while B reads: B's
 //!   read p99 alone and beside them, and what A got.
+//! - **schedules**: B's schedule fires every second; A adds `--schedules` schedules and
+//!   opens as many debounce windows, each with the largest payload allowed (through the
+//!   management shell and the submission path in this process, the bounds raised to fit):
+//!   the promoter leader's RSS (this process's in-process worker holds the lease) idle
+//!   and with them, and B's fire lag (submission - fire time) p50/p99 in both.
 //!
 //! `--attacks` picks some (default all, in that order).
 //!
@@ -49,8 +54,11 @@ pub struct BlastArgs {
     #[arg(long, default_value_t = 4200)]
     pub slow_connections: usize,
     /// Which attacks to run.
-    #[arg(long, value_delimiter = ',', default_value = "flood,failing,scheduled,streams,wide,slow,reads")]
+    #[arg(long, value_delimiter = ',', default_value = "flood,failing,scheduled,streams,wide,slow,reads,schedules")]
     pub attacks: Vec<String>,
+    /// Schedules (and debounce windows) tenant A adds in the `schedules` attack.
+    #[arg(long, default_value_t = 1000)]
+    pub schedules: usize,
 }
 
 /// The child `fairway serve` and its address.
@@ -128,9 +136,18 @@ fn quantile(mut v: Vec<f64>, p: f64) -> f64 {
     v.get(((v.len() as f64 * p) as usize).min(v.len().saturating_sub(1))).copied().unwrap_or(0.0)
 }
 
-/// Every job's wait (run start - submission, ms) as its result arrives on the results topic.
+/// A job's result as the bench keeps it.
+#[derive(Clone)]
+struct Seen {
+    /// Run start - submission, ms.
+    wait: f64,
+    tenant: String,
+    submitted_at: i64,
+}
+
+/// Every job's wait as its result arrives on the results topic.
 #[derive(Clone, Default)]
-struct Waits(Arc<std::sync::Mutex<HashMap<String, f64>>>);
+struct Waits(Arc<std::sync::Mutex<HashMap<String, Seen>>>);
 
 impl Waits {
     /// Follows the results topic until the process ends.
@@ -145,8 +162,9 @@ impl Waits {
                 else {
                     continue;
                 };
-                let wait = r.started_at.unwrap_or(r.finished_at) - r.submitted_at;
-                seen.0.lock().expect("waits").insert(r.job_id, wait as f64);
+                let wait = (r.started_at.unwrap_or(r.finished_at) - r.submitted_at) as f64;
+                let s = Seen { wait, tenant: r.tenant, submitted_at: r.submitted_at };
+                seen.0.lock().expect("waits").insert(r.job_id, s);
             }
         });
         Ok(waits)
@@ -158,7 +176,7 @@ impl Waits {
         loop {
             let got: Vec<f64> = {
                 let m = self.0.lock().expect("waits");
-                ids.iter().filter_map(|id| m.get(id).copied()).collect()
+                ids.iter().filter_map(|id| m.get(id).map(|s| s.wait)).collect()
             };
             if got.len() == ids.len() || Instant::now() >= deadline {
                 return (quantile(got.clone(), 0.99), got.len());
@@ -417,11 +435,107 @@ async fn reads(srv: &Server, a: &reqwest::Client, b: &reqwest::Client) -> Value 
            "b_answers": b_codes, "a_answers": a_codes, "a_loops": 16, "seconds": 10})
 }
 
+/// Resident set of this process, MB.
+fn own_rss_mb() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap_or_default();
+    line.split_whitespace().nth(1).and_then(|kb| kb.parse::<f64>().ok()).map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// The fire lags (submission - fire time, ms) of schedule `id`'s jobs submitted in
+/// `[from, to)`: a fire's job id is a UUIDv7 of its fire time (`core::recurring`).
+fn fire_lags(waits: &Waits, tenant: &str, id: &str, from: i64, to: i64) -> Vec<f64> {
+    let m = waits.0.lock().expect("waits");
+    m.iter()
+        .filter(|(_, s)| s.tenant == tenant && (from..to).contains(&s.submitted_at))
+        .filter_map(|(job_id, s)| {
+            let (secs, nanos) = uuid::Uuid::parse_str(job_id).ok()?.get_timestamp()?.to_unix();
+            let at = (secs * 1000 + u64::from(nanos) / 1_000_000) as i64;
+            (fairway::core::recurring::fire_job_id(id, at) == *job_id).then(|| (s.submitted_at - at) as f64)
+        })
+        .collect()
+}
+
+fn lag_json(lags: Vec<f64>) -> Value {
+    json!({"fires": lags.len(), "lag_p50_ms": quantile(lags.clone(), 0.5), "lag_p99_ms": quantile(lags, 0.99)})
+}
+
+/// A's schedules and debounce windows beside B's schedule (see the module docs).
+async fn schedules_attack(cfg: &Arc<fairway::config::Config>, waits: &Waits, n: usize) -> anyhow::Result<Value> {
+    use fairway::core::recurring::ScheduleSpec;
+    use futures::StreamExt;
+    let store = fairway::store::Store::open(cfg).await?;
+    let sch = fairway::ops::schedules::Schedules::connect(cfg.clone(), &store).await?;
+    let run = now_ms();
+    let every = |tenant: &str, name: String, every: &str, payload: Value| ScheduleSpec {
+        name,
+        tenant: tenant.into(),
+        job_type: "echo".into(),
+        every: Some(every.into()),
+        payload,
+        ..Default::default()
+    };
+    let b = sch.add(every("globex", format!("tick-{run}"), "1s", Value::Null), now_ms()).await?;
+    let idle_from = now_ms();
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let (rss_idle, idle_to) = (own_rss_mb(), now_ms());
+    // The largest payloads allowed: a JSON string of the cap's bytes, quotes included.
+    let schedule_payload = json!("x".repeat(cfg.schedules.max_payload_bytes - 2));
+    let window_payload = json!("x".repeat(cfg.debounce.max_payload_bytes - 2));
+    let added = futures::stream::iter(0..n)
+        .map(|i| {
+            let spec = every("acme", format!("a{run}-{i}"), "1h", schedule_payload.clone());
+            let sch = &sch;
+            async move { sch.add(spec, now_ms()).await.is_ok() }
+        })
+        .buffer_unordered(8)
+        .filter(|ok| std::future::ready(*ok))
+        .count()
+        .await;
+    let submitter = fairway::submit::Submitter::new(cfg.clone(), Some(store.clone()))?;
+    let opened = futures::stream::iter(0..n)
+        .map(|i| {
+            let job = fairway::submit::NewJob {
+                tenant: "acme".into(),
+                job_type: "echo".into(),
+                payload: fairway::submit::Payload::json(&window_payload),
+                debounce_key: Some(format!("w{run}-{i}")),
+                debounce_delay: Some("1h".into()),
+                ..Default::default()
+            };
+            let submitter = &submitter;
+            async move { submitter.submit(&job).await.is_ok() }
+        })
+        .buffer_unordered(8)
+        .filter(|ok| std::future::ready(*ok))
+        .count()
+        .await;
+    let loaded_from = now_ms();
+    let mut rss_loaded = 0f64;
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        rss_loaded = rss_loaded.max(own_rss_mb());
+    }
+    let loaded_to = now_ms();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    Ok(json!({
+        "a_schedules": added, "a_debounce_windows": opened,
+        "payload_bytes": cfg.schedules.max_payload_bytes,
+        "leader_rss_mb_idle": rss_idle, "leader_rss_mb_loaded_max": rss_loaded,
+        "leader_rss_mb_growth": rss_loaded - rss_idle,
+        "b_idle": lag_json(fire_lags(waits, "globex", &b.id, idle_from, idle_to)),
+        "b_loaded": lag_json(fire_lags(waits, "globex", &b.id, loaded_from, loaded_to)),
+    }))
+}
+
 pub async fn run(g: &Global, args: BlastArgs) -> anyhow::Result<ExitCode> {
     let mut cfg = (*g.load()?).clone();
     cfg.kafka.topic_prefix = format!("blast{}.", now_ms());
     cfg.scylla.keyspace = "fairway_bench".into();
     cfg.tenants.insert("blastq".into(), toml::from_str("tier = \"pro\"\nmax_queued = 5\n")?);
+    // A's schedules in the `schedules` attack (the leader is this process's worker).
+    cfg.schedules.max_per_tenant = cfg.schedules.max_per_tenant.max(args.schedules);
+    cfg.debounce.max_open_per_tenant = cfg.debounce.max_open_per_tenant.max(args.schedules);
     let cfg = Arc::new(cfg);
     fairway::kafka::ensure_topics(&cfg).await?;
     fairway::store::ensure_schema(&cfg).await?;
@@ -469,7 +583,10 @@ pub async fn run(g: &Global, args: BlastArgs) -> anyhow::Result<ExitCode> {
             "wide" => wide_bodies(&srv, &a_tenant, &b).await,
             "slow" => slow_connections(&srv, &b_fresh, args.slow_connections).await,
             "reads" => reads(&srv, &a_tenant, &b).await,
-            other => anyhow::bail!("unknown attack {other:?}: flood, failing, scheduled, streams, wide, slow, reads"),
+            "schedules" => schedules_attack(&cfg, &waits, args.schedules).await?,
+            other => anyhow::bail!(
+                "unknown attack {other:?}: flood, failing, scheduled, streams, wide, slow, reads, schedules"
+            ),
         };
         eprintln!("{attack}: {v}");
         out[attack.as_str()] = v;

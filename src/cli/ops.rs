@@ -188,6 +188,9 @@ pub(crate) enum Submitted {
 
 /// The job `fairway submit --tenant .. --type ..` describes.
 fn job_from_flags(a: SubmitArgs) -> anyhow::Result<NewJob> {
+    if let Some(key) = &a.idempotency_key {
+        caller_key(key).context("--idempotency-key")?;
+    }
     let payload = if let Some(p) = a.payload {
         p
     } else if let Some(f) = &a.payload_file {
@@ -220,6 +223,11 @@ fn job_from_flags(a: SubmitArgs) -> anyhow::Result<NewJob> {
     })
 }
 
+/// A caller's idempotency key, refused in fairway's own namespace as the API refuses it.
+fn caller_key(key: &str) -> anyhow::Result<()> {
+    fairway::core::unique::check_caller_key(key).map_err(anyhow::Error::msg)
+}
+
 /// Reads NDJSON jobs, each checked as the API checks it; the error names the line.
 fn read_ndjson(reader: Box<dyn BufRead + Send>, submitter: &Submitter) -> anyhow::Result<Vec<NewJob>> {
     let mut jobs = Vec::new();
@@ -231,6 +239,9 @@ fn read_ndjson(reader: Box<dyn BufRead + Send>, submitter: &Submitter) -> anyhow
         let job: NewJob = serde_json::from_str(&line).with_context(|| {
             format!("line {}: not a job object (fields: tenant, job_type, payload, priority, idempotency_key, execute_at, not_after, flow_key, user_key)", i + 1)
         })?;
+        if let Some(key) = &job.idempotency_key {
+            caller_key(key).with_context(|| format!("line {}", i + 1))?;
+        }
         submitter.validate(&job, job.payload_bytes().len()).with_context(|| format!("line {}", i + 1))?;
         jobs.push(job);
     }
@@ -552,4 +563,35 @@ pub async fn results(cfg: &Config, a: ResultsArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod submit_tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: SubmitArgs,
+    }
+
+    fn args(extra: &[&str]) -> SubmitArgs {
+        let mut argv = vec!["fairway", "--tenant", "acme", "--type", "echo"];
+        argv.extend(extra);
+        Cli::try_parse_from(argv).expect("flags").a
+    }
+
+    #[test]
+    fn submit_refuses_the_reserved_idempotency_prefix_as_the_api_does() {
+        let e = job_from_flags(args(&["--idempotency-key", "fairway.unique/report"])).unwrap_err();
+        let why = format!("{e:#}");
+        assert!(why.contains("--idempotency-key") && why.contains("reserved for fairway's own keys"), "{why}");
+        let job = job_from_flags(args(&["--idempotency-key", "order-4711"])).expect("an own key");
+        assert_eq!(job.idempotency_key.as_deref(), Some("order-4711"));
+        let lines = "{\"tenant\":\"acme\",\"job_type\":\"echo\",\"idempotency_key\":\"fairway.schedule/x/1\"}\n";
+        let submitter = Submitter::new(Arc::new(Config::default()), None).expect("submitter");
+        let e = read_ndjson(Box::new(std::io::Cursor::new(lines)), &submitter).unwrap_err();
+        assert!(format!("{e:#}").contains("line 1: idempotency_key \"fairway.schedule/x/1\""), "{e:#}");
+    }
 }

@@ -1,9 +1,11 @@
-//! Webhook receivers' lanes, the pure accounting: each receiver (callback URL) has its
-//! own queue of results waiting for or in delivery, bounded per receiver and in total.
-//! A receiver that is down keeps its deliveries in backoff in its own lane; beyond its
-//! bound its new results are given up at once (a `webhook_failed` event says so), so it
-//! never holds the results of other receivers. Past the total bound the delivery loop
-//! stops reading results until deliveries finish. Concurrency per receiver and in total
+//! Webhook receivers' lanes, the pure accounting: each (tenant, receiver) pair (the
+//! result's tenant and its callback URL) has its own queue of results waiting for or in
+//! delivery, bounded per lane and in total. A receiver that is down keeps its
+//! deliveries in backoff in its lanes; beyond a lane's bound its new results are given
+//! up at once (a `webhook_failed` event says so), so it never holds the results of
+//! other receivers, and one tenant flooding a receiver (its own or one another tenant's
+//! results also go to) fills only its own lane there. Past the total bound the delivery
+//! loop stops reading results until deliveries finish. Concurrency per lane and in total
 //! is the shell's (`watch::webhooks`), sized by the same settings.
 
 use std::collections::HashMap;
@@ -11,7 +13,8 @@ use std::collections::HashMap;
 /// The bounds of the lanes (`[webhooks]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LaneBounds {
-    /// Results queued or in delivery per receiver (`webhooks.queue_per_receiver`).
+    /// Results queued or in delivery per (tenant, receiver) lane
+    /// (`webhooks.queue_per_receiver`).
     pub per_receiver: usize,
     /// Results queued or in delivery in total (`webhooks.queue_total`).
     pub total: usize,
@@ -26,11 +29,19 @@ pub enum Admit {
     ReceiverFull,
 }
 
-/// Results queued or in delivery, per receiver and in total.
+/// A lane: (tenant, receiver URL).
+pub type LaneKey = (String, String);
+
+/// The lane of `tenant`'s results to `url`.
+pub fn lane(tenant: &str, url: &str) -> LaneKey {
+    (tenant.to_string(), url.to_string())
+}
+
+/// Results queued or in delivery, per lane and in total.
 #[derive(Debug, Clone)]
 pub struct Lanes {
     bounds: LaneBounds,
-    pending: HashMap<String, usize>,
+    pending: HashMap<LaneKey, usize>,
     total: usize,
 }
 
@@ -44,9 +55,9 @@ impl Lanes {
         self.total < self.bounds.total
     }
 
-    /// A result for `receiver` was read.
-    pub fn admit(&mut self, receiver: &str) -> Admit {
-        let n = self.pending.entry(receiver.to_string()).or_default();
+    /// A result for the lane `key` was read.
+    pub fn admit(&mut self, key: &LaneKey) -> Admit {
+        let n = self.pending.entry(key.clone()).or_default();
         if *n >= self.bounds.per_receiver {
             return Admit::ReceiverFull;
         }
@@ -56,19 +67,19 @@ impl Lanes {
     }
 
     /// A queued result's delivery ended (delivered, refused, out of attempts or stopped).
-    pub fn done(&mut self, receiver: &str) {
-        if let Some(n) = self.pending.get_mut(receiver) {
+    pub fn done(&mut self, key: &LaneKey) {
+        if let Some(n) = self.pending.get_mut(key) {
             *n = n.saturating_sub(1);
             self.total = self.total.saturating_sub(1);
             if *n == 0 {
-                self.pending.remove(receiver);
+                self.pending.remove(key);
             }
         }
     }
 
-    /// Results queued or in delivery for `receiver`.
-    pub fn pending(&self, receiver: &str) -> usize {
-        self.pending.get(receiver).copied().unwrap_or(0)
+    /// Results queued or in delivery in the lane `key`.
+    pub fn pending(&self, key: &LaneKey) -> usize {
+        self.pending.get(key).copied().unwrap_or(0)
     }
 
     pub fn total(&self) -> usize {
@@ -85,25 +96,40 @@ mod tests {
     #[test]
     fn a_dead_receiver_fills_only_its_own_lane() {
         let mut l = Lanes::new(LaneBounds { per_receiver: 3, total: 5 });
+        let (dead, live) = (lane("a", "http://dead"), lane("a", "http://live"));
         for _ in 0..3 {
-            assert_eq!(l.admit("http://dead"), Admit::Queued);
+            assert_eq!(l.admit(&dead), Admit::Queued);
         }
-        assert_eq!(l.admit("http://dead"), Admit::ReceiverFull);
-        assert_eq!(l.pending("http://dead"), 3);
+        assert_eq!(l.admit(&dead), Admit::ReceiverFull);
+        assert_eq!(l.pending(&dead), 3);
         assert!(l.accepting(), "the dead receiver's lane is full, the loop is not");
-        assert_eq!(l.admit("http://live"), Admit::Queued);
-        assert_eq!(l.admit("http://live"), Admit::Queued);
+        assert_eq!(l.admit(&live), Admit::Queued);
+        assert_eq!(l.admit(&live), Admit::Queued);
         assert!(!l.accepting(), "the total bound stops reading");
-        l.done("http://live");
+        l.done(&live);
         assert!(l.accepting());
-        l.done("http://dead");
-        assert_eq!(l.admit("http://dead"), Admit::Queued);
+        l.done(&dead);
+        assert_eq!(l.admit(&dead), Admit::Queued);
         assert_eq!(l.total(), 4);
         for _ in 0..3 {
-            l.done("http://dead");
+            l.done(&dead);
         }
-        l.done("http://live");
-        l.done("http://never-seen");
-        assert_eq!((l.total(), l.pending("http://dead")), (0, 0));
+        l.done(&live);
+        l.done(&lane("a", "http://never-seen"));
+        assert_eq!((l.total(), l.pending(&dead)), (0, 0));
+    }
+
+    /// Tenant a floods the receiver tenant b's results go to: a's lane there fills, b's
+    /// results to the same URL are still queued (per URL they were refused).
+    #[test]
+    fn one_tenant_flooding_a_receiver_leaves_another_tenants_lane_there_open() {
+        let mut l = Lanes::new(LaneBounds { per_receiver: 2, total: 100 });
+        let url = "http://b.example/hooks";
+        for _ in 0..2 {
+            assert_eq!(l.admit(&lane("a", url)), Admit::Queued);
+        }
+        assert_eq!(l.admit(&lane("a", url)), Admit::ReceiverFull);
+        assert_eq!(l.admit(&lane("b", url)), Admit::Queued, "b's lane at the same URL is its own");
+        assert_eq!((l.pending(&lane("a", url)), l.pending(&lane("b", url)), l.total()), (2, 1, 3));
     }
 }

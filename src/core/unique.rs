@@ -33,13 +33,18 @@ pub fn check_caller_key(key: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Bounds of debounce windows (`[debounce]`): open windows per tenant, so one tenant
-/// cannot grow the promoter leader's per-second read, and a pending job's payload.
+/// Highest `debounce.max_open_per_tenant` allowed: a tenant at its bound has its slots
+/// read (100 a statement) before an open is refused.
+pub const MAX_OPEN_PER_TENANT_CEILING: usize = 10_000;
+
+/// Bounds of debounce windows (`[debounce]`): open windows per tenant and a pending
+/// job's payload. In total a deployment holds at most `max_open_per_tenant` times its
+/// registered tenants (tenants are added by the operator only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DebounceConfig {
-    /// Open windows a tenant may have (checked when a window opens, not with the open:
-    /// opens racing each other may pass it by their number).
+    /// Open windows a tenant may have (each holds one of the tenant's slots, claimed by
+    /// LWT before it opens: racing opens never pass it).
     pub max_open_per_tenant: usize,
     /// Bytes of a debounced job's payload.
     pub max_payload_bytes: usize,
@@ -53,10 +58,10 @@ impl Default for DebounceConfig {
 
 impl DebounceConfig {
     pub fn validate(&self) -> Result<(), crate::core::invalid::Invalid> {
-        if !(1..=100_000).contains(&self.max_open_per_tenant) {
+        if !(1..=MAX_OPEN_PER_TENANT_CEILING).contains(&self.max_open_per_tenant) {
             return crate::core::invalid::Invalid::err(
                 "max_open_per_tenant",
-                "must be between 1 and 100000, e.g. 1000",
+                format!("must be between 1 and {MAX_OPEN_PER_TENANT_CEILING}, e.g. 1000"),
             );
         }
         if !(1..=1 << 20).contains(&self.max_payload_bytes) {

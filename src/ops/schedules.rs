@@ -6,7 +6,10 @@
 use crate::config::Config;
 use crate::core::recurring::{ScheduleSpec, SpecError, Timing};
 use crate::model::Millis;
-use crate::store::{ScheduleRow, ScheduleSlot, ScheduleStatements, Store, StoreError, TenantStatements};
+use crate::store::{
+    contended, contention_pause, Claimed, ScheduleRow, ScheduleStatements, Slot, SlotKind, Slots, Store, StoreError,
+    TenantStatements, LWT_TRIES,
+};
 use crate::submit::NewJob;
 use serde::Serialize;
 use std::sync::Arc;
@@ -18,16 +21,6 @@ pub const UPCOMING: usize = 3;
 /// between its claim and its insert (or a remove between its delete and its release):
 /// freed when the tenant is at its bound.
 const ORPHAN_SLOT_MS: Millis = 60_000;
-
-/// Free slots one claim round tries before it reads the slots again.
-const CLAIMS_PER_ROUND: usize = 8;
-
-/// Claim rounds before an add under heavy contention gives up.
-const CLAIM_ROUNDS: usize = 50;
-
-/// Tries of a compare-and-set whose answer was lost (a Paxos round timed out under
-/// contention): each is followed by reading what was written.
-const LWT_TRIES: usize = 5;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ScheduleError {
@@ -125,12 +118,18 @@ pub fn template(spec: &ScheduleSpec) -> NewJob {
 pub struct Schedules {
     cfg: Arc<Config>,
     stmts: ScheduleStatements,
+    slots: Slots,
     tenants: TenantStatements,
 }
 
 impl Schedules {
     pub async fn connect(cfg: Arc<Config>, store: &Store) -> Result<Self, StoreError> {
-        Ok(Schedules { cfg, stmts: store.schedule_statements().await?, tenants: store.tenant_statements().await? })
+        Ok(Schedules {
+            cfg,
+            stmts: store.schedule_statements().await?,
+            slots: store.slots(SlotKind::Schedule).await?,
+            tenants: store.tenant_statements().await?,
+        })
     }
 
     pub fn statements(&self) -> &ScheduleStatements {
@@ -187,7 +186,7 @@ impl Schedules {
         let slot = self.claim_slot(&spec.tenant, &spec.name, now).await?;
         let added = self.insert(&row).await;
         if !matches!(added, Ok(true)) {
-            self.stmts.release(&spec.tenant, &slot).await?;
+            self.slots.release(&spec.tenant, &slot).await?;
         }
         if !added? {
             return Err(ScheduleError::Exists { tenant: spec.tenant, name: spec.name });
@@ -197,72 +196,47 @@ impl Schedules {
 
     /// Refuses an add beyond `schedules.max_total`, or with the tenant's schedules already
     /// at `schedules.max_per_tenant` (a quick check; the slot claim is what holds the
-    /// per-tenant bound under racing adds, the total is checked before the insert, not
-    /// with it).
+    /// per-tenant bound under racing adds, the total is counted over the registered
+    /// tenants' partitions before the insert, not with it).
     async fn check_bounds(&self, tenant: &str) -> Result<(), ScheduleError> {
         let bounds = self.cfg.schedules;
         if self.stmts.names(tenant, bounds.max_per_tenant).await?.len() >= bounds.max_per_tenant {
             return Err(tenant_full(tenant, bounds.max_per_tenant));
         }
-        if self.stmts.cursors(bounds.max_total).await?.len() >= bounds.max_total {
-            return Err(ScheduleError::TooMany(format!(
-                "the deployment has {} schedules, the most it keeps (schedules.max_total); remove some first",
-                bounds.max_total
-            )));
+        let mut total = 0;
+        for t in self.tenants.list().await?.keys() {
+            total += self.stmts.names(t, bounds.max_total - total).await?.len();
+            if total >= bounds.max_total {
+                return Err(ScheduleError::TooMany(format!(
+                    "the deployment has {} schedules, the most it keeps (schedules.max_total); remove some first",
+                    bounds.max_total
+                )));
+            }
         }
         Ok(())
     }
 
-    /// Claims one of the tenant's `max_per_tenant` slots for `name` (see
-    /// `store::schedules`): free slots in random order, a few per round, reading the
-    /// slots again between rounds; orphaned slots are freed once the tenant looks full.
-    async fn claim_slot(&self, tenant: &str, name: &str, now: Millis) -> Result<ScheduleSlot, ScheduleError> {
-        use rand::seq::SliceRandom;
+    /// Claims one of the tenant's `max_per_tenant` slots for `name` claimed at `at`
+    /// (`store::slots`); orphaned slots are freed once the tenant looks full.
+    async fn claim_slot(&self, tenant: &str, name: &str, at: Millis) -> Result<Slot, ScheduleError> {
         let max = self.cfg.schedules.max_per_tenant;
         let mut orphans_freed = false;
-        for _ in 0..CLAIM_ROUNDS {
-            let taken = self.stmts.slots(tenant, max).await?;
-            let mut free: Vec<i32> = (0..max as i32).filter(|i| !taken.iter().any(|t| t.slot == *i)).collect();
-            if free.is_empty() {
-                if orphans_freed || self.free_orphans(tenant, &taken, now).await? == 0 {
-                    return Err(tenant_full(tenant, max));
+        loop {
+            match self.slots.claim_free(tenant, max, name, at).await? {
+                Claimed::Held(s) => return Ok(s),
+                Claimed::Full(taken) => {
+                    if orphans_freed || self.free_orphans(tenant, &taken, crate::now_ms()).await? == 0 {
+                        return Err(tenant_full(tenant, max));
+                    }
+                    orphans_freed = true;
                 }
-                orphans_freed = true;
-                continue;
-            }
-            free.shuffle(&mut rand::rng());
-            for slot in free.into_iter().take(CLAIMS_PER_ROUND) {
-                let mine = ScheduleSlot { slot, name: name.to_string(), at: now };
-                if self.claim(tenant, &mine).await? {
-                    return Ok(mine);
+                Claimed::Contended => {
+                    return Err(ScheduleError::TooMany(format!(
+                        "tenant {tenant:?}: too many schedule adds at once to claim a slot; try again in a moment"
+                    )))
                 }
             }
         }
-        Err(ScheduleError::TooMany(format!(
-            "tenant {tenant:?}: too many schedule adds at once to claim a slot; try again in a moment"
-        )))
-    }
-
-    /// Claims `mine` by compare-and-set; true if it holds it (read back when the answer
-    /// was lost or said no: a timed-out round may still have been applied).
-    async fn claim(&self, tenant: &str, mine: &ScheduleSlot) -> Result<bool, ScheduleError> {
-        let mut lost = None;
-        for _ in 0..LWT_TRIES {
-            match self.stmts.claim(tenant, mine.slot, &mine.name, mine.at).await {
-                Ok(true) => return Ok(true),
-                Ok(false) => lost = None,
-                Err(e) => lost = Some(e),
-            }
-            if lost.is_some() {
-                contention_pause().await;
-            }
-            match self.stmts.slots_in(tenant, &[mine.slot]).await?.first() {
-                Some(held) => return Ok(held == mine),
-                None if lost.is_none() => return Ok(false),
-                None => {}
-            }
-        }
-        Err(lost.unwrap_or_else(|| contended("claim schedule slot")).into())
     }
 
     /// Inserts a new schedule's row unless its name is taken; true if this row is the one
@@ -289,12 +263,12 @@ impl Schedules {
 
     /// Frees the slots of `taken` claimed over [`ORPHAN_SLOT_MS`] ago that no schedule
     /// holds (no schedule of that name created at the claim); how many.
-    async fn free_orphans(&self, tenant: &str, taken: &[ScheduleSlot], now: Millis) -> Result<usize, ScheduleError> {
+    async fn free_orphans(&self, tenant: &str, taken: &[Slot], now: Millis) -> Result<usize, ScheduleError> {
         let names = self.stmts.names(tenant, crate::core::recurring::MAX_PER_TENANT_CEILING).await?;
-        let held = |s: &ScheduleSlot| names.iter().any(|(n, at)| *n == s.name && *at == s.at);
+        let held = |s: &Slot| names.iter().any(|(n, at)| *n == s.holder && *at == s.at);
         let mut freed = 0;
         for s in taken.iter().filter(|s| s.at < now - ORPHAN_SLOT_MS && !held(s)) {
-            freed += usize::from(self.stmts.release(tenant, s).await?);
+            freed += usize::from(self.slots.release(tenant, s).await?);
         }
         Ok(freed)
     }
@@ -316,6 +290,7 @@ impl Schedules {
         now: Millis,
     ) -> Result<Listed, ScheduleError> {
         let mut s = self.get(tenant, name).await?;
+        let old = s.row.due_at();
         change(&mut s.spec);
         s.spec.tenant = tenant.into();
         s.spec.name = name.into();
@@ -323,7 +298,7 @@ impl Schedules {
         s.row.next_fire_at = Some(timing.at_or_after(now).ok_or(ScheduleError::NeverFires)?);
         s.row.spec = serde_json::to_string(&s.spec).expect("a schedule serializes");
         s.row.updated_at = now;
-        if !self.stmts.replace(&s.row).await? {
+        if !self.stmts.replace(&s.row, old).await? {
             return Err(ScheduleError::NotFound { tenant: tenant.into(), name: name.into() });
         }
         Ok(s.listed())
@@ -333,12 +308,13 @@ impl Schedules {
     /// (fires due while it was paused are not caught up).
     pub async fn pause(&self, tenant: &str, name: &str, paused: bool, now: Millis) -> Result<Listed, ScheduleError> {
         let mut s = self.get(tenant, name).await?;
+        let old = s.row.due_at();
         if !paused {
             s.row.next_fire_at = s.timing()?.at_or_after(now);
         }
         s.row.paused = paused;
         s.row.updated_at = now;
-        if !self.stmts.set_paused(&s.row).await? {
+        if !self.stmts.set_paused(&s.row, old).await? {
             return Err(ScheduleError::NotFound { tenant: tenant.into(), name: name.into() });
         }
         Ok(s.listed())
@@ -347,19 +323,52 @@ impl Schedules {
     /// Removes a schedule and frees its slot (the one claimed with it: same name, claimed
     /// at its `created_at`; not a racing add's of the same name).
     pub async fn remove(&self, tenant: &str, name: &str) -> Result<(), ScheduleError> {
-        let created_at = self.get(tenant, name).await?.row.created_at;
-        self.stmts.remove(tenant, name).await?;
-        let slots = self.stmts.slots(tenant, self.cfg.schedules.max_per_tenant).await?;
-        for s in slots.iter().filter(|s| s.name == name && s.at == created_at) {
-            self.stmts.release(tenant, s).await?;
+        let row = self.get(tenant, name).await?.row;
+        self.stmts.remove(&row).await?;
+        let slots = self.slots.taken(tenant, self.cfg.schedules.max_per_tenant).await?;
+        for s in slots.iter().filter(|s| s.holder == name && s.at == row.created_at) {
+            self.slots.release(tenant, s).await?;
         }
         Ok(())
     }
 
-    /// A tenant's schedules, or every one of the deployment.
+    /// A tenant's schedules, or every registered tenant's (at most `schedules.max_total`),
+    /// each tenant's read from its own partition.
     pub async fn list(&self, tenant: Option<&str>) -> Result<Vec<Listed>, ScheduleError> {
-        let rows = self.stmts.list(tenant, self.cfg.schedules.max_total).await?;
+        let max = self.cfg.schedules.max_total;
+        let tenants: Vec<String> = match tenant {
+            Some(t) => vec![t.to_string()],
+            None => self.tenants.list().await?.into_keys().collect(),
+        };
+        let mut rows = Vec::new();
+        for t in tenants {
+            rows.extend(self.stmts.list(&t, max - rows.len()).await?);
+            if rows.len() >= max {
+                break;
+            }
+        }
         Ok(rows.into_iter().filter_map(|r| Schedule::of(r).ok()).map(|s| s.listed()).collect())
+    }
+
+    /// Moves the rows of the old per-deployment table (`schedules`) to their tenants'
+    /// partitions with their index rows, a slot held by each (claimed at its
+    /// `created_at`, unless it holds one: schedules from before slots existed), then
+    /// deletes the old rows; idempotent (a row already moved is not overwritten). How
+    /// many rows were moved; a schedule beyond its tenant's bound is moved and said so.
+    pub async fn migrate(&self, limit: usize) -> Result<usize, ScheduleError> {
+        let max = self.cfg.schedules.max_per_tenant;
+        let old = self.stmts.old_rows(limit).await?;
+        for row in &old {
+            self.stmts.add(row).await?;
+            let taken = self.slots.taken(&row.tenant, max).await?;
+            if !taken.iter().any(|s| s.holder == row.name && s.at == row.created_at) {
+                if let Err(e) = self.claim_slot(&row.tenant, &row.name, row.created_at).await {
+                    tracing::warn!(tenant = %row.tenant, schedule = %row.name, "moved schedule holds no slot: {e}");
+                }
+            }
+            self.stmts.old_remove(&row.tenant, &row.name).await?;
+        }
+        Ok(old.len())
     }
 }
 
@@ -369,16 +378,4 @@ fn tenant_full(tenant: &str, max: usize) -> ScheduleError {
          no longer needs (`fairway schedules remove`, DELETE /v1/schedules/<name>) or ask the operator to raise the \
          bound"
     ))
-}
-
-/// A random pause of 20 to 200 ms before reading back a compare-and-set whose answer was
-/// lost, so racing adds do not meet again at once.
-async fn contention_pause() {
-    use rand::Rng;
-    let ms = rand::rng().random_range(20..200);
-    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
-}
-
-fn contended(what: &'static str) -> StoreError {
-    StoreError::Query { what, message: "compare-and-set contended; try again".into() }
 }

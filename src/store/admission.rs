@@ -2,12 +2,12 @@
 //! - `queue_depth`: per tenant and pool, counter columns `enqueued` (added by the API /
 //!   CLI for every accepted job due now) and `dequeued` (added by workers when such a job
 //!   is first dispatched); queued = enqueued - dequeued (`core::admission::queued`).
-//! - `tenant_outcome_counts`: per 10 s bucket, pool, job type, tenant and worker, the
-//!   cumulative successes, failed attempts and infrastructure failures among them
-//!   (idempotent cells, TTL), which API processes read to run the submission circuit
-//!   breakers (`core::admission::breaker`: per tenant, and shared ones on infrastructure
-//!   failures of several tenants). The older `outcome_counts` (no tenant) is no longer
-//!   written.
+//! - `tenant_outcome_cells`: per 10 s bucket, pool, job type, tenant and worker, the
+//!   cumulative successes, failed attempts, infrastructure failures among them and
+//!   timeouts among those (idempotent cells, TTL), which API processes read to run the
+//!   submission circuit breakers (`core::admission::breaker`: per tenant, and shared ones
+//!   on infrastructure failures of several tenants). The older `outcome_counts` (no
+//!   tenant) and `tenant_outcome_counts` (no timeouts apart) are no longer written.
 
 use super::{prepare_statement, q, Store, StoreError};
 use crate::model::Millis;
@@ -26,6 +26,8 @@ pub struct OutcomeCell {
     pub failed: i64,
     /// Infrastructure failures among `failed`.
     pub infra: i64,
+    /// Timeouts among `infra`.
+    pub timeouts: i64,
 }
 
 /// Statements of the front door's counts ([`Store::admission_statements`]).
@@ -63,16 +65,16 @@ impl Store {
             .await?,
             put_outcomes: prep(
                 format!(
-                    "INSERT INTO {ks}.tenant_outcome_counts (scope, bucket, pool, job_type, tenant, worker, ok, \
-                     failed, infra) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?"
+                    "INSERT INTO {ks}.tenant_outcome_cells (scope, bucket, pool, job_type, tenant, worker, ok, \
+                     failed, infra, timeouts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?"
                 ),
                 "prepare put outcome counts",
             )
             .await?,
             get_outcomes: prep(
                 format!(
-                    "SELECT pool, job_type, tenant, worker, ok, failed, infra FROM {ks}.tenant_outcome_counts \
-                     WHERE scope = ? AND bucket = ?"
+                    "SELECT pool, job_type, tenant, worker, ok, failed, infra, timeouts FROM \
+                     {ks}.tenant_outcome_cells WHERE scope = ? AND bucket = ?"
                 ),
                 "prepare read outcome counts",
             )
@@ -127,6 +129,7 @@ impl AdmissionStatements {
                 c.ok,
                 c.failed,
                 c.infra,
+                c.timeouts,
                 ttl_secs,
             );
             self.session.execute_unpaged(&self.put_outcomes, v)
@@ -145,14 +148,23 @@ impl AdmissionStatements {
             .execute_iter(self.get_outcomes.clone(), (self.scope.as_str(), bucket))
             .await
             .map_err(q("read outcome counts"))?;
-        type Row = (String, String, String, String, Option<i64>, Option<i64>, Option<i64>);
+        type Row = (String, String, String, String, Option<i64>, Option<i64>, Option<i64>, Option<i64>);
         let mut rows = pager.rows_stream::<Row>().map_err(q("read outcome counts"))?;
         let mut out = Vec::new();
-        while let Some((pool, job_type, tenant, worker, ok, failed, infra)) =
+        while let Some((pool, job_type, tenant, worker, ok, failed, infra, timeouts)) =
             rows.try_next().await.map_err(q("read outcome counts"))?
         {
             let (ok, failed, infra) = (ok.unwrap_or(0), failed.unwrap_or(0), infra.unwrap_or(0));
-            out.push(OutcomeCell { pool, job_type, tenant, worker, ok, failed, infra });
+            out.push(OutcomeCell {
+                pool,
+                job_type,
+                tenant,
+                worker,
+                ok,
+                failed,
+                infra,
+                timeouts: timeouts.unwrap_or(0),
+            });
         }
         Ok(out)
     }

@@ -1,17 +1,26 @@
 //! Open debounce windows (`crate::submit::dedupe`; rules in `core::unique`): one row per
-//! (tenant, debounce key) in the deployment's partition of `debounces`, holding the
-//! pending job (Avro), when the window opened, when the job is due, and a revision that
-//! every change replaces. Every write is a compare-and-set (LWT) on the revision, so
-//! submissions from several API processes and the promoter's leader, which takes a due
-//! window out to submit its job, never lose one another's change. The leader's
-//! per-second read lists windows without their jobs ([`DebounceDue`]); a due window's job
-//! is read by key when it is closed.
+//! (tenant, debounce key) in its tenant's partition of `tenant_debounces`, holding the
+//! pending job (Avro), when the window opened, when the job is due, a revision that
+//! every change replaces, and the tenant's slot (`store::slots`, `debounce_slots`) the
+//! window holds. Every write is a compare-and-set (LWT) on the revision, so submissions
+//! from several API processes and the promoter's leader, which takes a due window out to
+//! submit its job, never lose one another's change.
+//!
+//! A window's due time is also in the due index (`store::due`, entries carry the
+//! revision): every write puts the new index row before it changes the window and drops
+//! the old one after. The leader reads the index for what is due, checks an entry
+//! against the window's due time and revision ([`DebounceStatements::due_of`], no job),
+//! and reads a due window's job by key when it closes it. Rows of the old
+//! per-deployment table (`debounces`) are moved here once ([`DebounceStatements::old_rows`]).
 
-use super::{applied, prepare_statement, q, Store, StoreError};
+use super::{applied, prepare_statement, q, read_paged, DueEntry, DueIndex, DueKind, Store, StoreError};
 use crate::model::Millis;
 use scylla::client::session::Session;
 use scylla::statement::prepared::PreparedStatement;
 use std::sync::Arc;
+
+/// `slot` of a window that holds none (moved from the old table past its tenant's bound).
+pub const NO_SLOT: i32 = -1;
 
 /// One open window.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,31 +35,73 @@ pub struct DebounceRow {
     pub rev: String,
     /// The pending job (`codec::encode_job`).
     pub job: Vec<u8>,
+    /// The tenant's slot the window holds ([`NO_SLOT`]: none) and when it was claimed.
+    pub slot: i32,
+    pub slot_at: Millis,
 }
 
-type Row = (String, String, Option<String>, Option<i64>, Option<i64>, Option<String>, Option<Vec<u8>>);
+impl DebounceRow {
+    /// The window's due index entry.
+    fn entry(&self, now: Millis) -> DueEntry {
+        DueEntry::new(&self.tenant, &self.key, self.due_at, &self.rev, now)
+    }
+}
 
-/// A due window as the leader lists it: its key and revision, not its job.
+type Row = (
+    String,
+    String,
+    Option<String>,
+    Option<i64>,
+    Option<i64>,
+    Option<String>,
+    Option<Vec<u8>>,
+    Option<i32>,
+    Option<i64>,
+);
+
+/// A window without its job: what the leader checks an index entry against, and what
+/// the sweep reads.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DebounceDue {
     pub tenant: String,
     pub key: String,
+    pub due_at: Millis,
     pub rev: String,
+    pub slot: i32,
+    pub slot_at: Millis,
 }
 
-const COLUMNS: &str = "tenant, key, window_id, first_at, due_at, rev, job";
+type Light = (String, String, Option<i64>, Option<String>, Option<i32>, Option<i64>);
+
+fn to_due((tenant, key, due_at, rev, slot, slot_at): Light) -> Option<DebounceDue> {
+    Some(DebounceDue {
+        tenant,
+        key,
+        due_at: due_at?,
+        rev: rev?,
+        slot: slot.unwrap_or(NO_SLOT),
+        slot_at: slot_at.unwrap_or(0),
+    })
+}
+
+const COLUMNS: &str = "tenant, key, window_id, first_at, due_at, rev, job, slot, slot_at";
+const OLD_COLUMNS: &str = "tenant, key, window_id, first_at, due_at, rev, job";
+const LIGHT: &str = "tenant, key, due_at, rev, slot, slot_at";
 
 /// Statements of debounce windows ([`Store::debounce_statements`]).
 #[derive(Clone)]
 pub struct DebounceStatements {
     session: Arc<Session>,
     scope: String,
+    index: DueIndex,
     get: PreparedStatement,
+    due_of: PreparedStatement,
     open: PreparedStatement,
     extend: PreparedStatement,
     close: PreparedStatement,
-    list: PreparedStatement,
-    tenant_keys: PreparedStatement,
+    windows: PreparedStatement,
+    old_rows: PreparedStatement,
+    old_remove: PreparedStatement,
 }
 
 impl Store {
@@ -61,43 +112,44 @@ impl Store {
             let session = session.clone();
             async move { prepare_statement(&session, cql, what, lwt).await }
         };
+        let table = format!("{ks}.tenant_debounces");
         let key = "WHERE scope = ? AND tenant = ? AND key = ?";
-        let mut list = prep(
-            format!("SELECT tenant, key, due_at, rev FROM {ks}.debounces WHERE scope = ?"),
-            "prepare list debounces",
-            false,
-        )
-        .await?;
-        list.set_page_size(1000);
+        let mut old_rows =
+            prep(format!("SELECT {OLD_COLUMNS} FROM {ks}.debounces WHERE scope = ?"), "prepare old debounces", false)
+                .await?;
+        old_rows.set_page_size(100);
         Ok(DebounceStatements {
             session: self.session.clone(),
             scope: self.scope.clone(),
-            get: prep(format!("SELECT {COLUMNS} FROM {ks}.debounces {key}"), "prepare get debounce", false).await?,
+            index: self.due_index(DueKind::Debounce).await?,
+            get: prep(format!("SELECT {COLUMNS} FROM {table} {key}"), "prepare get debounce", false).await?,
+            due_of: prep(format!("SELECT {LIGHT} FROM {table} {key}"), "prepare debounce due", false).await?,
             open: prep(
-                format!("INSERT INTO {ks}.debounces (scope, {COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS"),
+                format!("INSERT INTO {table} (scope, {COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS"),
                 "prepare open debounce",
                 true,
             )
             .await?,
             extend: prep(
-                format!("UPDATE {ks}.debounces SET due_at = ?, rev = ?, job = ? {key} IF rev = ?"),
+                format!("UPDATE {table} SET due_at = ?, rev = ?, job = ? {key} IF rev = ?"),
                 "prepare extend debounce",
                 true,
             )
             .await?,
-            close: prep(format!("DELETE FROM {ks}.debounces {key} IF rev = ?"), "prepare close debounce", true).await?,
-            list,
-            tenant_keys: prep(
-                format!("SELECT key FROM {ks}.debounces WHERE scope = ? AND tenant = ?"),
-                "prepare debounce keys",
+            close: prep(format!("DELETE FROM {table} {key} IF rev = ?"), "prepare close debounce", true).await?,
+            windows: prep(
+                format!("SELECT {LIGHT} FROM {table} WHERE scope = ? AND tenant = ?"),
+                "prepare debounce windows",
                 false,
             )
             .await?,
+            old_rows,
+            old_remove: prep(format!("DELETE FROM {ks}.debounces {key}"), "prepare remove old debounce", false).await?,
         })
     }
 }
 
-fn to_row((tenant, key, window_id, first_at, due_at, rev, job): Row) -> DebounceRow {
+fn to_row((tenant, key, window_id, first_at, due_at, rev, job, slot, slot_at): Row) -> DebounceRow {
     DebounceRow {
         tenant,
         key,
@@ -106,23 +158,32 @@ fn to_row((tenant, key, window_id, first_at, due_at, rev, job): Row) -> Debounce
         due_at: due_at.unwrap_or(0),
         rev: rev.unwrap_or_default(),
         job: job.unwrap_or_default(),
+        slot: slot.unwrap_or(NO_SLOT),
+        slot_at: slot_at.unwrap_or(0),
     }
 }
 
 impl DebounceStatements {
     /// The open window of (tenant, key), if any.
     pub async fn get(&self, tenant: &str, key: &str) -> Result<Option<DebounceRow>, StoreError> {
-        let res = self
-            .session
-            .execute_unpaged(&self.get, (self.scope.as_str(), tenant, key))
-            .await
-            .map_err(q("get debounce"))?;
+        let v = (self.scope.as_str(), tenant, key);
+        let res = self.session.execute_unpaged(&self.get, v).await.map_err(q("get debounce"))?;
         let rows = res.into_rows_result().map_err(q("get debounce"))?;
         Ok(rows.maybe_first_row::<Row>().map_err(q("get debounce"))?.map(to_row))
     }
 
+    /// The open window of (tenant, key) without its job.
+    pub async fn due_of(&self, tenant: &str, key: &str) -> Result<Option<DebounceDue>, StoreError> {
+        let what = "read debounce due";
+        let v = (self.scope.as_str(), tenant, key);
+        let res = self.session.execute_unpaged(&self.due_of, v).await.map_err(q(what))?;
+        let rows = res.into_rows_result().map_err(q(what))?;
+        Ok(rows.maybe_first_row::<Light>().map_err(q(what))?.and_then(to_due))
+    }
+
     /// Opens a window unless one is open; true if opened.
-    pub async fn open(&self, r: &DebounceRow) -> Result<bool, StoreError> {
+    pub async fn open(&self, r: &DebounceRow, now: Millis) -> Result<bool, StoreError> {
+        self.index.put(&r.entry(now)).await?;
         let v = (
             self.scope.as_str(),
             r.tenant.as_str(),
@@ -132,12 +193,16 @@ impl DebounceStatements {
             r.due_at,
             r.rev.as_str(),
             r.job.as_slice(),
+            r.slot,
+            r.slot_at,
         );
         applied(self.session.execute_unpaged(&self.open, v).await.map_err(q("open debounce"))?)
     }
 
-    /// Moves an open window's due time and job, if its revision is still `from_rev`.
-    pub async fn extend(&self, r: &DebounceRow, from_rev: &str) -> Result<bool, StoreError> {
+    /// Moves an open window (`from`, as read) to `r`'s due time, revision and job, if its
+    /// revision is still `from`'s.
+    pub async fn extend(&self, r: &DebounceRow, from: &DebounceRow, now: Millis) -> Result<bool, StoreError> {
+        self.index.put(&r.entry(now)).await?;
         let v = (
             r.due_at,
             r.rev.as_str(),
@@ -145,49 +210,61 @@ impl DebounceStatements {
             self.scope.as_str(),
             r.tenant.as_str(),
             r.key.as_str(),
-            from_rev,
+            from.rev.as_str(),
         );
-        applied(self.session.execute_unpaged(&self.extend, v).await.map_err(q("extend debounce"))?)
+        let done = applied(self.session.execute_unpaged(&self.extend, v).await.map_err(q("extend debounce"))?)?;
+        if done {
+            self.index.drop(&from.tenant, &from.key, from.due_at, &from.rev).await?;
+        }
+        Ok(done)
     }
 
-    /// Closes a window, if its revision is still `rev`; true if closed (by this call).
-    pub async fn close(&self, tenant: &str, key: &str, rev: &str) -> Result<bool, StoreError> {
-        let v = (self.scope.as_str(), tenant, key, rev);
-        applied(self.session.execute_unpaged(&self.close, v).await.map_err(q("close debounce"))?)
+    /// Closes a window, if its revision is still `w.rev`; true if closed (by this call).
+    /// Its index row goes with it.
+    pub async fn close(&self, w: &DebounceRow) -> Result<bool, StoreError> {
+        let v = (self.scope.as_str(), w.tenant.as_str(), w.key.as_str(), w.rev.as_str());
+        let done = applied(self.session.execute_unpaged(&self.close, v).await.map_err(q("close debounce"))?)?;
+        if done {
+            self.index.drop(&w.tenant, &w.key, w.due_at, &w.rev).await?;
+        }
+        Ok(done)
     }
 
-    /// How many windows `tenant` has open, counted up to `limit`.
-    pub async fn open_keys(&self, tenant: &str, limit: usize) -> Result<usize, StoreError> {
-        use futures::TryStreamExt;
-        let what = "count debounces";
+    /// A tenant's open windows without their jobs (paged; at most `limit`).
+    pub async fn windows(&self, tenant: &str, limit: usize) -> Result<Vec<DebounceDue>, StoreError> {
         let v = (self.scope.as_str(), tenant);
-        let pager = self.session.execute_iter(self.tenant_keys.clone(), v).await.map_err(q(what))?;
-        let mut rows = pager.rows_stream::<(String,)>().map_err(q(what))?;
-        let mut n = 0;
-        while n < limit && rows.try_next().await.map_err(q(what))?.is_some() {
-            n += 1;
-        }
-        Ok(n)
+        read_paged(&self.session, &self.windows, v, "read debounce windows", limit, to_due).await
     }
 
-    /// The deployment's open windows due at `now`, without their jobs (paged; at most
-    /// `limit`).
-    pub async fn due(&self, now: Millis, limit: usize) -> Result<Vec<DebounceDue>, StoreError> {
-        use futures::TryStreamExt;
-        let pager =
-            self.session.execute_iter(self.list.clone(), (self.scope.as_str(),)).await.map_err(q("list debounces"))?;
-        type Light = (String, String, Option<i64>, Option<String>);
-        let mut rows = pager.rows_stream::<Light>().map_err(q("list debounces"))?;
-        let mut out = Vec::new();
-        while let Some((tenant, key, due_at, rev)) = rows.try_next().await.map_err(q("list debounces"))? {
-            let rev = rev.unwrap_or_default();
-            if due_at.unwrap_or(0) <= now && !rev.is_empty() {
-                out.push(DebounceDue { tenant, key, rev });
-                if out.len() >= limit {
-                    break;
-                }
-            }
-        }
-        Ok(out)
+    /// The windows due by `now` in the due index (at most `limit`).
+    pub async fn due(&self, now: Millis, limit: usize) -> Result<Vec<DueEntry>, StoreError> {
+        self.index.due(now, limit).await
+    }
+
+    /// Drops an index entry found not matching its window.
+    pub async fn drop_entry(&self, e: &DueEntry) -> Result<(), StoreError> {
+        self.index.drop(&e.tenant, &e.name, e.due_at, &e.rev).await
+    }
+
+    /// Writes a window's index row again (the sweep's repair).
+    pub async fn reindex(&self, d: &DebounceDue, now: Millis) -> Result<(), StoreError> {
+        self.index.put(&DueEntry::new(&d.tenant, &d.key, d.due_at, &d.rev, now)).await
+    }
+
+    /// Windows left in the old per-deployment table (at most `limit`; no slot).
+    pub async fn old_rows(&self, limit: usize) -> Result<Vec<DebounceRow>, StoreError> {
+        type Old = (String, String, Option<String>, Option<i64>, Option<i64>, Option<String>, Option<Vec<u8>>);
+        let v = (self.scope.as_str(),);
+        read_paged(&self.session, &self.old_rows, v, "read old debounces", limit, |(t, k, w, f, d, r, j): Old| {
+            Some(to_row((t, k, w, f, d, r, j, None, None)))
+        })
+        .await
+    }
+
+    /// Deletes a row of the old per-deployment table (once it is moved).
+    pub async fn old_remove(&self, tenant: &str, key: &str) -> Result<(), StoreError> {
+        let v = (self.scope.as_str(), tenant, key);
+        self.session.execute_unpaged(&self.old_remove, v).await.map_err(q("remove old debounce"))?;
+        Ok(())
     }
 }

@@ -8,6 +8,7 @@ mod backlog;
 mod classifier;
 mod coalesce;
 mod debounce;
+mod due;
 mod events;
 mod keys;
 mod parked;
@@ -15,6 +16,7 @@ mod quota;
 mod rerun;
 mod schedules;
 mod schema;
+mod slots;
 mod tenants;
 mod tls;
 
@@ -32,12 +34,14 @@ pub use admission::{AdmissionStatements, OutcomeCell};
 pub use backlog::{BacklogKey, BacklogStatements};
 pub use classifier::{ClassRow, ClassifierStatements, RunTimeCell};
 pub use debounce::{DebounceDue, DebounceRow, DebounceStatements};
+pub use due::{DueEntry, DueIndex, DueKind};
 pub use events::{EventStatements, IdempotencyClaim, Submitted as SubmittedRow, HISTORY_LIMIT};
 pub use keys::{ApiKeyRow, KeyStatements};
 pub use quota::QuotaStatements;
 pub use rerun::{JobFacts, RerunStatements, FACTS_CHUNK};
-pub use schedules::{ScheduleCursor, ScheduleRow, ScheduleSlot, ScheduleStatements};
+pub use schedules::{ScheduleCursor, ScheduleRow, ScheduleStatements};
 pub use schema::TABLES;
+pub use slots::{contended, contention_pause, Claimed, Slot, SlotKind, Slots, LWT_TRIES};
 pub use tenants::TenantStatements;
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -83,6 +87,38 @@ async fn prepare_statement(
         p.set_serial_consistency(Some(scylla::statement::SerialConsistency::Serial));
     }
     Ok(p)
+}
+
+/// Reads a paged statement's rows, keeping those `keep` maps to `Some`, until `limit`
+/// are kept (the one paged read of every per-tenant listing: schedules, debounce windows,
+/// the due index).
+async fn read_paged<R, T>(
+    session: &Session,
+    stmt: &PreparedStatement,
+    values: impl scylla::serialize::row::SerializeRow,
+    what: &'static str,
+    limit: usize,
+    mut keep: impl FnMut(R) -> Option<T>,
+) -> Result<Vec<T>, StoreError>
+where
+    R: for<'f, 'm> scylla::deserialize::row::DeserializeRow<'f, 'm>,
+{
+    use futures::TryStreamExt;
+    let mut out = Vec::new();
+    if limit == 0 {
+        return Ok(out);
+    }
+    let pager = session.execute_iter(stmt.clone(), values).await.map_err(q(what))?;
+    let mut rows = pager.rows_stream::<R>().map_err(q(what))?;
+    while let Some(r) = rows.try_next().await.map_err(q(what))? {
+        if let Some(t) = keep(r) {
+            out.push(t);
+            if out.len() >= limit {
+                break;
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// What the store knows about one job.

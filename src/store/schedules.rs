@@ -1,16 +1,18 @@
 //! Recurring schedules' rows (`crate::ops::schedules`; rules in `core::recurring`): one row
-//! per (tenant, name) in the deployment's partition of `schedules` (keyed by the topic
-//! prefix). The definition is its JSON; `next_fire_at` is the first fire not yet
-//! submitted, moved only by compare-and-set (LWT), so two promoters that overlap for a
-//! moment never move it back.
+//! per schedule in its tenant's partition of `tenant_schedules` (keyed by the topic
+//! prefix and the tenant). The definition is its JSON; `next_fire_at` is the first fire
+//! not yet submitted, moved only by compare-and-set (LWT), so two promoters that overlap
+//! for a moment never move it back.
 //!
-//! Each schedule also holds one of its tenant's `schedules.max_per_tenant` slots
-//! (`schedule_slots`), claimed by `IF NOT EXISTS` before the schedule is inserted: the
-//! per-tenant bound holds under any number of racing adds on any number of API
-//! processes. The leader reads cursors only ([`ScheduleStatements::cursors`]); a
-//! definition is read by key when it fires or is asked for.
+//! An active schedule's cursor is also in the due index (`store::due`): every write puts
+//! the new index row before it changes the row and drops the old one after. The leader
+//! reads the index for what is due, checks an entry against the row's cursor
+//! ([`ScheduleStatements::cursor`], no definition) and reads a definition by key only
+//! when it fires. Each schedule also holds one of its tenant's slots (`store::slots`).
+//! Rows of the old per-deployment table (`schedules`) are moved here once
+//! ([`ScheduleStatements::old_rows`], `ops::schedules::Schedules::migrate`).
 
-use super::{applied, prepare_statement, q, Store, StoreError};
+use super::{applied, prepare_statement, q, read_paged, DueEntry, DueIndex, DueKind, Store, StoreError};
 use crate::model::Millis;
 use scylla::client::session::Session;
 use scylla::statement::prepared::PreparedStatement;
@@ -36,6 +38,13 @@ pub struct ScheduleRow {
     pub updated_at: Millis,
 }
 
+impl ScheduleRow {
+    /// When the row comes due, if it is active.
+    pub fn due_at(&self) -> Option<Millis> {
+        self.next_fire_at.filter(|_| !self.paused)
+    }
+}
+
 type Row = (String, String, Option<String>, Option<String>, Option<bool>, Option<i64>, Option<i64>, Option<i64>);
 
 const COLUMNS: &str = "tenant, name, id, spec, paused, next_fire_at, created_at, updated_at";
@@ -58,22 +67,22 @@ fn to_row((tenant, name, id, spec, paused, next, created_at, updated_at): Row) -
 pub struct ScheduleStatements {
     session: Arc<Session>,
     scope: String,
+    index: DueIndex,
     add: PreparedStatement,
     replace: PreparedStatement,
     set_paused: PreparedStatement,
     advance: PreparedStatement,
     remove: PreparedStatement,
-    list: PreparedStatement,
     list_tenant: PreparedStatement,
     get: PreparedStatement,
+    cursor: PreparedStatement,
     cursors: PreparedStatement,
     names: PreparedStatement,
-    slots: PreparedStatement,
-    claim: PreparedStatement,
-    release: PreparedStatement,
+    old_rows: PreparedStatement,
+    old_remove: PreparedStatement,
 }
 
-/// A schedule's firing state without its definition: what the leader reads every pass.
+/// A schedule's firing state without its definition.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScheduleCursor {
     pub tenant: String,
@@ -82,14 +91,12 @@ pub struct ScheduleCursor {
     pub next_fire_at: Option<Millis>,
 }
 
-/// A claimed slot of a tenant's schedules.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ScheduleSlot {
-    pub slot: i32,
-    /// The schedule that claimed it.
-    pub name: String,
-    /// When it was claimed.
-    pub at: Millis,
+type Light = (String, String, Option<bool>, Option<i64>, Option<i64>);
+
+fn to_cursor((tenant, name, paused, next, created_at): Light) -> Option<ScheduleCursor> {
+    // A cursor moved just as the row was removed leaves a row without `created_at`.
+    created_at?;
+    Some(ScheduleCursor { tenant, name, paused: paused.unwrap_or(false), next_fire_at: next.filter(|n| *n != NEVER) })
 }
 
 impl Store {
@@ -100,89 +107,79 @@ impl Store {
             let session = session.clone();
             async move { prepare_statement(&session, cql, what, lwt).await }
         };
+        let table = format!("{ks}.tenant_schedules");
+        let part = "WHERE scope = ? AND tenant = ?";
         let key = "WHERE scope = ? AND tenant = ? AND name = ?";
-        let mut list =
-            prep(format!("SELECT {COLUMNS} FROM {ks}.schedules WHERE scope = ?"), "prepare list schedules", false)
+        let light = "tenant, name, paused, next_fire_at, created_at";
+        let mut old_rows =
+            prep(format!("SELECT {COLUMNS} FROM {ks}.schedules WHERE scope = ?"), "prepare old schedules", false)
                 .await?;
-        list.set_page_size(1000);
-        let mut cursors = prep(
-            format!("SELECT tenant, name, paused, next_fire_at, created_at FROM {ks}.schedules WHERE scope = ?"),
-            "prepare schedule cursors",
-            false,
-        )
-        .await?;
-        cursors.set_page_size(1000);
-        let slot_key = "WHERE scope = ? AND tenant = ? AND slot";
+        old_rows.set_page_size(100);
         Ok(ScheduleStatements {
             session: self.session.clone(),
             scope: self.scope.clone(),
+            index: self.due_index(DueKind::Schedule).await?,
             add: prep(
-                format!(
-                    "INSERT INTO {ks}.schedules (scope, {COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS"
-                ),
+                format!("INSERT INTO {table} (scope, {COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS"),
                 "prepare add schedule",
                 true,
             )
             .await?,
             replace: prep(
-                format!("UPDATE {ks}.schedules SET spec = ?, next_fire_at = ?, updated_at = ? {key} IF id = ?"),
+                format!("UPDATE {table} SET spec = ?, next_fire_at = ?, updated_at = ? {key} IF id = ?"),
                 "prepare replace schedule",
                 true,
             )
             .await?,
             set_paused: prep(
-                format!("UPDATE {ks}.schedules SET paused = ?, next_fire_at = ?, updated_at = ? {key} IF id = ?"),
+                format!("UPDATE {table} SET paused = ?, next_fire_at = ?, updated_at = ? {key} IF id = ?"),
                 "prepare pause schedule",
                 true,
             )
             .await?,
             advance: prep(
-                format!("UPDATE {ks}.schedules SET next_fire_at = ? {key} IF next_fire_at = ?"),
+                format!("UPDATE {table} SET next_fire_at = ? {key} IF next_fire_at = ?"),
                 "prepare advance schedule",
                 true,
             )
             .await?,
-            remove: prep(format!("DELETE FROM {ks}.schedules {key}"), "prepare remove schedule", false).await?,
-            list,
-            list_tenant: prep(
-                format!("SELECT {COLUMNS} FROM {ks}.schedules WHERE scope = ? AND tenant = ?"),
-                "prepare list tenant schedules",
-                false,
-            )
-            .await?,
-            get: prep(format!("SELECT {COLUMNS} FROM {ks}.schedules {key}"), "prepare get schedule", false).await?,
-            cursors,
-            names: prep(
-                format!("SELECT name, created_at FROM {ks}.schedules WHERE scope = ? AND tenant = ?"),
-                "prepare schedule names",
-                false,
-            )
-            .await?,
-            slots: prep(
-                format!("SELECT slot, name, at FROM {ks}.schedule_slots {slot_key} IN ?"),
-                "prepare schedule slots",
-                false,
-            )
-            .await?,
-            claim: prep(
-                format!("INSERT INTO {ks}.schedule_slots (scope, tenant, slot, name, at) VALUES (?, ?, ?, ?, ?) IF NOT EXISTS"),
-                "prepare claim schedule slot",
-                true,
-            )
-            .await?,
-            release: prep(
-                format!("DELETE FROM {ks}.schedule_slots {slot_key} = ? IF name = ? AND at = ?"),
-                "prepare release schedule slot",
-                true,
-            )
-            .await?,
+            remove: prep(format!("DELETE FROM {table} {key}"), "prepare remove schedule", false).await?,
+            list_tenant: prep(format!("SELECT {COLUMNS} FROM {table} {part}"), "prepare list schedules", false).await?,
+            get: prep(format!("SELECT {COLUMNS} FROM {table} {key}"), "prepare get schedule", false).await?,
+            cursor: prep(format!("SELECT {light} FROM {table} {key}"), "prepare schedule cursor", false).await?,
+            cursors: prep(format!("SELECT {light} FROM {table} {part}"), "prepare schedule cursors", false).await?,
+            names: prep(format!("SELECT name, created_at FROM {table} {part}"), "prepare schedule names", false)
+                .await?,
+            old_rows,
+            old_remove: prep(format!("DELETE FROM {ks}.schedules {key}"), "prepare remove old schedule", false).await?,
         })
     }
 }
 
 impl ScheduleStatements {
+    /// The due index's entry of an active row.
+    fn entry(&self, r: &ScheduleRow, now: Millis) -> Option<DueEntry> {
+        Some(DueEntry::new(&r.tenant, &r.name, r.due_at()?, "", now))
+    }
+
+    async fn index_put(&self, r: &ScheduleRow, now: Millis) -> Result<(), StoreError> {
+        match self.entry(r, now) {
+            Some(e) => self.index.put(&e).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Drops the index row of the cursor `old` unless the row is still due then.
+    async fn index_moved(&self, r: &ScheduleRow, old: Option<Millis>) -> Result<(), StoreError> {
+        match old.filter(|o| r.due_at() != Some(*o)) {
+            Some(o) => self.index.drop(&r.tenant, &r.name, o, "").await,
+            None => Ok(()),
+        }
+    }
+
     /// Adds a schedule unless the tenant has one of that name; true if added.
     pub async fn add(&self, r: &ScheduleRow) -> Result<bool, StoreError> {
+        self.index_put(r, r.updated_at).await?;
         let v = (
             self.scope.as_str(),
             r.tenant.as_str(),
@@ -197,9 +194,10 @@ impl ScheduleStatements {
         applied(self.session.execute_unpaged(&self.add, v).await.map_err(q("add schedule"))?)
     }
 
-    /// Replaces the definition and cursor of the schedule `r.id`; false if it is gone
-    /// (removed, or removed and added again).
-    pub async fn replace(&self, r: &ScheduleRow) -> Result<bool, StoreError> {
+    /// Replaces the definition and cursor of the schedule `r.id` (whose due time was
+    /// `old`); false if it is gone (removed, or removed and added again).
+    pub async fn replace(&self, r: &ScheduleRow, old: Option<Millis>) -> Result<bool, StoreError> {
+        self.index_put(r, r.updated_at).await?;
         let next = r.next_fire_at.unwrap_or(NEVER);
         let v = (
             r.spec.as_str(),
@@ -210,55 +208,58 @@ impl ScheduleStatements {
             r.name.as_str(),
             r.id.as_str(),
         );
-        applied(self.session.execute_unpaged(&self.replace, v).await.map_err(q("replace schedule"))?)
+        let done = applied(self.session.execute_unpaged(&self.replace, v).await.map_err(q("replace schedule"))?)?;
+        if done {
+            self.index_moved(r, old).await?;
+        }
+        Ok(done)
     }
 
-    /// Pauses or resumes the schedule `r.id` with its cursor; false if it is gone.
-    pub async fn set_paused(&self, r: &ScheduleRow) -> Result<bool, StoreError> {
+    /// Pauses or resumes the schedule `r.id` (whose due time was `old`) with its cursor;
+    /// false if it is gone.
+    pub async fn set_paused(&self, r: &ScheduleRow, old: Option<Millis>) -> Result<bool, StoreError> {
+        self.index_put(r, r.updated_at).await?;
         let next = r.next_fire_at.unwrap_or(NEVER);
         let v = (r.paused, next, r.updated_at, self.scope.as_str(), r.tenant.as_str(), r.name.as_str(), r.id.as_str());
-        applied(self.session.execute_unpaged(&self.set_paused, v).await.map_err(q("pause schedule"))?)
+        let done = applied(self.session.execute_unpaged(&self.set_paused, v).await.map_err(q("pause schedule"))?)?;
+        if done {
+            self.index_moved(r, old).await?;
+        }
+        Ok(done)
     }
 
-    /// Moves the cursor from `from` to `to`; false if it is no longer at `from`.
-    pub async fn advance(
-        &self,
-        tenant: &str,
-        name: &str,
-        from: Millis,
-        to: Option<Millis>,
-    ) -> Result<bool, StoreError> {
-        let v = (to.unwrap_or(NEVER), self.scope.as_str(), tenant, name, from);
-        applied(self.session.execute_unpaged(&self.advance, v).await.map_err(q("advance schedule"))?)
+    /// Moves the cursor of an active schedule from `from` to `to`; false if it is no
+    /// longer at `from`.
+    pub async fn advance(&self, c: &ScheduleCursor, from: Millis, now: Millis) -> Result<bool, StoreError> {
+        if let Some(to) = c.next_fire_at {
+            self.index.put(&DueEntry::new(&c.tenant, &c.name, to, "", now)).await?;
+        }
+        let v = (c.next_fire_at.unwrap_or(NEVER), self.scope.as_str(), c.tenant.as_str(), c.name.as_str(), from);
+        let done = applied(self.session.execute_unpaged(&self.advance, v).await.map_err(q("advance schedule"))?)?;
+        if done && c.next_fire_at != Some(from) {
+            self.index.drop(&c.tenant, &c.name, from, "").await?;
+        }
+        Ok(done)
     }
 
-    pub async fn remove(&self, tenant: &str, name: &str) -> Result<(), StoreError> {
-        let v = (self.scope.as_str(), tenant, name);
+    /// Deletes a schedule's row and then its index row (`r` as read before).
+    pub async fn remove(&self, r: &ScheduleRow) -> Result<(), StoreError> {
+        let v = (self.scope.as_str(), r.tenant.as_str(), r.name.as_str());
         self.session.execute_unpaged(&self.remove, v).await.map_err(q("remove schedule"))?;
+        if let Some(at) = r.due_at() {
+            self.index.drop(&r.tenant, &r.name, at, "").await?;
+        }
         Ok(())
     }
 
-    /// The deployment's schedules, or one tenant's (paged; at most `limit` rows).
-    pub async fn list(&self, tenant: Option<&str>, limit: usize) -> Result<Vec<ScheduleRow>, StoreError> {
-        use futures::TryStreamExt;
-        let scope = self.scope.as_str();
-        let pager = match tenant {
-            Some(t) => self.session.execute_iter(self.list_tenant.clone(), (scope, t)).await,
-            None => self.session.execute_iter(self.list.clone(), (scope,)).await,
-        }
-        .map_err(q("list schedules"))?;
-        let mut rows = pager.rows_stream::<Row>().map_err(q("list schedules"))?;
-        let mut out = Vec::new();
-        while let Some(r) = rows.try_next().await.map_err(q("list schedules"))? {
-            // A cursor moved just as the row was removed leaves a row without a spec.
-            if r.3.is_some() {
-                out.push(to_row(r));
-            }
-            if out.len() >= limit {
-                break;
-            }
-        }
-        Ok(out)
+    /// A tenant's schedules (paged; at most `limit` rows).
+    pub async fn list(&self, tenant: &str, limit: usize) -> Result<Vec<ScheduleRow>, StoreError> {
+        let v = (self.scope.as_str(), tenant);
+        // A cursor moved just as the row was removed leaves a row without a spec.
+        read_paged(&self.session, &self.list_tenant, v, "list schedules", limit, |r: Row| {
+            r.3.is_some().then(|| to_row(r))
+        })
+        .await
     }
 
     /// One schedule, read by key.
@@ -270,82 +271,59 @@ impl ScheduleStatements {
         Ok(row.filter(|r| r.3.is_some()).map(to_row))
     }
 
-    /// The deployment's schedules' cursors (paged; at most `limit`), definitions left in
-    /// the store.
-    pub async fn cursors(&self, limit: usize) -> Result<Vec<ScheduleCursor>, StoreError> {
-        use futures::TryStreamExt;
-        let what = "read schedule cursors";
-        let pager = self.session.execute_iter(self.cursors.clone(), (self.scope.as_str(),)).await.map_err(q(what))?;
-        type Light = (String, String, Option<bool>, Option<i64>, Option<i64>);
-        let mut rows = pager.rows_stream::<Light>().map_err(q(what))?;
-        let mut out = Vec::new();
-        while let Some((tenant, name, paused, next, created_at)) = rows.try_next().await.map_err(q(what))? {
-            // A cursor moved just as the row was removed leaves a row without `created_at`.
-            if created_at.is_none() {
-                continue;
-            }
-            let next_fire_at = next.filter(|n| *n != NEVER);
-            out.push(ScheduleCursor { tenant, name, paused: paused.unwrap_or(false), next_fire_at });
-            if out.len() >= limit {
-                break;
-            }
-        }
-        Ok(out)
+    /// One schedule's cursor, read by key without its definition.
+    pub async fn cursor(&self, tenant: &str, name: &str) -> Result<Option<ScheduleCursor>, StoreError> {
+        let what = "read schedule cursor";
+        let v = (self.scope.as_str(), tenant, name);
+        let res = self.session.execute_unpaged(&self.cursor, v).await.map_err(q(what))?;
+        let rows = res.into_rows_result().map_err(q(what))?;
+        Ok(rows.maybe_first_row::<Light>().map_err(q(what))?.and_then(to_cursor))
+    }
+
+    /// A tenant's schedules' cursors (paged; at most `limit`), definitions left in the store.
+    pub async fn cursors(&self, tenant: &str, limit: usize) -> Result<Vec<ScheduleCursor>, StoreError> {
+        let v = (self.scope.as_str(), tenant);
+        read_paged(&self.session, &self.cursors, v, "read schedule cursors", limit, to_cursor).await
     }
 
     /// The names of a tenant's schedules with their `created_at` (at most `limit`).
     pub async fn names(&self, tenant: &str, limit: usize) -> Result<Vec<(String, Millis)>, StoreError> {
-        use futures::TryStreamExt;
-        let what = "read schedule names";
         let v = (self.scope.as_str(), tenant);
-        let pager = self.session.execute_iter(self.names.clone(), v).await.map_err(q(what))?;
-        let mut rows = pager.rows_stream::<(String, Option<i64>)>().map_err(q(what))?;
-        let mut out = Vec::new();
-        while let Some((name, created_at)) = rows.try_next().await.map_err(q(what))? {
-            // A cursor moved just as the row was removed leaves a row without `created_at`.
-            if let Some(at) = created_at {
-                out.push((name, at));
-            }
-            if out.len() >= limit {
-                break;
-            }
+        // A cursor moved just as the row was removed leaves a row without `created_at`.
+        read_paged(&self.session, &self.names, v, "read schedule names", limit, |(n, at): (String, Option<i64>)| {
+            Some((n, at?))
+        })
+        .await
+    }
+
+    /// The schedules due by `now` in the due index (at most `limit`).
+    pub async fn due(&self, now: Millis, limit: usize) -> Result<Vec<DueEntry>, StoreError> {
+        self.index.due(now, limit).await
+    }
+
+    /// Drops an index entry found not matching its row.
+    pub async fn drop_entry(&self, e: &DueEntry) -> Result<(), StoreError> {
+        self.index.drop(&e.tenant, &e.name, e.due_at, &e.rev).await
+    }
+
+    /// Writes the index row of an active row again (the sweep's repair).
+    pub async fn reindex(&self, c: &ScheduleCursor, now: Millis) -> Result<(), StoreError> {
+        match c.next_fire_at.filter(|_| !c.paused) {
+            Some(at) => self.index.put(&DueEntry::new(&c.tenant, &c.name, at, "", now)).await,
+            None => Ok(()),
         }
-        Ok(out)
     }
 
-    /// The claimed slots among `0..count` of a tenant.
-    pub async fn slots(&self, tenant: &str, count: usize) -> Result<Vec<ScheduleSlot>, StoreError> {
-        let all: Vec<i32> = (0..count as i32).collect();
-        let mut out = Vec::new();
-        for chunk in all.chunks(100) {
-            out.extend(self.slots_in(tenant, chunk).await?);
-        }
-        Ok(out)
+    /// Rows left in the old per-deployment table (at most `limit`).
+    pub async fn old_rows(&self, limit: usize) -> Result<Vec<ScheduleRow>, StoreError> {
+        let v = (self.scope.as_str(),);
+        read_paged(&self.session, &self.old_rows, v, "read old schedules", limit, |r: Row| Some(to_row(r))).await
     }
 
-    /// The claimed slots of a tenant among `slots` (at most 100).
-    pub async fn slots_in(&self, tenant: &str, slots: &[i32]) -> Result<Vec<ScheduleSlot>, StoreError> {
-        let what = "read schedule slots";
-        let v = (self.scope.as_str(), tenant, slots.to_vec());
-        let res = self.session.execute_unpaged(&self.slots, v).await.map_err(q(what))?;
-        let rows = res.into_rows_result().map_err(q(what))?;
-        let mut out = Vec::new();
-        for r in rows.rows::<(i32, Option<String>, Option<i64>)>().map_err(q(what))? {
-            let (slot, name, at) = r.map_err(q(what))?;
-            out.push(ScheduleSlot { slot, name: name.unwrap_or_default(), at: at.unwrap_or(0) });
-        }
-        Ok(out)
-    }
-
-    /// Claims slot `slot` of `tenant` for the schedule `name`; true if it was free.
-    pub async fn claim(&self, tenant: &str, slot: i32, name: &str, at: Millis) -> Result<bool, StoreError> {
-        let v = (self.scope.as_str(), tenant, slot, name, at);
-        applied(self.session.execute_unpaged(&self.claim, v).await.map_err(q("claim schedule slot"))?)
-    }
-
-    /// Frees a slot if `s` still holds it.
-    pub async fn release(&self, tenant: &str, s: &ScheduleSlot) -> Result<bool, StoreError> {
-        let v = (self.scope.as_str(), tenant, s.slot, s.name.as_str(), s.at);
-        applied(self.session.execute_unpaged(&self.release, v).await.map_err(q("release schedule slot"))?)
+    /// Deletes a row of the old per-deployment table (once it is moved).
+    pub async fn old_remove(&self, tenant: &str, name: &str) -> Result<(), StoreError> {
+        let v = (self.scope.as_str(), tenant, name);
+        self.session.execute_unpaged(&self.old_remove, v).await.map_err(q("remove old schedule"))?;
+        Ok(())
     }
 }

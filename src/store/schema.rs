@@ -147,13 +147,21 @@ pub const TABLES: &[(&str, &str)] = &[
         "(scope text, bucket bigint, pool text, job_type text, worker text, ok bigint, failed bigint, \
          PRIMARY KEY ((scope, bucket), pool, job_type, worker))",
     ),
-    // Attempt outcomes per deployment and 10 s bucket, pool, job type, tenant and worker
-    // (cumulative cells, TTL): failed attempts and the infrastructure failures among
-    // them; what the API's submission circuit breakers read (per tenant, and shared).
+    // No longer written (its rows expire): attempt outcomes per tenant without timeouts
+    // apart; `tenant_outcome_cells` took its place.
     (
         "tenant_outcome_counts",
         "(scope text, bucket bigint, pool text, job_type text, tenant text, worker text, ok bigint, \
          failed bigint, infra bigint, PRIMARY KEY ((scope, bucket), pool, job_type, tenant, worker))",
+    ),
+    // Attempt outcomes per deployment and 10 s bucket, pool, job type, tenant and worker
+    // (cumulative cells, TTL): failed attempts, the infrastructure failures among them and
+    // the timeouts among those; what the API's submission circuit breakers read (per
+    // tenant, and shared: `core::admission::breaker`).
+    (
+        "tenant_outcome_cells",
+        "(scope text, bucket bigint, pool text, job_type text, tenant text, worker text, ok bigint, \
+         failed bigint, infra bigint, timeouts bigint, PRIMARY KEY ((scope, bucket), pool, job_type, tenant, worker))",
     ),
     // Run times per deployment and 10 s bucket, job type, pool run in and worker
     // (cumulative cells, TTL): runs, pool-range violations and a log-scale histogram
@@ -187,8 +195,9 @@ pub const TABLES: &[(&str, &str)] = &[
         "(scope text, job_type text, tenant text, pool text, since bigint, sticky_until bigint, reason text, \
          PRIMARY KEY (scope, job_type, tenant))",
     ),
-    // Recurring schedules per deployment (`crate::ops::schedules`): the definition as JSON,
-    // paused or not, and the first fire not yet submitted (moved by LWT).
+    // No longer written: recurring schedules in one partition per deployment (every
+    // tenant's LWTs and the leader's reads on one partition). Its rows move once to
+    // `tenant_schedules` (the promoter's leader, `ops::schedules::Schedules::migrate`).
     (
         "schedules",
         "(scope text, tenant text, name text, id text, spec text, paused boolean, next_fire_at bigint, \
@@ -202,13 +211,47 @@ pub const TABLES: &[(&str, &str)] = &[
         "schedule_slots",
         "(scope text, tenant text, slot int, name text, at bigint, PRIMARY KEY ((scope, tenant, slot)))",
     ),
-    // Open debounce windows per deployment (`crate::submit::dedupe`): the pending job, when the
-    // window opened and when its job is due, and the revision every change replaces (LWT).
+    // No longer written: open debounce windows in one partition per deployment. Its rows
+    // move once to `tenant_debounces` (the promoter's leader, `worker::schedules`).
     (
         "debounces",
         "(scope text, tenant text, key text, window_id text, first_at bigint, due_at bigint, rev text, job blob, \
          PRIMARY KEY ((scope), tenant, key))",
     ),
+    // Recurring schedules per (deployment, tenant) (`crate::ops::schedules`): the
+    // definition as JSON, paused or not, and the first fire not yet submitted (moved by
+    // LWT; one tenant's LWTs are Paxos rounds on its own partition). Found when due
+    // through `due_index`.
+    (
+        "tenant_schedules",
+        "(scope text, tenant text, name text, id text, spec text, paused boolean, next_fire_at bigint, \
+         created_at bigint, updated_at bigint, PRIMARY KEY ((scope, tenant), name))",
+    ),
+    // Open debounce windows per (deployment, tenant) (`crate::submit::dedupe`): the
+    // pending job, when the window opened and when its job is due, the revision every
+    // change replaces (LWT), and the tenant's slot (`debounce_slots`) it holds.
+    (
+        "tenant_debounces",
+        "(scope text, tenant text, key text, window_id text, first_at bigint, due_at bigint, rev text, job blob, \
+         slot int, slot_at bigint, PRIMARY KEY ((scope, tenant), key))",
+    ),
+    // Each tenant's debounce window slots (`store::debounce`): an open claims a free slot
+    // by LWT before it opens the window, so a tenant never holds more than
+    // `debounce.max_open_per_tenant` open windows however many opens race.
+    (
+        "debounce_slots",
+        "(scope text, tenant text, slot int, key text, at bigint, PRIMARY KEY ((scope, tenant, slot)))",
+    ),
+    // When schedules and debounce windows come due (`store::due`): per deployment, kind
+    // and minute, the (tenant, name) whose main row is due then; the leader reads only
+    // what is due.
+    (
+        "due_index",
+        "(scope text, kind text, bucket bigint, due_at bigint, tenant text, name text, rev text, written_at bigint, \
+         PRIMARY KEY ((scope, kind, bucket), due_at, tenant, name, rev))",
+    ),
+    // Which minute buckets of `due_index` may hold rows, per deployment and kind.
+    ("due_buckets", "(scope text, kind text, bucket bigint, PRIMARY KEY ((scope, kind), bucket))"),
 ];
 
 /// The keyspace's replication: NetworkTopologyStrategy with replicas per datacenter when

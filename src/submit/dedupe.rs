@@ -6,15 +6,19 @@
 //! (LWT), with the window (scope `window`) or `retention.results` (other scopes) as TTL.
 //! A debounce submission produces nothing: it opens the (tenant, key) window or moves an
 //! open one (LWT on its revision) and answers with the window's job id. A tenant has at
-//! most `debounce.max_open_per_tenant` windows open (checked before an open; opens racing
-//! each other may pass it by their number), each job's payload at most
-//! `debounce.max_payload_bytes`.
+//! most `debounce.max_open_per_tenant` windows open: an open claims one of the tenant's
+//! slots (`store::slots`) by LWT first, so racing opens on any number of processes never
+//! pass the bound; the window frees its slot when its job is submitted. Each job's
+//! payload is at most `debounce.max_payload_bytes`.
 
 use crate::config::Config;
 use crate::core::recurring::parse_duration;
 use crate::core::unique::{self, debounce_due, DebounceConfig, DebounceMode, Held, UniqueScope, MAX_DEBOUNCE_MS};
 use crate::model::{JobSubmitted, Millis, Pool};
-use crate::store::{DebounceRow, DebounceStatements, EventStatements, IdempotencyClaim, Store};
+use crate::store::{
+    Claimed, DebounceRow, DebounceStatements, EventStatements, IdempotencyClaim, Slot, SlotKind, Slots, Store,
+    StoreError,
+};
 use crate::submit::{NewJob, SubmitError, Submitted};
 
 /// Longest unique or debounce key.
@@ -184,24 +188,82 @@ impl Debounce {
     }
 }
 
-/// Folds a submission (`rec`, its job) into the (tenant, key) window: opens it, or moves
-/// the open one's due time (and job, in `replace` mode). Answers with the window's job id.
+/// A slot claimed this long ago that no window holds is an open that died between its
+/// claim and its write (or a close between its delete and its release): freed when the
+/// tenant is at its bound.
+const ORPHAN_SLOT_MS: Millis = 60_000;
+
+/// Debounce windows' rows and their tenants' slots.
+#[derive(Clone)]
+pub struct Windows {
+    pub rows: DebounceStatements,
+    pub slots: Slots,
+}
+
+impl Windows {
+    pub async fn connect(store: &Store) -> Result<Windows, StoreError> {
+        Ok(Windows { rows: store.debounce_statements().await?, slots: store.slots(SlotKind::Debounce).await? })
+    }
+
+    /// Claims one of the tenant's `max` slots for a window of `key` opened at `now`;
+    /// orphaned slots are freed once the tenant looks full.
+    async fn claim(&self, tenant: &str, key: &str, max: usize, now: Millis) -> Result<Slot, SubmitError> {
+        let mut orphans_freed = false;
+        loop {
+            match self.slots.claim_free(tenant, max, key, now).await? {
+                Claimed::Held(s) => return Ok(s),
+                Claimed::Full(taken) => {
+                    if orphans_freed || self.free_orphans(tenant, &taken, now).await? == 0 {
+                        return Err(SubmitError::TooManyWindows { tenant: tenant.to_string(), max });
+                    }
+                    orphans_freed = true;
+                }
+                Claimed::Contended => {
+                    return Err(invalid("debounce_key", "too many windows opened at once to claim a slot; retry"))
+                }
+            }
+        }
+    }
+
+    /// Frees the slots of `taken` claimed over [`ORPHAN_SLOT_MS`] ago that no window
+    /// holds; how many.
+    async fn free_orphans(&self, tenant: &str, taken: &[Slot], now: Millis) -> Result<usize, StoreError> {
+        let open = self.rows.windows(tenant, crate::core::unique::MAX_OPEN_PER_TENANT_CEILING).await?;
+        let held = |s: &Slot| open.iter().any(|w| w.key == s.holder && w.slot == s.slot && w.slot_at == s.at);
+        let mut freed = 0;
+        for s in taken.iter().filter(|s| s.at < now - ORPHAN_SLOT_MS && !held(s)) {
+            freed += usize::from(self.slots.release(tenant, s).await?);
+        }
+        Ok(freed)
+    }
+
+    /// Frees a closed window's slot (its job is in).
+    pub async fn release(&self, w: &DebounceRow) -> Result<(), StoreError> {
+        if w.slot >= 0 {
+            let s = Slot { slot: w.slot, holder: w.key.clone(), at: w.slot_at };
+            self.slots.release(&w.tenant, &s).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Folds a submission (`rec`, its job) into the (tenant, key) window: opens it (with a
+/// slot of the tenant's), or moves the open one's due time (and job, in `replace` mode).
+/// Answers with the window's job id.
 pub async fn debounce(
     store: &Store,
-    stmts: &tokio::sync::OnceCell<DebounceStatements>,
+    windows: &tokio::sync::OnceCell<Windows>,
     key: &str,
     d: &Debounce,
     rec: &mut JobSubmitted,
     now: Millis,
 ) -> Result<Submitted, SubmitError> {
-    let stmts = stmts.get_or_try_init(|| store.debounce_statements()).await?;
+    let w = windows.get_or_try_init(|| Windows::connect(store)).await?;
     let pool = rec.pool.unwrap_or(Pool::Short);
     let rev = uuid::Uuid::new_v4().to_string();
     for _ in 0..ATTEMPTS {
-        let Some(open) = stmts.get(&rec.tenant, key).await? else {
-            if stmts.open_keys(&rec.tenant, d.max_open).await? >= d.max_open {
-                return Err(SubmitError::TooManyWindows { tenant: rec.tenant.clone(), max: d.max_open });
-            }
+        let Some(open) = w.rows.get(&rec.tenant, key).await? else {
+            let slot = w.claim(&rec.tenant, key, d.max_open, now).await?;
             let row = DebounceRow {
                 tenant: rec.tenant.clone(),
                 key: key.to_string(),
@@ -210,8 +272,10 @@ pub async fn debounce(
                 due_at: debounce_due(now, now, d.delay, d.max_delay),
                 rev: rev.clone(),
                 job: crate::codec::encode_job(rec)?,
+                slot: slot.slot,
+                slot_at: slot.at,
             };
-            if stmts.open(&row).await? {
+            if w.rows.open(&row, now).await? {
                 return Ok(Submitted {
                     job_id: row.window_id,
                     duplicate: false,
@@ -221,6 +285,7 @@ pub async fn debounce(
                     queued_row: false,
                 });
             }
+            w.slots.release(&rec.tenant, &slot).await?;
             continue;
         };
         rec.job_id = open.window_id.clone();
@@ -230,7 +295,7 @@ pub async fn debounce(
         };
         let due_at = debounce_due(open.first_at, now, d.delay, d.max_delay);
         let moved = DebounceRow { due_at, rev: rev.clone(), job, ..open.clone() };
-        if stmts.extend(&moved, &open.rev).await? {
+        if w.rows.extend(&moved, &open, now).await? {
             return Ok(Submitted {
                 job_id: open.window_id,
                 duplicate: true,

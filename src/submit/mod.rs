@@ -171,7 +171,7 @@ pub struct Submitter {
     /// The pool classifier's decisions (with a store and the classifier on).
     classes: Option<crate::classifier::PoolClasses>,
     /// Statements of debounce windows (prepared on first use).
-    debounces: tokio::sync::OnceCell<crate::store::DebounceStatements>,
+    debounces: tokio::sync::OnceCell<dedupe::Windows>,
 }
 
 /// Longest a produce can take before it either failed or its job's row exists

@@ -10,24 +10,26 @@
 //! crash) resumes the deliveries it had not finished: at least once, with a delivery id
 //! that stays the same so receivers can drop copies. Redirects are not followed.
 //!
-//! Each receiver (callback URL) has its own lane (`core::receivers`): at most
-//! `webhooks.concurrency_per_receiver` of its deliveries in progress (backoff included)
-//! and `webhooks.queue_per_receiver` queued or in progress, beyond which its new results
-//! are given up with a `webhook_failed` event; `webhooks.concurrency` bounds the POSTs in
-//! flight across receivers (a delivery waiting out its backoff holds none), and
-//! `webhooks.queue_total` the results held in total (the loop stops reading at it). A
-//! dead receiver holds only its own lane.
+//! Each (tenant, receiver) pair (the result's tenant, its callback URL) has its own lane
+//! (`core::receivers`): at most `webhooks.concurrency_per_receiver` of its deliveries in
+//! progress (backoff included) and `webhooks.queue_per_receiver` queued or in progress,
+//! beyond which its new results are given up with a `webhook_failed` event;
+//! `webhooks.concurrency` bounds the POSTs in flight across lanes (a delivery waiting
+//! out its backoff holds none), and `webhooks.queue_total` the results held in total
+//! (the loop stops reading at it). A dead receiver holds only its own lanes, and one
+//! tenant flooding a receiver only its own lane there. A lane's semaphore exists while
+//! the lane holds results (at most `webhooks.queue_total` lanes).
 
 use crate::config::{secret_env_var, Config, Secret};
 use crate::core::offsets::Tracker;
-use crate::core::receivers::{Admit, Lanes};
+use crate::core::receivers::{lane, Admit, LaneKey, Lanes};
 use crate::core::webhooks::{self as rules, Answer};
 use crate::kafka::Producer;
 use crate::kafka::{self, Consumer, Message, Offset, TopicPartitionList};
 use crate::model::{EventKind, JobResult};
 use crate::watch::events;
 use crate::{codec, metrics as m, now_ms};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch, Semaphore};
@@ -39,10 +41,8 @@ struct Deliverer {
     producer: Producer,
     /// Callback URL per job type (only those that have one).
     urls: BTreeMap<String, String>,
-    /// POSTs in flight across receivers.
+    /// POSTs in flight across lanes.
     posts: Arc<Semaphore>,
-    /// Deliveries in progress per receiver (callback URL).
-    receivers: BTreeMap<String, Arc<Semaphore>>,
     stop: watch::Receiver<bool>,
 }
 
@@ -87,12 +87,9 @@ pub async fn deliver(cfg: Arc<Config>, stop: watch::Receiver<bool>) -> Result<()
     let consumer = kafka::reader(&cfg, &cfg.group("webhooks"), false)?;
     let topic = cfg.results_topic();
     consumer.subscribe(&[topic.as_str()]).map_err(kafka::KafkaError::from)?;
-    let per_receiver = cfg.webhooks.concurrency_per_receiver;
-    let receivers = urls.values().map(|u| (u.clone(), Arc::new(Semaphore::new(per_receiver)))).collect();
     let d = Arc::new(Deliverer {
         producer: kafka::producer(&cfg)?,
         posts: Arc::new(Semaphore::new(cfg.webhooks.concurrency)),
-        receivers,
         cfg,
         http,
         urls,
@@ -110,14 +107,19 @@ async fn run_loop(
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), WebhooksError> {
     let mut lanes = Lanes::new(d.cfg.webhooks.lanes());
-    let (done_tx, mut done) = mpsc::unbounded_channel::<(i32, i64, Option<String>)>();
+    // Deliveries in progress per lane, while the lane holds results.
+    let mut slots: HashMap<LaneKey, Arc<Semaphore>> = HashMap::new();
+    let (done_tx, mut done) = mpsc::unbounded_channel::<(i32, i64, Option<LaneKey>)>();
     let mut tracker = Tracker::new();
     loop {
         tokio::select! {
             _ = stop.changed() => return Ok(()),
-            Some((p, o, receiver)) = done.recv() => {
-                if let Some(url) = receiver {
-                    lanes.done(&url);
+            Some((p, o, key)) = done.recv() => {
+                if let Some(key) = key {
+                    lanes.done(&key);
+                    if lanes.pending(&key) == 0 {
+                        slots.remove(&key);
+                    }
                 }
                 if o >= 0 {
                     if let Some(next) = tracker.finished(&topic, p, o) {
@@ -138,16 +140,21 @@ async fn run_loop(
                             let _ = done_tx.send((p, o, None));
                         }
                         Some((r, url)) => {
-                            let admitted = lanes.admit(&url);
+                            let key = lane(&r.tenant, &url);
                             let (d, done_tx) = (d.clone(), done_tx.clone());
-                            tokio::spawn(async move {
-                                if admitted == Admit::ReceiverFull {
+                            if lanes.admit(&key) == Admit::ReceiverFull {
+                                tokio::spawn(async move {
                                     give_up_full(&d, &r, &url);
                                     let _ = done_tx.send((p, o, None));
-                                    return;
-                                }
-                                let finished = deliver_in_lane(&d, &r, &url).await;
-                                let _ = done_tx.send((p, if finished { o } else { -1 }, Some(url)));
+                                });
+                                continue;
+                            }
+                            let per_lane = d.cfg.webhooks.concurrency_per_receiver;
+                            let lane_slots =
+                                slots.entry(key.clone()).or_insert_with(|| Arc::new(Semaphore::new(per_lane))).clone();
+                            tokio::spawn(async move {
+                                let finished = deliver_in_lane(&d, &r, &url, &lane_slots).await;
+                                let _ = done_tx.send((p, if finished { o } else { -1 }, Some(key)));
                             });
                         }
                     }
@@ -161,9 +168,8 @@ async fn run_loop(
     }
 }
 
-/// Delivers one result once its receiver has a free delivery slot; see [`deliver_one`].
-async fn deliver_in_lane(d: &Deliverer, r: &JobResult, url: &str) -> bool {
-    let Some(lane) = d.receivers.get(url) else { return deliver_one(d, r, url).await };
+/// Delivers one result once its lane has a free delivery slot; see [`deliver_one`].
+async fn deliver_in_lane(d: &Deliverer, r: &JobResult, url: &str, lane: &Semaphore) -> bool {
     let mut stop = d.stop.clone();
     let _slot = tokio::select! {
         _ = stop.wait_for(|s| *s) => return false,
@@ -175,8 +181,8 @@ async fn deliver_in_lane(d: &Deliverer, r: &JobResult, url: &str) -> bool {
 /// A result whose receiver's lane is full: not sent, and its job's history says why.
 fn give_up_full(d: &Deliverer, r: &JobResult, url: &str) {
     let why = format!(
-        "not sent: its receiver already has webhooks.queue_per_receiver = {} results queued or in delivery (is it \
-         down?); results to other receivers go on",
+        "not sent: its receiver already has webhooks.queue_per_receiver = {} of the tenant's results queued or in \
+         delivery (is it down?); results to other receivers go on",
         d.cfg.webhooks.queue_per_receiver
     );
     tracing::warn!(job_id = %r.job_id, job_type = %r.job_type, "webhook {why}");

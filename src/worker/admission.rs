@@ -6,7 +6,7 @@
 //! - **outcomes**: successes and failed attempts (infrastructure ones apart) per job
 //!   type and tenant in 10 s buckets
 //!   (`core::admission::breaker::OwnOutcomes`, cumulative cells per worker in
-//!   `tenant_outcome_counts`), which the API processes read every second for their submission
+//!   `tenant_outcome_cells`), which the API processes read every second for their submission
 //!   circuit breakers;
 //! - **run times** (when the classifier is on): runs, pool-range violations and a
 //!   run-time histogram per (job type, tenant) in 10 s buckets (`core::classifier::RunCell`,
@@ -175,7 +175,7 @@ async fn pass(sh: &Shared, stmts: &AdmissionStatements) {
     count_out(&sh.admission_tally, pool, dequeued, |tenant, n| async move { stmts.dequeued(&tenant, pool, n).await })
         .await;
     let mut by_bucket: HashMap<i64, Vec<OutcomeCell>> = HashMap::new();
-    for (bucket, key, (ok, failed, infra)) in &pending {
+    for (bucket, key, (ok, failed, infra, timeouts)) in &pending {
         let (job_type, tenant) = OwnOutcomes::key_parts(key);
         let cell = OutcomeCell {
             pool: pool.to_string(),
@@ -185,6 +185,7 @@ async fn pass(sh: &Shared, stmts: &AdmissionStatements) {
             ok: *ok,
             failed: *failed,
             infra: *infra,
+            timeouts: *timeouts,
         };
         by_bucket.entry(*bucket).or_default().push(cell);
     }

@@ -1,18 +1,27 @@
 //! Firing recurring schedules: the promoter's leader (the holder of its lease) reads the
-//! deployment's schedule cursors once a second (no definitions: a definition, payload
-//! included, is read by key only when its schedule is due) and submits each due fire
-//! through the normal submission path (front-door admission, idempotency, the pool
-//! topic), paced at `worker.promoter_rate` fires per second. A fire's job id and
-//! idempotency key derive from (schedule id, fire time) (`core::recurring`), so a fire
-//! submitted twice (two leaders overlapping for a moment, a leader dying before it moved
-//! the cursor) is one job. The cursor (`next_fire_at`) moves by compare-and-set once its
-//! fires are in.
+//! due index (`store::due`) once a second: only the schedules due by now, oldest first,
+//! at most [`ENTRIES_PER_PASS`]. An entry is checked against its schedule's cursor (no
+//! definition); a definition, payload included, is read by key only when its schedule
+//! fires, and a pass loads at most [`PASS_BYTES`] of definitions and jobs (the rest wait
+//! for the next pass). Each due fire goes through the normal submission path (front-door
+//! admission, idempotency, the pool topic), paced at `worker.promoter_rate` fires per
+//! second. A fire's job id and idempotency key derive from (schedule id, fire time)
+//! (`core::recurring`), so a fire submitted twice (two leaders overlapping for a moment,
+//! a leader dying before it moved the cursor) is one job. The cursor (`next_fire_at`)
+//! moves by compare-and-set once its fires are in.
 //!
 //! The same leader submits the jobs of due debounce windows (`crate::submit::dedupe`),
-//! reading each window's job by key, one at a time: it closes a window by compare-and-set
-//! on its revision (a submission that moved it meanwhile wins, and the window is looked
-//! at again next pass), then submits its job under the window's id; a failed submit
-//! reopens the window.
+//! found the same way and read by key one at a time: it closes a window by
+//! compare-and-set on its revision (a submission that moved it meanwhile wins, and the
+//! window is looked at again when its new entry is due), then submits its job under the
+//! window's id and frees its slot; a failed submit reopens the window.
+//!
+//! An index entry that no longer matches its row (moved, paused, closed, removed) is
+//! dropped once it is older than `store::due::STALE_AFTER_MS`. Every
+//! [`SWEEP_EVERY`] the leader also sweeps: it moves rows left in the old per-deployment
+//! tables (once), counts schedules for the gauges, and writes the index rows of
+//! schedules and windows overdue by over a minute again (a writer that failed between
+//! its index write and its row write left them unindexed).
 
 use super::relay::{PROMOTER_LEASE, PROMOTER_LEASE_SECS};
 use crate::admission::{Admission, Ask};
@@ -23,7 +32,8 @@ use crate::metrics as m;
 use crate::now_ms;
 use crate::ops::schedules::{self, Schedule, Schedules};
 use crate::ops::tenants::LiveTenants;
-use crate::store::Store;
+use crate::store::{DebounceRow, DueEntry, ScheduleCursor, Store};
+use crate::submit::dedupe::Windows;
 use crate::submit::Submitter;
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,14 +42,29 @@ use tokio::sync::watch;
 /// Most fires of one schedule in one pass (catch-up `all` goes on in the next passes).
 const FIRES_PER_PASS: usize = 100;
 
-/// Most due debounce windows closed in one pass.
-const DEBOUNCES_PER_PASS: usize = 1_000;
+/// Most due index entries (of each kind) one pass reads.
+const ENTRIES_PER_PASS: usize = 1_000;
 
-/// What firing needs besides the store: schedules, debounce windows, a submitter, the
-/// front door.
+/// Most bytes of definitions and jobs one pass loads (of each kind).
+const PASS_BYTES: usize = 8 << 20;
+
+/// How often the leader sweeps (see the module docs).
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// A row due this long ago and still there gets its index row written again.
+const OVERDUE_MS: i64 = 60_000;
+
+/// Old rows moved per sweep (of each kind).
+const MIGRATE_PER_SWEEP: usize = 1_000;
+
+/// What firing needs besides the store: schedules, debounce windows, the tenants
+/// registry (the sweep), a submitter, the front door.
 struct Firing {
     schedules: Schedules,
-    debounces: crate::store::DebounceStatements,
+    windows: Windows,
+    tenants: crate::store::TenantStatements,
+    /// `debounce.max_open_per_tenant`.
+    max_open: usize,
     submitter: Submitter,
     admission: Arc<Admission>,
 }
@@ -54,6 +79,7 @@ pub async fn fire_loop(
 ) {
     let mut firing: Option<Firing> = None;
     let mut pace = Pace::new(cfg.worker.promoter_rate);
+    let mut swept: Option<tokio::time::Instant> = None;
     let mut tick = tokio::time::interval(Duration::from_millis(1_000));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -71,6 +97,10 @@ pub async fn fire_loop(
             }
         }
         if let Some(f) = &firing {
+            if swept.is_none_or(|at| at.elapsed() >= SWEEP_EVERY) {
+                f.sweep().await;
+                swept = Some(tokio::time::Instant::now());
+            }
             f.pass(&mut pace).await;
             f.close_due_windows().await;
         }
@@ -81,49 +111,40 @@ impl Firing {
     async fn connect(
         cfg: &Arc<Config>,
         store: &Store,
-        tenants: &LiveTenants,
+        live: &LiveTenants,
         shutdown: &watch::Receiver<bool>,
     ) -> Result<Firing, super::WorkerError> {
         let schedules = Schedules::connect(cfg.clone(), store).await?;
-        let debounces = store.debounce_statements().await?;
-        let submitter = Submitter::new(cfg.clone(), Some(store.clone()))?.with_tenants(tenants.clone());
-        let admission = Arc::new(Admission::connect(cfg.clone(), store, Some(tenants.clone())).await?);
+        let windows = Windows::connect(store).await?;
+        let tenants = store.tenant_statements().await?;
+        let submitter = Submitter::new(cfg.clone(), Some(store.clone()))?.with_tenants(live.clone());
+        let admission = Arc::new(Admission::connect(cfg.clone(), store, Some(live.clone())).await?);
         admission.start_breakers(shutdown.clone());
-        Ok(Firing { schedules, debounces, submitter, admission })
+        let max_open = cfg.debounce.max_open_per_tenant;
+        Ok(Firing { schedules, windows, tenants, max_open, submitter, admission })
     }
 
-    /// One pass: every active schedule's due fires, within the pace's budget.
+    /// One pass: the due schedules' fires, within the pace's and the byte budget.
     async fn pass(&self, pace: &mut Pace) {
-        let max = self.schedules.bounds().max_total;
-        let rows = match self.schedules.statements().cursors(max + 1).await {
-            Ok(rows) => rows,
+        let now = now_ms();
+        let due = match self.schedules.statements().due(now, ENTRIES_PER_PASS).await {
+            Ok(d) => d,
             Err(e) => {
-                tracing::warn!(error = %e, "cannot read schedules");
+                tracing::warn!(error = %e, "cannot read due schedules");
                 return;
             }
         };
-        if rows.len() > max {
-            tracing::warn!(
-                "the deployment has more than schedules.max_total = {max} schedules (the bound was lowered, or adds \
-                 raced it): only the first {max} fire; remove schedules or raise the bound"
-            );
-        }
-        let paused = rows.iter().filter(|r| r.paused).count();
-        metrics::gauge!(m::SCHEDULES, "state" => "paused").set(paused as f64);
-        metrics::gauge!(m::SCHEDULES, "state" => "active").set((rows.len() - paused) as f64);
-        let now = now_ms();
-        let due: Vec<_> = rows
-            .into_iter()
-            .take(max)
-            .filter(|c| !c.paused)
-            .filter_map(|c| Some((c.next_fire_at.filter(|at| *at <= now)?, c)))
-            .collect();
         let mut budget = pace.take(due.len() * FIRES_PER_PASS, now);
         let granted = budget;
-        // The oldest fire still due after the pass (held by the front door, or beyond the pace).
+        let mut bytes = 0;
+        // The oldest fire still due after the pass (held by the front door, or beyond a budget).
         let mut oldest_left: Option<i64> = None;
-        for (cursor, c) in due {
-            let left = if budget == 0 { Some(cursor) } else { self.fire_due(&c, cursor, now, &mut budget).await };
+        for e in due {
+            let left = if budget == 0 || bytes >= PASS_BYTES {
+                Some(e.due_at)
+            } else {
+                self.fire_due(&e, now, &mut budget, &mut bytes).await
+            };
             if let Some(c) = left.filter(|c| *c <= now) {
                 oldest_left = Some(oldest_left.map_or(c, |o| o.min(c)));
             }
@@ -133,28 +154,41 @@ impl Firing {
         metrics::gauge!(m::SCHEDULE_OLDEST_DUE_SECONDS).set(age);
     }
 
-    /// Reads a due schedule's definition by key and submits its due fires; the new
-    /// cursor (the old one if it was not fired).
-    async fn fire_due(
-        &self,
-        c: &crate::store::ScheduleCursor,
-        cursor: i64,
-        now: i64,
-        budget: &mut usize,
-    ) -> Option<i64> {
-        let loaded = self.schedules.get(&c.tenant, &c.name).await.map_err(|e| e.to_string());
+    /// Checks a due index entry against its schedule's cursor (a stale entry is dropped),
+    /// reads the definition by key and submits its due fires; the new cursor (the old
+    /// one if it was not fired, None if there was nothing to fire).
+    async fn fire_due(&self, e: &DueEntry, now: i64, budget: &mut usize, bytes: &mut usize) -> Option<i64> {
+        let stmts = self.schedules.statements();
+        let current = match stmts.cursor(&e.tenant, &e.name).await {
+            Ok(c) => c.filter(|c| !c.paused && c.next_fire_at == Some(e.due_at)),
+            Err(err) => {
+                tracing::warn!(tenant = %e.tenant, schedule = %e.name, "schedule not fired: {err}");
+                return Some(e.due_at);
+            }
+        };
+        if current.is_none() {
+            if e.stale_at(now) {
+                if let Err(err) = stmts.drop_entry(e).await {
+                    tracing::warn!(tenant = %e.tenant, schedule = %e.name, "stale due entry not dropped: {err}");
+                }
+            }
+            return None;
+        }
+        let cursor = e.due_at;
+        let loaded = self.schedules.get(&e.tenant, &e.name).await.map_err(|e| e.to_string());
         let s = match loaded {
             Ok(s) if s.row.next_fire_at == Some(cursor) && !s.row.paused => s,
             Ok(_) => return None,
-            Err(e) => {
-                tracing::warn!(tenant = %c.tenant, schedule = %c.name, "schedule not fired: {e}");
+            Err(err) => {
+                tracing::warn!(tenant = %e.tenant, schedule = %e.name, "schedule not fired: {err}");
                 return Some(cursor);
             }
         };
+        *bytes += s.row.spec.len();
         let timing = match s.timing() {
             Ok(t) => t,
-            Err(e) => {
-                tracing::warn!(tenant = %c.tenant, schedule = %c.name, "schedule not fired: {e}");
+            Err(err) => {
+                tracing::warn!(tenant = %e.tenant, schedule = %e.name, "schedule not fired: {err}");
                 return Some(cursor);
             }
         };
@@ -196,7 +230,13 @@ impl Firing {
             *budget -= 1;
         }
         if next != Some(cursor) {
-            if let Err(e) = self.schedules.statements().advance(&s.row.tenant, &s.row.name, cursor, next).await {
+            let moved = ScheduleCursor {
+                tenant: s.row.tenant.clone(),
+                name: s.row.name.clone(),
+                paused: false,
+                next_fire_at: next,
+            };
+            if let Err(e) = self.schedules.statements().advance(&moved, cursor, now_ms()).await {
                 tracing::warn!(tenant = %s.row.tenant, schedule = %s.row.name, error = %e, "schedule cursor not moved");
             }
         }
@@ -241,43 +281,147 @@ impl Firing {
 
     /// Submits the jobs of the debounce windows due now (see the module docs).
     async fn close_due_windows(&self) {
-        let due = match self.debounces.due(now_ms(), DEBOUNCES_PER_PASS).await {
+        let now = now_ms();
+        let due = match self.windows.rows.due(now, ENTRIES_PER_PASS).await {
             Ok(d) => d,
             Err(e) => {
-                tracing::warn!(error = %e, "cannot read debounce windows");
+                tracing::warn!(error = %e, "cannot read due debounce windows");
                 return;
             }
         };
-        for d in due {
-            let w = match self.debounces.get(&d.tenant, &d.key).await {
-                Ok(Some(w)) if w.rev == d.rev => w,
-                Ok(_) => continue,
-                Err(e) => {
-                    tracing::warn!(tenant = %d.tenant, error = %e, "cannot read a due debounce window");
-                    continue;
-                }
-            };
-            match self.debounces.close(&w.tenant, &w.key, &w.rev).await {
-                Ok(true) => {}
-                Ok(false) => continue,
-                Err(e) => {
-                    tracing::warn!(tenant = %w.tenant, error = %e, "cannot close a debounce window");
-                    continue;
+        let mut bytes = 0;
+        for e in due {
+            if bytes >= PASS_BYTES {
+                break;
+            }
+            if let Some(w) = self.due_window(&e, now).await {
+                bytes += w.job.len();
+                self.close_window(w).await;
+            }
+        }
+    }
+
+    /// The window a due index entry points at, read by key, if it is still the one due
+    /// (a stale entry is dropped).
+    async fn due_window(&self, e: &DueEntry, now: i64) -> Option<DebounceRow> {
+        let rows = &self.windows.rows;
+        let current = match rows.due_of(&e.tenant, &e.name).await {
+            Ok(d) => d.filter(|d| d.due_at == e.due_at && d.rev == e.rev),
+            Err(err) => {
+                tracing::warn!(tenant = %e.tenant, error = %err, "cannot read a due debounce window");
+                return None;
+            }
+        };
+        if current.is_none() {
+            if e.stale_at(now) {
+                if let Err(err) = rows.drop_entry(e).await {
+                    tracing::warn!(tenant = %e.tenant, error = %err, "stale due entry not dropped");
                 }
             }
-            let job = match crate::codec::decode_job(&w.job) {
-                Ok(rec) => crate::submit::dedupe::window_job(rec),
-                Err(e) => {
-                    tracing::error!(tenant = %w.tenant, window = %w.window_id, "debounce window's job unreadable, dropped: {e}");
-                    continue;
+            return None;
+        }
+        match rows.get(&e.tenant, &e.name).await {
+            Ok(Some(w)) if w.rev == e.rev => Some(w),
+            Ok(_) => None,
+            Err(err) => {
+                tracing::warn!(tenant = %e.tenant, error = %err, "cannot read a due debounce window");
+                None
+            }
+        }
+    }
+
+    /// Closes a due window, submits its job and frees its slot; reopens it if the submit
+    /// failed.
+    async fn close_window(&self, w: DebounceRow) {
+        match self.windows.rows.close(&w).await {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => {
+                tracing::warn!(tenant = %w.tenant, error = %e, "cannot close a debounce window");
+                return;
+            }
+        }
+        let job = match crate::codec::decode_job(&w.job) {
+            Ok(rec) => crate::submit::dedupe::window_job(rec),
+            Err(e) => {
+                tracing::error!(tenant = %w.tenant, window = %w.window_id, "debounce window's job unreadable, dropped: {e}");
+                return;
+            }
+        };
+        match self.submitter.submit(&job).await {
+            Ok(_) => {
+                if let Err(e) = self.windows.release(&w).await {
+                    tracing::warn!(tenant = %w.tenant, window = %w.window_id, error = %e, "debounce slot not freed");
                 }
-            };
-            if let Err(e) = self.submitter.submit(&job).await {
+            }
+            Err(e) => {
                 tracing::warn!(tenant = %w.tenant, window = %w.window_id, "debounced job not submitted, window reopened: {e}");
-                if let Err(e) = self.debounces.open(&w).await {
+                if let Err(e) = self.windows.rows.open(&w, now_ms()).await {
                     tracing::error!(tenant = %w.tenant, window = %w.window_id, error = %e, "debounce window lost");
                 }
             }
         }
+    }
+
+    /// The slow sweep (see the module docs).
+    async fn sweep(&self) {
+        if let Err(e) = self.sweep_once(now_ms()).await {
+            tracing::warn!("schedules and debounce sweep not finished: {e:#}");
+        }
+    }
+
+    async fn sweep_once(&self, now: i64) -> anyhow::Result<()> {
+        let moved = self.schedules.migrate(MIGRATE_PER_SWEEP).await?;
+        let moved_windows = self.migrate_windows(now).await?;
+        if moved + moved_windows > 0 {
+            tracing::info!(
+                schedules = moved,
+                debounce_windows = moved_windows,
+                "moved rows of the old per-deployment tables"
+            );
+        }
+        let max = self.schedules.bounds().max_total;
+        let (mut active, mut paused) = (0, 0);
+        for t in self.tenants.list().await?.keys() {
+            for c in self.schedules.statements().cursors(t, max).await? {
+                if c.paused {
+                    paused += 1;
+                    continue;
+                }
+                active += 1;
+                if c.next_fire_at.is_some_and(|at| at < now - OVERDUE_MS) {
+                    self.schedules.statements().reindex(&c, now).await?;
+                }
+            }
+            for w in self.windows.rows.windows(t, crate::core::unique::MAX_OPEN_PER_TENANT_CEILING).await? {
+                if w.due_at < now - OVERDUE_MS {
+                    self.windows.rows.reindex(&w, now).await?;
+                }
+            }
+        }
+        metrics::gauge!(m::SCHEDULES, "state" => "paused").set(paused as f64);
+        metrics::gauge!(m::SCHEDULES, "state" => "active").set(active as f64);
+        Ok(())
+    }
+
+    /// Moves windows left in the old per-deployment table to their tenants' partitions
+    /// (each claims a slot, or holds none past its tenant's bound), then deletes them.
+    async fn migrate_windows(&self, now: i64) -> anyhow::Result<usize> {
+        let rows = &self.windows.rows;
+        let old = rows.old_rows(MIGRATE_PER_SWEEP).await?;
+        for mut w in old.iter().cloned() {
+            if rows.get(&w.tenant, &w.key).await?.is_none() {
+                let max = self.max_open;
+                match self.windows.slots.claim_free(&w.tenant, max, &w.key, now).await? {
+                    crate::store::Claimed::Held(s) => (w.slot, w.slot_at) = (s.slot, s.at),
+                    _ => {
+                        tracing::warn!(tenant = %w.tenant, "moved debounce window holds no slot (tenant at its bound)")
+                    }
+                }
+                rows.open(&w, now).await?;
+            }
+            rows.old_remove(&w.tenant, &w.key).await?;
+        }
+        Ok(old.len())
     }
 }

@@ -14,7 +14,9 @@
 //!   count that tenant's attempts and every failure class; they refuse only that tenant;
 //! - the **shared gates** (`pool:<p>`, `job_type:<j>`) count only infrastructure
 //!   failures (dependency, timeout, worker crash: [`crate::model::FailureClass::is_infrastructure`])
-//!   against every attempt, and open only when at least `min_tenants` tenants had such
+//!   against every attempt, timeouts only when they are spread across tenants (the rule
+//!   below applied to the timeout share; else a tenant's timeouts are charged to its own
+//!   gates only: jobs that outlive their timeout are usually the tenant's input), and open only when at least `min_tenants` tenants had such
 //!   failures in the window and the failures are not one tenant's own
 //!   ([`ScopeCounts::may_open`]): the ratio must still be above `failure_ratio` with the
 //!   largest contributing tenant left out, or `min_tenants` tenants must each be above
@@ -232,8 +234,10 @@ pub struct TenantCell<'a> {
     pub ok: i64,
     /// Failed attempts, any class.
     pub failed: i64,
-    /// Of those, infrastructure failures.
+    /// Of those, infrastructure failures (timeouts included).
     pub infra: i64,
+    /// Of those, timeouts.
+    pub timeouts: i64,
 }
 
 /// What a gate counts in the window.
@@ -284,50 +288,107 @@ pub fn tenant_scope(scope: &str, tenant: &str) -> String {
     format!("{scope} of tenant {tenant:?}")
 }
 
+/// A shared scope's attempts of one tenant in the window, by kind of failure.
+#[derive(Debug, Clone, Copy, Default)]
+struct Raw {
+    ok: u64,
+    /// Failures that are not the infrastructure's (the job's own: counted as attempts).
+    own: u64,
+    /// Infrastructure failures other than timeouts.
+    infra: u64,
+    timeouts: u64,
+}
+
+impl Raw {
+    fn total(&self) -> u64 {
+        self.ok + self.own + self.infra + self.timeouts
+    }
+}
+
+/// Whether a shared scope's timeouts are spread across tenants, so they count as the
+/// infrastructure's: the same rule as [`ScopeCounts::may_open`]'s applied to the timeout
+/// share (above `failure_ratio` with the tenant with most timeouts left out, or
+/// `min_tenants` tenants each above it on their own attempts). Else each tenant's
+/// timeouts are its own (its gates count them, the shared ones do not).
+fn timeouts_spread(by_tenant: &std::collections::BTreeMap<String, Raw>, cfg: &GateConfig) -> bool {
+    let timed_out = by_tenant.values().filter(|r| r.timeouts > 0).count();
+    if timed_out < cfg.min_tenants {
+        return false;
+    }
+    let share = |t: u64, n: u64| n > 0 && t as f64 / n as f64 > cfg.failure_ratio;
+    let Some(largest) = by_tenant.values().max_by_key(|r| (r.timeouts, r.total())) else { return false };
+    let (all_t, all_n) = by_tenant.values().fold((0, 0), |(t, n), r| (t + r.timeouts, n + r.total()));
+    let (rest_t, rest_n) = (all_t - largest.timeouts, all_n - largest.total());
+    let each = cfg.min_attempts.div_ceil(cfg.min_tenants.max(1) as u64).max(1);
+    let above = by_tenant.values().filter(|r| r.total() >= each && share(r.timeouts, r.total())).count();
+    (rest_n >= cfg.min_attempts && share(rest_t, rest_n)) || above >= cfg.min_tenants
+}
+
 /// Sums the cells of the window `(now - window, now]`, only buckets starting at or after
 /// `since(key)`, per gate: `pool:<p>` and `job_type:<j>` (infrastructure failures of
-/// every tenant) and each tenant's own of both (its failures of any class).
+/// every tenant, timeouts only when spread across tenants: [`timeouts_spread`]) and each
+/// tenant's own of both (its failures of any class).
 pub fn window_counts<'a>(
     cells: impl IntoIterator<Item = TenantCell<'a>>,
     now: Millis,
     window_ms: i64,
+    cfg: &GateConfig,
     since: impl Fn(&str) -> Millis,
 ) -> HashMap<String, ScopeCounts> {
     let mut out: HashMap<String, ScopeCounts> = HashMap::new();
+    let mut shared: HashMap<String, std::collections::BTreeMap<String, Raw>> = HashMap::new();
     for c in cells {
         if c.bucket + BUCKET_MS <= now - window_ms || c.bucket > now {
             continue;
         }
-        let (ok, failed, infra) = (c.ok.max(0) as u64, c.failed.max(0) as u64, c.infra.max(0) as u64);
-        for shared in [format!("pool:{}", c.pool), format!("job_type:{}", c.job_type)] {
-            let own = tenant_scope(&shared, c.tenant);
-            let views = [(shared, None, infra.min(failed)), (own, Some(c.tenant), failed)];
-            for (key, tenant, bad) in views {
-                if c.bucket < since(&key) {
-                    continue;
-                }
-                let e = out.entry(key).or_default();
-                e.tenant = tenant.map(str::to_string);
-                e.counts.ok += ok + failed - bad;
-                e.counts.failed += bad;
-                if tenant.is_none() {
-                    let t = e.by_tenant.entry(c.tenant.to_string()).or_default();
-                    t.ok += ok + failed - bad;
-                    t.failed += bad;
-                }
-                if bad > 0 {
+        let (ok, failed) = (c.ok.max(0) as u64, c.failed.max(0) as u64);
+        let infra = (c.infra.max(0) as u64).min(failed);
+        let timeouts = (c.timeouts.max(0) as u64).min(infra);
+        for scope in [format!("pool:{}", c.pool), format!("job_type:{}", c.job_type)] {
+            let own = tenant_scope(&scope, c.tenant);
+            if c.bucket >= since(&own) {
+                let e = out.entry(own).or_default();
+                e.tenant = Some(c.tenant.to_string());
+                e.counts.ok += ok;
+                e.counts.failed += failed;
+                if failed > 0 {
                     e.failing.insert(c.tenant.to_string());
                 }
             }
+            if c.bucket >= since(&scope) {
+                let r = shared.entry(scope).or_default().entry(c.tenant.to_string()).or_default();
+                r.ok += ok;
+                r.own += failed - infra;
+                r.infra += infra - timeouts;
+                r.timeouts += timeouts;
+            }
+        }
+    }
+    for (scope, by_tenant) in shared {
+        let spread = timeouts_spread(&by_tenant, cfg);
+        let e = out.entry(scope).or_default();
+        for (tenant, r) in by_tenant {
+            let bad = r.infra + if spread { r.timeouts } else { 0 };
+            let t = Counts { ok: r.total() - bad, failed: bad };
+            e.counts.ok += t.ok;
+            e.counts.failed += t.failed;
+            if bad > 0 {
+                e.failing.insert(tenant.clone());
+            }
+            e.by_tenant.insert(tenant, t);
         }
     }
     out
 }
 
+/// A worker's outcome cell: (ok, failed, infrastructure failures among them, timeouts
+/// among those).
+pub type OutcomeCounts = (i64, i64, i64, i64);
+
 /// One worker's outcome counts per bucket and (job type, tenant) (one pool), with
-/// what was written: cells of (ok, failed, infrastructure failures).
+/// what was written.
 #[derive(Debug)]
-pub struct OwnOutcomes(OwnCells<(i64, i64, i64)>);
+pub struct OwnOutcomes(OwnCells<OutcomeCounts>);
 
 /// Separates job type and tenant in an [`OwnOutcomes`] key.
 const KEY_SEP: char = '\u{1f}';
@@ -347,12 +408,13 @@ impl OwnOutcomes {
             Some(f) => {
                 c.1 += 1;
                 c.2 += i64::from(f.is_infrastructure());
+                c.3 += i64::from(f == crate::model::FailureClass::Timeout);
             }
         });
     }
 
-    /// Cells changed since written: (bucket, key, (ok, failed, infra)); [`OwnOutcomes::key_parts`] splits the key.
-    pub fn pending(&self) -> Vec<(Millis, String, (i64, i64, i64))> {
+    /// Cells changed since written: (bucket, key, counts); [`OwnOutcomes::key_parts`] splits the key.
+    pub fn pending(&self) -> Vec<(Millis, String, OutcomeCounts)> {
         self.0.pending()
     }
 
@@ -362,7 +424,7 @@ impl OwnOutcomes {
     }
 
     /// These cells were stored (unless they changed meanwhile).
-    pub fn written(&mut self, cells: &[(Millis, String, (i64, i64, i64))]) {
+    pub fn written(&mut self, cells: &[(Millis, String, OutcomeCounts)]) {
         self.0.written(cells)
     }
 
@@ -418,7 +480,21 @@ mod tests {
         tenant: &'a str,
         c: (i64, i64, i64),
     ) -> TenantCell<'a> {
-        TenantCell { bucket, pool, job_type, tenant, ok: c.0, failed: c.1, infra: c.2 }
+        TenantCell { bucket, pool, job_type, tenant, ok: c.0, failed: c.1, infra: c.2, timeouts: 0 }
+    }
+
+    /// A cell of `ok` successes and `timeouts` timed-out attempts.
+    fn timed_out(tenant: &str, ok: i64, timeouts: i64) -> TenantCell<'_> {
+        TenantCell {
+            bucket: 0,
+            pool: "short",
+            job_type: "slow",
+            tenant,
+            ok,
+            failed: timeouts,
+            infra: timeouts,
+            timeouts,
+        }
     }
 
     #[test]
@@ -429,11 +505,17 @@ mod tests {
             cell(50_000, "medium", "echo", "a", (2, 0, 0)),
             cell(-20_000, "short", "echo", "a", (100, 100, 100)),
         ];
-        let c = window_counts(cells.clone(), 55_000, 60_000, |_| i64::MIN);
+        let c = window_counts(cells.clone(), 55_000, 60_000, &GateConfig::default(), |_| i64::MIN);
         assert_eq!(c["pool:short"].counts, counts(5, 5));
         assert_eq!(c["job_type:echo"].counts, counts(7, 1));
         assert_eq!(c["pool:medium"].counts, counts(2, 0));
-        let c = window_counts(cells, 55_000, 60_000, |k| if k == "pool:short" { 10_000 } else { i64::MIN });
+        let c = window_counts(cells, 55_000, 60_000, &GateConfig::default(), |k| {
+            if k == "pool:short" {
+                10_000
+            } else {
+                i64::MIN
+            }
+        });
         assert_eq!(c["pool:short"].counts, counts(0, 4));
         assert_eq!(probe_outcome(Some("retrying")), Some(false));
         assert_eq!(probe_outcome(Some("queued")), None);
@@ -443,7 +525,7 @@ mod tests {
     fn one_tenants_failures_open_only_its_own_gates() {
         // Tenant a: 40 app errors; tenant b: 10 successes, same pool and type.
         let cells = vec![cell(0, "short", "fail", "a", (0, 40, 0)), cell(0, "short", "echo", "b", (10, 0, 0))];
-        let c = window_counts(cells, 5_000, 60_000, |_| i64::MIN);
+        let c = window_counts(cells, 5_000, 60_000, &GateConfig::default(), |_| i64::MIN);
         let mut pool = Gate::new(GateConfig::default());
         assert_eq!(c["pool:short"].counts, counts(50, 0), "app errors are not the pool's failures");
         assert!(!c["pool:short"].may_open(&GateConfig::default()));
@@ -458,11 +540,11 @@ mod tests {
     fn infrastructure_failures_open_a_shared_gate_only_across_tenants() {
         // One tenant's dependency failures (e.g. payloads its service answers 503 to).
         let one = vec![cell(0, "short", "http", "a", (0, 20, 20)), cell(0, "short", "echo", "b", (10, 0, 0))];
-        let c = window_counts(one, 5_000, 60_000, |_| i64::MIN);
+        let c = window_counts(one, 5_000, 60_000, &GateConfig::default(), |_| i64::MIN);
         assert_eq!(c["pool:short"].counts, counts(10, 20));
         assert!(!c["pool:short"].may_open(&GateConfig::default()), "one tenant cannot open the pool's gate");
         let two = vec![cell(0, "short", "http", "a", (0, 20, 20)), cell(0, "short", "http", "b", (1, 9, 9))];
-        let c = window_counts(two, 5_000, 60_000, |_| i64::MIN);
+        let c = window_counts(two, 5_000, 60_000, &GateConfig::default(), |_| i64::MIN);
         assert!(c["pool:short"].may_open(&GateConfig::default()));
         assert_eq!(c["pool:short"].failing.len(), 2);
     }
@@ -480,7 +562,7 @@ mod tests {
             cell(0, "short", "slow", "b", (24, 1, 1)),
             cell(0, "short", "slow", "c", (25, 0, 0)),
         ];
-        let c = window_counts(cells, 5_000, 60_000, |_| i64::MIN);
+        let c = window_counts(cells, 5_000, 60_000, &GateConfig::default(), |_| i64::MIN);
         for shared in ["pool:short", "job_type:slow"] {
             let sc = &c[shared];
             assert_eq!(sc.failing.len(), 2);
@@ -501,15 +583,74 @@ mod tests {
             cell(0, "short", "http", "b", (5, 5, 5)),
             cell(0, "short", "http", "c", (5, 5, 5)),
         ];
-        let sc = &window_counts(spread, 5_000, 60_000, |_| i64::MIN)["pool:short"];
+        let sc = &window_counts(spread, 5_000, 60_000, &GateConfig::default(), |_| i64::MIN)["pool:short"];
         assert!(sc.holds_without_largest(&cfg) && sc.may_open(&cfg));
         // Two tenants, each 5 of 5 failed: without the larger there are too few attempts
         // left, but each is above the ratio on its own (at least 10 / 2 attempts each).
         let two = vec![cell(0, "short", "http", "a", (0, 5, 5)), cell(0, "short", "http", "b", (0, 5, 5))];
-        let sc = &window_counts(two, 5_000, 60_000, |_| i64::MIN)["pool:short"];
+        let sc = &window_counts(two, 5_000, 60_000, &GateConfig::default(), |_| i64::MIN)["pool:short"];
         assert!(!sc.holds_without_largest(&cfg));
         assert_eq!(sc.tenants_above_ratio(&cfg), 2);
         assert!(sc.may_open(&cfg));
+    }
+
+    /// Tenant a's jobs time out (half of them); b's and d's time out now and then (below
+    /// the ratio) and c has dependency failures above it. Charged to the infrastructure,
+    /// a's timeouts opened the pool for everyone (with c, the largest, left out: 60 of 208
+    /// attempts failed); charged to a, the pool stays open to the others, and a's own gate
+    /// opens.
+    #[test]
+    fn one_tenants_timeouts_are_charged_to_it_not_to_the_shared_gates() {
+        let cfg = GateConfig::default();
+        let cells = vec![
+            timed_out("a", 50, 50),
+            timed_out("b", 48, 2),
+            cell(0, "short", "slow", "c", (10, 90, 90)),
+            timed_out("d", 50, 8),
+        ];
+        let c = window_counts(cells, 5_000, 60_000, &cfg, |_| i64::MIN);
+        let sc = &c["pool:short"];
+        assert_eq!(sc.counts.failed, 90, "only c's dependency failures count: {sc:?}");
+        assert!(!sc.may_open(&cfg), "{sc:?}");
+        assert!(c[&tenant_scope("pool:short", "a")].may_open(&cfg));
+        assert!(Gate::new(cfg.clone()).observe(c[&tenant_scope("pool:short", "a")].counts, 5_000));
+    }
+
+    /// Timeouts every tenant sees (a slow shared dependency) still open the shared gates.
+    #[test]
+    fn timeouts_spread_across_tenants_open_a_shared_gate() {
+        let cfg = GateConfig::default();
+        let cells = vec![timed_out("a", 10, 40), timed_out("b", 10, 10), timed_out("c", 5, 5)];
+        let c = window_counts(cells, 5_000, 60_000, &cfg, |_| i64::MIN);
+        let sc = &c["job_type:slow"];
+        assert_eq!(sc.counts, counts(25, 55));
+        assert!(sc.may_open(&cfg) && Gate::new(cfg).observe(sc.counts, 5_000));
+    }
+
+    proptest::proptest! {
+        /// Whatever the other tenants' outcomes, one tenant's timeouts decide no shared
+        /// gate: the verdict is the one with its timeouts counted as plain attempts.
+        #[test]
+        fn one_tenants_timeouts_never_decide_a_shared_gate(
+            a in (0i64..200, 0i64..400),
+            others in proptest::collection::vec((0i64..60, 0i64..60, 0i64..60), 1..5),
+        ) {
+            let cfg = GateConfig::default();
+            let names = ["b", "c", "d", "e", "f"];
+            let rest: Vec<TenantCell> = others
+                .iter()
+                .zip(names)
+                .map(|(&(ok, dep, own), t)| cell(0, "short", "slow", t, (ok, dep + own, dep)))
+                .collect();
+            let with: Vec<TenantCell> = std::iter::once(timed_out("a", a.0, a.1)).chain(rest.clone()).collect();
+            let plain: Vec<TenantCell> =
+                std::iter::once(cell(0, "short", "slow", "a", (a.0 + a.1, 0, 0))).chain(rest).collect();
+            let verdict = |cells: Vec<TenantCell>| {
+                let c = window_counts(cells, 5_000, 60_000, &cfg, |_| i64::MIN);
+                ["pool:short", "job_type:slow"].map(|k| c.get(k).is_some_and(|s| s.may_open(&cfg) && s.counts.total() >= cfg.min_attempts && s.counts.failure_ratio() > cfg.failure_ratio))
+            };
+            proptest::prop_assert_eq!(verdict(with), verdict(plain));
+        }
     }
 
     #[test]
@@ -522,10 +663,12 @@ mod tests {
         let p = o.pending();
         assert_eq!(p.len(), 1);
         assert_eq!(OwnOutcomes::key_parts(&p[0].1), ("echo", "a"));
-        assert_eq!(p[0].2, (1, 2, 1));
+        assert_eq!(p[0].2, (1, 2, 1, 0));
         o.record("echo", "a", None, 3_000);
         o.written(&p);
-        assert_eq!(o.pending()[0].2, (2, 2, 1), "changed after the read: written again");
+        assert_eq!(o.pending()[0].2, (2, 2, 1, 0), "changed after the read: written again");
+        o.record("echo", "a", Some(F::Timeout), 3_000);
+        assert_eq!(o.pending()[0].2, (2, 3, 2, 1), "a timeout is an infrastructure failure, counted apart too");
         o.written(&o.pending());
         assert!(o.pending().is_empty());
         o.evict(100_000, 60_000);
