@@ -703,7 +703,8 @@ async fn old_rows_move_to_tenant_partitions_and_the_due_index_repairs_itself() {
         "INSERT INTO {ks}.schedules (scope, tenant, name, id, spec, paused, next_fire_at, created_at, updated_at) \
          VALUES (?, 'acme', 'old', ?, ?, false, ?, ?, ?)"
     );
-    let next = now - now.rem_euclid(2_000) + 2_000;
+    // Its grid is anchored at its `created_at`: the next fire is 2 s from now.
+    let next = created + 31 * 2_000;
     s.query_unpaged(cql, (scope, &old_id, serde_json::to_string(&old_spec).unwrap(), next, created, created))
         .await
         .unwrap();
@@ -750,12 +751,9 @@ async fn old_rows_move_to_tenant_partitions_and_the_due_index_repairs_itself() {
     assert!(seen.contains_key(&window_id), "the moved window's job is submitted when due");
     assert!(seen.contains_key(&lost_fire), "the unindexed overdue schedule is indexed again and fires");
 
-    let count = |cql: String| {
-        let s = s.clone();
-        async move {
-            let r = s.query_unpaged(cql, (scope.as_str(),)).await.unwrap().into_rows_result().unwrap();
-            r.rows::<(i64,)>().unwrap().next().unwrap().unwrap().0
-        }
+    let count = |cql: String| async move {
+        let r = s.query_unpaged(cql, (scope.as_str(),)).await.unwrap().into_rows_result().unwrap();
+        r.rows::<(i64,)>().unwrap().next().unwrap().unwrap().0
     };
     assert_eq!(count(format!("SELECT count(*) FROM {ks}.schedules WHERE scope = ?")).await, 0, "old schedules moved");
     assert_eq!(count(format!("SELECT count(*) FROM {ks}.debounces WHERE scope = ?")).await, 0, "old windows moved");

@@ -590,7 +590,7 @@ mod submit_tests {
         let job = job_from_flags(args(&["--idempotency-key", "order-4711"])).expect("an own key");
         assert_eq!(job.idempotency_key.as_deref(), Some("order-4711"));
         let lines = "{\"tenant\":\"acme\",\"job_type\":\"echo\",\"idempotency_key\":\"fairway.schedule/x/1\"}\n";
-        let submitter = Submitter::new(Arc::new(Config::default()), None).expect("submitter");
+        let submitter = Submitter::new(Arc::new(Config::builtin()), None).expect("submitter");
         let e = read_ndjson(Box::new(std::io::Cursor::new(lines)), &submitter).unwrap_err();
         assert!(format!("{e:#}").contains("line 1: idempotency_key \"fairway.schedule/x/1\""), "{e:#}");
     }
