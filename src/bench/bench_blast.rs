@@ -20,7 +20,8 @@
 //!   opens as many debounce windows, each with the largest payload allowed (through the
 //!   management shell and the submission path in this process, the bounds raised to fit):
 //!   the promoter leader's RSS (this process's in-process worker holds the lease) idle
-//!   and with them, and B's fire lag (submission - fire time) p50/p99 in both.
+//!   and with them (measured for 30 s from a minute after the adds), and B's fire lag
+//!   (submission - fire time) p50/p99 idle, during the adds, and with them in place.
 //!
 //! `--attacks` picks some (default all, in that order).
 //!
@@ -510,6 +511,9 @@ async fn schedules_attack(cfg: &Arc<fairway::config::Config>, waits: &Waits, n: 
         .filter(|ok| std::future::ready(*ok))
         .count()
         .await;
+    let adds_to = now_ms();
+    // Fires held back while the adds loaded the store and this process are caught up first.
+    tokio::time::sleep(Duration::from_secs(60)).await;
     let loaded_from = now_ms();
     let mut rss_loaded = 0f64;
     for _ in 0..30 {
@@ -523,7 +527,9 @@ async fn schedules_attack(cfg: &Arc<fairway::config::Config>, waits: &Waits, n: 
         "payload_bytes": cfg.schedules.max_payload_bytes,
         "leader_rss_mb_idle": rss_idle, "leader_rss_mb_loaded_max": rss_loaded,
         "leader_rss_mb_growth": rss_loaded - rss_idle,
+        "adds_seconds": (adds_to - idle_to) as f64 / 1000.0,
         "b_idle": lag_json(fire_lags(waits, "globex", &b.id, idle_from, idle_to)),
+        "b_during_adds_and_catch_up": lag_json(fire_lags(waits, "globex", &b.id, idle_to, loaded_from)),
         "b_loaded": lag_json(fire_lags(waits, "globex", &b.id, loaded_from, loaded_to)),
     }))
 }
