@@ -14,7 +14,7 @@
 //! | `core` | pure decisions: scheduling, retry, breakers, limits, schedules... (map in `core`) |
 //! | `kafka` | the Kafka edge: clients, topics, `kafka::Producer` (rebuilt after fatal errors), `kafka::Pauses`, `kafka::stall` (restarts fetchers librdkafka stopped) |
 //! | `store` | the ScyllaDB edge: schema, statements, tables per concept |
-//! | `handlers` | the `Handler` trait and job context; the HTTP executor, the `process` executor, demo handlers |
+//! | `handlers` | the `Handler` trait and job context; the HTTP executor, the `process` executor (one-shot and pooled children, `handlers::process::pooled`), demo handlers |
 //! | `worker` | a worker process; its tasks are below |
 //! | `worker::pool` | one pool's consumer loop: messages in, scheduling, executions out |
 //! | `worker::route` | a job's route top to bottom (intake → check → run → settle → commit) and the types its stages pass (`Durable` among them); stages in `worker::check`, `worker::exec`, `worker::settle`, their durable writes in `worker::durable` |
