@@ -150,7 +150,7 @@ fn render(f: &FleetStats, all: bool) -> String {
         legend.extend(p.process_enforcement.iter().filter(|e| !legend.contains(e)).collect::<Vec<_>>());
     }
     for e in legend {
-        let _ = writeln!(s, "  {e}: {}", crate::core::sandbox::explain(e));
+        let _ = writeln!(s, "  {e}: {}", fairway::core::sandbox::explain(e));
     }
     for p in f.pools.iter().filter(|p| p.unassigned_workers > 0) {
         let _ = writeln!(
