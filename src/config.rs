@@ -582,6 +582,13 @@ pub struct JobTypeConfig {
     /// read (default: only into the worker's log; a program may print its config).
     #[serde(default)]
     pub stderr_in_error: bool,
+    /// handler = "process": a child per attempt (`one_shot`, the default) or long-lived
+    /// children taking one tenant's jobs one after another (`pooled`, docs/process-jobs.md).
+    #[serde(default)]
+    pub mode: ProcessMode,
+    /// mode = "pooled": when a child is replaced and how long an idle one waits.
+    #[serde(default)]
+    pub pooled: Option<PooledConfig>,
     /// HTTP executor: follow up to 5 redirects (off by default: a redirect answers
     /// `permanent`, so a job type's endpoint cannot send fairway elsewhere).
     #[serde(default)]
@@ -592,6 +599,33 @@ pub struct JobTypeConfig {
     pub tenants: Option<Vec<String>>,
 }
 
+/// How a `process` job type runs its jobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcessMode {
+    /// A fresh child per attempt.
+    #[default]
+    OneShot,
+    /// A long-lived child per slot and tenant takes jobs one after another.
+    Pooled,
+}
+
+/// `job_types.<name>.pooled`: the life of a pooled child.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PooledConfig {
+    /// A child is replaced by a fresh one after this many jobs.
+    pub jobs_per_child: u32,
+    /// An idle child is ended after this long without a job.
+    pub idle: crate::core::retry::DurationMs,
+}
+
+impl Default for PooledConfig {
+    fn default() -> Self {
+        PooledConfig { jobs_per_child: 100, idle: crate::core::retry::DurationMs::secs(30) }
+    }
+}
+
 /// Default time between a child's SIGTERM and its SIGKILL.
 pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(10);
 
@@ -600,14 +634,34 @@ impl JobTypeConfig {
     fn validate_process(&self, name: &str, pool: &PoolConfig) -> Result<(), ConfigError> {
         let key = |k: &str| format!("job_types.{name}.{k}");
         if self.handler != HandlerKind::Process {
-            if self.command.is_some() || self.cwd.is_some() || !self.env.is_empty() || self.limits != Default::default()
-            {
+            let set = [
+                ("command", self.command.is_some()),
+                ("cwd", self.cwd.is_some()),
+                ("env", !self.env.is_empty()),
+                ("limits", self.limits != Default::default()),
+                ("network", self.network),
+                ("stderr_in_error", self.stderr_in_error),
+                ("mode", self.mode != ProcessMode::OneShot),
+                ("pooled", self.pooled.is_some()),
+            ];
+            if let Some((k, _)) = set.iter().find(|(_, on)| *on) {
                 return Err(invalid(
-                    key("command"),
-                    "command, cwd, env and limits apply to handler = \"process\" only",
+                    key(k),
+                    "command, cwd, env, limits, network, stderr_in_error, mode and pooled apply to handler = \"process\" only; remove it or set handler = \"process\"",
                 ));
             }
             return Ok(());
+        }
+        if let Some(p) = &self.pooled {
+            if self.mode != ProcessMode::Pooled {
+                return Err(invalid(key("pooled"), "applies to mode = \"pooled\" only; set it or remove pooled"));
+            }
+            if p.jobs_per_child == 0 || p.idle.0 <= 0 {
+                return Err(invalid(
+                    key("pooled"),
+                    "jobs_per_child and idle must be above 0, e.g. { jobs_per_child = 100, idle = \"30s\" }",
+                ));
+            }
         }
         match &self.command {
             Some(argv) if !argv.is_empty() && !argv[0].trim().is_empty() => {}
@@ -922,6 +976,29 @@ mod tests {
         assert_eq!(a.group("retry"), "blue.workers.retry");
         b.kafka.group_prefix = "shared.".into();
         assert_eq!(b.group("short"), "shared.short", "an explicit prefix still wins");
+    }
+
+    #[test]
+    fn process_only_keys_on_another_handler_are_refused_naming_the_key() {
+        for (k, v) in [
+            ("network", "true"),
+            ("stderr_in_error", "true"),
+            ("mode", "\"pooled\""),
+            ("pooled", "{ jobs_per_child = 5 }"),
+            ("command", "[\"cat\"]"),
+        ] {
+            let text = format!("[job_types.e]\npool = \"short\"\nhandler = \"echo\"\n{k} = {v}\n");
+            let err = Config::parse(&text, "t").unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("job_types.e.{k}")) && err.contains("handler = \"process\" only"),
+                "{k}: {err}"
+            );
+        }
+        let pooled = "[job_types.p]\npool = \"short\"\nhandler = \"process\"\ncommand = [\"cat\"]\n";
+        let err = Config::parse(&format!("{pooled}pooled = {{ jobs_per_child = 5 }}\n"), "t").unwrap_err().to_string();
+        assert!(err.contains("job_types.p.pooled") && err.contains("mode = \"pooled\""), "{err}");
+        let c = Config::parse(&format!("{pooled}mode = \"pooled\"\npooled = {{ jobs_per_child = 5 }}\n"), "t").unwrap();
+        assert_eq!(c.job_types["p"].pooled.map(|p| (p.jobs_per_child, p.idle.0)), Some((5, 30_000)));
     }
 
     #[test]

@@ -16,7 +16,7 @@
 //! | `store` | the ScyllaDB edge: schema, statements, tables per concept |
 //! | `store::due` | the due index of schedules and debounce windows: what the promoter's leader reads, only what is due |
 //! | `store::slots` | a tenant's numbered slots claimed by LWT: the atomic per-tenant count of schedules and open debounce windows |
-//! | `handlers` | the `Handler` trait and job context; the HTTP executor, the `process` executor, demo handlers |
+//! | `handlers` | the `Handler` trait and job context; the HTTP executor, the `process` executor (one-shot and pooled children, `handlers::process::pooled`), demo handlers |
 //! | `worker` | a worker process; its tasks are below |
 //! | `worker::pool` | one pool's consumer loop: messages in, scheduling, executions out |
 //! | `worker::route` | a job's route top to bottom (intake → check → run → settle → commit) and the types its stages pass (`Durable` among them); stages in `worker::check`, `worker::exec`, `worker::settle`, their durable writes in `worker::durable` |

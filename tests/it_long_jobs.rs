@@ -277,8 +277,9 @@ async fn deadlines_expire_queued_jobs_without_a_slot_and_stop_running_ones() {
 /// Before, a hand-off copy was told it was the first attempt and no count said otherwise.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_handed_off_or_crashed_job_is_not_told_first_attempt_on_its_second_run() {
-    let dir = tempfile::tempdir().unwrap();
-    // Children run as their attempt's own uid (the sandbox): let them write the log.
+    // Not under /tmp: children have a private /tmp (their mount namespace). They run as
+    // their attempt's own uid (the sandbox): let them write the log.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
     std::fs::write(dir.path().join("runs.log"), "").unwrap();

@@ -389,6 +389,7 @@ async fn a_child_cannot_read_the_worker_or_a_sibling_reach_the_broker_or_signal_
         ("read_sibling", "read_sibling", ""),
         ("kill_all", "kill_all", ""),
         ("connect", &format!("connect:{}", common::brokers()), ""),
+        ("list_proc", "list_proc", ""),
     ])
     .await;
     let out = |name: &str| String::from_utf8_lossy(r[name].output.as_deref().unwrap_or_default()).into_owned();
@@ -396,14 +397,72 @@ async fn a_child_cannot_read_the_worker_or_a_sibling_reach_the_broker_or_signal_
     assert!(out("read_worker").starts_with("refused /proc/"), "the worker's environ: {}", out("read_worker"));
     assert_eq!(r["read_sibling"].status, JobStatus::Succeeded, "{:?}", r["read_sibling"]);
     let lines: Vec<String> = out("read_sibling").lines().map(String::from).collect();
-    assert_eq!(lines.len(), 2, "{lines:?}");
+    let hidden = lines == ["no victim found"];
     assert!(
-        lines.iter().all(|l| l.starts_with("refused /proc/")),
+        hidden || (lines.len() == 2 && lines.iter().all(|l| l.starts_with("refused /proc/"))),
         "another tenant's child's fd 3 and environ: {lines:?}"
     );
+    // With a mount namespace per attempt, /proc lists only the child's own uid's processes.
+    let mountns = fairway::handlers::process::Enforcement::current().mountns.is_ok();
+    assert_eq!(r["list_proc"].status, JobStatus::Succeeded, "{:?}", r["list_proc"]);
+    if mountns {
+        assert_eq!(out("list_proc"), "sees no other job\n", "a sibling job's pid in this child's /proc");
+        assert!(hidden, "{lines:?}");
+    }
     // kill(-1) signals every process the caller may signal but itself: with a uid of its
     // own that is nothing (the victim and the quick jobs succeeded, checked above).
     assert_eq!(r["kill_all"].status, JobStatus::Succeeded, "{:?}", r["kill_all"]);
     assert_eq!(out("kill_all"), "alive after kill(-1)\n", "not run as root");
     assert!(out("connect").starts_with("refused "), "no network without network = true: {}", out("connect"));
+}
+
+/// A pooled job type (mode = "pooled") running tests/fixtures/process/pooled.py.
+fn pooled(name: &str, more: &str) -> String {
+    format!(
+        "[job_types.{name}]\npool = \"short\"\nhandler = \"process\"\nmode = \"pooled\"\n\
+         command = [\"{}\", \"{MANIFEST}/tests/fixtures/process/pooled.py\"]\nenv = [\"PATH\"]\n{more}\n",
+        python()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pooled_jobs_share_one_child_a_violation_ends_only_its_job_and_tenants_never_share_one() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
+    let more = "limits = { memory = \"64MiB\" }\nretry = { resource = { max_attempts = 1 } }\n\
+                pooled = { jobs_per_child = 100, idle = \"1s\" }";
+    let extra = format!("[pools.short]\nslots = 4\nheartbeat_interval = \"1s\"\n{}", pooled("pooled", more));
+    let cfg = Arc::new(common::config(&extra));
+    common::init(&cfg).await;
+    let w = start(&cfg, &[Pool::Short]).await;
+    let sub = Submitter::new(cfg.clone(), None).unwrap();
+    // One job at a time, each waited for: the order is the test's.
+    let run = async |tenant: &str, what: &str| {
+        let id = sub.submit(&common::new_job(tenant, "pooled", serde_json::json!(what))).await.unwrap().job_id;
+        let r = common::results_for(&cfg, std::slice::from_ref(&id), Duration::from_secs(30)).await;
+        r.get(&id).unwrap_or_else(|| panic!("{what} of {tenant} finished"))[0].clone()
+    };
+    let out =
+        |r: &fairway::model::JobResult| String::from_utf8_lossy(r.output.as_deref().unwrap_or_default()).into_owned();
+    let mut pids = Vec::new();
+    for _ in 0..3 {
+        let r = run("acme", "pid").await;
+        assert_eq!(r.status, JobStatus::Succeeded, "{r:?}");
+        pids.push(out(&r));
+    }
+    assert!(pids.iter().all(|p| *p == pids[0]), "three jobs in sequence on one child: {pids:?}");
+    let hog = run("acme", "hog").await;
+    assert_eq!((hog.status, hog.failure_class), (JobStatus::Failed, Some(FailureClass::Resource)), "{hog:?}");
+    assert!(error(&hog).contains("memory limit 64MiB exceeded"), "{hog:?}");
+    let after = run("acme", "leave s3cret").await;
+    assert_eq!(after.status, JobStatus::Succeeded, "the job after the violation: {after:?}");
+    assert_ne!(out(&after), pids[0], "a fresh child after the kill");
+    let same: serde_json::Value = serde_json::from_str(&out(&run("acme", "look").await)).unwrap();
+    assert_eq!(same["kept"], "s3cret", "the tenant's next job runs in its child: {same}");
+    let other: serde_json::Value = serde_json::from_str(&out(&run("globex", "look").await)).unwrap();
+    assert_ne!(other["pid"].to_string(), out(&after), "another tenant's job gets a child of its own: {other}");
+    assert_eq!((&other["env"], &other["kept"]), (&serde_json::Value::Null, &serde_json::Value::Null), "{other}");
+    assert!(!other["tmp"].as_array().unwrap().iter().any(|f| f == "left-behind"), "{other}");
+    w.stop().await;
+    let gone = common::wait_for(Duration::from_secs(10), async || leftover_cgroups().is_empty().then_some(())).await;
+    assert!(gone.is_some(), "idle pooled children end with their cgroups: {:?}", leftover_cgroups());
 }

@@ -144,8 +144,13 @@ fn render(f: &FleetStats, all: bool) -> String {
         ]);
     }
     table(&mut s, &pools, 1, false);
+    let mut legend: Vec<&String> = Vec::new();
     for p in f.pools.iter().filter(|p| !p.process_enforcement.is_empty()) {
         let _ = writeln!(s, "pool {}: process job limits enforced with {}", p.pool, p.process_enforcement.join(", "));
+        legend.extend(p.process_enforcement.iter().filter(|e| !legend.contains(e)).collect::<Vec<_>>());
+    }
+    for e in legend {
+        let _ = writeln!(s, "  {e}: {}", fairway::core::sandbox::explain(e));
     }
     for p in f.pools.iter().filter(|p| p.unassigned_workers > 0) {
         let _ = writeln!(

@@ -20,6 +20,7 @@
 //! | `recurring`, `unique` | recurring schedules (fire times, DST, catch-up); unique jobs and debounce |
 //! | `limits`, `recycling`, `stuck` | `process` jobs' limits and exit verdicts, the recycling cap, the stuck-job rule |
 //! | `sandbox`, `checkpoint_pace` | a `process` attempt's private directory name, uids and required confinements; checkpoint writes coalesced |
+//! | `pooled` | pooled `process` jobs: the job frame on a child's stdin, the `result` line ending a job, when a child is kept |
 //! | `vitals` | whether a worker can still make progress, and when it must give up |
 //! | `outcomes` | outcomes in flight: how many, and how many bytes, before no job starts |
 //! | `frontier`, `finished` | skipping the effectively-once read; where a finished record lives |
@@ -48,6 +49,7 @@ pub mod limits;
 pub mod offsets;
 pub mod outcomes;
 pub mod poison;
+pub mod pooled;
 pub mod promotion;
 pub mod quota;
 pub mod receivers;

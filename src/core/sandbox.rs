@@ -46,6 +46,38 @@ pub fn missing<'a>(
     unavailable.iter().filter(|(c, _)| required.contains(c)).collect()
 }
 
+/// What an enforcement name (`Enforcement::name`: `cgroup-v1+uid+netns`, `rlimit`, ...)
+/// enforces, and why not more: the legend `fairway stats` prints under its pools.
+pub fn explain(name: &str) -> String {
+    let parts: Vec<&str> = name.split('+').collect();
+    let mut said = Vec::new();
+    for p in &parts {
+        said.push(match *p {
+            "cgroup-v1" => "cgroup-v1: memory and processes limits over the whole tree, peak memory and CPU read from it, the tree killed at each attempt's end".to_string(),
+            "cgroup-v2" => "cgroup-v2: the same over a delegated v2 subtree (this path is untested on the project's machine kind, whose v2 hierarchy offers only hugetlb)".to_string(),
+            "rlimit" => "rlimit: no cgroup (RLIMIT_CPU, RLIMIT_NOFILE, RLIMIT_AS, a watchdog on the leader's memory; strays that leave the process group survive)".to_string(),
+            "uid" => "uid: a uid of its own per attempt (no reading or signalling another child or the worker)".to_string(),
+            "netns" => "netns: no network unless the job type sets network = true".to_string(),
+            "mountns" => "mountns: a mount namespace per attempt (/proc lists only its own uid's processes, /tmp private)".to_string(),
+            other => format!("{other}: unknown to this fairway version"),
+        });
+    }
+    for (part, why) in [
+        ("uid", "no uid per attempt (the worker is not root)"),
+        ("netns", "no network namespace (needs root or CAP_SYS_ADMIN): children keep the worker's network"),
+        ("mountns", "no mount namespace (needs root and a uid per attempt): children see the host's /proc and /tmp"),
+    ] {
+        if !parts.contains(&part) {
+            said.push(why.to_string());
+        }
+    }
+    said.push(
+        "never: a pid namespace (a child's pids are the host's), seccomp, CPU bandwidth, I/O limits; other files by their permissions (docs/process-jobs.md)"
+            .to_string(),
+    );
+    said.join("; ")
+}
+
 /// The uid of the `n`th concurrent attempt: `base + n`, or None past `count`.
 pub fn uid_for(base: u32, count: u32, n: u32) -> Option<u32> {
     (n < count).then(|| base + n)
@@ -62,6 +94,26 @@ mod tests {
         assert!(a[..32].chars().all(|c| c.is_ascii_hexdigit()), "{a}");
         assert_ne!(dir_name("a", 0), dir_name("b", 0));
         assert_eq!(dir_name("a", 0), dir_name("a", 0));
+    }
+
+    #[test]
+    fn each_enforcement_name_is_explained_with_what_is_missing() {
+        let full = explain("cgroup-v1+uid+netns+mountns");
+        assert!(
+            full.contains("whole tree") && full.contains("uid of its own") && full.contains("no network"),
+            "{full}"
+        );
+        assert!(full.contains("/proc lists only its own uid's"), "{full}");
+        assert!(!full.contains("no uid per attempt") && full.contains("never: a pid namespace"), "{full}");
+        assert!(explain("cgroup-v1+uid+netns").contains("no mount namespace"));
+        let bare = explain("rlimit");
+        assert!(
+            bare.contains("no cgroup")
+                && bare.contains("no uid per attempt")
+                && bare.contains("keep the worker's network"),
+            "{bare}"
+        );
+        assert!(explain("cgroup-v2+uid").contains("untested"), "the v2 path is said to be untested");
     }
 
     #[test]

@@ -224,6 +224,25 @@ impl Tree {
         killed
     }
 
+    /// SIGKILLs every process in the tree but `keep` (a pooled child's leader between
+    /// jobs: what a job left running does not outlive it); how many.
+    pub fn kill_others(&self, keep: u32) -> usize {
+        let others: Vec<u32> = self.members().into_iter().filter(|p| *p != keep).collect();
+        for pid in &others {
+            // SAFETY: kill(2) on a pid read from the tree's own cgroup.
+            unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
+        }
+        others.len()
+    }
+
+    /// Starts the peak memory afresh (a pooled child's next job); v1 only: v2's
+    /// `memory.peak` keeps the cgroup's whole life.
+    pub fn reset_peak(&self) {
+        if let (false, [mem, _, _]) = (self.v2, self.dirs.as_slice()) {
+            let _ = std::fs::write(mem.join("memory.max_usage_in_bytes"), "0");
+        }
+    }
+
     /// Processes in the tree now (the pids hierarchy counts every one of them).
     fn members(&self) -> Vec<u32> {
         let dir = if self.v2 { &self.dirs[0] } else { &self.dirs[1] };

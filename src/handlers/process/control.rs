@@ -45,6 +45,23 @@ impl Lines {
     }
 }
 
+impl Lines {
+    /// Exactly `n` bytes (a pooled job's output after its `result` line, `n` at most the
+    /// output cap); None if the pipe ends first. Cancel-safe like `next_line`.
+    pub async fn next_bytes(&mut self, n: usize) -> Option<Vec<u8>> {
+        loop {
+            if self.buf.len() >= n {
+                return Some(self.buf.drain(..n).collect());
+            }
+            let mut chunk = [0u8; 8192];
+            match self.pipe.read(&mut chunk).await {
+                Ok(0) | Err(_) => return None,
+                Ok(k) => self.buf.extend_from_slice(&chunk[..k]),
+            }
+        }
+    }
+}
+
 /// The checkpoint file's bytes: a regular file (no symbolic link followed), owned by
 /// the attempt's uid when it has one, at most `max` bytes (one more tells it is over).
 pub fn read_checkpoint_file(path: &Path, uid: Option<u32>, max: u64) -> std::io::Result<Vec<u8>> {

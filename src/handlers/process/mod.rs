@@ -10,10 +10,12 @@
 //!
 //! Cancel, drain (hand-off) and the stuck detector send SIGTERM to the child's process
 //! group, then SIGKILL after `kill_grace`. A job dropped by the worker (aborted) takes its
-//! child's group with it; the end of every attempt takes its whole cgroup.
+//! child's group with it; the end of every attempt takes its whole cgroup. Job types with
+//! `mode = "pooled"` run on long-lived children instead (`pooled`).
 
 mod cgroup;
 mod control;
+mod pooled;
 mod reaper;
 mod sandbox;
 
@@ -62,6 +64,8 @@ pub struct Spec {
     pub network: bool,
     /// The tail of stderr goes into the error (else only into the worker's log).
     pub stderr_in_error: bool,
+    /// mode = "pooled": long-lived children (`pooled`); None: a child per attempt.
+    pub pooled: Option<pooled::Settings>,
 }
 
 impl Spec {
@@ -90,25 +94,39 @@ impl Spec {
             sandbox_root: root.join(format!("fairway-sandboxes-{}", std::process::id())),
             network: jt.network,
             stderr_in_error: jt.stderr_in_error,
+            pooled: (jt.mode == crate::config::ProcessMode::Pooled).then(|| {
+                let p = jt.pooled.unwrap_or_default();
+                pooled::Settings {
+                    jobs_per_child: p.jobs_per_child,
+                    idle: Duration::from_millis(p.idle.0.max(1) as u64),
+                    max_idle: cfg.pool(jt.pool).slots.max(1),
+                }
+            }),
         })
     }
 }
 
-/// Runs a job type's attempts as child processes.
+/// Runs a job type's attempts as child processes: a child per attempt, or pooled
+/// children taking jobs one after another.
 pub struct ProcessExecutor {
     spec: Arc<Spec>,
+    children: Option<Arc<pooled::Children>>,
 }
 
 impl ProcessExecutor {
     pub fn new(spec: Spec) -> Self {
-        ProcessExecutor { spec: Arc::new(spec) }
+        let children = spec.pooled.map(|_| Arc::new(pooled::Children::default()));
+        ProcessExecutor { spec: Arc::new(spec), children }
     }
 }
 
 impl Handler for ProcessExecutor {
     fn run(&self, ctx: JobContext) -> BoxFuture<'static, HandlerResult> {
         let spec = self.spec.clone();
-        async move { attempt(&spec, &ctx).await }.boxed()
+        match self.children.clone() {
+            Some(children) => async move { pooled::run(&spec, &children, &ctx).await }.boxed(),
+            None => async move { attempt(&spec, &ctx).await }.boxed(),
+        }
     }
 }
 
@@ -124,8 +142,9 @@ struct Confined {
 }
 
 impl Confined {
-    /// A private 0700 directory (owned by the attempt's uid), its uid and its cgroup.
-    fn new(spec: &Spec, ctx: &JobContext) -> Result<Confined, HandlerError> {
+    /// A private 0700 directory `dir_name` (owned by the attempt's uid), its uid and its
+    /// cgroup.
+    fn new(spec: &Spec, dir_name: &str) -> Result<Confined, HandlerError> {
         let enforcement = Enforcement::current();
         let io = |what: &str, e: std::io::Error| {
             HandlerError::dependency(format!("cannot prepare the sandbox ({what}): {e}"))
@@ -134,7 +153,7 @@ impl Confined {
         // Others may pass through the root to their own directory, not list it.
         std::fs::set_permissions(&spec.sandbox_root, std::fs::Permissions::from_mode(0o711))
             .map_err(|e| io("root", e))?;
-        let dir = spec.sandbox_root.join(crate::core::sandbox::dir_name(&ctx.job.job_id, ctx.attempt.max(0) as u32));
+        let dir = spec.sandbox_root.join(dir_name);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir(&dir).map_err(|e| io("directory", e))?;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(|e| io("directory", e))?;
@@ -157,16 +176,31 @@ impl Confined {
     }
 
     /// What the child applies to itself before exec.
-    fn child_setup(&self, spec: &Spec) -> sandbox::ChildSetup {
+    fn child_setup(&self, spec: &Spec) -> Result<sandbox::ChildSetup, HandlerError> {
         let enforcement = Enforcement::current();
-        sandbox::ChildSetup {
-            cpu_secs: spec.limits.cpu_time.map(|d| (d.0.max(1) as u64).div_ceil(1000)),
+        // A private /proc hides other uids' processes: only worth it with a uid of its own.
+        let mounts = match (&enforcement.mountns, &self.uid) {
+            (Ok(()), Some(_)) => Some(
+                sandbox::Mounts::new(&self.dir, spec.cwd.as_deref(), spec.limits.memory.map(|m| m.0))
+                    .map_err(|e| HandlerError::dependency(format!("cannot prepare the sandbox (mounts): {e}")))?,
+            ),
+            _ => None,
+        };
+        Ok(sandbox::ChildSetup {
+            mounts,
+            // A pooled child's CPU time is checked per job from its tree (RLIMIT_CPU would
+            // count its whole life).
+            cpu_secs: spec
+                .limits
+                .cpu_time
+                .filter(|_| spec.pooled.is_none())
+                .map(|d| (d.0.max(1) as u64).div_ceil(1000)),
             open_files: spec.limits.open_files,
             fallback: self.fallback(spec),
             join: self.tree.as_ref().map(|t| t.join_files()).unwrap_or_default(),
             uid: self.uid.as_ref().map(|u| u.uid),
             netns: enforcement.netns.as_ref().ok().filter(|_| !spec.network).map(|fd| fd.as_raw_fd()),
-        }
+        })
     }
 
     /// The rlimits standing in for a missing cgroup. RLIMIT_NPROC counts every process
@@ -230,12 +264,13 @@ impl Drop for Confined {
 
 /// One attempt: confine, spawn, feed, watch, kill what is left, collect, judge.
 async fn attempt(spec: &Spec, ctx: &JobContext) -> HandlerResult {
-    let mut confined = Confined::new(spec, ctx)?;
+    let mut confined =
+        Confined::new(spec, &crate::core::sandbox::dir_name(&ctx.job.job_id, ctx.attempt.max(0) as u32))?;
     prepare_checkpoint(ctx, &confined).await?;
     let (control_read, control_write) = sandbox::control_pipe()
         .map_err(|e| HandlerError::dependency(format!("cannot create the control pipe: {e}")))?;
     let mut cmd = command(spec, ctx, &confined);
-    let setup = confined.child_setup(spec);
+    let setup = confined.child_setup(spec)?;
     // SAFETY: the closure only makes async-signal-safe syscalls (see `sandbox::in_child`).
     unsafe {
         cmd.pre_exec(move || sandbox::in_child(&control_write, &setup));
@@ -325,32 +360,48 @@ fn judge(live: &JobLive, end: &ChildEnd, stopped: Option<&'static str>, output: 
 
 /// The child's command line, environment and pipes (not yet spawned).
 fn command(spec: &Spec, ctx: &JobContext, confined: &Confined) -> tokio::process::Command {
-    let job = &ctx.job;
+    let mut cmd = base_command(spec, &confined.dir);
+    cmd.envs(job_vars(ctx, &confined.dir, &confined.checkpoint_file));
+    cmd.env("TMPDIR", &confined.dir);
+    cmd
+}
+
+/// The program with the allowed environment, `FAIRWAY_CONTROL_FD`, piped stdio and a
+/// process group of its own, working in `dir` unless the job type sets `cwd`.
+fn base_command(spec: &Spec, dir: &std::path::Path) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(&spec.argv[0]);
     cmd.args(&spec.argv[1..]).env_clear().envs(spec.env.iter().map(|(k, v)| (k, v)));
-    cmd.current_dir(spec.cwd.as_deref().unwrap_or(&confined.dir));
-    let (traceparent, tracestate) = ctx.trace_context();
-    cmd.env("FAIRWAY_JOB_ID", &job.job_id)
-        .env("FAIRWAY_TENANT", &job.tenant)
-        .env("FAIRWAY_JOB_TYPE", &job.job_type)
-        .env("FAIRWAY_ATTEMPT", ctx.attempt.to_string())
-        .env("FAIRWAY_GENERATION", job.generation.to_string())
-        .env("FAIRWAY_FIRST_ATTEMPT", if ctx.first_attempt() { "1" } else { "0" })
-        .env("FAIRWAY_CRASH_COUNT", job.crash_count.to_string())
-        .env("FAIRWAY_HANDOFF_COUNT", job.handoff_count.to_string())
-        .env("FAIRWAY_REPLAY_COUNT", job.replay_count.to_string())
-        .env("FAIRWAY_CHECKPOINT_FILE", &confined.checkpoint_file)
-        .env("FAIRWAY_SANDBOX_DIR", &confined.dir)
-        .env("TMPDIR", &confined.dir)
-        .env("FAIRWAY_CONTROL_FD", CONTROL_FD.to_string());
-    if let Some(tp) = traceparent {
-        cmd.env("TRACEPARENT", tp);
-    }
-    if let Some(ts) = tracestate {
-        cmd.env("TRACESTATE", ts);
-    }
+    cmd.current_dir(spec.cwd.as_deref().unwrap_or(dir));
+    cmd.env("FAIRWAY_CONTROL_FD", CONTROL_FD.to_string());
     cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
     cmd
+}
+
+/// One job's variables (docs/process-jobs.md "The contract"): a one-shot child's
+/// environment, a pooled child's job header.
+fn job_vars(ctx: &JobContext, dir: &std::path::Path, checkpoint_file: &std::path::Path) -> Vec<(&'static str, String)> {
+    let job = &ctx.job;
+    let (traceparent, tracestate) = ctx.trace_context();
+    let mut vars = vec![
+        ("FAIRWAY_JOB_ID", job.job_id.clone()),
+        ("FAIRWAY_TENANT", job.tenant.clone()),
+        ("FAIRWAY_JOB_TYPE", job.job_type.clone()),
+        ("FAIRWAY_ATTEMPT", ctx.attempt.to_string()),
+        ("FAIRWAY_GENERATION", job.generation.to_string()),
+        ("FAIRWAY_FIRST_ATTEMPT", if ctx.first_attempt() { "1" } else { "0" }.to_string()),
+        ("FAIRWAY_CRASH_COUNT", job.crash_count.to_string()),
+        ("FAIRWAY_HANDOFF_COUNT", job.handoff_count.to_string()),
+        ("FAIRWAY_REPLAY_COUNT", job.replay_count.to_string()),
+        ("FAIRWAY_CHECKPOINT_FILE", checkpoint_file.display().to_string()),
+        ("FAIRWAY_SANDBOX_DIR", dir.display().to_string()),
+    ];
+    if let Some(tp) = traceparent {
+        vars.push(("TRACEPARENT", tp.to_string()));
+    }
+    if let Some(ts) = tracestate {
+        vars.push(("TRACESTATE", ts.to_string()));
+    }
+    vars
 }
 
 /// Writes the job's last checkpoint (if any) where the child will look for it, owned by
@@ -447,11 +498,7 @@ async fn watch(spec: &Spec, ctx: &JobContext, x: &mut Watch<'_>) -> Result<Watch
                     save_checkpoint(ctx, &state).await;
                 }
                 if let (None, Some(why)) = (w.stopped, live.stop_reason()) {
-                    w.stopped = Some(match why {
-                        super::StopReason::Cancelled => "cancelled",
-                        super::StopReason::ShuttingDown => "hand-off",
-                        super::StopReason::Stuck => "stuck",
-                    });
+                    w.stopped = Some(stop_name(why));
                     sandbox::signal_group(pid, libc::SIGTERM);
                     term_at = Some(tokio::time::Instant::now());
                 }
@@ -484,6 +531,15 @@ fn sample(spec: &Spec, confined: &Confined, pid: u32, w: &mut Watched) -> Option
     w.peak = w.peak.max(s.hwm_bytes).max(s.rss_bytes);
     w.cpu_ms = w.cpu_ms.max(s.cpu_ms);
     spec.limits.memory.filter(|l| s.rss_bytes > l.0).map(|limit| LimitHit::Memory { limit, peak: Bytes(w.peak) })
+}
+
+/// Why a child was sent SIGTERM, as errors say it.
+fn stop_name(why: super::StopReason) -> &'static str {
+    match why {
+        super::StopReason::Cancelled => "cancelled",
+        super::StopReason::ShuttingDown => "hand-off",
+        super::StopReason::Stuck => "stuck",
+    }
 }
 
 fn far_future() -> tokio::time::Instant {
@@ -597,6 +653,7 @@ mod tests {
             sandbox_root: std::env::temp_dir().join("fairway-process-unit"),
             network: false,
             stderr_in_error: true,
+            pooled: None,
         }
     }
 
@@ -667,6 +724,24 @@ mod tests {
         }
         let cgroup = Enforcement::current().tree.is_ok();
         assert!(gone || !cgroup, "with a cgroup per attempt the setsid grandchild {pid} is gone");
+    }
+
+    #[tokio::test]
+    async fn with_a_mount_namespace_a_child_sees_only_its_own_processes_and_its_own_tmp() {
+        let e = Enforcement::current();
+        if e.mountns.is_err() || e.uids.is_err() {
+            eprintln!("no mount namespace or uid per attempt on this host: {:?}", e.mountns);
+            return;
+        }
+        let script = "ls /tmp; ls -d /proc/[0-9]* | wc -l; echo x > /tmp/mine; ls \"$FAIRWAY_SANDBOX_DIR\"";
+        let (r, _) = run(spec(script, Limits::default()), b"").await;
+        let out = String::from_utf8(r.unwrap()).unwrap();
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[0], "fairway-process-unit", "/tmp holds only the way to its own directory: {out}");
+        let procs: usize = lines[1].trim().parse().unwrap();
+        assert!(procs <= 4, "its /proc lists only its own uid's processes (sh, ls, wc): {out}");
+        assert_eq!(lines.get(2), None, "its private directory is empty at the start: {out}");
+        assert!(!std::path::Path::new("/tmp/mine").exists(), "its /tmp is not the host's");
     }
 
     #[tokio::test]

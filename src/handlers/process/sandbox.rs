@@ -36,6 +36,9 @@ pub struct Enforcement {
     pub uids: Result<(), String>,
     /// The network namespace without network the attempts enter, or why none.
     pub netns: Result<OwnedFd, String>,
+    /// A mount namespace per attempt (its own /proc showing only its uid's processes, a
+    /// private /tmp), or why not.
+    pub mountns: Result<(), String>,
     in_use: Mutex<Vec<bool>>,
 }
 
@@ -46,6 +49,7 @@ impl Enforcement {
             tree: Hierarchy::detect(),
             uids: detect_uids(),
             netns: detect_netns(),
+            mountns: detect_mountns(),
             in_use: Mutex::new(vec![false; UID_COUNT as usize]),
         }
     }
@@ -83,6 +87,9 @@ impl Enforcement {
         if self.netns.is_ok() {
             parts.push("netns".into());
         }
+        if self.mountns.is_ok() && self.uids.is_ok() {
+            parts.push("mountns".into());
+        }
         parts.join("+")
     }
 
@@ -102,8 +109,13 @@ impl Enforcement {
             Ok(()) => yes.to_string(),
             Err(why) => format!("not available: {why}"),
         };
+        let mounts = match (&self.mountns, &self.uids) {
+            (Ok(()), Ok(())) => "a mount namespace per attempt (/proc mounted with hidepid=2: only its own uid's processes; /tmp a private tmpfs)".to_string(),
+            (Err(why), _) => format!("no mount namespace: {why}"),
+            (_, Err(_)) => "no mount namespace (a private /proc hides only other uids' processes: needs a uid per attempt)".to_string(),
+        };
         format!(
-            "{limits}; uid per attempt: {}; network namespace: {}; PR_SET_NO_NEW_PRIVS; worker non-dumpable; no pid or mount namespace (children see the host's process list and a read-only-by-permissions filesystem)",
+            "{limits}; uid per attempt: {}; network namespace: {}; {mounts}; PR_SET_NO_NEW_PRIVS; worker non-dumpable; no pid namespace (a child's pids are the host's; other uids' processes are hidden from it by /proc's hidepid where it has a mount namespace)",
             said(self.uids.as_ref().map(|_| ()), &format!("{UID_BASE}+n")),
             said(self.netns.as_ref().map(|_| ()), "one without network (a loopback, down) shared by the attempts, unless the job type sets network = true"),
         )
@@ -173,6 +185,27 @@ fn detect_netns() -> Result<OwnedFd, String> {
     Ok(OwnedFd::from(ns?))
 }
 
+/// Whether a child can have a mount namespace of its own with a private /proc and /tmp:
+/// tried once in a short-lived child (the same calls as `mount_private`).
+fn detect_mountns() -> Result<(), String> {
+    let dir = std::env::temp_dir().join(format!("fairway-mountns-probe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot make a probe directory: {e}"))?;
+    let mut probe = std::process::Command::new("/bin/true");
+    probe.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+    let m = Mounts::new(&dir, None, Some(1 << 20)).map_err(|e| e.to_string())?;
+    // SAFETY: `mount_private` makes only async-signal-safe syscalls.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut probe, move || mount_private(&m));
+    }
+    let status = probe.status();
+    let _ = std::fs::remove_dir(&dir);
+    match status {
+        Ok(s) if s.success() => Ok(()),
+        Ok(s) => Err(format!("the probe exited {s}")),
+        Err(e) => Err(format!("unshare(CLONE_NEWNS) or a mount failed: {e}")),
+    }
+}
+
 /// Confines the worker itself (start-up): other processes of its uid cannot read its
 /// memory, environment or descriptors, and job orphans come back to it to be reaped.
 pub fn confine_worker() {
@@ -200,6 +233,45 @@ pub struct ChildSetup {
     pub uid: Option<u32>,
     /// The network namespace without network to enter.
     pub netns: Option<std::os::fd::RawFd>,
+    /// A mount namespace of its own (private /proc and /tmp).
+    pub mounts: Option<Mounts>,
+}
+
+/// What a child's own mount namespace needs, prepared before fork (no allocation after).
+#[derive(Debug, Clone)]
+pub struct Mounts {
+    /// The attempt's private directory, mounted back at its own path in the new /tmp.
+    dir: std::ffi::CString,
+    /// Directories to make in the new /tmp down to `dir` (when it is under /tmp).
+    mkdirs: Vec<std::ffi::CString>,
+    /// The tmpfs options (mode, and the size: the memory limit).
+    tmp_options: std::ffi::CString,
+    /// The working directory to return to (the job type's `cwd`).
+    cwd: Option<std::ffi::CString>,
+}
+
+impl Mounts {
+    /// For an attempt whose private directory is `dir` (absolute), working in `cwd`.
+    pub fn new(dir: &std::path::Path, cwd: Option<&std::path::Path>, memory: Option<u64>) -> std::io::Result<Mounts> {
+        let c = |p: &std::path::Path| {
+            std::ffi::CString::new(p.as_os_str().as_encoded_bytes())
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+        };
+        let mut mkdirs = Vec::new();
+        if let Ok(rest) = dir.strip_prefix("/tmp") {
+            let mut at = std::path::PathBuf::from("/tmp");
+            for part in rest.components() {
+                at.push(part);
+                mkdirs.push(c(&at)?);
+            }
+        }
+        let size = memory.map(|m| format!(",size={m}")).unwrap_or_default();
+        let cwd = match cwd {
+            Some(p) => Some(c(&std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf()))?),
+            None => None,
+        };
+        Ok(Mounts { dir: c(dir)?, mkdirs, tmp_options: c(std::path::Path::new(&format!("mode=1777{size}")))?, cwd })
+    }
 }
 
 /// A pipe for the control lines: (read end for the worker, write end for the child).
@@ -251,12 +323,51 @@ pub fn in_child(control_write: &OwnedFd, setup: &ChildSetup) -> std::io::Result<
         if let Some(n) = setup.fallback.address_space {
             set(libc::RLIMIT_AS, n, n)?;
         }
+        if let Some(m) = &setup.mounts {
+            mount_private(m)?;
+        }
         if let Some(uid) = setup.uid {
             check(libc::setgroups(0, std::ptr::null()))?;
             check(libc::setgid(uid))?;
             check(libc::setuid(uid))?;
         }
         check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
+    }
+    Ok(())
+}
+
+/// In the child (root, before its uid is set): a mount namespace of its own, /proc
+/// mounted anew with `hidepid=2` (only its own uid's processes are listed or readable),
+/// /tmp a fresh tmpfs with the attempt's private directory mounted back at its own path
+/// (so the paths in its environment hold). Only async-signal-safe syscalls.
+pub fn mount_private(m: &Mounts) -> std::io::Result<()> {
+    let check = |rc: i32| if rc < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) };
+    let none = std::ptr::null::<libc::c_char>();
+    // SAFETY: syscalls on C strings prepared before fork; this process is the forked child.
+    unsafe {
+        let dir = libc::open(m.dir.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC);
+        check(dir)?;
+        check(libc::unshare(libc::CLONE_NEWNS))?;
+        check(libc::mount(none, c"/".as_ptr(), none, libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()))?;
+        let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+        check(libc::mount(c"proc".as_ptr(), c"/proc".as_ptr(), c"proc".as_ptr(), flags, c"hidepid=2".as_ptr().cast()))?;
+        check(libc::fchdir(dir))?;
+        check(libc::mount(
+            c"tmpfs".as_ptr(),
+            c"/tmp".as_ptr(),
+            c"tmpfs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            m.tmp_options.as_ptr().cast(),
+        ))?;
+        for d in &m.mkdirs {
+            check(libc::mkdir(d.as_ptr(), 0o711))?;
+        }
+        if !m.mkdirs.is_empty() {
+            // "." is still the private directory (the working directory held across the mount).
+            check(libc::mount(c".".as_ptr(), m.dir.as_ptr(), none, libc::MS_BIND, std::ptr::null()))?;
+        }
+        check(libc::chdir(m.cwd.as_ref().unwrap_or(&m.dir).as_ptr()))?;
+        libc::close(dir);
     }
     Ok(())
 }
@@ -326,7 +437,7 @@ mod tests {
     fn this_machine_reports_an_enforcement_with_a_reason_for_what_it_lacks() {
         let e = Enforcement::detect();
         let described = e.describe();
-        assert!(described.contains("no pid or mount namespace"), "{described}");
+        assert!(described.contains("no pid namespace"), "{described}");
         for (c, why) in e.unavailable() {
             assert!(!why.is_empty() && described.contains(&why), "{c:?}: {described}");
         }
