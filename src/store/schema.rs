@@ -209,6 +209,22 @@ pub const TABLES: &[(&str, &str)] = &[
         "(scope text, tenant text, key text, window_id text, first_at bigint, due_at bigint, rev text, job blob, \
          PRIMARY KEY ((scope), tenant, key))",
     ),
+    // The usage ledger (`crate::ledger`, rules `core::ledger`): an account's totals per
+    // 15-minute window of the results topic and per partition of it, one store partition
+    // per tenant and day; cells written with the offset their prefix ends at as timestamp.
+    (
+        "ledger",
+        "(scope text, tenant text, day bigint, window bigint, pool text, job_type text, part int, \
+         results bigint, succeeded bigint, failed bigint, cancelled bigint, expired bigint, attempts bigint, \
+         retries bigint, run_ms bigint, bytes_out bigint, PRIMARY KEY ((scope, tenant, day), window, pool, job_type, part))",
+    ),
+    // Tenants with ledger rows per deployment and day: what a month's export walks.
+    ("ledger_tenants", "(scope text, day bigint, tenant text, PRIMARY KEY ((scope, day), tenant))"),
+    // Where the ledger's reader of each results partition starts again (its window's first offset).
+    (
+        "ledger_positions",
+        "(scope text, topic text, part int, first bigint, next bigint, at bigint, PRIMARY KEY ((scope), topic, part))",
+    ),
 ];
 
 /// The keyspace's replication: NetworkTopologyStrategy with replicas per datacenter when
