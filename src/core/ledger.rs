@@ -256,7 +256,7 @@ pub fn report(rows: &[LedgerRow], g: Granularity, from: Millis, to: Millis) -> V
             period_start,
             pool,
             job_type,
-            usage: u.into(),
+            usage: u,
         })
         .collect()
 }
