@@ -37,6 +37,7 @@
 //! | `watch` | watching a job from outside, run by `fairway serve`: |
 //! | `watch::events` | lifecycle and progress events, the history recorder, the live feed |
 //! | `watch::webhooks` | result callbacks: signed POSTs of results, retried with backoff |
+//! | `ledger` | the usage ledger: the results topic tallied per tenant, pool and job type into 15-minute windows (one writer by lease, in `fairway serve`), and its reports (`GET /v1/usage`, `fairway usage`; rules in `core::ledger`) |
 //! | `ops` | the operators' commands' I/O shells (CLI, admin API, console): |
 //! | `ops::replay` | `fairway replay`: dead letters and retry records back to their pool |
 //! | `ops::rerun` | `fairway rerun`: "rerun all" of a tenant's jobs by generation |
@@ -57,6 +58,7 @@ pub mod config;
 pub mod core;
 pub mod handlers;
 pub mod kafka;
+pub mod ledger;
 pub mod metrics;
 pub mod model;
 pub mod netlab;

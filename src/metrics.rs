@@ -72,6 +72,13 @@ pub const EVENTS_DROPPED: &str = "fairway_events_dropped_total";
 pub const EVENTS_RECORDED: &str = "fairway_events_recorded_total";
 pub const EVENT_RECORD_FAILURES: &str = "fairway_event_record_failures_total";
 pub const EVENT_STREAMS: &str = "fairway_event_streams";
+/// The usage ledger (`crate::ledger`): results tallied, undecodable records skipped,
+/// failed writes (retried), whether this process leads, and results not yet tallied.
+pub const LEDGER_RESULTS: &str = "fairway_ledger_results_total";
+pub const LEDGER_UNDECODABLE: &str = "fairway_ledger_undecodable_total";
+pub const LEDGER_WRITE_FAILURES: &str = "fairway_ledger_write_failures_total";
+pub const LEDGER_LEADER: &str = "fairway_ledger_leader";
+pub const LEDGER_LAG: &str = "fairway_ledger_lag_records";
 pub const WEBHOOK_ATTEMPTS: &str = "fairway_webhook_attempts_total";
 pub const WEBHOOKS_IN_FLIGHT: &str = "fairway_webhooks_in_flight";
 pub const SUBMIT_STATE_WRITE_SECONDS: &str = "fairway_submit_state_write_seconds";
@@ -279,6 +286,17 @@ pub fn describe() {
     describe_counter!(EVENTS_RECORDED, "Job events written to the job_events history by the recorder");
     describe_counter!(EVENT_RECORD_FAILURES, "History writes the store refused (retried; offsets wait)");
     describe_gauge!(EVENT_STREAMS, "Server-Sent Event streams open now");
+    describe_counter!(
+        LEDGER_RESULTS,
+        "Results the usage ledger tallied (counted again when a new leader re-reads a window)"
+    );
+    describe_counter!(LEDGER_UNDECODABLE, "Records of the results topic the usage ledger could not decode (skipped)");
+    describe_counter!(
+        LEDGER_WRITE_FAILURES,
+        "Usage ledger writes that failed (retried; the ledger falls behind meanwhile)"
+    );
+    describe_gauge!(LEDGER_LEADER, "1 while this process leads the usage ledger");
+    describe_gauge!(LEDGER_LAG, "Results published but not yet written to the usage ledger (leader only)");
     describe_counter!(
         WEBHOOK_ATTEMPTS,
         "Result callback attempts, by result (delivered, retry, refused, gave_up, not_sent)"

@@ -150,6 +150,24 @@ impl FromRequestParts<ApiState> for Admin {
     }
 }
 
+/// The tenant a request acts for: a tenant key's own, or the admin's `?tenant=` (403 for
+/// another tenant's; 400 for an admin key that names none).
+pub fn acting_tenant(caller: &Caller, asked: Option<String>) -> Result<String, ApiError> {
+    let tenant = match (caller.tenant(), asked) {
+        (Some(own), None) => own.to_string(),
+        (_, Some(t)) => t,
+        (None, None) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                super::codes::INVALID_QUERY,
+                "an admin key names the tenant: add ?tenant=<name>",
+            ))
+        }
+    };
+    check_tenant(caller, &tenant)?;
+    Ok(tenant)
+}
+
 /// 403 when `caller` may not submit for `tenant`.
 pub fn check_tenant(caller: &Caller, tenant: &str) -> Result<(), ApiError> {
     if caller.may_act_for(tenant) {

@@ -32,6 +32,7 @@ mod events;
 pub mod limits;
 pub mod listener;
 mod schedules;
+mod usage;
 
 pub use auth::{Admin, Caller};
 pub use error::{codes, retry_after_secs, ApiError, JOB_FIELDS};
@@ -96,6 +97,8 @@ struct Inner {
     draining: tokio::sync::watch::Sender<bool>,
     /// Recurring schedules' statements (prepared on first use).
     schedules: tokio::sync::OnceCell<crate::ops::schedules::Schedules>,
+    /// The usage ledger's statements (prepared on first use).
+    ledger: tokio::sync::OnceCell<crate::store::LedgerStatements>,
     /// What each API key holds of this process (`[api.limits]`).
     front: limits::Limits,
     /// The listener's open connections (`[api.limits]`; read by `/readyz`).
@@ -129,6 +132,7 @@ impl Inner {
             console: Default::default(),
             draining: tokio::sync::watch::Sender::new(false),
             schedules: Default::default(),
+            ledger: Default::default(),
         }
     }
 }
@@ -160,6 +164,13 @@ impl ApiState {
         tokio::spawn(async move {
             if let Err(e) = recorder.await {
                 tracing::error!("job events recorder stopped: {e:#}; GET /v1/jobs/{{id}}/events shows no new history");
+            }
+        });
+        // The usage ledger (one writer in the deployment, by lease), same lifetime.
+        let ledger = crate::ledger::run(cfg.clone(), store.clone(), stopped.clone());
+        tokio::spawn(async move {
+            if let Err(e) = ledger.await {
+                tracing::error!("usage ledger stopped: {e:#}; GET /v1/usage shows no new usage");
             }
         });
         // Result callbacks (job types with a webhook_url), same lifetime.
@@ -305,6 +316,8 @@ pub fn router(state: ApiState) -> Router {
             ),
         )
         .route("/v1/admin/schedules", get(schedules::list_all))
+        .route("/v1/usage", get(usage::report))
+        .route("/v1/admin/usage", get(usage::export))
         .route("/v1/admin/tenants", body(BodyRoute::Control, get(admin::list).post(admin::add)))
         .route(
             "/v1/admin/tenants/{name}",

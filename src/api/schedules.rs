@@ -13,7 +13,7 @@
 //! | DELETE | `/v1/schedules/{name}` | remove |
 //! | GET | `/v1/admin/schedules` | every tenant's (admin only) |
 
-use super::auth::{check_tenant, Admin, Caller};
+use super::auth::{acting_tenant as tenant_of, check_tenant, Admin, Caller};
 use super::error::ApiError;
 use super::ApiState;
 use crate::core::recurring::ScheduleSpec;
@@ -52,23 +52,6 @@ impl From<ScheduleError> for ApiError {
 #[derive(Debug, Deserialize)]
 pub struct TenantQuery {
     tenant: Option<String>,
-}
-
-/// The tenant a request acts for: a tenant key's own, or the admin's `?tenant=`.
-fn tenant_of(caller: &Caller, asked: Option<String>) -> Result<String, ApiError> {
-    let tenant = match (caller.tenant(), asked) {
-        (Some(own), None) => own.to_string(),
-        (_, Some(t)) => t,
-        (None, None) => {
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                super::codes::INVALID_QUERY,
-                "an admin key names the tenant: add ?tenant=<name>",
-            ))
-        }
-    };
-    check_tenant(caller, &tenant)?;
-    Ok(tenant)
 }
 
 /// The API's schedules (prepared on first use).

@@ -12,6 +12,7 @@ mod schedules;
 mod serve;
 mod stats;
 mod tenants;
+mod usage;
 mod watch;
 
 use anyhow::Context;
@@ -111,6 +112,8 @@ pub enum Cmd {
     Schedules(schedules::SchedulesArgs),
     /// HTTP API keys: create (per tenant or admin), list, revoke.
     Keys(keys::KeysArgs),
+    /// The usage ledger: a tenant's usage per hour or day, or every tenant's of a month (NDJSON or CSV).
+    Usage(usage::UsageArgs),
 }
 
 /// Runs `work` (a parsed command) as the process: logging to stderr (`FAIRWAY_LOG`),
@@ -171,5 +174,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Top(a) => stats::top(g.load()?, a).await,
         Cmd::Tenants(a) => tenants::run(&*g.load()?, a).await,
         Cmd::Schedules(a) => schedules::run(&*g.load()?, a).await,
+        Cmd::Usage(a) => usage::run(&*g.load()?, a).await,
     }
 }

@@ -23,12 +23,15 @@ pub struct RetentionConfig {
     /// without losing events.
     #[serde(with = "super::humantime_serde_compat")]
     pub events: Duration,
+    /// The usage ledger's rows (`crate::ledger`): what a billing system may still read.
+    #[serde(with = "super::humantime_serde_compat")]
+    pub ledger: Duration,
 }
 
 impl Default for RetentionConfig {
     fn default() -> Self {
         let h = |n: u64| Duration::from_secs(n * 3600);
-        RetentionConfig { results: h(24), dlq: h(7 * 24), retry: h(24), events: h(3 * 24) }
+        RetentionConfig { results: h(24), dlq: h(7 * 24), retry: h(24), events: h(3 * 24), ledger: h(400 * 24) }
     }
 }
 

@@ -25,6 +25,7 @@
 //! | `outcomes` | outcomes in flight: how many, and how many bytes, before no job starts |
 //! | `frontier`, `finished` | skipping the effectively-once read; where a finished record lives |
 //! | `events`, `webhooks`, `receivers`, `console` | job events, webhook deliveries, webhook receivers' bounded lanes, the console's pure parts |
+//! | `ledger` | the usage ledger: what a result adds to its tenant's account, windows of the results topic every reader totals alike, reports |
 //! | `replay`, `rerun` | which records `fairway replay` and `fairway rerun` send back |
 //! | `trace` | W3C trace context values |
 //! | `invalid` | a setting a rule refuses: its field and the fix (what every settings `validate` returns) |
@@ -45,6 +46,7 @@ pub mod fleet_counts;
 pub mod flow;
 pub mod frontier;
 pub mod invalid;
+pub mod ledger;
 pub mod limits;
 pub mod offsets;
 pub mod outcomes;

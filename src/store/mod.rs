@@ -11,6 +11,7 @@ mod debounce;
 mod due;
 mod events;
 mod keys;
+mod ledger;
 mod parked;
 mod quota;
 mod rerun;
@@ -37,6 +38,7 @@ pub use debounce::{DebounceDue, DebounceRow, DebounceStatements};
 pub use due::{DueEntry, DueIndex, DueKind};
 pub use events::{EventStatements, IdempotencyClaim, Submitted as SubmittedRow, HISTORY_LIMIT};
 pub use keys::{ApiKeyRow, KeyStatements};
+pub use ledger::{LedgerPosition, LedgerStatements};
 pub use quota::QuotaStatements;
 pub use rerun::{JobFacts, RerunStatements, FACTS_CHUNK};
 pub use schedules::{ScheduleCursor, ScheduleRow, ScheduleStatements};
@@ -196,6 +198,7 @@ struct Prepared {
     cancel_flags: PreparedStatement,
     lease_acquire: PreparedStatement,
     lease_renew: PreparedStatement,
+    lease_release: PreparedStatement,
     get_frontier: PreparedStatement,
     raise_frontier: PreparedStatement,
     put_cancellation: PreparedStatement,
@@ -409,6 +412,11 @@ impl Store {
                 // the lease was taken, and nobody holds it until `expires_at` lapses as well).
                 format!("UPDATE {ks}.leases USING TTL ? SET holder = ?, expires_at = ? WHERE name = ? IF holder = ?"),
                 "prepare lease_renew",
+            )
+            .await?,
+            lease_release: prep(
+                format!("DELETE FROM {ks}.leases WHERE name = ? IF holder = ?"),
+                "prepare lease_release",
             )
             .await?,
         };
@@ -633,6 +641,18 @@ impl Store {
             .execute_unpaged(&self.prepared.lease_renew, (ttl_secs, holder, expires, name, holder))
             .await
             .map_err(q("renew lease"))?;
+        applied(res)
+    }
+
+    /// Gives the named lease up if `holder` holds it (a leader stopping cleanly: the next
+    /// one takes over at once instead of after the lease's TTL).
+    pub async fn release_lease(&self, name: &str, holder: &str) -> Result<bool, StoreError> {
+        let scoped = format!("{}{name}", self.scope);
+        let res = self
+            .session
+            .execute_unpaged(&self.prepared.lease_release, (scoped.as_str(), holder))
+            .await
+            .map_err(q("release lease"))?;
         applied(res)
     }
 

@@ -252,6 +252,22 @@ pub const TABLES: &[(&str, &str)] = &[
     ),
     // Which minute buckets of `due_index` may hold rows, per deployment and kind.
     ("due_buckets", "(scope text, kind text, bucket bigint, PRIMARY KEY ((scope, kind), bucket))"),
+    // The usage ledger (`crate::ledger`, rules `core::ledger`): an account's totals per
+    // 15-minute window of the results topic and per partition of it, one store partition
+    // per tenant and day; cells written with the offset their prefix ends at as timestamp.
+    (
+        "ledger",
+        "(scope text, tenant text, day bigint, window bigint, pool text, job_type text, part int, \
+         results bigint, succeeded bigint, failed bigint, cancelled bigint, expired bigint, attempts bigint, \
+         retries bigint, run_ms bigint, bytes_out bigint, PRIMARY KEY ((scope, tenant, day), window, pool, job_type, part))",
+    ),
+    // Tenants with ledger rows per deployment and day: what a month's export walks.
+    ("ledger_tenants", "(scope text, day bigint, tenant text, PRIMARY KEY ((scope, day), tenant))"),
+    // Where the ledger's reader of each results partition starts again (its window's first offset).
+    (
+        "ledger_positions",
+        "(scope text, topic text, part int, first bigint, next bigint, at bigint, PRIMARY KEY ((scope), topic, part))",
+    ),
 ];
 
 /// The keyspace's replication: NetworkTopologyStrategy with replicas per datacenter when

@@ -1,0 +1,109 @@
+//! The usage ledger over HTTP (`crate::ledger`; docs/usage.md).
+//!
+//! | method | path | what |
+//! |---|---|---|
+//! | GET | `/v1/usage?from=&to=&granularity=hour\|day[&tenant=]` | a tenant's usage per period (a tenant key: its own; an admin key names the tenant); at most 93 days |
+//! | GET | `/v1/admin/usage?month=YYYY-MM[&format=ndjson\|csv][&granularity=day\|hour]` | every tenant's usage of a month, streamed day by day (admin only): what a billing system ingests |
+
+use super::auth::{acting_tenant, Admin, Caller};
+use super::error::{codes, ApiError};
+use super::ApiState;
+use crate::core::ledger::{self as rules, Granularity, ReportLine};
+use crate::ledger::{self, ReportQuery};
+use crate::store::LedgerStatements;
+use axum::body::Body;
+use axum::extract::{Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::StreamExt;
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ReportParams {
+    tenant: Option<String>,
+    from: String,
+    to: String,
+    granularity: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ExportParams {
+    month: String,
+    format: Option<String>,
+    granularity: Option<String>,
+}
+
+fn invalid(message: String) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_QUERY, message)
+}
+
+fn granularity(g: Option<&str>, default: Granularity) -> Result<Granularity, ApiError> {
+    g.map(Granularity::parse).transpose().map_err(invalid).map(|g| g.unwrap_or(default))
+}
+
+async fn statements(st: &ApiState) -> Result<&LedgerStatements, ApiError> {
+    Ok(st.inner.ledger.get_or_try_init(|| st.store().ledger_statements()).await?)
+}
+
+/// `GET /v1/usage`: one tenant's usage per hour or day of `[from, to)`.
+pub(super) async fn report(
+    State(st): State<ApiState>,
+    caller: Caller,
+    Query(p): Query<ReportParams>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let tenant = acting_tenant(&caller, p.tenant)?;
+    let from = rules::parse_instant(&p.from).map_err(|e| invalid(format!("from: {e}")))?;
+    let to = rules::parse_instant(&p.to).map_err(|e| invalid(format!("to: {e}")))?;
+    ledger::check_period(from, to).map_err(invalid)?;
+    let g = granularity(p.granularity.as_deref(), Granularity::Hour)?;
+    let q = ReportQuery { tenant: tenant.clone(), from, to, granularity: g };
+    let lines = ledger::report(statements(&st).await?, &q).await?;
+    Ok(Json(serde_json::json!({
+        "tenant": tenant,
+        "from": from,
+        "to": to,
+        "granularity": if g == Granularity::Hour { "hour" } else { "day" },
+        "lines": lines,
+        "total": rules::total(&lines),
+    })))
+}
+
+/// `GET /v1/admin/usage`: every tenant's usage of one month, streamed a day at a time.
+pub(super) async fn export(
+    State(st): State<ApiState>,
+    _admin: Admin,
+    Query(p): Query<ExportParams>,
+) -> Result<Response, ApiError> {
+    let (from, to) = rules::month(&p.month).map_err(invalid)?;
+    let g = granularity(p.granularity.as_deref(), Granularity::Day)?;
+    let csv = match p.format.as_deref() {
+        None | Some("ndjson") => false,
+        Some("csv") => true,
+        Some(other) => return Err(invalid(format!("format={other:?}: use ndjson or csv"))),
+    };
+    let stmts = statements(&st).await?.clone();
+    let days = rules::days(from, to);
+    let header_line = if csv { Some(Ok::<_, std::io::Error>(rules::CSV_HEADER.to_string())) } else { None };
+    let body = futures::stream::iter(header_line).chain(futures::stream::iter(days).then(move |day| {
+        let stmts = stmts.clone();
+        async move {
+            let lines = ledger::export_day(&stmts, day, g).await.map_err(std::io::Error::other)?;
+            Ok::<_, std::io::Error>(lines.iter().map(|l| line(l, csv)).collect::<String>())
+        }
+    }));
+    let kind = if csv { "text/csv" } else { "application/x-ndjson" };
+    Ok(([(header::CONTENT_TYPE, kind)], Body::from_stream(body)).into_response())
+}
+
+fn line(l: &ReportLine, csv: bool) -> String {
+    if csv {
+        rules::csv_line(l)
+    } else {
+        let mut s = serde_json::to_string(l).unwrap_or_default();
+        s.push('\n');
+        s
+    }
+}

@@ -1,0 +1,514 @@
+//! The usage ledger's rules: what one result adds to its tenant's account, and how a
+//! partition of the results topic is cut into windows whose totals every reader agrees on.
+//!
+//! **Windows.** Each partition of the results topic is cut into windows of [`WINDOW_MS`]
+//! by the highest record timestamp seen so far on that partition: a record belongs to the
+//! window of that running maximum. Records before a window's first offset all carry
+//! earlier timestamps, so the cut depends on the log alone, and whoever reads a partition
+//! from a window's first offset computes the same totals for every prefix of the window.
+//!
+//! **Counted once.** A window's totals are written with the end of the prefix they cover
+//! (the next offset) as the write's timestamp: the longest prefix wins, however many
+//! readers wrote before (a restarted leader re-reading the window, a lapsed lease's
+//! leader still running). Each total is a pure function of its prefix, so a row left
+//! unchanged by later records already holds the longest prefix's value. A reader starts
+//! again at its window's first offset (`ledger_positions`), never in the middle.
+
+use crate::model::{JobResult, JobStatus, Millis, Pool};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Width of one ledger window (one row per account, window and partition).
+pub const WINDOW_MS: Millis = 15 * 60_000;
+
+/// The window `ts` falls in (its start).
+pub fn window_of(ts: Millis) -> Millis {
+    ts.div_euclid(WINDOW_MS) * WINDOW_MS
+}
+
+/// Who is charged: a tenant's jobs of one type in one pool.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Account {
+    pub tenant: String,
+    pub pool: Pool,
+    pub job_type: String,
+}
+
+/// What an account used. Crash re-dispatches are not attempts (a worker's death is never
+/// the tenant's), so they are neither counted nor charged.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Usage {
+    /// Results published (one per job and generation, duplicates of at-least-once included).
+    pub results: i64,
+    pub succeeded: i64,
+    /// Failed jobs; each was dead-lettered.
+    pub failed: i64,
+    pub cancelled: i64,
+    pub expired: i64,
+    /// Attempts used up (crashes not counted).
+    pub attempts: i64,
+    /// Attempts beyond the first.
+    pub retries: i64,
+    /// Measured run time of the attempts that decided the outcomes (started to finished).
+    pub run_ms: i64,
+    /// Output bytes the results carried.
+    pub bytes_out: i64,
+}
+
+impl Usage {
+    pub fn add(&mut self, o: &Usage) {
+        self.results += o.results;
+        self.succeeded += o.succeeded;
+        self.failed += o.failed;
+        self.cancelled += o.cancelled;
+        self.expired += o.expired;
+        self.attempts += o.attempts;
+        self.retries += o.retries;
+        self.run_ms += o.run_ms;
+        self.bytes_out += o.bytes_out;
+    }
+}
+
+/// What one result adds to its account.
+pub fn of_result(r: &JobResult) -> Usage {
+    let attempts = i64::from(r.attempts.max(0));
+    Usage {
+        results: 1,
+        succeeded: i64::from(r.status == JobStatus::Succeeded),
+        failed: i64::from(r.status == JobStatus::Failed),
+        cancelled: i64::from(r.status == JobStatus::Cancelled),
+        expired: i64::from(r.status == JobStatus::Expired),
+        attempts,
+        retries: (attempts - 1).max(0),
+        run_ms: r.started_at.map(|s| (r.finished_at - s).max(0)).unwrap_or(0),
+        bytes_out: r.output.as_ref().map(|o| o.len() as i64).unwrap_or(0),
+    }
+}
+
+pub fn account_of(r: &JobResult) -> Account {
+    Account { tenant: r.tenant.clone(), pool: r.pool, job_type: r.job_type.clone() }
+}
+
+/// Totals to write for one window of one partition: each row's value covers the window's
+/// records from `first` up to (not including) `upto`, written with `upto` as its timestamp.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Flush {
+    pub window: Millis,
+    pub first: i64,
+    pub upto: i64,
+    pub rows: Vec<(Account, Usage)>,
+}
+
+/// One partition's running tally, fed its records in offset order from a window's first
+/// offset (or the log's start).
+#[derive(Clone, Debug)]
+pub struct PartitionTally {
+    window: Option<Millis>,
+    first: i64,
+    next: i64,
+    max_ts: Millis,
+    totals: BTreeMap<Account, Usage>,
+    dirty: BTreeSet<Account>,
+}
+
+impl PartitionTally {
+    /// A tally that reads from `offset`, which must be a window's first offset (or the log's start).
+    pub fn starting_at(offset: i64) -> Self {
+        PartitionTally {
+            window: None,
+            first: offset,
+            next: offset,
+            max_ts: Millis::MIN,
+            totals: BTreeMap::new(),
+            dirty: BTreeSet::new(),
+        }
+    }
+
+    /// The offset of the next record to feed.
+    pub fn next(&self) -> i64 {
+        self.next
+    }
+
+    /// The current window and its first offset: where a reader starts again.
+    pub fn resume_point(&self) -> (Option<Millis>, i64) {
+        (self.window, self.first)
+    }
+
+    /// Accounts in the current window (what the tally holds in memory).
+    pub fn accounts(&self) -> usize {
+        self.totals.len()
+    }
+
+    /// Feeds the record at `offset` with timestamp `ts` (`result` None: a record that is not a
+    /// result, e.g. undecodable; it moves the window like any other). A record already fed is
+    /// ignored. Returns the closed window's last totals when this record opens a new one.
+    pub fn observe(&mut self, offset: i64, ts: Millis, result: Option<&JobResult>) -> Option<Flush> {
+        if offset < self.next {
+            return None;
+        }
+        self.max_ts = self.max_ts.max(ts);
+        let w = window_of(self.max_ts);
+        let closed = match self.window {
+            Some(cur) if cur != w => {
+                let f = self.take(offset);
+                self.totals.clear();
+                self.first = offset;
+                f
+            }
+            _ => None,
+        };
+        self.window = Some(w);
+        if let Some(r) = result {
+            let acc = account_of(r);
+            self.totals.entry(acc.clone()).or_default().add(&of_result(r));
+            self.dirty.insert(acc);
+        }
+        self.next = offset + 1;
+        closed
+    }
+
+    /// The rows changed since the last flush, covering the window up to `next()`.
+    pub fn pending(&mut self) -> Option<Flush> {
+        let upto = self.next;
+        self.take(upto)
+    }
+
+    /// A flush that could not be written: its accounts stay pending (totals are cumulative,
+    /// so the next flush carries them).
+    pub fn unflushed(&mut self, f: Flush) {
+        if Some(f.window) == self.window {
+            self.dirty.extend(f.rows.into_iter().map(|(a, _)| a));
+        }
+    }
+
+    fn take(&mut self, upto: i64) -> Option<Flush> {
+        let window = self.window?;
+        if self.dirty.is_empty() {
+            return None;
+        }
+        let rows = std::mem::take(&mut self.dirty).into_iter().map(|a| (a.clone(), self.totals[&a])).collect();
+        Some(Flush { window, first: self.first, upto, rows })
+    }
+}
+
+/// A ledger row as stored: an account's usage in one window of one partition.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LedgerRow {
+    pub window: Millis,
+    pub account: Account,
+    pub usage: Usage,
+}
+
+/// Hour or day periods of a usage report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Granularity {
+    Hour,
+    Day,
+}
+
+impl Granularity {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "hour" => Ok(Granularity::Hour),
+            "day" => Ok(Granularity::Day),
+            other => Err(format!("granularity {other:?} is not one of: hour, day")),
+        }
+    }
+    pub fn millis(self) -> Millis {
+        match self {
+            Granularity::Hour => 3_600_000,
+            Granularity::Day => 86_400_000,
+        }
+    }
+}
+
+/// A report's line: one period, pool and job type of one tenant.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct ReportLine {
+    pub tenant: String,
+    pub period_start: Millis,
+    pub pool: Pool,
+    pub job_type: String,
+    #[serde(flatten)]
+    pub usage: Usage,
+}
+
+/// The lines' sum (a report's total).
+pub fn total(lines: &[ReportLine]) -> Usage {
+    let mut t = Usage::default();
+    for l in lines {
+        t.add(&l.usage);
+    }
+    t
+}
+
+/// Sums stored rows (windows of every partition) into periods of `g`, keeping those that
+/// start within `[from, to)`; sorted by tenant, period, pool, job type.
+pub fn report(rows: &[LedgerRow], g: Granularity, from: Millis, to: Millis) -> Vec<ReportLine> {
+    let mut sums: BTreeMap<(String, Millis, Pool, String), Usage> = BTreeMap::new();
+    for r in rows.iter().filter(|r| r.window >= from && r.window < to) {
+        let period = r.window.div_euclid(g.millis()) * g.millis();
+        let key = (r.account.tenant.clone(), period, r.account.pool, r.account.job_type.clone());
+        sums.entry(key).or_default().add(&r.usage);
+    }
+    sums.into_iter()
+        .map(|((tenant, period_start, pool, job_type), u)| ReportLine {
+            tenant,
+            period_start,
+            pool,
+            job_type,
+            usage: u,
+        })
+        .collect()
+}
+
+/// The days (their starts) whose store partitions hold the windows of `[from, to)`.
+pub fn days(from: Millis, to: Millis) -> Vec<Millis> {
+    let day = Granularity::Day.millis();
+    let mut d = from.div_euclid(day) * day;
+    let mut out = Vec::new();
+    while d < to {
+        out.push(d);
+        d += day;
+    }
+    out
+}
+
+/// A report's bound as given: `2026-11-28` (midnight UTC), RFC 3339
+/// (`2026-11-28T10:00:00Z`), or epoch milliseconds.
+pub fn parse_instant(s: &str) -> Result<Millis, String> {
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        return s.parse::<Millis>().map_err(|e| format!("{s:?}: {e}"));
+    }
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
+        return Ok(t.timestamp_millis());
+    }
+    if let Ok(d) = chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d") {
+        return Ok(d.and_time(chrono::NaiveTime::MIN).and_utc().timestamp_millis());
+    }
+    Err(format!("{s:?} is not a time: use a date (2026-11-28), RFC 3339 (2026-11-28T10:00:00Z) or epoch milliseconds"))
+}
+
+/// A calendar month (`2026-11`, UTC) as `[from, to)`.
+pub fn month(s: &str) -> Result<(Millis, Millis), String> {
+    let bad = || format!("{s:?} is not a month: use YYYY-MM, e.g. 2026-11");
+    let first = chrono::NaiveDate::parse_from_str(&format!("{s}-01"), "%Y-%m-%d").map_err(|_| bad())?;
+    let next = first.checked_add_months(chrono::Months::new(1)).ok_or_else(bad)?;
+    let ms = |d: chrono::NaiveDate| d.and_time(chrono::NaiveTime::MIN).and_utc().timestamp_millis();
+    Ok((ms(first), ms(next)))
+}
+
+/// A report line as CSV (header: [`CSV_HEADER`]).
+pub fn csv_line(l: &ReportLine) -> String {
+    let u = &l.usage;
+    let period = chrono::DateTime::from_timestamp_millis(l.period_start).map(|t| t.to_rfc3339()).unwrap_or_default();
+    format!(
+        "{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+        csv_field(&l.tenant),
+        period,
+        l.pool.as_str(),
+        csv_field(&l.job_type),
+        u.results,
+        u.succeeded,
+        u.failed,
+        u.cancelled,
+        u.expired,
+        u.attempts,
+        u.retries,
+        u.run_ms,
+        u.bytes_out
+    )
+}
+
+pub const CSV_HEADER: &str =
+    "tenant,period_start,pool,job_type,results,succeeded,failed,cancelled,expired,attempts,retries,run_ms,bytes_out\n";
+
+/// A CSV field, quoted when it holds a comma, quote or line break.
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn result(tenant: &str, status: JobStatus, attempts: i32, run: i64) -> JobResult {
+        JobResult {
+            job_id: "j".into(),
+            tenant: tenant.into(),
+            job_type: "echo".into(),
+            pool: Pool::Short,
+            status,
+            output: Some(vec![1, 2, 3]),
+            error: None,
+            failure_class: None,
+            attempts,
+            generation: 0,
+            submitted_at: 0,
+            started_at: Some(1_000),
+            finished_at: 1_000 + run,
+            worker_id: "w".into(),
+        }
+    }
+
+    #[test]
+    fn a_result_adds_its_outcome_attempts_run_time_and_bytes() {
+        let u = of_result(&result("a", JobStatus::Failed, 3, 250));
+        assert_eq!(
+            u,
+            Usage { results: 1, failed: 1, attempts: 3, retries: 2, run_ms: 250, bytes_out: 3, ..Usage::default() }
+        );
+    }
+
+    #[test]
+    fn a_new_window_closes_the_last_one_at_its_first_offset() {
+        let mut t = PartitionTally::starting_at(10);
+        let r = result("a", JobStatus::Succeeded, 1, 5);
+        assert!(t.observe(10, 1_000, Some(&r)).is_none());
+        assert!(t.observe(11, 2_000, Some(&r)).is_none());
+        let closed = t.observe(12, WINDOW_MS + 5, Some(&r)).expect("closed");
+        assert_eq!((closed.window, closed.first, closed.upto), (0, 10, 12));
+        assert_eq!(closed.rows[0].1.results, 2);
+        let open = t.pending().expect("pending");
+        assert_eq!((open.window, open.first, open.upto, open.rows[0].1.results), (WINDOW_MS, 12, 13, 1));
+        assert!(t.pending().is_none(), "nothing changed since");
+    }
+
+    #[test]
+    fn a_late_timestamp_stays_in_the_window_of_the_running_maximum() {
+        let mut t = PartitionTally::starting_at(0);
+        let r = result("a", JobStatus::Succeeded, 1, 5);
+        t.observe(0, WINDOW_MS + 1, Some(&r));
+        assert!(t.observe(1, 10, Some(&r)).is_none(), "an older clock does not reopen a window");
+        assert_eq!(t.pending().unwrap().rows[0].1.results, 2);
+    }
+
+    #[test]
+    fn records_fed_twice_count_once() {
+        let mut t = PartitionTally::starting_at(0);
+        let r = result("a", JobStatus::Succeeded, 1, 5);
+        t.observe(0, 1, Some(&r));
+        t.observe(0, 1, Some(&r));
+        assert_eq!(t.pending().unwrap().rows[0].1.results, 1);
+    }
+
+    #[test]
+    fn reports_sum_windows_into_hours_and_days() {
+        let acc = Account { tenant: "a".into(), pool: Pool::Short, job_type: "echo".into() };
+        let u = Usage { results: 1, run_ms: 1_500, ..Usage::default() };
+        let rows: Vec<LedgerRow> =
+            (0..8).map(|i| LedgerRow { window: i * WINDOW_MS, account: acc.clone(), usage: u }).collect();
+        let hours = report(&rows, Granularity::Hour, 0, 2 * 3_600_000);
+        assert_eq!(hours.len(), 2);
+        assert_eq!((hours[0].usage.results, hours[0].usage.run_ms), (4, 6_000));
+        let day = report(&rows, Granularity::Day, 0, 86_400_000);
+        assert_eq!(day[0].usage.results, 8);
+        assert_eq!(report(&rows, Granularity::Hour, 3_600_000, 3_600_000 + 1).len(), 1);
+        assert_eq!(days(1, 86_400_000 + 1), vec![0, 86_400_000]);
+    }
+
+    #[test]
+    fn bounds_parse_from_dates_rfc3339_and_millis() {
+        assert_eq!(parse_instant("1970-01-02"), Ok(86_400_000));
+        assert_eq!(parse_instant("1970-01-01T00:00:01Z"), Ok(1_000));
+        assert_eq!(parse_instant("42"), Ok(42));
+        assert!(parse_instant("yesterday").unwrap_err().contains("not a time"));
+        assert_eq!(month("1970-02"), Ok((31 * 86_400_000, 59 * 86_400_000)));
+        assert!(month("1970-13").is_err());
+    }
+
+    #[test]
+    fn csv_quotes_what_needs_it() {
+        let l = ReportLine {
+            tenant: "a,b".into(),
+            period_start: 0,
+            pool: Pool::Short,
+            job_type: "echo".into(),
+            usage: Usage { results: 2, run_ms: 1500, ..Usage::default() },
+        };
+        assert_eq!(csv_line(&l), "\"a,b\",1970-01-01T00:00:00+00:00,short,echo,2,0,0,0,0,0,0,1500,0\n");
+    }
+
+    /// A stored cell: its value and the write timestamp it was written with.
+    type Cells = BTreeMap<(Millis, Account), (i64, Usage)>;
+
+    fn write(cells: &mut Cells, f: &Flush) {
+        for (acc, u) in &f.rows {
+            let cell = cells.entry((f.window, acc.clone())).or_insert((i64::MIN, Usage::default()));
+            if f.upto >= cell.0 {
+                *cell = (f.upto, *u);
+            }
+        }
+    }
+
+    /// Reads `log` from `start` up to `stop`, flushing every `every` records (and at the end
+    /// when `finish`: else what was not flushed is lost, as in a crash), into `cells`;
+    /// returns where a restarted reader resumes.
+    fn read(
+        log: &[(Millis, JobResult)],
+        start: i64,
+        stop: usize,
+        every: usize,
+        finish: bool,
+        cells: &mut Cells,
+    ) -> i64 {
+        let mut t = PartitionTally::starting_at(start);
+        for (off, (ts, r)) in log.iter().enumerate().take(stop).skip(start as usize) {
+            if let Some(f) = t.observe(off as i64, *ts, Some(r)) {
+                write(cells, &f);
+            }
+            if (off + 1) % every == 0 {
+                if let Some(f) = t.pending() {
+                    write(cells, &f);
+                }
+            }
+        }
+        if finish {
+            if let Some(f) = t.pending() {
+                write(cells, &f);
+            }
+        }
+        t.resume_point().1
+    }
+
+    fn totals(cells: &Cells) -> BTreeMap<(Millis, Account), Usage> {
+        cells.iter().map(|(k, (_, u))| (k.clone(), *u)).collect()
+    }
+
+    proptest! {
+        /// However a partition is read (readers crashing with totals not yet written, each
+        /// restarting at its window's first offset, flushing at any pace), the stored totals
+        /// equal one uninterrupted reading's, and every result is counted once.
+        #[test]
+        fn any_sequence_of_restarts_counts_every_result_once(
+            steps in proptest::collection::vec((0i64..40 * 60_000, 0usize..3, prop::bool::ANY), 1..120),
+            crashes in proptest::collection::vec((0usize..120, 1usize..7), 0..5),
+            flush_every in 1usize..9,
+        ) {
+            let mut clock = 0;
+            let log: Vec<(Millis, JobResult)> = steps.iter().map(|(dt, t, fail)| {
+                clock += dt / 8;
+                let skew = if *fail { -(*dt % 90_000) } else { 0 };
+                let status = if *fail { JobStatus::Failed } else { JobStatus::Succeeded };
+                (clock + skew, result(["a", "b", "c"][*t], status, 1 + *t as i32, *dt % 1000))
+            }).collect();
+            let mut reference = Cells::new();
+            read(&log, 0, log.len(), usize::MAX, true, &mut reference);
+
+            let mut cells = Cells::new();
+            let mut start = 0i64;
+            for (stop, every) in crashes {
+                let stop = stop.min(log.len()).max(start as usize);
+                start = read(&log, start, stop, every, false, &mut cells);
+            }
+            read(&log, start, log.len(), flush_every, true, &mut cells);
+            prop_assert_eq!(totals(&cells), totals(&reference));
+            let counted: i64 = totals(&cells).values().map(|u| u.results).sum();
+            prop_assert_eq!(counted, log.len() as i64);
+        }
+    }
+}

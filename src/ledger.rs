@@ -1,0 +1,238 @@
+//! The usage ledger: what each tenant used, per 15-minute window, from the results topic
+//! (rules: `core::ledger`; statements: `store::ledger`; docs/usage.md).
+//!
+//! One `fairway serve` process at a time holds the `ledger` lease and reads every
+//! partition of the results topic by assignment, each from its current window's first
+//! offset (`ledger_positions`; the log's start the first time). It tallies each result to
+//! its account (tenant, pool, job type), writes the changed totals every [`FLUSH`] and
+//! whenever a window closes, then the partition's resume position. A leader that stops
+//! (deploy, crash, lost lease) costs nothing but time: the next one re-reads the open
+//! windows, and its totals overwrite equal or shorter ones (`core::ledger`), so every
+//! result is counted once.
+//!
+//! Bounds: the leader holds, per partition, the accounts seen in the open window (one
+//! entry per tenant, pool and job type); a flush writes one row per changed account.
+
+use crate::config::Config;
+use crate::core::ledger::{self as rules, Flush, Granularity, LedgerRow, PartitionTally, ReportLine};
+use crate::kafka::{self, Message};
+use crate::model::Millis;
+use crate::store::{LedgerPosition, LedgerStatements, Store, StoreError};
+use crate::{codec, metrics as m, now_ms};
+use rdkafka::consumer::Consumer;
+use rdkafka::{Offset, TopicPartitionList};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// The lease one `fairway serve` holds while it writes the ledger.
+pub const LEASE: &str = "ledger";
+const LEASE_SECS: i32 = 15;
+/// How often the leader writes changed totals (and renews its lease).
+pub const FLUSH: Duration = Duration::from_secs(5);
+/// The longest period one report may cover.
+pub const MAX_REPORT_DAYS: i64 = 93;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Kafka(String),
+}
+
+/// Runs the ledger until `stop` turns true: waits for the lease, leads while it holds it.
+pub async fn run(cfg: Arc<Config>, store: Store, mut stop: watch::Receiver<bool>) -> Result<(), LedgerError> {
+    let stmts = store.ledger_statements().await?;
+    let holder = format!("ledger-{}", uuid::Uuid::new_v4().simple());
+    loop {
+        if *stop.borrow() {
+            return Ok(());
+        }
+        match store.lease(LEASE, &holder, LEASE_SECS, now_ms()).await {
+            Ok(true) => {
+                metrics::gauge!(m::LEDGER_LEADER).set(1.0);
+                let led = Leader { cfg: &cfg, store: &store, stmts: &stmts, holder: &holder };
+                if let Err(e) = led.lead(stop.clone()).await {
+                    tracing::warn!(error = %e, "usage ledger: leading stopped; trying again");
+                }
+                metrics::gauge!(m::LEDGER_LEADER).set(0.0);
+            }
+            Ok(false) => {}
+            Err(e) => tracing::debug!(error = %e, "usage ledger: cannot take the lease"),
+        }
+        tokio::select! {
+            _ = stop.changed() => {}
+            _ = tokio::time::sleep(Duration::from_secs((LEASE_SECS / 3) as u64)) => {}
+        }
+    }
+}
+
+struct Leader<'a> {
+    cfg: &'a Config,
+    store: &'a Store,
+    stmts: &'a LedgerStatements,
+    holder: &'a str,
+}
+
+/// One partition being read: its tally and the position last written.
+struct Reading {
+    tally: PartitionTally,
+    written: Option<LedgerPosition>,
+}
+
+impl Leader<'_> {
+    /// Reads the results topic from the recorded positions until the lease is lost or `stop`.
+    async fn lead(&self, mut stop: watch::Receiver<bool>) -> Result<(), LedgerError> {
+        let topic = self.cfg.results_topic();
+        let reader =
+            kafka::reader(self.cfg, &self.cfg.group("ledger"), false).map_err(|e| LedgerError::Kafka(e.to_string()))?;
+        let reader = Arc::new(reader);
+        let ends = kafka::partition_ends(reader.clone(), topic.clone())
+            .await
+            .map_err(|e| LedgerError::Kafka(format!("results topic {topic}: {e}")))?;
+        let positions: HashMap<i32, LedgerPosition> =
+            self.stmts.positions(&topic).await?.into_iter().map(|p| (p.partition, p)).collect();
+        let mut tpl = TopicPartitionList::new();
+        let mut reading = HashMap::new();
+        for (p, _) in &ends {
+            let start = positions.get(p).map(|x| x.first);
+            let offset = start.map(Offset::Offset).unwrap_or(Offset::Beginning);
+            tpl.add_partition_offset(&topic, *p, offset).map_err(|e| LedgerError::Kafka(e.to_string()))?;
+            reading.insert(
+                *p,
+                Reading { tally: PartitionTally::starting_at(start.unwrap_or(0)), written: positions.get(p).copied() },
+            );
+        }
+        reader.assign(&tpl).map_err(|e| LedgerError::Kafka(e.to_string()))?;
+        tracing::info!(partitions = ends.len(), "usage ledger: leading");
+        let ttl = ttl_secs(self.cfg);
+        let mut tick = tokio::time::interval(FLUSH);
+        loop {
+            tokio::select! {
+                _ = stop.changed() => {
+                    self.flush_all(&topic, &mut reading, ttl).await;
+                    let _ = self.store.release_lease(LEASE, self.holder).await;
+                    return Ok(());
+                }
+                _ = tick.tick() => {
+                    self.flush_all(&topic, &mut reading, ttl).await;
+                    self.report_lag(&reader, &topic, &reading).await;
+                    if !matches!(self.store.lease(LEASE, self.holder, LEASE_SECS, now_ms()).await, Ok(true)) {
+                        return Err(LedgerError::Kafka("the ledger lease was lost".into()));
+                    }
+                }
+                msg = reader.recv() => {
+                    let msg = msg.map_err(|e| LedgerError::Kafka(e.to_string()))?;
+                    let Some(r) = reading.get_mut(&msg.partition()) else { continue };
+                    let result = msg.payload().and_then(|b| codec::decode_result(b).ok());
+                    if result.is_none() {
+                        metrics::counter!(m::LEDGER_UNDECODABLE).increment(1);
+                    } else {
+                        metrics::counter!(m::LEDGER_RESULTS).increment(1);
+                    }
+                    let ts = msg.timestamp().to_millis().unwrap_or(Millis::MIN);
+                    if let Some(closed) = r.tally.observe(msg.offset(), ts, result.as_ref()) {
+                        if !self.write(msg.partition(), &closed, ttl, &stop).await {
+                            // Stopping with a closed window unwritten: no position may move past it.
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes a flush, retrying until it lands (or `stop`): a closed window must be in the
+    /// store before the position may move past it.
+    async fn write(&self, part: i32, f: &Flush, ttl: i32, stop: &watch::Receiver<bool>) -> bool {
+        let mut delay = Duration::from_millis(200);
+        loop {
+            match self.stmts.put_flush(part, f, ttl).await {
+                Ok(()) => return true,
+                Err(e) => {
+                    metrics::counter!(m::LEDGER_WRITE_FAILURES).increment(1);
+                    tracing::warn!(error = %e, partition = part, "usage ledger: cannot write totals; retrying");
+                    if *stop.borrow() {
+                        return false;
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(10));
+                }
+            }
+        }
+    }
+
+    /// Writes every partition's changed totals, then the positions that moved.
+    async fn flush_all(&self, topic: &str, reading: &mut HashMap<i32, Reading>, ttl: i32) {
+        for (part, r) in reading.iter_mut() {
+            if let Some(f) = r.tally.pending() {
+                if let Err(e) = self.stmts.put_flush(*part, &f, ttl).await {
+                    metrics::counter!(m::LEDGER_WRITE_FAILURES).increment(1);
+                    tracing::warn!(error = %e, partition = part, "usage ledger: cannot write totals; the next flush retries");
+                    // Not written: the totals stay pending through the next flush.
+                    r.tally.unflushed(f);
+                    continue;
+                }
+            }
+            let (_, first) = r.tally.resume_point();
+            let pos = LedgerPosition { partition: *part, first, next: r.tally.next() };
+            if r.written != Some(pos) && self.stmts.put_position(topic, &pos, now_ms()).await.is_ok() {
+                r.written = Some(pos);
+            }
+        }
+    }
+
+    /// Sets the lag gauge: results published and not yet tallied, over all partitions.
+    async fn report_lag(&self, reader: &Arc<kafka::Reader>, topic: &str, reading: &HashMap<i32, Reading>) {
+        let Ok(ends) = kafka::partition_ends(reader.clone(), topic.to_string()).await else { return };
+        let lag: i64 =
+            ends.iter().map(|(p, hw)| reading.get(p).map(|r| (hw - r.tally.next()).max(0)).unwrap_or(0)).sum();
+        metrics::gauge!(m::LEDGER_LAG).set(lag as f64);
+    }
+}
+
+fn ttl_secs(cfg: &Config) -> i32 {
+    cfg.retention.ledger.as_secs().clamp(3600, 20 * 365 * 86_400) as i32
+}
+
+/// A usage report's question: whose, which period, how fine.
+#[derive(Clone, Debug)]
+pub struct ReportQuery {
+    pub tenant: String,
+    pub from: Millis,
+    pub to: Millis,
+    pub granularity: Granularity,
+}
+
+/// Why a report's question is refused.
+pub fn check_period(from: Millis, to: Millis) -> Result<(), String> {
+    if to <= from {
+        return Err("`to` must be after `from`".into());
+    }
+    if to - from > MAX_REPORT_DAYS * 86_400_000 {
+        return Err(format!("a report covers at most {MAX_REPORT_DAYS} days: ask for a shorter period or several"));
+    }
+    Ok(())
+}
+
+/// One tenant's usage per period (store reads: one partition per day of the period).
+pub async fn report(stmts: &LedgerStatements, q: &ReportQuery) -> Result<Vec<ReportLine>, StoreError> {
+    let mut rows: Vec<LedgerRow> = Vec::new();
+    for day in rules::days(q.from, q.to) {
+        rows.extend(stmts.rows(&q.tenant, day).await?);
+    }
+    Ok(rules::report(&rows, q.granularity, q.from, q.to))
+}
+
+/// Every tenant's usage per period, for a billing export (walks `ledger_tenants` per day;
+/// yields one day's lines at a time so the caller can stream them).
+pub async fn export_day(stmts: &LedgerStatements, day: Millis, g: Granularity) -> Result<Vec<ReportLine>, StoreError> {
+    let mut out = Vec::new();
+    for tenant in stmts.tenants(day).await? {
+        let rows = stmts.rows(&tenant, day).await?;
+        out.extend(rules::report(&rows, g, day, day + 86_400_000));
+    }
+    Ok(out)
+}
