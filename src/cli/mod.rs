@@ -4,6 +4,7 @@
 //! and `fairway-bench` (src/bench/main.rs: this plus the benchmarks).
 
 mod demo;
+mod dr;
 mod keys;
 pub(crate) mod ops;
 mod replay;
@@ -111,6 +112,10 @@ pub enum Cmd {
     Schedules(schedules::SchedulesArgs),
     /// HTTP API keys: create (per tenant or admin), list, revoke.
     Keys(keys::KeysArgs),
+    /// A consistent online copy of the control plane, unfinished jobs, DLQ/retry records and recent results, to a directory.
+    Backup(dr::BackupArgs),
+    /// Restore a backup onto an empty Kafka cluster and keyspace (idempotent).
+    Restore(dr::RestoreArgs),
 }
 
 /// Runs `work` (a parsed command) as the process: logging to stderr (`FAIRWAY_LOG`),
@@ -171,5 +176,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Top(a) => stats::top(g.load()?, a).await,
         Cmd::Tenants(a) => tenants::run(&*g.load()?, a).await,
         Cmd::Schedules(a) => schedules::run(&*g.load()?, a).await,
+        Cmd::Backup(a) => dr::backup(&*g.load()?, a).await,
+        Cmd::Restore(a) => dr::restore(&*g.load()?, a).await,
     }
 }

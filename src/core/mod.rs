@@ -26,6 +26,7 @@
 //! | `events`, `webhooks`, `receivers`, `console` | job events, webhook deliveries, webhook receivers' bounded lanes, the console's pure parts |
 //! | `replay`, `rerun` | which records `fairway replay` and `fairway rerun` send back |
 //! | `trace` | W3C trace context values |
+//! | `dr` | disaster recovery: the tables a backup copies and how, the consistent cut, the manifest and record framing |
 //! | `invalid` | a setting a rule refuses: its field and the fix (what every settings `validate` returns) |
 
 pub mod admission;
@@ -37,6 +38,7 @@ pub mod buffer;
 pub mod checkpoint_pace;
 pub mod classifier;
 pub mod console;
+pub mod dr;
 pub mod events;
 pub mod finished;
 pub mod fleet;

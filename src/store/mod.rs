@@ -8,6 +8,7 @@ mod backlog;
 mod classifier;
 mod coalesce;
 mod debounce;
+mod dr;
 mod events;
 mod keys;
 mod parked;

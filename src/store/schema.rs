@@ -209,6 +209,9 @@ pub const TABLES: &[(&str, &str)] = &[
         "(scope text, tenant text, key text, window_id text, first_at bigint, due_at bigint, rev text, job blob, \
          PRIMARY KEY ((scope), tenant, key))",
     ),
+    // `fairway restore`'s bookkeeping (`ops::backup`): the steps of restoring a backup done
+    // here (tables, topic partitions, "complete"), so a second restore changes nothing.
+    ("restores", "(backup_id text, step text, at bigint, PRIMARY KEY ((backup_id), step))"),
 ];
 
 /// The keyspace's replication: NetworkTopologyStrategy with replicas per datacenter when
