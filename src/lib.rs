@@ -39,6 +39,7 @@
 //! | `watch::webhooks` | result callbacks: signed POSTs of results, retried with backoff |
 //! | `ledger` | the usage ledger: the results topic tallied per tenant, pool and job type into 15-minute windows (one writer by lease, in `fairway serve`), and its reports (`GET /v1/usage`, `fairway usage`; rules in `core::ledger`) |
 //! | `ops` | the operators' commands' I/O shells (CLI, admin API, console): |
+//! | `ops::backup` | `fairway backup` / `fairway restore`: a consistent online copy to a directory, restored onto an empty cluster (rules in `core::dr`, I/O in `kafka::copy` and `store`'s `dr` statements) |
 //! | `ops::replay` | `fairway replay`: dead letters and retry records back to their pool |
 //! | `ops::rerun` | `fairway rerun`: "rerun all" of a tenant's jobs by generation |
 //! | `ops::schedules` | `fairway schedules`: recurring schedules' management (firing: `worker::schedules`) |

@@ -4,6 +4,7 @@
 //! and `fairway-bench` (src/bench/main.rs: this plus the benchmarks).
 
 mod demo;
+mod dr;
 mod keys;
 pub(crate) mod ops;
 mod replay;
@@ -114,6 +115,10 @@ pub enum Cmd {
     Keys(keys::KeysArgs),
     /// The usage ledger: a tenant's usage per hour or day, or every tenant's of a month (NDJSON or CSV).
     Usage(usage::UsageArgs),
+    /// A consistent online copy of the control plane, unfinished jobs, DLQ/retry records and recent results, to a directory.
+    Backup(dr::BackupArgs),
+    /// Restore a backup onto an empty Kafka cluster and keyspace (idempotent).
+    Restore(dr::RestoreArgs),
 }
 
 /// Runs `work` (a parsed command) as the process: logging to stderr (`FAIRWAY_LOG`),
@@ -175,5 +180,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Tenants(a) => tenants::run(&*g.load()?, a).await,
         Cmd::Schedules(a) => schedules::run(&*g.load()?, a).await,
         Cmd::Usage(a) => usage::run(&*g.load()?, a).await,
+        Cmd::Backup(a) => dr::backup(&*g.load()?, a).await,
+        Cmd::Restore(a) => dr::restore(&*g.load()?, a).await,
     }
 }

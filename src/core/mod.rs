@@ -28,6 +28,7 @@
 //! | `ledger` | the usage ledger: what a result adds to its tenant's account, windows of the results topic every reader totals alike, reports |
 //! | `replay`, `rerun` | which records `fairway replay` and `fairway rerun` send back |
 //! | `trace` | W3C trace context values |
+//! | `dr` | disaster recovery: the tables a backup copies and how, the consistent cut, the manifest and record framing |
 //! | `invalid` | a setting a rule refuses: its field and the fix (what every settings `validate` returns) |
 
 pub mod admission;
@@ -39,6 +40,7 @@ pub mod buffer;
 pub mod checkpoint_pace;
 pub mod classifier;
 pub mod console;
+pub mod dr;
 pub mod events;
 pub mod finished;
 pub mod fleet;

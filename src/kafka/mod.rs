@@ -14,6 +14,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
+pub mod copy;
 mod producer;
 pub mod stall;
 pub use producer::{producer, submit_producer, Producer};

@@ -9,6 +9,7 @@ mod classifier;
 mod coalesce;
 mod debounce;
 mod due;
+mod dr;
 mod events;
 mod keys;
 mod ledger;

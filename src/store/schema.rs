@@ -268,6 +268,9 @@ pub const TABLES: &[(&str, &str)] = &[
         "ledger_positions",
         "(scope text, topic text, part int, first bigint, next bigint, at bigint, PRIMARY KEY ((scope), topic, part))",
     ),
+    // `fairway restore`'s bookkeeping (`ops::backup`): the steps of restoring a backup done
+    // here (tables, topic partitions, "complete"), so a second restore changes nothing.
+    ("restores", "(backup_id text, step text, at bigint, PRIMARY KEY ((backup_id), step))"),
 ];
 
 /// The keyspace's replication: NetworkTopologyStrategy with replicas per datacenter when

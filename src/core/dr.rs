@@ -1,0 +1,517 @@
+//! Disaster recovery's pure parts (`fairway backup` / `fairway restore`, I/O in
+//! `ops::backup`): which tables a backup copies and how, the consistent cut, the manifest
+//! and the framing of copied topic records.
+//!
+//! **The cut.** A backup reads a wall-clock instant `t0` first, then every consumer
+//! group's committed offsets, then copies the store, then reads each topic's high
+//! watermark and copies the records below it. A job's terminal state and its result are
+//! written with the same `finished_at`/`updated_at` (the result is acknowledged first:
+//! `worker::durable::record_terminal`), so one rule keeps both sides consistent: a state
+//! written after `t0` ([`keep_state`]) and a result finished after `t0` ([`keep_result`])
+//! are both left out, and the job, whose record is still in the copied range of its topic
+//! (its offset is committed only after its state is durable), runs again. A finished
+//! state kept always has its result kept, and the other way round.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The manifest's layout version; a restore refuses any other.
+pub const MANIFEST_VERSION: u32 = 1;
+
+/// The manifest's file name in a backup directory.
+pub const MANIFEST: &str = "manifest.json";
+
+/// How a table is backed up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Control plane: copied whole, restored as is.
+    Control,
+    /// Job state: copied whole but for rows whose write time (ms) in `column` is after
+    /// the cut (a job's row; an idempotency claim, so a client's retry of a submission
+    /// the backup lost is accepted again after a restore instead of deduplicated).
+    Cut { column: &'static str },
+    /// Job state in a blob of [`crate::core::finished`] records (`column`): records
+    /// written after the cut are left out (a pack keeps the others).
+    Finished { column: &'static str, packed: bool },
+    /// Not copied, and why (derived, short-lived, or keyed by Kafka positions that mean
+    /// nothing on a new cluster).
+    Skipped(&'static str),
+}
+
+/// Every table of `store::TABLES` and its role: a table added to the schema needs a line
+/// here (a unit test holds it).
+pub const TABLES: &[(&str, Role)] = &[
+    ("jobs", Role::Cut { column: "updated_at" }),
+    ("finished_jobs", Role::Finished { column: "record", packed: false }),
+    ("finished_packs", Role::Finished { column: "body", packed: true }),
+    ("heartbeats", Role::Skipped("liveness of the old fleet: a running job's copy takes over at once without one")),
+    ("checkpoints", Role::Skipped("no longer written (job_checkpoints is)")),
+    ("job_checkpoints", Role::Control),
+    ("job_handoffs", Role::Control),
+    ("running_index", Role::Skipped("a job running at the cut is still in its pool topic's copied range (offsets are committed only past finished jobs); restoring the index would make the reaper dispatch it twice")),
+    ("idempotency", Role::Cut { column: "at" }),
+    ("scheduled_jobs", Role::Control),
+    ("usage", Role::Skipped("fair-share accounting of the last minutes: rebuilt by the new fleet")),
+    ("quotas", Role::Skipped("each live worker's wants: short TTL, rebuilt")),
+    ("fleet_counts", Role::Skipped("each live worker's counts: short TTL, rebuilt")),
+    ("scheduled_buckets", Role::Control),
+    ("leases", Role::Skipped("held by the old fleet's processes")),
+    ("generations", Role::Control),
+    ("replays", Role::Skipped("keyed by offsets of the old cluster")),
+    ("dispatch_frontier", Role::Skipped("keyed by offsets of the old cluster: restore records its own for the records it produces")),
+    ("cancellations", Role::Skipped("the recent-cancel feed (short TTL): a cancel is in the job's row")),
+    ("backlog", Role::Skipped("keyed by offsets of the old cluster: the spilled jobs are still in the pool topic's copied range (their offsets are uncommitted until they run)")),
+    ("backlog_packs", Role::Skipped("keyed by offsets of the old cluster: as backlog")),
+    ("backlog_index", Role::Skipped("keyed by offsets of the old cluster: as backlog")),
+    ("tenants", Role::Control),
+    ("registry_versions", Role::Skipped("a counter processes poll: a fresh one works (processes read the registry whole at start)")),
+    ("tenant_changes", Role::Skipped("the registry's change feed (1 h TTL): the tenants table holds the result")),
+    ("worker_stats", Role::Skipped("live workers' snapshots (short TTL)")),
+    ("api_keys", Role::Control),
+    ("job_owners", Role::Control),
+    ("job_events", Role::Skipped("derived: the history recorder rebuilds it from the copied events topic")),
+    ("queue_depth", Role::Skipped("front-door counters (counter columns cannot be inserted): they restart at zero")),
+    ("outcome_counts", Role::Skipped("10 s outcome buckets (TTL) the breakers read: rebuilt")),
+    ("tenant_outcome_counts", Role::Skipped("10 s outcome buckets (TTL): rebuilt")),
+    ("run_times", Role::Skipped("no longer written")),
+    ("pool_classes", Role::Skipped("no longer written")),
+    ("tenant_run_times", Role::Skipped("10 s run-time buckets (TTL): rebuilt")),
+    ("tenant_pool_classes", Role::Control),
+    ("schedules", Role::Control),
+    ("schedule_slots", Role::Control),
+    ("debounces", Role::Control),
+    ("restores", Role::Skipped("the restore's own bookkeeping on the new cluster")),
+    ("tenant_schedules", Role::Control),
+    ("tenant_debounces", Role::Control),
+    ("debounce_slots", Role::Control),
+    ("due_index", Role::Control),
+    ("due_buckets", Role::Control),
+    ("tenant_outcome_cells", Role::Skipped("10 s outcome buckets (TTL) the breakers read: rebuilt")),
+    ("ledger", Role::Control),
+    ("ledger_tenants", Role::Control),
+    ("ledger_positions", Role::Skipped("keyed by offsets of the old results topic: the new leader reads the restored topic from its start, and the restored totals (written at restore time) win over its re-count of the copied results")),
+];
+
+/// Tables whose rows are written with a TTL, and a column every write sets: a backup
+/// keeps each row's remaining TTL (as [`TTL_KEY`]) and a restore writes the row with it,
+/// so restored idempotency windows, job rows and checkpoints still expire.
+pub const TTL_COLUMNS: &[(&str, &str)] = &[
+    ("jobs", "updated_at"),
+    ("finished_jobs", "record"),
+    ("finished_packs", "body"),
+    ("job_checkpoints", "data"),
+    ("job_handoffs", "handoff_count"),
+    ("idempotency", "job_id"),
+    ("job_owners", "tenant"),
+];
+
+/// The key of a row's remaining TTL (seconds) in a backed-up row's JSON.
+pub const TTL_KEY: &str = "[ttl]";
+
+/// The TTL column of `table` (see [`TTL_COLUMNS`]).
+pub fn ttl_column(table: &str) -> Option<&'static str> {
+    TTL_COLUMNS.iter().find(|(t, _)| *t == table).map(|(_, c)| *c)
+}
+
+/// A backed-up row split into the row to insert and its remaining TTL (seconds), if any.
+pub fn split_ttl(row: &str) -> Result<(String, Option<i32>), String> {
+    if !row.contains(TTL_KEY) {
+        return Ok((row.to_string(), None));
+    }
+    let mut v: serde_json::Value = serde_json::from_str(row).map_err(|e| format!("row is not JSON: {e}"))?;
+    let ttl = v.as_object_mut().and_then(|o| o.remove(TTL_KEY)).and_then(|t| t.as_i64());
+    Ok((v.to_string(), ttl.filter(|t| *t > 0).map(|t| t.min(i32::MAX as i64) as i32)))
+}
+
+/// The role of `table`, None when the list above misses it.
+pub fn role_of(table: &str) -> Option<Role> {
+    TABLES.iter().find(|(t, _)| *t == table).map(|(_, r)| *r)
+}
+
+/// Whether a job state last written at `updated_at` belongs to a backup cut at `t0`. A
+/// state without a write time (a bare cancel flag) is kept.
+pub fn keep_state(updated_at: Option<i64>, t0: i64) -> bool {
+    updated_at.is_none_or(|at| at <= t0)
+}
+
+/// Whether a result finished at `finished_at` belongs to a backup cut at `t0` that keeps
+/// the results of the last `window_ms`.
+pub fn keep_result(finished_at: i64, t0: i64, window_ms: i64) -> bool {
+    finished_at <= t0 && finished_at >= t0.saturating_sub(window_ms)
+}
+
+/// Whether an event (or any record judged by its timestamp) belongs to the window.
+pub fn keep_event(timestamp: Option<i64>, t0: i64, window_ms: i64) -> bool {
+    timestamp.is_some_and(|ts| ts <= t0 && ts >= t0.saturating_sub(window_ms))
+}
+
+/// A finished-record blob cut at `t0`: Some(blob) to keep (possibly re-packed with fewer
+/// records), None when nothing of it is kept. `packed`: a pack of records
+/// (`core::finished::packs`), else one record.
+pub fn cut_finished(blob: &[u8], packed: bool, t0: i64) -> Result<Option<Vec<u8>>, String> {
+    use crate::core::finished::{entries, open, packs, FinishedRecord};
+    if !packed {
+        let (rec, _) = FinishedRecord::decode(blob)?;
+        return Ok(keep_state(Some(rec.updated_at), t0).then(|| blob.to_vec()));
+    }
+    let plain = open(blob)?;
+    let all = entries(&plain)?;
+    let mut kept = Vec::with_capacity(all.len());
+    for (id, rec) in &all {
+        let (r, _) = FinishedRecord::decode(rec)?;
+        if keep_state(Some(r.updated_at), t0) {
+            kept.push((id.to_string(), rec.to_vec()));
+        }
+    }
+    if kept.len() == all.len() {
+        return Ok(Some(blob.to_vec()));
+    }
+    if kept.is_empty() {
+        return Ok(None);
+    }
+    // All of one pack share its bucket and fit in one pack (fewer bytes than before).
+    Ok(packs(&kept).into_iter().next().map(|(_, body, _)| body))
+}
+
+/// Lowercase hex of `bytes` (checksums; blobs in CQL's JSON are `0x` and this).
+pub fn to_hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+/// Bytes of a hex string (either case; an optional `0x` prefix, as CQL's JSON writes blobs).
+pub fn from_hex(s: &str) -> Result<Vec<u8>, String> {
+    let s = s.strip_prefix("0x").unwrap_or(s);
+    if s.len() % 2 != 0 {
+        return Err("a hex blob has an odd number of digits".into());
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).map_err(|_| format!("not hex: {:?}", &s[i..i + 2])))
+        .collect()
+}
+
+/// A table row (CQL's JSON of it) cut at `t0` by the table's role: Some(row) to keep
+/// (rewritten when part of it goes), None to leave out. `Skipped` roles keep nothing.
+pub fn cut_row(role: Role, row: &str, t0: i64) -> Result<Option<String>, String> {
+    match role {
+        Role::Control => Ok(Some(row.to_string())),
+        Role::Skipped(_) => Ok(None),
+        Role::Cut { column } => {
+            let v: serde_json::Value = serde_json::from_str(row).map_err(|e| format!("row is not JSON: {e}"))?;
+            Ok(keep_state(v.get(column).and_then(serde_json::Value::as_i64), t0).then(|| row.to_string()))
+        }
+        Role::Finished { column, packed } => {
+            let mut v: serde_json::Value = serde_json::from_str(row).map_err(|e| format!("row is not JSON: {e}"))?;
+            let Some(blob) = v.get(column).and_then(serde_json::Value::as_str) else { return Ok(None) };
+            let blob = from_hex(blob)?;
+            match cut_finished(&blob, packed, t0)? {
+                None => Ok(None),
+                Some(kept) if kept == blob => Ok(Some(row.to_string())),
+                Some(kept) => {
+                    v[column] = serde_json::Value::String(format!("0x{}", to_hex(&kept)));
+                    Ok(Some(v.to_string()))
+                }
+            }
+        }
+    }
+}
+
+/// One file of a backup, as the manifest lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    pub name: String,
+    /// Rows (tables) or records (topics) in it.
+    pub items: u64,
+    pub bytes: u64,
+    /// SHA-256 of the file's bytes, lowercase hex.
+    pub sha256: String,
+}
+
+/// The offsets a topic partition's copy covers: `[from, to)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Range {
+    pub from: i64,
+    pub to: i64,
+}
+
+/// A backup's manifest: what was copied, from where, and the cut.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub version: u32,
+    /// Unique per backup: what a restore's bookkeeping is keyed by.
+    pub backup_id: String,
+    /// The cut (ms since the epoch).
+    pub t0: i64,
+    pub results_window_ms: i64,
+    pub topic_prefix: String,
+    pub keyspace: String,
+    /// Table files, by table.
+    pub tables: BTreeMap<String, FileEntry>,
+    /// Topic files, by topic then partition, with the offsets they cover.
+    pub topics: BTreeMap<String, BTreeMap<i32, (Range, FileEntry)>>,
+    /// Consumer groups whose place is carried over, by group, topic and partition: the
+    /// offset in the restored partition where the group goes on (what it had consumed at
+    /// the cut, counted in copied records).
+    #[serde(default)]
+    pub consumer_offsets: BTreeMap<String, BTreeMap<String, BTreeMap<i32, i64>>>,
+    /// When the backup started and finished (ms): its duration.
+    pub started_at: i64,
+    pub finished_at: i64,
+}
+
+impl Manifest {
+    /// Every file's entry (tables, then topic partitions).
+    pub fn files(&self) -> impl Iterator<Item = &FileEntry> {
+        self.tables.values().chain(self.topics.values().flat_map(|p| p.values().map(|(_, f)| f)))
+    }
+
+    /// Checks a manifest read from disk; the error says what is wrong.
+    pub fn check(&self) -> Result<(), String> {
+        if self.version != MANIFEST_VERSION {
+            return Err(format!(
+                "backup manifest version {} is not {MANIFEST_VERSION}: restore it with the fairway release that wrote it",
+                self.version
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A topic record as a backup keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    pub timestamp: Option<i64>,
+    pub headers: Vec<(String, Vec<u8>)>,
+}
+
+/// Largest framed record read back (a corrupt length is refused, not allocated).
+pub const RECORD_MAX: usize = 64 * 1024 * 1024;
+
+fn put_bytes(out: &mut Vec<u8>, b: Option<&[u8]>) {
+    match b {
+        Some(b) => {
+            out.extend_from_slice(&(b.len() as u32).to_be_bytes());
+            out.extend_from_slice(b);
+        }
+        None => out.extend_from_slice(&u32::MAX.to_be_bytes()),
+    }
+}
+
+/// The record framed: its length (u32, big-endian), then key, value (each a u32 length,
+/// `u32::MAX` for none, and the bytes), the timestamp (i64, `i64::MIN` for none), the
+/// header count (u32) and each header's name and value.
+pub fn frame(r: &Record) -> Vec<u8> {
+    let mut body = Vec::new();
+    put_bytes(&mut body, r.key.as_deref());
+    put_bytes(&mut body, r.value.as_deref());
+    body.extend_from_slice(&r.timestamp.unwrap_or(i64::MIN).to_be_bytes());
+    body.extend_from_slice(&(r.headers.len() as u32).to_be_bytes());
+    for (k, v) in &r.headers {
+        put_bytes(&mut body, Some(k.as_bytes()));
+        put_bytes(&mut body, Some(v));
+    }
+    let mut out = Vec::with_capacity(4 + body.len());
+    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+struct Cursor<'a>(&'a [u8]);
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        if self.0.len() < n {
+            return Err("a backup record is truncated: the file is damaged (its checksum says so too)".into());
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+    fn u32(&mut self) -> Result<u32, String> {
+        Ok(u32::from_be_bytes(self.take(4)?.try_into().expect("4 bytes")))
+    }
+    fn bytes(&mut self) -> Result<Option<Vec<u8>>, String> {
+        let n = self.u32()?;
+        if n == u32::MAX {
+            return Ok(None);
+        }
+        Ok(Some(self.take(n as usize)?.to_vec()))
+    }
+}
+
+/// A record's body (what follows its length in [`frame`]) back.
+pub fn unframe(body: &[u8]) -> Result<Record, String> {
+    let mut c = Cursor(body);
+    let key = c.bytes()?;
+    let value = c.bytes()?;
+    let ts = i64::from_be_bytes(c.take(8)?.try_into().expect("8 bytes"));
+    let n = c.u32()?;
+    let mut headers = Vec::new();
+    for _ in 0..n {
+        let k = c.bytes()?.unwrap_or_default();
+        let k = String::from_utf8(k).map_err(|_| "a backup record's header name is not UTF-8".to_string())?;
+        headers.push((k, c.bytes()?.unwrap_or_default()));
+    }
+    if !c.0.is_empty() {
+        return Err("a backup record has trailing bytes: the file is damaged".into());
+    }
+    Ok(Record { key, value, timestamp: (ts != i64::MIN).then_some(ts), headers })
+}
+
+/// Parses a window such as `24h`, `90m`, `3600s` or `7d` into milliseconds.
+pub fn parse_window(s: &str) -> Result<i64, String> {
+    let s = s.trim();
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: i64 = num.parse().map_err(|_| format!("window {s:?}: expected a number and a unit, e.g. 24h"))?;
+    let ms = match unit {
+        "ms" => 1,
+        "s" => 1000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(format!("window {s:?}: unit must be ms, s, m, h or d, e.g. 24h")),
+    };
+    n.checked_mul(ms).ok_or_else(|| format!("window {s:?} is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::finished::{entries, open, packs, FinishedRecord};
+    use proptest::prelude::*;
+
+    /// Every table the schema creates has a declared role: a table added without a line
+    /// here fails this test (and would otherwise be silently left out of backups).
+    #[test]
+    fn every_schema_table_has_a_backup_role() {
+        let missing: Vec<&str> =
+            crate::store::TABLES.iter().map(|(t, _)| *t).filter(|t| role_of(t).is_none()).collect();
+        assert!(missing.is_empty(), "tables without a backup role in core::dr::TABLES: {missing:?}");
+        for (t, _) in TABLES {
+            assert!(crate::store::TABLES.iter().any(|(s, _)| s == t), "{t} is declared but not in the schema");
+        }
+    }
+
+    #[test]
+    fn a_row_keeps_its_remaining_ttl_apart() {
+        let (row, ttl) = split_ttl(r#"{"tenant": "a", "key": "k", "[ttl]": 3600}"#).unwrap();
+        let row: serde_json::Value = serde_json::from_str(&row).unwrap();
+        assert_eq!((row, ttl), (serde_json::json!({"key": "k", "tenant": "a"}), Some(3600)));
+        let (_, ttl) = split_ttl(r#"{"tenant": "a", "[ttl]": null}"#).unwrap();
+        assert_eq!(ttl, None, "a cell without a TTL");
+        assert_eq!(split_ttl("{}").unwrap(), ("{}".to_string(), None));
+        for (t, _) in TTL_COLUMNS {
+            assert!(matches!(role_of(t), Some(r) if !matches!(r, Role::Skipped(_))), "{t} is copied");
+        }
+    }
+
+    #[test]
+    fn windows_parse_with_units_and_refuse_the_rest() {
+        assert_eq!(parse_window("24h"), Ok(86_400_000));
+        assert_eq!(parse_window("90m"), Ok(5_400_000));
+        assert_eq!(parse_window("7d"), Ok(604_800_000));
+        assert!(parse_window("24").unwrap_err().contains("unit"));
+        assert!(parse_window("h").unwrap_err().contains("number"));
+    }
+
+    fn v7_at(ms: u64, rand: u128) -> String {
+        let bits = (u128::from(ms) << 80) | (0x7u128 << 76) | (rand & 0x0fff_3fff_ffff_ffff_ffff) | (0b10u128 << 62);
+        uuid::Uuid::from_u128(bits).to_string()
+    }
+
+    fn record(updated_at: i64) -> Vec<u8> {
+        let mut r = FinishedRecord::queued("t", "y", "short", 0, updated_at);
+        r.status = "succeeded".into();
+        r.updated_at = updated_at;
+        r.encode(Some(b"out"))
+    }
+
+    proptest! {
+        /// A record, framed then read back, is the same record.
+        #[test]
+        fn framed_records_read_back(
+            key in proptest::option::of(proptest::collection::vec(any::<u8>(), 0..40)),
+            value in proptest::option::of(proptest::collection::vec(any::<u8>(), 0..200)),
+            timestamp in proptest::option::of(0i64..i64::MAX),
+            headers in proptest::collection::vec(("[a-z]{0,8}", proptest::collection::vec(any::<u8>(), 0..20)), 0..4),
+        ) {
+            let r = Record { key, value, timestamp, headers };
+            let framed = frame(&r);
+            let len = u32::from_be_bytes(framed[..4].try_into().unwrap()) as usize;
+            prop_assert_eq!(len, framed.len() - 4);
+            prop_assert_eq!(unframe(&framed[4..]).unwrap(), r);
+            // Damage is an error, never a different record.
+            prop_assert!(unframe(&framed[4..framed.len() - 1]).is_err());
+        }
+
+        /// A pack cut at t0 keeps exactly its records written at or before t0, each
+        /// unchanged, and nothing at all when none was.
+        #[test]
+        fn a_cut_pack_keeps_exactly_the_records_written_before_the_cut(
+            times in proptest::collection::vec(0i64..100, 1..30),
+            t0 in 0i64..100,
+        ) {
+            let entries_in: Vec<(String, Vec<u8>)> =
+                times.iter().enumerate().map(|(i, at)| (v7_at(1_700_000_000_000, i as u128 * 8), record(*at))).collect();
+            let (_, body, held) = packs(&entries_in).into_iter().next().unwrap();
+            prop_assume!(held.len() == entries_in.len());
+            let cut = cut_finished(&body, true, t0).unwrap();
+            let want: Vec<&(String, Vec<u8>)> =
+                entries_in.iter().zip(&times).filter(|(_, at)| **at <= t0).map(|(e, _)| e).collect();
+            match cut {
+                None => prop_assert!(want.is_empty()),
+                Some(kept) => {
+                    let plain = open(&kept).unwrap();
+                    let got = entries(&plain).unwrap();
+                    prop_assert_eq!(got.len(), want.len());
+                    for ((id, rec), w) in got.iter().zip(want) {
+                        prop_assert_eq!(*id, w.0.as_str());
+                        prop_assert_eq!(*rec, w.1.as_slice());
+                    }
+                }
+            }
+        }
+
+        /// States and results use one rule: a state written at `at` is kept exactly when a
+        /// result finished at `at` (inside the window) is, so a kept finished state always
+        /// has its result, and a dropped one none (its job runs again).
+        #[test]
+        fn states_and_results_are_cut_at_the_same_instant(at in 0i64..1000, t0 in 0i64..1000) {
+            prop_assert_eq!(keep_state(Some(at), t0), keep_result(at, t0, i64::MAX));
+            prop_assert_eq!(keep_state(Some(at), t0), keep_event(Some(at), t0, i64::MAX));
+        }
+    }
+
+    #[test]
+    fn rows_are_cut_by_their_role() {
+        let job = |at: i64| format!(r#"{{"job_id": "j", "status": "succeeded", "updated_at": {at}}}"#);
+        let cut = Role::Cut { column: "updated_at" };
+        assert_eq!(cut_row(cut, &job(5), 5).unwrap(), Some(job(5)));
+        assert_eq!(cut_row(cut, &job(6), 5).unwrap(), None, "written after the cut: runs again");
+        assert!(cut_row(cut, r#"{"job_id": "j", "updated_at": null}"#, 5).unwrap().is_some());
+        assert_eq!(cut_row(Role::Control, "{}", 5).unwrap(), Some("{}".to_string()));
+        assert_eq!(cut_row(Role::Skipped("x"), "{}", 5).unwrap(), None);
+        let fin = |at: i64| format!(r#"{{"bucket": 1, "job_id": "j", "record": "0x{}"}}"#, to_hex(&record(at)));
+        let role = Role::Finished { column: "record", packed: false };
+        assert_eq!(cut_row(role, &fin(5), 5).unwrap(), Some(fin(5)));
+        assert_eq!(cut_row(role, &fin(6), 5).unwrap(), None);
+        assert!(cut_row(role, r#"{"record": "0xzz"}"#, 5).is_err(), "a damaged blob is an error, not a dropped row");
+        assert_eq!(from_hex(&to_hex(&[0, 1, 254, 255])).unwrap(), vec![0, 1, 254, 255]);
+    }
+
+    #[test]
+    fn a_single_record_is_kept_or_dropped_whole() {
+        assert_eq!(cut_finished(&record(5), false, 5).unwrap(), Some(record(5)));
+        assert_eq!(cut_finished(&record(6), false, 5).unwrap(), None);
+        assert!(cut_finished(b"", false, 5).is_err());
+        assert!(keep_state(None, 0), "a bare cancel flag has no write time and is kept");
+        assert!(!keep_result(10, 100, 50), "older than the window");
+    }
+}

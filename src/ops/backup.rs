@@ -1,0 +1,631 @@
+//! `fairway backup` and `fairway restore`: a consistent, online copy of what fairway
+//! owns to a directory, and its restore onto an empty cluster and keyspace. The rules
+//! (which tables, the cut, the manifest, the record framing) live in `core::dr`; the
+//! statements in `store::dr` and the broker I/O in `kafka::copy`. docs/disaster-recovery.md
+//! is the operator's side.
+//!
+//! A backup directory holds `manifest.json` (written last: a directory without it is
+//! unfinished), `cut.json` (the cut, written first: a second run with the same `--out`
+//! resumes at the same cut), `tables/<table>.ndjson` (one CQL JSON row a line) and
+//! `topics/<topic>/<partition>.rec` (framed records, `core::dr::frame`). Each file is
+//! written under a temporary name, renamed when complete, and described by a
+//! `<file>.done` entry (count, bytes, SHA-256) that a resumed run trusts only when the
+//! file's checksum still matches.
+
+use crate::config::Config;
+use crate::core::dr::{self, FileEntry, Manifest, Range, Record, Role, MANIFEST, MANIFEST_VERSION};
+use crate::kafka::{self, copy, KafkaError};
+use crate::model::Pool;
+use crate::now_ms;
+use crate::store::{Store, StoreError};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DrError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Kafka(#[from] KafkaError),
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{0}")]
+    Refused(String),
+}
+
+fn io(path: &Path) -> impl Fn(std::io::Error) -> DrError + '_ {
+    move |source| DrError::Io { path: path.to_path_buf(), source }
+}
+
+/// What `fairway backup` is asked for.
+pub struct BackupOptions {
+    pub out: PathBuf,
+    /// Results and events finished in this window before the cut are copied.
+    pub results_window_ms: i64,
+}
+
+/// The cut, written before anything is copied: a resumed backup keeps it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Cut {
+    backup_id: String,
+    t0: i64,
+    results_window_ms: i64,
+    started_at: i64,
+    /// Where each topic partition's copy starts (committed offsets, or the log start).
+    from: BTreeMap<String, BTreeMap<i32, i64>>,
+    /// Where the DLQ's copy ends: its high watermark at the cut.
+    dlq_to: BTreeMap<i32, i64>,
+    /// The committed offsets at the cut of the groups whose place a restore carries over
+    /// ([`carried_groups`]), by group, topic and partition.
+    #[serde(default)]
+    carried: BTreeMap<String, BTreeMap<String, BTreeMap<i32, i64>>>,
+}
+
+/// A finished file's entry beside it (`<file>.done`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Done {
+    entry: FileEntry,
+    range: Option<Range>,
+    /// Per carried group ([`carried_groups`]): how many of the copied records it had
+    /// consumed at the cut, i.e. where it goes on in the restored partition.
+    #[serde(default)]
+    consumed: BTreeMap<String, i64>,
+}
+
+/// Groups reading a copied topic whose place a restore carries over, so they do not start
+/// the restored records again: the webhook sender (results: a restore would otherwise
+/// send a callback again for every copied result). The history recorder is not among
+/// them: it rebuilds `job_events` (not copied) from the copied events.
+fn carried_groups(cfg: &Config) -> Vec<(String, String)> {
+    vec![(cfg.group("webhooks"), cfg.results_topic())]
+}
+
+/// The topics a backup copies, with how: (topic, consumer group whose committed offsets
+/// start its copy, or None to start at the log's start).
+fn copied_topics(cfg: &Config) -> Vec<(String, Option<String>)> {
+    let mut t: Vec<(String, Option<String>)> =
+        Pool::ALL.iter().map(|p| (cfg.pool_topic(*p), Some(cfg.group(p.as_str())))).collect();
+    for topic in crate::worker::relay::relay_topics(cfg) {
+        t.push((topic, Some(cfg.group("retry"))));
+    }
+    for topic in [cfg.dlq_topic(), cfg.results_topic(), cfg.events_topic()] {
+        t.push((topic, None));
+    }
+    t
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, DrError> + Send + 'static) -> Result<T, DrError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| DrError::Refused(format!("a backup task failed: {e}")))?
+}
+
+fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>, DrError> {
+    match std::fs::read(path) {
+        Ok(b) => serde_json::from_slice(&b)
+            .map(Some)
+            .map_err(|e| DrError::Refused(format!("{} is damaged ({e}): remove it to start over", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io(path)(e)),
+    }
+}
+
+fn write_json(path: &Path, v: &impl Serialize) -> Result<(), DrError> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(v).expect("serialisable")).map_err(io(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io(path))
+}
+
+/// SHA-256 and length of a file, read in blocks.
+fn checksum(path: &Path) -> Result<(String, u64), DrError> {
+    let mut f = std::fs::File::open(path).map_err(io(path))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut n = 0u64;
+    loop {
+        let k = f.read(&mut buf).map_err(io(path))?;
+        if k == 0 {
+            break;
+        }
+        h.update(&buf[..k]);
+        n += k as u64;
+    }
+    Ok((dr::to_hex(&h.finalize()), n))
+}
+
+/// A file being written: temporary name, hashed as it goes, renamed by [`Sink::finish`].
+struct Sink {
+    dir: PathBuf,
+    name: String,
+    out: BufWriter<std::fs::File>,
+    hash: Sha256,
+    bytes: u64,
+    items: u64,
+}
+
+impl Sink {
+    fn create(dir: &Path, name: &str) -> Result<Sink, DrError> {
+        let tmp = dir.join(format!("{name}.tmp"));
+        if let Some(parent) = tmp.parent() {
+            std::fs::create_dir_all(parent).map_err(io(parent))?;
+        }
+        let f = std::fs::File::create(&tmp).map_err(io(&tmp))?;
+        Ok(Sink {
+            dir: dir.to_path_buf(),
+            name: name.to_string(),
+            out: BufWriter::new(f),
+            hash: Sha256::new(),
+            bytes: 0,
+            items: 0,
+        })
+    }
+
+    fn put(&mut self, bytes: &[u8]) -> Result<(), String> {
+        self.out.write_all(bytes).map_err(|e| format!("writing {}: {e}", self.name))?;
+        self.hash.update(bytes);
+        self.bytes += bytes.len() as u64;
+        self.items += 1;
+        Ok(())
+    }
+
+    fn finish(mut self, range: Option<Range>, consumed: BTreeMap<String, i64>) -> Result<FileEntry, DrError> {
+        let path = self.dir.join(&self.name);
+        let tmp = self.dir.join(format!("{}.tmp", self.name));
+        self.out.flush().map_err(io(&tmp))?;
+        self.out.get_ref().sync_all().map_err(io(&tmp))?;
+        std::fs::rename(&tmp, &path).map_err(io(&path))?;
+        let entry = FileEntry {
+            name: self.name.clone(),
+            items: self.items,
+            bytes: self.bytes,
+            sha256: dr::to_hex(&self.hash.finalize()),
+        };
+        write_json(&self.dir.join(format!("{}.done", self.name)), &Done { entry: entry.clone(), range, consumed })?;
+        Ok(entry)
+    }
+}
+
+/// A finished file from an earlier run, if its checksum still matches its entry.
+fn already_done(dir: &Path, name: &str) -> Result<Option<Done>, DrError> {
+    let Some(done) = read_json::<Done>(&dir.join(format!("{name}.done")))? else { return Ok(None) };
+    let path = dir.join(name);
+    if !path.exists() {
+        return Ok(None);
+    }
+    let (sha, bytes) = checksum(&path)?;
+    Ok((sha == done.entry.sha256 && bytes == done.entry.bytes).then_some(done))
+}
+
+fn table_file(table: &str) -> String {
+    format!("tables/{table}.ndjson")
+}
+
+fn topic_file(topic: &str, partition: i32) -> String {
+    format!("topics/{topic}/{partition}.rec")
+}
+
+/// Takes a backup into `opts.out` (see the module's docs); `progress` gets a line per
+/// step. Resumes an unfinished backup in the same directory at its cut; a finished one
+/// (its manifest present) is left as it is.
+pub async fn backup(cfg: &Config, opts: &BackupOptions, progress: &mut dyn FnMut(String)) -> Result<Manifest, DrError> {
+    let dir = opts.out.clone();
+    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+    if let Some(m) = read_json::<Manifest>(&dir.join(MANIFEST))? {
+        progress(format!("backup {} in {} is already complete: nothing to do", m.backup_id, dir.display()));
+        return Ok(m);
+    }
+    let cut = match read_json::<Cut>(&dir.join("cut.json"))? {
+        Some(c) => {
+            progress(format!("resuming backup {} at its cut {}", c.backup_id, c.t0));
+            c
+        }
+        None => {
+            let c = take_cut(cfg, opts).await?;
+            write_json(&dir.join("cut.json"), &c)?;
+            progress(format!("cut at {}: offsets of {} topics taken", c.t0, c.from.len()));
+            c
+        }
+    };
+    let store = Store::open(cfg).await?;
+    let mut tables = BTreeMap::new();
+    for (table, role) in dr::TABLES {
+        if matches!(role, Role::Skipped(_)) {
+            continue;
+        }
+        let entry = copy_table(&store, &dir, table, *role, cut.t0).await?;
+        progress(format!("table {table}: {} rows, {} bytes", entry.items, entry.bytes));
+        tables.insert(table.to_string(), entry);
+    }
+    let mut topics: BTreeMap<String, BTreeMap<i32, (Range, FileEntry)>> = BTreeMap::new();
+    let mut consumer_offsets: BTreeMap<String, BTreeMap<String, BTreeMap<i32, i64>>> = BTreeMap::new();
+    for (topic, from) in &cut.from {
+        for (partition, start) in from {
+            let (range, entry, consumed) = copy_partition(cfg, &dir, &cut, topic, *partition, *start).await?;
+            for (group, n) in consumed {
+                consumer_offsets.entry(group).or_default().entry(topic.clone()).or_default().insert(*partition, n);
+            }
+            if entry.items > 0 {
+                progress(format!(
+                    "topic {topic} partition {partition}: {} records of [{}, {})",
+                    entry.items, range.from, range.to
+                ));
+            }
+            topics.entry(topic.clone()).or_default().insert(*partition, (range, entry));
+        }
+    }
+    let m = Manifest {
+        version: MANIFEST_VERSION,
+        backup_id: cut.backup_id.clone(),
+        t0: cut.t0,
+        results_window_ms: cut.results_window_ms,
+        topic_prefix: cfg.kafka.topic_prefix.clone(),
+        keyspace: cfg.scylla.keyspace.clone(),
+        tables,
+        topics,
+        consumer_offsets,
+        started_at: cut.started_at,
+        finished_at: now_ms(),
+    };
+    write_json(&dir.join(MANIFEST), &m)?;
+    Ok(m)
+}
+
+/// The cut: the committed offsets of every group first (where each topic's copy starts),
+/// then `t0`, then the DLQ's end. A job's offset is committed only after its state is
+/// durable, so a job committed before the offsets were read finished before `t0` (its
+/// state and result are kept), and any other is in its topic's copied range. The DLQ's
+/// end is read after `t0`: a dead letter is acknowledged before its job's state is
+/// written, so a failed state kept has its dead letter copied.
+async fn take_cut(cfg: &Config, opts: &BackupOptions) -> Result<Cut, DrError> {
+    let started_at = now_ms();
+    let (topics, groups) = (copied_topics(cfg), carried_groups(cfg));
+    let cfg2 = cfg.clone();
+    let (from, carried) = blocking(move || {
+        let mut from: BTreeMap<String, BTreeMap<i32, i64>> = BTreeMap::new();
+        for (topic, group) in topics {
+            let marks = copy::watermarks(&cfg2, &topic)?;
+            let parts: Vec<i32> = marks.iter().map(|m| m.0).collect();
+            let committed = match &group {
+                Some(g) => copy::committed(&cfg2, g, &topic, &parts)?,
+                None => parts.iter().map(|p| (*p, None)).collect(),
+            };
+            for ((p, low, _), (_, c)) in marks.iter().zip(committed) {
+                from.entry(topic.clone()).or_default().insert(*p, c.unwrap_or(*low).max(*low));
+            }
+        }
+        let mut carried: BTreeMap<String, BTreeMap<String, BTreeMap<i32, i64>>> = BTreeMap::new();
+        for (group, topic) in groups {
+            let parts: Vec<i32> = copy::watermarks(&cfg2, &topic)?.iter().map(|m| m.0).collect();
+            for (p, c) in copy::committed(&cfg2, &group, &topic, &parts)? {
+                if let Some(c) = c {
+                    carried.entry(group.clone()).or_default().entry(topic.clone()).or_default().insert(p, c);
+                }
+            }
+        }
+        Ok((from, carried))
+    })
+    .await?;
+    let t0 = now_ms();
+    let (cfg3, dlq) = (cfg.clone(), cfg.dlq_topic());
+    let dlq_to =
+        blocking(move || Ok(copy::watermarks(&cfg3, &dlq)?.into_iter().map(|(p, _, high)| (p, high)).collect()))
+            .await?;
+    Ok(Cut {
+        backup_id: uuid::Uuid::now_v7().to_string(),
+        t0,
+        results_window_ms: opts.results_window_ms,
+        started_at,
+        from,
+        dlq_to,
+        carried,
+    })
+}
+
+/// One table to `tables/<table>.ndjson`, cut at `t0` by its role.
+async fn copy_table(store: &Store, dir: &Path, table: &str, role: Role, t0: i64) -> Result<FileEntry, DrError> {
+    let name = table_file(table);
+    if let Some(done) = already_done(dir, &name)? {
+        return Ok(done.entry);
+    }
+    let mut sink = Sink::create(dir, &name)?;
+    store
+        .dump_table(table, |row| match dr::cut_row(role, &row, t0)? {
+            Some(kept) => sink.put(format!("{kept}\n").as_bytes()),
+            None => Ok(()),
+        })
+        .await?;
+    sink.finish(None, BTreeMap::new())
+}
+
+/// One topic partition to `topics/<topic>/<partition>.rec`: from `start` to its high
+/// watermark now (the DLQ: at the cut); results and events only of the window.
+async fn copy_partition(
+    cfg: &Config,
+    dir: &Path,
+    cut: &Cut,
+    topic: &str,
+    partition: i32,
+    start: i64,
+) -> Result<(Range, FileEntry, BTreeMap<String, i64>), DrError> {
+    let name = topic_file(topic, partition);
+    if let Some(Done { entry, range: Some(range), consumed }) = already_done(dir, &name)? {
+        return Ok((range, entry, consumed));
+    }
+    let (cfg, dir, cut, topic) = (cfg.clone(), dir.to_path_buf(), cut.clone(), topic.to_string());
+    blocking(move || {
+        let high = copy::watermarks(&cfg, &topic)?.into_iter().find(|m| m.0 == partition).map_or(start, |m| m.2);
+        let to = if topic == cfg.dlq_topic() { cut.dlq_to.get(&partition).copied().unwrap_or(high) } else { high };
+        let range = Range { from: start, to: to.max(start) };
+        let (results, events) = (topic == cfg.results_topic(), topic == cfg.events_topic());
+        let (t0, window) = (cut.t0, cut.results_window_ms);
+        let carried: Vec<(String, i64)> = cut
+            .carried
+            .iter()
+            .filter_map(|(g, topics)| Some((g.clone(), *topics.get(&topic)?.get(&partition)?)))
+            .collect();
+        let mut consumed: BTreeMap<String, i64> = carried.iter().map(|(g, _)| (g.clone(), 0)).collect();
+        let mut sink = Sink::create(&dir, &name)?;
+        copy::read_range(&cfg, &topic, partition, range, |offset, r: Record| {
+            let keep = if results {
+                // A record that is not a result (a foreign producer's) is judged by its
+                // timestamp: copied, never dropped for being unreadable.
+                match crate::codec::decode_result(r.value.as_deref().unwrap_or_default()) {
+                    Ok(result) => dr::keep_result(result.finished_at, t0, window),
+                    Err(_) => dr::keep_event(r.timestamp, t0, window),
+                }
+            } else if events {
+                dr::keep_event(r.timestamp, t0, window)
+            } else {
+                true
+            };
+            if keep {
+                sink.put(&dr::frame(&r))?;
+                for (group, at) in &carried {
+                    if offset < *at {
+                        *consumed.get_mut(group).expect("every carried group counted") += 1;
+                    }
+                }
+            }
+            Ok(())
+        })
+        .map_err(DrError::Refused)?;
+        let entry = sink.finish(Some(range), consumed.clone())?;
+        Ok((range, entry, consumed))
+    })
+    .await
+}
+
+/// What `fairway restore` is asked for.
+pub struct RestoreOptions {
+    pub from: PathBuf,
+}
+
+/// What a restore did.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct RestoreSummary {
+    pub backup_id: String,
+    /// False: the backup was restored here before, and nothing changed.
+    pub changed: bool,
+    pub rows: u64,
+    pub records: u64,
+    pub ms: i64,
+}
+
+/// The step names of a restore's bookkeeping (`store::dr`).
+const COMPLETE: &str = "complete";
+
+/// Restores the backup in `opts.from` onto an empty cluster and keyspace (see the module's
+/// docs): topics and schema created, tables inserted, records produced into their
+/// partitions, the pool topics' dispatch frontiers raised past the restored records (so
+/// each gets the effectively-once read: they may have run before). Idempotent: a second
+/// restore of the same backup finds it complete and changes nothing; an interrupted one
+/// resumes (a partition already holding some of its records gets only the rest).
+pub async fn restore(
+    cfg: &Config,
+    opts: &RestoreOptions,
+    progress: &mut dyn FnMut(String),
+) -> Result<RestoreSummary, DrError> {
+    let started = now_ms();
+    let dir = &opts.from;
+    let m = read_json::<Manifest>(&dir.join(MANIFEST))?.ok_or_else(|| {
+        DrError::Refused(format!(
+            "{} has no {MANIFEST}: not a finished backup (run `fairway backup --out` again to finish it)",
+            dir.display()
+        ))
+    })?;
+    m.check().map_err(DrError::Refused)?;
+    if m.topic_prefix != cfg.kafka.topic_prefix {
+        return Err(DrError::Refused(format!(
+            "the backup is of topic prefix {:?} but this configuration has {:?}: restore with --topic-prefix {:?} (rows name their deployment by it)",
+            m.topic_prefix, cfg.kafka.topic_prefix, m.topic_prefix
+        )));
+    }
+    for f in m.files() {
+        let (sha, bytes) = checksum(&dir.join(&f.name))?;
+        if sha != f.sha256 || bytes != f.bytes {
+            return Err(DrError::Refused(format!(
+                "{} does not match its checksum in the manifest: the backup is damaged",
+                f.name
+            )));
+        }
+    }
+    progress(format!("backup {} (cut {}): {} files verified", m.backup_id, m.t0, m.files().count()));
+    kafka::ensure_topics(cfg).await?;
+    crate::store::ensure_schema(cfg).await?;
+    let store = Store::open(cfg).await?;
+    let mut summary = RestoreSummary { backup_id: m.backup_id.clone(), ..Default::default() };
+    let done = store.restore_steps(&m.backup_id).await?;
+    if done.iter().any(|s| s == COMPLETE) {
+        progress(format!("backup {} was restored here before: nothing to do", m.backup_id));
+        summary.ms = now_ms() - started;
+        return Ok(summary);
+    }
+    if done.is_empty() {
+        refuse_unless_empty(cfg, &store, &m).await?;
+    }
+    summary.changed = true;
+    for (table, f) in &m.tables {
+        let step = format!("table:{table}");
+        if done.contains(&step) {
+            continue;
+        }
+        summary.rows += restore_table(&store, dir, table, f).await?;
+        store.restore_step_done(&m.backup_id, &step, now_ms()).await?;
+        progress(format!("table {table}: {} rows", f.items));
+    }
+    let producer = copy::restore_producer(cfg)?;
+    let pools: Vec<String> = Pool::ALL.iter().map(|p| cfg.pool_topic(*p)).collect();
+    for (topic, parts) in &m.topics {
+        let marks = blocking({
+            let (cfg, topic) = (cfg.clone(), topic.clone());
+            move || Ok(copy::watermarks(&cfg, &topic)?)
+        })
+        .await?;
+        for (partition, (_, f)) in parts {
+            let step = format!("topic:{topic}:{partition}");
+            if done.contains(&step) || f.items == 0 {
+                continue;
+            }
+            let Some(&(_, _, high)) = marks.iter().find(|mk| mk.0 == *partition) else {
+                return Err(DrError::Refused(format!(
+                    "topic {topic} has no partition {partition} here: set kafka.partitions to at least the backed-up cluster's"
+                )));
+            };
+            // Resumed: the partition holds the first `high` records already (only this
+            // restore produces into it, in order).
+            let n = restore_partition(&producer, dir, topic, *partition, f, high.max(0) as u64).await?;
+            summary.records += n;
+            if pools.contains(topic) {
+                let (_, _, end) = blocking({
+                    let (cfg, topic, p) = (cfg.clone(), topic.clone(), *partition);
+                    move || Ok(copy::watermarks(&cfg, &topic)?.into_iter().find(|mk| mk.0 == p).unwrap_or((p, 0, 0)))
+                })
+                .await?;
+                store.raise_dispatch_frontier(topic, *partition, end - 1).await?;
+            }
+            store.restore_step_done(&m.backup_id, &step, now_ms()).await?;
+            progress(format!("topic {topic} partition {partition}: {} records", f.items));
+        }
+    }
+    for (group, topics) in &m.consumer_offsets {
+        for (topic, offsets) in topics {
+            let (cfg, group, topic, offsets) = (cfg.clone(), group.clone(), topic.clone(), offsets.clone());
+            blocking(move || Ok(copy::commit(&cfg, &group, &topic, &offsets)?)).await?;
+        }
+        progress(format!("group {group}: its place in the restored records carried over"));
+    }
+    store.restore_step_done(&m.backup_id, COMPLETE, now_ms()).await?;
+    summary.ms = now_ms() - started;
+    Ok(summary)
+}
+
+/// A restore starts only on an empty cluster and keyspace: no job state, keys or
+/// schedules, and no record in any topic.
+async fn refuse_unless_empty(cfg: &Config, store: &Store, m: &Manifest) -> Result<(), DrError> {
+    let others = store.restored_backups().await?;
+    if let Some(other) = others.iter().find(|b| **b != m.backup_id) {
+        return Err(DrError::Refused(format!(
+            "backup {other} was restored into keyspace {} already: a restore needs an empty keyspace and cluster",
+            cfg.scylla.keyspace
+        )));
+    }
+    for table in ["jobs", "finished_packs", "api_keys", "schedules"] {
+        if store.has_rows(table).await? {
+            return Err(DrError::Refused(format!(
+                "keyspace {} is not empty (table {table} has rows): restore onto an empty keyspace (a new one: --keyspace)",
+                cfg.scylla.keyspace
+            )));
+        }
+    }
+    for topic in kafka::all_topics(cfg) {
+        let marks = blocking({
+            let (cfg, topic) = (cfg.clone(), topic.clone());
+            move || Ok(copy::watermarks(&cfg, &topic)?)
+        })
+        .await?;
+        if marks.iter().any(|(_, _, high)| *high > 0) {
+            return Err(DrError::Refused(format!(
+                "topic {topic} holds records: restore onto an empty Kafka cluster (or a new --topic-prefix)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Rows inserted at a time (the file is read this many lines at once).
+const ROWS_AT_ONCE: usize = 1000;
+
+async fn restore_table(store: &Store, dir: &Path, table: &str, f: &FileEntry) -> Result<u64, DrError> {
+    let path = dir.join(&f.name);
+    let mut lines = BufReader::new(std::fs::File::open(&path).map_err(io(&path))?).lines();
+    let mut n = 0;
+    loop {
+        let mut chunk = Vec::with_capacity(ROWS_AT_ONCE);
+        for line in lines.by_ref().take(ROWS_AT_ONCE) {
+            let line = line.map_err(io(&path))?;
+            chunk.push(dr::split_ttl(&line).map_err(|e| DrError::Refused(format!("{}: {e}", path.display())))?);
+        }
+        if chunk.is_empty() {
+            return Ok(n);
+        }
+        store.insert_json_rows(table, &chunk).await?;
+        n += chunk.len() as u64;
+    }
+}
+
+/// Records produced at a time (the file is read this many at once).
+const RECORDS_AT_ONCE: usize = 1000;
+
+/// Produces a partition's records after the first `skip`; returns how many it produced.
+async fn restore_partition(
+    producer: &kafka::copy::RestoreProducer,
+    dir: &Path,
+    topic: &str,
+    partition: i32,
+    f: &FileEntry,
+    skip: u64,
+) -> Result<u64, DrError> {
+    let path = dir.join(&f.name);
+    let mut reader = BufReader::new(std::fs::File::open(&path).map_err(io(&path))?);
+    let (mut seen, mut produced) = (0u64, 0u64);
+    loop {
+        let mut chunk = Vec::with_capacity(RECORDS_AT_ONCE);
+        while chunk.len() < RECORDS_AT_ONCE {
+            let Some(r) = next_record(&mut reader, &path)? else { break };
+            seen += 1;
+            if seen > skip {
+                chunk.push(r);
+            }
+        }
+        if chunk.is_empty() {
+            // The end of the file (the inner loop reads until a chunk is full or the end).
+            if seen != f.items {
+                return Err(DrError::Refused(format!(
+                    "{}: {seen} records, the manifest says {}",
+                    path.display(),
+                    f.items
+                )));
+            }
+            return Ok(produced);
+        }
+        copy::produce_into(producer, topic, partition, &chunk).await?;
+        produced += chunk.len() as u64;
+    }
+}
+
+fn next_record(reader: &mut impl Read, path: &Path) -> Result<Option<Record>, DrError> {
+    let mut len = [0u8; 4];
+    match reader.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(io(path)(e)),
+    }
+    let len = u32::from_be_bytes(len) as usize;
+    if len > dr::RECORD_MAX {
+        return Err(DrError::Refused(format!("{}: a record claims {len} bytes: the file is damaged", path.display())));
+    }
+    let mut body = vec![0u8; len];
+    reader.read_exact(&mut body).map_err(io(path))?;
+    dr::unframe(&body).map(Some).map_err(|e| DrError::Refused(format!("{}: {e}", path.display())))
+}
