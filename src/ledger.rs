@@ -19,8 +19,6 @@ use crate::kafka::{self, Message};
 use crate::model::Millis;
 use crate::store::{LedgerPosition, LedgerStatements, Store, StoreError};
 use crate::{codec, metrics as m, now_ms};
-use rdkafka::consumer::Consumer;
-use rdkafka::{Offset, TopicPartitionList};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -94,18 +92,15 @@ impl Leader<'_> {
             .map_err(|e| LedgerError::Kafka(format!("results topic {topic}: {e}")))?;
         let positions: HashMap<i32, LedgerPosition> =
             self.stmts.positions(&topic).await?.into_iter().map(|p| (p.partition, p)).collect();
-        let mut tpl = TopicPartitionList::new();
         let mut reading = HashMap::new();
+        let mut starts = Vec::new();
         for (p, _) in &ends {
             let start = positions.get(p).map(|x| x.first);
-            let offset = start.map(Offset::Offset).unwrap_or(Offset::Beginning);
-            tpl.add_partition_offset(&topic, *p, offset).map_err(|e| LedgerError::Kafka(e.to_string()))?;
-            reading.insert(
-                *p,
-                Reading { tally: PartitionTally::starting_at(start.unwrap_or(0)), written: positions.get(p).copied() },
-            );
+            starts.push((*p, start));
+            let tally = PartitionTally::starting_at(start.unwrap_or(0));
+            reading.insert(*p, Reading { tally, written: positions.get(p).copied() });
         }
-        reader.assign(&tpl).map_err(|e| LedgerError::Kafka(e.to_string()))?;
+        kafka::assign_from(&reader, &topic, &starts).map_err(|e| LedgerError::Kafka(e.to_string()))?;
         tracing::info!(partitions = ends.len(), "usage ledger: leading");
         let ttl = ttl_secs(self.cfg);
         let mut tick = tokio::time::interval(FLUSH);

@@ -613,6 +613,18 @@ pub fn reader_from_start(cfg: &Config, group: &str, topic: &str) -> Result<Reade
     Ok(r)
 }
 
+/// Assigns `reader` the partitions of `topic` in `starts`, each from its offset (None: the
+/// partition's beginning): a reader that resumes where its own records say, without a group.
+pub fn assign_from(reader: &Reader, topic: &str, starts: &[(i32, Option<i64>)]) -> Result<(), KafkaError> {
+    let mut tpl = TopicPartitionList::new();
+    for (p, start) in starts {
+        let offset = start.map(Offset::Offset).unwrap_or(Offset::Beginning);
+        tpl.add_partition_offset(topic, *p, offset)?;
+    }
+    reader.assign(&tpl)?;
+    Ok(())
+}
+
 /// Partition ids of `topic` with their high watermark at this moment, sorted (blocking
 /// metadata calls, run off the async threads). The error says what the broker answered.
 pub async fn partition_ends(reader: std::sync::Arc<Reader>, topic: String) -> Result<Vec<(i32, i64)>, String> {
