@@ -26,7 +26,8 @@ const SERVICES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/services");
 
 const EXTRA: &str = "[pools.long]\nslots = 8\nheartbeat_interval = \"1s\"\ndefault_estimate = \"10s\"\n\
                      [pools.short]\nslots = 16\nheartbeat_interval = \"1s\"\n\
-                     [job_types.crunch]\npool = \"long\"\nhandler = \"sleep\"\ntimeout = \"2min\"\n";
+                     [job_types.crunch]\npool = \"long\"\nhandler = \"sleep\"\ntimeout = \"2min\"\n\
+                     [job_types.echo]\npool = \"short\"\nhandler = \"echo\"\n";
 
 /// This test's own Kafka and Cassandra: one private services directory, free ports kept
 /// across the wipe (the restored cluster answers where the old one did). Stopped and
@@ -99,11 +100,20 @@ impl Drop for Private {
     }
 }
 
+/// A `fairway` command of this test's deployment: its config file only (the suite's
+/// FAIRWAY_BROKERS / FAIRWAY_CQL name the shared services and would override it).
+fn fairway_cmd(config: &std::path::Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_fairway"));
+    for var in ["FAIRWAY_BROKERS", "FAIRWAY_CQL", "FAIRWAY_KEYSPACE", "FAIRWAY_TOPIC_PREFIX", "FAIRWAY_CONFIG"] {
+        c.env_remove(var);
+    }
+    c.arg("--config").arg(config);
+    c
+}
+
 /// `fairway --config PATH ARGS`: its stdout's last line as JSON (the command's summary).
 fn fairway(config: &std::path::Path, args: &[&str]) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_fairway"))
-        .arg("--config")
-        .arg(config)
+    let out = fairway_cmd(config)
         .args(args)
         .env("FAIRWAY_LOG", "warn")
         .stderr(Stdio::inherit())
@@ -151,9 +161,7 @@ fn records_on_topics(cfg: &Config) -> i64 {
 }
 
 fn spawn_worker(config: &std::path::Path) -> std::process::Child {
-    Command::new(env!("CARGO_BIN_EXE_fairway"))
-        .arg("--config")
-        .arg(config)
+    fairway_cmd(config)
         .args(["worker", "--pools", "short,long"])
         .env("FAIRWAY_LOG", "warn")
         .stdout(Stdio::null())
