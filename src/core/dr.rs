@@ -186,7 +186,7 @@ pub fn to_hex(bytes: &[u8]) -> String {
 /// Bytes of a hex string (either case; an optional `0x` prefix, as CQL's JSON writes blobs).
 pub fn from_hex(s: &str) -> Result<Vec<u8>, String> {
     let s = s.strip_prefix("0x").unwrap_or(s);
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return Err("a hex blob has an odd number of digits".into());
     }
     (0..s.len())
