@@ -770,3 +770,57 @@ async fn old_rows_move_to_tenant_partitions_and_the_due_index_repairs_itself() {
     );
     assert_eq!(count(cql).await, 0, "the stale index row is dropped");
 }
+
+/// One tenant's schedules all due at one instant do not hold another tenant's fire behind
+/// them: tenant acme has 400 schedules first due at `T`, globex one first due 1 ms later.
+/// The promoter's leader takes due entries in tenant turns, so globex's fire is submitted
+/// among the first of the 401; read in due-time order (as before), it came last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_tenants_schedules_due_at_once_do_not_hold_anothers_fire() {
+    use futures::StreamExt;
+    const A_SCHEDULES: usize = 400;
+    let cfg = common::arc(common::config("[schedules]\nmax_per_tenant = 500\n"));
+    common::init(&cfg).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = common::config_file(&cfg, "[job_types.echo]\npool = \"short\"\nhandler = \"echo\"\n", dir.path());
+    let mut fleet = common::spawn_fleet(&file, 1);
+    let (_store, sch) = schedules(&cfg).await;
+    let now = fairway::now_ms();
+    let t = now - now.rem_euclid(1_000) + 40_000;
+    let hourly = |tenant: &str, name: String, start_at: Millis| ScheduleSpec {
+        tenant: tenant.into(),
+        every: Some("1h".into()),
+        start_at: Some(start_at),
+        ..spec(&name)
+    };
+    let added = futures::stream::iter(0..A_SCHEDULES)
+        .map(|i| {
+            let (sch, spec) = (&sch, hourly("acme", format!("bulk-{i}"), t));
+            async move { sch.add(spec, fairway::now_ms()).await.expect("acme's schedule").id }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<String>>()
+        .await;
+    let b = sch.add(hourly("globex", "tick".into(), t + 1), fairway::now_ms()).await.expect("globex's schedule");
+    assert!(fairway::now_ms() < t - 2_000, "the adds took too long to leave every fire due at T; raise T");
+    let a_ids: Vec<String> = added.iter().map(|id| fire_job_id(id, t)).collect();
+    let b_id = fire_job_id(&b.id, t + 1);
+    let fired = common::read_until(
+        &cfg,
+        &cfg.pool_topic(Pool::Short),
+        Duration::from_secs(120),
+        |bytes, _, _| fairway::codec::decode_job(bytes).ok().filter(|j| j.attempt == 0),
+        |seen| seen.len() > A_SCHEDULES,
+    )
+    .await;
+    common::stop_fleet(&mut fleet);
+    let at: HashMap<&str, Millis> = fired.iter().map(|j| (j.job_id.as_str(), j.submitted_at)).collect();
+    let b_at = *at.get(b_id.as_str()).expect("globex's fire was submitted");
+    let a_fired: Vec<Millis> = a_ids.iter().filter_map(|id| at.get(id.as_str()).copied()).collect();
+    assert_eq!(a_fired.len(), A_SCHEDULES, "every one of acme's fires was submitted");
+    let a_before_b = a_fired.iter().filter(|a| **a < b_at).count();
+    assert!(
+        a_before_b <= A_SCHEDULES / 4,
+        "globex's fire waited behind {a_before_b} of acme's {A_SCHEDULES} (tenant turns put it in the first wave)"
+    );
+}

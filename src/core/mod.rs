@@ -17,6 +17,7 @@
 //! | `tenants` | a tenant's record, tiers and defaults, free accounts |
 //! | `classifier` | which pool a job type's jobs go to, from measured run times |
 //! | `promotion` | scheduled jobs: submission-time jitter and the promoter's pace |
+//! | `due` | reading the due index of schedules and debounce windows: tenant turns, the floor a read starts from |
 //! | `recurring`, `unique` | recurring schedules (fire times, DST, catch-up); unique jobs and debounce |
 //! | `limits`, `recycling`, `stuck` | `process` jobs' limits and exit verdicts, the recycling cap, the stuck-job rule |
 //! | `sandbox`, `checkpoint_pace` | a `process` attempt's private directory name, uids and required confinements; checkpoint writes coalesced |
@@ -41,6 +42,7 @@ pub mod checkpoint_pace;
 pub mod classifier;
 pub mod console;
 pub mod dr;
+pub mod due;
 pub mod events;
 pub mod finished;
 pub mod fleet;

@@ -13,7 +13,7 @@
 //! and reads a due window's job by key when it closes it. Rows of the old
 //! per-deployment table (`debounces`) are moved here once ([`DebounceStatements::old_rows`]).
 
-use super::{applied, prepare_statement, q, read_paged, DueEntry, DueIndex, DueKind, Store, StoreError};
+use super::{applied, prepare_statement, q, read_paged, DueEntry, DueIndex, DueKind, DueRead, Store, StoreError};
 use crate::model::Millis;
 use scylla::client::session::Session;
 use scylla::statement::prepared::PreparedStatement;
@@ -236,9 +236,9 @@ impl DebounceStatements {
         read_paged(&self.session, &self.windows, v, "read debounce windows", limit, to_due).await
     }
 
-    /// The windows due by `now` in the due index (at most `limit`).
-    pub async fn due(&self, now: Millis, limit: usize) -> Result<Vec<DueEntry>, StoreError> {
-        self.index.due(now, limit).await
+    /// The windows due by `now` in the due index, from `from` on (at most `limit`).
+    pub async fn due(&self, now: Millis, from: Option<Millis>, limit: usize) -> Result<DueRead, StoreError> {
+        self.index.due(now, from, limit).await
     }
 
     /// Drops an index entry found not matching its window.

@@ -94,7 +94,7 @@ impl Store {
             "WHERE scope = ? AND kind = ? AND bucket = ? AND due_at = ? AND tenant = ? AND name = ? AND rev = ?";
         let mut buckets = prepare_statement(
             s,
-            format!("SELECT bucket FROM {ks}.due_buckets {bucket_key} <= ?"),
+            format!("SELECT bucket FROM {ks}.due_buckets {bucket_key} >= ? AND bucket <= ?"),
             "prepare due buckets",
             false,
         )
@@ -103,7 +103,8 @@ impl Store {
         let mut in_bucket = prepare_statement(
             s,
             format!(
-                "SELECT due_at, tenant, name, rev, written_at FROM {ks}.due_index {bucket_key} = ? AND due_at <= ?"
+                "SELECT due_at, tenant, name, rev, written_at FROM {ks}.due_index {bucket_key} = ? \
+                 AND due_at >= ? AND due_at <= ?"
             ),
             "prepare due entries",
             false,
@@ -168,41 +169,53 @@ impl DueIndex {
         Ok(())
     }
 
-    /// The entries due by `now`, oldest first (at most `limit`). A marker of a bucket
-    /// before now's that holds nothing due is removed.
-    pub async fn due(&self, now: Millis, limit: usize) -> Result<Vec<DueEntry>, StoreError> {
+    /// The entries due by `now` from `from` on (`None`: from the first bucket), oldest
+    /// first, at most `limit`. A marker of a bucket before now's that the read covered
+    /// whole and found holding nothing due is removed.
+    pub async fn due(&self, now: Millis, from: Option<Millis>, limit: usize) -> Result<DueRead, StoreError> {
         let (scope, kind, now_bucket) = (self.scope.as_str(), self.kind.as_str(), bucket(now));
+        let from_at = from.unwrap_or(Millis::MIN);
         let buckets: Vec<i64> = read_paged(
             &self.session,
             &self.buckets,
-            (scope, kind, now_bucket),
+            (scope, kind, bucket(from_at), now_bucket),
             "read due buckets",
             BUCKETS_PER_READ,
             |(b,): (i64,)| Some(b),
         )
         .await?;
-        let mut out = Vec::new();
+        let mut entries = Vec::new();
         for b in buckets {
-            if out.len() >= limit {
+            if entries.len() >= limit {
                 break;
             }
             type Row = (i64, String, String, String, Option<i64>);
             let found = read_paged(
                 &self.session,
                 &self.in_bucket,
-                (scope, kind, b, now),
+                (scope, kind, b, from_at, now),
                 "read due entries",
-                limit - out.len(),
+                limit - entries.len(),
                 |(due_at, tenant, name, rev, written_at): Row| {
                     Some(DueEntry { tenant, name, due_at, rev, written_at: written_at.unwrap_or(0) })
                 },
             )
             .await?;
-            if found.is_empty() && b < now_bucket {
+            let whole = b > bucket(from_at) || from.is_none();
+            if found.is_empty() && whole && b < now_bucket {
                 self.session.execute_unpaged(&self.unmark, (scope, kind, b)).await.map_err(q("unmark due bucket"))?;
             }
-            out.extend(found);
+            entries.extend(found);
         }
-        Ok(out)
+        let stopped_at = (entries.len() >= limit).then(|| entries.last().map(|e| e.due_at)).flatten();
+        Ok(DueRead { entries, stopped_at })
     }
+}
+
+/// What one read of the due index found: the entries, and where it stopped at its limit
+/// (entries due from then on may be unread).
+#[derive(Debug, Clone, Default)]
+pub struct DueRead {
+    pub entries: Vec<DueEntry>,
+    pub stopped_at: Option<Millis>,
 }

@@ -36,7 +36,7 @@ pub use admission::{AdmissionStatements, OutcomeCell};
 pub use backlog::{BacklogKey, BacklogStatements};
 pub use classifier::{ClassRow, ClassifierStatements, RunTimeCell};
 pub use debounce::{DebounceDue, DebounceRow, DebounceStatements};
-pub use due::{DueEntry, DueIndex, DueKind};
+pub use due::{DueEntry, DueIndex, DueKind, DueRead};
 pub use events::{EventStatements, IdempotencyClaim, Submitted as SubmittedRow, HISTORY_LIMIT};
 pub use keys::{ApiKeyRow, KeyStatements};
 pub use ledger::{LedgerPosition, LedgerStatements};

@@ -12,7 +12,7 @@
 //! Rows of the old per-deployment table (`schedules`) are moved here once
 //! ([`ScheduleStatements::old_rows`], `ops::schedules::Schedules::migrate`).
 
-use super::{applied, prepare_statement, q, read_paged, DueEntry, DueIndex, DueKind, Store, StoreError};
+use super::{applied, prepare_statement, q, read_paged, DueEntry, DueIndex, DueKind, DueRead, Store, StoreError};
 use crate::model::Millis;
 use scylla::client::session::Session;
 use scylla::statement::prepared::PreparedStatement;
@@ -296,9 +296,9 @@ impl ScheduleStatements {
         .await
     }
 
-    /// The schedules due by `now` in the due index (at most `limit`).
-    pub async fn due(&self, now: Millis, limit: usize) -> Result<Vec<DueEntry>, StoreError> {
-        self.index.due(now, limit).await
+    /// The schedules due by `now` in the due index, from `from` on (at most `limit`).
+    pub async fn due(&self, now: Millis, from: Option<Millis>, limit: usize) -> Result<DueRead, StoreError> {
+        self.index.due(now, from, limit).await
     }
 
     /// Drops an index entry found not matching its row.

@@ -1,40 +1,50 @@
 //! Firing recurring schedules: the promoter's leader (the holder of its lease) reads the
-//! due index (`store::due`) once a second: only the schedules due by now, oldest first,
-//! at most [`ENTRIES_PER_PASS`]. An entry is checked against its schedule's cursor (no
-//! definition); a definition, payload included, is read by key only when its schedule
-//! fires, and a pass loads at most [`PASS_BYTES`] of definitions and jobs (the rest wait
-//! for the next pass). Each due fire goes through the normal submission path (front-door
-//! admission, idempotency, the pool topic), paced at `worker.promoter_rate` fires per
-//! second. A fire's job id and idempotency key derive from (schedule id, fire time)
-//! (`core::recurring`), so a fire submitted twice (two leaders overlapping for a moment,
-//! a leader dying before it moved the cursor) is one job. The cursor (`next_fire_at`)
-//! moves by compare-and-set once its fires are in.
+//! due index (`store::due`) every [`PASS_EVERY`]: only what is due by now, from the floor
+//! below which nothing due is left (`core::due`), at most [`ENTRIES_PER_READ`]. A pass
+//! takes on at most [`ENTRIES_PER_PASS`] entries in **tenant turns** (each tenant's
+//! oldest before any tenant's second), [`IN_FLIGHT`] at a time; the rest wait for the
+//! next pass. So one tenant's thousand schedules due at once delay another tenant's fire
+//! by a turn, and a backlog never holds a pass longer than its share. An entry is checked
+//! against its schedule's cursor (no definition); a definition, payload included, is read
+//! by key only when its schedule fires, and a pass loads at most [`PASS_BYTES`] of
+//! definitions and jobs. Each due fire goes through the normal submission path
+//! (front-door admission, idempotency, the pool topic), paced at `worker.promoter_rate`
+//! fires per second. A fire's job id and idempotency key derive from (schedule id, fire
+//! time) (`core::recurring`), so a fire submitted twice (two leaders overlapping for a
+//! moment, a leader dying before it moved the cursor) is one job. The cursor
+//! (`next_fire_at`) moves by compare-and-set once its fires are in.
 //!
-//! The same leader submits the jobs of due debounce windows (`crate::submit::dedupe`),
-//! found the same way and read by key one at a time: it closes a window by
+//! The same leader, in the same passes, submits the jobs of due debounce windows
+//! (`crate::submit::dedupe`), found the same way and read by key: it closes a window by
 //! compare-and-set on its revision (a submission that moved it meanwhile wins, and the
 //! window is looked at again when its new entry is due), then submits its job under the
 //! window's id and frees its slot; a failed submit reopens the window.
 //!
 //! An index entry that no longer matches its row (moved, paused, closed, removed) is
-//! dropped once it is older than `store::due::STALE_AFTER_MS`. Every
-//! [`SWEEP_EVERY`] the leader also sweeps: it moves rows left in the old per-deployment
-//! tables (once), counts schedules for the gauges, and writes the index rows of
-//! schedules and windows overdue by over a minute again (a writer that failed between
-//! its index write and its row write left them unindexed).
+//! dropped once it is older than `store::due::STALE_AFTER_MS`. Every [`SWEEP_EVERY`] a
+//! task of its own (passes never wait for it) sweeps: it moves rows left in the old
+//! per-deployment tables (once), counts schedules for the gauges, and writes the index
+//! rows of schedules and windows overdue by over a minute again (a writer that failed
+//! between its index write and its row write left them unindexed); then the next reads
+//! start from the beginning again.
 
 use super::relay::{PROMOTER_LEASE, PROMOTER_LEASE_SECS};
 use crate::admission::{Admission, Ask};
 use crate::config::Config;
+use crate::core::due::{tenant_turns, DueFloor, PassLeft};
 use crate::core::promotion::Pace;
 use crate::core::recurring::{self, Fire, Pass, Timing};
 use crate::metrics as m;
+use crate::model::Millis;
 use crate::now_ms;
 use crate::ops::schedules::{self, Schedule, Schedules};
 use crate::ops::tenants::LiveTenants;
 use crate::store::{DebounceRow, DueEntry, ScheduleCursor, Store};
 use crate::submit::dedupe::Windows;
 use crate::submit::Submitter;
+use futures::stream::{FuturesUnordered, StreamExt};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -42,14 +52,29 @@ use tokio::sync::watch;
 /// Most fires of one schedule in one pass (catch-up `all` goes on in the next passes).
 const FIRES_PER_PASS: usize = 100;
 
-/// Most due index entries (of each kind) one pass reads.
-const ENTRIES_PER_PASS: usize = 1_000;
+/// How often the leader reads what is due.
+const PASS_EVERY: Duration = Duration::from_millis(250);
+
+/// How often the leader renews its lease.
+const LEASE_EVERY: Duration = Duration::from_secs(1);
+
+/// Most due index entries (of each kind) one read returns.
+const ENTRIES_PER_READ: usize = 5_000;
+
+/// Most entries (of each kind) one pass takes on, in tenant turns.
+const ENTRIES_PER_PASS: usize = 256;
+
+/// Entries (of each kind) worked on at once.
+const IN_FLIGHT: usize = 32;
 
 /// Most bytes of definitions and jobs one pass loads (of each kind).
 const PASS_BYTES: usize = 8 << 20;
 
 /// How often the leader sweeps (see the module docs).
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// Tenants the sweep looks at at once.
+const SWEEP_IN_FLIGHT: usize = 16;
 
 /// A row due this long ago and still there gets its index row written again.
 const OVERDUE_MS: i64 = 60_000;
@@ -67,6 +92,41 @@ struct Firing {
     max_open: usize,
     submitter: Submitter,
     admission: Arc<Admission>,
+    /// Set by a sweep that wrote index rows (perhaps below the floors).
+    reindexed: AtomicBool,
+}
+
+/// What a due index entry is after a pass took it on.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum After {
+    /// Fired or closed (its index row moved on), or dropped as stale.
+    Done,
+    /// Not matching its row yet (a writer between its index and row writes): read again.
+    Waiting(Millis),
+    /// Still due (held by the front door or a budget, or an error): tried next pass.
+    Due(Millis),
+}
+
+/// What a sweep saw: schedules by state, index rows written again (or rows moved).
+#[derive(Debug, Default)]
+struct Swept {
+    active: usize,
+    paused: usize,
+    reindexed: usize,
+}
+
+/// A pass's floors and what it left: see [`core::due`](crate::core::due).
+#[derive(Default)]
+struct Floors {
+    schedules: DueFloor,
+    windows: DueFloor,
+}
+
+impl Floors {
+    fn reset(&mut self) {
+        self.schedules.reset();
+        self.windows.reset();
+    }
 }
 
 /// Fires due schedules while this worker holds the promoter's lease, until `shutdown`.
@@ -77,34 +137,107 @@ pub async fn fire_loop(
     worker_id: String,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut firing: Option<Firing> = None;
+    let mut firing: Option<Arc<Firing>> = None;
     let mut pace = Pace::new(cfg.worker.promoter_rate);
-    let mut swept: Option<tokio::time::Instant> = None;
-    let mut tick = tokio::time::interval(Duration::from_millis(1_000));
+    let mut floors = Floors::default();
+    let leading = Arc::new(AtomicBool::new(false));
+    let mut renewed: Option<tokio::time::Instant> = None;
+    let mut tick = tokio::time::interval(PASS_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = shutdown.changed() => return,
             _ = tick.tick() => {}
         }
-        if !matches!(store.lease(PROMOTER_LEASE, &worker_id, PROMOTER_LEASE_SECS, now_ms()).await, Ok(true)) {
+        if renewed.is_none_or(|at| at.elapsed() >= LEASE_EVERY) {
+            let held = matches!(store.lease(PROMOTER_LEASE, &worker_id, PROMOTER_LEASE_SECS, now_ms()).await, Ok(true));
+            if !held {
+                floors.reset();
+            }
+            leading.store(held, Ordering::SeqCst);
+            renewed = Some(tokio::time::Instant::now());
+        }
+        if !leading.load(Ordering::SeqCst) {
             continue;
         }
         if firing.is_none() {
             match Firing::connect(&cfg, &store, &tenants, &shutdown).await {
-                Ok(f) => firing = Some(f),
+                Ok(f) => {
+                    let f = Arc::new(f);
+                    tokio::spawn(sweep_loop(f.clone(), leading.clone(), shutdown.clone()));
+                    firing = Some(f);
+                }
                 Err(e) => tracing::warn!("cannot fire schedules yet: {e:#}"),
             }
         }
         if let Some(f) = &firing {
-            if swept.is_none_or(|at| at.elapsed() >= SWEEP_EVERY) {
-                f.sweep().await;
-                swept = Some(tokio::time::Instant::now());
+            if f.reindexed.swap(false, Ordering::SeqCst) {
+                floors.reset();
             }
-            f.pass(&mut pace).await;
-            f.close_due_windows().await;
+            tokio::join!(f.pass(&mut pace, &mut floors.schedules), f.close_due_windows(&mut floors.windows));
         }
     }
+}
+
+/// The sweep (see the module docs), every [`SWEEP_EVERY`] while this worker leads.
+async fn sweep_loop(f: Arc<Firing>, leading: Arc<AtomicBool>, mut shutdown: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(SWEEP_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            _ = tick.tick() => {}
+        }
+        if leading.load(Ordering::SeqCst) {
+            f.sweep().await;
+        }
+    }
+}
+
+/// Runs `work` over `items`, at most [`IN_FLIGHT`] at once; the results in completion order.
+async fn in_flight<T, F: Future<Output = After>>(items: Vec<T>, work: impl Fn(T) -> F) -> Vec<After> {
+    let (mut running, mut out) = (FuturesUnordered::new(), Vec::with_capacity(items.len()));
+    for item in items {
+        if running.len() >= IN_FLIGHT {
+            out.extend(running.next().await);
+        }
+        running.push(work(item));
+    }
+    while let Some(after) = running.next().await {
+        out.push(after);
+    }
+    out
+}
+
+/// The entries a pass takes on (in tenant turns, at most [`ENTRIES_PER_PASS`]) and what
+/// it leaves of its read at `now` for the next pass.
+fn take_on(read: crate::store::DueRead, now: Millis) -> (Vec<DueEntry>, PassLeft) {
+    let mut turns = tenant_turns(read.entries, |e| &e.tenant);
+    let later = turns.split_off(turns.len().min(ENTRIES_PER_PASS));
+    let oldest_left = later.iter().map(|e| e.due_at).min();
+    (turns, PassLeft { now, oldest_left, read_stopped_at: read.stopped_at })
+}
+
+/// Adds what the entries taken on are after the pass to `left`; the oldest still due.
+fn left_after(left: &mut PassLeft, afters: &[After]) -> Option<Millis> {
+    let mut oldest_due: Option<Millis> = None;
+    for a in afters {
+        let at = match *a {
+            After::Done => continue,
+            After::Waiting(at) => at,
+            After::Due(at) => {
+                oldest_due = Some(oldest_due.map_or(at, |o| o.min(at)));
+                at
+            }
+        };
+        left.oldest_left = Some(left.oldest_left.map_or(at, |o| o.min(at)));
+    }
+    oldest_due
+}
+
+/// Takes one unit from `budget`, if any is left.
+fn take_one(budget: &AtomicUsize) -> bool {
+    budget.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| b.checked_sub(1)).is_ok()
 }
 
 impl Firing {
@@ -121,97 +254,108 @@ impl Firing {
         let admission = Arc::new(Admission::connect(cfg.clone(), store, Some(live.clone())).await?);
         admission.start_breakers(shutdown.clone());
         let max_open = cfg.debounce.max_open_per_tenant;
-        Ok(Firing { schedules, windows, tenants, max_open, submitter, admission })
+        let reindexed = AtomicBool::new(false);
+        Ok(Firing { schedules, windows, tenants, max_open, submitter, admission, reindexed })
     }
 
     /// One pass: the due schedules' fires, within the pace's and the byte budget.
-    async fn pass(&self, pace: &mut Pace) {
+    async fn pass(&self, pace: &mut Pace, floor: &mut DueFloor) {
         let now = now_ms();
-        let due = match self.schedules.statements().due(now, ENTRIES_PER_PASS).await {
+        let read = match self.schedules.statements().due(now, floor.from(), ENTRIES_PER_READ).await {
             Ok(d) => d,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read due schedules");
                 return;
             }
         };
-        let mut budget = pace.take(due.len() * FIRES_PER_PASS, now);
-        let granted = budget;
-        let mut bytes = 0;
-        // The oldest fire still due after the pass (held by the front door, or beyond a budget).
-        let mut oldest_left: Option<i64> = None;
-        for e in due {
-            let left = if budget == 0 || bytes >= PASS_BYTES {
-                Some(e.due_at)
-            } else {
-                self.fire_due(&e, now, &mut budget, &mut bytes).await
-            };
-            if let Some(c) = left.filter(|c| *c <= now) {
-                oldest_left = Some(oldest_left.map_or(c, |o| o.min(c)));
-            }
-        }
-        pace.give_back(budget.min(granted));
-        let age = oldest_left.map_or(0.0, |c| (now - c) as f64 / 1000.0);
+        let (entries, mut left) = take_on(read, now);
+        let granted = pace.take(entries.len() * FIRES_PER_PASS, now);
+        let (budget, bytes) = (AtomicUsize::new(granted), AtomicUsize::new(0));
+        let afters = in_flight(entries, |e| self.fire_due(e, now, &budget, &bytes)).await;
+        pace.give_back(budget.into_inner().min(granted));
+        let oldest_due = left_after(&mut left, &afters).into_iter().chain(left.oldest_left).min();
+        floor.passed(left);
+        let age = oldest_due.map_or(0.0, |c| (now - c).max(0) as f64 / 1000.0);
         metrics::gauge!(m::SCHEDULE_OLDEST_DUE_SECONDS).set(age);
     }
 
     /// Checks a due index entry against its schedule's cursor (a stale entry is dropped),
-    /// reads the definition by key and submits its due fires; the new cursor (the old
-    /// one if it was not fired, None if there was nothing to fire).
-    async fn fire_due(&self, e: &DueEntry, now: i64, budget: &mut usize, bytes: &mut usize) -> Option<i64> {
+    /// reads the definition by key and submits its due fires, while the budgets last.
+    async fn fire_due(&self, e: DueEntry, now: i64, budget: &AtomicUsize, bytes: &AtomicUsize) -> After {
+        if budget.load(Ordering::SeqCst) == 0 || bytes.load(Ordering::SeqCst) >= PASS_BYTES {
+            return After::Due(e.due_at);
+        }
         let stmts = self.schedules.statements();
         let current = match stmts.cursor(&e.tenant, &e.name).await {
             Ok(c) => c.filter(|c| !c.paused && c.next_fire_at == Some(e.due_at)),
             Err(err) => {
                 tracing::warn!(tenant = %e.tenant, schedule = %e.name, "schedule not fired: {err}");
-                return Some(e.due_at);
+                return After::Due(e.due_at);
             }
         };
         if current.is_none() {
-            if e.stale_at(now) {
-                if let Err(err) = stmts.drop_entry(e).await {
-                    tracing::warn!(tenant = %e.tenant, schedule = %e.name, "stale due entry not dropped: {err}");
-                }
-            }
-            return None;
+            return self.not_matching(&e, now, stmts.drop_entry(&e)).await;
         }
         let cursor = e.due_at;
-        let loaded = self.schedules.get(&e.tenant, &e.name).await.map_err(|e| e.to_string());
-        let s = match loaded {
+        let s = match self.schedules.get(&e.tenant, &e.name).await {
             Ok(s) if s.row.next_fire_at == Some(cursor) && !s.row.paused => s,
-            Ok(_) => return None,
+            Ok(_) => return After::Waiting(cursor),
             Err(err) => {
                 tracing::warn!(tenant = %e.tenant, schedule = %e.name, "schedule not fired: {err}");
-                return Some(cursor);
+                return After::Due(cursor);
             }
         };
-        *bytes += s.row.spec.len();
+        bytes.fetch_add(s.row.spec.len(), Ordering::SeqCst);
         let timing = match s.timing() {
             Ok(t) => t,
             Err(err) => {
                 tracing::warn!(tenant = %e.tenant, schedule = %e.name, "schedule not fired: {err}");
-                return Some(cursor);
+                return After::Due(cursor);
             }
         };
         let pass = timing.due(cursor, now, FIRES_PER_PASS);
         if pass.skipped {
             metrics::counter!(m::SCHEDULE_SKIPS, "policy" => s.spec.catch_up.as_str()).increment(1);
         }
-        self.fire_schedule(&s, &timing, cursor, pass, budget).await
+        match self.fire_schedule(&s, &timing, cursor, pass, budget).await {
+            Some(next) if next <= now_ms() => After::Due(next),
+            _ => After::Done,
+        }
+    }
+
+    /// An entry not matching its row: dropped (by `drop`) once stale, else read again.
+    async fn not_matching(
+        &self,
+        e: &DueEntry,
+        now: Millis,
+        drop: impl Future<Output = Result<(), crate::store::StoreError>>,
+    ) -> After {
+        if !e.stale_at(now) {
+            return After::Waiting(e.due_at);
+        }
+        match drop.await {
+            Ok(()) => After::Done,
+            Err(err) => {
+                tracing::warn!(tenant = %e.tenant, entry = %e.name, "stale due entry not dropped: {err}");
+                After::Waiting(e.due_at)
+            }
+        }
     }
 
     /// Submits a schedule's fires in order while the budget lasts and each is accepted,
-    /// then moves its cursor past what was submitted; the new cursor.
+    /// then moves its cursor past what was submitted; the cursor as it now stands (the
+    /// old one if it could not be moved).
     async fn fire_schedule(
         &self,
         s: &Schedule,
         timing: &Timing,
         cursor: i64,
         pass: Pass,
-        budget: &mut usize,
+        budget: &AtomicUsize,
     ) -> Option<i64> {
         let mut next = pass.cursor;
         for f in &pass.fires {
-            if *budget == 0 {
+            if !take_one(budget) {
                 next = Some(f.at);
                 break;
             }
@@ -223,11 +367,11 @@ impl Firing {
             };
             metrics::counter!(m::SCHEDULE_FIRES, "outcome" => outcome).increment(1);
             if !matches!(outcome, "on_time" | "caught_up") {
+                budget.fetch_add(1, Ordering::SeqCst);
                 next = Some(f.at);
                 break;
             }
             metrics::histogram!(m::SCHEDULE_FIRE_LAG_SECONDS).record((now - f.at).max(0) as f64 / 1000.0);
-            *budget -= 1;
         }
         if next != Some(cursor) {
             let moved = ScheduleCursor {
@@ -238,6 +382,7 @@ impl Firing {
             };
             if let Err(e) = self.schedules.statements().advance(&moved, cursor, now_ms()).await {
                 tracing::warn!(tenant = %s.row.tenant, schedule = %s.row.name, error = %e, "schedule cursor not moved");
+                return Some(cursor);
             }
         }
         next
@@ -280,72 +425,68 @@ impl Firing {
     }
 
     /// Submits the jobs of the debounce windows due now (see the module docs).
-    async fn close_due_windows(&self) {
+    async fn close_due_windows(&self, floor: &mut DueFloor) {
         let now = now_ms();
-        let due = match self.windows.rows.due(now, ENTRIES_PER_PASS).await {
+        let read = match self.windows.rows.due(now, floor.from(), ENTRIES_PER_READ).await {
             Ok(d) => d,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read due debounce windows");
                 return;
             }
         };
-        let mut bytes = 0;
-        for e in due {
-            if bytes >= PASS_BYTES {
-                break;
-            }
-            if let Some(w) = self.due_window(&e, now).await {
-                bytes += w.job.len();
-                self.close_window(w).await;
-            }
-        }
+        let (entries, mut left) = take_on(read, now);
+        let bytes = AtomicUsize::new(0);
+        let afters = in_flight(entries, |e| self.close_due(e, now, &bytes)).await;
+        left_after(&mut left, &afters);
+        floor.passed(left);
     }
 
-    /// The window a due index entry points at, read by key, if it is still the one due
-    /// (a stale entry is dropped).
-    async fn due_window(&self, e: &DueEntry, now: i64) -> Option<DebounceRow> {
+    /// Closes the window a due index entry points at if it is still the one due (a stale
+    /// entry is dropped), while the byte budget lasts.
+    async fn close_due(&self, e: DueEntry, now: Millis, bytes: &AtomicUsize) -> After {
+        if bytes.load(Ordering::SeqCst) >= PASS_BYTES {
+            return After::Due(e.due_at);
+        }
         let rows = &self.windows.rows;
         let current = match rows.due_of(&e.tenant, &e.name).await {
             Ok(d) => d.filter(|d| d.due_at == e.due_at && d.rev == e.rev),
             Err(err) => {
                 tracing::warn!(tenant = %e.tenant, error = %err, "cannot read a due debounce window");
-                return None;
+                return After::Due(e.due_at);
             }
         };
         if current.is_none() {
-            if e.stale_at(now) {
-                if let Err(err) = rows.drop_entry(e).await {
-                    tracing::warn!(tenant = %e.tenant, error = %err, "stale due entry not dropped");
-                }
-            }
-            return None;
+            return self.not_matching(&e, now, rows.drop_entry(&e)).await;
         }
         match rows.get(&e.tenant, &e.name).await {
-            Ok(Some(w)) if w.rev == e.rev => Some(w),
-            Ok(_) => None,
+            Ok(Some(w)) if w.rev == e.rev => {
+                bytes.fetch_add(w.job.len(), Ordering::SeqCst);
+                self.close_window(w).await
+            }
+            Ok(_) => After::Waiting(e.due_at),
             Err(err) => {
                 tracing::warn!(tenant = %e.tenant, error = %err, "cannot read a due debounce window");
-                None
+                After::Due(e.due_at)
             }
         }
     }
 
     /// Closes a due window, submits its job and frees its slot; reopens it if the submit
     /// failed.
-    async fn close_window(&self, w: DebounceRow) {
+    async fn close_window(&self, w: DebounceRow) -> After {
         match self.windows.rows.close(&w).await {
             Ok(true) => {}
-            Ok(false) => return,
+            Ok(false) => return After::Done,
             Err(e) => {
                 tracing::warn!(tenant = %w.tenant, error = %e, "cannot close a debounce window");
-                return;
+                return After::Due(w.due_at);
             }
         }
         let job = match crate::codec::decode_job(&w.job) {
             Ok(rec) => crate::submit::dedupe::window_job(rec),
             Err(e) => {
                 tracing::error!(tenant = %w.tenant, window = %w.window_id, "debounce window's job unreadable, dropped: {e}");
-                return;
+                return After::Done;
             }
         };
         match self.submitter.submit(&job).await {
@@ -353,12 +494,14 @@ impl Firing {
                 if let Err(e) = self.windows.release(&w).await {
                     tracing::warn!(tenant = %w.tenant, window = %w.window_id, error = %e, "debounce slot not freed");
                 }
+                After::Done
             }
             Err(e) => {
                 tracing::warn!(tenant = %w.tenant, window = %w.window_id, "debounced job not submitted, window reopened: {e}");
                 if let Err(e) = self.windows.rows.open(&w, now_ms()).await {
                     tracing::error!(tenant = %w.tenant, window = %w.window_id, error = %e, "debounce window lost");
                 }
+                After::Due(w.due_at)
             }
         }
     }
@@ -380,28 +523,46 @@ impl Firing {
                 "moved rows of the old per-deployment tables"
             );
         }
-        let max = self.schedules.bounds().max_total;
-        let (mut active, mut paused) = (0, 0);
-        for t in self.tenants.list().await?.keys() {
-            for c in self.schedules.statements().cursors(t, max).await? {
-                if c.paused {
-                    paused += 1;
-                    continue;
-                }
-                active += 1;
-                if c.next_fire_at.is_some_and(|at| at < now - OVERDUE_MS) {
-                    self.schedules.statements().reindex(&c, now).await?;
-                }
-            }
-            for w in self.windows.rows.windows(t, crate::core::unique::MAX_OPEN_PER_TENANT_CEILING).await? {
-                if w.due_at < now - OVERDUE_MS {
-                    self.windows.rows.reindex(&w, now).await?;
-                }
+        let tenants: Vec<String> = self.tenants.list().await?.into_keys().collect();
+        let mut seen = Swept { reindexed: moved + moved_windows, ..Swept::default() };
+        for chunk in tenants.chunks(SWEEP_IN_FLIGHT) {
+            let swept = futures::future::try_join_all(chunk.iter().map(|t| self.sweep_tenant(t, now))).await?;
+            for s in swept {
+                seen.active += s.active;
+                seen.paused += s.paused;
+                seen.reindexed += s.reindexed;
             }
         }
-        metrics::gauge!(m::SCHEDULES, "state" => "paused").set(paused as f64);
-        metrics::gauge!(m::SCHEDULES, "state" => "active").set(active as f64);
+        if seen.reindexed > 0 {
+            self.reindexed.store(true, Ordering::SeqCst);
+        }
+        metrics::gauge!(m::SCHEDULES, "state" => "paused").set(seen.paused as f64);
+        metrics::gauge!(m::SCHEDULES, "state" => "active").set(seen.active as f64);
         Ok(())
+    }
+
+    /// One tenant's part of the sweep: its schedules counted, its overdue rows indexed again.
+    async fn sweep_tenant(&self, tenant: &str, now: Millis) -> anyhow::Result<Swept> {
+        let mut seen = Swept::default();
+        let stmts = self.schedules.statements();
+        for c in stmts.cursors(tenant, self.schedules.bounds().max_total).await? {
+            if c.paused {
+                seen.paused += 1;
+                continue;
+            }
+            seen.active += 1;
+            if c.next_fire_at.is_some_and(|at| at < now - OVERDUE_MS) {
+                stmts.reindex(&c, now).await?;
+                seen.reindexed += 1;
+            }
+        }
+        for w in self.windows.rows.windows(tenant, crate::core::unique::MAX_OPEN_PER_TENANT_CEILING).await? {
+            if w.due_at < now - OVERDUE_MS {
+                self.windows.rows.reindex(&w, now).await?;
+                seen.reindexed += 1;
+            }
+        }
+        Ok(seen)
     }
 
     /// Moves windows left in the old per-deployment table to their tenants' partitions
