@@ -19,6 +19,9 @@ pub use security::{
 };
 pub use webhooks::{secret_env_var, WebhooksConfig};
 
+/// The bundled `fairway.toml`'s text ([`Config::builtin`]).
+pub const BUNDLED: &str = include_str!("../fairway.toml");
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
@@ -698,8 +701,7 @@ impl Config {
 
     /// Built-in configuration used when no file is given: the demo tenants and job types.
     pub fn builtin() -> Config {
-        Config::parse(include_str!("../fairway.toml"), "built-in fairway.toml")
-            .expect("the bundled fairway.toml is valid")
+        Config::parse(BUNDLED, "built-in fairway.toml").expect("the bundled fairway.toml is valid")
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {

@@ -23,9 +23,15 @@
 //!   and with them (measured for 30 s from a minute after the adds), and B's fire lag
 //!   (submission - fire time) p50/p99 idle, during the adds, and with them in place.
 //!
+//! - **flows**, **webhooks**, **timeouts**: attacks on what tenants share behind the API
+//!   (`bench_blast_shared`).
+//!
 //! `--attacks` picks some (default all, in that order).
 //!
 //! Last line JSON.
+
+#[path = "bench_blast_shared.rs"]
+mod shared;
 
 use super::Global;
 use anyhow::Context;
@@ -55,7 +61,11 @@ pub struct BlastArgs {
     #[arg(long, default_value_t = 4200)]
     pub slow_connections: usize,
     /// Which attacks to run.
-    #[arg(long, value_delimiter = ',', default_value = "flood,failing,scheduled,streams,wide,slow,reads,schedules")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "flood,failing,scheduled,streams,wide,slow,reads,schedules,flows,webhooks,timeouts"
+    )]
     pub attacks: Vec<String>,
     /// Schedules (and debounce windows) tenant A adds in the `schedules` attack.
     #[arg(long, default_value_t = 1000)]
@@ -85,10 +95,22 @@ impl Server {
     }
 }
 
-async fn start_server(bin: &std::path::Path, cfg: &fairway::config::Config) -> anyhow::Result<Server> {
+/// `fairway serve` as a child, on the bundled configuration plus `extra` (TOML), with
+/// `cfg`'s services and names and `secrets` (environment variables) set.
+async fn start_server(
+    bin: &std::path::Path,
+    cfg: &fairway::config::Config,
+    extra: &str,
+    secrets: &[(String, String)],
+) -> anyhow::Result<Server> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let file = std::env::temp_dir().join(format!("fairway-bench-blast-{port}.toml"));
+    std::fs::write(&file, format!("{}{extra}", fairway::config::BUNDLED))?;
     let child = tokio::process::Command::new(bin)
+        .arg("--config")
+        .arg(&file)
         .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--metrics-listen", "off"])
+        .envs(secrets.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .env("FAIRWAY_TOPIC_PREFIX", &cfg.kafka.topic_prefix)
         .env("FAIRWAY_KEYSPACE", &cfg.scylla.keyspace)
         .env("FAIRWAY_BROKERS", &cfg.kafka.brokers)
@@ -228,9 +250,14 @@ impl Served {
 
 /// B submits one echo job every 50 ms until `stop`.
 async fn b_submits_until(b: &reqwest::Client, base: &str, stop: Instant) -> Served {
+    b_submits_until_with(b, base, &json!({"job_type": "echo"}), stop).await
+}
+
+/// B submits `job` every 50 ms until `stop`.
+async fn b_submits_until_with(b: &reqwest::Client, base: &str, job: &Value, stop: Instant) -> Served {
     let mut s = Served::default();
     while Instant::now() < stop {
-        s.submit(b, base, &json!({"job_type": "echo"})).await;
+        s.submit(b, base, job).await;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     s
@@ -542,6 +569,18 @@ pub async fn run(g: &Global, args: BlastArgs) -> anyhow::Result<ExitCode> {
     // A's schedules in the `schedules` attack (the leader is this process's worker).
     cfg.schedules.max_per_tenant = cfg.schedules.max_per_tenant.max(args.schedules);
     cfg.debounce.max_open_per_tenant = cfg.debounce.max_open_per_tenant.max(args.schedules);
+    // The shared-state attacks' job types and flow key, in this process's worker and in serve's.
+    let (hooks_base, hooks) = shared::receiver().await?;
+    let extra = shared::config_text(&hooks_base);
+    let with = fairway::config::Config::parse(&format!("{}{extra}", fairway::config::BUNDLED), "bench blast")?;
+    for t in ["hook_dead", "hook_ok"] {
+        cfg.job_types.insert(t.into(), with.job_types[t].clone());
+    }
+    cfg.flow.keys.extend(with.flow.keys.clone());
+    let secrets: Vec<(String, String)> = ["acme", "globex"]
+        .iter()
+        .map(|t| (fairway::config::secret_env_var(t), format!("bench-blast-{}", uuid::Uuid::new_v4().simple())))
+        .collect();
     let cfg = Arc::new(cfg);
     fairway::kafka::ensure_topics(&cfg).await?;
     fairway::store::ensure_schema(&cfg).await?;
@@ -568,7 +607,7 @@ pub async fn run(g: &Global, args: BlastArgs) -> anyhow::Result<ExitCode> {
         Some(p) => p.clone(),
         None => std::env::current_exe()?,
     };
-    let srv = start_server(&bin, &cfg).await?;
+    let srv = start_server(&bin, &cfg, &extra, &secrets).await?;
     eprintln!("fairway serve ({}) on {}", bin.display(), srv.base);
     let waits = Waits::follow(&cfg)?;
     let registry = Registry::from_config(&cfg, Default::default()).map_err(anyhow::Error::msg)?;
@@ -590,8 +629,11 @@ pub async fn run(g: &Global, args: BlastArgs) -> anyhow::Result<ExitCode> {
             "slow" => slow_connections(&srv, &b_fresh, args.slow_connections).await,
             "reads" => reads(&srv, &a_tenant, &b).await,
             "schedules" => schedules_attack(&cfg, &waits, args.schedules).await?,
+            "flows" => shared::flows(&srv, &parties).await,
+            "webhooks" => shared::webhooks(&srv, &parties, &hooks).await,
+            "timeouts" => shared::timeouts(&srv, &parties).await,
             other => anyhow::bail!(
-                "unknown attack {other:?}: flood, failing, scheduled, streams, wide, slow, reads, schedules"
+                "unknown attack {other:?}: flood, failing, scheduled, streams, wide, slow, reads, schedules, flows, webhooks, timeouts"
             ),
         };
         eprintln!("{attack}: {v}");
