@@ -21,14 +21,16 @@ async fn short_worker(cfg: &Arc<fairway::config::Config>) -> (Worker, Submitter)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scheduled_jobs_never_start_before_execute_at() {
-    // Hold at most 1 s in the relay: the 5 s job is parked in the store and promoted.
+    // Hold at most 1 s in the relay: the 5 s job is parked in the store and promoted; the
+    // 800 ms one is held by its pool worker until due; the 2.5 s one goes through the
+    // delayed topic, handed back ahead of its time and held by its worker until then.
     let mut cfg = common::config("");
     cfg.worker.relay_hold_max = Duration::from_secs(1);
     let cfg = Arc::new(cfg);
     let (w, sub) = short_worker(&cfg).await;
     let now = fairway::now_ms();
     let mut jobs = Vec::new();
-    for (delay_ms, tenant) in [(0, "acme"), (800, "globex"), (5_000, "initech")] {
+    for (delay_ms, tenant) in [(0, "acme"), (800, "globex"), (2_500, "hooli"), (5_000, "initech")] {
         let j = NewJob {
             tenant: tenant.into(),
             job_type: "echo".into(),

@@ -4,15 +4,18 @@
 //! submission to first dispatch (`started_at - submitted_at` of the results) and from
 //! submission to result, and `max_rate_within_slo`: the highest rate whose p99 dispatch
 //! wait stays under `--slo` with every job finished. The shape of the BullMQ harness's
-//! `SLO=1` mode, so the two can be run alternately. Last line JSON.
+//! `SLO=1` mode, so the two can be run alternately. With `--delay` each job is submitted
+//! to run that long later (`execute_at`) and the wait reported is its **lateness** (run
+//! start - `execute_at`): the harness's `DELAYED=1` mode. Last line JSON.
 
 use super::bench::{bench_config, start_workers, Shape};
 use super::Global;
 use anyhow::Context;
 use fairway::codec;
 use fairway::kafka::{self, Consumer, Message};
+use fairway::model::Millis;
 use fairway::submit::{NewJob, Submitter};
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -41,6 +44,18 @@ pub struct SloArgs {
     /// After the last arrival of a rate, how long to wait for its jobs' results.
     #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
     pub drain: Duration,
+    /// Delayed jobs: each to run this long after its submission (`execute_at`); the waits
+    /// reported are then lateness (run start - `execute_at`).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub delay: Option<Duration>,
+}
+
+/// One rate's offer: how many jobs a second, for how long, how far ahead each is due.
+#[derive(Clone, Copy)]
+struct Offer {
+    rate: u32,
+    secs: Duration,
+    delay_ms: Option<Millis>,
 }
 
 /// One rate's run.
@@ -76,7 +91,8 @@ pub async fn run(g: &Global, a: SloArgs) -> anyhow::Result<ExitCode> {
     let tenants: Arc<Vec<String>> = Arc::new(cfg.tenants.keys().cloned().collect());
     let mut runs = Vec::new();
     for &rate in &a.rates {
-        let arrivals = arrive(&sub, &tenants, rate, a.secs).await;
+        let delay_ms = a.delay.map(|d| d.as_millis() as Millis);
+        let arrivals = arrive(&sub, &tenants, Offer { rate, secs: a.secs, delay_ms }).await;
         let run = collect(&reader, rate, arrivals, a.drain).await;
         eprintln!("slo: {}", serde_json::to_string(&run)?);
         runs.push(run);
@@ -89,7 +105,8 @@ pub async fn run(g: &Global, a: SloArgs) -> anyhow::Result<ExitCode> {
     println!(
         "{}",
         serde_json::json!({
-            "bench": "fairway-open-loop", "slo_ms": slo_ms, "secs": a.secs.as_secs_f64(),
+            "bench": if a.delay.is_some() { "fairway-delayed" } else { "fairway-open-loop" },
+            "delay_ms": a.delay.map(|d| d.as_millis() as u64), "slo_ms": slo_ms, "secs": a.secs.as_secs_f64(),
             "workers": a.shape.workers, "slots": a.shape.slots, "partitions": a.shape.partitions,
             "max_rate_within_slo": within, "runs": runs,
         })
@@ -97,9 +114,10 @@ pub async fn run(g: &Global, a: SloArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// What one rate's arrivals produced: the ids accepted, failures, and the real rate.
+/// What one rate's arrivals produced: the ids accepted (with the time each was due to
+/// run, if delayed), failures, and the real rate.
 struct Arrivals {
-    ids: HashSet<String>,
+    ids: HashMap<String, Option<Millis>>,
     of: usize,
     errors: usize,
     offered_per_s: f64,
@@ -110,7 +128,8 @@ struct Arrivals {
 /// Submits `rate * secs` no-op jobs in 10 ms ticks, round-robin over the tenants; each
 /// tick's jobs go out as one task, so a slow acknowledgement never delays the next tick
 /// (up to [`TICKS_IN_FLIGHT`]).
-async fn arrive(sub: &Arc<Submitter>, tenants: &Arc<Vec<String>>, rate: u32, secs: Duration) -> Arrivals {
+async fn arrive(sub: &Arc<Submitter>, tenants: &Arc<Vec<String>>, offer: Offer) -> Arrivals {
+    let Offer { rate, secs, delay_ms } = offer;
     let total = (f64::from(rate) * secs.as_secs_f64()).round() as usize;
     let per_tick = f64::from(rate) * TICK.as_secs_f64();
     let gate = Arc::new(tokio::sync::Semaphore::new(TICKS_IN_FLIGHT));
@@ -125,16 +144,18 @@ async fn arrive(sub: &Arc<Submitter>, tenants: &Arc<Vec<String>>, rate: u32, sec
             let permit = gate.clone().acquire_owned().await.expect("semaphore open");
             let (sub, tenants, range) = (sub.clone(), tenants.clone(), sent..due);
             tasks.spawn(async move {
+                let execute_at = delay_ms.map(|d| fairway::now_ms() + d);
                 let jobs: Vec<NewJob> = range
                     .map(|i| NewJob {
                         tenant: tenants[i % tenants.len()].clone(),
                         job_type: "echo".into(),
+                        execute_at,
                         ..Default::default()
                     })
                     .collect();
                 let out = futures::future::join_all(jobs.iter().map(|j| sub.submit(j))).await;
                 drop(permit);
-                out.into_iter().map(|r| r.map(|s| s.job_id)).collect::<Vec<_>>()
+                out.into_iter().map(|r| r.map(|s| (s.job_id, execute_at))).collect::<Vec<_>>()
             });
             sent = due;
         }
@@ -142,12 +163,12 @@ async fn arrive(sub: &Arc<Submitter>, tenants: &Arc<Vec<String>>, rate: u32, sec
         tokio::time::sleep_until(next.into()).await;
     }
     let offered_per_s = total as f64 / t0.elapsed().as_secs_f64();
-    let mut arrivals = Arrivals { ids: HashSet::new(), of: total, errors: 0, offered_per_s, first_submitted_ms };
+    let mut arrivals = Arrivals { ids: HashMap::new(), of: total, errors: 0, offered_per_s, first_submitted_ms };
     while let Some(done) = tasks.join_next().await {
         for r in done.unwrap_or_default() {
             match r {
-                Ok(id) => {
-                    arrivals.ids.insert(id);
+                Ok((id, due)) => {
+                    arrivals.ids.insert(id, due);
                 }
                 Err(_) => arrivals.errors += 1,
             }
@@ -167,10 +188,10 @@ async fn collect(reader: &kafka::Reader, rate: u32, mut arrivals: Arrivals, drai
     while !arrivals.ids.is_empty() && Instant::now() < deadline {
         let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(500), reader.recv()).await else { continue };
         let Some(r) = m.payload().and_then(|b| codec::decode_result(b).ok()) else { continue };
-        if arrivals.ids.remove(&r.job_id) {
+        if let Some(due) = arrivals.ids.remove(&r.job_id) {
             done += 1;
             let started = r.started_at.unwrap_or(r.finished_at);
-            let waited = (started - r.submitted_at).max(0) as u64;
+            let waited = (started - due.unwrap_or(r.submitted_at)).max(0) as u64;
             let _ = wait.record(waited);
             let second = ((r.submitted_at - first).max(0) / 1000) as usize;
             if second < MAX_SECONDS {

@@ -21,6 +21,32 @@ pub fn jittered(execute_at: Millis, now: Millis, exact: bool, r: f64) -> Millis 
     (execute_at + shift).max(now + JITTER_AFTER_MS)
 }
 
+/// A pool worker holds a job due within this in memory until its `execute_at` (instead of
+/// sending it to the delayed topic), so it starts on time to the timer's millisecond.
+pub const HOLD_AHEAD_MS: Millis = 1_000;
+
+/// The relay hands a delayed job (due at its `execute_at`) back to its pool this long
+/// before it is due, so the hops to a worker are behind it when it falls due; the worker
+/// then holds it until then. Less than [`HOLD_AHEAD_MS`], so a released job is held, not
+/// delayed again. Retries are handed back when due: their worker would not hold them.
+pub const RELEASE_AHEAD_MS: Millis = 500;
+
+/// When the relay hands a job back: `not_before`, less [`RELEASE_AHEAD_MS`] for a delayed
+/// job (one due at its `execute_at`: its worker holds it until then).
+pub fn release_at(not_before: Millis, execute_at: Option<Millis>) -> Millis {
+    if execute_at == Some(not_before) {
+        not_before - RELEASE_AHEAD_MS
+    } else {
+        not_before
+    }
+}
+
+/// Whether a pool worker holds a job due at `execute_at` in memory at `now` (due within
+/// [`HOLD_AHEAD_MS`]) rather than sending it to the delayed topic.
+pub fn hold_in_worker(execute_at: Millis, now: Millis) -> bool {
+    execute_at - now <= HOLD_AHEAD_MS
+}
+
 /// The promoter's pace: a token bucket of `rate` jobs per second holding at most one
 /// second's worth, so a backlog of due jobs drains at `rate` and never in one burst.
 #[derive(Debug, Clone)]
@@ -62,6 +88,17 @@ pub fn oldest_due_age_secs(oldest_due_at: Option<Millis>, now: Millis) -> f64 {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_released_delayed_job_is_held_by_its_worker_not_delayed_again() {
+        let due = 1_000_000;
+        let released = release_at(due, Some(due));
+        assert_eq!(released, due - RELEASE_AHEAD_MS);
+        assert!(hold_in_worker(due, released), "released early, held until due");
+        assert!(!hold_in_worker(due, released - HOLD_AHEAD_MS), "further ahead: the delayed topic");
+        assert_eq!(release_at(due, None), due, "a retry is handed back when due");
+        assert_eq!(release_at(due, Some(due - 60_000)), due, "so is the retry of a job that was delayed once");
+    }
 
     #[test]
     fn jitter_only_far_ahead_and_not_when_exact() {

@@ -14,10 +14,11 @@ use crate::core::buffer::{Buffer, BufferBounds};
 use crate::core::flow::Gate;
 use crate::core::offsets::PartitionOffsets;
 use crate::core::outcomes::{OutcomeBounds, Outcomes};
+use crate::core::promotion;
 use crate::core::quota::Scope;
 use crate::core::tenants::TenantSet;
 use crate::kafka::{self, Consumer, Message, RebalanceEvent, TopicPartitionList};
-use crate::model::{FailureClass, JobSubmitted};
+use crate::model::{FailureClass, JobSubmitted, Millis};
 use crate::{codec, metrics as m, now_ms};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -42,7 +43,17 @@ enum Event {
     Freed(Freed),
     Done(Done),
     Backlog(BacklogEvent),
+    /// A message held until its job's `execute_at` (`Loop::hold_until_due`) is due.
+    Due {
+        origin: Origin,
+        incarnation: u64,
+        bytes: Vec<u8>,
+    },
 }
+
+/// Most messages one pool loop holds until their `execute_at` (`core::promotion::HOLD_AHEAD_MS`
+/// ahead at most); past it a job due soon goes to the delayed topic as one due later.
+const MAX_HOLDING: usize = 50_000;
 
 struct PartitionState {
     incarnation: u64,
@@ -123,6 +134,15 @@ struct Loop {
     quota_version: u64,
     /// Tenants held by the recycling cap (`core::recycling`) and until when.
     recycling_held: HashMap<String, i64>,
+    /// Messages held until their job's `execute_at` (at most [`MAX_HOLDING`]).
+    holding: usize,
+}
+
+/// A message held until its job falls due.
+struct Held {
+    origin: Origin,
+    incarnation: u64,
+    bytes: Vec<u8>,
 }
 
 /// How long a drain waits for running jobs to honour a stop request (then aborts them),
@@ -172,6 +192,7 @@ pub async fn run(
         gate: Gate::default(),
         quota_version: 0,
         recycling_held: HashMap::new(),
+        holding: 0,
     };
     let mut registry = sh.tenants.subscribe();
     let slots = sh.cfg.pool(sh.pool).slots;
@@ -521,7 +542,10 @@ impl Loop {
             Ok(job) => job,
             Err(rejection) => return self.reject_later(Refused { rejection, bytes, origin, incarnation, spill: None }),
         };
-        if job.execute_at.is_some_and(|at| at > now_ms()) {
+        if let Some(at) = job.execute_at.filter(|at| *at > now_ms()) {
+            if promotion::hold_in_worker(at, now_ms()) && self.holding < MAX_HOLDING {
+                return self.hold_until_due(at, Held { origin, incarnation, bytes });
+            }
             // Scheduled for later, even by a millisecond: the relay holds it (or parks it
             // in the store) until due, so no job starts before its `execute_at`.
             let (sh, tx) = (self.sh.clone(), self.done_tx.clone());
@@ -1047,8 +1071,29 @@ impl Loop {
         }
     }
 
+    /// Holds a message whose job is due at `at` (soon) in this loop until then: its offset
+    /// stays uncommitted (a crash redelivers it), and when due it is taken in again.
+    fn hold_until_due(&mut self, at: Millis, held: Held) {
+        self.holding += 1;
+        let tx = self.done_tx.clone();
+        let wait = Duration::from_millis((at - now_ms()).max(0) as u64);
+        self.tasks.spawn(async move {
+            tokio::time::sleep(wait).await;
+            let Held { origin, incarnation, bytes } = held;
+            let _ = tx.send(Event::Due { origin, incarnation, bytes });
+        });
+    }
+
     fn on_event(&mut self, ev: Event) {
         let done = match ev {
+            Event::Due { origin, incarnation, bytes } => {
+                self.holding -= 1;
+                // A partition revoked (or rewound) since: its next owner reads it again.
+                if self.parts.get(&origin.partition).is_some_and(|st| st.incarnation == incarnation) {
+                    self.intake(origin, bytes);
+                }
+                return;
+            }
             Event::Freed(Freed { ticket, ran, flow, held_bytes }) => {
                 let now = now_ms();
                 self.dispatcher.complete(&ticket, now, ran);

@@ -1,7 +1,9 @@
 //! The retry relay: consumes the per-class retry topics and hands each job back to its
 //! pool topic once its `not_before` is due, so the retried job goes through the fair
 //! scheduler like any other. A partition whose head is not due yet is paused (no busy
-//! polling, other partitions keep flowing) and resumed when it is.
+//! polling, other partitions keep flowing) and resumed when it is. A delayed job goes back
+//! a little ahead of its `execute_at` (`core::promotion::release_at`) and its pool worker
+//! holds it until then, so the hops are behind it when it falls due.
 
 use super::durable::{self, with_retries};
 use super::route::Origin;
@@ -19,6 +21,13 @@ use tokio::sync::{mpsc, watch};
 struct Held {
     job: JobSubmitted,
     offset: i64,
+}
+
+impl Held {
+    /// When it goes back to its pool (`core::promotion::release_at`).
+    fn release_at(&self) -> Millis {
+        promotion::release_at(self.job.not_before.unwrap_or(0), self.job.execute_at)
+    }
 }
 
 #[derive(Default)]
@@ -119,7 +128,7 @@ impl Relay {
         let next_due = self
             .parts
             .values()
-            .filter_map(|p| p.held.front().map(|h| h.job.not_before.unwrap_or(0)))
+            .filter_map(|p| p.held.front().map(|h| h.release_at()))
             .min()
             .map(|t| (t - now).clamp(1, 60_000) as u64)
             .unwrap_or(60_000);
@@ -246,7 +255,7 @@ impl Relay {
         // Release every due head; pause partitions whose head must wait.
         let now = now_ms();
         for (key, st) in self.parts.iter_mut() {
-            while st.held.front().is_some_and(|h| h.job.not_before.unwrap_or(0) <= now) {
+            while st.held.front().is_some_and(|h| h.release_at() <= now) {
                 let Some(h) = st.held.pop_front() else { break };
                 let (cfg, producer, tx, key, ep) =
                     (self.cfg.clone(), self.producer.clone(), self.done_tx.clone(), key.clone(), st.incarnation);
