@@ -64,6 +64,8 @@ struct RateRun {
     rate: u32,
     offered_per_s: f64,
     of: usize,
+    /// Distinct job ids the submissions answered with.
+    accepted: usize,
     done: usize,
     submit_errors: usize,
     wait_p50_ms: u64,
@@ -183,6 +185,7 @@ async fn collect(reader: &kafka::Reader, rate: u32, mut arrivals: Arrivals, drai
     let mut result = wait.clone();
     let mut per_second: Vec<hdrhistogram::Histogram<u64>> = Vec::new();
     let first = arrivals.first_submitted_ms;
+    let accepted = arrivals.ids.len();
     let deadline = Instant::now() + drain;
     let mut done = 0;
     while !arrivals.ids.is_empty() && Instant::now() < deadline {
@@ -207,6 +210,7 @@ async fn collect(reader: &kafka::Reader, rate: u32, mut arrivals: Arrivals, drai
         rate,
         offered_per_s: arrivals.offered_per_s.round(),
         of: arrivals.of,
+        accepted,
         done,
         submit_errors: arrivals.errors,
         wait_p50_ms: wait.value_at_quantile(0.5),
