@@ -29,6 +29,8 @@ pub const LEASE: &str = "ledger";
 const LEASE_SECS: i32 = 15;
 /// How often the leader writes changed totals (and renews its lease).
 pub const FLUSH: Duration = Duration::from_secs(5);
+/// How often the leader asks the broker for the partitions' ends to report its lag.
+pub const LAG_EVERY: Duration = Duration::from_secs(30);
 /// The longest period one report may cover.
 pub const MAX_REPORT_DAYS: i64 = 93;
 
@@ -104,6 +106,7 @@ impl Leader<'_> {
         tracing::info!(partitions = ends.len(), "usage ledger: leading");
         let ttl = ttl_secs(self.cfg);
         let mut tick = tokio::time::interval(FLUSH);
+        let mut lag_tick = tokio::time::interval(LAG_EVERY);
         loop {
             tokio::select! {
                 _ = stop.changed() => {
@@ -113,11 +116,11 @@ impl Leader<'_> {
                 }
                 _ = tick.tick() => {
                     self.flush_all(&topic, &mut reading, ttl).await;
-                    self.report_lag(&reader, &topic, &reading).await;
                     if !matches!(self.store.lease(LEASE, self.holder, LEASE_SECS, now_ms()).await, Ok(true)) {
                         return Err(LedgerError::Kafka("the ledger lease was lost".into()));
                     }
                 }
+                _ = lag_tick.tick() => self.report_lag(&reader, &topic, &reading).await,
                 msg = reader.recv() => {
                     let msg = msg.map_err(|e| LedgerError::Kafka(e.to_string()))?;
                     let Some(r) = reading.get_mut(&msg.partition()) else { continue };
