@@ -29,6 +29,8 @@ pub const LEASE: &str = "ledger";
 const LEASE_SECS: i32 = 15;
 /// How often the leader writes changed totals (and renews its lease).
 pub const FLUSH: Duration = Duration::from_secs(5);
+/// How often the leader asks the broker for the partitions' ends to report its lag.
+pub const LAG_EVERY: Duration = Duration::from_secs(30);
 /// The longest period one report may cover.
 pub const MAX_REPORT_DAYS: i64 = 93;
 
@@ -104,6 +106,7 @@ impl Leader<'_> {
         tracing::info!(partitions = ends.len(), "usage ledger: leading");
         let ttl = ttl_secs(self.cfg);
         let mut tick = tokio::time::interval(FLUSH);
+        let mut lag_tick = tokio::time::interval(LAG_EVERY);
         loop {
             tokio::select! {
                 _ = stop.changed() => {
@@ -113,11 +116,11 @@ impl Leader<'_> {
                 }
                 _ = tick.tick() => {
                     self.flush_all(&topic, &mut reading, ttl).await;
-                    self.report_lag(&reader, &topic, &reading).await;
                     if !matches!(self.store.lease(LEASE, self.holder, LEASE_SECS, now_ms()).await, Ok(true)) {
                         return Err(LedgerError::Kafka("the ledger lease was lost".into()));
                     }
                 }
+                _ = lag_tick.tick() => self.report_lag(&reader, &topic, &reading).await,
                 msg = reader.recv() => {
                     let msg = msg.map_err(|e| LedgerError::Kafka(e.to_string()))?;
                     let Some(r) = reading.get_mut(&msg.partition()) else { continue };
@@ -221,13 +224,18 @@ pub async fn report(stmts: &LedgerStatements, q: &ReportQuery) -> Result<Vec<Rep
     Ok(rules::report(&rows, q.granularity, q.from, q.to))
 }
 
-/// Every tenant's usage per period, for a billing export (walks `ledger_tenants` per day;
+/// Tenants' days an export reads at once.
+pub const EXPORT_CONCURRENCY: usize = 32;
+
+/// Every tenant's usage per period, for a billing export (walks `ledger_tenants` per day,
+/// reading [`EXPORT_CONCURRENCY`] tenants' days at a time, lines in the index's order;
 /// yields one day's lines at a time so the caller can stream them).
 pub async fn export_day(stmts: &LedgerStatements, day: Millis, g: Granularity) -> Result<Vec<ReportLine>, StoreError> {
     let mut out = Vec::new();
-    for tenant in stmts.tenants(day).await? {
-        let rows = stmts.rows(&tenant, day).await?;
-        out.extend(rules::report(&rows, g, day, day + 86_400_000));
+    let tenants = stmts.tenants(day).await?;
+    for chunk in tenants.chunks(EXPORT_CONCURRENCY) {
+        let days = futures::future::try_join_all(chunk.iter().map(|t| stmts.rows(t, day))).await?;
+        out.extend(days.iter().flat_map(|rows| rules::report(rows, g, day, day + 86_400_000)));
     }
     Ok(out)
 }

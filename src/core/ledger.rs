@@ -20,6 +20,15 @@ use std::collections::{BTreeMap, BTreeSet};
 /// Width of one ledger window (one row per account, window and partition).
 pub const WINDOW_MS: Millis = 15 * 60_000;
 
+/// Distinct (pool, job type) accounts one tenant may open in one window of one partition;
+/// its further job types fold into [`OTHER_JOB_TYPE`] of their pool (a producer writing
+/// straight to Kafka can put any job type on its jobs).
+pub const MAX_ACCOUNTS_PER_TENANT: usize = 64;
+/// The job type of a tenant's folded account. Configured job types are TOML bare keys,
+/// which cannot hold parentheses; a result that carries this name anyway is folded too,
+/// so a clash only merges a tenant's own lines.
+pub const OTHER_JOB_TYPE: &str = "(other)";
+
 /// The window `ts` falls in (its start).
 pub fn window_of(ts: Millis) -> Millis {
     ts.div_euclid(WINDOW_MS) * WINDOW_MS
@@ -108,6 +117,8 @@ pub struct PartitionTally {
     max_ts: Millis,
     totals: BTreeMap<Account, Usage>,
     dirty: BTreeSet<Account>,
+    /// Accounts of their own (not folded) per tenant in the current window.
+    own: BTreeMap<String, usize>,
 }
 
 impl PartitionTally {
@@ -120,6 +131,7 @@ impl PartitionTally {
             max_ts: Millis::MIN,
             totals: BTreeMap::new(),
             dirty: BTreeSet::new(),
+            own: BTreeMap::new(),
         }
     }
 
@@ -151,6 +163,7 @@ impl PartitionTally {
             Some(cur) if cur != w => {
                 let f = self.take(offset);
                 self.totals.clear();
+                self.own.clear();
                 self.first = offset;
                 f
             }
@@ -158,7 +171,7 @@ impl PartitionTally {
         };
         self.window = Some(w);
         if let Some(r) = result {
-            let acc = account_of(r);
+            let acc = self.capped(account_of(r));
             self.totals.entry(acc.clone()).or_default().add(&of_result(r));
             self.dirty.insert(acc);
         }
@@ -178,6 +191,21 @@ impl PartitionTally {
         if Some(f.window) == self.window {
             self.dirty.extend(f.rows.into_iter().map(|(a, _)| a));
         }
+    }
+
+    /// `acc`, or its tenant's folded account of the same pool once the tenant has
+    /// [`MAX_ACCOUNTS_PER_TENANT`] accounts of its own in this window. Which accounts are
+    /// its own depends only on the window's records in offset order, so every reader agrees.
+    fn capped(&mut self, acc: Account) -> Account {
+        if acc.job_type != OTHER_JOB_TYPE && self.totals.contains_key(&acc) {
+            return acc;
+        }
+        let own = self.own.entry(acc.tenant.clone()).or_default();
+        if acc.job_type != OTHER_JOB_TYPE && *own < MAX_ACCOUNTS_PER_TENANT {
+            *own += 1;
+            return acc;
+        }
+        Account { job_type: OTHER_JOB_TYPE.to_string(), ..acc }
     }
 
     fn take(&mut self, upto: i64) -> Option<Flush> {
@@ -479,7 +507,70 @@ mod tests {
         cells.iter().map(|(k, (_, u))| (k.clone(), *u)).collect()
     }
 
+    #[test]
+    fn a_tenant_past_its_account_cap_folds_into_other_and_others_are_untouched() {
+        let mut t = PartitionTally::starting_at(0);
+        let mut off = 0;
+        for i in 0..MAX_ACCOUNTS_PER_TENANT + 10 {
+            let mut r = result("greedy", JobStatus::Succeeded, 1, 5);
+            r.job_type = format!("t{i}");
+            t.observe(off, 1, Some(&r));
+            off += 1;
+        }
+        t.observe(off, 1, Some(&result("quiet", JobStatus::Succeeded, 1, 5)));
+        let f = t.pending().unwrap();
+        let greedy: Vec<_> = f.rows.iter().filter(|(a, _)| a.tenant == "greedy").collect();
+        assert_eq!(greedy.len(), MAX_ACCOUNTS_PER_TENANT + 1, "its own accounts and one folded");
+        let other = greedy.iter().find(|(a, _)| a.job_type == OTHER_JOB_TYPE).expect("folded account");
+        assert_eq!(other.1.results, 10);
+        assert_eq!(greedy.iter().map(|(_, u)| u.results).sum::<i64>(), MAX_ACCOUNTS_PER_TENANT as i64 + 10);
+        assert!(f.rows.iter().any(|(a, u)| a.tenant == "quiet" && a.job_type == "echo" && u.results == 1));
+        // A job type that already has its account keeps it past the cap.
+        let mut r = result("greedy", JobStatus::Succeeded, 1, 5);
+        r.job_type = "t0".into();
+        t.observe(off + 1, 1, Some(&r));
+        assert_eq!(t.pending().unwrap().rows[0].0.job_type, "t0");
+    }
+
     proptest! {
+        /// Whatever job types tenants put on their jobs, no tenant holds more than
+        /// [`MAX_ACCOUNTS_PER_TENANT`] accounts of its own plus one folded account per pool in
+        /// a window; every result is still counted once, and restarts still agree.
+        #[test]
+        fn accounts_per_tenant_are_capped_and_every_result_still_counts(
+            steps in proptest::collection::vec((0i64..6_000, 0usize..3, 0usize..200, 0usize..3), 1..400),
+            crashes in proptest::collection::vec((0usize..400, 1usize..50), 0..4),
+        ) {
+            let mut clock = 0;
+            let log: Vec<(Millis, JobResult)> = steps.iter().map(|(dt, t, jt, pool)| {
+                clock += dt;
+                let mut r = result(["a", "b", "c"][*t], JobStatus::Succeeded, 1, 7);
+                r.job_type = if *jt == 199 { OTHER_JOB_TYPE.to_string() } else { format!("t{}", jt % (if *t == 0 { 199 } else { 3 })) };
+                r.pool = Pool::ALL[*pool];
+                (clock, r)
+            }).collect();
+            let mut reference = Cells::new();
+            read(&log, 0, log.len(), usize::MAX, true, &mut reference);
+            let mut per_tenant: BTreeMap<(Millis, String), usize> = BTreeMap::new();
+            for (w, acc) in reference.keys() {
+                *per_tenant.entry((*w, acc.tenant.clone())).or_default() += 1;
+            }
+            for n in per_tenant.values() {
+                prop_assert!(*n <= MAX_ACCOUNTS_PER_TENANT + Pool::ALL.len());
+            }
+            let counted: i64 = totals(&reference).values().map(|u| u.results).sum();
+            prop_assert_eq!(counted, log.len() as i64);
+
+            let mut cells = Cells::new();
+            let mut start = 0i64;
+            for (stop, every) in crashes {
+                let stop = stop.min(log.len()).max(start as usize);
+                start = read(&log, start, stop, every, false, &mut cells);
+            }
+            read(&log, start, log.len(), 7, true, &mut cells);
+            prop_assert_eq!(totals(&cells), totals(&reference));
+        }
+
         /// However a partition is read (readers crashing with totals not yet written, each
         /// restarting at its window's first offset, flushing at any pace), the stored totals
         /// equal one uninterrupted reading's, and every result is counted once.
