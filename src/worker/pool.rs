@@ -51,9 +51,11 @@ enum Event {
     },
 }
 
-/// Most messages one pool loop holds until their `execute_at` (`core::promotion::HOLD_AHEAD_MS`
-/// ahead at most); past it a job due soon goes to the delayed topic as one due later.
+/// Most messages, and bytes of them, one pool loop holds until their `execute_at`
+/// (`core::promotion::HOLD_AHEAD_MS` ahead at most); past either a job due soon goes to
+/// the delayed topic as one due later.
 const MAX_HOLDING: usize = 50_000;
+const MAX_HOLDING_BYTES: usize = 64 << 20;
 
 struct PartitionState {
     incarnation: u64,
@@ -134,8 +136,10 @@ struct Loop {
     quota_version: u64,
     /// Tenants held by the recycling cap (`core::recycling`) and until when.
     recycling_held: HashMap<String, i64>,
-    /// Messages held until their job's `execute_at` (at most [`MAX_HOLDING`]).
+    /// Messages held until their job's `execute_at` and their bytes (at most
+    /// [`MAX_HOLDING`], [`MAX_HOLDING_BYTES`]).
     holding: usize,
+    holding_bytes: usize,
 }
 
 /// A message held until its job falls due.
@@ -193,6 +197,7 @@ pub async fn run(
         quota_version: 0,
         recycling_held: HashMap::new(),
         holding: 0,
+        holding_bytes: 0,
     };
     let mut registry = sh.tenants.subscribe();
     let slots = sh.cfg.pool(sh.pool).slots;
@@ -549,7 +554,8 @@ impl Loop {
             Err(rejection) => return self.reject_later(Refused { rejection, bytes, origin, incarnation, spill: None }),
         };
         if let Some(at) = job.execute_at.filter(|at| *at > now_ms()) {
-            if promotion::hold_in_worker(at, now_ms()) && self.holding < MAX_HOLDING {
+            let room = self.holding < MAX_HOLDING && self.holding_bytes + bytes.len() <= MAX_HOLDING_BYTES;
+            if promotion::hold_in_worker(at, now_ms()) && room {
                 return self.hold_until_due(at, Held { origin, incarnation, bytes });
             }
             // Scheduled for later, even by a millisecond: the relay holds it (or parks it
@@ -1081,6 +1087,7 @@ impl Loop {
     /// stays uncommitted (a crash redelivers it), and when due it is taken in again.
     fn hold_until_due(&mut self, at: Millis, held: Held) {
         self.holding += 1;
+        self.holding_bytes += held.bytes.len();
         let tx = self.done_tx.clone();
         let wait = Duration::from_millis((at - now_ms()).max(0) as u64);
         self.tasks.spawn(async move {
@@ -1094,6 +1101,7 @@ impl Loop {
         let done = match ev {
             Event::Due { origin, incarnation, bytes } => {
                 self.holding -= 1;
+                self.holding_bytes -= bytes.len();
                 // A partition revoked (or rewound) since: its next owner reads it again.
                 if self.parts.get(&origin.partition).is_some_and(|st| st.incarnation == incarnation) {
                     self.take_in(origin, bytes, false);
