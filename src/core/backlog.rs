@@ -113,6 +113,11 @@ pub struct TenantBacklog {
     in_flight: VecDeque<i64>,
     /// Highest offset read back.
     cursor: i64,
+    /// Highest offset handed to the spill writer in this epoch (-1: none).
+    spilled_up_to: i64,
+    /// Highest offset a row in the store may have: the last spilled, or the end of the
+    /// last bucket a previous owner left (-1: none).
+    rows_up_to: i64,
     reading: bool,
     /// The largest job seen spilled or read back (bytes; 0: none yet): how many jobs a
     /// read may bring back into the tenant's share of memory (`core::buffer`).
@@ -121,7 +126,7 @@ pub struct TenantBacklog {
 
 impl TenantBacklog {
     pub fn new() -> Self {
-        TenantBacklog { cursor: -1, ..Default::default() }
+        TenantBacklog { cursor: -1, spilled_up_to: -1, rows_up_to: -1, ..Default::default() }
     }
 
     /// A backlog found in the store's index when the partition was assigned: its buckets
@@ -130,6 +135,7 @@ impl TenantBacklog {
         let mut b = TenantBacklog::new();
         for bucket in buckets {
             b.buckets.entry(bucket).or_default().has_rows = true;
+            b.rows_up_to = b.rows_up_to.max(bucket_last(bucket));
         }
         b
     }
@@ -151,15 +157,27 @@ impl TenantBacklog {
         self.in_flight.len() as u64 + self.buckets.values().map(|b| b.unread).sum::<u64>()
     }
 
-    /// Records that `offset` goes to the spill writer (offsets arrive in increasing order).
-    /// False if its bucket is being deleted: a write now could race the delete, so the
-    /// caller keeps the job in memory (only a redelivered copy of a job already read
-    /// back can land there).
+    /// Records that `offset` goes to the spill writer; false if the caller must keep the
+    /// job in memory instead:
+    /// - a read may pass its offset before its row lands, so the row would never be read
+    ///   back: the offset is not above every offset this backlog has spilled or read, or a
+    ///   read is out and rows may exist above the offset.
+    ///   Fresh messages arrive in increasing order and always pass; what is refused is a
+    ///   job taken in late (one held until due) or, after a rebalance, a message consumed
+    ///   again below rows a previous owner spilled (kept in memory, the effectively-once
+    ///   check settles a copy of a job also read back);
+    /// - its bucket is being deleted: a write now could race the delete.
     pub fn spill(&mut self, offset: i64) -> bool {
+        let passed = offset <= self.cursor.max(self.spilled_up_to);
+        if passed || (self.reading && offset <= self.rows_up_to) {
+            return false;
+        }
         let b = self.buckets.entry(bucket_of(offset)).or_default();
         if b.deleting {
             return false;
         }
+        self.spilled_up_to = offset;
+        self.rows_up_to = self.rows_up_to.max(offset);
         b.in_flight += 1;
         b.spills += 1;
         b.caught_up = false;
@@ -398,9 +416,39 @@ mod tests {
         t.job_done(0, true);
         assert_eq!(t.deletable(-1), vec![0], "bucket 1 exists, so consumption passed bucket 0");
         assert!(!t.spill(7), "a redelivered copy must not be written into a bucket being deleted");
-        assert!(t.spill(BUCKET_SPAN + 3));
         t.deleted(0);
         assert!(t.spill(8), "once deleted, the bucket may be written again");
+        assert!(t.spill(BUCKET_SPAN + 3));
+    }
+
+    #[test]
+    fn a_job_taken_in_behind_the_read_stays_in_memory() {
+        // A job held until due (taken in long after its offset was consumed) meets a
+        // backlog whose read has passed its offset: a row written now is never read back.
+        let mut t = TenantBacklog::new();
+        for o in [10, 20] {
+            assert!(t.spill(o));
+        }
+        t.acked(&[10, 20]);
+        let p = t.plan_read(10).unwrap();
+        t.read_done(&p, &[10, 20]);
+        assert!(!t.spill(15), "behind the cursor");
+        assert!(t.spill(30));
+        assert!(!t.spill(25), "behind a spill in flight: a read could pass it before it lands");
+        // A previous owner's rows read ahead of this owner's consumption: a message it kept
+        // in memory (so no row) consumed again after the read passed it.
+        let mut t = TenantBacklog::recovered([0]);
+        let p = t.plan_read(10).unwrap();
+        t.read_done(&p, &[5, 900]);
+        assert!(!t.spill(600), "its row would sit behind the cursor, never read");
+        assert!(t.spill(901));
+        // The same while the read is still out: it may return rows above the offset.
+        let mut t = TenantBacklog::recovered([0]);
+        let p = t.plan_read(1).unwrap();
+        assert!(!t.spill(0), "the read out may return 339 and pass 0");
+        t.read_done(&p, &[339]);
+        assert!(t.spill(400), "no read out: the next one stops before 400");
+        assert_eq!(t.plan_read(10).unwrap().before, 400);
     }
 
     #[test]
@@ -437,6 +485,75 @@ mod tests {
         assert!(t.is_empty());
     }
 
+    /// A backlog beside a model of the store: spills land when acknowledged, a read
+    /// returns the rows its plan covers as they were when it went out.
+    struct Model {
+        t: TenantBacklog,
+        store: std::collections::BTreeSet<i64>,
+        sent: VecDeque<i64>,
+        read: Vec<i64>,
+        pending: Option<(ReadPlan, Vec<i64>)>,
+    }
+
+    impl Model {
+        fn new(t: TenantBacklog, store: std::collections::BTreeSet<i64>) -> Self {
+            Model { t, store, sent: VecDeque::new(), read: Vec::new(), pending: None }
+        }
+
+        fn rows(&self, p: &ReadPlan) -> Vec<i64> {
+            let rows = self.store.range(p.after + 1..p.before).filter(|&&o| bucket_of(o) == p.bucket);
+            rows.take(p.limit).copied().collect()
+        }
+
+        fn spill(&mut self, offset: i64) -> bool {
+            let ok = self.t.spill(offset);
+            if ok {
+                self.sent.push_back(offset);
+            }
+            ok
+        }
+
+        /// Op 1 acknowledges the `n` oldest spills, 2 sends a read of `n`, 3 returns it.
+        fn step(&mut self, op: u8, n: usize) {
+            match op {
+                1 => {
+                    for _ in 0..n.min(self.sent.len()) {
+                        let o = self.sent.pop_front().unwrap();
+                        self.store.insert(o);
+                        self.t.acked(&[o]);
+                    }
+                }
+                2 if self.pending.is_none() => {
+                    if let Some(p) = self.t.plan_read(n) {
+                        let rows = self.rows(&p); // the read's snapshot
+                        self.pending = Some((p, rows));
+                    }
+                }
+                3 => {
+                    if let Some((p, rows)) = self.pending.take() {
+                        self.t.read_done(&p, &rows);
+                        self.read.extend(rows);
+                    }
+                }
+                _ => {}
+            }
+        }
+
+        /// Everything acknowledged and read to the end.
+        fn finish(&mut self) {
+            self.step(3, 0);
+            self.step(1, usize::MAX);
+            let mut guard = 0;
+            while let Some(p) = self.t.plan_read(7) {
+                let rows = self.rows(&p);
+                self.t.read_done(&p, &rows);
+                self.read.extend(rows);
+                guard += 1;
+                assert!(guard < 100_000);
+            }
+        }
+    }
+
     proptest! {
         /// Whatever the interleaving of spills, acknowledgements, reads and read sizes,
         /// every acknowledged row is read back exactly once, in order, and the backlog
@@ -446,49 +563,48 @@ mod tests {
             ops in proptest::collection::vec((0u8..4, 1usize..50), 1..200),
             gaps in proptest::collection::vec(1i64..600, 200),
         ) {
-            let mut t = TenantBacklog::new();
-            let mut next = 0i64;
-            let mut gi = 0;
-            let mut store: std::collections::BTreeSet<i64> = Default::default();
-            let mut sent: VecDeque<i64> = VecDeque::new();
-            let mut read: Vec<i64> = Vec::new();
-            let mut pending: Option<(ReadPlan, Vec<i64>)> = None;
-            let run_read = |store: &std::collections::BTreeSet<i64>, p: &ReadPlan| -> Vec<i64> {
-                store.range(p.after + 1..p.before)
-                    .filter(|&&o| bucket_of(o) == p.bucket)
-                    .take(p.limit).copied().collect()
-            };
+            let mut m = Model::new(TenantBacklog::new(), Default::default());
+            let (mut next, mut gi) = (0i64, 0);
             for (op, n) in ops {
-                match op {
-                    0 => for _ in 0..n.min(5) {
-                        next += gaps[gi % gaps.len()]; gi += 1;
-                        t.spill(next); sent.push_back(next);
-                    },
-                    1 => for _ in 0..n.min(sent.len()) {
-                        let o = sent.pop_front().unwrap(); store.insert(o); t.acked(&[o]);
-                    },
-                    2 => if pending.is_none() {
-                        if let Some(p) = t.plan_read(n) {
-                            let rows = run_read(&store, &p); // the read's snapshot
-                            pending = Some((p, rows));
-                        }
-                    },
-                    _ => if let Some((p, rows)) = pending.take() {
-                        t.read_done(&p, &rows); read.extend(rows);
-                    },
+                if op == 0 {
+                    for _ in 0..n.min(5) {
+                        next += gaps[gi % gaps.len()];
+                        gi += 1;
+                        prop_assert!(m.spill(next), "a fresh offset is always taken");
+                    }
                 }
+                m.step(op, n);
             }
-            if let Some((p, rows)) = pending.take() { t.read_done(&p, &rows); read.extend(rows); }
-            while let Some(o) = sent.pop_front() { store.insert(o); t.acked(&[o]); }
-            let mut guard = 0;
-            while let Some(p) = t.plan_read(7) {
-                let rows = run_read(&store, &p);
-                t.read_done(&p, &rows); read.extend(rows);
-                guard += 1; prop_assert!(guard < 100_000);
+            m.finish();
+            prop_assert!(!m.t.is_active());
+            let all: Vec<i64> = m.store.iter().copied().collect();
+            prop_assert_eq!(m.read, all);
+        }
+
+        /// Jobs taken in at any offset, in any order (held jobs taken in when due, a
+        /// previous owner's rows read ahead of consumption), beside rows recovered from a
+        /// previous owner: every offset the backlog accepted is read back, every row is
+        /// read once; what it refused stays in the caller's memory.
+        #[test]
+        fn a_spill_it_accepts_is_never_left_behind_the_read(
+            recovered in proptest::collection::btree_set(0i64..3000, 0..20),
+            ops in proptest::collection::vec((0u8..4, 0i64..3000, 1usize..50), 1..200),
+        ) {
+            let buckets: std::collections::BTreeSet<i64> = recovered.iter().map(|&o| bucket_of(o)).collect();
+            let mut m = Model::new(TenantBacklog::recovered(buckets), recovered);
+            let mut accepted: std::collections::BTreeSet<i64> = Default::default();
+            for (op, offset, n) in ops {
+                if op == 0 && m.spill(offset) {
+                    accepted.insert(offset);
+                }
+                m.step(op, n);
             }
-            prop_assert!(!t.is_active());
-            let all: Vec<i64> = store.iter().copied().collect();
-            prop_assert_eq!(read, all);
+            m.finish();
+            prop_assert!(!m.t.is_active());
+            let unique: std::collections::BTreeSet<i64> = m.read.iter().copied().collect();
+            prop_assert_eq!(unique.len(), m.read.len(), "a row read twice: {:?}", m.read);
+            let missed: Vec<i64> = accepted.difference(&unique).copied().collect();
+            prop_assert!(missed.is_empty(), "accepted spills never read back: {:?}", missed);
         }
     }
 }

@@ -540,13 +540,10 @@ impl Loop {
 
     /// Intake of a consumed message: dead-letter what cannot run, delay what is due
     /// later, spill what exceeds its tenant's buffer, queue the rest.
+    /// A job held until due comes back here too, its offset long consumed: its tenant's
+    /// backlog refuses a spill a read may already have passed (`TenantBacklog::spill`),
+    /// and the job stays in memory.
     fn intake(&mut self, origin: Origin, bytes: Vec<u8>) {
-        self.take_in(origin, bytes, true)
-    }
-
-    /// [`Loop::intake`]; a job held until due (`spill` false) stays in memory: its offset
-    /// is far behind the partition's, where a spilled backlog no longer reads.
-    fn take_in(&mut self, origin: Origin, bytes: Vec<u8>, spill: bool) {
         let Some(incarnation) = self.parts.get(&origin.partition).map(|st| st.incarnation) else { return };
         tracing::trace!(target: "fairway::worker::intake", partition = origin.partition, offset = origin.offset, incarnation, "intake");
         let job = match validate(&self.sh, &bytes) {
@@ -576,7 +573,7 @@ impl Loop {
         }
         self.sh.metrics.jobs_received.increment(1);
         let pending = Pending { job: Arc::new(job), origin, incarnation, received_at: now_ms(), spill: None };
-        if spill && self.must_spill(&pending) && self.mark_spill(&pending) {
+        if self.must_spill(&pending) && self.mark_spill(&pending) {
             metrics::counter!(m::JOBS_SPILLED, "pool" => self.pool()).increment(1);
             let (partition, offset, tenant) =
                 (pending.origin.partition, pending.origin.offset, pending.job.tenant.clone());
@@ -1104,7 +1101,7 @@ impl Loop {
                 self.holding_bytes -= bytes.len();
                 // A partition revoked (or rewound) since: its next owner reads it again.
                 if self.parts.get(&origin.partition).is_some_and(|st| st.incarnation == incarnation) {
-                    self.take_in(origin, bytes, false);
+                    self.intake(origin, bytes);
                 }
                 return;
             }
