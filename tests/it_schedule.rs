@@ -101,14 +101,20 @@ async fn the_promoter_paces_a_crowd_due_at_once_and_reports_the_oldest_due_age()
     cfg.worker.relay_hold_max = Duration::from_secs(1);
     cfg.worker.promoter_rate = 20;
     let cfg = Arc::new(cfg);
-    let (w, sub) = short_worker(&cfg).await;
-    let at = fairway::now_ms() + 4_000;
+    common::init(&cfg).await;
+    // Parked straight in the store, as the relay parks jobs due later than it holds:
+    // submitted, a slow path to the relay would let the relay or the worker hold them
+    // instead, and the promoter would have nothing to pace.
+    let store = fairway::store::Store::open(&cfg).await.unwrap();
+    let at = fairway::now_ms() + 3_000;
     let mut ids = Vec::new();
     for i in 0..120 {
-        let tenant = ["acme", "globex", "initech"][i % 3];
-        let j = NewJob { tenant: tenant.into(), job_type: "echo".into(), execute_at: Some(at), ..Default::default() };
-        ids.push(sub.submit(&j).await.unwrap().job_id);
+        let mut job = common::job_record(["acme", "globex", "initech"][i % 3], "echo");
+        job.execute_at = Some(at);
+        store.put_scheduled(at, &job.job_id, &fairway::codec::encode_job(&job).unwrap()).await.unwrap();
+        ids.push(job.job_id);
     }
+    let (w, _sub) = short_worker(&cfg).await;
     // Sample the gauge while the crowd is promoted.
     let age = |text: &str| {
         text.lines()
