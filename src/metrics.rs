@@ -54,6 +54,7 @@ pub const JOBS_SPILLED: &str = "fairway_jobs_spilled_total";
 pub const JOBS_UNSPILLED: &str = "fairway_jobs_unspilled_total";
 pub const SPILL_FAILURES: &str = "fairway_spill_failures_total";
 pub const SPILLED_BACKLOG: &str = "fairway_spilled_backlog";
+pub const JOBS_HELD_UNTIL_DUE: &str = "fairway_jobs_held_until_due";
 pub const SPILL_ROWS: &str = "fairway_spill_rows_written_total";
 pub const SPILL_WRITE_SECONDS: &str = "fairway_spill_write_seconds";
 pub const SPILL_PAUSES: &str = "fairway_spill_pauses_total";
@@ -252,6 +253,10 @@ pub fn describe() {
     );
     describe_counter!(SPILL_FAILURES, "Spills the store refused (the jobs stayed in memory), by pool");
     describe_gauge!(SPILLED_BACKLOG, "Jobs waiting in spilled backlogs this worker owns, by pool");
+    describe_gauge!(
+        JOBS_HELD_UNTIL_DUE,
+        "Delayed jobs due within a second held in this worker's memory until due (offsets uncommitted), by pool"
+    );
     describe_counter!(SPILL_ROWS, "Store rows written by the spill path (many spilled jobs per row), by pool");
     describe_histogram!(
         SPILL_WRITE_SECONDS,

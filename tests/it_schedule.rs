@@ -162,3 +162,75 @@ async fn a_new_promoter_leader_promotes_jobs_parked_more_than_a_day_ago() {
     assert_eq!(r.status, JobStatus::Succeeded, "{r:?}");
     assert!(store.scheduled_due(fairway::store::schedule_bucket(due), fairway::now_ms(), 10).await.unwrap().is_empty());
 }
+
+/// The `fairway_jobs_held_until_due{pool="short"}` gauge on a worker's metrics listener.
+async fn held_by(http: &reqwest::Client, w: &common::LoggedWorker) -> Option<f64> {
+    let text = http.get(format!("http://{}/metrics", w.metrics_addr()?)).send().await.ok()?.text().await.ok()?;
+    let line = text.lines().find(|l| l.starts_with("fairway_jobs_held_until_due{pool=\"short\"}"))?;
+    line.rsplit(' ').next()?.parse().ok()
+}
+
+/// Waits until `w` holds delayed jobs in memory; how many, or None after 60 s.
+async fn until_holding(http: &reqwest::Client, w: &common::LoggedWorker) -> Option<f64> {
+    common::wait_for(Duration::from_secs(60), async || held_by(http, w).await.filter(|&n| n > 0.0)).await
+}
+
+const HELD_EXTRA: &str =
+    "[worker]\nmetrics_listen = \"127.0.0.1:0\"\n[job_types.echo]\npool = \"short\"\nhandler = \"echo\"\n";
+
+/// A worker holding delayed jobs in memory (due within a second, offsets uncommitted)
+/// loses its partitions twice: to a rebalance when a second worker joins, then to kill -9.
+/// Every job still runs, none before its execute_at.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn delayed_jobs_held_by_a_worker_survive_a_rebalance_and_its_kill_9() {
+    let cfg = Arc::new(common::config(""));
+    common::init(&cfg).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::config_file(&cfg, HELD_EXTRA, dir.path());
+    let mut a = common::spawn_logged_worker(&path, "short");
+    assert!(a.wait_owning(3, Duration::from_secs(60)).is_some(), "the first worker got no partitions");
+    // 100 jobs a second for 15 s, each due 900 ms after it is produced: about 90 held at a time.
+    let producing = {
+        let cfg = cfg.clone();
+        tokio::spawn(async move {
+            let (producer, topic) = (fairway::kafka::producer(&cfg).unwrap(), cfg.pool_topic(Pool::Short));
+            let mut ids = Vec::new();
+            for i in 0..1500 {
+                let mut job = common::job_record(["acme", "globex", "initech"][i % 3], "echo");
+                job.execute_at = Some(fairway::now_ms() + 900);
+                let bytes = fairway::codec::encode_job(&job).unwrap();
+                fairway::kafka::send(&producer, &topic, &job.job_id, &bytes).await.expect("produce");
+                ids.push((job.job_id, job.execute_at.unwrap()));
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            ids
+        })
+    };
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+    let Some(held) = until_holding(&http, &a).await else {
+        a.print_tail("first worker");
+        panic!("the first worker never held a delayed job");
+    };
+    let b = common::spawn_logged_worker(&path, "short");
+    let rebalanced = b.wait_owning(1, Duration::from_secs(60)).is_some();
+    let held_at_kill = until_holding(&http, &a).await.expect("the first worker stopped holding after the rebalance");
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    let ids = producing.await.unwrap();
+    let keys: Vec<String> = ids.iter().map(|(id, _)| id.clone()).collect();
+    let results = common::results_for(&cfg, &keys, Duration::from_secs(120)).await;
+    let mut b = b;
+    b.child.kill().ok();
+    b.child.wait().ok();
+    assert!(rebalanced, "the second worker never got a partition");
+    eprintln!("held {held} before the rebalance, {held_at_kill} at the kill");
+    let lost: Vec<&String> = keys.iter().filter(|id| !results.contains_key(*id)).collect();
+    assert!(lost.is_empty(), "{} of {} delayed jobs never ran, e.g. {:?}", lost.len(), keys.len(), lost.first());
+    for (id, at) in &ids {
+        for r in &results[id] {
+            assert_eq!(r.status, JobStatus::Succeeded, "{r:?}");
+            let started = r.started_at.expect("started_at");
+            assert!(started >= *at, "{id} started {} ms before its execute_at", at - started);
+        }
+    }
+}

@@ -1033,6 +1033,7 @@ impl Loop {
         metrics::gauge!(m::QUEUED, "pool" => self.pool()).set(self.buffered() as f64);
         metrics::gauge!(m::QUEUED_BYTES, "pool" => self.pool()).set(self.buffer.total().bytes as f64);
         metrics::gauge!(m::SPILLED_BACKLOG, "pool" => self.pool()).set(spilled_total as f64);
+        metrics::gauge!(m::JOBS_HELD_UNTIL_DUE, "pool" => self.pool()).set(self.holding as f64);
         // Lag in time: the age of the oldest record whose offset is not yet committable.
         let oldest_uncommitted = self.parts.values().filter_map(|st| st.offsets.oldest_unfinished_at()).min();
         let lag_ms = oldest_uncommitted.map_or(0, |at| (now - at).max(0));
