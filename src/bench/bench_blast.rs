@@ -76,6 +76,14 @@ pub struct BlastArgs {
 struct Server {
     child: tokio::process::Child,
     base: String,
+    /// Its config file, removed with it.
+    config: std::path::PathBuf,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.config);
+    }
 }
 
 impl Server {
@@ -119,15 +127,22 @@ async fn start_server(
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("starting {} serve", bin.display()))?;
-    let base = format!("http://127.0.0.1:{port}");
+        .spawn();
+    let child = match child {
+        Ok(child) => child,
+        Err(e) => {
+            let _ = std::fs::remove_file(&file);
+            return Err(e).with_context(|| format!("starting {} serve", bin.display()));
+        }
+    };
+    let server = Server { child, base: format!("http://127.0.0.1:{port}"), config: file };
+    let base = &server.base;
     let deadline = Instant::now() + Duration::from_secs(60);
     while reqwest::get(format!("{base}/healthz")).await.is_err() {
         anyhow::ensure!(Instant::now() < deadline, "fairway serve did not answer /healthz within 60 s");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    Ok(Server { child, base })
+    Ok(server)
 }
 
 /// A client sending `key`, from the loopback address `from` (each party has its own, as
