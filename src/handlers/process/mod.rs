@@ -733,13 +733,16 @@ mod tests {
             eprintln!("no mount namespace or uid per attempt on this host: {:?}", e.mountns);
             return;
         }
-        let script = "ls /tmp; ls -d /proc/[0-9]* | wc -l; echo x > /tmp/mine; ls \"$FAIRWAY_SANDBOX_DIR\"";
-        let (r, _) = run(spec(script, Limits::default()), b"").await;
+        // Live processes only: earlier tests' children of the same uid may linger as
+        // zombies here, where no reaper runs (a worker reaps them, `reaper`).
+        let live = "for p in /proc/[0-9]*; do grep -qs '^State:.*Z' $p/status || echo $p; done | wc -l";
+        let script = format!("ls /tmp; {live}; echo x > /tmp/mine; ls \"$FAIRWAY_SANDBOX_DIR\"");
+        let (r, _) = run(spec(&script, Limits::default()), b"").await;
         let out = String::from_utf8(r.unwrap()).unwrap();
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines[0], "fairway-process-unit", "/tmp holds only the way to its own directory: {out}");
         let procs: usize = lines[1].trim().parse().unwrap();
-        assert!(procs <= 4, "its /proc lists only its own uid's processes (sh, ls, wc): {out}");
+        assert!(procs <= 4, "its /proc lists only its own uid's processes (sh, a subshell, grep, wc): {out}");
         assert_eq!(lines.get(2), None, "its private directory is empty at the start: {out}");
         assert!(!std::path::Path::new("/tmp/mine").exists(), "its /tmp is not the host's");
     }

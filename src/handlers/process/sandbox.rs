@@ -345,10 +345,12 @@ pub fn mount_private(m: &Mounts) -> std::io::Result<()> {
     let none = std::ptr::null::<libc::c_char>();
     // SAFETY: syscalls on C strings prepared before fork; this process is the forked child.
     unsafe {
-        let dir = libc::open(m.dir.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC);
-        check(dir)?;
         check(libc::unshare(libc::CLONE_NEWNS))?;
         check(libc::mount(none, c"/".as_ptr(), none, libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()))?;
+        // Opened in the new namespace: a bind mount's source must be in the caller's
+        // namespace (one opened before `unshare` is not: the bind fails with EINVAL).
+        let dir = libc::open(m.dir.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC);
+        check(dir)?;
         let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
         check(libc::mount(c"proc".as_ptr(), c"/proc".as_ptr(), c"proc".as_ptr(), flags, c"hidepid=2".as_ptr().cast()))?;
         check(libc::fchdir(dir))?;
