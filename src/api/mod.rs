@@ -528,7 +528,7 @@ async fn submit_one(
         ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_JSON, format!("request body is not UTF-8 JSON ({e})"))
     })?;
     let job = job_of(&caller, &TraceHeaders::of(&headers), item)?;
-    if let Err(elsewhere) = st.region_gate(&job.tenant, true, &headers) {
+    if let Some(elsewhere) = st.region_gate(&job.tenant, true, &headers) {
         return Ok(elsewhere);
     }
     st.inner.submitter.refresh_classes().await;
@@ -570,7 +570,7 @@ async fn submit_batch(
     let mut pools = Vec::with_capacity(items.len());
     for (i, item) in items.into_iter().enumerate() {
         let job = job_of(&caller, &trace, item.get()).map_err(|e| e.context(format!("job [{i}]")))?;
-        if let Err(elsewhere) = st.region_gate(&job.tenant, true, &headers) {
+        if let Some(elsewhere) = st.region_gate(&job.tenant, true, &headers) {
             return Ok(elsewhere);
         }
         let pool = st.validate(&job).map_err(|e| e.context(format!("job [{i}]")))?;

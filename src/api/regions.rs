@@ -57,18 +57,18 @@ impl Regions {
 }
 
 impl ApiState {
-    /// Whether this region serves `tenant`'s request: Err is the answer to send instead
+    /// None when this region serves `tenant`'s request, else the answer to send instead
     /// (421 to its home region, 503 while this region is draining or down).
-    pub(super) fn region_gate(&self, tenant: &str, submission: bool, headers: &HeaderMap) -> Result<(), Response> {
-        let Some(regions) = &self.inner.regions else { return Ok(()) };
+    pub(super) fn region_gate(&self, tenant: &str, submission: bool, headers: &HeaderMap) -> Option<Response> {
+        let regions = self.inner.regions.as_ref()?;
         let cfg = &self.inner.cfg.region;
         let row = regions.current();
         let record = self.inner.tenants.as_ref().and_then(|live| live.current().tenants.get(tenant).cloned());
         let homes = record.as_ref().map(|t| t.homes()).unwrap_or_default();
         let failover_from = headers.get(regions::FAILOVER_HEADER).and_then(|v| v.to_str().ok());
         match regions::route(cfg, row.state, homes, Ask { submission, failover_from }) {
-            Route::Serve => Ok(()),
-            Route::Elsewhere { region, endpoint } => Err(misdirected(tenant, &region, endpoint.as_deref())),
+            Route::Serve => None,
+            Route::Elsewhere { region, endpoint } => Some(misdirected(tenant, &region, endpoint.as_deref())),
             Route::Unavailable { state } => {
                 let this = cfg.name.as_deref().unwrap_or_default();
                 let why = row.reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default();
@@ -83,7 +83,7 @@ impl ApiState {
                     ),
                 );
                 e.retry_after_secs = Some(row.retry_after_secs.unwrap_or(cfg.retry_after_secs));
-                Err(e.into_response())
+                Some(e.into_response())
             }
         }
     }
@@ -108,7 +108,7 @@ impl ApiState {
 /// `/v1/jobs/{id}/events`); an admin key's are served here.
 pub(super) async fn reads(State(st): State<ApiState>, req: Request, next: Next) -> Response {
     let tenant = req.extensions().get::<Caller>().and_then(|c| c.tenant()).map(str::to_string);
-    if let Some(Err(elsewhere)) = tenant.map(|t| st.region_gate(&t, false, req.headers())) {
+    if let Some(elsewhere) = tenant.and_then(|t| st.region_gate(&t, false, req.headers())) {
         return elsewhere;
     }
     next.run(req).await
