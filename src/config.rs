@@ -98,6 +98,10 @@ pub struct Config {
     /// live and which confinements a worker must have to start.
     #[serde(default)]
     pub sandbox: SandboxConfig,
+    /// This deployment's region and the others' endpoints (`[region]`, docs/regions.md):
+    /// tenants with a home region elsewhere are sent there.
+    #[serde(default)]
+    pub region: crate::core::regions::RegionConfig,
 }
 
 /// `[sandbox]`: docs/process-jobs.md, "The sandbox".
@@ -725,6 +729,7 @@ impl Config {
         self.idempotency.validate()?;
         self.admission.validate()?;
         self.webhooks.validate()?;
+        self.region.validate().map_err(invalid_in("region"))?;
         if self.scylla.password.is_some() && self.scylla.username.is_none() {
             return Err(invalid("scylla.username", "a password is set but no username; set scylla.username too"));
         }

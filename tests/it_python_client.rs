@@ -25,14 +25,7 @@ async fn the_python_clients_tests_pass_on_the_real_services() {
     let (_, key) = common::create_key(&cfg, &Caller::Admin, "it_python_client").await;
 
     let client = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/python");
-    let venv = tokio::task::spawn_blocking(|| {
-        common::python::venv(
-            "client",
-            &["fastavro==1.13.1", "confluent-kafka==2.16.1", "pytest==9.2.0", "setuptools>=61", "wheel"],
-        )
-    })
-    .await
-    .unwrap();
+    let venv = tokio::task::spawn_blocking(common::python::client_venv).await.unwrap();
     let python = venv.join("bin/python");
     // The package as a user installs it (pyproject.toml, package data), from this tree.
     common::python::run(

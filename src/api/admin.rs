@@ -70,8 +70,10 @@ pub async fn add(
     Ok((StatusCode::CREATED, Json(t)))
 }
 
-/// Refuses (422) a change whose reserved slots would not fit a pool with the others'.
+/// Refuses (422) a change whose reserved slots would not fit a pool with the others', or
+/// whose home region this deployment does not know.
 async fn fits(st: &ApiState, t: &TenantRecord) -> Result<(), ApiError> {
+    crate::core::tenants::check_regions(t, &st.config().region).map_err(invalid)?;
     let all = registry(st)?.list().await.map_err(store_error)?;
     crate::core::tenants::check_reservations(&all, t, &crate::ops::tenants::pool_rooms(st.config())).map_err(invalid)
 }

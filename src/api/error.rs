@@ -55,6 +55,8 @@ pub mod codes {
     pub const BODY_TIMEOUT: &str = "BODY_TIMEOUT";
     pub const TOO_MANY_REQUESTS: &str = "TOO_MANY_REQUESTS";
     pub const TOO_MANY_REQUESTS_WITH_BODIES: &str = "TOO_MANY_REQUESTS_WITH_BODIES";
+    pub const MISDIRECTED_REGION: &str = "MISDIRECTED_REGION";
+    pub const REGION_UNAVAILABLE: &str = "REGION_UNAVAILABLE";
 }
 
 /// The fields a job object accepts, quoted in error messages.

@@ -31,6 +31,7 @@ mod error;
 mod events;
 pub mod limits;
 pub mod listener;
+mod regions;
 mod schedules;
 mod usage;
 
@@ -103,6 +104,8 @@ struct Inner {
     front: limits::Limits,
     /// The listener's open connections (`[api.limits]`; read by `/readyz`).
     connections: Arc<listener::Connections>,
+    /// This region's state (with `[region] name` set): [`regions`].
+    regions: Option<regions::Regions>,
 }
 
 impl Inner {
@@ -133,6 +136,7 @@ impl Inner {
             draining: tokio::sync::watch::Sender::new(false),
             schedules: Default::default(),
             ledger: Default::default(),
+            regions: None,
         }
     }
 }
@@ -180,8 +184,13 @@ impl ApiState {
                 tracing::error!("webhook delivery loop stopped: {e:#}; results are not POSTed to callbacks");
             }
         });
+        let regions = match cfg.region.name {
+            Some(_) => Some(regions::Regions::start(store.clone(), stopped.clone()).await?),
+            None => None,
+        };
         let inner = Inner {
             tenants: Some(live.clone()),
+            regions,
             _registry_stop: Some(stop),
             feed: Some(feed),
             ..Inner::new(cfg, submitter, store, admission, metrics)
@@ -204,6 +213,7 @@ impl ApiState {
                 if let Some(why) = st.inner.connections.saturated() {
                     return Err(why);
                 }
+                st.region_ready()?;
                 let wait = std::time::Duration::from_secs(2);
                 match tokio::time::timeout(wait, st.store().ping()).await {
                     Ok(Ok(())) => {}
@@ -304,8 +314,16 @@ pub fn router(state: ApiState) -> Router {
     };
     // Everything but submissions: a request bucket per key and per tenant.
     let others = Router::new()
-        .route("/v1/jobs/{id}", get(job_status).delete(cancel_job))
-        .route("/v1/jobs/{id}/events", get(events::job_events))
+        .route(
+            "/v1/jobs/{id}",
+            get(job_status)
+                .delete(cancel_job)
+                .route_layer(axum::middleware::from_fn_with_state(state.clone(), regions::reads)),
+        )
+        .route(
+            "/v1/jobs/{id}/events",
+            get(events::job_events).route_layer(axum::middleware::from_fn_with_state(state.clone(), regions::reads)),
+        )
         .route("/v1/events", get(events::tenant_events))
         .route("/v1/schedules", body(BodyRoute::Control, get(schedules::list).post(schedules::add)))
         .route(
@@ -510,6 +528,9 @@ async fn submit_one(
         ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_JSON, format!("request body is not UTF-8 JSON ({e})"))
     })?;
     let job = job_of(&caller, &TraceHeaders::of(&headers), item)?;
+    if let Some(elsewhere) = st.region_gate(&job.tenant, true, &headers) {
+        return Ok(elsewhere);
+    }
     st.inner.submitter.refresh_classes().await;
     let pool = st.validate(&job)?;
     let ticket = st.admit(std::slice::from_ref(&job), &[pool]).await?;
@@ -549,6 +570,9 @@ async fn submit_batch(
     let mut pools = Vec::with_capacity(items.len());
     for (i, item) in items.into_iter().enumerate() {
         let job = job_of(&caller, &trace, item.get()).map_err(|e| e.context(format!("job [{i}]")))?;
+        if let Some(elsewhere) = st.region_gate(&job.tenant, true, &headers) {
+            return Ok(elsewhere);
+        }
         let pool = st.validate(&job).map_err(|e| e.context(format!("job [{i}]")))?;
         jobs.push(job);
         pools.push(pool);

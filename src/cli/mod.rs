@@ -7,6 +7,7 @@ mod demo;
 mod dr;
 mod keys;
 pub(crate) mod ops;
+mod region;
 mod replay;
 mod rerun;
 mod schedules;
@@ -119,6 +120,8 @@ pub enum Cmd {
     Backup(dr::BackupArgs),
     /// Restore a backup onto an empty Kafka cluster and keyspace (idempotent).
     Restore(dr::RestoreArgs),
+    /// This region's state for its API: status, up, draining (503 to submissions), down.
+    Region(region::RegionArgs),
 }
 
 /// Runs `work` (a parsed command) as the process: logging to stderr (`FAIRWAY_LOG`),
@@ -182,5 +185,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Usage(a) => usage::run(&*g.load()?, a).await,
         Cmd::Backup(a) => dr::backup(&*g.load()?, a).await,
         Cmd::Restore(a) => dr::restore(&*g.load()?, a).await,
+        Cmd::Region(a) => region::run(&*g.load()?, a).await,
     }
 }

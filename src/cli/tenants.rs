@@ -66,8 +66,14 @@ pub struct Settings {
     /// A label, key=value (repeatable).
     #[arg(long = "label", value_parser = parse_label)]
     pub labels: Vec<(String, String)>,
+    /// The region whose API serves the tenant (a region of `[region]`); others answer 421.
+    #[arg(long)]
+    pub home_region: Option<String>,
+    /// Where the tenant's client fails over to when its home region is down.
+    #[arg(long)]
+    pub secondary_region: Option<String>,
     /// Clear a setting back to its default (repeatable): weight, max-concurrency, rate,
-    /// reserved-slots, max-queued, labels.
+    /// reserved-slots, max-queued, labels, home-region (and the secondary), secondary-region.
     #[arg(long = "unset", value_enum)]
     pub unset: Vec<Field>,
 }
@@ -113,6 +119,8 @@ pub enum Field {
     ReservedSlots,
     MaxQueued,
     Labels,
+    HomeRegion,
+    SecondaryRegion,
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -133,6 +141,8 @@ impl Settings {
                 Field::ReservedSlots => t.reserved_slots = 0,
                 Field::MaxQueued => t.max_queued = None,
                 Field::Labels => t.labels.clear(),
+                Field::HomeRegion => (t.home_region, t.secondary_region) = (None, None),
+                Field::SecondaryRegion => t.secondary_region = None,
             }
         }
         if let Some(tier) = self.tier {
@@ -155,6 +165,12 @@ impl Settings {
         }
         for (k, v) in &self.labels {
             t.labels.insert(k.clone(), v.clone());
+        }
+        if self.home_region.is_some() {
+            t.home_region = self.home_region.clone();
+        }
+        if self.secondary_region.is_some() {
+            t.secondary_region = self.secondary_region.clone();
         }
     }
 }
@@ -186,8 +202,10 @@ pub async fn run(cfg: &Config, a: TenantsArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Refuses a change whose reserved slots would not fit a pool with the others'.
+/// Refuses a change whose reserved slots would not fit a pool with the others', or whose
+/// home region this deployment does not know.
 async fn fits(cfg: &Config, stmts: &TenantStatements, t: &TenantRecord) -> anyhow::Result<()> {
+    fairway::core::tenants::check_regions(t, &cfg.region)?;
     let all = stmts.list().await.context("reading the tenants registry")?;
     fairway::core::tenants::check_reservations(&all, t, &fairway::ops::tenants::pool_rooms(cfg))?;
     Ok(())
@@ -220,13 +238,17 @@ async fn change(
 fn describe(t: &TenantRecord) -> String {
     let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
     format!(
-        "tier {}, weight {}, max-concurrency {}, rate {}, reserved {}, max-queued {}{}",
+        "tier {}, weight {}, max-concurrency {}, rate {}, reserved {}, max-queued {}, home region {}{}",
         t.tier,
         opt(t.weight.map(|w| w.to_string())),
         opt(t.max_concurrency.map(|v| v.to_string())),
         opt(t.rate_per_sec.map(|v| format!("{v}/s"))),
         t.reserved_slots,
         opt(t.max_queued.map(|v| v.to_string())),
+        match (&t.home_region, &t.secondary_region) {
+            (Some(h), Some(s)) => format!("{h} (secondary {s})"),
+            (h, _) => opt(h.clone()),
+        },
         if t.suspended { ", SUSPENDED" } else { "" }
     )
 }

@@ -64,6 +64,8 @@ pub const TABLES: &[(&str, Role)] = &[
     ("backlog_packs", Role::Skipped("keyed by offsets of the old cluster: as backlog")),
     ("backlog_index", Role::Skipped("keyed by offsets of the old cluster: as backlog")),
     ("tenants", Role::Control),
+    ("tenant_regions", Role::Control),
+    ("region_states", Role::Skipped("the old region's outage flag: a restored region starts up (`fairway region down` again if needed)")),
     ("registry_versions", Role::Skipped("a counter processes poll: a fresh one works (processes read the registry whole at start)")),
     ("tenant_changes", Role::Skipped("the registry's change feed (1 h TTL): the tenants table holds the result")),
     ("worker_stats", Role::Skipped("live workers' snapshots (short TTL)")),

@@ -15,6 +15,7 @@
 //! | `quota`, `fleet`, `flow` | fleet-wide limits (allotments, rate shares), fleet fairness, flow keys |
 //! | `admission`, `api_limits`, `auth` | the front door (queue limits and rates), the API process's per-key limits, API keys |
 //! | `tenants` | a tenant's record, tiers and defaults, free accounts |
+//! | `regions` | a tenant's home region: which region's API serves it, the 421 elsewhere, failover to its secondary, a region's outage state |
 //! | `classifier` | which pool a job type's jobs go to, from measured run times |
 //! | `promotion` | scheduled jobs: submission-time jitter and the promoter's pace |
 //! | `due` | reading the due index of schedules and debounce windows: tenant turns, the floor a read starts from |
@@ -63,6 +64,7 @@ pub mod quota;
 pub mod receivers;
 pub mod recurring;
 pub mod recycling;
+pub mod regions;
 pub mod replay;
 pub mod rerun;
 pub mod retry;

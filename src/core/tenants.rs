@@ -36,6 +36,12 @@ pub struct TenantRecord {
     pub suspended: bool,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// The region whose API serves this tenant (`core::regions`); unset: every region's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub home_region: Option<String>,
+    /// Where its client fails over to when the home region is down.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secondary_region: Option<String>,
 }
 
 /// A setting that cannot be stored: which field, and what to do.
@@ -102,6 +108,15 @@ pub fn check_reservations(
     Ok(())
 }
 
+/// Whether `t`'s home and secondary regions are regions of `regions` (`core::regions`).
+pub fn check_regions(t: &TenantRecord, regions: &super::regions::RegionConfig) -> Result<(), TenantError> {
+    regions.check_home(t.home_region.as_deref(), t.secondary_region.as_deref()).map_err(|e| TenantError {
+        tenant: t.name.clone(),
+        field: if e.field == "home_region" { "home_region" } else { "secondary_region" },
+        problem: e.problem,
+    })
+}
+
 impl TenantRecord {
     pub fn new(name: &str, tier: Tier) -> Self {
         TenantRecord {
@@ -114,7 +129,14 @@ impl TenantRecord {
             max_queued: None,
             suspended: false,
             labels: BTreeMap::new(),
+            home_region: None,
+            secondary_region: None,
         }
+    }
+
+    /// Its regions, for `core::regions::route`.
+    pub fn homes(&self) -> super::regions::Homes<'_> {
+        super::regions::Homes { home: self.home_region.as_deref(), secondary: self.secondary_region.as_deref() }
     }
 
     /// The record a `[tenants.<name>]` section of the config file seeds.
@@ -159,6 +181,11 @@ impl TenantRecord {
         for k in self.labels.keys() {
             if k.is_empty() || k.len() > 64 {
                 return bad("labels", "keys must be 1 to 64 characters");
+            }
+        }
+        for (field, region) in [("home_region", &self.home_region), ("secondary_region", &self.secondary_region)] {
+            if region.as_deref().is_some_and(|r| !super::regions::valid_region_name(r)) {
+                return bad(field, "must be 1 to 64 characters of lowercase letters, digits, '-' or '_' (e.g. \"eu\")");
             }
         }
         Ok(())

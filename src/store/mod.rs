@@ -15,6 +15,7 @@ mod keys;
 mod ledger;
 mod parked;
 mod quota;
+mod regions;
 mod rerun;
 mod schedules;
 mod schema;
@@ -41,6 +42,7 @@ pub use events::{EventStatements, IdempotencyClaim, Submitted as SubmittedRow, H
 pub use keys::{ApiKeyRow, KeyStatements};
 pub use ledger::{LedgerPosition, LedgerStatements};
 pub use quota::QuotaStatements;
+pub use regions::RegionStateRow;
 pub use rerun::{JobFacts, RerunStatements, FACTS_CHUNK};
 pub use schedules::{ScheduleCursor, ScheduleRow, ScheduleStatements};
 pub use schema::TABLES;

@@ -106,6 +106,14 @@ pub const TABLES: &[(&str, &str)] = &[
          reserved_slots int, max_queued int, suspended boolean, labels map<text, text>, updated_at bigint, \
          PRIMARY KEY (scope, name))",
     ),
+    // A tenant's home and secondary region (`core::regions`), per deployment: a row only
+    // for tenants with a home, written and deleted with the tenant's `tenants` row.
+    (
+        "tenant_regions",
+        "(scope text, name text, home text, secondary text, updated_at bigint, PRIMARY KEY (scope, name))",
+    ),
+    // A deployment's region state for its API (`fairway region up|draining|down`).
+    ("region_states", "(scope text PRIMARY KEY, state text, retry_after_secs int, reason text, at bigint)"),
     // Bumped by every registry change; processes poll it and then read the change feed.
     ("registry_versions", "(scope text PRIMARY KEY, version counter)"),
     // The registry's change feed (`core::tenants::TenantChange` as JSON) per deployment

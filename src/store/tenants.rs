@@ -49,6 +49,17 @@ pub struct TenantStatements {
     list: PreparedStatement,
     bump: PreparedStatement,
     version: PreparedStatement,
+    regions: RegionStatements,
+}
+
+/// Statements of `tenant_regions`: a tenant's home and secondary region, a row only for
+/// tenants with a home (written and deleted with the tenant's row).
+#[derive(Clone)]
+struct RegionStatements {
+    put_home: PreparedStatement,
+    put_both: PreparedStatement,
+    delete: PreparedStatement,
+    list: PreparedStatement,
 }
 
 type Row = (
@@ -188,6 +199,36 @@ impl Store {
                 "prepare read registry version",
             )
             .await?,
+            regions: RegionStatements {
+                put_home: prep(
+                    format!(
+                        "INSERT INTO {ks}.tenant_regions (scope, name, home, updated_at) VALUES (?, ?, ?, ?) \
+                         USING TIMESTAMP ?"
+                    ),
+                    "prepare write tenant region",
+                )
+                .await?,
+                put_both: prep(
+                    format!(
+                        "INSERT INTO {ks}.tenant_regions (scope, name, home, secondary, updated_at) \
+                         VALUES (?, ?, ?, ?, ?) USING TIMESTAMP ?"
+                    ),
+                    "prepare write tenant region",
+                )
+                .await?,
+                delete: prep(
+                    format!("DELETE FROM {ks}.tenant_regions USING TIMESTAMP ? WHERE scope = ? AND name = ?"),
+                    "prepare delete tenant region",
+                )
+                .await?,
+                list: paged(
+                    prep(
+                        format!("SELECT name, home, secondary FROM {ks}.tenant_regions WHERE scope = ?"),
+                        "prepare list tenant regions",
+                    )
+                    .await?,
+                ),
+            },
         })
     }
 }
@@ -236,9 +277,31 @@ impl TenantStatements {
         batch.append_statement(self.delete.clone());
         batch.append_statement(stmt);
         let delete = vec![CqlValue::BigInt(ts - 1), text(&self.scope), text(&t.name)];
-        self.session.batch(&batch, (delete, values)).await.map_err(q("put tenant"))?;
+        let mut rows = vec![delete.clone(), values];
+        batch.append_statement(self.regions.delete.clone());
+        rows.push(delete);
+        if let Some((stmt, values)) = self.region_row(t, now, ts) {
+            batch.append_statement(stmt);
+            rows.push(values);
+        }
+        self.session.batch(&batch, rows).await.map_err(q("put tenant"))?;
         self.record(&[(t.name.as_str(), ChangeKind::Put(t.clone()))], now).await?;
         self.bump().await
+    }
+
+    /// The `tenant_regions` row of a tenant with a home region, written at `ts` (no null bound).
+    fn region_row(&self, t: &TenantRecord, now: i64, ts: i64) -> Option<(PreparedStatement, Vec<CqlValue>)> {
+        let home = t.home_region.as_deref()?;
+        let mut values = vec![text(&self.scope), text(&t.name), text(home)];
+        let stmt = match t.secondary_region.as_deref() {
+            Some(s) => {
+                values.push(text(s));
+                self.regions.put_both.clone()
+            }
+            None => self.regions.put_home.clone(),
+        };
+        values.extend([CqlValue::BigInt(now), CqlValue::BigInt(ts)]);
+        Some((stmt, values))
     }
 
     /// Adds a tenant unless one of that name exists; true if it was added.
@@ -246,6 +309,9 @@ impl TenantStatements {
         let (stmt, values) = self.shaped(t, now, Write::IfNotExists).await?;
         let res = self.session.execute_unpaged(&stmt, values).await.map_err(q("add tenant"))?;
         let added = applied(res)?;
+        if let Some((stmt, values)) = self.region_row(t, now, now.saturating_mul(1000)).filter(|_| added) {
+            self.session.execute_unpaged(&stmt, values).await.map_err(q("add tenant region"))?;
+        }
         if added {
             self.record(&[(t.name.as_str(), ChangeKind::Put(t.clone()))], now).await?;
             self.bump().await?;
@@ -281,6 +347,7 @@ impl TenantStatements {
         let ts = now.saturating_mul(1000);
         let values = (ts, self.scope.as_str(), name);
         self.session.execute_unpaged(&self.delete, values).await.map_err(q("remove tenant"))?;
+        self.session.execute_unpaged(&self.regions.delete, values).await.map_err(q("remove tenant region"))?;
         self.record(&[(name, ChangeKind::Removed)], now).await?;
         self.bump().await
     }
@@ -333,6 +400,18 @@ impl TenantStatements {
         while let Some(r) = rows.try_next().await.map_err(q("list tenants"))? {
             let t = to_record(r)?;
             out.insert(t.name.clone(), t);
+        }
+        let pager = self
+            .session
+            .execute_iter(self.regions.list.clone(), (self.scope.as_str(),))
+            .await
+            .map_err(q("list tenant regions"))?;
+        let mut rows =
+            pager.rows_stream::<(String, Option<String>, Option<String>)>().map_err(q("list tenant regions"))?;
+        while let Some((name, home, secondary)) = rows.try_next().await.map_err(q("list tenant regions"))? {
+            if let Some(t) = out.get_mut(&name) {
+                (t.home_region, t.secondary_region) = (home, secondary);
+            }
         }
         Ok(out)
     }

@@ -46,6 +46,11 @@ pub fn venv(name: &str, packages: &[&str]) -> PathBuf {
     dir
 }
 
+/// The Python client's environment (`clients/python`'s dependencies and pytest, pinned).
+pub fn client_venv() -> PathBuf {
+    venv("client", &["fastavro==1.13.1", "confluent-kafka==2.16.1", "pytest==9.2.0", "setuptools>=61", "wheel"])
+}
+
 /// Runs `cmd` to completion; panics with `what` and its output when it fails.
 pub fn run(cmd: &mut Command, what: &str) -> String {
     let out = cmd.output().unwrap_or_else(|e| panic!("{what}: cannot start {cmd:?}: {e}"));

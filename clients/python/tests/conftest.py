@@ -1,7 +1,8 @@
 """The client's service tests (test_services.py, through the `env` fixture) run against
 real local services that tests/it_python_client.rs (in the repository) starts: a broker,
 the CQL database, a `fairway worker` for the short pool and `fairway serve`. It passes
-where they are in the environment. test_codec.py and test_http_security.py need none."""
+where they are in the environment. test_codec.py, test_http_security.py and test_regions.py need none (they serve fakes on
+127.0.0.1, so proxies from the environment are turned off for every test)."""
 
 import os
 import uuid
@@ -33,3 +34,11 @@ def env():
 def group():
     """A fresh consumer group name (the local broker wedges reused ones)."""
     return f"pyclient-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(autouse=True)
+def _no_proxies(monkeypatch):
+    """The test servers are on 127.0.0.1: a proxy from the environment must not get between."""
+    for name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("no_proxy", "*")

@@ -19,14 +19,6 @@ KEY = "fw_test_secret_key"
 JOB = "01890a5d-ac96-774b-bcce-b302099a8057"
 
 
-@pytest.fixture(autouse=True)
-def _no_proxies(monkeypatch):
-    """The test servers are on 127.0.0.1: a proxy from the environment must not get between."""
-    for name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("no_proxy", "*")
-
-
 class FakeApi:
     """A thread serving a tiny imitation of fairway's API on 127.0.0.1; `redirect` (a
     (status, location) pair) makes it answer every request with that redirect instead.

@@ -7,11 +7,13 @@ and dead letters as typed records, follow a job's events, replay dead letters.
     for event in api.events(job_id):
         print(event.kind, event.progress)
 
-`KafkaClient` (in `fairway_client.kafka`) needs the `kafka` extra (confluent-kafka).
+`RegionalClient` follows a tenant's home region and fails over to its secondary
+(`fairway_client.regions`). `KafkaClient` (in `fairway_client.kafka`) needs the `kafka` extra (confluent-kafka).
 """
 
 from .codec import DecodeError, decode, encode, versions
 from .http import ApiError, HttpClient, RedirectRefused
+from .regions import RegionalClient
 from .records import DeadLetter, Job, JobEvent, JobResult, JobSubmitted
 from .replay import ReplayRefused, prepare_replay
 
@@ -25,6 +27,7 @@ __all__ = [
     "JobResult",
     "JobSubmitted",
     "RedirectRefused",
+    "RegionalClient",
     "ReplayRefused",
     "decode",
     "encode",

@@ -145,10 +145,12 @@ class HttpClient:
             handlers.append(urllib.request.ProxyHandler({}))
         self._opener = urllib.request.build_opener(*handlers)
 
-    def _request(self, method: str, path: str, body=None, timeout: Optional[float] = None):
+    def _request(self, method: str, path: str, body=None, timeout: Optional[float] = None, headers=None):
         data = None if body is None else json.dumps(body).encode("utf-8")
         url = self.base + path
         req = urllib.request.Request(url, data=data, method=method)
+        for name, value in (headers or {}).items():
+            req.add_header(name, value)
         req.add_header("Authorization", f"Bearer {self.api_key}")
         if data is not None:
             req.add_header("Content-Type", "application/json")
@@ -169,31 +171,32 @@ class HttpClient:
                 e.code, err.get("code", "HTTP_ERROR"), err.get("error", text), float(retry) if retry else None, err
             ) from None
 
-    def _json(self, method: str, path: str, body=None):
-        with self._request(method, path, body) as r:
+    def _json(self, method: str, path: str, body=None, headers=None):
+        with self._request(method, path, body, headers=headers) as r:
             return json.loads(r.read() or b"null")
 
-    def submit(self, job: Job) -> dict:
-        """``POST /v1/jobs``: ``{"job_id", "pool", "duplicate", ...}``."""
+    def submit(self, job: Job, headers=None) -> dict:
+        """``POST /v1/jobs``: ``{"job_id", "pool", "duplicate", ...}``. `headers`: extra
+        request headers (`RegionalClient` sends ``Fairway-Failover-From`` with it)."""
         job.check(need_pool=False)
-        return self._json("POST", "/v1/jobs", job.to_json())
+        return self._json("POST", "/v1/jobs", job.to_json(), headers)
 
-    def submit_batch(self, jobs: Iterable[Job]) -> List[dict]:
+    def submit_batch(self, jobs: Iterable[Job], headers=None) -> List[dict]:
         """``POST /v1/jobs:batch`` (all or nothing on validation, at most MAX_BATCH_JOBS)."""
         jobs = list(jobs)
         if not jobs or len(jobs) > MAX_BATCH_JOBS:
             raise ValueError(f"a batch holds 1 to {MAX_BATCH_JOBS} jobs, got {len(jobs)}; split it")
         for job in jobs:
             job.check(need_pool=False)
-        return self._json("POST", "/v1/jobs:batch", [j.to_json() for j in jobs])
+        return self._json("POST", "/v1/jobs:batch", [j.to_json() for j in jobs], headers)
 
-    def status(self, job_id: str) -> dict:
+    def status(self, job_id: str, headers=None) -> dict:
         """``GET /v1/jobs/{id}``: the job's state (as `fairway status --json`)."""
-        return self._json("GET", f"/v1/jobs/{quote(job_id, safe='')}")
+        return self._json("GET", f"/v1/jobs/{quote(job_id, safe='')}", headers=headers)
 
-    def cancel(self, job_id: str) -> dict:
+    def cancel(self, job_id: str, headers=None) -> dict:
         """``DELETE /v1/jobs/{id}``: asks the job to stop."""
-        return self._json("DELETE", f"/v1/jobs/{quote(job_id, safe='')}")
+        return self._json("DELETE", f"/v1/jobs/{quote(job_id, safe='')}", headers=headers)
 
     def events(self, job_id: str, follow: bool = True, timeout: float = 300.0) -> Iterator[JobEvent]:
         """The job's events: its history, then (with `follow`) live ones until it ends or
