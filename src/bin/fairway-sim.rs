@@ -45,7 +45,11 @@ fn main() {
         jobs += report.jobs;
         sim_ms += report.simulated_ms;
         if !report.violations.is_empty() {
-            eprintln!("seed {seed} broke {} invariant(s); replay: {}", report.violations.len(), report.replay_command());
+            eprintln!(
+                "seed {seed} broke {} invariant(s); replay: {}",
+                report.violations.len(),
+                report.replay_command()
+            );
             failing.push(serde_json::json!({
                 "seed": seed,
                 "replay": report.replay_command(),

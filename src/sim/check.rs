@@ -82,7 +82,12 @@ fn results(shape: &Shape, t: &Trace, out: &mut Vec<Violation>) {
         if first.ok != expect_ok && first.class != Some(FailureClass::Poison) {
             out.push(v(
                 "wrong_result",
-                format!("job {j} ({:?}) ended {} ({:?})", spec.kind, if first.ok { "succeeded" } else { "failed" }, first.class),
+                format!(
+                    "job {j} ({:?}) ended {} ({:?})",
+                    spec.kind,
+                    if first.ok { "succeeded" } else { "failed" },
+                    first.class
+                ),
             ));
         }
     }

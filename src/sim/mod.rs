@@ -103,6 +103,8 @@ pub struct Report {
     pub dead_letters: usize,
     pub runs: usize,
     pub crashes: u64,
+    /// Fleet restarts after the horizon that jobs held as not durable needed.
+    pub redeploys: u64,
     pub rebalances: u64,
     pub takeovers: usize,
     pub store_outages: usize,
@@ -145,6 +147,7 @@ pub fn run(seed: u64, cfg: &Config) -> Report {
         dead_letters: t.dlq.len(),
         runs: t.runs.len(),
         crashes: t.crashes,
+        redeploys: t.redeploys,
         rebalances: t.rebalances,
         takeovers: t.takeovers.len(),
         store_outages: shape.outages.len(),

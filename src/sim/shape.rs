@@ -75,8 +75,7 @@ impl Shape {
         let horizon = r.range(20_000, 60_000);
         let mut jobs = Vec::new();
         // Busy tenants: weights falling 100x from tenant 0 to the last busy one.
-        let weights: Vec<f64> =
-            (0..busy).map(|i| 100f64.powf(-(i as f64) / (busy.max(2) - 1) as f64)).collect();
+        let weights: Vec<f64> = (0..busy).map(|i| 100f64.powf(-(i as f64) / (busy.max(2) - 1) as f64)).collect();
         let total: f64 = weights.iter().sum();
         let n = r.range(150, 400);
         for _ in 0..n {
@@ -110,7 +109,12 @@ impl Shape {
         }
         // A job that kills its worker, sometimes.
         if r.chance(0.3) {
-            jobs.push(SpecJob { tenant: r.below(busy) as u32, kind: Kind::Crash, dur: r.range(50, 500), submit_at: r.range(0, horizon) });
+            jobs.push(SpecJob {
+                tenant: r.below(busy) as u32,
+                kind: Kind::Crash,
+                dur: r.range(50, 500),
+                submit_at: r.range(0, horizon),
+            });
         }
         jobs.sort_by_key(|j| j.submit_at);
         let max_dur = jobs.iter().map(|j| j.dur).max().unwrap_or(0);

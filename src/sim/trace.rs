@@ -78,6 +78,7 @@ pub struct Trace {
     pub terminal_at: HashMap<u32, Millis>,
     pub quiet: Vec<QuietWait>,
     pub crashes: u64,
+    pub redeploys: u64,
     pub rebalances: u64,
     pub spilled: usize,
     pub read_back: usize,

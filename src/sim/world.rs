@@ -10,7 +10,7 @@ use crate::core::backlog::{bucket_of, ReadPlan, TenantBacklog};
 use crate::core::buffer::{Buffer, BufferBounds};
 use crate::core::offsets::PartitionOffsets;
 use crate::core::retry::{self, AttemptState, Decision, RetryPolicy};
-use crate::core::scheduler::{DispatchId, Scheduler, SchedulerConfig, Tier, TenantPolicy};
+use crate::core::scheduler::{DispatchId, Scheduler, SchedulerConfig, TenantPolicy, Tier};
 use crate::model::{FailureClass, Millis, Pool, Priority};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
@@ -41,6 +41,8 @@ const TICK_MS: Millis = 20;
 const FETCH_MAX: usize = 50;
 /// The broker drops a member it has not heard from for this long.
 const SESSION_MS: Millis = 6_000;
+/// After the horizon, the fleet restarts this often while jobs lack results.
+const REDEPLOY_MS: Millis = 30_000;
 /// The pool loop's read chunk (`worker::pool::READ_CHUNK`).
 const READ_CHUNK: usize = 1_000;
 
@@ -87,20 +89,55 @@ enum Produce {
 #[derive(Debug)]
 enum Ev {
     Submit(u32),
-    Deliver { part: usize, msg: Msg },
+    Deliver {
+        part: usize,
+        msg: Msg,
+    },
     Tick(usize),
     Commit(usize),
-    Store { w: usize, epoch: u32, ctx: Ctx, op: StoreOp, ok: bool },
-    Produced { w: usize, epoch: u32, task: u64, ok: bool },
-    RunEnd { w: usize, epoch: u32, task: u64 },
-    Heartbeat { w: usize, epoch: u32, task: u64 },
-    Recheck { w: usize, epoch: u32, task: u64 },
+    Store {
+        w: usize,
+        epoch: u32,
+        ctx: Ctx,
+        op: StoreOp,
+        ok: bool,
+    },
+    Produced {
+        w: usize,
+        epoch: u32,
+        task: u64,
+        ok: bool,
+    },
+    RunEnd {
+        w: usize,
+        epoch: u32,
+        task: u64,
+    },
+    Heartbeat {
+        w: usize,
+        epoch: u32,
+        task: u64,
+    },
+    Recheck {
+        w: usize,
+        epoch: u32,
+        task: u64,
+    },
     Crash(usize),
     Restart(usize),
-    CutStart { w: usize, broker: bool },
-    CutEnd { w: usize, broker: bool },
+    CutStart {
+        w: usize,
+        broker: bool,
+    },
+    CutEnd {
+        w: usize,
+        broker: bool,
+    },
     SessionCheck(Member),
     Rebalance,
+    /// After the horizon, while jobs lack results: restart every worker (a deploy), so
+    /// outcomes held as not durable are redelivered, as they are after any restart.
+    Redeploy,
 }
 
 /// Which part of a worker a store answer is for.
@@ -164,6 +201,8 @@ struct Part {
     backlogs: BTreeMap<u32, TenantBacklog>,
     loading: bool,
     last_seen: i64,
+    /// Per tenant, the highest offset read back from its spilled backlog (for the trace).
+    read_upto: BTreeMap<u32, i64>,
 }
 
 struct Worker {
@@ -296,6 +335,7 @@ impl World {
         }
         self.at(0, Ev::Rebalance);
         self.broker.rebalance_pending = true;
+        self.at(self.shape.horizon + REDEPLOY_MS, Ev::Redeploy);
         let submits: Vec<Millis> = self.shape.jobs.iter().map(|j| j.submit_at).collect();
         for (i, at) in submits.into_iter().enumerate() {
             self.at(at, Ev::Submit(i as u32));
@@ -352,10 +392,36 @@ impl World {
         for (i, w) in self.workers.iter().enumerate() {
             self.trace.notes.push(format!(
                 "worker {i}: epoch {} alive {} cut broker {} store {} tasks {} queued {}",
-                w.epoch, w.alive, w.cut_broker, w.cut_store, w.tasks.len(), w.sched.queued_total()
+                w.epoch,
+                w.alive,
+                w.cut_broker,
+                w.cut_store,
+                w.tasks.len(),
+                w.sched.queued_total()
             ));
         }
         self.trace.notes.push(format!("members {:?}", self.broker.members));
+        let with_result: BTreeSet<u32> = self.trace.results.iter().map(|r| r.job).collect();
+        for j in 0..self.shape.jobs.len() as u32 {
+            if with_result.contains(&j) {
+                continue;
+            }
+            let p = self.partition_of(j);
+            let copies: Vec<String> = (self.broker.logs[p].iter().enumerate())
+                .filter(|(_, m)| m.job == j)
+                .map(|(o, m)| format!("offset {o} attempt {}", m.attempt))
+                .collect();
+            let spilled: Vec<i64> = (self.store.backlog.iter())
+                .filter(|((bp, _, _), _)| *bp == p)
+                .flat_map(|(_, rows)| rows.iter().filter(|(_, m)| m.job == j).map(|(o, _)| *o))
+                .collect();
+            self.trace.notes.push(format!(
+                "job {j} without result: partition {p} (committed {}), copies [{}], spilled rows {spilled:?}, row {:?}",
+                self.broker.committed[p],
+                copies.join(", "),
+                self.store.rows.get(&j).map(|r| (r.status, r.attempts))
+            ));
+        }
         self.trace.open_spill_rows = self.store.backlog.values().map(|r| r.len()).sum();
     }
 
@@ -406,6 +472,15 @@ impl World {
             Ev::CutEnd { w, broker } => self.cut(w, broker, false),
             Ev::SessionCheck(m) => self.session_check(m),
             Ev::Rebalance => self.rebalance(),
+            Ev::Redeploy => {
+                if !self.all_settled() {
+                    self.trace.redeploys += 1;
+                    for w in 0..self.workers.len() {
+                        self.crash(w);
+                    }
+                    self.at(self.now + REDEPLOY_MS, Ev::Redeploy);
+                }
+            }
         }
     }
 
@@ -503,6 +578,7 @@ impl World {
             backlogs: BTreeMap::new(),
             loading: true,
             last_seen: -1,
+            read_upto: BTreeMap::new(),
         };
         self.workers[w].parts.insert(p, part);
         self.workers[w].disrupted = self.now;
@@ -672,6 +748,12 @@ impl World {
             let b = st.backlogs.entry(tenant_id).or_insert_with(TenantBacklog::new);
             if b.spill(offset) {
                 b.saw_job(JOB_BYTES);
+                if st.read_upto.get(&tenant_id).is_some_and(|&r| r > offset) {
+                    self.trace.notes.push(format!(
+                        "at {} ms: offset {offset} (job {}) of t{tenant_id} spilled on partition {p} behind the backlog's read position {}",
+                        self.now, msg.job, st.read_upto[&tenant_id]
+                    ));
+                }
                 self.trace.spilled += 1;
                 self.store_call(w, Ctx::Loop, StoreOp::Spill { part: p, tenant: tenant_id, offset, msg });
                 return;
@@ -719,7 +801,11 @@ impl World {
             if let Some(bound) = pend.quiet_bound {
                 let wait = self.now - pend.enqueued_true;
                 let calm = self.workers[w].disrupted < pend.enqueued_true - self.shape.max_hold();
-                let outage = self.store.outages.iter().any(|&(a, b)| a < self.now && b > pend.enqueued_true - self.shape.max_hold());
+                let outage = self
+                    .store
+                    .outages
+                    .iter()
+                    .any(|&(a, b)| a < self.now && b > pend.enqueued_true - self.shape.max_hold());
                 if calm && !outage {
                     self.trace.quiet.push(QuietWait { job: pend.msg.job, worker: w, wait, bound });
                 }
@@ -818,7 +904,14 @@ impl World {
                                 hb_true: 0,
                             });
                             if r.status != Status::Terminal {
-                                *r = Row { status: Status::Retrying, worker: me, attempts, crash_count, hb_at: 0, hb_true: 0 };
+                                *r = Row {
+                                    status: Status::Retrying,
+                                    worker: me,
+                                    attempts,
+                                    crash_count,
+                                    hb_at: 0,
+                                    hb_true: 0,
+                                };
                             }
                         }
                         self.io_done(w, task, true)
@@ -878,8 +971,15 @@ impl World {
                     st.offsets.finished(offset);
                 } else {
                     b.failed(&[offset]);
-                    let pend =
-                        Pend { msg, part, offset, incarnation: st.incarnation, spill: None, enqueued_true: 0, quiet_bound: None };
+                    let pend = Pend {
+                        msg,
+                        part,
+                        offset,
+                        incarnation: st.incarnation,
+                        spill: None,
+                        enqueued_true: 0,
+                        quiet_bound: None,
+                    };
                     self.enqueue(w, pend);
                 }
             }
@@ -903,6 +1003,10 @@ impl World {
                 }
                 let offsets: Vec<i64> = rows.iter().map(|(o, _)| *o).collect();
                 b.read_done(&plan, &offsets);
+                if let Some(&last) = offsets.last() {
+                    let r = st.read_upto.entry(tenant).or_insert(last);
+                    *r = (*r).max(last);
+                }
                 let incarnation = st.incarnation;
                 self.trace.read_back += rows.len();
                 for (offset, msg) in rows {
@@ -1201,7 +1305,6 @@ impl World {
             st.offsets.finished(offset);
         }
     }
-
 }
 
 pub(super) fn tenant_name(t: u32) -> String {
@@ -1225,7 +1328,7 @@ fn seq_hash(t: Millis, ev: &Ev) -> u64 {
         Ev::CutEnd { w, .. } => 13 + ((*w as u64) << 8),
         Ev::SessionCheck(m) => 14 + ((m.0 as u64) << 8),
         Ev::Rebalance => 15,
+        Ev::Redeploy => 16,
     };
     (t as u64).rotate_left(17) ^ tag
 }
-
