@@ -266,8 +266,8 @@ fn sched_config(slots: usize) -> SchedulerConfig {
 /// The retry policy of the simulated job type: short delays, so a run drains in minutes.
 pub(super) fn sim_policy() -> RetryPolicy {
     use crate::core::retry::{ClassPolicy, DurationMs, Jitter};
-    let mut p = RetryPolicy::default();
-    p.app_error = ClassPolicy::schedule(3, vec![DurationMs(500), DurationMs(2_000)], Jitter::Proportional(0.25));
+    let app_error = ClassPolicy::schedule(3, vec![DurationMs(500), DurationMs(2_000)], Jitter::Proportional(0.25));
+    let mut p = RetryPolicy { app_error, ..Default::default() };
     p.worker_crash.delay = DurationMs(500);
     p
 }
@@ -745,7 +745,7 @@ impl World {
         let incarnation = st.incarnation;
         let active = st.backlogs.get(&tenant_id).is_some_and(|b| b.is_active());
         if wk.buffer.must_spill(&self.bounds, &tenant, JOB_BYTES, active) {
-            let b = st.backlogs.entry(tenant_id).or_insert_with(TenantBacklog::new);
+            let b = st.backlogs.entry(tenant_id).or_default();
             if b.spill(offset) {
                 b.saw_job(JOB_BYTES);
                 if st.read_upto.get(&tenant_id).is_some_and(|&r| r > offset) {
