@@ -50,6 +50,7 @@
 //! | `observe::probes` | readiness and liveness (`/readyz`, `/livez`) |
 //! | `observe::telemetry` | OpenTelemetry spans of a job's life over OTLP/HTTP (off unless configured) |
 //! | `metrics` | metric names and the Prometheus exporter |
+//! | `sim` | the deterministic fleet simulator: one thread, simulated time, broker, store and faults from one seed, driving the real `core` decisions; invariants checked after every run (`fairway-sim`, docs/simulation.md) |
 //! | `netlab` | the network-partition lab and its scenario (`fairway-bench bench partitions`, partition tests) |
 
 pub mod admission;
@@ -66,6 +67,7 @@ pub mod model;
 pub mod netlab;
 pub mod observe;
 pub mod ops;
+pub mod sim;
 pub mod store;
 pub mod submit;
 pub mod watch;

@@ -1,0 +1,95 @@
+//! What a run recorded: the ground truth the invariants are checked against (results and
+//! dead letters as the broker holds them, every handler run, take-overs, quiet tenants'
+//! waits) and the trace hash that shows a seed replays the same run.
+
+use crate::model::{FailureClass, Millis};
+use std::collections::HashMap;
+
+/// How a handler run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Running,
+    Succeeded,
+    /// The handler returned an error (an attempt used).
+    Failed,
+    /// The worker process died under it (never an attempt).
+    Crashed,
+}
+
+#[derive(Debug, Clone)]
+pub struct RunRec {
+    pub job: u32,
+    pub worker: usize,
+    pub attempt: i32,
+    pub start: Millis,
+    pub end: Option<Millis>,
+    /// The last heartbeat of this run the store took (true time).
+    pub last_hb_true: Millis,
+    pub outcome: Outcome,
+}
+
+/// A result on the results topic.
+#[derive(Debug, Clone)]
+pub struct Result_ {
+    pub job: u32,
+    pub ok: bool,
+    pub class: Option<FailureClass>,
+    pub attempts: i32,
+    pub at: Millis,
+    pub worker: usize,
+    /// When the copy that produced it read the job's row (the effectively-once check).
+    pub checked: Millis,
+}
+
+/// A dead letter on the DLQ.
+#[derive(Debug, Clone)]
+pub struct Dlq {
+    pub job: u32,
+    pub class: FailureClass,
+    pub attempts: i32,
+    pub reason_class: FailureClass,
+}
+
+/// A quiet tenant's job: its wait for a slot and the bound it must meet.
+#[derive(Debug, Clone)]
+pub struct QuietWait {
+    pub job: u32,
+    pub worker: usize,
+    pub wait: Millis,
+    pub bound: Millis,
+}
+
+#[derive(Debug, Default)]
+pub struct Trace {
+    pub events: u64,
+    pub hash: u64,
+    pub end: Millis,
+    pub submitted: usize,
+    pub results: Vec<Result_>,
+    pub dlq: Vec<Dlq>,
+    /// (job, dead-letter class, reason) as decided.
+    pub reasons: Vec<(u32, FailureClass, String)>,
+    pub runs: Vec<RunRec>,
+    /// (job, taken at, the previous run's last heartbeat (true time), from worker, by worker).
+    pub takeovers: Vec<(u32, Millis, Millis, usize, usize)>,
+    /// (job, worker already running it, worker starting it, at, first's last heartbeat).
+    pub overlaps: Vec<(u32, usize, usize, Millis, Millis)>,
+    /// When each job's row first became terminal.
+    pub terminal_at: HashMap<u32, Millis>,
+    pub quiet: Vec<QuietWait>,
+    pub crashes: u64,
+    pub redeploys: u64,
+    pub rebalances: u64,
+    pub spilled: usize,
+    pub read_back: usize,
+    pub not_durable: u64,
+    pub open_spill_rows: usize,
+    pub notes: Vec<String>,
+}
+
+impl Trace {
+    /// Folds an event into the trace hash (FNV-style; order matters).
+    pub fn hash(&mut self, x: u64) {
+        self.hash = (self.hash ^ x).wrapping_mul(0x0000_0100_0000_01B3).rotate_left(5);
+    }
+}
