@@ -1061,7 +1061,8 @@ impl World {
         if row.attempts > msg.attempt {
             return self.end(w, task, true); // stale attempt
         }
-        if row.status != Status::Running {
+        if row.status != Status::Running || msg.attempt > row.attempts {
+            // A later attempt than the running one: that one ended, its "retrying" write lost.
             return self.mark(w, task);
         }
         let fresh = now - row.hb_at < LEASE_MS;

@@ -96,6 +96,12 @@ async fn check_row(sh: &Shared, mut job: Arc<JobSubmitted>, origin: &Origin) -> 
         if row.status.as_deref() != Some("running") {
             break;
         }
+        if !rerun && job.attempt > row.attempts.unwrap_or(0) {
+            // A later attempt than the one the row says runs: that one ended (a retry is
+            // produced only after its attempt ends) and its best-effort "retrying" write
+            // was lost. Neither a copy to skip nor a crash to take over: run it.
+            break;
+        }
         match wait_for_live_worker(sh, &job, &row, rerun, now, interval).await {
             Step::Next => {}
             Step::Again => continue,
