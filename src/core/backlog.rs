@@ -106,7 +106,7 @@ pub struct ReadPlan {
 }
 
 /// One tenant's spilled backlog on one partition, as the partition's current owner sees it.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Clone)]
 pub struct TenantBacklog {
     buckets: BTreeMap<i64, Bucket>,
     /// Offsets handed to the spill writer, not yet acknowledged, in offset order.
@@ -124,9 +124,24 @@ pub struct TenantBacklog {
     largest_job: usize,
 }
 
+impl Default for TenantBacklog {
+    /// Nothing spilled or read yet (offset 0 included: the positions start at -1).
+    fn default() -> Self {
+        TenantBacklog {
+            buckets: BTreeMap::new(),
+            in_flight: VecDeque::new(),
+            cursor: -1,
+            spilled_up_to: -1,
+            rows_up_to: -1,
+            reading: false,
+            largest_job: 0,
+        }
+    }
+}
+
 impl TenantBacklog {
     pub fn new() -> Self {
-        TenantBacklog { cursor: -1, spilled_up_to: -1, rows_up_to: -1, ..Default::default() }
+        TenantBacklog::default()
     }
 
     /// A backlog found in the store's index when the partition was assigned: its buckets
@@ -419,6 +434,12 @@ mod tests {
         t.deleted(0);
         assert!(t.spill(8), "once deleted, the bucket may be written again");
         assert!(t.spill(BUCKET_SPAN + 3));
+    }
+
+    #[test]
+    fn a_new_backlog_takes_offset_zero() {
+        assert!(TenantBacklog::default().spill(0));
+        assert!(TenantBacklog::new().spill(0));
     }
 
     #[test]
