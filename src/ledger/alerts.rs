@@ -72,7 +72,11 @@ impl Alerting {
         if self.eval.untracked > self.untracked_warned {
             let n = self.eval.untracked - self.untracked_warned;
             metrics::counter!(m::ALERTS_UNTRACKED).increment(n);
-            tracing::warn!(results = n, max_tenants = self.cfg.alerts.max_tenants, "alerts: results of tenants past alerts.max_tenants were not evaluated; raise it");
+            tracing::warn!(
+                results = n,
+                max_tenants = self.cfg.alerts.max_tenants,
+                "alerts: results of tenants past alerts.max_tenants were not evaluated; raise it"
+            );
             self.untracked_warned = self.eval.untracked;
         }
         let (cfg, tiers) = (&self.cfg, &self.tiers);
@@ -105,7 +109,9 @@ impl Alerting {
                 self.tiers = list.into_iter().map(|(name, t)| (name, t.tier)).collect();
                 self.tiers_read_at = Some(now);
             }
-            Err(e) => tracing::warn!(error = %e, "alerts: cannot read the tenants registry; using the tiers read before"),
+            Err(e) => {
+                tracing::warn!(error = %e, "alerts: cannot read the tenants registry; using the tiers read before")
+            }
         }
     }
 }

@@ -116,7 +116,8 @@ impl AlertStatements {
     }
 
     async fn put_history(&self, a: &AlertRow, ttl_secs: i32) -> Result<(), StoreError> {
-        let v = (&self.scope, &a.tenant, &a.alert_id, &a.rule, a.opened_at, a.resolved_at, a.value, a.threshold, ttl_secs);
+        let v =
+            (&self.scope, &a.tenant, &a.alert_id, &a.rule, a.opened_at, a.resolved_at, a.value, a.threshold, ttl_secs);
         self.session.execute_unpaged(&self.put_alert, v).await.map_err(q("write alert"))?;
         Ok(())
     }
