@@ -84,6 +84,9 @@ pub struct Config {
     /// Result callbacks (`[webhooks]`).
     #[serde(default)]
     pub webhooks: WebhooksConfig,
+    /// Tenant-facing alerts (`[alerts]`): tier defaults, per-tenant settings and webhooks.
+    #[serde(default)]
+    pub alerts: crate::core::alerts::AlertsConfig,
     /// The pool classifier (`[classifier]`): job types move to the pool their measured
     /// run times fit (`core::classifier`).
     #[serde(default)]
@@ -730,6 +733,7 @@ impl Config {
         self.admission.validate()?;
         self.webhooks.validate()?;
         self.region.validate().map_err(invalid_in("region"))?;
+        self.alerts.validate().map_err(invalid_in("alerts"))?;
         if self.scylla.password.is_some() && self.scylla.username.is_none() {
             return Err(invalid("scylla.username", "a password is set but no username; set scylla.username too"));
         }

@@ -10,6 +10,9 @@
 //! windows, and its totals overwrite equal or shorter ones (`core::ledger`), so every
 //! result is counted once.
 //!
+//! The leader also evaluates tenant-facing alerts from the results it reads ([`alerts`],
+//! rules `core::alerts`, every `alerts.period`).
+//!
 //! Bounds: the leader holds, per partition, the accounts seen in the open window (one
 //! entry per tenant, pool and job type); a flush writes one row per changed account.
 
@@ -23,6 +26,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
+
+mod alerts;
 
 /// The lease one `fairway serve` holds while it writes the ledger.
 pub const LEASE: &str = "ledger";
@@ -40,6 +45,8 @@ pub enum LedgerError {
     Store(#[from] StoreError),
     #[error("{0}")]
     Kafka(String),
+    #[error("{0}")]
+    Alerts(String),
 }
 
 /// Runs the ledger until `stop` turns true: waits for the lease, leads while it holds it.
@@ -70,7 +77,7 @@ pub async fn run(cfg: Arc<Config>, store: Store, mut stop: watch::Receiver<bool>
 }
 
 struct Leader<'a> {
-    cfg: &'a Config,
+    cfg: &'a Arc<Config>,
     store: &'a Store,
     stmts: &'a LedgerStatements,
     holder: &'a str,
@@ -103,6 +110,9 @@ impl Leader<'_> {
             reading.insert(*p, Reading { tally, written: positions.get(p).copied() });
         }
         kafka::assign_from(&reader, &topic, &starts).map_err(|e| LedgerError::Kafka(e.to_string()))?;
+        let mut alerting = alerts::Alerting::start(self.cfg, self.store, stop.clone()).await?;
+        let mut period = tokio::time::interval(std::time::Duration::from_millis(self.cfg.alerts.period.0 as u64));
+        period.tick().await;
         tracing::info!(partitions = ends.len(), "usage ledger: leading");
         let ttl = ttl_secs(self.cfg);
         let mut tick = tokio::time::interval(FLUSH);
@@ -121,6 +131,7 @@ impl Leader<'_> {
                     }
                 }
                 _ = lag_tick.tick() => self.report_lag(&reader, &topic, &reading).await,
+                _ = period.tick() => alerting.evaluate(now_ms()).await,
                 msg = reader.recv() => {
                     let msg = msg.map_err(|e| LedgerError::Kafka(e.to_string()))?;
                     let Some(r) = reading.get_mut(&msg.partition()) else { continue };
@@ -131,6 +142,9 @@ impl Leader<'_> {
                         metrics::counter!(m::LEDGER_RESULTS).increment(1);
                     }
                     let ts = msg.timestamp().to_millis().unwrap_or(Millis::MIN);
+                    if let Some(r) = &result {
+                        alerting.observe(r, ts);
+                    }
                     if let Some(closed) = r.tally.observe(msg.offset(), ts, result.as_ref()) {
                         if !self.write(msg.partition(), &closed, ttl, &stop).await {
                             // Stopping with a closed window unwritten: no position may move past it.

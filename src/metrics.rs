@@ -80,6 +80,9 @@ pub const LEDGER_UNDECODABLE: &str = "fairway_ledger_undecodable_total";
 pub const LEDGER_WRITE_FAILURES: &str = "fairway_ledger_write_failures_total";
 pub const LEDGER_LEADER: &str = "fairway_ledger_leader";
 pub const LEDGER_LAG: &str = "fairway_ledger_lag_records";
+pub const ALERT_DELIVERIES: &str = "fairway_alert_deliveries_total";
+pub const ALERT_CHANGES: &str = "fairway_alert_changes_total";
+pub const ALERTS_UNTRACKED: &str = "fairway_alerts_untracked_results_total";
 pub const WEBHOOK_ATTEMPTS: &str = "fairway_webhook_attempts_total";
 pub const WEBHOOKS_IN_FLIGHT: &str = "fairway_webhooks_in_flight";
 pub const SUBMIT_STATE_WRITE_SECONDS: &str = "fairway_submit_state_write_seconds";
@@ -302,6 +305,9 @@ pub fn describe() {
     );
     describe_gauge!(LEDGER_LEADER, "1 while this process leads the usage ledger");
     describe_gauge!(LEDGER_LAG, "Results published but not yet written to the usage ledger (leader only)");
+    describe_counter!(ALERT_DELIVERIES, "Attempts to deliver tenant alert events, by result (no tenant label)");
+    describe_counter!(ALERT_CHANGES, "Tenant alerts opened and resolved, by kind (no tenant label)");
+    describe_counter!(ALERTS_UNTRACKED, "Results not evaluated for alerts: their tenant would pass alerts.max_tenants");
     describe_counter!(
         WEBHOOK_ATTEMPTS,
         "Result callback attempts, by result (delivered, retry, refused, gave_up, not_sent)"

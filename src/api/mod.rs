@@ -100,6 +100,8 @@ struct Inner {
     schedules: tokio::sync::OnceCell<crate::ops::schedules::Schedules>,
     /// The usage ledger's statements (prepared on first use).
     ledger: tokio::sync::OnceCell<crate::store::LedgerStatements>,
+    /// Tenant alerts' statements (prepared on first use).
+    alerts: tokio::sync::OnceCell<crate::store::AlertStatements>,
     /// What each API key holds of this process (`[api.limits]`).
     front: limits::Limits,
     /// The listener's open connections (`[api.limits]`; read by `/readyz`).
@@ -137,6 +139,7 @@ impl Inner {
             schedules: Default::default(),
             ledger: Default::default(),
             regions: None,
+            alerts: Default::default(),
         }
     }
 }
@@ -335,6 +338,7 @@ pub fn router(state: ApiState) -> Router {
         )
         .route("/v1/admin/schedules", get(schedules::list_all))
         .route("/v1/usage", get(usage::report))
+        .route("/v1/alerts", get(usage::alerts))
         .route("/v1/admin/usage", get(usage::export))
         .route("/v1/admin/tenants", body(BodyRoute::Control, get(admin::list).post(admin::add)))
         .route(

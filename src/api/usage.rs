@@ -3,6 +3,7 @@
 //! | method | path | what |
 //! |---|---|---|
 //! | GET | `/v1/usage?from=&to=&granularity=hour\|day[&tenant=]` | a tenant's usage per period (a tenant key: its own; an admin key names the tenant); at most 93 days |
+//! | GET | `/v1/alerts[?state=open\|all][&tenant=]` | a tenant's alerts, newest first (a tenant key: its own; an admin key names the tenant); at most 200 |
 //! | GET | `/v1/admin/usage?month=YYYY-MM[&format=ndjson\|csv][&granularity=day\|hour]` | every tenant's usage of a month, streamed day by day (admin only): what a billing system ingests |
 
 use super::auth::{acting_tenant, Admin, Caller};
@@ -106,4 +107,29 @@ fn line(l: &ReportLine, csv: bool) -> String {
         s.push('\n');
         s
     }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct AlertParams {
+    tenant: Option<String>,
+    state: Option<String>,
+}
+
+/// `GET /v1/alerts`: a tenant's alerts, open only (the default) or all kept.
+pub(super) async fn alerts(
+    State(st): State<ApiState>,
+    caller: Caller,
+    Query(p): Query<AlertParams>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let tenant = acting_tenant(&caller, p.tenant)?;
+    let open_only = match p.state.as_deref() {
+        None | Some("open") => true,
+        Some("all") => false,
+        Some(other) => return Err(invalid(format!("state={other:?}: use open or all"))),
+    };
+    let stmts = st.inner.alerts.get_or_try_init(|| st.store().alert_statements()).await?;
+    let mut rows = stmts.recent(&tenant).await?;
+    rows.retain(|a| !open_only || a.resolved_at.is_none());
+    Ok(Json(serde_json::json!({ "tenant": tenant, "alerts": rows })))
 }

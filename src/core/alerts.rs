@@ -12,7 +12,11 @@
 //! buckets, each a factor of about 1.41 wide); the p99 read from it is its bucket's upper
 //! bound (at most 41 % above the true value, never below it).
 
+use crate::core::invalid::Invalid;
+use crate::core::retry::DurationMs;
+use crate::core::scheduler::Tier;
 use crate::model::{JobResult, JobStatus, Millis};
+use std::collections::{BTreeMap, HashMap};
 
 /// Buckets of the wait histogram: bucket `i` holds waits below `2^((i+1)/2)` ms.
 pub const WAIT_BUCKETS: usize = 64;
@@ -20,7 +24,7 @@ pub const WAIT_BUCKETS: usize = 64;
 pub const CLEAR_FRACTION: f64 = 0.5;
 
 /// What a tenant is alerted about.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Rule {
     /// The p99 queue wait (submitted to started) of the period's results.
@@ -39,6 +43,10 @@ impl Rule {
             Rule::DeadLetters => "dead_letters",
             Rule::FailureRate => "failure_rate",
         }
+    }
+
+    pub fn parse(s: &str) -> Option<Rule> {
+        Rule::ALL.into_iter().find(|r| r.as_str() == s)
     }
 }
 
@@ -218,6 +226,263 @@ pub fn alert_id(tenant: &str, rule: Rule, opened_at: Millis) -> String {
     format!("alert-{hex}")
 }
 
+/// A rule's threshold under `t`, as [`level`] compares it.
+pub fn threshold(rule: Rule, t: &Thresholds) -> f64 {
+    match rule {
+        Rule::QueueWait => t.queue_wait_p99_ms as f64,
+        Rule::DeadLetters => t.dead_letters as f64,
+        Rule::FailureRate => t.failure_rate,
+    }
+}
+
+/// Settings over the defaults, for a tier (`[alerts.tiers.<tier>]`) or one tenant
+/// (`[alerts.tenants.<name>]`): each field set replaces the one below it.
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Override {
+    pub queue_wait_p99_ms: Option<i64>,
+    pub dead_letters: Option<i64>,
+    pub failure_rate: Option<f64>,
+    pub failure_min_jobs: Option<i64>,
+    pub for_periods: Option<u32>,
+    /// Rules turned off (an open alert of a rule turned off resolves at the next period).
+    pub off: Option<Vec<Rule>>,
+    /// Where the tenant's alert events are POSTed (tenants only; signed with
+    /// `webhooks.secrets.<tenant>`).
+    pub webhook_url: Option<String>,
+}
+
+impl Override {
+    fn apply(&self, s: &mut Settings) {
+        let t = &mut s.thresholds;
+        t.queue_wait_p99_ms = self.queue_wait_p99_ms.unwrap_or(t.queue_wait_p99_ms);
+        t.dead_letters = self.dead_letters.unwrap_or(t.dead_letters);
+        t.failure_rate = self.failure_rate.unwrap_or(t.failure_rate);
+        t.failure_min_jobs = self.failure_min_jobs.unwrap_or(t.failure_min_jobs);
+        t.for_periods = self.for_periods.unwrap_or(t.for_periods);
+        if let Some(off) = &self.off {
+            s.off = off.clone();
+        }
+        if let Some(u) = &self.webhook_url {
+            s.webhook_url = Some(u.clone());
+        }
+    }
+
+    fn check(&self, at: &str) -> Result<(), Invalid> {
+        let bad = |f: &str, p: &str| Err(Invalid::new(format!("{at}.{f}"), p));
+        if self.queue_wait_p99_ms.is_some_and(|v| v < 1) {
+            return bad("queue_wait_p99_ms", "must be at least 1 (turn the rule off with off = [\"queue_wait\"])");
+        }
+        if self.dead_letters.is_some_and(|v| v < 1) {
+            return bad("dead_letters", "must be at least 1 (turn the rule off with off = [\"dead_letters\"])");
+        }
+        if self.failure_rate.is_some_and(|v| !(v > 0.0 && v < 1.0)) {
+            return bad("failure_rate", "is a share above 0 and below 1, e.g. 0.2");
+        }
+        if self.failure_min_jobs.is_some_and(|v| v < 1) {
+            return bad("failure_min_jobs", "must be at least 1");
+        }
+        if self.for_periods.is_some_and(|v| !(1..=1440).contains(&v)) {
+            return bad("for_periods", "must be 1 to 1440 periods");
+        }
+        if let Some(u) = &self.webhook_url {
+            crate::core::webhooks::check_url(u).map_err(|e| Invalid::new(format!("{at}.webhook_url"), e))?;
+        }
+        Ok(())
+    }
+}
+
+/// One tenant's alert settings: the defaults, its tier's, its own.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Settings {
+    pub thresholds: Thresholds,
+    pub off: Vec<Rule>,
+    pub webhook_url: Option<String>,
+}
+
+/// `[alerts]`: tenant-facing alerts (docs/usage.md, "Tenant-facing alerts").
+#[derive(Clone, Debug, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AlertsConfig {
+    /// The evaluation period.
+    pub period: DurationMs,
+    /// How long an alert's row is kept after it opened.
+    pub retention: DurationMs,
+    /// Most tenants the evaluator tracks at once (a period's results of tenants beyond
+    /// it are not evaluated, counted and warned).
+    pub max_tenants: usize,
+    /// Defaults per tier, over the built-in defaults ([`Thresholds::default`]).
+    pub tiers: BTreeMap<Tier, Override>,
+    /// Per-tenant settings over its tier's, and its webhook.
+    pub tenants: BTreeMap<String, Override>,
+}
+
+impl Default for AlertsConfig {
+    fn default() -> Self {
+        AlertsConfig {
+            period: DurationMs::secs(60),
+            retention: DurationMs(30 * 86_400_000),
+            max_tenants: 100_000,
+            tiers: BTreeMap::new(),
+            tenants: BTreeMap::new(),
+        }
+    }
+}
+
+impl AlertsConfig {
+    /// What is wrong, at its key under `alerts`.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        if !(1_000..=3_600_000).contains(&self.period.0) {
+            return Err(Invalid::new("period", "must be from \"1s\" to \"1h\" (the default is \"60s\")"));
+        }
+        if self.retention.0 < 3_600_000 {
+            return Err(Invalid::new("retention", "must be at least \"1h\" (the default is \"30d\")"));
+        }
+        if self.max_tenants == 0 {
+            return Err(Invalid::new("max_tenants", "must be at least 1 (the default is 100000)"));
+        }
+        for (tier, o) in &self.tiers {
+            if o.webhook_url.is_some() {
+                return Err(Invalid::new(
+                    format!("tiers.{tier}.webhook_url"),
+                    "a webhook is a tenant's own: set it under [alerts.tenants.<name>]",
+                ));
+            }
+            o.check(&format!("tiers.{tier}"))?;
+        }
+        for (name, o) in &self.tenants {
+            o.check(&format!("tenants.{name}"))?;
+        }
+        Ok(())
+    }
+
+    /// `tenant`'s settings at `tier`.
+    pub fn settings(&self, tenant: &str, tier: Tier) -> Settings {
+        let mut s = Settings::default();
+        if let Some(o) = self.tiers.get(&tier) {
+            o.apply(&mut s);
+        }
+        if let Some(o) = self.tenants.get(tenant) {
+            o.apply(&mut s);
+        }
+        s
+    }
+}
+
+/// One tenant under evaluation: this period's observations and each rule's state.
+#[derive(Clone, Debug, Default)]
+struct Tracked {
+    period: Period,
+    states: [RuleState; 3],
+}
+
+impl Tracked {
+    fn idle(&self) -> bool {
+        self.period.jobs == 0 && self.states.iter().all(RuleState::idle)
+    }
+}
+
+fn rule_index(rule: Rule) -> usize {
+    Rule::ALL.iter().position(|r| *r == rule).expect("every rule is in Rule::ALL")
+}
+
+/// An alert opened or resolved at an evaluation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Change {
+    pub tenant: String,
+    pub rule: Rule,
+    pub alert_id: String,
+    pub transition: Transition,
+    /// The value of the period that made the change, and the threshold it was held to.
+    pub value: f64,
+    pub threshold: f64,
+}
+
+/// Every tenant's alerts, fed results as they are read and evaluated once per period.
+/// Holds only tenants with results this period or a rule not idle, at most `max_tenants`.
+#[derive(Clone, Debug)]
+pub struct Evaluator {
+    max_tenants: usize,
+    period_start: Millis,
+    tracked: HashMap<String, Tracked>,
+    /// Results not evaluated: their tenant would pass `max_tenants`.
+    pub untracked: u64,
+}
+
+impl Evaluator {
+    pub fn new(max_tenants: usize, now: Millis) -> Self {
+        Evaluator { max_tenants, period_start: now, tracked: HashMap::new(), untracked: 0 }
+    }
+
+    /// Tenants tracked now.
+    pub fn tenants(&self) -> usize {
+        self.tracked.len()
+    }
+
+    /// An alert open in the store (a new leader picks up where the last one stopped).
+    pub fn restore(&mut self, tenant: &str, rule: Rule, opened_at: Millis) {
+        if let Some(t) = self.entry(tenant) {
+            t.states[rule_index(rule)] = RuleState { opened_at: Some(opened_at), streak: 0 };
+        }
+    }
+
+    fn entry(&mut self, tenant: &str) -> Option<&mut Tracked> {
+        if !self.tracked.contains_key(tenant) {
+            if self.tracked.len() >= self.max_tenants {
+                self.untracked += 1;
+                return None;
+            }
+            self.tracked.insert(tenant.to_string(), Tracked::default());
+        }
+        self.tracked.get_mut(tenant)
+    }
+
+    /// Adds a result published at `published_at`; a result published before this period
+    /// began (read again after a leader change) is not counted.
+    pub fn observe(&mut self, r: &JobResult, published_at: Millis) {
+        if published_at < self.period_start {
+            return;
+        }
+        if let Some(t) = self.entry(&r.tenant) {
+            t.period.observe(r);
+        }
+    }
+
+    /// Ends the period at `now`: each tracked tenant's rules step with its settings, and
+    /// tenants left idle are forgotten.
+    pub fn evaluate(&mut self, now: Millis, settings: impl Fn(&str) -> Settings) -> Vec<Change> {
+        let mut out = Vec::new();
+        for (tenant, t) in self.tracked.iter_mut() {
+            let s = settings(tenant);
+            for rule in Rule::ALL {
+                let (lvl, value, for_periods) = if s.off.contains(&rule) {
+                    (Level::Clear, 0.0, 1)
+                } else {
+                    let (lvl, value) = level(rule, &s.thresholds, &t.period);
+                    (lvl, value, s.thresholds.for_periods)
+                };
+                let Some(tr) = t.states[rule_index(rule)].step(lvl, for_periods, now) else { continue };
+                let opened_at = match tr {
+                    Transition::Opened { opened_at } | Transition::Resolved { opened_at, .. } => opened_at,
+                };
+                out.push(Change {
+                    tenant: tenant.clone(),
+                    rule,
+                    alert_id: alert_id(tenant, rule, opened_at),
+                    transition: tr,
+                    value,
+                    threshold: threshold(rule, &s.thresholds),
+                });
+            }
+            t.period = Period::default();
+        }
+        self.tracked.retain(|_, t| !t.idle());
+        self.period_start = now;
+        out.sort_by(|a, b| (&a.tenant, a.rule).cmp(&(&b.tenant, b.rule)));
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -276,6 +541,109 @@ mod tests {
         assert_ne!(a, alert_id("acme", Rule::QueueWait, 6));
         assert_ne!(a, alert_id("acme", Rule::DeadLetters, 5));
         assert_ne!(a, alert_id("acmf", Rule::QueueWait, 5));
+    }
+
+    fn result(tenant: &str, wait: Millis) -> JobResult {
+        JobResult {
+            job_id: "j".into(),
+            tenant: tenant.into(),
+            job_type: "echo".into(),
+            pool: crate::model::Pool::Short,
+            status: JobStatus::Succeeded,
+            output: None,
+            error: None,
+            failure_class: None,
+            attempts: 1,
+            generation: 0,
+            submitted_at: 1_000,
+            started_at: Some(1_000 + wait),
+            finished_at: 2_000 + wait,
+            worker_id: "w".into(),
+        }
+    }
+
+    fn quick(queue_wait_p99_ms: i64) -> Settings {
+        let thresholds = Thresholds { queue_wait_p99_ms, for_periods: 1, ..Thresholds::default() };
+        Settings { thresholds, ..Settings::default() }
+    }
+
+    #[test]
+    fn the_evaluator_opens_and_resolves_once_and_forgets_idle_tenants() {
+        let mut e = Evaluator::new(10, 0);
+        for now in 1..=3 {
+            e.observe(&result("slow", 5_000), now * 100);
+            e.observe(&result("fast", 1), now * 100);
+            let got = e.evaluate(now * 100 + 50, |_| quick(1_000));
+            assert_eq!(got.len(), usize::from(now == 1), "{got:?}");
+        }
+        assert_eq!(e.tenants(), 1, "fast is forgotten at each evaluation, slow has an open alert");
+        let got = e.evaluate(400, |_| quick(1_000));
+        assert!(matches!(got[..], [Change { transition: Transition::Resolved { opened_at: 150, .. }, .. }]));
+        assert_eq!(got[0].alert_id, alert_id("slow", Rule::QueueWait, 150));
+        assert_eq!(e.tenants(), 0, "a tenant without results or open alerts costs nothing");
+    }
+
+    #[test]
+    fn results_before_the_period_and_tenants_past_the_bound_are_not_counted() {
+        let mut e = Evaluator::new(1, 1_000);
+        e.observe(&result("replayed", 5_000), 999);
+        assert_eq!(e.tenants(), 0);
+        e.observe(&result("a", 5_000), 1_000);
+        e.observe(&result("b", 5_000), 1_000);
+        assert_eq!((e.tenants(), e.untracked), (1, 1));
+    }
+
+    #[test]
+    fn a_restored_alert_does_not_open_again_and_a_rule_turned_off_resolves() {
+        let mut e = Evaluator::new(10, 0);
+        e.restore("t", Rule::QueueWait, 7);
+        e.observe(&result("t", 5_000), 0);
+        assert!(e.evaluate(10, |_| quick(1_000)).is_empty(), "still open: no second opened");
+        e.observe(&result("t", 5_000), 10);
+        let off = |_: &str| Settings { off: vec![Rule::QueueWait], ..quick(1_000) };
+        let got = e.evaluate(20, off);
+        assert!(matches!(got[..], [Change { transition: Transition::Resolved { opened_at: 7, resolved_at: 20 }, .. }]));
+    }
+
+    #[test]
+    fn settings_merge_defaults_tier_and_tenant_and_bad_ones_are_named() {
+        let toml = "period = \"5s\"\n[tiers.pro]\nqueue_wait_p99_ms = 10\nfor_periods = 2\n\
+                    [tenants.acme]\nfor_periods = 3\noff = [\"failure_rate\"]\nwebhook_url = \"http://127.0.0.1:9/a\"\n";
+        let c: AlertsConfig = toml::from_str(toml).unwrap();
+        c.validate().unwrap();
+        let s = c.settings("acme", Tier::Pro);
+        assert_eq!((s.thresholds.queue_wait_p99_ms, s.thresholds.for_periods), (10, 3));
+        assert_eq!((s.off, s.webhook_url.as_deref()), (vec![Rule::FailureRate], Some("http://127.0.0.1:9/a")));
+        assert_eq!(c.settings("other", Tier::Free), Settings::default());
+        let bad: AlertsConfig = toml::from_str("[tiers.pro]\nwebhook_url = \"http://x/\"\n").unwrap();
+        assert_eq!(bad.validate().unwrap_err().field, "tiers.pro.webhook_url");
+        let bad: AlertsConfig = toml::from_str("[tenants.a]\nfailure_rate = 2.0\n").unwrap();
+        assert_eq!(bad.validate().unwrap_err().field, "tenants.a.failure_rate");
+        assert!(toml::from_str::<AlertsConfig>("[tenants.a]\noff = [\"nope\"]\n").is_err());
+    }
+
+    proptest! {
+        /// Whatever the tenants' waits, the evaluator never holds more than its bound,
+        /// and per (tenant, rule) its changes alternate opened, resolved.
+        #[test]
+        fn the_evaluator_stays_bounded_and_alternates(
+            periods in proptest::collection::vec(proptest::collection::vec((0usize..20, 0i64..3_000), 0..30), 1..40),
+            max_tenants in 1usize..8,
+        ) {
+            let mut e = Evaluator::new(max_tenants, 0);
+            let mut open: HashMap<String, bool> = HashMap::new();
+            for (i, results) in periods.iter().enumerate() {
+                let now = i as Millis * 10;
+                for (t, w) in results {
+                    e.observe(&result(&format!("t{t}"), *w), now);
+                }
+                prop_assert!(e.tenants() <= max_tenants);
+                for c in e.evaluate(now + 5, |_| quick(1_000)) {
+                    let was = open.insert(c.tenant.clone(), matches!(c.transition, Transition::Opened { .. }));
+                    prop_assert_ne!(was.unwrap_or(false), matches!(c.transition, Transition::Opened { .. }));
+                }
+            }
+        }
     }
 
     proptest! {

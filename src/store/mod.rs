@@ -4,6 +4,7 @@
 //! so the same code runs against production ScyllaDB and the local test database.
 
 mod admission;
+mod alerts;
 mod backlog;
 mod classifier;
 mod coalesce;
@@ -34,6 +35,7 @@ use scylla::statement::Consistency;
 use std::sync::Arc;
 
 pub use admission::{AdmissionStatements, OutcomeCell};
+pub use alerts::{AlertRow, AlertStatements, OpenAlert, MAX_RECENT as MAX_RECENT_ALERTS};
 pub use backlog::{BacklogKey, BacklogStatements};
 pub use classifier::{ClassRow, ClassifierStatements, RunTimeCell};
 pub use debounce::{DebounceDue, DebounceRow, DebounceStatements};

@@ -276,6 +276,20 @@ pub const TABLES: &[(&str, &str)] = &[
         "ledger_positions",
         "(scope text, topic text, part int, first bigint, next bigint, at bigint, PRIMARY KEY ((scope), topic, part))",
     ),
+    // Tenant-facing alerts (`crate::ledger` evaluates, `watch::alerts` delivers; rules
+    // `core::alerts`): every alert of a tenant, newest first, TTL'd (`alerts.retention`).
+    (
+        "tenant_alerts",
+        "(scope text, tenant text, opened_at bigint, rule text, alert_id text, resolved_at bigint, value double, \
+         threshold double, PRIMARY KEY ((scope, tenant), opened_at, rule)) WITH CLUSTERING ORDER BY (opened_at DESC, rule ASC)",
+    ),
+    // Alerts open, or resolved with their resolution not yet delivered: the evaluator's
+    // state a new ledger leader starts from, and the deliveries it finishes.
+    (
+        "tenant_alerts_open",
+        "(scope text, tenant text, rule text, alert_id text, opened_at bigint, resolved_at bigint, value double, \
+         threshold double, opened_sent boolean, PRIMARY KEY ((scope), tenant, rule))",
+    ),
     // `fairway restore`'s bookkeeping (`ops::backup`): the steps of restoring a backup done
     // here (tables, topic partitions, "complete"), so a second restore changes nothing.
     ("restores", "(backup_id text, step text, at bigint, PRIMARY KEY ((backup_id), step))"),

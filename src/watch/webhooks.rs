@@ -71,6 +71,16 @@ pub enum WebhooksError {
     Kafka(#[from] kafka::KafkaError),
 }
 
+/// The HTTP client of webhook deliveries (job results and tenant alerts): no redirects
+/// followed, `webhooks.timeout` per request.
+pub fn http_client(cfg: &Config) -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(cfg.webhooks.timeout)
+        .user_agent(concat!("fairway-webhooks/", env!("CARGO_PKG_VERSION")))
+        .build()
+}
+
 /// Runs the delivery loop until `stop` turns true (returns at once when no job type
 /// names a `webhook_url`).
 pub async fn deliver(cfg: Arc<Config>, stop: watch::Receiver<bool>) -> Result<(), WebhooksError> {
@@ -79,11 +89,7 @@ pub async fn deliver(cfg: Arc<Config>, stop: watch::Receiver<bool>) -> Result<()
     if urls.is_empty() {
         return Ok(());
     }
-    let http = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(cfg.webhooks.timeout)
-        .user_agent(concat!("fairway-webhooks/", env!("CARGO_PKG_VERSION")))
-        .build()?;
+    let http = http_client(&cfg)?;
     let consumer = kafka::reader(&cfg, &cfg.group("webhooks"), false)?;
     let topic = cfg.results_topic();
     consumer.subscribe(&[topic.as_str()]).map_err(kafka::KafkaError::from)?;
