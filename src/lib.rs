@@ -37,7 +37,9 @@
 //! | `watch` | watching a job from outside, run by `fairway serve`: |
 //! | `watch::events` | lifecycle and progress events, the history recorder, the live feed |
 //! | `watch::webhooks` | result callbacks: signed POSTs of results, retried with backoff |
+//! | `watch::alerts` | alert callbacks: signed `alert.opened` / `alert.resolved` POSTs to a tenant's receiver, in lanes, retried with backoff |
 //! | `ledger` | the usage ledger: the results topic tallied per tenant, pool and job type into 15-minute windows (one writer by lease, in `fairway serve`), and its reports (`GET /v1/usage`, `fairway usage`; rules in `core::ledger`) |
+//! | `ledger::alerts` | tenant-facing alerts evaluated by the ledger's leader from the results it reads (rules in `core::alerts`, rows in `store::alerts`, events sent by `watch::alerts`) |
 //! | `ops` | the operators' commands' I/O shells (CLI, admin API, console): |
 //! | `ops::backup` | `fairway backup` / `fairway restore`: a consistent online copy to a directory, restored onto an empty cluster (rules in `core::dr`, I/O in `kafka::copy` and `store`'s `dr` statements) |
 //! | `ops::replay` | `fairway replay`: dead letters and retry records back to their pool |
