@@ -28,16 +28,6 @@ async fn receiver() -> (String, Received) {
     (format!("http://{addr}"), got)
 }
 
-fn signature_valid(secret: &str, header: &str, body: &[u8]) -> bool {
-    use hmac::Mac;
-    let Some((t, v1)) = header.strip_prefix("t=").and_then(|r| r.split_once(",v1=")) else { return false };
-    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
-    mac.update(format!("{t}.").as_bytes());
-    mac.update(body);
-    let want: String = mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect();
-    want == v1
-}
-
 fn events(got: &Received, path: &str) -> Vec<serde_json::Value> {
     got.lock()
         .unwrap()
@@ -92,7 +82,7 @@ async fn a_tenant_past_its_wait_rule_gets_one_opened_and_one_resolved_event() {
     assert_eq!(slow_events[0]["alert_id"], slow_events[1]["alert_id"]);
     assert_eq!(slow_events[0]["rule"], "queue_wait");
     for (p, sig, body) in got.lock().unwrap().iter() {
-        assert!(signature_valid(secret, sig, body), "a bad signature on {p}");
+        assert!(common::signature_valid(secret, sig, body), "a bad signature on {p}");
     }
     assert!(events(&got, "/calm").is_empty(), "the tenant without a breach got events");
 

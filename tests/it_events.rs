@@ -368,18 +368,6 @@ async fn webhook_receiver() -> (String, Received) {
     (format!("http://{addr}"), got)
 }
 
-/// Checks `Fairway-Signature: t=<secs>,v1=<hex>` against an HMAC-SHA256 computed here.
-fn signature_valid(secret: &str, header: &str, body: &[u8]) -> bool {
-    use hmac::Mac;
-    let Some((t, v1)) = header.strip_prefix("t=").and_then(|r| r.split_once(",v1=")) else { return false };
-    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
-    mac.update(format!("{t}.").as_bytes());
-    mac.update(body);
-    let want: String = mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect();
-    let fresh = t.parse::<i64>().is_ok_and(|t| (fairway::now_ms() / 1000 - t).abs() < 300);
-    want == v1 && fresh
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn webhooks_one_signed_post_per_job_a_500_is_retried_and_attempts_are_events() {
     let (base, got) = webhook_receiver().await;
@@ -421,8 +409,8 @@ async fn webhooks_one_signed_post_per_job_a_500_is_retried_and_attempts_are_even
     let summary: Vec<(&str, &str)> = got.iter().map(|(p, _, d, _)| (p.as_str(), d.as_str())).collect();
     assert_eq!(got.len(), 5, "one POST per ok job, two for the flaky one: {summary:?}");
     for (path, sig, delivery, body) in &got {
-        assert!(signature_valid(secret, sig, body), "bad signature {sig:?} on {path}");
-        assert!(!signature_valid("another-secret-0123456789", sig, body), "a wrong secret must not verify");
+        assert!(common::signature_valid(secret, sig, body), "bad signature {sig:?} on {path}");
+        assert!(!common::signature_valid("another-secret-0123456789", sig, body), "a wrong secret must not verify");
         let v: Value = serde_json::from_slice(body).unwrap();
         assert_eq!(v["delivery_id"].as_str(), Some(delivery.as_str()), "{v}");
         assert_eq!(v["status"], "succeeded", "{v}");

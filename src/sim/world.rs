@@ -895,23 +895,17 @@ impl World {
                     StoreOp::PutRetrying { attempts, crash_count } => {
                         if ok {
                             let (job, me) = (self.workers[w].tasks[&task].msg.job, self.member(w));
-                            let r = self.store.rows.entry(job).or_insert(Row {
+                            let row = Row {
                                 status: Status::Retrying,
                                 worker: me,
                                 attempts,
                                 crash_count,
                                 hb_at: 0,
                                 hb_true: 0,
-                            });
+                            };
+                            let r = self.store.rows.entry(job).or_insert(row);
                             if r.status != Status::Terminal {
-                                *r = Row {
-                                    status: Status::Retrying,
-                                    worker: me,
-                                    attempts,
-                                    crash_count,
-                                    hb_at: 0,
-                                    hb_true: 0,
-                                };
+                                *r = row;
                             }
                         }
                         self.io_done(w, task, true)

@@ -499,3 +499,15 @@ pub async fn wait_for<T>(timeout: Duration, mut f: impl AsyncFnMut() -> Option<T
     }
     None
 }
+
+/// Checks `Fairway-Signature: t=<secs>,v1=<hex>` against an HMAC-SHA256 computed here.
+pub fn signature_valid(secret: &str, header: &str, body: &[u8]) -> bool {
+    use hmac::Mac;
+    let Some((t, v1)) = header.strip_prefix("t=").and_then(|r| r.split_once(",v1=")) else { return false };
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(format!("{t}.").as_bytes());
+    mac.update(body);
+    let want: String = mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    let fresh = t.parse::<i64>().is_ok_and(|t| (fairway::now_ms() / 1000 - t).abs() < 300);
+    want == v1 && fresh
+}
