@@ -103,6 +103,8 @@ impl Api {
                 .await;
             if let Ok(r) = sent {
                 let s = r.status();
+                let close = r.headers().get("connection").and_then(|v| v.to_str().ok());
+                assert_eq!(close, Some("close"), "a body refused unread closes its connection and says so");
                 return (s, r.json().await.unwrap_or(Value::Null));
             }
         }

@@ -275,6 +275,11 @@ impl IntoResponse for ApiError {
                 resp.headers_mut().insert(header::RETRY_AFTER, v);
             }
         }
+        if self.code == codes::BODY_TOO_LARGE {
+            // The body was refused unread, so the server closes the connection after this
+            // answer; saying so keeps a keep-alive client from sending its next request on it.
+            resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         resp
     }
 }
