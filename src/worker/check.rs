@@ -5,7 +5,7 @@
 
 use super::durable::{self, record_terminal, Letter, Terminal, OUTAGE_RETRY};
 use super::route::{Durable, Origin};
-use super::Shared;
+use super::RouteContext;
 use crate::core::retry::{AttemptState, Decision};
 use crate::model::{FailureClass, JobSubmitted};
 use crate::store::{JobRow, StoreError};
@@ -25,7 +25,7 @@ pub(super) enum Check {
 
 /// The effectively-once check, before any handler runs: finished, stale, cancelled,
 /// expired, scheduled for later, or running elsewhere (rebalance safety).
-pub(super) async fn before_run(sh: &Shared, job: Arc<JobSubmitted>, origin: &Origin) -> Check {
+pub(super) async fn before_run(sh: &RouteContext, job: Arc<JobSubmitted>, origin: &Origin) -> Check {
     // Record the partition's dispatch frontier past this offset before it can start, and
     // learn whether anyone can have started it before (then its state needs no read).
     let fresh =
@@ -61,7 +61,7 @@ enum Step {
 
 /// Reads the job's row until it settles this copy, makes it wait, or lets it run (as it
 /// is, claimed after a hand-off, or taken over from a dead worker).
-async fn check_row(sh: &Shared, mut job: Arc<JobSubmitted>, origin: &Origin) -> Check {
+async fn check_row(sh: &RouteContext, mut job: Arc<JobSubmitted>, origin: &Origin) -> Check {
     let interval = sh.cfg.pool(sh.pool).heartbeat_interval;
     let mut row_claimed = false;
     loop {
@@ -118,7 +118,7 @@ async fn check_row(sh: &Shared, mut job: Arc<JobSubmitted>, origin: &Origin) -> 
 
 /// A copy its row settles without running: a finished job redelivered, a stale attempt,
 /// or a cancelled job. None if the row does not settle it.
-async fn settled_by_row(sh: &Shared, job: &JobSubmitted, row: &JobRow, rerun: bool) -> Option<Durable> {
+async fn settled_by_row(sh: &RouteContext, job: &JobSubmitted, row: &JobRow, rerun: bool) -> Option<Durable> {
     if row.is_terminal() && !rerun {
         // Redelivered after it finished: its result was acknowledged before its state
         // was written (see `durable::record_terminal`), so there is nothing to publish again.
@@ -138,7 +138,7 @@ async fn settled_by_row(sh: &Shared, job: &JobSubmitted, row: &JobRow, rerun: bo
 }
 
 /// A handed-off row: claims the job for this worker, atomically.
-async fn claim_hand_off(sh: &Shared, job: &JobSubmitted) -> Step {
+async fn claim_hand_off(sh: &RouteContext, job: &JobSubmitted) -> Step {
     // Handed off by a draining worker: several copies may find it so (the
     // hand-off copy, a redelivery after the rebalance); one claims it, atomically.
     let claim = || sh.store.claim_hand_off(&job.job_id, &sh.worker_id, now_ms());
@@ -163,7 +163,7 @@ async fn claim_hand_off(sh: &Shared, job: &JobSubmitted) -> Step {
 /// worker), which a redelivered older copy does not carry. If the count cannot be read,
 /// the copy's own count (at least `at_least`) is used, and the log says so: the handler
 /// is still told it is not the first dispatch.
-async fn with_handoffs(sh: &Shared, job: Arc<JobSubmitted>, at_least: i32) -> Arc<JobSubmitted> {
+async fn with_handoffs(sh: &RouteContext, job: Arc<JobSubmitted>, at_least: i32) -> Arc<JobSubmitted> {
     let stored = match sh.store.handoff_count(&job.job_id, job.generation).await {
         Ok(n) => n,
         Err(e) => {
@@ -182,7 +182,7 @@ async fn with_handoffs(sh: &Shared, job: Arc<JobSubmitted>, at_least: i32) -> Ar
 
 /// A running row: settles or waits while its worker heartbeats; Next once it lapsed.
 async fn wait_for_live_worker(
-    sh: &Shared,
+    sh: &RouteContext,
     job: &JobSubmitted,
     row: &JobRow,
     rerun: bool,
@@ -229,7 +229,7 @@ async fn wait_for_live_worker(
 /// A job whose worker died: the job to run with its crash counted, or Err once
 /// dead-lettered past its crash limit (durably or not).
 async fn take_over(
-    sh: &Shared,
+    sh: &RouteContext,
     job: &Arc<JobSubmitted>,
     row: &JobRow,
     origin: &Origin,
@@ -259,7 +259,7 @@ async fn take_over(
 /// and goes on once the store answers. Err (the copy held unfinished: its offset stays
 /// uncommitted and it is redelivered) when the worker stops meanwhile or the outage
 /// outlasts `durable::OUTAGE_RETRY`.
-async fn through_outage<T, F, Fut>(sh: &Shared, job: &JobSubmitted, what: &str, mut f: F) -> Result<T, Check>
+async fn through_outage<T, F, Fut>(sh: &RouteContext, job: &JobSubmitted, what: &str, mut f: F) -> Result<T, Check>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, StoreError>>,
@@ -293,7 +293,7 @@ where
 }
 
 /// The last check: a job not started before its `not_after` expires instead of running.
-async fn run_unless_expired(sh: &Shared, job: Arc<JobSubmitted>, row_claimed: bool) -> Check {
+async fn run_unless_expired(sh: &RouteContext, job: Arc<JobSubmitted>, row_claimed: bool) -> Check {
     if let Some(not_after) = job.not_after {
         if now_ms() > not_after {
             return Check::Done(Box::pin(expire(sh, &job, not_after)).await);
@@ -303,7 +303,7 @@ async fn run_unless_expired(sh: &Shared, job: Arc<JobSubmitted>, row_claimed: bo
 }
 
 /// Ends a job that did not start before its `not_after` as expired (never run).
-pub(super) async fn expire(sh: &Shared, job: &JobSubmitted, not_after: i64) -> Durable {
+pub(super) async fn expire(sh: &RouteContext, job: &JobSubmitted, not_after: i64) -> Durable {
     let now = now_ms();
     let msg = format!("not started before not_after ({not_after}); expired at {now}");
     crate::watch::events::late(&sh.producer, &sh.cfg, &sh.worker_id, job, not_after);

@@ -6,7 +6,7 @@
 //! helpers for transient failures and store outages live here too.
 
 use super::route::{Durable, Origin};
-use super::Shared;
+use super::RouteContext;
 use crate::config::Config;
 use crate::kafka::Producer;
 use crate::model::{DeadLetter, FailureClass, JobResult, JobStatus, JobSubmitted};
@@ -69,7 +69,7 @@ impl Terminal {
 /// acknowledgement and the state write; a results consumer can drop it by
 /// (job id, generation, attempts). Not durable (the offset stays uncommitted, the job is
 /// redelivered and runs again) if either step fails.
-pub(crate) async fn record_terminal(sh: &Shared, job: &JobSubmitted, terminal: Terminal) -> Durable {
+pub(crate) async fn record_terminal(sh: &RouteContext, job: &JobSubmitted, terminal: Terminal) -> Durable {
     record_result(sh, job, &result_of(sh, job, terminal), false).await
 }
 
@@ -78,7 +78,7 @@ pub(crate) async fn record_terminal(sh: &Shared, job: &JobSubmitted, terminal: T
 /// `route::Run::plain`), so a UUIDv7 job's state may be a packed finished record
 /// (`core::finished`) rather than a row of its own.
 pub(super) async fn record_success(
-    sh: &Shared,
+    sh: &RouteContext,
     job: &JobSubmitted,
     output: Vec<u8>,
     started_at: i64,
@@ -88,7 +88,7 @@ pub(super) async fn record_success(
 }
 
 /// A job's result as published (and, through `record_result`, stored).
-fn result_of(sh: &Shared, job: &JobSubmitted, terminal: Terminal) -> JobResult {
+fn result_of(sh: &RouteContext, job: &JobSubmitted, terminal: Terminal) -> JobResult {
     let Terminal { status, output, error, class, started_at } = terminal;
     JobResult {
         job_id: job.job_id.clone(),
@@ -111,7 +111,7 @@ fn result_of(sh: &Shared, job: &JobSubmitted, terminal: Terminal) -> JobResult {
 
 /// The result published, then the terminal state stored (packed when `plain`, see
 /// [`record_success`]).
-async fn record_result(sh: &Shared, job: &JobSubmitted, result: &JobResult, plain: bool) -> Durable {
+async fn record_result(sh: &RouteContext, job: &JobSubmitted, result: &JobResult, plain: bool) -> Durable {
     if !publish_result(sh, result, job).await.is_yes() {
         return Durable::No;
     }
@@ -147,7 +147,7 @@ async fn record_result(sh: &Shared, job: &JobSubmitted, result: &JobResult, plai
 
 /// Publishes a result and waits for the broker's acknowledgement. The job's W3C trace
 /// context rides along as the record's `traceparent`/`tracestate` headers.
-async fn publish_result(sh: &Shared, result: &JobResult, job: &JobSubmitted) -> Durable {
+async fn publish_result(sh: &RouteContext, result: &JobResult, job: &JobSubmitted) -> Durable {
     let Some(bytes) = encoded(codec::encode_result(result), &result.job_id, "publish result") else {
         return Durable::No;
     };
@@ -165,7 +165,7 @@ async fn publish_result(sh: &Shared, result: &JobResult, job: &JobSubmitted) -> 
 /// The state row of a job at one step of its route (the fields not given are filled by
 /// the caller: error, class, output, or attempts past this one).
 pub(super) fn update<'a>(
-    sh: &'a Shared,
+    sh: &'a RouteContext,
     job: &'a JobSubmitted,
     status: &'a str,
     started_at: Option<i64>,
@@ -204,7 +204,7 @@ pub(crate) struct Letter<'a> {
 }
 
 /// Produces a dead letter and tells the job's watchers.
-pub(crate) async fn dead_letter(sh: &Shared, letter: Letter<'_>) -> Durable {
+pub(crate) async fn dead_letter(sh: &RouteContext, letter: Letter<'_>) -> Durable {
     let Letter { job, raw, class, reason, last_error, attempts, origin } = letter;
     let now = now_ms();
     let dl = DeadLetter {
@@ -285,26 +285,26 @@ async fn produce_dead_letter(cfg: &Config, producer: &Producer, dl: &DeadLetter,
 }
 
 /// Sends a job whose `execute_at` is ahead to the delayed topic (due at `execute_at`).
-pub(crate) async fn delay(sh: &Shared, job: JobSubmitted) -> Durable {
+pub(crate) async fn delay(sh: &RouteContext, job: JobSubmitted) -> Durable {
     let mut next = job;
     next.not_before = next.execute_at;
     produce_job(sh, &sh.cfg.delayed_topic(), &next, "delay").await
 }
 
 /// Puts a copy of a job back on its pool topic (attempt unchanged), to be read again.
-pub(super) async fn requeue(sh: &Shared, job: &JobSubmitted) -> Durable {
+pub(super) async fn requeue(sh: &RouteContext, job: &JobSubmitted) -> Durable {
     produce_job(sh, &sh.cfg.pool_topic(sh.pool), job, "requeue").await
 }
 
 /// Puts a job back on the dependency retry topic, attempt unchanged, due at `at`.
-pub(super) async fn hold_back(sh: &Shared, job: &JobSubmitted, at: i64) -> Durable {
+pub(super) async fn hold_back(sh: &RouteContext, job: &JobSubmitted, at: i64) -> Durable {
     let mut next = job.clone();
     next.not_before = Some(at);
     produce_job(sh, &sh.cfg.retry_topic(FailureClass::Dependency), &next, "hold back").await
 }
 
 /// Produces a job record and waits for the ack.
-pub(super) async fn produce_job(sh: &Shared, topic: &str, job: &JobSubmitted, what: &str) -> Durable {
+pub(super) async fn produce_job(sh: &RouteContext, topic: &str, job: &JobSubmitted, what: &str) -> Durable {
     let headers = kafka::trace_headers(job);
     let Some(bytes) = encoded(codec::encode_job(job), &job.job_id, what) else { return Durable::No };
     match with_retries(|| kafka::send_with_headers(&sh.producer, topic, &job.tenant, &bytes, &headers)).await {

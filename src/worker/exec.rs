@@ -4,7 +4,7 @@
 
 use super::durable::{self, update};
 use super::route::{Durable, Ended, Origin, Run};
-use super::{check, settle, Shared};
+use super::{check, settle, RouteContext};
 use crate::core::breaker::Verdict;
 use crate::core::retry::DurationMs;
 use crate::core::stuck;
@@ -71,7 +71,7 @@ impl Waited {
     }
 
     /// Records where a job's wait went: the broker hop, the fair queue, the check.
-    fn record(&self, sh: &Shared, job: &JobSubmitted, started_at: i64) {
+    fn record(&self, sh: &RouteContext, job: &JobSubmitted, started_at: i64) {
         let fetch = (self.received_at - job.submitted_at).max(0);
         let queue = (self.dispatched_at - self.received_at).max(0);
         let check = (started_at - self.dispatched_at).max(0);
@@ -98,7 +98,7 @@ struct RunSpans {
 
 impl RunSpans {
     /// The job's spans (its wait for dispatch recorded) and its process span, open.
-    fn start(sh: &Shared, job: &JobSubmitted, origin: &Origin, waited: &Waited, started_at: i64) -> RunSpans {
+    fn start(sh: &RouteContext, job: &JobSubmitted, origin: &Origin, waited: &Waited, started_at: i64) -> RunSpans {
         let spans = telemetry::enabled().then(|| sh.cfg.group(sh.pool.as_str())).and_then(|group| {
             let (topic, partition, offset) = (origin.topic.as_str(), origin.partition, origin.offset);
             telemetry::job(job, &telemetry::Delivery { topic, partition, offset, group: &group })
@@ -147,7 +147,7 @@ impl Settling {
 /// branches (store reads and claims, failures, hand-offs, long runs' rows) are boxed where
 /// they branch off, so a short job's future holds only the common path.
 pub async fn execute(
-    sh: Arc<Shared>,
+    sh: Arc<RouteContext>,
     job: Arc<JobSubmitted>,
     origin: Origin,
     slot: &mut SlotRelease,
@@ -180,7 +180,7 @@ pub async fn execute(
 
 /// A queued job past its `not_after`, settled without a slot: the effectively-once check
 /// expires it (or settles a redelivered copy of a job that ended as such).
-pub async fn expire_queued(sh: Arc<Shared>, job: Arc<JobSubmitted>, origin: Origin) -> Ended {
+pub async fn expire_queued(sh: Arc<RouteContext>, job: Arc<JobSubmitted>, origin: Origin) -> Ended {
     sh.admission_tally.lock().expect("admission tally").dispatched(&job);
     let not_after = job.not_after.unwrap_or_default();
     let durable = match check::before_run(&sh, job, &origin).await {
@@ -195,7 +195,11 @@ pub async fn expire_queued(sh: Arc<Shared>, job: Arc<JobSubmitted>, origin: Orig
 /// Clears a job to run: it needs a handler on this worker and its dependency's breaker
 /// must let it through. `Err(durable)`: it was settled instead (failed permanently, or
 /// held back on the dependency retry topic with its attempt unchanged).
-async fn clear_to_run(sh: &Shared, job: &Arc<JobSubmitted>, origin: &Origin) -> Result<Arc<dyn Handler>, Durable> {
+async fn clear_to_run(
+    sh: &RouteContext,
+    job: &Arc<JobSubmitted>,
+    origin: &Origin,
+) -> Result<Arc<dyn Handler>, Durable> {
     let Some(handler) = sh.registry.get(&job.job_type) else {
         let err = HandlerError::permanent(format!(
             "no handler for job type {:?} on this worker; add it to [job_types] or register a Rust handler",
@@ -225,7 +229,7 @@ impl Drop for AbortOnDrop {
 
 /// A job with a `not_after` still running at it is cancelled then (it ends as expired)
 /// and aborted if it ignores that past `worker.cancel_grace`.
-fn expire_at_not_after(sh: &Shared, job: &JobSubmitted, live: &Arc<JobLive>) -> Option<AbortOnDrop> {
+fn expire_at_not_after(sh: &RouteContext, job: &JobSubmitted, live: &Arc<JobLive>) -> Option<AbortOnDrop> {
     let not_after = job.not_after?;
     let (live, grace, job_id) = (live.clone(), sh.cfg.worker.cancel_grace, job.job_id.clone());
     Some(AbortOnDrop(tokio::spawn(async move {
@@ -243,7 +247,7 @@ fn expire_at_not_after(sh: &Shared, job: &JobSubmitted, live: &Arc<JobLive>) -> 
 /// a "running" row with a first heartbeat, so a dead or hung worker is noticed. The
 /// scheduler slot is released as soon as the handler returns.
 async fn run(
-    sh: &Shared,
+    sh: &RouteContext,
     job: &Arc<JobSubmitted>,
     handler: Arc<dyn Handler>,
     slot: &mut SlotRelease,
@@ -317,7 +321,7 @@ async fn run(
 /// `fairway_running_write_failures_total`. Returns whether the row was written, and the
 /// abort timer of a job that was stopped (dropped when the run ends).
 async fn mark_running(
-    sh: &Shared,
+    sh: &RouteContext,
     job: &JobSubmitted,
     started_at: i64,
     live: &Arc<JobLive>,

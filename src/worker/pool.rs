@@ -639,9 +639,9 @@ impl Loop {
             self.release_flow(&p.job);
             self.buffer.left(&p.job.tenant, p.job.heap_bytes());
             metrics::counter!(m::JOBS_EXPIRED_QUEUED, "pool" => self.pool()).increment(1);
-            let (sh, tx) = (self.sh.clone(), self.done_tx.clone());
+            let (route, tx) = (self.sh.route.clone(), self.done_tx.clone());
             self.tasks.spawn(async move {
-                let ended = exec::expire_queued(sh, p.job, p.origin.clone()).await;
+                let ended = exec::expire_queued(route, p.job, p.origin.clone()).await;
                 let _ = tx.send(Event::Done(Done {
                     origin: p.origin,
                     incarnation: p.incarnation,
@@ -821,7 +821,7 @@ impl Loop {
             if ticket.fast_lane {
                 metrics::counter!(m::FAST_LANE_DISPATCHES, "pool" => self.pool()).increment(1);
             }
-            let sh = self.sh.clone();
+            let route = self.sh.route.clone();
             let tx = self.done_tx.clone();
             let freed = self.done_tx.clone();
             let flow = self.sh.cfg.flow_scope(&p.job).map(|(scope, _)| scope);
@@ -834,7 +834,7 @@ impl Loop {
                     let _ = freed.send(Event::Freed(Freed { ticket, ran, flow, held_bytes }));
                 });
                 let waited = exec::Waited { received_at: p.received_at, dispatched_at: ticket_at };
-                let ended = exec::execute(sh, p.job, p.origin.clone(), &mut slot, waited).await;
+                let ended = exec::execute(route, p.job, p.origin.clone(), &mut slot, waited).await;
                 slot.release(false, 0); // skipped: its slot goes back now (before it is done)
                 let held_bytes = payload_bytes + slot.output_bytes();
                 let (origin, incarnation, spill) = (p.origin, p.incarnation, p.spill);

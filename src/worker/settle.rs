@@ -5,7 +5,7 @@
 
 use super::durable::{self, produce_job, record_terminal, update, with_retries, Letter, Terminal};
 use super::route::{Durable, Ended, Origin, Run};
-use super::Shared;
+use super::RouteContext;
 use crate::core::retry::{AttemptState, Decision};
 use crate::handlers::HandlerError;
 use crate::model::{FailureClass, JobSubmitted};
@@ -14,7 +14,7 @@ use crate::{metrics as m, now_ms};
 /// The settle stage: records how a run ended. A job stopped for the worker's shutdown (and not
 /// finished) is handed off; otherwise its verdict feeds the breaker and poison detector
 /// and it ends succeeded, cancelled, retried or dead-lettered.
-pub(super) async fn settle(sh: &Shared, job: &JobSubmitted, origin: &Origin, run: &Run) -> Ended {
+pub(super) async fn settle(sh: &RouteContext, job: &JobSubmitted, origin: &Origin, run: &Run) -> Ended {
     let Run { started_at, timeout, result, live, .. } = run;
     let started_at = *started_at;
     // Silent past `stuck_after`: dead-lettered with the reason, whatever it returned.
@@ -78,7 +78,7 @@ pub(super) async fn settle(sh: &Shared, job: &JobSubmitted, origin: &Origin, run
 /// before the mark would find the job `running` with a fresh heartbeat and wait. The mark
 /// is conditional on the row still showing the job running here: a slow dying worker
 /// never overwrites the state of a worker that took the job over meanwhile.
-async fn hand_off(sh: &Shared, job: &JobSubmitted) -> Durable {
+async fn hand_off(sh: &RouteContext, job: &JobSubmitted) -> Durable {
     let handoffs = job.handoff_count.saturating_add(1);
     let count = || sh.store.put_handoff_count(&job.job_id, job.generation, handoffs);
     if let Err(e) = with_retries(count).await {
@@ -112,7 +112,7 @@ async fn hand_off(sh: &Shared, job: &JobSubmitted) -> Durable {
 /// A failed attempt: ask the retry policy, then either put the job on its class's retry
 /// topic or dead-letter it (DLQ record + failed result).
 pub(super) async fn fail(
-    sh: &Shared,
+    sh: &RouteContext,
     job: &JobSubmitted,
     origin: &Origin,
     err: HandlerError,
@@ -166,7 +166,7 @@ pub(super) async fn fail(
 /// A stuck job (`core::stuck`): straight to the DLQ as `resource` (a retry would hold
 /// another slot for nothing), and its failed result.
 async fn dead_letter_stuck(
-    sh: &Shared,
+    sh: &RouteContext,
     job: &JobSubmitted,
     origin: &Origin,
     reason: String,
