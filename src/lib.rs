@@ -17,7 +17,9 @@
 //! | `store::due` | the due index of schedules and debounce windows: what the promoter's leader reads, only what is due |
 //! | `store::slots` | a tenant's numbered slots claimed by LWT: the atomic per-tenant count of schedules and open debounce windows |
 //! | `handlers` | the `Handler` trait and job context; the HTTP executor, the `process` executor (one-shot and pooled children, `handlers::process::pooled`), demo handlers |
+//! | `seams` | the narrow traits a job's route reaches the store (`RouteStore`), the broker (`RouteBroker`) and time (`Clock`) through; implemented by `store` and `kafka`, and in memory by `sim::doubles` |
 //! | `worker` | a worker process; its tasks are below |
+//! | `worker::context` | the worker's shared state: `RouteContext` (what a job's route needs) and `Shared` (what the pool's loops add) |
 //! | `worker::pool` | one pool's consumer loop: messages in, scheduling, executions out |
 //! | `worker::route` | a job's route top to bottom (intake → check → run → settle → commit) and the types its stages pass (`Durable` among them); stages in `worker::check`, `worker::exec`, `worker::settle`, their durable writes in `worker::durable` |
 //! | `worker::frontier` | the dispatch frontier of each partition (which jobs skip the effectively-once read; rules in `core::frontier`) and the cancel feed |
@@ -69,6 +71,7 @@ pub mod model;
 pub mod netlab;
 pub mod observe;
 pub mod ops;
+pub mod seams;
 pub mod sim;
 pub mod store;
 pub mod submit;

@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 
 pub mod copy;
 mod producer;
+mod seam;
 pub mod stall;
 pub use producer::{producer, submit_producer, Producer};
 pub use rdkafka::consumer::{CommitMode, Consumer};

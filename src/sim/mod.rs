@@ -47,6 +47,7 @@
 //! the simulator can drive it is issue 50's item 1.
 
 mod check;
+pub mod doubles;
 mod rng;
 mod shape;
 mod trace;

@@ -20,6 +20,7 @@ mod regions;
 mod rerun;
 mod schedules;
 mod schema;
+mod seam;
 mod slots;
 mod tenants;
 mod tls;

@@ -21,9 +21,9 @@
 
 use crate::config::Config;
 use crate::core::events as rules;
-use crate::kafka::Producer;
 use crate::kafka::{self, Consumer, Message};
 use crate::model::{EventKind, JobEvent, JobSubmitted, Millis};
+use crate::seams::RouteBroker;
 use crate::store::Store;
 use crate::{codec, metrics as m, now_ms};
 use std::sync::Arc;
@@ -35,12 +35,12 @@ fn new_id() -> String {
 }
 
 /// Publishes an event without waiting (see the module docs).
-pub fn emit(producer: &Producer, cfg: &Config, ev: &JobEvent) {
+pub fn emit(producer: &dyn RouteBroker, cfg: &Config, ev: &JobEvent) {
     if !cfg.events.publish {
         return;
     }
     let Ok(bytes) = codec::encode_event(ev) else { return };
-    if kafka::send_nowait(producer, &cfg.events_topic(), &ev.job_id, &bytes) {
+    if producer.send_nowait(&cfg.events_topic(), &ev.job_id, &bytes) {
         metrics::counter!(m::EVENTS_PUBLISHED, "kind" => ev.kind.as_str()).increment(1);
     } else {
         metrics::counter!(m::EVENTS_DROPPED).increment(1);
@@ -54,13 +54,13 @@ fn worker_event(job: &JobSubmitted, kind: EventKind, worker: &str) -> JobEvent {
 
 /// `started`: an attempt has run for a moment (published with the job's running row,
 /// after 250 ms: short jobs go from `queued` straight to their result).
-pub fn started(producer: &Producer, cfg: &Config, worker: &str, job: &JobSubmitted, at: Millis) {
+pub fn started(producer: &dyn RouteBroker, cfg: &Config, worker: &str, job: &JobSubmitted, at: Millis) {
     emit(producer, cfg, &JobEvent { at, ..worker_event(job, EventKind::Started, worker) });
 }
 
 /// `progress`: a running job reported progress (the caller throttles with
 /// `core::events::ProgressGate`).
-pub fn progress(producer: &Producer, cfg: &Config, worker: &str, job: &JobSubmitted, p: f64, msg: &str) {
+pub fn progress(producer: &dyn RouteBroker, cfg: &Config, worker: &str, job: &JobSubmitted, p: f64, msg: &str) {
     let ev = JobEvent {
         progress: Some(p),
         message: (!msg.is_empty()).then(|| msg.to_string()),
@@ -72,7 +72,7 @@ pub fn progress(producer: &Producer, cfg: &Config, worker: &str, job: &JobSubmit
 /// A running job's progress reports as `progress` events, throttled by
 /// `core::events::ProgressGate` (a 1 % step or a new message, at most every 250 ms).
 pub struct ProgressSink {
-    producer: Producer,
+    producer: Arc<dyn RouteBroker>,
     cfg: Arc<Config>,
     worker: String,
     job: Arc<JobSubmitted>,
@@ -86,9 +86,9 @@ impl std::fmt::Debug for ProgressSink {
 }
 
 impl ProgressSink {
-    pub fn new(producer: &Producer, cfg: &Arc<Config>, worker: &str, job: &Arc<JobSubmitted>) -> Self {
+    pub fn new(producer: Arc<dyn RouteBroker>, cfg: &Arc<Config>, worker: &str, job: &Arc<JobSubmitted>) -> Self {
         ProgressSink {
-            producer: producer.clone(),
+            producer,
             cfg: cfg.clone(),
             worker: worker.to_string(),
             job: job.clone(),
@@ -98,7 +98,7 @@ impl ProgressSink {
     pub fn report(&self, p: f64, msg: &str) {
         let pass = self.gate.lock().map(|mut g| g.admit(p, msg, now_ms())).unwrap_or(false);
         if pass {
-            progress(&self.producer, &self.cfg, &self.worker, &self.job, p, msg);
+            progress(self.producer.as_ref(), &self.cfg, &self.worker, &self.job, p, msg);
         }
     }
 }
@@ -106,7 +106,7 @@ impl ProgressSink {
 /// `pool_reclassified`: the classifier's leader moved `job_type` (see
 /// `core::events::pool_reclassified`).
 pub fn pool_reclassified(
-    producer: &Producer,
+    producer: &dyn RouteBroker,
     cfg: &Config,
     worker: &str,
     subject: &crate::core::classifier::Subject,
@@ -118,7 +118,14 @@ pub fn pool_reclassified(
 }
 
 /// `retrying`: an attempt failed and the next is due at `next_at`.
-pub fn retrying(producer: &Producer, cfg: &Config, worker: &str, job: &JobSubmitted, next_at: Millis, error: &str) {
+pub fn retrying(
+    producer: &dyn RouteBroker,
+    cfg: &Config,
+    worker: &str,
+    job: &JobSubmitted,
+    next_at: Millis,
+    error: &str,
+) {
     let ev = JobEvent {
         next_attempt_at: Some(next_at),
         message: Some(error.to_string()),
@@ -128,13 +135,13 @@ pub fn retrying(producer: &Producer, cfg: &Config, worker: &str, job: &JobSubmit
 }
 
 /// `late_execution`: picked after its `not_after` (then `expired` follows).
-pub fn late(producer: &Producer, cfg: &Config, worker: &str, job: &JobSubmitted, not_after: Millis) {
+pub fn late(producer: &dyn RouteBroker, cfg: &Config, worker: &str, job: &JobSubmitted, not_after: Millis) {
     let ev = JobEvent { worker: Some(worker.to_string()), ..rules::late_execution(new_id(), job, not_after, now_ms()) };
     emit(producer, cfg, &ev);
 }
 
 /// `dead_lettered`: the job went to the DLQ (a `failed` follows).
-pub fn dead_lettered(producer: &Producer, cfg: &Config, worker: &str, job: &JobSubmitted, reason: &str) {
+pub fn dead_lettered(producer: &dyn RouteBroker, cfg: &Config, worker: &str, job: &JobSubmitted, reason: &str) {
     let ev = JobEvent { message: Some(reason.to_string()), ..worker_event(job, EventKind::DeadLettered, worker) };
     emit(producer, cfg, &ev);
 }

@@ -7,9 +7,10 @@ use super::durable::{self, record_terminal, Letter, Terminal, OUTAGE_RETRY};
 use super::route::{Durable, Origin};
 use super::RouteContext;
 use crate::core::retry::{AttemptState, Decision};
+use crate::metrics as m;
 use crate::model::{FailureClass, JobSubmitted};
+use crate::seams::Beat;
 use crate::store::{JobRow, StoreError};
-use crate::{metrics as m, now_ms};
 use std::sync::Arc;
 
 /// How often a copy waiting for a job running elsewhere looks at its row again.
@@ -28,13 +29,14 @@ pub(super) enum Check {
 pub(super) async fn before_run(sh: &RouteContext, job: Arc<JobSubmitted>, origin: &Origin) -> Check {
     // Record the partition's dispatch frontier past this offset before it can start, and
     // learn whether anyone can have started it before (then its state needs no read).
-    let fresh =
-        match through_outage(sh, &job, "the dispatch frontier", || sh.frontiers.before_start(&sh.store, &job, origin))
-            .await
-        {
-            Ok(fresh) => fresh,
-            Err(held) => return held,
-        };
+    let fresh = match through_outage(sh, &job, "the dispatch frontier", || {
+        sh.frontiers.before_start(sh.store.as_ref(), &job, origin, sh.clock.now_ms())
+    })
+    .await
+    {
+        Ok(fresh) => fresh,
+        Err(held) => return held,
+    };
     let (job, row_claimed) = if fresh {
         sh.metrics.state_reads_skipped.increment(1);
         (job, false)
@@ -69,7 +71,7 @@ async fn check_row(sh: &RouteContext, mut job: Arc<JobSubmitted>, origin: &Origi
             Ok(r) => r,
             Err(held) => return held,
         };
-        let now = now_ms();
+        let now = sh.clock.now_ms();
         let Some(row) = row else { break };
         row_claimed |= matches!(row.status.as_deref(), Some("running" | "handed_off"));
         // Generations ("rerun all"): the row records the generation last run. A copy of
@@ -141,12 +143,14 @@ async fn settled_by_row(sh: &RouteContext, job: &JobSubmitted, row: &JobRow, rer
 async fn claim_hand_off(sh: &RouteContext, job: &JobSubmitted) -> Step {
     // Handed off by a draining worker: several copies may find it so (the
     // hand-off copy, a redelivery after the rebalance); one claims it, atomically.
-    let claim = || sh.store.claim_hand_off(&job.job_id, &sh.worker_id, now_ms());
+    let claim = || sh.store.claim_hand_off(&job.job_id, &sh.worker_id, sh.clock.now_ms());
     match through_outage(sh, job, "claiming a handed-off job", claim).await {
         Ok(true) => {
             // A heartbeat at once: other copies now see it running and wait.
             let ttl = sh.heartbeat_ttl_secs();
-            let hb = sh.store.put_heartbeat(&job.job_id, &sh.worker_id, now_ms(), 0.0, "claimed after a hand-off", ttl);
+            let (job_id, worker, at) = (&job.job_id, &sh.worker_id, sh.clock.now_ms());
+            let beat = Beat { job_id, worker, at, progress: 0.0, message: "claimed after a hand-off", ttl_secs: ttl };
+            let hb = sh.store.put_heartbeat(beat);
             if let Err(e) = hb.await {
                 tracing::warn!(job_id = %job.job_id, error = %e, "could not heartbeat a claimed job");
             }
@@ -295,7 +299,7 @@ where
 /// The last check: a job not started before its `not_after` expires instead of running.
 async fn run_unless_expired(sh: &RouteContext, job: Arc<JobSubmitted>, row_claimed: bool) -> Check {
     if let Some(not_after) = job.not_after {
-        if now_ms() > not_after {
+        if sh.clock.now_ms() > not_after {
             return Check::Done(Box::pin(expire(sh, &job, not_after)).await);
         }
     }
@@ -304,8 +308,8 @@ async fn run_unless_expired(sh: &RouteContext, job: Arc<JobSubmitted>, row_claim
 
 /// Ends a job that did not start before its `not_after` as expired (never run).
 pub(super) async fn expire(sh: &RouteContext, job: &JobSubmitted, not_after: i64) -> Durable {
-    let now = now_ms();
+    let now = sh.clock.now_ms();
     let msg = format!("not started before not_after ({not_after}); expired at {now}");
-    crate::watch::events::late(&sh.producer, &sh.cfg, &sh.worker_id, job, not_after);
+    crate::watch::events::late(sh.broker.as_ref(), &sh.cfg, &sh.worker_id, job, not_after);
     record_terminal(sh, job, Terminal::expired(msg)).await
 }

@@ -10,6 +10,7 @@ use crate::core::retry::{self, AttemptState, Decision, RetryBudget, RetryPolicy}
 use crate::handlers::{JobLive, Registry};
 use crate::kafka;
 use crate::model::{FailureClass, Millis, Pool};
+use crate::seams::{Clock, RouteBroker, RouteStore};
 use crate::store::Store;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -22,8 +23,14 @@ use tokio::sync::watch;
 pub struct RouteContext {
     pub cfg: Arc<Config>,
     pub pool: Pool,
-    pub store: Store,
-    pub producer: kafka::Producer,
+    /// The store as the route reads and writes it.
+    pub store: Arc<dyn RouteStore>,
+    /// The broker as the route produces to it (results, retries, dead letters, events).
+    pub broker: Arc<dyn RouteBroker>,
+    /// The time the route stamps and compares.
+    pub clock: Arc<dyn Clock>,
+    /// The store handlers save checkpoints in (`JobContext`); none in the simulator.
+    pub checkpoints: Option<Store>,
     pub registry: Registry,
     pub worker_id: String,
     /// Live handles of running jobs (progress, cancellation) for the heartbeat loop.
@@ -49,6 +56,9 @@ pub struct RouteContext {
 pub struct Shared {
     /// What the pool's jobs' routes need (handed to each execution).
     pub route: Arc<RouteContext>,
+    /// The store and the producer of the loops (heartbeats, usage, reaper, relay).
+    pub store: Store,
+    pub producer: kafka::Producer,
     /// Latest scheduler introspection, for `fairway stats` and `top`.
     pub stats: Mutex<serde_json::Value>,
     /// Partitions of the pool topic this member owns now.

@@ -8,8 +8,8 @@
 use super::route::{Durable, Origin};
 use super::RouteContext;
 use crate::config::Config;
-use crate::kafka::Producer;
 use crate::model::{DeadLetter, FailureClass, JobResult, JobStatus, JobSubmitted};
+use crate::seams::RouteBroker;
 use crate::store::StateUpdate;
 use crate::{codec, kafka, metrics as m, now_ms};
 use std::time::Duration;
@@ -104,7 +104,7 @@ fn result_of(sh: &RouteContext, job: &JobSubmitted, terminal: Terminal) -> JobRe
         generation: job.generation,
         submitted_at: job.submitted_at,
         started_at,
-        finished_at: now_ms(),
+        finished_at: sh.clock.now_ms(),
         worker_id: sh.worker_id.clone(),
     }
 }
@@ -153,7 +153,7 @@ async fn publish_result(sh: &RouteContext, result: &JobResult, job: &JobSubmitte
     };
     let topic = sh.cfg.results_topic();
     let headers = kafka::trace_headers(job);
-    match with_retries(|| kafka::send_with_headers(&sh.producer, &topic, &result.tenant, &bytes, &headers)).await {
+    match with_retries(|| sh.broker.send(&topic, &result.tenant, &bytes, &headers)).await {
         Ok(_) => Durable::Yes,
         Err(e) => {
             tracing::error!(job_id = %result.job_id, error = %e, "cannot publish result; the job will be redelivered");
@@ -206,7 +206,7 @@ pub(crate) struct Letter<'a> {
 /// Produces a dead letter and tells the job's watchers.
 pub(crate) async fn dead_letter(sh: &RouteContext, letter: Letter<'_>) -> Durable {
     let Letter { job, raw, class, reason, last_error, attempts, origin } = letter;
-    let now = now_ms();
+    let now = sh.clock.now_ms();
     let dl = DeadLetter {
         job: job.cloned(),
         raw,
@@ -222,11 +222,11 @@ pub(crate) async fn dead_letter(sh: &RouteContext, letter: Letter<'_>) -> Durabl
         replay_count: job.map(|j| j.replay_count).unwrap_or(0),
     };
     let key = job.map(|j| j.tenant.as_str()).unwrap_or("");
-    let produced = produce_dead_letter(&sh.cfg, &sh.producer, &dl, key).await;
+    let produced = produce_dead_letter(&sh.cfg, sh.broker.as_ref(), &dl, key).await;
     // Every path that dead-letters a job (failed attempts, poison takeovers, rejected
     // messages) tells its watchers.
     if let Some(j) = job {
-        crate::watch::events::dead_lettered(&sh.producer, &sh.cfg, &sh.worker_id, j, &dl.reason);
+        crate::watch::events::dead_lettered(sh.broker.as_ref(), &sh.cfg, &sh.worker_id, j, &dl.reason);
     }
     let jt = job.map(|j| sh.bounded_job_type(&j.job_type)).unwrap_or_else(|| "unknown".to_string());
     metrics::counter!(m::DEAD_LETTERS, "class" => class.as_str(), "job_type" => jt).increment(1);
@@ -238,7 +238,7 @@ pub(crate) async fn dead_letter(sh: &RouteContext, letter: Letter<'_>) -> Durabl
 /// of dropping it. `origin` names where it was read (a topic, or `store:<table>`).
 pub(crate) async fn dead_letter_undecodable(
     cfg: &Config,
-    producer: &Producer,
+    producer: &dyn RouteBroker,
     raw: Vec<u8>,
     error: &codec::CodecError,
     origin: &Origin,
@@ -266,11 +266,11 @@ pub(crate) async fn dead_letter_undecodable(
 }
 
 /// Produces a dead letter and waits for the ack.
-async fn produce_dead_letter(cfg: &Config, producer: &Producer, dl: &DeadLetter, key: &str) -> Durable {
+async fn produce_dead_letter(cfg: &Config, producer: &dyn RouteBroker, dl: &DeadLetter, key: &str) -> Durable {
     let topic = cfg.dlq_topic();
     let headers = dl.job.as_ref().map(kafka::trace_headers).unwrap_or_default();
     match codec::encode_dead_letter(dl) {
-        Ok(bytes) => match with_retries(|| kafka::send_with_headers(producer, &topic, key, &bytes, &headers)).await {
+        Ok(bytes) => match with_retries(|| producer.send(&topic, key, &bytes, &headers)).await {
             Ok(_) => Durable::Yes,
             Err(e) => {
                 tracing::error!(error = %e, "cannot produce dead letter; the message will be redelivered");
@@ -307,7 +307,7 @@ pub(super) async fn hold_back(sh: &RouteContext, job: &JobSubmitted, at: i64) ->
 pub(super) async fn produce_job(sh: &RouteContext, topic: &str, job: &JobSubmitted, what: &str) -> Durable {
     let headers = kafka::trace_headers(job);
     let Some(bytes) = encoded(codec::encode_job(job), &job.job_id, what) else { return Durable::No };
-    match with_retries(|| kafka::send_with_headers(&sh.producer, topic, &job.tenant, &bytes, &headers)).await {
+    match with_retries(|| sh.broker.send(topic, &job.tenant, &bytes, &headers)).await {
         Ok(_) => Durable::Yes,
         Err(e) => {
             tracing::error!(job_id = %job.job_id, error = %e, "cannot {what} job; it will be redelivered");

@@ -11,7 +11,8 @@ use crate::core::stuck;
 use crate::handlers::{Handler, HandlerError, JobContext, JobLive};
 use crate::model::JobSubmitted;
 use crate::observe::telemetry;
-use crate::{codec, metrics as m, now_ms};
+use crate::seams::Clock;
+use crate::{codec, metrics as m};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -116,8 +117,7 @@ impl RunSpans {
     }
 
     /// Closes the process span with how the run ended; the outcome span is left to write.
-    fn ran(self, run: &Run) -> Settling {
-        let ran_at = now_ms();
+    fn ran(self, run: &Run, ran_at: i64) -> Settling {
         let (label, error) = run.label();
         if let Some(process) = self.process {
             process.end(ran_at, error.as_deref(), Vec::new());
@@ -135,10 +135,10 @@ struct Settling {
 }
 
 impl Settling {
-    /// Writes the outcome span, from the run's end to now.
-    fn settled(self) {
+    /// Writes the outcome span, from the run's end to `now`.
+    fn settled(self, now: i64) {
         if let Some(spans) = &self.job {
-            spans.outcome(self.ran_at, now_ms(), self.label, self.error.as_deref());
+            spans.outcome(self.ran_at, now, self.label, self.error.as_deref());
         }
     }
 }
@@ -162,14 +162,14 @@ pub async fn execute(
         Ok(handler) => handler,
         Err(durable) => return Ended::Skipped.or_lost(durable),
     };
-    let started_at = now_ms();
+    let started_at = sh.clock.now_ms();
     waited.record(&sh, &job, started_at);
     let spans = RunSpans::start(&sh, &job, &origin, &waited, started_at);
     let mut run = run(&sh, &job, handler, slot, started_at, spans.traceparent()).await;
     run.row_claimed = row_claimed;
-    let spans = spans.ran(&run);
+    let spans = spans.ran(&run, sh.clock.now_ms());
     let ended = settle::settle(&sh, &job, &origin, &run).await;
-    spans.settled();
+    spans.settled(sh.clock.now_ms());
     if run.running_written {
         if let Err(e) = Box::pin(sh.store.delete_running_job(sh.pool.as_str(), &job.job_id)).await {
             tracing::debug!(job_id = %job.job_id, error = %e, "could not clear running index");
@@ -208,7 +208,7 @@ async fn clear_to_run(
         return Err(Box::pin(settle::fail(sh, job, origin, err, None)).await);
     };
     if let Verdict::Rejected { retry_at } =
-        sh.breaker_verdict(&job.job_type, &job.tenant, job.attempt == 0 && job.crash_count == 0, now_ms())
+        sh.breaker_verdict(&job.job_type, &job.tenant, job.attempt == 0 && job.crash_count == 0, sh.clock.now_ms())
     {
         // The job type's dependency is failing: hold the job back (no attempt used)
         // on the dependency retry topic until the breaker lets a probe through.
@@ -232,8 +232,8 @@ impl Drop for AbortOnDrop {
 fn expire_at_not_after(sh: &RouteContext, job: &JobSubmitted, live: &Arc<JobLive>) -> Option<AbortOnDrop> {
     let not_after = job.not_after?;
     let (live, grace, job_id) = (live.clone(), sh.cfg.worker.cancel_grace, job.job_id.clone());
+    let wait = Duration::from_millis((not_after - sh.clock.now_ms()).max(0) as u64);
     Some(AbortOnDrop(tokio::spawn(async move {
-        let wait = Duration::from_millis((not_after - now_ms()).max(0) as u64);
         tokio::time::sleep(wait).await;
         tracing::info!(%job_id, not_after, "running past its not_after: cancelling it");
         live.expire();
@@ -258,9 +258,9 @@ async fn run(
     let deadline = tokio::time::Instant::now() + timeout;
     let live = Arc::new(JobLive::default());
     live.advanced(started_at);
-    live.publish_progress(crate::watch::events::ProgressSink::new(&sh.producer, &sh.cfg, &sh.worker_id, job));
+    live.publish_progress(crate::watch::events::ProgressSink::new(sh.broker.clone(), &sh.cfg, &sh.worker_id, job));
     let ctx =
-        JobContext::new(job.clone(), deadline, live.clone(), Some(sh.store.clone())).with_traceparent(traceparent);
+        JobContext::new(job.clone(), deadline, live.clone(), sh.checkpoints.clone()).with_traceparent(traceparent);
     {
         let mut running = sh.running.lock().expect("running map");
         running.insert(job.job_id.clone(), live.clone());
@@ -277,7 +277,7 @@ async fn run(
     let mut running_written = false;
     let result = {
         let mut run = std::pin::pin!(tokio::time::timeout_at(deadline, handler.run(ctx)));
-        let mut stuck = std::pin::pin!(stuck_watch(&live, stuck_after, grace));
+        let mut stuck = std::pin::pin!(stuck_watch(&live, stuck_after, grace, sh.clock.as_ref()));
         // The handler first: a job that is done at its first poll (most short jobs) then
         // never arms the grace timer nor the deadline's (timers arm when first polled).
         tokio::select! {
@@ -286,7 +286,7 @@ async fn run(
             _ = live.aborted() => None,
             _ = &mut stuck => None,
             _ = tokio::time::sleep(RUNNING_WRITE_GRACE) => {
-                crate::watch::events::started(&sh.producer, &sh.cfg, &sh.worker_id, job, started_at);
+                crate::watch::events::started(sh.broker.as_ref(), &sh.cfg, &sh.worker_id, job, started_at);
                 let (written, _unwatched) = Box::pin(mark_running(sh, job, started_at, &live)).await;
                 running_written = written;
                 tokio::select! {
@@ -299,7 +299,7 @@ async fn run(
     };
     // Counted before the slot goes back, so the pool loop sees the cap when it refills it.
     if live.is_abnormal() || live.stuck_reason().is_some() {
-        sh.record_recycling(&job.tenant, now_ms());
+        sh.record_recycling(&job.tenant, sh.clock.now_ms());
     }
     let output_bytes = match &result {
         Some(Ok(Ok(output))) => output.len(),
@@ -331,7 +331,11 @@ async fn mark_running(
             let u = update(sh, job, "running", Some(started_at), None);
             let mut waits = RUNNING_WRITE_RETRIES.iter();
             loop {
-                match sh.store.put_running_with_heartbeat(&u, &encoded, now_ms(), sh.heartbeat_ttl_secs()).await {
+                match sh
+                    .store
+                    .put_running_with_heartbeat(&u, &encoded, sh.clock.now_ms(), sh.heartbeat_ttl_secs())
+                    .await
+                {
                     Ok(()) => return (true, None),
                     Err(e) => match waits.next() {
                         Some(wait) => tokio::time::sleep(*wait).await,
@@ -360,9 +364,9 @@ async fn mark_running(
 /// `stuck_after` it is marked stuck (its handler is asked to stop: a `process` child gets
 /// SIGTERM); this future then ends after `grace`, and the run is aborted if the handler
 /// has not returned by then. Never ends without a `stuck_after`.
-async fn stuck_watch(live: &JobLive, stuck_after: Option<DurationMs>, grace: Duration) {
+async fn stuck_watch(live: &JobLive, stuck_after: Option<DurationMs>, grace: Duration, clock: &dyn Clock) {
     loop {
-        let now = now_ms();
+        let now = clock.now_ms();
         match stuck::watch(live.last_advance(), now, stuck_after) {
             stuck::Watch::Fine { next: None } => std::future::pending::<()>().await,
             stuck::Watch::Fine { next: Some(at) } => {

@@ -6,6 +6,7 @@ use super::route::Origin;
 use crate::core::frontier::{self, PartitionFrontier};
 use crate::model::{JobSubmitted, Millis};
 use crate::now_ms;
+use crate::seams::RouteStore;
 use crate::store::{cancellation_bucket, Store, StoreError};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -50,7 +51,13 @@ impl Frontiers {
     /// whether the state read may be skipped: true only if nobody can have started the
     /// job (else read it: a copy, a redelivery, a cancel on the feed, or no proof). An
     /// error means the store is unavailable: the job must not start.
-    pub async fn before_start(&self, store: &Store, job: &JobSubmitted, origin: &Origin) -> Result<bool, StoreError> {
+    pub async fn before_start(
+        &self,
+        store: &dyn RouteStore,
+        job: &JobSubmitted,
+        origin: &Origin,
+        now: Millis,
+    ) -> Result<bool, StoreError> {
         if origin.topic != self.topic {
             return Ok(false);
         }
@@ -70,7 +77,6 @@ impl Frontiers {
             Box::pin(store.raise_dispatch_frontier(&self.topic, origin.partition, upto)).await?;
             f.reserved(upto);
         }
-        let now = now_ms();
         Ok(self.skip_reads
             && f.never_started(origin.offset)
             && frontier::straight_from_submitter(job, now, MAX_AGE_MS)

@@ -17,6 +17,8 @@ pub mod pool;
 pub mod quota;
 pub mod relay;
 pub mod route;
+#[cfg(test)]
+mod route_tests;
 pub mod schedules;
 mod settle;
 pub mod usage;
@@ -128,8 +130,10 @@ impl Worker {
                 cfg: cfg.clone(),
                 metrics: crate::metrics::PoolMetrics::new(pool.as_str()),
                 pool,
-                store: store.clone(),
-                producer: producer.clone(),
+                store: Arc::new(store.clone()),
+                broker: Arc::new(producer.clone()),
+                clock: Arc::new(crate::seams::SystemClock),
+                checkpoints: Some(store.clone()),
                 registry: registry.clone(),
                 worker_id: worker_id.clone(),
                 running: Mutex::new(HashMap::new()),
@@ -142,6 +146,8 @@ impl Worker {
             });
             let sh = Arc::new(Shared {
                 route,
+                store: store.clone(),
+                producer: producer.clone(),
                 stats: Mutex::new(serde_json::Value::Null),
                 assigned: Default::default(),
                 settled: Default::default(),

@@ -1128,7 +1128,7 @@ impl Loop {
         if done.ended == Ended::Skipped {
             metrics::counter!(m::JOBS_NOT_RUN, "pool" => self.pool()).increment(1);
         }
-        let durable = done.ended != Ended::NotDurable;
+        let durable = done.ended.is_durable();
         if durable {
             self.sh.settled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }

@@ -68,6 +68,11 @@ pub enum Ended {
 }
 
 impl Ended {
+    /// Whether the job's offset may be committed (its outcome is durable, or it needed none).
+    pub fn is_durable(self) -> bool {
+        self != Ended::NotDurable
+    }
+
     /// `self`, unless the outcome was not durable: then `NotDurable`.
     pub(super) fn or_lost(self, durable: Durable) -> Ended {
         match durable {

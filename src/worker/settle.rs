@@ -8,8 +8,8 @@ use super::route::{Durable, Ended, Origin, Run};
 use super::RouteContext;
 use crate::core::retry::{AttemptState, Decision};
 use crate::handlers::HandlerError;
+use crate::metrics as m;
 use crate::model::{FailureClass, JobSubmitted};
-use crate::{metrics as m, now_ms};
 
 /// The settle stage: records how a run ended. A job stopped for the worker's shutdown (and not
 /// finished) is handed off; otherwise its verdict feeds the breaker and poison detector
@@ -31,7 +31,7 @@ pub(super) async fn settle(sh: &RouteContext, job: &JobSubmitted, origin: &Origi
     if live.is_stopping() && !live.is_cancelled() && !matches!(result, Some(Ok(Ok(_)))) {
         return Ended::Skipped.or_lost(Box::pin(hand_off(sh, job)).await);
     }
-    let run_ms = (now_ms() - started_at).max(0) as f64;
+    let run_ms = (sh.clock.now_ms() - started_at).max(0) as f64;
     sh.metrics.run_seconds.record(run_ms / 1000.0);
     // Outcome for the breaker and poison detector; a cancelled job gives no verdict.
     let verdict = match result {
@@ -41,8 +41,8 @@ pub(super) async fn settle(sh: &RouteContext, job: &JobSubmitted, origin: &Origi
         _ => None,
     };
     if let Some(failure) = verdict {
-        sh.record_outcome(&job.job_type, &job.tenant, failure, now_ms());
-        sh.record_run(&job.job_type, &job.tenant, run_ms as crate::model::Millis, now_ms());
+        sh.record_outcome(&job.job_type, &job.tenant, failure, sh.clock.now_ms());
+        sh.record_run(&job.job_type, &job.tenant, run_ms as crate::model::Millis, sh.clock.now_ms());
     }
     let started = Some(started_at);
     // Only success runs inline; the rarer endings are boxed, so their futures do not sit
@@ -86,7 +86,7 @@ async fn hand_off(sh: &RouteContext, job: &JobSubmitted) -> Durable {
         // claims the job first is still told it was handed off (`check::claim_hand_off`).
         tracing::warn!(job_id = %job.job_id, error = %e, "could not record the hand-off count");
     }
-    match with_retries(|| sh.store.mark_handed_off(&job.job_id, &sh.worker_id, now_ms())).await {
+    match with_retries(|| sh.store.mark_handed_off(&job.job_id, &sh.worker_id, sh.clock.now_ms())).await {
         Ok(true) => {}
         // Another worker runs it now (its state stays), it ended, or it never got a
         // running row here (stopped within its first 250 ms): the copy below is
@@ -99,7 +99,7 @@ async fn hand_off(sh: &RouteContext, job: &JobSubmitted) -> Durable {
     }
     // A copy, not a submission: never "fresh", so it always reads (and claims) the row.
     let mut copy = job.clone();
-    copy.not_before = Some(now_ms());
+    copy.not_before = Some(sh.clock.now_ms());
     copy.handoff_count = handoffs;
     if !produce_job(sh, &sh.cfg.pool_topic(sh.pool), &copy, "hand off").await.is_yes() {
         return Durable::No;
@@ -118,7 +118,7 @@ pub(super) async fn fail(
     err: HandlerError,
     started_at: Option<i64>,
 ) -> Durable {
-    let now = now_ms();
+    let now = sh.clock.now_ms();
     metrics::counter!(m::JOB_FAILURES, "pool" => sh.pool.as_str(), "class" => err.class.as_str()).increment(1);
     let state =
         AttemptState { attempt: job.attempt, crash_count: job.crash_count, last_error: Some(err.message.clone()) };
@@ -141,7 +141,7 @@ pub(super) async fn fail(
                 return Durable::No;
             }
             metrics::counter!(m::RETRIES, "class" => class_topic.as_str(), "job_type" => sh.bounded_job_type(&job.job_type)).increment(1);
-            crate::watch::events::retrying(&sh.producer, &sh.cfg, &sh.worker_id, job, not_before, &err.message);
+            crate::watch::events::retrying(sh.broker.as_ref(), &sh.cfg, &sh.worker_id, job, not_before, &err.message);
             let mut u = update(sh, job, "retrying", started_at, None);
             u.attempts = attempt;
             u.crash_count = crash_count;

@@ -1,0 +1,133 @@
+//! The narrow seams a job's route (`worker::route`) reaches the outside world through:
+//! [`RouteStore`] (the store reads and writes of its checks and outcomes), [`RouteBroker`]
+//! (the records it produces) and [`Clock`] (the time it stamps and compares). `store` and
+//! `kafka` implement the first two for the real edges; `sim::doubles` implements them in
+//! memory, so the route runs in one process under tokio's paused time (`TokioClock`).
+//! The pool loop's consuming and committing stay on the real consumer (`kafka`): the
+//! route only hands back whether its outcome is durable (`route::Ended`).
+
+use crate::kafka::KafkaError;
+use crate::model::Millis;
+use crate::store::{HeartbeatRow, JobRow, StateUpdate, StoreError};
+use std::future::Future;
+use std::pin::Pin;
+
+/// A future of one edge call (boxed: the seams are trait objects).
+pub type Io<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What a job's route reads and writes in the store.
+pub trait RouteStore: Send + Sync {
+    /// A job's state (its row merged with its finished record), if any.
+    fn job<'a>(&'a self, job_id: &'a str) -> Io<'a, Result<Option<JobRow>, StoreError>>;
+    /// The last heartbeat of a running job (it expires after its TTL).
+    fn heartbeat<'a>(&'a self, job_id: &'a str) -> Io<'a, Result<Option<HeartbeatRow>, StoreError>>;
+    /// A heartbeat of a job running on `beat.worker`, living `beat.ttl_secs`.
+    fn put_heartbeat<'a>(&'a self, beat: Beat<'a>) -> Io<'a, Result<(), StoreError>>;
+    /// A job's state at one step of its route (running, retrying, or terminal).
+    fn put_state<'a>(&'a self, u: &'a StateUpdate<'a>, now: Millis) -> Io<'a, Result<(), StoreError>>;
+    /// A finished UUIDv7 job's packed record (`core::finished`), instead of a row.
+    fn put_finished<'a>(&'a self, u: &'a StateUpdate<'a>, now: Millis) -> Io<'a, Result<(), StoreError>>;
+    /// The running row, first heartbeat and reaper entry of a job that outlived its grace.
+    fn put_running_with_heartbeat<'a>(
+        &'a self,
+        u: &'a StateUpdate<'a>,
+        encoded_job: &'a [u8],
+        now: Millis,
+        heartbeat_ttl_secs: i32,
+    ) -> Io<'a, Result<(), StoreError>>;
+    /// Clears a job's reaper entry once its run ended.
+    fn delete_running_job<'a>(&'a self, pool: &'a str, job_id: &'a str) -> Io<'a, Result<(), StoreError>>;
+    /// Claims a handed-off job for `worker`, atomically: whether this claim won.
+    fn claim_hand_off<'a>(&'a self, job_id: &'a str, worker: &'a str, now: Millis) -> Io<'a, Result<bool, StoreError>>;
+    /// Marks a job running on `worker` as handed off: whether the row showed it so.
+    fn mark_handed_off<'a>(&'a self, job_id: &'a str, worker: &'a str, now: Millis)
+        -> Io<'a, Result<bool, StoreError>>;
+    /// How often generation `generation` of a job was handed off (0 if never).
+    fn handoff_count<'a>(&'a self, job_id: &'a str, generation: i64) -> Io<'a, Result<i32, StoreError>>;
+    fn put_handoff_count<'a>(&'a self, job_id: &'a str, generation: i64, count: i32) -> Io<'a, Result<(), StoreError>>;
+    /// The dispatch frontier recorded for a partition (`core::frontier`).
+    fn dispatch_frontier<'a>(&'a self, topic: &'a str, partition: i32) -> Io<'a, Result<Option<i64>, StoreError>>;
+    fn raise_dispatch_frontier<'a>(
+        &'a self,
+        topic: &'a str,
+        partition: i32,
+        offset: i64,
+    ) -> Io<'a, Result<(), StoreError>>;
+}
+
+/// A heartbeat to write ([`RouteStore::put_heartbeat`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Beat<'a> {
+    pub job_id: &'a str,
+    pub worker: &'a str,
+    pub at: Millis,
+    pub progress: f64,
+    pub message: &'a str,
+    pub ttl_secs: i32,
+}
+
+/// What a job's route produces: records it waits for (results, retries, dead letters,
+/// copies) and events it does not (`watch::events`).
+pub trait RouteBroker: Send + Sync {
+    /// Produces one record and waits for the broker's acknowledgement: (partition, offset).
+    fn send<'a>(
+        &'a self,
+        topic: &'a str,
+        key: &'a str,
+        payload: &'a [u8],
+        headers: &'a [(&'a str, &'a str)],
+    ) -> Io<'a, Result<(i32, i64), KafkaError>>;
+    /// Queues one record without waiting; false if it could not be queued.
+    fn send_nowait(&self, topic: &str, key: &str, payload: &[u8]) -> bool;
+}
+
+/// The time a job's route stamps and compares (epoch milliseconds). Its waits are
+/// tokio's (`tokio::time::sleep`), so a clock driven by tokio's time keeps both in step.
+pub trait Clock: Send + Sync {
+    fn now_ms(&self) -> Millis;
+}
+
+/// The wall clock (the real worker's).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> Millis {
+        crate::now_ms()
+    }
+}
+
+/// A clock that starts at `epoch` and moves with tokio's time: under
+/// `tokio::time::pause` it advances only as the runtime's timers do.
+#[derive(Debug, Clone, Copy)]
+pub struct TokioClock {
+    epoch: Millis,
+    start: tokio::time::Instant,
+}
+
+impl TokioClock {
+    /// Starts now (tokio's now) at `epoch` ms.
+    pub fn starting_at(epoch: Millis) -> Self {
+        TokioClock { epoch, start: tokio::time::Instant::now() }
+    }
+}
+
+impl Clock for TokioClock {
+    fn now_ms(&self) -> Millis {
+        self.epoch + self.start.elapsed().as_millis() as Millis
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Under paused time the clock moves exactly as far as tokio's timers did.
+    #[tokio::test(start_paused = true)]
+    async fn the_tokio_clock_follows_paused_time() {
+        let clock = TokioClock::starting_at(1_000);
+        assert_eq!(clock.now_ms(), 1_000);
+        tokio::time::sleep(std::time::Duration::from_millis(2_500)).await;
+        assert_eq!(clock.now_ms(), 3_500);
+    }
+}

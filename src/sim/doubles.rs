@@ -1,0 +1,242 @@
+//! In-memory doubles of the seams a job's route reaches the outside through
+//! (`crate::seams`): a store of job rows, heartbeats (expiring on the given clock),
+//! hand-off counts and dispatch frontiers, and a broker that keeps what it was sent.
+//! Either can be made to refuse every call (an outage), so a test sees what the route
+//! does when its outcome cannot be made durable.
+
+use crate::kafka::KafkaError;
+use crate::model::Millis;
+use crate::seams::{Beat, Clock, Io, RouteBroker, RouteStore};
+use crate::store::{HeartbeatRow, JobRow, StateUpdate, StoreError};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// A store in memory; heartbeats expire after their TTL on `clock`.
+pub struct MemStore {
+    clock: Arc<dyn Clock>,
+    down: AtomicBool,
+    state: Mutex<MemState>,
+}
+
+#[derive(Default)]
+struct MemState {
+    jobs: HashMap<String, JobRow>,
+    /// A heartbeat and when it expires.
+    heartbeats: HashMap<String, (HeartbeatRow, Millis)>,
+    /// The reaper's running index: (pool, job id).
+    running: HashSet<(String, String)>,
+    handoffs: HashMap<(String, i64), i32>,
+    frontiers: HashMap<(String, i32), i64>,
+}
+
+impl MemStore {
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        MemStore { clock, down: AtomicBool::new(false), state: Mutex::default() }
+    }
+
+    /// While down, every call fails as a store outage does.
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::SeqCst);
+    }
+
+    /// A job's row as stored now.
+    pub fn row(&self, job_id: &str) -> Option<JobRow> {
+        self.state.lock().expect("mem store").jobs.get(job_id).cloned()
+    }
+
+    /// Whether a job is in the reaper's running index of `pool`.
+    pub fn in_running_index(&self, pool: &str, job_id: &str) -> bool {
+        self.state.lock().expect("mem store").running.contains(&(pool.to_string(), job_id.to_string()))
+    }
+
+    /// Runs `f` on the state, or fails as an outage while down.
+    fn with<T: Send + 'static>(&self, f: impl FnOnce(&mut MemState, Millis) -> T) -> Io<'_, Result<T, StoreError>> {
+        let out = if self.down.load(Ordering::SeqCst) {
+            Err(StoreError::Query { what: "memory store", message: "the store is down".into() })
+        } else {
+            Ok(f(&mut self.state.lock().expect("mem store"), self.clock.now_ms()))
+        };
+        Box::pin(std::future::ready(out))
+    }
+}
+
+/// Writes an update into a job's row (creating it), as the `jobs` table's upsert does.
+fn upsert(jobs: &mut HashMap<String, JobRow>, u: &StateUpdate<'_>, now: Millis) {
+    let row =
+        jobs.entry(u.job_id.to_string()).or_insert_with(|| JobRow { job_id: u.job_id.into(), ..JobRow::default() });
+    row.tenant = Some(u.tenant.into());
+    row.job_type = Some(u.job_type.into());
+    row.pool = Some(u.pool.into());
+    row.status = Some(u.status.into());
+    row.attempts = Some(u.attempts);
+    row.crash_count = Some(u.crash_count);
+    row.generation = Some(u.generation);
+    row.submitted_at = Some(u.submitted_at);
+    row.started_at = u.started_at.or(row.started_at);
+    row.finished_at = u.finished_at;
+    row.worker = Some(u.worker.into());
+    row.error = u.error.map(Into::into);
+    row.failure_class = u.failure_class.map(Into::into);
+    row.output = u.output.map(<[u8]>::to_vec);
+    row.updated_at = Some(now);
+}
+
+fn beat(state: &mut MemState, b: &Beat<'_>) {
+    let row = HeartbeatRow {
+        job_id: b.job_id.into(),
+        worker: Some(b.worker.into()),
+        at: Some(b.at),
+        progress: Some(b.progress),
+        message: Some(b.message.into()),
+    };
+    state.heartbeats.insert(b.job_id.into(), (row, b.at + i64::from(b.ttl_secs) * 1000));
+}
+
+impl RouteStore for MemStore {
+    fn job<'a>(&'a self, job_id: &'a str) -> Io<'a, Result<Option<JobRow>, StoreError>> {
+        self.with(|s, _| s.jobs.get(job_id).cloned())
+    }
+    fn heartbeat<'a>(&'a self, job_id: &'a str) -> Io<'a, Result<Option<HeartbeatRow>, StoreError>> {
+        self.with(|s, now| s.heartbeats.get(job_id).filter(|(_, expires)| now < *expires).map(|(hb, _)| hb.clone()))
+    }
+    fn put_heartbeat<'a>(&'a self, b: Beat<'a>) -> Io<'a, Result<(), StoreError>> {
+        self.with(|s, _| beat(s, &b))
+    }
+    fn put_state<'a>(&'a self, u: &'a StateUpdate<'a>, now: Millis) -> Io<'a, Result<(), StoreError>> {
+        self.with(|s, _| upsert(&mut s.jobs, u, now))
+    }
+    fn put_finished<'a>(&'a self, u: &'a StateUpdate<'a>, now: Millis) -> Io<'a, Result<(), StoreError>> {
+        self.with(|s, _| upsert(&mut s.jobs, u, now))
+    }
+    fn put_running_with_heartbeat<'a>(
+        &'a self,
+        u: &'a StateUpdate<'a>,
+        _encoded_job: &'a [u8],
+        now: Millis,
+        heartbeat_ttl_secs: i32,
+    ) -> Io<'a, Result<(), StoreError>> {
+        self.with(|s, _| {
+            upsert(&mut s.jobs, u, now);
+            let b = Beat {
+                job_id: u.job_id,
+                worker: u.worker,
+                at: now,
+                progress: 0.0,
+                message: "",
+                ttl_secs: heartbeat_ttl_secs,
+            };
+            beat(s, &b);
+            s.running.insert((u.pool.to_string(), u.job_id.to_string()));
+        })
+    }
+    fn delete_running_job<'a>(&'a self, pool: &'a str, job_id: &'a str) -> Io<'a, Result<(), StoreError>> {
+        self.with(|s, _| {
+            s.running.remove(&(pool.to_string(), job_id.to_string()));
+        })
+    }
+    fn claim_hand_off<'a>(&'a self, job_id: &'a str, worker: &'a str, now: Millis) -> Io<'a, Result<bool, StoreError>> {
+        self.with(|s, _| match s.jobs.get_mut(job_id) {
+            Some(row) if row.status.as_deref() == Some("handed_off") => {
+                row.status = Some("running".into());
+                row.worker = Some(worker.into());
+                row.updated_at = Some(now);
+                true
+            }
+            _ => false,
+        })
+    }
+    fn mark_handed_off<'a>(
+        &'a self,
+        job_id: &'a str,
+        worker: &'a str,
+        now: Millis,
+    ) -> Io<'a, Result<bool, StoreError>> {
+        self.with(|s, _| match s.jobs.get_mut(job_id) {
+            Some(row) if row.status.as_deref() == Some("running") && row.worker.as_deref() == Some(worker) => {
+                row.status = Some("handed_off".into());
+                row.updated_at = Some(now);
+                true
+            }
+            _ => false,
+        })
+    }
+    fn handoff_count<'a>(&'a self, job_id: &'a str, generation: i64) -> Io<'a, Result<i32, StoreError>> {
+        self.with(|s, _| s.handoffs.get(&(job_id.to_string(), generation)).copied().unwrap_or(0))
+    }
+    fn put_handoff_count<'a>(&'a self, job_id: &'a str, generation: i64, count: i32) -> Io<'a, Result<(), StoreError>> {
+        self.with(|s, _| {
+            s.handoffs.insert((job_id.to_string(), generation), count);
+        })
+    }
+    fn dispatch_frontier<'a>(&'a self, topic: &'a str, partition: i32) -> Io<'a, Result<Option<i64>, StoreError>> {
+        self.with(|s, _| s.frontiers.get(&(topic.to_string(), partition)).copied())
+    }
+    fn raise_dispatch_frontier<'a>(
+        &'a self,
+        topic: &'a str,
+        partition: i32,
+        offset: i64,
+    ) -> Io<'a, Result<(), StoreError>> {
+        self.with(|s, _| {
+            let f = s.frontiers.entry((topic.to_string(), partition)).or_insert(offset);
+            *f = (*f).max(offset);
+        })
+    }
+}
+
+/// A record the broker double was sent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sent {
+    pub topic: String,
+    pub key: String,
+    pub payload: Vec<u8>,
+}
+
+/// A broker in memory: keeps every record it acknowledged.
+#[derive(Default)]
+pub struct MemBroker {
+    refusing: AtomicBool,
+    sent: Mutex<Vec<Sent>>,
+}
+
+impl MemBroker {
+    /// While refusing, every send fails as a broker that is unreachable does.
+    pub fn set_refusing(&self, refusing: bool) {
+        self.refusing.store(refusing, Ordering::SeqCst);
+    }
+
+    /// The records acknowledged on `topic`, in order.
+    pub fn sent_to(&self, topic: &str) -> Vec<Sent> {
+        self.sent.lock().expect("mem broker").iter().filter(|s| s.topic == topic).cloned().collect()
+    }
+
+    fn take(&self, topic: &str, key: &str, payload: &[u8]) -> bool {
+        if self.refusing.load(Ordering::SeqCst) {
+            return false;
+        }
+        let s = Sent { topic: topic.into(), key: key.into(), payload: payload.to_vec() };
+        self.sent.lock().expect("mem broker").push(s);
+        true
+    }
+}
+
+impl RouteBroker for MemBroker {
+    fn send<'a>(
+        &'a self,
+        topic: &'a str,
+        key: &'a str,
+        payload: &'a [u8],
+        _headers: &'a [(&'a str, &'a str)],
+    ) -> Io<'a, Result<(i32, i64), KafkaError>> {
+        let out = if self.take(topic, key, payload) {
+            Ok((0, self.sent.lock().expect("mem broker").len() as i64 - 1))
+        } else {
+            Err(KafkaError::ProducerGaveUp("the broker double refuses".into()))
+        };
+        Box::pin(std::future::ready(out))
+    }
+    fn send_nowait(&self, topic: &str, key: &str, payload: &[u8]) -> bool {
+        self.take(topic, key, payload)
+    }
+}

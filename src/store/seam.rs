@@ -1,0 +1,64 @@
+//! The store as a job's route sees it ([`RouteStore`]): each call is the `Store` method
+//! of the same name.
+
+use super::{HeartbeatRow, JobRow, StateUpdate, Store, StoreError};
+use crate::model::Millis;
+use crate::seams::{Beat, Io, RouteStore};
+
+impl RouteStore for Store {
+    fn job<'a>(&'a self, job_id: &'a str) -> Io<'a, Result<Option<JobRow>, StoreError>> {
+        Box::pin(Store::job(self, job_id))
+    }
+    fn heartbeat<'a>(&'a self, job_id: &'a str) -> Io<'a, Result<Option<HeartbeatRow>, StoreError>> {
+        Box::pin(Store::heartbeat(self, job_id))
+    }
+    fn put_heartbeat<'a>(&'a self, b: Beat<'a>) -> Io<'a, Result<(), StoreError>> {
+        Box::pin(Store::put_heartbeat(self, b.job_id, b.worker, b.at, b.progress, b.message, b.ttl_secs))
+    }
+    fn put_state<'a>(&'a self, u: &'a StateUpdate<'a>, now: Millis) -> Io<'a, Result<(), StoreError>> {
+        Box::pin(Store::put_state(self, u, now))
+    }
+    fn put_finished<'a>(&'a self, u: &'a StateUpdate<'a>, now: Millis) -> Io<'a, Result<(), StoreError>> {
+        Box::pin(Store::put_finished(self, u, now))
+    }
+    fn put_running_with_heartbeat<'a>(
+        &'a self,
+        u: &'a StateUpdate<'a>,
+        encoded_job: &'a [u8],
+        now: Millis,
+        heartbeat_ttl_secs: i32,
+    ) -> Io<'a, Result<(), StoreError>> {
+        Box::pin(Store::put_running_with_heartbeat(self, u, encoded_job, now, heartbeat_ttl_secs))
+    }
+    fn delete_running_job<'a>(&'a self, pool: &'a str, job_id: &'a str) -> Io<'a, Result<(), StoreError>> {
+        Box::pin(Store::delete_running_job(self, pool, job_id))
+    }
+    fn claim_hand_off<'a>(&'a self, job_id: &'a str, worker: &'a str, now: Millis) -> Io<'a, Result<bool, StoreError>> {
+        Box::pin(Store::claim_hand_off(self, job_id, worker, now))
+    }
+    fn mark_handed_off<'a>(
+        &'a self,
+        job_id: &'a str,
+        worker: &'a str,
+        now: Millis,
+    ) -> Io<'a, Result<bool, StoreError>> {
+        Box::pin(Store::mark_handed_off(self, job_id, worker, now))
+    }
+    fn handoff_count<'a>(&'a self, job_id: &'a str, generation: i64) -> Io<'a, Result<i32, StoreError>> {
+        Box::pin(Store::handoff_count(self, job_id, generation))
+    }
+    fn put_handoff_count<'a>(&'a self, job_id: &'a str, generation: i64, count: i32) -> Io<'a, Result<(), StoreError>> {
+        Box::pin(Store::put_handoff_count(self, job_id, generation, count))
+    }
+    fn dispatch_frontier<'a>(&'a self, topic: &'a str, partition: i32) -> Io<'a, Result<Option<i64>, StoreError>> {
+        Box::pin(Store::dispatch_frontier(self, topic, partition))
+    }
+    fn raise_dispatch_frontier<'a>(
+        &'a self,
+        topic: &'a str,
+        partition: i32,
+        offset: i64,
+    ) -> Io<'a, Result<(), StoreError>> {
+        Box::pin(Store::raise_dispatch_frontier(self, topic, partition, offset))
+    }
+}

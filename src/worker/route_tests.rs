@@ -1,0 +1,183 @@
+//! A job's route (check → run → settle) run whole against the in-memory doubles of the
+//! store and the broker (`sim::doubles`) under tokio's paused time: no services.
+
+use super::exec::{self, SlotRelease, Waited};
+use super::route::{Ended, Origin};
+use super::{frontier, Health, RouteContext};
+use crate::config::Config;
+use crate::core::offsets::PartitionOffsets;
+use crate::handlers::{Handler, HandlerResult, JobContext, Registry};
+use crate::model::{JobStatus, JobSubmitted, Pool};
+use crate::seams::{Clock, TokioClock};
+use crate::sim::doubles::{MemBroker, MemStore};
+use futures::future::BoxFuture;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const EPOCH: i64 = 1_790_000_000_000;
+const JOB_TYPE: &str = "t";
+
+/// Returns its payload; its first `hang` runs never return (the worker dies under them).
+struct Echo {
+    runs: AtomicUsize,
+    hang: usize,
+}
+
+impl Handler for Echo {
+    fn run(&self, ctx: JobContext) -> BoxFuture<'static, HandlerResult> {
+        let hang = self.runs.fetch_add(1, Ordering::SeqCst) < self.hang;
+        Box::pin(async move {
+            if hang {
+                std::future::pending::<()>().await;
+            }
+            Ok(ctx.job.payload.clone())
+        })
+    }
+}
+
+/// One worker's route context over the doubles (a new `worker_id` is a new process).
+struct Fixture {
+    store: Arc<MemStore>,
+    broker: Arc<MemBroker>,
+    clock: Arc<dyn Clock>,
+    echo: Arc<Echo>,
+    cfg: Arc<Config>,
+}
+
+impl Fixture {
+    fn new(hang: usize) -> Fixture {
+        let clock: Arc<dyn Clock> = Arc::new(TokioClock::starting_at(EPOCH));
+        Fixture {
+            store: Arc::new(MemStore::new(clock.clone())),
+            broker: Arc::new(MemBroker::default()),
+            clock,
+            echo: Arc::new(Echo { runs: AtomicUsize::new(0), hang }),
+            cfg: Arc::new(Config::builtin()),
+        }
+    }
+
+    fn worker(&self, worker_id: &str) -> Arc<RouteContext> {
+        let (cfg, pool) = (self.cfg.clone(), Pool::Short);
+        let mut registry = Registry::default();
+        registry.insert(JOB_TYPE, self.echo.clone());
+        let feed = Arc::new(frontier::CancelFeed::default());
+        Arc::new(RouteContext {
+            metrics: crate::metrics::PoolMetrics::new(pool.as_str()),
+            pool,
+            store: self.store.clone(),
+            broker: self.broker.clone(),
+            clock: self.clock.clone(),
+            checkpoints: None,
+            registry,
+            worker_id: worker_id.to_string(),
+            running: Mutex::new(HashMap::new()),
+            stopping: Default::default(),
+            health: Mutex::new(Health::new(&cfg, worker_id)),
+            frontiers: frontier::Frontiers::new(cfg.pool_topic(pool), cfg.worker.skip_fresh_reads, feed),
+            admission_tally: Default::default(),
+            ranges: cfg.run_ranges(),
+            recycling: Mutex::new(crate::core::recycling::Recycling::new(cfg.pool(pool).recycling)),
+            cfg,
+        })
+    }
+
+    fn job(&self) -> Arc<JobSubmitted> {
+        let at = self.clock.now_ms();
+        Arc::new(JobSubmitted::original("job-1".into(), "tenant-a".into(), JOB_TYPE.into(), b"in".to_vec(), at))
+    }
+
+    fn origin(&self) -> Origin {
+        Origin { topic: self.cfg.pool_topic(Pool::Short), partition: 0, offset: 7 }
+    }
+
+    /// Runs the job's route on `route` as the pool loop does, to its end.
+    async fn execute(&self, route: Arc<RouteContext>, job: Arc<JobSubmitted>) -> Ended {
+        let now = self.clock.now_ms();
+        let mut slot = SlotRelease::new(|_, _| {});
+        let waited = Waited { received_at: now, dispatched_at: now };
+        exec::execute(route, job, self.origin(), &mut slot, waited).await
+    }
+
+    fn results(&self) -> Vec<crate::model::JobResult> {
+        let topic = self.cfg.results_topic();
+        self.broker.sent_to(&topic).iter().map(|s| crate::codec::decode_result(&s.payload).unwrap()).collect()
+    }
+}
+
+/// The pool loop's commit rule: the offset is finished only if the route's end is durable;
+/// the partition commits up to (not including) its oldest unfinished offset.
+fn commit(offsets: &mut PartitionOffsets, offset: i64, ended: Ended) -> Option<i64> {
+    if ended.is_durable() {
+        offsets.finished(offset);
+    }
+    offsets.committable()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_job_runs_and_its_result_and_state_are_recorded_before_its_commit() {
+    let f = Fixture::new(0);
+    let mut offsets = PartitionOffsets::new();
+    offsets.started(7).unwrap();
+    let ended = f.execute(f.worker("w1"), f.job()).await;
+    assert_eq!(ended, Ended::Ran);
+    let results = f.results();
+    assert_eq!(results.len(), 1, "one result");
+    assert_eq!((results[0].status, results[0].attempts), (JobStatus::Succeeded, 1));
+    assert_eq!(results[0].output.as_deref(), Some(&b"in"[..]));
+    assert_eq!(f.store.row("job-1").and_then(|r| r.status).as_deref(), Some("succeeded"));
+    assert_eq!(commit(&mut offsets, 7, ended), Some(8), "committed past the job once its outcome is durable");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_outcome_the_broker_refused_holds_the_commit_and_the_copy_runs_again() {
+    let f = Fixture::new(0);
+    let mut offsets = PartitionOffsets::new();
+    offsets.started(7).unwrap();
+    f.broker.set_refusing(true);
+    let ended = f.execute(f.worker("w1"), f.job()).await;
+    assert_eq!(ended, Ended::NotDurable);
+    assert!(f.results().is_empty());
+    assert_eq!(f.store.row("job-1").and_then(|r| r.status), None, "no state before its result");
+    assert_eq!(commit(&mut offsets, 7, ended), Some(7), "the commit stays at the job: it is redelivered");
+    // Redelivered (after a restart) once the broker answers: it runs and settles.
+    f.broker.set_refusing(false);
+    let ended = f.execute(f.worker("w2"), f.job()).await;
+    assert_eq!(ended, Ended::Ran);
+    assert_eq!(f.results().len(), 1);
+    assert_eq!(commit(&mut offsets, 7, ended), Some(8));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crash_before_settle_reruns_the_job_without_using_an_attempt() {
+    let f = Fixture::new(1);
+    let job = f.job();
+    // The first worker runs the job past its running-row grace, then dies mid-run.
+    let first = tokio::spawn({
+        let (route, job) = (f.worker("w1"), job.clone());
+        let origin = f.origin();
+        async move {
+            let mut slot = SlotRelease::new(|_, _| {});
+            let waited = Waited { received_at: EPOCH, dispatched_at: EPOCH };
+            exec::execute(route, job, origin, &mut slot, waited).await
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let row = f.store.row("job-1").expect("a running row after the grace");
+    assert_eq!((row.status.as_deref(), row.worker.as_deref()), (Some("running"), Some("w1")));
+    assert!(f.store.in_running_index("short", "job-1"), "the reaper can find it");
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    assert!(f.results().is_empty(), "no outcome: it died before settling");
+    // Its copy is redelivered to a restarted worker: it waits out the dead worker's
+    // heartbeat, takes the job over as a crash, and runs it.
+    let ended = f.execute(f.worker("w2"), job).await;
+    assert_eq!(ended, Ended::Ran);
+    assert_eq!(f.echo.runs.load(Ordering::SeqCst), 2, "ran again");
+    let results = f.results();
+    assert_eq!(results.len(), 1);
+    assert_eq!((results[0].status, results[0].attempts), (JobStatus::Succeeded, 1), "the crash used no attempt");
+    let row = f.store.row("job-1").unwrap();
+    assert_eq!((row.status.as_deref(), row.crash_count, row.attempts), (Some("succeeded"), Some(1), Some(1)));
+}
