@@ -319,7 +319,7 @@ async fn a_process_jobs_result_job_view_and_ledger_carry_its_trees_peak_memory_a
     let charged = common::wait_for(Duration::from_secs(60), async || {
         let lines = fairway::ledger::report(&stmts, &q).await.ok()?;
         let l = lines.iter().find(|l| l.job_type == "use")?;
-        (l.usage.results == 1).then(|| l.usage)
+        (l.usage.results == 1).then_some(l.usage)
     })
     .await
     .expect("the ledger charged the process job");
