@@ -27,7 +27,8 @@ cannot read it):
 tests/fixtures/v1/ holds the messages this script wrote with the v1 schemas (before the
 trace-context fields of v2), tests/fixtures/v2/ those of v2 (before v3's flow_key),
 tests/fixtures/v3/ those of v3 (before the `resource` failure class of v4) and
-tests/fixtures/v4/ those of v4 (before v5's user_key and handoff_count): they
+tests/fixtures/v4/ those of v4 (before v5's user_key and handoff_count),
+tests/fixtures/v5/ the result of v5 (before the result's peak_memory_bytes and cpu_ms): they
 are the "schema from last month" the decoder must still read (by schema resolution, see
 `History` in src/codec). Never regenerate them; when a schema changes again, keep the
 current fixtures as tests/fixtures/v<N>/ the same way.
@@ -195,6 +196,8 @@ JOB_RESULT = {
     "started_at": 1_700_000_001_000,
     "finished_at": 1_700_000_031_000,
     "worker_id": "worker-2",
+    "peak_memory_bytes": 268435456,
+    "cpu_ms": 1234,
 }
 
 FIXTURES = [

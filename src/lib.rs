@@ -16,6 +16,8 @@
 //! | `store` | the ScyllaDB edge: schema, statements, tables per concept |
 //! | `store::due` | the due index of schedules and debounce windows: what the promoter's leader reads, only what is due |
 //! | `store::slots` | a tenant's numbered slots claimed by LWT: the atomic per-tenant count of schedules and open debounce windows |
+//! | `store::alerts` | tenant alerts' rows: every alert per tenant (TTL'd) and the alerts open or with a delivery unfinished |
+//! | `store::regions` | a deployment's region state (up, draining, down), what `fairway region` writes and the API polls |
 //! | `handlers` | the `Handler` trait and job context; the HTTP executor, the `process` executor (one-shot and pooled children, `handlers::process::pooled`), demo handlers |
 //! | `seams` | the narrow traits a job's route reaches the store (`RouteStore`), the broker (`RouteBroker`) and time (`Clock`) through; implemented by `store` and `kafka`, and in memory by `sim::doubles` |
 //! | `worker` | a worker process; its tasks are below |

@@ -362,6 +362,7 @@ async fn running_since_a_minute(store: &Store, job: &fairway::model::JobSubmitte
         error: None,
         failure_class: None,
         output: None,
+        usage: None,
     };
     let encoded = fairway::codec::encode_job(job).unwrap();
     store.put_running_with_heartbeat(&u, &encoded, now - 60_000, 1).await.unwrap();

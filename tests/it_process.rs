@@ -6,7 +6,9 @@
 //! SIGTERM on cancel; the Node example runs. The sandbox's attacks (a fork tree over the
 //! memory limit, a `setsid` stray, a control line without end, a fork bomb, reading the
 //! worker's environ or a sibling's /proc fds, kill(-1)) each end in their own job while
-//! another tenant's jobs on the worker succeed. Fixtures: tests/fixtures/process/, examples/.
+//! another tenant's jobs on the worker succeed. A process job's result, job view and
+//! ledger line carry its tree's peak memory and CPU time. Fixtures:
+//! tests/fixtures/process/, examples/.
 
 mod common;
 
@@ -270,6 +272,62 @@ async fn the_python_example_resumes_from_its_checkpoint_after_a_sigterm_hand_off
     assert_eq!((r.status, r.failure_class), (JobStatus::Failed, Some(FailureClass::Permanent)), "exit 65: {r:?}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_process_jobs_result_job_view_and_ledger_carry_its_trees_peak_memory_and_cpu() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
+    let extra = format!(
+        "[pools.short]\nslots = 2\nheartbeat_interval = \"1s\"\n{}\
+         [job_types.echo]\npool = \"short\"\nhandler = \"echo\"\n",
+        misbehave("use", "short", "use", "limits = { memory = \"256MiB\" }\ntimeout = \"40s\""),
+    );
+    let cfg = Arc::new(common::config(&extra));
+    common::init(&cfg).await;
+    let store = Store::open(&cfg).await.unwrap();
+    let (stop_ledger, stopped) = tokio::sync::watch::channel(false);
+    let ledger = tokio::spawn(fairway::ledger::run(cfg.clone(), store.clone(), stopped));
+    let w = start(&cfg, &[Pool::Short]).await;
+    let sub = Submitter::new(cfg.clone(), None).unwrap();
+    let from = fairway::now_ms() - 3_600_000;
+    // The ledger's rows are this run's own: their scope is the run's topic prefix.
+    let tenant = "acme".to_string();
+    let used = sub.submit(&common::new_job(&tenant, "use", serde_json::Value::Null)).await.unwrap().job_id;
+    let plain = sub.submit(&common::new_job(&tenant, "echo", serde_json::json!("x"))).await.unwrap().job_id;
+    let results = common::results_for(&cfg, &[used.clone(), plain.clone()], Duration::from_secs(50)).await;
+    w.stop().await;
+
+    let r = &results.get(&used).expect("the process job finished")[0];
+    assert_eq!(r.status, JobStatus::Succeeded, "{r:?}");
+    let (peak, cpu) = (r.peak_memory_bytes.expect("peak memory on the result"), r.cpu_ms.expect("cpu on the result"));
+    println!("the process job's result: peak memory {peak} bytes, cpu {cpu} ms");
+    // The child's 96 MiB and 1.5 s of CPU, plus the interpreters' own (tens of MiB and ms).
+    assert!((96 << 20..200 << 20).contains(&peak), "the tree's peak memory: {peak} bytes");
+    assert!((1_450..5_000).contains(&cpu), "the tree's CPU time: {cpu} ms");
+    let e = &results.get(&plain).expect("the echo job finished")[0];
+    assert_eq!((e.peak_memory_bytes, e.cpu_ms), (None, None), "not a process job: {e:?}");
+
+    let row = store.job(&used).await.unwrap().expect("the job's state");
+    let view = fairway::api::status_json(&row, None, fairway::now_ms());
+    assert_eq!((view["peak_memory_bytes"].as_i64(), view["cpu_ms"].as_i64()), (Some(peak), Some(cpu)), "{view}");
+
+    let stmts = store.ledger_statements().await.unwrap();
+    let q = fairway::ledger::ReportQuery {
+        tenant: tenant.clone(),
+        from,
+        to: fairway::now_ms() + 3_600_000,
+        granularity: fairway::core::ledger::Granularity::Hour,
+    };
+    let charged = common::wait_for(Duration::from_secs(60), async || {
+        let lines = fairway::ledger::report(&stmts, &q).await.ok()?;
+        let l = lines.iter().find(|l| l.job_type == "use")?;
+        (l.usage.results == 1).then_some(l.usage)
+    })
+    .await
+    .expect("the ledger charged the process job");
+    let _ = stop_ledger.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(10), ledger).await;
+    assert_eq!((charged.cpu_ms, charged.peak_memory_bytes), (cpu, peak), "the ledger's charge: {charged:?}");
+}
+
 /// Runs `attacks` (job type name, misbehave mode, extra settings) of tenant "globex"
 /// beside 20 quick jobs of tenant "hooli" on one worker; the attacks' results, and
 /// asserts the quick jobs all succeeded and no attempt cgroup is left.
@@ -373,12 +431,25 @@ async fn a_setsid_grandchild_does_not_outlive_its_job() {
         String::from_utf8_lossy(s.output.as_deref().unwrap_or_default()).trim().parse().expect("the stray's pid");
     let alive =
         |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with("sleep\x00300"));
-    let gone = common::wait_for(Duration::from_secs(5), async || (!alive(pid)).then_some(())).await;
+    // In a pid namespace the printed pid is the namespace's: look for the stray in this
+    // process's attempt cgroups as well.
+    let ours = format!("/fairway-{}-", std::process::id());
+    let strays = || {
+        let pids = std::fs::read_dir("/proc").into_iter().flatten().flatten();
+        pids.filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|p| alive(*p))
+            .filter(|p| std::fs::read_to_string(format!("/proc/{p}/cgroup")).is_ok_and(|c| c.contains(&ours)))
+            .collect::<Vec<i32>>()
+    };
+    let gone =
+        common::wait_for(Duration::from_secs(5), async || (!alive(pid) && strays().is_empty()).then_some(())).await;
     if gone.is_none() {
-        // SAFETY: kill(2) of the stray this test's job started, so the test leaves nothing behind.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
+        for p in strays().into_iter().chain([pid].into_iter().filter(|p| alive(*p))) {
+            // SAFETY: kill(2) of a stray this test's job started, so the test leaves nothing behind.
+            unsafe { libc::kill(p, libc::SIGKILL) };
+        }
     }
-    assert!(gone.is_some(), "the job's setsid grandchild {pid} is gone after its attempt");
+    assert!(gone.is_some(), "the job's setsid grandchild ({pid} as it saw itself) is gone after its attempt");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

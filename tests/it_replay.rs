@@ -148,6 +148,7 @@ async fn dlq_replay_round_trip_with_filters_dry_run_resume_and_loop_guard() {
         error: Some("upstream returned 503"),
         failure_class: Some("app_error"),
         output: None,
+        usage: None,
     };
     store.put_state(&failed, now_ms()).await.unwrap();
 

@@ -106,6 +106,7 @@ async fn a_finished_record_of_the_per_job_layout_is_still_found() {
         error: None,
         failure_class: None,
         output: Some(b"\"new\""),
+        usage: None,
     };
     store.put_finished(&update, now).await.expect("write a packed record");
     let row = store.job(&id).await.expect("read").expect("state");
@@ -169,5 +170,7 @@ fn succeeded_before_the_upgrade(worker: &str, now: i64) -> fairway::core::finish
         finished_at: Some(now - 3),
         worker: worker.to_string().into(),
         updated_at: now - 3,
+        peak_memory_bytes: None,
+        cpu_ms: None,
     }
 }

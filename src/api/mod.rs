@@ -443,7 +443,7 @@ fn submitted_json(s: &Submitted) -> serde_json::Value {
             v["result"] = serde_json::json!({
                 "status": row.status, "output": row.output.as_ref().map(|o| String::from_utf8_lossy(o).into_owned()),
                 "error": row.error, "failure_class": row.failure_class, "attempts": row.attempts,
-                "finished_at": row.finished_at,
+                "finished_at": row.finished_at, "peak_memory_bytes": row.peak_memory_bytes, "cpu_ms": row.cpu_ms,
             });
         }
     }
@@ -655,6 +655,7 @@ pub fn status_json(row: &JobRow, hb: Option<&HeartbeatRow>, now: crate::model::M
         "generation": row.generation, "submitted_at": row.submitted_at, "started_at": row.started_at,
         "finished_at": row.finished_at, "worker": row.worker, "error": row.error,
         "failure_class": row.failure_class, "cancel_requested": row.cancel_requested.unwrap_or(false),
+        "peak_memory_bytes": row.peak_memory_bytes, "cpu_ms": row.cpu_ms,
         "output": row.output.as_ref().map(|o| String::from_utf8_lossy(o).into_owned()),
         "progress": hb.and_then(|h| h.progress),
         "progress_message": hb.and_then(|h| h.message.clone()),

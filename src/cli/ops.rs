@@ -248,6 +248,9 @@ fn read_ndjson(reader: Box<dyn BufRead + Send>, submitter: &Submitter) -> anyhow
     Ok(jobs)
 }
 
+/// Most jobs of one `fairway submit --ndjson` in flight at once.
+const SUBMIT_IN_FLIGHT: usize = 2048;
+
 /// `fairway submit`'s path (also what `fairway-bench bench submit` measures): connects, reads
 /// and checks the jobs, passes the front door (all or none), produces them concurrently
 /// and writes one line per job to `out` (its id, or that it was a duplicate).
@@ -273,8 +276,11 @@ pub(crate) async fn submit_jobs(
         Ok(t) => t,
         Err(e) => return Ok(Submitted::Refused(e)),
     };
-    // Submit concurrently; the producer batches and keeps per-partition order.
-    let results = futures::future::join_all(jobs.iter().map(|j| submitter.submit(j))).await;
+    // Submit concurrently, a bounded number in flight (each holds its encoded record and
+    // the producer's delivery future); the producer batches and keeps per-partition order.
+    use futures::StreamExt;
+    let results: Vec<_> =
+        futures::stream::iter(jobs.iter().map(|j| submitter.submit(j))).buffered(SUBMIT_IN_FLIGHT).collect().await;
     let accepted: Vec<Option<String>> =
         results.iter().map(|r| r.as_ref().ok().filter(|s| !s.duplicate).map(|s| s.job_id.clone())).collect();
     admission.settle(ticket, &accepted).await;

@@ -259,10 +259,22 @@ static DEAD_LETTER_HISTORY: LazyLock<Vec<History>> = LazyLock::new(|| {
     ]
 });
 static JOB_RESULT_HISTORY: LazyLock<Vec<History>> = LazyLock::new(|| {
-    vec![History {
-        version: 1,
-        wire: WireSchema::load("history/job_result.v1.avsc", include_str!("../../schemas/history/job_result.v1.avsc")),
-    }]
+    vec![
+        History {
+            version: 1,
+            wire: WireSchema::load(
+                "history/job_result.v1.avsc",
+                include_str!("../../schemas/history/job_result.v1.avsc"),
+            ),
+        },
+        History {
+            version: 2,
+            wire: WireSchema::load(
+                "history/job_result.v2.avsc",
+                include_str!("../../schemas/history/job_result.v2.avsc"),
+            ),
+        },
+    ]
 });
 
 static JOB_EVENT_HISTORY: LazyLock<Vec<History>> = LazyLock::new(|| {
@@ -386,6 +398,8 @@ pub fn encode_result_into(res: &JobResult, out: &mut Vec<u8>) -> Result<(), Code
     write_opt(out, res.started_at, write_long);
     write_long(out, res.finished_at);
     write_str(out, &res.worker_id);
+    write_opt(out, res.peak_memory_bytes, write_long);
+    write_opt(out, res.cpu_ms, write_long);
     Ok(())
 }
 
@@ -407,6 +421,8 @@ pub fn decode_result(bytes: &[u8]) -> Result<JobResult, CodecError> {
             started_at: r.opt("started_at", |r, f| r.long(f))?,
             finished_at: r.long("finished_at")?,
             worker_id: r.string("worker_id")?,
+            peak_memory_bytes: r.opt("peak_memory_bytes", |r, f| r.long(f))?,
+            cpu_ms: r.opt("cpu_ms", |r, f| r.long(f))?,
         })
     })
 }
@@ -914,6 +930,8 @@ mod tests {
             started_at: Some(-1),
             finished_at: 1_700_000_031_000,
             worker_id: "worker-1".into(),
+            peak_memory_bytes: Some(256 << 20),
+            cpu_ms: Some(1_234),
         }
     }
 
@@ -933,6 +951,8 @@ mod tests {
             started_at: None,
             finished_at: 0,
             worker_id: String::new(),
+            peak_memory_bytes: None,
+            cpu_ms: None,
         }
     }
 
@@ -1171,7 +1191,7 @@ mod tests {
     #[test]
     fn fingerprints_are_pinned() {
         assert_eq!(fingerprint(RecordKind::JobSubmitted).to_string(), "544d9ba32e64f602");
-        assert_eq!(fingerprint(RecordKind::JobResult).to_string(), "d89b4525d941bddb");
+        assert_eq!(fingerprint(RecordKind::JobResult).to_string(), "e1176a52166366db");
         assert_eq!(fingerprint(RecordKind::DeadLetter).to_string(), "af34f1dc41a5e637");
     }
 
@@ -1486,6 +1506,8 @@ mod tests {
         // Before `user_key` and `handoff_count` were added.
         assert_eq!(history(RecordKind::JobSubmitted)[3].wire.fingerprint.to_string(), "33c444b9fcb33076");
         assert_eq!(history(RecordKind::DeadLetter)[3].wire.fingerprint.to_string(), "9e3461f5f3412786");
+        // Before `peak_memory_bytes` and `cpu_ms` were added.
+        assert_eq!(history(RecordKind::JobResult)[1].wire.fingerprint.to_string(), "d89b4525d941bddb");
     }
 
     /// Events written before `pool_reclassified` was appended to the kinds (v1) are read
@@ -1574,7 +1596,10 @@ mod tests {
             match i {
                 0 | 1 => assert_eq!(decode_job(old).unwrap(), before_v5(decode_job(new).unwrap()), "fixture {i}"),
                 2 | 3 => assert_eq!(decode_dead_letter(old).unwrap(), decode_dead_letter(new).unwrap(), "fixture {i}"),
-                _ => assert_eq!(decode_result(old).unwrap(), decode_result(new).unwrap(), "fixture {i}"),
+                _ => {
+                    let new = JobResult { peak_memory_bytes: None, cpu_ms: None, ..decode_result(new).unwrap() };
+                    assert_eq!(decode_result(old).unwrap(), new, "fixture {i}")
+                }
             }
         }
         let mut j = job_full();
@@ -1663,9 +1688,21 @@ mod tests {
                 started_at: Some(1_700_000_001_000),
                 finished_at: 1_700_000_031_000,
                 worker_id: "worker-2".into(),
+                peak_memory_bytes: Some(256 << 20),
+                cpu_ms: Some(1_234),
             }
         );
         assert_eq!(encode_result(&r).unwrap(), bytes);
+    }
+
+    /// A result written before `peak_memory_bytes` and `cpu_ms` were added (result v2) is
+    /// read by schema resolution, both at null.
+    #[test]
+    fn results_from_before_the_process_usage_fields_are_read_by_schema_resolution() {
+        let old = include_bytes!("../../tests/fixtures/v5/job_result_fastavro.bin");
+        assert_eq!(old[2..HEADER_LEN], history(RecordKind::JobResult)[1].wire.fingerprint.0, "the fixture is v2");
+        let new = decode_result(include_bytes!("../../tests/fixtures/job_result_fastavro.bin")).unwrap();
+        assert_eq!(decode_result(old).unwrap(), JobResult { peak_memory_bytes: None, cpu_ms: None, ..new });
     }
 
     // -- property tests -----------------------------------------------------------------
@@ -1750,10 +1787,12 @@ mod tests {
             any::<i64>(),
             text(),
         );
-        (a, b).prop_map(
+        let c = (proptest::option::of(any::<i64>()), proptest::option::of(any::<i64>()));
+        (a, b, c).prop_map(
             |(
                 (job_id, tenant, job_type, pool, status, output, error),
                 (failure_class, attempts, generation, submitted_at, started_at, finished_at, worker_id),
+                (peak_memory_bytes, cpu_ms),
             )| JobResult {
                 job_id,
                 tenant,
@@ -1769,6 +1808,8 @@ mod tests {
                 started_at,
                 finished_at,
                 worker_id,
+                peak_memory_bytes,
+                cpu_ms,
             },
         )
     }

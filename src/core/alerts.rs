@@ -559,6 +559,8 @@ mod tests {
             started_at: Some(1_000 + wait),
             finished_at: 2_000 + wait,
             worker_id: "w".into(),
+            peak_memory_bytes: None,
+            cpu_ms: None,
         }
     }
 

@@ -405,6 +405,8 @@ mod tests {
             started_at: Some(2),
             finished_at: 9,
             worker_id: "w".into(),
+            peak_memory_bytes: None,
+            cpu_ms: None,
         };
         let e = from_result(&r);
         assert_eq!((e.kind, e.at, e.attempt, e.message.as_deref()), (EventKind::Failed, 9, 3, Some("boom")));

@@ -195,6 +195,11 @@ pub struct FinishedRecord<'a> {
     pub worker: Cow<'a, str>,
     #[serde(rename = "u")]
     pub updated_at: i64,
+    /// Process jobs: the last attempt's peak memory and CPU time (`model::ProcessUsage`).
+    #[serde(rename = "pm", default, skip_serializing_if = "Option::is_none")]
+    pub peak_memory_bytes: Option<i64>,
+    #[serde(rename = "cpu", default, skip_serializing_if = "Option::is_none")]
+    pub cpu_ms: Option<i64>,
 }
 
 /// Layout of the stored blob: this byte, the record's length (u32, big-endian), the record
@@ -229,6 +234,8 @@ impl<'a> FinishedRecord<'a> {
             finished_at: None,
             worker: Cow::Borrowed(""),
             updated_at: submitted_at,
+            peak_memory_bytes: None,
+            cpu_ms: None,
         }
     }
 
@@ -343,6 +350,8 @@ mod tests {
             finished_at: Some(3),
             worker: "w-1".into(),
             updated_at: 3,
+            peak_memory_bytes: Some(5 << 20),
+            cpu_ms: Some(7),
         };
         assert_eq!(FinishedRecord::decode(&r.encode(None)).unwrap(), (r.clone(), None));
         assert_eq!(FinishedRecord::decode(&r.encode(Some(b""))).unwrap(), (r.clone(), Some(vec![])));

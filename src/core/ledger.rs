@@ -61,6 +61,11 @@ pub struct Usage {
     pub run_ms: i64,
     /// Output bytes the results carried.
     pub bytes_out: i64,
+    /// CPU time of the deciding attempts' process trees (process jobs), milliseconds.
+    pub cpu_ms: i64,
+    /// Largest peak memory of one deciding attempt's process tree (process jobs), bytes:
+    /// a maximum, not a sum.
+    pub peak_memory_bytes: i64,
 }
 
 impl Usage {
@@ -74,6 +79,8 @@ impl Usage {
         self.retries += o.retries;
         self.run_ms += o.run_ms;
         self.bytes_out += o.bytes_out;
+        self.cpu_ms += o.cpu_ms;
+        self.peak_memory_bytes = self.peak_memory_bytes.max(o.peak_memory_bytes);
     }
 }
 
@@ -90,6 +97,8 @@ pub fn of_result(r: &JobResult) -> Usage {
         retries: (attempts - 1).max(0),
         run_ms: r.started_at.map(|s| (r.finished_at - s).max(0)).unwrap_or(0),
         bytes_out: r.output.as_ref().map(|o| o.len() as i64).unwrap_or(0),
+        cpu_ms: r.cpu_ms.unwrap_or(0).max(0),
+        peak_memory_bytes: r.peak_memory_bytes.unwrap_or(0).max(0),
     }
 }
 
@@ -330,7 +339,7 @@ pub fn csv_line(l: &ReportLine) -> String {
     let u = &l.usage;
     let period = chrono::DateTime::from_timestamp_millis(l.period_start).map(|t| t.to_rfc3339()).unwrap_or_default();
     format!(
-        "{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+        "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
         csv_field(&l.tenant),
         period,
         l.pool.as_str(),
@@ -343,12 +352,14 @@ pub fn csv_line(l: &ReportLine) -> String {
         u.attempts,
         u.retries,
         u.run_ms,
-        u.bytes_out
+        u.bytes_out,
+        u.cpu_ms,
+        u.peak_memory_bytes
     )
 }
 
 pub const CSV_HEADER: &str =
-    "tenant,period_start,pool,job_type,results,succeeded,failed,cancelled,expired,attempts,retries,run_ms,bytes_out\n";
+    "tenant,period_start,pool,job_type,results,succeeded,failed,cancelled,expired,attempts,retries,run_ms,bytes_out,cpu_ms,peak_memory_bytes\n";
 
 /// A CSV field, quoted when it holds a comma, quote or line break.
 fn csv_field(s: &str) -> String {
@@ -380,6 +391,8 @@ mod tests {
             started_at: Some(1_000),
             finished_at: 1_000 + run,
             worker_id: "w".into(),
+            peak_memory_bytes: None,
+            cpu_ms: None,
         }
     }
 
@@ -456,9 +469,21 @@ mod tests {
             period_start: 0,
             pool: Pool::Short,
             job_type: "echo".into(),
-            usage: Usage { results: 2, run_ms: 1500, ..Usage::default() },
+            usage: Usage { results: 2, run_ms: 1500, cpu_ms: 40, peak_memory_bytes: 1024, ..Usage::default() },
         };
-        assert_eq!(csv_line(&l), "\"a,b\",1970-01-01T00:00:00+00:00,short,echo,2,0,0,0,0,0,0,1500,0\n");
+        assert_eq!(csv_line(&l), "\"a,b\",1970-01-01T00:00:00+00:00,short,echo,2,0,0,0,0,0,0,1500,0,40,1024\n");
+        assert_eq!(CSV_HEADER.trim_end().split(',').count(), csv_line(&l).trim_end().split(',').count() - 1);
+    }
+
+    #[test]
+    fn process_jobs_add_their_cpu_and_the_largest_peak_others_nothing() {
+        let mut r = result("a", JobStatus::Succeeded, 1, 10);
+        assert_eq!((of_result(&r).cpu_ms, of_result(&r).peak_memory_bytes), (0, 0), "not a process job");
+        (r.cpu_ms, r.peak_memory_bytes) = (Some(300), Some(5 << 20));
+        let mut u = of_result(&r);
+        (r.cpu_ms, r.peak_memory_bytes) = (Some(200), Some(3 << 20));
+        u.add(&of_result(&r));
+        assert_eq!((u.cpu_ms, u.peak_memory_bytes), (500, 5 << 20), "CPU summed, peak the maximum");
     }
 
     /// A stored cell: its value and the write timestamp it was written with.

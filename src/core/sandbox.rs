@@ -59,6 +59,7 @@ pub fn explain(name: &str) -> String {
             "uid" => "uid: a uid of its own per attempt (no reading or signalling another child or the worker)".to_string(),
             "netns" => "netns: no network unless the job type sets network = true".to_string(),
             "mountns" => "mountns: a mount namespace per attempt (/proc lists only its own uid's processes, /tmp private)".to_string(),
+            "pidns" => "pidns: a pid namespace per one-shot attempt (the program is pid 2 under a reaping init; no process outside it can be seen or signalled, even by number)".to_string(),
             other => format!("{other}: unknown to this fairway version"),
         });
     }
@@ -66,13 +67,14 @@ pub fn explain(name: &str) -> String {
         ("uid", "no uid per attempt (the worker is not root)"),
         ("netns", "no network namespace (needs root or CAP_SYS_ADMIN): children keep the worker's network"),
         ("mountns", "no mount namespace (needs root and a uid per attempt): children see the host's /proc and /tmp"),
+        ("pidns", "no pid namespace (needs root, a cgroup and a mount namespace per attempt; pooled children never get one): a child's pids are the host's"),
     ] {
         if !parts.contains(&part) {
             said.push(why.to_string());
         }
     }
     said.push(
-        "never: a pid namespace (a child's pids are the host's), seccomp, CPU bandwidth, I/O limits; other files by their permissions (docs/process-jobs.md)"
+        "never: seccomp, CPU bandwidth, I/O limits; other files by their permissions (docs/process-jobs.md)"
             .to_string(),
     );
     said.join("; ")
@@ -98,14 +100,16 @@ mod tests {
 
     #[test]
     fn each_enforcement_name_is_explained_with_what_is_missing() {
-        let full = explain("cgroup-v1+uid+netns+mountns");
+        let full = explain("cgroup-v1+uid+netns+mountns+pidns");
         assert!(
             full.contains("whole tree") && full.contains("uid of its own") && full.contains("no network"),
             "{full}"
         );
         assert!(full.contains("/proc lists only its own uid's"), "{full}");
-        assert!(!full.contains("no uid per attempt") && full.contains("never: a pid namespace"), "{full}");
+        assert!(!full.contains("no uid per attempt") && full.contains("never: seccomp"), "{full}");
+        assert!(full.contains("a pid namespace per one-shot attempt") && !full.contains("no pid namespace"), "{full}");
         assert!(explain("cgroup-v1+uid+netns").contains("no mount namespace"));
+        assert!(explain("cgroup-v1+uid+netns+mountns").contains("no pid namespace"));
         let bare = explain("rlimit");
         assert!(
             bare.contains("no cgroup")

@@ -77,6 +77,8 @@ pub fn body(r: &JobResult) -> Vec<u8> {
         "submitted_at": r.submitted_at,
         "started_at": r.started_at,
         "finished_at": r.finished_at,
+        "peak_memory_bytes": r.peak_memory_bytes,
+        "cpu_ms": r.cpu_ms,
     });
     serde_json::to_vec(&v).expect("a JSON value serializes")
 }
@@ -238,6 +240,8 @@ mod tests {
             started_at: Some(2),
             finished_at: 3,
             worker_id: "w".into(),
+            peak_memory_bytes: None,
+            cpu_ms: None,
         }
     }
 

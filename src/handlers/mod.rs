@@ -72,6 +72,8 @@ pub struct JobLive {
     stuck: std::sync::OnceLock<String>,
     /// Its child was killed or ended abnormally (counts toward the recycling cap).
     abnormal: AtomicBool,
+    /// What its process tree used (process jobs; set once the attempt's child ended).
+    usage: Mutex<Option<crate::model::ProcessUsage>>,
 }
 
 /// Why a running job is asked to stop (`JobContext::stop_reason`).
@@ -143,6 +145,16 @@ impl JobLive {
     }
     pub fn is_abnormal(&self) -> bool {
         self.abnormal.load(Ordering::SeqCst)
+    }
+    /// Records what the attempt's process tree used (carried on the job's result).
+    pub fn record_usage(&self, u: crate::model::ProcessUsage) {
+        if let Ok(mut slot) = self.usage.lock() {
+            *slot = Some(u);
+        }
+    }
+    /// What the attempt's process tree used, if a process handler recorded it.
+    pub fn usage(&self) -> Option<crate::model::ProcessUsage> {
+        self.usage.lock().ok().and_then(|u| *u)
     }
     /// Why the job should stop now, if it should (see `JobContext::stop_reason`).
     pub fn stop_reason(&self) -> Option<StopReason> {

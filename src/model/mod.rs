@@ -265,6 +265,14 @@ impl JobSubmitted {
     }
 }
 
+/// What a process job's attempt used over its whole process tree (read from its cgroup,
+/// else from the leader alone): carried on the job's result and charged by the ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessUsage {
+    pub peak_memory_bytes: i64,
+    pub cpu_ms: i64,
+}
+
 /// One terminal record per job on the results topic.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobResult {
@@ -283,6 +291,10 @@ pub struct JobResult {
     pub started_at: Option<Millis>,
     pub finished_at: Millis,
     pub worker_id: String,
+    /// Process jobs: the last attempt's peak memory over its whole process tree, bytes.
+    pub peak_memory_bytes: Option<i64>,
+    /// Process jobs: the last attempt's CPU time over its whole process tree, milliseconds.
+    pub cpu_ms: Option<i64>,
 }
 
 /// A message fairway gave up on, with enough context to understand and replay it.

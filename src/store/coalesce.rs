@@ -33,24 +33,28 @@ const MAX_BATCH_BYTES: usize = 120 * 1024;
 const PACK_PAGE: i32 = 256;
 
 /// Owned values of the `put_state` statement, in its bind order.
-pub type StateValues = (
-    String,
-    String,
-    String,
-    String,
-    i32,
-    i32,
-    i64,
-    i64,
-    Option<i64>,
-    Option<i64>,
-    String,
-    Option<String>,
-    Option<String>,
-    Option<Vec<u8>>,
-    Millis,
-    String,
-);
+#[derive(scylla::SerializeRow)]
+#[scylla(flavor = "enforce_order", skip_name_checks)]
+pub struct StateValues {
+    pub tenant: String,
+    pub job_type: String,
+    pub pool: String,
+    pub status: String,
+    pub attempts: i32,
+    pub crash_count: i32,
+    pub generation: i64,
+    pub submitted_at: i64,
+    pub started_at: Option<i64>,
+    pub finished_at: Option<i64>,
+    pub worker: String,
+    pub error: Option<String>,
+    pub failure_class: Option<String>,
+    pub output: Option<Vec<u8>>,
+    pub peak_memory_bytes: Option<i64>,
+    pub cpu_ms: Option<i64>,
+    pub updated_at: Millis,
+    pub job_id: String,
+}
 
 type WriteReq = (StateValues, oneshot::Sender<Result<(), StoreError>>);
 /// A finished record to pack: (job id, `FinishedRecord::encode`d record).
@@ -234,6 +238,8 @@ fn merge(rows: &mut HashMap<String, JobRow>, id: String, record: FinishedRecord<
         output,
         cancel_requested,
         updated_at: Some(record.updated_at),
+        peak_memory_bytes: record.peak_memory_bytes,
+        cpu_ms: record.cpu_ms,
     };
     rows.insert(id, merged);
 }

@@ -18,7 +18,8 @@ use std::sync::Arc;
 const WRITE_CONCURRENCY: usize = 32;
 const DAY_MS: Millis = 86_400_000;
 
-const USAGE_COLUMNS: &str = "results, succeeded, failed, cancelled, expired, attempts, retries, run_ms, bytes_out";
+const USAGE_COLUMNS: &str =
+    "results, succeeded, failed, cancelled, expired, attempts, retries, run_ms, bytes_out, cpu_ms, peak_memory_bytes";
 
 #[derive(Clone)]
 pub struct LedgerStatements {
@@ -71,7 +72,7 @@ impl Store {
                 s,
                 format!(
                     "INSERT INTO {ks}.ledger (scope, tenant, day, window, pool, job_type, part, {USAGE_COLUMNS}) \
-                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ? AND TIMESTAMP ?"
+                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ? AND TIMESTAMP ?"
                 ),
                 "prepare put ledger row",
                 false,
@@ -132,6 +133,8 @@ impl LedgerStatements {
                 retries: u.retries,
                 run_ms: u.run_ms,
                 bytes_out: u.bytes_out,
+                cpu_ms: u.cpu_ms,
+                peak_memory_bytes: u.peak_memory_bytes,
                 ttl: ttl_secs,
                 timestamp: f.upto,
             })
@@ -220,6 +223,8 @@ struct RowValues<'a> {
     retries: i64,
     run_ms: i64,
     bytes_out: i64,
+    cpu_ms: i64,
+    peak_memory_bytes: i64,
     ttl: i32,
     timestamp: i64,
 }
@@ -239,6 +244,8 @@ struct StoredRow {
     retries: Option<i64>,
     run_ms: Option<i64>,
     bytes_out: Option<i64>,
+    cpu_ms: Option<i64>,
+    peak_memory_bytes: Option<i64>,
 }
 
 impl StoredRow {
@@ -253,6 +260,8 @@ impl StoredRow {
             retries: self.retries.unwrap_or(0),
             run_ms: self.run_ms.unwrap_or(0),
             bytes_out: self.bytes_out.unwrap_or(0),
+            cpu_ms: self.cpu_ms.unwrap_or(0),
+            peak_memory_bytes: self.peak_memory_bytes.unwrap_or(0),
         }
     }
 }

@@ -151,6 +151,9 @@ pub struct JobRow {
     /// The last write's time (the writer's clock): orders this row against the job's
     /// finished record (`core::finished`).
     pub updated_at: Option<i64>,
+    /// Process jobs: what the last attempt's process tree used (`model::ProcessUsage`).
+    pub peak_memory_bytes: Option<i64>,
+    pub cpu_ms: Option<i64>,
 }
 
 impl JobRow {
@@ -178,6 +181,8 @@ pub struct StateUpdate<'a> {
     pub error: Option<&'a str>,
     pub failure_class: Option<&'a str>,
     pub output: Option<&'a [u8]>,
+    /// Process jobs: what the attempt's process tree used.
+    pub usage: Option<crate::model::ProcessUsage>,
 }
 
 /// Heartbeat of a running job, as read back by status, the reaper and new partition owners.
@@ -245,8 +250,8 @@ pub fn schedule_bucket(at: Millis) -> i64 {
 fn get_jobs_cql(ks: &str) -> String {
     format!(
         "SELECT job_id, tenant, job_type, pool, status, attempts, crash_count, generation, submitted_at, \
-         started_at, finished_at, worker, error, failure_class, output, cancel_requested, updated_at \
-         FROM {ks}.jobs WHERE job_id IN ?"
+         started_at, finished_at, worker, error, failure_class, output, cancel_requested, updated_at, \
+         peak_memory_bytes, cpu_ms FROM {ks}.jobs WHERE job_id IN ?"
     )
 }
 
@@ -323,7 +328,7 @@ impl Store {
                 format!(
                     "UPDATE {ks}.jobs USING TTL {ttl} SET tenant = ?, job_type = ?, pool = ?, status = ?, attempts = ?, crash_count = ?, \
                      generation = ?, submitted_at = ?, started_at = ?, finished_at = ?, worker = ?, error = ?, \
-                     failure_class = ?, output = ?, updated_at = ? WHERE job_id = ?"
+                     failure_class = ?, output = ?, peak_memory_bytes = ?, cpu_ms = ?, updated_at = ? WHERE job_id = ?"
                 ),
                 "prepare put_state",
             )
@@ -481,24 +486,26 @@ impl Store {
 
     /// Writes a job's state (coalesced with concurrent writes into one unlogged batch).
     pub async fn put_state(&self, u: &StateUpdate<'_>, now: Millis) -> Result<(), StoreError> {
-        let v: coalesce::StateValues = (
-            u.tenant.to_string(),
-            u.job_type.to_string(),
-            u.pool.to_string(),
-            u.status.to_string(),
-            u.attempts,
-            u.crash_count,
-            u.generation,
-            u.submitted_at,
-            u.started_at,
-            u.finished_at,
-            u.worker.to_string(),
-            u.error.map(str::to_string),
-            u.failure_class.map(str::to_string),
-            u.output.map(<[u8]>::to_vec),
-            now,
-            u.job_id.to_string(),
-        );
+        let v = coalesce::StateValues {
+            tenant: u.tenant.to_string(),
+            job_type: u.job_type.to_string(),
+            pool: u.pool.to_string(),
+            status: u.status.to_string(),
+            attempts: u.attempts,
+            crash_count: u.crash_count,
+            generation: u.generation,
+            submitted_at: u.submitted_at,
+            started_at: u.started_at,
+            finished_at: u.finished_at,
+            worker: u.worker.to_string(),
+            error: u.error.map(str::to_string),
+            failure_class: u.failure_class.map(str::to_string),
+            output: u.output.map(<[u8]>::to_vec),
+            peak_memory_bytes: u.usage.map(|x| x.peak_memory_bytes),
+            cpu_ms: u.usage.map(|x| x.cpu_ms),
+            updated_at: now,
+            job_id: u.job_id.to_string(),
+        };
         self.coalescer.put_state(v).await
     }
 
@@ -521,6 +528,8 @@ impl Store {
             finished_at: u.finished_at,
             worker: u.worker.into(),
             updated_at: now,
+            peak_memory_bytes: u.usage.map(|x| x.peak_memory_bytes),
+            cpu_ms: u.usage.map(|x| x.cpu_ms),
         };
         self.coalescer.put_finished((u.job_id.to_string(), record.encode(u.output))).await
     }

@@ -295,6 +295,18 @@ pub const TABLES: &[(&str, &str)] = &[
     ("restores", "(backup_id text, step text, at bigint, PRIMARY KEY ((backup_id), step))"),
 ];
 
+/// Columns added to tables after they were first created: (table, column, CQL type).
+/// `ensure` adds the ones a table lacks (`ALTER TABLE ... ADD`), so a keyspace created by
+/// an older release gains them on the next start; a column is never dropped or retyped.
+pub const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
+    // What a process job's last attempt used over its process tree (`model::ProcessUsage`).
+    ("jobs", "peak_memory_bytes", "bigint"),
+    ("jobs", "cpu_ms", "bigint"),
+    // The ledger's charges of process jobs: CPU time summed, peak memory the maximum.
+    ("ledger", "cpu_ms", "bigint"),
+    ("ledger", "peak_memory_bytes", "bigint"),
+];
+
 /// The keyspace's replication: NetworkTopologyStrategy with replicas per datacenter when
 /// any are configured (`scylla.datacenters`), else SimpleStrategy with `rf`.
 pub fn replication(rf: i32, datacenters: &std::collections::BTreeMap<String, i32>) -> String {
@@ -333,7 +345,47 @@ pub async fn ensure(session: &Session, keyspace: &str, replication: &str) -> Res
         }
         created.push(format!("table {keyspace}.{name}"));
     }
+    for (table, column, kind) in ADDED_COLUMNS {
+        if columns(session, keyspace, table).await?.iter().any(|c| c == column) {
+            continue;
+        }
+        let cql = format!("ALTER TABLE {keyspace}.{table} ADD {column} {kind}");
+        if let Err(e) = session.query_unpaged(cql, ()).await {
+            // Another process may have added it at the same moment: fine if it is there now.
+            if !columns(session, keyspace, table).await?.iter().any(|c| c == column) {
+                return Err(StoreError::Query { what: "add column", message: format!("{table}.{column}: {e}") });
+            }
+            continue;
+        }
+        created.push(format!("column {keyspace}.{table}.{column}"));
+    }
     Ok(created)
+}
+
+/// The columns of `table`: ScyllaDB / Cassandra 3+ (system_schema) first, then Cassandra 2.x.
+async fn columns(session: &Session, keyspace: &str, table: &str) -> Result<Vec<String>, StoreError> {
+    let probes = [
+        "SELECT column_name FROM system_schema.columns WHERE keyspace_name = ? AND table_name = ?",
+        "SELECT column_name FROM system.schema_columns WHERE keyspace_name = ? AND columnfamily_name = ?",
+    ];
+    let mut last_err = String::new();
+    for cql in probes {
+        match session.query_unpaged(cql, (keyspace, table)).await {
+            Ok(r) => {
+                let rows = r
+                    .into_rows_result()
+                    .map_err(|e| StoreError::Query { what: "read columns", message: e.to_string() })?;
+                let names = rows
+                    .rows::<(String,)>()
+                    .map_err(|e| StoreError::Query { what: "read columns", message: e.to_string() })?
+                    .filter_map(|r| r.ok().map(|r| r.0))
+                    .collect();
+                return Ok(names);
+            }
+            Err(e) => last_err = e.to_string(),
+        }
+    }
+    Err(StoreError::Query { what: "read columns", message: last_err })
 }
 
 /// Tables of the keyspace, or None when the keyspace does not exist. Tries ScyllaDB /

@@ -8,35 +8,46 @@
 use super::route::{Durable, Origin};
 use super::RouteContext;
 use crate::config::Config;
-use crate::model::{DeadLetter, FailureClass, JobResult, JobStatus, JobSubmitted};
+use crate::model::{DeadLetter, FailureClass, JobResult, JobStatus, JobSubmitted, ProcessUsage};
 use crate::seams::RouteBroker;
 use crate::store::StateUpdate;
 use crate::{codec, kafka, metrics as m, now_ms};
 use std::time::Duration;
 
 /// A terminal outcome to record: its status, what the handler returned or why the job
-/// failed, and when it started (`None`: it never ran, so no attempt is counted).
+/// failed, when it started (`None`: it never ran, so no attempt is counted) and what its
+/// process tree used (process jobs).
 pub(crate) struct Terminal {
     pub status: JobStatus,
     pub output: Option<Vec<u8>>,
     pub error: Option<String>,
     pub class: Option<FailureClass>,
     pub started_at: Option<i64>,
+    pub usage: Option<ProcessUsage>,
+}
+
+/// The attempt that decided an outcome: when it started (`None`: it never ran) and what
+/// its process tree used (process jobs).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Ran {
+    pub started_at: Option<i64>,
+    pub usage: Option<ProcessUsage>,
 }
 
 impl Terminal {
     fn ended(status: JobStatus, error: String) -> Terminal {
-        Terminal { status, output: None, error: Some(error), class: None, started_at: None }
+        Terminal { status, output: None, error: Some(error), class: None, started_at: None, usage: None }
     }
 
     /// Succeeded with the handler's output.
-    pub fn succeeded(output: Vec<u8>, started_at: i64) -> Terminal {
+    pub fn succeeded(output: Vec<u8>, ran: Ran) -> Terminal {
         Terminal {
             status: JobStatus::Succeeded,
             output: Some(output),
             error: None,
             class: None,
-            started_at: Some(started_at),
+            started_at: ran.started_at,
+            usage: ran.usage,
         }
     }
 
@@ -55,9 +66,9 @@ impl Terminal {
         Terminal { class: Some(class), ..Terminal::ended(JobStatus::Failed, why) }
     }
 
-    /// The same outcome of a run that started at `started_at`.
-    pub fn started(self, started_at: Option<i64>) -> Terminal {
-        Terminal { started_at, ..self }
+    /// The same outcome of the attempt `ran`.
+    pub fn ran(self, ran: Ran) -> Terminal {
+        Terminal { started_at: ran.started_at, usage: ran.usage, ..self }
     }
 }
 
@@ -77,19 +88,13 @@ pub(crate) async fn record_terminal(sh: &RouteContext, job: &JobSubmitted, termi
 /// a claim on it (it was never marked running nor claimed after a hand-off, see
 /// `route::Run::plain`), so a UUIDv7 job's state may be a packed finished record
 /// (`core::finished`) rather than a row of its own.
-pub(super) async fn record_success(
-    sh: &RouteContext,
-    job: &JobSubmitted,
-    output: Vec<u8>,
-    started_at: i64,
-    plain: bool,
-) -> Durable {
-    record_result(sh, job, &result_of(sh, job, Terminal::succeeded(output, started_at)), plain).await
+pub(super) async fn record_success(sh: &RouteContext, job: &JobSubmitted, output: Vec<u8>, ran: Ran, plain: bool) -> Durable {
+    record_result(sh, job, &result_of(sh, job, Terminal::succeeded(output, ran)), plain).await
 }
 
 /// A job's result as published (and, through `record_result`, stored).
 fn result_of(sh: &RouteContext, job: &JobSubmitted, terminal: Terminal) -> JobResult {
-    let Terminal { status, output, error, class, started_at } = terminal;
+    let Terminal { status, output, error, class, started_at, usage } = terminal;
     JobResult {
         job_id: job.job_id.clone(),
         tenant: job.tenant.clone(),
@@ -106,6 +111,8 @@ fn result_of(sh: &RouteContext, job: &JobSubmitted, terminal: Terminal) -> JobRe
         started_at,
         finished_at: sh.clock.now_ms(),
         worker_id: sh.worker_id.clone(),
+        peak_memory_bytes: usage.map(|u| u.peak_memory_bytes),
+        cpu_ms: usage.map(|u| u.cpu_ms),
     }
 }
 
@@ -121,6 +128,10 @@ async fn record_result(sh: &RouteContext, job: &JobSubmitted, result: &JobResult
     u.failure_class = result.failure_class.map(|c| c.as_str());
     u.output = result.output.as_deref();
     u.attempts = result.attempts;
+    u.usage = result
+        .peak_memory_bytes
+        .zip(result.cpu_ms)
+        .map(|(peak_memory_bytes, cpu_ms)| crate::model::ProcessUsage { peak_memory_bytes, cpu_ms });
     let packed = plain && status == JobStatus::Succeeded && crate::core::finished::pack_bucket(&job.job_id).is_some();
     // The result is out: from here a failed write means a second run and a duplicate
     // result, so the write is retried through a store outage (a restart of the database
@@ -187,6 +198,7 @@ pub(super) fn update<'a>(
         error: None,
         failure_class: None,
         output: None,
+        usage: None,
     }
 }
 
@@ -400,18 +412,20 @@ mod tests {
         assert_eq!(Durable::No.and(Durable::No), Durable::No);
     }
 
-    /// A terminal outcome that never ran counts no attempt; one that ran counts its own.
+    /// A terminal outcome that never ran counts no attempt; one that ran counts its own,
+    /// with what its process tree used.
     #[test]
-    fn terminal_outcomes_carry_their_status_class_and_start() {
-        let t = Terminal::failed("gone".into(), FailureClass::Poison).started(Some(5));
+    fn terminal_outcomes_carry_their_status_class_start_and_usage() {
+        let used = Some(ProcessUsage { peak_memory_bytes: 1 << 20, cpu_ms: 9 });
+        let t = Terminal::failed("gone".into(), FailureClass::Poison).ran(Ran { started_at: Some(5), usage: used });
         assert_eq!(
-            (t.status, t.class, t.error.as_deref(), t.started_at),
-            (JobStatus::Failed, Some(FailureClass::Poison), Some("gone"), Some(5))
+            (t.status, t.class, t.error.as_deref(), t.started_at, t.usage),
+            (JobStatus::Failed, Some(FailureClass::Poison), Some("gone"), Some(5), used)
         );
         let t = Terminal::cancelled("stop".into());
         assert_eq!((t.status, t.class, t.started_at), (JobStatus::Cancelled, None, None));
         assert_eq!(Terminal::expired("late".into()).status, JobStatus::Expired);
-        let t = Terminal::succeeded(vec![1], 7);
-        assert_eq!((t.status, t.output, t.started_at), (JobStatus::Succeeded, Some(vec![1]), Some(7)));
+        let t = Terminal::succeeded(vec![1], Ran { started_at: Some(7), usage: None });
+        assert_eq!((t.status, t.output, t.started_at, t.usage), (JobStatus::Succeeded, Some(vec![1]), Some(7), None));
     }
 }

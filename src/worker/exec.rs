@@ -205,7 +205,7 @@ async fn clear_to_run(
             "no handler for job type {:?} on this worker; add it to [job_types] or register a Rust handler",
             job.job_type
         ));
-        return Err(Box::pin(settle::fail(sh, job, origin, err, None)).await);
+        return Err(Box::pin(settle::fail(sh, job, origin, err, super::durable::Ran::default())).await);
     };
     if let Verdict::Rejected { retry_at } =
         sh.breaker_verdict(&job.job_type, &job.tenant, job.attempt == 0 && job.crash_count == 0, sh.clock.now_ms())

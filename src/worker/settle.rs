@@ -3,7 +3,7 @@
 //! to the next worker, each written through `durable` and [`Durable`] only once
 //! acknowledged: only then may the job's offset be committed (see `route::Ended`).
 
-use super::durable::{self, produce_job, record_terminal, update, with_retries, Letter, Terminal};
+use super::durable::{self, produce_job, record_terminal, update, with_retries, Letter, Ran, Terminal};
 use super::route::{Durable, Ended, Origin, Run};
 use super::RouteContext;
 use crate::core::retry::{AttemptState, Decision};
@@ -23,8 +23,9 @@ pub(super) async fn settle(sh: &RouteContext, job: &JobSubmitted, origin: &Origi
             Some(Ok(Err(e))) => Some(e.message.clone()),
             _ => None,
         };
+        let ran = Ran { started_at: Some(started_at), usage: live.usage() };
         return Ended::Ran
-            .or_lost(Box::pin(dead_letter_stuck(sh, job, origin, reason.to_string(), last_error, started_at)).await);
+            .or_lost(Box::pin(dead_letter_stuck(sh, job, origin, reason.to_string(), last_error, ran)).await);
     }
     // The worker is shutting down and the job stopped without finishing: hand it off
     // (another worker resumes it from its checkpoint; no attempt used, no crash).
@@ -44,28 +45,28 @@ pub(super) async fn settle(sh: &RouteContext, job: &JobSubmitted, origin: &Origi
         sh.record_outcome(&job.job_type, &job.tenant, failure, sh.clock.now_ms());
         sh.record_run(&job.job_type, &job.tenant, run_ms as crate::model::Millis, sh.clock.now_ms());
     }
-    let started = Some(started_at);
+    let ran = Ran { started_at: Some(started_at), usage: live.usage() };
     // Only success runs inline; the rarer endings are boxed, so their futures do not sit
     // in every job's future.
     let durable = match result {
         Some(Ok(Err(_))) | None if live.is_expired() => {
             let msg = format!("not finished before not_after ({}): cancelled at it", job.not_after.unwrap_or_default());
-            Box::pin(record_terminal(sh, job, Terminal::expired(msg).started(started))).await
+            Box::pin(record_terminal(sh, job, Terminal::expired(msg).ran(ran))).await
         }
         None => {
             let msg = "cancelled: the handler did not stop within worker.cancel_grace and was aborted".to_string();
-            Box::pin(record_terminal(sh, job, Terminal::cancelled(msg).started(started))).await
+            Box::pin(record_terminal(sh, job, Terminal::cancelled(msg).ran(ran))).await
         }
-        Some(Ok(Ok(output))) => durable::record_success(sh, job, output.clone(), started_at, run.plain()).await,
+        Some(Ok(Ok(output))) => durable::record_success(sh, job, output.clone(), ran, run.plain()).await,
         Some(Ok(Err(err))) if live.is_cancelled() => {
             let msg = format!("cancelled while running ({})", err.message);
-            Box::pin(record_terminal(sh, job, Terminal::cancelled(msg).started(started))).await
+            Box::pin(record_terminal(sh, job, Terminal::cancelled(msg).ran(ran))).await
         }
-        Some(Ok(Err(err))) => Box::pin(fail(sh, job, origin, err.clone(), started)).await,
+        Some(Ok(Err(err))) => Box::pin(fail(sh, job, origin, err.clone(), ran)).await,
         Some(Err(_)) => {
             let message = format!("deadline of {timeout:?} passed");
             let err = HandlerError { class: FailureClass::Timeout, message, retry_after: None };
-            Box::pin(fail(sh, job, origin, err, started)).await
+            Box::pin(fail(sh, job, origin, err, ran)).await
         }
     };
     Ended::Ran.or_lost(durable)
@@ -111,13 +112,8 @@ async fn hand_off(sh: &RouteContext, job: &JobSubmitted) -> Durable {
 
 /// A failed attempt: ask the retry policy, then either put the job on its class's retry
 /// topic or dead-letter it (DLQ record + failed result).
-pub(super) async fn fail(
-    sh: &RouteContext,
-    job: &JobSubmitted,
-    origin: &Origin,
-    err: HandlerError,
-    started_at: Option<i64>,
-) -> Durable {
+pub(super) async fn fail(sh: &RouteContext, job: &JobSubmitted, origin: &Origin, err: HandlerError, ran: Ran) -> Durable {
+    let started_at = ran.started_at;
     let now = sh.clock.now_ms();
     metrics::counter!(m::JOB_FAILURES, "pool" => sh.pool.as_str(), "class" => err.class.as_str()).increment(1);
     let state =
@@ -158,7 +154,7 @@ pub(super) async fn fail(
             let last_error = Some(err.message.clone());
             let letter = Letter { job: Some(job), raw: None, class, reason, last_error, attempts, origin };
             let dl = durable::dead_letter(sh, letter).await;
-            dl.and(record_terminal(sh, job, Terminal::failed(err.message, class).started(started_at)).await)
+            dl.and(record_terminal(sh, job, Terminal::failed(err.message, class).ran(ran)).await)
         }
     }
 }
@@ -171,7 +167,7 @@ async fn dead_letter_stuck(
     origin: &Origin,
     reason: String,
     last_error: Option<String>,
-    started_at: i64,
+    ran: Ran,
 ) -> Durable {
     let class = FailureClass::Resource;
     metrics::counter!(m::JOB_FAILURES, "pool" => sh.pool.as_str(), "class" => class.as_str()).increment(1);
@@ -179,5 +175,5 @@ async fn dead_letter_stuck(
     let attempts = job.attempt + 1;
     let letter = Letter { job: Some(job), raw: None, class, reason: reason.clone(), last_error, attempts, origin };
     let dl = durable::dead_letter(sh, letter).await;
-    dl.and(record_terminal(sh, job, Terminal::failed(reason, class).started(Some(started_at))).await)
+    dl.and(record_terminal(sh, job, Terminal::failed(reason, class).ran(ran)).await)
 }

@@ -186,6 +186,10 @@ impl Confined {
             ),
             _ => None,
         };
+        // One-shot attempts only (a pooled child is kept across jobs, and its pid is what
+        // the pool talks to and watches); with its own mounts, whose /proc is then the
+        // namespace's, and its cgroup, which measures the program under the outer waiter.
+        let pidns = spec.pooled.is_none() && mounts.is_some() && self.tree.is_some() && enforcement.pid_namespaces();
         Ok(sandbox::ChildSetup {
             mounts,
             // A pooled child's CPU time is checked per job from its tree (RLIMIT_CPU would
@@ -199,6 +203,7 @@ impl Confined {
             fallback: self.fallback(spec),
             join: self.tree.as_ref().map(|t| t.join_files()).unwrap_or_default(),
             uid: self.uid.as_ref().map(|u| u.uid),
+            pidns,
             netns: enforcement.netns.as_ref().ok().filter(|_| !spec.network).map(|fd| fd.as_raw_fd()),
         })
     }
@@ -341,8 +346,13 @@ async fn attempt(spec: &Spec, ctx: &JobContext) -> HandlerResult {
     drop(confined);
     judge(ctx.live(), &end, stopped, output)
 }
-/// The verdict on an ended child, told to the worker through the job's live state.
+/// The verdict on an ended child, told to the worker through the job's live state with
+/// what its tree used (carried on the result).
 fn judge(live: &JobLive, end: &ChildEnd, stopped: Option<&'static str>, output: Vec<u8>) -> HandlerResult {
+    live.record_usage(crate::model::ProcessUsage {
+        peak_memory_bytes: i64::try_from(end.peak_memory.0).unwrap_or(i64::MAX),
+        cpu_ms: end.cpu_used.0,
+    });
     let verdict = limits::verdict(end);
     if matches!(verdict, Verdict::Failed { abnormal: true, .. }) {
         live.mark_abnormal();
@@ -745,6 +755,26 @@ mod tests {
         assert!(procs <= 4, "its /proc lists only its own uid's processes (sh, a subshell, grep, wc): {out}");
         assert_eq!(lines.get(2), None, "its private directory is empty at the start: {out}");
         assert!(!std::path::Path::new("/tmp/mine").exists(), "its /tmp is not the host's");
+    }
+
+    #[tokio::test]
+    async fn with_a_pid_namespace_a_child_is_pid_2_and_cannot_name_the_worker_even_by_number() {
+        let e = Enforcement::current();
+        if !e.pid_namespaces() || e.uids.is_err() {
+            eprintln!("no pid namespace per attempt on this host: {:?}", e.pidns);
+            return;
+        }
+        let me = std::process::id();
+        let script = format!("echo $$; kill -0 {me} 2>&1; ls -d /proc/{me} 2>&1; exit 0");
+        let (r, _) = run(spec(&script, Limits::default()), b"").await;
+        let out = String::from_utf8(r.unwrap()).unwrap();
+        assert_eq!(out.lines().next(), Some("2"), "the program is pid 2 of its own namespace (its init is 1): {out}");
+        assert!(out.contains("kill: No such process"), "the worker's pid names no process there (ESRCH): {out}");
+        assert!(out.contains(&format!("/proc/{me}': No such file")), "nor a /proc entry: {out}");
+        // The outer waiter ends as the program did: a signal stays a signal.
+        let (r, live) = run(spec("kill -KILL $$", Limits::default()), b"").await;
+        assert!(r.unwrap_err().message.contains("signal 9"), "killed by SIGKILL");
+        assert!(live.is_abnormal());
     }
 
     #[tokio::test]

@@ -39,6 +39,8 @@ pub struct Enforcement {
     /// A mount namespace per attempt (its own /proc showing only its uid's processes, a
     /// private /tmp), or why not.
     pub mountns: Result<(), String>,
+    /// A pid namespace per attempt (`enter_pid_namespace`), or why not.
+    pub pidns: Result<(), String>,
     in_use: Mutex<Vec<bool>>,
 }
 
@@ -50,6 +52,7 @@ impl Enforcement {
             uids: detect_uids(),
             netns: detect_netns(),
             mountns: detect_mountns(),
+            pidns: detect_pidns(),
             in_use: Mutex::new(vec![false; UID_COUNT as usize]),
         }
     }
@@ -90,6 +93,9 @@ impl Enforcement {
         if self.mountns.is_ok() && self.uids.is_ok() {
             parts.push("mountns".into());
         }
+        if self.pid_namespaces() {
+            parts.push("pidns".into());
+        }
         parts.join("+")
     }
 
@@ -114,11 +120,23 @@ impl Enforcement {
             (Err(why), _) => format!("no mount namespace: {why}"),
             (_, Err(_)) => "no mount namespace (a private /proc hides only other uids' processes: needs a uid per attempt)".to_string(),
         };
+        let pids = match (&self.pidns, &self.tree, &self.mountns) {
+            (Ok(()), Ok(_), Ok(())) => "a pid namespace per one-shot attempt (the program is pid 2 under a minimal init that reaps its orphans; it cannot see or signal a process outside, even by number; pooled children keep the host's pids)".to_string(),
+            (Err(why), _, _) => format!("no pid namespace: {why}"),
+            _ => "no pid namespace (it needs the cgroup, which measures the tree, and the mount namespace, which mounts the namespace's /proc)".to_string(),
+        };
         format!(
-            "{limits}; uid per attempt: {}; network namespace: {}; {mounts}; PR_SET_NO_NEW_PRIVS; worker non-dumpable; no pid namespace (a child's pids are the host's; other uids' processes are hidden from it by /proc's hidepid where it has a mount namespace)",
+            "{limits}; uid per attempt: {}; network namespace: {}; {mounts}; {pids}; PR_SET_NO_NEW_PRIVS; worker non-dumpable",
             said(self.uids.as_ref().map(|_| ()), &format!("{UID_BASE}+n")),
             said(self.netns.as_ref().map(|_| ()), "one without network (a loopback, down) shared by the attempts, unless the job type sets network = true"),
         )
+    }
+
+    /// Whether one-shot attempts get a pid namespace: it needs the attempt cgroup (the
+    /// leader the worker sees is then an outer waiter, not the program, so only the tree's
+    /// counters measure the program) and a mount namespace (for the namespace's /proc).
+    pub fn pid_namespaces(&self) -> bool {
+        self.pidns.is_ok() && self.tree.is_ok() && self.mountns.is_ok()
     }
 
     /// A uid for one attempt, released when the returned guard drops.
@@ -206,6 +224,135 @@ fn detect_mountns() -> Result<(), String> {
     }
 }
 
+/// Whether a child can have a pid namespace of its own: tried once in a short-lived
+/// child (the same calls as `enter_pid_namespace`).
+fn detect_pidns() -> Result<(), String> {
+    let mut probe = std::process::Command::new("/bin/true");
+    probe.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+    // SAFETY: `enter_pid_namespace` makes only async-signal-safe syscalls.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut probe, enter_pid_namespace);
+    }
+    match probe.status() {
+        Ok(s) if s.success() => Ok(()),
+        Ok(s) => Err(format!("the probe exited {s}")),
+        Err(e) => Err(format!("unshare(CLONE_NEWPID) or its fork failed: {e}")),
+    }
+}
+
+/// Exit code of the namespace's helpers when a syscall of their own fails (EX_OSERR).
+const EX_OSERR: i32 = 71;
+
+/// In the child between fork and exec: a pid namespace of its own. Forks twice. This
+/// process stays outside as the worker's child: it ignores SIGTERM (the program gets the
+/// group's), waits, and ends as the program ended (the same code or signal). The first
+/// fork is the namespace's init (pid 1): it reaps every orphan and, when the program
+/// exits, passes its status out and exits, which kills whatever is left in the
+/// namespace. The second fork is the program (pid 2): it returns here to be confined
+/// and exec'd. The helpers close every descriptor (the pipes, and the spawner's error
+/// pipe, which must see EOF at the program's exec). Only async-signal-safe syscalls.
+pub fn enter_pid_namespace() -> std::io::Result<()> {
+    let err = std::io::Error::last_os_error;
+    // SAFETY: syscalls of this forked, single-threaded child; the shared page is written
+    // by the init and read by the outer process after the init has exited.
+    unsafe {
+        // The program's wait status: the init, as pid 1, cannot end by a signal of its
+        // own, so it passes the status out through this page instead of mirroring it.
+        let page = libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if page == libc::MAP_FAILED {
+            return Err(err());
+        }
+        let status = page.cast::<i32>();
+        status.write_volatile(-1);
+        if libc::unshare(libc::CLONE_NEWPID) != 0 {
+            return Err(err());
+        }
+        let init = libc::fork();
+        if init < 0 {
+            return Err(err());
+        }
+        if init > 0 {
+            outside(init, status);
+        }
+        let program = libc::fork();
+        if program < 0 {
+            libc::_exit(EX_OSERR);
+        }
+        if program > 0 {
+            namespace_init(program, status);
+        }
+    }
+    Ok(())
+}
+
+/// The outer process: waits for the namespace's init, then ends as the program did.
+unsafe fn outside(init: libc::pid_t, status: *mut i32) -> ! {
+    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+        libc::signal(sig, libc::SIG_IGN);
+    }
+    close_all();
+    let mut st = 0;
+    loop {
+        let r = libc::waitpid(init, &mut st, 0);
+        if r == init {
+            break;
+        }
+        if r < 0 && *libc::__errno_location() != libc::EINTR {
+            libc::_exit(EX_OSERR);
+        }
+    }
+    // The program's status; the init's own if it was killed first (SIGKILL from outside).
+    let program = status.read_volatile();
+    end_as(if program >= 0 { program } else { st })
+}
+
+/// The namespace's pid 1: reaps every process that ends in it until the program does.
+unsafe fn namespace_init(program: libc::pid_t, status: *mut i32) -> ! {
+    close_all();
+    let mut st = 0;
+    loop {
+        let r = libc::wait(&mut st);
+        if r == program {
+            status.write_volatile(st);
+            libc::_exit(0);
+        }
+        if r < 0 && *libc::__errno_location() == libc::ECHILD {
+            libc::_exit(EX_OSERR);
+        }
+    }
+}
+
+/// Ends this process as a wait status says: the same exit code, or the same signal.
+unsafe fn end_as(st: i32) -> ! {
+    if libc::WIFSIGNALED(st) {
+        let sig = libc::WTERMSIG(st);
+        libc::signal(sig, libc::SIG_DFL);
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
+        libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::kill(libc::getpid(), sig);
+        libc::_exit(128 + sig);
+    }
+    libc::_exit(if libc::WIFEXITED(st) { libc::WEXITSTATUS(st) } else { EX_OSERR })
+}
+
+/// Closes every descriptor of this process.
+unsafe fn close_all() {
+    if libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32) != 0 {
+        for fd in 0..4096 {
+            libc::close(fd);
+        }
+    }
+}
+
 /// Confines the worker itself (start-up): other processes of its uid cannot read its
 /// memory, environment or descriptors, and job orphans come back to it to be reaped.
 pub fn confine_worker() {
@@ -235,6 +382,8 @@ pub struct ChildSetup {
     pub netns: Option<std::os::fd::RawFd>,
     /// A mount namespace of its own (private /proc and /tmp).
     pub mounts: Option<Mounts>,
+    /// A pid namespace of its own (`enter_pid_namespace`).
+    pub pidns: bool,
 }
 
 /// What a child's own mount namespace needs, prepared before fork (no allocation after).
@@ -287,7 +436,8 @@ pub fn control_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
 }
 
 /// Runs in the child between fork and exec: the control pipe on fd 3, its cgroup, the
-/// rlimits, no network, its own uid, no new privileges. Only async-signal-safe calls.
+/// rlimits, no network, its own pid namespace, its own uid, no new privileges. Only
+/// async-signal-safe calls.
 pub fn in_child(control_write: &OwnedFd, setup: &ChildSetup) -> std::io::Result<()> {
     cgroup::in_child(&setup.join)?;
     // Before fd 3 is taken: the namespace's descriptor may be number 3 in the worker.
@@ -296,6 +446,9 @@ pub fn in_child(control_write: &OwnedFd, setup: &ChildSetup) -> std::io::Result<
         if unsafe { libc::setns(ns, libc::CLONE_NEWNET) } != 0 {
             return Err(std::io::Error::last_os_error());
         }
+    }
+    if setup.pidns {
+        enter_pid_namespace()?;
     }
     let fd = control_write.as_raw_fd();
     let check = |rc: i32| if rc < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) };
@@ -439,7 +592,7 @@ mod tests {
     fn this_machine_reports_an_enforcement_with_a_reason_for_what_it_lacks() {
         let e = Enforcement::detect();
         let described = e.describe();
-        assert!(described.contains("no pid namespace"), "{described}");
+        assert!(described.contains("pid namespace"), "{described}");
         for (c, why) in e.unavailable() {
             assert!(!why.is_empty() && described.contains(&why), "{c:?}: {described}");
         }

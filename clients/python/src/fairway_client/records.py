@@ -155,6 +155,8 @@ class JobResult:
     error: Optional[str] = None
     failure_class: Optional[str] = None
     started_at: Optional[int] = None
+    peak_memory_bytes: Optional[int] = None
+    cpu_ms: Optional[int] = None
 
     @classmethod
     def from_record(cls, record: dict) -> "JobResult":
