@@ -88,7 +88,13 @@ pub(crate) async fn record_terminal(sh: &RouteContext, job: &JobSubmitted, termi
 /// a claim on it (it was never marked running nor claimed after a hand-off, see
 /// `route::Run::plain`), so a UUIDv7 job's state may be a packed finished record
 /// (`core::finished`) rather than a row of its own.
-pub(super) async fn record_success(sh: &RouteContext, job: &JobSubmitted, output: Vec<u8>, ran: Ran, plain: bool) -> Durable {
+pub(super) async fn record_success(
+    sh: &RouteContext,
+    job: &JobSubmitted,
+    output: Vec<u8>,
+    ran: Ran,
+    plain: bool,
+) -> Durable {
     record_result(sh, job, &result_of(sh, job, Terminal::succeeded(output, ran)), plain).await
 }
 

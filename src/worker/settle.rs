@@ -112,7 +112,13 @@ async fn hand_off(sh: &RouteContext, job: &JobSubmitted) -> Durable {
 
 /// A failed attempt: ask the retry policy, then either put the job on its class's retry
 /// topic or dead-letter it (DLQ record + failed result).
-pub(super) async fn fail(sh: &RouteContext, job: &JobSubmitted, origin: &Origin, err: HandlerError, ran: Ran) -> Durable {
+pub(super) async fn fail(
+    sh: &RouteContext,
+    job: &JobSubmitted,
+    origin: &Origin,
+    err: HandlerError,
+    ran: Ran,
+) -> Durable {
     let started_at = ran.started_at;
     let now = sh.clock.now_ms();
     metrics::counter!(m::JOB_FAILURES, "pool" => sh.pool.as_str(), "class" => err.class.as_str()).increment(1);
