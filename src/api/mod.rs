@@ -582,7 +582,7 @@ async fn submit_batch(
         pools.push(pool);
     }
     let ticket = st.admit(&jobs, &pools).await?;
-    let results = futures::future::join_all(jobs.iter().map(|j| st.inner.submitter.submit(j))).await;
+    let results = st.inner.submitter.submit_many(&jobs).await;
     let accepted: Vec<Option<String>> =
         results.iter().map(|r| r.as_ref().ok().filter(|s| !s.duplicate).map(|s| s.job_id.clone())).collect();
     st.inner.admission.settle(ticket, &accepted).await;

@@ -54,6 +54,9 @@ pub enum BenchKind {
     /// Open loop: no-op jobs arriving at fixed rates; p99 submission-to-dispatch per rate
     /// and the highest rate within the objective (`max_rate_within_slo`). JSON.
     Slo(super::bench_slo::SloArgs),
+    /// Delayed and scheduled jobs on time: lateness of jobs with `execute_at` arriving at
+    /// fixed rates (BullMQ's `DELAYED=1`), and the fire lag of many schedules. JSON.
+    Delayed(super::bench_delayed::DelayedArgs),
     /// The seed's scale: 10,000 registered tenants with a 100x skew plus row-less free
     /// accounts; light tenants' waits alone and under a heavy flood, jobs lost, registry
     /// change delays, the database's CPU and peak RSS. JSON.
@@ -104,6 +107,7 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchKind::Partitions(p) => super::bench_partitions::run(g, p).await,
         BenchKind::Blast(b) => super::bench_blast::run(g, b).await,
         BenchKind::Slo(s) => super::bench_slo::run(g, s).await,
+        BenchKind::Delayed(d) => super::bench_delayed::run(g, d).await,
         BenchKind::Tenants(t) => super::bench_tenants::run(g, t).await,
     }
 }

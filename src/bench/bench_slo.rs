@@ -4,9 +4,8 @@
 //! submission to first dispatch (`started_at - submitted_at` of the results) and from
 //! submission to result, and `max_rate_within_slo`: the highest rate whose p99 dispatch
 //! wait stays under `--slo` with every job finished. The shape of the BullMQ harness's
-//! `SLO=1` mode, so the two can be run alternately. With `--delay` each job is submitted
-//! to run that long later (`execute_at`) and the wait reported is its **lateness** (run
-//! start - `execute_at`): the harness's `DELAYED=1` mode. Last line JSON.
+//! `SLO=1` mode, so the two can be run alternately. Delayed jobs' lateness (the
+//! harness's `DELAYED=1`): `bench delayed`. Last line JSON.
 
 use super::bench::{bench_config, start_workers, Shape};
 use super::Global;
@@ -44,23 +43,19 @@ pub struct SloArgs {
     /// After the last arrival of a rate, how long to wait for its jobs' results.
     #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
     pub drain: Duration,
-    /// Delayed jobs: each to run this long after its submission (`execute_at`); the waits
-    /// reported are then lateness (run start - `execute_at`).
-    #[arg(long, value_parser = humantime::parse_duration)]
-    pub delay: Option<Duration>,
 }
 
 /// One rate's offer: how many jobs a second, for how long, how far ahead each is due.
 #[derive(Clone, Copy)]
-struct Offer {
-    rate: u32,
-    secs: Duration,
-    delay_ms: Option<Millis>,
+pub(super) struct Offer {
+    pub rate: u32,
+    pub secs: Duration,
+    pub delay_ms: Option<Millis>,
 }
 
 /// One rate's run.
 #[derive(serde::Serialize, Debug)]
-struct RateRun {
+pub(super) struct RateRun {
     rate: u32,
     offered_per_s: f64,
     of: usize,
@@ -83,32 +78,21 @@ pub async fn run(g: &Global, a: SloArgs) -> anyhow::Result<ExitCode> {
         "--rates: list rates above 0, e.g. 2000,5000"
     );
     let cfg = bench_config(g, &a.shape)?;
-    kafka::ensure_topics(&cfg).await.context("creating bench topics (scripts/services up?)")?;
-    fairway::store::ensure_schema(&cfg).await?;
-    fairway::ops::tenants::seed(&cfg).await?;
-    let reader = kafka::reader(&cfg, &cfg.group("bench-slo-results"), false)?;
-    reader.subscribe(&[&cfg.results_topic()])?;
-    let sub = Arc::new(Submitter::new(cfg.clone(), None)?);
-    let workers = start_workers(&cfg, a.shape.workers).await?;
-    let tenants: Arc<Vec<String>> = Arc::new(cfg.tenants.keys().cloned().collect());
+    let rig = Rig::start(&cfg, a.shape.workers).await?;
     let mut runs = Vec::new();
     for &rate in &a.rates {
-        let delay_ms = a.delay.map(|d| d.as_millis() as Millis);
-        let arrivals = arrive(&sub, &tenants, Offer { rate, secs: a.secs, delay_ms }).await;
-        let run = collect(&reader, rate, arrivals, a.drain).await;
+        let arrivals = arrive(&rig.sub, &rig.tenants, Offer { rate, secs: a.secs, delay_ms: None }).await;
+        let run = collect(&rig.reader, rate, arrivals, a.drain).await;
         eprintln!("slo: {}", serde_json::to_string(&run)?);
         runs.push(run);
     }
-    for w in workers {
-        w.stop().await;
-    }
+    rig.stop().await;
     let slo_ms = a.slo.as_millis() as u64;
     let within = runs.iter().filter(|r| r.done == r.of && r.wait_p99_ms < slo_ms).map(|r| r.rate).max().unwrap_or(0);
     println!(
         "{}",
         serde_json::json!({
-            "bench": if a.delay.is_some() { "fairway-delayed" } else { "fairway-open-loop" },
-            "delay_ms": a.delay.map(|d| d.as_millis() as u64), "slo_ms": slo_ms, "secs": a.secs.as_secs_f64(),
+            "bench": "fairway-open-loop", "slo_ms": slo_ms, "secs": a.secs.as_secs_f64(),
             "workers": a.shape.workers, "slots": a.shape.slots, "partitions": a.shape.partitions,
             "max_rate_within_slo": within, "runs": runs,
         })
@@ -116,9 +100,38 @@ pub async fn run(g: &Global, a: SloArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// A running deployment on fresh topics: in-process workers, a submitter and a reader of
+/// the results topic.
+pub(super) struct Rig {
+    pub reader: kafka::Reader,
+    pub sub: Arc<Submitter>,
+    pub tenants: Arc<Vec<String>>,
+    workers: Vec<fairway::worker::Worker>,
+}
+
+impl Rig {
+    pub async fn start(cfg: &Arc<fairway::config::Config>, workers: usize) -> anyhow::Result<Rig> {
+        kafka::ensure_topics(cfg).await.context("creating bench topics (scripts/services up?)")?;
+        fairway::store::ensure_schema(cfg).await?;
+        fairway::ops::tenants::seed(cfg).await?;
+        let reader = kafka::reader(cfg, &cfg.group("bench-slo-results"), false)?;
+        reader.subscribe(&[&cfg.results_topic()])?;
+        let sub = Arc::new(Submitter::new(cfg.clone(), None)?);
+        let workers = start_workers(cfg, workers).await?;
+        let tenants = Arc::new(cfg.tenants.keys().cloned().collect());
+        Ok(Rig { reader, sub, tenants, workers })
+    }
+
+    pub async fn stop(self) {
+        for w in self.workers {
+            w.stop().await;
+        }
+    }
+}
+
 /// What one rate's arrivals produced: the ids accepted (with the time each was due to
 /// run, if delayed), failures, and the real rate.
-struct Arrivals {
+pub(super) struct Arrivals {
     ids: HashMap<String, Option<Millis>>,
     of: usize,
     errors: usize,
@@ -130,7 +143,7 @@ struct Arrivals {
 /// Submits `rate * secs` no-op jobs in 10 ms ticks, round-robin over the tenants; each
 /// tick's jobs go out as one task, so a slow acknowledgement never delays the next tick
 /// (up to [`TICKS_IN_FLIGHT`]).
-async fn arrive(sub: &Arc<Submitter>, tenants: &Arc<Vec<String>>, offer: Offer) -> Arrivals {
+pub(super) async fn arrive(sub: &Arc<Submitter>, tenants: &Arc<Vec<String>>, offer: Offer) -> Arrivals {
     let Offer { rate, secs, delay_ms } = offer;
     let total = (f64::from(rate) * secs.as_secs_f64()).round() as usize;
     let per_tick = f64::from(rate) * TICK.as_secs_f64();
@@ -180,7 +193,7 @@ async fn arrive(sub: &Arc<Submitter>, tenants: &Arc<Vec<String>>, offer: Offer) 
 }
 
 /// Reads results until every accepted job of this rate finished or `drain` passed.
-async fn collect(reader: &kafka::Reader, rate: u32, mut arrivals: Arrivals, drain: Duration) -> RateRun {
+pub(super) async fn collect(reader: &kafka::Reader, rate: u32, mut arrivals: Arrivals, drain: Duration) -> RateRun {
     let mut wait = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
     let mut result = wait.clone();
     let mut per_second: Vec<hdrhistogram::Histogram<u64>> = Vec::new();

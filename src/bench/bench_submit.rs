@@ -40,6 +40,17 @@ pub struct SubmitBenchArgs {
     /// Batch requests in flight at once.
     #[arg(long, default_value_t = 4)]
     pub requests: usize,
+    /// The paths measured (e.g. `api` alone, to profile it).
+    #[arg(long, value_delimiter = ',', default_value = "plain,watched,api,ndjson")]
+    pub paths: Vec<SubmitPath>,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubmitPath {
+    Plain,
+    Watched,
+    Api,
+    Ndjson,
 }
 
 /// The bench's tenant: enterprise, and its submission rate above anything offered here.
@@ -90,17 +101,27 @@ pub async fn run(g: &Global, a: SubmitBenchArgs) -> anyhow::Result<ExitCode> {
     let plain = Submitter::new(cfg.clone(), None)?;
     let watched = Submitter::new(cfg.clone(), Some(store.clone()))?;
     let api = ApiBench::start(cfg.clone(), &store, &a).await?;
+
     let ndjson = NdjsonBench::write(a.jobs)?;
     // Warm up every path (connections, prepared statements).
     round(&plain, 200, a.concurrency).await?;
     round(&watched, 200, a.concurrency).await?;
     api.round(a.batch.min(200)).await?;
     let (mut p, mut w, mut h, mut n) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let on = |path| a.paths.contains(&path);
     for _ in 0..a.rounds.max(1) {
-        p.push(round(&plain, a.jobs, a.concurrency).await?);
-        w.push(round(&watched, a.jobs, a.concurrency).await?);
-        h.push(api.round(a.jobs).await?);
-        n.push(ndjson.round(&cfg).await?);
+        if on(SubmitPath::Plain) {
+            p.push(round(&plain, a.jobs, a.concurrency).await?);
+        }
+        if on(SubmitPath::Watched) {
+            w.push(round(&watched, a.jobs, a.concurrency).await?);
+        }
+        if on(SubmitPath::Api) {
+            h.push(api.round(a.jobs).await?);
+        }
+        if on(SubmitPath::Ndjson) {
+            n.push(ndjson.round(&cfg).await?);
+        }
     }
     for (name, rs) in [("produce only", &p), ("produce + queued row", &w)] {
         for r in rs {

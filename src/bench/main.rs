@@ -13,6 +13,7 @@ mod cli;
 mod bench;
 mod bench_blast;
 mod bench_cpu;
+mod bench_delayed;
 mod bench_faults;
 mod bench_flood;
 mod bench_ownership;

@@ -335,6 +335,14 @@ fn gap_end(tz: &Tz, local: Millis) -> Millis {
     hi
 }
 
+/// How far ahead of a fire the promoter submits its job (with `execute_at` at the fire,
+/// so a pool worker holds it in memory until then and starts it on time to the timer's
+/// millisecond, `core::promotion::HOLD_AHEAD_MS`), instead of when the first pass after
+/// the fire finds it due (up to a pass period, 250 ms, plus the submission's hops late).
+/// The price: a schedule paused, edited or removed less than this before a fire still
+/// fires it.
+pub const FIRE_AHEAD_MS: Millis = 600;
+
 /// Whether a fire at `at` is late at `now` (older than [`GRACE_MS`]: submitted only by a
 /// catch-up).
 pub fn is_late(at: Millis, now: Millis) -> bool {
@@ -418,10 +426,11 @@ impl Timing {
         at.max(not_before) + j
     }
 
-    /// The fires due at `now` from `cursor` (the first fire not yet submitted), at most
-    /// `limit`, with the catch-up policy applied to fires older than [`GRACE_MS`].
-    pub fn due(&self, cursor: Millis, now: Millis, limit: usize) -> Pass {
-        if limit == 0 || cursor > now {
+    /// The fires due by `until` (at `now` or up to [`FIRE_AHEAD_MS`] later) from `cursor`
+    /// (the first fire not yet submitted), at most `limit`, with the catch-up policy
+    /// applied to fires older than [`GRACE_MS`] at `now`.
+    pub fn due_by(&self, cursor: Millis, now: Millis, until: Millis, limit: usize) -> Pass {
+        if limit == 0 || cursor > until {
             return Pass { fires: Vec::new(), cursor: Some(cursor), skipped: false };
         }
         let late = now - GRACE_MS;
@@ -443,7 +452,7 @@ impl Timing {
                 CatchUp::All => cursor < now - CATCH_UP_HORIZON_MS,
             };
         }
-        while let Some(at) = next.filter(|at| *at <= now && fires.len() < limit) {
+        while let Some(at) = next.filter(|at| *at <= until && fires.len() < limit) {
             fires.push(Fire { at, run_at: self.run_at(at, at) });
             next = self.next_after(at);
         }

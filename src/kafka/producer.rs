@@ -78,6 +78,30 @@ pub struct Producer {
     inner: Arc<Inner>,
 }
 
+/// One record of [`Producer::send_many`].
+pub struct Outgoing<'a> {
+    pub topic: &'a str,
+    pub key: &'a str,
+    pub payload: &'a [u8],
+    pub headers: Vec<(&'static str, &'a str)>,
+}
+
+impl<'a> Outgoing<'a> {
+    fn record(&self) -> FutureRecord<'a, str, [u8]> {
+        let record = FutureRecord::to(self.topic).key(self.key).payload(self.payload);
+        if self.headers.is_empty() {
+            return record;
+        }
+        let owned = self
+            .headers
+            .iter()
+            .fold(rdkafka::message::OwnedHeaders::new_with_capacity(self.headers.len()), |h, (k, v)| {
+                h.insert(rdkafka::message::Header { key: k, value: Some(*v) })
+            });
+        record.headers(owned)
+    }
+}
+
 struct Inner {
     settings: ClientConfig,
     brokers: String,
@@ -209,6 +233,38 @@ impl Producer {
                 Err((source, _)) => return Err(KafkaError::Produce { topic: topic.to_string(), source }),
             }
         }
+    }
+
+    /// Produces many records at once: each is handed to librdkafka without a future of
+    /// its own, then the acknowledgements are awaited together (a submission batch of a
+    /// thousand jobs holds a thousand small delivery futures, not a thousand sends). One
+    /// answer per record, in order, as [`Producer::send`] gives it; a record librdkafka
+    /// refuses at once (its queue full) or that fails on a dead client goes through
+    /// [`Producer::send`], which waits for room and rebuilds the client.
+    pub async fn send_many(&self, records: &[Outgoing<'_>]) -> Vec<Result<(i32, i64), KafkaError>> {
+        let Ok((client, generation)) = self.client() else {
+            // The client could not be rebuilt: each send says why.
+            let sends = records.iter().map(|r| Box::pin(self.send(r.topic, r.key, r.payload, &r.headers)));
+            return futures::future::join_all(sends).await;
+        };
+        let handed: Vec<_> = records.iter().map(|r| client.send_result(r.record()).map_err(|(e, _)| e)).collect();
+        let acks = handed.into_iter().zip(records).map(|(handed, r)| async move {
+            let failed = match handed {
+                Ok(delivery) => match delivery.await {
+                    Ok(Ok(d)) => return Ok((d.partition, d.offset)),
+                    Ok(Err((e, _))) => e,
+                    Err(_) => rdkafka::error::KafkaError::Canceled,
+                },
+                Err(e) => e,
+            };
+            let queue_full = failed.rdkafka_error_code() == Some(RDKafkaErrorCode::QueueFull);
+            let fatal = is_fatal(&self.inner.current.read().expect("producer lock"), generation, &failed);
+            if queue_full || fatal {
+                return Box::pin(self.send(r.topic, r.key, r.payload, &r.headers)).await;
+            }
+            Err(KafkaError::Produce { topic: r.topic.to_string(), source: failed })
+        });
+        futures::future::join_all(acks).await
     }
 
     /// Produces one record without waiting for the acknowledgement. False when the

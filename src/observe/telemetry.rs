@@ -78,6 +78,11 @@ pub fn enabled() -> bool {
     TRACER.get().is_some()
 }
 
+/// Whether spans are exported (a tracer was installed).
+pub fn exporting() -> bool {
+    tracer().is_some()
+}
+
 fn tracer() -> Option<&'static SdkTracer> {
     TRACER.get()
 }

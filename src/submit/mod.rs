@@ -17,6 +17,7 @@
 //! [`dedupe`].
 
 pub mod dedupe;
+mod many;
 mod payload;
 
 pub use payload::Payload;
@@ -248,18 +249,20 @@ impl Submitter {
             });
         }
         if let (Some(key), Some(stmts)) = (&job.idempotency_key, stmts) {
-            if let Some(dup) = self.claim(stmts, &job.tenant, key, &job_id, now, pool).await? {
+            // The keyed paths are boxed: the common one's future stays small (a batch holds
+            // a thousand of them at once).
+            if let Some(dup) = Box::pin(self.claim(stmts, &job.tenant, key, &job_id, now, pool)).await? {
                 return Ok(dup);
             }
         }
         let mut rec = self.record(job, job_id.clone(), pool, payload, now);
         if let (Some(key), Some(store)) = (&job.debounce_key, &self.store) {
             let d = dedupe::Debounce::of(job, &self.cfg.debounce)?;
-            return dedupe::debounce(store, &self.debounces, key, &d, &mut rec, now).await;
+            return Box::pin(dedupe::debounce(store, &self.debounces, key, &d, &mut rec, now)).await;
         }
         if let (Some(_), Some(stmts), Some(store)) = (&job.unique_key, stmts, &self.store) {
             let claim = dedupe::UniqueClaim::of(&self.cfg, job)?;
-            if let Some(dup) = claim.claim(stmts, store, &job_id, now, pool, MAX_PRODUCE_MS).await? {
+            if let Some(dup) = Box::pin(claim.claim(stmts, store, &job_id, now, pool, MAX_PRODUCE_MS)).await? {
                 return Ok(dup);
             }
         }
@@ -283,7 +286,7 @@ impl Submitter {
         if let Err(e) = produced {
             // Never queued: take back what says it was, so a retry submits afresh.
             if let Some(stmts) = stmts {
-                self.take_back(stmts, job, &job_id, written, now).await;
+                Box::pin(self.take_back(stmts, job, &job_id, written, now)).await;
             }
             return Err(e);
         }

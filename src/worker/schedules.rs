@@ -1,5 +1,7 @@
 //! Firing recurring schedules: the promoter's leader (the holder of its lease) reads the
-//! due index (`store::due`) every [`PASS_EVERY`]: only what is due by now, from the floor
+//! due index (`store::due`) every [`PASS_EVERY`]: only what is due by now (and
+//! `core::recurring::FIRE_AHEAD_MS` ahead: those fires' jobs are held by their worker
+//! until the fire, so they start on time instead of up to a pass late), from the floor
 //! below which nothing due is left (`core::due`), at most [`ENTRIES_PER_READ`]. A pass
 //! takes on at most [`ENTRIES_PER_PASS`] entries in **tenant turns** (each tenant's
 //! oldest before any tenant's second), [`IN_FLIGHT`] at a time; the rest wait for the
@@ -261,7 +263,9 @@ impl Firing {
     /// One pass: the due schedules' fires, within the pace's and the byte budget.
     async fn pass(&self, pace: &mut Pace, floor: &mut DueFloor) {
         let now = now_ms();
-        let read = match self.schedules.statements().due(now, floor.from(), ENTRIES_PER_READ).await {
+        // Fires due within the look-ahead go now, their jobs due at the fire.
+        let until = now + recurring::FIRE_AHEAD_MS;
+        let read = match self.schedules.statements().due(until, floor.from(), ENTRIES_PER_READ).await {
             Ok(d) => d,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read due schedules");
@@ -313,12 +317,12 @@ impl Firing {
                 return After::Due(cursor);
             }
         };
-        let pass = timing.due(cursor, now, FIRES_PER_PASS);
+        let pass = timing.due_by(cursor, now, now + recurring::FIRE_AHEAD_MS, FIRES_PER_PASS);
         if pass.skipped {
             metrics::counter!(m::SCHEDULE_SKIPS, "policy" => s.spec.catch_up.as_str()).increment(1);
         }
         match self.fire_schedule(&s, &timing, cursor, pass, budget).await {
-            Some(next) if next <= now_ms() => After::Due(next),
+            Some(next) if next <= now_ms() + recurring::FIRE_AHEAD_MS => After::Due(next),
             _ => After::Done,
         }
     }

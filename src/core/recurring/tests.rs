@@ -111,32 +111,48 @@ fn catch_up_policies_after_a_stop() {
         spec.timing("id", 0).unwrap()
     };
     // none: the missed fires are skipped; the one inside the grace runs.
-    let p = mk(CatchUp::None).due(cursor, now, 100);
+    let p = mk(CatchUp::None).due_by(cursor, now, now, 100);
     assert_eq!(p.fires.iter().map(|f| f.at).collect::<Vec<_>>(), vec![now - 60_000, now]);
     assert_eq!(p.cursor, Some(now + 60_000));
     assert!(p.skipped);
     // one: one job now for the missed ones, then the on-time ones.
-    let p = mk(CatchUp::One).due(cursor, now, 100);
+    let p = mk(CatchUp::One).due_by(cursor, now, now, 100);
     assert_eq!(p.fires[0], Fire { at: cursor, run_at: now });
     assert_eq!(p.fires[1..].iter().map(|f| f.at).collect::<Vec<_>>(), vec![now - 60_000, now]);
     assert!(p.skipped, "the other missed fires were skipped");
     assert!(is_late(p.fires[0].at, now) && !is_late(p.fires[1].at, now));
     // all: every one, oldest first, `limit` per pass; the cursor resumes after them.
     let all = mk(CatchUp::All);
-    let p = all.due(cursor, now, 4);
+    let p = all.due_by(cursor, now, now, 4);
     assert_eq!(
         p.fires.iter().map(|f| f.at).collect::<Vec<_>>(),
         (0..4).map(|i| cursor + i * 60_000).collect::<Vec<_>>()
     );
     assert_eq!(p.cursor, Some(cursor + 4 * 60_000));
     assert!(!p.skipped, "all skips nothing within the horizon");
-    let p = all.due(p.cursor.unwrap(), now, 100);
+    let p = all.due_by(p.cursor.unwrap(), now, now, 100);
     assert_eq!(p.fires.len(), 7, "the other 7 of the 11");
     // one with a single missed fire skips nothing.
-    assert!(!mk(CatchUp::One).due(now - 2 * 60_000, now, 100).skipped);
+    assert!(!mk(CatchUp::One).due_by(now - 2 * 60_000, now, now, 100).skipped);
     // Nothing due yet; limit 0.
-    assert_eq!(all.due(now + 1, now, 10), Pass { fires: vec![], cursor: Some(now + 1), skipped: false });
-    assert_eq!(all.due(cursor, now, 0), Pass { fires: vec![], cursor: Some(cursor), skipped: false });
+    assert_eq!(all.due_by(now + 1, now, now, 10), Pass { fires: vec![], cursor: Some(now + 1), skipped: false });
+    assert_eq!(all.due_by(cursor, now, now, 0), Pass { fires: vec![], cursor: Some(cursor), skipped: false });
+}
+
+#[test]
+fn fires_ahead_up_to_until_with_their_job_due_at_the_fire() {
+    let spec =
+        ScheduleSpec { name: "s".into(), job_type: "echo".into(), every: Some("1s".into()), ..Default::default() };
+    let t = spec.timing("id", 0).unwrap();
+    let fire = t.next_after(10_000_000).unwrap();
+    let now = fire - 400;
+    let p = t.due_by(fire, fire - 1_000, fire - 1_000 + FIRE_AHEAD_MS, 10);
+    assert!(p.fires.is_empty(), "a fire beyond the look-ahead waits: {p:?}");
+    let p = t.due_by(fire, now, now + FIRE_AHEAD_MS, 10);
+    assert_eq!(p.fires, vec![Fire { at: fire, run_at: fire }], "fired ahead, its job due at the fire");
+    assert_eq!(p.cursor, Some(fire + 1_000));
+    assert!(!p.skipped && !is_late(p.fires[0].at, now));
+    assert!(FIRE_AHEAD_MS < crate::core::promotion::HOLD_AHEAD_MS, "a fired-ahead job is held by its worker");
 }
 
 #[test]
@@ -151,7 +167,7 @@ fn all_catches_up_at_most_a_day() {
     };
     let t = spec.timing("id", 0).unwrap();
     let now = 100 * 3_600_000;
-    let p = t.due(0, now, 1000);
+    let p = t.due_by(0, now, now, 1000);
     assert_eq!(p.fires.len(), 25, "the hours of the last day, both ends");
     assert_eq!(p.fires[0].at, now - CATCH_UP_HORIZON_MS);
     assert!(p.skipped, "the fires older than a day were skipped");
@@ -196,7 +212,7 @@ fn start_and_end_times_are_bounded_so_fire_times_never_overflow() {
     let t = latest.timing("id", 0).unwrap();
     assert_eq!(t.at_or_after(0), Some(MAX_TIME_MS));
     assert_eq!(t.next_after(MAX_TIME_MS), None);
-    assert_eq!(t.due(MAX_TIME_MS, MAX_TIME_MS, 10).fires.len(), 1);
+    assert_eq!(t.due_by(MAX_TIME_MS, MAX_TIME_MS, MAX_TIME_MS, 10).fires.len(), 1);
 }
 
 #[test]
@@ -221,9 +237,9 @@ fn fires_have_stable_distinct_v7_job_ids_and_fixed_jitter() {
     let mut moved = 0;
     for i in 0..50 {
         let at = i * 60_000;
-        let f = j.due(at, at, 1).fires[0];
+        let f = j.due_by(at, at, at, 1).fires[0];
         assert!((at..at + 30_000).contains(&f.run_at), "jitter within [0, 30 s)");
-        assert_eq!(f, j.due(at, at, 1).fires[0], "the same draw every time");
+        assert_eq!(f, j.due_by(at, at, at, 1).fires[0], "the same draw every time");
         moved += usize::from(f.run_at != at);
     }
     assert!(moved >= 45);

@@ -1,0 +1,118 @@
+//! Submitting many jobs at once (`POST /v1/jobs:batch`): the common job (no idempotency,
+//! unique or debounce key, queued now, its state packed, spans not exported) takes one
+//! shared path: every record of the batch is handed to the producer at once
+//! (`kafka::Producer::send_many`) and each job's packed `queued` record is written once
+//! it is on its topic, as [`Submitter::submit`] does for one. A batch then holds a
+//! thousand small acknowledgement futures instead of a thousand whole submissions (a
+//! submission's future is kilobytes; a thousand of them were allocated, moved and faulted
+//! in per request). Any other job goes through [`Submitter::submit`] alongside.
+
+use super::{NewJob, SubmitError, Submitted, Submitter};
+use crate::kafka::Outgoing;
+use crate::model::{JobSubmitted, Millis, Pool};
+use crate::store::EventStatements;
+use crate::{codec, kafka, now_ms};
+
+/// A job of the batch on the shared path: its record and where it stands in the batch.
+struct Ready {
+    index: usize,
+    rec: JobSubmitted,
+    pool: Pool,
+}
+
+impl Submitter {
+    /// Submits `jobs`: one answer each, in order, the one [`Submitter::submit`] gives.
+    pub async fn submit_many(&self, jobs: &[NewJob]) -> Vec<Result<Submitted, SubmitError>> {
+        self.refresh_classes().await;
+        let now = now_ms();
+        // Without statements nothing packs: every job goes alone and says why it failed.
+        let stmts = self.statements().await.ok().flatten();
+        let mut answers: Vec<Option<Result<Submitted, SubmitError>>> = jobs.iter().map(|_| None).collect();
+        let (mut ready, mut alone) = (Vec::new(), Vec::new());
+        for (index, job) in jobs.iter().enumerate() {
+            match self.ready(job, stmts, now) {
+                Some(Ok((rec, pool))) => ready.push(Ready { index, rec, pool }),
+                Some(Err(e)) => answers[index] = Some(Err(e)),
+                None => alone.push(index),
+            }
+        }
+        let singles = futures::future::join_all(alone.iter().map(|&i| Box::pin(self.submit(&jobs[i]))));
+        let (singles, shared) = tokio::join!(singles, self.produce_ready(&ready, stmts, now));
+        for (i, answer) in alone.into_iter().zip(singles) {
+            answers[i] = Some(answer);
+        }
+        for (r, answer) in ready.iter().zip(shared) {
+            answers[r.index] = Some(answer);
+        }
+        answers.into_iter().map(|a| a.expect("every job answered")).collect()
+    }
+
+    /// The job's record and pool if it takes the shared path; an error if it is invalid;
+    /// None if it goes through [`Submitter::submit`].
+    fn ready(
+        &self,
+        job: &NewJob,
+        stmts: Option<&EventStatements>,
+        now: Millis,
+    ) -> Option<Result<(JobSubmitted, Pool), SubmitError>> {
+        let keyed = job.idempotency_key.is_some() || job.unique_key.is_some() || job.debounce_key.is_some();
+        if keyed || crate::observe::telemetry::exporting() {
+            return None;
+        }
+        let payload = job.payload_bytes();
+        let pool = match self.validate(job, payload.len()) {
+            Ok(p) => p,
+            Err(e) => return Some(Err(e)),
+        };
+        let job_id = job.job_id.clone().unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+        let rec = self.record(job, job_id, pool, payload, now);
+        self.packs_submission(stmts, &rec, now).then_some(Ok((rec, pool)))
+    }
+
+    /// Produces the ready jobs together, then writes the packed `queued` record of each
+    /// one on its topic; their answers, in order.
+    async fn produce_ready(
+        &self,
+        ready: &[Ready],
+        stmts: Option<&EventStatements>,
+        now: Millis,
+    ) -> Vec<Result<Submitted, SubmitError>> {
+        let topics: Vec<(Pool, String)> = Pool::ALL.iter().map(|p| (*p, self.cfg.pool_topic(*p))).collect();
+        let topic = |pool: Pool| topics.iter().find(|(p, _)| *p == pool).map(|(_, t)| t.as_str()).expect("every pool");
+        let encoded: Vec<Result<Vec<u8>, SubmitError>> =
+            ready.iter().map(|r| codec::encode_job(&r.rec).map_err(SubmitError::from)).collect();
+        let outgoing: Vec<Outgoing> = ready
+            .iter()
+            .zip(&encoded)
+            .filter_map(|(r, bytes)| {
+                Some(Outgoing {
+                    topic: topic(r.pool),
+                    key: &r.rec.tenant,
+                    payload: bytes.as_ref().ok()?,
+                    headers: kafka::trace_headers(&r.rec),
+                })
+            })
+            .collect();
+        let mut sent = self.producer.send_many(&outgoing).await.into_iter();
+        let produced: Vec<Result<(), SubmitError>> = encoded
+            .into_iter()
+            .map(|bytes| match bytes {
+                Ok(_) => sent.next().expect("one answer per record").map(|_| ()).map_err(SubmitError::from),
+                Err(e) => Err(e),
+            })
+            .collect();
+        let answers = ready.iter().zip(produced).map(|(r, produced)| async move {
+            produced?;
+            let written = self.put_submitted(stmts, &r.rec, r.pool, now, true).await;
+            Ok(Submitted {
+                job_id: r.rec.job_id.clone(),
+                duplicate: false,
+                pool: r.pool,
+                original: None,
+                joined: false,
+                queued_row: written,
+            })
+        });
+        futures::future::join_all(answers).await
+    }
+}
