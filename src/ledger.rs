@@ -295,8 +295,11 @@ pub async fn tenant_charts(stmts: &LedgerStatements, q: &ChartsQuery<'_>) -> Res
     let (mut rows, mut fleet, mut entitled) = (Vec::new(), Vec::new(), BTreeMap::new());
     for day in rules::days(from_day, q.now + 1) {
         let (r, f, active) = futures::try_join!(stmts.rows(q.tenant, day), stmts.fleet(day), stmts.tenants(day))?;
-        let active: Vec<Weighed> = active.iter().map(|t| weighed(t, q.registry, q.default_tier)).collect();
-        entitled.insert(day, rules::entitled_share(&me, &active, &weights));
+        // A day nobody used the fleet entitles nobody to anything: no line there.
+        if !active.is_empty() {
+            let active: Vec<Weighed> = active.iter().map(|t| weighed(t, q.registry, q.default_tier)).collect();
+            entitled.insert(day, rules::entitled_share(&me, &active, &weights));
+        }
         rows.extend(r);
         fleet.extend(f);
     }

@@ -534,6 +534,10 @@ async fn a_tenants_page_charts_what_the_ledger_counted_and_the_overview_its_top_
         // The 30 days: today holds the same 12 jobs.
         let days = mark_values(&c, "#chart-outcomes-30d rect.bar").await;
         assert_eq!(days.iter().sum::<f64>(), 12.0, "{days:?}");
+        // Entitled only on days someone used the fleet: today, not 29 days ago.
+        let days_share = mark_values(&c, "#chart-share-30d circle.point").await;
+        assert_eq!(days_share.len(), 60, "{days_share:?}");
+        assert!(days_share[30] == 0.0 && days_share[59] > 0.0, "{days_share:?}");
         let points = js(&c, "return document.querySelector('#chart-outcomes-30d svg').dataset.points").await;
         assert_eq!(points, json!("30"));
         // Its alert is listed.

@@ -45,12 +45,14 @@ pub(super) struct Chart {
     pub series: Vec<Series>,
 }
 
-/// `v` for a label: whole numbers as they are, others with two decimals.
+/// `v` for a label: at most two decimals, no trailing zeros.
 fn number(v: f64) -> String {
-    if v.fract() == 0.0 && v.abs() < 1e15 {
-        format!("{v:.0}")
+    let s = format!("{v:.2}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s == "-0" {
+        "0".to_string()
     } else {
-        format!("{v:.2}")
+        s.to_string()
     }
 }
 
@@ -268,7 +270,8 @@ mod tests {
         assert_eq!(f.matches("<polyline").count(), 1);
         assert!(f.contains("p99 &lt;ms&gt;") && f.contains("a&amp;b") && f.contains("Jobs &lt;by&gt; outcome"), "{f}");
         assert!(!f.contains("<ms>") && !f.contains("<by>"));
-        assert!(f.contains("data-value=\"250.50\""), "{f}");
+        assert!(f.contains("data-value=\"250.5\""), "{f}");
+        assert_eq!([number(2.5), number(3.0), number(0.126), number(-0.0)], ["2.5", "3", "0.13", "0"]);
         assert!(f.contains(">500 jobs</text>"), "{f}");
     }
 
