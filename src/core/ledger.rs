@@ -420,7 +420,7 @@ pub fn entitled_share(tenant: &Weighed, active: &[Weighed], weights: &crate::cor
         Tier::Free => weights.of(Tier::Free) / free,
         t => w.weight.unwrap_or(weights.of(t)).max(0.0),
     };
-    let sum: f64 = all.values().map(|w| weight(*w)).sum();
+    let sum: f64 = all.values().map(|w| weight(w)).sum();
     if sum <= 0.0 {
         return 0.0;
     }
@@ -621,7 +621,10 @@ mod tests {
         assert!((entitled_share(&active[1], &active, &weights) - 0.5 / 11.0).abs() < 1e-9, "free split in two");
         assert_eq!(entitled_share(&pro, &[], &weights), 1.0, "alone: everything");
         let own = w("p", Tier::Pro, Some(300.0));
-        assert!((entitled_share(&own, &[pro.clone()], &weights) - 1.0).abs() < 1e-9, "itself listed counts once");
+        assert!(
+            (entitled_share(&own, std::slice::from_ref(&pro), &weights) - 1.0).abs() < 1e-9,
+            "itself listed counts once"
+        );
         assert!((entitled_share(&own, &active[..1], &weights) - 300.0 / 310.0).abs() < 1e-9);
     }
 
