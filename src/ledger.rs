@@ -17,12 +17,16 @@
 //! entry per tenant, pool and job type); a flush writes one row per changed account.
 
 use crate::config::Config;
-use crate::core::ledger::{self as rules, Flush, Granularity, LedgerRow, PartitionTally, ReportLine};
+use crate::core::ledger::{
+    self as rules, ChartPoint, Flush, Granularity, LedgerRow, PartitionTally, ReportLine, Weighed,
+};
+use crate::core::scheduler::{Tier, TierWeights};
+use crate::core::tenants::TenantRecord;
 use crate::kafka::{self, Message};
 use crate::model::Millis;
 use crate::store::{LedgerPosition, LedgerStatements, Store, StoreError};
 use crate::{codec, metrics as m, now_ms};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -252,4 +256,81 @@ pub async fn export_day(stmts: &LedgerStatements, day: Millis, g: Granularity) -
         out.extend(days.iter().flat_map(|rows| rules::report(rows, g, day, day + 86_400_000)));
     }
     Ok(out)
+}
+
+/// Days a tenant's charts read: the 30-day chart's (the 24-hour chart's are among them).
+pub const CHART_DAYS: i64 = 30;
+/// Tenants the overview's top-tenants chart reads per day at most (in the index's order).
+pub const TOP_SCAN_TENANTS: usize = 1000;
+
+/// A tenant's charts' data: the last 24 hours and the last 30 days.
+#[derive(Clone, Debug, Default)]
+pub struct TenantCharts {
+    pub hours: Vec<ChartPoint>,
+    pub days: Vec<ChartPoint>,
+}
+
+/// Whose charts, weighed how, and when.
+pub struct ChartsQuery<'a> {
+    pub tenant: &'a str,
+    /// The registry (tiers and weights); tenants missing from it have `default_tier`.
+    pub registry: &'a BTreeMap<String, TenantRecord>,
+    pub default_tier: Tier,
+    pub now: Millis,
+}
+
+fn weighed(name: &str, registry: &BTreeMap<String, TenantRecord>, default_tier: Tier) -> Weighed {
+    let rec = registry.get(name);
+    Weighed { tenant: name.to_string(), tier: rec.map_or(default_tier, |r| r.tier), weight: rec.and_then(|r| r.weight) }
+}
+
+/// A tenant's charts (store reads: per day of the last [`CHART_DAYS`], the tenant's rows,
+/// the fleet's rows and the day's tenant index (for the entitlement): 3 x 30 reads).
+pub async fn tenant_charts(stmts: &LedgerStatements, q: &ChartsQuery<'_>) -> Result<TenantCharts, StoreError> {
+    const DAY: Millis = 86_400_000;
+    const HOUR: Millis = 3_600_000;
+    let from_day = q.now.div_euclid(DAY) * DAY - (CHART_DAYS - 1) * DAY;
+    let me = weighed(q.tenant, q.registry, q.default_tier);
+    let weights = TierWeights::default();
+    let (mut rows, mut fleet, mut entitled) = (Vec::new(), Vec::new(), BTreeMap::new());
+    for day in rules::days(from_day, q.now + 1) {
+        let (r, f, active) = futures::try_join!(stmts.rows(q.tenant, day), stmts.fleet(day), stmts.tenants(day))?;
+        // A day nobody used the fleet entitles nobody to anything: no line there.
+        if !active.is_empty() {
+            let active: Vec<Weighed> = active.iter().map(|t| weighed(t, q.registry, q.default_tier)).collect();
+            entitled.insert(day, rules::entitled_share(&me, &active, &weights));
+        }
+        rows.extend(r);
+        fleet.extend(f);
+    }
+    let from_hour = q.now.div_euclid(HOUR) * HOUR - 23 * HOUR;
+    Ok(TenantCharts {
+        hours: rules::chart_points(&rows, &fleet, &entitled, Granularity::Hour, from_hour, q.now + 1),
+        days: rules::chart_points(&rows, &fleet, &entitled, Granularity::Day, from_day, q.now + 1),
+    })
+}
+
+/// The `n` tenants with the most run time in the 24 hours before `now`, and whether a
+/// day's index held more than [`TOP_SCAN_TENANTS`] tenants (those beyond were not read).
+/// Store reads: the two days' tenant indexes and each listed tenant's day.
+pub async fn top_tenants(
+    stmts: &LedgerStatements,
+    now: Millis,
+    n: usize,
+) -> Result<(Vec<(String, i64)>, bool), StoreError> {
+    let from = rules::window_of(now - 86_400_000);
+    let mut usage: Vec<(String, i64)> = Vec::new();
+    let mut cut = false;
+    for day in rules::days(from, now + 1) {
+        let mut tenants = stmts.tenants(day).await?;
+        cut |= tenants.len() > TOP_SCAN_TENANTS;
+        tenants.truncate(TOP_SCAN_TENANTS);
+        for chunk in tenants.chunks(EXPORT_CONCURRENCY) {
+            let days = futures::future::try_join_all(chunk.iter().map(|t| stmts.rows(t, day))).await?;
+            for r in days.iter().flatten().filter(|r| r.window >= from) {
+                usage.push((r.account.tenant.clone(), r.usage.run_ms));
+            }
+        }
+    }
+    Ok((rules::top_by_run_time(usage.iter().map(|(t, ms)| (t.as_str(), *ms)), n), cut))
 }

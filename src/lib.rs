@@ -51,6 +51,8 @@
 //! | `ops::schedules` | `fairway schedules`: recurring schedules' management (firing: `worker::schedules`) |
 //! | `ops::tenants` | `fairway tenants`: the tenants registry's rows and every process's live view of them (rules in `core::tenants`) |
 //! | `api` | the HTTP API (axum), its per-key limits (`api::limits`), its listener's per-address and total connection bounds (`api::listener`) and the operator console (`api::console`) |
+//! | `api::console::charts` | the console's server-rendered SVG charts (pure: series in, markup out) |
+//! | `api::console::tenant` | a tenant's console page: the usage ledger's charts (`ledger::tenant_charts`) and its alerts |
 //! | `api::regions` | a tenant's home region at the API: 421 to its home, 503 while this region is draining or down (`fairway region`; rules in `core::regions`, state in `store`'s `region_states`) |
 //! | `observe` | watching a process: |
 //! | `observe::probes` | readiness and liveness (`/readyz`, `/livez`) |

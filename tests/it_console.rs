@@ -2,7 +2,9 @@
 //! chromedriver) against the real broker and CQL database: the overview updates while
 //! jobs run; a dead-lettered job is found, previewed and replayed from the page and then
 //! succeeds; a tenant key sees only its tenant (and cannot act), while an admin suspends
-//! a tenant from the tenants page and pauses a tenant's schedule from the schedules page. Screenshots of each page go to
+//! a tenant from the tenants page and pauses a tenant's schedule from the schedules page;
+//! a tenant's page charts what the usage ledger counted of its jobs (and lists its alerts),
+//! and the overview charts the top tenants. Screenshots of each page go to
 //! `target/console-screenshots/`.
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`scripts/test` installs them);
@@ -63,7 +65,12 @@ async fn create_key(cfg: &Config, caller: &Caller) -> String {
 impl Setup {
     /// The API (with the console) and one worker of the short pool, on fresh topics.
     async fn start() -> Setup {
-        let cfg = common::arc(common::config(EXTRA));
+        Setup::start_with(EXTRA).await
+    }
+
+    /// As [`Setup::start`], with `extra` as the test config's additions.
+    async fn start_with(extra: &str) -> Setup {
+        let cfg = common::arc(common::config(extra));
         common::init(&cfg).await;
         let (base, stop) = common::serve_api(&cfg).await;
         let gate = Arc::new(AtomicBool::new(false));
@@ -455,5 +462,109 @@ async fn a_tenant_key_sees_only_its_tenant_and_an_admin_suspends_one() {
         assert!(listed.contains(acme_job) && listed.contains(globex_job), "{listed:?}");
     })
     .await;
+    setup.stop().await;
+}
+
+/// `GET path` as the admin, as JSON.
+async fn admin_get(s: &Setup, path: &str) -> Value {
+    s.http.get(s.url(path)).bearer_auth(&s.admin).send().await.unwrap().json().await.unwrap()
+}
+
+/// The values (`data-value`) of the marks matching `css`.
+async fn mark_values(c: &Client, css: &str) -> Vec<f64> {
+    let script = format!("return [...document.querySelectorAll('{css}')].map(e => Number(e.dataset.value))");
+    serde_json::from_value(js(c, &script).await).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenants_page_charts_what_the_ledger_counted_and_the_overview_its_top_tenants() {
+    // acme's jobs wait past a 1 ms rule: an alert to list on its page.
+    let extra =
+        format!("{EXTRA}[alerts]\nperiod = \"1s\"\n[alerts.tenants.acme]\nqueue_wait_p99_ms = 1\nfor_periods = 1\n");
+    let setup = Setup::start_with(&extra).await;
+    let s = &setup;
+    let mut jobs: Vec<Value> =
+        (0..10).map(|_| json!({"tenant": "acme", "job_type": "sleep", "payload": {"ms": 400}})).collect();
+    jobs.extend((0..2).map(|i| json!({"tenant": "acme", "job_type": "gate", "payload": {"n": i}})));
+    jobs.extend((0..6).map(|_| json!({"tenant": "globex", "job_type": "sleep", "payload": {"ms": 200}})));
+    s.submit(Value::Array(jobs)).await;
+    // The ledger's flush (every few seconds) brings every result into the store.
+    let (from, to) = (fairway::now_ms() - 3_600_000, fairway::now_ms() + 3_600_000);
+    for (tenant, want) in [("acme", 12), ("globex", 6)] {
+        let path = format!("/v1/usage?tenant={tenant}&from={from}&to={to}");
+        until(Duration::from_secs(90), &format!("{tenant}'s {want} results in the ledger"), || async {
+            let v = admin_get(s, &path).await;
+            (v["total"]["results"] == json!(want)).then_some(())
+        })
+        .await;
+    }
+    until(Duration::from_secs(60), "acme's queue-wait alert", || async {
+        let v = admin_get(s, "/v1/alerts?tenant=acme&state=all").await;
+        v["alerts"].as_array().filter(|a| !a.is_empty()).map(|_| ())
+    })
+    .await;
+    with_browser(|c| async move {
+        login(&c, &s.base, &s.admin).await;
+        c.set_window_size(1360, 2200).await.unwrap();
+        c.goto(&s.url("/console/tenants/acme")).await.unwrap();
+        c.wait().at_most(Duration::from_secs(20)).for_element(Locator::Css("#chart-outcomes-24h")).await.unwrap();
+        // Jobs by outcome: 10 succeeded and 2 failed (dead-lettered) this hour.
+        let bars = mark_values(&c, "#chart-outcomes-24h rect.bar").await;
+        assert_eq!(bars.iter().sum::<f64>(), 12.0, "every result in the bars: {bars:?}");
+        assert!(bars.contains(&10.0) && bars.contains(&2.0), "{bars:?}");
+        let titles = js(
+            &c,
+            "return [...document.querySelectorAll('#chart-outcomes-24h rect.bar title')].map(t => t.textContent)",
+        )
+        .await;
+        let titles: Vec<String> = serde_json::from_value(titles).unwrap();
+        assert!(titles.iter().any(|t| t.ends_with("failed (dead-lettered): 2 jobs")), "{titles:?}");
+        // Its share of the fleet's run time: 10 x 400 ms of 10 x 400 + 6 x 200 ms (plus the gate's).
+        let share = mark_values(&c, "#chart-share-24h circle.point").await;
+        assert_eq!(share.len(), 48, "24 hours of share and of entitlement");
+        let top_share = share[..24].iter().cloned().fold(0.0, f64::max);
+        assert!((60.0..=90.0).contains(&top_share), "acme's share {top_share} % ({share:?})");
+        let entitled = share[24..].iter().cloned().fold(0.0, f64::max);
+        assert!(entitled > 0.0 && entitled <= 100.0, "its entitlement {entitled}");
+        // Run time: at least the ten 400 ms sleeps; waits p99 above p50 or equal, both drawn.
+        let run = mark_values(&c, "#chart-usage-24h circle.point").await;
+        assert!(run.iter().cloned().fold(0.0, f64::max) >= 4.0, "{run:?}");
+        let waits = mark_values(&c, "#chart-waits-24h circle.point").await;
+        assert!(waits.iter().any(|w| *w > 0.0), "{waits:?}");
+        // The 30 days: today holds the same 12 jobs.
+        let days = mark_values(&c, "#chart-outcomes-30d rect.bar").await;
+        assert_eq!(days.iter().sum::<f64>(), 12.0, "{days:?}");
+        // Entitled only on days someone used the fleet: today, not 29 days ago.
+        let days_share = mark_values(&c, "#chart-share-30d circle.point").await;
+        assert_eq!(days_share.len(), 60, "{days_share:?}");
+        assert!(days_share[30] == 0.0 && days_share[59] > 0.0, "{days_share:?}");
+        let points = js(&c, "return document.querySelector('#chart-outcomes-30d svg').dataset.points").await;
+        assert_eq!(points, json!("30"));
+        // Its alert is listed.
+        let alerts = js(&c, "return [...document.querySelectorAll('#alerts tr[data-alert]')].length").await;
+        assert!(alerts.as_u64().is_some_and(|n| n >= 1), "{alerts}");
+        assert!(text(&c, "#alerts").await.unwrap().contains("queue_wait"));
+        screenshot(&c, "tenant-page").await;
+        // The overview's top tenants: acme first, then globex.
+        c.goto(&s.url("/console")).await.unwrap();
+        c.wait().at_most(Duration::from_secs(20)).for_element(Locator::Css("#chart-top-tenants")).await.unwrap();
+        let top = js(
+            &c,
+            "return [...document.querySelectorAll('#chart-top-tenants rect.bar title')].map(t => t.textContent)",
+        )
+        .await;
+        let top: Vec<String> = serde_json::from_value(top).unwrap();
+        assert_eq!(top.len(), 2, "{top:?}");
+        assert!(top[0].starts_with("acme · run time: ") && top[1].starts_with("globex · "), "{top:?}");
+        screenshot(&c, "overview-top-tenants").await;
+    })
+    .await;
+    // A tenant key cannot open another tenant's page.
+    let globex = create_key(&s.cfg, &Caller::Tenant("globex".into())).await;
+    let r = s.http.get(s.url("/console/tenants/acme")).bearer_auth(&globex).send().await.unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::NOT_FOUND);
+    let r = s.http.get(s.url("/console/tenants/globex")).bearer_auth(&globex).send().await.unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::OK);
+    assert!(r.text().await.unwrap().contains("chart-outcomes-24h"));
     setup.stop().await;
 }

@@ -45,7 +45,7 @@ fn granularity(g: Option<&str>, default: Granularity) -> Result<Granularity, Api
     g.map(Granularity::parse).transpose().map_err(invalid).map(|g| g.unwrap_or(default))
 }
 
-async fn statements(st: &ApiState) -> Result<&LedgerStatements, ApiError> {
+pub(super) async fn statements(st: &ApiState) -> Result<&LedgerStatements, ApiError> {
     Ok(st.inner.ledger.get_or_try_init(|| st.store().ledger_statements()).await?)
 }
 

@@ -91,6 +91,7 @@ pub const TABLES: &[(&str, Role)] = &[
     ("tenant_outcome_cells", Role::Skipped("10 s outcome buckets (TTL) the breakers read: rebuilt")),
     ("ledger", Role::Control),
     ("ledger_tenants", Role::Control),
+    ("ledger_fleet", Role::Control),
     ("tenant_alerts", Role::Control),
     ("tenant_alerts_open", Role::Control),
     ("ledger_positions", Role::Skipped("keyed by offsets of the old results topic: the new leader reads the restored topic from its start, and the restored totals (written at restore time) win over its re-count of the copied results")),

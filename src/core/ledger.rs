@@ -14,6 +14,7 @@
 //! unchanged by later records already holds the longest prefix's value. A reader starts
 //! again at its window's first offset (`ledger_positions`), never in the middle.
 
+use crate::core::alerts::WaitHistogram;
 use crate::model::{JobResult, JobStatus, Millis, Pool};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -66,6 +67,10 @@ pub struct Usage {
     /// Largest peak memory of one deciding attempt's process tree (process jobs), bytes:
     /// a maximum, not a sum.
     pub peak_memory_bytes: i64,
+    /// Queue waits (submitted to the deciding attempt's start) of the results that
+    /// started: what the console's wait charts read (not in reports or exports).
+    #[serde(skip)]
+    pub waits: WaitHistogram,
 }
 
 impl Usage {
@@ -81,6 +86,7 @@ impl Usage {
         self.bytes_out += o.bytes_out;
         self.cpu_ms += o.cpu_ms;
         self.peak_memory_bytes = self.peak_memory_bytes.max(o.peak_memory_bytes);
+        self.waits.merge(&o.waits);
     }
 }
 
@@ -99,6 +105,13 @@ pub fn of_result(r: &JobResult) -> Usage {
         bytes_out: r.output.as_ref().map(|o| o.len() as i64).unwrap_or(0),
         cpu_ms: r.cpu_ms.unwrap_or(0).max(0),
         peak_memory_bytes: r.peak_memory_bytes.unwrap_or(0).max(0),
+        waits: {
+            let mut w = WaitHistogram::default();
+            if let Some(started) = r.started_at {
+                w.add(started - r.submitted_at);
+            }
+            w
+        },
     }
 }
 
@@ -114,6 +127,9 @@ pub struct Flush {
     pub first: i64,
     pub upto: i64,
     pub rows: Vec<(Account, Usage)>,
+    /// Every tenant's usage together, per pool whose accounts changed: the fleet's totals
+    /// the console's shares are of (written by the same longest-prefix rule).
+    pub fleet: Vec<(Pool, Usage)>,
 }
 
 /// One partition's running tally, fed its records in offset order from a window's first
@@ -125,6 +141,8 @@ pub struct PartitionTally {
     next: i64,
     max_ts: Millis,
     totals: BTreeMap<Account, Usage>,
+    /// Every tenant's usage per pool in the current window.
+    fleet: BTreeMap<Pool, Usage>,
     dirty: BTreeSet<Account>,
     /// Accounts of their own (not folded) per tenant in the current window.
     own: BTreeMap<String, usize>,
@@ -139,6 +157,7 @@ impl PartitionTally {
             next: offset,
             max_ts: Millis::MIN,
             totals: BTreeMap::new(),
+            fleet: BTreeMap::new(),
             dirty: BTreeSet::new(),
             own: BTreeMap::new(),
         }
@@ -172,6 +191,7 @@ impl PartitionTally {
             Some(cur) if cur != w => {
                 let f = self.take(offset);
                 self.totals.clear();
+                self.fleet.clear();
                 self.own.clear();
                 self.first = offset;
                 f
@@ -181,7 +201,9 @@ impl PartitionTally {
         self.window = Some(w);
         if let Some(r) = result {
             let acc = self.capped(account_of(r));
-            self.totals.entry(acc.clone()).or_default().add(&of_result(r));
+            let u = of_result(r);
+            self.totals.entry(acc.clone()).or_default().add(&u);
+            self.fleet.entry(acc.pool).or_default().add(&u);
             self.dirty.insert(acc);
         }
         self.next = offset + 1;
@@ -222,8 +244,11 @@ impl PartitionTally {
         if self.dirty.is_empty() {
             return None;
         }
-        let rows = std::mem::take(&mut self.dirty).into_iter().map(|a| (a.clone(), self.totals[&a])).collect();
-        Some(Flush { window, first: self.first, upto, rows })
+        let dirty = std::mem::take(&mut self.dirty);
+        let pools: BTreeSet<Pool> = dirty.iter().map(|a| a.pool).collect();
+        let fleet = pools.into_iter().map(|p| (p, self.fleet[&p])).collect();
+        let rows = dirty.into_iter().map(|a| (a.clone(), self.totals[&a])).collect();
+        Some(Flush { window, first: self.first, upto, rows, fleet })
     }
 }
 
@@ -308,6 +333,111 @@ pub fn days(from: Millis, to: Millis) -> Vec<Millis> {
         d += day;
     }
     out
+}
+
+/// The fleet's usage (every tenant's together) in one window of one partition and pool,
+/// as stored: results and run time, what shares are of.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FleetRow {
+    pub window: Millis,
+    pub pool: Pool,
+    pub usage: Usage,
+}
+
+/// One period of a tenant's charts: its usage, the fleet's run time, and its entitlement.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChartPoint {
+    pub start: Millis,
+    pub usage: Usage,
+    pub fleet_run_ms: i64,
+    /// Its entitled share of the fleet's worker time (0..=1).
+    pub entitled: f64,
+}
+
+impl ChartPoint {
+    /// Its share of the fleet's worker time (run time) in the period; 0 when nothing ran.
+    pub fn share(&self) -> f64 {
+        if self.fleet_run_ms <= 0 {
+            return 0.0;
+        }
+        (self.usage.run_ms as f64 / self.fleet_run_ms as f64).clamp(0.0, 1.0)
+    }
+}
+
+/// Every period of `g` from the one holding `from` up to `to` (none left out: an idle
+/// period is a zero), summing a tenant's stored `rows` and the fleet's; `entitled` gives
+/// the entitlement of the day a period starts in (0 for a day it lacks).
+pub fn chart_points(
+    rows: &[LedgerRow],
+    fleet: &[FleetRow],
+    entitled: &BTreeMap<Millis, f64>,
+    g: Granularity,
+    from: Millis,
+    to: Millis,
+) -> Vec<ChartPoint> {
+    let step = g.millis();
+    let period = |w: Millis| w.div_euclid(step) * step;
+    let mut points: BTreeMap<Millis, ChartPoint> = BTreeMap::new();
+    let mut p = period(from);
+    while p < to {
+        let day = p.div_euclid(Granularity::Day.millis()) * Granularity::Day.millis();
+        let e = entitled.get(&day).copied().unwrap_or(0.0);
+        points.insert(p, ChartPoint { start: p, usage: Usage::default(), fleet_run_ms: 0, entitled: e });
+        p += step;
+    }
+    for r in rows {
+        if let Some(pt) = points.get_mut(&period(r.window)) {
+            pt.usage.add(&r.usage);
+        }
+    }
+    for f in fleet {
+        if let Some(pt) = points.get_mut(&period(f.window)) {
+            pt.fleet_run_ms += f.usage.run_ms;
+        }
+    }
+    points.into_values().collect()
+}
+
+/// A tenant as the scheduler weighs it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Weighed {
+    pub tenant: String,
+    pub tier: crate::core::scheduler::Tier,
+    /// Its own weight, overriding the tier's (never for free tenants).
+    pub weight: Option<f64>,
+}
+
+/// `tenant`'s entitled share of the fleet's worker time among `active` (the tenants that
+/// used the fleet in the period; `tenant` counts as active whether or not it is listed):
+/// its weight over their weights' sum, as the scheduler splits slot-time. Free tenants
+/// share one flow of the free tier's weight, split evenly among the active ones.
+pub fn entitled_share(tenant: &Weighed, active: &[Weighed], weights: &crate::core::scheduler::TierWeights) -> f64 {
+    use crate::core::scheduler::Tier;
+    let mut all: BTreeMap<&str, &Weighed> = active.iter().map(|w| (w.tenant.as_str(), w)).collect();
+    all.insert(tenant.tenant.as_str(), tenant);
+    let free = all.values().filter(|w| w.tier == Tier::Free).count().max(1) as f64;
+    let weight = |w: &Weighed| match w.tier {
+        Tier::Free => weights.of(Tier::Free) / free,
+        t => w.weight.unwrap_or(weights.of(t)).max(0.0),
+    };
+    let sum: f64 = all.values().map(|w| weight(w)).sum();
+    if sum <= 0.0 {
+        return 0.0;
+    }
+    weight(tenant) / sum
+}
+
+/// The `n` tenants with the most run time in `usage` (tenant, run ms), most first
+/// (ties by name).
+pub fn top_by_run_time<'a>(usage: impl IntoIterator<Item = (&'a str, i64)>, n: usize) -> Vec<(String, i64)> {
+    let mut sums: BTreeMap<&str, i64> = BTreeMap::new();
+    for (t, ms) in usage {
+        *sums.entry(t).or_default() += ms;
+    }
+    let mut all: Vec<(String, i64)> = sums.into_iter().map(|(t, ms)| (t.to_string(), ms)).collect();
+    all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    all.truncate(n);
+    all
 }
 
 /// A report's bound as given: `2026-11-28` (midnight UTC), RFC 3339
@@ -400,9 +530,10 @@ mod tests {
     fn a_result_adds_its_outcome_attempts_run_time_and_bytes() {
         let u = of_result(&result("a", JobStatus::Failed, 3, 250));
         assert_eq!(
-            u,
+            Usage { waits: WaitHistogram::default(), ..u },
             Usage { results: 1, failed: 1, attempts: 3, retries: 2, run_ms: 250, bytes_out: 3, ..Usage::default() }
         );
+        assert_eq!((u.waits.count(), u.waits.quantile(500)), (1, 1_024), "waited 1 s (submitted 0, started 1 s)");
     }
 
     #[test]
@@ -453,6 +584,57 @@ mod tests {
     }
 
     #[test]
+    fn chart_points_cover_every_period_with_shares_of_the_fleet_and_waits() {
+        let acc = Account { tenant: "a".into(), pool: Pool::Short, job_type: "echo".into() };
+        let mut u = Usage { results: 2, run_ms: 1_000, ..Usage::default() };
+        u.waits.add(10);
+        u.waits.add(5_000);
+        let rows = vec![
+            LedgerRow { window: WINDOW_MS, account: acc.clone(), usage: u },
+            LedgerRow { window: 2 * WINDOW_MS, account: acc.clone(), usage: u },
+            LedgerRow { window: 9 * 3_600_000, account: acc, usage: u },
+        ];
+        let fleet_usage = Usage { run_ms: 8_000, ..Usage::default() };
+        let fleet = vec![
+            FleetRow { window: WINDOW_MS, pool: Pool::Short, usage: fleet_usage },
+            FleetRow { window: 0, pool: Pool::Long, usage: fleet_usage },
+        ];
+        let entitled = BTreeMap::from([(0, 0.25)]);
+        let pts = chart_points(&rows, &fleet, &entitled, Granularity::Hour, 0, 3 * 3_600_000);
+        assert_eq!(pts.iter().map(|p| p.start).collect::<Vec<_>>(), vec![0, 3_600_000, 7_200_000], "idle hours too");
+        assert_eq!((pts[0].usage.results, pts[0].usage.run_ms, pts[0].fleet_run_ms), (4, 2_000, 16_000));
+        assert!((pts[0].share() - 0.125).abs() < 1e-9 && pts[0].entitled == 0.25);
+        assert_eq!((pts[0].usage.waits.quantile(500), pts[0].usage.waits.quantile(990)), (12, 5_793));
+        assert_eq!((pts[1].share(), pts[1].usage.results), (0.0, 0), "nothing ran: no share");
+        let days = chart_points(&rows, &fleet, &BTreeMap::new(), Granularity::Day, 1, 86_400_000);
+        assert_eq!((days.len(), days[0].usage.results, days[0].entitled), (1, 6, 0.0));
+    }
+
+    #[test]
+    fn entitlement_is_the_weight_over_the_active_tenants_weights_free_ones_sharing_one() {
+        use crate::core::scheduler::{Tier, TierWeights};
+        let w = |t: &str, tier, weight| Weighed { tenant: t.into(), tier, weight };
+        let weights = TierWeights::default();
+        let pro = w("p", Tier::Pro, None);
+        let active = [w("s", Tier::Standard, None), w("f1", Tier::Free, None), w("f2", Tier::Free, None)];
+        assert!((entitled_share(&pro, &active, &weights) - 100.0 / 111.0).abs() < 1e-9);
+        assert!((entitled_share(&active[1], &active, &weights) - 0.5 / 11.0).abs() < 1e-9, "free split in two");
+        assert_eq!(entitled_share(&pro, &[], &weights), 1.0, "alone: everything");
+        let own = w("p", Tier::Pro, Some(300.0));
+        assert!(
+            (entitled_share(&own, std::slice::from_ref(&pro), &weights) - 1.0).abs() < 1e-9,
+            "itself listed counts once"
+        );
+        assert!((entitled_share(&own, &active[..1], &weights) - 300.0 / 310.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn top_tenants_by_run_time_sum_and_cut() {
+        let top = top_by_run_time([("a", 5), ("b", 7), ("a", 4), ("c", 9), ("d", 1)], 3);
+        assert_eq!(top, vec![("a".to_string(), 9), ("c".to_string(), 9), ("b".to_string(), 7)]);
+    }
+
+    #[test]
     fn bounds_parse_from_dates_rfc3339_and_millis() {
         assert_eq!(parse_instant("1970-01-02"), Ok(86_400_000));
         assert_eq!(parse_instant("1970-01-01T00:00:01Z"), Ok(1_000));
@@ -489,11 +671,16 @@ mod tests {
     /// A stored cell: its value and the write timestamp it was written with.
     type Cells = BTreeMap<(Millis, Account), (i64, Usage)>;
 
+    /// The test's name for a pool's fleet cell (not a tenant's).
+    const FLEET: &str = "*fleet*";
+
     fn write(cells: &mut Cells, f: &Flush) {
-        for (acc, u) in &f.rows {
+        let fleet =
+            f.fleet.iter().map(|(p, u)| (Account { tenant: FLEET.into(), pool: *p, job_type: String::new() }, *u));
+        for (acc, u) in f.rows.iter().cloned().chain(fleet) {
             let cell = cells.entry((f.window, acc.clone())).or_insert((i64::MIN, Usage::default()));
             if f.upto >= cell.0 {
-                *cell = (f.upto, *u);
+                *cell = (f.upto, u);
             }
         }
     }
@@ -526,6 +713,10 @@ mod tests {
             }
         }
         t.resume_point().1
+    }
+
+    fn tenants_results(cells: &Cells) -> i64 {
+        cells.iter().filter(|((_, a), _)| a.tenant != FLEET).map(|(_, (_, u))| u.results).sum()
     }
 
     fn totals(cells: &Cells) -> BTreeMap<(Millis, Account), Usage> {
@@ -583,7 +774,7 @@ mod tests {
             for n in per_tenant.values() {
                 prop_assert!(*n <= MAX_ACCOUNTS_PER_TENANT + Pool::ALL.len());
             }
-            let counted: i64 = totals(&reference).values().map(|u| u.results).sum();
+            let counted: i64 = tenants_results(&reference);
             prop_assert_eq!(counted, log.len() as i64);
 
             let mut cells = Cells::new();
@@ -623,8 +814,9 @@ mod tests {
             }
             read(&log, start, log.len(), flush_every, true, &mut cells);
             prop_assert_eq!(totals(&cells), totals(&reference));
-            let counted: i64 = totals(&cells).values().map(|u| u.results).sum();
-            prop_assert_eq!(counted, log.len() as i64);
+            prop_assert_eq!(tenants_results(&cells), log.len() as i64);
+            let fleet: i64 = cells.iter().filter(|((_, a), _)| a.tenant == FLEET).map(|(_, (_, u))| u.results).sum();
+            prop_assert_eq!(fleet, log.len() as i64, "the fleet's cells count every result once too");
         }
     }
 }

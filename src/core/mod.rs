@@ -27,8 +27,8 @@
 //! | `outcomes` | outcomes in flight: how many, and how many bytes, before no job starts |
 //! | `frontier`, `finished` | skipping the effectively-once read; where a finished record lives |
 //! | `events`, `webhooks`, `receivers`, `console` | job events, webhook deliveries, webhook receivers' bounded lanes, the console's pure parts |
-//! | `ledger` | the usage ledger: what a result adds to its tenant's account, windows of the results topic every reader totals alike, reports |
-//! | `alerts` | tenant-facing alerts: per-period observations of a tenant (waits, failures), when an alert opens and resolves (once each), alert ids |
+//! | `ledger` | the usage ledger: what a result adds to its tenant's account, windows of the results topic every reader totals alike, reports, the console's chart points (shares, entitlements, top tenants) |
+//! | `alerts` | tenant-facing alerts: per-period observations of a tenant (waits, failures; the wait histogram the ledger keeps too), when an alert opens and resolves (once each), alert ids |
 //! | `replay`, `rerun` | which records `fairway replay` and `fairway rerun` send back |
 //! | `trace` | W3C trace context values |
 //! | `dr` | disaster recovery: the tables a backup copies and how, the consistent cut, the manifest and record framing |

@@ -1,13 +1,16 @@
 //! Statements of the usage ledger (`crate::watch::ledger`; rules in `core::ledger`): an
 //! account's totals per window and partition of the results topic (`ledger`, one store
-//! partition per tenant and day), the tenants with usage per day (`ledger_tenants`, what a
-//! month's export walks), and where the ledger's reader starts again (`ledger_positions`).
+//! partition per tenant and day), the fleet's totals per window (`ledger_fleet`, one store
+//! partition per day: what the console's shares are of), the tenants with usage per day
+//! (`ledger_tenants`, what a month's export walks), and where the ledger's reader starts
+//! again (`ledger_positions`).
 //!
 //! A total is written `USING TIMESTAMP <end offset of the prefix it covers>`: the longest
 //! prefix wins (see `core::ledger`). Only the ledger writes these cells.
 
 use super::{prepare_statement, q, Store, StoreError};
-use crate::core::ledger::{Account, Flush, LedgerRow, Usage};
+use crate::core::alerts::WaitHistogram;
+use crate::core::ledger::{Account, FleetRow, Flush, LedgerRow, Usage};
 use crate::model::{Millis, Pool};
 use futures::TryStreamExt;
 use scylla::client::session::Session;
@@ -19,7 +22,7 @@ const WRITE_CONCURRENCY: usize = 32;
 const DAY_MS: Millis = 86_400_000;
 
 const USAGE_COLUMNS: &str =
-    "results, succeeded, failed, cancelled, expired, attempts, retries, run_ms, bytes_out, cpu_ms, peak_memory_bytes";
+    "results, succeeded, failed, cancelled, expired, attempts, retries, run_ms, bytes_out, cpu_ms, peak_memory_bytes, waits";
 
 #[derive(Clone)]
 pub struct LedgerStatements {
@@ -28,9 +31,11 @@ pub struct LedgerStatements {
     put_row: PreparedStatement,
     put_tenant: PreparedStatement,
     put_position: PreparedStatement,
+    put_fleet: PreparedStatement,
     positions: PreparedStatement,
     rows: PreparedStatement,
     tenants: PreparedStatement,
+    fleet: PreparedStatement,
 }
 
 /// Where the ledger's reader of one partition starts again: the first offset of its
@@ -65,6 +70,14 @@ impl Store {
         )
         .await?;
         tenants.set_page_size(1000);
+        let mut fleet = prepare_statement(
+            s,
+            format!("SELECT window, pool, results, run_ms FROM {ks}.ledger_fleet WHERE scope = ? AND day = ?"),
+            "prepare read ledger fleet",
+            false,
+        )
+        .await?;
+        fleet.set_page_size(1000);
         Ok(LedgerStatements {
             session: self.session.clone(),
             scope: self.scope.clone(),
@@ -72,7 +85,7 @@ impl Store {
                 s,
                 format!(
                     "INSERT INTO {ks}.ledger (scope, tenant, day, window, pool, job_type, part, {USAGE_COLUMNS}) \
-                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ? AND TIMESTAMP ?"
+                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ? AND TIMESTAMP ?"
                 ),
                 "prepare put ledger row",
                 false,
@@ -94,6 +107,16 @@ impl Store {
                 false,
             )
             .await?,
+            put_fleet: prepare_statement(
+                s,
+                format!(
+                    "INSERT INTO {ks}.ledger_fleet (scope, day, window, pool, part, results, run_ms) \
+                     VALUES (?, ?, ?, ?, ?, ?, ?) USING TTL ? AND TIMESTAMP ?"
+                ),
+                "prepare put ledger fleet",
+                false,
+            )
+            .await?,
             positions: prepare_statement(
                 s,
                 format!("SELECT part, first, next FROM {ks}.ledger_positions WHERE scope = ? AND topic = ?"),
@@ -103,6 +126,7 @@ impl Store {
             .await?,
             rows,
             tenants,
+            fleet,
         })
     }
 }
@@ -135,6 +159,7 @@ impl LedgerStatements {
                 bytes_out: u.bytes_out,
                 cpu_ms: u.cpu_ms,
                 peak_memory_bytes: u.peak_memory_bytes,
+                waits: u.waits.counts().iter().map(|c| (*c).min(i32::MAX as u32) as i32).collect(),
                 ttl: ttl_secs,
                 timestamp: f.upto,
             })
@@ -143,6 +168,15 @@ impl LedgerStatements {
             let writes: Vec<_> = chunk.iter().map(|v| self.session.execute_unpaged(&self.put_row, v)).collect();
             futures::future::try_join_all(writes).await.map_err(q("write ledger row"))?;
         }
+        let fleet: Vec<_> = f
+            .fleet
+            .iter()
+            .map(|(pool, u)| {
+                let v = (scope, day, f.window, pool.as_str(), part, u.results, u.run_ms, ttl_secs, f.upto);
+                self.session.execute_unpaged(&self.put_fleet, v)
+            })
+            .collect();
+        futures::future::try_join_all(fleet).await.map_err(q("write ledger fleet"))?;
         let mut tenants: Vec<&str> = f.rows.iter().map(|(a, _)| a.tenant.as_str()).collect();
         tenants.dedup();
         for chunk in tenants.chunks(WRITE_CONCURRENCY) {
@@ -189,6 +223,20 @@ impl LedgerStatements {
         Ok(out)
     }
 
+    /// The fleet's rows of the day starting at `day` (every window, pool and partition).
+    pub async fn fleet(&self, day: Millis) -> Result<Vec<FleetRow>, StoreError> {
+        let what = "read ledger fleet";
+        let pager = self.session.execute_iter(self.fleet.clone(), (self.scope.as_str(), day)).await.map_err(q(what))?;
+        let mut rows = pager.rows_stream::<(i64, String, Option<i64>, Option<i64>)>().map_err(q(what))?;
+        let mut out = Vec::new();
+        while let Some((window, pool, results, run_ms)) = rows.try_next().await.map_err(q(what))? {
+            let Ok(pool) = pool.parse::<Pool>() else { continue };
+            let usage = Usage { results: results.unwrap_or(0), run_ms: run_ms.unwrap_or(0), ..Usage::default() };
+            out.push(FleetRow { window, pool, usage });
+        }
+        Ok(out)
+    }
+
     /// The tenants with usage on the day starting at `day`.
     pub async fn tenants(&self, day: Millis) -> Result<Vec<String>, StoreError> {
         let what = "read ledger tenants";
@@ -225,6 +273,7 @@ struct RowValues<'a> {
     bytes_out: i64,
     cpu_ms: i64,
     peak_memory_bytes: i64,
+    waits: Vec<i32>,
     ttl: i32,
     timestamp: i64,
 }
@@ -246,6 +295,7 @@ struct StoredRow {
     bytes_out: Option<i64>,
     cpu_ms: Option<i64>,
     peak_memory_bytes: Option<i64>,
+    waits: Option<Vec<i32>>,
 }
 
 impl StoredRow {
@@ -262,6 +312,7 @@ impl StoredRow {
             bytes_out: self.bytes_out.unwrap_or(0),
             cpu_ms: self.cpu_ms.unwrap_or(0),
             peak_memory_bytes: self.peak_memory_bytes.unwrap_or(0),
+            waits: self.waits.as_deref().map(WaitHistogram::from_counts).unwrap_or_default(),
         }
     }
 }

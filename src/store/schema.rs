@@ -269,6 +269,14 @@ pub const TABLES: &[(&str, &str)] = &[
          results bigint, succeeded bigint, failed bigint, cancelled bigint, expired bigint, attempts bigint, \
          retries bigint, run_ms bigint, bytes_out bigint, PRIMARY KEY ((scope, tenant, day), window, pool, job_type, part))",
     ),
+    // The fleet's usage (every tenant's together) per window, pool and partition of the
+    // results topic, one store partition per day: what the console's shares are of.
+    // Written like `ledger`, with the offset the prefix ends at as timestamp.
+    (
+        "ledger_fleet",
+        "(scope text, day bigint, window bigint, pool text, part int, results bigint, run_ms bigint, \
+         PRIMARY KEY ((scope, day), window, pool, part))",
+    ),
     // Tenants with ledger rows per deployment and day: what a month's export walks.
     ("ledger_tenants", "(scope text, day bigint, tenant text, PRIMARY KEY ((scope, day), tenant))"),
     // Where the ledger's reader of each results partition starts again (its window's first offset).
@@ -305,6 +313,9 @@ pub const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
     // The ledger's charges of process jobs: CPU time summed, peak memory the maximum.
     ("ledger", "cpu_ms", "bigint"),
     ("ledger", "peak_memory_bytes", "bigint"),
+    // The queue waits of an account's results per window (`core::alerts::WaitHistogram`'s
+    // counts, one cell): the console's wait charts.
+    ("ledger", "waits", "frozen<list<int>>"),
 ];
 
 /// The keyspace's replication: NetworkTopologyStrategy with replicas per datacenter when

@@ -5,7 +5,9 @@
 //! | route | what |
 //! |---|---|
 //! | `GET /console` | overview: per pool throughput, running/slots, backlog (spilled), oldest wait, failure rate, open breakers; live |
+//! | `GET /console` (admin) | also: the top tenants by worker time over the last 24 h (from the usage ledger) |
 //! | `GET /console/tenants` | share vs entitlement, running, backlog, why the next job waits, tier, limits; admin: tier, suspend |
+//! | `GET /console/tenants/{name}` | one tenant's charts from the usage ledger (24 h hourly, 30 d daily: share vs entitlement, jobs by outcome, run time and CPU, waits p50/p99) and its alerts |
 //! | `GET /console/jobs` | job search (`id`, `tenant`, `job_type`, `state`, `since`) and detail (timeline, attempts, progress, checkpoint, output; cancel) |
 //! | `GET /console/schedules` | recurring schedules: timing, next fire times, paused; admin: pause / resume |
 //! | `GET /console/dlq` | DLQ and retry topics: filters, reason, payload; replay selected/filtered with a dry-run preview, a rate, a confirmation; live progress |
@@ -17,12 +19,14 @@
 //! (`api::admin::update`, `api::cancel`, `replay::run`, `Schedules::pause`) and is logged (who, what;
 //! never a key).
 
+mod charts;
 mod dlq;
 mod html;
 mod jobs;
 mod overview;
 mod schedules;
 mod session;
+mod tenant;
 mod tenants;
 
 use super::{ApiError, ApiState};
@@ -53,6 +57,7 @@ pub fn router() -> Router<ApiState> {
         .route("/console/login", get(login_page).post(login))
         .route("/console/logout", post(logout))
         .route("/console/tenants", get(tenants::page))
+        .route("/console/tenants/{name}", get(tenant::page))
         .route("/console/jobs", get(jobs::page))
         .route("/console/dlq", get(dlq::page))
         .route("/console/schedules", get(schedules::page))

@@ -4,6 +4,7 @@
 //! failure rate; the recent events the job search looks through). Each open page gets
 //! its caller's view of the latest sample over SSE (`/console/api/overview`).
 
+use super::charts::{figure, Chart, Kind, Series};
 use super::gate;
 use super::html::{self, esc};
 use super::session::Viewer;
@@ -146,11 +147,12 @@ pub(super) async fn page(State(st): State<ApiState>, v: Result<Viewer, ApiError>
         Some(t) => format!("Tenant {}'s jobs in each pool", esc(t)),
         None => "Every pool of the fleet".into(),
     };
+    let top = if v.tenant().is_none() { top_tenants(&st).await } else { String::new() };
     let body = format!(
         "<p class=\"hint\">{scope}, live (every second). Throughput: attempts finished per second over 10 s; \
          failure rate: failed attempts of those finished in the last minute.</p>\
          <p id=\"live-status\" class=\"hint\">connecting…</p>\
-         <div id=\"pools\" data-initial=\"{}\"></div>",
+         <div id=\"pools\" data-initial=\"{}\"></div>{top}",
         esc(&view.to_string())
     );
     html::page(&v, "overview", "Overview", &body)
@@ -173,4 +175,40 @@ pub(super) async fn stream(State(st): State<ApiState>, v: Viewer) -> Response {
         Some((Ok::<_, Infallible>(Event::default().event("sample").data(data)), (rx, st, tenant, slot)))
     });
     crate::api::limits::live_stream(crate::api::drain::ending(&drain_state, stream), &st, v.auth)
+}
+
+/// Tenants on the overview's top-tenants chart.
+pub(super) const TOP_TENANTS: usize = 10;
+
+/// The top tenants by worker time over the last 24 hours, as a bar chart (admin's
+/// overview; reads `ledger::top_tenants`).
+async fn top_tenants(st: &ApiState) -> String {
+    let read = async {
+        let stmts = crate::api::usage::statements(st).await?;
+        Ok::<_, ApiError>(crate::ledger::top_tenants(stmts, now_ms(), TOP_TENANTS).await?)
+    };
+    let (top, cut) = match read.await {
+        Ok(t) => t,
+        Err(e) => return format!("<p class=\"error\">top tenants: {}</p>", esc(&e.message)),
+    };
+    let note = if cut {
+        format!(" (of the first {} tenants of each day's index)", crate::ledger::TOP_SCAN_TENANTS)
+    } else {
+        String::new()
+    };
+    let chart = Chart {
+        id: "chart-top-tenants".into(),
+        title: format!("Top tenants by worker time, last 24 h{note}"),
+        unit: "s".into(),
+        labels: top.iter().map(|(t, _)| t.clone()).collect(),
+        kind: Kind::Bars,
+        series: vec![Series {
+            name: "run time".into(),
+            color: "#3b7dd8",
+            values: top.iter().map(|(_, ms)| *ms as f64 / 1000.0).collect(),
+        }],
+    };
+    let links: String =
+        top.iter().map(|(t, _)| format!("<a href=\"/console/tenants/{}\">{}</a> ", html::url(t), esc(t))).collect();
+    format!("<h2>Top tenants</h2><div class=\"charts\">{}</div><p class=\"hint\">{links}</p>", figure(&chart))
 }

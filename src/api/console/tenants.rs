@@ -105,7 +105,12 @@ pub(super) async fn page(State(st): State<ApiState>, v: Result<Viewer, ApiError>
             None => "–",
         };
         let mut cells = vec![
-            format!("<a href=\"/console/jobs?tenant={}\">{}</a>", html::url(name), esc(name)),
+            format!(
+                "<a class=\"tenant-page\" href=\"/console/tenants/{}\">{}</a> · <a href=\"/console/jobs?tenant={}\">jobs</a>",
+                html::url(name),
+                esc(name),
+                html::url(name)
+            ),
             esc(&tier),
             status.to_string(),
             rec.map(limits).unwrap_or_default(),

@@ -1,0 +1,211 @@
+//! One tenant's page (`GET /console/tenants/{name}`): charts of the last 24 hours (hourly)
+//! and 30 days (daily) from the usage ledger (its share of the fleet's worker time against
+//! its entitlement, jobs by outcome, run time and CPU, queue waits p50/p99), and its open
+//! and recent alerts. Reads: `ledger::tenant_charts` (3 store reads per day of 30) and
+//! the tenant's alerts (at most `store::alerts::MAX_RECENT` rows, [`SHOWN_ALERTS`] shown).
+
+use super::charts::{figure, Chart, Kind, Series};
+use super::gate;
+use super::html::{self, esc};
+use super::session::Viewer;
+use crate::api::{codes, ApiError, ApiState};
+use crate::core::ledger::ChartPoint;
+use crate::core::tenants::TenantRecord;
+use crate::ledger::{self, ChartsQuery};
+use crate::model::Millis;
+use crate::now_ms;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+/// Alerts listed on the page at most (open ones first, then the newest resolved).
+pub(super) const SHOWN_ALERTS: usize = 50;
+
+const OK: &str = "#2e8540";
+const BAD: &str = "#c0392b";
+const GREY: &str = "#8e8e8e";
+const AMBER: &str = "#d68910";
+const BLUE: &str = "#3b7dd8";
+
+/// A period's label: `14:00` (hours) or `11-28` (days).
+fn label(start: Millis, daily: bool) -> String {
+    let t = chrono::DateTime::from_timestamp_millis(start).unwrap_or_default();
+    t.format(if daily { "%m-%d" } else { "%H:00" }).to_string()
+}
+
+/// The four charts of one span (`span`: `24h` or `30d`).
+fn charts(points: &[ChartPoint], span: &str, daily: bool) -> String {
+    let labels: Vec<String> = points.iter().map(|p| label(p.start, daily)).collect();
+    let values = |f: &dyn Fn(&ChartPoint) -> f64| points.iter().map(f).collect::<Vec<f64>>();
+    let chart = |id: &str, title: &str, unit: &str, kind: Kind, series: Vec<Series>| {
+        figure(&Chart {
+            id: format!("chart-{id}-{span}"),
+            title: title.into(),
+            unit: unit.into(),
+            labels: labels.clone(),
+            kind,
+            series,
+        })
+    };
+    let s = |name: &str, color: &'static str, values: Vec<f64>| Series { name: name.into(), color, values };
+    [
+        chart(
+            "share",
+            "Share of the fleet's worker time vs entitlement",
+            "%",
+            Kind::Lines,
+            vec![
+                s("share", BLUE, values(&|p| p.share() * 100.0)),
+                s("entitled", GREY, values(&|p| p.entitled * 100.0)),
+            ],
+        ),
+        chart(
+            "outcomes",
+            "Jobs by outcome",
+            "jobs",
+            Kind::Bars,
+            vec![
+                s("succeeded", OK, values(&|p| p.usage.succeeded as f64)),
+                s("failed (dead-lettered)", BAD, values(&|p| p.usage.failed as f64)),
+                s("cancelled", GREY, values(&|p| p.usage.cancelled as f64)),
+                s("expired", AMBER, values(&|p| p.usage.expired as f64)),
+            ],
+        ),
+        chart(
+            "usage",
+            "Usage: run time and CPU",
+            "s",
+            Kind::Lines,
+            vec![
+                s("run time", BLUE, values(&|p| p.usage.run_ms as f64 / 1000.0)),
+                s("cpu (process jobs)", AMBER, values(&|p| p.usage.cpu_ms as f64 / 1000.0)),
+            ],
+        ),
+        chart(
+            "waits",
+            "Queue wait (submitted to started)",
+            "ms",
+            Kind::Lines,
+            vec![
+                s("p50", OK, values(&|p| p.usage.waits.quantile(500) as f64)),
+                s("p99", BAD, values(&|p| p.usage.waits.quantile(990) as f64)),
+            ],
+        ),
+    ]
+    .concat()
+}
+
+/// The tenant's alerts: open first, then the newest; at most [`SHOWN_ALERTS`].
+fn alerts_table(mut rows: Vec<crate::store::AlertRow>) -> String {
+    rows.sort_by_key(|a| (a.resolved_at.is_some(), std::cmp::Reverse(a.opened_at)));
+    let mut body = String::new();
+    for a in rows.iter().take(SHOWN_ALERTS) {
+        let state = match a.resolved_at {
+            None => "<span class=\"bad\">open</span>".to_string(),
+            Some(t) => format!("resolved {}", html::time(t)),
+        };
+        let _ = write!(
+            body,
+            "<tr data-alert=\"{}\" data-state=\"{}\"><td>{}</td><td>{state}</td><td>{}</td><td>{} (threshold {})</td></tr>",
+            esc(&a.alert_id),
+            if a.resolved_at.is_none() { "open" } else { "resolved" },
+            esc(&a.rule),
+            html::time(a.opened_at),
+            a.value,
+            a.threshold
+        );
+    }
+    if rows.is_empty() {
+        body.push_str("<tr><td colspan=\"4\" class=\"hint\">no alerts kept</td></tr>");
+    }
+    html::table("alerts", &["Rule", "State", "Opened", "Value"], &body)
+}
+
+/// `GET /console/tenants/{name}`.
+pub(super) async fn page(
+    State(st): State<ApiState>,
+    Path(name): Path<String>,
+    v: Result<Viewer, ApiError>,
+) -> Response {
+    let v = match gate(v) {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    if !v.caller.may_see(Some(&name)) {
+        // Another tenant's page answers like an unknown one.
+        return html::error_page(&ApiError::new(StatusCode::NOT_FOUND, codes::UNKNOWN_TENANT, "no such tenant"));
+    }
+    match body(&st, &name).await {
+        Ok(body) => html::page(&v, "tenants", &format!("Tenant {name}"), &body),
+        Err(e) => html::error_page(&e),
+    }
+}
+
+async fn body(st: &ApiState, name: &str) -> Result<String, ApiError> {
+    let registry: BTreeMap<String, TenantRecord> = match st.live_tenants() {
+        Some(l) => l.statements().list().await?,
+        None => BTreeMap::new(),
+    };
+    let stmts = crate::api::usage::statements(st).await?;
+    let now = now_ms();
+    let q = ChartsQuery { tenant: name, registry: &registry, default_tier: st.config().registry.default_tier, now };
+    let data = ledger::tenant_charts(stmts, &q).await?;
+    let alert_stmts = st.inner.alerts.get_or_try_init(|| st.store().alert_statements()).await?;
+    let alerts = alert_stmts.recent(name).await?;
+    let tier = registry.get(name).map_or_else(|| "unregistered".to_string(), |t| t.tier.as_str().to_string());
+    Ok(format!(
+        "<p class=\"hint\">Tier <b id=\"tenant-tier\">{}</b>. From the usage ledger (15-minute windows, written every \
+         few seconds): share is the tenant's run time over every tenant's; the entitlement is its weight over the \
+         weights of the tenants that used the fleet that day. <a href=\"/console/jobs?tenant={}\">its jobs</a></p>\
+         <h2>Alerts</h2>{}\
+         <h2>Last 24 hours (hourly)</h2><div class=\"charts\" id=\"charts-24h\">{}</div>\
+         <h2>Last 30 days (daily)</h2><div class=\"charts\" id=\"charts-30d\">{}</div>",
+        esc(&tier),
+        html::url(name),
+        alerts_table(alerts),
+        charts(&data.hours, "24h", false),
+        charts(&data.days, "30d", true),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::ledger::Usage;
+
+    #[test]
+    fn a_span_draws_four_charts_from_its_points() {
+        let mut u = Usage { succeeded: 3, failed: 1, run_ms: 4_000, ..Usage::default() };
+        u.waits.add(100);
+        let pts: Vec<ChartPoint> = (0..24)
+            .map(|h| ChartPoint { start: h * 3_600_000, usage: u, fleet_run_ms: 16_000, entitled: 0.5 })
+            .collect();
+        let html = charts(&pts, "24h", false);
+        for id in ["share", "outcomes", "usage", "waits"] {
+            assert!(html.contains(&format!("id=\"chart-{id}-24h\"")), "{id}");
+        }
+        assert_eq!(html.matches("<rect class=\"bar\"").count(), 48, "succeeded and failed each hour");
+        assert!(html.contains("<title>00:00 · share: 25 %</title>"), "share of the fleet");
+        assert!(html.contains("<title>23:00 · entitled: 50 %</title>"));
+        assert!(html.contains("<title>05:00 · p99: 128 ms</title>"), "wait p99 (bucket bound)");
+    }
+
+    #[test]
+    fn alerts_list_open_ones_first() {
+        let a = |id: &str, opened_at, resolved_at| crate::store::AlertRow {
+            tenant: "t".into(),
+            alert_id: id.into(),
+            rule: "queue_wait".into(),
+            opened_at,
+            resolved_at,
+            value: 2.0,
+            threshold: 1.0,
+        };
+        let t = alerts_table(vec![a("old", 1, Some(5)), a("open", 2, None), a("new", 3, Some(9))]);
+        let order: Vec<&str> = t.match_indices("data-alert=\"").map(|(i, _)| &t[i + 12..i + 15]).collect();
+        assert_eq!(order, ["ope", "new", "old"]);
+        assert!(alerts_table(vec![]).contains("no alerts kept"));
+    }
+}
