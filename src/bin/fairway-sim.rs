@@ -31,7 +31,7 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
-    let cfg = Config { watch_job: args.watch_job, ..Config::default() };
+    let cfg = Config::default().watch(args.watch_job);
     if let Some(seed) = args.seed {
         let report = sim::run(seed, &cfg);
         println!("{}", serde_json::to_string_pretty(&report).expect("report as JSON"));

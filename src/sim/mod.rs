@@ -13,8 +13,9 @@
 //! 2. the fair scheduler (`core::scheduler::Scheduler`, deficit fair queueing charged in
 //!    slot time): `enqueue`, `next`, `complete` / `release`;
 //! 3. check (`check::check_row`): the job's row settles a finished or stale copy, a copy
-//!    of a job running on a live worker waits, a lapsed heartbeat (the lease, 3
-//!    heartbeats) is a take-over decided by `core::retry::decide(WorkerCrash)`;
+//!    of a job running on a live worker (this one too) waits, a lapsed heartbeat (the
+//!    lease, 3 heartbeats) is a take-over decided by `core::retry::decide(WorkerCrash)`,
+//!    but a later attempt than the running row's runs once that lapsed, not as a crash;
 //! 4. run, with heartbeats every second;
 //! 5. settle (`settle::settle`, `settle::fail`): `core::retry::decide` and
 //!    `dead_letter_class`; result before state (`durable::record_terminal`), dead letter
@@ -82,6 +83,12 @@ pub struct Config {
 }
 
 impl Config {
+    /// This config noting every step of `job` in the report.
+    pub fn watch(mut self, job: Option<u32>) -> Config {
+        self.watch_job = job;
+        self
+    }
+
     fn bugs_commit_before_durable(&self) -> bool {
         #[cfg(test)]
         return self.bugs.commit_before_durable;
