@@ -211,3 +211,39 @@ async fn a_copy_of_a_job_whose_run_here_was_not_durable_runs_again() {
     assert_eq!(results.len(), 1, "one result");
     assert_eq!((results[0].status, results[0].attempts), (JobStatus::Succeeded, 1));
 }
+
+/// The simulator's seed 202: a later attempt's copy finds the row running an earlier
+/// attempt with a fresh heartbeat (a take-over re-run of it, or the run whose "retrying"
+/// write was lost): it waits while that heartbeat is fresh instead of running beside it,
+/// then runs (no crash counted).
+#[tokio::test(start_paused = true)]
+async fn a_later_attempt_waits_while_an_earlier_run_heartbeats() {
+    let f = Fixture::with(0, Duration::from_secs(60));
+    let first = tokio::spawn({
+        let (route, job, origin) = (f.worker("w1"), f.job(), f.origin());
+        async move {
+            let mut slot = SlotRelease::new(|_, _| {});
+            let waited = Waited { received_at: EPOCH, dispatched_at: EPOCH };
+            exec::execute(route, job, origin, &mut slot, waited).await
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut later = (*f.job()).clone();
+    later.attempt = 1;
+    let second = tokio::spawn({
+        let (route, origin) = (f.worker("w2"), f.origin());
+        async move {
+            let mut slot = SlotRelease::new(|_, _| {});
+            let waited = Waited { received_at: EPOCH, dispatched_at: EPOCH };
+            exec::execute(route, Arc::new(later), origin, &mut slot, waited).await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(f.echo.runs.load(Ordering::SeqCst), 1, "the later attempt waits while the earlier run heartbeats");
+    // No heartbeat loop here: the first run's heartbeat lapses, and the later attempt runs.
+    assert_eq!(second.await.unwrap(), Ended::Ran);
+    assert_eq!(f.echo.runs.load(Ordering::SeqCst), 2);
+    let row = f.store.row("job-1").unwrap();
+    assert_eq!(row.crash_count.unwrap_or(0), 0, "not counted as a crash");
+    first.abort();
+}
