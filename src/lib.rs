@@ -58,7 +58,7 @@
 //! | `observe::probes` | readiness and liveness (`/readyz`, `/livez`) |
 //! | `observe::telemetry` | OpenTelemetry spans of a job's life over OTLP/HTTP (off unless configured) |
 //! | `metrics` | metric names and the Prometheus exporter |
-//! | `sim` | the deterministic fleet simulator: one thread, simulated time, broker, store and faults from one seed, driving the real `core` decisions; invariants checked after every run (`fairway-sim`, docs/simulation.md) |
+//! | `sim` | the deterministic fleet simulator: one thread, simulated time, broker, store and faults from one seed, driving the real `core` decisions; invariants checked after every run, the usage ledger's leader simulated over its results (`sim::ledger`) for the usage counted once (`fairway-sim`, docs/simulation.md) |
 //! | `netlab` | the network-partition lab and its scenario (`fairway-bench bench partitions`, partition tests) |
 
 pub mod admission;

@@ -15,6 +15,9 @@ struct Args {
     /// Replay one seed and print its trace summary.
     #[arg(long, conflicts_with = "seeds")]
     seed: Option<u64>,
+    /// With --seed: note every step of this job in the report.
+    #[arg(long, requires = "seed")]
+    watch_job: Option<u32>,
     /// Run this many seeds (starting at --first).
     #[arg(long, default_value_t = 1000)]
     seeds: u64,
@@ -28,7 +31,7 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
-    let cfg = Config::default();
+    let cfg = Config::default().watch(args.watch_job);
     if let Some(seed) = args.seed {
         let report = sim::run(seed, &cfg);
         println!("{}", serde_json::to_string_pretty(&report).expect("report as JSON"));

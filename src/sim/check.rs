@@ -1,18 +1,19 @@
 //! The invariants checked after every run, against the run's ground truth (`Trace`):
 //! each returns violations with enough detail to debug (docs/simulation.md lists them).
 
+use super::ledger::Tally;
 use super::shape::{Kind, Shape};
 use super::trace::{Outcome, Trace};
 use super::world::{sim_policy, LEASE_MS};
 use crate::model::{FailureClass, Millis};
 use serde::Serialize;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// One broken invariant.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Violation {
     /// `lost`, `duplicate`, `wrong_result`, `two_runs`, `attempt_by_crash`, `dlq_reason`,
-    /// `fairness`.
+    /// `fairness`, `usage`.
     pub invariant: &'static str,
     pub detail: String,
 }
@@ -22,13 +23,14 @@ fn v(invariant: &'static str, detail: String) -> Violation {
 }
 
 /// Every invariant's violations, in a stable order.
-pub fn violations(shape: &Shape, t: &Trace) -> Vec<Violation> {
+pub fn violations(shape: &Shape, t: &Trace, ledger: &Tally) -> Vec<Violation> {
     let mut out = Vec::new();
     results(shape, t, &mut out);
     leases(shape, t, &mut out);
     attempts(t, &mut out);
     dead_letters(shape, t, &mut out);
     fairness(t, &mut out);
+    usage(shape, t, ledger, &mut out);
     out
 }
 
@@ -93,6 +95,11 @@ fn results(shape: &Shape, t: &Trace, out: &mut Vec<Violation>) {
     }
 }
 
+/// Runs that overlapped within the check's read-then-mark window (see `leases`).
+pub fn overlaps_in_window(t: &Trace) -> usize {
+    t.overlaps.iter().filter(|o| o.checked <= o.marked).count()
+}
+
 /// Duplicates within the documented window.
 pub fn duplicates_in_window(t: &Trace) -> usize {
     let results = by_job(t.results.iter().map(|r| (r.job, r)));
@@ -107,16 +114,20 @@ pub fn duplicates_in_window(t: &Trace) -> usize {
 
 /// No two workers run one job beyond the lease: a run starts while another runs only if
 /// the other's last heartbeat is at least the lease old, less twice the clock skew (the
-/// two workers read the heartbeat on different clocks).
+/// two workers read the heartbeat on different clocks), or if its copy read the job's row
+/// before the other's running mark was written (the check reads, then marks: two copies
+/// reading within that window both run, as in the real route, whose mark comes after a
+/// 250 ms grace; those are counted, `overlaps_in_window`).
 fn leases(shape: &Shape, t: &Trace, out: &mut Vec<Violation>) {
     let allowed = LEASE_MS - 2 * shape.max_skew;
-    for &(job, first, second, at, last_hb) in &t.overlaps {
-        if at - last_hb < allowed {
+    for o in t.overlaps.iter().filter(|o| o.checked > o.marked) {
+        if o.at - o.last_hb < allowed {
             out.push(v(
                 "two_runs",
                 format!(
-                    "job {job}: worker {second} started it at {at} ms while worker {first} ran it, whose last heartbeat was at {last_hb} ms ({} ms < lease {LEASE_MS} - 2 x skew {})",
-                    at - last_hb,
+                    "job {}: worker {} started it at {} ms (its copy read the row at {} ms) while worker {} ran it, marked running at {} ms, last heartbeat at {} ms ({} ms < lease {LEASE_MS} - 2 x skew {})",
+                    o.job, o.second, o.at, o.checked, o.first, o.marked, o.last_hb,
+                    o.at - o.last_hb,
                     shape.max_skew
                 ),
             ));
@@ -209,5 +220,60 @@ fn fairness(t: &Trace, out: &mut Vec<Violation>) {
                 format!("quiet job {} waited {} ms on worker {} (bound {} ms)", q.job, q.wait, q.worker, q.bound),
             ));
         }
+    }
+}
+
+/// What one tenant's results on the topic add up to, and what it should be billed for.
+#[derive(Debug, Default, PartialEq)]
+struct Billed {
+    results: i64,
+    succeeded: i64,
+    failed: i64,
+    attempts: i64,
+}
+
+/// The usage counted once: per tenant, the ledger's totals (`sim::ledger`, read back from
+/// its rows after leader restarts and store outages) equal its results on the topic, one
+/// per accepted job that has a result plus the duplicates within the documented window.
+fn usage(shape: &Shape, t: &Trace, ledger: &Tally, out: &mut Vec<Violation>) {
+    let tenant_of = |j: u32| super::world::tenant_name(shape.jobs[j as usize].tenant);
+    let mut on_topic: BTreeMap<String, Billed> = BTreeMap::new();
+    for r in &t.results {
+        let b = on_topic.entry(tenant_of(r.job)).or_default();
+        b.results += 1;
+        b.succeeded += i64::from(r.ok);
+        b.failed += i64::from(!r.ok);
+        b.attempts += i64::from(r.attempts.max(0));
+    }
+    let mut owed: BTreeMap<String, i64> = BTreeMap::new();
+    for (j, rs) in by_job(t.results.iter().map(|r| (r.job, r))) {
+        let first_terminal = t.terminal_at.get(&j).copied().unwrap_or(Millis::MAX);
+        let in_window = rs.iter().skip(1).filter(|r| r.checked < first_terminal).count() as i64;
+        *owed.entry(tenant_of(j)).or_default() += 1 + in_window;
+    }
+    for (tenant, topic) in &on_topic {
+        let counted = ledger.by_tenant.get(tenant).copied().unwrap_or_default();
+        let got = Billed {
+            results: counted.results,
+            succeeded: counted.succeeded,
+            failed: counted.failed,
+            attempts: counted.attempts,
+        };
+        if &got != topic {
+            out.push(v(
+                "usage",
+                format!("tenant {tenant}: the ledger counted {got:?}, its results on the topic are {topic:?}"),
+            ));
+        }
+        let owed = owed.get(tenant).copied().unwrap_or(0);
+        if counted.results != owed {
+            out.push(v(
+                "usage",
+                format!("tenant {tenant}: billed {} results for {owed} (its jobs with a result and their duplicates within the window)", counted.results),
+            ));
+        }
+    }
+    for tenant in ledger.by_tenant.keys().filter(|t| !on_topic.contains_key(*t)) {
+        out.push(v("usage", format!("tenant {tenant}: the ledger counted results it has none of on the topic")));
     }
 }

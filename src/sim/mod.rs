@@ -13,8 +13,9 @@
 //! 2. the fair scheduler (`core::scheduler::Scheduler`, deficit fair queueing charged in
 //!    slot time): `enqueue`, `next`, `complete` / `release`;
 //! 3. check (`check::check_row`): the job's row settles a finished or stale copy, a copy
-//!    of a job running on a live worker waits, a lapsed heartbeat (the lease, 3
-//!    heartbeats) is a take-over decided by `core::retry::decide(WorkerCrash)`;
+//!    of a job running on a live worker (this one too) waits, a lapsed heartbeat (the
+//!    lease, 3 heartbeats) is a take-over decided by `core::retry::decide(WorkerCrash)`,
+//!    but a later attempt than the running row's runs once that lapsed, not as a crash;
 //! 4. run, with heartbeats every second;
 //! 5. settle (`settle::settle`, `settle::fail`): `core::retry::decide` and
 //!    `dead_letter_class`; result before state (`durable::record_terminal`), dead letter
@@ -48,6 +49,7 @@
 
 mod check;
 pub mod doubles;
+mod ledger;
 mod rng;
 mod shape;
 mod trace;
@@ -76,9 +78,17 @@ pub struct Bugs {
 pub struct Config {
     #[cfg(test)]
     pub bugs: Bugs,
+    /// Notes every step of this job in the report (`fairway-sim --seed S --watch-job J`).
+    pub watch_job: Option<u32>,
 }
 
 impl Config {
+    /// This config noting every step of `job` in the report.
+    pub fn watch(mut self, job: Option<u32>) -> Config {
+        self.watch_job = job;
+        self
+    }
+
     fn bugs_commit_before_durable(&self) -> bool {
         #[cfg(test)]
         return self.bugs.commit_before_durable;
@@ -101,6 +111,9 @@ pub struct Report {
     /// Second results of a job within the documented window (its first outcome's state was
     /// not yet written when the copy read the row).
     pub duplicates_in_window: usize,
+    /// Runs of a job overlapping another run of it whose running mark was not yet written
+    /// when the second copy read the row (the check's read-then-mark window).
+    pub overlaps_in_window: usize,
     pub dead_letters: usize,
     pub runs: usize,
     pub crashes: u64,
@@ -117,6 +130,9 @@ pub struct Report {
     pub quiet_worst_wait_ms: i64,
     pub simulated_ms: i64,
     pub events: u64,
+    /// The usage ledger's leader restarts and windows closed over the run's results.
+    pub ledger_restarts: usize,
+    pub ledger_windows_closed: usize,
     /// The end state of partitions and workers, and anything odd seen on the way.
     pub notes: Vec<String>,
     pub violations: Vec<Violation>,
@@ -134,7 +150,8 @@ pub fn run(seed: u64, cfg: &Config) -> Report {
     let shape = Shape::from_seed(seed);
     let mut world = world::World::new(cfg.clone(), shape, seed);
     world.run();
-    let violations = check::violations(&world.shape, &world.trace);
+    let usage = ledger::tally(&world.shape, &world.trace, seed);
+    let violations = check::violations(&world.shape, &world.trace, &usage);
     let (shape, t) = (&world.shape, &world.trace);
     Report {
         seed,
@@ -145,6 +162,7 @@ pub fn run(seed: u64, cfg: &Config) -> Report {
         jobs: shape.jobs.len(),
         results: t.results.len(),
         duplicates_in_window: check::duplicates_in_window(t),
+        overlaps_in_window: check::overlaps_in_window(t),
         dead_letters: t.dlq.len(),
         runs: t.runs.len(),
         crashes: t.crashes,
@@ -160,6 +178,8 @@ pub fn run(seed: u64, cfg: &Config) -> Report {
         quiet_worst_wait_ms: t.quiet.iter().map(|q| q.wait).max().unwrap_or(0),
         simulated_ms: t.end,
         events: t.events,
+        ledger_restarts: usage.restarts,
+        ledger_windows_closed: usage.windows_closed,
         notes: t.notes.clone(),
         violations,
     }

@@ -3,45 +3,58 @@
 
 use super::*;
 
-/// Seeds per test run: ~15 s in a debug build on the CI machine (docs/performance.md).
-const SEEDS: u64 = 1_000;
+/// Seeds per test run: ~20 s in the dev build (docs/performance.md, 2026-11-29).
+const SEEDS: u64 = 2_000;
 
-/// Invariants every seed holds today. `lost` and `two_runs` are left out: the simulator
-/// finds seeds breaking them (docs/simulation.md, "Findings"); `all_invariants` checks
-/// them too and is ignored until those are settled.
-const HELD: [&str; 5] = ["duplicate", "wrong_result", "attempt_by_crash", "dlq_reason", "fairness"];
+/// Seeds below `SEEDS` that still break `two_runs`, all of one open class (docs/simulation.md,
+/// Findings: a superseded run's late state write overwrites the row of the run that took
+/// the job over). Each must keep failing until that is fixed, then leave this list.
+const KNOWN_OPEN: [u64; 2] = [528, 1749];
 
-fn failing(seeds: std::ops::Range<u64>, only: Option<&[&str]>) -> Vec<String> {
+fn failing(seeds: std::ops::Range<u64>) -> Vec<(u64, String)> {
     let cfg = Config::default();
     let mut out = Vec::new();
     for seed in seeds {
         let r = run(seed, &cfg);
-        let broken: Vec<&Violation> =
-            r.violations.iter().filter(|v| only.is_none_or(|o| o.contains(&v.invariant))).collect();
-        if let Some(first) = broken.first() {
-            out.push(format!(
+        if let Some(first) = r.violations.first() {
+            let line = format!(
                 "{} ({} violations, first: {}: {})",
                 r.replay_command(),
-                broken.len(),
+                r.violations.len(),
                 first.invariant,
                 first.detail
-            ));
+            );
+            out.push((seed, line));
         }
     }
     out
 }
 
+/// Every invariant (docs/simulation.md) over `SEEDS` seeds: lost jobs, duplicates, wrong
+/// results, two runs at once, attempts used by crashes, dead-letter reasons, fairness and
+/// the usage counted once.
 #[test]
-fn seeds_hold_the_invariants() {
-    let bad = failing(0..SEEDS, Some(&HELD));
-    assert!(bad.is_empty(), "{} seeds broke invariants:\n{}", bad.len(), bad.join("\n"));
+fn all_invariants() {
+    let bad = failing(0..SEEDS);
+    let new: Vec<&str> = bad.iter().filter(|(s, _)| !KNOWN_OPEN.contains(s)).map(|(_, l)| l.as_str()).collect();
+    assert!(new.is_empty(), "{} seeds broke invariants:\n{}", new.len(), new.join("\n"));
+    let fixed: Vec<u64> = KNOWN_OPEN.iter().copied().filter(|k| !bad.iter().any(|(s, _)| s == k)).collect();
+    assert!(fixed.is_empty(), "seeds {fixed:?} pass now: take them out of KNOWN_OPEN (and docs/simulation.md)");
 }
 
+/// Regression seeds of the bugs the simulator found (docs/simulation.md, Findings): each
+/// held every invariant once fixed. 17, 33: a retry copy skipped as running here; 329: a
+/// copy of a job whose run here was not durable settled as running here; 202, 56: a
+/// later attempt run beside a take-over re-run of the earlier one; 19, 31: jobs the
+/// simulator lost itself (its end-of-run test counted duplicate results, and it applied
+/// spill answers to a newer incarnation of the partition).
 #[test]
-#[ignore = "the simulator finds lost jobs and two runs at once in some seeds (docs/simulation.md, Findings); run with --ignored"]
-fn all_invariants() {
-    let bad = failing(0..SEEDS, None);
-    assert!(bad.is_empty(), "{} seeds broke invariants:\n{}", bad.len(), bad.join("\n"));
+fn regression_seeds_hold_every_invariant() {
+    let cfg = Config::default();
+    for seed in [17, 33, 329, 202, 56, 19, 31, 2, 22] {
+        let r = run(seed, &cfg);
+        assert!(r.violations.is_empty(), "{}: {:?}", r.replay_command(), r.violations);
+    }
 }
 
 #[test]
@@ -62,7 +75,7 @@ fn a_seed_replays_the_same_trace() {
 #[test]
 fn commit_before_durable_is_caught_and_replays() {
     let clean = Config::default();
-    let buggy = Config { bugs: Bugs { commit_before_durable: true } };
+    let buggy = Config { bugs: Bugs { commit_before_durable: true }, ..Config::default() };
     let lost = |r: &Report| -> Vec<String> {
         r.violations.iter().filter(|v| v.invariant == "lost").map(|v| v.detail.clone()).collect()
     };

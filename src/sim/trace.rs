@@ -28,6 +28,21 @@ pub struct RunRec {
     pub outcome: Outcome,
 }
 
+/// A run of a job starting while another run of it goes on.
+#[derive(Debug, Clone, Copy)]
+pub struct Overlap {
+    pub job: u32,
+    /// The worker already running it, and the one starting it now (`at`).
+    pub first: usize,
+    pub second: usize,
+    pub at: Millis,
+    /// The first run's last heartbeat, and when its running mark was written.
+    pub last_hb: Millis,
+    pub marked: Millis,
+    /// When the second copy read the job's row.
+    pub checked: Millis,
+}
+
 /// A result on the results topic.
 #[derive(Debug, Clone)]
 pub struct Result_ {
@@ -72,8 +87,7 @@ pub struct Trace {
     pub runs: Vec<RunRec>,
     /// (job, taken at, the previous run's last heartbeat (true time), from worker, by worker).
     pub takeovers: Vec<(u32, Millis, Millis, usize, usize)>,
-    /// (job, worker already running it, worker starting it, at, first's last heartbeat).
-    pub overlaps: Vec<(u32, usize, usize, Millis, Millis)>,
+    pub overlaps: Vec<Overlap>,
     /// When each job's row first became terminal.
     pub terminal_at: HashMap<u32, Millis>,
     pub quiet: Vec<QuietWait>,

@@ -4,7 +4,7 @@
 //! records, rows and time.
 
 use super::rng::Rng;
-use super::trace::{Dlq, Outcome, QuietWait, Result_, RunRec, Trace};
+use super::trace::{Dlq, Outcome, Overlap, QuietWait, Result_, RunRec, Trace};
 use super::{Config, Kind, Shape};
 use crate::core::backlog::{bucket_of, ReadPlan, TenantBacklog};
 use crate::core::buffer::{Buffer, BufferBounds};
@@ -144,7 +144,9 @@ enum Ev {
 #[derive(Debug, Clone, Copy)]
 enum Ctx {
     Task(u64),
-    Loop,
+    /// The pool loop, for the partition incarnation that sent the call: an answer to an
+    /// older incarnation is ignored, as `pool::on_backlog` ignores it.
+    Loop(u64),
 }
 
 /// A job waiting in a worker's scheduler (`worker::route::Pending`).
@@ -254,6 +256,8 @@ pub(super) struct World {
     bounds: BufferBounds,
     pub(super) trace: Trace,
     active_runs: HashMap<u32, Vec<(usize, Member)>>,
+    /// Jobs with a result on the results topic (a duplicate result is not a second job).
+    with_result: BTreeSet<u32>,
 }
 
 fn sched_config(slots: usize) -> SchedulerConfig {
@@ -320,6 +324,7 @@ impl World {
             bounds,
             trace: Trace::default(),
             active_runs: HashMap::new(),
+            with_result: BTreeSet::new(),
             shape,
         };
         w.setup();
@@ -425,8 +430,16 @@ impl World {
         self.trace.open_spill_rows = self.store.backlog.values().map(|r| r.len()).sum();
     }
 
+    /// Notes an event of the watched job (`Config::watch_job`) in the report.
+    fn log(&mut self, job: u32, what: impl FnOnce() -> String) {
+        if self.cfg.watch_job == Some(job) {
+            let line = format!("{} ms: job {job}: {}", self.now, what());
+            self.trace.notes.push(line);
+        }
+    }
+
     fn all_settled(&self) -> bool {
-        self.trace.submitted == self.shape.jobs.len() && self.trace.results.len() >= self.trace.submitted
+        self.trace.submitted == self.shape.jobs.len() && self.with_result.len() >= self.trace.submitted
     }
 
     fn handle(&mut self, ev: Ev) {
@@ -558,6 +571,9 @@ impl World {
     }
 
     fn revoke(&mut self, w: usize, p: usize) {
+        if let Some(j) = self.cfg.watch_job.filter(|&j| self.partition_of(j) == p) {
+            self.log(j, || format!("p{p} revoked from w{w}"));
+        }
         self.commit_part(w, p);
         let wk = &mut self.workers[w];
         wk.disrupted = self.now;
@@ -570,6 +586,10 @@ impl World {
     }
 
     fn assign(&mut self, w: usize, p: usize) {
+        if let Some(j) = self.cfg.watch_job.filter(|&j| self.partition_of(j) == p) {
+            let at = self.broker.committed[p];
+            self.log(j, || format!("p{p} assigned to w{w} at committed {at}"));
+        }
         self.next_incarnation += 1;
         let part = Part {
             incarnation: self.next_incarnation,
@@ -582,7 +602,7 @@ impl World {
         };
         self.workers[w].parts.insert(p, part);
         self.workers[w].disrupted = self.now;
-        self.store_call(w, Ctx::Loop, StoreOp::ListBacklog { part: p });
+        self.store_call(w, Ctx::Loop(self.next_incarnation), StoreOp::ListBacklog { part: p });
     }
 
     fn commit(&mut self, w: usize) {
@@ -612,6 +632,9 @@ impl World {
     fn crash(&mut self, w: usize) {
         if !self.workers[w].alive {
             return;
+        }
+        if let Some(j) = self.cfg.watch_job {
+            self.log(j, || format!("w{w} crashed"));
         }
         self.trace.crashes += 1;
         let me = self.member(w);
@@ -735,6 +758,7 @@ impl World {
     /// buffer is full or its backlog is active (`core::buffer`, `core::backlog`), else it
     /// is queued for the scheduler.
     fn take_in(&mut self, w: usize, p: usize, offset: i64, msg: Msg) {
+        self.log(msg.job, || format!("w{w} took in p{p} o{offset} attempt {}", msg.attempt));
         let tenant_id = self.shape.jobs[msg.job as usize].tenant;
         let tenant = tenant_name(tenant_id);
         let wk = &mut self.workers[w];
@@ -755,7 +779,7 @@ impl World {
                     ));
                 }
                 self.trace.spilled += 1;
-                self.store_call(w, Ctx::Loop, StoreOp::Spill { part: p, tenant: tenant_id, offset, msg });
+                self.store_call(w, Ctx::Loop(incarnation), StoreOp::Spill { part: p, tenant: tenant_id, offset, msg });
                 return;
             }
         }
@@ -843,17 +867,17 @@ impl World {
                 let room = wk.buffer.read_room(&self.bounds, &tenant_name(tenant), READ_CHUNK, b.largest_job());
                 if room > 0 {
                     if let Some(plan) = b.plan_read(room) {
-                        calls.push(StoreOp::ReadRows { part: p, tenant, plan });
+                        calls.push((st.incarnation, StoreOp::ReadRows { part: p, tenant, plan }));
                     }
                 }
                 for bucket in b.deletable(st.last_seen) {
-                    calls.push(StoreOp::DropBucket { part: p, tenant, bucket });
+                    calls.push((st.incarnation, StoreOp::DropBucket { part: p, tenant, bucket }));
                 }
             }
             st.backlogs.retain(|_, b| !b.is_empty());
         }
-        for op in calls {
-            self.store_call(w, Ctx::Loop, op);
+        for (incarnation, op) in calls {
+            self.store_call(w, Ctx::Loop(incarnation), op);
         }
     }
 
@@ -870,7 +894,7 @@ impl World {
 
     fn store_answer(&mut self, w: usize, ctx: Ctx, op: StoreOp, ok: bool) {
         match ctx {
-            Ctx::Loop => self.loop_answer(w, op, ok),
+            Ctx::Loop(incarnation) => self.loop_answer(w, incarnation, op, ok),
             Ctx::Task(task) => {
                 if !self.workers[w].tasks.contains_key(&task) {
                     return;
@@ -893,6 +917,8 @@ impl World {
                         }
                     }
                     StoreOp::PutRetrying { attempts, crash_count } => {
+                        let job = self.workers[w].tasks[&task].msg.job;
+                        self.log(job, || format!("w{w} task {task} retrying state write: {ok}"));
                         if ok {
                             let (job, me) = (self.workers[w].tasks[&task].msg.job, self.member(w));
                             let row = Row {
@@ -911,6 +937,8 @@ impl World {
                         self.io_done(w, task, true)
                     }
                     StoreOp::PutTerminal => {
+                        let job = self.workers[w].tasks[&task].msg.job;
+                        self.log(job, || format!("w{w} task {task} terminal state write: {ok}"));
                         if ok {
                             let (job, me) = (self.workers[w].tasks[&task].msg.job, self.member(w));
                             let r = self.store.rows.entry(job).or_insert(Row {
@@ -932,15 +960,19 @@ impl World {
         }
     }
 
-    fn loop_answer(&mut self, w: usize, op: StoreOp, ok: bool) {
+    /// A loop call's answer, for the partition's state only if it is still the incarnation
+    /// that sent it (the store's side of a write happened either way).
+    fn loop_answer(&mut self, w: usize, incarnation: u64, op: StoreOp, ok: bool) {
         match op {
             StoreOp::ListBacklog { part } => {
-                let Some(st) = self.workers[w].parts.get_mut(&part) else { return };
+                let Some(st) = self.workers[w].parts.get_mut(&part).filter(|st| st.incarnation == incarnation) else {
+                    return;
+                };
                 if !st.loading {
                     return;
                 }
                 if !ok {
-                    return self.store_call(w, Ctx::Loop, StoreOp::ListBacklog { part });
+                    return self.store_call(w, Ctx::Loop(incarnation), StoreOp::ListBacklog { part });
                 }
                 let mut by_tenant: BTreeMap<u32, Vec<i64>> = BTreeMap::new();
                 for (&(p, t, b), rows) in &self.store.backlog {
@@ -958,22 +990,17 @@ impl World {
                     let rows = self.store.backlog.entry((part, tenant, bucket_of(offset))).or_default();
                     rows.insert(offset, msg);
                 }
-                let Some(st) = self.workers[w].parts.get_mut(&part) else { return };
+                let Some(st) = self.workers[w].parts.get_mut(&part).filter(|st| st.incarnation == incarnation) else {
+                    return;
+                };
                 let b = st.backlogs.entry(tenant).or_insert_with(TenantBacklog::new);
                 if ok {
                     b.acked(&[offset]);
                     st.offsets.finished(offset);
                 } else {
                     b.failed(&[offset]);
-                    let pend = Pend {
-                        msg,
-                        part,
-                        offset,
-                        incarnation: st.incarnation,
-                        spill: None,
-                        enqueued_true: 0,
-                        quiet_bound: None,
-                    };
+                    let pend =
+                        Pend { msg, part, offset, incarnation, spill: None, enqueued_true: 0, quiet_bound: None };
                     self.enqueue(w, pend);
                 }
             }
@@ -990,7 +1017,9 @@ impl World {
                 } else {
                     Vec::new()
                 };
-                let Some(st) = self.workers[w].parts.get_mut(&part) else { return };
+                let Some(st) = self.workers[w].parts.get_mut(&part).filter(|st| st.incarnation == incarnation) else {
+                    return;
+                };
                 let Some(b) = st.backlogs.get_mut(&tenant) else { return };
                 if !ok {
                     return b.read_failed();
@@ -1001,7 +1030,6 @@ impl World {
                     let r = st.read_upto.entry(tenant).or_insert(last);
                     *r = (*r).max(last);
                 }
-                let incarnation = st.incarnation;
                 self.trace.read_back += rows.len();
                 for (offset, msg) in rows {
                     let pend = Pend {
@@ -1020,9 +1048,8 @@ impl World {
                 if ok {
                     self.store.backlog.remove(&(part, tenant, bucket));
                 }
-                let Some(b) = self.workers[w].parts.get_mut(&part).and_then(|st| st.backlogs.get_mut(&tenant)) else {
-                    return;
-                };
+                let st = self.workers[w].parts.get_mut(&part).filter(|st| st.incarnation == incarnation);
+                let Some(b) = st.and_then(|st| st.backlogs.get_mut(&tenant)) else { return };
                 if ok {
                     b.deleted(bucket)
                 } else {
@@ -1048,6 +1075,18 @@ impl World {
         t.checked_true = self.now;
         let msg = t.msg;
         let row = self.store.rows.get(&msg.job).copied();
+        let (pend, now_true) = (t.pend.clone(), self.now);
+        self.log(msg.job, || {
+            format!(
+                "w{w} task {task} (p{} o{} inc {} spill {:?}) attempt {} read row {:?}",
+                pend.part,
+                pend.offset,
+                pend.incarnation,
+                pend.spill,
+                msg.attempt,
+                row.map(|r| (r.status, r.worker, r.attempts, now_true - r.hb_true))
+            )
+        });
         let Some(row) = row else { return self.mark(w, task) };
         if row.status == Status::Terminal {
             return self.end(w, task, true);
@@ -1055,16 +1094,20 @@ impl World {
         if row.attempts > msg.attempt {
             return self.end(w, task, true); // stale attempt
         }
-        if row.status != Status::Running || msg.attempt > row.attempts {
-            // A later attempt than the running one: that one ended, its "retrying" write lost.
+        if row.status != Status::Running {
             return self.mark(w, task);
         }
+        // Running with a fresh heartbeat, here or elsewhere: wait for its end (a copy of a
+        // job running here is no longer settled at once: that run's outcome may not be
+        // durable, and the copy's commit would lose the job, seed 329).
         let fresh = now - row.hb_at < LEASE_MS;
-        if fresh && row.worker == me {
-            return self.end(w, task, true); // running here
-        }
         if fresh {
             return self.at(self.now + RECHECK_MS, Ev::Recheck { w, epoch: me.1, task });
+        }
+        if msg.attempt > row.attempts {
+            // A later attempt than the running one, which lapsed: that attempt ended (its
+            // "retrying" write lost) or a re-run of it died; not a crash of this attempt.
+            return self.mark(w, task);
         }
         // Take over from a worker whose heartbeat lapsed: a crash, never an attempt.
         let crashes = msg.crash_count.max(row.crash_count + 1);
@@ -1101,6 +1144,8 @@ impl World {
     }
 
     fn marked(&mut self, w: usize, task: u64, ok: bool, attempts: i32, crash_count: i32) {
+        let job = self.workers[w].tasks[&task].msg.job;
+        self.log(job, || format!("w{w} task {task} marked running attempt {attempts}: {ok}"));
         if !ok {
             // Not durable: the copy is left for redelivery.
             return self.end(w, task, false);
@@ -1121,12 +1166,22 @@ impl World {
         t.step = Step::Running;
         t.ran = true;
         let msg = t.msg;
+        let t = &self.workers[w].tasks[&task];
         let spec = self.shape.jobs[msg.job as usize];
         // Lease check: anyone else running it now?
         let others: Vec<(usize, Member)> = self.active_runs.get(&msg.job).cloned().unwrap_or_default();
+        let checked = t.checked_true;
         for (r, other) in others {
-            let last_hb = self.trace.runs[r].last_hb_true;
-            self.trace.overlaps.push((msg.job, other.0, w, self.now, last_hb));
+            let (last_hb, marked) = (self.trace.runs[r].last_hb_true, self.trace.runs[r].start);
+            self.trace.overlaps.push(Overlap {
+                job: msg.job,
+                first: other.0,
+                second: w,
+                at: self.now,
+                last_hb,
+                marked,
+                checked,
+            });
         }
         let run = self.trace.runs.len();
         self.trace.runs.push(RunRec {
@@ -1151,6 +1206,8 @@ impl World {
 
     /// The handler returned: settle (`worker::settle`) by the job's kind.
     fn run_end(&mut self, w: usize, task: u64) {
+        let job = self.workers[w].tasks[&task].msg.job;
+        self.log(job, || format!("w{w} task {task} handler returned"));
         let me = self.member(w);
         let now = self.wnow(w);
         let t = self.workers[w].tasks.get_mut(&task).expect("task");
@@ -1242,12 +1299,16 @@ impl World {
     fn produced(&mut self, w: usize, job: u32, p: Produce, at: Millis, checked: Millis) {
         match p {
             Produce::Result { ok, class, attempts } => {
+                self.with_result.insert(job);
                 self.trace.results.push(Result_ { job, ok, class, attempts, at, worker: w, checked })
             }
             Produce::DeadLetter { class, attempts, reason_class } => {
                 self.trace.dlq.push(Dlq { job, class, attempts, reason_class })
             }
             Produce::Retry { msg, not_before } => {
+                self.log(job, || {
+                    format!("w{w} retry attempt {} produced, delivered at {}", msg.attempt, not_before.max(at))
+                });
                 let part = self.partition_of(job);
                 self.at(not_before.max(at), Ev::Deliver { part, msg });
             }
@@ -1255,6 +1316,8 @@ impl World {
     }
 
     fn io_done(&mut self, w: usize, task: u64, ok: bool) {
+        let Some(job) = self.workers[w].tasks.get(&task).map(|t| t.msg.job) else { return };
+        self.log(job, || format!("w{w} task {task} settle step done: {ok}"));
         let Some(t) = self.workers[w].tasks.get_mut(&task) else { return };
         if !ok {
             // The outcome is not durable: stop here, the job is redelivered.
@@ -1268,6 +1331,10 @@ impl World {
     /// row) released only if the outcome is durable.
     fn end(&mut self, w: usize, task: u64, durable: bool) {
         let Some(t) = self.workers[w].tasks.remove(&task) else { return };
+        let current = self.workers[w].parts.get(&t.pend.part).map(|st| st.incarnation);
+        self.log(t.msg.job, || {
+            format!("w{w} task {task} ended, durable {durable}, partition now at incarnation {current:?}")
+        });
         let now = self.wnow(w);
         if t.ran {
             self.workers[w].sched.complete(t.did, now);

@@ -19,19 +19,23 @@ use std::time::Duration;
 const EPOCH: i64 = 1_790_000_000_000;
 const JOB_TYPE: &str = "t";
 
-/// Returns its payload; its first `hang` runs never return (the worker dies under them).
+/// Returns its payload after `delay`; its first `hang` runs never return (the worker dies
+/// under them).
 struct Echo {
     runs: AtomicUsize,
     hang: usize,
+    delay: Duration,
 }
 
 impl Handler for Echo {
     fn run(&self, ctx: JobContext) -> BoxFuture<'static, HandlerResult> {
         let hang = self.runs.fetch_add(1, Ordering::SeqCst) < self.hang;
+        let delay = self.delay;
         Box::pin(async move {
             if hang {
                 std::future::pending::<()>().await;
             }
+            tokio::time::sleep(delay).await;
             Ok(ctx.job.payload.clone())
         })
     }
@@ -48,12 +52,16 @@ struct Fixture {
 
 impl Fixture {
     fn new(hang: usize) -> Fixture {
+        Fixture::with(hang, Duration::ZERO)
+    }
+
+    fn with(hang: usize, delay: Duration) -> Fixture {
         let clock: Arc<dyn Clock> = Arc::new(TokioClock::starting_at(EPOCH));
         Fixture {
             store: Arc::new(MemStore::new(clock.clone())),
             broker: Arc::new(MemBroker::default()),
             clock,
-            echo: Arc::new(Echo { runs: AtomicUsize::new(0), hang }),
+            echo: Arc::new(Echo { runs: AtomicUsize::new(0), hang, delay }),
             cfg: Arc::new(Config::builtin()),
         }
     }
@@ -180,4 +188,62 @@ async fn a_crash_before_settle_reruns_the_job_without_using_an_attempt() {
     assert_eq!((results[0].status, results[0].attempts), (JobStatus::Succeeded, 1), "the crash used no attempt");
     let row = f.store.row("job-1").unwrap();
     assert_eq!((row.status.as_deref(), row.crash_count, row.attempts), (Some("succeeded"), Some(1), Some(1)));
+}
+
+/// The simulator's seed 329: a job's run ends without a durable outcome while its row
+/// still shows it running here with a fresh heartbeat; its partition comes back to this
+/// worker and the copy must not be settled as "running here" (its commit would lose the
+/// job): it waits for the heartbeat to lapse, takes the job over and runs it.
+#[tokio::test(start_paused = true)]
+async fn a_copy_of_a_job_whose_run_here_was_not_durable_runs_again() {
+    let f = Fixture::with(0, Duration::from_secs(1));
+    let w1 = f.worker("w1");
+    f.broker.set_refusing(true);
+    let ended = f.execute(w1.clone(), f.job()).await;
+    assert_eq!(ended, Ended::NotDurable);
+    let row = f.store.row("job-1").expect("a running row: it ran past the grace");
+    assert_eq!((row.status.as_deref(), row.worker.as_deref()), (Some("running"), Some("w1")));
+    f.broker.set_refusing(false);
+    let ended = f.execute(w1, f.job()).await;
+    assert_eq!(ended, Ended::Ran, "the copy ran the job: its first run's outcome was lost");
+    assert_eq!(f.echo.runs.load(Ordering::SeqCst), 2);
+    let results = f.results();
+    assert_eq!(results.len(), 1, "one result");
+    assert_eq!((results[0].status, results[0].attempts), (JobStatus::Succeeded, 1));
+}
+
+/// The simulator's seed 202: a later attempt's copy finds the row running an earlier
+/// attempt with a fresh heartbeat (a take-over re-run of it, or the run whose "retrying"
+/// write was lost): it waits while that heartbeat is fresh instead of running beside it,
+/// then runs (no crash counted).
+#[tokio::test(start_paused = true)]
+async fn a_later_attempt_waits_while_an_earlier_run_heartbeats() {
+    let f = Fixture::with(0, Duration::from_secs(60));
+    let first = tokio::spawn({
+        let (route, job, origin) = (f.worker("w1"), f.job(), f.origin());
+        async move {
+            let mut slot = SlotRelease::new(|_, _| {});
+            let waited = Waited { received_at: EPOCH, dispatched_at: EPOCH };
+            exec::execute(route, job, origin, &mut slot, waited).await
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut later = (*f.job()).clone();
+    later.attempt = 1;
+    let second = tokio::spawn({
+        let (route, origin) = (f.worker("w2"), f.origin());
+        async move {
+            let mut slot = SlotRelease::new(|_, _| {});
+            let waited = Waited { received_at: EPOCH, dispatched_at: EPOCH };
+            exec::execute(route, Arc::new(later), origin, &mut slot, waited).await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(f.echo.runs.load(Ordering::SeqCst), 1, "the later attempt waits while the earlier run heartbeats");
+    // No heartbeat loop here: the first run's heartbeat lapses, and the later attempt runs.
+    assert_eq!(second.await.unwrap(), Ended::Ran);
+    assert_eq!(f.echo.runs.load(Ordering::SeqCst), 2);
+    let row = f.store.row("job-1").unwrap();
+    assert_eq!(row.crash_count.unwrap_or(0), 0, "not counted as a crash");
+    first.abort();
 }
