@@ -35,6 +35,7 @@
 //! | `worker::watchdog` | no zombie workers: give up (leave the groups, exit non-zero) when progress is impossible |
 //! | `submit` | the submission path (CLI, HTTP API, demo, fired schedules): validation, idempotency keys, the job's row and its produce |
 //! | `submit::dedupe` | unique jobs (`unique_key` + scope) and debounce (`debounce_key` + delay) at submission |
+//! | `submit::many` | a batch's submissions: the common jobs produced together (`kafka::Producer::send_many`), the others one by one |
 //! | `submit::payload` | a job's payload as submitted: JSON read without building its tree, kept as the bytes the job carries |
 //! | `admission` | the front door (submission admission): queue depth, tenant and per-user rates, submission breakers, quota alerts |
 //! | `classifier` | the pool classifier's submit side: a reclassified job type's jobs go to the pool their run times fit |
