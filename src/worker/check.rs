@@ -98,19 +98,16 @@ async fn check_row(sh: &RouteContext, mut job: Arc<JobSubmitted>, origin: &Origi
         if row.status.as_deref() != Some("running") {
             break;
         }
-        // A later attempt than the one the row says runs: that attempt ended once (a retry
-        // is produced only after its attempt ends) and its best-effort "retrying" write was
-        // lost, or a redelivered copy of it is running again (taken over after its worker
-        // died). It waits while that run heartbeats (the simulator's seed 202: else both
-        // run at once), then runs, neither skipped nor counted as a crash.
-        let later = !rerun && job.attempt > row.attempts.unwrap_or(0);
-        match wait_for_live_worker(sh, &job, now, interval).await {
+        if !rerun && job.attempt > row.attempts.unwrap_or(0) {
+            // A later attempt than the one the row says runs: that one ended (a retry is
+            // produced only after its attempt ends) and its best-effort "retrying" write
+            // was lost. Neither a copy to skip nor a crash to take over: run it.
+            break;
+        }
+        match wait_for_live_worker(sh, &job, &row, rerun, now, interval).await {
             Step::Next => {}
             Step::Again => continue,
             Step::Done(done) => return Check::Done(done),
-        }
-        if later {
-            break;
         }
         match take_over(sh, &job, &row, origin, now).await {
             Ok(taken) => job = with_handoffs(sh, taken, 0).await,
@@ -187,9 +184,15 @@ async fn with_handoffs(sh: &RouteContext, job: Arc<JobSubmitted>, at_least: i32)
     Arc::new(j)
 }
 
-/// A running row: waits while its worker (this one or another) heartbeats; Next once
-/// the heartbeat lapsed.
-async fn wait_for_live_worker(sh: &RouteContext, job: &JobSubmitted, now: i64, interval: std::time::Duration) -> Step {
+/// A running row: settles or waits while its worker heartbeats; Next once it lapsed.
+async fn wait_for_live_worker(
+    sh: &RouteContext,
+    job: &JobSubmitted,
+    row: &JobRow,
+    rerun: bool,
+    now: i64,
+    interval: std::time::Duration,
+) -> Step {
     // Marked running: by a worker that still heartbeats (the partition moved while
     // the job runs) we wait; by one whose heartbeat lapsed, we take over.
     // A heartbeat that cannot be read is not a lapsed one: taking the job over would
@@ -201,12 +204,15 @@ async fn wait_for_live_worker(sh: &RouteContext, job: &JobSubmitted, now: i64, i
             Err(Check::Run { .. }) => unreachable!("through_outage holds a job back, never runs it"),
         };
     let fresh = hb.and_then(|h| h.at).is_some_and(|at| now - at < 3 * interval.as_millis() as i64);
-    // A copy of a job running on this very worker (its partition came back, or the job
-    // was claimed here from another copy) waits like any other: settling it at once would
-    // commit its offset, and if that run's outcome then cannot be made durable (or had
-    // already failed to be, the heartbeat not yet lapsed) nothing redelivers the job
-    // (the simulator's seed 329). Its run's end settles it (finished or retried), or its
-    // heartbeat lapses and it is taken over.
+    if fresh && !rerun && row.worker.as_deref() == Some(sh.worker_id.as_str()) {
+        // A redelivered copy of a job running on this very worker (its partition came
+        // back, or it was claimed here from another copy): nothing to wait for, this
+        // worker records its end. Waiting would hold a slot for the whole run and can
+        // starve the hand-off copies of other jobs. A newer generation's copy is not a
+        // redelivery: it waits below and runs once the current run ends.
+        metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "running_here").increment(1);
+        return Step::Done(Durable::Yes);
+    }
     if !fresh {
         return Step::Next;
     }
