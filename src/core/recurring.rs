@@ -342,6 +342,8 @@ fn gap_end(tz: &Tz, local: Millis) -> Millis {
 /// The price: a schedule paused, edited or removed less than this before a fire still
 /// fires it.
 pub const FIRE_AHEAD_MS: Millis = 600;
+// A fired-ahead job must be held by its worker, not sent to the delayed topic.
+const _: () = assert!(FIRE_AHEAD_MS < crate::core::promotion::HOLD_AHEAD_MS);
 
 /// Whether a fire at `at` is late at `now` (older than [`GRACE_MS`]: submitted only by a
 /// catch-up).
