@@ -83,7 +83,7 @@ pub struct Outgoing<'a> {
     pub topic: &'a str,
     pub key: &'a str,
     pub payload: &'a [u8],
-    pub headers: Vec<(&'static str, &'a str)>,
+    pub headers: &'a [(&'a str, &'a str)],
 }
 
 impl<'a> Outgoing<'a> {
@@ -213,15 +213,7 @@ impl Producer {
     ) -> Result<(i32, i64), KafkaError> {
         loop {
             let (client, generation) = self.client()?;
-            let mut record = FutureRecord::to(topic).key(key).payload(payload);
-            if !headers.is_empty() {
-                let owned = headers
-                    .iter()
-                    .fold(rdkafka::message::OwnedHeaders::new_with_capacity(headers.len()), |h, (k, v)| {
-                        h.insert(rdkafka::message::Header { key: k, value: Some(*v) })
-                    });
-                record = record.headers(owned);
-            }
+            let record = Outgoing { topic, key, payload, headers }.record();
             match client.send(record, rdkafka::util::Timeout::Never).await {
                 Ok(d) => return Ok((d.partition, d.offset)),
                 Err((source, _))
@@ -244,7 +236,7 @@ impl Producer {
     pub async fn send_many(&self, records: &[Outgoing<'_>]) -> Vec<Result<(i32, i64), KafkaError>> {
         let Ok((client, generation)) = self.client() else {
             // The client could not be rebuilt: each send says why.
-            let sends = records.iter().map(|r| Box::pin(self.send(r.topic, r.key, r.payload, &r.headers)));
+            let sends = records.iter().map(|r| Box::pin(self.send(r.topic, r.key, r.payload, r.headers)));
             return futures::future::join_all(sends).await;
         };
         let handed: Vec<_> = records.iter().map(|r| client.send_result(r.record()).map_err(|(e, _)| e)).collect();
@@ -260,7 +252,7 @@ impl Producer {
             let queue_full = failed.rdkafka_error_code() == Some(RDKafkaErrorCode::QueueFull);
             let fatal = is_fatal(&self.inner.current.read().expect("producer lock"), generation, &failed);
             if queue_full || fatal {
-                return Box::pin(self.send(r.topic, r.key, r.payload, &r.headers)).await;
+                return Box::pin(self.send(r.topic, r.key, r.payload, r.headers)).await;
             }
             Err(KafkaError::Produce { topic: r.topic.to_string(), source: failed })
         });

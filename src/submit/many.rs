@@ -81,16 +81,13 @@ impl Submitter {
         let topic = |pool: Pool| topics.iter().find(|(p, _)| *p == pool).map(|(_, t)| t.as_str()).expect("every pool");
         let encoded: Vec<Result<Vec<u8>, SubmitError>> =
             ready.iter().map(|r| codec::encode_job(&r.rec).map_err(SubmitError::from)).collect();
+        let headers: Vec<_> = ready.iter().map(|r| kafka::trace_headers(&r.rec)).collect();
         let outgoing: Vec<Outgoing> = ready
             .iter()
             .zip(&encoded)
-            .filter_map(|(r, bytes)| {
-                Some(Outgoing {
-                    topic: topic(r.pool),
-                    key: &r.rec.tenant,
-                    payload: bytes.as_ref().ok()?,
-                    headers: kafka::trace_headers(&r.rec),
-                })
+            .zip(&headers)
+            .filter_map(|((r, bytes), headers)| {
+                Some(Outgoing { topic: topic(r.pool), key: &r.rec.tenant, payload: bytes.as_ref().ok()?, headers })
             })
             .collect();
         let mut sent = self.producer.send_many(&outgoing).await.into_iter();

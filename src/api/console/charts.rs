@@ -164,18 +164,20 @@ fn bars(s: &mut String, c: &Chart, at: &dyn Fn(&Series, usize) -> f64, y: &dyn F
             let _ = write!(
                 s,
                 "<rect class=\"bar\" x=\"{x:.1}\" y=\"{y0:.1}\" width=\"{width:.1}\" height=\"{:.1}\" fill=\"{}\" \
-                 data-value=\"{}\"><title>{} · {}: {} {}</title></rect>",
+                 data-value=\"{}\">{}</rect>",
                 (y1 - y0).max(0.0),
                 series.color,
                 number(v),
-                esc(label),
-                esc(&series.name),
-                number(v),
-                esc(&c.unit)
+                title(c, label, series, v)
             );
             base += v;
         }
     }
+}
+
+/// A mark's tooltip: its period, series, value and unit.
+fn title(c: &Chart, label: &str, series: &Series, v: f64) -> String {
+    format!("<title>{} · {}: {} {}</title>", esc(label), esc(&series.name), number(v), esc(&c.unit))
 }
 
 /// Lines: a `<polyline>` per series and a point (`<circle>`) per value.
@@ -201,15 +203,12 @@ fn lines(
             let _ = write!(
                 s,
                 "<circle class=\"point\" cx=\"{:.1}\" cy=\"{:.1}\" r=\"2\" fill=\"{}\" data-value=\"{}\">\
-                 <title>{} · {}: {} {}</title></circle>",
+                 {}</circle>",
                 x_mid(i),
                 y(v),
                 series.color,
                 number(v),
-                esc(label),
-                esc(&series.name),
-                number(v),
-                esc(&c.unit)
+                title(c, label, series, v)
             );
         }
     }
