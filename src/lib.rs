@@ -3,7 +3,7 @@
 //! # Module map
 //!
 //! Pure decisions live in `core` (no I/O; `now` is an argument); `kafka` and `store` are
-//! the only modules that talk to the broker and the database (held by `tests/edges.rs`);
+//! the only modules that talk to the broker and the database (held by `tests/it/edges.rs`);
 //! everything else moves data between them.
 //!
 //! | module | what it is |

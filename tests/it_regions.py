@@ -1,4 +1,4 @@
-"""The client side of tests/it_regions.rs: a tenant homed in region a (secondary b)
+"""The client side of tests/it/regions.rs: a tenant homed in region a (secondary b)
 drives fairway_client.RegionalClient against two `fairway serve` processes standing for
 two regions, while this script puts region a down and up again with the `fairway region`
 command. Prints one JSON object: {"accepted": [[job_id, region], ...], "steps": {...}}.

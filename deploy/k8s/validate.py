@@ -11,7 +11,7 @@ Usage: python validate.py NAME=RENDERED.yaml [NAME=RENDERED.yaml ...]
   selected by Services, PodDisruptionBudgets and the ServiceMonitor, probe ports.
 
 Prints one JSON object on stdout: per overlay, the rendered fairway.toml and each worker
-pool's terminationGracePeriodSeconds (tests/it_deploy.rs checks them against the
+pool's terminationGracePeriodSeconds (tests/it/deploy.rs checks them against the
 config's drain timeouts with fairway's own config parser). Exits 1 with every problem
 listed on stderr.
 """

@@ -224,7 +224,57 @@ pub async fn ensure_topics(cfg: &Config) -> Result<Vec<String>, KafkaError> {
             Err((topic, code)) => return Err(KafkaError::CreateTopic { topic, reason: code.to_string() }),
         }
     }
+    await_led(cfg, &created).await?;
     Ok(created)
+}
+
+/// How long [`ensure_topics`] waits for the topics it created to be usable.
+const TOPICS_READY_WITHIN: Duration = Duration::from_secs(30);
+
+/// Waits until every partition of `topics` has a leader in the broker's metadata: a
+/// created topic is not usable at once (its metadata spreads, its partitions elect
+/// leaders), and a reader or producer that starts meanwhile gets `UnknownTopicOrPartition`
+/// or `NotLeaderForPartition`. So `fairway init` returns with the topics ready to use.
+async fn await_led(cfg: &Config, topics: &[String]) -> Result<(), KafkaError> {
+    if topics.is_empty() {
+        return Ok(());
+    }
+    let client: rdkafka::consumer::BaseConsumer = base(cfg).create().map_err(client_err(cfg))?;
+    let (topics, partitions) = (topics.to_vec(), cfg.kafka.partitions.max(1) as usize);
+    let waited = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + TOPICS_READY_WITHIN;
+        let mut pending = topics;
+        while !pending.is_empty() {
+            pending.retain(|topic| {
+                let Ok(md) = client.fetch_metadata(Some(topic), Duration::from_secs(5)) else { return true };
+                let led = |t: &rdkafka::metadata::MetadataTopic| {
+                    t.error().is_none()
+                        && t.partitions().len() >= partitions
+                        && t.partitions().iter().all(|p| p.error().is_none() && p.leader() >= 0)
+                };
+                !md.topics().iter().any(|t| t.name() == topic && led(t))
+            });
+            if pending.is_empty() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(pending);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(())
+    });
+    match waited.await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(pending)) => Err(KafkaError::CreateTopic {
+            topic: pending.join(", "),
+            reason: format!(
+                "created, but without a leader for every partition after {} s: check the brokers' logs",
+                TOPICS_READY_WITHIN.as_secs()
+            ),
+        }),
+        Err(e) => Err(KafkaError::CreateTopic { topic: "(all)".into(), reason: e.to_string() }),
+    }
 }
 
 /// Does a broker answer this producer? (A metadata request of at most `timeout`, for

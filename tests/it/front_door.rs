@@ -1,0 +1,293 @@
+//! The API's front door, round 2, on the real broker and CQL database: what one caller
+//! (with one tenant key, or with none) can make `fairway serve` spend, and that the harm
+//! stays with that caller: bodies that would parse into huge trees, slow connections
+//! from one address, reads in a loop, and a tenant's rate across replicas.
+//! (docs/security.md: the bounds and their settings.)
+
+use crate::common;
+
+use fairway::config::Config;
+use fairway::core::auth::Caller;
+use fairway::core::retry::DurationMs;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use std::net::IpAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+async fn key(cfg: &Config, tenant: &str) -> String {
+    common::create_key(cfg, &Caller::Tenant(tenant.into()), "it_front_door").await.1
+}
+
+/// A client that sends `key` from the loopback address `from` (Linux routes 127/8 to lo,
+/// so each test party has an address of its own).
+fn client(key: &str, from: &str) -> reqwest::Client {
+    let mut h = reqwest::header::HeaderMap::new();
+    h.insert("authorization", format!("Bearer {key}").parse().unwrap());
+    reqwest::Client::builder()
+        .default_headers(h)
+        .local_address(from.parse::<IpAddr>().unwrap())
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
+
+/// A `fairway serve` child process for `cfg` (+ `extra` settings), killed on drop.
+struct Serve {
+    child: Child,
+    base: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Serve {
+    fn start(cfg: &Config, extra: &str, args: &[&str]) -> Serve {
+        let dir = tempfile::tempdir().unwrap();
+        let extra = format!("[job_types.echo]\npool = \"short\"\nhandler = \"echo\"\n{extra}");
+        let path = common::config_file(cfg, &extra, dir.path());
+        let port = common::free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let child = Command::new(env!("CARGO_BIN_EXE_fairway"))
+            .args(["--config", path.to_str().unwrap(), "serve", "--listen", &listen, "--metrics-listen", "off"])
+            .args(args)
+            .env("FAIRWAY_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn fairway serve");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while common::http_get_status(&listen, "/healthz") != Some(200) {
+            assert!(Instant::now() < deadline, "fairway serve did not answer /healthz within 60 s");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Serve { child, base: format!("http://{listen}"), _dir: dir }
+    }
+
+    /// The process's peak resident set, MB (VmHWM).
+    fn peak_rss_mb(&self) -> f64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM");
+        line.split_whitespace().nth(1).unwrap().parse::<f64>().unwrap() / 1024.0
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// B's echo job: (status, answer, seconds it took).
+async fn b_submits(b: &reqwest::Client, base: &str) -> (StatusCode, Value, f64) {
+    let t = Instant::now();
+    let r = b.post(format!("{base}/v1/jobs")).json(&json!({"job_type": "echo", "payload": {}})).send().await;
+    let r = r.expect("B's submission got an answer");
+    let s = r.status();
+    (s, r.json().await.unwrap_or(Value::Null), t.elapsed().as_secs_f64())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn wide_json_bodies_cost_their_bytes_not_a_tree() {
+    let cfg = common::arc(common::config(""));
+    common::init(&cfg).await;
+    let srv = Serve::start(&cfg, "", &[]);
+    let (a, b) = (client(&key(&cfg, "acme").await, "127.0.0.1"), client(&key(&cfg, "globex").await, "127.0.0.1"));
+    let before = srv.peak_rss_mb();
+    // Three at once of the largest single-job body: a 6 MiB `[0,0,...]` payload (one
+    // job's body may be ~6x max_payload_bytes), which parsed into a tree is ~700 MB.
+    let body = bytes::Bytes::from(format!("{{\"job_type\":\"echo\",\"payload\":[{}0]}}", "0,".repeat(3 << 20)));
+    let sends = (0..3).map(|_| {
+        let req = a.post(format!("{}/v1/jobs", srv.base)).header("content-type", "application/json");
+        req.body(body.clone()).send()
+    });
+    for r in futures::future::join_all(sends).await {
+        let r = r.expect("an answer");
+        assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE, "{:?}", r.text().await);
+    }
+    // The same inside a batch element, and a schedule body of the same shape.
+    let batch = bytes::Bytes::from(format!("[{{\"job_type\":\"echo\",\"payload\":[{}0]}}]", "0,".repeat(3 << 20)));
+    let r = a.post(format!("{}/v1/jobs:batch", srv.base)).header("content-type", "application/json");
+    refused(r.body(batch).send().await, "a batch with a 6 MiB element");
+    let sched = format!(
+        "{{\"name\":\"w\",\"cron\":\"* * * * *\",\"job_type\":\"echo\",\"payload\":[{}0]}}",
+        "0,".repeat(1 << 20)
+    );
+    let r = a.post(format!("{}/v1/schedules", srv.base)).header("content-type", "application/json");
+    refused(r.body(sched).send().await, "a 2 MiB schedule body (over api.limits.control_body_bytes)");
+    let peak = srv.peak_rss_mb();
+    eprintln!("fairway serve peak RSS: {before:.0} MB before, {peak:.0} MB after the wide bodies");
+    assert!(peak < 300.0, "fairway serve peaked at {peak:.0} MB (a tree of the payload was built)");
+    let (s, body, _) = b_submits(&b, &srv.base).await;
+    assert_eq!(s, StatusCode::CREATED, "{body}");
+    // A payload that fits is carried as its compact JSON text.
+    let r = b.post(format!("{}/v1/jobs", srv.base)).json(&json!({"job_type": "echo", "payload": {"a": [1, 2]}}));
+    assert_eq!(r.send().await.unwrap().status(), StatusCode::CREATED);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn slow_connections_from_one_address_shut_out_only_that_address() {
+    let cfg = common::arc(common::config(""));
+    common::init(&cfg).await;
+    let limits = "[api.limits]\nconnections = 300\nconnections_per_ip = 100\nhead_timeout = \"2s\"\n";
+    let srv = Serve::start(&cfg, limits, &[]);
+    let addr = srv.base.trim_start_matches("http://").to_string();
+    // The attacker, from 127.0.0.3: 400 connections, each trickling a request head.
+    let attacker: IpAddr = "127.0.0.3".parse().unwrap();
+    let mut open = Vec::new();
+    let mut refused = 0;
+    for _ in 0..400 {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind((attacker, 0).into()).unwrap();
+        let mut s = sock.connect(addr.parse().unwrap()).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
+        open.push(s);
+    }
+    // Past its 100 the attacker's connections are answered 503 and closed.
+    for s in open.iter_mut() {
+        let mut buf = [0u8; 64];
+        if let Ok(Ok(n)) = tokio::time::timeout(Duration::from_millis(20), s.read(&mut buf)).await {
+            refused += usize::from(n > 0 && buf.starts_with(b"HTTP/1.1 503"));
+        }
+    }
+    assert!(refused >= 290, "only {refused} of the attacker's 300 extra connections were refused");
+    // B, from another address, is served at once while the attacker trickles.
+    let b = client(&key(&cfg, "globex").await, "127.0.0.2");
+    let trickle = async {
+        for _ in 0..4 {
+            for s in open.iter_mut() {
+                let _ = s.write_all(b"X").await;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    };
+    let (_, (s, body, secs)) = tokio::join!(trickle, b_submits(&b, &srv.base));
+    assert_eq!(s, StatusCode::CREATED, "{body}");
+    assert!(secs < 5.0, "B's submission took {secs:.1} s beside the slow connections");
+    // The trickled heads are cut at head_timeout (2 s), not at idle_timeout (60 s).
+    let mut closed = 0;
+    for s in open.iter_mut().take(100) {
+        let mut buf = [0u8; 256];
+        let end = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        });
+        closed += usize::from(end.await.is_ok());
+    }
+    assert!(closed >= 95, "only {closed} of 100 trickling connections were closed by head_timeout");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_keys_reads_in_a_loop_are_throttled_and_another_key_is_not() {
+    let mut c = common::config("");
+    c.api.limits.requests_per_key = 20;
+    c.api.limits.requests_per_tenant = 40;
+    let cfg = common::arc(c);
+    common::init(&cfg).await;
+    let (base, _stop) = common::serve_api(&cfg).await;
+    let a = client(&key(&cfg, "acme").await, "127.0.0.1");
+    let b = client(&key(&cfg, "globex").await, "127.0.0.1");
+    let (mut a_codes, mut b_codes) = (std::collections::BTreeMap::new(), std::collections::BTreeMap::new());
+    let stop = Instant::now() + Duration::from_secs(3);
+    let a_loop = async {
+        while Instant::now() < stop {
+            let id = uuid::Uuid::now_v7();
+            let r = a.get(format!("{base}/v1/jobs/{id}")).send().await.unwrap();
+            if r.status() == StatusCode::TOO_MANY_REQUESTS {
+                assert!(r.headers().contains_key("retry-after"));
+            }
+            *a_codes.entry(r.status().as_u16()).or_insert(0) += 1;
+        }
+    };
+    let b_loop = async {
+        while Instant::now() < stop {
+            let id = uuid::Uuid::now_v7();
+            let r = b.get(format!("{base}/v1/jobs/{id}")).send().await.unwrap();
+            *b_codes.entry(r.status().as_u16()).or_insert(0) += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::join!(a_loop, b_loop);
+    let a_served = a_codes.get(&404).copied().unwrap_or(0);
+    assert!(a_served <= 20 * 3 + 40 + 5, "A's reads were not throttled: {a_codes:?}");
+    assert!(a_codes.get(&429).copied().unwrap_or(0) > 0, "{a_codes:?}");
+    assert_eq!(b_codes.get(&429), None, "B was throttled by A's reads: {b_codes:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_replicas_admit_one_tenant_at_its_configured_rate() {
+    // Tenant "ratey" at 30 jobs/s, served by three processes behind a round robin.
+    let cfg = common::arc(common::config("[tenants.ratey]\ntier = \"standard\"\nrate_per_sec = 30\n"));
+    common::init(&cfg).await;
+    let replicas: Vec<Serve> = (0..3).map(|_| Serve::start(&cfg, "", &["--replicas", "3"])).collect();
+    let c = Arc::new(client(&key(&cfg, "ratey").await, "127.0.0.1"));
+    let seconds = 10.0;
+    let stop = Instant::now() + Duration::from_secs_f64(seconds);
+    let clients = (0..6).map(|i| {
+        let (c, base) = (c.clone(), replicas[i % 3].base.clone());
+        tokio::spawn(async move {
+            let mut accepted = 0u32;
+            while Instant::now() < stop {
+                let r = c.post(format!("{base}/v1/jobs")).json(&json!({"job_type": "echo"})).send().await.unwrap();
+                match r.status() {
+                    StatusCode::CREATED => accepted += 1,
+                    StatusCode::TOO_MANY_REQUESTS => tokio::time::sleep(Duration::from_millis(20)).await,
+                    s => panic!("unexpected {s}: {:?}", r.text().await),
+                }
+            }
+            accepted
+        })
+    });
+    let accepted: u32 = futures::future::join_all(clients).await.into_iter().map(Result::unwrap).sum();
+    // The rate over the run, plus one burst (each replica's bucket starts full).
+    let expected = 30.0 * seconds + 30.0;
+    let off = (f64::from(accepted) - expected).abs() / expected;
+    eprintln!("three replicas admitted {accepted} jobs of one 30/s tenant in {seconds} s (expected ~{expected})");
+    assert!(off <= 0.10, "admitted {accepted}, {:.0}% off the configured {expected}", off * 100.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_says_when_every_connection_is_taken() {
+    let mut c: Config = common::config("");
+    c.api.limits.connections = 20;
+    c.api.limits.connections_per_ip = 20;
+    c.api.limits.idle_timeout = DurationMs::secs(30);
+    let cfg = common::arc(c);
+    common::init(&cfg).await;
+    let state = fairway::api::ApiState::connect(cfg.clone(), None).await.expect("API state");
+    let ready = state.readiness_check();
+    assert_eq!(ready().await, Ok(()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(fairway::api::serve(listener, state, async move {
+        let _ = rx.await;
+    }));
+    let mut held = Vec::new();
+    for _ in 0..20 {
+        held.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let why = ready().await.expect_err("not ready while every connection is taken");
+    assert!(why.contains("api.limits.connections"), "{why}");
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ready().await.is_err() {
+        assert!(Instant::now() < deadline, "still not ready after the connections closed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = stop.send(());
+}
+
+/// A body over its bound: answered 413, or refused unread (the server answered and closed
+/// before the client had written it all, so the client's write failed).
+fn refused(sent: reqwest::Result<reqwest::Response>, what: &str) {
+    match sent {
+        Ok(resp) => assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE, "{what}"),
+        Err(e) => assert!(e.is_request() && format!("{e:?}").contains("BodyWrite"), "{what}: {e:?}"),
+    }
+}

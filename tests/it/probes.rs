@@ -1,0 +1,101 @@
+//! Readiness and liveness on the real broker and CQL database: a worker's `/readyz` turns
+//! 200 once every pool it serves has its first assignment (and not before its store
+//! session is up), 503 while it drains; `/livez` fails once the worker cannot make
+//! progress. `fairway serve`'s `/readyz` asks the store and the broker.
+
+use crate::common;
+
+use fairway::api::{self, ApiState};
+use fairway::handlers::Registry;
+use fairway::model::Pool;
+use fairway::observe::probes::{self, Probes};
+use fairway::worker::{Policy, Worker, WorkerStart};
+use std::future::IntoFuture;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+async fn get(url: &str) -> (u16, String) {
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+    let r = http.get(url).send().await.unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+/// Polls `url` until it answers `status`; the body then, or a panic after `timeout`.
+async fn wait_status(url: &str, status: u16, timeout: Duration) -> String {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let (s, body) = get(url).await;
+        if s == status {
+            return body;
+        }
+        assert!(Instant::now() < deadline, "{url} still answers {s} ({body}) after {timeout:?}, want {status}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_is_ready_once_its_pools_are_assigned_and_not_while_draining() {
+    let cfg = Arc::new(common::config(""));
+    common::init(&cfg).await;
+    let pools = [Pool::Short, Pool::Long];
+    let probes = Probes::worker(&pools);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let listen = "127.0.0.1:0".parse().unwrap();
+    let (addr, server) = probes::serve(listen, probes::router(probes.clone(), None), stopped).await.unwrap();
+    let url = |p: &str| format!("http://{addr}{p}");
+
+    // Before the start: live, not ready, and it says what it waits for.
+    assert_eq!(get(&url("/livez")).await.0, 200);
+    let (s, body) = get(&url("/readyz")).await;
+    assert_eq!(s, 503, "{body}");
+    assert!(body.contains("store session not up") && body.contains("pool long"), "{body}");
+
+    let registry = Registry::from_config(&cfg, Default::default()).unwrap();
+    let start = WorkerStart { pools: &pools, policy: Policy::Fair, probes: probes.clone() };
+    let w = Worker::start_with(cfg.clone(), registry, start).await.unwrap();
+    // Ready exactly when both pools' consumers got their assignment (the local broker
+    // forms a new group in about 5 s).
+    wait_status(&url("/readyz"), 200, Duration::from_secs(40)).await;
+    assert!(w.shared.iter().all(|s| s.assigned.load(std::sync::atomic::Ordering::SeqCst) > 0));
+    assert_eq!(get(&url("/livez")).await.0, 200);
+
+    // Draining: not ready any more (the listener outlives the worker here).
+    w.stop().await;
+    let (s, body) = get(&url("/readyz")).await;
+    assert_eq!(s, 503, "{body}");
+    assert!(body.contains("draining"), "{body}");
+
+    // A part that cannot make progress fails liveness (and readiness), with its reason.
+    probes.liveness.fail("pool short: its loop failed (test)");
+    let (s, body) = get(&url("/livez")).await;
+    assert_eq!((s, body.as_str()), (503, "not live: pool short: its loop failed (test)\n"));
+    assert_eq!(get(&url("/healthz")).await.0, 503);
+    let _ = stop.send(true);
+    server.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_is_ready_while_the_store_and_a_broker_answer() {
+    let cfg = Arc::new(common::config(""));
+    common::init(&cfg).await;
+    let ops = |state: ApiState| async move {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(axum::serve(l, api::ops_router(state)).into_future());
+        format!("http://{addr}")
+    };
+    let up = ops(ApiState::connect(cfg.clone(), None).await.expect("API state")).await;
+    let (s, body) = get(&format!("{up}/readyz")).await;
+    assert_eq!((s, body.as_str()), (200, "ready\n"));
+    assert_eq!(get(&format!("{up}/livez")).await.0, 200);
+
+    // The same API with no broker at its address: live, but not ready.
+    let dead_port = common::free_port();
+    let mut no_broker = (*cfg).clone();
+    no_broker.kafka.brokers = format!("127.0.0.1:{dead_port}");
+    let down = ops(ApiState::connect(Arc::new(no_broker), None).await.expect("API state without a broker")).await;
+    let (s, body) = get(&format!("{down}/readyz")).await;
+    assert_eq!(s, 503, "{body}");
+    assert!(body.contains("no broker answered"), "{body}");
+    assert_eq!(get(&format!("{down}/livez")).await.0, 200);
+}

@@ -1,0 +1,57 @@
+//! The Python client (`clients/python`) on the real broker and CQL database: installs it
+//! from its pyproject.toml into a virtual environment under target/python and runs its
+//! pytest suite against a `fairway worker` (short pool) and the HTTP API started here.
+
+use crate::common;
+
+use fairway::api::Caller;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+const EXTRA: &str = "[job_types.echo]\npool = \"short\"\nhandler = \"echo\"\n\
+                     [job_types.sleep]\npool = \"short\"\nhandler = \"sleep\"\ntimeout = \"10s\"\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_python_clients_tests_pass_on_the_real_services() {
+    let cfg = common::config(EXTRA);
+    common::init(&cfg).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::config_file(&cfg, EXTRA, dir.path());
+    let worker = common::spawn_logged_worker(&path, "short");
+    let cfg = Arc::new(cfg);
+    let (api, _stop) = common::serve_api(&cfg).await;
+    let (_, key) = common::create_key(&cfg, &Caller::Admin, "it_python_client").await;
+
+    let client = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/python");
+    let venv = tokio::task::spawn_blocking(common::python::client_venv).await.unwrap();
+    let python = venv.join("bin/python");
+    // The package as a user installs it (pyproject.toml, package data), from this tree.
+    common::python::run(
+        Command::new(&python)
+            .args(["-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--force-reinstall"])
+            .arg(&client),
+        "pip install clients/python",
+    );
+    assert!(worker.wait_owning(1, Duration::from_secs(40)).is_some(), "the worker got no partition within 40 s");
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("timeout")
+            .args(["300", python.to_str().unwrap(), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"])
+            .current_dir(&client)
+            .env("FAIRWAY_TEST_BROKERS", &cfg.kafka.brokers)
+            .env("FAIRWAY_TEST_TOPIC_PREFIX", &cfg.kafka.topic_prefix)
+            .env("FAIRWAY_TEST_API", &api)
+            .env("FAIRWAY_TEST_API_KEY", &key)
+            .output()
+            .expect("run pytest")
+    })
+    .await
+    .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if !out.status.success() {
+        worker.print_tail("worker");
+    }
+    assert!(out.status.success(), "the Python client's tests failed ({}):\n{text}", out.status);
+    eprintln!("{text}");
+}

@@ -1,0 +1,211 @@
+//! The usage ledger reconciles with the results topic: jobs of 200 tenants (one with 100x
+//! the others' jobs), succeeding, retried and dead-lettered, on two worker processes of
+//! which one is killed and restarted, while the ledger's leader is itself killed without a
+//! flush and replaced. Afterwards every tenant's ledger counts equal the results topic's
+//! exactly, and its run time equals the results' (started, finished) sums (the bar is 1 %).
+//! The report is read through `GET /v1/usage` too: a tenant key sees its own usage only.
+
+use crate::common::*;
+use fairway::codec;
+use fairway::core::ledger::{Granularity, ReportLine};
+use fairway::model::{JobResult, JobStatus, JobSubmitted, Pool};
+use fairway::now_ms;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+const TENANTS: usize = 200;
+
+/// Per tenant: results, succeeded, failed, attempts, run ms.
+type Tally = BTreeMap<String, (i64, i64, i64, i64, i64)>;
+
+fn tally_results(rs: &[JobResult]) -> Tally {
+    let mut t = Tally::new();
+    for r in rs {
+        let e = t.entry(r.tenant.clone()).or_default();
+        e.0 += 1;
+        e.1 += i64::from(r.status == JobStatus::Succeeded);
+        e.2 += i64::from(r.status == JobStatus::Failed);
+        e.3 += i64::from(r.attempts);
+        e.4 += r.started_at.map(|s| (r.finished_at - s).max(0)).unwrap_or(0);
+    }
+    t
+}
+
+fn tally_lines(tenant: &str, lines: &[ReportLine], t: &mut Tally) {
+    for l in lines {
+        let e = t.entry(tenant.to_string()).or_default();
+        e.0 += l.usage.results;
+        e.1 += l.usage.succeeded;
+        e.2 += l.usage.failed;
+        e.3 += l.usage.attempts;
+        e.4 += l.usage.run_ms;
+    }
+}
+
+fn jobs(run: &str) -> Vec<JobSubmitted> {
+    let mut out = Vec::new();
+    for i in 0..TENANTS {
+        let tenant = format!("u{run}-{i:03}");
+        // Tenant 0 floods (100x); the rest submit 3 jobs: a sleep, a flaky one retried once,
+        // and every tenth tenant one that fails for good (dead-lettered).
+        let n = if i == 0 { 300 } else { 3 };
+        for k in 0..n {
+            let (job_type, payload) = match (i, k) {
+                (0, _) => ("echo", b"{}".to_vec()),
+                (_, 0) => ("sleep", br#"{"ms":60}"#.to_vec()),
+                (_, 1) => ("flaky", br#"{"fail_attempts":1}"#.to_vec()),
+                (i, _) if i % 10 == 0 => ("fail", b"{}".to_vec()),
+                _ => ("echo", b"{}".to_vec()),
+            };
+            let mut j = job_record(&tenant, job_type);
+            j.payload = payload;
+            j.pool = Some(Pool::Short);
+            out.push(j);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_ledger_counts_every_result_once_across_worker_and_leader_deaths() {
+    let retry = "[registry]\nunknown_tenants = \"admit\"\n\
+                 [job_types.echo]\npool = \"short\"\nhandler = \"echo\"\n\
+                 [job_types.sleep]\npool = \"short\"\nhandler = \"sleep\"\n\
+                 [job_types.flaky]\npool = \"short\"\nhandler = \"flaky\"\n\
+                 [job_types.flaky.retry.app_error]\ndelays = [\"300ms\"]\nmax_attempts = 3\njitter = 0\n\
+                 [job_types.fail]\npool = \"short\"\nhandler = \"fail\"\n\
+                 [job_types.fail.retry.app_error]\ndelays = [\"300ms\"]\nmax_attempts = 2\njitter = 0\n";
+    let cfg = arc(config(retry));
+    init(&cfg).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = config_file(&cfg, retry, dir.path());
+    let mut fleet = Fleet(vec![spawn_worker(&path, "short"), spawn_worker(&path, "short")]);
+    let store = fairway::store::Store::open(&cfg).await.unwrap();
+
+    // Leader A: killed (aborted: no final flush, its lease left to lapse) mid-run.
+    let (stop_a, stopped_a) = tokio::sync::watch::channel(false);
+    let leader_a = tokio::spawn(fairway::ledger::run(cfg.clone(), store.clone(), stopped_a));
+
+    let run = &uuid::Uuid::new_v4().simple().to_string()[..6];
+    let all = jobs(run);
+    let from = now_ms() - 3_600_000;
+    // Every tenant has jobs in both halves: its accounts span both leaders.
+    let (first, rest): (Vec<JobSubmitted>, Vec<JobSubmitted>) =
+        all.iter().cloned().enumerate().fold((Vec::new(), Vec::new()), |(mut a, mut b), (i, j)| {
+            if i % 2 == 0 {
+                a.push(j)
+            } else {
+                b.push(j)
+            }
+            (a, b)
+        });
+    produce_spread(&cfg, &first, None).await;
+    // A has written totals and positions at least once before it dies.
+    let stmts = store.ledger_statements().await.unwrap();
+    let flushed = wait_for(Duration::from_secs(30), || async {
+        let p = stmts.positions(&cfg.results_topic()).await.ok()?;
+        p.iter().any(|p| p.next > 0).then_some(())
+    })
+    .await;
+    assert!(flushed.is_some(), "the first ledger leader wrote no position within 30 s");
+    // A worker dies mid-run (its jobs are redelivered: crashes use up no attempts).
+    fleet.0[0].kill().unwrap();
+    fleet.0[0].wait().unwrap();
+    leader_a.abort();
+    drop(stop_a);
+    produce_spread(&cfg, &rest, None).await;
+    fleet.0[0] = spawn_worker(&path, "short");
+    // Leader B takes over once A's lease lapses, from the positions A wrote.
+    let (stop_b, stopped_b) = tokio::sync::watch::channel(false);
+    let leader_b = tokio::spawn(fairway::ledger::run(cfg.clone(), store.clone(), stopped_b));
+
+    let ids: Vec<String> = all.iter().map(|j| j.job_id.clone()).collect();
+    let got = results_for(&cfg, &ids, Duration::from_secs(120)).await;
+    assert_eq!(got.len(), ids.len(), "every job has a result");
+    // Everything on the results topic (duplicates of at-least-once included).
+    let published = whole_topic(&cfg, &cfg.results_topic()).await;
+    let expected = tally_results(&published);
+    let failed: i64 = expected.values().map(|e| e.2).sum();
+    let sample: Vec<_> =
+        published.iter().filter(|r| r.status == JobStatus::Failed).take(3).map(|r| (&r.job_type, &r.error)).collect();
+    assert_eq!(
+        failed,
+        (TENANTS / 10 - 1) as i64,
+        "every tenth tenant but the flooder has one dead-lettered job: {sample:?}"
+    );
+
+    let to = now_ms() + 3_600_000;
+    let read_all = || async {
+        let mut t = Tally::new();
+        for tenant in expected.keys() {
+            let q = fairway::ledger::ReportQuery { tenant: tenant.clone(), from, to, granularity: Granularity::Hour };
+            tally_lines(tenant, &fairway::ledger::report(&stmts, &q).await.ok()?, &mut t);
+        }
+        Some(t)
+    };
+    let caught_up = wait_for(Duration::from_secs(60), || async {
+        let t = read_all().await?;
+        (t == expected).then_some(t)
+    })
+    .await;
+    if caught_up.is_none() {
+        let t = read_all().await.unwrap_or_default();
+        let differ: Vec<_> = expected.iter().filter(|(k, v)| t.get(*k) != Some(v)).take(5).collect();
+        panic!(
+            "the ledger does not equal the results topic; first differing tenants (expected): {differ:?}, ledger: {:?}",
+            differ.iter().map(|(k, _)| t.get(*k)).collect::<Vec<_>>()
+        );
+    }
+
+    // The same through the API: a tenant key reads its own usage, not another's.
+    let flooder = format!("u{run}-000");
+    let (_, token) = create_key(&cfg, &fairway::core::auth::Caller::Tenant(flooder.clone()), "usage").await;
+    let (base, stop_api) = serve_api(&cfg).await;
+    let http = reqwest::Client::new();
+    let url = format!("{base}/v1/usage?from={from}&to={to}&granularity=day");
+    let body: serde_json::Value =
+        http.get(&url).bearer_auth(&token).send().await.unwrap().error_for_status().unwrap().json().await.unwrap();
+    assert_eq!(body["total"]["results"], expected[&flooder].0, "{body}");
+    let other = http.get(format!("{url}&tenant=u{run}-001")).bearer_auth(&token).send().await.unwrap();
+    assert_eq!(other.status(), 403);
+
+    let _ = stop_api.send(());
+    stop_b.send(true).unwrap();
+    let _ = tokio::time::timeout(Duration::from_secs(10), leader_b).await;
+}
+
+/// Every result on `topic` up to its high watermarks as of now.
+async fn whole_topic(cfg: &fairway::config::Config, topic: &str) -> Vec<JobResult> {
+    let (c, t) = (cfg.clone(), topic.to_string());
+    let reader = tokio::task::spawn_blocking(move || fairway::kafka::reader_from_start(&c, "usage-check", &t))
+        .await
+        .unwrap()
+        .expect("reader");
+    let reader = std::sync::Arc::new(reader);
+    let ends: BTreeMap<i32, i64> =
+        fairway::kafka::partition_ends(reader.clone(), topic.to_string()).await.expect("ends").into_iter().collect();
+    let mut next: BTreeMap<i32, i64> = ends.keys().map(|p| (*p, 0)).collect();
+    let mut out = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while next.iter().any(|(p, n)| n < &ends[p]) {
+        assert!(std::time::Instant::now() < deadline, "the results topic was not read to its end in 30 s");
+        use fairway::kafka::Message;
+        if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(500), reader.recv()).await {
+            next.insert(m.partition(), m.offset() + 1);
+            out.extend(m.payload().and_then(|b| codec::decode_result(b).ok()));
+        }
+    }
+    out
+}
+
+/// The test's worker processes, killed however the test ends.
+struct Fleet(Vec<std::process::Child>);
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for w in &mut self.0 {
+            let _ = w.kill();
+            let _ = w.wait();
+        }
+    }
+}
