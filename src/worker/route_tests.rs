@@ -7,7 +7,7 @@ use super::{frontier, Health, RouteContext};
 use crate::config::Config;
 use crate::core::offsets::PartitionOffsets;
 use crate::handlers::{Handler, HandlerResult, JobContext, Registry};
-use crate::model::{JobStatus, JobSubmitted, Pool};
+use crate::model::{FailureClass, JobStatus, JobSubmitted, Pool};
 use crate::seams::RouteStore;
 use crate::seams::{Clock, TokioClock};
 use crate::sim::doubles::{MemBroker, MemStore};
@@ -299,7 +299,11 @@ fn state<'a>(job: &'a JobSubmitted, status: &'a str, worker: &'a str, crash_coun
 /// write is refused: the row stays w2's, so no copy finds it `retrying` and runs beside w2.
 #[tokio::test(start_paused = true)]
 async fn a_superseded_runs_retrying_write_leaves_the_take_overs_row() {
-    let f = Fixture::new(0);
+    let mut f = Fixture::new(0);
+    // This worker's own retry budget (the fleet-wide one has no fleet counts here).
+    let mut cfg = Config::builtin();
+    cfg.worker.fleet_limits = false;
+    f.cfg = Arc::new(cfg);
     let (job, w1) = (f.job(), f.worker_running("w1", Arc::new(Fails { delay: Duration::from_secs(5) })));
     let first = tokio::spawn({
         let (job, origin) = (job.clone(), f.origin());
@@ -317,6 +321,7 @@ async fn a_superseded_runs_retrying_write_leaves_the_take_overs_row() {
     let row = f.store.row("job-1").unwrap();
     let seen = (row.status.as_deref(), row.worker.as_deref(), row.crash_count, row.attempts);
     assert_eq!(seen, (Some("running"), Some("w2"), Some(1), Some(0)), "the take-over's row stands");
+    assert_eq!(f.broker.sent_to(&f.cfg.retry_topic(FailureClass::AppError)).len(), 1, "its retry copy went out");
 }
 
 /// The simulator's seed 2191: a copy starts while another one finishes the job; its running
