@@ -68,6 +68,7 @@ pub const SCHEDULER_TENANTS_EVICTED: &str = "fairway_scheduler_tenants_evicted_t
 pub const POOL_UNASSIGNED_SECONDS: &str = "fairway_pool_unassigned_seconds";
 pub const HAND_OFFS: &str = "fairway_hand_offs_total";
 pub const RUNNING_WRITE_FAILURES: &str = "fairway_running_write_failures_total";
+pub const SUPERSEDED_WRITES: &str = "fairway_superseded_writes_total";
 pub const EVENTS_PUBLISHED: &str = "fairway_events_published_total";
 pub const EVENTS_DROPPED: &str = "fairway_events_dropped_total";
 pub const EVENTS_RECORDED: &str = "fairway_events_recorded_total";
@@ -244,6 +245,10 @@ pub fn describe() {
     describe_counter!(
         RUNNING_WRITE_FAILURES,
         "Running jobs stopped and handed back because the store did not take their running row and reaper entry, by pool"
+    );
+    describe_counter!(
+        SUPERSEDED_WRITES,
+        "State writes of superseded runs the store refused (a running mark over a finished job, a retrying state over another run's row), by pool and write"
     );
     describe_gauge!(
         POOL_UNASSIGNED_SECONDS,

@@ -8,7 +8,7 @@
 
 use crate::kafka::KafkaError;
 use crate::model::Millis;
-use crate::store::{HeartbeatRow, JobRow, StateUpdate, StoreError};
+use crate::store::{HeartbeatRow, JobRow, RunMark, StateUpdate, StoreError};
 use std::future::Future;
 use std::pin::Pin;
 
@@ -27,14 +27,22 @@ pub trait RouteStore: Send + Sync {
     fn put_state<'a>(&'a self, u: &'a StateUpdate<'a>, now: Millis) -> Io<'a, Result<(), StoreError>>;
     /// A finished UUIDv7 job's packed record (`core::finished`), instead of a row.
     fn put_finished<'a>(&'a self, u: &'a StateUpdate<'a>, now: Millis) -> Io<'a, Result<(), StoreError>>;
-    /// The running row, first heartbeat and reaper entry of a job that outlived its grace.
+    /// The running row, first heartbeat and reaper entry of a job that outlived its grace:
+    /// false (nothing written) if the row shows the job finished (not a rerun of it).
     fn put_running_with_heartbeat<'a>(
         &'a self,
         u: &'a StateUpdate<'a>,
         encoded_job: &'a [u8],
         now: Millis,
         heartbeat_ttl_secs: i32,
-    ) -> Io<'a, Result<(), StoreError>>;
+    ) -> Io<'a, Result<bool, StoreError>>;
+    /// A job's state, only while its row shows the run `mark` running: false if not.
+    fn put_state_if_marked<'a>(
+        &'a self,
+        u: &'a StateUpdate<'a>,
+        mark: RunMark<'a>,
+        now: Millis,
+    ) -> Io<'a, Result<bool, StoreError>>;
     /// Clears a job's reaper entry once its run ended.
     fn delete_running_job<'a>(&'a self, pool: &'a str, job_id: &'a str) -> Io<'a, Result<(), StoreError>>;
     /// Claims a handed-off job for `worker`, atomically: whether this claim won.

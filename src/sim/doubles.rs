@@ -7,7 +7,7 @@
 use crate::kafka::KafkaError;
 use crate::model::Millis;
 use crate::seams::{Beat, Clock, Io, RouteBroker, RouteStore};
-use crate::store::{HeartbeatRow, JobRow, StateUpdate, StoreError};
+use crate::store::{HeartbeatRow, JobRow, RunMark, StateUpdate, StoreError};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -115,8 +115,12 @@ impl RouteStore for MemStore {
         _encoded_job: &'a [u8],
         now: Millis,
         heartbeat_ttl_secs: i32,
-    ) -> Io<'a, Result<(), StoreError>> {
+    ) -> Io<'a, Result<bool, StoreError>> {
         self.with(|s, _| {
+            let finished = s.jobs.get(u.job_id).is_some_and(|r| r.is_terminal() && r.generation >= Some(u.generation));
+            if finished {
+                return false;
+            }
             upsert(&mut s.jobs, u, now);
             let b = Beat {
                 job_id: u.job_id,
@@ -128,6 +132,26 @@ impl RouteStore for MemStore {
             };
             beat(s, &b);
             s.running.insert((u.pool.to_string(), u.job_id.to_string()));
+            true
+        })
+    }
+    fn put_state_if_marked<'a>(
+        &'a self,
+        u: &'a StateUpdate<'a>,
+        mark: RunMark<'a>,
+        now: Millis,
+    ) -> Io<'a, Result<bool, StoreError>> {
+        self.with(move |s, _| {
+            let marked = s.jobs.get(u.job_id).is_some_and(|r| {
+                r.status.as_deref() == Some("running")
+                    && r.worker.as_deref() == Some(mark.worker)
+                    && r.attempts == Some(mark.attempts)
+                    && r.crash_count == Some(mark.crash_count)
+            });
+            if marked {
+                upsert(&mut s.jobs, u, now);
+            }
+            marked
         })
     }
     fn delete_running_job<'a>(&'a self, pool: &'a str, job_id: &'a str) -> Io<'a, Result<(), StoreError>> {

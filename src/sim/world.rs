@@ -920,7 +920,9 @@ impl World {
                         let job = self.workers[w].tasks[&task].msg.job;
                         self.log(job, || format!("w{w} task {task} retrying state write: {ok}"));
                         if ok {
-                            let (job, me) = (self.workers[w].tasks[&task].msg.job, self.member(w));
+                            // Conditional (`Store::put_state_if_marked`): only over this run's own
+                            // running mark; a superseded run's write is refused (seed 528).
+                            let (run, me) = (self.workers[w].tasks[&task].msg, self.member(w));
                             let row = Row {
                                 status: Status::Retrying,
                                 worker: me,
@@ -929,9 +931,16 @@ impl World {
                                 hb_at: 0,
                                 hb_true: 0,
                             };
-                            let r = self.store.rows.entry(job).or_insert(row);
-                            if r.status != Status::Terminal {
-                                *r = row;
+                            match self.store.rows.get_mut(&run.job) {
+                                Some(r)
+                                    if r.status == Status::Running
+                                        && r.worker == me
+                                        && r.attempts == run.attempt
+                                        && r.crash_count == run.crash_count =>
+                                {
+                                    *r = row
+                                }
+                                _ => self.log(run.job, || format!("w{w} task {task} retrying refused: superseded")),
                             }
                         }
                         self.io_done(w, task, true)
@@ -1153,6 +1162,12 @@ impl World {
         let me = self.member(w);
         let at = self.wnow(w);
         let job = self.workers[w].tasks[&task].msg.job;
+        if self.store.rows.get(&job).is_some_and(|r| r.status == Status::Terminal) {
+            // Conditional (`Store::put_running_with_heartbeat`): never over a finished job;
+            // this copy is superseded and settled without running (seed 2191).
+            self.log(job, || format!("w{w} task {task} running mark refused: finished"));
+            return self.end(w, task, true);
+        }
         self.store.rows.insert(
             job,
             Row { status: Status::Running, worker: me, attempts, crash_count, hb_at: at, hb_true: self.now },

@@ -185,6 +185,15 @@ pub struct StateUpdate<'a> {
     pub usage: Option<crate::model::ProcessUsage>,
 }
 
+/// A run's own running mark, as it wrote it to the job's row (worker, attempt and crash
+/// count: a take-over counts a crash, so a run taken over never matches its successor's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunMark<'a> {
+    pub worker: &'a str,
+    pub attempts: i32,
+    pub crash_count: i32,
+}
+
 /// Heartbeat of a running job, as read back by status, the reaper and new partition owners.
 #[derive(Debug, Clone, PartialEq, scylla::DeserializeRow)]
 pub struct HeartbeatRow {
@@ -197,7 +206,6 @@ pub struct HeartbeatRow {
 
 struct Prepared {
     put_state: PreparedStatement,
-    put_running: PreparedStatement,
     request_cancel: PreparedStatement,
     put_heartbeat: PreparedStatement,
     get_heartbeat: PreparedStatement,
@@ -331,15 +339,6 @@ impl Store {
                      failure_class = ?, output = ?, peak_memory_bytes = ?, cpu_ms = ?, updated_at = ? WHERE job_id = ?"
                 ),
                 "prepare put_state",
-            )
-            .await?,
-            put_running: prep(
-                format!(
-                    "UPDATE {ks}.jobs USING TTL {ttl} SET tenant = ?, job_type = ?, pool = ?, status = 'running', attempts = ?, \
-                     crash_count = ?, generation = ?, submitted_at = ?, started_at = ?, worker = ?, updated_at = ? \
-                     WHERE job_id = ?"
-                ),
-                "prepare put_running",
             )
             .await?,
             request_cancel: prep(
@@ -543,39 +542,75 @@ impl Store {
         self.coalescer.put_finished((s.job_id.to_string(), record.encode(None))).await
     }
 
-    /// Marks a job running: its state row, a first heartbeat and its entry in the
-    /// reaper's index, in one unlogged batch (one round trip).
+    /// Marks a job running: its state row (a lightweight transaction), then a first
+    /// heartbeat and its entry in the reaper's index (one unlogged batch). The row is
+    /// marked only if it is not terminal, or is of an older generation (a rerun): false,
+    /// and nothing else written, when the job finished meanwhile (the run is superseded,
+    /// docs/correctness.md, "Superseded runs").
     pub async fn put_running_with_heartbeat(
         &self,
         u: &StateUpdate<'_>,
         encoded_job: &[u8],
         now: Millis,
         heartbeat_ttl_secs: i32,
-    ) -> Result<(), StoreError> {
+    ) -> Result<bool, StoreError> {
+        let (pk, mark) = (&self.parked, "mark running");
+        let row = (
+            u.tenant,
+            u.job_type,
+            u.pool,
+            u.attempts,
+            u.crash_count,
+            u.generation,
+            u.submitted_at,
+            u.started_at,
+            u.worker,
+            now,
+            u.job_id,
+        );
+        if !self.conditional(&pk.mark_running, row, mark).await? {
+            let (t, jt, pool, a, c, g, s, st, w, n, id) = row;
+            let rerun = (t, jt, pool, a, c, g, s, st, w, n, id, u.generation);
+            if !self.conditional(&pk.mark_running_rerun, rerun, mark).await? {
+                return Ok(false);
+            }
+        }
         let p = &self.prepared;
         let mut batch = Batch::new(BatchType::Unlogged);
-        batch.append_statement(p.put_running.clone());
         batch.append_statement(p.put_heartbeat.clone());
         batch.append_statement(p.put_running_job.clone());
         let values = (
-            (
-                u.tenant,
-                u.job_type,
-                u.pool,
-                u.attempts,
-                u.crash_count,
-                u.generation,
-                u.submitted_at,
-                u.started_at,
-                u.worker,
-                now,
-                u.job_id,
-            ),
             (u.job_id, u.worker, now, 0.0f64, "started", heartbeat_ttl_secs),
             (self.scope.as_str(), u.pool, u.job_id, u.worker, u.started_at.unwrap_or(now), encoded_job),
         );
         self.session.batch(&batch, values).await.map_err(q("put running"))?;
-        Ok(())
+        Ok(true)
+    }
+
+    /// Writes a job's state only while its row still shows the run `mark` running (a
+    /// lightweight transaction): false when another run took the job over, or it ended,
+    /// meanwhile (the run is superseded; its write would regress the row).
+    pub async fn put_state_if_marked(
+        &self,
+        u: &StateUpdate<'_>,
+        mark: RunMark<'_>,
+        now: Millis,
+    ) -> Result<bool, StoreError> {
+        let values = (
+            u.status,
+            u.attempts,
+            u.crash_count,
+            u.started_at,
+            u.finished_at,
+            u.error,
+            u.failure_class,
+            now,
+            u.job_id,
+            mark.worker,
+            mark.attempts,
+            mark.crash_count,
+        );
+        self.conditional(&self.parked.put_state_if_marked, values, "put state if marked").await
     }
 
     pub async fn delete_running_job(&self, pool: &str, job_id: &str) -> Result<(), StoreError> {

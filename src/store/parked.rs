@@ -19,6 +19,23 @@ pub(super) struct Parked {
     pub put_handoff_count: PreparedStatement,
     pub handoff_count: PreparedStatement,
     pub mark_handed_off: PreparedStatement,
+    pub mark_running: PreparedStatement,
+    pub mark_running_rerun: PreparedStatement,
+    pub put_state_if_marked: PreparedStatement,
+}
+
+/// The condition of a running mark: the row is not terminal (a row that does not exist,
+/// or has no status, passes: `!=` holds against null).
+const NOT_TERMINAL: &str =
+    "status != 'succeeded' AND status != 'failed' AND status != 'cancelled' AND status != 'expired'";
+
+/// A job's running mark, without its condition: (tenant, job_type, pool, attempts,
+/// crash_count, generation, submitted_at, started_at, worker, updated_at, job_id).
+fn running_update(ks: &str, ttl: i32) -> String {
+    format!(
+        "UPDATE {ks}.jobs USING TTL {ttl} SET tenant = ?, job_type = ?, pool = ?, status = 'running', attempts = ?, \
+         crash_count = ?, generation = ?, submitted_at = ?, started_at = ?, worker = ?, updated_at = ? WHERE job_id = ?"
+    )
 }
 
 impl Parked {
@@ -95,6 +112,22 @@ impl Parked {
                      WHERE job_id = ? IF worker = ? AND status = 'running'"
                 ),
                 "prepare mark hand-off",
+            )
+            .await?,
+            mark_running: prep(format!("{} IF {NOT_TERMINAL}", running_update(ks, ttl)), "prepare mark running")
+                .await?,
+            mark_running_rerun: prep(
+                format!("{} IF generation < ?", running_update(ks, ttl)),
+                "prepare mark running (rerun)",
+            )
+            .await?,
+            put_state_if_marked: prep(
+                format!(
+                    "UPDATE {ks}.jobs USING TTL {ttl} SET status = ?, attempts = ?, crash_count = ?, started_at = ?, \
+                     finished_at = ?, error = ?, failure_class = ?, updated_at = ? \
+                     WHERE job_id = ? IF status = 'running' AND worker = ? AND attempts = ? AND crash_count = ?"
+                ),
+                "prepare put state if marked",
             )
             .await?,
         })

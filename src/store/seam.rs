@@ -1,7 +1,7 @@
 //! The store as a job's route sees it ([`RouteStore`]): each call is the `Store` method
 //! of the same name.
 
-use super::{HeartbeatRow, JobRow, StateUpdate, Store, StoreError};
+use super::{HeartbeatRow, JobRow, RunMark, StateUpdate, Store, StoreError};
 use crate::model::Millis;
 use crate::seams::{Beat, Io, RouteStore};
 
@@ -27,8 +27,16 @@ impl RouteStore for Store {
         encoded_job: &'a [u8],
         now: Millis,
         heartbeat_ttl_secs: i32,
-    ) -> Io<'a, Result<(), StoreError>> {
+    ) -> Io<'a, Result<bool, StoreError>> {
         Box::pin(Store::put_running_with_heartbeat(self, u, encoded_job, now, heartbeat_ttl_secs))
+    }
+    fn put_state_if_marked<'a>(
+        &'a self,
+        u: &'a StateUpdate<'a>,
+        mark: RunMark<'a>,
+        now: Millis,
+    ) -> Io<'a, Result<bool, StoreError>> {
+        Box::pin(Store::put_state_if_marked(self, u, mark, now))
     }
     fn delete_running_job<'a>(&'a self, pool: &'a str, job_id: &'a str) -> Io<'a, Result<(), StoreError>> {
         Box::pin(Store::delete_running_job(self, pool, job_id))

@@ -32,6 +32,9 @@ pub(crate) struct Terminal {
 pub(crate) struct Ran {
     pub started_at: Option<i64>,
     pub usage: Option<ProcessUsage>,
+    /// It wrote its own running mark (`exec::mark_running`): its `retrying` state is
+    /// written only while the row still shows that mark (`settle::fail`).
+    pub marked: bool,
 }
 
 impl Terminal {
@@ -423,7 +426,11 @@ mod tests {
     #[test]
     fn terminal_outcomes_carry_their_status_class_start_and_usage() {
         let used = Some(ProcessUsage { peak_memory_bytes: 1 << 20, cpu_ms: 9 });
-        let t = Terminal::failed("gone".into(), FailureClass::Poison).ran(Ran { started_at: Some(5), usage: used });
+        let t = Terminal::failed("gone".into(), FailureClass::Poison).ran(Ran {
+            started_at: Some(5),
+            usage: used,
+            marked: false,
+        });
         assert_eq!(
             (t.status, t.class, t.error.as_deref(), t.started_at, t.usage),
             (JobStatus::Failed, Some(FailureClass::Poison), Some("gone"), Some(5), used)
@@ -431,7 +438,7 @@ mod tests {
         let t = Terminal::cancelled("stop".into());
         assert_eq!((t.status, t.class, t.started_at), (JobStatus::Cancelled, None, None));
         assert_eq!(Terminal::expired("late".into()).status, JobStatus::Expired);
-        let t = Terminal::succeeded(vec![1], Ran { started_at: Some(7), usage: None });
+        let t = Terminal::succeeded(vec![1], Ran { started_at: Some(7), usage: None, marked: false });
         assert_eq!((t.status, t.output, t.started_at, t.usage), (JobStatus::Succeeded, Some(vec![1]), Some(7), None));
     }
 }

@@ -274,7 +274,7 @@ async fn run(
     let _expiry = expire_at_not_after(sh, job, &live);
     let stuck_after = sh.cfg.stuck_after(&job.job_type, sh.pool);
     let grace = sh.cfg.kill_grace(&job.job_type);
-    let mut running_written = false;
+    let (mut running_written, mut superseded) = (false, false);
     let result = {
         let mut run = std::pin::pin!(tokio::time::timeout_at(deadline, handler.run(ctx)));
         let mut stuck = std::pin::pin!(stuck_watch(&live, stuck_after, grace, sh.clock.as_ref()));
@@ -287,8 +287,9 @@ async fn run(
             _ = &mut stuck => None,
             _ = tokio::time::sleep(RUNNING_WRITE_GRACE) => {
                 crate::watch::events::started(sh.broker.as_ref(), &sh.cfg, &sh.worker_id, job, started_at);
-                let (written, _unwatched) = Box::pin(mark_running(sh, job, started_at, &live)).await;
-                running_written = written;
+                let (marked, _unwatched) = Box::pin(mark_running(sh, job, started_at, &live)).await;
+                running_written = marked == Marked::Written;
+                superseded = marked == Marked::Superseded;
                 tokio::select! {
                     r = &mut run => Some(r),
                     _ = live.aborted() => None,
@@ -308,7 +309,18 @@ async fn run(
     slot.release(result.is_some(), output_bytes);
     sh.running.lock().expect("running map").remove(&job.job_id);
     sh.metrics.jobs_running.decrement(1.0);
-    Run { started_at, timeout, result, live, running_written, row_claimed: false }
+    Run { started_at, timeout, result, live, running_written, row_claimed: false, superseded }
+}
+
+/// How a run's running mark went (`mark_running`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Marked {
+    Written,
+    /// The row shows the job finished (another copy ran it meanwhile): this run is
+    /// superseded, stopped, and its outcome dropped (`settle`).
+    Superseded,
+    /// The store did not take the write: the run is stopped and handed back.
+    NotWritten,
 }
 
 /// Writes the running row, first heartbeat and reaper entry of a job that outlived
@@ -318,14 +330,16 @@ async fn run(
 /// take the write (or the job cannot be encoded for the reaper), the job is asked to
 /// stop, aborted past `worker.cancel_grace`, and handed back like a hand-off (its copy
 /// is held by the pre-run check while the store is down): logged as an error, counted in
-/// `fairway_running_write_failures_total`. Returns whether the row was written, and the
-/// abort timer of a job that was stopped (dropped when the run ends).
+/// `fairway_running_write_failures_total`. The mark is conditional on the row not showing
+/// the job finished: a run that finds it so is stopped the same way, as superseded
+/// (counted in `fairway_superseded_writes_total{write="running"}`). Returns how the mark
+/// went, and the abort timer of a job that was stopped (dropped when the run ends).
 async fn mark_running(
     sh: &RouteContext,
     job: &JobSubmitted,
     started_at: i64,
     live: &Arc<JobLive>,
-) -> (bool, Option<AbortOnDrop>) {
+) -> (Marked, Option<AbortOnDrop>) {
     let failure = match codec::encode_job(job) {
         Ok(encoded) => {
             let u = update(sh, job, "running", Some(started_at), None);
@@ -336,7 +350,13 @@ async fn mark_running(
                     .put_running_with_heartbeat(&u, &encoded, sh.clock.now_ms(), sh.heartbeat_ttl_secs())
                     .await
                 {
-                    Ok(()) => return (true, None),
+                    Ok(true) => return (Marked::Written, None),
+                    Ok(false) => {
+                        metrics::counter!(m::SUPERSEDED_WRITES, "pool" => sh.pool.as_str(), "write" => "running")
+                            .increment(1);
+                        tracing::info!(job_id = %job.job_id, "the job finished elsewhere while it started here; this run is stopped");
+                        return (Marked::Superseded, Some(stop_run(sh, live)));
+                    }
                     Err(e) => match waits.next() {
                         Some(wait) => tokio::time::sleep(*wait).await,
                         None => break e.to_string(),
@@ -351,13 +371,18 @@ async fn mark_running(
         job_id = %job.job_id, error = %failure,
         "could not record the running state; the job is stopped and handed back (it does not run without a reaper entry)"
     );
+    (Marked::NotWritten, Some(stop_run(sh, live)))
+}
+
+/// Asks a run to stop, and aborts it past `worker.cancel_grace` unless the returned timer
+/// is dropped first (when the run ends).
+fn stop_run(sh: &RouteContext, live: &Arc<JobLive>) -> AbortOnDrop {
     live.request_stop();
     let (live, grace) = (live.clone(), sh.cfg.worker.cancel_grace);
-    let abort = AbortOnDrop(tokio::spawn(async move {
+    AbortOnDrop(tokio::spawn(async move {
         tokio::time::sleep(grace).await;
         live.abort();
-    }));
-    (false, Some(abort))
+    }))
 }
 
 /// The stuck-job detector of one run (`core::stuck`): once the job is silent for

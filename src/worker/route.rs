@@ -123,6 +123,9 @@ pub(crate) struct Run {
     /// The check found the job's row marked running or handed off (it took the job over
     /// or claimed it): that row's status conditions later compare-and-set steps.
     pub row_claimed: bool,
+    /// Its running mark found the job finished (another copy ran it): the run was
+    /// stopped and its outcome is dropped (docs/correctness.md, "Superseded runs").
+    pub superseded: bool,
 }
 
 impl Run {

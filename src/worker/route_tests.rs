@@ -7,9 +7,11 @@ use super::{frontier, Health, RouteContext};
 use crate::config::Config;
 use crate::core::offsets::PartitionOffsets;
 use crate::handlers::{Handler, HandlerResult, JobContext, Registry};
-use crate::model::{JobStatus, JobSubmitted, Pool};
+use crate::model::{FailureClass, JobStatus, JobSubmitted, Pool};
+use crate::seams::RouteStore;
 use crate::seams::{Clock, TokioClock};
 use crate::sim::doubles::{MemBroker, MemStore};
+use crate::store::StateUpdate;
 use futures::future::BoxFuture;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -67,9 +69,14 @@ impl Fixture {
     }
 
     fn worker(&self, worker_id: &str) -> Arc<RouteContext> {
+        self.worker_running(worker_id, self.echo.clone())
+    }
+
+    /// A worker whose handler of the job type is `handler`.
+    fn worker_running(&self, worker_id: &str, handler: Arc<dyn Handler>) -> Arc<RouteContext> {
         let (cfg, pool) = (self.cfg.clone(), Pool::Short);
         let mut registry = Registry::default();
-        registry.insert(JOB_TYPE, self.echo.clone());
+        registry.insert(JOB_TYPE, handler);
         let feed = Arc::new(frontier::CancelFeed::default());
         Arc::new(RouteContext {
             metrics: crate::metrics::PoolMetrics::new(pool.as_str()),
@@ -248,4 +255,95 @@ async fn a_later_attempt_waits_while_an_earlier_run_heartbeats() {
     let row = f.store.row("job-1").unwrap();
     assert_eq!(row.crash_count.unwrap_or(0), 0, "not counted as a crash");
     first.abort();
+}
+
+/// Fails after `delay`.
+struct Fails {
+    delay: Duration,
+}
+
+impl Handler for Fails {
+    fn run(&self, _ctx: JobContext) -> BoxFuture<'static, HandlerResult> {
+        let delay = self.delay;
+        Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            Err(crate::handlers::HandlerError::app("boom"))
+        })
+    }
+}
+
+/// `job-1`'s state as `worker` writes it (attempt 0).
+fn state<'a>(job: &'a JobSubmitted, status: &'a str, worker: &'a str, crash_count: i32) -> StateUpdate<'a> {
+    StateUpdate {
+        job_id: &job.job_id,
+        tenant: &job.tenant,
+        job_type: &job.job_type,
+        pool: "short",
+        status,
+        attempts: 0,
+        crash_count,
+        generation: 0,
+        submitted_at: job.submitted_at,
+        started_at: Some(EPOCH),
+        finished_at: None,
+        worker,
+        error: None,
+        failure_class: None,
+        output: None,
+        usage: None,
+    }
+}
+
+/// The simulator's seed 528: w1's run is taken over by w2 (its heartbeats lapsed, a take-
+/// over counts a crash); w1's run then fails. Its retry copy goes out, but its `retrying`
+/// write is refused: the row stays w2's, so no copy finds it `retrying` and runs beside w2.
+#[tokio::test(start_paused = true)]
+async fn a_superseded_runs_retrying_write_leaves_the_take_overs_row() {
+    let mut f = Fixture::new(0);
+    // This worker's own retry budget (the fleet-wide one has no fleet counts here).
+    let mut cfg = Config::builtin();
+    cfg.worker.fleet_limits = false;
+    f.cfg = Arc::new(cfg);
+    let (job, w1) = (f.job(), f.worker_running("w1", Arc::new(Fails { delay: Duration::from_secs(5) })));
+    let first = tokio::spawn({
+        let (job, origin) = (job.clone(), f.origin());
+        async move {
+            let mut slot = SlotRelease::new(|_, _| {});
+            let waited = Waited { received_at: EPOCH, dispatched_at: EPOCH };
+            exec::execute(w1, job, origin, &mut slot, waited).await
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(f.store.row("job-1").and_then(|r| r.worker).as_deref(), Some("w1"), "marked running on w1");
+    let take_over = state(&job, "running", "w2", 1);
+    assert!(f.store.put_running_with_heartbeat(&take_over, b"job", f.clock.now_ms(), 3).await.unwrap());
+    assert_eq!(first.await.unwrap(), Ended::Ran);
+    let row = f.store.row("job-1").unwrap();
+    let seen = (row.status.as_deref(), row.worker.as_deref(), row.crash_count, row.attempts);
+    assert_eq!(seen, (Some("running"), Some("w2"), Some(1), Some(0)), "the take-over's row stands");
+    assert_eq!(f.broker.sent_to(&f.cfg.retry_topic(FailureClass::AppError)).len(), 1, "its retry copy went out");
+}
+
+/// The simulator's seed 2191: a copy starts while another one finishes the job; its running
+/// mark (after the grace) finds the row terminal and is refused: the run is stopped and its
+/// outcome dropped (no second result), the row stays terminal.
+#[tokio::test(start_paused = true)]
+async fn a_run_whose_running_mark_finds_the_job_finished_is_stopped_without_a_second_result() {
+    let f = Fixture::with(0, Duration::from_secs(600));
+    let job = f.job();
+    let run = tokio::spawn({
+        let (route, job, origin) = (f.worker("w1"), job.clone(), f.origin());
+        async move {
+            let mut slot = SlotRelease::new(|_, _| {});
+            let waited = Waited { received_at: EPOCH, dispatched_at: EPOCH };
+            exec::execute(route, job, origin, &mut slot, waited).await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    f.store.put_state(&state(&job, "succeeded", "w2", 0), f.clock.now_ms()).await.unwrap();
+    assert_eq!(run.await.unwrap(), Ended::Ran, "stopped (aborted past its grace), not held");
+    assert!(f.results().is_empty(), "no second result");
+    let row = f.store.row("job-1").unwrap();
+    assert_eq!((row.status.as_deref(), row.worker.as_deref()), (Some("succeeded"), Some("w2")));
+    assert!(!f.store.in_running_index("short", "job-1"), "no reaper entry");
 }

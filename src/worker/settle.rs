@@ -9,21 +9,29 @@ use super::RouteContext;
 use crate::core::retry::{AttemptState, Decision};
 use crate::handlers::HandlerError;
 use crate::metrics as m;
-use crate::model::{FailureClass, JobSubmitted};
+use crate::model::{FailureClass, JobSubmitted, Millis};
+use crate::store::{RunMark, StateUpdate};
 
 /// The settle stage: records how a run ended. A job stopped for the worker's shutdown (and not
 /// finished) is handed off; otherwise its verdict feeds the breaker and poison detector
 /// and it ends succeeded, cancelled, retried or dead-lettered.
 pub(super) async fn settle(sh: &RouteContext, job: &JobSubmitted, origin: &Origin, run: &Run) -> Ended {
-    let Run { started_at, timeout, result, live, .. } = run;
+    let Run { started_at, timeout, result, live, running_written, superseded, .. } = run;
     let started_at = *started_at;
+    // Its running mark found the job finished elsewhere: whatever it returned, that
+    // copy's outcome stands (this one's would be a second result).
+    if *superseded {
+        metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "superseded_run").increment(1);
+        return Ended::Ran;
+    }
+    let marked = *running_written;
     // Silent past `stuck_after`: dead-lettered with the reason, whatever it returned.
     if let Some(reason) = live.stuck_reason() {
         let last_error = match result {
             Some(Ok(Err(e))) => Some(e.message.clone()),
             _ => None,
         };
-        let ran = Ran { started_at: Some(started_at), usage: live.usage() };
+        let ran = Ran { started_at: Some(started_at), usage: live.usage(), marked };
         return Ended::Ran
             .or_lost(Box::pin(dead_letter_stuck(sh, job, origin, reason.to_string(), last_error, ran)).await);
     }
@@ -45,7 +53,7 @@ pub(super) async fn settle(sh: &RouteContext, job: &JobSubmitted, origin: &Origi
         sh.record_outcome(&job.job_type, &job.tenant, failure, sh.clock.now_ms());
         sh.record_run(&job.job_type, &job.tenant, run_ms as crate::model::Millis, sh.clock.now_ms());
     }
-    let ran = Ran { started_at: Some(started_at), usage: live.usage() };
+    let ran = Ran { started_at: Some(started_at), usage: live.usage(), marked };
     // Only success runs inline; the rarer endings are boxed, so their futures do not sit
     // in every job's future.
     let durable = match result {
@@ -149,9 +157,7 @@ pub(super) async fn fail(
             u.crash_count = crash_count;
             u.error = Some(&err.message);
             u.failure_class = Some(err.class.as_str());
-            if let Err(e) = with_retries(|| sh.store.put_state(&u, now)).await {
-                tracing::warn!(job_id = %job.job_id, error = %e, "could not record retrying state");
-            }
+            record_retrying(sh, job, &u, ran.marked, now).await;
             Durable::Yes
         }
         Decision::DeadLetter { reason } => {
@@ -162,6 +168,29 @@ pub(super) async fn fail(
             let dl = durable::dead_letter(sh, letter).await;
             dl.and(record_terminal(sh, job, Terminal::failed(err.message, class).ran(ran)).await)
         }
+    }
+}
+
+/// Records a failed attempt's `retrying` state (best effort: its retry copy is already
+/// acknowledged). A run that wrote its running mark writes it only while the row still
+/// shows that mark: if another run took the job over (this one's heartbeats lapsed) or it
+/// ended meanwhile, this run is superseded and its write would regress the row (seed 528,
+/// docs/correctness.md, "Superseded runs"). Its retry copy then waits behind the running
+/// run and is settled by the row it finds (finished, stale, or the next attempt to run).
+async fn record_retrying(sh: &RouteContext, job: &JobSubmitted, u: &StateUpdate<'_>, marked: bool, now: Millis) {
+    let written = if marked {
+        let mark = RunMark { worker: &sh.worker_id, attempts: job.attempt, crash_count: job.crash_count };
+        with_retries(|| sh.store.put_state_if_marked(u, mark, now)).await
+    } else {
+        with_retries(|| sh.store.put_state(u, now)).await.map(|()| true)
+    };
+    match written {
+        Ok(true) => {}
+        Ok(false) => {
+            metrics::counter!(m::SUPERSEDED_WRITES, "pool" => sh.pool.as_str(), "write" => "retrying").increment(1);
+            tracing::info!(job_id = %job.job_id, "retrying state not written: another run holds the job's row now");
+        }
+        Err(e) => tracing::warn!(job_id = %job.job_id, error = %e, "could not record retrying state"),
     }
 }
 

@@ -365,7 +365,65 @@ async fn running_since_a_minute(store: &Store, job: &fairway::model::JobSubmitte
         usage: None,
     };
     let encoded = fairway::codec::encode_job(job).unwrap();
-    store.put_running_with_heartbeat(&u, &encoded, now - 60_000, 1).await.unwrap();
+    assert!(store.put_running_with_heartbeat(&u, &encoded, now - 60_000, 1).await.unwrap(), "marked running");
+}
+
+/// A superseded run's late writes are refused on the real store (docs/correctness.md,
+/// "Superseded runs", seeds 528 and 2191): w2's run is taken over by w1 (a take-over
+/// counts a crash); w2's `retrying` write then finds w1's mark and leaves the row alone,
+/// while w1's own goes through. Once the job is terminal, a late running mark of the same
+/// generation is refused too, and a rerun's (a newer generation) is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_superseded_runs_late_state_writes_are_refused() {
+    use fairway::store::{RunMark, StateUpdate};
+    let cfg = Arc::new(common::config(POOLS));
+    common::init(&cfg).await;
+    let store = Store::open(&cfg).await.unwrap();
+    let now = fairway::now_ms();
+    let job = probe_record(now);
+    let encoded = fairway::codec::encode_job(&job).unwrap();
+    let u = |status, worker, crash_count, generation| StateUpdate {
+        job_id: &job.job_id,
+        tenant: &job.tenant,
+        job_type: &job.job_type,
+        pool: "long",
+        status,
+        attempts: 0,
+        crash_count,
+        generation,
+        submitted_at: job.submitted_at,
+        started_at: Some(now),
+        finished_at: None,
+        worker,
+        error: None,
+        failure_class: None,
+        output: None,
+        usage: None,
+    };
+    assert!(store.put_running_with_heartbeat(&u("running", "w2", 0, 0), &encoded, now, 5).await.unwrap());
+    assert!(store.put_running_with_heartbeat(&u("running", "w1", 1, 0), &encoded, now + 1, 5).await.unwrap());
+    let mut late = u("retrying", "w2", 0, 0);
+    late.attempts = 1;
+    let w2 = RunMark { worker: "w2", attempts: 0, crash_count: 0 };
+    assert!(!store.put_state_if_marked(&late, w2, now + 2).await.unwrap(), "w2's run was superseded");
+    let row = store.job_direct(&job.job_id).await.unwrap().unwrap();
+    assert_eq!((row.status.as_deref(), row.worker.as_deref(), row.crash_count), (Some("running"), Some("w1"), Some(1)));
+
+    let mut own = u("retrying", "w1", 1, 0);
+    own.attempts = 1;
+    let w1 = RunMark { worker: "w1", attempts: 0, crash_count: 1 };
+    assert!(store.put_state_if_marked(&own, w1, now + 3).await.unwrap(), "w1 holds the row");
+    let row = store.job_direct(&job.job_id).await.unwrap().unwrap();
+    assert_eq!((row.status.as_deref(), row.attempts), (Some("retrying"), Some(1)));
+
+    store.put_state(&u("succeeded", "w1", 1, 0), now + 4).await.unwrap();
+    let refused = store.put_running_with_heartbeat(&u("running", "w3", 2, 0), &encoded, now + 5, 5).await.unwrap();
+    assert!(!refused, "a running mark never lands over a finished job");
+    let row = store.job_direct(&job.job_id).await.unwrap().unwrap();
+    assert_eq!((row.status.as_deref(), row.worker.as_deref()), (Some("succeeded"), Some("w1")));
+    assert!(store.put_running_with_heartbeat(&u("running", "w3", 0, 1), &encoded, now + 6, 5).await.unwrap(), "rerun");
+    let row = store.job_direct(&job.job_id).await.unwrap().unwrap();
+    assert_eq!((row.status.as_deref(), row.generation), (Some("running"), Some(1)));
 }
 
 /// A `probe` job of acme on the long pool, submitted at `now - 70 s`.
