@@ -247,21 +247,21 @@ async fn route(
     slot: &mut SlotRelease,
     waited: Waited,
 ) -> Ended {
-    let (job, row_claimed) = match check::before_run(&sh, job, &origin).await {
+    let (job, row_claimed) = match check::before_run(sh, job, &origin).await {
         check::Check::Run { job, row_claimed } => (job, row_claimed),
         check::Check::Done(durable) => return Ended::Skipped.or_lost(durable),
     };
-    let handler = match clear_to_run(&sh, &job, &origin).await {
+    let handler = match clear_to_run(sh, &job, &origin).await {
         Ok(handler) => handler,
         Err(durable) => return Ended::Skipped.or_lost(durable),
     };
     let started_at = sh.clock.now_ms();
-    waited.record(&sh, &job, started_at);
-    let spans = RunSpans::start(&sh, &job, &origin, &waited, started_at);
-    let mut run = run(&sh, &job, handler, slot, started_at, spans.traceparent()).await;
+    waited.record(sh, &job, started_at);
+    let spans = RunSpans::start(sh, &job, &origin, &waited, started_at);
+    let mut run = run(sh, &job, handler, slot, started_at, spans.traceparent()).await;
     run.row_claimed = row_claimed;
     let spans = spans.ran(&run, sh.clock.now_ms());
-    let ended = settle::settle(&sh, &job, &origin, &run).await;
+    let ended = settle::settle(sh, &job, &origin, &run).await;
     spans.settled(sh.clock.now_ms());
     if run.running_written {
         if let Err(e) = Box::pin(sh.store.delete_running_job(sh.pool.as_str(), &job.job_id)).await {
