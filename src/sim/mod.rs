@@ -12,7 +12,9 @@
 //!    `acked` and the offset `finished`, its failure `failed` and the job stays in memory;
 //! 2. the fair scheduler (`core::scheduler::Scheduler`, deficit fair queueing charged in
 //!    slot time): `enqueue`, `next`, `complete` / `release`;
-//! 3. check (`check::check_row`): the job's row settles a finished or stale copy, a copy
+//! 3. a copy of a job and attempt whose route is in flight on the same worker follows it
+//!    (`exec::InFlight`): its slot goes back, and it ends as that route ends;
+//!    check (`check::check_row`): the job's row settles a finished or stale copy, a copy
 //!    of a job running on a live worker (this one too) waits, a lapsed heartbeat (the
 //!    lease, 3 heartbeats) is a take-over decided by `core::retry::decide(WorkerCrash)`,
 //!    but a later attempt than the running row's runs once that lapsed, not as a crash;

@@ -170,6 +170,9 @@ enum Step {
     Running,
     /// Settling: the produces and the store write still to do, in order.
     Settle,
+    /// A second copy of a job whose route is in flight on this worker (`exec::InFlight`):
+    /// its slot given back, it ends as the task it follows ends.
+    Follow(u64),
 }
 
 #[derive(Debug)]
@@ -837,11 +840,19 @@ impl World {
             self.next_task += 1;
             let id = self.next_task;
             let msg = pend.msg;
+            // `exec::InFlight`: a copy of the same job and attempt in flight here leads.
+            let leader = self.workers[w]
+                .tasks
+                .iter()
+                .find(|(_, t)| {
+                    !matches!(t.step, Step::Follow(_)) && (t.msg.job, t.msg.attempt) == (msg.job, msg.attempt)
+                })
+                .map(|(&l, _)| l);
             let task = Task {
                 pend,
                 did: d.id,
                 msg,
-                step: Step::Check,
+                step: leader.map_or(Step::Check, Step::Follow),
                 run: None,
                 todo: Vec::new(),
                 durable: true,
@@ -850,6 +861,11 @@ impl World {
                 checked_true: 0,
             };
             self.workers[w].tasks.insert(id, task);
+            if let Some(l) = leader {
+                self.log(msg.job, || format!("w{w} task {id} follows task {l} (in flight here); its slot goes back"));
+                self.workers[w].sched.release(d.id, now);
+                continue;
+            }
             self.store_call(w, Ctx::Task(id), StoreOp::ReadRow);
         }
     }
@@ -1353,7 +1369,7 @@ impl World {
         let now = self.wnow(w);
         if t.ran {
             self.workers[w].sched.complete(t.did, now);
-        } else {
+        } else if !matches!(t.step, Step::Follow(_)) {
             self.workers[w].sched.release(t.did, now);
         }
         if !durable {
@@ -1362,6 +1378,12 @@ impl World {
         // The injected bug released a settled job's offset already (`run_end`).
         if !(self.cfg.bugs_commit_before_durable() && t.todo_started) {
             self.release_offset(w, &t.pend, durable);
+        }
+        // Its followers end as it did (`exec::follow`).
+        let followers: Vec<u64> =
+            self.workers[w].tasks.iter().filter(|(_, f)| f.step == Step::Follow(task)).map(|(&f, _)| f).collect();
+        for f in followers {
+            self.end(w, f, durable);
         }
         self.dispatch(w);
     }

@@ -98,16 +98,19 @@ async fn check_row(sh: &RouteContext, mut job: Arc<JobSubmitted>, origin: &Origi
         if row.status.as_deref() != Some("running") {
             break;
         }
-        if !rerun && job.attempt > row.attempts.unwrap_or(0) {
-            // A later attempt than the one the row says runs: that one ended (a retry is
-            // produced only after its attempt ends) and its best-effort "retrying" write
-            // was lost. Neither a copy to skip nor a crash to take over: run it.
-            break;
-        }
-        match wait_for_live_worker(sh, &job, &row, rerun, now, interval).await {
+        // A later attempt than the one the row says runs: that attempt ended once (a retry
+        // is produced only after its attempt ends) and its best-effort "retrying" write was
+        // lost, or a redelivered copy of it is running again (taken over after its worker
+        // died). It waits while that run heartbeats (the simulator's seed 202: else both
+        // run at once), then runs, neither skipped nor counted as a crash.
+        let later = !rerun && job.attempt > row.attempts.unwrap_or(0);
+        match wait_for_live_worker(sh, &job, now, interval).await {
             Step::Next => {}
             Step::Again => continue,
             Step::Done(done) => return Check::Done(done),
+        }
+        if later {
+            break;
         }
         match take_over(sh, &job, &row, origin, now).await {
             Ok(taken) => job = with_handoffs(sh, taken, 0).await,
@@ -184,15 +187,9 @@ async fn with_handoffs(sh: &RouteContext, job: Arc<JobSubmitted>, at_least: i32)
     Arc::new(j)
 }
 
-/// A running row: settles or waits while its worker heartbeats; Next once it lapsed.
-async fn wait_for_live_worker(
-    sh: &RouteContext,
-    job: &JobSubmitted,
-    row: &JobRow,
-    rerun: bool,
-    now: i64,
-    interval: std::time::Duration,
-) -> Step {
+/// A running row: waits while its worker (this one or another) heartbeats; Next once
+/// the heartbeat lapsed.
+async fn wait_for_live_worker(sh: &RouteContext, job: &JobSubmitted, now: i64, interval: std::time::Duration) -> Step {
     // Marked running: by a worker that still heartbeats (the partition moved while
     // the job runs) we wait; by one whose heartbeat lapsed, we take over.
     // A heartbeat that cannot be read is not a lapsed one: taking the job over would
@@ -204,15 +201,12 @@ async fn wait_for_live_worker(
             Err(Check::Run { .. }) => unreachable!("through_outage holds a job back, never runs it"),
         };
     let fresh = hb.and_then(|h| h.at).is_some_and(|at| now - at < 3 * interval.as_millis() as i64);
-    if fresh && !rerun && row.worker.as_deref() == Some(sh.worker_id.as_str()) {
-        // A redelivered copy of a job running on this very worker (its partition came
-        // back, or it was claimed here from another copy): nothing to wait for, this
-        // worker records its end. Waiting would hold a slot for the whole run and can
-        // starve the hand-off copies of other jobs. A newer generation's copy is not a
-        // redelivery: it waits below and runs once the current run ends.
-        metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "running_here").increment(1);
-        return Step::Done(Durable::Yes);
-    }
+    // A row running on this very worker, seen by a copy that does not follow a route in
+    // flight here (`exec::InFlight`: a copy of a job whose route is still in flight here
+    // never gets this far): that route ended without a durable outcome (or a previous
+    // process of this worker id ran it). It waits like any other: settling it at once
+    // would commit its offset and nothing would redeliver the job (the simulator's seed
+    // 329); the heartbeat lapses and the job is taken over.
     if !fresh {
         return Step::Next;
     }

@@ -35,6 +35,8 @@ pub struct RouteContext {
     pub worker_id: String,
     /// Live handles of running jobs (progress, cancellation) for the heartbeat loop.
     pub running: Mutex<HashMap<String, Arc<JobLive>>>,
+    /// Routes of jobs in flight here: a second copy of one follows it (`exec::InFlight`).
+    pub in_flight: super::exec::InFlight,
     /// Set once the pool drains for a hand-off: a job that starts after it (it was in its
     /// pre-run checks) is asked to stop at once.
     pub stopping: std::sync::atomic::AtomicBool,

@@ -13,8 +13,10 @@ use crate::model::JobSubmitted;
 use crate::observe::telemetry;
 use crate::seams::Clock;
 use crate::{codec, metrics as m};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::watch;
 
 /// A job that is not started within this time of its dispatch gets a "running" row
 /// only if it outlives this grace: most short jobs then cost one terminal write.
@@ -56,6 +58,80 @@ impl Drop for SlotRelease {
     fn drop(&mut self) {
         self.release(false, 0)
     }
+}
+
+/// The routes of jobs in flight on this worker (dispatched, not yet settled), by job id,
+/// generation and attempt. A second copy of one of them (its partition came back, a
+/// hand-off copy beside the redelivered original) follows the first: it gives its slot
+/// back and ends as that route ends, durably or not, instead of checking and waiting on
+/// its own (a copy waiting for a job running here held a slot for the whole run and
+/// starved hand-off copies, docs/simulation.md, classes 3 and 5). One entry per route,
+/// so at most a pool's slots of them; followers count as outcomes in flight
+/// (`pool::OUTCOMES_IN_FLIGHT` bounds them in total).
+#[derive(Default)]
+pub struct InFlight(std::sync::Mutex<HashMap<CopyKey, watch::Receiver<Option<bool>>>>);
+
+/// Which copies of a job are one: same job, generation and attempt.
+type CopyKey = (String, i64, i32);
+
+/// A copy's place among the copies of its job on this worker.
+enum Place<'a> {
+    /// The first: it runs the route, and tells its followers how it ended.
+    Leads(Leading<'a>),
+    /// Another one's route is in flight: this copy ends as that one does.
+    Follows(watch::Receiver<Option<bool>>),
+}
+
+/// The leading copy's entry; removed when dropped (followers of a route aborted
+/// before it ended end not durable).
+struct Leading<'a> {
+    map: &'a InFlight,
+    key: CopyKey,
+    ended: watch::Sender<Option<bool>>,
+}
+
+impl InFlight {
+    fn place(&self, job: &JobSubmitted) -> Place<'_> {
+        let key = (job.job_id.clone(), job.generation, job.attempt);
+        let mut map = self.0.lock().expect("in-flight map");
+        if let Some(rx) = map.get(&key) {
+            return Place::Follows(rx.clone());
+        }
+        let (ended, rx) = watch::channel(None);
+        map.insert(key.clone(), rx);
+        Place::Leads(Leading { map: self, key, ended })
+    }
+}
+
+impl Leading<'_> {
+    fn ended(self, durable: bool) {
+        self.ended.send_replace(Some(durable));
+    }
+}
+
+impl Drop for Leading<'_> {
+    fn drop(&mut self) {
+        self.map.0.lock().expect("in-flight map").remove(&self.key);
+    }
+}
+
+/// A following copy: its slot goes back at once; it ends durably only if the route it
+/// follows did (then the job's outcome, retry or hand-off copy is recorded), else it is
+/// left for redelivery like that route's own copy.
+async fn follow(
+    sh: &RouteContext,
+    job: &JobSubmitted,
+    slot: &mut SlotRelease,
+    mut leader: watch::Receiver<Option<bool>>,
+) -> Ended {
+    slot.release(false, 0);
+    metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "in_flight_here").increment(1);
+    let durable = match leader.wait_for(Option::is_some).await {
+        Ok(ended) => ended.unwrap_or(false),
+        Err(_) => false, // the route was aborted before it ended
+    };
+    tracing::debug!(job_id = %job.job_id, durable, "a copy followed the route of the job in flight here");
+    Ended::Skipped.or_lost(if durable { Durable::Yes } else { Durable::No })
 }
 
 /// When a job reached the worker and got its slot (epoch ms).
@@ -154,21 +230,38 @@ pub async fn execute(
     waited: Waited,
 ) -> Ended {
     sh.admission_tally.lock().expect("admission tally").dispatched(&job);
-    let (job, row_claimed) = match check::before_run(&sh, job, &origin).await {
+    let leading = match sh.in_flight.place(&job) {
+        Place::Leads(leading) => leading,
+        Place::Follows(leader) => return Box::pin(follow(&sh, &job, slot, leader)).await,
+    };
+    let ended = route(&sh, job, origin, slot, waited).await;
+    leading.ended(ended.is_durable());
+    ended
+}
+
+/// The route of a leading copy (see [`InFlight`]): check, run, settle.
+async fn route(
+    sh: &RouteContext,
+    job: Arc<JobSubmitted>,
+    origin: Origin,
+    slot: &mut SlotRelease,
+    waited: Waited,
+) -> Ended {
+    let (job, row_claimed) = match check::before_run(sh, job, &origin).await {
         check::Check::Run { job, row_claimed } => (job, row_claimed),
         check::Check::Done(durable) => return Ended::Skipped.or_lost(durable),
     };
-    let handler = match clear_to_run(&sh, &job, &origin).await {
+    let handler = match clear_to_run(sh, &job, &origin).await {
         Ok(handler) => handler,
         Err(durable) => return Ended::Skipped.or_lost(durable),
     };
     let started_at = sh.clock.now_ms();
-    waited.record(&sh, &job, started_at);
-    let spans = RunSpans::start(&sh, &job, &origin, &waited, started_at);
-    let mut run = run(&sh, &job, handler, slot, started_at, spans.traceparent()).await;
+    waited.record(sh, &job, started_at);
+    let spans = RunSpans::start(sh, &job, &origin, &waited, started_at);
+    let mut run = run(sh, &job, handler, slot, started_at, spans.traceparent()).await;
     run.row_claimed = row_claimed;
     let spans = spans.ran(&run, sh.clock.now_ms());
-    let ended = settle::settle(&sh, &job, &origin, &run).await;
+    let ended = settle::settle(sh, &job, &origin, &run).await;
     spans.settled(sh.clock.now_ms());
     if run.running_written {
         if let Err(e) = Box::pin(sh.store.delete_running_job(sh.pool.as_str(), &job.job_id)).await {

@@ -137,6 +137,7 @@ impl Worker {
                 registry: registry.clone(),
                 worker_id: worker_id.clone(),
                 running: Mutex::new(HashMap::new()),
+                in_flight: Default::default(),
                 stopping: Default::default(),
                 health: Mutex::new(Health::new(&cfg, &worker_id)),
                 frontiers: frontier::Frontiers::new(cfg.pool_topic(pool), cfg.worker.skip_fresh_reads, feed.clone()),

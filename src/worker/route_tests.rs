@@ -88,6 +88,7 @@ impl Fixture {
             registry,
             worker_id: worker_id.to_string(),
             running: Mutex::new(HashMap::new()),
+            in_flight: Default::default(),
             stopping: Default::default(),
             health: Mutex::new(Health::new(&cfg, worker_id)),
             frontiers: frontier::Frontiers::new(cfg.pool_topic(pool), cfg.worker.skip_fresh_reads, feed),
@@ -202,7 +203,6 @@ async fn a_crash_before_settle_reruns_the_job_without_using_an_attempt() {
 /// worker and the copy must not be settled as "running here" (its commit would lose the
 /// job): it waits for the heartbeat to lapse, takes the job over and runs it.
 #[tokio::test(start_paused = true)]
-#[ignore = "open (issue 50, class 3/5 in docs/simulation.md): the rule this checks broke it_rolling_restart's hand-offs and was taken back out of worker/check.rs"]
 async fn a_copy_of_a_job_whose_run_here_was_not_durable_runs_again() {
     let f = Fixture::with(0, Duration::from_secs(1));
     let w1 = f.worker("w1");
@@ -225,7 +225,6 @@ async fn a_copy_of_a_job_whose_run_here_was_not_durable_runs_again() {
 /// write was lost): it waits while that heartbeat is fresh instead of running beside it,
 /// then runs (no crash counted).
 #[tokio::test(start_paused = true)]
-#[ignore = "open (issue 50, class 3/5 in docs/simulation.md): the rule this checks broke it_rolling_restart's hand-offs and was taken back out of worker/check.rs"]
 async fn a_later_attempt_waits_while_an_earlier_run_heartbeats() {
     let f = Fixture::with(0, Duration::from_secs(60));
     let first = tokio::spawn({
@@ -346,4 +345,53 @@ async fn a_run_whose_running_mark_finds_the_job_finished_is_stopped_without_a_se
     let row = f.store.row("job-1").unwrap();
     assert_eq!((row.status.as_deref(), row.worker.as_deref()), (Some("succeeded"), Some("w2")));
     assert!(!f.store.in_running_index("short", "job-1"), "no reaper entry");
+}
+
+/// Runs a copy of the job on `route` in a task, as the pool loop does; the flag turns
+/// true when its slot goes back.
+fn spawn_copy(f: &Fixture, route: Arc<RouteContext>) -> (tokio::task::JoinHandle<Ended>, Arc<AtomicUsize>) {
+    let freed = Arc::new(AtomicUsize::new(0));
+    let (job, origin, flag) = (f.job(), f.origin(), freed.clone());
+    let task = tokio::spawn(async move {
+        let mut slot = SlotRelease::new(move |_, _| {
+            flag.store(1, Ordering::SeqCst);
+        });
+        let waited = Waited { received_at: EPOCH, dispatched_at: EPOCH };
+        exec::execute(route, job, origin, &mut slot, waited).await
+    });
+    (task, freed)
+}
+
+/// A second copy of a job whose route is in flight on this worker (its partition came
+/// back, a hand-off copy beside the redelivered original) gives its slot back at once and
+/// ends as that route does: durably once the job's outcome is recorded, never running it.
+#[tokio::test(start_paused = true)]
+async fn a_copy_of_a_job_in_flight_here_follows_it_without_a_slot() {
+    let f = Fixture::with(0, Duration::from_secs(30));
+    let w1 = f.worker("w1");
+    let (first, _) = spawn_copy(&f, w1.clone());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (second, freed) = spawn_copy(&f, w1);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(freed.load(Ordering::SeqCst), 1, "the follower gave its slot back at once");
+    assert!(!second.is_finished(), "it ends only with the route it follows");
+    assert_eq!(first.await.unwrap(), Ended::Ran);
+    assert_eq!(second.await.unwrap(), Ended::Skipped, "durable: the job's outcome is recorded");
+    assert_eq!(f.echo.runs.load(Ordering::SeqCst), 1, "the follower never ran it");
+    assert_eq!(f.results().len(), 1);
+}
+
+/// The route a copy follows ends without a durable outcome: the follower is not durable
+/// either (its offset stays uncommitted and the job is redelivered), never settled.
+#[tokio::test(start_paused = true)]
+async fn a_follower_of_a_route_that_was_not_durable_is_not_durable() {
+    let f = Fixture::with(0, Duration::from_secs(30));
+    let w1 = f.worker("w1");
+    f.broker.set_refusing(true);
+    let (first, _) = spawn_copy(&f, w1.clone());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (second, _) = spawn_copy(&f, w1);
+    assert_eq!(first.await.unwrap(), Ended::NotDurable);
+    assert_eq!(second.await.unwrap(), Ended::NotDurable);
+    assert_eq!(f.echo.runs.load(Ordering::SeqCst), 1);
 }
