@@ -107,6 +107,8 @@ impl Leader<'_> {
             self.stmts.positions(&topic).await?.into_iter().map(|p| (p.partition, p)).collect();
         let mut reading = HashMap::new();
         let mut starts = Vec::new();
+        // Per partition, the offset earlier leaders read up to: alerts count only past it.
+        let read_to: HashMap<i32, i64> = positions.iter().map(|(p, x)| (*p, x.next)).collect();
         for (p, _) in &ends {
             let start = positions.get(p).map(|x| x.first);
             starts.push((*p, start));
@@ -146,7 +148,8 @@ impl Leader<'_> {
                         metrics::counter!(m::LEDGER_RESULTS).increment(1);
                     }
                     let ts = msg.timestamp().to_millis().unwrap_or(Millis::MIN);
-                    if let Some(r) = &result {
+                    let read = read_to.get(&msg.partition()).copied().unwrap_or(0);
+                    if let Some(r) = result.as_ref().filter(|_| crate::core::alerts::unread_by_an_earlier_leader(msg.offset(), read)) {
                         alerting.observe(r, ts);
                     }
                     if let Some(closed) = r.tally.observe(msg.offset(), ts, result.as_ref()) {

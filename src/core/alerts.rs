@@ -443,6 +443,19 @@ pub struct Change {
     pub threshold: f64,
 }
 
+/// How far before its start a leader's first period reaches: the results published
+/// while no leader read them (a leader starting, or taking over after one that stopped)
+/// are evaluated in its first period, up to this old.
+pub const CATCH_UP_MS: Millis = 15 * 60_000;
+
+/// Whether the result at `offset` is new to the alerts: at or past `read_to`, the offset a
+/// previous leader had read up to on its partition (its recorded resume position's `next`;
+/// 0 when none). Those before it are read again to rebuild the open usage window, and were
+/// counted by that leader's alerts already.
+pub fn unread_by_an_earlier_leader(offset: i64, read_to: i64) -> bool {
+    offset >= read_to
+}
+
 /// Every tenant's alerts, fed results as they are read and evaluated once per period.
 /// Holds only tenants with results this period or a rule not idle, at most `max_tenants`.
 #[derive(Clone, Debug)]
@@ -483,7 +496,10 @@ impl Evaluator {
     }
 
     /// Adds a result published at `published_at`; a result published before this period
-    /// began (read again after a leader change) is not counted.
+    /// began is not counted. The first period of a leader begins [`CATCH_UP_MS`] before it
+    /// starts (`Evaluator::new(max, now - CATCH_UP_MS)`): results published while no leader
+    /// read them count, results older than that do not; the caller feeds only results no
+    /// earlier leader read (by offset: [`unread_by_an_earlier_leader`]).
     pub fn observe(&mut self, r: &JobResult, published_at: Millis) {
         if published_at < self.period_start {
             return;
@@ -651,6 +667,23 @@ mod tests {
         e.observe(&result("a", 5_000), 1_000);
         e.observe(&result("b", 5_000), 1_000);
         assert_eq!((e.tenants(), e.untracked), (1, 1));
+    }
+
+    #[test]
+    fn a_leaders_first_period_takes_in_what_no_leader_read_up_to_the_catch_up() {
+        let start = 10 * CATCH_UP_MS;
+        let mut e = Evaluator::new(10, start - CATCH_UP_MS);
+        // Published while the leader was starting (or none led): counted.
+        e.observe(&result("waited", 5_000), start - 2_000);
+        // Older than the catch-up: not.
+        e.observe(&result("ancient", 5_000), start - CATCH_UP_MS - 1);
+        assert_eq!(e.tenants(), 1);
+        let got = e.evaluate(start + 1_000, |_| quick(1_000));
+        assert!(matches!(got[..], [Change { transition: Transition::Opened { .. }, .. }]), "{got:?}");
+        assert_eq!(got[0].tenant, "waited");
+        // Offsets an earlier leader read (re-read for the usage window) are not fed again.
+        assert!(!unread_by_an_earlier_leader(41, 42));
+        assert!(unread_by_an_earlier_leader(42, 42) && unread_by_an_earlier_leader(0, 0));
     }
 
     #[test]

@@ -4,7 +4,10 @@
 //! alert opened or resolved is stored (`store::alerts`) and then sent (`watch::alerts`).
 //!
 //! A new leader starts from the open rows: their alerts stay open (no second opening),
-//! and events whose delivery had not finished are sent again (same delivery ids).
+//! and events whose delivery had not finished are sent again (same delivery ids). Its
+//! first period takes in the results no earlier leader read (past each partition's
+//! recorded position), published up to `core::alerts::CATCH_UP_MS` before it started:
+//! results published while the leader was starting or absent are not skipped.
 
 use super::LedgerError;
 use crate::config::Config;
@@ -42,7 +45,7 @@ impl Alerting {
         let stmts = store.alert_statements().await?;
         let sender = Sender::new(cfg.clone(), stmts.clone(), stop)
             .map_err(|e| LedgerError::Alerts(format!("cannot build the alerts' HTTP client: {e}")))?;
-        let mut eval = Evaluator::new(cfg.alerts.max_tenants, now_ms());
+        let mut eval = Evaluator::new(cfg.alerts.max_tenants, now_ms() - crate::core::alerts::CATCH_UP_MS);
         for open in stmts.open().await? {
             let a = open.alert;
             if a.resolved_at.is_none() {

@@ -194,34 +194,45 @@ struct Member {
 }
 
 impl Member {
-    /// Polls for up to `limit`; the first payload received, if any.
+    /// Polls for up to `limit`; the first payload received, if any. The rebalance events
+    /// that poll delivered are applied before it returns (the assignment callback runs
+    /// inside the poll that also returns the partition's first record).
     async fn pump(&mut self, limit: Duration) -> Option<String> {
-        use fairway::kafka::RebalanceEvent;
         let deadline = tokio::time::Instant::now() + limit;
         while tokio::time::Instant::now() < deadline {
-            while let Ok(ev) = self.events.try_recv() {
-                match ev {
-                    RebalanceEvent::Assigned(tps) => {
-                        self.assigned += 1;
-                        self.pauses.assigned(&self.consumer, &tps);
-                    }
-                    RebalanceEvent::Revoked(tps) => {
-                        // As in the worker: a revoked partition's queued jobs are dropped,
-                        // so nothing wants it paused any more.
-                        self.revoked += 1;
-                        self.want.retain(|tp| !tps.contains(tp));
-                        self.pauses.revoked(&tps);
-                    }
-                    // Partitions not fetched (no statistics on this consumer: never sent).
-                    RebalanceEvent::Stalled(_) => {}
-                }
-            }
+            self.apply_events();
             self.pauses.set(&self.consumer, &self.want);
-            if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(100), self.consumer.recv()).await {
-                return Some(String::from_utf8_lossy(m.payload().unwrap_or_default()).to_string());
+            let got = match tokio::time::timeout(Duration::from_millis(100), self.consumer.recv()).await {
+                Ok(Ok(m)) => Some(String::from_utf8_lossy(m.payload().unwrap_or_default()).to_string()),
+                _ => None,
+            };
+            if got.is_some() {
+                self.apply_events();
+                return got;
             }
         }
         None
+    }
+
+    fn apply_events(&mut self) {
+        use fairway::kafka::RebalanceEvent;
+        while let Ok(ev) = self.events.try_recv() {
+            match ev {
+                RebalanceEvent::Assigned(tps) => {
+                    self.assigned += 1;
+                    self.pauses.assigned(&self.consumer, &tps);
+                }
+                RebalanceEvent::Revoked(tps) => {
+                    // As in the worker: a revoked partition's queued jobs are dropped,
+                    // so nothing wants it paused any more.
+                    self.revoked += 1;
+                    self.want.retain(|tp| !tps.contains(tp));
+                    self.pauses.revoked(&tps);
+                }
+                // Partitions not fetched (no statistics on this consumer: never sent).
+                RebalanceEvent::Stalled(_) => {}
+            }
+        }
     }
 }
 
