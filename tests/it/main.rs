@@ -9,7 +9,6 @@
 mod common;
 
 mod admission;
-mod alerts;
 mod backlog;
 mod blast;
 mod classifier;

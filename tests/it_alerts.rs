@@ -5,9 +5,9 @@
 //! defaults with the same jobs gets none; `GET /v1/alerts` shows the alert. Fails on code
 //! without alerts: `[alerts]` is refused and nothing is ever POSTed.
 
-use crate::common;
+mod common;
 
-use crate::common::*;
+use common::*;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -57,7 +57,8 @@ async fn a_tenant_past_its_wait_rule_gets_one_opened_and_one_resolved_event() {
     init(&cfg).await;
     let dir = tempfile::tempdir().unwrap();
     let path = config_file(&cfg, jobs, dir.path());
-    let mut worker = spawn_worker(&path, "short");
+    // Killed when dropped: a failing assertion never leaves it running.
+    let worker = spawn_logged_worker(&path, "short");
     let store = fairway::store::Store::open(&cfg).await.unwrap();
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let leader = tokio::spawn(fairway::ledger::run(cfg.clone(), store.clone(), stopped));
@@ -71,8 +72,7 @@ async fn a_tenant_past_its_wait_rule_gets_one_opened_and_one_resolved_event() {
         events(&got, "/slow").iter().any(|e| e["type"] == "alert.resolved").then_some(())
     })
     .await;
-    let _ = worker.kill();
-    let _ = worker.wait();
+    drop(worker);
     assert!(resolved.is_some(), "no alert.resolved within 60 s; got {:?}", events(&got, "/slow"));
     // Periods go on: still one event each.
     tokio::time::sleep(Duration::from_secs(3)).await;
