@@ -210,9 +210,28 @@ pub fn config_file(cfg: &Config, extra: &str, dir: &std::path::Path) -> std::pat
     path
 }
 
-/// Starts a `fairway worker` process for `pools` with the config file at `config_path`.
+/// A command whose process is killed (SIGKILL) when the thread that started it ends: a
+/// test that fails before stopping its workers does not leave them running, holding the
+/// suite's output pipe open (`scripts/test` then waits for ever). Start it from the test's
+/// own thread or a runtime worker thread, never from a `spawn_blocking` thread (those end
+/// when idle).
+pub fn dies_with_test(cmd: &mut std::process::Command) -> &mut std::process::Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: `prctl` is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Starts a `fairway worker` process for `pools` with the config file at `config_path`
+/// (killed when the test's thread ends: [`dies_with_test`]).
 pub fn spawn_worker(config_path: &std::path::Path, pools: &str) -> std::process::Child {
-    std::process::Command::new(env!("CARGO_BIN_EXE_fairway"))
+    dies_with_test(&mut std::process::Command::new(env!("CARGO_BIN_EXE_fairway")))
         .args(["--config", config_path.to_str().unwrap(), "worker", "--pools", pools])
         .env("FAIRWAY_LOG", "warn")
         .stdout(std::process::Stdio::null())
@@ -239,10 +258,11 @@ const LOG_EVENTS: usize = 3000;
 /// Lines a worker logs periodically (its loop state, the quota exchange, fetch positions).
 const PERIODIC: [&str; 3] = ["loop state", "quota exchange", "fetch positions"];
 
-/// Starts a `fairway worker` for `pools` (one pool) and follows its log.
+/// Starts a `fairway worker` for `pools` (one pool) and follows its log (killed when the
+/// test's thread ends: [`dies_with_test`]).
 pub fn spawn_logged_worker(config_path: &std::path::Path, pools: &str) -> LoggedWorker {
     use std::io::BufRead;
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_fairway"))
+    let mut child = dies_with_test(&mut std::process::Command::new(env!("CARGO_BIN_EXE_fairway")))
         .args(["--config", config_path.to_str().unwrap(), "worker", "--pools", pools])
         .env("FAIRWAY_LOG", std::env::var("IT_WORKER_LOG").unwrap_or_else(|_| "warn,fairway::worker::pool=info".into()))
         .env("NO_COLOR", "1")
