@@ -16,7 +16,7 @@
 //! is fed by the live feed (after its first 10 s the store is read every 15 s as a backstop, or when the feed lags).
 
 use super::{check_job_id, codes, may_see, ApiError, ApiState, Caller};
-use crate::core::events::{ends_stream, shown_state, JobState, WaitReason};
+use crate::core::events::{ends_stream, shown_state, with_submission, JobState, WaitReason};
 use crate::model::{EventKind, JobEvent};
 use crate::store::{EventStatements, JobRow};
 use crate::{metrics as m, now_ms};
@@ -153,6 +153,7 @@ pub(super) async fn job_events(
     let follow = follow(&q)?;
     let stmts = st.event_statements().await?.clone();
     let (row, history) = tokio::try_join!(st.store().job(&id), stmts.events(&id, None))?;
+    let history = with_submission(history, row.as_ref().and_then(JobRow::submitted_state));
     let owner_known = row.is_some() || !history.is_empty();
     let visible = match history.first() {
         // The history names the tenant (a job without a row yet, or whose row expired).

@@ -29,6 +29,10 @@ pub async fn follow(cfg: &Config, job_id: &str, json: bool, timeout: Duration) -
     loop {
         let (row, hb, history) =
             tokio::try_join!(store.job_direct(job_id), store.heartbeat(job_id), stmts.events(job_id, None))?;
+        let history = fairway::core::events::with_submission(
+            history,
+            row.as_ref().and_then(fairway::store::JobRow::submitted_state),
+        );
         let new: Vec<&JobEvent> = history.iter().filter(|e| seen.insert(e.event_id.clone())).collect();
         let state = row
             .as_ref()

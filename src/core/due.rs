@@ -10,8 +10,17 @@ use crate::model::Millis;
 use std::collections::HashMap;
 
 /// How far behind the leader's clock a writer's may be: an entry written with a due time
-/// this long before the leader's last pass is still read.
+/// this long before the leader's last pass is still read (within [`GRACE_EVERY_MS`]).
 pub const CLOCK_GRACE_MS: Millis = 10_000;
+
+/// How far back an ordinary pass reads from its last pass's time. Reaching back the whole
+/// [`CLOCK_GRACE_MS`] on every pass (4 a second) read the tombstones of ten seconds of
+/// fired entries each time: 10,000 per read at 1,000 schedules a second.
+pub const SHORT_GRACE_MS: Millis = 1_000;
+
+/// How often a read reaches back [`CLOCK_GRACE_MS`] plus this (so an entry a late clock
+/// wrote between two such reads is still covered).
+pub const GRACE_EVERY_MS: Millis = 5_000;
 
 /// The items in tenant turns: the first of each tenant (in order of its first
 /// appearance), then the second of each, and so on; each tenant's items keep their order.
@@ -39,6 +48,8 @@ pub fn tenant_turns<T>(items: Vec<T>, tenant: impl Fn(&T) -> &str) -> Vec<T> {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DueFloor {
     from: Option<Millis>,
+    /// When the floor last reached back the whole clock grace.
+    graced_at: Option<Millis>,
 }
 
 /// What a pass at `now` left behind: the oldest due time of an entry it read and left in
@@ -58,9 +69,15 @@ impl DueFloor {
     }
 
     /// After a pass: nothing due below the oldest entry it left, the point its read
-    /// stopped, or its `now` less [`CLOCK_GRACE_MS`] remains unread.
+    /// stopped, or its `now` less [`SHORT_GRACE_MS`] remains unread; every
+    /// [`GRACE_EVERY_MS`], less [`CLOCK_GRACE_MS`] + [`GRACE_EVERY_MS`] instead.
     pub fn passed(&mut self, left: PassLeft) {
-        let floor = [left.oldest_left, left.read_stopped_at, Some(left.now - CLOCK_GRACE_MS)]
+        let full = self.graced_at.is_none_or(|at| left.now - at >= GRACE_EVERY_MS);
+        let grace = if full { CLOCK_GRACE_MS + GRACE_EVERY_MS } else { SHORT_GRACE_MS };
+        if full {
+            self.graced_at = Some(left.now);
+        }
+        let floor = [left.oldest_left, left.read_stopped_at, Some(left.now - grace)]
             .into_iter()
             .flatten()
             .min()
@@ -71,7 +88,7 @@ impl DueFloor {
     /// An index row may have been written below the floor (the leader's repair sweep):
     /// the next read starts from the beginning.
     pub fn reset(&mut self) {
-        self.from = None;
+        *self = DueFloor::default();
     }
 }
 
@@ -125,17 +142,24 @@ mod tests {
             let mut floor = DueFloor::default();
             prop_assert_eq!(floor.from(), None, "a new leader reads everything");
             let mut now = 1_000_000;
+            let mut graced: Option<Millis> = None;
             for (step, left, stopped) in passes {
                 now += step;
                 let left = PassLeft { now, oldest_left: left.map(|l| now - l), read_stopped_at: stopped.map(|s| now - s) };
                 floor.passed(left);
                 let f = floor.from().expect("set after a pass");
-                prop_assert!(f <= now - CLOCK_GRACE_MS, "a writer's late clock is covered");
+                prop_assert!(f <= now - SHORT_GRACE_MS, "the last moments are read again");
+                if f <= now - CLOCK_GRACE_MS - GRACE_EVERY_MS {
+                    graced = Some(now);
+                }
+                let g = graced.expect("the first pass reaches back the whole grace");
+                prop_assert!(now - g < GRACE_EVERY_MS || g == now, "a writer's late clock is covered every {} ms", GRACE_EVERY_MS);
                 for bound in [left.oldest_left, left.read_stopped_at].into_iter().flatten() {
                     prop_assert!(f <= bound, "floor {} above what was left at {}", f, bound);
                 }
-                let bounds = [left.oldest_left, left.read_stopped_at, Some(now - CLOCK_GRACE_MS)];
-                prop_assert!(bounds.contains(&Some(f)), "no lower than it must be");
+                let graces = [Some(now - SHORT_GRACE_MS), Some(now - CLOCK_GRACE_MS - GRACE_EVERY_MS)];
+                let lowest_allowed = [left.oldest_left, left.read_stopped_at].into_iter().chain(graces).flatten().min();
+                prop_assert!(f >= lowest_allowed.unwrap(), "no lower than it must be");
             }
             floor.reset();
             prop_assert_eq!(floor.from(), None);

@@ -238,6 +238,54 @@ pub fn from_submission(job: &JobSubmitted) -> Option<JobEvent> {
     })
 }
 
+/// A submission's facts as its job's state holds them (the packed `queued` record or the
+/// row): what [`with_submission`] needs to tell its `queued` / `scheduled` event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SubmittedState<'a> {
+    pub job_id: &'a str,
+    pub tenant: &'a str,
+    pub job_type: &'a str,
+    pub generation: i64,
+    pub submitted_at: Millis,
+    /// The state now: `scheduled` tells a `scheduled` event, anything else `queued`.
+    pub status: &'a str,
+}
+
+/// The Kafka header a submitter puts on a job's original record when it writes the job's
+/// `queued` state itself (packed, `core::finished`): the events recorder then records no
+/// `queued` event for it, since the state already tells it ([`with_submission`]). A record
+/// without it (produced straight to Kafka) is recorded as before.
+pub const STATE_WRITTEN_HEADER: &str = "fairway-state-written";
+
+/// A job's history with its submission's event, told by its state when the recorder did
+/// not record it (see [`STATE_WRITTEN_HEADER`]): the same event id as
+/// [`from_submission`]'s, so a recorded copy is kept and not doubled; in time order.
+pub fn with_submission(mut history: Vec<JobEvent>, state: Option<SubmittedState<'_>>) -> Vec<JobEvent> {
+    let Some(s) = state else { return history };
+    let id = format!("submitted-{}-g{}", s.job_id, s.generation);
+    if history.iter().any(|e| e.event_id == id) {
+        return history;
+    }
+    let kind = if s.status == JobState::Scheduled.as_str() { EventKind::Scheduled } else { EventKind::Queued };
+    let at = s.submitted_at;
+    let ev = JobEvent {
+        event_id: id,
+        job_id: s.job_id.to_string(),
+        tenant: s.tenant.to_string(),
+        job_type: s.job_type.to_string(),
+        kind,
+        at,
+        attempt: 0,
+        worker: None,
+        progress: None,
+        message: None,
+        next_attempt_at: None,
+    };
+    let at_or_after = history.iter().position(|e| e.at > at).unwrap_or(history.len());
+    history.insert(at_or_after, ev);
+    history
+}
+
 /// The terminal event of a result record (the results topic is the terminal event):
 /// its id is derived from the result, so every copy of one result is the same event.
 pub fn from_result(r: &JobResult) -> JobEvent {
@@ -344,6 +392,35 @@ mod tests {
 
     fn ev(kind: EventKind, at: Millis, id: &str) -> JobEvent {
         event(id.into(), &job(), kind, at)
+    }
+
+    fn state(status: &'static str, generation: i64, submitted_at: Millis) -> SubmittedState<'static> {
+        SubmittedState { job_id: "j1", tenant: "acme", job_type: "echo", generation, submitted_at, status }
+    }
+
+    #[test]
+    fn the_state_tells_a_submission_the_recorder_did_not_record() {
+        let running = ev(EventKind::Started, 1_500, "r1");
+        let done = ev(EventKind::Succeeded, 2_000, "d1");
+        let h = with_submission(vec![running.clone(), done.clone()], Some(state("succeeded", 0, 1_000)));
+        let recorded_copy = from_submission(&job()).unwrap();
+        assert_eq!(h[0], recorded_copy, "the same event the recorder would have written, first");
+        assert_eq!(&h[1..], &[running, done]);
+        // Recorded already (a record produced straight to Kafka): kept, not doubled.
+        let again = with_submission(h.clone(), Some(state("succeeded", 0, 1_000)));
+        assert_eq!(again, h);
+        // No state: the history as it is.
+        assert_eq!(with_submission(vec![], None), vec![]);
+    }
+
+    #[test]
+    fn a_scheduled_state_tells_a_scheduled_event_and_a_rerun_its_generations() {
+        let h = with_submission(vec![], Some(state("scheduled", 0, 1_000)));
+        assert_eq!(h[0].kind, EventKind::Scheduled);
+        let gen0 = from_submission(&job()).unwrap();
+        let h = with_submission(vec![gen0.clone()], Some(state("queued", 1, 3_000)));
+        assert_eq!(h.len(), 2, "the rerun's submission is its own event");
+        assert_eq!((h[0].event_id.as_str(), h[1].event_id.as_str()), (gen0.event_id.as_str(), "submitted-j1-g1"));
     }
 
     #[test]

@@ -23,7 +23,10 @@ pub fn jittered(execute_at: Millis, now: Millis, exact: bool, r: f64) -> Millis 
 
 /// A pool worker holds a job due within this in memory until its `execute_at` (instead of
 /// sending it to the delayed topic), so it starts on time to the timer's millisecond.
-pub const HOLD_AHEAD_MS: Millis = 1_000;
+/// 5 s covers the common short delays (a 2 s delay is one hop, not three: pool topic,
+/// delayed topic, pool topic); the pool loop's holding bound (50,000 jobs, 64 MiB)
+/// sends the rest to the delayed topic.
+pub const HOLD_AHEAD_MS: Millis = 5_000;
 
 /// The relay hands a delayed job (due at its `execute_at`) back to its pool this long
 /// before it is due, so the hops to a worker are behind it when it falls due; the worker

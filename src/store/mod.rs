@@ -157,6 +157,19 @@ pub struct JobRow {
 }
 
 impl JobRow {
+    /// Its submission's facts, for the history to tell its `queued` / `scheduled` event
+    /// (`core::events::with_submission`); None for a row missing them.
+    pub fn submitted_state(&self) -> Option<crate::core::events::SubmittedState<'_>> {
+        Some(crate::core::events::SubmittedState {
+            job_id: &self.job_id,
+            tenant: self.tenant.as_deref()?,
+            job_type: self.job_type.as_deref()?,
+            generation: self.generation?,
+            submitted_at: self.submitted_at?,
+            status: self.status.as_deref()?,
+        })
+    }
+
     /// Terminal statuses: a redelivered job in one of these is never run again.
     pub fn is_terminal(&self) -> bool {
         matches!(self.status.as_deref(), Some("succeeded" | "failed" | "cancelled" | "expired"))

@@ -11,7 +11,7 @@ use super::{NewJob, SubmitError, Submitted, Submitter};
 use crate::kafka::Outgoing;
 use crate::model::{JobSubmitted, Millis, Pool};
 use crate::store::EventStatements;
-use crate::{codec, kafka, now_ms};
+use crate::{codec, now_ms};
 
 /// A job of the batch on the shared path: its record and where it stands in the batch.
 struct Ready {
@@ -81,7 +81,8 @@ impl Submitter {
         let topic = |pool: Pool| topics.iter().find(|(p, _)| *p == pool).map(|(_, t)| t.as_str()).expect("every pool");
         let encoded: Vec<Result<Vec<u8>, SubmitError>> =
             ready.iter().map(|r| codec::encode_job(&r.rec).map_err(SubmitError::from)).collect();
-        let headers: Vec<_> = ready.iter().map(|r| kafka::trace_headers(&r.rec)).collect();
+        // Every ready job's packed `queued` state is written here (the recorder skips it).
+        let headers: Vec<_> = ready.iter().map(|r| super::record_headers(&r.rec, true)).collect();
         let outgoing: Vec<Outgoing> = ready
             .iter()
             .zip(&encoded)

@@ -274,7 +274,7 @@ impl Submitter {
         let packed = self.packs_submission(stmts, &rec, now);
         let (produced, written) = if packed {
             // A packed record cannot be taken back: written once the job is on its topic.
-            let produced = self.produce(&rec).await;
+            let produced = self.produce_state_written(&rec, true).await;
             let written = produced.is_ok() && self.put_submitted(stmts, &rec, pool, now, true).await;
             (produced, written)
         } else {
@@ -442,16 +442,16 @@ impl Submitter {
 
     /// Produces an already built record to its pool topic.
     pub async fn produce(&self, rec: &JobSubmitted) -> Result<(), SubmitError> {
+        self.produce_state_written(rec, false).await
+    }
+
+    /// [`Submitter::produce`], saying on the record whether this submitter writes the
+    /// job's packed `queued` state (see [`record_headers`]).
+    async fn produce_state_written(&self, rec: &JobSubmitted, state_written: bool) -> Result<(), SubmitError> {
         let pool = rec.pool.or_else(|| self.cfg.job_types.get(&rec.job_type).map(|j| j.pool)).unwrap_or(Pool::Short);
         let bytes = codec::encode_job(rec)?;
-        kafka::send_with_headers(
-            &self.producer,
-            &self.cfg.pool_topic(pool),
-            &rec.tenant,
-            &bytes,
-            &kafka::trace_headers(rec),
-        )
-        .await?;
+        let headers = record_headers(rec, state_written);
+        kafka::send_with_headers(&self.producer, &self.cfg.pool_topic(pool), &rec.tenant, &bytes, &headers).await?;
         Ok(())
     }
 
@@ -469,6 +469,17 @@ impl Submitter {
     pub fn producer(&self) -> &Producer {
         &self.producer
     }
+}
+
+/// A job's original record's headers: its trace context, and
+/// `core::events::STATE_WRITTEN_HEADER` when its submitter writes its packed `queued`
+/// state (the events recorder then writes no `queued` event: the state tells it).
+pub(crate) fn record_headers(rec: &JobSubmitted, state_written: bool) -> Vec<(&'static str, &str)> {
+    let mut headers = kafka::trace_headers(rec);
+    if state_written {
+        headers.push((crate::core::events::STATE_WRITTEN_HEADER, "queued"));
+    }
+    headers
 }
 
 /// Checks a job against the config file (tenants included): for producers without a store.

@@ -5,7 +5,11 @@
 //!   its end its record on the results topic (`core::events::from_result`): the recorder
 //!   and the feed read those topics too, so a short job (done within 250 ms) costs no
 //!   event record at all, and a job produced straight to Kafka is visible (from its
-//!   history) as soon as the recorder reads it, before any worker runs it.
+//!   history) as soon as the recorder reads it, before any worker runs it. A job whose
+//!   submitter wrote its packed `queued` state (`core::events::STATE_WRITTEN_HEADER` on
+//!   its record) costs no `queued` row either: its history tells that event from the
+//!   state (`core::events::with_submission`), so the API's common submission costs the
+//!   database no write of its own beyond its share of a pack.
 //! - **Publishing.** Lifecycle and progress events go to `<prefix>events` (Avro
 //!   `schemas/job_event.avsc`, key = job id, so one job's events stay in order on one
 //!   partition). They are produced without waiting for the acknowledgement: a worker's
@@ -157,6 +161,18 @@ fn decode(bytes: &[u8]) -> Option<JobEvent> {
     }
 }
 
+/// The event the recorder writes for a message: none for a job's original record whose
+/// submitter wrote its `queued` state (`core::events::STATE_WRITTEN_HEADER`: the history
+/// tells it from the state, `core::events::with_submission`), else [`decode`]'s.
+fn to_record(m: &impl Message) -> Option<JobEvent> {
+    use rdkafka::message::Headers;
+    let written = m.headers().is_some_and(|h| h.iter().any(|h| h.key == rules::STATE_WRITTEN_HEADER));
+    if written {
+        return None;
+    }
+    m.payload().and_then(decode)
+}
+
 /// The topics events are read from: the events topic, the results topic and the pool
 /// topics (see the module docs).
 fn sources(cfg: &Config) -> Vec<String> {
@@ -196,7 +212,7 @@ pub async fn record(cfg: Arc<Config>, store: Store, mut stop: watch::Receiver<bo
         tokio::select! {
             _ = stop.changed() => return Ok(()),
             m = consumer.recv() => match m {
-                Ok(m) => batch.extend(m.payload().and_then(decode)),
+                Ok(m) => batch.extend(to_record(&m)),
                 Err(e) => {
                     tracing::warn!(error = %e, "events recorder: consume failed");
                     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -207,7 +223,7 @@ pub async fn record(cfg: Arc<Config>, store: Store, mut stop: watch::Receiver<bo
         let until = tokio::time::Instant::now() + Duration::from_millis(50);
         while batch.len() < RECORD_BATCH {
             match tokio::time::timeout_at(until, consumer.recv()).await {
-                Ok(Ok(m)) => batch.extend(m.payload().and_then(decode)),
+                Ok(Ok(m)) => batch.extend(to_record(&m)),
                 _ => break,
             }
         }

@@ -10,7 +10,7 @@ use crate::common;
 use fairway::api::Caller;
 use fairway::config::Config;
 use fairway::handlers::Registry;
-use fairway::model::Pool;
+use fairway::model::{EventKind, Pool};
 use fairway::submit::{NewJob, Submitter};
 use fairway::worker::{Policy, Worker};
 use reqwest::StatusCode;
@@ -217,6 +217,26 @@ async fn queued_at_once_then_sse_progress_to_the_end_history_and_tenant_stream()
     let hk: Vec<&str> = h["events"].as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
     assert_eq!(hk.first(), Some(&"queued"), "{hk:?}");
     assert!(hk.contains(&"started") && hk.contains(&"progress"), "{hk:?}");
+    // Its `queued` event is told by its packed state, not recorded (the submitter wrote
+    // that state and said so on the record); the scheduled job's event is recorded.
+    let recorded = store.event_statements().await.unwrap();
+    let rk: Vec<EventKind> = recorded.events(&id, None).await.unwrap().iter().map(|e| e.kind).collect();
+    assert!(rk.contains(&EventKind::Succeeded) && !rk.contains(&EventKind::Queued), "recorded: {rk:?}");
+    let b_id = b["job_id"].as_str().unwrap().to_string();
+    let (s, bh) = poll(&api, &format!("/v1/jobs/{b_id}/events"), Duration::from_secs(20), |s, v| {
+        s == StatusCode::OK && v["events"].as_array().is_some_and(|e| !e.is_empty())
+    })
+    .await;
+    assert_eq!(bh["events"][0]["kind"], "scheduled", "{s} {bh}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let rk = loop {
+        let rk: Vec<EventKind> = recorded.events(&b_id, None).await.unwrap().iter().map(|e| e.kind).collect();
+        if !rk.is_empty() || Instant::now() > deadline {
+            break rk;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(rk, vec![EventKind::Scheduled], "the scheduled job's submission is recorded");
     // Another tenant's key sees neither the job nor its history.
     let (s, _) = get_with(&globex, &api.url(&format!("/v1/jobs/{id}/events"))).await;
     assert_eq!(s, StatusCode::NOT_FOUND);

@@ -101,9 +101,22 @@ async fn search(st: &ApiState, v: &Viewer, q: &JobsQuery) -> Result<String, ApiE
     ))
 }
 
+/// The submission's facts in a job's status JSON (`api::status_json`), if it has them all.
+fn submitted_state<'a>(id: &'a str, status: &'a serde_json::Value) -> Option<crate::core::events::SubmittedState<'a>> {
+    Some(crate::core::events::SubmittedState {
+        job_id: id,
+        tenant: status["tenant"].as_str()?,
+        job_type: status["job_type"].as_str()?,
+        generation: status["generation"].as_i64()?,
+        submitted_at: status["submitted_at"].as_i64()?,
+        status: status["status"].as_str()?,
+    })
+}
+
 async fn detail(st: &ApiState, v: &Viewer, id: &str) -> Result<String, ApiError> {
     let Json(status) = job_status(State(st.clone()), v.caller.clone(), Path(id.to_string())).await?;
     let history = st.event_statements().await?.events(id, None).await.unwrap_or_default();
+    let history = crate::core::events::with_submission(history, submitted_state(id, &status));
     let generation = status["generation"].as_i64().unwrap_or(0);
     let checkpoint = st.store().checkpoint(id, generation).await.ok().flatten().map(|c| c.len());
     let field = |k: &str| match &status[k] {
