@@ -165,7 +165,7 @@ fn decode(bytes: &[u8]) -> Option<JobEvent> {
 /// submitter wrote its `queued` state (`core::events::STATE_WRITTEN_HEADER`: the history
 /// tells it from the state, `core::events::with_submission`), else [`decode`]'s.
 fn to_record(m: &impl Message) -> Option<JobEvent> {
-    use rdkafka::message::Headers;
+    use crate::kafka::Headers;
     let written = m.headers().is_some_and(|h| h.iter().any(|h| h.key == rules::STATE_WRITTEN_HEADER));
     if written {
         return None;
