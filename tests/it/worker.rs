@@ -137,24 +137,37 @@ async fn kill_9_of_a_worker_loses_nothing_and_reruns_only_what_the_kill_caught_u
     let jobs: Vec<NewJob> = (0..240).map(|i| new_job(tenants[i % 3], "rec", serde_json::json!({ "i": i }))).collect();
     let ids = submit_all(&sub, &jobs).await;
 
-    let mut first = common::spawn_worker(&path, "short");
+    // Logged workers: a failure prints what each of them did (partitions, warnings).
+    let mut first = common::spawn_logged_worker(&path, "short");
     // Let it finish some jobs and have others in flight, then kill it without warning.
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while ex.0.lock().unwrap().len() < 40 && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    first.kill().expect("SIGKILL the worker");
+    first.child.kill().expect("SIGKILL the worker");
     let killed_at = fairway::now_ms();
-    first.wait().unwrap();
+    first.child.wait().unwrap();
     let ran_before_kill = ex.0.lock().unwrap().len();
     assert!(ran_before_kill >= 40 && ran_before_kill < ids.len(), "killed mid-run ({ran_before_kill} started)");
 
-    let mut second = common::spawn_worker(&path, "short");
+    let second = common::spawn_logged_worker(&path, "short");
     let results = common::results_for(&cfg, &ids, Duration::from_secs(120)).await;
-    second.kill().ok();
-    second.wait().ok();
 
     let missing: Vec<&String> = ids.iter().filter(|i| !results.contains_key(*i)).collect();
+    if !missing.is_empty() {
+        let by_tenant = |list: &[&String]| {
+            let mut n: std::collections::BTreeMap<&str, usize> = Default::default();
+            for id in list {
+                let i = ids.iter().position(|x| x == *id).unwrap();
+                *n.entry(tenants[i % 3]).or_default() += 1;
+            }
+            n
+        };
+        eprintln!("lost by tenant: {:?}; started before the kill: {ran_before_kill}", by_tenant(&missing));
+        first.print_tail("first (killed)");
+        second.print_tail("second");
+    }
+    drop(second);
     assert!(missing.is_empty(), "{} jobs lost after kill -9, e.g. {:?}", missing.len(), missing.first());
     // A job runs again after its result only if the kill fell between its result's
     // acknowledgement and its terminal state write (the result goes first, so a recorded
