@@ -821,8 +821,10 @@ async fn one_tenants_schedules_due_at_once_do_not_hold_anothers_fire() {
     let a_fired: Vec<Millis> = a_ids.iter().filter_map(|id| at.get(id.as_str()).copied()).collect();
     assert_eq!(a_fired.len(), A_SCHEDULES, "every one of acme's fires was submitted");
     let a_before_b = a_fired.iter().filter(|a| **a < b_at).count();
+    // In the first wave (the promoter works on 128 entries at once, finishing in any
+    // order): at most about 128 of acme's go out first; read in due order, all 400 would.
     assert!(
-        a_before_b <= A_SCHEDULES / 4,
+        a_before_b <= A_SCHEDULES / 2,
         "globex's fire waited behind {a_before_b} of acme's {A_SCHEDULES} (tenant turns put it in the first wave)"
     );
 }
