@@ -228,7 +228,7 @@ pub fn from_submission(job: &JobSubmitted) -> Option<JobEvent> {
     if job.attempt != 0 || job.replay_count != 0 {
         return None;
     }
-    let id = format!("submitted-{}-g{}", job.job_id, job.generation);
+    let id = submission_event_id(&job.job_id, job.generation);
     let now = job.submitted_at;
     Some(match submission_state(job, now) {
         JobState::Scheduled => {
@@ -236,6 +236,12 @@ pub fn from_submission(job: &JobSubmitted) -> Option<JobEvent> {
         }
         _ => event(id, job, EventKind::Queued, now),
     })
+}
+
+/// The id of a generation's submission event: one for every copy of its record and for
+/// the event its state tells ([`from_submission`], [`with_submission`]).
+fn submission_event_id(job_id: &str, generation: i64) -> String {
+    format!("submitted-{job_id}-g{generation}")
 }
 
 /// A submission's facts as its job's state holds them (the packed `queued` record or the
@@ -262,7 +268,7 @@ pub const STATE_WRITTEN_HEADER: &str = "fairway-state-written";
 /// [`from_submission`]'s, so a recorded copy is kept and not doubled; in time order.
 pub fn with_submission(mut history: Vec<JobEvent>, state: Option<SubmittedState<'_>>) -> Vec<JobEvent> {
     let Some(s) = state else { return history };
-    let id = format!("submitted-{}-g{}", s.job_id, s.generation);
+    let id = submission_event_id(s.job_id, s.generation);
     if history.iter().any(|e| e.event_id == id) {
         return history;
     }
