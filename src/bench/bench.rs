@@ -156,6 +156,7 @@ async fn throughput(g: &Global, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
     let cpu = super::bench_cpu::per_thousand_jobs(&cpu_before, &cpu_after, seen.done);
     let cpu_tail = super::bench_cpu::per_thousand_jobs(&cpu_before, &cpu_after_tail, seen.done);
     report_throughput(&a, submitted?, &seen, cpu, cpu_tail);
+    drop_topics(&cfg).await;
     Ok(if seen.done == a.jobs { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
@@ -237,6 +238,14 @@ impl Seen {
             (Some(a), Some(b)) if b > a => self.done as f64 / ((b - a) as f64 / 1000.0),
             _ => 0.0,
         }
+    }
+}
+
+/// Deletes a bench run's topics once it is done (see `kafka::delete_topics`); a failure
+/// only warns (the run's figures stand).
+pub(super) async fn drop_topics(cfg: &Config) {
+    if let Err(e) = kafka::delete_topics(cfg).await {
+        eprintln!("warning: the bench's topics ({}*) were not deleted: {e}", cfg.kafka.topic_prefix);
     }
 }
 

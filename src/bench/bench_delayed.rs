@@ -83,6 +83,7 @@ pub async fn run(g: &Global, a: DelayedArgs) -> anyhow::Result<ExitCode> {
     }
     let fires = if a.schedules > 0 { Some(schedules_phase(&cfg, &rig, &a).await?) } else { None };
     rig.stop().await;
+    super::bench::drop_topics(&cfg).await;
     println!(
         "{}",
         serde_json::json!({

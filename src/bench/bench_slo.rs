@@ -87,6 +87,7 @@ pub async fn run(g: &Global, a: SloArgs) -> anyhow::Result<ExitCode> {
         runs.push(run);
     }
     rig.stop().await;
+    super::bench::drop_topics(&cfg).await;
     let slo_ms = a.slo.as_millis() as u64;
     let within = runs.iter().filter(|r| r.done == r.of && r.wait_p99_ms < slo_ms).map(|r| r.rate).max().unwrap_or(0);
     println!(

@@ -143,6 +143,7 @@ pub async fn run(g: &Global, a: SubmitBenchArgs) -> anyhow::Result<ExitCode> {
         "ndjson_jobs_per_s": median(n.iter().copied()), "ndjson_runs": n,
     });
     println!("{json}");
+    super::bench::drop_topics(&cfg).await;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -228,6 +228,34 @@ pub async fn ensure_topics(cfg: &Config) -> Result<Vec<String>, KafkaError> {
     Ok(created)
 }
 
+/// Deletes every topic of `cfg`'s deployment ([`all_topics`]: its prefix's pool, retry,
+/// delayed, DLQ, results and events topics). For throwaway deployments only (a bench's
+/// `bench<ms>.` prefix): a broker that keeps every run's partitions grows slower with
+/// each (thousands of partitions, their indexes and fetch sessions). Topics already gone
+/// are not an error.
+pub async fn delete_topics(cfg: &Config) -> Result<(), KafkaError> {
+    let admin: AdminClient<DefaultClientContext> = base(cfg).create().map_err(client_err(cfg))?;
+    let names = all_topics(cfg);
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let results = admin.delete_topics(&refs, &opts).await.map_err(|e| KafkaError::Client {
+        brokers: cfg.kafka.brokers.clone(),
+        message: cfg.kafka.properties.redact(&e.to_string()),
+    })?;
+    for r in results {
+        match r {
+            Ok(_) | Err((_, RDKafkaErrorCode::UnknownTopicOrPartition)) => {}
+            Err((topic, code)) => {
+                return Err(KafkaError::Client {
+                    brokers: cfg.kafka.brokers.clone(),
+                    message: format!("deleting topic {topic}: {code}"),
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
 /// How long [`ensure_topics`] waits for the topics it created to be usable.
 const TOPICS_READY_WITHIN: Duration = Duration::from_secs(30);
 
