@@ -18,7 +18,7 @@ pub mod copy;
 mod producer;
 mod seam;
 pub mod stall;
-pub use producer::{producer, submit_producer, Outgoing, Producer};
+pub use producer::{bulk_producer, producer, submit_producer, Outgoing, Producer};
 pub use rdkafka::consumer::{CommitMode, Consumer};
 pub use rdkafka::message::{BorrowedMessage, Headers, Message, OwnedMessage};
 pub use rdkafka::{Offset, TopicPartitionList};

@@ -1,7 +1,8 @@
 //! Submitting many jobs at once (`POST /v1/jobs:batch`): the common job (no idempotency,
 //! unique or debounce key, queued now, its state packed, spans not exported) takes one
-//! shared path: every record of the batch is handed to the producer at once
-//! (`kafka::Producer::send_many`) and each job's packed `queued` record is written once
+//! shared path: every record of the batch is handed at once to the producer of batches
+//! (`kafka::bulk_producer`, which lingers 5 ms where single submissions linger 25;
+//! `kafka::Producer::send_many`) and each job's packed `queued` record is written once
 //! it is on its topic, as [`Submitter::submit`] does for one. A batch then holds a
 //! thousand small acknowledgement futures instead of a thousand whole submissions (a
 //! submission's future is kilobytes; a thousand of them were allocated, moved and faulted
@@ -91,7 +92,14 @@ impl Submitter {
                 Some(Outgoing { topic: topic(r.pool), key: &r.rec.tenant, payload: bytes.as_ref().ok()?, headers })
             })
             .collect();
-        let mut sent = self.producer.send_many(&outgoing).await.into_iter();
+        let mut sent = match self.bulk.get_or_try_init(|| async { crate::kafka::bulk_producer(&self.cfg) }).await {
+            Ok(bulk) => bulk.send_many(&outgoing).await.into_iter(),
+            Err(e) => {
+                let (brokers, message) = (self.cfg.kafka.brokers.clone(), e.to_string());
+                let err = || crate::kafka::KafkaError::Client { brokers: brokers.clone(), message: message.clone() };
+                return ready.iter().map(|_| Err(SubmitError::from(err()))).collect();
+            }
+        };
         let produced: Vec<Result<(), SubmitError>> = encoded
             .into_iter()
             .map(|bytes| match bytes {

@@ -164,6 +164,9 @@ pub struct Submitted {
 pub struct Submitter {
     cfg: std::sync::Arc<Config>,
     producer: Producer,
+    /// The producer of whole batches (`submit_many`), created on the first batch: a
+    /// second client with a shorter linger (`kafka::bulk_producer`).
+    bulk: tokio::sync::OnceCell<Producer>,
     store: Option<Store>,
     /// The live registry (API, CLI); without it, the config file's tenants.
     tenants: Option<crate::ops::tenants::LiveTenants>,
@@ -190,6 +193,7 @@ impl Submitter {
         Ok(Submitter {
             cfg,
             producer,
+            bulk: Default::default(),
             store,
             tenants: None,
             events: Default::default(),
