@@ -10,12 +10,23 @@
 //! rule out the others ([`straight_from_submitter`]); a polled feed of recent cancel
 //! requests covers cancels (`worker::frontier`).
 //!
+//! A delayed job (`execute_at`) may come back through a relay, which produces a copy at
+//! another offset. Its copies carry no [`SUBMITTED_HEADER`]: only a submitter's record
+//! does, so a delayed job read at its submitted offset may skip the read too, provided a
+//! worker raises the frontier past that offset before it hands the job to a relay (then
+//! a later reader of the offset reads the state: a copy may be running).
+//!
 //! Limits, stated where docs/wire-format.md promises effectively-once: a client that produces the
 //! *same job id twice at two offsets* gets both run if both are fresh (use idempotency
 //! keys); a cancel issued in the last poll interval before the job starts is honoured
 //! only cooperatively, as for a running job.
 
 use crate::model::{JobSubmitted, Millis};
+
+/// The header a submitter puts on every record it produces (value "1"): the record is
+/// the submission itself, not a copy a relay, promoter or hold-back produced (they set
+/// only trace headers). Records without it (older submitters too) are read as copies.
+pub const SUBMITTED_HEADER: &str = "fairway-submitted";
 
 /// One partition's frontier as seen by one worker in one assignment (an incarnation of the partition's state).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,14 +62,15 @@ impl PartitionFrontier {
 /// first attempt, no crash, generation 0, not replayed, never delayed or held back (those
 /// come back through a relay, which may produce twice), and young enough for the
 /// cancellation feed (which covers at least `max_age_ms`) to know any cancel of it.
-pub fn straight_from_submitter(job: &JobSubmitted, now: Millis, max_age_ms: Millis) -> bool {
+/// `submitted`: the record carries [`SUBMITTED_HEADER`] (then a delayed job qualifies).
+pub fn straight_from_submitter(job: &JobSubmitted, submitted: bool, now: Millis, max_age_ms: Millis) -> bool {
     job.attempt == 0
         && job.crash_count == 0
         && job.generation == 0
         && job.replay_count == 0
         && job.replayed_from.is_none()
         && job.not_before.is_none()
-        && job.execute_at.is_none()
+        && (job.execute_at.is_none() || submitted)
         && now - job.submitted_at <= max_age_ms
 }
 
@@ -93,8 +105,8 @@ mod tests {
     #[test]
     fn only_original_young_submissions_qualify() {
         let base = JobSubmitted::original("j".into(), "t".into(), "x".into(), Vec::new(), 1_000);
-        assert!(straight_from_submitter(&base, 2_000, 60_000));
-        assert!(!straight_from_submitter(&base, 62_000, 60_000), "too old for the cancel feed");
+        assert!(straight_from_submitter(&base, false, 2_000, 60_000));
+        assert!(!straight_from_submitter(&base, false, 62_000, 60_000), "too old for the cancel feed");
         let copies = [
             JobSubmitted { attempt: 1, ..base.clone() },
             JobSubmitted { crash_count: 1, ..base.clone() },
@@ -105,7 +117,24 @@ mod tests {
             JobSubmitted { execute_at: Some(5), ..base.clone() },
         ];
         for c in copies {
-            assert!(!straight_from_submitter(&c, 2_000, 60_000), "{c:?}");
+            assert!(!straight_from_submitter(&c, false, 2_000, 60_000), "{c:?}");
         }
+    }
+
+    #[test]
+    fn a_delayed_job_qualifies_only_as_its_submitters_record() {
+        let base = JobSubmitted::original("j".into(), "t".into(), "x".into(), Vec::new(), 1_000);
+        let delayed = JobSubmitted { execute_at: Some(3_000), ..base.clone() };
+        assert!(straight_from_submitter(&delayed, true, 3_000, 60_000));
+        assert!(!straight_from_submitter(&delayed, false, 3_000, 60_000), "a relay's copy");
+        let others = [
+            JobSubmitted { attempt: 1, ..delayed.clone() },
+            JobSubmitted { not_before: Some(5), ..delayed.clone() },
+            JobSubmitted { generation: 1, ..delayed.clone() },
+        ];
+        for c in others {
+            assert!(!straight_from_submitter(&c, true, 3_000, 60_000), "{c:?}");
+        }
+        assert!(!straight_from_submitter(&delayed, true, 62_000, 60_000), "too old for the cancel feed");
     }
 }

@@ -475,11 +475,13 @@ impl Submitter {
     }
 }
 
-/// A job's original record's headers: its trace context, and
+/// A job's original record's headers: its trace context,
+/// `core::frontier::SUBMITTED_HEADER` (the submission itself, not a copy), and
 /// `core::events::STATE_WRITTEN_HEADER` when its submitter writes its packed `queued`
 /// state (the events recorder then writes no `queued` event: the state tells it).
 pub(crate) fn record_headers(rec: &JobSubmitted, state_written: bool) -> Vec<(&'static str, &str)> {
     let mut headers = kafka::trace_headers(rec);
+    headers.push((crate::core::frontier::SUBMITTED_HEADER, "1"));
     if state_written {
         headers.push((crate::core::events::STATE_WRITTEN_HEADER, "queued"));
     }

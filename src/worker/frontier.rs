@@ -61,6 +61,28 @@ impl Frontiers {
         if origin.topic != self.topic {
             return Ok(false);
         }
+        let never_started = self.reserve(store, origin).await?;
+        Ok(self.skip_reads
+            && never_started
+            && frontier::straight_from_submitter(job, origin.submitted, now, MAX_AGE_MS)
+            && self.feed.rules_out_cancel(&job.job_id, now))
+    }
+
+    /// Called before a submitter's record of the pool topic is handed to a relay (a
+    /// delayed job not held here): its copy may run elsewhere, so the frontier is raised
+    /// past its offset as a start would, and a later reader of the offset reads the
+    /// job's state instead of skipping it. An error means the store is unavailable: the
+    /// job must not be handed over (its offset stays uncommitted).
+    pub async fn cover(&self, store: &dyn RouteStore, origin: &Origin) -> Result<(), StoreError> {
+        if origin.topic != self.topic {
+            return Ok(());
+        }
+        self.reserve(store, origin).await.map(|_| ())
+    }
+
+    /// Records the frontier past `origin`'s offset if it is not covered yet; whether no
+    /// worker can have started the offset before this assignment.
+    async fn reserve(&self, store: &dyn RouteStore, origin: &Origin) -> Result<bool, StoreError> {
         let cell = {
             let mut parts = self.parts.lock().expect("frontiers");
             parts.entry(origin.partition).or_default().clone()
@@ -77,10 +99,7 @@ impl Frontiers {
             Box::pin(store.raise_dispatch_frontier(&self.topic, origin.partition, upto)).await?;
             f.reserved(upto);
         }
-        Ok(self.skip_reads
-            && f.never_started(origin.offset)
-            && frontier::straight_from_submitter(job, now, MAX_AGE_MS)
-            && self.feed.rules_out_cancel(&job.job_id, now))
+        Ok(f.never_started(origin.offset))
     }
 }
 
@@ -91,6 +110,12 @@ pub struct CancelFeed {
 }
 
 impl CancelFeed {
+    /// The feed as if polled at `at` and found no cancel request (tests on doubles).
+    #[cfg(test)]
+    pub fn polled_empty(&self, at: Millis) {
+        *self.state.lock().expect("feed") = (HashSet::new(), at);
+    }
+
     /// The feed is current and has no cancel request for the job.
     fn rules_out_cancel(&self, job_id: &str, now: Millis) -> bool {
         let (ids, polled_at) = &*self.state.lock().expect("feed");

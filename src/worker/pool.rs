@@ -483,7 +483,10 @@ impl Loop {
 
     /// A consumed message, copied out of the consumer's buffer and taken in.
     fn take(&mut self, msg: &kafka::BorrowedMessage<'_>) {
-        let origin = Origin { topic: self.topic.clone(), partition: msg.partition(), offset: msg.offset() };
+        use kafka::Headers;
+        let submitted =
+            msg.headers().is_some_and(|h| h.iter().any(|h| h.key == crate::core::frontier::SUBMITTED_HEADER));
+        let origin = Origin { topic: self.topic.clone(), partition: msg.partition(), offset: msg.offset(), submitted };
         let bytes = msg.payload().unwrap_or_default().to_vec();
         self.on_message(origin, bytes, msg.timestamp().to_millis());
     }
@@ -559,7 +562,12 @@ impl Loop {
             // in the store) until due, so no job starts before its `execute_at`.
             let (sh, tx) = (self.sh.clone(), self.done_tx.clone());
             self.tasks.spawn(async move {
-                let ended = Ended::Skipped.or_lost(durable::delay(&sh, job).await);
+                // A submitter's record: its offset counts as started (see `Frontiers::cover`).
+                let covered = !origin.submitted || sh.frontiers.cover(&sh.store, &origin).await.is_ok();
+                let ended = match covered {
+                    true => Ended::Skipped.or_lost(durable::delay(&sh, job).await),
+                    false => Ended::NotDurable,
+                };
                 let _ = tx.send(Event::Done(Done {
                     origin,
                     incarnation,
@@ -1208,7 +1216,9 @@ impl Loop {
                 metrics::counter!(m::JOBS_UNSPILLED, "pool" => self.pool()).increment(rows.len() as u64);
                 let mut largest = 0;
                 for (offset, bytes) in rows {
-                    let origin = Origin { topic: self.topic.clone(), partition, offset };
+                    // Read back from the store: whether it was the submitter's record is
+                    // not kept, so it counts as a copy (its state is read).
+                    let origin = Origin { topic: self.topic.clone(), partition, offset, submitted: false };
                     let spill = Some(SpillRef { tenant: tenant.clone(), bucket: plan.bucket });
                     match validate(&self.sh, &bytes) {
                         Ok(job) => {

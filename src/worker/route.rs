@@ -53,6 +53,8 @@ pub struct Origin {
     pub topic: String,
     pub partition: i32,
     pub offset: i64,
+    /// The record is a submitter's own (`core::frontier::SUBMITTED_HEADER`), not a copy.
+    pub submitted: bool,
 }
 
 /// How an execution ended, for the scheduler's accounting and the metrics.

@@ -105,7 +105,7 @@ impl Fixture {
     }
 
     fn origin(&self) -> Origin {
-        Origin { topic: self.cfg.pool_topic(Pool::Short), partition: 0, offset: 7 }
+        Origin { topic: self.cfg.pool_topic(Pool::Short), partition: 0, offset: 7, submitted: false }
     }
 
     /// Runs the job's route on `route` as the pool loop does, to its end.
@@ -394,4 +394,30 @@ async fn a_follower_of_a_route_that_was_not_durable_is_not_durable() {
     assert_eq!(first.await.unwrap(), Ended::NotDurable);
     assert_eq!(second.await.unwrap(), Ended::NotDurable);
     assert_eq!(f.echo.runs.load(Ordering::SeqCst), 1);
+}
+
+/// A delayed job read at its submitter's own record skips the state read as an immediate
+/// one does; handed to the relay instead (not held here), its offset is covered first, so
+/// the partition's next owner reads the state there (the relay's copy may be running).
+#[tokio::test(start_paused = true)]
+async fn a_delayed_submitters_record_skips_the_read_unless_handed_to_the_relay_before() {
+    let f = Fixture::new(0);
+    let now = f.clock.now_ms();
+    let job = JobSubmitted { execute_at: Some(now), ..(*f.job()).clone() };
+    let owner =
+        |feed: &Arc<frontier::CancelFeed>| frontier::Frontiers::new(f.cfg.pool_topic(Pool::Short), true, feed.clone());
+    let feed = Arc::new(frontier::CancelFeed::default());
+    feed.polled_empty(now);
+    let submitted = Origin { submitted: true, ..f.origin() };
+    let first = owner(&feed);
+    assert!(first.before_start(f.store.as_ref(), &job, &submitted, now).await.unwrap(), "the submitter's record");
+    let copy = Origin { offset: 9, ..f.origin() };
+    assert!(!first.before_start(f.store.as_ref(), &job, &copy, now).await.unwrap(), "a relay's copy is read");
+    // An offset far past the first's chunk, handed to the relay by the first owner.
+    let handed = Origin { offset: 100_000, submitted: true, ..f.origin() };
+    first.cover(f.store.as_ref(), &handed).await.unwrap();
+    let next = owner(&feed);
+    assert!(!next.before_start(f.store.as_ref(), &job, &handed, now).await.unwrap(), "covered: read it");
+    let later = Origin { offset: 200_000, submitted: true, ..f.origin() };
+    assert!(next.before_start(f.store.as_ref(), &job, &later, now).await.unwrap(), "beyond: nobody started it");
 }
