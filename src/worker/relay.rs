@@ -352,9 +352,7 @@ pub async fn promoter_loop(
 /// The buckets one promoter pass visits, oldest first, from `cursor` (a new leader:
 /// from the oldest one named): those the `scheduled_buckets` index names, at most
 /// `INDEX_READ`. Every parked job's bucket is indexed before its row is written
-/// (`Store::put_scheduled`), so no other bucket can hold one. (Until 2026-11-29 a new leader
-/// also walked every minute of the last day for jobs parked before the index existed:
-/// 1,441 reads at every change of leader, and none since the index's first release.)
+/// (`Store::put_scheduled`), so no other bucket holds one.
 async fn buckets_to_visit(store: &crate::store::Store, cursor: Option<i64>, current: i64) -> Vec<i64> {
     const INDEX_READ: usize = 1_000;
     match store.scheduled_buckets(cursor.unwrap_or(i64::MIN), current, INDEX_READ).await {
