@@ -261,39 +261,29 @@ fn closed() -> StoreError {
     StoreError::Query { what: "coalesced statement", message: "the store's coalescer stopped".into() }
 }
 
-/// Waits for a free slot of `permits`, then gathers what is waiting (at least one request):
-/// while every slot is busy, requests pile up and the next gather takes them all, so
-/// merged requests grow with the load instead of staying as small as the arrival rate.
+/// Waits for a free slot of `permits`, then gathers (at least one request, see
+/// [`gather`]): while every slot is busy, requests pile up and the next gather takes them
+/// all, so merged requests grow with the load instead of staying as small as the arrival rate.
 async fn next_merged<T>(
     rx: &mut mpsc::Receiver<T>,
     permits: &Arc<Semaphore>,
     max: usize,
+    linger: std::time::Duration,
 ) -> Option<(OwnedSemaphorePermit, Vec<T>)> {
     let permit = permits.clone().acquire_owned().await.ok()?;
-    Some((permit, gather(rx, max).await?))
+    Some((permit, gather(rx, max, linger).await?))
 }
 
-/// Takes one request, then whatever else is already waiting, up to `max`.
-async fn gather<T>(rx: &mut mpsc::Receiver<T>, max: usize) -> Option<Vec<T>> {
-    let first = rx.recv().await?;
-    let mut batch = vec![first];
-    while batch.len() < max {
-        match rx.try_recv() {
-            Ok(r) => batch.push(r),
-            Err(_) => break,
-        }
-    }
-    Some(batch)
-}
-
-/// Takes one request, then more until `max` or `linger` after the first.
-async fn gather_lingering<T>(rx: &mut mpsc::Receiver<T>, max: usize, linger: std::time::Duration) -> Option<Vec<T>> {
+/// Takes one request, then whatever else arrives within `linger` of it (zero: only what
+/// is already waiting), up to `max`.
+async fn gather<T>(rx: &mut mpsc::Receiver<T>, max: usize, linger: std::time::Duration) -> Option<Vec<T>> {
     let mut batch = vec![rx.recv().await?];
     let until = tokio::time::Instant::now() + linger;
     while batch.len() < max {
         match rx.try_recv() {
             Ok(r) => batch.push(r),
             Err(mpsc::error::TryRecvError::Disconnected) => break,
+            Err(mpsc::error::TryRecvError::Empty) if linger.is_zero() => break,
             Err(mpsc::error::TryRecvError::Empty) => match tokio::time::timeout_at(until, rx.recv()).await {
                 Ok(Some(r)) => batch.push(r),
                 Ok(None) | Err(_) => break,
@@ -311,7 +301,7 @@ where
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let permits = Arc::new(Semaphore::new(IN_FLIGHT));
-    while let Some((permit, reqs)) = next_merged(&mut rx, &permits, MAX_BATCH).await {
+    while let Some((permit, reqs)) = next_merged(&mut rx, &permits, MAX_BATCH, std::time::Duration::ZERO).await {
         let work = handle(reqs);
         tokio::spawn(async move {
             let _permit = permit;
@@ -348,9 +338,7 @@ pub(super) async fn write_loop<V>(
 /// outstanding. Each caller hears the result of the batch that held its record.
 async fn pack_loop(session: Arc<Session>, stmt: PreparedStatement, mut rx: mpsc::Receiver<FinishedReq>) {
     let permits = Arc::new(Semaphore::new(PACK_IN_FLIGHT));
-    loop {
-        let Ok(first_permit) = permits.clone().acquire_owned().await else { return };
-        let Some(reqs) = gather_lingering(&mut rx, MAX_PACKED, PACK_LINGER).await else { return };
+    while let Some((first_permit, reqs)) = next_merged(&mut rx, &permits, MAX_PACKED, PACK_LINGER).await {
         let (entries, replies): (Vec<FinishedValues>, Vec<_>) = reqs.into_iter().unzip();
         let mut replies: Vec<Option<_>> = replies.into_iter().map(Some).collect();
         let mut first_permit = Some(first_permit);

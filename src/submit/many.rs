@@ -92,6 +92,10 @@ impl Submitter {
                 Some(Outgoing { topic: topic(r.pool), key: &r.rec.tenant, payload: bytes.as_ref().ok()?, headers })
             })
             .collect();
+        if outgoing.is_empty() {
+            // Nothing to produce (every job failed to encode, or none took this path).
+            return encoded.into_iter().map(|e| Err(e.expect_err("no record: every encoding failed"))).collect();
+        }
         let mut sent = match self.bulk.get_or_try_init(|| async { crate::kafka::bulk_producer(&self.cfg) }).await {
             Ok(bulk) => bulk.send_many(&outgoing).await.into_iter(),
             Err(e) => {

@@ -563,10 +563,15 @@ impl Loop {
             let (sh, tx) = (self.sh.clone(), self.done_tx.clone());
             self.tasks.spawn(async move {
                 // A submitter's record: its offset counts as started (see `Frontiers::cover`).
-                let covered = !origin.submitted || sh.frontiers.cover(&sh.store, &origin).await.is_ok();
-                let ended = match covered {
-                    true => Ended::Skipped.or_lost(durable::delay(&sh, job).await),
-                    false => Ended::NotDurable,
+                let covered = match origin.submitted {
+                    true => sh.frontiers.cover(&sh.store, &origin).await,
+                    false => Ok(()),
+                };
+                let ended = if let Err(e) = covered {
+                    tracing::warn!(job_id = %job.job_id, error = %e, "cannot record the dispatch frontier; the delayed job stays uncommitted and is not handed to the relay");
+                    Ended::NotDurable
+                } else {
+                    Ended::Skipped.or_lost(durable::delay(&sh, job).await)
                 };
                 let _ = tx.send(Event::Done(Done {
                     origin,
