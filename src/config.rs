@@ -213,6 +213,10 @@ pub struct KafkaConfig {
     /// broker assigns, partitions move one by one). Measured side by side:
     /// docs/partitions.md.
     pub group_protocol: GroupProtocol,
+    /// Submissions a second (per submitting process) that earn a tenant one more lane on
+    /// a pool topic: a tenant submitting faster spreads over more partitions, and so
+    /// workers (`core::lanes`, docs/design/lanes.md). 1 to 1,000,000.
+    pub lane_rate: u32,
     /// librdkafka properties for every client (SASL, TLS...); `FAIRWAY_KAFKA_<NAME>`
     /// environment variables override them (see [`Config::apply_env`]).
     pub properties: KafkaProperties,
@@ -229,6 +233,7 @@ impl Default for KafkaConfig {
             unassigned_warning: Duration::from_secs(30),
             session_timeout: Duration::from_secs(10),
             group_protocol: GroupProtocol::default(),
+            lane_rate: 50,
             properties: KafkaProperties::default(),
         }
     }
@@ -714,6 +719,9 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.kafka.brokers.trim().is_empty() {
             return Err(invalid("kafka.brokers", "is empty; set host:port of a broker, e.g. \"127.0.0.1:19092\""));
+        }
+        if !(1..=1_000_000).contains(&self.kafka.lane_rate) {
+            return Err(invalid("kafka.lane_rate", "must be 1 to 1000000 submissions a second per lane"));
         }
         if self.kafka.partitions < 1 {
             return Err(invalid("kafka.partitions", "must be at least 1"));

@@ -33,6 +33,9 @@ pub const REAPED: &str = "fairway_jobs_reaped_total";
 // Partitions and fatal client errors (`kafka::producer`, `worker::watchdog`).
 pub const KAFKA_FATAL_ERRORS: &str = "fairway_kafka_fatal_errors_total";
 pub const PRODUCER_REBUILDS: &str = "fairway_producer_rebuilds_total";
+// Lanes (`core::lanes`, `submit`).
+pub const PARTITION_COUNT_FAILURES: &str = "fairway_partition_count_failures_total";
+pub const SUBMIT_LANES: &str = "fairway_submit_spread_jobs_total";
 pub const STORE_UNREACHABLE_SECONDS: &str = "fairway_store_unreachable_seconds";
 pub const WORKER_LIVE: &str = "fairway_worker_live";
 pub const WORKER_GAVE_UP: &str = "fairway_worker_gave_up_total";
@@ -201,6 +204,11 @@ pub fn describe() {
         KAFKA_FATAL_ERRORS,
         "Fatal librdkafka errors (rd_kafka_fatal_error: fenced or invalid producer...), by client (producer, consumer)"
     );
+    describe_counter!(
+        PARTITION_COUNT_FAILURES,
+        "Reads of a pool topic's partition count that failed (records placed by key hash meanwhile)"
+    );
+    describe_counter!(SUBMIT_LANES, "Submissions placed on a lane other than their tenant's home partition");
     describe_counter!(
         PRODUCER_REBUILDS,
         "Kafka producers replaced after a fatal error (unacknowledged records sent again on the new one)"

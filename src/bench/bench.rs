@@ -61,6 +61,10 @@ pub enum BenchKind {
     /// accounts; light tenants' waits alone and under a heavy flood, jobs lost, registry
     /// change delays, the database's CPU and peak RSS. JSON.
     Tenants(super::bench_tenants::TenantsArgs),
+    /// One tenant on the whole fleet and the fair share across it: one tenant alone on
+    /// N workers, weights 1:3 both flooding, 30 tenants' spread, quiet tenants beside a
+    /// spread flooder. JSON.
+    Fleet(super::bench_fleet::FleetArgs),
 }
 
 /// The deployment a no-op bench runs on: in-process workers of the short pool.
@@ -109,6 +113,7 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchKind::Slo(s) => super::bench_slo::run(g, s).await,
         BenchKind::Delayed(d) => super::bench_delayed::run(g, d).await,
         BenchKind::Tenants(t) => super::bench_tenants::run(g, t).await,
+        BenchKind::Fleet(f) => super::bench_fleet::run(g, f).await,
     }
 }
 

@@ -15,6 +15,7 @@ mod bench_blast;
 mod bench_cpu;
 mod bench_delayed;
 mod bench_faults;
+mod bench_fleet;
 mod bench_flood;
 mod bench_ownership;
 mod bench_partitions;

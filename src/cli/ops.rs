@@ -92,9 +92,13 @@ pub struct SubmitArgs {
     /// (`admission.user_rate`) is keyed by it.
     #[arg(long)]
     pub user_key: Option<String>,
+    /// Jobs of a tenant with the same ordering key stay on one partition, in submission
+    /// order (jobs without one spread over the tenant's partitions in no order).
+    #[arg(long)]
+    pub ordering_key: Option<String>,
     /// Submit many jobs from NDJSON (one JSON object per line; `-` for stdin), fields as
     /// in the HTTP API: tenant, job_type, payload, priority, idempotency_key, execute_at,
-    /// not_after, flow_key, user_key.
+    /// not_after, flow_key, user_key, ordering_key.
     #[arg(long)]
     pub ndjson: Option<PathBuf>,
 }
@@ -214,6 +218,7 @@ fn job_from_flags(a: SubmitArgs) -> anyhow::Result<NewJob> {
         not_after: a.not_after,
         flow_key: a.flow_key,
         user_key: a.user_key,
+        ordering_key: a.ordering_key,
         generation: 0,
         // W3C trace context from the environment (the OpenTelemetry convention for
         // processes): a CI job or script that runs in a trace passes it on.
@@ -237,7 +242,7 @@ fn read_ndjson(reader: Box<dyn BufRead + Send>, submitter: &Submitter) -> anyhow
             continue;
         }
         let job: NewJob = serde_json::from_str(&line).with_context(|| {
-            format!("line {}: not a job object (fields: tenant, job_type, payload, priority, idempotency_key, execute_at, not_after, flow_key, user_key)", i + 1)
+            format!("line {}: not a job object (fields: tenant, job_type, payload, priority, idempotency_key, execute_at, not_after, flow_key, user_key, ordering_key)", i + 1)
         })?;
         if let Some(key) = &job.idempotency_key {
             caller_key(key).with_context(|| format!("line {}", i + 1))?;

@@ -13,6 +13,7 @@
 //! | `fleet_counts` | the retry budget and poison detection on the pool's fleet-wide counts |
 //! | `backlog`, `buffer` | spilled backlogs of floods beyond the buffer; what the buffer holds per tenant (jobs, bytes) |
 //! | `quota`, `fleet`, `flow` | fleet-wide limits (allotments, rate shares), fleet fairness, flow keys |
+//! | `lanes` | how a tenant's jobs spread over a pool topic's partitions: lanes from its submission rate, ordering keys' fixed places |
 //! | `admission`, `api_limits`, `auth` | the front door (queue limits and rates), the API process's per-key limits, API keys |
 //! | `tenants` | a tenant's record, tiers and defaults, free accounts |
 //! | `regions` | a tenant's home region: which region's API serves it, the 421 elsewhere, failover to its secondary, a region's outage state |
@@ -53,6 +54,7 @@ pub mod fleet_counts;
 pub mod flow;
 pub mod frontier;
 pub mod invalid;
+pub mod lanes;
 pub mod ledger;
 pub mod limits;
 pub mod offsets;

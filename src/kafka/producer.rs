@@ -81,6 +81,8 @@ pub struct Producer {
 /// One record of [`Producer::send_many`].
 pub struct Outgoing<'a> {
     pub topic: &'a str,
+    /// The partition to write to; None lets librdkafka hash the key.
+    pub partition: Option<i32>,
     pub key: &'a str,
     pub payload: &'a [u8],
     pub headers: &'a [(&'a str, &'a str)],
@@ -89,6 +91,10 @@ pub struct Outgoing<'a> {
 impl<'a> Outgoing<'a> {
     fn record(&self) -> FutureRecord<'a, str, [u8]> {
         let record = FutureRecord::to(self.topic).key(self.key).payload(self.payload);
+        let record = match self.partition {
+            Some(p) => record.partition(p),
+            None => record,
+        };
         if self.headers.is_empty() {
             return record;
         }
@@ -111,7 +117,25 @@ struct Inner {
     rebuilds: AtomicU64,
     /// Why the producer was given up (its rebuild budget spent), if it was.
     gave_up: Mutex<Option<String>>,
+    /// Partition counts of the topics this producer placed records on by partition.
+    partitions: Mutex<std::collections::HashMap<String, Known>>,
 }
+
+/// A topic's partition count as last read from the broker, and when.
+#[derive(Clone, Copy)]
+struct Known {
+    count: i32,
+    at: std::time::Instant,
+}
+
+/// How long a topic's partition count is trusted before it is read again: partitions
+/// added to a topic take up to this long to receive spread lanes.
+const PARTITION_COUNT_TTL: std::time::Duration = std::time::Duration::from_secs(60);
+/// How long a topic whose partition count could not be read waits before it is asked
+/// again.
+const PARTITION_COUNT_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+/// The longest a read of a topic's partition count may take.
+const METADATA_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How long a worker's producer waits to fill a batch: results and hand-offs are on the
 /// path from a job's end to its commit point, so they linger little.
@@ -158,6 +182,7 @@ fn producer_lingering(cfg: &Config, linger_ms: &str) -> Result<Producer, KafkaEr
             budget: Mutex::new(RebuildBudget::default()),
             rebuilds: AtomicU64::new(0),
             gave_up: Mutex::new(None),
+            partitions: Mutex::new(Default::default()),
         }),
     })
 }
@@ -212,6 +237,48 @@ impl Producer {
         Ok(current.clone())
     }
 
+    /// The number of partitions of `topic`, cached for [`PARTITION_COUNT_TTL`]. None
+    /// while it cannot be read (logged and counted; asked again after
+    /// [`PARTITION_COUNT_RETRY`]): the caller then lets the key's hash place the record.
+    pub async fn partition_count(&self, topic: &str) -> Option<i32> {
+        let cached = self.inner.partitions.lock().expect("partition counts").get(topic).copied();
+        match cached {
+            Some(k) if k.count > 0 && k.at.elapsed() < PARTITION_COUNT_TTL => return Some(k.count),
+            Some(k) if k.count == 0 && k.at.elapsed() < PARTITION_COUNT_RETRY => return None,
+            _ => {}
+        }
+        let read = match self.client() {
+            Ok((client, _)) => {
+                let name = topic.to_string();
+                tokio::task::spawn_blocking(move || {
+                    let md =
+                        client.client().fetch_metadata(Some(&name), METADATA_TIMEOUT).map_err(|e| e.to_string())?;
+                    let n = md.topics().first().map_or(0, |t| t.partitions().len());
+                    i32::try_from(n)
+                        .ok()
+                        .filter(|n| *n > 0)
+                        .ok_or_else(|| "no partitions (run `fairway init`)".to_string())
+                })
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()))
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        let count = match read {
+            Ok(n) => n,
+            Err(error) => {
+                metrics::counter!(crate::metrics::PARTITION_COUNT_FAILURES).increment(1);
+                // The last count read stays in force; none known: placed by the key's hash.
+                let last = cached.map_or(0, |k| k.count);
+                tracing::warn!(topic, %error, last, "cannot read the topic's partition count; records are placed by key hash until it is read");
+                last
+            }
+        };
+        let known = Known { count, at: std::time::Instant::now() };
+        self.inner.partitions.lock().expect("partition counts").insert(topic.to_string(), known);
+        (count > 0).then_some(count)
+    }
+
     /// Produces one record and waits for the broker's acknowledgement. A failure caused
     /// by a fatal error of the client is sent again on a rebuilt client.
     pub async fn send(
@@ -221,9 +288,21 @@ impl Producer {
         payload: &[u8],
         headers: &[(&str, &str)],
     ) -> Result<(i32, i64), KafkaError> {
+        self.send_to(topic, None, key, payload, headers).await
+    }
+
+    /// [`Producer::send`] to `partition` (None: by the key's hash).
+    pub async fn send_to(
+        &self,
+        topic: &str,
+        partition: Option<i32>,
+        key: &str,
+        payload: &[u8],
+        headers: &[(&str, &str)],
+    ) -> Result<(i32, i64), KafkaError> {
         loop {
             let (client, generation) = self.client()?;
-            let record = Outgoing { topic, key, payload, headers }.record();
+            let record = Outgoing { topic, partition, key, payload, headers }.record();
             match client.send(record, rdkafka::util::Timeout::Never).await {
                 Ok(d) => return Ok((d.partition, d.offset)),
                 Err((source, _))
@@ -246,7 +325,8 @@ impl Producer {
     pub async fn send_many(&self, records: &[Outgoing<'_>]) -> Vec<Result<(i32, i64), KafkaError>> {
         let Ok((client, generation)) = self.client() else {
             // The client could not be rebuilt: each send says why.
-            let sends = records.iter().map(|r| Box::pin(self.send(r.topic, r.key, r.payload, r.headers)));
+            let sends =
+                records.iter().map(|r| Box::pin(self.send_to(r.topic, r.partition, r.key, r.payload, r.headers)));
             return futures::future::join_all(sends).await;
         };
         let handed: Vec<_> = records.iter().map(|r| client.send_result(r.record()).map_err(|(e, _)| e)).collect();
@@ -262,7 +342,7 @@ impl Producer {
             let queue_full = failed.rdkafka_error_code() == Some(RDKafkaErrorCode::QueueFull);
             let fatal = is_fatal(&self.inner.current.read().expect("producer lock"), generation, &failed);
             if queue_full || fatal {
-                return Box::pin(self.send(r.topic, r.key, r.payload, r.headers)).await;
+                return Box::pin(self.send_to(r.topic, r.partition, r.key, r.payload, r.headers)).await;
             }
             Err(KafkaError::Produce { topic: r.topic.to_string(), source: failed })
         });

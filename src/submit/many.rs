@@ -38,7 +38,7 @@ impl Submitter {
             }
         }
         let singles = futures::future::join_all(alone.iter().map(|&i| Box::pin(self.submit(&jobs[i]))));
-        let (singles, shared) = tokio::join!(singles, self.produce_ready(&ready, stmts, now));
+        let (singles, shared) = tokio::join!(singles, self.produce_ready(&ready, jobs, stmts, now));
         for (i, answer) in alone.into_iter().zip(singles) {
             answers[i] = Some(answer);
         }
@@ -75,6 +75,7 @@ impl Submitter {
     async fn produce_ready(
         &self,
         ready: &[Ready],
+        jobs: &[NewJob],
         stmts: Option<&EventStatements>,
         now: Millis,
     ) -> Vec<Result<Submitted, SubmitError>> {
@@ -84,26 +85,39 @@ impl Submitter {
             ready.iter().map(|r| codec::encode_job(&r.rec).map_err(SubmitError::from)).collect();
         // Every ready job's packed `queued` state is written here (the recorder skips it).
         let headers: Vec<_> = ready.iter().map(|r| super::record_headers(&r.rec, true)).collect();
-        let outgoing: Vec<Outgoing> = ready
-            .iter()
-            .zip(&encoded)
-            .zip(&headers)
-            .filter_map(|((r, bytes), headers)| {
-                Some(Outgoing { topic: topic(r.pool), key: &r.rec.tenant, payload: bytes.as_ref().ok()?, headers })
-            })
-            .collect();
-        if outgoing.is_empty() {
+        if encoded.iter().all(Result::is_err) {
             // Nothing to produce (every job failed to encode, or none took this path).
             return encoded.into_iter().map(|e| Err(e.expect_err("no record: every encoding failed"))).collect();
         }
-        let mut sent = match self.bulk.get_or_try_init(|| async { crate::kafka::bulk_producer(&self.cfg) }).await {
-            Ok(bulk) => bulk.send_many(&outgoing).await.into_iter(),
+        let bulk = match self.bulk.get_or_try_init(|| async { crate::kafka::bulk_producer(&self.cfg) }).await {
+            Ok(bulk) => bulk,
             Err(e) => {
                 let (brokers, message) = (self.cfg.kafka.brokers.clone(), e.to_string());
                 let err = || crate::kafka::KafkaError::Client { brokers: brokers.clone(), message: message.clone() };
                 return ready.iter().map(|_| Err(SubmitError::from(err()))).collect();
             }
         };
+        let lanes = self.batch_lanes(ready.iter().map(|r| (&r.rec, jobs[r.index].ordering_key.as_deref())), now);
+        let mut placements = Vec::with_capacity(ready.len());
+        for (r, lane) in ready.iter().zip(lanes) {
+            placements.push(Self::place(bulk, topic(r.pool), &r.rec.tenant, lane).await);
+        }
+        let outgoing: Vec<Outgoing> = ready
+            .iter()
+            .zip(&encoded)
+            .zip(&headers)
+            .zip(&placements)
+            .filter_map(|(((r, bytes), headers), at)| {
+                Some(Outgoing {
+                    topic: topic(r.pool),
+                    partition: at.partition,
+                    key: &at.key,
+                    payload: bytes.as_ref().ok()?,
+                    headers,
+                })
+            })
+            .collect();
+        let mut sent = bulk.send_many(&outgoing).await.into_iter();
         let produced: Vec<Result<(), SubmitError>> = encoded
             .into_iter()
             .map(|bytes| match bytes {

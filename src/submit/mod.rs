@@ -23,6 +23,7 @@ mod payload;
 pub use payload::Payload;
 
 use crate::config::Config;
+use crate::core::lanes::Lane;
 use crate::core::{promotion, trace};
 use crate::kafka::Producer;
 use crate::model::{JobSubmitted, Millis, Pool, Priority};
@@ -110,6 +111,12 @@ pub struct NewJob {
     /// per-user rate window (`admission.user_rate`) is keyed by it (`crate::admission`).
     #[serde(default)]
     pub user_key: Option<String>,
+    /// Jobs of a tenant that share an ordering key stay on one partition of their pool
+    /// topic, in submission order, whatever the tenant's lane count (`core::lanes`);
+    /// jobs without one spread over the tenant's lanes in no particular order. Used to
+    /// place the record only (it is not carried by the job).
+    #[serde(default)]
+    pub ordering_key: Option<String>,
     /// Unique job (`core::unique`): while the job holding this key is in `unique_scope`,
     /// a submission with the key returns that job's id instead of a new job.
     #[serde(default)]
@@ -176,6 +183,19 @@ pub struct Submitter {
     classes: Option<crate::classifier::PoolClasses>,
     /// Statements of debounce windows (prepared on first use).
     debounces: tokio::sync::OnceCell<dedupe::Windows>,
+    /// Each tenant's recent submission rate here, which sets its lanes (`core::lanes`).
+    lanes: std::sync::Mutex<crate::core::lanes::LaneMeter>,
+}
+
+/// Most tenants whose rate a submitter tracks per second (`core::lanes::LaneMeter`):
+/// a tenant first seen beyond it keeps one lane for that second.
+const LANE_METER_TENANTS: usize = 20_000;
+
+/// Where a record goes on its pool topic: its key and, when the topic's partition count
+/// is known, its partition (`core::lanes`).
+pub(crate) struct Placement {
+    pub key: String,
+    pub partition: Option<i32>,
 }
 
 /// Longest a produce can take before it either failed or its job's row exists
@@ -191,12 +211,13 @@ impl Submitter {
             .filter(|_| cfg.classifier.enabled)
             .map(|s| crate::classifier::PoolClasses::new(cfg.clone(), s.clone()));
         Ok(Submitter {
-            cfg,
             producer,
             bulk: Default::default(),
             store,
             tenants: None,
             events: Default::default(),
+            lanes: std::sync::Mutex::new(crate::core::lanes::LaneMeter::new(cfg.kafka.lane_rate, LANE_METER_TENANTS)),
+            cfg,
             classes,
             debounces: Default::default(),
         })
@@ -276,13 +297,17 @@ impl Submitter {
             rec.traceparent = Some(tp);
         }
         let packed = self.packs_submission(stmts, &rec, now);
+        let lane = self.count_and_lane(&rec, job.ordering_key.as_deref(), 1, now);
         let (produced, written) = if packed {
             // A packed record cannot be taken back: written once the job is on its topic.
-            let produced = self.produce_state_written(&rec, true).await;
+            let produced = self.produce_state_written(&rec, true, lane).await;
             let written = produced.is_ok() && self.put_submitted(stmts, &rec, pool, now, true).await;
             (produced, written)
         } else {
-            tokio::join!(self.produce(&rec), self.put_submitted(stmts, &rec, pool, now, false))
+            tokio::join!(
+                self.produce_state_written(&rec, false, lane),
+                self.put_submitted(stmts, &rec, pool, now, false)
+            )
         };
         if let Some(span) = span {
             span.end(now_ms(), produced.as_ref().err().map(ToString::to_string).as_deref(), Vec::new());
@@ -444,18 +469,70 @@ impl Submitter {
         }
     }
 
-    /// Produces an already built record to its pool topic.
+    /// Produces an already built record to its pool topic, on a lane of its tenant.
     pub async fn produce(&self, rec: &JobSubmitted) -> Result<(), SubmitError> {
-        self.produce_state_written(rec, false).await
+        let lane = self.count_and_lane(rec, None, 1, now_ms());
+        self.produce_state_written(rec, false, lane).await
     }
 
-    /// [`Submitter::produce`], saying on the record whether this submitter writes the
-    /// job's packed `queued` state (see [`record_headers`]).
-    async fn produce_state_written(&self, rec: &JobSubmitted, state_written: bool) -> Result<(), SubmitError> {
+    /// Counts `n` submissions of the record's tenant (see [`crate::core::lanes::LaneMeter`])
+    /// and returns the record's lane: its ordering key's place, else one of the tenant's
+    /// lanes picked by its job id.
+    fn count_and_lane(&self, rec: &JobSubmitted, ordering_key: Option<&str>, n: u64, now: Millis) -> Lane {
+        let mut meter = self.lanes.lock().expect("lane meter");
+        meter.record(&rec.tenant, n, now);
+        match ordering_key {
+            Some(k) => Lane::ordered(k),
+            None => Lane::of_job(&rec.job_id, meter.lanes(&rec.tenant, now)),
+        }
+    }
+
+    /// The lanes of a batch's records: every tenant's jobs are counted first, so a batch
+    /// spreads by the rate it makes.
+    pub(crate) fn batch_lanes<'a>(
+        &self,
+        recs: impl Iterator<Item = (&'a JobSubmitted, Option<&'a str>)> + Clone,
+        now: Millis,
+    ) -> Vec<Lane> {
+        let mut meter = self.lanes.lock().expect("lane meter");
+        for (rec, _) in recs.clone() {
+            meter.record(&rec.tenant, 1, now);
+        }
+        recs.map(|(rec, ordering_key)| match ordering_key {
+            Some(k) => Lane::ordered(k),
+            None => Lane::of_job(&rec.job_id, meter.lanes(&rec.tenant, now)),
+        })
+        .collect()
+    }
+
+    /// Where a record of `tenant` on `lane` goes on `topic` (see [`Placement`]).
+    pub(crate) async fn place(producer: &Producer, topic: &str, tenant: &str, lane: Lane) -> Placement {
+        let key = crate::core::lanes::key(tenant, lane).into_owned();
+        if lane == Lane::Home {
+            return Placement { key, partition: None };
+        }
+        metrics::counter!(crate::metrics::SUBMIT_LANES).increment(1);
+        let partition = producer.partition_count(topic).await.map(|count| {
+            let count = u32::try_from(count).unwrap_or(1);
+            crate::core::lanes::partition(tenant, lane, count) as i32
+        });
+        Placement { key, partition }
+    }
+
+    /// [`Submitter::produce`] on `lane`, saying on the record whether this submitter
+    /// writes the job's packed `queued` state (see [`record_headers`]).
+    async fn produce_state_written(
+        &self,
+        rec: &JobSubmitted,
+        state_written: bool,
+        lane: Lane,
+    ) -> Result<(), SubmitError> {
         let pool = rec.pool.or_else(|| self.cfg.job_types.get(&rec.job_type).map(|j| j.pool)).unwrap_or(Pool::Short);
         let bytes = codec::encode_job(rec)?;
         let headers = record_headers(rec, state_written);
-        kafka::send_with_headers(&self.producer, &self.cfg.pool_topic(pool), &rec.tenant, &bytes, &headers).await?;
+        let topic = self.cfg.pool_topic(pool);
+        let at = Self::place(&self.producer, &topic, &rec.tenant, lane).await;
+        self.producer.send_to(&topic, at.partition, &at.key, &bytes, &headers).await?;
         Ok(())
     }
 
@@ -554,6 +631,10 @@ pub(crate) fn validate_job(cfg: &Config, job: &NewJob, payload_len: usize) -> Re
     }
     if let Some(key) = &job.user_key {
         crate::core::flow::check_named_key("user_key", key).map_err(SubmitError::BadUserKey)?;
+    }
+    if let Some(key) = &job.ordering_key {
+        crate::core::flow::check_named_key("ordering_key", key)
+            .map_err(|message| SubmitError::Invalid { field: "ordering_key", message })?;
     }
     dedupe::check(job, &cfg.debounce)?;
     Ok(job.pool.unwrap_or(jt.pool))
