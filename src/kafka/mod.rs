@@ -10,7 +10,7 @@ use rdkafka::consumer::{ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::ClientConfig;
 use rdkafka::ClientContext;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
@@ -354,9 +354,9 @@ pub fn send_nowait(producer: &Producer, topic: &str, key: &str, payload: &[u8]) 
 pub enum RebalanceEvent {
     Assigned(Vec<(String, i32)>),
     Revoked(Vec<(String, i32)>),
-    /// Owned partitions whose fetcher stayed inactive for [`stall::STALLED_AFTER`]
-    /// (topic, partition, librdkafka's fetch state): the loop restarts the fetchers
-    /// ([`stall::restart_fetchers`]) unless it keeps them paused. At most one such
+    /// Owned partitions without progress for [`stall::STALLED_AFTER`] (topic, partition,
+    /// librdkafka's fetch state; see [`stall::Watch`]): the loop restarts the fetchers
+    /// ([`stall::restart_fetchers`]) and resumes them unless it keeps them paused. At most one such
     /// event per [`stall::RESTART_EVERY`]; only consumers with statistics send it.
     Stalled(Vec<(String, i32, String)>),
 }
@@ -368,14 +368,11 @@ pub struct WorkerContext {
     /// The pool whose consumer lag this client reports (`fairway_consumer_lag{pool}`,
     /// from librdkafka's statistics); None: no statistics.
     lag_pool: Option<&'static str>,
-    /// Owned partitions whose fetcher is not active: since when, and when last warned.
-    idle_fetch: std::sync::Mutex<IdleFetch>,
+    /// Owned partitions without progress: since when, and when last warned.
+    idle_fetch: std::sync::Mutex<stall::Watch>,
     /// When the loop was last asked to restart the fetchers (`RebalanceEvent::Stalled`).
     restart_asked: std::sync::Mutex<Option<Instant>>,
 }
-
-/// Owned partitions whose fetcher is not active: since when, and when last warned.
-type IdleFetch = HashMap<(String, i32), (Instant, Option<Instant>)>;
 
 impl ClientContext for WorkerContext {
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
@@ -393,7 +390,7 @@ impl ClientContext for WorkerContext {
         if let Some(lag) = consumer_lag(&v) {
             metrics::gauge!(crate::metrics::CONSUMER_LAG, "pool" => pool).set(lag as f64);
         }
-        self.watch_fetchers(pool, &not_fetching(&v));
+        self.watch_fetchers(pool, &fetch_views(&v));
         if tracing::enabled!(tracing::Level::DEBUG) {
             tracing::debug!(pool, partitions = %fetch_positions(&v), "fetch positions");
         }
@@ -418,37 +415,28 @@ fn fetch_positions(stats: &serde_json::Value) -> String {
 }
 
 impl WorkerContext {
-    /// Reports owned partitions whose fetcher stayed inactive (an offset lookup that
-    /// never completed, a stopped fetcher): nothing of theirs is read, so say so (once
-    /// a minute each), count them in `fairway_partitions_not_fetching{pool}` and ask the
-    /// loop to restart the fetchers (`RebalanceEvent::Stalled`, see [`stall`]).
-    fn watch_fetchers(&self, pool: &'static str, idle: &[(String, i32, String)]) {
+    /// Reports owned partitions that make no progress ([`stall::Watch`]): a fetcher that
+    /// stayed inactive (an offset lookup that never completed, a stopped fetcher), or an
+    /// active one whose records beyond the worker's position never reach it. A stopped
+    /// fetcher is logged here (once a minute each) and counted in
+    /// `fairway_partitions_not_fetching{pool}`; every stalled partition goes to the loop
+    /// (`RebalanceEvent::Stalled`), which restarts the fetchers and lifts the pause of
+    /// any it does not mean to keep paused (see [`stall`]).
+    fn watch_fetchers(&self, pool: &'static str, views: &[stall::FetchView]) {
         let now = Instant::now();
-        let mut seen = self.idle_fetch.lock().expect("fetch watch lock");
-        seen.retain(|k, _| idle.iter().any(|(t, p, _)| (t, *p) == (&k.0, k.1)));
-        let mut stuck = Vec::new();
-        let mut longest = Duration::ZERO;
-        for (topic, partition, state) in idle {
-            let (since, warned) = seen.entry((topic.clone(), *partition)).or_insert((now, None));
-            let idle_for = now.duration_since(*since);
-            if idle_for < stall::STALLED_AFTER {
-                continue;
-            }
-            longest = longest.max(idle_for);
-            stuck.push((topic.clone(), *partition, state.clone()));
-            if warned.is_none_or(|w| now.duration_since(w) >= Duration::from_secs(60)) {
-                *warned = Some(now);
-                tracing::warn!(
-                    pool, topic = %topic, partition = *partition, fetch_state = %state, idle_s = idle_for.as_secs(),
-                    "an owned partition is not being fetched: its jobs wait; the worker restarts its fetchers"
-                );
-            }
+        let mut watch = self.idle_fetch.lock().expect("fetch watch lock");
+        let report = watch.observe(now, views);
+        for (topic, partition, state, idle_s) in &report.warn {
+            tracing::warn!(
+                pool, topic = %topic, partition = *partition, fetch_state = %state, idle_s = *idle_s,
+                "an owned partition is not being fetched: its jobs wait; the worker restarts its fetchers"
+            );
         }
-        metrics::gauge!(crate::metrics::PARTITIONS_NOT_FETCHING, "pool" => pool).set(stuck.len() as f64);
+        metrics::gauge!(crate::metrics::PARTITIONS_NOT_FETCHING, "pool" => pool).set(report.not_fetching as f64);
         let mut asked = self.restart_asked.lock().expect("restart lock");
-        if !stuck.is_empty() && stall::restart_due(longest, asked.map(|a| now.duration_since(a))) {
+        if !report.stuck.is_empty() && stall::restart_due(report.longest, asked.map(|a| now.duration_since(a))) {
             *asked = Some(now);
-            let _ = self.events.send(RebalanceEvent::Stalled(stuck));
+            let _ = self.events.send(RebalanceEvent::Stalled(report.stuck));
         }
     }
 }
@@ -466,12 +454,21 @@ fn owned_partitions(stats: &serde_json::Value) -> impl Iterator<Item = (&str, i3
     })
 }
 
-/// Owned partitions whose fetch state is not `active`: (topic, partition, fetch state).
-fn not_fetching(stats: &serde_json::Value) -> Vec<(String, i32, String)> {
+/// Every owned partition's fetch state and positions from librdkafka's statistics.
+fn fetch_views(stats: &serde_json::Value) -> Vec<stall::FetchView> {
     owned_partitions(stats)
-        .map(|(topic, partition, p)| (topic, partition, p.get("fetch_state").and_then(|s| s.as_str()).unwrap_or("")))
-        .filter(|(_, _, state)| *state != "active")
-        .map(|(topic, partition, state)| (topic.to_string(), partition, state.to_string()))
+        .map(|(topic, partition, p)| {
+            let n = |k: &str| p.get(k).and_then(|x| x.as_i64()).unwrap_or(-1);
+            stall::FetchView {
+                topic: topic.to_string(),
+                partition,
+                state: p.get("fetch_state").and_then(|s| s.as_str()).unwrap_or("").to_string(),
+                app_offset: n("app_offset"),
+                committed_offset: n("committed_offset"),
+                lo_offset: n("lo_offset"),
+                hi_offset: n("hi_offset"),
+            }
+        })
         .collect()
 }
 
@@ -756,15 +753,21 @@ pub fn tail_reader(cfg: &Config, group: &str) -> Result<StreamConsumer, KafkaErr
 #[cfg(test)]
 mod tests {
     #[test]
-    fn not_fetching_lists_owned_partitions_whose_fetcher_is_not_active() {
+    fn fetch_views_list_owned_partitions_with_their_positions() {
         let v = serde_json::json!({"topics": {"p.jobs.short": {"partitions": {
-            "0": {"desired": true, "fetch_state": "active"},
+            "0": {"desired": true, "fetch_state": "active", "app_offset": 5, "hi_offset": 9, "lo_offset": 0, "committed_offset": 3},
             "1": {"desired": true, "fetch_state": "offset-query"},
             "2": {"desired": false, "fetch_state": "none"},
             "-1": {"desired": false, "fetch_state": "none"}
         }}}});
-        assert_eq!(super::not_fetching(&v), vec![("p.jobs.short".to_string(), 1, "offset-query".to_string())]);
-        assert!(super::not_fetching(&serde_json::json!({"name": "x"})).is_empty());
+        let views = super::fetch_views(&v);
+        assert_eq!(views.len(), 2);
+        assert_eq!(
+            (views[0].partition, views[0].state.as_str(), views[0].app_offset, views[0].hi_offset),
+            (0, "active", 5, 9)
+        );
+        assert_eq!((views[1].partition, views[1].state.as_str(), views[1].app_offset), (1, "offset-query", -1));
+        assert!(super::fetch_views(&serde_json::json!({"name": "x"})).is_empty());
     }
 
     #[test]

@@ -1,5 +1,13 @@
-//! An owned partition whose fetcher librdkafka stopped for good, and its restart.
+//! An owned partition that makes no progress, and its restart.
 //!
+//! [`Watch`] reads librdkafka's statistics every 5 s and calls a partition *stalled* when,
+//! for [`STALLED_AFTER`], either its fetcher is not active, or the broker holds records
+//! beyond every position the worker has (the application's, the committed one, the log
+//! start) and the application's position has not moved. The loop that owns the partition
+//! then restarts the fetchers and resumes it, unless it keeps it paused on purpose (a full
+//! buffer, spill writes behind): only it knows its pauses.
+//!
+//! The first kind:
 //! When the group coordinator answers the committed-offset query of a newly assigned
 //! partition with a partition-level error (seen with the tansu broker right after a
 //! network cut), librdkafka keeps the partition in the assignment but never starts its
@@ -13,7 +21,7 @@
 
 use super::{Consumer, ConsumerContext, KafkaError, Offset, TopicPartitionList};
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// An owned partition whose fetcher has not been active this long is stalled: reported
 /// (`fairway_partitions_not_fetching`) and restarted.
@@ -26,6 +34,96 @@ pub const RESTART_EVERY: Duration = Duration::from_secs(30);
 /// [`STALLED_AFTER`] and the last restart (if any) was [`RESTART_EVERY`] ago or more.
 pub fn restart_due(idle_for: Duration, since_last_restart: Option<Duration>) -> bool {
     idle_for >= STALLED_AFTER && since_last_restart.is_none_or(|s| s >= RESTART_EVERY)
+}
+
+/// One owned partition as librdkafka's statistics show it (-1: unknown).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchView {
+    pub topic: String,
+    pub partition: i32,
+    /// librdkafka's `fetch_state` (`active` when fetching).
+    pub state: String,
+    /// The offset after the last record handed to the application.
+    pub app_offset: i64,
+    pub committed_offset: i64,
+    pub lo_offset: i64,
+    /// The high watermark: the offset after the last record on the broker.
+    pub hi_offset: i64,
+}
+
+impl FetchView {
+    /// Whether the fetcher is not fetching.
+    fn not_fetching(&self) -> bool {
+        self.state != "active"
+    }
+
+    /// Whether the broker holds records past every position the worker has.
+    fn has_unread(&self) -> bool {
+        self.hi_offset >= 0 && self.hi_offset > self.app_offset.max(self.committed_offset).max(self.lo_offset)
+    }
+}
+
+/// What one [`Watch::observe`] found.
+#[derive(Debug, Default, PartialEq)]
+pub struct WatchReport {
+    /// Stalled partitions (topic, partition, fetch state), for the loop to restart.
+    pub stuck: Vec<(String, i32, String)>,
+    /// The longest stall among them.
+    pub longest: Duration,
+    /// Owned partitions whose fetcher has not been active for [`STALLED_AFTER`].
+    pub not_fetching: usize,
+    /// Stopped fetchers to log now (at most once a minute each): topic, partition,
+    /// fetch state, seconds idle.
+    pub warn: Vec<(String, i32, String, u64)>,
+}
+
+/// A stalled partition's record: since when it shows no progress, at which application
+/// offset, and when it was last warned about.
+#[derive(Debug, Clone, Copy)]
+struct Idle {
+    since: Instant,
+    app_offset: i64,
+    warned: Option<Instant>,
+}
+
+/// The owned partitions without progress, across statistics reports (pure: `now` given).
+#[derive(Debug, Default)]
+pub struct Watch {
+    idle: HashMap<(String, i32), Idle>,
+}
+
+impl Watch {
+    /// Takes in one statistics report's partitions at `now`.
+    pub fn observe(&mut self, now: Instant, views: &[FetchView]) -> WatchReport {
+        let waiting: Vec<&FetchView> = views.iter().filter(|v| v.not_fetching() || v.has_unread()).collect();
+        self.idle.retain(|k, _| waiting.iter().any(|v| (&v.topic, v.partition) == (&k.0, k.1)));
+        let mut report = WatchReport::default();
+        for v in waiting {
+            let idle = self.idle.entry((v.topic.clone(), v.partition)).or_insert(Idle {
+                since: now,
+                app_offset: v.app_offset,
+                warned: None,
+            });
+            if idle.app_offset != v.app_offset {
+                // Records reached the application since: progress.
+                *idle = Idle { since: now, app_offset: v.app_offset, warned: None };
+            }
+            let idle_for = now.saturating_duration_since(idle.since);
+            if idle_for < STALLED_AFTER {
+                continue;
+            }
+            report.longest = report.longest.max(idle_for);
+            report.stuck.push((v.topic.clone(), v.partition, v.state.clone()));
+            if v.not_fetching() {
+                report.not_fetching += 1;
+                if idle.warned.is_none_or(|w| now.saturating_duration_since(w) >= Duration::from_secs(60)) {
+                    idle.warned = Some(now);
+                    report.warn.push((v.topic.clone(), v.partition, v.state.clone(), idle_for.as_secs()));
+                }
+            }
+        }
+        report
+    }
 }
 
 /// Where a partition's fetcher restarts, from the highest offset the worker took in from
@@ -50,9 +148,14 @@ pub type Start = (String, i32, Offset);
 /// a rebalance is under way, and its callback reassigns anyway. Local to the client (no
 /// broker round trip): quick enough for the caller's loop, which must not take in records
 /// meanwhile.
+///
+/// Then every partition of `resume` is resumed: librdkafka's pause flags survive the
+/// reassignment, and a stalled partition its owner does not keep paused must not stay
+/// paused by a flag its owner's books lost.
 pub fn restart_fetchers<C: Consumer<X>, X: ConsumerContext>(
     consumer: &C,
     books: &HashMap<(String, i32), i64>,
+    resume: &[(String, i32)],
 ) -> Result<Option<Vec<Start>>, KafkaError> {
     let current = consumer.assignment()?;
     if current.count() != books.len() {
@@ -76,6 +179,9 @@ pub fn restart_fetchers<C: Consumer<X>, X: ConsumerContext>(
             consumer.assign(&tpl)?;
         }
     }
+    if !resume.is_empty() {
+        consumer.resume(&super::tpl(resume.iter()))?;
+    }
     Ok(Some(starts))
 }
 
@@ -90,6 +196,54 @@ mod tests {
         assert!(restart_due(s(15), None));
         assert!(!restart_due(s(60), Some(s(29))), "restarted recently");
         assert!(restart_due(s(60), Some(s(30))));
+    }
+
+    fn view(p: i32, state: &str, app: i64, hi: i64) -> FetchView {
+        FetchView {
+            topic: "t".into(),
+            partition: p,
+            state: state.into(),
+            app_offset: app,
+            committed_offset: -1001,
+            lo_offset: 0,
+            hi_offset: hi,
+        }
+    }
+
+    #[test]
+    fn an_active_partition_with_unread_records_and_no_progress_is_stalled() {
+        let t0 = Instant::now();
+        let mut w = Watch::default();
+        // Never read: app offset invalid, 6,000 records on the broker.
+        let never = view(10, "active", -1001, 6000);
+        let caught_up = view(1, "active", 50, 50);
+        assert!(w.observe(t0, &[never.clone(), caught_up.clone()]).stuck.is_empty());
+        let r = w.observe(t0 + STALLED_AFTER, &[never.clone(), caught_up]);
+        assert_eq!(r.stuck, vec![("t".to_string(), 10, "active".to_string())]);
+        assert_eq!(r.not_fetching, 0, "its fetcher is active");
+        assert!(r.warn.is_empty(), "the loop, which knows its pauses, says why");
+    }
+
+    #[test]
+    fn progress_resets_the_stall_and_a_stopped_fetcher_is_warned_about_once_a_minute() {
+        let t0 = Instant::now();
+        let mut w = Watch::default();
+        w.observe(t0, &[view(2, "active", 10, 100)]);
+        let r = w.observe(t0 + STALLED_AFTER, &[view(2, "active", 11, 100)]);
+        assert!(r.stuck.is_empty(), "it moved");
+        let r = w.observe(t0 + STALLED_AFTER * 2 - Duration::from_secs(1), &[view(2, "active", 11, 100)]);
+        assert!(r.stuck.is_empty(), "not idle long enough since it moved");
+        assert_eq!(w.observe(t0 + STALLED_AFTER * 2, &[view(2, "active", 11, 100)]).stuck.len(), 1);
+
+        let stopped = view(3, "stopped", 0, 0);
+        w.observe(t0, &[stopped.clone()]);
+        let r = w.observe(t0 + STALLED_AFTER, &[stopped.clone()]);
+        assert_eq!((r.stuck.len(), r.not_fetching, r.warn.len()), (1, 1, 1));
+        let r = w.observe(t0 + STALLED_AFTER + Duration::from_secs(5), &[stopped.clone()]);
+        assert_eq!((r.not_fetching, r.warn.len()), (1, 0), "warned a minute apart");
+        // Gone from the report (revoked, or caught up): forgotten.
+        assert!(w.observe(t0 + STALLED_AFTER * 9, &[]).stuck.is_empty());
+        assert!(w.idle.is_empty());
     }
 
     #[test]

@@ -364,11 +364,12 @@ impl Loop {
         }
         let topic = self.sh.cfg.pool_topic(self.sh.pool);
         let books = self.parts.iter().map(|(p, st)| ((topic.clone(), *p), st.last_seen)).collect();
-        match kafka::stall::restart_fetchers(consumer, &books) {
+        let resume: Vec<(String, i32)> = stalled.iter().filter(|s| ours(s)).map(|(t, p, _)| (t.clone(), *p)).collect();
+        match kafka::stall::restart_fetchers(consumer, &books, &resume) {
             Ok(None) => tracing::debug!(pool, ?stalled, "the assignment is changing: no fetcher restart"),
             Ok(Some(starts)) => {
                 metrics::counter!(m::FETCHER_RESTARTS, "pool" => pool).increment(1);
-                tracing::warn!(pool, ?stalled, ?starts, "restarted the fetchers: owned partitions were not being fetched (topic, partition, fetch state; start offsets, Invalid: the committed one)");
+                tracing::warn!(pool, ?stalled, ?resume, ?starts, "restarted the fetchers and resumed the partitions: owned partitions, not paused by this worker, made no progress for 15 s with records waiting or their fetcher stopped (topic, partition, fetch state; start offsets, Invalid: the committed one)");
             }
             Err(e) => {
                 tracing::warn!(pool, ?stalled, error = %e, "could not restart the fetchers of partitions not being fetched")
