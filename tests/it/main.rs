@@ -26,6 +26,7 @@ mod fleet_failures;
 mod front_door;
 mod groups;
 mod kafka;
+mod lanes;
 mod long_jobs;
 mod observability;
 mod probes;
