@@ -1,7 +1,7 @@
 //! A run's shape drawn from its seed: the fleet, the workload (many tenants with a 100x
 //! skew, a flood from one tenant, quiet tenants, some long jobs, failures by class) and
 //! the faults (worker crashes, store outages, cuts between a worker and the broker or the
-//! store, clock skew).
+//! store, clock skew, tenants' lane counts changing while their jobs are in flight).
 
 use super::rng::Rng;
 use crate::model::Millis;
@@ -61,6 +61,10 @@ pub struct Shape {
     pub skews: Vec<Millis>,
     pub max_skew: Millis,
     pub max_dur: Millis,
+    /// Lane changes (at, tenant, lanes), in time order: from `at` on, the tenant's jobs
+    /// are placed on that many lanes by `core::lanes` (as a submitter does when the
+    /// tenant's rate moves). Empty: every tenant on its few fixed partitions.
+    pub lane_changes: Vec<(Millis, u32, u32)>,
 }
 
 impl Shape {
@@ -151,7 +155,17 @@ impl Shape {
             skews,
             max_skew,
             max_dur,
+            lane_changes: lane_changes(seed, busy as u32, partitions as u32, horizon),
         }
+    }
+
+    /// The tenant's lane count at `at` (None: no lane changes in this run).
+    pub fn lanes_at(&self, tenant: u32, at: Millis) -> Option<u32> {
+        if self.lane_changes.is_empty() {
+            return None;
+        }
+        let last = self.lane_changes.iter().rfind(|(when, t, _)| *t == tenant && *when <= at);
+        Some(last.map_or(1, |(_, _, lanes)| *lanes))
     }
 
     pub fn is_quiet(&self, tenant: u32) -> bool {
@@ -163,6 +177,25 @@ impl Shape {
     pub fn max_hold(&self) -> Millis {
         self.max_dur + 2 * 400 + 3 * 1_500 + 400
     }
+}
+
+/// The lane-change fault, in a third of the seeds, drawn from a stream of its own so the
+/// rest of a seed's shape stays as before: the flooder (tenant 0) and a few busy tenants
+/// move between one lane and up to every partition several times within the horizon.
+fn lane_changes(seed: u64, busy: u32, partitions: u32, horizon: Millis) -> Vec<(Millis, u32, u32)> {
+    let mut r = Rng::new(seed ^ 0x1a9e_5c4a_11e5_0001);
+    if !r.chance(0.33) {
+        return Vec::new();
+    }
+    let mut changes = Vec::new();
+    let others: Vec<u32> = (0..r.range(0, 3)).map(|_| r.below(busy as usize) as u32).collect();
+    for tenant in std::iter::once(0).chain(others) {
+        for _ in 0..r.range(1, 6) {
+            changes.push((r.range(0, horizon), tenant, r.range(1, i64::from(partitions) + 2) as u32));
+        }
+    }
+    changes.sort_unstable();
+    changes
 }
 
 fn draw_kind(r: &mut Rng) -> Kind {

@@ -510,8 +510,16 @@ impl World {
 
     fn partition_of(&self, j: u32) -> usize {
         let spec = &self.shape.jobs[j as usize];
-        // A tenant's jobs spread over its few partitions (keyed by tenant and a spread).
-        ((spec.tenant as usize).wrapping_mul(7) + (j as usize % 2)) % self.shape.partitions
+        match self.shape.lanes_at(spec.tenant, spec.submit_at) {
+            // The lane-change fault: placed as a submitter places it (`core::lanes`).
+            Some(lanes) => {
+                use crate::core::lanes::{partition, Lane};
+                let lane = Lane::of_job(&format!("job-{j}"), lanes);
+                partition(&tenant_name(spec.tenant), lane, self.shape.partitions as u32) as usize
+            }
+            // A tenant's jobs spread over its few partitions (keyed by tenant and a spread).
+            None => ((spec.tenant as usize).wrapping_mul(7) + (j as usize % 2)) % self.shape.partitions,
+        }
     }
 
     fn member(&self, w: usize) -> Member {
