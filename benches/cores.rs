@@ -253,5 +253,30 @@ fn retry_bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, scheduler, offsets, codec_bench, retry_bench);
+// ----- lanes -----------------------------------------------------------------------------
+
+/// What placing one submission costs its submitter (`core::lanes`): the meter's count and
+/// lane count among 10,000 tenants, and the lane's partition.
+fn lanes_bench(c: &mut Criterion) {
+    use fairway::core::lanes::{partition, Lane, LaneMeter};
+    let mut g = c.benchmark_group("lanes");
+    g.throughput(Throughput::Elements(1));
+    let tenants: Vec<String> = (0..10_000).map(|i| format!("tenant-{i:05}")).collect();
+    let ids: Vec<String> = (0..1_000).map(|i| format!("0190f3c2-7b1e-7c3a-9d4e-{i:012}")).collect();
+    let mut meter = LaneMeter::new(50, 20_000);
+    let (mut i, mut now) = (0usize, T0);
+    g.bench_function("count_and_place/10k_tenants", |b| {
+        b.iter(|| {
+            i = i.wrapping_add(1);
+            now += 1;
+            let tenant = &tenants[i % tenants.len()];
+            meter.record(tenant, 1, now);
+            let lane = Lane::of_job(&ids[i % ids.len()], meter.lanes(tenant, now));
+            partition(black_box(tenant), lane, 12)
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, scheduler, offsets, codec_bench, retry_bench, lanes_bench);
 criterion_main!(benches);

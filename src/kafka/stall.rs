@@ -236,10 +236,10 @@ mod tests {
         assert_eq!(w.observe(t0 + STALLED_AFTER * 2, &[view(2, "active", 11, 100)]).stuck.len(), 1);
 
         let stopped = view(3, "stopped", 0, 0);
-        w.observe(t0, &[stopped.clone()]);
-        let r = w.observe(t0 + STALLED_AFTER, &[stopped.clone()]);
+        w.observe(t0, std::slice::from_ref(&stopped));
+        let r = w.observe(t0 + STALLED_AFTER, std::slice::from_ref(&stopped));
         assert_eq!((r.stuck.len(), r.not_fetching, r.warn.len()), (1, 1, 1));
-        let r = w.observe(t0 + STALLED_AFTER + Duration::from_secs(5), &[stopped.clone()]);
+        let r = w.observe(t0 + STALLED_AFTER + Duration::from_secs(5), std::slice::from_ref(&stopped));
         assert_eq!((r.not_fetching, r.warn.len()), (1, 0), "warned a minute apart");
         // Gone from the report (revoked, or caught up): forgotten.
         assert!(w.observe(t0 + STALLED_AFTER * 9, &[]).stuck.is_empty());
