@@ -469,10 +469,11 @@ impl Submitter {
         }
     }
 
-    /// Produces an already built record to its pool topic, on a lane of its tenant.
+    /// Produces an already built record to its pool topic, on its tenant's home lane:
+    /// records produced as built (replays, the library's own records) keep the order
+    /// they are produced in, as one partition keeps it.
     pub async fn produce(&self, rec: &JobSubmitted) -> Result<(), SubmitError> {
-        let lane = self.count_and_lane(rec, None, 1, now_ms());
-        self.produce_state_written(rec, false, lane).await
+        self.produce_state_written(rec, false, Lane::Home).await
     }
 
     /// Counts `n` submissions of the record's tenant (see [`crate::core::lanes::LaneMeter`])
