@@ -17,6 +17,7 @@
 //! entry per tenant, pool and job type); a flush writes one row per changed account.
 
 use crate::config::Config;
+use crate::core::bounds::Period;
 use crate::core::ledger::{
     self as rules, ChartPoint, Flush, Granularity, LedgerRow, PartitionTally, ReportLine, Weighed,
 };
@@ -40,8 +41,7 @@ const LEASE_SECS: i32 = 15;
 pub const FLUSH: Duration = Duration::from_secs(5);
 /// How often the leader asks the broker for the partitions' ends to report its lag.
 pub const LAG_EVERY: Duration = Duration::from_secs(30);
-/// The longest period one report may cover.
-pub const MAX_REPORT_DAYS: i64 = 93;
+pub use crate::core::ledger::MAX_REPORT_DAYS;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
@@ -216,33 +216,22 @@ fn ttl_secs(cfg: &Config) -> i32 {
     cfg.retention.ledger.as_secs().clamp(3600, 20 * 365 * 86_400) as i32
 }
 
-/// A usage report's question: whose, which period, how fine.
+/// A usage report's question: whose, which period (checked: `core::ledger::report_period`),
+/// how fine.
 #[derive(Clone, Debug)]
 pub struct ReportQuery {
     pub tenant: String,
-    pub from: Millis,
-    pub to: Millis,
+    pub period: Period,
     pub granularity: Granularity,
-}
-
-/// Why a report's question is refused.
-pub fn check_period(from: Millis, to: Millis) -> Result<(), String> {
-    if to <= from {
-        return Err("`to` must be after `from`".into());
-    }
-    if to - from > MAX_REPORT_DAYS * 86_400_000 {
-        return Err(format!("a report covers at most {MAX_REPORT_DAYS} days: ask for a shorter period or several"));
-    }
-    Ok(())
 }
 
 /// One tenant's usage per period (store reads: one partition per day of the period).
 pub async fn report(stmts: &LedgerStatements, q: &ReportQuery) -> Result<Vec<ReportLine>, StoreError> {
     let mut rows: Vec<LedgerRow> = Vec::new();
-    for day in rules::days(q.from, q.to) {
+    for day in rules::days(&q.period) {
         rows.extend(stmts.rows(&q.tenant, day).await?);
     }
-    Ok(rules::report(&rows, q.granularity, q.from, q.to))
+    Ok(rules::report(&rows, q.granularity, q.period.from(), q.period.to()))
 }
 
 /// Tenants' days an export reads at once.
@@ -296,7 +285,7 @@ pub async fn tenant_charts(stmts: &LedgerStatements, q: &ChartsQuery<'_>) -> Res
     let me = weighed(q.tenant, q.registry, q.default_tier);
     let weights = TierWeights::default();
     let (mut rows, mut fleet, mut entitled) = (Vec::new(), Vec::new(), BTreeMap::new());
-    for day in rules::days(from_day, q.now + 1) {
+    for day in rules::days(&Period::clamped(from_day, q.now + 1)) {
         let (r, f, active) = futures::try_join!(stmts.rows(q.tenant, day), stmts.fleet(day), stmts.tenants(day))?;
         // A day nobody used the fleet entitles nobody to anything: no line there.
         if !active.is_empty() {
@@ -324,7 +313,7 @@ pub async fn top_tenants(
     let from = rules::window_of(now - 86_400_000);
     let mut usage: Vec<(String, i64)> = Vec::new();
     let mut cut = false;
-    for day in rules::days(from, now + 1) {
+    for day in rules::days(&Period::clamped(from, now + 1)) {
         let mut tenants = stmts.tenants(day).await?;
         cut |= tenants.len() > TOP_SCAN_TENANTS;
         tenants.truncate(TOP_SCAN_TENANTS);

@@ -18,6 +18,7 @@ pub mod codes {
     pub const PAYLOAD_TOO_LARGE: &str = "PAYLOAD_TOO_LARGE";
     pub const BODY_TOO_LARGE: &str = "BODY_TOO_LARGE";
     pub const NEVER_RUNNABLE: &str = "NEVER_RUNNABLE";
+    pub const TIME_OUT_OF_RANGE: &str = "TIME_OUT_OF_RANGE";
     pub const BAD_TRACE_CONTEXT: &str = "BAD_TRACE_CONTEXT";
     pub const BAD_FLOW_KEY: &str = "BAD_FLOW_KEY";
     pub const BAD_USER_KEY: &str = "BAD_USER_KEY";
@@ -228,6 +229,7 @@ impl From<SubmitError> for ApiError {
             SubmitError::UnknownJobType(..) => (StatusCode::BAD_REQUEST, codes::UNKNOWN_JOB_TYPE),
             SubmitError::PayloadTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, codes::PAYLOAD_TOO_LARGE),
             SubmitError::NeverRunnable { .. } => (StatusCode::UNPROCESSABLE_ENTITY, codes::NEVER_RUNNABLE),
+            SubmitError::OutOfRange(_) => (StatusCode::BAD_REQUEST, codes::TIME_OUT_OF_RANGE),
             SubmitError::BadTraceContext(_) => (StatusCode::BAD_REQUEST, codes::BAD_TRACE_CONTEXT),
             SubmitError::BadFlowKey(_) => (StatusCode::BAD_REQUEST, codes::BAD_FLOW_KEY),
             SubmitError::BadUserKey(_) => (StatusCode::BAD_REQUEST, codes::BAD_USER_KEY),
@@ -310,6 +312,13 @@ mod tests {
         let e: ApiError = validate(&cfg, &j, 1).unwrap_err().into();
         assert_eq!((e.status, e.code), (StatusCode::UNPROCESSABLE_ENTITY, codes::NEVER_RUNNABLE));
         assert_eq!(e.retry_after_secs, None);
+        for (at, not_after, field) in [(Some(i64::MIN), None, "execute_at"), (None, Some(i64::MAX), "not_after")] {
+            let mut j = job("acme", "echo");
+            (j.execute_at, j.not_after) = (at, not_after);
+            let e: ApiError = validate(&cfg, &j, 1).unwrap_err().into();
+            assert_eq!((e.status, e.code), (StatusCode::BAD_REQUEST, codes::TIME_OUT_OF_RANGE));
+            assert!(e.message.contains(field) && e.message.contains("253402300799999"), "{}", e.message);
+        }
     }
 
     #[test]

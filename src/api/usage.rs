@@ -2,7 +2,7 @@
 //!
 //! | method | path | what |
 //! |---|---|---|
-//! | GET | `/v1/usage?from=&to=&granularity=hour\|day[&tenant=]` | a tenant's usage per period (a tenant key: its own; an admin key names the tenant); at most 93 days |
+//! | GET | `/v1/usage?from=&to=&granularity=hour\|day[&tenant=]` | a tenant's usage per period (a tenant key: its own; an admin key names the tenant); at most 93 days, `from`/`to` within 1970 to 9999 (epoch ms, RFC 3339 or a date) |
 //! | GET | `/v1/alerts[?state=open\|all][&tenant=]` | a tenant's alerts, newest first (a tenant key: its own; an admin key names the tenant); at most 200 |
 //! | GET | `/v1/admin/usage?month=YYYY-MM[&format=ndjson\|csv][&granularity=day\|hour]` | every tenant's usage of a month, streamed day by day (admin only): what a billing system ingests |
 
@@ -58,9 +58,9 @@ pub(super) async fn report(
     let tenant = acting_tenant(&caller, p.tenant)?;
     let from = rules::parse_instant(&p.from).map_err(|e| invalid(format!("from: {e}")))?;
     let to = rules::parse_instant(&p.to).map_err(|e| invalid(format!("to: {e}")))?;
-    ledger::check_period(from, to).map_err(invalid)?;
+    let period = rules::report_period(from, to).map_err(|e| invalid(e.to_string()))?;
     let g = granularity(p.granularity.as_deref(), Granularity::Hour)?;
-    let q = ReportQuery { tenant: tenant.clone(), from, to, granularity: g };
+    let q = ReportQuery { tenant: tenant.clone(), period, granularity: g };
     let lines = ledger::report(statements(&st).await?, &q).await?;
     Ok(Json(serde_json::json!({
         "tenant": tenant,
@@ -78,7 +78,7 @@ pub(super) async fn export(
     _admin: Admin,
     Query(p): Query<ExportParams>,
 ) -> Result<Response, ApiError> {
-    let (from, to) = rules::month(&p.month).map_err(invalid)?;
+    let period = rules::month(&p.month).map_err(invalid)?;
     let g = granularity(p.granularity.as_deref(), Granularity::Day)?;
     let csv = match p.format.as_deref() {
         None | Some("ndjson") => false,
@@ -86,7 +86,7 @@ pub(super) async fn export(
         Some(other) => return Err(invalid(format!("format={other:?}: use ndjson or csv"))),
     };
     let stmts = statements(&st).await?.clone();
-    let days = rules::days(from, to);
+    let days = rules::days(&period);
     let header_line = if csv { Some(Ok::<_, std::io::Error>(rules::CSV_HEADER.to_string())) } else { None };
     let body = futures::stream::iter(header_line).chain(futures::stream::iter(days).then(move |day| {
         let stmts = stmts.clone();

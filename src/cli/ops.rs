@@ -123,7 +123,7 @@ impl From<PriorityArg> for Priority {
 fn parse_time(s: &str) -> Result<i64, String> {
     if let Some(d) = s.strip_prefix('+') {
         let d = humantime::parse_duration(d).map_err(|e| format!("{s:?}: {e}; write e.g. +30s or +5min"))?;
-        return Ok(now_ms() + d.as_millis() as i64);
+        return fairway::core::bounds::ahead("time", now_ms(), d).map_err(|e| format!("{s:?}: {e}"));
     }
     s.parse::<i64>().map_err(|_| format!("{s:?} is neither epoch milliseconds nor +duration (e.g. +30s)"))
 }

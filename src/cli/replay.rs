@@ -2,6 +2,7 @@
 
 use anyhow::Context;
 use fairway::config::Config;
+use fairway::core::bounds;
 use fairway::core::replay::{derive_id, ReplayFilter, ReplaySource, DEFAULT_MAX_REPLAYS};
 use fairway::model::FailureClass;
 use fairway::now_ms;
@@ -64,10 +65,11 @@ pub struct ReplayArgs {
 }
 
 pub(super) fn check_time(s: &str) -> Result<String, String> {
-    resolve_time(s, 0).map(|_| s.to_string())
+    resolve_time(s, now_ms()).map(|_| s.to_string())
 }
 
-/// Epoch ms, `now`, or `-<duration>` before `now`.
+/// Epoch ms, `now`, or `-<duration>` before `now`: an instant from 1970 to the year 9999
+/// (`core::bounds`).
 pub(super) fn resolve_time(s: &str, now: i64) -> Result<i64, String> {
     let t = s.trim();
     if t == "now" {
@@ -75,10 +77,13 @@ pub(super) fn resolve_time(s: &str, now: i64) -> Result<i64, String> {
     }
     if let Some(d) = t.strip_prefix('-') {
         if let Ok(d) = humantime::parse_duration(d) {
-            return Ok(now - d.as_millis() as i64);
+            return bounds::ago("time", now, d).map_err(|e| format!("{s:?}: {e}"));
         }
     }
-    t.parse::<i64>().map_err(|_| format!("{s:?} is neither epoch milliseconds nor a relative time like -1h or -30min"))
+    let ms = t
+        .parse::<i64>()
+        .map_err(|_| format!("{s:?} is neither epoch milliseconds nor a relative time like -1h or -30min"))?;
+    bounds::instant("time", ms).map_err(|e| format!("{s:?}: {e}"))
 }
 
 pub(super) fn parse_rate(s: &str) -> Result<u32, String> {
@@ -310,5 +315,10 @@ mod tests {
         assert_eq!(resolve_time("-30min", 3_600_000), Ok(1_800_000));
         assert_eq!(resolve_time("now", 7), Ok(7));
         assert!(resolve_time("-1 fortnight", 7).is_err());
+        // Outside 1970 to 9999, or a duration that would wrap: refused with the range.
+        for t in ["-2h", "-1000000000years", "9223372036854775807", "-5"] {
+            let e = resolve_time(t, 1_000).unwrap_err();
+            assert!(e.contains("253402300799999"), "{t}: {e}");
+        }
     }
 }

@@ -33,15 +33,14 @@ pub struct UsageArgs {
 
 pub async fn run(cfg: &Config, a: UsageArgs) -> anyhow::Result<ExitCode> {
     let g = Granularity::parse(&a.granularity).map_err(anyhow::Error::msg)?;
-    let (from, to) = match (&a.month, &a.from, &a.to) {
+    let period = match (&a.month, &a.from, &a.to) {
         (Some(m), None, None) => rules::month(m).map_err(anyhow::Error::msg)?,
-        (None, Some(f), Some(t)) => (
+        (None, Some(f), Some(t)) => rules::report_period(
             rules::parse_instant(f).map_err(anyhow::Error::msg).context("--from")?,
             rules::parse_instant(t).map_err(anyhow::Error::msg).context("--to")?,
-        ),
+        )?,
         _ => bail!("give the period as --month YYYY-MM, or as --from and --to"),
     };
-    ledger::check_period(from, to).map_err(anyhow::Error::msg)?;
     let store = Store::open(cfg).await?;
     let stmts = store.ledger_statements().await?;
     let mut out = std::io::stdout().lock();
@@ -50,11 +49,11 @@ pub async fn run(cfg: &Config, a: UsageArgs) -> anyhow::Result<ExitCode> {
     }
     match a.tenant {
         Some(tenant) => {
-            let lines = ledger::report(&stmts, &ReportQuery { tenant, from, to, granularity: g }).await?;
+            let lines = ledger::report(&stmts, &ReportQuery { tenant, period, granularity: g }).await?;
             print(&mut out, &lines, a.csv)?;
         }
         None if a.month.is_some() => {
-            for day in rules::days(from, to) {
+            for day in rules::days(&period) {
                 print(&mut out, &ledger::export_day(&stmts, day, g).await?, a.csv)?;
             }
         }

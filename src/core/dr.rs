@@ -285,6 +285,103 @@ impl Manifest {
         }
         Ok(())
     }
+
+    /// Checks everything a restore would write from this manifest, before anything is
+    /// written: the backup id; every table one a backup copies (in [`TABLES`], not
+    /// skipped) and its file the one a backup names for it ([`table_file`]); every topic
+    /// one of `topics` (the topics a backup of this deployment copies) and each partition's
+    /// file its [`topic_file`]; every carried group one of `groups`, on a topic of the
+    /// manifest, at offsets that are not negative. The file names are then relative paths
+    /// of known shapes, with no `..`, root or separator of their own.
+    pub fn check_contents(&self, topics: &[String], groups: &[String]) -> Result<(), String> {
+        let id_ok = !self.backup_id.is_empty()
+            && self.backup_id.len() <= 64
+            && self.backup_id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !id_ok {
+            return Err(format!("backup id {:?} is not 1 to 64 of A-Z a-z 0-9 - _", self.backup_id));
+        }
+        for (table, f) in &self.tables {
+            match role_of(table) {
+                Some(Role::Skipped(why)) => {
+                    return Err(format!(
+                        "table {table:?} is never in a backup ({why}): the archive is not one fairway wrote"
+                    ))
+                }
+                None => {
+                    return Err(format!(
+                        "table {table:?} is not one a backup copies: the archive is not one fairway wrote"
+                    ))
+                }
+                Some(_) => {}
+            }
+            if f.name != table_file(table) {
+                return Err(format!("table {table}'s file {:?} is not {:?}", f.name, table_file(table)));
+            }
+        }
+        for (topic, parts) in &self.topics {
+            if !valid_topic(topic) || !topics.contains(topic) {
+                return Err(format!(
+                    "topic {topic:?} is not one a backup of this deployment copies ({})",
+                    topics.join(", ")
+                ));
+            }
+            for (partition, (range, f)) in parts {
+                if !(0..=MAX_PARTITION).contains(partition) || range.from < 0 || range.to < range.from {
+                    return Err(format!(
+                        "topic {topic} partition {partition} [{}, {}) is not a partition's range",
+                        range.from, range.to
+                    ));
+                }
+                if f.name != topic_file(topic, *partition) {
+                    return Err(format!(
+                        "topic {topic} partition {partition}'s file {:?} is not {:?}",
+                        f.name,
+                        topic_file(topic, *partition)
+                    ));
+                }
+            }
+        }
+        for (group, by_topic) in &self.consumer_offsets {
+            if !groups.contains(group) {
+                return Err(format!(
+                    "consumer group {group:?} is not one a restore carries over ({})",
+                    groups.join(", ")
+                ));
+            }
+            for (topic, offsets) in by_topic {
+                if !self.topics.contains_key(topic) {
+                    return Err(format!(
+                        "consumer group {group} names topic {topic:?}, which the backup does not hold"
+                    ));
+                }
+                if offsets.iter().any(|(p, o)| !(0..=MAX_PARTITION).contains(p) || *o < 0) {
+                    return Err(format!("consumer group {group} has a negative partition or offset on {topic}"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Highest partition number a manifest may name.
+pub const MAX_PARTITION: i32 = 100_000;
+
+/// The file holding a table's rows, relative to the backup directory.
+pub fn table_file(table: &str) -> String {
+    format!("tables/{table}.ndjson")
+}
+
+/// The file holding a topic partition's records, relative to the backup directory.
+pub fn topic_file(topic: &str, partition: i32) -> String {
+    format!("topics/{topic}/{partition}.rec")
+}
+
+/// A Kafka topic name: 1 to 249 of `A-Z a-z 0-9 . _ -`, not `.` or `..`.
+pub fn valid_topic(name: &str) -> bool {
+    (1..=249).contains(&name.len())
+        && name != "."
+        && name != ".."
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 /// A topic record as a backup keeps it.
@@ -389,6 +486,83 @@ pub fn parse_window(s: &str) -> Result<i64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn entry(name: &str) -> FileEntry {
+        FileEntry { name: name.into(), items: 1, bytes: 1, sha256: String::new() }
+    }
+
+    fn manifest() -> Manifest {
+        let mut m = Manifest {
+            version: MANIFEST_VERSION,
+            backup_id: "b-1".into(),
+            t0: 1,
+            results_window_ms: 1,
+            topic_prefix: "p.".into(),
+            keyspace: "ks".into(),
+            tables: BTreeMap::new(),
+            topics: BTreeMap::new(),
+            consumer_offsets: BTreeMap::new(),
+            started_at: 0,
+            finished_at: 1,
+        };
+        m.tables.insert("api_keys".into(), entry("tables/api_keys.ndjson"));
+        m.topics.insert(
+            "p.results".into(),
+            BTreeMap::from([(0, (Range { from: 0, to: 1 }, entry("topics/p.results/0.rec")))]),
+        );
+        m.consumer_offsets
+            .insert("p.webhooks".into(), BTreeMap::from([("p.results".into(), BTreeMap::from([(0, 1)]))]));
+        m
+    }
+
+    #[test]
+    fn a_hostile_manifest_is_refused_before_anything_is_written() {
+        let (topics, groups) = (vec!["p.results".to_string()], vec!["p.webhooks".to_string()]);
+        manifest().check_contents(&topics, &groups).unwrap();
+        let refused = |change: &dyn Fn(&mut Manifest), says: &str| {
+            let mut m = manifest();
+            change(&mut m);
+            let e = m.check_contents(&topics, &groups).unwrap_err();
+            assert!(e.contains(says), "{says}: {e}");
+        };
+        // Tables a backup never holds, or no table at all: never CQL.
+        refused(&|m| drop(m.tables.insert("restores".into(), entry("tables/restores.ndjson"))), "never in a backup");
+        refused(
+            &|m| drop(m.tables.insert("region_states".into(), entry("tables/region_states.ndjson"))),
+            "never in a backup",
+        );
+        refused(
+            &|m| drop(m.tables.insert("x JSON ?; DROP KEYSPACE ks; --".into(), entry("t"))),
+            "not one a backup copies",
+        );
+        // Files outside the archive.
+        refused(
+            &|m| m.tables.get_mut("api_keys").unwrap().name = "../../etc/shadow".into(),
+            "is not \"tables/api_keys.ndjson\"",
+        );
+        refused(&|m| m.tables.get_mut("api_keys").unwrap().name = "/etc/shadow".into(), "is not");
+        refused(
+            &|m| m.topics.get_mut("p.results").unwrap().get_mut(&0).unwrap().1.name = "topics/../../x".into(),
+            "is not \"topics/p.results/0.rec\"",
+        );
+        // Topics and groups of no backup of this deployment.
+        refused(&|m| drop(m.topics.insert("../x".into(), BTreeMap::new())), "not one a backup of this deployment");
+        refused(
+            &|m| drop(m.topics.insert("other.jobs".into(), BTreeMap::new())),
+            "not one a backup of this deployment",
+        );
+        refused(&|m| drop(m.consumer_offsets.insert("p.workers".into(), BTreeMap::new())), "not one a restore carries");
+        refused(
+            &|m| drop(m.consumer_offsets.get_mut("p.webhooks").unwrap().insert("p.dlq".into(), BTreeMap::new())),
+            "does not hold",
+        );
+        refused(&|m| m.backup_id = "../x".into(), "backup id");
+        refused(
+            &|m| m.topics.get_mut("p.results").unwrap().get_mut(&0).unwrap().0 = Range { from: 5, to: 1 },
+            "not a partition's range",
+        );
+        assert!(valid_topic("p.jobs.short") && !valid_topic("..") && !valid_topic("a/b") && !valid_topic(""));
+    }
     use crate::core::finished::{entries, open, packs, FinishedRecord};
     use proptest::prelude::*;
 

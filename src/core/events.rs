@@ -312,7 +312,7 @@ pub fn from_result(r: &JobResult) -> JobEvent {
 
 /// `late_execution`: the job was picked at `now`, after its `not_after`; says how late.
 pub fn late_execution(event_id: String, job: &JobSubmitted, not_after: Millis, now: Millis) -> JobEvent {
-    let late = (now - not_after).max(0);
+    let late = now.saturating_sub(not_after).max(0);
     JobEvent {
         message: Some(format!(
             "picked {late} ms after not_after ({not_after}); expired without running (submit with a later \
@@ -326,7 +326,7 @@ pub fn late_execution(event_id: String, job: &JobSubmitted, not_after: Millis, n
 /// job scheduled ahead keeps its row until `retention` after its `execute_at`, so a far
 /// schedule never expires before it runs. At least 1 s (a CQL TTL of 0 means forever).
 pub fn row_ttl_secs(retention: Duration, now: Millis, execute_at: Option<Millis>) -> i32 {
-    let ahead_ms = execute_at.map_or(0, |at| (at - now).max(0));
+    let ahead_ms = execute_at.map_or(0, |at| at.saturating_sub(now).max(0));
     let secs = retention.as_secs().saturating_add((ahead_ms as u64).div_ceil(1000));
     secs.clamp(1, i32::MAX as u64) as i32
 }
@@ -515,6 +515,11 @@ mod tests {
         assert_eq!(row_ttl_secs(day, 0, Some(3_600_001)), 86_400 + 3_601);
         assert_eq!(row_ttl_secs(Duration::ZERO, 0, None), 1, "never 0 (forever)");
         assert_eq!(row_ttl_secs(Duration::from_secs(u64::MAX), 0, None), i32::MAX);
+        // Times of a record produced straight to Kafka (no submit checks) do not overflow.
+        assert_eq!(row_ttl_secs(day, i64::MAX, Some(i64::MIN)), 86_400);
+        assert_eq!(row_ttl_secs(day, i64::MIN, Some(i64::MAX)), i32::MAX);
+        let e = late_execution("e".into(), &job(), i64::MIN, i64::MAX);
+        assert!(e.message.unwrap().contains(&i64::MAX.to_string()));
     }
 
     #[test]

@@ -15,6 +15,7 @@
 //! again at its window's first offset (`ledger_positions`), never in the middle.
 
 use crate::core::alerts::WaitHistogram;
+use crate::core::bounds::{self, BoundError, Period};
 use crate::model::{JobResult, JobStatus, Millis, Pool};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -323,16 +324,19 @@ pub fn report(rows: &[LedgerRow], g: Granularity, from: Millis, to: Millis) -> V
         .collect()
 }
 
-/// The days (their starts) whose store partitions hold the windows of `[from, to)`.
-pub fn days(from: Millis, to: Millis) -> Vec<Millis> {
-    let day = Granularity::Day.millis();
-    let mut d = from.div_euclid(day) * day;
-    let mut out = Vec::new();
-    while d < to {
-        out.push(d);
-        d += day;
-    }
-    out
+/// Longest period one usage report covers (a month and then some; longer asks are refused
+/// before any store read).
+pub const MAX_REPORT_DAYS: i64 = 93;
+
+/// A usage report's period as its caller gave it: `from` and `to` accepted instants
+/// (`core::bounds`), `to` after `from`, at most [`MAX_REPORT_DAYS`] apart.
+pub fn report_period(from: Millis, to: Millis) -> Result<Period, BoundError> {
+    bounds::period(("from", from), ("to", to), MAX_REPORT_DAYS)
+}
+
+/// The days (their starts) whose store partitions hold the windows of `p`.
+pub fn days(p: &Period) -> Vec<Millis> {
+    p.days()
 }
 
 /// The fleet's usage (every tenant's together) in one window of one partition and pool,
@@ -443,8 +447,11 @@ pub fn top_by_run_time<'a>(usage: impl IntoIterator<Item = (&'a str, i64)>, n: u
 /// A report's bound as given: `2026-11-28` (midnight UTC), RFC 3339
 /// (`2026-11-28T10:00:00Z`), or epoch milliseconds.
 pub fn parse_instant(s: &str) -> Result<Millis, String> {
-    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
-        return s.parse::<Millis>().map_err(|e| format!("{s:?}: {e}"));
+    let digits = s.strip_prefix('-').unwrap_or(s);
+    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+        return s
+            .parse::<Millis>()
+            .map_err(|e| format!("{s:?}: {e}; give epoch milliseconds from 0 to {}", bounds::MAX_TIME_MS));
     }
     if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
         return Ok(t.timestamp_millis());
@@ -455,13 +462,14 @@ pub fn parse_instant(s: &str) -> Result<Millis, String> {
     Err(format!("{s:?} is not a time: use a date (2026-11-28), RFC 3339 (2026-11-28T10:00:00Z) or epoch milliseconds"))
 }
 
-/// A calendar month (`2026-11`, UTC) as `[from, to)`.
-pub fn month(s: &str) -> Result<(Millis, Millis), String> {
-    let bad = || format!("{s:?} is not a month: use YYYY-MM, e.g. 2026-11");
+/// A calendar month (`2026-11`, UTC, 1970-01 to 9999-12) as `[from, to)`.
+pub fn month(s: &str) -> Result<Period, String> {
+    let bad = || format!("{s:?} is not a month: use YYYY-MM from 1970-01 to 9999-12, e.g. 2026-11");
     let first = chrono::NaiveDate::parse_from_str(&format!("{s}-01"), "%Y-%m-%d").map_err(|_| bad())?;
     let next = first.checked_add_months(chrono::Months::new(1)).ok_or_else(bad)?;
     let ms = |d: chrono::NaiveDate| d.and_time(chrono::NaiveTime::MIN).and_utc().timestamp_millis();
-    Ok((ms(first), ms(next)))
+    bounds::period(("month", ms(first)), ("month", ms(next)), 31)
+        .map_err(|_| format!("{s:?} is outside the months fairway accepts: use YYYY-MM from 1970-01 to 9999-12"))
 }
 
 /// A report line as CSV (header: [`CSV_HEADER`]).
@@ -580,7 +588,10 @@ mod tests {
         let day = report(&rows, Granularity::Day, 0, 86_400_000);
         assert_eq!(day[0].usage.results, 8);
         assert_eq!(report(&rows, Granularity::Hour, 3_600_000, 3_600_000 + 1).len(), 1);
-        assert_eq!(days(1, 86_400_000 + 1), vec![0, 86_400_000]);
+        assert_eq!(days(&report_period(1, 86_400_000 + 1).unwrap()), vec![0, 86_400_000]);
+        assert!(report_period(9_223_372_036_854_775_000, i64::MAX).is_err());
+        assert!(report_period(i64::MIN, 0).is_err());
+        assert!(report_period(0, (MAX_REPORT_DAYS + 1) * 86_400_000).is_err());
     }
 
     #[test]
@@ -639,8 +650,14 @@ mod tests {
         assert_eq!(parse_instant("1970-01-02"), Ok(86_400_000));
         assert_eq!(parse_instant("1970-01-01T00:00:01Z"), Ok(1_000));
         assert_eq!(parse_instant("42"), Ok(42));
+        // A negative or huge number is a number (refused by the range check, with the range).
+        assert_eq!(parse_instant("-5"), Ok(-5));
+        assert!(parse_instant("99999999999999999999").unwrap_err().contains("253402300799999"));
         assert!(parse_instant("yesterday").unwrap_err().contains("not a time"));
-        assert_eq!(month("1970-02"), Ok((31 * 86_400_000, 59 * 86_400_000)));
+        let feb = month("1970-02").unwrap();
+        assert_eq!((feb.from(), feb.to()), (31 * 86_400_000, 59 * 86_400_000));
+        assert_eq!(month("9999-12").unwrap().to(), bounds::MAX_TIME_MS + 1);
+        assert!(month("1969-12").is_err() && month("10000-01").is_err() && month("-0001-01").is_err());
         assert!(month("1970-13").is_err());
     }
 

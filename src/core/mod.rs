@@ -33,6 +33,7 @@
 //! | `replay`, `rerun` | which records `fairway replay` and `fairway rerun` send back |
 //! | `trace` | W3C trace context values |
 //! | `dr` | disaster recovery: the tables a backup copies and how, the consistent cut, the manifest and record framing |
+//! | `bounds` | what a time a caller gives may be (1970 to 9999), checked arithmetic on it, and how many days a period may span |
 //! | `invalid` | a setting a rule refuses: its field and the fix (what every settings `validate` returns) |
 
 pub mod admission;
@@ -40,6 +41,7 @@ pub mod alerts;
 pub mod api_limits;
 pub mod auth;
 pub mod backlog;
+pub mod bounds;
 pub mod breaker;
 pub mod buffer;
 pub mod checkpoint_pace;

@@ -14,11 +14,11 @@ pub const JITTER_MS: Millis = 60_000;
 /// by `(2r - 1) * 60 s` (`r` uniform in [0, 1) from the caller), never to less than an
 /// hour ahead; `exact` (the job's opt-out) keeps it as asked.
 pub fn jittered(execute_at: Millis, now: Millis, exact: bool, r: f64) -> Millis {
-    if exact || execute_at - now <= JITTER_AFTER_MS {
+    if exact || execute_at.saturating_sub(now) <= JITTER_AFTER_MS {
         return execute_at;
     }
     let shift = ((2.0 * r.clamp(0.0, 1.0) - 1.0) * JITTER_MS as f64).round() as Millis;
-    (execute_at + shift).max(now + JITTER_AFTER_MS)
+    execute_at.saturating_add(shift).max(now.saturating_add(JITTER_AFTER_MS))
 }
 
 /// A pool worker holds a job due within this in memory until its `execute_at` (instead of
@@ -116,6 +116,14 @@ mod tests {
     }
 
     proptest! {
+        /// A record produced straight to Kafka skips the submit checks: any `execute_at`
+        /// and `now` give an answer, never an overflow.
+        #[test]
+        fn jitter_of_any_time_never_overflows(at in any::<i64>(), now in any::<i64>(), r in 0.0f64..1.0) {
+            let j = jittered(at, now, false, r);
+            prop_assert!(j.abs_diff(at) <= JITTER_MS as u64 || j >= now.saturating_add(JITTER_AFTER_MS));
+        }
+
         #[test]
         fn jitter_stays_within_60_s_and_past_the_hour(ahead in 0i64..100_000_000, r in 0.0f64..1.0) {
             let now = 1_700_000_000_000;

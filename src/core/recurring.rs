@@ -41,7 +41,7 @@ pub const MAX_PER_TENANT_CEILING: usize = 1_000;
 pub const MAX_PAYLOAD_CEILING: usize = 1 << 20;
 /// Latest `start_at`/`end_at` accepted (9999-12-31T23:59:59.999Z): fire-time arithmetic
 /// stays far from `i64` overflow.
-pub const MAX_TIME_MS: Millis = 253_402_300_799_999;
+pub const MAX_TIME_MS: Millis = crate::core::bounds::MAX_TIME_MS;
 /// Wall-clock candidates one fire-time search looks at before giving up (an expression
 /// that matches nothing in years, e.g. `0 0 30 2 *`, never fires).
 const MAX_STEPS: usize = 10_000;

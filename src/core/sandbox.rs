@@ -23,16 +23,20 @@ pub enum Confinement {
     Uid,
     /// A network namespace of its own (no network) unless the job type needs one.
     Network,
+    /// An IPC namespace of its own: SysV shared memory, semaphores and message queues
+    /// a child makes end with its attempt.
+    Ipc,
 }
 
 impl Confinement {
-    pub const ALL: [Confinement; 3] = [Confinement::Cgroup, Confinement::Uid, Confinement::Network];
+    pub const ALL: [Confinement; 4] = [Confinement::Cgroup, Confinement::Uid, Confinement::Network, Confinement::Ipc];
 
     pub fn name(self) -> &'static str {
         match self {
             Confinement::Cgroup => "cgroup",
             Confinement::Uid => "uid",
             Confinement::Network => "network",
+            Confinement::Ipc => "ipc",
         }
     }
 }
@@ -58,7 +62,8 @@ pub fn explain(name: &str) -> String {
             "rlimit" => "rlimit: no cgroup (RLIMIT_CPU, RLIMIT_NOFILE, RLIMIT_AS, a watchdog on the leader's memory; strays that leave the process group survive)".to_string(),
             "uid" => "uid: a uid of its own per attempt (no reading or signalling another child or the worker)".to_string(),
             "netns" => "netns: no network unless the job type sets network = true".to_string(),
-            "mountns" => "mountns: a mount namespace per attempt (/proc lists only its own uid's processes, /tmp private)".to_string(),
+            "ipcns" => "ipcns: an IPC namespace per attempt (SysV shared memory, semaphores and message queues end with it)".to_string(),
+            "mountns" => "mountns: a mount namespace per attempt (/proc lists only its own uid's processes; /tmp, /dev/shm and /var/tmp private tmpfs mounts, sized, gone with it)".to_string(),
             "pidns" => "pidns: a pid namespace per one-shot attempt (the program is pid 2 under a reaping init; no process outside it can be seen or signalled, even by number)".to_string(),
             other => format!("{other}: unknown to this fairway version"),
         });
@@ -66,7 +71,8 @@ pub fn explain(name: &str) -> String {
     for (part, why) in [
         ("uid", "no uid per attempt (the worker is not root)"),
         ("netns", "no network namespace (needs root or CAP_SYS_ADMIN): children keep the worker's network"),
-        ("mountns", "no mount namespace (needs root and a uid per attempt): children see the host's /proc and /tmp"),
+        ("ipcns", "no IPC namespace (needs root or CAP_SYS_ADMIN): SysV objects a child makes outlive it on the host"),
+        ("mountns", "no mount namespace (needs root and a uid per attempt): children see the host's /proc and write its /tmp, /dev/shm and /var/tmp"),
         ("pidns", "no pid namespace (needs root, a cgroup and a mount namespace per attempt; pooled children never get one): a child's pids are the host's"),
     ] {
         if !parts.contains(&part) {
@@ -100,7 +106,9 @@ mod tests {
 
     #[test]
     fn each_enforcement_name_is_explained_with_what_is_missing() {
-        let full = explain("cgroup-v1+uid+netns+mountns+pidns");
+        let full = explain("cgroup-v1+uid+netns+ipcns+mountns+pidns");
+        assert!(full.contains("IPC namespace per attempt") && !full.contains("no IPC namespace"), "{full}");
+        assert!(explain("cgroup-v1+uid+netns").contains("SysV objects a child makes outlive it"));
         assert!(
             full.contains("whole tree") && full.contains("uid of its own") && full.contains("no network"),
             "{full}"

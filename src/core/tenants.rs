@@ -82,13 +82,13 @@ pub fn check_reservations(
         .map(|t| (t.name.as_str(), reserved(t)))
         .collect();
     holders.push((changed.name.as_str(), reserved(changed)));
-    let total: usize = holders.iter().map(|(_, r)| r).sum();
+    let total: usize = holders.iter().fold(0usize, |sum, (_, r)| sum.saturating_add(*r));
     for p in pools {
-        if total + p.min_shared <= p.slots {
+        if total.saturating_add(p.min_shared) <= p.slots {
             continue;
         }
         let who: Vec<String> = holders.iter().map(|(n, r)| format!("{n} ({r})")).collect();
-        let others = total - reserved(changed);
+        let others = total.saturating_sub(reserved(changed));
         let room = p.slots.saturating_sub(p.min_shared).saturating_sub(others);
         return Err(TenantError {
             tenant: changed.name.clone(),
@@ -166,6 +166,18 @@ impl TenantRecord {
                 return bad("weight", "cannot be set for a free tenant (free tenants share the free tier's weight); choose a paid tier or drop the weight");
             }
         }
+        if let Some(w) = self.weight.filter(|w| *w > MAX_WEIGHT) {
+            return bad("weight", &format!("{w} is above {MAX_WEIGHT}, the largest weight a tenant may have"));
+        }
+        for (field, v) in [
+            ("max_concurrency", self.max_concurrency),
+            ("max_queued", self.max_queued),
+            ("reserved_slots", Some(self.reserved_slots)),
+        ] {
+            if v.is_some_and(|v| v > MAX_COUNT) {
+                return bad(field, &format!("must be at most {MAX_COUNT} (what the registry stores)"));
+            }
+        }
         if self.max_concurrency == Some(0) {
             return bad("max_concurrency", "must be at least 1 (to stop a tenant, suspend it)");
         }
@@ -178,9 +190,15 @@ impl TenantRecord {
         if self.reserved_slots > 0 && self.tier != Tier::Enterprise {
             return bad("reserved_slots", "is for enterprise tenants only; set the tier to enterprise or use 0");
         }
-        for k in self.labels.keys() {
+        if self.labels.len() > MAX_LABELS {
+            return bad("labels", &format!("at most {MAX_LABELS} labels"));
+        }
+        for (k, v) in &self.labels {
             if k.is_empty() || k.len() > 64 {
                 return bad("labels", "keys must be 1 to 64 characters");
+            }
+            if v.len() > MAX_LABEL_VALUE {
+                return bad("labels", &format!("values must be at most {MAX_LABEL_VALUE} bytes"));
             }
         }
         for (field, region) in [("home_region", &self.home_region), ("secondary_region", &self.secondary_region)] {
@@ -205,6 +223,15 @@ impl TenantRecord {
         }
     }
 }
+
+/// Largest count a tenant's record may hold (`max_concurrency`, `max_queued`,
+/// `reserved_slots`): what the registry's `int` columns store.
+pub const MAX_COUNT: usize = i32::MAX as usize;
+/// Largest weight a tenant may have.
+pub const MAX_WEIGHT: f64 = 1e6;
+/// Labels one tenant may carry, and the longest value.
+pub const MAX_LABELS: usize = 64;
+pub const MAX_LABEL_VALUE: usize = 256;
 
 pub fn valid_name(name: &str) -> bool {
     !name.is_empty()
@@ -403,6 +430,9 @@ mod tests {
         check_reservations(&reg, &ent("a", 3), &pools).unwrap();
         reg.insert("b".to_string(), ent("b", 3));
         check_reservations(&reg, &TenantRecord::new("c", Tier::Pro), &pools).unwrap();
+        // Reservations whose sum would wrap are refused, not wrapped to a small number.
+        reg.insert("huge".to_string(), ent("huge", usize::MAX / 2 + 1));
+        assert!(check_reservations(&reg, &ent("d", usize::MAX / 2 + 1), &pools).is_err());
     }
 
     #[test]
@@ -423,6 +453,19 @@ mod tests {
         let mut t = TenantRecord::new("acme", Tier::Standard);
         t.rate_per_sec = Some(0);
         assert_eq!(t.validate().unwrap_err().field, "rate_per_sec");
+        // Counts and weights an admin gives are bounded.
+        let mut t = TenantRecord::new("acme", Tier::Enterprise);
+        t.reserved_slots = usize::MAX;
+        assert!(t.validate().unwrap_err().to_string().contains("at most 2147483647"));
+        let mut t = TenantRecord::new("acme", Tier::Pro);
+        t.max_queued = Some(MAX_COUNT + 1);
+        assert_eq!(t.validate().unwrap_err().field, "max_queued");
+        t.max_queued = Some(MAX_COUNT);
+        t.weight = Some(1e300);
+        assert_eq!(t.validate().unwrap_err().field, "weight");
+        t.weight = None;
+        t.labels = (0..=MAX_LABELS).map(|i| (format!("k{i}"), String::new())).collect();
+        assert_eq!(t.validate().unwrap_err().field, "labels");
     }
 
     #[test]

@@ -113,8 +113,45 @@ fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>, DrE
 
 fn write_json(path: &Path, v: &impl Serialize) -> Result<(), DrError> {
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, serde_json::to_vec_pretty(v).expect("serialisable")).map_err(io(&tmp))?;
+    let mut f = private_file(&tmp)?;
+    f.write_all(&serde_json::to_vec_pretty(v).expect("serialisable")).map_err(io(&tmp))?;
     std::fs::rename(&tmp, path).map_err(io(path))
+}
+
+/// A backup's files are its owner's only (0600; directories 0700): they hold API key
+/// hashes, tenants' payloads and results.
+fn private_file(path: &Path) -> Result<std::fs::File, DrError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f =
+        std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path).map_err(io(path))?;
+    // An existing file keeps its mode through `open`: set it.
+    f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600)).map_err(io(path))?;
+    Ok(f)
+}
+
+/// Makes `dir` and its missing parents, the backup's own ones 0700.
+fn private_dir(dir: &Path) -> Result<(), DrError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(io(dir))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io(dir))
+}
+
+/// `name` (a manifest's file) as a path inside `dir`: a regular file reached through
+/// no symbolic link, so a restore reads nothing outside the archive.
+fn inside(dir: &Path, name: &str) -> Result<PathBuf, DrError> {
+    let refused = |why: &str| DrError::Refused(format!("{name:?} {why}: the archive is not one fairway wrote"));
+    let rel = Path::new(name);
+    if !rel.components().all(|c| matches!(c, std::path::Component::Normal(_))) {
+        return Err(refused("is not a path inside the backup"));
+    }
+    let root = std::fs::canonicalize(dir).map_err(io(dir))?;
+    let path = dir.join(rel);
+    let real = std::fs::canonicalize(&path).map_err(io(&path))?;
+    let meta = std::fs::symlink_metadata(&path).map_err(io(&path))?;
+    if real != root.join(rel) || !meta.file_type().is_file() {
+        return Err(refused("leaves the backup directory or is not a plain file"));
+    }
+    Ok(path)
 }
 
 /// SHA-256 and length of a file, read in blocks.
@@ -148,9 +185,9 @@ impl Sink {
     fn create(dir: &Path, name: &str) -> Result<Sink, DrError> {
         let tmp = dir.join(format!("{name}.tmp"));
         if let Some(parent) = tmp.parent() {
-            std::fs::create_dir_all(parent).map_err(io(parent))?;
+            private_dir(parent)?;
         }
-        let f = std::fs::File::create(&tmp).map_err(io(&tmp))?;
+        let f = private_file(&tmp)?;
         Ok(Sink {
             dir: dir.to_path_buf(),
             name: name.to_string(),
@@ -197,20 +234,14 @@ fn already_done(dir: &Path, name: &str) -> Result<Option<Done>, DrError> {
     Ok((sha == done.entry.sha256 && bytes == done.entry.bytes).then_some(done))
 }
 
-fn table_file(table: &str) -> String {
-    format!("tables/{table}.ndjson")
-}
-
-fn topic_file(topic: &str, partition: i32) -> String {
-    format!("topics/{topic}/{partition}.rec")
-}
+use dr::{table_file, topic_file};
 
 /// Takes a backup into `opts.out` (see the module's docs); `progress` gets a line per
 /// step. Resumes an unfinished backup in the same directory at its cut; a finished one
 /// (its manifest present) is left as it is.
 pub async fn backup(cfg: &Config, opts: &BackupOptions, progress: &mut dyn FnMut(String)) -> Result<Manifest, DrError> {
     let dir = opts.out.clone();
-    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+    private_dir(&dir)?;
     if let Some(m) = read_json::<Manifest>(&dir.join(MANIFEST))? {
         progress(format!("backup {} in {} is already complete: nothing to do", m.backup_id, dir.display()));
         return Ok(m);
@@ -441,8 +472,11 @@ pub async fn restore(
             m.topic_prefix, cfg.kafka.topic_prefix, m.topic_prefix
         )));
     }
+    let topics: Vec<String> = copied_topics(cfg).into_iter().map(|(t, _)| t).collect();
+    let groups: Vec<String> = carried_groups(cfg).into_iter().map(|(g, _)| g).collect();
+    m.check_contents(&topics, &groups).map_err(|e| DrError::Refused(format!("{}: {e}", dir.display())))?;
     for f in m.files() {
-        let (sha, bytes) = checksum(&dir.join(&f.name))?;
+        let (sha, bytes) = checksum(&inside(dir, &f.name)?)?;
         if sha != f.sha256 || bytes != f.bytes {
             return Err(DrError::Refused(format!(
                 "{} does not match its checksum in the manifest: the backup is damaged",
@@ -557,7 +591,7 @@ async fn refuse_unless_empty(cfg: &Config, store: &Store, m: &Manifest) -> Resul
 const ROWS_AT_ONCE: usize = 1000;
 
 async fn restore_table(store: &Store, dir: &Path, table: &str, f: &FileEntry) -> Result<u64, DrError> {
-    let path = dir.join(&f.name);
+    let path = inside(dir, &f.name)?;
     let mut lines = BufReader::new(std::fs::File::open(&path).map_err(io(&path))?).lines();
     let mut n = 0;
     loop {
@@ -586,7 +620,7 @@ async fn restore_partition(
     f: &FileEntry,
     skip: u64,
 ) -> Result<u64, DrError> {
-    let path = dir.join(&f.name);
+    let path = inside(dir, &f.name)?;
     let mut reader = BufReader::new(std::fs::File::open(&path).map_err(io(&path))?);
     let (mut seen, mut produced) = (0u64, 0u64);
     loop {
@@ -628,4 +662,74 @@ fn next_record(reader: &mut impl Read, path: &Path) -> Result<Option<Record>, Dr
     let mut body = vec![0u8; len];
     reader.read_exact(&mut body).map_err(io(path))?;
     dr::unframe(&body).map(Some).map_err(|e| DrError::Refused(format!("{}: {e}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn backup_files_are_the_owners_only() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("b");
+        private_dir(&dir).unwrap();
+        write_json(&dir.join(MANIFEST), &serde_json::json!({})).unwrap();
+        let mut sink = Sink::create(&dir, "tables/jobs.ndjson").unwrap();
+        sink.put(b"{}\n").unwrap();
+        sink.finish(None, BTreeMap::new()).unwrap();
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&dir.join("tables")), 0o700);
+        for f in [MANIFEST, "tables/jobs.ndjson", "tables/jobs.ndjson.done"] {
+            assert_eq!(mode(&dir.join(f)), 0o600, "{f}");
+        }
+    }
+
+    /// A manifest whose checksums match but whose file is a link out of the archive, or
+    /// whose table a backup never holds, is refused before any broker or store is reached
+    /// (this configuration's point at nothing that answers).
+    #[tokio::test]
+    async fn restore_refuses_a_hostile_archive_before_writing_anything() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("b");
+        std::fs::create_dir_all(dir.join("tables")).unwrap();
+        let outside = root.path().join("secret");
+        std::fs::write(&outside, b"{\"id\":\"x\"}\n").unwrap();
+        std::os::unix::fs::symlink(&outside, dir.join("tables/api_keys.ndjson")).unwrap();
+        let (sha, bytes) = checksum(&outside).unwrap();
+        let mut cfg = Config::builtin();
+        cfg.kafka.brokers = "127.0.0.1:9".into();
+        cfg.scylla.contact_points = vec!["127.0.0.1:9".into()];
+        let mut m = Manifest {
+            version: MANIFEST_VERSION,
+            backup_id: "b1".into(),
+            t0: 1,
+            results_window_ms: 1,
+            topic_prefix: cfg.kafka.topic_prefix.clone(),
+            keyspace: cfg.scylla.keyspace.clone(),
+            tables: BTreeMap::new(),
+            topics: BTreeMap::new(),
+            consumer_offsets: BTreeMap::new(),
+            started_at: 0,
+            finished_at: 1,
+        };
+        let file = |name: &str| FileEntry { name: name.into(), items: 1, bytes, sha256: sha.clone() };
+        m.tables.insert("api_keys".into(), file("tables/api_keys.ndjson"));
+        write_json(&dir.join(MANIFEST), &m).unwrap();
+        let opts = RestoreOptions { from: dir.clone() };
+        let e = restore(&cfg, &opts, &mut |_| {}).await.unwrap_err();
+        assert!(matches!(&e, DrError::Refused(m) if m.contains("leaves the backup directory")), "{e}");
+
+        std::fs::remove_file(dir.join("tables/api_keys.ndjson")).unwrap();
+        std::fs::copy(&outside, dir.join("tables/region_states.ndjson")).unwrap();
+        m.tables.clear();
+        m.tables.insert("region_states".into(), file("tables/region_states.ndjson"));
+        write_json(&dir.join(MANIFEST), &m).unwrap();
+        let e = restore(&cfg, &opts, &mut |_| {}).await.unwrap_err();
+        assert!(matches!(&e, DrError::Refused(m) if m.contains("never in a backup")), "{e}");
+    }
 }

@@ -56,6 +56,9 @@ impl Store {
     /// [`INSERTS_IN_FLIGHT`] at a time. Idempotent: a row written twice is the same row.
     pub async fn insert_json_rows(&self, table: &str, rows: &[(String, Option<i32>)]) -> Result<(), StoreError> {
         let ks = &self.keyspace;
+        // The name is checked against the schema's tables (`core::dr::Manifest::check_contents`)
+        // and quoted: an archive's text never becomes CQL.
+        let table = format!("\"{}\"", table.replace('"', "\"\""));
         let plain = self
             .session
             .prepare(format!("INSERT INTO {ks}.{table} JSON ?"))

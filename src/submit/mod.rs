@@ -42,6 +42,9 @@ pub enum SubmitError {
     PayloadTooLarge { size: usize, limit: usize },
     #[error("not_after ({not_after}) is before execute_at ({execute_at}): the job could never run")]
     NeverRunnable { execute_at: Millis, not_after: Millis },
+    /// `execute_at` / `not_after` outside the instants fairway accepts.
+    #[error(transparent)]
+    OutOfRange(#[from] crate::core::bounds::BoundError),
     #[error("{0}")]
     BadTraceContext(String),
     #[error("{0}")]
@@ -607,6 +610,8 @@ pub(crate) fn validate_job(cfg: &Config, job: &NewJob, payload_len: usize) -> Re
             allowed: allowed.join(", "),
         });
     }
+    crate::core::bounds::optional("execute_at", job.execute_at)?;
+    crate::core::bounds::optional("not_after", job.not_after)?;
     if let (Some(e), Some(n)) = (job.execute_at, job.not_after) {
         if n < e {
             return Err(SubmitError::NeverRunnable { execute_at: e, not_after: n });

@@ -312,8 +312,7 @@ async fn a_process_jobs_result_job_view_and_ledger_carry_its_trees_peak_memory_a
     let stmts = store.ledger_statements().await.unwrap();
     let q = fairway::ledger::ReportQuery {
         tenant: tenant.clone(),
-        from,
-        to: fairway::now_ms() + 3_600_000,
+        period: fairway::core::ledger::report_period(from, fairway::now_ms() + 3_600_000).unwrap(),
         granularity: fairway::core::ledger::Granularity::Hour,
     };
     let charged = common::wait_for(Duration::from_secs(60), async || {

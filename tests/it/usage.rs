@@ -138,7 +138,8 @@ async fn the_ledger_counts_every_result_once_across_worker_and_leader_deaths() {
     let read_all = || async {
         let mut t = Tally::new();
         for tenant in expected.keys() {
-            let q = fairway::ledger::ReportQuery { tenant: tenant.clone(), from, to, granularity: Granularity::Hour };
+            let period = fairway::core::ledger::report_period(from, to).unwrap();
+            let q = fairway::ledger::ReportQuery { tenant: tenant.clone(), period, granularity: Granularity::Hour };
             tally_lines(tenant, &fairway::ledger::report(&stmts, &q).await.ok()?, &mut t);
         }
         Some(t)
@@ -175,6 +176,63 @@ async fn the_ledger_counts_every_result_once_across_worker_and_leader_deaths() {
 }
 
 /// Every result on `topic` up to its high watermarks as of now.
+/// Times a caller gives are refused before any arithmetic or loop uses them: the request
+/// that used to make `core::ledger::days` wrap and fill one `Vec` until `serve` was killed
+/// (from/to near `i64::MAX`) answers 400 naming the field and the range, so do a period
+/// below 1970, one past 93 days and `execute_at`/`not_after` outside 1970..9999; the API
+/// answers a valid report afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn times_a_caller_gives_are_bounded_before_use() {
+    let cfg = arc(config("[registry]\nunknown_tenants = \"admit\"\n"));
+    init(&cfg).await;
+    let tenant = format!("bound-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let (_, token) = create_key(&cfg, &fairway::core::auth::Caller::Tenant(tenant.clone()), "bounds").await;
+    let (_, admin) = create_key(&cfg, &fairway::core::auth::Caller::Admin, "bounds").await;
+    let (base, stop_api) = serve_api(&cfg).await;
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
+    let get = |query: String, key: &str| {
+        let req = http.get(format!("{base}{query}")).bearer_auth(key);
+        async move {
+            let r = req.send().await.expect("an answer, not a dropped connection");
+            let status = r.status().as_u16();
+            (status, r.json::<serde_json::Value>().await.unwrap_or_default())
+        }
+    };
+    const DAY: i64 = 86_400_000;
+    for (from, to, field, says) in [
+        ("9223372036854775000".to_string(), "9223372036854775807".to_string(), "`from`", "253402300799999"),
+        ("-9223372036854775808".to_string(), "0".to_string(), "`from`", "253402300799999"),
+        ("0".to_string(), "9223372036854775807".to_string(), "`to`", "253402300799999"),
+        ("0".to_string(), (94 * DAY).to_string(), "`from` to `to`", "at most 93 days"),
+        ("5000".to_string(), "5000".to_string(), "`to`", "must be after"),
+    ] {
+        let (status, body) = get(format!("/v1/usage?from={from}&to={to}&granularity=hour"), &token).await;
+        assert_eq!(status, 400, "from={from} to={to}: {body}");
+        assert_eq!(body["code"], "INVALID_QUERY", "{body}");
+        let msg = body["error"].as_str().unwrap_or_default();
+        assert!(msg.contains(field) && msg.contains(says), "from={from} to={to}: {msg}");
+    }
+    for month in ["10000-01", "1969-12"] {
+        let (status, body) = get(format!("/v1/admin/usage?month={month}"), &admin).await;
+        assert_eq!(status, 400, "month={month}: {body}");
+        assert!(body["error"].as_str().unwrap_or_default().contains("1970-01 to 9999-12"), "{body}");
+    }
+    for (field, value) in [("execute_at", i64::MIN), ("execute_at", -1), ("not_after", i64::MAX)] {
+        let job = serde_json::json!({"job_type": "echo", "payload": {}, field: value});
+        let r = http.post(format!("{base}/v1/jobs")).bearer_auth(&token).json(&job).send().await.expect("an answer");
+        let status = r.status().as_u16();
+        let body: serde_json::Value = r.json().await.unwrap_or_default();
+        assert_eq!((status, body["code"].as_str()), (400, Some("TIME_OUT_OF_RANGE")), "{field}={value}: {body}");
+        assert!(body["error"].as_str().unwrap_or_default().contains(field), "{body}");
+    }
+    // Still serving: a valid period answers (nothing used yet: zero lines).
+    let now = now_ms();
+    let (status, body) = get(format!("/v1/usage?from={}&to={now}&granularity=day", now - 93 * DAY), &token).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["lines"], serde_json::json!([]), "{body}");
+    let _ = stop_api.send(());
+}
+
 async fn whole_topic(cfg: &fairway::config::Config, topic: &str) -> Vec<JobResult> {
     let (c, t) = (cfg.clone(), topic.to_string());
     let reader = tokio::task::spawn_blocking(move || fairway::kafka::reader_from_start(&c, "usage-check", &t))

@@ -67,8 +67,8 @@ impl Filters {
             tenant: v.tenant().map(str::to_string).or_else(|| some(&self.tenant)),
             job_type: some(&self.job_type),
             class,
-            since: some(&self.since).map(|s| html::parse_since(&s, now)).transpose()?,
-            until: some(&self.until).map(|s| html::parse_since(&s, now)).transpose()?,
+            since: some(&self.since).map(|s| html::parse_since("since", &s, now)).transpose()?,
+            until: some(&self.until).map(|s| html::parse_since("until", &s, now)).transpose()?,
             error_contains: some(&self.error),
             job_ids: None,
         };

@@ -149,22 +149,22 @@ pub(super) fn select(name: &str, label: &str, value: Option<&str>, options: &[&s
 }
 
 /// A time filter: `1h` (that long ago) or an RFC 3339 time (`2026-11-23T14:00:00Z`).
-pub(super) fn parse_since(s: &str, now: Millis) -> Result<Millis, ApiError> {
+pub(super) fn parse_since(field: &'static str, s: &str, now: Millis) -> Result<Millis, ApiError> {
     let s = s.trim();
+    let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, crate::api::codes::INVALID_QUERY, m);
     if let Ok(d) = humantime::parse_duration(s) {
-        return Ok(now - d.as_millis() as Millis);
+        return crate::core::bounds::ago(field, now, d).map_err(|e| bad(e.to_string()));
     }
-    humantime::parse_rfc3339_weak(s)
+    let at = humantime::parse_rfc3339_weak(s)
         .ok()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map(|d| d.as_millis() as Millis)
         .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                crate::api::codes::INVALID_QUERY,
-                format!("time {s:?} is neither a duration ago (e.g. 30m, 2h) nor a time like 2026-11-23T14:00:00Z"),
-            )
-        })
+            bad(format!(
+                "`{field}`: time {s:?} is neither a duration ago (e.g. 30m, 2h) nor a time like 2026-11-23T14:00:00Z"
+            ))
+        })?;
+    let ms = i64::try_from(at.as_millis()).unwrap_or(i64::MAX);
+    crate::core::bounds::instant(field, ms).map_err(|e| bad(e.to_string()))
 }
 
 #[cfg(test)]
@@ -179,9 +179,15 @@ mod tests {
 
     #[test]
     fn times_read_as_ago_or_absolute() {
-        assert_eq!(parse_since("1h", 10_000_000).unwrap(), 10_000_000 - 3_600_000);
-        assert_eq!(parse_since("1970-01-01T00:00:01Z", 0).unwrap(), 1_000);
-        assert!(parse_since("yesterday-ish", 0).is_err());
+        assert_eq!(parse_since("since", "1h", 10_000_000).unwrap(), 10_000_000 - 3_600_000);
+        assert_eq!(parse_since("since", "1970-01-01T00:00:01Z", 0).unwrap(), 1_000);
+        assert!(parse_since("since", "yesterday-ish", 0).is_err());
+        // Durations and times past what an instant holds are refused, naming the field.
+        for s in ["1000000000years", "2h", "300000years"] {
+            let e = parse_since("until", s, 1_000).unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST);
+            assert!(e.message.contains("`until`") && e.message.contains("9999-12-31"), "{s}: {}", e.message);
+        }
         assert_eq!(time(1_000), "1970-01-01 00:00:01.000");
         assert_eq!(age(1_500), "1.5 s");
     }

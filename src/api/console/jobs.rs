@@ -70,7 +70,7 @@ fn form(v: &Viewer, q: &JobsQuery) -> String {
 }
 
 async fn search(st: &ApiState, v: &Viewer, q: &JobsQuery) -> Result<String, ApiError> {
-    let since = some(&q.since).map(|s| html::parse_since(&s, now_ms())).transpose()?;
+    let since = some(&q.since).map(|s| html::parse_since("since", &s, now_ms())).transpose()?;
     let query = JobQuery {
         // A tenant key searches its own tenant, whatever the form says.
         tenant: v.tenant().map(str::to_string).or_else(|| some(&q.tenant)),

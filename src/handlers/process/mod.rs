@@ -205,6 +205,7 @@ impl Confined {
             uid: self.uid.as_ref().map(|u| u.uid),
             pidns,
             netns: enforcement.netns.as_ref().ok().filter(|_| !spec.network).map(|fd| fd.as_raw_fd()),
+            ipcns: enforcement.ipcns.is_ok(),
         })
     }
 
@@ -755,6 +756,53 @@ mod tests {
         assert!(procs <= 4, "its /proc lists only its own uid's processes (sh, a subshell, grep, wc): {out}");
         assert_eq!(lines.get(2), None, "its private directory is empty at the start: {out}");
         assert!(!std::path::Path::new("/tmp/mine").exists(), "its /tmp is not the host's");
+    }
+
+    /// The host's SysV objects' keys (`/proc/sysvipc/{shm,sem,msg}`, first column).
+    fn host_sysv_keys() -> Vec<String> {
+        ["shm", "sem", "msg"]
+            .iter()
+            .flat_map(|f| {
+                std::fs::read_to_string(format!("/proc/sysvipc/{f}"))
+                    .unwrap_or_default()
+                    .lines()
+                    .skip(1)
+                    .map(|l| l.split_whitespace().next().unwrap_or("").to_string())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn nothing_an_attempt_puts_in_dev_shm_var_tmp_or_sysv_ipc_outlives_it() {
+        let e = Enforcement::current();
+        if e.mountns.is_err() || e.uids.is_err() || e.ipcns.is_err() {
+            eprintln!("no mount or IPC namespace or uid per attempt on this host: {:?} {:?}", e.mountns, e.ipcns);
+            return;
+        }
+        let tag = uuid::Uuid::now_v7().simple().to_string();
+        let host_file = format!("/dev/shm/host-{tag}");
+        std::fs::write(&host_file, b"host").unwrap();
+        let script = format!(
+            "set -e; head -c 1048576 /dev/zero > /dev/shm/{tag}; head -c 1048576 /dev/zero > /var/tmp/{tag}; \
+             ipcmk -M 65536 >/dev/null; ipcmk -S 1 >/dev/null; ipcmk -Q >/dev/null; \
+             for f in shm sem msg; do tail -n +2 /proc/sysvipc/$f | awk '{{print \"key \" $1}}'; done; \
+             ls /dev/shm /var/tmp"
+        );
+        let (r, _) = run(spec(&script, Limits::default()), b"").await;
+        let out = String::from_utf8(r.unwrap()).unwrap();
+        let _ = std::fs::remove_file(&host_file);
+        let keys: Vec<&str> = out.lines().filter_map(|l| l.strip_prefix("key ")).collect();
+        assert_eq!(keys.len(), 3, "the job made a segment, a semaphore set and a queue: {out}");
+        assert!(!out.contains(&format!("host-{tag}")), "its /dev/shm is not the host's: {out}");
+        assert_eq!(out.matches(tag.as_str()).count(), 2, "it wrote /dev/shm and /var/tmp: {out}");
+        for path in [format!("/dev/shm/{tag}"), format!("/var/tmp/{tag}")] {
+            assert!(!std::path::Path::new(&path).exists(), "{path} outlived the attempt");
+        }
+        let host = host_sysv_keys();
+        for k in keys {
+            assert!(!host.iter().any(|h| h == k), "SysV key {k} outlived the attempt on the host: {host:?}");
+        }
     }
 
     #[tokio::test]

@@ -41,6 +41,9 @@ pub struct Enforcement {
     pub mountns: Result<(), String>,
     /// A pid namespace per attempt (`enter_pid_namespace`), or why not.
     pub pidns: Result<(), String>,
+    /// An IPC namespace per attempt (its SysV shared memory, semaphores and message
+    /// queues, and POSIX message queues, die with it), or why not.
+    pub ipcns: Result<(), String>,
     in_use: Mutex<Vec<bool>>,
 }
 
@@ -53,6 +56,7 @@ impl Enforcement {
             netns: detect_netns(),
             mountns: detect_mountns(),
             pidns: detect_pidns(),
+            ipcns: detect_ipcns(),
             in_use: Mutex::new(vec![false; UID_COUNT as usize]),
         }
     }
@@ -70,6 +74,7 @@ impl Enforcement {
             (Confinement::Cgroup, &self.tree.as_ref().map(|_| ())),
             (Confinement::Uid, &self.uids.as_ref().map(|_| ())),
             (Confinement::Network, &self.netns.as_ref().map(|_| ())),
+            (Confinement::Ipc, &self.ipcns.as_ref().map(|_| ())),
         ] {
             if let Err(why) = r {
                 out.push((c, why.to_string()));
@@ -89,6 +94,9 @@ impl Enforcement {
         }
         if self.netns.is_ok() {
             parts.push("netns".into());
+        }
+        if self.ipcns.is_ok() {
+            parts.push("ipcns".into());
         }
         if self.mountns.is_ok() && self.uids.is_ok() {
             parts.push("mountns".into());
@@ -116,17 +124,22 @@ impl Enforcement {
             Err(why) => format!("not available: {why}"),
         };
         let mounts = match (&self.mountns, &self.uids) {
-            (Ok(()), Ok(())) => "a mount namespace per attempt (/proc mounted with hidepid=2: only its own uid's processes; /tmp a private tmpfs)".to_string(),
-            (Err(why), _) => format!("no mount namespace: {why}"),
-            (_, Err(_)) => "no mount namespace (a private /proc hides only other uids' processes: needs a uid per attempt)".to_string(),
+            (Ok(()), Ok(())) => "a mount namespace per attempt (/proc mounted with hidepid=2: only its own uid's processes; /tmp, /dev/shm and /var/tmp private tmpfs mounts of the memory limit's size, charged to its cgroup, gone with the attempt)".to_string(),
+            (Err(why), _) => format!("no mount namespace: {why}; children write the host's /tmp, /dev/shm and /var/tmp"),
+            (_, Err(_)) => "no mount namespace (a private /proc hides only other uids' processes: needs a uid per attempt); children write the host's /tmp, /dev/shm and /var/tmp".to_string(),
         };
         let pids = match (&self.pidns, &self.tree, &self.mountns) {
             (Ok(()), Ok(_), Ok(())) => "a pid namespace per one-shot attempt (the program is pid 2 under a minimal init that reaps its orphans; it cannot see or signal a process outside, even by number; pooled children keep the host's pids)".to_string(),
             (Err(why), _, _) => format!("no pid namespace: {why}"),
             _ => "no pid namespace (it needs the cgroup, which measures the tree, and the mount namespace, which mounts the namespace's /proc)".to_string(),
         };
+        let ipc = match &self.ipcns {
+            Ok(()) => "an IPC namespace per attempt (SysV shared memory, semaphores and message queues end with it)"
+                .to_string(),
+            Err(why) => format!("no IPC namespace: {why}; SysV objects a child makes outlive it on the host"),
+        };
         format!(
-            "{limits}; uid per attempt: {}; network namespace: {}; {mounts}; {pids}; PR_SET_NO_NEW_PRIVS; worker non-dumpable",
+            "{limits}; uid per attempt: {}; network namespace: {}; {ipc}; {mounts}; {pids}; PR_SET_NO_NEW_PRIVS; worker non-dumpable",
             said(self.uids.as_ref().map(|_| ()), &format!("{UID_BASE}+n")),
             said(self.netns.as_ref().map(|_| ()), "one without network (a loopback, down) shared by the attempts, unless the job type sets network = true"),
         )
@@ -221,6 +234,26 @@ fn detect_mountns() -> Result<(), String> {
         Ok(s) if s.success() => Ok(()),
         Ok(s) => Err(format!("the probe exited {s}")),
         Err(e) => Err(format!("unshare(CLONE_NEWNS) or a mount failed: {e}")),
+    }
+}
+
+/// Whether a child can have an IPC namespace of its own: tried once in a short-lived child.
+fn detect_ipcns() -> Result<(), String> {
+    let mut probe = std::process::Command::new("/bin/true");
+    probe.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+    // SAFETY: unshare is async-signal-safe.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut probe, || {
+            if libc::unshare(libc::CLONE_NEWIPC) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    match probe.status() {
+        Ok(s) if s.success() => Ok(()),
+        Ok(s) => Err(format!("the probe exited {s}")),
+        Err(e) => Err(format!("unshare(CLONE_NEWIPC) failed (needs root or CAP_SYS_ADMIN): {e}")),
     }
 }
 
@@ -380,21 +413,32 @@ pub struct ChildSetup {
     pub uid: Option<u32>,
     /// The network namespace without network to enter.
     pub netns: Option<std::os::fd::RawFd>,
+    /// An IPC namespace of its own.
+    pub ipcns: bool,
     /// A mount namespace of its own (private /proc and /tmp).
     pub mounts: Option<Mounts>,
     /// A pid namespace of its own (`enter_pid_namespace`).
     pub pidns: bool,
 }
 
+/// The directories every attempt gets a private tmpfs at: what a job writes there is
+/// its own and is gone with its mount namespace (when its last process ends).
+pub const PRIVATE_TMPFS: [&str; 3] = ["/tmp", "/dev/shm", "/var/tmp"];
+/// Size of `/dev/shm` and `/var/tmp` for a job type without a memory limit (with one, each
+/// is its size; pages written there are charged to the attempt's cgroup either way).
+pub const SHARED_TMPFS_BYTES: u64 = 256 << 20;
+
 /// What a child's own mount namespace needs, prepared before fork (no allocation after).
 #[derive(Debug, Clone)]
 pub struct Mounts {
-    /// The attempt's private directory, mounted back at its own path in the new /tmp.
+    /// The attempt's private directory, mounted back at its own path when it lies under
+    /// one of the private tmpfs mounts.
     dir: std::ffi::CString,
-    /// Directories to make in the new /tmp down to `dir` (when it is under /tmp).
+    /// Directories to make in the new tmpfs down to `dir` (when it is under one).
     mkdirs: Vec<std::ffi::CString>,
-    /// The tmpfs options (mode, and the size: the memory limit).
-    tmp_options: std::ffi::CString,
+    /// The tmpfs mounts: where (the [`PRIVATE_TMPFS`] that exist on this host) and their
+    /// options (mode, and the size).
+    tmpfs: Vec<(std::ffi::CString, std::ffi::CString)>,
     /// The working directory to return to (the job type's `cwd`).
     cwd: Option<std::ffi::CString>,
 }
@@ -407,19 +451,32 @@ impl Mounts {
                 .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
         };
         let mut mkdirs = Vec::new();
-        if let Ok(rest) = dir.strip_prefix("/tmp") {
-            let mut at = std::path::PathBuf::from("/tmp");
-            for part in rest.components() {
-                at.push(part);
-                mkdirs.push(c(&at)?);
+        let mut tmpfs = Vec::new();
+        for (i, at) in PRIVATE_TMPFS.iter().enumerate() {
+            let at = std::path::Path::new(at);
+            // A host without the directory has nothing there for a job to share.
+            if !at.is_dir() {
+                continue;
             }
+            if let Ok(rest) = dir.strip_prefix(at) {
+                let mut p = at.to_path_buf();
+                for part in rest.components() {
+                    p.push(part);
+                    mkdirs.push(c(&p)?);
+                }
+            }
+            let size = match (i, memory) {
+                (_, Some(m)) => format!(",size={m}"),
+                (0, None) => String::new(),
+                (_, None) => format!(",size={SHARED_TMPFS_BYTES}"),
+            };
+            tmpfs.push((c(at)?, c(std::path::Path::new(&format!("mode=1777{size}")))?));
         }
-        let size = memory.map(|m| format!(",size={m}")).unwrap_or_default();
         let cwd = match cwd {
             Some(p) => Some(c(&std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf()))?),
             None => None,
         };
-        Ok(Mounts { dir: c(dir)?, mkdirs, tmp_options: c(std::path::Path::new(&format!("mode=1777{size}")))?, cwd })
+        Ok(Mounts { dir: c(dir)?, mkdirs, tmpfs, cwd })
     }
 }
 
@@ -444,6 +501,12 @@ pub fn in_child(control_write: &OwnedFd, setup: &ChildSetup) -> std::io::Result<
     if let Some(ns) = setup.netns {
         // SAFETY: setns on a namespace descriptor the worker holds open.
         if unsafe { libc::setns(ns, libc::CLONE_NEWNET) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    if setup.ipcns {
+        // SAFETY: unshare on this (forked) process.
+        if unsafe { libc::unshare(libc::CLONE_NEWIPC) } != 0 {
             return Err(std::io::Error::last_os_error());
         }
     }
@@ -491,8 +554,9 @@ pub fn in_child(control_write: &OwnedFd, setup: &ChildSetup) -> std::io::Result<
 
 /// In the child (root, before its uid is set): a mount namespace of its own, /proc
 /// mounted anew with `hidepid=2` (only its own uid's processes are listed or readable),
-/// /tmp a fresh tmpfs with the attempt's private directory mounted back at its own path
-/// (so the paths in its environment hold). Only async-signal-safe syscalls.
+/// /tmp, /dev/shm and /var/tmp fresh tmpfs mounts, with the attempt's private directory
+/// mounted back at its own path (so the paths in its environment hold). Only
+/// async-signal-safe syscalls.
 pub fn mount_private(m: &Mounts) -> std::io::Result<()> {
     let check = |rc: i32| if rc < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) };
     let none = std::ptr::null::<libc::c_char>();
@@ -507,13 +571,15 @@ pub fn mount_private(m: &Mounts) -> std::io::Result<()> {
         let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
         check(libc::mount(c"proc".as_ptr(), c"/proc".as_ptr(), c"proc".as_ptr(), flags, c"hidepid=2".as_ptr().cast()))?;
         check(libc::fchdir(dir))?;
-        check(libc::mount(
-            c"tmpfs".as_ptr(),
-            c"/tmp".as_ptr(),
-            c"tmpfs".as_ptr(),
-            libc::MS_NOSUID | libc::MS_NODEV,
-            m.tmp_options.as_ptr().cast(),
-        ))?;
+        for (at, options) in &m.tmpfs {
+            check(libc::mount(
+                c"tmpfs".as_ptr(),
+                at.as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                options.as_ptr().cast(),
+            ))?;
+        }
         for d in &m.mkdirs {
             check(libc::mkdir(d.as_ptr(), 0o711))?;
         }
