@@ -37,7 +37,8 @@ impl Submitter {
                 None => alone.push(index),
             }
         }
-        let singles = futures::future::join_all(alone.iter().map(|&i| Box::pin(self.submit(&jobs[i]))));
+        self.count_batch(jobs, now);
+        let singles = futures::future::join_all(alone.iter().map(|&i| Box::pin(self.submit_counted(&jobs[i], true))));
         let (singles, shared) = tokio::join!(singles, self.produce_ready(&ready, jobs, stmts, now));
         for (i, answer) in alone.into_iter().zip(singles) {
             answers[i] = Some(answer);

@@ -264,6 +264,12 @@ impl Submitter {
     }
 
     pub async fn submit(&self, job: &NewJob) -> Result<Submitted, SubmitError> {
+        self.submit_counted(job, false).await
+    }
+
+    /// [`Submitter::submit`]; `counted`: the job was already counted in its tenant's rate
+    /// (a batch counts all its jobs first, see [`crate::core::lanes::LaneMeter`]).
+    pub(crate) async fn submit_counted(&self, job: &NewJob, counted: bool) -> Result<Submitted, SubmitError> {
         self.refresh_classes().await;
         let payload = job.payload_bytes();
         let pool = self.validate(job, payload.len())?;
@@ -300,7 +306,7 @@ impl Submitter {
             rec.traceparent = Some(tp);
         }
         let packed = self.packs_submission(stmts, &rec, now);
-        let lane = self.count_and_lane(&rec, job.ordering_key.as_deref(), 1, now);
+        let lane = self.count_and_lane(&rec, job.ordering_key.as_deref(), u64::from(!counted), now);
         let (produced, written) = if packed {
             // A packed record cannot be taken back: written once the job is on its topic.
             let produced = self.produce_state_written(&rec, true, lane).await;
@@ -484,24 +490,31 @@ impl Submitter {
     /// lanes picked by its job id.
     fn count_and_lane(&self, rec: &JobSubmitted, ordering_key: Option<&str>, n: u64, now: Millis) -> Lane {
         let mut meter = self.lanes.lock().expect("lane meter");
-        meter.record(&rec.tenant, n, now);
+        if n > 0 {
+            meter.record(&rec.tenant, n, now);
+        }
         match ordering_key {
             Some(k) => Lane::ordered(k),
             None => Lane::of_job(&rec.job_id, meter.lanes(&rec.tenant, now)),
         }
     }
 
-    /// The lanes of a batch's records: every tenant's jobs are counted first, so a batch
-    /// spreads by the rate it makes.
+    /// Counts a batch's jobs in their tenants' rates, all before any is placed, so a
+    /// batch spreads by the rate it makes.
+    pub(crate) fn count_batch(&self, jobs: &[NewJob], now: Millis) {
+        let mut meter = self.lanes.lock().expect("lane meter");
+        for job in jobs {
+            meter.record(&job.tenant, 1, now);
+        }
+    }
+
+    /// The lanes of a batch's records, already counted ([`Submitter::count_batch`]).
     pub(crate) fn batch_lanes<'a>(
         &self,
-        recs: impl Iterator<Item = (&'a JobSubmitted, Option<&'a str>)> + Clone,
+        recs: impl Iterator<Item = (&'a JobSubmitted, Option<&'a str>)>,
         now: Millis,
     ) -> Vec<Lane> {
         let mut meter = self.lanes.lock().expect("lane meter");
-        for (rec, _) in recs.clone() {
-            meter.record(&rec.tenant, 1, now);
-        }
         recs.map(|(rec, ordering_key)| match ordering_key {
             Some(k) => Lane::ordered(k),
             None => Lane::of_job(&rec.job_id, meter.lanes(&rec.tenant, now)),
