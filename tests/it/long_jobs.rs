@@ -495,11 +495,24 @@ async fn a_job_whose_running_row_cannot_be_written_is_stopped_and_handed_back() 
     let sub = Submitter::new(cfg.clone(), None).unwrap();
     let id = sub.submit(&common::new_job("acme", "holdable", serde_json::Value::Null)).await.unwrap().job_id;
     use std::sync::atomic::Ordering::SeqCst;
+    let t0 = std::time::Instant::now();
     let stopped = common::wait_for(Duration::from_secs(40), async || (h.stopped.load(SeqCst) >= 1).then_some(())).await;
     assert!(stopped.is_some(), "the job ran on without a running row ({} runs)", h.runs.load(SeqCst));
+    let t_stopped = t0.elapsed();
     // Handed back: it is dispatched again (and stopped again while the table is gone).
     let again = common::wait_for(Duration::from_secs(40), async || (h.runs.load(SeqCst) >= 2).then_some(())).await;
-    assert!(again.is_some(), "the stopped job was not handed back");
+    assert!(
+        again.is_some(),
+        "the stopped job was not handed back within 40 s of its stop (stopped {:.1} s after submission; runs {}, stops {})",
+        t_stopped.as_secs_f64(),
+        h.runs.load(SeqCst),
+        h.stopped.load(SeqCst)
+    );
+    eprintln!(
+        "stopped after {:.1} s, dispatched again {:.1} s later",
+        t_stopped.as_secs_f64(),
+        (t0.elapsed() - t_stopped).as_secs_f64()
+    );
 
     fairway::store::ensure_schema(&cfg).await.unwrap();
     h.release.store(true, SeqCst);
