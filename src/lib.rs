@@ -22,13 +22,14 @@
 //! | `seams` | the narrow traits a job's route reaches the store (`RouteStore`), the broker (`RouteBroker`) and time (`Clock`) through; implemented by `store` and `kafka`, and in memory by `sim::doubles` |
 //! | `worker` | a worker process; its tasks are below |
 //! | `worker::context` | the worker's shared state: `RouteContext` (what a job's route needs) and `Shared` (what the pool's loops add) |
-//! | `worker::pool` | one pool's consumer loop: messages in, scheduling, executions out |
+//! | `worker::pool` | one pool's consumer loop: messages in, scheduling, executions out; a job whose outcome was not durable is taken in again |
 //! | `worker::route` | a job's route top to bottom (intake → check → run → settle → commit) and the types its stages pass (`Durable` among them); stages in `worker::check`, `worker::exec`, `worker::settle`, their durable writes in `worker::durable` |
 //! | `worker::frontier` | the dispatch frontier of each partition (which jobs skip the effectively-once read; rules in `core::frontier`) and the cancel feed |
 //! | `worker::admission` | what a worker reports to submission admission every second: dequeued jobs, outcomes, run times |
 //! | `worker::backlog` | the spill path of floods beyond the buffer |
 //! | `worker::relay` | the retry relay (retry topics back to their pool) and the promoter (jobs parked for later) |
 //! | `worker::liveness` | heartbeats, cancellation, and the reaper of jobs whose worker died |
+//! | `worker::ownership` | whether this worker still owns the partition a job came from: a lost partition's jobs start nothing and publish nothing more here |
 //! | `worker::usage`, `worker::quota` | the fleet usage exchange and the fleet-wide limits and counts exchange |
 //! | `worker::classifier` | the pool classifier's leader |
 //! | `worker::schedules` | recurring schedules fired by the promoter's lease holder |

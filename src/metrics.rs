@@ -27,6 +27,8 @@ pub const JOBS_DEFERRED: &str = "fairway_jobs_deferred_total";
 pub const JOBS_HELD_STORE_DOWN: &str = "fairway_jobs_held_store_down_total";
 pub const JOBS_EXPIRED_QUEUED: &str = "fairway_jobs_expired_queued_total";
 pub const JOBS_TAKEN_OVER: &str = "fairway_jobs_taken_over_total";
+pub const JOBS_TAKEN_AGAIN: &str = "fairway_jobs_taken_again_total";
+pub const OUTCOMES_NOT_SENT_UNOWNED: &str = "fairway_outcomes_not_sent_unowned_total";
 pub const HEARTBEAT_AGE_SECONDS: &str = "fairway_heartbeat_age_seconds";
 pub const HEARTBEATS: &str = "fairway_heartbeats_total";
 pub const REAPED: &str = "fairway_jobs_reaped_total";
@@ -197,6 +199,14 @@ pub fn describe() {
         "Jobs held back before running because the store was unreachable (no attempt, no crash)"
     );
     describe_counter!(JOBS_TAKEN_OVER, "Jobs taken over from a worker whose heartbeat lapsed");
+    describe_counter!(
+        JOBS_TAKEN_AGAIN,
+        "Jobs whose outcome was not durable taken in again on the partition that still holds them, by pool"
+    );
+    describe_counter!(
+        OUTCOMES_NOT_SENT_UNOWNED,
+        "Outcome records (results, retries, hand-offs) not sent because the job's partition was lost meanwhile (session timed out); its next owner handles the job, by pool"
+    );
     describe_gauge!(HEARTBEAT_AGE_SECONDS, Unit::Seconds, "Age of the oldest heartbeat of this worker's running jobs");
     describe_counter!(HEARTBEATS, "Heartbeats written, by pool");
     describe_counter!(REAPED, "Running jobs re-dispatched by the reaper after their heartbeat lapsed");
@@ -271,7 +281,7 @@ pub fn describe() {
     describe_gauge!(SPILLED_BACKLOG, "Jobs waiting in spilled backlogs this worker owns, by pool");
     describe_gauge!(
         JOBS_HELD_UNTIL_DUE,
-        "Delayed jobs due within a second held in this worker's memory until due (offsets uncommitted), by pool"
+        "Jobs held in this worker's memory, offsets uncommitted: delayed jobs due within a second until due, and jobs whose outcome was not durable until taken in again, by pool"
     );
     describe_counter!(SPILL_ROWS, "Store rows written by the spill path (many spilled jobs per row), by pool");
     describe_histogram!(

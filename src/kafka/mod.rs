@@ -18,7 +18,9 @@ pub mod copy;
 mod producer;
 mod seam;
 pub mod stall;
-pub use producer::{bulk_producer, producer, submit_producer, Outgoing, Producer};
+pub use producer::{
+    bulk_producer, producer, submit_producer, worker_delivery_timeout, worker_producer, Outgoing, Producer,
+};
 pub use rdkafka::consumer::{CommitMode, Consumer};
 pub use rdkafka::message::{BorrowedMessage, Headers, Message, OwnedMessage};
 pub use rdkafka::{Offset, TopicPartitionList};
@@ -354,6 +356,10 @@ pub fn send_nowait(producer: &Producer, topic: &str, key: &str, payload: &[u8]) 
 pub enum RebalanceEvent {
     Assigned(Vec<(String, i32)>),
     Revoked(Vec<(String, i32)>),
+    /// Revoked without a rebalance this member took part in (librdkafka's own session
+    /// timeout, e.g. cut off from the broker, or the broker fenced the member): another
+    /// member may own them and run their jobs already.
+    Lost(Vec<(String, i32)>),
     /// Owned partitions without progress for [`stall::STALLED_AFTER`] (topic, partition,
     /// librdkafka's fetch state; see [`stall::Watch`]): the loop restarts the fetchers
     /// ([`stall::restart_fetchers`]) and resumes them unless it keeps them paused. At most one such
@@ -492,9 +498,11 @@ fn tpl_vec(tpl: &TopicPartitionList) -> Vec<(String, i32)> {
 }
 
 impl ConsumerContext for WorkerContext {
-    fn pre_rebalance(&self, _c: &rdkafka::consumer::BaseConsumer<Self>, r: &Rebalance<'_>) {
+    fn pre_rebalance(&self, c: &rdkafka::consumer::BaseConsumer<Self>, r: &Rebalance<'_>) {
         if let Rebalance::Revoke(tpl) = r {
-            let _ = self.events.send(RebalanceEvent::Revoked(tpl_vec(tpl)));
+            let parts = tpl_vec(tpl);
+            let ev = if c.assignment_lost() { RebalanceEvent::Lost(parts) } else { RebalanceEvent::Revoked(parts) };
+            let _ = self.events.send(ev);
         }
     }
     fn post_rebalance(&self, _c: &rdkafka::consumer::BaseConsumer<Self>, r: &Rebalance<'_>) {
@@ -578,7 +586,12 @@ fn consumer_with(
 
 /// A group member's heartbeat period: a twentieth of the session timeout, 100 ms to 1 s.
 fn heartbeat_ms(session_timeout: Duration) -> u128 {
-    (session_timeout.as_millis() / 20).clamp(100, 1000)
+    heartbeat_interval(session_timeout).as_millis()
+}
+
+/// [`heartbeat_ms`] as a duration.
+fn heartbeat_interval(session_timeout: Duration) -> Duration {
+    (session_timeout / 20).clamp(Duration::from_millis(100), Duration::from_secs(1))
 }
 
 /// A topic partition a consumer owns.

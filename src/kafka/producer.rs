@@ -28,6 +28,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, ClientContext};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 /// The client context of one producer instance: notes a fatal error when librdkafka
 /// reports it (its error callback), so the next send rebuilds before trying.
@@ -153,26 +154,49 @@ const SUBMIT_LINGER_MS: &str = "25";
 /// 4 requests in flight: 55-58k jobs/s at 25 ms, 71-78k at 5 ms).
 const BULK_LINGER_MS: &str = "5";
 
-/// Idempotent producer for workers: retries inside librdkafka never duplicate or reorder
-/// records.
+/// Idempotent producer for tools and services that are not pool workers: retries
+/// inside librdkafka never duplicate or reorder records.
 pub fn producer(cfg: &Config) -> Result<Producer, KafkaError> {
-    producer_lingering(cfg, WORKER_LINGER_MS)
+    producer_lingering(cfg, WORKER_LINGER_MS, DELIVERY_TIMEOUT)
+}
+
+/// [`producer`] for a pool worker: a record is acknowledged within
+/// [`worker_delivery_timeout`] or fails.
+pub fn worker_producer(cfg: &Config) -> Result<Producer, KafkaError> {
+    producer_lingering(cfg, WORKER_LINGER_MS, worker_delivery_timeout(cfg.kafka.session_timeout))
+}
+
+/// How long a record may wait for its acknowledgement (`message.timeout.ms`) outside a
+/// pool worker.
+const DELIVERY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a pool worker's record may wait for its acknowledgement: the consumer group's
+/// session timeout less a group heartbeat and a second (1 s at least, 30 s at most). A
+/// worker cut off from the broker loses its partitions at its session timeout
+/// (`worker::ownership`); a record it queued before the cut is delivered before another
+/// member can own the job's partition, or never, so it never lands after the link is back
+/// for a job another worker took.
+pub fn worker_delivery_timeout(session_timeout: Duration) -> Duration {
+    let heartbeat = super::heartbeat_interval(session_timeout);
+    let left = session_timeout.saturating_sub(heartbeat).saturating_sub(Duration::from_secs(1));
+    left.clamp(Duration::from_secs(1), DELIVERY_TIMEOUT)
 }
 
 /// [`producer`] for submitters, which batch longer ([`SUBMIT_LINGER_MS`]).
 pub fn submit_producer(cfg: &Config) -> Result<Producer, KafkaError> {
-    producer_lingering(cfg, SUBMIT_LINGER_MS)
+    producer_lingering(cfg, SUBMIT_LINGER_MS, DELIVERY_TIMEOUT)
 }
 
 /// [`producer`] for whole batches of submissions ([`BULK_LINGER_MS`]).
 pub fn bulk_producer(cfg: &Config) -> Result<Producer, KafkaError> {
-    producer_lingering(cfg, BULK_LINGER_MS)
+    producer_lingering(cfg, BULK_LINGER_MS, DELIVERY_TIMEOUT)
 }
 
-fn producer_lingering(cfg: &Config, linger_ms: &str) -> Result<Producer, KafkaError> {
+fn producer_lingering(cfg: &Config, linger_ms: &str, delivery: Duration) -> Result<Producer, KafkaError> {
     // Batching is tuning (`kafka.properties` may change it); durability is not.
     let mut settings = tuned(cfg, &[("linger.ms", linger_ms), ("compression.type", "lz4")]);
-    settings.set("enable.idempotence", "true").set("acks", "all").set("message.timeout.ms", "30000");
+    let timeout = delivery.as_millis().to_string();
+    settings.set("enable.idempotence", "true").set("acks", "all").set("message.timeout.ms", timeout);
     let first = Generation::new(&settings, 0).map_err(client_err(cfg))?;
     Ok(Producer {
         inner: Arc::new(Inner {
@@ -382,4 +406,24 @@ fn is_fatal(current: &Generation, generation: u64, e: &rdkafka::error::KafkaErro
         current.fatal.store(true, Ordering::SeqCst);
     }
     dead_client || current.number != generation || current.is_dead()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_workers_records_are_delivered_within_its_session_or_never() {
+        let s = Duration::from_secs;
+        // 10 s session, 500 ms heartbeat: 8.5 s.
+        assert_eq!(worker_delivery_timeout(s(10)), Duration::from_millis(8_500));
+        // 6 s session, 300 ms heartbeat: 4.7 s.
+        assert_eq!(worker_delivery_timeout(s(6)), Duration::from_millis(4_700));
+        assert_eq!(worker_delivery_timeout(Duration::from_millis(1_500)), s(1), "1 s at least");
+        assert_eq!(worker_delivery_timeout(s(300)), s(30), "30 s at most");
+        for secs in 1..=120 {
+            let t = worker_delivery_timeout(s(secs));
+            assert!(t < s(secs).max(s(2)), "{secs} s session: {t:?}");
+        }
+    }
 }

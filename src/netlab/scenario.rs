@@ -97,6 +97,9 @@ pub struct Report {
     pub recover_s: Option<f64>,
     /// Results published by the inside worker after the link returned.
     pub inside_results_after_restore: u64,
+    /// Of those, results for jobs that already had one (a second result published by the
+    /// cut-off worker after its link came back).
+    pub inside_duplicates_after_restore: u64,
     /// Exit codes of the inside worker (it gave up; restarted each time).
     pub inside_exits: Vec<Option<i32>>,
     pub host_exits: Vec<Option<i32>>,
@@ -126,13 +129,14 @@ impl Report {
     /// One line for a failing test's output.
     pub fn summary(&self) -> String {
         format!(
-            "{} {}s: stuck {} lost {} dup {} twice {} overlap>{}s {} done {:?}s recover {:?}s inside exits {:?} \
+            "{} {}s: stuck {} lost {} dup {} (inside after restore {}) twice {} overlap>{}s {} done {:?}s recover {:?}s inside exits {:?} \
              rebuilds {} gave_up {} probes {}/{} (inside {}, holds {:?}) livez cut/after {:?}/{:?}",
             self.kind,
             self.cut_s,
             self.stuck,
             self.lost,
             self.duplicate_results,
+            self.inside_duplicates_after_restore,
             self.jobs_run_twice,
             self.heartbeat_lapse_s,
             self.jobs_overlapping_beyond_lapse,
@@ -419,6 +423,8 @@ async fn start(lab: &mut Lab, plan: &Plan) -> Result<Session, LabError> {
 struct Tally {
     results: HashMap<String, u32>,
     inside_after_restore: u64,
+    /// Of those, results for jobs that already had one.
+    inside_repeats_after_restore: u64,
 }
 
 impl Tally {
@@ -430,8 +436,10 @@ impl Tally {
         while let Ok(Some(r)) = tokio::time::timeout_at(until, s.feed.recv()).await {
             let inside = r.worker_id.starts_with("inside-");
             if ids.contains(&r.job_id) {
-                *self.results.entry(r.job_id).or_default() += 1;
+                let seen = self.results.entry(r.job_id).or_default();
+                *seen += 1;
                 self.inside_after_restore += u64::from(restored && inside);
+                self.inside_repeats_after_restore += u64::from(restored && inside && *seen > 1);
             } else if let Some(p) = probes.as_deref_mut() {
                 if p.ids.contains(&r.job_id) && p.done.insert(r.job_id) {
                     p.by_inside += usize::from(inside);
@@ -563,6 +571,7 @@ async fn phase(lab: &mut Lab, plan: &Plan, cut: &Cut, s: &mut Session) -> Result
         all_done_s: all_done_at.map(|t| round2(t.duration_since(t0).as_secs_f64())),
         recover_s: all_done_at.map(|t| round2(t.saturating_duration_since(restored).as_secs_f64())),
         inside_results_after_restore: tally.inside_after_restore,
+        inside_duplicates_after_restore: tally.inside_repeats_after_restore,
         inside_exits: s.fleet.inside_exits[exits_before.0..].to_vec(),
         host_exits: s.fleet.host_exits[exits_before.1..].to_vec(),
         producer_rebuilds: Fleet::in_logs(lab, "producer rebuilt") - rebuilds_before,

@@ -276,6 +276,10 @@ where
             Err(e) => e,
         };
         let stopping = sh.stopping.load(std::sync::atomic::Ordering::SeqCst);
+        if !super::ownership::holds() {
+            tracing::info!(job_id = %job.job_id, error = %e, "store unavailable for {what} and the partition is no longer owned here; the job is left to its next owner");
+            return Err(Check::Done(Durable::No));
+        }
         if stopping || tokio::time::Instant::now() + delay >= give_up {
             tracing::error!(job_id = %job.job_id, error = %e, stopping, "store unavailable for {what}; the job is left for redelivery");
             return Err(Check::Done(Durable::No));

@@ -8,6 +8,7 @@
 use super::route::{Durable, Origin};
 use super::RouteContext;
 use crate::config::Config;
+use crate::kafka::KafkaError;
 use crate::model::{DeadLetter, FailureClass, JobResult, JobStatus, JobSubmitted, ProcessUsage};
 use crate::seams::RouteBroker;
 use crate::store::StateUpdate;
@@ -173,12 +174,47 @@ async fn publish_result(sh: &RouteContext, result: &JobResult, job: &JobSubmitte
     };
     let topic = sh.cfg.results_topic();
     let headers = kafka::trace_headers(job);
-    match with_retries(|| sh.broker.send(&topic, &result.tenant, &bytes, &headers)).await {
-        Ok(_) => Durable::Yes,
+    match send_while_owned(sh, &topic, &result.tenant, &bytes, &headers).await {
+        Ok(()) => Durable::Yes,
         Err(e) => {
             tracing::error!(job_id = %result.job_id, error = %e, "cannot publish result; the job will be redelivered");
             Durable::No
         }
+    }
+}
+
+/// Why an outcome's record was not sent.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum SendError {
+    #[error(transparent)]
+    Kafka(#[from] KafkaError),
+    #[error("the job's partition was lost (no answer from the group coordinator within the session); its next owner handles the job")]
+    NotOwned,
+}
+
+/// Sends an outcome's record, retried a few times ([`with_retries`]), each try only while
+/// this worker owns the partition the job came from (`worker::ownership`): past that, the
+/// partition's next owner may already have run the job, and a record sent now would be a
+/// second outcome.
+async fn send_while_owned(
+    sh: &RouteContext,
+    topic: &str,
+    key: &str,
+    bytes: &[u8],
+    headers: &[(&str, &str)],
+) -> Result<(), SendError> {
+    let send = || async {
+        if !super::ownership::holds() {
+            return Err(SendError::NotOwned);
+        }
+        sh.broker.send(topic, key, bytes, headers).await.map(|_| ()).map_err(SendError::from)
+    };
+    match with_retries(send).await {
+        Err(SendError::NotOwned) => {
+            metrics::counter!(m::OUTCOMES_NOT_SENT_UNOWNED, "pool" => sh.pool.as_str()).increment(1);
+            Err(SendError::NotOwned)
+        }
+        other => other,
     }
 }
 
@@ -328,8 +364,8 @@ pub(super) async fn hold_back(sh: &RouteContext, job: &JobSubmitted, at: i64) ->
 pub(super) async fn produce_job(sh: &RouteContext, topic: &str, job: &JobSubmitted, what: &str) -> Durable {
     let headers = kafka::trace_headers(job);
     let Some(bytes) = encoded(codec::encode_job(job), &job.job_id, what) else { return Durable::No };
-    match with_retries(|| sh.broker.send(topic, &job.tenant, &bytes, &headers)).await {
-        Ok(_) => Durable::Yes,
+    match send_while_owned(sh, topic, &job.tenant, &bytes, &headers).await {
+        Ok(()) => Durable::Yes,
         Err(e) => {
             tracing::error!(job_id = %job.job_id, error = %e, "cannot {what} job; it will be redelivered");
             Durable::No

@@ -255,6 +255,12 @@ async fn route(
         Ok(handler) => handler,
         Err(durable) => return Ended::Skipped.or_lost(durable),
     };
+    if !super::ownership::holds() {
+        // Its partition was lost during the checks (a cut from the broker past the
+        // session): the partition's next owner runs the job.
+        tracing::info!(job_id = %job.job_id, partition = origin.partition, "partition no longer owned here; the job is left to its next owner");
+        return Ended::NotDurable;
+    }
     let started_at = sh.clock.now_ms();
     waited.record(sh, &job, started_at);
     let spans = RunSpans::start(sh, &job, &origin, &waited, started_at);

@@ -13,6 +13,7 @@ mod durable;
 pub mod exec;
 pub mod frontier;
 pub mod liveness;
+pub mod ownership;
 pub mod pool;
 pub mod quota;
 pub mod relay;
@@ -104,7 +105,7 @@ impl Worker {
         if let Some(r) = probes.worker_readiness() {
             r.set_store_up(true);
         }
-        let producer = kafka::producer(&cfg)?;
+        let producer = kafka::worker_producer(&cfg)?;
         let worker_id = new_worker_id();
         let (tx, rx) = watch::channel(false);
         // Pools stop on `tx`; heartbeats and the rest on `halt`, once the pools drained

@@ -7,6 +7,7 @@ use super::backlog::{BacklogEvent, SpillReq, Spiller};
 use super::dispatch::{Dispatcher, Queued, Ticket};
 use super::durable::{self, Letter, Terminal};
 use super::exec;
+use super::ownership::{self, Ownership};
 use super::route::{Durable, Ended, Origin, Pending, SpillRef};
 use super::Shared;
 use crate::core::backlog::TenantBacklog;
@@ -35,6 +36,38 @@ struct Done {
     held_bytes: usize,
     ended: Ended,
     spill: Option<SpillRef>,
+    /// What takes the job in again if its outcome was not durable (`Loop::again_later`).
+    again: Option<Again>,
+}
+
+/// A job whose outcome was not durable, to take in again on a partition still owned: the
+/// job as run, or the message as consumed (a delayed job, a refused message).
+enum Again {
+    Job(Arc<JobSubmitted>),
+    Message(Vec<u8>),
+}
+
+impl Again {
+    /// Bytes it holds, counted against `MAX_HOLDING_BYTES`.
+    fn bytes(&self) -> usize {
+        match self {
+            Again::Job(job) => job.heap_bytes(),
+            Again::Message(bytes) => bytes.len(),
+        }
+    }
+}
+
+/// How long a job whose outcome was not durable waits before it is taken in again (its
+/// route already retried through the outage for as long as it could), the first time.
+const AGAIN_AFTER: Duration = Duration::from_secs(5);
+/// The longest wait before a job is taken in again ([`again_after`]).
+const AGAIN_AFTER_MAX: Duration = Duration::from_secs(300);
+
+/// How long a job whose outcome was not durable `times` times in a row here waits before
+/// it is taken in again: 5 s, doubling, at most 5 minutes, so an outcome that stays
+/// refused costs a run every 5 minutes, not every 5 s.
+fn again_after(times: u32) -> Duration {
+    AGAIN_AFTER.saturating_mul(1u32 << times.saturating_sub(1).min(16)).min(AGAIN_AFTER_MAX)
 }
 
 /// What executions and the spill path tell the loop: a slot freed (handler returned),
@@ -48,6 +81,13 @@ enum Event {
         origin: Origin,
         incarnation: u64,
         bytes: Vec<u8>,
+    },
+    /// A job whose outcome was not durable, due to be taken in again.
+    Again {
+        origin: Origin,
+        incarnation: u64,
+        spill: Option<SpillRef>,
+        again: Again,
     },
 }
 
@@ -73,6 +113,10 @@ struct PartitionState {
     spill_paused_since: Option<std::time::Instant>,
     /// A commit point reached and not yet stored with the consumer (`Loop::store_offsets`).
     store_at: Option<i64>,
+    /// This assignment of the partition: ended when it is lost (`worker::ownership`).
+    ownership: Ownership,
+    /// Jobs (by offset) whose outcome was not durable here, and how often in a row.
+    again_times: HashMap<i64, u32>,
 }
 
 /// Most jobs buffered in one worker for one pool, and their bytes (`core::buffer`): past
@@ -341,6 +385,18 @@ impl Loop {
                 }
                 tracing::info!(pool, partitions = ?gone, dropped = dropped.len(), "partitions revoked");
             }
+            RebalanceEvent::Lost(tps) => {
+                // Jobs in flight here stop acting for their jobs (`worker::ownership`); the
+                // partitions' next owner runs them. A plain revocation keeps them going:
+                // this member is alive, and the next owner waits for their heartbeats.
+                for (_, p) in &tps {
+                    if let Some(st) = self.parts.get(p) {
+                        st.ownership.end();
+                    }
+                }
+                tracing::warn!(pool, partitions = ?tps, "partitions lost (no answer from the group coordinator within the session): jobs in flight from them publish nothing more here");
+                self.on_rebalance(consumer, pauses, RebalanceEvent::Revoked(tps));
+            }
             RebalanceEvent::Stalled(stalled) => self.restart_fetchers(consumer, pauses, stalled),
         }
     }
@@ -574,6 +630,7 @@ impl Loop {
                 } else {
                     Ended::Skipped.or_lost(durable::delay(&sh, job).await)
                 };
+                let again = (!ended.is_durable()).then_some(Again::Message(bytes));
                 let _ = tx.send(Event::Done(Done {
                     origin,
                     incarnation,
@@ -581,6 +638,7 @@ impl Loop {
                     held_bytes: 0,
                     ended,
                     spill: None,
+                    again,
                 }));
             });
             return;
@@ -655,7 +713,7 @@ impl Loop {
             metrics::counter!(m::JOBS_EXPIRED_QUEUED, "pool" => self.pool()).increment(1);
             let (route, tx) = (self.sh.route.clone(), self.done_tx.clone());
             self.tasks.spawn(async move {
-                let ended = exec::expire_queued(route, p.job, p.origin.clone()).await;
+                let ended = exec::expire_queued(route, p.job.clone(), p.origin.clone()).await;
                 let _ = tx.send(Event::Done(Done {
                     origin: p.origin,
                     incarnation: p.incarnation,
@@ -663,6 +721,7 @@ impl Loop {
                     held_bytes: 0,
                     ended,
                     spill: p.spill,
+                    again: (!ended.is_durable()).then_some(Again::Job(p.job)),
                 }));
             });
         }
@@ -816,8 +875,13 @@ impl Loop {
         let (sh, tx) = (self.sh.clone(), self.done_tx.clone());
         self.tasks.spawn(async move {
             let Refused { rejection, bytes, origin, incarnation, spill } = refused;
+            // Kept for a dead letter that cannot be written now: taken in again, the message
+            // is refused and dead-lettered again (refusals are rare; the copy is cheap).
+            let kept = spill.is_none().then(|| bytes.clone());
             let ended = Ended::Skipped.or_lost(reject(&sh, rejection, bytes, &origin).await);
-            let _ = tx.send(Event::Done(Done { origin, incarnation, had_slot: false, held_bytes: 0, ended, spill }));
+            let again = kept.filter(|_| !ended.is_durable()).map(Again::Message);
+            let _ =
+                tx.send(Event::Done(Done { origin, incarnation, had_slot: false, held_bytes: 0, ended, spill, again }));
         });
     }
 
@@ -839,6 +903,12 @@ impl Loop {
             let tx = self.done_tx.clone();
             let freed = self.done_tx.clone();
             let flow = self.sh.cfg.flow_scope(&p.job).map(|(scope, _)| scope);
+            // Queued jobs of a revoked partition are drained with it; one that is not
+            // would start with its ownership ended, and so not run here.
+            let owner = match self.parts.get(&p.origin.partition).filter(|st| st.incarnation == p.incarnation) {
+                Some(st) => st.ownership.clone(),
+                None => Ownership::ended(),
+            };
             // Boxed: the job's future is large, and the task would copy it whole on spawn,
             // on completion and when its output is read.
             self.tasks.spawn(Box::pin(async move {
@@ -848,11 +918,13 @@ impl Loop {
                     let _ = freed.send(Event::Freed(Freed { ticket, ran, flow, held_bytes }));
                 });
                 let waited = exec::Waited { received_at: p.received_at, dispatched_at: ticket_at };
-                let ended = exec::execute(route, p.job, p.origin.clone(), &mut slot, waited).await;
+                let route = exec::execute(route, p.job.clone(), p.origin.clone(), &mut slot, waited);
+                let ended = ownership::scope(owner, route).await;
                 slot.release(false, 0); // skipped: its slot goes back now (before it is done)
                 let held_bytes = payload_bytes + slot.output_bytes();
                 let (origin, incarnation, spill) = (p.origin, p.incarnation, p.spill);
-                let done = Done { origin, incarnation, had_slot: true, held_bytes, ended, spill };
+                let again = (!ended.is_durable()).then_some(Again::Job(p.job));
+                let done = Done { origin, incarnation, had_slot: true, held_bytes, ended, spill, again };
                 let _ = tx.send(Event::Done(done));
             }));
         }
@@ -1134,8 +1206,30 @@ impl Loop {
                 return;
             }
             Event::Backlog(ev) => return self.on_backlog(ev),
+            Event::Again { origin, incarnation, spill, again } => {
+                self.holding -= 1;
+                self.holding_bytes -= again.bytes();
+                if self.parts.get(&origin.partition).is_some_and(|st| st.incarnation == incarnation) {
+                    metrics::counter!(m::JOBS_TAKEN_AGAIN, "pool" => self.pool()).increment(1);
+                    match again {
+                        Again::Job(job) => {
+                            self.enqueue(Pending { job, origin, incarnation, received_at: now_ms(), spill })
+                        }
+                        Again::Message(bytes) => self.intake(origin, bytes),
+                    }
+                }
+                return;
+            }
             Event::Done(done) => done,
         };
+        self.on_done(done);
+    }
+
+    /// A job's route ended. A durable end lets its offset (or its spilled row) count as
+    /// finished. One that is not durable keeps it unfinished, and the job is taken in
+    /// again ([`again_after`]) while its partition stays here: no job waits for a restart
+    /// or rebalance to run again. Draining, it is left to the partition's next owner.
+    fn on_done(&mut self, done: Done) {
         if done.had_slot {
             self.outcomes.ended(done.held_bytes);
         }
@@ -1146,36 +1240,77 @@ impl Loop {
         if durable {
             self.sh.settled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        if !durable && self.sh.stopping.load(std::sync::atomic::Ordering::SeqCst) {
-            // Draining, the group already left: copies given up while waiting for a job
-            // running elsewhere end so; their partitions' next owners get them again.
-            tracing::debug!(pool = self.pool(), offset = done.origin.offset, "left to the partition's next owner");
-        } else if !durable {
-            // Keep the offset (or the spilled row) unfinished: the job is redelivered
-            // after a restart or rebalance rather than lost.
-            tracing::error!(
-                pool = self.pool(),
-                partition = done.origin.partition,
-                offset = done.origin.offset,
-                "outcome not durable; holding the partition's commit (or spilled row) at this job"
-            );
-        }
-        let Some(st) = self.parts.get_mut(&done.origin.partition) else {
+        let draining = self.sh.stopping.load(std::sync::atomic::Ordering::SeqCst);
+        let owned = self.parts.get(&done.origin.partition).is_some_and(|st| st.incarnation == done.incarnation);
+        if !durable {
+            let (partition, offset) = (done.origin.partition, done.origin.offset);
+            if draining || !owned {
+                // The group already left, or the partition moved: its next owner reads it.
+                tracing::debug!(pool = self.pool(), partition, offset, "left to the partition's next owner");
+                return;
+            }
+            let times = self.parts.get_mut(&partition).map_or(1, |st| {
+                let t = st.again_times.entry(offset).or_default();
+                *t = t.saturating_add(1);
+                *t
+            });
+            let after = again_after(times);
+            if done.again.is_some_and(|a| self.again_later(&done.origin, done.incarnation, &done.spill, a, after)) {
+                tracing::error!(
+                    pool = self.pool(),
+                    partition,
+                    offset,
+                    times,
+                    after_s = after.as_secs(),
+                    "outcome not durable; the job is taken in again (its commit held at it meanwhile)"
+                );
+            } else {
+                if let Some(st) = self.parts.get_mut(&partition) {
+                    st.again_times.remove(&offset);
+                }
+                tracing::error!(pool = self.pool(), partition, offset, "outcome not durable and the job cannot be held here to run again; holding the partition's commit (or spilled row) at it until a restart or rebalance redelivers it");
+            }
             return;
-        };
-        if st.incarnation != done.incarnation {
+        }
+        let Some(st) = self.parts.get_mut(&done.origin.partition).filter(|_| owned) else {
             return; // finished after its partition moved away: the new owner decides.
+        };
+        if !st.again_times.is_empty() {
+            st.again_times.remove(&done.origin.offset);
         }
         if let Some(SpillRef { tenant, bucket }) = &done.spill {
             // Its offset was committed when it spilled; its bucket tracks its end.
             if let Some(b) = st.backlogs.get_mut(tenant) {
-                b.job_done(*bucket, durable);
+                b.job_done(*bucket, true);
             }
             return;
         }
-        if durable {
-            finished(st, done.origin.offset);
+        finished(st, done.origin.offset);
+    }
+
+    /// Holds a job whose outcome was not durable for `after`, then takes it in again
+    /// (`Event::Again`), within the holding bounds of jobs held until due. False when
+    /// there is no room.
+    fn again_later(
+        &mut self,
+        origin: &Origin,
+        incarnation: u64,
+        spill: &Option<SpillRef>,
+        again: Again,
+        after: Duration,
+    ) -> bool {
+        let bytes = again.bytes();
+        if self.holding >= MAX_HOLDING || self.holding_bytes + bytes > MAX_HOLDING_BYTES {
+            return false;
         }
+        self.holding += 1;
+        self.holding_bytes += bytes;
+        let (tx, origin, spill) = (self.done_tx.clone(), origin.clone(), spill.clone());
+        self.tasks.spawn(async move {
+            tokio::time::sleep(after).await;
+            let _ = tx.send(Event::Again { origin, incarnation, spill, again });
+        });
+        true
     }
 
     fn on_backlog(&mut self, ev: BacklogEvent) {
@@ -1297,6 +1432,8 @@ fn new_partition(next_incarnation: &mut u64, spiller: &Spiller, p: i32) -> Parti
         spilling: 0,
         spill_paused_since: None,
         store_at: None,
+        ownership: Ownership::new(),
+        again_times: HashMap::new(),
     }
 }
 
@@ -1412,4 +1549,18 @@ async fn reject(sh: &Shared, rejection: Rejection, raw: Vec<u8>, origin: &Origin
         return durable::record_terminal(sh, job, Terminal::failed(reason, class)).await.and(dl);
     }
     dl
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_whose_outcome_stays_refused_is_taken_in_again_ever_less_often() {
+        let s = Duration::from_secs;
+        let waits: Vec<Duration> = (1..=8).map(again_after).collect();
+        assert_eq!(waits, [s(5), s(10), s(20), s(40), s(80), s(160), s(300), s(300)]);
+        assert_eq!(again_after(0), s(5));
+        assert_eq!(again_after(u32::MAX), s(300), "no overflow however often");
+    }
 }

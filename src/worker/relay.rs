@@ -149,7 +149,7 @@ impl Relay {
                     });
                 }
             }
-            RebalanceEvent::Revoked(tps) => {
+            RebalanceEvent::Revoked(tps) | RebalanceEvent::Lost(tps) => {
                 self.pauses.revoked(&tps);
                 for k in &tps {
                     self.parts.remove(k);

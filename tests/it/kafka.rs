@@ -222,7 +222,7 @@ impl Member {
                     self.assigned += 1;
                     self.pauses.assigned(&self.consumer, &tps);
                 }
-                RebalanceEvent::Revoked(tps) => {
+                RebalanceEvent::Revoked(tps) | RebalanceEvent::Lost(tps) => {
                     // As in the worker: a revoked partition's queued jobs are dropped,
                     // so nothing wants it paused any more.
                     self.revoked += 1;

@@ -466,6 +466,46 @@ impl fairway::handlers::Handler for Holdable {
     }
 }
 
+/// A job whose outcome cannot be made durable is taken in again on the partition that
+/// still holds it, instead of waiting for a restart or rebalance that may never come.
+/// Here a delayed job cannot be handed to the relay: its dispatch frontier cannot be
+/// recorded (the table dropped in a keyspace of this test's own for a few seconds, then
+/// created again), so its outcome is not durable. Before, it waited for a rebalance and
+/// never ran on a quiet fleet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_job_whose_outcome_was_not_durable_runs_once_the_store_is_back_without_a_rebalance() {
+    let mut cfg = common::config(POOLS);
+    cfg.scylla.keyspace = format!("fw_again_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let cfg = Arc::new(cfg);
+    // Not `common::init`: that creates the binary's shared keyspace once, and this test
+    // breaks a table of its own.
+    fairway::kafka::ensure_topics(&cfg).await.unwrap();
+    fairway::store::ensure_schema(&cfg).await.unwrap();
+    fairway::ops::tenants::seed(&cfg).await.unwrap();
+    let session = fairway::store::connect(&cfg).await.unwrap();
+    let registry = Registry::from_config(&cfg, HashMap::new()).unwrap();
+    let w = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair).await.unwrap();
+    let drop_frontier = format!("DROP TABLE {}.dispatch_frontier", cfg.scylla.keyspace);
+    session.query_unpaged(drop_frontier, ()).await.unwrap();
+
+    let sub = Submitter::new(cfg.clone(), None).unwrap();
+    let mut job = common::new_job("acme", "echo", serde_json::json!({"again": true}));
+    job.execute_at = Some(fairway::now_ms() + 3_000);
+    let id = sub.submit(&job).await.unwrap().job_id;
+    // Refused while the table is gone: the first hand-over and at least one taken in again.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let early = common::results_for(&cfg, std::slice::from_ref(&id), Duration::from_secs(1)).await;
+    assert!(early.is_empty(), "no result while the frontier cannot be recorded: {early:?}");
+    fairway::store::ensure_schema(&cfg).await.unwrap();
+    let t0 = Instant::now();
+    let results = common::results_for(&cfg, std::slice::from_ref(&id), Duration::from_secs(60)).await;
+    w.stop().await;
+    let r = &results.get(&id).expect("a result once the store is back, with no rebalance")[0];
+    assert_eq!(r.status, JobStatus::Succeeded, "{r:?}");
+    eprintln!("result {:.1} s after the table came back", t0.elapsed().as_secs_f64());
+    let _ = session.query_unpaged(format!("DROP KEYSPACE {}", cfg.scylla.keyspace), ()).await;
+}
+
 /// A job whose running row and reaper entry the store does not take must not run on
 /// unwatched (if its worker died, nothing would re-dispatch it; a redelivered copy would
 /// run it twice at once): it is stopped and handed back, and runs once the store takes
