@@ -42,5 +42,6 @@ mod schema_upgrade;
 mod tenants;
 mod tls;
 mod trace;
+mod typescript_client;
 mod usage;
 mod worker;
