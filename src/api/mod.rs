@@ -10,13 +10,16 @@
 //! | `GET /v1/jobs/{id}/events` | the job's event history; `?follow=1`: Server-Sent Events until it ends ([`events`]) |
 //! | `GET /v1/events?follow=1` | Server-Sent Events of the caller's tenant |
 //! | `/v1/schedules[/{name}]` | recurring schedules ([`schedules`]) |
+//! | `GET /v1/openapi.json`   | the API's OpenAPI 3.1 description (no key needed; [`openapi`]) |
 //! | `GET /healthz`           | 200 `ok` (no key needed) |
 //! | `GET /console`           | the operator console (HTML; API key or login form; see [`console`]) |
 //!
 //! Every `/v1` route needs `Authorization: Bearer <API key>` ([`auth`]): 401 without a
 //! valid key; a tenant key submits only for its tenant (403 otherwise) and sees only its
-//! tenant's jobs (another tenant's job answers 404, like an unknown id). New `/v1` routes
-//! added to [`router`]'s `v1` table get the same check; admin-only handlers take
+//! tenant's jobs (another tenant's job answers 404, like an unknown id). The router is
+//! built from [`ROUTES`]: a new `/v1` route there gets the same check (unless its guard
+//! is [`Guard::Open`]) and must be described in `openapi/openapi.json`, or the tests of
+//! [`openapi`] fail; admin-only handlers take
 //! [`auth::Admin`]. `/metrics` and `/healthz` are served by [`ops_router`] on a separate
 //! listener (`api.metrics_listen`), with `/readyz` and `/livez` (`crate::observe::probes`).
 //!
