@@ -108,6 +108,8 @@ struct Inner {
     connections: Arc<listener::Connections>,
     /// This region's state (with `[region] name` set): [`regions`].
     regions: Option<regions::Regions>,
+    /// The fleet's ledger days folded for the console's tenant pages.
+    fleet_days: crate::ledger::FleetDays,
 }
 
 impl Inner {
@@ -140,6 +142,7 @@ impl Inner {
             ledger: Default::default(),
             regions: None,
             alerts: Default::default(),
+            fleet_days: Default::default(),
         }
     }
 }
@@ -315,6 +318,10 @@ pub fn router(state: ApiState) -> Router {
             .layer(DefaultBodyLimit::max(state.limits().body_limit(kind)))
             .layer(axum::middleware::from_fn_with_state((state.clone(), kind), limits::bodies))
     };
+    // Heavy reads (GETs): bounded in flight per tenant or admin key and in total.
+    let heavy = |route: axum::routing::MethodRouter<ApiState>| {
+        route.route_layer(axum::middleware::from_fn_with_state(state.clone(), limits::heavy))
+    };
     // Everything but submissions: a request bucket per key and per tenant.
     let others = Router::new()
         .route(
@@ -328,7 +335,7 @@ pub fn router(state: ApiState) -> Router {
             get(events::job_events).route_layer(axum::middleware::from_fn_with_state(state.clone(), regions::reads)),
         )
         .route("/v1/events", get(events::tenant_events))
-        .route("/v1/schedules", body(BodyRoute::Control, get(schedules::list).post(schedules::add)))
+        .route("/v1/schedules", body(BodyRoute::Control, heavy(get(schedules::list)).post(schedules::add)))
         .route(
             "/v1/schedules/{name}",
             body(
@@ -336,11 +343,11 @@ pub fn router(state: ApiState) -> Router {
                 get(schedules::get_one).put(schedules::replace).delete(schedules::remove).post(schedules::action),
             ),
         )
-        .route("/v1/admin/schedules", get(schedules::list_all))
-        .route("/v1/usage", get(usage::report))
+        .route("/v1/admin/schedules", heavy(get(schedules::list_all)))
+        .route("/v1/usage", heavy(get(usage::report)))
         .route("/v1/alerts", get(usage::alerts))
         .route("/v1/admin/usage", get(usage::export))
-        .route("/v1/admin/tenants", body(BodyRoute::Control, get(admin::list).post(admin::add)))
+        .route("/v1/admin/tenants", body(BodyRoute::Control, heavy(get(admin::list)).post(admin::add)))
         .route(
             "/v1/admin/tenants/{name}",
             body(BodyRoute::Control, axum::routing::put(admin::replace).delete(admin::remove).post(admin::action)),

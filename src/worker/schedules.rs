@@ -535,6 +535,7 @@ impl Firing {
             );
         }
         let tenants: Vec<String> = self.tenants.list().await?.into_keys().collect();
+        let counted_before = self.schedules.statements().total().await?;
         let mut seen = Swept { reindexed: moved + moved_windows, ..Swept::default() };
         for chunk in tenants.chunks(SWEEP_IN_FLIGHT) {
             let swept = futures::future::try_join_all(chunk.iter().map(|t| self.sweep_tenant(t, now))).await?;
@@ -546,6 +547,15 @@ impl Firing {
         }
         if seen.reindexed > 0 {
             self.reindexed.store(true, Ordering::SeqCst);
+        }
+        // The total an add checks (`schedule_totals`) set to what the walk found, when no
+        // add or remove counted meanwhile (a new deployment's, a restored one's, or one a
+        // lost counter write left off).
+        let counted_after = self.schedules.statements().total().await?;
+        let found = i64::try_from(seen.active + seen.paused).unwrap_or(i64::MAX);
+        if counted_before == counted_after && found != counted_after {
+            tracing::info!(counted = counted_after, found, "schedule total corrected");
+            self.schedules.statements().count(found - counted_after).await?;
         }
         metrics::gauge!(m::SCHEDULES, "state" => "paused").set(seen.paused as f64);
         metrics::gauge!(m::SCHEDULES, "state" => "active").set(seen.active as f64);

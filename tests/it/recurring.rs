@@ -543,6 +543,56 @@ async fn schedule_payloads_and_times_are_bounded() {
     assert!(e["error"].as_str().unwrap().contains("start_at"), "{e}");
 }
 
+/// Issue 63 (2): a schedule add costs the same few store calls however many tenants the
+/// registry holds (a keyed registry read, its tenant's partition, the total's counter,
+/// a slot claim, the insert: it used to read the registry twice and one partition per
+/// registered tenant), and the deployment's total (`schedules.max_total`, a counter)
+/// still holds: the add past it is refused, a remove makes room again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_schedule_add_costs_the_same_store_calls_however_many_tenants_and_the_total_holds() {
+    use fairway::core::scheduler::Tier;
+    use fairway::core::tenants::TenantRecord;
+    use fairway::ops::schedules::ScheduleError;
+    let cfg = common::arc(common::config("[schedules]\nmax_total = 4\nmax_per_tenant = 3\n"));
+    common::init(&cfg).await;
+    let (store, s) = schedules(&cfg).await;
+    let every =
+        |name: &str, tenant: &str| ScheduleSpec { tenant: tenant.into(), every: Some("1h".into()), ..spec(name) };
+    let add = |sp: ScheduleSpec| {
+        let s = s.clone();
+        async move {
+            let (before, t) = (s.store_calls(), std::time::Instant::now());
+            let r = s.add(sp, fairway::now_ms()).await;
+            (r, s.store_calls() - before, t.elapsed())
+        }
+    };
+    let (r, few, few_took) = add(every("one", "acme")).await;
+    r.expect("acme's first schedule");
+    let reg = store.tenant_statements().await.expect("registry");
+    let many: Vec<TenantRecord> =
+        (0..2_000).map(|i| TenantRecord::new(&format!("many-{i:04}"), Tier::Standard)).collect();
+    reg.register(&many, fairway::now_ms()).await.expect("register 2,000 tenants");
+    let (r, lots, lots_took) = add(every("two", "many-1999")).await;
+    r.expect("a schedule of the last registered tenant");
+    println!(
+        "store calls of one add: {few} with the test's tenants ({few_took:?}), {lots} with 2,000 more ({lots_took:?})"
+    );
+    assert!(few <= 8, "an add costs a few store calls, not one per tenant: {few}");
+    assert_eq!(few, lots, "the same calls with 2,000 more registered tenants");
+    // An unregistered tenant is refused by one keyed read.
+    let e = add(every("x", "nobody-registered")).await.0.expect_err("unregistered");
+    assert!(e.to_string().contains("not registered"), "{e}");
+    // The total: 2 so far; two more fit, the fifth is refused, a remove makes room.
+    add(every("three", "globex")).await.0.expect("third");
+    add(every("four", "many-0001")).await.0.expect("fourth");
+    let e = add(every("five", "many-0002")).await.0.expect_err("past max_total");
+    assert!(matches!(&e, ScheduleError::TooMany(m) if m.contains("schedules.max_total")), "{e}");
+    assert_eq!(s.statements().total().await.unwrap(), 4, "the refused add took its count back");
+    s.remove("globex", "three").await.expect("remove");
+    add(every("five", "many-0002")).await.0.expect("room again after a remove");
+    assert_eq!(s.statements().total().await.unwrap(), 4);
+}
+
 /// Debounce windows are bounded per tenant (`debounce.max_open_per_tenant`: the 4th key of
 /// acme answers 429 while globex opens its own, and acme's open keys still fold in) and
 /// by payload (`debounce.max_payload_bytes`); a caller's idempotency key may not use
