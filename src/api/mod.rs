@@ -364,6 +364,7 @@ pub fn router(state: ApiState) -> Router {
         .merge(v1)
         .merge(console)
         .route("/healthz", get(healthz))
+        .route("/region", get(regions::state))
         .route_layer(axum::middleware::from_fn(track))
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
@@ -539,7 +540,7 @@ async fn submit_one(
         ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_JSON, format!("request body is not UTF-8 JSON ({e})"))
     })?;
     let job = job_of(&caller, &TraceHeaders::of(&headers), item)?;
-    if let Some(elsewhere) = st.region_gate(&job.tenant, true, &headers) {
+    if let Some(elsewhere) = st.region_gate(&job.tenant, true, &headers).await {
         return Ok(elsewhere);
     }
     st.inner.submitter.refresh_classes().await;
@@ -581,7 +582,7 @@ async fn submit_batch(
     let mut pools = Vec::with_capacity(items.len());
     for (i, item) in items.into_iter().enumerate() {
         let job = job_of(&caller, &trace, item.get()).map_err(|e| e.context(format!("job [{i}]")))?;
-        if let Some(elsewhere) = st.region_gate(&job.tenant, true, &headers) {
+        if let Some(elsewhere) = st.region_gate(&job.tenant, true, &headers).await {
             return Ok(elsewhere);
         }
         let pool = st.validate(&job).map_err(|e| e.context(format!("job [{i}]")))?;
