@@ -112,6 +112,8 @@ struct Inner {
     connections: Arc<listener::Connections>,
     /// This region's state (with `[region] name` set): [`regions`].
     regions: Option<regions::Regions>,
+    /// The fleet's ledger days folded for the console's tenant pages.
+    fleet_days: crate::ledger::FleetDays,
 }
 
 impl Inner {
@@ -144,6 +146,7 @@ impl Inner {
             ledger: Default::default(),
             regions: None,
             alerts: Default::default(),
+            fleet_days: Default::default(),
         }
     }
 }
@@ -318,8 +321,9 @@ pub enum Guard {
     Submission(limits::BodyRoute),
     /// An API key and a request from the key's and tenant's buckets (`limits::throttled`);
     /// `body`: the route takes a bounded body; `region_reads`: a tenant key's read of its
-    /// job goes through the region gate (`regions::reads`).
-    Keyed { body: Option<limits::BodyRoute>, region_reads: bool },
+    /// job goes through the region gate (`regions::reads`); `heavy`: a heavy read, bounded
+    /// in flight per tenant or admin key and in total (`limits::heavy`).
+    Keyed { body: Option<limits::BodyRoute>, region_reads: bool, heavy: bool },
     /// No API key: the API's description.
     Open,
 }
@@ -335,7 +339,10 @@ pub struct Route {
 }
 
 const fn keyed(body: Option<limits::BodyRoute>) -> Guard {
-    Guard::Keyed { body, region_reads: false }
+    Guard::Keyed { body, region_reads: false, heavy: false }
+}
+const fn heavy(body: Option<limits::BodyRoute>) -> Guard {
+    Guard::Keyed { body, region_reads: false, heavy: true }
 }
 const fn route(
     method: Method,
@@ -345,7 +352,7 @@ const fn route(
 ) -> Route {
     Route { method, path, guard, handler }
 }
-const READ: Guard = Guard::Keyed { body: None, region_reads: true };
+const READ: Guard = Guard::Keyed { body: None, region_reads: true, heavy: false };
 const CONTROL: Guard = keyed(Some(limits::BodyRoute::Control));
 
 /// Every `/v1` route of the API (`/healthz` and the console are added by [`router`]).
@@ -356,17 +363,17 @@ pub const ROUTES: &[Route] = &[
     route(Method::DELETE, "/v1/jobs/{id}", READ, |m| on(m, cancel_job)),
     route(Method::GET, "/v1/jobs/{id}/events", READ, |m| on(m, events::job_events)),
     route(Method::GET, "/v1/events", keyed(None), |m| on(m, events::tenant_events)),
-    route(Method::GET, "/v1/schedules", CONTROL, |m| on(m, schedules::list)),
+    route(Method::GET, "/v1/schedules", heavy(Some(limits::BodyRoute::Control)), |m| on(m, schedules::list)),
     route(Method::POST, "/v1/schedules", CONTROL, |m| on(m, schedules::add)),
     route(Method::GET, "/v1/schedules/{name}", CONTROL, |m| on(m, schedules::get_one)),
     route(Method::PUT, "/v1/schedules/{name}", CONTROL, |m| on(m, schedules::replace)),
     route(Method::DELETE, "/v1/schedules/{name}", CONTROL, |m| on(m, schedules::remove)),
     route(Method::POST, "/v1/schedules/{name}", CONTROL, |m| on(m, schedules::action)),
-    route(Method::GET, "/v1/admin/schedules", keyed(None), |m| on(m, schedules::list_all)),
-    route(Method::GET, "/v1/usage", keyed(None), |m| on(m, usage::report)),
+    route(Method::GET, "/v1/admin/schedules", heavy(None), |m| on(m, schedules::list_all)),
+    route(Method::GET, "/v1/usage", heavy(None), |m| on(m, usage::report)),
     route(Method::GET, "/v1/alerts", keyed(None), |m| on(m, usage::alerts)),
     route(Method::GET, "/v1/admin/usage", keyed(None), |m| on(m, usage::export)),
-    route(Method::GET, "/v1/admin/tenants", CONTROL, |m| on(m, admin::list)),
+    route(Method::GET, "/v1/admin/tenants", heavy(Some(limits::BodyRoute::Control)), |m| on(m, admin::list)),
     route(Method::POST, "/v1/admin/tenants", CONTROL, |m| on(m, admin::add)),
     route(Method::PUT, "/v1/admin/tenants/{name}", CONTROL, |m| on(m, admin::replace)),
     route(Method::DELETE, "/v1/admin/tenants/{name}", CONTROL, |m| on(m, admin::remove)),
@@ -389,9 +396,15 @@ pub fn router(state: ApiState) -> Router {
         let route = (r.handler)(filter);
         match r.guard {
             Guard::Submission(kind) => submissions = submissions.route(r.path, body(kind, route)),
-            Guard::Keyed { body: kind, region_reads } => {
+            Guard::Keyed { body: kind, region_reads, heavy } => {
                 let route = if region_reads {
                     route.route_layer(axum::middleware::from_fn_with_state(state.clone(), regions::reads))
+                } else {
+                    route
+                };
+                // Heavy reads: bounded in flight per tenant or admin key and in total.
+                let route = if heavy {
+                    route.route_layer(axum::middleware::from_fn_with_state(state.clone(), limits::heavy))
                 } else {
                     route
                 };
@@ -416,6 +429,7 @@ pub fn router(state: ApiState) -> Router {
         .merge(open)
         .merge(console)
         .route("/healthz", get(healthz))
+        .route("/region", get(regions::state))
         .route_layer(axum::middleware::from_fn(track))
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
@@ -591,7 +605,7 @@ async fn submit_one(
         ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_JSON, format!("request body is not UTF-8 JSON ({e})"))
     })?;
     let job = job_of(&caller, &TraceHeaders::of(&headers), item)?;
-    if let Some(elsewhere) = st.region_gate(&job.tenant, true, &headers) {
+    if let Some(elsewhere) = st.region_gate(&job.tenant, true, &headers).await {
         return Ok(elsewhere);
     }
     st.inner.submitter.refresh_classes().await;
@@ -633,7 +647,7 @@ async fn submit_batch(
     let mut pools = Vec::with_capacity(items.len());
     for (i, item) in items.into_iter().enumerate() {
         let job = job_of(&caller, &trace, item.get()).map_err(|e| e.context(format!("job [{i}]")))?;
-        if let Some(elsewhere) = st.region_gate(&job.tenant, true, &headers) {
+        if let Some(elsewhere) = st.region_gate(&job.tenant, true, &headers).await {
             return Ok(elsewhere);
         }
         let pool = st.validate(&job).map_err(|e| e.context(format!("job [{i}]")))?;

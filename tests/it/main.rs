@@ -37,6 +37,7 @@ mod recurring;
 mod regions;
 mod replay;
 mod rerun;
+mod restore;
 mod scale;
 mod schema_upgrade;
 mod tenants;
