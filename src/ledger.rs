@@ -19,13 +19,14 @@
 use crate::config::Config;
 use crate::core::bounds::Period;
 use crate::core::ledger::{
-    self as rules, ChartPoint, Flush, Granularity, LedgerRow, PartitionTally, ReportLine, Weighed,
+    self as rules, ChartPoint, DayWeights, FleetRow, Flush, Granularity, PartitionTally, ReportLine, RowBudget, Usage,
+    Weighed,
 };
 use crate::core::scheduler::{Tier, TierWeights};
 use crate::core::tenants::TenantRecord;
 use crate::kafka::{self, Message};
 use crate::model::Millis;
-use crate::store::{LedgerPosition, LedgerStatements, Store, StoreError};
+use crate::store::{LedgerPosition, LedgerReadError, LedgerStatements, Store, StoreError};
 use crate::{codec, metrics as m, now_ms};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -225,13 +226,20 @@ pub struct ReportQuery {
     pub granularity: Granularity,
 }
 
-/// One tenant's usage per period (store reads: one partition per day of the period).
-pub async fn report(stmts: &LedgerStatements, q: &ReportQuery) -> Result<Vec<ReportLine>, StoreError> {
-    let mut rows: Vec<LedgerRow> = Vec::new();
+/// One tenant's usage per period (store reads: one partition per day of the period, at
+/// most `budget`'s rows in all; each day's rows are summed into its lines as read, so
+/// what is held is one day's rows and the lines).
+pub async fn report(
+    stmts: &LedgerStatements,
+    q: &ReportQuery,
+    budget: &mut RowBudget,
+) -> Result<Vec<ReportLine>, LedgerReadError> {
+    let mut lines = Vec::new();
     for day in rules::days(&q.period) {
-        rows.extend(stmts.rows(&q.tenant, day).await?);
+        let rows = stmts.rows_within(&q.tenant, day, budget).await?;
+        lines.extend(rules::report(&rows, q.granularity, q.period.from(), q.period.to()));
     }
-    Ok(rules::report(&rows, q.granularity, q.period.from(), q.period.to()))
+    Ok(lines)
 }
 
 /// Tenants' days an export reads at once.
@@ -276,29 +284,113 @@ fn weighed(name: &str, registry: &BTreeMap<String, TenantRecord>, default_tier: 
     Weighed { tenant: name.to_string(), tier: rec.map_or(default_tier, |r| r.tier), weight: rec.and_then(|r| r.weight) }
 }
 
-/// A tenant's charts (store reads: per day of the last [`CHART_DAYS`], the tenant's rows,
-/// the fleet's rows and the day's tenant index (for the entitlement): 3 x 30 reads).
-pub async fn tenant_charts(stmts: &LedgerStatements, q: &ChartsQuery<'_>) -> Result<TenantCharts, StoreError> {
+/// The fleet's side of one day, folded once for every tenant's page: the fleet's run
+/// time per window (at most 96 windows) and the weights of the day's active tenants.
+#[derive(Clone, Debug, Default)]
+pub struct FleetDay {
+    pub run_ms: BTreeMap<Millis, i64>,
+    pub weights: DayWeights,
+    /// Tenants listed as active that day.
+    pub active: usize,
+}
+
+/// A day's fold is reused for this long (the current day's, and any day's after a
+/// registry change of weights, are at most this stale).
+pub const FLEET_DAY_FRESH_MS: Millis = 60_000;
+/// A closed day's fold is reused for this long.
+pub const CLOSED_DAY_FRESH_MS: Millis = 10 * 60_000;
+
+/// The fleet's days folded (pre-aggregated) for the console's tenant pages: each day is
+/// read (its fleet rows and active tenants, within the request's row budget) by one
+/// page at a time and then served from memory to every tenant's page, instead of
+/// 2 x 30 partitions per page. Holds at most [`CHART_DAYS`] + 1 days.
+#[derive(Default)]
+pub struct FleetDays {
+    days: tokio::sync::Mutex<BTreeMap<Millis, (Millis, Arc<FleetDay>)>>,
+}
+
+impl FleetDays {
+    /// The fold of `day` (read afresh when older than its freshness), read by `read_day`.
+    async fn get(
+        &self,
+        stmts: &LedgerStatements,
+        q: &ChartsQuery<'_>,
+        day: Millis,
+        row_limit: u64,
+    ) -> Result<Arc<FleetDay>, LedgerReadError> {
+        const DAY: Millis = 86_400_000;
+        let mut days = self.days.lock().await;
+        let oldest = q.now.div_euclid(DAY) * DAY - CHART_DAYS * DAY;
+        days.retain(|d, _| *d >= oldest);
+        let fresh = if day + DAY > q.now { FLEET_DAY_FRESH_MS } else { CLOSED_DAY_FRESH_MS };
+        if let Some((at, f)) = days.get(&day) {
+            if q.now.saturating_sub(*at) < fresh {
+                return Ok(f.clone());
+            }
+        }
+        let f = Arc::new(read_day(stmts, q, day, &mut RowBudget::new(row_limit)).await?);
+        days.insert(day, (q.now, f.clone()));
+        Ok(f)
+    }
+}
+
+/// Reads and folds one fleet day (its fleet rows, then its tenant index) within `budget`.
+async fn read_day(
+    stmts: &LedgerStatements,
+    q: &ChartsQuery<'_>,
+    day: Millis,
+    budget: &mut RowBudget,
+) -> Result<FleetDay, LedgerReadError> {
+    let weights = TierWeights::default();
+    let mut f = FleetDay::default();
+    stmts
+        .fold_fleet(day, budget, |r| {
+            let e = f.run_ms.entry(r.window).or_default();
+            *e = e.saturating_add(r.usage.run_ms);
+        })
+        .await?;
+    stmts
+        .fold_tenants(day, budget, |t| {
+            f.weights.add(&weighed(t, q.registry, q.default_tier), &weights);
+            f.active += 1;
+        })
+        .await?;
+    Ok(f)
+}
+
+/// A tenant's charts (store reads: the tenant's rows of each of the last [`CHART_DAYS`],
+/// within `budget`; the fleet's days from `fleet`, each read at most once a minute for
+/// every page of the process).
+pub async fn tenant_charts(
+    stmts: &LedgerStatements,
+    q: &ChartsQuery<'_>,
+    fleet: &FleetDays,
+    budget: &mut RowBudget,
+) -> Result<TenantCharts, LedgerReadError> {
     const DAY: Millis = 86_400_000;
     const HOUR: Millis = 3_600_000;
     let from_day = q.now.div_euclid(DAY) * DAY - (CHART_DAYS - 1) * DAY;
     let me = weighed(q.tenant, q.registry, q.default_tier);
     let weights = TierWeights::default();
-    let (mut rows, mut fleet, mut entitled) = (Vec::new(), Vec::new(), BTreeMap::new());
+    let (mut rows, mut fleet_rows, mut entitled) = (Vec::new(), Vec::new(), BTreeMap::new());
     for day in rules::days(&Period::clamped(from_day, q.now + 1)) {
-        let (r, f, active) = futures::try_join!(stmts.rows(q.tenant, day), stmts.fleet(day), stmts.tenants(day))?;
+        let r = stmts.rows_within(q.tenant, day, budget).await?;
+        let f = fleet.get(stmts, q, day, budget.limit()).await?;
         // A day nobody used the fleet entitles nobody to anything: no line there.
-        if !active.is_empty() {
-            let active: Vec<Weighed> = active.iter().map(|t| weighed(t, q.registry, q.default_tier)).collect();
-            entitled.insert(day, rules::entitled_share(&me, &active, &weights));
+        if f.active > 0 {
+            entitled.insert(day, f.weights.share_of(&me, !r.is_empty(), &weights));
         }
+        fleet_rows.extend(f.run_ms.iter().map(|(w, ms)| FleetRow {
+            window: *w,
+            pool: crate::model::Pool::Short,
+            usage: Usage { run_ms: *ms, ..Usage::default() },
+        }));
         rows.extend(r);
-        fleet.extend(f);
     }
     let from_hour = q.now.div_euclid(HOUR) * HOUR - 23 * HOUR;
     Ok(TenantCharts {
-        hours: rules::chart_points(&rows, &fleet, &entitled, Granularity::Hour, from_hour, q.now + 1),
-        days: rules::chart_points(&rows, &fleet, &entitled, Granularity::Day, from_day, q.now + 1),
+        hours: rules::chart_points(&rows, &fleet_rows, &entitled, Granularity::Hour, from_hour, q.now + 1),
+        days: rules::chart_points(&rows, &fleet_rows, &entitled, Granularity::Day, from_day, q.now + 1),
     })
 }
 

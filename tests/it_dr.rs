@@ -107,6 +107,8 @@ fn fairway_cmd(config: &std::path::Path) -> Command {
     for var in ["FAIRWAY_BROKERS", "FAIRWAY_CQL", "FAIRWAY_KEYSPACE", "FAIRWAY_TOPIC_PREFIX", "FAIRWAY_CONFIG"] {
         c.env_remove(var);
     }
+    // The backup key that signs the drill's backup and checks it at the restore.
+    c.env("FAIRWAY_BACKUP_KEY", "it-dr-drill-backup-key-0123456789abcdef").env_remove("FAIRWAY_BACKUP_KEY_FILE");
     c.arg("--config").arg(config);
     c
 }

@@ -53,6 +53,8 @@ pub mod codes {
     pub const TOO_MANY_SUBMISSIONS: &str = "TOO_MANY_SUBMISSIONS";
     pub const TOO_MANY_STREAMS: &str = "TOO_MANY_STREAMS";
     pub const TOO_MANY_SCANS: &str = "TOO_MANY_SCANS";
+    pub const TOO_MANY_HEAVY_READS: &str = "TOO_MANY_HEAVY_READS";
+    pub const READ_TOO_LARGE: &str = "READ_TOO_LARGE";
     pub const BODY_TIMEOUT: &str = "BODY_TIMEOUT";
     pub const TOO_MANY_REQUESTS: &str = "TOO_MANY_REQUESTS";
     pub const TOO_MANY_REQUESTS_WITH_BODIES: &str = "TOO_MANY_REQUESTS_WITH_BODIES";

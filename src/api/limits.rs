@@ -18,6 +18,11 @@
 //!   total (429 `TOO_MANY_STREAMS`); a stream ends when its key is revoked
 //!   ([`until_revoked`]).
 //! - **console DLQ scans** ([`Limits::scan_slot`]): one per key at a time, four in all.
+//! - **heavy reads** ([`Limits::heavy_slot`], [`heavy`]): usage reports and exports,
+//!   the console's tenant and overview pages, listings of every schedule or tenant:
+//!   `heavy_reads_per_key` in flight per tenant (all its keys) or admin key, and
+//!   `heavy_reads` in all (429 `TOO_MANY_HEAVY_READS`); a ledger read within one is also
+//!   bounded in rows (`ledger_rows_per_request`, `crate::core::ledger::RowBudget`).
 //! - **connections**: per client address and in total, in [`super::listener`].
 
 use super::{codes, ApiError, ApiState};
@@ -55,6 +60,8 @@ pub struct Limits {
     streams: Arc<Mutex<Usage>>,
     /// Console DLQ scans: one per key at a time, a few in all.
     scans: Arc<Mutex<Usage>>,
+    /// Heavy reads in flight: per tenant (or admin key), in all.
+    heavy: Arc<Mutex<Usage>>,
 }
 
 /// Console DLQ scans at once, all keys.
@@ -121,6 +128,11 @@ impl Limits {
                 },
             ))),
             requests: Requests::new(&l),
+            heavy: Arc::new(Mutex::new(Usage::new(
+                "heavy reads",
+                Bound { per_key: l.heavy_reads_per_key, total: l.heavy_reads },
+                Bound::NONE,
+            ))),
             limits: l,
             scans: Arc::new(Mutex::new(Usage::new("DLQ scans", Bound { per_key: 1, total: MAX_SCANS }, Bound::NONE))),
         }
@@ -176,6 +188,27 @@ impl Limits {
     pub fn stream_slot(&self, key: &KeyId) -> Result<Slot, ApiError> {
         Slot::take(&self.streams, key, 0)
             .map_err(|b| busy(b, codes::TOO_MANY_STREAMS, "close streams it no longer reads"))
+    }
+
+    /// One heavy read for `caller` (counted per tenant for a tenant key, whatever the
+    /// key; per key for an admin), held until the returned slot is dropped.
+    pub fn heavy_slot(&self, key: &KeyId, caller: Option<&super::Caller>) -> Result<Slot, ApiError> {
+        let holder = match caller.and_then(|c| c.tenant()) {
+            Some(t) => KeyId(format!("tenant:{t}")),
+            None => KeyId(format!("key:{}", key.0)),
+        };
+        Slot::take(&self.heavy, &holder, 0).map_err(|b| {
+            busy(
+                b,
+                codes::TOO_MANY_HEAVY_READS,
+                "wait for its usage reports, exports or console pages in flight (api.limits.heavy_reads_per_key)",
+            )
+        })
+    }
+
+    /// Ledger rows one request may read (`api.limits.ledger_rows_per_request`).
+    pub fn ledger_rows(&self) -> u64 {
+        self.limits.ledger_rows_per_request
     }
 
     /// One console DLQ scan for `key`, held until the returned slot is dropped.
@@ -293,6 +326,23 @@ pub async fn throttled(State(st): State<ApiState>, req: Request, next: Next) -> 
         Ok(()) => next.run(req).await,
         Err(e) => e.into_response(),
     }
+}
+
+/// Middleware of the heavy read routes (see the module docs): a GET or HEAD holds one
+/// heavy read of its caller's ([`Limits::heavy_slot`]) until its answer is built; other
+/// methods pass. Runs after authentication.
+pub async fn heavy(State(st): State<ApiState>, req: Request, next: Next) -> Response {
+    use axum::http::Method;
+    if !matches!(*req.method(), Method::GET | Method::HEAD) {
+        return next.run(req).await;
+    }
+    let key = req.extensions().get::<KeyId>().cloned().unwrap_or_else(|| super::auth::key_id(req.headers()));
+    let caller = req.extensions().get::<super::Caller>().cloned();
+    let _slot = match st.inner.front.heavy_slot(&key, caller.as_ref()) {
+        Ok(s) => s,
+        Err(e) => return e.into_response(),
+    };
+    next.run(req).await
 }
 
 /// Splits a batch body, a JSON array of at most `most` job objects, into its elements'

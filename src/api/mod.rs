@@ -10,13 +10,16 @@
 //! | `GET /v1/jobs/{id}/events` | the job's event history; `?follow=1`: Server-Sent Events until it ends ([`events`]) |
 //! | `GET /v1/events?follow=1` | Server-Sent Events of the caller's tenant |
 //! | `/v1/schedules[/{name}]` | recurring schedules ([`schedules`]) |
+//! | `GET /v1/openapi.json`   | the API's OpenAPI 3.1 description (no key needed; [`openapi`]) |
 //! | `GET /healthz`           | 200 `ok` (no key needed) |
 //! | `GET /console`           | the operator console (HTML; API key or login form; see [`console`]) |
 //!
 //! Every `/v1` route needs `Authorization: Bearer <API key>` ([`auth`]): 401 without a
 //! valid key; a tenant key submits only for its tenant (403 otherwise) and sees only its
-//! tenant's jobs (another tenant's job answers 404, like an unknown id). New `/v1` routes
-//! added to [`router`]'s `v1` table get the same check; admin-only handlers take
+//! tenant's jobs (another tenant's job answers 404, like an unknown id). The router is
+//! built from [`ROUTES`]: a new `/v1` route there gets the same check (unless its guard
+//! is [`Guard::Open`]) and must be described in `openapi/openapi.json`, or the tests of
+//! [`openapi`] fail; admin-only handlers take
 //! [`auth::Admin`]. `/metrics` and `/healthz` are served by [`ops_router`] on a separate
 //! listener (`api.metrics_listen`), with `/readyz` and `/livez` (`crate::observe::probes`).
 //!
@@ -31,6 +34,7 @@ mod error;
 mod events;
 pub mod limits;
 pub mod listener;
+pub mod openapi;
 mod regions;
 mod schedules;
 mod usage;
@@ -48,7 +52,7 @@ use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Request, State};
 use axum::http::{header, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, on, MethodFilter, MethodRouter};
 use axum::{Json, Router};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 use std::future::Future;
@@ -108,6 +112,8 @@ struct Inner {
     connections: Arc<listener::Connections>,
     /// This region's state (with `[region] name` set): [`regions`].
     regions: Option<regions::Regions>,
+    /// The fleet's ledger days folded for the console's tenant pages.
+    fleet_days: crate::ledger::FleetDays,
 }
 
 impl Inner {
@@ -140,6 +146,7 @@ impl Inner {
             ledger: Default::default(),
             regions: None,
             alerts: Default::default(),
+            fleet_days: Default::default(),
         }
     }
 }
@@ -306,57 +313,123 @@ pub async fn serve(
     listener::serve(listener, router(state), conns, &limits, shutdown).await
 }
 
-/// The API's routes (for embedding in another axum server).
+/// How a `/v1` route is guarded, beyond what [`router`] puts around every one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guard {
+    /// A submission: an API key; its body bounded by `limits::bodies` (the tenant's
+    /// rate is the front door's `admission.tenant_rate`, not a request bucket).
+    Submission(limits::BodyRoute),
+    /// An API key and a request from the key's and tenant's buckets (`limits::throttled`);
+    /// `body`: the route takes a bounded body; `region_reads`: a tenant key's read of its
+    /// job goes through the region gate (`regions::reads`); `heavy`: a heavy read, bounded
+    /// in flight per tenant or admin key and in total (`limits::heavy`).
+    Keyed { body: Option<limits::BodyRoute>, region_reads: bool, heavy: bool },
+    /// No API key: the API's description.
+    Open,
+}
+
+/// One `/v1` route: the [`router`] is built from [`ROUTES`], and the OpenAPI description
+/// (`openapi/openapi.json`) is checked against the same table.
+pub struct Route {
+    pub method: Method,
+    pub path: &'static str,
+    pub guard: Guard,
+    /// The handler, routed for the method given.
+    handler: fn(MethodFilter) -> MethodRouter<ApiState>,
+}
+
+const fn keyed(body: Option<limits::BodyRoute>) -> Guard {
+    Guard::Keyed { body, region_reads: false, heavy: false }
+}
+const fn heavy(body: Option<limits::BodyRoute>) -> Guard {
+    Guard::Keyed { body, region_reads: false, heavy: true }
+}
+const fn route(
+    method: Method,
+    path: &'static str,
+    guard: Guard,
+    handler: fn(MethodFilter) -> MethodRouter<ApiState>,
+) -> Route {
+    Route { method, path, guard, handler }
+}
+const READ: Guard = Guard::Keyed { body: None, region_reads: true, heavy: false };
+const CONTROL: Guard = keyed(Some(limits::BodyRoute::Control));
+
+/// Every `/v1` route of the API (`/healthz` and the console are added by [`router`]).
+pub const ROUTES: &[Route] = &[
+    route(Method::POST, "/v1/jobs", Guard::Submission(limits::BodyRoute::Job), |m| on(m, submit_one)),
+    route(Method::POST, "/v1/jobs:batch", Guard::Submission(limits::BodyRoute::Batch), |m| on(m, submit_batch)),
+    route(Method::GET, "/v1/jobs/{id}", READ, |m| on(m, job_status)),
+    route(Method::DELETE, "/v1/jobs/{id}", READ, |m| on(m, cancel_job)),
+    route(Method::GET, "/v1/jobs/{id}/events", READ, |m| on(m, events::job_events)),
+    route(Method::GET, "/v1/events", keyed(None), |m| on(m, events::tenant_events)),
+    route(Method::GET, "/v1/schedules", heavy(Some(limits::BodyRoute::Control)), |m| on(m, schedules::list)),
+    route(Method::POST, "/v1/schedules", CONTROL, |m| on(m, schedules::add)),
+    route(Method::GET, "/v1/schedules/{name}", CONTROL, |m| on(m, schedules::get_one)),
+    route(Method::PUT, "/v1/schedules/{name}", CONTROL, |m| on(m, schedules::replace)),
+    route(Method::DELETE, "/v1/schedules/{name}", CONTROL, |m| on(m, schedules::remove)),
+    route(Method::POST, "/v1/schedules/{name}", CONTROL, |m| on(m, schedules::action)),
+    route(Method::GET, "/v1/admin/schedules", heavy(None), |m| on(m, schedules::list_all)),
+    route(Method::GET, "/v1/usage", heavy(None), |m| on(m, usage::report)),
+    route(Method::GET, "/v1/alerts", keyed(None), |m| on(m, usage::alerts)),
+    route(Method::GET, "/v1/admin/usage", keyed(None), |m| on(m, usage::export)),
+    route(Method::GET, "/v1/admin/tenants", heavy(Some(limits::BodyRoute::Control)), |m| on(m, admin::list)),
+    route(Method::POST, "/v1/admin/tenants", CONTROL, |m| on(m, admin::add)),
+    route(Method::PUT, "/v1/admin/tenants/{name}", CONTROL, |m| on(m, admin::replace)),
+    route(Method::DELETE, "/v1/admin/tenants/{name}", CONTROL, |m| on(m, admin::remove)),
+    route(Method::POST, "/v1/admin/tenants/{name}", CONTROL, |m| on(m, admin::action)),
+    route(Method::GET, "/v1/openapi.json", Guard::Open, |m| on(m, openapi::serve)),
+];
+
+/// The API's routes (for embedding in another axum server): [`ROUTES`], `/healthz` and
+/// the console.
 pub fn router(state: ApiState) -> Router {
-    use limits::BodyRoute;
     // Bodies: bounded per key and in total, read by `limits::bodies`.
-    let body = |kind: BodyRoute, route: axum::routing::MethodRouter<ApiState>| {
+    let body = |kind: limits::BodyRoute, route: MethodRouter<ApiState>| {
         route
             .layer(DefaultBodyLimit::max(state.limits().body_limit(kind)))
             .layer(axum::middleware::from_fn_with_state((state.clone(), kind), limits::bodies))
     };
+    let (mut submissions, mut others, mut open) = (Router::new(), Router::new(), Router::new());
+    for r in ROUTES {
+        let filter = MethodFilter::try_from(r.method.clone()).expect("ROUTES names only methods axum routes");
+        let route = (r.handler)(filter);
+        match r.guard {
+            Guard::Submission(kind) => submissions = submissions.route(r.path, body(kind, route)),
+            Guard::Keyed { body: kind, region_reads, heavy } => {
+                let route = if region_reads {
+                    route.route_layer(axum::middleware::from_fn_with_state(state.clone(), regions::reads))
+                } else {
+                    route
+                };
+                // Heavy reads: bounded in flight per tenant or admin key and in total.
+                let route = if heavy {
+                    route.route_layer(axum::middleware::from_fn_with_state(state.clone(), limits::heavy))
+                } else {
+                    route
+                };
+                let route = match kind {
+                    Some(kind) => body(kind, route),
+                    None => route,
+                };
+                others = others.route(r.path, route);
+            }
+            Guard::Open => open = open.route(r.path, route),
+        }
+    }
     // Everything but submissions: a request bucket per key and per tenant.
-    let others = Router::new()
-        .route(
-            "/v1/jobs/{id}",
-            get(job_status)
-                .delete(cancel_job)
-                .route_layer(axum::middleware::from_fn_with_state(state.clone(), regions::reads)),
-        )
-        .route(
-            "/v1/jobs/{id}/events",
-            get(events::job_events).route_layer(axum::middleware::from_fn_with_state(state.clone(), regions::reads)),
-        )
-        .route("/v1/events", get(events::tenant_events))
-        .route("/v1/schedules", body(BodyRoute::Control, get(schedules::list).post(schedules::add)))
-        .route(
-            "/v1/schedules/{name}",
-            body(
-                BodyRoute::Control,
-                get(schedules::get_one).put(schedules::replace).delete(schedules::remove).post(schedules::action),
-            ),
-        )
-        .route("/v1/admin/schedules", get(schedules::list_all))
-        .route("/v1/usage", get(usage::report))
-        .route("/v1/alerts", get(usage::alerts))
-        .route("/v1/admin/usage", get(usage::export))
-        .route("/v1/admin/tenants", body(BodyRoute::Control, get(admin::list).post(admin::add)))
-        .route(
-            "/v1/admin/tenants/{name}",
-            body(BodyRoute::Control, axum::routing::put(admin::replace).delete(admin::remove).post(admin::action)),
-        )
-        .route_layer(axum::middleware::from_fn_with_state(state.clone(), limits::throttled));
-    // Every route in this table needs an API key.
-    let v1 = Router::new()
-        .route("/v1/jobs", body(BodyRoute::Job, post(submit_one)))
-        .route("/v1/jobs:batch", body(BodyRoute::Batch, post(submit_batch)))
+    let others = others.route_layer(axum::middleware::from_fn_with_state(state.clone(), limits::throttled));
+    // Every route of these needs an API key.
+    let v1 = submissions
         .merge(others)
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth::require_caller));
-    let console = console::router().layer(DefaultBodyLimit::max(state.limits().body_limit(BodyRoute::Control)));
+    let console = console::router().layer(DefaultBodyLimit::max(state.limits().body_limit(limits::BodyRoute::Control)));
     Router::new()
         .merge(v1)
+        .merge(open)
         .merge(console)
         .route("/healthz", get(healthz))
+        .route("/region", get(regions::state))
         .route_layer(axum::middleware::from_fn(track))
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
@@ -399,7 +472,7 @@ fn method_label(m: &Method) -> &'static str {
 
 const ENDPOINTS: &str = "POST /v1/jobs, POST /v1/jobs:batch, GET /v1/jobs/{id}, DELETE /v1/jobs/{id}, \
      GET /v1/jobs/{id}/events[?follow=1], GET /v1/events?follow=1, GET|POST /v1/schedules, \
-     GET|PUT|DELETE /v1/schedules/{name}, GET /healthz, GET /console \
+     GET|PUT|DELETE /v1/schedules/{name}, GET /v1/openapi.json (the full list), GET /healthz, GET /console \
      (GET /metrics is on the metrics listener, api.metrics_listen)";
 
 async fn no_route(method: Method, uri: axum::http::Uri) -> ApiError {
@@ -532,7 +605,7 @@ async fn submit_one(
         ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_JSON, format!("request body is not UTF-8 JSON ({e})"))
     })?;
     let job = job_of(&caller, &TraceHeaders::of(&headers), item)?;
-    if let Some(elsewhere) = st.region_gate(&job.tenant, true, &headers) {
+    if let Some(elsewhere) = st.region_gate(&job.tenant, true, &headers).await {
         return Ok(elsewhere);
     }
     st.inner.submitter.refresh_classes().await;
@@ -574,7 +647,7 @@ async fn submit_batch(
     let mut pools = Vec::with_capacity(items.len());
     for (i, item) in items.into_iter().enumerate() {
         let job = job_of(&caller, &trace, item.get()).map_err(|e| e.context(format!("job [{i}]")))?;
-        if let Some(elsewhere) = st.region_gate(&job.tenant, true, &headers) {
+        if let Some(elsewhere) = st.region_gate(&job.tenant, true, &headers).await {
             return Ok(elsewhere);
         }
         let pool = st.validate(&job).map_err(|e| e.context(format!("job [{i}]")))?;

@@ -4,9 +4,15 @@
 //! headers); while this region is draining or down (`fairway region ...`, polled from
 //! the store every [`POLL`]) its tenants' submissions (and, when down, reads) answer 503
 //! `REGION_UNAVAILABLE` with `Retry-After`.
+//!
+//! A request with `Fairway-Failover-From: <home>` is served here (the tenant's secondary)
+//! only when this region sees the home unable to serve it: it asks the home's API
+//! (`GET /region` on its `[region.endpoints]` URL, at most once per [`PEER_FRESH`] per
+//! region, [`PEER_TIMEOUT`] each) and believes the header only when the home answers
+//! down (or draining, for submissions) or cannot be reached. Otherwise 421 to the home.
 
 use super::{codes, ApiError, ApiState, Caller};
-use crate::core::regions::{self, Ask, RegionState, Route};
+use crate::core::regions::{self, Ask, RegionState, Route, Seen};
 use crate::store::{RegionStateRow, Store, StoreError};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -17,10 +23,66 @@ use tokio::sync::watch;
 
 /// How often an API process reads its region's state.
 pub const POLL: Duration = Duration::from_secs(1);
+/// How long what this region saw of another region's API is believed.
+pub const PEER_FRESH: Duration = Duration::from_secs(1);
+/// How long a look at another region's API may take (no answer: unreachable).
+pub const PEER_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What this process saw of the other regions' APIs, looked at on demand (a request
+/// claiming a failover) and kept [`PEER_FRESH`]: one look per region at a time.
+pub(super) struct Peers {
+    http: reqwest::Client,
+    seen: tokio::sync::Mutex<std::collections::HashMap<String, (std::time::Instant, Seen)>>,
+}
+
+impl Peers {
+    fn new() -> Peers {
+        let http = reqwest::Client::builder()
+            .timeout(PEER_TIMEOUT)
+            .connect_timeout(PEER_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap_or_default();
+        Peers { http, seen: Default::default() }
+    }
+
+    /// Region `region`'s API at `endpoint` as last seen (looked at again when stale).
+    async fn seen(&self, region: &str, endpoint: &str) -> Seen {
+        let mut seen = self.seen.lock().await;
+        if let Some((at, s)) = seen.get(region) {
+            if at.elapsed() < PEER_FRESH {
+                return *s;
+            }
+        }
+        let s = self.look(region, endpoint).await;
+        seen.insert(region.to_string(), (std::time::Instant::now(), s));
+        s
+    }
+
+    async fn look(&self, region: &str, endpoint: &str) -> Seen {
+        let url = format!("{}/region", endpoint.trim_end_matches('/'));
+        let r = match self.http.get(&url).send().await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::info!(region, "region {region}'s API cannot be reached ({e}): failovers from it are served");
+                return Seen::Unreachable;
+            }
+        };
+        if r.status().is_server_error() {
+            return Seen::Unreachable;
+        }
+        let Ok(body) = r.json::<serde_json::Value>().await else { return Seen::Unknown };
+        if body["region"].as_str() != Some(region) {
+            return Seen::Unknown;
+        }
+        body["state"].as_str().and_then(|s| RegionState::parse(s).ok()).map_or(Seen::Unknown, Seen::State)
+    }
+}
 
 /// This process's view of its region's state (only with `[region] name` set).
 pub(super) struct Regions {
     state: watch::Receiver<RegionStateRow>,
+    peers: Peers,
 }
 
 impl Regions {
@@ -48,7 +110,7 @@ impl Regions {
                 }
             }
         });
-        Ok(Regions { state: rx })
+        Ok(Regions { state: rx, peers: Peers::new() })
     }
 
     pub(super) fn current(&self) -> RegionStateRow {
@@ -59,14 +121,23 @@ impl Regions {
 impl ApiState {
     /// None when this region serves `tenant`'s request, else the answer to send instead
     /// (421 to its home region, 503 while this region is draining or down).
-    pub(super) fn region_gate(&self, tenant: &str, submission: bool, headers: &HeaderMap) -> Option<Response> {
+    pub(super) async fn region_gate(&self, tenant: &str, submission: bool, headers: &HeaderMap) -> Option<Response> {
         let regions = self.inner.regions.as_ref()?;
         let cfg = &self.inner.cfg.region;
         let row = regions.current();
         let record = self.inner.tenants.as_ref().and_then(|live| live.current().tenants.get(tenant).cloned());
         let homes = record.as_ref().map(|t| t.homes()).unwrap_or_default();
         let failover_from = headers.get(regions::FAILOVER_HEADER).and_then(|v| v.to_str().ok());
-        match regions::route(cfg, row.state, homes, Ask { submission, failover_from }) {
+        // Only a claimed failover to this region, the tenant's secondary, is checked.
+        let claimed = failover_from.is_some()
+            && failover_from == homes.home
+            && homes.secondary.is_some()
+            && homes.secondary == cfg.name.as_deref();
+        let home_seen = match (claimed, homes.home.and_then(|h| Some((h, cfg.endpoints.get(h)?)))) {
+            (true, Some((home, endpoint))) => regions.peers.seen(home, endpoint).await,
+            _ => Seen::Unknown,
+        };
+        match regions::route(cfg, row.state, homes, Ask { submission, failover_from, home_seen }) {
             Route::Serve => None,
             Route::Elsewhere { region, endpoint } => Some(misdirected(tenant, &region, endpoint.as_deref())),
             Route::Unavailable { state } => {
@@ -108,10 +179,20 @@ impl ApiState {
 /// `/v1/jobs/{id}/events`); an admin key's are served here.
 pub(super) async fn reads(State(st): State<ApiState>, req: Request, next: Next) -> Response {
     let tenant = req.extensions().get::<Caller>().and_then(|c| c.tenant()).map(str::to_string);
-    if let Some(elsewhere) = tenant.and_then(|t| st.region_gate(&t, false, req.headers())) {
-        return elsewhere;
+    if let Some(t) = tenant {
+        if let Some(elsewhere) = st.region_gate(&t, false, req.headers()).await {
+            return elsewhere;
+        }
     }
     next.run(req).await
+}
+
+/// `GET /region` (no key): this region's name and state as its API answers them, what
+/// the other regions look at before they believe a failover from it.
+pub(super) async fn state(State(st): State<ApiState>) -> axum::Json<serde_json::Value> {
+    let name = st.inner.cfg.region.name.clone();
+    let state = st.inner.regions.as_ref().map_or(RegionState::Up, |r| r.current().state);
+    axum::Json(serde_json::json!({ "region": name, "state": state.as_str() }))
 }
 
 /// 421 naming the tenant's home region and its endpoint.

@@ -9,9 +9,10 @@
 use super::auth::{acting_tenant, Admin, Caller};
 use super::error::{codes, ApiError};
 use super::ApiState;
+use crate::core::ledger::RowBudget;
 use crate::core::ledger::{self as rules, Granularity, ReportLine};
 use crate::ledger::{self, ReportQuery};
-use crate::store::LedgerStatements;
+use crate::store::{LedgerReadError, LedgerStatements};
 use axum::body::Body;
 use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
@@ -45,6 +46,23 @@ fn granularity(g: Option<&str>, default: Granularity) -> Result<Granularity, Api
     g.map(Granularity::parse).transpose().map_err(invalid).map(|g| g.unwrap_or(default))
 }
 
+/// A budgeted ledger read's error: over the budget, `status` with `READ_TOO_LARGE` and
+/// what to narrow (`narrow`); else the store's.
+pub(crate) fn read_error(e: LedgerReadError, status: StatusCode, narrow: &str) -> ApiError {
+    match e {
+        LedgerReadError::Store(e) => e.into(),
+        LedgerReadError::OverBudget(o) => ApiError::new(
+            status,
+            codes::READ_TOO_LARGE,
+            format!(
+                "this request would read more than {} usage-ledger rows, the most one request may read \
+                 (api.limits.ledger_rows_per_request); {narrow}",
+                o.limit
+            ),
+        ),
+    }
+}
+
 pub(super) async fn statements(st: &ApiState) -> Result<&LedgerStatements, ApiError> {
     Ok(st.inner.ledger.get_or_try_init(|| st.store().ledger_statements()).await?)
 }
@@ -61,7 +79,14 @@ pub(super) async fn report(
     let period = rules::report_period(from, to).map_err(|e| invalid(e.to_string()))?;
     let g = granularity(p.granularity.as_deref(), Granularity::Hour)?;
     let q = ReportQuery { tenant: tenant.clone(), period, granularity: g };
-    let lines = ledger::report(statements(&st).await?, &q).await?;
+    let mut budget = RowBudget::new(st.limits().ledger_rows());
+    let lines = ledger::report(statements(&st).await?, &q, &mut budget).await.map_err(|e| {
+        read_error(
+            e,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "narrow from/to to fewer days (and sum the parts), or ask the operator to raise the bound",
+        )
+    })?;
     Ok(Json(serde_json::json!({
         "tenant": tenant,
         "from": from,
@@ -75,9 +100,14 @@ pub(super) async fn report(
 /// `GET /v1/admin/usage`: every tenant's usage of one month, streamed a day at a time.
 pub(super) async fn export(
     State(st): State<ApiState>,
-    _admin: Admin,
+    admin: Admin,
+    key: Option<axum::Extension<super::limits::KeyId>>,
     Query(p): Query<ExportParams>,
 ) -> Result<Response, ApiError> {
+    let _ = admin;
+    // Held while the body streams: one heavy read for the whole export.
+    let key = key.map(|k| k.0).unwrap_or_else(|| super::limits::KeyId("anonymous".into()));
+    let slot = st.limits().heavy_slot(&key, None)?;
     let period = rules::month(&p.month).map_err(invalid)?;
     let g = granularity(p.granularity.as_deref(), Granularity::Day)?;
     let csv = match p.format.as_deref() {
@@ -88,9 +118,12 @@ pub(super) async fn export(
     let stmts = statements(&st).await?.clone();
     let days = rules::days(&period);
     let header_line = if csv { Some(Ok::<_, std::io::Error>(rules::CSV_HEADER.to_string())) } else { None };
+    let slot = std::sync::Arc::new(slot);
     let body = futures::stream::iter(header_line).chain(futures::stream::iter(days).then(move |day| {
         let stmts = stmts.clone();
+        let _held = slot.clone();
         async move {
+            let _held = _held;
             let lines = ledger::export_day(&stmts, day, g).await.map_err(std::io::Error::other)?;
             Ok::<_, std::io::Error>(lines.iter().map(|l| line(l, csv)).collect::<String>())
         }

@@ -10,6 +10,10 @@ use crate::core::retry::DurationMs;
 use serde::Deserialize;
 use std::collections::HashMap;
 
+/// Bounds of `api.limits.ledger_rows_per_request`.
+pub const MIN_LEDGER_ROWS: u64 = 1_000;
+pub const MAX_LEDGER_ROWS: u64 = 10_000_000;
+
 /// `[api.limits]`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -53,6 +57,16 @@ pub struct ApiLimits {
     pub requests_per_tenant: u32,
     /// A submission's whole body must arrive within this long (else 408).
     pub body_timeout: DurationMs,
+    /// Heavy reads (usage reports and exports, tenant and overview console pages,
+    /// listings of every schedule or tenant) one tenant (all its keys) or admin key may
+    /// have in flight at once; past it, 429 `TOO_MANY_HEAVY_READS`.
+    pub heavy_reads_per_key: u64,
+    /// Heavy reads in flight at once, all keys.
+    pub heavy_reads: u64,
+    /// Usage-ledger rows one request may read from the store (a report's days, a tenant
+    /// page's days, one fleet day of the console's); past it, 422 `READ_TOO_LARGE`
+    /// naming what to narrow. Between 1,000 and 10,000,000.
+    pub ledger_rows_per_request: u64,
 }
 
 impl Default for ApiLimits {
@@ -74,6 +88,9 @@ impl Default for ApiLimits {
             requests_per_key: 200,
             requests_per_tenant: 400,
             body_timeout: DurationMs::secs(30),
+            heavy_reads_per_key: 2,
+            heavy_reads: 16,
+            ledger_rows_per_request: 200_000,
         }
     }
 }
@@ -103,6 +120,8 @@ impl ApiLimits {
             ("control_body_bytes", self.control_body_bytes),
             ("requests_per_key", u64::from(self.requests_per_key)),
             ("requests_per_tenant", u64::from(self.requests_per_tenant)),
+            ("heavy_reads_per_key", self.heavy_reads_per_key),
+            ("heavy_reads", self.heavy_reads),
         ];
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return crate::core::invalid::Invalid::err(*name, "must be at least 1");
@@ -120,6 +139,15 @@ impl ApiLimits {
         }
         if self.body_bytes < self.body_bytes_per_key {
             return crate::core::invalid::Invalid::err("body_bytes", "must be at least body_bytes_per_key");
+        }
+        if self.heavy_reads < self.heavy_reads_per_key {
+            return crate::core::invalid::Invalid::err("heavy_reads", "must be at least heavy_reads_per_key");
+        }
+        if !(MIN_LEDGER_ROWS..=MAX_LEDGER_ROWS).contains(&self.ledger_rows_per_request) {
+            return crate::core::invalid::Invalid::err(
+                "ledger_rows_per_request",
+                format!("must be between {MIN_LEDGER_ROWS} and {MAX_LEDGER_ROWS}"),
+            );
         }
         if self.idle_timeout.0 < 1_000 {
             return crate::core::invalid::Invalid::err("idle_timeout", "must be at least \"1s\"");

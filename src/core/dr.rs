@@ -83,6 +83,7 @@ pub const TABLES: &[(&str, Role)] = &[
     ("schedule_slots", Role::Control),
     ("debounces", Role::Control),
     ("restores", Role::Skipped("the restore's own bookkeeping on the new cluster")),
+    ("schedule_totals", Role::Skipped("a counter (counter columns cannot be inserted): the schedules sweep recounts it")),
     ("tenant_schedules", Role::Control),
     ("tenant_debounces", Role::Control),
     ("debounce_slots", Role::Control),
@@ -176,6 +177,73 @@ pub fn cut_finished(blob: &[u8], packed: bool, t0: i64) -> Result<Option<Vec<u8>
     }
     // All of one pack share its bucket and fit in one pack (fewer bytes than before).
     Ok(packs(&kept).into_iter().next().map(|(_, body, _)| body))
+}
+
+/// The file beside the manifest holding its keyed digest (HMAC-SHA256, hex) under the
+/// operator's backup key: every file's SHA-256 is in the manifest, so the digest binds
+/// them all to the key.
+pub const MANIFEST_MAC: &str = "manifest.json.hmac";
+/// Fewest bytes of a backup key.
+pub const MIN_KEY_BYTES: usize = 32;
+/// Most bytes of a backup key (a key file is read up to this).
+pub const MAX_KEY_BYTES: usize = 4096;
+
+/// The operator's backup key: what signs a backup's manifest and what a restore checks
+/// it with. Never shown: its `Debug` and errors name where it came from, not its bytes.
+#[derive(Clone)]
+pub struct BackupKey(Vec<u8>);
+
+impl std::fmt::Debug for BackupKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BackupKey(<{} bytes>)", self.0.len())
+    }
+}
+
+/// Why a key or a manifest's digest was refused (never with the key's bytes).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    #[error("the backup key from {from} is {len} bytes; it must be {MIN_KEY_BYTES} to {MAX_KEY_BYTES} bytes (e.g. `openssl rand -hex 32`)")]
+    Length { from: String, len: usize },
+    #[error("the backup's manifest carries no keyed digest ({MANIFEST_MAC}): it was not signed with a backup key, so it is not trusted; restore only backups taken with one")]
+    Unsigned,
+    #[error("the backup's manifest does not match its keyed digest: the archive was changed after it was written, or the key is not the one it was taken with")]
+    Mismatch,
+}
+
+impl BackupKey {
+    /// The key from `bytes` (an environment variable's value or a key file's contents,
+    /// surrounding whitespace trimmed), named `from` in errors.
+    pub fn new(bytes: &[u8], from: &str) -> Result<BackupKey, KeyError> {
+        let trimmed = bytes.trim_ascii();
+        if !(MIN_KEY_BYTES..=MAX_KEY_BYTES).contains(&trimmed.len()) {
+            return Err(KeyError::Length { from: from.to_string(), len: trimmed.len() });
+        }
+        Ok(BackupKey(trimmed.to_vec()))
+    }
+
+    fn mac(&self) -> hmac::Hmac<sha2::Sha256> {
+        use hmac::Mac;
+        hmac::Hmac::<sha2::Sha256>::new_from_slice(&self.0).expect("HMAC takes keys of any length")
+    }
+
+    /// The keyed digest of a manifest's bytes, as written to [`MANIFEST_MAC`] (hex).
+    pub fn sign(&self, manifest: &[u8]) -> String {
+        use hmac::Mac;
+        let mut m = self.mac();
+        m.update(manifest);
+        to_hex(&m.finalize().into_bytes())
+    }
+
+    /// Checks a manifest's bytes against its digest file's text (None: no digest file),
+    /// in constant time.
+    pub fn verify(&self, manifest: &[u8], digest: Option<&str>) -> Result<(), KeyError> {
+        use hmac::Mac;
+        let digest = digest.ok_or(KeyError::Unsigned)?;
+        let tag = from_hex(digest.trim()).map_err(|_| KeyError::Mismatch)?;
+        let mut m = self.mac();
+        m.update(manifest);
+        m.verify_slice(&tag).map_err(|_| KeyError::Mismatch)
+    }
 }
 
 /// Lowercase hex of `bytes` (checksums; blobs in CQL's JSON are `0x` and this).
@@ -610,6 +678,55 @@ mod tests {
         r.status = "succeeded".into();
         r.updated_at = updated_at;
         r.encode(Some(b"out"))
+    }
+
+    #[test]
+    fn a_backup_key_is_bounded_and_never_shown() {
+        let e = BackupKey::new(b"short\n", "FAIRWAY_BACKUP_KEY").unwrap_err();
+        assert_eq!(e, KeyError::Length { from: "FAIRWAY_BACKUP_KEY".into(), len: 5 });
+        assert!(!e.to_string().contains("short"), "{e}");
+        let k = BackupKey::new(b"  0123456789abcdef0123456789abcdef\n", "a key file").unwrap();
+        assert_eq!(format!("{k:?}"), "BackupKey(<32 bytes>)");
+        assert!(BackupKey::new(&[b'k'; MAX_KEY_BYTES + 1], "f").is_err());
+        let m = b"{\"version\":1}";
+        let sig = k.sign(m);
+        assert_eq!(sig.len(), 64);
+        assert_eq!(k.verify(m, Some(&sig)), Ok(()));
+        assert_eq!(k.verify(m, None), Err(KeyError::Unsigned));
+        assert_eq!(k.verify(m, Some("zz")), Err(KeyError::Mismatch));
+        // HMAC-SHA256: RFC 4231 test case 6 (a 131-byte key).
+        let rfc = BackupKey::new(&[0xaa; 131], "rfc").unwrap();
+        assert_eq!(
+            rfc.sign(b"Test Using Larger Than Block-Size Key - Hash Key First"),
+            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"
+        );
+    }
+
+    proptest! {
+        /// A manifest changed anywhere, or checked with another key, is refused; the
+        /// signed bytes with the signing key pass.
+        #[test]
+        fn a_keyed_manifest_refuses_any_change_and_any_other_key(
+            manifest in proptest::collection::vec(any::<u8>(), 1..400),
+            at in any::<prop::sample::Index>(),
+            flip in 1u8..=255,
+            key in proptest::collection::vec(any::<u8>(), MIN_KEY_BYTES..80),
+            other in proptest::collection::vec(any::<u8>(), MIN_KEY_BYTES..80),
+        ) {
+            let trim = |k: Vec<u8>| { let mut k = k; for b in k.iter_mut() { *b = b'!' + (*b % 90); } k };
+            let (key, other) = (trim(key), trim(other));
+            let k = BackupKey::new(&key, "k").unwrap();
+            let sig = k.sign(&manifest);
+            prop_assert_eq!(k.verify(&manifest, Some(&sig)), Ok(()));
+            let mut changed = manifest.clone();
+            let i = at.index(changed.len());
+            changed[i] ^= flip;
+            prop_assert_eq!(k.verify(&changed, Some(&sig)), Err(KeyError::Mismatch));
+            if other != key {
+                let o = BackupKey::new(&other, "o").unwrap();
+                prop_assert_eq!(o.verify(&manifest, Some(&sig)), Err(KeyError::Mismatch));
+            }
+        }
     }
 
     proptest! {

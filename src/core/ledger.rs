@@ -431,6 +431,85 @@ pub fn entitled_share(tenant: &Weighed, active: &[Weighed], weights: &crate::cor
     weight(tenant) / sum
 }
 
+/// What the tenants active on one day weigh together, folded as their names are read
+/// (the console's entitlement of any tenant that day follows from it without holding
+/// the day's list): the sum of the weights of the active tenants that are not free, and
+/// how many are free.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DayWeights {
+    pub paid: f64,
+    pub free: usize,
+}
+
+impl DayWeights {
+    /// Adds one active tenant (each tenant once).
+    pub fn add(&mut self, w: &Weighed, weights: &crate::core::scheduler::TierWeights) {
+        use crate::core::scheduler::Tier;
+        match w.tier {
+            Tier::Free => self.free = self.free.saturating_add(1),
+            t => self.paid += w.weight.unwrap_or(weights.of(t)).max(0.0),
+        }
+    }
+
+    /// [`entitled_share`] of `tenant` from the day's folded weights; `listed`: whether
+    /// `tenant` was among the tenants folded (it counts as active either way).
+    pub fn share_of(&self, tenant: &Weighed, listed: bool, weights: &crate::core::scheduler::TierWeights) -> f64 {
+        use crate::core::scheduler::Tier;
+        let mut all = *self;
+        if !listed {
+            all.add(tenant, weights);
+        }
+        let free_weight = weights.of(Tier::Free);
+        let sum = all.paid + if all.free > 0 { free_weight } else { 0.0 };
+        if sum <= 0.0 {
+            return 0.0;
+        }
+        let mine = match tenant.tier {
+            Tier::Free => free_weight / all.free.max(1) as f64,
+            t => tenant.weight.unwrap_or(weights.of(t)).max(0.0),
+        };
+        mine / sum
+    }
+}
+
+/// Rows one request may still read from the store: each read takes what it got, and
+/// the request stops at the first read past the limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowBudget {
+    limit: u64,
+    read: u64,
+}
+
+/// A request read more rows than its budget allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("more than {limit} rows")]
+pub struct OverBudget {
+    pub limit: u64,
+}
+
+impl RowBudget {
+    pub fn new(limit: u64) -> RowBudget {
+        RowBudget { limit, read: 0 }
+    }
+
+    /// Takes `n` more rows; past the limit, refuses (and what was taken stays taken).
+    pub fn take(&mut self, n: u64) -> Result<(), OverBudget> {
+        self.read = self.read.saturating_add(n);
+        if self.read > self.limit {
+            return Err(OverBudget { limit: self.limit });
+        }
+        Ok(())
+    }
+
+    pub fn read(&self) -> u64 {
+        self.read
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+}
+
 /// The `n` tenants with the most run time in `usage` (tenant, run ms), most first
 /// (ties by name).
 pub fn top_by_run_time<'a>(usage: impl IntoIterator<Item = (&'a str, i64)>, n: usize) -> Vec<(String, i64)> {
@@ -763,6 +842,61 @@ mod tests {
         r.job_type = "t0".into();
         t.observe(off + 1, 1, Some(&r));
         assert_eq!(t.pending().unwrap().rows[0].0.job_type, "t0");
+    }
+
+    fn weighed_strategy() -> impl Strategy<Value = Weighed> {
+        use crate::core::scheduler::Tier;
+        (0usize..40, 0usize..4, prop::option::of(0.0f64..50.0)).prop_map(|(n, tier, weight)| {
+            let tier = [Tier::Free, Tier::Standard, Tier::Pro, Tier::Enterprise][tier];
+            let weight = if tier == Tier::Free { None } else { weight };
+            Weighed { tenant: format!("t{n}"), tier, weight }
+        })
+    }
+
+    proptest! {
+        /// Folding a day's active tenants one by one gives every tenant the entitlement
+        /// `entitled_share` computes from the whole list, listed or not.
+        #[test]
+        fn folded_day_weights_give_the_listed_entitlement(
+            active in proptest::collection::vec(weighed_strategy(), 0..30),
+            me in weighed_strategy(),
+        ) {
+            let weights = crate::core::scheduler::TierWeights::default();
+            let mut unique: BTreeMap<String, Weighed> = BTreeMap::new();
+            for w in active {
+                unique.entry(w.tenant.clone()).or_insert(w);
+            }
+            let me = unique.get(&me.tenant).cloned().unwrap_or(me);
+            let active: Vec<Weighed> = unique.into_values().collect();
+            let mut day = DayWeights::default();
+            for w in &active {
+                day.add(w, &weights);
+            }
+            let listed = active.iter().any(|w| w.tenant == me.tenant);
+            let want = entitled_share(&me, &active, &weights);
+            let got = day.share_of(&me, listed, &weights);
+            prop_assert!((want - got).abs() < 1e-9, "want {} got {}", want, got);
+        }
+
+        /// A budget refuses the first take past its limit and every one after it, never
+        /// one within it.
+        #[test]
+        fn a_row_budget_refuses_exactly_past_its_limit(
+            limit in 0u64..10_000,
+            takes in proptest::collection::vec(0u64..3_000, 0..20),
+        ) {
+            let mut b = RowBudget::new(limit);
+            let mut sum = 0u64;
+            let mut refused = false;
+            for n in takes {
+                sum += n;
+                let r = b.take(n);
+                prop_assert_eq!(r.is_err(), sum > limit);
+                prop_assert!(!refused || r.is_err(), "refused once, refused after");
+                refused |= r.is_err();
+            }
+            prop_assert_eq!(b.read(), sum);
+        }
     }
 
     proptest! {

@@ -206,6 +206,34 @@ pub struct Ask<'a> {
     pub submission: bool,
     /// The region the client failed over from ([`FAILOVER_HEADER`]), if it says so.
     pub failover_from: Option<&'a str>,
+    /// What this region last saw of that region's API (its state as it answers it, or
+    /// that it could not be reached): a failover is believed only when it says the home
+    /// cannot serve the request.
+    pub home_seen: Seen,
+}
+
+/// Another region's API as this region last saw it (`GET /region` on its endpoint).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    /// Not asked (no failover header, no endpoint listed), or an answer that did not
+    /// name that region: nothing to believe a failover on.
+    Unknown,
+    /// It answered with its state.
+    State(RegionState),
+    /// No answer: connection refused or reset, a timeout, a server error.
+    Unreachable,
+}
+
+impl Seen {
+    /// Whether a region seen so cannot serve a request (`submission`, else a read):
+    /// unreachable, down, or draining for submissions (what its own API would answer 503).
+    pub fn refuses(self, submission: bool) -> bool {
+        match self {
+            Seen::Unknown | Seen::State(RegionState::Up) => false,
+            Seen::Unreachable | Seen::State(RegionState::Down) => true,
+            Seen::State(RegionState::Draining) => submission,
+        }
+    }
 }
 
 /// The decision on one request.
@@ -223,10 +251,13 @@ pub enum Route {
 /// Where a request of a tenant with `homes` goes, in a deployment with `cfg` whose own
 /// state is `state`. A tenant without a home (or a deployment without a region) is
 /// served here. A tenant homed elsewhere is served here only as its secondary, when the
-/// client says it failed over from that home; else it is sent home.
+/// client says it failed over from that home **and** this region saw the home unable to
+/// serve it ([`Seen::refuses`]); else it is sent home (a client cannot double its limits
+/// by claiming a failover while its home is up).
 pub fn route(cfg: &RegionConfig, state: RegionState, homes: Homes<'_>, ask: Ask<'_>) -> Route {
     if let (Some(this), Some(home)) = (cfg.name.as_deref(), homes.home) {
-        let stand_in = homes.secondary == Some(this) && ask.failover_from == Some(home);
+        let stand_in =
+            homes.secondary == Some(this) && ask.failover_from == Some(home) && ask.home_seen.refuses(ask.submission);
         if home != this && !stand_in {
             return Route::Elsewhere { region: home.to_string(), endpoint: cfg.endpoints.get(home).cloned() };
         }
@@ -250,7 +281,7 @@ mod tests {
             .collect();
         RegionConfig { name: Some(this.into()), endpoints, ..Default::default() }
     }
-    const SUBMIT: Ask<'static> = Ask { submission: true, failover_from: None };
+    const SUBMIT: Ask<'static> = Ask { submission: true, failover_from: None, home_seen: Seen::Unknown };
 
     #[test]
     fn a_tenant_homed_elsewhere_is_sent_home_with_its_endpoint() {
@@ -260,9 +291,21 @@ mod tests {
             Route::Elsewhere { region: "a".into(), endpoint: Some("http://127.0.0.1:49101".into()) }
         );
         assert_eq!(route(&cfg("a"), RegionState::Up, homes, SUBMIT), Route::Serve);
-        // Failed over from its home to its secondary: served there.
-        let failover = Ask { submission: true, failover_from: Some("a") };
+        // Failed over from its home to its secondary while the home is down: served there.
+        let failover = Ask { submission: true, failover_from: Some("a"), home_seen: Seen::State(RegionState::Down) };
         assert_eq!(route(&cfg("b"), RegionState::Up, homes, failover), Route::Serve);
+        let gone = Ask { home_seen: Seen::Unreachable, ..failover };
+        assert_eq!(route(&cfg("b"), RegionState::Up, homes, gone), Route::Serve);
+        // The header alone, with the home up (or not seen): sent home.
+        for home_seen in [Seen::State(RegionState::Up), Seen::Unknown] {
+            let claimed = Ask { home_seen, ..failover };
+            assert!(matches!(route(&cfg("b"), RegionState::Up, homes, claimed), Route::Elsewhere { .. }));
+        }
+        // A draining home refuses submissions, not reads.
+        let draining = Ask { home_seen: Seen::State(RegionState::Draining), ..failover };
+        assert_eq!(route(&cfg("b"), RegionState::Up, homes, draining), Route::Serve);
+        let read = Ask { submission: false, ..draining };
+        assert!(matches!(route(&cfg("b"), RegionState::Up, homes, read), Route::Elsewhere { .. }));
         // A failover to a region that is not its secondary is sent home.
         let third = Homes { home: Some("a"), secondary: None };
         assert!(matches!(route(&cfg("b"), RegionState::Up, third, failover), Route::Elsewhere { .. }));
@@ -270,7 +313,7 @@ mod tests {
 
     #[test]
     fn an_outage_refuses_submissions_and_down_refuses_reads_too() {
-        let read = Ask { submission: false, failover_from: None };
+        let read = Ask { submission: false, failover_from: None, home_seen: Seen::Unknown };
         let none = Homes::default();
         let unavailable = |state| Route::Unavailable { state };
         assert_eq!(route(&cfg("a"), RegionState::Draining, none, SUBMIT), unavailable(RegionState::Draining));
@@ -309,24 +352,31 @@ mod tests {
     fn state() -> impl Strategy<Value = RegionState> {
         prop_oneof![Just(RegionState::Up), Just(RegionState::Draining), Just(RegionState::Down)]
     }
+    fn seen() -> impl Strategy<Value = Seen> {
+        prop_oneof![Just(Seen::Unknown), Just(Seen::Unreachable), state().prop_map(Seen::State)]
+    }
 
     proptest! {
         #[test]
         fn a_tenant_without_a_home_is_served_as_before_whatever_the_region(
-            this in prop_oneof![Just("a"), Just("b")], submission: bool, from in region(),
+            this in prop_oneof![Just("a"), Just("b")], submission: bool, from in region(), home_seen in seen(),
         ) {
-            let r = route(&cfg(this), RegionState::Up, Homes::default(), Ask { submission, failover_from: from });
+            let ask = Ask { submission, failover_from: from, home_seen };
+            let r = route(&cfg(this), RegionState::Up, Homes::default(), ask);
             prop_assert_eq!(r, Route::Serve);
         }
 
         #[test]
         fn a_request_is_served_only_at_home_or_at_the_secondary_after_a_failover(
             this in prop_oneof![Just("a"), Just("b")], home in region(), secondary in region(),
-            submission: bool, from in region(), st in state(),
+            submission: bool, from in region(), st in state(), home_seen in seen(),
         ) {
             let homes = Homes { home, secondary };
-            let r = route(&cfg(this), st, homes, Ask { submission, failover_from: from });
-            let here = home.is_none() || home == Some(this) || (secondary == Some(this) && from == home);
+            let r = route(&cfg(this), st, homes, Ask { submission, failover_from: from, home_seen });
+            // Away from home only at the secondary, after a failover from a home seen
+            // unable to serve the request.
+            let failed_over = secondary == Some(this) && from == home && home_seen.refuses(submission);
+            let here = home.is_none() || home == Some(this) || failed_over;
             match r {
                 Route::Elsewhere { region, .. } => {
                     prop_assert!(!here);

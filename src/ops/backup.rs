@@ -11,9 +11,17 @@
 //! written under a temporary name, renamed when complete, and described by a
 //! `<file>.done` entry (count, bytes, SHA-256) that a resumed run trusts only when the
 //! file's checksum still matches.
+//!
+//! The manifest is keyed: `manifest.json.hmac` (written just before it) holds its
+//! HMAC-SHA256 under the operator's backup key (`core::dr::BackupKey`), and a restore
+//! checks it before it reads anything else of the archive or reaches a broker or store:
+//! an archive changed anywhere (every file's SHA-256 is in the manifest), unsigned, or
+//! checked with another key is refused.
 
 use crate::config::Config;
-use crate::core::dr::{self, FileEntry, Manifest, Range, Record, Role, MANIFEST, MANIFEST_VERSION};
+use crate::core::dr::{
+    self, BackupKey, FileEntry, Manifest, Range, Record, Role, MANIFEST, MANIFEST_MAC, MANIFEST_VERSION,
+};
 use crate::kafka::{self, copy, KafkaError};
 use crate::model::Pool;
 use crate::now_ms;
@@ -43,6 +51,8 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> DrError + '_ {
 /// What `fairway backup` is asked for.
 pub struct BackupOptions {
     pub out: PathBuf,
+    /// Signs the manifest.
+    pub key: BackupKey,
     /// Results and events finished in this window before the cut are copied.
     pub results_window_ms: i64,
 }
@@ -112,10 +122,46 @@ fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>, DrE
 }
 
 fn write_json(path: &Path, v: &impl Serialize) -> Result<(), DrError> {
+    write_bytes(path, &serde_json::to_vec_pretty(v).expect("serialisable"))
+}
+
+fn write_bytes(path: &Path, bytes: &[u8]) -> Result<(), DrError> {
     let tmp = path.with_extension("tmp");
     let mut f = private_file(&tmp)?;
-    f.write_all(&serde_json::to_vec_pretty(v).expect("serialisable")).map_err(io(&tmp))?;
+    f.write_all(bytes).map_err(io(&tmp))?;
     std::fs::rename(&tmp, path).map_err(io(path))
+}
+
+/// The manifest of the backup in `dir`, read only once its keyed digest checks out with
+/// `key` (None: no manifest, an unfinished backup). The manifest and its digest are read
+/// as plain files inside `dir`.
+fn signed_manifest(dir: &Path, key: &BackupKey) -> Result<Option<Manifest>, DrError> {
+    if !dir.join(MANIFEST).exists() {
+        return Ok(None);
+    }
+    let path = inside(dir, MANIFEST)?;
+    let bytes = read_small(&path)?;
+    let digest = match dir.join(MANIFEST_MAC).exists() {
+        true => Some(String::from_utf8_lossy(&read_small(&inside(dir, MANIFEST_MAC)?)?).into_owned()),
+        false => None,
+    };
+    key.verify(&bytes, digest.as_deref()).map_err(|e| DrError::Refused(format!("{}: {e}", dir.display())))?;
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| DrError::Refused(format!("{} is damaged ({e})", path.display())))
+}
+
+/// Largest manifest (or digest) file read.
+const MAX_MANIFEST_BYTES: u64 = 256 << 20;
+
+fn read_small(path: &Path) -> Result<Vec<u8>, DrError> {
+    let f = std::fs::File::open(path).map_err(io(path))?;
+    let mut out = Vec::new();
+    f.take(MAX_MANIFEST_BYTES + 1).read_to_end(&mut out).map_err(io(path))?;
+    if out.len() as u64 > MAX_MANIFEST_BYTES {
+        return Err(DrError::Refused(format!("{} is over {MAX_MANIFEST_BYTES} bytes", path.display())));
+    }
+    Ok(out)
 }
 
 /// A backup's files are its owner's only (0600; directories 0700): they hold API key
@@ -242,7 +288,7 @@ use dr::{table_file, topic_file};
 pub async fn backup(cfg: &Config, opts: &BackupOptions, progress: &mut dyn FnMut(String)) -> Result<Manifest, DrError> {
     let dir = opts.out.clone();
     private_dir(&dir)?;
-    if let Some(m) = read_json::<Manifest>(&dir.join(MANIFEST))? {
+    if let Some(m) = signed_manifest(&dir, &opts.key)? {
         progress(format!("backup {} in {} is already complete: nothing to do", m.backup_id, dir.display()));
         return Ok(m);
     }
@@ -298,7 +344,10 @@ pub async fn backup(cfg: &Config, opts: &BackupOptions, progress: &mut dyn FnMut
         started_at: cut.started_at,
         finished_at: now_ms(),
     };
-    write_json(&dir.join(MANIFEST), &m)?;
+    // The digest first: a manifest (what marks a finished backup) is never unsigned.
+    let bytes = serde_json::to_vec_pretty(&m).expect("serialisable");
+    write_bytes(&dir.join(MANIFEST_MAC), opts.key.sign(&bytes).as_bytes())?;
+    write_bytes(&dir.join(MANIFEST), &bytes)?;
     Ok(m)
 }
 
@@ -430,6 +479,8 @@ async fn copy_partition(
 /// What `fairway restore` is asked for.
 pub struct RestoreOptions {
     pub from: PathBuf,
+    /// What the manifest's keyed digest is checked with.
+    pub key: BackupKey,
 }
 
 /// What a restore did.
@@ -459,7 +510,7 @@ pub async fn restore(
 ) -> Result<RestoreSummary, DrError> {
     let started = now_ms();
     let dir = &opts.from;
-    let m = read_json::<Manifest>(&dir.join(MANIFEST))?.ok_or_else(|| {
+    let m = signed_manifest(dir, &opts.key)?.ok_or_else(|| {
         DrError::Refused(format!(
             "{} has no {MANIFEST}: not a finished backup (run `fairway backup --out` again to finish it)",
             dir.display()
@@ -701,10 +752,29 @@ mod tests {
         std::fs::write(&outside, b"{\"id\":\"x\"}\n").unwrap();
         std::os::unix::fs::symlink(&outside, dir.join("tables/api_keys.ndjson")).unwrap();
         let (sha, bytes) = checksum(&outside).unwrap();
+        let (cfg, mut m) = unreachable_deployment();
+        let file = |name: &str| FileEntry { name: name.into(), items: 1, bytes, sha256: sha.clone() };
+        m.tables.insert("api_keys".into(), file("tables/api_keys.ndjson"));
+        signed(&dir, &m, &key(0));
+        let opts = RestoreOptions { from: dir.clone(), key: key(0) };
+        let e = restore(&cfg, &opts, &mut |_| {}).await.unwrap_err();
+        assert!(matches!(&e, DrError::Refused(m) if m.contains("leaves the backup directory")), "{e}");
+
+        std::fs::remove_file(dir.join("tables/api_keys.ndjson")).unwrap();
+        std::fs::copy(&outside, dir.join("tables/region_states.ndjson")).unwrap();
+        m.tables.clear();
+        m.tables.insert("region_states".into(), file("tables/region_states.ndjson"));
+        signed(&dir, &m, &key(0));
+        let e = restore(&cfg, &opts, &mut |_| {}).await.unwrap_err();
+        assert!(matches!(&e, DrError::Refused(m) if m.contains("never in a backup")), "{e}");
+    }
+
+    /// A configuration whose broker and store answer nothing, and an empty manifest of it.
+    fn unreachable_deployment() -> (Config, Manifest) {
         let mut cfg = Config::builtin();
         cfg.kafka.brokers = "127.0.0.1:9".into();
         cfg.scylla.contact_points = vec!["127.0.0.1:9".into()];
-        let mut m = Manifest {
+        let m = Manifest {
             version: MANIFEST_VERSION,
             backup_id: "b1".into(),
             t0: 1,
@@ -717,19 +787,63 @@ mod tests {
             started_at: 0,
             finished_at: 1,
         };
-        let file = |name: &str| FileEntry { name: name.into(), items: 1, bytes, sha256: sha.clone() };
-        m.tables.insert("api_keys".into(), file("tables/api_keys.ndjson"));
-        write_json(&dir.join(MANIFEST), &m).unwrap();
-        let opts = RestoreOptions { from: dir.clone() };
-        let e = restore(&cfg, &opts, &mut |_| {}).await.unwrap_err();
-        assert!(matches!(&e, DrError::Refused(m) if m.contains("leaves the backup directory")), "{e}");
+        (cfg, m)
+    }
 
-        std::fs::remove_file(dir.join("tables/api_keys.ndjson")).unwrap();
-        std::fs::copy(&outside, dir.join("tables/region_states.ndjson")).unwrap();
-        m.tables.clear();
-        m.tables.insert("region_states".into(), file("tables/region_states.ndjson"));
-        write_json(&dir.join(MANIFEST), &m).unwrap();
-        let e = restore(&cfg, &opts, &mut |_| {}).await.unwrap_err();
-        assert!(matches!(&e, DrError::Refused(m) if m.contains("never in a backup")), "{e}");
+    fn key(n: u8) -> BackupKey {
+        BackupKey::new(&[b'a' + n; 32], "a test key").unwrap()
+    }
+
+    /// Writes `m` as the backup's manifest signed with `k`.
+    fn signed(dir: &Path, m: &Manifest, k: &BackupKey) {
+        let bytes = serde_json::to_vec_pretty(m).unwrap();
+        write_bytes(&dir.join(MANIFEST_MAC), k.sign(&bytes).as_bytes()).unwrap();
+        write_bytes(&dir.join(MANIFEST), &bytes).unwrap();
+    }
+
+    /// A manifest changed after it was signed (a file swapped and its checksum rewritten
+    /// to match), one without a digest, or one checked with another key is refused before
+    /// any file is read or any broker or store is reached; the message names no key.
+    #[tokio::test]
+    async fn restore_refuses_a_tampered_unsigned_or_wrongly_keyed_archive_before_writing_anything() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("b");
+        std::fs::create_dir_all(dir.join("tables")).unwrap();
+        std::fs::write(dir.join("tables/api_keys.ndjson"), b"{\"id\":\"mine\"}\n").unwrap();
+        let (sha, bytes) = checksum(&dir.join("tables/api_keys.ndjson")).unwrap();
+        let (cfg, mut m) = unreachable_deployment();
+        m.tables.insert(
+            "api_keys".into(),
+            FileEntry { name: "tables/api_keys.ndjson".into(), items: 1, bytes, sha256: sha },
+        );
+        signed(&dir, &m, &key(0));
+        let refused = |e: DrError| match e {
+            DrError::Refused(m) => m,
+            other => panic!("not refused before the broker or store: {other}"),
+        };
+        // The right key gets past the manifest (to the broker, which does not answer).
+        let ok = restore(&cfg, &RestoreOptions { from: dir.clone(), key: key(0) }, &mut |_| {}).await.unwrap_err();
+        assert!(!matches!(ok, DrError::Refused(_)), "a signed archive is believed: {ok}");
+        // Another key.
+        let e =
+            refused(restore(&cfg, &RestoreOptions { from: dir.clone(), key: key(1) }, &mut |_| {}).await.unwrap_err());
+        assert!(e.contains("does not match its keyed digest"), "{e}");
+        assert!(!e.contains("bbbbbbbb") && !e.contains("aaaaaaaa"), "no key in the message: {e}");
+        // An admin key slipped in: the file swapped, its checksum in the manifest rewritten.
+        std::fs::write(dir.join("tables/api_keys.ndjson"), b"{\"id\":\"attacker\"}\n").unwrap();
+        let (sha, bytes) = checksum(&dir.join("tables/api_keys.ndjson")).unwrap();
+        let mut forged = m.clone();
+        forged.tables.insert(
+            "api_keys".into(),
+            FileEntry { name: "tables/api_keys.ndjson".into(), items: 1, bytes, sha256: sha },
+        );
+        write_json(&dir.join(MANIFEST), &forged).unwrap();
+        let opts = RestoreOptions { from: dir.clone(), key: key(0) };
+        let e = refused(restore(&cfg, &opts, &mut |_| {}).await.unwrap_err());
+        assert!(e.contains("does not match its keyed digest"), "{e}");
+        // No digest at all.
+        std::fs::remove_file(dir.join(MANIFEST_MAC)).unwrap();
+        let e = refused(restore(&cfg, &opts, &mut |_| {}).await.unwrap_err());
+        assert!(e.contains("carries no keyed digest"), "{e}");
     }
 }

@@ -120,6 +120,8 @@ pub struct Schedules {
     stmts: ScheduleStatements,
     slots: Slots,
     tenants: TenantStatements,
+    /// Store calls made by this instance's adds, changes and removes ([`Schedules::store_calls`]).
+    calls: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Schedules {
@@ -129,7 +131,20 @@ impl Schedules {
             stmts: store.schedule_statements().await?,
             slots: store.slots(SlotKind::Schedule).await?,
             tenants: store.tenant_statements().await?,
+            calls: Default::default(),
         })
+    }
+
+    /// Store calls (each a bounded number of statements: a keyed read or write, one
+    /// partition's read of at most `schedules.max_per_tenant` rows, a slot claim) made so
+    /// far by adds, changes and removes: what one of them costs, whatever the number of
+    /// tenants or schedules in the deployment.
+    pub fn store_calls(&self) -> u64 {
+        self.calls.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn read(&self) {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub fn statements(&self) -> &ScheduleStatements {
@@ -159,7 +174,8 @@ impl Schedules {
             };
             ScheduleError::Template { field, message: e.to_string() }
         })?;
-        if !self.tenants.list().await?.contains_key(&spec.tenant) {
+        self.read();
+        if !self.tenants.exists(&spec.tenant).await? {
             let t = &spec.tenant;
             let message = format!("tenant {t:?} is not registered; add it with `fairway tenants add {t}`");
             return Err(ScheduleError::Template { field: "tenant", message });
@@ -184,9 +200,19 @@ impl Schedules {
             updated_at: now,
         };
         let slot = self.claim_slot(&spec.tenant, &spec.name, now).await?;
-        let added = self.insert(&row).await;
+        // Counted before the insert (a refused count takes itself back).
+        let counted = self.count_one().await;
+        let counted_ok = counted.is_ok();
+        let added = match counted {
+            Ok(()) => self.insert(&row).await,
+            Err(e) => Err(e),
+        };
         if !matches!(added, Ok(true)) {
+            self.read();
             self.slots.release(&spec.tenant, &slot).await?;
+            if counted_ok {
+                self.uncount().await;
+            }
         }
         if !added? {
             return Err(ScheduleError::Exists { tenant: spec.tenant, name: spec.name });
@@ -194,24 +220,51 @@ impl Schedules {
         Ok(Schedule { row, spec }.listed())
     }
 
-    /// Refuses an add beyond `schedules.max_total`, or with the tenant's schedules already
-    /// at `schedules.max_per_tenant` (a quick check; the slot claim is what holds the
-    /// per-tenant bound under racing adds, the total is counted over the registered
-    /// tenants' partitions before the insert, not with it).
+    /// Counts one more schedule in the deployment's total (`schedule_totals`) and reads
+    /// the total back: above `schedules.max_total`, the count is taken back and the add
+    /// refused. Racing adds each see their own count and every one before it, so the
+    /// total never passes the bound (they may all be refused near it: try again).
+    async fn count_one(&self) -> Result<(), ScheduleError> {
+        let max = self.cfg.schedules.max_total;
+        self.read();
+        self.stmts.count(1).await?;
+        self.read();
+        let total = match self.stmts.total().await {
+            Ok(n) => n,
+            Err(e) => {
+                self.uncount().await;
+                return Err(e.into());
+            }
+        };
+        if total > max as i64 {
+            self.uncount().await;
+            return Err(total_full(max));
+        }
+        Ok(())
+    }
+
+    /// Takes back one count of [`Schedules::count_one`] (a failure is logged: the
+    /// leader's sweep corrects the total within a minute).
+    async fn uncount(&self) {
+        self.read();
+        if let Err(e) = self.stmts.count(-1).await {
+            tracing::warn!(error = %e, "schedule total not decremented; the next sweep corrects it");
+        }
+    }
+
+    /// Refuses an add with the tenant's schedules already at `schedules.max_per_tenant` (a
+    /// quick check of its own partition; the slot claim is what holds the per-tenant
+    /// bound under racing adds), or with the deployment's total at `schedules.max_total`
+    /// (one read of `schedule_totals`; [`Schedules::count_one`] holds it under races).
     async fn check_bounds(&self, tenant: &str) -> Result<(), ScheduleError> {
         let bounds = self.cfg.schedules;
+        self.read();
         if self.stmts.names(tenant, bounds.max_per_tenant).await?.len() >= bounds.max_per_tenant {
             return Err(tenant_full(tenant, bounds.max_per_tenant));
         }
-        let mut total = 0;
-        for t in self.tenants.list().await?.keys() {
-            total += self.stmts.names(t, bounds.max_total - total).await?.len();
-            if total >= bounds.max_total {
-                return Err(ScheduleError::TooMany(format!(
-                    "the deployment has {} schedules, the most it keeps (schedules.max_total); remove some first",
-                    bounds.max_total
-                )));
-            }
+        self.read();
+        if self.stmts.total().await? >= bounds.max_total as i64 {
+            return Err(total_full(bounds.max_total));
         }
         Ok(())
     }
@@ -222,6 +275,7 @@ impl Schedules {
         let max = self.cfg.schedules.max_per_tenant;
         let mut orphans_freed = false;
         loop {
+            self.read();
             match self.slots.claim_free(tenant, max, name, at).await? {
                 Claimed::Held(s) => return Ok(s),
                 Claimed::Full(taken) => {
@@ -244,6 +298,7 @@ impl Schedules {
     async fn insert(&self, row: &ScheduleRow) -> Result<bool, ScheduleError> {
         let mut lost = None;
         for _ in 0..LWT_TRIES {
+            self.calls.fetch_add(2, std::sync::atomic::Ordering::Relaxed);
             match self.stmts.add(row).await {
                 Ok(true) => return Ok(true),
                 Ok(false) => lost = None,
@@ -323,8 +378,12 @@ impl Schedules {
     /// Removes a schedule and frees its slot (the one claimed with it: same name, claimed
     /// at its `created_at`; not a racing add's of the same name).
     pub async fn remove(&self, tenant: &str, name: &str) -> Result<(), ScheduleError> {
+        self.read();
         let row = self.get(tenant, name).await?.row;
+        self.read();
         self.stmts.remove(&row).await?;
+        self.uncount().await;
+        self.read();
         let slots = self.slots.taken(tenant, self.cfg.schedules.max_per_tenant).await?;
         for s in slots.iter().filter(|s| s.holder == name && s.at == row.created_at) {
             self.slots.release(tenant, s).await?;
@@ -370,6 +429,12 @@ impl Schedules {
         }
         Ok(old.len())
     }
+}
+
+fn total_full(max: usize) -> ScheduleError {
+    ScheduleError::TooMany(format!(
+        "the deployment has {max} schedules, the most it keeps (schedules.max_total); remove some first"
+    ))
 }
 
 fn tenant_full(tenant: &str, max: usize) -> ScheduleError {

@@ -6,11 +6,15 @@
 //! from several API processes and the promoter's leader, which takes a due window out to
 //! submit its job, never lose one another's change.
 //!
-//! A window's due time is also in the due index (`store::due`, entries carry the
-//! revision): every write puts the new index row before it changes the window and drops
-//! the old one after. The leader reads the index for what is due, checks an entry
-//! against the window's due time and revision ([`DebounceStatements::due_of`], no job),
-//! and reads a due window's job by key when it closes it. Rows of the old
+//! A window is also in the due index (`store::due`, shared by every tenant's windows of
+//! a minute; the entry carries the window's id): opening puts its entry (before the
+//! window row), a join only moves the window's own row (never the index, so a tenant
+//! joining a window thousands of times writes no tombstone into the shared bucket), and
+//! the leader, finding an entry due, checks it against the window
+//! ([`DebounceStatements::due_of`], no job): a window joined since is due later, so its
+//! entry moves once to the window's due time ([`DebounceStatements::move_entry`]: one
+//! index write per leader visit, not per join); a due one is closed and its entry
+//! dropped. Rows of the old
 //! per-deployment table (`debounces`) are moved here once ([`DebounceStatements::old_rows`]).
 
 use super::{applied, prepare_statement, q, read_paged, DueEntry, DueIndex, DueKind, DueRead, Store, StoreError};
@@ -41,9 +45,9 @@ pub struct DebounceRow {
 }
 
 impl DebounceRow {
-    /// The window's due index entry.
+    /// The window's due index entry (its id in the entry's revision: stable across joins).
     fn entry(&self, now: Millis) -> DueEntry {
-        DueEntry::new(&self.tenant, &self.key, self.due_at, &self.rev, now)
+        DueEntry::new(&self.tenant, &self.key, self.due_at, &self.window_id, now)
     }
 }
 
@@ -65,18 +69,20 @@ type Row = (
 pub struct DebounceDue {
     pub tenant: String,
     pub key: String,
+    pub window_id: String,
     pub due_at: Millis,
     pub rev: String,
     pub slot: i32,
     pub slot_at: Millis,
 }
 
-type Light = (String, String, Option<i64>, Option<String>, Option<i32>, Option<i64>);
+type Light = (String, String, Option<String>, Option<i64>, Option<String>, Option<i32>, Option<i64>);
 
-fn to_due((tenant, key, due_at, rev, slot, slot_at): Light) -> Option<DebounceDue> {
+fn to_due((tenant, key, window_id, due_at, rev, slot, slot_at): Light) -> Option<DebounceDue> {
     Some(DebounceDue {
         tenant,
         key,
+        window_id: window_id.unwrap_or_default(),
         due_at: due_at?,
         rev: rev?,
         slot: slot.unwrap_or(NO_SLOT),
@@ -86,7 +92,7 @@ fn to_due((tenant, key, due_at, rev, slot, slot_at): Light) -> Option<DebounceDu
 
 const COLUMNS: &str = "tenant, key, window_id, first_at, due_at, rev, job, slot, slot_at";
 const OLD_COLUMNS: &str = "tenant, key, window_id, first_at, due_at, rev, job";
-const LIGHT: &str = "tenant, key, due_at, rev, slot, slot_at";
+const LIGHT: &str = "tenant, key, window_id, due_at, rev, slot, slot_at";
 
 /// Statements of debounce windows ([`Store::debounce_statements`]).
 #[derive(Clone)]
@@ -200,9 +206,9 @@ impl DebounceStatements {
     }
 
     /// Moves an open window (`from`, as read) to `r`'s due time, revision and job, if its
-    /// revision is still `from`'s.
-    pub async fn extend(&self, r: &DebounceRow, from: &DebounceRow, now: Millis) -> Result<bool, StoreError> {
-        self.index.put(&r.entry(now)).await?;
+    /// revision is still `from`'s. Its index entry stays where it is (the leader moves it
+    /// when it finds it due: see the module docs).
+    pub async fn extend(&self, r: &DebounceRow, from: &DebounceRow) -> Result<bool, StoreError> {
         let v = (
             r.due_at,
             r.rev.as_str(),
@@ -212,22 +218,25 @@ impl DebounceStatements {
             r.key.as_str(),
             from.rev.as_str(),
         );
-        let done = applied(self.session.execute_unpaged(&self.extend, v).await.map_err(q("extend debounce"))?)?;
+        applied(self.session.execute_unpaged(&self.extend, v).await.map_err(q("extend debounce"))?)
+    }
+
+    /// Closes a window, if its revision is still `w.rev`; true if closed (by this call).
+    /// Its index entry (`entry`, the one the leader found due) goes with it.
+    pub async fn close(&self, w: &DebounceRow, entry: &DueEntry) -> Result<bool, StoreError> {
+        let v = (self.scope.as_str(), w.tenant.as_str(), w.key.as_str(), w.rev.as_str());
+        let done = applied(self.session.execute_unpaged(&self.close, v).await.map_err(q("close debounce"))?)?;
         if done {
-            self.index.drop(&from.tenant, &from.key, from.due_at, &from.rev).await?;
+            self.drop_entry(entry).await?;
         }
         Ok(done)
     }
 
-    /// Closes a window, if its revision is still `w.rev`; true if closed (by this call).
-    /// Its index row goes with it.
-    pub async fn close(&self, w: &DebounceRow) -> Result<bool, StoreError> {
-        let v = (self.scope.as_str(), w.tenant.as_str(), w.key.as_str(), w.rev.as_str());
-        let done = applied(self.session.execute_unpaged(&self.close, v).await.map_err(q("close debounce"))?)?;
-        if done {
-            self.index.drop(&w.tenant, &w.key, w.due_at, &w.rev).await?;
-        }
-        Ok(done)
+    /// Moves an index entry found due to its window's later due time (`d`: the window
+    /// was joined since the entry was written): the new entry first, then the old dropped.
+    pub async fn move_entry(&self, e: &DueEntry, d: &DebounceDue, now: Millis) -> Result<(), StoreError> {
+        self.index.put(&DueEntry::new(&d.tenant, &d.key, d.due_at, &d.window_id, now)).await?;
+        self.drop_entry(e).await
     }
 
     /// A tenant's open windows without their jobs (paged; at most `limit`).
@@ -248,7 +257,7 @@ impl DebounceStatements {
 
     /// Writes a window's index row again (the sweep's repair).
     pub async fn reindex(&self, d: &DebounceDue, now: Millis) -> Result<(), StoreError> {
-        self.index.put(&DueEntry::new(&d.tenant, &d.key, d.due_at, &d.rev, now)).await
+        self.index.put(&DueEntry::new(&d.tenant, &d.key, d.due_at, &d.window_id, now)).await
     }
 
     /// Windows left in the old per-deployment table (at most `limit`; no slot).

@@ -10,7 +10,7 @@
 
 use super::{prepare_statement, q, Store, StoreError};
 use crate::core::alerts::WaitHistogram;
-use crate::core::ledger::{Account, FleetRow, Flush, LedgerRow, Usage};
+use crate::core::ledger::{Account, FleetRow, Flush, LedgerRow, OverBudget, RowBudget, Usage};
 use crate::model::{Millis, Pool};
 use futures::TryStreamExt;
 use scylla::client::session::Session;
@@ -23,6 +23,15 @@ const DAY_MS: Millis = 86_400_000;
 
 const USAGE_COLUMNS: &str =
     "results, succeeded, failed, cancelled, expired, attempts, retries, run_ms, bytes_out, cpu_ms, peak_memory_bytes, waits";
+
+/// A read of a request with a row budget ([`RowBudget`]).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LedgerReadError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the read stopped at {} ledger rows (api.limits.ledger_rows_per_request)", .0.limit)]
+    OverBudget(#[from] OverBudget),
+}
 
 #[derive(Clone)]
 pub struct LedgerStatements {
@@ -210,17 +219,72 @@ impl LedgerStatements {
 
     /// A tenant's rows of the day starting at `day` (every window and partition).
     pub async fn rows(&self, tenant: &str, day: Millis) -> Result<Vec<LedgerRow>, StoreError> {
+        match self.rows_within(tenant, day, &mut RowBudget::new(u64::MAX)).await {
+            Ok(rows) => Ok(rows),
+            Err(LedgerReadError::Store(e)) => Err(e),
+            Err(LedgerReadError::OverBudget(_)) => unreachable!("an unlimited budget"),
+        }
+    }
+
+    /// [`LedgerStatements::rows`] within `budget`: the read stops (no further page is
+    /// fetched) at the first row past it.
+    pub async fn rows_within(
+        &self,
+        tenant: &str,
+        day: Millis,
+        budget: &mut RowBudget,
+    ) -> Result<Vec<LedgerRow>, LedgerReadError> {
         let what = "read ledger";
         let pager =
             self.session.execute_iter(self.rows.clone(), (self.scope.as_str(), tenant, day)).await.map_err(q(what))?;
         let mut rows = pager.rows_stream::<StoredRow>().map_err(q(what))?;
         let mut out = Vec::new();
         while let Some(r) = rows.try_next().await.map_err(q(what))? {
+            budget.take(1)?;
             let Ok(pool) = r.pool.parse::<Pool>() else { continue };
             let account = Account { tenant: tenant.to_string(), pool, job_type: r.job_type.clone() };
             out.push(LedgerRow { window: r.window, account, usage: r.usage() });
         }
         Ok(out)
+    }
+
+    /// The fleet's rows of the day starting at `day` (every window, pool and partition),
+    /// each handed to `f` as read; the read stops at the first row past `budget`.
+    pub async fn fold_fleet(
+        &self,
+        day: Millis,
+        budget: &mut RowBudget,
+        mut f: impl FnMut(FleetRow),
+    ) -> Result<(), LedgerReadError> {
+        let what = "read ledger fleet";
+        let pager = self.session.execute_iter(self.fleet.clone(), (self.scope.as_str(), day)).await.map_err(q(what))?;
+        let mut rows = pager.rows_stream::<(i64, String, Option<i64>, Option<i64>)>().map_err(q(what))?;
+        while let Some((window, pool, results, run_ms)) = rows.try_next().await.map_err(q(what))? {
+            budget.take(1)?;
+            let Ok(pool) = pool.parse::<Pool>() else { continue };
+            let usage = Usage { results: results.unwrap_or(0), run_ms: run_ms.unwrap_or(0), ..Usage::default() };
+            f(FleetRow { window, pool, usage });
+        }
+        Ok(())
+    }
+
+    /// The tenants with usage on the day starting at `day`, each handed to `f` as read;
+    /// the read stops at the first name past `budget`.
+    pub async fn fold_tenants(
+        &self,
+        day: Millis,
+        budget: &mut RowBudget,
+        mut f: impl FnMut(&str),
+    ) -> Result<(), LedgerReadError> {
+        let what = "read ledger tenants";
+        let pager =
+            self.session.execute_iter(self.tenants.clone(), (self.scope.as_str(), day)).await.map_err(q(what))?;
+        let mut rows = pager.rows_stream::<(String,)>().map_err(q(what))?;
+        while let Some((t,)) = rows.try_next().await.map_err(q(what))? {
+            budget.take(1)?;
+            f(&t);
+        }
+        Ok(())
     }
 
     /// The fleet's rows of the day starting at `day` (every window, pool and partition).

@@ -43,7 +43,7 @@ pub use debounce::{DebounceDue, DebounceRow, DebounceStatements};
 pub use due::{DueEntry, DueIndex, DueKind, DueRead};
 pub use events::{EventStatements, IdempotencyClaim, Submitted as SubmittedRow, HISTORY_LIMIT};
 pub use keys::{ApiKeyRow, KeyStatements};
-pub use ledger::{LedgerPosition, LedgerStatements};
+pub use ledger::{LedgerPosition, LedgerReadError, LedgerStatements};
 pub use quota::QuotaStatements;
 pub use regions::RegionStateRow;
 pub use rerun::{JobFacts, RerunStatements, FACTS_CHUNK};

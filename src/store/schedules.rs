@@ -80,6 +80,8 @@ pub struct ScheduleStatements {
     names: PreparedStatement,
     old_rows: PreparedStatement,
     old_remove: PreparedStatement,
+    count: PreparedStatement,
+    count_add: PreparedStatement,
 }
 
 /// A schedule's firing state without its definition.
@@ -152,6 +154,14 @@ impl Store {
                 .await?,
             old_rows,
             old_remove: prep(format!("DELETE FROM {ks}.schedules {key}"), "prepare remove old schedule", false).await?,
+            count: prep(format!("SELECT n FROM {ks}.schedule_totals WHERE scope = ?"), "prepare schedule total", false)
+                .await?,
+            count_add: prep(
+                format!("UPDATE {ks}.schedule_totals SET n = n + ? WHERE scope = ?"),
+                "prepare count schedules",
+                false,
+            )
+            .await?,
         })
     }
 }
@@ -249,6 +259,24 @@ impl ScheduleStatements {
         if let Some(at) = r.due_at() {
             self.index.drop(&r.tenant, &r.name, at, "").await?;
         }
+        Ok(())
+    }
+
+    /// The deployment's schedule count (`schedule_totals`: adds and removes counted as
+    /// they happen, corrected by the leader's sweep; 0 before the first).
+    pub async fn total(&self) -> Result<i64, StoreError> {
+        let what = "read schedule total";
+        let res = self.session.execute_unpaged(&self.count, (self.scope.as_str(),)).await.map_err(q(what))?;
+        let rows = res.into_rows_result().map_err(q(what))?;
+        let row = rows.maybe_first_row::<(Option<scylla::value::Counter>,)>().map_err(q(what))?;
+        Ok(row.and_then(|(n,)| n).map_or(0, |n| n.0))
+    }
+
+    /// Adds `delta` to the deployment's schedule count (a counter: not idempotent; a
+    /// write whose answer was lost may or may not have counted, which the sweep corrects).
+    pub async fn count(&self, delta: i64) -> Result<(), StoreError> {
+        let v = (scylla::value::Counter(delta), self.scope.as_str());
+        self.session.execute_unpaged(&self.count_add, v).await.map_err(q("count schedules"))?;
         Ok(())
     }
 

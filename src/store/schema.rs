@@ -301,6 +301,9 @@ pub const TABLES: &[(&str, &str)] = &[
     // `fairway restore`'s bookkeeping (`ops::backup`): the steps of restoring a backup done
     // here (tables, topic partitions, "complete"), so a second restore changes nothing.
     ("restores", "(backup_id text, step text, at bigint, PRIMARY KEY ((backup_id), step))"),
+    // The deployment's schedule count (`ops::schedules`): what an add checks
+    // `schedules.max_total` against in one read; the leader's sweep corrects it.
+    ("schedule_totals", "(scope text PRIMARY KEY, n counter)"),
 ];
 
 /// Columns added to tables after they were first created: (table, column, CQL type).

@@ -47,6 +47,7 @@ pub struct TenantStatements {
     change: PreparedStatement,
     feed: PreparedStatement,
     list: PreparedStatement,
+    exists: PreparedStatement,
     bump: PreparedStatement,
     version: PreparedStatement,
     regions: RegionStatements,
@@ -189,6 +190,8 @@ impl Store {
             list: paged(
                 prep(format!("SELECT {COLUMNS} FROM {ks}.tenants WHERE scope = ?"), "prepare list tenants").await?,
             ),
+            exists: prep(format!("SELECT name FROM {ks}.tenants WHERE scope = ? AND name = ?"), "prepare read tenant")
+                .await?,
             bump: prep(
                 format!("UPDATE {ks}.registry_versions SET version = version + 1 WHERE scope = ?"),
                 "prepare bump registry version",
@@ -414,6 +417,14 @@ impl TenantStatements {
             }
         }
         Ok(out)
+    }
+
+    /// Whether `name` is registered (one keyed read, whatever the registry's size).
+    pub async fn exists(&self, name: &str) -> Result<bool, StoreError> {
+        let what = "read tenant";
+        let res = self.session.execute_unpaged(&self.exists, (self.scope.as_str(), name)).await.map_err(q(what))?;
+        let rows = res.into_rows_result().map_err(q(what))?;
+        Ok(rows.rows_num() > 0)
     }
 
     async fn bump(&self) -> Result<(), StoreError> {

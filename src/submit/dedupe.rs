@@ -295,7 +295,7 @@ pub async fn debounce(
         };
         let due_at = debounce_due(open.first_at, now, d.delay, d.max_delay);
         let moved = DebounceRow { due_at, rev: rev.clone(), job, ..open.clone() };
-        if w.rows.extend(&moved, &open, now).await? {
+        if w.rows.extend(&moved, &open).await? {
             return Ok(Submitted {
                 job_id: open.window_id,
                 duplicate: true,

@@ -459,20 +459,32 @@ impl Firing {
             return After::Due(e.due_at);
         }
         let rows = &self.windows.rows;
+        // The entry's window: the one it names (by id; an entry written before entries
+        // carried the id names the window's revision then, and its due time).
         let current = match rows.due_of(&e.tenant, &e.name).await {
-            Ok(d) => d.filter(|d| d.due_at == e.due_at && d.rev == e.rev),
+            Ok(d) => d.filter(|d| d.window_id == e.rev || (d.rev == e.rev && d.due_at == e.due_at)),
             Err(err) => {
                 tracing::warn!(tenant = %e.tenant, error = %err, "cannot read a due debounce window");
                 return After::Due(e.due_at);
             }
         };
-        if current.is_none() {
+        let Some(d) = current else {
             return self.not_matching(&e, now, rows.drop_entry(&e)).await;
+        };
+        if d.due_at > now {
+            // Joined since its entry was written: the entry moves to its due time.
+            return match rows.move_entry(&e, &d, now).await {
+                Ok(()) => After::Done,
+                Err(err) => {
+                    tracing::warn!(tenant = %e.tenant, error = %err, "cannot move a debounce window's index entry");
+                    After::Due(e.due_at)
+                }
+            };
         }
         match rows.get(&e.tenant, &e.name).await {
-            Ok(Some(w)) if w.rev == e.rev => {
+            Ok(Some(w)) if w.window_id == d.window_id => {
                 bytes.fetch_add(w.job.len(), Ordering::SeqCst);
-                self.close_window(w).await
+                self.close_window(w, &e).await
             }
             Ok(_) => After::Waiting(e.due_at),
             Err(err) => {
@@ -484,10 +496,11 @@ impl Firing {
 
     /// Closes a due window, submits its job and frees its slot; reopens it if the submit
     /// failed.
-    async fn close_window(&self, w: DebounceRow) -> After {
-        match self.windows.rows.close(&w).await {
+    async fn close_window(&self, w: DebounceRow, e: &DueEntry) -> After {
+        match self.windows.rows.close(&w, e).await {
             Ok(true) => {}
-            Ok(false) => return After::Done,
+            // Joined (or closed) since it was read: its entry is read again.
+            Ok(false) => return After::Waiting(e.due_at),
             Err(e) => {
                 tracing::warn!(tenant = %w.tenant, error = %e, "cannot close a debounce window");
                 return After::Due(w.due_at);
@@ -535,6 +548,7 @@ impl Firing {
             );
         }
         let tenants: Vec<String> = self.tenants.list().await?.into_keys().collect();
+        let counted_before = self.schedules.statements().total().await?;
         let mut seen = Swept { reindexed: moved + moved_windows, ..Swept::default() };
         for chunk in tenants.chunks(SWEEP_IN_FLIGHT) {
             let swept = futures::future::try_join_all(chunk.iter().map(|t| self.sweep_tenant(t, now))).await?;
@@ -546,6 +560,15 @@ impl Firing {
         }
         if seen.reindexed > 0 {
             self.reindexed.store(true, Ordering::SeqCst);
+        }
+        // The total an add checks (`schedule_totals`) set to what the walk found, when no
+        // add or remove counted meanwhile (a new deployment's, a restored one's, or one a
+        // lost counter write left off).
+        let counted_after = self.schedules.statements().total().await?;
+        let found = i64::try_from(seen.active + seen.paused).unwrap_or(i64::MAX);
+        if counted_before == counted_after && found != counted_after {
+            tracing::info!(counted = counted_after, found, "schedule total corrected");
+            self.schedules.statements().count(found - counted_after).await?;
         }
         metrics::gauge!(m::SCHEDULES, "state" => "paused").set(seen.paused as f64);
         metrics::gauge!(m::SCHEDULES, "state" => "active").set(seen.active as f64);

@@ -3,6 +3,7 @@
 //! FAIRWAY_CQL), each test with its own topics and consumer groups.
 #![allow(dead_code)]
 
+pub mod openapi;
 pub mod python;
 
 use fairway::codec;
@@ -530,4 +531,29 @@ pub fn signature_valid(secret: &str, header: &str, body: &[u8]) -> bool {
     let want: String = mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect();
     let fresh = t.parse::<i64>().is_ok_and(|t| (fairway::now_ms() / 1000 - t).abs() < 300);
     want == v1 && fresh
+}
+
+/// What a client's tests run against (`tests/it/python_client.rs`, `typescript_client.rs`):
+/// the test config with `extra`, a `fairway worker` for the short pool that owns a
+/// partition, the HTTP API (`api`: its base URL) and an admin key (`key`, labelled `label`).
+pub struct ClientServices {
+    pub cfg: Arc<Config>,
+    pub worker: LoggedWorker,
+    pub api: String,
+    pub key: String,
+    _stop: tokio::sync::oneshot::Sender<()>,
+    _dir: tempfile::TempDir,
+}
+
+pub async fn client_services(extra: &str, label: &str) -> ClientServices {
+    let cfg = config(extra);
+    init(&cfg).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = config_file(&cfg, extra, dir.path());
+    let worker = spawn_logged_worker(&path, "short");
+    let cfg = Arc::new(cfg);
+    let (api, stop) = serve_api(&cfg).await;
+    let (_, key) = create_key(&cfg, &fairway::core::auth::Caller::Admin, label).await;
+    assert!(worker.wait_owning(1, Duration::from_secs(40)).is_some(), "the worker got no partition within 40 s");
+    ClientServices { cfg, worker, api, key, _stop: stop, _dir: dir }
 }

@@ -4,26 +4,17 @@
 
 use crate::common;
 
-use fairway::api::Caller;
 use std::path::Path;
 use std::process::Command;
-use std::sync::Arc;
-use std::time::Duration;
 
 const EXTRA: &str = "[job_types.echo]\npool = \"short\"\nhandler = \"echo\"\n\
                      [job_types.sleep]\npool = \"short\"\nhandler = \"sleep\"\ntimeout = \"10s\"\n";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_python_clients_tests_pass_on_the_real_services() {
-    let cfg = common::config(EXTRA);
-    common::init(&cfg).await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = common::config_file(&cfg, EXTRA, dir.path());
-    let worker = common::spawn_logged_worker(&path, "short");
-    let cfg = Arc::new(cfg);
-    let (api, _stop) = common::serve_api(&cfg).await;
-    let (_, key) = common::create_key(&cfg, &Caller::Admin, "it_python_client").await;
-
+    // Kept whole to the end: it holds the API's stop signal and the config folder.
+    let services = common::client_services(EXTRA, "it_python_client").await;
+    let (cfg, api, key, worker) = (services.cfg.clone(), services.api.clone(), services.key.clone(), &services.worker);
     let client = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/python");
     let venv = tokio::task::spawn_blocking(common::python::client_venv).await.unwrap();
     let python = venv.join("bin/python");
@@ -34,7 +25,6 @@ async fn the_python_clients_tests_pass_on_the_real_services() {
             .arg(&client),
         "pip install clients/python",
     );
-    assert!(worker.wait_owning(1, Duration::from_secs(40)).is_some(), "the worker got no partition within 40 s");
     let out = tokio::task::spawn_blocking(move || {
         Command::new("timeout")
             .args(["300", python.to_str().unwrap(), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"])

@@ -543,6 +543,56 @@ async fn schedule_payloads_and_times_are_bounded() {
     assert!(e["error"].as_str().unwrap().contains("start_at"), "{e}");
 }
 
+/// Issue 63 (2): a schedule add costs the same few store calls however many tenants the
+/// registry holds (a keyed registry read, its tenant's partition, the total's counter,
+/// a slot claim, the insert: it used to read the registry twice and one partition per
+/// registered tenant), and the deployment's total (`schedules.max_total`, a counter)
+/// still holds: the add past it is refused, a remove makes room again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_schedule_add_costs_the_same_store_calls_however_many_tenants_and_the_total_holds() {
+    use fairway::core::scheduler::Tier;
+    use fairway::core::tenants::TenantRecord;
+    use fairway::ops::schedules::ScheduleError;
+    let cfg = common::arc(common::config("[schedules]\nmax_total = 4\nmax_per_tenant = 3\n"));
+    common::init(&cfg).await;
+    let (store, s) = schedules(&cfg).await;
+    let every =
+        |name: &str, tenant: &str| ScheduleSpec { tenant: tenant.into(), every: Some("1h".into()), ..spec(name) };
+    let add = |sp: ScheduleSpec| {
+        let s = s.clone();
+        async move {
+            let (before, t) = (s.store_calls(), std::time::Instant::now());
+            let r = s.add(sp, fairway::now_ms()).await;
+            (r, s.store_calls() - before, t.elapsed())
+        }
+    };
+    let (r, few, few_took) = add(every("one", "acme")).await;
+    r.expect("acme's first schedule");
+    let reg = store.tenant_statements().await.expect("registry");
+    let many: Vec<TenantRecord> =
+        (0..2_000).map(|i| TenantRecord::new(&format!("many-{i:04}"), Tier::Standard)).collect();
+    reg.register(&many, fairway::now_ms()).await.expect("register 2,000 tenants");
+    let (r, lots, lots_took) = add(every("two", "many-1999")).await;
+    r.expect("a schedule of the last registered tenant");
+    println!(
+        "store calls of one add: {few} with the test's tenants ({few_took:?}), {lots} with 2,000 more ({lots_took:?})"
+    );
+    assert!(few <= 8, "an add costs a few store calls, not one per tenant: {few}");
+    assert_eq!(few, lots, "the same calls with 2,000 more registered tenants");
+    // An unregistered tenant is refused by one keyed read.
+    let e = add(every("x", "nobody-registered")).await.0.expect_err("unregistered");
+    assert!(e.to_string().contains("not registered"), "{e}");
+    // The total: 2 so far; two more fit, the fifth is refused, a remove makes room.
+    add(every("three", "globex")).await.0.expect("third");
+    add(every("four", "many-0001")).await.0.expect("fourth");
+    let e = add(every("five", "many-0002")).await.0.expect_err("past max_total");
+    assert!(matches!(&e, ScheduleError::TooMany(m) if m.contains("schedules.max_total")), "{e}");
+    assert_eq!(s.statements().total().await.unwrap(), 4, "the refused add took its count back");
+    s.remove("globex", "three").await.expect("remove");
+    add(every("five", "many-0002")).await.0.expect("room again after a remove");
+    assert_eq!(s.statements().total().await.unwrap(), 4);
+}
+
 /// Debounce windows are bounded per tenant (`debounce.max_open_per_tenant`: the 4th key of
 /// acme answers 429 while globex opens its own, and acme's open keys still fold in) and
 /// by payload (`debounce.max_payload_bytes`); a caller's idempotency key may not use
@@ -637,6 +687,92 @@ async fn the_promoter_leader_counts_fires_skips_and_lag_without_tenant_labels() 
         ours.iter().all(|l| !labels(l).unwrap_or_default().contains("tenant")),
         "never labelled by tenant: {ours:?}"
     );
+}
+
+/// The tombstones a read of the deployment's debounce due-index buckets from `from` to
+/// `to` (epoch ms) wades through, as Cassandra's trace of the read says, and its live rows.
+async fn due_index_read(cfg: &Config, store: &Store, from: Millis, to: Millis) -> (u64, u64) {
+    let buckets: Vec<i64> = (from.div_euclid(60_000)..=to.div_euclid(60_000)).collect();
+    let cql = format!(
+        "SELECT due_at, tenant, name, rev FROM {}.due_index WHERE scope = ? AND kind = 'debounce' AND bucket IN ?",
+        cfg.scylla.keyspace
+    );
+    let mut stmt = scylla::statement::Statement::new(cql);
+    stmt.set_tracing(true);
+    let res = store.session().query_unpaged(stmt, (cfg.kafka.topic_prefix.as_str(), buckets)).await.expect("read");
+    let id = res.tracing_id().expect("traced");
+    let mut events = Vec::new();
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        if let Ok(info) = store.session().get_tracing_info(&id).await {
+            events = info.events.into_iter().filter_map(|e| e.activity).collect::<Vec<_>>();
+            if events.iter().any(|a| a.contains("Request complete") || a.contains("tombstone")) {
+                break;
+            }
+        }
+    }
+    let (mut live, mut tombstones) = (0, 0);
+    for a in &events {
+        // "Read 1 live rows and 299 tombstone cells for query ..."
+        if let (Some(l), Some(t)) = (a.find(" live rows and "), a.find(" tombstone cells")) {
+            let words = |s: &str| s.split_whitespace().last().and_then(|w| w.parse::<u64>().ok()).unwrap_or(0);
+            live += words(&a[..l]);
+            tombstones += words(&a[..t]);
+        }
+    }
+    assert!(!events.is_empty(), "the read's trace");
+    (live, tombstones)
+}
+
+/// Issue 63 (7): joins of a debounce window write nothing into the due index every
+/// tenant's windows share: 300 joins of one key leave one live entry and no tombstone
+/// in its buckets (each join used to put a new entry and tombstone the old one, and the
+/// leader's every read of the bucket waded through them); the window still fires once,
+/// with the last payload, after its entry moved to its due time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn debounce_joins_leave_no_tombstones_in_the_shared_due_index() {
+    let cfg = common::arc(common::config(""));
+    common::init(&cfg).await;
+    let (base, _stop) = common::serve_api(&cfg).await;
+    let api = Api { base, http: reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap() };
+    let (_, acme) = common::create_key(&cfg, &Caller::Tenant("acme".into()), "it_recurring").await;
+    let store = Store::open(&cfg).await.expect("store");
+    let started = fairway::now_ms();
+    let join = |n: usize, delay: &str| json!({"job_type": "echo", "payload": {"n": n}, "debounce_key": "hot", "debounce_delay": delay});
+    let (s, first) = api.call(&acme, Method::POST, "/v1/jobs", Some(&join(0, "1h"))).await;
+    assert_eq!(s, StatusCode::CREATED, "{first}");
+    for n in 1..300 {
+        let (s, v) = api.call(&acme, Method::POST, "/v1/jobs", Some(&join(n, "1h"))).await;
+        assert_eq!(s, StatusCode::OK, "join {n}: {v}");
+    }
+    let (live, tombstones) = due_index_read(&cfg, &store, started, fairway::now_ms() + 3_600_000 + 120_000).await;
+    println!("300 joins of one window: the due index holds {live} live entries and {tombstones} tombstones");
+    assert_eq!(live, 1, "one entry for the window");
+    assert_eq!(tombstones, 0, "joins tombstone nothing in the shared index");
+
+    // A short window joined 20 times fires once, with the last payload, after the
+    // leader moved its entry to its due time.
+    let (s, short) = api
+        .call(
+            &acme,
+            Method::POST,
+            "/v1/jobs",
+            Some(&json!({"job_type": "echo", "payload": {"n": 0}, "debounce_key": "short", "debounce_delay": "2s"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{short}");
+    for n in 1..20 {
+        let body = json!({"job_type": "echo", "payload": {"n": n}, "debounce_key": "short", "debounce_delay": "2s"});
+        let (s, v) = api.call(&acme, Method::POST, "/v1/jobs", Some(&body)).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let registry = Registry::from_config(&cfg, Default::default()).unwrap();
+    let w = Worker::start(cfg.clone(), &[Pool::Short], registry, Policy::Fair).await.unwrap();
+    let ran = result(&cfg, &id(&short)).await;
+    assert_eq!(ran.len(), 1, "the joined window fired once");
+    assert_eq!(ran[0].output.as_deref(), Some(br#"{"n":19}"#.as_slice()), "with the last payload");
+    w.stop().await;
 }
 
 /// Opens racing on two API processes (30 distinct debounce keys of one tenant at once,

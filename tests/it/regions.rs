@@ -166,3 +166,104 @@ async fn a_tenants_submissions_follow_its_home_and_move_to_its_secondary_when_ho
         }
     }
 }
+
+/// Issue 63 (7): `Fairway-Failover-From` is believed only while the home cannot serve.
+/// Two in-process APIs stand for regions a and b (a tenant homed in a, secondary b):
+/// with a up, b answers the header with 421 to a (it used to serve it, so a tenant could
+/// submit in both regions at once and double its limits); with a down, or draining (for
+/// submissions), or not answering at all, b serves it; with a up again, 421 again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failover_header_is_believed_only_while_the_home_cannot_serve() {
+    use fairway::core::auth::Caller;
+    use fairway::core::regions::RegionState;
+    use fairway::core::scheduler::Tier;
+    use fairway::core::tenants::TenantRecord;
+    use fairway::store::{RegionStateRow, Store};
+    let (la, lb) = (
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+    );
+    let (pa, pb) = (la.local_addr().unwrap().port(), lb.local_addr().unwrap().port());
+    let section = |name: &str| {
+        format!(
+            "{JOB_TYPES}[region]\nname = \"{name}\"\n[region.endpoints]\na = \"http://127.0.0.1:{pa}\"\n\
+             b = \"http://127.0.0.1:{pb}\"\n"
+        )
+    };
+    let (ca, cb) = (common::arc(common::config(&section("a"))), common::arc(common::config(&section("b"))));
+    common::init(&ca).await;
+    common::init(&cb).await;
+    let (store_a, store_b) = (Store::open(&ca).await.unwrap(), Store::open(&cb).await.unwrap());
+    let mut roam = TenantRecord::new("roam", Tier::Standard);
+    roam.home_region = Some("a".into());
+    roam.secondary_region = Some("b".into());
+    store_b.tenant_statements().await.unwrap().put(&roam, fairway::now_ms()).await.expect("register roam in b");
+    let (_, key) = common::create_key(&cb, &Caller::Tenant("roam".into()), "it_regions").await;
+    let serve = |cfg: Arc<Config>, l: tokio::net::TcpListener| async move {
+        let state = fairway::api::ApiState::connect(cfg, None).await.expect("API state");
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(fairway::api::serve(l, state, async move {
+            let _ = rx.await;
+        }));
+        stop
+    };
+    let stop_a = serve(ca.clone(), la).await;
+    let _stop_b = serve(cb.clone(), lb).await;
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
+    let submit = |failover: bool| {
+        let mut req = http
+            .post(format!("http://127.0.0.1:{pb}/v1/jobs"))
+            .bearer_auth(&key)
+            .json(&serde_json::json!({"job_type": "echo", "payload": {}}));
+        if failover {
+            req = req.header("Fairway-Failover-From", "a");
+        }
+        async move {
+            let r = req.send().await.expect("b answers");
+            let status = r.status().as_u16();
+            (status, r.json::<serde_json::Value>().await.unwrap_or_default())
+        }
+    };
+    let set_a = |state: RegionState| {
+        let store_a = store_a.clone();
+        async move {
+            let row =
+                RegionStateRow { state, reason: Some("it".into()), at: Some(fairway::now_ms()), ..Default::default() };
+            store_a.set_region_state(&row).await.expect("a's state");
+            // a's API sees it within its poll (1 s); b's view of a is kept 1 s.
+            tokio::time::sleep(Duration::from_millis(2_600)).await;
+        }
+    };
+
+    // a is up: the header alone is not believed.
+    let (s, body) = submit(true).await;
+    assert_eq!((s, body["code"].as_str()), (421, Some("MISDIRECTED_REGION")), "a is up: {body}");
+    assert_eq!(body["home_region"], "a", "{body}");
+    assert_eq!(submit(false).await.0, 421);
+    // a is down: b stands in.
+    set_a(RegionState::Down).await;
+    let (s, body) = submit(true).await;
+    assert_eq!(s, 201, "a is down, b stands in: {body}");
+    let id = body["job_id"].as_str().unwrap().to_string();
+    assert_eq!(submit(false).await.0, 421, "without the header the tenant is still sent home");
+    // a drains: submissions fail over, reads of jobs do not (a serves reads).
+    set_a(RegionState::Draining).await;
+    assert_eq!(submit(true).await.0, 201, "a is draining: submissions fail over");
+    let read = http
+        .get(format!("http://127.0.0.1:{pb}/v1/jobs/{id}"))
+        .bearer_auth(&key)
+        .header("Fairway-Failover-From", "a")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(read.status().as_u16(), 421, "a is draining and still serves reads");
+    // a is up again: the header is not believed again.
+    set_a(RegionState::Up).await;
+    let (s, body) = submit(true).await;
+    assert_eq!(s, 421, "a is back up: {body}");
+    // a's API does not answer at all: b stands in.
+    let _ = stop_a.send(());
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let (s, body) = submit(true).await;
+    assert_eq!(s, 201, "a cannot be reached, b stands in: {body}");
+}

@@ -140,7 +140,13 @@ async fn the_ledger_counts_every_result_once_across_worker_and_leader_deaths() {
         for tenant in expected.keys() {
             let period = fairway::core::ledger::report_period(from, to).unwrap();
             let q = fairway::ledger::ReportQuery { tenant: tenant.clone(), period, granularity: Granularity::Hour };
-            tally_lines(tenant, &fairway::ledger::report(&stmts, &q).await.ok()?, &mut t);
+            tally_lines(
+                tenant,
+                &fairway::ledger::report(&stmts, &q, &mut fairway::core::ledger::RowBudget::new(u64::MAX))
+                    .await
+                    .ok()?,
+                &mut t,
+            );
         }
         Some(t)
     };
@@ -230,6 +236,104 @@ async fn times_a_caller_gives_are_bounded_before_use() {
     let (status, body) = get(format!("/v1/usage?from={}&to={now}&granularity=day", now - 93 * DAY), &token).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["lines"], serde_json::json!([]), "{body}");
+    let _ = stop_api.send(());
+}
+
+/// Issue 63 (2): heavy reads are weighed. 30 concurrent 93-day reports from one tenant
+/// (over two of its keys) hold at most `heavy_reads_per_key` (2) at once, the rest are
+/// refused at once with `TOO_MANY_HEAVY_READS`, and another tenant's report meanwhile is
+/// answered promptly; a report or tenant page past `ledger_rows_per_request` stops at the
+/// budget with `READ_TOO_LARGE` and says what to narrow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn heavy_reads_are_bounded_in_flight_per_tenant_and_in_rows() {
+    use fairway::core::auth::Caller;
+    use fairway::core::ledger::{Account, Flush, Usage};
+    let mut c = config("[registry]\nunknown_tenants = \"admit\"\n");
+    c.api.limits.ledger_rows_per_request = 1_000;
+    let cfg = arc(c);
+    init(&cfg).await;
+    let run = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    let (a, b) = (format!("heavy-a-{run}"), format!("heavy-b-{run}"));
+    let (_, a1) = create_key(&cfg, &Caller::Tenant(a.clone()), "heavy").await;
+    let (_, a2) = create_key(&cfg, &Caller::Tenant(a.clone()), "heavy").await;
+    let (_, b1) = create_key(&cfg, &Caller::Tenant(b.clone()), "heavy").await;
+    let (base, stop_api) = serve_api(&cfg).await;
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
+    const DAY: i64 = 86_400_000;
+    let now = now_ms();
+    let today = now.div_euclid(DAY) * DAY;
+
+    // A's usage today: 1,200 ledger rows (3 partitions x 4 windows x 100 job types),
+    // past the budget of 1,000 rows.
+    let store = fairway::store::Store::open(&cfg).await.expect("store");
+    let stmts = store.ledger_statements().await.expect("ledger statements");
+    for part in 0..3 {
+        for w in 0..4 {
+            let window = today + w * fairway::core::ledger::WINDOW_MS;
+            let rows = (0..100)
+                .map(|j| {
+                    let account = Account { tenant: a.clone(), pool: Pool::Short, job_type: format!("t{j}") };
+                    (account, Usage { results: 1, succeeded: 1, run_ms: 10, ..Usage::default() })
+                })
+                .collect();
+            let f = Flush { window, first: 0, upto: 1, rows, fleet: vec![] };
+            stmts.put_flush(part, &f, 3_600).await.expect("ledger rows");
+        }
+    }
+
+    let get = |path: String, key: String| {
+        let req = http.get(format!("{base}{path}")).bearer_auth(key);
+        async move {
+            let t = std::time::Instant::now();
+            let r = req.send().await.expect("an answer");
+            let status = r.status().as_u16();
+            let text = r.text().await.unwrap_or_default();
+            (
+                status,
+                serde_json::from_str::<serde_json::Value>(&text).unwrap_or(serde_json::Value::String(text)),
+                t.elapsed(),
+            )
+        }
+    };
+    // Before A's usage: 93 days, one partition read per day (nothing over the budget).
+    let long = format!("/v1/usage?from={}&to={}&granularity=day", today - 92 * DAY, today);
+    let floods: Vec<_> =
+        (0..30).map(|i| tokio::spawn(get(long.clone(), if i % 2 == 0 { a1.clone() } else { a2.clone() }))).collect();
+    let mut b_waits = Vec::new();
+    for _ in 0..5 {
+        let (status, body, took) = get(long.clone(), b1.clone()).await;
+        assert_eq!(status, 200, "B's report while A floods: {body}");
+        b_waits.push(took);
+    }
+    let answers: Vec<(u16, serde_json::Value, Duration)> =
+        futures::future::join_all(floods).await.into_iter().map(Result::unwrap).collect();
+    let ok = answers.iter().filter(|(s, _, _)| *s == 200).count();
+    let refused: Vec<_> = answers.iter().filter(|(s, _, _)| *s == 429).collect();
+    println!("A's 30 heavy reads: {ok} answered, {} refused; B's 5 reports took {b_waits:?}", refused.len());
+    assert_eq!(ok + refused.len(), 30, "every one answered 200 or 429: {answers:?}");
+    assert!(refused.len() >= 20, "at most a few of A's 30 concurrent reads ran: {ok} answered");
+    for (_, body, _) in &refused {
+        assert_eq!(body["code"], "TOO_MANY_HEAVY_READS", "{body}");
+        assert!(body["error"].as_str().unwrap_or_default().contains("heavy_reads_per_key"), "{body}");
+    }
+    for w in &b_waits {
+        assert!(*w < Duration::from_secs(5), "B's report took {w:?} while A flooded");
+    }
+
+    // Today's 1,200 rows are past the budget: 422 naming what to narrow.
+    let (status, body, _) = get(format!("/v1/usage?from={today}&to={now}&granularity=hour"), a1.clone()).await;
+    assert_eq!((status, body["code"].as_str()), (422, Some("READ_TOO_LARGE")), "{body}");
+    let msg = body["error"].as_str().unwrap_or_default();
+    assert!(msg.contains("1000") && msg.contains("narrow from/to"), "{msg}");
+    // B's today is small: answered.
+    let (status, body, _) = get(format!("/v1/usage?from={today}&to={now}&granularity=hour"), b1.clone()).await;
+    assert_eq!(status, 200, "{body}");
+    // A's tenant page reads the same rows: refused the same way, not read whole.
+    let (status, body, _) = get(format!("/console/tenants/{a}"), a1.clone()).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.to_string().contains("api.limits.ledger_rows_per_request"), "{body}");
+    let (status, body, _) = get(format!("/console/tenants/{b}"), b1.clone()).await;
+    assert_eq!(status, 200, "{body}");
     let _ = stop_api.send(());
 }
 

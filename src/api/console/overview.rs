@@ -147,7 +147,14 @@ pub(super) async fn page(State(st): State<ApiState>, v: Result<Viewer, ApiError>
         Some(t) => format!("Tenant {}'s jobs in each pool", esc(t)),
         None => "Every pool of the fleet".into(),
     };
-    let top = if v.tenant().is_none() { top_tenants(&st).await } else { String::new() };
+    let top = if v.tenant().is_none() {
+        match st.limits().heavy_slot(&v.key(), Some(&v.caller)) {
+            Ok(_heavy) => top_tenants(&st).await,
+            Err(e) => format!("<p class=\"error\">top tenants: {}</p>", esc(&e.message)),
+        }
+    } else {
+        String::new()
+    };
     let body = format!(
         "<p class=\"hint\">{scope}, live (every second). Throughput: attempts finished per second over 10 s; \
          failure rate: failed attempts of those finished in the last minute.</p>\

@@ -1,15 +1,18 @@
 //! One tenant's page (`GET /console/tenants/{name}`): charts of the last 24 hours (hourly)
 //! and 30 days (daily) from the usage ledger (its share of the fleet's worker time against
 //! its entitlement, jobs by outcome, run time and CPU, queue waits p50/p99), and its open
-//! and recent alerts. Reads: `ledger::tenant_charts` (3 store reads per day of 30) and
-//! the tenant's alerts (at most `store::alerts::MAX_RECENT` rows, [`SHOWN_ALERTS`] shown).
+//! and recent alerts. Reads: `ledger::tenant_charts` (the tenant's rows of each day of
+//! 30, within `api.limits.ledger_rows_per_request`; the fleet's days folded once a
+//! minute for every page, `ledger::FleetDays`), the tenant's alerts (at most
+//! `store::alerts::MAX_RECENT` rows, [`SHOWN_ALERTS`] shown); the registry is the
+//! process's live copy. One heavy read of the caller's (`api::limits::Limits::heavy_slot`).
 
 use super::charts::{figure, Chart, Kind, Series};
 use super::gate;
 use super::html::{self, esc};
 use super::session::Viewer;
 use crate::api::{codes, ApiError, ApiState};
-use crate::core::ledger::ChartPoint;
+use crate::core::ledger::{ChartPoint, RowBudget};
 use crate::core::tenants::TenantRecord;
 use crate::ledger::{self, ChartsQuery};
 use crate::model::Millis;
@@ -137,21 +140,29 @@ pub(super) async fn page(
         // Another tenant's page answers like an unknown one.
         return html::error_page(&ApiError::new(StatusCode::NOT_FOUND, codes::UNKNOWN_TENANT, "no such tenant"));
     }
-    match body(&st, &name).await {
+    match body(&st, &v, &name).await {
         Ok(body) => html::page(&v, "tenants", &format!("Tenant {name}"), &body),
         Err(e) => html::error_page(&e),
     }
 }
 
-async fn body(st: &ApiState, name: &str) -> Result<String, ApiError> {
-    let registry: BTreeMap<String, TenantRecord> = match st.live_tenants() {
-        Some(l) => l.statements().list().await?,
-        None => BTreeMap::new(),
-    };
+async fn body(st: &ApiState, v: &Viewer, name: &str) -> Result<String, ApiError> {
+    let _heavy = st.limits().heavy_slot(&v.key(), Some(&v.caller))?;
+    // The registry as this process holds it (no store read).
+    let live = st.live_tenants().map(|l| l.current());
+    let empty = BTreeMap::new();
+    let registry: &BTreeMap<String, TenantRecord> = live.as_ref().map_or(&empty, |l| &l.tenants);
     let stmts = crate::api::usage::statements(st).await?;
     let now = now_ms();
-    let q = ChartsQuery { tenant: name, registry: &registry, default_tier: st.config().registry.default_tier, now };
-    let data = ledger::tenant_charts(stmts, &q).await?;
+    let q = ChartsQuery { tenant: name, registry, default_tier: st.config().registry.default_tier, now };
+    let mut budget = RowBudget::new(st.limits().ledger_rows());
+    let data = ledger::tenant_charts(stmts, &q, &st.inner.fleet_days, &mut budget).await.map_err(|e| {
+        crate::api::usage::read_error(
+            e,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the page's 30 days hold more: read them in parts with GET /v1/usage, or ask the operator to raise the bound",
+        )
+    })?;
     let alert_stmts = st.inner.alerts.get_or_try_init(|| st.store().alert_statements()).await?;
     let alerts = alert_stmts.recent(name).await?;
     let tier = registry.get(name).map_or_else(|| "unregistered".to_string(), |t| t.tier.as_str().to_string());
