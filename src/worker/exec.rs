@@ -61,8 +61,8 @@ impl Drop for SlotRelease {
 }
 
 /// The routes of jobs in flight on this worker (dispatched, not yet settled), by job id,
-/// generation and attempt. A second copy of one of them (its partition came back, a
-/// hand-off copy beside the redelivered original) follows the first: it gives its slot
+/// generation, attempt and hand-off count. A second copy of one of them (its partition
+/// came back and the record was read again) follows the first: it gives its slot
 /// back and ends as that route ends, durably or not, instead of checking and waiting on
 /// its own (a copy waiting for a job running here held a slot for the whole run and
 /// starved hand-off copies, docs/simulation.md, classes 3 and 5). One entry per route,
@@ -71,8 +71,11 @@ impl Drop for SlotRelease {
 #[derive(Default)]
 pub struct InFlight(std::sync::Mutex<HashMap<CopyKey, watch::Receiver<Option<bool>>>>);
 
-/// Which copies of a job are one: same job, generation and attempt.
-type CopyKey = (String, i64, i32);
+/// Which copies of a job are one: same job, generation, attempt and hand-off count. A
+/// hand-off copy (its count one higher) is a new run, not a copy of the route that handed
+/// it off: following that route, it ended with it (durably: the hand-off was recorded)
+/// and the job never ran again when the copy came back to this same worker.
+type CopyKey = (String, i64, i32, i32);
 
 /// A copy's place among the copies of its job on this worker.
 enum Place<'a> {
@@ -92,7 +95,7 @@ struct Leading<'a> {
 
 impl InFlight {
     fn place(&self, job: &JobSubmitted) -> Place<'_> {
-        let key = (job.job_id.clone(), job.generation, job.attempt);
+        let key = (job.job_id.clone(), job.generation, job.attempt, job.handoff_count);
         let mut map = self.0.lock().expect("in-flight map");
         if let Some(rx) = map.get(&key) {
             return Place::Follows(rx.clone());

@@ -498,7 +498,9 @@ async fn a_job_whose_outcome_was_not_durable_runs_once_the_store_is_back_without
     assert!(early.is_empty(), "no result while the frontier cannot be recorded: {early:?}");
     fairway::store::ensure_schema(&cfg).await.unwrap();
     let t0 = Instant::now();
-    let results = common::results_for(&cfg, std::slice::from_ref(&id), Duration::from_secs(60)).await;
+    // Taken in again 5, 10, 20, 40 s after each refusal: 120 s covers two more refusals
+    // after the table is back (a loaded box re-preparing the statements).
+    let results = common::results_for(&cfg, std::slice::from_ref(&id), Duration::from_secs(120)).await;
     w.stop().await;
     let r = &results.get(&id).expect("a result once the store is back, with no rebalance")[0];
     assert_eq!(r.status, JobStatus::Succeeded, "{r:?}");
