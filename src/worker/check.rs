@@ -86,6 +86,12 @@ async fn check_row(sh: &RouteContext, mut job: Arc<JobSubmitted>, origin: &Origi
             return Check::Done(done);
         }
         if row.status.as_deref() == Some("handed_off") {
+            if sh.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                // A draining worker claims nothing: it would hand the job straight off
+                // again (one more copy, one more standstill). Its offset stays
+                // uncommitted for the partition's next owner.
+                return Check::Done(Durable::No);
+            }
             match claim_hand_off(sh, &job).await {
                 Step::Next => {
                     job = with_handoffs(sh, job, 1).await;

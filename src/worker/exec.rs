@@ -61,28 +61,43 @@ impl Drop for SlotRelease {
 }
 
 /// The routes of jobs in flight on this worker (dispatched, not yet settled), by job id,
-/// generation, attempt and hand-off count. A second copy of one of them (its partition
-/// came back and the record was read again) follows the first: it gives its slot
-/// back and ends as that route ends, durably or not, instead of checking and waiting on
-/// its own (a copy waiting for a job running here held a slot for the whole run and
-/// starved hand-off copies, docs/simulation.md, classes 3 and 5). One entry per route,
-/// so at most a pool's slots of them; followers count as outcomes in flight
+/// generation and attempt. A second copy of one of them (its partition came back and the
+/// record was read again, or a hand-off copy) follows the first: it gives its slot back
+/// and ends as that route ends, instead of checking and waiting on its own (a copy
+/// waiting for a job running here held a slot for the whole run and starved hand-off
+/// copies, docs/simulation.md, classes 3 and 5; keyed by hand-off count too, the stale
+/// copies of a rolling restart filled every slot and a job stood still 25 s). One entry
+/// per route, so at most a pool's slots of them; followers count as outcomes in flight
 /// (`pool::OUTCOMES_IN_FLIGHT` bounds them in total).
 #[derive(Default)]
-pub struct InFlight(std::sync::Mutex<HashMap<CopyKey, watch::Receiver<Option<bool>>>>);
+pub struct InFlight(std::sync::Mutex<HashMap<CopyKey, Route>>);
 
-/// Which copies of a job are one: same job, generation, attempt and hand-off count. A
-/// hand-off copy (its count one higher) is a new run, not a copy of the route that handed
-/// it off: following that route, it ended with it (durably: the hand-off was recorded)
-/// and the job never ran again when the copy came back to this same worker.
-type CopyKey = (String, i64, i32, i32);
+/// Which copies of a job are one: same job, generation and attempt.
+type CopyKey = (String, i64, i32);
+
+/// A route in flight: the hand-off count its copy carried, and how it ended (durably or
+/// not) once it has.
+#[derive(Clone)]
+struct Route {
+    handoff_count: i32,
+    ended: watch::Receiver<Option<bool>>,
+}
 
 /// A copy's place among the copies of its job on this worker.
 enum Place<'a> {
     /// The first: it runs the route, and tells its followers how it ended.
     Leads(Leading<'a>),
     /// Another one's route is in flight: this copy ends as that one does.
-    Follows(watch::Receiver<Option<bool>>),
+    Follows(Following),
+}
+
+/// A copy following a route in flight here.
+struct Following {
+    ended: watch::Receiver<Option<bool>>,
+    /// The copy carries a higher hand-off count than the route: it may be the hand-off
+    /// copy that route produced as it ended (a job handed back to this same worker), so
+    /// it is never settled by that route's end (see [`follow`]).
+    later: bool,
 }
 
 /// The leading copy's entry; removed when dropped (followers of a route aborted
@@ -95,13 +110,14 @@ struct Leading<'a> {
 
 impl InFlight {
     fn place(&self, job: &JobSubmitted) -> Place<'_> {
-        let key = (job.job_id.clone(), job.generation, job.attempt, job.handoff_count);
+        let key = (job.job_id.clone(), job.generation, job.attempt);
         let mut map = self.0.lock().expect("in-flight map");
-        if let Some(rx) = map.get(&key) {
-            return Place::Follows(rx.clone());
+        if let Some(route) = map.get(&key) {
+            let later = job.handoff_count > route.handoff_count;
+            return Place::Follows(Following { ended: route.ended.clone(), later });
         }
         let (ended, rx) = watch::channel(None);
-        map.insert(key.clone(), rx);
+        map.insert(key.clone(), Route { handoff_count: job.handoff_count, ended: rx });
         Place::Leads(Leading { map: self, key, ended })
     }
 }
@@ -120,20 +136,21 @@ impl Drop for Leading<'_> {
 
 /// A following copy: its slot goes back at once; it ends durably only if the route it
 /// follows did (then the job's outcome, retry or hand-off copy is recorded), else it is
-/// left for redelivery like that route's own copy.
-async fn follow(
-    sh: &RouteContext,
-    job: &JobSubmitted,
-    slot: &mut SlotRelease,
-    mut leader: watch::Receiver<Option<bool>>,
-) -> Ended {
+/// left for redelivery like that route's own copy. A later copy (a higher hand-off count)
+/// is never settled by the route's end: if that route handed the job off, this copy may
+/// be the recorded hand-off itself, and settling it would lose the job (the route's
+/// "durable" was this very copy). It ends not durable instead: taken in again while its
+/// partition is owned here (`pool`), else its next owner reads it; its check then finds
+/// the job finished (skipped) or handed off (claimed and run).
+async fn follow(sh: &RouteContext, job: &JobSubmitted, slot: &mut SlotRelease, route: Following) -> Ended {
     slot.release(false, 0);
     metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "in_flight_here").increment(1);
-    let durable = match leader.wait_for(Option::is_some).await {
-        Ok(ended) => ended.unwrap_or(false),
+    let Following { mut ended, later } = route;
+    let durable = match ended.wait_for(Option::is_some).await {
+        Ok(ended) => ended.unwrap_or(false) && !later,
         Err(_) => false, // the route was aborted before it ended
     };
-    tracing::debug!(job_id = %job.job_id, durable, "a copy followed the route of the job in flight here");
+    tracing::debug!(job_id = %job.job_id, durable, later, "a copy followed the route of the job in flight here");
     Ended::Skipped.or_lost(if durable { Durable::Yes } else { Durable::No })
 }
 
@@ -235,7 +252,7 @@ pub async fn execute(
     sh.admission_tally.lock().expect("admission tally").dispatched(&job);
     let leading = match sh.in_flight.place(&job) {
         Place::Leads(leading) => leading,
-        Place::Follows(leader) => return Box::pin(follow(&sh, &job, slot, leader)).await,
+        Place::Follows(route) => return Box::pin(follow(&sh, &job, slot, route)).await,
     };
     let ended = route(&sh, job, origin, slot, waited).await;
     leading.ended(ended.is_durable());

@@ -350,8 +350,17 @@ async fn a_run_whose_running_mark_finds_the_job_finished_is_stopped_without_a_se
 /// Runs a copy of the job on `route` in a task, as the pool loop does; the flag turns
 /// true when its slot goes back.
 fn spawn_copy(f: &Fixture, route: Arc<RouteContext>) -> (tokio::task::JoinHandle<Ended>, Arc<AtomicUsize>) {
+    spawn_copy_of(f, route, f.job())
+}
+
+/// `spawn_copy` of a given copy of the job.
+fn spawn_copy_of(
+    f: &Fixture,
+    route: Arc<RouteContext>,
+    job: Arc<JobSubmitted>,
+) -> (tokio::task::JoinHandle<Ended>, Arc<AtomicUsize>) {
     let freed = Arc::new(AtomicUsize::new(0));
-    let (job, origin, flag) = (f.job(), f.origin(), freed.clone());
+    let (origin, flag) = (f.origin(), freed.clone());
     let task = tokio::spawn(async move {
         let mut slot = SlotRelease::new(move |_, _| {
             flag.store(1, Ordering::SeqCst);
@@ -393,6 +402,47 @@ async fn a_follower_of_a_route_that_was_not_durable_is_not_durable() {
     let (second, _) = spawn_copy(&f, w1);
     assert_eq!(first.await.unwrap(), Ended::NotDurable);
     assert_eq!(second.await.unwrap(), Ended::NotDurable);
+    assert_eq!(f.echo.runs.load(Ordering::SeqCst), 1);
+}
+
+/// The job with its hand-off count set.
+fn handed_off(job: &JobSubmitted, handoff_count: i32) -> Arc<JobSubmitted> {
+    Arc::new(JobSubmitted { handoff_count, ..job.clone() })
+}
+
+/// A copy with a higher hand-off count than the route in flight here may be the hand-off
+/// that route recorded as it ended: it follows without a slot but is never settled by that
+/// end (not durable: taken in again), and its own check then settles it.
+#[tokio::test(start_paused = true)]
+async fn a_later_hand_off_copy_is_not_settled_by_the_route_it_follows() {
+    let f = Fixture::with(0, Duration::from_secs(30));
+    let w1 = f.worker("w1");
+    let (first, _) = spawn_copy(&f, w1.clone());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (later, freed) = spawn_copy_of(&f, w1.clone(), handed_off(&f.job(), 1));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(freed.load(Ordering::SeqCst), 1, "the follower gave its slot back at once");
+    assert_eq!(first.await.unwrap(), Ended::Ran);
+    assert_eq!(later.await.unwrap(), Ended::NotDurable, "never settled by the route it followed");
+    let (again, _) = spawn_copy_of(&f, w1, handed_off(&f.job(), 1));
+    assert_eq!(again.await.unwrap(), Ended::Skipped, "taken in again, its check finds the job finished");
+    assert_eq!(f.echo.runs.load(Ordering::SeqCst), 1);
+    assert_eq!(f.results().len(), 1);
+}
+
+/// A stale copy (a lower hand-off count, e.g. the original record redelivered) of a route
+/// in flight here follows it and ends as it does: it waits for no heartbeat with a slot.
+#[tokio::test(start_paused = true)]
+async fn an_earlier_copy_follows_a_handed_off_route_in_flight_here() {
+    let f = Fixture::with(0, Duration::from_secs(30));
+    let w1 = f.worker("w1");
+    let (first, _) = spawn_copy_of(&f, w1.clone(), handed_off(&f.job(), 2));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (stale, freed) = spawn_copy(&f, w1);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(freed.load(Ordering::SeqCst), 1, "the follower gave its slot back at once");
+    assert_eq!(first.await.unwrap(), Ended::Ran);
+    assert_eq!(stale.await.unwrap(), Ended::Skipped);
     assert_eq!(f.echo.runs.load(Ordering::SeqCst), 1);
 }
 

@@ -277,9 +277,18 @@ pub fn spawn_logged_worker(config_path: &std::path::Path, pools: &str) -> Logged
     let kept = log_kept.clone();
     let probes = Arc::new(std::sync::Mutex::new(None));
     let probes_seen = probes.clone();
+    // IT_WORKER_LOG_DIR keeps each worker's whole log in <dir>/worker-<pid>.log.
+    let mut copy = std::env::var_os("IT_WORKER_LOG_DIR").map(|dir| {
+        let path = std::path::Path::new(&dir).join(format!("worker-{}.log", child.id()));
+        std::fs::File::create(path).expect("create the worker's log copy")
+    });
     std::thread::spawn(move || {
         for line in std::io::BufReader::new(log).lines().map_while(Result::ok) {
             let line = strip_ansi(&line);
+            if let Some(f) = copy.as_mut() {
+                use std::io::Write;
+                writeln!(f, "{line}").ok();
+            }
             if let Some(rest) = line.strip_prefix("metrics and probes on http://") {
                 *probes_seen.lock().unwrap() = rest.split('/').next().map(str::to_string);
             }
