@@ -33,15 +33,19 @@ pub enum Rule {
     DeadLetters,
     /// Failed (dead-lettered) over finished, with at least a minimum of jobs.
     FailureRate,
+    /// Jobs finished over `volume_factor` times the tenant's own baseline (its mean per
+    /// period over about the hour before, [`BASELINE_MS`]), with at least a minimum.
+    Volume,
 }
 
 impl Rule {
-    pub const ALL: [Rule; 3] = [Rule::QueueWait, Rule::DeadLetters, Rule::FailureRate];
+    pub const ALL: [Rule; 4] = [Rule::QueueWait, Rule::DeadLetters, Rule::FailureRate, Rule::Volume];
     pub fn as_str(self) -> &'static str {
         match self {
             Rule::QueueWait => "queue_wait",
             Rule::DeadLetters => "dead_letters",
             Rule::FailureRate => "failure_rate",
+            Rule::Volume => "volume",
         }
     }
 
@@ -64,6 +68,10 @@ pub struct Thresholds {
     pub failure_min_jobs: i64,
     /// Periods in a row a rule must breach to open, or be clear to resolve.
     pub for_periods: u32,
+    /// [`Rule::Volume`] breaches above this many times the tenant's baseline...
+    pub volume_factor: f64,
+    /// ...in periods with at least this many finished jobs.
+    pub volume_min_jobs: i64,
 }
 
 impl Default for Thresholds {
@@ -74,6 +82,8 @@ impl Default for Thresholds {
             failure_rate: 0.2,
             failure_min_jobs: 20,
             for_periods: 5,
+            volume_factor: 10.0,
+            volume_min_jobs: 100,
         }
     }
 }
@@ -151,12 +161,20 @@ impl WaitHistogram {
     }
 }
 
+/// How long a tenant's volume baseline looks back: its mean jobs per period moves
+/// towards each period's count by the period's share of this (an exponential mean), and
+/// [`Rule::Volume`] is judged only once the evaluator has watched this long (a new leader
+/// knows no tenant's baseline).
+pub const BASELINE_MS: Millis = 3_600_000;
+
 /// One tenant's observations in one evaluation period.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Period {
     pub jobs: i64,
     pub failed: i64,
     waits: WaitHistogram,
+    /// The tenant's jobs per period before this one ([`BASELINE_MS`]), once known.
+    pub baseline: Option<f64>,
 }
 
 impl Period {
@@ -202,6 +220,16 @@ pub fn level(rule: Rule, t: &Thresholds, p: &Period) -> (Level, f64) {
             }
             let v = p.failed as f64 / p.jobs as f64;
             (v, t.failure_rate, v > t.failure_rate)
+        }
+        Rule::Volume => {
+            let Some(base) = p.baseline else { return (Level::Clear, 0.0) };
+            let v = p.jobs as f64;
+            if p.jobs < t.volume_min_jobs.max(1) {
+                return (Level::Clear, v);
+            }
+            // A quiet tenant's baseline counts as one job per period.
+            let limit = t.volume_factor * base.max(1.0);
+            (v, limit, v > limit)
         }
     };
     let lvl = if breach {
@@ -271,12 +299,13 @@ pub fn alert_id(tenant: &str, rule: Rule, opened_at: Millis) -> String {
     format!("alert-{hex}")
 }
 
-/// A rule's threshold under `t`, as [`level`] compares it.
-pub fn threshold(rule: Rule, t: &Thresholds) -> f64 {
+/// A rule's threshold under `t` for period `p`, as [`level`] compares it.
+pub fn threshold(rule: Rule, t: &Thresholds, p: &Period) -> f64 {
     match rule {
         Rule::QueueWait => t.queue_wait_p99_ms as f64,
         Rule::DeadLetters => t.dead_letters as f64,
         Rule::FailureRate => t.failure_rate,
+        Rule::Volume => t.volume_factor * p.baseline.unwrap_or(0.0).max(1.0),
     }
 }
 
@@ -290,6 +319,8 @@ pub struct Override {
     pub failure_rate: Option<f64>,
     pub failure_min_jobs: Option<i64>,
     pub for_periods: Option<u32>,
+    pub volume_factor: Option<f64>,
+    pub volume_min_jobs: Option<i64>,
     /// Rules turned off (an open alert of a rule turned off resolves at the next period).
     pub off: Option<Vec<Rule>>,
     /// Where the tenant's alert events are POSTed (tenants only; signed with
@@ -305,6 +336,8 @@ impl Override {
         t.failure_rate = self.failure_rate.unwrap_or(t.failure_rate);
         t.failure_min_jobs = self.failure_min_jobs.unwrap_or(t.failure_min_jobs);
         t.for_periods = self.for_periods.unwrap_or(t.for_periods);
+        t.volume_factor = self.volume_factor.unwrap_or(t.volume_factor);
+        t.volume_min_jobs = self.volume_min_jobs.unwrap_or(t.volume_min_jobs);
         if let Some(off) = &self.off {
             s.off = off.clone();
         }
@@ -329,6 +362,12 @@ impl Override {
         }
         if self.for_periods.is_some_and(|v| !(1..=1440).contains(&v)) {
             return bad("for_periods", "must be 1 to 1440 periods");
+        }
+        if self.volume_factor.is_some_and(|v| !(v > 1.0 && v <= 1_000.0)) {
+            return bad("volume_factor", "is a multiple of the tenant's baseline above 1 and at most 1000, e.g. 10");
+        }
+        if self.volume_min_jobs.is_some_and(|v| v < 1) {
+            return bad("volume_min_jobs", "must be at least 1 (turn the rule off with off = [\"volume\"])");
         }
         if let Some(u) = &self.webhook_url {
             crate::core::webhooks::check_url(u).map_err(|e| Invalid::new(format!("{at}.webhook_url"), e))?;
@@ -414,16 +453,20 @@ impl AlertsConfig {
     }
 }
 
-/// One tenant under evaluation: this period's observations and each rule's state.
+/// One tenant under evaluation: this period's observations, each rule's state and its
+/// volume baseline (mean jobs per period, [`BASELINE_MS`]).
 #[derive(Clone, Debug, Default)]
 struct Tracked {
     period: Period,
-    states: [RuleState; 3],
+    states: [RuleState; Rule::ALL.len()],
+    mean_jobs: f64,
 }
 
 impl Tracked {
+    /// Nothing to remember: no results, no rule under way, a baseline of under half a
+    /// job per period (forgotten, it reads as none, which is what it nearly is).
     fn idle(&self) -> bool {
-        self.period.jobs == 0 && self.states.iter().all(RuleState::idle)
+        self.period.jobs == 0 && self.states.iter().all(RuleState::idle) && self.mean_jobs < 0.5
     }
 }
 
@@ -461,6 +504,8 @@ pub fn unread_by_an_earlier_leader(offset: i64, read_to: i64) -> bool {
 #[derive(Clone, Debug)]
 pub struct Evaluator {
     max_tenants: usize,
+    /// When this evaluator began watching: baselines are known [`BASELINE_MS`] later.
+    started: Millis,
     period_start: Millis,
     tracked: HashMap<String, Tracked>,
     /// Results not evaluated: their tenant would pass `max_tenants`.
@@ -469,7 +514,7 @@ pub struct Evaluator {
 
 impl Evaluator {
     pub fn new(max_tenants: usize, now: Millis) -> Self {
-        Evaluator { max_tenants, period_start: now, tracked: HashMap::new(), untracked: 0 }
+        Evaluator { max_tenants, started: now, period_start: now, tracked: HashMap::new(), untracked: 0 }
     }
 
     /// Tenants tracked now.
@@ -509,11 +554,14 @@ impl Evaluator {
         }
     }
 
-    /// Ends the period at `now`: each tracked tenant's rules step with its settings, and
-    /// tenants left idle are forgotten.
+    /// Ends the period at `now`: each tracked tenant's rules step with its settings, its
+    /// baseline moves towards the period's count, and tenants left idle are forgotten.
     pub fn evaluate(&mut self, now: Millis, settings: impl Fn(&str) -> Settings) -> Vec<Change> {
         let mut out = Vec::new();
+        let known = now.saturating_sub(self.started) >= BASELINE_MS;
+        let share = (now.saturating_sub(self.period_start) as f64 / BASELINE_MS as f64).clamp(0.0, 1.0);
         for (tenant, t) in self.tracked.iter_mut() {
+            t.period.baseline = known.then_some(t.mean_jobs);
             let s = settings(tenant);
             for rule in Rule::ALL {
                 let (lvl, value, for_periods) = if s.off.contains(&rule) {
@@ -532,9 +580,10 @@ impl Evaluator {
                     alert_id: alert_id(tenant, rule, opened_at),
                     transition: tr,
                     value,
-                    threshold: threshold(rule, &s.thresholds),
+                    threshold: threshold(rule, &s.thresholds, &t.period),
                 });
             }
+            t.mean_jobs += share * (t.period.jobs as f64 - t.mean_jobs);
             t.period = Period::default();
         }
         self.tracked.retain(|_, t| !t.idle());
@@ -606,6 +655,50 @@ mod tests {
         assert_eq!(level(Rule::FailureRate, &t, &period(&[], 100, 9)).0, Level::Between);
         assert_eq!(level(Rule::FailureRate, &t, &period(&[], 100, 5)).0, Level::Clear);
         assert_eq!(level(Rule::DeadLetters, &t, &period(&[], 100, 10)).0, Level::Breach);
+    }
+
+    #[test]
+    fn volume_breaches_past_its_factor_of_the_baseline_with_its_minimum() {
+        let t = Thresholds::default();
+        let at = |jobs: i64, baseline: Option<f64>| level(Rule::Volume, &t, &Period { jobs, baseline, ..Period::default() }).0;
+        assert_eq!(at(5_000, None), Level::Clear, "no baseline known yet");
+        assert_eq!(at(99, Some(0.0)), Level::Clear, "under the minimum");
+        assert_eq!(at(100, Some(0.0)), Level::Breach, "a quiet tenant's baseline counts as one job");
+        assert_eq!(at(1_001, Some(100.0)), Level::Breach);
+        assert_eq!(at(1_000, Some(100.0)), Level::Between);
+        assert_eq!(at(500, Some(100.0)), Level::Clear);
+        let p = Period { jobs: 1, baseline: Some(30.0), ..Period::default() };
+        assert_eq!(threshold(Rule::Volume, &t, &p), 300.0);
+    }
+
+    /// A tenant steady for an hour, then at 20x: one volume alert, after its periods;
+    /// back to steady, it resolves. A new evaluator (a new leader) judges no volume in its
+    /// first hour, however large.
+    #[test]
+    fn a_tenant_at_twenty_times_its_hour_opens_one_volume_alert() {
+        let minute = 60_000;
+        let only_volume = |_: &str| Settings {
+            thresholds: Thresholds { for_periods: 2, ..Thresholds::default() },
+            off: vec![Rule::QueueWait, Rule::DeadLetters, Rule::FailureRate],
+            ..Settings::default()
+        };
+        let mut e = Evaluator::new(10, 0);
+        let mut changes = Vec::new();
+        for m in 1..=150 {
+            let jobs = if (70..80).contains(&m) { 2_000 } else { 100 };
+            for _ in 0..jobs {
+                e.observe(&result("acme", 1), (m - 1) * minute);
+            }
+            let got = e.evaluate(m * minute, only_volume);
+            if m <= 60 {
+                assert!(got.is_empty(), "minute {m}: nothing is judged in the first hour: {got:?}");
+            }
+            changes.extend(got);
+        }
+        let kinds: Vec<_> = changes.iter().map(|c| (c.rule, matches!(c.transition, Transition::Opened { .. }))).collect();
+        assert_eq!(kinds, vec![(Rule::Volume, true), (Rule::Volume, false)], "{changes:?}");
+        assert_eq!(changes[0].transition, Transition::Opened { opened_at: 71 * minute });
+        assert!((990.0..1_100.0).contains(&changes[0].threshold), "10x a baseline of about 100: {}", changes[0].threshold);
     }
 
     #[test]
@@ -712,6 +805,12 @@ mod tests {
         assert_eq!(bad.validate().unwrap_err().field, "tiers.pro.webhook_url");
         let bad: AlertsConfig = toml::from_str("[tenants.a]\nfailure_rate = 2.0\n").unwrap();
         assert_eq!(bad.validate().unwrap_err().field, "tenants.a.failure_rate");
+        for v in ["1.0", "0.5", "1001.0", "nan"] {
+            let bad: AlertsConfig = toml::from_str(&format!("[tiers.pro]\nvolume_factor = {v}\n")).unwrap();
+            assert_eq!(bad.validate().unwrap_err().field, "tiers.pro.volume_factor", "{v}");
+        }
+        let bad: AlertsConfig = toml::from_str("[tenants.a]\nvolume_min_jobs = 0\n").unwrap();
+        assert_eq!(bad.validate().unwrap_err().field, "tenants.a.volume_min_jobs");
         assert!(toml::from_str::<AlertsConfig>("[tenants.a]\noff = [\"nope\"]\n").is_err());
     }
 
