@@ -164,7 +164,8 @@ pub fn describe() {
     describe_counter!(
         API_CONNECTIONS_REFUSED,
         "Connections answered 503 and closed, by reason (per_ip: one address holds api.limits.connections_per_ip; \
-         total: api.limits.connections are open)"
+         per_prefix: one IPv4 /24 or IPv6 /64 holds api.limits.connections_per_prefix; total: \
+         api.limits.connections are open)"
     );
     describe_counter!(
         API_REQUESTS_THROTTLED,

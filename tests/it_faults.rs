@@ -23,6 +23,8 @@ fn bench_faults(args: &[&str], env: &[(String, String)], limit: Duration) -> ser
     let mut child = Command::new(env!("CARGO_BIN_EXE_fairway-bench"))
         .args(["bench", "faults", "--services", SERVICES])
         .args(args)
+        // IT_FAULTS_KEEP=1 keeps the run directory (the workers' logs) for a look.
+        .args(std::env::var_os("IT_FAULTS_KEEP").map(|_| "--keep"))
         .envs(env.iter().cloned())
         .stdout(Stdio::piped())
         // Its own process group, the worker processes it starts included: a timeout

@@ -1,7 +1,9 @@
 //! The API's listener: who may hold a connection, and for how long (`[api.limits]`).
 //!
-//! - At most `connections` open at once and `connections_per_ip` from one client
-//!   address. Past either, the new connection is answered `503` with `Retry-After: 1`
+//! - At most `connections` open at once, `connections_per_ip` from one client address
+//!   and `connections_per_prefix` from one network prefix (an IPv4 /24, an IPv6 /64:
+//!   many addresses of one client count together). Past any, the new connection is
+//!   answered `503` with `Retry-After: 1`
 //!   (written within one second, at most [`REFUSING`] at once) and closed: a client
 //!   that holds many connections shuts out itself, not the others, and a full process
 //!   says so instead of leaving callers in the kernel's accept queue.
@@ -9,10 +11,12 @@
 //!   trickle (hyper's header-read timer); a connection without a byte read or written
 //!   for `idle_timeout` is closed ([`IdleIo`]).
 //! - Saturation shows in `fairway_api_connections` (open), in
-//!   `fairway_api_connections_refused_total{reason}` and in `/readyz`, which is not
-//!   ready while every connection is taken ([`Connections::saturated`]).
+//!   `fairway_api_connections_refused_total{reason}` and in `/readyz`, which answers
+//!   `ready (busy: ...)` while every connection is taken ([`Connections::saturated`]):
+//!   still 200, so a flood that fills every replica does not take them all out of their
+//!   Service at once.
 
-use crate::core::api_limits::{ApiLimits, Bound, Busy, Usage};
+use crate::core::api_limits::{client_prefix, ApiLimits, Bound, Busy, Usage};
 use crate::metrics::{API_CONNECTIONS, API_CONNECTIONS_REFUSED};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::future::Future;
@@ -28,9 +32,14 @@ pub const REFUSING: usize = 256;
 /// How long a refusal may take to write.
 const REFUSAL_WRITE: Duration = Duration::from_secs(1);
 
-/// The open connections, per client address and in all.
+/// What the per-prefix bound counts (and how its refusals are told apart).
+const PER_PREFIX: &str = "connections from one network prefix";
+
+/// The open connections, per client address, per network prefix and in all.
 pub struct Connections {
     usage: Mutex<Usage>,
+    /// Per prefix ([`client_prefix`]); its total bound is `usage`'s.
+    prefixes: Mutex<Usage>,
     most: u64,
     refusing: Arc<tokio::sync::Semaphore>,
 }
@@ -39,6 +48,7 @@ pub struct Connections {
 pub struct Held {
     conns: Arc<Connections>,
     ip: String,
+    prefix: String,
 }
 
 impl Drop for Held {
@@ -48,6 +58,7 @@ impl Drop for Held {
             u.give_back(&self.ip, 0);
             u.held("").1
         };
+        self.conns.prefixes.lock().expect("connections").give_back(&self.prefix, 0);
         metrics::gauge!(API_CONNECTIONS).set(open as f64);
     }
 }
@@ -57,6 +68,11 @@ impl Connections {
         let count = Bound { per_key: limits.connections_per_ip, total: limits.connections };
         Arc::new(Connections {
             usage: Mutex::new(Usage::new("connections", count, Bound::NONE)),
+            prefixes: Mutex::new(Usage::new(
+                PER_PREFIX,
+                Bound { per_key: limits.connections_per_prefix, total: limits.connections },
+                Bound::NONE,
+            )),
             most: limits.connections,
             refusing: Arc::new(tokio::sync::Semaphore::new(REFUSING)),
         })
@@ -64,14 +80,19 @@ impl Connections {
 
     /// A place for a connection from `ip`, or which bound refused it.
     pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<Held, Busy> {
+        let prefix = client_prefix(ip);
         let ip = ip.to_canonical().to_string();
         let open = {
             let mut u = self.usage.lock().expect("connections");
             u.take(&ip, 0)?;
+            if let Err(busy) = self.prefixes.lock().expect("connections").take(&prefix, 0) {
+                u.give_back(&ip, 0);
+                return Err(busy);
+            }
             u.held("").1
         };
         metrics::gauge!(API_CONNECTIONS).set(open as f64);
-        Ok(Held { conns: self.clone(), ip })
+        Ok(Held { conns: self.clone(), ip, prefix })
     }
 
     /// Why this process cannot take another connection, if it cannot (for `/readyz`).
@@ -86,12 +107,18 @@ impl Connections {
     /// [`REFUSING`] refusals are being written already).
     fn refuse(&self, mut stream: tokio::net::TcpStream, why: Busy) {
         let reason = match why {
+            Busy::Key { what, .. } if what == PER_PREFIX => "per_prefix",
             Busy::Key { .. } => "per_ip",
             Busy::Total { .. } => "total",
         };
         metrics::counter!(API_CONNECTIONS_REFUSED, "reason" => reason).increment(1);
         let Ok(permit) = self.refusing.clone().try_acquire_owned() else { return };
         let body = match why {
+            Busy::Key { what, most, .. } if what == PER_PREFIX => format!(
+                "{{\"error\":\"this client's network (its IPv4 /24 or IPv6 /64) holds {most} connections to the \
+                 API, its limit (api.limits.connections_per_prefix); reuse kept-alive connections or close idle \
+                 ones\",\"code\":\"TOO_MANY_CONNECTIONS\"}}"
+            ),
             Busy::Key { most, .. } => format!(
                 "{{\"error\":\"this client address holds {most} connections to the API, its limit \
                  (api.limits.connections_per_ip); reuse kept-alive connections or close idle ones\",\
@@ -259,5 +286,23 @@ mod tests {
         drop(first);
         assert!(conns.saturated().is_none());
         assert!(conns.admit(a).is_ok());
+    }
+
+    /// Many addresses of one network (127.0.0.x aliases, one IPv6 /64) are held to the
+    /// prefix's share together; a refused one takes nothing, and another network is
+    /// not shut out.
+    #[test]
+    fn many_addresses_of_one_network_are_held_to_its_share() {
+        let limits = ApiLimits { connections: 10, connections_per_ip: 2, connections_per_prefix: 3, ..Default::default() };
+        let conns = Connections::new(&limits);
+        let held: Vec<Held> = (1..=3).map(|i| conns.admit(format!("2001:db8::{i}").parse().unwrap()).unwrap()).collect();
+        let refused = conns.admit("2001:db8::ffff:1".parse().unwrap());
+        assert!(matches!(refused, Err(Busy::Key { what: PER_PREFIX, most: 3, .. })), "{:?}", refused.err());
+        assert_eq!(conns.usage.lock().unwrap().held("").1, 3, "the refused one holds nothing");
+        let _elsewhere = conns.admit("2001:db8:0:1::1".parse().unwrap()).expect("another /64");
+        let _v4: Vec<Held> = (1..=3).map(|i| conns.admit(format!("127.0.0.{i}").parse().unwrap()).unwrap()).collect();
+        assert!(conns.admit("127.0.0.9".parse().unwrap()).is_err(), "loopback aliases are one network");
+        drop(held);
+        assert!(conns.admit("2001:db8::9".parse().unwrap()).is_ok());
     }
 }

@@ -214,15 +214,13 @@ impl ApiState {
     pub fn store(&self) -> &Store {
         &self.inner.store
     }
-    /// `fairway serve`'s readiness: the store and a broker answer, each within 2 s.
+    /// `fairway serve`'s readiness: the store and a broker answer, each within 2 s (every
+    /// connection taken is busy, not unready: see `ops_router`).
     pub fn readiness_check(&self) -> crate::observe::probes::ReadyCheck {
         let st = self.clone();
         Arc::new(move || {
             let st = st.clone();
             Box::pin(async move {
-                if let Some(why) = st.inner.connections.saturated() {
-                    return Err(why);
-                }
                 st.region_ready()?;
                 let wait = std::time::Duration::from_secs(2);
                 match tokio::time::timeout(wait, st.store().ping()).await {
@@ -438,10 +436,12 @@ pub fn router(state: ApiState) -> Router {
 
 /// The metrics listener's routes (`api.metrics_listen`, `fairway serve
 /// --metrics-listen`): `/metrics` (Prometheus text), `/readyz` (the store and a broker
-/// answer), `/livez` and `/healthz`, without API keys; operators choose where this
-/// listens and so who can scrape it.
+/// answer; `ready (busy: ...)` while every connection is taken), `/livez` and `/healthz`,
+/// without API keys; operators choose where this listens and so who can scrape it.
 pub fn ops_router(state: ApiState) -> Router {
-    let probes = crate::observe::probes::Probes::checked(state.readiness_check());
+    let conns = state.inner.connections.clone();
+    let busy: crate::observe::probes::BusyCheck = Arc::new(move || conns.saturated());
+    let probes = crate::observe::probes::Probes::checked(state.readiness_check(), Some(busy));
     Router::new()
         .route("/metrics", get(metrics_text))
         .with_state(state)

@@ -40,6 +40,10 @@ pub struct ApiLimits {
     /// Open connections from one client address (behind a proxy, the proxy's: raise
     /// it to the proxy's pool and let the proxy bound its clients); past it, 503.
     pub connections_per_ip: u64,
+    /// Open connections from one network prefix ([`client_prefix`]: an IPv4 /24, an
+    /// IPv6 /64), so a client with many addresses (an IPv6 /64, 127.0.0.x aliases)
+    /// counts as one; past it, 503.
+    pub connections_per_prefix: u64,
     /// A request's head (request line and headers) must arrive whole within this long
     /// (else the connection is closed), however the bytes trickle in.
     pub head_timeout: DurationMs,
@@ -82,6 +86,7 @@ impl Default for ApiLimits {
             streams: 1024,
             connections: 4096,
             connections_per_ip: 256,
+            connections_per_prefix: 1024,
             head_timeout: DurationMs::secs(10),
             idle_timeout: DurationMs::secs(60),
             control_body_bytes: 256 << 10,
@@ -117,6 +122,7 @@ impl ApiLimits {
             ("streams", self.streams),
             ("connections", self.connections),
             ("connections_per_ip", self.connections_per_ip),
+            ("connections_per_prefix", self.connections_per_prefix),
             ("control_body_bytes", self.control_body_bytes),
             ("requests_per_key", u64::from(self.requests_per_key)),
             ("requests_per_tenant", u64::from(self.requests_per_tenant)),
@@ -236,10 +242,38 @@ impl Usage {
     }
 }
 
+/// The network prefix a client address is counted under for `connections_per_prefix`:
+/// its IPv4 /24 (an IPv4-mapped IPv6 address as IPv4), or its IPv6 /64 (what one site or
+/// host is usually given).
+pub fn client_prefix(ip: std::net::IpAddr) -> String {
+    match ip.to_canonical() {
+        std::net::IpAddr::V4(v4) => {
+            let [a, b, c, _] = v4.octets();
+            format!("{a}.{b}.{c}.0/24")
+        }
+        std::net::IpAddr::V6(v6) => {
+            let s = v6.segments();
+            let net = std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0);
+            format!("{net}/64")
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn addresses_count_under_their_24_or_64() {
+        let p = |s: &str| client_prefix(s.parse().unwrap());
+        assert_eq!(p("127.0.0.1"), "127.0.0.0/24");
+        assert_eq!(p("127.0.0.254"), p("127.0.0.1"), "loopback aliases are one client");
+        assert_eq!(p("::ffff:10.1.2.3"), "10.1.2.0/24", "IPv4-mapped is IPv4");
+        assert_eq!(p("2001:db8:1:2:aaaa::1"), "2001:db8:1:2::/64");
+        assert_eq!(p("2001:db8:1:2:ffff:ffff:ffff:ffff"), p("2001:db8:1:2::"), "one /64, however many addresses");
+        assert_ne!(p("2001:db8:1:3::1"), p("2001:db8:1:2::1"));
+    }
 
     fn usage() -> Usage {
         Usage::new("submissions", Bound { per_key: 2, total: 3 }, Bound { per_key: 100, total: 150 })

@@ -96,6 +96,26 @@ pub struct Limits {
     /// Processes and threads of the attempt's whole tree at once (cgroup `pids.max`;
     /// `RLIMIT_NPROC` of the attempt's uid where cgroups are unavailable).
     pub processes: Option<u64>,
+    /// CPU bandwidth of the attempt's whole tree, in cores ([`MIN_CPUS`]..=[`MAX_CPUS`]):
+    /// the cgroup's CPU quota per period (`cpu.max`, v1 `cpu.cfs_quota_us`). Past it the
+    /// tree is throttled, not killed. Not enforced without a cgroup `cpu` controller (the
+    /// worker says so at start-up).
+    pub cpus: Option<f64>,
+}
+
+/// Fewest cores `cpus` may give (a tenth of a millisecond per 100 ms period is the
+/// kernel's smallest quota, 1 ms).
+pub const MIN_CPUS: f64 = 0.01;
+/// Most cores `cpus` may give.
+pub const MAX_CPUS: f64 = 1024.0;
+/// The CFS period the quota is given for (µs).
+pub const CPU_PERIOD_US: u64 = 100_000;
+
+/// The cgroup CPU quota for `cpus` cores, in µs per [`CPU_PERIOD_US`] (`cpus` clamped to
+/// its bounds; a value that is not a number gives the least).
+pub fn cpu_quota_us(cpus: f64) -> u64 {
+    let cpus = if cpus.is_nan() { MIN_CPUS } else { cpus.clamp(MIN_CPUS, MAX_CPUS) };
+    (cpus * CPU_PERIOD_US as f64).round() as u64
 }
 
 /// Limits every `process` job type gets where neither it nor its pool sets one: a job
@@ -107,6 +127,7 @@ pub const PROCESS_DEFAULTS: Limits = Limits {
     open_files: Some(1024),
     output: None,
     processes: Some(128),
+    cpus: Some(1.0),
 };
 
 /// Longest control line (fd 3) a child may write; past it the attempt is killed as
@@ -136,6 +157,7 @@ impl Limits {
             open_files: self.open_files.or(fallback.open_files),
             output: self.output.or(fallback.output),
             processes: self.processes.or(fallback.processes),
+            cpus: self.cpus.or(fallback.cpus),
         }
     }
 
@@ -162,6 +184,10 @@ impl Limits {
             Limits { open_files: Some(0), .. } => zero("open_files"),
             Limits { output: Some(Bytes(0)), .. } => zero("output"),
             Limits { processes: Some(0), .. } => zero("processes"),
+            Limits { cpus: Some(c), .. } if !(MIN_CPUS..=MAX_CPUS).contains(c) => crate::core::invalid::Invalid::err(
+                "cpus",
+                format!("= {c} is outside {MIN_CPUS}..={MAX_CPUS} cores; set the cores the attempt may use at once"),
+            ),
             _ => Ok(()),
         }
     }
@@ -316,6 +342,23 @@ pub fn verdict(end: &ChildEnd) -> Verdict {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The quota is cores x the period, within the bounds whatever is asked; a limit out
+    /// of them is refused at start-up with the range.
+    #[test]
+    fn cpus_become_a_bounded_quota_and_bad_ones_are_refused() {
+        assert_eq!(cpu_quota_us(1.0), 100_000);
+        assert_eq!(cpu_quota_us(0.25), 25_000);
+        assert_eq!(cpu_quota_us(0.0), 1_000);
+        assert_eq!(cpu_quota_us(f64::NAN), 1_000);
+        assert_eq!(cpu_quota_us(f64::INFINITY), 102_400_000);
+        for bad in [0.0, 0.001, -1.0, 2048.0, f64::NAN, f64::INFINITY] {
+            let l = Limits { cpus: Some(bad), ..Limits::default() };
+            assert!(l.validate().is_err(), "{bad}");
+        }
+        assert!(Limits { cpus: Some(0.5), ..Limits::default() }.validate().is_ok());
+        assert_eq!(Limits::default().or(PROCESS_DEFAULTS).cpus, Some(1.0));
+    }
 
     fn end(code: Option<i32>, signal: Option<i32>) -> ChildEnd {
         ChildEnd {

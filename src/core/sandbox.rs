@@ -91,9 +91,46 @@ pub fn uid_for(base: u32, count: u32, n: u32) -> Option<u32> {
     (n < count).then(|| base + n)
 }
 
+/// The uids a process holds, from its `/proc/<pid>/status` text: the four of its `Uid:`
+/// line (real, effective, saved, file system). Any of them keeps a uid in use: a process
+/// that dropped to another effective uid still belongs to the one it can return to.
+pub fn status_uids(status: &str) -> Vec<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .map(|rest| rest.split_whitespace().filter_map(|u| u.parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// Which of the `in_use` slots (uid `base + n`) to hand out next: the first that is not
+/// leased and whose uid owns no live process (`alive`: a stray of an ended attempt, e.g.
+/// one that left its process group, must not share a uid with the next attempt, often
+/// another tenant's). None if every free slot's uid is still alive or none is free.
+pub fn pick_uid(in_use: &[bool], base: u32, alive: &std::collections::HashSet<u32>) -> Option<usize> {
+    in_use.iter().enumerate().position(|(n, used)| {
+        !used && u32::try_from(n).ok().and_then(|n| base.checked_add(n)).is_some_and(|uid| !alive.contains(&uid))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn status_gives_every_uid_a_process_holds() {
+        let status = "Name:\tsleep\nUmask:\t0022\nState:\tS (sleeping)\nUid:\t2100000003\t0\t2100000003\t0\nGid:\t1\t1\t1\t1\n";
+        assert_eq!(status_uids(status), vec![2_100_000_003, 0, 2_100_000_003, 0]);
+        assert!(status_uids("Name:\tx\n").is_empty());
+    }
+
+    #[test]
+    fn a_uid_with_a_live_process_is_never_handed_out() {
+        let alive: std::collections::HashSet<u32> = [101, 103].into_iter().collect();
+        assert_eq!(pick_uid(&[true, false, false, false], 100, &alive), Some(2), "101 is alive, 100 leased");
+        assert_eq!(pick_uid(&[true, false, true, false], 100, &alive), None, "every free uid still has a process");
+        assert_eq!(pick_uid(&[false, false], u32::MAX, &Default::default()), Some(0));
+        assert_eq!(pick_uid(&[true, false], u32::MAX, &Default::default()), None, "past u32::MAX is no uid");
+    }
 
     #[test]
     fn dir_names_are_hex_whatever_the_job_id() {

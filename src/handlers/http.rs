@@ -1,6 +1,7 @@
 //! The built-in HTTP executor: jobs written in any language behind an HTTP endpoint.
 //! POSTs the payload with the job's identity in headers and maps the response:
-//! 2xx success (body = output), 408/429/5xx retryable (Retry-After honoured),
+//! 2xx success (body = output), 408/429/5xx retryable (`Retry-After` honoured in both its
+//! seconds and HTTP-date forms, at most [`MAX_RETRY_AFTER`], an hour),
 //! 502/503/504 and connect errors = dependency failure, other 4xx = permanent.
 //! https URLs use rustls (webpki roots, plus `job_types.<j>.ca_file` for a private CA).
 //!
@@ -137,9 +138,29 @@ pub fn classify_status(status: u16) -> Option<FailureClass> {
     }
 }
 
+/// Longest wait a dependency's `Retry-After` can impose on a job's next attempt: the
+/// endpoint is the tenant's, and its answer must not park a job for days (or overflow the
+/// next attempt's time).
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+
 fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     let v = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
-    v.trim().parse::<u64>().ok().map(Duration::from_secs)
+    parse_retry_after(v, std::time::SystemTime::now())
+}
+
+/// A `Retry-After` value (RFC 9110: delay seconds, or an HTTP-date) as a wait from `now`,
+/// at most [`MAX_RETRY_AFTER`]; a date in the past is no wait. None if it is neither form
+/// (the header is then ignored, like a missing one).
+fn parse_retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    let wait = match value.parse::<u64>() {
+        Ok(secs) => Duration::from_secs(secs),
+        Err(_) => {
+            let at = httpdate::parse_http_date(value).ok()?;
+            at.duration_since(now).unwrap_or(Duration::ZERO)
+        }
+    };
+    Some(wait.min(MAX_RETRY_AFTER))
 }
 
 impl Handler for HttpExecutor {
@@ -214,6 +235,20 @@ impl Handler for HttpExecutor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Both forms of `Retry-After` are honoured, and neither can ask for more than an
+    /// hour (a tenant's endpoint answering `u64::MAX` or a date in 9999).
+    #[test]
+    fn retry_after_takes_seconds_and_dates_and_is_bounded() {
+        let now = httpdate::parse_http_date("Wed, 02 Dec 2026 05:00:00 GMT").unwrap();
+        assert_eq!(parse_retry_after(" 120 ", now), Some(Duration::from_secs(120)));
+        assert_eq!(parse_retry_after("Wed, 02 Dec 2026 05:01:30 GMT", now), Some(Duration::from_secs(90)));
+        assert_eq!(parse_retry_after("Wed, 02 Dec 2026 04:00:00 GMT", now), Some(Duration::ZERO));
+        assert_eq!(parse_retry_after("18446744073709551615", now), Some(MAX_RETRY_AFTER));
+        assert_eq!(parse_retry_after("Fri, 31 Dec 9999 23:59:59 GMT", now), Some(MAX_RETRY_AFTER));
+        assert_eq!(parse_retry_after("soon", now), None);
+        assert_eq!(parse_retry_after("-5", now), None);
+    }
 
     #[test]
     fn statuses_map_to_classes() {

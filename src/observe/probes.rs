@@ -136,22 +136,33 @@ pub enum Readiness {
     Check(ReadyCheck, Arc<tokio::sync::Mutex<()>>),
 }
 
+/// Why a ready process is busy, if it is (`fairway serve`: every connection taken).
+pub type BusyCheck = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+
 /// Everything the metrics listener's probe routes answer from (cheap to clone).
 #[derive(Clone)]
 pub struct Probes {
     pub readiness: Readiness,
     pub liveness: Arc<Liveness>,
+    /// Busy is still ready: `/readyz` answers 200 `ready (busy: ...)`, so a load that
+    /// fills every replica does not take them all out of their Service at once.
+    pub busy: Option<BusyCheck>,
 }
 
 impl Probes {
     /// A worker's probes: ready once `pools` are assigned and the store is up.
     pub fn worker(pools: &[Pool]) -> Self {
-        Probes { readiness: Readiness::Worker(Arc::new(WorkerReadiness::new(pools))), liveness: Default::default() }
+        Probes {
+            readiness: Readiness::Worker(Arc::new(WorkerReadiness::new(pools))),
+            liveness: Default::default(),
+            busy: None,
+        }
     }
 
-    /// Probes whose readiness is `check`, asked on each request.
-    pub fn checked(check: ReadyCheck) -> Self {
-        Probes { readiness: Readiness::Check(check, Default::default()), liveness: Default::default() }
+    /// Probes whose readiness is `check`, asked on each request, and whose busy state is
+    /// `busy`.
+    pub fn checked(check: ReadyCheck, busy: Option<BusyCheck>) -> Self {
+        Probes { readiness: Readiness::Check(check, Default::default()), liveness: Default::default(), busy }
     }
 
     /// The worker readiness state, when these are a worker's probes.
@@ -203,7 +214,10 @@ async fn readyz(State(st): State<ProbeState>) -> Response {
     }
     let why = st.probes.not_ready().await;
     if why.is_empty() {
-        plain(StatusCode::OK, "ready\n".into())
+        match st.probes.busy.as_ref().and_then(|busy| busy()) {
+            Some(busy) => plain(StatusCode::OK, format!("ready (busy: {busy})\n")),
+            None => plain(StatusCode::OK, "ready\n".into()),
+        }
     } else {
         plain(StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {}\n", why.join("; ")))
     }
@@ -258,6 +272,33 @@ mod tests {
         assert!(r.not_ready().is_empty());
         r.draining();
         assert_eq!(r.not_ready(), vec!["draining (SIGTERM received)"]);
+    }
+
+    /// Busy is ready: 200 with the reason, so a full process stays in its Service; a
+    /// failing check is still 503.
+    #[tokio::test]
+    async fn a_busy_process_answers_ready_with_why() {
+        let busy = Arc::new(AtomicBool::new(true));
+        let b = busy.clone();
+        let is_busy: BusyCheck = Arc::new(move || b.load(Ordering::SeqCst).then(|| "every connection taken".into()));
+        let up = Arc::new(AtomicBool::new(true));
+        let u = up.clone();
+        let check: ReadyCheck = Arc::new(move || {
+            let up = u.load(Ordering::SeqCst);
+            Box::pin(async move { if up { Ok(()) } else { Err("the store does not answer".to_string()) } })
+        });
+        let st = ProbeState { probes: Probes::checked(check, Some(is_busy)), metrics: None };
+        let answer = |st: ProbeState| async move {
+            let r = readyz(State(st)).await;
+            let status = r.status();
+            let body = axum::body::to_bytes(r.into_body(), 1 << 16).await.unwrap();
+            (status, String::from_utf8(body.to_vec()).unwrap())
+        };
+        assert_eq!(answer(st.clone()).await, (StatusCode::OK, "ready (busy: every connection taken)\n".into()));
+        busy.store(false, Ordering::SeqCst);
+        assert_eq!(answer(st.clone()).await, (StatusCode::OK, "ready\n".into()));
+        up.store(false, Ordering::SeqCst);
+        assert_eq!(answer(st).await.0, StatusCode::SERVICE_UNAVAILABLE);
     }
 
     #[test]

@@ -209,7 +209,8 @@ async fn send_while_owned(
         }
         sh.broker.send(topic, key, bytes, headers).await.map(|_| ()).map_err(SendError::from)
     };
-    match with_retries(send).await {
+    // Lost ownership does not come back for this copy: no retry, no backoff.
+    match retry_while(send, |e| !matches!(e, SendError::NotOwned)).await {
         Err(SendError::NotOwned) => {
             metrics::counter!(m::OUTCOMES_NOT_SENT_UNOWNED, "pool" => sh.pool.as_str()).increment(1);
             Err(SendError::NotOwned)
@@ -413,7 +414,16 @@ where
 }
 
 /// Retries a transient I/O operation a few times with backoff before giving up.
-pub(crate) async fn with_retries<T, E: std::fmt::Display, F, Fut>(mut f: F) -> Result<T, E>
+pub(crate) async fn with_retries<T, E: std::fmt::Display, F, Fut>(f: F) -> Result<T, E>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    retry_while(f, |_| true).await
+}
+
+/// [`with_retries`], but an error `retryable` refuses ends it at once.
+async fn retry_while<T, E: std::fmt::Display, F, Fut>(mut f: F, retryable: impl Fn(&E) -> bool) -> Result<T, E>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, E>>,
@@ -423,7 +433,7 @@ where
     loop {
         match f().await {
             Ok(v) => return Ok(v),
-            Err(e) if tries < 4 => {
+            Err(e) if tries < 4 && retryable(&e) => {
                 tracing::debug!(error = %e, "transient failure, retrying");
                 tries += 1;
                 tokio::time::sleep(delay).await;
@@ -446,6 +456,26 @@ mod tests {
         let e = CodecError::TooShort { len: 0, expected: RecordKind::JobResult };
         assert_eq!(encoded(Err(e), "j", "publish result"), None);
         assert_eq!(encoded(Ok(vec![1, 2]), "j", "publish result"), Some(vec![1, 2]));
+    }
+
+    /// An error the caller calls final ends the retries at once; others are tried five
+    /// times in all, with backoff.
+    #[tokio::test(start_paused = true)]
+    async fn a_final_error_is_not_retried() {
+        let tries = std::cell::Cell::new(0);
+        let failing = |e: &'static str| {
+            let tries = &tries;
+            move || async move {
+                tries.set(tries.get() + 1);
+                Err::<(), _>(e)
+            }
+        };
+        let started = tokio::time::Instant::now();
+        assert_eq!(retry_while(failing("final"), |e| *e != "final").await, Err("final"));
+        assert_eq!((tries.get(), started.elapsed()), (1, Duration::ZERO));
+        assert_eq!(retry_while(failing("transient"), |e| *e != "final").await, Err("transient"));
+        assert_eq!(tries.get(), 6);
+        assert_eq!(started.elapsed(), Duration::from_millis(100 + 300 + 900 + 2700));
     }
 
     /// A dead letter plus a failed result is durable only when both are.

@@ -137,7 +137,7 @@ pub(super) async fn fail(
     match decision {
         Decision::Retry { class_topic, not_before, attempt, crash_count } => {
             let not_before = match err.retry_after {
-                Some(d) => not_before.max(now + d.as_millis() as i64),
+                Some(d) => not_before.max(now.saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX))),
                 None => not_before,
             };
             let mut next = job.clone();

@@ -125,31 +125,44 @@ async fn wide_json_bodies_cost_their_bytes_not_a_tree() {
     assert_eq!(r.send().await.unwrap().status(), StatusCode::CREATED);
 }
 
+/// `n` connections to `srv`, the `i`th from address `from(i)`, each having sent the
+/// first line of a request head and no more.
+async fn trickling_heads(srv: &Serve, n: usize, from: impl Fn(usize) -> IpAddr) -> Vec<tokio::net::TcpStream> {
+    let addr: std::net::SocketAddr = srv.base.trim_start_matches("http://").parse().unwrap();
+    let mut open = Vec::with_capacity(n);
+    for i in 0..n {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind((from(i), 0).into()).unwrap();
+        let mut s = sock.connect(addr).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
+        open.push(s);
+    }
+    open
+}
+
+/// How many of `open` were answered 503 naming `limit` (each read for 20 ms).
+async fn refused_with(open: &mut [tokio::net::TcpStream], limit: &str) -> usize {
+    let mut refused = 0;
+    for s in open.iter_mut() {
+        let mut buf = [0u8; 512];
+        if let Ok(Ok(n)) = tokio::time::timeout(Duration::from_millis(20), s.read(&mut buf)).await {
+            let said = String::from_utf8_lossy(&buf[..n]);
+            refused += usize::from(said.starts_with("HTTP/1.1 503") && said.contains(limit));
+        }
+    }
+    refused
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn slow_connections_from_one_address_shut_out_only_that_address() {
     let cfg = common::arc(common::config(""));
     common::init(&cfg).await;
     let limits = "[api.limits]\nconnections = 300\nconnections_per_ip = 100\nhead_timeout = \"2s\"\n";
     let srv = Serve::start(&cfg, limits, &[]);
-    let addr = srv.base.trim_start_matches("http://").to_string();
     // The attacker, from 127.0.0.3: 400 connections, each trickling a request head.
-    let attacker: IpAddr = "127.0.0.3".parse().unwrap();
-    let mut open = Vec::new();
-    let mut refused = 0;
-    for _ in 0..400 {
-        let sock = tokio::net::TcpSocket::new_v4().unwrap();
-        sock.bind((attacker, 0).into()).unwrap();
-        let mut s = sock.connect(addr.parse().unwrap()).await.unwrap();
-        s.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
-        open.push(s);
-    }
+    let mut open = trickling_heads(&srv, 400, |_| "127.0.0.3".parse().unwrap()).await;
     // Past its 100 the attacker's connections are answered 503 and closed.
-    for s in open.iter_mut() {
-        let mut buf = [0u8; 64];
-        if let Ok(Ok(n)) = tokio::time::timeout(Duration::from_millis(20), s.read(&mut buf)).await {
-            refused += usize::from(n > 0 && buf.starts_with(b"HTTP/1.1 503"));
-        }
-    }
+    let refused = refused_with(&mut open, "api.limits.connections_per_ip").await;
     assert!(refused >= 290, "only {refused} of the attacker's 300 extra connections were refused");
     // B, from another address, is served at once while the attacker trickles.
     let b = client(&key(&cfg, "globex").await, "127.0.0.2");
@@ -179,6 +192,25 @@ async fn slow_connections_from_one_address_shut_out_only_that_address() {
         closed += usize::from(end.await.is_ok());
     }
     assert!(closed >= 95, "only {closed} of 100 trickling connections were closed by head_timeout");
+}
+
+/// One client with many addresses of one network (20 loopback aliases 127.0.0.10-29,
+/// as an IPv6 /64 would be): each address stays under its own share, the network is held
+/// to its prefix's share, and a client on another network is served at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_addresses_of_one_network_are_held_to_its_share() {
+    let cfg = common::arc(common::config(""));
+    common::init(&cfg).await;
+    let limits = "[api.limits]\nconnections = 1000\nconnections_per_ip = 100\nconnections_per_prefix = 150\n";
+    let srv = Serve::start(&cfg, limits, &[]);
+    let mut open = trickling_heads(&srv, 400, |i| format!("127.0.0.{}", 10 + i % 20).parse().unwrap()).await;
+    let refused = refused_with(&mut open, "api.limits.connections_per_prefix").await;
+    // 20 connections per alias, far under 100 each: only the network's 150 holds them.
+    assert!(refused >= 240, "only {refused} of the network's 250 extra connections were refused for its prefix");
+    let b = client(&key(&cfg, "globex").await, "127.0.1.2");
+    let (s, body, secs) = b_submits(&b, &srv.base).await;
+    assert_eq!(s, StatusCode::CREATED, "{body}");
+    assert!(secs < 5.0, "another network's submission took {secs:.1} s");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -251,7 +283,7 @@ async fn three_replicas_admit_one_tenant_at_its_configured_rate() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn readiness_says_when_every_connection_is_taken() {
+async fn readiness_says_busy_when_every_connection_is_taken_and_stays_ready() {
     let mut c: Config = common::config("");
     c.api.limits.connections = 20;
     c.api.limits.connections_per_ip = 20;
@@ -261,23 +293,34 @@ async fn readiness_says_when_every_connection_is_taken() {
     let state = fairway::api::ApiState::connect(cfg.clone(), None).await.expect("API state");
     let ready = state.readiness_check();
     assert_eq!(ready().await, Ok(()));
+    let ops = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let readyz = format!("http://{}/readyz", ops.local_addr().unwrap());
+    let ops_router = fairway::api::ops_router(state.clone());
+    tokio::spawn(async move { axum::serve(ops, ops_router).await });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(fairway::api::serve(listener, state, async move {
         let _ = rx.await;
     }));
+    let probe = || async {
+        let r = reqwest::get(&readyz).await.expect("/readyz answers");
+        (r.status(), r.text().await.unwrap())
+    };
     let mut held = Vec::new();
     for _ in 0..20 {
         held.push(tokio::net::TcpStream::connect(addr).await.unwrap());
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let why = ready().await.expect_err("not ready while every connection is taken");
-    assert!(why.contains("api.limits.connections"), "{why}");
+    // Busy is still ready: a flood that fills every replica does not empty the Service.
+    let (status, body) = probe().await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body.starts_with("ready (busy: ") && body.contains("api.limits.connections"), "{body}");
+    assert_eq!(ready().await, Ok(()), "the store and broker still answer");
     drop(held);
     let deadline = Instant::now() + Duration::from_secs(5);
-    while ready().await.is_err() {
-        assert!(Instant::now() < deadline, "still not ready after the connections closed");
+    while probe().await.1 != "ready\n" {
+        assert!(Instant::now() < deadline, "still busy after the connections closed");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let _ = stop.send(());

@@ -128,6 +128,34 @@ async fn a_cpu_spinner_dies_at_its_cpu_limit_and_a_silent_sleeper_at_stuck_after
     }
 }
 
+/// CPU bandwidth per attempt: a spinner given a fifth of a core reaches its 1 s of CPU
+/// time only after about 5 s (throttled, never killed for it); unbounded, about 1 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_spinner_given_a_fifth_of_a_core_is_throttled_to_it() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
+    let said = fairway::handlers::process::Enforcement::current().describe();
+    assert!(said.contains("throttled by its cpu controller"), "this machine kind has a cpu controller: {said}");
+    let once = "retry = { resource = { max_attempts = 1 } }";
+    let limits = "limits = { cpu_time = \"1s\", cpus = 0.2 }";
+    let extra = format!(
+        "[pools.medium]\nslots = 2\nheartbeat_interval = \"1s\"\n{}",
+        misbehave("slowspin", "medium", "spin", &format!("{limits}\ntimeout = \"55s\"\n{once}")),
+    );
+    let cfg = Arc::new(common::config(&extra));
+    common::init(&cfg).await;
+    let w = start(&cfg, &[Pool::Medium]).await;
+    let sub = Submitter::new(cfg.clone(), None).unwrap();
+    let spin = sub.submit(&common::new_job("acme", "slowspin", serde_json::Value::Null)).await.unwrap().job_id;
+    let results = common::results_for(&cfg, std::slice::from_ref(&spin), Duration::from_secs(50)).await;
+    w.stop().await;
+    let r = &results[&spin][0];
+    assert_eq!(r.status, JobStatus::Failed, "{r:?}");
+    assert!(r.error.as_deref().unwrap_or("").contains("cpu_time limit 1s exceeded"), "{r:?}");
+    let ran = r.finished_at - r.started_at.expect("it started");
+    println!("a spinner at 0.2 cores used its 1 s of CPU in {ran} ms");
+    assert!(ran >= 4_000, "1 s of CPU at 0.2 cores takes about 5 s, took {ran} ms: not throttled");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn over_the_recycling_cap_a_tenants_jobs_wait_while_another_tenants_run() {
     let _one_at_a_time = ONE_AT_A_TIME.lock().await;

@@ -4,11 +4,14 @@
 //!
 //! cgroup v2 is used where this worker's own cgroup offers the `memory` and `pids`
 //! controllers and lets it enable them for children (a delegated subtree); otherwise the
-//! v1 `memory`, `pids` and `cpuacct` hierarchies where they are mounted writable. The
+//! v1 `memory`, `pids` and `cpuacct` hierarchies where they are mounted writable. CPU
+//! bandwidth (`limits.cpus`) is enforced where the `cpu` controller is there too (v2:
+//! offered to the worker's cgroup; v1: its hierarchy mounted, alone or with `cpuacct`). The
 //! attempt's cgroups are created under the worker's own (so its limits still cover
 //! them), named `fairway-<worker pid>-<n>`, and removed after the attempt. The child
 //! joins them itself between fork and exec (`in_child`), before it can fork.
 
+use crate::core::limits::CPU_PERIOD_US;
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,9 +27,10 @@ const KILL_PAUSE: Duration = Duration::from_millis(5);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Hierarchy {
     /// One directory (the worker's v2 cgroup) with memory + pids (+ cpu) enabled below.
-    V2 { parent: PathBuf },
-    /// The worker's cgroup in each v1 hierarchy.
-    V1 { memory: PathBuf, pids: PathBuf, cpuacct: PathBuf },
+    V2 { parent: PathBuf, cpu: bool },
+    /// The worker's cgroup in each v1 hierarchy (`cpu`: that of the `cpu` controller, if
+    /// mounted; the same as `cpuacct` where the two are mounted together).
+    V1 { memory: PathBuf, pids: PathBuf, cpuacct: PathBuf, cpu: Option<PathBuf> },
 }
 
 /// Limits written into an attempt's cgroup.
@@ -34,6 +38,8 @@ pub enum Hierarchy {
 pub struct TreeLimits {
     pub memory: Option<u64>,
     pub processes: Option<u64>,
+    /// CPU quota in µs per `core::limits::CPU_PERIOD_US`.
+    pub cpu_quota_us: Option<u64>,
 }
 
 /// What the cgroup measured over the attempt.
@@ -48,7 +54,7 @@ impl Hierarchy {
     /// The hierarchy this worker can create attempt cgroups in, or why none.
     pub fn detect() -> Result<Hierarchy, String> {
         let own = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| format!("/proc/self/cgroup: {e}"))?;
-        let v2 = v2_parent(&own).and_then(|p| probe(&Hierarchy::V2 { parent: p }));
+        let v2 = v2_parent(&own).and_then(|(parent, cpu)| probe(&Hierarchy::V2 { parent, cpu }));
         let v1 = || v1_dirs(&own).and_then(|h| probe(&h));
         match v2 {
             Ok(h) => Ok(h),
@@ -68,11 +74,14 @@ impl Hierarchy {
         static SEQ: AtomicU64 = AtomicU64::new(0);
         let name = format!("fairway-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
         let tree = match self {
-            Hierarchy::V2 { parent } => Tree { v2: true, dirs: vec![parent.join(&name)] },
-            Hierarchy::V1 { memory, pids, cpuacct } => {
-                Tree { v2: false, dirs: vec![memory.join(&name), pids.join(&name), cpuacct.join(&name)] }
+            Hierarchy::V2 { parent, .. } => Tree { v2: true, dirs: vec![parent.join(&name)] },
+            Hierarchy::V1 { memory, pids, cpuacct, cpu } => {
+                let mut dirs = vec![memory.join(&name), pids.join(&name), cpuacct.join(&name)];
+                dirs.extend(cpu.as_ref().filter(|c| *c != cpuacct).map(|c| c.join(&name)));
+                Tree { v2: false, dirs }
             }
         };
+        let limits = TreeLimits { cpu_quota_us: limits.cpu_quota_us.filter(|_| self.cpu()), ..limits };
         for d in &tree.dirs {
             std::fs::create_dir(d)?;
         }
@@ -82,10 +91,19 @@ impl Hierarchy {
         }
         Ok(tree)
     }
+
+    /// Whether attempts' CPU bandwidth can be bounded here.
+    pub fn cpu(&self) -> bool {
+        match self {
+            Hierarchy::V2 { cpu, .. } => *cpu,
+            Hierarchy::V1 { cpu, .. } => cpu.is_some(),
+        }
+    }
 }
 
-/// The v2 cgroup of this process (the `0::` line) if its mount offers memory and pids.
-fn v2_parent(own: &str) -> Result<PathBuf, String> {
+/// The v2 cgroup of this process (the `0::` line) if its mount offers memory and pids,
+/// and whether it offers cpu.
+fn v2_parent(own: &str) -> Result<(PathBuf, bool), String> {
     let rel = own.lines().find_map(|l| l.strip_prefix("0::")).ok_or("this process is in no v2 cgroup")?;
     let mount = [PathBuf::from(MOUNTS), Path::new(MOUNTS).join("unified")]
         .into_iter()
@@ -100,7 +118,7 @@ fn v2_parent(own: &str) -> Result<PathBuf, String> {
     let enable = if has("cpu") { "+memory +pids +cpu" } else { "+memory +pids" };
     std::fs::write(dir.join("cgroup.subtree_control"), enable)
         .map_err(|e| format!("cannot enable memory and pids below {}: {e}", dir.display()))?;
-    Ok(dir)
+    Ok((dir, has("cpu")))
 }
 
 /// This process's cgroups in the v1 memory, pids and cpuacct hierarchies.
@@ -118,16 +136,27 @@ fn v1_dirs(own: &str) -> Result<Hierarchy, String> {
             Err(format!("{} is not mounted here", d.display()))
         }
     };
-    Ok(Hierarchy::V1 { memory: dir("memory")?, pids: dir("pids")?, cpuacct: dir("cpuacct")? })
+    Ok(Hierarchy::V1 { memory: dir("memory")?, pids: dir("pids")?, cpuacct: dir("cpuacct")?, cpu: dir("cpu").ok() })
 }
 
 /// Creates and removes a cgroup with limits: proof that attempts can have one.
 fn probe(h: &Hierarchy) -> Result<Hierarchy, String> {
     let tree = h
-        .create(TreeLimits { memory: Some(64 << 20), processes: Some(8) })
+        .create(TreeLimits { memory: Some(64 << 20), processes: Some(8), cpu_quota_us: None })
         .map_err(|e| format!("cannot create a cgroup with limits: {e} (read-only or not delegated to this worker)"))?;
     tree.remove();
-    Ok(h.clone())
+    // CPU bandwidth where a cgroup with a quota can be made too; else without it.
+    let quota = TreeLimits { cpu_quota_us: Some(CPU_PERIOD_US), ..TreeLimits::default() };
+    match h.create(quota) {
+        Ok(tree) => {
+            tree.remove();
+            Ok(h.clone())
+        }
+        Err(_) => Ok(match h.clone() {
+            Hierarchy::V2 { parent, .. } => Hierarchy::V2 { parent, cpu: false },
+            Hierarchy::V1 { memory, pids, cpuacct, .. } => Hierarchy::V1 { memory, pids, cpuacct, cpu: None },
+        }),
+    }
 }
 
 /// One attempt's cgroup (a directory per v1 hierarchy, or one v2 directory).
@@ -149,8 +178,11 @@ impl Tree {
                 if let Some(n) = limits.processes {
                     put(d, "pids.max", n.to_string())?;
                 }
+                if let Some(q) = limits.cpu_quota_us {
+                    put(d, "cpu.max", format!("{q} {CPU_PERIOD_US}"))?;
+                }
             }
-            (false, [mem, pids, _]) => {
+            (false, [mem, pids, cpuacct, rest @ ..]) => {
                 if let Some(m) = limits.memory {
                     put(mem, "memory.limit_in_bytes", m.to_string())?;
                     // No swap beyond the limit, where swap accounting exists.
@@ -158,6 +190,12 @@ impl Tree {
                 }
                 if let Some(n) = limits.processes {
                     put(pids, "pids.max", n.to_string())?;
+                }
+                if let Some(q) = limits.cpu_quota_us {
+                    // The cpu hierarchy's own directory, or cpuacct's where mounted together.
+                    let cpu = rest.first().unwrap_or(cpuacct);
+                    put(cpu, "cpu.cfs_period_us", CPU_PERIOD_US.to_string())?;
+                    put(cpu, "cpu.cfs_quota_us", q.to_string())?;
                 }
             }
             _ => {}
@@ -189,7 +227,7 @@ impl Tree {
                     forks_refused: key(&read(d, "pids.events"), "max "),
                 },
             },
-            (false, [mem, pids, cpu]) => Usage {
+            (false, [mem, pids, cpu, ..]) => Usage {
                 peak_bytes: num(read(mem, "memory.max_usage_in_bytes")),
                 cpu_ms: (num(read(cpu, "cpuacct.usage")) / 1_000_000) as i64,
                 counts: crate::core::limits::TreeCounts {

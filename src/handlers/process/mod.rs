@@ -15,6 +15,7 @@
 
 mod cgroup;
 mod control;
+mod fsafe;
 mod pooled;
 mod reaper;
 mod sandbox;
@@ -166,6 +167,7 @@ impl Confined {
                 h.create(cgroup::TreeLimits {
                     memory: spec.limits.memory.map(|m| m.0),
                     processes: spec.limits.processes,
+                    cpu_quota_us: spec.limits.cpus.map(crate::core::limits::cpu_quota_us),
                 })
                 .map_err(|e| io("cgroup", e))?,
             ),
@@ -272,7 +274,9 @@ impl Drop for Confined {
 async fn attempt(spec: &Spec, ctx: &JobContext) -> HandlerResult {
     let mut confined =
         Confined::new(spec, &crate::core::sandbox::dir_name(&ctx.job.job_id, ctx.attempt.max(0) as u32))?;
-    prepare_checkpoint(ctx, &confined).await?;
+    let dir = fsafe::Dir::open(&confined.dir)
+        .map_err(|e| HandlerError::dependency(format!("cannot open the attempt's directory: {e}")))?;
+    prepare_checkpoint(ctx, &dir, &confined).await?;
     let (control_read, control_write) = sandbox::control_pipe()
         .map_err(|e| HandlerError::dependency(format!("cannot create the control pipe: {e}")))?;
     let mut cmd = command(spec, ctx, &confined);
@@ -417,15 +421,15 @@ fn job_vars(ctx: &JobContext, dir: &std::path::Path, checkpoint_file: &std::path
 
 /// Writes the job's last checkpoint (if any) where the child will look for it, owned by
 /// the attempt's uid.
-async fn prepare_checkpoint(ctx: &JobContext, confined: &Confined) -> Result<(), HandlerError> {
+/// Writes the job's saved checkpoint, if it has one, as a new file `checkpoint` in `dir`
+/// (the attempt's directory, `confined.checkpoint_file`), owned by the attempt's uid:
+/// through `fsafe`, so a link or file put there first is refused, never written through.
+async fn prepare_checkpoint(ctx: &JobContext, dir: &fsafe::Dir, confined: &Confined) -> Result<(), HandlerError> {
     let io = |e: std::io::Error| HandlerError::dependency(format!("cannot prepare the checkpoint file: {e}"));
     match ctx.load_checkpoint().await {
         Ok(Some(state)) => {
-            tokio::fs::write(&confined.checkpoint_file, state).await.map_err(io)?;
-            if let Some(u) = &confined.uid {
-                std::os::unix::fs::chown(&confined.checkpoint_file, Some(u.uid), Some(u.uid)).map_err(io)?;
-            }
-            Ok(())
+            let name = confined.checkpoint_file.file_name().and_then(|n| n.to_str()).unwrap_or("checkpoint");
+            dir.write_new(name, &state, confined.uid.as_ref().map(|u| u.uid)).map_err(io)
         }
         Ok(None) => Ok(()),
         Err(e) => Err(HandlerError::dependency(format!("cannot read the checkpoint: {e}"))),

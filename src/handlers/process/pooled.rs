@@ -14,7 +14,7 @@
 //! runs in a process, directory or uid another tenant's job has used.
 
 use super::{
-    base_command, control, control_line, job_vars, judge, prepare_checkpoint, reaper, sandbox, save_checkpoint,
+    base_command, control, control_line, fsafe, job_vars, judge, prepare_checkpoint, reaper, sandbox, save_checkpoint,
     Confined, Spec, AFTER_EXIT, STDERR_TAIL,
 };
 use crate::core::checkpoint_pace::CheckpointPace;
@@ -22,7 +22,6 @@ use crate::core::limits::{self, Bytes, ChildEnd, LimitHit};
 use crate::core::pooled::{self as framing, BadResult, JobEnd, ResultHead};
 use crate::core::retry::DurationMs;
 use crate::handlers::{HandlerError, HandlerResult, JobContext};
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -222,16 +221,21 @@ pub async fn run(spec: &Spec, children: &Arc<Children>, ctx: &JobContext) -> Han
 
 /// The job's own 0700 directory inside the child's (owned by the child's uid), with
 /// its last checkpoint if it has one.
+/// Makes the job's directory inside the child's (which the running child can write):
+/// made and filled by this process through descriptors (`fsafe`), given to the child's
+/// uid last, so nothing the child swaps in meanwhile is written, chmodded or chowned.
 async fn prepare_job_dir(ctx: &JobContext, child: &mut PooledChild, dir: &Path) -> Result<(), HandlerError> {
     let io = |e: std::io::Error| HandlerError::dependency(format!("cannot prepare the job's directory: {e}"));
+    let name = dir.file_name().and_then(|n| n.to_str()).ok_or_else(|| io(std::io::ErrorKind::InvalidInput.into()))?;
+    let parent = fsafe::Dir::open(&child.confined.dir).map_err(io)?;
     let _ = std::fs::remove_dir_all(dir);
-    std::fs::create_dir(dir).map_err(io)?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
-    if let Some(u) = &child.confined.uid {
-        std::os::unix::fs::chown(dir, Some(u.uid), Some(u.uid)).map_err(io)?;
-    }
+    let job_dir = parent.make_private(name).map_err(io)?;
     child.confined.checkpoint_file = dir.join("checkpoint");
-    prepare_checkpoint(ctx, &child.confined).await
+    prepare_checkpoint(ctx, &job_dir, &child.confined).await?;
+    if let Some(u) = &child.confined.uid {
+        job_dir.chown(u.uid).map_err(io)?;
+    }
+    Ok(())
 }
 
 /// How one pooled job went.

@@ -111,8 +111,9 @@ impl Enforcement {
     pub fn describe(&self) -> String {
         let limits = match &self.tree {
             Ok(h) => format!(
-                "cgroup {} per attempt (memory and processes limits over the whole tree, peak memory and CPU read from it, the tree killed at the end of every attempt)",
-                h.version()
+                "cgroup {} per attempt (memory and processes limits over the whole tree, peak memory and CPU read from it, the tree killed at the end of every attempt; CPU bandwidth (limits.cpus) {})",
+                h.version(),
+                if h.cpu() { "throttled by its cpu controller" } else { "not bounded: no cpu controller for the worker's cgroup" }
             ),
             Err(why) => format!(
                 "rlimits (RLIMIT_CPU, RLIMIT_NOFILE, RLIMIT_AS = {}x memory, RLIMIT_NPROC only with a uid per attempt) + a watchdog sampling the leader's memory every {WATCH_INTERVAL:?}; no cgroup: {why}",
@@ -152,14 +153,43 @@ impl Enforcement {
         self.pidns.is_ok() && self.tree.is_ok() && self.mountns.is_ok()
     }
 
-    /// A uid for one attempt, released when the returned guard drops.
+    /// A uid for one attempt, released when the returned guard drops. Never one that still
+    /// owns a process: without a cgroup (whose kill at the end of every attempt takes the
+    /// whole tree), a stray of an ended attempt (it left its process group) can outlive it.
+    /// Then each take makes one pass over `/proc`: such strays are killed, and their uid
+    /// waits for a later take, once they are gone.
     pub fn take_uid(&'static self) -> Option<UidLease> {
         self.uids.as_ref().ok()?;
         let mut used = self.in_use.lock().unwrap_or_else(|e| e.into_inner());
-        let n = used.iter().position(|u| !u)?;
+        let alive = if self.tree.is_ok() { Default::default() } else { kill_strays(&used) };
+        let n = crate::core::sandbox::pick_uid(&used, UID_BASE, &alive)?;
         used[n] = true;
         Some(UidLease { uid: crate::core::sandbox::uid_for(UID_BASE, UID_COUNT, n as u32)?, owner: self })
     }
+}
+
+/// The attempts' uids that own a live process (one pass over `/proc`); each process of
+/// a uid no attempt holds now (`in_use`) is sent SIGKILL.
+fn kill_strays(in_use: &[bool]) -> std::collections::HashSet<u32> {
+    let mut alive = std::collections::HashSet::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else { return alive };
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) else { continue };
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else { continue };
+        let ours = crate::core::sandbox::status_uids(&status)
+            .into_iter()
+            .filter(|u| (UID_BASE..UID_BASE + UID_COUNT).contains(u))
+            .collect::<Vec<_>>();
+        if ours.is_empty() {
+            continue;
+        }
+        if ours.iter().all(|u| !in_use[(u - UID_BASE) as usize]) {
+            // SAFETY: kill has no memory effects; a pid gone meanwhile only fails.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        alive.extend(ours);
+    }
+    alive
 }
 
 /// A uid held by one attempt (free again once its processes are gone).
