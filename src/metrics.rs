@@ -96,6 +96,7 @@ pub const SUBMIT_STATE_WRITE_FAILURES: &str = "fairway_submit_state_write_failur
 pub const JOB_DISPATCH_WAIT_SECONDS: &str = "fairway_job_dispatch_wait_seconds";
 pub const POOL_SLOTS: &str = "fairway_pool_slots";
 pub const CONSUMER_LAG: &str = "fairway_consumer_lag";
+pub const CONSUMER_REPLACEMENTS: &str = "fairway_consumer_replacements_total";
 pub const PARTITIONS_NOT_FETCHING: &str = "fairway_partitions_not_fetching";
 pub const FETCHER_RESTARTS: &str = "fairway_fetcher_restarts_total";
 pub const CONSUMER_LAG_SECONDS: &str = "fairway_consumer_lag_seconds";
@@ -379,6 +380,10 @@ pub fn describe() {
     describe_counter!(
         FETCHER_RESTARTS,
         "Restarts of a pool consumer's fetchers (its assignment assigned again) because an owned partition was not being fetched, by pool"
+    );
+    describe_counter!(
+        CONSUMER_REPLACEMENTS,
+        "Pool consumers replaced by a new one because their group membership stayed unsettled for 60 s (librdkafka's group state, from its statistics), by pool"
     );
     describe_gauge!(
         CONSUMER_LAG,

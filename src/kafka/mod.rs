@@ -365,6 +365,10 @@ pub enum RebalanceEvent {
     /// ([`stall::restart_fetchers`]) and resumes them unless it keeps them paused. At most one such
     /// event per [`stall::RESTART_EVERY`]; only consumers with statistics send it.
     Stalled(Vec<(String, i32, String)>),
+    /// The group membership has been unsettled for [`stall::GROUP_STUCK_AFTER`] (why, from
+    /// librdkafka's group states): the loop replaces the consumer. At most one such event
+    /// per [`stall::GROUP_STUCK_AFTER`]; only consumers with statistics send it.
+    GroupStuck(String),
 }
 
 /// Consumer context that forwards rebalances. Offsets already stored are committed by
@@ -378,6 +382,9 @@ pub struct WorkerContext {
     idle_fetch: std::sync::Mutex<stall::Watch>,
     /// When the loop was last asked to restart the fetchers (`RebalanceEvent::Stalled`).
     restart_asked: std::sync::Mutex<Option<Instant>>,
+    /// Since when the group membership is unsettled, and when the loop was last asked to
+    /// replace the consumer (`RebalanceEvent::GroupStuck`).
+    group_watch: std::sync::Mutex<(Option<Instant>, Option<Instant>)>,
 }
 
 impl ClientContext for WorkerContext {
@@ -397,6 +404,7 @@ impl ClientContext for WorkerContext {
             metrics::gauge!(crate::metrics::CONSUMER_LAG, "pool" => pool).set(lag as f64);
         }
         self.watch_fetchers(pool, &fetch_views(&v));
+        self.watch_group(&v);
         if tracing::enabled!(tracing::Level::DEBUG) {
             tracing::debug!(pool, partitions = %fetch_positions(&v), "fetch positions");
         }
@@ -421,6 +429,29 @@ fn fetch_positions(stats: &serde_json::Value) -> String {
 }
 
 impl WorkerContext {
+    /// Asks the loop to replace the consumer once its group membership has been unsettled
+    /// for [`stall::GROUP_STUCK_AFTER`] (see there).
+    fn watch_group(&self, stats: &serde_json::Value) {
+        let cgrp = stats.get("cgrp");
+        let field = |k: &str| cgrp.and_then(|c| c.get(k)).and_then(|s| s.as_str()).unwrap_or("");
+        let (state, join_state) = (field("state"), field("join_state"));
+        let now = Instant::now();
+        let mut watch = self.group_watch.lock().expect("group watch lock");
+        if cgrp.is_none() || stall::group_settled(state, join_state) {
+            watch.0 = None;
+            return;
+        }
+        let since = *watch.0.get_or_insert(now);
+        if stall::group_stuck(now.duration_since(since), watch.1.map(|at| now.duration_since(at))) {
+            watch.1 = Some(now);
+            let why = format!(
+                "group state {state}, join state {join_state} for {}s",
+                now.duration_since(since).as_secs()
+            );
+            let _ = self.events.send(RebalanceEvent::GroupStuck(why));
+        }
+    }
+
     /// Reports owned partitions that make no progress ([`stall::Watch`]): a fetcher that
     /// stayed inactive (an offset lookup that never completed, a stopped fetcher), or an
     /// active one whose records beyond the worker's position never reach it. A stopped
@@ -577,6 +608,7 @@ fn consumer_with(
             lag_pool,
             idle_fetch: Default::default(),
             restart_asked: Default::default(),
+            group_watch: Default::default(),
         })
         .map_err(client_err(cfg))?;
     let refs: Vec<&str> = topics.iter().map(String::as_str).collect();

@@ -36,6 +36,26 @@ pub fn restart_due(idle_for: Duration, since_last_restart: Option<Duration>) -> 
     idle_for >= STALLED_AFTER && since_last_restart.is_none_or(|s| s >= RESTART_EVERY)
 }
 
+/// How long a consumer's group membership may stay unsettled (librdkafka's `cgrp` state
+/// other than `up`, or its join state other than `steady`) before the worker replaces the
+/// consumer: seen after a broker restart under load, a consumer whose coordinator
+/// requests sat in its queue unsent for minutes never joined the group again, while a new
+/// client of the same process joined at once. A settled member with no partition (more
+/// workers than partitions) is not unsettled.
+pub const GROUP_STUCK_AFTER: Duration = Duration::from_secs(60);
+
+/// Whether librdkafka's group states (`cgrp.state`, `cgrp.join_state` in its statistics)
+/// are those of a member in the group and not rebalancing.
+pub fn group_settled(state: &str, join_state: &str) -> bool {
+    state == "up" && join_state == "steady"
+}
+
+/// Whether a consumer unsettled for `unsettled_for` is due for replacement: past
+/// [`GROUP_STUCK_AFTER`], and at most once per [`GROUP_STUCK_AFTER`].
+pub fn group_stuck(unsettled_for: Duration, since_last_replaced: Option<Duration>) -> bool {
+    unsettled_for >= GROUP_STUCK_AFTER && since_last_replaced.is_none_or(|s| s >= GROUP_STUCK_AFTER)
+}
+
 /// One owned partition as librdkafka's statistics show it (-1: unknown).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FetchView {
@@ -188,6 +208,19 @@ pub fn restart_fetchers<C: Consumer<X>, X: ConsumerContext>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unsettled_group_is_replaced_after_a_minute_and_then_once_a_minute() {
+        assert!(group_settled("up", "steady"));
+        for (state, join) in [("up", "wait-join"), ("wait-coord", "init"), ("query-coord", "steady")] {
+            assert!(!group_settled(state, join), "{state} {join}");
+        }
+        let s = Duration::from_secs;
+        assert!(!group_stuck(s(59), None));
+        assert!(group_stuck(s(60), None));
+        assert!(!group_stuck(s(300), Some(s(30))), "replaced 30 s ago");
+        assert!(group_stuck(s(300), Some(s(60))));
+    }
 
     #[test]
     fn restart_waits_for_a_stall_and_then_every_30_s() {

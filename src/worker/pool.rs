@@ -205,7 +205,7 @@ pub async fn run(
 ) -> Result<(), super::WorkerError> {
     let topic = sh.cfg.pool_topic(sh.pool);
     let group = sh.cfg.group(sh.pool.as_str());
-    let (consumer, mut rebalances) = kafka::pool_consumer(&sh.cfg, &group, &topic, sh.pool.as_str())?;
+    let (mut consumer, mut rebalances) = kafka::pool_consumer(&sh.cfg, &group, &topic, sh.pool.as_str())?;
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Event>();
     let stmts = sh.store.backlog_statements().await?;
     let report = done_tx.clone();
@@ -256,10 +256,14 @@ pub async fn run(
         let now = now_ms();
         let due = [lp.dispatcher.next_wakeup(now), lp.gate.next_due()].into_iter().flatten().min();
         let wake = due.map(|t| (t - now).max(1) as u64).unwrap_or(3_600_000);
+        let mut stuck = None;
         tokio::select! {
             biased;
             _ = shutdown.changed() => break,
-            Some(ev) = rebalances.recv() => lp.on_rebalance(&consumer, &mut pauses, ev),
+            Some(ev) = rebalances.recv() => match ev {
+                kafka::RebalanceEvent::GroupStuck(why) => stuck = Some(why),
+                ev => lp.on_rebalance(&consumer, &mut pauses, ev),
+            },
             // Ahead of the job streams: under a flood those are always ready, and the
             // stats, tenant changes and fleet usage must not wait for the flood to end.
             _ = stats_tick.tick() => {
@@ -298,6 +302,15 @@ pub async fn run(
                 }
             },
             _ = tokio::time::sleep(Duration::from_millis(wake)) => {}
+        }
+        if let Some(why) = stuck {
+            if let Some((fresh, fresh_rx)) = lp.replacement_consumer(&consumer, &mut pauses, &why) {
+                let old = std::mem::replace(&mut consumer, fresh);
+                rebalances = fresh_rx;
+                pauses = kafka::Pauses::default();
+                // Closing a consumer whose group requests never leave may take a while.
+                tokio::task::spawn_blocking(move || drop(old));
+            }
         }
 
         lp.after_each_wake(&consumer, &mut pauses, slots);
@@ -398,7 +411,36 @@ impl Loop {
                 self.on_rebalance(consumer, pauses, RebalanceEvent::Revoked(tps));
             }
             RebalanceEvent::Stalled(stalled) => self.restart_fetchers(consumer, pauses, stalled),
+            RebalanceEvent::GroupStuck(_) => {} // replaced by `run`: see `replacement_consumer`
         }
+    }
+
+    /// A new consumer for a group membership stuck unsettled (`kafka::stall::GROUP_STUCK_AFTER`),
+    /// or None (the old one is kept) if one cannot be made. The partitions this member still
+    /// owns are treated as lost first: jobs in flight from them publish nothing more here
+    /// (`worker::ownership`), and their queued jobs go to the partitions' next owners.
+    fn replacement_consumer(
+        &mut self,
+        consumer: &kafka::WorkerConsumer,
+        pauses: &mut kafka::Pauses,
+        why: &str,
+    ) -> Option<(kafka::WorkerConsumer, mpsc::UnboundedReceiver<RebalanceEvent>)> {
+        let pool = self.sh.pool.as_str();
+        let fresh = match kafka::pool_consumer(&self.sh.cfg, &self.group, &self.topic, pool) {
+            Ok(fresh) => fresh,
+            Err(e) => {
+                tracing::error!(pool, %why, error = %e, "the consumer's group membership is stuck and no new consumer could be made; trying again in a minute");
+                return None;
+            }
+        };
+        let owned: Vec<(String, i32)> = self.parts.keys().map(|p| (self.topic.clone(), *p)).collect();
+        if !owned.is_empty() {
+            self.on_rebalance(consumer, pauses, RebalanceEvent::Lost(owned));
+        }
+        self.unassigned_since.get_or_insert_with(std::time::Instant::now);
+        metrics::counter!(m::CONSUMER_REPLACEMENTS, "pool" => pool).increment(1);
+        tracing::warn!(pool, %why, group = %self.group, "the consumer's group membership is stuck: replaced by a new consumer, which joins the group afresh");
+        Some(fresh)
     }
 
     /// Owned partitions are not being fetched (`kafka::stall`): unless this loop keeps

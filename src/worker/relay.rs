@@ -155,7 +155,7 @@ impl Relay {
                     self.parts.remove(k);
                 }
             } // The relay's consumers report no statistics, so no stall is ever reported.
-            RebalanceEvent::Stalled(_) => {}
+            RebalanceEvent::Stalled(_) | RebalanceEvent::GroupStuck(_) => {}
         }
     }
 

@@ -230,7 +230,7 @@ impl Member {
                     self.pauses.revoked(&tps);
                 }
                 // Partitions not fetched (no statistics on this consumer: never sent).
-                RebalanceEvent::Stalled(_) => {}
+                RebalanceEvent::Stalled(_) | RebalanceEvent::GroupStuck(_) => {}
             }
         }
     }
