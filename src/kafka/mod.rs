@@ -385,6 +385,8 @@ pub struct WorkerContext {
     /// Since when the group membership is unsettled, and when the loop was last asked to
     /// replace the consumer (`RebalanceEvent::GroupStuck`).
     group_watch: std::sync::Mutex<(Option<Instant>, Option<Instant>)>,
+    /// The group protocol is the classic one (not KIP-848): see [`stall::group_settled`].
+    classic: bool,
 }
 
 impl ClientContext for WorkerContext {
@@ -437,7 +439,7 @@ impl WorkerContext {
         let (state, join_state) = (field("state"), field("join_state"));
         let now = Instant::now();
         let mut watch = self.group_watch.lock().expect("group watch lock");
-        if cgrp.is_none() || stall::group_settled(state, join_state) {
+        if cgrp.is_none() || stall::group_settled(state, join_state, self.classic) {
             watch.0 = None;
             return;
         }
@@ -609,6 +611,7 @@ fn consumer_with(
             idle_fetch: Default::default(),
             restart_asked: Default::default(),
             group_watch: Default::default(),
+            classic: !matches!(cfg.kafka.group_protocol, GroupProtocol::Consumer),
         })
         .map_err(client_err(cfg))?;
     let refs: Vec<&str> = topics.iter().map(String::as_str).collect();

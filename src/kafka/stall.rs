@@ -45,9 +45,12 @@ pub fn restart_due(idle_for: Duration, since_last_restart: Option<Duration>) -> 
 pub const GROUP_STUCK_AFTER: Duration = Duration::from_secs(60);
 
 /// Whether librdkafka's group states (`cgrp.state`, `cgrp.join_state` in its statistics)
-/// are those of a member in the group and not rebalancing.
-pub fn group_settled(state: &str, join_state: &str) -> bool {
-    state == "up" && join_state == "steady"
+/// are those of a member in the group and not rebalancing. Under the classic protocol a
+/// member is `steady` once its assignment (empty or not) is applied; under KIP-848
+/// (`classic` false) one without partitions may stay in join state `init`, so only the
+/// coordinator state counts there.
+pub fn group_settled(state: &str, join_state: &str, classic: bool) -> bool {
+    state == "up" && (!classic || join_state == "steady")
 }
 
 /// Whether a consumer unsettled for `unsettled_for` is due for replacement: past
@@ -211,10 +214,12 @@ mod tests {
 
     #[test]
     fn an_unsettled_group_is_replaced_after_a_minute_and_then_once_a_minute() {
-        assert!(group_settled("up", "steady"));
+        assert!(group_settled("up", "steady", true));
         for (state, join) in [("up", "wait-join"), ("wait-coord", "init"), ("query-coord", "steady")] {
-            assert!(!group_settled(state, join), "{state} {join}");
+            assert!(!group_settled(state, join, true), "{state} {join}");
         }
+        assert!(group_settled("up", "init", false), "KIP-848: a member without partitions");
+        assert!(!group_settled("wait-coord", "steady", false));
         let s = Duration::from_secs;
         assert!(!group_stuck(s(59), None));
         assert!(group_stuck(s(60), None));
