@@ -293,9 +293,11 @@ mod tests {
     /// not shut out.
     #[test]
     fn many_addresses_of_one_network_are_held_to_its_share() {
-        let limits = ApiLimits { connections: 10, connections_per_ip: 2, connections_per_prefix: 3, ..Default::default() };
+        let limits =
+            ApiLimits { connections: 10, connections_per_ip: 2, connections_per_prefix: 3, ..Default::default() };
         let conns = Connections::new(&limits);
-        let held: Vec<Held> = (1..=3).map(|i| conns.admit(format!("2001:db8::{i}").parse().unwrap()).unwrap()).collect();
+        let held: Vec<Held> =
+            (1..=3).map(|i| conns.admit(format!("2001:db8::{i}").parse().unwrap()).unwrap()).collect();
         let refused = conns.admit("2001:db8::ffff:1".parse().unwrap());
         assert!(matches!(refused, Err(Busy::Key { what: PER_PREFIX, most: 3, .. })), "{:?}", refused.err());
         assert_eq!(conns.usage.lock().unwrap().held("").1, 3, "the refused one holds nothing");

@@ -660,7 +660,9 @@ mod tests {
     #[test]
     fn volume_breaches_past_its_factor_of_the_baseline_with_its_minimum() {
         let t = Thresholds::default();
-        let at = |jobs: i64, baseline: Option<f64>| level(Rule::Volume, &t, &Period { jobs, baseline, ..Period::default() }).0;
+        let at = |jobs: i64, baseline: Option<f64>| {
+            level(Rule::Volume, &t, &Period { jobs, baseline, ..Period::default() }).0
+        };
         assert_eq!(at(5_000, None), Level::Clear, "no baseline known yet");
         assert_eq!(at(99, Some(0.0)), Level::Clear, "under the minimum");
         assert_eq!(at(100, Some(0.0)), Level::Breach, "a quiet tenant's baseline counts as one job");
@@ -695,10 +697,15 @@ mod tests {
             }
             changes.extend(got);
         }
-        let kinds: Vec<_> = changes.iter().map(|c| (c.rule, matches!(c.transition, Transition::Opened { .. }))).collect();
+        let kinds: Vec<_> =
+            changes.iter().map(|c| (c.rule, matches!(c.transition, Transition::Opened { .. }))).collect();
         assert_eq!(kinds, vec![(Rule::Volume, true), (Rule::Volume, false)], "{changes:?}");
         assert_eq!(changes[0].transition, Transition::Opened { opened_at: 71 * minute });
-        assert!((990.0..1_100.0).contains(&changes[0].threshold), "10x a baseline of about 100: {}", changes[0].threshold);
+        assert!(
+            (990.0..1_100.0).contains(&changes[0].threshold),
+            "10x a baseline of about 100: {}",
+            changes[0].threshold
+        );
     }
 
     #[test]

@@ -118,7 +118,8 @@ mod tests {
 
     #[test]
     fn status_gives_every_uid_a_process_holds() {
-        let status = "Name:\tsleep\nUmask:\t0022\nState:\tS (sleeping)\nUid:\t2100000003\t0\t2100000003\t0\nGid:\t1\t1\t1\t1\n";
+        let status =
+            "Name:\tsleep\nUmask:\t0022\nState:\tS (sleeping)\nUid:\t2100000003\t0\t2100000003\t0\nGid:\t1\t1\t1\t1\n";
         assert_eq!(status_uids(status), vec![2_100_000_003, 0, 2_100_000_003, 0]);
         assert!(status_uids("Name:\tx\n").is_empty());
     }

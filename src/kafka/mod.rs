@@ -446,10 +446,8 @@ impl WorkerContext {
         let since = *watch.0.get_or_insert(now);
         if stall::group_stuck(now.duration_since(since), watch.1.map(|at| now.duration_since(at))) {
             watch.1 = Some(now);
-            let why = format!(
-                "group state {state}, join state {join_state} for {}s",
-                now.duration_since(since).as_secs()
-            );
+            let why =
+                format!("group state {state}, join state {join_state} for {}s", now.duration_since(since).as_secs());
             let _ = self.events.send(RebalanceEvent::GroupStuck(why));
         }
     }

@@ -285,7 +285,13 @@ mod tests {
         let u = up.clone();
         let check: ReadyCheck = Arc::new(move || {
             let up = u.load(Ordering::SeqCst);
-            Box::pin(async move { if up { Ok(()) } else { Err("the store does not answer".to_string()) } })
+            Box::pin(async move {
+                if up {
+                    Ok(())
+                } else {
+                    Err("the store does not answer".to_string())
+                }
+            })
         });
         let st = ProbeState { probes: Probes::checked(check, Some(is_busy)), metrics: None };
         let answer = |st: ProbeState| async move {
