@@ -55,13 +55,13 @@ impl Dir {
         let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
         let dir = Dir { fd: self.open_at(&c, flags, 0)? };
         // Swapped between the two calls for another directory (or a link, refused above)?
-        let meta = dir.file().metadata()?;
+        let meta = dir.file()?.metadata()?;
         // SAFETY: geteuid has no preconditions.
         let me = unsafe { libc::geteuid() };
         if !meta.is_dir() || meta.uid() != me {
             return Err(refused(format!("{name} was replaced while it was being made")));
         }
-        dir.file().set_permissions(std::fs::Permissions::from_mode(0o700))?;
+        dir.file()?.set_permissions(std::fs::Permissions::from_mode(0o700))?;
         Ok(dir)
     }
 
@@ -94,8 +94,8 @@ impl Dir {
         Ok(unsafe { OwnedFd::from_raw_fd(fd) })
     }
 
-    fn file(&self) -> File {
-        File::from(self.fd.try_clone().expect("duplicate a directory descriptor"))
+    fn file(&self) -> io::Result<File> {
+        Ok(File::from(self.fd.try_clone()?))
     }
 }
 

@@ -173,7 +173,7 @@ impl Confined {
             ),
             Err(_) => None,
         };
-        let checkpoint_file = dir.join("checkpoint");
+        let checkpoint_file = dir.join(CHECKPOINT_FILE);
         Ok(Confined { dir, checkpoint_file, uid, tree, pgid: 0, ended: false })
     }
 
@@ -421,16 +421,16 @@ fn job_vars(ctx: &JobContext, dir: &std::path::Path, checkpoint_file: &std::path
 
 /// Writes the job's last checkpoint (if any) where the child will look for it, owned by
 /// the attempt's uid.
+/// The checkpoint file's name in an attempt's (or a pooled job's) directory.
+const CHECKPOINT_FILE: &str = "checkpoint";
+
 /// Writes the job's saved checkpoint, if it has one, as a new file `checkpoint` in `dir`
 /// (the attempt's directory, `confined.checkpoint_file`), owned by the attempt's uid:
 /// through `fsafe`, so a link or file put there first is refused, never written through.
 async fn prepare_checkpoint(ctx: &JobContext, dir: &fsafe::Dir, confined: &Confined) -> Result<(), HandlerError> {
     let io = |e: std::io::Error| HandlerError::dependency(format!("cannot prepare the checkpoint file: {e}"));
     match ctx.load_checkpoint().await {
-        Ok(Some(state)) => {
-            let name = confined.checkpoint_file.file_name().and_then(|n| n.to_str()).unwrap_or("checkpoint");
-            dir.write_new(name, &state, confined.uid.as_ref().map(|u| u.uid)).map_err(io)
-        }
+        Ok(Some(state)) => dir.write_new(CHECKPOINT_FILE, &state, confined.uid.as_ref().map(|u| u.uid)).map_err(io),
         Ok(None) => Ok(()),
         Err(e) => Err(HandlerError::dependency(format!("cannot read the checkpoint: {e}"))),
     }

@@ -230,7 +230,7 @@ async fn prepare_job_dir(ctx: &JobContext, child: &mut PooledChild, dir: &Path) 
     let parent = fsafe::Dir::open(&child.confined.dir).map_err(io)?;
     let _ = std::fs::remove_dir_all(dir);
     let job_dir = parent.make_private(name).map_err(io)?;
-    child.confined.checkpoint_file = dir.join("checkpoint");
+    child.confined.checkpoint_file = dir.join(super::CHECKPOINT_FILE);
     prepare_checkpoint(ctx, &job_dir, &child.confined).await?;
     if let Some(u) = &child.confined.uid {
         job_dir.chown(u.uid).map_err(io)?;
