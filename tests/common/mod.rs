@@ -542,7 +542,7 @@ pub fn signature_valid(secret: &str, header: &str, body: &[u8]) -> bool {
     want == v1 && fresh
 }
 
-/// What a client's tests run against (`tests/it/python_client.rs`, `typescript_client.rs`):
+/// What the clients' tests run against (`tests/it/clients.rs`):
 /// the test config with `extra`, a `fairway worker` for the short pool that owns a
 /// partition, the HTTP API (`api`: its base URL) and an admin key (`key`, labelled `label`).
 pub struct ClientServices {

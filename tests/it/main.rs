@@ -12,6 +12,7 @@ mod admission;
 mod backlog;
 mod blast;
 mod classifier;
+mod clients;
 mod console;
 mod cql;
 mod cql_auth;

@@ -1,19 +1,20 @@
 //! The Python client (`clients/python`) on the real broker and CQL database: installs it
 //! from its pyproject.toml into a virtual environment under target/python and runs its
-//! pytest suite against a `fairway worker` (short pool) and the HTTP API started here.
+//! pytest suite against the services `clients` starts (a `fairway worker` of the short
+//! pool and the HTTP API), the ones the TypeScript client is tested against too.
 
 use crate::common;
 
 use std::path::Path;
 use std::process::Command;
 
-const EXTRA: &str = "[job_types.echo]\npool = \"short\"\nhandler = \"echo\"\n\
-                     [job_types.sleep]\npool = \"short\"\nhandler = \"sleep\"\ntimeout = \"10s\"\n";
+/// The job types the client's tests submit.
+pub const JOB_TYPES: &str = "[job_types.echo]\npool = \"short\"\nhandler = \"echo\"\n\
+                             [job_types.sleep]\npool = \"short\"\nhandler = \"sleep\"\ntimeout = \"10s\"\n";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_python_clients_tests_pass_on_the_real_services() {
-    // Kept whole to the end: it holds the API's stop signal and the config folder.
-    let services = common::client_services(EXTRA, "it_python_client").await;
+/// Installs the client and runs its pytest suite against `services`; panics with the
+/// suite's output (and the worker's log tail) when a test fails.
+pub async fn its_tests_pass(services: &common::ClientServices) {
     let (cfg, api, key, worker) = (services.cfg.clone(), services.api.clone(), services.key.clone(), &services.worker);
     let client = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/python");
     let venv = tokio::task::spawn_blocking(common::python::client_venv).await.unwrap();

@@ -3,8 +3,10 @@
 //! (node:test), `npm pack`, the tarball installed into an empty folder, and a script
 //! there (`e2e/submit-2000.mjs`) that submits 2,000 jobs over the API started here,
 //! follows one over Server-Sent Events to its result and reads all 2,000 results from
-//! Kafka, against a `fairway worker` (short pool). Before that, real answers of the API
-//! are checked against its OpenAPI description (`tests/common/openapi.rs`).
+//! Kafka, against the services `clients` starts (a `fairway worker` of the short pool and
+//! the HTTP API), the ones the Python client is tested against too. Before that, real
+//! answers of the API are checked against its OpenAPI description
+//! (`tests/common/openapi.rs`).
 
 use crate::common;
 
@@ -12,8 +14,6 @@ use serde_json::{json, Value};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-const EXTRA: &str = "[job_types.echo]\npool = \"short\"\nhandler = \"echo\"\n";
 
 /// Runs `args` (a program and its arguments) in `dir` under `timeout` seconds; its
 /// output, or a panic naming `what` with the output.
@@ -101,10 +101,9 @@ async fn answers_fit_the_description(api: &str, key: &str) {
     assert_eq!(errors.len(), 2, "{errors:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_typescript_client_installs_from_its_tarball_and_moves_2000_jobs() {
-    // Kept whole to the end: it holds the API's stop signal and the config folder.
-    let services = common::client_services(EXTRA, "it_typescript_client").await;
+/// Builds, checks, packs and installs the client, then moves 2,000 jobs through
+/// `services` with it (the job type `echo` of the short pool); panics on any shortfall.
+pub async fn installs_from_its_tarball_and_moves_2000_jobs(services: &common::ClientServices) {
     let (cfg, api, key, worker) = (services.cfg.clone(), services.api.clone(), services.key.clone(), &services.worker);
     answers_fit_the_description(&api, &key).await;
 

@@ -1,5 +1,5 @@
 """The client's service tests (test_services.py, through the `env` fixture) run against
-real local services that tests/it/python_client.rs (in the repository) starts: a broker,
+real local services that tests/it/clients.rs (in the repository) starts: a broker,
 the CQL database, a `fairway worker` for the short pool and `fairway serve`. It passes
 where they are in the environment. test_codec.py, test_http_security.py and test_regions.py need none (they serve fakes on
 127.0.0.1, so proxies from the environment are turned off for every test)."""
@@ -14,7 +14,7 @@ def _need(name: str) -> str:
     value = os.environ.get(name)
     if not value:
         pytest.fail(
-            f"{name} is not set: run these tests through `cargo test --test it python_client::` "
+            f"{name} is not set: run these tests through `cargo test --test it clients::` "
             "(it starts the services, a worker and the API, and sets FAIRWAY_TEST_*)"
         )
     return value

@@ -1,0 +1,17 @@
+//! The Python and TypeScript clients against one server: one `fairway serve` API and one
+//! `fairway worker` (short pool) on the real broker and CQL database, both clients'
+//! suites at once, as two teams of one fleet would use it (`python_client`,
+//! `typescript_client` hold each client's steps).
+
+use crate::common;
+use crate::{python_client, typescript_client};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_python_and_typescript_clients_pass_against_the_same_server() {
+    // Kept whole to the end: it holds the API's stop signal and the config folder.
+    let services = common::client_services(python_client::JOB_TYPES, "it_clients").await;
+    tokio::join!(
+        python_client::its_tests_pass(&services),
+        typescript_client::installs_from_its_tarball_and_moves_2000_jobs(&services),
+    );
+}
