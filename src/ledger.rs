@@ -245,17 +245,34 @@ pub async fn report(
 /// Tenants' days an export reads at once.
 pub const EXPORT_CONCURRENCY: usize = 32;
 
-/// Every tenant's usage per period, for a billing export (walks `ledger_tenants` per day,
-/// reading [`EXPORT_CONCURRENCY`] tenants' days at a time, lines in the index's order;
-/// yields one day's lines at a time so the caller can stream them).
-pub async fn export_day(stmts: &LedgerStatements, day: Millis, g: Granularity) -> Result<Vec<ReportLine>, StoreError> {
-    let mut out = Vec::new();
-    let tenants = stmts.tenants(day).await?;
-    for chunk in tenants.chunks(EXPORT_CONCURRENCY) {
-        let days = futures::future::try_join_all(chunk.iter().map(|t| stmts.rows(t, day))).await?;
-        out.extend(days.iter().flat_map(|rows| rules::report(rows, g, day, day + 86_400_000)));
-    }
-    Ok(out)
+/// Every tenant's usage on the day starting at `day`, for a billing export: a stream of
+/// lines, [`EXPORT_CONCURRENCY`] tenants' days at a time in the index's order, so an
+/// export holds one chunk of tenants' rows at once (and the day's tenant names), never a
+/// day or a month of every tenant's; each tenant's day is read within `rows_per_tenant`
+/// rows (past it the stream ends with the error).
+pub fn export_day(
+    stmts: LedgerStatements,
+    day: Millis,
+    g: Granularity,
+    rows_per_tenant: u64,
+) -> impl futures::Stream<Item = Result<Vec<ReportLine>, LedgerReadError>> + Send + 'static {
+    use futures::{StreamExt, TryStreamExt};
+    futures::stream::once(async move {
+        let tenants = stmts.tenants(day).await?;
+        let chunks: Vec<Vec<String>> = tenants.chunks(EXPORT_CONCURRENCY).map(<[String]>::to_vec).collect();
+        Ok::<_, LedgerReadError>(futures::stream::iter(chunks).then(move |chunk| {
+            let stmts = stmts.clone();
+            async move {
+                let days = futures::future::try_join_all(chunk.iter().map(|t| {
+                    let stmts = &stmts;
+                    async move { stmts.rows_within(t, day, &mut RowBudget::new(rows_per_tenant)).await }
+                }))
+                .await?;
+                Ok(days.iter().flat_map(|rows| rules::report(rows, g, day, day + 86_400_000)).collect())
+            }
+        }))
+    })
+    .try_flatten()
 }
 
 /// Days a tenant's charts read: the 30-day chart's (the 24-hour chart's are among them).

@@ -165,7 +165,8 @@ pub fn describe() {
     describe_counter!(
         API_CONNECTIONS_REFUSED,
         "Connections answered 503 and closed, by reason (per_ip: one address holds api.limits.connections_per_ip; \
-         per_prefix: one IPv4 /24 or IPv6 /64 holds api.limits.connections_per_prefix; total: \
+         per_prefix: one IPv4 /24 or IPv6 /64 holds api.limits.connections_per_prefix; per_tenant: the \
+         request's tenant or admin key has requests on api.limits.connections_per_tenant connections; total: \
          api.limits.connections are open)"
     );
     describe_counter!(

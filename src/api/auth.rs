@@ -105,12 +105,49 @@ pub async fn require_caller(State(st): State<ApiState>, mut req: Request, next: 
     match st.authenticate(req.headers()).await {
         Ok(caller) => {
             let key = key_id(req.headers());
+            if let Some(refused) = carried(&req, &caller, &key) {
+                return refused;
+            }
             req.extensions_mut().insert(key);
             req.extensions_mut().insert(caller);
             next.run(req).await
         }
         Err(e) => e.into_response(),
     }
+}
+
+/// Takes the caller's share of the request's connection (`api.limits.connections_per_tenant`),
+/// or the 503 (closing the connection) that refuses it.
+fn carried(req: &Request, caller: &Caller, key: &super::limits::KeyId) -> Option<Response> {
+    use super::connection::{CarryRefused, Conn, OWNERS_PER_CONNECTION};
+    let conn = req.extensions().get::<std::sync::Arc<Conn>>()?;
+    let owner = match caller.tenant() {
+        Some(t) => format!("tenant:{t}"),
+        None => format!("key:{}", key.0),
+    };
+    let message = match conn.carry(&owner).err()? {
+        CarryRefused::Owner(busy) => {
+            let most = match busy {
+                crate::core::api_limits::Busy::Key { most, .. } | crate::core::api_limits::Busy::Total { most, .. } => {
+                    most
+                }
+            };
+            format!(
+                "{caller} has requests on {most} connections to this API process, its limit \
+                 (api.limits.connections_per_tenant); reuse kept-alive connections or close idle ones"
+            )
+        }
+        CarryRefused::Crowded => format!(
+            "this connection carries the requests of {OWNERS_PER_CONNECTION} tenants or admin keys already; \
+             open another connection for {caller}"
+        ),
+    };
+    metrics::counter!(crate::metrics::API_CONNECTIONS_REFUSED, "reason" => "per_tenant").increment(1);
+    let mut err = super::ApiError::new(StatusCode::SERVICE_UNAVAILABLE, super::codes::TOO_MANY_CONNECTIONS, message);
+    err.retry_after_secs = Some(1);
+    let mut resp = err.into_response();
+    resp.headers_mut().insert(header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+    Some(resp)
 }
 
 /// The id of the (authenticated) key in `headers`, for per-key bounds.

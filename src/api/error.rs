@@ -12,6 +12,7 @@ use std::time::Duration;
 /// Stable machine-readable error codes (the `code` field of error bodies).
 pub mod codes {
     pub const INVALID_JSON: &str = "INVALID_JSON";
+    pub const TOO_MANY_CONNECTIONS: &str = "TOO_MANY_CONNECTIONS";
     pub const INVALID_JOB: &str = "INVALID_JOB";
     pub const UNKNOWN_TENANT: &str = "UNKNOWN_TENANT";
     pub const UNKNOWN_JOB_TYPE: &str = "UNKNOWN_JOB_TYPE";

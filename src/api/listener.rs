@@ -8,14 +8,19 @@
 //!   that holds many connections shuts out itself, not the others, and a full process
 //!   says so instead of leaving callers in the kernel's accept queue.
 //! - A request's head must arrive whole within `head_timeout`, however slowly its bytes
-//!   trickle (hyper's header-read timer); a connection without a byte read or written
-//!   for `idle_timeout` is closed ([`IdleIo`]).
+//!   trickle (hyper's header-read timer for HTTP/1; for both HTTP/1 and HTTP/2, bytes
+//!   read while no request is open must become a request within it:
+//!   [`super::connection`]); a connection without a byte read or written for
+//!   `idle_timeout` is closed ([`IdleIo`]).
+//! - Each tenant (all its keys) and admin key holds at most `connections_per_tenant` of
+//!   the connections its requests came on ([`super::connection::Conn::carry`]).
 //! - Saturation shows in `fairway_api_connections` (open), in
 //!   `fairway_api_connections_refused_total{reason}` and in `/readyz`, which answers
 //!   `ready (busy: ...)` while every connection is taken ([`Connections::saturated`]):
 //!   still 200, so a flood that fills every replica does not take them all out of their
 //!   Service at once.
 
+use super::connection::{hold_until_sent, Conn};
 use crate::core::api_limits::{client_prefix, ApiLimits, Bound, Busy, Usage};
 use crate::metrics::{API_CONNECTIONS, API_CONNECTIONS_REFUSED};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -34,12 +39,16 @@ const REFUSAL_WRITE: Duration = Duration::from_secs(1);
 
 /// What the per-prefix bound counts (and how its refusals are told apart).
 const PER_PREFIX: &str = "connections from one network prefix";
+/// What the per-owner bound counts.
+pub const PER_OWNER: &str = "connections carrying one tenant's requests";
 
 /// The open connections, per client address, per network prefix and in all.
 pub struct Connections {
     usage: Mutex<Usage>,
     /// Per prefix ([`client_prefix`]); its total bound is `usage`'s.
     prefixes: Mutex<Usage>,
+    /// Per key owner (a tenant, an admin key): the connections carrying its requests.
+    owners: Arc<Mutex<Usage>>,
     most: u64,
     refusing: Arc<tokio::sync::Semaphore>,
 }
@@ -73,6 +82,11 @@ impl Connections {
                 Bound { per_key: limits.connections_per_prefix, total: limits.connections },
                 Bound::NONE,
             )),
+            owners: Arc::new(Mutex::new(Usage::new(
+                PER_OWNER,
+                Bound { per_key: limits.connections_per_tenant, total: u64::MAX },
+                Bound::NONE,
+            ))),
             most: limits.connections,
             refusing: Arc::new(tokio::sync::Semaphore::new(REFUSING)),
         })
@@ -93,6 +107,11 @@ impl Connections {
         };
         metrics::gauge!(API_CONNECTIONS).set(open as f64);
         Ok(Held { conns: self.clone(), ip, prefix })
+    }
+
+    /// The state of a connection given `held`.
+    pub fn open(&self, held: Held) -> Arc<Conn> {
+        Conn::new(held, self.owners.clone())
     }
 
     /// Why this process cannot take another connection, if it cannot (for `/readyz`).
@@ -157,6 +176,7 @@ pub async fn serve(
     let mut http = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     http.http1().timer(TokioTimer::new()).header_read_timeout(Duration::from_millis(limits.head_timeout.0 as u64));
     let idle = Duration::from_millis(limits.idle_timeout.0 as u64);
+    let head = Duration::from_millis(limits.head_timeout.0 as u64);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
@@ -181,8 +201,9 @@ pub async fn serve(
             }
         };
         let _ = stream.set_nodelay(true);
-        let io = TokioIo::new(IdleIo::new(stream, idle, held));
-        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let conn = conns.open(held);
+        let io = TokioIo::new(IdleIo::new(stream, Deadlines { idle, head }, conn.clone()));
+        let service = hyper_util::service::TowerToHyperService::new(counted(router.clone(), conn));
         let conn = graceful.watch(http.serve_connection_with_upgrades(io, service).into_owned());
         tokio::spawn(async move {
             if let Err(e) = conn.await {
@@ -195,34 +216,89 @@ pub async fn serve(
     Ok(())
 }
 
-/// A connection that fails with `TimedOut` after `idle` without progress either way.
+/// `router` with each request counted open on `conn` (and given it in its
+/// extensions) until its response body is sent.
+fn counted(
+    router: axum::Router,
+    conn: Arc<Conn>,
+) -> impl tower::Service<
+    axum::extract::Request<hyper::body::Incoming>,
+    Response = axum::response::Response,
+    Error = std::convert::Infallible,
+    Future = impl Future<Output = Result<axum::response::Response, std::convert::Infallible>> + Send,
+> + Clone {
+    tower::service_fn(move |mut req: axum::extract::Request<hyper::body::Incoming>| {
+        let open = conn.start();
+        req.extensions_mut().insert(conn.clone());
+        let resp = tower::ServiceExt::oneshot(router.clone(), req);
+        async move { Ok(hold_until_sent(resp.await?, open)) }
+    })
+}
+
+/// How long a connection may go without progress, and without a request head.
+#[derive(Clone, Copy)]
+struct Deadlines {
+    idle: Duration,
+    head: Duration,
+}
+
+/// A connection that fails with `TimedOut` after `idle` without progress either way, or
+/// `head` after bytes were read while no request was open without one starting.
 pub struct IdleIo {
     io: tokio::net::TcpStream,
-    idle: Duration,
+    deadlines: Deadlines,
     timer: Pin<Box<tokio::time::Sleep>>,
-    _held: Held,
+    conn: Arc<Conn>,
+    /// While a head is awaited: the connection's requests started when it began to be.
+    head_since: Option<u64>,
+    head_timer: Pin<Box<tokio::time::Sleep>>,
 }
 
 impl IdleIo {
-    fn new(io: tokio::net::TcpStream, idle: Duration, held: Held) -> Self {
-        IdleIo { io, idle, timer: Box::pin(tokio::time::sleep(idle)), _held: held }
+    fn new(io: tokio::net::TcpStream, deadlines: Deadlines, conn: Arc<Conn>) -> Self {
+        IdleIo {
+            io,
+            deadlines,
+            timer: Box::pin(tokio::time::sleep(deadlines.idle)),
+            conn,
+            head_since: None,
+            head_timer: Box::pin(tokio::time::sleep(deadlines.head)),
+        }
     }
 
-    /// After an inner poll: progress moves the deadline; while pending, the deadline
+    /// After bytes were read: a head is awaited from now when no request is open.
+    fn read_some(&mut self) {
+        if self.head_since.is_some_and(|n| self.conn.still_waiting(n)) {
+            return;
+        }
+        self.head_since = self.conn.head_wait();
+        if self.head_since.is_some() {
+            self.head_timer.as_mut().reset(tokio::time::Instant::now() + self.deadlines.head);
+        }
+    }
+
+    /// After an inner poll: progress moves the idle deadline; while pending, a deadline
     /// passing turns into an error.
     fn check<T>(&mut self, cx: &mut Context<'_>, r: Poll<std::io::Result<T>>) -> Poll<std::io::Result<T>> {
         match r {
             Poll::Ready(r) => {
-                self.timer.as_mut().reset(tokio::time::Instant::now() + self.idle);
+                self.timer.as_mut().reset(tokio::time::Instant::now() + self.deadlines.idle);
                 Poll::Ready(r)
             }
-            Poll::Pending => match self.timer.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "connection idle longer than api.limits.idle_timeout",
-                ))),
-                Poll::Pending => Poll::Pending,
-            },
+            Poll::Pending => {
+                let timed_out = |what| Poll::Ready(Err(std::io::Error::new(std::io::ErrorKind::TimedOut, what)));
+                if self.timer.as_mut().poll(cx).is_ready() {
+                    return timed_out("connection idle longer than api.limits.idle_timeout");
+                }
+                if self.head_since.is_some_and(|n| self.conn.still_waiting(n)) {
+                    if self.head_timer.as_mut().poll(cx).is_ready() {
+                        return timed_out("bytes without a request head for longer than api.limits.head_timeout");
+                    }
+                } else {
+                    self.head_since = None;
+                }
+                Poll::Pending
+            }
         }
     }
 }
@@ -234,7 +310,11 @@ impl tokio::io::AsyncRead for IdleIo {
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
+        let before = buf.filled().len();
         let r = Pin::new(&mut this.io).poll_read(cx, buf);
+        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            this.read_some();
+        }
         this.check(cx, r)
     }
 }

@@ -28,6 +28,7 @@
 
 mod admin;
 pub mod auth;
+pub mod connection;
 pub mod console;
 mod drain;
 mod error;

@@ -116,18 +116,17 @@ pub(super) async fn export(
         Some(other) => return Err(invalid(format!("format={other:?}: use ndjson or csv"))),
     };
     let stmts = statements(&st).await?.clone();
-    let days = rules::days(&period);
+    let rows_per_tenant = st.limits().ledger_rows();
     let header_line = if csv { Some(Ok::<_, std::io::Error>(rules::CSV_HEADER.to_string())) } else { None };
-    let slot = std::sync::Arc::new(slot);
-    let body = futures::stream::iter(header_line).chain(futures::stream::iter(days).then(move |day| {
-        let stmts = stmts.clone();
-        let _held = slot.clone();
-        async move {
-            let _held = _held;
-            let lines = ledger::export_day(&stmts, day, g).await.map_err(std::io::Error::other)?;
+    // One chunk of tenants' lines at a time; the heavy-read slot goes with the body.
+    let chunks = futures::stream::iter(rules::days(&period))
+        .flat_map(move |day| ledger::export_day(stmts.clone(), day, g, rows_per_tenant))
+        .map(move |chunk| {
+            let _held = &slot;
+            let lines = chunk.map_err(std::io::Error::other)?;
             Ok::<_, std::io::Error>(lines.iter().map(|l| line(l, csv)).collect::<String>())
-        }
-    }));
+        });
+    let body = futures::stream::iter(header_line).chain(chunks);
     let kind = if csv { "text/csv" } else { "application/x-ndjson" };
     Ok(([(header::CONTENT_TYPE, kind)], Body::from_stream(body)).into_response())
 }

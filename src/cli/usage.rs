@@ -56,7 +56,10 @@ pub async fn run(cfg: &Config, a: UsageArgs) -> anyhow::Result<ExitCode> {
         }
         None if a.month.is_some() => {
             for day in rules::days(&period) {
-                print(&mut out, &ledger::export_day(&stmts, day, g).await?, a.csv)?;
+                let mut chunks = std::pin::pin!(ledger::export_day(stmts.clone(), day, g, u64::MAX));
+                while let Some(lines) = futures::StreamExt::next(&mut chunks).await {
+                    print(&mut out, &lines?, a.csv)?;
+                }
             }
         }
         None => bail!("name a --tenant, or export every tenant's usage of a --month"),

@@ -44,8 +44,14 @@ pub struct ApiLimits {
     /// IPv6 /64), so a client with many addresses (an IPv6 /64, 127.0.0.x aliases)
     /// counts as one; past it, 503.
     pub connections_per_prefix: u64,
+    /// Connections carrying the requests of one tenant (all its keys) or one admin key
+    /// (taken at its first request on a connection, held until the connection closes),
+    /// so a tenant with many addresses or behind a shared proxy is held to its share;
+    /// past it, 503.
+    pub connections_per_tenant: u64,
     /// A request's head (request line and headers) must arrive whole within this long
-    /// (else the connection is closed), however the bytes trickle in.
+    /// (else the connection is closed), however the bytes trickle in; over HTTP/2 too,
+    /// bytes read while no request is open must start one within it.
     pub head_timeout: DurationMs,
     /// A connection with no bytes read or written for this long is closed (stalled
     /// headers or bodies, idle keep-alive; live streams write a keep-alive every 15 s).
@@ -87,6 +93,7 @@ impl Default for ApiLimits {
             connections: 4096,
             connections_per_ip: 256,
             connections_per_prefix: 1024,
+            connections_per_tenant: 512,
             head_timeout: DurationMs::secs(10),
             idle_timeout: DurationMs::secs(60),
             control_body_bytes: 256 << 10,
@@ -123,6 +130,7 @@ impl ApiLimits {
             ("connections", self.connections),
             ("connections_per_ip", self.connections_per_ip),
             ("connections_per_prefix", self.connections_per_prefix),
+            ("connections_per_tenant", self.connections_per_tenant),
             ("control_body_bytes", self.control_body_bytes),
             ("requests_per_key", u64::from(self.requests_per_key)),
             ("requests_per_tenant", u64::from(self.requests_per_tenant)),

@@ -326,6 +326,165 @@ async fn readiness_says_busy_when_every_connection_is_taken_and_stays_ready() {
     let _ = stop.send(());
 }
 
+/// One HTTP/2 frame: its 9-byte header (length, type, flags, stream) and payload.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// The payload of the first whole HEADERS frame of `stream` in `bytes` (frames from the
+/// start).
+fn h2_headers_of(mut bytes: &[u8], stream: u32) -> Option<&[u8]> {
+    while bytes.len() >= 9 {
+        let len = (usize::from(bytes[0]) << 16) | (usize::from(bytes[1]) << 8) | usize::from(bytes[2]);
+        let id = u32::from_be_bytes([bytes[5], bytes[6], bytes[7], bytes[8]]) & 0x7fff_ffff;
+        let payload = bytes.get(9..9 + len)?;
+        if bytes[3] == H2_HEADERS && id == stream && !payload.is_empty() {
+            return Some(payload);
+        }
+        bytes = &bytes[9 + len..];
+    }
+    None
+}
+
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const H2_HEADERS: u8 = 0x1;
+const H2_SETTINGS: u8 = 0x4;
+const H2_PING: u8 = 0x6;
+const H2_CONTINUATION: u8 = 0x9;
+const END_STREAM: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+
+/// Reads `s` until the server closes it (or `within` passes): how long it took, and
+/// everything read.
+async fn until_closed(s: &mut (impl tokio::io::AsyncRead + Unpin), within: Duration) -> (Option<f64>, Vec<u8>) {
+    let start = Instant::now();
+    let mut got = Vec::new();
+    let closed = tokio::time::timeout(within, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    (closed.ok().map(|()| start.elapsed().as_secs_f64()), got)
+}
+
+/// HTTP/2 (prior knowledge, as `fairway serve` speaks it on plain TCP) has no header
+/// read timer of hyper's: two clients that keep a connection busy without ever making a
+/// request (PINGs every half second; a HEADERS frame whose CONTINUATIONs trickle a byte
+/// at a time) are closed at `head_timeout`, while a real HTTP/2 request is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn http2_frames_that_never_make_a_request_are_cut_at_head_timeout() {
+    let cfg = common::arc(common::config(""));
+    common::init(&cfg).await;
+    let srv = Serve::start(&cfg, "[api.limits]\nhead_timeout = \"2s\"\nidle_timeout = \"60s\"\n", &[]);
+    let addr = srv.base.trim_start_matches("http://").to_string();
+    let open = || async {
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        s.write_all(&[H2_PREFACE, &h2_frame(H2_SETTINGS, 0, 0, &[])].concat()).await.unwrap();
+        s
+    };
+    // A real request: GET /healthz (HPACK: :method GET, :scheme http, :path /healthz).
+    let mut real = open().await;
+    let mut head = vec![0x82, 0x86, 0x04, 8];
+    head.extend_from_slice(b"/healthz");
+    real.write_all(&h2_frame(H2_HEADERS, END_HEADERS | END_STREAM, 1, &head)).await.unwrap();
+    let mut answered = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let status = loop {
+        if let Some(block) = h2_headers_of(&answered, 1) {
+            break block[0];
+        }
+        assert!(Instant::now() < deadline, "no HTTP/2 answer within 5 s: {answered:?}");
+        let n = tokio::time::timeout(Duration::from_secs(5), real.read(&mut buf)).await.unwrap().unwrap();
+        assert!(n > 0, "the server closed a real HTTP/2 request's connection");
+        answered.extend_from_slice(&buf[..n]);
+    };
+    // HPACK index 8 is `:status 200`.
+    assert_eq!(status, 0x88, "GET /healthz over HTTP/2 was not answered 200: {answered:?}");
+
+    // Each keeps writing every half second (each byte would reset the idle timer).
+    let busy = |s: tokio::net::TcpStream, first: Vec<u8>, each: Vec<u8>| {
+        let (mut rx, mut tx) = s.into_split();
+        tokio::spawn(async move {
+            let _ = tx.write_all(&first).await;
+            for _ in 0..40 {
+                if tx.write_all(&each).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        });
+        async move { until_closed(&mut rx, Duration::from_secs(15)).await.0 }
+    };
+    // :method GET, :scheme http, :path /, then a literal header whose 1,000-byte value
+    // never ends.
+    let partial = [0x82, 0x86, 0x84, 0x00, 0x01, b'x', 0x7f, 0xe9, 0x06];
+    let (pinged, trickled) = tokio::join!(
+        busy(open().await, Vec::new(), h2_frame(H2_PING, 0, 0, &[7; 8])),
+        busy(open().await, h2_frame(H2_HEADERS, 0, 1, &partial), h2_frame(H2_CONTINUATION, 0, 1, b"a")),
+    );
+    eprintln!("closed after: pinging {pinged:?} s, trickling a head {trickled:?} s (head_timeout 2 s, idle 60 s)");
+    for (who, closed) in [("PINGs only", pinged), ("a trickled HEADERS frame", trickled)] {
+        let secs = closed.unwrap_or_else(|| panic!("the connection sending {who} was still open after 15 s"));
+        assert!((1.5..8.0).contains(&secs), "the connection sending {who} closed after {secs:.1} s");
+    }
+}
+
+/// A tenant's keys on many connections (from many addresses, as behind a proxy or a NAT,
+/// or one client's pool) hold at most `connections_per_tenant` of them; another tenant
+/// is served at once, and a closed connection gives its share back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_tenants_connections_are_held_to_its_share() {
+    let cfg = common::arc(common::config(""));
+    common::init(&cfg).await;
+    let srv = Serve::start(&cfg, "[api.limits]\nconnections_per_tenant = 4\n", &[]);
+    let addr: std::net::SocketAddr = srv.base.trim_start_matches("http://").parse().unwrap();
+    let (acme1, acme2, globex) = (key(&cfg, "acme").await, key(&cfg, "acme").await, key(&cfg, "globex").await);
+    // Each from an address of its own: the per-address bounds do not apply.
+    let ask = |n: u8, key: String| async move {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind((std::net::Ipv4Addr::new(127, 0, 3, n), 0).into()).unwrap();
+        let mut s = sock.connect(addr).await.unwrap();
+        let req = format!("GET /v1/jobs/no-such-job HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {key}\r\n\r\n");
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await.unwrap().unwrap();
+        (s, String::from_utf8_lossy(&buf[..n]).to_string())
+    };
+    let mut held = Vec::new();
+    for i in 0..4 {
+        let (s, said) = ask(10 + i, if i % 2 == 0 { acme1.clone() } else { acme2.clone() }).await;
+        assert!(said.starts_with("HTTP/1.1 404"), "acme's connection {i}: {said}");
+        held.push(s);
+    }
+    let (mut fifth, said) = ask(20, acme2.clone()).await;
+    assert!(said.starts_with("HTTP/1.1 503"), "acme's fifth connection: {said}");
+    assert!(said.contains("TOO_MANY_CONNECTIONS") && said.contains("api.limits.connections_per_tenant"), "{said}");
+    assert!(said.to_lowercase().contains("retry-after: 1"), "{said}");
+    assert!(until_closed(&mut fifth, Duration::from_secs(5)).await.0.is_some(), "the refused connection stays open");
+    let (_g, said) = ask(21, globex).await;
+    assert!(said.starts_with("HTTP/1.1 404"), "another tenant beside acme's connections: {said}");
+    held.pop();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_s, said) = ask(22, acme1.clone()).await;
+        if said.starts_with("HTTP/1.1 404") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "acme's share was not given back when a connection closed: {said}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// A body over its bound: answered 413, or refused unread (the server answered and closed
 /// before the client had written it all, so the client's write failed).
 fn refused(sent: reqwest::Result<reqwest::Response>, what: &str) {

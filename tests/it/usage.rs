@@ -337,6 +337,56 @@ async fn heavy_reads_are_bounded_in_flight_per_tenant_and_in_rows() {
     let _ = stop_api.send(());
 }
 
+/// The admin export streams every tenant's day a chunk of tenants at a time: 100
+/// tenants' usage today comes out as 100 lines (ndjson and csv); a tenant whose day is
+/// past `ledger_rows_per_request` ends the stream with an error instead of being read
+/// whole into memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_export_streams_every_tenant_and_bounds_each_tenants_day() {
+    use fairway::core::auth::Caller;
+    use fairway::core::ledger::{Account, Flush, Usage};
+    let mut c = config("[registry]\nunknown_tenants = \"admit\"\n");
+    c.api.limits.ledger_rows_per_request = 1_000;
+    let cfg = arc(c);
+    init(&cfg).await;
+    let (_, admin) = create_key(&cfg, &Caller::Admin, "export").await;
+    let (base, stop_api) = serve_api(&cfg).await;
+    const DAY: i64 = 86_400_000;
+    let today = now_ms().div_euclid(DAY) * DAY;
+    let month = chrono::DateTime::from_timestamp_millis(today).unwrap().format("%Y-%m").to_string();
+    let store = fairway::store::Store::open(&cfg).await.expect("store");
+    let stmts = store.ledger_statements().await.expect("ledger statements");
+    let usage = Usage { results: 2, succeeded: 2, run_ms: 10, ..Usage::default() };
+    let account = |t: String, j: usize| Account { tenant: t, pool: Pool::Short, job_type: format!("t{j}") };
+    let rows = (0..100).map(|i| (account(format!("export-{i:03}"), 0), usage)).collect();
+    stmts.put_flush(0, &Flush { window: today, first: 0, upto: 1, rows, fleet: vec![] }, 3_600).await.unwrap();
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
+    let export =
+        |format: &str| http.get(format!("{base}/v1/admin/usage?month={month}&format={format}")).bearer_auth(&admin);
+
+    let text = export("ndjson").send().await.unwrap().text().await.expect("the whole export");
+    let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let mut tenants: Vec<&str> = lines.iter().map(|l| l["tenant"].as_str().unwrap()).collect();
+    tenants.sort_unstable();
+    tenants.dedup();
+    assert_eq!(tenants.len(), 100, "{text}");
+    assert!(lines.iter().all(|l| l["results"] == 2), "{}", lines[0]);
+    let csv = export("csv").send().await.unwrap().text().await.expect("the whole export");
+    assert_eq!(csv.lines().count(), 1 + lines.len(), "a header and the same lines: {csv}");
+
+    // One tenant's day of 1,200 rows (100 job types x 12 windows), past the budget.
+    for w in 0..12 {
+        let rows = (0..100).map(|j| (account("export-huge".into(), j), usage)).collect();
+        let window = today + w * fairway::core::ledger::WINDOW_MS;
+        stmts.put_flush(0, &Flush { window, first: 0, upto: 1, rows, fleet: vec![] }, 3_600).await.unwrap();
+    }
+    let resp = export("ndjson").send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let cut = resp.text().await;
+    assert!(cut.is_err(), "an export past a tenant's row budget ended as if whole: {} bytes", cut.unwrap().len());
+    let _ = stop_api.send(());
+}
+
 async fn whole_topic(cfg: &fairway::config::Config, topic: &str) -> Vec<JobResult> {
     let (c, t) = (cfg.clone(), topic.to_string());
     let reader = tokio::task::spawn_blocking(move || fairway::kafka::reader_from_start(&c, "usage-check", &t))
