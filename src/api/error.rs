@@ -49,6 +49,8 @@ pub mod codes {
     pub const TENANT_EXISTS: &str = "TENANT_EXISTS";
     pub const TOO_MANY_SESSIONS: &str = "TOO_MANY_SESSIONS";
     pub const REPLAY_FAILED: &str = "REPLAY_FAILED";
+    pub const TOO_MANY_REPLAYS: &str = "TOO_MANY_REPLAYS";
+    pub const REPLAY_NOT_FOUND: &str = "REPLAY_NOT_FOUND";
     pub const JOB_TYPE_NOT_ALLOWED: &str = "JOB_TYPE_NOT_ALLOWED";
     pub const SCHEDULE_TOO_FAR_AHEAD: &str = "SCHEDULE_TOO_FAR_AHEAD";
     pub const TOO_MANY_SUBMISSIONS: &str = "TOO_MANY_SUBMISSIONS";

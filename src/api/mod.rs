@@ -37,6 +37,7 @@ pub mod limits;
 pub mod listener;
 pub mod openapi;
 mod regions;
+pub mod replays;
 mod schedules;
 mod usage;
 
@@ -115,6 +116,8 @@ struct Inner {
     regions: Option<regions::Regions>,
     /// The fleet's ledger days folded for the console's tenant pages.
     fleet_days: crate::ledger::FleetDays,
+    /// Dead-letter replays started here (API and console).
+    replays: replays::Replays,
 }
 
 impl Inner {
@@ -148,6 +151,7 @@ impl Inner {
             regions: None,
             alerts: Default::default(),
             fleet_days: Default::default(),
+            replays: Default::default(),
         }
     }
 }
@@ -252,6 +256,10 @@ impl ApiState {
 
     fn limits(&self) -> &limits::Limits {
         &self.inner.front
+    }
+
+    pub(crate) fn replays(&self) -> &replays::Replays {
+        &self.inner.replays
     }
 
     /// Checks a submitted job (`Submitter::validate`), and that its results can be
@@ -371,6 +379,8 @@ pub const ROUTES: &[Route] = &[
     route(Method::GET, "/v1/admin/schedules", heavy(None), |m| on(m, schedules::list_all)),
     route(Method::GET, "/v1/usage", heavy(None), |m| on(m, usage::report)),
     route(Method::GET, "/v1/alerts", keyed(None), |m| on(m, usage::alerts)),
+    route(Method::POST, "/v1/replays", heavy(Some(limits::BodyRoute::Control)), |m| on(m, replays::post)),
+    route(Method::GET, "/v1/replays/{run}", keyed(None), |m| on(m, replays::get)),
     route(Method::GET, "/v1/admin/usage", keyed(None), |m| on(m, usage::export)),
     route(Method::GET, "/v1/admin/tenants", heavy(Some(limits::BodyRoute::Control)), |m| on(m, admin::list)),
     route(Method::POST, "/v1/admin/tenants", CONTROL, |m| on(m, admin::add)),

@@ -1,7 +1,7 @@
 //! The operator console in a real headless Chromium (driven over WebDriver by
 //! chromedriver) against the real broker and CQL database: the overview updates while
 //! jobs run; a dead-lettered job is found, previewed and replayed from the page and then
-//! succeeds; a tenant key sees only its tenant (and cannot act), while an admin suspends
+//! succeeds; a tenant key sees only its tenant (and previews a replay of its own dead letters only), while an admin suspends
 //! a tenant from the tenants page and pauses a tenant's schedule from the schedules page;
 //! a tenant's page charts what the usage ledger counted of its jobs (and lists its alerts),
 //! and the overview charts the top tenants. Screenshots of each page go to
@@ -381,12 +381,14 @@ async fn a_tenant_key_sees_only_its_tenant_and_an_admin_suspends_one() {
         .await;
         assert_eq!(rows, json!(["a-yearly"]), "a tenant key lists its own schedules only");
         assert!(c.find(Locator::Css("button.pause-schedule")).await.is_err(), "no schedule actions for a tenant key");
-        // DLQ: its own dead letter, not globex's; no replay panel.
+        // DLQ: its own dead letter, not globex's; its replay previews only its own.
         c.goto(&s.url("/console/dlq")).await.unwrap();
         c.wait().at_most(Duration::from_secs(30)).for_element(Locator::Css("#dlq")).await.unwrap();
         let listed = js(&c, "return [...document.querySelectorAll('#dlq tr[data-job]')].map(r => r.dataset.job)").await;
         assert_eq!(listed, json!([acme_job]), "only acme's dead letter");
-        assert!(c.find(Locator::Css("#replay-panel")).await.is_err());
+        c.find(Locator::Css("#preview")).await.expect("a tenant's replay panel").click().await.unwrap();
+        let n = until(Duration::from_secs(60), "the tenant's dry-run preview", || text(&c, "#would-replay")).await;
+        assert_eq!(n, "1", "acme's preview counts its own dead letter only");
         // Even asking for globex's in the query shows only its own.
         c.goto(&s.url("/console/dlq?tenant=globex")).await.unwrap();
         c.wait().at_most(Duration::from_secs(30)).for_element(Locator::Css("#dlq")).await.unwrap();
@@ -398,17 +400,20 @@ async fn a_tenant_key_sees_only_its_tenant_and_an_admin_suspends_one() {
         assert!(page.contains("no state for job"), "globex's job answers like an unknown id");
         assert!(c.find(Locator::Css("#job-id")).await.is_err(), "no job detail");
         assert!(!page.contains("globex"), "nothing of another tenant on the page");
-        // Actions are refused even with the page's token.
-        let status = c
-            .execute_async(
-                "const done = arguments[0]; fetch('/console/api/replays', {method: 'POST', headers: {'Content-Type': \
-                 'application/json', 'X-CSRF-Token': document.querySelector('meta[name=csrf]').content}, body: \
-                 JSON.stringify({dry_run: true})}).then(r => done(r.status))",
-                vec![],
+        // Admin actions are refused even with the page's token; a replay naming another
+        // tenant is the key's own tenant's.
+        let post = |path: &str, body: &str| {
+            format!(
+                "const done = arguments[0]; fetch('{path}', {{method: 'POST', headers: {{'Content-Type': \
+                 'application/json', 'X-CSRF-Token': document.querySelector('meta[name=csrf]').content}}, body: \
+                 JSON.stringify({body})}}).then(async r => done([r.status, await r.json()]))"
             )
-            .await
-            .unwrap();
-        assert_eq!(status, json!(403));
+        };
+        let answer = c.execute_async(&post("/console/api/tenants/globex", "{suspended: true}"), vec![]).await.unwrap();
+        assert_eq!(answer[0], json!(403), "{answer}");
+        let answer =
+            c.execute_async(&post("/console/api/replays", "{dry_run: true, tenant: 'globex'}"), vec![]).await.unwrap();
+        assert_eq!((&answer[0], &answer[1]["would_replay"]), (&json!(200), &json!(1)), "{answer}");
         // The overview is the tenant's own.
         c.goto(&s.url("/console")).await.unwrap();
         c.wait().at_most(Duration::from_secs(20)).for_element(Locator::Css("#pools")).await.unwrap();

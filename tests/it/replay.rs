@@ -333,3 +333,70 @@ async fn a_dlq_browse_shows_each_partitions_newest_records_past_a_flood() {
     assert_eq!(all.listed.len(), 5);
     assert_eq!(all.listed.last().and_then(|l| l.candidate.job.as_ref()).map(|j| j.tenant.as_str()), Some("globex"));
 }
+
+/// A tenant replays its own dead letters through the API (`POST /v1/replays`): a dry
+/// run first, then the run it follows to its report; the replayed jobs are back on their
+/// pool topic with fresh attempts. Another tenant's key neither sees them nor the run,
+/// and cannot name them; a second replay while one runs is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_replays_its_own_dead_letters_through_the_api() {
+    use fairway::core::auth::Caller;
+    use serde_json::{json, Value};
+    let cfg = Arc::new(common::config(""));
+    common::init(&cfg).await;
+    let producer = kafka::producer(&cfg).unwrap();
+    let acme: Vec<JobSubmitted> = (0..3).map(|_| job(&cfg, "acme", "echo", 0)).collect();
+    let globex: Vec<JobSubmitted> = (0..2).map(|_| job(&cfg, "globex", "echo", 0)).collect();
+    for j in acme.iter().chain(&globex) {
+        send_dl(&producer, &cfg, &dead_letter(Some(j.clone())), None).await;
+    }
+    let (_, a) = common::create_key(&cfg, &Caller::Tenant("acme".into()), "it_replay").await;
+    let (_, g) = common::create_key(&cfg, &Caller::Tenant("globex".into()), "it_replay").await;
+    let (base, stop_api) = common::serve_api(&cfg).await;
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
+    let call = |key: &str, method: reqwest::Method, path: &str, body: Option<Value>| {
+        let mut req = http.request(method, format!("{base}{path}")).bearer_auth(key);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        async move {
+            let r = req.send().await.expect("an answer");
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.unwrap_or_default())
+        }
+    };
+    use reqwest::Method;
+
+    let (status, dry) = call(&a, Method::POST, "/v1/replays", Some(json!({"dry_run": true}))).await;
+    assert_eq!(status, 200, "{dry}");
+    assert_eq!((dry["would_replay"].as_u64(), dry["replayed"].as_u64()), (Some(3), Some(0)), "{dry}");
+    let sampled: Vec<&str> = dry["sample"].as_array().unwrap().iter().map(|s| s["tenant"].as_str().unwrap()).collect();
+    assert!(!sampled.is_empty() && sampled.iter().all(|t| *t == "acme"), "acme's dry run shows {sampled:?}");
+    let (status, theirs) = call(&g, Method::POST, "/v1/replays", Some(json!({"dry_run": true}))).await;
+    assert_eq!((status, theirs["would_replay"].as_u64()), (200, Some(2)), "globex sees its own two: {theirs}");
+    let (status, named) = call(&g, Method::POST, "/v1/replays", Some(json!({"dry_run": true, "tenant": "acme"}))).await;
+    assert_eq!((status, named["code"].as_str()), (403, Some("FORBIDDEN")), "{named}");
+
+    let (status, started) = call(&a, Method::POST, "/v1/replays", Some(json!({"rate": 1000}))).await;
+    assert_eq!(status, 202, "{started}");
+    let run = started["run"].as_str().expect("a run id").to_string();
+    let (status, again) = call(&a, Method::POST, "/v1/replays", Some(json!({}))).await;
+    assert_eq!((status, again["code"].as_str()), (429, Some("TOO_MANY_REPLAYS")), "{again}");
+    let (status, peek) = call(&g, Method::GET, &format!("/v1/replays/{run}"), None).await;
+    assert_eq!((status, peek["code"].as_str()), (404, Some("REPLAY_NOT_FOUND")), "another tenant's run: {peek}");
+    let done = common::wait_for(Duration::from_secs(60), async || {
+        let (status, p) = call(&a, Method::GET, &format!("/v1/replays/{run}"), None).await;
+        assert_eq!(status, 200, "{p}");
+        (p["done"] == true).then_some(p)
+    })
+    .await
+    .expect("the replay finished within 60 s");
+    assert_eq!(done["replayed"].as_u64(), Some(3), "{done}");
+
+    let back = read_jobs(&cfg, &cfg.pool_topic(Pool::Short), IDLE).await;
+    let ids: HashSet<&str> = back.iter().map(|j| j.job_id.as_str()).collect();
+    assert!(acme.iter().all(|j| ids.contains(j.job_id.as_str())), "acme's jobs are back on the pool topic");
+    assert!(globex.iter().all(|j| !ids.contains(j.job_id.as_str())), "globex's were not replayed");
+    assert!(back.iter().all(|j| j.attempt == 0 && j.replay_count == 1), "fresh attempts: {back:?}");
+    let _ = stop_api.send(());
+}

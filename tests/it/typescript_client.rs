@@ -171,5 +171,6 @@ pub async fn installs_from_its_tarball_and_moves_2000_jobs(services: &common::Cl
         (summary["jobs"].as_u64(), summary["missing"].as_u64(), summary["wrong"].as_u64()),
         (Some(2000), Some(0), Some(0))
     );
+    assert_eq!(summary["replay_dry_run"], json!({"done": true, "would_replay": 0}), "{summary}");
     assert_eq!(summary["followed_events"].as_array().and_then(|k| k.last()).and_then(Value::as_str), Some("succeeded"));
 }

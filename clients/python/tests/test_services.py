@@ -76,3 +76,31 @@ def test_dead_letters_are_typed_and_replayed_with_fresh_attempts(env, group):
     job = again[replayed].job
     assert job.replay_count == 1 and job.replayed_from == env["prefix"] + "dlq", json.dumps(str(job))
     assert job.tenant == TENANT and job.payload == b"not json"
+
+
+def test_dead_letters_are_replayed_through_the_api_after_a_dry_run(env, group):
+    kc = KafkaClient(env["brokers"], env["prefix"])
+    api = HttpClient(env["api"], env["key"])
+    payload = f"not json {time.time_ns()}".encode()
+    job_id = api.submit(Job(tenant=TENANT, job_type="sleep", payload=payload.decode()))["job_id"]
+    wait_for(kc.dead_letters(group, timeout=60), Ids([job_id], lambda d: d.job and d.job.job_id), 90)
+    dry = api.replay(job_ids=[job_id], dry_run=True)
+    assert dry["would_replay"] == 1 and dry["replayed"] == 0, dry
+    run = api.replay(job_ids=[job_id], rate=10)["run"]
+    deadline = time.monotonic() + 60
+    while not (progress := api.replay_progress(run))["done"]:
+        assert time.monotonic() < deadline, progress
+        time.sleep(0.2)
+    assert progress["replayed"] == 1, progress
+
+    # The replayed copy runs and dead-letters again, as replay 1 of the same payload.
+    class Replayed:
+        def __call__(self, d):
+            ok = d.job and d.job.payload == payload and d.job.replay_count == 1
+            return d.job.job_id if ok else None
+
+        def done(self, seen):
+            return bool(seen)
+
+    again = wait_for(kc.dead_letters(group + "-api", timeout=60), Replayed(), 90)
+    assert again, "the replayed job did not dead-letter again within 90 s"

@@ -1,13 +1,13 @@
 // The client as a user installs it (from its packed tarball, in an empty folder), on the
 // real services: submits 2,000 jobs over the HTTP API, follows one over Server-Sent
 // Events to its result, and reads all 2,000 results from Kafka. Prints one JSON summary
-// line and exits 1 when a result is missing or wrong. Run by tests/it/typescript_client.rs.
+// line and exits 1 when a result is missing or wrong. Run by tests/it/clients.rs (tests/it/typescript_client.rs).
 import { FairwayClient, FairwayError } from "@fairway/client";
 import { KafkaClient, outputJson } from "@fairway/client/kafka";
 
 const need = (name) => {
   const v = process.env[name];
-  if (!v) throw new Error(`${name} is not set: run through cargo test --test it typescript_client`);
+  if (!v) throw new Error(`${name} is not set: run through cargo test --test it clients::`);
   return v;
 };
 const api = new FairwayClient(need("FAIRWAY_TEST_API"), need("FAIRWAY_TEST_API_KEY"));
@@ -78,5 +78,8 @@ summary.results = got.size;
 summary.missing = N - got.size;
 summary.wrong = wrong;
 summary.total_secs = secs();
+// The dead-letter replay's dry run: none of these jobs failed, so none would be replayed.
+const dry = await api.replay({ dry_run: true, job_ids: [...got.keys()].slice(0, 10) });
+summary.replay_dry_run = { done: dry.done, would_replay: dry.would_replay };
 console.log(JSON.stringify(summary));
 process.exit(summary.missing === 0 && wrong === 0 ? 0 : 1);

@@ -15,7 +15,7 @@ import { FairwayError, RedirectRefusedError, TransportError } from "./errors.js"
 import { parseSse } from "./sse.js";
 import {
   Alert, CancelAccepted, JobEvent, JobHistory, JobStatus, MAX_BATCH_JOBS, NewJob, Schedule, ScheduleSpec,
-  Submitted, TERMINAL_KINDS, UsageReport,
+  ReplayRequest, ReplayState, Submitted, TERMINAL_KINDS, UsageReport,
 } from "./types.js";
 
 /** How the client retries a call. */
@@ -336,6 +336,16 @@ export class FairwayClient {
     if (q.tenant) p.set("tenant", q.tenant);
     const qs = p.size ? `?${p}` : "";
     return this.json("GET", `/v1/alerts${qs}`, undefined, { ...opts, idempotent: true });
+  }
+
+  /** `POST /v1/replays`: a dry run answers its report; a real run `{ run }` to follow with `replayProgress`. */
+  replay(req: ReplayRequest, opts: CallOptions = {}): Promise<ReplayState | { run: string }> {
+    return this.json("POST", "/v1/replays", req, { ...opts, idempotent: !!req.dry_run });
+  }
+
+  /** `GET /v1/replays/{run}`: progress, then the report (`done: true`). */
+  replayProgress(run: string, opts: CallOptions = {}): Promise<ReplayState> {
+    return this.json("GET", `/v1/replays/${encodeURIComponent(run)}`, undefined, { ...opts, idempotent: true });
   }
 
   /** `GET /v1/openapi.json`: the API's OpenAPI 3.1 description. */

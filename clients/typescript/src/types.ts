@@ -167,6 +167,40 @@ export interface Alert {
   value: number; threshold: number;
 }
 
+/** `POST /v1/replays`'s filters: a tenant key's replay is always its own tenant's. */
+export interface ReplayRequest {
+  /** `dlq` (the default) or a retry topic's failure class. */
+  source?: string;
+  /** An admin key's filter. */
+  tenant?: string;
+  job_type?: string;
+  class?: string;
+  /** Text of the last error or the reason (case-insensitive). */
+  error?: string;
+  /** Dead-lettered at or after / before (epoch ms). */
+  since?: number;
+  until?: number;
+  /** At most 1,000. */
+  job_ids?: string[];
+  /** Jobs per second (a tenant's at most 100). */
+  rate?: number;
+  dry_run?: boolean;
+}
+
+/** A replay's progress (`done: false`) or its report (`done: true`). */
+export interface ReplayState {
+  done: boolean;
+  scanned: number;
+  matched?: number;
+  replayed?: number;
+  would_replay?: number;
+  dry_run?: boolean;
+  replay_id?: string;
+  sample?: Array<Record<string, unknown>>;
+  error?: string;
+  [k: string]: unknown;
+}
+
 /** Statuses a job ends in. */
 export const TERMINAL_KINDS: readonly EventKind[] = ["succeeded", "failed", "cancelled", "expired"];
 

@@ -5,23 +5,21 @@
 
 use super::gate;
 use super::html::{self, esc};
-use super::session::{require_admin, Actor, Viewer};
+use super::session::{Actor, Viewer};
+use crate::api::replays;
 use crate::api::{codes, ApiError, ApiState};
 use crate::core::replay::{ReplayFilter, ReplaySource};
 use crate::model::FailureClass;
 use crate::now_ms;
-use crate::ops::replay::{self, Listed, Progress, ReplayOptions, ReplayReport};
+use crate::ops::replay::{self, Listed};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::sse::Event;
 use axum::response::Response;
 use axum::Json;
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::fmt::Write as _;
-use std::sync::Mutex;
 use std::time::Duration;
-use tokio::sync::watch;
 
 /// Records listed by one browse (the newest that match).
 const MAX_LISTED: usize = 200;
@@ -30,14 +28,6 @@ const MAX_LISTED: usize = 200;
 const MAX_SCANNED: u64 = 50_000;
 /// Payload characters shown per record.
 const PAYLOAD_CHARS: usize = 4_000;
-/// Finished replays remembered for their progress page.
-const KEEP_RUNS: usize = 50;
-
-/// Replays started from the console: run id -> its progress (JSON, `done` at the end).
-#[derive(Default)]
-pub(super) struct Replays {
-    runs: Mutex<HashMap<String, watch::Receiver<serde_json::Value>>>,
-}
 
 /// The filter fields (page query and replay request alike).
 #[derive(serde::Deserialize, Default, Clone)]
@@ -155,8 +145,8 @@ async fn browse(st: &ApiState, v: &Viewer, f: &Filters) -> Result<String, ApiErr
         replay::browse(st.config(), source, &filter, MAX_LISTED, MAX_SCANNED)
             .await
             .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, codes::KAFKA_UNAVAILABLE, e.to_string()))?;
-    let admin = v.caller.is_admin();
-    let rows: String = listed.iter().rev().map(|l| listed_row(l, admin)).collect();
+    // An admin replays any tenant's jobs, a tenant its own (`api::replays` bounds both).
+    let rows: String = listed.iter().rev().map(|l| listed_row(l, true)).collect();
     let head = ["", "Job", "Tenant", "Type", "Class", "Attempts", "Replays", "Failed at", "Error, reason, payload"];
     let mut out = form(v, f);
     let _ = write!(
@@ -178,7 +168,7 @@ async fn browse(st: &ApiState, v: &Viewer, f: &Filters) -> Result<String, ApiErr
             esc(&unread.join(", "))
         );
     }
-    if admin {
+    {
         out.push_str(
             "<div class=\"replay\" id=\"replay-panel\"><label>Rate (jobs/s) <input id=\"rate\" type=\"number\" min=\"1\" \
              value=\"10\"></label> <button id=\"preview\">Preview replay (dry run)</button> \
@@ -203,114 +193,30 @@ pub(super) struct ReplayRequest {
     dry_run: bool,
 }
 
-fn report_json(r: &ReplayReport) -> serde_json::Value {
-    let sample: Vec<serde_json::Value> = r
-        .sample
-        .iter()
-        .map(|s| {
-            serde_json::json!({
-                "job_id": s.job_id, "tenant": s.tenant, "job_type": s.job_type,
-                "class": s.class.map(|c| c.as_str()), "attempts": s.attempts, "replay_count": s.replay_count,
-                "last_error": s.last_error, "decision": s.decision,
-            })
-        })
-        .collect();
-    serde_json::json!({
-        "replay_id": r.replay_id, "topic": r.topic, "dry_run": r.dry_run, "scanned": r.scanned,
-        "matched": r.matched, "replayed": r.replayed, "would_replay": r.would_replay,
-        "skipped": {
-            "filter": r.skipped.filter, "loop_guard": r.skipped.loop_guard, "undecodable": r.skipped.undecodable,
-            "duplicate": r.skipped.duplicate, "expired": r.skipped.expired,
-        },
-        "refused": r.refused, "sample": sample, "stopped": r.stopped.describe(),
-        "elapsed_ms": r.elapsed.as_millis() as u64, "warnings": r.warnings, "done": true,
-    })
-}
-
-fn progress_json(p: &Progress) -> serde_json::Value {
-    serde_json::json!({
-        "scanned": p.scanned, "matched": p.matched, "replayed": p.replayed, "skipped": p.skipped,
-        "partitions": p.partitions, "partitions_done": p.partitions_done,
-        "elapsed_ms": p.elapsed.as_millis() as u64, "dry_run": p.dry_run, "done": false,
-    })
-}
-
-/// `POST /console/api/replays` (admin): a dry run answers its report; a real run starts
-/// and answers `{run}`, whose progress streams from `/console/api/replays/{run}`.
+/// `POST /console/api/replays` (an admin, or a tenant for its own jobs within its
+/// bounds: `api::replays`): a dry run answers its report; a real run starts and answers
+/// `{run}`, whose progress streams from `/console/api/replays/{run}`.
 pub(super) async fn start(
     State(st): State<ApiState>,
     Actor(v): Actor,
     Json(req): Json<ReplayRequest>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    require_admin(&v, "replaying")?;
     let (source, mut filter) = req.filters.parse(&v)?;
     if !req.job_ids.is_empty() {
         filter.job_ids = Some(req.job_ids.iter().cloned().collect());
     }
-    let mut opts = ReplayOptions::new(source);
-    opts.filter = filter;
-    opts.dry_run = req.dry_run;
-    opts.rate_per_sec = req.rate.unwrap_or(opts.rate_per_sec);
-    let cfg = st.config().clone();
-    tracing::info!(
-        caller = %v.caller, source = %source, filter = %opts.filter.canonical().replace('\u{1f}', " "),
-        rate = opts.rate_per_sec, dry_run = opts.dry_run, "console: replay"
-    );
-    let failed = |e: replay::ReplayError| ApiError::new(StatusCode::BAD_GATEWAY, codes::REPLAY_FAILED, e.to_string());
-    if req.dry_run {
-        let report = replay::run(&cfg, opts, |_| {}).await.map_err(failed)?;
-        return Ok(Json(report_json(&report)));
-    }
-    if opts.rate_per_sec == 0 {
-        return Err(bad("the rate must be at least 1 job per second".into()));
-    }
-    let run = uuid::Uuid::new_v4().simple().to_string();
-    let (tx, rx) = watch::channel(serde_json::json!({"done": false, "scanned": 0}));
-    st.console().replays.add(&run, rx);
-    let caller = v.caller.to_string();
-    tokio::spawn(async move {
-        let out = replay::run(&cfg, opts, |p| {
-            tx.send_replace(progress_json(p));
-        })
-        .await;
-        let end = match out {
-            Ok(r) => {
-                tracing::info!(caller = %caller, replay_id = %r.replay_id, replayed = r.replayed, "console: replay finished");
-                report_json(&r)
-            }
-            Err(e) => {
-                tracing::warn!(caller = %caller, error = %e, "console: replay failed");
-                serde_json::json!({"done": true, "error": e.to_string()})
-            }
-        };
-        tx.send_replace(end);
-    });
-    Ok(Json(serde_json::json!({ "run": run })))
+    let ask = replays::Ask { source, filter, rate: req.rate, dry_run: req.dry_run };
+    Ok(Json(st.replays().start(&st, &v.caller, ask).await?))
 }
 
-impl Replays {
-    fn add(&self, run: &str, rx: watch::Receiver<serde_json::Value>) {
-        let mut runs = self.runs.lock().expect("console replays");
-        if runs.len() >= KEEP_RUNS {
-            runs.retain(|_, r| r.borrow()["done"] != true);
-        }
-        runs.insert(run.to_string(), rx);
-    }
-    fn get(&self, run: &str) -> Option<watch::Receiver<serde_json::Value>> {
-        self.runs.lock().expect("console replays").get(run).cloned()
-    }
-}
-
-/// `GET /console/api/replays/{run}` (admin): SSE `progress` events until the run ends.
+/// `GET /console/api/replays/{run}` (its starter, or an admin): SSE `progress` events
+/// until the run ends.
 pub(super) async fn progress(
     State(st): State<ApiState>,
     v: Viewer,
     Path(run): Path<String>,
 ) -> Result<Response, ApiError> {
-    require_admin(&v, "following a replay")?;
-    let Some(rx) = st.console().replays.get(&run) else {
-        return Err(ApiError::new(StatusCode::NOT_FOUND, codes::NO_SUCH_ROUTE, format!("no console replay {run:?}")));
-    };
+    let rx = st.replays().follow(&v.caller, &run)?;
     let stream = futures::stream::unfold((rx, true, false), |(mut rx, first, ended)| async move {
         if ended {
             return None;

@@ -41,12 +41,12 @@ fn some(s: &Option<String>) -> Option<String> {
     s.as_deref().map(str::trim).filter(|s| !s.is_empty()).map(str::to_string)
 }
 
-/// The console's state inside the API's state: sessions, the live sampler, replays.
+/// The console's state inside the API's state: sessions and the live sampler (replays
+/// are the API's: `api::replays`).
 #[derive(Default)]
 pub struct Console {
     sessions: Sessions,
     live: overview::Live,
-    replays: dlq::Replays,
 }
 
 /// The console's routes (merged into the API's router).

@@ -198,6 +198,43 @@ class HttpClient:
         """``DELETE /v1/jobs/{id}``: asks the job to stop."""
         return self._json("DELETE", f"/v1/jobs/{quote(job_id, safe='')}", headers=headers)
 
+    def replay(
+        self,
+        *,
+        source: str = "dlq",
+        tenant: Optional[str] = None,
+        job_type: Optional[str] = None,
+        failure_class: Optional[str] = None,
+        error: Optional[str] = None,
+        since_ms: Optional[int] = None,
+        until_ms: Optional[int] = None,
+        job_ids: Optional[List[str]] = None,
+        rate: Optional[int] = None,
+        dry_run: bool = False,
+    ) -> dict:
+        """``POST /v1/replays``: replays dead letters (or a ``retry.<class>`` topic's
+        records) that match, with fresh attempts. A dry run returns the report (counts and a
+        sample); a real run returns ``{"run": id}`` to follow with `replay_progress`. A
+        tenant key replays only its own jobs (one replay at a time, at most 10,000 jobs)."""
+        body = {"source": source, "dry_run": dry_run}
+        for name, value in [
+            ("tenant", tenant),
+            ("job_type", job_type),
+            ("class", failure_class),
+            ("error", error),
+            ("since", since_ms),
+            ("until", until_ms),
+            ("job_ids", list(job_ids) if job_ids is not None else None),
+            ("rate", rate),
+        ]:
+            if value is not None:
+                body[name] = value
+        return self._json("POST", "/v1/replays", body)
+
+    def replay_progress(self, run: str) -> dict:
+        """``GET /v1/replays/{run}``: progress (``done: False``), then the report (``done: True``)."""
+        return self._json("GET", f"/v1/replays/{quote(run, safe='')}")
+
     def events(self, job_id: str, follow: bool = True, timeout: float = 300.0) -> Iterator[JobEvent]:
         """The job's events: its history, then (with `follow`) live ones until it ends or
         `timeout` seconds pass (then the stream just stops)."""

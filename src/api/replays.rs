@@ -1,0 +1,283 @@
+//! Replays of dead letters (and retry records) started through the API
+//! (`POST /v1/replays`, `GET /v1/replays/{id}`) or the console, by an admin or by a
+//! tenant for its own jobs only; each runs `ops::replay::run` (what `fairway replay`
+//! runs: fresh attempts, the loop guard, resume points), a dry run first if asked.
+//!
+//! A tenant's replay is bound to its tenant (the filter's tenant is always the key's own),
+//! and held to: one replay running at a time ([`TENANT_RUNNING`]; 429
+//! `TOO_MANY_REPLAYS`), at most [`TENANT_MAX_JOBS`] jobs and [`TENANT_MAX_RATE`] jobs/s
+//! per replay; it can follow only its own runs (another's id answers 404 as an unknown
+//! one). A process runs at most [`RUNNING`] replays at once (429), and remembers the last
+//! [`KEEP_RUNS`] finished ones for their progress.
+
+use super::{codes, ApiError, ApiState, Caller};
+use crate::core::replay::{ReplayFilter, ReplaySource};
+use crate::ops::replay::{self, Progress, ReplayOptions, ReplayReport};
+use axum::http::StatusCode;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use tokio::sync::watch;
+
+/// Replays one tenant may have running at once.
+pub const TENANT_RUNNING: usize = 1;
+/// Jobs one tenant's replay replays at most (a dry run counts as many).
+pub const TENANT_MAX_JOBS: u64 = 10_000;
+/// Jobs per second a tenant's replay produces at most.
+pub const TENANT_MAX_RATE: u32 = 100;
+/// Replays running at once in one API process, every caller's.
+pub const RUNNING: usize = 8;
+/// Finished replays remembered for their progress.
+pub const KEEP_RUNS: usize = 200;
+
+/// What a caller asked to replay.
+pub struct Ask {
+    pub source: ReplaySource,
+    pub filter: ReplayFilter,
+    pub rate: Option<u32>,
+    pub dry_run: bool,
+}
+
+/// The replays this process started: id -> its owner and progress.
+#[derive(Default)]
+pub struct Replays {
+    runs: Mutex<HashMap<String, Run>>,
+}
+
+struct Run {
+    /// The tenant whose replay it is; None: an admin's.
+    owner: Option<String>,
+    progress: watch::Receiver<serde_json::Value>,
+}
+
+impl Run {
+    fn running(&self) -> bool {
+        self.progress.borrow()["done"] != true
+    }
+}
+
+fn refused(status: StatusCode, code: &'static str, msg: String) -> ApiError {
+    let mut e = ApiError::new(status, code, msg);
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        e.retry_after_secs = Some(5);
+    }
+    e
+}
+
+impl Replays {
+    /// Starts `ask` for `caller`: a dry run answers its report when done; a real run
+    /// answers `{"run": id}` at once, its progress at [`Replays::follow`].
+    pub async fn start(&self, st: &ApiState, caller: &Caller, ask: Ask) -> Result<serde_json::Value, ApiError> {
+        let owner = caller.tenant().map(str::to_string);
+        let mut opts = ReplayOptions::new(ask.source);
+        opts.filter = ask.filter;
+        opts.dry_run = ask.dry_run;
+        opts.rate_per_sec = ask.rate.unwrap_or(opts.rate_per_sec);
+        if opts.rate_per_sec == 0 {
+            return Err(refused(
+                StatusCode::BAD_REQUEST,
+                codes::INVALID_QUERY,
+                "rate must be at least 1 job per second".into(),
+            ));
+        }
+        if let Some(t) = &owner {
+            opts.filter.tenant = Some(t.clone());
+            opts.rate_per_sec = opts.rate_per_sec.min(TENANT_MAX_RATE);
+            opts.limit = Some(TENANT_MAX_JOBS);
+        }
+        tracing::info!(
+            caller = %caller, source = %opts.source, filter = %opts.filter.canonical().replace('\u{1f}', " "),
+            rate = opts.rate_per_sec, dry_run = opts.dry_run, "replay asked"
+        );
+        let cfg = st.config().clone();
+        let failed =
+            |e: replay::ReplayError| ApiError::new(StatusCode::BAD_GATEWAY, codes::REPLAY_FAILED, e.to_string());
+        if opts.dry_run {
+            let report = replay::run(&cfg, opts, |_| {}).await.map_err(failed)?;
+            return Ok(report_json(&report));
+        }
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let (tx, rx) = watch::channel(serde_json::json!({"done": false, "scanned": 0}));
+        self.admit(&id, owner, rx)?;
+        let who = caller.to_string();
+        tokio::spawn(async move {
+            let out = replay::run(&cfg, opts, |p| {
+                tx.send_replace(progress_json(p));
+            })
+            .await;
+            let end = match out {
+                Ok(r) => {
+                    tracing::info!(caller = %who, replay_id = %r.replay_id, replayed = r.replayed, "replay finished");
+                    report_json(&r)
+                }
+                Err(e) => {
+                    tracing::warn!(caller = %who, error = %e, "replay failed");
+                    serde_json::json!({"done": true, "error": e.to_string()})
+                }
+            };
+            tx.send_replace(end);
+        });
+        Ok(serde_json::json!({ "run": id }))
+    }
+
+    /// Registers a run within the bounds, or says which refused it.
+    fn admit(
+        &self,
+        id: &str,
+        owner: Option<String>,
+        progress: watch::Receiver<serde_json::Value>,
+    ) -> Result<(), ApiError> {
+        let mut runs = self.runs.lock().expect("replays");
+        let running = runs.values().filter(|r| r.running()).count();
+        if running >= RUNNING {
+            return Err(refused(
+                StatusCode::TOO_MANY_REQUESTS,
+                codes::TOO_MANY_REPLAYS,
+                format!("this API process runs {RUNNING} replays, its limit; retry when one has finished"),
+            ));
+        }
+        if let Some(t) = &owner {
+            let own = runs.values().filter(|r| r.running() && r.owner.as_ref() == Some(t)).count();
+            if own >= TENANT_RUNNING {
+                return Err(refused(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    codes::TOO_MANY_REPLAYS,
+                    format!("tenant {t} has a replay running already (one at a time); follow it and retry when it has finished"),
+                ));
+            }
+        }
+        if runs.len() >= KEEP_RUNS {
+            runs.retain(|_, r| r.running());
+        }
+        runs.insert(id.to_string(), Run { owner, progress });
+        Ok(())
+    }
+
+    /// The progress of replay `id` for `caller` (404 for an unknown id or another
+    /// tenant's).
+    pub fn follow(&self, caller: &Caller, id: &str) -> Result<watch::Receiver<serde_json::Value>, ApiError> {
+        let runs = self.runs.lock().expect("replays");
+        match runs.get(id) {
+            Some(r) if caller.is_admin() || r.owner.as_deref() == caller.tenant() => Ok(r.progress.clone()),
+            _ => Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                codes::REPLAY_NOT_FOUND,
+                format!("no replay {id:?} of this caller on this API process (finished ones are kept: the last {KEEP_RUNS})"),
+            )),
+        }
+    }
+}
+
+/// A finished replay's report (`done: true`).
+pub fn report_json(r: &ReplayReport) -> serde_json::Value {
+    let sample: Vec<serde_json::Value> = r
+        .sample
+        .iter()
+        .map(|s| {
+            serde_json::json!({
+                "job_id": s.job_id, "tenant": s.tenant, "job_type": s.job_type,
+                "class": s.class.map(|c| c.as_str()), "attempts": s.attempts, "replay_count": s.replay_count,
+                "last_error": s.last_error, "decision": s.decision,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "replay_id": r.replay_id, "topic": r.topic, "dry_run": r.dry_run, "scanned": r.scanned,
+        "matched": r.matched, "replayed": r.replayed, "would_replay": r.would_replay,
+        "skipped": {
+            "filter": r.skipped.filter, "loop_guard": r.skipped.loop_guard, "undecodable": r.skipped.undecodable,
+            "duplicate": r.skipped.duplicate, "expired": r.skipped.expired,
+        },
+        "refused": r.refused, "sample": sample, "stopped": r.stopped.describe(),
+        "elapsed_ms": r.elapsed.as_millis() as u64, "warnings": r.warnings, "done": true,
+    })
+}
+
+/// A running replay's progress (`done: false`).
+pub fn progress_json(p: &Progress) -> serde_json::Value {
+    serde_json::json!({
+        "scanned": p.scanned, "matched": p.matched, "replayed": p.replayed, "skipped": p.skipped,
+        "partitions": p.partitions, "partitions_done": p.partitions_done,
+        "elapsed_ms": p.elapsed.as_millis() as u64, "dry_run": p.dry_run, "done": false,
+    })
+}
+
+/// Job ids one request may name.
+pub const MAX_JOB_IDS: usize = 1_000;
+
+/// `POST /v1/replays`'s body.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplayBody {
+    /// `dlq` (the default) or a retry topic's class.
+    source: Option<String>,
+    /// An admin key's filter; a tenant key's is always its own tenant.
+    tenant: Option<String>,
+    job_type: Option<String>,
+    class: Option<String>,
+    error: Option<String>,
+    /// Dead-lettered at or after (ms since the epoch).
+    since: Option<i64>,
+    /// Dead-lettered before (ms since the epoch).
+    until: Option<i64>,
+    #[serde(default)]
+    job_ids: Vec<String>,
+    rate: Option<u32>,
+    #[serde(default)]
+    dry_run: bool,
+}
+
+impl ReplayBody {
+    fn ask(self, caller: &Caller) -> Result<Ask, ApiError> {
+        let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, codes::INVALID_QUERY, m);
+        let source = self.source.as_deref().unwrap_or("dlq").parse::<ReplaySource>().map_err(bad)?;
+        let class = self.class.as_deref().map(str::parse::<crate::model::FailureClass>).transpose().map_err(bad)?;
+        if self.job_ids.len() > MAX_JOB_IDS {
+            return Err(bad(format!("{} job ids: at most {MAX_JOB_IDS} per replay", self.job_ids.len())));
+        }
+        let since = crate::core::bounds::optional("since", self.since).map_err(|e| bad(e.to_string()))?;
+        let until = crate::core::bounds::optional("until", self.until).map_err(|e| bad(e.to_string()))?;
+        let tenant = match (caller.tenant(), self.tenant) {
+            (Some(own), Some(asked)) if asked != own => {
+                return Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    codes::FORBIDDEN,
+                    format!("a key of tenant {own} replays only its own jobs, not {asked}'s"),
+                ))
+            }
+            (Some(own), _) => Some(own.to_string()),
+            (None, asked) => asked,
+        };
+        let job_ids = (!self.job_ids.is_empty()).then(|| self.job_ids.into_iter().collect());
+        let filter =
+            ReplayFilter { tenant, job_type: self.job_type, class, since, until, error_contains: self.error, job_ids };
+        Ok(Ask { source, filter, rate: self.rate, dry_run: self.dry_run })
+    }
+}
+
+/// `POST /v1/replays`: a dry run answers its report (200); a real run starts and
+/// answers `{"run": id}` (202).
+pub(super) async fn post(
+    axum::extract::State(st): axum::extract::State<ApiState>,
+    caller: Caller,
+    axum::Json(body): axum::Json<serde_json::Value>,
+) -> Result<(StatusCode, axum::Json<serde_json::Value>), ApiError> {
+    let body: ReplayBody = serde_json::from_value(body).map_err(|e| {
+        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, codes::INVALID_JOB, format!("replay request: {e}"))
+    })?;
+    let ask = body.ask(&caller)?;
+    let dry = ask.dry_run;
+    let out = st.replays().start(&st, &caller, ask).await?;
+    Ok((if dry { StatusCode::OK } else { StatusCode::ACCEPTED }, axum::Json(out)))
+}
+
+/// `GET /v1/replays/{run}`: the run's progress now (`done: true` with its report once
+/// finished).
+pub(super) async fn get(
+    axum::extract::State(st): axum::extract::State<ApiState>,
+    caller: Caller,
+    axum::extract::Path(run): axum::extract::Path<String>,
+) -> Result<axum::Json<serde_json::Value>, ApiError> {
+    let progress = st.replays().follow(&caller, &run)?;
+    let now = progress.borrow().clone();
+    Ok(axum::Json(now))
+}
