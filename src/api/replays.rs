@@ -5,8 +5,8 @@
 //!
 //! A tenant's replay is bound to its tenant (the filter's tenant is always the key's own),
 //! and held to: one replay running at a time ([`TENANT_RUNNING`]; 429
-//! `TOO_MANY_REPLAYS`), at most [`TENANT_MAX_JOBS`] jobs and [`TENANT_MAX_RATE`] jobs/s
-//! per replay; it can follow only its own runs (another's id answers 404 as an unknown
+//! `TOO_MANY_REPLAYS`), at most [`TENANT_MAX_JOBS`] jobs, [`TENANT_MAX_RATE`] jobs/s and
+//! [`TENANT_MAX_SCANNED`] records read per replay (the topic holds every tenant's); it can follow only its own runs (another's id answers 404 as an unknown
 //! one). A process runs at most [`RUNNING`] replays at once (429), and remembers the last
 //! [`KEEP_RUNS`] finished ones for their progress.
 
@@ -22,6 +22,9 @@ use tokio::sync::watch;
 pub const TENANT_RUNNING: usize = 1;
 /// Jobs one tenant's replay replays at most (a dry run counts as many).
 pub const TENANT_MAX_JOBS: u64 = 10_000;
+/// Records (every tenant's, matching or not) one tenant's replay reads at most; the same
+/// replay asked again resumes after them.
+pub const TENANT_MAX_SCANNED: u64 = 1_000_000;
 /// Jobs per second a tenant's replay produces at most.
 pub const TENANT_MAX_RATE: u32 = 100;
 /// Replays running at once in one API process, every caller's.
@@ -83,6 +86,7 @@ impl Replays {
             opts.filter.tenant = Some(t.clone());
             opts.rate_per_sec = opts.rate_per_sec.min(TENANT_MAX_RATE);
             opts.limit = Some(TENANT_MAX_JOBS);
+            opts.max_scanned = Some(TENANT_MAX_SCANNED);
         }
         tracing::info!(
             caller = %caller, source = %opts.source, filter = %opts.filter.canonical().replace('\u{1f}', " "),

@@ -122,6 +122,7 @@ impl ReplayArgs {
             dry_run: self.dry_run,
             rate_per_sec: self.rate,
             limit: self.limit,
+            max_scanned: None,
             force: self.force,
             max_replays: self.max_replays,
             id: Some(id),
@@ -248,7 +249,7 @@ fn print_report(r: &ReplayReport, a: &ReplayArgs) {
         println!("warning: {w}");
     }
     match r.stopped {
-        Stopped::Limit | Stopped::Interrupted if !r.dry_run => {
+        Stopped::Limit | Stopped::ScanLimit | Stopped::Interrupted if !r.dry_run => {
             println!("run the same command again to continue (replay id {})", r.replay_id)
         }
         _ => {}

@@ -96,6 +96,9 @@ pub struct ReplayOptions {
     pub rate_per_sec: u32,
     /// Stop after this many jobs replayed (would be replayed, in a dry run).
     pub limit: Option<u64>,
+    /// Stop after reading this many records (matching or not); the next run of the same
+    /// replay resumes after them.
+    pub max_scanned: Option<u64>,
     /// Replay jobs even past `max_replays`.
     pub force: bool,
     pub max_replays: i32,
@@ -115,6 +118,7 @@ impl ReplayOptions {
             dry_run: false,
             rate_per_sec: 100,
             limit: None,
+            max_scanned: None,
             force: false,
             max_replays: rp::DEFAULT_MAX_REPLAYS,
             id: None,
@@ -212,6 +216,8 @@ pub enum Stopped {
     Idle,
     /// `--limit` jobs replayed.
     Limit,
+    /// `max_scanned` records read.
+    ScanLimit,
     /// The stop flag was set.
     Interrupted,
 }
@@ -222,6 +228,7 @@ impl Stopped {
             Stopped::End => "reached the records written after the replay started",
             Stopped::Idle => "reached the end of the topic",
             Stopped::Limit => "reached --limit",
+            Stopped::ScanLimit => "read its limit of records (the same replay again continues after them)",
             Stopped::Interrupted => "interrupted",
         }
     }
@@ -405,11 +412,14 @@ impl Replay {
         }
     }
 
-    /// Why the run stops before the next record, if it does: `--limit`, the end of the
-    /// scan or the stop flag, in that order.
+    /// Why the run stops before the next record, if it does: `--limit`, `max_scanned`,
+    /// the end of the scan or the stop flag, in that order.
     fn stop_before_next(&self) -> Option<Stopped> {
         if self.opts.limit.is_some_and(|l| self.tally.scheduled >= l) {
             return Some(Stopped::Limit);
+        }
+        if self.opts.max_scanned.is_some_and(|l| self.tally.scanned >= l) {
+            return Some(Stopped::ScanLimit);
         }
         if self.scan.finished() {
             return Some(Stopped::End);

@@ -400,3 +400,36 @@ async fn a_tenant_replays_its_own_dead_letters_through_the_api() {
     assert!(back.iter().all(|j| j.attempt == 0 && j.replay_count == 1), "fresh attempts: {back:?}");
     let _ = stop_api.send(());
 }
+
+/// A replay bounded in records read (what a tenant's replay through the API is) stops at
+/// the bound and says so; the same replay again continues after them, so nothing is
+/// skipped or replayed twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replay_bounded_in_records_read_stops_there_and_resumes() {
+    let cfg = Arc::new(common::config(""));
+    common::init(&cfg).await;
+    let producer = kafka::producer(&cfg).unwrap();
+    let jobs: Vec<JobSubmitted> = (0..5).map(|_| job(&cfg, "acme", "echo", 0)).collect();
+    for j in &jobs {
+        // One partition: records are read in the order written.
+        send_dl(&producer, &cfg, &dead_letter(Some(j.clone())), Some(0)).await;
+    }
+    let bounded = || {
+        let mut o = opts(tenant("acme"));
+        o.max_scanned = Some(2);
+        o
+    };
+    let first = replay(&cfg, bounded()).await;
+    assert_eq!((first.scanned, first.replayed, first.stopped), (2, 2, Stopped::ScanLimit), "{first:?}");
+    let second = replay(&cfg, bounded()).await;
+    assert_eq!((second.scanned, second.replayed), (2, 2), "{second:?}");
+    let third = replay(&cfg, bounded()).await;
+    assert_eq!((third.scanned, third.replayed), (1, 1), "{third:?}");
+    let back = read_jobs(&cfg, &cfg.pool_topic(Pool::Short), IDLE).await;
+    let mut ids: Vec<&str> = back.iter().filter_map(|j| j.replayed_from.as_ref().map(|_| j.job_id.as_str())).collect();
+    ids.sort_unstable();
+    let mut want: Vec<&str> = jobs.iter().map(|j| j.job_id.as_str()).collect();
+    want.sort_unstable();
+    assert_eq!(ids.len(), 5, "each of the five replayed once: {back:?}");
+    assert_eq!(ids, want);
+}
