@@ -285,6 +285,9 @@ pub const TOP_SCAN_TENANTS: usize = 1000;
 pub struct TenantCharts {
     pub hours: Vec<ChartPoint>,
     pub days: Vec<ChartPoint>,
+    /// Finished and dead-lettered per job type: the last 24 hours, the last 30 days.
+    pub types_24h: Vec<rules::TypeOutcomes>,
+    pub types_30d: Vec<rules::TypeOutcomes>,
 }
 
 /// Whose charts, weighed how, and when.
@@ -408,6 +411,8 @@ pub async fn tenant_charts(
     Ok(TenantCharts {
         hours: rules::chart_points(&rows, &fleet_rows, &entitled, Granularity::Hour, from_hour, q.now + 1),
         days: rules::chart_points(&rows, &fleet_rows, &entitled, Granularity::Day, from_day, q.now + 1),
+        types_24h: rules::outcomes_by_type(&rows, from_hour, q.now + 1),
+        types_30d: rules::outcomes_by_type(&rows, from_day, q.now + 1),
     })
 }
 

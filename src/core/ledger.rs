@@ -368,6 +368,42 @@ impl ChartPoint {
     }
 }
 
+/// One job type's outcomes over a span: how many finished and how many were
+/// dead-lettered (`failed`), for the tenant page's DLQ rate per job type.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TypeOutcomes {
+    pub pool: Pool,
+    pub job_type: String,
+    pub results: i64,
+    pub failed: i64,
+}
+
+impl TypeOutcomes {
+    /// Dead-lettered over finished (0 when nothing finished).
+    pub fn dlq_rate(&self) -> f64 {
+        if self.results <= 0 {
+            return 0.0;
+        }
+        self.failed as f64 / self.results as f64
+    }
+}
+
+/// `rows` of windows in [`from`, `to`) summed per (pool, job type), most dead letters
+/// first (then by name).
+pub fn outcomes_by_type(rows: &[LedgerRow], from: Millis, to: Millis) -> Vec<TypeOutcomes> {
+    let mut sums: BTreeMap<(Pool, &str), (i64, i64)> = BTreeMap::new();
+    for r in rows.iter().filter(|r| r.window >= from && r.window < to) {
+        let e = sums.entry((r.account.pool, r.account.job_type.as_str())).or_default();
+        *e = (e.0.saturating_add(r.usage.results), e.1.saturating_add(r.usage.failed));
+    }
+    let mut out: Vec<TypeOutcomes> = sums
+        .into_iter()
+        .map(|((pool, t), (results, failed))| TypeOutcomes { pool, job_type: t.to_string(), results, failed })
+        .collect();
+    out.sort_by(|a, b| b.failed.cmp(&a.failed).then_with(|| a.job_type.cmp(&b.job_type)));
+    out
+}
+
 /// Every period of `g` from the one holding `from` up to `to` (none left out: an idle
 /// period is a zero), summing a tenant's stored `rows` and the fleet's; `entitled` gives
 /// the entitlement of the day a period starts in (0 for a day it lacks).
@@ -671,6 +707,30 @@ mod tests {
         assert!(report_period(9_223_372_036_854_775_000, i64::MAX).is_err());
         assert!(report_period(i64::MIN, 0).is_err());
         assert!(report_period(0, (MAX_REPORT_DAYS + 1) * 86_400_000).is_err());
+    }
+
+    #[test]
+    fn outcomes_by_type_sum_the_span_per_pool_and_type_most_dead_letters_first() {
+        let row = |window, pool, job_type: &str, results, failed| LedgerRow {
+            window,
+            account: Account { tenant: "a".into(), pool, job_type: job_type.into() },
+            usage: Usage { results, failed, ..Usage::default() },
+        };
+        let rows = [
+            row(0, Pool::Short, "echo", 10, 1),
+            row(WINDOW_MS, Pool::Short, "echo", 10, 1),
+            row(WINDOW_MS, Pool::Long, "echo", 4, 4),
+            row(WINDOW_MS, Pool::Short, "resize", 5, 0),
+            row(10 * WINDOW_MS, Pool::Short, "resize", 5, 5),
+        ];
+        let got = outcomes_by_type(&rows, 0, 2 * WINDOW_MS);
+        let view: Vec<(Pool, &str, i64, i64)> =
+            got.iter().map(|t| (t.pool, t.job_type.as_str(), t.results, t.failed)).collect();
+        assert_eq!(view, [(Pool::Long, "echo", 4, 4), (Pool::Short, "echo", 20, 2), (Pool::Short, "resize", 5, 0)]);
+        assert_eq!((got[0].dlq_rate(), got[1].dlq_rate(), got[2].dlq_rate()), (1.0, 0.1, 0.0));
+        assert!(outcomes_by_type(&rows, 3 * WINDOW_MS, 4 * WINDOW_MS).is_empty());
+        let none = TypeOutcomes { pool: Pool::Short, job_type: "x".into(), results: 0, failed: 0 };
+        assert_eq!(none.dlq_rate(), 0.0, "nothing finished: no rate, no division by zero");
     }
 
     #[test]

@@ -545,6 +545,16 @@ async fn a_tenants_page_charts_what_the_ledger_counted_and_the_overview_its_top_
         assert!(days_share[30] == 0.0 && days_share[59] > 0.0, "{days_share:?}");
         let points = js(&c, "return document.querySelector('#chart-outcomes-30d svg').dataset.points").await;
         assert_eq!(points, json!("30"));
+        // Dead letters per job type: the two gate jobs failed for good, no sleep job did.
+        let cells = |t: &str| {
+            format!(
+                "return [...document.querySelectorAll('#dead-letters tr[data-type={t}] td')].map(d => d.textContent)"
+            )
+        };
+        let gate = js(&c, &cells("gate")).await;
+        assert_eq!(gate, json!(["gate", "short", "2", "2", "100.0 %", "2", "2", "100.0 %"]), "{gate}");
+        let sleep: Vec<String> = serde_json::from_value(js(&c, &cells("sleep")).await).unwrap();
+        assert_eq!(sleep[2..5], ["10", "0", "0.0 %"], "{sleep:?}");
         // Its alert is listed.
         let alerts = js(&c, "return [...document.querySelectorAll('#alerts tr[data-alert]')].length").await;
         assert!(alerts.as_u64().is_some_and(|n| n >= 1), "{alerts}");

@@ -12,7 +12,7 @@ use super::gate;
 use super::html::{self, esc};
 use super::session::Viewer;
 use crate::api::{codes, ApiError, ApiState};
-use crate::core::ledger::{ChartPoint, RowBudget};
+use crate::core::ledger::{ChartPoint, RowBudget, TypeOutcomes};
 use crate::core::tenants::TenantRecord;
 use crate::ledger::{self, ChartsQuery};
 use crate::model::Millis;
@@ -126,6 +126,41 @@ fn alerts_table(mut rows: Vec<crate::store::AlertRow>) -> String {
     html::table("alerts", &["Rule", "State", "Opened", "Value"], &body)
 }
 
+/// Dead letters per job type over two spans (most first): finished, dead-lettered, rate.
+fn dead_letters_table(day: &[TypeOutcomes], month: &[TypeOutcomes]) -> String {
+    let mut body = String::new();
+    for t in month {
+        let last_day = day.iter().find(|d| d.pool == t.pool && d.job_type == t.job_type);
+        let (r24, f24, rate24) = last_day.map_or((0, 0, 0.0), |d| (d.results, d.failed, d.dlq_rate()));
+        let _ = write!(
+            body,
+            "<tr data-type=\"{}\"><td>{}</td><td>{}</td><td>{r24}</td><td>{f24}</td><td>{:.1} %</td><td>{}</td>\
+             <td>{}</td><td>{:.1} %</td></tr>",
+            esc(&t.job_type),
+            esc(&t.job_type),
+            t.pool.as_str(),
+            rate24 * 100.0,
+            t.results,
+            t.failed,
+            t.dlq_rate() * 100.0
+        );
+    }
+    if month.is_empty() {
+        body.push_str("<tr><td colspan=\"8\" class=\"hint\">nothing finished in 30 days</td></tr>");
+    }
+    let head = [
+        "Job type",
+        "Pool",
+        "Finished 24 h",
+        "Dead-lettered 24 h",
+        "DLQ rate 24 h",
+        "Finished 30 d",
+        "Dead-lettered 30 d",
+        "DLQ rate 30 d",
+    ];
+    html::table("dead-letters", &head, &body)
+}
+
 /// `GET /console/tenants/{name}`.
 pub(super) async fn page(
     State(st): State<ApiState>,
@@ -171,11 +206,14 @@ async fn body(st: &ApiState, v: &Viewer, name: &str) -> Result<String, ApiError>
          few seconds): share is the tenant's run time over every tenant's; the entitlement is its weight over the \
          weights of the tenants that used the fleet that day. <a href=\"/console/jobs?tenant={}\">its jobs</a></p>\
          <h2>Alerts</h2>{}\
+         <h2>Dead letters per job type</h2><p class=\"hint\">Dead-lettered: jobs that failed for good (their \
+         dead letters are on the <a href=\"/console/dlq\">DLQ page</a>, to replay).</p>{}\
          <h2>Last 24 hours (hourly)</h2><div class=\"charts\" id=\"charts-24h\">{}</div>\
          <h2>Last 30 days (daily)</h2><div class=\"charts\" id=\"charts-30d\">{}</div>",
         esc(&tier),
         html::url(name),
         alerts_table(alerts),
+        dead_letters_table(&data.types_24h, &data.types_30d),
         charts(&data.hours, "24h", false),
         charts(&data.days, "30d", true),
     ))
@@ -201,6 +239,27 @@ mod tests {
         assert!(html.contains("<title>00:00 · share: 25 %</title>"), "share of the fleet");
         assert!(html.contains("<title>23:00 · entitled: 50 %</title>"));
         assert!(html.contains("<title>05:00 · p99: 128 ms</title>"), "wait p99 (bucket bound)");
+    }
+
+    #[test]
+    fn dead_letters_show_each_job_types_rate_over_both_spans() {
+        let t = |job_type: &str, results, failed| TypeOutcomes {
+            pool: crate::model::Pool::Short,
+            job_type: job_type.into(),
+            results,
+            failed,
+        };
+        let html = dead_letters_table(&[t("resize", 10, 5)], &[t("resize", 40, 10), t("<b>x", 3, 0)]);
+        assert!(
+            html.contains(
+                "<tr data-type=\"resize\"><td>resize</td><td>short</td><td>10</td><td>5</td><td>50.0 %</td>\
+                               <td>40</td><td>10</td><td>25.0 %</td></tr>"
+            ),
+            "{html}"
+        );
+        assert!(html.contains("<td>0</td><td>0</td><td>0.0 %</td><td>3</td>"), "no run in 24 h: zeros: {html}");
+        assert!(html.contains("&lt;b&gt;x") && !html.contains("<b>x"), "a job type's name is escaped");
+        assert!(dead_letters_table(&[], &[]).contains("nothing finished in 30 days"));
     }
 
     #[test]
