@@ -379,7 +379,7 @@ pub const ROUTES: &[Route] = &[
     route(Method::GET, "/v1/admin/schedules", heavy(None), |m| on(m, schedules::list_all)),
     route(Method::GET, "/v1/usage", heavy(None), |m| on(m, usage::report)),
     route(Method::GET, "/v1/alerts", keyed(None), |m| on(m, usage::alerts)),
-    route(Method::POST, "/v1/replays", heavy(Some(limits::BodyRoute::Control)), |m| on(m, replays::post)),
+    route(Method::POST, "/v1/replays", CONTROL, |m| on(m, replays::post)),
     route(Method::GET, "/v1/replays/{run}", keyed(None), |m| on(m, replays::get)),
     route(Method::GET, "/v1/admin/usage", keyed(None), |m| on(m, usage::export)),
     route(Method::GET, "/v1/admin/tenants", heavy(Some(limits::BodyRoute::Control)), |m| on(m, admin::list)),

@@ -8,8 +8,10 @@
 //! `TOO_MANY_REPLAYS`), at most [`TENANT_MAX_JOBS`] jobs, [`TENANT_MAX_RATE`] jobs/s and
 //! [`TENANT_MAX_SCANNED`] records read per replay (the topic holds every tenant's); it can follow only its own runs (another's id answers 404 as an unknown
 //! one). A process runs at most [`RUNNING`] replays at once (429), and remembers the last
-//! [`KEEP_RUNS`] finished ones for their progress.
+//! [`KEEP_RUNS`] finished ones for their progress. A dry run holds one of the caller's
+//! heavy reads (`api.limits.heavy_reads_per_key`, per tenant) while it scans.
 
+use super::limits::KeyId;
 use super::{codes, ApiError, ApiState, Caller};
 use crate::core::replay::{ReplayFilter, ReplaySource};
 use crate::ops::replay::{self, Progress, ReplayOptions, ReplayReport};
@@ -69,7 +71,15 @@ fn refused(status: StatusCode, code: &'static str, msg: String) -> ApiError {
 impl Replays {
     /// Starts `ask` for `caller`: a dry run answers its report when done; a real run
     /// answers `{"run": id}` at once, its progress at [`Replays::follow`].
-    pub async fn start(&self, st: &ApiState, caller: &Caller, ask: Ask) -> Result<serde_json::Value, ApiError> {
+    /// A dry run holds one of the caller's heavy reads while it scans (`key`: the key it
+    /// came with).
+    pub async fn start(
+        &self,
+        st: &ApiState,
+        caller: &Caller,
+        key: &KeyId,
+        ask: Ask,
+    ) -> Result<serde_json::Value, ApiError> {
         let owner = caller.tenant().map(str::to_string);
         let mut opts = ReplayOptions::new(ask.source);
         opts.filter = ask.filter;
@@ -96,6 +106,7 @@ impl Replays {
         let failed =
             |e: replay::ReplayError| ApiError::new(StatusCode::BAD_GATEWAY, codes::REPLAY_FAILED, e.to_string());
         if opts.dry_run {
+            let _heavy = st.limits().heavy_slot(key, Some(caller))?;
             let report = replay::run(&cfg, opts, |_| {}).await.map_err(failed)?;
             return Ok(report_json(&report));
         }
@@ -263,6 +274,7 @@ impl ReplayBody {
 pub(super) async fn post(
     axum::extract::State(st): axum::extract::State<ApiState>,
     caller: Caller,
+    key: Option<axum::Extension<KeyId>>,
     axum::Json(body): axum::Json<serde_json::Value>,
 ) -> Result<(StatusCode, axum::Json<serde_json::Value>), ApiError> {
     let body: ReplayBody = serde_json::from_value(body).map_err(|e| {
@@ -270,7 +282,8 @@ pub(super) async fn post(
     })?;
     let ask = body.ask(&caller)?;
     let dry = ask.dry_run;
-    let out = st.replays().start(&st, &caller, ask).await?;
+    let key = key.map_or_else(|| KeyId("anonymous".into()), |k| k.0);
+    let out = st.replays().start(&st, &caller, &key, ask).await?;
     Ok((if dry { StatusCode::OK } else { StatusCode::ACCEPTED }, axum::Json(out)))
 }
 

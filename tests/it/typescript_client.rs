@@ -102,9 +102,10 @@ async fn answers_fit_the_description(api: &str, key: &str) {
 }
 
 /// Builds, checks, packs and installs the client, then moves 2,000 jobs through
-/// `services` with it (the job type `echo` of the short pool); panics on any shortfall.
-pub async fn installs_from_its_tarball_and_moves_2000_jobs(services: &common::ClientServices) {
-    let (cfg, api, key, worker) = (services.cfg.clone(), services.api.clone(), services.key.clone(), &services.worker);
+/// `services` with it and the admin key `key` (the job type `echo` of the short pool);
+/// panics on any shortfall.
+pub async fn installs_from_its_tarball_and_moves_2000_jobs(services: &common::ClientServices, key: String) {
+    let (cfg, api, worker) = (services.cfg.clone(), services.api.clone(), &services.worker);
     answers_fit_the_description(&api, &key).await;
 
     let client = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/typescript");

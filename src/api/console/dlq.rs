@@ -206,7 +206,7 @@ pub(super) async fn start(
         filter.job_ids = Some(req.job_ids.iter().cloned().collect());
     }
     let ask = replays::Ask { source, filter, rate: req.rate, dry_run: req.dry_run };
-    Ok(Json(st.replays().start(&st, &v.caller, ask).await?))
+    Ok(Json(st.replays().start(&st, &v.caller, &v.key(), ask).await?))
 }
 
 /// `GET /console/api/replays/{run}` (its starter, or an admin): SSE `progress` events
