@@ -52,7 +52,9 @@
 //! | `ops::rerun` | `fairway rerun`: "rerun all" of a tenant's jobs by generation |
 //! | `ops::schedules` | `fairway schedules`: recurring schedules' management (firing: `worker::schedules`) |
 //! | `ops::tenants` | `fairway tenants`: the tenants registry's rows and every process's live view of them (rules in `core::tenants`) |
-//! | `api` | the HTTP API (axum), its per-key limits (`api::limits`), its listener's per-address and total connection bounds (`api::listener`) and the operator console (`api::console`) |
+//! | `api` | the HTTP API (axum), its per-key limits (`api::limits`), its listener's per-address, per-prefix and total connection bounds (`api::listener`) and the operator console (`api::console`) |
+//! | `api::connection` | one open API connection shared by its I/O and its requests: the head deadline for bytes read while no request is open (HTTP/1 and HTTP/2), the tenants and admin keys it carries (`api.limits.connections_per_tenant`) |
+//! | `api::replays` | dead-letter replays started through the API (`POST /v1/replays`) or the console, by an admin or a tenant for its own jobs, with per-tenant and per-process bounds |
 //! | `api::console::charts` | the console's server-rendered SVG charts (pure: series in, markup out) |
 //! | `api::console::tenant` | a tenant's console page: the usage ledger's charts (`ledger::tenant_charts`) and its alerts |
 //! | `api::regions` | a tenant's home region at the API: 421 to its home, 503 while this region is draining or down (`fairway region`; rules in `core::regions`, state in `store`'s `region_states`) |
