@@ -24,12 +24,14 @@ use crate::config::Config;
 use crate::core::admission::breaker::{self, Gate, Pass, BUCKET_MS};
 use crate::core::admission::{self as rules, Demand, Limit, QuotaLevels, RateLimiters, Refusal};
 use crate::core::fleet::BucketReads;
+use crate::core::refusals::{code as refusal_code, Mark, OwnRefusals};
 use crate::core::tenants::TenantRecord;
 use crate::core::window::Counts;
 use crate::metrics as m;
 use crate::model::{Millis, Pool};
 use crate::now_ms;
 use crate::store::{AdmissionStatements, Store, StoreError};
+use crate::store::{RefusalCell, RefusalStatements};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -100,6 +102,12 @@ pub struct Admission {
     tenants: Option<crate::ops::tenants::LiveTenants>,
     state: Mutex<State>,
     gates: Mutex<HashMap<String, ScopedGate>>,
+    /// The fleet-wide dependency breakers as last read (`crate::dependencies`).
+    dependencies: Arc<crate::dependencies::Holds>,
+    /// This process's refusals and near-limit admissions per hour (`core::refusals`),
+    /// written every [`REFUSALS_EVERY`] under `process`.
+    refusals: Mutex<OwnRefusals>,
+    process: String,
 }
 
 /// A gate and, for a shared one that opened, the tenants whose failures opened it (they
@@ -132,7 +140,17 @@ impl Admission {
     pub fn local(cfg: Arc<Config>) -> Self {
         let quota = QuotaLevels::new(cfg.admission.alert_levels.clone());
         let state = Mutex::new(State { quota, ..Default::default() });
-        Admission { cfg, stmts: None, store: None, tenants: None, state, gates: Default::default() }
+        Admission {
+            cfg,
+            stmts: None,
+            store: None,
+            tenants: None,
+            state,
+            gates: Default::default(),
+            dependencies: Default::default(),
+            refusals: Default::default(),
+            process: format!("admission-{}", uuid::Uuid::new_v4().simple()),
+        }
     }
 
     /// With the store's counts and the live registry.
@@ -147,9 +165,44 @@ impl Admission {
 
     /// Starts the breaker feed (every second, until `stop`) for a long-lived process.
     pub fn start_breakers(self: &Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) {
+        if let (Some(store), true) = (&self.store, crate::dependencies::in_use(&self.cfg)) {
+            tokio::spawn(self.dependencies.clone().run(store.clone(), "api", stop.clone()));
+        }
+        if self.store.is_some() {
+            tokio::spawn(refusals_loop(Arc::downgrade(self), stop.clone()));
+        }
         if self.cfg.admission.breaker.enabled && self.stmts.is_some() {
             tokio::spawn(gates_loop(Arc::downgrade(self), stop));
         }
+    }
+
+    /// Counts `n` marks of `code` for `tenant` (past the hour's bound: counted as untracked).
+    fn mark(&self, tenant: &str, code: &str, n: u64, now: Millis) {
+        let n = i64::try_from(n).unwrap_or(i64::MAX);
+        if !self.refusals.lock().expect("refusals").record(tenant, code, n, now) {
+            metrics::counter!(m::REFUSALS_UNTRACKED).increment(1);
+        }
+    }
+
+    /// Writes the changed refusal cells; a failed write is tried again with the next.
+    async fn write_refusals(&self, stmts: &RefusalStatements) {
+        let pending = {
+            let mut own = self.refusals.lock().expect("refusals");
+            own.evict(now_ms());
+            own.pending()
+        };
+        let mut by_hour: BTreeMap<Millis, Vec<RefusalCell>> = BTreeMap::new();
+        for (hour, key, n) in &pending {
+            let (tenant, code) = OwnRefusals::key_parts(key);
+            by_hour.entry(*hour).or_default().push(RefusalCell { tenant: tenant.into(), code: code.into(), n: *n });
+        }
+        for (hour, cells) in by_hour {
+            if let Err(e) = stmts.put(hour, &self.process, &cells).await {
+                tracing::warn!(error = %e, "refusal counts not written (the tenants' pages and limit alerts); retried next pass");
+                return;
+            }
+        }
+        self.refusals.lock().expect("refusals").written(&pending);
     }
 
     fn record(&self, tenant: &str) -> Option<TenantRecord> {
@@ -163,6 +216,10 @@ impl Admission {
     /// in `fairway_admission_refused_total{reason}`.
     pub async fn admit(&self, asks: Vec<Ask>) -> Result<Ticket, Refused> {
         let n = asks.len() as u64;
+        let mut per: BTreeMap<(String, Pool), u64> = BTreeMap::new();
+        for a in &asks {
+            *per.entry((a.tenant.clone(), a.pool)).or_default() += 1;
+        }
         let admitted = self.admit_all(asks).await;
         if let Err(refused) = &admitted {
             let reason = match refused {
@@ -170,10 +227,17 @@ impl Admission {
                 Refused::Limit(rules::Refusal::Rate { scope, .. } | rules::Refusal::AboveBurst { scope, .. }) => {
                     scope.as_str()
                 }
+                Refused::CircuitOpen { scope, .. } if scope.starts_with("dependency:") => "dependency_circuit",
                 Refused::CircuitOpen { .. } => "circuit_open",
                 Refused::Store(_) => "store_unavailable",
             };
             metrics::counter!(crate::metrics::ADMISSION_REFUSED, "reason" => reason).increment(n);
+            if !matches!(refused, Refused::Store(_)) {
+                let now = now_ms();
+                for ((tenant, pool), k) in per {
+                    self.mark(&tenant, &refusal_code(Mark::Refused, reason, pool.as_str()), k, now);
+                }
+            }
         }
         admitted
     }
@@ -226,9 +290,20 @@ impl Admission {
             self.release_probes(&probes, now);
             return Err(Refused::Limit(r));
         }
+        let mut near = Vec::new();
         for tenant in per_tenant.keys() {
             let max = records.get(tenant).and_then(|r| self.cfg.admission.max_queued(r.tier, r.max_queued));
-            observe_quota(&mut st, tenant, max, now);
+            for limit in observe_quota(&mut st, tenant, max, now) {
+                near.push((*tenant, limit));
+            }
+        }
+        drop(st);
+        for (tenant, limit) in near {
+            let pools: std::collections::BTreeSet<Pool> =
+                asks.iter().filter(|a| a.tenant == tenant).map(|a| a.pool).collect();
+            for pool in pools {
+                self.mark(tenant, &refusal_code(Mark::Near, limit.as_str(), pool.as_str()), 1, now);
+            }
         }
         Ok(Ticket { asks, probes })
     }
@@ -268,6 +343,19 @@ impl Admission {
         let mut probes = Vec::new();
         let cool_down = self.cfg.admission.breaker.cool_down.0;
         for (i, a) in asks.iter().enumerate() {
+            if let Some((d, until)) = self.dependencies.held(self.cfg.dependencies_of(&a.job_type), now) {
+                drop(gates);
+                self.release_probes(&probes, now);
+                metrics::counter!(m::DEPENDENCY_HELD, "dependency" => d.clone(), "at" => "api").increment(1);
+                let ratio = self.cfg.dependency_breaker.failure_ratio;
+                let scope = format!("dependency:{d}");
+                return Err(Refused::CircuitOpen {
+                    scope,
+                    wait_ms: (until - now).max(1),
+                    counts: Counts::default(),
+                    ratio,
+                });
+            }
             let shared = [format!("pool:{}", a.pool.as_str()), format!("job_type:{}", a.job_type)];
             let own = shared.iter().map(|s| breaker::tenant_scope(s, &a.tenant)).collect::<Vec<_>>();
             for scope in shared.into_iter().chain(own) {
@@ -351,8 +439,10 @@ fn unreserve(st: &mut State, tenant: &str, n: u64, counted: u64) {
     }
 }
 
-/// Updates the tenant's quota levels after an admission; alerts on crossings.
-fn observe_quota(st: &mut State, tenant: &str, max_queued: Option<u64>, now: Millis) {
+/// Updates the tenant's quota levels after an admission; alerts on crossings. Returns
+/// the limits the tenant uses at least `core::refusals::NEAR_SHARE` of.
+fn observe_quota(st: &mut State, tenant: &str, max_queued: Option<u64>, now: Millis) -> Vec<Limit> {
+    let mut near = Vec::new();
     let (bucket, user) = st.rates.used(tenant, now);
     let queue = match (max_queued, st.queues.get(tenant)) {
         (Some(max), Some(v)) => Some((v.queued + v.since) as f64 / max.max(1) as f64),
@@ -360,6 +450,9 @@ fn observe_quota(st: &mut State, tenant: &str, max_queued: Option<u64>, now: Mil
     };
     for (limit, used) in [(Limit::Queue, queue), (Limit::TenantRate, bucket), (Limit::UserRate, user)] {
         let Some(used) = used else { continue };
+        if used >= crate::core::refusals::NEAR_SHARE {
+            near.push(limit);
+        }
         if let Some(c) = st.quota.observe(tenant, limit, used) {
             let level = format!("{}", (c.level * 100.0).round());
             metrics::counter!(m::QUOTA_ALERTS, "limit" => limit.as_str(), "level" => level).increment(1);
@@ -375,6 +468,36 @@ fn observe_quota(st: &mut State, tenant: &str, max_queued: Option<u64>, now: Mil
     for (limit, level, n) in st.quota.tenants_at() {
         let level = format!("{}", (level * 100.0).round());
         metrics::gauge!(m::QUOTA_TENANTS_OVER, "limit" => limit.as_str(), "level" => level).set(n as f64);
+    }
+    near
+}
+
+/// How often an API process writes its refusal counts.
+const REFUSALS_EVERY: Duration = Duration::from_secs(5);
+
+/// Writes this process's refusal counts every [`REFUSALS_EVERY`] until `stop` (and once
+/// more then).
+async fn refusals_loop(adm: std::sync::Weak<Admission>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let mut stmts = None;
+    loop {
+        let stopping = tokio::select! {
+            _ = stop.changed() => true,
+            _ = tokio::time::sleep(REFUSALS_EVERY) => false,
+        };
+        let Some(adm) = adm.upgrade() else { return };
+        let Some(store) = &adm.store else { return };
+        if stmts.is_none() {
+            match store.refusal_statements().await {
+                Ok(s) => stmts = Some(s),
+                Err(e) => tracing::warn!(error = %e, "refusal counts: cannot prepare their statements; trying again"),
+            }
+        }
+        if let Some(s) = &stmts {
+            adm.write_refusals(s).await;
+        }
+        if stopping {
+            return;
+        }
     }
 }
 

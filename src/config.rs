@@ -87,6 +87,10 @@ pub struct Config {
     /// Tenant-facing alerts (`[alerts]`): tier defaults, per-tenant settings and webhooks.
     #[serde(default)]
     pub alerts: crate::core::alerts::AlertsConfig,
+    /// The fleet-wide dependency breaker (`[dependency_breaker]`, `core::dependency`):
+    /// job types name their dependencies in `job_types.<name>.dependencies`.
+    #[serde(default)]
+    pub dependency_breaker: crate::core::dependency::DependencyConfig,
     /// The pool classifier (`[classifier]`): job types move to the pool their measured
     /// run times fit (`core::classifier`).
     #[serde(default)]
@@ -561,6 +565,10 @@ pub struct JobTypeConfig {
     /// Circuit breaker of this job type's dependency; defaults in `core::breaker`.
     #[serde(default)]
     pub breaker: Option<crate::core::breaker::BreakerConfig>,
+    /// Names of the dependencies this type's jobs call (`payments-api`): the fleet-wide
+    /// dependency breaker (`[dependency_breaker]`) of each holds them while it is open.
+    #[serde(default)]
+    pub dependencies: Vec<String>,
     /// Per flow key of this type's jobs: each key's own fleet-wide `parallelism` and/or
     /// `rate` per `period` (`core::flow`).
     #[serde(default)]
@@ -742,6 +750,7 @@ impl Config {
         self.webhooks.validate()?;
         self.region.validate().map_err(invalid_in("region"))?;
         self.alerts.validate().map_err(invalid_in("alerts"))?;
+        self.dependency_breaker.validate().map_err(invalid_in("dependency_breaker"))?;
         if self.scylla.password.is_some() && self.scylla.username.is_none() {
             return Err(invalid("scylla.username", "a password is set but no username; set scylla.username too"));
         }
@@ -817,6 +826,8 @@ impl Config {
             if let Some(b) = &jt.breaker {
                 b.validate().map_err(invalid_in(format!("job_types.{name}.breaker")))?;
             }
+            crate::core::dependency::validate_names(&jt.dependencies)
+                .map_err(invalid_in(format!("job_types.{name}")))?;
             if let Some(u) = &jt.webhook_url {
                 crate::core::webhooks::check_url(u).map_err(|e| invalid(format!("job_types.{name}.webhook_url"), e))?;
             }
@@ -872,6 +883,10 @@ impl Config {
 
     pub fn topic(&self, suffix: &str) -> String {
         format!("{}{}", self.kafka.topic_prefix, suffix)
+    }
+    /// The dependencies `job_type` declares (none for a type not configured).
+    pub fn dependencies_of(&self, job_type: &str) -> &[String] {
+        self.job_types.get(job_type).map_or(&[][..], |jt| jt.dependencies.as_slice())
     }
     pub fn pool_topic(&self, pool: Pool) -> String {
         self.topic(&format!("jobs.{pool}"))

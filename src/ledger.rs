@@ -11,7 +11,8 @@
 //! result is counted once.
 //!
 //! The leader also evaluates tenant-facing alerts from the results it reads ([`alerts`],
-//! rules `core::alerts`, every `alerts.period`).
+//! rules `core::alerts`, every `alerts.period`), and steps the fleet-wide dependency
+//! breakers every second ([`dependencies`], rules `core::dependency`).
 //!
 //! Bounds: the leader holds, per partition, the accounts seen in the open window (one
 //! entry per tenant, pool and job type); a flush writes one row per changed account.
@@ -34,6 +35,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 mod alerts;
+mod dependencies;
 
 /// The lease one `fairway serve` holds while it writes the ledger.
 pub const LEASE: &str = "ledger";
@@ -120,6 +122,9 @@ impl Leader<'_> {
         let mut alerting = alerts::Alerting::start(self.cfg, self.store, stop.clone()).await?;
         let mut period = tokio::time::interval(std::time::Duration::from_millis(self.cfg.alerts.period.0 as u64));
         period.tick().await;
+        let mut deps = dependencies::Dependencies::start(self.cfg, self.store).await?;
+        let mut deps_tick = tokio::time::interval(dependencies::STEP);
+        deps_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tracing::info!(partitions = ends.len(), "usage ledger: leading");
         let ttl = ttl_secs(self.cfg);
         let mut tick = tokio::time::interval(FLUSH);
@@ -139,6 +144,11 @@ impl Leader<'_> {
                 }
                 _ = lag_tick.tick() => self.report_lag(&reader, &topic, &reading).await,
                 _ = period.tick() => alerting.evaluate(now_ms()).await,
+                _ = deps_tick.tick(), if deps.is_some() => {
+                    if let Some(d) = deps.as_mut() {
+                        d.step(&mut alerting, now_ms()).await;
+                    }
+                }
                 msg = reader.recv() => {
                     let msg = msg.map_err(|e| LedgerError::Kafka(e.to_string()))?;
                     let Some(r) = reading.get_mut(&msg.partition()) else { continue };

@@ -39,12 +39,14 @@
 //! | `submit::many` | a batch's submissions: the common jobs produced together (`kafka::Producer::send_many`), the others one by one |
 //! | `submit::payload` | a job's payload as submitted: JSON read without building its tree, kept as the bytes the job carries |
 //! | `admission` | the front door (submission admission): queue depth, tenant and per-user rates, submission breakers, quota alerts |
+//! | `dependencies` | the fleet-wide dependency breakers as a worker or API process reads them: which job types are held (workers) or refused (the front door), and until when (rules in `core::dependency`, rows in `store::dependencies`) |
 //! | `classifier` | the pool classifier's submit side: a reclassified job type's jobs go to the pool their run times fit |
 //! | `watch` | watching a job from outside, run by `fairway serve`: |
 //! | `watch::events` | lifecycle and progress events, the history recorder, the live feed |
 //! | `watch::webhooks` | result callbacks: signed POSTs of results, retried with backoff |
 //! | `watch::alerts` | alert callbacks: signed `alert.opened` / `alert.resolved` POSTs to a tenant's receiver, in lanes, retried with backoff |
 //! | `ledger` | the usage ledger: the results topic tallied per tenant, pool and job type into 15-minute windows (one writer by lease, in `fairway serve`), and its reports (`GET /v1/usage`, `fairway usage`; rules in `core::ledger`) |
+//! | `ledger::dependencies` | the fleet-wide dependency breakers stepped by the ledger's leader from every worker's outcome cells: their rows, `dependency_circuit_open` / `_closed` events, metrics and the affected tenants' alerts |
 //! | `ledger::alerts` | tenant-facing alerts evaluated by the ledger's leader from the results it reads (rules in `core::alerts`, rows in `store::alerts`, events sent by `watch::alerts`) |
 //! | `ops` | the operators' commands' I/O shells (CLI, admin API, console): |
 //! | `ops::backup` | `fairway backup` / `fairway restore`: a consistent online copy to a directory, restored onto an empty cluster (rules in `core::dr`, I/O in `kafka::copy` and `store`'s `dr` statements) |
@@ -71,6 +73,7 @@ pub mod classifier;
 pub mod codec;
 pub mod config;
 pub mod core;
+pub mod dependencies;
 pub mod handlers;
 pub mod kafka;
 pub mod ledger;

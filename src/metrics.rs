@@ -88,6 +88,11 @@ pub const LEDGER_LEADER: &str = "fairway_ledger_leader";
 pub const LEDGER_LAG: &str = "fairway_ledger_lag_records";
 pub const ALERT_DELIVERIES: &str = "fairway_alert_deliveries_total";
 pub const ALERT_CHANGES: &str = "fairway_alert_changes_total";
+pub const DEPENDENCY_CIRCUIT_OPEN: &str = "fairway_dependency_circuit_open";
+pub const DEPENDENCY_CIRCUIT_CHANGES: &str = "fairway_dependency_circuit_changes_total";
+pub const DEPENDENCY_HELD: &str = "fairway_dependency_held_total";
+pub const DEPENDENCY_READ_FAILURES: &str = "fairway_dependency_read_failures_total";
+pub const REFUSALS_UNTRACKED: &str = "fairway_refusals_untracked_total";
 pub const ALERTS_UNTRACKED: &str = "fairway_alerts_untracked_results_total";
 pub const WEBHOOK_ATTEMPTS: &str = "fairway_webhook_attempts_total";
 pub const WEBHOOKS_IN_FLIGHT: &str = "fairway_webhooks_in_flight";
@@ -333,6 +338,26 @@ pub fn describe() {
     describe_gauge!(LEDGER_LAG, "Results published but not yet written to the usage ledger (leader only)");
     describe_counter!(ALERT_DELIVERIES, "Attempts to deliver tenant alert events, by result (no tenant label)");
     describe_counter!(ALERT_CHANGES, "Tenant alerts opened and resolved, by kind (no tenant label)");
+    describe_gauge!(
+        DEPENDENCY_CIRCUIT_OPEN,
+        "1 while a dependency's fleet-wide breaker holds its job types, by dependency (set by the ledger's leader)"
+    );
+    describe_counter!(
+        DEPENDENCY_CIRCUIT_CHANGES,
+        "Fleet-wide dependency breakers' changes, by dependency and kind (opened, reopened, closed)"
+    );
+    describe_counter!(
+        DEPENDENCY_HELD,
+        "Jobs held (attempt unchanged) or submissions refused because a dependency's fleet-wide breaker is open, by dependency and where (worker, api)"
+    );
+    describe_counter!(
+        REFUSALS_UNTRACKED,
+        "Refusals or near-limit admissions not counted per tenant: the process's hour already held core::refusals::MAX_CELLS cells"
+    );
+    describe_counter!(
+        DEPENDENCY_READ_FAILURES,
+        "Failed reads of the dependency breakers' rows or outcome cells, by process role (the last states read are kept)"
+    );
     describe_counter!(ALERTS_UNTRACKED, "Results not evaluated for alerts: their tenant would pass alerts.max_tenants");
     describe_counter!(
         WEBHOOK_ATTEMPTS,

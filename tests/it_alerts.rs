@@ -37,31 +37,56 @@ fn events(got: &Received, path: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
+const SECRET: &str = "it-alerts-secret-0123456789";
+
+/// A test's deployment: `extra` settings, each of `tenants` signing its alerts with
+/// [`SECRET`]; its topics and tables made.
+async fn deployment(extra: &str, tenants: &[&String]) -> Arc<fairway::config::Config> {
+    let mut cfg = config(extra);
+    for t in tenants {
+        cfg.webhooks.secrets.insert((*t).clone(), fairway::config::Secret::new(SECRET));
+    }
+    let cfg = arc(cfg);
+    init(&cfg).await;
+    cfg
+}
+
+/// The ledger's leader (alerts, dependency breakers) in this process.
+struct Leader {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<Result<(), fairway::ledger::LedgerError>>,
+}
+
+impl Leader {
+    async fn start(cfg: &Arc<fairway::config::Config>) -> Leader {
+        let store = fairway::store::Store::open(cfg).await.unwrap();
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        Leader { stop, task: tokio::spawn(fairway::ledger::run(cfg.clone(), store, stopped)) }
+    }
+
+    async fn stop(self) {
+        self.stop.send(true).unwrap();
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.task).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_tenant_past_its_wait_rule_gets_one_opened_and_one_resolved_event() {
     let (base, got) = receiver().await;
     let run = &uuid::Uuid::new_v4().simple().to_string()[..6];
     let (slow, calm) = (format!("slow{run}"), format!("calm{run}"));
-    let secret = "it-alerts-secret-0123456789";
     let jobs = "[registry]\nunknown_tenants = \"admit\"\n[job_types.echo]\npool = \"short\"\nhandler = \"echo\"\n";
     let extra = format!(
         "{jobs}[alerts]\nperiod = \"1s\"\n\
          [alerts.tenants.{slow}]\nqueue_wait_p99_ms = 1\nfor_periods = 1\nwebhook_url = \"{base}/slow\"\n\
          [alerts.tenants.{calm}]\nwebhook_url = \"{base}/calm\"\n"
     );
-    let mut cfg = config(&extra);
-    for t in [&slow, &calm] {
-        cfg.webhooks.secrets.insert(t.clone(), fairway::config::Secret::new(secret));
-    }
-    let cfg = arc(cfg);
-    init(&cfg).await;
+    let cfg = deployment(&extra, &[&slow, &calm]).await;
     let dir = tempfile::tempdir().unwrap();
     let path = config_file(&cfg, jobs, dir.path());
     // Killed when dropped: a failing assertion never leaves it running.
     let worker = spawn_logged_worker(&path, "short");
-    let store = fairway::store::Store::open(&cfg).await.unwrap();
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let leader = tokio::spawn(fairway::ledger::run(cfg.clone(), store.clone(), stopped));
+    let leader = Leader::start(&cfg).await;
 
     let all: Vec<_> = (0..10).map(|i| job_record(if i % 2 == 0 { &slow } else { &calm }, "echo")).collect();
     produce_spread(&cfg, &all, None).await;
@@ -82,7 +107,7 @@ async fn a_tenant_past_its_wait_rule_gets_one_opened_and_one_resolved_event() {
     assert_eq!(slow_events[0]["alert_id"], slow_events[1]["alert_id"]);
     assert_eq!(slow_events[0]["rule"], "queue_wait");
     for (p, sig, body) in got.lock().unwrap().iter() {
-        assert!(common::signature_valid(secret, sig, body), "a bad signature on {p}");
+        assert!(common::signature_valid(SECRET, sig, body), "a bad signature on {p}");
     }
     assert!(events(&got, "/calm").is_empty(), "the tenant without a breach got events");
 
@@ -109,6 +134,238 @@ async fn a_tenant_past_its_wait_rule_gets_one_opened_and_one_resolved_event() {
     assert_eq!(open["alerts"].as_array().map(Vec::len), Some(0), "{open}");
 
     let _ = stop_api.send(());
-    stop.send(true).unwrap();
-    let _ = tokio::time::timeout(Duration::from_secs(10), leader).await;
+    leader.stop().await;
+}
+
+/// The fleet-wide dependency breaker (`core::dependency`): one tenant's jobs failing on
+/// `payments` open nothing; a second tenant's failing too opens one breaker for the
+/// fleet, published once as `dependency_circuit_open` on the events topic, told to both
+/// tenants as a `dependency_circuit:payments` alert; the front door then refuses their
+/// `charge` submissions with 503 `CIRCUIT_OPEN` and a `Retry-After` in seconds, while a
+/// third tenant whose job type needs the healthy `search` keeps submitting and running.
+/// Fails on code without it: `dependencies` and `[dependency_breaker]` are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dependency_failing_for_two_tenants_opens_one_fleet_wide_breaker() {
+    use fairway::model::{EventKind, JobEvent};
+    let (base, got) = receiver().await;
+    let run = &uuid::Uuid::new_v4().simple().to_string()[..6];
+    let (pa, pb, pc) = (format!("pa{run}"), format!("pb{run}"), format!("pc{run}"));
+    let jobs = "[registry]\nunknown_tenants = \"admit\"\n\
+        [job_types.charge]\npool = \"short\"\nhandler = \"flaky\"\ndependencies = [\"payments\"]\n\
+        [job_types.index]\npool = \"short\"\nhandler = \"echo\"\ndependencies = [\"search\"]\n\
+        [dependency_breaker]\nwindow = \"60s\"\nmin_attempts = 6\ncool_down = \"120s\"\n";
+    let hooks: String =
+        [&pa, &pb, &pc].iter().map(|t| format!("[alerts.tenants.{t}]\nwebhook_url = \"{base}/{t}\"\n")).collect();
+    let cfg = deployment(&format!("{jobs}{hooks}"), &[&pa, &pb, &pc]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = config_file(&cfg, jobs, dir.path());
+    let worker = spawn_logged_worker(&path, "short");
+    let leader = Leader::start(&cfg).await;
+    let failing = |tenant: &str| {
+        let mut j = job_record(tenant, "charge");
+        j.payload = br#"{"fail_attempts": 1000, "class": "dependency"}"#.to_vec();
+        j
+    };
+    let kinds = |v: &[JobEvent], kind: EventKind| v.iter().filter(|e| e.kind == kind).count();
+    let retried_by =
+        |v: &[JobEvent], t: &str| v.iter().filter(|e| e.kind == EventKind::Retrying && e.tenant == t).count();
+    type Until = Box<dyn Fn(&[JobEvent]) -> bool + Send>;
+    let read_events = |until: Until, secs: u64| {
+        let cfg = cfg.clone();
+        async move {
+            read_until(
+                &cfg,
+                &cfg.events_topic(),
+                Duration::from_secs(secs),
+                |b, _, _| fairway::codec::decode_event(b).ok(),
+                |v| until(v),
+            )
+            .await
+        }
+    };
+
+    // One tenant failing alone: its retries pile up, the breaker stays closed.
+    let alone: Vec<_> = (0..10).map(|_| failing(&pa)).collect();
+    produce_spread(&cfg, &alone, None).await;
+    let pa2 = pa.clone();
+    let seen = read_events(
+        Box::new(move |v| v.iter().filter(|e| e.kind == EventKind::Retrying && e.tenant == pa2).count() >= 10),
+        60,
+    )
+    .await;
+    assert!(retried_by(&seen, &pa) >= 10, "tenant {pa}'s failing attempts");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let seen = read_events(Box::new(|_| false), 3).await;
+    assert_eq!(kinds(&seen, EventKind::DependencyCircuitOpen), 0, "one tenant's failures opened the breaker");
+
+    // A second tenant failing on the same dependency: one fleet-wide opening.
+    let second: Vec<_> = (0..10).map(|_| failing(&pb)).collect();
+    produce_spread(&cfg, &second, None).await;
+    let opened = read_events(Box::new(move |v| v.iter().any(|e| e.kind == EventKind::DependencyCircuitOpen)), 60).await;
+    let open: Vec<&JobEvent> = opened.iter().filter(|e| e.kind == EventKind::DependencyCircuitOpen).collect();
+    assert_eq!(open.len(), 1, "one opening: {open:?}");
+    assert_eq!(
+        (open[0].job_id.as_str(), open[0].job_type.as_str(), open[0].tenant.as_str()),
+        ("dependency/payments", "charge", "")
+    );
+    assert!(open[0].next_attempt_at.is_some_and(|u| u > open[0].at), "{:?}", open[0]);
+
+    // The third tenant's job type needs a healthy dependency: it keeps running.
+    let healthy: Vec<_> = (0..10).map(|_| job_record(&pc, "index")).collect();
+    produce_spread(&cfg, &healthy, None).await;
+    let ids: Vec<String> = healthy.iter().map(|j| j.job_id.clone()).collect();
+    let done = results_for(&cfg, &ids, Duration::from_secs(60)).await;
+    assert_eq!(done.len(), ids.len(), "tenant {pc}'s jobs ran while payments was held");
+
+    // The front door refuses the held type for its tenants, not the healthy one.
+    let (_, ka) = create_key(&cfg, &fairway::core::auth::Caller::Tenant(pa.clone()), "deps").await;
+    let (_, kc) = create_key(&cfg, &fairway::core::auth::Caller::Tenant(pc.clone()), "deps").await;
+    let (api, stop_api) = serve_api(&cfg).await;
+    let http = reqwest::Client::new();
+    let post = |key: String, job_type: &'static str| {
+        let req = http
+            .post(format!("{api}/v1/jobs"))
+            .bearer_auth(key)
+            .json(&serde_json::json!({"job_type": job_type, "payload": {}}));
+        async move {
+            let r = req.send().await.unwrap();
+            let retry = r.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_string);
+            (r.status().as_u16(), retry, r.json::<serde_json::Value>().await.unwrap_or_default())
+        }
+    };
+    let refused = wait_for(Duration::from_secs(15), || async {
+        let (s, retry, body) = post(ka.clone(), "charge").await;
+        (s == 503).then_some((retry, body))
+    })
+    .await
+    .expect("the front door refuses charge submissions within 15 s");
+    assert_eq!(refused.1["code"], "CIRCUIT_OPEN", "{}", refused.1);
+    let secs: u64 = refused.0.as_deref().and_then(|v| v.parse().ok()).expect("Retry-After in seconds");
+    assert!((1..=120).contains(&secs), "Retry-After {secs}");
+    assert!(
+        refused.1["error"].as_str().unwrap_or_default().contains("GMT"),
+        "an HTTP-date in the message: {}",
+        refused.1
+    );
+    let (s, _, body) = post(kc.clone(), "index").await;
+    assert_eq!(s, 201, "{body}");
+
+    // Both failing tenants are told, once; the healthy one is not.
+    let told = wait_for(Duration::from_secs(30), || async {
+        (!events(&got, &format!("/{pa}")).is_empty() && !events(&got, &format!("/{pb}")).is_empty()).then_some(())
+    })
+    .await;
+    assert!(told.is_some(), "alerts: {:?} / {:?}", events(&got, &format!("/{pa}")), events(&got, &format!("/{pb}")));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for t in [&pa, &pb] {
+        let ev = events(&got, &format!("/{t}"));
+        let dep: Vec<_> = ev.iter().filter(|e| e["rule"] == "dependency_circuit:payments").collect();
+        assert_eq!(dep.len(), 1, "{t}: {ev:?}");
+        assert_eq!(dep[0]["type"], "alert.opened");
+    }
+    assert!(events(&got, &format!("/{pc}")).iter().all(|e| e["rule"] != "dependency_circuit:payments"));
+    let seen = read_events(Box::new(|_| false), 3).await;
+    assert_eq!(kinds(&seen, EventKind::DependencyCircuitOpen), 1, "still one opening");
+
+    drop(worker);
+    let _ = stop_api.send(());
+    leader.stop().await;
+}
+
+/// Limits are never silent: a tenant pushed to its end user's rate and then its own rate
+/// gets one `alert.opened` per limit it neared (80 %) and per limit it hit, each
+/// resolved once when its submissions stop, and its console page charts the refusals
+/// per hour by code. Another tenant submitting beside it gets none. Fails on code
+/// without limit alerts: no such events, and the page has no refusals chart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_pushed_to_each_limit_gets_one_alert_and_one_resolution_per_limit() {
+    use serde_json::json;
+    let (base, got) = receiver().await;
+    let run = &uuid::Uuid::new_v4().simple().to_string()[..6];
+    let (hot, calm) = (format!("hot{run}"), format!("calm{run}"));
+    let extra = format!(
+        "[registry]\nunknown_tenants = \"admit\"\n[job_types.echo]\npool = \"short\"\nhandler = \"echo\"\n\
+         [admission.tenant_rate]\nfree = \"6/min\"\n[admission.user_rate]\nfree = \"2/min\"\n\
+         [alerts]\nperiod = \"1s\"\nlimit_clear_periods = 3\n\
+         [alerts.tenants.{hot}]\nwebhook_url = \"{base}/hot\"\n[alerts.tenants.{calm}]\nwebhook_url = \"{base}/calm\"\n"
+    );
+    let cfg = deployment(&extra, &[&hot, &calm]).await;
+    let leader = Leader::start(&cfg).await;
+    let (_, kh) = create_key(&cfg, &fairway::core::auth::Caller::Tenant(hot.clone()), "limits").await;
+    let (_, kc) = create_key(&cfg, &fairway::core::auth::Caller::Tenant(calm.clone()), "limits").await;
+    let (api, stop_api) = serve_api(&cfg).await;
+    let http = reqwest::Client::new();
+    let submit = |key: &str, user: &str| {
+        let req = http
+            .post(format!("{api}/v1/jobs"))
+            .bearer_auth(key)
+            .json(&json!({"job_type": "echo", "payload": {}, "user_key": user}));
+        async move {
+            let r = req.send().await.unwrap();
+            let s = r.status().as_u16();
+            (s, r.json::<serde_json::Value>().await.unwrap_or_default())
+        }
+    };
+    // The end user's rate (2/min): its 2nd is at 100 % of it, its 3rd refused; then the
+    // tenant's (6/min): its 5th is past 80 %, its 7th refused.
+    let codes: Vec<(u16, String)> = {
+        let mut v = Vec::new();
+        for user in ["u1", "u1", "u1", "u2", "u2", "u3", "u3", "u4"] {
+            let (s, b) = submit(&kh, user).await;
+            v.push((s, b["code"].as_str().unwrap_or_default().to_string()));
+        }
+        v
+    };
+    let statuses: Vec<u16> = codes.iter().map(|c| c.0).collect();
+    assert_eq!(statuses, [201, 201, 429, 201, 201, 201, 201, 429], "{codes:?}");
+    assert_eq!(codes[2].1, "USER_RATE_LIMIT_EXCEEDED");
+    assert_eq!(codes[7].1, "TENANT_RATE_LIMIT_EXCEEDED");
+    assert_eq!(submit(&kc, "c1").await.0, 201, "another tenant is not held");
+
+    let rules = |path: &str, kind: &str| -> Vec<String> {
+        let mut v: Vec<String> = events(&got, path)
+            .iter()
+            .filter(|e| e["type"] == kind)
+            .map(|e| e["rule"].as_str().unwrap_or_default().to_string())
+            .collect();
+        v.sort();
+        v
+    };
+    let want = [
+        "limit:near:tenant_rate:short",
+        "limit:near:user_rate:short",
+        "limit:refused:tenant_rate:short",
+        "limit:refused:user_rate:short",
+    ];
+    let resolved = wait_for(Duration::from_secs(60), || async {
+        (rules("/hot", "alert.resolved").len() >= want.len()).then_some(())
+    })
+    .await;
+    assert!(resolved.is_some(), "all resolved within 60 s: {:?}", events(&got, "/hot"));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(rules("/hot", "alert.opened"), want, "one opening per limit");
+    assert_eq!(rules("/hot", "alert.resolved"), want, "one resolution per limit");
+    for (p, sig, body) in got.lock().unwrap().iter() {
+        assert!(common::signature_valid(SECRET, sig, body), "a bad signature on {p}");
+    }
+    assert!(events(&got, "/calm").is_empty(), "the calm tenant got {:?}", events(&got, "/calm"));
+
+    // Its console page charts the refusals of the hour by code.
+    let page = {
+        let c = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+        let r = c.post(format!("{api}/console/login")).form(&[("key", kh.as_str())]).send().await.unwrap();
+        let cookie =
+            r.headers().get("set-cookie").and_then(|v| v.to_str().ok()).unwrap().split(';').next().unwrap().to_string();
+        let r = c.get(format!("{api}/console/tenants/{hot}")).header("cookie", cookie).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        r.text().await.unwrap()
+    };
+    assert!(page.contains("chart-refusals-24h"), "the refusals chart is on the page");
+    for code in ["refused:user_rate:short", "refused:tenant_rate:short", "near:tenant_rate:short"] {
+        assert!(page.contains(code), "{code} on the page");
+    }
+    assert!(page.contains("limit:refused:user_rate:short"), "the alerts table lists the limit alerts");
+
+    let _ = stop_api.send(());
+    leader.stop().await;
 }

@@ -149,6 +149,22 @@ impl ApiError {
                     ),
                 )
             }
+            Refused::CircuitOpen { scope, wait_ms, .. } if scope.starts_with("dependency:") => {
+                let secs = retry_after_secs(ms(*wait_ms));
+                let until = std::time::SystemTime::now() + Duration::from_secs(secs);
+                let name = scope.trim_start_matches("dependency:");
+                ApiError {
+                    status: StatusCode::SERVICE_UNAVAILABLE,
+                    code: codes::CIRCUIT_OPEN,
+                    message: format!(
+                        "new submissions of job types that need {name:?} are paused: that dependency is failing for \
+                         several tenants, so its fleet-wide breaker is open until {} (Retry-After: {secs}); nothing \
+                         was written: retry then; jobs already queued are held without using an attempt",
+                        httpdate::fmt_http_date(until)
+                    ),
+                    retry_after_secs: Some(secs),
+                }
+            }
             Refused::CircuitOpen { scope, wait_ms, counts, ratio } => {
                 let secs = retry_after_secs(ms(*wait_ms));
                 ApiError {
@@ -400,6 +416,16 @@ mod tests {
             (StatusCode::SERVICE_UNAVAILABLE, codes::CIRCUIT_OPEN, Some(30))
         );
         assert!(e.message.contains("5 of 12") && e.message.contains("20 %"), "{}", e.message);
+        // A dependency's fleet-wide breaker: Retry-After in seconds, the end as an HTTP-date.
+        let d = Refused::CircuitOpen { scope: "dependency:payments".into(), wait_ms: 42_100, counts, ratio: 0.5 };
+        let e = ApiError::refused(&d);
+        assert_eq!(
+            (e.status, e.code, e.retry_after_secs),
+            (StatusCode::SERVICE_UNAVAILABLE, codes::CIRCUIT_OPEN, Some(43))
+        );
+        let date = e.message.split("open until ").nth(1).and_then(|r| r.split(" (Retry-After").next()).unwrap();
+        assert!(httpdate::parse_http_date(date).is_ok(), "an HTTP-date: {date:?} in {}", e.message);
+        assert!(e.message.contains("\"payments\"") && e.message.contains("Retry-After: 43"), "{}", e.message);
     }
 
     #[test]

@@ -108,6 +108,8 @@ struct Inner {
     ledger: tokio::sync::OnceCell<crate::store::LedgerStatements>,
     /// Tenant alerts' statements (prepared on first use).
     alerts: tokio::sync::OnceCell<crate::store::AlertStatements>,
+    /// The refusal counts' statements (a tenant's console page), prepared once.
+    refusals: tokio::sync::OnceCell<crate::store::RefusalStatements>,
     /// What each API key holds of this process (`[api.limits]`).
     front: limits::Limits,
     /// The listener's open connections (`[api.limits]`; read by `/readyz`).
@@ -150,6 +152,7 @@ impl Inner {
             ledger: Default::default(),
             regions: None,
             alerts: Default::default(),
+            refusals: Default::default(),
             fleet_days: Default::default(),
             replays: Default::default(),
         }

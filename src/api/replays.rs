@@ -81,7 +81,7 @@ impl Replays {
         ask: Ask,
     ) -> Result<serde_json::Value, ApiError> {
         let owner = caller.tenant().map(str::to_string);
-        let mut opts = ReplayOptions::new(ask.source);
+        let mut opts = ReplayOptions::new(ask.source, format!("{caller} (key {})", key.0));
         opts.filter = ask.filter;
         opts.dry_run = ask.dry_run;
         opts.rate_per_sec = ask.rate.unwrap_or(opts.rate_per_sec);

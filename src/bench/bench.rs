@@ -38,6 +38,8 @@ pub enum BenchKind {
     Flood(super::bench_flood::FloodArgs),
     /// The tenants registry at scale: register N tenants, load them, time changes reaching a live view.
     Registry(super::bench_registry::RegistryArgs),
+    /// Limits never silent at scale: N tenants' refusal counts read and turned into limit alerts, a dependency breaker's sum over their cells.
+    Limits(super::bench_limits::LimitsArgs),
     /// The fault suite: worker processes killed (-9) and restarted, a CQL restart, poison
     /// and malformed messages; counts lost jobs, duplicate results and jobs run twice.
     Faults(super::bench_faults::FaultsArgs),
@@ -105,6 +107,7 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchKind::Fairness(f) => fairness(g, f).await,
         BenchKind::Flood(f) => super::bench_flood::run(g, f).await,
         BenchKind::Registry(r) => super::bench_registry::run(g, r).await,
+        BenchKind::Limits(l) => super::bench_limits::run(g, l).await,
         BenchKind::Faults(f) => super::bench_faults::run(g, f).await,
         BenchKind::Submit(s) => super::bench_submit::run(g, s).await,
         BenchKind::Process(p) => super::bench_process::run(g, p).await,

@@ -17,6 +17,7 @@ mod bench_delayed;
 mod bench_faults;
 mod bench_fleet;
 mod bench_flood;
+mod bench_limits;
 mod bench_ownership;
 mod bench_partitions;
 mod bench_process;

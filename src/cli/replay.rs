@@ -128,6 +128,7 @@ impl ReplayArgs {
             id: Some(id),
             idle_timeout: self.idle_timeout,
             stop: None,
+            requested_by: format!("the CLI (user {})", std::env::var("USER").unwrap_or_else(|_| "unknown".into())),
         })
     }
 }

@@ -278,10 +278,22 @@ static JOB_RESULT_HISTORY: LazyLock<Vec<History>> = LazyLock::new(|| {
 });
 
 static JOB_EVENT_HISTORY: LazyLock<Vec<History>> = LazyLock::new(|| {
-    vec![History {
-        version: 1,
-        wire: WireSchema::load("history/job_event.v1.avsc", include_str!("../../schemas/history/job_event.v1.avsc")),
-    }]
+    vec![
+        History {
+            version: 1,
+            wire: WireSchema::load(
+                "history/job_event.v1.avsc",
+                include_str!("../../schemas/history/job_event.v1.avsc"),
+            ),
+        },
+        History {
+            version: 2,
+            wire: WireSchema::load(
+                "history/job_event.v2.avsc",
+                include_str!("../../schemas/history/job_event.v2.avsc"),
+            ),
+        },
+    ]
 });
 
 /// The released earlier versions of a record kind's schema that are still decoded.
@@ -1072,7 +1084,7 @@ mod tests {
         let (f, p) = body_problem(decode_event(&encode_event(&event_full()).unwrap()[..40]).unwrap_err());
         assert!(!f.is_empty() && !p.is_empty());
         // Pinned like the others (see `fingerprints_are_pinned`).
-        assert_eq!(fingerprint(RecordKind::JobEvent).to_string(), "0e714a90587bf4f2");
+        assert_eq!(fingerprint(RecordKind::JobEvent).to_string(), "94314e4fbb8ae975");
         let je = schema(RecordKind::JobEvent);
         let kinds: Vec<String> = EventKind::ALL.iter().map(|k| k.as_str().to_string()).collect();
         assert_eq!(enum_symbols(je, "io.fairway.EventKind"), Some(kinds));
@@ -1499,6 +1511,8 @@ mod tests {
         assert_eq!(history(RecordKind::JobSubmitted)[1].wire.fingerprint.to_string(), "c23b839bafae9a45");
         assert_eq!(history(RecordKind::DeadLetter)[1].wire.fingerprint.to_string(), "eb1549c1dc0fc4a1");
         assert_eq!(history(RecordKind::JobEvent)[0].wire.fingerprint.to_string(), "9bbf7ca9dda07f29");
+        // Before `replayed` and the dependency breaker's kinds were appended.
+        assert_eq!(history(RecordKind::JobEvent)[1].wire.fingerprint.to_string(), "0e714a90587bf4f2");
         // Before `resource` was appended to the failure classes.
         assert_eq!(history(RecordKind::JobSubmitted)[2].wire.fingerprint.to_string(), "d636019c375f46a9");
         assert_eq!(history(RecordKind::DeadLetter)[2].wire.fingerprint.to_string(), "c4e69504e8b6f0a5");
@@ -1518,6 +1532,11 @@ mod tests {
         let mut v1 = encode_event(&e).unwrap();
         v1[2..HEADER_LEN].copy_from_slice(&history(RecordKind::JobEvent)[0].wire.fingerprint.0);
         assert_eq!(decode_event(&v1).unwrap(), e);
+        // And v2 (before `replayed` and `dependency_circuit_*`), with its last kind.
+        let e = JobEvent { kind: EventKind::PoolReclassified, ..event_full() };
+        let mut v2 = encode_event(&e).unwrap();
+        v2[2..HEADER_LEN].copy_from_slice(&history(RecordKind::JobEvent)[1].wire.fingerprint.0);
+        assert_eq!(decode_event(&v2).unwrap(), e);
     }
 
     #[test]

@@ -288,11 +288,17 @@ impl RuleState {
 /// An alert's id, the same for its opened and resolved events and every copy of them:
 /// derived from (tenant, rule, opened_at).
 pub fn alert_id(tenant: &str, rule: Rule, opened_at: Millis) -> String {
+    alert_id_named(tenant, rule.as_str(), opened_at)
+}
+
+/// [`alert_id`] of an alert raised outside these rules (a dependency's breaker:
+/// `core::dependency::alert_rule`).
+pub fn alert_id_named(tenant: &str, rule: &str, opened_at: Millis) -> String {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
     h.update(tenant.as_bytes());
     h.update([0]);
-    h.update(rule.as_str().as_bytes());
+    h.update(rule.as_bytes());
     h.update([0]);
     h.update(opened_at.to_be_bytes());
     let hex: String = h.finalize().iter().take(16).map(|b| format!("{b:02x}")).collect();
@@ -393,8 +399,15 @@ pub struct AlertsConfig {
     /// How long an alert's row is kept after it opened.
     pub retention: DurationMs,
     /// Most tenants the evaluator tracks at once (a period's results of tenants beyond
-    /// it are not evaluated, counted and warned).
+    /// it are not evaluated, counted and warned); also the most (tenant, limit) pairs the
+    /// limit alerts track.
     pub max_tenants: usize,
+    /// A limit alert (`limit:refused:<limit>:<pool>`, `limit:near:...`) resolves after
+    /// this many periods in a row without a new refusal or near-limit admission.
+    pub limit_clear_periods: u32,
+    /// Most alert openings delivered to one tenant's webhook per hour (the rest are
+    /// stored and shown, not sent).
+    pub max_deliveries_per_hour: u32,
     /// Defaults per tier, over the built-in defaults ([`Thresholds::default`]).
     pub tiers: BTreeMap<Tier, Override>,
     /// Per-tenant settings over its tier's, and its webhook.
@@ -407,6 +420,8 @@ impl Default for AlertsConfig {
             period: DurationMs::secs(60),
             retention: DurationMs(30 * 86_400_000),
             max_tenants: 100_000,
+            limit_clear_periods: 5,
+            max_deliveries_per_hour: 30,
             tiers: BTreeMap::new(),
             tenants: BTreeMap::new(),
         }
@@ -424,6 +439,12 @@ impl AlertsConfig {
         }
         if self.max_tenants == 0 {
             return Err(Invalid::new("max_tenants", "must be at least 1 (the default is 100000)"));
+        }
+        if !(1..=1_000).contains(&self.limit_clear_periods) {
+            return Err(Invalid::new("limit_clear_periods", "must be 1 to 1000 (the default is 5)"));
+        }
+        if !(1..=10_000).contains(&self.max_deliveries_per_hour) {
+            return Err(Invalid::new("max_deliveries_per_hour", "must be 1 to 10000 (the default is 30)"));
         }
         for (tier, o) in &self.tiers {
             if o.webhook_url.is_some() {

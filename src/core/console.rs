@@ -194,7 +194,12 @@ pub fn search<'a>(events: impl Iterator<Item = &'a JobEvent>, q: &JobQuery, max:
         // Progress and webhook events do not change what state the job is in.
         if !matches!(
             e.kind,
-            EventKind::Progress | EventKind::WebhookDelivered | EventKind::WebhookFailed | EventKind::PoolReclassified
+            EventKind::Progress
+                | EventKind::WebhookDelivered
+                | EventKind::WebhookFailed
+                | EventKind::PoolReclassified
+                | EventKind::DependencyCircuitOpen
+                | EventKind::DependencyCircuitClosed
         ) {
             hit.state = e.kind.as_str();
             hit.message = e.message.clone();

@@ -83,6 +83,8 @@ pub const TABLES: &[(&str, Role)] = &[
     ("schedule_slots", Role::Control),
     ("debounces", Role::Control),
     ("restores", Role::Skipped("the restore's own bookkeeping on the new cluster")),
+    ("tenant_refusals", Role::Skipped("hourly counts of refused submissions (TTL): the new fleet counts its own")),
+    ("dependency_breakers", Role::Skipped("the old fleet's view of its dependencies: the new fleet's counts decide afresh")),
     ("schedule_totals", Role::Skipped("a counter (counter columns cannot be inserted): the schedules sweep recounts it")),
     ("tenant_schedules", Role::Control),
     ("tenant_debounces", Role::Control),

@@ -149,7 +149,10 @@ pub fn state_after(kind: EventKind) -> Option<JobState> {
         | EventKind::DeadLettered
         | EventKind::WebhookDelivered
         | EventKind::WebhookFailed
-        | EventKind::PoolReclassified => return None,
+        | EventKind::PoolReclassified
+        | EventKind::Replayed
+        | EventKind::DependencyCircuitOpen
+        | EventKind::DependencyCircuitClosed => return None,
     })
 }
 
@@ -216,6 +219,57 @@ pub fn pool_reclassified(
         progress: None,
         message: Some(message),
         next_attempt_at: Some(sticky_until),
+    }
+}
+
+/// The event of a dependency's fleet-wide breaker opening (`open`) or closing: about no
+/// one job, so keyed `dependency/<name>` with an empty tenant; `job_type` names the job
+/// types it holds (comma-separated), `message` why, `next_attempt_at` (opening) until
+/// when they are held.
+pub fn dependency_circuit(
+    event_id: String,
+    dependency: &str,
+    job_types: &str,
+    open: bool,
+    message: String,
+    until: Option<Millis>,
+    at: Millis,
+) -> JobEvent {
+    JobEvent {
+        event_id,
+        job_id: format!("dependency/{dependency}"),
+        tenant: String::new(),
+        job_type: job_types.to_string(),
+        kind: if open { EventKind::DependencyCircuitOpen } else { EventKind::DependencyCircuitClosed },
+        at,
+        attempt: 0,
+        worker: None,
+        progress: None,
+        message: Some(message),
+        next_attempt_at: until,
+    }
+}
+
+/// The audit event of a replay putting `job` back on its pool topic: who asked
+/// (`requested_by`: a tenant's key, an admin key, the CLI's user), which replay, from
+/// which topic, and the job's replay count after it (its fresh attempt counter starts
+/// at 0).
+pub fn replayed(event_id: String, job: &JobSubmitted, requested_by: &str, replay_id: &str, at: Millis) -> JobEvent {
+    JobEvent {
+        event_id,
+        job_id: job.job_id.clone(),
+        tenant: job.tenant.clone(),
+        job_type: job.job_type.clone(),
+        kind: EventKind::Replayed,
+        at,
+        attempt: 0,
+        worker: None,
+        progress: None,
+        message: Some(format!(
+            "replayed by {requested_by} (replay {replay_id}, replay {} of this job)",
+            job.replay_count
+        )),
+        next_attempt_at: None,
     }
 }
 

@@ -9,9 +9,11 @@
 //! | `offsets` | out-of-order completion per partition: what offset may be committed |
 //! | `retry` | failure classes' retries, backoff and jitter, the retry budget, the DLQ |
 //! | `breaker`, `window` | circuit breakers and the rolling counts they judge from |
+//! | `dependency` | the fleet-wide dependency breaker: a dependency's counts from every worker's cells, when it opens, holds, goes on trial and closes; which job types it holds |
 //! | `poison` | quarantine of job types that fail most of the time |
 //! | `fleet_counts` | the retry budget and poison detection on the pool's fleet-wide counts |
 //! | `backlog`, `buffer` | spilled backlogs of floods beyond the buffer; what the buffer holds per tenant (jobs, bytes) |
+//! | `refusals` | what held a tenant's submissions back, per hour: refusals and near-limit admissions by limit and pool, the page's hourly series, one alert per limit |
 //! | `quota`, `fleet`, `flow` | fleet-wide limits (allotments, rate shares), fleet fairness, flow keys |
 //! | `lanes` | how a tenant's jobs spread over a pool topic's partitions: lanes from its submission rate, ordering keys' fixed places |
 //! | `admission`, `api_limits`, `auth` | the front door (queue limits and rates), the API process's per-key limits, API keys |
@@ -47,6 +49,7 @@ pub mod buffer;
 pub mod checkpoint_pace;
 pub mod classifier;
 pub mod console;
+pub mod dependency;
 pub mod dr;
 pub mod due;
 pub mod events;
@@ -68,6 +71,7 @@ pub mod quota;
 pub mod receivers;
 pub mod recurring;
 pub mod recycling;
+pub mod refusals;
 pub mod regions;
 pub mod replay;
 pub mod rerun;

@@ -11,10 +11,11 @@
 
 use super::LedgerError;
 use crate::config::Config;
-use crate::core::alerts::{Change, Evaluator, Rule, Transition};
+use crate::core::alerts::{alert_id_named, Change, Evaluator, Rule, Transition};
+use crate::core::refusals::{HourTotals, LimitAlerts, LimitChange, HOUR_MS};
 use crate::core::scheduler::Tier;
 use crate::model::{JobResult, Millis};
-use crate::store::{AlertRow, AlertStatements, Store, TenantStatements};
+use crate::store::{AlertRow, AlertStatements, RefusalStatements, Store, TenantStatements, TooManyRows};
 use crate::watch::alerts::{Kind, Sender};
 use crate::{metrics as m, now_ms};
 use std::collections::HashMap;
@@ -33,6 +34,20 @@ pub(super) struct Alerting {
     eval: Evaluator,
     sender: Arc<Sender>,
     untracked_warned: u64,
+    /// Limit alerts from the refusal counts (`core::refusals`).
+    limits: LimitAlerts,
+    refusals: RefusalStatements,
+    /// Openings delivered per tenant this hour (`alerts.max_deliveries_per_hour`).
+    delivered: HashMap<String, (Millis, u32)>,
+    /// Alerts whose opening was not delivered (over budget): their resolution is not either.
+    unsent: std::collections::HashSet<String>,
+}
+
+/// Most refusal rows read per hour and period (past it the rest wait, warned).
+pub const MAX_REFUSAL_ROWS: usize = 200_000;
+/// The rule of a limit alert: `limit:<code>` (`core::refusals::code`).
+pub fn limit_rule(code: &str) -> String {
+    format!("limit:{code}")
 }
 
 impl Alerting {
@@ -46,11 +61,14 @@ impl Alerting {
         let sender = Sender::new(cfg.clone(), stmts.clone(), stop)
             .map_err(|e| LedgerError::Alerts(format!("cannot build the alerts' HTTP client: {e}")))?;
         let mut eval = Evaluator::new(cfg.alerts.max_tenants, now_ms() - crate::core::alerts::CATCH_UP_MS);
+        let mut limits = LimitAlerts::new(cfg.alerts.max_tenants);
         for open in stmts.open().await? {
             let a = open.alert;
             if a.resolved_at.is_none() {
                 if let Some(rule) = Rule::parse(&a.rule) {
                     eval.restore(&a.tenant, rule, a.opened_at);
+                } else if let Some(code) = a.rule.strip_prefix("limit:") {
+                    limits.restore(&a.tenant, code, a.opened_at);
                 }
             }
             if !open.opened_sent {
@@ -61,8 +79,22 @@ impl Alerting {
             }
         }
         let registry = store.tenant_statements().await?;
+        let refusals = store.refusal_statements().await?;
         let (tiers, tiers_read_at) = (HashMap::new(), None);
-        Ok(Alerting { cfg: cfg.clone(), stmts, registry, tiers, tiers_read_at, eval, sender, untracked_warned: 0 })
+        Ok(Alerting {
+            cfg: cfg.clone(),
+            stmts,
+            registry,
+            tiers,
+            tiers_read_at,
+            eval,
+            sender,
+            untracked_warned: 0,
+            limits,
+            refusals,
+            delivered: HashMap::new(),
+            unsent: Default::default(),
+        })
     }
 
     pub(super) fn observe(&mut self, r: &JobResult, published_at: Millis) {
@@ -86,21 +118,108 @@ impl Alerting {
         let default_tier = cfg.registry.default_tier;
         let changes =
             self.eval.evaluate(now, |t| cfg.alerts.settings(t, tiers.get(t).copied().unwrap_or(default_tier)));
-        let ttl = (cfg.alerts.retention.0 / 1000).clamp(3600, i32::MAX as i64) as i32;
         for c in changes {
             let (row, kind) = row_of(&c);
-            let stored = match kind {
-                Kind::Opened => self.stmts.opened(&row, ttl).await,
-                Kind::Resolved => self.stmts.resolved(&row, ttl).await,
-            };
-            metrics::counter!(m::ALERT_CHANGES, "kind" => kind.as_str()).increment(1);
-            match stored {
-                Ok(()) => self.sender.send(row, kind),
-                Err(e) => {
-                    tracing::warn!(error = %e, tenant = %row.tenant, alert_id = %row.alert_id, "alerts: cannot store an alert's {}; not sent", kind.as_str())
+            self.record(row, kind).await;
+        }
+        self.evaluate_limits(now).await;
+    }
+
+    /// Limit alerts: reads the refusal counts of this hour and the one before, and opens
+    /// or resolves one alert per (tenant, code) (`core::refusals::LimitAlerts`).
+    async fn evaluate_limits(&mut self, now: Millis) {
+        let current = now - now.rem_euclid(HOUR_MS);
+        let mut hours = Vec::new();
+        for hour in [current - HOUR_MS, current] {
+            let cells = match self.refusals.hour(hour, MAX_REFUSAL_ROWS).await {
+                Ok(Ok(cells)) => cells,
+                Ok(Err(TooManyRows { max, read })) => {
+                    tracing::warn!(
+                        max,
+                        "alerts: an hour holds more refusal rows than are read; limit alerts judge the first ones"
+                    );
+                    read
                 }
+                Err(e) => {
+                    tracing::warn!(error = %e, "alerts: cannot read the refusal counts; limit alerts wait for the next period");
+                    return;
+                }
+            };
+            let mut totals: HourTotals = HashMap::new();
+            for c in cells {
+                let t = totals.entry((c.tenant, c.code)).or_default();
+                *t = t.saturating_add(c.n.max(0));
+            }
+            hours.push((hour, totals));
+        }
+        let for_periods = self.cfg.alerts.limit_clear_periods;
+        for change in self.limits.step(&hours, for_periods, now) {
+            let (tenant, code, opened_at, resolved_at, value) = match change {
+                LimitChange::Opened { tenant, code, opened_at, count } => (tenant, code, opened_at, None, count as f64),
+                LimitChange::Resolved { tenant, code, opened_at, resolved_at } => {
+                    (tenant, code, opened_at, Some(resolved_at), 0.0)
+                }
+            };
+            let rule = limit_rule(&code);
+            let threshold = match crate::core::refusals::parse(&code) {
+                Some((crate::core::refusals::Mark::Near, ..)) => crate::core::refusals::NEAR_SHARE,
+                _ => 1.0,
+            };
+            let alert_id = alert_id_named(&tenant, &rule, opened_at);
+            let row = AlertRow { tenant, alert_id, rule, opened_at, resolved_at, value, threshold };
+            self.record(row, if resolved_at.is_some() { Kind::Resolved } else { Kind::Opened }).await;
+        }
+    }
+
+    /// Stores an alert's opening or resolution and sends it: the rules' changes and the
+    /// alerts raised elsewhere on the leader (a dependency's breaker, `super::dependencies`).
+    ///
+    /// A tenant's openings are delivered at most `alerts.max_deliveries_per_hour` times an
+    /// hour (each is stored and shown all the same); an opening not delivered has its
+    /// resolution not delivered either.
+    pub(super) async fn record(&mut self, row: AlertRow, kind: Kind) {
+        let ttl = (self.cfg.alerts.retention.0 / 1000).clamp(3600, i32::MAX as i64) as i32;
+        let stored = match kind {
+            Kind::Opened => self.stmts.opened(&row, ttl).await,
+            Kind::Resolved => self.stmts.resolved(&row, ttl).await,
+        };
+        metrics::counter!(m::ALERT_CHANGES, "kind" => kind.as_str()).increment(1);
+        let deliver = match kind {
+            Kind::Opened => self.within_budget(&row.tenant, row.opened_at),
+            Kind::Resolved => !self.unsent.remove(&row.alert_id),
+        };
+        if !deliver && kind == Kind::Opened {
+            self.unsent.insert(row.alert_id.clone());
+        }
+        match stored {
+            Ok(()) if !deliver => self.sender.skip(row, kind),
+            Ok(()) => self.sender.send(row, kind),
+            Err(e) => {
+                tracing::warn!(error = %e, tenant = %row.tenant, alert_id = %row.alert_id, "alerts: cannot store an alert's {}; not sent", kind.as_str())
             }
         }
+    }
+
+    /// Takes one of the tenant's deliveries of `now`'s hour, if any is left.
+    fn within_budget(&mut self, tenant: &str, now: Millis) -> bool {
+        let hour = now - now.rem_euclid(HOUR_MS);
+        if self.delivered.len() >= self.cfg.alerts.max_tenants {
+            self.delivered.retain(|_, (h, _)| *h >= hour);
+        }
+        let e = self.delivered.entry(tenant.to_string()).or_insert((hour, 0));
+        if e.0 != hour {
+            *e = (hour, 0);
+        }
+        if e.1 >= self.cfg.alerts.max_deliveries_per_hour {
+            tracing::warn!(
+                tenant,
+                max = self.cfg.alerts.max_deliveries_per_hour,
+                "alerts: the tenant's alert deliveries of this hour are used up; this one is stored, not sent"
+            );
+            return false;
+        }
+        e.1 += 1;
+        true
     }
 
     async fn read_tiers(&mut self, now: Millis) {

@@ -401,10 +401,19 @@ pub enum EventKind {
     /// The pool classifier moved a job type to another pool (not about one job: the
     /// event's `job_id` is `job_type/<name>`, its tenant empty).
     PoolReclassified,
+    /// A dead letter or parked job was put back on its pool topic by a replay; `message`
+    /// says who asked and which replay.
+    Replayed,
+    /// The fleet-wide breaker of a dependency opened: retries of the job types that
+    /// declare it are held (`job_id` is `dependency/<name>`, tenant empty;
+    /// `next_attempt_at` is when it lets jobs through again).
+    DependencyCircuitOpen,
+    /// The fleet-wide breaker of a dependency closed (`job_id` `dependency/<name>`).
+    DependencyCircuitClosed,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 15] = [
+    pub const ALL: [EventKind; 18] = [
         EventKind::Queued,
         EventKind::Scheduled,
         EventKind::Waiting,
@@ -420,6 +429,9 @@ impl EventKind {
         EventKind::WebhookDelivered,
         EventKind::WebhookFailed,
         EventKind::PoolReclassified,
+        EventKind::Replayed,
+        EventKind::DependencyCircuitOpen,
+        EventKind::DependencyCircuitClosed,
     ];
     pub fn as_str(self) -> &'static str {
         match self {
@@ -438,7 +450,18 @@ impl EventKind {
             EventKind::WebhookDelivered => "webhook_delivered",
             EventKind::WebhookFailed => "webhook_failed",
             EventKind::PoolReclassified => "pool_reclassified",
+            EventKind::Replayed => "replayed",
+            EventKind::DependencyCircuitOpen => "dependency_circuit_open",
+            EventKind::DependencyCircuitClosed => "dependency_circuit_closed",
         }
+    }
+    /// About a job type or a dependency, not one job (`job_id` is `job_type/<name>` or
+    /// `dependency/<name>`, the tenant empty or the job type's).
+    pub fn is_about_no_job(self) -> bool {
+        matches!(
+            self,
+            EventKind::PoolReclassified | EventKind::DependencyCircuitOpen | EventKind::DependencyCircuitClosed
+        )
     }
     /// The job's last word: nothing but webhook deliveries follows it.
     pub fn is_terminal(self) -> bool {

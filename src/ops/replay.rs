@@ -108,10 +108,14 @@ pub struct ReplayOptions {
     pub idle_timeout: Duration,
     /// Set to stop gracefully: the current batch is finished and its resume points saved.
     pub stop: Option<Arc<AtomicBool>>,
+    /// Who asked, for the `replayed` event each replayed job gets (its audit):
+    /// `tenant acme (key ci)`, `admin key ops`, `cli (user alice)`.
+    pub requested_by: String,
 }
 
 impl ReplayOptions {
-    pub fn new(source: ReplaySource) -> ReplayOptions {
+    /// A replay of `source` with the defaults, asked by `requested_by` (see the field).
+    pub fn new(source: ReplaySource, requested_by: impl Into<String>) -> ReplayOptions {
         ReplayOptions {
             source,
             filter: ReplayFilter::default(),
@@ -124,6 +128,7 @@ impl ReplayOptions {
             id: None,
             idle_timeout: Duration::from_secs(3),
             stop: None,
+            requested_by: requested_by.into(),
         }
     }
 
@@ -495,9 +500,12 @@ impl Replay {
         if let Some(sub) = &self.submitter {
             self.limiter.until_ready().await;
             let (sub, stmts, job_id) = (sub.clone(), self.checkpoints.stmts.clone(), job.job_id.clone());
+            let audit = (self.opts.requested_by.clone(), self.replay_id.clone());
             let task = tokio::spawn(async move {
                 retrying(|| stmts.reset_job(&job.job_id, now_ms())).await.map_err(|e| e.to_string())?;
-                sub.produce_replay(&job).await.map_err(|e| e.to_string())
+                sub.produce_replay(&job).await.map_err(|e| e.to_string())?;
+                sub.replayed(&job, &audit.0, &audit.1);
+                Ok(())
             });
             self.checkpoints.push(InFlight { topic: self.topic.clone(), partition: p, offset, job_id, task });
         }

@@ -4,7 +4,7 @@
 //!   is first dispatched); queued = enqueued - dequeued (`core::admission::queued`).
 //! - `tenant_outcome_cells`: per 10 s bucket, pool, job type, tenant and worker, the
 //!   cumulative successes, failed attempts, infrastructure failures among them and
-//!   timeouts among those (idempotent cells, TTL), which API processes read to run the
+//!   timeouts among those, and the `dependency` failures among them (idempotent cells, TTL), which API processes read to run the
 //!   submission circuit breakers (`core::admission::breaker`: per tenant, and shared ones
 //!   on infrastructure failures of several tenants). The older `outcome_counts` (no
 //!   tenant) and `tenant_outcome_counts` (no timeouts apart) are no longer written.
@@ -28,6 +28,9 @@ pub struct OutcomeCell {
     pub infra: i64,
     /// Timeouts among `infra`.
     pub timeouts: i64,
+    /// Failures of class `dependency` among `infra` (the dependency breakers' counts,
+    /// `core::dependency`).
+    pub dependency: i64,
 }
 
 /// Statements of the front door's counts ([`Store::admission_statements`]).
@@ -66,14 +69,14 @@ impl Store {
             put_outcomes: prep(
                 format!(
                     "INSERT INTO {ks}.tenant_outcome_cells (scope, bucket, pool, job_type, tenant, worker, ok, \
-                     failed, infra, timeouts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?"
+                     failed, infra, timeouts, dependency) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?"
                 ),
                 "prepare put outcome counts",
             )
             .await?,
             get_outcomes: prep(
                 format!(
-                    "SELECT pool, job_type, tenant, worker, ok, failed, infra, timeouts FROM \
+                    "SELECT pool, job_type, tenant, worker, ok, failed, infra, timeouts, dependency FROM \
                      {ks}.tenant_outcome_cells WHERE scope = ? AND bucket = ?"
                 ),
                 "prepare read outcome counts",
@@ -130,6 +133,7 @@ impl AdmissionStatements {
                 c.failed,
                 c.infra,
                 c.timeouts,
+                c.dependency,
                 ttl_secs,
             );
             self.session.execute_unpaged(&self.put_outcomes, v)
@@ -148,10 +152,10 @@ impl AdmissionStatements {
             .execute_iter(self.get_outcomes.clone(), (self.scope.as_str(), bucket))
             .await
             .map_err(q("read outcome counts"))?;
-        type Row = (String, String, String, String, Option<i64>, Option<i64>, Option<i64>, Option<i64>);
+        type Row = (String, String, String, String, Option<i64>, Option<i64>, Option<i64>, Option<i64>, Option<i64>);
         let mut rows = pager.rows_stream::<Row>().map_err(q("read outcome counts"))?;
         let mut out = Vec::new();
-        while let Some((pool, job_type, tenant, worker, ok, failed, infra, timeouts)) =
+        while let Some((pool, job_type, tenant, worker, ok, failed, infra, timeouts, dependency)) =
             rows.try_next().await.map_err(q("read outcome counts"))?
         {
             let (ok, failed, infra) = (ok.unwrap_or(0), failed.unwrap_or(0), infra.unwrap_or(0));
@@ -164,6 +168,7 @@ impl AdmissionStatements {
                 failed,
                 infra,
                 timeouts: timeouts.unwrap_or(0),
+                dependency: dependency.unwrap_or(0),
             });
         }
         Ok(out)

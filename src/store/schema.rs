@@ -304,6 +304,21 @@ pub const TABLES: &[(&str, &str)] = &[
     // The deployment's schedule count (`ops::schedules`): what an add checks
     // `schedules.max_total` against in one read; the leader's sweep corrects it.
     ("schedule_totals", "(scope text PRIMARY KEY, n counter)"),
+    // The fleet-wide dependency breakers (`core::dependency`, `store::dependencies`): one
+    // row per dependency, written by the ledger's leader, read every second by workers
+    // and API processes.
+    // What held each tenant's submissions back (`core::refusals`, `store::refusals`): per
+    // deployment and hour, each process's cumulative count per (tenant, code), TTL 8 days.
+    (
+        "tenant_refusals",
+        "(scope text, hour bigint, tenant text, code text, process text, n bigint, \
+         PRIMARY KEY ((scope, hour), tenant, code, process))",
+    ),
+    (
+        "dependency_breakers",
+        "(scope text, dependency text, state text, opened_at bigint, until bigint, since bigint, failed bigint, \
+         attempts bigint, affected list<text>, changed_at bigint, PRIMARY KEY ((scope), dependency))",
+    ),
 ];
 
 /// Columns added to tables after they were first created: (table, column, CQL type).
@@ -319,6 +334,9 @@ pub const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
     // The queue waits of an account's results per window (`core::alerts::WaitHistogram`'s
     // counts, one cell): the console's wait charts.
     ("ledger", "waits", "frozen<list<int>>"),
+    // Failures of class `dependency` among an outcome cell's infrastructure failures: what
+    // the fleet-wide dependency breakers count (`core::dependency`).
+    ("tenant_outcome_cells", "dependency", "bigint"),
 ];
 
 /// The keyspace's replication: NetworkTopologyStrategy with replicas per datacenter when

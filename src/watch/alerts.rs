@@ -113,6 +113,14 @@ impl Sender {
         });
     }
 
+    /// Finishes `kind` of `a` without delivering it (the tenant's deliveries of the hour
+    /// are used up: the alert is stored and shown, not sent).
+    pub fn skip(self: &Arc<Self>, a: AlertRow, kind: Kind) {
+        metrics::counter!(m::ALERT_DELIVERIES, "result" => "over_budget").increment(1);
+        let me = self.clone();
+        tokio::spawn(async move { me.finished(&a, kind).await });
+    }
+
     /// Records that `kind` of `a` needs no more attempts.
     async fn finished(&self, a: &AlertRow, kind: Kind) {
         let r = match kind {

@@ -121,6 +121,32 @@ pub fn pool_reclassified(
     emit(producer, cfg, &JobEvent { worker: Some(worker.to_string()), ..ev });
 }
 
+/// `dependency_circuit_open` / `_closed` (see `core::events::dependency_circuit`).
+pub fn dependency_circuit(
+    producer: &dyn RouteBroker,
+    cfg: &Config,
+    dependency: &str,
+    open: bool,
+    message: String,
+    until: Option<Millis>,
+) {
+    let mut types: Vec<&str> = cfg
+        .job_types
+        .iter()
+        .filter(|(_, jt)| jt.dependencies.iter().any(|d| d == dependency))
+        .map(|(n, _)| n.as_str())
+        .collect();
+    types.sort_unstable();
+    let ev = rules::dependency_circuit(new_id(), dependency, &types.join(","), open, message, until, now_ms());
+    emit(producer, cfg, &ev);
+}
+
+/// `replayed`: a replay put `job` (as produced, its replay count raised) back on its pool
+/// topic (see `core::events::replayed`).
+pub fn replayed(producer: &dyn RouteBroker, cfg: &Config, job: &JobSubmitted, requested_by: &str, replay_id: &str) {
+    emit(producer, cfg, &rules::replayed(new_id(), job, requested_by, replay_id, now_ms()));
+}
+
 /// `retrying`: an attempt failed and the next is due at `next_at`.
 pub fn retrying(
     producer: &dyn RouteBroker,

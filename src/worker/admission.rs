@@ -17,8 +17,11 @@ use super::Shared;
 use crate::core::admission::breaker::{OwnOutcomes, BUCKET_MS};
 use crate::core::classifier::{RunCell, Subject, Violation, RUN_BUCKET_MS};
 use crate::core::fleet::OwnCells;
+use crate::core::refusals::{code as refusal_code, Mark, OwnRefusals};
 use crate::model::{FailureClass, JobSubmitted, Millis};
-use crate::store::{AdmissionStatements, ClassifierStatements, OutcomeCell, RunTimeCell};
+use crate::store::{
+    AdmissionStatements, ClassifierStatements, OutcomeCell, RefusalCell, RefusalStatements, RunTimeCell,
+};
 use crate::{metrics as m, now_ms};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -38,11 +41,19 @@ pub struct Tally {
     dequeued: HashMap<String, i64>,
     outcomes: OwnOutcomes,
     runs: OwnCells<RunCell>,
+    /// Jobs held for a tenant's breakers, quarantines or the recycling cap, per hour
+    /// (`core::refusals`, `Mark::Held`): the tenant's page and limit alerts.
+    held: OwnRefusals,
 }
 
 impl Default for Tally {
     fn default() -> Self {
-        Tally { dequeued: HashMap::new(), outcomes: OwnOutcomes::default(), runs: OwnCells::new(RUN_BUCKET_MS) }
+        Tally {
+            dequeued: HashMap::new(),
+            outcomes: OwnOutcomes::default(),
+            runs: OwnCells::new(RUN_BUCKET_MS),
+            held: OwnRefusals::default(),
+        }
     }
 }
 
@@ -60,6 +71,14 @@ impl Tally {
     /// An attempt of `tenant`'s job of `job_type` ended (`failure` None: succeeded).
     pub fn outcome(&mut self, job_type: &str, tenant: &str, failure: Option<FailureClass>, now: Millis) {
         self.outcomes.record(job_type, tenant, failure, now);
+    }
+
+    /// The worker held a job of `tenant` for `what` (`breaker/<job type>`,
+    /// `quarantine/<job type>`, `recycling_cap`) in `pool`.
+    pub fn held(&mut self, tenant: &str, what: &str, pool: &str, now: Millis) {
+        if !self.held.record(tenant, &refusal_code(Mark::Held, what, pool), 1, now) {
+            metrics::counter!(m::REFUSALS_UNTRACKED).increment(1);
+        }
     }
 
     /// A run of `subject` took `run_ms` (and violated this pool's range or not); false
@@ -80,6 +99,7 @@ impl Tally {
 struct Statements {
     counts: Option<AdmissionStatements>,
     runs: Option<ClassifierStatements>,
+    held: Option<RefusalStatements>,
 }
 
 pub async fn report_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
@@ -98,6 +118,9 @@ pub async fn report_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
         if let Some(s) = &stmts.runs {
             write_runs(&sh, s).await;
         }
+        if let Some(s) = &stmts.held {
+            write_held(&sh, s).await;
+        }
         if stopping || *shutdown.borrow() {
             return;
         }
@@ -112,8 +135,36 @@ impl Statements {
         if self.runs.is_none() && sh.cfg.classifier.enabled {
             self.runs = Some(sh.store.classifier_statements().await?);
         }
+        if self.held.is_none() {
+            self.held = Some(sh.store.refusal_statements().await?);
+        }
         Ok(())
     }
+}
+
+/// Writes the changed held-job counts (cumulative per worker and pool: idempotent).
+async fn write_held(sh: &Shared, stmts: &RefusalStatements) {
+    let pending = {
+        let mut t = sh.admission_tally.lock().expect("admission tally");
+        t.held.evict(now_ms());
+        t.held.pending()
+    };
+    if pending.is_empty() {
+        return;
+    }
+    let mut by_hour: HashMap<Millis, Vec<RefusalCell>> = HashMap::new();
+    for (hour, key, n) in &pending {
+        let (tenant, code) = OwnRefusals::key_parts(key);
+        by_hour.entry(*hour).or_default().push(RefusalCell { tenant: tenant.into(), code: code.into(), n: *n });
+    }
+    let process = format!("{}/{}", sh.worker_id, sh.pool.as_str());
+    for (hour, cells) in by_hour {
+        if let Err(e) = stmts.put(hour, &process, &cells).await {
+            tracing::warn!(pool = sh.pool.as_str(), error = %e, "held-job counts not written (the tenants' pages and alerts); retried next pass");
+            return;
+        }
+    }
+    sh.admission_tally.lock().expect("admission tally").held.written(&pending);
 }
 
 /// Writes the changed run-time cells (TTL: the classifier's window and a margin).
@@ -175,7 +226,7 @@ async fn pass(sh: &Shared, stmts: &AdmissionStatements) {
     count_out(&sh.admission_tally, pool, dequeued, |tenant, n| async move { stmts.dequeued(&tenant, pool, n).await })
         .await;
     let mut by_bucket: HashMap<i64, Vec<OutcomeCell>> = HashMap::new();
-    for (bucket, key, (ok, failed, infra, timeouts)) in &pending {
+    for (bucket, key, (ok, failed, infra, timeouts, dependency)) in &pending {
         let (job_type, tenant) = OwnOutcomes::key_parts(key);
         let cell = OutcomeCell {
             pool: pool.to_string(),
@@ -186,6 +237,7 @@ async fn pass(sh: &Shared, stmts: &AdmissionStatements) {
             failed: *failed,
             infra: *infra,
             timeouts: *timeouts,
+            dependency: *dependency,
         };
         by_bucket.entry(*bucket).or_default().push(cell);
     }

@@ -52,6 +52,8 @@ pub struct RouteContext {
     pub recycling: Mutex<crate::core::recycling::Recycling>,
     /// The per-job metrics of this pool, registered once.
     pub metrics: crate::metrics::PoolMetrics,
+    /// The fleet-wide dependency breakers as last read (one view per worker).
+    pub dependencies: Arc<crate::dependencies::Holds>,
 }
 
 /// Everything a pool's loops share: the route's context and the loops' own state.
@@ -189,7 +191,12 @@ impl RouteContext {
         now: Millis,
     ) -> (FailureClass, Decision) {
         let mut h = self.health.lock().expect("health lock");
+        let given = class;
         let class = h.poison.effective_class(&crate::core::poison::tenant_key(job_type, tenant), class, now);
+        if class == FailureClass::Poison && given != FailureClass::Poison {
+            let what = format!("quarantine/{}", self.bounded_job_type(job_type));
+            self.admission_tally.lock().expect("admission tally").held(tenant, &what, self.pool.as_str(), now);
+        }
         let jitter = rand::random::<f64>();
         let failed = retry::Failed { class, state, policy };
         (class, retry::decide_with_budget(failed, &mut h.budget, tenant, now, jitter))

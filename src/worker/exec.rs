@@ -326,12 +326,23 @@ async fn clear_to_run(
         ));
         return Err(Box::pin(settle::fail(sh, job, origin, err, super::durable::Ran::default())).await);
     };
+    let now = sh.clock.now_ms();
+    if let Some((dependency, until)) = sh.dependencies.held(sh.cfg.dependencies_of(&job.job_type), now) {
+        // The dependency's fleet-wide breaker is open: hold the job (no attempt used)
+        // until its end, spread so held jobs do not all return at once.
+        metrics::counter!(m::DEPENDENCY_HELD, "dependency" => dependency, "at" => "worker").increment(1);
+        let spread = (rand::random::<u64>() % crate::dependencies::RETURN_SPREAD_MS as u64) as i64;
+        return Err(Box::pin(durable::hold_back(sh, job, until.saturating_add(spread))).await);
+    }
     if let Verdict::Rejected { retry_at } =
         sh.breaker_verdict(&job.job_type, &job.tenant, job.attempt == 0 && job.crash_count == 0, sh.clock.now_ms())
     {
         // The job type's dependency is failing: hold the job back (no attempt used)
         // on the dependency retry topic until the breaker lets a probe through.
-        metrics::counter!(m::BREAKER_REJECTIONS, "job_type" => sh.bounded_job_type(&job.job_type)).increment(1);
+        let job_type = sh.bounded_job_type(&job.job_type);
+        let what = format!("breaker/{job_type}");
+        sh.admission_tally.lock().expect("admission tally").held(&job.tenant, &what, sh.pool.as_str(), now);
+        metrics::counter!(m::BREAKER_REJECTIONS, "job_type" => job_type).increment(1);
         return Err(Box::pin(durable::hold_back(sh, job, retry_at)).await);
     }
     Ok(handler)

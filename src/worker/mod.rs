@@ -126,6 +126,10 @@ impl Worker {
         )));
         let feed = Arc::new(frontier::CancelFeed::default());
         tasks.push(tokio::spawn(feed.clone().run(store.clone(), rx.clone())));
+        let holds = Arc::new(crate::dependencies::Holds::default());
+        if crate::dependencies::in_use(&cfg) {
+            tasks.push(tokio::spawn(holds.clone().run(store.clone(), "worker", rx.clone())));
+        }
         for &pool in pools {
             let route = Arc::new(RouteContext {
                 cfg: cfg.clone(),
@@ -145,6 +149,7 @@ impl Worker {
                 admission_tally: Default::default(),
                 ranges: cfg.run_ranges(),
                 recycling: Mutex::new(crate::core::recycling::Recycling::new(cfg.pool(pool).recycling)),
+                dependencies: holds.clone(),
             });
             let sh = Arc::new(Shared {
                 route,

@@ -1132,6 +1132,12 @@ impl Loop {
         if held.is_empty() && self.recycling_held.is_empty() {
             return;
         }
+        {
+            let mut tally = self.sh.admission_tally.lock().expect("admission tally");
+            for tenant in held.keys() {
+                tally.held(tenant, "recycling_cap", self.pool(), now);
+            }
+        }
         for (tenant, until) in &held {
             if self.recycling_held.get(tenant) != Some(until) {
                 tracing::info!(pool = self.pool(), %tenant, until = *until, "tenant at the recycling cap: its jobs wait");

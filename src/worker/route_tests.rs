@@ -95,6 +95,7 @@ impl Fixture {
             admission_tally: Default::default(),
             ranges: cfg.run_ranges(),
             recycling: Mutex::new(crate::core::recycling::Recycling::new(cfg.pool(pool).recycling)),
+            dependencies: Default::default(),
             cfg,
         })
     }

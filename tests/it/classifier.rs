@@ -183,7 +183,7 @@ async fn a_short_type_running_long_moves_to_medium_and_its_next_jobs_run_there()
     // Replays: a dead letter naming the configured pool follows the class; one naming
     // another pool keeps it.
     let (follows, keeps) = (dead_letter(&cfg, Pool::Short).await, dead_letter(&cfg, Pool::Long).await);
-    let mut o = fairway::ops::replay::ReplayOptions::new(ReplaySource::Dlq);
+    let mut o = fairway::ops::replay::ReplayOptions::new(ReplaySource::Dlq, "it::classifier");
     o.filter = ReplayFilter { tenant: Some("acme".into()), ..Default::default() };
     let report = fairway::ops::replay::run(&cfg, o, |_| {}).await.expect("replay");
     assert_eq!(report.replayed, 2, "{report:#?}");

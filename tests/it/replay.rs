@@ -80,7 +80,7 @@ async fn send_dl(p: &kafka::Producer, cfg: &Config, dl: &DeadLetter, partition: 
 }
 
 fn opts(filter: ReplayFilter) -> ReplayOptions {
-    let mut o = ReplayOptions::new(ReplaySource::Dlq);
+    let mut o = ReplayOptions::new(ReplaySource::Dlq, "it::replay");
     o.filter = filter;
     o.idle_timeout = IDLE;
     o
@@ -398,6 +398,30 @@ async fn a_tenant_replays_its_own_dead_letters_through_the_api() {
     assert!(acme.iter().all(|j| ids.contains(j.job_id.as_str())), "acme's jobs are back on the pool topic");
     assert!(globex.iter().all(|j| !ids.contains(j.job_id.as_str())), "globex's were not replayed");
     assert!(back.iter().all(|j| j.attempt == 0 && j.replay_count == 1), "fresh attempts: {back:?}");
+
+    // Each replayed job's events say who replayed it and in which replay (its audit).
+    let acme_ids: HashSet<&str> = acme.iter().map(|j| j.job_id.as_str()).collect();
+    let replayed = |v: &[fairway::model::JobEvent]| {
+        v.iter()
+            .filter(|e| e.kind == fairway::model::EventKind::Replayed && acme_ids.contains(e.job_id.as_str()))
+            .count()
+    };
+    let events = common::read_until(
+        &cfg,
+        &cfg.events_topic(),
+        Duration::from_secs(20),
+        |b, _, _| codec::decode_event(b).ok(),
+        |v| replayed(v) >= 3,
+    )
+    .await;
+    assert_eq!(replayed(&events), 3, "one replayed event per job");
+    let audit: Vec<&fairway::model::JobEvent> =
+        events.iter().filter(|e| e.kind == fairway::model::EventKind::Replayed).collect();
+    for e in &audit {
+        let msg = e.message.as_deref().unwrap_or_default();
+        assert!(msg.starts_with("replayed by tenant acme (key ") && msg.contains("replay 1 of this job"), "{msg}");
+        assert_eq!(e.tenant, "acme", "only acme's jobs were replayed: {e:?}");
+    }
     let _ = stop_api.send(());
 }
 

@@ -53,9 +53,9 @@ pub(super) async fn page(
 }
 
 fn form(v: &Viewer, q: &JobsQuery) -> String {
-    // Kinds of a job's life (a pool reclassification is about a job type, not a job).
-    let states: Vec<&str> =
-        EventKind::ALL.iter().filter(|k| **k != EventKind::PoolReclassified).map(|k| k.as_str()).collect();
+    // Kinds of a job's life (a pool reclassification is about a job type, a dependency's
+    // breaker about a dependency, not a job).
+    let states: Vec<&str> = EventKind::ALL.iter().filter(|k| !k.is_about_no_job()).map(|k| k.as_str()).collect();
     let tenant = match v.tenant() {
         Some(t) => format!("<input type=\"hidden\" name=\"tenant\" value=\"{}\">", esc(t)),
         None => html::input("tenant", "Tenant", q.tenant.as_deref(), ""),

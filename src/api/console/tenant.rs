@@ -126,6 +126,28 @@ fn alerts_table(mut rows: Vec<crate::store::AlertRow>) -> String {
     html::table("alerts", &["Rule", "State", "Opened", "Value"], &body)
 }
 
+/// Refusals and near-limit admissions per hour by code (rows: every process's apart).
+fn refusals_chart(rows: &[(Millis, String, i64)], hours: &[Millis]) -> String {
+    let per_code = crate::core::refusals::hourly(rows, hours);
+    if per_code.is_empty() {
+        return "<p class=\"hint\" id=\"refusals-none\">Nothing refused or near a limit.</p>".into();
+    }
+    const COLORS: [&str; 5] = [BAD, AMBER, BLUE, GREY, OK];
+    let series = per_code
+        .into_iter()
+        .enumerate()
+        .map(|(i, (code, values))| Series { name: code, color: COLORS[i % COLORS.len()], values })
+        .collect();
+    figure(&Chart {
+        id: "chart-refusals-24h".into(),
+        title: "Refused and near-limit submissions per hour".into(),
+        unit: "jobs".into(),
+        labels: hours.iter().map(|h| label(*h, false)).collect(),
+        kind: Kind::Bars,
+        series,
+    })
+}
+
 /// Dead letters per job type over two spans (most first): finished, dead-lettered, rate.
 fn dead_letters_table(day: &[TypeOutcomes], month: &[TypeOutcomes]) -> String {
     let mut body = String::new();
@@ -200,12 +222,19 @@ async fn body(st: &ApiState, v: &Viewer, name: &str) -> Result<String, ApiError>
     })?;
     let alert_stmts = st.inner.alerts.get_or_try_init(|| st.store().alert_statements()).await?;
     let alerts = alert_stmts.recent(name).await?;
+    let refusal_stmts = st.inner.refusals.get_or_try_init(|| st.store().refusal_statements()).await?;
+    let hours = crate::core::refusals::hours_until(now, 24);
+    let refused = refusal_stmts.tenant(name, &hours).await?;
     let tier = registry.get(name).map_or_else(|| "unregistered".to_string(), |t| t.tier.as_str().to_string());
     Ok(format!(
         "<p class=\"hint\">Tier <b id=\"tenant-tier\">{}</b>. From the usage ledger (15-minute windows, written every \
          few seconds): share is the tenant's run time over every tenant's; the entitlement is its weight over the \
          weights of the tenants that used the fleet that day. <a href=\"/console/jobs?tenant={}\">its jobs</a></p>\
          <h2>Alerts</h2>{}\
+         <h2>What held its submissions (last 24 hours)</h2><p class=\"hint\">Per hour: submissions the front door \
+         refused, by limit and pool (<code>refused:&lt;limit&gt;:&lt;pool&gt;</code>), and admissions that found the \
+         tenant at 80 % or more of a limit (<code>near:...</code>). Dependency breakers held: the \
+         <code>dependency_circuit:&lt;name&gt;</code> alerts above.</p>{}\
          <h2>Dead letters per job type</h2><p class=\"hint\">Dead-lettered: jobs that failed for good (their \
          dead letters are on the <a href=\"/console/dlq\">DLQ page</a>, to replay).</p>{}\
          <h2>Last 24 hours (hourly)</h2><div class=\"charts\" id=\"charts-24h\">{}</div>\
@@ -213,6 +242,7 @@ async fn body(st: &ApiState, v: &Viewer, name: &str) -> Result<String, ApiError>
         esc(&tier),
         html::url(name),
         alerts_table(alerts),
+        refusals_chart(&refused, &hours),
         dead_letters_table(&data.types_24h, &data.types_30d),
         charts(&data.hours, "24h", false),
         charts(&data.days, "30d", true),
@@ -260,6 +290,20 @@ mod tests {
         assert!(html.contains("<td>0</td><td>0</td><td>0.0 %</td><td>3</td>"), "no run in 24 h: zeros: {html}");
         assert!(html.contains("&lt;b&gt;x") && !html.contains("<b>x"), "a job type's name is escaped");
         assert!(dead_letters_table(&[], &[]).contains("nothing finished in 30 days"));
+    }
+
+    #[test]
+    fn refusals_chart_one_series_per_code_over_the_hours() {
+        let hours = crate::core::refusals::hours_until(5 * 3_600_000 + 1, 2);
+        let rows = vec![
+            (4 * 3_600_000, "refused:tenant_rate:short".to_string(), 3),
+            (5 * 3_600_000, "refused:tenant_rate:short".to_string(), 2),
+            (5 * 3_600_000, "near:max_queued:short".to_string(), 1),
+        ];
+        let html = refusals_chart(&rows, &hours);
+        assert!(html.contains("chart-refusals-24h"), "{html}");
+        assert!(html.contains("refused:tenant_rate:short") && html.contains("near:max_queued:short"), "{html}");
+        assert!(refusals_chart(&[], &hours).contains("refusals-none"));
     }
 
     #[test]

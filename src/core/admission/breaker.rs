@@ -382,8 +382,8 @@ pub fn window_counts<'a>(
 }
 
 /// A worker's outcome cell: (ok, failed, infrastructure failures among them, timeouts
-/// among those).
-pub type OutcomeCounts = (i64, i64, i64, i64);
+/// among those, dependency failures among those).
+pub type OutcomeCounts = (i64, i64, i64, i64, i64);
 
 /// One worker's outcome counts per bucket and (job type, tenant) (one pool), with
 /// what was written.
@@ -409,6 +409,7 @@ impl OwnOutcomes {
                 c.1 += 1;
                 c.2 += i64::from(f.is_infrastructure());
                 c.3 += i64::from(f == crate::model::FailureClass::Timeout);
+                c.4 += i64::from(f == crate::model::FailureClass::Dependency);
             }
         });
     }
@@ -663,12 +664,12 @@ mod tests {
         let p = o.pending();
         assert_eq!(p.len(), 1);
         assert_eq!(OwnOutcomes::key_parts(&p[0].1), ("echo", "a"));
-        assert_eq!(p[0].2, (1, 2, 1, 0));
+        assert_eq!(p[0].2, (1, 2, 1, 0, 1), "the dependency failure counted apart");
         o.record("echo", "a", None, 3_000);
         o.written(&p);
-        assert_eq!(o.pending()[0].2, (2, 2, 1, 0), "changed after the read: written again");
+        assert_eq!(o.pending()[0].2, (2, 2, 1, 0, 1), "changed after the read: written again");
         o.record("echo", "a", Some(F::Timeout), 3_000);
-        assert_eq!(o.pending()[0].2, (2, 3, 2, 1), "a timeout is an infrastructure failure, counted apart too");
+        assert_eq!(o.pending()[0].2, (2, 3, 2, 1, 1), "a timeout is an infrastructure failure, counted apart too");
         o.written(&o.pending());
         assert!(o.pending().is_empty());
         o.evict(100_000, 60_000);
