@@ -70,6 +70,17 @@ impl Leader {
     }
 }
 
+/// `tenant`'s console page as its own key sees it (logged in with `key`).
+async fn console_page(api: &str, key: &str, tenant: &str) -> String {
+    let c = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let r = c.post(format!("{api}/console/login")).form(&[("key", key)]).send().await.unwrap();
+    let cookie = r.headers().get("set-cookie").and_then(|v| v.to_str().ok()).expect("a session cookie");
+    let cookie = cookie.split(';').next().unwrap().to_string();
+    let r = c.get(format!("{api}/console/tenants/{tenant}")).header("cookie", cookie).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    r.text().await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_tenant_past_its_wait_rule_gets_one_opened_and_one_resolved_event() {
     let (base, got) = receiver().await;
@@ -264,6 +275,8 @@ async fn a_dependency_failing_for_two_tenants_opens_one_fleet_wide_breaker() {
         assert_eq!(dep[0]["type"], "alert.opened");
     }
     assert!(events(&got, &format!("/{pc}")).iter().all(|e| e["rule"] != "dependency_circuit:payments"));
+    let page = console_page(&api, &ka, &pa).await;
+    assert!(page.contains("dependency_circuit:payments"), "the breaker's alert is on {pa}'s page");
     let seen = read_events(Box::new(|_| false), 3).await;
     assert_eq!(kinds(&seen, EventKind::DependencyCircuitOpen), 1, "still one opening");
 
@@ -272,8 +285,8 @@ async fn a_dependency_failing_for_two_tenants_opens_one_fleet_wide_breaker() {
     leader.stop().await;
 }
 
-/// Limits are never silent: a tenant pushed to its end user's rate and then its own rate
-/// gets one `alert.opened` per limit it neared (80 %) and per limit it hit, each
+/// Limits are never silent: a tenant pushed to its end user's rate, its own rate and its
+/// queue in turn gets one `alert.opened` per limit it neared (80 %) and per limit it hit, each
 /// resolved once when its submissions stop, and its console page charts the refusals
 /// per hour by code. Another tenant submitting beside it gets none. Fails on code
 /// without limit alerts: no such events, and the page has no refusals chart.
@@ -286,6 +299,7 @@ async fn a_tenant_pushed_to_each_limit_gets_one_alert_and_one_resolution_per_lim
     let extra = format!(
         "[registry]\nunknown_tenants = \"admit\"\n[job_types.echo]\npool = \"short\"\nhandler = \"echo\"\n\
          [admission.tenant_rate]\nfree = \"6/min\"\n[admission.user_rate]\nfree = \"2/min\"\n\
+         [admission.max_queued]\nfree = 7\n\
          [alerts]\nperiod = \"1s\"\nlimit_clear_periods = 3\n\
          [alerts.tenants.{hot}]\nwebhook_url = \"{base}/hot\"\n[alerts.tenants.{calm}]\nwebhook_url = \"{base}/calm\"\n"
     );
@@ -307,7 +321,8 @@ async fn a_tenant_pushed_to_each_limit_gets_one_alert_and_one_resolution_per_lim
         }
     };
     // The end user's rate (2/min): its 2nd is at 100 % of it, its 3rd refused; then the
-    // tenant's (6/min): its 5th is past 80 %, its 7th refused.
+    // tenant's (6/min): its 5th is past 80 %, its 7th refused; the 6 queued are past 80 %
+    // of its queue (7), and a batch of 2 more is refused for it (no worker runs).
     let codes: Vec<(u16, String)> = {
         let mut v = Vec::new();
         for user in ["u1", "u1", "u1", "u2", "u2", "u3", "u3", "u4"] {
@@ -320,6 +335,10 @@ async fn a_tenant_pushed_to_each_limit_gets_one_alert_and_one_resolution_per_lim
     assert_eq!(statuses, [201, 201, 429, 201, 201, 201, 201, 429], "{codes:?}");
     assert_eq!(codes[2].1, "USER_RATE_LIMIT_EXCEEDED");
     assert_eq!(codes[7].1, "TENANT_RATE_LIMIT_EXCEEDED");
+    let batch = json!([{"job_type": "echo", "payload": {}, "user_key": "u5"}, {"job_type": "echo", "payload": {}, "user_key": "u6"}]);
+    let r = http.post(format!("{api}/v1/jobs:batch")).bearer_auth(&kh).json(&batch).send().await.unwrap();
+    let (s, b) = (r.status().as_u16(), r.json::<serde_json::Value>().await.unwrap_or_default());
+    assert_eq!((s, b["code"].as_str()), (429, Some("TENANT_QUEUE_FULL")), "{b}");
     assert_eq!(submit(&kc, "c1").await.0, 201, "another tenant is not held");
 
     let rules = |path: &str, kind: &str| -> Vec<String> {
@@ -332,8 +351,10 @@ async fn a_tenant_pushed_to_each_limit_gets_one_alert_and_one_resolution_per_lim
         v
     };
     let want = [
+        "limit:near:max_queued:short",
         "limit:near:tenant_rate:short",
         "limit:near:user_rate:short",
+        "limit:refused:max_queued:short",
         "limit:refused:tenant_rate:short",
         "limit:refused:user_rate:short",
     ];
@@ -351,17 +372,11 @@ async fn a_tenant_pushed_to_each_limit_gets_one_alert_and_one_resolution_per_lim
     assert!(events(&got, "/calm").is_empty(), "the calm tenant got {:?}", events(&got, "/calm"));
 
     // Its console page charts the refusals of the hour by code.
-    let page = {
-        let c = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
-        let r = c.post(format!("{api}/console/login")).form(&[("key", kh.as_str())]).send().await.unwrap();
-        let cookie =
-            r.headers().get("set-cookie").and_then(|v| v.to_str().ok()).unwrap().split(';').next().unwrap().to_string();
-        let r = c.get(format!("{api}/console/tenants/{hot}")).header("cookie", cookie).send().await.unwrap();
-        assert_eq!(r.status().as_u16(), 200);
-        r.text().await.unwrap()
-    };
+    let page = console_page(&api, &kh, &hot).await;
     assert!(page.contains("chart-refusals-24h"), "the refusals chart is on the page");
-    for code in ["refused:user_rate:short", "refused:tenant_rate:short", "near:tenant_rate:short"] {
+    for code in
+        ["refused:user_rate:short", "refused:tenant_rate:short", "near:tenant_rate:short", "refused:max_queued:short"]
+    {
         assert!(page.contains(code), "{code} on the page");
     }
     assert!(page.contains("limit:refused:user_rate:short"), "the alerts table lists the limit alerts");

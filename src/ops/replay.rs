@@ -503,8 +503,10 @@ impl Replay {
             let audit = (self.opts.requested_by.clone(), self.replay_id.clone());
             let task = tokio::spawn(async move {
                 retrying(|| stmts.reset_job(&job.job_id, now_ms())).await.map_err(|e| e.to_string())?;
+                // Stamped before the produce: the new run's events all come after it.
+                let at = now_ms();
                 sub.produce_replay(&job).await.map_err(|e| e.to_string())?;
-                sub.replayed(&job, &audit.0, &audit.1);
+                sub.replayed(&job, &audit.0, &audit.1, at);
                 Ok(())
             });
             self.checkpoints.push(InFlight { topic: self.topic.clone(), partition: p, offset, job_id, task });

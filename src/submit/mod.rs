@@ -564,9 +564,9 @@ impl Submitter {
         self.produce(&JobSubmitted { pool, ..job.clone() }).await
     }
 
-    /// The audit of a replayed job: its `replayed` event (`watch::events::replayed`).
-    pub fn replayed(&self, job: &JobSubmitted, requested_by: &str, replay_id: &str) {
-        crate::watch::events::replayed(&self.producer, &self.cfg, job, requested_by, replay_id);
+    /// The audit of a replayed job: its `replayed` event at `at` (`watch::events::replayed`).
+    pub fn replayed(&self, job: &JobSubmitted, requested_by: &str, replay_id: &str, at: crate::model::Millis) {
+        crate::watch::events::replayed(&self.producer, &self.cfg, job, requested_by, replay_id, at);
     }
 
     pub fn producer(&self) -> &Producer {

@@ -142,9 +142,17 @@ pub fn dependency_circuit(
 }
 
 /// `replayed`: a replay put `job` (as produced, its replay count raised) back on its pool
-/// topic (see `core::events::replayed`).
-pub fn replayed(producer: &dyn RouteBroker, cfg: &Config, job: &JobSubmitted, requested_by: &str, replay_id: &str) {
-    emit(producer, cfg, &rules::replayed(new_id(), job, requested_by, replay_id, now_ms()));
+/// topic (see `core::events::replayed`); `at`: taken before the produce, so the event
+/// comes before every event of the new run.
+pub fn replayed(
+    producer: &dyn RouteBroker,
+    cfg: &Config,
+    job: &JobSubmitted,
+    requested_by: &str,
+    replay_id: &str,
+    at: Millis,
+) {
+    emit(producer, cfg, &rules::replayed(new_id(), job, requested_by, replay_id, at));
 }
 
 /// `retrying`: an attempt failed and the next is due at `next_at`.

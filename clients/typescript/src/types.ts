@@ -10,7 +10,7 @@ export type JobState =
 export type EventKind =
   | "queued" | "scheduled" | "waiting" | "started" | "progress" | "retrying" | "succeeded" | "failed"
   | "cancelled" | "expired" | "late_execution" | "dead_lettered" | "webhook_delivered" | "webhook_failed"
-  | "pool_reclassified";
+  | "pool_reclassified" | "replayed" | "dependency_circuit_open" | "dependency_circuit_closed";
 
 /** A job to submit (`POST /v1/jobs`). */
 export interface NewJob {

@@ -231,9 +231,10 @@ async fn body(st: &ApiState, v: &Viewer, name: &str) -> Result<String, ApiError>
          few seconds): share is the tenant's run time over every tenant's; the entitlement is its weight over the \
          weights of the tenants that used the fleet that day. <a href=\"/console/jobs?tenant={}\">its jobs</a></p>\
          <h2>Alerts</h2>{}\
-         <h2>What held its submissions (last 24 hours)</h2><p class=\"hint\">Per hour: submissions the front door \
-         refused, by limit and pool (<code>refused:&lt;limit&gt;:&lt;pool&gt;</code>), and admissions that found the \
-         tenant at 80 % or more of a limit (<code>near:...</code>). Dependency breakers held: the \
+         <h2>What held its work (last 24 hours)</h2><p class=\"hint\">Per hour: submissions the front door \
+         refused, by limit and pool (<code>refused:&lt;limit&gt;:&lt;pool&gt;</code>), admissions that found the \
+         tenant at 80 % or more of a limit (<code>near:...</code>), and jobs workers held for its breakers, \
+         quarantines or the recycling cap (<code>held:...</code>). Dependency breakers: the \
          <code>dependency_circuit:&lt;name&gt;</code> alerts above.</p>{}\
          <h2>Dead letters per job type</h2><p class=\"hint\">Dead-lettered: jobs that failed for good (their \
          dead letters are on the <a href=\"/console/dlq\">DLQ page</a>, to replay).</p>{}\
