@@ -16,6 +16,8 @@
 //! | `store` | the ScyllaDB edge: schema, statements, tables per concept |
 //! | `store::due` | the due index of schedules and debounce windows: what the promoter's leader reads, only what is due |
 //! | `store::slots` | a tenant's numbered slots claimed by LWT: the atomic per-tenant count of schedules and open debounce windows |
+//! | `store::dependencies` | the fleet-wide dependency breakers' rows: one per dependency, written by the ledger's leader, read every second by workers and API processes |
+//! | `store::refusals` | what held each tenant's work: per hour, each process's cumulative count per (tenant, code) (`core::refusals`) |
 //! | `store::alerts` | tenant alerts' rows: every alert per tenant (TTL'd) and the alerts open or with a delivery unfinished |
 //! | `store::regions` | a deployment's region state (up, draining, down), what `fairway region` writes and the API polls |
 //! | `handlers` | the `Handler` trait and job context; the HTTP executor, the `process` executor (one-shot and pooled children, `handlers::process::pooled`), demo handlers |
