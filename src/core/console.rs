@@ -172,6 +172,10 @@ pub struct JobHit {
     pub last_at: Millis,
     pub attempt: i32,
     pub message: Option<String>,
+    /// When the event that set `state` happened: events of one job come from several
+    /// processes (an API's replay, a worker's run) and may arrive out of their order.
+    #[serde(skip)]
+    pub state_at: Millis,
 }
 
 /// The jobs of `events` (oldest first) that match `q`, newest activity first, at most `max`.
@@ -190,19 +194,24 @@ pub fn search<'a>(events: impl Iterator<Item = &'a JobEvent>, q: &JobQuery, max:
             last_at: e.at,
             attempt: e.attempt,
             message: None,
+            state_at: e.at,
         });
-        // Progress and webhook events do not change what state the job is in.
-        if !matches!(
-            e.kind,
-            EventKind::Progress
-                | EventKind::WebhookDelivered
-                | EventKind::WebhookFailed
-                | EventKind::PoolReclassified
-                | EventKind::DependencyCircuitOpen
-                | EventKind::DependencyCircuitClosed
-        ) {
+        // Progress and webhook events do not change what state the job is in; an event
+        // older than the one the state came from does not either.
+        if e.at >= hit.state_at
+            && !matches!(
+                e.kind,
+                EventKind::Progress
+                    | EventKind::WebhookDelivered
+                    | EventKind::WebhookFailed
+                    | EventKind::PoolReclassified
+                    | EventKind::DependencyCircuitOpen
+                    | EventKind::DependencyCircuitClosed
+            )
+        {
             hit.state = e.kind.as_str();
             hit.message = e.message.clone();
+            hit.state_at = e.at;
         }
         hit.first_at = hit.first_at.min(e.at);
         hit.last_at = hit.last_at.max(e.at);
@@ -320,5 +329,18 @@ mod tests {
         let q = JobQuery { since: Some(5), ..Default::default() };
         assert_eq!(search(events.iter(), &q, 10).len(), 1);
         assert_eq!(search(events.iter(), &JobQuery::default(), 1).len(), 1);
+    }
+
+    #[test]
+    fn an_event_arriving_after_a_newer_one_does_not_set_the_state() {
+        // An API's replayed event reaches the events topic after the worker's run of it.
+        let events = [
+            ev("j1", "acme", EventKind::DeadLettered, 1),
+            ev("j1", "acme", EventKind::Started, 3),
+            ev("j1", "acme", EventKind::Succeeded, 4),
+            ev("j1", "acme", EventKind::Replayed, 2),
+        ];
+        let hit = &search(events.iter(), &JobQuery::default(), 10)[0];
+        assert_eq!((hit.state, hit.first_at, hit.last_at), ("succeeded", 1, 4));
     }
 }

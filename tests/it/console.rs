@@ -311,12 +311,25 @@ async fn a_dead_lettered_job_is_found_previewed_and_replayed_from_the_page_then_
         let timeline = text(&c, "#timeline").await.unwrap();
         assert!(timeline.contains("failed") || timeline.contains("dead_lettered"), "{timeline}");
         screenshot(&c, "job").await;
-        // The search finds it among the events seen since the console started (the replay's run).
-        c.goto(&s.url("/console/jobs?tenant=acme&job_type=gate")).await.unwrap();
+        // The search finds it among the events seen since the console started (the replay's run);
+        // the run's result reaches the page's feed on its own topic, so the search is repeated
+        // until it has (the store said succeeded before the feed need have it).
         let hit = format!("#jobs a.job[href$=\"{id}\"]");
-        c.wait().at_most(Duration::from_secs(20)).for_element(Locator::Css(&hit)).await.expect("the job in the search");
-        let rows = text(&c, "#jobs").await.unwrap();
-        assert!(rows.contains("succeeded"), "{rows}");
+        let mut rows = String::new();
+        for _ in 0..40 {
+            c.goto(&s.url("/console/jobs?tenant=acme&job_type=gate")).await.unwrap();
+            c.wait()
+                .at_most(Duration::from_secs(20))
+                .for_element(Locator::Css(&hit))
+                .await
+                .expect("the job in the search");
+            rows = text(&c, "#jobs").await.unwrap();
+            if rows.contains("succeeded") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        assert!(rows.contains("succeeded"), "the search shows the replayed run's end within 20 s: {rows}");
         screenshot(&c, "jobs").await;
     })
     .await;
