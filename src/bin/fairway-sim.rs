@@ -2,11 +2,14 @@
 //!
 //! `fairway-sim --seed S` replays one seed and prints its trace summary (JSON);
 //! `fairway-sim --seeds N --budget 60s` runs seeds 0.. until N or the budget and prints
-//! JSON: seeds run, seeds per second, and every failing seed with its violations and the
-//! one-line command that replays it. Exits non-zero when a seed broke an invariant.
+//! JSON: seeds run, seeds per second, the coverage table (how often each fault struck
+//! each job state), and every failing seed with its violations and the one-line command
+//! that replays it; `fairway-sim --hours H --first F` is a long campaign (seeds from F
+//! for H hours, a progress line a minute). Exits non-zero when a seed broke an invariant.
 
 use clap::Parser;
 use fairway::sim::{self, Config};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 #[derive(Parser)]
@@ -27,6 +30,19 @@ struct Args {
     /// Stop a --seeds run after this long (e.g. 60s).
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     budget: Duration,
+    /// A long campaign: run seeds from --first for this many hours (at most 168),
+    /// whatever --seeds and --budget say.
+    #[arg(long, conflicts_with = "seed", value_parser = parse_hours)]
+    hours: Option<f64>,
+}
+
+/// Hours of a campaign: a positive number up to a week.
+fn parse_hours(s: &str) -> Result<f64, String> {
+    let h: f64 = s.parse().map_err(|_| format!("--hours takes a number of hours (e.g. 2 or 0.5), not {s:?}"))?;
+    if !(h > 0.0 && h <= 168.0) {
+        return Err(format!("--hours must be more than 0 and at most 168 (a week), not {h}"));
+    }
+    Ok(h)
 }
 
 fn main() {
@@ -37,16 +53,34 @@ fn main() {
         println!("{}", serde_json::to_string_pretty(&report).expect("report as JSON"));
         std::process::exit(if report.violations.is_empty() { 0 } else { 1 });
     }
+    let (count, budget) = match args.hours {
+        Some(h) => (u64::MAX, Duration::from_secs_f64(h * 3600.0)),
+        None => (args.seeds, args.budget),
+    };
     let started = Instant::now();
+    let mut last_progress = Instant::now();
     let (mut ran, mut failing, mut jobs, mut sim_ms) = (0u64, Vec::new(), 0usize, 0i64);
-    for seed in args.first..args.first.saturating_add(args.seeds) {
-        if started.elapsed() >= args.budget {
+    let mut coverage: BTreeMap<String, u64> = BTreeMap::new();
+    for seed in args.first..args.first.saturating_add(count) {
+        if started.elapsed() >= budget {
             break;
         }
         let report = sim::run(seed, &cfg);
         ran += 1;
         jobs += report.jobs;
-        sim_ms += report.simulated_ms;
+        sim_ms = sim_ms.saturating_add(report.simulated_ms);
+        for (k, n) in &report.coverage {
+            *coverage.entry(k.clone()).or_default() += n;
+        }
+        if args.hours.is_some() && last_progress.elapsed() >= Duration::from_secs(60) {
+            last_progress = Instant::now();
+            eprintln!(
+                "{ran} seeds ({}..={seed}), {} failing, {:.0} s",
+                args.first,
+                failing.len(),
+                started.elapsed().as_secs_f64()
+            );
+        }
         if !report.violations.is_empty() {
             eprintln!(
                 "seed {seed} broke {} invariant(s); replay: {}",
@@ -67,6 +101,7 @@ fn main() {
         "seeds_per_sec": (ran as f64 / secs.max(1e-9) * 10.0).round() / 10.0,
         "jobs": jobs,
         "simulated_seconds": sim_ms / 1000,
+        "coverage": coverage,
         "failing_seeds": failing.len(),
         "failing": failing,
     });

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Violation {
     /// `lost`, `duplicate`, `wrong_result`, `two_runs`, `attempt_by_crash`, `dlq_reason`,
-    /// `fairness`, `usage`.
+    /// `fairness`, `usage`, `stalled`.
     pub invariant: &'static str,
     pub detail: String,
 }
@@ -31,6 +31,7 @@ pub fn violations(shape: &Shape, t: &Trace, ledger: &Tally) -> Vec<Violation> {
     dead_letters(shape, t, &mut out);
     fairness(t, &mut out);
     usage(shape, t, ledger, &mut out);
+    out.extend(t.stalls.iter().map(|s| v("stalled", s.clone())));
     out
 }
 

@@ -73,6 +73,9 @@ pub struct Bugs {
     /// Release a job's offset for commit when its handler returns, before its outcome is
     /// durable (the ordering `worker::route` forbids).
     pub commit_before_durable: bool,
+    /// Never take in again a job whose outcome was not durable (the worker before
+    /// `worker::pool::again_after`: its offset held until a restart).
+    pub never_again: bool,
 }
 
 /// How to run one seed.
@@ -94,6 +97,13 @@ impl Config {
     fn bugs_commit_before_durable(&self) -> bool {
         #[cfg(test)]
         return self.bugs.commit_before_durable;
+        #[cfg(not(test))]
+        false
+    }
+
+    fn bugs_never_again(&self) -> bool {
+        #[cfg(test)]
+        return self.bugs.never_again;
         #[cfg(not(test))]
         false
     }
@@ -119,8 +129,8 @@ pub struct Report {
     pub dead_letters: usize,
     pub runs: usize,
     pub crashes: u64,
-    /// Fleet restarts after the horizon that jobs held as not durable needed.
-    pub redeploys: u64,
+    /// Jobs taken in again after an outcome that was not durable.
+    pub taken_again: u64,
     pub rebalances: u64,
     pub takeovers: usize,
     pub store_outages: usize,
@@ -135,6 +145,8 @@ pub struct Report {
     /// The usage ledger's leader restarts and windows closed over the run's results.
     pub ledger_restarts: usize,
     pub ledger_windows_closed: usize,
+    /// `fault/state` -> how many times the fault struck while a job was in that state.
+    pub coverage: std::collections::BTreeMap<String, u64>,
     /// The end state of partitions and workers, and anything odd seen on the way.
     pub notes: Vec<String>,
     pub violations: Vec<Violation>,
@@ -168,7 +180,7 @@ pub fn run(seed: u64, cfg: &Config) -> Report {
         dead_letters: t.dlq.len(),
         runs: t.runs.len(),
         crashes: t.crashes,
-        redeploys: t.redeploys,
+        taken_again: t.taken_again,
         rebalances: t.rebalances,
         takeovers: t.takeovers.len(),
         store_outages: shape.outages.len(),
@@ -182,6 +194,7 @@ pub fn run(seed: u64, cfg: &Config) -> Report {
         events: t.events,
         ledger_restarts: usage.restarts,
         ledger_windows_closed: usage.windows_closed,
+        coverage: t.coverage.iter().map(|((f, s), n)| (format!("{f}/{s}"), *n)).collect(),
         notes: t.notes.clone(),
         violations,
     }

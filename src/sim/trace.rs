@@ -92,7 +92,12 @@ pub struct Trace {
     pub terminal_at: HashMap<u32, Millis>,
     pub quiet: Vec<QuietWait>,
     pub crashes: u64,
-    pub redeploys: u64,
+    /// Jobs taken in again after an outcome that was not durable (`worker::pool::again_after`).
+    pub taken_again: u64,
+    /// What the liveness watch saw stalled (`world::STALL_MS`).
+    pub stalls: Vec<String>,
+    /// (fault, job state): how many times a fault struck while some job was in that state.
+    pub coverage: std::collections::BTreeMap<(&'static str, &'static str), u64>,
     pub rebalances: u64,
     pub spilled: usize,
     pub read_back: usize,

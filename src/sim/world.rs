@@ -41,8 +41,14 @@ const TICK_MS: Millis = 20;
 const FETCH_MAX: usize = 50;
 /// The broker drops a member it has not heard from for this long.
 const SESSION_MS: Millis = 6_000;
-/// After the horizon, the fleet restarts this often while jobs lack results.
-const REDEPLOY_MS: Millis = 30_000;
+/// The liveness bound: after the last disruption (a crash, a restart, a cut, a
+/// rebalance, a store outage), a live worker that owns partitions with records not yet
+/// committed makes progress (takes a record in, ends a job, commits) at least this often.
+/// The longest legitimate quiet spell is a not-durable job's third hold (20 s,
+/// `worker::pool::again_after`) or a lapsed lease plus a recheck (4 s).
+pub(super) const STALL_MS: Millis = 30_000;
+/// How often the liveness watch looks.
+const WATCH_MS: Millis = 1_000;
 /// The pool loop's read chunk (`worker::pool::READ_CHUNK`).
 const READ_CHUNK: usize = 1_000;
 
@@ -135,9 +141,18 @@ enum Ev {
     },
     SessionCheck(Member),
     Rebalance,
-    /// After the horizon, while jobs lack results: restart every worker (a deploy), so
-    /// outcomes held as not durable are redelivered, as they are after any restart.
-    Redeploy,
+    /// A job whose outcome was not durable, taken in again on the partition incarnation
+    /// it came from (`worker::pool`'s `Event::Again`).
+    Again {
+        w: usize,
+        epoch: u32,
+        pend: Pend,
+    },
+    /// The liveness watch (`STALL_MS`).
+    Watch,
+    /// A store outage begins (counted in the coverage table; the outage itself is a
+    /// time range the store's answers consult).
+    OutageStart,
 }
 
 /// Which part of a worker a store answer is for.
@@ -208,6 +223,8 @@ struct Part {
     last_seen: i64,
     /// Per tenant, the highest offset read back from its spilled backlog (for the trace).
     read_upto: BTreeMap<u32, i64>,
+    /// Jobs (by offset) whose outcome was not durable here, and how often in a row.
+    again_times: BTreeMap<i64, u32>,
 }
 
 struct Worker {
@@ -223,6 +240,10 @@ struct Worker {
     /// Last time its partitions, process or store access changed (fairness checks skip
     /// waits that began near one).
     disrupted: Millis,
+    /// Last time it took a record in, ended a job or committed (the liveness watch).
+    progressed: Millis,
+    /// A stall of this worker already reported (one violation per stall).
+    stalled: bool,
 }
 
 struct Broker {
@@ -261,6 +282,10 @@ pub(super) struct World {
     active_runs: HashMap<u32, Vec<(usize, Member)>>,
     /// Jobs with a result on the results topic (a duplicate result is not a second job).
     with_result: BTreeSet<u32>,
+    /// The last disruption anywhere in the fleet (the liveness watch counts from it).
+    disrupted: Millis,
+    /// Partitions reported as without a live owner (once each).
+    unowned: BTreeSet<usize>,
 }
 
 fn sched_config(slots: usize) -> SchedulerConfig {
@@ -293,6 +318,8 @@ impl World {
                 cut_broker: false,
                 cut_store: false,
                 disrupted: 0,
+                progressed: 0,
+                stalled: false,
             })
             .collect();
         let parts = shape.partitions;
@@ -328,6 +355,8 @@ impl World {
             trace: Trace::default(),
             active_runs: HashMap::new(),
             with_result: BTreeSet::new(),
+            disrupted: 0,
+            unowned: BTreeSet::new(),
             shape,
         };
         w.setup();
@@ -343,7 +372,10 @@ impl World {
         }
         self.at(0, Ev::Rebalance);
         self.broker.rebalance_pending = true;
-        self.at(self.shape.horizon + REDEPLOY_MS, Ev::Redeploy);
+        self.at(WATCH_MS, Ev::Watch);
+        for (a, _) in self.store.outages.clone() {
+            self.at(a, Ev::OutageStart);
+        }
         let submits: Vec<Millis> = self.shape.jobs.iter().map(|j| j.submit_at).collect();
         for (i, at) in submits.into_iter().enumerate() {
             self.at(at, Ev::Submit(i as u32));
@@ -488,16 +520,132 @@ impl World {
             Ev::CutEnd { w, broker } => self.cut(w, broker, false),
             Ev::SessionCheck(m) => self.session_check(m),
             Ev::Rebalance => self.rebalance(),
-            Ev::Redeploy => {
-                if !self.all_settled() {
-                    self.trace.redeploys += 1;
-                    for w in 0..self.workers.len() {
-                        self.crash(w);
-                    }
-                    self.at(self.now + REDEPLOY_MS, Ev::Redeploy);
+            Ev::Again { w, epoch, pend } => {
+                let wk = &self.workers[w];
+                let owned = wk.parts.get(&pend.part).is_some_and(|st| st.incarnation == pend.incarnation);
+                if wk.epoch == epoch && wk.alive && owned {
+                    self.trace.taken_again += 1;
+                    self.log(pend.msg.job, || format!("w{w} takes it in again (outcome was not durable)"));
+                    self.enqueue(w, pend);
+                    self.dispatch(w);
+                }
+            }
+            Ev::OutageStart => self.cover("store_outage"),
+            Ev::Watch => {
+                self.watch();
+                self.at(self.now + WATCH_MS, Ev::Watch);
+            }
+        }
+    }
+
+    /// The liveness watch: a live worker reaching the broker that owns partitions with
+    /// records not yet committed, and has made no progress for `STALL_MS` since the last
+    /// disruption anywhere, is stalled (the worst failure of a job system: accepted jobs
+    /// that silently never run). So is a partition with such records that no live member
+    /// owns for as long.
+    fn watch(&mut self) {
+        let calm = self.calm_since();
+        for w in 0..self.workers.len() {
+            let me = self.member(w);
+            let wk = &self.workers[w];
+            if !wk.alive || wk.cut_broker || wk.cut_store {
+                continue;
+            }
+            // Owned as the broker sees it: a partition the worker's loop does not know it
+            // owns is the worst stall of all.
+            let waiting: Vec<usize> = (0..self.shape.partitions)
+                .filter(|&p| {
+                    self.broker.owner[p] == Some(me) && self.broker.committed[p] < self.broker.logs[p].len() as i64
+                })
+                .collect();
+            let since = wk.progressed.max(calm);
+            if waiting.is_empty() || self.now - since < STALL_MS {
+                self.workers[w].stalled = false;
+                continue;
+            }
+            if !wk.stalled {
+                let detail: Vec<String> = (waiting.iter())
+                    .map(|&p| match wk.parts.get(&p) {
+                        Some(st) => format!(
+                            "p{p} (committed {} of {}, position {}, loading {}, committable {:?})",
+                            self.broker.committed[p],
+                            self.broker.logs[p].len(),
+                            st.position,
+                            st.loading,
+                            st.offsets.committable()
+                        ),
+                        None => format!(
+                            "p{p} (committed {} of {}, assigned by the broker, unknown to the worker's loop)",
+                            self.broker.committed[p],
+                            self.broker.logs[p].len()
+                        ),
+                    })
+                    .collect();
+                let line = format!(
+                    "worker {w} made no progress for {} ms (since {since} ms) owning records not committed: {}; tasks {}, queued {}",
+                    self.now - since,
+                    detail.join(", "),
+                    wk.tasks.len(),
+                    wk.sched.queued_total()
+                );
+                self.trace.stalls.push(line);
+                self.workers[w].stalled = true;
+            }
+        }
+        let live = self.broker.members.iter().any(|&(w, e)| self.workers[w].alive && self.workers[w].epoch == e);
+        if live && self.now - calm >= STALL_MS {
+            for p in 0..self.shape.partitions {
+                let owned =
+                    self.broker.owner[p].is_some_and(|(w, e)| self.workers[w].alive && self.workers[w].epoch == e);
+                if !owned && self.broker.committed[p] < self.broker.logs[p].len() as i64 && self.unowned.insert(p) {
+                    self.trace.stalls.push(format!(
+                        "partition {p} has records not committed and no live owner {} ms after the last disruption",
+                        self.now - calm
+                    ));
                 }
             }
         }
+    }
+
+    /// The coverage table (`Trace::coverage`): which job states this fault met, fleet-wide.
+    fn cover(&mut self, fault: &'static str) {
+        let mut met: BTreeSet<&'static str> = BTreeSet::new();
+        for wk in self.workers.iter().filter(|w| w.alive) {
+            if wk.sched.queued_total() > 0 {
+                met.insert("queued");
+            }
+            for t in wk.tasks.values() {
+                met.insert(match t.step {
+                    Step::Check => "checking",
+                    Step::Mark => "marking_running",
+                    Step::Running => "running",
+                    Step::Settle => "settling",
+                    Step::Follow(_) => "following",
+                });
+            }
+            if wk.parts.values().any(|st| st.loading) {
+                met.insert("backlog_loading");
+            }
+        }
+        if self.store.backlog.values().any(|rows| !rows.is_empty()) {
+            met.insert("spilled");
+        }
+        if self.broker.logs.iter().zip(&self.broker.committed).any(|(l, &c)| (l.len() as i64) > c) {
+            met.insert("uncommitted");
+        }
+        if met.is_empty() {
+            met.insert("idle");
+        }
+        for state in met {
+            *self.trace.coverage.entry((fault, state)).or_default() += 1;
+        }
+    }
+
+    /// The last disruption: a worker's (`Worker::disrupted`), the fleet's, or a store outage's end.
+    fn calm_since(&self) -> Millis {
+        let outage = self.store.outages.iter().filter(|&&(_, b)| b <= self.now).map(|&(_, b)| b).max().unwrap_or(0);
+        let worker = self.workers.iter().map(|w| w.disrupted).max().unwrap_or(0);
+        outage.max(worker).max(self.disrupted)
     }
 
     // ----- the client and the broker -----------------------------------------------------
@@ -558,7 +706,9 @@ impl World {
     /// that changes owner is revoked from the old one (which commits what it finished
     /// first) and assigned to the new one at the committed offset.
     fn rebalance(&mut self) {
+        self.cover("rebalance");
         self.broker.rebalance_pending = false;
+        self.disrupted = self.now;
         let members: Vec<Member> = self.broker.members.iter().copied().collect();
         self.trace.rebalances += 1;
         for p in 0..self.shape.partitions {
@@ -610,6 +760,7 @@ impl World {
             loading: true,
             last_seen: -1,
             read_upto: BTreeMap::new(),
+            again_times: BTreeMap::new(),
         };
         self.workers[w].parts.insert(p, part);
         self.workers[w].disrupted = self.now;
@@ -635,6 +786,9 @@ impl World {
         if wk.cut_broker || self.broker.owner[p] != Some(me) {
             return;
         }
+        if at > self.broker.committed[p] {
+            self.workers[w].progressed = self.now;
+        }
         self.broker.committed[p] = at;
     }
 
@@ -647,7 +801,9 @@ impl World {
         if let Some(j) = self.cfg.watch_job {
             self.log(j, || format!("w{w} crashed"));
         }
+        self.cover("crash");
         self.trace.crashes += 1;
+        self.disrupted = self.now;
         let me = self.member(w);
         let wk = &mut self.workers[w];
         wk.alive = false;
@@ -690,6 +846,9 @@ impl World {
     }
 
     fn cut(&mut self, w: usize, broker: bool, start: bool) {
+        if start {
+            self.cover(if broker { "cut_from_broker" } else { "cut_from_store" });
+        }
         let wk = &mut self.workers[w];
         wk.disrupted = self.now;
         if !broker {
@@ -722,6 +881,11 @@ impl World {
             return;
         }
         self.broker.silent_since.remove(&m);
+        // Its partitions are no one's until the next assignment (which hands them to it
+        // again, as a fresh assignment, if it rejoins).
+        for owner in self.broker.owner.iter_mut().filter(|o| **o == Some(m)) {
+            *owner = None;
+        }
         let (w, epoch) = m;
         if self.workers[w].epoch == epoch && self.workers[w].alive {
             let parts: Vec<usize> = self.workers[w].parts.keys().copied().collect();
@@ -773,6 +937,7 @@ impl World {
         let tenant_id = self.shape.jobs[msg.job as usize].tenant;
         let tenant = tenant_name(tenant_id);
         let wk = &mut self.workers[w];
+        wk.progressed = self.now;
         let st = wk.parts.get_mut(&p).expect("owned partition");
         st.position = offset + 1;
         st.last_seen = st.last_seen.max(offset);
@@ -1375,6 +1540,7 @@ impl World {
             format!("w{w} task {task} ended, durable {durable}, partition now at incarnation {current:?}")
         });
         let now = self.wnow(w);
+        self.workers[w].progressed = self.now;
         if t.ran {
             self.workers[w].sched.complete(t.did, now);
         } else if !matches!(t.step, Step::Follow(_)) {
@@ -1387,6 +1553,7 @@ impl World {
         if !(self.cfg.bugs_commit_before_durable() && t.todo_started) {
             self.release_offset(w, &t.pend, durable);
         }
+        self.again_if_not_durable(w, &t.pend, durable);
         // Its followers end as it did (`exec::follow`).
         let followers: Vec<u64> =
             self.workers[w].tasks.iter().filter(|(_, f)| f.step == Step::Follow(task)).map(|(&f, _)| f).collect();
@@ -1394,6 +1561,27 @@ impl World {
             self.end(w, f, durable);
         }
         self.dispatch(w);
+    }
+
+    /// `pool::on_done`: a job whose outcome was not durable is taken in again after
+    /// `pool::again_after` while its partition stays here (a durable end forgets its count).
+    fn again_if_not_durable(&mut self, w: usize, pend: &Pend, durable: bool) {
+        let epoch = self.workers[w].epoch;
+        let Some(st) = self.workers[w].parts.get_mut(&pend.part).filter(|st| st.incarnation == pend.incarnation) else {
+            return; // the partition moved: its next owner reads the job again
+        };
+        if durable {
+            st.again_times.remove(&pend.offset);
+            return;
+        }
+        if self.cfg.bugs_never_again() {
+            return;
+        }
+        let times = st.again_times.entry(pend.offset).or_default();
+        *times = times.saturating_add(1);
+        let after = crate::worker::pool::again_after(*times).as_millis() as Millis;
+        self.log(pend.msg.job, || format!("w{w} holds it {after} ms to take it in again"));
+        self.at(self.now + after, Ev::Again { w, epoch, pend: pend.clone() });
     }
 
     /// The pool loop's `Done`: a durable end finishes the offset (or the spilled row's
@@ -1435,7 +1623,9 @@ fn seq_hash(t: Millis, ev: &Ev) -> u64 {
         Ev::CutEnd { w, .. } => 13 + ((*w as u64) << 8),
         Ev::SessionCheck(m) => 14 + ((m.0 as u64) << 8),
         Ev::Rebalance => 15,
-        Ev::Redeploy => 16,
+        Ev::Again { w, pend, .. } => 16 + ((*w as u64) << 8) + ((pend.msg.job as u64) << 16),
+        Ev::Watch => 17,
+        Ev::OutageStart => 18,
     };
     (t as u64).rotate_left(17) ^ tag
 }

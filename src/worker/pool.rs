@@ -66,7 +66,7 @@ const AGAIN_AFTER_MAX: Duration = Duration::from_secs(300);
 /// How long a job whose outcome was not durable `times` times in a row here waits before
 /// it is taken in again: 5 s, doubling, at most 5 minutes, so an outcome that stays
 /// refused costs a run every 5 minutes, not every 5 s.
-fn again_after(times: u32) -> Duration {
+pub(crate) fn again_after(times: u32) -> Duration {
     AGAIN_AFTER.saturating_mul(1u32 << times.saturating_sub(1).min(16)).min(AGAIN_AFTER_MAX)
 }
 
