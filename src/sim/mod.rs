@@ -131,6 +131,8 @@ pub struct Report {
     pub crashes: u64,
     /// Jobs taken in again after an outcome that was not durable.
     pub taken_again: u64,
+    /// Outcomes dropped at the fence: the job's row showed another run or its end.
+    pub fenced: u64,
     pub rebalances: u64,
     pub takeovers: usize,
     pub store_outages: usize,
@@ -181,6 +183,7 @@ pub fn run(seed: u64, cfg: &Config) -> Report {
         runs: t.runs.len(),
         crashes: t.crashes,
         taken_again: t.taken_again,
+        fenced: t.fenced,
         rebalances: t.rebalances,
         takeovers: t.takeovers.len(),
         store_outages: shape.outages.len(),

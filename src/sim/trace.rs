@@ -94,6 +94,8 @@ pub struct Trace {
     pub crashes: u64,
     /// Jobs taken in again after an outcome that was not durable (`worker::pool::again_after`).
     pub taken_again: u64,
+    /// Outcomes dropped because the job's row showed another run or its end (`worker::durable`).
+    pub fenced: u64,
     /// What the liveness watch saw stalled (`world::STALL_MS`).
     pub stalls: Vec<String>,
     /// (fault, job state): how many times a fault struck while some job was in that state.

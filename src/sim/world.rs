@@ -74,14 +74,38 @@ struct Row {
 #[derive(Debug, Clone)]
 enum StoreOp {
     ReadRow,
-    MarkRunning { attempts: i32, crash_count: i32 },
+    MarkRunning {
+        attempts: i32,
+        crash_count: i32,
+    },
     Heartbeat,
-    PutRetrying { attempts: i32, crash_count: i32 },
+    PutRetrying {
+        attempts: i32,
+        crash_count: i32,
+    },
     PutTerminal,
-    Spill { part: usize, tenant: u32, offset: i64, msg: Msg },
-    ReadRows { part: usize, tenant: u32, plan: ReadPlan },
-    DropBucket { part: usize, tenant: u32, bucket: i64 },
-    ListBacklog { part: usize },
+    /// The row read before a terminal outcome of a run that held the row
+    /// (`worker::durable::taken_elsewhere`).
+    Fence,
+    Spill {
+        part: usize,
+        tenant: u32,
+        offset: i64,
+        msg: Msg,
+    },
+    ReadRows {
+        part: usize,
+        tenant: u32,
+        plan: ReadPlan,
+    },
+    DropBucket {
+        part: usize,
+        tenant: u32,
+        bucket: i64,
+    },
+    ListBacklog {
+        part: usize,
+    },
 }
 
 /// A broker produce and what it carries.
@@ -1152,6 +1176,22 @@ impl World {
                         }
                         self.io_done(w, task, ok)
                     }
+                    StoreOp::Fence => {
+                        let (job, me) = (self.workers[w].tasks[&task].msg.job, self.member(w));
+                        // Every simulated run wrote its running mark, so every one is fenced.
+                        let taken = self.store.rows.get(&job).is_some_and(|r| {
+                            r.status == Status::Terminal || (r.status == Status::Running && r.worker != me)
+                        });
+                        if ok && taken {
+                            self.trace.fenced += 1;
+                            self.log(job, || format!("w{w} task {task} fenced off: the row is another run's or ended"));
+                            if let Some(t) = self.workers[w].tasks.get_mut(&task) {
+                                t.todo.clear();
+                            }
+                        }
+                        // A read that fails lets the outcome through (`durable::fenced_off`).
+                        self.io_done(w, task, true)
+                    }
                     _ => unreachable!("loop calls answer to the loop"),
                 }
             }
@@ -1434,6 +1474,7 @@ impl World {
         }
         let todo = match failure {
             None => vec![
+                Io::Store(StoreOp::Fence),
                 Io::Produce(Produce::Result { ok: true, class: None, attempts: msg.attempt + 1 }),
                 Io::Store(StoreOp::PutTerminal),
             ],
@@ -1456,6 +1497,7 @@ impl World {
                         self.trace.reasons.push((msg.job, dl, reason));
                         vec![
                             Io::Produce(Produce::DeadLetter { class: dl, attempts, reason_class: dl }),
+                            Io::Store(StoreOp::Fence),
                             Io::Produce(Produce::Result { ok: false, class: Some(dl), attempts }),
                             Io::Store(StoreOp::PutTerminal),
                         ]

@@ -25,6 +25,9 @@ pub(crate) struct Terminal {
     pub class: Option<FailureClass>,
     pub started_at: Option<i64>,
     pub usage: Option<ProcessUsage>,
+    /// The run held the job's row (it wrote its running mark): its outcome goes out only
+    /// while the row is not another run's ([`taken_elsewhere`]).
+    pub fenced: bool,
 }
 
 /// The attempt that decided an outcome: when it started (`None`: it never ran) and what
@@ -40,7 +43,7 @@ pub(crate) struct Ran {
 
 impl Terminal {
     fn ended(status: JobStatus, error: String) -> Terminal {
-        Terminal { status, output: None, error: Some(error), class: None, started_at: None, usage: None }
+        Terminal { status, output: None, error: Some(error), class: None, started_at: None, usage: None, fenced: false }
     }
 
     /// Succeeded with the handler's output.
@@ -52,6 +55,7 @@ impl Terminal {
             class: None,
             started_at: ran.started_at,
             usage: ran.usage,
+            fenced: ran.marked,
         }
     }
 
@@ -72,7 +76,7 @@ impl Terminal {
 
     /// The same outcome of the attempt `ran`.
     pub fn ran(self, ran: Ran) -> Terminal {
-        Terminal { started_at: ran.started_at, usage: ran.usage, ..self }
+        Terminal { started_at: ran.started_at, usage: ran.usage, fenced: ran.marked, ..self }
     }
 }
 
@@ -85,7 +89,8 @@ impl Terminal {
 /// (job id, generation, attempts). Not durable (the offset stays uncommitted, the job is
 /// redelivered and runs again) if either step fails.
 pub(crate) async fn record_terminal(sh: &RouteContext, job: &JobSubmitted, terminal: Terminal) -> Durable {
-    record_result(sh, job, &result_of(sh, job, terminal), false).await
+    let fenced = terminal.fenced;
+    record_result(sh, job, &result_of(sh, job, terminal), Holds { plain: false, fenced }).await
 }
 
 /// Records a success like [`record_terminal`]. `plain`: the job has no `jobs` row holding
@@ -99,12 +104,24 @@ pub(super) async fn record_success(
     ran: Ran,
     plain: bool,
 ) -> Durable {
-    record_result(sh, job, &result_of(sh, job, Terminal::succeeded(output, ran)), plain).await
+    // Fenced only over its own running mark: a run that took the job over or claimed it
+    // within its grace finds the row still naming the worker it took over from.
+    let holds = Holds { plain, fenced: ran.marked };
+    record_result(sh, job, &result_of(sh, job, Terminal::succeeded(output, ran)), holds).await
+}
+
+/// What a run holds of the job's row, for [`record_result`].
+#[derive(Clone, Copy)]
+struct Holds {
+    /// No row holds a claim on the job (see [`record_success`]).
+    plain: bool,
+    /// The run wrote its running mark: check the row before publishing.
+    fenced: bool,
 }
 
 /// A job's result as published (and, through `record_result`, stored).
 fn result_of(sh: &RouteContext, job: &JobSubmitted, terminal: Terminal) -> JobResult {
-    let Terminal { status, output, error, class, started_at, usage } = terminal;
+    let Terminal { status, output, error, class, started_at, usage, fenced: _ } = terminal;
     JobResult {
         job_id: job.job_id.clone(),
         tenant: job.tenant.clone(),
@@ -127,8 +144,16 @@ fn result_of(sh: &RouteContext, job: &JobSubmitted, terminal: Terminal) -> JobRe
 }
 
 /// The result published, then the terminal state stored (packed when `plain`, see
-/// [`record_success`]).
-async fn record_result(sh: &RouteContext, job: &JobSubmitted, result: &JobResult, plain: bool) -> Durable {
+/// [`record_success`]). A run that held the job's row first reads it: when another run
+/// has taken the job over or ended it meanwhile, this outcome is dropped (no second
+/// result) and the job is done here, as for a run whose mark found the job finished.
+async fn record_result(sh: &RouteContext, job: &JobSubmitted, result: &JobResult, holds: Holds) -> Durable {
+    let plain = holds.plain;
+    if holds.fenced && Box::pin(fenced_off(sh, job)).await {
+        metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "taken_over").increment(1);
+        tracing::warn!(job_id = %job.job_id, "outcome dropped: the job's row shows it taken over by another worker or ended meanwhile (this run's heartbeats lapsed); that run's outcome stands");
+        return Durable::Yes;
+    }
     if !publish_result(sh, result, job).await.is_yes() {
         return Durable::No;
     }
@@ -164,6 +189,31 @@ async fn record_result(sh: &RouteContext, job: &JobSubmitted, result: &JobResult
     let e2e = (finished_at - job.submitted_at).max(0) as f64 / 1000.0;
     sh.metrics.end_to_end.record(e2e);
     Durable::Yes
+}
+
+/// Whether the job's row shows it is no longer this run's to end ([`taken_elsewhere`]).
+/// One read, for runs that held the row (jobs past their running grace); a row that
+/// cannot be read lets the outcome through: a possible second result rather than none.
+async fn fenced_off(sh: &RouteContext, job: &JobSubmitted) -> bool {
+    match with_retries(|| sh.store.job(&job.job_id)).await {
+        Ok(Some(row)) => taken_elsewhere(&row, &sh.worker_id, job.generation),
+        Ok(None) => false,
+        Err(e) => {
+            tracing::warn!(job_id = %job.job_id, error = %e, "cannot read the job's row before publishing its outcome; publishing (a take-over meanwhile would make it a second result)");
+            false
+        }
+    }
+}
+
+/// A row that is not run `me`'s to end: a newer generation, ended (this generation), or
+/// running or handed off on another worker (taken over after this run's heartbeats lapsed).
+fn taken_elsewhere(row: &crate::store::JobRow, me: &str, generation: i64) -> bool {
+    let row_gen = row.generation.unwrap_or(0);
+    if row_gen != generation {
+        return row_gen > generation;
+    }
+    row.is_terminal()
+        || (matches!(row.status.as_deref(), Some("running" | "handed_off")) && row.worker.as_deref() != Some(me))
 }
 
 /// Publishes a result and waits for the broker's acknowledgement. The job's W3C trace
@@ -448,6 +498,25 @@ where
 mod tests {
     use super::*;
     use crate::codec::{CodecError, RecordKind};
+
+    #[test]
+    fn a_row_another_run_holds_or_ended_is_not_this_runs_to_end() {
+        let row = |status: &str, worker: &str, generation: i64| crate::store::JobRow {
+            status: Some(status.into()),
+            worker: Some(worker.into()),
+            generation: Some(generation),
+            ..Default::default()
+        };
+        assert!(!taken_elsewhere(&row("running", "w1", 0), "w1", 0), "still this worker's");
+        assert!(taken_elsewhere(&row("running", "w2", 0), "w1", 0), "taken over");
+        assert!(taken_elsewhere(&row("handed_off", "w2", 0), "w1", 0), "handed off elsewhere");
+        assert!(taken_elsewhere(&row("succeeded", "w2", 0), "w1", 0), "ended elsewhere");
+        assert!(taken_elsewhere(&row("failed", "w1", 0), "w1", 0), "ended by an earlier run here");
+        assert!(!taken_elsewhere(&row("retrying", "w2", 0), "w1", 0), "a retrying row holds no run");
+        assert!(taken_elsewhere(&row("running", "w1", 1), "w1", 0), "a newer generation");
+        assert!(!taken_elsewhere(&row("succeeded", "w2", 0), "w1", 1), "this run is the newer generation");
+        assert!(!taken_elsewhere(&crate::store::JobRow::default(), "w1", 0), "no row");
+    }
 
     /// An encode error in `produce_job` / `publish_result` is not durable (before, the
     /// running-row path wrote empty bytes and a failed encode could count as done).

@@ -472,3 +472,55 @@ async fn a_delayed_submitters_record_skips_the_read_unless_handed_to_the_relay_b
     let later = Origin { offset: 200_000, submitted: true, ..f.origin() };
     assert!(next.before_start(f.store.as_ref(), &job, &later, now).await.unwrap(), "beyond: nobody started it");
 }
+
+/// Runs `job` on `route` in the background as the pool loop does.
+fn spawn_route(f: &Fixture, route: Arc<RouteContext>, job: Arc<JobSubmitted>) -> tokio::task::JoinHandle<Ended> {
+    let origin = f.origin();
+    tokio::spawn(async move {
+        let mut slot = SlotRelease::new(|_, _| {});
+        let waited = Waited { received_at: EPOCH, dispatched_at: EPOCH };
+        exec::execute(route, job, origin, &mut slot, waited).await
+    })
+}
+
+/// A run whose heartbeats lapsed (a worker cut from the store) is taken over by another
+/// worker; when it ends, its row shows the other run: it publishes no result (the results
+/// a cut-off worker published after its link came back, issue 62) and its copy is done
+/// (the take-over's run ends the job).
+#[tokio::test(start_paused = true)]
+async fn a_run_taken_over_meanwhile_publishes_no_result() {
+    let f = Fixture::with(0, Duration::from_secs(5));
+    let job = f.job();
+    let first = spawn_route(&f, f.worker("w1"), job.clone());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(f.store.row("job-1").and_then(|r| r.worker).as_deref(), Some("w1"), "marked running on w1");
+    let take_over = state(&job, "running", "w2", 1);
+    assert!(f.store.put_running_with_heartbeat(&take_over, b"job", f.clock.now_ms(), 3).await.unwrap());
+    assert_eq!(first.await.unwrap(), Ended::Ran);
+    assert_eq!(f.echo.runs.load(Ordering::SeqCst), 1);
+    assert!(f.results().is_empty(), "no result from the run taken over");
+    let row = f.store.row("job-1").unwrap();
+    assert_eq!(
+        (row.status.as_deref(), row.worker.as_deref()),
+        (Some("running"), Some("w2")),
+        "the take-over's row stands"
+    );
+}
+
+/// The same when the take-over already ended the job: no second result.
+#[tokio::test(start_paused = true)]
+async fn a_run_whose_job_ended_elsewhere_meanwhile_publishes_no_second_result() {
+    let f = Fixture::with(0, Duration::from_secs(5));
+    let job = f.job();
+    let first = spawn_route(&f, f.worker("w1"), job.clone());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let ended = state(&job, "succeeded", "w2", 1);
+    f.store.put_state(&ended, f.clock.now_ms()).await.unwrap();
+    assert_eq!(first.await.unwrap(), Ended::Ran);
+    assert!(f.results().is_empty(), "no second result");
+    assert_eq!(f.store.row("job-1").and_then(|r| r.worker).as_deref(), Some("w2"));
+    // A run never taken over still publishes (the fence reads, then lets it through).
+    let f = Fixture::with(0, Duration::from_secs(5));
+    assert_eq!(f.execute(f.worker("w1"), f.job()).await, Ended::Ran);
+    assert_eq!(f.results().len(), 1);
+}
