@@ -171,15 +171,7 @@ async fn a_crash_before_settle_reruns_the_job_without_using_an_attempt() {
     let f = Fixture::new(1);
     let job = f.job();
     // The first worker runs the job past its running-row grace, then dies mid-run.
-    let first = tokio::spawn({
-        let (route, job) = (f.worker("w1"), job.clone());
-        let origin = f.origin();
-        async move {
-            let mut slot = SlotRelease::new(|_, _| {});
-            let waited = Waited { received_at: EPOCH, dispatched_at: EPOCH };
-            exec::execute(route, job, origin, &mut slot, waited).await
-        }
-    });
+    let first = spawn_route(&f, f.worker("w1"), job.clone());
     tokio::time::sleep(Duration::from_secs(2)).await;
     let row = f.store.row("job-1").expect("a running row after the grace");
     assert_eq!((row.status.as_deref(), row.worker.as_deref()), (Some("running"), Some("w1")));
@@ -228,25 +220,11 @@ async fn a_copy_of_a_job_whose_run_here_was_not_durable_runs_again() {
 #[tokio::test(start_paused = true)]
 async fn a_later_attempt_waits_while_an_earlier_run_heartbeats() {
     let f = Fixture::with(0, Duration::from_secs(60));
-    let first = tokio::spawn({
-        let (route, job, origin) = (f.worker("w1"), f.job(), f.origin());
-        async move {
-            let mut slot = SlotRelease::new(|_, _| {});
-            let waited = Waited { received_at: EPOCH, dispatched_at: EPOCH };
-            exec::execute(route, job, origin, &mut slot, waited).await
-        }
-    });
+    let first = spawn_route(&f, f.worker("w1"), f.job());
     tokio::time::sleep(Duration::from_secs(1)).await;
     let mut later = (*f.job()).clone();
     later.attempt = 1;
-    let second = tokio::spawn({
-        let (route, origin) = (f.worker("w2"), f.origin());
-        async move {
-            let mut slot = SlotRelease::new(|_, _| {});
-            let waited = Waited { received_at: EPOCH, dispatched_at: EPOCH };
-            exec::execute(route, Arc::new(later), origin, &mut slot, waited).await
-        }
-    });
+    let second = spawn_route(&f, f.worker("w2"), Arc::new(later));
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(f.echo.runs.load(Ordering::SeqCst), 1, "the later attempt waits while the earlier run heartbeats");
     // No heartbeat loop here: the first run's heartbeat lapses, and the later attempt runs.
@@ -305,14 +283,7 @@ async fn a_superseded_runs_retrying_write_leaves_the_take_overs_row() {
     cfg.worker.fleet_limits = false;
     f.cfg = Arc::new(cfg);
     let (job, w1) = (f.job(), f.worker_running("w1", Arc::new(Fails { delay: Duration::from_secs(5) })));
-    let first = tokio::spawn({
-        let (job, origin) = (job.clone(), f.origin());
-        async move {
-            let mut slot = SlotRelease::new(|_, _| {});
-            let waited = Waited { received_at: EPOCH, dispatched_at: EPOCH };
-            exec::execute(w1, job, origin, &mut slot, waited).await
-        }
-    });
+    let first = spawn_route(&f, w1, job.clone());
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(f.store.row("job-1").and_then(|r| r.worker).as_deref(), Some("w1"), "marked running on w1");
     let take_over = state(&job, "running", "w2", 1);
@@ -331,14 +302,7 @@ async fn a_superseded_runs_retrying_write_leaves_the_take_overs_row() {
 async fn a_run_whose_running_mark_finds_the_job_finished_is_stopped_without_a_second_result() {
     let f = Fixture::with(0, Duration::from_secs(600));
     let job = f.job();
-    let run = tokio::spawn({
-        let (route, job, origin) = (f.worker("w1"), job.clone(), f.origin());
-        async move {
-            let mut slot = SlotRelease::new(|_, _| {});
-            let waited = Waited { received_at: EPOCH, dispatched_at: EPOCH };
-            exec::execute(route, job, origin, &mut slot, waited).await
-        }
-    });
+    let run = spawn_route(&f, f.worker("w1"), job.clone());
     tokio::time::sleep(Duration::from_millis(100)).await;
     f.store.put_state(&state(&job, "succeeded", "w2", 0), f.clock.now_ms()).await.unwrap();
     assert_eq!(run.await.unwrap(), Ended::Ran, "stopped (aborted past its grace), not held");
