@@ -1,9 +1,12 @@
 //! An owned partition that makes no progress, and its restart.
 //!
 //! [`Watch`] reads librdkafka's statistics every 5 s and calls a partition *stalled* when,
-//! for [`STALLED_AFTER`], either its fetcher is not active, or the broker holds records
-//! beyond every position the worker has (the application's, the committed one, the log
-//! start) and the application's position has not moved. The loop that owns the partition
+//! for [`STALLED_AFTER`], its fetcher is not active, or the broker holds records beyond
+//! every position the worker has (the application's, the committed one, the log start)
+//! and the application's position has not moved, or no fetch of it has ever answered (its
+//! high watermark unknown: a partition librdkafka keeps paused although the worker resumed
+//! it, whose pause or resume was lost right after an assignment, confluentinc/librdkafka
+//! #2190 and #5591, shows no watermark and would pass the two other tests). The loop that owns the partition
 //! then restarts the fetchers and resumes it, unless it keeps it paused on purpose (a full
 //! buffer, spill writes behind): only it knows its pauses.
 //!
@@ -80,6 +83,12 @@ impl FetchView {
         self.state != "active"
     }
 
+    /// Whether no fetch of the partition has answered yet (a fetching partition learns its
+    /// high watermark, 0 when empty, from its first fetch response).
+    fn never_fetched(&self) -> bool {
+        self.hi_offset < 0
+    }
+
     /// Whether the broker holds records past every position the worker has.
     fn has_unread(&self) -> bool {
         self.hi_offset >= 0 && self.hi_offset > self.app_offset.max(self.committed_offset).max(self.lo_offset)
@@ -118,7 +127,8 @@ pub struct Watch {
 impl Watch {
     /// Takes in one statistics report's partitions at `now`.
     pub fn observe(&mut self, now: Instant, views: &[FetchView]) -> WatchReport {
-        let waiting: Vec<&FetchView> = views.iter().filter(|v| v.not_fetching() || v.has_unread()).collect();
+        let waiting: Vec<&FetchView> =
+            views.iter().filter(|v| v.not_fetching() || v.has_unread() || v.never_fetched()).collect();
         self.idle.retain(|k, _| waiting.iter().any(|v| (&v.topic, v.partition) == (&k.0, k.1)));
         let mut report = WatchReport::default();
         for v in waiting {
@@ -260,6 +270,20 @@ mod tests {
         assert_eq!(r.stuck, vec![("t".to_string(), 10, "active".to_string())]);
         assert_eq!(r.not_fetching, 0, "its fetcher is active");
         assert!(r.warn.is_empty(), "the loop, which knows its pauses, says why");
+    }
+
+    /// The stall: an owned partition librdkafka never fetched (its pause outlived
+    /// the resume), fetch state `active`, no high watermark; an empty partition that is
+    /// fetched shows watermark 0 and is not stalled.
+    #[test]
+    fn an_active_partition_never_fetched_is_stalled() {
+        let t0 = Instant::now();
+        let mut w = Watch::default();
+        let never_fetched = view(10, "active", -1001, -1001);
+        let empty = view(2, "active", -1001, 0);
+        assert!(w.observe(t0, &[never_fetched.clone(), empty.clone()]).stuck.is_empty());
+        let r = w.observe(t0 + STALLED_AFTER, &[never_fetched, empty]);
+        assert_eq!(r.stuck, vec![("t".to_string(), 10, "active".to_string())]);
     }
 
     #[test]

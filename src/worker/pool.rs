@@ -102,9 +102,12 @@ struct PartitionState {
     offsets: PartitionOffsets,
     /// Spilled backlogs of the tenants on this partition (`core::backlog`).
     backlogs: HashMap<String, TenantBacklog>,
-    /// While the partition's backlog index loads, its messages wait here (and it is
-    /// paused), so no tenant's new job overtakes its spilled ones.
+    /// While the partition's backlog index loads, its messages wait here, so no tenant's
+    /// new job overtakes its spilled ones; the partition pauses only once they fill
+    /// [`HELD_MAX`] or [`HELD_MAX_BYTES`] ([`PartitionState::held_full`]).
     held: Option<Vec<(Origin, Vec<u8>)>>,
+    /// The bytes of `held`.
+    held_bytes: usize,
     /// Highest offset consumed: buckets of spilled rows below it are sealed.
     last_seen: i64,
     /// Spills handed to the writer and not yet reported.
@@ -117,6 +120,22 @@ struct PartitionState {
     ownership: Ownership,
     /// Jobs (by offset) whose outcome was not durable here, and how often in a row.
     again_times: HashMap<i64, u32>,
+}
+
+/// Most messages, and their bytes, a partition keeps while its backlog index loads before
+/// it pauses. A partition is not paused the moment it is assigned: librdkafka can lose a
+/// pause or resume given right after an assignment (its operations carry a version that a
+/// newer one makes stale: confluentinc/librdkafka#2190, #5591), and the partition then
+/// stays owned and never fetched. An index usually loads in one store read, before the
+/// first fetch fills this.
+const HELD_MAX: usize = 4_096;
+const HELD_MAX_BYTES: usize = 4 << 20;
+
+impl PartitionState {
+    /// Whether the messages waiting for the backlog index fill their bound.
+    fn held_full(&self) -> bool {
+        self.held.as_ref().is_some_and(|h| h.len() >= HELD_MAX) || self.held_bytes >= HELD_MAX_BYTES
+    }
 }
 
 /// Most jobs buffered in one worker for one pool, and their bytes (`core::buffer`): past
@@ -615,7 +634,7 @@ impl Loop {
     fn wants_pause(&self) -> bool {
         !self.overflow.is_empty()
             || self.buffer.over(&self.bounds)
-            || self.parts.values().any(|st| st.held.is_some() || st.spilling >= MAX_SPILLING)
+            || self.parts.values().any(|st| st.held_full() || st.spilling >= MAX_SPILLING)
     }
 
     /// A message from the pool topic: track its offset, then take it in (or hold it while
@@ -635,7 +654,10 @@ impl Loop {
         let st = self.partition(p);
         st.last_seen = st.last_seen.max(origin.offset);
         match st.held.as_mut() {
-            Some(held) => held.push((origin, bytes)),
+            Some(held) => {
+                st.held_bytes += bytes.len();
+                held.push((origin, bytes));
+            }
             None => self.intake(origin, bytes),
         }
     }
@@ -1042,12 +1064,13 @@ impl Loop {
     }
 
     /// Backpressure, now only where spilling cannot help: partitions with jobs the
-    /// dispatcher refused, partitions whose backlog index is loading or whose spill
-    /// writes fell behind, and every partition when the whole buffer is twice full.
+    /// dispatcher refused, partitions whose backlog index is loading with their waiting
+    /// messages at their bound, or whose spill writes fell behind, and every partition
+    /// when the whole buffer is twice full.
     fn partitions_to_pause(&self) -> HashSet<kafka::TopicPartition> {
         let mut want: HashSet<i32> = self.overflow.iter().map(|q| q.job.origin.partition).collect();
         for (&p, st) in &self.parts {
-            if st.held.is_some() || st.spilling >= MAX_SPILLING {
+            if st.held_full() || st.spilling >= MAX_SPILLING {
                 want.insert(p);
             }
         }
@@ -1442,6 +1465,7 @@ impl Loop {
                 for (t, buckets) in by_tenant {
                     st.backlogs.insert(t, TenantBacklog::recovered(buckets));
                 }
+                st.held_bytes = 0;
                 for (origin, bytes) in st.held.take().unwrap_or_default() {
                     self.intake(origin, bytes);
                 }
@@ -1476,6 +1500,7 @@ fn new_partition(next_incarnation: &mut u64, spiller: &Spiller, p: i32) -> Parti
         offsets: PartitionOffsets::default(),
         backlogs: HashMap::new(),
         held: Some(Vec::new()),
+        held_bytes: 0,
         last_seen: -1,
         spilling: 0,
         spill_paused_since: None,
