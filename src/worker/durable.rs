@@ -149,9 +149,7 @@ fn result_of(sh: &RouteContext, job: &JobSubmitted, terminal: Terminal) -> JobRe
 /// result) and the job is done here, as for a run whose mark found the job finished.
 async fn record_result(sh: &RouteContext, job: &JobSubmitted, result: &JobResult, holds: Holds) -> Durable {
     let plain = holds.plain;
-    if holds.fenced && Box::pin(fenced_off(sh, job)).await {
-        metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "taken_over").increment(1);
-        tracing::warn!(job_id = %job.job_id, "outcome dropped: the job's row shows it taken over by another worker or ended meanwhile (this run's heartbeats lapsed); that run's outcome stands");
+    if holds.fenced && taken_over(sh, job).await {
         return Durable::Yes;
     }
     if !publish_result(sh, result, job).await.is_yes() {
@@ -189,6 +187,18 @@ async fn record_result(sh: &RouteContext, job: &JobSubmitted, result: &JobResult
     let e2e = (finished_at - job.submitted_at).max(0) as f64 / 1000.0;
     sh.metrics.end_to_end.record(e2e);
     Durable::Yes
+}
+
+/// Whether this run's outcome must be dropped because the job's row shows it taken over
+/// or ended elsewhere ([`fenced_off`]); counted and logged when it must. Called before a
+/// run's result and, for a run failing for good, before its dead letter too.
+pub(super) async fn taken_over(sh: &RouteContext, job: &JobSubmitted) -> bool {
+    if !Box::pin(fenced_off(sh, job)).await {
+        return false;
+    }
+    metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "taken_over").increment(1);
+    tracing::warn!(job_id = %job.job_id, "outcome dropped: the job's row shows it taken over by another worker or ended meanwhile (this run's heartbeats lapsed); that run's outcome stands");
+    true
 }
 
 /// Whether the job's row shows it is no longer this run's to end ([`taken_elsewhere`]).

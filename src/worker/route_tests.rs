@@ -250,6 +250,21 @@ impl Handler for Fails {
     }
 }
 
+/// Fails for good (a permanent error) after `delay`.
+struct FailsForGood {
+    delay: Duration,
+}
+
+impl Handler for FailsForGood {
+    fn run(&self, _ctx: JobContext) -> BoxFuture<'static, HandlerResult> {
+        let delay = self.delay;
+        Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            Err(crate::handlers::HandlerError::permanent("bad input"))
+        })
+    }
+}
+
 /// `job-1`'s state as `worker` writes it (attempt 0).
 fn state<'a>(job: &'a JobSubmitted, status: &'a str, worker: &'a str, crash_count: i32) -> StateUpdate<'a> {
     StateUpdate {
@@ -469,6 +484,28 @@ async fn a_run_taken_over_meanwhile_publishes_no_result() {
         (Some("running"), Some("w2")),
         "the take-over's row stands"
     );
+}
+
+/// A run taken over meanwhile that then fails for good leaves no dead letter and no
+/// result (the take-over decides the job); the same run not taken over dead-letters it.
+#[tokio::test(start_paused = true)]
+async fn a_run_taken_over_meanwhile_that_fails_for_good_leaves_no_dead_letter() {
+    let f = Fixture::new(0);
+    let fails = Arc::new(FailsForGood { delay: Duration::from_secs(5) });
+    let job = f.job();
+    let first = spawn_route(&f, f.worker_running("w1", fails.clone()), job.clone());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(f.store.row("job-1").and_then(|r| r.worker).as_deref(), Some("w1"), "marked running on w1");
+    let take_over = state(&job, "running", "w2", 1);
+    assert!(f.store.put_running_with_heartbeat(&take_over, b"job", f.clock.now_ms(), 3).await.unwrap());
+    assert_eq!(first.await.unwrap(), Ended::Ran);
+    assert!(f.broker.sent_to(&f.cfg.dlq_topic()).is_empty(), "no dead letter from the run taken over");
+    assert!(f.results().is_empty(), "no result from the run taken over");
+    let f = Fixture::new(0);
+    let second = spawn_route(&f, f.worker_running("w1", fails), f.job());
+    assert_eq!(second.await.unwrap(), Ended::Ran);
+    assert_eq!(f.broker.sent_to(&f.cfg.dlq_topic()).len(), 1, "a run not taken over dead-letters the job");
+    assert_eq!(f.results().len(), 1);
 }
 
 /// The same when the take-over already ended the job: no second result.

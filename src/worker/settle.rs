@@ -161,6 +161,10 @@ pub(super) async fn fail(
             Durable::Yes
         }
         Decision::DeadLetter { reason } => {
+            // A run taken over meanwhile leaves the job to that run: no dead letter either.
+            if ran.marked && durable::taken_over(sh, job).await {
+                return Durable::Yes;
+            }
             let attempts = if started_at.is_some() { job.attempt + 1 } else { job.attempt };
             let class = crate::core::retry::dead_letter_class(class);
             let last_error = Some(err.message.clone());
@@ -204,6 +208,9 @@ async fn dead_letter_stuck(
     last_error: Option<String>,
     ran: Ran,
 ) -> Durable {
+    if ran.marked && durable::taken_over(sh, job).await {
+        return Durable::Yes;
+    }
     let class = FailureClass::Resource;
     metrics::counter!(m::JOB_FAILURES, "pool" => sh.pool.as_str(), "class" => class.as_str()).increment(1);
     metrics::counter!(m::STUCK_JOBS, "pool" => sh.pool.as_str()).increment(1);
