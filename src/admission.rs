@@ -20,18 +20,18 @@
 //! each limit the tenant uses; crossing an alert level (60 %, 80 %) logs, counts
 //! `fairway_quota_alerts_total` and moves the `fairway_quota_tenants_over` gauge.
 
-use crate::config::Config;
+use crate::config::{Config, Tier};
 use crate::core::admission::breaker::{self, Gate, Pass, BUCKET_MS};
 use crate::core::admission::{self as rules, Demand, Limit, QuotaLevels, RateLimiters, Refusal};
 use crate::core::fleet::BucketReads;
-use crate::core::refusals::{code as refusal_code, Mark, OwnRefusals};
+use crate::core::refusals::{code as refusal_code, Class, Mark, OwnRefusals};
 use crate::core::tenants::TenantRecord;
 use crate::core::window::Counts;
 use crate::metrics as m;
 use crate::model::{Millis, Pool};
 use crate::now_ms;
+use crate::store::RefusalStatements;
 use crate::store::{AdmissionStatements, Store, StoreError};
-use crate::store::{RefusalCell, RefusalStatements};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -176,10 +176,12 @@ impl Admission {
         }
     }
 
-    /// Counts `n` marks of `code` for `tenant` (past the hour's bound: counted as untracked).
-    fn mark(&self, tenant: &str, code: &str, n: u64, now: Millis) {
+    /// Counts `n` marks of `code` for `tenant`, of `tier` (None: no registry row), in its
+    /// class's budget (past a bound: counted as untracked).
+    fn mark(&self, tenant: &str, tier: Option<Tier>, code: &str, n: u64, now: Millis) {
         let n = i64::try_from(n).unwrap_or(i64::MAX);
-        if !self.refusals.lock().expect("refusals").record(tenant, code, n, now) {
+        let kept = self.refusals.lock().expect("refusals").record(tenant, Class::of(tier), code, n, now);
+        if kept.is_err() {
             metrics::counter!(m::REFUSALS_UNTRACKED).increment(1);
         }
     }
@@ -191,16 +193,12 @@ impl Admission {
             own.evict(now_ms());
             own.pending()
         };
-        let mut by_hour: BTreeMap<Millis, Vec<RefusalCell>> = BTreeMap::new();
-        for (hour, key, n) in &pending {
-            let (tenant, code) = OwnRefusals::key_parts(key);
-            by_hour.entry(*hour).or_default().push(RefusalCell { tenant: tenant.into(), code: code.into(), n: *n });
+        if pending.is_empty() {
+            return;
         }
-        for (hour, cells) in by_hour {
-            if let Err(e) = stmts.put(hour, &self.process, &cells).await {
-                tracing::warn!(error = %e, "refusal counts not written (the tenants' pages and limit alerts); retried next pass");
-                return;
-            }
+        if let Err(e) = stmts.put_cells(&self.process, &pending).await {
+            tracing::warn!(error = %e, "refusal counts not written (the tenants' pages and limit alerts); retried next pass");
+            return;
         }
         self.refusals.lock().expect("refusals").written(&pending);
     }
@@ -216,11 +214,7 @@ impl Admission {
     /// in `fairway_admission_refused_total{reason}`.
     pub async fn admit(&self, asks: Vec<Ask>) -> Result<Ticket, Refused> {
         let n = asks.len() as u64;
-        let mut per: BTreeMap<(String, Pool), u64> = BTreeMap::new();
-        for a in &asks {
-            *per.entry((a.tenant.clone(), a.pool)).or_default() += 1;
-        }
-        let admitted = self.admit_all(asks).await;
+        let admitted = self.admit_all(&asks).await;
         if let Err(refused) = &admitted {
             let reason = match refused {
                 Refused::Limit(rules::Refusal::QueueFull { .. }) => "max_queued",
@@ -234,19 +228,25 @@ impl Admission {
             metrics::counter!(crate::metrics::ADMISSION_REFUSED, "reason" => reason).increment(n);
             if !matches!(refused, Refused::Store(_)) {
                 let now = now_ms();
+                let mut per: BTreeMap<(&str, Pool), u64> = BTreeMap::new();
+                for a in &asks {
+                    *per.entry((&a.tenant, a.pool)).or_default() += 1;
+                }
                 for ((tenant, pool), k) in per {
-                    self.mark(&tenant, &refusal_code(Mark::Refused, reason, pool.as_str()), k, now);
+                    let tier = self.record(tenant).map(|r| r.tier);
+                    self.mark(tenant, tier, &refusal_code(Mark::Refused, reason, pool.as_str()), k, now);
                 }
             }
         }
-        admitted
+        admitted.map(|probes| Ticket { asks, probes })
     }
 
-    async fn admit_all(&self, asks: Vec<Ask>) -> Result<Ticket, Refused> {
+    /// Admits every job of `asks` or none; the gates' probes taken on the way.
+    async fn admit_all(&self, asks: &[Ask]) -> Result<Vec<(String, usize)>, Refused> {
         let now = now_ms();
-        let probes = self.pass_gates(&asks, now)?;
+        let probes = self.pass_gates(asks, now)?;
         let mut per_tenant: BTreeMap<&str, (u32, u64)> = BTreeMap::new();
-        for a in &asks {
+        for a in asks {
             let e = per_tenant.entry(&a.tenant).or_default();
             e.0 += 1;
             e.1 += 1;
@@ -301,11 +301,12 @@ impl Admission {
         for (tenant, limit) in near {
             let pools: std::collections::BTreeSet<Pool> =
                 asks.iter().filter(|a| a.tenant == tenant).map(|a| a.pool).collect();
+            let tier = records.get(tenant).map(|r| r.tier);
             for pool in pools {
-                self.mark(tenant, &refusal_code(Mark::Near, limit.as_str(), pool.as_str()), 1, now);
+                self.mark(tenant, tier, &refusal_code(Mark::Near, limit.as_str(), pool.as_str()), 1, now);
             }
         }
-        Ok(Ticket { asks, probes })
+        Ok(probes)
     }
 
     fn demand(&self, a: &Ask, r: &TenantRecord) -> Option<Demand> {

@@ -352,7 +352,7 @@ pub fn describe() {
     );
     describe_counter!(
         REFUSALS_UNTRACKED,
-        "Refusals or near-limit admissions not counted per tenant: the process's hour already held core::refusals::MAX_CELLS cells"
+        "Refusals or near-limit admissions not counted per tenant: the tenant's class (free or paying) or the tenant itself already held its cells of the hour (core::refusals)"
     );
     describe_counter!(
         DEPENDENCY_READ_FAILURES,

@@ -8,10 +8,15 @@
 //! (tenant, code) that opens on the first period with any and resolves after
 //! `for_periods` periods without ([`LimitAlerts`]). Pure: `now` is an argument.
 //!
-//! Bounds: a process counts at most [`MAX_CELLS`] cells per hour (past it a count is
-//! dropped and said so); the leader tracks at most `max` (tenant, code) alerts.
+//! Bounds, each per [`Class`] so that the free accounts (up to 100,000 of them, one flow
+//! of the fair share) cannot fill what the paying tenants' alerts need: a process counts
+//! at most [`Class::max_cells`] cells per hour and class, and at most
+//! [`MAX_CODES_PER_TENANT`] codes per tenant and hour (past either a count is dropped and
+//! said so: the harm stays with the tenant or class that filled it); the leader keeps at
+//! most [`Class::max_rows`] rows of an hour per class ([`ClassBudget`]) and tracks at
+//! most `max` (tenant, code) alerts per class.
 
-use crate::core::fleet::OwnCells;
+use crate::config::Tier;
 use crate::model::Millis;
 use std::collections::{BTreeMap, HashMap};
 
@@ -19,11 +24,50 @@ use std::collections::{BTreeMap, HashMap};
 pub const HOUR_MS: Millis = 3_600_000;
 /// An admission at or above this share of a limit is a `near` mark.
 pub const NEAR_SHARE: f64 = 0.8;
-/// Most (tenant, code) cells one process counts in one hour.
-pub const MAX_CELLS: usize = 20_000;
+/// Most codes one process counts for one tenant in one hour (a tenant's limit kinds,
+/// pools and held job types; past it the tenant's new codes go uncounted, its own harm).
+pub const MAX_CODES_PER_TENANT: usize = 64;
 
-/// Separates tenant and code in an [`OwnRefusals`] key.
-const SEP: char = '\u{1f}';
+/// Whose budget a tenant's counts take: the free accounts share one, the paying tiers
+/// another.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Class {
+    Free,
+    Paying,
+}
+
+impl Class {
+    /// A tenant's class by its tier (a tenant without a registry row is a free account).
+    pub fn of(tier: Option<Tier>) -> Class {
+        match tier {
+            Some(Tier::Standard | Tier::Pro | Tier::Enterprise) => Class::Paying,
+            Some(Tier::Free) | None => Class::Free,
+        }
+    }
+
+    /// Most (tenant, code) cells of the class one process counts in one hour.
+    pub const fn max_cells(self) -> usize {
+        match self {
+            Class::Free => 5_000,
+            Class::Paying => 20_000,
+        }
+    }
+
+    /// Most rows of the class the leader keeps of one hour (every process's cells).
+    pub const fn max_rows(self) -> usize {
+        match self {
+            Class::Free => 40_000,
+            Class::Paying => 160_000,
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Class::Free => 0,
+            Class::Paying => 1,
+        }
+    }
+}
 
 /// A refusal, an admission near the limit, or a worker holding the tenant's jobs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,41 +109,114 @@ pub fn parse(code: &str) -> Option<(Mark, &str, &str)> {
     Some((mark, limit, pool))
 }
 
-/// One process's cumulative counts per hour and (tenant, code), with what was written.
-#[derive(Debug)]
-pub struct OwnRefusals(OwnCells<i64>);
+/// One cumulative count of one process: (hour, tenant, code) and the count.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cell {
+    pub hour: Millis,
+    pub tenant: String,
+    pub code: String,
+    pub n: i64,
+}
 
-impl Default for OwnRefusals {
-    fn default() -> Self {
-        OwnRefusals(OwnCells::new(HOUR_MS))
-    }
+/// One hour of a process's counts: cells per tenant and code (with whether written), and
+/// how many cells each class holds.
+#[derive(Debug, Default)]
+struct Hour {
+    cells: [usize; 2],
+    tenants: HashMap<String, HashMap<String, (i64, bool)>>,
+}
+
+/// Why a count was not kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Untracked {
+    /// The tenant already has [`MAX_CODES_PER_TENANT`] codes this hour.
+    TenantFull,
+    /// The tenant's class already has [`Class::max_cells`] cells this hour.
+    ClassFull(Class),
+}
+
+/// One process's cumulative counts per hour and (tenant, code), with what was written.
+#[derive(Debug, Default)]
+pub struct OwnRefusals {
+    hours: BTreeMap<Millis, Hour>,
 }
 
 impl OwnRefusals {
-    /// Counts `n` of `code` for `tenant` at `now`; false when the hour already holds
-    /// [`MAX_CELLS`] other cells (not counted).
-    pub fn record(&mut self, tenant: &str, code: &str, n: i64, now: Millis) -> bool {
-        let key = format!("{tenant}{SEP}{code}");
-        self.0.update_bounded(&key, now, MAX_CELLS, |c| *c = c.saturating_add(n))
+    /// Counts `n` of `code` for `tenant` (of `class`) at `now`; a new cell past the
+    /// tenant's or the class's bound of the hour is not counted.
+    pub fn record(&mut self, tenant: &str, class: Class, code: &str, n: i64, now: Millis) -> Result<(), Untracked> {
+        let hour = self.hours.entry(now - now.rem_euclid(HOUR_MS)).or_default();
+        if let Some(codes) = hour.tenants.get_mut(tenant) {
+            if let Some(c) = codes.get_mut(code) {
+                *c = (c.0.saturating_add(n), false);
+                return Ok(());
+            }
+            if codes.len() >= MAX_CODES_PER_TENANT {
+                return Err(Untracked::TenantFull);
+            }
+        }
+        if hour.cells[class.index()] >= class.max_cells() {
+            return Err(Untracked::ClassFull(class));
+        }
+        hour.cells[class.index()] += 1;
+        hour.tenants.entry(tenant.to_string()).or_default().insert(code.to_string(), (n, false));
+        Ok(())
     }
 
-    /// Cells changed since written: (hour, key, cumulative count); [`OwnRefusals::key_parts`] splits the key.
-    pub fn pending(&self) -> Vec<(Millis, String, i64)> {
-        self.0.pending()
+    /// Cells changed since written.
+    pub fn pending(&self) -> Vec<Cell> {
+        let mut out = Vec::new();
+        for (hour, h) in &self.hours {
+            for (tenant, codes) in &h.tenants {
+                let changed = codes.iter().filter(|(_, (_, written))| !written);
+                out.extend(changed.map(|(code, (n, _))| Cell {
+                    hour: *hour,
+                    tenant: tenant.clone(),
+                    code: code.clone(),
+                    n: *n,
+                }));
+            }
+        }
+        out
     }
 
-    /// (tenant, code) of a key of [`OwnRefusals::pending`].
-    pub fn key_parts(key: &str) -> (&str, &str) {
-        key.split_once(SEP).unwrap_or((key, ""))
-    }
-
-    pub fn written(&mut self, cells: &[(Millis, String, i64)]) {
-        self.0.written(cells)
+    /// These cells were stored (unless they changed meanwhile).
+    pub fn written(&mut self, cells: &[Cell]) {
+        for c in cells {
+            let Some(h) = self.hours.get_mut(&c.hour) else { continue };
+            if let Some(cell) = h.tenants.get_mut(&c.tenant).and_then(|codes| codes.get_mut(&c.code)) {
+                if cell.0 == c.n {
+                    cell.1 = true;
+                }
+            }
+        }
     }
 
     /// Forgets hours before the previous one.
     pub fn evict(&mut self, now: Millis) {
-        self.0.evict(now, 2 * HOUR_MS)
+        self.hours.retain(|start, _| start + HOUR_MS > now - 2 * HOUR_MS);
+    }
+}
+
+/// What the leader keeps of an hour's rows: at most [`Class::max_rows`] per class; the
+/// rows past it are counted, not kept.
+#[derive(Debug, Default)]
+pub struct ClassBudget {
+    kept: [usize; 2],
+    /// Rows not kept, per class (free, paying).
+    pub dropped: [usize; 2],
+}
+
+impl ClassBudget {
+    /// Whether a row of `class` is kept.
+    pub fn keep(&mut self, class: Class) -> bool {
+        let i = class.index();
+        if self.kept[i] >= class.max_rows() {
+            self.dropped[i] += 1;
+            return false;
+        }
+        self.kept[i] += 1;
+        true
     }
 }
 
@@ -164,7 +281,7 @@ pub enum LimitChange {
 pub type HourTotals = HashMap<(String, String), i64>;
 
 /// The leader's limit alerts: per (tenant, code), the totals last read and whether its
-/// alert is open.
+/// alert is open; at most `max` pairs per [`Class`].
 #[derive(Debug)]
 pub struct LimitAlerts {
     max: usize,
@@ -187,14 +304,29 @@ impl LimitAlerts {
     /// One period at `now` over the hours read (`now`'s and the one before it, whose
     /// last counts may land after it ended). A pair whose total in either grew opens (if
     /// closed); an open pair without growth for `for_periods` periods in a row resolves.
-    pub fn step(&mut self, hours: &[(Millis, HourTotals)], for_periods: u32, now: Millis) -> Vec<LimitChange> {
+    /// `class_of` gives a tenant's [`Class`] (whose share of `max` a new pair takes).
+    pub fn step(
+        &mut self,
+        hours: &[(Millis, HourTotals)],
+        for_periods: u32,
+        now: Millis,
+        class_of: impl Fn(&str) -> Class,
+    ) -> Vec<LimitChange> {
         let mut out = Vec::new();
         let mut grew: std::collections::HashSet<(String, String)> = Default::default();
+        let mut held = [0usize; 2];
+        for (tenant, _) in self.watched.keys() {
+            held[class_of(tenant).index()] += 1;
+        }
         for (hour, totals) in hours {
             for (key, total) in totals {
-                if !self.watched.contains_key(key) && self.watched.len() >= self.max {
-                    self.untracked += 1;
-                    continue;
+                if !self.watched.contains_key(key) {
+                    let i = class_of(&key.0).index();
+                    if held[i] >= self.max {
+                        self.untracked += 1;
+                        continue;
+                    }
+                    held[i] += 1;
                 }
                 let w = self.watched.entry(key.clone()).or_default();
                 let before = w.seen_in(*hour);
@@ -243,6 +375,10 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    fn paying(_: &str) -> Class {
+        Class::Paying
+    }
+
     fn totals(v: &[(&str, &str, i64)]) -> HashMap<(String, String), i64> {
         v.iter().map(|(t, c, n)| ((t.to_string(), c.to_string()), *n)).collect()
     }
@@ -260,19 +396,52 @@ mod tests {
     #[test]
     fn a_process_counts_cells_per_hour_within_its_bound() {
         let mut own = OwnRefusals::default();
-        assert!(own.record("acme", "refused:tenant_rate:short", 3, 10));
-        assert!(own.record("acme", "refused:tenant_rate:short", 2, 20));
+        let code = "refused:tenant_rate:short";
+        own.record("acme", Class::Paying, code, 3, 10).unwrap();
+        own.record("acme", Class::Paying, code, 2, 20).unwrap();
         let p = own.pending();
-        assert_eq!(p, vec![(0, format!("acme{SEP}refused:tenant_rate:short"), 5)]);
-        assert_eq!(OwnRefusals::key_parts(&p[0].1), ("acme", "refused:tenant_rate:short"));
+        let cell = Cell { hour: 0, tenant: "acme".into(), code: code.into(), n: 5 };
+        assert_eq!(p, vec![cell]);
         own.written(&p);
         assert!(own.pending().is_empty());
-        for i in 0..MAX_CELLS - 1 {
-            assert!(own.record(&format!("t{i}"), "refused:x:short", 1, 30));
+        own.record("acme", Class::Paying, code, 1, 25).unwrap();
+        assert_eq!(own.pending()[0].n, 6, "a changed cell is pending again");
+        for i in 0..Class::Paying.max_cells() - 1 {
+            own.record(&format!("t{i}"), Class::Paying, "refused:x:short", 1, 30).unwrap();
         }
-        assert!(!own.record("one-too-many", "refused:x:short", 1, 30), "the hour's cells are bounded");
-        assert!(own.record("acme", "refused:tenant_rate:short", 1, 30), "a known cell still counts");
-        assert!(own.record("next-hour", "refused:x:short", 1, HOUR_MS), "a new hour starts afresh");
+        let full = own.record("one-too-many", Class::Paying, "refused:x:short", 1, 30);
+        assert_eq!(full, Err(Untracked::ClassFull(Class::Paying)), "the hour's cells are bounded");
+        own.record("acme", Class::Paying, code, 1, 30).expect("a known cell still counts");
+        own.record("next-hour", Class::Paying, "refused:x:short", 1, HOUR_MS).expect("a new hour starts afresh");
+        own.evict(3 * HOUR_MS);
+        assert!(own.pending().iter().all(|c| c.hour >= HOUR_MS), "hours before the previous one are forgotten");
+    }
+
+    /// The free accounts filling their budget leave the paying tenants theirs, and a
+    /// tenant with many codes fills only its own.
+    #[test]
+    fn free_accounts_cannot_fill_the_paying_tenants_cells() {
+        let mut own = OwnRefusals::default();
+        for i in 0..100_000 {
+            let _ = own.record(&format!("free-{i}"), Class::Free, "refused:tenant_rate:short", 1, 0);
+        }
+        let free = own.pending().len();
+        assert_eq!(free, Class::Free.max_cells(), "the free accounts' cells stop at their budget");
+        for i in 0..10_000 {
+            own.record(&format!("paying-{i}"), Class::Paying, "refused:tenant_rate:short", 1, 0)
+                .expect("every paying tenant still counted");
+        }
+        for k in 0..MAX_CODES_PER_TENANT {
+            own.record("greedy", Class::Paying, &format!("held:breaker/t{k}:short"), 1, 0).unwrap();
+        }
+        let more = own.record("greedy", Class::Paying, "held:breaker/one-more:short", 1, 0);
+        assert_eq!(more, Err(Untracked::TenantFull));
+        own.record("paying-new", Class::Paying, "refused:max_queued:short", 1, 0).expect("others unharmed");
+        let mut budget = ClassBudget::default();
+        assert!((0..Class::Free.max_rows()).all(|_| budget.keep(Class::Free)));
+        assert!(!budget.keep(Class::Free), "the leader keeps the free rows within theirs");
+        assert!(budget.keep(Class::Paying), "and the paying ones still");
+        assert_eq!(budget.dropped, [1, 0]);
     }
 
     #[test]
@@ -294,17 +463,17 @@ mod tests {
     fn one_alert_per_limit_opens_once_and_resolves_once() {
         let mut a = LimitAlerts::new(100);
         let code = "refused:tenant_rate:short";
-        let ch = a.step(&[(0, totals(&[("acme", code, 5)]))], 3, 1_000);
+        let ch = a.step(&[(0, totals(&[("acme", code, 5)]))], 3, 1_000, paying);
         assert_eq!(
             ch,
             vec![LimitChange::Opened { tenant: "acme".into(), code: code.into(), opened_at: 1_000, count: 5 }]
         );
         // Still refused: no second opening.
-        assert!(a.step(&[(0, totals(&[("acme", code, 9)]))], 3, 2_000).is_empty());
+        assert!(a.step(&[(0, totals(&[("acme", code, 9)]))], 3, 2_000, paying).is_empty());
         // No new refusals for three periods: one resolution.
-        assert!(a.step(&[(0, totals(&[("acme", code, 9)]))], 3, 3_000).is_empty());
-        assert!(a.step(&[(0, totals(&[("acme", code, 9)]))], 3, 4_000).is_empty());
-        let ch = a.step(&[(0, totals(&[("acme", code, 9)]))], 3, 5_000);
+        assert!(a.step(&[(0, totals(&[("acme", code, 9)]))], 3, 3_000, paying).is_empty());
+        assert!(a.step(&[(0, totals(&[("acme", code, 9)]))], 3, 4_000, paying).is_empty());
+        let ch = a.step(&[(0, totals(&[("acme", code, 9)]))], 3, 5_000, paying);
         assert_eq!(
             ch,
             vec![LimitChange::Resolved {
@@ -314,30 +483,46 @@ mod tests {
                 resolved_at: 5_000
             }]
         );
-        assert!(a.step(&[(0, totals(&[("acme", code, 9)]))], 3, 6_000).is_empty());
+        assert!(a.step(&[(0, totals(&[("acme", code, 9)]))], 3, 6_000, paying).is_empty());
     }
 
     #[test]
     fn a_new_hour_counts_from_zero_and_the_tracked_pairs_are_bounded() {
         let mut a = LimitAlerts::new(2);
-        let ch = a.step(&[(0, totals(&[("a", "refused:x:short", 5), ("b", "refused:x:short", 1)]))], 1, 10);
+        let ch = a.step(&[(0, totals(&[("a", "refused:x:short", 5), ("b", "refused:x:short", 1)]))], 1, 10, paying);
         assert_eq!(ch.len(), 2);
-        let ch = a.step(&[(0, totals(&[("c", "refused:x:short", 1)]))], 1, 20);
+        let ch = a.step(&[(0, totals(&[("c", "refused:x:short", 1)]))], 1, 20, paying);
         assert!(ch.iter().all(|c| matches!(c, LimitChange::Resolved { .. })), "{ch:?}");
         assert_eq!(a.untracked, 1, "a third pair past the bound is not tracked");
         let mut a = LimitAlerts::new(10);
-        a.step(&[(0, totals(&[("a", "refused:x:short", 5)]))], 5, 10);
+        a.step(&[(0, totals(&[("a", "refused:x:short", 5)]))], 5, 10, paying);
         // The next hour's first count (1, below the last hour's 5) is new; the last
         // hour's late count too, read beside it.
         let both = [(0, totals(&[("a", "refused:x:short", 6)])), (HOUR_MS, totals(&[("a", "refused:x:short", 1)]))];
-        assert!(a.step(&both, 5, HOUR_MS + 10).is_empty(), "already open");
+        assert!(a.step(&both, 5, HOUR_MS + 10, paying).is_empty(), "already open");
         assert_eq!(a.watched[&("a".to_string(), "refused:x:short".to_string())].clear, 0);
-        assert!(a.step(&both, 5, HOUR_MS + 20).is_empty());
+        assert!(a.step(&both, 5, HOUR_MS + 20, paying).is_empty());
         assert_eq!(
             a.watched[&("a".to_string(), "refused:x:short".to_string())].clear,
             1,
             "nothing new: a clear period"
         );
+    }
+
+    /// Free accounts past the leader's bound leave the paying tenants' alerts tracked.
+    #[test]
+    fn the_leaders_tracked_pairs_are_bounded_per_class() {
+        let mut a = LimitAlerts::new(2);
+        let class = |t: &str| if t.starts_with("free-") { Class::Free } else { Class::Paying };
+        let free = totals(&[
+            ("free-1", "refused:x:short", 1),
+            ("free-2", "refused:x:short", 1),
+            ("free-3", "refused:x:short", 1),
+        ]);
+        assert_eq!(a.step(&[(0, free)], 5, 10, class).len(), 2);
+        assert_eq!(a.untracked, 1);
+        let ch = a.step(&[(0, totals(&[("acme", "refused:x:short", 1)]))], 5, 20, class);
+        assert_eq!(ch.len(), 1, "a paying tenant's alert opens beside the free accounts' full share");
     }
 
     proptest! {
@@ -353,7 +538,7 @@ mod tests {
                 *total.entry(tenant.clone()).or_default() += add;
                 let tot: HourTotals =
                     total.iter().map(|(t, n)| ((t.clone(), "refused:x:short".to_string()), *n)).collect();
-                for c in a.step(&[(0, tot)], 2, i as i64 * 1_000) {
+                for c in a.step(&[(0, tot)], 2, i as i64 * 1_000, paying) {
                     match c {
                         LimitChange::Opened { tenant, .. } => {
                             prop_assert!(!open.get(&tenant).copied().unwrap_or(false));

@@ -12,10 +12,10 @@
 use super::LedgerError;
 use crate::config::Config;
 use crate::core::alerts::{alert_id_named, Change, Evaluator, Rule, Transition};
-use crate::core::refusals::{HourTotals, LimitAlerts, LimitChange, HOUR_MS};
+use crate::core::refusals::{Class, HourTotals, LimitAlerts, LimitChange, HOUR_MS};
 use crate::core::scheduler::Tier;
 use crate::model::{JobResult, Millis};
-use crate::store::{AlertRow, AlertStatements, RefusalStatements, Store, TenantStatements, TooManyRows};
+use crate::store::{AlertRow, AlertStatements, RefusalStatements, Store, TenantStatements};
 use crate::watch::alerts::{Kind, Sender};
 use crate::{metrics as m, now_ms};
 use std::collections::HashMap;
@@ -43,8 +43,9 @@ pub(super) struct Alerting {
     unsent: std::collections::HashSet<String>,
 }
 
-/// Most refusal rows read per hour and period (past it the rest wait, warned).
-pub const MAX_REFUSAL_ROWS: usize = 200_000;
+/// Most refusal rows read per hour and period (past it the rest are not seen, warned);
+/// of those, each class of tenants keeps at most its `Class::max_rows`.
+pub const MAX_REFUSAL_SCAN: usize = 1_000_000;
 /// The rule of a limit alert: `limit:<code>` (`core::refusals::code`).
 pub fn limit_rule(code: &str) -> String {
     format!("limit:{code}")
@@ -131,20 +132,24 @@ impl Alerting {
         let current = now - now.rem_euclid(HOUR_MS);
         let mut hours = Vec::new();
         for hour in [current - HOUR_MS, current] {
-            let cells = match self.refusals.hour(hour, MAX_REFUSAL_ROWS).await {
-                Ok(Ok(cells)) => cells,
-                Ok(Err(TooManyRows { max, read })) => {
-                    tracing::warn!(
-                        max,
-                        "alerts: an hour holds more refusal rows than are read; limit alerts judge the first ones"
-                    );
-                    read
-                }
+            let tiers = &self.tiers;
+            let class_of = |t: &str| Class::of(tiers.get(t).copied());
+            let read = match self.refusals.hour(hour, MAX_REFUSAL_SCAN, class_of).await {
+                Ok(read) => read,
                 Err(e) => {
                     tracing::warn!(error = %e, "alerts: cannot read the refusal counts; limit alerts wait for the next period");
                     return;
                 }
             };
+            if read.cut || read.dropped != [0, 0] {
+                tracing::warn!(
+                    cut = read.cut,
+                    free_dropped = read.dropped[0],
+                    paying_dropped = read.dropped[1],
+                    "alerts: an hour holds more refusal rows than are read or kept; limit alerts judge those kept"
+                );
+            }
+            let cells = read.cells;
             let mut totals: HourTotals = HashMap::new();
             for c in cells {
                 let t = totals.entry((c.tenant, c.code)).or_default();
@@ -153,7 +158,8 @@ impl Alerting {
             hours.push((hour, totals));
         }
         let for_periods = self.cfg.alerts.limit_clear_periods;
-        for change in self.limits.step(&hours, for_periods, now) {
+        let tiers = &self.tiers;
+        for change in self.limits.step(&hours, for_periods, now, |t| Class::of(tiers.get(t).copied())) {
             let (tenant, code, opened_at, resolved_at, value) = match change {
                 LimitChange::Opened { tenant, code, opened_at, count } => (tenant, code, opened_at, None, count as f64),
                 LimitChange::Resolved { tenant, code, opened_at, resolved_at } => {

@@ -48,7 +48,7 @@ pub use events::{EventStatements, IdempotencyClaim, Submitted as SubmittedRow, H
 pub use keys::{ApiKeyRow, KeyStatements};
 pub use ledger::{LedgerPosition, LedgerReadError, LedgerStatements};
 pub use quota::QuotaStatements;
-pub use refusals::{RefusalCell, RefusalStatements, TooManyRows};
+pub use refusals::{HourRead, RefusalCell, RefusalStatements};
 pub use regions::RegionStateRow;
 pub use rerun::{JobFacts, RerunStatements, FACTS_CHUNK};
 pub use schedules::{ScheduleCursor, ScheduleRow, ScheduleStatements};

@@ -2,12 +2,15 @@
 //! partition per deployment and hour, a row per (tenant, code, process) holding that
 //! process's cumulative count (idempotent writes, TTL). The tenant's console page reads
 //! its rows of each hour of the last day (one clustering prefix per hour); the ledger's
-//! leader reads the last two hours whole, at most a bounded number of rows.
+//! leader reads the last two hours, at most a bounded number of rows, keeping each class
+//! of tenants within its share ([`HourRead`]).
 
 use super::{prepare_statement, q, Store, StoreError};
+use crate::core::refusals::{Cell, Class, ClassBudget};
 use crate::model::Millis;
 use scylla::client::session::Session;
 use scylla::statement::prepared::PreparedStatement;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// How long a count is kept (the page shows a day; a margin for late readers).
@@ -30,12 +33,15 @@ pub struct RefusalStatements {
     hour: PreparedStatement,
 }
 
-/// A read of an hour past its row bound.
-#[derive(Debug, thiserror::Error)]
-#[error("the hour holds more than {max} refusal rows; the rest were not read")]
-pub struct TooManyRows {
-    pub max: usize,
-    pub read: Vec<RefusalCell>,
+/// An hour's rows as the leader keeps them.
+#[derive(Debug, Default)]
+pub struct HourRead {
+    /// The rows kept: each class's first [`Class::max_rows`].
+    pub cells: Vec<RefusalCell>,
+    /// Rows read and not kept, per class (free, paying).
+    pub dropped: [usize; 2],
+    /// The read stopped at its `max_scan` rows: later rows were not seen.
+    pub cut: bool,
 }
 
 impl Store {
@@ -109,8 +115,28 @@ impl RefusalStatements {
         Ok(all)
     }
 
-    /// Every row of `hour`, at most `max` (past it: [`TooManyRows`] with those read).
-    pub async fn hour(&self, hour: Millis, max: usize) -> Result<Result<Vec<RefusalCell>, TooManyRows>, StoreError> {
+    /// Writes `process`'s changed cells, an hour at a time; the first failure stops.
+    pub async fn put_cells(&self, process: &str, cells: &[Cell]) -> Result<(), StoreError> {
+        let mut by_hour: BTreeMap<Millis, Vec<RefusalCell>> = BTreeMap::new();
+        for c in cells {
+            let cell = RefusalCell { tenant: c.tenant.clone(), code: c.code.clone(), n: c.n };
+            by_hour.entry(c.hour).or_default().push(cell);
+        }
+        for (hour, cells) in by_hour {
+            self.put(hour, process, &cells).await?;
+        }
+        Ok(())
+    }
+
+    /// The rows of `hour`, reading at most `max_scan` and keeping at most each class's
+    /// [`Class::max_rows`] (`class_of` gives a tenant's class): the free accounts'
+    /// rows cannot crowd out the paying tenants' however their names sort.
+    pub async fn hour(
+        &self,
+        hour: Millis,
+        max_scan: usize,
+        class_of: impl Fn(&str) -> Class,
+    ) -> Result<HourRead, StoreError> {
         use futures::TryStreamExt;
         let pager = self
             .session
@@ -118,13 +144,18 @@ impl RefusalStatements {
             .await
             .map_err(q("read an hour's refusals"))?;
         let mut rows = pager.rows_stream::<(String, String, Option<i64>)>().map_err(q("read an hour's refusals"))?;
-        let mut read = Vec::new();
+        let (mut out, mut budget, mut scanned) = (HourRead::default(), ClassBudget::default(), 0usize);
         while let Some((tenant, code, n)) = rows.try_next().await.map_err(q("read an hour's refusals"))? {
-            if read.len() >= max {
-                return Ok(Err(TooManyRows { max, read }));
+            if scanned >= max_scan {
+                out.cut = true;
+                break;
             }
-            read.push(RefusalCell { tenant, code, n: n.unwrap_or(0) });
+            scanned += 1;
+            if budget.keep(class_of(&tenant)) {
+                out.cells.push(RefusalCell { tenant, code, n: n.unwrap_or(0) });
+            }
         }
-        Ok(Ok(read))
+        out.dropped = budget.dropped;
+        Ok(out)
     }
 }

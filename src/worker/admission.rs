@@ -17,11 +17,10 @@ use super::Shared;
 use crate::core::admission::breaker::{OwnOutcomes, BUCKET_MS};
 use crate::core::classifier::{RunCell, Subject, Violation, RUN_BUCKET_MS};
 use crate::core::fleet::OwnCells;
-use crate::core::refusals::{code as refusal_code, Mark, OwnRefusals};
+use crate::core::refusals::{code as refusal_code, Class, Mark, OwnRefusals};
+use crate::core::tenants::TenantSet;
 use crate::model::{FailureClass, JobSubmitted, Millis};
-use crate::store::{
-    AdmissionStatements, ClassifierStatements, OutcomeCell, RefusalCell, RefusalStatements, RunTimeCell,
-};
+use crate::store::{AdmissionStatements, ClassifierStatements, OutcomeCell, RefusalStatements, RunTimeCell};
 use crate::{metrics as m, now_ms};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -44,6 +43,9 @@ pub struct Tally {
     /// Jobs held for a tenant's breakers, quarantines or the recycling cap, per hour
     /// (`core::refusals`, `Mark::Held`): the tenant's page and limit alerts.
     held: OwnRefusals,
+    /// The registry as last read: a tenant's tier picks the budget its held counts take
+    /// (`core::refusals::Class`; without it every tenant counts as a free account).
+    tenants: Option<watch::Receiver<Arc<TenantSet>>>,
 }
 
 impl Default for Tally {
@@ -53,11 +55,17 @@ impl Default for Tally {
             outcomes: OwnOutcomes::default(),
             runs: OwnCells::new(RUN_BUCKET_MS),
             held: OwnRefusals::default(),
+            tenants: None,
         }
     }
 }
 
 impl Tally {
+    /// A tally that reads tenants' tiers from the live registry.
+    pub fn with_tenants(tenants: watch::Receiver<Arc<TenantSet>>) -> Tally {
+        Tally { tenants: Some(tenants), ..Tally::default() }
+    }
+
     /// A job was dispatched: an original submission (scheduled ones included, which the
     /// front door counts from submission) leaves its queue.
     pub fn dispatched(&mut self, job: &JobSubmitted) {
@@ -76,7 +84,8 @@ impl Tally {
     /// The worker held a job of `tenant` for `what` (`breaker/<job type>`,
     /// `quarantine/<job type>`, `recycling_cap`) in `pool`.
     pub fn held(&mut self, tenant: &str, what: &str, pool: &str, now: Millis) {
-        if !self.held.record(tenant, &refusal_code(Mark::Held, what, pool), 1, now) {
+        let tier = self.tenants.as_ref().and_then(|t| t.borrow().tenants.get(tenant).map(|r| r.tier));
+        if self.held.record(tenant, Class::of(tier), &refusal_code(Mark::Held, what, pool), 1, now).is_err() {
             metrics::counter!(m::REFUSALS_UNTRACKED).increment(1);
         }
     }
@@ -152,17 +161,10 @@ async fn write_held(sh: &Shared, stmts: &RefusalStatements) {
     if pending.is_empty() {
         return;
     }
-    let mut by_hour: HashMap<Millis, Vec<RefusalCell>> = HashMap::new();
-    for (hour, key, n) in &pending {
-        let (tenant, code) = OwnRefusals::key_parts(key);
-        by_hour.entry(*hour).or_default().push(RefusalCell { tenant: tenant.into(), code: code.into(), n: *n });
-    }
     let process = format!("{}/{}", sh.worker_id, sh.pool.as_str());
-    for (hour, cells) in by_hour {
-        if let Err(e) = stmts.put(hour, &process, &cells).await {
-            tracing::warn!(pool = sh.pool.as_str(), error = %e, "held-job counts not written (the tenants' pages and alerts); retried next pass");
-            return;
-        }
+    if let Err(e) = stmts.put_cells(&process, &pending).await {
+        tracing::warn!(pool = sh.pool.as_str(), error = %e, "held-job counts not written (the tenants' pages and alerts); retried next pass");
+        return;
     }
     sh.admission_tally.lock().expect("admission tally").held.written(&pending);
 }

@@ -146,7 +146,7 @@ impl Worker {
                 stopping: Default::default(),
                 health: Mutex::new(Health::new(&cfg, &worker_id)),
                 frontiers: frontier::Frontiers::new(cfg.pool_topic(pool), cfg.worker.skip_fresh_reads, feed.clone()),
-                admission_tally: Default::default(),
+                admission_tally: Mutex::new(admission::Tally::with_tenants(tenants.subscribe())),
                 ranges: cfg.run_ranges(),
                 recycling: Mutex::new(crate::core::recycling::Recycling::new(cfg.pool(pool).recycling)),
                 dependencies: holds.clone(),
