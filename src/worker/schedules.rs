@@ -27,7 +27,8 @@
 //! task of its own (passes never wait for it) sweeps: it moves rows left in the old
 //! per-deployment tables (once), counts schedules for the gauges, and writes the index
 //! rows of schedules and windows overdue by over a minute again (a writer that failed
-//! between its index write and its row write left them unindexed); then the next reads
+//! between its index write and its row write left them unindexed; the first sweep of a
+//! leadership takes every row already due, see [`sweep_loop`]); then the next reads
 //! start from the beginning again.
 
 use super::relay::{PROMOTER_LEASE, PROMOTER_LEASE_SECS};
@@ -183,18 +184,25 @@ pub async fn fire_loop(
     }
 }
 
-/// The sweep (see the module docs), every [`SWEEP_EVERY`] while this worker leads.
+/// The sweep (see the module docs), every [`SWEEP_EVERY`] while this worker leads. The
+/// first sweep of each leadership indexes again every row already due, not only those
+/// [`OVERDUE_MS`] overdue: a restored backup (its schedules copied before their due index,
+/// a fire in between) or a leader that died mid-fire can leave a due row without its
+/// index entry, and a new leader should not wait a minute to fire it.
 async fn sweep_loop(f: Arc<Firing>, leading: Arc<AtomicBool>, mut shutdown: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(SWEEP_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut led = false;
     loop {
         tokio::select! {
             _ = shutdown.changed() => return,
             _ = tick.tick() => {}
         }
-        if leading.load(Ordering::SeqCst) {
-            f.sweep().await;
+        let leads = leading.load(Ordering::SeqCst);
+        if leads {
+            f.sweep(if led { OVERDUE_MS } else { 0 }).await;
         }
+        led = leads;
     }
 }
 
@@ -531,13 +539,14 @@ impl Firing {
     }
 
     /// The slow sweep (see the module docs).
-    async fn sweep(&self) {
-        if let Err(e) = self.sweep_once(now_ms()).await {
+    /// One sweep: rows due more than `overdue` ms ago get their index entry written again.
+    async fn sweep(&self, overdue: i64) {
+        if let Err(e) = self.sweep_once(now_ms(), overdue).await {
             tracing::warn!("schedules and debounce sweep not finished: {e:#}");
         }
     }
 
-    async fn sweep_once(&self, now: i64) -> anyhow::Result<()> {
+    async fn sweep_once(&self, now: i64, overdue: i64) -> anyhow::Result<()> {
         let moved = self.schedules.migrate(MIGRATE_PER_SWEEP).await?;
         let moved_windows = self.migrate_windows(now).await?;
         if moved + moved_windows > 0 {
@@ -551,7 +560,7 @@ impl Firing {
         let counted_before = self.schedules.statements().total().await?;
         let mut seen = Swept { reindexed: moved + moved_windows, ..Swept::default() };
         for chunk in tenants.chunks(SWEEP_IN_FLIGHT) {
-            let swept = futures::future::try_join_all(chunk.iter().map(|t| self.sweep_tenant(t, now))).await?;
+            let swept = futures::future::try_join_all(chunk.iter().map(|t| self.sweep_tenant(t, now, overdue))).await?;
             for s in swept {
                 seen.active += s.active;
                 seen.paused += s.paused;
@@ -575,8 +584,9 @@ impl Firing {
         Ok(())
     }
 
-    /// One tenant's part of the sweep: its schedules counted, its overdue rows indexed again.
-    async fn sweep_tenant(&self, tenant: &str, now: Millis) -> anyhow::Result<Swept> {
+    /// One tenant's part of the sweep: its schedules counted, its rows due more than
+    /// `overdue` ms ago indexed again.
+    async fn sweep_tenant(&self, tenant: &str, now: Millis, overdue: i64) -> anyhow::Result<Swept> {
         let mut seen = Swept::default();
         let stmts = self.schedules.statements();
         for c in stmts.cursors(tenant, self.schedules.bounds().max_total).await? {
@@ -585,13 +595,13 @@ impl Firing {
                 continue;
             }
             seen.active += 1;
-            if c.next_fire_at.is_some_and(|at| at < now - OVERDUE_MS) {
+            if c.next_fire_at.is_some_and(|at| at <= now - overdue) {
                 stmts.reindex(&c, now).await?;
                 seen.reindexed += 1;
             }
         }
         for w in self.windows.rows.windows(tenant, crate::core::unique::MAX_OPEN_PER_TENANT_CEILING).await? {
-            if w.due_at < now - OVERDUE_MS {
+            if w.due_at <= now - overdue {
                 self.windows.rows.reindex(&w, now).await?;
                 seen.reindexed += 1;
             }
