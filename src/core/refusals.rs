@@ -509,6 +509,26 @@ mod tests {
         );
     }
 
+    /// The leader stops reading a settled past hour: leaving out an hour whose totals did
+    /// not change decides the same as reading it again.
+    #[test]
+    fn a_settled_hour_left_out_decides_as_the_same_hour_read_again() {
+        let prev = totals(&[("a", "refused:x:short", 5), ("b", "refused:x:short", 2)]);
+        let (mut read, mut skipped) = (LimitAlerts::new(10), LimitAlerts::new(10));
+        let first = [(0, prev.clone()), (HOUR_MS, totals(&[("b", "refused:x:short", 1)]))];
+        assert_eq!(read.step(&first, 2, HOUR_MS + 10, paying), skipped.step(&first, 2, HOUR_MS + 10, paying));
+        for (i, cur) in [1, 1, 3, 3, 3].into_iter().enumerate() {
+            let now = HOUR_MS + 400_000 + i as i64 * 60_000;
+            let current = (HOUR_MS, totals(&[("b", "refused:x:short", cur)]));
+            let sorted = |mut v: Vec<LimitChange>| {
+                v.sort_by_key(|c| format!("{c:?}"));
+                v
+            };
+            let both = sorted(read.step(&[(0, prev.clone()), current.clone()], 2, now, paying));
+            assert_eq!(both, sorted(skipped.step(&[current], 2, now, paying)), "period {i}");
+        }
+    }
+
     /// Free accounts past the leader's bound leave the paying tenants' alerts tracked.
     #[test]
     fn the_leaders_tracked_pairs_are_bounded_per_class() {

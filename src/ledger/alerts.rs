@@ -41,7 +41,16 @@ pub(super) struct Alerting {
     delivered: HashMap<String, (Millis, u32)>,
     /// Alerts whose opening was not delivered (over budget): their resolution is not either.
     unsent: std::collections::HashSet<String>,
+    /// The last past hour read once it had settled ([`LATE_MS`] into the next one): it is
+    /// not read again.
+    settled_read: Option<Millis>,
 }
+
+/// How long into an hour the hour before may still gain counts (a process writes its
+/// cells every 5 s and retries a failed write with the next pass). After it the leader
+/// reads that hour once more and then no longer: a count written later than this (a
+/// process cut from the store for minutes) opens no alert; it still shows on the page.
+pub const LATE_MS: Millis = 300_000;
 
 /// Most refusal rows read per hour and period (past it the rest are not seen, warned);
 /// of those, each class of tenants keeps at most its `Class::max_rows`.
@@ -95,6 +104,7 @@ impl Alerting {
             refusals,
             delivered: HashMap::new(),
             unsent: Default::default(),
+            settled_read: None,
         })
     }
 
@@ -126,12 +136,18 @@ impl Alerting {
         self.evaluate_limits(now).await;
     }
 
-    /// Limit alerts: reads the refusal counts of this hour and the one before, and opens
-    /// or resolves one alert per (tenant, code) (`core::refusals::LimitAlerts`).
+    /// Limit alerts: reads the refusal counts of this hour and of the one before (until it
+    /// has been read once after [`LATE_MS`]), and opens or resolves one alert per (tenant,
+    /// code) (`core::refusals::LimitAlerts`; an hour not read again counts no growth).
     async fn evaluate_limits(&mut self, now: Millis) {
         let current = now - now.rem_euclid(HOUR_MS);
+        let previous = current - HOUR_MS;
+        let settled = now - current >= LATE_MS;
         let mut hours = Vec::new();
-        for hour in [current - HOUR_MS, current] {
+        for hour in [previous, current] {
+            if hour == previous && settled && self.settled_read == Some(previous) {
+                continue;
+            }
             let tiers = &self.tiers;
             let class_of = |t: &str| Class::of(tiers.get(t).copied());
             let read = match self.refusals.hour(hour, MAX_REFUSAL_SCAN, class_of).await {
@@ -156,6 +172,9 @@ impl Alerting {
                 *t = t.saturating_add(c.n.max(0));
             }
             hours.push((hour, totals));
+        }
+        if settled {
+            self.settled_read = Some(previous);
         }
         let for_periods = self.cfg.alerts.limit_clear_periods;
         let tiers = &self.tiers;
