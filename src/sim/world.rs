@@ -1179,18 +1179,21 @@ impl World {
                     StoreOp::Fence => {
                         let (job, me) = (self.workers[w].tasks[&task].msg.job, self.member(w));
                         // Every simulated run wrote its running mark, so every one is fenced.
-                        let taken = self.store.rows.get(&job).is_some_and(|r| {
-                            r.status == Status::Terminal || (r.status == Status::Running && r.worker != me)
-                        });
-                        if ok && taken {
+                        let row = self.store.rows.get(&job);
+                        let ended = row.is_some_and(|r| r.status == Status::Terminal);
+                        let elsewhere = row.is_some_and(|r| r.status == Status::Running && r.worker != me);
+                        if ok && (ended || elsewhere) {
                             self.trace.fenced += 1;
-                            self.log(job, || format!("w{w} task {task} fenced off: the row is another run's or ended"));
+                            self.log(job, || {
+                                format!("w{w} task {task} fenced off: ended {ended}, running elsewhere {elsewhere}")
+                            });
                             if let Some(t) = self.workers[w].tasks.get_mut(&task) {
                                 t.todo.clear();
                             }
                         }
-                        // A read that fails lets the outcome through (`durable::fenced_off`).
-                        self.io_done(w, task, true)
+                        // Running elsewhere: not durable, taken in again to follow that run
+                        // (`durable::taken_over`). A read that fails lets the outcome through.
+                        self.io_done(w, task, !(ok && elsewhere))
                     }
                     _ => unreachable!("loop calls answer to the loop"),
                 }

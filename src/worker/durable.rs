@@ -149,8 +149,10 @@ fn result_of(sh: &RouteContext, job: &JobSubmitted, terminal: Terminal) -> JobRe
 /// result) and the job is done here, as for a run whose mark found the job finished.
 async fn record_result(sh: &RouteContext, job: &JobSubmitted, result: &JobResult, holds: Holds) -> Durable {
     let plain = holds.plain;
-    if holds.fenced && taken_over(sh, job).await {
-        return Durable::Yes;
+    if holds.fenced {
+        if let Some(done) = taken_over(sh, job).await {
+            return done;
+        }
     }
     if !publish_result(sh, result, job).await.is_yes() {
         return Durable::No;
@@ -189,41 +191,63 @@ async fn record_result(sh: &RouteContext, job: &JobSubmitted, result: &JobResult
     Durable::Yes
 }
 
-/// Whether this run's outcome must be dropped because the job's row shows it taken over
-/// or ended elsewhere ([`fenced_off`]); counted and logged when it must. Called before a
-/// run's result and, for a run failing for good, before its dead letter too.
-pub(super) async fn taken_over(sh: &RouteContext, job: &JobSubmitted) -> bool {
-    if !Box::pin(fenced_off(sh, job)).await {
-        return false;
-    }
+/// Whether this run's outcome must be dropped because the job's row shows it ended or
+/// running elsewhere ([`fenced_off`]); counted and logged when it must. Called before a
+/// run's result and, for a run failing for good, before its dead letter too. `Some(Yes)`:
+/// the job ended elsewhere (or is of a newer generation), this copy is done. `Some(No)`:
+/// another run holds it; this copy is not done but taken in again, and its check then
+/// follows that run (it ends the job, or its heartbeats lapse and the copy takes it
+/// over): committing here would lose the job if that run died.
+pub(super) async fn taken_over(sh: &RouteContext, job: &JobSubmitted) -> Option<Durable> {
+    let done = match Box::pin(fenced_off(sh, job)).await {
+        Fence::Mine => return None,
+        Fence::Ended => Durable::Yes,
+        Fence::RunningElsewhere => Durable::No,
+    };
     metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "taken_over").increment(1);
-    tracing::warn!(job_id = %job.job_id, "outcome dropped: the job's row shows it taken over by another worker or ended meanwhile (this run's heartbeats lapsed); that run's outcome stands");
-    true
+    tracing::warn!(job_id = %job.job_id, ended_elsewhere = done.is_yes(), "outcome dropped: the job's row shows it taken over by another worker or ended meanwhile (this run's heartbeats lapsed); that run's outcome stands");
+    Some(done)
 }
 
-/// Whether the job's row shows it is no longer this run's to end ([`taken_elsewhere`]).
-/// One read, for runs that held the row (jobs past their running grace); a row that
-/// cannot be read lets the outcome through: a possible second result rather than none.
-async fn fenced_off(sh: &RouteContext, job: &JobSubmitted) -> bool {
+/// What the job's row says of a run that held it.
+#[derive(Debug, PartialEq, Eq)]
+enum Fence {
+    /// Still this run's (or unreadable: an outcome rather than none).
+    Mine,
+    /// Ended, or of a newer generation.
+    Ended,
+    /// Running or handed off on another worker.
+    RunningElsewhere,
+}
+
+/// What the job's row says of this run ([`taken_elsewhere`]). One read, for runs that
+/// held the row (jobs past their running grace); a row that cannot be read lets the
+/// outcome through: a possible second result rather than none.
+async fn fenced_off(sh: &RouteContext, job: &JobSubmitted) -> Fence {
     match with_retries(|| sh.store.job(&job.job_id)).await {
         Ok(Some(row)) => taken_elsewhere(&row, &sh.worker_id, job.generation),
-        Ok(None) => false,
+        Ok(None) => Fence::Mine,
         Err(e) => {
             tracing::warn!(job_id = %job.job_id, error = %e, "cannot read the job's row before publishing its outcome; publishing (a take-over meanwhile would make it a second result)");
-            false
+            Fence::Mine
         }
     }
 }
 
 /// A row that is not run `me`'s to end: a newer generation, ended (this generation), or
 /// running or handed off on another worker (taken over after this run's heartbeats lapsed).
-fn taken_elsewhere(row: &crate::store::JobRow, me: &str, generation: i64) -> bool {
+fn taken_elsewhere(row: &crate::store::JobRow, me: &str, generation: i64) -> Fence {
     let row_gen = row.generation.unwrap_or(0);
     if row_gen != generation {
-        return row_gen > generation;
+        return if row_gen > generation { Fence::Ended } else { Fence::Mine };
     }
-    row.is_terminal()
-        || (matches!(row.status.as_deref(), Some("running" | "handed_off")) && row.worker.as_deref() != Some(me))
+    if row.is_terminal() {
+        Fence::Ended
+    } else if matches!(row.status.as_deref(), Some("running" | "handed_off")) && row.worker.as_deref() != Some(me) {
+        Fence::RunningElsewhere
+    } else {
+        Fence::Mine
+    }
 }
 
 /// Publishes a result and waits for the broker's acknowledgement. The job's W3C trace
@@ -517,15 +541,17 @@ mod tests {
             generation: Some(generation),
             ..Default::default()
         };
-        assert!(!taken_elsewhere(&row("running", "w1", 0), "w1", 0), "still this worker's");
-        assert!(taken_elsewhere(&row("running", "w2", 0), "w1", 0), "taken over");
-        assert!(taken_elsewhere(&row("handed_off", "w2", 0), "w1", 0), "handed off elsewhere");
-        assert!(taken_elsewhere(&row("succeeded", "w2", 0), "w1", 0), "ended elsewhere");
-        assert!(taken_elsewhere(&row("failed", "w1", 0), "w1", 0), "ended by an earlier run here");
-        assert!(!taken_elsewhere(&row("retrying", "w2", 0), "w1", 0), "a retrying row holds no run");
-        assert!(taken_elsewhere(&row("running", "w1", 1), "w1", 0), "a newer generation");
-        assert!(!taken_elsewhere(&row("succeeded", "w2", 0), "w1", 1), "this run is the newer generation");
-        assert!(!taken_elsewhere(&crate::store::JobRow::default(), "w1", 0), "no row");
+        let fence = |status, worker, gen| taken_elsewhere(&row(status, worker, gen), "w1", 0);
+        assert_eq!(fence("running", "w1", 0), Fence::Mine, "still this worker's");
+        assert_eq!(fence("running", "w2", 0), Fence::RunningElsewhere, "taken over");
+        assert_eq!(fence("handed_off", "w2", 0), Fence::RunningElsewhere, "handed off elsewhere");
+        assert_eq!(fence("succeeded", "w2", 0), Fence::Ended, "ended elsewhere");
+        assert_eq!(fence("failed", "w1", 0), Fence::Ended, "ended by an earlier run here");
+        assert_eq!(fence("retrying", "w2", 0), Fence::Mine, "a retrying row holds no run");
+        assert_eq!(fence("running", "w1", 1), Fence::Ended, "a newer generation");
+        let newer = taken_elsewhere(&row("succeeded", "w2", 0), "w1", 1);
+        assert_eq!(newer, Fence::Mine, "this run is the newer generation");
+        assert_eq!(taken_elsewhere(&crate::store::JobRow::default(), "w1", 0), Fence::Mine, "no row");
     }
 
     /// An encode error in `produce_job` / `publish_result` is not durable (before, the

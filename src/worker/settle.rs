@@ -162,8 +162,10 @@ pub(super) async fn fail(
         }
         Decision::DeadLetter { reason } => {
             // A run taken over meanwhile leaves the job to that run: no dead letter either.
-            if ran.marked && durable::taken_over(sh, job).await {
-                return Durable::Yes;
+            if ran.marked {
+                if let Some(done) = durable::taken_over(sh, job).await {
+                    return done;
+                }
             }
             let attempts = if started_at.is_some() { job.attempt + 1 } else { job.attempt };
             let class = crate::core::retry::dead_letter_class(class);
@@ -208,8 +210,10 @@ async fn dead_letter_stuck(
     last_error: Option<String>,
     ran: Ran,
 ) -> Durable {
-    if ran.marked && durable::taken_over(sh, job).await {
-        return Durable::Yes;
+    if ran.marked {
+        if let Some(done) = durable::taken_over(sh, job).await {
+            return done;
+        }
     }
     let class = FailureClass::Resource;
     metrics::counter!(m::JOB_FAILURES, "pool" => sh.pool.as_str(), "class" => class.as_str()).increment(1);
