@@ -235,32 +235,22 @@ async fn a_later_attempt_waits_while_an_earlier_run_heartbeats() {
     first.abort();
 }
 
-/// Fails after `delay`.
+/// Fails after `delay`: an application error (retried), or for good when `permanent`.
 struct Fails {
     delay: Duration,
+    permanent: bool,
 }
 
 impl Handler for Fails {
     fn run(&self, _ctx: JobContext) -> BoxFuture<'static, HandlerResult> {
-        let delay = self.delay;
+        let (delay, permanent) = (self.delay, self.permanent);
         Box::pin(async move {
             tokio::time::sleep(delay).await;
-            Err(crate::handlers::HandlerError::app("boom"))
-        })
-    }
-}
-
-/// Fails for good (a permanent error) after `delay`.
-struct FailsForGood {
-    delay: Duration,
-}
-
-impl Handler for FailsForGood {
-    fn run(&self, _ctx: JobContext) -> BoxFuture<'static, HandlerResult> {
-        let delay = self.delay;
-        Box::pin(async move {
-            tokio::time::sleep(delay).await;
-            Err(crate::handlers::HandlerError::permanent("bad input"))
+            Err(if permanent {
+                crate::handlers::HandlerError::permanent("bad input")
+            } else {
+                crate::handlers::HandlerError::app("boom")
+            })
         })
     }
 }
@@ -297,7 +287,8 @@ async fn a_superseded_runs_retrying_write_leaves_the_take_overs_row() {
     let mut cfg = Config::builtin();
     cfg.worker.fleet_limits = false;
     f.cfg = Arc::new(cfg);
-    let (job, w1) = (f.job(), f.worker_running("w1", Arc::new(Fails { delay: Duration::from_secs(5) })));
+    let (job, w1) =
+        (f.job(), f.worker_running("w1", Arc::new(Fails { delay: Duration::from_secs(5), permanent: false })));
     let first = spawn_route(&f, w1, job.clone());
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(f.store.row("job-1").and_then(|r| r.worker).as_deref(), Some("w1"), "marked running on w1");
@@ -492,7 +483,7 @@ async fn a_run_taken_over_meanwhile_publishes_no_result() {
 #[tokio::test(start_paused = true)]
 async fn a_run_taken_over_meanwhile_that_fails_for_good_leaves_no_dead_letter() {
     let f = Fixture::new(0);
-    let fails = Arc::new(FailsForGood { delay: Duration::from_secs(5) });
+    let fails = Arc::new(Fails { delay: Duration::from_secs(5), permanent: true });
     let job = f.job();
     let first = spawn_route(&f, f.worker_running("w1", fails.clone()), job.clone());
     tokio::time::sleep(Duration::from_secs(1)).await;
