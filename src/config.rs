@@ -181,6 +181,28 @@ impl Default for RegistryConfig {
     }
 }
 
+/// `kafka.assignor`: how the classic group protocol shares a pool topic's partitions
+/// among its workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Assignor {
+    /// Incremental and sticky: a rebalance moves only the partitions that change owner;
+    /// the others keep being consumed, with their held jobs and backlog indexes.
+    CooperativeSticky,
+    /// Eager `range`: every rebalance revokes every partition of every member first.
+    Range,
+}
+
+impl Assignor {
+    /// librdkafka's `partition.assignment.strategy` value.
+    pub fn strategy(self) -> &'static str {
+        match self {
+            Assignor::CooperativeSticky => "cooperative-sticky",
+            Assignor::Range => "range",
+        }
+    }
+}
+
 /// `kafka.group_protocol`: which consumer group protocol pool consumers speak.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -217,6 +239,12 @@ pub struct KafkaConfig {
     /// broker assigns, partitions move one by one). Measured side by side:
     /// docs/partitions.md.
     pub group_protocol: GroupProtocol,
+    /// With `group_protocol = "classic"`: `cooperative-sticky` (unset: the default) or
+    /// `range`. Members of one group must agree: librdkafka cannot mix an eager and a
+    /// cooperative assignor, so a fleet changes it with all of a pool's workers stopped
+    /// (docs/partitions.md). Under `"consumer"` the broker assigns, and setting it is an
+    /// error.
+    pub assignor: Option<Assignor>,
     /// Submissions a second (per submitting process) that earn a tenant one more lane on
     /// a pool topic: a tenant submitting faster spreads over more partitions, and so
     /// workers (`core::lanes`, docs/design/lanes.md). 1 to 1,000,000.
@@ -237,6 +265,7 @@ impl Default for KafkaConfig {
             unassigned_warning: Duration::from_secs(30),
             session_timeout: Duration::from_secs(10),
             group_protocol: GroupProtocol::default(),
+            assignor: None,
             lane_rate: 50,
             properties: KafkaProperties::default(),
         }
@@ -731,6 +760,13 @@ impl Config {
         if !(1..=1_000_000).contains(&self.kafka.lane_rate) {
             return Err(invalid("kafka.lane_rate", "must be 1 to 1000000 submissions a second per lane"));
         }
+        if self.kafka.assignor.is_some() && self.kafka.group_protocol == GroupProtocol::Consumer {
+            return Err(invalid(
+                "kafka.assignor",
+                "applies to group_protocol = \"classic\" only: under \"consumer\" (KIP-848) the broker assigns \
+                 (its group.consumer.assignors); remove kafka.assignor or set group_protocol = \"classic\"",
+            ));
+        }
         if self.kafka.partitions < 1 {
             return Err(invalid("kafka.partitions", "must be at least 1"));
         }
@@ -1135,6 +1171,21 @@ mod tests {
         let ok = "[job_types.x]\npool = \"short\"\nhandler = \"echo\"\n[job_types.x.breaker]\nfailure_ratio = 0.6\n\
                   [worker.poison]\nenter_ratio = 0.6\n[worker.retry_budget]\nratio = 3.0\n";
         Config::parse(ok, "t").unwrap();
+    }
+
+    #[test]
+    fn the_assignor_is_sticky_unless_set_and_belongs_to_the_classic_protocol() {
+        let c = Config::parse("", "t").unwrap();
+        assert_eq!(crate::kafka::assignor(&c).strategy(), "cooperative-sticky");
+        let c = Config::parse("[kafka]\nassignor = \"range\"\n", "t").unwrap();
+        assert_eq!(crate::kafka::assignor(&c).strategy(), "range");
+        let err = Config::parse("[kafka]\nassignor = \"sticky\"\n", "t").unwrap_err().to_string();
+        assert!(err.contains("cooperative-sticky") && err.contains("range"), "{err}");
+        let err = Config::parse("[kafka]\ngroup_protocol = \"consumer\"\nassignor = \"range\"\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("kafka.assignor") && err.contains("classic"), "{err}");
+        Config::parse("[kafka]\ngroup_protocol = \"consumer\"\n", "t").unwrap();
     }
 
     #[test]

@@ -384,3 +384,83 @@ async fn a_tenant_pushed_to_each_limit_gets_one_alert_and_one_resolution_per_lim
     let _ = stop_api.send(());
     leader.stop().await;
 }
+
+/// The dependency breaker's whole course on the engines: two tenants' `charge` jobs fail
+/// their first two attempts on `payments` (class `dependency`), which opens one breaker;
+/// their held retries run again on trial (failing there re-opens it without a second
+/// opening) and then succeed, which closes it. One `dependency_circuit_open` and one
+/// `dependency_circuit_closed` on the events topic, one `alert.opened` and one
+/// `alert.resolved` (the same alert id) for each failing tenant, and every job ends
+/// succeeded in exactly three attempts: a held attempt is put back, not used up. (The
+/// type's own per-tenant breaker is kept out of it: `min_requests` beyond the test.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dependency_breaker_opens_once_goes_on_trial_and_closes_once() {
+    use fairway::model::{EventKind, JobEvent};
+    let (base, got) = receiver().await;
+    let run = &uuid::Uuid::new_v4().simple().to_string()[..6];
+    let (pa, pb) = (format!("ta{run}"), format!("tb{run}"));
+    let jobs = "[registry]\nunknown_tenants = \"admit\"\n\
+        [job_types.charge]\npool = \"short\"\nhandler = \"flaky\"\ndependencies = [\"payments\"]\n\
+        [job_types.charge.breaker]\nmin_requests = 100000\n\
+        [dependency_breaker]\nwindow = \"10s\"\nmin_attempts = 6\ncool_down = \"5s\"\n";
+    let hooks: String =
+        [&pa, &pb].iter().map(|t| format!("[alerts.tenants.{t}]\nwebhook_url = \"{base}/{t}\"\n")).collect();
+    let cfg = deployment(&format!("{jobs}{hooks}"), &[&pa, &pb]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = config_file(&cfg, jobs, dir.path());
+    let worker = spawn_logged_worker(&path, "short");
+    let leader = Leader::start(&cfg).await;
+
+    let failing: Vec<_> = [&pa, &pb]
+        .iter()
+        .flat_map(|t| (0..10).map(move |_| *t))
+        .map(|t| {
+            let mut j = job_record(t, "charge");
+            j.payload = br#"{"fail_attempts": 2, "class": "dependency"}"#.to_vec();
+            j
+        })
+        .collect();
+    produce_spread(&cfg, &failing, None).await;
+    let ids: Vec<String> = failing.iter().map(|j| j.job_id.clone()).collect();
+    let results = results_for(&cfg, &ids, Duration::from_secs(120)).await;
+    let closed = |v: &[JobEvent]| v.iter().any(|e| e.kind == EventKind::DependencyCircuitClosed);
+    let seen = read_until(
+        &cfg,
+        &cfg.events_topic(),
+        Duration::from_secs(60),
+        |b, _, _| fairway::codec::decode_event(b).ok(),
+        closed,
+    )
+    .await;
+    let course: Vec<EventKind> = seen
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::DependencyCircuitOpen | EventKind::DependencyCircuitClosed))
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(
+        course,
+        [EventKind::DependencyCircuitOpen, EventKind::DependencyCircuitClosed],
+        "one opening, one closing"
+    );
+
+    assert_eq!(results.len(), ids.len(), "every job ended");
+    for (id, rs) in &results {
+        let last = rs.iter().max_by_key(|r| r.attempts).expect("a result");
+        assert_eq!((last.status.as_str(), last.attempts), ("succeeded", 3), "job {id}: {last:?}");
+    }
+    let told = wait_for(Duration::from_secs(30), || async {
+        [&pa, &pb].iter().all(|t| events(&got, &format!("/{t}")).len() >= 2).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for t in [&pa, &pb] {
+        let ev = events(&got, &format!("/{t}"));
+        assert!(told.is_some(), "{t}: {ev:?}");
+        let dep: Vec<_> = ev.iter().filter(|e| e["rule"] == "dependency_circuit:payments").collect();
+        let kinds: Vec<&str> = dep.iter().map(|e| e["type"].as_str().unwrap_or_default()).collect();
+        assert_eq!(kinds, ["alert.opened", "alert.resolved"], "{t}: {ev:?}");
+        assert_eq!(dep[0]["alert_id"], dep[1]["alert_id"], "{t}: one alert");
+    }
+    drop(worker);
+    leader.stop().await;
+}

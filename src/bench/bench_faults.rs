@@ -59,6 +59,10 @@ pub struct FaultsArgs {
     /// The workers' `kafka.group_protocol`: classic or consumer (KIP-848).
     #[arg(long, default_value = "classic")]
     pub group_protocol: String,
+    /// With `--group-protocol classic`: the workers' `kafka.assignor`, cooperative-sticky
+    /// (the default) or range.
+    #[arg(long, default_value = "cooperative-sticky")]
+    pub assignor: String,
     /// Quiet tenants (q0..q5) submit one 1 ms job each this often while the jobs run;
     /// their waits (submitted -> started) are reported. 0: none.
     #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
@@ -95,6 +99,11 @@ pub async fn run(g: &Global, a: FaultsArgs) -> anyhow::Result<ExitCode> {
         matches!(a.group_protocol.as_str(), "classic" | "consumer"),
         "--group-protocol: {:?} is neither classic nor consumer",
         a.group_protocol
+    );
+    anyhow::ensure!(
+        matches!(a.assignor.as_str(), "cooperative-sticky" | "range"),
+        "--assignor: {:?} is neither cooperative-sticky nor range",
+        a.assignor
     );
     let run = RunDir::create(g, &a)?;
     let cfg = run.cfg.clone();
@@ -163,7 +172,7 @@ fn config_text(base: &Config, a: &FaultsArgs, prefix: &str) -> String {
     let contact_points: Vec<String> = base.scylla.contact_points.iter().map(|c| format!("{c:?}")).collect();
     let mut text = format!(
         "[kafka]\nbrokers = {:?}\ntopic_prefix = {prefix:?}\npartitions = {}\nsession_timeout = \"{}ms\"\n\
-         group_protocol = {:?}\n\
+         group_protocol = {:?}\n{}\
          [scylla]\ncontact_points = [{}]\nkeyspace = \"fairway_faults\"\n\
          [pools.short]\nslots = {}\n\
          [job_types.sleep]\npool = \"short\"\nhandler = \"sleep\"\ntimeout = \"10s\"\n",
@@ -171,6 +180,7 @@ fn config_text(base: &Config, a: &FaultsArgs, prefix: &str) -> String {
         a.partitions,
         a.session_timeout.as_millis(),
         a.group_protocol,
+        if a.group_protocol == "classic" { format!("assignor = {:?}\n", a.assignor) } else { String::new() },
         contact_points.join(", "),
         a.slots,
     );
@@ -654,7 +664,7 @@ fn report(
         "config": {
             "workers": a.workers, "jobs": a.jobs, "job_ms": a.job_ms, "kills": a.kills,
             "cql_restart": a.cql_restart, "slots": a.slots, "partitions": a.partitions,
-            "rollout": a.rollout, "group_protocol": a.group_protocol,
+            "rollout": a.rollout, "group_protocol": a.group_protocol, "assignor": a.assignor,
             "session_timeout_ms": a.session_timeout.as_millis() as u64,
         },
         "duration_s": round2(duration.as_secs_f64()),

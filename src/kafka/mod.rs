@@ -595,6 +595,7 @@ fn consumer_with(
                 // Members learn of a rebalance (a member left or joined) from their next
                 // heartbeat: a short interval moves partitions within about a second.
                 .set("heartbeat.interval.ms", heartbeat_ms(cfg.kafka.session_timeout).to_string())
+                .set("partition.assignment.strategy", assignor(cfg).strategy())
         }
         // KIP-848: the broker owns the session and heartbeat settings and the assignor.
         GroupProtocol::Consumer => conf.set("group.protocol", "consumer"),
@@ -615,6 +616,25 @@ fn consumer_with(
     let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
     c.subscribe(&refs)?;
     Ok((c, rx))
+}
+
+/// What to do about a consumer error a configuration causes, for its log line (empty
+/// when there is nothing to add).
+pub fn error_hint(e: &rdkafka::error::KafkaError) -> &'static str {
+    match e.rdkafka_error_code() {
+        Some(RDKafkaErrorCode::InconsistentGroupProtocol) => {
+            "the group's members use different assignors or protocols (kafka.assignor, kafka.group_protocol): \
+             librdkafka cannot mix an eager and a cooperative assignor in one group, so this member gets no \
+             partitions; stop every worker of the pool, then start them all with one setting \
+             (docs/partitions.md, Sticky assignment)"
+        }
+        _ => "",
+    }
+}
+
+/// The classic protocol's assignor: `kafka.assignor`, cooperative-sticky when unset.
+pub fn assignor(cfg: &Config) -> crate::config::Assignor {
+    cfg.kafka.assignor.unwrap_or(crate::config::Assignor::CooperativeSticky)
 }
 
 /// A group member's heartbeat period: a twentieth of the session timeout, 100 ms to 1 s.
@@ -798,6 +818,14 @@ pub fn tail_reader(cfg: &Config, group: &str) -> Result<StreamConsumer, KafkaErr
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_member_refused_for_its_assignor_is_told_how_to_mend_it() {
+        use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+        let refused = KafkaError::MessageConsumption(RDKafkaErrorCode::InconsistentGroupProtocol);
+        assert!(super::error_hint(&refused).contains("kafka.assignor"));
+        assert_eq!(super::error_hint(&KafkaError::MessageConsumption(RDKafkaErrorCode::BrokerTransportFailure)), "");
+    }
+
     #[test]
     fn fetch_views_list_owned_partitions_with_their_positions() {
         let v = serde_json::json!({"topics": {"p.jobs.short": {"partitions": {

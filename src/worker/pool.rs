@@ -311,7 +311,7 @@ pub async fn run(
             }
             msg = consumer.recv() => match msg {
                 Err(e) => {
-                    tracing::warn!(pool, error = %e, "consumer error");
+                    tracing::warn!(pool, error = %e, hint = kafka::error_hint(&e), "consumer error");
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
                 Ok(msg) => {
@@ -622,7 +622,7 @@ impl Loop {
             match consumer.recv().now_or_never() {
                 Some(Ok(msg)) => self.take(&msg),
                 Some(Err(e)) => {
-                    tracing::warn!(pool = self.pool(), error = %e, "consumer error");
+                    tracing::warn!(pool = self.pool(), error = %e, hint = kafka::error_hint(&e), "consumer error");
                     return;
                 }
                 None => return,
@@ -1116,7 +1116,9 @@ impl Loop {
                 pool = self.pool(),
                 group = %self.group,
                 idle_s = idle.as_secs(),
-                "this worker has had no partition of its pool topic for {}s: check the group with the broker's tools                  (a member stuck after a crash, another deployment sharing the group name: set kafka.group_prefix or a                  distinct topic_prefix), and that the topic has at least as many partitions as workers (extra workers idle)",
+                "this worker has had no partition of its pool topic for {}s: check the group with the broker's tools \
+                 (a member stuck after a crash, another deployment sharing the group name: set kafka.group_prefix or a \
+                 distinct topic_prefix), and that the topic has at least as many partitions as workers (extra workers idle)",
                 idle.as_secs()
             );
         }

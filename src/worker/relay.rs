@@ -73,7 +73,7 @@ pub async fn run(
             Some(ev) = rebalances.recv() => relay.on_rebalance(&consumer, ev),
             Some(done) = done_rx.recv() => relay.on_done(&consumer, done),
             msg = consumer.recv() => match msg {
-                Err(e) => { tracing::warn!(error = %e, "retry relay consumer error"); tokio::time::sleep(Duration::from_millis(200)).await; }
+                Err(e) => { tracing::warn!(error = %e, hint = kafka::error_hint(&e), "retry relay consumer error"); tokio::time::sleep(Duration::from_millis(200)).await; }
                 Ok(m) => relay.on_message(m),
             },
             _ = tokio::time::sleep(next_due) => {}

@@ -245,13 +245,22 @@ pub fn spawn_worker(config_path: &std::path::Path, pools: &str) -> std::process:
 /// Serve one pool per process, so the partitions are that pool's.
 pub struct LoggedWorker {
     pub child: std::process::Child,
-    owned: Arc<std::sync::Mutex<(std::collections::BTreeSet<i32>, Instant)>>,
+    owned: Arc<std::sync::Mutex<Owned>>,
     /// Its log for a failing test to print: the first `LOG_EVENTS` lines that are not
     /// periodic, and the last `LOG_TAIL` lines of all.
     log: Arc<std::sync::Mutex<(Vec<String>, VecDeque<String>)>>,
     /// Address of its metrics listener (`/readyz`, `/livez`), from its start line, when the
     /// config sets `worker.metrics_listen` (e.g. "127.0.0.1:0").
     probes: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+/// What a worker's log says it owns: the partitions, since when, and every partition it
+/// gave up (revoked or lost), in order.
+#[derive(Default)]
+struct Owned {
+    parts: std::collections::BTreeSet<i32>,
+    since: Option<Instant>,
+    revoked: Vec<i32>,
 }
 
 const LOG_TAIL: usize = 300;
@@ -271,7 +280,7 @@ pub fn spawn_logged_worker(config_path: &std::path::Path, pools: &str) -> Logged
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn worker");
-    let owned = Arc::new(std::sync::Mutex::new((std::collections::BTreeSet::new(), Instant::now())));
+    let owned = Arc::new(std::sync::Mutex::new(Owned { since: Some(Instant::now()), ..Default::default() }));
     let (log, state) = (child.stderr.take().expect("stderr"), owned.clone());
     let log_kept = Arc::new(std::sync::Mutex::new((Vec::new(), VecDeque::with_capacity(LOG_TAIL))));
     let kept = log_kept.clone();
@@ -315,13 +324,14 @@ pub fn spawn_logged_worker(config_path: &std::path::Path, pools: &str) -> Logged
             let parts = list.split(',').filter_map(|p| p.trim().parse::<i32>().ok());
             let mut s = state.lock().unwrap();
             if assigned {
-                s.0 = parts.collect();
+                s.parts = parts.collect();
             } else {
                 for p in parts {
-                    s.0.remove(&p);
+                    s.parts.remove(&p);
+                    s.revoked.push(p);
                 }
             }
-            s.1 = Instant::now();
+            s.since = Some(Instant::now());
         }
     });
     LoggedWorker { child, owned, log: log_kept, probes }
@@ -359,7 +369,12 @@ impl LoggedWorker {
 
     /// The partitions it owns now.
     pub fn owned(&self) -> std::collections::BTreeSet<i32> {
-        self.owned.lock().unwrap().0.clone()
+        self.owned.lock().unwrap().parts.clone()
+    }
+
+    /// Every partition it gave up so far (revoked or lost), in order, repeats included.
+    pub fn revoked(&self) -> Vec<i32> {
+        self.owned.lock().unwrap().revoked.clone()
     }
 
     /// Waits until it owns `n` partitions or more; when it got them, or None after `timeout`.
@@ -368,8 +383,8 @@ impl LoggedWorker {
         while Instant::now() < deadline {
             {
                 let s = self.owned.lock().unwrap();
-                if s.0.len() >= n {
-                    return Some(s.1);
+                if s.parts.len() >= n {
+                    return s.since;
                 }
             }
             std::thread::sleep(Duration::from_millis(20));

@@ -9,6 +9,7 @@
 mod common;
 
 mod admission;
+mod assignment;
 mod backlog;
 mod blast;
 mod classifier;
