@@ -464,3 +464,65 @@ async fn a_dependency_breaker_opens_once_goes_on_trial_and_closes_once() {
     drop(worker);
     leader.stop().await;
 }
+
+/// A tenant's own breaker reaches that tenant: its `risky` jobs failing with
+/// `dependency` open its breaker of the type on the worker, which holds its retries (no
+/// attempt used) until a probe passes; the tenant gets one `alert.opened` for the held
+/// work (`limit:held:breaker/risky:short`) and one `alert.resolved` once nothing is held
+/// any more. Another tenant running the same type beside it is never held and gets no
+/// alert. Fails on code without held marks: no such alert.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenants_own_breaker_holding_its_jobs_opens_one_alert_and_resolves_it() {
+    let (base, got) = receiver().await;
+    let run = &uuid::Uuid::new_v4().simple().to_string()[..6];
+    let (hot, calm) = (format!("hb{run}"), format!("cb{run}"));
+    let jobs = "[registry]\nunknown_tenants = \"admit\"\n\
+        [job_types.risky]\npool = \"short\"\nhandler = \"flaky\"\n\
+        [job_types.risky.breaker]\nwindow = \"30s\"\nmin_requests = 6\ncool_down = \"3s\"\nprobe_timeout = \"5s\"\n\
+        [alerts]\nperiod = \"1s\"\nlimit_clear_periods = 3\n";
+    let hooks: String =
+        [&hot, &calm].iter().map(|t| format!("[alerts.tenants.{t}]\nwebhook_url = \"{base}/{t}\"\n")).collect();
+    let cfg = deployment(&format!("{jobs}{hooks}"), &[&hot, &calm]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = config_file(&cfg, jobs, dir.path());
+    let worker = spawn_logged_worker(&path, "short");
+    let leader = Leader::start(&cfg).await;
+
+    let job = |t: &str, fail_attempts: u32| {
+        let mut j = job_record(t, "risky");
+        j.payload = format!(r#"{{"fail_attempts": {fail_attempts}, "class": "dependency"}}"#).into_bytes();
+        j
+    };
+    let all: Vec<_> = (0..8).map(|_| job(&hot, 1)).chain((0..8).map(|_| job(&calm, 0))).collect();
+    produce_spread(&cfg, &all, None).await;
+    let ids: Vec<String> = all.iter().map(|j| j.job_id.clone()).collect();
+    let results = results_for(&cfg, &ids, Duration::from_secs(120)).await;
+    assert_eq!(results.len(), ids.len(), "every job ended");
+    for (id, rs) in &results {
+        let last = rs.iter().max_by_key(|r| r.attempts).expect("a result");
+        let want = if last.tenant == hot { 2 } else { 1 };
+        assert_eq!((last.status.as_str(), last.attempts), ("succeeded", want), "job {id}: {last:?}");
+    }
+    let held = |t: &str, kind: &str| -> Vec<serde_json::Value> {
+        events(&got, &format!("/{t}"))
+            .into_iter()
+            .filter(|e| e["type"] == kind && e["rule"].as_str().is_some_and(|r| r.starts_with("limit:held:")))
+            .collect()
+    };
+    let resolved =
+        wait_for(Duration::from_secs(60), || async { (!held(&hot, "alert.resolved").is_empty()).then_some(()) }).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(resolved.is_some(), "{hot}'s held alert resolved within 60 s: {:?}", events(&got, &format!("/{hot}")));
+    let (opened, closed) = (held(&hot, "alert.opened"), held(&hot, "alert.resolved"));
+    assert_eq!(
+        (opened.len(), closed.len()),
+        (1, 1),
+        "one opening, one resolution: {:?}",
+        events(&got, &format!("/{hot}"))
+    );
+    assert_eq!(opened[0]["rule"], "limit:held:breaker/risky:short");
+    assert_eq!(opened[0]["alert_id"], closed[0]["alert_id"]);
+    assert!(events(&got, &format!("/{calm}")).is_empty(), "{calm} got {:?}", events(&got, &format!("/{calm}")));
+    drop(worker);
+    leader.stop().await;
+}

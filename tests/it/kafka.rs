@@ -246,6 +246,9 @@ async fn a_partition_paused_before_a_rebalance_flows_again_when_assigned_back() 
     use fairway::model::Pool;
     let mut cfg = common::config("");
     cfg.kafka.partitions = 1;
+    // The eager assignor: a member joining revokes every partition (cooperative-sticky,
+    // the default, would leave partition 0 where it is).
+    cfg.kafka.assignor = Some(fairway::config::Assignor::Range);
     common::init(&cfg).await;
     let (topic, other) = (cfg.pool_topic(Pool::Short), cfg.pool_topic(Pool::Medium));
     let group = format!("{}pauses", cfg.kafka.group_prefix);
@@ -297,6 +300,7 @@ async fn a_held_retry_is_relayed_after_its_partition_was_revoked_and_given_back(
     use fairway::kafka::RebalanceEvent;
     let mut cfg = common::config("");
     cfg.kafka.partitions = 1;
+    cfg.kafka.assignor = Some(fairway::config::Assignor::Range); // eager, as above
     cfg.worker.relay_hold_max = Duration::from_secs(60);
     common::init(&cfg).await;
     let cfg = common::arc(cfg);
