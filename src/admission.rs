@@ -50,7 +50,14 @@ pub struct Ask {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Refused {
     Limit(Refusal),
-    /// A breaker is open: `scope` is `pool:<name>` or `job_type:<name>`.
+    /// The fleet-wide breaker of a dependency the job type declares is open
+    /// (`core::dependency`): submissions wait `wait_ms`.
+    DependencyOpen {
+        dependency: String,
+        wait_ms: i64,
+    },
+    /// A front-door breaker is open: `scope` is `pool:<name>` or `job_type:<name>`, or one
+    /// of those of a tenant (`breaker::tenant_scope`).
     CircuitOpen {
         scope: String,
         wait_ms: i64,
@@ -221,7 +228,7 @@ impl Admission {
                 Refused::Limit(rules::Refusal::Rate { scope, .. } | rules::Refusal::AboveBurst { scope, .. }) => {
                     scope.as_str()
                 }
-                Refused::CircuitOpen { scope, .. } if scope.starts_with("dependency:") => "dependency_circuit",
+                Refused::DependencyOpen { .. } => "dependency_circuit",
                 Refused::CircuitOpen { .. } => "circuit_open",
                 Refused::Store(_) => "store_unavailable",
             };
@@ -348,14 +355,7 @@ impl Admission {
                 drop(gates);
                 self.release_probes(&probes, now);
                 metrics::counter!(m::DEPENDENCY_HELD, "dependency" => d.clone(), "at" => "api").increment(1);
-                let ratio = self.cfg.dependency_breaker.failure_ratio;
-                let scope = format!("dependency:{d}");
-                return Err(Refused::CircuitOpen {
-                    scope,
-                    wait_ms: (until - now).max(1),
-                    counts: Counts::default(),
-                    ratio,
-                });
+                return Err(Refused::DependencyOpen { dependency: d, wait_ms: (until - now).max(1) });
             }
             let shared = [format!("pool:{}", a.pool.as_str()), format!("job_type:{}", a.job_type)];
             let own = shared.iter().map(|s| breaker::tenant_scope(s, &a.tenant)).collect::<Vec<_>>();

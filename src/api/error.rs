@@ -149,10 +149,9 @@ impl ApiError {
                     ),
                 )
             }
-            Refused::CircuitOpen { scope, wait_ms, .. } if scope.starts_with("dependency:") => {
+            Refused::DependencyOpen { dependency: name, wait_ms } => {
                 let secs = retry_after_secs(ms(*wait_ms));
                 let until = std::time::SystemTime::now() + Duration::from_secs(secs);
-                let name = scope.trim_start_matches("dependency:");
                 ApiError {
                     status: StatusCode::SERVICE_UNAVAILABLE,
                     code: codes::CIRCUIT_OPEN,
@@ -417,7 +416,7 @@ mod tests {
         );
         assert!(e.message.contains("5 of 12") && e.message.contains("20 %"), "{}", e.message);
         // A dependency's fleet-wide breaker: Retry-After in seconds, the end as an HTTP-date.
-        let d = Refused::CircuitOpen { scope: "dependency:payments".into(), wait_ms: 42_100, counts, ratio: 0.5 };
+        let d = Refused::DependencyOpen { dependency: "payments".into(), wait_ms: 42_100 };
         let e = ApiError::refused(&d);
         assert_eq!(
             (e.status, e.code, e.retry_after_secs),

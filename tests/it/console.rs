@@ -497,8 +497,11 @@ async fn mark_values(c: &Client, css: &str) -> Vec<f64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_tenants_page_charts_what_the_ledger_counted_and_the_overview_its_top_tenants() {
     // acme's jobs wait past a 1 ms rule: an alert to list on its page.
-    let extra =
-        format!("{EXTRA}[alerts]\nperiod = \"1s\"\n[alerts.tenants.acme]\nqueue_wait_p99_ms = 1\nfor_periods = 1\n");
+    // ...and its end user "u1" may submit one job a minute: a refusal for its page.
+    let extra = format!(
+        "{EXTRA}[alerts]\nperiod = \"1s\"\n[alerts.tenants.acme]\nqueue_wait_p99_ms = 1\nfor_periods = 1\n\
+         [admission.user_rate]\nenterprise = \"1/min\"\n"
+    );
     let setup = Setup::start_with(&extra).await;
     let s = &setup;
     let mut jobs: Vec<Value> =
@@ -573,6 +576,29 @@ async fn a_tenants_page_charts_what_the_ledger_counted_and_the_overview_its_top_
         assert!(alerts.as_u64().is_some_and(|n| n >= 1), "{alerts}");
         assert!(text(&c, "#alerts").await.unwrap().contains("queue_wait"));
         screenshot(&c, "tenant-page").await;
+        // Its end user past its rate: one admitted, two refused, charted by code once the
+        // API process wrote its counts (every 5 s).
+        let mut statuses = Vec::new();
+        for _ in 0..3 {
+            let job = json!({"tenant": "acme", "job_type": "sleep", "payload": {"ms": 1}, "user_key": "u1"});
+            let r = s.http.post(s.url("/v1/jobs")).bearer_auth(&s.admin).json(&job).send().await.unwrap();
+            statuses.push(r.status().as_u16());
+        }
+        assert_eq!(statuses, [201, 429, 429]);
+        let refused = until(Duration::from_secs(60), "acme's refusals charted", || {
+            let c = c.clone();
+            async move {
+                c.goto(&s.url("/console/tenants/acme")).await.ok()?;
+                let bars = mark_values(&c, "#chart-refusals-24h rect.bar").await;
+                (bars.iter().sum::<f64>() >= 3.0).then_some(bars)
+            }
+        })
+        .await;
+        // Two refused and one near the rate (the admitted one took all of it), at least.
+        assert!(refused.iter().sum::<f64>() >= 3.0, "{refused:?}");
+        let legend = text(&c, "#chart-refusals-24h").await.unwrap_or_default();
+        assert!(legend.contains("refused:user_rate:short"), "{legend}");
+        screenshot(&c, "tenant-page-refusals").await;
         // The overview's top tenants: acme first, then globex.
         c.goto(&s.url("/console")).await.unwrap();
         c.wait().at_most(Duration::from_secs(20)).for_element(Locator::Css("#chart-top-tenants")).await.unwrap();
