@@ -239,8 +239,8 @@ pub struct KafkaConfig {
     /// broker assigns, partitions move one by one). Measured side by side:
     /// docs/partitions.md.
     pub group_protocol: GroupProtocol,
-    /// With `group_protocol = "classic"`: `cooperative-sticky` (unset: the default) or
-    /// `range`. Members of one group must agree: librdkafka cannot mix an eager and a
+    /// With `group_protocol = "classic"`: `range` (unset: the default) or
+    /// `cooperative-sticky`. Members of one group must agree: librdkafka cannot mix an eager and a
     /// cooperative assignor, so a fleet changes it with all of a pool's workers stopped
     /// (docs/partitions.md). Under `"consumer"` the broker assigns, and setting it is an
     /// error.
@@ -1174,11 +1174,11 @@ mod tests {
     }
 
     #[test]
-    fn the_assignor_is_sticky_unless_set_and_belongs_to_the_classic_protocol() {
+    fn the_assignor_is_range_unless_set_and_belongs_to_the_classic_protocol() {
         let c = Config::parse("", "t").unwrap();
-        assert_eq!(crate::kafka::assignor(&c).strategy(), "cooperative-sticky");
-        let c = Config::parse("[kafka]\nassignor = \"range\"\n", "t").unwrap();
         assert_eq!(crate::kafka::assignor(&c).strategy(), "range");
+        let c = Config::parse("[kafka]\nassignor = \"cooperative-sticky\"\n", "t").unwrap();
+        assert_eq!(crate::kafka::assignor(&c).strategy(), "cooperative-sticky");
         let err = Config::parse("[kafka]\nassignor = \"sticky\"\n", "t").unwrap_err().to_string();
         assert!(err.contains("cooperative-sticky") && err.contains("range"), "{err}");
         let err = Config::parse("[kafka]\ngroup_protocol = \"consumer\"\nassignor = \"range\"\n", "t")

@@ -59,9 +59,9 @@ pub struct FaultsArgs {
     /// The workers' `kafka.group_protocol`: classic or consumer (KIP-848).
     #[arg(long, default_value = "classic")]
     pub group_protocol: String,
-    /// With `--group-protocol classic`: the workers' `kafka.assignor`, cooperative-sticky
-    /// (the default) or range.
-    #[arg(long, default_value = "cooperative-sticky")]
+    /// With `--group-protocol classic`: the workers' `kafka.assignor`, range (the
+    /// default) or cooperative-sticky.
+    #[arg(long, default_value = "range")]
     pub assignor: String,
     /// Quiet tenants (q0..q5) submit one 1 ms job each this often while the jobs run;
     /// their waits (submitted -> started) are reported. 0: none.

@@ -632,9 +632,11 @@ pub fn error_hint(e: &rdkafka::error::KafkaError) -> &'static str {
     }
 }
 
-/// The classic protocol's assignor: `kafka.assignor`, cooperative-sticky when unset.
+/// The classic protocol's assignor: `kafka.assignor`, eager `range` when unset
+/// (docs/partitions.md: cooperative-sticky moves fewer partitions but slowed rollouts'
+/// hand-offs).
 pub fn assignor(cfg: &Config) -> crate::config::Assignor {
-    cfg.kafka.assignor.unwrap_or(crate::config::Assignor::CooperativeSticky)
+    cfg.kafka.assignor.unwrap_or(crate::config::Assignor::Range)
 }
 
 /// A group member's heartbeat period: a twentieth of the session timeout, 100 ms to 1 s.

@@ -1,6 +1,7 @@
-//! Sticky assignment on the real broker (`kafka.assignor`, docs/partitions.md): a worker
-//! joining or leaving the pool's group moves only the partitions that change owner; the
-//! others stay with their worker, consumed throughout, and no job is lost on the way.
+//! Sticky assignment on the real broker (`kafka.assignor = "cooperative-sticky"`,
+//! docs/partitions.md): a worker joining or leaving the pool's group moves only the
+//! partitions that change owner; the others stay with their worker, consumed throughout,
+//! and no job is lost on the way.
 
 use crate::common;
 
@@ -30,6 +31,13 @@ async fn a_joining_or_leaving_worker_moves_only_the_partitions_that_change_owner
     common::init(&cfg).await;
     let dir = tempfile::tempdir().unwrap();
     let path = common::config_file(&cfg, "[job_types.echo]\npool = \"short\"\nhandler = \"echo\"\n", dir.path());
+    // The sticky assignor (the default is the eager `range`).
+    let text = std::fs::read_to_string(&path).unwrap().replacen(
+        "[kafka]\n",
+        "[kafka]\nassignor = \"cooperative-sticky\"\n",
+        1,
+    );
+    std::fs::write(&path, text).unwrap();
 
     let a = common::spawn_logged_worker(&path, "short");
     wait_shares(std::slice::from_ref(&a), &[6], "the first worker owns every partition");
@@ -64,7 +72,7 @@ async fn a_joining_or_leaving_worker_moves_only_the_partitions_that_change_owner
     let failed: Vec<_> = results.values().flatten().filter(|r| r.status.as_str() != "succeeded").collect();
     assert!(failed.is_empty(), "every job succeeded: {failed:?}");
     // Sticky: 6 -> 3 + 3 -> 2 + 2 + 2 means the first worker gave up 3 then 1, the
-    // second 1; an eager assignor revokes everything at each step (6 + 3 and 3 here).
+    // second 1; the eager default revokes everything at each step (6 + 3 and 3 here).
     assert_eq!(gave, vec![4, 1, 0], "partitions each worker gave up while the others joined");
     // A leaving worker's partitions only add to the others': they give up nothing.
     assert_eq!(gave_after, vec![4, 1], "partitions given up once the third worker left");

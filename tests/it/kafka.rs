@@ -246,8 +246,8 @@ async fn a_partition_paused_before_a_rebalance_flows_again_when_assigned_back() 
     use fairway::model::Pool;
     let mut cfg = common::config("");
     cfg.kafka.partitions = 1;
-    // The eager assignor: a member joining revokes every partition (cooperative-sticky,
-    // the default, would leave partition 0 where it is).
+    // The eager assignor (the default, set here for what the test needs): a member
+    // joining revokes every partition (cooperative-sticky would leave partition 0 be).
     cfg.kafka.assignor = Some(fairway::config::Assignor::Range);
     common::init(&cfg).await;
     let (topic, other) = (cfg.pool_topic(Pool::Short), cfg.pool_topic(Pool::Medium));
