@@ -526,3 +526,66 @@ async fn a_tenants_own_breaker_holding_its_jobs_opens_one_alert_and_resolves_it(
     drop(worker);
     leader.stop().await;
 }
+
+/// A tenant's own concurrency cap and rate reach it too: one tenant capped at one job at
+/// a time and another paced at 2 jobs a second each queue more than that; each gets one
+/// `alert.opened` for the limit that held its jobs (`limit:held:max_concurrency:short`,
+/// `limit:held:rate_per_sec:short`) and one `alert.resolved` once nothing waits at it.
+/// A tenant without limits running the same jobs beside them gets none. Fails on code
+/// without these marks: no such alerts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_held_at_its_own_cap_or_rate_gets_one_alert_and_one_resolution() {
+    let (base, got) = receiver().await;
+    let run = &uuid::Uuid::new_v4().simple().to_string()[..6];
+    let (capped, paced, free) = (format!("cc{run}"), format!("rp{run}"), format!("fr{run}"));
+    let limits = format!(
+        "[registry]\nunknown_tenants = \"admit\"\n\
+         [tenants.{capped}]\ntier = \"standard\"\nmax_concurrency = 1\n\
+         [tenants.{paced}]\ntier = \"standard\"\nrate_per_sec = 2\n\
+         [tenants.{free}]\ntier = \"standard\"\n\
+         [job_types.nap]\npool = \"short\"\nhandler = \"sleep\"\n\
+         [alerts]\nperiod = \"1s\"\nlimit_clear_periods = 3\n"
+    );
+    let hooks: String = [&capped, &paced, &free]
+        .iter()
+        .map(|t| format!("[alerts.tenants.{t}]\nwebhook_url = \"{base}/{t}\"\n"))
+        .collect();
+    let cfg = deployment(&format!("{limits}{hooks}"), &[&capped, &paced, &free]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = config_file(&cfg, &limits, dir.path());
+    let worker = spawn_logged_worker(&path, "short");
+    let leader = Leader::start(&cfg).await;
+
+    let nap = |t: &str| {
+        let mut j = job_record(t, "nap");
+        j.payload = br#"{"ms": 300}"#.to_vec();
+        j
+    };
+    let all: Vec<_> = [&capped, &paced, &free].iter().flat_map(|t| (0..8).map(|_| nap(t))).collect();
+    produce_spread(&cfg, &all, None).await;
+    let ids: Vec<String> = all.iter().map(|j| j.job_id.clone()).collect();
+    let results = results_for(&cfg, &ids, Duration::from_secs(120)).await;
+    assert_eq!(results.len(), ids.len(), "every job ended");
+    let held = |t: &str, kind: &str| -> Vec<String> {
+        events(&got, &format!("/{t}"))
+            .into_iter()
+            .filter(|e| e["type"] == kind)
+            .filter_map(|e| e["rule"].as_str().map(str::to_string))
+            .filter(|r| r.starts_with("limit:held:"))
+            .collect()
+    };
+    let resolved = wait_for(Duration::from_secs(60), || async {
+        (!held(&capped, "alert.resolved").is_empty() && !held(&paced, "alert.resolved").is_empty()).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for (t, rule) in [(&capped, "limit:held:max_concurrency:short"), (&paced, "limit:held:rate_per_sec:short")] {
+        let all = events(&got, &format!("/{t}"));
+        assert!(resolved.is_some(), "{t}'s alert resolved within 60 s: {all:?}");
+        assert_eq!(held(t, "alert.opened"), [rule], "{t}: {all:?}");
+        assert_eq!(held(t, "alert.resolved"), [rule], "{t}: {all:?}");
+    }
+    assert!(held(&free, "alert.opened").is_empty(), "{free} got {:?}", events(&got, &format!("/{free}")));
+    drop(worker);
+    leader.stop().await;
+}

@@ -77,7 +77,9 @@ pub enum Mark {
     /// A worker held a queued job of the tenant: `held:breaker/<job type>:<pool>` (the
     /// job type's breaker, the tenant's own or the type's), `held:quarantine/<job
     /// type>:<pool>` (an attempt failed as poison: the type is quarantined for the
-    /// tenant), `held:recycling_cap:<pool>` (its jobs wait at the recycling cap).
+    /// tenant), `held:recycling_cap:<pool>` (its jobs wait at the recycling cap),
+    /// `held:max_concurrency:<pool>` and `held:rate_per_sec:<pool>` (its queued jobs wait
+    /// at its own concurrency cap or dispatch rate).
     Held,
 }
 

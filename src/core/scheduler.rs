@@ -359,6 +359,25 @@ fn level(p: Priority) -> usize {
     }
 }
 
+/// A limit of a tenant's own that holds its queued jobs ([`Scheduler::held_at_limits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnLimit {
+    /// Its concurrency cap (`tenants.<name>.max_concurrency`, fleet-wide).
+    Concurrency,
+    /// Its dispatch rate (`tenants.<name>.rate_per_sec`, fleet-wide).
+    Rate,
+}
+
+impl OwnLimit {
+    /// The limit's name in refusal codes and alert rules (`held:<name>:<pool>`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OwnLimit::Concurrency => "max_concurrency",
+            OwnLimit::Rate => "rate_per_sec",
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Waiting<J> {
     payload: J,
@@ -1106,6 +1125,29 @@ impl<J> Scheduler<J> {
     pub fn queued(&self, tenant: &str) -> usize {
         self.index.get(tenant).map_or(0, |&t| self.tenants[t as usize].queued)
     }
+    /// Tenants whose queued jobs wait at a limit of their own here now, as [`stats`]
+    /// gives their wait reason: the concurrency cap in force (`max_running`, or this
+    /// worker's part of the fleet-wide cap) or the dispatch rate. Suspended tenants and
+    /// those at the recycling cap are left out (their waits have reasons of their own).
+    ///
+    /// [`stats`]: Scheduler::stats
+    pub fn held_at_limits(&self, now: Millis) -> Vec<(Arc<str>, OwnLimit)> {
+        self.tenants
+            .iter()
+            .filter(|x| x.queued > 0 && !x.suspended && x.held.is_none())
+            .filter_map(|x| {
+                let limit = if x.running >= x.max_running {
+                    OwnLimit::Concurrency
+                } else if x.blocked_until.is_some_and(|u| u > now) {
+                    OwnLimit::Rate
+                } else {
+                    return None;
+                };
+                Some((x.name.clone(), limit))
+            })
+            .collect()
+    }
+
     /// Jobs of `tenant` running here.
     pub fn running_of(&self, tenant: &str) -> usize {
         self.index.get(tenant).map_or(0, |&t| self.tenants[t as usize].running)

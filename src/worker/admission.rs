@@ -82,7 +82,8 @@ impl Tally {
     }
 
     /// The worker held a job of `tenant` for `what` (`breaker/<job type>`,
-    /// `quarantine/<job type>`, `recycling_cap`) in `pool`.
+    /// `quarantine/<job type>`, `recycling_cap`, `max_concurrency`, `rate_per_sec`) in
+    /// `pool`.
     pub fn held(&mut self, tenant: &str, what: &str, pool: &str, now: Millis) {
         let tier = self.tenants.as_ref().and_then(|t| t.borrow().tenants.get(tenant).map(|r| r.tier));
         if self.held.record(tenant, Class::of(tier), &refusal_code(Mark::Held, what, pool), 1, now).is_err() {

@@ -66,6 +66,10 @@ pub trait Dispatcher<J>: Send {
     fn set_fleet_cap(&mut self, _tenant: &str, _cap: Option<usize>) {}
     /// This worker's part (0..=1) of a tenant's fleet-wide rate (`core::quota::share`).
     fn set_fleet_rate(&mut self, _tenant: &str, _share: f64) {}
+    /// Tenants whose queued jobs wait at their own concurrency cap or rate now.
+    fn held_at_limits(&self, _now: Millis) -> Vec<(std::sync::Arc<str>, crate::core::scheduler::OwnLimit)> {
+        Vec::new()
+    }
     /// Holds a tenant's queued jobs until `until` (recycling cap), `None` lifts it.
     fn set_held(&mut self, _tenant: &str, _until: Option<Millis>) {}
     /// Forgets idle tenants' state (`Scheduler::evict_idle`): (evicted now, still held).
@@ -248,6 +252,9 @@ impl<J: Send> Dispatcher<J> for Fair<J> {
     }
     fn running_of(&self, tenant: &str) -> usize {
         self.inner.running_of(tenant)
+    }
+    fn held_at_limits(&self, now: Millis) -> Vec<(std::sync::Arc<str>, crate::core::scheduler::OwnLimit)> {
+        self.inner.held_at_limits(now)
     }
     fn set_fleet_cap(&mut self, tenant: &str, cap: Option<usize>) {
         self.inner.set_fleet_cap(tenant, cap)

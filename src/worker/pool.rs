@@ -1176,10 +1176,25 @@ impl Loop {
         self.recycling_held = held;
     }
 
+    /// Counts each tenant whose queued jobs wait at its own concurrency cap or rate here
+    /// (`held:max_concurrency:<pool>`, `held:rate_per_sec:<pool>`, once a stats tick):
+    /// the tenant's page and limit alerts.
+    fn mark_own_limits(&self, now: i64) {
+        let limited = self.dispatcher.held_at_limits(now);
+        if limited.is_empty() {
+            return;
+        }
+        let mut tally = self.sh.admission_tally.lock().expect("admission tally");
+        for (tenant, limit) in limited {
+            tally.held(&tenant, limit.as_str(), self.pool(), now);
+        }
+    }
+
     /// Scheduler snapshot (with spilled backlogs) for `fairway stats`, and fleet usage.
     fn publish_stats(&mut self) {
         let now = now_ms();
         self.apply_recycling(now);
+        self.mark_own_limits(now);
         let unassigned = self.unassigned_for();
         metrics::gauge!(m::POOL_UNASSIGNED_SECONDS, "pool" => self.pool()).set(unassigned.as_secs_f64());
         let mut spilled: HashMap<&str, u64> = HashMap::new();

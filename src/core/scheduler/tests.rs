@@ -289,6 +289,28 @@ fn concurrency_cap_is_enforced_and_others_use_the_rest() {
 }
 
 #[test]
+fn tenants_held_at_their_own_cap_or_rate_are_listed_with_the_limit() {
+    let mut s = sched(8);
+    s.set_tenant("capped", TenantPolicy { max_running: Some(1), ..policy(Tier::Standard) }).unwrap();
+    let rate = Some(RateLimit { per_second: 10.0, burst: 1 });
+    s.set_tenant("paced", TenantPolicy { rate_limit: rate, ..policy(Tier::Standard) }).unwrap();
+    for t in ["capped", "paced", "free-running"] {
+        for i in 0..3 {
+            s.enqueue(t, "x", Priority::Normal, i, T0).unwrap();
+        }
+    }
+    while s.next(T0).is_some() {}
+    let mut held: Vec<(String, OwnLimit)> = s.held_at_limits(T0).into_iter().map(|(t, l)| (t.to_string(), l)).collect();
+    held.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(held, [("capped".to_string(), OwnLimit::Concurrency), ("paced".to_string(), OwnLimit::Rate)]);
+    assert_eq!((OwnLimit::Concurrency.as_str(), OwnLimit::Rate.as_str()), ("max_concurrency", "rate_per_sec"));
+    // Nothing queued, nothing held; a suspended tenant waits for another reason.
+    s.set_tenant("paced", TenantPolicy { suspended: true, ..policy(Tier::Standard) }).unwrap();
+    let held: Vec<String> = s.held_at_limits(T0).into_iter().map(|(t, _)| t.to_string()).collect();
+    assert_eq!(held, ["capped"]);
+}
+
+#[test]
 fn a_fleet_cap_lowers_the_cap_in_force_and_lifting_it_restores_the_policy() {
     let mut s = sched(5);
     s.set_tenant("a", TenantPolicy { max_running: Some(3), ..policy(Tier::Standard) }).unwrap();
