@@ -27,6 +27,7 @@ pub const JOBS_DEFERRED: &str = "fairway_jobs_deferred_total";
 pub const JOBS_HELD_STORE_DOWN: &str = "fairway_jobs_held_store_down_total";
 pub const JOBS_EXPIRED_QUEUED: &str = "fairway_jobs_expired_queued_total";
 pub const JOBS_TAKEN_OVER: &str = "fairway_jobs_taken_over_total";
+pub const RUNS_FENCED: &str = "fairway_runs_fenced_total";
 pub const JOBS_TAKEN_AGAIN: &str = "fairway_jobs_taken_again_total";
 pub const OUTCOMES_NOT_SENT_UNOWNED: &str = "fairway_outcomes_not_sent_unowned_total";
 pub const HEARTBEAT_AGE_SECONDS: &str = "fairway_heartbeat_age_seconds";
@@ -207,6 +208,10 @@ pub fn describe() {
         "Jobs held back before running because the store was unreachable (no attempt, no crash)"
     );
     describe_counter!(JOBS_TAKEN_OVER, "Jobs taken over from a worker whose heartbeat lapsed");
+    describe_counter!(
+        RUNS_FENCED,
+        "Runs that stopped themselves, outcome dropped, because no heartbeat of theirs was acknowledged for two intervals"
+    );
     describe_counter!(
         JOBS_TAKEN_AGAIN,
         "Jobs whose outcome was not durable taken in again on the partition that still holds them, by pool"

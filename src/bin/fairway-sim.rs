@@ -61,6 +61,8 @@ fn main() {
     let mut last_progress = Instant::now();
     let (mut ran, mut failing, mut jobs, mut sim_ms) = (0u64, Vec::new(), 0usize, 0i64);
     let mut coverage: BTreeMap<String, u64> = BTreeMap::new();
+    // Recoveries summed over the seeds: take-overs, runs fenced, outcomes not durable.
+    let (mut takeovers, mut runs_fenced, mut not_durable) = (0usize, 0u64, 0u64);
     for seed in args.first..args.first.saturating_add(count) {
         if started.elapsed() >= budget {
             break;
@@ -69,6 +71,9 @@ fn main() {
         ran += 1;
         jobs += report.jobs;
         sim_ms = sim_ms.saturating_add(report.simulated_ms);
+        takeovers += report.takeovers;
+        runs_fenced += report.runs_fenced;
+        not_durable += report.not_durable;
         for (k, n) in &report.coverage {
             *coverage.entry(k.clone()).or_default() += n;
         }
@@ -101,6 +106,9 @@ fn main() {
         "seeds_per_sec": (ran as f64 / secs.max(1e-9) * 10.0).round() / 10.0,
         "jobs": jobs,
         "simulated_seconds": sim_ms / 1000,
+        "takeovers": takeovers,
+        "runs_fenced": runs_fenced,
+        "not_durable": not_durable,
         "coverage": coverage,
         "failing_seeds": failing.len(),
         "failing": failing,

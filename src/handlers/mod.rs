@@ -74,6 +74,12 @@ pub struct JobLive {
     abnormal: AtomicBool,
     /// What its process tree used (process jobs; set once the attempt's child ended).
     usage: Mutex<Option<crate::model::ProcessUsage>>,
+    /// When the newest heartbeat of this run that the store acknowledged was sent (its
+    /// running mark's or the heartbeat loop's): the start of its lease.
+    last_beat: Mutex<Option<tokio::time::Instant>>,
+    /// It stopped itself: no heartbeat acknowledged for `worker::liveness::fence_after`,
+    /// so another worker may take the job over (it publishes nothing).
+    fenced: AtomicBool,
 }
 
 /// Why a running job is asked to stop (`JobContext::stop_reason`).
@@ -124,6 +130,25 @@ impl JobLive {
     }
     pub async fn aborted(&self) {
         self.abort.notified().await
+    }
+    /// The store acknowledged a heartbeat of this run sent at `sent`.
+    pub fn beat_acknowledged(&self, sent: tokio::time::Instant) {
+        if let Ok(mut last) = self.last_beat.lock() {
+            *last = Some(last.map_or(sent, |l| l.max(sent)));
+        }
+    }
+    /// When the newest acknowledged heartbeat of this run was sent (None before its mark).
+    pub fn last_beat(&self) -> Option<tokio::time::Instant> {
+        self.last_beat.lock().ok().and_then(|l| *l)
+    }
+    /// Stops the run at once because its lease is about to lapse: aborted, and its
+    /// outcome is dropped (`worker::liveness::fence_watch`).
+    pub fn fence(&self) {
+        self.fenced.store(true, Ordering::SeqCst);
+        self.abort();
+    }
+    pub fn is_fenced(&self) -> bool {
+        self.fenced.load(Ordering::SeqCst)
     }
     /// The job showed life at `now` (epoch ms).
     pub fn advanced(&self, now: crate::model::Millis) {

@@ -76,6 +76,9 @@ pub struct Bugs {
     /// Never take in again a job whose outcome was not durable (the worker before
     /// `worker::pool::again_after`: its offset held until a restart).
     pub never_again: bool,
+    /// Runs never fence themselves (the worker before `worker::liveness::fence_watch`):
+    /// a run whose heartbeat lands after a take-over read the older one goes on beside it.
+    pub no_fence: bool,
 }
 
 /// How to run one seed.
@@ -97,6 +100,13 @@ impl Config {
     fn bugs_commit_before_durable(&self) -> bool {
         #[cfg(test)]
         return self.bugs.commit_before_durable;
+        #[cfg(not(test))]
+        false
+    }
+
+    fn bugs_no_fence(&self) -> bool {
+        #[cfg(test)]
+        return self.bugs.no_fence;
         #[cfg(not(test))]
         false
     }
@@ -133,6 +143,9 @@ pub struct Report {
     pub taken_again: u64,
     /// Outcomes dropped at the fence: the job's row showed another run or its end.
     pub fenced: u64,
+    /// Runs that fenced themselves: no heartbeat acknowledged for two intervals
+    /// (`worker::liveness::fence_watch`).
+    pub runs_fenced: u64,
     pub rebalances: u64,
     pub takeovers: usize,
     pub store_outages: usize,
@@ -184,6 +197,7 @@ pub fn run(seed: u64, cfg: &Config) -> Report {
         crashes: t.crashes,
         taken_again: t.taken_again,
         fenced: t.fenced,
+        runs_fenced: t.runs_fenced,
         rebalances: t.rebalances,
         takeovers: t.takeovers.len(),
         store_outages: shape.outages.len(),

@@ -140,3 +140,22 @@ fn a_job_never_taken_in_again_is_a_stall_the_watch_reports() {
     let clean = run(seed, &Config::default());
     assert!(clean.violations.is_empty(), "{}: {:?}", clean.replay_command(), clean.violations);
 }
+
+/// The lease's edge: without the fence (the injected bug), a run whose heartbeat lands
+/// just after a take-over read the older one goes on beside the take-over's run (seeds
+/// 4302 and 4454, found over seeds 4,000-4,454); with it both seeds hold every invariant.
+#[test]
+fn a_run_past_its_lease_is_two_runs_and_the_fence_stops_it() {
+    let buggy = Config { bugs: Bugs { no_fence: true, ..Bugs::default() }, ..Config::default() };
+    for seed in [4302, 4454] {
+        let r = run(seed, &buggy);
+        assert!(
+            r.violations.iter().any(|v| v.invariant == "two_runs"),
+            "seed {seed} without the fence: {:?}",
+            r.violations
+        );
+        let clean = run(seed, &Config::default());
+        assert!(clean.violations.is_empty(), "{}: {:?}", clean.replay_command(), clean.violations);
+        assert!(clean.runs_fenced > 0, "seed {seed}: the fence fell");
+    }
+}

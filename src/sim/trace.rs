@@ -14,6 +14,8 @@ pub enum Outcome {
     Failed,
     /// The worker process died under it (never an attempt).
     Crashed,
+    /// It fenced itself: no heartbeat acknowledged for two intervals (never an attempt).
+    Fenced,
 }
 
 #[derive(Debug, Clone)]
@@ -96,6 +98,8 @@ pub struct Trace {
     pub taken_again: u64,
     /// Outcomes dropped because the job's row showed another run or its end (`worker::durable`).
     pub fenced: u64,
+    /// Runs that fenced themselves (no heartbeat acknowledged for two intervals).
+    pub runs_fenced: u64,
     /// What the liveness watch saw stalled (`world::STALL_MS`).
     pub stalls: Vec<String>,
     /// (fault, job state): how many times a fault struck while some job was in that state.

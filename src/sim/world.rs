@@ -31,6 +31,9 @@ const JOB_BYTES: usize = 512;
 /// The heartbeat interval; a running row's heartbeat is fresh for 3 of them (`worker::check`).
 pub(super) const HEARTBEAT_MS: Millis = 1_000;
 pub(super) const LEASE_MS: Millis = 3 * HEARTBEAT_MS;
+/// A run with no heartbeat acknowledged for this long (from the newest acknowledged one's
+/// send) fences itself (`worker::liveness::fence_after`).
+const FENCE_MS: Millis = 2 * HEARTBEAT_MS;
 /// A copy waiting for a job running elsewhere looks again after this (`worker::check::RECHECK`).
 const RECHECK_MS: Millis = 1_000;
 /// What a store or broker call that cannot be answered takes to fail.
@@ -65,7 +68,8 @@ struct Row {
     worker: Member,
     attempts: i32,
     crash_count: i32,
-    /// The last heartbeat as the writer's clock read it, and when it really happened.
+    /// The last heartbeat's stamp (the writer's clock when it sent it), and when it was
+    /// really sent.
     hb_at: Millis,
     hb_true: Millis,
 }
@@ -74,11 +78,19 @@ struct Row {
 #[derive(Debug, Clone)]
 enum StoreOp {
     ReadRow,
+    /// The running mark and its first heartbeat, stamped `at` on the writer's clock when
+    /// sent (`sent`, true time), as `exec::mark_running` stamps it.
     MarkRunning {
         attempts: i32,
         crash_count: i32,
+        at: Millis,
+        sent: Millis,
     },
-    Heartbeat,
+    /// A heartbeat, stamped when sent (`liveness::heartbeat_loop`).
+    Heartbeat {
+        at: Millis,
+        sent: Millis,
+    },
     PutRetrying {
         attempts: i32,
         crash_count: i32,
@@ -149,6 +161,12 @@ enum Ev {
         task: u64,
     },
     Recheck {
+        w: usize,
+        epoch: u32,
+        task: u64,
+    },
+    /// A run's fence may fall (`worker::liveness::fence_watch`).
+    Fence {
         w: usize,
         epoch: u32,
         task: u64,
@@ -228,6 +246,8 @@ struct Task {
     /// The settle of a handler's return began (the injected bug releases the offset then).
     todo_started: bool,
     checked_true: Millis,
+    /// When the newest acknowledged heartbeat of its run was sent (true time).
+    last_beat: Option<Millis>,
 }
 
 #[derive(Debug, Clone)]
@@ -521,15 +541,22 @@ impl World {
                 }
             }
             Ev::RunEnd { w, epoch, task } => {
-                if self.workers[w].epoch == epoch && self.workers[w].alive {
+                if self.running(w, epoch, task) {
                     self.run_end(w, task)
                 }
             }
             Ev::Heartbeat { w, epoch, task } => {
-                let alive = self.workers[w].epoch == epoch && self.workers[w].alive;
-                if alive && self.workers[w].tasks.get(&task).is_some_and(|t| t.step == Step::Running) {
-                    self.store_call(w, Ctx::Task(task), StoreOp::Heartbeat);
+                if self.running(w, epoch, task) {
+                    let (at, sent) = (self.wnow(w), self.now);
+                    self.store_call(w, Ctx::Task(task), StoreOp::Heartbeat { at, sent });
                     self.at(self.now + HEARTBEAT_MS, Ev::Heartbeat { w, epoch, task });
+                }
+            }
+            Ev::Fence { w, epoch, task } => {
+                let lapsed = |t: &Task| t.last_beat.is_some_and(|b| b + FENCE_MS <= self.now);
+                let fences = !self.cfg.bugs_no_fence();
+                if fences && self.running(w, epoch, task) && self.workers[w].tasks.get(&task).is_some_and(lapsed) {
+                    self.fence(w, task)
                 }
             }
             Ev::Recheck { w, epoch, task } => {
@@ -1056,6 +1083,7 @@ impl World {
                 ran: false,
                 todo_started: false,
                 checked_true: 0,
+                last_beat: None,
             };
             self.workers[w].tasks.insert(id, task);
             if let Some(l) = leader {
@@ -1114,14 +1142,17 @@ impl World {
                 }
                 match op {
                     StoreOp::ReadRow => self.checked(w, task, ok),
-                    StoreOp::MarkRunning { attempts, crash_count } => self.marked(w, task, ok, attempts, crash_count),
-                    StoreOp::Heartbeat => {
+                    StoreOp::MarkRunning { attempts, crash_count, at, sent } => {
+                        self.marked(w, task, ok, (attempts, crash_count), (at, sent))
+                    }
+                    StoreOp::Heartbeat { at, sent } => {
                         if ok {
-                            let (job, me, at) = (self.workers[w].tasks[&task].msg.job, self.member(w), self.wnow(w));
+                            self.beat_acknowledged(w, task, sent);
+                            let (job, me) = (self.workers[w].tasks[&task].msg.job, self.member(w));
                             if let Some(r) = self.store.rows.get_mut(&job).filter(|r| r.worker == me) {
                                 if r.status == Status::Running {
                                     r.hb_at = at;
-                                    r.hb_true = self.now;
+                                    r.hb_true = sent;
                                 }
                             }
                             if let Some(run) = self.workers[w].tasks[&task].run {
@@ -1380,11 +1411,45 @@ impl World {
     fn mark(&mut self, w: usize, task: u64) {
         let t = self.workers[w].tasks.get_mut(&task).expect("task");
         t.step = Step::Mark;
-        let op = StoreOp::MarkRunning { attempts: t.msg.attempt, crash_count: t.msg.crash_count };
+        let (attempts, crash_count) = (t.msg.attempt, t.msg.crash_count);
+        let op = StoreOp::MarkRunning { attempts, crash_count, at: self.wnow(w), sent: self.now };
         self.store_call(w, Ctx::Task(task), op);
     }
 
-    fn marked(&mut self, w: usize, task: u64, ok: bool, attempts: i32, crash_count: i32) {
+    /// Whether `task` of worker `w` (this process, `epoch`) is running its handler.
+    fn running(&self, w: usize, epoch: u32, task: u64) -> bool {
+        let wk = &self.workers[w];
+        wk.epoch == epoch && wk.alive && wk.tasks.get(&task).is_some_and(|t| t.step == Step::Running)
+    }
+
+    /// The store acknowledged a heartbeat of `task`'s run sent at `sent`: its fence moves
+    /// to two intervals after the newest one.
+    fn beat_acknowledged(&mut self, w: usize, task: u64, sent: Millis) {
+        let epoch = self.workers[w].epoch;
+        let Some(t) = self.workers[w].tasks.get_mut(&task) else { return };
+        t.last_beat = Some(t.last_beat.map_or(sent, |b| b.max(sent)));
+        self.at(sent + FENCE_MS, Ev::Fence { w, epoch, task });
+    }
+
+    /// The run's heartbeats went unacknowledged for `FENCE_MS`: it stops, publishes and
+    /// writes nothing, and its copy is not durable (`worker::settle`).
+    fn fence(&mut self, w: usize, task: u64) {
+        let (job, run) = (self.workers[w].tasks[&task].msg.job, self.workers[w].tasks[&task].run);
+        self.log(job, || format!("w{w} task {task} fenced: no heartbeat acknowledged for {FENCE_MS} ms"));
+        self.trace.runs_fenced += 1;
+        let me = self.member(w);
+        if let Some(run) = run {
+            self.trace.runs[run].end = Some(self.now);
+            self.trace.runs[run].outcome = Outcome::Fenced;
+        }
+        if let Some(r) = self.active_runs.get_mut(&job) {
+            r.retain(|&(_, m)| m != me);
+        }
+        self.end(w, task, false);
+    }
+
+    fn marked(&mut self, w: usize, task: u64, ok: bool, attempt: (i32, i32), stamp: (Millis, Millis)) {
+        let ((attempts, crash_count), (at, sent)) = (attempt, stamp);
         let job = self.workers[w].tasks[&task].msg.job;
         self.log(job, || format!("w{w} task {task} marked running attempt {attempts}: {ok}"));
         if !ok {
@@ -1392,7 +1457,6 @@ impl World {
             return self.end(w, task, false);
         }
         let me = self.member(w);
-        let at = self.wnow(w);
         let job = self.workers[w].tasks[&task].msg.job;
         if self.store.rows.get(&job).is_some_and(|r| r.status == Status::Terminal) {
             // Conditional (`Store::put_running_with_heartbeat`): never over a finished job;
@@ -1400,11 +1464,11 @@ impl World {
             self.log(job, || format!("w{w} task {task} running mark refused: finished"));
             return self.end(w, task, true);
         }
-        self.store.rows.insert(
-            job,
-            Row { status: Status::Running, worker: me, attempts, crash_count, hb_at: at, hb_true: self.now },
-        );
+        self.store
+            .rows
+            .insert(job, Row { status: Status::Running, worker: me, attempts, crash_count, hb_at: at, hb_true: sent });
         self.start_run(w, task);
+        self.beat_acknowledged(w, task, sent);
     }
 
     fn start_run(&mut self, w: usize, task: u64) {
@@ -1662,6 +1726,7 @@ fn seq_hash(t: Millis, ev: &Ev) -> u64 {
         Ev::RunEnd { w, task, .. } => 7 + ((*w as u64) << 8) + (task << 16),
         Ev::Heartbeat { w, task, .. } => 8 + ((*w as u64) << 8) + (task << 16),
         Ev::Recheck { w, task, .. } => 9 + ((*w as u64) << 8) + (task << 16),
+        Ev::Fence { w, task, .. } => 19 + ((*w as u64) << 8) + (task << 16),
         Ev::Crash(w) => 10 + ((*w as u64) << 8),
         Ev::Restart(w) => 11 + ((*w as u64) << 8),
         Ev::CutStart { w, .. } => 12 + ((*w as u64) << 8),

@@ -289,7 +289,8 @@ async fn route(
     let spans = spans.ran(&run, sh.clock.now_ms());
     let ended = settle::settle(sh, &job, &origin, &run).await;
     spans.settled(sh.clock.now_ms());
-    if run.running_written {
+    // A fenced run leaves the job's reaper entry: its row still shows it running here.
+    if run.running_written && !run.live.is_fenced() {
         if let Err(e) = Box::pin(sh.store.delete_running_job(sh.pool.as_str(), &job.job_id)).await {
             tracing::debug!(job_id = %job.job_id, error = %e, "could not clear running index");
         }
@@ -420,10 +421,12 @@ async fn run(
                 let (marked, _unwatched) = Box::pin(mark_running(sh, job, started_at, &live)).await;
                 running_written = marked == Marked::Written;
                 superseded = marked == Marked::Superseded;
+                let interval = sh.cfg.pool(sh.pool).heartbeat_interval;
                 tokio::select! {
                     r = &mut run => Some(r),
                     _ = live.aborted() => None,
                     _ = &mut stuck => None,
+                    _ = super::liveness::fence_watch(&live, &job.job_id, sh.pool, interval), if running_written => None,
                 }
             }
         }
@@ -475,12 +478,16 @@ async fn mark_running(
             let u = update(sh, job, "running", Some(started_at), None);
             let mut waits = RUNNING_WRITE_RETRIES.iter();
             loop {
+                let sent = tokio::time::Instant::now();
                 match sh
                     .store
                     .put_running_with_heartbeat(&u, &encoded, sh.clock.now_ms(), sh.heartbeat_ttl_secs())
                     .await
                 {
-                    Ok(true) => return (Marked::Written, None),
+                    Ok(true) => {
+                        live.beat_acknowledged(sent);
+                        return (Marked::Written, None);
+                    }
                     Ok(false) => {
                         metrics::counter!(m::SUPERSEDED_WRITES, "pool" => sh.pool.as_str(), "write" => "running")
                             .increment(1);

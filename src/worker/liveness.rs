@@ -3,6 +3,14 @@
 //! worker keeps writing its heartbeat row (TTL about three intervals); the reaper (one
 //! leader at a time, by LWT lease) re-dispatches jobs whose heartbeat lapsed as worker
 //! crashes, which never use up an attempt.
+//!
+//! A run's heartbeats are its lease: another copy takes the job over once the newest
+//! heartbeat it reads is [`lapse`] old (three intervals, on the reader's clock). A run
+//! whose heartbeats the store has not acknowledged for [`fence_after`] (two intervals,
+//! counted from the send of the newest acknowledged one) stops itself and publishes
+//! nothing ([`fence_watch`]), so it has ended before any take-over can start, as long as
+//! the workers' clocks differ by less than one interval. Its copy is taken in again and
+//! follows whatever the store then shows.
 
 use super::route::Origin;
 use super::Shared;
@@ -12,6 +20,45 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
+
+/// How old a running job's newest heartbeat must be before another copy takes the job
+/// over (`worker::check`): three heartbeat intervals.
+pub fn lapse(interval: Duration) -> Duration {
+    interval.saturating_mul(3)
+}
+
+/// How long a run goes on without an acknowledged heartbeat before it fences itself:
+/// two intervals, one before [`lapse`].
+pub fn fence_after(interval: Duration) -> Duration {
+    interval.saturating_mul(2)
+}
+
+/// Ends (after fencing the run: `JobLive::fence`) once no heartbeat of the run has been
+/// acknowledged for [`fence_after`]: a store outage or a cut from the store, or writes so
+/// slow that a take-over may read the heartbeat before they land. Armed only once the run
+/// wrote its running mark (before that no row exists that a take-over could act on); a
+/// run without an acknowledged beat yet is looked at again each `fence_after`.
+pub async fn fence_watch(live: &crate::handlers::JobLive, job_id: &str, pool: Pool, interval: Duration) {
+    let after = fence_after(interval);
+    loop {
+        let Some(sent) = live.last_beat() else {
+            tokio::time::sleep(after).await;
+            continue;
+        };
+        let at = sent + after;
+        if tokio::time::Instant::now() < at {
+            tokio::time::sleep_until(at).await;
+            continue;
+        }
+        metrics::counter!(m::RUNS_FENCED, "pool" => pool.as_str()).increment(1);
+        tracing::warn!(
+            %job_id, pool = pool.as_str(), unacknowledged = ?after,
+            "no heartbeat of this run was acknowledged for two intervals: it stops before another worker may take the job over, and publishes nothing"
+        );
+        live.fence();
+        return;
+    }
+}
 
 /// Writes the heartbeats of this pool's running jobs every interval, in batches, and
 /// reads back their cancellation flags; aborts jobs that ignore a cancellation for
@@ -37,6 +84,9 @@ pub async fn heartbeat_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>
             metrics::gauge!(m::HEARTBEAT_AGE_SECONDS, "pool" => sh.pool.as_str()).set(0.0);
             continue;
         }
+        // The fence counts from `sent`, taken before the stamp: never later than what a
+        // reader of the stamp counts the lease from.
+        let sent = tokio::time::Instant::now();
         let now = now_ms();
         for chunk in running.chunks(100) {
             let beats: Vec<(String, f64, String)> = chunk
@@ -49,6 +99,7 @@ pub async fn heartbeat_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>
             match sh.store.put_heartbeats(&beats, &sh.worker_id, now, ttl).await {
                 Ok(()) => {
                     last_ok = Instant::now();
+                    chunk.iter().for_each(|(_, live)| live.beat_acknowledged(sent));
                     metrics::counter!(m::HEARTBEATS, "pool" => sh.pool.as_str()).increment(beats.len() as u64)
                 }
                 Err(e) => tracing::warn!(pool = sh.pool.as_str(), error = %e, "heartbeat write failed"),
@@ -81,7 +132,7 @@ pub async fn heartbeat_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>
 /// than a consumer-group session, so a dead worker's jobs are normally taken over by
 /// the partition's new owner first; the reaper catches hung workers.
 fn reap_after(sh: &Shared, pool: Pool) -> Duration {
-    let hb = sh.cfg.pool(pool).heartbeat_interval * 3;
+    let hb = lapse(sh.cfg.pool(pool).heartbeat_interval);
     hb.max(sh.cfg.kafka.session_timeout * 2)
 }
 
@@ -152,4 +203,44 @@ async fn reap_pool(sh: &Shared, pool: Pool) -> Result<(), Box<dyn std::error::Er
         tracing::warn!(%job_id, %worker, pool = pool.as_str(), "heartbeat lapsed; re-dispatched as worker crash");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handlers::JobLive;
+
+    /// Each acknowledged beat moves the fence two intervals past its send; without one
+    /// for two intervals the run is fenced (and aborted), never before.
+    #[tokio::test(start_paused = true)]
+    async fn the_fence_falls_two_intervals_after_the_newest_acknowledged_beat() {
+        let interval = Duration::from_secs(5);
+        let live = std::sync::Arc::new(JobLive::default());
+        let start = tokio::time::Instant::now();
+        live.beat_acknowledged(start);
+        let watch = tokio::spawn({
+            let live = live.clone();
+            async move { fence_watch(&live, "job-1", Pool::Short, interval).await }
+        });
+        tokio::time::sleep(Duration::from_secs(8)).await;
+        live.beat_acknowledged(start + Duration::from_secs(8));
+        // An older beat acknowledged late does not move the fence back.
+        live.beat_acknowledged(start + Duration::from_secs(3));
+        tokio::time::sleep(Duration::from_secs(9)).await;
+        assert!(!live.is_fenced() && !watch.is_finished(), "17 s: 9 s after the newest beat");
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        assert!(live.is_fenced(), "18.1 s: 10.1 s after it");
+        assert!(watch.is_finished());
+        tokio::time::timeout(Duration::from_millis(1), live.aborted()).await.expect("the run is aborted");
+        assert_eq!((lapse(interval), fence_after(interval)), (Duration::from_secs(15), Duration::from_secs(10)));
+    }
+
+    /// A run without an acknowledged beat (its mark not yet answered) is not fenced.
+    #[tokio::test(start_paused = true)]
+    async fn a_run_without_an_acknowledged_beat_is_not_fenced() {
+        let live = JobLive::default();
+        let watch = fence_watch(&live, "job-1", Pool::Short, Duration::from_secs(5));
+        assert!(tokio::time::timeout(Duration::from_secs(60), watch).await.is_err());
+        assert!(!live.is_fenced());
+    }
 }

@@ -19,6 +19,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const EPOCH: i64 = 1_790_000_000_000;
+/// A run long enough for copies to meet it in flight, and shorter than its fence (two
+/// heartbeat intervals of the short pool: no heartbeat loop runs here).
+const LONG_RUN: Duration = Duration::from_secs(8);
 const JOB_TYPE: &str = "t";
 
 /// Returns its payload after `delay`; its first `hang` runs never return (the worker dies
@@ -219,7 +222,9 @@ async fn a_copy_of_a_job_whose_run_here_was_not_durable_runs_again() {
 /// then runs (no crash counted).
 #[tokio::test(start_paused = true)]
 async fn a_later_attempt_waits_while_an_earlier_run_heartbeats() {
-    let f = Fixture::with(0, Duration::from_secs(60));
+    // The earlier run never returns (it fences itself once its heartbeats go
+    // unacknowledged); the later attempt's run returns at once.
+    let f = Fixture::new(1);
     let first = spawn_route(&f, f.worker("w1"), f.job());
     tokio::time::sleep(Duration::from_secs(1)).await;
     let mut later = (*f.job()).clone();
@@ -347,7 +352,7 @@ fn spawn_copy_of(
 /// ends as that route does: durably once the job's outcome is recorded, never running it.
 #[tokio::test(start_paused = true)]
 async fn a_copy_of_a_job_in_flight_here_follows_it_without_a_slot() {
-    let f = Fixture::with(0, Duration::from_secs(30));
+    let f = Fixture::with(0, LONG_RUN);
     let w1 = f.worker("w1");
     let (first, _) = spawn_copy(&f, w1.clone());
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -365,7 +370,7 @@ async fn a_copy_of_a_job_in_flight_here_follows_it_without_a_slot() {
 /// either (its offset stays uncommitted and the job is redelivered), never settled.
 #[tokio::test(start_paused = true)]
 async fn a_follower_of_a_route_that_was_not_durable_is_not_durable() {
-    let f = Fixture::with(0, Duration::from_secs(30));
+    let f = Fixture::with(0, LONG_RUN);
     let w1 = f.worker("w1");
     f.broker.set_refusing(true);
     let (first, _) = spawn_copy(&f, w1.clone());
@@ -386,7 +391,7 @@ fn handed_off(job: &JobSubmitted, handoff_count: i32) -> Arc<JobSubmitted> {
 /// end (not durable: taken in again), and its own check then settles it.
 #[tokio::test(start_paused = true)]
 async fn a_later_hand_off_copy_is_not_settled_by_the_route_it_follows() {
-    let f = Fixture::with(0, Duration::from_secs(30));
+    let f = Fixture::with(0, LONG_RUN);
     let w1 = f.worker("w1");
     let (first, _) = spawn_copy(&f, w1.clone());
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -405,7 +410,7 @@ async fn a_later_hand_off_copy_is_not_settled_by_the_route_it_follows() {
 /// in flight here follows it and ends as it does: it waits for no heartbeat with a slot.
 #[tokio::test(start_paused = true)]
 async fn an_earlier_copy_follows_a_handed_off_route_in_flight_here() {
-    let f = Fixture::with(0, Duration::from_secs(30));
+    let f = Fixture::with(0, LONG_RUN);
     let w1 = f.worker("w1");
     let (first, _) = spawn_copy_of(&f, w1.clone(), handed_off(&f.job(), 2));
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -516,4 +521,39 @@ async fn a_run_whose_job_ended_elsewhere_meanwhile_publishes_no_second_result() 
     let f = Fixture::with(0, Duration::from_secs(5));
     assert_eq!(f.execute(f.worker("w1"), f.job()).await, Ended::Ran);
     assert_eq!(f.results().len(), 1);
+}
+
+/// The lease's edge (the simulator's seed 8478): a run whose heartbeats the store stops
+/// acknowledging (an outage, a cut from the store) fences itself two intervals after its
+/// newest acknowledged one, one interval before another copy may take the job over: it
+/// publishes nothing, writes nothing, and its copy is not done. The take-over then runs
+/// the job once, alone. Fails without the fence: the first run is still going at the
+/// lapse, so both run at once.
+#[tokio::test(start_paused = true)]
+async fn a_run_whose_heartbeats_go_unacknowledged_fences_itself_before_the_lapse() {
+    // Its first run would never return; the take-over's returns at once.
+    let f = Fixture::new(1);
+    let interval = f.cfg.pool(Pool::Short).heartbeat_interval;
+    let job = f.job();
+    let first = spawn_route(&f, f.worker("w1"), job.clone());
+    // Marked running (with its first heartbeat) at the 250 ms grace; no beat after it.
+    let marked_by = Duration::from_secs(1);
+    tokio::time::sleep(marked_by).await;
+    let row = f.store.row("job-1").expect("marked running");
+    assert_eq!((row.status.as_deref(), row.worker.as_deref()), (Some("running"), Some("w1")));
+    let lapse = super::liveness::lapse(interval);
+    let first = tokio::time::timeout(lapse - marked_by, first).await.expect("fenced before the lapse").unwrap();
+    assert_eq!(first, Ended::NotDurable, "its copy is taken in again");
+    assert!(f.results().is_empty(), "a fenced run publishes nothing");
+    let row = f.store.row("job-1").unwrap();
+    assert_eq!((row.status.as_deref(), row.worker.as_deref()), (Some("running"), Some("w1")), "nothing written");
+    assert!(f.store.in_running_index("short", "job-1"), "the reaper can still find it");
+    // A copy elsewhere waits out the lapse, takes the job over and runs it to its end.
+    let ended = f.execute(f.worker("w2"), job).await;
+    assert_eq!(ended, Ended::Ran);
+    assert_eq!(f.echo.runs.load(Ordering::SeqCst), 2);
+    let results = f.results();
+    assert_eq!(results.len(), 1, "one result");
+    assert_eq!((results[0].status, results[0].attempts), (JobStatus::Succeeded, 1), "the fence used no attempt");
+    assert_eq!(f.store.row("job-1").unwrap().crash_count, Some(1), "counted as the crash it looks like");
 }

@@ -24,6 +24,12 @@ pub(super) async fn settle(sh: &RouteContext, job: &JobSubmitted, origin: &Origi
         metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "superseded_run").increment(1);
         return Ended::Ran;
     }
+    // It fenced itself (its heartbeats went unacknowledged for two intervals): another
+    // worker may run the job now. Nothing is published; its copy is taken in again and
+    // follows what the row then shows.
+    if live.is_fenced() {
+        return Ended::NotDurable;
+    }
     let marked = *running_written;
     // Silent past `stuck_after`: dead-lettered with the reason, whatever it returned.
     if let Some(reason) = live.stuck_reason() {
