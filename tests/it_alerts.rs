@@ -70,6 +70,33 @@ impl Leader {
     }
 }
 
+/// A deployment with `extra` settings whose `tenants` each have a webhook under `base`
+/// (`<base>/<tenant>`), one worker of the short pool and the ledger's leader running.
+struct Watched {
+    cfg: Arc<fairway::config::Config>,
+    worker: LoggedWorker,
+    leader: Leader,
+    _dir: tempfile::TempDir,
+}
+
+impl Watched {
+    async fn start(base: &str, extra: &str, tenants: &[&String]) -> Watched {
+        let hooks: String =
+            tenants.iter().map(|t| format!("[alerts.tenants.{t}]\nwebhook_url = \"{base}/{t}\"\n")).collect();
+        let cfg = deployment(&format!("{extra}{hooks}"), tenants).await;
+        let dir = tempfile::tempdir().unwrap();
+        let path = config_file(&cfg, extra, dir.path());
+        let worker = spawn_logged_worker(&path, "short");
+        let leader = Leader::start(&cfg).await;
+        Watched { cfg, worker, leader, _dir: dir }
+    }
+
+    async fn stop(self) {
+        drop(self.worker);
+        self.leader.stop().await;
+    }
+}
+
 /// `tenant`'s console page as its own key sees it (logged in with `key`).
 async fn console_page(api: &str, key: &str, tenant: &str) -> String {
     let c = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
@@ -403,13 +430,8 @@ async fn a_dependency_breaker_opens_once_goes_on_trial_and_closes_once() {
         [job_types.charge]\npool = \"short\"\nhandler = \"flaky\"\ndependencies = [\"payments\"]\n\
         [job_types.charge.breaker]\nmin_requests = 100000\n\
         [dependency_breaker]\nwindow = \"10s\"\nmin_attempts = 6\ncool_down = \"5s\"\n";
-    let hooks: String =
-        [&pa, &pb].iter().map(|t| format!("[alerts.tenants.{t}]\nwebhook_url = \"{base}/{t}\"\n")).collect();
-    let cfg = deployment(&format!("{jobs}{hooks}"), &[&pa, &pb]).await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = config_file(&cfg, jobs, dir.path());
-    let worker = spawn_logged_worker(&path, "short");
-    let leader = Leader::start(&cfg).await;
+    let w = Watched::start(&base, jobs, &[&pa, &pb]).await;
+    let cfg = w.cfg.clone();
 
     let failing: Vec<_> = [&pa, &pb]
         .iter()
@@ -461,8 +483,7 @@ async fn a_dependency_breaker_opens_once_goes_on_trial_and_closes_once() {
         assert_eq!(kinds, ["alert.opened", "alert.resolved"], "{t}: {ev:?}");
         assert_eq!(dep[0]["alert_id"], dep[1]["alert_id"], "{t}: one alert");
     }
-    drop(worker);
-    leader.stop().await;
+    w.stop().await;
 }
 
 /// A tenant's own breaker reaches that tenant: its `risky` jobs failing with
@@ -480,13 +501,8 @@ async fn a_tenants_own_breaker_holding_its_jobs_opens_one_alert_and_resolves_it(
         [job_types.risky]\npool = \"short\"\nhandler = \"flaky\"\n\
         [job_types.risky.breaker]\nwindow = \"30s\"\nmin_requests = 6\ncool_down = \"3s\"\nprobe_timeout = \"5s\"\n\
         [alerts]\nperiod = \"1s\"\nlimit_clear_periods = 3\n";
-    let hooks: String =
-        [&hot, &calm].iter().map(|t| format!("[alerts.tenants.{t}]\nwebhook_url = \"{base}/{t}\"\n")).collect();
-    let cfg = deployment(&format!("{jobs}{hooks}"), &[&hot, &calm]).await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = config_file(&cfg, jobs, dir.path());
-    let worker = spawn_logged_worker(&path, "short");
-    let leader = Leader::start(&cfg).await;
+    let w = Watched::start(&base, jobs, &[&hot, &calm]).await;
+    let cfg = w.cfg.clone();
 
     let job = |t: &str, fail_attempts: u32| {
         let mut j = job_record(t, "risky");
@@ -523,8 +539,7 @@ async fn a_tenants_own_breaker_holding_its_jobs_opens_one_alert_and_resolves_it(
     assert_eq!(opened[0]["rule"], "limit:held:breaker/risky:short");
     assert_eq!(opened[0]["alert_id"], closed[0]["alert_id"]);
     assert!(events(&got, &format!("/{calm}")).is_empty(), "{calm} got {:?}", events(&got, &format!("/{calm}")));
-    drop(worker);
-    leader.stop().await;
+    w.stop().await;
 }
 
 /// A tenant's own concurrency cap and rate reach it too: one tenant capped at one job at
@@ -546,15 +561,8 @@ async fn a_tenant_held_at_its_own_cap_or_rate_gets_one_alert_and_one_resolution(
          [job_types.nap]\npool = \"short\"\nhandler = \"sleep\"\n\
          [alerts]\nperiod = \"1s\"\nlimit_clear_periods = 3\n"
     );
-    let hooks: String = [&capped, &paced, &free]
-        .iter()
-        .map(|t| format!("[alerts.tenants.{t}]\nwebhook_url = \"{base}/{t}\"\n"))
-        .collect();
-    let cfg = deployment(&format!("{limits}{hooks}"), &[&capped, &paced, &free]).await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = config_file(&cfg, &limits, dir.path());
-    let worker = spawn_logged_worker(&path, "short");
-    let leader = Leader::start(&cfg).await;
+    let w = Watched::start(&base, &limits, &[&capped, &paced, &free]).await;
+    let cfg = w.cfg.clone();
 
     let nap = |t: &str| {
         let mut j = job_record(t, "nap");
@@ -586,6 +594,67 @@ async fn a_tenant_held_at_its_own_cap_or_rate_gets_one_alert_and_one_resolution(
         assert_eq!(held(t, "alert.resolved"), [rule], "{t}: {all:?}");
     }
     assert!(held(&free, "alert.opened").is_empty(), "{free} got {:?}", events(&got, &format!("/{free}")));
-    drop(worker);
-    leader.stop().await;
+    w.stop().await;
+}
+
+/// A job type quarantined for one tenant (most of its attempts fail: `worker.poison`)
+/// reaches that tenant: its further failures go to the dead letters at once as poison,
+/// and it gets one `alert.opened` for the held work (`limit:held:quarantine/shaky:short`)
+/// and one `alert.resolved` once none of its failures is turned into poison any more.
+/// Another tenant running the same type, whose jobs succeed, is never quarantined and
+/// told nothing (the quarantine is per job type and tenant). The type's poison failures
+/// go to the dead letters without the default retry 30 s later: the marks are counted
+/// per failure, so that retry would open the alert a second time (docs/usage.md). Fails
+/// on code without quarantine marks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_job_type_quarantined_for_a_tenant_gets_that_tenant_one_alert_and_one_resolution() {
+    let (base, got) = receiver().await;
+    let run = &uuid::Uuid::new_v4().simple().to_string()[..6];
+    let (sick, well) = (format!("qs{run}"), format!("qw{run}"));
+    let jobs = "[registry]\nunknown_tenants = \"admit\"\n\
+        [worker.poison]\nmin_samples = 4\n\
+        [job_types.shaky]\npool = \"short\"\nhandler = \"flaky\"\n\
+        [job_types.shaky.retry.poison]\nmax_attempts = 1\n\
+        [alerts]\nperiod = \"1s\"\nlimit_clear_periods = 3\n";
+    let w = Watched::start(&base, jobs, &[&sick, &well]).await;
+    let cfg = w.cfg.clone();
+
+    let job = |t: &str, fail_attempts: u32| {
+        let mut j = job_record(t, "shaky");
+        j.payload = format!(r#"{{"fail_attempts": {fail_attempts}}}"#).into_bytes();
+        j
+    };
+    let all: Vec<_> = (0..12).map(|_| job(&sick, 99)).chain((0..8).map(|_| job(&well, 0))).collect();
+    produce_spread(&cfg, &all, None).await;
+    let ids: Vec<String> = all.iter().map(|j| j.job_id.clone()).collect();
+    let results = results_for(&cfg, &ids, Duration::from_secs(120)).await;
+    assert_eq!(results.len(), ids.len(), "every job ended");
+    let mut poisoned = 0;
+    for (id, rs) in &results {
+        let last = rs.iter().max_by_key(|r| r.attempts).expect("a result");
+        if last.tenant == well {
+            assert_eq!(last.status.as_str(), "succeeded", "job {id}: {last:?}");
+        } else {
+            assert_eq!(last.status.as_str(), "failed", "job {id}: {last:?}");
+            poisoned += usize::from(last.attempts < 5);
+        }
+    }
+    assert!(poisoned > 0, "some of {sick}'s jobs were dead-lettered early as poison");
+    let held = |t: &str, kind: &str| -> Vec<serde_json::Value> {
+        events(&got, &format!("/{t}"))
+            .into_iter()
+            .filter(|e| e["type"] == kind && e["rule"].as_str().is_some_and(|r| r.starts_with("limit:held:")))
+            .collect()
+    };
+    let resolved =
+        wait_for(Duration::from_secs(60), || async { (!held(&sick, "alert.resolved").is_empty()).then_some(()) }).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let all_sick = events(&got, &format!("/{sick}"));
+    assert!(resolved.is_some(), "{sick}'s held alert resolved within 60 s: {all_sick:?}");
+    let (opened, closed) = (held(&sick, "alert.opened"), held(&sick, "alert.resolved"));
+    assert_eq!((opened.len(), closed.len()), (1, 1), "one opening, one resolution: {all_sick:?}");
+    assert_eq!(opened[0]["rule"], "limit:held:quarantine/shaky:short");
+    assert_eq!(opened[0]["alert_id"], closed[0]["alert_id"]);
+    assert!(held(&well, "alert.opened").is_empty(), "{well} got {:?}", events(&got, &format!("/{well}")));
+    w.stop().await;
 }
