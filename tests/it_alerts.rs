@@ -37,6 +37,29 @@ fn events(got: &Received, path: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// `tenant`'s events of `kind` (`alert.opened`, `alert.resolved`) for held-work rules.
+fn held(got: &Received, tenant: &str, kind: &str) -> Vec<serde_json::Value> {
+    events(got, &format!("/{tenant}"))
+        .into_iter()
+        .filter(|e| e["type"] == kind && e["rule"].as_str().is_some_and(|r| r.starts_with("limit:held:")))
+        .collect()
+}
+
+/// Waits (60 s at most) for `tenant`'s held-work alert to resolve, then (3 s later, for
+/// stragglers) asserts exactly one opening, of `rule`, and one resolution of that alert.
+async fn assert_one_held_alert(got: &Received, tenant: &str, rule: &str) {
+    let resolved =
+        wait_for(Duration::from_secs(60), || async { (!held(got, tenant, "alert.resolved").is_empty()).then_some(()) })
+            .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let all = events(got, &format!("/{tenant}"));
+    assert!(resolved.is_some(), "{tenant}'s held alert resolved within 60 s: {all:?}");
+    let (opened, closed) = (held(got, tenant, "alert.opened"), held(got, tenant, "alert.resolved"));
+    assert_eq!((opened.len(), closed.len()), (1, 1), "one opening, one resolution: {all:?}");
+    assert_eq!(opened[0]["rule"], rule);
+    assert_eq!(opened[0]["alert_id"], closed[0]["alert_id"]);
+}
+
 const SECRET: &str = "it-alerts-secret-0123456789";
 
 /// A test's deployment: `extra` settings, each of `tenants` signing its alerts with
@@ -519,25 +542,7 @@ async fn a_tenants_own_breaker_holding_its_jobs_opens_one_alert_and_resolves_it(
         let want = if last.tenant == hot { 2 } else { 1 };
         assert_eq!((last.status.as_str(), last.attempts), ("succeeded", want), "job {id}: {last:?}");
     }
-    let held = |t: &str, kind: &str| -> Vec<serde_json::Value> {
-        events(&got, &format!("/{t}"))
-            .into_iter()
-            .filter(|e| e["type"] == kind && e["rule"].as_str().is_some_and(|r| r.starts_with("limit:held:")))
-            .collect()
-    };
-    let resolved =
-        wait_for(Duration::from_secs(60), || async { (!held(&hot, "alert.resolved").is_empty()).then_some(()) }).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(resolved.is_some(), "{hot}'s held alert resolved within 60 s: {:?}", events(&got, &format!("/{hot}")));
-    let (opened, closed) = (held(&hot, "alert.opened"), held(&hot, "alert.resolved"));
-    assert_eq!(
-        (opened.len(), closed.len()),
-        (1, 1),
-        "one opening, one resolution: {:?}",
-        events(&got, &format!("/{hot}"))
-    );
-    assert_eq!(opened[0]["rule"], "limit:held:breaker/risky:short");
-    assert_eq!(opened[0]["alert_id"], closed[0]["alert_id"]);
+    assert_one_held_alert(&got, &hot, "limit:held:breaker/risky:short").await;
     assert!(events(&got, &format!("/{calm}")).is_empty(), "{calm} got {:?}", events(&got, &format!("/{calm}")));
     w.stop().await;
 }
@@ -574,26 +579,10 @@ async fn a_tenant_held_at_its_own_cap_or_rate_gets_one_alert_and_one_resolution(
     let ids: Vec<String> = all.iter().map(|j| j.job_id.clone()).collect();
     let results = results_for(&cfg, &ids, Duration::from_secs(120)).await;
     assert_eq!(results.len(), ids.len(), "every job ended");
-    let held = |t: &str, kind: &str| -> Vec<String> {
-        events(&got, &format!("/{t}"))
-            .into_iter()
-            .filter(|e| e["type"] == kind)
-            .filter_map(|e| e["rule"].as_str().map(str::to_string))
-            .filter(|r| r.starts_with("limit:held:"))
-            .collect()
-    };
-    let resolved = wait_for(Duration::from_secs(60), || async {
-        (!held(&capped, "alert.resolved").is_empty() && !held(&paced, "alert.resolved").is_empty()).then_some(())
-    })
-    .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
     for (t, rule) in [(&capped, "limit:held:max_concurrency:short"), (&paced, "limit:held:rate_per_sec:short")] {
-        let all = events(&got, &format!("/{t}"));
-        assert!(resolved.is_some(), "{t}'s alert resolved within 60 s: {all:?}");
-        assert_eq!(held(t, "alert.opened"), [rule], "{t}: {all:?}");
-        assert_eq!(held(t, "alert.resolved"), [rule], "{t}: {all:?}");
+        assert_one_held_alert(&got, t, rule).await;
     }
-    assert!(held(&free, "alert.opened").is_empty(), "{free} got {:?}", events(&got, &format!("/{free}")));
+    assert!(held(&got, &free, "alert.opened").is_empty(), "{free} got {:?}", events(&got, &format!("/{free}")));
     w.stop().await;
 }
 
@@ -640,21 +629,7 @@ async fn a_job_type_quarantined_for_a_tenant_gets_that_tenant_one_alert_and_one_
         }
     }
     assert!(poisoned > 0, "some of {sick}'s jobs were dead-lettered early as poison");
-    let held = |t: &str, kind: &str| -> Vec<serde_json::Value> {
-        events(&got, &format!("/{t}"))
-            .into_iter()
-            .filter(|e| e["type"] == kind && e["rule"].as_str().is_some_and(|r| r.starts_with("limit:held:")))
-            .collect()
-    };
-    let resolved =
-        wait_for(Duration::from_secs(60), || async { (!held(&sick, "alert.resolved").is_empty()).then_some(()) }).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let all_sick = events(&got, &format!("/{sick}"));
-    assert!(resolved.is_some(), "{sick}'s held alert resolved within 60 s: {all_sick:?}");
-    let (opened, closed) = (held(&sick, "alert.opened"), held(&sick, "alert.resolved"));
-    assert_eq!((opened.len(), closed.len()), (1, 1), "one opening, one resolution: {all_sick:?}");
-    assert_eq!(opened[0]["rule"], "limit:held:quarantine/shaky:short");
-    assert_eq!(opened[0]["alert_id"], closed[0]["alert_id"]);
-    assert!(held(&well, "alert.opened").is_empty(), "{well} got {:?}", events(&got, &format!("/{well}")));
+    assert_one_held_alert(&got, &sick, "limit:held:quarantine/shaky:short").await;
+    assert!(held(&got, &well, "alert.opened").is_empty(), "{well} got {:?}", events(&got, &format!("/{well}")));
     w.stop().await;
 }
