@@ -109,6 +109,9 @@ pub struct PoisonDetector {
     quarantined_since: Option<Millis>,
     /// The other workers' outcomes in their windows, as last read (fleet-wide).
     fleet: Counts,
+    /// The (tenant, job type) it judges, once an outcome was recorded for them here
+    /// ([`PoisonDetectors::record_tenant_outcome`]).
+    subject: Option<(String, String)>,
 }
 
 impl PoisonDetector {
@@ -120,6 +123,7 @@ impl PoisonDetector {
             config,
             quarantined_since: None,
             fleet: Counts::default(),
+            subject: None,
         }
     }
 
@@ -218,6 +222,32 @@ impl PoisonDetectors {
             Some(c) if counts_toward_poison(c) => self.record(job_type, now, false),
             Some(_) => None,
         }
+    }
+
+    /// [`record_outcome`] of `job_type`'s jobs of `tenant` (keyed by [`tenant_key`]),
+    /// remembering whose they are for [`quarantined_subjects`].
+    ///
+    /// [`record_outcome`]: PoisonDetectors::record_outcome
+    /// [`quarantined_subjects`]: PoisonDetectors::quarantined_subjects
+    pub fn record_tenant_outcome(
+        &mut self,
+        job_type: &str,
+        tenant: &str,
+        now: Millis,
+        failure: Option<FailureClass>,
+    ) -> Option<bool> {
+        let key = tenant_key(job_type, tenant);
+        let changed = self.record_outcome(&key, now, failure);
+        if let Some(d) = self.by_type.get_mut(&key).filter(|d| d.subject.is_none()) {
+            d.subject = Some((tenant.to_owned(), job_type.to_owned()));
+        }
+        changed
+    }
+
+    /// The (tenant, job type) pairs recorded here whose quarantine holds at `now`
+    /// (re-evaluated, so a quarantine ends as its failures leave the window).
+    pub fn quarantined_subjects(&mut self, now: Millis) -> Vec<(String, String)> {
+        self.by_type.values_mut().filter_map(|d| if d.is_quarantined(now) { d.subject.clone() } else { None }).collect()
     }
 
     /// See [`PoisonDetector::is_quarantined`]; false for a type never seen.
@@ -376,6 +406,7 @@ mod tests {
         assert_eq!(q, vec![("x".to_owned(), 19)]);
         assert_eq!(m.len(), 2);
         assert_eq!(m.sweep(70 * MIN), vec![("x".to_owned(), false)]);
+        assert!(m.quarantined_subjects(70 * MIN).is_empty(), "recorded without a tenant: no subject");
         assert!(m.is_empty());
     }
 
@@ -452,5 +483,21 @@ mod tests {
                 prev = q;
             }
         }
+    }
+
+    /// A tenant's quarantined job type is listed with its tenant while the quarantine
+    /// holds, another tenant's healthy type never, and the listing ends with the window.
+    #[test]
+    fn quarantined_subjects_name_the_tenant_while_it_holds() {
+        let cfg = PoisonConfig { min_samples: 4, ..PoisonConfig::default() };
+        let mut m = PoisonDetectors::new(cfg);
+        for i in 0..4 {
+            m.record_tenant_outcome("shaky", "sick", i, Some(FailureClass::AppError));
+            m.record_tenant_outcome("shaky", "well", i, None);
+        }
+        let want = vec![("sick".to_owned(), "shaky".to_owned())];
+        assert_eq!(m.quarantined_subjects(10), want);
+        assert_eq!(m.quarantined_subjects(59 * MIN), want, "still within the window");
+        assert!(m.quarantined_subjects(61 * MIN).is_empty(), "its failures left the window");
     }
 }

@@ -191,12 +191,7 @@ impl RouteContext {
         now: Millis,
     ) -> (FailureClass, Decision) {
         let mut h = self.health.lock().expect("health lock");
-        let given = class;
         let class = h.poison.effective_class(&crate::core::poison::tenant_key(job_type, tenant), class, now);
-        if class == FailureClass::Poison && given != FailureClass::Poison {
-            let what = format!("quarantine/{}", self.bounded_job_type(job_type));
-            self.admission_tally.lock().expect("admission tally").held(tenant, &what, self.pool.as_str(), now);
-        }
         let jitter = rand::random::<f64>();
         let failed = retry::Failed { class, state, policy };
         (class, retry::decide_with_budget(failed, &mut h.budget, tenant, now, jitter))
@@ -255,8 +250,7 @@ impl RouteContext {
                 "breaker of this tenant's jobs of the type changed"
             );
         }
-        let key = crate::core::poison::tenant_key(job_type, tenant);
-        if let Some(q) = h.poison.record_outcome(&key, now, failure) {
+        if let Some(q) = h.poison.record_tenant_outcome(job_type, tenant, now, failure) {
             tracing::warn!(
                 job_type,
                 tenant,

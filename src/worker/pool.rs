@@ -1177,16 +1177,22 @@ impl Loop {
     }
 
     /// Counts each tenant whose queued jobs wait at its own concurrency cap or rate here
-    /// (`held:max_concurrency:<pool>`, `held:rate_per_sec:<pool>`, once a stats tick):
-    /// the tenant's page and limit alerts.
-    fn mark_own_limits(&self, now: i64) {
+    /// (`held:max_concurrency:<pool>`, `held:rate_per_sec:<pool>`) and each job type
+    /// quarantined for a tenant here (`held:quarantine/<job type>:<pool>`), once a stats
+    /// tick while it lasts: the tenant's page and limit alerts.
+    fn mark_held(&self, now: i64) {
         let limited = self.dispatcher.held_at_limits(now);
-        if limited.is_empty() {
+        let quarantined = self.sh.health.lock().expect("health lock").poison.quarantined_subjects(now);
+        if limited.is_empty() && quarantined.is_empty() {
             return;
         }
         let mut tally = self.sh.admission_tally.lock().expect("admission tally");
         for (tenant, limit) in limited {
             tally.held(&tenant, limit.as_str(), self.pool(), now);
+        }
+        for (tenant, job_type) in quarantined {
+            let what = format!("quarantine/{}", self.sh.bounded_job_type(&job_type));
+            tally.held(&tenant, &what, self.pool(), now);
         }
     }
 
@@ -1194,7 +1200,7 @@ impl Loop {
     fn publish_stats(&mut self) {
         let now = now_ms();
         self.apply_recycling(now);
-        self.mark_own_limits(now);
+        self.mark_held(now);
         let unassigned = self.unassigned_for();
         metrics::gauge!(m::POOL_UNASSIGNED_SECONDS, "pool" => self.pool()).set(unassigned.as_secs_f64());
         let mut spilled: HashMap<&str, u64> = HashMap::new();
