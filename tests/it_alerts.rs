@@ -630,3 +630,47 @@ async fn a_job_type_quarantined_for_a_tenant_gets_that_tenant_one_alert_and_one_
     assert!(held(&got, &well, "alert.opened").is_empty(), "{well} got {:?}", events(&got, &format!("/{well}")));
     w.stop().await;
 }
+
+/// The recycling cap reaches the tenant whose children keep dying: two `process` jobs of
+/// one tenant kill themselves (SIGKILL), which engages the pool's recycling cap for that
+/// tenant (`max = 2` a minute); it gets one `alert.opened` for
+/// `limit:held:recycling_cap:short` and one `alert.resolved` once the kills left the
+/// window. Another tenant's process jobs beside it all succeed and it hears nothing.
+/// Fails on code without recycling marks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_at_the_recycling_cap_gets_one_alert_and_one_resolution() {
+    let (base, got) = receiver().await;
+    let run = &uuid::Uuid::new_v4().simple().to_string()[..6];
+    let (bad, good) = (format!("rb{run}"), format!("rg{run}"));
+    let process = |name: &str, mode: &str, more: &str| {
+        format!(
+            "[job_types.{name}]\npool = \"short\"\nhandler = \"process\"\n\
+             command = [\"{}\", \"{}/tests/fixtures/process/misbehave.py\", \"{mode}\"]\nenv = [\"PATH\"]\n{more}\n",
+            python(),
+            env!("CARGO_MANIFEST_DIR")
+        )
+    };
+    let extra = format!(
+        "[registry]\nunknown_tenants = \"admit\"\n\
+         [pools.short]\nrecycling = {{ max = 2, window = \"1m\" }}\n\
+         [alerts]\nperiod = \"1s\"\nlimit_clear_periods = 3\n{}{}",
+        process("boom", "crash", "retry = { app_error = { max_attempts = 1 } }"),
+        process("quick", "noop", ""),
+    );
+    let w = Watched::start(&base, &extra, &[&bad, &good]).await;
+    let cfg = w.cfg.clone();
+    let all: Vec<_> =
+        (0..2).map(|_| job_record(&bad, "boom")).chain((0..6).map(|_| job_record(&good, "quick"))).collect();
+    produce_spread(&cfg, &all, None).await;
+    let ids: Vec<String> = all.iter().map(|j| j.job_id.clone()).collect();
+    let results = results_for(&cfg, &ids, Duration::from_secs(120)).await;
+    assert_eq!(results.len(), ids.len(), "every job ended");
+    for (id, rs) in &results {
+        let last = &rs[0];
+        let want = if last.tenant == good { "succeeded" } else { "failed" };
+        assert_eq!(last.status.as_str(), want, "job {id}: {last:?}");
+    }
+    assert_one_held_alert(&got, &bad, "limit:held:recycling_cap:short", Duration::from_secs(150)).await;
+    assert!(held(&got, &good, "alert.opened").is_empty(), "{good} got {:?}", events(&got, &format!("/{good}")));
+    w.stop().await;
+}

@@ -581,3 +581,17 @@ pub async fn client_services(extra: &str, label: &str) -> ClientServices {
     assert!(worker.wait_owning(1, Duration::from_secs(40)).is_some(), "the worker got no partition within 40 s");
     ClientServices { cfg, worker, api, key, _stop: stop, _dir: dir }
 }
+
+/// The real interpreter for `process` jobs (pyenv shims need variables the allow-list
+/// does not pass on), one the attempts' own uids can run (the system's; a pyenv under
+/// /root is private).
+pub fn python() -> String {
+    if std::path::Path::new("/usr/bin/python3").exists() {
+        return "/usr/bin/python3".into();
+    }
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .expect("python3 is installed");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}

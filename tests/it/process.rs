@@ -22,25 +22,12 @@ use std::time::Duration;
 
 const MANIFEST: &str = env!("CARGO_MANIFEST_DIR");
 
-/// The real interpreter (pyenv shims need variables the allow-list does not pass on),
-/// one the attempts' own uids can run (the system's; a pyenv under /root is private).
-fn python() -> String {
-    if std::path::Path::new("/usr/bin/python3").exists() {
-        return "/usr/bin/python3".into();
-    }
-    let out = std::process::Command::new("python3")
-        .args(["-c", "import sys; print(sys.executable)"])
-        .output()
-        .expect("python3 is installed");
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
-
 /// A `process` job type running tests/fixtures/process/misbehave.py in `mode`.
 fn misbehave(name: &str, pool: &str, mode: &str, more: &str) -> String {
     format!(
         "[job_types.{name}]\npool = \"{pool}\"\nhandler = \"process\"\n\
          command = [\"{}\", \"{MANIFEST}/tests/fixtures/process/misbehave.py\", \"{mode}\"]\nenv = [\"PATH\"]\n{more}\n",
-        python()
+        common::python()
     )
 }
 
@@ -236,7 +223,7 @@ async fn the_python_example_resumes_from_its_checkpoint_after_a_sigterm_hand_off
          [job_types.steps]\npool = \"long\"\nhandler = \"process\"\ncommand = [\"{}\", \"{MANIFEST}/examples/python/steps.py\"]\n\
          kill_grace = \"5s\"\ntimeout = \"2min\"\nstderr_in_error = true\n\
          [job_types.words]\npool = \"long\"\nhandler = \"process\"\ncommand = [\"node\", \"{MANIFEST}/examples/node/wordcount.js\"]\nenv = [\"PATH\"]\n",
-        python()
+        common::python()
     );
     let mut cfg = common::config(&extra);
     cfg.worker.cancel_grace = Duration::from_secs(5);
@@ -520,7 +507,7 @@ fn pooled(name: &str, more: &str) -> String {
     format!(
         "[job_types.{name}]\npool = \"short\"\nhandler = \"process\"\nmode = \"pooled\"\n\
          command = [\"{}\", \"{MANIFEST}/tests/fixtures/process/pooled.py\"]\nenv = [\"PATH\"]\n{more}\n",
-        python()
+        common::python()
     )
 }
 
