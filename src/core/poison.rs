@@ -195,11 +195,22 @@ impl PoisonDetector {
 pub struct PoisonDetectors {
     config: PoisonConfig,
     by_type: HashMap<String, PoisonDetector>,
+    /// When [`PoisonDetectors::sweep_due`] last swept.
+    swept_at: Millis,
 }
+
+/// How often [`PoisonDetectors::sweep_due`] sweeps: idle detectors (one per job type and
+/// tenant that had outcomes) are forgotten within this after their window empties.
+pub const SWEEP_EVERY_MS: Millis = 60_000;
+
+/// Most (job type, tenant) detectors [`PoisonDetectors::record_tenant_outcome`] keeps
+/// (each ~1.5 KiB at the default 60 buckets): past it, a new tenant's outcomes are not judged (its failures keep
+/// their class and are retried by its policy) until a sweep frees room.
+pub const MAX_TENANT_DETECTORS: usize = 10_000;
 
 impl PoisonDetectors {
     pub fn new(config: PoisonConfig) -> Self {
-        PoisonDetectors { config, by_type: HashMap::new() }
+        PoisonDetectors { config, by_type: HashMap::new(), swept_at: 0 }
     }
 
     /// See [`PoisonDetector::record`].
@@ -237,6 +248,9 @@ impl PoisonDetectors {
         failure: Option<FailureClass>,
     ) -> Option<bool> {
         let key = tenant_key(job_type, tenant);
+        if self.by_type.len() >= MAX_TENANT_DETECTORS && !self.by_type.contains_key(&key) {
+            return None;
+        }
         let changed = self.record_outcome(&key, now, failure);
         if let Some(d) = self.by_type.get_mut(&key).filter(|d| d.subject.is_none()) {
             d.subject = Some((tenant.to_owned(), job_type.to_owned()));
@@ -273,6 +287,19 @@ impl PoisonDetectors {
     /// Job types quarantined as of their last evaluation, with the start time.
     pub fn quarantined(&self) -> impl Iterator<Item = (&str, Millis)> + '_ {
         self.by_type.iter().filter_map(|(t, d)| d.quarantined_since().map(|s| (t.as_str(), s)))
+    }
+
+    /// [`sweep`] at most once per [`SWEEP_EVERY_MS`]: called on every stats tick, it keeps
+    /// the detectors bounded whether or not the fleet exchange (`worker.fleet_limits`)
+    /// sweeps them too.
+    ///
+    /// [`sweep`]: PoisonDetectors::sweep
+    pub fn sweep_due(&mut self, now: Millis) -> Vec<(String, bool)> {
+        if now.saturating_sub(self.swept_at) < SWEEP_EVERY_MS {
+            return Vec::new();
+        }
+        self.swept_at = now;
+        self.sweep(now)
     }
 
     /// Re-evaluate every type at `now` and drop idle ones (call now and then, e.g. once
@@ -499,5 +526,30 @@ mod tests {
         assert_eq!(m.quarantined_subjects(10), want);
         assert_eq!(m.quarantined_subjects(59 * MIN), want, "still within the window");
         assert!(m.quarantined_subjects(61 * MIN).is_empty(), "its failures left the window");
+    }
+
+    /// Detectors of tenants whose outcomes left the window are forgotten by the due
+    /// sweep, at most once a minute, without the fleet exchange.
+    #[test]
+    fn the_due_sweep_forgets_idle_tenants_once_a_minute() {
+        let cfg = PoisonConfig { window: DurationMs::mins(1), buckets: 60, ..PoisonConfig::default() };
+        let mut m = PoisonDetectors::new(cfg);
+        for t in 0..1_000 {
+            m.record_tenant_outcome("x", &format!("t{t}"), 10_000, None);
+        }
+        assert_eq!(m.len(), 1_000);
+        m.sweep_due(MIN);
+        assert_eq!(m.len(), 1_000, "still within their window");
+        m.sweep_due(MIN + 59_000);
+        assert_eq!(m.len(), 1_000, "idle now, but the last sweep was 59 s ago: not due");
+        m.record_tenant_outcome("x", "late", 2 * MIN, None);
+        m.sweep_due(2 * MIN + 1);
+        assert_eq!(m.len(), 1, "only the tenant with an outcome in the window is kept");
+        m.sweep_due(4 * MIN);
+        assert!(m.is_empty());
+        for t in 0..MAX_TENANT_DETECTORS + 5 {
+            m.record_tenant_outcome("x", &format!("t{t}"), 5 * MIN, Some(FailureClass::AppError));
+        }
+        assert_eq!(m.len(), MAX_TENANT_DETECTORS, "bounded: the newest tenants are not judged");
     }
 }

@@ -1179,10 +1179,15 @@ impl Loop {
     /// Counts each tenant whose queued jobs wait at its own concurrency cap or rate here
     /// (`held:max_concurrency:<pool>`, `held:rate_per_sec:<pool>`) and each job type
     /// quarantined for a tenant here (`held:quarantine/<job type>:<pool>`), once a stats
-    /// tick while it lasts: the tenant's page and limit alerts.
+    /// tick while it lasts: the tenant's page and limit alerts. Idle poison detectors are
+    /// forgotten here once a minute (`PoisonDetectors::sweep_due`).
     fn mark_held(&self, now: i64) {
         let limited = self.dispatcher.held_at_limits(now);
-        let quarantined = self.sh.health.lock().expect("health lock").poison.quarantined_subjects(now);
+        let quarantined = {
+            let mut h = self.sh.health.lock().expect("health lock");
+            h.poison.sweep_due(now);
+            h.poison.quarantined_subjects(now)
+        };
         if limited.is_empty() && quarantined.is_empty() {
             return;
         }
