@@ -642,20 +642,12 @@ async fn a_tenant_at_the_recycling_cap_gets_one_alert_and_one_resolution() {
     let (base, got) = receiver().await;
     let run = &uuid::Uuid::new_v4().simple().to_string()[..6];
     let (bad, good) = (format!("rb{run}"), format!("rg{run}"));
-    let process = |name: &str, mode: &str, more: &str| {
-        format!(
-            "[job_types.{name}]\npool = \"short\"\nhandler = \"process\"\n\
-             command = [\"{}\", \"{}/tests/fixtures/process/misbehave.py\", \"{mode}\"]\nenv = [\"PATH\"]\n{more}\n",
-            python(),
-            env!("CARGO_MANIFEST_DIR")
-        )
-    };
     let extra = format!(
         "[registry]\nunknown_tenants = \"admit\"\n\
          [pools.short]\nrecycling = {{ max = 2, window = \"1m\" }}\n\
          [alerts]\nperiod = \"1s\"\nlimit_clear_periods = 3\n{}{}",
-        process("boom", "crash", "retry = { app_error = { max_attempts = 1 } }"),
-        process("quick", "noop", ""),
+        misbehave("boom", "short", "crash", "retry = { app_error = { max_attempts = 1 } }"),
+        misbehave("quick", "short", "noop", ""),
     );
     let w = Watched::start(&base, &extra, &[&bad, &good]).await;
     let cfg = w.cfg.clone();

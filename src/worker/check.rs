@@ -206,7 +206,7 @@ async fn wait_for_live_worker(sh: &RouteContext, job: &JobSubmitted, now: i64, i
             Err(Check::Done(durable)) => return Step::Done(durable),
             Err(Check::Run { .. }) => unreachable!("through_outage holds a job back, never runs it"),
         };
-    let lapse = super::liveness::lapse(interval).as_millis() as i64;
+    let lapse = i64::try_from(super::liveness::lapse(interval).as_millis()).unwrap_or(i64::MAX);
     let fresh = hb.and_then(|h| h.at).is_some_and(|at| now - at < lapse);
     // A row running on this very worker, seen by a copy that does not follow a route in
     // flight here (`exec::InFlight`: a copy of a job whose route is still in flight here

@@ -45,7 +45,9 @@ pub async fn fence_watch(live: &crate::handlers::JobLive, job_id: &str, pool: Po
             tokio::time::sleep(after).await;
             continue;
         };
-        let at = sent + after;
+        // An interval too long to add (`pools.<p>.heartbeat_interval` is the operator's):
+        // a lease that never lapses is never fenced either.
+        let Some(at) = sent.checked_add(after) else { return std::future::pending().await };
         if tokio::time::Instant::now() < at {
             tokio::time::sleep_until(at).await;
             continue;

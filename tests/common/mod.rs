@@ -595,3 +595,14 @@ pub fn python() -> String {
         .expect("python3 is installed");
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
+
+/// A `process` job type `name` of `pool` running tests/fixtures/process/misbehave.py in
+/// `mode` (crash, noop, hog, ...), with `more` settings appended.
+pub fn misbehave(name: &str, pool: &str, mode: &str, more: &str) -> String {
+    format!(
+        "[job_types.{name}]\npool = \"{pool}\"\nhandler = \"process\"\n\
+         command = [\"{}\", \"{}/tests/fixtures/process/misbehave.py\", \"{mode}\"]\nenv = [\"PATH\"]\n{more}\n",
+        python(),
+        env!("CARGO_MANIFEST_DIR")
+    )
+}

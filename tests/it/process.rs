@@ -22,15 +22,6 @@ use std::time::Duration;
 
 const MANIFEST: &str = env!("CARGO_MANIFEST_DIR");
 
-/// A `process` job type running tests/fixtures/process/misbehave.py in `mode`.
-fn misbehave(name: &str, pool: &str, mode: &str, more: &str) -> String {
-    format!(
-        "[job_types.{name}]\npool = \"{pool}\"\nhandler = \"process\"\n\
-         command = [\"{}\", \"{MANIFEST}/tests/fixtures/process/misbehave.py\", \"{mode}\"]\nenv = [\"PATH\"]\n{more}\n",
-        common::python()
-    )
-}
-
 /// The tests of this file one at a time: each checks that no attempt cgroup of this
 /// process is left, which another test's attempts in flight would fail.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -45,8 +36,8 @@ async fn a_memory_hog_is_dead_lettered_as_resource_after_one_retry_while_another
     let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let extra = format!(
         "[pools.short]\nslots = 8\nheartbeat_interval = \"1s\"\n{}{}",
-        misbehave("hog", "short", "hog", "limits = { memory = \"64MiB\" }\ntimeout = \"30s\""),
-        misbehave("quick", "short", "noop", "limits = { memory = \"64MiB\" }"),
+        common::misbehave("hog", "short", "hog", "limits = { memory = \"64MiB\" }\ntimeout = \"30s\""),
+        common::misbehave("quick", "short", "noop", "limits = { memory = \"64MiB\" }"),
     );
     let cfg = Arc::new(common::config(&extra));
     common::init(&cfg).await;
@@ -84,8 +75,13 @@ async fn a_cpu_spinner_dies_at_its_cpu_limit_and_a_silent_sleeper_at_stuck_after
     let once = "retry = { resource = { max_attempts = 1 } }";
     let extra = format!(
         "[pools.medium]\nslots = 4\nheartbeat_interval = \"1s\"\n{}{}",
-        misbehave("spin", "medium", "spin", &format!("limits = {{ cpu_time = \"1s\" }}\ntimeout = \"55s\"\n{once}")),
-        misbehave(
+        common::misbehave(
+            "spin",
+            "medium",
+            "spin",
+            &format!("limits = {{ cpu_time = \"1s\" }}\ntimeout = \"55s\"\n{once}")
+        ),
+        common::misbehave(
             "nap",
             "medium",
             "sleeper",
@@ -126,7 +122,7 @@ async fn a_spinner_given_a_fifth_of_a_core_is_throttled_to_it() {
     let limits = "limits = { cpu_time = \"1s\", cpus = 0.2 }";
     let extra = format!(
         "[pools.medium]\nslots = 2\nheartbeat_interval = \"1s\"\n{}",
-        misbehave("slowspin", "medium", "spin", &format!("{limits}\ntimeout = \"55s\"\n{once}")),
+        common::misbehave("slowspin", "medium", "spin", &format!("{limits}\ntimeout = \"55s\"\n{once}")),
     );
     let cfg = Arc::new(common::config(&extra));
     common::init(&cfg).await;
@@ -148,8 +144,8 @@ async fn over_the_recycling_cap_a_tenants_jobs_wait_while_another_tenants_run() 
     let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let extra = format!(
         "[pools.short]\nslots = 2\nfast_lanes = 0\nheartbeat_interval = \"1s\"\nrecycling = {{ max = 2, window = \"2m\" }}\n{}{}",
-        misbehave("boom", "short", "crash", "retry = { app_error = { max_attempts = 1 } }"),
-        misbehave("quick", "short", "noop", ""),
+        common::misbehave("boom", "short", "crash", "retry = { app_error = { max_attempts = 1 } }"),
+        common::misbehave("quick", "short", "noop", ""),
     );
     let cfg = Arc::new(common::config(&extra));
     common::init(&cfg).await;
@@ -293,7 +289,7 @@ async fn a_process_jobs_result_job_view_and_ledger_carry_its_trees_peak_memory_a
     let extra = format!(
         "[pools.short]\nslots = 2\nheartbeat_interval = \"1s\"\n{}\
          [job_types.echo]\npool = \"short\"\nhandler = \"echo\"\n",
-        misbehave("use", "short", "use", "limits = { memory = \"256MiB\" }\ntimeout = \"40s\""),
+        common::misbehave("use", "short", "use", "limits = { memory = \"256MiB\" }\ntimeout = \"40s\""),
     );
     let cfg = Arc::new(common::config(&extra));
     common::init(&cfg).await;
@@ -352,10 +348,10 @@ async fn beside_quick_jobs(
     let mut extra = "[pools.short]\nslots = 8\nheartbeat_interval = \"1s\"\n".to_string();
     for (name, mode, more) in attacks {
         let once = "retry = { resource = { max_attempts = 1 }, app_error = { max_attempts = 1 } }\ntimeout = \"40s\"";
-        extra += &misbehave(name, "short", mode, &format!("{more}\n{once}"));
+        extra += &common::misbehave(name, "short", mode, &format!("{more}\n{once}"));
     }
-    extra += &misbehave("quick", "short", "noop", "limits = { memory = \"64MiB\" }");
-    extra += &misbehave("victim", "short", "victim", "");
+    extra += &common::misbehave("quick", "short", "noop", "limits = { memory = \"64MiB\" }");
+    extra += &common::misbehave("victim", "short", "victim", "");
     let cfg = Arc::new(common::config(&extra));
     common::init(&cfg).await;
     let w = start(&cfg, &[Pool::Short]).await;
