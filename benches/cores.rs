@@ -7,6 +7,9 @@
 //!   completion (a sliding window of in-flight jobs, and a whole window finished shuffled).
 //! - `codec`: Avro single-object encode/decode of a `JobSubmitted`.
 //! - `retry`: the retry decision (retry, dead letter, and with the tenant's budget).
+//! - `held`: what the held-work rules cost per tick at 10,000 tenants: the scheduler's
+//!   tenants held at their own limits, a worker's held marks, the leader's limit alerts
+//!   and alert evaluator, and the quarantined (tenant, job type) pairs.
 //!
 //! `cargo bench --bench cores` (add `-- --quick` for a short run, or a filter such as
 //! `-- scheduler`).
@@ -278,5 +281,95 @@ fn lanes_bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, scheduler, offsets, codec_bench, retry_bench, lanes_bench);
+// ----- held-work rules at 10,000 tenants -------------------------------------------------
+
+/// What each held-work rule costs per tick with 10,000 tenants: the worker's stats tick
+/// (the scheduler's tenants held at their own limits, a held mark per tenant, the
+/// quarantined pairs of 10,000 detectors) and the leader's period (limit alerts of
+/// 10,000 (tenant, code) pairs, opening and steady; the alert evaluator of 10,000
+/// tenants).
+fn held_bench(c: &mut Criterion) {
+    use fairway::core::alerts::{Evaluator, Settings};
+    use fairway::core::poison::{PoisonConfig, PoisonDetectors};
+    use fairway::core::refusals::{Class, HourTotals, LimitAlerts, OwnRefusals};
+    use fairway::model::{JobResult, JobStatus};
+    const N: usize = 10_000;
+    let mut g = c.benchmark_group("held");
+    g.throughput(Throughput::Elements(N as u64));
+    g.sample_size(20);
+
+    let b = SchedBench::new(N, 5, true);
+    let held = b.s.held_at_limits(b.now);
+    assert!(held.len() > N / 10, "capped and paced tenants are held: {}", held.len());
+    g.bench_function("scheduler_held_at_limits/10k_tenants", |bench| bench.iter(|| b.s.held_at_limits(b.now)));
+
+    let names: Vec<String> = (0..N).map(|i| format!("tenant-{i:05}")).collect();
+    let mut own = OwnRefusals::default();
+    g.bench_function("held_marks/10k_tenants", |bench| {
+        bench.iter(|| {
+            for t in &names {
+                let _ = own.record(t, Class::Paying, "held:max_concurrency:short", 1, T0);
+            }
+        })
+    });
+
+    let hour = T0 - T0.rem_euclid(3_600_000);
+    let totals: HourTotals = names.iter().map(|t| ((t.clone(), "held:max_concurrency:short".to_string()), 5)).collect();
+    let hours = vec![(hour, totals)];
+    g.bench_function("limit_alerts_open/10k_pairs", |bench| {
+        bench.iter_batched(
+            || LimitAlerts::new(N),
+            |mut a| a.step(&hours, 5, T0, |_| Class::Paying),
+            BatchSize::LargeInput,
+        )
+    });
+    let mut steady = LimitAlerts::new(N);
+    steady.step(&hours, 5, T0, |_| Class::Paying);
+    g.bench_function("limit_alerts_steady/10k_pairs", |bench| {
+        bench.iter(|| steady.step(&hours, 5, T0 + 1_000, |_| Class::Paying))
+    });
+
+    let mut eval = Evaluator::new(N, T0);
+    for t in &names {
+        let r = JobResult {
+            job_id: "j".into(),
+            tenant: t.clone(),
+            job_type: "echo".into(),
+            pool: Pool::Short,
+            status: JobStatus::Succeeded,
+            output: None,
+            error: None,
+            failure_class: None,
+            attempts: 1,
+            generation: 0,
+            submitted_at: T0,
+            started_at: Some(T0 + 20),
+            finished_at: T0 + 30,
+            worker_id: "w".into(),
+            peak_memory_bytes: None,
+            cpu_ms: None,
+        };
+        eval.observe(&r, T0 + 30);
+    }
+    assert_eq!(eval.tenants(), N);
+    g.bench_function("alert_evaluator_period/10k_tenants", |bench| {
+        bench.iter_batched(
+            || eval.clone(),
+            |mut e| e.evaluate(T0 + 60_000, |_| Settings::default()),
+            BatchSize::LargeInput,
+        )
+    });
+
+    let mut poison = PoisonDetectors::new(PoisonConfig::default());
+    for t in &names {
+        for _ in 0..25 {
+            poison.record_tenant_outcome("parse", t, T0, Some(FailureClass::AppError));
+        }
+    }
+    assert_eq!(poison.quarantined_subjects(T0 + 1).len(), N, "every pair quarantined");
+    g.bench_function("quarantined_subjects/10k_pairs", |bench| bench.iter(|| poison.quarantined_subjects(T0 + 1)));
+    g.finish();
+}
+
+criterion_group!(benches, scheduler, offsets, codec_bench, retry_bench, lanes_bench, held_bench);
 criterion_main!(benches);

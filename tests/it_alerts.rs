@@ -325,6 +325,12 @@ async fn a_dependency_failing_for_two_tenants_opens_one_fleet_wide_breaker() {
     assert!(events(&got, &format!("/{pc}")).iter().all(|e| e["rule"] != "dependency_circuit:payments"));
     let page = console_page(&api, &ka, &pa).await;
     assert!(page.contains("dependency_circuit:payments"), "the breaker's alert is on {pa}'s page");
+    assert!(
+        page.contains("data-breaker=\"dependency_circuit:payments\" data-state=\"open\""),
+        "the breakers table shows it open on {pa}'s page"
+    );
+    let page_c = console_page(&api, &kc, &pc).await;
+    assert!(!page_c.contains("data-breaker=\"dependency_circuit:payments\""), "not on {pc}'s page");
     let seen = read_events(Box::new(|_| false), 3).await;
     assert_eq!(kinds(&seen, EventKind::DependencyCircuitOpen), 1, "still one opening");
 
@@ -542,6 +548,17 @@ async fn a_tenants_own_breaker_holding_its_jobs_opens_one_alert_and_resolves_it(
     }
     assert_one_held_alert(&got, &hot, "limit:held:breaker/risky:short", Duration::from_secs(60)).await;
     assert!(events(&got, &format!("/{calm}")).is_empty(), "{calm} got {:?}", events(&got, &format!("/{calm}")));
+    // Its page shows the breaker that held its work, now closed; the other tenant's none.
+    let (_, kh) = create_key(&cfg, &fairway::core::auth::Caller::Tenant(hot.clone()), "breaker").await;
+    let (_, kc) = create_key(&cfg, &fairway::core::auth::Caller::Tenant(calm.clone()), "breaker").await;
+    let (api, stop_api) = serve_api(&cfg).await;
+    let page = console_page(&api, &kh, &hot).await;
+    assert!(
+        page.contains("data-breaker=\"limit:held:breaker/risky:short\" data-state=\"closed\""),
+        "the breakers table shows it closed on {hot}'s page"
+    );
+    assert!(console_page(&api, &kc, &calm).await.contains("none held its work"), "{calm}'s page has none");
+    let _ = stop_api.send(());
     w.stop().await;
 }
 
@@ -664,5 +681,53 @@ async fn a_tenant_at_the_recycling_cap_gets_one_alert_and_one_resolution() {
     }
     assert_one_held_alert(&got, &bad, "limit:held:recycling_cap:short", Duration::from_secs(150)).await;
     assert!(held(&got, &good, "alert.opened").is_empty(), "{good} got {:?}", events(&got, &format!("/{good}")));
+    w.stop().await;
+}
+
+/// The volume rule on the engines (`alerts.baseline = "10s"` so its baseline is known in
+/// seconds, not an hour): two tenants finish about 2 jobs a second each for 12 s; then one
+/// of them finishes 150 at once, over 10x its own baseline, and gets one `volume`
+/// `alert.opened` and, once quiet, one `alert.resolved`; the steady one gets none.
+/// Fails on code without the rule, or judging against a baseline shared by tenants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_past_ten_times_its_own_baseline_gets_one_volume_alert_and_one_resolution() {
+    let (base, got) = receiver().await;
+    let run = &uuid::Uuid::new_v4().simple().to_string()[..6];
+    let (spiky, steady, warm) = (format!("sp{run}"), format!("st{run}"), format!("wu{run}"));
+    let extra = "[registry]\nunknown_tenants = \"admit\"\n\
+        [job_types.echo]\npool = \"short\"\nhandler = \"echo\"\n\
+        [alerts]\nperiod = \"1s\"\nbaseline = \"10s\"\n\
+        [alerts.tiers.free]\nfor_periods = 1\nvolume_min_jobs = 20\n\
+        off = [\"queue_wait\", \"dead_letters\", \"failure_rate\"]\n";
+    let w = Watched::start(&base, extra, &[&spiky, &steady]).await;
+    let cfg = w.cfg.clone();
+    // The worker runs jobs before the steady phase, so its first jobs do not bunch.
+    let first = job_record(&warm, "echo");
+    produce_spread(&cfg, std::slice::from_ref(&first), None).await;
+    assert_eq!(results_for(&cfg, std::slice::from_ref(&first.job_id), Duration::from_secs(60)).await.len(), 1);
+
+    let paced: Vec<_> = (0..48).map(|i| job_record(if i % 2 == 0 { &spiky } else { &steady }, "echo")).collect();
+    produce_spread(&cfg, &paced, Some(Duration::from_millis(250))).await;
+    let burst: Vec<_> = (0..150).map(|_| job_record(&spiky, "echo")).collect();
+    produce_spread(&cfg, &burst, None).await;
+    let ids: Vec<String> = paced.iter().chain(&burst).map(|j| j.job_id.clone()).collect();
+    assert_eq!(results_for(&cfg, &ids, Duration::from_secs(60)).await.len(), ids.len(), "every job ended");
+
+    let path = format!("/{spiky}");
+    let volume = |kind: &str| -> Vec<serde_json::Value> {
+        events(&got, &path).into_iter().filter(|e| e["type"] == kind && e["rule"] == "volume").collect()
+    };
+    let resolved =
+        wait_for(Duration::from_secs(30), || async { (!volume("alert.resolved").is_empty()).then_some(()) }).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let all = events(&got, &path);
+    assert!(resolved.is_some(), "{spiky}'s volume alert resolved within 30 s: {all:?}");
+    let (opened, closed) = (volume("alert.opened"), volume("alert.resolved"));
+    assert_eq!((opened.len(), closed.len(), all.len()), (1, 1, 2), "one opening, one resolution: {all:?}");
+    assert_eq!(opened[0]["alert_id"], closed[0]["alert_id"]);
+    let threshold = opened[0]["threshold"].as_f64().unwrap_or(0.0);
+    assert!((10.0..=30.0).contains(&threshold), "10x a baseline of about 1-3 jobs a period: {}", opened[0]);
+    let calm = events(&got, &format!("/{steady}"));
+    assert!(calm.is_empty(), "the steady tenant got {calm:?}");
     w.stop().await;
 }

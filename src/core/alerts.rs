@@ -161,10 +161,10 @@ impl WaitHistogram {
     }
 }
 
-/// How long a tenant's volume baseline looks back: its mean jobs per period moves
-/// towards each period's count by the period's share of this (an exponential mean), and
-/// [`Rule::Volume`] is judged only once the evaluator has watched this long (a new leader
-/// knows no tenant's baseline).
+/// How long a tenant's volume baseline looks back by default (`alerts.baseline`): its
+/// mean jobs per period moves towards each period's count by the period's share of this
+/// (an exponential mean), and [`Rule::Volume`] is judged only once the evaluator has
+/// watched this long (a new leader knows no tenant's baseline).
 pub const BASELINE_MS: Millis = 3_600_000;
 
 /// One tenant's observations in one evaluation period.
@@ -173,7 +173,7 @@ pub struct Period {
     pub jobs: i64,
     pub failed: i64,
     waits: WaitHistogram,
-    /// The tenant's jobs per period before this one ([`BASELINE_MS`]), once known.
+    /// The tenant's jobs per period before this one (`alerts.baseline`), once known.
     pub baseline: Option<f64>,
 }
 
@@ -408,6 +408,9 @@ pub struct AlertsConfig {
     /// Most alert openings delivered to one tenant's webhook per hour (the rest are
     /// stored and shown, not sent).
     pub max_deliveries_per_hour: u32,
+    /// How far back a tenant's volume baseline looks ([`BASELINE_MS`] by default: the
+    /// seeds' "1h baseline"), from one period to a day.
+    pub baseline: DurationMs,
     /// Defaults per tier, over the built-in defaults ([`Thresholds::default`]).
     pub tiers: BTreeMap<Tier, Override>,
     /// Per-tenant settings over its tier's, and its webhook.
@@ -422,6 +425,7 @@ impl Default for AlertsConfig {
             max_tenants: 100_000,
             limit_clear_periods: 5,
             max_deliveries_per_hour: 30,
+            baseline: DurationMs(BASELINE_MS),
             tiers: BTreeMap::new(),
             tenants: BTreeMap::new(),
         }
@@ -445,6 +449,12 @@ impl AlertsConfig {
         }
         if !(1..=10_000).contains(&self.max_deliveries_per_hour) {
             return Err(Invalid::new("max_deliveries_per_hour", "must be 1 to 10000 (the default is 30)"));
+        }
+        if self.baseline.0 < self.period.0 || self.baseline.0 > 86_400_000 {
+            return Err(Invalid::new(
+                "baseline",
+                "must be from one period (alerts.period) to \"24h\" (the default is \"1h\")",
+            ));
         }
         for (tier, o) in &self.tiers {
             if o.webhook_url.is_some() {
@@ -475,7 +485,7 @@ impl AlertsConfig {
 }
 
 /// One tenant under evaluation: this period's observations, each rule's state and its
-/// volume baseline (mean jobs per period, [`BASELINE_MS`]).
+/// volume baseline (mean jobs per period over the evaluator's baseline).
 #[derive(Clone, Debug, Default)]
 struct Tracked {
     period: Period,
@@ -525,7 +535,9 @@ pub fn unread_by_an_earlier_leader(offset: i64, read_to: i64) -> bool {
 #[derive(Clone, Debug)]
 pub struct Evaluator {
     max_tenants: usize,
-    /// When this evaluator began watching: baselines are known [`BASELINE_MS`] later.
+    /// How far back the volume baseline looks (`alerts.baseline`), in ms.
+    baseline_ms: Millis,
+    /// When this evaluator began watching: baselines are known `baseline_ms` later.
     started: Millis,
     period_start: Millis,
     tracked: HashMap<String, Tracked>,
@@ -534,8 +546,15 @@ pub struct Evaluator {
 }
 
 impl Evaluator {
+    /// An evaluator watching from `now`, its baselines looking [`BASELINE_MS`] back.
     pub fn new(max_tenants: usize, now: Millis) -> Self {
-        Evaluator { max_tenants, started: now, period_start: now, tracked: HashMap::new(), untracked: 0 }
+        Evaluator::with_baseline(max_tenants, now, BASELINE_MS)
+    }
+
+    /// An evaluator whose volume baselines look `baseline_ms` back (at least 1 ms).
+    pub fn with_baseline(max_tenants: usize, now: Millis, baseline_ms: Millis) -> Self {
+        let baseline_ms = baseline_ms.max(1);
+        Evaluator { max_tenants, baseline_ms, started: now, period_start: now, tracked: HashMap::new(), untracked: 0 }
     }
 
     /// Tenants tracked now.
@@ -579,8 +598,8 @@ impl Evaluator {
     /// baseline moves towards the period's count, and tenants left idle are forgotten.
     pub fn evaluate(&mut self, now: Millis, settings: impl Fn(&str) -> Settings) -> Vec<Change> {
         let mut out = Vec::new();
-        let known = now.saturating_sub(self.started) >= BASELINE_MS;
-        let share = (now.saturating_sub(self.period_start) as f64 / BASELINE_MS as f64).clamp(0.0, 1.0);
+        let known = now.saturating_sub(self.started) >= self.baseline_ms;
+        let share = (now.saturating_sub(self.period_start) as f64 / self.baseline_ms as f64).clamp(0.0, 1.0);
         for (tenant, t) in self.tracked.iter_mut() {
             t.period.baseline = known.then_some(t.mean_jobs);
             let s = settings(tenant);
@@ -727,6 +746,39 @@ mod tests {
             "10x a baseline of about 100: {}",
             changes[0].threshold
         );
+    }
+
+    /// A 10 s baseline (`alerts.baseline`) of 1 s periods: judged after 10 s, not an hour,
+    /// and a tenant steady at 2 jobs a period that then finishes 100 in one opens one
+    /// volume alert against a baseline of about 2, resolved once its periods are quiet.
+    #[test]
+    fn a_short_baseline_is_known_after_it_and_judges_against_its_own_mean() {
+        let only_volume = |_: &str| Settings {
+            thresholds: Thresholds { for_periods: 1, volume_min_jobs: 20, ..Thresholds::default() },
+            off: vec![Rule::QueueWait, Rule::DeadLetters, Rule::FailureRate],
+            ..Settings::default()
+        };
+        let mut e = Evaluator::with_baseline(10, 0, 10_000);
+        let mut changes = Vec::new();
+        for s in 1..=40 {
+            let jobs = match s {
+                25 => 100,
+                _ if s < 25 => 2,
+                _ => 0,
+            };
+            for _ in 0..jobs {
+                e.observe(&result("acme", 1), (s - 1) * 1_000);
+            }
+            changes.extend(e.evaluate(s * 1_000, only_volume));
+        }
+        let kinds: Vec<_> = changes.iter().map(|c| matches!(c.transition, Transition::Opened { .. })).collect();
+        assert_eq!(kinds, vec![true, false], "{changes:?}");
+        assert_eq!(changes[0].transition, Transition::Opened { opened_at: 25_000 });
+        assert!((10.0..=20.0).contains(&changes[0].threshold), "10x a baseline of under 2: {}", changes[0].threshold);
+        let bad = |b: &str| toml::from_str::<AlertsConfig>(&format!("period = \"60s\"\nbaseline = \"{b}\"\n")).unwrap();
+        bad("1h").validate().unwrap();
+        assert_eq!(bad("30s").validate().unwrap_err().field, "baseline", "shorter than a period");
+        assert_eq!(bad("2d").validate().unwrap_err().field, "baseline", "longer than a day");
     }
 
     #[test]

@@ -318,14 +318,22 @@ impl PoisonDetectors {
 
     /// The other workers' outcomes per job type (their windows, as read): each type's
     /// detector judges its own and these together from now on; a type seen only
-    /// elsewhere gets a detector. Returns the types whose status changed.
+    /// elsewhere gets a detector while fewer than [`MAX_TENANT_DETECTORS`] are kept (past
+    /// it, the others' counts of types new here are not judged here: each worker keeps
+    /// its own bound, so N workers cannot make one hold N times it). Returns the types
+    /// whose status changed.
     pub fn set_fleet(&mut self, others: HashMap<String, Counts>, now: Millis) -> Vec<(String, bool)> {
         for d in self.by_type.values_mut() {
             d.fleet = Counts::default();
         }
         for (t, c) in others {
-            let config = &self.config;
-            self.by_type.entry(t).or_insert_with(|| PoisonDetector::new(config.clone())).fleet = c;
+            if let Some(d) = self.by_type.get_mut(&t) {
+                d.fleet = c;
+            } else if self.by_type.len() < MAX_TENANT_DETECTORS {
+                let mut d = PoisonDetector::new(self.config.clone());
+                d.fleet = c;
+                self.by_type.insert(t, d);
+            }
         }
         self.sweep(now)
     }
@@ -551,5 +559,20 @@ mod tests {
             m.record_tenant_outcome("x", &format!("t{t}"), 5 * MIN, Some(FailureClass::AppError));
         }
         assert_eq!(m.len(), MAX_TENANT_DETECTORS, "bounded: the newest tenants are not judged");
+    }
+
+    /// Three other workers each at their own bound of distinct pairs: this one keeps at
+    /// most its bound, and a pair it holds still gets the others' counts.
+    #[test]
+    fn the_fleets_counts_do_not_pass_the_bound() {
+        let mut m = PoisonDetectors::new(PoisonConfig::default());
+        m.record_tenant_outcome("x", "mine", MIN, Some(FailureClass::AppError));
+        let failing = Counts { ok: 0, failed: 50 };
+        let mut others: HashMap<String, Counts> =
+            (0..3 * MAX_TENANT_DETECTORS).map(|t| (tenant_key("x", &format!("t{t}")), failing)).collect();
+        others.insert(tenant_key("x", "mine"), failing);
+        m.set_fleet(others, MIN + 1);
+        assert_eq!(m.len(), MAX_TENANT_DETECTORS);
+        assert_eq!(m.get(&tenant_key("x", "mine")).map(|d| d.fleet), Some(failing));
     }
 }

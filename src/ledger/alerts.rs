@@ -70,7 +70,8 @@ impl Alerting {
         let stmts = store.alert_statements().await?;
         let sender = Sender::new(cfg.clone(), stmts.clone(), stop)
             .map_err(|e| LedgerError::Alerts(format!("cannot build the alerts' HTTP client: {e}")))?;
-        let mut eval = Evaluator::new(cfg.alerts.max_tenants, now_ms() - crate::core::alerts::CATCH_UP_MS);
+        let started = now_ms() - crate::core::alerts::CATCH_UP_MS;
+        let mut eval = Evaluator::with_baseline(cfg.alerts.max_tenants, started, cfg.alerts.baseline.0);
         let mut limits = LimitAlerts::new(cfg.alerts.max_tenants);
         for open in stmts.open().await? {
             let a = open.alert;

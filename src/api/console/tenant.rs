@@ -126,6 +126,58 @@ fn alerts_table(mut rows: Vec<crate::store::AlertRow>) -> String {
     html::table("alerts", &["Rule", "State", "Opened", "Value"], &body)
 }
 
+/// What a held-work rule is, for the breakers table: (kind, subject), or `None` for a
+/// rule that is not a breaker, quarantine or cap.
+fn breaker_of(rule: &str) -> Option<(&'static str, &str)> {
+    if let Some(dep) = rule.strip_prefix("dependency_circuit:") {
+        return Some(("dependency breaker (fleet-wide)", dep));
+    }
+    if let Some(pool) = rule.strip_prefix("limit:refused:circuit_open:") {
+        return Some(("submission breaker", pool));
+    }
+    let held = rule.strip_prefix("limit:held:")?;
+    if let Some(what) = held.strip_prefix("breaker/") {
+        Some(("job type breaker", what))
+    } else if let Some(what) = held.strip_prefix("quarantine/") {
+        Some(("quarantine", what))
+    } else {
+        held.strip_prefix("recycling_cap:").map(|pool| ("recycling cap", pool))
+    }
+}
+
+/// The breakers, quarantines and recycling caps that held the tenant's work, each in its
+/// latest state (open since, or closed when), open ones first: read from its alerts.
+fn breakers_table(rows: &[crate::store::AlertRow]) -> String {
+    let mut latest: BTreeMap<&str, &crate::store::AlertRow> = BTreeMap::new();
+    for a in rows.iter().filter(|a| breaker_of(&a.rule).is_some()) {
+        let e = latest.entry(a.rule.as_str()).or_insert(a);
+        if a.opened_at > e.opened_at {
+            *e = a;
+        }
+    }
+    let mut shown: Vec<_> = latest.into_values().collect();
+    shown.sort_by_key(|a| (a.resolved_at.is_some(), std::cmp::Reverse(a.opened_at)));
+    let mut body = String::new();
+    for a in &shown {
+        let Some((kind, subject)) = breaker_of(&a.rule) else { continue };
+        let state = match a.resolved_at {
+            None => format!("<span class=\"bad\">open</span> since {}", html::time(a.opened_at)),
+            Some(t) => format!("closed {} (opened {})", html::time(t), html::time(a.opened_at)),
+        };
+        let _ = write!(
+            body,
+            "<tr data-breaker=\"{}\" data-state=\"{}\"><td>{kind}</td><td>{}</td><td>{state}</td></tr>",
+            esc(&a.rule),
+            if a.resolved_at.is_none() { "open" } else { "closed" },
+            esc(subject),
+        );
+    }
+    if shown.is_empty() {
+        body.push_str("<tr><td colspan=\"3\" class=\"hint\">none held its work</td></tr>");
+    }
+    html::table("breakers", &["Kind", "What", "State"], &body)
+}
+
 /// Refusals and near-limit admissions per hour by code (rows: every process's apart).
 fn refusals_chart(rows: &[(Millis, String, i64)], hours: &[Millis]) -> String {
     let per_code = crate::core::refusals::hourly(rows, hours);
@@ -226,16 +278,19 @@ async fn body(st: &ApiState, v: &Viewer, name: &str) -> Result<String, ApiError>
     let hours = crate::core::refusals::hours_until(now, 24);
     let refused = refusal_stmts.tenant(name, &hours).await?;
     let tier = registry.get(name).map_or_else(|| "unregistered".to_string(), |t| t.tier.as_str().to_string());
+    let breakers = breakers_table(&alerts);
     Ok(format!(
         "<p class=\"hint\">Tier <b id=\"tenant-tier\">{}</b>. From the usage ledger (15-minute windows, written every \
          few seconds): share is the tenant's run time over every tenant's; the entitlement is its weight over the \
          weights of the tenants that used the fleet that day. <a href=\"/console/jobs?tenant={}\">its jobs</a></p>\
          <h2>Alerts</h2>{}\
+         <h2>Breakers, quarantines and caps</h2><p class=\"hint\">Each in its latest state, from the alerts \
+         kept: a breaker open holds the tenant's jobs of that type (or its submissions) until it closes.</p>{}\
          <h2>What held its work (last 24 hours)</h2><p class=\"hint\">Per hour: submissions the front door \
          refused, by limit and pool (<code>refused:&lt;limit&gt;:&lt;pool&gt;</code>), admissions that found the \
          tenant at 80 % or more of a limit (<code>near:...</code>), and jobs workers held for its breakers, \
-         quarantines or the recycling cap (<code>held:...</code>). Dependency breakers: the \
-         <code>dependency_circuit:&lt;name&gt;</code> alerts above.</p>{}\
+         quarantines or the recycling cap (<code>held:...</code>). Dependency breakers: the table \
+         above.</p>{}\
          <h2>Dead letters per job type</h2><p class=\"hint\">Dead-lettered: jobs that failed for good (their \
          dead letters are on the <a href=\"/console/dlq\">DLQ page</a>, to replay).</p>{}\
          <h2>Last 24 hours (hourly)</h2><div class=\"charts\" id=\"charts-24h\">{}</div>\
@@ -243,6 +298,7 @@ async fn body(st: &ApiState, v: &Viewer, name: &str) -> Result<String, ApiError>
         esc(&tier),
         html::url(name),
         alerts_table(alerts),
+        breakers,
         refusals_chart(&refused, &hours),
         dead_letters_table(&data.types_24h, &data.types_30d),
         charts(&data.hours, "24h", false),
@@ -322,5 +378,37 @@ mod tests {
         let order: Vec<&str> = t.match_indices("data-alert=\"").map(|(i, _)| &t[i + 12..i + 15]).collect();
         assert_eq!(order, ["ope", "new", "old"]);
         assert!(alerts_table(vec![]).contains("no alerts kept"));
+    }
+
+    /// One row per breaker in its latest state (a breaker that opened again shows open),
+    /// open first; other rules are not breakers.
+    #[test]
+    fn breakers_show_each_in_its_latest_state() {
+        let a = |rule: &str, opened_at, resolved_at| crate::store::AlertRow {
+            tenant: "t".into(),
+            alert_id: format!("{rule}@{opened_at}"),
+            rule: rule.into(),
+            opened_at,
+            resolved_at,
+            value: 1.0,
+            threshold: 1.0,
+        };
+        let rows = vec![
+            a("queue_wait", 1, None),
+            a("limit:held:breaker/charge:short", 1, Some(2)),
+            a("dependency_circuit:payments", 3, Some(4)),
+            a("limit:held:breaker/charge:short", 5, None),
+            a("limit:held:quarantine/parse:long", 6, Some(7)),
+            a("limit:refused:tenant_rate:short", 6, None),
+        ];
+        let t = breakers_table(&rows);
+        let states: Vec<&str> =
+            t.match_indices("data-state=\"").map(|(i, _)| &t[i + 12..]).map(|r| &r[..r.find('"').unwrap()]).collect();
+        assert_eq!(states, ["open", "closed", "closed"], "{t}");
+        let first = t.find("data-breaker=\"limit:held:breaker/charge:short\" data-state=\"open\"");
+        assert!(first.is_some_and(|i| i < t.find("quarantine").unwrap()), "{t}");
+        assert!(t.contains("dependency breaker (fleet-wide)</td><td>payments"), "{t}");
+        assert!(!t.contains("queue_wait") && !t.contains("tenant_rate"), "{t}");
+        assert!(breakers_table(&[]).contains("none held its work"));
     }
 }
