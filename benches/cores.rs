@@ -298,9 +298,9 @@ fn held_bench(c: &mut Criterion) {
     g.throughput(Throughput::Elements(N as u64));
     g.sample_size(20);
 
+    // 64 slots: a few capped tenants are held, and every tenant is walked.
     let b = SchedBench::new(N, 5, true);
-    let held = b.s.held_at_limits(b.now);
-    assert!(held.len() > N / 10, "capped and paced tenants are held: {}", held.len());
+    assert!(!b.s.held_at_limits(b.now).is_empty(), "capped tenants with a job running are held");
     g.bench_function("scheduler_held_at_limits/10k_tenants", |bench| bench.iter(|| b.s.held_at_limits(b.now)));
 
     let names: Vec<String> = (0..N).map(|i| format!("tenant-{i:05}")).collect();
