@@ -50,6 +50,7 @@ fn plan(jobs: usize, cuts: Vec<Cut>, session_timeout: Duration) -> Plan {
         job_ms: 300,
         cuts,
         cut_after: 0.1,
+        cut_delay: Duration::ZERO,
         session_timeout,
         slots: 32,
         partitions: 6,
@@ -169,6 +170,27 @@ async fn a_30_s_cut_from_both_repeats_at_most_5_results_and_none_after_the_link_
     assert_recovered(&r[0]);
     assert!(r[0].duplicate_results <= 5, "at most 5 repeated results: {s}");
     assert_eq!(r[0].inside_duplicates_after_restore, 0, "no second result from the cut-off worker after the cut: {s}");
+}
+
+/// The lease fence on the engines: 48 jobs of 30 s run on both workers when one is cut
+/// from the store for 30 s (8 s after they were submitted). No heartbeat of its runs is
+/// acknowledged, so it fences them within two heartbeat intervals (10 s) and they stop,
+/// before any take-over may start (the 15 s lapse); the jobs run again, once, after the
+/// lapse. So no job runs on two workers at once at any time and none has two results.
+/// Fails without the fence: the cut-off worker's runs go on to their end, past the
+/// take-over's start (an overlap of about 10 s each).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a finding (issue 62): the runs are fenced in time, but once the store is back the cut-off worker re-runs 6-11 of its 18-30 fenced jobs beside their take-overs"]
+async fn a_worker_cut_from_the_store_fences_its_long_runs_before_another_takes_them_over() {
+    let cuts = vec![Cut::new(&[Link::Store], Duration::from_secs(30))];
+    let mut p = plan(48, cuts, Duration::from_secs(10));
+    (p.job_ms, p.cut_after, p.cut_delay, p.probes) = (30_000, 0.0, Duration::from_secs(8), 12);
+    let r = run(p, Duration::from_secs(240)).await;
+    assert_recovered(&r[0]);
+    let s = r[0].summary();
+    assert!(r[0].runs_fenced > 0, "the cut-off worker fenced its runs: {s}");
+    assert_eq!(r[0].jobs_overlapping, 0, "no job ran on two workers at once, for any time: {s}");
+    assert_eq!(r[0].duplicate_results, 0, "one result each: {s}");
 }
 
 /// With `worker.store_outage_limit` of 5 s, a 20 s store cut makes the worker give up:

@@ -82,6 +82,7 @@ pub async fn run(g: &Global, a: PartitionsArgs) -> anyhow::Result<ExitCode> {
             job_ms: a.job_ms,
             cuts: vec![Cut { links, duration: cut_for }],
             cut_after: a.cut_after,
+            cut_delay: std::time::Duration::ZERO,
             session_timeout: a.session_timeout,
             slots: a.slots,
             partitions: a.partitions,

@@ -3,7 +3,9 @@
 //!
 //! The read exists for copies that may have progressed elsewhere: a redelivered offset
 //! (a worker finished it but died before committing), a retry or relayed copy, a replay,
-//! a rerun, a cancel. A **dispatch frontier** per topic partition rules out the first:
+//! a rerun, a cancel, a record its worker takes in again after a run of it whose outcome
+//! was not durable (`worker::route::Origin::taken_again`: another worker may have taken
+//! the job over meanwhile). A **dispatch frontier** per topic partition rules out the first:
 //! before starting any offset beyond it a worker raises it durably (in chunks, so one
 //! write covers many jobs), and a worker taking a partition over reads it once; an
 //! offset above the frontier it read was never started by anyone. The job's own fields

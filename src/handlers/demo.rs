@@ -10,7 +10,8 @@ use std::time::Duration;
 
 /// With `FAIRWAY_RUN_LOG=<path>` in a worker's environment the sleep handler appends a
 /// line per execution to that file: `start <job id> <unix ms> <pid>` when it starts,
-/// `done <job id> <unix ms> <pid>` when it returns, each in one O_APPEND write, so several
+/// `done <job id> <unix ms> <pid>` when it ends (returns, or is stopped: its future
+/// dropped, as a fenced or aborted run's is), each in one O_APPEND write, so several
 /// worker processes can share the file (`fairway-bench bench faults` counts jobs run twice from
 /// it, `netlab::scenario` also runs on two workers at once).
 pub const RUN_LOG_ENV: &str = "FAIRWAY_RUN_LOG";
@@ -24,6 +25,15 @@ fn log_run(phase: &str, job_id: &str) {
     });
     if let Some(mut f) = file.as_ref() {
         let _ = f.write_all(format!("{phase} {job_id} {} {}\n", crate::now_ms(), std::process::id()).as_bytes());
+    }
+}
+
+/// Writes a run's `done` line when dropped: when the run returns, and when it is stopped.
+struct RunLogged<'a>(&'a str);
+
+impl Drop for RunLogged<'_> {
+    fn drop(&mut self) {
+        log_run("done", self.0);
     }
 }
 
@@ -60,6 +70,7 @@ impl Handler for Sleep {
         async move {
             let p: SleepParams = params(&ctx.job.payload)?;
             log_run("start", &ctx.job.job_id);
+            let _ended = RunLogged(&ctx.job.job_id);
             const STEPS: u32 = 20;
             let mut start = 0;
             if p.checkpoint_every > 0 {
@@ -80,7 +91,6 @@ impl Handler for Sleep {
                         .map_err(|e| HandlerError::dependency(e.to_string()))?;
                 }
             }
-            log_run("done", &ctx.job.job_id);
             Ok(format!("{{\"slept_ms\":{},\"resumed_from_step\":{start}}}", p.ms).into_bytes())
         }
         .boxed()

@@ -54,8 +54,11 @@ pub struct Plan {
     pub jobs: usize,
     pub job_ms: u64,
     pub cuts: Vec<Cut>,
-    /// Share of the phase's jobs finished when the cut starts (0..1).
+    /// Share of the phase's jobs finished when the cut starts (0..1)...
     pub cut_after: f64,
+    /// ...and at least this long after the phase's first submission (so long jobs are
+    /// running when it starts).
+    pub cut_delay: Duration,
     pub session_timeout: Duration,
     pub slots: usize,
     pub partitions: i32,
@@ -106,6 +109,9 @@ pub struct Report {
     /// Producer rebuilds and give-ups the workers logged in this phase.
     pub producer_rebuilds: usize,
     pub gave_up: usize,
+    /// Runs the workers fenced in this phase (no heartbeat acknowledged for two
+    /// intervals: `worker::liveness::fence_watch`), from their logs.
+    pub runs_fenced: usize,
     pub probes: usize,
     pub probes_finished: usize,
     pub probes_by_inside: usize,
@@ -130,7 +136,7 @@ impl Report {
     pub fn summary(&self) -> String {
         format!(
             "{} {}s: stuck {} lost {} dup {} (inside after restore {}) twice {} overlap>{}s {} done {:?}s recover {:?}s inside exits {:?} \
-             rebuilds {} gave_up {} probes {}/{} (inside {}, holds {:?}) livez cut/after {:?}/{:?}",
+             rebuilds {} gave_up {} fenced {} overlapping {} (longest {}s) probes {}/{} (inside {}, holds {:?}) livez cut/after {:?}/{:?}",
             self.kind,
             self.cut_s,
             self.stuck,
@@ -145,6 +151,9 @@ impl Report {
             self.inside_exits,
             self.producer_rebuilds,
             self.gave_up,
+            self.runs_fenced,
+            self.jobs_overlapping,
+            self.longest_overlap_s,
             self.probes_finished,
             self.probes,
             self.probes_by_inside,
@@ -156,6 +165,8 @@ impl Report {
 }
 
 const TENANTS: [&str; 3] = ["pa", "pb", "pc"];
+/// What a worker logs when it fences a run (`worker::liveness::fence_watch`).
+const FENCED: &str = "no heartbeat of this run was acknowledged for two intervals";
 const WORKER_LOG: &str = "warn,fairway::worker::pool=info,fairway::worker::watchdog=info,fairway::kafka=info";
 
 /// A worker's configuration file in the lab; `metrics` is its `/metrics` + probes
@@ -470,12 +481,14 @@ async fn cut_while_running(
     ids: &HashSet<String>,
     tally: &mut Tally,
 ) -> Result<(Option<Instant>, Instant, Option<Instant>), LabError> {
-    let deadline = Instant::now() + plan.timeout;
+    let started = Instant::now();
+    let deadline = started + plan.timeout;
     let (mut cut_at, mut restored_at, mut all_done_at) = (None::<Instant>, None::<Instant>, None::<Instant>);
     while Instant::now() < deadline && all_done_at.is_none() {
         tally.take(s, ids, restored_at.is_some(), None).await;
         let done = tally.results.len();
-        if cut_at.is_none() && done as f64 >= plan.cut_after * plan.jobs as f64 {
+        let due = done as f64 >= plan.cut_after * plan.jobs as f64 && started.elapsed() >= plan.cut_delay;
+        if cut_at.is_none() && due {
             for l in &cut.links {
                 lab.set_link(*l, false)?;
             }
@@ -510,10 +523,11 @@ async fn cut_while_running(
 
 /// One phase: jobs, the cut while they run, probes, counts.
 async fn phase(lab: &mut Lab, plan: &Plan, cut: &Cut, s: &mut Session) -> Result<Report, LabError> {
-    let (exits_before, rebuilds_before, gave_up_before) = (
+    let (exits_before, rebuilds_before, gave_up_before, fenced_before) = (
         (s.fleet.inside_exits.len(), s.fleet.host_exits.len()),
         Fleet::in_logs(lab, "producer rebuilt"),
         Fleet::in_logs(lab, "cannot serve its partitions"),
+        Fleet::in_logs(lab, FENCED),
     );
     // `/livez` over a link this cut leaves up.
     let up = [Link::Broker, Link::Store].into_iter().find(|l| !cut.links.contains(l));
@@ -576,6 +590,7 @@ async fn phase(lab: &mut Lab, plan: &Plan, cut: &Cut, s: &mut Session) -> Result
         host_exits: s.fleet.host_exits[exits_before.1..].to_vec(),
         producer_rebuilds: Fleet::in_logs(lab, "producer rebuilt") - rebuilds_before,
         gave_up: Fleet::in_logs(lab, "cannot serve its partitions") - gave_up_before,
+        runs_fenced: Fleet::in_logs(lab, FENCED) - fenced_before,
         probes: probes.ids.len(),
         probes_finished: probes.done.len(),
         probes_by_inside: probes.by_inside,

@@ -49,8 +49,9 @@ impl Frontiers {
     /// Called before a job of the pool topic starts. Records the frontier past its offset
     /// (every started offset must be covered, whatever this job's own check is) and says
     /// whether the state read may be skipped: true only if nobody can have started the
-    /// job (else read it: a copy, a redelivery, a cancel on the feed, or no proof). An
-    /// error means the store is unavailable: the job must not start.
+    /// job (else read it: a copy, a redelivery, a record taken in again after a run of it
+    /// here, a cancel on the feed, or no proof). An error means the store is unavailable:
+    /// the job must not start.
     pub async fn before_start(
         &self,
         store: &dyn RouteStore,
@@ -63,6 +64,7 @@ impl Frontiers {
         }
         let never_started = self.reserve(store, origin).await?;
         Ok(self.skip_reads
+            && !origin.taken_again
             && never_started
             && frontier::straight_from_submitter(job, origin.submitted, now, MAX_AGE_MS)
             && self.feed.rules_out_cancel(&job.job_id, now))

@@ -185,8 +185,13 @@ async fn reap_pool(sh: &Shared, pool: Pool) -> Result<(), Box<dyn std::error::Er
             Err(e) => {
                 // Never dropped: dead-lettered with its bytes and the reason (kept in the
                 // index for the next round if the dead letter is not acknowledged).
-                let origin =
-                    Origin { topic: "store:running_index".into(), partition: -1, offset: started_at, submitted: false };
+                let origin = Origin {
+                    topic: "store:running_index".into(),
+                    partition: -1,
+                    offset: started_at,
+                    submitted: false,
+                    taken_again: false,
+                };
                 if super::durable::dead_letter_undecodable(&sh.cfg, &sh.producer, blob, &e, &origin).await.is_yes() {
                     sh.store.delete_running_job(pool.as_str(), &job_id).await?;
                 }

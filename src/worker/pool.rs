@@ -604,7 +604,8 @@ impl Loop {
         use kafka::Headers;
         let submitted =
             msg.headers().is_some_and(|h| h.iter().any(|h| h.key == crate::core::frontier::SUBMITTED_HEADER));
-        let origin = Origin { topic: self.topic.clone(), partition: msg.partition(), offset: msg.offset(), submitted };
+        let (partition, offset) = (msg.partition(), msg.offset());
+        let origin = Origin { topic: self.topic.clone(), partition, offset, submitted, taken_again: false };
         let bytes = msg.payload().unwrap_or_default().to_vec();
         self.on_message(origin, bytes, msg.timestamp().to_millis());
     }
@@ -1310,6 +1311,7 @@ impl Loop {
                 self.holding_bytes -= again.bytes();
                 if self.parts.get(&origin.partition).is_some_and(|st| st.incarnation == incarnation) {
                     metrics::counter!(m::JOBS_TAKEN_AGAIN, "pool" => self.pool()).increment(1);
+                    let origin = Origin { taken_again: true, ..origin };
                     match again {
                         Again::Job(job) => {
                             self.enqueue(Pending { job, origin, incarnation, received_at: now_ms(), spill })
@@ -1458,7 +1460,8 @@ impl Loop {
                 for (offset, bytes) in rows {
                     // Read back from the store: whether it was the submitter's record is
                     // not kept, so it counts as a copy (its state is read).
-                    let origin = Origin { topic: self.topic.clone(), partition, offset, submitted: false };
+                    let origin =
+                        Origin { topic: self.topic.clone(), partition, offset, submitted: false, taken_again: false };
                     let spill = Some(SpillRef { tenant: tenant.clone(), bucket: plan.bucket });
                     match validate(&self.sh, &bytes) {
                         Ok(job) => {

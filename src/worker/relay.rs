@@ -242,7 +242,8 @@ impl Relay {
     fn dead_letter(&self, key: Key, offset: i64, ep: u64, e: codec::CodecError, raw: Vec<u8>) {
         let (cfg, producer, tx) = (self.cfg.clone(), self.producer.clone(), self.done_tx.clone());
         tokio::spawn(async move {
-            let origin = Origin { topic: key.0.clone(), partition: key.1, offset, submitted: false };
+            let origin =
+                Origin { topic: key.0.clone(), partition: key.1, offset, submitted: false, taken_again: false };
             if durable::dead_letter_undecodable(&cfg, &producer, raw, &e, &origin).await.is_yes() {
                 let _ = tx.send((key, offset, ep));
             }
@@ -400,8 +401,13 @@ async fn promote_bucket(
         let job = match codec::decode_job(&blob) {
             Ok(job) => job,
             Err(e) => {
-                let origin =
-                    Origin { topic: "store:scheduled_jobs".into(), partition: -1, offset: at, submitted: false };
+                let origin = Origin {
+                    topic: "store:scheduled_jobs".into(),
+                    partition: -1,
+                    offset: at,
+                    submitted: false,
+                    taken_again: false,
+                };
                 if durable::dead_letter_undecodable(cfg, producer, blob, &e, &origin).await.is_yes() {
                     let _ = store.delete_scheduled(at, &job_id).await;
                 } else {

@@ -55,6 +55,10 @@ pub struct Origin {
     pub offset: i64,
     /// The record is a submitter's own (`core::frontier::SUBMITTED_HEADER`), not a copy.
     pub submitted: bool,
+    /// This worker takes the record in again after a run of it whose outcome was not
+    /// durable (a fenced run, a store outage at its end): another worker may have taken
+    /// the job over meanwhile, so its state is read, never skipped by the frontier.
+    pub taken_again: bool,
 }
 
 /// How an execution ended, for the scheduler's accounting and the metrics.

@@ -77,10 +77,20 @@ impl Fixture {
 
     /// A worker whose handler of the job type is `handler`.
     fn worker_running(&self, worker_id: &str, handler: Arc<dyn Handler>) -> Arc<RouteContext> {
+        self.worker_with_feed(worker_id, handler, Arc::new(frontier::CancelFeed::default()))
+    }
+
+    /// A worker whose frontier may skip the state read of a fresh job while `feed` is
+    /// current (`CancelFeed::polled_empty`), as a worker's does.
+    fn worker_with_feed(
+        &self,
+        worker_id: &str,
+        handler: Arc<dyn Handler>,
+        feed: Arc<frontier::CancelFeed>,
+    ) -> Arc<RouteContext> {
         let (cfg, pool) = (self.cfg.clone(), Pool::Short);
         let mut registry = Registry::default();
         registry.insert(JOB_TYPE, handler);
-        let feed = Arc::new(frontier::CancelFeed::default());
         Arc::new(RouteContext {
             metrics: crate::metrics::PoolMetrics::new(pool.as_str()),
             pool,
@@ -109,7 +119,13 @@ impl Fixture {
     }
 
     fn origin(&self) -> Origin {
-        Origin { topic: self.cfg.pool_topic(Pool::Short), partition: 0, offset: 7, submitted: false }
+        Origin {
+            topic: self.cfg.pool_topic(Pool::Short),
+            partition: 0,
+            offset: 7,
+            submitted: false,
+            taken_again: false,
+        }
     }
 
     /// Runs the job's route on `route` as the pool loop does, to its end.
@@ -437,6 +453,8 @@ async fn a_delayed_submitters_record_skips_the_read_unless_handed_to_the_relay_b
     let submitted = Origin { submitted: true, ..f.origin() };
     let first = owner(&feed);
     assert!(first.before_start(f.store.as_ref(), &job, &submitted, now).await.unwrap(), "the submitter's record");
+    let again = Origin { taken_again: true, ..submitted.clone() };
+    assert!(!first.before_start(f.store.as_ref(), &job, &again, now).await.unwrap(), "taken in again: read it");
     let copy = Origin { offset: 9, ..f.origin() };
     assert!(!first.before_start(f.store.as_ref(), &job, &copy, now).await.unwrap(), "a relay's copy is read");
     // An offset far past the first's chunk, handed to the relay by the first owner.
@@ -450,7 +468,11 @@ async fn a_delayed_submitters_record_skips_the_read_unless_handed_to_the_relay_b
 
 /// Runs `job` on `route` in the background as the pool loop does.
 fn spawn_route(f: &Fixture, route: Arc<RouteContext>, job: Arc<JobSubmitted>) -> tokio::task::JoinHandle<Ended> {
-    let origin = f.origin();
+    spawn_from(route, job, f.origin())
+}
+
+/// Runs `job` read at `origin` on `route` in the background as the pool loop does.
+fn spawn_from(route: Arc<RouteContext>, job: Arc<JobSubmitted>, origin: Origin) -> tokio::task::JoinHandle<Ended> {
     tokio::spawn(async move {
         let mut slot = SlotRelease::new(|_, _| {});
         let waited = Waited { received_at: EPOCH, dispatched_at: EPOCH };
@@ -556,4 +578,38 @@ async fn a_run_whose_heartbeats_go_unacknowledged_fences_itself_before_the_lapse
     assert_eq!(results.len(), 1, "one result");
     assert_eq!((results[0].status, results[0].attempts), (JobStatus::Succeeded, 1), "the fence used no attempt");
     assert_eq!(f.store.row("job-1").unwrap().crash_count, Some(1), "counted as the crash it looks like");
+}
+
+/// A copy taken in again after its run was fenced reads the job's row although its offset
+/// is fresh to this worker's frontier: another worker took the job over meanwhile, so it
+/// follows that run to its end instead of running beside it. Found on the engines
+/// (`it_partitions`: a worker cut from the store re-ran 11 of its 30 fenced jobs beside
+/// their take-overs once the store was back). Fails when a copy taken again may skip the
+/// read: it runs a third time, at once.
+#[tokio::test(start_paused = true)]
+async fn a_copy_taken_in_again_after_its_fence_follows_the_take_over_instead_of_running_beside_it() {
+    // The first run never returns (it is fenced); every later one takes 8 s.
+    let f = Fixture::with(1, LONG_RUN);
+    let feed = Arc::new(frontier::CancelFeed::default());
+    feed.polled_empty(f.clock.now_ms());
+    let w1 = f.worker_with_feed("w1", f.echo.clone(), feed.clone());
+    let job = f.job();
+    assert_eq!(spawn_route(&f, w1.clone(), job.clone()).await.unwrap(), Ended::NotDurable, "fenced");
+    let second = spawn_route(&f, f.worker("w2"), job.clone());
+    // w2 waits out the lapse, then takes the job over and runs it.
+    for _ in 0..600 {
+        if f.store.row("job-1").and_then(|r| r.worker).as_deref() == Some("w2") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(f.echo.runs.load(Ordering::SeqCst), 2, "taken over by w2");
+    // w1 takes its record in again, as its pool loop does, with a current cancel feed.
+    feed.polled_empty(f.clock.now_ms());
+    let again = Origin { taken_again: true, ..f.origin() };
+    let third = spawn_from(w1, job, again);
+    assert_eq!(second.await.unwrap(), Ended::Ran);
+    assert_eq!(third.await.unwrap(), Ended::Skipped, "it followed w2's run to its end");
+    assert_eq!(f.echo.runs.load(Ordering::SeqCst), 2, "never run beside the take-over");
+    assert_eq!(f.results().len(), 1);
 }

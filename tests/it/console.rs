@@ -576,6 +576,29 @@ async fn a_tenants_page_charts_what_the_ledger_counted_and_the_overview_its_top_
         assert!(alerts.as_u64().is_some_and(|n| n >= 1), "{alerts}");
         assert!(text(&c, "#alerts").await.unwrap().contains("queue_wait"));
         screenshot(&c, "tenant-page").await;
+        // Its breakers in their latest state: two alert rows as the ledger's leader writes
+        // them (their rules run end to end in it_alerts; here, how the page shows them).
+        let alerts = fairway::store::Store::open(&s.cfg).await.unwrap().alert_statements().await.unwrap();
+        let now = fairway::now_ms();
+        let row = |rule: &str, opened_at: i64, resolved_at: Option<i64>| fairway::store::AlertRow {
+            tenant: "acme".into(),
+            alert_id: format!("{rule}-{opened_at}"),
+            rule: rule.into(),
+            opened_at,
+            resolved_at,
+            value: 1.0,
+            threshold: 0.0,
+        };
+        alerts.opened(&row("dependency_circuit:payments", now - 5_000, None), 3_600).await.unwrap();
+        alerts.opened(&row("limit:held:breaker/gate:short", now - 60_000, Some(now - 30_000)), 3_600).await.unwrap();
+        c.goto(&s.url("/console/tenants/acme")).await.unwrap();
+        let states = js(
+            &c,
+            "return [...document.querySelectorAll('#breakers tr[data-breaker]')].map(r => r.dataset.breaker + ' ' + r.dataset.state)",
+        )
+        .await;
+        assert_eq!(states, json!(["dependency_circuit:payments open", "limit:held:breaker/gate:short closed"]));
+        screenshot(&c, "tenant-page-breakers").await;
         // Its end user past its rate: one admitted, two refused, charted by code once the
         // API process wrote its counts (every 5 s).
         let mut statuses = Vec::new();
