@@ -82,7 +82,12 @@ fn upsert(jobs: &mut HashMap<String, JobRow>, u: &StateUpdate<'_>, now: Millis) 
     row.updated_at = Some(now);
 }
 
+/// Writes a heartbeat unless a newer one is stored: the store orders heartbeat writes by
+/// their stamp (`store::beat_timestamp`), so a late older beat never replaces a newer one.
 fn beat(state: &mut MemState, b: &Beat<'_>) {
+    if state.heartbeats.get(b.job_id).is_some_and(|(hb, _)| hb.at.is_some_and(|at| at > b.at)) {
+        return;
+    }
     let row = HeartbeatRow {
         job_id: b.job_id.into(),
         worker: Some(b.worker.into()),

@@ -50,6 +50,7 @@
 //! the simulator can drive it is issue 50's item 1.
 
 mod check;
+pub mod contract;
 pub mod doubles;
 mod ledger;
 mod rng;

@@ -365,7 +365,8 @@ impl Store {
             .await?,
             put_heartbeat: prep(
                 format!(
-                    "INSERT INTO {ks}.heartbeats (job_id, worker, at, progress, message) VALUES (?, ?, ?, ?, ?) USING TTL ?"
+                    "INSERT INTO {ks}.heartbeats (job_id, worker, at, progress, message) VALUES (?, ?, ?, ?, ?) \
+                     USING TTL ? AND TIMESTAMP ?"
                 ),
                 "prepare put_heartbeat",
             )
@@ -597,7 +598,7 @@ impl Store {
         batch.append_statement(p.put_heartbeat.clone());
         batch.append_statement(p.put_running_job.clone());
         let values = (
-            (u.job_id, u.worker, now, 0.0f64, "started", heartbeat_ttl_secs),
+            (u.job_id, u.worker, now, 0.0f64, "started", heartbeat_ttl_secs, beat_timestamp(now)),
             (self.scope.as_str(), u.pool, u.job_id, u.worker, u.started_at.unwrap_or(now), encoded_job),
         );
         self.session.batch(&batch, values).await.map_err(q("put running"))?;
@@ -667,7 +668,7 @@ impl Store {
         let mut values = Vec::with_capacity(beats.len());
         for (id, progress, msg) in beats {
             batch.append_statement(self.prepared.put_heartbeat.clone());
-            values.push((id.as_str(), worker, at, *progress, msg.as_str(), ttl_secs));
+            values.push((id.as_str(), worker, at, *progress, msg.as_str(), ttl_secs, beat_timestamp(at)));
         }
         self.session.batch(&batch, values).await.map_err(q("put heartbeats"))?;
         Ok(())
@@ -876,6 +877,9 @@ impl Store {
         Ok(())
     }
 
+    /// A heartbeat stamped `at`. Every heartbeat write carries its stamp as its write
+    /// timestamp ([`beat_timestamp`]), so an older beat that lands late never replaces a
+    /// newer one.
     pub async fn put_heartbeat(
         &self,
         job_id: &str,
@@ -886,7 +890,10 @@ impl Store {
         ttl_secs: i32,
     ) -> Result<(), StoreError> {
         self.session
-            .execute_unpaged(&self.prepared.put_heartbeat, (job_id, worker, at, progress, message, ttl_secs))
+            .execute_unpaged(
+                &self.prepared.put_heartbeat,
+                (job_id, worker, at, progress, message, ttl_secs, beat_timestamp(at)),
+            )
             .await
             .map_err(q("put heartbeat"))?;
         Ok(())
@@ -1226,4 +1233,12 @@ impl FleetStatements {
         }
         Ok(crate::core::fleet::aggregate(&rows, crate::now_ms(), max_age_ms))
     }
+}
+
+/// The write timestamp of a heartbeat stamped `at` (epoch ms), in the microseconds the
+/// store orders writes by: a beat sent before the lease lapsed but landing after a
+/// take-over's newer beat (a cut-off worker's write, retried by the driver once its link
+/// is back) loses to it, instead of making the live take-over look lapsed (issue 62).
+pub fn beat_timestamp(at: Millis) -> i64 {
+    at.saturating_mul(1_000)
 }

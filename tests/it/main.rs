@@ -42,6 +42,7 @@ mod rerun;
 mod restore;
 mod scale;
 mod schema_upgrade;
+mod store_contract;
 mod tenants;
 mod tls;
 mod trace;

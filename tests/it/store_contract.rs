@@ -1,0 +1,15 @@
+//! The store double's contract (`fairway::sim::contract`) on the real store: the same
+//! cases its unit tests run on `sim::doubles::MemStore`, here on Cassandra through
+//! `fairway::store::Store`'s implementation of the route's seam.
+
+use crate::common;
+use fairway::sim::contract;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_older_heartbeat_never_replaces_a_newer_one_on_the_real_store() {
+    let cfg = common::arc(common::config(""));
+    common::init(&cfg).await;
+    let store = fairway::store::Store::open(&cfg).await.unwrap();
+    let job_id = format!("contract-{}", uuid::Uuid::new_v4());
+    contract::a_late_older_heartbeat_never_replaces_a_newer_one(&store, &job_id, fairway::now_ms()).await.unwrap();
+}
