@@ -256,10 +256,9 @@ pub struct LoggedWorker {
 
 /// What a worker's log says it owns: the partitions, since when, and every partition it
 /// gave up (revoked or lost), in order.
-#[derive(Default)]
 struct Owned {
     parts: std::collections::BTreeSet<i32>,
-    since: Option<Instant>,
+    since: Instant,
     revoked: Vec<i32>,
 }
 
@@ -280,7 +279,11 @@ pub fn spawn_logged_worker(config_path: &std::path::Path, pools: &str) -> Logged
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn worker");
-    let owned = Arc::new(std::sync::Mutex::new(Owned { since: Some(Instant::now()), ..Default::default() }));
+    let owned = Arc::new(std::sync::Mutex::new(Owned {
+        parts: Default::default(),
+        since: Instant::now(),
+        revoked: Vec::new(),
+    }));
     let (log, state) = (child.stderr.take().expect("stderr"), owned.clone());
     let log_kept = Arc::new(std::sync::Mutex::new((Vec::new(), VecDeque::with_capacity(LOG_TAIL))));
     let kept = log_kept.clone();
@@ -331,7 +334,7 @@ pub fn spawn_logged_worker(config_path: &std::path::Path, pools: &str) -> Logged
                     s.revoked.push(p);
                 }
             }
-            s.since = Some(Instant::now());
+            s.since = Instant::now();
         }
     });
     LoggedWorker { child, owned, log: log_kept, probes }
@@ -384,7 +387,7 @@ impl LoggedWorker {
             {
                 let s = self.owned.lock().unwrap();
                 if s.parts.len() >= n {
-                    return s.since;
+                    return Some(s.since);
                 }
             }
             std::thread::sleep(Duration::from_millis(20));
