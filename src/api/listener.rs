@@ -12,6 +12,12 @@
 //!   read while no request is open must become a request within it:
 //!   [`super::connection`]); a connection without a byte read or written for
 //!   `idle_timeout` is closed ([`IdleIo`]).
+//! - A connection closed with a request body left unread (a body refused before it was
+//!   read: `TOO_MANY_SUBMISSIONS`, `PAYLOAD_TOO_LARGE`) first sends its end and then
+//!   reads and discards what the client still sends, until the client ends too or for
+//!   at most [`LINGER`] (in an 8 KiB scratch buffer, holding its connection slot):
+//!   closing with unread bytes would reset the connection, and a reset can destroy the
+//!   refusal before the client reads it.
 //! - Each tenant (all its keys) and admin key holds at most `connections_per_tenant` of
 //!   the connections its requests came on ([`super::connection::Conn::carry`]).
 //! - Saturation shows in `fairway_api_connections` (open), in
@@ -36,6 +42,10 @@ use tokio::io::AsyncWriteExt;
 pub const REFUSING: usize = 256;
 /// How long a refusal may take to write.
 const REFUSAL_WRITE: Duration = Duration::from_secs(1);
+/// How long a closing connection reads and discards what its client still sends.
+pub const LINGER: Duration = Duration::from_secs(2);
+/// Reads a lingering connection makes in one poll before it yields.
+const LINGER_READS_PER_POLL: usize = 64;
 
 /// What the per-prefix bound counts (and how its refusals are told apart).
 const PER_PREFIX: &str = "connections from one network prefix";
@@ -252,6 +262,8 @@ pub struct IdleIo {
     /// While a head is awaited: the connection's requests started when it began to be.
     head_since: Option<u64>,
     head_timer: Pin<Box<tokio::time::Sleep>>,
+    /// Once its end is sent: until when it reads and discards the client's bytes.
+    linger: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl IdleIo {
@@ -263,7 +275,30 @@ impl IdleIo {
             conn,
             head_since: None,
             head_timer: Box::pin(tokio::time::sleep(deadlines.head)),
+            linger: None,
         }
+    }
+
+    /// After its end is sent: discards what the client still sends until it ends too,
+    /// fails, or `linger` passes.
+    fn poll_linger(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let mut scratch = [0u8; 8192];
+        for _ in 0..LINGER_READS_PER_POLL {
+            let mut buf = tokio::io::ReadBuf::new(&mut scratch);
+            match tokio::io::AsyncRead::poll_read(Pin::new(&mut self.io), cx, &mut buf) {
+                Poll::Ready(Ok(())) if buf.filled().is_empty() => return Poll::Ready(()),
+                Poll::Ready(Ok(())) => continue,
+                Poll::Ready(Err(_)) => return Poll::Ready(()),
+                Poll::Pending => {
+                    return match self.linger.as_mut().map(|t| t.as_mut().poll(cx)) {
+                        Some(Poll::Pending) => Poll::Pending,
+                        _ => Poll::Ready(()),
+                    }
+                }
+            }
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
     }
 
     /// After bytes were read: a head is awaited from now when no request is open.
@@ -330,8 +365,15 @@ impl tokio::io::AsyncWrite for IdleIo {
         let r = Pin::new(&mut this.io).poll_flush(cx);
         this.check(cx, r)
     }
+    /// Sends the end, then lingers ([`LINGER`]) so unread bytes do not reset the
+    /// connection before the client reads the answer.
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+        let this = self.get_mut();
+        if this.linger.is_none() {
+            std::task::ready!(Pin::new(&mut this.io).poll_shutdown(cx))?;
+            this.linger = Some(Box::pin(tokio::time::sleep(LINGER)));
+        }
+        this.poll_linger(cx).map(Ok)
     }
     fn poll_write_vectored(
         self: Pin<&mut Self>,
@@ -350,6 +392,39 @@ impl tokio::io::AsyncWrite for IdleIo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Bodies refused before they are read (8 at once, 8 MiB each, far past the
+    /// sockets' buffers) reach the client as the refusal, not as a reset.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_body_refused_unread_reaches_the_client_as_its_answer() {
+        let refuse = || async { (axum::http::StatusCode::TOO_MANY_REQUESTS, "refused unread") };
+        let router = axum::Router::new().route("/", axum::routing::post(refuse));
+        let limits = ApiLimits::default();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/", listener.local_addr().unwrap());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(async move {
+            let conns = Connections::new(&limits);
+            serve(listener, router, conns, &limits, async move {
+                let _ = stopped.await;
+            })
+            .await
+        });
+        let body = bytes::Bytes::from(vec![b'0'; 8 << 20]);
+        let client = reqwest::Client::new();
+        for round in 0..3 {
+            let sends = (0..8).map(|_| {
+                let (client, url, body) = (client.clone(), url.clone(), body.clone());
+                tokio::spawn(async move { client.post(url).body(body).send().await.map(|r| r.status()) })
+            });
+            for answer in futures::future::join_all(sends).await {
+                let answer = answer.unwrap().map_err(|e| format!("{e:?}"));
+                assert_eq!(answer, Ok(reqwest::StatusCode::TOO_MANY_REQUESTS), "round {round}");
+            }
+        }
+        let _ = stop.send(());
+        server.await.unwrap().unwrap();
+    }
 
     #[test]
     fn one_address_is_held_to_its_share_and_all_to_the_total() {
