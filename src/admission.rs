@@ -229,7 +229,7 @@ impl Admission {
                     scope.as_str()
                 }
                 Refused::DependencyOpen { .. } => "dependency_circuit",
-                Refused::CircuitOpen { .. } => "circuit_open",
+                Refused::CircuitOpen { .. } => crate::core::refusals::CIRCUIT_OPEN,
                 Refused::Store(_) => "store_unavailable",
             };
             metrics::counter!(crate::metrics::ADMISSION_REFUSED, "reason" => reason).increment(n);

@@ -257,6 +257,11 @@ pub fn alert_rule(dependency: &str) -> String {
     format!("dependency_circuit:{dependency}")
 }
 
+/// The dependency an alert's rule is about (None: not a rule of [`alert_rule`]).
+pub fn alert_dependency(rule: &str) -> Option<&str> {
+    rule.strip_prefix("dependency_circuit:")
+}
+
 /// The tenants a dependency's opening concerns: those with attempts of its dependent job
 /// types in the counts, most attempts first, at most `max`.
 pub fn affected_tenants(sc: &ScopeCounts, max: usize) -> Vec<String> {

@@ -93,9 +93,72 @@ impl Mark {
     }
 }
 
+/// The limit of the front door's submission breaker's refusals (`refused:circuit_open:<pool>`).
+pub const CIRCUIT_OPEN: &str = "circuit_open";
+/// The limit of jobs held at the recycling cap (`held:recycling_cap:<pool>`).
+pub const RECYCLING_CAP: &str = "recycling_cap";
+
+/// A breaker, quarantine or cap that holds a tenant's work, as the `limit` of a code
+/// says it (the tenant page's table of them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Holder<'a> {
+    /// `refused:circuit_open:<pool>`: the front door's submission breaker.
+    SubmissionBreaker,
+    /// `held:breaker/<job type>:<pool>`: the job type's breaker (the tenant's own or the type's).
+    JobTypeBreaker(&'a str),
+    /// `held:quarantine/<job type>:<pool>`: the job type quarantined for the tenant.
+    Quarantine(&'a str),
+    /// `held:recycling_cap:<pool>`: its jobs wait at the recycling cap.
+    RecyclingCap,
+}
+
+impl<'a> Holder<'a> {
+    /// The mark its codes carry.
+    pub fn mark(self) -> Mark {
+        match self {
+            Holder::SubmissionBreaker => Mark::Refused,
+            _ => Mark::Held,
+        }
+    }
+
+    /// The `limit` part of its codes.
+    pub fn limit(self) -> String {
+        match self {
+            Holder::SubmissionBreaker => CIRCUIT_OPEN.into(),
+            Holder::JobTypeBreaker(t) => format!("breaker/{t}"),
+            Holder::Quarantine(t) => format!("quarantine/{t}"),
+            Holder::RecyclingCap => RECYCLING_CAP.into(),
+        }
+    }
+
+    /// The holder a code's mark and limit name (None: a limit that is not one).
+    pub fn of(mark: Mark, limit: &'a str) -> Option<Holder<'a>> {
+        match (mark, limit) {
+            (Mark::Refused, CIRCUIT_OPEN) => Some(Holder::SubmissionBreaker),
+            (Mark::Held, RECYCLING_CAP) => Some(Holder::RecyclingCap),
+            (Mark::Held, l) => match l.split_once('/')? {
+                ("breaker", t) => Some(Holder::JobTypeBreaker(t)),
+                ("quarantine", t) => Some(Holder::Quarantine(t)),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+}
+
 /// The code of a mark: `refused:tenant_rate:short`.
 pub fn code(mark: Mark, limit: &str, pool: &str) -> String {
     format!("{}:{limit}:{pool}", mark.as_str())
+}
+
+/// The rule of a limit alert: `limit:<code>` ([`code`]).
+pub fn limit_rule(code: &str) -> String {
+    format!("limit:{code}")
+}
+
+/// The code of a limit alert's rule (None: not a rule of [`limit_rule`]).
+pub fn limit_code(rule: &str) -> Option<&str> {
+    rule.strip_prefix("limit:")
 }
 
 /// A code's mark, limit and pool (None: not a code of [`code`]).
@@ -383,6 +446,25 @@ mod tests {
 
     fn totals(v: &[(&str, &str, i64)]) -> HashMap<(String, String), i64> {
         v.iter().map(|(t, c, n)| ((t.to_string(), c.to_string()), *n)).collect()
+    }
+
+    #[test]
+    fn each_holder_is_read_back_from_its_own_code_and_other_limits_are_none() {
+        let all = [
+            Holder::SubmissionBreaker,
+            Holder::JobTypeBreaker("charge"),
+            Holder::Quarantine("parse"),
+            Holder::RecyclingCap,
+        ];
+        for h in all {
+            let c = code(h.mark(), &h.limit(), "short");
+            let (mark, limit, pool) = parse(&c).expect("a code");
+            assert_eq!((Holder::of(mark, limit), pool), (Some(h), "short"), "{c}");
+        }
+        assert_eq!(Holder::of(Mark::Held, "max_concurrency"), None);
+        assert_eq!(Holder::of(Mark::Refused, "tenant_rate"), None);
+        assert_eq!(Holder::of(Mark::Near, "circuit_open"), None);
+        assert_eq!(Holder::of(Mark::Held, "other/charge"), None);
     }
 
     #[test]

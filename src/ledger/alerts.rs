@@ -55,11 +55,6 @@ pub const LATE_MS: Millis = 300_000;
 /// Most refusal rows read per hour and period (past it the rest are not seen, warned);
 /// of those, each class of tenants keeps at most its `Class::max_rows`.
 pub const MAX_REFUSAL_SCAN: usize = 1_000_000;
-/// The rule of a limit alert: `limit:<code>` (`core::refusals::code`).
-pub fn limit_rule(code: &str) -> String {
-    format!("limit:{code}")
-}
-
 impl Alerting {
     /// Loads the open alerts into a new evaluator and re-sends unfinished deliveries.
     pub(super) async fn start(
@@ -78,7 +73,7 @@ impl Alerting {
             if a.resolved_at.is_none() {
                 if let Some(rule) = Rule::parse(&a.rule) {
                     eval.restore(&a.tenant, rule, a.opened_at);
-                } else if let Some(code) = a.rule.strip_prefix("limit:") {
+                } else if let Some(code) = crate::core::refusals::limit_code(&a.rule) {
                     limits.restore(&a.tenant, code, a.opened_at);
                 }
             }
@@ -186,7 +181,7 @@ impl Alerting {
                     (tenant, code, opened_at, Some(resolved_at), 0.0)
                 }
             };
-            let rule = limit_rule(&code);
+            let rule = crate::core::refusals::limit_rule(&code);
             let threshold = match crate::core::refusals::parse(&code) {
                 Some((crate::core::refusals::Mark::Near, ..)) => crate::core::refusals::NEAR_SHARE,
                 _ => 1.0,

@@ -11,6 +11,9 @@ use std::sync::Arc;
 
 /// Most alerts one read of a tenant's history returns.
 pub const MAX_RECENT: i32 = 200;
+/// Most open rows one read of a tenant's open alerts returns (a tenant's limit alerts
+/// are bounded by its codes: 64 per hour, `core::refusals`).
+pub const MAX_OPEN_OF_TENANT: i32 = 256;
 
 /// One alert as stored and shown.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, scylla::DeserializeRow)]
@@ -41,6 +44,7 @@ pub struct AlertStatements {
     opened_sent: PreparedStatement,
     delete_open: PreparedStatement,
     open: PreparedStatement,
+    open_of_tenant: PreparedStatement,
     recent: PreparedStatement,
 }
 
@@ -89,6 +93,11 @@ impl Store {
             )
             .await?,
             open,
+            open_of_tenant: prep(
+                format!("SELECT {COLUMNS} FROM {ks}.tenant_alerts_open WHERE scope = ? AND tenant = ? LIMIT ?"),
+                "prepare read a tenant's open alerts",
+            )
+            .await?,
             recent: prep(
                 format!("SELECT {COLUMNS} FROM {ks}.tenant_alerts WHERE scope = ? AND tenant = ? LIMIT ?"),
                 "prepare read alerts",
@@ -151,6 +160,16 @@ impl AlertStatements {
             out.push(OpenAlert { alert, opened_sent: sent.unwrap_or(false) });
         }
         Ok(out)
+    }
+
+    /// A tenant's open rows (open alerts, and resolved ones whose resolution is still
+    /// being delivered), at most [`MAX_OPEN_OF_TENANT`].
+    pub async fn open_of(&self, tenant: &str) -> Result<Vec<AlertRow>, StoreError> {
+        let what = "read a tenant's open alerts";
+        let v = (&self.scope, tenant, MAX_OPEN_OF_TENANT);
+        let res = self.session.execute_unpaged(&self.open_of_tenant, v).await.map_err(q(what))?;
+        let rows = res.into_rows_result().map_err(q(what))?;
+        rows.rows::<AlertRow>().map_err(q(what))?.map(|r| r.map_err(q(what))).collect()
     }
 
     /// A tenant's alerts, newest first (at most [`MAX_RECENT`]).

@@ -341,7 +341,7 @@ async fn clear_to_run(
         // The job type's dependency is failing: hold the job back (no attempt used)
         // on the dependency retry topic until the breaker lets a probe through.
         let job_type = sh.bounded_job_type(&job.job_type);
-        let what = format!("breaker/{job_type}");
+        let what = crate::core::refusals::Holder::JobTypeBreaker(&job_type).limit();
         sh.admission_tally.lock().expect("admission tally").held(&job.tenant, &what, sh.pool.as_str(), now);
         metrics::counter!(m::BREAKER_REJECTIONS, "job_type" => job_type).increment(1);
         return Err(Box::pin(durable::hold_back(sh, job, retry_at)).await);

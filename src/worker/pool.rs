@@ -17,6 +17,7 @@ use crate::core::offsets::PartitionOffsets;
 use crate::core::outcomes::{OutcomeBounds, Outcomes};
 use crate::core::promotion;
 use crate::core::quota::Scope;
+use crate::core::refusals::Holder;
 use crate::core::tenants::TenantSet;
 use crate::kafka::{self, Consumer, Message, RebalanceEvent, TopicPartitionList};
 use crate::model::{FailureClass, JobSubmitted, Millis};
@@ -1161,7 +1162,7 @@ impl Loop {
         {
             let mut tally = self.sh.admission_tally.lock().expect("admission tally");
             for tenant in held.keys() {
-                tally.held(tenant, "recycling_cap", self.pool(), now);
+                tally.held(tenant, &Holder::RecyclingCap.limit(), self.pool(), now);
             }
         }
         for (tenant, until) in &held {
@@ -1197,7 +1198,7 @@ impl Loop {
             tally.held(&tenant, limit.as_str(), self.pool(), now);
         }
         for (tenant, job_type) in quarantined {
-            let what = format!("quarantine/{}", self.sh.bounded_job_type(&job_type));
+            let what = Holder::Quarantine(&self.sh.bounded_job_type(&job_type)).limit();
             tally.held(&tenant, &what, self.pool(), now);
         }
     }

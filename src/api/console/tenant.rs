@@ -4,7 +4,8 @@
 //! and recent alerts. Reads: `ledger::tenant_charts` (the tenant's rows of each day of
 //! 30, within `api.limits.ledger_rows_per_request`; the fleet's days folded once a
 //! minute for every page, `ledger::FleetDays`), the tenant's alerts (at most
-//! `store::alerts::MAX_RECENT` rows, [`SHOWN_ALERTS`] shown); the registry is the
+//! `store::alerts::MAX_RECENT` rows, [`SHOWN_ALERTS`] shown, and its open rows, at most
+//! `store::alerts::MAX_OPEN_OF_TENANT`); the registry is the
 //! process's live copy. One heavy read of the caller's (`api::limits::Limits::heavy_slot`).
 
 use super::charts::{figure, Chart, Kind, Series};
@@ -126,32 +127,30 @@ fn alerts_table(mut rows: Vec<crate::store::AlertRow>) -> String {
     html::table("alerts", &["Rule", "State", "Opened", "Value"], &body)
 }
 
-/// What a held-work rule is, for the breakers table: (kind, subject), or `None` for a
-/// rule that is not a breaker, quarantine or cap.
-fn breaker_of(rule: &str) -> Option<(&'static str, &str)> {
-    if let Some(dep) = rule.strip_prefix("dependency_circuit:") {
-        return Some(("dependency breaker (fleet-wide)", dep));
+/// The kind and subject of the breaker, quarantine or cap an alert's rule is about
+/// (None: the rule is about something else).
+fn breaker_of(rule: &str) -> Option<(&'static str, String)> {
+    use crate::core::refusals::{limit_code, parse, Holder};
+    if let Some(dep) = crate::core::dependency::alert_dependency(rule) {
+        return Some(("dependency breaker (fleet-wide)", dep.to_string()));
     }
-    if let Some(pool) = rule.strip_prefix("limit:refused:circuit_open:") {
-        return Some(("submission breaker", pool));
-    }
-    let held = rule.strip_prefix("limit:held:")?;
-    if let Some(what) = held.strip_prefix("breaker/") {
-        Some(("job type breaker", what))
-    } else if let Some(what) = held.strip_prefix("quarantine/") {
-        Some(("quarantine", what))
-    } else {
-        held.strip_prefix("recycling_cap:").map(|pool| ("recycling cap", pool))
-    }
+    let (mark, limit, pool) = parse(limit_code(rule)?)?;
+    Some(match Holder::of(mark, limit)? {
+        Holder::SubmissionBreaker => ("submission breaker", pool.to_string()),
+        Holder::JobTypeBreaker(t) => ("job type breaker", format!("{t} ({pool})")),
+        Holder::Quarantine(t) => ("quarantine", format!("{t} ({pool})")),
+        Holder::RecyclingCap => ("recycling cap", pool.to_string()),
+    })
 }
 
 /// The breakers, quarantines and recycling caps that held the tenant's work, each in its
-/// latest state (open since, or closed when), open ones first: read from its alerts.
-fn breakers_table(rows: &[crate::store::AlertRow]) -> String {
+/// latest state (open since, or closed when), open ones first: from its open alerts
+/// (so an open one shows however many alerts came after it) and its recent ones.
+fn breakers_table(open: &[crate::store::AlertRow], recent: &[crate::store::AlertRow]) -> String {
     let mut latest: BTreeMap<&str, &crate::store::AlertRow> = BTreeMap::new();
-    for a in rows.iter().filter(|a| breaker_of(&a.rule).is_some()) {
+    for a in open.iter().chain(recent).filter(|a| breaker_of(&a.rule).is_some()) {
         let e = latest.entry(a.rule.as_str()).or_insert(a);
-        if a.opened_at > e.opened_at {
+        if (a.opened_at, a.resolved_at.is_some()) > (e.opened_at, e.resolved_at.is_some()) {
             *e = a;
         }
     }
@@ -169,7 +168,7 @@ fn breakers_table(rows: &[crate::store::AlertRow]) -> String {
             "<tr data-breaker=\"{}\" data-state=\"{}\"><td>{kind}</td><td>{}</td><td>{state}</td></tr>",
             esc(&a.rule),
             if a.resolved_at.is_none() { "open" } else { "closed" },
-            esc(subject),
+            esc(&subject),
         );
     }
     if shown.is_empty() {
@@ -278,7 +277,7 @@ async fn body(st: &ApiState, v: &Viewer, name: &str) -> Result<String, ApiError>
     let hours = crate::core::refusals::hours_until(now, 24);
     let refused = refusal_stmts.tenant(name, &hours).await?;
     let tier = registry.get(name).map_or_else(|| "unregistered".to_string(), |t| t.tier.as_str().to_string());
-    let breakers = breakers_table(&alerts);
+    let breakers = breakers_table(&alert_stmts.open_of(name).await?, &alerts);
     Ok(format!(
         "<p class=\"hint\">Tier <b id=\"tenant-tier\">{}</b>. From the usage ledger (15-minute windows, written every \
          few seconds): share is the tenant's run time over every tenant's; the entitlement is its weight over the \
@@ -380,11 +379,9 @@ mod tests {
         assert!(alerts_table(vec![]).contains("no alerts kept"));
     }
 
-    /// One row per breaker in its latest state (a breaker that opened again shows open),
-    /// open first; other rules are not breakers.
-    #[test]
-    fn breakers_show_each_in_its_latest_state() {
-        let a = |rule: &str, opened_at, resolved_at| crate::store::AlertRow {
+    /// An alert row of tenant "t" for the breakers table's tests.
+    fn alert(rule: &str, opened_at: Millis, resolved_at: Option<Millis>) -> crate::store::AlertRow {
+        crate::store::AlertRow {
             tenant: "t".into(),
             alert_id: format!("{rule}@{opened_at}"),
             rule: rule.into(),
@@ -392,7 +389,14 @@ mod tests {
             resolved_at,
             value: 1.0,
             threshold: 1.0,
-        };
+        }
+    }
+
+    /// One row per breaker in its latest state (a breaker that opened again shows open),
+    /// open first; other rules are not breakers.
+    #[test]
+    fn breakers_show_each_in_its_latest_state() {
+        let a = alert;
         let rows = vec![
             a("queue_wait", 1, None),
             a("limit:held:breaker/charge:short", 1, Some(2)),
@@ -401,7 +405,7 @@ mod tests {
             a("limit:held:quarantine/parse:long", 6, Some(7)),
             a("limit:refused:tenant_rate:short", 6, None),
         ];
-        let t = breakers_table(&rows);
+        let t = breakers_table(&[], &rows);
         let states: Vec<&str> =
             t.match_indices("data-state=\"").map(|(i, _)| &t[i + 12..]).map(|r| &r[..r.find('"').unwrap()]).collect();
         assert_eq!(states, ["open", "closed", "closed"], "{t}");
@@ -409,6 +413,23 @@ mod tests {
         assert!(first.is_some_and(|i| i < t.find("quarantine").unwrap()), "{t}");
         assert!(t.contains("dependency breaker (fleet-wide)</td><td>payments"), "{t}");
         assert!(!t.contains("queue_wait") && !t.contains("tenant_rate"), "{t}");
-        assert!(breakers_table(&[]).contains("none held its work"));
+        assert!(breakers_table(&[], &[]).contains("none held its work"));
+        assert!(t.contains("job type breaker</td><td>charge (short)"), "{t}");
+    }
+
+    /// An open breaker shows open from its open row when the recent alerts no longer hold
+    /// it, and a resolution in either source wins over the same opening left open.
+    #[test]
+    fn an_open_breaker_past_the_recent_alerts_still_shows_open() {
+        let a = alert;
+        let recent: Vec<_> = (10..210).map(|i| a("queue_wait", i, Some(i + 1))).collect();
+        let open = [a("limit:refused:circuit_open:short", 1, None)];
+        let t = breakers_table(&open, &recent);
+        assert!(t.contains("data-breaker=\"limit:refused:circuit_open:short\" data-state=\"open\""), "{t}");
+        assert!(t.contains("submission breaker</td><td>short"), "{t}");
+        let closed = [a("limit:held:recycling_cap:long", 3, Some(4))];
+        let t = breakers_table(&[a("limit:held:recycling_cap:long", 3, None)], &closed);
+        assert!(t.contains("data-state=\"closed\"") && !t.contains("data-state=\"open\""), "{t}");
+        assert!(t.contains("recycling cap</td><td>long"), "{t}");
     }
 }
