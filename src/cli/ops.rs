@@ -356,7 +356,7 @@ pub async fn worker(cfg: Arc<Config>, a: WorkerArgs) -> anyhow::Result<ExitCode>
         if let Ok(sig) = signals().await {
             eprintln!("{sig} again: handing running jobs off now");
             for sh in &shared {
-                sh.request_stop_all();
+                sh.route.request_stop_all();
             }
         }
     });
@@ -379,7 +379,7 @@ const GAVE_UP: u8 = 75;
 async fn give_up(w: Worker, why: &str) -> anyhow::Result<ExitCode> {
     eprintln!("giving up: {why}; leaving the consumer groups and exiting with status {GAVE_UP}");
     for sh in &w.shared {
-        sh.request_stop_all();
+        sh.route.request_stop_all();
     }
     w.stop().await;
     Ok(ExitCode::from(GAVE_UP))

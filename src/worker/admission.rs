@@ -120,7 +120,7 @@ pub async fn report_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
             _ = tokio::time::sleep(INTERVAL) => false,
         };
         if let Err(e) = stmts.prepare(&sh).await {
-            tracing::warn!(pool = sh.pool.as_str(), error = %e, "front-door counts: cannot prepare statements (run `fairway init`)")
+            tracing::warn!(pool = sh.route.pool.as_str(), error = %e, "front-door counts: cannot prepare statements (run `fairway init`)")
         }
         if let Some(s) = &stmts.counts {
             pass(&sh, s).await;
@@ -142,7 +142,7 @@ impl Statements {
         if self.counts.is_none() {
             self.counts = Some(sh.store.admission_statements().await?);
         }
-        if self.runs.is_none() && sh.cfg.classifier.enabled {
+        if self.runs.is_none() && sh.route.cfg.classifier.enabled {
             self.runs = Some(sh.store.classifier_statements().await?);
         }
         if self.held.is_none() {
@@ -155,47 +155,47 @@ impl Statements {
 /// Writes the changed held-job counts (cumulative per worker and pool: idempotent).
 async fn write_held(sh: &Shared, stmts: &RefusalStatements) {
     let pending = {
-        let mut t = sh.admission_tally.lock().expect("admission tally");
+        let mut t = sh.route.admission_tally.lock().expect("admission tally");
         t.held.evict(now_ms());
         t.held.pending()
     };
     if pending.is_empty() {
         return;
     }
-    let process = format!("{}/{}", sh.worker_id, sh.pool.as_str());
+    let process = format!("{}/{}", sh.route.worker_id, sh.route.pool.as_str());
     if let Err(e) = stmts.put_cells(&process, &pending).await {
-        tracing::warn!(pool = sh.pool.as_str(), error = %e, "held-job counts not written (the tenants' pages and alerts); retried next pass");
+        tracing::warn!(pool = sh.route.pool.as_str(), error = %e, "held-job counts not written (the tenants' pages and alerts); retried next pass");
         return;
     }
-    sh.admission_tally.lock().expect("admission tally").held.written(&pending);
+    sh.route.admission_tally.lock().expect("admission tally").held.written(&pending);
 }
 
 /// Writes the changed run-time cells (TTL: the classifier's window and a margin).
 /// Cells not written within `KEEP_MS` are dropped (the window then counts fewer runs).
 async fn write_runs(sh: &Shared, stmts: &ClassifierStatements) {
-    let window = sh.cfg.classifier.window.0;
+    let window = sh.route.cfg.classifier.window.0;
     let pending = {
-        let mut t = sh.admission_tally.lock().expect("admission tally");
+        let mut t = sh.route.admission_tally.lock().expect("admission tally");
         t.runs.evict(now_ms(), KEEP_MS);
         t.runs.pending()
     };
     let mut by_bucket: HashMap<Millis, Vec<RunTimeCell>> = HashMap::new();
     for (bucket, key, cell) in &pending {
         let Some(subject) = Subject::from_key(key) else { continue };
-        let (worker, cell) = (sh.worker_id.clone(), cell.clone());
-        by_bucket.entry(*bucket).or_default().push(RunTimeCell { subject, pool: sh.pool, worker, cell });
+        let (worker, cell) = (sh.route.worker_id.clone(), cell.clone());
+        by_bucket.entry(*bucket).or_default().push(RunTimeCell { subject, pool: sh.route.pool, worker, cell });
     }
     let ttl = ((window + KEEP_MS) / 1000).clamp(60, i32::MAX as i64) as i32;
     let mut all_written = true;
     for (bucket, cells) in by_bucket {
         if let Err(e) = stmts.put_runs(bucket, &cells, ttl).await {
             all_written = false;
-            metrics::counter!(m::RUN_TIME_WRITE_FAILURES, "pool" => sh.pool.as_str()).increment(1);
-            tracing::warn!(pool = sh.pool.as_str(), error = %e, "run times not written for the pool classifier; retried next pass");
+            metrics::counter!(m::RUN_TIME_WRITE_FAILURES, "pool" => sh.route.pool.as_str()).increment(1);
+            tracing::warn!(pool = sh.route.pool.as_str(), error = %e, "run times not written for the pool classifier; retried next pass");
         }
     }
     if all_written {
-        sh.admission_tally.lock().expect("admission tally").runs.written(&pending);
+        sh.route.admission_tally.lock().expect("admission tally").runs.written(&pending);
     }
 }
 
@@ -221,13 +221,18 @@ where
 
 async fn pass(sh: &Shared, stmts: &AdmissionStatements) {
     let (dequeued, pending) = {
-        let mut t = sh.admission_tally.lock().expect("admission tally");
+        let mut t = sh.route.admission_tally.lock().expect("admission tally");
         t.outcomes.evict(now_ms(), KEEP_MS);
         (std::mem::take(&mut t.dequeued), t.outcomes.pending())
     };
-    let pool = sh.pool.as_str();
-    count_out(&sh.admission_tally, pool, dequeued, |tenant, n| async move { stmts.dequeued(&tenant, pool, n).await })
-        .await;
+    let pool = sh.route.pool.as_str();
+    count_out(
+        &sh.route.admission_tally,
+        pool,
+        dequeued,
+        |tenant, n| async move { stmts.dequeued(&tenant, pool, n).await },
+    )
+    .await;
     let mut by_bucket: HashMap<i64, Vec<OutcomeCell>> = HashMap::new();
     for (bucket, key, (ok, failed, infra, timeouts, dependency)) in &pending {
         let (job_type, tenant) = OwnOutcomes::key_parts(key);
@@ -235,7 +240,7 @@ async fn pass(sh: &Shared, stmts: &AdmissionStatements) {
             pool: pool.to_string(),
             job_type: job_type.to_string(),
             tenant: tenant.to_string(),
-            worker: sh.worker_id.clone(),
+            worker: sh.route.worker_id.clone(),
             ok: *ok,
             failed: *failed,
             infra: *infra,
@@ -254,7 +259,7 @@ async fn pass(sh: &Shared, stmts: &AdmissionStatements) {
         }
     }
     if all_written {
-        sh.admission_tally.lock().expect("admission tally").outcomes.written(&pending);
+        sh.route.admission_tally.lock().expect("admission tally").outcomes.written(&pending);
     }
 }
 

@@ -25,7 +25,7 @@ use tokio::sync::watch;
 const SETTLE_MS: i64 = 5_000;
 
 pub async fn classifier_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
-    let c = &sh.cfg.classifier;
+    let c = &sh.route.cfg.classifier;
     let interval = Duration::from_millis(c.interval.0 as u64);
     let lease_secs = (3 * c.interval.0 / 1000).clamp(15, 600) as i32;
     let mut reads = BucketReads::new(RUN_BUCKET_MS, c.window.0, SETTLE_MS);
@@ -35,7 +35,7 @@ pub async fn classifier_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool
             _ = shutdown.changed() => return,
             _ = tokio::time::sleep(interval) => {}
         }
-        match sh.store.lease("classifier", &sh.worker_id, lease_secs, now_ms()).await {
+        match sh.store.lease("classifier", &sh.route.worker_id, lease_secs, now_ms()).await {
             Ok(true) => {}
             Ok(false) => continue,
             Err(e) => {
@@ -68,7 +68,7 @@ async fn pass(
     stmts: &ClassifierStatements,
     reads: &mut BucketReads<RunTimeCell>,
 ) -> Result<(), StoreError> {
-    let cfg = &sh.cfg.classifier;
+    let cfg = &sh.route.cfg.classifier;
     let now = now_ms();
     for b in reads.wanted(now) {
         reads.put(b, stmts.runs(b).await?, now);
@@ -83,13 +83,13 @@ async fn pass(
         classes.remove(&subject);
     }
     for subject in active {
-        let Some(jt) = sh.cfg.job_types.get(&subject.job_type) else { continue };
+        let Some(jt) = sh.route.cfg.job_types.get(&subject.job_type) else { continue };
         let class = classes.get(subject);
         if class.is_none() && !room_for_class(classes.len(), cfg) {
             continue;
         }
         let Some(runs) = window.get(&(subject.clone(), assigned(jt.pool, class))) else { continue };
-        let Some(mv) = decide(cfg, &sh.ranges, jt.pool, class, runs, now) else { continue };
+        let Some(mv) = decide(cfg, &sh.route.ranges, jt.pool, class, runs, now) else { continue };
         let reason = mv.describe(subject, cfg);
         stmts
             .put_class(&ClassRow { subject: subject.clone(), class: mv.class.clone(), reason: reason.clone() })
@@ -99,14 +99,21 @@ async fn pass(
             .increment(1);
         tracing::warn!(job_type = name, tenant = subject.tenant, from, to, "{reason}");
         let sticky = mv.class.sticky_until;
-        crate::watch::events::pool_reclassified(&sh.producer, &sh.cfg, &sh.worker_id, subject, reason, sticky);
+        crate::watch::events::pool_reclassified(
+            &sh.producer,
+            &sh.route.cfg,
+            &sh.route.worker_id,
+            subject,
+            reason,
+            sticky,
+        );
         classes.insert(subject.clone(), mv.class);
     }
     let mut tenants: HashMap<(&str, crate::model::Pool), f64> = HashMap::new();
-    for (subject, class) in classes.iter().filter(|(s, _)| sh.cfg.job_types.contains_key(&s.job_type)) {
+    for (subject, class) in classes.iter().filter(|(s, _)| sh.route.cfg.job_types.contains_key(&s.job_type)) {
         *tenants.entry((subject.job_type.as_str(), class.pool)).or_default() += 1.0;
     }
-    for name in sh.cfg.job_types.keys() {
+    for name in sh.route.cfg.job_types.keys() {
         for pool in crate::model::Pool::ALL {
             let n = tenants.get(&(name.as_str(), pool)).copied().unwrap_or(0.0);
             metrics::gauge!(m::POOL_CLASS, "job_type" => name.clone(), "pool" => pool.as_str()).set(n);

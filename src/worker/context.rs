@@ -87,14 +87,6 @@ pub struct Shared {
     pub watch: Arc<watchdog::Watch>,
 }
 
-impl std::ops::Deref for Shared {
-    type Target = RouteContext;
-    /// The loops read the route's configuration and cores through it.
-    fn deref(&self) -> &RouteContext {
-        &self.route
-    }
-}
-
 /// The failure-handling cores of one pool.
 pub struct Health {
     /// Per job type and per (job type, tenant), scoped to who fails (`core::breaker`).

@@ -66,9 +66,9 @@ pub async fn fence_watch(live: &crate::handlers::JobLive, job_id: &str, pool: Po
 /// reads back their cancellation flags; aborts jobs that ignore a cancellation for
 /// longer than `worker.cancel_grace`.
 pub async fn heartbeat_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
-    let interval = sh.cfg.pool(sh.pool).heartbeat_interval;
-    let ttl = sh.heartbeat_ttl_secs();
-    let grace = sh.cfg.worker.cancel_grace;
+    let interval = sh.route.cfg.pool(sh.route.pool).heartbeat_interval;
+    let ttl = sh.route.heartbeat_ttl_secs();
+    let grace = sh.route.cfg.worker.cancel_grace;
     let mut cancel_seen: HashMap<String, Instant> = HashMap::new();
     let mut tick = tokio::time::interval(interval);
     // Age of this worker's newest successful heartbeat write: grows when writes fail.
@@ -78,12 +78,16 @@ pub async fn heartbeat_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>
             _ = shutdown.changed() => return,
             _ = tick.tick() => {}
         }
-        let running: Vec<(String, Arc<crate::handlers::JobLive>)> =
-            sh.running.lock().map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default();
+        let running: Vec<(String, Arc<crate::handlers::JobLive>)> = sh
+            .route
+            .running
+            .lock()
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default();
         cancel_seen.retain(|id, _| running.iter().any(|(r, _)| r == id));
         if running.is_empty() {
             last_ok = Instant::now();
-            metrics::gauge!(m::HEARTBEAT_AGE_SECONDS, "pool" => sh.pool.as_str()).set(0.0);
+            metrics::gauge!(m::HEARTBEAT_AGE_SECONDS, "pool" => sh.route.pool.as_str()).set(0.0);
             continue;
         }
         // The fence counts from `sent`, taken before the stamp: never later than what a
@@ -98,13 +102,13 @@ pub async fn heartbeat_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>
                     (id.clone(), p, msg)
                 })
                 .collect();
-            match sh.store.put_heartbeats(&beats, &sh.worker_id, now, ttl).await {
+            match sh.store.put_heartbeats(&beats, &sh.route.worker_id, now, ttl).await {
                 Ok(()) => {
                     last_ok = Instant::now();
                     chunk.iter().for_each(|(_, live)| live.beat_acknowledged(sent));
-                    metrics::counter!(m::HEARTBEATS, "pool" => sh.pool.as_str()).increment(beats.len() as u64)
+                    metrics::counter!(m::HEARTBEATS, "pool" => sh.route.pool.as_str()).increment(beats.len() as u64)
                 }
-                Err(e) => tracing::warn!(pool = sh.pool.as_str(), error = %e, "heartbeat write failed"),
+                Err(e) => tracing::warn!(pool = sh.route.pool.as_str(), error = %e, "heartbeat write failed"),
             }
             let ids: Vec<String> = chunk.iter().map(|(id, _)| id.clone()).collect();
             match sh.store.cancel_requested(&ids).await {
@@ -112,7 +116,7 @@ pub async fn heartbeat_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>
                     for id in cancelled {
                         if let Some((_, live)) = chunk.iter().find(|(r, _)| *r == id) {
                             if !live.is_cancelled() {
-                                metrics::counter!(m::CANCELLATIONS, "pool" => sh.pool.as_str()).increment(1);
+                                metrics::counter!(m::CANCELLATIONS, "pool" => sh.route.pool.as_str()).increment(1);
                                 live.cancel();
                             }
                             let first = *cancel_seen.entry(id.clone()).or_insert_with(Instant::now);
@@ -126,7 +130,8 @@ pub async fn heartbeat_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>
                 Err(e) => tracing::debug!(error = %e, "cancel flags read failed"),
             }
         }
-        metrics::gauge!(m::HEARTBEAT_AGE_SECONDS, "pool" => sh.pool.as_str()).set(last_ok.elapsed().as_secs_f64());
+        metrics::gauge!(m::HEARTBEAT_AGE_SECONDS, "pool" => sh.route.pool.as_str())
+            .set(last_ok.elapsed().as_secs_f64());
     }
 }
 
@@ -134,8 +139,8 @@ pub async fn heartbeat_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>
 /// than a consumer-group session, so a dead worker's jobs are normally taken over by
 /// the partition's new owner first; the reaper catches hung workers.
 fn reap_after(sh: &Shared, pool: Pool) -> Duration {
-    let hb = lapse(sh.cfg.pool(pool).heartbeat_interval);
-    hb.max(sh.cfg.kafka.session_timeout * 2)
+    let hb = lapse(sh.route.cfg.pool(pool).heartbeat_interval);
+    hb.max(sh.route.cfg.kafka.session_timeout * 2)
 }
 
 pub async fn reaper_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
@@ -146,7 +151,7 @@ pub async fn reaper_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
             _ = shutdown.changed() => return,
             _ = tick.tick() => {}
         }
-        match sh.store.lease("reaper", &sh.worker_id, LEASE_SECS, now_ms()).await {
+        match sh.store.lease("reaper", &sh.route.worker_id, LEASE_SECS, now_ms()).await {
             Ok(true) => {}
             Ok(false) => continue,
             Err(e) => {
@@ -192,7 +197,10 @@ async fn reap_pool(sh: &Shared, pool: Pool) -> Result<(), Box<dyn std::error::Er
                     submitted: false,
                     taken_again: false,
                 };
-                if super::durable::dead_letter_undecodable(&sh.cfg, &sh.producer, blob, &e, &origin).await.is_yes() {
+                if super::durable::dead_letter_undecodable(&sh.route.cfg, &sh.producer, blob, &e, &origin)
+                    .await
+                    .is_yes()
+                {
                     sh.store.delete_running_job(pool.as_str(), &job_id).await?;
                 }
                 continue;
@@ -203,7 +211,7 @@ async fn reap_pool(sh: &Shared, pool: Pool) -> Result<(), Box<dyn std::error::Er
         job.last_failure_class = Some(FailureClass::WorkerCrash);
         job.last_error = Some(format!("heartbeat of worker {worker} lapsed"));
         let bytes = codec::encode_job(&job)?;
-        let topic = sh.cfg.retry_topic(FailureClass::WorkerCrash);
+        let topic = sh.route.cfg.retry_topic(FailureClass::WorkerCrash);
         kafka::send_with_headers(&sh.producer, &topic, &job.tenant, &bytes, &kafka::trace_headers(&job)).await?;
         sh.store.delete_running_job(pool.as_str(), &job_id).await?;
         metrics::counter!(m::REAPED, "pool" => pool.as_str()).increment(1);

@@ -215,7 +215,7 @@ impl Worker {
             rx.clone(),
         )));
         tracing::info!(%worker_id, ?pools, ?policy, "worker started");
-        if shared.iter().any(|s| s.runs_processes()) {
+        if shared.iter().any(|s| s.route.runs_processes()) {
             crate::handlers::process::confine_worker();
             let e = crate::handlers::process::Enforcement::current();
             tracing::info!(enforcement = %e.name(), "process job sandbox: {}", e.describe());

@@ -223,13 +223,13 @@ pub async fn run(
     dispatcher: Box<dyn Dispatcher<Pending>>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), super::WorkerError> {
-    let topic = sh.cfg.pool_topic(sh.pool);
-    let group = sh.cfg.group(sh.pool.as_str());
-    let (mut consumer, mut rebalances) = kafka::pool_consumer(&sh.cfg, &group, &topic, sh.pool.as_str())?;
+    let topic = sh.route.cfg.pool_topic(sh.route.pool);
+    let group = sh.route.cfg.group(sh.route.pool.as_str());
+    let (mut consumer, mut rebalances) = kafka::pool_consumer(&sh.route.cfg, &group, &topic, sh.route.pool.as_str())?;
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Event>();
     let stmts = sh.store.backlog_statements().await?;
     let report = done_tx.clone();
-    let spiller = Spiller::start(stmts, &topic, sh.pool.as_str(), move |ev| {
+    let spiller = Spiller::start(stmts, &topic, sh.route.pool.as_str(), move |ev| {
         let _ = report.send(Event::Backlog(ev));
     });
     let mut lp = Loop {
@@ -245,7 +245,7 @@ pub async fn run(
         outcomes: Outcomes::default(),
         buffer: Buffer::default(),
         bounds: BufferBounds {
-            tenant_jobs: sh.cfg.worker.tenant_queue_limit.max(1),
+            tenant_jobs: sh.route.cfg.worker.tenant_queue_limit.max(1),
             tenant_bytes: TENANT_BUFFER_BYTES,
             total_jobs: GLOBAL_BUFFER,
             total_bytes: GLOBAL_BUFFER_BYTES,
@@ -264,9 +264,9 @@ pub async fn run(
         holding_bytes: 0,
     };
     let mut registry = sh.tenants.subscribe();
-    let slots = sh.cfg.pool(sh.pool).slots;
+    let slots = sh.route.cfg.pool(sh.route.pool).slots;
     let mut pauses = kafka::Pauses::default();
-    let pool = sh.pool.as_str();
+    let pool = sh.route.pool.as_str();
     let mut stats_tick = tokio::time::interval(Duration::from_millis(500));
     stats_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut fleet = sh.fleet_usage.subscribe();
@@ -389,7 +389,7 @@ impl Loop {
                 pauses.assigned(consumer, &tps);
                 self.sh.assigned.store(self.parts.len(), std::sync::atomic::Ordering::SeqCst);
                 if let Some(r) = self.sh.probes.worker_readiness() {
-                    r.assigned(self.sh.pool);
+                    r.assigned(self.sh.route.pool);
                 }
                 self.track_assignment();
                 tracing::info!(pool, partitions = ?self.parts.keys().collect::<Vec<_>>(), "partitions assigned");
@@ -400,7 +400,7 @@ impl Loop {
                     self.parts.remove(p);
                 }
                 pauses.revoked(&tps);
-                self.sh.frontiers.forget(&gone.iter().copied().collect::<Vec<_>>());
+                self.sh.route.frontiers.forget(&gone.iter().copied().collect::<Vec<_>>());
                 self.sh.assigned.store(self.parts.len(), std::sync::atomic::Ordering::SeqCst);
                 self.track_assignment();
                 // Queued jobs of revoked partitions belong to the new owner now (it
@@ -445,8 +445,8 @@ impl Loop {
         pauses: &mut kafka::Pauses,
         why: &str,
     ) -> Option<(kafka::WorkerConsumer, mpsc::UnboundedReceiver<RebalanceEvent>)> {
-        let pool = self.sh.pool.as_str();
-        let fresh = match kafka::pool_consumer(&self.sh.cfg, &self.group, &self.topic, pool) {
+        let pool = self.sh.route.pool.as_str();
+        let fresh = match kafka::pool_consumer(&self.sh.route.cfg, &self.group, &self.topic, pool) {
             Ok(fresh) => fresh,
             Err(e) => {
                 tracing::error!(pool, %why, error = %e, "the consumer's group membership is stuck and no new consumer could be made; trying again in a minute");
@@ -480,7 +480,7 @@ impl Loop {
             tracing::debug!(pool, ?stalled, "partitions not fetched are paused or not ours: no restart");
             return;
         }
-        let topic = self.sh.cfg.pool_topic(self.sh.pool);
+        let topic = self.sh.route.cfg.pool_topic(self.sh.route.pool);
         let books = self.parts.iter().map(|(p, st)| ((topic.clone(), *p), st.last_seen)).collect();
         let resume: Vec<(String, i32)> = stalled.iter().filter(|s| ours(s)).map(|(t, p, _)| (t.clone(), *p)).collect();
         match kafka::stall::restart_fetchers(consumer, &books, &resume) {
@@ -535,7 +535,7 @@ impl Loop {
         for p in &queued {
             self.buffer.left(&p.job.tenant, p.job.heap_bytes());
         }
-        let drain = self.sh.cfg.pool(self.sh.pool).drain_timeout;
+        let drain = self.sh.route.cfg.pool(self.sh.route.pool).drain_timeout;
         tracing::info!(pool, queued = queued.len(), running = self.dispatcher.running(), ?drain, "draining");
         leave_group(consumer, pool);
         let mut phase = 0;
@@ -557,11 +557,11 @@ impl Loop {
                     match phase {
                         1 => {
                             tracing::info!(pool, running = self.dispatcher.running(), "asking running jobs to stop for a hand-off");
-                            self.sh.request_stop_all();
+                            self.sh.route.request_stop_all();
                         }
                         2 => {
                             tracing::warn!(pool, running = self.dispatcher.running(), "jobs ignored the stop request; aborting them (handed off from their last checkpoint)");
-                            self.sh.abort_all();
+                            self.sh.route.abort_all();
                         }
                         _ => {
                             tracing::error!(pool, running = self.dispatcher.running(), "jobs could not be handed off; their heartbeats lapse and another worker takes them over");
@@ -591,7 +591,7 @@ impl Loop {
     }
 
     fn pool(&self) -> &'static str {
-        self.sh.pool.as_str()
+        self.sh.route.pool.as_str()
     }
 
     /// The state of a partition, created (with a load of its backlog index) if new.
@@ -651,7 +651,7 @@ impl Loop {
             self.parts.insert(p, st);
             let _ = self.partition(p).offsets.started_at(origin.offset, at);
             // Offsets it started before may come again: re-read the frontier.
-            self.sh.frontiers.forget(&[p]);
+            self.sh.route.frontiers.forget(&[p]);
         }
         let st = self.partition(p);
         st.last_seen = st.last_seen.max(origin.offset);
@@ -687,14 +687,14 @@ impl Loop {
             self.tasks.spawn(async move {
                 // A submitter's record: its offset counts as started (see `Frontiers::cover`).
                 let covered = match origin.submitted {
-                    true => sh.frontiers.cover(&sh.store, &origin).await,
+                    true => sh.route.frontiers.cover(&sh.store, &origin).await,
                     false => Ok(()),
                 };
                 let ended = if let Err(e) = covered {
                     tracing::warn!(job_id = %job.job_id, error = %e, "cannot record the dispatch frontier; the delayed job stays uncommitted and is not handed to the relay");
                     Ended::NotDurable
                 } else {
-                    Ended::Skipped.or_lost(durable::delay(&sh, job).await)
+                    Ended::Skipped.or_lost(durable::delay(&sh.route, job).await)
                 };
                 let again = (!ended.is_durable()).then_some(Again::Message(bytes));
                 let _ = tx.send(Event::Done(Done {
@@ -709,7 +709,7 @@ impl Loop {
             });
             return;
         }
-        self.sh.metrics.jobs_received.increment(1);
+        self.sh.route.metrics.jobs_received.increment(1);
         let pending = Pending { job: Arc::new(job), origin, incarnation, received_at: now_ms(), spill: None };
         if self.must_spill(&pending) && self.mark_spill(&pending) {
             metrics::counter!(m::JOBS_SPILLED, "pool" => self.pool()).increment(1);
@@ -725,7 +725,7 @@ impl Loop {
     /// there (order inside the tenant), when its share of the buffer is full (jobs or
     /// bytes), or when the whole buffer is full and the tenant is not a light one.
     fn must_spill(&self, p: &Pending) -> bool {
-        if !self.sh.cfg.worker.spill_backlogs {
+        if !self.sh.route.cfg.worker.spill_backlogs {
             return false;
         }
         let tenant = &p.job.tenant;
@@ -755,7 +755,7 @@ impl Loop {
     /// tenant).
     fn enqueue(&mut self, pending: Pending) {
         self.buffer.entered(&pending.job.tenant, pending.job.heap_bytes());
-        let pending = match self.sh.cfg.flow_scope(&pending.job) {
+        let pending = match self.sh.route.cfg.flow_scope(&pending.job) {
             Some((scope, limit)) => {
                 match self.gate.offer(&scope, limit, &pending.job.tenant.clone(), pending, now_ms()) {
                     Some(p) => p,
@@ -794,7 +794,7 @@ impl Loop {
     }
 
     fn release_flow(&mut self, job: &JobSubmitted) {
-        if let Some((scope, _)) = self.sh.cfg.flow_scope(job) {
+        if let Some((scope, _)) = self.sh.route.cfg.flow_scope(job) {
             self.gate.release(&scope);
         }
     }
@@ -825,7 +825,7 @@ impl Loop {
             return false;
         }
         self.quota_version = q.version;
-        let fleet = self.sh.cfg.worker.fleet_limits;
+        let fleet = self.sh.route.cfg.worker.fleet_limits;
         if !full {
             tracing::debug!(pool = self.pool(), usable = ?q.all_usable(now), "fleet-wide caps changed");
         }
@@ -888,7 +888,7 @@ impl Loop {
     /// cap and rate (0 until the exchange gave it one), instead of running under the
     /// policy's.
     fn cap_new_tenant(&mut self, tenant: &str) {
-        if !self.sh.cfg.worker.fleet_limits || !self.dispatcher.enforces_tenant_caps() {
+        if !self.sh.route.cfg.worker.fleet_limits || !self.dispatcher.enforces_tenant_caps() {
             return;
         }
         let Some(t) = self.tenants.tenants.get(tenant) else { return };
@@ -926,7 +926,7 @@ impl Loop {
             let p = q.job.origin.partition;
             // (Expected, so quiet, when spilling is off: pausing is then the design.)
             if !self.overflow.iter().any(|o| o.job.origin.partition == p) {
-                if self.sh.cfg.worker.spill_backlogs {
+                if self.sh.route.cfg.worker.spill_backlogs {
                     tracing::warn!(pool = self.pool(), partition = p, %rej, "tenant buffer over its hard limit; partition paused");
                 } else {
                     tracing::debug!(pool = self.pool(), partition = p, %rej, "tenant buffer full; partition paused");
@@ -968,7 +968,7 @@ impl Loop {
             let route = self.sh.route.clone();
             let tx = self.done_tx.clone();
             let freed = self.done_tx.clone();
-            let flow = self.sh.cfg.flow_scope(&p.job).map(|(scope, _)| scope);
+            let flow = self.sh.route.cfg.flow_scope(&p.job).map(|(scope, _)| scope);
             // Queued jobs of a revoked partition are drained with it; one that is not
             // would start with its ownership ended, and so not run here.
             let owner = match self.parts.get(&p.origin.partition).filter(|st| st.incarnation == p.incarnation) {
@@ -1030,7 +1030,7 @@ impl Loop {
     /// Counts and logs partitions that start or stop waiting for their spill writes (the
     /// store is behind the broker): every tenant behind the flood on them waits too.
     fn track_spill_pauses(&mut self) {
-        let pool = self.sh.pool.as_str();
+        let pool = self.sh.route.pool.as_str();
         let counters = self.spiller.counters.clone();
         for (&p, st) in self.parts.iter_mut() {
             let behind = st.spilling >= MAX_SPILLING;
@@ -1111,7 +1111,7 @@ impl Loop {
     fn unassigned_for(&mut self) -> Duration {
         let Some(since) = self.unassigned_since else { return Duration::ZERO };
         let idle = since.elapsed();
-        let threshold = self.sh.cfg.kafka.unassigned_warning;
+        let threshold = self.sh.route.cfg.kafka.unassigned_warning;
         if idle >= threshold && self.warned_at.is_none_or(|w| w.elapsed() >= Duration::from_secs(60)) {
             self.warned_at = Some(std::time::Instant::now());
             tracing::warn!(
@@ -1155,12 +1155,12 @@ impl Loop {
     /// jobs wait with reason `recycling_cap` while the other tenants' run.
     fn apply_recycling(&mut self, now: i64) {
         let held: HashMap<String, i64> =
-            self.sh.recycling.lock().expect("recycling lock").held(now).into_iter().collect();
+            self.sh.route.recycling.lock().expect("recycling lock").held(now).into_iter().collect();
         if held.is_empty() && self.recycling_held.is_empty() {
             return;
         }
         {
-            let mut tally = self.sh.admission_tally.lock().expect("admission tally");
+            let mut tally = self.sh.route.admission_tally.lock().expect("admission tally");
             for tenant in held.keys() {
                 tally.held(tenant, &Holder::RecyclingCap.limit(), self.pool(), now);
             }
@@ -1186,19 +1186,19 @@ impl Loop {
     fn mark_held(&self, now: i64) {
         let limited = self.dispatcher.held_at_limits(now);
         let quarantined = {
-            let mut h = self.sh.health.lock().expect("health lock");
+            let mut h = self.sh.route.health.lock().expect("health lock");
             h.poison.sweep_due(now);
             h.poison.quarantined_subjects(now)
         };
         if limited.is_empty() && quarantined.is_empty() {
             return;
         }
-        let mut tally = self.sh.admission_tally.lock().expect("admission tally");
+        let mut tally = self.sh.route.admission_tally.lock().expect("admission tally");
         for (tenant, limit) in limited {
             tally.held(&tenant, limit.as_str(), self.pool(), now);
         }
         for (tenant, job_type) in quarantined {
-            let what = Holder::Quarantine(&self.sh.bounded_job_type(&job_type)).limit();
+            let what = Holder::Quarantine(&self.sh.route.bounded_job_type(&job_type)).limit();
             tally.held(&tenant, &what, self.pool(), now);
         }
     }
@@ -1233,19 +1233,19 @@ impl Loop {
         if let Some(pool) = stats.get_mut("pool").and_then(|p| p.as_object_mut()) {
             pool.insert("registry_version".into(), self.tenants.version.into());
             // Reported once past the threshold (a new member takes a few seconds to join).
-            let overdue = unassigned >= self.sh.cfg.kafka.unassigned_warning;
+            let overdue = unassigned >= self.sh.route.cfg.kafka.unassigned_warning;
             pool.insert("unassigned_ms".into(), (if overdue { unassigned.as_millis() as u64 } else { 0 }).into());
             pool.insert("group".into(), self.group.clone().into());
             pool.insert("spill".into(), self.spiller.counters.json());
             pool.insert("buffered_bytes".into(), self.buffer.total().bytes.into());
-            if self.sh.runs_processes() {
+            if self.sh.route.runs_processes() {
                 pool.insert(
                     "process_enforcement".into(),
                     crate::handlers::process::Enforcement::current().name().into(),
                 );
             }
             // Job types whose circuit breaker is open or half-open here (the console).
-            if let Ok(mut h) = self.sh.health.lock() {
+            if let Ok(mut h) = self.sh.route.health.lock() {
                 h.breakers.prune(now);
                 let open: Vec<&str> = h.breakers.type_wide().not_closed().map(|(t, _)| t).collect();
                 pool.insert("breakers_open".into(), open.into());
@@ -1254,7 +1254,8 @@ impl Loop {
         // 0 once nothing waits (a stale age would keep an SLO alert firing).
         let oldest = crate::core::fleet::oldest_wait_ms(&stats).unwrap_or(0);
         metrics::gauge!(m::OLDEST_WAIT_SECONDS, "pool" => self.pool()).set(oldest as f64 / 1000.0);
-        metrics::gauge!(m::POOL_SLOTS, "pool" => self.pool()).set(self.sh.cfg.pool(self.sh.pool).slots as f64);
+        metrics::gauge!(m::POOL_SLOTS, "pool" => self.pool())
+            .set(self.sh.route.cfg.pool(self.sh.route.pool).slots as f64);
         if let Ok(mut s) = self.sh.stats.lock() {
             *s = stats;
         }
@@ -1342,7 +1343,7 @@ impl Loop {
         if durable {
             self.sh.settled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        let draining = self.sh.stopping.load(std::sync::atomic::Ordering::SeqCst);
+        let draining = self.sh.route.stopping.load(std::sync::atomic::Ordering::SeqCst);
         let owned = self.parts.get(&done.origin.partition).is_some_and(|st| st.incarnation == done.incarnation);
         if !durable {
             let (partition, offset) = (done.origin.partition, done.origin.offset);
@@ -1488,7 +1489,7 @@ impl Loop {
                 }
                 if !by_tenant.is_empty() {
                     tracing::info!(
-                        pool = self.sh.pool.as_str(),
+                        pool = self.sh.route.pool.as_str(),
                         partition,
                         tenants = by_tenant.len(),
                         "spilled backlogs found; reading them back"
@@ -1599,17 +1600,17 @@ fn validate(sh: &Shared, bytes: &[u8]) -> Result<JobSubmitted, Rejection> {
 
 /// The checks of a decoded job besides its tenant's: its type and its payload's size.
 fn check_job(sh: &Shared, job: &JobSubmitted) -> Result<(), String> {
-    if !sh.cfg.job_types.contains_key(&job.job_type) {
+    if !sh.route.cfg.job_types.contains_key(&job.job_type) {
         return Err(format!(
             "unknown job type {:?}; add [job_types.{}] to the config or fix the producer",
             job.job_type, job.job_type
         ));
     }
-    if job.payload.len() > sh.cfg.worker.max_payload_bytes {
+    if job.payload.len() > sh.route.cfg.worker.max_payload_bytes {
         return Err(format!(
             "payload is {} bytes, above worker.max_payload_bytes = {}; store large inputs elsewhere and pass a reference",
             job.payload.len(),
-            sh.cfg.worker.max_payload_bytes
+            sh.route.cfg.worker.max_payload_bytes
         ));
     }
     Ok(())
@@ -1625,7 +1626,7 @@ async fn requeue_if_registered(sh: &Shared, job: &JobSubmitted) -> Option<Durabl
     match sh.tenants.registered_after_all(&job.tenant).await {
         Ok(true) => {
             tracing::info!(job_id = %job.job_id, tenant = %job.tenant, "tenant registered after this worker's last registry read; job requeued");
-            Some(durable::requeue(sh, job).await)
+            Some(durable::requeue(&sh.route, job).await)
         }
         Ok(false) => None,
         Err(e) => {
@@ -1644,14 +1645,14 @@ async fn reject(sh: &Shared, rejection: Rejection, raw: Vec<u8>, origin: &Origin
     } {
         return requeued;
     }
-    tracing::warn!(pool = sh.pool.as_str(), topic = %origin.topic, partition = origin.partition, offset = origin.offset, %reason, "dead-lettering message");
+    tracing::warn!(pool = sh.route.pool.as_str(), topic = %origin.topic, partition = origin.partition, offset = origin.offset, %reason, "dead-lettering message");
     let raw = if job.is_none() { Some(raw) } else { None };
     let attempts = job.as_ref().map(|j| j.attempt).unwrap_or(0);
     let letter = Letter { job: job.as_deref(), raw, class, reason: reason.clone(), last_error: None, attempts, origin };
-    let dl = durable::dead_letter(sh, letter).await;
+    let dl = durable::dead_letter(&sh.route, letter).await;
     if let Some(job) = &job {
         // A decodable job still gets its one terminal result, so submitters are not left waiting.
-        return durable::record_terminal(sh, job, Terminal::failed(reason, class)).await.and(dl);
+        return durable::record_terminal(&sh.route, job, Terminal::failed(reason, class)).await.and(dl);
     }
     dl
 }

@@ -24,7 +24,7 @@ use tokio::sync::watch;
 pub const PASS_INTERVAL: Duration = Duration::from_millis(500);
 
 pub async fn quota_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
-    let key = sh.cfg.pool_topic(sh.pool);
+    let key = sh.route.cfg.pool_topic(sh.route.pool);
     let mut stmts: Option<QuotaStatements> = None;
     let mut tick = tokio::time::interval(PASS_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -52,8 +52,8 @@ pub async fn quota_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
 /// One read-plan-write round.
 async fn pass(sh: &Shared, st: &QuotaStatements, key: &str) -> Result<(), crate::store::StoreError> {
     let rows = st.rows(key).await?;
-    let planned = sh.quotas.lock().expect("quotas lock").plan(&rows, &sh.worker_id, now_ms());
-    tracing::debug!(pool = sh.pool.as_str(), read = ?rows, written = ?planned, "quota exchange");
+    let planned = sh.quotas.lock().expect("quotas lock").plan(&rows, &sh.route.worker_id, now_ms());
+    tracing::debug!(pool = sh.route.pool.as_str(), read = ?rows, written = ?planned, "quota exchange");
     st.put(key, &planned, ROW_TTL_SECS).await?;
     sh.quotas.lock().expect("quotas lock").written(&planned, now_ms());
     Ok(())
@@ -64,19 +64,19 @@ async fn counts_pass(sh: &Shared, st: &QuotaStatements, key: &str) -> Result<(),
     let rows = st.counts(key).await?;
     let now = now_ms();
     let mine = {
-        let mut h = sh.health.lock().expect("health lock");
+        let mut h = sh.route.health.lock().expect("health lock");
         if let Some(f) = h.budget.fleet_mut() {
             f.read(&rows, now);
         }
-        for (job_type, q) in h.poison.set_fleet(fleet_counts::poison_counts(&rows, &sh.worker_id), now) {
+        for (job_type, q) in h.poison.set_fleet(fleet_counts::poison_counts(&rows, &sh.route.worker_id), now) {
             tracing::warn!(job_type, quarantined = q, "poison quarantine changed (the pool's outcomes)");
         }
-        let mut mine = vec![fleet_counts::presence(&sh.worker_id, now)];
+        let mut mine = vec![fleet_counts::presence(&sh.route.worker_id, now)];
         mine.extend(h.budget.fleet_rows(now));
-        mine.extend(fleet_counts::poison_rows(&h.poison.own_counts(now), &sh.worker_id, now));
+        mine.extend(fleet_counts::poison_rows(&h.poison.own_counts(now), &sh.route.worker_id, now));
         mine
     };
-    let cfg = &sh.cfg.worker;
+    let cfg = &sh.route.cfg.worker;
     let secs = |ms: i64| (ms / 1000).clamp(60, 86_400) as i32;
     let (budget_ttl, poison_ttl) = (secs(cfg.retry_budget.window.0.saturating_mul(3)), secs(cfg.poison.window.0));
     let ttl = |r: &CountRow| match r.scope.split_once(':') {
@@ -85,7 +85,7 @@ async fn counts_pass(sh: &Shared, st: &QuotaStatements, key: &str) -> Result<(),
         _ => ROW_TTL_SECS,
     };
     if let Err(e) = st.put_counts(key, &mine, ttl).await {
-        if let Some(f) = sh.health.lock().expect("health lock").budget.fleet_mut() {
+        if let Some(f) = sh.route.health.lock().expect("health lock").budget.fleet_mut() {
             f.unwritten(&mine);
         }
         return Err(e);
@@ -94,6 +94,6 @@ async fn counts_pass(sh: &Shared, st: &QuotaStatements, key: &str) -> Result<(),
 }
 
 fn failed(sh: &Shared, step: &'static str, e: &dyn std::fmt::Display) {
-    tracing::warn!(pool = sh.pool.as_str(), step, error = %e, "fleet-wide limits: exchange failed; limited jobs wait here once the caps go stale");
-    metrics::counter!(m::QUOTA_PASS_FAILURES, "pool" => sh.pool.as_str(), "step" => step).increment(1);
+    tracing::warn!(pool = sh.route.pool.as_str(), step, error = %e, "fleet-wide limits: exchange failed; limited jobs wait here once the caps go stale");
+    metrics::counter!(m::QUOTA_PASS_FAILURES, "pool" => sh.route.pool.as_str(), "step" => step).increment(1);
 }

@@ -59,10 +59,11 @@ struct Reporter {
 }
 
 pub async fn usage_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
-    let half_life_ms = SchedulerConfig::for_pool(sh.pool, sh.cfg.pool(sh.pool).slots).fleet_half_life_ms;
+    let half_life_ms =
+        SchedulerConfig::for_pool(sh.route.pool, sh.route.cfg.pool(sh.route.pool).slots).fleet_half_life_ms;
     let mut r = Reporter {
-        key: sh.cfg.pool_topic(sh.pool),
-        keys: Pool::ALL.iter().map(|p| sh.cfg.pool_topic(*p)).collect(),
+        key: sh.route.cfg.pool_topic(sh.route.pool),
+        keys: Pool::ALL.iter().map(|p| sh.route.cfg.pool_topic(*p)).collect(),
         half_life_ms,
         own: OwnUsage::default(),
         view: UsageView::new(BUCKET_MS, WINDOW_MS, SETTLE_MS),
@@ -88,7 +89,7 @@ pub async fn usage_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
 
 impl Reporter {
     fn pool(&self) -> &'static str {
-        self.sh.pool.as_str()
+        self.sh.route.pool.as_str()
     }
 
     async fn pass(&mut self) {
@@ -124,7 +125,7 @@ impl Reporter {
         if pending.is_empty() {
             return true;
         }
-        match stmts.put_usage(&self.key, &self.sh.worker_id, &pending, USAGE_TTL_SECS).await {
+        match stmts.put_usage(&self.key, &self.sh.route.worker_id, &pending, USAGE_TTL_SECS).await {
             Ok(()) => self.own.written(&pending),
             Err(e) => {
                 // Values are cumulative per bucket: the next pass writes them again.
@@ -145,7 +146,9 @@ impl Reporter {
         // Idle tenants are left out: the row stays small however many tenants exist.
         fleet::compact_snapshot(&mut stats);
         let text = stats.to_string();
-        if let Err(e) = stmts.put_worker_stats(&self.key, &self.sh.worker_id, now_ms(), &text, STATS_TTL_SECS).await {
+        if let Err(e) =
+            stmts.put_worker_stats(&self.key, &self.sh.route.worker_id, now_ms(), &text, STATS_TTL_SECS).await
+        {
             tracing::debug!(pool = self.pool(), error = %e, "fleet usage: stats write failed");
             metrics::counter!(m::USAGE_PASS_FAILURES, "pool" => self.pool(), "step" => "stats").increment(1);
         }
@@ -184,7 +187,7 @@ impl Reporter {
             tracing::warn!(pool = self.pool(), failed, "fleet usage: some reads failed");
             metrics::counter!(m::USAGE_PASS_FAILURES, "pool" => self.pool(), "step" => "read").increment(1);
         }
-        let usage = self.view.elsewhere(&self.key, &self.sh.worker_id, now_ms(), self.half_life_ms);
+        let usage = self.view.elsewhere(&self.key, &self.sh.route.worker_id, now_ms(), self.half_life_ms);
         self.set_fleet_gauges(&usage);
         self.sh.fleet_usage.send_replace(usage);
     }

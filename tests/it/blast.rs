@@ -304,7 +304,7 @@ async fn one_tenants_dependency_failures_do_not_stop_the_type_for_others() {
         let mut acme_held = false;
         loop {
             let (wide_open, acme_open) = {
-                let h = sh.health.lock().unwrap();
+                let h = sh.route.health.lock().unwrap();
                 (
                     matches!(h.breakers.type_wide().state("tenanted"), BreakerState::Open { .. }),
                     matches!(h.breakers.tenant_state("tenanted", "acme"), BreakerState::Open { .. }),
@@ -326,7 +326,7 @@ async fn one_tenants_dependency_failures_do_not_stop_the_type_for_others() {
         r = run => r,
         acme_held = watch => panic!("the type's breaker opened on one tenant's failures (acme's own opened: {acme_held})"),
     };
-    let acme_state = sh.health.lock().unwrap().breakers.tenant_state("tenanted", "acme");
+    let acme_state = sh.route.health.lock().unwrap().breakers.tenant_state("tenanted", "acme");
     let acme_results = common::results_for(&cfg, acme_ids, Duration::from_secs(5)).await;
     w.stop().await;
     let missing: Vec<&String> = globex_ids.iter().filter(|id| !results.contains_key(*id)).collect();

@@ -139,7 +139,8 @@ async fn a_breaker_opens_pauses_probes_and_closes() {
     let mut seen_open = false;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while !seen_open && std::time::Instant::now() < deadline {
-        seen_open = matches!(sh.health.lock().unwrap().breakers.type_wide().state("dep"), BreakerState::Open { .. });
+        seen_open =
+            matches!(sh.route.health.lock().unwrap().breakers.type_wide().state("dep"), BreakerState::Open { .. });
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(seen_open, "breaker opened");
@@ -151,7 +152,7 @@ async fn a_breaker_opens_pauses_probes_and_closes() {
     srv.dependency_down.store(false, Ordering::SeqCst);
 
     let results = common::results_for(&cfg, &ids, Duration::from_secs(60)).await;
-    let final_state = sh.health.lock().unwrap().breakers.type_wide().state("dep");
+    let final_state = sh.route.health.lock().unwrap().breakers.type_wide().state("dep");
     w.stop().await;
     assert_eq!(results.len(), 8, "every held-back job ran once the dependency recovered");
     assert!(results.values().all(|r| r[0].status == JobStatus::Succeeded));
