@@ -57,12 +57,12 @@ pub struct FaultsArgs {
     #[arg(long)]
     pub rollout: bool,
     /// The workers' `kafka.group_protocol`: classic or consumer (KIP-848).
-    #[arg(long, default_value = "classic")]
-    pub group_protocol: String,
+    #[arg(long, value_enum, default_value_t = Protocol::Classic)]
+    pub group_protocol: Protocol,
     /// With `--group-protocol classic`: the workers' `kafka.assignor`, range (the
     /// default) or cooperative-sticky.
-    #[arg(long, default_value = "range")]
-    pub assignor: String,
+    #[arg(long, value_enum, default_value_t = Assignor::Range)]
+    pub assignor: Assignor,
     /// Quiet tenants (q0..q5) submit one 1 ms job each this often while the jobs run;
     /// their waits (submitted -> started) are reported. 0: none.
     #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
@@ -89,22 +89,45 @@ pub struct FaultsArgs {
     pub keep: bool,
 }
 
+/// `--group-protocol`: the workers' `kafka.group_protocol`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Protocol {
+    Classic,
+    /// KIP-848.
+    Consumer,
+}
+
+impl Protocol {
+    fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Classic => "classic",
+            Protocol::Consumer => "consumer",
+        }
+    }
+}
+
+/// `--assignor`: the workers' `kafka.assignor` under the classic protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Assignor {
+    Range,
+    CooperativeSticky,
+}
+
+impl Assignor {
+    fn as_str(self) -> &'static str {
+        match self {
+            Assignor::Range => "range",
+            Assignor::CooperativeSticky => "cooperative-sticky",
+        }
+    }
+}
+
 const TENANTS: [&str; 3] = ["fa", "fb", "fc"];
 const QUIET: [&str; 6] = ["q0", "q1", "q2", "q3", "q4", "q5"];
 const MALFORMED: &[u8] = b"this is not an Avro single-object message";
 
 pub async fn run(g: &Global, a: FaultsArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(a.workers > 0 && a.jobs > 0, "--workers and --jobs must be positive");
-    anyhow::ensure!(
-        matches!(a.group_protocol.as_str(), "classic" | "consumer"),
-        "--group-protocol: {:?} is neither classic nor consumer",
-        a.group_protocol
-    );
-    anyhow::ensure!(
-        matches!(a.assignor.as_str(), "cooperative-sticky" | "range"),
-        "--assignor: {:?} is neither cooperative-sticky nor range",
-        a.assignor
-    );
     let run = RunDir::create(g, &a)?;
     let cfg = run.cfg.clone();
     kafka::ensure_topics(&cfg).await.context("creating the bench topics (scripts/services up?)")?;
@@ -179,8 +202,11 @@ fn config_text(base: &Config, a: &FaultsArgs, prefix: &str) -> String {
         base.kafka.brokers,
         a.partitions,
         a.session_timeout.as_millis(),
-        a.group_protocol,
-        if a.group_protocol == "classic" { format!("assignor = {:?}\n", a.assignor) } else { String::new() },
+        a.group_protocol.as_str(),
+        match a.group_protocol {
+            Protocol::Classic => format!("assignor = {:?}\n", a.assignor.as_str()),
+            Protocol::Consumer => String::new(),
+        },
         contact_points.join(", "),
         a.slots,
     );
@@ -664,7 +690,7 @@ fn report(
         "config": {
             "workers": a.workers, "jobs": a.jobs, "job_ms": a.job_ms, "kills": a.kills,
             "cql_restart": a.cql_restart, "slots": a.slots, "partitions": a.partitions,
-            "rollout": a.rollout, "group_protocol": a.group_protocol, "assignor": a.assignor,
+            "rollout": a.rollout, "group_protocol": a.group_protocol.as_str(), "assignor": a.assignor.as_str(),
             "session_timeout_ms": a.session_timeout.as_millis() as u64,
         },
         "duration_s": round2(duration.as_secs_f64()),
