@@ -5,6 +5,7 @@
 
 use crate::model::Millis;
 use crate::seams::{Beat, RouteStore};
+use crate::store::{RunMark, StateUpdate};
 
 /// What a contract case found wrong.
 #[derive(Debug, thiserror::Error)]
@@ -13,6 +14,120 @@ pub enum Broken {
     Store(#[from] crate::store::StoreError),
     #[error("{case}: expected {expected}, read {read}")]
     Read { case: &'static str, expected: String, read: String },
+}
+
+/// Fails the case when `got` is not `want`.
+fn expect<T: PartialEq + std::fmt::Debug>(case: &'static str, got: T, want: T) -> Result<(), Broken> {
+    if got == want {
+        return Ok(());
+    }
+    Err(Broken::Read { case, expected: format!("{want:?}"), read: format!("{got:?}") })
+}
+
+/// One run of a job (`worker`'s, its attempt and crash count) in `status`.
+fn run<'a>(job_id: &'a str, status: &'a str, mark: RunMark<'a>, generation: i64, now: Millis) -> StateUpdate<'a> {
+    let ended = matches!(status, "succeeded" | "failed" | "cancelled" | "expired");
+    StateUpdate {
+        job_id,
+        tenant: "contract",
+        job_type: "echo",
+        pool: "short",
+        status,
+        attempts: mark.attempts,
+        crash_count: mark.crash_count,
+        generation,
+        submitted_at: now - 10_000,
+        started_at: Some(now - 5_000),
+        finished_at: ended.then_some(now),
+        worker: mark.worker,
+        error: None,
+        failure_class: None,
+        output: None,
+        usage: None,
+    }
+}
+
+/// The row's (status, worker, crash count, generation).
+async fn row_of(store: &dyn RouteStore, job_id: &str) -> Result<Option<(String, String, i32, i64)>, Broken> {
+    let row = store.job(job_id).await?;
+    Ok(row.map(|r| {
+        let g = r.generation.unwrap_or(0);
+        (r.status.unwrap_or_default(), r.worker.unwrap_or_default(), r.crash_count.unwrap_or(0), g)
+    }))
+}
+
+/// A run taken over cannot write its state: the first running mark lands on a job
+/// without a row, a take-over (a crash counted) marks it again, the first run's state
+/// write (`put_state_if_marked`) is then refused and the row keeps the take-over's
+/// mark, which can write its own. `job_id` must be unused.
+pub async fn a_run_taken_over_cannot_write_its_state(
+    store: &dyn RouteStore,
+    job_id: &str,
+    now: Millis,
+) -> Result<(), Broken> {
+    let first = RunMark { worker: "first", attempts: 1, crash_count: 0 };
+    let taker = RunMark { worker: "taker", attempts: 1, crash_count: 1 };
+    let marked = store.put_running_with_heartbeat(&run(job_id, "running", first, 0, now), b"job", now, 60).await?;
+    expect("the first running mark, on no row", marked, true)?;
+    let took = store.put_running_with_heartbeat(&run(job_id, "running", taker, 0, now), b"job", now, 60).await?;
+    expect("the take-over's running mark", took, true)?;
+    let late = store.put_state_if_marked(&run(job_id, "retrying", first, 0, now), first, now).await?;
+    expect("the taken-over run's state write", late, false)?;
+    let row = row_of(store, job_id).await?;
+    expect("the row after the refused write", row, Some(("running".into(), "taker".into(), 1, 0)))?;
+    let own = store.put_state_if_marked(&run(job_id, "retrying", taker, 0, now), taker, now).await?;
+    expect("the take-over's own state write", own, true)?;
+    let row = row_of(store, job_id).await?;
+    expect("the row after it", row, Some(("retrying".into(), "taker".into(), 1, 0)))
+}
+
+/// A finished job takes no running mark of its generation (the run is superseded and the
+/// row stays finished) but takes a rerun's, of a newer generation. `job_id` must be unused.
+pub async fn a_finished_job_takes_no_running_mark_but_a_rerun_does(
+    store: &dyn RouteStore,
+    job_id: &str,
+    now: Millis,
+) -> Result<(), Broken> {
+    let done = RunMark { worker: "done", attempts: 1, crash_count: 0 };
+    store.put_state(&run(job_id, "succeeded", done, 0, now), now).await?;
+    let late = RunMark { worker: "late", attempts: 1, crash_count: 0 };
+    let marked = store.put_running_with_heartbeat(&run(job_id, "running", late, 0, now), b"job", now, 60).await?;
+    expect("a running mark on the finished job", marked, false)?;
+    let row = row_of(store, job_id).await?;
+    expect("the finished row", row, Some(("succeeded".into(), "done".into(), 0, 0)))?;
+    let rerun = store.put_running_with_heartbeat(&run(job_id, "running", late, 1, now), b"job", now, 60).await?;
+    expect("a rerun's running mark", rerun, true)?;
+    let row = row_of(store, job_id).await?;
+    expect("the rerun's row", row, Some(("running".into(), "late".into(), 0, 1)))
+}
+
+/// A job is marked handed off only by the worker running it, and of the copies that
+/// find it handed off exactly one claims it. `job_id` must be unused.
+pub async fn one_claim_of_a_handed_off_job_wins(
+    store: &dyn RouteStore,
+    job_id: &str,
+    now: Millis,
+) -> Result<(), Broken> {
+    let owner = RunMark { worker: "owner", attempts: 1, crash_count: 0 };
+    store.put_running_with_heartbeat(&run(job_id, "running", owner, 0, now), b"job", now, 60).await?;
+    expect("a hand-off marked by another worker", store.mark_handed_off(job_id, "other", now).await?, false)?;
+    expect("the owner's hand-off", store.mark_handed_off(job_id, "owner", now).await?, true)?;
+    expect("the first claim", store.claim_hand_off(job_id, "first", now).await?, true)?;
+    expect("a second claim", store.claim_hand_off(job_id, "second", now).await?, false)?;
+    let row = row_of(store, job_id).await?;
+    expect("the claimed row", row, Some(("running".into(), "first".into(), 0, 0)))
+}
+
+/// A partition's dispatch frontier only rises, whatever order the raises land in.
+/// `topic` must be unused.
+pub async fn the_dispatch_frontier_only_rises(store: &dyn RouteStore, topic: &str) -> Result<(), Broken> {
+    expect("an unrecorded frontier", store.dispatch_frontier(topic, 3).await?, None)?;
+    store.raise_dispatch_frontier(topic, 3, 10).await?;
+    store.raise_dispatch_frontier(topic, 3, 5).await?;
+    expect("after a lower raise", store.dispatch_frontier(topic, 3).await?, Some(10))?;
+    store.raise_dispatch_frontier(topic, 3, 20).await?;
+    expect("after a higher raise", store.dispatch_frontier(topic, 3).await?, Some(20))?;
+    expect("another partition", store.dispatch_frontier(topic, 4).await?, None)
 }
 
 fn beat<'a>(job_id: &'a str, worker: &'a str, at: Millis) -> Beat<'a> {
@@ -61,5 +176,16 @@ mod tests {
         let clock: Arc<dyn Clock> = Arc::new(TokioClock::starting_at(1_790_000_000_000));
         let store = MemStore::new(clock.clone());
         a_late_older_heartbeat_never_replaces_a_newer_one(&store, "job-1", clock.now_ms()).await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_double_keeps_running_marks_claims_and_frontiers_as_the_store_does() {
+        let clock: Arc<dyn Clock> = Arc::new(TokioClock::starting_at(1_790_000_000_000));
+        let store = MemStore::new(clock.clone());
+        let now = clock.now_ms();
+        a_run_taken_over_cannot_write_its_state(&store, "job-1", now).await.unwrap();
+        a_finished_job_takes_no_running_mark_but_a_rerun_does(&store, "job-2", now).await.unwrap();
+        one_claim_of_a_handed_off_job_wins(&store, "job-3", now).await.unwrap();
+        the_dispatch_frontier_only_rises(&store, "topic").await.unwrap();
     }
 }
