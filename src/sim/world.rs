@@ -1148,9 +1148,13 @@ impl World {
                     StoreOp::Heartbeat { at, sent } => {
                         if ok {
                             self.beat_acknowledged(w, task, sent);
-                            let (job, me) = (self.workers[w].tasks[&task].msg.job, self.member(w));
-                            if let Some(r) = self.store.rows.get_mut(&job).filter(|r| r.worker == me) {
-                                if r.status == Status::Running {
+                            let job = self.workers[w].tasks[&task].msg.job;
+                            // The heartbeat is the job's, whoever's mark the row shows
+                            // (`Store::put_heartbeat`: a row of its own, keyed by job; the
+                            // check reads it whatever worker wrote it), and the newest
+                            // stamp wins (`store::beat_timestamp`) (seed 16315).
+                            if let Some(r) = self.store.rows.get_mut(&job) {
+                                if at > r.hb_at {
                                     r.hb_at = at;
                                     r.hb_true = sent;
                                 }
@@ -1464,9 +1468,12 @@ impl World {
             self.log(job, || format!("w{w} task {task} running mark refused: finished"));
             return self.end(w, task, true);
         }
-        self.store
-            .rows
-            .insert(job, Row { status: Status::Running, worker: me, attempts, crash_count, hb_at: at, hb_true: sent });
+        // The mark's first heartbeat replaces an older-stamped one only (`beat_timestamp`).
+        let (hb_at, hb_true) = match self.store.rows.get(&job) {
+            Some(r) if r.hb_at > at => (r.hb_at, r.hb_true),
+            _ => (at, sent),
+        };
+        self.store.rows.insert(job, Row { status: Status::Running, worker: me, attempts, crash_count, hb_at, hb_true });
         self.start_run(w, task);
         self.beat_acknowledged(w, task, sent);
     }
