@@ -4,7 +4,8 @@
 //!   and `connections_per_prefix` from one network prefix (an IPv4 /24, an IPv6 /64:
 //!   many addresses of one client count together). Past any, the new connection is
 //!   answered `503` with `Retry-After: 1`
-//!   (written within one second, at most [`REFUSING`] at once) and closed: a client
+//!   (written within one second, at most [`REFUSING`] at once) and closed after the
+//!   same linger as below (what the client sent is discarded for at most [`LINGER`]): a client
 //!   that holds many connections shuts out itself, not the others, and a full process
 //!   says so instead of leaving callers in the kernel's accept queue.
 //! - A request's head must arrive whole within `head_timeout`, however slowly its bytes
@@ -164,14 +165,26 @@ impl Connections {
             body.len()
         );
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(REFUSAL_WRITE, async {
+            let answered = tokio::time::timeout(REFUSAL_WRITE, async {
                 stream.write_all(answer.as_bytes()).await?;
                 stream.shutdown().await
             })
             .await;
+            if matches!(answered, Ok(Ok(()))) {
+                // The request it carried was never read: closing on it would reset the
+                // connection, and the reset can destroy the answer (see the module).
+                let _ = tokio::time::timeout(LINGER, discard(&mut stream)).await;
+            }
             drop(permit);
         });
     }
+}
+
+/// Reads and drops what `stream` receives until the client ends or fails.
+async fn discard(stream: &mut tokio::net::TcpStream) {
+    use tokio::io::AsyncReadExt;
+    let mut scratch = [0u8; 8192];
+    while matches!(stream.read(&mut scratch).await, Ok(n) if n > 0) {}
 }
 
 /// Serves `router` on `listener` within `conns`' bounds until `shutdown` completes, then
@@ -424,6 +437,101 @@ mod tests {
         }
         let _ = stop.send(());
         server.await.unwrap().unwrap();
+    }
+
+    /// Connections refused past the per-address bound, each carrying a large body,
+    /// reach the client as the 503, not as a reset.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_connection_refused_with_its_body_unread_reaches_the_client_as_the_503() {
+        let router = axum::Router::new().route("/", axum::routing::post(|| async { "served" }));
+        let limits = ApiLimits { connections_per_ip: 1, ..Default::default() };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let conns = Connections::new(&limits);
+        let served = conns.clone();
+        let server = tokio::spawn(async move {
+            serve(listener, router, served, &limits, async move {
+                let _ = stopped.await;
+            })
+            .await
+        });
+        let holder = tokio::net::TcpStream::connect(addr).await.unwrap();
+        for _ in 0..5_000 {
+            if conns.usage.lock().unwrap().held("").1 == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(conns.usage.lock().unwrap().held("").1, 1, "the holder's connection is admitted");
+        // A raw client that writes its request whole, then reads, as most HTTP/1.1
+        // clients do: a reset while it writes is what such a client reports. (An HTTP
+        // client library may also fail on an answer that arrives before it wrote anything,
+        // which is not what this test is about.)
+        let body = Arc::new(vec![b'0'; 8 << 20]);
+        for round in 0..3 {
+            let sends = (0..4).map(|_| {
+                let body = body.clone();
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+                    let head = format!("POST / HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n", body.len());
+                    s.write_all(head.as_bytes()).await.map_err(|e| format!("writing the head: {e}"))?;
+                    s.write_all(&body).await.map_err(|e| format!("writing the body: {e}"))?;
+                    let mut answer = Vec::new();
+                    s.read_to_end(&mut answer).await.map_err(|e| format!("reading the answer: {e}"))?;
+                    Ok::<_, String>(String::from_utf8_lossy(&answer).into_owned())
+                })
+            });
+            for answer in futures::future::join_all(sends).await {
+                let answer = answer.unwrap();
+                let status = answer.as_deref().map(|a| a.lines().next().unwrap_or_default().to_string());
+                assert_eq!(status.as_deref(), Ok("HTTP/1.1 503 Service Unavailable"), "round {round}");
+            }
+        }
+        drop(holder);
+        let _ = stop.send(());
+        server.await.unwrap().unwrap();
+    }
+
+    /// The server's end of a connection from `listener`, wrapped as the API wraps it.
+    async fn accepted(listener: &tokio::net::TcpListener, conns: &Arc<Connections>) -> IdleIo {
+        let (stream, peer) = listener.accept().await.unwrap();
+        let conn = conns.open(conns.admit(peer.ip()).unwrap());
+        let long = Duration::from_secs(600);
+        IdleIo::new(stream, Deadlines { idle: long, head: long }, conn)
+    }
+
+    /// After its answer, a connection whose client keeps sending is closed once
+    /// [`LINGER`] passes (its slot with it); one whose client ends is let go at once.
+    #[tokio::test(start_paused = true)]
+    async fn the_linger_ends_at_its_bound_or_when_the_client_ends() {
+        use tokio::io::AsyncWriteExt;
+        let conns = Connections::new(&ApiLimits::default());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+
+        let mut chatty = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut io = accepted(&listener, &conns).await;
+        let trickle = tokio::spawn(async move {
+            while chatty.write_all(b"x").await.is_ok() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        let t0 = tokio::time::Instant::now();
+        io.shutdown().await.unwrap();
+        let took = t0.elapsed();
+        assert!(took >= LINGER && took < LINGER + Duration::from_millis(500), "lingered {took:?}");
+        drop(io);
+        assert_eq!(conns.usage.lock().unwrap().held("").1, 0, "its slot is given back");
+        trickle.abort();
+
+        let mut done = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut io = accepted(&listener, &conns).await;
+        done.shutdown().await.unwrap();
+        let t0 = tokio::time::Instant::now();
+        io.shutdown().await.unwrap();
+        assert!(t0.elapsed() < Duration::from_millis(100), "a client that ended is let go at once");
     }
 
     #[test]

@@ -126,6 +126,9 @@ pub enum Cmd {
 
 /// Runs `work` (a parsed command) as the process: logging to stderr (`FAIRWAY_LOG`),
 /// span export around the async runtime, errors printed; the exit code.
+/// How long the exit waits for blocking work the command left running.
+const SHUTDOWN_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
 pub fn enter(work: impl Future<Output = anyhow::Result<ExitCode>>) -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -156,7 +159,9 @@ pub fn enter(work: impl Future<Output = anyhow::Result<ExitCode>>) -> ExitCode {
             ExitCode::FAILURE
         }
     };
-    drop(rt);
+    // Blocking work still running (a consumer closing towards a broker it cannot
+    // reach) does not hold the exit past this.
+    rt.shutdown_timeout(SHUTDOWN_WITHIN);
     if let Some(spans) = spans {
         spans.shutdown();
     }

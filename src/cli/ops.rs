@@ -373,15 +373,22 @@ pub async fn worker(cfg: Arc<Config>, a: WorkerArgs) -> anyhow::Result<ExitCode>
 /// Exit status of a worker that gave up (`worker::watchdog`): its supervisor restarts it.
 const GAVE_UP: u8 = 75;
 
+/// How long a worker that gave up takes at most to exit: its pools skip the drain
+/// timeout (two hand-off phases remain), and its other tasks get a few seconds more.
+const GIVE_UP_WITHIN: Duration = fairway::worker::pool::HAND_OFF_GRACE.saturating_mul(3);
+
 /// The worker cannot serve its partitions (a fatal client error, the store unreachable
 /// too long): leave the groups at once, hand running jobs off where possible, and exit
-/// non-zero so the supervisor restarts it.
+/// non-zero within [`GIVE_UP_WITHIN`] so the supervisor restarts it. What could not
+/// settle by then is not committed: the partitions' next owners run it.
 async fn give_up(w: Worker, why: &str) -> anyhow::Result<ExitCode> {
     eprintln!("giving up: {why}; leaving the consumer groups and exiting with status {GAVE_UP}");
     for sh in &w.shared {
         sh.route.request_stop_all();
     }
-    w.stop().await;
+    if tokio::time::timeout(GIVE_UP_WITHIN, w.stop()).await.is_err() {
+        eprintln!("giving up: the worker's tasks did not end within {GIVE_UP_WITHIN:?}; exiting without them");
+    }
     Ok(ExitCode::from(GAVE_UP))
 }
 

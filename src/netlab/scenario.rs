@@ -300,29 +300,44 @@ impl Fleet {
     }
 }
 
-/// Ownership changes the inside worker logged so far (assignments, revocations, exits).
+/// Ownership changes the inside worker logged so far (assignments, revocations).
 fn count_changes(lab: &Lab) -> usize {
     let logs = lab.worker_logs("inside");
     let n = |needle| logs.iter().map(|p| count_in_log(p, needle)).sum::<usize>();
-    n("partitions assigned") + n("partitions revoked") + n("cannot serve its partitions")
+    n("partitions assigned") + n("partitions revoked")
+}
+
+/// Give-ups the inside worker logged so far.
+fn count_give_ups(lab: &Lab) -> usize {
+    lab.worker_logs("inside").iter().map(|p| count_in_log(p, "cannot serve its partitions")).sum()
+}
+
+/// What the inside worker had done when the cut began.
+struct AtCut {
+    changes: usize,
+    give_ups: usize,
+    exits: usize,
 }
 
 /// After the links are back, waits (up to 60 s) until the inside worker shows it is back:
 /// a result of its own since the restore, an ownership change since the cut (it learned
-/// that the group moved on without it, and rejoined), or an exit. On Apache Kafka the
-/// other worker may have finished every job during the cut, so the probes must not be
-/// judged before the cut-off worker had the chance to come back.
+/// that the group moved on without it, and rejoined), or an exit; a worker that gave up
+/// is back only once it exited. On Apache Kafka the other worker may have finished every
+/// job during the cut, so the probes must not be judged before the cut-off worker had the
+/// chance to come back.
 async fn inside_back(
     lab: &mut Lab,
     s: &mut Session,
     ids: &HashSet<String>,
     tally: &mut Tally,
-    changes_at_cut: usize,
+    at_cut: &AtCut,
 ) -> Result<(), LabError> {
     let deadline = Instant::now() + Duration::from_secs(60);
-    let exits = s.fleet.inside_exits.len();
     while Instant::now() < deadline {
-        if tally.inside_after_restore > 0 || count_changes(lab) > changes_at_cut || s.fleet.inside_exits.len() > exits {
+        let exited = s.fleet.inside_exits.len() > at_cut.exits;
+        let exit_pending = count_give_ups(lab) > at_cut.give_ups && !exited;
+        let served_or_rejoined = tally.inside_after_restore > 0 || count_changes(lab) > at_cut.changes;
+        if exited || (served_or_rejoined && !exit_pending) {
             // Whatever the change, let the group settle on it (no ownership change for
             // 2 s) before the probes.
             let (mut seen, mut quiet_since) = (count_changes(lab), Instant::now());
@@ -536,10 +551,10 @@ async fn phase(lab: &mut Lab, plan: &Plan, cut: &Cut, s: &mut Session) -> Result
     let t0 = Instant::now();
     let ids = submit(&s.cfg, &s.producer, plan.jobs, plan.job_ms).await?;
     let mut tally = Tally::default();
-    let changes_at_cut = count_changes(lab);
+    let at_cut = AtCut { changes: count_changes(lab), give_ups: count_give_ups(lab), exits: exits_before.0 };
     let (cut_at, restored, all_done_at) = cut_while_running(lab, plan, cut, s, &ids, &mut tally).await?;
     let stuck = ids.len() - tally.results.len();
-    inside_back(lab, s, &ids, &mut tally, changes_at_cut).await?;
+    inside_back(lab, s, &ids, &mut tally, &at_cut).await?;
 
     // Probes: every partition must be served again, by whoever owns it now.
     let probe_ids = submit(&s.cfg, &s.producer, plan.probes, 0).await?;

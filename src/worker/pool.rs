@@ -17,7 +17,7 @@ use crate::core::offsets::PartitionOffsets;
 use crate::core::outcomes::{OutcomeBounds, Outcomes};
 use crate::core::promotion;
 use crate::core::quota::Scope;
-use crate::core::refusals::Holder;
+use crate::core::refusals::{Holder, RECYCLING_CAP};
 use crate::core::tenants::TenantSet;
 use crate::kafka::{self, Consumer, Message, RebalanceEvent, TopicPartitionList};
 use crate::model::{FailureClass, JobSubmitted, Millis};
@@ -535,7 +535,12 @@ impl Loop {
         for p in &queued {
             self.buffer.left(&p.job.tenant, p.job.heap_bytes());
         }
-        let drain = self.sh.route.cfg.pool(self.sh.route.pool).drain_timeout;
+        // A worker that gave up asked its jobs to stop already, and waits for nothing
+        // that needs what it lost: only the hand-off phases remain (`cli::ops::give_up`).
+        let drain = match self.sh.watch.has_given_up() {
+            true => Duration::ZERO,
+            false => self.sh.route.cfg.pool(self.sh.route.pool).drain_timeout,
+        };
         tracing::info!(pool, queued = queued.len(), running = self.dispatcher.running(), ?drain, "draining");
         leave_group(consumer, pool);
         let mut phase = 0;
@@ -1162,7 +1167,7 @@ impl Loop {
         {
             let mut tally = self.sh.route.admission_tally.lock().expect("admission tally");
             for tenant in held.keys() {
-                tally.held(tenant, &Holder::RecyclingCap.limit(), self.pool(), now);
+                tally.held(tenant, RECYCLING_CAP, self.pool(), now);
             }
         }
         for (tenant, until) in &held {

@@ -53,6 +53,11 @@ impl Watch {
         self.judge();
     }
 
+    /// Whether the worker gave up (its pools then drain without waiting for running jobs).
+    pub fn has_given_up(&self) -> bool {
+        self.gave_up.borrow().is_some()
+    }
+
     /// Resolves once the worker gave up, with the reason.
     pub async fn gave_up(&self) -> String {
         let mut rx = self.gave_up.subscribe();
