@@ -23,6 +23,16 @@ pub trait RouteStore: Send + Sync {
     fn heartbeat<'a>(&'a self, job_id: &'a str) -> Io<'a, Result<Option<HeartbeatRow>, StoreError>>;
     /// A heartbeat of a job running on `beat.worker`, living `beat.ttl_secs`.
     fn put_heartbeat<'a>(&'a self, beat: Beat<'a>) -> Io<'a, Result<(), StoreError>>;
+    /// Heartbeats of a batch of running jobs on `worker`: (job id, progress, message) each.
+    fn put_heartbeats<'a>(
+        &'a self,
+        beats: &'a [(String, f64, String)],
+        worker: &'a str,
+        at: Millis,
+        ttl_secs: i32,
+    ) -> Io<'a, Result<(), StoreError>>;
+    /// Which of `job_ids` a cancellation was requested for.
+    fn cancel_requested<'a>(&'a self, job_ids: &'a [String]) -> Io<'a, Result<Vec<String>, StoreError>>;
     /// A job's state at one step of its route (running, retrying, or terminal).
     fn put_state<'a>(&'a self, u: &'a StateUpdate<'a>, now: Millis) -> Io<'a, Result<(), StoreError>>;
     /// A finished UUIDv7 job's packed record (`core::finished`), instead of a row.

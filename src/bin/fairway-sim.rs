@@ -5,7 +5,10 @@
 //! JSON: seeds run, seeds per second, the coverage table (how often each fault struck
 //! each job state), and every failing seed with its violations and the one-line command
 //! that replays it; `fairway-sim --hours H --first F` is a long campaign (seeds from F
-//! for H hours, a progress line a minute). Exits non-zero when a seed broke an invariant.
+//! for H hours, a progress line a minute). With `--route`, the seeds run the shipping
+//! route and heartbeat loop (`sim::fleet`; `cargo build --features sim-route`) instead of
+//! the modelled fleet. Exits non-zero
+//! when a seed broke an invariant.
 
 use clap::Parser;
 use fairway::sim::{self, Config};
@@ -34,6 +37,27 @@ struct Args {
     /// whatever --seeds and --budget say.
     #[arg(long, conflicts_with = "seed", value_parser = parse_hours)]
     hours: Option<f64>,
+    /// Run the seeds on the shipping route and heartbeat loop (`sim::fleet`; built with
+    /// `--features sim-route`).
+    #[cfg(feature = "sim-route")]
+    #[arg(long)]
+    route: bool,
+}
+
+impl Args {
+    /// How many seeds, within how long: a campaign's hours, else --seeds and --budget.
+    fn campaign(&self) -> (u64, Duration) {
+        match self.hours {
+            Some(h) => (u64::MAX, Duration::from_secs_f64(h * 3600.0)),
+            None => (self.seeds, self.budget),
+        }
+    }
+}
+
+/// Prints one replayed seed's report and exits: non-zero when it broke an invariant.
+fn replayed(report: &impl serde::Serialize, kept: bool) -> ! {
+    println!("{}", serde_json::to_string_pretty(report).expect("report as JSON"));
+    std::process::exit(if kept { 0 } else { 1 });
 }
 
 /// Hours of a campaign: a positive number up to a week.
@@ -47,16 +71,16 @@ fn parse_hours(s: &str) -> Result<f64, String> {
 
 fn main() {
     let args = Args::parse();
+    #[cfg(feature = "sim-route")]
+    if args.route {
+        route_seeds(&args);
+    }
     let cfg = Config::default().watch(args.watch_job);
     if let Some(seed) = args.seed {
         let report = sim::run(seed, &cfg);
-        println!("{}", serde_json::to_string_pretty(&report).expect("report as JSON"));
-        std::process::exit(if report.violations.is_empty() { 0 } else { 1 });
+        replayed(&report, report.violations.is_empty());
     }
-    let (count, budget) = match args.hours {
-        Some(h) => (u64::MAX, Duration::from_secs_f64(h * 3600.0)),
-        None => (args.seeds, args.budget),
-    };
+    let (count, budget) = args.campaign();
     let started = Instant::now();
     let mut last_progress = Instant::now();
     let (mut ran, mut failing, mut jobs, mut sim_ms) = (0u64, Vec::new(), 0usize, 0i64);
@@ -110,6 +134,58 @@ fn main() {
         "runs_fenced": runs_fenced,
         "not_durable": not_durable,
         "coverage": coverage,
+        "failing_seeds": failing.len(),
+        "failing": failing,
+    });
+    println!("{}", serde_json::to_string_pretty(&out).expect("summary as JSON"));
+    std::process::exit(if failing.is_empty() { 0 } else { 1 });
+}
+
+/// `--route`: seeds on the shipping route; one seed's report, or a summary of many.
+#[cfg(feature = "sim-route")]
+fn route_seeds(args: &Args) -> ! {
+    if let Some(seed) = args.seed {
+        let report = sim::fleet::run(seed);
+        replayed(&report, report.violations.is_empty());
+    }
+    let (count, budget) = args.campaign();
+    let started = Instant::now();
+    let mut sums: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut failing = Vec::new();
+    for seed in args.first..args.first.saturating_add(count) {
+        if started.elapsed() >= budget {
+            break;
+        }
+        let r = sim::fleet::run(seed);
+        let counts = [
+            ("seeds", 1),
+            ("jobs", r.jobs),
+            ("runs", r.runs),
+            ("results", r.results),
+            ("jobs_repeated", r.repeated),
+            ("taken_again", r.taken_again),
+            ("crashes", r.crashes),
+            ("outages", r.outages),
+            ("cuts", r.cuts),
+        ];
+        for (k, n) in counts {
+            *sums.entry(k).or_default() += n;
+        }
+        if !r.violations.is_empty() {
+            eprintln!(
+                "seed {seed} broke {} invariant(s); replay: fairway-sim --route --seed {seed}",
+                r.violations.len()
+            );
+            failing.push(serde_json::json!({"seed": seed, "violations": r.violations}));
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let seeds = sums.get("seeds").copied().unwrap_or(0);
+    let out = serde_json::json!({
+        "route": true,
+        "totals": sums,
+        "seconds": (secs * 100.0).round() / 100.0,
+        "seeds_per_sec": (seeds as f64 / secs.max(1e-9) * 10.0).round() / 10.0,
         "failing_seeds": failing.len(),
         "failing": failing,
     });

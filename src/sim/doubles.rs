@@ -12,11 +12,43 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// A store in memory; heartbeats expire after their TTL on `clock`.
+/// A store in memory; heartbeats expire after their TTL on `clock`. Several handles
+/// ([`MemStore::view`]) may share one store, each with its own outage switch and answer
+/// times, as workers each have their own link to one database.
 pub struct MemStore {
     clock: Arc<dyn Clock>,
-    down: AtomicBool,
-    state: Mutex<MemState>,
+    down: Arc<AtomicBool>,
+    state: Arc<Mutex<MemState>>,
+    /// How long each call takes to answer; none: at once.
+    latency: Option<Mutex<Latency>>,
+}
+
+/// Seeded answer times of a store handle: uniform in `ms`, and with probability
+/// `tail.0` anywhere up to `tail.1` ms instead. A call's write lands when it is made;
+/// its answer comes after the drawn time, and fails if the handle is down by then (a
+/// write that landed but whose acknowledgement was lost).
+pub struct Latency {
+    rng: super::rng::Rng,
+    ms: (i64, i64),
+    tail: (f64, i64),
+}
+
+impl Latency {
+    pub fn new(seed: u64, ms: (i64, i64), tail: (f64, i64)) -> Latency {
+        Latency { rng: super::rng::Rng::new(seed), ms, tail }
+    }
+
+    fn draw(&mut self) -> u64 {
+        let ms = match self.rng.chance(self.tail.0) {
+            true => self.rng.range(self.ms.1, self.tail.1),
+            false => self.rng.range(self.ms.0, self.ms.1),
+        };
+        ms.max(0) as u64
+    }
+}
+
+fn outage() -> StoreError {
+    StoreError::Query { what: "memory store", message: "the store is down".into() }
 }
 
 #[derive(Default)]
@@ -32,7 +64,17 @@ struct MemState {
 
 impl MemStore {
     pub fn new(clock: Arc<dyn Clock>) -> Self {
-        MemStore { clock, down: AtomicBool::new(false), state: Mutex::default() }
+        MemStore { clock, down: Arc::default(), state: Arc::default(), latency: None }
+    }
+
+    /// Another handle on the same store, up, answering after `latency`.
+    pub fn view(&self, latency: Option<Latency>) -> MemStore {
+        MemStore {
+            clock: self.clock.clone(),
+            down: Arc::default(),
+            state: self.state.clone(),
+            latency: latency.map(Mutex::new),
+        }
     }
 
     /// While down, every call fails as a store outage does.
@@ -53,11 +95,22 @@ impl MemStore {
     /// Runs `f` on the state, or fails as an outage while down.
     fn with<T: Send + 'static>(&self, f: impl FnOnce(&mut MemState, Millis) -> T) -> Io<'_, Result<T, StoreError>> {
         let out = if self.down.load(Ordering::SeqCst) {
-            Err(StoreError::Query { what: "memory store", message: "the store is down".into() })
+            Err(outage())
         } else {
             Ok(f(&mut self.state.lock().expect("mem store"), self.clock.now_ms()))
         };
-        Box::pin(std::future::ready(out))
+        let Some(latency) = &self.latency else {
+            return Box::pin(std::future::ready(out));
+        };
+        let wait = std::time::Duration::from_millis(latency.lock().expect("latency").draw());
+        let down = self.down.clone();
+        Box::pin(async move {
+            tokio::time::sleep(wait).await;
+            if down.load(Ordering::SeqCst) {
+                return Err(outage());
+            }
+            out
+        })
     }
 }
 
@@ -84,7 +137,9 @@ fn upsert(jobs: &mut HashMap<String, JobRow>, u: &StateUpdate<'_>, now: Millis) 
 
 /// Writes a heartbeat unless a newer one is stored: the store orders heartbeat writes by
 /// their stamp (`store::beat_timestamp`), so a late older beat never replaces a newer one.
-fn beat(state: &mut MemState, b: &Beat<'_>) {
+/// Writes a heartbeat as the table does: the newer stamp wins, and its TTL counts from
+/// the write's arrival (`now`, the store's clock), not from the writer's stamp.
+fn beat(state: &mut MemState, b: &Beat<'_>, now: Millis) {
     if state.heartbeats.get(b.job_id).is_some_and(|(hb, _)| hb.at.is_some_and(|at| at > b.at)) {
         return;
     }
@@ -95,7 +150,7 @@ fn beat(state: &mut MemState, b: &Beat<'_>) {
         progress: Some(b.progress),
         message: Some(b.message.into()),
     };
-    state.heartbeats.insert(b.job_id.into(), (row, b.at + i64::from(b.ttl_secs) * 1000));
+    state.heartbeats.insert(b.job_id.into(), (row, now + i64::from(b.ttl_secs) * 1000));
 }
 
 impl RouteStore for MemStore {
@@ -106,7 +161,26 @@ impl RouteStore for MemStore {
         self.with(|s, now| s.heartbeats.get(job_id).filter(|(_, expires)| now < *expires).map(|(hb, _)| hb.clone()))
     }
     fn put_heartbeat<'a>(&'a self, b: Beat<'a>) -> Io<'a, Result<(), StoreError>> {
-        self.with(|s, _| beat(s, &b))
+        self.with(|s, now| beat(s, &b, now))
+    }
+    fn put_heartbeats<'a>(
+        &'a self,
+        beats: &'a [(String, f64, String)],
+        worker: &'a str,
+        at: Millis,
+        ttl_secs: i32,
+    ) -> Io<'a, Result<(), StoreError>> {
+        self.with(|s, now| {
+            for (job_id, progress, message) in beats {
+                beat(s, &Beat { job_id, worker, at, progress: *progress, message, ttl_secs }, now);
+            }
+        })
+    }
+    fn cancel_requested<'a>(&'a self, job_ids: &'a [String]) -> Io<'a, Result<Vec<String>, StoreError>> {
+        self.with(|s, _| {
+            let asked = |id: &&String| s.jobs.get(id.as_str()).is_some_and(|r| r.cancel_requested == Some(true));
+            job_ids.iter().filter(asked).cloned().collect()
+        })
     }
     fn put_state<'a>(&'a self, u: &'a StateUpdate<'a>, now: Millis) -> Io<'a, Result<(), StoreError>> {
         self.with(|s, _| upsert(&mut s.jobs, u, now))
@@ -121,7 +195,7 @@ impl RouteStore for MemStore {
         now: Millis,
         heartbeat_ttl_secs: i32,
     ) -> Io<'a, Result<bool, StoreError>> {
-        self.with(|s, _| {
+        self.with(|s, arrived| {
             let finished = s.jobs.get(u.job_id).is_some_and(|r| r.is_terminal() && r.generation >= Some(u.generation));
             if finished {
                 return false;
@@ -135,7 +209,7 @@ impl RouteStore for MemStore {
                 message: "",
                 ttl_secs: heartbeat_ttl_secs,
             };
-            beat(s, &b);
+            beat(s, &b, arrived);
             s.running.insert((u.pool.to_string(), u.job_id.to_string()));
             true
         })

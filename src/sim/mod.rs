@@ -52,6 +52,8 @@
 mod check;
 pub mod contract;
 pub mod doubles;
+#[cfg(any(test, feature = "sim-route"))]
+pub mod fleet;
 mod ledger;
 mod rng;
 mod shape;

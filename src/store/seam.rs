@@ -15,6 +15,18 @@ impl RouteStore for Store {
     fn put_heartbeat<'a>(&'a self, b: Beat<'a>) -> Io<'a, Result<(), StoreError>> {
         Box::pin(Store::put_heartbeat(self, b.job_id, b.worker, b.at, b.progress, b.message, b.ttl_secs))
     }
+    fn put_heartbeats<'a>(
+        &'a self,
+        beats: &'a [(String, f64, String)],
+        worker: &'a str,
+        at: Millis,
+        ttl_secs: i32,
+    ) -> Io<'a, Result<(), StoreError>> {
+        Box::pin(Store::put_heartbeats(self, beats, worker, at, ttl_secs))
+    }
+    fn cancel_requested<'a>(&'a self, job_ids: &'a [String]) -> Io<'a, Result<Vec<String>, StoreError>> {
+        Box::pin(Store::cancel_requested(self, job_ids))
+    }
     fn put_state<'a>(&'a self, u: &'a StateUpdate<'a>, now: Millis) -> Io<'a, Result<(), StoreError>> {
         Box::pin(Store::put_state(self, u, now))
     }

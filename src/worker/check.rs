@@ -240,6 +240,16 @@ async fn take_over(
     origin: &Origin,
     now: i64,
 ) -> Result<Arc<JobSubmitted>, Durable> {
+    // The run it takes over was this process's own, which fenced itself (the store did
+    // not acknowledge its heartbeats): no worker died, so no crash is counted. Else a
+    // store outage would count one crash per long job, and three outages would
+    // dead-letter healthy jobs as poison (the fleet simulator, `sim::fleet`).
+    if row.worker.as_deref() == Some(sh.worker_id.as_str()) {
+        let mut j = (**job).clone();
+        j.crash_count = job.crash_count.max(row.crash_count.unwrap_or(0));
+        metrics::counter!(m::JOBS_TAKEN_OVER, "pool" => sh.pool.as_str()).increment(1);
+        return Ok(Arc::new(j));
+    }
     // Worker crash: never uses up an attempt, but counts towards the crash limit.
     let crashes = job.crash_count.max(row.crash_count.unwrap_or(0) + 1);
     let state = AttemptState { attempt: job.attempt, crash_count: crashes - 1, last_error: row.error.clone() };

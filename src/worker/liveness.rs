@@ -13,12 +13,12 @@
 //! follows whatever the store then shows.
 
 use super::route::Origin;
-use super::Shared;
+use super::{RouteContext, Shared};
 use crate::model::{FailureClass, Pool};
 use crate::{codec, kafka, metrics as m, now_ms};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::watch;
 
 /// How old a running job's newest heartbeat must be before another copy takes the job
@@ -65,35 +65,31 @@ pub async fn fence_watch(live: &crate::handlers::JobLive, job_id: &str, pool: Po
 /// Writes the heartbeats of this pool's running jobs every interval, in batches, and
 /// reads back their cancellation flags; aborts jobs that ignore a cancellation for
 /// longer than `worker.cancel_grace`.
-pub async fn heartbeat_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
-    let interval = sh.route.cfg.pool(sh.route.pool).heartbeat_interval;
-    let ttl = sh.route.heartbeat_ttl_secs();
-    let grace = sh.route.cfg.worker.cancel_grace;
-    let mut cancel_seen: HashMap<String, Instant> = HashMap::new();
+pub async fn heartbeat_loop(route: Arc<RouteContext>, mut shutdown: watch::Receiver<bool>) {
+    let interval = route.cfg.pool(route.pool).heartbeat_interval;
+    let ttl = route.heartbeat_ttl_secs();
+    let grace = route.cfg.worker.cancel_grace;
+    let mut cancel_seen: HashMap<String, tokio::time::Instant> = HashMap::new();
     let mut tick = tokio::time::interval(interval);
     // Age of this worker's newest successful heartbeat write: grows when writes fail.
-    let mut last_ok = Instant::now();
+    let mut last_ok = tokio::time::Instant::now();
     loop {
         tokio::select! {
             _ = shutdown.changed() => return,
             _ = tick.tick() => {}
         }
-        let running: Vec<(String, Arc<crate::handlers::JobLive>)> = sh
-            .route
-            .running
-            .lock()
-            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
-            .unwrap_or_default();
+        let running: Vec<(String, Arc<crate::handlers::JobLive>)> =
+            route.running.lock().map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default();
         cancel_seen.retain(|id, _| running.iter().any(|(r, _)| r == id));
         if running.is_empty() {
-            last_ok = Instant::now();
-            metrics::gauge!(m::HEARTBEAT_AGE_SECONDS, "pool" => sh.route.pool.as_str()).set(0.0);
+            last_ok = tokio::time::Instant::now();
+            metrics::gauge!(m::HEARTBEAT_AGE_SECONDS, "pool" => route.pool.as_str()).set(0.0);
             continue;
         }
         // The fence counts from `sent`, taken before the stamp: never later than what a
         // reader of the stamp counts the lease from.
         let sent = tokio::time::Instant::now();
-        let now = now_ms();
+        let now = route.clock.now_ms();
         for chunk in running.chunks(100) {
             let beats: Vec<(String, f64, String)> = chunk
                 .iter()
@@ -102,24 +98,24 @@ pub async fn heartbeat_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>
                     (id.clone(), p, msg)
                 })
                 .collect();
-            match sh.store.put_heartbeats(&beats, &sh.route.worker_id, now, ttl).await {
+            match route.store.put_heartbeats(&beats, &route.worker_id, now, ttl).await {
                 Ok(()) => {
-                    last_ok = Instant::now();
+                    last_ok = tokio::time::Instant::now();
                     chunk.iter().for_each(|(_, live)| live.beat_acknowledged(sent));
-                    metrics::counter!(m::HEARTBEATS, "pool" => sh.route.pool.as_str()).increment(beats.len() as u64)
+                    metrics::counter!(m::HEARTBEATS, "pool" => route.pool.as_str()).increment(beats.len() as u64)
                 }
-                Err(e) => tracing::warn!(pool = sh.route.pool.as_str(), error = %e, "heartbeat write failed"),
+                Err(e) => tracing::warn!(pool = route.pool.as_str(), error = %e, "heartbeat write failed"),
             }
             let ids: Vec<String> = chunk.iter().map(|(id, _)| id.clone()).collect();
-            match sh.store.cancel_requested(&ids).await {
+            match route.store.cancel_requested(&ids).await {
                 Ok(cancelled) => {
                     for id in cancelled {
                         if let Some((_, live)) = chunk.iter().find(|(r, _)| *r == id) {
                             if !live.is_cancelled() {
-                                metrics::counter!(m::CANCELLATIONS, "pool" => sh.route.pool.as_str()).increment(1);
+                                metrics::counter!(m::CANCELLATIONS, "pool" => route.pool.as_str()).increment(1);
                                 live.cancel();
                             }
-                            let first = *cancel_seen.entry(id.clone()).or_insert_with(Instant::now);
+                            let first = *cancel_seen.entry(id.clone()).or_insert_with(tokio::time::Instant::now);
                             if first.elapsed() >= grace {
                                 tracing::warn!(job_id = %id, "cancelled job ignored the request past the grace period; aborting");
                                 live.abort();
@@ -130,8 +126,7 @@ pub async fn heartbeat_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>
                 Err(e) => tracing::debug!(error = %e, "cancel flags read failed"),
             }
         }
-        metrics::gauge!(m::HEARTBEAT_AGE_SECONDS, "pool" => sh.route.pool.as_str())
-            .set(last_ok.elapsed().as_secs_f64());
+        metrics::gauge!(m::HEARTBEAT_AGE_SECONDS, "pool" => route.pool.as_str()).set(last_ok.elapsed().as_secs_f64());
     }
 }
 

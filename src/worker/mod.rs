@@ -166,7 +166,7 @@ impl Worker {
                 watch: vitals.clone(),
             });
             let (sh3, rx3) = (sh.clone(), halted.clone());
-            tasks.push(tokio::spawn(liveness::heartbeat_loop(sh3, rx3)));
+            tasks.push(tokio::spawn(liveness::heartbeat_loop(sh3.route.clone(), rx3)));
             tasks.push(tokio::spawn(usage::usage_loop(sh.clone(), rx.clone())));
             if cfg.worker.fleet_limits {
                 tasks.push(tokio::spawn(quota::quota_loop(sh.clone(), rx.clone())));
