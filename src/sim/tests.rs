@@ -36,7 +36,7 @@ const FRESH: u64 = 1_000;
 /// The first fresh seed: `FAIRWAY_SIM_FIRST` if set, else derived from the commit under
 /// test (`git rev-parse HEAD`), so each commit explores seeds no earlier one ran and a
 /// failure replays from the seed it prints. None without either (said on stderr).
-fn fresh_first() -> Option<u64> {
+pub(super) fn fresh_first() -> Option<u64> {
     if let Ok(v) = std::env::var("FAIRWAY_SIM_FIRST") {
         return Some(v.parse().expect("FAIRWAY_SIM_FIRST is a seed (a whole number)"));
     }
