@@ -5,7 +5,8 @@
 //!   many addresses of one client count together). Past any, the new connection is
 //!   answered `503` with `Retry-After: 1`
 //!   (written within one second, at most [`REFUSING`] at once) and closed after the
-//!   same linger as below (what the client sent is discarded for at most [`LINGER`]): a client
+//!   same linger as below (what the client sent is discarded for at most [`LINGER`], at
+//!   most [`REFUSED_LINGERING`] at once, past which it closes at once): a client
 //!   that holds many connections shuts out itself, not the others, and a full process
 //!   says so instead of leaving callers in the kernel's accept queue.
 //! - A request's head must arrive whole within `head_timeout`, however slowly its bytes
@@ -41,6 +42,11 @@ use tokio::io::AsyncWriteExt;
 
 /// Refusals being written at once; past it a refused connection is closed unanswered.
 pub const REFUSING: usize = 256;
+/// Refused connections lingering at once after their answer (a slot is taken once the
+/// answer is written, and the write's slot is given back); past it a refused connection
+/// is closed as soon as its answer is written, so one client holding its refused
+/// connections open never takes the answers from the others.
+pub const REFUSED_LINGERING: usize = 256;
 /// How long a refusal may take to write.
 const REFUSAL_WRITE: Duration = Duration::from_secs(1);
 /// How long a closing connection reads and discards what its client still sends.
@@ -62,6 +68,8 @@ pub struct Connections {
     owners: Arc<Mutex<Usage>>,
     most: u64,
     refusing: Arc<tokio::sync::Semaphore>,
+    /// Refused connections lingering after their answer ([`REFUSED_LINGERING`]).
+    lingering: Arc<tokio::sync::Semaphore>,
 }
 
 /// One open connection's place; given back when dropped.
@@ -100,6 +108,7 @@ impl Connections {
             ))),
             most: limits.connections,
             refusing: Arc::new(tokio::sync::Semaphore::new(REFUSING)),
+            lingering: Arc::new(tokio::sync::Semaphore::new(REFUSED_LINGERING)),
         })
     }
 
@@ -143,6 +152,7 @@ impl Connections {
         };
         metrics::counter!(API_CONNECTIONS_REFUSED, "reason" => reason).increment(1);
         let Ok(permit) = self.refusing.clone().try_acquire_owned() else { return };
+        let lingering = self.lingering.clone();
         let body = match why {
             Busy::Key { what, most, .. } if what == PER_PREFIX => format!(
                 "{{\"error\":\"this client's network (its IPv4 /24 or IPv6 /64) holds {most} connections to the \
@@ -170,12 +180,16 @@ impl Connections {
                 stream.shutdown().await
             })
             .await;
-            if matches!(answered, Ok(Ok(()))) {
-                // The request it carried was never read: closing on it would reset the
-                // connection, and the reset can destroy the answer (see the module).
-                let _ = tokio::time::timeout(LINGER, discard(&mut stream)).await;
-            }
             drop(permit);
+            if !matches!(answered, Ok(Ok(()))) {
+                return;
+            }
+            // The request it carried was never read: closing on it would reset the
+            // connection, and the reset can destroy the answer (see the module).
+            if let Ok(lingering) = lingering.try_acquire_owned() {
+                let _ = tokio::time::timeout(LINGER, discard(&mut stream)).await;
+                drop(lingering);
+            }
         });
     }
 }

@@ -124,11 +124,11 @@ pub enum Cmd {
     Region(region::RegionArgs),
 }
 
-/// Runs `work` (a parsed command) as the process: logging to stderr (`FAIRWAY_LOG`),
-/// span export around the async runtime, errors printed; the exit code.
 /// How long the exit waits for blocking work the command left running.
 const SHUTDOWN_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// Runs `work` (a parsed command) as the process: logging to stderr (`FAIRWAY_LOG`),
+/// span export around the async runtime, errors printed; the exit code.
 pub fn enter(work: impl Future<Output = anyhow::Result<ExitCode>>) -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(

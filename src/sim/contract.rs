@@ -164,6 +164,27 @@ pub async fn a_late_older_heartbeat_never_replaces_a_newer_one(
     Ok(())
 }
 
+/// A batch of heartbeats (the heartbeat loop's write) lands for each job, under the same
+/// newest-stamp-wins rule as a single beat; jobs without a cancellation request read
+/// none.
+pub async fn a_batch_of_heartbeats_lands_and_keeps_the_newest(
+    store: &dyn RouteStore,
+    job_id: &str,
+    now: Millis,
+) -> Result<(), Broken> {
+    let ids = [format!("{job_id}-a"), format!("{job_id}-b")];
+    let batch = |at: Millis| ids.iter().map(|id| (id.clone(), 0.5, format!("at {at}"))).collect::<Vec<_>>();
+    store.put_heartbeats(&batch(now - 500), "batch", now - 500, 30).await?;
+    store.put_heartbeat(beat(&ids[0], "batch", now)).await?;
+    store.put_heartbeats(&batch(now - 1_000), "late", now - 1_000, 30).await?;
+    for (id, want) in ids.iter().zip([now, now - 500]) {
+        let read = store.heartbeat(id).await?;
+        let got = read.map(|h| (h.worker.unwrap_or_default(), h.at));
+        expect("a batch of heartbeats", got, Some(("batch".to_string(), Some(want))))?;
+    }
+    expect("no cancellation requested", store.cancel_requested(&ids).await?, Vec::<String>::new())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,6 +197,7 @@ mod tests {
         let clock: Arc<dyn Clock> = Arc::new(TokioClock::starting_at(1_790_000_000_000));
         let store = MemStore::new(clock.clone());
         a_late_older_heartbeat_never_replaces_a_newer_one(&store, "job-1", clock.now_ms()).await.unwrap();
+        a_batch_of_heartbeats_lands_and_keeps_the_newest(&store, "job-2", clock.now_ms()).await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]

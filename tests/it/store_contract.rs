@@ -12,6 +12,8 @@ async fn a_late_older_heartbeat_never_replaces_a_newer_one_on_the_real_store() {
     let store = fairway::store::Store::open(&cfg).await.unwrap();
     let job_id = format!("contract-{}", uuid::Uuid::new_v4());
     contract::a_late_older_heartbeat_never_replaces_a_newer_one(&store, &job_id, fairway::now_ms()).await.unwrap();
+    let batch = format!("contract-batch-{}", uuid::Uuid::new_v4());
+    contract::a_batch_of_heartbeats_lands_and_keeps_the_newest(&store, &batch, fairway::now_ms()).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
