@@ -45,9 +45,10 @@
 //! its row; hand-offs at shutdown, cancellation, expiry, generations, breakers, poison
 //! detection, the retry budget, delayed jobs held in the worker, and batched spill
 //! writes are not simulated; a store call through an outage is retried until it answers
-//! (the real check gives up after `durable::OUTAGE_RETRY`). The worker is simulated
-//! beside `src/worker/`, not compiled from it: narrowing the real route behind traits so
-//! the simulator can drive it is issue 50's item 1.
+//! (the real check gives up after `durable::OUTAGE_RETRY`). This worker is simulated
+//! beside `src/worker/`, not compiled from it. `fleet` (tests and `--features
+//! sim-route`) runs the shipping route and heartbeat loop instead, over `doubles`; the
+//! pool loop has no seam yet, so partitions, spills and the scheduler run only here.
 
 mod check;
 pub mod contract;
