@@ -3,14 +3,18 @@
 //! (the records it produces) and [`Clock`] (the time it stamps and compares). `store` and
 //! `kafka` implement the first two for the real edges; `sim::doubles` implements them in
 //! memory, so the route runs in one process under tokio's paused time (`TokioClock`).
-//! The pool loop's consuming and committing stay on the real consumer (`kafka`): the
-//! route only hands back whether its outcome is durable (`route::Ended`).
+//! The pool loop (`worker::pool`) reaches the pool topic through [`PoolGroup`] and
+//! [`PoolConsumer`] (joining the group; records, pauses, commit points), implemented by
+//! `kafka` on librdkafka and by `sim::broker` in memory; its spill path through
+//! [`BacklogStore`], and the tenants registry through [`TenantsView`].
 
-use crate::kafka::KafkaError;
+use crate::core::tenants::{TenantRecord, TenantSet};
+use crate::kafka::{ConsumeError, KafkaError, RebalanceEvent, TopicPartition};
 use crate::model::Millis;
-use crate::store::{HeartbeatRow, JobRow, RunMark, StateUpdate, StoreError};
+use crate::store::{BacklogKey, HeartbeatRow, JobRow, RunMark, StateUpdate, StoreError};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 /// A future of one edge call (boxed: the seams are trait objects).
 pub type Io<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -71,6 +75,90 @@ pub trait RouteStore: Send + Sync {
         partition: i32,
         offset: i64,
     ) -> Io<'a, Result<(), StoreError>>;
+}
+
+/// Spilled jobs read back: (offset, encoded job), in offset order.
+pub type SpilledRows = Vec<(i64, Vec<u8>)>;
+
+/// The spill path's rows in the store (`worker::backlog`): one tenant's jobs of a
+/// partition past its buffer, in buckets of offsets, with an index per partition.
+pub trait BacklogStore: Send + Sync {
+    /// Writes spilled jobs `(offset, encoded job)` of one bucket, in ascending offset
+    /// order, its index entry first: the pack rows written.
+    fn put_rows<'a>(&'a self, key: BacklogKey<'a>, rows: &'a [(i64, &'a [u8])]) -> Io<'a, Result<usize, StoreError>>;
+    /// The spilled jobs of a bucket with `after < offset < before`, at most `limit`.
+    fn read_rows<'a>(
+        &'a self,
+        key: BacklogKey<'a>,
+        after: i64,
+        before: i64,
+        limit: usize,
+    ) -> Io<'a, Result<SpilledRows, StoreError>>;
+    /// The index of a partition: (tenant, bucket) of every bucket with rows.
+    fn list<'a>(&'a self, topic: &'a str, partition: i32) -> Io<'a, Result<Vec<(String, i64)>, StoreError>>;
+    /// Drops a bucket read back whole, and its index entry.
+    fn drop_bucket<'a>(&'a self, key: BacklogKey<'a>) -> Io<'a, Result<(), StoreError>>;
+}
+
+/// The tenants registry as the pool loop reads it (`ops::tenants::LiveTenants`).
+pub trait TenantsView: Send + Sync {
+    /// The registry as this process last read it.
+    fn current(&self) -> Arc<TenantSet>;
+    /// Each version as it is read.
+    fn subscribe(&self) -> tokio::sync::watch::Receiver<Arc<TenantSet>>;
+    /// How a job of `tenant` is admitted (its record), or why not.
+    fn accept(&self, tenant: &str) -> Result<TenantRecord, String>;
+    /// Whether `tenant` is registered once this view caught up with the registry.
+    fn registered_after_all<'a>(&'a self, tenant: &'a str) -> Io<'a, Result<bool, StoreError>>;
+}
+
+/// One record of the pool topic, copied out of the consumer's buffer.
+#[derive(Debug, Clone)]
+pub struct PoolRecord {
+    pub partition: i32,
+    pub offset: i64,
+    pub payload: Vec<u8>,
+    /// It carries the submitter's header (`core::frontier::SUBMITTED_HEADER`).
+    pub submitted: bool,
+    /// Its create time (epoch ms), if the broker gave one.
+    pub timestamp: Option<i64>,
+}
+
+/// Pausing and resuming a consumer's partitions (`kafka::Pauses` keeps the books).
+pub trait Pausable {
+    fn pause(&self, parts: &[TopicPartition]) -> Result<(), ConsumeError>;
+    fn resume(&self, parts: &[TopicPartition]) -> Result<(), ConsumeError>;
+}
+
+/// The pool topic as one member of the pool's consumer group reads it. Offsets stored here
+/// are committed by the consumer itself (auto-commit of stored offsets); assignments and
+/// revocations arrive on the channel [`PoolGroup::join`] hands out beside it.
+pub trait PoolConsumer: Pausable + Send + Sync + 'static {
+    /// The next record of an owned, unpaused partition (waits for one).
+    fn recv(&self) -> impl Future<Output = Result<PoolRecord, ConsumeError>> + Send + '_;
+    /// A record already fetched, without waiting; None if none is.
+    fn try_recv(&self) -> Option<Result<PoolRecord, ConsumeError>>;
+    /// Commit points (partition, next offset to read) of `topic`, committed later.
+    fn store_offsets(&self, topic: &str, commits: &[(i32, i64)]) -> Result<(), ConsumeError>;
+    /// The consumer's fatal error, if it hit one: it never consumes again.
+    fn fatal_error(&self) -> Option<String>;
+    /// Restarts the fetchers of the owned partitions (`kafka::stall::restart_fetchers`):
+    /// `books` holds each owned partition's last offset taken in, `resume` those to resume.
+    /// None if the assignment is changing (nothing done).
+    fn restart_fetchers(
+        &self,
+        books: &std::collections::HashMap<TopicPartition, i64>,
+        resume: &[TopicPartition],
+    ) -> Result<Option<Vec<crate::kafka::stall::Start>>, KafkaError>;
+    /// Commits what is stored and leaves the group: the partitions move to the others.
+    fn leave(&self);
+}
+
+/// A pool's consumer group as a member joins it.
+pub trait PoolGroup: Send + Sync + 'static {
+    type Consumer: PoolConsumer;
+    /// A new member of the group, and its rebalance events.
+    fn join(&self) -> Result<(Self::Consumer, tokio::sync::mpsc::UnboundedReceiver<RebalanceEvent>), KafkaError>;
 }
 
 /// A heartbeat to write ([`RouteStore::put_heartbeat`]).

@@ -181,7 +181,7 @@ pub async fn run(g: &Global, a: TenantsArgs) -> anyhow::Result<ExitCode> {
     let producer = kafka::producer(&cfg)?;
     let topic = cfg.pool_topic(Pool::Short);
     warm_up(&a, &producer, &topic, &mut feed).await?;
-    let views: Vec<LiveTenants> = workers.iter().map(|w| w.shared[0].tenants.clone()).collect();
+    let views: Vec<LiveTenants> = workers.iter().map(|w| w.tenants.clone()).collect();
     for v in &views {
         anyhow::ensure!(
             v.current().tenants.len() >= a.tenants,

@@ -4,6 +4,7 @@
 
 use crate::config::{Config, GroupProtocol};
 use crate::model::{FailureClass, Pool};
+use crate::seams::Pausable;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{ConsumerContext, Rebalance, StreamConsumer};
@@ -16,7 +17,7 @@ use tokio::sync::mpsc;
 
 pub mod copy;
 mod producer;
-mod seam;
+pub mod seam;
 pub mod stall;
 pub use producer::{
     bulk_producer, producer, submit_producer, worker_delivery_timeout, worker_producer, Outgoing, Producer,
@@ -652,6 +653,9 @@ fn heartbeat_interval(session_timeout: Duration) -> Duration {
 /// A topic partition a consumer owns.
 pub type TopicPartition = (String, i32);
 
+/// An error of librdkafka's consumer (a record, a pause, a commit point).
+pub type ConsumeError = rdkafka::error::KafkaError;
+
 /// The partitions a group consumer holds paused, kept in step with librdkafka.
 ///
 /// librdkafka keeps an application pause on the partition itself, across rebalances: a
@@ -671,7 +675,7 @@ pub struct Pauses {
     stale: HashSet<TopicPartition>,
 }
 
-fn tpl<'a>(parts: impl IntoIterator<Item = &'a TopicPartition>) -> TopicPartitionList {
+pub(crate) fn tpl<'a>(parts: impl IntoIterator<Item = &'a TopicPartition>) -> TopicPartitionList {
     let mut tpl = TopicPartitionList::new();
     for (topic, p) in parts {
         tpl.add_partition(topic, *p);
@@ -686,12 +690,12 @@ impl Pauses {
     }
 
     /// Partitions were assigned: a pause they kept from before their revocation is lifted.
-    pub fn assigned<C: Consumer<X>, X: ConsumerContext>(&mut self, consumer: &C, parts: &[TopicPartition]) {
-        let stale: Vec<&TopicPartition> = parts.iter().filter(|tp| self.stale.remove(*tp)).collect();
+    pub fn assigned<C: Pausable + ?Sized>(&mut self, consumer: &C, parts: &[TopicPartition]) {
+        let stale: Vec<TopicPartition> = parts.iter().filter(|tp| self.stale.remove(*tp)).cloned().collect();
         if stale.is_empty() {
             return;
         }
-        match consumer.resume(&tpl(stale.iter().copied())) {
+        match consumer.resume(&stale) {
             Ok(()) => tracing::debug!(partitions = ?stale, "lifted pauses kept from before a rebalance"),
             Err(e) => {
                 tracing::warn!(partitions = ?stale, error = %e, "could not lift old pauses of assigned partitions")
@@ -710,13 +714,13 @@ impl Pauses {
     }
 
     /// Pauses the partitions in `want` and resumes the paused ones not in it.
-    pub fn set<C: Consumer<X>, X: ConsumerContext>(&mut self, consumer: &C, want: &HashSet<TopicPartition>) {
-        let to_pause: Vec<&TopicPartition> = want.iter().filter(|tp| !self.paused.contains(*tp)).collect();
-        if !to_pause.is_empty() && consumer.pause(&tpl(to_pause.iter().copied())).is_ok() {
-            self.paused.extend(to_pause.into_iter().cloned());
+    pub fn set<C: Pausable + ?Sized>(&mut self, consumer: &C, want: &HashSet<TopicPartition>) {
+        let to_pause: Vec<TopicPartition> = want.iter().filter(|tp| !self.paused.contains(*tp)).cloned().collect();
+        if !to_pause.is_empty() && consumer.pause(&to_pause).is_ok() {
+            self.paused.extend(to_pause);
         }
         let to_resume: Vec<TopicPartition> = self.paused.iter().filter(|tp| !want.contains(*tp)).cloned().collect();
-        if !to_resume.is_empty() && consumer.resume(&tpl(&to_resume)).is_ok() {
+        if !to_resume.is_empty() && consumer.resume(&to_resume).is_ok() {
             for tp in &to_resume {
                 self.paused.remove(tp);
             }

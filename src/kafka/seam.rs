@@ -1,7 +1,14 @@
-//! The broker as a job's route sees it ([`RouteBroker`]): the producer's sends.
+//! The broker as the worker's seams see it (`crate::seams`): the producer's sends
+//! ([`RouteBroker`]), and the pool topic's consumer group ([`PoolGroup`], [`PoolConsumer`]).
 
-use super::{KafkaError, Producer};
-use crate::seams::{Io, RouteBroker};
+use super::{
+    tpl, ConsumeError, Consumer, KafkaError, Message, Producer, RebalanceEvent, TopicPartition, WorkerConsumer,
+};
+use crate::config::Config;
+use crate::seams::{Io, Pausable, PoolConsumer, PoolGroup, PoolRecord, RouteBroker};
+use std::collections::HashMap;
+use std::sync::Arc;
+use tokio::sync::mpsc;
 
 impl RouteBroker for Producer {
     fn send<'a>(
@@ -15,5 +22,76 @@ impl RouteBroker for Producer {
     }
     fn send_nowait(&self, topic: &str, key: &str, payload: &[u8]) -> bool {
         Producer::send_nowait(self, topic, key, payload)
+    }
+}
+
+impl Pausable for WorkerConsumer {
+    fn pause(&self, parts: &[TopicPartition]) -> Result<(), ConsumeError> {
+        Consumer::pause(self, &tpl(parts))
+    }
+    fn resume(&self, parts: &[TopicPartition]) -> Result<(), ConsumeError> {
+        Consumer::resume(self, &tpl(parts))
+    }
+}
+
+/// A consumed message copied out of librdkafka's buffer.
+fn record(msg: &super::BorrowedMessage<'_>) -> PoolRecord {
+    use super::Headers;
+    let submitted = msg.headers().is_some_and(|h| h.iter().any(|h| h.key == crate::core::frontier::SUBMITTED_HEADER));
+    PoolRecord {
+        partition: msg.partition(),
+        offset: msg.offset(),
+        payload: msg.payload().unwrap_or_default().to_vec(),
+        submitted,
+        timestamp: msg.timestamp().to_millis(),
+    }
+}
+
+impl PoolConsumer for WorkerConsumer {
+    async fn recv(&self) -> Result<PoolRecord, ConsumeError> {
+        rdkafka::consumer::StreamConsumer::recv(self).await.map(|msg| record(&msg))
+    }
+    fn try_recv(&self) -> Option<Result<PoolRecord, ConsumeError>> {
+        use futures::FutureExt;
+        rdkafka::consumer::StreamConsumer::recv(self).now_or_never().map(|r| r.map(|msg| record(&msg)))
+    }
+    fn store_offsets(&self, topic: &str, commits: &[(i32, i64)]) -> Result<(), ConsumeError> {
+        let mut list = super::TopicPartitionList::new();
+        for &(p, next) in commits {
+            list.add_partition_offset(topic, p, super::Offset::Offset(next))?;
+        }
+        Consumer::store_offsets(self, &list)
+    }
+    fn fatal_error(&self) -> Option<String> {
+        super::fatal_error(self)
+    }
+    fn restart_fetchers(
+        &self,
+        books: &HashMap<TopicPartition, i64>,
+        resume: &[TopicPartition],
+    ) -> Result<Option<Vec<super::stall::Start>>, KafkaError> {
+        super::stall::restart_fetchers(self, books, resume)
+    }
+    fn leave(&self) {
+        if let Err(e) = self.commit_consumer_state(super::CommitMode::Sync) {
+            tracing::debug!(error = %e, "commit before leaving the group");
+        }
+        self.unsubscribe();
+    }
+}
+
+/// A pool's consumer group on the broker: each member a librdkafka consumer
+/// ([`super::pool_consumer`]).
+pub struct KafkaPoolGroup {
+    pub cfg: Arc<Config>,
+    pub group: String,
+    pub topic: String,
+    pub pool: &'static str,
+}
+
+impl PoolGroup for KafkaPoolGroup {
+    type Consumer = WorkerConsumer;
+    fn join(&self) -> Result<(WorkerConsumer, mpsc::UnboundedReceiver<RebalanceEvent>), KafkaError> {
+        super::pool_consumer(&self.cfg, &self.group, &self.topic, self.pool)
     }
 }

@@ -380,3 +380,18 @@ pub async fn seed(cfg: &Config) -> Result<Vec<String>, StoreError> {
     let store = Store::open(cfg).await?;
     seed_from_config(cfg, &store).await
 }
+
+impl crate::seams::TenantsView for LiveTenants {
+    fn current(&self) -> Arc<TenantSet> {
+        LiveTenants::current(self)
+    }
+    fn subscribe(&self) -> watch::Receiver<Arc<TenantSet>> {
+        LiveTenants::subscribe(self)
+    }
+    fn accept(&self, tenant: &str) -> Result<TenantRecord, String> {
+        LiveTenants::accept(self, tenant)
+    }
+    fn registered_after_all<'a>(&'a self, tenant: &'a str) -> crate::seams::Io<'a, Result<bool, StoreError>> {
+        Box::pin(LiveTenants::registered_after_all(self, tenant))
+    }
+}

@@ -1,9 +1,10 @@
-//! The store as a job's route sees it ([`RouteStore`]): each call is the `Store` method
-//! of the same name.
+//! The store as a job's route sees it ([`RouteStore`]) and as the spill path does
+//! ([`BacklogStore`]): each call is the method of the same name.
 
+use super::{BacklogKey, BacklogStatements};
 use super::{HeartbeatRow, JobRow, RunMark, StateUpdate, Store, StoreError};
 use crate::model::Millis;
-use crate::seams::{Beat, Io, RouteStore};
+use crate::seams::{BacklogStore, Beat, Io, RouteStore, SpilledRows};
 
 impl RouteStore for Store {
     fn job<'a>(&'a self, job_id: &'a str) -> Io<'a, Result<Option<JobRow>, StoreError>> {
@@ -80,5 +81,26 @@ impl RouteStore for Store {
         offset: i64,
     ) -> Io<'a, Result<(), StoreError>> {
         Box::pin(Store::raise_dispatch_frontier(self, topic, partition, offset))
+    }
+}
+
+impl BacklogStore for BacklogStatements {
+    fn put_rows<'a>(&'a self, key: BacklogKey<'a>, rows: &'a [(i64, &'a [u8])]) -> Io<'a, Result<usize, StoreError>> {
+        Box::pin(BacklogStatements::put_rows(self, key, rows))
+    }
+    fn read_rows<'a>(
+        &'a self,
+        key: BacklogKey<'a>,
+        after: i64,
+        before: i64,
+        limit: usize,
+    ) -> Io<'a, Result<SpilledRows, StoreError>> {
+        Box::pin(BacklogStatements::read_rows(self, key, after, before, limit))
+    }
+    fn list<'a>(&'a self, topic: &'a str, partition: i32) -> Io<'a, Result<Vec<(String, i64)>, StoreError>> {
+        Box::pin(BacklogStatements::list(self, topic, partition))
+    }
+    fn drop_bucket<'a>(&'a self, key: BacklogKey<'a>) -> Io<'a, Result<(), StoreError>> {
+        Box::pin(BacklogStatements::drop_bucket(self, key))
     }
 }

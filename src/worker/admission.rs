@@ -112,14 +112,14 @@ struct Statements {
     held: Option<RefusalStatements>,
 }
 
-pub async fn report_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+pub async fn report_loop(sh: Arc<Shared>, store: crate::store::Store, mut shutdown: watch::Receiver<bool>) {
     let mut stmts = Statements::default();
     loop {
         let stopping = tokio::select! {
             _ = shutdown.changed() => true,
             _ = tokio::time::sleep(INTERVAL) => false,
         };
-        if let Err(e) = stmts.prepare(&sh).await {
+        if let Err(e) = stmts.prepare(&sh, &store).await {
             tracing::warn!(pool = sh.route.pool.as_str(), error = %e, "front-door counts: cannot prepare statements (run `fairway init`)")
         }
         if let Some(s) = &stmts.counts {
@@ -138,15 +138,15 @@ pub async fn report_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
 }
 
 impl Statements {
-    async fn prepare(&mut self, sh: &Shared) -> Result<(), crate::store::StoreError> {
+    async fn prepare(&mut self, sh: &Shared, store: &crate::store::Store) -> Result<(), crate::store::StoreError> {
         if self.counts.is_none() {
-            self.counts = Some(sh.store.admission_statements().await?);
+            self.counts = Some(store.admission_statements().await?);
         }
         if self.runs.is_none() && sh.route.cfg.classifier.enabled {
-            self.runs = Some(sh.store.classifier_statements().await?);
+            self.runs = Some(store.classifier_statements().await?);
         }
         if self.held.is_none() {
-            self.held = Some(sh.store.refusal_statements().await?);
+            self.held = Some(store.refusal_statements().await?);
         }
         Ok(())
     }

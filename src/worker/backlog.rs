@@ -9,7 +9,8 @@
 use super::durable::with_retries;
 use super::route::Pending;
 use crate::core::backlog::{bucket_of, ReadPlan};
-use crate::store::{BacklogKey, BacklogStatements, StoreError};
+use crate::seams::BacklogStore;
+use crate::store::{BacklogKey, StoreError};
 use futures::StreamExt;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -105,7 +106,7 @@ impl SpillCounters {
 
 /// One pool loop's handle on the spill path.
 pub struct Spiller {
-    stmts: BacklogStatements,
+    stmts: Arc<dyn BacklogStore>,
     topic: Arc<str>,
     writer: mpsc::UnboundedSender<SpillReq>,
     report: Report,
@@ -115,7 +116,7 @@ pub struct Spiller {
 impl Spiller {
     /// Starts the writer task of a pool topic; `report` hands events to the pool loop.
     pub fn start(
-        stmts: BacklogStatements,
+        stmts: Arc<dyn BacklogStore>,
         topic: &str,
         pool: &'static str,
         report: impl Fn(BacklogEvent) + Send + Sync + 'static,
@@ -194,7 +195,7 @@ impl Spiller {
 
 /// The writer task's handles.
 struct Writer {
-    stmts: BacklogStatements,
+    stmts: Arc<dyn BacklogStore>,
     topic: Arc<str>,
     report: Report,
     counters: Arc<SpillCounters>,

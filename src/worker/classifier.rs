@@ -24,7 +24,11 @@ use tokio::sync::watch;
 /// Buckets this long past their end are final (workers flush every second).
 const SETTLE_MS: i64 = 5_000;
 
-pub async fn classifier_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+pub async fn classifier_loop(
+    sh: Arc<Shared>,
+    (store, producer): (crate::store::Store, crate::kafka::Producer),
+    mut shutdown: watch::Receiver<bool>,
+) {
     let c = &sh.route.cfg.classifier;
     let interval = Duration::from_millis(c.interval.0 as u64);
     let lease_secs = (3 * c.interval.0 / 1000).clamp(15, 600) as i32;
@@ -35,7 +39,7 @@ pub async fn classifier_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool
             _ = shutdown.changed() => return,
             _ = tokio::time::sleep(interval) => {}
         }
-        match sh.store.lease("classifier", &sh.route.worker_id, lease_secs, now_ms()).await {
+        match store.lease("classifier", &sh.route.worker_id, lease_secs, now_ms()).await {
             Ok(true) => {}
             Ok(false) => continue,
             Err(e) => {
@@ -44,13 +48,13 @@ pub async fn classifier_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool
             }
         }
         if stmts.is_none() {
-            match sh.store.classifier_statements().await {
+            match store.classifier_statements().await {
                 Ok(s) => stmts = Some(s),
                 Err(e) => failed("prepare", &e),
             }
         }
         if let Some(s) = &stmts {
-            if let Err(e) = pass(&sh, s, &mut reads).await {
+            if let Err(e) = pass(&sh, &producer, s, &mut reads).await {
                 failed("pass", &e);
             }
         }
@@ -65,6 +69,7 @@ fn failed(step: &'static str, e: &StoreError) {
 /// One evaluation of every configured job type.
 async fn pass(
     sh: &Shared,
+    producer: &crate::kafka::Producer,
     stmts: &ClassifierStatements,
     reads: &mut BucketReads<RunTimeCell>,
 ) -> Result<(), StoreError> {
@@ -99,14 +104,7 @@ async fn pass(
             .increment(1);
         tracing::warn!(job_type = name, tenant = subject.tenant, from, to, "{reason}");
         let sticky = mv.class.sticky_until;
-        crate::watch::events::pool_reclassified(
-            &sh.producer,
-            &sh.route.cfg,
-            &sh.route.worker_id,
-            subject,
-            reason,
-            sticky,
-        );
+        crate::watch::events::pool_reclassified(producer, &sh.route.cfg, &sh.route.worker_id, subject, reason, sticky);
         classes.insert(subject.clone(), mv.class);
     }
     let mut tenants: HashMap<(&str, crate::model::Pool), f64> = HashMap::new();

@@ -1,6 +1,8 @@
 //! The worker's shared state, split by who uses it: [`RouteContext`] is what a job's
 //! route (`check`, `exec`, `settle`, `durable`) needs; [`Shared`] adds what the pool's
-//! loops (consumer, heartbeats, usage, quotas, admission reports) need beside it.
+//! loops (consumer, heartbeats, usage, quotas, admission reports) need beside it. The
+//! store and the producer are not in either: the loops that reach them beyond the seams
+//! (usage, quotas, admission reports, reaper, classifier) are handed them.
 
 use super::{admission, frontier, watchdog};
 use crate::config::Config;
@@ -8,7 +10,6 @@ use crate::core::breaker::{BreakerConfig, BreakerState, ScopedBreakers, Verdict}
 use crate::core::poison::PoisonDetectors;
 use crate::core::retry::{self, AttemptState, Decision, RetryBudget, RetryPolicy};
 use crate::handlers::{JobLive, Registry};
-use crate::kafka;
 use crate::model::{FailureClass, Millis, Pool};
 use crate::seams::{Clock, RouteBroker, RouteStore};
 use crate::store::Store;
@@ -60,9 +61,8 @@ pub struct RouteContext {
 pub struct Shared {
     /// What the pool's jobs' routes need (handed to each execution).
     pub route: Arc<RouteContext>,
-    /// The store and the producer of the loops (heartbeats, usage, reaper, relay).
-    pub store: Store,
-    pub producer: kafka::Producer,
+    /// Where the pool loop spills what exceeds its buffers (`worker::backlog`).
+    pub backlog: Arc<dyn crate::seams::BacklogStore>,
     /// Latest scheduler introspection, for `fairway stats` and `top`.
     pub stats: Mutex<serde_json::Value>,
     /// Partitions of the pool topic this member owns now.
@@ -77,7 +77,7 @@ pub struct Shared {
     /// pools), published by the usage reporter and folded in by the pool loop.
     pub fleet_usage: watch::Sender<HashMap<String, f64>>,
     /// The live tenants registry.
-    pub tenants: crate::ops::tenants::LiveTenants,
+    pub tenants: Arc<dyn crate::seams::TenantsView>,
     /// Fleet-wide limits of this pool: demand reported by the pool loop, caps computed
     /// by the quota exchange (`worker::quota`).
     pub quotas: Mutex<crate::core::quota::Quotas>,

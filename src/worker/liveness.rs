@@ -138,7 +138,11 @@ fn reap_after(sh: &Shared, pool: Pool) -> Duration {
     hb.max(sh.route.cfg.kafka.session_timeout * 2)
 }
 
-pub async fn reaper_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+pub async fn reaper_loop(
+    sh: Arc<Shared>,
+    (store, producer): (crate::store::Store, kafka::Producer),
+    mut shutdown: watch::Receiver<bool>,
+) {
     const LEASE_SECS: i32 = 15;
     let mut tick = tokio::time::interval(Duration::from_secs(5));
     loop {
@@ -146,7 +150,7 @@ pub async fn reaper_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
             _ = shutdown.changed() => return,
             _ = tick.tick() => {}
         }
-        match sh.store.lease("reaper", &sh.route.worker_id, LEASE_SECS, now_ms()).await {
+        match store.lease("reaper", &sh.route.worker_id, LEASE_SECS, now_ms()).await {
             Ok(true) => {}
             Ok(false) => continue,
             Err(e) => {
@@ -155,29 +159,34 @@ pub async fn reaper_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
             }
         }
         for pool in Pool::ALL {
-            if let Err(e) = reap_pool(&sh, pool).await {
+            if let Err(e) = reap_pool(&sh, &store, &producer, pool).await {
                 tracing::warn!(pool = pool.as_str(), error = %e, "reaper pass failed");
             }
         }
     }
 }
 
-async fn reap_pool(sh: &Shared, pool: Pool) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+async fn reap_pool(
+    sh: &Shared,
+    store: &crate::store::Store,
+    producer: &kafka::Producer,
+    pool: Pool,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let limit = reap_after(sh, pool).as_millis() as i64;
     let now = now_ms();
-    for (job_id, worker, started_at, blob) in sh.store.running_jobs(pool.as_str()).await? {
+    for (job_id, worker, started_at, blob) in store.running_jobs(pool.as_str()).await? {
         if now - started_at < limit {
             continue;
         }
-        let hb = sh.store.heartbeat(&job_id).await?;
+        let hb = store.heartbeat(&job_id).await?;
         if hb.and_then(|h| h.at).is_some_and(|at| now - at < limit) {
             continue;
         }
         // Still running per its state row? (It may have finished and only the index
         // entry is left behind.)
-        let row = sh.store.job(&job_id).await?;
+        let row = store.job(&job_id).await?;
         if row.as_ref().is_none_or(|r| r.status.as_deref() != Some("running")) {
-            sh.store.delete_running_job(pool.as_str(), &job_id).await?;
+            store.delete_running_job(pool.as_str(), &job_id).await?;
             continue;
         }
         let mut job = match codec::decode_job(&blob) {
@@ -192,11 +201,8 @@ async fn reap_pool(sh: &Shared, pool: Pool) -> Result<(), Box<dyn std::error::Er
                     submitted: false,
                     taken_again: false,
                 };
-                if super::durable::dead_letter_undecodable(&sh.route.cfg, &sh.producer, blob, &e, &origin)
-                    .await
-                    .is_yes()
-                {
-                    sh.store.delete_running_job(pool.as_str(), &job_id).await?;
+                if super::durable::dead_letter_undecodable(&sh.route.cfg, producer, blob, &e, &origin).await.is_yes() {
+                    store.delete_running_job(pool.as_str(), &job_id).await?;
                 }
                 continue;
             }
@@ -207,8 +213,8 @@ async fn reap_pool(sh: &Shared, pool: Pool) -> Result<(), Box<dyn std::error::Er
         job.last_error = Some(format!("heartbeat of worker {worker} lapsed"));
         let bytes = codec::encode_job(&job)?;
         let topic = sh.route.cfg.retry_topic(FailureClass::WorkerCrash);
-        kafka::send_with_headers(&sh.producer, &topic, &job.tenant, &bytes, &kafka::trace_headers(&job)).await?;
-        sh.store.delete_running_job(pool.as_str(), &job_id).await?;
+        kafka::send_with_headers(producer, &topic, &job.tenant, &bytes, &kafka::trace_headers(&job)).await?;
+        store.delete_running_job(pool.as_str(), &job_id).await?;
         metrics::counter!(m::REAPED, "pool" => pool.as_str()).increment(1);
         tracing::warn!(%job_id, %worker, pool = pool.as_str(), "heartbeat lapsed; re-dispatched as worker crash");
     }

@@ -70,6 +70,8 @@ pub struct Worker {
     pub shared: Vec<Arc<Shared>>,
     /// Whether this worker can make progress; resolves `gave_up` when it cannot.
     pub watch: Arc<watchdog::Watch>,
+    /// The tenants registry as this worker reads it.
+    pub tenants: crate::ops::tenants::LiveTenants,
 }
 
 pub fn new_worker_id() -> String {
@@ -153,25 +155,24 @@ impl Worker {
             });
             let sh = Arc::new(Shared {
                 route,
-                store: store.clone(),
-                producer: producer.clone(),
+                backlog: Arc::new(store.backlog_statements().await?),
                 stats: Mutex::new(serde_json::Value::Null),
                 assigned: Default::default(),
                 settled: Default::default(),
                 local_usage: Mutex::new(HashMap::new()),
                 fleet_usage: watch::channel(HashMap::new()).0,
-                tenants: tenants.clone(),
+                tenants: Arc::new(tenants.clone()),
                 quotas: Mutex::new(Default::default()),
                 probes: probes.clone(),
                 watch: vitals.clone(),
             });
             let (sh3, rx3) = (sh.clone(), halted.clone());
             tasks.push(tokio::spawn(liveness::heartbeat_loop(sh3.route.clone(), rx3)));
-            tasks.push(tokio::spawn(usage::usage_loop(sh.clone(), rx.clone())));
+            tasks.push(tokio::spawn(usage::usage_loop(sh.clone(), store.clone(), rx.clone())));
             if cfg.worker.fleet_limits {
-                tasks.push(tokio::spawn(quota::quota_loop(sh.clone(), rx.clone())));
+                tasks.push(tokio::spawn(quota::quota_loop(sh.clone(), store.clone(), rx.clone())));
             }
-            tasks.push(tokio::spawn(admission::report_loop(sh.clone(), halted.clone())));
+            tasks.push(tokio::spawn(admission::report_loop(sh.clone(), store.clone(), halted.clone())));
             let dispatcher = make_dispatcher(&cfg, pool, policy, &tenants.current())?;
             let rx = rx.clone();
             let sh2 = sh.clone();
@@ -186,9 +187,10 @@ impl Worker {
         }
         // Any worker may lead the reaper and the pool classifier (one at a time, by lease).
         if let Some(sh) = shared.first() {
-            tasks.push(tokio::spawn(liveness::reaper_loop(sh.clone(), rx.clone())));
+            let edges = (store.clone(), producer.clone());
+            tasks.push(tokio::spawn(liveness::reaper_loop(sh.clone(), edges.clone(), rx.clone())));
             if cfg.classifier.enabled {
-                tasks.push(tokio::spawn(classifier::classifier_loop(sh.clone(), rx.clone())));
+                tasks.push(tokio::spawn(classifier::classifier_loop(sh.clone(), edges, rx.clone())));
             }
         }
         // Every worker also relays due retries back to their pools (one group, shared).
@@ -220,7 +222,7 @@ impl Worker {
             let e = crate::handlers::process::Enforcement::current();
             tracing::info!(enforcement = %e.name(), "process job sandbox: {}", e.describe());
         }
-        Ok(Worker { worker_id, probes, shutdown: tx, halt, pool_tasks, tasks, shared, watch: vitals })
+        Ok(Worker { worker_id, probes, shutdown: tx, halt, pool_tasks, tasks, shared, watch: vitals, tenants })
     }
 
     /// Waits until every pool's consumer owns at least one partition (group formed).

@@ -19,9 +19,10 @@ use crate::core::promotion;
 use crate::core::quota::Scope;
 use crate::core::refusals::{Holder, RECYCLING_CAP};
 use crate::core::tenants::TenantSet;
-use crate::kafka::{self, Consumer, Message, RebalanceEvent, TopicPartitionList};
+use crate::kafka::{self, RebalanceEvent};
 use crate::model::{FailureClass, JobSubmitted, Millis};
-use crate::{codec, metrics as m, now_ms};
+use crate::seams::{PoolConsumer, PoolGroup, PoolRecord};
+use crate::{codec, metrics as m};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -114,7 +115,7 @@ struct PartitionState {
     /// Spills handed to the writer and not yet reported.
     spilling: usize,
     /// Since when the partition is paused because `spilling` reached `MAX_SPILLING`.
-    spill_paused_since: Option<std::time::Instant>,
+    spill_paused_since: Option<tokio::time::Instant>,
     /// A commit point reached and not yet stored with the consumer (`Loop::store_offsets`).
     store_at: Option<i64>,
     /// This assignment of the partition: ended when it is lost (`worker::ownership`).
@@ -192,8 +193,8 @@ struct Loop {
     limited: Vec<String>,
     /// The consumer group, and since when this member has owned no partition (if so).
     group: String,
-    unassigned_since: Option<std::time::Instant>,
-    warned_at: Option<std::time::Instant>,
+    unassigned_since: Option<tokio::time::Instant>,
+    warned_at: Option<tokio::time::Instant>,
     /// Jobs of flow keys at their fleet-wide parallelism or rate wait here (`core::flow`).
     gate: Gate<Pending>,
     /// The `Quotas::version` whose caps are applied.
@@ -218,18 +219,34 @@ struct Held {
 /// `drain_timeout` + 2 x this (Kubernetes' `terminationGracePeriodSeconds` must cover it).
 pub const HAND_OFF_GRACE: Duration = Duration::from_secs(10);
 
+/// The pool loop on the broker: a member of the pool's consumer group.
 pub async fn run(
     sh: Arc<Shared>,
     dispatcher: Box<dyn Dispatcher<Pending>>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), super::WorkerError> {
+    let members = kafka::seam::KafkaPoolGroup {
+        cfg: sh.route.cfg.clone(),
+        group: sh.route.cfg.group(sh.route.pool.as_str()),
+        topic: sh.route.cfg.pool_topic(sh.route.pool),
+        pool: sh.route.pool.as_str(),
+    };
+    run_in(sh, dispatcher, shutdown, members).await
+}
+
+/// The pool loop as a member of `members` (the broker's group, or the simulator's).
+pub async fn run_in<G: PoolGroup>(
+    sh: Arc<Shared>,
+    dispatcher: Box<dyn Dispatcher<Pending>>,
     mut shutdown: watch::Receiver<bool>,
+    members: G,
 ) -> Result<(), super::WorkerError> {
     let topic = sh.route.cfg.pool_topic(sh.route.pool);
     let group = sh.route.cfg.group(sh.route.pool.as_str());
-    let (mut consumer, mut rebalances) = kafka::pool_consumer(&sh.route.cfg, &group, &topic, sh.route.pool.as_str())?;
+    let (mut consumer, mut rebalances) = members.join()?;
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Event>();
-    let stmts = sh.store.backlog_statements().await?;
     let report = done_tx.clone();
-    let spiller = Spiller::start(stmts, &topic, sh.route.pool.as_str(), move |ev| {
+    let spiller = Spiller::start(sh.backlog.clone(), &topic, sh.route.pool.as_str(), move |ev| {
         let _ = report.send(Event::Backlog(ev));
     });
     let mut lp = Loop {
@@ -255,7 +272,7 @@ pub async fn run(
         tenants: sh.tenants.current(),
         limited: limited_tenants(&sh.tenants.current()),
         group: group.clone(),
-        unassigned_since: Some(std::time::Instant::now()),
+        unassigned_since: Some(tokio::time::Instant::now()),
         warned_at: None,
         gate: Gate::default(),
         quota_version: 0,
@@ -273,7 +290,7 @@ pub async fn run(
 
     loop {
         // The scheduler's next due time, or a parked flow key's next rate token.
-        let now = now_ms();
+        let now = lp.now();
         let due = [lp.dispatcher.next_wakeup(now), lp.gate.next_due()].into_iter().flatten().min();
         let wake = due.map(|t| (t - now).max(1) as u64).unwrap_or(3_600_000);
         let mut stuck = None;
@@ -290,7 +307,7 @@ pub async fn run(
                 lp.expire_queued();
                 lp.publish_stats();
                 lp.log_state(&pauses);
-                if let Some(reason) = kafka::fatal_error(&consumer) {
+                if let Some(reason) = consumer.fatal_error() {
                     // It never consumes again: the worker gives up (`watchdog`).
                     sh.watch.fatal("consumer", format!("the {pool} pool's consumer hit a fatal error: {reason}"));
                 }
@@ -301,7 +318,8 @@ pub async fn run(
             }
             Ok(()) = fleet.changed() => {
                 let usage = fleet.borrow_and_update().clone();
-                lp.dispatcher.fold_fleet_usage(&usage, now_ms());
+                let now = lp.now();
+                lp.dispatcher.fold_fleet_usage(&usage, now);
             }
             Some(ev) = done_rx.recv() => {
                 lp.on_event(ev);
@@ -315,16 +333,15 @@ pub async fn run(
                     tracing::warn!(pool, error = %e, hint = kafka::error_hint(&e), "consumer error");
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
-                Ok(msg) => {
-                    lp.take(&msg);
-                    drop(msg);
+                Ok(rec) => {
+                    lp.take(rec);
                     lp.take_ready(&consumer);
                 }
             },
             _ = tokio::time::sleep(Duration::from_millis(wake)) => {}
         }
         if let Some(why) = stuck {
-            if let Some((fresh, fresh_rx)) = lp.replacement_consumer(&consumer, &mut pauses, &why) {
+            if let Some((fresh, fresh_rx)) = lp.replacement_consumer(&members, &consumer, &mut pauses, &why) {
                 let old = std::mem::replace(&mut consumer, fresh);
                 rebalances = fresh_rx;
                 pauses = kafka::Pauses::default();
@@ -366,18 +383,15 @@ fn sync_tenant_rate(
 
 /// Commits what finished, then leaves the consumer group: the broker hands this
 /// member's partitions to the others right away.
-fn leave_group(consumer: &kafka::WorkerConsumer, pool: &str) {
-    if let Err(e) = consumer.commit_consumer_state(kafka::CommitMode::Sync) {
-        tracing::debug!(pool, error = %e, "commit before leaving the group");
-    }
-    consumer.unsubscribe();
+fn leave_group<C: PoolConsumer>(consumer: &C, pool: &str) {
+    consumer.leave();
     tracing::info!(pool, "left the consumer group; its partitions move to the other members");
 }
 
 impl Loop {
     /// A rebalance: assigned partitions get their state (and lose any old pause);
     /// revoked ones are forgotten, and their queued jobs dropped for the new owner.
-    fn on_rebalance(&mut self, consumer: &kafka::WorkerConsumer, pauses: &mut kafka::Pauses, ev: RebalanceEvent) {
+    fn on_rebalance<C: PoolConsumer>(&mut self, consumer: &C, pauses: &mut kafka::Pauses, ev: RebalanceEvent) {
         let pool = self.pool();
         match ev {
             RebalanceEvent::Assigned(tps) => {
@@ -439,14 +453,15 @@ impl Loop {
     /// or None (the old one is kept) if one cannot be made. The partitions this member still
     /// owns are treated as lost first: jobs in flight from them publish nothing more here
     /// (`worker::ownership`), and their queued jobs go to the partitions' next owners.
-    fn replacement_consumer(
+    fn replacement_consumer<G: PoolGroup>(
         &mut self,
-        consumer: &kafka::WorkerConsumer,
+        members: &G,
+        consumer: &G::Consumer,
         pauses: &mut kafka::Pauses,
         why: &str,
-    ) -> Option<(kafka::WorkerConsumer, mpsc::UnboundedReceiver<RebalanceEvent>)> {
+    ) -> Option<(G::Consumer, mpsc::UnboundedReceiver<RebalanceEvent>)> {
         let pool = self.sh.route.pool.as_str();
-        let fresh = match kafka::pool_consumer(&self.sh.route.cfg, &self.group, &self.topic, pool) {
+        let fresh = match members.join() {
             Ok(fresh) => fresh,
             Err(e) => {
                 tracing::error!(pool, %why, error = %e, "the consumer's group membership is stuck and no new consumer could be made; trying again in a minute");
@@ -457,7 +472,7 @@ impl Loop {
         if !owned.is_empty() {
             self.on_rebalance(consumer, pauses, RebalanceEvent::Lost(owned));
         }
-        self.unassigned_since.get_or_insert_with(std::time::Instant::now);
+        self.unassigned_since.get_or_insert_with(tokio::time::Instant::now);
         metrics::counter!(m::CONSUMER_REPLACEMENTS, "pool" => pool).increment(1);
         tracing::warn!(pool, %why, group = %self.group, "the consumer's group membership is stuck: replaced by a new consumer, which joins the group afresh");
         Some(fresh)
@@ -466,9 +481,9 @@ impl Loop {
     /// Owned partitions are not being fetched (`kafka::stall`): unless this loop keeps
     /// them paused or does not own them, the consumer's fetchers restart, each partition
     /// right after the last record taken in from it (else at its committed offset).
-    fn restart_fetchers(
+    fn restart_fetchers<C: PoolConsumer>(
         &mut self,
-        consumer: &kafka::WorkerConsumer,
+        consumer: &C,
         pauses: &kafka::Pauses,
         stalled: Vec<(String, i32, String)>,
     ) {
@@ -483,7 +498,7 @@ impl Loop {
         let topic = self.sh.route.cfg.pool_topic(self.sh.route.pool);
         let books = self.parts.iter().map(|(p, st)| ((topic.clone(), *p), st.last_seen)).collect();
         let resume: Vec<(String, i32)> = stalled.iter().filter(|s| ours(s)).map(|(t, p, _)| (t.clone(), *p)).collect();
-        match kafka::stall::restart_fetchers(consumer, &books, &resume) {
+        match consumer.restart_fetchers(&books, &resume) {
             Ok(None) => tracing::debug!(pool, ?stalled, "the assignment is changing: no fetcher restart"),
             Ok(Some(starts)) => {
                 metrics::counter!(m::FETCHER_RESTARTS, "pool" => pool).increment(1);
@@ -497,11 +512,11 @@ impl Loop {
 
     /// After every wake of the loop: retry what overflowed, apply the fleet's quotas,
     /// start what may start, tend the spilled backlogs, pause what must wait.
-    fn after_each_wake(&mut self, consumer: &kafka::WorkerConsumer, pauses: &mut kafka::Pauses, slots: usize) {
+    fn after_each_wake<C: PoolConsumer>(&mut self, consumer: &C, pauses: &mut kafka::Pauses, slots: usize) {
         // Retry what overflowed once its tenant drained.
         let mut still = VecDeque::new();
         while let Some(q) = self.overflow.pop_front() {
-            if let Err((_, q)) = self.dispatcher.enqueue(q, now_ms()) {
+            if let Err((_, q)) = self.dispatcher.enqueue(q, self.now()) {
                 still.push_back(q);
             }
         }
@@ -516,7 +531,7 @@ impl Loop {
 
     /// Graceful shutdown, after the loop: leave the group, let running jobs finish or hand
     /// them off.
-    async fn drain(&mut self, consumer: &kafka::WorkerConsumer, done_rx: &mut mpsc::UnboundedReceiver<Event>) {
+    async fn drain<C: PoolConsumer>(&mut self, consumer: &C, done_rx: &mut mpsc::UnboundedReceiver<Event>) {
         let pool = self.pool();
         // Graceful shutdown (SIGTERM, SIGINT): take no more work. Running jobs get the
         // pool's `drain_timeout` to finish; then they are asked to stop (`ctx.stop_reason()`)
@@ -581,18 +596,19 @@ impl Loop {
 
     /// Stores the commit points reached since the last call with the consumer, in one
     /// call for all partitions (after each batch of events, not per job).
-    fn store_offsets(&mut self, consumer: &kafka::WorkerConsumer) {
-        let mut tpl = TopicPartitionList::new();
-        for (&p, st) in self.parts.iter_mut() {
-            if let Some(commit) = st.store_at.take() {
-                let _ = tpl.add_partition_offset(&self.topic, p, kafka::Offset::Offset(commit));
-            }
-        }
-        if tpl.count() > 0 {
-            if let Err(e) = consumer.store_offsets(&tpl) {
+    fn store_offsets<C: PoolConsumer>(&mut self, consumer: &C) {
+        let commits: Vec<(i32, i64)> =
+            self.parts.iter_mut().filter_map(|(&p, st)| st.store_at.take().map(|commit| (p, commit))).collect();
+        if !commits.is_empty() {
+            if let Err(e) = consumer.store_offsets(&self.topic, &commits) {
                 tracing::debug!(error = %e, "store offsets (a partition was likely revoked)");
             }
         }
+    }
+
+    /// The time the loop stamps and compares: its route's clock (epoch ms).
+    fn now(&self) -> Millis {
+        self.sh.route.clock.now_ms()
     }
 
     fn pool(&self) -> &'static str {
@@ -605,29 +621,24 @@ impl Loop {
         self.parts.entry(p).or_insert_with(|| new_partition(next_incarnation, spiller, p))
     }
 
-    /// A consumed message, copied out of the consumer's buffer and taken in.
-    fn take(&mut self, msg: &kafka::BorrowedMessage<'_>) {
-        use kafka::Headers;
-        let submitted =
-            msg.headers().is_some_and(|h| h.iter().any(|h| h.key == crate::core::frontier::SUBMITTED_HEADER));
-        let (partition, offset) = (msg.partition(), msg.offset());
+    /// A consumed record, taken in.
+    fn take(&mut self, rec: PoolRecord) {
+        let PoolRecord { partition, offset, payload, submitted, timestamp } = rec;
         let origin = Origin { topic: self.topic.clone(), partition, offset, submitted, taken_again: false };
-        let bytes = msg.payload().unwrap_or_default().to_vec();
-        self.on_message(origin, bytes, msg.timestamp().to_millis());
+        self.on_message(origin, payload, timestamp);
     }
 
     /// Takes the messages the consumer already holds, up to [`TAKE_PER_WAKE`], without
     /// waiting: one wake of the loop (its bookkeeping, pauses and dispatch) serves a batch
     /// instead of each message. Stops early once a partition must pause, so pausing takes
     /// effect as soon as it would message by message.
-    fn take_ready(&mut self, consumer: &kafka::WorkerConsumer) {
-        use futures::FutureExt;
+    fn take_ready<C: PoolConsumer>(&mut self, consumer: &C) {
         for _ in 1..TAKE_PER_WAKE {
             if self.wants_pause() {
                 return;
             }
-            match consumer.recv().now_or_never() {
-                Some(Ok(msg)) => self.take(&msg),
+            match consumer.try_recv() {
+                Some(Ok(rec)) => self.take(rec),
                 Some(Err(e)) => {
                     tracing::warn!(pool = self.pool(), error = %e, hint = kafka::error_hint(&e), "consumer error");
                     return;
@@ -681,9 +692,9 @@ impl Loop {
             Ok(job) => job,
             Err(rejection) => return self.reject_later(Refused { rejection, bytes, origin, incarnation, spill: None }),
         };
-        if let Some(at) = job.execute_at.filter(|at| *at > now_ms()) {
+        if let Some(at) = job.execute_at.filter(|at| *at > self.now()) {
             let room = self.holding < MAX_HOLDING && self.holding_bytes + bytes.len() <= MAX_HOLDING_BYTES;
-            if promotion::hold_in_worker(at, now_ms()) && room {
+            if promotion::hold_in_worker(at, self.now()) && room {
                 return self.hold_until_due(at, Held { origin, incarnation, bytes });
             }
             // Scheduled for later, even by a millisecond: the relay holds it (or parks it
@@ -692,7 +703,7 @@ impl Loop {
             self.tasks.spawn(async move {
                 // A submitter's record: its offset counts as started (see `Frontiers::cover`).
                 let covered = match origin.submitted {
-                    true => sh.route.frontiers.cover(&sh.store, &origin).await,
+                    true => sh.route.frontiers.cover(sh.route.store.as_ref(), &origin).await,
                     false => Ok(()),
                 };
                 let ended = if let Err(e) = covered {
@@ -715,7 +726,7 @@ impl Loop {
             return;
         }
         self.sh.route.metrics.jobs_received.increment(1);
-        let pending = Pending { job: Arc::new(job), origin, incarnation, received_at: now_ms(), spill: None };
+        let pending = Pending { job: Arc::new(job), origin, incarnation, received_at: self.now(), spill: None };
         if self.must_spill(&pending) && self.mark_spill(&pending) {
             metrics::counter!(m::JOBS_SPILLED, "pool" => self.pool()).increment(1);
             let (partition, offset, tenant) =
@@ -762,7 +773,7 @@ impl Loop {
         self.buffer.entered(&pending.job.tenant, pending.job.heap_bytes());
         let pending = match self.sh.route.cfg.flow_scope(&pending.job) {
             Some((scope, limit)) => {
-                match self.gate.offer(&scope, limit, &pending.job.tenant.clone(), pending, now_ms()) {
+                match self.gate.offer(&scope, limit, &pending.job.tenant.clone(), pending, self.now()) {
                     Some(p) => p,
                     None => return,
                 }
@@ -776,7 +787,7 @@ impl Loop {
     /// Queued jobs past their `not_after` expire now, without taking a slot (each still
     /// passes the effectively-once check, which settles it).
     fn expire_queued(&mut self) {
-        let now = now_ms();
+        let now = self.now();
         let expired = self.dispatcher.drain_where(&mut |p: &Pending| p.job.not_after.is_some_and(|at| at < now));
         for p in expired {
             self.release_flow(&p.job);
@@ -807,7 +818,7 @@ impl Loop {
     /// Applies the fleet-wide exchange's parts (`apply_quotas`), then lets through the
     /// flow keys' parked jobs that may go on: after a change, or when a rate token is due.
     fn sync_quotas(&mut self, full: bool) {
-        let now = now_ms();
+        let now = self.now();
         let applied = self.apply_quotas(full, now);
         if !applied && self.gate.next_due().is_none_or(|t| t > now) {
             return;
@@ -903,7 +914,7 @@ impl Loop {
         if rate && !q.has(&rate_scope) {
             // Counted before it is queued: the demand includes it.
             let want = self.dispatcher.queued(tenant) + self.dispatcher.running_of(tenant) + 1;
-            self.dispatcher.set_fleet_rate(tenant, q.usable_share(&rate_scope, now_ms()));
+            self.dispatcher.set_fleet_rate(tenant, q.usable_share(&rate_scope, self.now()));
             q.report(&rate_scope, 0, want as u32, 0);
         }
         let Some(limit) = limit else { return };
@@ -912,7 +923,7 @@ impl Loop {
             return;
         }
         let running = self.dispatcher.running_of(tenant);
-        let cap = q.usable(&scope, now_ms());
+        let cap = q.usable(&scope, self.now());
         self.dispatcher.set_fleet_cap(tenant, Some(cap as usize));
         q.report(&scope, limit as u32, (self.dispatcher.queued(tenant) + running + 1) as u32, running as u32);
         q.applied(&scope, cap);
@@ -926,7 +937,7 @@ impl Loop {
             priority: pending.job.priority,
             job: pending,
         };
-        if let Err((rej, q)) = self.dispatcher.enqueue(q, now_ms()) {
+        if let Err((rej, q)) = self.dispatcher.enqueue(q, self.now()) {
             // Once per partition going over, not per message already fetched behind it.
             let p = q.job.origin.partition;
             // (Expected, so quiet, when spilling is off: pausing is then the design.)
@@ -962,7 +973,7 @@ impl Loop {
     /// work back instead of piling up outcomes.
     fn start_jobs(&mut self, slots: usize) {
         // One clock read per call: the jobs it starts are dispatched within the same ms.
-        let now = now_ms();
+        let now = self.now();
         while self.outcomes.admits(OUTCOMES_IN_FLIGHT, slots) {
             let Some((p, ticket)) = self.dispatcher.next(now) else { break };
             self.buffer.left(&p.job.tenant, p.job.heap_bytes());
@@ -1041,7 +1052,7 @@ impl Loop {
             let behind = st.spilling >= MAX_SPILLING;
             match (behind, st.spill_paused_since) {
                 (true, None) => {
-                    st.spill_paused_since = Some(std::time::Instant::now());
+                    st.spill_paused_since = Some(tokio::time::Instant::now());
                     counters.pauses.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     metrics::counter!(m::SPILL_PAUSES, "pool" => pool).increment(1);
                     tracing::info!(
@@ -1104,7 +1115,7 @@ impl Loop {
 
     fn track_assignment(&mut self) {
         if self.parts.is_empty() {
-            self.unassigned_since.get_or_insert_with(std::time::Instant::now);
+            self.unassigned_since.get_or_insert_with(tokio::time::Instant::now);
         } else {
             self.unassigned_since = None;
             self.warned_at = None;
@@ -1118,7 +1129,7 @@ impl Loop {
         let idle = since.elapsed();
         let threshold = self.sh.route.cfg.kafka.unassigned_warning;
         if idle >= threshold && self.warned_at.is_none_or(|w| w.elapsed() >= Duration::from_secs(60)) {
-            self.warned_at = Some(std::time::Instant::now());
+            self.warned_at = Some(tokio::time::Instant::now());
             tracing::warn!(
                 pool = self.pool(),
                 group = %self.group,
@@ -1210,7 +1221,7 @@ impl Loop {
 
     /// Scheduler snapshot (with spilled backlogs) for `fairway stats`, and fleet usage.
     fn publish_stats(&mut self) {
-        let now = now_ms();
+        let now = self.now();
         self.apply_recycling(now);
         self.mark_held(now);
         let unassigned = self.unassigned_for();
@@ -1280,7 +1291,7 @@ impl Loop {
         self.holding += 1;
         self.holding_bytes += held.bytes.len();
         let tx = self.done_tx.clone();
-        let wait = Duration::from_millis((at - now_ms()).max(0) as u64);
+        let wait = Duration::from_millis((at - self.now()).max(0) as u64);
         self.tasks.spawn(async move {
             tokio::time::sleep(wait).await;
             let Held { origin, incarnation, bytes } = held;
@@ -1300,7 +1311,7 @@ impl Loop {
                 return;
             }
             Event::Freed(Freed { ticket, ran, flow, held_bytes }) => {
-                let now = now_ms();
+                let now = self.now();
                 self.dispatcher.complete(&ticket, now, ran);
                 self.apply_recycling(now);
                 self.outcomes.waiting(held_bytes);
@@ -1321,7 +1332,7 @@ impl Loop {
                     let origin = Origin { taken_again: true, ..origin };
                     match again {
                         Again::Job(job) => {
-                            self.enqueue(Pending { job, origin, incarnation, received_at: now_ms(), spill })
+                            self.enqueue(Pending { job, origin, incarnation, received_at: self.now(), spill })
                         }
                         Again::Message(bytes) => self.intake(origin, bytes),
                     }
@@ -1474,7 +1485,7 @@ impl Loop {
                         Ok(job) => {
                             largest = largest.max(job.heap_bytes());
                             let job = Arc::new(job);
-                            self.enqueue(Pending { job, origin, incarnation, received_at: now_ms(), spill });
+                            self.enqueue(Pending { job, origin, incarnation, received_at: self.now(), spill });
                         }
                         Err(rejection) => self.reject_later(Refused { rejection, bytes, origin, incarnation, spill }),
                     }

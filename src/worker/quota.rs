@@ -23,7 +23,7 @@ use tokio::sync::watch;
 /// How often a worker exchanges its quota rows (per pool).
 pub const PASS_INTERVAL: Duration = Duration::from_millis(500);
 
-pub async fn quota_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+pub async fn quota_loop(sh: Arc<Shared>, store: crate::store::Store, mut shutdown: watch::Receiver<bool>) {
     let key = sh.route.cfg.pool_topic(sh.route.pool);
     let mut stmts: Option<QuotaStatements> = None;
     let mut tick = tokio::time::interval(PASS_INTERVAL);
@@ -35,7 +35,7 @@ pub async fn quota_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
             _ = tick.tick() => {}
         }
         if stmts.is_none() {
-            stmts = sh.store.quota_statements().await.map_err(|e| failed(&sh, "prepare", &e)).ok();
+            stmts = store.quota_statements().await.map_err(|e| failed(&sh, "prepare", &e)).ok();
         }
         let Some(st) = &stmts else { continue };
         if !sh.quotas.lock().expect("quotas lock").is_empty() {

@@ -49,6 +49,8 @@ const FINAL_FLUSH: Duration = Duration::from_secs(2);
 
 struct Reporter {
     sh: Arc<Shared>,
+    /// Where fleet usage and stats are written and read.
+    store: crate::store::Store,
     /// This pool's key (its topic name) and every pool's.
     key: String,
     keys: Vec<String>,
@@ -58,7 +60,7 @@ struct Reporter {
     stmts: Option<FleetStatements>,
 }
 
-pub async fn usage_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+pub async fn usage_loop(sh: Arc<Shared>, store: crate::store::Store, mut shutdown: watch::Receiver<bool>) {
     let half_life_ms =
         SchedulerConfig::for_pool(sh.route.pool, sh.route.cfg.pool(sh.route.pool).slots).fleet_half_life_ms;
     let mut r = Reporter {
@@ -69,6 +71,7 @@ pub async fn usage_loop(sh: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
         view: UsageView::new(BUCKET_MS, WINDOW_MS, SETTLE_MS),
         stmts: None,
         sh,
+        store,
     };
     let mut tick = tokio::time::interval(PASS_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -103,7 +106,7 @@ impl Reporter {
 
     async fn statements(&mut self) -> Option<FleetStatements> {
         if self.stmts.is_none() {
-            match self.sh.store.fleet_statements().await {
+            match self.store.fleet_statements().await {
                 Ok(s) => self.stmts = Some(s),
                 Err(e) => {
                     tracing::warn!(pool = self.pool(), error = %e, "fleet usage: cannot prepare statements (run `fairway init` to create missing tables); local fairness only");

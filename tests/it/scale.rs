@@ -143,7 +143,7 @@ async fn new_tenants_and_rowless_free_accounts_run_and_register_in_batches() {
     let bumps = stmts.version().await.unwrap() - version_before;
     eprintln!("registry version moved by {bumps} for {paid} registrations");
     assert!(bumps <= (paid / 50) as i64, "{bumps} version bumps for {paid} registrations");
-    let reads = worker.shared[0].tenants.reads();
+    let reads = worker.tenants.reads();
     // One load at start; a failed feed read (a loaded store) may add a reload or two.
     let full = reads.full_reloads.load(Ordering::Relaxed);
     assert!(full <= 3, "the worker reloaded every row {full} times while {paid} tenants arrived");
