@@ -50,6 +50,16 @@ pub trait RouteStore: Send + Sync {
         now: Millis,
         heartbeat_ttl_secs: i32,
     ) -> Io<'a, Result<bool, StoreError>>;
+    /// [`RouteStore::put_running_with_heartbeat`], only while the row still names the
+    /// worker `seen` (none: no worker) as the run's check read it: false if it does not.
+    fn put_running_as_seen<'a>(
+        &'a self,
+        u: &'a StateUpdate<'a>,
+        encoded_job: &'a [u8],
+        now: Millis,
+        heartbeat_ttl_secs: i32,
+        seen: Option<&'a str>,
+    ) -> Io<'a, Result<bool, StoreError>>;
     /// A job's state, only while its row shows the run `mark` running: false if not.
     fn put_state_if_marked<'a>(
         &'a self,
@@ -61,6 +71,15 @@ pub trait RouteStore: Send + Sync {
     fn delete_running_job<'a>(&'a self, pool: &'a str, job_id: &'a str) -> Io<'a, Result<(), StoreError>>;
     /// Claims a handed-off job for `worker`, atomically: whether this claim won.
     fn claim_hand_off<'a>(&'a self, job_id: &'a str, worker: &'a str, now: Millis) -> Io<'a, Result<bool, StoreError>>;
+    /// Takes over a job running on `from` (its heartbeat lapsed) for `worker`, atomically,
+    /// only while its row still shows it running on `from`: whether this claim won.
+    fn claim_take_over<'a>(
+        &'a self,
+        job_id: &'a str,
+        from: &'a str,
+        worker: &'a str,
+        now: Millis,
+    ) -> Io<'a, Result<bool, StoreError>>;
     /// Marks a job running on `worker` as handed off: whether the row showed it so.
     fn mark_handed_off<'a>(&'a self, job_id: &'a str, worker: &'a str, now: Millis)
         -> Io<'a, Result<bool, StoreError>>;

@@ -6,8 +6,8 @@
 //! each job state), and every failing seed with its violations and the one-line command
 //! that replays it; `fairway-sim --hours H --first F` is a long campaign (seeds from F
 //! for H hours, a progress line a minute). With `--route`, the seeds run the shipping
-//! route and heartbeat loop (`sim::fleet`; `cargo build --features sim-route`) instead of
-//! the modelled fleet. Exits non-zero
+//! pool loop, route and heartbeat loop (`sim::fleet`; `cargo build --features sim-route`)
+//! instead of the modelled fleet. Exits non-zero
 //! when a seed broke an invariant.
 
 use clap::Parser;
@@ -37,8 +37,8 @@ struct Args {
     /// whatever --seeds and --budget say.
     #[arg(long, conflicts_with = "seed", value_parser = parse_hours)]
     hours: Option<f64>,
-    /// Run the seeds on the shipping route and heartbeat loop (`sim::fleet`; built with
-    /// `--features sim-route`).
+    /// Run the seeds on the shipping pool loop, route and heartbeat loop (`sim::fleet`;
+    /// built with `--features sim-route`).
     #[cfg(feature = "sim-route")]
     #[arg(long)]
     route: bool,
@@ -163,7 +163,7 @@ fn route_seeds(args: &Args) -> ! {
             ("runs", r.runs),
             ("results", r.results),
             ("jobs_repeated", r.repeated),
-            ("taken_again", r.taken_again),
+            ("partitions", r.partitions),
             ("crashes", r.crashes),
             ("outages", r.outages),
             ("cuts", r.cuts),

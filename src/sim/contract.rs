@@ -118,6 +118,43 @@ pub async fn one_claim_of_a_handed_off_job_wins(
     expect("the claimed row", row, Some(("running".into(), "first".into(), 0, 0)))
 }
 
+/// Of the copies that find a run's heartbeat lapsed, one takes it over: the claim holds
+/// only while the row shows the job running on the lapsed worker. `job_id` must be unused.
+pub async fn one_take_over_of_a_lapsed_run_wins(
+    store: &dyn RouteStore,
+    job_id: &str,
+    now: Millis,
+) -> Result<(), Broken> {
+    expect("a take-over of a job without a row", store.claim_take_over(job_id, "dead", "first", now).await?, false)?;
+    let dead = RunMark { worker: "dead", attempts: 1, crash_count: 0 };
+    store.put_running_with_heartbeat(&run(job_id, "running", dead, 0, now), b"job", now, 60).await?;
+    expect("a take-over from another worker", store.claim_take_over(job_id, "other", "first", now).await?, false)?;
+    expect("the first take-over", store.claim_take_over(job_id, "dead", "first", now).await?, true)?;
+    expect("a second take-over", store.claim_take_over(job_id, "dead", "second", now).await?, false)?;
+    let row = row_of(store, job_id).await?;
+    expect("the row taken over", row, Some(("running".into(), "first".into(), 0, 0)))
+}
+
+/// Of two runs whose checks read the same row (here: none) and started, one marks the job
+/// running; the other finds the row changed and is refused. A run that saw the row's
+/// worker marks over it. `job_id` must be unused.
+pub async fn of_two_runs_that_saw_the_same_row_one_marks(
+    store: &dyn RouteStore,
+    job_id: &str,
+    now: Millis,
+) -> Result<(), Broken> {
+    let (a, b) =
+        (RunMark { worker: "a", attempts: 1, crash_count: 0 }, RunMark { worker: "b", attempts: 1, crash_count: 0 });
+    let first = store.put_running_as_seen(&run(job_id, "running", a, 0, now), b"job", now, 60, None).await?;
+    expect("the first mark over no row", first, true)?;
+    let second = store.put_running_as_seen(&run(job_id, "running", b, 0, now), b"job", now, 60, None).await?;
+    expect("a second mark over the row it did not see", second, false)?;
+    expect("the row", row_of(store, job_id).await?, Some(("running".into(), "a".into(), 0, 0)))?;
+    let again = store.put_running_as_seen(&run(job_id, "running", b, 0, now), b"job", now, 60, Some("a")).await?;
+    expect("a mark over the worker it saw", again, true)?;
+    expect("the row marked again", row_of(store, job_id).await?, Some(("running".into(), "b".into(), 0, 0)))
+}
+
 /// A partition's dispatch frontier only rises, whatever order the raises land in.
 /// `topic` must be unused.
 pub async fn the_dispatch_frontier_only_rises(store: &dyn RouteStore, topic: &str) -> Result<(), Broken> {
@@ -208,6 +245,8 @@ mod tests {
         a_run_taken_over_cannot_write_its_state(&store, "job-1", now).await.unwrap();
         a_finished_job_takes_no_running_mark_but_a_rerun_does(&store, "job-2", now).await.unwrap();
         one_claim_of_a_handed_off_job_wins(&store, "job-3", now).await.unwrap();
+        one_take_over_of_a_lapsed_run_wins(&store, "job-4", now).await.unwrap();
+        of_two_runs_that_saw_the_same_row_one_marks(&store, "job-5", now).await.unwrap();
         the_dispatch_frontier_only_rises(&store, "topic").await.unwrap();
     }
 }

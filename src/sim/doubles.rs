@@ -4,11 +4,12 @@
 //! Either can be made to refuse every call (an outage), so a test sees what the route
 //! does when its outcome cannot be made durable.
 
+use crate::core::tenants::{TenantRecord, TenantSet, Unregistered};
 use crate::kafka::KafkaError;
 use crate::model::Millis;
-use crate::seams::{Beat, Clock, Io, RouteBroker, RouteStore};
-use crate::store::{HeartbeatRow, JobRow, RunMark, StateUpdate, StoreError};
-use std::collections::{HashMap, HashSet};
+use crate::seams::{BacklogStore, Beat, Clock, Io, RouteBroker, RouteStore, SpilledRows, TenantsView};
+use crate::store::{BacklogKey, HeartbeatRow, JobRow, RunMark, StateUpdate, StoreError};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -60,6 +61,15 @@ struct MemState {
     running: HashSet<(String, String)>,
     handoffs: HashMap<(String, i64), i32>,
     frontiers: HashMap<(String, i32), i64>,
+    /// Spilled rows by (topic, partition, tenant, bucket), then offset.
+    backlog: BTreeMap<BucketId, BTreeMap<i64, Vec<u8>>>,
+}
+
+/// A bucket of spilled rows: (topic, partition, tenant, bucket).
+type BucketId = (String, i32, String, i64);
+
+fn bucket_id(k: BacklogKey<'_>) -> BucketId {
+    (k.topic.into(), k.partition, k.tenant.into(), k.bucket)
 }
 
 impl MemStore {
@@ -112,6 +122,15 @@ impl MemStore {
             out
         })
     }
+}
+
+/// A running mark: the row, a first heartbeat and the reaper's entry. True.
+fn mark_running(s: &mut MemState, u: &StateUpdate<'_>, now: Millis, ttl_secs: i32, arrived: Millis) -> bool {
+    upsert(&mut s.jobs, u, now);
+    let b = Beat { job_id: u.job_id, worker: u.worker, at: now, progress: 0.0, message: "", ttl_secs };
+    beat(s, &b, arrived);
+    s.running.insert((u.pool.to_string(), u.job_id.to_string()));
+    true
 }
 
 /// Writes an update into a job's row (creating it), as the `jobs` table's upsert does.
@@ -197,21 +216,22 @@ impl RouteStore for MemStore {
     ) -> Io<'a, Result<bool, StoreError>> {
         self.with(|s, arrived| {
             let finished = s.jobs.get(u.job_id).is_some_and(|r| r.is_terminal() && r.generation >= Some(u.generation));
-            if finished {
-                return false;
-            }
-            upsert(&mut s.jobs, u, now);
-            let b = Beat {
-                job_id: u.job_id,
-                worker: u.worker,
-                at: now,
-                progress: 0.0,
-                message: "",
-                ttl_secs: heartbeat_ttl_secs,
-            };
-            beat(s, &b, arrived);
-            s.running.insert((u.pool.to_string(), u.job_id.to_string()));
-            true
+            !finished && mark_running(s, u, now, heartbeat_ttl_secs, arrived)
+        })
+    }
+    fn put_running_as_seen<'a>(
+        &'a self,
+        u: &'a StateUpdate<'a>,
+        _encoded_job: &'a [u8],
+        now: Millis,
+        heartbeat_ttl_secs: i32,
+        seen: Option<&'a str>,
+    ) -> Io<'a, Result<bool, StoreError>> {
+        self.with(move |s, arrived| {
+            let row = s.jobs.get(u.job_id);
+            let (terminal, worker) = (row.is_some_and(JobRow::is_terminal), row.and_then(|r| r.worker.as_deref()));
+            let rerun = row.and_then(|r| r.generation).is_some_and(|g| g < u.generation);
+            (!terminal && worker == seen || rerun) && mark_running(s, u, now, heartbeat_ttl_secs, arrived)
         })
     }
     fn put_state_if_marked<'a>(
@@ -242,6 +262,22 @@ impl RouteStore for MemStore {
         self.with(|s, _| match s.jobs.get_mut(job_id) {
             Some(row) if row.status.as_deref() == Some("handed_off") => {
                 row.status = Some("running".into());
+                row.worker = Some(worker.into());
+                row.updated_at = Some(now);
+                true
+            }
+            _ => false,
+        })
+    }
+    fn claim_take_over<'a>(
+        &'a self,
+        job_id: &'a str,
+        from: &'a str,
+        worker: &'a str,
+        now: Millis,
+    ) -> Io<'a, Result<bool, StoreError>> {
+        self.with(|s, _| match s.jobs.get_mut(job_id) {
+            Some(row) if row.status.as_deref() == Some("running") && row.worker.as_deref() == Some(from) => {
                 row.worker = Some(worker.into());
                 row.updated_at = Some(now);
                 true
@@ -285,6 +321,83 @@ impl RouteStore for MemStore {
             let f = s.frontiers.entry((topic.to_string(), partition)).or_insert(offset);
             *f = (*f).max(offset);
         })
+    }
+}
+
+impl BacklogStore for MemStore {
+    fn put_rows<'a>(&'a self, key: BacklogKey<'a>, rows: &'a [(i64, &'a [u8])]) -> Io<'a, Result<usize, StoreError>> {
+        self.with(move |s, _| {
+            let bucket = s.backlog.entry(bucket_id(key)).or_default();
+            rows.iter().for_each(|(offset, job)| {
+                bucket.insert(*offset, job.to_vec());
+            });
+            rows.len()
+        })
+    }
+    fn read_rows<'a>(
+        &'a self,
+        key: BacklogKey<'a>,
+        after: i64,
+        before: i64,
+        limit: usize,
+    ) -> Io<'a, Result<SpilledRows, StoreError>> {
+        self.with(move |s, _| match s.backlog.get(&bucket_id(key)) {
+            Some(rows) if after.saturating_add(1) < before => {
+                rows.range(after + 1..before).take(limit).map(|(o, j)| (*o, j.clone())).collect()
+            }
+            _ => Vec::new(),
+        })
+    }
+    fn list<'a>(&'a self, topic: &'a str, partition: i32) -> Io<'a, Result<Vec<(String, i64)>, StoreError>> {
+        self.with(move |s, _| {
+            let of = |(t, p, _, _): &&BucketId| t == topic && *p == partition;
+            s.backlog.keys().filter(of).map(|(_, _, tenant, bucket)| (tenant.clone(), *bucket)).collect()
+        })
+    }
+    fn drop_bucket<'a>(&'a self, key: BacklogKey<'a>) -> Io<'a, Result<(), StoreError>> {
+        self.with(move |s, _| {
+            s.backlog.remove(&bucket_id(key));
+        })
+    }
+}
+
+/// A tenants registry that never changes: the tenants given, and the configured rule for
+/// the others (`[registry]`).
+pub struct FixedTenants {
+    set: tokio::sync::watch::Sender<Arc<TenantSet>>,
+    cfg: Arc<crate::config::Config>,
+}
+
+impl FixedTenants {
+    pub fn new(cfg: Arc<crate::config::Config>, tenants: impl IntoIterator<Item = TenantRecord>) -> Self {
+        let tenants = tenants.into_iter().map(|t| (t.name.clone(), t)).collect();
+        let set = Arc::new(TenantSet { version: 1, tenants });
+        FixedTenants { set: tokio::sync::watch::channel(set).0, cfg }
+    }
+
+    fn rules(&self) -> Unregistered<'_> {
+        self.cfg.registry.unregistered()
+    }
+}
+
+impl TenantsView for FixedTenants {
+    fn current(&self) -> Arc<TenantSet> {
+        self.set.borrow().clone()
+    }
+    fn subscribe(&self) -> tokio::sync::watch::Receiver<Arc<TenantSet>> {
+        self.set.subscribe()
+    }
+    fn accept(&self, tenant: &str) -> Result<TenantRecord, String> {
+        use crate::core::tenants::Standing;
+        match self.current().standing(tenant, self.rules()) {
+            Standing::Known(t) => Ok(t.clone()),
+            Standing::Register(t) | Standing::Rowless(t) => Ok(t),
+            Standing::Refused(why) => Err(why),
+        }
+    }
+    fn registered_after_all<'a>(&'a self, tenant: &'a str) -> Io<'a, Result<bool, StoreError>> {
+        let known = self.current().tenants.contains_key(tenant);
+        Box::pin(std::future::ready(Ok(known)))
     }
 }
 

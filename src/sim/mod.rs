@@ -50,6 +50,8 @@
 //! sim-route`) runs the shipping route and heartbeat loop instead, over `doubles`; the
 //! pool loop has no seam yet, so partitions, spills and the scheduler run only here.
 
+#[cfg(any(test, feature = "sim-route"))]
+pub mod broker;
 mod check;
 pub mod contract;
 pub mod doubles;

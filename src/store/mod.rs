@@ -572,6 +572,32 @@ impl Store {
         now: Millis,
         heartbeat_ttl_secs: i32,
     ) -> Result<bool, StoreError> {
+        self.put_running(u, encoded_job, now, heartbeat_ttl_secs, None).await
+    }
+
+    /// [`Store::put_running_with_heartbeat`], only while the row still names the worker
+    /// `seen` (none: no worker) as the run's check read it: of two copies that read the
+    /// same row and started (a partition moved within a run's running grace), one marks
+    /// the job running; the other finds it so and is superseded.
+    pub async fn put_running_as_seen(
+        &self,
+        u: &StateUpdate<'_>,
+        encoded_job: &[u8],
+        now: Millis,
+        heartbeat_ttl_secs: i32,
+        seen: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        self.put_running(u, encoded_job, now, heartbeat_ttl_secs, Some(seen)).await
+    }
+
+    async fn put_running(
+        &self,
+        u: &StateUpdate<'_>,
+        encoded_job: &[u8],
+        now: Millis,
+        heartbeat_ttl_secs: i32,
+        seen: Option<Option<&str>>,
+    ) -> Result<bool, StoreError> {
         let (pk, mark) = (&self.parked, "mark running");
         let row = (
             u.tenant,
@@ -586,7 +612,14 @@ impl Store {
             now,
             u.job_id,
         );
-        if !self.conditional(&pk.mark_running, row, mark).await? {
+        let applied = match seen {
+            None => self.conditional(&pk.mark_running, row, mark).await?,
+            Some(seen) => {
+                let (t, jt, pool, a, c, g, s, st, w, n, id) = row;
+                self.conditional(&pk.mark_running_seen, (t, jt, pool, a, c, g, s, st, w, n, id, seen), mark).await?
+            }
+        };
+        if !applied {
             let (t, jt, pool, a, c, g, s, st, w, n, id) = row;
             let rerun = (t, jt, pool, a, c, g, s, st, w, n, id, u.generation);
             if !self.conditional(&pk.mark_running_rerun, rerun, mark).await? {
@@ -792,6 +825,19 @@ impl Store {
     /// of the copies that find it `handed_off`; the row then says `running` by `worker`.
     pub async fn claim_hand_off(&self, job_id: &str, worker: &str, now: Millis) -> Result<bool, StoreError> {
         self.conditional(&self.parked.claim_hand_off, (worker, now, job_id), "claim hand-off").await
+    }
+
+    /// Takes over a job whose worker `from` stopped heartbeating, for `worker`, only while
+    /// its row still shows it running on `from` (LWT): of the copies that find the same
+    /// lapsed run, one takes it over. False: another copy took it over, or it ended.
+    pub async fn claim_take_over(
+        &self,
+        job_id: &str,
+        from: &str,
+        worker: &str,
+        now: Millis,
+    ) -> Result<bool, StoreError> {
+        self.conditional(&self.parked.claim_take_over, (worker, now, job_id, from), "claim take-over").await
     }
 
     /// Records that generation `generation` of a job was handed off `count` times so far

@@ -16,11 +16,13 @@ pub(super) struct Parked {
     pub delete_scheduled_bucket: PreparedStatement,
     pub delete_scheduled: PreparedStatement,
     pub claim_hand_off: PreparedStatement,
+    pub claim_take_over: PreparedStatement,
     pub put_handoff_count: PreparedStatement,
     pub handoff_count: PreparedStatement,
     pub mark_handed_off: PreparedStatement,
     pub mark_running: PreparedStatement,
     pub mark_running_rerun: PreparedStatement,
+    pub mark_running_seen: PreparedStatement,
     pub put_state_if_marked: PreparedStatement,
 }
 
@@ -94,6 +96,14 @@ impl Parked {
                 "prepare claim hand-off",
             )
             .await?,
+            claim_take_over: prep(
+                format!(
+                    "UPDATE {ks}.jobs USING TTL {ttl} SET worker = ?, updated_at = ? \
+                     WHERE job_id = ? IF status = 'running' AND worker = ?"
+                ),
+                "prepare claim take-over",
+            )
+            .await?,
             put_handoff_count: prep(
                 format!(
                     "INSERT INTO {ks}.job_handoffs (job_id, generation, handoff_count) VALUES (?, ?, ?) USING TTL {ttl}"
@@ -116,6 +126,11 @@ impl Parked {
             .await?,
             mark_running: prep(format!("{} IF {NOT_TERMINAL}", running_update(ks, ttl)), "prepare mark running")
                 .await?,
+            mark_running_seen: prep(
+                format!("{} IF {NOT_TERMINAL} AND worker = ?", running_update(ks, ttl)),
+                "prepare mark running (as seen)",
+            )
+            .await?,
             mark_running_rerun: prep(
                 format!("{} IF generation < ?", running_update(ks, ttl)),
                 "prepare mark running (rerun)",

@@ -43,6 +43,16 @@ impl RouteStore for Store {
     ) -> Io<'a, Result<bool, StoreError>> {
         Box::pin(Store::put_running_with_heartbeat(self, u, encoded_job, now, heartbeat_ttl_secs))
     }
+    fn put_running_as_seen<'a>(
+        &'a self,
+        u: &'a StateUpdate<'a>,
+        encoded_job: &'a [u8],
+        now: Millis,
+        heartbeat_ttl_secs: i32,
+        seen: Option<&'a str>,
+    ) -> Io<'a, Result<bool, StoreError>> {
+        Box::pin(Store::put_running_as_seen(self, u, encoded_job, now, heartbeat_ttl_secs, seen))
+    }
     fn put_state_if_marked<'a>(
         &'a self,
         u: &'a StateUpdate<'a>,
@@ -56,6 +66,15 @@ impl RouteStore for Store {
     }
     fn claim_hand_off<'a>(&'a self, job_id: &'a str, worker: &'a str, now: Millis) -> Io<'a, Result<bool, StoreError>> {
         Box::pin(Store::claim_hand_off(self, job_id, worker, now))
+    }
+    fn claim_take_over<'a>(
+        &'a self,
+        job_id: &'a str,
+        from: &'a str,
+        worker: &'a str,
+        now: Millis,
+    ) -> Io<'a, Result<bool, StoreError>> {
+        Box::pin(Store::claim_take_over(self, job_id, from, worker, now))
     }
     fn mark_handed_off<'a>(
         &'a self,

@@ -19,9 +19,20 @@ const RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 pub(super) enum Check {
     /// Run it. `row_claimed`: its row was marked running or handed off (taken over or
     /// claimed here), so its end is recorded in that row (see `durable::record_success`).
-    Run { job: Arc<JobSubmitted>, row_claimed: bool },
+    Run { job: Arc<JobSubmitted>, row_claimed: bool, seen: Seen },
     /// Handled without running, durably or not.
     Done(Durable),
+}
+
+/// What the check saw of the job's row, which the run's running mark expects unchanged
+/// (`exec::mark_running`): not read (a job nobody can have started, `worker::frontier`),
+/// or the worker the row named (none: no row, or none named; this worker once it claimed
+/// the job). Another copy that read the same row and started first has changed it: the
+/// later mark is refused, and that run stops before its handler runs past its grace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seen {
+    Unread,
+    Worker(Option<String>),
 }
 
 /// The effectively-once check, before any handler runs: finished, stale, cancelled,
@@ -37,18 +48,18 @@ pub(super) async fn before_run(sh: &RouteContext, job: Arc<JobSubmitted>, origin
         Ok(fresh) => fresh,
         Err(held) => return held,
     };
-    let (job, row_claimed) = if fresh {
+    let (job, row_claimed, seen) = if fresh {
         sh.metrics.state_reads_skipped.increment(1);
-        (job, false)
+        (job, false, Seen::Unread)
     } else {
         // Boxed here and below: a rare path's future would otherwise sit inline in every
         // job's future (see `exec::execute`).
         match Box::pin(check_row(sh, job, origin)).await {
-            Check::Run { job, row_claimed } => (job, row_claimed),
+            Check::Run { job, row_claimed, seen } => (job, row_claimed, seen),
             done => return done,
         }
     };
-    run_unless_expired(sh, job, row_claimed).await
+    run_unless_expired(sh, job, row_claimed, seen).await
 }
 
 /// What a look at a handed-off or running row decided for this copy.
@@ -66,13 +77,18 @@ enum Step {
 async fn check_row(sh: &RouteContext, mut job: Arc<JobSubmitted>, origin: &Origin) -> Check {
     let interval = sh.cfg.pool(sh.pool).heartbeat_interval;
     let mut row_claimed = false;
+    let mut seen: Option<String>;
     loop {
         let row = match through_outage(sh, &job, "the effectively-once check", || sh.store.job(&job.job_id)).await {
             Ok(r) => r,
             Err(held) => return held,
         };
         let now = sh.clock.now_ms();
-        let Some(row) = row else { break };
+        let Some(row) = row else {
+            seen = None;
+            break;
+        };
+        seen = row.worker.clone();
         row_claimed |= matches!(row.status.as_deref(), Some("running" | "handed_off"));
         // Generations ("rerun all"): the row records the generation last run. A copy of
         // an older generation is superseded; a newer one runs even if the job finished.
@@ -95,6 +111,7 @@ async fn check_row(sh: &RouteContext, mut job: Arc<JobSubmitted>, origin: &Origi
             match claim_hand_off(sh, &job).await {
                 Step::Next => {
                     job = with_handoffs(sh, job, 1).await;
+                    seen = Some(sh.worker_id.clone());
                     break;
                 }
                 Step::Again => continue,
@@ -119,12 +136,16 @@ async fn check_row(sh: &RouteContext, mut job: Arc<JobSubmitted>, origin: &Origi
             break;
         }
         match take_over(sh, &job, &row, origin, now).await {
-            Ok(taken) => job = with_handoffs(sh, taken, 0).await,
+            Ok(Some(taken)) => {
+                job = with_handoffs(sh, taken, 0).await;
+                seen = row.worker.as_ref().map(|_| sh.worker_id.clone());
+            }
+            Ok(None) => continue, // another copy took it over first: look again
             Err(done) => return Check::Done(done),
         }
         break;
     }
-    Check::Run { job, row_claimed }
+    Check::Run { job, row_claimed, seen: Seen::Worker(seen) }
 }
 
 /// A copy its row settles without running: a finished job redelivered, a stale attempt,
@@ -231,7 +252,8 @@ async fn wait_for_live_worker(sh: &RouteContext, job: &JobSubmitted, now: i64, i
     Step::Again
 }
 
-/// A job whose worker died: the job to run with its crash counted, or Err once
+/// A job whose worker died, claimed for this one ([`claim_take_over`]; None: another
+/// copy took it over first): the job to run with its crash counted, or Err once
 /// dead-lettered past its crash limit (durably or not).
 async fn take_over(
     sh: &RouteContext,
@@ -239,16 +261,24 @@ async fn take_over(
     row: &JobRow,
     origin: &Origin,
     now: i64,
-) -> Result<Arc<JobSubmitted>, Durable> {
+) -> Result<Option<Arc<JobSubmitted>>, Durable> {
+    if !claim_take_over(sh, job, row).await? {
+        return Ok(None);
+    }
     // The run it takes over was this process's own, which fenced itself (the store did
     // not acknowledge its heartbeats): no worker died, so no crash is counted. Else a
     // store outage would count one crash per long job, and three outages would
-    // dead-letter healthy jobs as poison (the fleet simulator, `sim::fleet`).
-    if row.worker.as_deref() == Some(sh.worker_id.as_str()) {
+    // dead-letter healthy jobs as poison (the fleet simulator, `sim::fleet`). So too when
+    // the store refused this worker's calls within two lapses: the run's worker may be
+    // alive and its heartbeats lost to the same outage (seed 3373: two crashes and an
+    // outage dead-lettered a job as poison). A real death then goes uncounted once.
+    let lapse = i64::try_from(super::liveness::lapse(sh.cfg.pool(sh.pool).heartbeat_interval).as_millis());
+    let outage = sh.store_refused_within(now, lapse.unwrap_or(i64::MAX).saturating_mul(2));
+    if row.worker.as_deref() == Some(sh.worker_id.as_str()) || outage {
         let mut j = (**job).clone();
         j.crash_count = job.crash_count.max(row.crash_count.unwrap_or(0));
         metrics::counter!(m::JOBS_TAKEN_OVER, "pool" => sh.pool.as_str()).increment(1);
-        return Ok(Arc::new(j));
+        return Ok(Some(Arc::new(j)));
     }
     // Worker crash: never uses up an attempt, but counts towards the crash limit.
     let crashes = job.crash_count.max(row.crash_count.unwrap_or(0) + 1);
@@ -266,7 +296,37 @@ async fn take_over(
     metrics::counter!(m::JOBS_TAKEN_OVER, "pool" => sh.pool.as_str()).increment(1);
     let mut j = (**job).clone();
     j.crash_count = crashes;
-    Ok(Arc::new(j))
+    Ok(Some(Arc::new(j)))
+}
+
+/// Claims a run whose heartbeat lapsed for this worker, atomically (the row must still
+/// show it running on the lapsed worker), and heartbeats it at once: a copy that reads
+/// the row after sees it running here and waits, and a copy that read the same lapsed
+/// run loses the claim. Without it, two copies reading the row within the new run's
+/// running grace both took it over and ran at once (the fleet simulator on the real pool
+/// loop: a restart moved a partition during a take-over). False: another copy won.
+async fn claim_take_over(sh: &RouteContext, job: &JobSubmitted, row: &JobRow) -> Result<bool, Durable> {
+    let Some(from) = row.worker.as_deref() else {
+        // Every running mark names its worker; a row without one cannot be claimed
+        // conditionally, so it is taken over as before the claim existed, and said.
+        tracing::warn!(job_id = %job.job_id, "a running row without a worker: taken over without a claim");
+        return Ok(true);
+    };
+    let claim = || sh.store.claim_take_over(&job.job_id, from, &sh.worker_id, sh.clock.now_ms());
+    match through_outage(sh, job, "claiming a lapsed run", claim).await {
+        Ok(true) => {
+            let (ttl, at) = (sh.heartbeat_ttl_secs(), sh.clock.now_ms());
+            let (job_id, worker) = (job.job_id.as_str(), sh.worker_id.as_str());
+            let beat = Beat { job_id, worker, at, progress: 0.0, message: "taken over", ttl_secs: ttl };
+            if let Err(e) = sh.store.put_heartbeat(beat).await {
+                tracing::warn!(job_id, error = %e, "could not heartbeat a job taken over");
+            }
+            Ok(true)
+        }
+        Ok(false) => Ok(false),
+        Err(Check::Done(durable)) => Err(durable),
+        Err(Check::Run { .. }) => unreachable!("through_outage holds a job back, never runs it"),
+    }
 }
 
 /// A store read or claim the check cannot do without, retried through a store outage:
@@ -292,6 +352,7 @@ where
             }
             Err(e) => e,
         };
+        sh.store_refused(sh.clock.now_ms());
         let stopping = sh.stopping.load(std::sync::atomic::Ordering::SeqCst);
         if !super::ownership::holds() {
             tracing::info!(job_id = %job.job_id, error = %e, "store unavailable for {what} and the partition is no longer owned here; the job is left to its next owner");
@@ -312,13 +373,13 @@ where
 }
 
 /// The last check: a job not started before its `not_after` expires instead of running.
-async fn run_unless_expired(sh: &RouteContext, job: Arc<JobSubmitted>, row_claimed: bool) -> Check {
+async fn run_unless_expired(sh: &RouteContext, job: Arc<JobSubmitted>, row_claimed: bool, seen: Seen) -> Check {
     if let Some(not_after) = job.not_after {
         if sh.clock.now_ms() > not_after {
             return Check::Done(Box::pin(expire(sh, &job, not_after)).await);
         }
     }
-    Check::Run { job, row_claimed }
+    Check::Run { job, row_claimed, seen }
 }
 
 /// Ends a job that did not start before its `not_after` as expired (never run).

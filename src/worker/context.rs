@@ -55,6 +55,9 @@ pub struct RouteContext {
     pub metrics: crate::metrics::PoolMetrics,
     /// The fleet-wide dependency breakers as last read (one view per worker).
     pub dependencies: Arc<crate::dependencies::Holds>,
+    /// When the store last refused a call of this pool's routes or heartbeats (epoch ms,
+    /// 0: never): a lapse seen soon after may be the outage's, not a death.
+    pub store_refused_at: std::sync::atomic::AtomicI64,
 }
 
 /// Everything a pool's loops share: the route's context and the loops' own state.
@@ -153,6 +156,17 @@ impl RouteContext {
     }
 
     /// Heartbeats expire after about three intervals, so a dead worker's rows vanish.
+    /// The store refused a call at `now`.
+    pub fn store_refused(&self, now: Millis) {
+        self.store_refused_at.fetch_max(now, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the store refused a call within `window` ms before `now`.
+    pub fn store_refused_within(&self, now: Millis, window: Millis) -> bool {
+        let at = self.store_refused_at.load(std::sync::atomic::Ordering::Relaxed);
+        at > 0 && now.saturating_sub(at) <= window
+    }
+
     pub fn heartbeat_ttl_secs(&self) -> i32 {
         (self.cfg.pool(self.pool).heartbeat_interval.as_secs_f64() * 3.0).ceil().max(1.0) as i32
     }

@@ -267,8 +267,8 @@ async fn route(
     slot: &mut SlotRelease,
     waited: Waited,
 ) -> Ended {
-    let (job, row_claimed) = match check::before_run(sh, job, &origin).await {
-        check::Check::Run { job, row_claimed } => (job, row_claimed),
+    let (job, row_claimed, seen) = match check::before_run(sh, job, &origin).await {
+        check::Check::Run { job, row_claimed, seen } => (job, row_claimed, seen),
         check::Check::Done(durable) => return Ended::Skipped.or_lost(durable),
     };
     let handler = match clear_to_run(sh, &job, &origin).await {
@@ -284,7 +284,7 @@ async fn route(
     let started_at = sh.clock.now_ms();
     waited.record(sh, &job, started_at);
     let spans = RunSpans::start(sh, &job, &origin, &waited, started_at);
-    let mut run = run(sh, &job, handler, slot, started_at, spans.traceparent()).await;
+    let mut run = run(sh, &job, handler, slot, (started_at, &seen), spans.traceparent()).await;
     run.row_claimed = row_claimed;
     let spans = spans.ran(&run, sh.clock.now_ms());
     let ended = settle::settle(sh, &job, &origin, &run).await;
@@ -382,7 +382,7 @@ async fn run(
     job: &Arc<JobSubmitted>,
     handler: Arc<dyn Handler>,
     slot: &mut SlotRelease,
-    started_at: i64,
+    (started_at, seen): (i64, &check::Seen),
     traceparent: Option<String>,
 ) -> Run {
     let timeout = sh.job_timeout(&job.job_type);
@@ -418,7 +418,7 @@ async fn run(
             _ = &mut stuck => None,
             _ = tokio::time::sleep(RUNNING_WRITE_GRACE) => {
                 crate::watch::events::started(sh.broker.as_ref(), &sh.cfg, &sh.worker_id, job, started_at);
-                let (marked, _unwatched) = Box::pin(mark_running(sh, job, started_at, &live)).await;
+                let (marked, _unwatched) = Box::pin(mark_running(sh, job, started_at, seen, &live)).await;
                 running_written = marked == Marked::Written;
                 superseded = marked == Marked::Superseded;
                 let interval = sh.cfg.pool(sh.pool).heartbeat_interval;
@@ -471,6 +471,7 @@ async fn mark_running(
     sh: &RouteContext,
     job: &JobSubmitted,
     started_at: i64,
+    seen: &check::Seen,
     live: &Arc<JobLive>,
 ) -> (Marked, Option<AbortOnDrop>) {
     let failure = match codec::encode_job(job) {
@@ -479,14 +480,18 @@ async fn mark_running(
             let mut waits = RUNNING_WRITE_RETRIES.iter();
             loop {
                 let sent = tokio::time::Instant::now();
-                match sh
-                    .store
-                    .put_running_with_heartbeat(&u, &encoded, sh.clock.now_ms(), sh.heartbeat_ttl_secs())
-                    .await
-                {
+                let (now, ttl) = (sh.clock.now_ms(), sh.heartbeat_ttl_secs());
+                let marked = match seen {
+                    check::Seen::Unread => sh.store.put_running_with_heartbeat(&u, &encoded, now, ttl).await,
+                    check::Seen::Worker(w) => sh.store.put_running_as_seen(&u, &encoded, now, ttl, w.as_deref()).await,
+                };
+                match marked {
                     Ok(true) => {
                         live.beat_acknowledged(sent);
                         return (Marked::Written, None);
+                    }
+                    Ok(false) if matches!(seen, check::Seen::Worker(_)) && !finished_meanwhile(sh, job).await => {
+                        return changed_meanwhile(sh, job, live);
                     }
                     Ok(false) => {
                         metrics::counter!(m::SUPERSEDED_WRITES, "pool" => sh.pool.as_str(), "write" => "running")
@@ -509,6 +514,24 @@ async fn mark_running(
         "could not record the running state; the job is stopped and handed back (it does not run without a reaper entry)"
     );
     (Marked::NotWritten, Some(stop_run(sh, live)))
+}
+
+/// Whether a job whose running mark was refused shows finished (its run is superseded);
+/// false also when the row cannot be read (the run is then fenced: its copy looks again).
+async fn finished_meanwhile(sh: &RouteContext, job: &JobSubmitted) -> bool {
+    matches!(sh.store.job(&job.job_id).await, Ok(Some(row)) if row.is_terminal())
+}
+
+/// A run whose running mark was refused because the row no longer names the worker its
+/// check saw, and the job has not finished: another copy that read the same row started
+/// first and marked it (a partition moved while that run was in its grace). The run is fenced at once (its outcome dropped, nothing published) and its copy
+/// taken in again, whose check then follows what the row shows: it waits for that run's
+/// heartbeats, or skips the finished job, or takes a lapsed run over.
+fn changed_meanwhile(sh: &RouteContext, job: &JobSubmitted, live: &Arc<JobLive>) -> (Marked, Option<AbortOnDrop>) {
+    metrics::counter!(m::SUPERSEDED_WRITES, "pool" => sh.pool.as_str(), "write" => "running_as_seen").increment(1);
+    tracing::info!(job_id = %job.job_id, "another copy of the job started meanwhile: this run is fenced and its copy looks again");
+    live.fence();
+    (Marked::NotWritten, None)
 }
 
 /// Asks a run to stop, and aborts it past `worker.cancel_grace` unless the returned timer

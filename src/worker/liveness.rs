@@ -104,7 +104,10 @@ pub async fn heartbeat_loop(route: Arc<RouteContext>, mut shutdown: watch::Recei
                     chunk.iter().for_each(|(_, live)| live.beat_acknowledged(sent));
                     metrics::counter!(m::HEARTBEATS, "pool" => route.pool.as_str()).increment(beats.len() as u64)
                 }
-                Err(e) => tracing::warn!(pool = route.pool.as_str(), error = %e, "heartbeat write failed"),
+                Err(e) => {
+                    route.store_refused(route.clock.now_ms());
+                    tracing::warn!(pool = route.pool.as_str(), error = %e, "heartbeat write failed")
+                }
             }
             let ids: Vec<String> = chunk.iter().map(|(id, _)| id.clone()).collect();
             match route.store.cancel_requested(&ids).await {

@@ -152,6 +152,7 @@ impl Worker {
                 ranges: cfg.run_ranges(),
                 recycling: Mutex::new(crate::core::recycling::Recycling::new(cfg.pool(pool).recycling)),
                 dependencies: holds.clone(),
+                store_refused_at: Default::default(),
             });
             let sh = Arc::new(Shared {
                 route,
@@ -260,7 +261,7 @@ impl Worker {
     }
 }
 
-fn make_dispatcher(
+pub(crate) fn make_dispatcher(
     cfg: &Config,
     pool: Pool,
     policy: Policy,

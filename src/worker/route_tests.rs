@@ -109,6 +109,7 @@ impl Fixture {
             ranges: cfg.run_ranges(),
             recycling: Mutex::new(crate::core::recycling::Recycling::new(cfg.pool(pool).recycling)),
             dependencies: Default::default(),
+            store_refused_at: Default::default(),
             cfg,
         })
     }

@@ -26,5 +26,7 @@ async fn running_marks_claims_and_frontiers_on_the_real_store() {
     contract::a_run_taken_over_cannot_write_its_state(&store, &id("take-over"), now).await.unwrap();
     contract::a_finished_job_takes_no_running_mark_but_a_rerun_does(&store, &id("rerun"), now).await.unwrap();
     contract::one_claim_of_a_handed_off_job_wins(&store, &id("hand-off"), now).await.unwrap();
+    contract::one_take_over_of_a_lapsed_run_wins(&store, &id("lapsed"), now).await.unwrap();
+    contract::of_two_runs_that_saw_the_same_row_one_marks(&store, &id("same-row"), now).await.unwrap();
     contract::the_dispatch_frontier_only_rises(&store, &id("topic")).await.unwrap();
 }

@@ -1,0 +1,352 @@
+//! The pool topic and its consumer group in memory ([`SimGroup`]), for the real pool
+//! loop (`worker::pool::run_in`) to consume as a member, as it consumes a broker's.
+//!
+//! What it keeps of a broker: partitions of records with offsets; members that join, leave
+//! or die; an assignment of the partitions over the live members, moved as members come
+//! and go (a partition leaves its owner with a revocation before the next owner gets it
+//! with an assignment, both as `RebalanceEvent`s); a fetch position per owned partition,
+//! starting at the committed offset; pauses, kept by the member across revocations as
+//! librdkafka keeps them; stored commit points, committed by [`SimGroup::commit`] (the
+//! consumer's auto-commit) and at a revocation or a leave, never for a partition the
+//! member no longer owns. A dead member ([`SimGroup::kill`]) fetches and commits nothing
+//! more and keeps its partitions until [`SimGroup::expire`] (the session timeout).
+
+use crate::kafka::{ConsumeError, KafkaError, RebalanceEvent, TopicPartition};
+use crate::seams::{Pausable, PoolConsumer, PoolGroup, PoolRecord};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use tokio::sync::{mpsc, Notify};
+
+/// A pool topic and its group; clones share them. A member joins with the tag of the
+/// handle it joined through ([`SimGroup::tagged`]): its worker, which kills it.
+#[derive(Clone)]
+pub struct SimGroup {
+    state: Arc<Mutex<GroupState>>,
+    tag: Arc<str>,
+}
+
+struct GroupState {
+    topic: String,
+    /// Each partition's records: (payload, epoch ms appended).
+    parts: Vec<Vec<(Vec<u8>, i64)>>,
+    /// Each partition's committed offset (the next to read).
+    committed: Vec<i64>,
+    members: BTreeMap<u64, Member>,
+    next_member: u64,
+}
+
+struct Member {
+    tag: Arc<str>,
+    /// False once killed: it fetches and commits nothing more.
+    alive: bool,
+    /// Owned partitions and their fetch positions.
+    owned: BTreeMap<i32, i64>,
+    paused: HashSet<i32>,
+    /// Commit points stored and not committed yet.
+    stored: HashMap<i32, i64>,
+    events: mpsc::UnboundedSender<RebalanceEvent>,
+    wake: Arc<Notify>,
+    /// The partition the next fetch looks at first (round robin).
+    cursor: usize,
+}
+
+impl SimGroup {
+    pub fn new(topic: &str, partitions: usize) -> SimGroup {
+        let state = GroupState {
+            topic: topic.to_string(),
+            parts: vec![Vec::new(); partitions],
+            committed: vec![0; partitions],
+            members: BTreeMap::new(),
+            next_member: 0,
+        };
+        SimGroup { state: Arc::new(Mutex::new(state)), tag: Arc::from("") }
+    }
+
+    /// The same group, joined through as `tag`.
+    pub fn tagged(&self, tag: &str) -> SimGroup {
+        SimGroup { state: self.state.clone(), tag: Arc::from(tag) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, GroupState> {
+        self.state.lock().expect("sim group")
+    }
+
+    /// Appends a record to `partition`: its offset.
+    pub fn append(&self, partition: i32, payload: Vec<u8>, at: i64) -> i64 {
+        let mut st = self.lock();
+        let records = &mut st.parts[partition as usize];
+        records.push((payload, at));
+        let offset = records.len() as i64 - 1;
+        st.wake_owner(partition);
+        offset
+    }
+
+    pub fn partitions(&self) -> usize {
+        self.lock().parts.len()
+    }
+
+    /// Commits every live member's stored commit points (the consumers' auto-commit).
+    pub fn commit(&self) {
+        let mut st = self.lock();
+        let ids: Vec<u64> = st.members.keys().copied().collect();
+        ids.into_iter().for_each(|id| st.commit_member(id, None));
+    }
+
+    /// The members joined as `tag` die: they fetch and commit nothing more; what they
+    /// stored is lost. Their partitions stay theirs until [`SimGroup::expire`].
+    pub fn kill(&self, tag: &str) {
+        for m in self.lock().members.values_mut().filter(|m| &*m.tag == tag) {
+            m.alive = false;
+            m.stored.clear();
+        }
+    }
+
+    /// The sessions of the dead members joined as `tag` time out: their partitions move
+    /// to the others.
+    pub fn expire(&self, tag: &str) {
+        let mut st = self.lock();
+        st.members.retain(|_, m| m.alive || &*m.tag != tag);
+        st.rebalance();
+    }
+
+    /// Per partition: (records, committed offset).
+    pub fn progress(&self) -> Vec<(i64, i64)> {
+        let st = self.lock();
+        st.parts.iter().zip(&st.committed).map(|(r, c)| (r.len() as i64, *c)).collect()
+    }
+
+    /// Partitions of live members: (partition, the member's tag, records left to fetch).
+    pub fn owned_with_lag(&self) -> Vec<(i32, String, i64)> {
+        let st = self.lock();
+        let mut out = Vec::new();
+        for m in st.members.values().filter(|m| m.alive) {
+            for (&p, &pos) in &m.owned {
+                out.push((p, m.tag.to_string(), st.parts[p as usize].len() as i64 - pos));
+            }
+        }
+        out
+    }
+}
+
+impl GroupState {
+    fn wake_owner(&self, partition: i32) {
+        if let Some(m) = self.members.values().find(|m| m.owned.contains_key(&partition)) {
+            m.wake.notify_one();
+        }
+    }
+
+    /// Commits a live member's stored points (of `only` those partitions, if given).
+    fn commit_member(&mut self, id: u64, only: Option<&BTreeSet<i32>>) {
+        let Some(m) = self.members.get_mut(&id).filter(|m| m.alive) else { return };
+        let points: Vec<(i32, i64)> = m.stored.iter().map(|(p, o)| (*p, *o)).collect();
+        for (p, offset) in points {
+            if only.is_some_and(|only| !only.contains(&p)) {
+                continue;
+            }
+            m.stored.remove(&p);
+            if m.owned.contains_key(&p) {
+                self.committed[p as usize] = offset;
+            }
+        }
+    }
+
+    /// Spreads the partitions over the members in join order (dead ones keep theirs until
+    /// they expire): revocations first (with a commit of their stored points), then
+    /// assignments at the committed offsets.
+    fn rebalance(&mut self) {
+        let ids: Vec<u64> = self.members.keys().copied().collect();
+        if ids.is_empty() {
+            return;
+        }
+        let target = |p: usize| ids[p % ids.len()];
+        let topic = self.topic.clone();
+        for &id in &ids {
+            let gone: BTreeSet<i32> =
+                self.members[&id].owned.keys().copied().filter(|&p| target(p as usize) != id).collect();
+            if gone.is_empty() {
+                continue;
+            }
+            self.commit_member(id, Some(&gone));
+            let m = self.members.get_mut(&id).expect("member");
+            gone.iter().for_each(|p| {
+                m.owned.remove(p);
+            });
+            let _ = m.events.send(RebalanceEvent::Revoked(gone.iter().map(|p| (topic.clone(), *p)).collect()));
+        }
+        for p in 0..self.parts.len() {
+            let id = target(p);
+            let committed = self.committed[p];
+            let m = self.members.get_mut(&id).expect("member");
+            if m.owned.contains_key(&(p as i32)) {
+                continue;
+            }
+            m.owned.insert(p as i32, committed);
+            let _ = m.events.send(RebalanceEvent::Assigned(vec![(topic.clone(), p as i32)]));
+            m.wake.notify_one();
+        }
+    }
+
+    /// The next record for member `id` from an owned, unpaused partition.
+    fn fetch(&mut self, id: u64) -> Option<PoolRecord> {
+        let m = self.members.get_mut(&id).filter(|m| m.alive)?;
+        let owned: Vec<(i32, i64)> = m.owned.iter().map(|(p, o)| (*p, *o)).collect();
+        let n = owned.len();
+        for i in 0..n {
+            let (p, pos) = owned[(m.cursor + i) % n];
+            let records = &self.parts[p as usize];
+            if m.paused.contains(&p) || pos >= records.len() as i64 {
+                continue;
+            }
+            let (payload, at) = records[pos as usize].clone();
+            m.owned.insert(p, pos + 1);
+            m.cursor = (m.cursor + i + 1) % n;
+            return Some(PoolRecord { partition: p, offset: pos, payload, submitted: false, timestamp: Some(at) });
+        }
+        None
+    }
+}
+
+impl PoolGroup for SimGroup {
+    type Consumer = SimConsumer;
+    fn join(&self) -> Result<(SimConsumer, mpsc::UnboundedReceiver<RebalanceEvent>), KafkaError> {
+        let (events, rx) = mpsc::unbounded_channel();
+        let wake = Arc::new(Notify::new());
+        let mut st = self.lock();
+        let id = st.next_member;
+        st.next_member += 1;
+        let member = Member {
+            tag: self.tag.clone(),
+            alive: true,
+            owned: BTreeMap::new(),
+            paused: HashSet::new(),
+            stored: HashMap::new(),
+            events,
+            wake: wake.clone(),
+            cursor: 0,
+        };
+        st.members.insert(id, member);
+        st.rebalance();
+        Ok((SimConsumer { group: self.clone(), id, wake }, rx))
+    }
+}
+
+/// One member of a [`SimGroup`].
+pub struct SimConsumer {
+    group: SimGroup,
+    id: u64,
+    wake: Arc<Notify>,
+}
+
+impl SimConsumer {
+    fn with_member(&self, f: impl FnOnce(&mut Member)) {
+        if let Some(m) = self.group.lock().members.get_mut(&self.id) {
+            f(m)
+        }
+    }
+}
+
+impl Pausable for SimConsumer {
+    fn pause(&self, parts: &[TopicPartition]) -> Result<(), ConsumeError> {
+        self.with_member(|m| m.paused.extend(parts.iter().map(|(_, p)| *p)));
+        Ok(())
+    }
+    fn resume(&self, parts: &[TopicPartition]) -> Result<(), ConsumeError> {
+        self.with_member(|m| {
+            parts.iter().for_each(|(_, p)| {
+                m.paused.remove(p);
+            });
+            m.wake.notify_one();
+        });
+        Ok(())
+    }
+}
+
+impl PoolConsumer for SimConsumer {
+    async fn recv(&self) -> Result<PoolRecord, ConsumeError> {
+        loop {
+            if let Some(r) = self.group.lock().fetch(self.id) {
+                return Ok(r);
+            }
+            self.wake.notified().await;
+        }
+    }
+    fn try_recv(&self) -> Option<Result<PoolRecord, ConsumeError>> {
+        self.group.lock().fetch(self.id).map(Ok)
+    }
+    fn store_offsets(&self, _topic: &str, commits: &[(i32, i64)]) -> Result<(), ConsumeError> {
+        self.with_member(|m| {
+            for &(p, offset) in commits.iter().filter(|(p, _)| m.owned.contains_key(p)) {
+                m.stored.insert(p, offset);
+            }
+        });
+        Ok(())
+    }
+    fn fatal_error(&self) -> Option<String> {
+        None
+    }
+    fn restart_fetchers(
+        &self,
+        _books: &HashMap<TopicPartition, i64>,
+        _resume: &[TopicPartition],
+    ) -> Result<Option<Vec<crate::kafka::stall::Start>>, KafkaError> {
+        Ok(None)
+    }
+    fn leave(&self) {
+        let mut st = self.group.lock();
+        st.commit_member(self.id, None);
+        st.members.remove(&self.id);
+        st.rebalance();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drain(c: &SimConsumer) -> Vec<(i32, i64)> {
+        std::iter::from_fn(|| c.try_recv()).map(|r| r.map(|r| (r.partition, r.offset)).unwrap()).collect()
+    }
+
+    /// Partitions spread over the members; a dead member's move once it expires, and the
+    /// next owner reads from the committed offset (what was stored after it, again).
+    #[tokio::test]
+    async fn partitions_move_at_the_committed_offset() {
+        let g = SimGroup::new("t", 2);
+        let (a, mut a_rx) = g.tagged("a").join().unwrap();
+        for i in 0..3 {
+            g.append(0, vec![i], 0);
+            g.append(1, vec![i], 0);
+        }
+        assert_eq!(drain(&a).len(), 6);
+        let (b, mut b_rx) = g.join().unwrap();
+        assert!(matches!(a_rx.recv().await, Some(RebalanceEvent::Assigned(_))));
+        assert!(matches!(b_rx.recv().await, Some(RebalanceEvent::Assigned(_))));
+        // a kept partition 0; it commits 2 of its 3 records, stores the third and dies.
+        a.store_offsets("t", &[(0, 2)]).unwrap();
+        g.commit();
+        a.store_offsets("t", &[(0, 3)]).unwrap();
+        g.kill("a");
+        assert_eq!(drain(&a), vec![]);
+        g.expire("a");
+        assert_eq!(g.progress(), vec![(3, 2), (3, 0)]);
+        let got = drain(&b);
+        assert!(got.contains(&(0, 2)) && !got.contains(&(0, 1)), "{got:?}");
+        assert!(got.contains(&(1, 0)), "{got:?}");
+    }
+
+    /// A paused partition is not fetched; its pause outlives a revocation and a new
+    /// assignment, as librdkafka's does (`kafka::Pauses::assigned` lifts it).
+    #[tokio::test]
+    async fn a_pause_holds_and_outlives_a_revocation() {
+        let g = SimGroup::new("t", 2);
+        let (a, _a_rx) = g.join().unwrap();
+        g.append(1, vec![1], 0);
+        a.pause(&[("t".into(), 1)]).unwrap();
+        assert!(a.try_recv().is_none());
+        let (b, _b_rx) = g.join().unwrap();
+        b.leave();
+        assert!(a.try_recv().is_none(), "the pause came back with the partition");
+        a.resume(&[("t".into(), 1)]).unwrap();
+        assert_eq!(drain(&a), vec![(1, 0)]);
+    }
+}
