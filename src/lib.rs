@@ -21,7 +21,7 @@
 //! | `store::alerts` | tenant alerts' rows: every alert per tenant (TTL'd) and the alerts open or with a delivery unfinished |
 //! | `store::regions` | a deployment's region state (up, draining, down), what `fairway region` writes and the API polls |
 //! | `handlers` | the `Handler` trait and job context; the HTTP executor, the `process` executor (one-shot and pooled children, `handlers::process::pooled`), demo handlers |
-//! | `seams` | the narrow traits a job's route reaches the store (`RouteStore`), the broker (`RouteBroker`) and time (`Clock`) through; implemented by `store` and `kafka`, and in memory by `sim::doubles` |
+//! | `seams` | the narrow traits a job's route reaches the store (`RouteStore`), the broker (`RouteBroker`) and time (`Clock`) through, and the pool loop its topic's group (`PoolGroup`, `PoolConsumer`), spill rows (`BacklogStore`) and tenants (`TenantsView`); implemented by `store`, `kafka` and `ops::tenants`, and in memory by `sim::doubles` and `sim::broker` |
 //! | `worker` | a worker process; its tasks are below |
 //! | `worker::context` | the worker's shared state: `RouteContext` (what a job's route needs) and `Shared` (what the pool's loops add) |
 //! | `worker::pool` | one pool's consumer loop: messages in, scheduling, executions out; a job whose outcome was not durable is taken in again |
@@ -66,7 +66,7 @@
 //! | `observe::probes` | readiness and liveness (`/readyz`, `/livez`) |
 //! | `observe::telemetry` | OpenTelemetry spans of a job's life over OTLP/HTTP (off unless configured) |
 //! | `metrics` | metric names and the Prometheus exporter |
-//! | `sim` | the deterministic fleet simulator: one thread, simulated time, broker, store and faults from one seed, driving the real `core` decisions; invariants checked after every run, the usage ledger's leader simulated over its results (`sim::ledger`) for the usage counted once (`fairway-sim`, docs/simulation.md) |
+//! | `sim` | the deterministic fleet simulator: one thread, simulated time, broker, store and faults from one seed, driving the real `core` decisions (`sim::world`), or the real pool loop, route and heartbeat loop over in-memory doubles (`sim::fleet`); invariants checked after every run, the usage ledger's leader simulated over its results (`sim::ledger`) for the usage counted once (`fairway-sim`, docs/simulation.md) |
 //! | `netlab` | the network-partition lab and its scenario (`fairway-bench bench partitions`, partition tests) |
 
 pub mod admission;

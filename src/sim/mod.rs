@@ -47,8 +47,8 @@
 //! writes are not simulated; a store call through an outage is retried until it answers
 //! (the real check gives up after `durable::OUTAGE_RETRY`). This worker is simulated
 //! beside `src/worker/`, not compiled from it. `fleet` (tests and `--features
-//! sim-route`) runs the shipping route and heartbeat loop instead, over `doubles`; the
-//! pool loop has no seam yet, so partitions, spills and the scheduler run only here.
+//! sim-route`) runs the shipping code instead: the real pool loop as a member of
+//! `broker`'s in-memory group, the real route and heartbeat loop, over `doubles`.
 
 #[cfg(any(test, feature = "sim-route"))]
 pub mod broker;
