@@ -6,7 +6,8 @@
 //!   answered `503` with `Retry-After: 1`
 //!   (written within one second, at most [`REFUSING`] at once) and closed after the
 //!   same linger as below (what the client sent is discarded for at most [`LINGER`], at
-//!   most [`REFUSED_LINGERING`] at once, past which it closes at once): a client
+//!   most [`REFUSED_LINGERING`] at once and [`REFUSED_LINGERING_PER_PREFIX`] of one
+//!   network prefix, past which it closes once answered): a client
 //!   that holds many connections shuts out itself, not the others, and a full process
 //!   says so instead of leaving callers in the kernel's accept queue.
 //! - A request's head must arrive whole within `head_timeout`, however slowly its bytes
@@ -47,6 +48,10 @@ pub const REFUSING: usize = 256;
 /// is closed as soon as its answer is written, so one client holding its refused
 /// connections open never takes the answers from the others.
 pub const REFUSED_LINGERING: usize = 256;
+/// Refused connections of one network prefix ([`client_prefix`]) lingering at once; past
+/// it that client's next refused connections close once answered, so one client never
+/// takes the lingering slots from the others.
+pub const REFUSED_LINGERING_PER_PREFIX: usize = 8;
 /// How long a refusal may take to write.
 const REFUSAL_WRITE: Duration = Duration::from_secs(1);
 /// How long a closing connection reads and discards what its client still sends.
@@ -68,8 +73,51 @@ pub struct Connections {
     owners: Arc<Mutex<Usage>>,
     most: u64,
     refusing: Arc<tokio::sync::Semaphore>,
-    /// Refused connections lingering after their answer ([`REFUSED_LINGERING`]).
-    lingering: Arc<tokio::sync::Semaphore>,
+    /// Refused connections lingering after their answer ([`REFUSED_LINGERING`], and
+    /// per prefix [`REFUSED_LINGERING_PER_PREFIX`]).
+    lingering: Arc<Lingering>,
+}
+
+/// The refused connections lingering after their answer, in all and per network prefix.
+#[derive(Debug, Default)]
+struct Lingering {
+    /// Lingering connections per prefix (an entry only while it has one: at most
+    /// [`REFUSED_LINGERING`] entries).
+    by_prefix: Mutex<std::collections::HashMap<String, usize>>,
+}
+
+/// A lingering refused connection's place; given back when dropped.
+#[derive(Debug)]
+struct LingerSlot {
+    lingering: Arc<Lingering>,
+    prefix: String,
+}
+
+impl Lingering {
+    /// A place to linger for a refused connection of `prefix`, unless [`REFUSED_LINGERING`]
+    /// linger already, or [`REFUSED_LINGERING_PER_PREFIX`] of that prefix.
+    fn take(self: &Arc<Self>, prefix: &str) -> Option<LingerSlot> {
+        let mut by = self.by_prefix.lock().expect("lingering");
+        let total: usize = by.values().sum();
+        let mine = by.get(prefix).copied().unwrap_or(0);
+        if total >= REFUSED_LINGERING || mine >= REFUSED_LINGERING_PER_PREFIX {
+            return None;
+        }
+        by.insert(prefix.to_string(), mine + 1);
+        Some(LingerSlot { lingering: self.clone(), prefix: prefix.to_string() })
+    }
+}
+
+impl Drop for LingerSlot {
+    fn drop(&mut self) {
+        let mut by = self.lingering.by_prefix.lock().expect("lingering");
+        if let Some(n) = by.get_mut(&self.prefix) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                by.remove(&self.prefix);
+            }
+        }
+    }
 }
 
 /// One open connection's place; given back when dropped.
@@ -108,7 +156,7 @@ impl Connections {
             ))),
             most: limits.connections,
             refusing: Arc::new(tokio::sync::Semaphore::new(REFUSING)),
-            lingering: Arc::new(tokio::sync::Semaphore::new(REFUSED_LINGERING)),
+            lingering: Arc::default(),
         })
     }
 
@@ -144,7 +192,7 @@ impl Connections {
 
     /// Answers a refused connection 503 and closes it (or just closes it when
     /// [`REFUSING`] refusals are being written already).
-    fn refuse(&self, mut stream: tokio::net::TcpStream, why: Busy) {
+    fn refuse(&self, mut stream: tokio::net::TcpStream, peer: IpAddr, why: Busy) {
         let reason = match why {
             Busy::Key { what, .. } if what == PER_PREFIX => "per_prefix",
             Busy::Key { .. } => "per_ip",
@@ -152,7 +200,7 @@ impl Connections {
         };
         metrics::counter!(API_CONNECTIONS_REFUSED, "reason" => reason).increment(1);
         let Ok(permit) = self.refusing.clone().try_acquire_owned() else { return };
-        let lingering = self.lingering.clone();
+        let (lingering, prefix) = (self.lingering.clone(), client_prefix(peer));
         let body = match why {
             Busy::Key { what, most, .. } if what == PER_PREFIX => format!(
                 "{{\"error\":\"this client's network (its IPv4 /24 or IPv6 /64) holds {most} connections to the \
@@ -186,9 +234,9 @@ impl Connections {
             }
             // The request it carried was never read: closing on it would reset the
             // connection, and the reset can destroy the answer (see the module).
-            if let Ok(lingering) = lingering.try_acquire_owned() {
+            if let Some(slot) = lingering.take(&prefix) {
                 let _ = tokio::time::timeout(LINGER, discard(&mut stream)).await;
-                drop(lingering);
+                drop(slot);
             }
         });
     }
@@ -233,7 +281,7 @@ pub async fn serve(
         let held = match conns.admit(peer.ip()) {
             Ok(h) => h,
             Err(why) => {
-                conns.refuse(stream, why);
+                conns.refuse(stream, peer.ip(), why);
                 continue;
             }
         };
@@ -419,6 +467,26 @@ impl tokio::io::AsyncWrite for IdleIo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One network prefix lingers at most `REFUSED_LINGERING_PER_PREFIX` refused
+    /// connections; others still get theirs, up to `REFUSED_LINGERING` in all, and a
+    /// place given back is free again (its prefix forgotten once it holds none).
+    #[test]
+    fn one_client_lingers_only_its_share_of_refused_connections() {
+        let lingering = Arc::new(Lingering::default());
+        let mine: Vec<LingerSlot> =
+            std::iter::from_fn(|| lingering.take("10.0.0.0/24")).take(REFUSED_LINGERING).collect();
+        assert_eq!(mine.len(), REFUSED_LINGERING_PER_PREFIX, "one prefix past its share");
+        let others: Vec<LingerSlot> = (0..REFUSED_LINGERING)
+            .map_while(|i| lingering.take(&format!("10.{}.{}.0/24", i / 256 + 1, i % 256)))
+            .collect();
+        assert_eq!(others.len(), REFUSED_LINGERING - REFUSED_LINGERING_PER_PREFIX, "the total bound");
+        assert!(lingering.take("10.9.9.0/24").is_none(), "nothing past the total");
+        drop(mine);
+        assert!(lingering.take("10.0.0.0/24").is_some(), "places given back are free again");
+        drop(others);
+        assert_eq!(lingering.by_prefix.lock().unwrap().len(), 0, "prefixes holding none are forgotten");
+    }
 
     /// Bodies refused before they are read (8 at once, 8 MiB each, far past the
     /// sockets' buffers) reach the client as the refusal, not as a reset.
