@@ -176,19 +176,24 @@ async fn claim_hand_off(sh: &RouteContext, job: &JobSubmitted) -> Step {
     let claim = || sh.store.claim_hand_off(&job.job_id, &sh.worker_id, sh.clock.now_ms());
     match through_outage(sh, job, "claiming a handed-off job", claim).await {
         Ok(true) => {
-            // A heartbeat at once: other copies now see it running and wait.
-            let ttl = sh.heartbeat_ttl_secs();
-            let (job_id, worker, at) = (&job.job_id, &sh.worker_id, sh.clock.now_ms());
-            let beat = Beat { job_id, worker, at, progress: 0.0, message: "claimed after a hand-off", ttl_secs: ttl };
-            let hb = sh.store.put_heartbeat(beat);
-            if let Err(e) = hb.await {
-                tracing::warn!(job_id = %job.job_id, error = %e, "could not heartbeat a claimed job");
-            }
+            beat_claimed(sh, job, "claimed after a hand-off").await;
             Step::Next
         }
         Ok(false) => Step::Again, // another copy claimed it: look again
         Err(Check::Done(durable)) => Step::Done(durable),
         Err(Check::Run { .. }) => unreachable!("through_outage holds a job back, never runs it"),
+    }
+}
+
+/// A heartbeat at once for a job this worker just claimed (a hand-off, a take-over):
+/// other copies now see it running here and wait. A failed write is logged; the run's
+/// mark writes one again.
+async fn beat_claimed(sh: &RouteContext, job: &JobSubmitted, message: &str) {
+    let (ttl, at) = (sh.heartbeat_ttl_secs(), sh.clock.now_ms());
+    let (job_id, worker) = (job.job_id.as_str(), sh.worker_id.as_str());
+    let beat = Beat { job_id, worker, at, progress: 0.0, message, ttl_secs: ttl };
+    if let Err(e) = sh.store.put_heartbeat(beat).await {
+        tracing::warn!(job_id, error = %e, "could not heartbeat a job claimed here ({message})");
     }
 }
 
@@ -315,12 +320,7 @@ async fn claim_take_over(sh: &RouteContext, job: &JobSubmitted, row: &JobRow) ->
     let claim = || sh.store.claim_take_over(&job.job_id, from, &sh.worker_id, sh.clock.now_ms());
     match through_outage(sh, job, "claiming a lapsed run", claim).await {
         Ok(true) => {
-            let (ttl, at) = (sh.heartbeat_ttl_secs(), sh.clock.now_ms());
-            let (job_id, worker) = (job.job_id.as_str(), sh.worker_id.as_str());
-            let beat = Beat { job_id, worker, at, progress: 0.0, message: "taken over", ttl_secs: ttl };
-            if let Err(e) = sh.store.put_heartbeat(beat).await {
-                tracing::warn!(job_id, error = %e, "could not heartbeat a job taken over");
-            }
+            beat_claimed(sh, job, "taken over").await;
             Ok(true)
         }
         Ok(false) => Ok(false),
