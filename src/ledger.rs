@@ -42,6 +42,9 @@ pub const LEASE: &str = "ledger";
 const LEASE_SECS: i32 = 15;
 /// How often the leader writes changed totals (and renews its lease).
 pub const FLUSH: Duration = Duration::from_secs(5);
+/// A leader whose renewals fail stops leading this long after the last one that
+/// landed: the lease (`LEASE_SECS`) is surely still its own until then.
+const RENEW_WITHIN: Duration = Duration::from_secs(LEASE_SECS as u64 - FLUSH.as_secs() - 1);
 /// How often the leader asks the broker for the partitions' ends to report its lag.
 pub const LAG_EVERY: Duration = Duration::from_secs(30);
 pub use crate::core::ledger::MAX_REPORT_DAYS;
@@ -57,7 +60,18 @@ pub enum LedgerError {
 }
 
 /// Runs the ledger until `stop` turns true: waits for the lease, leads while it holds it.
-pub async fn run(cfg: Arc<Config>, store: Store, mut stop: watch::Receiver<bool>) -> Result<(), LedgerError> {
+pub async fn run(cfg: Arc<Config>, store: Store, stop: watch::Receiver<bool>) -> Result<(), LedgerError> {
+    run_telling(cfg, store, stop, watch::channel(false).0).await
+}
+
+/// As [`run`], telling on `leading` when this process leads: true once it reads the
+/// results and steps the dependency breakers, false when it stops leading.
+pub async fn run_telling(
+    cfg: Arc<Config>,
+    store: Store,
+    mut stop: watch::Receiver<bool>,
+    leading: watch::Sender<bool>,
+) -> Result<(), LedgerError> {
     let stmts = store.ledger_statements().await?;
     let holder = format!("ledger-{}", uuid::Uuid::new_v4().simple());
     loop {
@@ -67,10 +81,11 @@ pub async fn run(cfg: Arc<Config>, store: Store, mut stop: watch::Receiver<bool>
         match store.lease(LEASE, &holder, LEASE_SECS, now_ms()).await {
             Ok(true) => {
                 metrics::gauge!(m::LEDGER_LEADER).set(1.0);
-                let led = Leader { cfg: &cfg, store: &store, stmts: &stmts, holder: &holder };
+                let led = Leader { cfg: &cfg, store: &store, stmts: &stmts, holder: &holder, leading: &leading };
                 if let Err(e) = led.lead(stop.clone()).await {
                     tracing::warn!(error = %e, "usage ledger: leading stopped; trying again");
                 }
+                leading.send_replace(false);
                 metrics::gauge!(m::LEDGER_LEADER).set(0.0);
             }
             Ok(false) => {}
@@ -88,6 +103,7 @@ struct Leader<'a> {
     store: &'a Store,
     stmts: &'a LedgerStatements,
     holder: &'a str,
+    leading: &'a watch::Sender<bool>,
 }
 
 /// One partition being read: its tally and the position last written.
@@ -126,8 +142,10 @@ impl Leader<'_> {
         let mut deps_tick = tokio::time::interval(dependencies::STEP);
         deps_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tracing::info!(partitions = ends.len(), "usage ledger: leading");
+        self.leading.send_replace(true);
         let ttl = ttl_secs(self.cfg);
         let mut tick = tokio::time::interval(FLUSH);
+        let mut renewed = tokio::time::Instant::now();
         let mut lag_tick = tokio::time::interval(LAG_EVERY);
         loop {
             tokio::select! {
@@ -138,8 +156,15 @@ impl Leader<'_> {
                 }
                 _ = tick.tick() => {
                     self.flush_all(&topic, &mut reading, ttl).await;
-                    if !matches!(self.store.lease(LEASE, self.holder, LEASE_SECS, now_ms()).await, Ok(true)) {
-                        return Err(LedgerError::Kafka("the ledger lease was lost".into()));
+                    match self.store.lease(LEASE, self.holder, LEASE_SECS, now_ms()).await {
+                        Ok(true) => renewed = tokio::time::Instant::now(),
+                        Ok(false) => return Err(LedgerError::Kafka("the ledger lease was lost".into())),
+                        // A renewal that timed out may have landed: lead on while the
+                        // last one that did is surely still held.
+                        Err(e) if renewed.elapsed() < RENEW_WITHIN => {
+                            tracing::warn!(error = %e, "usage ledger: cannot renew the lease; leading on until it may lapse");
+                        }
+                        Err(e) => return Err(LedgerError::Store(e)),
                     }
                 }
                 _ = lag_tick.tick() => self.report_lag(&reader, &topic, &reading).await,

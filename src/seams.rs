@@ -212,6 +212,23 @@ pub trait Clock: Send + Sync {
     fn now_ms(&self) -> Millis;
 }
 
+/// Where the route draws its random numbers (a retry's jitter, a held job's spread):
+/// the thread's generator in a worker, a seeded one in the simulator, so a seed replays.
+pub trait Dice: Send + Sync {
+    /// A number in [0, 1).
+    fn unit(&self) -> f64;
+}
+
+/// The thread's random generator (the real worker's).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ThreadDice;
+
+impl Dice for ThreadDice {
+    fn unit(&self) -> f64 {
+        rand::random()
+    }
+}
+
 /// The wall clock (the real worker's).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemClock;

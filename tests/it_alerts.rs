@@ -79,10 +79,18 @@ struct Leader {
 }
 
 impl Leader {
+    /// The leader, once it leads (reads the results, steps the dependency breakers): what
+    /// a test does next is seen by it.
     async fn start(cfg: &Arc<fairway::config::Config>) -> Leader {
         let store = fairway::store::Store::open(cfg).await.unwrap();
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        Leader { stop, task: tokio::spawn(fairway::ledger::run(cfg.clone(), store, stopped)) }
+        let (leading, mut led) = tokio::sync::watch::channel(false);
+        let asked = std::time::Instant::now();
+        let task = tokio::spawn(fairway::ledger::run_telling(cfg.clone(), store, stopped, leading));
+        let waited = tokio::time::timeout(Duration::from_secs(60), led.wait_for(|l| *l)).await;
+        assert!(matches!(waited, Ok(Ok(_))), "the ledger's leader did not lead within 60 s");
+        eprintln!("the ledger's leader leads {} ms after its start", asked.elapsed().as_millis());
+        Leader { stop, task }
     }
 
     async fn stop(self) {

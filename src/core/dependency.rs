@@ -208,12 +208,17 @@ pub struct Breaker {
     pub state: State,
 }
 
-impl Breaker {
-    /// A closed breaker counting from `now`'s bucket on.
-    pub fn new(now: Millis) -> Breaker {
-        Breaker { state: State::Closed { since: now - now.rem_euclid(BUCKET_MS) } }
+/// A closed breaker counting the whole window: a leader that starts, or takes over from
+/// one that died, while a dependency fails sees the failures already in the window (a
+/// breaker that opened or closed before is not new: its stored row says since when it
+/// counts).
+impl Default for Breaker {
+    fn default() -> Breaker {
+        Breaker { state: State::Closed { since: Millis::MIN } }
     }
+}
 
+impl Breaker {
     /// One step at `now` with the counts since [`State::counting_since`] (None: nothing
     /// counted). Open turns to trial at `until`; trial closes after a window without
     /// re-opening, or sooner on `min_attempts` attempts at or below the ratio.
@@ -340,7 +345,7 @@ mod tests {
     fn two_tenants_failing_open_it_and_one_tenant_alone_does_not() {
         let c = cfg();
         let alone = sums(vec![cell("charge", "acme", 100, 100), cell("charge", "globex", 100, 0)]);
-        let mut b = Breaker::new(0);
+        let mut b = Breaker::default();
         assert_eq!(b.step(alone.get("payments"), &c, 1_000), None, "one tenant's failures open nothing");
         let both = sums(vec![cell("charge", "acme", 100, 100), cell("charge", "globex", 20, 15)]);
         let opened = b.step(both.get("payments"), &c, 2_000);
@@ -349,11 +354,22 @@ mod tests {
     }
 
     #[test]
+    fn a_new_breaker_counts_the_failures_already_in_the_window() {
+        // A leader starting at 15 s, a bucket after the failures were written.
+        let (c, d) = (cfg(), deps());
+        let mut b = Breaker::default();
+        let since = b.state.counting_since();
+        let cells = vec![cell("charge", "acme", 20, 20), cell("charge", "globex", 20, 20)];
+        let s = window_counts(cells, |jt| d.get(jt).map_or(&[][..], |v| v.as_slice()), 15_000, 60_000, |_| since);
+        assert!(matches!(b.step(s.get("payments"), &c, 15_000), Some(Change::Opened { .. })));
+    }
+
+    #[test]
     fn open_turns_to_trial_then_reopens_or_closes() {
         let c = cfg();
         let failing = sums(vec![cell("charge", "acme", 20, 20), cell("charge", "globex", 20, 20)]);
         let healthy = sums(vec![cell("charge", "acme", 20, 0), cell("charge", "globex", 20, 1)]);
-        let mut b = Breaker::new(0);
+        let mut b = Breaker::default();
         assert!(matches!(b.step(failing.get("payments"), &c, 0), Some(Change::Opened { .. })));
         assert_eq!(b.step(failing.get("payments"), &c, 30_000), None, "held for the cool-down");
         assert_eq!(b.step(None, &c, 60_000), None);
@@ -408,7 +424,7 @@ mod tests {
                 cells.push(cell("charge", name, *n, 0));
             }
             let s = sums(cells);
-            let mut b = Breaker::new(0);
+            let mut b = Breaker::default();
             prop_assert_eq!(b.step(s.get("payments"), &c, 1_000), None);
             if let Some(sc) = s.get("payments") {
                 let a = affected_tenants(sc, 10);

@@ -18,10 +18,10 @@ use crate::core::alerts::alert_id_named;
 use crate::core::dependency::{self as rules, Breaker, Change, State};
 use crate::core::fleet::BucketReads;
 use crate::kafka::Producer;
+use crate::metrics as m;
 use crate::model::Millis;
 use crate::store::{AdmissionStatements, AlertRow, DependencyRow, DependencyStatements, OutcomeCell, Store};
 use crate::watch::alerts::Kind;
-use crate::{metrics as m, now_ms};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,7 +61,6 @@ impl Dependencies {
         let stmts = store.dependency_statements().await?;
         let stored: BTreeMap<String, DependencyRow> =
             stmts.all().await?.into_iter().map(|r| (r.dependency.clone(), r)).collect();
-        let now = now_ms();
         let tracked = names
             .into_iter()
             .map(|d| {
@@ -71,7 +70,7 @@ impl Dependencies {
                         affected: r.affected.clone(),
                         counted: (r.failed, r.attempts),
                     },
-                    None => Tracked { breaker: Breaker::new(now), affected: Vec::new(), counted: (0, 0) },
+                    None => Tracked { breaker: Breaker::default(), affected: Vec::new(), counted: (0, 0) },
                 };
                 gauge(d, &t.breaker.state);
                 (d.clone(), t)

@@ -39,6 +39,9 @@ struct Member {
     tag: Arc<str>,
     /// False once killed: it fetches and commits nothing more.
     alive: bool,
+    /// Cut from the broker: it fetches and commits nothing until the link is back (a cut
+    /// shorter than the session: it stays a member).
+    cut: bool,
     /// Owned partitions and their fetch positions.
     owned: BTreeMap<i32, i64>,
     paused: HashSet<i32>,
@@ -101,6 +104,14 @@ impl SimGroup {
         }
     }
 
+    /// The members joined as `tag` lose (`on`) or get back their link to the broker.
+    pub fn set_cut(&self, tag: &str, on: bool) {
+        for m in self.lock().members.values_mut().filter(|m| &*m.tag == tag) {
+            m.cut = on;
+            m.wake.notify_one();
+        }
+    }
+
     /// The sessions of the dead members joined as `tag` time out: their partitions move
     /// to the others.
     pub fn expire(&self, tag: &str) {
@@ -137,7 +148,7 @@ impl GroupState {
 
     /// Commits a live member's stored points (of `only` those partitions, if given).
     fn commit_member(&mut self, id: u64, only: Option<&BTreeSet<i32>>) {
-        let Some(m) = self.members.get_mut(&id).filter(|m| m.alive) else { return };
+        let Some(m) = self.members.get_mut(&id).filter(|m| m.alive && !m.cut) else { return };
         let points: Vec<(i32, i64)> = m.stored.iter().map(|(p, o)| (*p, *o)).collect();
         for (p, offset) in points {
             if only.is_some_and(|only| !only.contains(&p)) {
@@ -188,7 +199,7 @@ impl GroupState {
 
     /// The next record for member `id` from an owned, unpaused partition.
     fn fetch(&mut self, id: u64) -> Option<PoolRecord> {
-        let m = self.members.get_mut(&id).filter(|m| m.alive)?;
+        let m = self.members.get_mut(&id).filter(|m| m.alive && !m.cut)?;
         let owned: Vec<(i32, i64)> = m.owned.iter().map(|(p, o)| (*p, *o)).collect();
         let n = owned.len();
         for i in 0..n {
@@ -217,6 +228,7 @@ impl PoolGroup for SimGroup {
         let member = Member {
             tag: self.tag.clone(),
             alive: true,
+            cut: false,
             owned: BTreeMap::new(),
             paused: HashSet::new(),
             stored: HashMap::new(),

@@ -409,17 +409,35 @@ pub struct Sent {
     pub payload: Vec<u8>,
 }
 
-/// A broker in memory: keeps every record it acknowledged.
+/// A broker in memory: keeps every record it acknowledged. Several handles
+/// ([`MemBroker::view`]) may share one broker, each with its own switch, as workers each
+/// have their own link to one cluster.
 #[derive(Default)]
 pub struct MemBroker {
     refusing: AtomicBool,
-    sent: Mutex<Vec<Sent>>,
+    sent: Arc<Mutex<Vec<Sent>>>,
 }
 
 impl MemBroker {
+    /// Another handle on the same broker, accepting.
+    pub fn view(&self) -> MemBroker {
+        MemBroker { refusing: AtomicBool::new(false), sent: self.sent.clone() }
+    }
+
     /// While refusing, every send fails as a broker that is unreachable does.
     pub fn set_refusing(&self, refusing: bool) {
         self.refusing.store(refusing, Ordering::SeqCst);
+    }
+
+    /// How many records were acknowledged, on every topic.
+    pub fn sent_count(&self) -> usize {
+        self.sent.lock().expect("mem broker").len()
+    }
+
+    /// The records acknowledged from the `from`-th on (in order, every topic).
+    pub fn sent_since(&self, from: usize) -> Vec<Sent> {
+        let sent = self.sent.lock().expect("mem broker");
+        sent[from.min(sent.len())..].to_vec()
     }
 
     /// The records acknowledged on `topic`, in order.

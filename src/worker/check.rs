@@ -19,7 +19,10 @@ const RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 pub(super) enum Check {
     /// Run it. `row_claimed`: its row was marked running or handed off (taken over or
     /// claimed here), so its end is recorded in that row (see `durable::record_success`).
-    Run { job: Arc<JobSubmitted>, row_claimed: bool, seen: Seen },
+    /// `redelivered`: a worker may have started this record before (`frontier::Start`),
+    /// so its run is marked running as it starts, not after the grace: a job that kills
+    /// its worker within the grace would else come back forever with no crash counted.
+    Run { job: Arc<JobSubmitted>, row_claimed: bool, seen: Seen, redelivered: bool },
     /// Handled without running, durably or not.
     Done(Durable),
 }
@@ -40,26 +43,26 @@ pub enum Seen {
 pub(super) async fn before_run(sh: &RouteContext, job: Arc<JobSubmitted>, origin: &Origin) -> Check {
     // Record the partition's dispatch frontier past this offset before it can start, and
     // learn whether anyone can have started it before (then its state needs no read).
-    let fresh = match through_outage(sh, &job, "the dispatch frontier", || {
+    let start = match through_outage(sh, &job, "the dispatch frontier", || {
         sh.frontiers.before_start(sh.store.as_ref(), &job, origin, sh.clock.now_ms())
     })
     .await
     {
-        Ok(fresh) => fresh,
+        Ok(start) => start,
         Err(held) => return held,
     };
-    let (job, row_claimed, seen) = if fresh {
+    let (job, row_claimed, seen) = if start.skip_read {
         sh.metrics.state_reads_skipped.increment(1);
         (job, false, Seen::Unread)
     } else {
         // Boxed here and below: a rare path's future would otherwise sit inline in every
         // job's future (see `exec::execute`).
         match Box::pin(check_row(sh, job, origin)).await {
-            Check::Run { job, row_claimed, seen } => (job, row_claimed, seen),
+            Check::Run { job, row_claimed, seen, .. } => (job, row_claimed, seen),
             done => return done,
         }
     };
-    run_unless_expired(sh, job, row_claimed, seen).await
+    run_unless_expired(sh, job, row_claimed, seen, start.maybe_started).await
 }
 
 /// What a look at a handed-off or running row decided for this copy.
@@ -145,7 +148,7 @@ async fn check_row(sh: &RouteContext, mut job: Arc<JobSubmitted>, origin: &Origi
         }
         break;
     }
-    Check::Run { job, row_claimed, seen: Seen::Worker(seen) }
+    Check::Run { job, row_claimed, seen: Seen::Worker(seen), redelivered: false }
 }
 
 /// A copy its row settles without running: a finished job redelivered, a stale attempt,
@@ -295,8 +298,12 @@ async fn take_over(
         let class = FailureClass::Poison;
         let (last_error, attempts) = (row.error.clone(), job.attempt);
         let letter = Letter { job: Some(job), raw: None, class, reason: reason.clone(), last_error, attempts, origin };
-        let dl = durable::dead_letter(sh, letter).await;
-        return Err(dl.and(record_terminal(sh, job, Terminal::failed(reason, class)).await));
+        // The dead letter first: a job whose letter is not durable gets no result either
+        // (its copy is taken in again and dead-letters it then).
+        if !durable::dead_letter(sh, letter).await.is_yes() {
+            return Err(Durable::No);
+        }
+        return Err(record_terminal(sh, job, Terminal::failed(reason, class)).await);
     }
     metrics::counter!(m::JOBS_TAKEN_OVER, "pool" => sh.pool.as_str()).increment(1);
     let mut j = (**job).clone();
@@ -373,13 +380,19 @@ where
 }
 
 /// The last check: a job not started before its `not_after` expires instead of running.
-async fn run_unless_expired(sh: &RouteContext, job: Arc<JobSubmitted>, row_claimed: bool, seen: Seen) -> Check {
+async fn run_unless_expired(
+    sh: &RouteContext,
+    job: Arc<JobSubmitted>,
+    row_claimed: bool,
+    seen: Seen,
+    redelivered: bool,
+) -> Check {
     if let Some(not_after) = job.not_after {
         if sh.clock.now_ms() > not_after {
             return Check::Done(Box::pin(expire(sh, &job, not_after)).await);
         }
     }
-    Check::Run { job, row_claimed, seen }
+    Check::Run { job, row_claimed, seen, redelivered }
 }
 
 /// Ends a job that did not start before its `not_after` as expired (never run).

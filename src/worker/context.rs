@@ -30,6 +30,8 @@ pub struct RouteContext {
     pub broker: Arc<dyn RouteBroker>,
     /// The time the route stamps and compares.
     pub clock: Arc<dyn Clock>,
+    /// The route's random draws (retry jitter, a held job's spread).
+    pub dice: Arc<dyn crate::seams::Dice>,
     /// The store handlers save checkpoints in (`JobContext`); none in the simulator.
     pub checkpoints: Option<Store>,
     pub registry: Registry,
@@ -198,7 +200,7 @@ impl RouteContext {
     ) -> (FailureClass, Decision) {
         let mut h = self.health.lock().expect("health lock");
         let class = h.poison.effective_class(&crate::core::poison::tenant_key(job_type, tenant), class, now);
-        let jitter = rand::random::<f64>();
+        let jitter = self.dice.unit();
         let failed = retry::Failed { class, state, policy };
         (class, retry::decide_with_budget(failed, &mut h.budget, tenant, now, jitter))
     }

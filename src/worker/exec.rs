@@ -267,8 +267,8 @@ async fn route(
     slot: &mut SlotRelease,
     waited: Waited,
 ) -> Ended {
-    let (job, row_claimed, seen) = match check::before_run(sh, job, &origin).await {
-        check::Check::Run { job, row_claimed, seen } => (job, row_claimed, seen),
+    let (job, row_claimed, seen, redelivered) = match check::before_run(sh, job, &origin).await {
+        check::Check::Run { job, row_claimed, seen, redelivered } => (job, row_claimed, seen, redelivered),
         check::Check::Done(durable) => return Ended::Skipped.or_lost(durable),
     };
     let handler = match clear_to_run(sh, &job, &origin).await {
@@ -284,10 +284,13 @@ async fn route(
     let started_at = sh.clock.now_ms();
     waited.record(sh, &job, started_at);
     let spans = RunSpans::start(sh, &job, &origin, &waited, started_at);
-    let mut run = run(sh, &job, handler, slot, (started_at, &seen), spans.traceparent()).await;
+    let mut run = run(sh, &job, handler, slot, (started_at, &seen, redelivered), spans.traceparent()).await;
     run.row_claimed = row_claimed;
     let spans = spans.ran(&run, sh.clock.now_ms());
     let ended = settle::settle(sh, &job, &origin, &run).await;
+    if !ended.is_durable() && run.running_written && !run.live.is_fenced() {
+        Box::pin(release_mark(sh, &job)).await;
+    }
     spans.settled(sh.clock.now_ms());
     // A fenced run leaves the job's reaper entry: its row still shows it running here.
     if run.running_written && !run.live.is_fenced() {
@@ -332,7 +335,7 @@ async fn clear_to_run(
         // The dependency's fleet-wide breaker is open: hold the job (no attempt used)
         // until its end, spread so held jobs do not all return at once.
         metrics::counter!(m::DEPENDENCY_HELD, "dependency" => dependency, "at" => "worker").increment(1);
-        let spread = (rand::random::<u64>() % crate::dependencies::RETURN_SPREAD_MS as u64) as i64;
+        let spread = (sh.dice.unit() * crate::dependencies::RETURN_SPREAD_MS as f64) as i64;
         return Err(Box::pin(durable::hold_back(sh, job, until.saturating_add(spread))).await);
     }
     if let Verdict::Rejected { retry_at } =
@@ -375,14 +378,15 @@ fn expire_at_not_after(sh: &RouteContext, job: &JobSubmitted, live: &Arc<JobLive
 }
 
 /// Runs the handler under its deadline. Jobs that outlive `RUNNING_WRITE_GRACE` get
-/// a "running" row with a first heartbeat, so a dead or hung worker is noticed. The
-/// scheduler slot is released as soon as the handler returns.
+/// a "running" row with a first heartbeat, so a dead or hung worker is noticed; a
+/// redelivered record (`check::Check::Run`) gets it as it starts. The scheduler slot is
+/// released as soon as the handler returns.
 async fn run(
     sh: &RouteContext,
     job: &Arc<JobSubmitted>,
     handler: Arc<dyn Handler>,
     slot: &mut SlotRelease,
-    (started_at, seen): (i64, &check::Seen),
+    (started_at, seen, redelivered): (i64, &check::Seen, bool),
     traceparent: Option<String>,
 ) -> Run {
     let timeout = sh.job_timeout(&job.job_type);
@@ -416,7 +420,7 @@ async fn run(
             r = &mut run => Some(r),
             _ = live.aborted() => None,
             _ = &mut stuck => None,
-            _ = tokio::time::sleep(RUNNING_WRITE_GRACE) => {
+            _ = tokio::time::sleep(if redelivered { Duration::ZERO } else { RUNNING_WRITE_GRACE }) => {
                 crate::watch::events::started(sh.broker.as_ref(), &sh.cfg, &sh.worker_id, job, started_at);
                 let (marked, _unwatched) = Box::pin(mark_running(sh, job, started_at, seen, &live)).await;
                 running_written = marked == Marked::Written;
@@ -445,6 +449,24 @@ async fn run(
     Run { started_at, timeout, result, live, running_written, row_claimed: false, superseded }
 }
 
+/// A run that ended here with an outcome that is not durable (the broker or the store
+/// refused a write) leaves its row handed off, no longer running here: its heartbeats
+/// stopped with it, and the copy that runs the job again (here, or on the partition's
+/// next owner) claims it instead of taking a lapsed run over and counting a crash of a
+/// worker that is alive (the fleet simulator's seed 1667: two crashes and a cut from the
+/// broker dead-lettered a healthy job as poison). Best effort: the mark is conditional on
+/// the row showing the job running here, and a refused one leaves the lapse to decide.
+async fn release_mark(sh: &RouteContext, job: &JobSubmitted) {
+    match sh.store.mark_handed_off(&job.job_id, &sh.worker_id, sh.clock.now_ms()).await {
+        Ok(released) => {
+            tracing::debug!(job_id = %job.job_id, released, "outcome not durable: the running mark is released")
+        }
+        Err(e) => {
+            tracing::debug!(job_id = %job.job_id, error = %e, "outcome not durable; the running mark stays until it lapses")
+        }
+    }
+}
+
 /// How a run's running mark went (`mark_running`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Marked {
@@ -460,9 +482,9 @@ enum Marked {
 /// `RUNNING_WRITE_GRACE`, retried a few times. A job the store has no running row for
 /// must not go on: if its worker died, nothing would re-dispatch it, and a redelivered
 /// copy would find no row and run it a second time at once. So when the store does not
-/// take the write (or the job cannot be encoded for the reaper), the job is asked to
-/// stop, aborted past `worker.cancel_grace`, and handed back like a hand-off (its copy
-/// is held by the pre-run check while the store is down): logged as an error, counted in
+/// take the write (or the job cannot be encoded for the reaper), the run is fenced (aborted
+/// at once, its outcome dropped) and the job handed back (its copy is held by the pre-run
+/// check while the store is down): logged as an error, counted in
 /// `fairway_running_write_failures_total`. The mark is conditional on the row not showing
 /// the job finished: a run that finds it so is stopped the same way, as superseded
 /// (counted in `fairway_superseded_writes_total{write="running"}`). Returns how the mark
@@ -511,9 +533,13 @@ async fn mark_running(
     metrics::counter!(m::RUNNING_WRITE_FAILURES, "pool" => sh.pool.as_str()).increment(1);
     tracing::error!(
         job_id = %job.job_id, error = %failure,
-        "could not record the running state; the job is stopped and handed back (it does not run without a reaper entry)"
+        "could not record the running state; the run is fenced and the job handed back (it does not run without a reaper entry)"
     );
-    (Marked::NotWritten, Some(stop_run(sh, live)))
+    // Fenced at once, not stopped within `worker.cancel_grace`: the row does not show
+    // this run, so a copy may start anywhere meanwhile (the fleet simulator's seed 1213:
+    // two runs at once for 15 s).
+    live.fence();
+    (Marked::NotWritten, None)
 }
 
 /// Whether a job whose running mark was refused shows finished (its run is superseded);

@@ -24,6 +24,16 @@ const MAX_AGE_MS: Millis = 60_000;
 /// The feed counts as current only if polled this recently.
 const FEED_FRESH_MS: Millis = 2_000;
 
+/// What the frontier says of a record about to start (`Frontiers::before_start`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Start {
+    /// Nobody can have started the job: its state read may be skipped.
+    pub skip_read: bool,
+    /// A worker may have started this record before: a redelivery (after a crash, a
+    /// rebalance) or a record taken in again here.
+    pub maybe_started: bool,
+}
+
 /// Per pool: the frontiers of the pool topic's partitions this worker owns.
 pub struct Frontiers {
     topic: String,
@@ -48,26 +58,29 @@ impl Frontiers {
 
     /// Called before a job of the pool topic starts. Records the frontier past its offset
     /// (every started offset must be covered, whatever this job's own check is) and says
-    /// whether the state read may be skipped: true only if nobody can have started the
-    /// job (else read it: a copy, a redelivery, a record taken in again after a run of it
-    /// here, a cancel on the feed, or no proof). An error means the store is unavailable:
-    /// the job must not start.
+    /// whether the state read may be skipped: only if nobody can have started the job
+    /// (else read it: a copy, a redelivery, a record taken in again after a run of it
+    /// here, a cancel on the feed, or no proof), and whether a worker may have started
+    /// this very record before (its offset was covered before this assignment, or it was
+    /// taken in again here). An error means the store is unavailable: the job must not
+    /// start.
     pub async fn before_start(
         &self,
         store: &dyn RouteStore,
         job: &JobSubmitted,
         origin: &Origin,
         now: Millis,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Start, StoreError> {
         if origin.topic != self.topic {
-            return Ok(false);
+            return Ok(Start { skip_read: false, maybe_started: false });
         }
         let never_started = self.reserve(store, origin).await?;
-        Ok(self.skip_reads
+        let skip_read = self.skip_reads
             && !origin.taken_again
             && never_started
             && frontier::straight_from_submitter(job, origin.submitted, now, MAX_AGE_MS)
-            && self.feed.rules_out_cancel(&job.job_id, now))
+            && self.feed.rules_out_cancel(&job.job_id, now);
+        Ok(Start { skip_read, maybe_started: origin.taken_again || !never_started })
     }
 
     /// Called before a submitter's record of the pool topic is handed to a relay (a

@@ -140,6 +140,7 @@ impl Worker {
                 store: Arc::new(store.clone()),
                 broker: Arc::new(producer.clone()),
                 clock: Arc::new(crate::seams::SystemClock),
+                dice: Arc::new(crate::seams::ThreadDice),
                 checkpoints: Some(store.clone()),
                 registry: registry.clone(),
                 worker_id: worker_id.clone(),

@@ -1666,11 +1666,13 @@ async fn reject(sh: &Shared, rejection: Rejection, raw: Vec<u8>, origin: &Origin
     let attempts = job.as_ref().map(|j| j.attempt).unwrap_or(0);
     let letter = Letter { job: job.as_deref(), raw, class, reason: reason.clone(), last_error: None, attempts, origin };
     let dl = durable::dead_letter(&sh.route, letter).await;
-    if let Some(job) = &job {
-        // A decodable job still gets its one terminal result, so submitters are not left waiting.
-        return durable::record_terminal(&sh.route, job, Terminal::failed(reason, class)).await.and(dl);
+    match &job {
+        // A decodable job still gets its one terminal result, so submitters are not left
+        // waiting; after its dead letter is durable, never before (else the result ends
+        // the job and its copy, taken in again, never dead-letters it).
+        Some(job) if dl.is_yes() => durable::record_terminal(&sh.route, job, Terminal::failed(reason, class)).await,
+        _ => dl,
     }
-    dl
 }
 
 #[cfg(test)]

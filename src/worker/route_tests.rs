@@ -97,6 +97,7 @@ impl Fixture {
             store: self.store.clone(),
             broker: self.broker.clone(),
             clock: self.clock.clone(),
+            dice: Arc::new(crate::seams::ThreadDice),
             checkpoints: None,
             registry,
             worker_id: worker_id.to_string(),
@@ -211,10 +212,11 @@ async fn a_crash_before_settle_reruns_the_job_without_using_an_attempt() {
     assert_eq!((row.status.as_deref(), row.crash_count, row.attempts), (Some("succeeded"), Some(1), Some(1)));
 }
 
-/// The simulator's seed 329: a job's run ends without a durable outcome while its row
-/// still shows it running here with a fresh heartbeat; its partition comes back to this
-/// worker and the copy must not be settled as "running here" (its commit would lose the
-/// job): it waits for the heartbeat to lapse, takes the job over and runs it.
+/// The simulator's seed 329: a job's run ends without a durable outcome; its partition
+/// comes back to this worker and the copy must not be settled as "running here" (its
+/// commit would lose the job). The run released its running mark (the fleet simulator's
+/// seed 1667: else a copy on another worker took the lapsed run over as a crash), so the
+/// copy claims the job and runs it, with no crash counted.
 #[tokio::test(start_paused = true)]
 async fn a_copy_of_a_job_whose_run_here_was_not_durable_runs_again() {
     let f = Fixture::with(0, Duration::from_secs(1));
@@ -222,8 +224,8 @@ async fn a_copy_of_a_job_whose_run_here_was_not_durable_runs_again() {
     f.broker.set_refusing(true);
     let ended = f.execute(w1.clone(), f.job()).await;
     assert_eq!(ended, Ended::NotDurable);
-    let row = f.store.row("job-1").expect("a running row: it ran past the grace");
-    assert_eq!((row.status.as_deref(), row.worker.as_deref()), (Some("running"), Some("w1")));
+    let row = f.store.row("job-1").expect("a row: it ran past the grace");
+    assert_eq!(row.status.as_deref(), Some("handed_off"), "the running mark is released: {row:?}");
     f.broker.set_refusing(false);
     let ended = f.execute(w1, f.job()).await;
     assert_eq!(ended, Ended::Ran, "the copy ran the job: its first run's outcome was lost");
@@ -231,6 +233,7 @@ async fn a_copy_of_a_job_whose_run_here_was_not_durable_runs_again() {
     let results = f.results();
     assert_eq!(results.len(), 1, "one result");
     assert_eq!((results[0].status, results[0].attempts), (JobStatus::Succeeded, 1));
+    assert_eq!(f.store.row("job-1").unwrap().crash_count.unwrap_or(0), 0, "no crash counted");
 }
 
 /// The simulator's seed 202: a later attempt's copy finds the row running an earlier
@@ -453,18 +456,25 @@ async fn a_delayed_submitters_record_skips_the_read_unless_handed_to_the_relay_b
     feed.polled_empty(now);
     let submitted = Origin { submitted: true, ..f.origin() };
     let first = owner(&feed);
-    assert!(first.before_start(f.store.as_ref(), &job, &submitted, now).await.unwrap(), "the submitter's record");
+    let start = async |o: &frontier::Frontiers, origin: Origin| {
+        o.before_start(f.store.as_ref(), &job, &origin, now).await.unwrap()
+    };
+    let s = start(&first, submitted.clone()).await;
+    assert!(s.skip_read && !s.maybe_started, "the submitter's record: {s:?}");
     let again = Origin { taken_again: true, ..submitted.clone() };
-    assert!(!first.before_start(f.store.as_ref(), &job, &again, now).await.unwrap(), "taken in again: read it");
+    let s = start(&first, again).await;
+    assert!(!s.skip_read && s.maybe_started, "taken in again: read it, it ran here: {s:?}");
     let copy = Origin { offset: 9, ..f.origin() };
-    assert!(!first.before_start(f.store.as_ref(), &job, &copy, now).await.unwrap(), "a relay's copy is read");
+    assert!(!start(&first, copy).await.skip_read, "a relay's copy is read");
     // An offset far past the first's chunk, handed to the relay by the first owner.
     let handed = Origin { offset: 100_000, submitted: true, ..f.origin() };
     first.cover(f.store.as_ref(), &handed).await.unwrap();
     let next = owner(&feed);
-    assert!(!next.before_start(f.store.as_ref(), &job, &handed, now).await.unwrap(), "covered: read it");
+    let s = start(&next, handed).await;
+    assert!(!s.skip_read && s.maybe_started, "covered: read it, it may have run: {s:?}");
     let later = Origin { offset: 200_000, submitted: true, ..f.origin() };
-    assert!(next.before_start(f.store.as_ref(), &job, &later, now).await.unwrap(), "beyond: nobody started it");
+    let s = start(&next, later).await;
+    assert!(s.skip_read && !s.maybe_started, "beyond: nobody started it: {s:?}");
 }
 
 /// Runs `job` on `route` in the background as the pool loop does.

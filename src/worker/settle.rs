@@ -177,8 +177,11 @@ pub(super) async fn fail(
             let class = crate::core::retry::dead_letter_class(class);
             let last_error = Some(err.message.clone());
             let letter = Letter { job: Some(job), raw: None, class, reason, last_error, attempts, origin };
-            let dl = durable::dead_letter(sh, letter).await;
-            dl.and(record_terminal(sh, job, Terminal::failed(err.message, class).ran(ran)).await)
+            // The dead letter before the result: one that is not durable stops here.
+            if !durable::dead_letter(sh, letter).await.is_yes() {
+                return Durable::No;
+            }
+            record_terminal(sh, job, Terminal::failed(err.message, class).ran(ran)).await
         }
     }
 }
@@ -226,6 +229,8 @@ async fn dead_letter_stuck(
     metrics::counter!(m::STUCK_JOBS, "pool" => sh.pool.as_str()).increment(1);
     let attempts = job.attempt + 1;
     let letter = Letter { job: Some(job), raw: None, class, reason: reason.clone(), last_error, attempts, origin };
-    let dl = durable::dead_letter(sh, letter).await;
-    dl.and(record_terminal(sh, job, Terminal::failed(reason, class).ran(ran)).await)
+    if !durable::dead_letter(sh, letter).await.is_yes() {
+        return Durable::No;
+    }
+    record_terminal(sh, job, Terminal::failed(reason, class).ran(ran)).await
 }

@@ -22,8 +22,22 @@ pub fn cql() -> String {
 }
 
 /// A port free on 127.0.0.1 right now (the OS picks it).
+/// A port free on 127.0.0.1 for a child process to listen on. Drawn below the kernel's
+/// ephemeral range (32768 on): a port the OS hands out for `:0` is also the next source
+/// port of some outgoing connection (the suite opens thousands), which then holds it when
+/// the child tries to bind. Never the same port twice in one test binary.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    static GIVEN: std::sync::Mutex<Option<std::collections::HashSet<u16>>> = std::sync::Mutex::new(None);
+    let mut given = GIVEN.lock().unwrap();
+    let given = given.get_or_insert_with(Default::default);
+    for _ in 0..1000 {
+        let port = rand::random_range(20_000..32_000u16);
+        if !given.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.insert(port);
+            return port;
+        }
+    }
+    panic!("no free port in 20000..32000 on 127.0.0.1 after 1,000 tries");
 }
 
 /// The bundled config plus `extra` TOML, pointed at the local services with a unique

@@ -98,8 +98,8 @@ async fn a_tenants_submissions_follow_its_home_and_move_to_its_secondary_when_ho
     let tenant = format!("rg{run}");
     let ports = ports();
     let dir = tempfile::tempdir().unwrap();
-    let a = region("a", "fairway_it", &tenant, ports, dir.path()).await;
-    let b = region("b", "fairway_it_region_b", &tenant, ports, dir.path()).await;
+    let mut a = region("a", "fairway_it", &tenant, ports, dir.path()).await;
+    let mut b = region("b", "fairway_it_region_b", &tenant, ports, dir.path()).await;
     // One key for the tenant in both regions (the same id and secret stored in each).
     let key = fairway::core::auth::new_key(rand::random());
     let caller = fairway::api::Caller::Tenant(tenant.clone());
@@ -108,13 +108,19 @@ async fn a_tenants_submissions_follow_its_home_and_move_to_its_secondary_when_ho
         let keys = store.key_statements().await.expect("key statements");
         assert!(keys.insert(&key.id, &key.hash, &caller, Some("it_regions"), fairway::now_ms()).await.unwrap());
     }
-    for (name, r, port) in [("a", &a, ports[2]), ("b", &b, ports[3])] {
+    for (name, r, port) in [("a", &mut a, ports[2]), ("b", &mut b, ports[3])] {
         let addr = format!("127.0.0.1:{port}");
         let ready = common::wait_for(Duration::from_secs(60), async || {
             (common::http_get_status(&addr, "/readyz") == Some(200)).then_some(())
         })
         .await;
-        assert!(ready.is_some(), "region {name}'s API did not get ready within 60 s");
+        let exited = r.serve.try_wait().ok().flatten();
+        assert!(
+            ready.is_some(),
+            "region {name}'s API did not get ready within 60 s (its serve process: {}; /readyz answers {:?})",
+            exited.map_or("running".to_string(), |s| format!("exited, {s}")),
+            common::http_get_status(&addr, "/readyz"),
+        );
         assert!(r.worker.wait_owning(1, Duration::from_secs(60)).is_some(), "region {name}'s worker owns nothing");
     }
 
