@@ -482,9 +482,10 @@ enum Marked {
 /// `RUNNING_WRITE_GRACE`, retried a few times. A job the store has no running row for
 /// must not go on: if its worker died, nothing would re-dispatch it, and a redelivered
 /// copy would find no row and run it a second time at once. So when the store does not
-/// take the write (or the job cannot be encoded for the reaper), the run is fenced (aborted
-/// at once, its outcome dropped) and the job handed back (its copy is held by the pre-run
-/// check while the store is down): logged as an error, counted in
+/// take the write (or the job cannot be encoded for the reaper), the job is asked to
+/// stop, aborted past `worker.cancel_grace` or the fence's bound (two heartbeat intervals)
+/// if sooner, and handed back like a hand-off (its copy is held by the pre-run check
+/// while the store is down): logged as an error, counted in
 /// `fairway_running_write_failures_total`. The mark is conditional on the row not showing
 /// the job finished: a run that finds it so is stopped the same way, as superseded
 /// (counted in `fairway_superseded_writes_total{write="running"}`). Returns how the mark
@@ -535,11 +536,12 @@ async fn mark_running(
         job_id = %job.job_id, error = %failure,
         "could not record the running state; the run is fenced and the job handed back (it does not run without a reaper entry)"
     );
-    // Fenced at once, not stopped within `worker.cancel_grace`: the row does not show
-    // this run, so a copy may start anywhere meanwhile (the fleet simulator's seed 1213:
-    // two runs at once for 15 s).
-    live.fence();
-    (Marked::NotWritten, None)
+    // Aborted within the fence's bound, not `worker.cancel_grace` (300 s by default):
+    // the row does not show this run, so a copy may start anywhere meanwhile (the fleet
+    // simulator's seed 1213: two runs at once for 15 s, past the lease's lapse).
+    let interval = sh.cfg.pool(sh.pool).heartbeat_interval;
+    let grace = sh.cfg.worker.cancel_grace.min(super::liveness::fence_after(interval));
+    (Marked::NotWritten, Some(stop_run_within(live, grace)))
 }
 
 /// Whether a job whose running mark was refused shows finished (its run is superseded);
@@ -563,8 +565,14 @@ fn changed_meanwhile(sh: &RouteContext, job: &JobSubmitted, live: &Arc<JobLive>)
 /// Asks a run to stop, and aborts it past `worker.cancel_grace` unless the returned timer
 /// is dropped first (when the run ends).
 fn stop_run(sh: &RouteContext, live: &Arc<JobLive>) -> AbortOnDrop {
+    stop_run_within(live, sh.cfg.worker.cancel_grace)
+}
+
+/// Asks a run to stop, and aborts it past `grace` unless the returned timer is dropped
+/// first.
+fn stop_run_within(live: &Arc<JobLive>, grace: Duration) -> AbortOnDrop {
     live.request_stop();
-    let (live, grace) = (live.clone(), sh.cfg.worker.cancel_grace);
+    let live = live.clone();
     AbortOnDrop(tokio::spawn(async move {
         tokio::time::sleep(grace).await;
         live.abort();
