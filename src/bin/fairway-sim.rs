@@ -151,12 +151,16 @@ fn route_seeds(args: &Args) -> ! {
     let (count, budget) = args.campaign();
     let started = Instant::now();
     let mut sums: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut coverage: BTreeMap<String, usize> = BTreeMap::new();
     let mut failing = Vec::new();
     for seed in args.first..args.first.saturating_add(count) {
         if started.elapsed() >= budget {
             break;
         }
         let r = sim::fleet::run(seed);
+        for (k, n) in &r.coverage {
+            *coverage.entry(k.clone()).or_default() += n;
+        }
         let counts = [
             ("seeds", 1),
             ("jobs", r.jobs),
@@ -167,6 +171,10 @@ fn route_seeds(args: &Args) -> ! {
             ("crashes", r.crashes),
             ("outages", r.outages),
             ("cuts", r.cuts),
+            ("broker_cuts", r.broker_cuts),
+            ("dead_letters", r.dead_letters),
+            ("relayed", r.relayed),
+            ("jobs_with_failed_runs", r.failed_runs),
         ];
         for (k, n) in counts {
             *sums.entry(k).or_default() += n;
@@ -184,6 +192,7 @@ fn route_seeds(args: &Args) -> ! {
     let out = serde_json::json!({
         "route": true,
         "totals": sums,
+        "coverage": coverage,
         "seconds": (secs * 100.0).round() / 100.0,
         "seeds_per_sec": (seeds as f64 / secs.max(1e-9) * 10.0).round() / 10.0,
         "failing_seeds": failing.len(),
