@@ -43,6 +43,7 @@
 use super::broker::SimGroup;
 use super::doubles::{FixedTenants, Latency, MemBroker, MemStore};
 use super::rng::Rng;
+use super::shape::{draw_kind, Kind};
 use crate::config::{Config, Tier};
 use crate::core::retry::{ClassPolicy, DurationMs, Jitter, RetryPolicy};
 use crate::core::tenants::TenantRecord;
@@ -73,48 +74,24 @@ const CRASH_DOWN: Duration = Duration::from_secs(2);
 /// outage retries (180 s), a take-over's lapse and the taken-again waits fit in it.
 pub const LIVENESS: Duration = Duration::from_secs(600);
 
-/// What a job does when run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum Kind {
-    Ok,
-    /// Fails with `app_error` on its first n attempts, then succeeds.
-    FailsThenOk(u8),
-    /// Fails with `app_error` every time: dead-lettered as `app_error` at the limit.
-    AlwaysFails,
-    /// Fails `permanent`: dead-lettered at once.
-    Permanent,
-    /// Kills its worker every time it runs: dead-lettered as `poison` at the crash limit.
-    Crash,
+/// A job's kind in its payload (read by [`Runner`]).
+fn kind_code(kind: Kind) -> [u8; 2] {
+    match kind {
+        Kind::Ok => [0, 0],
+        Kind::FailsThenOk(n) => [1, n],
+        Kind::AlwaysFails => [2, 0],
+        Kind::Permanent => [3, 0],
+        Kind::Crash => [4, 0],
+    }
 }
 
-impl Kind {
-    fn code(self) -> [u8; 2] {
-        match self {
-            Kind::Ok => [0, 0],
-            Kind::FailsThenOk(n) => [1, n],
-            Kind::AlwaysFails => [2, 0],
-            Kind::Permanent => [3, 0],
-            Kind::Crash => [4, 0],
-        }
-    }
-
-    fn from_code(code: &[u8]) -> Kind {
-        match code {
-            [1, n] => Kind::FailsThenOk(*n),
-            [2, _] => Kind::AlwaysFails,
-            [3, _] => Kind::Permanent,
-            [4, _] => Kind::Crash,
-            _ => Kind::Ok,
-        }
-    }
-
-    fn draw(r: &mut Rng) -> Kind {
-        match r.unit() {
-            x if x < 0.86 => Kind::Ok,
-            x if x < 0.92 => Kind::FailsThenOk(r.range(1, 2) as u8),
-            x if x < 0.96 => Kind::AlwaysFails,
-            _ => Kind::Permanent,
-        }
+fn kind_from_code(code: &[u8]) -> Kind {
+    match code {
+        [1, n] => Kind::FailsThenOk(*n),
+        [2, _] => Kind::AlwaysFails,
+        [3, _] => Kind::Permanent,
+        [4, _] => Kind::Crash,
+        _ => Kind::Ok,
     }
 }
 
@@ -179,7 +156,7 @@ impl JobDraw {
         random[8..].copy_from_slice(&(j as u16).to_le_bytes());
         let at = (EPOCH + self.at) as u64;
         let id = uuid::Builder::from_unix_timestamp_millis(at, &random).into_uuid().to_string();
-        let payload = [&self.run_ms.to_le_bytes()[..], &(j as u64).to_le_bytes(), &self.kind.code()].concat();
+        let payload = [&self.run_ms.to_le_bytes()[..], &(j as u64).to_le_bytes(), &kind_code(self.kind)].concat();
         let mut job =
             JobSubmitted::original(id, format!("t{}", self.tenant), JOB_TYPE.into(), payload, EPOCH + self.at);
         job.execute_at = self.delay.map(|d| EPOCH + self.at + d);
@@ -241,7 +218,7 @@ impl Shape {
     fn draw_more(&mut self, seed: u64, workers: usize, jobs: &mut Vec<JobDraw>) {
         let mut x = Rng::new(seed ^ 0x0f1e_e7ca_5e00_0002);
         for j in jobs.iter_mut() {
-            j.kind = Kind::draw(&mut x);
+            j.kind = draw_kind(&mut x);
             if x.chance(0.08) {
                 j.delay = Some(x.range(500, 20_000));
             }
@@ -249,7 +226,7 @@ impl Shape {
         if x.chance(0.4) {
             let at = x.range(0, 25_000);
             for _ in 0..x.range(50, 250) {
-                let kind = if x.chance(0.97) { Kind::Ok } else { Kind::draw(&mut x) };
+                let kind = if x.chance(0.97) { Kind::Ok } else { draw_kind(&mut x) };
                 let run_ms = x.range(10, 60) as u64;
                 jobs.push(JobDraw { at: at + x.range(0, 1_000), run_ms, tenant: 0, kind, delay: None });
             }
@@ -348,7 +325,7 @@ impl Handler for Runner {
         let payload = ctx.job.payload.clone();
         let job =
             payload.get(8..16).and_then(|b| b.try_into().ok()).map_or(usize::MAX, |b| u64::from_le_bytes(b) as usize);
-        let kind = Kind::from_code(payload.get(16..18).unwrap_or_default());
+        let kind = kind_from_code(payload.get(16..18).unwrap_or_default());
         let index = {
             let mut runs = self.runs.lock().expect("runs");
             let from = self.clock.now_ms();

@@ -6,7 +6,7 @@
 use super::rng::Rng;
 use crate::model::Millis;
 
-/// What a job does when run.
+/// What a job does when run (the world's jobs and `fleet`'s).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Ok,
@@ -198,7 +198,7 @@ fn lane_changes(seed: u64, busy: u32, partitions: u32, horizon: Millis) -> Vec<(
     changes
 }
 
-fn draw_kind(r: &mut Rng) -> Kind {
+pub(super) fn draw_kind(r: &mut Rng) -> Kind {
     let x = r.unit();
     if x < 0.86 {
         Kind::Ok
