@@ -11,7 +11,7 @@
 use crate::core::tenants::{TenantRecord, TenantSet};
 use crate::kafka::{ConsumeError, KafkaError, RebalanceEvent, TopicPartition};
 use crate::model::Millis;
-use crate::store::{BacklogKey, HeartbeatRow, JobRow, RunMark, StateUpdate, StoreError};
+use crate::store::{BacklogKey, HeartbeatRow, JobRow, RunMark, SeenRow, StateUpdate, StoreError};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -50,15 +50,15 @@ pub trait RouteStore: Send + Sync {
         now: Millis,
         heartbeat_ttl_secs: i32,
     ) -> Io<'a, Result<bool, StoreError>>;
-    /// [`RouteStore::put_running_with_heartbeat`], only while the row still names the
-    /// worker `seen` (none: no worker) as the run's check read it: false if it does not.
+    /// [`RouteStore::put_running_with_heartbeat`], only while the row is still the one
+    /// the run's check read (`seen`: its worker and last write): false if it is not.
     fn put_running_as_seen<'a>(
         &'a self,
         u: &'a StateUpdate<'a>,
         encoded_job: &'a [u8],
         now: Millis,
         heartbeat_ttl_secs: i32,
-        seen: Option<&'a str>,
+        seen: SeenRow<'a>,
     ) -> Io<'a, Result<bool, StoreError>>;
     /// A job's state, only while its row shows the run `mark` running: false if not.
     fn put_state_if_marked<'a>(
@@ -71,12 +71,13 @@ pub trait RouteStore: Send + Sync {
     fn delete_running_job<'a>(&'a self, pool: &'a str, job_id: &'a str) -> Io<'a, Result<(), StoreError>>;
     /// Claims a handed-off job for `worker`, atomically: whether this claim won.
     fn claim_hand_off<'a>(&'a self, job_id: &'a str, worker: &'a str, now: Millis) -> Io<'a, Result<bool, StoreError>>;
-    /// Takes over a job running on `from` (its heartbeat lapsed) for `worker`, atomically,
-    /// only while its row still shows it running on `from`: whether this claim won.
+    /// Takes over a job whose run `from` lapsed for `worker`, atomically, only while its
+    /// row is still the one read (running on that worker, last written then): whether
+    /// this claim won.
     fn claim_take_over<'a>(
         &'a self,
         job_id: &'a str,
-        from: &'a str,
+        from: SeenRow<'a>,
         worker: &'a str,
         now: Millis,
     ) -> Io<'a, Result<bool, StoreError>>;

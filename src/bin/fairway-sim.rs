@@ -145,7 +145,7 @@ fn main() {
 #[cfg(feature = "sim-route")]
 fn route_seeds(args: &Args) -> ! {
     if let Some(seed) = args.seed {
-        let report = sim::fleet::run(seed);
+        let report = sim::fleet::run_watching(seed, args.watch_job.map(|j| j as usize));
         replayed(&report, report.violations.is_empty());
     }
     let (count, budget) = args.campaign();

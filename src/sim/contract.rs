@@ -5,7 +5,7 @@
 
 use crate::model::Millis;
 use crate::seams::{Beat, RouteStore};
-use crate::store::{RunMark, StateUpdate};
+use crate::store::{RunMark, SeenRow, StateUpdate};
 
 /// What a contract case found wrong.
 #[derive(Debug, thiserror::Error)]
@@ -119,25 +119,39 @@ pub async fn one_claim_of_a_handed_off_job_wins(
 }
 
 /// Of the copies that find a run's heartbeat lapsed, one takes it over: the claim holds
-/// only while the row shows the job running on the lapsed worker. `job_id` must be unused.
+/// only while the row is the one read (running on the lapsed worker, last written then).
+/// A row its worker wrote again since (it took its own run over) is not claimed with the
+/// older read. `job_id` must be unused.
 pub async fn one_take_over_of_a_lapsed_run_wins(
     store: &dyn RouteStore,
     job_id: &str,
     now: Millis,
 ) -> Result<(), Broken> {
-    expect("a take-over of a job without a row", store.claim_take_over(job_id, "dead", "first", now).await?, false)?;
+    let seen = |worker, written_at| SeenRow { worker: Some(worker), written_at };
+    let claim = |from, worker, at| store.claim_take_over(job_id, from, worker, at);
+    expect("a take-over of a job without a row", claim(seen("dead", None), "first", now).await?, false)?;
     let dead = RunMark { worker: "dead", attempts: 1, crash_count: 0 };
     store.put_running_with_heartbeat(&run(job_id, "running", dead, 0, now), b"job", now, 60).await?;
-    expect("a take-over from another worker", store.claim_take_over(job_id, "other", "first", now).await?, false)?;
-    expect("the first take-over", store.claim_take_over(job_id, "dead", "first", now).await?, true)?;
-    expect("a second take-over", store.claim_take_over(job_id, "dead", "second", now).await?, false)?;
+    let written = store.job(job_id).await?.and_then(|r| r.updated_at);
+    expect("the mark's write time", written, Some(now))?;
+    expect("a take-over from another worker", claim(seen("other", written), "first", now).await?, false)?;
+    expect("a take-over of an older write", claim(seen("dead", Some(now - 1)), "first", now).await?, false)?;
+    expect("the first take-over", claim(seen("dead", written), "first", now + 1).await?, true)?;
+    expect("a second take-over", claim(seen("dead", written), "second", now + 2).await?, false)?;
     let row = row_of(store, job_id).await?;
-    expect("the row taken over", row, Some(("running".into(), "first".into(), 0, 0)))
+    expect("the row taken over", row, Some(("running".into(), "first".into(), 0, 0)))?;
+    // The new owner's run lapses; it takes its own run over (the row written again), and
+    // a copy that read the row before that cannot claim it.
+    let before = Some(now + 1);
+    expect("its own take-over", claim(seen("first", before), "first", now + 3).await?, true)?;
+    expect("a take-over of the row as it was", claim(seen("first", before), "third", now + 4).await?, false)?;
+    expect("a take-over of the row as it is", claim(seen("first", Some(now + 3)), "third", now + 5).await?, true)
 }
 
 /// Of two runs whose checks read the same row (here: none) and started, one marks the job
-/// running; the other finds the row changed and is refused. A run that saw the row's
-/// worker marks over it. `job_id` must be unused.
+/// running; the other finds the row changed and is refused. A run that saw the row as it
+/// is marks over it; one that saw the same worker at an earlier write does not. `job_id`
+/// must be unused.
 pub async fn of_two_runs_that_saw_the_same_row_one_marks(
     store: &dyn RouteStore,
     job_id: &str,
@@ -145,14 +159,23 @@ pub async fn of_two_runs_that_saw_the_same_row_one_marks(
 ) -> Result<(), Broken> {
     let (a, b) =
         (RunMark { worker: "a", attempts: 1, crash_count: 0 }, RunMark { worker: "b", attempts: 1, crash_count: 0 });
-    let first = store.put_running_as_seen(&run(job_id, "running", a, 0, now), b"job", now, 60, None).await?;
-    expect("the first mark over no row", first, true)?;
-    let second = store.put_running_as_seen(&run(job_id, "running", b, 0, now), b"job", now, 60, None).await?;
-    expect("a second mark over the row it did not see", second, false)?;
+    let none = SeenRow { worker: None, written_at: None };
+    let mark = |m, at, seen| async move {
+        store.put_running_as_seen(&run(job_id, "running", m, 0, at), b"job", at, 60, seen).await
+    };
+    expect("the first mark over no row", mark(a, now, none).await?, true)?;
+    expect("a second mark over the row it did not see", mark(b, now, none).await?, false)?;
     expect("the row", row_of(store, job_id).await?, Some(("running".into(), "a".into(), 0, 0)))?;
-    let again = store.put_running_as_seen(&run(job_id, "running", b, 0, now), b"job", now, 60, Some("a")).await?;
-    expect("a mark over the worker it saw", again, true)?;
-    expect("the row marked again", row_of(store, job_id).await?, Some(("running".into(), "b".into(), 0, 0)))
+    let as_marked = SeenRow { worker: Some("a"), written_at: Some(now) };
+    expect("a mark over the row it saw", mark(b, now + 1, as_marked).await?, true)?;
+    expect("the row marked again", row_of(store, job_id).await?, Some(("running".into(), "b".into(), 0, 0)))?;
+    // Worker a marks again over b's row; b, which read its own mark before that, cannot
+    // mark over a row with the worker it saw and a later write.
+    let as_b_wrote = SeenRow { worker: Some("b"), written_at: Some(now + 1) };
+    expect("a's mark over b's", mark(a, now + 2, as_b_wrote).await?, true)?;
+    let earlier = SeenRow { worker: Some("a"), written_at: Some(now) };
+    expect("a mark over a's earlier write", mark(b, now + 3, earlier).await?, false)?;
+    expect("the row", row_of(store, job_id).await?, Some(("running".into(), "a".into(), 0, 0)))
 }
 
 /// A partition's dispatch frontier only rises, whatever order the raises land in.

@@ -8,7 +8,7 @@ use crate::core::tenants::{TenantRecord, TenantSet, Unregistered};
 use crate::kafka::KafkaError;
 use crate::model::Millis;
 use crate::seams::{BacklogStore, Beat, Clock, Io, RouteBroker, RouteStore, SpilledRows, TenantsView};
-use crate::store::{BacklogKey, HeartbeatRow, JobRow, RunMark, StateUpdate, StoreError};
+use crate::store::{BacklogKey, HeartbeatRow, JobRow, RunMark, SeenRow, StateUpdate, StoreError};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -225,13 +225,14 @@ impl RouteStore for MemStore {
         _encoded_job: &'a [u8],
         now: Millis,
         heartbeat_ttl_secs: i32,
-        seen: Option<&'a str>,
+        seen: SeenRow<'a>,
     ) -> Io<'a, Result<bool, StoreError>> {
         self.with(move |s, arrived| {
             let row = s.jobs.get(u.job_id);
             let (terminal, worker) = (row.is_some_and(JobRow::is_terminal), row.and_then(|r| r.worker.as_deref()));
+            let as_read = worker == seen.worker && row.and_then(|r| r.updated_at) == seen.written_at;
             let rerun = row.and_then(|r| r.generation).is_some_and(|g| g < u.generation);
-            (!terminal && worker == seen || rerun) && mark_running(s, u, now, heartbeat_ttl_secs, arrived)
+            (!terminal && as_read || rerun) && mark_running(s, u, now, heartbeat_ttl_secs, arrived)
         })
     }
     fn put_state_if_marked<'a>(
@@ -272,12 +273,16 @@ impl RouteStore for MemStore {
     fn claim_take_over<'a>(
         &'a self,
         job_id: &'a str,
-        from: &'a str,
+        from: SeenRow<'a>,
         worker: &'a str,
         now: Millis,
     ) -> Io<'a, Result<bool, StoreError>> {
-        self.with(|s, _| match s.jobs.get_mut(job_id) {
-            Some(row) if row.status.as_deref() == Some("running") && row.worker.as_deref() == Some(from) => {
+        self.with(move |s, _| match s.jobs.get_mut(job_id) {
+            Some(row)
+                if row.status.as_deref() == Some("running")
+                    && row.worker.as_deref() == from.worker
+                    && row.updated_at == from.written_at =>
+            {
                 row.worker = Some(worker.into());
                 row.updated_at = Some(now);
                 true

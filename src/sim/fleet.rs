@@ -255,6 +255,33 @@ impl Shape {
         self.slots = x.chance(0.5).then(|| x.range(2, 8) as usize);
     }
 
+    /// The seed's faults and workers, then every run in order of its start (ms from the
+    /// seed's start): a watch's second half.
+    fn narrate(&self, runs: &[RunRec]) -> Vec<String> {
+        let mut out = vec![format!(
+            "faults {:?}; skews {:?}; slots {:?}; queue limit {:?}",
+            self.faults, self.skews, self.slots, self.queue_limit
+        )];
+        let mut runs = runs.to_vec();
+        runs.sort_by_key(|r| r.from);
+        for r in runs {
+            let j = &self.jobs[r.job];
+            out.push(format!(
+                "job {} (t{}, {:?}, {} ms, submitted {}) on {}: {}..{:?}{}",
+                r.job,
+                j.tenant,
+                j.kind,
+                j.run_ms,
+                j.at,
+                r.worker,
+                r.from - EPOCH,
+                r.to.map(|t| t - EPOCH),
+                if r.failed { ", failed" } else { "" }
+            ));
+        }
+        out
+    }
+
     /// The longest a job of the seed runs.
     fn longest_run_ms(&self) -> i64 {
         self.jobs.iter().map(|j| j.run_ms as i64).max().unwrap_or(0)
@@ -504,6 +531,38 @@ impl Fleet {
         }
     }
 
+    /// Notes every change of job `j`'s row, heartbeat and runs (looked at every 50 ms).
+    fn watch(&self, j: usize) -> (tokio::task::JoinHandle<()>, Arc<Mutex<Vec<String>>>) {
+        let lines: Arc<Mutex<Vec<String>>> = Default::default();
+        let (store, id, truth, runs, out) =
+            (self.store.clone(), self.jobs[j].job_id.clone(), self.truth.clone(), self.runs.clone(), lines.clone());
+        let task = tokio::spawn(async move {
+            let (mut last_row, mut last_runs) = (String::new(), 0);
+            loop {
+                let t = truth.now_ms() - EPOCH;
+                let row = store.row(&id).map(|r| {
+                    let at = r.updated_at.map(|u| u - EPOCH);
+                    format!(
+                        "{:?} on {:?}, attempts {:?}, crashes {:?}, written at {at:?}",
+                        r.status, r.worker, r.attempts, r.crash_count
+                    )
+                });
+                let row = row.unwrap_or_else(|| "none".into());
+                if row != last_row {
+                    out.lock().expect("watch lines").push(format!("{t} ms: row {row}"));
+                    last_row = row;
+                }
+                let rs = runs.lock().expect("runs").iter().filter(|r| r.job == j).count();
+                if rs != last_runs {
+                    out.lock().expect("watch lines").push(format!("{t} ms: run {rs} started"));
+                    last_runs = rs;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        (task, lines)
+    }
+
     /// The state of job `j` now, for the coverage table.
     fn state_of(&self, j: usize, runs: &[RunRec], now: i64) -> &'static str {
         if !self.submitted[j] {
@@ -627,13 +686,23 @@ pub struct FleetReport {
     /// Per (fault, job state): jobs in that state when such a fault began.
     pub coverage: BTreeMap<String, usize>,
     pub violations: Vec<String>,
+    /// With a watched job (`run_watching`): its row and runs as they changed, then the
+    /// faults and every run of the seed, in order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub watch: Vec<String>,
 }
 
 /// Runs one seed on the shipping route and checks the invariants.
 pub fn run(seed: u64) -> FleetReport {
+    run_watching(seed, None)
+}
+
+/// Runs one seed and notes, for job `watch` (its index in the seed), every change of its
+/// row and runs, and the seed's faults and runs: what a replay needs to explain a finding.
+pub fn run_watching(seed: u64, watch: Option<usize>) -> FleetReport {
     let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build();
     let rt = rt.expect("a current-thread runtime");
-    rt.block_on(run_async(seed))
+    rt.block_on(run_async(seed, watch))
 }
 
 /// The configuration of a seed: the built-in one, with the simulator's job type and the
@@ -663,7 +732,7 @@ fn fnv(key: &str) -> u64 {
     key.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
 }
 
-async fn run_async(seed: u64) -> FleetReport {
+async fn run_async(seed: u64, watch: Option<usize>) -> FleetReport {
     let interval = Config::builtin().pool(Pool::Short).heartbeat_interval;
     let shape = Shape::from_seed(seed, interval);
     let cfg = Arc::new(sim_config(&shape));
@@ -728,6 +797,7 @@ async fn run_async(seed: u64) -> FleetReport {
             Fault::Crash { worker, at: t, down_ms } => add(&mut plan, at(t), Step::Crash(worker, down_ms)),
         }
     }
+    let watched = watch.filter(|j| *j < fleet.jobs.len()).map(|j| fleet.watch(j));
     let mut calm = at(shape.faults.iter().map(Fault::end).max().unwrap_or(0));
     let n = shape.skews.len();
     let (mut outages, mut cuts, mut broker_cuts) = (0, vec![false; n], vec![false; n]);
@@ -830,7 +900,13 @@ async fn run_async(seed: u64) -> FleetReport {
     for w in &mut fleet.workers {
         w.tasks.abort_all();
     }
-    report(seed, &shape, &fleet, done_at, lapse_ms(interval), stuck)
+    let mut r = report(seed, &shape, &fleet, done_at, lapse_ms(interval), stuck);
+    if let Some((task, lines)) = watched {
+        task.abort();
+        r.watch = std::mem::take(&mut *lines.lock().expect("watch lines"));
+        r.watch.extend(shape.narrate(&fleet.runs.lock().expect("runs")));
+    }
+    r
 }
 
 fn lapse_ms(interval: Duration) -> i64 {
@@ -906,7 +982,8 @@ fn report(
     violations.extend(overlaps(&runs, lapse));
     violations.extend(early(shape, &runs));
     if shape.faults.is_empty() && fleet.crashes == 0 {
-        violations.extend(quiet_waits(shape, &runs));
+        let slots = shape.slots.unwrap_or(fleet.cfg.pool(Pool::Short).slots);
+        violations.extend(quiet_waits(shape, &runs, slots));
     }
     let count = |f: fn(&Fault) -> bool| shape.faults.iter().filter(|x| f(x)).count();
     FleetReport {
@@ -928,6 +1005,7 @@ fn report(
         done_s: done_at.map(|d| d.as_secs_f64()),
         coverage: fleet.coverage.clone(),
         violations,
+        watch: Vec::new(),
     }
 }
 
@@ -973,14 +1051,18 @@ fn early(shape: &Shape, runs: &[RunRec]) -> Vec<String> {
     out
 }
 
-/// Jobs of the quiet tenant that waited longer than the seed's longest run (and the
-/// store's slow tail) to start.
-fn quiet_waits(shape: &Shape, runs: &[RunRec]) -> Vec<String> {
+/// Jobs of the quiet tenant that waited longer than start-time fair queueing allows: a
+/// newly active tenant's head job is behind at most one job of each other backlogged
+/// tenant, and each of `slots` slots frees within the seed's longest run, so it starts
+/// within `(ceil(others / slots) + 1)` longest runs (and 8 s: the store's slow tails on
+/// the way: its intake, its check, the freed slot's settle). The quiet tenant's later
+/// jobs queue behind its earlier ones, which drain together once it has its turn (seed
+/// 6952: 2 slots, five tenants with runs of 16-25 s, a quiet job started after 33 s).
+fn quiet_waits(shape: &Shape, runs: &[RunRec], slots: usize) -> Vec<String> {
     let Some(quiet) = shape.quiet else { return Vec::new() };
-    // A slot frees within the longest run and that job's settle (its result and state
-    // writes); the quiet job's intake, check and the freed slot's settle may each meet
-    // the store's slow tail (2 s).
-    let bound = shape.longest_run_ms() + 8_000;
+    let others = shape.jobs.iter().map(|j| j.tenant).filter(|t| *t != quiet).collect::<std::collections::BTreeSet<_>>();
+    let rounds = others.len().div_ceil(slots.max(1)) as i64 + 1;
+    let bound = rounds * shape.longest_run_ms() + 8_000;
     let mut first: HashMap<usize, i64> = HashMap::new();
     for r in runs {
         let f = first.entry(r.job).or_insert(r.from);
@@ -1030,12 +1112,19 @@ mod tests {
     /// (fixed: a redelivered record is marked as it starts); 225, a result published
     /// though its dead letter was not durable (fixed: the letter first); 1667, a healthy
     /// job dead-lettered as poison after two crashes and a cut from the broker (fixed:
-    /// `exec::release_mark`); 436, a quiet tenant's wait.
+    /// `exec::release_mark`); 436, a quiet tenant's wait; 4411, a copy that read a row
+    /// just claimed, before its claimer's first heartbeat, took the job over and both
+    /// ran for 16 s (fixed: `liveness::run_alive` counts the row's last write); 10685,
+    /// a copy that read a lapsed run claimed it after the run's own worker had taken it
+    /// over again (same worker named: fixed, the claim holds only for the write it read);
+    /// 21668, two copies of one retry, the second marked over the first's fresh mark
+    /// (fixed the same way: `check::Seen` carries the row's write time); 6952, a quiet
+    /// wait within fair queueing's bound but past the simulator's old one.
     /// Fresh seeds run in campaigns (`fairway-sim --route --hours H`), not here, while a
     /// class they find is open (docs/simulation.md, Findings: seed 4411).
     #[test]
     fn seeds_on_the_shipping_route_keep_the_invariants() {
-        let seeds = (0..1_500).chain([1633, 1667, 3296, 3373]);
+        let seeds = (0..1_500).chain([1633, 1667, 3296, 3373, 4411, 6952, 10685, 21668]);
         let bad: Vec<FleetReport> = seeds.map(run).filter(|r| !r.violations.is_empty()).collect();
         assert!(bad.is_empty(), "replay with fairway-sim --route --seed S: {bad:#?}");
     }

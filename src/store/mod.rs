@@ -211,6 +211,17 @@ pub struct RunMark<'a> {
     pub crash_count: i32,
 }
 
+/// A job's row as a run's check read it: the worker it named and when it was last
+/// written (none of either: no row). A take-over's claim and a running mark hold only
+/// while the row is still that very write: a row its worker wrote again since (it took
+/// its own lapsed run over, or marked another copy's run) names the same worker but is
+/// another run's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeenRow<'a> {
+    pub worker: Option<&'a str>,
+    pub written_at: Option<Millis>,
+}
+
 /// Heartbeat of a running job, as read back by status, the reaper and new partition owners.
 #[derive(Debug, Clone, PartialEq, scylla::DeserializeRow)]
 pub struct HeartbeatRow {
@@ -575,17 +586,17 @@ impl Store {
         self.put_running(u, encoded_job, now, heartbeat_ttl_secs, None).await
     }
 
-    /// [`Store::put_running_with_heartbeat`], only while the row still names the worker
-    /// `seen` (none: no worker) as the run's check read it: of two copies that read the
+    /// [`Store::put_running_with_heartbeat`], only while the row is still the one the
+    /// run's check read (`seen`: its worker and last write): of two copies that read the
     /// same row and started (a partition moved within a run's running grace), one marks
-    /// the job running; the other finds it so and is superseded.
+    /// the job running; the other finds it changed and is superseded.
     pub async fn put_running_as_seen(
         &self,
         u: &StateUpdate<'_>,
         encoded_job: &[u8],
         now: Millis,
         heartbeat_ttl_secs: i32,
-        seen: Option<&str>,
+        seen: SeenRow<'_>,
     ) -> Result<bool, StoreError> {
         self.put_running(u, encoded_job, now, heartbeat_ttl_secs, Some(seen)).await
     }
@@ -596,7 +607,7 @@ impl Store {
         encoded_job: &[u8],
         now: Millis,
         heartbeat_ttl_secs: i32,
-        seen: Option<Option<&str>>,
+        seen: Option<SeenRow<'_>>,
     ) -> Result<bool, StoreError> {
         let (pk, mark) = (&self.parked, "mark running");
         let row = (
@@ -616,7 +627,8 @@ impl Store {
             None => self.conditional(&pk.mark_running, row, mark).await?,
             Some(seen) => {
                 let (t, jt, pool, a, c, g, s, st, w, n, id) = row;
-                self.conditional(&pk.mark_running_seen, (t, jt, pool, a, c, g, s, st, w, n, id, seen), mark).await?
+                let values = (t, jt, pool, a, c, g, s, st, w, n, id, seen.worker, seen.written_at);
+                self.conditional(&pk.mark_running_seen, values, mark).await?
             }
         };
         if !applied {
@@ -827,17 +839,19 @@ impl Store {
         self.conditional(&self.parked.claim_hand_off, (worker, now, job_id), "claim hand-off").await
     }
 
-    /// Takes over a job whose worker `from` stopped heartbeating, for `worker`, only while
-    /// its row still shows it running on `from` (LWT): of the copies that find the same
-    /// lapsed run, one takes it over. False: another copy took it over, or it ended.
+    /// Takes over a job whose run `from` stopped heartbeating, for `worker`, only while its
+    /// row is still the one read: running on that worker, last written then (LWT). Of the
+    /// copies that find the same lapsed run, one takes it over. False: another copy took
+    /// it over, its worker wrote the row again, or it ended.
     pub async fn claim_take_over(
         &self,
         job_id: &str,
-        from: &str,
+        from: SeenRow<'_>,
         worker: &str,
         now: Millis,
     ) -> Result<bool, StoreError> {
-        self.conditional(&self.parked.claim_take_over, (worker, now, job_id, from), "claim take-over").await
+        let values = (worker, now, job_id, from.worker, from.written_at);
+        self.conditional(&self.parked.claim_take_over, values, "claim take-over").await
     }
 
     /// Records that generation `generation` of a job was handed off `count` times so far

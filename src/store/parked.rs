@@ -99,7 +99,7 @@ impl Parked {
             claim_take_over: prep(
                 format!(
                     "UPDATE {ks}.jobs USING TTL {ttl} SET worker = ?, updated_at = ? \
-                     WHERE job_id = ? IF status = 'running' AND worker = ?"
+                     WHERE job_id = ? IF status = 'running' AND worker = ? AND updated_at = ?"
                 ),
                 "prepare claim take-over",
             )
@@ -127,7 +127,7 @@ impl Parked {
             mark_running: prep(format!("{} IF {NOT_TERMINAL}", running_update(ks, ttl)), "prepare mark running")
                 .await?,
             mark_running_seen: prep(
-                format!("{} IF {NOT_TERMINAL} AND worker = ?", running_update(ks, ttl)),
+                format!("{} IF {NOT_TERMINAL} AND worker = ? AND updated_at = ?", running_update(ks, ttl)),
                 "prepare mark running (as seen)",
             )
             .await?,

@@ -2,7 +2,7 @@
 //! ([`BacklogStore`]): each call is the method of the same name.
 
 use super::{BacklogKey, BacklogStatements};
-use super::{HeartbeatRow, JobRow, RunMark, StateUpdate, Store, StoreError};
+use super::{HeartbeatRow, JobRow, RunMark, SeenRow, StateUpdate, Store, StoreError};
 use crate::model::Millis;
 use crate::seams::{BacklogStore, Beat, Io, RouteStore, SpilledRows};
 
@@ -49,7 +49,7 @@ impl RouteStore for Store {
         encoded_job: &'a [u8],
         now: Millis,
         heartbeat_ttl_secs: i32,
-        seen: Option<&'a str>,
+        seen: SeenRow<'a>,
     ) -> Io<'a, Result<bool, StoreError>> {
         Box::pin(Store::put_running_as_seen(self, u, encoded_job, now, heartbeat_ttl_secs, seen))
     }
@@ -70,7 +70,7 @@ impl RouteStore for Store {
     fn claim_take_over<'a>(
         &'a self,
         job_id: &'a str,
-        from: &'a str,
+        from: SeenRow<'a>,
         worker: &'a str,
         now: Millis,
     ) -> Io<'a, Result<bool, StoreError>> {

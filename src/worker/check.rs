@@ -11,6 +11,7 @@ use crate::metrics as m;
 use crate::model::{FailureClass, JobSubmitted};
 use crate::seams::Beat;
 use crate::store::{JobRow, StoreError};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 /// How often a copy waiting for a job running elsewhere looks at its row again.
@@ -29,13 +30,32 @@ pub(super) enum Check {
 
 /// What the check saw of the job's row, which the run's running mark expects unchanged
 /// (`exec::mark_running`): not read (a job nobody can have started, `worker::frontier`),
-/// or the worker the row named (none: no row, or none named; this worker once it claimed
-/// the job). Another copy that read the same row and started first has changed it: the
-/// later mark is refused, and that run stops before its handler runs past its grace.
+/// or the worker the row named and its last write (none: no row; this worker and its
+/// claim's write once it claimed the job). Another copy that read the same row and
+/// started first has changed it: the later mark is refused, and that run stops before
+/// its handler runs past its grace. The write time tells a row its worker wrote again
+/// from the one read (the fleet simulator's seed 21668: two copies of one retry, one
+/// marked over the other's fresh mark because it named the same worker).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Seen {
     Unread,
-    Worker(Option<String>),
+    Row { worker: Option<String>, written_at: Option<i64> },
+}
+
+impl Seen {
+    fn of(row: Option<&JobRow>) -> Seen {
+        Seen::Row { worker: row.and_then(|r| r.worker.clone()), written_at: row.and_then(|r| r.updated_at) }
+    }
+
+    /// The row as the store's conditional writes take it (None: not read).
+    pub fn as_read(&self) -> Option<crate::store::SeenRow<'_>> {
+        match self {
+            Seen::Unread => None,
+            Seen::Row { worker, written_at } => {
+                Some(crate::store::SeenRow { worker: worker.as_deref(), written_at: *written_at })
+            }
+        }
+    }
 }
 
 /// The effectively-once check, before any handler runs: finished, stale, cancelled,
@@ -67,8 +87,10 @@ pub(super) async fn before_run(sh: &RouteContext, job: Arc<JobSubmitted>, origin
 
 /// What a look at a handed-off or running row decided for this copy.
 enum Step {
-    /// Go on past this look (a hand-off claimed, a running job's worker found dead).
+    /// Go on past this look (a running job's worker found dead).
     Next,
+    /// A hand-off claimed here, by the row's write at this time.
+    Claimed(i64),
     /// Look at the row again.
     Again,
     /// Handled without running, durably or not.
@@ -80,7 +102,7 @@ enum Step {
 async fn check_row(sh: &RouteContext, mut job: Arc<JobSubmitted>, origin: &Origin) -> Check {
     let interval = sh.cfg.pool(sh.pool).heartbeat_interval;
     let mut row_claimed = false;
-    let mut seen: Option<String>;
+    let mut seen: Seen;
     loop {
         let row = match through_outage(sh, &job, "the effectively-once check", || sh.store.job(&job.job_id)).await {
             Ok(r) => r,
@@ -88,10 +110,10 @@ async fn check_row(sh: &RouteContext, mut job: Arc<JobSubmitted>, origin: &Origi
         };
         let now = sh.clock.now_ms();
         let Some(row) = row else {
-            seen = None;
+            seen = Seen::of(None);
             break;
         };
-        seen = row.worker.clone();
+        seen = Seen::of(Some(&row));
         row_claimed |= matches!(row.status.as_deref(), Some("running" | "handed_off"));
         // Generations ("rerun all"): the row records the generation last run. A copy of
         // an older generation is superseded; a newer one runs even if the job finished.
@@ -112,11 +134,12 @@ async fn check_row(sh: &RouteContext, mut job: Arc<JobSubmitted>, origin: &Origi
                 return Check::Done(Durable::No);
             }
             match claim_hand_off(sh, &job).await {
-                Step::Next => {
+                Step::Claimed(at) => {
                     job = with_handoffs(sh, job, 1).await;
-                    seen = Some(sh.worker_id.clone());
+                    seen = Seen::Row { worker: Some(sh.worker_id.clone()), written_at: Some(at) };
                     break;
                 }
+                Step::Next => {}
                 Step::Again => continue,
                 Step::Done(done) => return Check::Done(done),
             }
@@ -130,8 +153,8 @@ async fn check_row(sh: &RouteContext, mut job: Arc<JobSubmitted>, origin: &Origi
         // died). It waits while that run heartbeats (the simulator's seed 202: else both
         // run at once), then runs, neither skipped nor counted as a crash.
         let later = !rerun && job.attempt > row.attempts.unwrap_or(0);
-        match wait_for_live_worker(sh, &job, now, interval).await {
-            Step::Next => {}
+        match wait_for_live_worker(sh, &job, &row, now, interval).await {
+            Step::Next | Step::Claimed(_) => {}
             Step::Again => continue,
             Step::Done(done) => return Check::Done(done),
         }
@@ -139,16 +162,16 @@ async fn check_row(sh: &RouteContext, mut job: Arc<JobSubmitted>, origin: &Origi
             break;
         }
         match take_over(sh, &job, &row, origin, now).await {
-            Ok(Some(taken)) => {
+            Ok(Some((taken, claimed_at))) => {
                 job = with_handoffs(sh, taken, 0).await;
-                seen = row.worker.as_ref().map(|_| sh.worker_id.clone());
+                seen = Seen::Row { worker: Some(sh.worker_id.clone()), written_at: Some(claimed_at) };
             }
             Ok(None) => continue, // another copy took it over first: look again
             Err(done) => return Check::Done(done),
         }
         break;
     }
-    Check::Run { job, row_claimed, seen: Seen::Worker(seen), redelivered: false }
+    Check::Run { job, row_claimed, seen, redelivered: false }
 }
 
 /// A copy its row settles without running: a finished job redelivered, a stale attempt,
@@ -176,11 +199,16 @@ async fn settled_by_row(sh: &RouteContext, job: &JobSubmitted, row: &JobRow, rer
 async fn claim_hand_off(sh: &RouteContext, job: &JobSubmitted) -> Step {
     // Handed off by a draining worker: several copies may find it so (the
     // hand-off copy, a redelivery after the rebalance); one claims it, atomically.
-    let claim = || sh.store.claim_hand_off(&job.job_id, &sh.worker_id, sh.clock.now_ms());
+    let at = std::sync::atomic::AtomicI64::new(0);
+    let claim = || {
+        let now = sh.clock.now_ms();
+        at.store(now, Relaxed);
+        sh.store.claim_hand_off(&job.job_id, &sh.worker_id, now)
+    };
     match through_outage(sh, job, "claiming a handed-off job", claim).await {
         Ok(true) => {
             beat_claimed(sh, job, "claimed after a hand-off").await;
-            Step::Next
+            Step::Claimed(at.load(Relaxed))
         }
         Ok(false) => Step::Again, // another copy claimed it: look again
         Err(Check::Done(durable)) => Step::Done(durable),
@@ -222,9 +250,15 @@ async fn with_handoffs(sh: &RouteContext, job: Arc<JobSubmitted>, at_least: i32)
     Arc::new(j)
 }
 
-/// A running row: waits while its worker (this one or another) heartbeats; Next once
-/// the heartbeat lapsed.
-async fn wait_for_live_worker(sh: &RouteContext, job: &JobSubmitted, now: i64, interval: std::time::Duration) -> Step {
+/// A running row: waits while its worker (this one or another) heartbeats or the row was
+/// just written (`liveness::run_alive`); Next once both lapsed.
+async fn wait_for_live_worker(
+    sh: &RouteContext,
+    job: &JobSubmitted,
+    row: &JobRow,
+    now: i64,
+    interval: std::time::Duration,
+) -> Step {
     // Marked running: by a worker that still heartbeats (the partition moved while
     // the job runs) we wait; by one whose heartbeat lapsed, we take over.
     // A heartbeat that cannot be read is not a lapsed one: taking the job over would
@@ -235,8 +269,8 @@ async fn wait_for_live_worker(sh: &RouteContext, job: &JobSubmitted, now: i64, i
             Err(Check::Done(durable)) => return Step::Done(durable),
             Err(Check::Run { .. }) => unreachable!("through_outage holds a job back, never runs it"),
         };
-    let lapse = i64::try_from(super::liveness::lapse(interval).as_millis()).unwrap_or(i64::MAX);
-    let fresh = hb.and_then(|h| h.at).is_some_and(|at| now - at < lapse);
+    let fresh =
+        super::liveness::run_alive(hb.and_then(|h| h.at), row.updated_at, now, super::liveness::lapse(interval));
     // A row running on this very worker, seen by a copy that does not follow a route in
     // flight here (`exec::InFlight`: a copy of a job whose route is still in flight here
     // never gets this far): that route ended without a durable outcome (or a previous
@@ -269,10 +303,10 @@ async fn take_over(
     row: &JobRow,
     origin: &Origin,
     now: i64,
-) -> Result<Option<Arc<JobSubmitted>>, Durable> {
-    if !claim_take_over(sh, job, row).await? {
+) -> Result<Option<(Arc<JobSubmitted>, i64)>, Durable> {
+    let Some(claimed_at) = claim_take_over(sh, job, row).await? else {
         return Ok(None);
-    }
+    };
     // The run it takes over was this process's own, which fenced itself (the store did
     // not acknowledge its heartbeats): no worker died, so no crash is counted. Else a
     // store outage would count one crash per long job, and three outages would
@@ -286,7 +320,7 @@ async fn take_over(
         let mut j = (**job).clone();
         j.crash_count = job.crash_count.max(row.crash_count.unwrap_or(0));
         metrics::counter!(m::JOBS_TAKEN_OVER, "pool" => sh.pool.as_str()).increment(1);
-        return Ok(Some(Arc::new(j)));
+        return Ok(Some((Arc::new(j), claimed_at)));
     }
     // Worker crash: never uses up an attempt, but counts towards the crash limit.
     let crashes = job.crash_count.max(row.crash_count.unwrap_or(0) + 1);
@@ -308,7 +342,7 @@ async fn take_over(
     metrics::counter!(m::JOBS_TAKEN_OVER, "pool" => sh.pool.as_str()).increment(1);
     let mut j = (**job).clone();
     j.crash_count = crashes;
-    Ok(Some(Arc::new(j)))
+    Ok(Some((Arc::new(j), claimed_at)))
 }
 
 /// Claims a run whose heartbeat lapsed for this worker, atomically (the row must still
@@ -317,20 +351,20 @@ async fn take_over(
 /// run loses the claim. Without it, two copies reading the row within the new run's
 /// running grace both took it over and ran at once (the fleet simulator on the real pool
 /// loop: a restart moved a partition during a take-over). False: another copy won.
-async fn claim_take_over(sh: &RouteContext, job: &JobSubmitted, row: &JobRow) -> Result<bool, Durable> {
-    let Some(from) = row.worker.as_deref() else {
-        // Every running mark names its worker; a row without one cannot be claimed
-        // conditionally, so it is taken over as before the claim existed, and said.
-        tracing::warn!(job_id = %job.job_id, "a running row without a worker: taken over without a claim");
-        return Ok(true);
+async fn claim_take_over(sh: &RouteContext, job: &JobSubmitted, row: &JobRow) -> Result<Option<i64>, Durable> {
+    let from = crate::store::SeenRow { worker: row.worker.as_deref(), written_at: row.updated_at };
+    let at = std::sync::atomic::AtomicI64::new(0);
+    let claim = || {
+        let now = sh.clock.now_ms();
+        at.store(now, Relaxed);
+        sh.store.claim_take_over(&job.job_id, from, &sh.worker_id, now)
     };
-    let claim = || sh.store.claim_take_over(&job.job_id, from, &sh.worker_id, sh.clock.now_ms());
     match through_outage(sh, job, "claiming a lapsed run", claim).await {
         Ok(true) => {
             beat_claimed(sh, job, "taken over").await;
-            Ok(true)
+            Ok(Some(at.load(Relaxed)))
         }
-        Ok(false) => Ok(false),
+        Ok(false) => Ok(None),
         Err(Check::Done(durable)) => Err(durable),
         Err(Check::Run { .. }) => unreachable!("through_outage holds a job back, never runs it"),
     }

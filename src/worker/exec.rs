@@ -504,16 +504,16 @@ async fn mark_running(
             loop {
                 let sent = tokio::time::Instant::now();
                 let (now, ttl) = (sh.clock.now_ms(), sh.heartbeat_ttl_secs());
-                let marked = match seen {
-                    check::Seen::Unread => sh.store.put_running_with_heartbeat(&u, &encoded, now, ttl).await,
-                    check::Seen::Worker(w) => sh.store.put_running_as_seen(&u, &encoded, now, ttl, w.as_deref()).await,
+                let marked = match seen.as_read() {
+                    None => sh.store.put_running_with_heartbeat(&u, &encoded, now, ttl).await,
+                    Some(row) => sh.store.put_running_as_seen(&u, &encoded, now, ttl, row).await,
                 };
                 match marked {
                     Ok(true) => {
                         live.beat_acknowledged(sent);
                         return (Marked::Written, None);
                     }
-                    Ok(false) if matches!(seen, check::Seen::Worker(_)) && !finished_meanwhile(sh, job).await => {
+                    Ok(false) if seen.as_read().is_some() && !finished_meanwhile(sh, job).await => {
                         return changed_meanwhile(sh, job, live);
                     }
                     Ok(false) => {

@@ -27,6 +27,17 @@ pub fn lapse(interval: Duration) -> Duration {
     interval.saturating_mul(3)
 }
 
+/// Whether a running row's run counts as alive at `now` (epoch ms): its newest heartbeat
+/// or the row's last write (a claim, a mark) is younger than the lapse. The row's write
+/// counts because a claim lands before its claimer's first heartbeat: a copy that reads
+/// the claimed row in between would else see the old run's lapsed heartbeat and take
+/// the job over from a worker that just started it (the fleet simulator's seed 4411:
+/// two runs at once for 16 s).
+pub fn run_alive(heartbeat_at: Option<i64>, row_written_at: Option<i64>, now: i64, lapse: Duration) -> bool {
+    let lapse = i64::try_from(lapse.as_millis()).unwrap_or(i64::MAX);
+    [heartbeat_at, row_written_at].into_iter().flatten().any(|at| now.saturating_sub(at) < lapse)
+}
+
 /// How long a run goes on without an acknowledged heartbeat before it fences itself:
 /// two intervals, one before [`lapse`].
 pub fn fence_after(interval: Duration) -> Duration {
@@ -252,6 +263,20 @@ mod tests {
         assert!(watch.is_finished());
         tokio::time::timeout(Duration::from_millis(1), live.aborted()).await.expect("the run is aborted");
         assert_eq!((lapse(interval), fence_after(interval)), (Duration::from_secs(15), Duration::from_secs(10)));
+    }
+
+    /// A run is alive while its heartbeat or its row's last write is younger than the
+    /// lapse; a row claimed just now is alive though the old run's heartbeat lapsed.
+    #[test]
+    fn a_run_is_alive_while_its_heartbeat_or_its_rows_last_write_is_fresh() {
+        let lapse = Duration::from_secs(15);
+        let now = 100_000;
+        assert!(!run_alive(None, None, now, lapse));
+        assert!(!run_alive(Some(now - 15_000), Some(now - 20_000), now, lapse), "both lapsed");
+        assert!(run_alive(Some(now - 14_999), None, now, lapse), "a fresh heartbeat");
+        assert!(run_alive(Some(now - 60_000), Some(now - 50), now, lapse), "claimed just now");
+        assert!(run_alive(None, Some(now + 900), now, lapse), "written by a clock ahead");
+        assert!(!run_alive(Some(i64::MIN), Some(i64::MIN), now, lapse), "no overflow");
     }
 
     /// A run without an acknowledged beat (its mark not yet answered) is not fenced.
