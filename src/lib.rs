@@ -66,7 +66,7 @@
 //! | `observe::probes` | readiness and liveness (`/readyz`, `/livez`) |
 //! | `observe::telemetry` | OpenTelemetry spans of a job's life over OTLP/HTTP (off unless configured) |
 //! | `metrics` | metric names and the Prometheus exporter |
-//! | `sim` | the deterministic fleet simulator: one thread, simulated time, broker, store and faults from one seed, driving the real `core` decisions (`sim::world`), or the real pool loop, route and heartbeat loop over in-memory doubles (`sim::fleet`); invariants checked after every run, the usage ledger's leader simulated over its results (`sim::ledger`) for the usage counted once (`fairway-sim`, docs/simulation.md) |
+//! | `sim` | the deterministic fleet simulator: the shipping pool loop, route and heartbeat loop of every worker over in-memory doubles of the store and the broker (`sim::doubles`, `sim::broker`; `sim::contract` holds the double to the real store), on paused time in one thread, workload and faults from one seed (`sim::fleet`); invariants checked after every run, the usage ledger's leader simulated over its results (`sim::ledger`) for the usage counted once (`fairway-sim`, feature `sim-route`; docs/simulation.md) |
 //! | `netlab` | the network-partition lab and its scenario (`fairway-bench bench partitions`, partition tests) |
 
 pub mod admission;

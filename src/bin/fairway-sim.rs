@@ -1,27 +1,27 @@
-//! `fairway-sim`: the deterministic fleet simulator's runner (docs/simulation.md).
+//! `fairway-sim`: the deterministic fleet simulator's runner (docs/simulation.md), on
+//! the shipping pool loop, route and heartbeat loop (`sim::fleet`; built with
+//! `--features sim-route`).
 //!
-//! `fairway-sim --seed S` replays one seed and prints its trace summary (JSON);
-//! `fairway-sim --seeds N --budget 60s` runs seeds 0.. until N or the budget and prints
-//! JSON: seeds run, seeds per second, the coverage table (how often each fault struck
-//! each job state), and every failing seed with its violations and the one-line command
-//! that replays it; `fairway-sim --hours H --first F` is a long campaign (seeds from F
-//! for H hours, a progress line a minute). With `--route`, the seeds run the shipping
-//! pool loop, route and heartbeat loop (`sim::fleet`; `cargo build --features sim-route`)
-//! instead of the modelled fleet. Exits non-zero
-//! when a seed broke an invariant.
+//! `fairway-sim --seed S` replays one seed and prints its report (JSON; `--watch-job J`
+//! adds job J's row and runs as they changed, and every run of the seed);
+//! `fairway-sim --seeds N --budget 60s` runs seeds from `--first` until N or the budget
+//! and prints JSON: totals, seeds per second, the coverage table (how many jobs were in
+//! each state when each fault began), and every failing seed with its violations;
+//! `fairway-sim --hours H --first F` is a long campaign (seeds from F for H hours, a
+//! progress line a minute). Exits non-zero when a seed broke an invariant.
 
 use clap::Parser;
-use fairway::sim::{self, Config};
+use fairway::sim;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 #[derive(Parser)]
 #[command(name = "fairway-sim", about = "Deterministic simulation of a fairway fleet from seeds")]
 struct Args {
-    /// Replay one seed and print its trace summary.
+    /// Replay one seed and print its report.
     #[arg(long, conflicts_with = "seeds")]
     seed: Option<u64>,
-    /// With --seed: note every step of this job in the report.
+    /// With --seed: note every change of this job's row and runs in the report.
     #[arg(long, requires = "seed")]
     watch_job: Option<u32>,
     /// Run this many seeds (starting at --first).
@@ -37,11 +37,6 @@ struct Args {
     /// whatever --seeds and --budget say.
     #[arg(long, conflicts_with = "seed", value_parser = parse_hours)]
     hours: Option<f64>,
-    /// Run the seeds on the shipping pool loop, route and heartbeat loop (`sim::fleet`;
-    /// built with `--features sim-route`).
-    #[cfg(feature = "sim-route")]
-    #[arg(long)]
-    route: bool,
 }
 
 impl Args {
@@ -71,91 +66,28 @@ fn parse_hours(s: &str) -> Result<f64, String> {
 
 fn main() {
     let args = Args::parse();
-    #[cfg(feature = "sim-route")]
-    if args.route {
-        route_seeds(&args);
-    }
-    let cfg = Config::default().watch(args.watch_job);
-    if let Some(seed) = args.seed {
-        let report = sim::run(seed, &cfg);
-        replayed(&report, report.violations.is_empty());
-    }
-    let (count, budget) = args.campaign();
-    let started = Instant::now();
-    let mut last_progress = Instant::now();
-    let (mut ran, mut failing, mut jobs, mut sim_ms) = (0u64, Vec::new(), 0usize, 0i64);
-    let mut coverage: BTreeMap<String, u64> = BTreeMap::new();
-    // Recoveries summed over the seeds: take-overs, runs fenced, outcomes not durable.
-    let (mut takeovers, mut runs_fenced, mut not_durable) = (0usize, 0u64, 0u64);
-    for seed in args.first..args.first.saturating_add(count) {
-        if started.elapsed() >= budget {
-            break;
-        }
-        let report = sim::run(seed, &cfg);
-        ran += 1;
-        jobs += report.jobs;
-        sim_ms = sim_ms.saturating_add(report.simulated_ms);
-        takeovers += report.takeovers;
-        runs_fenced += report.runs_fenced;
-        not_durable += report.not_durable;
-        for (k, n) in &report.coverage {
-            *coverage.entry(k.clone()).or_default() += n;
-        }
-        if args.hours.is_some() && last_progress.elapsed() >= Duration::from_secs(60) {
-            last_progress = Instant::now();
-            eprintln!(
-                "{ran} seeds ({}..={seed}), {} failing, {:.0} s",
-                args.first,
-                failing.len(),
-                started.elapsed().as_secs_f64()
-            );
-        }
-        if !report.violations.is_empty() {
-            eprintln!(
-                "seed {seed} broke {} invariant(s); replay: {}",
-                report.violations.len(),
-                report.replay_command()
-            );
-            failing.push(serde_json::json!({
-                "seed": seed,
-                "replay": report.replay_command(),
-                "violations": report.violations,
-            }));
-        }
-    }
-    let secs = started.elapsed().as_secs_f64();
-    let out = serde_json::json!({
-        "seeds": ran,
-        "seconds": (secs * 100.0).round() / 100.0,
-        "seeds_per_sec": (ran as f64 / secs.max(1e-9) * 10.0).round() / 10.0,
-        "jobs": jobs,
-        "simulated_seconds": sim_ms / 1000,
-        "takeovers": takeovers,
-        "runs_fenced": runs_fenced,
-        "not_durable": not_durable,
-        "coverage": coverage,
-        "failing_seeds": failing.len(),
-        "failing": failing,
-    });
-    println!("{}", serde_json::to_string_pretty(&out).expect("summary as JSON"));
-    std::process::exit(if failing.is_empty() { 0 } else { 1 });
+    seeds(&args);
 }
 
-/// `--route`: seeds on the shipping route; one seed's report, or a summary of many.
-#[cfg(feature = "sim-route")]
-fn route_seeds(args: &Args) -> ! {
+/// One seed's report, or a summary of many.
+fn seeds(args: &Args) -> ! {
     if let Some(seed) = args.seed {
         let report = sim::fleet::run_watching(seed, args.watch_job.map(|j| j as usize));
         replayed(&report, report.violations.is_empty());
     }
     let (count, budget) = args.campaign();
-    let started = Instant::now();
+    let (started, mut last_progress) = (Instant::now(), Instant::now());
     let mut sums: BTreeMap<&str, usize> = BTreeMap::new();
     let mut coverage: BTreeMap<String, usize> = BTreeMap::new();
     let mut failing = Vec::new();
     for seed in args.first..args.first.saturating_add(count) {
         if started.elapsed() >= budget {
             break;
+        }
+        if args.hours.is_some() && last_progress.elapsed() >= Duration::from_secs(60) {
+            last_progress = Instant::now();
+            let (ran, secs) = (sums.get("seeds").copied().unwrap_or(0), started.elapsed().as_secs_f64());
+            eprintln!("{ran} seeds ({}..{seed}), {} failing, {secs:.0} s", args.first, failing.len());
         }
         let r = sim::fleet::run(seed);
         for (k, n) in &r.coverage {
@@ -169,6 +101,7 @@ fn route_seeds(args: &Args) -> ! {
             ("jobs_repeated", r.repeated),
             ("partitions", r.partitions),
             ("crashes", r.crashes),
+            ("ledger_restarts", r.ledger_restarts),
             ("outages", r.outages),
             ("cuts", r.cuts),
             ("broker_cuts", r.broker_cuts),
@@ -181,7 +114,7 @@ fn route_seeds(args: &Args) -> ! {
         }
         if !r.violations.is_empty() {
             eprintln!(
-                "seed {seed} broke {} invariant(s); replay: fairway-sim --route --seed {seed}",
+                "seed {seed} broke {} invariant(s); replay: fairway-sim --seed {seed} (cargo run --features sim-route --bin fairway-sim)",
                 r.violations.len()
             );
             failing.push(serde_json::json!({"seed": seed, "violations": r.violations}));
@@ -190,7 +123,6 @@ fn route_seeds(args: &Args) -> ! {
     let secs = started.elapsed().as_secs_f64();
     let seeds = sums.get("seeds").copied().unwrap_or(0);
     let out = serde_json::json!({
-        "route": true,
         "totals": sums,
         "coverage": coverage,
         "seconds": (secs * 100.0).round() / 100.0,

@@ -33,6 +33,10 @@ struct GroupState {
     committed: Vec<i64>,
     members: BTreeMap<u64, Member>,
     next_member: u64,
+    /// A misconfigured consumer (tests only): each record's offset is stored as it is
+    /// fetched, as librdkafka's `enable.auto.offset.store=true` does, so the auto-commit
+    /// commits records whose outcome is not durable yet.
+    store_at_fetch: bool,
 }
 
 struct Member {
@@ -61,6 +65,7 @@ impl SimGroup {
             committed: vec![0; partitions],
             members: BTreeMap::new(),
             next_member: 0,
+            store_at_fetch: false,
         };
         SimGroup { state: Arc::new(Mutex::new(state)), tag: Arc::from("") }
     }
@@ -82,6 +87,12 @@ impl SimGroup {
         let offset = records.len() as i64 - 1;
         st.wake_owner(partition);
         offset
+    }
+
+    /// Stores each record's offset as it is fetched from now on (the misconfiguration
+    /// the fleet's tests inject to show a loss is caught).
+    pub fn store_at_fetch(&self) {
+        self.lock().store_at_fetch = true;
     }
 
     pub fn partitions(&self) -> usize {
@@ -210,6 +221,9 @@ impl GroupState {
             }
             let (payload, at) = records[pos as usize].clone();
             m.owned.insert(p, pos + 1);
+            if self.store_at_fetch {
+                m.stored.insert(p, pos + 1);
+            }
             m.cursor = (m.cursor + i + 1) % n;
             return Some(PoolRecord { partition: p, offset: pos, payload, submitted: false, timestamp: Some(at) });
         }

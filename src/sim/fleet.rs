@@ -37,13 +37,14 @@
 //! it ran; no result counts an attempt a crash or a fence took; a failed result has its
 //! dead letter, of its class; no two runs of a job overlap for longer than the lease's
 //! lapse; no job starts before its `execute_at`; a seed without crashes gives no second
-//! result; in a seed without faults, a quiet tenant's job starts within the longest run
-//! of the seed (and 8 s: the store's slow tails on the way) after its submission.
+//! result; in a seed without faults, a quiet tenant's job starts within start-time fair
+//! queueing's bound after its submission ([`quiet_waits`]); the usage ledger's leader,
+//! simulated over the results topic with leader crashes and the seed's store outages
+//! (`sim::ledger`), counts every result once.
 
 use super::broker::SimGroup;
 use super::doubles::{FixedTenants, Latency, MemBroker, MemStore};
 use super::rng::Rng;
-use super::shape::{draw_kind, Kind};
 use crate::config::{Config, Tier};
 use crate::core::retry::{ClassPolicy, DurationMs, Jitter, RetryPolicy};
 use crate::core::tenants::TenantRecord;
@@ -73,6 +74,34 @@ const CRASH_DOWN: Duration = Duration::from_secs(2);
 /// Every job has its result within this long after the last fault ends: the route's
 /// outage retries (180 s), a take-over's lapse and the taken-again waits fit in it.
 pub const LIVENESS: Duration = Duration::from_secs(600);
+
+/// What a job does when run: its kind travels in its payload (read by [`Runner`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Ok,
+    /// Fails with `app_error` on its first n attempts, then succeeds.
+    FailsThenOk(u8),
+    /// Fails with `app_error` every time: dead-lettered as `app_error` at the limit.
+    AlwaysFails,
+    /// Fails `permanent`: dead-lettered at once.
+    Permanent,
+    /// Kills its worker process every time: dead-lettered as `poison` at the crash limit.
+    Crash,
+}
+
+/// A job's kind: mostly succeeds, some fail once or twice first, always, or for good.
+fn draw_kind(r: &mut Rng) -> Kind {
+    let x = r.unit();
+    if x < 0.86 {
+        Kind::Ok
+    } else if x < 0.92 {
+        Kind::FailsThenOk(r.range(1, 2) as u8)
+    } else if x < 0.96 {
+        Kind::AlwaysFails
+    } else {
+        Kind::Permanent
+    }
+}
 
 /// A job's kind in its payload (read by [`Runner`]).
 fn kind_code(kind: Kind) -> [u8; 2] {
@@ -685,6 +714,10 @@ pub struct FleetReport {
     pub done_s: Option<f64>,
     /// Per (fault, job state): jobs in that state when such a fault began.
     pub coverage: BTreeMap<String, usize>,
+    /// The usage ledger's leader over the results topic (`sim::ledger`): its restarts
+    /// and the windows it closed.
+    pub ledger_restarts: usize,
+    pub ledger_windows_closed: usize,
     pub violations: Vec<String>,
     /// With a watched job (`run_watching`): its row and runs as they changed, then the
     /// faults and every run of the seed, in order.
@@ -700,9 +733,20 @@ pub fn run(seed: u64) -> FleetReport {
 /// Runs one seed and notes, for job `watch` (its index in the seed), every change of its
 /// row and runs, and the seed's faults and runs: what a replay needs to explain a finding.
 pub fn run_watching(seed: u64, watch: Option<usize>) -> FleetReport {
+    on_runtime(run_async(seed, watch, Misconfig::default()))
+}
+
+fn on_runtime(run: impl std::future::Future<Output = FleetReport>) -> FleetReport {
     let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build();
     let rt = rt.expect("a current-thread runtime");
-    rt.block_on(run_async(seed, watch))
+    rt.block_on(run)
+}
+
+/// A misconfiguration the tests inject to show the invariants catch what it breaks.
+#[derive(Debug, Clone, Copy, Default)]
+struct Misconfig {
+    /// The consumers store each record's offset as it is fetched (`broker::SimGroup::store_at_fetch`).
+    offsets_stored_at_fetch: bool,
 }
 
 /// The configuration of a seed: the built-in one, with the simulator's job type and the
@@ -732,7 +776,7 @@ fn fnv(key: &str) -> u64 {
     key.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
 }
 
-async fn run_async(seed: u64, watch: Option<usize>) -> FleetReport {
+async fn run_async(seed: u64, watch: Option<usize>, misconfig: Misconfig) -> FleetReport {
     let interval = Config::builtin().pool(Pool::Short).heartbeat_interval;
     let shape = Shape::from_seed(seed, interval);
     let cfg = Arc::new(sim_config(&shape));
@@ -763,6 +807,9 @@ async fn run_async(seed: u64, watch: Option<usize>) -> FleetReport {
         cfg: cfg.clone(),
         truth: clock.clone(),
     };
+    if misconfig.offsets_stored_at_fetch {
+        fleet.group.store_at_fetch();
+    }
     fleet.jobs = shape.jobs.iter().enumerate().map(|(j, job)| Arc::new(job.submitted(j, seed))).collect();
     fleet.index = fleet.jobs.iter().enumerate().map(|(j, job)| (job.job_id.clone(), j)).collect();
     for w in 0..shape.skews.len() {
@@ -980,6 +1027,16 @@ fn report(
         violations.push(format!("repeated: {repeated} jobs have a second result, with no crash"));
     }
     violations.extend(overlaps(&runs, lapse));
+    let outages: Vec<(i64, i64)> = shape
+        .faults
+        .iter()
+        .filter_map(|f| match *f {
+            Fault::Outage { at, ms } => Some((at, at + ms)),
+            _ => None,
+        })
+        .collect();
+    let usage = super::ledger::tally(&results, EPOCH, &outages, seed);
+    violations.extend(super::ledger::usage_violations(&results, &usage));
     violations.extend(early(shape, &runs));
     if shape.faults.is_empty() && fleet.crashes == 0 {
         let slots = shape.slots.unwrap_or(fleet.cfg.pool(Pool::Short).slots);
@@ -1004,6 +1061,8 @@ fn report(
         failed_runs: failed_runs.iter().filter(|f| **f > 0).count(),
         done_s: done_at.map(|d| d.as_secs_f64()),
         coverage: fleet.coverage.clone(),
+        ledger_restarts: usage.restarts,
+        ledger_windows_closed: usage.windows_closed,
         violations,
         watch: Vec::new(),
     }
@@ -1127,6 +1186,54 @@ mod tests {
         let seeds = (0..1_500).chain([1633, 1667, 3296, 3373, 4411, 6952, 10685, 21668]);
         let bad: Vec<FleetReport> = seeds.map(run).filter(|r| !r.violations.is_empty()).collect();
         assert!(bad.is_empty(), "replay with fairway-sim --route --seed S: {bad:#?}");
+    }
+
+    /// Fresh seeds per run of the tests, beside the fixed ones: each commit explores
+    /// seeds no earlier one ran.
+    const FRESH: u64 = 500;
+
+    /// The first fresh seed: `FAIRWAY_SIM_FIRST` if set, else derived from the commit
+    /// under test (`git rev-parse HEAD`), past the fixed range; a failure prints its seed
+    /// to replay. None without either (said on stderr).
+    fn fresh_first() -> Option<u64> {
+        if let Ok(v) = std::env::var("FAIRWAY_SIM_FIRST") {
+            return Some(v.parse().expect("FAIRWAY_SIM_FIRST is a seed (a whole number)"));
+        }
+        let out = std::process::Command::new("git")
+            .args(["rev-parse", "HEAD"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .ok()
+            .filter(|o| o.status.success());
+        let Some(hex) = out.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()) else {
+            eprintln!("sim: no git commit to derive fresh seeds from; set FAIRWAY_SIM_FIRST to run them");
+            return None;
+        };
+        // 40 bits of the commit, past the fixed range.
+        u64::from_str_radix(hex.get(..10)?, 16).ok().map(|h| 100_000 + h)
+    }
+
+    /// Seeds new to this commit keep the invariants.
+    #[test]
+    fn fresh_seeds_keep_the_invariants() {
+        let Some(first) = fresh_first() else { return };
+        eprintln!("sim: fresh fleet seeds {first}..{}", first + FRESH);
+        let bad: Vec<FleetReport> = (first..first + FRESH).map(run).filter(|r| !r.violations.is_empty()).collect();
+        assert!(bad.is_empty(), "replay with fairway-sim --seed S: {bad:#?}");
+    }
+
+    /// The invariants catch a loss: with the consumers storing each offset as it is
+    /// fetched (committed before the job's outcome is durable), some seed's crash loses
+    /// jobs (no result after the faults), and that seed keeps every invariant without
+    /// the misconfiguration.
+    #[test]
+    fn offsets_committed_before_the_outcome_lose_jobs_and_the_fleet_says_so() {
+        let misconfig = Misconfig { offsets_stored_at_fetch: true };
+        let lost = |r: &FleetReport| r.violations.iter().any(|v| v.starts_with("stalled: job"));
+        let found = (0..400).find(|&seed| lost(&on_runtime(run_async(seed, None, misconfig))));
+        let Some(seed) = found else { panic!("offsets stored at fetch went unnoticed in 400 seeds") };
+        let clean = run(seed);
+        assert!(clean.violations.is_empty(), "seed {seed}: {:?}", clean.violations);
     }
 
     /// A seed replays: the same seed gives the same report.

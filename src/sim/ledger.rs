@@ -1,19 +1,20 @@
-//! The usage ledger over a run's results topic: the leader of `crate::ledger` simulated
-//! after the run, with `core::ledger`'s own rules (`PartitionTally`, `of_result`). Results
-//! land on the results topic's partitions when the broker acknowledged them; the leader
+//! The usage ledger over a fleet seed's results topic (`fleet`): the leader of
+//! `crate::ledger` simulated after the run, with `core::ledger`'s own rules
+//! (`PartitionTally`, `of_result`). Results land on the results topic's partitions in the
+//! order the broker acknowledged them, at their `finished_at` (moved so that a window
+//! boundary falls inside the run); the leader
 //! tallies each one as it lands, writes the changed totals every `ledger::FLUSH` and
 //! whenever a window closes (blocking until the store takes it, as the real leader does),
 //! then its resume position; it crashes at times drawn from the seed and the next leader
 //! starts again from the stored positions. Stored rows keep the longest prefix's totals
 //! (a row is written with its prefix's end as its timestamp). The store is down during
 //! the run's outages. The per-tenant totals read back from the rows are what the
-//! `usage` invariant checks (`check::usage`).
+//! `usage` invariant checks ([`usage_violations`]): every result on the topic counted
+//! once, through leader crashes and store outages.
 
 use super::rng::Rng;
-use super::shape::Shape;
-use super::trace::{Result_, Trace};
 use crate::core::ledger::{self, Account, Flush, PartitionTally, Usage};
-use crate::model::{FailureClass, JobResult, JobStatus, Millis, Pool};
+use crate::model::{JobResult, Millis};
 use std::collections::BTreeMap;
 
 /// Partitions of the simulated results topic.
@@ -42,16 +43,21 @@ struct Leader {
     blocked: Option<(usize, Flush)>,
 }
 
-/// Runs the ledger's leader over the run's results and returns what its rows add up to.
-pub fn tally(shape: &Shape, t: &Trace, seed: u64) -> Tally {
+/// Runs the ledger's leader over the run's results (in the order the broker took them;
+/// times from the run's start) and returns what its rows add up to. `outages`: when the
+/// store was down (ms from the run's start).
+pub fn tally(results: &[JobResult], start: Millis, outages: &[(Millis, Millis)], seed: u64) -> Tally {
     let mut rng = Rng::new(seed.wrapping_mul(0x9E37_79B9).wrapping_add(11));
-    // Timestamps from an epoch that puts a window boundary inside some runs.
-    let epoch = ledger::WINDOW_MS * 1_000 - rng.range(0, shape.horizon * 2);
+    let horizon = results.iter().map(|r| r.finished_at - start).max().unwrap_or(0).max(1);
+    // Timestamps from an epoch that puts a window boundary inside the run.
+    let epoch = ledger::WINDOW_MS * 1_000 - rng.range(0, horizon);
     let mut logs: Vec<Vec<(Millis, JobResult)>> = vec![Vec::new(); PARTITIONS];
-    let mut ordered: Vec<&Result_> = t.results.iter().collect();
-    ordered.sort_by_key(|r| r.at);
-    for r in ordered {
-        logs[r.job as usize % PARTITIONS].push((r.at, job_result(shape, r, epoch)));
+    for (i, r) in results.iter().enumerate() {
+        let at = (r.finished_at - start).max(0);
+        let mut moved = r.clone();
+        moved.finished_at = epoch + at;
+        moved.submitted_at = epoch + (r.submitted_at - start);
+        logs[i % PARTITIONS].push((at, moved));
     }
     let end = logs.iter().filter_map(|l| l.last().map(|(at, _)| *at)).max().unwrap_or(0);
     let crashes: Vec<(Millis, Millis)> = (0..rng.range(0, 3))
@@ -60,7 +66,7 @@ pub fn tally(shape: &Shape, t: &Trace, seed: u64) -> Tally {
             (at, at + rng.range(1_000, 20_000))
         })
         .collect();
-    let down = |at: Millis| shape.outages.iter().any(|&(a, b)| a <= at && at < b);
+    let down = |at: Millis| outages.iter().any(|&(a, b)| a <= at && at < b);
     let mut rows: Rows = BTreeMap::new();
     let mut positions: Vec<Option<i64>> = vec![None; PARTITIONS];
     let mut out = Tally::default();
@@ -160,24 +166,30 @@ fn write(rows: &mut Rows, part: usize, f: &Flush) {
     }
 }
 
-fn job_result(shape: &Shape, r: &Result_, epoch: Millis) -> JobResult {
-    let status = if r.ok { JobStatus::Succeeded } else { JobStatus::Failed };
-    JobResult {
-        job_id: format!("j{}", r.job),
-        tenant: super::world::tenant_name(shape.jobs[r.job as usize].tenant),
-        job_type: "sim".into(),
-        pool: Pool::Short,
-        status,
-        output: r.ok.then(Vec::new),
-        error: (!r.ok).then(|| "failed".to_string()),
-        failure_class: r.class.or((!r.ok).then_some(FailureClass::AppError)),
-        attempts: r.attempts,
-        generation: 0,
-        submitted_at: epoch + shape.jobs[r.job as usize].submit_at,
-        started_at: None,
-        finished_at: epoch + r.at,
-        worker_id: format!("w{}", r.worker),
-        peak_memory_bytes: None,
-        cpu_ms: None,
+/// Per tenant, what the ledger counted against the results on the topic: each result
+/// counted once (results, successes, failures, attempts).
+pub fn usage_violations(results: &[JobResult], ledger: &Tally) -> Vec<String> {
+    let mut on_topic: BTreeMap<String, [i64; 4]> = BTreeMap::new();
+    for r in results {
+        let b = on_topic.entry(r.tenant.clone()).or_default();
+        let ok = r.status == crate::model::JobStatus::Succeeded;
+        b[0] += 1;
+        b[1] += i64::from(ok);
+        b[2] += i64::from(!ok);
+        b[3] += i64::from(r.attempts.max(0));
     }
+    let mut out = Vec::new();
+    for (tenant, topic) in &on_topic {
+        let c = ledger.by_tenant.get(tenant).copied().unwrap_or_default();
+        let got = [c.results, c.succeeded, c.failed, c.attempts];
+        if &got != topic {
+            out.push(format!(
+                "usage: tenant {tenant}: the ledger counted (results, succeeded, failed, attempts) {got:?}, the topic holds {topic:?}"
+            ));
+        }
+    }
+    for tenant in ledger.by_tenant.keys().filter(|t| !on_topic.contains_key(*t)) {
+        out.push(format!("usage: tenant {tenant}: the ledger counted results it has none of on the topic"));
+    }
+    out
 }

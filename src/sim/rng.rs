@@ -38,6 +38,7 @@ impl Rng {
     }
 
     /// An index below `n` (0 when `n` is 0).
+    #[cfg(any(test, feature = "sim-route"))]
     pub fn below(&mut self, n: usize) -> usize {
         if n == 0 {
             return 0;
