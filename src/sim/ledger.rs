@@ -59,7 +59,9 @@ pub fn tally(results: &[JobResult], start: Millis, outages: &[(Millis, Millis)],
         moved.submitted_at = epoch + (r.submitted_at - start);
         logs[i % PARTITIONS].push((at, moved));
     }
-    let end = logs.iter().filter_map(|l| l.last().map(|(at, _)| *at)).max().unwrap_or(0);
+    // The latest landing of all (a partition's log is in the broker's order, its times
+    // not: workers' clocks differ).
+    let end = logs.iter().flatten().map(|(at, _)| *at).max().unwrap_or(0);
     let crashes: Vec<(Millis, Millis)> = (0..rng.range(0, 3))
         .map(|_| {
             let at = rng.range(0, end.max(1));
