@@ -80,6 +80,7 @@ pub const EVENTS_DROPPED: &str = "fairway_events_dropped_total";
 pub const EVENTS_RECORDED: &str = "fairway_events_recorded_total";
 pub const EVENT_RECORD_FAILURES: &str = "fairway_event_record_failures_total";
 pub const EVENT_STREAMS: &str = "fairway_event_streams";
+pub const EVENT_STREAM_GAPS: &str = "fairway_event_stream_gaps_total";
 /// The usage ledger (`crate::ledger`): results tallied, undecodable records skipped,
 /// failed writes (retried), whether this process leads, and results not yet tallied.
 pub const LEDGER_RESULTS: &str = "fairway_ledger_results_total";
@@ -330,6 +331,10 @@ pub fn describe() {
     describe_counter!(EVENTS_RECORDED, "Job events written to the job_events history by the recorder");
     describe_counter!(EVENT_RECORD_FAILURES, "History writes the store refused (retried; offsets wait)");
     describe_gauge!(EVENT_STREAMS, "Server-Sent Event streams open now");
+    describe_counter!(
+        EVENT_STREAM_GAPS,
+        "Gaps a live events stream (GET /v1/events?follow=1) fell behind the feed and told its reader"
+    );
     describe_counter!(
         LEDGER_RESULTS,
         "Results the usage ledger tallied (counted again when a new leader re-reads a window)"

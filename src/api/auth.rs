@@ -22,14 +22,40 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// Most key ids cached (the cache is emptied when full: bounded memory under probing).
+/// Most key ids cached of each side of [`KeyCache`] (a side is emptied when full:
+/// bounded memory under probing).
 const CACHE_MAX: usize = 100_000;
 
 pub(super) struct Keys {
     mode: AuthMode,
     refresh: Duration,
     statements: tokio::sync::OnceCell<KeyStatements>,
-    cache: Mutex<HashMap<String, (Instant, Option<KeyRecord>)>>,
+    cache: Mutex<KeyCache>,
+}
+
+/// Key records read from the store, each for `api.key_refresh`: the ids found apart from
+/// the ids not found, each bounded ([`CACHE_MAX`]), so a caller sending made-up ids fills
+/// only the second and never evicts the real keys' records.
+#[derive(Default)]
+struct KeyCache {
+    found: HashMap<String, (Instant, Option<KeyRecord>)>,
+    unknown: HashMap<String, (Instant, Option<KeyRecord>)>,
+}
+
+impl KeyCache {
+    fn get(&self, id: &str) -> Option<&(Instant, Option<KeyRecord>)> {
+        self.found.get(id).or_else(|| self.unknown.get(id))
+    }
+
+    fn insert(&mut self, id: &str, at: Instant, r: Option<KeyRecord>) {
+        let (side, other) =
+            if r.is_some() { (&mut self.found, &mut self.unknown) } else { (&mut self.unknown, &mut self.found) };
+        other.remove(id);
+        if side.len() >= CACHE_MAX && !side.contains_key(id) {
+            side.clear();
+        }
+        side.insert(id.to_string(), (at, r));
+    }
 }
 
 fn unauthenticated(why: &str) -> ApiError {
@@ -51,7 +77,7 @@ impl Keys {
                 "api.auth = \"off\": the HTTP API trusts every caller as admin; use this only for local demos"
             );
         }
-        Keys { mode, refresh, statements: Default::default(), cache: Mutex::new(HashMap::new()) }
+        Keys { mode, refresh, statements: Default::default(), cache: Mutex::default() }
     }
 
     pub(super) async fn statements(&self, store: &Store) -> Result<&KeyStatements, ApiError> {
@@ -66,11 +92,7 @@ impl Keys {
             }
         }
         let r = self.statements(store).await?.get(id).await?;
-        let mut cache = self.cache.lock().expect("key cache");
-        if cache.len() >= CACHE_MAX {
-            cache.clear();
-        }
-        cache.insert(id.to_string(), (now, r.clone()));
+        self.cache.lock().expect("key cache").insert(id, now, r.clone());
         Ok(r)
     }
 
@@ -217,4 +239,25 @@ pub fn check_tenant(caller: &Caller, tenant: &str) -> Result<(), ApiError> {
             "this API key is for {caller} and cannot submit jobs for tenant {tenant:?}; omit `tenant` or use its own"
         ),
     ))
+}
+
+#[cfg(test)]
+mod cache_tests {
+    use super::*;
+
+    #[test]
+    fn made_up_ids_never_evict_the_real_keys() {
+        let mut c = KeyCache::default();
+        let now = Instant::now();
+        let real = KeyRecord { id: "real".into(), hash: vec![1], caller: None, revoked: false };
+        c.insert("real", now, Some(real));
+        for i in 0..CACHE_MAX + 10 {
+            c.insert(&format!("made-up-{i}"), now, None);
+        }
+        assert!(c.get("real").is_some_and(|(_, r)| r.is_some()), "the real key's record stays cached");
+        assert!(c.unknown.len() <= CACHE_MAX, "the unknown side is bounded: {}", c.unknown.len());
+        c.insert("real", now, None);
+        assert!(c.get("real").is_some_and(|(_, r)| r.is_none()), "a key gone from the store is now unknown");
+        assert!(!c.found.contains_key("real"));
+    }
 }

@@ -164,18 +164,19 @@ impl ApiError {
                     retry_after_secs: Some(secs),
                 }
             }
-            Refused::CircuitOpen { scope, wait_ms, counts, ratio } => {
+            // The counts stay out of the answer: a pool's or job type's breaker counts
+            // every tenant's attempts, which are not the caller's to know (metrics and the
+            // log have them).
+            Refused::CircuitOpen { scope, wait_ms, counts: _, ratio } => {
                 let secs = retry_after_secs(ms(*wait_ms));
                 ApiError {
                     status: StatusCode::SERVICE_UNAVAILABLE,
                     code: codes::CIRCUIT_OPEN,
                     message: format!(
-                        "new submissions for {scope} are paused: {} of {} recent attempts failed (above {:.0} %), so \
+                        "new submissions for {scope} are paused: more than {:.0} % of recent attempts failed, so \
                          the circuit breaker is open; nothing was written: retry after {secs}s (honour Retry-After), \
                          when one probe job is let through to test recovery; check the failing jobs' errors \
                          (`fairway results`, the DLQ)",
-                        counts.failed,
-                        counts.total(),
                         ratio * 100.0
                     ),
                     retry_after_secs: Some(secs),
@@ -414,7 +415,8 @@ mod tests {
             (e.status, e.code, e.retry_after_secs),
             (StatusCode::SERVICE_UNAVAILABLE, codes::CIRCUIT_OPEN, Some(30))
         );
-        assert!(e.message.contains("5 of 12") && e.message.contains("20 %"), "{}", e.message);
+        assert!(e.message.contains("more than 20 %"), "{}", e.message);
+        assert!(!e.message.contains("5 of") && !e.message.contains("12"), "no fleet counts to a tenant: {}", e.message);
         // A dependency's fleet-wide breaker: Retry-After in seconds, the end as an HTTP-date.
         let d = Refused::DependencyOpen { dependency: "payments".into(), wait_ms: 42_100 };
         let e = ApiError::refused(&d);

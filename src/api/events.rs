@@ -25,6 +25,7 @@ use axum::http::StatusCode;
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use futures::StreamExt;
 use serde::Deserialize;
 use std::collections::{HashSet, VecDeque};
 use std::convert::Infallible;
@@ -74,6 +75,44 @@ fn event_json(e: &JobEvent) -> serde_json::Value {
 
 fn sse(e: &JobEvent) -> Event {
     Event::default().id(e.event_id.clone()).event(e.kind.as_str()).data(event_json(e).to_string())
+}
+
+/// What a tenant's live stream passes on from the feed.
+#[derive(Debug, PartialEq)]
+enum Fed {
+    Event(Arc<JobEvent>),
+    /// The stream fell behind the feed: events were skipped.
+    Gap,
+}
+
+/// The feed's events of `tenant` (every tenant's for None) until `deadline`, and a
+/// [`Fed::Gap`] wherever the stream fell behind and events were skipped.
+fn tenant_feed(
+    rx: broadcast::Receiver<Arc<JobEvent>>,
+    tenant: Option<String>,
+    deadline: tokio::time::Instant,
+) -> impl futures::Stream<Item = Fed> {
+    futures::stream::unfold((rx, tenant), move |(mut rx, tenant)| async move {
+        loop {
+            match tokio::time::timeout_at(deadline, rx.recv()).await.ok()? {
+                Ok(e) if tenant.as_deref().is_none_or(|t| t == e.tenant) => return Some((Fed::Event(e), (rx, tenant))),
+                Ok(_) => continue,
+                Err(broadcast::error::RecvError::Lagged(_)) => return Some((Fed::Gap, (rx, tenant))),
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    })
+}
+
+/// The event a tenant's live stream sends when it fell behind the feed and events were
+/// skipped: never silent. How many is left out (the feed carries every tenant's events).
+fn gap() -> Event {
+    let data = serde_json::json!({
+        "missed": true,
+        "message": "this stream fell behind and some events were skipped; read GET /v1/jobs/{id}/events for \
+                    the jobs you follow (their history is complete)",
+    });
+    Event::default().event("gap").data(data.to_string())
 }
 
 /// Counts open streams (the gauge goes down when the stream is dropped).
@@ -173,7 +212,7 @@ pub(super) async fn job_events(
         });
         return Ok(Json(body).into_response());
     }
-    let slot = st.limits().stream_slot(&super::auth::key_id(&headers))?;
+    let slot = st.limits().stream_slot(&super::auth::key_id(&headers), Some(&caller))?;
     let live = st.feed().map(|f| f.subscribe());
     let fed_from = live.is_some().then(|| tokio::time::Instant::now() + FED_AFTER);
     let follower = JobFollower {
@@ -316,21 +355,57 @@ pub(super) async fn tenant_events(
             "this server has no live events feed (built without one); use GET /v1/jobs/{id}/events",
         ));
     };
-    let slot = st.limits().stream_slot(&super::auth::key_id(&headers))?;
+    let slot = st.limits().stream_slot(&super::auth::key_id(&headers), Some(&caller))?;
     let rx = feed.subscribe();
     let gauge = (StreamGauge::open(), slot);
     let deadline = tokio::time::Instant::now() + MAX_STREAM;
-    let stream = futures::stream::unfold((rx, tenant, gauge), move |(mut rx, tenant, gauge)| async move {
-        loop {
-            let r = tokio::time::timeout_at(deadline, rx.recv()).await.ok()?;
-            match r {
-                Ok(e) if tenant.as_deref().is_none_or(|t| t == e.tenant) => {
-                    return Some((Ok::<_, Infallible>(sse(&e)), (rx, tenant, gauge)))
-                }
-                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => continue,
-                Err(broadcast::error::RecvError::Closed) => return None,
+    let stream = tenant_feed(rx, tenant, deadline).map(move |fed| {
+        let _held = &gauge;
+        Ok::<_, Infallible>(match fed {
+            Fed::Event(e) => sse(&e),
+            Fed::Gap => {
+                metrics::counter!(m::EVENT_STREAM_GAPS).increment(1);
+                gap()
             }
-        }
+        })
     });
     Ok(super::limits::live_stream(super::drain::ending(&st, stream), &st, headers))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(tenant: &str, n: i64) -> Arc<JobEvent> {
+        Arc::new(JobEvent {
+            event_id: format!("e{n}"),
+            job_id: format!("j{n}"),
+            tenant: tenant.into(),
+            job_type: "echo".into(),
+            kind: EventKind::Succeeded,
+            at: n,
+            attempt: 1,
+            worker: None,
+            progress: None,
+            message: None,
+            next_attempt_at: None,
+        })
+    }
+
+    /// A burst of another tenant's events past the feed's buffer: the tenant's stream says
+    /// it skipped events (a gap) instead of going on as if nothing was missed.
+    #[tokio::test]
+    async fn a_stream_that_falls_behind_says_so_and_goes_on_with_its_tenants_events() {
+        let (tx, rx) = broadcast::channel(4);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let feed = tenant_feed(rx, Some("acme".into()), deadline);
+        tx.send(event("acme", 0)).unwrap();
+        for n in 1..=10 {
+            tx.send(event("globex", n)).unwrap();
+        }
+        tx.send(event("acme", 11)).unwrap();
+        drop(tx);
+        let got: Vec<Fed> = feed.collect().await;
+        assert_eq!(got, vec![Fed::Gap, Fed::Event(event("acme", 11))], "acme's first event was overrun");
+    }
 }

@@ -1,10 +1,14 @@
 //! The API process's own limits (rules: `core::api_limits`; settings `[api.limits]`):
 //! what one API key, and all keys together, may hold of this process at once.
 //!
+//! Each budget below that is "per key" counts a tenant key against its tenant (all its
+//! keys together: more keys buy no more of this process), and an admin key against itself
+//! ([`holder`]).
+//!
 //! - **bodies** ([`bodies`], on every route that takes one): a request over its route's
 //!   body limit by `Content-Length` is answered 413 before its body is read; otherwise it
 //!   holds one request in flight and its body bytes (`Content-Length`, or the route's
-//!   limit) of the key's and the process's budgets, or gets 429 with `Retry-After`
+//!   limit) of the tenant's (or admin key's) and the process's budgets, or gets 429 with `Retry-After`
 //!   (`TOO_MANY_SUBMISSIONS` on `POST /v1/jobs` and `POST /v1/jobs:batch`,
 //!   `TOO_MANY_REQUESTS_WITH_BODIES` on the others, which have budgets of their own);
 //!   its body must arrive within `body_timeout` (408). Bodies are read into typed
@@ -17,7 +21,8 @@
 //! - **streams** ([`Limits::stream_slot`]): Server-Sent Event streams per key and in
 //!   total (429 `TOO_MANY_STREAMS`); a stream ends when its key is revoked
 //!   ([`until_revoked`]).
-//! - **console DLQ scans** ([`Limits::scan_slot`]): one per key at a time, four in all.
+//! - **console DLQ scans** ([`Limits::scan_slot`]): one per tenant (or admin key) at a
+//!   time, four in all for tenants and four more for admins (tenants cannot take theirs).
 //! - **heavy reads** ([`Limits::heavy_slot`], [`heavy`]): usage reports and exports,
 //!   the console's tenant and overview pages, listings of every schedule or tenant:
 //!   `heavy_reads_per_key` in flight per tenant (all its keys) or admin key, and
@@ -58,14 +63,25 @@ pub struct Limits {
     controls: Arc<Mutex<Usage>>,
     requests: Requests,
     streams: Arc<Mutex<Usage>>,
-    /// Console DLQ scans: one per key at a time, a few in all.
+    /// Console DLQ scans: one per tenant at a time, a few in all.
     scans: Arc<Mutex<Usage>>,
+    /// The admins' console DLQ scans, apart from the tenants'.
+    admin_scans: Arc<Mutex<Usage>>,
     /// Heavy reads in flight: per tenant (or admin key), in all.
     heavy: Arc<Mutex<Usage>>,
 }
 
-/// Console DLQ scans at once, all keys.
+/// Console DLQ scans at once, all tenants' (and as many more, all admins').
 const MAX_SCANS: u64 = 4;
+
+/// Who a budget counts a request against: a tenant key's tenant (all its keys together),
+/// or an admin key (or, with `api.auth = "off"`, the anonymous key) itself.
+pub fn holder(key: &KeyId, caller: Option<&super::Caller>) -> KeyId {
+    match caller.and_then(|c| c.tenant()) {
+        Some(t) => KeyId(format!("tenant:{t}")),
+        None => KeyId(format!("key:{}", key.0)),
+    }
+}
 /// Requests with bodies in flight on the other routes: per key, in all.
 const CONTROLS: Bound = Bound { per_key: 4, total: 64 };
 
@@ -135,6 +151,11 @@ impl Limits {
             ))),
             limits: l,
             scans: Arc::new(Mutex::new(Usage::new("DLQ scans", Bound { per_key: 1, total: MAX_SCANS }, Bound::NONE))),
+            admin_scans: Arc::new(Mutex::new(Usage::new(
+                "admins' DLQ scans",
+                Bound { per_key: 1, total: MAX_SCANS },
+                Bound::NONE,
+            ))),
         }
     }
 
@@ -184,20 +205,15 @@ impl Limits {
         Ok(())
     }
 
-    /// One live stream for `key`, held until the returned slot is dropped.
-    pub fn stream_slot(&self, key: &KeyId) -> Result<Slot, ApiError> {
-        Slot::take(&self.streams, key, 0)
+    /// One live stream for `caller` ([`holder`]), held until the returned slot is dropped.
+    pub fn stream_slot(&self, key: &KeyId, caller: Option<&super::Caller>) -> Result<Slot, ApiError> {
+        Slot::take(&self.streams, &holder(key, caller), 0)
             .map_err(|b| busy(b, codes::TOO_MANY_STREAMS, "close streams it no longer reads"))
     }
 
-    /// One heavy read for `caller` (counted per tenant for a tenant key, whatever the
-    /// key; per key for an admin), held until the returned slot is dropped.
+    /// One heavy read for `caller` ([`holder`]), held until the returned slot is dropped.
     pub fn heavy_slot(&self, key: &KeyId, caller: Option<&super::Caller>) -> Result<Slot, ApiError> {
-        let holder = match caller.and_then(|c| c.tenant()) {
-            Some(t) => KeyId(format!("tenant:{t}")),
-            None => KeyId(format!("key:{}", key.0)),
-        };
-        Slot::take(&self.heavy, &holder, 0).map_err(|b| {
+        Slot::take(&self.heavy, &holder(key, caller), 0).map_err(|b| {
             busy(
                 b,
                 codes::TOO_MANY_HEAVY_READS,
@@ -211,9 +227,12 @@ impl Limits {
         self.limits.ledger_rows_per_request
     }
 
-    /// One console DLQ scan for `key`, held until the returned slot is dropped.
-    pub fn scan_slot(&self, key: &KeyId) -> Result<Slot, ApiError> {
-        Slot::take(&self.scans, key, 0).map_err(|b| busy(b, codes::TOO_MANY_SCANS, "wait for the page to load"))
+    /// One console DLQ scan for `caller` ([`holder`]; admins' apart from tenants'), held
+    /// until the returned slot is dropped.
+    pub fn scan_slot(&self, key: &KeyId, caller: &super::Caller) -> Result<Slot, ApiError> {
+        let scans = if caller.is_admin() { &self.admin_scans } else { &self.scans };
+        Slot::take(scans, &holder(key, Some(caller)), 0)
+            .map_err(|b| busy(b, codes::TOO_MANY_SCANS, "wait for the page to load"))
     }
 }
 
@@ -285,6 +304,7 @@ pub async fn bodies(State((st, kind)): State<(ApiState, BodyRoute)>, req: Reques
         return too_large(limit, kind).into_response();
     }
     let key = req.extensions().get::<KeyId>().cloned().unwrap_or_else(|| super::auth::key_id(req.headers()));
+    let key = holder(&key, req.extensions().get::<super::Caller>());
     let (budget, code) = match kind {
         BodyRoute::Job | BodyRoute::Batch => (&fd.submissions, codes::TOO_MANY_SUBMISSIONS),
         BodyRoute::Control => (&fd.controls, codes::TOO_MANY_REQUESTS_WITH_BODIES),
@@ -443,21 +463,41 @@ mod tests {
     }
 
     #[test]
-    fn console_dlq_scans_are_one_per_key_and_a_few_in_all() {
+    fn console_dlq_scans_are_one_per_tenant_and_a_few_in_all_and_admins_keep_theirs() {
+        use crate::api::Caller;
         let fd = Limits::new(&ApiLimits::default(), 1 << 20);
         let key = |k: &str| KeyId(k.to_string());
-        let first = fd.scan_slot(&key("a")).expect("a's first scan");
-        let e = fd.scan_slot(&key("a")).err().expect("a's second scan at once");
+        let tenant = |t: &str| Caller::Tenant(t.to_string());
+        let first = fd.scan_slot(&key("a1"), &tenant("acme")).expect("acme's first scan");
+        let e = fd.scan_slot(&key("a2"), &tenant("acme")).err().expect("acme's second scan at once, another key");
         assert_eq!(
             (e.status, e.code, e.retry_after_secs),
             (StatusCode::TOO_MANY_REQUESTS, codes::TOO_MANY_SCANS, Some(BUSY_RETRY_SECS))
         );
-        let others: Vec<Slot> = (1..MAX_SCANS).map(|i| fd.scan_slot(&key(&format!("k{i}"))).expect("room")).collect();
-        let e = fd.scan_slot(&key("late")).err().expect("all scans taken");
+        let others: Vec<Slot> = (1..MAX_SCANS)
+            .map(|i| fd.scan_slot(&key(&format!("k{i}")), &tenant(&format!("t{i}"))).expect("room"))
+            .collect();
+        let e = fd.scan_slot(&key("late"), &tenant("late")).err().expect("all tenants' scans taken");
         assert_eq!(e.code, codes::TOO_MANY_SCANS);
         assert!(e.message.contains("for all callers"), "{}", e.message);
+        let admin = fd.scan_slot(&key("root"), &Caller::Admin).expect("the tenants cannot take the admins' scans");
         drop(first);
-        assert!(fd.scan_slot(&key("a")).is_ok(), "a's scan ended: a may scan again");
-        drop(others);
+        assert!(fd.scan_slot(&key("a2"), &tenant("acme")).is_ok(), "acme's scan ended: it may scan again");
+        drop((others, admin));
+    }
+
+    #[test]
+    fn a_tenants_keys_share_its_submission_bytes() {
+        use crate::api::Caller;
+        let l = ApiLimits::default();
+        let fd = Limits::new(&l, 1 << 20);
+        let acme = Caller::Tenant("acme".into());
+        let per = l.body_bytes_per_key;
+        let first = Slot::take(&fd.submissions, &holder(&KeyId("k1".into()), Some(&acme)), per).expect("acme's budget");
+        let second = Slot::take(&fd.submissions, &holder(&KeyId("k2".into()), Some(&acme)), 1);
+        assert!(second.is_err(), "another key of acme's buys no more of the budget");
+        let globex = Caller::Tenant("globex".into());
+        assert!(Slot::take(&fd.submissions, &holder(&KeyId("k3".into()), Some(&globex)), per).is_ok(), "globex's own");
+        drop(first);
     }
 }

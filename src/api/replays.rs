@@ -14,7 +14,7 @@
 use super::limits::KeyId;
 use super::{codes, ApiError, ApiState, Caller};
 use crate::core::replay::{ReplayFilter, ReplaySource};
-use crate::ops::replay::{self, Progress, ReplayOptions, ReplayReport};
+use crate::ops::replay::{self, Progress, ReplayOptions, ReplayReport, Stopped};
 use axum::http::StatusCode;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -108,21 +108,21 @@ impl Replays {
         if opts.dry_run {
             let _heavy = st.limits().heavy_slot(key, Some(caller))?;
             let report = replay::run(&cfg, opts, |_| {}).await.map_err(failed)?;
-            return Ok(report_json(&report));
+            return Ok(report_json(&report, Audience::of(caller)));
         }
         let id = uuid::Uuid::new_v4().simple().to_string();
         let (tx, rx) = watch::channel(serde_json::json!({"done": false, "scanned": 0}));
         self.admit(&id, owner, rx)?;
-        let who = caller.to_string();
+        let (who, audience) = (caller.to_string(), Audience::of(caller));
         tokio::spawn(async move {
             let out = replay::run(&cfg, opts, |p| {
-                tx.send_replace(progress_json(p));
+                tx.send_replace(progress_json(p, audience));
             })
             .await;
             let end = match out {
                 Ok(r) => {
                     tracing::info!(caller = %who, replay_id = %r.replay_id, replayed = r.replayed, "replay finished");
-                    report_json(&r)
+                    report_json(&r, audience)
                 }
                 Err(e) => {
                     tracing::warn!(caller = %who, error = %e, "replay failed");
@@ -182,8 +182,27 @@ impl Replays {
     }
 }
 
-/// A finished replay's report (`done: true`).
-pub fn report_json(r: &ReplayReport) -> serde_json::Value {
+/// Who reads a replay's counts. The topics are shared, so a tenant's view counts only
+/// its own records: of other tenants' (and of undecodable ones, whose tenant is unknown)
+/// it says nothing, not even how many were read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Audience {
+    Admin,
+    Tenant,
+}
+
+impl Audience {
+    pub fn of(caller: &Caller) -> Audience {
+        if caller.tenant().is_some() {
+            Audience::Tenant
+        } else {
+            Audience::Admin
+        }
+    }
+}
+
+/// A finished replay's report (`done: true`), as `audience` may read it.
+pub fn report_json(r: &ReplayReport, audience: Audience) -> serde_json::Value {
     let sample: Vec<serde_json::Value> = r
         .sample
         .iter()
@@ -195,22 +214,45 @@ pub fn report_json(r: &ReplayReport) -> serde_json::Value {
             })
         })
         .collect();
-    serde_json::json!({
-        "replay_id": r.replay_id, "topic": r.topic, "dry_run": r.dry_run, "scanned": r.scanned,
+    let s = &r.skipped;
+    let mut skipped = serde_json::json!({
+        "filter": s.filter, "loop_guard": s.loop_guard, "duplicate": s.duplicate, "expired": s.expired,
+    });
+    let mut out = serde_json::json!({
+        "replay_id": r.replay_id, "topic": r.topic, "dry_run": r.dry_run,
+        "scanned": r.scanned.saturating_sub(s.foreign()),
         "matched": r.matched, "replayed": r.replayed, "would_replay": r.would_replay,
-        "skipped": {
-            "filter": r.skipped.filter, "loop_guard": r.skipped.loop_guard, "undecodable": r.skipped.undecodable,
-            "duplicate": r.skipped.duplicate, "expired": r.skipped.expired,
-        },
-        "refused": r.refused, "sample": sample, "stopped": r.stopped.describe(),
-        "elapsed_ms": r.elapsed.as_millis() as u64, "warnings": r.warnings, "done": true,
-    })
+        "refused": r.refused, "sample": sample, "stopped": stopped(r.stopped, audience),
+        "elapsed_ms": r.elapsed.as_millis() as u64, "done": true,
+    });
+    if audience == Audience::Admin {
+        skipped["other_tenants"] = s.other_tenants.into();
+        skipped["undecodable"] = s.undecodable.into();
+        out["scanned"] = r.scanned.into();
+    }
+    let notes = r.operator_notes.iter().filter(|_| audience == Audience::Admin);
+    out["warnings"] = notes.chain(&r.warnings).cloned().collect::<Vec<_>>().into();
+    out["skipped"] = skipped;
+    out
 }
 
-/// A running replay's progress (`done: false`).
-pub fn progress_json(p: &Progress) -> serde_json::Value {
+/// Why a replay stopped, as `audience` may read it: a tenant's replay that read its
+/// bound of records (mostly other tenants') is told only that it stopped at a bound.
+fn stopped(s: Stopped, audience: Audience) -> &'static str {
+    match (s, audience) {
+        (Stopped::ScanLimit, Audience::Tenant) => {
+            "stopped at the bound of one tenant's replay (the same replay again continues where it stopped)"
+        }
+        _ => s.describe(),
+    }
+}
+
+/// A running replay's progress (`done: false`), as `audience` may read it ([`Audience`]).
+pub fn progress_json(p: &Progress, audience: Audience) -> serde_json::Value {
+    let foreign = if audience == Audience::Admin { 0 } else { p.foreign };
     serde_json::json!({
-        "scanned": p.scanned, "matched": p.matched, "replayed": p.replayed, "skipped": p.skipped,
+        "scanned": p.scanned.saturating_sub(foreign), "matched": p.matched, "replayed": p.replayed,
+        "skipped": p.skipped.saturating_sub(foreign),
         "partitions": p.partitions, "partitions_done": p.partitions_done,
         "elapsed_ms": p.elapsed.as_millis() as u64, "dry_run": p.dry_run, "done": false,
     })

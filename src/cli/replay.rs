@@ -192,8 +192,9 @@ fn print_report(r: &ReplayReport, a: &ReplayArgs) {
         println!("  replayed      {}", r.replayed);
     }
     println!(
-        "  skipped       {} (filter {}, loop guard {}, undecodable {}, duplicate {}, expired {})",
+        "  skipped       {} (other tenants {}, filter {}, loop guard {}, undecodable {}, duplicate {}, expired {})",
         s.total(),
+        s.other_tenants,
         s.filter,
         s.loop_guard,
         s.undecodable,
@@ -246,7 +247,7 @@ fn print_report(r: &ReplayReport, a: &ReplayArgs) {
         let ids: Vec<String> = r.refused.iter().map(|i| format!("--job-id {i}")).collect();
         println!("  after fixing the cause: fairway replay --from {} --force {}", r.source, ids.join(" "));
     }
-    for w in &r.warnings {
+    for w in r.operator_notes.iter().chain(&r.warnings) {
         println!("warning: {w}");
     }
     match r.stopped {

@@ -18,19 +18,21 @@ pub const MAX_LEDGER_ROWS: u64 = 10_000_000;
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ApiLimits {
-    /// Submission requests (`POST /v1/jobs`, `POST /v1/jobs:batch`) one key may have in
-    /// flight at once.
+    /// Submission requests (`POST /v1/jobs`, `POST /v1/jobs:batch`) one tenant (all its
+    /// keys together) or admin key may have in flight at once.
     pub submissions_per_key: u64,
     /// Submission requests in flight at once, all keys.
     pub submissions: u64,
-    /// Request body bytes one key's submissions in flight may hold (each request holds
-    /// its `Content-Length`, or the route's body limit when it sends none).
+    /// Request body bytes one tenant's (all its keys') or admin key's submissions in flight
+    /// may hold (each request holds its `Content-Length`, or the route's body limit when it
+    /// sends none).
     pub body_bytes_per_key: u64,
     /// Request body bytes all submissions in flight may hold.
     pub body_bytes: u64,
     /// Largest `POST /v1/jobs:batch` body.
     pub batch_body_bytes: u64,
-    /// Server-Sent Event streams (`?follow=1`, console live view) one key may hold open.
+    /// Server-Sent Event streams (`?follow=1`, console live view) one tenant (all its keys)
+    /// or admin key may hold open.
     pub streams_per_key: u64,
     /// Server-Sent Event streams open at once, all keys.
     pub streams: u64,

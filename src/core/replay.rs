@@ -222,6 +222,9 @@ pub fn prepare(job: &JobSubmitted, from_topic: &str) -> JobSubmitted {
 pub enum Decision {
     /// No decodable job in the record.
     Undecodable,
+    /// Another tenant's job, when the filter names a tenant (counted apart: a tenant's
+    /// replay reports nothing of other tenants' records).
+    OtherTenant,
     /// The filter does not match.
     Filtered,
     /// The same job id was already replayed earlier in this run.
@@ -237,11 +240,12 @@ pub enum Decision {
 impl Decision {
     /// Whether the record passed the filter (counted as "matched").
     pub fn matched(&self) -> bool {
-        !matches!(self, Decision::Undecodable | Decision::Filtered)
+        !matches!(self, Decision::Undecodable | Decision::OtherTenant | Decision::Filtered)
     }
     pub fn label(&self) -> &'static str {
         match self {
             Decision::Undecodable => "undecodable",
+            Decision::OtherTenant => "other tenant",
             Decision::Filtered => "filtered",
             Decision::Duplicate => "duplicate",
             Decision::LoopGuard(_) => "loop guard",
@@ -275,6 +279,9 @@ pub fn decide(
     now: Millis,
 ) -> Decision {
     let Some(job) = &rec.job else { return Decision::Undecodable };
+    if filter.tenant.as_ref().is_some_and(|t| *t != job.tenant) {
+        return Decision::OtherTenant;
+    }
     if !filter.matches(rec) {
         return Decision::Filtered;
     }
@@ -515,7 +522,11 @@ mod tests {
 
         let c = cand("acme", "echo");
         let other = ReplayFilter { tenant: Some("globex".into()), ..Default::default() };
-        assert_eq!(decide(&c, &other, &seen, g, "t", 0), Decision::Filtered);
+        assert_eq!(decide(&c, &other, &seen, g, "t", 0), Decision::OtherTenant, "another tenant's, counted apart");
+        assert!(!Decision::OtherTenant.matched());
+        let own_other_type =
+            ReplayFilter { tenant: Some("acme".into()), job_type: Some("x".into()), ..Default::default() };
+        assert_eq!(decide(&c, &own_other_type, &seen, g, "t", 0), Decision::Filtered);
         assert!(!Decision::Filtered.matched());
 
         let Decision::Replay(p) = decide(&c, &none, &seen, g, "it.dlq", 0) else { panic!() };

@@ -170,6 +170,9 @@ pub struct Progress {
     /// Produced and acknowledged so far (in a dry run: would be replayed).
     pub replayed: u64,
     pub skipped: u64,
+    /// Of `scanned`: records not the filter's tenant's, or undecodable (whose tenant is
+    /// unknown). A tenant's view leaves them out.
+    pub foreign: u64,
     pub partitions: usize,
     pub partitions_done: usize,
     pub elapsed: Duration,
@@ -179,7 +182,9 @@ pub struct Progress {
 /// Records not replayed, by reason.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Skipped {
-    /// The filter did not match.
+    /// Another tenant's job, when the filter names a tenant.
+    pub other_tenants: u64,
+    /// The filter did not match (its tenant apart).
     pub filter: u64,
     /// Refused by the loop guard (replayed `max_replays` times already).
     pub loop_guard: u64,
@@ -193,7 +198,12 @@ pub struct Skipped {
 
 impl Skipped {
     pub fn total(&self) -> u64 {
-        self.filter + self.loop_guard + self.undecodable + self.duplicate + self.expired
+        self.other_tenants + self.filter + self.loop_guard + self.undecodable + self.duplicate + self.expired
+    }
+
+    /// Records not the filter's tenant's, or undecodable (whose tenant is unknown).
+    pub fn foreign(&self) -> u64 {
+        self.other_tenants + self.undecodable
     }
 }
 
@@ -266,8 +276,12 @@ pub struct ReplayReport {
     /// Time until the last record was decided and its batch saved: `elapsed` without
     /// the final wait for more records (the idle timeout).
     pub active: Duration,
-    /// Things worth a look: undecodable records, offsets that went backwards.
+    /// Things worth a look about the run: partitions left unread, read errors.
     pub warnings: Vec<String>,
+    /// Things about the shared topic's records: the first undecodable ones and offsets that
+    /// went backwards, with where they are (kept apart from `warnings`: a tenant's view
+    /// leaves them out, as their tenant is unknown and offsets count every tenant's records).
+    pub operator_notes: Vec<String>,
 }
 
 impl ReplayReport {
@@ -334,7 +348,7 @@ struct Tally {
     skipped: Skipped,
     refused: Vec<String>,
     sample: Vec<SampleRow>,
-    warnings: Vec<String>,
+    operator_notes: Vec<String>,
     undecodable_noted: u32,
     /// Job ids replayed earlier in this run.
     seen: HashSet<String>,
@@ -446,7 +460,7 @@ impl Replay {
             Ok(c) => rp::decide(c, &self.opts.filter, &t.seen, self.guard, &self.topic, now_ms()),
             Err(e) => {
                 if t.undecodable_noted < 3 {
-                    t.warnings.push(format!("partition {p} offset {offset}: undecodable record: {e}"));
+                    t.operator_notes.push(format!("partition {p} offset {offset}: undecodable record: {e}"));
                 }
                 t.undecodable_noted += 1;
                 Decision::Undecodable
@@ -470,7 +484,7 @@ impl Replay {
                 t.skipped.undecodable += 1;
                 if let Ok(c) = candidate {
                     if c.job.is_none() && t.undecodable_noted < 3 {
-                        t.warnings.push(format!(
+                        t.operator_notes.push(format!(
                             "partition {p} offset {offset}: dead letter without a decodable job, only raw bytes \
                              (reason: {}); it cannot be replayed: fix the producer and resubmit",
                             c.reason.as_deref().unwrap_or("")
@@ -479,6 +493,7 @@ impl Replay {
                     t.undecodable_noted += 1;
                 }
             }
+            Decision::OtherTenant => t.skipped.other_tenants += 1,
             Decision::Filtered => t.skipped.filter += 1,
             Decision::Duplicate => t.skipped.duplicate += 1,
             Decision::Expired => t.skipped.expired += 1,
@@ -528,6 +543,7 @@ impl Replay {
             matched: self.tally.matched,
             replayed: if self.opts.dry_run { self.tally.scheduled } else { self.checkpoints.acked },
             skipped: self.tally.skipped.total(),
+            foreign: self.tally.skipped.foreign(),
             partitions: self.scan.partitions(),
             partitions_done: self.scan.partitions_done(),
             elapsed: self.t0.elapsed(),
@@ -546,10 +562,9 @@ impl Replay {
         Ok(())
     }
 
-    /// The report of the finished run, with the scan's warnings after the replay's own.
+    /// The report of the finished run, with the scan's warnings.
     fn report(mut self, stopped: Stopped) -> ReplayReport {
-        let mut t = self.tally;
-        t.warnings.extend(self.scan.take_warnings());
+        let t = self.tally;
 
         ReplayReport {
             replay_id: self.replay_id,
@@ -568,7 +583,8 @@ impl Replay {
             stopped,
             elapsed: self.t0.elapsed(),
             active: self.active,
-            warnings: t.warnings,
+            warnings: self.scan.take_warnings(),
+            operator_notes: t.operator_notes.into_iter().chain(self.scan.take_offset_notes()).collect(),
         }
     }
 }
@@ -710,6 +726,8 @@ pub(crate) struct Scan {
     deadline: Option<Instant>,
     read_errors: u32,
     warnings: Vec<String>,
+    /// Warnings naming offsets of the shared topic (an operator's, not a tenant's).
+    offset_notes: Vec<String>,
 }
 
 impl Scan {
@@ -770,7 +788,15 @@ impl Scan {
                 message: e.to_string(),
             })?;
         }
-        Ok(Scan { consumer, idle_timeout, parts, deadline: None, read_errors: 0, warnings: Vec::new() })
+        Ok(Scan {
+            consumer,
+            idle_timeout,
+            parts,
+            deadline: None,
+            read_errors: 0,
+            warnings: Vec::new(),
+            offset_notes: Vec::new(),
+        })
     }
 
     /// Every partition reached its end (or was empty).
@@ -786,6 +812,11 @@ impl Scan {
     /// Read errors and offsets that went backwards, noted so far.
     pub(crate) fn take_warnings(&mut self) -> Vec<String> {
         std::mem::take(&mut self.warnings)
+    }
+
+    /// The warnings that name offsets of the topic, taken.
+    pub(crate) fn take_offset_notes(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.offset_notes)
     }
 
     /// Partitions (topic, partition) not finished and not yet read up to their start high
@@ -849,7 +880,7 @@ impl Scan {
             // past its end): never decide a record twice.
             if !part.warned_backwards {
                 part.warned_backwards = true;
-                self.warnings.push(format!(
+                self.offset_notes.push(format!(
                     "{topic} partition {p}: the broker delivered offset {offset}, below the resume point {}; was the \
                      topic recreated? records below the resume point are not replayed (use a new --id to start over)",
                     part.min

@@ -493,6 +493,7 @@ async fn scan<F: FnMut(&RerunEvent)>(
     };
     events.tell(&ctx.scan_progress(&scan, report, &selection));
     report.warnings.extend(scan.take_warnings());
+    report.warnings.extend(scan.take_offset_notes());
     drop(scan);
     report.selected = selection.len() as u64;
     report.skipped.duplicate = selection.duplicates;

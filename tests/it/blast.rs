@@ -338,7 +338,7 @@ async fn one_tenants_dependency_failures_do_not_stop_the_type_for_others() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn live_streams_are_capped_per_key_and_end_when_the_key_is_revoked() {
+async fn live_streams_are_capped_per_tenant_and_end_when_the_key_is_revoked() {
     let cfg = common::arc(common::config("[api]\nkey_refresh = \"1s\"\n[api.limits]\nstreams_per_key = 2\n"));
     let api = Api::start(&cfg).await;
     let (a_id, a_key) = key(&cfg, "acme").await;
@@ -351,8 +351,11 @@ async fn live_streams_are_capped_per_key_and_end_when_the_key_is_revoked() {
     assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
     assert!(third.headers().contains_key("retry-after"));
     assert_eq!(third.json::<Value>().await.unwrap()["code"], "TOO_MANY_STREAMS");
+    let a2 = client(&key(&cfg, "acme").await.1);
+    let more = follow(&a2).await.unwrap();
+    assert_eq!(more.status(), StatusCode::TOO_MANY_REQUESTS, "another key of acme's buys no more streams");
     let sb = follow(&b).await.unwrap();
-    assert_eq!(sb.status(), StatusCode::OK, "another key opens its streams");
+    assert_eq!(sb.status(), StatusCode::OK, "another tenant opens its streams");
 
     // Revoked: A's open streams end within seconds.
     let store = fairway::store::Store::open(&cfg).await.unwrap();

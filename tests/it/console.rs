@@ -1,7 +1,7 @@
 //! The operator console in a real headless Chromium (driven over WebDriver by
 //! chromedriver) against the real broker and CQL database: the overview updates while
 //! jobs run; a dead-lettered job is found, previewed and replayed from the page and then
-//! succeeds; a tenant key sees only its tenant (and previews a replay of its own dead letters only), while an admin suspends
+//! succeeds; a tenant key sees only its tenant and replays its own dead letters only (a dry run first), while an admin suspends
 //! a tenant from the tenants page and pauses a tenant's schedule from the schedules page;
 //! a tenant's page charts what the usage ledger counted of its jobs (and lists its alerts),
 //! and the overview charts the top tenants. Screenshots of each page go to
@@ -427,6 +427,24 @@ async fn a_tenant_key_sees_only_its_tenant_and_an_admin_suspends_one() {
         let answer =
             c.execute_async(&post("/console/api/replays", "{dry_run: true, tenant: 'globex'}"), vec![]).await.unwrap();
         assert_eq!((&answer[0], &answer[1]["would_replay"]), (&json!(200), &json!(1)), "{answer}");
+        // The tenant replays its own dead letter from the page: preview, then confirm. The
+        // cause is fixed for both tenants, yet only acme's job runs again.
+        s.gate.store(true, Ordering::SeqCst);
+        c.goto(&s.url("/console/dlq?job_type=gate")).await.unwrap();
+        c.wait().at_most(Duration::from_secs(30)).for_element(Locator::Css("#dlq")).await.unwrap();
+        c.find(Locator::Css("#preview")).await.unwrap().click().await.unwrap();
+        let n = until(Duration::from_secs(60), "the tenant's preview before its replay", || text(&c, "#would-replay"))
+            .await;
+        assert_eq!(n, "1", "acme's preview before its replay");
+        screenshot(&c, "dlq-as-tenant").await;
+        c.find(Locator::Css("#confirm-replay")).await.expect("a tenant confirms its replay").click().await.unwrap();
+        let done = until(Duration::from_secs(60), "the tenant's replay's end", || text(&c, "#replay-done")).await;
+        assert!(done.contains("1 job(s) replayed"), "{done}");
+        until(Duration::from_secs(60), "acme's replayed job to succeed", || async {
+            (s.worker_row(acme_job).await.as_deref() == Some("succeeded")).then_some(())
+        })
+        .await;
+        assert_eq!(s.worker_row(globex_job).await.as_deref(), Some("failed"), "globex's dead letter was not replayed");
         // The overview is the tenant's own.
         c.goto(&s.url("/console")).await.unwrap();
         c.wait().at_most(Duration::from_secs(20)).for_element(Locator::Css("#pools")).await.unwrap();

@@ -159,7 +159,8 @@ async fn dlq_replay_round_trip_with_filters_dry_run_resume_and_loop_guard() {
     assert_eq!(r.scanned, 10, "{r:#?}");
     assert_eq!(r.matched, 6, "3 echo + 2 report + the looping one: {r:#?}");
     assert_eq!((r.would_replay, r.replayed), (5, 0));
-    assert_eq!((r.skipped.filter, r.skipped.loop_guard, r.skipped.undecodable), (3, 1, 1), "{r:#?}");
+    let s = &r.skipped;
+    assert_eq!((s.other_tenants, s.filter, s.loop_guard, s.undecodable), (3, 0, 1, 1), "globex's 3 apart: {r:#?}");
     assert_eq!(r.refused, vec![looping.job_id.clone()]);
     assert_eq!(r.sample.len(), 6);
     assert!(r.sample.iter().all(|s| s.tenant == "acme" && s.attempts == 5 && s.last_error.contains("503")));
@@ -300,7 +301,7 @@ async fn replay_from_a_retry_topic_with_an_error_filter() {
     let r = replay(&cfg, o).await;
     assert_eq!((r.scanned, r.matched, r.replayed), (5, 2, 2), "{r:#?}");
     assert_eq!((r.skipped.filter, r.skipped.undecodable), (2, 1), "{r:#?}");
-    assert!(r.warnings.iter().any(|w| w.contains("undecodable")), "{:?}", r.warnings);
+    assert!(r.operator_notes.iter().any(|w| w.contains("undecodable")), "{:?}", r.operator_notes);
     let got = read_jobs(&cfg, &cfg.pool_topic(Pool::Short), IDLE).await;
     let want: HashSet<&str> = [jobs[0].job_id.as_str(), jobs[2].job_id.as_str()].into();
     assert_eq!(got.iter().map(|j| j.job_id.as_str()).collect::<HashSet<_>>(), want);
@@ -350,8 +351,10 @@ async fn a_tenant_replays_its_own_dead_letters_through_the_api() {
     for j in acme.iter().chain(&globex) {
         send_dl(&producer, &cfg, &dead_letter(Some(j.clone())), None).await;
     }
+    send_dl(&producer, &cfg, &dead_letter(None), None).await; // raw bytes: no one's, as far as anyone can tell
     let (_, a) = common::create_key(&cfg, &Caller::Tenant("acme".into()), "it_replay").await;
     let (_, g) = common::create_key(&cfg, &Caller::Tenant("globex".into()), "it_replay").await;
+    let (_, admin) = common::create_key(&cfg, &Caller::Admin, "it_replay").await;
     let (base, stop_api) = common::serve_api(&cfg).await;
     let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
     let call = |key: &str, method: reqwest::Method, path: &str, body: Option<Value>| {
@@ -372,6 +375,15 @@ async fn a_tenant_replays_its_own_dead_letters_through_the_api() {
     assert_eq!((dry["would_replay"].as_u64(), dry["replayed"].as_u64()), (Some(3), Some(0)), "{dry}");
     let sampled: Vec<&str> = dry["sample"].as_array().unwrap().iter().map(|s| s["tenant"].as_str().unwrap()).collect();
     assert!(!sampled.is_empty() && sampled.iter().all(|t| *t == "acme"), "acme's dry run shows {sampled:?}");
+    // The topic is shared; a tenant's counts are of its own records only.
+    assert_eq!(dry["scanned"].as_u64(), Some(3), "acme is told of its own 3 records, not of the 6 read: {dry}");
+    assert!(dry["skipped"].get("other_tenants").is_none() && dry["skipped"].get("undecodable").is_none(), "{dry}");
+    assert_eq!(dry["warnings"], json!([]), "nothing of the undecodable record: {dry}");
+    let (status, all) = call(&admin, Method::POST, "/v1/replays", Some(json!({"dry_run": true}))).await;
+    assert_eq!(status, 200, "{all}");
+    assert_eq!((all["scanned"].as_u64(), all["would_replay"].as_u64()), (Some(6), Some(5)), "{all}");
+    assert_eq!((all["skipped"]["undecodable"].as_u64(), all["skipped"]["other_tenants"].as_u64()), (Some(1), Some(0)));
+    assert_eq!(all["warnings"].as_array().map(Vec::len), Some(1), "the admin is told where it is: {all}");
     let (status, theirs) = call(&g, Method::POST, "/v1/replays", Some(json!({"dry_run": true}))).await;
     assert_eq!((status, theirs["would_replay"].as_u64()), (200, Some(2)), "globex sees its own two: {theirs}");
     let (status, named) = call(&g, Method::POST, "/v1/replays", Some(json!({"dry_run": true, "tenant": "acme"}))).await;

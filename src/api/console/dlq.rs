@@ -86,16 +86,16 @@ fn form(v: &Viewer, f: &Filters) -> String {
     )
 }
 
+/// One listed record. Its partition and offset only for an admin: the topic is shared, so
+/// the gap between two of a tenant's offsets would count other tenants' records.
 fn listed_row(l: &Listed, admin: bool) -> String {
     let c = &l.candidate;
     let Some(job) = &c.job else { return String::new() };
     let payload = String::from_utf8_lossy(&job.payload);
     let payload: String = payload.chars().take(PAYLOAD_CHARS).collect();
-    let pick = if admin {
-        format!("<input type=\"checkbox\" class=\"pick\" value=\"{}\">", esc(&job.job_id))
-    } else {
-        String::new()
-    };
+    let pick = format!("<input type=\"checkbox\" class=\"pick\" value=\"{}\">", esc(&job.job_id));
+    let at =
+        if admin { format!("<p><b>at</b> partition {} offset {}</p>", l.partition, l.offset) } else { String::new() };
     let mut cells = vec![
         pick,
         format!("<a class=\"job\" href=\"/console/jobs?id={}\">{}</a>", html::url(&job.job_id), esc(&job.job_id)),
@@ -108,12 +108,10 @@ fn listed_row(l: &Listed, admin: bool) -> String {
     ];
     cells.push(format!(
         "<details><summary>{}</summary><p><b>reason</b> {}</p><p><b>last error</b> {}</p>\
-         <p><b>at</b> partition {} offset {}</p><pre class=\"payload\">{}</pre></details>",
+         {at}<pre class=\"payload\">{}</pre></details>",
         esc(&crate::core::replay::truncate(c.last_error.as_deref().or(c.reason.as_deref()).unwrap_or(""), 80)),
         esc(c.reason.as_deref().unwrap_or("–")),
         esc(c.last_error.as_deref().unwrap_or("–")),
-        l.partition,
-        l.offset,
         esc(&payload)
     ));
     let mut tr = html::row(&cells);
@@ -140,24 +138,27 @@ pub(super) async fn page(
 
 async fn browse(st: &ApiState, v: &Viewer, f: &Filters) -> Result<String, ApiError> {
     let (source, filter) = f.parse(v)?;
-    let _scan = st.limits().scan_slot(&v.key())?;
+    let _scan = st.limits().scan_slot(&v.key(), &v.caller)?;
     let replay::Browsed { listed, scanned, unread } =
         replay::browse(st.config(), source, &filter, MAX_LISTED, MAX_SCANNED)
             .await
             .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, codes::KAFKA_UNAVAILABLE, e.to_string()))?;
     // An admin replays any tenant's jobs, a tenant its own (`api::replays` bounds both).
-    let rows: String = listed.iter().rev().map(|l| listed_row(l, true)).collect();
+    let admin = v.caller.is_admin();
+    let rows: String = listed.iter().rev().map(|l| listed_row(l, admin)).collect();
     let head = ["", "Job", "Tenant", "Type", "Class", "Attempts", "Replays", "Failed at", "Error, reason, payload"];
     let mut out = form(v, f);
+    // The topic is shared: a tenant is told nothing of the records that are not its own.
+    let of = if admin { format!(" of {scanned}") } else { " of yours".to_string() };
     let _ = write!(
         out,
-        "<p class=\"hint\" id=\"dlq-count\">{} matching record(s) of {scanned} on {} (newest {MAX_LISTED} shown, newest first).{}</p>",
+        "<p class=\"hint\" id=\"dlq-count\">{} matching record(s){of} on {} (newest {MAX_LISTED} shown, newest first).{}</p>",
         listed.len(),
         esc(&replay::source_topic(st.config(), source)),
-        if scanned >= MAX_SCANNED {
-            format!(" Only the newest {MAX_SCANNED} records were read (each partition's newest share): older ones need `fairway replay --dry-run`.")
-        } else {
-            String::new()
+        match (scanned >= MAX_SCANNED, admin) {
+            (false, _) => String::new(),
+            (true, true) => format!(" Only the newest {MAX_SCANNED} records were read (each partition's newest share): older ones need `fairway replay --dry-run`."),
+            (true, false) => " Older records of yours may not be listed: a replay's dry run counts them all.".to_string(),
         },
     );
     if !unread.is_empty() {

@@ -70,7 +70,7 @@ pub(super) fn page(v: &Viewer, active: &str, title: &str, body: &str) -> Respons
         let _ = write!(nav, "<a href=\"{href}\"{class} id=\"nav-{name}\">{label}</a>");
     }
     let who = match v.tenant() {
-        Some(t) => format!("tenant <b id=\"who\">{}</b> (read-only)", esc(t)),
+        Some(t) => format!("tenant <b id=\"who\">{}</b>", esc(t)),
         None => "<b id=\"who\">admin</b>".to_string(),
     };
     let logout = if v.csrf.is_some() { "<button id=\"logout\" class=\"link\">log out</button>" } else { "" };
@@ -99,7 +99,7 @@ pub(super) fn login(error: Option<&str>, status: StatusCode) -> Response {
          <h1>fairway console</h1>{error}<form method=\"post\" action=\"/console/login\">\
          <label>API key <input type=\"password\" name=\"key\" id=\"key\" autocomplete=\"off\" required></label>\
          <button type=\"submit\" id=\"login\">Log in</button></form>\
-         <p class=\"hint\">An admin key sees everything; a tenant key sees its tenant, read-only. \
+         <p class=\"hint\">An admin key sees everything; a tenant key sees its tenant and replays its own dead letters. \
          Keys come from <code>fairway keys create</code>.</p></main></body></html>"
     );
     (status, Html(body)).into_response()

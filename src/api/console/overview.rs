@@ -167,7 +167,7 @@ pub(super) async fn page(State(st): State<ApiState>, v: Result<Viewer, ApiError>
 
 /// `GET /console/api/overview`: the caller's view of each new sample, as SSE `sample` events.
 pub(super) async fn stream(State(st): State<ApiState>, v: Viewer) -> Response {
-    let slot = match st.limits().stream_slot(&v.key()) {
+    let slot = match st.limits().stream_slot(&v.key(), Some(&v.caller)) {
         Ok(s) => s,
         Err(e) => return e.into_response(),
     };

@@ -200,7 +200,8 @@ impl FromRequestParts<ApiState> for Actor {
     }
 }
 
-/// 403 unless `v` is an admin (tenant keys are read-only in the console).
+/// 403 unless `v` is an admin (a tenant key's only action in the console is replaying its
+/// own dead letters).
 pub(super) fn require_admin(v: &Viewer, what: &str) -> Result<(), ApiError> {
     if v.caller.is_admin() {
         return Ok(());
@@ -208,7 +209,7 @@ pub(super) fn require_admin(v: &Viewer, what: &str) -> Result<(), ApiError> {
     Err(ApiError::new(
         StatusCode::FORBIDDEN,
         codes::FORBIDDEN,
-        format!("{what} needs an admin key; the console is read-only for {}", v.caller),
+        format!("{what} needs an admin key; {} may only replay its own dead letters in the console", v.caller),
     ))
 }
 
