@@ -199,19 +199,42 @@ async fn settled_by_row(sh: &RouteContext, job: &JobSubmitted, row: &JobRow, rer
 async fn claim_hand_off(sh: &RouteContext, job: &JobSubmitted) -> Step {
     // Handed off by a draining worker: several copies may find it so (the
     // hand-off copy, a redelivery after the rebalance); one claims it, atomically.
+    let claim = |now| sh.store.claim_hand_off(&job.job_id, &sh.worker_id, now);
+    match claim_stamped(sh, job, "claiming a handed-off job", "claimed after a hand-off", claim).await {
+        Ok(Some(at)) => Step::Claimed(at),
+        Ok(None) => Step::Again, // another copy claimed it: look again
+        Err(durable) => Step::Done(durable),
+    }
+}
+
+/// A claim of the job's row for this worker (`claim(now)` writes `now` as the row's
+/// `updated_at`), retried through a store outage ([`through_outage`]). Some(the write
+/// time of the try that applied), which the run's mark is then conditional on, after a
+/// heartbeat at once ([`beat_claimed`], `message`); None when another copy won.
+async fn claim_stamped<F, Fut>(
+    sh: &RouteContext,
+    job: &JobSubmitted,
+    what: &str,
+    message: &str,
+    claim: F,
+) -> Result<Option<i64>, Durable>
+where
+    F: Fn(i64) -> Fut,
+    Fut: std::future::Future<Output = Result<bool, StoreError>>,
+{
     let at = std::sync::atomic::AtomicI64::new(0);
-    let claim = || {
+    let stamped = || {
         let now = sh.clock.now_ms();
         at.store(now, Relaxed);
-        sh.store.claim_hand_off(&job.job_id, &sh.worker_id, now)
+        claim(now)
     };
-    match through_outage(sh, job, "claiming a handed-off job", claim).await {
+    match through_outage(sh, job, what, stamped).await {
         Ok(true) => {
-            beat_claimed(sh, job, "claimed after a hand-off").await;
-            Step::Claimed(at.load(Relaxed))
+            beat_claimed(sh, job, message).await;
+            Ok(Some(at.load(Relaxed)))
         }
-        Ok(false) => Step::Again, // another copy claimed it: look again
-        Err(Check::Done(durable)) => Step::Done(durable),
+        Ok(false) => Ok(None),
+        Err(Check::Done(durable)) => Err(durable),
         Err(Check::Run { .. }) => unreachable!("through_outage holds a job back, never runs it"),
     }
 }
@@ -353,21 +376,8 @@ async fn take_over(
 /// loop: a restart moved a partition during a take-over). False: another copy won.
 async fn claim_take_over(sh: &RouteContext, job: &JobSubmitted, row: &JobRow) -> Result<Option<i64>, Durable> {
     let from = crate::store::SeenRow { worker: row.worker.as_deref(), written_at: row.updated_at };
-    let at = std::sync::atomic::AtomicI64::new(0);
-    let claim = || {
-        let now = sh.clock.now_ms();
-        at.store(now, Relaxed);
-        sh.store.claim_take_over(&job.job_id, from, &sh.worker_id, now)
-    };
-    match through_outage(sh, job, "claiming a lapsed run", claim).await {
-        Ok(true) => {
-            beat_claimed(sh, job, "taken over").await;
-            Ok(Some(at.load(Relaxed)))
-        }
-        Ok(false) => Ok(None),
-        Err(Check::Done(durable)) => Err(durable),
-        Err(Check::Run { .. }) => unreachable!("through_outage holds a job back, never runs it"),
-    }
+    let claim = |now| sh.store.claim_take_over(&job.job_id, from, &sh.worker_id, now);
+    claim_stamped(sh, job, "claiming a lapsed run", "taken over", claim).await
 }
 
 /// A store read or claim the check cannot do without, retried through a store outage:
