@@ -4,20 +4,9 @@
 //! the shutdown open, all within the serve command's grace.
 
 use super::ApiState;
-use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::response::{IntoResponse, Response};
+use axum::response::sse::Event;
 use futures::{Stream, StreamExt};
 use std::convert::Infallible;
-use std::time::Duration;
-
-/// The SSE response for `stream`: keep-alive comments every 15 s, and a final `shutdown`
-/// event once the server drains, after which the stream ends.
-pub(crate) fn sse<S>(st: &ApiState, stream: S) -> Response
-where
-    S: Stream<Item = Result<Event, Infallible>> + Send + 'static,
-{
-    Sse::new(ending(st, stream)).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response()
-}
 
 /// `stream`, ended with a final `shutdown` event once the server drains.
 pub(crate) fn ending<S>(st: &ApiState, stream: S) -> impl Stream<Item = Result<Event, Infallible>> + Send + 'static

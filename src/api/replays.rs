@@ -8,7 +8,8 @@
 //! `TOO_MANY_REPLAYS`), at most [`TENANT_MAX_JOBS`] jobs, [`TENANT_MAX_RATE`] jobs/s and
 //! [`TENANT_MAX_SCANNED`] records read per replay (the topic holds every tenant's); it can follow only its own runs (another's id answers 404 as an unknown
 //! one). A process runs at most [`RUNNING`] replays at once (429), and remembers the last
-//! [`KEEP_RUNS`] finished ones for their progress. A dry run holds one of the caller's
+//! [`KEEP_RUNS`] finished ones for their progress, at most [`KEEP_PER_OWNER`] of one
+//! tenant (or of the admins), so one tenant's many runs never push out another's report. A dry run holds one of the caller's
 //! heavy reads (`api.limits.heavy_reads_per_key`, per tenant) while it scans.
 
 use super::limits::KeyId;
@@ -33,6 +34,8 @@ pub const TENANT_MAX_RATE: u32 = 100;
 pub const RUNNING: usize = 8;
 /// Finished replays remembered for their progress.
 pub const KEEP_RUNS: usize = 200;
+/// Finished replays remembered of one owner (a tenant, or the admins together).
+pub const KEEP_PER_OWNER: usize = 5;
 
 /// What a caller asked to replay.
 pub struct Ask {
@@ -46,12 +49,15 @@ pub struct Ask {
 #[derive(Default)]
 pub struct Replays {
     runs: Mutex<HashMap<String, Run>>,
+    /// Runs started so far (each run's `started`, to forget the oldest first).
+    started: std::sync::atomic::AtomicU64,
 }
 
 struct Run {
     /// The tenant whose replay it is; None: an admin's.
     owner: Option<String>,
     progress: watch::Receiver<serde_json::Value>,
+    started: u64,
 }
 
 impl Run {
@@ -160,10 +166,9 @@ impl Replays {
                 ));
             }
         }
-        if runs.len() >= KEEP_RUNS {
-            runs.retain(|_, r| r.running());
-        }
-        runs.insert(id.to_string(), Run { owner, progress });
+        forget_finished(&mut runs, &owner);
+        let started = self.started.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        runs.insert(id.to_string(), Run { owner, progress, started });
         Ok(())
     }
 
@@ -176,7 +181,10 @@ impl Replays {
             _ => Err(ApiError::new(
                 StatusCode::NOT_FOUND,
                 codes::REPLAY_NOT_FOUND,
-                format!("no replay {id:?} of this caller on this API process (finished ones are kept: the last {KEEP_RUNS})"),
+                format!(
+                    "no replay {id:?} of this caller on this API process (finished ones are kept: the last \
+                     {KEEP_PER_OWNER} of each tenant, {KEEP_RUNS} in all)"
+                ),
             )),
         }
     }
@@ -198,6 +206,25 @@ impl Audience {
         } else {
             Audience::Admin
         }
+    }
+}
+
+/// Makes room for one more run of `owner`: forgets its oldest finished runs past
+/// [`KEEP_PER_OWNER`] - 1, then, while [`KEEP_RUNS`] are kept, the oldest finished run of all.
+fn forget_finished(runs: &mut HashMap<String, Run>, owner: &Option<String>) {
+    let oldest = |runs: &HashMap<String, Run>, mine: bool| {
+        runs.iter()
+            .filter(|(_, r)| !r.running() && (!mine || r.owner == *owner))
+            .min_by_key(|(_, r)| r.started)
+            .map(|(id, _)| id.clone())
+    };
+    while runs.values().filter(|r| !r.running() && r.owner == *owner).count() >= KEEP_PER_OWNER {
+        let Some(id) = oldest(runs, true) else { break };
+        runs.remove(&id);
+    }
+    while runs.len() >= KEEP_RUNS {
+        let Some(id) = oldest(runs, false) else { break };
+        runs.remove(&id);
     }
 }
 
@@ -339,4 +366,29 @@ pub(super) async fn get(
     let progress = st.replays().follow(&caller, &run)?;
     let now = progress.borrow().clone();
     Ok(axum::Json(now))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn finished() -> watch::Receiver<serde_json::Value> {
+        watch::channel(serde_json::json!({"done": true})).1
+    }
+
+    /// One tenant's many replays, one after another, forget only its own oldest reports.
+    #[test]
+    fn one_tenants_many_runs_never_push_out_anothers_report() {
+        let r = Replays::default();
+        r.admit("b-run", Some("b".into()), finished()).unwrap();
+        for i in 0..(KEEP_RUNS * 2) {
+            r.admit(&format!("a-{i}"), Some("a".into()), finished()).unwrap();
+        }
+        let b = Caller::Tenant("b".into());
+        assert!(r.follow(&b, "b-run").is_ok(), "b's report is kept");
+        let a = Caller::Tenant("a".into());
+        let kept = (0..KEEP_RUNS * 2).filter(|i| r.follow(&a, &format!("a-{i}")).is_ok()).count();
+        assert_eq!(kept, KEEP_PER_OWNER, "a keeps its newest {KEEP_PER_OWNER}");
+        assert!(r.follow(&a, &format!("a-{}", KEEP_RUNS * 2 - 1)).is_ok(), "the newest among them");
+    }
 }

@@ -211,14 +211,15 @@ pub(super) async fn start(
 }
 
 /// `GET /console/api/replays/{run}` (its starter, or an admin): SSE `progress` events
-/// until the run ends.
+/// until the run ends or the key is revoked; one of the caller's live streams.
 pub(super) async fn progress(
     State(st): State<ApiState>,
     v: Viewer,
     Path(run): Path<String>,
 ) -> Result<Response, ApiError> {
     let rx = st.replays().follow(&v.caller, &run)?;
-    let stream = futures::stream::unfold((rx, true, false), |(mut rx, first, ended)| async move {
+    let slot = st.limits().stream_slot(&v.key(), Some(&v.caller))?;
+    let stream = futures::stream::unfold((rx, true, false, slot), |(mut rx, first, ended, slot)| async move {
         if ended {
             return None;
         }
@@ -229,7 +230,7 @@ pub(super) async fn progress(
         }
         let v = rx.borrow_and_update().clone();
         let done = v["done"] == true;
-        Some((Ok::<_, Infallible>(Event::default().event("progress").data(v.to_string())), (rx, false, done)))
+        Some((Ok::<_, Infallible>(Event::default().event("progress").data(v.to_string())), (rx, false, done, slot)))
     });
-    Ok(crate::api::drain::sse(&st, stream))
+    Ok(crate::api::limits::live_stream(crate::api::drain::ending(&st, stream), &st, v.auth))
 }
