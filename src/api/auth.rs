@@ -19,7 +19,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Most key ids cached of each side of [`KeyCache`] (a side is emptied when full:
@@ -38,8 +38,39 @@ pub(super) struct Keys {
 /// only the second and never evicts the real keys' records.
 #[derive(Default)]
 struct KeyCache {
+    /// Store lookups of ids not found before: per client network prefix and in all.
+    lookups: Option<Lookups>,
     found: HashMap<String, (Instant, Option<KeyRecord>)>,
     unknown: HashMap<String, (Instant, Option<KeyRecord>)>,
+}
+
+/// Store lookups of key ids not found before (`api.limits.key_lookups_per_prefix`,
+/// `key_lookups`): made-up ids cost a store read each, so they are bounded per client
+/// network and in all, while known keys' refreshes are not counted.
+struct Lookups {
+    by_origin: governor::DefaultKeyedRateLimiter<String>,
+    total: governor::DefaultDirectRateLimiter,
+    checks: u32,
+}
+
+impl Lookups {
+    fn new(per_origin: u32, total: u32) -> Lookups {
+        let (per, all) = (super::limits::quota(per_origin), super::limits::quota(total));
+        Lookups { by_origin: governor::RateLimiter::keyed(per), total: governor::RateLimiter::direct(all), checks: 0 }
+    }
+
+    /// One lookup from `origin` (None: a request that did not come through the listener,
+    /// counted in the total only), or which bound refused it.
+    fn allow(&mut self, origin: Option<&str>) -> Result<(), &'static str> {
+        self.checks = self.checks.wrapping_add(1);
+        if self.checks.is_multiple_of(4096) {
+            self.by_origin.retain_recent();
+        }
+        if origin.is_some_and(|o| self.by_origin.check_key(&o.to_string()).is_err()) {
+            return Err("from this client network (api.limits.key_lookups_per_prefix)");
+        }
+        self.total.check().map_err(|_| "from all clients (api.limits.key_lookups)")
+    }
 }
 
 impl KeyCache {
@@ -71,24 +102,49 @@ fn unauthenticated(why: &str) -> ApiError {
 }
 
 impl Keys {
-    pub(super) fn new(mode: AuthMode, refresh: Duration) -> Self {
+    pub(super) fn new(mode: AuthMode, refresh: Duration, limits: &crate::core::api_limits::ApiLimits) -> Self {
         if mode == AuthMode::Off {
             tracing::warn!(
                 "api.auth = \"off\": the HTTP API trusts every caller as admin; use this only for local demos"
             );
         }
-        Keys { mode, refresh, statements: Default::default(), cache: Mutex::default() }
+        let lookups = Some(Lookups::new(limits.key_lookups_per_prefix, limits.key_lookups));
+        Keys {
+            mode,
+            refresh,
+            statements: Default::default(),
+            cache: Mutex::new(KeyCache { lookups, ..Default::default() }),
+        }
     }
 
     pub(super) async fn statements(&self, store: &Store) -> Result<&KeyStatements, ApiError> {
         Ok(self.statements.get_or_try_init(|| store.key_statements()).await?)
     }
 
-    async fn record(&self, store: &Store, id: &str) -> Result<Option<KeyRecord>, ApiError> {
+    async fn record(&self, store: &Store, id: &str, origin: Option<&str>) -> Result<Option<KeyRecord>, ApiError> {
         let now = Instant::now();
-        if let Some((at, r)) = self.cache.lock().expect("key cache").get(id) {
-            if now.duration_since(*at) < self.refresh {
-                return Ok(r.clone());
+        {
+            let mut cache = self.cache.lock().expect("key cache");
+            let known = match cache.get(id) {
+                Some((at, r)) if now.duration_since(*at) < self.refresh => return Ok(r.clone()),
+                Some((_, r)) => r.is_some(),
+                None => false,
+            };
+            if !known {
+                if let Some(Err(bound)) = cache.lookups.as_mut().map(|l| l.allow(origin)) {
+                    metrics::counter!(crate::metrics::API_AUTH_REFUSED).increment(1);
+                    return Err(ApiError {
+                        retry_after_secs: Some(1),
+                        ..ApiError::new(
+                            StatusCode::TOO_MANY_REQUESTS,
+                            super::codes::TOO_MANY_REQUESTS,
+                            format!(
+                                "too many lookups of unknown API keys {bound}; check the key (fwk_<id>_<secret>) \
+                                 and retry after 1s"
+                            ),
+                        )
+                    });
+                }
             }
         }
         let r = self.statements(store).await?.get(id).await?;
@@ -96,7 +152,14 @@ impl Keys {
         Ok(r)
     }
 
-    pub(super) async fn authenticate(&self, store: &Store, headers: &HeaderMap) -> Result<Caller, ApiError> {
+    /// The caller of `headers`; `origin` is the client's network prefix (its lookups of
+    /// unknown key ids are bounded, [`Lookups`]).
+    pub(super) async fn authenticate(
+        &self,
+        store: &Store,
+        headers: &HeaderMap,
+        origin: Option<&str>,
+    ) -> Result<Caller, ApiError> {
         if self.mode == AuthMode::Off {
             return Ok(Caller::Admin);
         }
@@ -109,7 +172,7 @@ impl Keys {
         let Some((id, secret)) = parse_token(token) else {
             return Err(unauthenticated("the bearer token is not a fairway API key (fwk_<id>_<secret>)"));
         };
-        let record = self.record(store, id).await?;
+        let record = self.record(store, id, origin).await?;
         verify(secret, record.as_ref()).ok_or_else(|| unauthenticated("the API key is unknown or revoked"))
     }
 }
@@ -117,14 +180,26 @@ impl Keys {
 impl ApiState {
     /// The caller of a request with these headers (401 if it cannot be told).
     pub async fn authenticate(&self, headers: &HeaderMap) -> Result<Caller, ApiError> {
-        self.inner.keys.authenticate(&self.inner.store, headers).await
+        self.inner.keys.authenticate(&self.inner.store, headers, None).await
+    }
+
+    /// [`ApiState::authenticate`] for a request that came with `extensions` (the
+    /// listener's connection names the client's network, whose lookups of unknown keys
+    /// are bounded).
+    pub async fn authenticate_from(
+        &self,
+        headers: &HeaderMap,
+        extensions: &axum::http::Extensions,
+    ) -> Result<Caller, ApiError> {
+        let origin = extensions.get::<Arc<super::connection::Conn>>().map(|c| c.origin());
+        self.inner.keys.authenticate(&self.inner.store, headers, origin).await
     }
 }
 
 /// Middleware of every `/v1` route: authenticates the request (401 JSON error
 /// otherwise) and leaves the [`Caller`] in its extensions.
 pub async fn require_caller(State(st): State<ApiState>, mut req: Request, next: Next) -> Response {
-    match st.authenticate(req.headers()).await {
+    match st.authenticate_from(req.headers(), req.extensions()).await {
         Ok(caller) => {
             let key = key_id(req.headers());
             if let Some(refused) = carried(&req, &caller, &key) {
@@ -185,7 +260,7 @@ impl FromRequestParts<ApiState> for Caller {
         if let Some(c) = parts.extensions.get::<Caller>() {
             return Ok(c.clone());
         }
-        st.authenticate(&parts.headers).await
+        st.authenticate_from(&parts.headers, &parts.extensions).await
     }
 }
 
@@ -244,6 +319,17 @@ pub fn check_tenant(caller: &Caller, tenant: &str) -> Result<(), ApiError> {
 #[cfg(test)]
 mod cache_tests {
     use super::*;
+
+    #[test]
+    fn made_up_ids_are_bounded_per_client_network_and_in_all() {
+        let mut l = Lookups::new(2, 100);
+        let from_a = (0..10).filter(|_| l.allow(Some("10.0.0.0/24")).is_ok()).count();
+        assert_eq!(from_a, 4, "2/s with two seconds' burst");
+        assert!(l.allow(Some("10.0.1.0/24")).is_ok(), "another network is served");
+        let mut t = Lookups::new(100, 1);
+        let all = (0..10).filter(|i| t.allow(Some(&format!("10.0.{i}.0/24"))).is_ok()).count();
+        assert_eq!(all, 2, "the total bounds many networks together");
+    }
 
     #[test]
     fn made_up_ids_never_evict_the_real_keys() {

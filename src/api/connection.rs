@@ -59,6 +59,11 @@ impl Drop for OpenRequest {
 }
 
 impl Conn {
+    /// The network prefix the connection came from (`core::api_limits::client_prefix`).
+    pub fn origin(&self) -> &str {
+        self._place.prefix()
+    }
+
     pub fn new(place: Held, all_owners: Arc<Mutex<Usage>>) -> Arc<Conn> {
         Arc::new(Conn {
             _place: place,

@@ -106,13 +106,15 @@ struct Requests {
 /// Checks between two sweeps of the buckets' idle keys.
 const SWEEP_EVERY: u32 = 4096;
 
+/// `per_s` a second, two seconds' worth of burst.
+pub(super) fn quota(per_s: u32) -> governor::Quota {
+    let n = std::num::NonZeroU32::new(per_s.max(1)).expect("at least 1");
+    let burst = n.saturating_mul(std::num::NonZeroU32::new(2).expect("2"));
+    governor::Quota::per_second(n).allow_burst(burst)
+}
+
 impl Requests {
     fn new(l: &ApiLimits) -> Requests {
-        let quota = |per_s: u32| {
-            let n = std::num::NonZeroU32::new(per_s.max(1)).expect("at least 1");
-            let burst = n.saturating_mul(std::num::NonZeroU32::new(2).expect("2"));
-            governor::Quota::per_second(n).allow_burst(burst)
-        };
         Requests {
             keys: governor::RateLimiter::keyed(quota(l.requests_per_key)),
             tenants: governor::RateLimiter::keyed(quota(l.requests_per_tenant)),

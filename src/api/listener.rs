@@ -127,6 +127,13 @@ pub struct Held {
     prefix: String,
 }
 
+impl Held {
+    /// The network prefix the connection came from ([`client_prefix`]).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+}
+
 impl Drop for Held {
     fn drop(&mut self) {
         let open = {

@@ -131,7 +131,7 @@ impl Inner {
         admission: Arc<crate::admission::Admission>,
         metrics: Option<PrometheusHandle>,
     ) -> Inner {
-        let keys = auth::Keys::new(cfg.api.auth, cfg.api.key_refresh);
+        let keys = auth::Keys::new(cfg.api.auth, cfg.api.key_refresh, &cfg.api.limits);
         let front = limits::Limits::new(&cfg.api.limits, cfg.worker.max_payload_bytes);
         Inner {
             front,

@@ -67,6 +67,13 @@ pub struct ApiLimits {
     /// Requests per second all keys of one tenant may make together (admin keys count
     /// only against their own key's bucket).
     pub requests_per_tenant: u32,
+    /// Store lookups per second of API key ids this process has not found before (made-up
+    /// or new keys), per client network prefix ([`client_prefix`]; behind a proxy, the
+    /// proxy's: raise it); past it, 429 `TOO_MANY_REQUESTS` before any store read. Known
+    /// keys' refreshes (every `api.key_refresh`) are not counted.
+    pub key_lookups_per_prefix: u32,
+    /// The same, all prefixes together.
+    pub key_lookups: u32,
     /// A submission's whole body must arrive within this long (else 408).
     pub body_timeout: DurationMs,
     /// Heavy reads (usage reports and exports, tenant and overview console pages,
@@ -101,6 +108,8 @@ impl Default for ApiLimits {
             control_body_bytes: 256 << 10,
             requests_per_key: 200,
             requests_per_tenant: 400,
+            key_lookups_per_prefix: 20,
+            key_lookups: 500,
             body_timeout: DurationMs::secs(30),
             heavy_reads_per_key: 2,
             heavy_reads: 16,
@@ -136,6 +145,8 @@ impl ApiLimits {
             ("control_body_bytes", self.control_body_bytes),
             ("requests_per_key", u64::from(self.requests_per_key)),
             ("requests_per_tenant", u64::from(self.requests_per_tenant)),
+            ("key_lookups_per_prefix", u64::from(self.key_lookups_per_prefix)),
+            ("key_lookups", u64::from(self.key_lookups)),
             ("heavy_reads_per_key", self.heavy_reads_per_key),
             ("heavy_reads", self.heavy_reads),
         ];

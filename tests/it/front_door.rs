@@ -493,3 +493,38 @@ fn refused(sent: reqwest::Result<reqwest::Response>, what: &str) {
         Err(e) => assert!(e.is_request() && format!("{e:?}").contains("BodyWrite"), "{what}: {e:?}"),
     }
 }
+
+/// Made-up API keys cost a store read each before any key is known, so their lookups are
+/// bounded per client network: one network sending them gets 429 past its bound, while a
+/// real key from another network is served throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn made_up_keys_are_bounded_per_network_and_a_real_key_is_served() {
+    let mut c = common::config("");
+    c.api.limits.key_lookups_per_prefix = 10;
+    let cfg = common::arc(c);
+    common::init(&cfg).await;
+    let (base, _stop) = common::serve_api(&cfg).await;
+    let real = client(&key(&cfg, "acme").await, "127.0.4.1");
+    let (mut made_up, mut served) = (std::collections::BTreeMap::new(), std::collections::BTreeMap::new());
+    let stop = Instant::now() + Duration::from_secs(3);
+    let attack = async {
+        while Instant::now() < stop {
+            let hex = |n: usize| uuid::Uuid::new_v4().simple().to_string().repeat(2)[..n].to_string();
+            let fake = client(&format!("fwk_{}_{}", hex(16), hex(64)), "127.0.3.1");
+            let r = fake.get(format!("{base}/v1/jobs/{}", uuid::Uuid::now_v7())).send().await.unwrap();
+            *made_up.entry(r.status().as_u16()).or_insert(0) += 1;
+        }
+    };
+    let use_it = async {
+        while Instant::now() < stop {
+            let r = real.get(format!("{base}/v1/jobs/{}", uuid::Uuid::now_v7())).send().await.unwrap();
+            *served.entry(r.status().as_u16()).or_insert(0) += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::join!(attack, use_it);
+    let looked_up = made_up.get(&401).copied().unwrap_or(0);
+    assert!(looked_up <= 10 * 3 + 20 + 5, "made-up keys were looked up without a bound: {made_up:?}");
+    assert!(made_up.get(&429).copied().unwrap_or(0) > 0, "{made_up:?}");
+    assert_eq!(served.keys().copied().collect::<Vec<_>>(), vec![404], "the real key was served: {served:?}");
+}

@@ -97,9 +97,10 @@ struct LoginForm {
 
 async fn login(
     axum::extract::State(st): axum::extract::State<ApiState>,
+    extensions: axum::http::Extensions,
     axum::Form(f): axum::Form<LoginForm>,
 ) -> Response {
-    match st.console().sessions.login(&st, &f.key).await {
+    match st.console().sessions.login(&st, &f.key, &extensions).await {
         Ok((caller, token)) => {
             tracing::info!(caller = %caller, "console: login");
             let mut r = Redirect::to("/console").into_response();

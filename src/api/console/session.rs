@@ -51,8 +51,14 @@ fn bearer_headers(key: &str) -> HeaderMap {
 
 impl Sessions {
     /// Checks `key`; on success opens a session and returns its cookie value.
-    pub(super) async fn login(&self, st: &ApiState, key: &str) -> Result<(Caller, String), ApiError> {
-        let caller = st.authenticate(&bearer_headers(key.trim())).await?;
+    /// `extensions`: the login request's (naming the client's network).
+    pub(super) async fn login(
+        &self,
+        st: &ApiState,
+        key: &str,
+        extensions: &axum::http::Extensions,
+    ) -> Result<(Caller, String), ApiError> {
+        let caller = st.authenticate_from(&bearer_headers(key.trim()), extensions).await?;
         Ok((caller, self.open(key.trim())?))
     }
 
@@ -152,7 +158,11 @@ async fn authenticated(parts: &Parts, st: &ApiState) -> Result<Viewer, ApiError>
     let auth = match cookie_token(&parts.headers).and_then(|t| st.console().sessions.get(&t)) {
         Some((key, csrf)) if !parts.headers.contains_key(header::AUTHORIZATION) => {
             let auth = bearer_headers(&key);
-            return Ok(Viewer { caller: st.authenticate(&auth).await?, csrf: Some(csrf), auth });
+            return Ok(Viewer {
+                caller: st.authenticate_from(&auth, &parts.extensions).await?,
+                csrf: Some(csrf),
+                auth,
+            });
         }
         _ => parts.headers.get(header::AUTHORIZATION).cloned(),
     };
@@ -161,7 +171,7 @@ async fn authenticated(parts: &Parts, st: &ApiState) -> Result<Viewer, ApiError>
     if let Some(v) = auth {
         headers.insert(header::AUTHORIZATION, v);
     }
-    Ok(Viewer { caller: st.authenticate(&headers).await?, csrf: None, auth: headers })
+    Ok(Viewer { caller: st.authenticate_from(&headers, &parts.extensions).await?, csrf: None, auth: headers })
 }
 
 impl FromRequestParts<ApiState> for Viewer {
