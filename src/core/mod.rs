@@ -30,6 +30,7 @@
 //! | `outcomes` | outcomes in flight: how many, and how many bytes, before no job starts |
 //! | `frontier`, `finished` | skipping the effectively-once read; where a finished record lives |
 //! | `events`, `webhooks`, `receivers`, `console` | job events, webhook deliveries, webhook receivers' bounded lanes, the console's pure parts |
+//! | `recent_events` | the recent job events the console's search looks through, per tenant under one bound (a burst evicts its own tenant's first) |
 //! | `ledger` | the usage ledger: what a result adds to its tenant's account, windows of the results topic every reader totals alike, reports, the console's chart points (shares, entitlements, top tenants) |
 //! | `alerts` | tenant-facing alerts: per-period observations of a tenant (waits, failures; the wait histogram the ledger keeps too), when an alert opens and resolves (once each), alert ids |
 //! | `replay`, `rerun` | which records `fairway replay` and `fairway rerun` send back |
@@ -69,6 +70,7 @@ pub mod pooled;
 pub mod promotion;
 pub mod quota;
 pub mod receivers;
+pub mod recent_events;
 pub mod recurring;
 pub mod recycling;
 pub mod refusals;

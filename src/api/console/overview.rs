@@ -11,12 +11,12 @@ use super::session::Viewer;
 use crate::api::{ApiError, ApiState};
 use crate::core::console::{self as cc, JobHit, JobQuery, Outcomes};
 use crate::core::fleet::FleetStats;
+use crate::core::recent_events::RecentEvents;
 use crate::model::{JobEvent, Pool};
 use crate::now_ms;
 use axum::extract::State;
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
-use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -26,7 +26,7 @@ use tokio::sync::{broadcast, watch};
 const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 /// Snapshots older than this are stale (the workers' row TTL).
 const MAX_AGE_MS: i64 = crate::worker::usage::STATS_TTL_SECS as i64 * 1000;
-/// Job events kept for the job search.
+/// Job events kept for the job search, all tenants (`core::recent_events`).
 const RECENT_EVENTS: usize = 20_000;
 
 /// The latest fleet sample, or why there is none.
@@ -36,10 +36,15 @@ pub(super) struct Sample {
     pub error: Option<String>,
 }
 
-#[derive(Default)]
 struct Recent {
     outcomes: Outcomes,
-    events: VecDeque<Arc<JobEvent>>,
+    events: RecentEvents,
+}
+
+impl Default for Recent {
+    fn default() -> Self {
+        Recent { outcomes: Outcomes::default(), events: RecentEvents::new(RECENT_EVENTS) }
+    }
 }
 
 /// The sampler's outputs (started once, stops with the server's state).
@@ -69,7 +74,7 @@ impl Live {
     /// The jobs among the recently seen events that match `q` (newest first).
     pub(super) fn search(&self, q: &JobQuery, max: usize) -> Vec<JobHit> {
         let r = self.recent.lock().expect("console recent");
-        cc::search(r.events.iter().map(|e| e.as_ref()), q, max)
+        cc::search(r.events.iter(), q, max)
     }
 
     fn view(&self, s: &Sample, tenant: Option<&str>) -> serde_json::Value {
@@ -125,10 +130,7 @@ async fn tail(mut rx: broadcast::Receiver<Arc<JobEvent>>, cfg: Arc<crate::config
         if let Some(jt) = cfg.job_types.get(&e.job_type) {
             r.outcomes.record(&e, jt.pool.as_str(), now_ms());
         }
-        r.events.push_back(e);
-        if r.events.len() > RECENT_EVENTS {
-            r.events.pop_front();
-        }
+        r.events.push(e);
     }
 }
 
