@@ -377,19 +377,7 @@ mod tests {
     use super::*;
 
     fn event(tenant: &str, n: i64) -> Arc<JobEvent> {
-        Arc::new(JobEvent {
-            event_id: format!("e{n}"),
-            job_id: format!("j{n}"),
-            tenant: tenant.into(),
-            job_type: "echo".into(),
-            kind: EventKind::Succeeded,
-            at: n,
-            attempt: 1,
-            worker: None,
-            progress: None,
-            message: None,
-            next_attempt_at: None,
-        })
+        Arc::new(crate::core::events::succeeded_for_test(tenant, &format!("j{n}"), n))
     }
 
     /// A burst of another tenant's events past the feed's buffer: the tenant's stream says

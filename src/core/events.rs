@@ -196,6 +196,24 @@ pub fn event(event_id: String, job: &JobSubmitted, kind: EventKind, at: Millis) 
     }
 }
 
+/// A `succeeded` event of job `job_id` of `tenant` at `at`, for tests.
+#[cfg(test)]
+pub(crate) fn succeeded_for_test(tenant: &str, job_id: &str, at: Millis) -> JobEvent {
+    JobEvent {
+        event_id: job_id.to_string(),
+        job_id: job_id.to_string(),
+        tenant: tenant.into(),
+        job_type: "echo".into(),
+        kind: EventKind::Succeeded,
+        at,
+        attempt: 1,
+        worker: None,
+        progress: None,
+        message: None,
+        next_attempt_at: None,
+    }
+}
+
 /// The event of a (job type, tenant)'s move to another pool (`core::classifier`): about
 /// no one job, so keyed `job_type/<name>`, for the tenant whose jobs moved (its feeds
 /// and admin feeds show it); `message` says what moved and why, `next_attempt_at` until

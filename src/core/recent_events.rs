@@ -89,23 +89,10 @@ impl RecentEvents {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::EventKind;
     use proptest::prelude::*;
 
     fn event(tenant: &str, n: usize) -> Arc<JobEvent> {
-        Arc::new(JobEvent {
-            event_id: format!("{tenant}-{n}"),
-            job_id: format!("{tenant}-{n}"),
-            tenant: tenant.into(),
-            job_type: "echo".into(),
-            kind: EventKind::Succeeded,
-            at: n as i64,
-            attempt: 1,
-            worker: None,
-            progress: None,
-            message: None,
-            next_attempt_at: None,
-        })
+        Arc::new(crate::core::events::succeeded_for_test(tenant, &format!("{tenant}-{n}"), n as i64))
     }
 
     #[test]
