@@ -36,10 +36,9 @@ pub(super) struct Keys {
 /// Key records read from the store, each for `api.key_refresh`: the ids found apart from
 /// the ids not found, each bounded ([`CACHE_MAX`]), so a caller sending made-up ids fills
 /// only the second and never evicts the real keys' records.
-#[derive(Default)]
 struct KeyCache {
     /// Store lookups of ids not found before: per client network prefix and in all.
-    lookups: Option<Lookups>,
+    lookups: Lookups,
     found: HashMap<String, (Instant, Option<KeyRecord>)>,
     unknown: HashMap<String, (Instant, Option<KeyRecord>)>,
 }
@@ -108,13 +107,9 @@ impl Keys {
                 "api.auth = \"off\": the HTTP API trusts every caller as admin; use this only for local demos"
             );
         }
-        let lookups = Some(Lookups::new(limits.key_lookups_per_prefix, limits.key_lookups));
-        Keys {
-            mode,
-            refresh,
-            statements: Default::default(),
-            cache: Mutex::new(KeyCache { lookups, ..Default::default() }),
-        }
+        let lookups = Lookups::new(limits.key_lookups_per_prefix, limits.key_lookups);
+        let cache = KeyCache { lookups, found: HashMap::new(), unknown: HashMap::new() };
+        Keys { mode, refresh, statements: Default::default(), cache: Mutex::new(cache) }
     }
 
     pub(super) async fn statements(&self, store: &Store) -> Result<&KeyStatements, ApiError> {
@@ -131,7 +126,7 @@ impl Keys {
                 None => false,
             };
             if !known {
-                if let Some(Err(bound)) = cache.lookups.as_mut().map(|l| l.allow(origin)) {
+                if let Err(bound) = cache.lookups.allow(origin) {
                     metrics::counter!(crate::metrics::API_AUTH_REFUSED).increment(1);
                     return Err(ApiError {
                         retry_after_secs: Some(1),
@@ -333,7 +328,7 @@ mod cache_tests {
 
     #[test]
     fn made_up_ids_never_evict_the_real_keys() {
-        let mut c = KeyCache::default();
+        let mut c = KeyCache { lookups: Lookups::new(1, 1), found: HashMap::new(), unknown: HashMap::new() };
         let now = Instant::now();
         let real = KeyRecord { id: "real".into(), hash: vec![1], caller: None, revoked: false };
         c.insert("real", now, Some(real));

@@ -245,19 +245,19 @@ pub fn report_json(r: &ReplayReport, audience: Audience) -> serde_json::Value {
     let mut skipped = serde_json::json!({
         "filter": s.filter, "loop_guard": s.loop_guard, "duplicate": s.duplicate, "expired": s.expired,
     });
+    let admin = audience == Audience::Admin;
+    let scanned = if admin { r.scanned } else { r.scanned.saturating_sub(s.foreign()) };
     let mut out = serde_json::json!({
-        "replay_id": r.replay_id, "topic": r.topic, "dry_run": r.dry_run,
-        "scanned": r.scanned.saturating_sub(s.foreign()),
+        "replay_id": r.replay_id, "topic": r.topic, "dry_run": r.dry_run, "scanned": scanned,
         "matched": r.matched, "replayed": r.replayed, "would_replay": r.would_replay,
         "refused": r.refused, "sample": sample, "stopped": stopped(r.stopped, audience),
         "elapsed_ms": r.elapsed.as_millis() as u64, "done": true,
     });
-    if audience == Audience::Admin {
+    if admin {
         skipped["other_tenants"] = s.other_tenants.into();
         skipped["undecodable"] = s.undecodable.into();
-        out["scanned"] = r.scanned.into();
     }
-    let notes = r.operator_notes.iter().filter(|_| audience == Audience::Admin);
+    let notes = r.operator_notes.iter().filter(|_| admin);
     out["warnings"] = notes.chain(&r.warnings).cloned().collect::<Vec<_>>().into();
     out["skipped"] = skipped;
     out
