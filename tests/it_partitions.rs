@@ -217,3 +217,78 @@ async fn a_worker_without_the_store_past_its_outage_limit_exits_non_zero() {
         "the worker exited non-zero: {s}"
     );
 }
+
+/// The kernel's half of a delivery timeout: a result written to the socket just as the
+/// link went down must not land when the link comes back, after the producer reported it
+/// failed (by then another worker may own the job). A worker producer inside the lab
+/// sends one record, the link goes down, it sends a second, which fails at the delivery
+/// timeout; the link stays down a few seconds longer, comes back, and for 30 s the topic
+/// must still hold only the first. Without `TCP_USER_TIMEOUT` on the client's sockets
+/// (`kafka::socket`) the kernel retransmits the second on its own and it lands 2-3 s
+/// after the link is back.
+#[test]
+fn a_result_cut_off_on_the_wire_never_lands_after_the_link_is_back() {
+    use fairway::kafka;
+    use std::sync::mpsc;
+    use std::time::Instant;
+    let _turn = ONE_LAB_AT_A_TIME.blocking_lock();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let lab = Lab::start(&setup(dir.path())).expect("start the partition lab (root and `ip` needed)");
+    let mut cfg = fairway::config::Config::builtin();
+    cfg.kafka.brokers = lab.broker().to_string();
+    cfg.kafka.partitions = 1;
+    let topic = format!("{}results", cfg.kafka.topic_prefix);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let _in_rt = rt.enter();
+    rt.block_on(kafka::ensure_topics(&cfg)).expect("topics on the lab's broker");
+    let delivery = kafka::worker_delivery_timeout(cfg.kafka.session_timeout);
+    let cut = delivery + Duration::from_secs(4);
+
+    let (go, go_rx) = mpsc::channel::<()>();
+    let (sent, sent_rx) = mpsc::channel::<Result<(i32, i64), String>>();
+    let (done, done_rx) = mpsc::channel::<()>();
+    let (lab, cfg, topic) = (&lab, &cfg, &topic);
+    std::thread::scope(|s| {
+        // Dropped on a failure here too, which ends the inside thread's wait.
+        let done = done;
+        let inside = s.spawn(move || {
+            lab.enter_namespace().expect("enter the lab's namespace");
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                let producer = kafka::worker_producer(cfg).expect("worker producer");
+                let send = |body: &'static [u8]| {
+                    let (producer, topic) = (producer.clone(), topic.clone());
+                    async move { kafka::send(&producer, &topic, "job-1", body).await.map_err(|e| e.to_string()) }
+                };
+                let _ = sent.send(send(b"before the cut").await);
+                if go_rx.recv().is_ok() {
+                    let _ = sent.send(send(b"during the cut").await);
+                }
+                // The producer (and its sockets) lives on until the check is over.
+                let _ = done_rx.recv_timeout(Duration::from_secs(120));
+            });
+        });
+        let first = sent_rx.recv_timeout(Duration::from_secs(60)).expect("the first send answers");
+        assert!(first.is_ok(), "the first record is acknowledged: {first:?}");
+        lab.set_link(Link::Broker, false).expect("cut the broker link");
+        let cut_at = Instant::now();
+        go.send(()).unwrap();
+        let second = sent_rx.recv_timeout(delivery + Duration::from_secs(10)).expect("the second send answers");
+        assert!(second.is_err(), "the record sent during the cut fails at the delivery timeout: {second:?}");
+        std::thread::sleep(cut.saturating_sub(cut_at.elapsed()));
+        lab.set_link(Link::Broker, true).expect("restore the broker link");
+        let back = Instant::now();
+        let host = kafka::reader(cfg, "orphan-check", false).expect("a reader on the host");
+        let host = std::sync::Arc::new(host);
+        let mut held = 0;
+        while back.elapsed() < Duration::from_secs(30) {
+            let ends = rt.block_on(kafka::partition_ends(host.clone(), topic.clone())).expect("partition ends");
+            held = ends.iter().map(|(_, end)| end).sum::<i64>();
+            assert!(held <= 1, "a record sent during the cut landed {:?} after the link came back", back.elapsed());
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let _ = done.send(());
+        inside.join().expect("the inside thread");
+        assert_eq!(held, 1, "the first record is there");
+    });
+}

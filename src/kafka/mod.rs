@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 pub mod copy;
 mod producer;
 pub mod seam;
+pub mod socket;
 pub mod stall;
 pub use producer::{
     bulk_producer, producer, submit_producer, worker_delivery_timeout, worker_producer, Outgoing, Producer,

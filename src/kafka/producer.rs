@@ -175,7 +175,8 @@ const DELIVERY_TIMEOUT: Duration = Duration::from_secs(30);
 /// worker cut off from the broker loses its partitions at its session timeout
 /// (`worker::ownership`); a record it queued before the cut is delivered before another
 /// member can own the job's partition, or never, so it never lands after the link is back
-/// for a job another worker took.
+/// for a job another worker took. The kernel keeps to it too: the process's Kafka sockets
+/// drop data unacknowledged for this long (`kafka::socket`).
 pub fn worker_delivery_timeout(session_timeout: Duration) -> Duration {
     let heartbeat = super::heartbeat_interval(session_timeout);
     let left = session_timeout.saturating_sub(heartbeat).saturating_sub(Duration::from_secs(1));
@@ -198,6 +199,14 @@ fn producer_lingering(cfg: &Config, linger_ms: &str, delivery: Duration) -> Resu
     let timeout = delivery.as_millis().to_string();
     settings.set("enable.idempotence", "true").set("acks", "all").set("message.timeout.ms", timeout);
     let first = Generation::new(&settings, 0).map_err(client_err(cfg))?;
+    if !super::socket::hooked() {
+        return Err(KafkaError::Client {
+            brokers: cfg.kafka.brokers.clone(),
+            message: "this build does not hook librdkafka's sockets (build.rs links with --wrap=rd_kafka_new): \
+                      a produce request cut off by the network could land long after its delivery timeout"
+                .into(),
+        });
+    }
     Ok(Producer {
         inner: Arc::new(Inner {
             brokers: cfg.kafka.brokers.clone(),

@@ -242,6 +242,19 @@ impl Lab {
         self.pairs[if link == Link::Broker { 0 } else { 1 }].ns_addr
     }
 
+    /// Moves the calling thread into the namespace: the sockets it opens from then on, and
+    /// those of the threads it starts (a Kafka client's), are inside, behind its links.
+    pub fn enter_namespace(&self) -> Result<(), LabError> {
+        use std::os::fd::AsRawFd;
+        let path = format!("/run/netns/{}", self.ns);
+        let file = std::fs::File::open(&path).map_err(io(format!("opening {path}")))?;
+        // SAFETY: setns on a valid namespace descriptor affects only the calling thread.
+        if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            return Err(LabError::Io { what: format!("entering {path}"), source: std::io::Error::last_os_error() });
+        }
+        Ok(())
+    }
+
     /// Cuts (`up = false`) or restores a link of the namespace.
     pub fn set_link(&self, link: Link, up: bool) -> Result<(), LabError> {
         let p = &self.pairs[if link == Link::Broker { 0 } else { 1 }];
