@@ -103,6 +103,10 @@ pub struct Report {
     /// Of those, results for jobs that already had one (a second result published by the
     /// cut-off worker after its link came back).
     pub inside_duplicates_after_restore: u64,
+    /// The evidence of each job with more than one result (at most 10): each result's
+    /// worker, when its record was made and read, and each run of the job, in ms from
+    /// the cut (`runs` by worker pid).
+    pub duplicates: Vec<String>,
     /// Exit codes of the inside worker (it gave up; restarted each time).
     pub inside_exits: Vec<Option<i32>>,
     pub host_exits: Vec<Option<i32>>,
@@ -198,6 +202,11 @@ fn config_text(lab: &Lab, plan: &Plan, prefix: &str, metrics: Option<&str>) -> S
 struct Seen {
     job_id: String,
     worker_id: String,
+    /// The record's timestamp (the producer's creation time), unix ms.
+    created_ms: i64,
+    /// When the feed read it, unix ms.
+    read_ms: i64,
+    attempts: i32,
 }
 
 /// Reads the results topic into a channel until dropped.
@@ -213,7 +222,10 @@ fn result_feed(cfg: &Config) -> Result<(mpsc::UnboundedReceiver<Seen>, tokio::ta
                 continue;
             };
             let Some(r) = m.payload().and_then(|b| codec::decode_result(b).ok()) else { continue };
-            if tx.send(Seen { job_id: r.job_id, worker_id: r.worker_id }).is_err() {
+            let created_ms = m.timestamp().to_millis().unwrap_or(0);
+            let seen =
+                Seen { job_id: r.job_id, worker_id: r.worker_id, created_ms, read_ms: now_ms(), attempts: r.attempts };
+            if tx.send(seen).is_err() {
                 return;
             }
         }
@@ -448,6 +460,8 @@ async fn start(lab: &mut Lab, plan: &Plan) -> Result<Session, LabError> {
 #[derive(Default)]
 struct Tally {
     results: HashMap<String, u32>,
+    /// Every result of each job: (worker, created, read, attempts).
+    each: HashMap<String, Vec<(String, i64, i64, i32)>>,
     inside_after_restore: u64,
     /// Of those, results for jobs that already had one.
     inside_repeats_after_restore: u64,
@@ -462,6 +476,12 @@ impl Tally {
         while let Ok(Some(r)) = tokio::time::timeout_at(until, s.feed.recv()).await {
             let inside = r.worker_id.starts_with("inside-");
             if ids.contains(&r.job_id) {
+                self.each.entry(r.job_id.clone()).or_default().push((
+                    r.worker_id.clone(),
+                    r.created_ms,
+                    r.read_ms,
+                    r.attempts,
+                ));
                 let seen = self.results.entry(r.job_id).or_default();
                 *seen += 1;
                 self.inside_after_restore += u64::from(restored && inside);
@@ -579,8 +599,37 @@ async fn phase(lab: &mut Lab, plan: &Plan, cut: &Cut, s: &mut Session) -> Result
     // When the reaper re-dispatches a silent worker's running job (`worker::liveness`).
     let lapse = s.cfg.pool(Pool::Short).heartbeat_interval * 3;
     let text = std::fs::read_to_string(&s.run_log).unwrap_or_default();
-    let runs = super::runs::count(&super::runs::parse(&text, &ids, plan.job_ms as i64), lapse.as_millis() as i64);
+    let each_run = super::runs::parse(&text, &ids, plan.job_ms as i64);
+    let runs = super::runs::count(&each_run, lapse.as_millis() as i64);
     let results = &tally.results;
+    let unix_ms = |at: Instant| now_ms() - at.elapsed().as_millis() as i64;
+    let cut_ms = cut_at.map(unix_ms).unwrap_or_else(|| unix_ms(restored));
+    let restored_ms = unix_ms(restored) - cut_ms;
+    let duplicates = tally
+        .each
+        .iter()
+        .filter(|(_, rs)| rs.len() > 1)
+        .take(10)
+        .map(|(job, rs)| {
+            let results: Vec<String> = rs
+                .iter()
+                .map(|(w, made, read, attempts)| {
+                    format!("{w} made {} read {} attempts {attempts}", made - cut_ms, read - cut_ms)
+                })
+                .collect();
+            let runs: Vec<String> = each_run
+                .get(job)
+                .map(|rs| {
+                    rs.iter().map(|r| format!("pid {} {}..{}", r.pid, r.start - cut_ms, r.end - cut_ms)).collect()
+                })
+                .unwrap_or_default();
+            format!(
+                "job {job} (restored at {restored_ms}): results [{}] runs [{}]",
+                results.join("; "),
+                runs.join("; ")
+            )
+        })
+        .collect();
     Ok(Report {
         kind: cut.kind(),
         cut_s: cut.duration.as_secs_f64(),
@@ -601,6 +650,7 @@ async fn phase(lab: &mut Lab, plan: &Plan, cut: &Cut, s: &mut Session) -> Result
         recover_s: all_done_at.map(|t| round2(t.saturating_duration_since(restored).as_secs_f64())),
         inside_results_after_restore: tally.inside_after_restore,
         inside_duplicates_after_restore: tally.inside_repeats_after_restore,
+        duplicates,
         inside_exits: s.fleet.inside_exits[exits_before.0..].to_vec(),
         host_exits: s.fleet.host_exits[exits_before.1..].to_vec(),
         producer_rebuilds: Fleet::in_logs(lab, "producer rebuilt") - rebuilds_before,
