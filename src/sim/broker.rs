@@ -9,7 +9,10 @@
 //! librdkafka keeps them; stored commit points, committed by [`SimGroup::commit`] (the
 //! consumer's auto-commit) and at a revocation or a leave, never for a partition the
 //! member no longer owns. A dead member ([`SimGroup::kill`]) fetches and commits nothing
-//! more and keeps its partitions until [`SimGroup::expire`] (the session timeout).
+//! more and keeps its partitions until [`SimGroup::expire`] (the session timeout). A live
+//! member cut off past its session ([`SimGroup::lose`]) is told its partitions are lost,
+//! as librdkafka tells it on its own session timeout, while the others get them; it joins
+//! again when its link is back.
 
 use crate::kafka::{ConsumeError, KafkaError, RebalanceEvent, TopicPartition};
 use crate::seams::{Pausable, PoolConsumer, PoolGroup, PoolRecord};
@@ -46,6 +49,9 @@ struct Member {
     /// Cut from the broker: it fetches and commits nothing until the link is back (a cut
     /// shorter than the session: it stays a member).
     cut: bool,
+    /// Out of the group: its session timed out during a cut ([`SimGroup::lose`]); it joins
+    /// again when the cut ends.
+    expelled: bool,
     /// Owned partitions and their fetch positions.
     owned: BTreeMap<i32, i64>,
     paused: HashSet<i32>,
@@ -115,12 +121,38 @@ impl SimGroup {
         }
     }
 
-    /// The members joined as `tag` lose (`on`) or get back their link to the broker.
+    /// The members joined as `tag` lose (`on`) or get back their link to the broker; a
+    /// member expelled meanwhile joins again.
     pub fn set_cut(&self, tag: &str, on: bool) {
-        for m in self.lock().members.values_mut().filter(|m| &*m.tag == tag) {
+        let mut st = self.lock();
+        let mut rejoined = false;
+        for m in st.members.values_mut().filter(|m| &*m.tag == tag) {
             m.cut = on;
+            rejoined |= !on && std::mem::take(&mut m.expelled);
             m.wake.notify_one();
         }
+        if rejoined {
+            st.rebalance();
+        }
+    }
+
+    /// The sessions of the live members joined as `tag`, cut off from the broker, time out:
+    /// each is told its partitions are lost (`RebalanceEvent::Lost`, what it stored is
+    /// never committed) and is out of the group until its cut ends; the others get its
+    /// partitions.
+    pub fn lose(&self, tag: &str) {
+        let mut st = self.lock();
+        let topic = st.topic.clone();
+        for m in st.members.values_mut().filter(|m| m.alive && m.cut && &*m.tag == tag) {
+            let lost: Vec<(String, i32)> = m.owned.keys().map(|p| (topic.clone(), *p)).collect();
+            m.owned.clear();
+            m.stored.clear();
+            m.expelled = true;
+            if !lost.is_empty() {
+                let _ = m.events.send(RebalanceEvent::Lost(lost));
+            }
+        }
+        st.rebalance();
     }
 
     /// The sessions of the dead members joined as `tag` time out: their partitions move
@@ -176,7 +208,7 @@ impl GroupState {
     /// they expire): revocations first (with a commit of their stored points), then
     /// assignments at the committed offsets.
     fn rebalance(&mut self) {
-        let ids: Vec<u64> = self.members.keys().copied().collect();
+        let ids: Vec<u64> = self.members.iter().filter(|(_, m)| !m.expelled).map(|(id, _)| *id).collect();
         if ids.is_empty() {
             return;
         }
@@ -243,6 +275,7 @@ impl PoolGroup for SimGroup {
             tag: self.tag.clone(),
             alive: true,
             cut: false,
+            expelled: false,
             owned: BTreeMap::new(),
             paused: HashSet::new(),
             stored: HashMap::new(),

@@ -203,6 +203,11 @@ pub(super) async fn taken_over(sh: &RouteContext, job: &JobSubmitted) -> Option<
         Fence::Mine => return None,
         Fence::Ended => Durable::Yes,
         Fence::RunningElsewhere => Durable::No,
+        Fence::Unreadable => {
+            metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "row_unreadable").increment(1);
+            tracing::error!(job_id = %job.job_id, "outcome held back: the job's row could not be read through the store outage; the job is taken in again (it may run again, it never has two results from here)");
+            return Some(Durable::No);
+        }
     };
     metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "taken_over").increment(1);
     tracing::warn!(job_id = %job.job_id, ended_elsewhere = done.is_yes(), "outcome dropped: the job's row shows it taken over by another worker or ended meanwhile (this run's heartbeats lapsed); that run's outcome stands");
@@ -212,24 +217,29 @@ pub(super) async fn taken_over(sh: &RouteContext, job: &JobSubmitted) -> Option<
 /// What the job's row says of a run that held it.
 #[derive(Debug, PartialEq, Eq)]
 enum Fence {
-    /// Still this run's (or unreadable: an outcome rather than none).
+    /// Still this run's.
     Mine,
+    /// The row could not be read through a store outage ([`OUTAGE_RETRY`]).
+    Unreadable,
     /// Ended, or of a newer generation.
     Ended,
     /// Running or handed off on another worker.
     RunningElsewhere,
 }
 
-/// What the job's row says of this run ([`taken_elsewhere`]). One read, for runs that
-/// held the row (jobs past their running grace); a row that cannot be read lets the
-/// outcome through: a possible second result rather than none.
+/// What the job's row says of this run ([`taken_elsewhere`]), for runs that held the row
+/// (jobs past their running grace). The read is retried through a store outage: a run
+/// cut off from the store cannot tell whether its heartbeats lapsed and another worker
+/// took the job over meanwhile, so it publishes nothing until it can (the fleet
+/// simulator's seed 590: a run published during its worker's cut from the store, its
+/// state write could not follow, and the take-over after the lapse ran the job again).
 async fn fenced_off(sh: &RouteContext, job: &JobSubmitted) -> Fence {
-    match with_retries(|| sh.store.job(&job.job_id)).await {
+    match retry_through_outage(|| sh.store.job(&job.job_id)).await {
         Ok(Some(row)) => taken_elsewhere(&row, &sh.worker_id, job.generation),
         Ok(None) => Fence::Mine,
         Err(e) => {
-            tracing::warn!(job_id = %job.job_id, error = %e, "cannot read the job's row before publishing its outcome; publishing (a take-over meanwhile would make it a second result)");
-            Fence::Mine
+            tracing::warn!(job_id = %job.job_id, error = %e, "cannot read the job's row before publishing its outcome");
+            Fence::Unreadable
         }
     }
 }

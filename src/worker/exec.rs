@@ -409,7 +409,7 @@ async fn run(
     let _expiry = expire_at_not_after(sh, job, &live);
     let stuck_after = sh.cfg.stuck_after(&job.job_type, sh.pool);
     let grace = sh.cfg.kill_grace(&job.job_type);
-    let (mut running_written, mut superseded) = (false, false);
+    let (mut running_written, mut superseded, mut unmarked) = (false, false, false);
     let result = {
         let mut run = std::pin::pin!(tokio::time::timeout_at(deadline, handler.run(ctx)));
         let mut stuck = std::pin::pin!(stuck_watch(&live, stuck_after, grace, sh.clock.as_ref()));
@@ -425,6 +425,7 @@ async fn run(
                 let (marked, _unwatched) = Box::pin(mark_running(sh, job, started_at, seen, &live)).await;
                 running_written = marked == Marked::Written;
                 superseded = marked == Marked::Superseded;
+                unmarked = marked == Marked::NotWritten;
                 let interval = sh.cfg.pool(sh.pool).heartbeat_interval;
                 tokio::select! {
                     r = &mut run => Some(r),
@@ -446,7 +447,7 @@ async fn run(
     slot.release(result.is_some(), output_bytes);
     sh.running.lock().expect("running map").remove(&job.job_id);
     sh.metrics.jobs_running.decrement(1.0);
-    Run { started_at, timeout, result, live, running_written, row_claimed: false, superseded }
+    Run { started_at, timeout, result, live, running_written, row_claimed: false, superseded, unmarked }
 }
 
 /// A run that ended here with an outcome that is not durable (the broker or the store

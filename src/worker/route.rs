@@ -132,6 +132,9 @@ pub(crate) struct Run {
     /// Its running mark found the job finished (another copy ran it): the run was
     /// stopped and its outcome is dropped (docs/correctness.md, "Superseded runs").
     pub superseded: bool,
+    /// The store did not take its running mark: the run was asked to stop, and no row
+    /// showed it running while it ran on (`exec::mark_running`).
+    pub unmarked: bool,
 }
 
 impl Run {

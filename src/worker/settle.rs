@@ -16,7 +16,7 @@ use crate::store::{RunMark, StateUpdate};
 /// finished) is handed off; otherwise its verdict feeds the breaker and poison detector
 /// and it ends succeeded, cancelled, retried or dead-lettered.
 pub(super) async fn settle(sh: &RouteContext, job: &JobSubmitted, origin: &Origin, run: &Run) -> Ended {
-    let Run { started_at, timeout, result, live, running_written, superseded, .. } = run;
+    let Run { started_at, timeout, result, live, running_written, superseded, unmarked, .. } = run;
     let started_at = *started_at;
     // Its running mark found the job finished elsewhere: whatever it returned, that
     // copy's outcome stands (this one's would be a second result).
@@ -31,6 +31,17 @@ pub(super) async fn settle(sh: &RouteContext, job: &JobSubmitted, origin: &Origi
         return Ended::NotDurable;
     }
     let marked = *running_written;
+    let handing_off = live.is_stopping() && !live.is_cancelled() && !matches!(result, Some(Ok(Ok(_))));
+    // Its running mark was refused (the store down): while it ran on, asked to stop, no
+    // row showed it, and after its heartbeats' lapse another worker may have taken the
+    // job over. Whatever it ended with, nothing is published; one that stopped is handed
+    // off below, any other is taken in again and its copy follows what the row shows
+    // (the fleet simulator's seed 200060: a run finished during its worker's cut from the
+    // store, published its result, and the take-over after the lapse ran the job again).
+    if *unmarked && !handing_off {
+        metrics::counter!(m::JOBS_SKIPPED, "pool" => sh.pool.as_str(), "reason" => "unmarked_run").increment(1);
+        return Ended::NotDurable;
+    }
     // Silent past `stuck_after`: dead-lettered with the reason, whatever it returned.
     if let Some(reason) = live.stuck_reason() {
         let last_error = match result {
@@ -43,7 +54,7 @@ pub(super) async fn settle(sh: &RouteContext, job: &JobSubmitted, origin: &Origi
     }
     // The worker is shutting down and the job stopped without finishing: hand it off
     // (another worker resumes it from its checkpoint; no attempt used, no crash).
-    if live.is_stopping() && !live.is_cancelled() && !matches!(result, Some(Ok(Ok(_)))) {
+    if handing_off {
         return Ended::Skipped.or_lost(Box::pin(hand_off(sh, job)).await);
     }
     let run_ms = (sh.clock.now_ms() - started_at).max(0) as f64;
