@@ -12,7 +12,7 @@
 //! | `codec` | Avro single-object encoding of the wire records (`schemas/`) |
 //! | `config` | the TOML configuration and its validation |
 //! | `core` | pure decisions: scheduling, retry, breakers, limits, schedules... (map in `core`) |
-//! | `kafka` | the Kafka edge: clients, topics, `kafka::Producer` (rebuilt after fatal errors), `kafka::Pauses`, `kafka::stall` (owned partitions without progress: a stopped fetcher, or records waiting that never arrive; restarted and resumed), `kafka::socket` (every client's TCP sockets drop data unacknowledged past the process's shortest delivery timeout: a cut-off produce request never lands later) |
+//! | `kafka` | the Kafka edge: clients, topics, `kafka::Producer` (rebuilt after fatal errors), `kafka::Pauses`, `kafka::stall` (owned partitions without progress: a stopped fetcher, or records waiting that never arrive; restarted and resumed), `kafka::socket` (every producer's TCP sockets drop data unacknowledged past the process's shortest delivery timeout: a cut-off produce request never lands later) |
 //! | `store` | the ScyllaDB edge: schema, statements, tables per concept |
 //! | `store::due` | the due index of schedules and debounce windows: what the promoter's leader reads, only what is due |
 //! | `store::slots` | a tenant's numbered slots claimed by LWT: the atomic per-tenant count of schedules and open debounce windows |

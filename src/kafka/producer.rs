@@ -175,7 +175,7 @@ const DELIVERY_TIMEOUT: Duration = Duration::from_secs(30);
 /// worker cut off from the broker loses its partitions at its session timeout
 /// (`worker::ownership`); a record it queued before the cut is delivered before another
 /// member can own the job's partition, or never, so it never lands after the link is back
-/// for a job another worker took. The kernel keeps to it too: the process's Kafka sockets
+/// for a job another worker took. The kernel keeps to it too: the process's producer sockets
 /// drop data unacknowledged for this long (`kafka::socket`).
 pub fn worker_delivery_timeout(session_timeout: Duration) -> Duration {
     let heartbeat = super::heartbeat_interval(session_timeout);
@@ -195,7 +195,10 @@ pub fn bulk_producer(cfg: &Config) -> Result<Producer, KafkaError> {
 
 fn producer_lingering(cfg: &Config, linger_ms: &str, delivery: Duration) -> Result<Producer, KafkaError> {
     // Batching is tuning (`kafka.properties` may change it); durability is not.
-    let mut settings = tuned(cfg, &[("linger.ms", linger_ms), ("compression.type", "lz4")]);
+    // A producer whose connections a cut ended (`kafka::socket`) reconnects within a
+    // second of the link's return, not librdkafka's 10 s backoff.
+    let tuning = [("linger.ms", linger_ms), ("compression.type", "lz4"), ("reconnect.backoff.max.ms", "1000")];
+    let mut settings = tuned(cfg, &tuning);
     let timeout = delivery.as_millis().to_string();
     settings.set("enable.idempotence", "true").set("acks", "all").set("message.timeout.ms", timeout);
     let first = Generation::new(&settings, 0).map_err(client_err(cfg))?;

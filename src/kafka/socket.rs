@@ -1,4 +1,4 @@
-//! The TCP sockets of this process's Kafka clients, and how long data on them may stay
+//! The TCP sockets of this process's Kafka producers, and how long data on them may stay
 //! unacknowledged.
 //!
 //! A producer reports a record failed once its delivery timeout (`message.timeout.ms`)
@@ -6,15 +6,22 @@
 //! from the broker, the kernel retransmits it for minutes, also after librdkafka closed
 //! the socket or the process exited, and delivers it once the link is back. A worker's
 //! result would then land long after another worker took its partition and ran the job.
-//! So every TCP socket a Kafka client of this process opens carries `TCP_USER_TIMEOUT` =
-//! the shortest delivery timeout among the process's producers: data the broker has not
-//! acknowledged within that long is dropped with the connection (librdkafka reconnects
-//! and retries what is still within its own timeout).
+//! So every TCP socket a Kafka producer of this process opens carries `TCP_USER_TIMEOUT`
+//! = the shortest delivery timeout among the process's producers: data the broker has not
+//! acknowledged within that long is dropped with the connection (librdkafka reconnects,
+//! within a second of the link's return, and retries what is still within its own
+//! timeout). Consumers' sockets are left as librdkafka makes them: a late request of
+//! theirs (a commit, a heartbeat) is fenced by the group's generation, and a connection
+//! that outlives a cut lets the member rejoin at once when the link is back (with the
+//! bound on them too, the partition lab's
+//! `a_worker_cut_off_from_the_broker_past_its_session_serves_again_or_exits` failed: after
+//! a 32 s cut the member waited out librdkafka's 10 s reconnect backoff).
 //!
 //! librdkafka takes a socket callback in its native configuration only, which
 //! rust-rdkafka builds inside its client constructors. `build.rs` links with
 //! `--wrap=rd_kafka_new`, so every client this process creates passes through
-//! [`__wrap_rd_kafka_new`], which installs [`open_socket`] and then creates the client.
+//! [`__wrap_rd_kafka_new`], which installs [`open_socket`] on producers and then creates
+//! the client.
 
 use rdkafka::bindings as rd;
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -45,8 +52,8 @@ extern "C" {
 }
 
 /// Every `rd_kafka_new` of the process (the linker sends the calls here): a producer's
-/// delivery timeout lowers the process's bound, the client's sockets come from
-/// [`open_socket`], then librdkafka creates the client as asked.
+/// delivery timeout lowers the process's bound and its sockets come from [`open_socket`];
+/// then librdkafka creates the client as asked.
 ///
 /// # Safety
 /// The arguments of `rd_kafka_new`: `conf` a valid configuration (or null), `errstr`
@@ -63,8 +70,8 @@ pub unsafe extern "C" fn __wrap_rd_kafka_new(
             if let Some(ms) = message_timeout_ms(conf) {
                 UNACKED_LIMIT_MS.fetch_min(ms, Ordering::SeqCst);
             }
+            rd::rd_kafka_conf_set_socket_cb(conf, Some(open_socket));
         }
-        rd::rd_kafka_conf_set_socket_cb(conf, Some(open_socket));
         CLIENTS.fetch_add(1, Ordering::SeqCst);
     }
     __real_rd_kafka_new(kind, conf, errstr, errstr_size)
