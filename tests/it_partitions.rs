@@ -151,23 +151,12 @@ async fn a_short_broker_cut_then_a_cut_from_both_end_with_every_job_done() {
 /// 30 s while 6,000 jobs of 300 ms run (default 10 s session). Nothing is lost, at most 5
 /// results are repeated, and the cut-off worker publishes no second result after its
 /// link is back: it loses its partitions at its own session timeout and sends nothing
-/// more for their jobs (`worker::ownership`), and what it queued before the cut is
-/// delivered within the session or never (`kafka::worker_delivery_timeout`). Measured
-/// before: 79 duplicate results, 50 of them published by the cut-off worker after the cut;
-/// with the ownership gate (2026-12-02, one run): 0 lost, 8 duplicate results, 4 of them
-/// from the cut-off worker after the cut; with the row read before each outcome
-/// (2026-12-03, four runs): 0 lost, 11 / 0 / 1 / 5 duplicate results, **none** after the
-/// cut; 2026-12-04 (five runs): 5 / 0 / 0 / 0 / 0, but 4 of the first run's 5 arrived from
-/// the cut-off worker after the cut (produce requests on the wire when the link went down,
-/// retransmitted by its kernel once it was back). With the sockets' bound on
-/// unacknowledged data (`kafka::socket`, 2026-12-04 night, 25 runs): 24 runs with 0
-/// duplicate results, one with 6, 2 of them read from the cut-off worker after the link
-/// came back (cause not found: that run predates the per-job evidence the report now
-/// prints, `duplicates`, and none of the 17 runs with it had a duplicate). Ignored while
-/// a bound fails in some runs (issue 62): run it with
-/// `cargo test --test it_partitions -- --ignored`.
+/// more for their jobs (`worker::ownership`), what it queued before the cut is delivered
+/// within the session or never (`kafka::worker_delivery_timeout`, `kafka::socket`), and a
+/// run whose running mark or row read failed publishes nothing. The repeats left are
+/// results acknowledged just before the cut whose state write the cut refused
+/// (docs/wire-format.md). Measurements: docs/performance.md.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "both bounds hold in 24 of 25 runs: 6 repeated results, 2 after the cut, in one (issue 62)"]
 async fn a_30_s_cut_from_both_repeats_at_most_5_results_and_none_after_the_link_is_back() {
     let cuts = vec![Cut::new(&[Link::Broker, Link::Store], Duration::from_secs(30))];
     let mut p = plan(6_000, cuts, Duration::from_secs(10));

@@ -84,6 +84,9 @@ enum Event {
         incarnation: u64,
         bytes: Vec<u8>,
     },
+    /// A job read back from a spilled backlog before it was due here
+    /// (`Loop::enqueue_when_due`), due now.
+    ReadBackDue(Pending),
     /// A job whose outcome was not durable, due to be taken in again.
     Again {
         origin: Origin,
@@ -205,6 +208,9 @@ struct Loop {
     /// [`MAX_HOLDING`], [`MAX_HOLDING_BYTES`]).
     holding: usize,
     holding_bytes: usize,
+    /// Jobs read back from spilled backlogs that wait until due here, counted in the
+    /// buffer (`Loop::enqueue_when_due`).
+    read_back_waiting: usize,
 }
 
 /// A message held until its job falls due.
@@ -279,6 +285,7 @@ pub async fn run_in<G: PoolGroup>(
         recycling_held: HashMap::new(),
         holding: 0,
         holding_bytes: 0,
+        read_back_waiting: 0,
     };
     let mut registry = sh.tenants.subscribe();
     let slots = sh.route.cfg.pool(sh.route.pool).slots;
@@ -763,7 +770,7 @@ impl Loop {
     }
 
     fn buffered(&self) -> usize {
-        self.dispatcher.queued_total() + self.overflow.len() + self.gate.parked()
+        self.dispatcher.queued_total() + self.overflow.len() + self.gate.parked() + self.read_back_waiting
     }
 
     /// A job for the scheduler, unless its flow key is at its parallelism or out of rate
@@ -771,6 +778,28 @@ impl Loop {
     /// tenant).
     fn enqueue(&mut self, pending: Pending) {
         self.buffer.entered(&pending.job.tenant, pending.job.heap_bytes());
+        self.enqueue_entered(pending);
+    }
+
+    /// A job read back from its tenant's spilled backlog is queued when it is due on this
+    /// worker's clock. The worker that spilled it found it due on its own clock, which may
+    /// run ahead of this one; until due it waits, counted in the buffer (its tenant's reads
+    /// stop as its share fills, as for queued jobs).
+    fn enqueue_when_due(&mut self, pending: Pending) {
+        let now = self.now();
+        let Some(at) = pending.job.execute_at.filter(|at| *at > now) else { return self.enqueue(pending) };
+        self.buffer.entered(&pending.job.tenant, pending.job.heap_bytes());
+        self.read_back_waiting += 1;
+        let wait = Duration::from_millis(u64::try_from(at.saturating_sub(now)).unwrap_or(0));
+        let tx = self.done_tx.clone();
+        self.tasks.spawn(async move {
+            tokio::time::sleep(wait).await;
+            let _ = tx.send(Event::ReadBackDue(pending));
+        });
+    }
+
+    /// Queues a job the buffer already counts: through its flow's gate, if it has one.
+    fn enqueue_entered(&mut self, pending: Pending) {
         let pending = match self.sh.route.cfg.flow_scope(&pending.job) {
             Some((scope, limit)) => {
                 match self.gate.offer(&scope, limit, &pending.job.tenant.clone(), pending, self.now()) {
@@ -1324,6 +1353,15 @@ impl Loop {
                 return;
             }
             Event::Backlog(ev) => return self.on_backlog(ev),
+            Event::ReadBackDue(p) => {
+                self.read_back_waiting -= 1;
+                // A partition revoked (or rewound) since: its next owner reads it again.
+                match self.parts.get(&p.origin.partition).is_some_and(|st| st.incarnation == p.incarnation) {
+                    true => self.enqueue_entered(Pending { received_at: self.now(), ..p }),
+                    false => self.buffer.left(&p.job.tenant, p.job.heap_bytes()),
+                }
+                return;
+            }
             Event::Again { origin, incarnation, spill, again } => {
                 self.holding -= 1;
                 self.holding_bytes -= again.bytes();
@@ -1485,7 +1523,7 @@ impl Loop {
                         Ok(job) => {
                             largest = largest.max(job.heap_bytes());
                             let job = Arc::new(job);
-                            self.enqueue(Pending { job, origin, incarnation, received_at: self.now(), spill });
+                            self.enqueue_when_due(Pending { job, origin, incarnation, received_at: self.now(), spill });
                         }
                         Err(rejection) => self.reject_later(Refused { rejection, bytes, origin, incarnation, spill }),
                     }
