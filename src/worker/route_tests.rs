@@ -624,3 +624,49 @@ async fn a_copy_taken_in_again_after_its_fence_follows_the_take_over_instead_of_
     assert_eq!(f.echo.runs.load(Ordering::SeqCst), 2, "never run beside the take-over");
     assert_eq!(f.results().len(), 1);
 }
+
+/// A run whose running mark the store refused (its worker cut from the store at the
+/// mark) publishes nothing, though its handler returns: no row shows the run, so once its
+/// heartbeats' lapse passes another worker may take the job over and run it again (the
+/// fleet simulator's seed 200060). Its copy is taken in again and follows what the row
+/// shows. Fails without `Run::unmarked`: the result is published.
+#[tokio::test(start_paused = true)]
+async fn a_run_whose_running_mark_was_refused_publishes_nothing() {
+    let f = Fixture::with(0, Duration::from_secs(5));
+    let first = spawn_route(&f, f.worker("w1"), f.job());
+    // Past the check's read, before the mark at the 250 ms grace.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    f.store.set_down(true);
+    let ended = tokio::time::timeout(Duration::from_secs(30), first).await;
+    assert_eq!(f.echo.runs.load(Ordering::SeqCst), 1, "the handler ran to its end");
+    assert!(f.results().is_empty(), "no result from a run no row shows");
+    assert_eq!(ended.expect("the route ends").unwrap(), Ended::NotDurable, "its copy is taken in again");
+    f.store.set_down(false);
+    assert!(f.store.row("job-1").is_none(), "nothing written");
+}
+
+/// A run that held its mark reads the job's row before publishing; when the row stays
+/// unreadable through the whole outage bound (`durable::OUTAGE_RETRY`), the outcome is
+/// held back rather than published blind (the fleet simulator's seed 590: the read failed
+/// and the result went out while another worker had taken the job over). Fails when a
+/// failed read lets the outcome through.
+#[tokio::test(start_paused = true)]
+async fn a_run_whose_row_stays_unreadable_before_its_outcome_publishes_nothing() {
+    let f = Fixture::with(0, Duration::from_secs(5));
+    let first = spawn_route(&f, f.worker("w1"), f.job());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let row = f.store.row("job-1").expect("marked running");
+    assert_eq!((row.status.as_deref(), row.worker.as_deref()), (Some("running"), Some("w1")));
+    f.store.set_down(true);
+    let bound = super::durable::OUTAGE_RETRY + Duration::from_secs(60);
+    let ended = tokio::time::timeout(bound, first).await;
+    assert!(f.results().is_empty(), "no result published without reading the row");
+    assert_eq!(
+        ended.expect("held back within the outage bound").unwrap(),
+        Ended::NotDurable,
+        "its copy is taken in again"
+    );
+    f.store.set_down(false);
+    let row = f.store.row("job-1").unwrap();
+    assert_eq!(row.status.as_deref(), Some("running"), "nothing written over the mark");
+}
