@@ -47,11 +47,6 @@ impl Seen {
         Seen::Row { worker: row.and_then(|r| r.worker.clone()), written_at: row.and_then(|r| r.updated_at) }
     }
 
-    /// The row read names `worker` (a claim of this worker's check, or an earlier write of it).
-    pub fn names(&self, worker: &str) -> bool {
-        matches!(self, Seen::Row { worker: Some(w), .. } if w == worker)
-    }
-
     /// The row as the store's conditional writes take it (None: not read).
     pub fn as_read(&self) -> Option<crate::store::SeenRow<'_>> {
         match self {

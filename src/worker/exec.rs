@@ -275,12 +275,9 @@ async fn route(
         Ok(handler) => handler,
         Err(durable) => return Ended::Skipped.or_lost(durable),
     };
-    if !super::ownership::holds() || (!super::ownership::may_start() && !seen.names(&sh.worker_id)) {
-        // Its partition was lost during the checks, or revoked while no row named this
-        // worker: the partition's next owner runs the job (nothing of this copy shows in
-        // the store, so it would not wait). A copy whose check claimed the row (a take-over,
-        // a hand-off) runs on: the next owner waits for its heartbeats, and an unused claim
-        // would count as a crash at the lapse (poison after three).
+    if !super::ownership::holds() {
+        // Its partition was lost during the checks (a cut from the broker past the
+        // session): the partition's next owner runs the job.
         tracing::info!(job_id = %job.job_id, partition = origin.partition, "partition no longer owned here; the job is left to its next owner");
         return Ended::NotDurable;
     }

@@ -418,10 +418,7 @@ impl Loop {
             RebalanceEvent::Revoked(tps) => {
                 let gone: HashSet<i32> = tps.iter().map(|(_, p)| *p).collect();
                 for p in &gone {
-                    // Jobs still in their checks do not start (`worker::ownership`).
-                    if let Some(st) = self.parts.remove(p) {
-                        st.ownership.revoke();
-                    }
+                    self.parts.remove(p);
                 }
                 pauses.revoked(&tps);
                 self.sh.route.frontiers.forget(&gone.iter().copied().collect::<Vec<_>>());
