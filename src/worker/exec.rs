@@ -281,10 +281,11 @@ async fn route(
         tracing::info!(job_id = %job.job_id, partition = origin.partition, "partition no longer owned here; the job is left to its next owner");
         return Ended::NotDurable;
     }
+    let (start, seen) = Start::of(redelivered, seen);
     let started_at = sh.clock.now_ms();
     waited.record(sh, &job, started_at);
     let spans = RunSpans::start(sh, &job, &origin, &waited, started_at);
-    let mut run = run(sh, &job, handler, slot, (started_at, &seen, redelivered), spans.traceparent()).await;
+    let mut run = run(sh, &job, handler, slot, (started_at, &seen, start), spans.traceparent()).await;
     run.row_claimed = row_claimed;
     let spans = spans.ran(&run, sh.clock.now_ms());
     let ended = settle::settle(sh, &job, &origin, &run).await;
@@ -352,6 +353,35 @@ async fn clear_to_run(
     Ok(handler)
 }
 
+/// When a run writes its running mark (`mark_running`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// Past `RUNNING_WRITE_GRACE`: a short job costs the store no write for it.
+    Graced,
+    /// At once, after the handler's first poll: a worker may have started this record
+    /// before (`check::Check::Run`).
+    Redelivered,
+    /// Before the handler runs at all: the partition was revoked while the job was in its
+    /// checks (`worker::ownership`), so its next owner may have run the job since the
+    /// check's read. A refused mark means the handler never runs.
+    MarkFirst,
+}
+
+impl Start {
+    /// The start of a run, and the row its mark expects. A revoked job whose check read no
+    /// row (nobody could have started it then) expects none still.
+    fn of(redelivered: bool, seen: check::Seen) -> (Start, check::Seen) {
+        match (super::ownership::may_start(), redelivered) {
+            (false, _) if seen == check::Seen::Unread => {
+                (Start::MarkFirst, check::Seen::Row { worker: None, written_at: None })
+            }
+            (false, _) => (Start::MarkFirst, seen),
+            (true, true) => (Start::Redelivered, seen),
+            (true, false) => (Start::Graced, seen),
+        }
+    }
+}
+
 /// Ends a timer task when dropped (the run it watches is over).
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -379,14 +409,14 @@ fn expire_at_not_after(sh: &RouteContext, job: &JobSubmitted, live: &Arc<JobLive
 
 /// Runs the handler under its deadline. Jobs that outlive `RUNNING_WRITE_GRACE` get
 /// a "running" row with a first heartbeat, so a dead or hung worker is noticed; a
-/// redelivered record (`check::Check::Run`) gets it as it starts. The scheduler slot is
-/// released as soon as the handler returns.
+/// redelivered record gets it as it starts, a revoked partition's before its handler runs
+/// ([`Start`]). The scheduler slot is released as soon as the handler returns.
 async fn run(
     sh: &RouteContext,
     job: &Arc<JobSubmitted>,
     handler: Arc<dyn Handler>,
     slot: &mut SlotRelease,
-    (started_at, seen, redelivered): (i64, &check::Seen, bool),
+    (started_at, seen, start): (i64, &check::Seen, Start),
     traceparent: Option<String>,
 ) -> Run {
     let timeout = sh.job_timeout(&job.job_type);
@@ -411,24 +441,34 @@ async fn run(
     let grace = sh.cfg.kill_grace(&job.job_type);
     let (mut running_written, mut superseded, mut unmarked) = (false, false, false);
     let result = {
-        let mut run = std::pin::pin!(tokio::time::timeout_at(deadline, handler.run(ctx)));
+        // The handler is called at the first poll: a run whose first mark is refused never
+        // calls it (a handler may start its work in the call, before its future is polled).
+        let mut run = std::pin::pin!(tokio::time::timeout_at(deadline, async move { handler.run(ctx).await }));
         let mut stuck = std::pin::pin!(stuck_watch(&live, stuck_after, grace, sh.clock.as_ref()));
         // The handler first: a job that is done at its first poll (most short jobs) then
         // never arms the grace timer nor the deadline's (timers arm when first polled).
+        let first = start == Start::MarkFirst;
         tokio::select! {
             biased;
-            r = &mut run => Some(r),
+            r = &mut run, if !first => Some(r),
             _ = live.aborted() => None,
             _ = &mut stuck => None,
-            _ = tokio::time::sleep(if redelivered { Duration::ZERO } else { RUNNING_WRITE_GRACE }) => {
+            _ = tokio::time::sleep(if start == Start::Graced { RUNNING_WRITE_GRACE } else { Duration::ZERO }) => {
                 crate::watch::events::started(sh.broker.as_ref(), &sh.cfg, &sh.worker_id, job, started_at);
                 let (marked, _unwatched) = Box::pin(mark_running(sh, job, started_at, seen, &live)).await;
                 running_written = marked == Marked::Written;
                 superseded = marked == Marked::Superseded;
                 unmarked = marked == Marked::NotWritten;
+                // A refused first mark: the handler never runs, and nothing is published
+                // (a fenced run's copy is taken in again, `settle`).
+                let never_ran = first && !running_written;
+                if never_ran && unmarked {
+                    live.fence();
+                }
                 let interval = sh.cfg.pool(sh.pool).heartbeat_interval;
                 tokio::select! {
-                    r = &mut run => Some(r),
+                    _ = std::future::ready(()), if never_ran => None,
+                    r = &mut run, if !never_ran => Some(r),
                     _ = live.aborted() => None,
                     _ = &mut stuck => None,
                     _ = super::liveness::fence_watch(&live, &job.job_id, sh.pool, interval), if running_written => None,

@@ -3,9 +3,14 @@
 //! *lost*: taken from this member without a rebalance it joined in. librdkafka reports
 //! that on its own session timeout, even while the broker is out of reach, so a worker
 //! cut off from the broker ends its ownerships no later than the broker hands the
-//! partitions to another member. A plain revocation (a rebalance, a deploy) ends nothing:
-//! the member is alive, its jobs in flight go on and publish, and the partition's next
-//! owner waits for their heartbeats (`worker::check`).
+//! partitions to another member. A plain revocation (a rebalance, a deploy) lets the jobs
+//! already running go on and publish: the member is alive, and the partition's next owner
+//! waits for their heartbeats (`worker::check`). A job still in its checks at a revocation
+//! marks its row running before its handler runs ([`may_start`] is false; the mark is
+//! conditional on the row its check read, `exec::mark_running`): the partition's next
+//! owner reads the same record, and a copy of it may have run there since that read (the
+//! fleet simulator's seed 221890: a check's row read answered before the new owner's run,
+//! the handler started after it). The mark is refused then, and this copy never runs.
 //!
 //! A job's route runs inside its partition's ownership ([`scope`]) and checks it
 //! ([`holds`]) before its handler starts and before each send of an outcome: once the
@@ -17,31 +22,50 @@
 //! result for a job another worker took.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
-/// One assignment of one partition to this worker: holds until [`Ownership::end`].
+/// One assignment of one partition to this worker: held, then revoked (jobs running go
+/// on; one still in its checks starts only behind a running mark) or lost (nothing more
+/// acts), in that order only.
 #[derive(Debug, Clone)]
-pub struct Ownership(Arc<AtomicBool>);
+pub struct Ownership(Arc<AtomicU8>);
+
+const HELD: u8 = 0;
+const REVOKED: u8 = 1;
+const LOST: u8 = 2;
 
 impl Ownership {
     /// A partition just assigned.
     pub fn new() -> Self {
-        Ownership(Arc::new(AtomicBool::new(true)))
+        Ownership(Arc::new(AtomicU8::new(HELD)))
     }
 
     /// An ownership already over (a job whose partition left before it started).
     pub fn ended() -> Self {
-        Ownership(Arc::new(AtomicBool::new(false)))
+        Ownership(Arc::new(AtomicU8::new(LOST)))
+    }
+
+    /// The partition was revoked in a rebalance this member joined: a job read under this
+    /// ownership starts only behind a running mark; those running go on.
+    pub fn revoke(&self) {
+        self.0.fetch_max(REVOKED, Ordering::SeqCst);
     }
 
     /// The partition was lost: the jobs read under this ownership stop acting here.
     pub fn end(&self) {
-        self.0.store(false, Ordering::SeqCst)
+        self.0.fetch_max(LOST, Ordering::SeqCst);
     }
 
+    /// Jobs read under it may still act (publish, write): not lost.
     pub fn holds(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
+        self.0.load(Ordering::SeqCst) < LOST
+    }
+
+    /// Jobs read under it may start as usual (a running mark only past its grace):
+    /// neither revoked nor lost.
+    pub fn may_start(&self) -> bool {
+        self.0.load(Ordering::SeqCst) == HELD
     }
 }
 
@@ -67,6 +91,12 @@ pub fn holds() -> bool {
     CURRENT.try_with(Ownership::holds).unwrap_or(true)
 }
 
+/// Whether the route running now may start its job's handler without a running mark
+/// first (see [`holds`] for routes outside any scope).
+pub fn may_start() -> bool {
+    CURRENT.try_with(Ownership::may_start).unwrap_or(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -85,5 +115,21 @@ mod tests {
         assert_eq!(seen, (true, false));
         assert!(!o.holds());
         assert!(holds(), "the scope ended with the route");
+    }
+
+    #[tokio::test]
+    async fn a_revoked_partitions_jobs_act_but_none_starts_and_a_loss_ends_both() {
+        let o = Ownership::new();
+        let inner = o.clone();
+        let seen = scope(o.clone(), async move {
+            let before = (holds(), may_start());
+            inner.revoke();
+            let revoked = (holds(), may_start());
+            inner.end();
+            inner.revoke();
+            (before, revoked, (holds(), may_start()))
+        })
+        .await;
+        assert_eq!(seen, ((true, true), (true, false), (false, false)), "a revocation never undoes a loss");
     }
 }

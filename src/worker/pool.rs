@@ -418,7 +418,10 @@ impl Loop {
             RebalanceEvent::Revoked(tps) => {
                 let gone: HashSet<i32> = tps.iter().map(|(_, p)| *p).collect();
                 for p in &gone {
-                    self.parts.remove(p);
+                    // Jobs still in their checks start behind a running mark (`worker::ownership`).
+                    if let Some(st) = self.parts.remove(p) {
+                        st.ownership.revoke();
+                    }
                 }
                 pauses.revoked(&tps);
                 self.sh.route.frontiers.forget(&gone.iter().copied().collect::<Vec<_>>());

@@ -670,3 +670,48 @@ async fn a_run_whose_row_stays_unreadable_before_its_outcome_publishes_nothing()
     let row = f.store.row("job-1").unwrap();
     assert_eq!(row.status.as_deref(), Some("running"), "nothing written over the mark");
 }
+
+/// A job still in its checks when its partition was revoked (`worker::ownership`) marks its
+/// row before its handler runs, conditional on the row its check saw: when the partition's
+/// next owner ran the job since (the fleet simulator's seed 221890: the check's read was
+/// answered before that run), the mark is refused and the handler never runs. Here the
+/// check skips its read (a fresh record nobody could have started), the strongest case.
+/// Fails without the first mark: the handler runs and a second result goes out. With no
+/// other run, the revoked copy runs behind its mark and its result goes out once.
+#[tokio::test(start_paused = true)]
+async fn a_job_revoked_in_its_checks_runs_only_behind_a_mark_its_next_owners_run_refuses() {
+    let route = |f: &Fixture| {
+        let feed = Arc::new(frontier::CancelFeed::default());
+        feed.polled_empty(f.clock.now_ms());
+        f.worker_with_feed("w1", f.echo.clone(), feed)
+    };
+    let revoked = || {
+        let o = super::ownership::Ownership::new();
+        o.revoke();
+        o
+    };
+    let run_revoked = |f: &Fixture, job: Arc<JobSubmitted>| {
+        let (route, origin) = (route(f), Origin { submitted: true, ..f.origin() });
+        super::ownership::scope(revoked(), async move {
+            let mut slot = SlotRelease::new(|_, _| {});
+            let waited = Waited { received_at: EPOCH, dispatched_at: EPOCH };
+            exec::execute(route, job, origin, &mut slot, waited).await
+        })
+    };
+    let f = Fixture::new(0);
+    let job = f.job();
+    f.store.put_state(&state(&job, "succeeded", "w2", 0), f.clock.now_ms()).await.unwrap();
+    assert_eq!(run_revoked(&f, job).await, Ended::Ran, "settled: the job finished on its next owner");
+    assert_eq!(f.echo.runs.load(Ordering::SeqCst), 0, "the handler never ran");
+    assert!(f.results().is_empty(), "no second result");
+    let row = f.store.row("job-1").unwrap();
+    assert_eq!((row.status.as_deref(), row.worker.as_deref()), (Some("succeeded"), Some("w2")));
+    assert!(!f.store.in_running_index("short", "job-1"), "no reaper entry");
+
+    let f = Fixture::new(0);
+    assert_eq!(run_revoked(&f, f.job()).await, Ended::Ran);
+    assert_eq!((f.echo.runs.load(Ordering::SeqCst), f.results().len()), (1, 1), "ran once, one result");
+    let row = f.store.row("job-1").unwrap();
+    assert_eq!((row.status.as_deref(), row.worker.as_deref()), (Some("succeeded"), Some("w1")));
+    assert!(!f.store.in_running_index("short", "job-1"), "its reaper entry cleared");
+}
