@@ -78,15 +78,8 @@ enum Event {
     Freed(Freed),
     Done(Done),
     Backlog(BacklogEvent),
-    /// A message held until its job's `execute_at` (`Loop::hold_until_due`) is due.
-    Due {
-        origin: Origin,
-        incarnation: u64,
-        bytes: Vec<u8>,
-    },
-    /// A job read back from a spilled backlog before it was due here
-    /// (`Loop::enqueue_when_due`), due now.
-    ReadBackDue(Pending),
+    /// What was held until its job's `execute_at` (`Loop::hold_until_due`) is due.
+    Due(Held),
     /// A job whose outcome was not durable, due to be taken in again.
     Again {
         origin: Origin,
@@ -213,11 +206,25 @@ struct Loop {
     read_back_waiting: usize,
 }
 
-/// A message held until its job falls due.
-struct Held {
-    origin: Origin,
-    incarnation: u64,
-    bytes: Vec<u8>,
+/// What the loop holds until its job falls due (`Loop::hold_until_due`).
+enum Held {
+    /// A message taken in before its job was due (at most [`MAX_HOLDING`] of them,
+    /// [`MAX_HOLDING_BYTES`] in all): taken in again when due.
+    Message { origin: Origin, incarnation: u64, bytes: Vec<u8> },
+    /// A job read back from its tenant's spilled backlog before it was due on this
+    /// worker's clock (`Loop::enqueue_when_due`): counted in the buffer meanwhile, queued
+    /// when due.
+    ReadBack(Pending),
+}
+
+impl Held {
+    /// The partition it was read from, and that assignment's incarnation.
+    fn read_from(&self) -> (i32, u64) {
+        match self {
+            Held::Message { origin, incarnation, .. } => (origin.partition, *incarnation),
+            Held::ReadBack(p) => (p.origin.partition, p.incarnation),
+        }
+    }
 }
 
 /// How long a drain waits for running jobs to honour a stop request (then aborts them),
@@ -705,7 +712,7 @@ impl Loop {
         if let Some(at) = job.execute_at.filter(|at| *at > self.now()) {
             let room = self.holding < MAX_HOLDING && self.holding_bytes + bytes.len() <= MAX_HOLDING_BYTES;
             if promotion::hold_in_worker(at, self.now()) && room {
-                return self.hold_until_due(at, Held { origin, incarnation, bytes });
+                return self.hold_until_due(at, Held::Message { origin, incarnation, bytes });
             }
             // Scheduled for later, even by a millisecond: the relay holds it (or parks it
             // in the store) until due, so no job starts before its `execute_at`.
@@ -787,18 +794,14 @@ impl Loop {
     /// A job read back from its tenant's spilled backlog is queued when it is due on this
     /// worker's clock. The worker that spilled it found it due on its own clock, which may
     /// run ahead of this one; until due it waits, counted in the buffer (its tenant's reads
-    /// stop as its share fills, as for queued jobs).
+    /// stop as its share fills, as for queued jobs). So such jobs are bounded in number and
+    /// bytes as queued ones are, and each waits at most as long as the spilling worker's
+    /// clock ran ahead of this one's.
     fn enqueue_when_due(&mut self, pending: Pending) {
         let now = self.now();
         let Some(at) = pending.job.execute_at.filter(|at| *at > now) else { return self.enqueue(pending) };
         self.buffer.entered(&pending.job.tenant, pending.job.heap_bytes());
-        self.read_back_waiting += 1;
-        let wait = Duration::from_millis(u64::try_from(at.saturating_sub(now)).unwrap_or(0));
-        let tx = self.done_tx.clone();
-        self.tasks.spawn(async move {
-            tokio::time::sleep(wait).await;
-            let _ = tx.send(Event::ReadBackDue(pending));
-        });
+        self.hold_until_due(at, Held::ReadBack(pending));
     }
 
     /// Queues a job the buffer already counts: through its flow's gate, if it has one.
@@ -1317,31 +1320,51 @@ impl Loop {
         }
     }
 
-    /// Holds a message whose job is due at `at` (soon) in this loop until then: its offset
-    /// stays uncommitted (a crash redelivers it), and when due it is taken in again.
+    /// Holds a message or a read-back job whose job is due at `at` in this loop until then:
+    /// its offset stays uncommitted (a crash redelivers it), and when due it is taken in
+    /// again or queued ([`Held`]).
     fn hold_until_due(&mut self, at: Millis, held: Held) {
-        self.holding += 1;
-        self.holding_bytes += held.bytes.len();
+        match &held {
+            Held::Message { bytes, .. } => {
+                self.holding += 1;
+                self.holding_bytes += bytes.len();
+            }
+            Held::ReadBack(_) => self.read_back_waiting += 1,
+        }
         let tx = self.done_tx.clone();
-        let wait = Duration::from_millis((at - self.now()).max(0) as u64);
+        let wait = Duration::from_millis(u64::try_from(at.saturating_sub(self.now())).unwrap_or(0));
         self.tasks.spawn(async move {
             tokio::time::sleep(wait).await;
-            let Held { origin, incarnation, bytes } = held;
-            let _ = tx.send(Event::Due { origin, incarnation, bytes });
+            let _ = tx.send(Event::Due(held));
         });
+    }
+
+    /// What was held until due ([`Loop::hold_until_due`]) is due: taken in or queued,
+    /// unless its partition was revoked (or rewound) since: its next owner reads it again.
+    fn on_due(&mut self, held: Held) {
+        let (partition, incarnation) = held.read_from();
+        let current = self.parts.get(&partition).is_some_and(|st| st.incarnation == incarnation);
+        match held {
+            Held::Message { origin, bytes, .. } => {
+                self.holding -= 1;
+                self.holding_bytes -= bytes.len();
+                if current {
+                    self.intake(origin, bytes);
+                }
+            }
+            Held::ReadBack(p) => {
+                self.read_back_waiting -= 1;
+                match current {
+                    true => self.enqueue_entered(Pending { received_at: self.now(), ..p }),
+                    false => self.buffer.left(&p.job.tenant, p.job.heap_bytes()),
+                }
+            }
+        }
     }
 
     fn on_event(&mut self, ev: Event) {
         let done = match ev {
-            Event::Due { origin, incarnation, bytes } => {
-                self.holding -= 1;
-                self.holding_bytes -= bytes.len();
-                // A partition revoked (or rewound) since: its next owner reads it again.
-                if self.parts.get(&origin.partition).is_some_and(|st| st.incarnation == incarnation) {
-                    self.intake(origin, bytes);
-                }
-                return;
-            }
+            Event::Due(held) => return self.on_due(held),
             Event::Freed(Freed { ticket, ran, flow, held_bytes }) => {
                 let now = self.now();
                 self.dispatcher.complete(&ticket, now, ran);
@@ -1356,15 +1379,6 @@ impl Loop {
                 return;
             }
             Event::Backlog(ev) => return self.on_backlog(ev),
-            Event::ReadBackDue(p) => {
-                self.read_back_waiting -= 1;
-                // A partition revoked (or rewound) since: its next owner reads it again.
-                match self.parts.get(&p.origin.partition).is_some_and(|st| st.incarnation == p.incarnation) {
-                    true => self.enqueue_entered(Pending { received_at: self.now(), ..p }),
-                    false => self.buffer.left(&p.job.tenant, p.job.heap_bytes()),
-                }
-                return;
-            }
             Event::Again { origin, incarnation, spill, again } => {
                 self.holding -= 1;
                 self.holding_bytes -= again.bytes();
