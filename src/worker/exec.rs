@@ -281,7 +281,7 @@ async fn route(
         tracing::info!(job_id = %job.job_id, partition = origin.partition, "partition no longer owned here; the job is left to its next owner");
         return Ended::NotDurable;
     }
-    let (start, seen) = Start::of(redelivered, seen);
+    let (start, seen) = Start::of(Start::twin_may_run(&job, &origin, redelivered), redelivered, seen);
     let started_at = sh.clock.now_ms();
     waited.record(sh, &job, started_at);
     let spans = RunSpans::start(sh, &job, &origin, &waited, started_at);
@@ -361,17 +361,19 @@ enum Start {
     /// At once, after the handler's first poll: a worker may have started this record
     /// before (`check::Check::Run`).
     Redelivered,
-    /// Before the handler runs at all: the partition was revoked while the job was in its
-    /// checks (`worker::ownership`), so its next owner may have run the job since the
-    /// check's read. A refused mark means the handler never runs.
+    /// Before the handler runs at all: another copy may run the job beside this one since
+    /// the check's read. The partition was revoked while the job was in its checks
+    /// (`worker::ownership`), so its next owner may have run it; or the job is delayed and
+    /// has a twin record ([`Start::twin_may_run`]). A refused mark means the handler never
+    /// runs.
     MarkFirst,
 }
 
 impl Start {
-    /// The start of a run, and the row its mark expects. A revoked job whose check read no
-    /// row (nobody could have started it then) expects none still.
-    fn of(redelivered: bool, seen: check::Seen) -> (Start, check::Seen) {
-        match (super::ownership::may_start(), redelivered) {
+    /// The start of a run, and the row its mark expects. A job that marks first and whose
+    /// check read no row (nobody could have started it then) expects none still.
+    fn of(twin: bool, redelivered: bool, seen: check::Seen) -> (Start, check::Seen) {
+        match (super::ownership::may_start() && !twin, redelivered) {
             (false, _) if seen == check::Seen::Unread => {
                 (Start::MarkFirst, check::Seen::Row { worker: None, written_at: None })
             }
@@ -379,6 +381,17 @@ impl Start {
             (true, true) => (Start::Redelivered, seen),
             (true, false) => (Start::Graced, seen),
         }
+    }
+
+    /// A delayed job has two records once handed to the relay: the submitter's and the
+    /// relay's due copy (`worker::relay`). The submitter's record is committed after the
+    /// hand-off, but a partition that moves first is read again by its next owner past
+    /// the job's `execute_at`, and both copies may then read the row before either writes
+    /// it (the fleet simulator's seed 232185: a 0 ms job run twice, 13 ms apart). So the
+    /// relay's copy, and a submitter's record of a delayed job read again, mark first: the
+    /// second mark is refused. A submitter's record read the first time runs as usual.
+    fn twin_may_run(job: &JobSubmitted, origin: &Origin, redelivered: bool) -> bool {
+        job.execute_at.is_some() && (redelivered || !origin.submitted)
     }
 }
 

@@ -715,3 +715,29 @@ async fn a_job_revoked_in_its_checks_runs_only_behind_a_mark_its_next_owners_run
     assert_eq!((row.status.as_deref(), row.worker.as_deref()), (Some("succeeded"), Some("w1")));
     assert!(!f.store.in_running_index("short", "job-1"), "its reaper entry cleared");
 }
+
+/// A delayed job's two records (`exec::Start::twin_may_run`): the submitter's, read again
+/// after its partition moved before its commit, and the relay's due copy, each on a
+/// worker whose store calls take 10 ms, so both checks read no row before either run
+/// writes. Both mark before their handlers run; the second mark is refused, so the job
+/// runs once and one result goes out (the fleet simulator's seed 232185). Fails without
+/// the first mark: both 0 ms runs end at their first poll and publish.
+#[tokio::test(start_paused = true)]
+async fn a_delayed_jobs_submitter_record_read_again_and_its_relay_copy_run_it_once() {
+    let f = Fixture::new(0);
+    let slow = |worker: &str| {
+        let mut ctx = Arc::try_unwrap(f.worker(worker)).ok().expect("one handle");
+        ctx.store = Arc::new(f.store.view(Some(crate::sim::doubles::Latency::new(7, (10, 10), (0.0, 10)))));
+        Arc::new(ctx)
+    };
+    let job = Arc::new(JobSubmitted { execute_at: Some(f.clock.now_ms()), ..(*f.job()).clone() });
+    let again = Origin { submitted: true, taken_again: true, ..f.origin() };
+    let relayed = Origin { partition: 1, offset: 3, ..f.origin() };
+    let first = spawn_from(slow("w1"), job.clone(), again);
+    let second = spawn_from(slow("w2"), job, relayed);
+    let ended = [first.await.unwrap(), second.await.unwrap()];
+    assert_eq!(f.echo.runs.load(Ordering::SeqCst), 1, "one run: {ended:?}");
+    assert_eq!(f.results().len(), 1, "one result");
+    assert!(ended.contains(&Ended::NotDurable), "the copy refused is taken in again: {ended:?}");
+    assert_eq!(f.store.row("job-1").and_then(|r| r.status).as_deref(), Some("succeeded"));
+}
