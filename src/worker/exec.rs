@@ -422,8 +422,9 @@ fn expire_at_not_after(sh: &RouteContext, job: &JobSubmitted, live: &Arc<JobLive
 
 /// Runs the handler under its deadline. Jobs that outlive `RUNNING_WRITE_GRACE` get
 /// a "running" row with a first heartbeat, so a dead or hung worker is noticed; a
-/// redelivered record gets it as it starts, a revoked partition's before its handler runs
-/// ([`Start`]). The scheduler slot is released as soon as the handler returns.
+/// redelivered record gets it as it starts, and a copy another may run beside (a revoked
+/// partition's, a delayed job's twin) before its handler runs ([`Start`]). The scheduler
+/// slot is released as soon as the handler returns.
 async fn run(
     sh: &RouteContext,
     job: &Arc<JobSubmitted>,
