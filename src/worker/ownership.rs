@@ -11,6 +11,8 @@
 //! owner reads the same record, and a copy of it may have run there since that read (the
 //! fleet simulator's seed 221890: a check's row read answered before the new owner's run,
 //! the handler started after it). The mark is refused then, and this copy never runs.
+//! The revocation reaches the ownership through the pool loop's rebalance event, not in
+//! librdkafka's callback: a job that starts between the two starts the usual way.
 //!
 //! A job's route runs inside its partition's ownership ([`scope`]) and checks it
 //! ([`holds`]) before its handler starts and before each send of an outcome: once the
