@@ -12,6 +12,7 @@ use fairway::config::Config;
 use fairway::handlers::Registry;
 use fairway::kafka::{self, Consumer, Message};
 use fairway::model::Pool;
+use fairway::store::RequestCounts;
 use fairway::submit::{NewJob, Submitter};
 use fairway::worker::{Policy, Worker};
 use fairway::{codec, now_ms};
@@ -131,8 +132,11 @@ async fn throughput(g: &Global, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
     fairway::ops::tenants::seed(&cfg).await?;
     let sub = Submitter::new(cfg.clone(), None)?;
     let probe = super::bench_cpu::CpuProbe::local();
+    let store = fairway::store::Store::open(&cfg).await?;
+    let requests_at_start = request_counts(&store).await;
     let preloaded =
         if a.preload { Some(submit_noops(&cfg, &sub, "echo", a.jobs, Instant::now()).await?) } else { None };
+    let requests_preloaded = request_counts(&store).await;
     let workers = start_workers(&cfg, a.shape.workers).await?;
     let cpu_before = probe.snapshot();
     let t0 = Instant::now();
@@ -152,6 +156,9 @@ async fn throughput(g: &Global, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
     }
     tokio::time::sleep(a.cpu_tail).await;
     let cpu_after_tail = probe.snapshot();
+    // Without a preload the submissions overlap the processing and count with it.
+    let requests_at_start = requests_at_start.filter(|_| a.preload);
+    let requests = StoreRequests::between(requests_at_start, requests_preloaded, request_counts(&store).await);
     // Then every result is read back: the processing window and latencies come from the
     // results' own timestamps, and a missing result fails the run.
     let (rcfg, topic) = (cfg.clone(), cfg.results_topic());
@@ -163,7 +170,7 @@ async fn throughput(g: &Global, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
     seen.elapsed = settled_after;
     let cpu = super::bench_cpu::per_thousand_jobs(&cpu_before, &cpu_after, seen.done);
     let cpu_tail = super::bench_cpu::per_thousand_jobs(&cpu_before, &cpu_after_tail, seen.done);
-    report_throughput(&a, submitted?, &seen, cpu, cpu_tail);
+    report_throughput(&a, submitted?, &seen, (cpu, cpu_tail), requests);
     drop_topics(&cfg).await;
     Ok(if seen.done == a.jobs { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
@@ -188,13 +195,49 @@ pub(super) async fn start_workers(cfg: &Arc<Config>, n: usize) -> anyhow::Result
     Ok(workers)
 }
 
+/// The database's request counts, or why they could not be read (printed once).
+async fn request_counts(store: &fairway::store::Store) -> Option<RequestCounts> {
+    match store.request_counts().await {
+        Ok(c) => Some(c),
+        Err(e) => {
+            eprintln!("store requests per job not measured: {e}");
+            None
+        }
+    }
+}
+
+/// Store requests a run cost: while its jobs were submitted (a preloaded run's), and
+/// while the workers processed them (through the CPU tail, so the last packs count).
+struct StoreRequests {
+    submit: Option<RequestCounts>,
+    process: Option<RequestCounts>,
+}
+
+impl StoreRequests {
+    fn between(start: Option<RequestCounts>, preloaded: Option<RequestCounts>, end: Option<RequestCounts>) -> Self {
+        StoreRequests {
+            submit: start.zip(preloaded).map(|(s, p)| p.since(s)),
+            process: preloaded.zip(end).map(|(p, e)| e.since(p)),
+        }
+    }
+
+    /// Reads, writes and scans per job, as JSON (null when not measured).
+    fn per_job(counts: Option<RequestCounts>, jobs: usize) -> serde_json::Value {
+        let per = |n: i64| ((n as f64 / jobs.max(1) as f64) * 10_000.0).round() / 10_000.0;
+        counts.map_or(
+            serde_json::Value::Null,
+            |c| serde_json::json!({ "reads": per(c.reads), "writes": per(c.writes), "scans": per(c.scans) }),
+        )
+    }
+}
+
 /// The human lines, then one JSON line.
 fn report_throughput(
     a: &ThroughputArgs,
     submit_time: Duration,
     seen: &Seen,
-    cpu: BTreeMap<&'static str, f64>,
-    cpu_tail: BTreeMap<&'static str, f64>,
+    (cpu, cpu_tail): (BTreeMap<&'static str, f64>, BTreeMap<&'static str, f64>),
+    requests: StoreRequests,
 ) {
     let (done, hist) = (seen.done, &seen.latency_ms);
     let rate = done as f64 / seen.elapsed.as_secs_f64();
@@ -213,6 +256,9 @@ fn report_throughput(
         hist.max()
     );
     println!("cpu seconds per 1,000 jobs: {cpu:?}; with {:?} after: {cpu_tail:?}", a.cpu_tail);
+    let (submit_requests, process_requests) =
+        (StoreRequests::per_job(requests.submit, done), StoreRequests::per_job(requests.process, done));
+    println!("store requests per job: submitting {submit_requests}, processing {process_requests}");
     println!(
         "{}",
         serde_json::json!({
@@ -221,6 +267,7 @@ fn report_throughput(
             "p50_ms": hist.value_at_quantile(0.5), "p99_ms": hist.value_at_quantile(0.99), "max_ms": hist.max(),
             "cpu_s_per_1000_jobs": cpu, "cpu_s_per_1000_jobs_with_tail": cpu_tail,
             "cpu_tail_s": a.cpu_tail.as_secs_f64(),
+            "store_requests_per_job": { "submit": submit_requests, "process": process_requests },
         })
     );
 }

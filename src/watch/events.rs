@@ -310,6 +310,9 @@ impl Feed {
                 tokio::select! {
                     _ = stop.changed() => return,
                     m = consumer.recv() => match m {
+                        // Nobody to tell: the record is not decoded (streams that
+                        // subscribe later read the history for what they missed).
+                        Ok(_) if tx.receiver_count() == 0 => {}
                         Ok(m) => {
                             if let Some(ev) = m.payload().and_then(decode) {
                                 let _ = tx.send(Arc::new(ev));
