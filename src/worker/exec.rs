@@ -68,19 +68,21 @@ impl Drop for SlotRelease {
 /// copies, docs/simulation.md, classes 3 and 5; keyed by hand-off count too, the stale
 /// copies of a rolling restart filled every slot and a job stood still 25 s). One entry
 /// per route, so at most a pool's slots of them; followers count as outcomes in flight
-/// (`pool::OUTCOMES_IN_FLIGHT` bounds them in total).
+/// (`pool::OUTCOMES_IN_FLIGHT` bounds them in total). Hashed with a per-process random
+/// seed (`foldhash`), not SipHash: every job enters and leaves this map, and with at most
+/// a pool's slots of entries even chosen colliding job ids cost their tenant little.
 #[derive(Default)]
-pub struct InFlight(std::sync::Mutex<HashMap<CopyKey, Route>>);
+pub struct InFlight(std::sync::Mutex<HashMap<CopyKey, Route, foldhash::fast::RandomState>>);
 
 /// Which copies of a job are one: same job, generation and attempt.
 type CopyKey = (String, i64, i32);
 
-/// A route in flight: the hand-off count its copy carried, and how it ended (durably or
-/// not) once it has.
-#[derive(Clone)]
+/// A route in flight: the hand-off count its copy carried, and where it tells how it
+/// ended (durably or not). The channel is made when the first follower comes: most
+/// routes have none.
 struct Route {
     handoff_count: i32,
-    ended: watch::Receiver<Option<bool>>,
+    ended: Option<watch::Sender<Option<bool>>>,
 }
 
 /// A copy's place among the copies of its job on this worker.
@@ -105,32 +107,41 @@ struct Following {
 struct Leading<'a> {
     map: &'a InFlight,
     key: CopyKey,
-    ended: watch::Sender<Option<bool>>,
+    /// The entry is gone already ([`Leading::ended`] took it out).
+    removed: bool,
 }
 
 impl InFlight {
     fn place(&self, job: &JobSubmitted) -> Place<'_> {
         let key = (job.job_id.clone(), job.generation, job.attempt);
         let mut map = self.0.lock().expect("in-flight map");
-        if let Some(route) = map.get(&key) {
+        if let Some(route) = map.get_mut(&key) {
             let later = job.handoff_count > route.handoff_count;
-            return Place::Follows(Following { ended: route.ended.clone(), later });
+            let ended = route.ended.get_or_insert_with(|| watch::channel(None).0).subscribe();
+            return Place::Follows(Following { ended, later });
         }
-        let (ended, rx) = watch::channel(None);
-        map.insert(key.clone(), Route { handoff_count: job.handoff_count, ended: rx });
-        Place::Leads(Leading { map: self, key, ended })
+        map.insert(key.clone(), Route { handoff_count: job.handoff_count, ended: None });
+        Place::Leads(Leading { map: self, key, removed: false })
     }
 }
 
 impl Leading<'_> {
-    fn ended(self, durable: bool) {
-        self.ended.send_replace(Some(durable));
+    /// Takes the entry out and tells the route's followers, if any, how it ended (under
+    /// one lock: a copy placed after this leads a route of its own).
+    fn ended(mut self, durable: bool) {
+        let route = self.map.0.lock().expect("in-flight map").remove(&self.key);
+        self.removed = true;
+        if let Some(tx) = route.and_then(|route| route.ended) {
+            tx.send_replace(Some(durable));
+        }
     }
 }
 
 impl Drop for Leading<'_> {
     fn drop(&mut self) {
-        self.map.0.lock().expect("in-flight map").remove(&self.key);
+        if !self.removed {
+            self.map.0.lock().expect("in-flight map").remove(&self.key);
+        }
     }
 }
 
@@ -340,7 +351,7 @@ async fn clear_to_run(
         return Err(Box::pin(durable::hold_back(sh, job, until.saturating_add(spread))).await);
     }
     if let Verdict::Rejected { retry_at } =
-        sh.breaker_verdict(&job.job_type, &job.tenant, job.attempt == 0 && job.crash_count == 0, sh.clock.now_ms())
+        sh.breaker_verdict(&job.job_type, &job.tenant, job.attempt == 0 && job.crash_count == 0, now)
     {
         // The job type's dependency is failing: hold the job back (no attempt used)
         // on the dependency retry topic until the breaker lets a probe through.

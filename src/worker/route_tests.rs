@@ -370,19 +370,23 @@ fn spawn_copy_of(
 /// A second copy of a job whose route is in flight on this worker (its partition came
 /// back, a hand-off copy beside the redelivered original) gives its slot back at once and
 /// ends as that route does: durably once the job's outcome is recorded, never running it.
+/// A third copy shares the second's wait (the route's channel is made for its first
+/// follower).
 #[tokio::test(start_paused = true)]
 async fn a_copy_of_a_job_in_flight_here_follows_it_without_a_slot() {
     let f = Fixture::with(0, LONG_RUN);
     let w1 = f.worker("w1");
     let (first, _) = spawn_copy(&f, w1.clone());
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let (second, freed) = spawn_copy(&f, w1);
+    let (second, freed) = spawn_copy(&f, w1.clone());
+    let (third, _) = spawn_copy(&f, w1);
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(freed.load(Ordering::SeqCst), 1, "the follower gave its slot back at once");
     assert!(!second.is_finished(), "it ends only with the route it follows");
     assert_eq!(first.await.unwrap(), Ended::Ran);
     assert_eq!(second.await.unwrap(), Ended::Skipped, "durable: the job's outcome is recorded");
-    assert_eq!(f.echo.runs.load(Ordering::SeqCst), 1, "the follower never ran it");
+    assert_eq!(third.await.unwrap(), Ended::Skipped, "so is the second follower");
+    assert_eq!(f.echo.runs.load(Ordering::SeqCst), 1, "the followers never ran it");
     assert_eq!(f.results().len(), 1);
 }
 

@@ -57,7 +57,8 @@ pub(super) async fn settle(sh: &RouteContext, job: &JobSubmitted, origin: &Origi
     if handing_off {
         return Ended::Skipped.or_lost(Box::pin(hand_off(sh, job)).await);
     }
-    let run_ms = (sh.clock.now_ms() - started_at).max(0) as f64;
+    let ended_at = sh.clock.now_ms();
+    let run_ms = (ended_at - started_at).max(0) as f64;
     sh.metrics.run_seconds.record(run_ms / 1000.0);
     // Outcome for the breaker and poison detector; a cancelled job gives no verdict.
     let verdict = match result {
@@ -67,8 +68,8 @@ pub(super) async fn settle(sh: &RouteContext, job: &JobSubmitted, origin: &Origi
         _ => None,
     };
     if let Some(failure) = verdict {
-        sh.record_outcome(&job.job_type, &job.tenant, failure, sh.clock.now_ms());
-        sh.record_run(&job.job_type, &job.tenant, run_ms as crate::model::Millis, sh.clock.now_ms());
+        sh.record_outcome(&job.job_type, &job.tenant, failure, ended_at);
+        sh.record_run(&job.job_type, &job.tenant, run_ms as crate::model::Millis, ended_at);
     }
     let ran = Ran { started_at: Some(started_at), usage: live.usage(), marked };
     // Only success runs inline; the rarer endings are boxed, so their futures do not sit
