@@ -21,7 +21,8 @@
 //!   catches up (within `retention.events`).
 //! - **Push.** [`Feed`] tails the topic from its end in every API process (own group, no
 //!   commits) and broadcasts to the SSE streams, which also re-read the history every
-//!   second to fill any gap (events are deduplicated by id).
+//!   second to fill any gap (events are deduplicated by id). A record is decoded only
+//!   while a stream listens.
 
 use crate::config::Config;
 use crate::core::events as rules;
