@@ -140,14 +140,13 @@ async fn throughput(g: &Global, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
     let workers = start_workers(&cfg, a.shape.workers).await?;
     let cpu_before = probe.snapshot();
     let t0 = Instant::now();
+    // Jobs settled before the clock started (timed from the assignment, within 1 ms).
+    let settled_before = workers.iter().map(Worker::settled).sum::<u64>();
     // The workers' own count says when every job is settled (as BullMQ's harness counts
     // its workers' `completed` events): no results reader competes for the CPU meanwhile.
-    let submitted = match preloaded {
-        Some(took) => {
-            wait_settled(&workers, a.jobs, a.timeout).await;
-            Ok(took)
-        }
-        None => tokio::join!(submit_noops(&cfg, &sub, "echo", a.jobs, t0), wait_settled(&workers, a.jobs, a.timeout)).0,
+    let (submitted, settle_marks) = match preloaded {
+        Some(took) => (Ok(took), wait_settled(&workers, a.jobs, a.timeout).await),
+        None => tokio::join!(submit_noops(&cfg, &sub, "echo", a.jobs, t0), wait_settled(&workers, a.jobs, a.timeout)),
     };
     let settled_after = t0.elapsed();
     let cpu_after = probe.snapshot();
@@ -170,15 +169,29 @@ async fn throughput(g: &Global, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
     seen.elapsed = settled_after;
     let cpu = super::bench_cpu::per_thousand_jobs(&cpu_before, &cpu_after, seen.done);
     let cpu_tail = super::bench_cpu::per_thousand_jobs(&cpu_before, &cpu_after_tail, seen.done);
-    report_throughput(&a, submitted?, &seen, (cpu, cpu_tail), requests);
+    report_throughput(&a, submitted?, &seen, (cpu, cpu_tail), requests, (&settle_marks, settled_before));
     drop_topics(&cfg).await;
     Ok(if seen.done == a.jobs { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
-/// Waits until the workers have settled `n` jobs between them, or `timeout` passed.
-async fn wait_settled(workers: &[Worker], n: usize, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    while workers.iter().map(Worker::settled).sum::<u64>() < n as u64 && Instant::now() < deadline {
+/// Waits until the workers have settled `n` jobs between them, or `timeout` passed;
+/// answers when the first job and each further tenth of them had settled (ms from the
+/// call), so a slow start or a long tail shows beside the rate.
+async fn wait_settled(workers: &[Worker], n: usize, timeout: Duration) -> Vec<u64> {
+    let (start, deadline) = (Instant::now(), Instant::now() + timeout);
+    let mut marks = Vec::with_capacity(11);
+    loop {
+        let settled = workers.iter().map(Worker::settled).sum::<u64>();
+        let next_mark = (marks.len() as u64 * n as u64 / 10).max(1);
+        if settled >= next_mark && marks.len() < 11 {
+            let at = start.elapsed().as_millis() as u64;
+            while marks.len() < 11 && settled >= (marks.len() as u64 * n as u64 / 10).max(1) {
+                marks.push(at);
+            }
+        }
+        if settled >= n as u64 || Instant::now() >= deadline {
+            return marks;
+        }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
@@ -238,6 +251,7 @@ fn report_throughput(
     seen: &Seen,
     (cpu, cpu_tail): (BTreeMap<&'static str, f64>, BTreeMap<&'static str, f64>),
     requests: StoreRequests,
+    (settle_marks, settled_before): (&[u64], u64),
 ) {
     let (done, hist) = (seen.done, &seen.latency_ms);
     let rate = done as f64 / seen.elapsed.as_secs_f64();
@@ -260,6 +274,9 @@ fn report_throughput(
         (StoreRequests::per_job(requests.submit, done), StoreRequests::per_job(requests.process, done));
     println!("store requests per job: submitting {submit_requests}, processing {process_requests}");
     println!(
+        "settled (ms from the start): first job, then each tenth: {settle_marks:?}; before the start: {settled_before}"
+    );
+    println!(
         "{}",
         serde_json::json!({
             "bench": "throughput", "jobs": done, "preload": a.preload,
@@ -268,6 +285,7 @@ fn report_throughput(
             "cpu_s_per_1000_jobs": cpu, "cpu_s_per_1000_jobs_with_tail": cpu_tail,
             "cpu_tail_s": a.cpu_tail.as_secs_f64(),
             "store_requests_per_job": { "submit": submit_requests, "process": process_requests },
+            "settled_ms_first_then_each_tenth": settle_marks, "settled_before_start": settled_before,
         })
     );
 }

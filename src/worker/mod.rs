@@ -228,13 +228,14 @@ impl Worker {
     }
 
     /// Waits until every pool's consumer owns at least one partition (group formed).
+    /// Looks every millisecond: a bench times its jobs from the answer.
     pub async fn wait_assigned(&self, timeout: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + timeout;
         while tokio::time::Instant::now() < deadline {
             if self.shared.iter().all(|s| s.assigned.load(std::sync::atomic::Ordering::SeqCst) > 0) {
                 return true;
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
         false
     }

@@ -351,3 +351,60 @@ async fn a_held_retry_is_relayed_after_its_partition_was_revoked_and_given_back(
     assert_eq!(seen.len(), 1, "the held job was never relayed after its partition came back");
     assert!(fairway::now_ms() >= due);
 }
+
+/// A partition its group never committed is assigned at its beginning, so librdkafka's
+/// 100 ms reset back-off does not hold its first fetch (`kafka::first_fetch`); one with a
+/// committed offset keeps it. The worker's consumer then reads each from there: nothing
+/// skipped, nothing committed read again.
+#[tokio::test]
+async fn a_never_committed_partition_starts_at_its_beginning_and_a_committed_one_where_it_was() {
+    use rdkafka::consumer::BaseConsumer;
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let (topic, group) = (format!("it-first-fetch-{id}"), format!("it-first-fetch-{id}"));
+        let admin: AdminClient<DefaultClientContext> = config().create().expect("admin client");
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        for r in admin.create_topics(&[NewTopic::new(&topic, 2, TopicReplication::Fixed(1))], &opts).await.unwrap() {
+            r.unwrap_or_else(|(t, e)| panic!("create topic {t}: {e}"));
+        }
+        let producer: FutureProducer = config().set("acks", "all").create().expect("producer");
+        for (partition, n) in [(0, 4), (1, 3)] {
+            for i in 0..n {
+                let payload = format!("p{partition}-{i}");
+                let record = FutureRecord::to(&topic).key("k").payload(&payload).partition(partition);
+                producer.send(record, Duration::from_secs(10)).await.map_err(|(e, _)| e).expect("produce");
+            }
+        }
+        // Partition 0 committed at offset 2; partition 1 never.
+        let committer: BaseConsumer = config().set("group.id", &group).create().expect("consumer");
+        let mut at = TopicPartitionList::new();
+        at.add_partition_offset(&topic, 0, Offset::Offset(2)).unwrap();
+        committer.commit(&at, CommitMode::Sync).expect("commit");
+        // The ask the rebalance callback makes, on the real broker.
+        let mut assigned = TopicPartitionList::new();
+        assigned.add_partition(&topic, 0);
+        assigned.add_partition(&topic, 1);
+        let set = fairway::kafka::first_fetch::start_never_committed(&committer, &mut assigned).expect("ask");
+        assert_eq!(set, 1);
+        assert_eq!(assigned.find_partition(&topic, 0).unwrap().offset(), Offset::Invalid, "a committed one is kept");
+        assert_eq!(assigned.find_partition(&topic, 1).unwrap().offset(), Offset::Beginning);
+        drop(committer);
+        // The worker's consumer, through its own rebalance.
+        let cfg = common::config("");
+        let (c, _events) = fairway::kafka::consumer(&cfg, &group, std::slice::from_ref(&topic)).unwrap();
+        let mut got = Vec::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while got.len() < 5 {
+            let m = tokio::time::timeout_at(deadline, c.recv()).await.expect("5 records within 60 s").expect("consume");
+            got.push((m.partition(), m.offset()));
+        }
+        got.sort();
+        assert_eq!(got, vec![(0, 2), (0, 3), (1, 0), (1, 1), (1, 2)]);
+        if let Ok(m) = tokio::time::timeout(Duration::from_secs(2), c.recv()).await {
+            let m = m.expect("consume");
+            panic!("read again: partition {} offset {}", m.partition(), m.offset());
+        }
+    })
+    .await
+    .expect("first fetch test timed out");
+}
