@@ -9,12 +9,13 @@
 //! So the rebalance callback asks the group's committed offsets of the partitions it is
 //! handed (one `OffsetFetch`, bounded by [`ASK_TIMEOUT`]) and assigns those without one at
 //! the beginning explicitly, which librdkafka starts fetching at once. Those with one are
-//! assigned as before (librdkafka reads the committed offset itself). The offsets cannot
-//! move in between: under both group protocols a partition is handed out only once its
-//! previous owner revoked it, and that owner's last commit lands before its revocation
-//! ends (`enable.auto.commit`); a member that lost its partitions is fenced from
-//! committing for them. When the ask fails, the assignment goes on unchanged and
-//! librdkafka resets those partitions itself, 100 ms later: slower, never elsewhere.
+//! assigned as before (librdkafka reads the committed offset itself). The answer is the
+//! one librdkafka's own query gets a moment later: under both group protocols a partition
+//! is handed out only once its previous owner revoked it, and that owner commits before
+//! its revocation ends (`enable.auto.commit`, and `leave` commits first); a member that
+//! lost its partitions is fenced from committing for them. When the ask fails, the
+//! assignment goes on unchanged and librdkafka resets those partitions itself, 100 ms
+//! later: slower, never elsewhere.
 
 use super::{Consumer, ConsumerContext, Offset, TopicPartitionList};
 use rdkafka::consumer::BaseConsumer;

@@ -447,6 +447,7 @@ impl LoggedWorker {
             if t.elapsed() > timeout {
                 self.child.kill().ok();
                 self.child.wait().ok();
+                self.print_tail(&format!("worker {pid}"));
                 panic!("worker {pid} did not exit within {timeout:?} of kill -{signal}");
             }
             std::thread::sleep(Duration::from_millis(20));
