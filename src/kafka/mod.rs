@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 pub mod copy;
-pub mod first_fetch;
 mod producer;
 pub mod seam;
 pub mod socket;
@@ -532,41 +531,6 @@ fn tpl_vec(tpl: &TopicPartitionList) -> Vec<(String, i32)> {
 }
 
 impl ConsumerContext for WorkerContext {
-    /// rdkafka's own rebalance (pre-rebalance, assign or unassign as the group's protocol
-    /// wants, post-rebalance), except that partitions the group never committed are
-    /// assigned at their beginning (`first_fetch`).
-    fn rebalance(
-        &self,
-        c: &rdkafka::consumer::BaseConsumer<Self>,
-        err: rdkafka::types::RDKafkaRespErr,
-        tpl: &mut TopicPartitionList,
-    ) {
-        use rdkafka::consumer::RebalanceProtocol;
-        use rdkafka::types::RDKafkaRespErr as E;
-        if err == E::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS {
-            if let Err(e) = first_fetch::start_never_committed(c, tpl) {
-                tracing::debug!(error = %e, "committed offsets not asked; librdkafka resets never committed partitions after 100 ms");
-            }
-        }
-        let rebalance = match err {
-            E::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => Rebalance::Assign(tpl),
-            E::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => Rebalance::Revoke(tpl),
-            other => Rebalance::Error(rdkafka::error::KafkaError::Rebalance(other.into())),
-        };
-        self.pre_rebalance(c, &rebalance);
-        let cooperative = matches!(c.rebalance_protocol(), RebalanceProtocol::Cooperative);
-        let done = match (err, cooperative) {
-            (E::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS, true) => c.incremental_assign(tpl),
-            (E::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS, false) => c.assign(tpl),
-            (_, true) => c.incremental_unassign(tpl),
-            (_, false) => c.unassign(),
-        };
-        if let Err(e) = done {
-            tracing::error!(error = %e, "the rebalance's assignment was refused by librdkafka");
-        }
-        self.post_rebalance(c, &rebalance);
-    }
-
     fn pre_rebalance(&self, c: &rdkafka::consumer::BaseConsumer<Self>, r: &Rebalance<'_>) {
         if let Rebalance::Revoke(tpl) = r {
             let parts = tpl_vec(tpl);
