@@ -25,13 +25,18 @@ const IN_FLIGHT: usize = 8;
 /// them and each write carries many (one row per pack bucket): the database's cost goes
 /// with rows and requests more than with records (measured in `docs/performance.md`).
 const PACK_IN_FLIGHT: usize = 2;
-/// Most finished records gathered into one write of packs.
-const MAX_PACKED: usize = 2048;
+/// Most finished records gathered into one write of packs (a worker pool holds at most
+/// 8,192 outcomes in flight, `worker::pool`).
+const MAX_PACKED: usize = 8192;
 /// How long a write of packs waits after its first record for more. Records of jobs
 /// submitted close together share a pack bucket, so a longer gather means fewer and
-/// fuller rows: the database's cost goes with requests and rows. Only the jobs' offset
-/// commits wait for it (results are out before, and dispatch does not wait on outcomes).
-const PACK_LINGER: std::time::Duration = std::time::Duration::from_millis(20);
+/// fuller rows: the database's cost goes with requests and rows. A backlog's jobs finish
+/// out of submission order (its partitions start at different times), so one gather
+/// touches ~100 buckets: at 20 ms a 60,000-job burst wrote ~4,300 rows of ~14 records,
+/// at 80 ms ~1,400 of ~45 (docs/performance.md, 2026-12-05 evening). Only the jobs'
+/// offset commits and their stored state wait for it (results are out before, and
+/// dispatch does not wait on outcomes).
+const PACK_LINGER: std::time::Duration = std::time::Duration::from_millis(80);
 /// Most bytes of packs in one batch (ScyllaDB warns at 128 KiB by default).
 const MAX_BATCH_BYTES: usize = 120 * 1024;
 /// Rows per page when a pack bucket is read.
