@@ -3,8 +3,9 @@
 //! at the database's single-statement rate. Here concurrent callers' reads are merged
 //! into one `IN (...)` query and their writes into one unlogged batch, with a bounded
 //! number of requests in flight, so a round trip carries up to `MAX_BATCH` jobs. Finished
-//! records (`core::finished`) are written as packs: what arrives within `PACK_LINGER` of
-//! the first (up to `MAX_PACKED` records) is grouped by pack bucket, one row per bucket. Reads merge a job's
+//! and queued records (`core::finished`) are written as packs: what arrives within a
+//! linger of the first (`Gather`: brief for queued records, whose submitters wait, longer
+//! for finished ones) is grouped by pack bucket, one row per bucket. Reads merge a job's
 //! row and its finished records (`Lookup`).
 
 use super::{JobRow, StoreError};
@@ -25,18 +26,27 @@ const IN_FLIGHT: usize = 8;
 /// them and each write carries many (one row per pack bucket): the database's cost goes
 /// with rows and requests more than with records (measured in `docs/performance.md`).
 const PACK_IN_FLIGHT: usize = 2;
-/// Most finished records gathered into one write of packs (a worker pool holds at most
-/// 8,192 outcomes in flight, `worker::pool`).
-const MAX_PACKED: usize = 8192;
-/// How long a write of packs waits after its first record for more. Records of jobs
-/// submitted close together share a pack bucket, so a longer gather means fewer and
-/// fuller rows: the database's cost goes with requests and rows. A backlog's jobs finish
-/// out of submission order (its partitions start at different times), so one gather
-/// touches ~100 buckets: at 20 ms a 60,000-job burst wrote ~4,300 rows of ~14 records,
-/// at 80 ms ~1,400 of ~45 (docs/performance.md, 2026-12-05 evening). Only the jobs'
-/// offset commits and their stored state wait for it (results are out before, and
-/// dispatch does not wait on outcomes).
-const PACK_LINGER: std::time::Duration = std::time::Duration::from_millis(80);
+/// How a write of packs gathers: it takes what waits, then what arrives within `linger`
+/// of its first record, up to `max` records. Records of jobs submitted close together
+/// share a pack bucket, so a longer gather means fewer and fuller rows: the database's
+/// cost goes with requests and rows.
+#[derive(Debug, Clone, Copy)]
+struct Gather {
+    max: usize,
+    linger: std::time::Duration,
+}
+
+/// Queued records: their submitter waits for the write before it answers, so they
+/// gather briefly (four API batches in flight at 20 ms each carry ~50,000 jobs/s).
+const QUEUED_GATHER: Gather = Gather { max: 2048, linger: std::time::Duration::from_millis(20) };
+
+/// Finished records: only the jobs' offset commits and their stored state wait for the
+/// write (results are out before, and dispatch does not wait on outcomes), so they
+/// gather longer. A backlog's jobs finish out of submission order (its partitions start
+/// at different times), so one gather touches ~100 buckets: at 20 ms a 60,000-job burst
+/// wrote ~4,300 rows of ~14 records, at 80 ms ~1,400 of ~45 (docs/performance.md,
+/// 2026-12-05 evening). `max` is a worker pool's outcomes in flight (`worker::pool`).
+const FINISHED_GATHER: Gather = Gather { max: 8192, linger: std::time::Duration::from_millis(80) };
 /// Most bytes of packs in one batch (ScyllaDB warns at 128 KiB by default).
 const MAX_BATCH_BYTES: usize = 120 * 1024;
 /// Rows per page when a pack bucket is read.
@@ -78,6 +88,7 @@ type ReadReq = (String, oneshot::Sender<Result<Option<JobRow>, StoreError>>);
 pub struct Coalescer {
     writes: mpsc::Sender<WriteReq>,
     finished: mpsc::Sender<FinishedReq>,
+    queued: mpsc::Sender<FinishedReq>,
     finished_rows: mpsc::Sender<FinishedRowReq>,
     reads: mpsc::Sender<ReadReq>,
 }
@@ -96,13 +107,15 @@ impl Coalescer {
     pub fn start(session: Arc<Session>, writes: Writes, lookup: Arc<Lookup>) -> Self {
         let (wtx, wrx) = mpsc::channel(4096);
         let (ftx, frx) = mpsc::channel(4096);
+        let (qtx, qrx) = mpsc::channel(4096);
         let (btx, brx) = mpsc::channel(4096);
         let (rtx, rrx) = mpsc::channel(4096);
         tokio::spawn(write_loop(session.clone(), writes.put_state, wrx, "put job state"));
         tokio::spawn(write_loop(session.clone(), writes.put_finished_row, brx, "put finished job"));
-        tokio::spawn(pack_loop(session, writes.put_pack, frx));
+        tokio::spawn(pack_loop(session.clone(), writes.put_pack.clone(), frx, FINISHED_GATHER));
+        tokio::spawn(pack_loop(session, writes.put_pack, qrx, QUEUED_GATHER));
         tokio::spawn(read_loop(lookup, rrx));
-        Coalescer { writes: wtx, finished: ftx, finished_rows: btx, reads: rtx }
+        Coalescer { writes: wtx, finished: ftx, queued: qtx, finished_rows: btx, reads: rtx }
     }
 
     pub async fn put_state(&self, v: StateValues) -> Result<(), StoreError> {
@@ -114,12 +127,22 @@ impl Coalescer {
     /// A finished record of a UUIDv7 job; concurrent ones of one pack bucket share a row
     /// (a pack). One larger than `finished::PACK_ENTRY_MAX` is a row of its own.
     pub async fn put_finished(&self, v: FinishedValues) -> Result<(), StoreError> {
+        self.put_record(v, &self.finished).await
+    }
+
+    /// A queued record (a submission's): as [`Coalescer::put_finished`], in packs that
+    /// gather briefly because the submitter waits for them.
+    pub async fn put_queued(&self, v: FinishedValues) -> Result<(), StoreError> {
+        self.put_record(v, &self.queued).await
+    }
+
+    async fn put_record(&self, v: FinishedValues, packs: &mpsc::Sender<FinishedReq>) -> Result<(), StoreError> {
         let (tx, rx) = oneshot::channel();
         if v.1.len() > finished::PACK_ENTRY_MAX {
             let bucket = finished::bucket(&v.0).ok_or_else(|| not_v7(&v.0))?;
             self.finished_rows.send(((bucket, v.0, v.1), tx)).await.map_err(|_| closed())?;
         } else {
-            self.finished.send((v, tx)).await.map_err(|_| closed())?;
+            packs.send((v, tx)).await.map_err(|_| closed())?;
         }
         rx.await.map_err(|_| closed())?
     }
@@ -338,12 +361,18 @@ pub(super) async fn write_loop<V>(
     .await
 }
 
-/// Serves finished records: what is waiting is packed by bucket (`core::finished::packs`)
-/// and written in batches of at most `MAX_BATCH_BYTES`, `PACK_IN_FLIGHT` writes at most
-/// outstanding. Each caller hears the result of the batch that held its record.
-async fn pack_loop(session: Arc<Session>, stmt: PreparedStatement, mut rx: mpsc::Receiver<FinishedReq>) {
+/// Serves records to pack: what `gather` takes is packed by bucket
+/// (`core::finished::packs`) and written in batches of at most `MAX_BATCH_BYTES`,
+/// `PACK_IN_FLIGHT` writes at most outstanding. Each caller hears the result of the batch
+/// that held its record.
+async fn pack_loop(
+    session: Arc<Session>,
+    stmt: PreparedStatement,
+    mut rx: mpsc::Receiver<FinishedReq>,
+    gather: Gather,
+) {
     let permits = Arc::new(Semaphore::new(PACK_IN_FLIGHT));
-    while let Some((first_permit, reqs)) = next_merged(&mut rx, &permits, MAX_PACKED, PACK_LINGER).await {
+    while let Some((first_permit, reqs)) = next_merged(&mut rx, &permits, gather.max, gather.linger).await {
         let (entries, replies): (Vec<FinishedValues>, Vec<_>) = reqs.into_iter().unzip();
         let mut replies: Vec<Option<_>> = replies.into_iter().map(Some).collect();
         let mut first_permit = Some(first_permit);

@@ -570,7 +570,7 @@ impl Store {
     pub async fn put_queued(&self, s: &events::Submitted<'_>) -> Result<(), StoreError> {
         finished::pack_bucket(s.job_id).ok_or_else(|| coalesce::not_v7(s.job_id))?;
         let record = finished::FinishedRecord::queued(s.tenant, s.job_type, s.pool, s.generation, s.submitted_at);
-        self.coalescer.put_finished((s.job_id.to_string(), record.encode(None))).await
+        self.coalescer.put_queued((s.job_id.to_string(), record.encode(None))).await
     }
 
     /// Marks a job running: its state row (a lightweight transaction), then a first
