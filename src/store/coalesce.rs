@@ -476,4 +476,43 @@ mod tests {
         assert_eq!(lens, vec![vec![third, third, third], vec![third], vec![MAX_BATCH_BYTES + 1], vec![1, 1]]);
         assert!(batches_of(Vec::new()).is_empty(), "no packs, no (empty) batch to write");
     }
+
+    /// Sends `n` numbers, `every` apart, starting now.
+    fn arrivals(n: usize, every: std::time::Duration) -> mpsc::Receiver<usize> {
+        let (tx, rx) = mpsc::channel(n.max(1));
+        tokio::spawn(async move {
+            for i in 0..n {
+                if tx.send(i).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(every).await;
+            }
+        });
+        rx
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_gather_takes_what_arrives_within_its_linger_of_the_first_record() {
+        let ms = std::time::Duration::from_millis;
+        // One record every 7 ms: a finished-record gather (80 ms) takes the first and the
+        // eleven within its linger (up to 77 ms), a queued-record gather (20 ms) the first
+        // and two.
+        for (gather, expect) in [(FINISHED_GATHER, 12), (QUEUED_GATHER, 3)] {
+            let mut rx = arrivals(100, ms(7));
+            let got = super::gather(&mut rx, gather.max, gather.linger).await.expect("a record");
+            assert_eq!(got, (0..expect).collect::<Vec<_>>(), "{gather:?}");
+            // What arrives after the linger starts the next gather.
+            let next = super::gather(&mut rx, gather.max, gather.linger).await.expect("more records");
+            assert_eq!(next.first(), Some(&expect), "{gather:?}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_gather_stops_at_its_most_records_without_waiting_out_the_linger() {
+        let mut rx = arrivals(20_000, std::time::Duration::ZERO);
+        let started = tokio::time::Instant::now();
+        let got = super::gather(&mut rx, FINISHED_GATHER.max, FINISHED_GATHER.linger).await.expect("records");
+        assert_eq!(got.len(), FINISHED_GATHER.max);
+        assert!(started.elapsed() < FINISHED_GATHER.linger, "a full gather is written at once");
+    }
 }
