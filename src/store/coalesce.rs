@@ -45,8 +45,10 @@ const QUEUED_GATHER: Gather = Gather { max: 2048, linger: std::time::Duration::f
 /// gather longer. A backlog's jobs finish out of submission order (its partitions start
 /// at different times), so one gather touches ~100 buckets: at 20 ms a 60,000-job burst
 /// wrote ~4,300 rows of ~14 records, at 80 ms ~1,400 of ~45 (docs/performance.md,
-/// 2026-12-05 evening). `max` is a worker pool's outcomes in flight (`worker::pool`).
-const FINISHED_GATHER: Gather = Gather { max: 8192, linger: std::time::Duration::from_millis(80) };
+/// 2026-12-05 evening). `max` is half a worker pool's outcomes in flight
+/// (`worker::pool`): a full gather is written while the next one fills, so at rates where
+/// 80 ms bring more than that, gathers close sooner instead of holding dispatch back.
+const FINISHED_GATHER: Gather = Gather { max: 4096, linger: std::time::Duration::from_millis(80) };
 /// Most bytes of packs in one batch (ScyllaDB warns at 128 KiB by default).
 const MAX_BATCH_BYTES: usize = 120 * 1024;
 /// Rows per page when a pack bucket is read.
