@@ -475,11 +475,15 @@ impl ScopedBreakers {
     /// Records the outcome of `tenant`'s attempt of `job_type` (`failure` None: success).
     pub fn record(&mut self, job_type: &str, tenant: &str, failure: Option<FailureClass>, now: Millis) -> Changes {
         let infra = failure.is_some_and(FailureClass::is_infrastructure);
-        let key = (job_type.to_owned(), tenant.to_owned());
         let tenant_change = if infra {
             self.tenant_breaker(job_type, tenant, now).and_then(|b| b.record(now, false))
         } else {
-            match (failure, self.tenants.get_mut(&key)) {
+            // Most outcomes find no tenant breaker at all: no key is built for those.
+            let breaker = match self.tenants.is_empty() {
+                true => None,
+                false => self.tenants.get_mut(&(job_type.to_owned(), tenant.to_owned())),
+            };
+            match (failure, breaker) {
                 (None, Some(b)) => b.record(now, true),
                 (Some(_), Some(b)) => {
                     b.abandon(now);

@@ -36,7 +36,16 @@ use std::collections::HashMap;
 
 /// The detector key of `tenant`'s jobs of `job_type`.
 pub fn tenant_key(job_type: &str, tenant: &str) -> String {
-    format!("{job_type} of tenant {tenant:?}")
+    let mut key = String::new();
+    write_tenant_key(&mut key, job_type, tenant);
+    key
+}
+
+/// Writes [`tenant_key`] into `out` (cleared first).
+fn write_tenant_key(out: &mut String, job_type: &str, tenant: &str) {
+    use std::fmt::Write;
+    out.clear();
+    write!(out, "{job_type} of tenant {tenant:?}").expect("writing to a String cannot fail");
 }
 
 /// Settings of a [`PoisonDetector`].
@@ -197,6 +206,9 @@ pub struct PoisonDetectors {
     by_type: HashMap<String, PoisonDetector>,
     /// When [`PoisonDetectors::sweep_due`] last swept.
     swept_at: Millis,
+    /// Where [`PoisonDetectors::record_tenant_outcome`] writes its key (reused: no
+    /// allocation per outcome).
+    scratch: String,
 }
 
 /// How often [`PoisonDetectors::sweep_due`] sweeps: idle detectors (one per job type and
@@ -210,7 +222,7 @@ pub const MAX_TENANT_DETECTORS: usize = 10_000;
 
 impl PoisonDetectors {
     pub fn new(config: PoisonConfig) -> Self {
-        PoisonDetectors { config, by_type: HashMap::new(), swept_at: 0 }
+        PoisonDetectors { config, by_type: HashMap::new(), swept_at: 0, scratch: String::new() }
     }
 
     /// See [`PoisonDetector::record`].
@@ -247,14 +259,18 @@ impl PoisonDetectors {
         now: Millis,
         failure: Option<FailureClass>,
     ) -> Option<bool> {
-        let key = tenant_key(job_type, tenant);
-        if self.by_type.len() >= MAX_TENANT_DETECTORS && !self.by_type.contains_key(&key) {
-            return None;
-        }
-        let changed = self.record_outcome(&key, now, failure);
-        if let Some(d) = self.by_type.get_mut(&key).filter(|d| d.subject.is_none()) {
-            d.subject = Some((tenant.to_owned(), job_type.to_owned()));
-        }
+        let mut key = std::mem::take(&mut self.scratch);
+        write_tenant_key(&mut key, job_type, tenant);
+        let changed = if self.by_type.len() >= MAX_TENANT_DETECTORS && !self.by_type.contains_key(&key) {
+            None
+        } else {
+            let changed = self.record_outcome(&key, now, failure);
+            if let Some(d) = self.by_type.get_mut(&key).filter(|d| d.subject.is_none()) {
+                d.subject = Some((tenant.to_owned(), job_type.to_owned()));
+            }
+            changed
+        };
+        self.scratch = key;
         changed
     }
 

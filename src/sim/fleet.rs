@@ -485,6 +485,7 @@ impl Fleet {
         registry.insert(JOB_TYPE, Arc::new(runner));
         let (cfg, pool) = (self.cfg.clone(), Pool::Short);
         let route = Arc::new(RouteContext {
+            results_topic: cfg.results_topic(),
             metrics: crate::metrics::PoolMetrics::new(pool.as_str()),
             pool,
             store: store.clone(),

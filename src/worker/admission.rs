@@ -95,12 +95,12 @@ impl Tally {
     /// when the bucket already counts `max_tracked` other subjects (the run is not counted).
     pub fn ran(
         &mut self,
-        subject: &Subject,
+        (job_type, tenant): (&str, &str),
         run: (Millis, Option<Violation>),
         now: Millis,
         max_tracked: usize,
     ) -> bool {
-        self.runs.update_bounded(&subject.key(), now, max_tracked, |c| c.record(run.0, run.1))
+        self.runs.update_joined((job_type, Subject::KEY_SEP, tenant), now, max_tracked, |c| c.record(run.0, run.1))
     }
 }
 

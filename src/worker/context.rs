@@ -23,6 +23,8 @@ use tokio::sync::watch;
 /// (breakers, poison detectors, retry budgets, admission tally) its outcomes feed.
 pub struct RouteContext {
     pub cfg: Arc<Config>,
+    /// `cfg.results_topic()`, formed once (every result is sent to it).
+    pub results_topic: String,
     pub pool: Pool,
     /// The store as the route reads and writes it.
     pub store: Arc<dyn RouteStore>,
@@ -229,14 +231,14 @@ impl RouteContext {
             return;
         }
         let violation = self.ranges.violation(self.pool, run_ms);
-        let (pool, job_type_label) = (self.pool.as_str(), self.bounded_job_type(job_type));
+        let pool = self.pool.as_str();
         if let Some(v) = violation {
-            metrics::counter!(crate::metrics::POOL_VIOLATIONS, "pool" => pool, "job_type" => job_type_label.clone(), "direction" => v.as_str())
+            metrics::counter!(crate::metrics::POOL_VIOLATIONS, "pool" => pool, "job_type" => self.bounded_job_type(job_type), "direction" => v.as_str())
                 .increment(1);
         }
-        let subject = crate::core::classifier::Subject::new(job_type, tenant);
         let max = self.cfg.classifier.max_tracked;
-        if !self.admission_tally.lock().expect("admission tally").ran(&subject, (run_ms, violation), now, max) {
+        if !self.admission_tally.lock().expect("admission tally").ran((job_type, tenant), (run_ms, violation), now, max)
+        {
             metrics::counter!(crate::metrics::CLASSIFIER_UNTRACKED_RUNS, "pool" => pool).increment(1);
         }
     }

@@ -266,9 +266,8 @@ async fn publish_result(sh: &RouteContext, result: &JobResult, job: &JobSubmitte
     let Some(bytes) = encoded(codec::encode_result(result), &result.job_id, "publish result") else {
         return Durable::No;
     };
-    let topic = sh.cfg.results_topic();
     let headers = kafka::trace_headers(job);
-    match send_while_owned(sh, &topic, &result.tenant, &bytes, &headers).await {
+    match send_while_owned(sh, &sh.results_topic, &result.tenant, &bytes, &headers).await {
         Ok(()) => Durable::Yes,
         Err(e) => {
             tracing::error!(job_id = %result.job_id, error = %e, "cannot publish result; the job will be redelivered");

@@ -134,6 +134,7 @@ impl Worker {
         }
         for &pool in pools {
             let route = Arc::new(RouteContext {
+                results_topic: cfg.results_topic(),
                 cfg: cfg.clone(),
                 metrics: crate::metrics::PoolMetrics::new(pool.as_str()),
                 pool,

@@ -92,6 +92,7 @@ impl Fixture {
         let mut registry = Registry::default();
         registry.insert(JOB_TYPE, handler);
         Arc::new(RouteContext {
+            results_topic: cfg.results_topic(),
             metrics: crate::metrics::PoolMetrics::new(pool.as_str()),
             pool,
             store: self.store.clone(),

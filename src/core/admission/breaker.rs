@@ -402,8 +402,7 @@ impl Default for OwnOutcomes {
 impl OwnOutcomes {
     /// An attempt of `tenant`'s job of `job_type` ended: `failure` None succeeded.
     pub fn record(&mut self, job_type: &str, tenant: &str, failure: Option<crate::model::FailureClass>, now: Millis) {
-        let key = format!("{job_type}{KEY_SEP}{tenant}");
-        self.0.update(&key, now, |c| match failure {
+        self.0.update_joined((job_type, KEY_SEP, tenant), now, usize::MAX, |c| match failure {
             None => c.0 += 1,
             Some(f) => {
                 c.1 += 1;
