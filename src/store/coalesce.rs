@@ -49,8 +49,14 @@ const QUEUED_GATHER: Gather = Gather { max: 2048, linger: std::time::Duration::f
 /// (`worker::pool`): a full gather is written while the next one fills, so at rates where
 /// 80 ms bring more than that, gathers close sooner instead of holding dispatch back.
 const FINISHED_GATHER: Gather = Gather { max: 4096, linger: std::time::Duration::from_millis(80) };
-/// Most bytes of packs in one batch (ScyllaDB warns at 128 KiB by default).
+/// Most bytes of packs in one batch, each pack counted with [`PACK_ROW_BYTES`] (ScyllaDB
+/// and Cassandra warn at 128 KiB by default, counting each row's keys and cell metadata
+/// too).
 const MAX_BATCH_BYTES: usize = 120 * 1024;
+/// What the database counts for one pack row besides its body (bucket, pack number,
+/// timestamp, TTL, cell headers; ~50 bytes), with a margin. Without it, batches of many
+/// small packs passed 128 KiB and every one drew a warning from the database.
+const PACK_ROW_BYTES: usize = 64;
 /// Rows per page when a pack bucket is read.
 const PACK_PAGE: i32 = 256;
 
@@ -409,13 +415,13 @@ async fn pack_loop(
 /// A pack: (bucket, body, indexes of the records it holds).
 type Pack = (i64, Vec<u8>, Vec<usize>);
 
-/// Packs split into batches of at most `MAX_BATCH_BYTES` of bodies (a pack larger than
-/// that is a batch of its own); never an empty batch.
+/// Packs split into batches of at most `MAX_BATCH_BYTES` of bodies and row overheads (a
+/// pack larger than that is a batch of its own); never an empty batch.
 fn batches_of(packs: Vec<Pack>) -> Vec<Vec<Pack>> {
     let mut batches: Vec<Vec<Pack>> = Vec::new();
     let mut bytes = 0;
     for pack in packs {
-        let len = pack.1.len();
+        let len = pack.1.len().saturating_add(PACK_ROW_BYTES);
         match batches.last_mut() {
             Some(batch) if bytes + len <= MAX_BATCH_BYTES => batch.push(pack),
             _ => {
@@ -471,12 +477,21 @@ mod tests {
 
     #[test]
     fn batches_stay_under_the_byte_limit_and_keep_every_pack_in_order() {
-        let third = MAX_BATCH_BYTES / 3;
+        let third = MAX_BATCH_BYTES / 3 - PACK_ROW_BYTES;
         let sizes = [third, third, third, third, MAX_BATCH_BYTES + 1, 1, 1];
         let batches = batches_of(sizes.iter().map(|n| pack(*n)).collect());
         let lens: Vec<Vec<usize>> = batches.iter().map(|b| b.iter().map(|p| p.1.len()).collect()).collect();
         assert_eq!(lens, vec![vec![third, third, third], vec![third], vec![MAX_BATCH_BYTES + 1], vec![1, 1]]);
         assert!(batches_of(Vec::new()).is_empty(), "no packs, no (empty) batch to write");
+    }
+
+    #[test]
+    fn many_small_packs_count_their_rows_toward_the_batch_limit() {
+        let batches = batches_of((0..5_000).map(|_| pack(400)).collect());
+        let counted = |b: &Vec<Pack>| b.iter().map(|p| p.1.len() + PACK_ROW_BYTES).sum::<usize>();
+        assert!(batches.iter().all(|b| counted(b) <= MAX_BATCH_BYTES), "rows counted with their overhead");
+        assert_eq!(batches.iter().map(Vec::len).sum::<usize>(), 5_000, "every pack in a batch");
+        assert_eq!(batches[0].len(), MAX_BATCH_BYTES / (400 + PACK_ROW_BYTES), "full batches, not smaller");
     }
 
     /// Sends `n` numbers, `every` apart, starting now.
