@@ -494,7 +494,7 @@ impl Fleet {
             dice: Arc::new(SeededDice(Mutex::new(Rng::new(self.seed ^ (w as u64) << 40 ^ incarnation)))),
             checkpoints: None,
             registry,
-            running: Mutex::new(HashMap::new()),
+            running: Mutex::default(),
             in_flight: Default::default(),
             stopping: Default::default(),
             health: Mutex::new(Health::new(&cfg, &worker_id)),

@@ -18,6 +18,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
 
+/// Live handles of running jobs by job id (a fast hasher: one insert and one removal
+/// per job, keys are job ids).
+pub type RunningMap = HashMap<String, Arc<JobLive>, foldhash::fast::RandomState>;
+
 /// What a job's route needs: its configuration and identity, the edges it reaches (the
 /// store, the broker), the handlers, the running jobs' live handles, and the pure cores
 /// (breakers, poison detectors, retry budgets, admission tally) its outcomes feed.
@@ -39,7 +43,7 @@ pub struct RouteContext {
     pub registry: Registry,
     pub worker_id: String,
     /// Live handles of running jobs (progress, cancellation) for the heartbeat loop.
-    pub running: Mutex<HashMap<String, Arc<JobLive>>>,
+    pub running: Mutex<RunningMap>,
     /// Routes of jobs in flight here: a second copy of one follows it (`exec::InFlight`).
     pub in_flight: super::exec::InFlight,
     /// Set once the pool drains for a hand-off: a job that starts after it (it was in its

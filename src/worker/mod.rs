@@ -145,7 +145,7 @@ impl Worker {
                 checkpoints: Some(store.clone()),
                 registry: registry.clone(),
                 worker_id: worker_id.clone(),
-                running: Mutex::new(HashMap::new()),
+                running: Mutex::default(),
                 in_flight: Default::default(),
                 stopping: Default::default(),
                 health: Mutex::new(Health::new(&cfg, &worker_id)),

@@ -13,7 +13,6 @@ use crate::seams::{Clock, TokioClock};
 use crate::sim::doubles::{MemBroker, MemStore};
 use crate::store::StateUpdate;
 use futures::future::BoxFuture;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -102,7 +101,7 @@ impl Fixture {
             checkpoints: None,
             registry,
             worker_id: worker_id.to_string(),
-            running: Mutex::new(HashMap::new()),
+            running: Mutex::default(),
             in_flight: Default::default(),
             stopping: Default::default(),
             health: Mutex::new(Health::new(&cfg, worker_id)),
