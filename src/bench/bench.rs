@@ -182,7 +182,7 @@ async fn wait_settled(workers: &[Worker], n: usize, timeout: Duration) -> Vec<u6
     let mut marks = Vec::with_capacity(11);
     loop {
         let settled = workers.iter().map(Worker::settled).sum::<u64>();
-        while marks.len() < 11 && settled >= (marks.len() as u64 * n as u64 / 10).max(1) {
+        while marks.len() < 11 && settled >= ((marks.len() as u64).saturating_mul(n as u64) / 10).max(1) {
             marks.push(start.elapsed().as_millis() as u64);
         }
         if settled >= n as u64 || Instant::now() >= deadline {

@@ -166,6 +166,9 @@ fn bad_pack(why: &str) -> String {
     format!("unreadable finished-job pack: {why}")
 }
 
+/// Bytes [`FinishedRecord::encode`] reserves for a record's JSON (most are ~170-250).
+const RECORD_JSON_GUESS: usize = 256;
+
 /// What a finished record holds besides the job id and its output (a column of its own,
 /// written only when there is one). Short field names: one blob per job. Its text fields
 /// borrow when a record is written (no copies per job) and own when one is read.
@@ -245,11 +248,14 @@ impl<'a> FinishedRecord<'a> {
     }
 
     pub fn encode(&self, output: Option<&[u8]>) -> Vec<u8> {
-        let json = serde_json::to_vec(self).expect("a finished record always encodes");
-        let mut out = Vec::with_capacity(5 + json.len() + output.map_or(0, <[u8]>::len));
+        // One buffer, the JSON written in place after a length filled in afterwards (every
+        // finished job is encoded here).
+        let mut out = Vec::with_capacity((5 + RECORD_JSON_GUESS).saturating_add(output.map_or(0, <[u8]>::len)));
         out.push(if output.is_some() { WITH_OUTPUT } else { WITHOUT_OUTPUT });
-        out.extend_from_slice(&(json.len() as u32).to_be_bytes());
-        out.extend_from_slice(&json);
+        out.extend_from_slice(&[0; 4]);
+        serde_json::to_writer(&mut out, self).expect("a finished record always encodes");
+        let json_len = u32::try_from(out.len() - 5).expect("a record's names and numbers are bounded");
+        out[1..5].copy_from_slice(&json_len.to_be_bytes());
         out.extend_from_slice(output.unwrap_or_default());
         out
     }
