@@ -371,7 +371,7 @@ impl Default for WorkerConfig {
     fn default() -> Self {
         WorkerConfig {
             max_payload_bytes: 1 << 20,
-            tenant_queue_limit: 10_000,
+            tenant_queue_limit: 20_000,
             spill_backlogs: true,
             removed_metrics_port: None,
             metrics_listen: None,
