@@ -479,9 +479,10 @@ impl ScopedBreakers {
             self.tenant_breaker(job_type, tenant, now).and_then(|b| b.record(now, false))
         } else {
             // Most outcomes find no tenant breaker at all: no key is built for those.
-            let breaker = match self.tenants.is_empty() {
-                true => None,
-                false => self.tenants.get_mut(&(job_type.to_owned(), tenant.to_owned())),
+            let breaker = if self.tenants.is_empty() {
+                None
+            } else {
+                self.tenants.get_mut(&(job_type.to_owned(), tenant.to_owned()))
             };
             match (failure, breaker) {
                 (None, Some(b)) => b.record(now, true),

@@ -260,17 +260,14 @@ impl Subject {
         Subject { job_type: job_type.to_string(), tenant: tenant.to_string() }
     }
 
-    /// What joins the job type and the tenant in a [`Subject::key`].
-    pub const KEY_SEP: char = '\u{1f}';
-
     /// One string for a worker's in-memory cells (names hold no control characters).
     pub fn key(&self) -> String {
-        format!("{}{}{}", self.job_type, Self::KEY_SEP, self.tenant)
+        format!("{}{}{}", self.job_type, crate::core::fleet::KEY_JOIN, self.tenant)
     }
 
     /// The subject of a [`Subject::key`].
     pub fn from_key(key: &str) -> Option<Subject> {
-        let (job_type, tenant) = key.split_once(Self::KEY_SEP)?;
+        let (job_type, tenant) = crate::core::fleet::split_joined(key)?;
         Some(Subject::new(job_type, tenant))
     }
 }

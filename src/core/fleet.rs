@@ -324,6 +324,15 @@ impl<T> BucketReads<T> {
     }
 }
 
+/// What joins the two parts of a key of [`OwnCells::update_joined`] (job type, tenant):
+/// a control character, which names cannot hold, so no two pairs give one key.
+pub const KEY_JOIN: char = '\u{1f}';
+
+/// The two parts of a key joined by [`KEY_JOIN`].
+pub fn split_joined(key: &str) -> Option<(&str, &str)> {
+    key.split_once(KEY_JOIN)
+}
+
 /// One worker's cumulative cells per (bucket, key), with what was written: the worker
 /// writes a changed cell whole (no counters, so a retried write is harmless) and the
 /// readers sum the workers' cells.
@@ -353,20 +362,27 @@ impl<C: Clone + PartialEq + Default> OwnCells<C> {
         c.1 = false;
     }
 
-    /// [`OwnCells::update_bounded`] of the key `a`, `sep`, `b` joined.
+    /// [`OwnCells::update_bounded`] (or [`OwnCells::update`] when `max_keys` is None) of
+    /// the key `a`, [`KEY_JOIN`], `b`.
     pub fn update_joined(
         &mut self,
-        (a, sep, b): (&str, char, &str),
+        (a, b): (&str, &str),
         now: Millis,
-        max_keys: usize,
+        max_keys: Option<usize>,
         change: impl FnOnce(&mut C),
     ) -> bool {
         let mut key = std::mem::take(&mut self.scratch);
         key.clear();
         key.push_str(a);
-        key.push(sep);
+        key.push(KEY_JOIN);
         key.push_str(b);
-        let changed = self.update_bounded(&key, now, max_keys, change);
+        let changed = match max_keys {
+            Some(max) => self.update_bounded(&key, now, max, change),
+            None => {
+                self.update(&key, now, change);
+                true
+            }
+        };
         self.scratch = key;
         changed
     }
@@ -1192,13 +1208,18 @@ mod tests {
     #[test]
     fn joined_keys_are_the_parts_with_their_separator_and_stay_bounded() {
         let mut c: OwnCells<i64> = OwnCells::new(10_000);
-        assert!(c.update_joined(("echo", '|', "acme"), 0, 2, |v| *v += 1));
-        assert!(c.update_joined(("echo", '|', "globex"), 1, 2, |v| *v += 2));
-        c.update("echo|acme", 2, |v| *v += 10);
-        assert!(!c.update_joined(("echo", '|', "initech"), 3, 2, |v| *v += 1), "a third key in a full bucket");
-        assert!(c.update_joined(("echo", '|', "acme"), 4, 2, |v| *v += 100), "a key already counted");
+        let key = |a: &str, b: &str| format!("{a}{KEY_JOIN}{b}");
+        assert!(c.update_joined(("echo", "acme"), 0, Some(2), |v| *v += 1));
+        assert!(c.update_joined(("echo", "globex"), 1, Some(2), |v| *v += 2));
+        c.update(&key("echo", "acme"), 2, |v| *v += 10);
+        assert!(!c.update_joined(("echo", "initech"), 3, Some(2), |v| *v += 1), "a third key in a full bucket");
+        assert!(c.update_joined(("echo", "acme"), 4, Some(2), |v| *v += 100), "a key already counted");
+        assert!(c.update_joined(("echo", "initech"), 5, None, |v| *v += 1000), "no bound");
         let mut p = c.pending();
         p.sort();
-        assert_eq!(p, vec![(0, "echo|acme".to_string(), 111), (0, "echo|globex".to_string(), 2)]);
+        let want = [("acme", 111), ("globex", 2), ("initech", 1000)].map(|(t, n)| (0, key("echo", t), n));
+        assert_eq!(p, want);
+        assert_eq!(split_joined(&key("echo", "acme")), Some(("echo", "acme")));
+        assert_eq!(split_joined("echo"), None);
     }
 }

@@ -100,7 +100,7 @@ impl Tally {
         now: Millis,
         max_tracked: usize,
     ) -> bool {
-        self.runs.update_joined((job_type, Subject::KEY_SEP, tenant), now, max_tracked, |c| c.record(run.0, run.1))
+        self.runs.update_joined((job_type, tenant), now, Some(max_tracked), |c| c.record(run.0, run.1))
     }
 }
 

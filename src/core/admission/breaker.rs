@@ -390,9 +390,6 @@ pub type OutcomeCounts = (i64, i64, i64, i64, i64);
 #[derive(Debug)]
 pub struct OwnOutcomes(OwnCells<OutcomeCounts>);
 
-/// Separates job type and tenant in an [`OwnOutcomes`] key.
-const KEY_SEP: char = '\u{1f}';
-
 impl Default for OwnOutcomes {
     fn default() -> Self {
         OwnOutcomes(OwnCells::new(BUCKET_MS))
@@ -402,7 +399,7 @@ impl Default for OwnOutcomes {
 impl OwnOutcomes {
     /// An attempt of `tenant`'s job of `job_type` ended: `failure` None succeeded.
     pub fn record(&mut self, job_type: &str, tenant: &str, failure: Option<crate::model::FailureClass>, now: Millis) {
-        self.0.update_joined((job_type, KEY_SEP, tenant), now, usize::MAX, |c| match failure {
+        self.0.update_joined((job_type, tenant), now, None, |c| match failure {
             None => c.0 += 1,
             Some(f) => {
                 c.1 += 1;
@@ -420,7 +417,7 @@ impl OwnOutcomes {
 
     /// (job type, tenant) of a key of [`OwnOutcomes::pending`].
     pub fn key_parts(key: &str) -> (&str, &str) {
-        key.split_once(KEY_SEP).unwrap_or((key, ""))
+        crate::core::fleet::split_joined(key).unwrap_or((key, ""))
     }
 
     /// These cells were stored (unless they changed meanwhile).
