@@ -81,9 +81,11 @@ tokio::task_local! {
     static CURRENT: Ownership;
 }
 
-/// Runs a job's route inside the ownership of the partition it was read from.
-pub async fn scope<F: Future>(ownership: Ownership, route: F) -> F::Output {
-    CURRENT.scope(ownership, route).await
+/// Runs a job's route inside the ownership of the partition it was read from. A plain
+/// function returning the scoped future: an `async fn` would hold the route twice (its
+/// argument and the scoped future), doubling every job's task (3,928 bytes, not 1,968).
+pub fn scope<F: Future>(ownership: Ownership, route: F) -> impl Future<Output = F::Output> {
+    CURRENT.scope(ownership, route)
 }
 
 /// Whether the route running now may still act for its job: true outside any [`scope`]
