@@ -1621,14 +1621,16 @@ fn new_partition(next_incarnation: &mut u64, spiller: &Spiller, p: i32) -> Parti
 /// Most outcomes in flight per pool (`core::outcomes`): jobs whose handler returned
 /// while their outcome is still being recorded (the result produced and acknowledged, the
 /// state written). An outcome takes a producer linger (10 ms), a broker acknowledgement
-/// and a coalesced store write that gathers for up to 80 ms (`store::coalesce`), so under
-/// load ~100-150 ms, and the count caps a worker's short-job throughput by Little's law:
-/// 8,192 / 150 ms is ~55,000 jobs/s; 4,096 stopped dispatch while a gather filled, and
-/// 1,024 held it near 50,000 when writes took 20 ms (docs/performance.md, 2026-11-26
-/// night and 2026-12-05 evening). Each holds its job's payload and output
-/// (~1 KiB for a no-op job, at worst 2 x `worker.max_payload_bytes`): 128 MiB of them
-/// stop new jobs, so a pool holds at most that plus its running jobs' outcomes.
-const OUTCOMES_IN_FLIGHT: OutcomeBounds = OutcomeBounds { count: 8192, bytes: 128 << 20 };
+/// and a coalesced store write that gathers up to half this count for up to 80 ms
+/// (`store::coalesce`), so under load ~100-150 ms, and the count caps a worker's
+/// short-job throughput by Little's law: 16,384 / 150 ms is ~110,000 jobs/s. 8,192
+/// (~55,000 jobs/s) held 60,000-job bursts near that rate, and 4,096 stopped dispatch
+/// while a gather filled (docs/performance.md, 2026-12-05 evening and 2026-12-06 early
+/// morning). Each holds its job's payload and output (~1 KiB for a no-op job, at
+/// worst 2 x `worker.max_payload_bytes`) and its task (up to ~2.5 KiB): 128 MiB of
+/// payloads and outputs stop new jobs, so a pool holds at most that plus ~40 MiB of
+/// tasks plus its running jobs' outcomes.
+const OUTCOMES_IN_FLIGHT: OutcomeBounds = OutcomeBounds { count: 16_384, bytes: 128 << 20 };
 
 /// An offset's job is done (or durably spilled): store the commit point it allows.
 fn finished(st: &mut PartitionState, offset: i64) {
