@@ -624,6 +624,11 @@ impl<J> fmt::Debug for Scheduler<J> {
 }
 
 impl<J> Scheduler<J> {
+    /// Bytes one queued job takes in its tenant's queue besides what its payload owns
+    /// (the payload itself, its job type's index, name and enqueue time), for callers that
+    /// bound the memory of what they queue.
+    pub const ENTRY_BYTES: usize = std::mem::size_of::<Waiting<J>>();
+
     pub fn new(pool: Pool, cfg: SchedulerConfig) -> Result<Self, SchedulerError> {
         cfg.validate()?;
         Ok(Scheduler {

@@ -138,7 +138,7 @@ impl PartitionState {
 
 /// Most jobs buffered in one worker for one pool, and their bytes (`core::buffer`): past
 /// either, every tenant but light ones spills; at twice either every partition pauses.
-/// Five tenants at `worker.tenant_queue_limit` fit: a burst of a few busy tenants'
+/// Five times the default `worker.tenant_queue_limit`, so a burst of a few busy tenants'
 /// backlogs stays in memory instead of a round trip through the store. Each job also costs
 /// ~1 KiB the byte bound does not count (its decoded form, queue entries), so the count
 /// bounds that part: ~100 MiB here, ~200 MiB at the pause.
@@ -1754,10 +1754,19 @@ mod tests {
     /// its decoded form behind an `Arc` and a scheduler queue entry (its `Pending` and the
     /// scheduler's job type index, name and time), in a queue that may hold twice its
     /// length. About 1 KiB at most, so the job count bounds that memory.
+    /// `GLOBAL_BUFFER`'s note: five busy tenants' backlogs at the default tenant limit
+    /// fit in a pool's buffer.
+    #[test]
+    fn a_pool_buffers_five_tenants_at_the_default_limit() {
+        let tenant = crate::config::WorkerConfig::default().tenant_queue_limit;
+        assert_eq!(GLOBAL_BUFFER, tenant.saturating_mul(5));
+    }
+
     #[test]
     fn a_buffered_jobs_uncounted_memory_stays_within_a_kib() {
         use std::mem::size_of;
-        let per_job = size_of::<JobSubmitted>() + 16 + 2 * (size_of::<Pending>() + 32);
+        let entry = crate::core::scheduler::Scheduler::<Pending>::ENTRY_BYTES;
+        let per_job = size_of::<JobSubmitted>() + 16 + 2 * entry;
         assert!(per_job <= 1024, "a buffered job holds {per_job} bytes the buffer does not count");
     }
 }
