@@ -48,7 +48,9 @@ const QUEUED_GATHER: Gather = Gather { max: 2048, linger: std::time::Duration::f
 /// 2026-12-05 evening). `max` is half a worker pool's outcomes in flight
 /// (`worker::pool`): a full gather is written while the next one fills, so at rates where
 /// 80 ms bring more than that, gathers close sooner instead of holding dispatch back.
-const FINISHED_GATHER: Gather = Gather { max: 8192, linger: std::time::Duration::from_millis(80) };
+const FINISHED_GATHER: Gather = Gather { max: FINISHED_GATHER_MAX, linger: std::time::Duration::from_millis(80) };
+/// [`FINISHED_GATHER`]'s most records.
+pub(crate) const FINISHED_GATHER_MAX: usize = 8192;
 /// Most bytes of packs in one batch, each pack counted with [`PACK_ROW_BYTES`] (ScyllaDB
 /// and Cassandra warn at 128 KiB by default, counting each row's keys and cell metadata
 /// too).

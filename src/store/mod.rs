@@ -8,6 +8,8 @@ mod alerts;
 mod backlog;
 mod classifier;
 mod coalesce;
+#[cfg(test)]
+pub(crate) use coalesce::FINISHED_GATHER_MAX;
 mod debounce;
 mod dependencies;
 mod dr;

@@ -1754,6 +1754,13 @@ mod tests {
     /// its decoded form behind an `Arc` and a scheduler queue entry (its `Pending` and the
     /// scheduler's job type index, name and time), in a queue that may hold twice its
     /// length. About 1 KiB at most, so the job count bounds that memory.
+    /// `OUTCOMES_IN_FLIGHT`'s note: a gather of finished records is written while the
+    /// next one fills, so the outcomes in flight hold two full gathers.
+    #[test]
+    fn outcomes_in_flight_hold_two_full_gathers_of_finished_records() {
+        assert_eq!(OUTCOMES_IN_FLIGHT.count, crate::store::FINISHED_GATHER_MAX.saturating_mul(2));
+    }
+
     /// `GLOBAL_BUFFER`'s note: five busy tenants' backlogs at the default tenant limit
     /// fit in a pool's buffer.
     #[test]
