@@ -1750,10 +1750,6 @@ mod tests {
         assert_eq!(again_after(u32::MAX), s(300), "no overflow however often");
     }
 
-    /// `GLOBAL_BUFFER`'s note: besides the bytes the buffer counts, a buffered job holds
-    /// its decoded form behind an `Arc` and a scheduler queue entry (its `Pending` and the
-    /// scheduler's job type index, name and time), in a queue that may hold twice its
-    /// length. About 1 KiB at most, so the job count bounds that memory.
     /// `OUTCOMES_IN_FLIGHT`'s note: a gather of finished records is written while the
     /// next one fills, so the outcomes in flight hold two full gathers.
     #[test]
@@ -1769,6 +1765,10 @@ mod tests {
         assert_eq!(GLOBAL_BUFFER, tenant.saturating_mul(5));
     }
 
+    /// `GLOBAL_BUFFER`'s note: besides the bytes the buffer counts, a buffered job holds
+    /// its decoded form behind an `Arc` and a scheduler queue entry (its `Pending` and the
+    /// scheduler's job type index, name and time), in a queue that may hold twice its
+    /// length. About 1 KiB at most, so the job count bounds that memory.
     #[test]
     fn a_buffered_jobs_uncounted_memory_stays_within_a_kib() {
         use std::mem::size_of;
