@@ -745,3 +745,17 @@ async fn a_delayed_jobs_submitter_record_read_again_and_its_relay_copy_run_it_on
     assert!(ended.contains(&Ended::NotDurable), "the copy refused is taken in again: {ended:?}");
     assert_eq!(f.store.row("job-1").and_then(|r| r.status).as_deref(), Some("succeeded"));
 }
+
+/// docs/security.md counts an outcome in flight's task at up to ~2.5 KiB (~40 MiB at a
+/// pool's 16,384): a job's route inside its partition's ownership, as the pool spawns it,
+/// stays within that. An `async fn` around the scope held the route twice (~3.9 KiB).
+#[tokio::test(start_paused = true)]
+async fn a_jobs_task_stays_within_the_memory_an_outcome_in_flight_is_counted_at() {
+    let f = Fixture::new(0);
+    let mut slot = SlotRelease::new(|_, _| {});
+    let waited = Waited { received_at: EPOCH, dispatched_at: EPOCH };
+    let route = exec::execute(f.worker("w1"), f.job(), f.origin(), &mut slot, waited);
+    let task = super::ownership::scope(super::ownership::Ownership::new(), route);
+    let bytes = std::mem::size_of_val(&task);
+    assert!(bytes <= 2560, "a job's task is {bytes} bytes, more than the 2.5 KiB the docs count");
+}
