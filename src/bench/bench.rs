@@ -272,6 +272,7 @@ fn report_throughput(
     println!(
         "settled (ms from the start): first job, then each tenth: {settle_marks:?}; before the start: {settled_before}"
     );
+    println!("finished (ms from the first start), each tenth: {:?}", seen.finished_ms_each_tenth());
     println!(
         "{}",
         serde_json::json!({
@@ -282,6 +283,7 @@ fn report_throughput(
             "cpu_tail_s": a.cpu_tail.as_secs_f64(),
             "store_requests_per_job": { "submit": submit_requests, "process": process_requests },
             "settled_ms_first_then_each_tenth": settle_marks, "settled_before_start": settled_before,
+            "finished_ms_each_tenth": seen.finished_ms_each_tenth(),
         })
     );
 }
@@ -297,6 +299,8 @@ pub(super) struct Seen {
     /// Earliest start and latest finish among the results (epoch ms).
     first_start: Option<i64>,
     last_finish: Option<i64>,
+    /// Every result's finish (epoch ms), for the ramp of the processing window.
+    finishes: Vec<i64>,
 }
 
 impl Seen {
@@ -307,6 +311,16 @@ impl Seen {
             (Some(a), Some(b)) if b > a => self.done as f64 / ((b - a) as f64 / 1000.0),
             _ => 0.0,
         }
+    }
+
+    /// When each further tenth of the jobs had finished, ms from the first start: a slow
+    /// ramp shows as a long first step.
+    pub fn finished_ms_each_tenth(&self) -> Vec<i64> {
+        let Some(start) = self.first_start else { return Vec::new() };
+        let mut finishes = self.finishes.clone();
+        finishes.sort_unstable();
+        let n = finishes.len();
+        (1..=10).filter_map(|k| finishes.get((k * n).div_ceil(10).max(1) - 1)).map(|f| f - start).collect()
     }
 }
 
@@ -356,6 +370,7 @@ pub(super) async fn collect_latencies(reader: &kafka::Reader, n: usize, timeout:
     let mut hist = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
     let mut seen = std::collections::HashSet::with_capacity(n);
     let (mut first_start, mut last_finish) = (None::<i64>, None::<i64>);
+    let mut finishes = Vec::with_capacity(n);
     let deadline = Instant::now() + timeout;
     while seen.len() < n && Instant::now() < deadline {
         if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(500), reader.recv()).await {
@@ -365,11 +380,12 @@ pub(super) async fn collect_latencies(reader: &kafka::Reader, n: usize, timeout:
                     let start = r.started_at.unwrap_or(r.finished_at);
                     first_start = Some(first_start.map_or(start, |s| s.min(start)));
                     last_finish = Some(last_finish.map_or(r.finished_at, |f| f.max(r.finished_at)));
+                    finishes.push(r.finished_at);
                 }
             }
         }
     }
-    Seen { done: seen.len(), latency_ms: hist, elapsed: t0.elapsed(), first_start, last_finish }
+    Seen { done: seen.len(), latency_ms: hist, elapsed: t0.elapsed(), first_start, last_finish, finishes }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1639,4 +1655,42 @@ async fn probe_floor(base: &Config, a: &FairnessArgs) -> anyhow::Result<Floor> {
     hop.sort_unstable();
     read.sort_unstable();
     Ok(Floor { hop, read })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(first_start: i64, finishes: Vec<i64>) -> Seen {
+        Seen {
+            done: finishes.len(),
+            latency_ms: hdrhistogram::Histogram::new(3).expect("histogram"),
+            elapsed: Duration::ZERO,
+            first_start: Some(first_start),
+            last_finish: finishes.iter().copied().max(),
+            finishes,
+        }
+    }
+
+    #[test]
+    fn each_tenth_is_when_that_many_jobs_had_finished() {
+        // 20 jobs, read back out of order: the 2nd, 4th, ... 20th finish in time.
+        let mut finishes: Vec<i64> = (1..=20).map(|k| 1_000 + 10 * k).collect();
+        finishes.reverse();
+        let s = seen(1_000, finishes);
+        assert_eq!(s.finished_ms_each_tenth(), vec![20, 40, 60, 80, 100, 120, 140, 160, 180, 200]);
+    }
+
+    #[test]
+    fn a_slow_first_tenth_shows_as_a_long_first_step() {
+        let finishes = [300, 310, 320, 330, 340, 350, 360, 370, 380, 390].map(|f| 1_000 + f).to_vec();
+        assert_eq!(seen(1_000, finishes).finished_ms_each_tenth()[..2], [300, 310]);
+    }
+
+    #[test]
+    fn fewer_jobs_than_tenths_and_no_results_give_what_there_is() {
+        assert_eq!(seen(0, vec![5, 7, 9]).finished_ms_each_tenth(), vec![5, 5, 5, 7, 7, 7, 9, 9, 9, 9]);
+        let none = Seen { first_start: None, ..seen(0, Vec::new()) };
+        assert!(none.finished_ms_each_tenth().is_empty());
+    }
 }
