@@ -4,8 +4,11 @@
 //! submission to first dispatch (`started_at - submitted_at` of the results) and from
 //! submission to result, and `max_rate_within_slo`: the highest rate whose p99 dispatch
 //! wait stays under `--slo` with every job finished. The shape of the BullMQ harness's
-//! `SLO=1` mode, so the two can be run alternately. Delayed jobs' lateness (the
-//! harness's `DELAYED=1`): `bench delayed`. Last line JSON.
+//! `SLO=1` mode, so the two can be run alternately. Each rate also reports the p99 wait
+//! per tenant (`wait_p99_ms_by_tenant`): when the workers fall behind the offered rate,
+//! the lowest-weight tenant takes the deficit (free tenants share one weight), so the
+//! overall p99 is then that tenant's. Delayed jobs' lateness (the harness's `DELAYED=1`):
+//! `bench delayed`. Last line JSON.
 
 use super::bench::{bench_config, start_workers, Shape};
 use super::Global;
@@ -26,6 +29,9 @@ const TICK: Duration = Duration::from_millis(10);
 /// Seconds of a run reported one by one (`wait_p99_ms_per_second`); later ones only count
 /// in the totals.
 const MAX_SECONDS: usize = 600;
+/// Tenants whose wait is reported one by one (`wait_p99_ms_by_tenant`); the bench's own
+/// tenants are the configured ones, far fewer.
+const MAX_TENANTS: usize = 64;
 
 #[derive(clap::Args, Debug)]
 pub struct SloArgs {
@@ -70,6 +76,26 @@ pub(super) struct RateRun {
     /// The p99 dispatch wait of the jobs submitted in each second of the run, in order:
     /// shows whether a missed objective is one stall or a sustained queue.
     wait_p99_ms_per_second: Vec<u64>,
+    /// The p99 dispatch wait of each tenant's jobs (the first [`MAX_TENANTS`] tenants seen).
+    wait_p99_ms_by_tenant: std::collections::BTreeMap<String, u64>,
+}
+
+/// Dispatch waits per tenant, for at most [`MAX_TENANTS`] tenants.
+#[derive(Default)]
+struct ByTenant(HashMap<String, hdrhistogram::Histogram<u64>>);
+
+impl ByTenant {
+    fn record(&mut self, tenant: &str, waited_ms: u64) {
+        if !self.0.contains_key(tenant) && self.0.len() >= MAX_TENANTS {
+            return;
+        }
+        let h = self.0.entry(tenant.to_owned()).or_insert_with(|| hdrhistogram::Histogram::new(3).expect("histogram"));
+        let _ = h.record(waited_ms);
+    }
+
+    fn p99s(&self) -> std::collections::BTreeMap<String, u64> {
+        self.0.iter().map(|(t, h)| (t.clone(), h.value_at_quantile(0.99))).collect()
+    }
 }
 
 pub async fn run(g: &Global, a: SloArgs) -> anyhow::Result<ExitCode> {
@@ -198,6 +224,7 @@ pub(super) async fn collect(reader: &kafka::Reader, rate: u32, mut arrivals: Arr
     let mut wait = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
     let mut result = wait.clone();
     let mut per_second: Vec<hdrhistogram::Histogram<u64>> = Vec::new();
+    let mut by_tenant = ByTenant::default();
     let first = arrivals.first_submitted_ms;
     let accepted = arrivals.ids.len();
     let deadline = Instant::now() + drain;
@@ -210,6 +237,7 @@ pub(super) async fn collect(reader: &kafka::Reader, rate: u32, mut arrivals: Arr
             let started = r.started_at.unwrap_or(r.finished_at);
             let waited = (started - due.unwrap_or(r.submitted_at)).max(0) as u64;
             let _ = wait.record(waited);
+            by_tenant.record(&r.tenant, waited);
             let second = ((r.submitted_at - first).max(0) / 1000) as usize;
             if second < MAX_SECONDS {
                 if per_second.len() <= second {
@@ -232,5 +260,37 @@ pub(super) async fn collect(reader: &kafka::Reader, rate: u32, mut arrivals: Arr
         result_p50_ms: result.value_at_quantile(0.5),
         result_p99_ms: result.value_at_quantile(0.99),
         wait_p99_ms_per_second: per_second.iter().map(|h| h.value_at_quantile(0.99)).collect(),
+        wait_p99_ms_by_tenant: by_tenant.p99s(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_tenant_gets_its_own_p99() {
+        let mut b = ByTenant::default();
+        for ms in 1..=100 {
+            b.record("paid", ms);
+            b.record("free", ms * 100);
+        }
+        let p99s = b.p99s();
+        assert_eq!(p99s.len(), 2);
+        assert!((99..=100).contains(&p99s["paid"]), "{p99s:?}");
+        assert!((9_900..=10_000).contains(&p99s["free"]), "{p99s:?}");
+    }
+
+    #[test]
+    fn tenants_past_the_cap_are_left_out_but_known_ones_still_count() {
+        let mut b = ByTenant::default();
+        for t in 0..MAX_TENANTS + 10 {
+            b.record(&format!("t{t}"), 1);
+        }
+        b.record("t0", 5_000);
+        let p99s = b.p99s();
+        assert_eq!(p99s.len(), MAX_TENANTS);
+        assert!(!p99s.contains_key(&format!("t{}", MAX_TENANTS)));
+        assert!(p99s["t0"] >= 4_990, "{p99s:?}");
     }
 }
