@@ -85,6 +85,7 @@ pub struct Shape {
 
 #[derive(clap::Args, Debug)]
 pub struct ThroughputArgs {
+    /// Jobs in the run, 1 to [`MAX_JOBS`] (the results' ids and finish times are kept).
     #[arg(long, default_value_t = 20_000)]
     pub jobs: usize,
     #[command(flatten)]
@@ -125,7 +126,11 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
 /// services, as fast as they go: jobs/s (end to end, to the last job settled, and
 /// processing alone from the first start to the last finish, read from the results
 /// afterwards), latency, and CPU per 1,000 jobs per process while they ran.
+/// Most jobs one throughput run takes (`--jobs`): its buffers are sized by it.
+const MAX_JOBS: usize = 10_000_000;
+
 async fn throughput(g: &Global, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!((1..=MAX_JOBS).contains(&a.jobs), "--jobs: give 1 to {MAX_JOBS} jobs, e.g. --jobs 60000");
     let cfg = bench_config(g, &a.shape)?;
     kafka::ensure_topics(&cfg).await.context("creating bench topics (scripts/services up?)")?;
     fairway::store::ensure_schema(&cfg).await?;
@@ -272,7 +277,8 @@ fn report_throughput(
     println!(
         "settled (ms from the start): first job, then each tenth: {settle_marks:?}; before the start: {settled_before}"
     );
-    println!("finished (ms from the first start), each tenth: {:?}", seen.finished_ms_each_tenth());
+    let finished_tenths = seen.finished_ms_each_tenth();
+    println!("finished (ms from the first start), each tenth: {finished_tenths:?}");
     println!(
         "{}",
         serde_json::json!({
@@ -283,7 +289,7 @@ fn report_throughput(
             "cpu_tail_s": a.cpu_tail.as_secs_f64(),
             "store_requests_per_job": { "submit": submit_requests, "process": process_requests },
             "settled_ms_first_then_each_tenth": settle_marks, "settled_before_start": settled_before,
-            "finished_ms_each_tenth": seen.finished_ms_each_tenth(),
+            "finished_ms_each_tenth": finished_tenths,
         })
     );
 }
