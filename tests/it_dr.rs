@@ -42,10 +42,9 @@ impl Private {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let dir = std::env::temp_dir().join(format!("fairway-it-dr-{}", &id[..12]));
         std::fs::create_dir_all(&dir).expect("create the private services directory");
-        let held: Vec<std::net::TcpListener> =
-            (0..4).map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port")).collect();
-        let p: Vec<String> = held.iter().map(|l| l.local_addr().unwrap().port().to_string()).collect();
-        drop(held);
+        // Below the ephemeral range (`common::free_port`): the drill restarts the services
+        // on the same ports.
+        let p: Vec<String> = (0..4).map(|_| common::free_port().to_string()).collect();
         let env = [
             ("FAIRWAY_SERVICES_DIR", dir.display().to_string()),
             ("FAIRWAY_SERVICES_TIMEOUT", "150".into()),

@@ -125,11 +125,9 @@ impl Private {
         let dir = std::env::temp_dir().join(format!("fairway-it-faults-{name}-{}", &id[..12]));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("create the private services directory");
-        // Two free ports, held together so they differ, released just before the start.
-        let held: Vec<std::net::TcpListener> =
-            (0..2).map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port")).collect();
-        let ports: Vec<String> = held.iter().map(|l| l.local_addr().unwrap().port().to_string()).collect();
-        drop(held);
+        // Below the ephemeral range: a restart binds the same ports again, and while the
+        // service is down an outgoing connection must not take one as its source port.
+        let ports: Vec<String> = (0..2).map(|_| common::free_port().to_string()).collect();
         let addr = format!("127.0.0.1:{}", ports[0]);
         let mut env =
             vec![("FAIRWAY_SERVICES_DIR", dir.display().to_string()), ("FAIRWAY_SERVICES_TIMEOUT", "120".to_string())];

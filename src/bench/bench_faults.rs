@@ -604,19 +604,37 @@ async fn drain(feed: &mut ResultFeed, sent: &Sent, tally: &mut Tally, wait: Dura
 }
 
 /// `services down cassandra` then `services up cassandra` (each bounded: the script's own
-/// health wait is 90 s); returns the seconds it took.
+/// health wait is 90 s); returns the seconds it took. A failed step's error carries the
+/// last lines the script printed (why it failed, the database's log tail).
 async fn restart_cql(script: PathBuf) -> anyhow::Result<f64> {
     let t0 = Instant::now();
     for step in ["down", "up"] {
         let mut cmd = tokio::process::Command::new(&script);
-        cmd.args([step, "cassandra"]).env("FAIRWAY_SERVICES_TIMEOUT", "90").stdout(Stdio::null());
-        let status = tokio::time::timeout(Duration::from_secs(150), cmd.status())
+        cmd.args([step, "cassandra"])
+            .env("FAIRWAY_SERVICES_TIMEOUT", "90")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let out = tokio::time::timeout(Duration::from_secs(150), cmd.output())
             .await
             .with_context(|| format!("{} {step} cassandra took over 150 s", script.display()))?
             .with_context(|| format!("running {}", script.display()))?;
-        anyhow::ensure!(status.success(), "{} {step} cassandra failed: {status}", script.display());
+        let said = String::from_utf8_lossy(&out.stderr);
+        anyhow::ensure!(
+            out.status.success(),
+            "{} {step} cassandra failed: {}; it printed (last 40 lines):\n{}",
+            script.display(),
+            out.status,
+            last_lines(&said, 40)
+        );
     }
     Ok(t0.elapsed().as_secs_f64())
+}
+
+/// The last `n` lines of `text`.
+fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 // ---------------------------------------------------------------------------------------

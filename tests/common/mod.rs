@@ -21,7 +21,6 @@ pub fn cql() -> String {
     std::env::var("FAIRWAY_CQL").unwrap_or_else(|_| "127.0.0.1:19042".into())
 }
 
-/// A port free on 127.0.0.1 right now (the OS picks it).
 /// A port free on 127.0.0.1 for a child process to listen on. Drawn below the kernel's
 /// ephemeral range (32768 on): a port the OS hands out for `:0` is also the next source
 /// port of some outgoing connection (the suite opens thousands), which then holds it when
