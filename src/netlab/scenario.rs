@@ -103,6 +103,12 @@ pub struct Report {
     /// Of those, results for jobs that already had one (a second result published by the
     /// cut-off worker after its link came back).
     pub inside_duplicates_after_restore: u64,
+    /// Results from the inside worker read after the link returned but made (produced)
+    /// before it: a record the cut-off worker queued or had on the wire, delivered late.
+    pub inside_stale_after_restore: usize,
+    /// Jobs with more than one result whose first result was not made in the last
+    /// [`CUT_WINDOW_MS`] before the cut: repeats the cut's own window does not explain.
+    pub repeats_not_from_the_cut: usize,
     /// The evidence of each job with more than one result (at most 10): each result's
     /// worker, when its record was made and read, and each run of the job, in ms from
     /// the cut (`runs` by worker pid).
@@ -139,7 +145,7 @@ impl Report {
     /// One line for a failing test's output.
     pub fn summary(&self) -> String {
         format!(
-            "{} {}s: stuck {} lost {} dup {} (inside after restore {}) twice {} overlap>{}s {} done {:?}s recover {:?}s inside exits {:?} \
+            "{} {}s: stuck {} lost {} dup {} (inside after restore {}, stale {}, not from the cut {}) twice {} overlap>{}s {} done {:?}s recover {:?}s inside exits {:?} \
              rebuilds {} gave_up {} fenced {} overlapping {} (longest {}s) probes {}/{} (inside {}, holds {:?}) livez cut/after {:?}/{:?}",
             self.kind,
             self.cut_s,
@@ -147,6 +153,8 @@ impl Report {
             self.lost,
             self.duplicate_results,
             self.inside_duplicates_after_restore,
+            self.inside_stale_after_restore,
+            self.repeats_not_from_the_cut,
             self.jobs_run_twice,
             self.heartbeat_lapse_s,
             self.jobs_overlapping_beyond_lapse,
@@ -457,11 +465,13 @@ async fn start(lab: &mut Lab, plan: &Plan) -> Result<Session, LabError> {
 }
 
 /// What a phase saw of its jobs' results.
+/// Every result of each job: (worker, made, read, attempts).
+type Each = HashMap<String, Vec<(String, i64, i64, i32)>>;
+
 #[derive(Default)]
 struct Tally {
     results: HashMap<String, u32>,
-    /// Every result of each job: (worker, created, read, attempts).
-    each: HashMap<String, Vec<(String, i64, i64, i32)>>,
+    each: Each,
     inside_after_restore: u64,
     /// Of those, results for jobs that already had one.
     inside_repeats_after_restore: u64,
@@ -494,6 +504,29 @@ impl Tally {
             }
         }
     }
+}
+
+/// How long before a cut a job's result may have been made and still be repeated by the
+/// cut alone: the result acknowledged, its state write (gathered for up to 80 ms, then
+/// sent) refused by the cut, so the partition's next owner finds the job unfinished and
+/// runs it (docs/wire-format.md). A generous bound on that write's time under load.
+pub const CUT_WINDOW_MS: i64 = 1_000;
+
+/// Results (worker, made, read, attempts) from the inside worker read at or after
+/// `restored_ms` whose record was made before it.
+fn stale_after(each: &Each, restored_ms: i64) -> usize {
+    let stale = |(w, made, read, _): &&(String, i64, i64, i32)| {
+        w.starts_with("inside-") && *read >= restored_ms && *made < restored_ms
+    };
+    each.values().flatten().filter(stale).count()
+}
+
+/// Jobs with more than one result whose first result was made outside the
+/// [`CUT_WINDOW_MS`] before `cut_ms`.
+fn repeats_not_from(each: &Each, cut_ms: i64) -> usize {
+    let first_made = |rs: &Vec<(String, i64, i64, i32)>| rs.iter().map(|r| r.1).min();
+    let in_window = |made: i64| (cut_ms - CUT_WINDOW_MS..=cut_ms).contains(&made);
+    each.values().filter(|rs| rs.len() > 1 && !first_made(rs).is_some_and(in_window)).count()
 }
 
 /// The probe jobs of a phase.
@@ -650,6 +683,8 @@ async fn phase(lab: &mut Lab, plan: &Plan, cut: &Cut, s: &mut Session) -> Result
         recover_s: all_done_at.map(|t| round2(t.saturating_duration_since(restored).as_secs_f64())),
         inside_results_after_restore: tally.inside_after_restore,
         inside_duplicates_after_restore: tally.inside_repeats_after_restore,
+        inside_stale_after_restore: stale_after(&tally.each, unix_ms(restored)),
+        repeats_not_from_the_cut: repeats_not_from(&tally.each, cut_ms),
         duplicates,
         inside_exits: s.fleet.inside_exits[exits_before.0..].to_vec(),
         host_exits: s.fleet.host_exits[exits_before.1..].to_vec(),
@@ -680,4 +715,41 @@ fn held_partitions(log: &std::path::Path) -> Option<usize> {
 
 fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Per job, its results as (worker, made, read).
+    type Given<'a> = [(&'a str, &'a [(&'a str, i64, i64)])];
+
+    fn each(jobs: &Given) -> Each {
+        let rs = |rs: &[(&str, i64, i64)]| rs.iter().map(|(w, m, r)| (w.to_string(), *m, *r, 1)).collect();
+        jobs.iter().map(|(j, r)| (j.to_string(), rs(r))).collect()
+    }
+
+    #[test]
+    fn a_repeat_counts_as_the_cuts_only_when_its_first_result_was_made_just_before_it() {
+        let cut = 100_000;
+        let e = each(&[
+            ("once", &[("inside-1", 10_000, 10_010)]),
+            ("just before", &[("inside-1", cut - 40, cut - 30), ("host-1", cut + 20_000, cut + 20_010)]),
+            ("long before", &[("inside-1", cut - 5_000, cut - 4_990), ("host-1", cut + 20_000, cut + 20_010)]),
+            ("after", &[("host-1", cut + 1_000, cut + 1_010), ("host-1", cut + 3_000, cut + 3_010)]),
+        ]);
+        assert_eq!(repeats_not_from(&e, cut), 2);
+    }
+
+    #[test]
+    fn a_result_of_the_inside_worker_made_before_the_restore_and_read_after_it_is_stale() {
+        let restored = 130_000;
+        let e = each(&[
+            ("late", &[("inside-1", 99_000, restored + 500)]),
+            ("rerun", &[("inside-1", restored + 2_000, restored + 2_010)]),
+            ("host", &[("host-1", 99_000, restored + 500)]),
+            ("in time", &[("inside-1", 99_000, 99_010)]),
+        ]);
+        assert_eq!(stale_after(&e, restored), 1);
+    }
 }
