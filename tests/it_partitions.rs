@@ -150,7 +150,7 @@ async fn a_short_broker_cut_then_a_cut_from_both_end_with_every_job_done() {
 /// The partition probe: one of two workers cut off from the broker and the store for
 /// 30 s while 6,000 jobs of 300 ms run (default 10 s session). Nothing is lost, and the
 /// only repeated results are the cut's own window: jobs whose first result was made in the
-/// last second before the cut (acknowledged, but the state write after it refused by the
+/// last 2 s before the cut (acknowledged, but the state write after it refused by the
 /// cut, so the partition's next owner finds the job unfinished and runs it;
 /// docs/wire-format.md), each repeated once. How many there are is how many results the
 /// cut-off worker made in the ~200 ms before the cut whose state write it then refused
@@ -173,7 +173,7 @@ async fn a_30_s_cut_from_both_repeats_only_results_made_just_before_it_and_none_
     assert_recovered(&r[0]);
     assert_eq!(
         r[0].repeats_not_from_the_cut, 0,
-        "every repeated result's first copy was made in the last second before the cut: {s} {:?}",
+        "every repeated result's first copy was made in the last 2 s before the cut: {s} {:?}",
         r[0].duplicates
     );
     assert_eq!(
