@@ -185,7 +185,7 @@ pub fn describe() {
     describe_counter!(JOBS_FINISHED, "Terminal outcomes recorded, by pool and status");
     describe_counter!(
         OUTCOME_WRITE_FAILURES,
-        "Terminal results published whose state could not be written (the job runs again: a possible duplicate result)"
+        "Terminal results published whose state could not be written within the outage retries (a marked run's job runs again, a possible duplicate result; an unclaimed run's offset was committed with its result, and its state stays unrecorded)"
     );
     describe_counter!(JOBS_SKIPPED, "Redelivered jobs acknowledged without running, by reason");
     describe_counter!(JOBS_NOT_RUN, "Messages completed without running a handler");

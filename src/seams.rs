@@ -158,8 +158,12 @@ pub trait PoolConsumer: Pausable + Send + Sync + 'static {
     fn recv(&self) -> impl Future<Output = Result<PoolRecord, ConsumeError>> + Send + '_;
     /// A record already fetched, without waiting; None if none is.
     fn try_recv(&self) -> Option<Result<PoolRecord, ConsumeError>>;
-    /// Commit points (partition, next offset to read) of `topic`, committed later.
-    fn store_offsets(&self, topic: &str, commits: &[(i32, i64)]) -> Result<(), ConsumeError>;
+    /// Commit points of `topic`, committed later (those marked `now`, at once).
+    fn store_offsets(&self, topic: &str, commits: &[CommitPoint]) -> Result<(), ConsumeError>;
+    /// The group's committed offsets of `partitions` of `topic`, with their commit
+    /// metadata: (partition, next offset to read, metadata). Partitions with no commit are
+    /// left out. Waits for the broker's answer (an offset fetch) for up to a few seconds.
+    fn committed_metadata(&self, topic: &str, partitions: &[i32]) -> Result<Vec<(i32, i64, String)>, ConsumeError>;
     /// The consumer's fatal error, if it hit one: it never consumes again.
     fn fatal_error(&self) -> Option<String>;
     /// Restarts the fetchers of the owned partitions (`kafka::stall::restart_fetchers`):
@@ -172,6 +176,18 @@ pub trait PoolConsumer: Pausable + Send + Sync + 'static {
     ) -> Result<Option<Vec<crate::kafka::stall::Start>>, KafkaError>;
     /// Commits what is stored and leaves the group: the partitions move to the others.
     fn leave(&self);
+}
+
+/// A partition's commit point: the next offset to read, and the commit metadata that goes
+/// with it (`worker::early_commit`: offsets above it finished early). `now`: commit it at
+/// once, not with the next auto-commit, which skips a partition whose offset did not
+/// move (only its metadata changed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitPoint {
+    pub partition: i32,
+    pub next: i64,
+    pub metadata: Option<String>,
+    pub now: bool,
 }
 
 /// A pool's consumer group as a member joins it.

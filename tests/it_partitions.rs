@@ -157,9 +157,8 @@ async fn a_short_broker_cut_then_a_cut_from_both_end_with_every_job_done() {
 /// (0-11 measured, at ~60 results/s per worker), so it is not bounded by a count here.
 /// The cut-off worker publishes nothing late: no result of its made before the link came
 /// back is read after it. It loses its partitions at its own session timeout and sends
-/// nothing more for their jobs
-/// (`worker::ownership`), what it queued before the cut is delivered within the session
-/// or never (`kafka::worker_delivery_timeout`, `kafka::socket`), and a run whose running
+/// nothing more for their jobs (`worker::ownership`), what it queued before the cut is
+/// delivered within the session or never (`kafka::worker_delivery_timeout`, `kafka::socket`), and a run whose running
 /// mark or row read failed publishes nothing. A job it runs again after the link is back
 /// (its partitions assigned to it again) is a new run and counts among the window's
 /// repeats. Measurements: docs/performance.md.

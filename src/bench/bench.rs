@@ -85,7 +85,7 @@ pub struct Shape {
 
 #[derive(clap::Args, Debug)]
 pub struct ThroughputArgs {
-    /// Jobs in the run, 1 to [`MAX_JOBS`] (the results' ids and finish times are kept).
+    /// Jobs in the run, 1 to 10,000,000 (`MAX_JOBS`; the results' ids and finish times are kept).
     #[arg(long, default_value_t = 20_000)]
     pub jobs: usize,
     #[command(flatten)]
@@ -122,13 +122,13 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// Most jobs one throughput run takes (`--jobs`): its buffers are sized by it.
+const MAX_JOBS: usize = 10_000_000;
+
 /// `fairway-bench bench throughput`: no-op jobs through in-process workers on the local
 /// services, as fast as they go: jobs/s (end to end, to the last job settled, and
 /// processing alone from the first start to the last finish, read from the results
 /// afterwards), latency, and CPU per 1,000 jobs per process while they ran.
-/// Most jobs one throughput run takes (`--jobs`): its buffers are sized by it.
-const MAX_JOBS: usize = 10_000_000;
-
 async fn throughput(g: &Global, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!((1..=MAX_JOBS).contains(&a.jobs), "--jobs: give 1 to {MAX_JOBS} jobs, e.g. --jobs 60000");
     let cfg = bench_config(g, &a.shape)?;

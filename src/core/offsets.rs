@@ -159,42 +159,50 @@ impl PartitionOffsets {
     /// `offset.metadata.max.bytes` is 4096); ranges that do not fit are left out, which
     /// only costs re-running those jobs. Returns an empty string when nothing started.
     pub fn finished_metadata(&self, max_bytes: usize) -> String {
-        let Some(base) = self.committable() else {
-            return String::new();
-        };
-        let mut out = format!("fw1@{base}:");
-        if out.len() > max_bytes {
-            return String::new();
+        match self.committable() {
+            Some(base) => hint_metadata(base, self.finished_above(), max_bytes),
+            None => String::new(),
         }
-        let mut prev_end = base;
-        let mut first = true;
-        let mut iter = self.finished_above().peekable();
-        let mut piece = String::new();
-        while let Some(start) = iter.next() {
-            let mut end = start;
-            while iter.peek() == Some(&(end + 1)) {
-                end += 1;
-                iter.next();
-            }
-            piece.clear();
-            if !first {
-                piece.push(',');
-            }
-            let rel = start - prev_end;
-            if end == start {
-                let _ = write!(piece, "{rel}");
-            } else {
-                let _ = write!(piece, "{rel}-{}", end - start);
-            }
-            if out.len() + piece.len() > max_bytes {
-                break;
-            }
-            out.push_str(&piece);
-            prev_end = end;
-            first = false;
-        }
-        out
     }
+}
+
+/// Commit metadata in the format of [`PartitionOffsets::finished_metadata`] for the
+/// commit point `base` and the finished offsets `finished` (increasing; those at or below
+/// `base` are left out); ranges past `max_bytes` are left out, and it is empty when the
+/// header alone does not fit.
+pub fn hint_metadata(base: i64, finished: impl Iterator<Item = i64>, max_bytes: usize) -> String {
+    let mut out = format!("fw1@{base}:");
+    if out.len() > max_bytes {
+        return String::new();
+    }
+    let mut prev_end = base;
+    let mut first = true;
+    let mut iter = finished.skip_while(|&o| o <= base).peekable();
+    let mut piece = String::new();
+    while let Some(start) = iter.next() {
+        let mut end = start;
+        while iter.peek() == Some(&(end + 1)) {
+            end += 1;
+            iter.next();
+        }
+        piece.clear();
+        if !first {
+            piece.push(',');
+        }
+        let rel = start - prev_end;
+        if end == start {
+            let _ = write!(piece, "{rel}");
+        } else {
+            let _ = write!(piece, "{rel}-{}", end - start);
+        }
+        if out.len() + piece.len() > max_bytes {
+            break;
+        }
+        out.push_str(&piece);
+        prev_end = end;
+        first = false;
+    }
+    out
 }
 
 /// Finished offsets read back from commit metadata written by
@@ -244,6 +252,11 @@ impl FinishedHint {
             }
         }
         Ok(FinishedHint { base, ranges })
+    }
+
+    /// The finished offsets, increasing (lazily: a caller bounds how many it takes).
+    pub fn offsets(&self) -> impl Iterator<Item = i64> + '_ {
+        self.ranges.iter().flat_map(|&(start, end)| start..=end)
     }
 
     /// Whether `offset` was recorded as finished.
@@ -396,6 +409,17 @@ mod tests {
         assert_eq!(p.window_len(), n as usize);
         assert_eq!(p.finished(0), Some(n * 2 - 1));
         assert_eq!(p.window_len(), 0);
+    }
+
+    #[test]
+    fn a_hint_of_chosen_offsets_leaves_out_those_at_or_below_its_base_and_reads_back() {
+        let m = hint_metadata(10, [3, 10, 12, 13, 14, 20].into_iter(), 4096);
+        assert_eq!(m, "fw1@10:2-2,6");
+        let h = FinishedHint::parse(&m).unwrap();
+        assert_eq!((h.base, h.offsets().collect::<Vec<_>>()), (10, vec![12, 13, 14, 20]));
+        assert_eq!(hint_metadata(10, std::iter::empty(), 4096), "fw1@10:");
+        assert_eq!(hint_metadata(10, [12, 20].into_iter(), 9), "fw1@10:2", "what does not fit is left out");
+        assert_eq!(hint_metadata(10, [12].into_iter(), 3), "");
     }
 
     #[test]

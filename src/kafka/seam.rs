@@ -5,7 +5,7 @@ use super::{
     tpl, ConsumeError, Consumer, KafkaError, Message, Producer, RebalanceEvent, TopicPartition, WorkerConsumer,
 };
 use crate::config::Config;
-use crate::seams::{Io, Pausable, PoolConsumer, PoolGroup, PoolRecord, RouteBroker};
+use crate::seams::{CommitPoint, Io, Pausable, PoolConsumer, PoolGroup, PoolRecord, RouteBroker};
 use std::collections::HashMap;
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -55,12 +55,28 @@ impl PoolConsumer for WorkerConsumer {
         use futures::FutureExt;
         rdkafka::consumer::StreamConsumer::recv(self).now_or_never().map(|r| r.map(|msg| record(&msg)))
     }
-    fn store_offsets(&self, topic: &str, commits: &[(i32, i64)]) -> Result<(), ConsumeError> {
-        let mut list = super::TopicPartitionList::new();
-        for &(p, next) in commits {
-            list.add_partition_offset(topic, p, super::Offset::Offset(next))?;
+    fn store_offsets(&self, topic: &str, commits: &[CommitPoint]) -> Result<(), ConsumeError> {
+        let list = commit_list(topic, commits.iter())?;
+        Consumer::store_offsets(self, &list)?;
+        if commits.iter().any(|c| c.now) {
+            Consumer::commit(self, &commit_list(topic, commits.iter().filter(|c| c.now))?, super::CommitMode::Async)?;
         }
-        Consumer::store_offsets(self, &list)
+        Ok(())
+    }
+    fn committed_metadata(&self, topic: &str, partitions: &[i32]) -> Result<Vec<(i32, i64, String)>, ConsumeError> {
+        let mut list = super::TopicPartitionList::new();
+        for &p in partitions {
+            list.add_partition(topic, p);
+        }
+        let committed = Consumer::committed_offsets(self, list, COMMITTED_TIMEOUT)?;
+        Ok(committed
+            .elements()
+            .iter()
+            .filter_map(|e| match e.offset() {
+                super::Offset::Offset(next) => Some((e.partition(), next, e.metadata().to_string())),
+                _ => None,
+            })
+            .collect())
     }
     fn fatal_error(&self) -> Option<String> {
         super::fatal_error(self)
@@ -78,6 +94,24 @@ impl PoolConsumer for WorkerConsumer {
         }
         self.unsubscribe();
     }
+}
+
+/// How long the group's committed offsets are waited for at an assignment.
+const COMMITTED_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Commit points as librdkafka takes them, each with its metadata.
+fn commit_list<'a>(
+    topic: &str,
+    commits: impl Iterator<Item = &'a CommitPoint>,
+) -> Result<super::TopicPartitionList, ConsumeError> {
+    let mut list = super::TopicPartitionList::new();
+    for c in commits {
+        list.add_partition_offset(topic, c.partition, super::Offset::Offset(c.next))?;
+        if let (Some(md), Some(mut e)) = (&c.metadata, list.find_partition(topic, c.partition)) {
+            e.set_metadata(md.as_str());
+        }
+    }
+    Ok(list)
 }
 
 /// A pool's consumer group on the broker: each member a librdkafka consumer

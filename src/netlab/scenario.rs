@@ -464,10 +464,10 @@ async fn start(lab: &mut Lab, plan: &Plan) -> Result<Session, LabError> {
     Ok(Session { cfg, producer, feed, reader, fleet, run_log, metrics_port })
 }
 
-/// What a phase saw of its jobs' results.
 /// Every result of each job: (worker, made, read, attempts).
 type Each = HashMap<String, Vec<(String, i64, i64, i32)>>;
 
+/// What a phase saw of its jobs' results.
 #[derive(Default)]
 struct Tally {
     results: HashMap<String, u32>,

@@ -15,7 +15,7 @@
 //! again when its link is back.
 
 use crate::kafka::{ConsumeError, KafkaError, RebalanceEvent, TopicPartition};
-use crate::seams::{Pausable, PoolConsumer, PoolGroup, PoolRecord};
+use crate::seams::{CommitPoint, Pausable, PoolConsumer, PoolGroup, PoolRecord};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, Notify};
@@ -32,8 +32,8 @@ struct GroupState {
     topic: String,
     /// Each partition's records: (payload, epoch ms appended).
     parts: Vec<Vec<(Vec<u8>, i64)>>,
-    /// Each partition's committed offset (the next to read).
-    committed: Vec<i64>,
+    /// Each partition's committed offset (the next to read) and commit metadata.
+    committed: Vec<(i64, String)>,
     members: BTreeMap<u64, Member>,
     next_member: u64,
     /// A misconfigured consumer (tests only): each record's offset is stored as it is
@@ -55,8 +55,8 @@ struct Member {
     /// Owned partitions and their fetch positions.
     owned: BTreeMap<i32, i64>,
     paused: HashSet<i32>,
-    /// Commit points stored and not committed yet.
-    stored: HashMap<i32, i64>,
+    /// Commit points stored and not committed yet, with their metadata.
+    stored: HashMap<i32, (i64, String)>,
     events: mpsc::UnboundedSender<RebalanceEvent>,
     wake: Arc<Notify>,
     /// The partition the next fetch looks at first (round robin).
@@ -68,7 +68,7 @@ impl SimGroup {
         let state = GroupState {
             topic: topic.to_string(),
             parts: vec![Vec::new(); partitions],
-            committed: vec![0; partitions],
+            committed: vec![(0, String::new()); partitions],
             members: BTreeMap::new(),
             next_member: 0,
             store_at_fetch: false,
@@ -166,7 +166,7 @@ impl SimGroup {
     /// Per partition: (records, committed offset).
     pub fn progress(&self) -> Vec<(i64, i64)> {
         let st = self.lock();
-        st.parts.iter().zip(&st.committed).map(|(r, c)| (r.len() as i64, *c)).collect()
+        st.parts.iter().zip(&st.committed).map(|(r, c)| (r.len() as i64, c.0)).collect()
     }
 
     /// Partitions of live members: (partition, the member's tag, records left to fetch).
@@ -189,17 +189,19 @@ impl GroupState {
         }
     }
 
-    /// Commits a live member's stored points (of `only` those partitions, if given).
+    /// Commits a live member's stored points (of `only` those partitions, if given). As
+    /// librdkafka's commit of stored offsets, a partition whose stored offset is not past
+    /// its committed one is left out, its metadata too.
     fn commit_member(&mut self, id: u64, only: Option<&BTreeSet<i32>>) {
         let Some(m) = self.members.get_mut(&id).filter(|m| m.alive && !m.cut) else { return };
-        let points: Vec<(i32, i64)> = m.stored.iter().map(|(p, o)| (*p, *o)).collect();
-        for (p, offset) in points {
+        let points: Vec<i32> = m.stored.keys().copied().collect();
+        for p in points {
             if only.is_some_and(|only| !only.contains(&p)) {
                 continue;
             }
-            m.stored.remove(&p);
-            if m.owned.contains_key(&p) {
-                self.committed[p as usize] = offset;
+            let Some(point) = m.stored.remove(&p) else { continue };
+            if m.owned.contains_key(&p) && point.0 > self.committed[p as usize].0 {
+                self.committed[p as usize] = point;
             }
         }
     }
@@ -229,7 +231,7 @@ impl GroupState {
         }
         for p in 0..self.parts.len() {
             let id = target(p);
-            let committed = self.committed[p];
+            let committed = self.committed[p].0;
             let m = self.members.get_mut(&id).expect("member");
             if m.owned.contains_key(&(p as i32)) {
                 continue;
@@ -254,7 +256,7 @@ impl GroupState {
             let (payload, at) = records[pos as usize].clone();
             m.owned.insert(p, pos + 1);
             if self.store_at_fetch {
-                m.stored.insert(p, pos + 1);
+                m.stored.insert(p, (pos + 1, String::new()));
             }
             m.cursor = (m.cursor + i + 1) % n;
             return Some(PoolRecord { partition: p, offset: pos, payload, submitted: false, timestamp: Some(at) });
@@ -332,13 +334,32 @@ impl PoolConsumer for SimConsumer {
     fn try_recv(&self) -> Option<Result<PoolRecord, ConsumeError>> {
         self.group.lock().fetch(self.id).map(Ok)
     }
-    fn store_offsets(&self, _topic: &str, commits: &[(i32, i64)]) -> Result<(), ConsumeError> {
-        self.with_member(|m| {
-            for &(p, offset) in commits.iter().filter(|(p, _)| m.owned.contains_key(p)) {
-                m.stored.insert(p, offset);
+    fn store_offsets(&self, _topic: &str, commits: &[CommitPoint]) -> Result<(), ConsumeError> {
+        let mut st = self.group.lock();
+        let Some(m) = st.members.get_mut(&self.id) else { return Ok(()) };
+        let mut now = Vec::new();
+        for c in commits.iter().filter(|c| m.owned.contains_key(&c.partition)) {
+            let point = (c.next, c.metadata.clone().unwrap_or_default());
+            if c.now && m.alive && !m.cut {
+                now.push((c.partition, point.clone()));
             }
-        });
+            m.stored.insert(c.partition, point);
+        }
+        // An explicit commit: taken whatever the committed offset is.
+        for (p, point) in now {
+            st.committed[p as usize] = point;
+        }
         Ok(())
+    }
+    fn committed_metadata(&self, _topic: &str, partitions: &[i32]) -> Result<Vec<(i32, i64, String)>, ConsumeError> {
+        let st = self.group.lock();
+        let member = st.members.get(&self.id).filter(|m| m.alive && !m.cut);
+        if member.is_none() {
+            // The real consumer's offset fetch times out (`kafka::seam`).
+            return Err(ConsumeError::OffsetFetch(rdkafka::types::RDKafkaErrorCode::BrokerTransportFailure));
+        }
+        let committed = |&p: &i32| st.committed.get(p as usize).map(|(next, md)| (p, *next, md.clone()));
+        Ok(partitions.iter().filter_map(committed).collect())
     }
     fn fatal_error(&self) -> Option<String> {
         None
@@ -362,6 +383,32 @@ impl PoolConsumer for SimConsumer {
 mod tests {
     use super::*;
 
+    fn point(partition: i32, next: i64, metadata: Option<&str>, now: bool) -> CommitPoint {
+        CommitPoint { partition, next, metadata: metadata.map(str::to_string), now }
+    }
+
+    /// Metadata goes with its offset; the auto-commit leaves a partition whose offset did
+    /// not move (as librdkafka's does), an explicit commit takes it; the next owner reads it.
+    #[tokio::test]
+    async fn commit_metadata_goes_with_moved_offsets_or_an_explicit_commit() {
+        let g = SimGroup::new("t", 1);
+        let (a, _rx) = g.tagged("a").join().unwrap();
+        let meta = |c: &SimConsumer| c.committed_metadata("t", &[0]).unwrap();
+        a.store_offsets("t", &[point(0, 2, Some("fw1@2:3"), false)]).unwrap();
+        g.commit();
+        assert_eq!(meta(&a), vec![(0, 2, "fw1@2:3".to_string())]);
+        a.store_offsets("t", &[point(0, 2, Some("fw1@2:3,1"), false)]).unwrap();
+        g.commit();
+        assert_eq!(meta(&a), vec![(0, 2, "fw1@2:3".to_string())], "the offset did not move");
+        a.store_offsets("t", &[point(0, 2, Some("fw1@2:3,1"), true)]).unwrap();
+        assert_eq!(meta(&a), vec![(0, 2, "fw1@2:3,1".to_string())], "committed at once");
+        a.store_offsets("t", &[point(0, 9, None, false)]).unwrap();
+        g.commit();
+        assert_eq!(meta(&a), vec![(0, 9, String::new())]);
+        g.set_cut("a", true);
+        assert!(a.committed_metadata("t", &[0]).is_err(), "cut off: the fetch fails");
+    }
+
     fn drain(c: &SimConsumer) -> Vec<(i32, i64)> {
         std::iter::from_fn(|| c.try_recv()).map(|r| r.map(|r| (r.partition, r.offset)).unwrap()).collect()
     }
@@ -381,9 +428,9 @@ mod tests {
         assert!(matches!(a_rx.recv().await, Some(RebalanceEvent::Assigned(_))));
         assert!(matches!(b_rx.recv().await, Some(RebalanceEvent::Assigned(_))));
         // a kept partition 0; it commits 2 of its 3 records, stores the third and dies.
-        a.store_offsets("t", &[(0, 2)]).unwrap();
+        a.store_offsets("t", &[point(0, 2, None, false)]).unwrap();
         g.commit();
-        a.store_offsets("t", &[(0, 3)]).unwrap();
+        a.store_offsets("t", &[point(0, 3, None, false)]).unwrap();
         g.kill("a");
         assert_eq!(drain(&a), vec![]);
         g.expire("a");

@@ -1215,13 +1215,32 @@ mod tests {
     /// partition moved, run by the new owner meanwhile, then run again by the old one
     /// (fixed: a job revoked in its checks marks its row before its handler runs);
     /// 232185, a delayed job's uncommitted submitter record, read again, and its relay
-    /// copy both ran (fixed: both mark first).
+    /// copy both ran (fixed: both mark first); 220108, 292636 and 933656634374, a run
+    /// with no mark whose result went out as its store went out of reach, run again by
+    /// its partition's next owner (fixed: `worker::early_commit`).
     /// Fresh seeds run in `fresh_seeds_keep_the_invariants` and in campaigns
     /// (`fairway-sim --hours H`).
     #[test]
     fn seeds_on_the_shipping_route_keep_the_invariants() {
-        let seeds = (0..1_500)
-            .chain([1633, 1667, 3296, 3373, 4411, 6952, 10685, 21668, 79664, 91470, 200060, 206889, 221890, 232185]);
+        let seeds = (0..1_500).chain([
+            1633,
+            1667,
+            3296,
+            3373,
+            4411,
+            6952,
+            10685,
+            21668,
+            79664,
+            91470,
+            200060,
+            206889,
+            221890,
+            232185,
+            220108,
+            292636,
+            933656634374,
+        ]);
         let bad: Vec<FleetReport> = seeds.map(run).filter(|r| !r.violations.is_empty()).collect();
         assert!(bad.is_empty(), "replay with fairway-sim --route --seed S: {bad:#?}");
     }

@@ -28,6 +28,9 @@ pub(crate) struct Terminal {
     /// The run held the job's row (it wrote its running mark): its outcome goes out only
     /// while the row is not another run's ([`taken_elsewhere`]).
     pub fenced: bool,
+    /// A run that holds no claim on the job's row (no running mark, not taken over or
+    /// claimed): its offset may be committed once its result is out (`early_commit`).
+    pub unclaimed: bool,
 }
 
 /// The attempt that decided an outcome: when it started (`None`: it never ran) and what
@@ -39,11 +42,29 @@ pub(crate) struct Ran {
     /// It wrote its own running mark (`exec::mark_running`): its `retrying` state is
     /// written only while the row still shows that mark (`settle::fail`).
     pub marked: bool,
+    /// Its check took the job's row (a take-over, a claim after a hand-off).
+    pub claimed: bool,
+}
+
+impl Ran {
+    /// It ran, holding no claim on the job's row (`Terminal::unclaimed`).
+    fn unclaimed(&self) -> bool {
+        self.started_at.is_some() && !self.marked && !self.claimed
+    }
 }
 
 impl Terminal {
     fn ended(status: JobStatus, error: String) -> Terminal {
-        Terminal { status, output: None, error: Some(error), class: None, started_at: None, usage: None, fenced: false }
+        Terminal {
+            status,
+            output: None,
+            error: Some(error),
+            class: None,
+            started_at: None,
+            usage: None,
+            fenced: false,
+            unclaimed: false,
+        }
     }
 
     /// Succeeded with the handler's output.
@@ -56,6 +77,7 @@ impl Terminal {
             started_at: ran.started_at,
             usage: ran.usage,
             fenced: ran.marked,
+            unclaimed: ran.unclaimed(),
         }
     }
 
@@ -76,7 +98,13 @@ impl Terminal {
 
     /// The same outcome of the attempt `ran`.
     pub fn ran(self, ran: Ran) -> Terminal {
-        Terminal { started_at: ran.started_at, usage: ran.usage, fenced: ran.marked, ..self }
+        Terminal {
+            started_at: ran.started_at,
+            usage: ran.usage,
+            fenced: ran.marked,
+            unclaimed: ran.unclaimed(),
+            ..self
+        }
     }
 }
 
@@ -89,8 +117,8 @@ impl Terminal {
 /// (job id, generation, attempts). Not durable (the offset stays uncommitted, the job is
 /// redelivered and runs again) if either step fails.
 pub(crate) async fn record_terminal(sh: &RouteContext, job: &JobSubmitted, terminal: Terminal) -> Durable {
-    let fenced = terminal.fenced;
-    record_result(sh, job, &result_of(sh, job, terminal), Holds { plain: false, fenced }).await
+    let holds = Holds { plain: false, fenced: terminal.fenced, unclaimed: terminal.unclaimed };
+    record_result(sh, job, &result_of(sh, job, terminal), holds).await
 }
 
 /// Records a success like [`record_terminal`]. `plain`: the job has no `jobs` row holding
@@ -106,7 +134,7 @@ pub(super) async fn record_success(
 ) -> Durable {
     // Fenced only over its own running mark: a run that took the job over or claimed it
     // within its grace finds the row still naming the worker it took over from.
-    let holds = Holds { plain, fenced: ran.marked };
+    let holds = Holds { plain, fenced: ran.marked, unclaimed: plain };
     record_result(sh, job, &result_of(sh, job, Terminal::succeeded(output, ran)), holds).await
 }
 
@@ -117,11 +145,13 @@ struct Holds {
     plain: bool,
     /// The run wrote its running mark: check the row before publishing.
     fenced: bool,
+    /// It ran, holding no claim on the row: see [`state_refused`].
+    unclaimed: bool,
 }
 
 /// A job's result as published (and, through `record_result`, stored).
 fn result_of(sh: &RouteContext, job: &JobSubmitted, terminal: Terminal) -> JobResult {
-    let Terminal { status, output, error, class, started_at, usage, fenced: _ } = terminal;
+    let Terminal { status, output, error, class, started_at, usage, .. } = terminal;
     JobResult {
         job_id: job.job_id.clone(),
         tenant: job.tenant.clone(),
@@ -168,19 +198,19 @@ async fn record_result(sh: &RouteContext, job: &JobSubmitted, result: &JobResult
         .zip(result.cpu_ms)
         .map(|(peak_memory_bytes, cpu_ms)| crate::model::ProcessUsage { peak_memory_bytes, cpu_ms });
     let packed = plain && status == JobStatus::Succeeded && crate::core::finished::pack_bucket(&job.job_id).is_some();
-    // The result is out: from here a failed write means a second run and a duplicate
-    // result, so the write is retried through a store outage (a restart of the database
-    // takes tens of seconds) before giving up; the offset stays uncommitted meanwhile.
-    let written = if packed {
-        retry_through_outage(|| sh.store.put_finished(&u, finished_at)).await
-    } else {
-        // Boxed: the rarer path's future would otherwise sit in every job's future.
-        Box::pin(retry_through_outage(|| sh.store.put_state(&u, finished_at))).await
+    let write = || async {
+        if packed {
+            sh.store.put_finished(&u, finished_at).await
+        } else {
+            // Boxed: the rarer path's future would otherwise sit in every job's future.
+            Box::pin(sh.store.put_state(&u, finished_at)).await
+        }
     };
-    if let Err(e) = written {
-        tracing::error!(job_id = %job.job_id, error = %e, "result published but the outcome could not be recorded; the job will be redelivered and run again");
-        metrics::counter!(m::OUTCOME_WRITE_FAILURES, "pool" => sh.pool.as_str()).increment(1);
-        return Durable::No;
+    if let Err(e) = write().await {
+        // Boxed: the rare path's future would otherwise sit in every job's future.
+        if let Some(durable) = Box::pin(state_refused(sh, job, holds.unclaimed, e, write)).await {
+            return durable;
+        }
     }
     match status {
         JobStatus::Succeeded => sh.metrics.succeeded.increment(1),
@@ -189,6 +219,39 @@ async fn record_result(sh: &RouteContext, job: &JobSubmitted, result: &JobResult
     let e2e = (finished_at - job.submitted_at).max(0) as f64 / 1000.0;
     sh.metrics.end_to_end.record(e2e);
     Durable::Yes
+}
+
+/// A terminal state write the store refused once, its result already out: from here a
+/// failed write means a second run and a duplicate result, so the write is retried through
+/// a store outage (a restart of the database takes tens of seconds) before giving up. A
+/// run that holds no claim on the job's row (`unclaimed`: no running mark, not taken over
+/// or claimed) lets its offset be committed meanwhile (`early_commit`): a rebalance during
+/// the outage must not hand the record to a next owner that would run the job again.
+/// `None`: written after all; else how the outcome ended.
+async fn state_refused<F, Fut>(
+    sh: &RouteContext,
+    job: &JobSubmitted,
+    unclaimed: bool,
+    first: crate::store::StoreError,
+    write: F,
+) -> Option<Durable>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), crate::store::StoreError>>,
+{
+    let early = unclaimed && super::early_commit::tell();
+    tracing::warn!(job_id = %job.job_id, error = %first, offset_committed = early, "result published but its state write was refused; retrying through the outage");
+    let e = match retry_through_outage(write).await {
+        Ok(()) => return None,
+        Err(e) => e,
+    };
+    metrics::counter!(m::OUTCOME_WRITE_FAILURES, "pool" => sh.pool.as_str()).increment(1);
+    if early {
+        tracing::error!(job_id = %job.job_id, error = %e, "result published but its state could not be recorded within the outage retries; its offset is committed, so the job's state stays unrecorded (its result is on the results topic)");
+        return Some(Durable::Yes);
+    }
+    tracing::error!(job_id = %job.job_id, error = %e, "result published but the outcome could not be recorded; the job will be redelivered and run again");
+    Some(Durable::No)
 }
 
 /// Whether this run's outcome must be dropped because the job's row shows it ended or
@@ -610,6 +673,7 @@ mod tests {
             started_at: Some(5),
             usage: used,
             marked: false,
+            claimed: false,
         });
         assert_eq!(
             (t.status, t.class, t.error.as_deref(), t.started_at, t.usage),
@@ -618,7 +682,11 @@ mod tests {
         let t = Terminal::cancelled("stop".into());
         assert_eq!((t.status, t.class, t.started_at), (JobStatus::Cancelled, None, None));
         assert_eq!(Terminal::expired("late".into()).status, JobStatus::Expired);
-        let t = Terminal::succeeded(vec![1], Ran { started_at: Some(7), usage: None, marked: false });
+        let t = Terminal::succeeded(vec![1], Ran { started_at: Some(7), usage: None, marked: false, claimed: false });
+        assert!(t.unclaimed, "a run with no mark nor claim");
+        let claimed = Ran { started_at: Some(7), usage: None, marked: false, claimed: true };
+        assert!(!Terminal::cancelled("stop".into()).ran(claimed).unclaimed);
+        assert!(!Terminal::cancelled("stop".into()).unclaimed, "never ran");
         assert_eq!((t.status, t.output, t.started_at, t.usage), (JobStatus::Succeeded, Some(vec![1]), Some(7), None));
     }
 }

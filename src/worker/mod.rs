@@ -10,6 +10,7 @@ pub mod classifier;
 mod context;
 pub mod dispatch;
 mod durable;
+pub mod early_commit;
 pub mod exec;
 pub mod frontier;
 pub mod liveness;

@@ -6,14 +6,14 @@
 use super::backlog::{BacklogEvent, SpillReq, Spiller};
 use super::dispatch::{Dispatcher, Queued, Ticket};
 use super::durable::{self, Letter, Terminal};
-use super::exec;
 use super::ownership::{self, Ownership};
 use super::route::{Durable, Ended, Origin, Pending, SpillRef};
 use super::Shared;
+use super::{early_commit, exec};
 use crate::core::backlog::TenantBacklog;
 use crate::core::buffer::{Buffer, BufferBounds};
 use crate::core::flow::Gate;
-use crate::core::offsets::PartitionOffsets;
+use crate::core::offsets::{hint_metadata, FinishedHint, PartitionOffsets};
 use crate::core::outcomes::{OutcomeBounds, Outcomes};
 use crate::core::promotion;
 use crate::core::quota::Scope;
@@ -21,9 +21,9 @@ use crate::core::refusals::{Holder, RECYCLING_CAP};
 use crate::core::tenants::TenantSet;
 use crate::kafka::{self, RebalanceEvent};
 use crate::model::{FailureClass, JobSubmitted, Millis};
-use crate::seams::{PoolConsumer, PoolGroup, PoolRecord};
+use crate::seams::{CommitPoint, PoolConsumer, PoolGroup, PoolRecord};
 use crate::{codec, metrics as m};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
@@ -40,6 +40,22 @@ struct Done {
     spill: Option<SpillRef>,
     /// What takes the job in again if its outcome was not durable (`Loop::again_later`).
     again: Option<Again>,
+    /// Its offset (or spilled row) was finished already, by an `Event::Committable`.
+    committed_early: bool,
+}
+
+impl Done {
+    /// The end of a message that held no scheduler slot (delayed, expired in the queue,
+    /// refused), its offset finished only here.
+    fn without_slot(
+        origin: Origin,
+        incarnation: u64,
+        ended: Ended,
+        spill: Option<SpillRef>,
+        again: Option<Again>,
+    ) -> Done {
+        Done { origin, incarnation, had_slot: false, held_bytes: 0, ended, spill, again, committed_early: false }
+    }
 }
 
 /// A job whose outcome was not durable, to take in again on a partition still owned: the
@@ -76,6 +92,14 @@ pub(crate) fn again_after(times: u32) -> Duration {
 /// then done (outcome durable or given up); spills written, rows read back.
 enum Event {
     Freed(Freed),
+    /// A route's result is out and its state write pending: its offset (or spilled row)
+    /// counts as finished now (`early_commit`); its `Done` follows.
+    Committable {
+        partition: i32,
+        offset: i64,
+        incarnation: u64,
+        spill: Option<SpillRef>,
+    },
     Done(Done),
     Backlog(BacklogEvent),
     /// What was held until its job's `execute_at` (`Loop::hold_until_due`) is due.
@@ -118,7 +142,20 @@ struct PartitionState {
     ownership: Ownership,
     /// Jobs (by offset) whose outcome was not durable here, and how often in a row.
     again_times: HashMap<i64, u32>,
+    /// Offsets above the commit point that finished early (`early_commit`: a result out,
+    /// its state write pending; or read so from the commit metadata at the assignment):
+    /// they go with every commit point stored, so the partition's next owner skips them.
+    early: BTreeSet<i64>,
+    /// `early` changed since the last commit point was stored.
+    early_changed: bool,
 }
+
+/// Most bytes of commit metadata a commit point carries (Kafka's default
+/// `offset.metadata.max.bytes` is 4,096); offsets finished early past it are left out and
+/// may run again (a second result, never a loss).
+const MAX_COMMIT_METADATA: usize = 4_000;
+/// Most offsets finished early one partition remembers from its commit metadata.
+const MAX_EARLY: usize = 4_096;
 
 /// Most messages, and their bytes, a partition keeps while its backlog index loads before
 /// it pauses. A partition is not paused the moment it is assigned: librdkafka can lose a
@@ -418,6 +455,7 @@ impl Loop {
                     // commits pass offsets still queued under the old state.
                     self.partition(p);
                 }
+                self.read_early(consumer, &tps.iter().map(|&(_, p)| p).collect::<Vec<_>>());
                 pauses.assigned(consumer, &tps);
                 self.sh.assigned.store(self.parts.len(), std::sync::atomic::Ordering::SeqCst);
                 if let Some(r) = self.sh.probes.worker_readiness() {
@@ -616,10 +654,10 @@ impl Loop {
     }
 
     /// Stores the commit points reached since the last call with the consumer, in one
-    /// call for all partitions (after each batch of events, not per job).
+    /// call for all partitions (after each batch of events, not per job), each with the
+    /// offsets above it that finished early (`early_commit`) as its metadata.
     fn store_offsets<C: PoolConsumer>(&mut self, consumer: &C) {
-        let commits: Vec<(i32, i64)> =
-            self.parts.iter_mut().filter_map(|(&p, st)| st.store_at.take().map(|commit| (p, commit))).collect();
+        let commits: Vec<CommitPoint> = self.parts.iter_mut().filter_map(|(&p, st)| commit_point(p, st)).collect();
         if !commits.is_empty() {
             if let Err(e) = consumer.store_offsets(&self.topic, &commits) {
                 tracing::debug!(error = %e, "store offsets (a partition was likely revoked)");
@@ -692,6 +730,13 @@ impl Loop {
         }
         let st = self.partition(p);
         st.last_seen = st.last_seen.max(origin.offset);
+        if st.early.contains(&origin.offset) {
+            // Its result is out (`early_commit`): the worker that ran it wrote its state late
+            // or not at all; running it again would publish a second result.
+            finished(st, origin.offset);
+            metrics::counter!(m::JOBS_SKIPPED, "pool" => self.pool(), "reason" => "finished_early").increment(1);
+            return;
+        }
         match st.held.as_mut() {
             Some(held) => {
                 st.held_bytes += bytes.len();
@@ -734,15 +779,7 @@ impl Loop {
                     Ended::Skipped.or_lost(durable::delay(&sh.route, job).await)
                 };
                 let again = (!ended.is_durable()).then_some(Again::Message(bytes));
-                let _ = tx.send(Event::Done(Done {
-                    origin,
-                    incarnation,
-                    had_slot: false,
-                    held_bytes: 0,
-                    ended,
-                    spill: None,
-                    again,
-                }));
+                let _ = tx.send(Event::Done(Done::without_slot(origin, incarnation, ended, None, again)));
             });
             return;
         }
@@ -835,15 +872,8 @@ impl Loop {
             let (route, tx) = (self.sh.route.clone(), self.done_tx.clone());
             self.tasks.spawn(async move {
                 let ended = exec::expire_queued(route, p.job.clone(), p.origin.clone()).await;
-                let _ = tx.send(Event::Done(Done {
-                    origin: p.origin,
-                    incarnation: p.incarnation,
-                    had_slot: false,
-                    held_bytes: 0,
-                    ended,
-                    spill: p.spill,
-                    again: (!ended.is_durable()).then_some(Again::Job(p.job)),
-                }));
+                let again = (!ended.is_durable()).then_some(Again::Job(p.job));
+                let _ = tx.send(Event::Done(Done::without_slot(p.origin, p.incarnation, ended, p.spill, again)));
             });
         }
     }
@@ -1001,8 +1031,7 @@ impl Loop {
             let kept = spill.is_none().then(|| bytes.clone());
             let ended = Ended::Skipped.or_lost(reject(&sh, rejection, bytes, &origin).await);
             let again = kept.filter(|_| !ended.is_durable()).map(Again::Message);
-            let _ =
-                tx.send(Event::Done(Done { origin, incarnation, had_slot: false, held_bytes: 0, ended, spill, again }));
+            let _ = tx.send(Event::Done(Done::without_slot(origin, incarnation, ended, spill, again)));
         });
     }
 
@@ -1039,13 +1068,16 @@ impl Loop {
                     let _ = freed.send(Event::Freed(Freed { ticket, ran, flow, held_bytes }));
                 });
                 let waited = exec::Waited { received_at: p.received_at, dispatched_at: ticket_at };
+                let hook = committable_hook(&tx, &p);
                 let route = exec::execute(route, p.job.clone(), p.origin.clone(), &mut slot, waited);
-                let ended = ownership::scope(owner, route).await;
+                let ended = ownership::scope(owner, early_commit::scope(hook.clone(), route)).await;
                 slot.release(false, 0); // skipped: its slot goes back now (before it is done)
                 let held_bytes = payload_bytes + slot.output_bytes();
                 let (origin, incarnation, spill) = (p.origin, p.incarnation, p.spill);
                 let again = (!ended.is_durable()).then_some(Again::Job(p.job));
-                let done = Done { origin, incarnation, had_slot: true, held_bytes, ended, spill, again };
+                let committed_early = hook.told();
+                let done =
+                    Done { origin, incarnation, had_slot: true, held_bytes, ended, spill, again, committed_early };
                 let _ = tx.send(Event::Done(done));
             }));
         }
@@ -1398,9 +1430,42 @@ impl Loop {
                 }
                 return;
             }
+            Event::Committable { partition, offset, incarnation, spill } => {
+                return self.finish_early(partition, offset, incarnation, &spill)
+            }
             Event::Done(done) => done,
         };
         self.on_done(done);
+    }
+
+    /// A job's result is out and its state write pending: its offset counts as finished,
+    /// and, above the commit point, goes with the commit metadata (`early_commit`).
+    fn finish_early(&mut self, partition: i32, offset: i64, incarnation: u64, spill: &Option<SpillRef>) {
+        self.finish(partition, offset, incarnation, spill);
+        let Some(st) = self.parts.get_mut(&partition).filter(|st| st.incarnation == incarnation) else { return };
+        if spill.is_none() && st.offsets.committable().is_some_and(|next| offset > next) {
+            st.early.insert(offset);
+            st.early_changed = true;
+        }
+    }
+
+    /// A job's offset (or, read back from a spill, its row) counts as finished, if its
+    /// partition is still the incarnation that read it.
+    fn finish(&mut self, partition: i32, offset: i64, incarnation: u64, spill: &Option<SpillRef>) {
+        let Some(st) = self.parts.get_mut(&partition).filter(|st| st.incarnation == incarnation) else {
+            return; // finished after its partition moved away: the new owner decides.
+        };
+        if !st.again_times.is_empty() {
+            st.again_times.remove(&offset);
+        }
+        if let Some(SpillRef { tenant, bucket }) = spill {
+            // Its offset was committed when it spilled; its bucket tracks its end.
+            if let Some(b) = st.backlogs.get_mut(tenant) {
+                b.job_done(*bucket, true);
+            }
+            return;
+        }
+        finished(st, offset);
     }
 
     /// A job's route ended. A durable end lets its offset (or its spilled row) count as
@@ -1450,20 +1515,44 @@ impl Loop {
             }
             return;
         }
-        let Some(st) = self.parts.get_mut(&done.origin.partition).filter(|_| owned) else {
-            return; // finished after its partition moved away: the new owner decides.
-        };
-        if !st.again_times.is_empty() {
-            st.again_times.remove(&done.origin.offset);
+        if !done.committed_early {
+            self.finish(done.origin.partition, done.origin.offset, done.incarnation, &done.spill);
         }
-        if let Some(SpillRef { tenant, bucket }) = &done.spill {
-            // Its offset was committed when it spilled; its bucket tracks its end.
-            if let Some(b) = st.backlogs.get_mut(tenant) {
-                b.job_done(*bucket, true);
+    }
+
+    /// Reads the offsets finished early above the commit points of partitions just
+    /// assigned, from their commit metadata (`early_commit`): those jobs' results are out,
+    /// and they are skipped when read. A hint written for another commit point than the
+    /// one committed (an older commit's) is not used. Without it (the fetch failed), such a
+    /// job runs again: a second result, never a loss.
+    fn read_early<C: PoolConsumer>(&mut self, consumer: &C, partitions: &[i32]) {
+        let committed = match consumer.committed_metadata(&self.topic, partitions) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(pool = self.pool(), error = %e, "cannot read the committed offsets' metadata of the partitions assigned; jobs whose results went out just before they moved may run again");
+                return;
             }
-            return;
+        };
+        let pool = self.pool();
+        for (p, next, metadata) in committed.into_iter().filter(|(_, _, md)| !md.is_empty()) {
+            let hint = match FinishedHint::parse(&metadata) {
+                Ok(hint) if hint.base == next => hint,
+                Ok(_) => continue,
+                Err(e) => {
+                    tracing::warn!(pool, partition = p, error = %e, "commit metadata not used");
+                    continue;
+                }
+            };
+            if let Some(st) = self.parts.get_mut(&p) {
+                st.early.extend(hint.offsets().filter(|&o| o > next).take(MAX_EARLY));
+                tracing::info!(
+                    pool,
+                    partition = p,
+                    finished_early = st.early.len(),
+                    "offsets finished early by the partition's last owner are skipped"
+                );
+            }
         }
-        finished(st, done.origin.offset);
     }
 
     /// Holds a job whose outcome was not durable for `after`, then takes it in again
@@ -1603,18 +1692,27 @@ fn limited_tenants(set: &TenantSet) -> Vec<String> {
 fn new_partition(next_incarnation: &mut u64, spiller: &Spiller, p: i32) -> PartitionState {
     *next_incarnation += 1;
     spiller.load(*next_incarnation, p);
-    PartitionState {
-        incarnation: *next_incarnation,
-        offsets: PartitionOffsets::default(),
-        backlogs: HashMap::new(),
-        held: Some(Vec::new()),
-        held_bytes: 0,
-        last_seen: -1,
-        spilling: 0,
-        spill_paused_since: None,
-        store_at: None,
-        ownership: Ownership::new(),
-        again_times: HashMap::new(),
+    PartitionState::new(*next_incarnation)
+}
+
+impl PartitionState {
+    /// A partition just assigned, its messages held until its backlog index loads.
+    fn new(incarnation: u64) -> PartitionState {
+        PartitionState {
+            incarnation,
+            offsets: PartitionOffsets::default(),
+            backlogs: HashMap::new(),
+            held: Some(Vec::new()),
+            held_bytes: 0,
+            last_seen: -1,
+            spilling: 0,
+            spill_paused_since: None,
+            store_at: None,
+            ownership: Ownership::new(),
+            again_times: HashMap::new(),
+            early: BTreeSet::new(),
+            early_changed: false,
+        }
     }
 }
 
@@ -1633,6 +1731,33 @@ fn new_partition(next_incarnation: &mut u64, spiller: &Spiller, p: i32) -> Parti
 const OUTCOMES_IN_FLIGHT: OutcomeBounds = OutcomeBounds { count: 16_384, bytes: 128 << 20 };
 
 /// An offset's job is done (or durably spilled): store the commit point it allows.
+/// The commit point of a partition to store, if it moved or its offsets finished early
+/// changed: committed at once when only they changed (the auto-commit would skip it).
+fn commit_point(partition: i32, st: &mut PartitionState) -> Option<CommitPoint> {
+    let moved = st.store_at.take();
+    if moved.is_none() && !st.early_changed {
+        return None;
+    }
+    let next = moved.or_else(|| st.offsets.committable())?;
+    if !st.early.is_empty() {
+        st.early = st.early.split_off(&next);
+    }
+    let metadata = (!st.early.is_empty()).then(|| hint_metadata(next, st.early.iter().copied(), MAX_COMMIT_METADATA));
+    let now = std::mem::take(&mut st.early_changed) && moved.is_none();
+    Some(CommitPoint { partition, next, metadata, now })
+}
+
+/// The hook through which a job's route tells the loop its offset may be committed before
+/// the route ends (`early_commit`): it sends `Event::Committable`.
+fn committable_hook(tx: &mpsc::UnboundedSender<Event>, p: &Pending) -> Arc<early_commit::Hook> {
+    let (tx, partition, offset, incarnation) = (tx.clone(), p.origin.partition, p.origin.offset, p.incarnation);
+    let spill = p.spill.clone();
+    early_commit::Hook::new(move || {
+        let spill = spill.clone();
+        let _ = tx.send(Event::Committable { partition, offset, incarnation, spill });
+    })
+}
+
 fn finished(st: &mut PartitionState, offset: i64) {
     if let Some(commit) = st.offsets.finished(offset) {
         st.store_at = Some(commit);
@@ -1740,6 +1865,31 @@ async fn reject(sh: &Shared, rejection: Rejection, raw: Vec<u8>, origin: &Origin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Offsets finished early go with the commit point as its metadata, committed at once
+    /// when the offset did not move, and are dropped once the commit point passes them.
+    #[test]
+    fn offsets_finished_early_ride_with_the_commit_point_until_it_passes_them() {
+        let mut st = PartitionState::new(1);
+        for o in 10..15 {
+            st.offsets.started(o).unwrap();
+        }
+        assert_eq!(commit_point(0, &mut st), None, "nothing moved");
+        finished(&mut st, 12);
+        st.early.insert(12);
+        st.early_changed = true;
+        let point = commit_point(0, &mut st);
+        assert_eq!(point, Some(CommitPoint { partition: 0, next: 10, metadata: Some("fw1@10:2".into()), now: true }));
+        assert_eq!(commit_point(0, &mut st), None, "stored once");
+        finished(&mut st, 10);
+        let point = commit_point(0, &mut st);
+        let carried = Some(CommitPoint { partition: 0, next: 11, metadata: Some("fw1@11:1".into()), now: false });
+        assert_eq!(point, carried, "the auto-commit takes a moved offset with its metadata");
+        finished(&mut st, 11);
+        let point = commit_point(0, &mut st);
+        assert_eq!(point, Some(CommitPoint { partition: 0, next: 13, metadata: None, now: false }));
+        assert!(st.early.is_empty(), "passed");
+    }
 
     #[test]
     fn a_job_whose_outcome_stays_refused_is_taken_in_again_ever_less_often() {

@@ -16,7 +16,7 @@ use crate::store::{RunMark, StateUpdate};
 /// finished) is handed off; otherwise its verdict feeds the breaker and poison detector
 /// and it ends succeeded, cancelled, retried or dead-lettered.
 pub(super) async fn settle(sh: &RouteContext, job: &JobSubmitted, origin: &Origin, run: &Run) -> Ended {
-    let Run { started_at, timeout, result, live, running_written, superseded, unmarked, .. } = run;
+    let Run { started_at, timeout, result, live, running_written, row_claimed, superseded, unmarked } = run;
     let started_at = *started_at;
     // Its running mark found the job finished elsewhere: whatever it returned, that
     // copy's outcome stands (this one's would be a second result).
@@ -48,7 +48,7 @@ pub(super) async fn settle(sh: &RouteContext, job: &JobSubmitted, origin: &Origi
             Some(Ok(Err(e))) => Some(e.message.clone()),
             _ => None,
         };
-        let ran = Ran { started_at: Some(started_at), usage: live.usage(), marked };
+        let ran = Ran { started_at: Some(started_at), usage: live.usage(), marked, claimed: *row_claimed };
         return Ended::Ran
             .or_lost(Box::pin(dead_letter_stuck(sh, job, origin, reason.to_string(), last_error, ran)).await);
     }
@@ -71,7 +71,7 @@ pub(super) async fn settle(sh: &RouteContext, job: &JobSubmitted, origin: &Origi
         sh.record_outcome(&job.job_type, &job.tenant, failure, ended_at);
         sh.record_run(&job.job_type, &job.tenant, run_ms as crate::model::Millis, ended_at);
     }
-    let ran = Ran { started_at: Some(started_at), usage: live.usage(), marked };
+    let ran = Ran { started_at: Some(started_at), usage: live.usage(), marked, claimed: *row_claimed };
     // Only success runs inline; the rarer endings are boxed, so their futures do not sit
     // in every job's future.
     let durable = match result {

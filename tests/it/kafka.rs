@@ -351,3 +351,53 @@ async fn a_held_retry_is_relayed_after_its_partition_was_revoked_and_given_back(
     assert_eq!(seen.len(), 1, "the held job was never relayed after its partition came back");
     assert!(fairway::now_ms() >= due);
 }
+
+/// Commit metadata through the pool consumer's seam, as `worker::early_commit` uses it on
+/// the real broker: an explicit commit of an offset that did not move, with new metadata;
+/// a moved offset stored with its metadata and committed as the member leaves; and the
+/// partition's next member reading both back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn commit_metadata_reaches_the_partitions_next_owner() {
+    use fairway::model::Pool;
+    use fairway::seams::{CommitPoint, PoolConsumer, PoolGroup};
+    let mut cfg = common::config("");
+    cfg.kafka.partitions = 1;
+    common::init(&cfg).await;
+    let topic = cfg.pool_topic(Pool::Short);
+    let group = fairway::kafka::seam::KafkaPoolGroup {
+        cfg: std::sync::Arc::new(cfg.clone()),
+        group: format!("{}metadata", cfg.kafka.group_prefix),
+        topic: topic.clone(),
+        pool: "short",
+    };
+    let producer = fairway::kafka::producer(&cfg).unwrap();
+    for i in 0..5 {
+        fairway::kafka::send(&producer, &topic, "k", format!("r{i}").as_bytes()).await.unwrap();
+    }
+    let (first, _events) = group.join().unwrap();
+    let mut read = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while read < 5 && tokio::time::Instant::now() < deadline {
+        if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(200), PoolConsumer::recv(&first)).await {
+            read += 1;
+        }
+    }
+    assert_eq!(read, 5, "the group never formed or the records did not arrive within 60 s");
+    let point = |next, metadata: &str, now| CommitPoint { partition: 0, next, metadata: Some(metadata.into()), now };
+    let committed = |c: &fairway::kafka::WorkerConsumer| PoolConsumer::committed_metadata(c, &topic, &[0]).unwrap();
+    // Nothing committed yet, then the offset 1 with offset 3 finished above it.
+    PoolConsumer::store_offsets(&first, &topic, &[point(1, "fw1@1:2", false)]).unwrap();
+    PoolConsumer::store_offsets(&first, &topic, &[point(1, "fw1@1:2", true)]).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while committed(&first) != [(0, 1, "fw1@1:2".to_string())] && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(committed(&first), [(0, 1, "fw1@1:2".to_string())], "the explicit commit with metadata");
+    // The offset moves to 2; 3 still finished above it. Stored only: committed as it leaves.
+    PoolConsumer::store_offsets(&first, &topic, &[point(2, "fw1@2:1", false)]).unwrap();
+    PoolConsumer::leave(&first);
+    drop(first);
+    let (next, _events) = group.join().unwrap();
+    assert_eq!(committed(&next), [(0, 2, "fw1@2:1".to_string())], "the stored offset's metadata went with it");
+    PoolConsumer::leave(&next);
+}
