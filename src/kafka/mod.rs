@@ -657,6 +657,12 @@ pub type TopicPartition = (String, i32);
 /// An error of librdkafka's consumer (a record, a pause, a commit point).
 pub type ConsumeError = rdkafka::error::KafkaError;
 
+/// The error librdkafka gives an offset fetch the broker did not answer (for the simulated
+/// consumer group, whose member is cut off).
+pub fn offset_fetch_unanswered() -> ConsumeError {
+    ConsumeError::OffsetFetch(rdkafka::types::RDKafkaErrorCode::BrokerTransportFailure)
+}
+
 /// The partitions a group consumer holds paused, kept in step with librdkafka.
 ///
 /// librdkafka keeps an application pause on the partition itself, across rebalances: a

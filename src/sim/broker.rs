@@ -356,7 +356,7 @@ impl PoolConsumer for SimConsumer {
         let member = st.members.get(&self.id).filter(|m| m.alive && !m.cut);
         if member.is_none() {
             // The real consumer's offset fetch times out (`kafka::seam`).
-            return Err(ConsumeError::OffsetFetch(rdkafka::types::RDKafkaErrorCode::BrokerTransportFailure));
+            return Err(crate::kafka::offset_fetch_unanswered());
         }
         let committed = |&p: &i32| st.committed.get(p as usize).map(|(next, md)| (p, *next, md.clone()));
         Ok(partitions.iter().filter_map(committed).collect())
