@@ -240,7 +240,8 @@ where
     Fut: std::future::Future<Output = Result<(), crate::store::StoreError>>,
 {
     let early = unclaimed && super::early_commit::tell();
-    tracing::warn!(job_id = %job.job_id, error = %first, offset_committed = early, "result published but its state write was refused; retrying through the outage");
+    // Debug, not warn: an outage refuses every job's write at once; the give-up is an error.
+    tracing::debug!(job_id = %job.job_id, error = %first, offset_committed = early, "result published but its state write was refused; retrying through the outage");
     let e = match retry_through_outage(write).await {
         Ok(()) => return None,
         Err(e) => e,
