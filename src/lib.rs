@@ -32,6 +32,7 @@
 //! | `worker::relay` | the retry relay (retry topics back to their pool) and the promoter (jobs parked for later) |
 //! | `worker::liveness` | heartbeats, cancellation, and the reaper of jobs whose worker died |
 //! | `worker::ownership` | whether this worker still owns the partition a job came from: a lost partition's jobs start nothing and publish nothing more here |
+//! | `worker::early_commit` | a result out whose state write the store refused: its offset committed at once, offsets above the commit point in the commit's metadata for the partition's next owner |
 //! | `worker::usage`, `worker::quota` | the fleet usage exchange and the fleet-wide limits and counts exchange |
 //! | `worker::classifier` | the pool classifier's leader |
 //! | `worker::schedules` | recurring schedules fired by the promoter's lease holder |
