@@ -10,6 +10,9 @@
 //! - `held`: what the held-work rules cost per tick at 10,000 tenants: the scheduler's
 //!   tenants held at their own limits, a worker's held marks, the leader's limit alerts
 //!   and alert evaluator, and the quarantined (tenant, job type) pairs.
+//! - `early_commit`: what every job's route pays for `worker::early_commit` (its hook,
+//!   made as the pool loop makes it, and the task-local scope around the route), beside the
+//!   same route future polled bare.
 //!
 //! `cargo bench --bench cores` (add `-- --quick` for a short run, or a filter such as
 //! `-- scheduler`).
@@ -20,6 +23,7 @@ use fairway::core::offsets::PartitionOffsets;
 use fairway::core::retry::{self, AttemptState, RetryBudget, RetryBudgetConfig, RetryPolicy};
 use fairway::core::scheduler::{DispatchId, RateLimit, Scheduler, SchedulerConfig, TenantPolicy, Tier};
 use fairway::model::{FailureClass, JobSubmitted, Pool, Priority};
+use fairway::worker::early_commit;
 use std::collections::VecDeque;
 
 /// Epoch ms of the benchmarks' simulated clock.
@@ -371,5 +375,27 @@ fn held_bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, scheduler, offsets, codec_bench, retry_bench, lanes_bench, held_bench);
+/// The per-job price of `worker::early_commit`: a hook holding a sender and the job's place
+/// (as `pool::committable_hook` makes it), the route polled inside its scope, and the
+/// `told` read after it; beside the bare route (a ready future) polled alone.
+fn early_commit_bench(c: &mut Criterion) {
+    use futures::FutureExt;
+    let mut g = c.benchmark_group("early_commit");
+    g.throughput(Throughput::Elements(1));
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel::<(i32, i64, u64)>();
+    g.bench_function("bare_route", |b| b.iter(|| async { black_box(1u8) }.now_or_never()));
+    g.bench_function("hook_and_scope_per_job", |b| {
+        b.iter(|| {
+            let (tx, (partition, offset, incarnation)) = (tx.clone(), black_box((3, 1_234_i64, 7_u64)));
+            let hook = early_commit::Hook::new(move || {
+                let _ = tx.send((partition, offset, incarnation));
+            });
+            let ended = early_commit::scope(hook.clone(), async { black_box(1u8) }).now_or_never();
+            (ended, hook.told())
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, scheduler, offsets, codec_bench, retry_bench, lanes_bench, held_bench, early_commit_bench);
 criterion_main!(benches);

@@ -924,8 +924,14 @@ impl Config {
     pub fn dependencies_of(&self, job_type: &str) -> &[String] {
         self.job_types.get(job_type).map_or(&[][..], |jt| jt.dependencies.as_slice())
     }
+    /// A pool's job topic (named on every submission: joined, not formatted).
     pub fn pool_topic(&self, pool: Pool) -> String {
-        self.topic(&format!("jobs.{pool}"))
+        let (prefix, name) = (self.kafka.topic_prefix.as_str(), pool.as_str());
+        let mut topic = String::with_capacity(prefix.len() + "jobs.".len() + name.len());
+        topic.push_str(prefix);
+        topic.push_str("jobs.");
+        topic.push_str(name);
+        topic
     }
     pub fn retry_topic(&self, class: crate::model::FailureClass) -> String {
         self.topic(&format!("retry.{class}"))

@@ -22,6 +22,7 @@
 
 pub mod breaker;
 
+use crate::core::FastMap;
 use crate::model::Millis;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -273,7 +274,7 @@ const SWEEP_MS: Millis = 1_000;
 /// One tenant's end-user windows.
 #[derive(Debug, Default)]
 struct UserWindows {
-    windows: HashMap<String, SlidingWindow>,
+    windows: FastMap<String, SlidingWindow>,
     swept_at: Option<Millis>,
 }
 
@@ -300,8 +301,8 @@ impl UserWindows {
 /// (tenant, end user), at most [`MAX_USER_WINDOWS`] per tenant.
 #[derive(Debug, Default)]
 pub struct RateLimiters {
-    tenants: HashMap<String, TokenBucket>,
-    users: HashMap<String, UserWindows>,
+    tenants: FastMap<String, TokenBucket>,
+    users: FastMap<String, UserWindows>,
 }
 
 fn worse(a: Option<Refusal>, b: Refusal) -> Option<Refusal> {

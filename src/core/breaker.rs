@@ -24,6 +24,7 @@
 
 use crate::core::retry::DurationMs;
 use crate::core::window::{Counts, RollingWindow};
+use crate::core::FastMap;
 use crate::model::{FailureClass, Millis};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -226,7 +227,7 @@ impl Breaker {
 #[derive(Debug, Clone, Default)]
 pub struct FailingTenants {
     /// Per job type: its window (ms) and each tenant's latest failure.
-    by_type: HashMap<String, (i64, HashMap<String, Millis>)>,
+    by_type: FastMap<String, (i64, FastMap<String, Millis>)>,
 }
 
 impl FailingTenants {
@@ -270,12 +271,12 @@ impl FailingTenants {
 #[derive(Debug, Clone, Default)]
 pub struct Breakers {
     config: BreakerConfig,
-    by_type: HashMap<String, Breaker>,
+    by_type: FastMap<String, Breaker>,
 }
 
 impl Breakers {
     pub fn new(config: BreakerConfig) -> Self {
-        Breakers { config, by_type: HashMap::new() }
+        Breakers { config, by_type: FastMap::default() }
     }
 
     /// Use `breaker` (e.g. with its own settings) for `job_type`.
@@ -380,9 +381,9 @@ pub struct ScopedBreakers {
     types: Breakers,
     configs: HashMap<String, BreakerConfig>,
     default: BreakerConfig,
-    tenants: HashMap<(String, String), Breaker>,
+    tenants: FastMap<(String, String), Breaker>,
     failing: FailingTenants,
-    openers: HashMap<String, Openers>,
+    openers: FastMap<String, Openers>,
     min_tenants: usize,
 }
 

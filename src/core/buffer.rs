@@ -7,7 +7,7 @@
 //!
 //! Pure: the worker reports jobs as they enter and leave memory, and asks.
 
-use std::collections::HashMap;
+use crate::core::FastMap;
 
 /// The bounds of one worker pool's buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,7 +29,7 @@ pub struct BufferBounds {
 /// Jobs and bytes in memory, per tenant and in total.
 #[derive(Debug, Clone, Default)]
 pub struct Buffer {
-    per_tenant: HashMap<String, Held>,
+    per_tenant: FastMap<String, Held>,
     total: Held,
 }
 

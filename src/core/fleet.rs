@@ -16,6 +16,7 @@
 //! snapshots (`SchedulerStats` as JSON) to `worker_stats`; [`aggregate`] merges the
 //! live ones into per-(pool, tenant) figures for the whole fleet.
 
+use crate::core::FastMap;
 use crate::model::Millis;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -340,7 +341,7 @@ pub fn split_joined(key: &str) -> Option<(&str, &str)> {
 pub struct OwnCells<C> {
     bucket_ms: i64,
     /// bucket -> key -> (cell, written).
-    buckets: BTreeMap<Millis, HashMap<String, (C, bool)>>,
+    buckets: BTreeMap<Millis, FastMap<String, (C, bool)>>,
     /// Where [`OwnCells::update_joined`] joins a key (reused: no allocation per update).
     scratch: String,
 }

@@ -20,7 +20,7 @@
 //! could not learn the count and lets the client hash the key still keeps an ordering
 //! key's jobs together.
 
-use std::collections::HashMap;
+use crate::core::FastMap;
 
 use crate::model::Millis;
 
@@ -112,8 +112,8 @@ pub struct LaneMeter {
     max_tracked: usize,
     /// Start of the current window (ms, a multiple of 1,000).
     window: Millis,
-    current: HashMap<String, u64>,
-    previous: HashMap<String, u64>,
+    current: FastMap<String, u64>,
+    previous: FastMap<String, u64>,
     /// Submissions not counted because the window was full.
     pub untracked: u64,
 }
@@ -126,8 +126,8 @@ impl LaneMeter {
             per_lane: per_lane.max(1),
             max_tracked,
             window: 0,
-            current: HashMap::new(),
-            previous: HashMap::new(),
+            current: FastMap::default(),
+            previous: FastMap::default(),
             untracked: 0,
         }
     }

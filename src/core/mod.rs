@@ -39,6 +39,11 @@
 //! | `bounds` | what a time a caller gives may be (1970 to 9999), checked arithmetic on it, and how many days a period may span |
 //! | `invalid` | a setting a rule refuses: its field and the fix (what every settings `validate` returns) |
 
+/// A map a job passes through on the hot path (keyed by tenant, job type, partition):
+/// hashed with foldhash, seeded per map, not std's SipHash (several lookups per job; a
+/// per-map seed still keeps keys a tenant chooses from colliding by design).
+pub type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
 pub mod admission;
 pub mod alerts;
 pub mod api_limits;

@@ -30,6 +30,7 @@
 
 use crate::core::retry::DurationMs;
 use crate::core::window::{Counts, RollingWindow};
+use crate::core::FastMap;
 use crate::model::{FailureClass, Millis};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -203,7 +204,7 @@ impl PoisonDetector {
 #[derive(Debug, Clone, Default)]
 pub struct PoisonDetectors {
     config: PoisonConfig,
-    by_type: HashMap<String, PoisonDetector>,
+    by_type: FastMap<String, PoisonDetector>,
     /// When [`PoisonDetectors::sweep_due`] last swept.
     swept_at: Millis,
     /// Where [`PoisonDetectors::record_tenant_outcome`] writes its key (reused: no
@@ -222,7 +223,7 @@ pub const MAX_TENANT_DETECTORS: usize = 10_000;
 
 impl PoisonDetectors {
     pub fn new(config: PoisonConfig) -> Self {
-        PoisonDetectors { config, by_type: HashMap::new(), swept_at: 0, scratch: String::new() }
+        PoisonDetectors { config, by_type: FastMap::default(), swept_at: 0, scratch: String::new() }
     }
 
     /// See [`PoisonDetector::record`].

@@ -35,9 +35,9 @@
 //! like `"500ms"`, `"5s"`, `"5m"`, `"1h"`.
 
 use crate::core::fleet_counts::FleetBudget;
+use crate::core::FastMap;
 use crate::model::{FailureClass, JobSubmitted, Millis};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -897,14 +897,14 @@ impl Decayed {
 #[derive(Debug, Clone, Default)]
 pub struct RetryBudget {
     config: RetryBudgetConfig,
-    tenants: HashMap<String, Decayed>,
+    tenants: FastMap<String, Decayed>,
     /// Fleet-wide: the other workers' counts and this worker's allotments.
     fleet: Option<FleetBudget>,
 }
 
 impl RetryBudget {
     pub fn new(config: RetryBudgetConfig) -> Self {
-        RetryBudget { config, tenants: HashMap::new(), fleet: None }
+        RetryBudget { config, tenants: FastMap::default(), fleet: None }
     }
 
     /// Judge on the counts of every worker of the pool (exchanged through

@@ -235,6 +235,7 @@ mod tests;
 pub use config::{RateLimit, SchedulerConfig, SchedulerError, TenantPolicy, Tier, TierWeights};
 pub use stats::{Backlog, PoolStats, SchedulerStats, TenantStats, WaitReason};
 
+use crate::core::FastMap;
 use crate::model::{Millis, Pool, Priority};
 /// The GCRA limiter, shared with the flow keys' gate (`core::flow`).
 pub(crate) use clock::{Limiter, PassedClock};
@@ -433,7 +434,7 @@ struct Tenant<J> {
     /// This tenant's own cost estimates per job type (EWMA), for at most
     /// `TENANT_ESTIMATES` types: the same job type can cost very different amounts for
     /// different tenants.
-    own_est: HashMap<u32, f64>,
+    own_est: FastMap<u32, f64>,
 }
 
 /// Job types per tenant with their own cost estimate; further types use the type's.
@@ -536,7 +537,7 @@ impl Slab {
 /// Cost estimates per job type: EWMA of measured run times.
 #[derive(Debug, Default)]
 struct JobTypes {
-    index: HashMap<Arc<str>, u32>,
+    index: FastMap<Arc<str>, u32>,
     est: Vec<Option<f64>>,
     max: usize,
 }
@@ -576,10 +577,10 @@ pub struct Scheduler<J> {
     started: bool,
     now: Millis,
     tenants: Vec<Tenant<J>>,
-    index: HashMap<Arc<str>, u32>,
+    index: FastMap<Arc<str>, u32>,
     /// Policies set with `set_tenant` that differ from the unconfigured one: they outlive
     /// the eviction of the tenant's state (bounded by the registry, not by traffic).
-    policies: HashMap<Arc<str>, TenantPolicy>,
+    policies: FastMap<Arc<str>, TenantPolicy>,
     /// The next `evict_idle` sweep is not before this.
     next_sweep: Millis,
     evicted: u64,
@@ -637,8 +638,8 @@ impl<J> Scheduler<J> {
             started: false,
             now: 0,
             tenants: Vec::new(),
-            index: HashMap::new(),
-            policies: HashMap::new(),
+            index: FastMap::default(),
+            policies: FastMap::default(),
             next_sweep: Millis::MIN,
             evicted: 0,
             job_types: JobTypes { max: cfg.max_job_types, ..Default::default() },
@@ -1368,7 +1369,7 @@ impl<J> Scheduler<J> {
             fleet_at: self.now,
             dispatched: 0,
             last_active: self.now,
-            own_est: HashMap::new(),
+            own_est: FastMap::default(),
         });
         self.index.insert(name, t);
         self.apply(t, default);

@@ -106,7 +106,22 @@ pub fn new_traceparent(trace_id: u128, parent_id: u64) -> String {
     // Zero ids are invalid: map them to one (a 2^-64 chance, kept deterministic).
     let trace_id = if trace_id == 0 { 1 } else { trace_id };
     let parent_id = if parent_id == 0 { 1 } else { parent_id };
-    format!("00-{trace_id:032x}-{parent_id:016x}-01")
+    let mut value = String::with_capacity(55);
+    value.push_str("00-");
+    push_hex(&mut value, trace_id, 32);
+    value.push('-');
+    push_hex(&mut value, u128::from(parent_id), 16);
+    value.push_str("-01");
+    value
+}
+
+/// The low `digits` hex digits of `v`, lowercase and zero-padded (a traceparent is made
+/// for every job submitted without one: no formatting machinery per job).
+fn push_hex(out: &mut String, v: u128, digits: u32) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for i in (0..digits).rev() {
+        out.push(char::from(HEX[((v >> (i * 4)) & 0xf) as usize]));
+    }
 }
 
 #[cfg(test)]
@@ -157,6 +172,11 @@ mod tests {
         #[test]
         fn new_traces_are_valid(trace in any::<u128>(), parent in any::<u64>()) {
             prop_assert_eq!(check_traceparent(&new_traceparent(trace, parent)), Ok(()));
+        }
+
+        #[test]
+        fn new_traces_carry_their_ids_in_hex(trace in 1..=u128::MAX, parent in 1..=u64::MAX) {
+            prop_assert_eq!(new_traceparent(trace, parent), format!("00-{trace:032x}-{parent:016x}-01"));
         }
     }
 }

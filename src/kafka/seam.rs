@@ -68,7 +68,7 @@ impl PoolConsumer for WorkerConsumer {
         for &p in partitions {
             list.add_partition(topic, p);
         }
-        let committed = Consumer::committed_offsets(self, list, COMMITTED_TIMEOUT)?;
+        let committed = off_the_runtime(|| Consumer::committed_offsets(self, list, COMMITTED_TIMEOUT))?;
         Ok(committed
             .elements()
             .iter()
@@ -98,6 +98,17 @@ impl PoolConsumer for WorkerConsumer {
 
 /// How long the group's committed offsets are waited for at an assignment.
 const COMMITTED_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Runs a blocking librdkafka call (up to its timeout) from async code without holding a
+/// runtime worker: on a multi-thread runtime the worker's other tasks (job routes,
+/// heartbeats) move to another thread meanwhile; elsewhere (a current-thread runtime, no
+/// runtime) it runs in place.
+fn off_the_runtime<T>(call: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(call),
+        _ => call(),
+    }
+}
 
 /// Commit points as librdkafka takes them, each with its metadata.
 fn commit_list<'a>(

@@ -19,6 +19,7 @@ use crate::core::promotion;
 use crate::core::quota::Scope;
 use crate::core::refusals::{Holder, RECYCLING_CAP};
 use crate::core::tenants::TenantSet;
+use crate::core::FastMap;
 use crate::kafka::{self, RebalanceEvent};
 use crate::model::{FailureClass, JobSubmitted, Millis};
 use crate::seams::{CommitPoint, PoolConsumer, PoolGroup, PoolRecord};
@@ -123,7 +124,7 @@ struct PartitionState {
     incarnation: u64,
     offsets: PartitionOffsets,
     /// Spilled backlogs of the tenants on this partition (`core::backlog`).
-    backlogs: HashMap<String, TenantBacklog>,
+    backlogs: FastMap<String, TenantBacklog>,
     /// While the partition's backlog index loads, its messages wait here, so no tenant's
     /// new job overtakes its spilled ones; the partition pauses only once they fill
     /// [`HELD_MAX`] or [`HELD_MAX_BYTES`] ([`PartitionState::held_full`]).
@@ -141,7 +142,7 @@ struct PartitionState {
     /// This assignment of the partition: ended when it is lost (`worker::ownership`).
     ownership: Ownership,
     /// Jobs (by offset) whose outcome was not durable here, and how often in a row.
-    again_times: HashMap<i64, u32>,
+    again_times: FastMap<i64, u32>,
     /// Offsets above the commit point that finished early (`early_commit`: a result out,
     /// its state write pending; or read so from the commit metadata at the assignment):
     /// they go with every commit point stored, so the partition's next owner skips them.
@@ -212,7 +213,7 @@ struct Loop {
     dispatcher: Box<dyn Dispatcher<Pending>>,
     /// Jobs the dispatcher refused (tenant over its hard limit); their partitions pause.
     overflow: VecDeque<Queued<Pending>>,
-    parts: HashMap<i32, PartitionState>,
+    parts: FastMap<i32, PartitionState>,
     next_incarnation: u64,
     tasks: JoinSet<()>,
     done_tx: mpsc::UnboundedSender<Event>,
@@ -308,7 +309,7 @@ pub async fn run_in<G: PoolGroup>(
         topic: topic.clone(),
         dispatcher,
         overflow: VecDeque::new(),
-        parts: HashMap::new(),
+        parts: FastMap::default(),
         next_incarnation: 0,
         tasks: JoinSet::new(),
         done_tx,
@@ -1701,7 +1702,7 @@ impl PartitionState {
         PartitionState {
             incarnation,
             offsets: PartitionOffsets::default(),
-            backlogs: HashMap::new(),
+            backlogs: FastMap::default(),
             held: Some(Vec::new()),
             held_bytes: 0,
             last_seen: -1,
@@ -1709,7 +1710,7 @@ impl PartitionState {
             spill_paused_since: None,
             store_at: None,
             ownership: Ownership::new(),
-            again_times: HashMap::new(),
+            again_times: FastMap::default(),
             early: BTreeSet::new(),
             early_changed: false,
         }
