@@ -59,6 +59,12 @@ const MAX_BATCH_BYTES: usize = 120 * 1024;
 /// timestamp, TTL, cell headers; ~50 bytes), with a margin. Without it, batches of many
 /// small packs passed 128 KiB and every one drew a warning from the database.
 const PACK_ROW_BYTES: usize = 64;
+/// Most pack buckets (partitions) in one batch: a batch's packs are of the buckets its
+/// records' submission times fall in, so a gather drained from a backlog submitted over
+/// minutes spans hundreds of them. ScyllaDB has no warning for that; Cassandra warns per
+/// batch past `unlogged_batch_across_partitions_warn_threshold` (10 by default; 128 as
+/// `scripts/services` runs it, docs/local-services.md).
+const MAX_BATCH_PARTITIONS: usize = 100;
 /// Rows per page when a pack bucket is read.
 const PACK_PAGE: i32 = 256;
 
@@ -417,18 +423,24 @@ async fn pack_loop(
 /// A pack: (bucket, body, indexes of the records it holds).
 type Pack = (i64, Vec<u8>, Vec<usize>);
 
-/// Packs split into batches of at most `MAX_BATCH_BYTES` of bodies and row overheads (a
-/// pack larger than that is a batch of its own); never an empty batch.
+/// Packs (in bucket order, as `core::finished::packs` gives them) split into batches of
+/// at most `MAX_BATCH_BYTES` of bodies and row overheads (a pack larger than that is a
+/// batch of its own) and at most `MAX_BATCH_PARTITIONS` buckets; never an empty batch.
 fn batches_of(packs: Vec<Pack>) -> Vec<Vec<Pack>> {
     let mut batches: Vec<Vec<Pack>> = Vec::new();
-    let mut bytes = 0;
+    let (mut bytes, mut buckets) = (0, 0);
     for pack in packs {
         let len = pack.1.len().saturating_add(PACK_ROW_BYTES);
+        let same_bucket = batches.last().and_then(|b| b.last()).is_some_and(|last| last.0 == pack.0);
+        let fits = bytes + len <= MAX_BATCH_BYTES && (same_bucket || buckets < MAX_BATCH_PARTITIONS);
         match batches.last_mut() {
-            Some(batch) if bytes + len <= MAX_BATCH_BYTES => batch.push(pack),
+            Some(batch) if fits => {
+                batch.push(pack);
+                buckets += usize::from(!same_bucket);
+            }
             _ => {
-                bytes = 0;
                 batches.push(vec![pack]);
+                (bytes, buckets) = (0, 1);
             }
         }
         bytes += len;
@@ -494,6 +506,18 @@ mod tests {
         assert!(batches.iter().all(|b| counted(b) <= MAX_BATCH_BYTES), "rows counted with their overhead");
         assert_eq!(batches.iter().map(Vec::len).sum::<usize>(), 5_000, "every pack in a batch");
         assert_eq!(batches[0].len(), MAX_BATCH_BYTES / (400 + PACK_ROW_BYTES), "full batches, not smaller");
+    }
+
+    #[test]
+    fn a_batch_spans_at_most_its_partition_bound_and_keeps_a_buckets_packs_together() {
+        // 250 buckets of 3 small packs each: bytes alone would fit them in 4 batches.
+        let packs: Vec<Pack> = (0..250).flat_map(|b| (0..3).map(move |_| (b, vec![0; 100], vec![]))).collect();
+        let batches = batches_of(packs);
+        let buckets = |b: &Vec<Pack>| b.iter().map(|p| p.0).collect::<std::collections::BTreeSet<_>>().len();
+        assert_eq!(batches.iter().map(buckets).collect::<Vec<_>>(), vec![100, 100, 50]);
+        assert_eq!(batches.iter().map(Vec::len).collect::<Vec<_>>(), vec![300, 300, 150], "no bucket split");
+        let one_bucket: Vec<Pack> = (0..500).map(|_| (7, vec![0; 100], vec![])).collect();
+        assert_eq!(batches_of(one_bucket).len(), 1, "one partition: the byte bound alone");
     }
 
     /// Sends `n` numbers, `every` apart, starting now.
