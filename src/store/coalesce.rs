@@ -510,7 +510,7 @@ mod tests {
 
     #[test]
     fn a_batch_spans_at_most_its_partition_bound_and_keeps_a_buckets_packs_together() {
-        // 250 buckets of 3 small packs each: bytes alone would fit them in 4 batches.
+        // 250 buckets of 3 small packs each: bytes alone would fit them in 2 batches.
         let packs: Vec<Pack> = (0..250).flat_map(|b| (0..3).map(move |_| (b, vec![0; 100], vec![]))).collect();
         let batches = batches_of(packs);
         let buckets = |b: &Vec<Pack>| b.iter().map(|p| p.0).collect::<std::collections::BTreeSet<_>>().len();

@@ -20,7 +20,7 @@ use tokio::sync::watch;
 
 /// Live handles of running jobs by job id (a fast hasher: one insert and one removal
 /// per job, keys are job ids).
-pub type RunningMap = HashMap<String, Arc<JobLive>, foldhash::fast::RandomState>;
+pub type RunningMap = crate::core::FastMap<String, Arc<JobLive>>;
 
 /// What a job's route needs: its configuration and identity, the edges it reaches (the
 /// store, the broker), the handlers, the running jobs' live handles, and the pure cores

@@ -13,7 +13,6 @@ use crate::model::JobSubmitted;
 use crate::observe::telemetry;
 use crate::seams::Clock;
 use crate::{codec, metrics as m};
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -72,7 +71,7 @@ impl Drop for SlotRelease {
 /// seed (`foldhash`), not SipHash: every job enters and leaves this map, and with at most
 /// a pool's slots of entries even chosen colliding job ids cost their tenant little.
 #[derive(Default)]
-pub struct InFlight(std::sync::Mutex<HashMap<CopyKey, Route, foldhash::fast::RandomState>>);
+pub struct InFlight(std::sync::Mutex<crate::core::FastMap<CopyKey, Route>>);
 
 /// Which copies of a job are one: same job, generation and attempt.
 type CopyKey = (String, i64, i32);
