@@ -75,8 +75,9 @@ fn tuned(cfg: &Config, tuning: &[(&str, &str)]) -> ClientConfig {
     c
 }
 
-/// TLS without a CA given: librdkafka's OpenSSL is built from source and knows no system
-/// CA store, so have it probe the usual bundle paths (/etc/ssl/certs/...) instead.
+/// TLS without a CA given: an OpenSSL looks for CAs only where it was built to look (a
+/// distribution's own build finds its store, another build may find none), so have
+/// librdkafka probe the usual bundle paths (/etc/ssl/certs/...) instead.
 fn needs_ca_probe(p: &crate::config::KafkaProperties) -> bool {
     let tls = p.get("security.protocol").is_some_and(|v| v.to_ascii_uppercase().ends_with("SSL"));
     tls && ["ssl.ca.location", "ssl.ca.pem", "ssl.ca.certificate.stores"].iter().all(|k| p.get(k).is_none())

@@ -1,4 +1,4 @@
-//! TLS to the CQL nodes (OpenSSL, the same vendored build librdkafka uses). The driver
+//! TLS to the CQL nodes (the system's OpenSSL, which librdkafka uses too). The driver
 //! checks each node's certificate against the node's IP address; `verify_hostname =
 //! false` keeps the chain check and accepts a certificate for another name.
 
