@@ -37,14 +37,17 @@ async fn pool_records(
     timeout: Duration,
     done: impl FnMut(&[JobSubmitted]) -> bool,
 ) -> HashMap<String, usize> {
-    let recs = common::read_until(
-        cfg,
-        &cfg.pool_topic(Pool::Short),
-        timeout,
-        |b, _, _| fairway::codec::decode_job(b).ok().filter(|j| j.attempt == 0 && j.crash_count == 0),
-        done,
-    )
-    .await;
+    let recs = common::read_until(cfg, &cfg.pool_topic(Pool::Short), timeout, |b, _, _| first_attempt(b), done).await;
+    count_by_id(recs)
+}
+
+/// A pool record's job, if it is a first attempt (not a retry, not a crash's copy).
+fn first_attempt(b: &[u8]) -> Option<JobSubmitted> {
+    fairway::codec::decode_job(b).ok().filter(|j| j.attempt == 0 && j.crash_count == 0)
+}
+
+/// How many records each job id has.
+fn count_by_id(recs: Vec<JobSubmitted>) -> HashMap<String, usize> {
     let mut out = HashMap::new();
     for r in recs {
         *out.entry(r.job_id).or_insert(0) += 1;
@@ -75,7 +78,7 @@ async fn pool_records_to_end(cfg: &Config) -> HashMap<String, usize> {
         Duration::from_secs(90),
         |b, partition, offset| {
             next.borrow_mut().insert(partition, offset + 1);
-            fairway::codec::decode_job(b).ok().filter(|j| j.attempt == 0 && j.crash_count == 0)
+            first_attempt(b)
         },
         |_| ends.iter().all(|(p, end)| next.borrow().get(p).is_some_and(|n| n >= end)),
     )
@@ -86,11 +89,7 @@ async fn pool_records_to_end(cfg: &Config) -> HashMap<String, usize> {
         short.is_empty(),
         "the pool topic read to its end within 90 s; partitions (id, end) short of it: {short:?}"
     );
-    let mut out = HashMap::new();
-    for r in recs {
-        *out.entry(r.job_id).or_insert(0) += 1;
-    }
-    out
+    count_by_id(recs)
 }
 
 /// The pid in the holder of the deployment's promoter lease (worker ids are host-pid-rand).
