@@ -6,7 +6,8 @@
 //!
 //! The CQL-restart variant stops and starts a Cassandra of its own (on free ports,
 //! through `scripts/services` with a private services directory), so tests running
-//! beside it keep the shared one.
+//! beside it keep the shared one; so does its variant with a rolling restart of the
+//! workers during the outage.
 
 mod common;
 
@@ -174,35 +175,60 @@ impl Drop for Private {
     }
 }
 
+/// 2 workers × 8 slots, 600 jobs of 400 ms (long enough that a CQL restart half way meets
+/// many of them before they run), the restart half way.
+const CQL_RESTART: &[&str] = &[
+    "--workers",
+    "2",
+    "--jobs",
+    "600",
+    "--job-ms",
+    "400",
+    "--kills",
+    "0",
+    "--slots",
+    "8",
+    "--session-timeout",
+    "6s",
+    "--cql-restart",
+];
+
 /// A store outage is no crash: jobs that find the database unreachable before they run
 /// are held back and go on when it is back (before, each was failed as a worker crash and
 /// the third dead-lettered it as poison: some jobs ended failed).
 #[test]
 fn a_cql_restart_mid_run_loses_nothing() {
     let cql = Private::start("cassandra");
-    // Jobs long enough that the restart (half way) meets many of them before they run.
-    let args = [
-        "--workers",
-        "2",
-        "--jobs",
-        "600",
-        "--job-ms",
-        "400",
-        "--kills",
-        "0",
-        "--slots",
-        "8",
-        "--session-timeout",
-        "6s",
-        "--settle",
-        "3s",
-        "--cql-restart",
-        "--timeout",
-        "150s",
-    ];
+    let mut args = CQL_RESTART.to_vec();
+    args.extend(["--settle", "3s", "--timeout", "150s"]);
     let r = bench_faults(&args, &cql.env, Duration::from_secs(240));
     assert!(r["cql_restart_s"].is_number(), "the CQL database restarted: {r}");
     assert_no_loss(&r, 600);
+}
+
+/// A rolling restart of both workers while the CQL database is down (stopped half way,
+/// started again at once): the old workers leave with results out whose terminal states
+/// the store refused, their replacements cannot start until it is back, and the first one
+/// up takes their partitions and leads the reaper. Nothing is lost and no job gets a
+/// second result: the runs' heartbeats were lost to the outage, not to a death, so no
+/// worker judges them lapsed before it has reached the store for a whole lapse
+/// (`worker::liveness::may_judge_lapses`), by which time the old workers have written
+/// the states. Before, the first replacement up re-dispatched them as crashes at once
+/// (3 second results in 600 jobs).
+#[test]
+fn a_rollout_during_a_cql_outage_loses_nothing_and_ends_each_job_once() {
+    let cql = Private::start("cassandra");
+    let mut args = CQL_RESTART.to_vec();
+    args.extend(["--settle", "5s", "--rollout", "--rollout-in-outage", "--timeout", "180s"]);
+    let r = bench_faults(&args, &cql.env, Duration::from_secs(300));
+    assert!(r["cql_restart_s"].is_number(), "the CQL database restarted: {r}");
+    assert!(r["rollout"]["rollout_s"].is_number(), "the rollout ran to its end: {r}");
+    assert_eq!(r["lost"], 0, "lost jobs: {r}");
+    assert_eq!(r["statuses"]["succeeded"], 600, "every job succeeded: {r}");
+    assert_eq!(r["poison_dead_lettered"], true, "the poison job is in the DLQ: {r}");
+    assert_eq!(r["malformed_dead_lettered"], true, "the malformed message is in the DLQ: {r}");
+    // No kill: a second result would be a job run again after its result was out.
+    assert_eq!(r["duplicate_results"], 0, "no job ends twice without a crash: {r}");
 }
 
 /// The broker stops mid-run, stays down 20 s and starts again (its data kept on disk):

@@ -56,6 +56,10 @@ pub struct FaultsArgs {
     /// worker follows once the old one exited, whoever owns what.
     #[arg(long)]
     pub rollout: bool,
+    /// With `--rollout` and `--cql-restart`: the rollout starts once the CQL database is
+    /// down (not at 30 %), so the workers leave and join the group during the outage.
+    #[arg(long, requires_all = ["rollout", "cql_restart"])]
+    pub rollout_in_outage: bool,
     /// The workers' `kafka.group_protocol`: classic or consumer (KIP-848).
     #[arg(long, value_enum, default_value_t = Protocol::Classic)]
     pub group_protocol: Protocol,
@@ -411,6 +415,8 @@ async fn run_faults(
 ) -> anyhow::Result<Faults> {
     let mut faults = Faults::default();
     let mut cql: Option<tokio::task::JoinHandle<anyhow::Result<f64>>> = None;
+    // Set by the CQL restart once the database is down (`--rollout-in-outage`).
+    let cql_down = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut broker: Option<tokio::task::JoinHandle<anyhow::Result<f64>>> = None;
     let deadline = t0 + a.timeout;
     let mut settle_until: Option<Instant> = None;
@@ -419,7 +425,12 @@ async fn run_faults(
     while Instant::now() < settle_until.unwrap_or(deadline) {
         drain(feed, sent, tally, Duration::from_millis(200)).await;
         let done = tally.results.len();
-        if a.rollout && rollout.is_none() && done >= a.jobs * 3 / 10 {
+        let rollout_due = if a.rollout_in_outage {
+            cql_down.load(std::sync::atomic::Ordering::SeqCst)
+        } else {
+            done >= a.jobs * 3 / 10
+        };
+        if a.rollout && rollout.is_none() && rollout_due {
             eprintln!("faults: rolling restart of {} workers at {done}/{} done", a.workers, a.jobs);
             rollout = Some(Rollout { started: now_ms(), next: 0, stopping: None });
         }
@@ -436,7 +447,7 @@ async fn run_faults(
         }
         if a.cql_restart && cql.is_none() && done >= a.jobs / 2 {
             eprintln!("faults: restarting the CQL database at {done}/{} done", a.jobs);
-            cql = Some(tokio::spawn(restart_cql(a.services.clone())));
+            cql = Some(tokio::spawn(restart_cql(a.services.clone(), cql_down.clone())));
         }
         if let (Some(cmd), None) = (&a.broker_restart_cmd, &broker) {
             if done >= a.jobs * 3 / 5 {
@@ -604,11 +615,15 @@ async fn drain(feed: &mut ResultFeed, sent: &Sent, tally: &mut Tally, wait: Dura
 }
 
 /// `services down cassandra` then `services up cassandra` (each bounded: the script's own
-/// health wait is 90 s); returns the seconds it took. A failed step's error carries the
-/// last lines the script printed (why it failed, the database's log tail).
-async fn restart_cql(script: PathBuf) -> anyhow::Result<f64> {
+/// health wait is 90 s), setting `down` between them; returns the seconds it took. A
+/// failed step's error carries the last lines the script printed (why it failed, the
+/// database's log tail).
+async fn restart_cql(script: PathBuf, down: Arc<std::sync::atomic::AtomicBool>) -> anyhow::Result<f64> {
     let t0 = Instant::now();
     for step in ["down", "up"] {
+        if step == "up" {
+            down.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
         let mut cmd = tokio::process::Command::new(&script);
         cmd.args([step, "cassandra"])
             .env("FAIRWAY_SERVICES_TIMEOUT", "90")
@@ -708,7 +723,7 @@ fn report(
         "config": {
             "workers": a.workers, "jobs": a.jobs, "job_ms": a.job_ms, "kills": a.kills,
             "cql_restart": a.cql_restart, "slots": a.slots, "partitions": a.partitions,
-            "rollout": a.rollout, "group_protocol": a.group_protocol.as_str(), "assignor": a.assignor.as_str(),
+            "rollout": a.rollout, "rollout_in_outage": a.rollout_in_outage, "group_protocol": a.group_protocol.as_str(), "assignor": a.assignor.as_str(),
             "session_timeout_ms": a.session_timeout.as_millis() as u64,
         },
         "duration_s": round2(duration.as_secs_f64()),

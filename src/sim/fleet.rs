@@ -484,6 +484,7 @@ impl Fleet {
         };
         registry.insert(JOB_TYPE, Arc::new(runner));
         let (cfg, pool) = (self.cfg.clone(), Pool::Short);
+        let started_at = clock.now_ms();
         let route = Arc::new(RouteContext {
             results_topic: cfg.results_topic(),
             metrics: crate::metrics::PoolMetrics::new(pool.as_str()),
@@ -504,6 +505,7 @@ impl Fleet {
             recycling: Mutex::new(crate::core::recycling::Recycling::new(cfg.pool(pool).recycling)),
             dependencies: Default::default(),
             store_refused_at: Default::default(),
+            started_at,
             worker_id: worker_id.clone(),
             cfg: cfg.clone(),
         });

@@ -292,8 +292,11 @@ async fn wait_for_live_worker(
             Err(Check::Done(durable)) => return Step::Done(durable),
             Err(Check::Run { .. }) => unreachable!("through_outage holds a job back, never runs it"),
         };
-    let fresh =
-        super::liveness::run_alive(hb.and_then(|h| h.at), row.updated_at, now, super::liveness::lapse(interval));
+    let lapse = super::liveness::lapse(interval);
+    // A lapse this worker cannot judge yet (it started, or the store refused it, within a
+    // lapse: the run's heartbeats may have been lost to the same outage) counts as fresh.
+    let fresh = super::liveness::run_alive(hb.and_then(|h| h.at), row.updated_at, now, lapse)
+        || !super::liveness::may_judge_lapses(sh.store_steady_since(), now, lapse);
     // A row running on this very worker, seen by a copy that does not follow a route in
     // flight here (`exec::InFlight`: a copy of a job whose route is still in flight here
     // never gets this far): that route ended without a durable outcome (or a previous

@@ -66,6 +66,9 @@ pub struct RouteContext {
     /// When the store last refused a call of this pool's routes or heartbeats (epoch ms,
     /// 0: never): a lapse seen soon after may be the outage's, not a death.
     pub store_refused_at: std::sync::atomic::AtomicI64,
+    /// When this route context was made (epoch ms, on its clock): a worker that just
+    /// started cannot tell whether a store outage just ended (`store_steady_since`).
+    pub started_at: Millis,
 }
 
 /// Everything a pool's loops share: the route's context and the loops' own state.
@@ -167,6 +170,13 @@ impl RouteContext {
     /// The store refused a call at `now`.
     pub fn store_refused(&self, now: Millis) {
         self.store_refused_at.fetch_max(now, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Since when this worker has reached the store without a refusal (epoch ms): its
+    /// start or the last refusal. A lapse judged sooner than one lapse after it may be a
+    /// store outage's, whose live runs could not heartbeat (`liveness::may_judge_lapses`).
+    pub fn store_steady_since(&self) -> Millis {
+        self.started_at.max(self.store_refused_at.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// Whether the store refused a call within `window` ms before `now`.

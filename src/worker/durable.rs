@@ -239,10 +239,11 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<(), crate::store::StoreError>>,
 {
+    sh.store_refused(sh.clock.now_ms());
     let early = unclaimed && super::early_commit::tell();
     // Debug, not warn: an outage refuses every job's write at once; the give-up is an error.
     tracing::debug!(job_id = %job.job_id, error = %first, offset_committed = early, "result published but its state write was refused; retrying through the outage");
-    let e = match retry_through_outage(write).await {
+    let e = match retry_through_outage(sh, write).await {
         Ok(()) => return None,
         Err(e) => e,
     };
@@ -298,7 +299,7 @@ enum Fence {
 /// simulator's seed 590: a run published during its worker's cut from the store, its
 /// state write could not follow, and the take-over after the lapse ran the job again).
 async fn fenced_off(sh: &RouteContext, job: &JobSubmitted) -> Fence {
-    match retry_through_outage(|| sh.store.job(&job.job_id)).await {
+    match retry_through_outage(sh, || sh.store.job(&job.job_id)).await {
         Ok(Some(row)) => taken_elsewhere(&row, &sh.worker_id, job.generation),
         Ok(None) => Fence::Mine,
         Err(e) => {
@@ -549,8 +550,9 @@ fn encoded(bytes: Result<Vec<u8>, codec::CodecError>, job_id: &str, what: &str) 
 /// commits.
 pub(crate) const OUTAGE_RETRY: Duration = Duration::from_secs(180);
 
-/// Retries an I/O operation with backoff (capped at 5 s) for up to `OUTAGE_RETRY`.
-async fn retry_through_outage<T, E: std::fmt::Display, F, Fut>(mut f: F) -> Result<T, E>
+/// Retries a store call with backoff (capped at 5 s) for up to `OUTAGE_RETRY`; each
+/// refusal is noted (`RouteContext::store_refused`: no lapse is judged soon after).
+async fn retry_through_outage<T, E: std::fmt::Display, F, Fut>(sh: &RouteContext, mut f: F) -> Result<T, E>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, E>>,
@@ -558,7 +560,11 @@ where
     let give_up = tokio::time::Instant::now() + OUTAGE_RETRY;
     let mut delay = Duration::from_millis(100);
     loop {
-        match f().await {
+        let r = f().await;
+        if r.is_err() {
+            sh.store_refused(sh.clock.now_ms());
+        }
+        match r {
             Ok(v) => return Ok(v),
             Err(e) if tokio::time::Instant::now() + delay < give_up => {
                 tracing::debug!(error = %e, "store write failed, retrying through the outage");

@@ -156,6 +156,7 @@ impl Worker {
                 recycling: Mutex::new(crate::core::recycling::Recycling::new(cfg.pool(pool).recycling)),
                 dependencies: holds.clone(),
                 store_refused_at: Default::default(),
+                started_at: crate::now_ms(),
             });
             let sh = Arc::new(Shared {
                 route,

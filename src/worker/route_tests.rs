@@ -111,6 +111,7 @@ impl Fixture {
             recycling: Mutex::new(crate::core::recycling::Recycling::new(cfg.pool(pool).recycling)),
             dependencies: Default::default(),
             store_refused_at: Default::default(),
+            started_at: 0,
             cfg,
         })
     }
