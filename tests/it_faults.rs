@@ -213,8 +213,8 @@ fn a_cql_restart_mid_run_loses_nothing() {
 /// second result: the runs' heartbeats were lost to the outage, not to a death, so no
 /// worker judges them lapsed before it has reached the store for a whole lapse
 /// (`worker::liveness::may_judge_lapses`), by which time the old workers have written
-/// the states. Before, the first replacement up re-dispatched them as crashes at once
-/// (3 second results in 600 jobs).
+/// the states. Before, the first replacement up re-dispatched them as crashes at once,
+/// and those whose results were out ended twice.
 #[test]
 fn a_rollout_during_a_cql_outage_loses_nothing_and_ends_each_job_once() {
     let cql = Private::start("cassandra");

@@ -152,14 +152,15 @@ fn reap_after(sh: &Shared, pool: Pool) -> Duration {
     hb.max(sh.route.cfg.kafka.session_timeout * 2)
 }
 
-/// Whether the reaper may judge heartbeats lapsed at `now` (epoch ms): only once it has
-/// reached the store without a refusal for `limit` since `steady_since` (its start, or the
-/// last refusal it or this worker's routes saw). In a store outage heartbeats are lost like
-/// every other write, so right after one every run's heartbeat looks lapsed, while the
-/// workers that ran them may be alive and still retrying their terminal states (results
-/// already out: `durable::OUTAGE_RETRY`). Judged at once, their jobs ran a second time
-/// with a second result (`it_faults`, a rollout during a CQL restart); after `limit` of
-/// steady access, a live worker has written its heartbeats and states again.
+/// Whether a worker may judge heartbeats lapsed at `now` (epoch ms): only once it has
+/// reached the store without a refusal for `limit` since `steady_since` (its start or its
+/// last refusal: `RouteContext::store_steady_since`). In a store outage heartbeats are
+/// lost like every other write, so right after one every run's heartbeat looks lapsed,
+/// while the workers that ran them may be alive and still retrying their terminal states
+/// (results already out: `durable::OUTAGE_RETRY`). Judged at once, their jobs ran a
+/// second time with a second result (`it_faults`, a rollout during a CQL restart); after
+/// `limit` of steady access, a live worker has written its heartbeats and states again.
+/// Used by the pre-run take-over (`check`) and the reaper.
 pub fn may_judge_lapses(steady_since: i64, now: i64, limit: Duration) -> bool {
     let limit = i64::try_from(limit.as_millis()).unwrap_or(i64::MAX);
     now.saturating_sub(steady_since) >= limit
@@ -172,8 +173,6 @@ pub async fn reaper_loop(
 ) {
     const LEASE_SECS: i32 = 15;
     let mut tick = tokio::time::interval(Duration::from_secs(5));
-    // Since when this reaper has reached the store without a refusal (see `may_judge_lapses`).
-    let mut refused_at = now_ms();
     loop {
         tokio::select! {
             _ = shutdown.changed() => return,
@@ -183,15 +182,13 @@ pub async fn reaper_loop(
             Ok(true) => {}
             Ok(false) => continue,
             Err(e) => {
-                refused_at = now_ms();
+                sh.route.store_refused(now_ms());
                 tracing::debug!(error = %e, "reaper lease");
                 continue;
             }
         }
-        let steady_since = refused_at.max(sh.route.store_refused_at.load(std::sync::atomic::Ordering::Relaxed));
         for pool in Pool::ALL {
-            if let Err(e) = reap_pool(&sh, &store, &producer, pool, steady_since).await {
-                refused_at = now_ms();
+            if let Err(e) = reap_pool(&sh, &store, &producer, pool).await {
                 tracing::warn!(pool = pool.as_str(), error = %e, "reaper pass failed");
             }
         }
@@ -203,14 +200,17 @@ async fn reap_pool(
     store: &crate::store::Store,
     producer: &kafka::Producer,
     pool: Pool,
-    steady_since: i64,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let now = now_ms();
-    if !may_judge_lapses(steady_since, now, reap_after(sh, pool)) {
-        tracing::debug!(pool = pool.as_str(), "reaper waits: the store refused a call within the lapse");
+    let after = reap_after(sh, pool);
+    if !may_judge_lapses(sh.route.store_steady_since(), now, after) {
+        tracing::debug!(
+            pool = pool.as_str(),
+            "reaper waits: it started, or the store refused a call, within the lapse"
+        );
         return Ok(());
     }
-    let limit = reap_after(sh, pool).as_millis() as i64;
+    let limit = i64::try_from(after.as_millis()).unwrap_or(i64::MAX);
     for (job_id, worker, started_at, blob) in store.running_jobs(pool.as_str()).await? {
         if now - started_at < limit {
             continue;
@@ -263,10 +263,10 @@ mod tests {
     use super::*;
     use crate::handlers::JobLive;
 
-    /// The reaper judges nothing until it has reached the store for a whole lapse since its
-    /// start or the last refusal, and then does.
+    /// No lapse is judged until the worker has reached the store for a whole lapse since its
+    /// start or the last refusal, and then it is.
     #[test]
-    fn the_reaper_judges_lapses_only_after_a_whole_lapse_of_steady_store_access() {
+    fn lapses_are_judged_only_after_a_whole_lapse_of_steady_store_access() {
         let limit = Duration::from_secs(20);
         assert!(!may_judge_lapses(1_000, 1_000, limit), "at the refusal itself");
         assert!(!may_judge_lapses(1_000, 20_999, limit), "1 ms short of the lapse");
