@@ -290,7 +290,16 @@ pub struct ScyllaConfig {
     /// Replicas per datacenter for `fairway init`'s keyspace: non-empty selects
     /// NetworkTopologyStrategy (`{ dc1 = 3, dc2 = 3 }`) instead of SimpleStrategy.
     pub datacenters: BTreeMap<String, i32>,
+    /// How long `fairway worker` and `fairway serve` wait at their start for a database
+    /// that does not answer (down, restarting, not yet started) before they exit; they
+    /// log each try and are not ready meanwhile (`store::reach`). A wrong setting
+    /// (credentials, TLS, keyspace) fails at once. 0 = do not wait; at most a day.
+    #[serde(with = "humantime_serde_compat")]
+    pub connect_wait: Duration,
 }
+
+/// The longest `scylla.connect_wait` accepted.
+pub const MAX_CONNECT_WAIT: Duration = Duration::from_secs(86_400);
 
 impl Default for ScyllaConfig {
     fn default() -> Self {
@@ -303,6 +312,7 @@ impl Default for ScyllaConfig {
             password: None,
             tls: None,
             datacenters: BTreeMap::new(),
+            connect_wait: Duration::from_secs(180),
         }
     }
 }
@@ -805,6 +815,9 @@ impl Config {
                     "needs a datacenter name and at least 1 replica",
                 ));
             }
+        }
+        if self.scylla.connect_wait > MAX_CONNECT_WAIT {
+            return Err(invalid("scylla.connect_wait", "is longer than a day; use at most \"24h\" (0s: do not wait)"));
         }
         if self.scylla.contact_points.is_empty() {
             return Err(invalid("scylla.contact_points", "is empty; list at least one host:port"));

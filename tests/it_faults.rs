@@ -208,8 +208,8 @@ fn a_cql_restart_mid_run_loses_nothing() {
 
 /// A rolling restart of both workers while the CQL database is down (stopped half way,
 /// started again at once): the old workers leave with results out whose terminal states
-/// the store refused, their replacements cannot start until it is back, and the first one
-/// up takes their partitions and leads the reaper. Nothing is lost and no job gets a
+/// the store refused, their replacements wait for it at their start (`store::reach`: none
+/// exits), and the first one up takes their partitions and leads the reaper. Nothing is lost and no job gets a
 /// second result: the runs' heartbeats were lost to the outage, not to a death, so no
 /// worker judges them lapsed before it has reached the store for a whole lapse
 /// (`worker::liveness::may_judge_lapses`), by which time the old workers have written
@@ -229,6 +229,7 @@ fn a_rollout_during_a_cql_outage_loses_nothing_and_ends_each_job_once() {
     assert_eq!(r["malformed_dead_lettered"], true, "the malformed message is in the DLQ: {r}");
     // No kill: a second result would be a job run again after its result was out.
     assert_eq!(r["duplicate_results"], 0, "no job ends twice without a crash: {r}");
+    assert_eq!(r["unexpected_worker_exits"], 0, "replacements wait for the database, none exits: {r}");
 }
 
 /// The broker stops mid-run, stays down 20 s and starts again (its data kept on disk):

@@ -174,7 +174,8 @@ impl ApiState {
     /// rates, breakers following the workers' outcomes, `[api.limits]`); limits follow
     /// registry changes.
     pub async fn connect(cfg: Arc<Config>, metrics: Option<PrometheusHandle>) -> Result<Self, SubmitError> {
-        let store = Store::open(&cfg).await?;
+        let store =
+            crate::store::open_waiting(&cfg, cfg.scylla.connect_wait, |w| tracing::warn!("{}", w.describe())).await?;
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let live = crate::ops::tenants::LiveTenants::start(cfg.clone(), &store, stopped.clone()).await?;
         let submitter = Submitter::new(cfg.clone(), Some(store.clone()))?.with_tenants(live.clone());

@@ -10,6 +10,7 @@
 //! namespace, the veth pairs) is removed when it is dropped, on every exit path.
 
 mod forward;
+pub use forward::Forwarder;
 pub mod runs;
 pub mod scenario;
 

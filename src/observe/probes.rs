@@ -81,6 +81,8 @@ pub struct WorkerReadiness {
     /// Per served pool: has its consumer received its first assignment?
     assigned: Mutex<BTreeMap<Pool, bool>>,
     store_up: AtomicBool,
+    /// While the start waits for an unreachable database: its last try (`store::reach`).
+    store_waiting: Mutex<Option<String>>,
     draining: AtomicBool,
 }
 
@@ -89,6 +91,7 @@ impl WorkerReadiness {
         WorkerReadiness {
             assigned: Mutex::new(pools.iter().map(|p| (*p, false)).collect()),
             store_up: AtomicBool::new(false),
+            store_waiting: Mutex::new(None),
             draining: AtomicBool::new(false),
         }
     }
@@ -103,6 +106,11 @@ impl WorkerReadiness {
         self.store_up.store(up, Ordering::SeqCst);
     }
 
+    /// The start waits for the database: why, for `/readyz` until the session is up.
+    pub fn set_store_waiting(&self, why: String) {
+        *self.store_waiting.lock().expect("readiness lock") = Some(why);
+    }
+
     /// The worker drains (SIGTERM): not ready any more, for good.
     pub fn draining(&self) {
         self.draining.store(true, Ordering::SeqCst);
@@ -115,7 +123,10 @@ impl WorkerReadiness {
             why.push("draining (SIGTERM received)".to_string());
         }
         if !self.store_up.load(Ordering::SeqCst) {
-            why.push("store session not up".to_string());
+            why.push(match self.store_waiting.lock().expect("readiness lock").as_deref() {
+                Some(waiting) => format!("store session not up: {waiting}"),
+                None => "store session not up".to_string(),
+            });
         }
         let assigned = self.assigned.lock().expect("readiness lock");
         for (pool, _) in assigned.iter().filter(|(_, got)| !**got) {

@@ -19,6 +19,7 @@ mod keys;
 mod ledger;
 mod parked;
 mod quota;
+mod reach;
 mod refusals;
 mod regions;
 mod requests;
@@ -51,6 +52,7 @@ pub use events::{EventStatements, IdempotencyClaim, Submitted as SubmittedRow, H
 pub use keys::{ApiKeyRow, KeyStatements};
 pub use ledger::{LedgerPosition, LedgerReadError, LedgerStatements};
 pub use quota::QuotaStatements;
+pub use reach::{open_waiting, Waiting};
 pub use refusals::{HourRead, RefusalCell, RefusalStatements};
 pub use regions::RegionStateRow;
 pub use requests::RequestCounts;
@@ -64,6 +66,10 @@ pub use tenants::TenantStatements;
 pub enum StoreError {
     #[error("cannot connect to the CQL database at {contact_points}: {message} (is it running? `scripts/services up` starts the local one)")]
     Connect { contact_points: String, message: String },
+    /// The database does not answer (down, restarting, not yet started): this heals, so a
+    /// long-running process waits for it at its start (`store::reach`).
+    #[error("the CQL database at {contact_points} does not answer: {message} (is it running? `scripts/services up` starts the local one)")]
+    Unreachable { contact_points: String, message: String },
     #[error("CQL statement failed ({what}): {message}")]
     Query { what: &'static str, message: String },
     #[error("{0}")]
@@ -331,8 +337,13 @@ pub async fn connect(cfg: &Config) -> Result<Session, StoreError> {
     }
     b.build().await.map_err(|e| {
         let message = e.to_string();
-        let hint = tls::connect_hint(&message, cfg);
-        StoreError::Connect { contact_points: cfg.scylla.contact_points.join(","), message: format!("{message}{hint}") }
+        let (contact_points, hint) = (cfg.scylla.contact_points.join(","), tls::connect_hint(&message, cfg));
+        let message = format!("{message}{hint}");
+        if reach::heals(&e) {
+            StoreError::Unreachable { contact_points, message }
+        } else {
+            StoreError::Connect { contact_points, message }
+        }
     })
 }
 

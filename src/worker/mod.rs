@@ -32,7 +32,7 @@ use crate::config::Config;
 use crate::handlers::Registry;
 use crate::kafka;
 use crate::model::Pool;
-use crate::store::Store;
+use crate::store::open_waiting;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -104,7 +104,13 @@ impl Worker {
     /// Starts one consumer loop per pool, reporting readiness and liveness to `s.probes`.
     pub async fn start_with(cfg: Arc<Config>, registry: Registry, s: WorkerStart<'_>) -> Result<Worker, WorkerError> {
         let WorkerStart { pools, policy, probes } = s;
-        let store = Store::open(&cfg).await?;
+        let store = open_waiting(&cfg, cfg.scylla.connect_wait, |w| {
+            tracing::warn!("{}", w.describe());
+            if let Some(r) = probes.worker_readiness() {
+                r.set_store_waiting(w.describe());
+            }
+        })
+        .await?;
         if let Some(r) = probes.worker_readiness() {
             r.set_store_up(true);
         }

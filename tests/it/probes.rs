@@ -99,3 +99,61 @@ async fn serve_is_ready_while_the_store_and_a_broker_answer() {
     assert!(body.contains("no broker answered"), "{body}");
     assert_eq!(get(&format!("{down}/livez")).await.0, 200);
 }
+
+/// A worker started while its database does not answer waits for it (`store::reach`):
+/// live, not ready, `/readyz` saying what it waits for, and it serves jobs once the
+/// database answers. The database's address is a port nothing listens on until a
+/// forwarder to the suite's database opens there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_started_before_its_database_answers_waits_for_it_and_then_serves() {
+    let cfg = common::config("");
+    common::init(&cfg).await;
+    let port = common::free_port();
+    let mut late = cfg.clone();
+    late.scylla.contact_points = vec![format!("127.0.0.1:{port}")];
+    let late = Arc::new(late);
+    let pools = [Pool::Short];
+    let probes = Probes::worker(&pools);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let listen = "127.0.0.1:0".parse().unwrap();
+    let (addr, server) = probes::serve(listen, probes::router(probes.clone(), None), stopped).await.unwrap();
+    let url = |p: &str| format!("http://{addr}{p}");
+
+    let registry = Registry::from_config(&late, Default::default()).unwrap();
+    let start = {
+        let (late, probes) = (late.clone(), probes.clone());
+        tokio::spawn(async move {
+            Worker::start_with(late, registry, WorkerStart { pools: &pools, policy: Policy::Fair, probes }).await
+        })
+    };
+    // It waits: three tries refused, still starting, live, and not ready saying why.
+    let body = common::wait_for(Duration::from_secs(30), async || {
+        let (s, body) = get(&url("/readyz")).await;
+        (s == 503 && body.contains("try 3,")).then_some(body)
+    })
+    .await
+    .expect("the worker's /readyz did not report its third try to reach the database within 30 s");
+    assert!(body.contains("waiting for the CQL database") && body.contains(&format!("127.0.0.1:{port}")), "{body}");
+    assert!(!start.is_finished(), "the worker's start ended while its database did not answer");
+    assert_eq!(get(&url("/livez")).await.0, 200);
+
+    // The database answers at that address now: the start completes and jobs run.
+    let _forwarder = fairway::netlab::Forwarder::start(
+        format!("127.0.0.1:{port}").parse().unwrap(),
+        common::cql().parse().expect("FAIRWAY_CQL is host:port"),
+    )
+    .expect("forwarder");
+    let w = tokio::time::timeout(Duration::from_secs(60), start)
+        .await
+        .expect("the worker did not start within 60 s of its database answering")
+        .unwrap()
+        .expect("worker start");
+    wait_status(&url("/readyz"), 200, Duration::from_secs(40)).await;
+    let sub = fairway::submit::Submitter::new(Arc::new(cfg.clone()), None).unwrap();
+    let id = sub.submit(&common::new_job("acme", "echo", serde_json::json!({"n": 1}))).await.unwrap().job_id;
+    let results = common::results_for(&cfg, std::slice::from_ref(&id), Duration::from_secs(60)).await;
+    assert!(results.contains_key(&id), "the job did not end within 60 s of the late start");
+    w.stop().await;
+    let _ = stop.send(true);
+    server.await.unwrap().unwrap();
+}
