@@ -13,7 +13,7 @@
 //! | `config` | the TOML configuration and its validation |
 //! | `core` | pure decisions: scheduling, retry, breakers, limits, schedules... (map in `core`) |
 //! | `kafka` | the Kafka edge: clients, topics, `kafka::Producer` (rebuilt after fatal errors), `kafka::Pauses`, `kafka::stall` (owned partitions without progress: a stopped fetcher, or records waiting that never arrive; restarted and resumed), `kafka::socket` (every producer's TCP sockets drop data unacknowledged past the process's shortest delivery timeout: a cut-off produce request never lands later) |
-//! | `store` | the ScyllaDB edge: schema, statements, tables per concept |
+//! | `store` | the ScyllaDB edge: schema, statements, tables per concept; reaching the database at a start (`reach`: what heals is waited for, up to `scylla.connect_wait`) |
 //! | `store::due` | the due index of schedules and debounce windows: what the promoter's leader reads, only what is due |
 //! | `store::slots` | a tenant's numbered slots claimed by LWT: the atomic per-tenant count of schedules and open debounce windows |
 //! | `store::dependencies` | the fleet-wide dependency breakers' rows: one per dependency, written by the ledger's leader, read every second by workers and API processes |

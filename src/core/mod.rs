@@ -8,6 +8,7 @@
 //! | `scheduler` | fair scheduling: deficit round robin in slot-seconds, tiers, caps, priorities, aging |
 //! | `offsets` | out-of-order completion per partition: what offset may be committed |
 //! | `retry` | failure classes' retries, backoff and jitter, the retry budget, the DLQ |
+//! | `backoff` | the doubling wait between tries (webhook deliveries, a job taken in again, a start waiting for its database) |
 //! | `breaker`, `window` | circuit breakers and the rolling counts they judge from |
 //! | `dependency` | the fleet-wide dependency breaker: a dependency's counts from every worker's cells, when it opens, holds, goes on trial and closes; which job types it holds |
 //! | `poison` | quarantine of job types that fail most of the time |
@@ -49,6 +50,7 @@ pub mod alerts;
 pub mod api_limits;
 pub mod auth;
 pub mod backlog;
+pub mod backoff;
 pub mod bounds;
 pub mod breaker;
 pub mod buffer;

@@ -140,8 +140,7 @@ impl Backoff {
         if attempt >= self.max_attempts {
             return None;
         }
-        let factor = 1u32.checked_shl(attempt.saturating_sub(1)).unwrap_or(u32::MAX);
-        Some(self.initial.saturating_mul(factor).min(self.max))
+        Some(super::backoff::doubling(self.initial, self.max, attempt))
     }
 }
 

@@ -7,6 +7,7 @@
 
 use super::{Store, StoreError};
 use crate::config::Config;
+use crate::core::backoff::doubling;
 use scylla::errors::{
     ConnectionError, ConnectionPoolError, ConnectionSetupRequestErrorKind, DbError, MetadataError,
     MetadataFetchErrorKind, NewSessionError,
@@ -121,17 +122,10 @@ where
         tries = tries.saturating_add(1);
         let waited = started.elapsed();
         let Some(left) = limit.checked_sub(waited).filter(|l| !l.is_zero()) else { return Err(e) };
-        let next_in = pause(tries).min(left);
+        let next_in = doubling(FIRST_PAUSE, MAX_PAUSE, tries).min(left);
         waiting(&Waiting { tries, waited, next_in, error: e.to_string() });
         tokio::time::sleep(next_in).await;
     }
-}
-
-/// The pause after the `tries`-th failed try: [`FIRST_PAUSE`] doubled per try, at most
-/// [`MAX_PAUSE`].
-fn pause(tries: u32) -> Duration {
-    let doublings = tries.saturating_sub(1).min(16);
-    FIRST_PAUSE.saturating_mul(1 << doublings).min(MAX_PAUSE)
 }
 
 #[cfg(test)]
@@ -141,13 +135,6 @@ mod tests {
 
     fn unreachable() -> StoreError {
         StoreError::Unreachable { contact_points: "127.0.0.1:1".into(), message: "Connection refused".into() }
-    }
-
-    #[test]
-    fn pauses_double_from_a_quarter_second_to_five_seconds() {
-        let ms: Vec<u128> = (1..=8).map(|t| pause(t).as_millis()).collect();
-        assert_eq!(ms, [250, 500, 1000, 2000, 4000, 5000, 5000, 5000]);
-        assert_eq!(pause(u32::MAX), MAX_PAUSE);
     }
 
     #[test]

@@ -105,9 +105,10 @@ impl Worker {
     pub async fn start_with(cfg: Arc<Config>, registry: Registry, s: WorkerStart<'_>) -> Result<Worker, WorkerError> {
         let WorkerStart { pools, policy, probes } = s;
         let store = open_waiting(&cfg, cfg.scylla.connect_wait, |w| {
-            tracing::warn!("{}", w.describe());
+            let waiting = w.describe();
+            tracing::warn!("{waiting}");
             if let Some(r) = probes.worker_readiness() {
-                r.set_store_waiting(w.describe());
+                r.set_store_waiting(waiting);
             }
         })
         .await?;

@@ -86,7 +86,7 @@ const AGAIN_AFTER_MAX: Duration = Duration::from_secs(300);
 /// it is taken in again: 5 s, doubling, at most 5 minutes, so an outcome that stays
 /// refused costs a run every 5 minutes, not every 5 s.
 pub(crate) fn again_after(times: u32) -> Duration {
-    AGAIN_AFTER.saturating_mul(1u32 << times.saturating_sub(1).min(16)).min(AGAIN_AFTER_MAX)
+    crate::core::backoff::doubling(AGAIN_AFTER, AGAIN_AFTER_MAX, times)
 }
 
 /// What executions and the spill path tell the loop: a slot freed (handler returned),

@@ -97,6 +97,21 @@ async fn cql_credentials_are_required_and_checked_by_a_password_authenticator() 
     // A wrong password: refused, the error names the settings, never the password.
     let err = init(cfg(Some("cassandra"), Some("not-the-password-123"))).await.expect_err("wrong password").to_string();
     assert!(err.contains("scylla.password") && !err.contains("not-the-password-123"), "{err}");
+    // A long-running process's start (`store::reach`) does not wait on a wrong setting:
+    // no try is heard, and the error is the settings', not an unreachable database's.
+    for (user, password) in [(None, None), (Some("cassandra"), Some("not-the-password-123"))] {
+        let c = cfg(user, password);
+        let opened = tokio::time::timeout(
+            Duration::from_secs(60),
+            fairway::store::open_waiting(&c, Duration::from_secs(600), |w| {
+                panic!("a wrong setting was waited on as if the database were down: {}", w.describe())
+            }),
+        )
+        .await
+        .expect("bounded");
+        let err = opened.err().expect("wrong credentials refused");
+        assert!(matches!(err, fairway::store::StoreError::Connect { .. }), "{err}");
+    }
 
     drop(cass);
 }
