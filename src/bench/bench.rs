@@ -13,7 +13,7 @@ use fairway::handlers::Registry;
 use fairway::kafka::{self, Consumer, Message};
 use fairway::model::Pool;
 use fairway::store::RequestCounts;
-use fairway::submit::{NewJob, Submitter};
+use fairway::submit::{NewJob, Payload, Submitter};
 use fairway::worker::{Policy, Worker};
 use fairway::{codec, now_ms};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -101,6 +101,11 @@ pub struct ThroughputArgs {
     /// flushes and compacts after the writes); reported as `cpu_s_per_1000_jobs_with_tail`.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub cpu_tail: Duration,
+    /// Bytes of each job's payload, 0 to 262,144 (`MAX_PAYLOAD_BYTES`): a JSON string of
+    /// that length less its quotes (0: no payload). Larger jobs fill the consumers' local
+    /// queues sooner.
+    #[arg(long, default_value_t = 0)]
+    pub payload_bytes: usize,
 }
 
 pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
@@ -124,6 +129,16 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
 
 /// Most jobs one throughput run takes (`--jobs`): its buffers are sized by it.
 const MAX_JOBS: usize = 10_000_000;
+/// Largest payload of a throughput run's jobs (`--payload-bytes`).
+const MAX_PAYLOAD_BYTES: usize = 256 * 1024;
+
+/// A payload of `bytes` bytes: a JSON string of `x`s (none for 0 or 1).
+fn padding(bytes: usize) -> Payload {
+    match bytes {
+        0 | 1 => Payload::default(),
+        n => Payload::text(format!("\"{}\"", "x".repeat(n - 2))),
+    }
+}
 
 /// `fairway-bench bench throughput`: no-op jobs through in-process workers on the local
 /// services, as fast as they go: jobs/s (end to end, to the last job settled, and
@@ -131,7 +146,12 @@ const MAX_JOBS: usize = 10_000_000;
 /// afterwards), latency, and CPU per 1,000 jobs per process while they ran.
 async fn throughput(g: &Global, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!((1..=MAX_JOBS).contains(&a.jobs), "--jobs: give 1 to {MAX_JOBS} jobs, e.g. --jobs 60000");
+    anyhow::ensure!(
+        a.payload_bytes <= MAX_PAYLOAD_BYTES,
+        "--payload-bytes: give 0 to {MAX_PAYLOAD_BYTES} bytes, e.g. --payload-bytes 2048"
+    );
     let cfg = bench_config(g, &a.shape)?;
+    let payload = padding(a.payload_bytes);
     kafka::ensure_topics(&cfg).await.context("creating bench topics (scripts/services up?)")?;
     fairway::store::ensure_schema(&cfg).await?;
     fairway::ops::tenants::seed(&cfg).await?;
@@ -139,8 +159,11 @@ async fn throughput(g: &Global, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
     let probe = super::bench_cpu::CpuProbe::local();
     let store = fairway::store::Store::open(&cfg).await?;
     let requests_at_start = request_counts(&store).await;
-    let preloaded =
-        if a.preload { Some(submit_noops(&cfg, &sub, "echo", a.jobs, Instant::now()).await?) } else { None };
+    let preloaded = if a.preload {
+        Some(submit_noops(&cfg, &sub, ("echo", &payload), a.jobs, Instant::now()).await?)
+    } else {
+        None
+    };
     let requests_preloaded = request_counts(&store).await;
     let workers = start_workers(&cfg, a.shape.workers).await?;
     let cpu_before = probe.snapshot();
@@ -151,7 +174,10 @@ async fn throughput(g: &Global, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
     // its workers' `completed` events): no results reader competes for the CPU meanwhile.
     let (submitted, settle_marks) = match preloaded {
         Some(took) => (Ok(took), wait_settled(&workers, a.jobs, a.timeout).await),
-        None => tokio::join!(submit_noops(&cfg, &sub, "echo", a.jobs, t0), wait_settled(&workers, a.jobs, a.timeout)),
+        None => tokio::join!(
+            submit_noops(&cfg, &sub, ("echo", &payload), a.jobs, t0),
+            wait_settled(&workers, a.jobs, a.timeout)
+        ),
     };
     let settled_after = t0.elapsed();
     let cpu_after = probe.snapshot();
@@ -282,7 +308,7 @@ fn report_throughput(
     println!(
         "{}",
         serde_json::json!({
-            "bench": "throughput", "jobs": done, "preload": a.preload,
+            "bench": "throughput", "jobs": done, "preload": a.preload, "payload_bytes": a.payload_bytes,
             "jobs_per_sec": rate.round(), "process_jobs_per_sec": process_rate.round(),
             "p50_ms": hist.value_at_quantile(0.5), "p99_ms": hist.value_at_quantile(0.99), "max_ms": hist.max(),
             "cpu_s_per_1000_jobs": cpu, "cpu_s_per_1000_jobs_with_tail": cpu_tail,
@@ -350,18 +376,23 @@ pub(super) fn bench_config(g: &Global, shape: &Shape) -> anyhow::Result<Arc<Conf
     Ok(Arc::new(cfg))
 }
 
-/// Submits `n` no-op jobs of `job_type` round-robin over the configured tenants, 2,000 at
-/// a time; returns how long that took.
+/// Submits `n` no-op jobs of a job type with a payload, round-robin over the configured
+/// tenants, 2,000 at a time; returns how long that took.
 pub(super) async fn submit_noops(
     cfg: &Config,
     sub: &Submitter,
-    job_type: &str,
+    (job_type, payload): (&str, &Payload),
     n: usize,
     t0: Instant,
 ) -> anyhow::Result<Duration> {
     let tenants: Vec<&String> = cfg.tenants.keys().collect();
     let jobs: Vec<NewJob> = (0..n)
-        .map(|i| NewJob { tenant: tenants[i % tenants.len()].clone(), job_type: job_type.into(), ..Default::default() })
+        .map(|i| NewJob {
+            tenant: tenants[i % tenants.len()].clone(),
+            job_type: job_type.into(),
+            payload: payload.clone(),
+            ..Default::default()
+        })
         .collect();
     for chunk in jobs.chunks(2000) {
         for r in futures::future::join_all(chunk.iter().map(|j| sub.submit(j))).await {

@@ -11,7 +11,7 @@ use fairway::config::JobTypeConfig;
 use fairway::kafka::{self, Consumer};
 use fairway::model::Pool;
 use fairway::now_ms;
-use fairway::submit::Submitter;
+use fairway::submit::{Payload, Submitter};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -78,9 +78,11 @@ pub async fn run(g: &Global, a: ProcessArgs) -> anyhow::Result<ExitCode> {
     let sub = Submitter::new(cfg.clone(), None)?;
     let workers = start_workers(&cfg, 1).await?;
     let (self_before, children_before) = (cpu_secs(libc::RUSAGE_SELF), cpu_secs(libc::RUSAGE_CHILDREN));
-    let t0 = Instant::now();
-    let (submitted, seen) =
-        tokio::join!(submit_noops(&cfg, &sub, JOB_TYPE, a.jobs, t0), collect_latencies(&reader, a.jobs, a.timeout, t0));
+    let (t0, payload) = (Instant::now(), Payload::default());
+    let (submitted, seen) = tokio::join!(
+        submit_noops(&cfg, &sub, (JOB_TYPE, &payload), a.jobs, t0),
+        collect_latencies(&reader, a.jobs, a.timeout, t0)
+    );
     let (self_used, children_used) =
         (cpu_secs(libc::RUSAGE_SELF) - self_before, cpu_secs(libc::RUSAGE_CHILDREN) - children_before);
     for w in workers {
