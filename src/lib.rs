@@ -62,6 +62,7 @@
 //! | `api::replays` | dead-letter replays started through the API (`POST /v1/replays`) or the console, by an admin or a tenant for its own jobs, with per-tenant and per-process bounds |
 //! | `api::console::charts` | the console's server-rendered SVG charts (pure: series in, markup out) |
 //! | `api::console::tenant` | a tenant's console page: the usage ledger's charts (`ledger::tenant_charts`) and its alerts |
+//! | `api::starting` | `fairway serve`'s metrics listener from the process's start: live, and not ready with what the start waits for (the database, up to `scylla.connect_wait`), until the API's state exists |
 //! | `api::regions` | a tenant's home region at the API: 421 to its home, 503 while this region is draining or down (`fairway region`; rules in `core::regions`, state in `store`'s `region_states`) |
 //! | `observe` | watching a process: |
 //! | `observe::probes` | readiness and liveness (`/readyz`, `/livez`) |

@@ -21,7 +21,8 @@
 //! is [`Guard::Open`]) and must be described in `openapi/openapi.json`, or the tests of
 //! [`openapi`] fail; admin-only handlers take
 //! [`auth::Admin`]. `/metrics` and `/healthz` are served by [`ops_router`] on a separate
-//! listener (`api.metrics_listen`), with `/readyz` and `/livez` (`crate::observe::probes`).
+//! listener (`api.metrics_listen`), with `/readyz` and `/livez` (`crate::observe::probes`);
+//! `fairway serve` opens that listener before the state exists ([`Starting`]).
 //!
 //! Every error is JSON `{"error": "<what is wrong and how to fix it>", "code": "<CODE>"}`
 //! (see [`codes`]).
@@ -39,10 +40,12 @@ pub mod openapi;
 mod regions;
 pub mod replays;
 mod schedules;
+mod starting;
 mod usage;
 
 pub use auth::{Admin, Caller};
 pub use error::{codes, retry_after_secs, ApiError, JOB_FIELDS};
+pub use starting::Starting;
 
 use crate::config::Config;
 use crate::now_ms;
@@ -174,8 +177,22 @@ impl ApiState {
     /// rates, breakers following the workers' outcomes, `[api.limits]`); limits follow
     /// registry changes.
     pub async fn connect(cfg: Arc<Config>, metrics: Option<PrometheusHandle>) -> Result<Self, SubmitError> {
-        let store =
-            crate::store::open_waiting(&cfg, cfg.scylla.connect_wait, |w| tracing::warn!("{}", w.describe())).await?;
+        Self::connect_reporting(cfg, metrics, &Starting::default()).await
+    }
+
+    /// [`ApiState::connect`], telling `starting` (which `fairway serve`'s metrics listener
+    /// answers from meanwhile) each try to reach the database.
+    pub async fn connect_reporting(
+        cfg: Arc<Config>,
+        metrics: Option<PrometheusHandle>,
+        starting: &Starting,
+    ) -> Result<Self, SubmitError> {
+        let store = crate::store::open_waiting(&cfg, cfg.scylla.connect_wait, |w| {
+            let line = w.describe();
+            tracing::warn!("{line}");
+            starting.waiting(line);
+        })
+        .await?;
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let live = crate::ops::tenants::LiveTenants::start(cfg.clone(), &store, stopped.clone()).await?;
         let submitter = Submitter::new(cfg.clone(), Some(store.clone()))?.with_tenants(live.clone());
@@ -454,13 +471,9 @@ pub fn router(state: ApiState) -> Router {
 /// answer; `ready (busy: ...)` while every connection is taken), `/livez` and `/healthz`,
 /// without API keys; operators choose where this listens and so who can scrape it.
 pub fn ops_router(state: ApiState) -> Router {
-    let conns = state.inner.connections.clone();
-    let busy: crate::observe::probes::BusyCheck = Arc::new(move || conns.saturated());
-    let probes = crate::observe::probes::Probes::checked(state.readiness_check(), Some(busy));
-    Router::new()
-        .route("/metrics", get(metrics_text))
-        .with_state(state)
-        .merge(crate::observe::probes::probe_router(probes))
+    let (starting, metrics) = (Arc::new(Starting::default()), state.inner.metrics.clone());
+    starting.up(state);
+    starting.router(metrics)
 }
 
 /// Counts requests by route template (bounded), method and status.
@@ -828,16 +841,4 @@ async fn cancel(st: &ApiState, caller: &Caller, id: &str) -> Result<serde_json::
 
 async fn healthz() -> &'static str {
     "ok"
-}
-
-async fn metrics_text(State(st): State<ApiState>) -> Result<Response, ApiError> {
-    let Some(h) = &st.inner.metrics else {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            codes::METRICS_DISABLED,
-            "this server has no Prometheus recorder; start it with one (fairway serve installs it unless --no-metrics)",
-        ));
-    };
-    h.run_upkeep();
-    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], h.render()).into_response())
 }

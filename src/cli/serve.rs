@@ -1,7 +1,8 @@
 //! `fairway serve`: the HTTP API (submit, status, cancel) until SIGTERM or SIGINT, and
 //! `/metrics` + `/readyz`, `/livez`, `/healthz` on a separate listener (`--metrics-listen` /
-//! `api.metrics_listen`). On either signal it drains (`api::drain`): no new connections,
-//! requests in flight finish, event streams end with a final event, within `--drain-grace`.
+//! `api.metrics_listen`), which answers from the process's start on (`api::Starting`). On
+//! either signal it drains (`api::drain`): no new connections, requests in flight finish,
+//! event streams end with a final event, within `--drain-grace`.
 
 use anyhow::Context;
 use fairway::api::{self, ApiState};
@@ -52,11 +53,9 @@ pub async fn run(cfg: Arc<Config>, a: ServeArgs) -> anyhow::Result<ExitCode> {
         }
         None => cfg,
     };
-    let state = ApiState::connect(cfg, metrics).await.context("connecting to Kafka and the CQL database")?;
-    let listener = tokio::net::TcpListener::bind(a.listen)
-        .await
-        .with_context(|| format!("cannot listen on {} (in use? pick another with --listen)", a.listen))?;
-    let addr = listener.local_addr()?;
+    // The metrics listener first: its probes answer while the start waits (for the
+    // database, up to `scylla.connect_wait`), `/livez` live and `/readyz` saying why not.
+    let starting = Arc::new(api::Starting::default());
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let ops = if ops_listen.eq_ignore_ascii_case("off") {
         None
@@ -69,7 +68,7 @@ pub async fn run(cfg: Arc<Config>, a: ServeArgs) -> anyhow::Result<ExitCode> {
         })?;
         eprintln!("metrics and probes on http://{}/metrics, /readyz, /livez, /healthz (no API key)", l.local_addr()?);
         let mut stopped = stopped.clone();
-        let router = api::ops_router(state.clone());
+        let router = starting.clone().router(metrics.clone());
         Some(tokio::spawn(async move {
             axum::serve(l, router)
                 .with_graceful_shutdown(async move {
@@ -78,6 +77,14 @@ pub async fn run(cfg: Arc<Config>, a: ServeArgs) -> anyhow::Result<ExitCode> {
                 .await
         }))
     };
+    let state = ApiState::connect_reporting(cfg, metrics, &starting)
+        .await
+        .context("connecting to Kafka and the CQL database")?;
+    starting.up(state.clone());
+    let listener = tokio::net::TcpListener::bind(a.listen)
+        .await
+        .with_context(|| format!("cannot listen on {} (in use? pick another with --listen)", a.listen))?;
+    let addr = listener.local_addr()?;
     eprintln!(
         "fairway API on http://{addr} (POST /v1/jobs, GET|DELETE /v1/jobs/{{id}}, /healthz); SIGTERM or Ctrl-C to stop"
     );

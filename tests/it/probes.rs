@@ -1,7 +1,8 @@
 //! Readiness and liveness on the real broker and CQL database: a worker's `/readyz` turns
 //! 200 once every pool it serves has its first assignment (and not before its store
 //! session is up), 503 while it drains; `/livez` fails once the worker cannot make
-//! progress. `fairway serve`'s `/readyz` asks the store and the broker.
+//! progress. `fairway serve`'s `/readyz` asks the store and the broker, and answers
+//! from the process's start, also while it waits for its database.
 
 use crate::common;
 
@@ -156,4 +157,54 @@ async fn a_worker_started_before_its_database_answers_waits_for_it_and_then_serv
     w.stop().await;
     let _ = stop.send(true);
     server.await.unwrap().unwrap();
+}
+
+/// `fairway serve` started while its database does not answer: its metrics listener
+/// answers from the process's start (live; not ready, naming the wait), its API listener
+/// opens only once the database answers, and then it is ready. The database's address
+/// is a port nothing listens on until a forwarder to the suite's database opens there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_started_before_its_database_answers_is_live_and_says_why_it_is_not_ready() {
+    let cfg = common::config("");
+    common::init(&cfg).await;
+    let port = common::free_port();
+    let mut late = cfg.clone();
+    late.scylla.contact_points = vec![format!("127.0.0.1:{port}")];
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::config_file(&late, "", dir.path());
+    let (api_port, ops_port) = (common::free_port(), common::free_port());
+    let mut serve = common::dies_with_test(&mut std::process::Command::new(env!("CARGO_BIN_EXE_fairway")))
+        .args(["--config", path.to_str().unwrap(), "serve"])
+        .args(["--listen", &format!("127.0.0.1:{api_port}"), "--metrics-listen", &format!("127.0.0.1:{ops_port}")])
+        // The suite's database address (`--cql`'s variable) would override the config's.
+        .env_remove("FAIRWAY_CQL")
+        .env("FAIRWAY_LOG", "error")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn fairway serve");
+    let ops = |p: &str| format!("http://127.0.0.1:{ops_port}{p}");
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+    let body = common::wait_for(Duration::from_secs(30), async || {
+        let r = http.get(ops("/readyz")).send().await.ok()?;
+        let (s, body) = (r.status().as_u16(), r.text().await.ok()?);
+        (s == 503 && body.contains("try 2,")).then_some(body)
+    })
+    .await
+    .expect("serve's /readyz did not report its second try to reach the database within 30 s");
+    assert!(body.contains("waiting for the CQL database") && body.contains(&format!("127.0.0.1:{port}")), "{body}");
+    assert_eq!(get(&ops("/livez")).await, (200, "ok\n".to_string()));
+    let api = format!("http://127.0.0.1:{api_port}/healthz");
+    assert!(http.get(&api).send().await.is_err(), "the API listened before its database answered");
+
+    // The database answers at that address now: the start completes and serve is ready.
+    let _forwarder = fairway::netlab::Forwarder::start(
+        format!("127.0.0.1:{port}").parse().unwrap(),
+        common::cql().parse().expect("FAIRWAY_CQL is host:port"),
+    )
+    .expect("forwarder");
+    wait_status(&ops("/readyz"), 200, Duration::from_secs(60)).await;
+    assert_eq!(get(&api).await.0, 200);
+    serve.kill().expect("stop fairway serve");
+    serve.wait().expect("reap fairway serve");
 }
