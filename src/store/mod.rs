@@ -83,10 +83,23 @@ fn q<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> StoreError {
     move |e| StoreError::Query { what, message: e.to_string() }
 }
 
-/// A statement could not be prepared. A keyspace from an older fairway lacks newer
-/// tables (or there is no keyspace yet): say how to fix it.
-fn prepare_failed(what: &'static str, e: impl std::fmt::Display) -> StoreError {
+/// A statement could not be prepared. No node answering heals
+/// ([`StoreError::Unreachable`]: a process's start waits for it, `store::reach`); a
+/// keyspace from an older fairway lacks newer tables (or there is no keyspace yet): say
+/// how to fix it.
+fn prepare_failed(session: &Session, what: &'static str, e: scylla::errors::PrepareError) -> StoreError {
     let message = e.to_string();
+    if reach::prepare_heals(&e) {
+        let nodes =
+            session.get_cluster_state().get_nodes_info().iter().map(|n| n.address.to_string()).collect::<Vec<_>>();
+        return StoreError::Unreachable {
+            contact_points: format!(
+                "{} (its nodes as the cluster names them, before scylla.address_map)",
+                nodes.join(",")
+            ),
+            message: format!("{what}: no node answered: {message}"),
+        };
+    }
     let hint = if message.contains("unconfigured") || message.contains("does not exist") {
         "; run `fairway init` to create what is missing (it never touches what exists)"
     } else {
@@ -103,7 +116,7 @@ async fn prepare_statement(
     what: &'static str,
     lwt: bool,
 ) -> Result<PreparedStatement, StoreError> {
-    let mut p = session.prepare(cql).await.map_err(|e| prepare_failed(what, e))?;
+    let mut p = session.prepare(cql).await.map_err(|e| prepare_failed(session, what, e))?;
     p.set_consistency(Consistency::LocalQuorum);
     if lwt {
         p.set_serial_consistency(Some(scylla::statement::SerialConsistency::Serial));
@@ -369,7 +382,7 @@ impl Store {
         let prep = |cql: String, what: &'static str| {
             let session = &session;
             async move {
-                let mut p = session.prepare(cql).await.map_err(|e| prepare_failed(what, e))?;
+                let mut p = session.prepare(cql).await.map_err(|e| prepare_failed(session, what, e))?;
                 p.set_consistency(Consistency::LocalQuorum);
                 Ok::<_, StoreError>(p)
             }
@@ -1041,7 +1054,7 @@ impl Store {
         let prep = |cql: String, what: &'static str| {
             let session = &self.session;
             async move {
-                let mut p = session.prepare(cql).await.map_err(|e| prepare_failed(what, e))?;
+                let mut p = session.prepare(cql).await.map_err(|e| prepare_failed(session, what, e))?;
                 p.set_consistency(Consistency::LocalQuorum);
                 Ok::<_, StoreError>(p)
             }
@@ -1148,7 +1161,7 @@ impl Store {
         let prep = |cql: String, what: &'static str, page_size: Option<i32>| {
             let session = &self.session;
             async move {
-                let mut p = session.prepare(cql).await.map_err(|e| prepare_failed(what, e))?;
+                let mut p = session.prepare(cql).await.map_err(|e| prepare_failed(session, what, e))?;
                 p.set_consistency(Consistency::LocalOne);
                 if let Some(n) = page_size {
                     p.set_page_size(n);

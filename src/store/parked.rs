@@ -44,7 +44,7 @@ impl Parked {
     /// Prepares every statement (`ttl`: seconds of a job row's writes).
     pub async fn prepare(session: &Session, ks: &str, ttl: i32) -> Result<Parked, StoreError> {
         let prep = |cql: String, what: &'static str| async move {
-            let mut p = session.prepare(cql).await.map_err(|e| prepare_failed(what, e))?;
+            let mut p = session.prepare(cql).await.map_err(|e| prepare_failed(session, what, e))?;
             p.set_consistency(Consistency::LocalQuorum);
             Ok::<_, StoreError>(p)
         };

@@ -10,7 +10,7 @@ use crate::config::Config;
 use crate::core::backoff::doubling;
 use scylla::errors::{
     ConnectionError, ConnectionPoolError, ConnectionSetupRequestErrorKind, DbError, MetadataError,
-    MetadataFetchErrorKind, NewSessionError,
+    MetadataFetchErrorKind, NewSessionError, PrepareError, RequestAttemptError,
 };
 use std::future::Future;
 use std::io::ErrorKind;
@@ -25,16 +25,39 @@ const MAX_PAUSE: Duration = Duration::from_secs(5);
 pub(super) fn heals(e: &NewSessionError) -> bool {
     match e {
         NewSessionError::FailedToResolveAnyHostname(_) => true,
-        NewSessionError::MetadataError(MetadataError::ConnectionPoolError(p)) => match p {
-            ConnectionPoolError::Broken { last_connection_error } => connection_heals(last_connection_error),
-            ConnectionPoolError::Initializing => true,
-            _ => false,
-        },
+        NewSessionError::MetadataError(MetadataError::ConnectionPoolError(p)) => pool_heals(p),
         NewSessionError::MetadataError(MetadataError::FetchError(f)) => {
             matches!(f.error, MetadataFetchErrorKind::PrepareError(_) | MetadataFetchErrorKind::NextRowError(_))
         }
         _ => false,
     }
+}
+
+/// Whether a statement failed to prepare because no node answered (the session opened,
+/// then lost its connections, or its nodes' addresses do not answer yet) rather than
+/// because the statement or the schema is wrong.
+pub(super) fn prepare_heals(e: &PrepareError) -> bool {
+    match e {
+        PrepareError::ConnectionPoolError(p) => pool_heals(p),
+        PrepareError::AllAttemptsFailed { first_attempt } => match first_attempt {
+            RequestAttemptError::BrokenConnectionError(_) | RequestAttemptError::UnableToAllocStreamId => true,
+            RequestAttemptError::DbError(db, _) => db_heals(db),
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+fn pool_heals(p: &ConnectionPoolError) -> bool {
+    match p {
+        ConnectionPoolError::Broken { last_connection_error } => connection_heals(last_connection_error),
+        ConnectionPoolError::Initializing => true,
+        _ => false,
+    }
+}
+
+fn db_heals(db: &DbError) -> bool {
+    matches!(db, DbError::Overloaded | DbError::IsBootstrapping | DbError::Unavailable { .. })
 }
 
 fn connection_heals(e: &ConnectionError) -> bool {
@@ -43,9 +66,7 @@ fn connection_heals(e: &ConnectionError) -> bool {
         ConnectionError::IoError(io) => io_heals(io.kind()),
         ConnectionError::ConnectionSetupRequestError(s) => match &s.error {
             ConnectionSetupRequestErrorKind::BrokenConnection(_) => true,
-            ConnectionSetupRequestErrorKind::DbError(db, _) => {
-                matches!(db, DbError::Overloaded | DbError::IsBootstrapping | DbError::Unavailable { .. })
-            }
+            ConnectionSetupRequestErrorKind::DbError(db, _) => db_heals(db),
             _ => false,
         },
         _ => false,
@@ -154,6 +175,23 @@ mod tests {
         assert!(!heals(&io(ErrorKind::InvalidData)));
         assert!(!heals(&NewSessionError::EmptyKnownNodesList));
         assert!(!heals(&NewSessionError::IllegalConfig("x".into())));
+    }
+
+    #[test]
+    fn a_statement_that_no_node_answered_heals_and_a_wrong_one_does_not() {
+        let refused = ConnectionError::IoError(Arc::new(std::io::Error::from(ErrorKind::ConnectionRefused)));
+        let pool = |p: ConnectionPoolError| PrepareError::ConnectionPoolError(p);
+        let attempt = |a: RequestAttemptError| PrepareError::AllAttemptsFailed { first_attempt: a };
+        assert!(prepare_heals(&pool(ConnectionPoolError::Broken { last_connection_error: refused })));
+        assert!(prepare_heals(&pool(ConnectionPoolError::Initializing)));
+        assert!(prepare_heals(&attempt(RequestAttemptError::UnableToAllocStreamId)));
+        assert!(prepare_heals(&attempt(RequestAttemptError::DbError(DbError::Overloaded, "busy".into()))));
+        // The statement or the schema is wrong: `fairway init`, or a fix, not a wait.
+        assert!(!prepare_heals(&attempt(RequestAttemptError::DbError(DbError::SyntaxError, "line 1".into()))));
+        assert!(!prepare_heals(&attempt(RequestAttemptError::DbError(DbError::Invalid, "unconfigured table".into()))));
+        assert!(!prepare_heals(&PrepareError::PreparedStatementIdsMismatch));
+        let tls = ConnectionError::IoError(Arc::new(std::io::Error::from(ErrorKind::InvalidData)));
+        assert!(!prepare_heals(&pool(ConnectionPoolError::Broken { last_connection_error: tls })));
     }
 
     #[tokio::test(start_paused = true)]
