@@ -381,11 +381,7 @@ impl Store {
         let ttl = crate::core::events::row_ttl_secs(cfg.retention.results, 0, None);
         let prep = |cql: String, what: &'static str| {
             let session = &session;
-            async move {
-                let mut p = session.prepare(cql).await.map_err(|e| prepare_failed(session, what, e))?;
-                p.set_consistency(Consistency::LocalQuorum);
-                Ok::<_, StoreError>(p)
-            }
+            async move { prepare_statement(session, cql, what, false).await }
         };
         let prepared = Prepared {
             put_state: prep(
@@ -1053,11 +1049,7 @@ impl Store {
         let (ks, ttl) = (&self.keyspace, self.row_ttl);
         let prep = |cql: String, what: &'static str| {
             let session = &self.session;
-            async move {
-                let mut p = session.prepare(cql).await.map_err(|e| prepare_failed(session, what, e))?;
-                p.set_consistency(Consistency::LocalQuorum);
-                Ok::<_, StoreError>(p)
-            }
+            async move { prepare_statement(session, cql, what, false).await }
         };
         Ok(ReplayStatements {
             session: self.session.clone(),
@@ -1161,7 +1153,7 @@ impl Store {
         let prep = |cql: String, what: &'static str, page_size: Option<i32>| {
             let session = &self.session;
             async move {
-                let mut p = session.prepare(cql).await.map_err(|e| prepare_failed(session, what, e))?;
+                let mut p = prepare_statement(session, cql, what, false).await?;
                 p.set_consistency(Consistency::LocalOne);
                 if let Some(n) = page_size {
                     p.set_page_size(n);

@@ -3,10 +3,9 @@
 //! worker (their row's status and hand-off counts). Prepared once when the store opens:
 //! an unprepared statement with values costs the database a prepare per call.
 
-use super::{prepare_failed, StoreError};
+use super::{prepare_statement, StoreError};
 use scylla::client::session::Session;
 use scylla::statement::prepared::PreparedStatement;
-use scylla::statement::Consistency;
 
 pub(super) struct Parked {
     pub index_scheduled_bucket: PreparedStatement,
@@ -43,11 +42,7 @@ fn running_update(ks: &str, ttl: i32) -> String {
 impl Parked {
     /// Prepares every statement (`ttl`: seconds of a job row's writes).
     pub async fn prepare(session: &Session, ks: &str, ttl: i32) -> Result<Parked, StoreError> {
-        let prep = |cql: String, what: &'static str| async move {
-            let mut p = session.prepare(cql).await.map_err(|e| prepare_failed(session, what, e))?;
-            p.set_consistency(Consistency::LocalQuorum);
-            Ok::<_, StoreError>(p)
-        };
+        let prep = |cql: String, what: &'static str| prepare_statement(session, cql, what, false);
         Ok(Parked {
             index_scheduled_bucket: prep(
                 format!("INSERT INTO {ks}.scheduled_buckets (scope, bucket) VALUES (?, ?)"),

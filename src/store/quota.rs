@@ -6,7 +6,7 @@
 //! (`core::fleet_counts`) in `fleet_counts`, each row with its own TTL; a missing
 //! `fleet_counts` table stops only that part (and says to run `fairway init`).
 
-use super::{q, Store, StoreError};
+use super::{prepare_statement, q, Store, StoreError};
 use crate::core::fleet_counts::CountRow;
 use crate::core::quota::Row;
 use scylla::client::session::Session;
@@ -37,9 +37,7 @@ impl Store {
         let prep = |cql: String, what: &'static str| {
             let session = &self.session;
             async move {
-                let mut p =
-                    session.prepare(cql).await.map_err(|e| StoreError::Query { what, message: e.to_string() })?;
-                p.set_consistency(Consistency::LocalQuorum);
+                let mut p = prepare_statement(session, cql, what, false).await?;
                 p.set_page_size(1000);
                 Ok::<_, StoreError>(p)
             }

@@ -5,12 +5,11 @@
 //! Its resume points live in `replays` ([`super::ReplayStatements`]). Every statement is
 //! valid CQL for Cassandra 2.1 (LWT `IF NOT EXISTS` / `IF col = ?` included).
 
-use super::{applied, q, Store, StoreError};
+use super::{applied, prepare_statement, q, Store, StoreError};
 use crate::core::rerun::{Raise, RowFacts};
 use crate::model::Millis;
 use scylla::client::session::Session;
 use scylla::statement::prepared::PreparedStatement;
-use scylla::statement::{Consistency, SerialConsistency};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -44,15 +43,7 @@ impl Store {
         let (ks, ttl) = (&self.keyspace, self.row_ttl);
         let prep = |cql: String, what: &'static str, lwt: bool| {
             let session = &self.session;
-            async move {
-                let mut p =
-                    session.prepare(cql).await.map_err(|e| StoreError::Query { what, message: e.to_string() })?;
-                p.set_consistency(Consistency::LocalQuorum);
-                if lwt {
-                    p.set_serial_consistency(Some(SerialConsistency::Serial));
-                }
-                Ok::<_, StoreError>(p)
-            }
+            async move { prepare_statement(session, cql, what, lwt).await }
         };
         Ok(RerunStatements {
             session: self.session.clone(),
